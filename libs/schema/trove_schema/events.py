@@ -1,0 +1,284 @@
+"""Trove's events: frozen, versioned records with stable wire type names.
+
+Events are the record; the Postgres tables are projections of them. Every event has
+an ``id`` (a UUID, also sent as the ``Nats-Msg-Id`` header so JetStream drops
+duplicate publishes), a ``type`` (a stable string such as ``PageDiscovered``, never a
+Python class path), a schema ``version`` and the UTC time it happened.
+
+On the wire an event is one JSON object, readable with ``nats stream view``. Older
+versions are upcast by the functions in ``UPCASTERS`` before validation, so a
+consumer only ever sees the current shape.
+
+``CrawlCompleted`` never carries the page body: Trove stores signals, not content.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trove_schema.errors import MalformedEvent
+
+#: Longest URL Trove accepts anywhere (seeds, links, redirects).
+MAX_URL_LENGTH = 2048
+#: Most links one CrawlCompleted carries; a page with more is cut (and says so).
+MAX_LINKS_PER_PAGE = 1000
+#: Most keywords one CrawlCompleted carries.
+MAX_KEYWORDS = 200
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())
+
+
+def derived_event_id(cause: str, purpose: str) -> str:
+    """A deterministic id for an event caused by another one.
+
+    Publishing the same consequence twice (a redelivered cause) yields the same id, so
+    JetStream's duplicate window and every consumer's idempotency drop the second.
+    """
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"trove:{purpose}:{cause}"))
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ScopeKind(StrEnum):
+    HOST = "host"  # same host as the seed (default)
+    DOMAIN = "domain"  # same registrable domain (public suffix list)
+    PATTERN = "pattern"  # URLs matching a regular expression
+    OPEN = "open"  # the open web
+
+
+class CrawlOutcome(StrEnum):
+    SUCCESS = "success"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    BLOCKED_ROBOTS = "blocked_robots"
+    BLOCKED_4XX = "blocked_4xx"
+    BLOCKED_5XX = "blocked_5xx"
+    REJECTED = "rejected"
+    NOT_MODIFIED = "not_modified"
+
+
+#: Outcomes worth another attempt later (transient on the site's side).
+RETRYABLE_OUTCOMES = frozenset(
+    {CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX}
+)
+
+
+class LinkKind(StrEnum):
+    A = "a"
+    IMG = "img"
+    SCRIPT = "script"
+    STYLESHEET = "stylesheet"
+    FEED = "feed"
+    CANONICAL = "canonical"
+    ALTERNATE = "alternate"
+    FEED_ITEM = "feed_item"
+    REDIRECT = "redirect"
+    OTHER = "other"
+
+
+class RequestReason(StrEnum):
+    DISCOVERED = "discovered"
+    RETRY = "retry"
+    RECRAWL = "recrawl"
+    FORCED = "forced"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+class Scope(Frozen):
+    """Where a crawl may go, carried along from the seed to every page it reaches."""
+
+    kind: ScopeKind = ScopeKind.HOST
+    #: The seed's host (HOST), registrable domain (DOMAIN) or regex (PATTERN).
+    value: str = ""
+    max_depth: int = Field(default=5, ge=0, le=100)
+
+
+class Provenance(Frozen):
+    """Where a URL came from: a seed (and who sent it) or a link on a page."""
+
+    kind: Literal["seed", "link", "feed", "redirect", "canonical", "recrawl"]
+    #: The page the link was found on, for links; absent for seeds.
+    source_url: str | None = None
+    #: Free text about the seed's origin: subject, client, file, operator name.
+    origin: str | None = None
+
+
+class Link(Frozen):
+    url: str = Field(max_length=MAX_URL_LENGTH)
+    kind: LinkKind = LinkKind.A
+    nofollow: bool = False
+
+
+class Event(Frozen):
+    """Base of every event. Subclasses set ``TYPE`` and ``VERSION``."""
+
+    TYPE: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+    #: Subject the event is published on (see ``trove_schema.topology``).
+    SUBJECT: ClassVar[str]
+
+    id: str = Field(default_factory=new_event_id)
+    occurred_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("occurred_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def to_wire(self) -> bytes:
+        body = self.model_dump(mode="json")
+        return json.dumps(
+            {"type": self.TYPE, "version": self.VERSION, **body},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+
+    def headers(self) -> dict[str, str]:
+        return {"Nats-Msg-Id": self.id, "Trove-Event-Type": self.TYPE}
+
+
+class SeedRejected(Event):
+    """A seed could not be accepted; ``reason`` says why, in words for the operator."""
+
+    TYPE = "SeedRejected"
+    SUBJECT = "trove.events.seed.rejected"
+
+    #: What was sent, cut to 512 characters.
+    raw: str = Field(max_length=512)
+    reason: str
+    provenance: Provenance
+
+
+class PageDiscovered(Event):
+    """A canonical URL entered the crawl: from a seed or from a link on a fetched page."""
+
+    TYPE = "PageDiscovered"
+    SUBJECT = "trove.events.page.discovered"
+
+    url: str = Field(max_length=MAX_URL_LENGTH)
+    domain: str
+    depth: int = Field(default=0, ge=0)
+    priority: int = Field(default=0, ge=-100, le=100)
+    scope: Scope
+    provenance: Provenance
+    #: Re-request even if the URL was already seen this cycle (a forced seed).
+    force: bool = False
+
+
+class CrawlRequested(Event):
+    """A page is to be fetched (again): a retry, a re-crawl after its shelf life, or forced.
+
+    Published as a NATS scheduled message when it is for later; ``not_before`` is when.
+    """
+
+    TYPE = "CrawlRequested"
+    SUBJECT = "trove.events.crawl.requested"
+
+    url: str = Field(max_length=MAX_URL_LENGTH)
+    domain: str
+    depth: int = Field(default=0, ge=0)
+    priority: int = Field(default=0, ge=-100, le=100)
+    scope: Scope
+    reason: RequestReason
+    #: Which attempt this will be (1 for the first fetch of a page).
+    attempt: int = Field(default=1, ge=1)
+    not_before: datetime | None = None
+    #: Validators for a conditional GET (from the previous successful fetch).
+    etag: str | None = None
+    last_modified: str | None = None
+    #: The event that caused this request (the failed attempt, the earlier success).
+    caused_by: str | None = None
+
+
+class CrawlCompleted(Event):
+    """One fetch attempt ended, whatever its outcome. Never carries the body."""
+
+    TYPE = "CrawlCompleted"
+    SUBJECT = "trove.events.crawl.completed"
+
+    #: The URL as requested (the page's identity).
+    url: str = Field(max_length=MAX_URL_LENGTH)
+    domain: str
+    #: Where the last redirect hop landed, when it differs from ``url``.
+    final_url: str | None = None
+    depth: int = Field(default=0, ge=0)
+    priority: int = Field(default=0, ge=-100, le=100)
+    scope: Scope
+    attempt: int = Field(default=1, ge=1)
+    #: The work event (PageDiscovered or CrawlRequested) this attempt answered.
+    request_id: str
+    outcome: CrawlOutcome
+    status_code: int | None = None
+    error_message: str | None = Field(default=None, max_length=2000)
+    started_at: datetime
+    completed_at: datetime
+    #: Seconds the site asked us to wait (Retry-After), when it did.
+    retry_after: float | None = None
+    content_type: str | None = None
+    content_length: int | None = None
+    #: sha256 of the body as received, to tell unchanged pages apart.
+    content_hash: str | None = None
+    title: str | None = Field(default=None, max_length=1000)
+    #: BCP-47 tag, or None when the detector was not sure.
+    language: str | None = Field(default=None, max_length=35)
+    #: A bounded bag of terms for the search index: never text the body could be rebuilt from.
+    keywords: tuple[str, ...] = Field(default=(), max_length=MAX_KEYWORDS)
+    links: tuple[Link, ...] = Field(default=(), max_length=MAX_LINKS_PER_PAGE)
+    links_truncated: bool = False
+    canonical_url: str | None = None
+    noindex: bool = False
+    nofollow: bool = False
+    etag: str | None = None
+    last_modified: str | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.outcome in RETRYABLE_OUTCOMES or self.status_code in (429, 503)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls for cls in (SeedRejected, PageDiscovered, CrawlRequested, CrawlCompleted)
+}
+
+#: (type, from_version) -> function turning that version's JSON into the next version's.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Parse an event from the wire, upcasting old versions. Raises MalformedEvent."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedEvent(f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise MalformedEvent("an event is a JSON object")
+    type_name = raw.pop("type", None)
+    version = raw.pop("version", 1)
+    cls = EVENT_TYPES.get(type_name) if isinstance(type_name, str) else None
+    if cls is None:
+        raise MalformedEvent(f"unknown event type {type_name!r}")
+    if not isinstance(version, int) or version < 1 or version > cls.VERSION:
+        raise MalformedEvent(f"unsupported version {version!r} of {type_name}")
+    while version < cls.VERSION:
+        raw = UPCASTERS[(cls.TYPE, version)](raw)
+        version += 1
+    try:
+        return cls.model_validate(raw)
+    except ValueError as exc:
+        raise MalformedEvent(f"invalid {type_name}: {exc}") from exc

@@ -1,0 +1,142 @@
+"""Typed settings, one object per service, read from ``TROVE_*`` environment variables.
+
+All of them live here so that an unknown ``TROVE_*`` key (a typo such as
+``TROVE_MIN_DOMAIN_DELAY_SECOND``) is refused at start by every service, with the
+closest known name, instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from trove_schema.errors import TroveError
+
+PREFIX = "TROVE_"
+
+
+class UnknownSetting(TroveError):
+    """A TROVE_* environment variable that no Trove settings object knows."""
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", frozen=True)
+
+    #: Empty means: start the embedded nats-server (CLI only; services need a URL).
+    nats_url: str = ""
+    #: SQLAlchemy URL, e.g. postgresql+asyncpg://trove:trove@db/trove. Empty: embedded.
+    database_url: str = ""
+    #: Where the embedded stack keeps its data.
+    state_dir: Path = Path(".trove")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    #: JetStream replicas for streams and buckets (3 on a production cluster).
+    replicas: int = Field(default=1, ge=1, le=5)
+    #: Port for /healthz, /readyz and /metrics; 0 disables the HTTP endpoint.
+    http_port: int = Field(default=0, ge=0, le=65535)
+
+
+class DiscoverySettings(CommonSettings):
+    #: Default scope of a seed: host, domain, pattern or open.
+    default_scope: Literal["host", "domain", "pattern", "open"] = "host"
+    max_depth: int = Field(default=5, ge=0, le=100)
+    #: Most pages discovered per host in one cycle (a trap defence).
+    host_page_budget: int = Field(default=10_000, ge=1)
+    max_links_per_page: int = Field(default=500, ge=0)
+    max_url_length: int = Field(default=2048, ge=64, le=8192)
+    max_path_repetitions: int = Field(default=3, ge=1)
+    follow_nofollow: bool = False
+    #: A fetched page is re-requested after this many seconds (default 7 days).
+    recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=60)
+    #: Networks seeds may point into although private (tests, the sandbox).
+    allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allowed_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: Any) -> Any:
+        return _split_cidrs(value)
+
+
+class FetcherSettings(CommonSettings):
+    #: Seconds between two requests to one domain; robots.txt Crawl-delay may raise it.
+    min_domain_delay_seconds: float = Field(default=10.0, ge=0.0)
+    max_domain_delay_seconds: float = Field(default=120.0, ge=0.0)
+    #: Longest a 429/503 Retry-After may pause a whole domain.
+    max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
+    user_agent: str = ""
+    bot_info_url: str = "https://github.com/trove-crawler/trove/blob/main/docs/bot.md"
+    robots_token: str = "TroveBot"
+    concurrency: int = Field(default=64, ge=1, le=4096)
+    connect_timeout: float = Field(default=5.0, gt=0)
+    read_timeout: float = Field(default=10.0, gt=0)
+    request_timeout: float = Field(default=30.0, gt=0)
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    max_redirects: int = Field(default=5, ge=0, le=20)
+    robots_ttl_seconds: float = Field(default=86_400.0, ge=60)
+    robots_max_bytes: int = Field(default=512 * 1024, ge=1024)
+    #: CIDRs the fetcher may connect to although private (tests, the local sandbox).
+    allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
+    #: Extra host -> IP mappings (the sandbox's names); "host=ip,host=ip".
+    resolve: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allowed_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: Any) -> Any:
+        return _split_cidrs(value)
+
+    @field_validator("resolve", mode="before")
+    @classmethod
+    def _split_resolve(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+
+class RecorderSettings(CommonSettings):
+    retry_delay_seconds: float = Field(default=3600.0, ge=0.0)
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    batch_size: int = Field(default=256, ge=1, le=10_000)
+
+
+ALL_SETTINGS: tuple[type[CommonSettings], ...] = (
+    CommonSettings,
+    DiscoverySettings,
+    FetcherSettings,
+    RecorderSettings,
+)
+
+#: Keys read by the CLI and the test fixtures rather than by a service.
+OTHER_KEYS = frozenset({"TROVE_STACK", "TROVE_POSTGRES_BIN", "TROVE_TEST_STACK"})
+
+
+def known_keys() -> frozenset[str]:
+    keys = {PREFIX + name.upper() for cls in ALL_SETTINGS for name in cls.model_fields}
+    return frozenset(keys | OTHER_KEYS)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse TROVE_* variables that no settings object knows (typos are not ignored)."""
+    env = os.environ if environ is None else environ
+    known = known_keys()
+    unknown = sorted(k for k in env if k.upper().startswith(PREFIX) and k.upper() not in known)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key.upper(), known, n=1)
+            hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
+        raise UnknownSetting("unknown Trove setting(s): " + ", ".join(hints))
+
+
+def _split_cidrs(value: Any) -> Any:
+    if isinstance(value, str):
+        value = tuple(part.strip() for part in value.split(",") if part.strip())
+    for cidr in value or ():
+        ipaddress.ip_network(cidr, strict=False)
+    return value

@@ -1,0 +1,313 @@
+"""Every JetStream stream, subject, consumer and KV bucket Trove uses, declared in one place.
+
+``ensure_topology`` creates what is missing and reconciles what exists (a durable
+consumer keeps its old config when a client merely re-subscribes, so it is updated
+here, explicitly). Every service calls it at start; it is idempotent and safe to run
+from many pods at once.
+
+Subjects
+    trove.seeds                      operator input (raw URL, lines, or JSON); stream TROVE_SEEDS
+    trove.events.seed.rejected       SeedRejected
+    trove.events.page.discovered     PageDiscovered
+    trove.events.crawl.requested     CrawlRequested (retries and re-crawls, often scheduled)
+    trove.events.crawl.completed     CrawlCompleted
+    trove.schedules.<id>             NATS scheduled messages that later publish a CrawlRequested
+    trove.work.fetch                 fetch work deferred to a domain's next free slot
+    trove.work.schedules.<id>        the schedules behind trove.work.fetch
+    trove.dead.<consumer>            poison messages, parked with the reason
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+
+from trove_schema.errors import TopologyError
+
+log = logging.getLogger(__name__)
+
+SEEDS_SUBJECT = "trove.seeds"
+EVENTS_PREFIX = "trove.events"
+SEED_REJECTED = "trove.events.seed.rejected"
+PAGE_DISCOVERED = "trove.events.page.discovered"
+CRAWL_REQUESTED = "trove.events.crawl.requested"
+CRAWL_COMPLETED = "trove.events.crawl.completed"
+EVENT_SCHEDULES_PREFIX = "trove.schedules"
+FETCH_DEFERRED = "trove.work.fetch"
+WORK_SCHEDULES_PREFIX = "trove.work.schedules"
+DEAD_PREFIX = "trove.dead"
+
+SEEDS_STREAM = "TROVE_SEEDS"
+EVENTS_STREAM = "TROVE_EVENTS"
+WORK_STREAM = "TROVE_WORK"
+DEAD_STREAM = "TROVE_DEAD"
+
+DISCOVERY_SEEDS = "discovery-seeds"
+DISCOVERY_LINKS = "discovery-links"
+FETCHER = "fetcher"
+FETCHER_DEFERRED = "fetcher-deferred"
+RECORDER = "recorder"
+
+DOMAINS_BUCKET = "trove_domains"
+ROBOTS_BUCKET = "trove_robots"
+SEEN_BUCKET = "trove_seen"
+
+DAY = 86_400.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopologyOptions:
+    """What an operator may tune about the topology (replicas, retention)."""
+
+    replicas: int = 1
+    #: How long the event record is kept; 0 keeps it forever (the default: it is the record).
+    events_max_age: float = 0.0
+    robots_ttl: float = DAY
+    #: One crawl cycle: a canonical URL is discovered at most once per cycle.
+    seen_ttl: float = 7 * DAY
+    #: How many messages a consumer hands out before any is acked (per consumer, all pods).
+    fetcher_max_ack_pending: int = 2000
+    #: How long a fetch may hold a message before JetStream redelivers it.
+    fetcher_ack_wait: float = 90.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    streams: tuple[StreamConfig, ...]
+    consumers: tuple[tuple[str, ConsumerConfig], ...]
+    buckets: tuple[KeyValueConfig, ...]
+    options: TopologyOptions = field(default_factory=TopologyOptions)
+
+    def consumer(self, name: str) -> tuple[str, ConsumerConfig]:
+        for stream, config in self.consumers:
+            if config.durable_name == name:
+                return stream, config
+        raise KeyError(name)
+
+
+def declare(options: TopologyOptions | None = None) -> Topology:
+    opts = options or TopologyOptions()
+    storage = StorageType.FILE
+    streams = (
+        # Seeds are stored as they come, so a `nats pub` while discovery is down loses
+        # nothing. no_ack keeps JetStream from answering a `nats req`: discovery does.
+        StreamConfig(
+            name=SEEDS_STREAM,
+            subjects=[SEEDS_SUBJECT],
+            storage=storage,
+            num_replicas=opts.replicas,
+            retention=RetentionPolicy.LIMITS,
+            max_age=30 * DAY,
+            max_msg_size=1 << 20,
+            no_ack=True,
+            duplicate_window=120.0,
+        ),
+        StreamConfig(
+            name=EVENTS_STREAM,
+            description="Trove's event record: the tables are projections of it.",
+            subjects=[f"{EVENTS_PREFIX}.>", f"{EVENT_SCHEDULES_PREFIX}.>"],
+            storage=storage,
+            num_replicas=opts.replicas,
+            retention=RetentionPolicy.LIMITS,
+            max_age=opts.events_max_age,
+            max_msg_size=1 << 20,
+            duplicate_window=600.0,
+            allow_msg_schedules=True,
+            discard=DiscardPolicy.OLD,
+        ),
+        StreamConfig(
+            name=WORK_STREAM,
+            description="Fetch work deferred to a domain's next free slot.",
+            subjects=[FETCH_DEFERRED, f"{WORK_SCHEDULES_PREFIX}.>"],
+            storage=storage,
+            num_replicas=opts.replicas,
+            retention=RetentionPolicy.LIMITS,
+            max_age=7 * DAY,
+            max_msg_size=1 << 20,
+            duplicate_window=120.0,
+            allow_msg_schedules=True,
+        ),
+        StreamConfig(
+            name=DEAD_STREAM,
+            description="Poison messages parked with the reason, for an operator to inspect.",
+            subjects=[f"{DEAD_PREFIX}.>"],
+            storage=storage,
+            num_replicas=opts.replicas,
+            retention=RetentionPolicy.LIMITS,
+            max_age=30 * DAY,
+        ),
+    )
+
+    def pull(name: str, *subjects: str, **extra: Any) -> ConsumerConfig:
+        config = ConsumerConfig(
+            durable_name=name,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=30.0,
+            max_deliver=-1,
+            max_ack_pending=1000,
+            max_waiting=512,
+        )
+        if len(subjects) == 1:
+            config = replace(config, filter_subject=subjects[0])
+        else:
+            config = replace(config, filter_subjects=list(subjects))
+        return replace(config, **extra)
+
+    consumers = (
+        (SEEDS_STREAM, pull(DISCOVERY_SEEDS, SEEDS_SUBJECT)),
+        (EVENTS_STREAM, pull(DISCOVERY_LINKS, CRAWL_COMPLETED)),
+        (
+            EVENTS_STREAM,
+            pull(
+                FETCHER,
+                PAGE_DISCOVERED,
+                CRAWL_REQUESTED,
+                ack_wait=opts.fetcher_ack_wait,
+                max_ack_pending=opts.fetcher_max_ack_pending,
+            ),
+        ),
+        (
+            WORK_STREAM,
+            pull(
+                FETCHER_DEFERRED,
+                FETCH_DEFERRED,
+                ack_wait=opts.fetcher_ack_wait,
+                max_ack_pending=opts.fetcher_max_ack_pending,
+            ),
+        ),
+        (
+            EVENTS_STREAM,
+            pull(
+                RECORDER,
+                SEED_REJECTED,
+                PAGE_DISCOVERED,
+                CRAWL_REQUESTED,
+                CRAWL_COMPLETED,
+                max_ack_pending=10_000,
+            ),
+        ),
+    )
+    buckets = (
+        KeyValueConfig(
+            bucket=DOMAINS_BUCKET,
+            description="Per-domain politeness: leases, next free slot, backoff.",
+            history=1,
+            storage=storage,
+            replicas=opts.replicas,
+        ),
+        KeyValueConfig(
+            bucket=ROBOTS_BUCKET,
+            description="Parsed robots.txt per origin, shared by every fetcher pod.",
+            history=1,
+            ttl=opts.robots_ttl,
+            storage=storage,
+            replicas=opts.replicas,
+        ),
+        KeyValueConfig(
+            bucket=SEEN_BUCKET,
+            description="Canonical URLs discovered this crawl cycle (the dedup set).",
+            history=1,
+            ttl=opts.seen_ttl,
+            storage=storage,
+            replicas=opts.replicas,
+        ),
+    )
+    return Topology(streams=streams, consumers=consumers, buckets=buckets, options=opts)
+
+
+async def ensure_topology(js: JetStreamContext, topology: Topology | None = None) -> Topology:
+    """Create or reconcile every stream, consumer and bucket. Idempotent."""
+    top = topology or declare()
+    try:
+        for config in top.streams:
+            await _ensure_stream(js, config)
+        for bucket in top.buckets:
+            await _ensure_bucket(js, bucket)
+        for stream, consumer in top.consumers:
+            await _ensure_consumer(js, stream, consumer)
+    except (APIError, asyncio.TimeoutError) as exc:
+        raise TopologyError(f"could not reconcile the JetStream topology: {exc}") from exc
+    return top
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    assert config.name is not None
+    try:
+        info = await js.stream_info(config.name)
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+            log.info("created stream %s", config.name)
+            return
+        except APIError as exc:
+            if exc.err_code != 10058:  # created by another pod meanwhile
+                raise
+            info = await js.stream_info(config.name)
+    if _differs(info.config, config):
+        await js.update_stream(config)
+        log.info("reconciled stream %s", config.name)
+
+
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
+    try:
+        await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        await js.create_key_value(config)
+        log.info("created bucket %s", config.bucket)
+        return
+    stream = f"KV_{config.bucket}"
+    info = await js.stream_info(stream)
+    wanted_age = config.ttl or 0.0
+    if (info.config.max_age or 0.0) != wanted_age or info.config.num_replicas != config.replicas:
+        await js.update_stream(
+            replace(info.config, max_age=wanted_age, num_replicas=config.replicas)
+        )
+        log.info("reconciled bucket %s", config.bucket)
+
+
+async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    assert config.durable_name is not None
+    try:
+        info = await js.consumer_info(stream, config.durable_name)
+    except NotFoundError:
+        await js.add_consumer(stream, config)
+        log.info("created consumer %s on %s", config.durable_name, stream)
+        return
+    if _differs(info.config, config):
+        # The create API updates a durable in place when only editable fields changed;
+        # a filter change on an existing durable is editable since nats-server 2.10.
+        await js.add_consumer(stream, config)
+        log.info("reconciled consumer %s on %s", config.durable_name, stream)
+
+
+def _differs(current: Any, wanted: Any) -> bool:
+    """True when a field we set differs from the server's (fields we leave None are ignored)."""
+    for name, value in vars(wanted).items():
+        if value is None or name in {"name", "description"}:
+            continue
+        have = getattr(current, name, None)
+        if isinstance(value, float) or isinstance(have, float):
+            if abs(float(value or 0) - float(have or 0)) > 1e-6:
+                return True
+        elif isinstance(value, list):
+            if sorted(map(str, value)) != sorted(map(str, have or [])):
+                return True
+        elif value != have:
+            return True
+    return False
