@@ -1,0 +1,113 @@
+"""Run Trove on one machine: the stack (embedded or external) and the three services.
+
+Each service runs as its own process (``python -m trove_<service>``), exactly as in a
+pod, with its settings passed through the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from trove_schema.errors import StackError
+from trove_schema.migrate import upgrade
+from trove_stack.processes import Child
+from trove_stack.stack import Stack
+
+SERVICES = ("recorder", "discovery", "fetcher")
+STACK_FILE = "stack.json"
+
+
+@dataclass(kw_only=True)
+class LocalTrove:
+    """The stack plus service processes; a context manager that stops all of it."""
+
+    state_dir: Path
+    nats_url: str = ""
+    database_url: str = ""
+    fresh: bool = False
+    fetchers: int = 1
+    service_env: Mapping[str, str] = field(default_factory=dict)
+    logs_to_console: bool = False
+    fast_and_unsafe: bool = False
+    stack: Stack = field(init=False)
+    children: list[Child] = field(default_factory=list, init=False)
+
+    def start(self) -> LocalTrove:
+        self.stack = Stack(
+            state_dir=self.state_dir,
+            nats_url=self.nats_url,
+            database_url=self.database_url,
+            fresh=self.fresh,
+            fast_and_unsafe=self.fast_and_unsafe,
+            postgres_bin=os.environ.get("TROVE_POSTGRES_BIN"),
+        ).start()
+        try:
+            upgrade(self.stack.database_url)
+            self._write_stack_file()
+            for name in SERVICES:
+                for n in range(self.fetchers if name == "fetcher" else 1):
+                    self.children.append(self._spawn(name, n))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "TROVE_NATS_URL": self.stack.nats_url,
+            "TROVE_DATABASE_URL": self.stack.database_url,
+        }
+
+    def _spawn(self, name: str, n: int) -> Child:
+        env = {**os.environ, **self.service_env, **self.env}
+        env.setdefault("TROVE_LOG_FORMAT", "json")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        logs = self.state_dir / "logs"
+        return Child(
+            f"{name}-{n}",
+            [sys.executable, "-m", f"trove_{name}"],
+            log_path=logs / f"{name}-{n}.log",
+            env=env,
+        )
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                raise StackError(f"service {child.name} exited: {child.tail()}")
+
+    def _write_stack_file(self) -> None:
+        (self.state_dir / STACK_FILE).write_text(json.dumps(self.env, indent=2))
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop(timeout=20)
+        self.children.clear()
+        (self.state_dir / STACK_FILE).unlink(missing_ok=True)
+        self.stack.stop()
+
+    def __enter__(self) -> LocalTrove:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def running_stack(state_dir: Path) -> dict[str, str]:
+    """URLs of a stack started by ``trove up`` in this state folder, if any."""
+    try:
+        data = json.loads((state_dir / STACK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str)}

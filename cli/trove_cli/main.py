@@ -1,0 +1,313 @@
+"""``trove``: the command line for running, seeding and inspecting a crawl."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import nats
+from nats.js import JetStreamContext
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from trove_cli.local import LocalTrove, running_stack
+from trove_cli.report import build_report, progress_counts, render
+from trove_schema.errors import TroveError
+from trove_schema.migrate import upgrade
+from trove_schema.settings import CommonSettings, check_environment
+from trove_schema.topology import (
+    DISCOVERY_LINKS,
+    DISCOVERY_SEEDS,
+    EVENTS_STREAM,
+    FETCHER,
+    FETCHER_DEFERRED,
+    RECORDER,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+    WORK_SCHEDULES_PREFIX,
+    WORK_STREAM,
+)
+
+console = Console(stderr=False)
+
+CONSUMERS = (
+    (SEEDS_STREAM, DISCOVERY_SEEDS),
+    (EVENTS_STREAM, DISCOVERY_LINKS),
+    (EVENTS_STREAM, FETCHER),
+    (WORK_STREAM, FETCHER_DEFERRED),
+    (EVENTS_STREAM, RECORDER),
+)
+
+
+def _urls(settings: CommonSettings) -> tuple[str, str]:
+    """The servers to talk to: TROVE_* URLs, else a stack started by `trove up`."""
+    nats_url, db_url = settings.nats_url, settings.database_url
+    if not nats_url or not db_url:
+        found = running_stack(settings.state_dir)
+        nats_url = nats_url or found.get("TROVE_NATS_URL", "")
+        db_url = db_url or found.get("TROVE_DATABASE_URL", "")
+    return nats_url, db_url
+
+
+async def pipeline_backlog(js: JetStreamContext) -> int:
+    """Messages waiting or in flight in any consumer, plus fetches deferred to a later slot."""
+    total = 0
+    for stream, durable in CONSUMERS:
+        try:
+            info = await js.consumer_info(stream, durable)
+        except Exception:
+            return -1
+        total += (info.num_pending or 0) + (info.num_ack_pending or 0)
+    info = await js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
+    total += sum((info.state.subjects or {}).values())
+    return total
+
+
+async def watch_crawl(
+    *,
+    nats_url: str,
+    database_url: str,
+    seeds: Sequence[str],
+    until_idle: bool,
+    max_pages: int | None,
+    timeout: float,
+    local: LocalTrove | None = None,
+) -> int:
+    nc = await nats.connect(nats_url, name="trove-cli")
+    engine = create_async_engine(database_url)
+    try:
+        if seeds:
+            # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
+            await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
+            await nc.flush()
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        quiet_since: float | None = None
+        columns = (
+            TextColumn("[bold]crawling"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("pages"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+        )
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task("crawl", total=None, note="")
+            while True:
+                if local is not None:
+                    local.check_alive()
+                done, queued = await progress_counts(engine)
+                backlog = await pipeline_backlog(js)
+                progress.update(task, completed=done, total=max(queued, 1), note=f"backlog {backlog}")
+                if max_pages is not None and done >= max_pages:
+                    break
+                if until_idle and backlog == 0 and queued > 0 and done == queued:
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since >= 2.0:
+                        break
+                else:
+                    quiet_since = None
+                if time.monotonic() > deadline:
+                    console.print(f"[yellow]stopped after {timeout:.0f}s: not idle yet[/yellow]")
+                    break
+                await asyncio.sleep(0.5)
+        render(await build_report(engine), console)
+        return 0
+    finally:
+        await engine.dispose()
+        await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def _maybe_sandbox(enabled: bool) -> AsyncIterator[tuple[list[str], dict[str, str]]]:
+    if not enabled:
+        yield [], {}
+        return
+    from trove_sandbox.server import serve_sandbox  # noqa: PLC0415 - only for --sandbox
+    from trove_sandbox.web import SandboxWeb  # noqa: PLC0415
+
+    web = SandboxWeb.generate()
+    async with serve_sandbox(web) as running:
+        resolve = ",".join(f"{h}={ip}" for h, ip in sorted(running.resolve_map.items()))
+        env = {
+            "TROVE_RESOLVE": resolve,
+            "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
+        }
+        yield list(running.seeds), env
+
+
+async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
+    async with _maybe_sandbox(args.sandbox) as (sandbox_seeds, sandbox_env):
+        seeds = [*args.seeds, *sandbox_seeds]
+        if not seeds:
+            console.print("[red]give at least one seed URL, or --sandbox[/red]")
+            return 2
+        service_env = dict(sandbox_env)
+        if args.sandbox and "TROVE_MIN_DOMAIN_DELAY_SECONDS" not in os.environ:
+            # Our own sandbox may be crawled briskly; real sites get the 10 s default.
+            service_env["TROVE_MIN_DOMAIN_DELAY_SECONDS"] = "1"
+        local = LocalTrove(
+            state_dir=settings.state_dir,
+            nats_url=settings.nats_url,
+            database_url=settings.database_url,
+            fresh=args.fresh,
+            fetchers=args.fetchers,
+            service_env=service_env,
+            fast_and_unsafe=args.fresh,
+        )
+        console.print(f"starting Trove (state in {settings.state_dir}) ...")
+        await asyncio.to_thread(local.start)
+        try:
+            console.print(f"NATS {local.stack.nats_url}   Postgres {local.stack.database_url}")
+            console.print("seeds: " + ", ".join(seeds))
+            return await watch_crawl(
+                nats_url=local.stack.nats_url,
+                database_url=local.stack.database_url,
+                seeds=seeds,
+                until_idle=args.until_idle or args.max_pages is None,
+                max_pages=args.max_pages,
+                timeout=args.timeout,
+                local=local,
+            )
+        finally:
+            await asyncio.to_thread(local.stop)
+
+
+async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
+    nats_url, _ = _urls(settings)
+    if not nats_url:
+        console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
+        return 2
+    nc = await nats.connect(nats_url, name="trove-cli")
+    try:
+        payload = "\n".join(args.urls).encode()
+        if args.request:
+            reply = await nc.request(SEEDS_SUBJECT, payload, timeout=10)
+            console.print(reply.data.decode())
+        else:
+            await nc.publish(SEEDS_SUBJECT, payload)
+            await nc.flush()
+            console.print(f"published {len(args.urls)} seed(s) to {SEEDS_SUBJECT}")
+    finally:
+        await nc.close()
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace, settings: CommonSettings) -> int:
+    nats_url, db_url = _urls(settings)
+    if not nats_url or not db_url:
+        console.print("[red]no running stack: set TROVE_NATS_URL/TROVE_DATABASE_URL or `trove up`[/red]")
+        return 2
+    engine = create_async_engine(db_url)
+    nc = await nats.connect(nats_url, name="trove-cli")
+    try:
+        js = nc.jetstream()
+        for stream, durable in CONSUMERS:
+            info = await js.consumer_info(stream, durable)
+            console.print(
+                f"{durable:18} pending {info.num_pending or 0:>7}  in flight {info.num_ack_pending or 0:>5}"
+                f"  redelivered {info.num_redelivered or 0}"
+            )
+        render(await build_report(engine), console)
+    finally:
+        await nc.close()
+        await engine.dispose()
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
+    local = LocalTrove(
+        state_dir=settings.state_dir,
+        nats_url=settings.nats_url,
+        database_url=settings.database_url,
+        fresh=args.fresh,
+        fetchers=args.fetchers,
+    )
+    with local:
+        console.print(f"TROVE_NATS_URL={local.stack.nats_url}")
+        console.print(f"TROVE_DATABASE_URL={local.stack.database_url}")
+        console.print(f"logs in {settings.state_dir / 'logs'}; Ctrl-C stops everything")
+        console.print(f"seed it: nats pub {SEEDS_SUBJECT} https://example.org/  (or `trove seed URL`)")
+        try:
+            while True:
+                local.check_alive()
+                time.sleep(1)
+        except KeyboardInterrupt:
+            console.print("stopping ...")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: CommonSettings) -> int:
+    _, db_url = _urls(settings)
+    if not db_url:
+        console.print("[red]set TROVE_DATABASE_URL (or start `trove up`)[/red]")
+        return 2
+    upgrade(db_url)
+    console.print("database is at the latest schema")
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace, settings: CommonSettings) -> int:
+    from trove_sandbox.__main__ import main as sandbox_main  # noqa: PLC0415
+
+    return sandbox_main(args.rest)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trove", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run the whole stack in the foreground")
+    up.add_argument("--fresh", action="store_true", help="wipe the state folder first")
+    up.add_argument("--fetchers", type=int, default=1)
+
+    crawl = sub.add_parser("crawl", help="crawl from seeds with a progress bar and a report")
+    crawl.add_argument("seeds", nargs="*")
+    crawl.add_argument("--sandbox", action="store_true", help="crawl the local synthetic web")
+    crawl.add_argument("--until-idle", action="store_true", help="stop when nothing is left to do")
+    crawl.add_argument("--max-pages", type=int, default=None)
+    crawl.add_argument("--fetchers", type=int, default=1)
+    crawl.add_argument("--fresh", action="store_true", help="start from an empty state folder")
+    crawl.add_argument("--timeout", type=float, default=3600.0)
+
+    seed = sub.add_parser("seed", help="publish seeds to a running stack (like `nats pub trove.seeds`)")
+    seed.add_argument("urls", nargs="+")
+    seed.add_argument("--request", action="store_true", help="wait for discovery's verdict")
+
+    sub.add_parser("status", help="consumer lag and what the tables hold")
+    sub.add_parser("migrate", help="bring the database schema up to date")
+    sandbox = sub.add_parser("sandbox", help="serve the synthetic small web in the foreground")
+    sandbox.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        check_environment()
+        settings = CommonSettings()
+        commands = {
+            "crawl": cmd_crawl,
+            "seed": cmd_seed,
+            "status": cmd_status,
+        }
+        if args.command in commands:
+            return asyncio.run(commands[args.command](args, settings))
+        sync = {"up": cmd_up, "migrate": cmd_migrate, "sandbox": cmd_sandbox}
+        return sync[args.command](args, settings)
+    except TroveError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

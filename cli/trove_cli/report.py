@@ -1,0 +1,126 @@
+"""What a crawl did, read from the projections: the report at the end of ``trove crawl``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.table import Table
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+@dataclass(slots=True)
+class Report:
+    pages_by_status: dict[str, int] = field(default_factory=dict)
+    linked_only: int = 0
+    crawls_by_outcome: dict[str, int] = field(default_factory=dict)
+    domains: list[tuple[str, int, int]] = field(default_factory=list)
+    languages: list[tuple[str, int]] = field(default_factory=list)
+    top_linked: list[tuple[str, str | None, int]] = field(default_factory=list)
+    links: int = 0
+    rejected_seeds: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def fetched(self) -> int:
+        return self.pages_by_status.get("fetched", 0)
+
+
+async def progress_counts(engine: AsyncEngine) -> tuple[int, int]:
+    """(queued pages finished, queued pages): pages discovery sent to the fetcher."""
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE status <> 'discovered'), count(*) "
+                    "FROM pages WHERE discovered_at IS NOT NULL"
+                )
+            )
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+async def build_report(engine: AsyncEngine, *, top: int = 10) -> Report:
+    report = Report()
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT status, count(*) FROM pages WHERE discovered_at IS NOT NULL "
+                "GROUP BY status ORDER BY status"
+            )
+        )
+        report.pages_by_status = {s: int(n) for s, n in rows.all()}
+        report.linked_only = int(
+            (await conn.execute(text("SELECT count(*) FROM pages WHERE discovered_at IS NULL")))
+            .scalar_one()
+        )
+        rows = await conn.execute(
+            text("SELECT outcome, count(*) FROM page_crawls GROUP BY outcome ORDER BY 2 DESC")
+        )
+        report.crawls_by_outcome = {o: int(n) for o, n in rows.all()}
+        rows = await conn.execute(
+            text(
+                "SELECT domain, count(*) FILTER (WHERE status = 'fetched'), count(*) FROM pages "
+                "WHERE discovered_at IS NOT NULL GROUP BY domain ORDER BY 3 DESC, 1 LIMIT :top"
+            ),
+            {"top": top},
+        )
+        report.domains = [(d, int(f), int(n)) for d, f, n in rows.all()]
+        rows = await conn.execute(
+            text(
+                "SELECT coalesce(language, '?'), count(*) FROM pages WHERE status = 'fetched' "
+                "GROUP BY 1 ORDER BY 2 DESC, 1"
+            )
+        )
+        report.languages = [(lang, int(n)) for lang, n in rows.all()]
+        rows = await conn.execute(
+            text(
+                "SELECT p.url, p.title, count(DISTINCT l.from_page_id) AS n FROM page_links l "
+                "JOIN pages p ON p.id = l.to_page_id WHERE l.kind = 'a' "
+                "GROUP BY p.id ORDER BY n DESC, p.url LIMIT :top"
+            ),
+            {"top": top},
+        )
+        report.top_linked = [(u, t, int(n)) for u, t, n in rows.all()]
+        report.links = int(
+            (await conn.execute(text("SELECT count(*) FROM page_links"))).scalar_one()
+        )
+        rows = await conn.execute(
+            text("SELECT raw, reason FROM seed_rejections ORDER BY occurred_at LIMIT :top"),
+            {"top": top},
+        )
+        report.rejected_seeds = [(r, why) for r, why in rows.all()]
+    return report
+
+
+def render(report: Report, console: Console) -> None:
+    def table(title: str, *columns: str) -> Table:
+        t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+        for column in columns:
+            t.add_column(column, justify="right" if column in {"pages", "crawls", "fetched", "in-links"} else "left")
+        return t
+
+    status = table("Pages by status", "status", "pages")
+    for name, n in report.pages_by_status.items():
+        status.add_row(name, str(n))
+    status.add_row("[dim]linked only (not crawled)[/dim]", f"[dim]{report.linked_only}[/dim]")
+    outcomes = table("Crawls by outcome", "outcome", "crawls")
+    for name, n in report.crawls_by_outcome.items():
+        outcomes.add_row(name, str(n))
+    domains = table("Domains", "domain", "fetched", "pages")
+    for name, fetched, n in report.domains:
+        domains.add_row(name, str(fetched), str(n))
+    languages = table("Languages", "language", "pages")
+    for name, n in report.languages:
+        languages.add_row(name, str(n))
+    linked = table("Most linked pages", "url", "title", "in-links")
+    for url, title, n in report.top_linked:
+        linked.add_row(url, (title or "")[:40], str(n))
+    parts: list[Table] = [status, outcomes, domains, languages, linked]
+    if report.rejected_seeds:
+        rejected = table("Rejected seeds", "seed", "reason")
+        for raw, why in report.rejected_seeds:
+            rejected.add_row(raw[:60], why)
+        parts.append(rejected)
+    console.print(Group(*[p for t in parts for p in (t, "")]))
+    console.print(f"{report.links} links in the citation graph.")

@@ -1,0 +1,115 @@
+"""What every Trove service process shares: JSON logs, signals, a health endpoint.
+
+A service is an async ``main(stop, ready)`` function. ``run`` sets up logging, turns
+SIGTERM/SIGINT into ``stop``, serves ``/healthz`` (alive) and ``/readyz`` (``ready``
+set) when ``TROVE_HTTP_PORT`` is given, and exits with the service's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from trove_schema.settings import CommonSettings, check_environment
+
+ServiceMain = Callable[[asyncio.Event, asyncio.Event], Awaitable[None]]
+
+_RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and any ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RESERVED and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def setup_logging(settings: CommonSettings, service: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level)
+    for noisy in ("nats", "httpx", "httpcore", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+async def _health_server(port: int, ready: asyncio.Event) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout=5)
+            path = line.split()[1].decode() if len(line.split()) > 1 else "/"
+            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b""):
+                pass
+            if path == "/healthz":
+                status, body = "200 OK", b"ok\n"
+            elif path == "/readyz":
+                status, body = ("200 OK", b"ready\n") if ready.is_set() else (
+                    "503 Service Unavailable",
+                    b"not ready\n",
+                )
+            else:
+                status, body = "404 Not Found", b"not found\n"
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+            )
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, IndexError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "0.0.0.0", port)  # noqa: S104 - probes come from outside
+
+
+def run(service: str, settings: CommonSettings, main: ServiceMain) -> int:
+    """Run a service until SIGTERM/SIGINT; returns the process exit status."""
+    check_environment()
+    setup_logging(settings, service)
+    log = logging.getLogger(service)
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        ready = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server = await _health_server(settings.http_port, ready) if settings.http_port else None
+        log.info("starting", extra={"service": service})
+        try:
+            await main(stop, ready)
+        finally:
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await server.wait_closed()
+        log.info("stopped", extra={"service": service})
+
+    try:
+        asyncio.run(runner())
+    except Exception:
+        log.exception("%s crashed", service)
+        return 1
+    return 0

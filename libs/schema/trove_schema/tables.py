@@ -1,0 +1,181 @@
+"""The Postgres tables: projections of the event record, rebuilt by replaying it.
+
+Statuses and outcomes are TEXT with CHECK constraints rather than Postgres ENUM
+types: adding a value later is a one-line migration that never rewrites or locks the
+table the way ``ALTER TYPE ... ADD VALUE`` can inside a transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import TSVECTOR, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from trove_schema.events import CrawlOutcome, LinkKind
+
+PAGE_STATUSES = ("discovered", "fetched", "failed", "rejected")
+CRAWL_OUTCOMES = tuple(o.value for o in CrawlOutcome)
+LINK_KINDS = tuple(k.value for k in LinkKind)
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+class Page(Base):
+    """One row per canonical URL."""
+
+    __tablename__ = "pages"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    url: Mapped[str] = mapped_column(String(2048), nullable=False, unique=True)
+    domain: Mapped[str] = mapped_column(String(253), nullable=False, index=True)
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="discovered")
+    depth: Mapped[int | None] = mapped_column(Integer)
+    title: Mapped[str | None] = mapped_column(Text)
+    #: BCP-47 tag (RFC 5646 allows 35 characters).
+    language: Mapped[str | None] = mapped_column(String(35), index=True)
+    keywords_tsv: Mapped[str | None] = mapped_column(TSVECTOR)
+    #: Validators for a conditional GET on re-crawl.
+    etag: Mapped[str | None] = mapped_column(Text)
+    last_modified: Mapped[str | None] = mapped_column(Text)
+    content_hash: Mapped[str | None] = mapped_column(String(64))
+    canonical_url: Mapped[str | None] = mapped_column(String(2048))
+    noindex: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
+    last_outcome: Mapped[str | None] = mapped_column(String(16))
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    discovered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    fetched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (
+        CheckConstraint(_in("status", PAGE_STATUSES), name="status"),
+        Index("ix_pages_keywords_tsv", "keywords_tsv", postgresql_using="gin"),
+    )
+
+
+class PageCrawl(Base):
+    """One row per fetch attempt, append-only: never updated after completion, never deleted."""
+
+    __tablename__ = "page_crawls"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    page_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pages.id", ondelete="CASCADE"), nullable=False
+    )
+    domain: Mapped[str] = mapped_column(String(253), nullable=False)
+    priority: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error_message: Mapped[str | None] = mapped_column(Text)
+    content_length: Mapped[int | None] = mapped_column(BigInteger)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    completed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    duration_ms: Mapped[int] = mapped_column(Integer, nullable=False)
+    #: The CrawlCompleted event this row was projected from.
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
+    #: The work event (PageDiscovered or CrawlRequested) the attempt answered.
+    request_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = _now()
+
+    __table_args__ = (
+        CheckConstraint(_in("outcome", CRAWL_OUTCOMES), name="outcome"),
+        Index("ix_page_crawls_page_id_created_at", "page_id", text("created_at DESC")),
+    )
+
+
+class PageLink(Base):
+    """The citation graph: the current outgoing links of each fetched page."""
+
+    __tablename__ = "page_links"
+
+    from_page_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pages.id", ondelete="CASCADE"), primary_key=True
+    )
+    to_page_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pages.id", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    nofollow: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
+    created_at: Mapped[datetime] = _now()
+
+    __table_args__ = (
+        CheckConstraint(_in("kind", LINK_KINDS), name="kind"),
+        Index("ix_page_links_to_page_id", "to_page_id"),
+    )
+
+
+class SeedRejection(Base):
+    """Seeds that could not be accepted, with the reason given to the operator."""
+
+    __tablename__ = "seed_rejections"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
+    raw: Mapped[str] = mapped_column(Text, nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+    origin: Mapped[str | None] = mapped_column(Text)
+    occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class ProjectedEvent(Base):
+    """Which events were applied, written in the same transaction as their effect."""
+
+    __tablename__ = "projected_events"
+
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    event_type: Mapped[str] = mapped_column(String(40), nullable=False)
+    projected_at: Mapped[datetime] = _now()
+
+
+class Outbox(Base):
+    """Events the recorder must publish (retries), written with the projection that caused them.
+
+    A publisher loop sends unsent rows and marks them; a crash between the two re-sends
+    with the same Nats-Msg-Id, which JetStream's duplicate window drops.
+    """
+
+    __tablename__ = "outbox"
+
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255), nullable=False)
+    payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    deliver_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)

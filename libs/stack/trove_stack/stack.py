@@ -1,0 +1,76 @@
+"""The stack Trove runs on: NATS JetStream and Postgres, embedded or external.
+
+With ``TROVE_NATS_URL`` / ``TROVE_DATABASE_URL`` set, those servers are used as they
+are; otherwise Trove starts its own nats-server and Postgres with their data under one
+state folder, and stops them when the stack closes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from trove_stack.nats import EmbeddedNats, NatsConfig
+from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
+
+
+@dataclass(kw_only=True)
+class Stack:
+    """Where the servers are; ``embedded`` says which of them this process started."""
+
+    state_dir: Path
+    nats_url: str = ""
+    database_url: str = ""
+    fresh: bool = False
+    fast_and_unsafe: bool = False
+    postgres_bin: str | None = None
+    nats: EmbeddedNats | None = field(default=None, init=False)
+    postgres: EmbeddedPostgres | None = field(default=None, init=False)
+
+    @property
+    def embedded(self) -> list[str]:
+        return [name for name, part in (("nats", self.nats), ("postgres", self.postgres)) if part]
+
+    def start(self) -> Stack:
+        if self.fresh and self.state_dir.exists():
+            self.stop()
+            shutil.rmtree(self.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.nats_url:
+                self.nats = EmbeddedNats(NatsConfig(store_dir=self.state_dir / "nats")).start()
+                self.nats_url = self.nats.url
+            if not self.database_url:
+                self.postgres = EmbeddedPostgres(
+                    PostgresConfig(
+                        data_dir=self.state_dir / "postgres" / "data",
+                        fast_and_unsafe=self.fast_and_unsafe,
+                        bin_dir=self.postgres_bin,
+                    )
+                ).start()
+                self.database_url = self.postgres.url
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.postgres is not None:
+            self.postgres.stop()
+            self.postgres = None
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,218 @@
+"""Discovery: seeds and outbound links in, PageDiscovered (and re-crawl requests) out.
+
+Every consequence gets an id derived from its cause (the seed message's stream
+sequence, the CrawlCompleted's id), so a redelivered input republishes the same ids,
+which JetStream's duplicate window and every consumer drop.
+
+Dedup is a NATS KV bucket shared by all replicas: the first replica to ``create`` a
+URL's key discovers it; the key holds the id of the discovering event, so the same
+cause delivered again still (re)publishes its event while any other cause is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from trove_discovery.scope import follow_link, in_scope
+from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json
+from trove_discovery.traps import url_trap_reason
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    LinkKind,
+    PageDiscovered,
+    Provenance,
+    RequestReason,
+    SeedRejected,
+    decode_event,
+    derived_event_id,
+)
+from trove_schema.settings import DiscoverySettings
+from trove_schema.urls import domain_of
+
+log = logging.getLogger("trove.discovery")
+
+#: Link kinds that lead to pages worth fetching (resources and the graph's other edges do not).
+FOLLOWED_KINDS = frozenset(
+    {LinkKind.A, LinkKind.FEED, LinkKind.FEED_ITEM, LinkKind.CANONICAL, LinkKind.REDIRECT}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    url: str
+    depth: int
+    provenance: Provenance
+
+
+class Discovery:
+    def __init__(
+        self, *, bus: Bus, seen: KeyValue, settings: DiscoverySettings
+    ) -> None:
+        self.bus = bus
+        self.seen = seen
+        self.settings = settings
+
+    # seeds ----------------------------------------------------------------------
+
+    async def handle_seed(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        batch = parse_seeds(msg.data, origin=_origin(msg), settings=self.settings)
+        for n, rejected in enumerate(batch.rejected):
+            event = SeedRejected(
+                id=derived_event_id(f"seed:{seq}:{n}", "rejected"),
+                raw=rejected.raw[:512],
+                reason=rejected.reason,
+                provenance=Provenance(kind="seed", origin=_origin(msg)),
+            )
+            log.warning("seed rejected", extra={"raw": event.raw, "reason": event.reason})
+            await self.bus.publish(event)
+        for seed in batch.accepted:
+            event = PageDiscovered(
+                id=derived_event_id(f"seed:{seq}:{seed.url}", "discovered"),
+                url=seed.url,
+                domain=domain_of(seed.url),
+                depth=0,
+                priority=seed.priority,
+                scope=seed.scope,
+                provenance=seed.provenance,
+                force=seed.force,
+            )
+            if seed.force or await self._first_sighting(event.url, event.id):
+                await self.bus.publish(event)
+                log.info("seed accepted", extra={"url": event.url, "event_id": event.id})
+            else:
+                log.info("seed already seen this cycle", extra={"url": event.url})
+
+    async def reply_to_seed_request(self, msg: Msg) -> None:
+        """A `nats req trove.seeds ...` gets what was accepted and rejected, and why."""
+        if not msg.reply:
+            return  # a plain publish: the stream consumer handles it
+        batch: SeedBatch = parse_seeds(msg.data, origin="request", settings=self.settings)
+        await msg.respond(reply_json(batch))
+
+    # links ----------------------------------------------------------------------
+
+    async def handle_crawl_completed(self, msg: Msg) -> None:
+        event = decode_event(msg.data)
+        if not isinstance(event, CrawlCompleted):
+            return
+        if event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED):
+            await self._request_recrawl(event)
+        if event.nofollow and not self.settings.follow_nofollow:
+            followable = [link for link in event.links if link.kind is LinkKind.REDIRECT]
+        else:
+            followable = list(event.links)
+        taken = 0
+        for link in followable:
+            if taken >= self.settings.max_links_per_page:
+                break
+            if link.kind not in FOLLOWED_KINDS:
+                continue
+            if link.nofollow and not self.settings.follow_nofollow:
+                continue
+            # A redirect or canonical target is the same page under another name: same depth.
+            same_page = link.kind in (LinkKind.REDIRECT, LinkKind.CANONICAL)
+            depth = event.depth if same_page else event.depth + 1
+            if not same_page and not follow_link(link.url, depth=event.depth, scope=event.scope):
+                continue
+            if same_page and not in_scope(link.url, event.scope):
+                continue
+            if url_trap_reason(
+                link.url,
+                max_length=self.settings.max_url_length,
+                max_path_repetitions=self.settings.max_path_repetitions,
+            ):
+                continue
+            taken += 1
+            discovered = PageDiscovered(
+                id=derived_event_id(f"{event.id}:{link.url}", "discovered"),
+                url=link.url,
+                domain=domain_of(link.url),
+                depth=depth,
+                priority=event.priority,
+                scope=event.scope,
+                provenance=Provenance(
+                    kind="redirect" if link.kind is LinkKind.REDIRECT else "link",
+                    source_url=event.url,
+                ),
+            )
+            if not await self._within_budget(discovered.domain, discovered.id):
+                continue
+            if await self._first_sighting(discovered.url, discovered.id):
+                await self.bus.publish(discovered)
+
+    async def _request_recrawl(self, event: CrawlCompleted) -> None:
+        delay = timedelta(seconds=self.settings.recrawl_after_seconds)
+        request = CrawlRequested(
+            id=derived_event_id(event.id, "recrawl"),
+            url=event.url,
+            domain=event.domain,
+            depth=event.depth,
+            priority=event.priority,
+            scope=event.scope,
+            reason=RequestReason.RECRAWL,
+            not_before=event.completed_at + delay,
+            etag=event.etag,
+            last_modified=event.last_modified,
+            caused_by=event.id,
+        )
+        await self.bus.publish_at(request, event.completed_at + delay)
+
+    # shared state -----------------------------------------------------------------
+
+    async def _first_sighting(self, url: str, event_id: str) -> bool:
+        key = "u." + hashlib.sha256(url.encode()).hexdigest()[:40]
+        try:
+            await self.seen.create(key, event_id.encode())
+            return True
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await self.seen.get(key)
+        except KeyNotFoundError:
+            return False
+        # The same cause seen again (a redelivery after a crash): publish again, idempotently.
+        return entry.value == event_id.encode()
+
+    async def _within_budget(self, domain: str, event_id: str) -> bool:
+        """Count pages discovered per host this cycle; refuse past the budget (trap defence)."""
+        key = "b." + hashlib.sha256(domain.encode()).hexdigest()[:40]
+        for _ in range(50):
+            try:
+                entry = await self.seen.get(key)
+                state = json.loads(entry.value or b"{}")
+                revision: int | None = entry.revision
+            except KeyNotFoundError:
+                state, revision = {}, None
+            count = int(state.get("n", 0))
+            if state.get("last") == event_id:
+                return True
+            if count >= self.settings.host_page_budget:
+                return False
+            value = json.dumps({"n": count + 1, "last": event_id}).encode()
+            try:
+                if revision is None:
+                    await self.seen.create(key, value)
+                else:
+                    await self.seen.update(key, value, last=revision)
+                return True
+            except KeyWrongLastSequenceError:
+                continue
+        return False
+
+
+def _origin(msg: Msg) -> str:
+    headers = msg.headers or {}
+    who = headers.get("Trove-Origin") or headers.get("Nats-Origin")
+    return msg.subject + (f" ({who})" if who else "")

@@ -1,0 +1,301 @@
+"""Seed messages: what an operator sends to ``trove.seeds``, turned into crawl requests.
+
+Accepted forms (the payload is UTF-8; a leading BOM is ignored):
+
+* a plain URL, as ``nats pub trove.seeds https://example.org/`` sends it;
+* several URLs, one a line (LF or CRLF); blank lines and lines starting with ``#``
+  are skipped (a ``#`` after a URL is part of the URL, as in any URL);
+* a JSON array of URL strings;
+* a JSON object: ``{"url": "..."}`` or ``{"urls": [...]}`` with the options
+  ``priority`` (integer -100..100, default 0), ``scope`` ("host", "domain", "pattern"
+  or "open"; default ``TROVE_DEFAULT_SCOPE``), ``pattern`` (a regular expression of at
+  most 500 characters, required by scope "pattern", which it implies when ``scope`` is
+  absent), ``force`` (boolean) and ``max_depth`` (integer 0..100, default
+  ``TROVE_MAX_DEPTH``). Unknown keys are refused, so that a typo is not silently a
+  default.
+
+``parse_seeds`` never raises: every problem becomes a ``RejectedSeed`` with a reason
+for the operator. A message with more than ``MAX_SEEDS_PER_MESSAGE`` URLs has the rest
+rejected one by one; a URL repeated in one message is accepted once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
+from trove_schema.settings import DiscoverySettings
+
+from trove_discovery.errors import InvalidSeed, InvalidURL
+from trove_discovery.normalize import (
+    canonicalize,
+    domain_of,
+    is_private_host,
+    registrable_domain,
+)
+
+MAX_SEEDS_PER_MESSAGE = 10_000
+MAX_PATTERN_LENGTH = 500
+#: Longest ``raw`` a rejection carries (the limit of ``SeedRejected.raw``).
+MAX_RAW_LENGTH = 512
+#: How many URLs and rejections a reply lists before saying "and N more".
+REPLY_TEXT_LIMIT = 20
+REPLY_JSON_LIMIT = 1000
+
+_JSON_KEYS = frozenset({"url", "urls", "priority", "scope", "pattern", "force", "max_depth"})
+
+
+@dataclass(frozen=True, slots=True)
+class SeedRequest:
+    """One accepted seed: its canonical URL and where the crawl from it may go."""
+
+    url: str
+    #: The URL as it was sent (whitespace around it removed).
+    original: str
+    scope: Scope
+    priority: int
+    force: bool
+    provenance: Provenance
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedSeed:
+    """Something sent as a seed that was not accepted, and why."""
+
+    #: What was sent, cut to ``MAX_RAW_LENGTH`` characters.
+    raw: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if len(self.raw) > MAX_RAW_LENGTH:
+            object.__setattr__(self, "raw", self.raw[:MAX_RAW_LENGTH])
+
+
+@dataclass(frozen=True, slots=True)
+class SeedBatch:
+    accepted: tuple[SeedRequest, ...] = ()
+    rejected: tuple[RejectedSeed, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    kind: ScopeKind
+    pattern: str
+    max_depth: int
+    priority: int = 0
+    force: bool = False
+
+
+def parse_seeds(data: bytes, *, origin: str, settings: DiscoverySettings) -> SeedBatch:
+    """Parse one seed message into accepted requests and rejections (never raises)."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff").strip()
+    except UnicodeDecodeError as exc:
+        raw = data[:MAX_RAW_LENGTH].decode("utf-8", "replace")
+        return _rejected(raw, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    if not text:
+        return _rejected("", "empty seed message")
+    candidates: list[object]
+    if text[0] in "{[":
+        try:
+            document = json.loads(text)
+        except ValueError as exc:
+            return _rejected(text, f"malformed JSON: {exc}")
+        try:
+            candidates, options = _from_json(document, settings)
+        except InvalidSeed as exc:
+            return _rejected(text, exc.reason)
+    else:
+        candidates = [
+            stripped
+            for line in text.splitlines()
+            if (stripped := line.strip()) and not stripped.startswith("#")
+        ]
+        try:
+            options = _default_options(settings)
+        except InvalidSeed as exc:
+            return _rejected(text, exc.reason)
+    if not candidates:
+        return _rejected(text, "no URLs in seed message")
+    return _build(candidates, options, origin=origin, settings=settings)
+
+
+def _build(
+    candidates: list[object], options: _Options, *, origin: str, settings: DiscoverySettings
+) -> SeedBatch:
+    provenance = Provenance(kind="seed", origin=origin)
+    max_length = min(settings.max_url_length, MAX_URL_LENGTH)
+    accepted: list[SeedRequest] = []
+    rejected: list[RejectedSeed] = []
+    seen: set[str] = set()
+    for index, candidate in enumerate(candidates):
+        if not isinstance(candidate, str):
+            raw = json.dumps(candidate, ensure_ascii=False)
+            rejected.append(RejectedSeed(raw, "not a URL string"))
+            continue
+        original = candidate.strip()
+        if index >= MAX_SEEDS_PER_MESSAGE:
+            reason = f"more than {MAX_SEEDS_PER_MESSAGE} URLs in one message"
+            rejected.append(RejectedSeed(original, reason))
+            continue
+        try:
+            url = canonicalize(original, max_length=max_length)
+        except InvalidURL as exc:
+            rejected.append(RejectedSeed(original, exc.reason))
+            continue
+        host = domain_of(url)
+        if is_private_host(host, settings.allowed_networks):
+            rejected.append(RejectedSeed(original, f"host {host} is a private address"))
+            continue
+        if url in seen:
+            continue
+        seen.add(url)
+        accepted.append(
+            SeedRequest(
+                url=url,
+                original=original,
+                scope=_scope(options, host),
+                priority=options.priority,
+                force=options.force,
+                provenance=provenance,
+            )
+        )
+    return SeedBatch(accepted=tuple(accepted), rejected=tuple(rejected))
+
+
+def _scope(options: _Options, host: str) -> Scope:
+    if options.kind is ScopeKind.HOST:
+        value = host
+    elif options.kind is ScopeKind.DOMAIN:
+        value = registrable_domain(host)
+    elif options.kind is ScopeKind.PATTERN:
+        value = options.pattern
+    else:
+        value = ""
+    return Scope(kind=options.kind, value=value, max_depth=options.max_depth)
+
+
+def _default_options(settings: DiscoverySettings) -> _Options:
+    kind = ScopeKind(settings.default_scope)
+    if kind is ScopeKind.PATTERN:
+        raise InvalidSeed(
+            'the default scope is "pattern" and needs a "pattern": send a JSON object'
+        )
+    return _Options(kind=kind, pattern="", max_depth=settings.max_depth)
+
+
+def _from_json(document: Any, settings: DiscoverySettings) -> tuple[list[object], _Options]:
+    if isinstance(document, list):
+        return list(document), _default_options(settings)
+    if not isinstance(document, dict):  # pragma: no cover - json of "{"/"[" is one of both
+        raise InvalidSeed("a JSON seed message is an object or an array")
+    unknown = sorted(set(document) - _JSON_KEYS)
+    if unknown:
+        names = ", ".join(repr(key) for key in unknown)
+        known = ", ".join(sorted(_JSON_KEYS))
+        raise InvalidSeed(f"unknown key(s) {names}; known keys are {known}")
+    if ("url" in document) == ("urls" in document):
+        raise InvalidSeed('give exactly one of "url" and "urls"')
+    if "url" in document:
+        if not isinstance(document["url"], str):
+            raise InvalidSeed('"url" must be a string')
+        candidates: list[object] = [document["url"]]
+    else:
+        if not isinstance(document["urls"], list):
+            raise InvalidSeed('"urls" must be an array of strings')
+        candidates = list(document["urls"])
+    return candidates, _options(document, settings)
+
+
+def _options(document: dict[str, Any], settings: DiscoverySettings) -> _Options:
+    priority = _integer(document, "priority", default=0, low=-100, high=100)
+    max_depth = _integer(document, "max_depth", default=settings.max_depth, low=0, high=100)
+    force = document.get("force", False)
+    if not isinstance(force, bool):
+        raise InvalidSeed('"force" must be true or false')
+    pattern = document.get("pattern")
+    scope = document.get("scope")
+    if scope is None:
+        scope = "pattern" if pattern is not None else settings.default_scope
+    try:
+        kind = ScopeKind(scope)
+    except ValueError:
+        choices = ", ".join(kind.value for kind in ScopeKind)
+        raise InvalidSeed(f'"scope" must be one of {choices}, not {scope!r}') from None
+    if kind is ScopeKind.PATTERN:
+        pattern = _pattern(pattern)
+    elif pattern is not None:
+        raise InvalidSeed(f'"pattern" is only for scope "pattern", not {kind.value!r}')
+    return _Options(
+        kind=kind, pattern=pattern or "", max_depth=max_depth, priority=priority, force=force
+    )
+
+
+def _integer(document: dict[str, Any], key: str, *, default: int, low: int, high: int) -> int:
+    value = document.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidSeed(f'"{key}" must be an integer from {low} to {high}, not {value!r}')
+    return value
+
+
+def _pattern(pattern: object) -> str:
+    if pattern is None or pattern == "":
+        raise InvalidSeed('scope "pattern" needs a "pattern" (a regular expression)')
+    if not isinstance(pattern, str):
+        raise InvalidSeed('"pattern" must be a string')
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise InvalidSeed(f'"pattern" is longer than {MAX_PATTERN_LENGTH} characters')
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidSeed(f'"pattern" is not a valid regular expression: {exc}') from None
+    return pattern
+
+
+def _rejected(raw: str, reason: str) -> SeedBatch:
+    return SeedBatch(rejected=(RejectedSeed(raw, reason),))
+
+
+def reply_text(batch: SeedBatch) -> str:
+    """A short summary for the reply to ``nats req trove.seeds ...``."""
+    lines = [f"accepted {len(batch.accepted)}"]
+    if batch.accepted:
+        urls = [seed.url for seed in batch.accepted[:REPLY_TEXT_LIMIT]]
+        more = len(batch.accepted) - len(urls)
+        lines[0] += ": " + ", ".join(urls) + (f" and {more} more" if more else "")
+    if batch.rejected:
+        lines.append(f"rejected {len(batch.rejected)}:")
+        lines.extend(
+            f"  {seed.raw or '(empty)'} — {seed.reason}"
+            for seed in batch.rejected[:REPLY_TEXT_LIMIT]
+        )
+        more = len(batch.rejected) - REPLY_TEXT_LIMIT
+        if more > 0:
+            lines.append(f"  and {more} more")
+    return "\n".join(lines)
+
+
+def reply_json(batch: SeedBatch) -> bytes:
+    """The same summary as JSON, for programs; lists cut to ``REPLY_JSON_LIMIT`` each."""
+    body = {
+        "accepted_count": len(batch.accepted),
+        "rejected_count": len(batch.rejected),
+        "accepted": [
+            {
+                "url": seed.url,
+                "original": seed.original,
+                "scope": seed.scope.model_dump(mode="json"),
+                "priority": seed.priority,
+                "force": seed.force,
+            }
+            for seed in batch.accepted[:REPLY_JSON_LIMIT]
+        ],
+        "rejected": [
+            {"raw": seed.raw, "reason": seed.reason} for seed in batch.rejected[:REPLY_JSON_LIMIT]
+        ],
+        "truncated": max(len(batch.accepted), len(batch.rejected)) > REPLY_JSON_LIMIT,
+    }
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

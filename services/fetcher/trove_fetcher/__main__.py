@@ -1,0 +1,19 @@
+"""Entry point: `python -m trove_fetcher` (or `trove-fetcher`)."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+from trove_schema.service import run
+from trove_schema.settings import FetcherSettings
+from trove_fetcher.app import serve
+
+
+def main() -> int:
+    settings = FetcherSettings()
+    return run("fetcher", settings, partial(serve, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The fetcher process: wiring and lifespan (one HTTP client, one NATS connection)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from trove_fetcher.fetcher import Fetcher
+from trove_fetcher.http import FetchLimits
+from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.transport import build_client
+from trove_schema.bus import Bus, Consumer
+from trove_schema.settings import FetcherSettings
+from trove_schema.topology import (
+    DOMAINS_BUCKET,
+    EVENTS_STREAM,
+    FETCHER,
+    FETCHER_DEFERRED,
+    ROBOTS_BUCKET,
+    WORK_STREAM,
+    TopologyOptions,
+    declare,
+    ensure_topology,
+)
+
+
+async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
+    if not settings.nats_url:
+        raise SystemExit("the fetcher needs TROVE_NATS_URL")
+    bus = await Bus.connect(settings.nats_url, name="trove-fetcher")
+    client = build_client(settings)
+    try:
+        await ensure_topology(
+            bus.js,
+            declare(
+                TopologyOptions(
+                    replicas=settings.replicas, robots_ttl=settings.robots_ttl_seconds
+                )
+            ),
+        )
+        fetcher = Fetcher(
+            bus=bus,
+            client=client,
+            politeness=Politeness(
+                await bus.js.key_value(DOMAINS_BUCKET),
+                PolitenessConfig(
+                    min_delay=settings.min_domain_delay_seconds,
+                    max_delay=settings.max_domain_delay_seconds,
+                    request_timeout=settings.request_timeout,
+                    max_backoff=settings.max_backoff_seconds,
+                ),
+            ),
+            robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
+            limits=FetchLimits(
+                max_body_bytes=settings.max_body_bytes,
+                max_redirects=settings.max_redirects,
+                total_timeout=settings.request_timeout,
+            ),
+            robots_token=settings.robots_token,
+            robots_max_bytes=settings.robots_max_bytes,
+        )
+        consumers = [
+            Consumer(
+                bus=bus,
+                stream=stream,
+                durable=durable,
+                handler=fetcher.handle,
+                concurrency=settings.concurrency,
+                fetch_batch=min(64, settings.concurrency),
+            )
+            for stream, durable in ((EVENTS_STREAM, FETCHER), (WORK_STREAM, FETCHER_DEFERRED))
+        ]
+        ready.set()
+        await asyncio.gather(*(c.run(stop) for c in consumers))
+        fetcher.close()
+    finally:
+        await client.aclose()
+        await bus.close()

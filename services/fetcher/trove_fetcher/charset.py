@@ -1,0 +1,161 @@
+"""Turning a response body into text: which charset, and never an exception.
+
+The order is the HTTP header's ``charset``, a byte order mark, a ``<meta>`` declaration
+in the first 2 KB, the XML declaration, then a fallback (UTF-8 if the bytes are UTF-8,
+else windows-1252). One deviation from a plain "header first": a BOM beats the header,
+as it does in browsers (the WHATWG encoding sniffing algorithm). A BOM is in the bytes
+themselves, while a header charset is often a server-wide default nobody checked.
+
+A declared charset that the bytes do not fit is still used, with U+FFFD for the bytes
+that do not decode: the usual cause is a body cut at the size limit in the middle of a
+character, and re-guessing the whole page from one broken byte would garble the rest.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+
+#: How far into the body ``<meta charset>`` is looked for (the HTML spec's prescan uses 1024).
+META_SCAN_BYTES = 2048
+
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+)
+
+_HEADER_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
+# Matches both <meta charset=x> and <meta http-equiv=Content-Type content="...; charset=x">.
+_META_CHARSET = re.compile(
+    rb"""<meta\s[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_:.+-]{1,40})""", re.IGNORECASE
+)
+_XML_DECL_ENCODING = re.compile(
+    rb"""\A\s*<\?xml\s[^>]{0,200}?encoding\s*=\s*["']([A-Za-z0-9_.:+-]{1,40})["']""",
+    re.IGNORECASE,
+)
+
+# Codecs Python knows that are no way to read a web page: they raise on any input, would
+# turn "\u0041"-style sequences into characters, or are not supported by browsers either.
+_REFUSED = frozenset(
+    {"undefined", "idna", "punycode", "unicode-escape", "raw-unicode-escape", "utf-7"}
+)
+
+# Labels browsers read as a superset encoding (WHATWG), since servers say "iso-8859-1"
+# for pages that use the windows-1252 quotes and dashes in 0x80-0x9F.
+_SUPERSETS = {"ascii": "cp1252", "iso8859-1": "cp1252", "iso8859-9": "cp1254"}
+
+_XML_TYPES = frozenset(
+    {"application/xml", "text/xml", "application/rss+xml", "application/atom+xml"}
+)
+
+
+def media_type(content_type: str | None) -> str | None:
+    """The lower-cased ``type/subtype`` of a Content-Type header, without parameters."""
+    if not content_type:
+        return None
+    value = content_type.split(";", 1)[0].strip().lower()
+    return value or None
+
+
+def normalize_charset(label: str | None) -> str | None:
+    """Python's codec name for a charset label, or None if it is not a usable text codec."""
+    if not label:
+        return None
+    label = label.strip().strip("\"'").strip()
+    if not label or len(label) > 40:
+        return None
+    try:
+        name = codecs.lookup(label).name
+        b"".decode(name)  # raises LookupError for bytes-to-bytes codecs (base64, zlib, ...)
+    except (LookupError, UnicodeError, ValueError):
+        return None
+    if name in _REFUSED:
+        return None
+    return _SUPERSETS.get(name, name)
+
+
+def header_charset(content_type: str | None) -> str | None:
+    """The charset parameter of a Content-Type header, if usable."""
+    if not content_type:
+        return None
+    match = _HEADER_CHARSET.search(content_type)
+    return normalize_charset(match.group(1)) if match else None
+
+
+def bom_charset(body: bytes) -> tuple[str, int] | None:
+    """The charset a byte order mark announces, and the BOM's length."""
+    for bom, name in _BOMS:
+        if body.startswith(bom):
+            return name, len(bom)
+    return None
+
+
+def meta_charset(body: bytes) -> str | None:
+    """The charset of the first ``<meta>`` declaration in the first 2 KB, if usable."""
+    match = _META_CHARSET.search(body, 0, META_SCAN_BYTES)
+    if match is None:
+        return None
+    name = normalize_charset(match.group(1).decode("ascii", "replace"))
+    # A page whose meta we could read as ASCII is not UTF-16/32 (WHATWG says: use UTF-8).
+    if name is not None and name.startswith(("utf-16", "utf-32")):
+        return "utf-8"
+    return name
+
+
+def xml_declared_charset(body: bytes) -> str | None:
+    """The encoding of a leading ``<?xml ... encoding="..."?>`` declaration, if usable."""
+    match = _XML_DECL_ENCODING.match(body, 0, 512)
+    if match is None:
+        return None
+    name = normalize_charset(match.group(1).decode("ascii", "replace"))
+    if name is not None and name.startswith(("utf-16", "utf-32")):
+        return "utf-8"
+    return name
+
+
+def _decode(body: bytes, encoding: str) -> str | None:
+    try:
+        return body.decode(encoding)
+    except UnicodeDecodeError:
+        pass
+    except (LookupError, UnicodeError, ValueError):
+        return None
+    try:
+        return body.decode(encoding, "replace")
+    except (LookupError, UnicodeError, ValueError):
+        return None
+
+
+def _fallback(body: bytes) -> tuple[str, str]:
+    # Incremental, so a body cut inside a multi-byte character still counts as UTF-8.
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        text = decoder.decode(body, final=False)
+    except UnicodeDecodeError:
+        return body.decode("cp1252", "replace"), "cp1252"
+    if decoder.getstate()[0]:
+        text += "\ufffd"
+    return text, "utf-8"
+
+
+def decode_body(body: bytes, content_type: str | None) -> tuple[str, str]:
+    """Decode a response body: returns the text and the codec used. Never raises."""
+    bom = bom_charset(body)
+    if bom is not None:
+        name, skip = bom
+        return body[skip:].decode(name, "replace"), name
+
+    candidates: list[str | None] = [header_charset(content_type)]
+    if media_type(content_type) in _XML_TYPES:
+        candidates.append(xml_declared_charset(body))
+    else:
+        candidates += [meta_charset(body), xml_declared_charset(body)]
+
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        text = _decode(body, candidate)
+        if text is not None:
+            return text, candidate
+    return _fallback(body)

@@ -1,0 +1,58 @@
+"""Errors raised by the fetcher's network layer.
+
+    FetcherError
+    ├── BlockedAddress        a host resolved to an address Trove must not connect to (SSRF)
+    ├── TooManyRedirects      more same-host redirect hops than allowed, or a redirect loop
+    └── ContentError          the body cannot be taken as it was sent
+        ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
+        ├── UndecodableBody       its Content-Encoding is corrupt
+        └── UnsupportedContent    a Content-Encoding Trove did not ask for
+
+``fetch()`` (``trove_fetcher.http``) never raises any of these for something a site
+does: it turns them, and httpx's transport errors, into a ``CrawlOutcome``. Only
+``BlockedAddress`` leaves the transport, through ``httpx.AsyncClient.send``.
+A page larger than the size cap is not an error: it is cut and marked ``truncated``.
+"""
+
+from __future__ import annotations
+
+
+class FetcherError(Exception):
+    """Base of every error the fetcher's network layer raises on purpose."""
+
+
+class BlockedAddress(FetcherError):
+    """A host resolved to an address the fetcher refuses to connect to.
+
+    Raised before any connection is attempted, whatever the source of the URL
+    (a link, a redirect, a robots.txt redirect, a seed).
+    """
+
+    def __init__(self, host: str, address: str, reason: str) -> None:
+        self.host = host
+        self.address = address
+        self.reason = reason
+        if host == address:
+            super().__init__(f"{address} ({reason})")
+        else:
+            super().__init__(f"{host} resolves to {address} ({reason})")
+
+
+class TooManyRedirects(FetcherError):
+    """More same-host redirects than ``max_redirects``, or a hop back to a visited URL."""
+
+
+class ContentError(FetcherError):
+    """The response body cannot be taken as it was sent."""
+
+
+class DecompressionBomb(ContentError):
+    """The body inflates past the size cap at more than the allowed ratio."""
+
+
+class UndecodableBody(ContentError):
+    """The body is not valid for its Content-Encoding (corrupt gzip or deflate data)."""
+
+
+class UnsupportedContent(ContentError):
+    """A Content-Encoding the fetcher did not offer in Accept-Encoding."""

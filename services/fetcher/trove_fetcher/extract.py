@@ -1,0 +1,520 @@
+"""What the fetcher keeps of a page: title, links, language, keywords, robots directives.
+
+Pure functions over the response body, no I/O, safe to run in a thread pool. Hostile
+input (empty, binary, malformed, absurdly nested) gives a thinner ``Extraction``, never
+an exception. The body itself is never kept: only its sha256 and the signals above.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urljoin, urlsplit
+
+from lxml import etree
+from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, Link, LinkKind
+
+from trove_fetcher.charset import decode_body, media_type
+from trove_fetcher.keywords import keywords as make_keywords
+from trove_fetcher.language import detect_language as detect
+
+HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml"})
+XML_TYPES = frozenset({"application/xml", "text/xml"})
+PARSEABLE_TYPES = HTML_TYPES | FEED_TYPES | XML_TYPES
+
+MAX_TITLE_LENGTH = 1000
+#: Distinct links remembered while parsing; past this a page's further links are ignored.
+MAX_LINKS_SEEN = 10 * MAX_LINKS_PER_PAGE
+
+# Elements whose text is not visible page text (head holds the title, read separately).
+_INVISIBLE = ("head", "script", "style", "noscript", "template", "nav", "svg")
+_LINK_TAGS = ("a", "area", "img", "script", "link", "frame", "iframe", "meta")
+_NOFOLLOW_RELS = frozenset({"nofollow", "ugc", "sponsored"})
+# Which links survive when a page has more than MAX_LINKS_PER_PAGE: the ones that lead
+# to pages first, then the ones that lead to resources (lower is kept first).
+_KEEP_ORDER = {
+    LinkKind.CANONICAL: 0,
+    LinkKind.REDIRECT: 0,
+    LinkKind.FEED: 1,
+    LinkKind.ALTERNATE: 2,
+    LinkKind.A: 3,
+    LinkKind.FEED_ITEM: 3,
+    LinkKind.OTHER: 4,
+    LinkKind.IMG: 5,
+    LinkKind.SCRIPT: 6,
+    LinkKind.STYLESHEET: 6,
+}
+
+_XML_NS = "{http://www.w3.org/XML/1998/namespace}"
+_RDF_NS = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
+_FEED_ROOT = re.compile(
+    rb"""\A(?:\xef\xbb\xbf)?(?:\s|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^\[>]*(?:\[.*?\])?\s*>)*"""
+    rb"""<(?:rss|feed|(?:[A-Za-z_][\w.-]*:)?RDF)[\s>/]""",
+    re.DOTALL,
+)
+_MARKUP = re.compile(r"<[^>]*>")
+_ABSOLUTE = ("http://", "https://")
+_URL_NOISE = str.maketrans("", "", "\t\n\r")
+_SPLIT_DIRECTIVES = re.compile(r"[\s,]+")
+_UA_PREFIX = re.compile(r"\A\s*([A-Za-z0-9_.*-]+)\s*:(.*)\Z", re.DOTALL)
+# X-Robots-Tag directives that carry a value after a colon (not a user agent prefix).
+_VALUED_DIRECTIVES = frozenset(
+    {"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"}
+)
+_REFRESH_URL = re.compile(
+    r"""\A\s*[\d.]*\s*[;,]?\s*(?:url\s*=\s*)?(["']?)(?P<url>[^"']+)\1""", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    """The signals of one response body."""
+
+    #: sha256 (hex) of the body bytes as received.
+    content_hash: str
+    title: str | None = None
+    links: tuple[Link, ...] = ()
+    #: The page had more distinct links than ``MAX_LINKS_PER_PAGE``.
+    links_truncated: bool = False
+    canonical_url: str | None = None
+    #: BCP-47 tag, or None when unsure.
+    language: str | None = None
+    #: Sorted distinct terms (empty for noindex pages: they are only for the index).
+    keywords: tuple[str, ...] = ()
+    noindex: bool = False
+    nofollow: bool = False
+    is_feed: bool = False
+
+
+def is_parseable(content_type: str | None) -> bool:
+    """Whether ``extract`` does anything with this Content-Type (checked before the body)."""
+    return media_type(content_type) in PARSEABLE_TYPES
+
+
+def looks_like_feed(body: bytes) -> bool:
+    """The body is XML whose root element is ``rss``, ``feed`` or ``rdf:RDF``."""
+    return _FEED_ROOT.match(body, 0, 4096) is not None
+
+
+def extract(
+    body: bytes,
+    *,
+    url: str,
+    content_type: str | None,
+    x_robots_tag: str | None = None,
+    robots_token: str = "TroveBot",  # noqa: S107 - a robots.txt token, not a secret
+    detect_language: bool = True,
+) -> Extraction:
+    """Extract the signals of ``body``, fetched from ``url``. Never raises on bad input.
+
+    ``detect_language=False`` skips the language detector (and the stop words it picks).
+    """
+    digest = hashlib.sha256(body).hexdigest()
+    noindex, nofollow = x_robots_directives(x_robots_tag, robots_token)
+    page = _Page(url, digest, noindex, nofollow, robots_token, detect_language)
+    kind = media_type(content_type)
+    if kind in FEED_TYPES or looks_like_feed(body):
+        # Not RSS or Atom after all (an HTML error page sent as a feed): read it as HTML.
+        return page.feed(body, content_type) or page.html(body, content_type)
+    if kind is None or kind in HTML_TYPES or kind in XML_TYPES:
+        return page.html(body, content_type)
+    return page.empty()
+
+
+def meta_robots_directives(content: str | None) -> tuple[bool, bool]:
+    """(noindex, nofollow) of a robots ``<meta>`` content such as "noindex, follow"."""
+    words = set(_SPLIT_DIRECTIVES.split((content or "").lower()))
+    none = "none" in words
+    return none or "noindex" in words, none or "nofollow" in words
+
+
+def x_robots_directives(
+    value: str | None,
+    robots_token: str = "TroveBot",  # noqa: S107 - a robots.txt token, not a secret
+) -> tuple[bool, bool]:
+    """(noindex, nofollow) from an X-Robots-Tag header value meant for ``robots_token``.
+
+    The value is a comma list; a ``name:`` prefix aims the directives after it (up to the
+    next prefix) at one crawler, as in "googlebot: noindex, TroveBot: nofollow".
+    """
+    noindex = nofollow = False
+    if not value:
+        return noindex, nofollow
+    token = robots_token.lower()
+    applies = True
+    for part in value.split(","):
+        match = _UA_PREFIX.match(part)
+        if match is not None and match.group(1).lower() not in _VALUED_DIRECTIVES:
+            applies = match.group(1).lower() == token
+            part = match.group(2)
+        if applies:
+            part_noindex, part_nofollow = meta_robots_directives(part)
+            noindex |= part_noindex
+            nofollow |= part_nofollow
+    return noindex, nofollow
+
+
+def resolve_url(base: str, href: str | None) -> str | None:
+    """``href`` made absolute against ``base``, without fragment; None unless http(s)."""
+    if not href:
+        return None
+    # The URL parser in browsers strips surrounding whitespace and drops tabs/newlines.
+    href = href.translate(_URL_NOISE).strip(" \x0c")
+    if not href:
+        return None
+    try:
+        # Absolute links skip urljoin, which costs as much as the rest of the page's parse.
+        absolute = href if href[:8].lower().startswith(_ABSOLUTE) else urljoin(base, href)
+        parts = urlsplit(absolute)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return None
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return None
+    absolute = absolute.split("#", 1)[0]
+    if len(absolute) > MAX_URL_LENGTH:
+        return None
+    return absolute
+
+
+def collapse_whitespace(text: str | None, limit: int = MAX_TITLE_LENGTH) -> str | None:
+    if not text:
+        return None
+    collapsed = " ".join(text.split())[:limit].rstrip()
+    return collapsed or None
+
+
+class _Links:
+    """Links in document order, one per (url, kind); nofollow only if every copy was."""
+
+    def __init__(self) -> None:
+        self._nofollow: dict[tuple[str, LinkKind], bool] = {}
+        self.overflow = False
+
+    def add(self, base: str, href: str | None, kind: LinkKind, nofollow: bool = False) -> None:
+        url = resolve_url(base, href)
+        if url is None:
+            return
+        key = (url, kind)
+        seen = self._nofollow.get(key)
+        if seen is None:
+            if len(self._nofollow) >= MAX_LINKS_SEEN:
+                self.overflow = True
+                return
+            self._nofollow[key] = nofollow
+        elif seen and not nofollow:
+            self._nofollow[key] = False
+
+    def result(self, page_nofollow: bool) -> tuple[tuple[Link, ...], bool]:
+        found = list(self._nofollow.items())
+        truncated = self.overflow or len(found) > MAX_LINKS_PER_PAGE
+        if len(found) > MAX_LINKS_PER_PAGE:
+            ranked = sorted(range(len(found)), key=lambda i: (_KEEP_ORDER[found[i][0][1]], i))
+            found = [found[i] for i in sorted(ranked[:MAX_LINKS_PER_PAGE])]
+        links = tuple(
+            Link(url=url, kind=kind, nofollow=nofollow or page_nofollow)
+            for (url, kind), nofollow in found
+        )
+        return links, truncated
+
+
+_local = threading.local()
+
+
+def _html_parser() -> etree.HTMLParser:
+    # lxml parsers must not be shared between threads: one per thread.
+    parser: etree.HTMLParser | None = getattr(_local, "html", None)
+    if parser is None:
+        parser = _local.html = etree.HTMLParser(
+            encoding="utf-8",
+            remove_comments=True,
+            remove_pis=True,
+            no_network=True,
+            # Keeps libxml2's limits: a document nested deeper than 256 is cut there.
+            huge_tree=False,
+        )
+    return parser
+
+
+def _feed_parser() -> etree.XMLParser:
+    parser: etree.XMLParser | None = getattr(_local, "xml", None)
+    if parser is None:
+        parser = _local.xml = etree.XMLParser(
+            # The text is already decoded (and re-encoded as UTF-8): ignore the declaration.
+            encoding="utf-8",
+            # No XXE, no billion laughs: entities stay unexpanded references.
+            resolve_entities=False,
+            no_network=True,
+            huge_tree=False,
+            load_dtd=False,
+            dtd_validation=False,
+            attribute_defaults=False,
+            recover=True,
+            remove_comments=True,
+            remove_pis=True,
+        )
+    return parser
+
+
+def _rel(element: etree._Element) -> set[str]:
+    return set((element.get("rel") or "").lower().split())
+
+
+def _local_name(element: etree._Element) -> str:
+    tag = element.tag
+    return tag.rpartition("}")[2] if isinstance(tag, str) else ""
+
+
+def _children(element: etree._Element, name: str) -> list[etree._Element]:
+    return [child for child in element if _local_name(child) == name]
+
+
+def _child(element: etree._Element, name: str) -> etree._Element | None:
+    for child in element:
+        if _local_name(child) == name:
+            return child
+    return None
+
+
+def _text(element: etree._Element | None) -> str:
+    """The element's text, entity references left out (they stay unexpanded in feeds)."""
+    if element is None:
+        return ""
+    value = element.xpath("string()")
+    return value if isinstance(value, str) else ""
+
+
+class _Page:
+    def __init__(
+        self,
+        url: str,
+        digest: str,
+        noindex: bool,
+        nofollow: bool,
+        robots_token: str,
+        detect_language: bool,
+    ) -> None:
+        self.url = url
+        self.digest = digest
+        self.noindex = noindex
+        self.nofollow = nofollow
+        self.robots_names = {"robots", robots_token.lower()}
+        self.detect_language = detect_language
+
+    def empty(self, *, is_feed: bool = False) -> Extraction:
+        return Extraction(
+            content_hash=self.digest, noindex=self.noindex, nofollow=self.nofollow, is_feed=is_feed
+        )
+
+    def finish(
+        self,
+        *,
+        title: str | None,
+        links: _Links,
+        canonical_url: str | None,
+        text: str,
+        lang_hint: str | None,
+        is_feed: bool,
+    ) -> Extraction:
+        language = None
+        if self.detect_language:
+            language = detect(text or title or "", hint=lang_hint)
+        terms: tuple[str, ...] = ()
+        if not self.noindex:
+            terms = make_keywords(text, title=title, language=language)
+        found, truncated = links.result(self.nofollow)
+        return Extraction(
+            content_hash=self.digest,
+            title=title,
+            links=found,
+            links_truncated=truncated,
+            canonical_url=canonical_url,
+            language=language,
+            keywords=terms,
+            noindex=self.noindex,
+            nofollow=self.nofollow,
+            is_feed=is_feed,
+        )
+
+    # HTML ---------------------------------------------------------------------------
+
+    def html(self, body: bytes, content_type: str | None) -> Extraction:
+        text, _ = decode_body(body, content_type)
+        try:
+            root = etree.fromstring(text.encode("utf-8", "replace"), _html_parser())
+        except (etree.LxmlError, ValueError):
+            root = None
+        if root is None:
+            return self.empty()
+
+        base = self.url
+        for element in root.iter("base"):
+            href = element.get("href")
+            if href is not None:
+                base = resolve_url(self.url, href) or self.url
+                break
+
+        title_element = root.find("head/title")
+        if title_element is None:
+            title_element = root.find(".//title")
+        title = collapse_whitespace(title_element.text if title_element is not None else None)
+
+        links = _Links()
+        canonical_url = None
+        for element in root.iter(*_LINK_TAGS):
+            tag = element.tag
+            rel = _rel(element)
+            nofollow = not rel.isdisjoint(_NOFOLLOW_RELS)
+            if tag == "a" or tag == "area":
+                links.add(base, element.get("href"), LinkKind.A, nofollow)
+            elif tag == "img":
+                links.add(base, element.get("src"), LinkKind.IMG)
+                srcset = (element.get("srcset") or "").split()
+                if srcset:
+                    links.add(base, srcset[0].rstrip(","), LinkKind.IMG)
+            elif tag == "script":
+                links.add(base, element.get("src"), LinkKind.SCRIPT)
+            elif tag == "frame" or tag == "iframe":
+                links.add(base, element.get("src"), LinkKind.OTHER)
+            elif tag == "link":
+                kind = self._link_kind(element, rel)
+                if kind is None:
+                    continue
+                href = element.get("href")
+                if kind is LinkKind.CANONICAL and canonical_url is None:
+                    canonical_url = resolve_url(base, href)
+                links.add(base, href, kind, nofollow)
+            elif tag == "meta":
+                self._meta(element, base, links)
+
+        lang_hint = root.get("lang") or root.get(_XML_NS + "lang")
+        etree.strip_elements(root, *_INVISIBLE, with_tail=False)
+        visible = " ".join(cast("Iterator[str]", root.itertext()))
+        return self.finish(
+            title=title,
+            links=links,
+            canonical_url=canonical_url,
+            text=visible,
+            lang_hint=lang_hint,
+            is_feed=False,
+        )
+
+    @staticmethod
+    def _link_kind(element: etree._Element, rel: set[str]) -> LinkKind | None:
+        if "canonical" in rel:
+            return LinkKind.CANONICAL
+        if "stylesheet" in rel:
+            return LinkKind.STYLESHEET
+        if "alternate" not in rel:
+            return None
+        mime = media_type(element.get("type"))
+        if mime in FEED_TYPES:
+            return LinkKind.FEED
+        # Another language or a mobile version of this page; not oEmbed, JSON and such.
+        if mime in (None, "text/html", "application/xhtml+xml") or element.get("hreflang"):
+            return LinkKind.ALTERNATE
+        return None
+
+    def _meta(self, element: etree._Element, base: str, links: _Links) -> None:
+        name = (element.get("name") or "").strip().lower()
+        if name in self.robots_names:
+            noindex, nofollow = meta_robots_directives(element.get("content"))
+            self.noindex |= noindex
+            self.nofollow |= nofollow
+        elif (element.get("http-equiv") or "").strip().lower() == "refresh":
+            match = _REFRESH_URL.match(element.get("content") or "")
+            if match is not None:
+                links.add(base, match.group("url"), LinkKind.REDIRECT)
+
+    # Feeds --------------------------------------------------------------------------
+
+    def feed(self, body: bytes, content_type: str | None) -> Extraction | None:
+        """A feed's signals; None if the body is XML but not RSS or Atom (try HTML)."""
+        text, _ = decode_body(body, content_type)
+        try:
+            root = etree.fromstring(
+                text.encode("utf-8", "replace"), _feed_parser(), base_url=self.url
+            )
+        except (etree.LxmlError, ValueError):
+            root = None
+        if root is None:
+            return self.empty(is_feed=True)
+
+        name = _local_name(root)
+        if name == "rss":
+            channel = _child(root, "channel")
+            items = _children(root, "item")
+            if channel is not None:
+                items = _children(channel, "item") + items
+        elif name == "RDF":
+            channel = _child(root, "channel")
+            items = _children(root, "item")
+            if channel is not None:
+                items += _children(channel, "item")
+        elif name == "feed":
+            channel = root
+            items = _children(root, "entry")
+        else:
+            return None
+
+        links = _Links()
+        words: list[str] = []
+        title = None
+        lang_hint = root.get(_XML_NS + "lang")
+        if channel is not None:
+            title = collapse_whitespace(_feed_text(_child(channel, "title")))
+            lang_hint = lang_hint or _text(_child(channel, "language")) or None
+            for summary in ("description", "subtitle"):
+                words.append(_feed_text(_child(channel, summary)))
+            self._feed_item_links(channel, links, LinkKind.A)
+        for item in items:
+            self._feed_item_links(item, links, LinkKind.FEED_ITEM)
+            for part in ("title", "description", "summary", "content"):
+                words.append(_feed_text(_child(item, part)))
+
+        return self.finish(
+            title=title,
+            links=links,
+            canonical_url=None,
+            text=" ".join(words),
+            lang_hint=lang_hint,
+            is_feed=True,
+        )
+
+    def _feed_item_links(self, item: etree._Element, links: _Links, kind: LinkKind) -> None:
+        base = item.base or self.url
+        found = False
+        for link in _children(item, "link"):
+            href = link.get("href")
+            if href is not None:  # Atom: only the alternate (the page), not self/enclosure
+                if link.get("rel") in (None, "", "alternate"):
+                    links.add(link.base or base, href, kind)
+                    found = True
+            elif link.text:  # RSS
+                links.add(base, _text(link).strip(), kind)
+                found = True
+        if found:
+            return
+        # Else a permalink guid (RSS) or rdf:about (RSS 1.0), if it is an absolute URL:
+        # a relative guid is an opaque id more often than a path.
+        guid = _child(item, "guid")
+        if guid is not None and (guid.get("isPermaLink") or "true").lower() != "false":
+            candidate = _text(guid).strip()
+        else:
+            candidate = item.get(_RDF_NS + "about") or ""
+        if candidate.lower().startswith(("http://", "https://")):
+            links.add(base, candidate, kind)
+
+
+def _feed_text(element: etree._Element | None) -> str:
+    """Text of a feed element; escaped HTML (RSS descriptions, Atom type=html) unmarked."""
+    value = _text(element)
+    if element is not None and (element.get("type") == "html" or "<" in value):
+        value = html.unescape(_MARKUP.sub(" ", value))
+    return value

@@ -1,0 +1,455 @@
+"""One page fetch: redirects, conditional GET, a bounded body, and an outcome for everything.
+
+``fetch()`` never raises for anything a site can do; it returns a ``FetchResult``
+whose ``outcome`` is one of:
+
+=================  ==================================================================
+success            2xx with a parseable content type; ``body`` holds at most
+                   ``max_body_bytes`` of the decoded body (``truncated`` when cut:
+                   a long page is still parsed from its first 2 MiB)
+not_modified       304 to a conditional request (``If-None-Match``/``If-Modified-Since``)
+rejected           2xx that is not parseable (the body is never read), a redirect to
+                   another host (not followed: ``redirect_target`` reports it for
+                   discovery), a decompression bomb, an unsupported Content-Encoding
+blocked_4xx        4xx, 429 included: its ``retry_after`` is set, and the caller backs
+                   off on ``status_code in (429, 503)`` like ``CrawlCompleted.retryable``
+blocked_5xx        5xx
+blocked_robots     a same-host redirect to a path robots.txt disallows (only when
+                   ``robots_allows`` is given)
+timeout            connect, read or write timeout, or the whole fetch over ``total_timeout``
+failed             connection, TLS and protocol errors, a blocked address (SSRF guard),
+                   too many redirects, a redirect loop, a corrupt compressed body
+=================  ==================================================================
+
+Redirects are followed only on the same site: same scheme, host and port, or the
+``http://host`` -> ``https://host`` upgrade. Another host is another domain's
+politeness slot, robots.txt and scope, so its URL goes back to discovery instead.
+Every hop goes through the SSRF-guarded client, so each one is checked anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import httpx
+from trove_schema.events import CrawlOutcome
+from trove_schema.settings import FetcherSettings
+
+from trove_fetcher.errors import (
+    BlockedAddress,
+    DecompressionBomb,
+    TooManyRedirects,
+    UndecodableBody,
+    UnsupportedContent,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: Only what ``BodyReader`` decodes with a bounded output (no brotli, no zstd).
+ACCEPT_ENCODING = "gzip, deflate"
+ACCEPT = (
+    "text/html,application/xhtml+xml;q=0.9,application/rss+xml;q=0.9,"
+    "application/atom+xml;q=0.9,application/xml;q=0.8,*/*;q=0.5"
+)
+_MAX_MESSAGE = 500
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchLimits:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Same-host hops followed; one more is "too many redirects".
+    max_redirects: int = 5
+    #: Seconds for the whole fetch: every hop, headers and body.
+    total_timeout: float = 30.0
+    #: A body that inflates past ``max_body_bytes`` faster than this is a bomb.
+    max_decompression_ratio: float = 100.0
+
+    @classmethod
+    def from_settings(cls, settings: FetcherSettings) -> FetchLimits:
+        return cls(
+            max_body_bytes=settings.max_body_bytes,
+            max_redirects=settings.max_redirects,
+            total_timeout=settings.request_timeout,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchResult:
+    #: The URL as requested.
+    url: str
+    outcome: CrawlOutcome
+    #: The last URL requested (``url`` unless a same-host redirect was followed).
+    final_url: str
+    status_code: int | None = None
+    #: The decoded body, for ``success`` only.
+    body: bytes | None = None
+    #: The body was cut at ``max_body_bytes``.
+    truncated: bool = False
+    #: The Content-Type header as sent (parameters included).
+    content_type: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    x_robots_tag: str | None = None
+    #: Seconds to wait, from Retry-After (delta-seconds or HTTP-date).
+    retry_after: float | None = None
+    error_message: str | None = None
+    #: Where a redirect that was not followed (another host) pointed.
+    redirect_target: str | None = None
+    #: The same-host hops followed, in order.
+    redirects: tuple[str, ...] = ()
+    #: ``time.monotonic()`` when the fetch started and ended.
+    started: float
+    completed: float
+    #: Body bytes received from the network, before content decoding.
+    bytes_read: int = 0
+
+    @property
+    def elapsed(self) -> float:
+        return self.completed - self.started
+
+    @property
+    def retryable(self) -> bool:
+        """Worth another attempt later (the same rule as ``CrawlCompleted.retryable``)."""
+        return self.outcome in (
+            CrawlOutcome.FAILED,
+            CrawlOutcome.TIMEOUT,
+            CrawlOutcome.BLOCKED_5XX,
+        ) or self.status_code in (429, 503)
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds from a Retry-After value: delta-seconds or an HTTP-date; None if invalid."""
+    if value is None:
+        return None
+    value = value.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def media_type(content_type: str | None) -> str | None:
+    """``text/html`` from ``Text/HTML; charset=utf-8``; None when absent or empty."""
+    if content_type is None:
+        return None
+    value = content_type.split(";", 1)[0].strip().lower()
+    return value or None
+
+
+# --- body ---------------------------------------------------------------------------
+
+
+class _Identity:
+    def __init__(self) -> None:
+        self.consumed = 0
+
+    def decode(self, data: bytes, limit: int) -> bytes:
+        self.consumed += len(data)
+        return data[:limit]
+
+
+class _Zlib:
+    """gzip or deflate, never producing more than asked for per call."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+        self._inflate = zlib.decompressobj(wbits)
+        self._fed = 0
+        self._started = False
+
+    @property
+    def consumed(self) -> int:
+        return self._fed - len(self._inflate.unconsumed_tail)
+
+    def decode(self, data: bytes, limit: int) -> bytes:
+        if self._inflate.eof:
+            return b""  # trailing bytes after the stream: ignored, as browsers do
+        first = not self._started
+        self._started = True
+        try:
+            out = self._inflate.decompress(data, limit)
+        except zlib.error as exc:
+            if self.encoding == "deflate" and first:
+                # "deflate" is sent both zlib-wrapped (RFC 9110) and raw by old servers.
+                self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+                self.encoding = "raw deflate"
+                return self.decode(data, limit)
+            raise UndecodableBody(f"corrupt {self.encoding} body: {exc}") from exc
+        self._fed += len(data)
+        return out
+
+
+def _decoder(content_encoding: str | None) -> _Identity | _Zlib:
+    codings = [
+        c.strip().lower()
+        for c in (content_encoding or "").split(",")
+        if c.strip() and c.strip().lower() != "identity"
+    ]
+    if not codings:
+        return _Identity()
+    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip"):
+        return _Zlib("gzip")
+    if len(codings) == 1 and codings[0] == "deflate":
+        return _Zlib("deflate")
+    raise UnsupportedContent(f"unsupported content encoding {content_encoding!r}")
+
+
+@dataclass(slots=True)
+class BodyReader:
+    """Reads a streamed response's body, content-decoded, keeping at most ``max_bytes``.
+
+    It decodes gzip and deflate itself from ``aiter_raw()`` with zlib's output bound,
+    so a compressed body never inflates in memory past the cap. A body that reaches
+    the cap while inflating at more than ``max_ratio`` to one is a decompression bomb
+    (``DecompressionBomb``); one that reaches it at an ordinary ratio is cut and marked
+    ``truncated``. A bomb that stays under the cap is just a small page.
+    """
+
+    max_bytes: int
+    max_ratio: float = math.inf
+    #: Raw body bytes received so far (what the network carried).
+    bytes_read: int = field(default=0, init=False)
+    truncated: bool = field(default=False, init=False)
+
+    async def read(self, response: httpx.Response) -> bytes:
+        decoder = _decoder(response.headers.get("content-encoding"))
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            self.bytes_read += len(chunk)
+            room = self.max_bytes - len(body)
+            # One byte more than fits tells "cut" from "exactly full" without a flush.
+            out = decoder.decode(chunk, room + 1)
+            if len(out) > room:
+                body += out[:room]
+                self.truncated = True
+                break
+            body += out
+        if self.truncated and isinstance(decoder, _Zlib):
+            ratio = len(body) / max(decoder.consumed, 1)
+            if ratio > self.max_ratio:
+                raise DecompressionBomb(
+                    f"{decoder.encoding} body inflates past {self.max_bytes} bytes "
+                    f"at {ratio:.0f}:1 (limit {self.max_ratio:g}:1)"
+                )
+        return bytes(body)
+
+
+# --- fetch --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Trace:
+    """What is known so far, so that an error mid-way still reports it."""
+
+    url: str
+    final_url: str
+    status_code: int | None = None
+    headers: httpx.Headers | None = None
+    redirects: list[str] = field(default_factory=list)
+    redirect_target: str | None = None
+    reader: BodyReader | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    outcome: CrawlOutcome
+    error_message: str | None = None
+    body: bytes | None = None
+
+
+def _port(url: httpx.URL) -> int | None:
+    return url.port or _DEFAULT_PORTS.get(url.scheme)
+
+
+def same_site(source: httpx.URL, target: httpx.URL) -> bool:
+    """Whether a redirect from ``source`` to ``target`` stays on the site (and is followed)."""
+    if source.host != target.host:
+        return False
+    if source.scheme == target.scheme:
+        return _port(source) == _port(target)
+    return (
+        source.scheme == "http"
+        and target.scheme == "https"
+        and _port(source) == 80
+        and _port(target) == 443
+    )
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return message[:_MAX_MESSAGE]
+
+
+async def fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    etag: str | None,
+    last_modified: str | None,
+    limits: FetchLimits,
+    is_parseable: Callable[[str | None], bool],
+    robots_allows: Callable[[str], Awaitable[bool]] | None = None,
+) -> FetchResult:
+    """GET ``url`` and classify what happened. Never raises for what a site can do.
+
+    ``is_parseable`` is called with the media type (``text/html``: lowercase, no
+    parameters; None when the header is missing) of a 2xx response; when it says
+    no, the body is not read. ``robots_allows``, when given, is asked about every
+    same-host redirect target before it is requested.
+    """
+    started = time.monotonic()
+    trace = _Trace(url=url, final_url=url)
+    try:
+        async with asyncio.timeout(limits.total_timeout):
+            ending = await _follow(
+                client, trace, etag, last_modified, limits, is_parseable, robots_allows
+            )
+    except TimeoutError:
+        ending = _Ending(
+            CrawlOutcome.TIMEOUT, f"no complete response within {limits.total_timeout:g} s"
+        )
+    except httpx.TimeoutException as exc:
+        ending = _Ending(CrawlOutcome.TIMEOUT, _message(exc))
+    except BlockedAddress as exc:
+        ending = _Ending(CrawlOutcome.FAILED, f"blocked address: {exc}")
+    except (DecompressionBomb, UnsupportedContent) as exc:
+        ending = _Ending(CrawlOutcome.REJECTED, str(exc))
+    except (TooManyRedirects, UndecodableBody) as exc:
+        ending = _Ending(CrawlOutcome.FAILED, str(exc))
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        ending = _Ending(CrawlOutcome.FAILED, _message(exc))
+    except Exception as exc:
+        # A bug or a case nobody thought of: one page must not take the worker down.
+        log.exception("unexpected error fetching %s", url)
+        ending = _Ending(CrawlOutcome.FAILED, f"unexpected error: {_message(exc)}")
+    completed = time.monotonic()
+    headers = trace.headers or httpx.Headers()
+    reader = trace.reader
+    return FetchResult(
+        url=url,
+        outcome=ending.outcome,
+        final_url=trace.final_url,
+        status_code=trace.status_code,
+        body=ending.body,
+        truncated=reader is not None and reader.truncated and ending.body is not None,
+        content_type=headers.get("content-type"),
+        etag=headers.get("etag"),
+        last_modified=headers.get("last-modified"),
+        x_robots_tag=headers.get("x-robots-tag"),
+        retry_after=parse_retry_after(headers.get("retry-after")),
+        error_message=ending.error_message,
+        redirect_target=trace.redirect_target,
+        redirects=tuple(trace.redirects),
+        started=started,
+        completed=completed,
+        bytes_read=0 if reader is None else reader.bytes_read,
+    )
+
+
+def _request_headers(etag: str | None, last_modified: str | None) -> dict[str, str]:
+    headers = {"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING}
+    if etag:
+        headers["If-None-Match"] = etag
+    if last_modified:
+        headers["If-Modified-Since"] = last_modified
+    return headers
+
+
+async def _follow(
+    client: httpx.AsyncClient,
+    trace: _Trace,
+    etag: str | None,
+    last_modified: str | None,
+    limits: FetchLimits,
+    is_parseable: Callable[[str | None], bool],
+    robots_allows: Callable[[str], Awaitable[bool]] | None,
+) -> _Ending:
+    current = httpx.URL(trace.url)
+    if current.scheme not in _DEFAULT_PORTS:
+        return _Ending(CrawlOutcome.FAILED, f"unsupported URL scheme {current.scheme!r}")
+    visited = {current.copy_with(fragment=None)}
+    # The validators go on every hop: they came from the final response last time.
+    headers = _request_headers(etag, last_modified)
+    while True:
+        request = client.build_request("GET", current, headers=headers)
+        response = await client.send(request, stream=True)
+        try:
+            trace.status_code = response.status_code
+            trace.headers = response.headers
+            status = response.status_code
+            if status not in REDIRECT_STATUSES:
+                return await _final(response, trace, etag, last_modified, limits, is_parseable)
+            location = response.headers.get("location", "").strip()
+            if not location:
+                return _Ending(CrawlOutcome.FAILED, f"HTTP {status} without a Location")
+            target = current.join(location).copy_with(fragment=None)
+            if target.scheme not in _DEFAULT_PORTS:
+                return _Ending(
+                    CrawlOutcome.REJECTED, f"redirected to unsupported scheme {target.scheme!r}"
+                )
+            if not same_site(current, target):
+                trace.redirect_target = str(target)
+                return _Ending(CrawlOutcome.REJECTED, "redirected to another host")
+            if target in visited:
+                raise TooManyRedirects(f"redirect loop back to {target}")
+            if len(trace.redirects) >= limits.max_redirects:
+                raise TooManyRedirects(f"too many redirects (more than {limits.max_redirects})")
+            if robots_allows is not None and not await robots_allows(str(target)):
+                trace.redirect_target = str(target)
+                return _Ending(
+                    CrawlOutcome.BLOCKED_ROBOTS, "redirect target disallowed by robots.txt"
+                )
+            visited.add(target)
+            trace.redirects.append(str(target))
+            trace.final_url = str(target)
+            current = target
+        finally:
+            await response.aclose()
+
+
+async def _final(
+    response: httpx.Response,
+    trace: _Trace,
+    etag: str | None,
+    last_modified: str | None,
+    limits: FetchLimits,
+    is_parseable: Callable[[str | None], bool],
+) -> _Ending:
+    status = response.status_code
+    if status == 304:
+        if etag or last_modified:
+            return _Ending(CrawlOutcome.NOT_MODIFIED)
+        return _Ending(CrawlOutcome.FAILED, "HTTP 304 to an unconditional request")
+    if 200 <= status < 300:
+        kind = media_type(response.headers.get("content-type"))
+        if not is_parseable(kind):
+            return _Ending(CrawlOutcome.REJECTED, f"content type {kind or '(none)'} is not parsed")
+        trace.reader = BodyReader(
+            max_bytes=limits.max_body_bytes, max_ratio=limits.max_decompression_ratio
+        )
+        body = await trace.reader.read(response)
+        return _Ending(CrawlOutcome.SUCCESS, body=body)
+    if 400 <= status < 500:
+        return _Ending(CrawlOutcome.BLOCKED_4XX, f"HTTP {status}")
+    if 500 <= status < 600:
+        return _Ending(CrawlOutcome.BLOCKED_5XX, f"HTTP {status}")
+    return _Ending(CrawlOutcome.REJECTED, f"unexpected HTTP status {status}")

@@ -1,0 +1,189 @@
+"""Per-domain politeness shared by every fetcher pod, kept in NATS KV.
+
+Each domain has one small record (``DomainSlot``) updated only by compare-and-set on
+the KV revision, so among all pods exactly one wins each lease:
+
+* ``free_at``: no request may start before this; ``finish`` sets it to ``end + gap``.
+  The gap is measured from the end of the previous response, so the site never sees
+  two requests closer than the gap, whatever the network latency.
+* ``busy_until``: a request is in flight. Taking the lease sets it to
+  ``now + request_timeout`` (the longest a request can take), so a pod that dies
+  mid-fetch still leaves the domain alone until then; ``finish`` clears it.
+* ``next``: the reservation frontier. A message that cannot go now is given the next
+  free slot (``next`` advances by one gap) and comes back at that time as a NATS
+  scheduled message: waiting costs no consumer capacity and no delivery attempts, so
+  a domain with thousands of queued pages never holds up the others.
+* ``gap``: the domain's delay (the configured minimum, raised by robots.txt
+  Crawl-delay, capped by the configured maximum).
+* ``backoff_until``: a 429/503 Retry-After pauses the whole domain for every pod.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
+KEY_OK = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+class KV(Protocol):
+    """The part of nats-py's KeyValue this module needs (the injected seam)."""
+
+    async def get(self, key: str) -> object: ...
+    async def create(self, key: str, value: bytes) -> int: ...
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int: ...
+
+
+@dataclass(slots=True)
+class DomainSlot:
+    free_at: float = 0.0
+    busy_until: float = 0.0
+    next: float = 0.0
+    gap: float = 0.0
+    backoff_until: float = 0.0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes | None, default_gap: float) -> DomainSlot:
+        if not data:
+            return cls(gap=default_gap)
+        try:
+            raw = json.loads(data)
+            return cls(**{k: float(raw.get(k, 0.0)) for k in FIELDS})
+        except (ValueError, TypeError):
+            return cls(gap=default_gap)
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The lease is ours: send the request now. ``hold_until`` identifies our hold."""
+
+    hold_until: float
+    gap: float
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """Not now: come back at ``at`` (a reserved slot, or when the domain frees up)."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolitenessConfig:
+    min_delay: float = 10.0
+    max_delay: float = 120.0
+    #: Longest a request may take (the fetch's total timeout): the pessimistic hold.
+    request_timeout: float = 30.0
+    max_backoff: float = 3600.0
+
+
+class Politeness:
+    """Leases and slots for domains, over a KV bucket (one instance per pod)."""
+
+    def __init__(self, kv: KV, config: PolitenessConfig) -> None:
+        self.kv = kv
+        self.config = config
+
+    @staticmethod
+    def key(domain: str) -> str:
+        if KEY_OK.match(domain):
+            return domain
+        return "h." + hashlib.sha1(domain.encode(), usedforsecurity=False).hexdigest()
+
+    def clamp_gap(self, gap: float) -> float:
+        return min(max(gap, self.config.min_delay), max(self.config.max_delay, self.config.min_delay))
+
+    async def acquire(self, domain: str, now: float, *, reserved: bool = False) -> Granted | Deferred:
+        """Take the domain's lease at ``now``, or say when to come back.
+
+        ``reserved`` messages already hold a slot (they were deferred once); fresh ones
+        queue behind every reservation.
+        """
+        key = self.key(domain)
+        while True:
+            slot, revision = await self._read(key)
+            free = max(slot.free_at, slot.backoff_until)
+            earliest = max(free, slot.busy_until)
+            if not reserved:
+                earliest = max(earliest, slot.next)
+            if now >= earliest:
+                hold = now + self.config.request_timeout
+                slot.busy_until = hold
+                slot.free_at = now + slot.gap
+                slot.next = max(slot.next, now + slot.gap)
+                if await self._write(key, slot, revision):
+                    return Granted(hold_until=hold, gap=slot.gap)
+                continue
+            if reserved:
+                # Keep our place: the domain is busy or cooling down a little longer. While
+                # a request is in flight we cannot know when it ends: look again a gap on.
+                return Deferred(at=max(free, now + slot.gap) if slot.busy_until > now else free)
+            # The in-flight hold is pessimistic; slots are planned one gap apart and
+            # checked again when they come due.
+            at = max(slot.next, free, now)
+            slot.next = at + slot.gap
+            if await self._write(key, slot, revision):
+                return Deferred(at=at)
+
+    async def finish(self, domain: str, grant: Granted, end: float) -> None:
+        """The request ended at ``end``: the domain is free again one gap later."""
+        key = self.key(domain)
+        while True:
+            slot, revision = await self._read(key)
+            slot.free_at = max(slot.free_at, end + slot.gap)
+            if slot.busy_until == grant.hold_until:
+                slot.busy_until = 0.0
+            if await self._write(key, slot, revision):
+                return
+
+    async def back_off(self, domain: str, until: float, now: float) -> None:
+        """Pause the domain for every pod (a 429/503 Retry-After), capped."""
+        until = min(until, now + self.config.max_backoff)
+        await self._modify(domain, lambda s: setattr(s, "backoff_until", max(s.backoff_until, until)))
+
+    async def set_gap(self, domain: str, crawl_delay: float | None) -> float:
+        gap = self.clamp_gap(crawl_delay or 0.0)
+        await self._modify(domain, lambda s: setattr(s, "gap", gap))
+        return gap
+
+    async def state(self, domain: str) -> DomainSlot:
+        slot, _ = await self._read(self.key(domain))
+        return slot
+
+    async def _modify(self, domain: str, change: object) -> None:
+        key = self.key(domain)
+        assert callable(change)
+        while True:
+            slot, revision = await self._read(key)
+            change(slot)
+            if await self._write(key, slot, revision):
+                return
+
+    async def _read(self, key: str) -> tuple[DomainSlot, int | None]:
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return DomainSlot(gap=self.config.min_delay), None
+        value = getattr(entry, "value", None)
+        revision = getattr(entry, "revision", None)
+        return DomainSlot.decode(value, self.config.min_delay), revision
+
+    async def _write(self, key: str, slot: DomainSlot, revision: int | None) -> bool:
+        """Compare-and-set: False when another pod changed the record first."""
+        try:
+            if revision is None:
+                await self.kv.create(key, slot.encode())
+            else:
+                await self.kv.update(key, slot.encode(), last=revision)
+        except KeyWrongLastSequenceError:
+            return False
+        return True

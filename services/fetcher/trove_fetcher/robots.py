@@ -1,0 +1,252 @@
+"""robots.txt (RFC 9309): fetch it, decide what it means, cache it across pods.
+
+What the fetch status means for the whole origin:
+
+=====================================  =========================  ================
+robots.txt answer                      policy                     valid for
+=====================================  =========================  ================
+2xx                                    the file's rules           ``ttl`` (1 day)
+4xx (401, 403 and 404 included)        allow all (RFC 9309 §2.3.1.3)  ``ttl``
+more than 5 redirects                  allow all (unavailable, §2.3.1.2)  ``ttl``
+429, 5xx, timeout, unreachable,        disallow all (§2.3.1.4)    ``retry_ttl``
+blocked address                                                   (10 minutes)
+=====================================  =========================  ================
+
+429 is a 4xx that RFC 9309 would read as "allow all"; Trove reads it as the site
+asking to slow down, like a 5xx, as Google does.
+
+Redirects are followed up to 5 hops, to other hosts too (robots.txt of ``www.`` often
+lives on the bare domain), each hop through the SSRF-guarded client. The body is cut
+at ``max_bytes`` (500 KiB at least, §2.5) at the last complete line, so a rule cut in
+half (``Allow: /p`` of ``Allow: /private-ok``) never widens what is allowed.
+
+A ``RobotsPolicy`` is stored in the shared NATS KV bucket as bytes: a JSON header line
+and the raw robots.txt. Each process re-parses it on load, and keeps the parsed
+objects in a small LRU so a cached policy is parsed once, not once per URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import httpx
+from protego import Protego
+
+from trove_fetcher.errors import BlockedAddress, FetcherError
+from trove_fetcher.http import ACCEPT_ENCODING, REDIRECT_STATUSES, BodyReader
+
+log = logging.getLogger(__name__)
+
+#: The product token robots.txt groups are matched against (``TROVE_ROBOTS_TOKEN``).
+BOT_NAME = "TroveBot"
+#: How long a fetched robots.txt (or a 4xx) holds; RFC 9309 says at most 24 hours.
+DEFAULT_TTL = 86_400.0
+#: How long a temporary "disallow all" (5xx, unreachable) holds before a new try.
+RETRY_TTL = 600.0
+#: Redirect hops followed (RFC 9309 §2.3.1.2: at least five).
+MAX_ROBOTS_REDIRECTS = 5
+#: Parsed robots.txt objects kept per process.
+PARSED_CACHE_SIZE = 512
+_FORMAT_VERSION = 1
+
+
+class RobotsRule(StrEnum):
+    PARSED = "parsed"
+    ALLOW_ALL = "allow_all"
+    DISALLOW_ALL = "disallow_all"
+
+
+_parsed: OrderedDict[tuple[str, float, int, int], Protego] = OrderedDict()
+
+
+def _parse(key: tuple[str, float, int, int], body: bytes) -> Protego:
+    parser = _parsed.get(key)
+    if parser is not None:
+        _parsed.move_to_end(key)
+        return parser
+    parser = Protego.parse(body.decode("utf-8", errors="replace").removeprefix("\ufeff"))
+    _parsed[key] = parser
+    if len(_parsed) > PARSED_CACHE_SIZE:
+        _parsed.popitem(last=False)
+    return parser
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RobotsPolicy:
+    """What robots.txt says for one origin (``scheme://host[:port]``)."""
+
+    origin: str
+    rule: RobotsRule
+    #: ``time.time()`` of the fetch: a wall clock, since pods share the cache.
+    fetched_at: float
+    #: Seconds after ``fetched_at`` this policy is valid.
+    ttl: float = DEFAULT_TTL
+    #: The last HTTP status seen; None when no response came.
+    status_code: int | None = None
+    #: The robots.txt as received (cut at the size cap), for ``PARSED``.
+    body: bytes = b""
+    truncated: bool = False
+    #: Why the policy is not the file's rules, in words.
+    error: str | None = None
+    _key: tuple[str, float, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        key = (self.origin, self.fetched_at, len(self.body), zlib.crc32(self.body))
+        object.__setattr__(self, "_key", key)
+
+    @property
+    def temporary(self) -> bool:
+        """A fallback to retry soon rather than the site's answer."""
+        return self.rule is RobotsRule.DISALLOW_ALL
+
+    def allows(self, url: str, token: str = BOT_NAME) -> bool:
+        """Whether ``token`` may fetch ``url`` (a URL on this policy's origin)."""
+        if self.rule is RobotsRule.ALLOW_ALL:
+            return True
+        if self.rule is RobotsRule.DISALLOW_ALL:
+            return False
+        return bool(_parse(self._key, self.body).can_fetch(url, token))
+
+    def crawl_delay(self, token: str = BOT_NAME) -> float | None:
+        """The Crawl-delay of the group ``token`` falls in, in seconds, if any."""
+        if self.rule is not RobotsRule.PARSED:
+            return None
+        delay = _parse(self._key, self.body).crawl_delay(token)
+        return None if delay is None else float(delay)
+
+    def sitemaps(self) -> tuple[str, ...]:
+        if self.rule is not RobotsRule.PARSED:
+            return ()
+        return tuple(_parse(self._key, self.body).sitemaps)
+
+    @property
+    def expires_at(self) -> float:
+        return self.fetched_at + self.ttl
+
+    def expires_in(self, now: float | None = None) -> float:
+        """Seconds left before this policy must be fetched again (0 when expired)."""
+        return max(0.0, self.expires_at - (time.time() if now is None else now))
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_in(now) <= 0.0
+
+    def to_bytes(self) -> bytes:
+        header = {
+            "v": _FORMAT_VERSION,
+            "origin": self.origin,
+            "rule": self.rule.value,
+            "fetched_at": self.fetched_at,
+            "ttl": self.ttl,
+            "status": self.status_code,
+            "truncated": self.truncated,
+            "error": self.error,
+        }
+        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + self.body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RobotsPolicy:
+        """Restore ``to_bytes()`` output. Raises ValueError for anything else."""
+        head, sep, body = bytes(data).partition(b"\n")
+        try:
+            header: dict[str, Any] = json.loads(head)
+            if not sep or header.get("v") != _FORMAT_VERSION:
+                raise ValueError(f"not a version {_FORMAT_VERSION} robots policy")
+            status = header["status"]
+            error = header["error"]
+            return cls(
+                origin=str(header["origin"]),
+                rule=RobotsRule(header["rule"]),
+                fetched_at=float(header["fetched_at"]),
+                ttl=float(header["ttl"]),
+                status_code=None if status is None else int(status),
+                body=body,
+                truncated=bool(header["truncated"]),
+                error=None if error is None else str(error),
+            )
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a robots policy: {exc}") from exc
+
+
+def _cut_at_line(body: bytes) -> bytes:
+    end = body.rfind(b"\n")
+    return body[: end + 1] if end >= 0 else b""
+
+
+async def fetch_robots(
+    client: httpx.AsyncClient,
+    origin: str,
+    *,
+    max_bytes: int,
+    ttl: float = DEFAULT_TTL,
+    retry_ttl: float = RETRY_TTL,
+    total_timeout: float = 30.0,
+) -> RobotsPolicy:
+    """Fetch ``origin``/robots.txt and turn the answer into a policy. Never raises
+    for what a site does; ``total_timeout`` bounds the whole fetch, redirects included."""
+    origin = origin.rstrip("/")
+    fetched_at = time.time()
+    last_status: list[int] = []
+
+    def fallback(rule: RobotsRule, error: str) -> RobotsPolicy:
+        return RobotsPolicy(
+            origin=origin,
+            rule=rule,
+            fetched_at=fetched_at,
+            ttl=retry_ttl if rule is RobotsRule.DISALLOW_ALL else ttl,
+            status_code=last_status[-1] if last_status else None,
+            error=error,
+        )
+
+    try:
+        async with asyncio.timeout(total_timeout):
+            url = httpx.URL(origin + "/robots.txt")
+            for _ in range(MAX_ROBOTS_REDIRECTS + 1):
+                request = client.build_request(
+                    "GET",
+                    url,
+                    headers={"Accept": "text/plain,*/*;q=0.5", "Accept-Encoding": ACCEPT_ENCODING},
+                )
+                response = await client.send(request, stream=True)
+                try:
+                    status = response.status_code
+                    last_status.append(status)
+                    if status in REDIRECT_STATUSES and response.headers.get("location"):
+                        url = url.join(response.headers["location"]).copy_with(fragment=None)
+                        if url.scheme not in ("http", "https"):
+                            return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url.scheme}")
+                        continue
+                    if 200 <= status < 300:
+                        reader = BodyReader(max_bytes=max_bytes)
+                        body = await reader.read(response)
+                        return RobotsPolicy(
+                            origin=origin,
+                            rule=RobotsRule.PARSED,
+                            fetched_at=fetched_at,
+                            ttl=ttl,
+                            status_code=status,
+                            body=_cut_at_line(body) if reader.truncated else body,
+                            truncated=reader.truncated,
+                        )
+                    if status == 429 or 500 <= status < 600:
+                        return fallback(RobotsRule.DISALLOW_ALL, f"HTTP {status}")
+                    return fallback(RobotsRule.ALLOW_ALL, f"HTTP {status}")
+                finally:
+                    await response.aclose()
+            return fallback(RobotsRule.ALLOW_ALL, f"more than {MAX_ROBOTS_REDIRECTS} redirects")
+    except (TimeoutError, httpx.TimeoutException):
+        return fallback(RobotsRule.DISALLOW_ALL, f"timeout fetching {origin}/robots.txt")
+    except BlockedAddress as exc:
+        return fallback(RobotsRule.DISALLOW_ALL, f"blocked address: {exc}")
+    except (httpx.HTTPError, httpx.InvalidURL, FetcherError) as exc:
+        return fallback(RobotsRule.DISALLOW_ALL, f"{type(exc).__name__}: {exc}"[:500])
+    except Exception as exc:
+        log.exception("unexpected error fetching %s/robots.txt", origin)
+        return fallback(RobotsRule.DISALLOW_ALL, f"unexpected error: {exc}"[:500])

@@ -1,0 +1,369 @@
+"""The fetcher's HTTP client: every TCP connection goes to an address that was checked.
+
+``GuardedNetworkBackend`` sits under httpcore's connection pool. For each new
+connection it resolves the host once (``TROVE_RESOLVE`` static entries, like curl's
+``--resolve``, else the system resolver through the event loop), refuses the host
+if *any* of its addresses is blocked by the ``AddressPolicy``, and then connects to
+the checked IP itself. Nothing resolves the name again between the check and the
+connect, so a DNS answer cannot change in between (DNS rebinding). The Host header
+and the TLS server name (SNI and certificate check) stay the URL's hostname, because
+httpcore takes them from the request, not from the socket.
+
+``GuardedTransport`` is an httpx transport over several httpcore pools, one chosen
+per origin by hash. httpcore's pool scans all its connections on every request and
+release, so one big pool costs CPU per request that grows with its size (httpx#3215);
+``bench/bench_transport.py`` measures it.
+
+``build_client`` makes the one ``httpx.AsyncClient`` a fetcher pod uses: no proxies
+from the environment, no redirects followed by httpx (``trove_fetcher.http`` checks
+each hop), no cookies kept, timeouts and the User-Agent from ``FetcherSettings``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.cookiejar
+import math
+import socket
+import ssl
+import time
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import httpcore
+import httpx
+from trove_schema.settings import FetcherSettings
+
+from trove_fetcher.addresses import AddressPolicy, parse_address
+from trove_fetcher.useragent import user_agent
+
+#: ``async (host, port) -> addresses``: how a hostname becomes IP literals.
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """The system resolver, run in the event loop's executor (getaddrinfo blocks)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _normalize_host(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
+@dataclass(frozen=True, slots=True)
+class StaticHosts:
+    """``host=ip`` entries (``TROVE_RESOLVE``) answered without the system resolver.
+
+    ``*.trove.test=127.0.0.1`` covers every subdomain of trove.test (not trove.test
+    itself); an exact entry wins over a wildcard. The addresses are still checked.
+    """
+
+    exact: dict[str, str] = field(default_factory=dict)
+    #: (".suffix", ip), longest suffix first.
+    wildcards: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> StaticHosts:
+        exact: dict[str, str] = {}
+        wildcards: list[tuple[str, str]] = []
+        for entry in entries:
+            name, sep, ip = entry.partition("=")
+            if not sep or not name.strip() or not ip.strip():
+                raise ValueError(f"resolve entry {entry!r} is not host=ip")
+            address = str(parse_address(ip))
+            name = _normalize_host(name)
+            if name.startswith("*."):
+                wildcards.append((name[1:], address))
+            else:
+                exact[name] = address
+        wildcards.sort(key=lambda item: len(item[0]), reverse=True)
+        return cls(exact, tuple(wildcards))
+
+    def lookup(self, host: str) -> str | None:
+        host = _normalize_host(host)
+        if host in self.exact:
+            return self.exact[host]
+        for suffix, address in self.wildcards:
+            if host.endswith(suffix):
+                return address
+        return None
+
+
+class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
+    """Resolves, checks every address, then connects the inner backend to the IP.
+
+    Raises ``BlockedAddress`` (not an httpcore error, so httpx lets it through
+    untouched) before any connection attempt when an address is refused.
+    """
+
+    def __init__(
+        self,
+        policy: AddressPolicy,
+        *,
+        static: StaticHosts | None = None,
+        resolver: Resolver = system_resolve,
+        inner: httpcore.AsyncNetworkBackend | None = None,
+    ) -> None:
+        self.policy = policy
+        self._static = static or StaticHosts()
+        self._resolver = resolver
+        self._inner = inner or httpcore.AnyIOBackend()
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """The checked addresses for ``host``: raises BlockedAddress if any is refused."""
+        try:
+            addresses = [str(parse_address(host))]
+        except ValueError:
+            static = self._static.lookup(host)
+            if static is not None:
+                addresses = [static]
+            else:
+                try:
+                    addresses = list(await self._resolver(host, port))
+                except OSError as exc:
+                    raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        if not addresses:
+            raise httpcore.ConnectError(f"cannot resolve {host}: no address")
+        # All of them, not just the first: a name with one private record among public
+        # ones is a rebinding setup, not a site.
+        for address in addresses:
+            self.policy.check(address, host=host)
+        return addresses
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            async with asyncio.timeout(timeout):
+                addresses = await self.resolve(host, port)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
+        error: Exception | None = None
+        for address in addresses:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                return await self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=remaining,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except httpcore.ConnectTimeout:
+                raise
+            except httpcore.ConnectError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("the fetcher does not connect to unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+# Most specific first, as httpx's own transport maps them.
+_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        for source, target in _ERRORS:
+            if isinstance(exc, source):
+                raise target(str(exc)) from exc
+        raise
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _httpx_errors():
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            with _httpx_errors():
+                await aclose()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PoolConfig:
+    """How the transport pools connections (totals across its shards)."""
+
+    max_connections: int = 128
+    max_keepalive_connections: int = 64
+    keepalive_expiry: float = 5.0
+    #: Pools the connections are spread over, by origin hash (httpx#3215).
+    shards: int = 1
+
+    @classmethod
+    def for_settings(cls, settings: FetcherSettings) -> PoolConfig:
+        # A request at a time per domain plus a robots.txt fetch beside it; the
+        # politeness delay (10 s) outlives keep-alive, so idle sockets rarely pay off.
+        # Shards of about 64 connections keep each pool's scans short (see bench/).
+        connections = max(2 * settings.concurrency, 16)
+        return cls(
+            max_connections=connections,
+            max_keepalive_connections=settings.concurrency,
+            keepalive_expiry=5.0,
+            shards=max(1, math.ceil(connections / 64)),
+        )
+
+
+class GuardedTransport(httpx.AsyncBaseTransport):
+    """An httpx transport over ``config.shards`` httpcore pools on a guarded backend."""
+
+    def __init__(
+        self,
+        network_backend: httpcore.AsyncNetworkBackend,
+        *,
+        config: PoolConfig | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        config = config or PoolConfig()
+        if config.shards < 1:
+            raise ValueError("a transport needs at least one pool")
+        context = ssl_context or httpx.create_ssl_context(trust_env=False)
+        per_pool = math.ceil(config.max_connections / config.shards)
+        keepalive = math.ceil(config.max_keepalive_connections / config.shards)
+        self._pools = tuple(
+            httpcore.AsyncConnectionPool(
+                ssl_context=context,
+                max_connections=per_pool,
+                max_keepalive_connections=keepalive,
+                keepalive_expiry=config.keepalive_expiry,
+                http1=True,
+                http2=False,
+                retries=0,
+                network_backend=network_backend,
+            )
+            for _ in range(config.shards)
+        )
+
+    def _pool(self, url: httpx.URL) -> httpcore.AsyncConnectionPool:
+        if len(self._pools) == 1:
+            return self._pools[0]
+        return self._pools[hash((url.raw_scheme, url.raw_host, url.port)) % len(self._pools)]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        core_request = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _httpx_errors():
+            response = await self._pool(request.url).handle_async_request(core_request)
+        assert isinstance(response.stream, AsyncIterable)
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_ResponseStream(response.stream),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    # An empty allow-list refuses every domain: a cookie set by one site is never
+    # stored, so it can neither follow the crawler to another site nor track it.
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
+def build_client(
+    settings: FetcherSettings,
+    *,
+    network_backend: httpcore.AsyncNetworkBackend | None = None,
+    resolver: Resolver = system_resolve,
+    ssl_context: ssl.SSLContext | None = None,
+    pool: PoolConfig | None = None,
+) -> httpx.AsyncClient:
+    """The pod's one HTTP client. ``network_backend`` and ``resolver`` are test seams."""
+    backend = GuardedNetworkBackend(
+        AddressPolicy.from_cidrs(settings.allowed_networks),
+        static=StaticHosts.parse(settings.resolve),
+        resolver=resolver,
+        inner=network_backend,
+    )
+    transport = GuardedTransport(
+        backend,
+        config=pool or PoolConfig.for_settings(settings),
+        ssl_context=ssl_context,
+    )
+    return httpx.AsyncClient(
+        transport=transport,
+        headers={"User-Agent": user_agent(settings)},
+        timeout=httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.read_timeout,
+            write=settings.read_timeout,
+            pool=settings.request_timeout,
+        ),
+        follow_redirects=False,
+        trust_env=False,
+        cookies=_no_cookies(),
+    )

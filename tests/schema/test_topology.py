@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import nats
+import pytest
+
+from tests.conftest import StackUrls
+from trove_schema.bus import Bus
+from trove_schema.topology import (
+    FETCHER,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+    TopologyOptions,
+    declare,
+    ensure_topology,
+)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_ensure_topology_is_idempotent(bus: Bus) -> None:
+    top = declare()
+    await ensure_topology(bus.js, top)
+    await ensure_topology(bus.js, top)
+    names = {s.config.name for s in await bus.js.streams_info()}
+    assert {"TROVE_SEEDS", "TROVE_EVENTS", "TROVE_WORK", "TROVE_DEAD"} <= names
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_changed_consumer_config_is_reconciled(bus: Bus) -> None:
+    stream, config = declare().consumer(FETCHER)
+    await bus.js.add_consumer(stream, replace(config, max_ack_pending=7))
+    assert (await bus.js.consumer_info(stream, FETCHER)).config.max_ack_pending == 7
+
+    await ensure_topology(bus.js, declare(TopologyOptions(fetcher_max_ack_pending=1234)))
+
+    assert (await bus.js.consumer_info(stream, FETCHER)).config.max_ack_pending == 1234
+
+
+@pytest.mark.usefixtures("clean")
+async def test_many_pods_reconciling_at_once_all_succeed(bus: Bus) -> None:
+    for config in declare().streams:
+        assert config.name is not None
+        await bus.js.delete_stream(config.name)
+    await asyncio.gather(*(ensure_topology(bus.js) for _ in range(5)))
+    assert (await bus.js.stream_info(SEEDS_STREAM)).config.no_ack is True
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_raw_seed_is_stored_even_with_no_discovery_running(
+    bus: Bus, stack: StackUrls
+) -> None:
+    # What `nats pub trove.seeds https://example.org/` does: a core publish, no headers.
+    nc = await nats.connect(stack.nats_url)
+    await nc.publish(SEEDS_SUBJECT, b"https://example.org/")
+    await nc.flush()
+    await nc.close()
+    msg = await bus.js.get_last_msg(SEEDS_STREAM, SEEDS_SUBJECT)
+    assert msg.data == b"https://example.org/"
