@@ -9,6 +9,7 @@ Which servers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -38,8 +39,8 @@ class StackUrls:
 
 
 def _docker_stack() -> Iterator[StackUrls]:
-    from testcontainers.core.container import DockerContainer  # noqa: PLC0415
-    from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.postgres import PostgresContainer
 
     with (
         PostgresContainer("postgres:16", driver="asyncpg") as pg,
@@ -94,15 +95,11 @@ async def clean(bus: Bus, engine: AsyncEngine) -> None:
     top = declare()
     for config in top.streams:
         assert config.name is not None
-        try:
+        with contextlib.suppress(NotFoundError):
             await bus.js.delete_stream(config.name)
-        except NotFoundError:
-            pass
     for bucket in top.buckets:
-        try:
+        with contextlib.suppress(NotFoundError):
             await bus.js.delete_key_value(bucket.bucket)
-        except NotFoundError:
-            pass
     await ensure_topology(bus.js, top)
     async with engine.begin() as conn:
         await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))

@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 
 import nats
 from nats.js import JetStreamContext
@@ -77,7 +76,7 @@ async def watch_crawl(
     seeds: Sequence[str],
     until_idle: bool,
     max_pages: int | None,
-    timeout: float,
+    timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
     local: LocalTrove | None = None,
 ) -> int:
     nc = await nats.connect(nats_url, name="trove-cli")
@@ -105,7 +104,9 @@ async def watch_crawl(
                     local.check_alive()
                 done, queued = await progress_counts(engine)
                 backlog = await pipeline_backlog(js)
-                progress.update(task, completed=done, total=max(queued, 1), note=f"backlog {backlog}")
+                progress.update(
+                    task, completed=done, total=max(queued, 1), note=f"backlog {backlog}"
+                )
                 if max_pages is not None and done >= max_pages:
                     break
                 if until_idle and backlog == 0 and queued > 0 and done == queued:
@@ -130,8 +131,8 @@ async def _maybe_sandbox(enabled: bool) -> AsyncIterator[tuple[list[str], dict[s
     if not enabled:
         yield [], {}
         return
-    from trove_sandbox.server import serve_sandbox  # noqa: PLC0415 - only for --sandbox
-    from trove_sandbox.web import SandboxWeb  # noqa: PLC0415
+    from trove_sandbox.server import serve_sandbox
+    from trove_sandbox.web import SandboxWeb
 
     web = SandboxWeb.generate()
     async with serve_sandbox(web) as running:
@@ -203,7 +204,9 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
 async def cmd_status(args: argparse.Namespace, settings: CommonSettings) -> int:
     nats_url, db_url = _urls(settings)
     if not nats_url or not db_url:
-        console.print("[red]no running stack: set TROVE_NATS_URL/TROVE_DATABASE_URL or `trove up`[/red]")
+        console.print(
+            "[red]no running stack: set TROVE_NATS_URL/TROVE_DATABASE_URL or `trove up`[/red]"
+        )
         return 2
     engine = create_async_engine(db_url)
     nc = await nats.connect(nats_url, name="trove-cli")
@@ -211,8 +214,9 @@ async def cmd_status(args: argparse.Namespace, settings: CommonSettings) -> int:
         js = nc.jetstream()
         for stream, durable in CONSUMERS:
             info = await js.consumer_info(stream, durable)
+            pending, in_flight = info.num_pending or 0, info.num_ack_pending or 0
             console.print(
-                f"{durable:18} pending {info.num_pending or 0:>7}  in flight {info.num_ack_pending or 0:>5}"
+                f"{durable:18} pending {pending:>7}  in flight {in_flight:>5}"
                 f"  redelivered {info.num_redelivered or 0}"
             )
         render(await build_report(engine), console)
@@ -234,7 +238,9 @@ def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
         console.print(f"TROVE_NATS_URL={local.stack.nats_url}")
         console.print(f"TROVE_DATABASE_URL={local.stack.database_url}")
         console.print(f"logs in {settings.state_dir / 'logs'}; Ctrl-C stops everything")
-        console.print(f"seed it: nats pub {SEEDS_SUBJECT} https://example.org/  (or `trove seed URL`)")
+        console.print(
+            f"seed it: nats pub {SEEDS_SUBJECT} https://example.org/  (or `trove seed URL`)"
+        )
         try:
             while True:
                 local.check_alive()
@@ -255,7 +261,7 @@ def cmd_migrate(args: argparse.Namespace, settings: CommonSettings) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace, settings: CommonSettings) -> int:
-    from trove_sandbox.__main__ import main as sandbox_main  # noqa: PLC0415
+    from trove_sandbox.__main__ import main as sandbox_main
 
     return sandbox_main(args.rest)
 
@@ -277,7 +283,9 @@ def parser() -> argparse.ArgumentParser:
     crawl.add_argument("--fresh", action="store_true", help="start from an empty state folder")
     crawl.add_argument("--timeout", type=float, default=3600.0)
 
-    seed = sub.add_parser("seed", help="publish seeds to a running stack (like `nats pub trove.seeds`)")
+    seed = sub.add_parser(
+        "seed", help="publish seeds to a running stack (like `nats pub trove.seeds`)"
+    )
     seed.add_argument("urls", nargs="+")
     seed.add_argument("--request", action="store_true", help="wait for discovery's verdict")
 

@@ -51,8 +51,9 @@ async def build_report(engine: AsyncEngine, *, top: int = 10) -> Report:
         )
         report.pages_by_status = {s: int(n) for s, n in rows.all()}
         report.linked_only = int(
-            (await conn.execute(text("SELECT count(*) FROM pages WHERE discovered_at IS NULL")))
-            .scalar_one()
+            (
+                await conn.execute(text("SELECT count(*) FROM pages WHERE discovered_at IS NULL"))
+            ).scalar_one()
         )
         rows = await conn.execute(
             text("SELECT outcome, count(*) FROM page_crawls GROUP BY outcome ORDER BY 2 DESC")
@@ -97,7 +98,10 @@ def render(report: Report, console: Console) -> None:
     def table(title: str, *columns: str) -> Table:
         t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
         for column in columns:
-            t.add_column(column, justify="right" if column in {"pages", "crawls", "fetched", "in-links"} else "left")
+            t.add_column(
+                column,
+                justify="right" if column in {"pages", "crawls", "fetched", "in-links"} else "left",
+            )
         return t
 
     status = table("Pages by status", "status", "pages")

@@ -109,7 +109,9 @@ async def test_each_attempt_is_one_page_crawls_row(engine: AsyncEngine) -> None:
     await project(
         engine,
         completed(CrawlOutcome.TIMEOUT, error_message="read timeout"),
-        completed(CrawlOutcome.SUCCESS, attempt=2, request_id="00000000-0000-0000-0000-000000000002"),
+        completed(
+            CrawlOutcome.SUCCESS, attempt=2, request_id="00000000-0000-0000-0000-000000000002"
+        ),
     )
     crawls = await rows(engine, "SELECT outcome, duration_ms FROM page_crawls ORDER BY id")
     assert [c.outcome for c in crawls] == ["timeout", "success"]
@@ -154,7 +156,11 @@ async def test_not_modified_keeps_what_the_page_had(engine: AsyncEngine) -> None
     await project(engine, completed(title="Kept", language="en", etag='"v1"'))
     await project(
         engine,
-        completed(CrawlOutcome.NOT_MODIFIED, status_code=304, request_id="00000000-0000-0000-0000-000000000009"),
+        completed(
+            CrawlOutcome.NOT_MODIFIED,
+            status_code=304,
+            request_id="00000000-0000-0000-0000-000000000009",
+        ),
     )
     row = await page(engine)
     assert (row.status, row.title, row.language, row.etag) == ("fetched", "Kept", "en", '"v1"')
@@ -169,7 +175,8 @@ async def test_failures_are_retried_until_attempts_run_out(engine: AsyncEngine) 
     assert row.status == "failed"
     assert row.failed_at is not None
     retries = [
-        decode_event(r.payload) for r in await rows(engine, "SELECT payload FROM outbox ORDER BY created_at")
+        decode_event(r.payload)
+        for r in await rows(engine, "SELECT payload FROM outbox ORDER BY created_at")
     ]
     assert [r.attempt for r in retries if isinstance(r, CrawlRequested)] == [2, 3]
 
@@ -184,7 +191,11 @@ async def test_retry_waits_for_retry_after_when_longer(engine: AsyncEngine) -> N
 async def test_seed_rejections_are_recorded_with_their_reason(engine: AsyncEngine) -> None:
     await project(
         engine,
-        SeedRejected(raw="ftp://x", reason="scheme 'ftp' is not http or https", provenance=Provenance(kind="seed")),
+        SeedRejected(
+            raw="ftp://x",
+            reason="scheme 'ftp' is not http or https",
+            provenance=Provenance(kind="seed"),
+        ),
     )
     (row,) = await rows(engine, "SELECT raw, reason FROM seed_rejections")
     assert (row.raw, row.reason) == ("ftp://x", "scheme 'ftp' is not http or https")

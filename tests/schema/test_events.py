@@ -35,7 +35,7 @@ def _completed(**overrides: object) -> CrawlCompleted:
         "links": (Link(url="https://example.org/a", kind=LinkKind.A),),
     }
     fields.update(overrides)
-    return CrawlCompleted(**fields)  # type: ignore[arg-type]
+    return CrawlCompleted(**fields)
 
 
 def test_event_round_trips_through_the_wire() -> None:
@@ -47,7 +47,12 @@ def test_wire_type_is_the_stable_name_not_the_class_path() -> None:
     wire = json.loads(_completed().to_wire())
     assert wire["type"] == "CrawlCompleted"
     assert wire["version"] == 1
-    assert set(EVENT_TYPES) == {"SeedRejected", "PageDiscovered", "CrawlRequested", "CrawlCompleted"}
+    assert set(EVENT_TYPES) == {
+        "SeedRejected",
+        "PageDiscovered",
+        "CrawlRequested",
+        "CrawlCompleted",
+    }
 
 
 def test_event_id_is_sent_as_nats_msg_id() -> None:
@@ -67,7 +72,9 @@ def test_events_are_frozen() -> None:
 
 
 def test_naive_times_are_taken_as_utc() -> None:
-    event = _completed(started_at=datetime(2026, 1, 1, 12, 0), completed_at=datetime(2026, 1, 1, 12, 0))
+    event = _completed(
+        started_at=datetime(2026, 1, 1, 12, 0), completed_at=datetime(2026, 1, 1, 12, 0)
+    )
     assert event.occurred_at.tzinfo is not None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -96,19 +97,19 @@ class Witness:
         times = [r.monotonic for r in self._records if r.host == host]
         if len(times) < 2:
             return None
-        return min(b - a for a, b in zip(times, times[1:], strict=False))
+        return min(b - a for a, b in itertools.pairwise(times))
 
     def clear(self) -> None:
         self._records.clear()
 
-    async def wait_for(self, predicate: Callable[[Witness], bool], timeout: float = 10.0) -> None:
-        """Return once ``predicate(self)`` holds; TimeoutError after ``timeout`` seconds."""
+    async def wait_for(self, predicate: Callable[[Witness], bool], within: float = 10.0) -> None:
+        """Return once ``predicate(self)`` holds; TimeoutError after ``within`` seconds."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + within
         while not predicate(self):
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TimeoutError(f"witness condition not met within {timeout} s")
+                raise TimeoutError(f"witness condition not met within {within} s")
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters.append(waiter)
             try:
@@ -319,6 +320,11 @@ class _SandboxServer:
         try:
             clean = await self._serve_requests(reader, writer, local_ip)
         except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # Only close() cancels connections. Ending the task normally matters:
+            # Python 3.11's stream callback calls task.exception() on it and logs
+            # a spurious traceback for a cancelled task.
             pass
         except Exception:
             log.exception("sandbox connection failed")

@@ -144,8 +144,12 @@ def trap_response(path: str, query: Mapping[str, str], *, origin: str, elsewhere
     a normal host (the target of ``/redirect-cross``).
     """
     if path == "/":
-        items = "".join(f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in _INDEX_PATHS)
-        return ok(_page("Trap host", f"<h1>Misbehaving host</h1><ul>{items}</ul>"), modified=_MODIFIED)
+        items = "".join(
+            f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in _INDEX_PATHS
+        )
+        return ok(
+            _page("Trap host", f"<h1>Misbehaving host</h1><ul>{items}</ul>"), modified=_MODIFIED
+        )
     if path == "/robots.txt":
         return ok("User-agent: *\nAllow: /\n", "text/plain; charset=utf-8", modified=_MODIFIED)
     if path == "/slow-body":
@@ -183,7 +187,9 @@ def trap_response(path: str, query: Mapping[str, str], *, origin: str, elsewhere
         if hops > MAX_CHAIN:
             return _missing(path)
         if hops == 0:
-            return ok(_page("End of the chain", "<p>You followed every hop.</p>"), modified=_MODIFIED)
+            return ok(
+                _page("End of the chain", "<p>You followed every hop.</p>"), modified=_MODIFIED
+            )
         return redirect(f"/redirect-chain/{hops - 1}")
     if path == "/redirect-cross":
         return redirect(elsewhere)
@@ -203,8 +209,8 @@ def trap_response(path: str, query: Mapping[str, str], *, origin: str, elsewhere
     if match := re.fullmatch(r"/status/(\d{3})", path):
         return _status(int(match.group(1)), query)
     if path == "/etag":
-        body = _page("Unchanged", "<p>This page never changes.</p>").encode()
-        return Response(200, (("Content-Type", HTML), ("ETag", FIXED_ETAG)), body=body)
+        fixed = _page("Unchanged", "<p>This page never changes.</p>").encode()
+        return Response(200, (("Content-Type", HTML), ("ETag", FIXED_ETAG)), body=fixed)
     if match := re.fullmatch(r"/calendar/(\d{4})/(\d{2})", path):
         return _calendar(int(match.group(1)), int(match.group(2)), path)
     if path == "/feed.atom":
@@ -239,7 +245,9 @@ def _status(code: int, query: Mapping[str, str]) -> Response:
         headers.append(("Retry-After", query.get("after", "5")))
     if 300 <= code < 400 and code != 304:
         headers.append(("Location", query.get("to", "/")))
-    body = b"" if code in (204, 304) else _page(f"{code} {reason}", f"<p>{code} {reason}</p>").encode()
+    body = (
+        b"" if code in (204, 304) else _page(f"{code} {reason}", f"<p>{code} {reason}</p>").encode()
+    )
     return Response(code, tuple(headers), body=body)
 
 
@@ -261,7 +269,7 @@ def _calendar(year: int, month: int, path: str) -> Response:
 def _atom(origin: str) -> str:
     targets = ("/calendar/2024/01", "/noindex", "/xrobots", "/etag", "/redirect-chain/2")
     entries = "".join(
-        f"<entry><title>Trap {html.escape(t)}</title><link href=\"{origin}{t}\"/>"
+        f'<entry><title>Trap {html.escape(t)}</title><link href="{origin}{t}"/>'
         f"<id>{origin}{t}</id><updated>2024-01-01T12:00:00Z</updated></entry>\n"
         for t in targets
     )

@@ -29,7 +29,7 @@ from trove_sandbox.texts import HOST_LABELS, LANGUAGE_ORDER, TEXTS, LanguageText
 from trove_sandbox.trap import TRAP_HOST, trap_response
 
 TLD = "trove.test"
-ROBOTS_TOKEN = "TroveBot"
+ROBOTS_AGENT = "TroveBot"
 PRIVATE_PREFIX = "/private/"
 CRAWL_DELAY_SECONDS = 2.0
 #: Pages the home page links directly; the rest hang below them (four per page).
@@ -183,7 +183,9 @@ class SandboxWeb:
         ]
         if with_trap:
             host_list.append(
-                Host(name=TRAP_HOST, ip=str(first + hosts), language="en", index=hosts, is_trap=True)
+                Host(
+                    name=TRAP_HOST, ip=str(first + hosts), language="en", index=hosts, is_trap=True
+                )
             )
         normal = [h for h in host_list if not h.is_trap]
         titles = {h.name: _titles(h, pages_per_host - 1, rng) for h in normal}
@@ -272,7 +274,7 @@ class SandboxWeb:
         name = self.host(host).name
         if name in self._robots_status:
             return None
-        delay = self._robots_parser(name).crawl_delay(ROBOTS_TOKEN)
+        delay = self._robots_parser(name).crawl_delay(ROBOTS_AGENT)
         return None if delay is None else float(delay)
 
     # ------------------------------------------------------------------ ground truth
@@ -390,9 +392,7 @@ class SandboxWeb:
         given = {k.lower(): (k, v) for k, v in (headers or {}).items()}
         body = html_text.encode("utf-8") if isinstance(html_text, str) else html_text
         base = ok(body, modified=_STATIC_MODIFIED, status=status)
-        merged: list[tuple[str, str]] = [
-            (k, v) for k, v in base.headers if k.lower() not in given
-        ]
+        merged: list[tuple[str, str]] = [(k, v) for k, v in base.headers if k.lower() not in given]
         merged.extend(given.values())
         response = Response(status=status, headers=tuple(merged), body=body)
         content_type = (response.content_type or "").lower()
@@ -470,7 +470,7 @@ class SandboxWeb:
             f"# robots.txt for {name}",
             "# TroveBot and everyone else get the same rules; BadBot gets nothing.",
             "",
-            f"User-agent: {ROBOTS_TOKEN}",
+            f"User-agent: {ROBOTS_AGENT}",
             *rules,
             "Allow: /",
             "",
@@ -506,7 +506,7 @@ class SandboxWeb:
         status = self._robots_status.get(name)
         if status is not None:
             return isinstance(status, int) and status < 500
-        return self._robots_parser(name).can_fetch(ROBOTS_TOKEN, self.url(name, path))
+        return self._robots_parser(name).can_fetch(ROBOTS_AGENT, self.url(name, path))
 
     # ------------------------------------------------------------------ links
 
@@ -519,7 +519,9 @@ class SandboxWeb:
         spec = self._pages.get((name, path))
         if spec is not None:
             links = [(link.host, link.path, link.nofollow) for link in spec.links]
-            links.extend((link.host, link.path, link.nofollow) for link in self._padding_links(spec))
+            links.extend(
+                (link.host, link.path, link.nofollow) for link in self._padding_links(spec)
+            )
             return True, links
         if path in ("/style.css", "/logo.png", "/feed.xml", "/robots.txt"):
             return False, []
@@ -535,9 +537,7 @@ class SandboxWeb:
     def _link_targets(self) -> list[tuple[str, str, str]]:
         """(host, path, title) of every home page and article: where padding links go."""
         return [
-            (p.host, p.path, p.title)
-            for p in self._pages.values()
-            if p.kind in ("home", "article")
+            (p.host, p.path, p.title) for p in self._pages.values() if p.kind in ("home", "article")
         ]
 
     def _padding_links(self, spec: PageSpec) -> list[Link]:
@@ -567,7 +567,7 @@ class SandboxWeb:
 
     def _anchor(self, source: PageSpec, link: Link) -> str:
         rel = ' rel="nofollow"' if link.nofollow else ""
-        return f'<a href="{html.escape(self._href(source, link))}"{rel}>{html.escape(link.text)}</a>'
+        return f'<a href="{html.escape(self._href(source, link))}"{rel}>{_text(link.text)}</a>'
 
     def _render_html(self, spec: PageSpec) -> str:
         host = self._hosts[spec.host]
@@ -576,39 +576,40 @@ class SandboxWeb:
         lang = f' lang="{host.language}"' if spec.lang_attr else ""
         site = _site_name(host)
         paragraphs = "\n".join(
-            "<p>" + html.escape(" ".join(text.sentences[i] for i in para)) + "</p>"
+            "<p>" + _text(" ".join(text.sentences[i] for i in para)) + "</p>"
             for para in spec.paragraphs
         )
         body_links = [link for link in spec.links if link.host == spec.host]
         cross = [link for link in spec.links if link.host != spec.host]
-        intro = f"<p>{html.escape(text.site_intro)}</p>\n" if spec.kind == "home" else ""
+        intro = f"<p>{_text(text.site_intro)}</p>\n" if spec.kind == "home" else ""
         date = spec.published.date().isoformat()
         items = "\n".join(f"<li>{self._anchor(spec, link)}</li>" for link in body_links)
         heading = text.blogroll if spec.kind == "home" else text.elsewhere
         cross_items = "\n".join(f"<li>{self._anchor(spec, link)}</li>" for link in cross)
+        mailto = f"mailto:{_site_name(host)}@{TLD}"
         contact = (
-            f'<p><a href="mailto:{host.name.split(".")[0]}@{TLD}">{html.escape(text.contact)}</a></p>'
-            if spec.kind == "home"
-            else ""
+            f'<p><a href="{mailto}">{_text(text.contact)}</a></p>' if spec.kind == "home" else ""
         )
         padding = self._padding_html(spec, text)
+        title = site if spec.kind == "home" else f"{spec.title} · {site}"
         page = (
             "<!DOCTYPE html>\n"
-            f"<html{lang}>\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(spec.title)} · {html.escape(site)}</title>\n"
+            f'<html{lang}>\n<head>\n<meta charset="utf-8">\n'
+            f"<title>{_text(title)}</title>\n"
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             '<link rel="stylesheet" href="/style.css">\n'
-            f'<link rel="alternate" type="{feed_type}" title="{html.escape(site)}" href="/feed.xml">\n'
+            f'<link rel="alternate" type="{feed_type}" title="{html.escape(site)}"'
+            ' href="/feed.xml">\n'
             "</head>\n<body>\n"
             f'<header><img src="/logo.png" alt="{html.escape(site)}" width="16" height="16"> '
-            f"<strong>{html.escape(site)}</strong></header>\n"
-            f"<main>\n<article>\n<h1>{html.escape(spec.title)}</h1>\n"
+            f"<strong>{_text(site)}</strong></header>\n"
+            f"<main>\n<article>\n<h1>{_text(spec.title)}</h1>\n"
             f'<p class="date"><time datetime="{date}">{date}</time></p>\n'
             f"{intro}{paragraphs}\n</article>\n"
-            f'<nav>\n<ul>\n{items}\n</ul>\n</nav>\n'
-            f"<aside>\n<h2>{html.escape(heading)}</h2>\n<ul>\n{cross_items}\n</ul>\n</aside>\n"
+            f"<nav>\n<ul>\n{items}\n</ul>\n</nav>\n"
+            f"<aside>\n<h2>{_text(heading)}</h2>\n<ul>\n{cross_items}\n</ul>\n</aside>\n"
             f"{padding}</main>\n"
-            f'<footer>{contact}<p><a href="/feed.xml">{html.escape(text.feed)}</a></p></footer>\n'
+            f'<footer>{contact}<p><a href="/feed.xml">{_text(text.feed)}</a></p></footer>\n'
             "</body>\n</html>\n"
         )
         if self.page_kb:
@@ -620,7 +621,7 @@ class SandboxWeb:
         if not links:
             return ""
         items = "\n".join(f"<li>{self._anchor(spec, link)}</li>" for link in links)
-        return f"<section>\n<h2>{html.escape(text.related)}</h2>\n<ul>\n{items}\n</ul>\n</section>\n"
+        return f"<section>\n<h2>{_text(text.related)}</h2>\n<ul>\n{items}\n</ul>\n</section>\n"
 
     def _pad_text(self, spec: PageSpec, text: LanguageText, page: str) -> str:
         target = (self.page_kb or 0) * 1024
@@ -631,7 +632,7 @@ class SandboxWeb:
         size = len(page.encode())
         while size < target:
             picks = rng.sample(range(len(text.sentences)), 4)
-            para = "<p>" + html.escape(" ".join(text.sentences[i] for i in picks)) + "</p>\n"
+            para = "<p>" + _text(" ".join(text.sentences[i] for i in picks)) + "</p>\n"
             extra.append(para)
             size += len(para.encode())
         return page.replace("</article>", "".join(extra) + "</article>", 1)
@@ -793,7 +794,9 @@ def _host_pages(
         if len(own) > 1:
             other_title, other_path = rng.choice([t for t in own if t[1] != path])
             links.append(
-                Link(host.name, other_path, other_title, nofollow=rng.random() < 0.4, fragment="top")
+                Link(
+                    host.name, other_path, other_title, nofollow=rng.random() < 0.4, fragment="top"
+                )
             )
         links.append(Link(host.name, path, text.comments, style="fragment", fragment="comments"))
         if host.has_private and j == 0:
@@ -847,6 +850,11 @@ def _relative(source: str, target: str) -> str:
     if name == "":
         return "./" if rel_dir == "." else rel_dir + "/"
     return name if rel_dir == "." else f"{rel_dir}/{name}"
+
+
+def _text(value: str) -> str:
+    """Escape text content (quotes may stay as they are outside attributes)."""
+    return html.escape(value, quote=False)
 
 
 def _rfc822(when: datetime) -> str:

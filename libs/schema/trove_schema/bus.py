@@ -40,7 +40,7 @@ from trove_schema.topology import DEAD_PREFIX, EVENT_SCHEDULES_PREFIX
 log = logging.getLogger(__name__)
 
 
-class Retry(TroveError):  # noqa: N818 - it is an instruction, not a failure
+class Retry(TroveError):
     """Raised by a handler: hand the message back, to be redelivered after ``delay`` seconds."""
 
     def __init__(self, reason: str, delay: float = 5.0) -> None:
@@ -176,7 +176,7 @@ class Consumer:
                     continue
                 try:
                     msgs = await psub.fetch(free, timeout=self.idle_wait)
-                except (NatsTimeoutError, asyncio.TimeoutError):
+                except (TimeoutError, NatsTimeoutError):
                     continue
                 except Exception as exc:  # connection trouble: nats-py reconnects
                     log.warning("fetch from %s failed: %s", self.durable, exc)
@@ -223,7 +223,9 @@ class Consumer:
                 await self._park(msg, f"failed {n} times: {type(exc).__name__}: {exc}")
                 return
             delay = self.failure_backoff * (2 ** (n - 1))
-            log.exception("%s: handler failed (delivery %d), retry in %.1fs", self.durable, n, delay)
+            log.exception(
+                "%s: handler failed (delivery %d), retry in %.1fs", self.durable, n, delay
+            )
             await _quiet(msg.nak(delay=delay))
             return
         await _quiet(msg.ack())

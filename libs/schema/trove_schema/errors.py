@@ -1,9 +1,10 @@
 """Errors raised by trove_schema.
 
-    TroveError
-    ├── MalformedEvent       bytes on the wire that are not a valid Trove event
-    ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
-    └── StackError           the embedded or external servers could not be started or reached
+TroveError
+├── MalformedEvent       bytes on the wire that are not a valid Trove event
+├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
+├── TopologyError        a stream, consumer or bucket could not be created or reconciled
+└── StackError           the embedded or external servers could not be started or reached
 """
 
 
@@ -21,3 +22,12 @@ class TopologyError(TroveError):
 
 class StackError(TroveError):
     """A server of the stack (NATS, Postgres) could not be started or reached."""
+
+
+class InvalidURL(TroveError):
+    """A URL Trove will not crawl: not http(s), no host, too long, a private address..."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        #: Why, in words for the operator (e.g. "scheme 'ftp' is not http or https").
+        self.reason = reason

@@ -65,18 +65,23 @@ async def _health_server(port: int, ready: asyncio.Event) -> asyncio.Server:
             if path == "/healthz":
                 status, body = "200 OK", b"ok\n"
             elif path == "/readyz":
-                status, body = ("200 OK", b"ready\n") if ready.is_set() else (
-                    "503 Service Unavailable",
-                    b"not ready\n",
+                status, body = (
+                    ("200 OK", b"ready\n")
+                    if ready.is_set()
+                    else (
+                        "503 Service Unavailable",
+                        b"not ready\n",
+                    )
                 )
             else:
                 status, body = "404 Not Found", b"not found\n"
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
             )
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, IndexError):
+        except (TimeoutError, ConnectionError, IndexError):
             pass
         finally:
             writer.close()

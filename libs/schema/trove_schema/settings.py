@@ -72,7 +72,7 @@ class FetcherSettings(CommonSettings):
     max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
     user_agent: str = ""
     bot_info_url: str = "https://github.com/trove-crawler/trove/blob/main/docs/bot.md"
-    robots_token: str = "TroveBot"
+    robots_token: str = "TroveBot"  # noqa: S105 - the robots.txt user-agent token
     concurrency: int = Field(default=64, ge=1, le=4096)
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=10.0, gt=0)

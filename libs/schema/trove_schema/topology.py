@@ -19,7 +19,6 @@ Subjects
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -241,7 +240,7 @@ async def ensure_topology(js: JetStreamContext, topology: Topology | None = None
             await _ensure_bucket(js, bucket)
         for stream, consumer in top.consumers:
             await _ensure_consumer(js, stream, consumer)
-    except (APIError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, APIError) as exc:
         raise TopologyError(f"could not reconcile the JetStream topology: {exc}") from exc
     return top
 

@@ -1,10 +1,403 @@
-"""URL identity shared by every service: the canonical form is the key of a page."""
+"""Canonical URLs: the one spelling under which Trove knows a page.
+
+``canonicalize`` turns every spelling of a URL that points at the same resource into
+one string, so that "seen", politeness and the database all agree on a page's identity.
+url-normalize does the RFC 3986 work (case, dot segments, percent-encoding, IDNA,
+default ports, empty path); Trove adds its own rules on top:
+
+* only ``http`` and ``https``; a host is required; ``user:pass@`` is dropped;
+* the fragment is dropped, hash-bang (``#!``) fragments included (no
+  ``_escaped_fragment_`` rewriting: that AJAX scheme is long dead);
+* ``\\`` before the query is read as ``/`` and tabs and newlines are dropped, as
+  browsers do;
+* the host is checked: labels of ``[a-z0-9_-]``, 63 characters each, 253 in all; IPv6
+  literals are written in compressed form; hosts ending in a number are parsed as
+  IPv4 the way browsers do (``0x7f.1`` is ``127.0.0.1``) and written dotted-quad, so the
+  private-address check cannot be dodged by spelling;
+* tracking parameters (``TRACKING_PARAMETERS``, any ``utm_*``) and session ids
+  (``SESSION_PARAMETERS``, ``aspsessionid*``; path parameters ``;jsessionid=``,
+  ``;phpsessid=``, ``;sid=``) are removed, matching names case-insensitively;
+* the remaining query parameters are sorted by name (stable: repeated names keep their
+  order, so ``?a=2&a=1`` stays as it is); an empty query is dropped;
+* the result may be at most ``max_length`` characters.
+
+Deliberately kept distinct: path case (``/About`` vs ``/about``), query values and
+their case, and a trailing slash on a non-root path (``/blog`` vs ``/blog/``): servers
+may and do treat those as different resources. url-normalize also collapses empty path
+segments (``/a//b`` is ``/a/b``) and turns a stray ``%`` into ``%25``; both are kept.
+"""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import functools
+import ipaddress
+import re
+from collections.abc import Sequence
+from typing import TypeAlias
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import tldextract
+from url_normalize import url_normalize
+
+from trove_schema.errors import InvalidURL
+from trove_schema.events import MAX_URL_LENGTH
+
+#: Query parameters that only say where a visitor came from (names compared lower-case).
+TRACKING_PARAMETERS = frozenset(
+    {
+        "fbclid",  # Facebook
+        "gclid",  # Google Ads
+        "dclid",  # Google Display
+        "msclkid",  # Microsoft Ads
+        "mc_cid",  # Mailchimp campaign
+        "mc_eid",  # Mailchimp recipient
+        "yclid",  # Yandex
+        "_ga",  # Google Analytics cross-domain
+        "_hsenc",  # HubSpot
+        "_hsmi",  # HubSpot
+        "igshid",  # Instagram
+        "ref_src",  # Twitter/X
+    }
+)
+#: Any parameter whose lower-case name starts with one of these is tracking too.
+TRACKING_PREFIXES = ("utm_",)
+#: Query parameters that carry a session id (names compared lower-case).
+SESSION_PARAMETERS = frozenset({"phpsessid", "jsessionid", "sid", "sessionid", "session_id"})
+#: IIS classic ASP appends random letters: ASPSESSIONIDQQGGQRST.
+SESSION_PREFIXES = ("aspsessionid",)
+#: Path parameters (``/page;jsessionid=...``) that carry a session id.
+SESSION_PATH_PARAMETERS = ("jsessionid", "phpsessid", "sid")
+
+_DROP_PARAMETERS = TRACKING_PARAMETERS | SESSION_PARAMETERS
+_DROP_PREFIXES = TRACKING_PREFIXES + SESSION_PREFIXES
+_SESSION_PATH_RE = re.compile(
+    r";(?:" + "|".join(SESSION_PATH_PARAMETERS) + r")=[^;/]*", re.IGNORECASE
+)
+#: Browsers strip C0 controls and spaces around a URL.
+_SURROUNDING = "".join(chr(c) for c in range(0x21))
+#: A raw input this many times longer than the cap cannot shrink back under it sensibly;
+#: refusing it early keeps a hostile page from making us normalize megabytes.
+_INPUT_SLACK = 4
+_HOST_RE = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
+_DECIMAL_RE = re.compile(r"[0-9]+\Z")
+_HEX_RE = re.compile(r"0[xX][0-9a-fA-F]*\Z")
+_OCTAL_RE = re.compile(r"[0-7]+\Z")
+_BEFORE_QUERY_RE = re.compile(r"[^?#]*")
+
+
+def canonicalize(url: str, *, base: str | None = None, max_length: int = MAX_URL_LENGTH) -> str:
+    """Return the canonical form of ``url`` (resolved against ``base`` when given).
+
+    Raises InvalidURL, whose ``reason`` says why, for anything Trove will not crawl.
+    Idempotent: ``canonicalize(canonicalize(u)) == canonicalize(u)``.
+    """
+    if len(url) > _INPUT_SLACK * max_length:
+        raise InvalidURL(f"URL longer than {max_length} characters")
+    text = url.strip(_SURROUNDING).replace("\t", "").replace("\n", "").replace("\r", "")
+    if not text and base is None:
+        raise InvalidURL("empty URL")
+    if "\\" in text:
+        head = _BEFORE_QUERY_RE.match(text)
+        assert head is not None  # [^?#]* always matches
+        text = head.group().replace("\\", "/") + text[head.end() :]
+    try:
+        if base is not None:
+            text = urljoin(base, text)
+        scheme, netloc, path, query, _fragment = urlsplit(text)
+    except ValueError as exc:
+        raise InvalidURL(f"unparsable URL: {exc}") from None
+    scheme = scheme.lower()
+    if not scheme:
+        raise InvalidURL("no scheme (expected http:// or https://)")
+    if scheme not in ("http", "https"):
+        raise InvalidURL(f"scheme {scheme!r} is not http or https")
+    host, port = _split_authority(netloc)
+    if not host:
+        raise InvalidURL("no host")
+    authority = f"{host}:{port}" if port else host
+    try:
+        parts = urlsplit(_url_normalize(urlunsplit((scheme, authority, path, query, ""))))
+    except ValueError as exc:  # UnicodeError (IDNA) is a ValueError
+        raise InvalidURL(f"host {host!r} is not a valid host name ({exc})") from None
+    canonical_host = _canonical_host(parts.hostname or "", bracketed=host.startswith("["))
+    canonical_port = f":{parts.port}" if parts.port else ""
+    path = parts.path
+    if ";" in path:
+        stripped = _SESSION_PATH_RE.sub("", path)
+        if stripped != path:
+            # Removing a parameter can expose a dot segment ("/a/.;sid=1/b"): once more.
+            path = urlsplit(_url_normalize(f"{scheme}://{canonical_host}{stripped}")).path
+    result = urlunsplit(
+        (scheme, canonical_host + canonical_port, path, _clean_query(parts.query), "")
+    )
+    if len(result) > max_length:
+        raise InvalidURL(f"URL longer than {max_length} characters")
+    return result
+
+
+def _url_normalize(url: str) -> str:
+    normalized = url_normalize(url)
+    assert normalized is not None  # only None for None
+    return normalized
+
+
+def _split_authority(netloc: str) -> tuple[str, str]:
+    """Host and port of ``[userinfo@]host[:port]``; the port without a default check."""
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        host, rest = hostport[: end + 1], hostport[end + 1 :]
+        if end < 0 or (rest and not rest.startswith(":")):
+            raise InvalidURL(f"host {hostport!r} is not a valid IPv6 literal")
+        port = rest[1:]
+    else:
+        host, _, port = hostport.partition(":")
+    if port:
+        if not (port.isascii() and port.isdigit()):
+            raise InvalidURL(f"port {port!r} is not a number")
+        number = int(port)
+        if not 0 < number <= 65535:
+            raise InvalidURL(f"port {number} is out of range")
+        port = str(number)
+    return host, port
+
+
+def _canonical_host(host: str, *, bracketed: bool) -> str:
+    if bracketed:
+        if "%" in host:
+            raise InvalidURL("IPv6 zone identifiers are not allowed")
+        try:
+            return f"[{ipaddress.IPv6Address(host).compressed}]"
+        except ValueError:
+            raise InvalidURL(f"host [{host}] is not a valid IPv6 address") from None
+    if not host:
+        raise InvalidURL("no host")
+    if _ends_in_number(host):
+        address = _parse_ipv4(host)
+        if address is None:
+            raise InvalidURL(f"host {host} is not a valid IPv4 address")
+        return str(address)
+    if not _HOST_RE.match(host):
+        raise InvalidURL(f"host {host!r} has characters not allowed in a host name")
+    if len(host) > 253 or any(len(label) > 63 for label in host.split(".")):
+        raise InvalidURL(f"host {host!r} is too long for DNS")
+    return host
+
+
+def _ends_in_number(host: str) -> bool:
+    last = host.rstrip(".").rpartition(".")[2]
+    return bool(_DECIMAL_RE.match(last) or _HEX_RE.match(last))
+
+
+def _parse_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """Parse an IPv4 host the way the WHATWG URL standard (so every browser) does.
+
+    ``127.1``, ``0x7f.0.0.1``, ``0177.0.0.1`` and ``2130706433`` are all 127.0.0.1.
+    """
+    labels = host.rstrip(".").split(".")
+    if len(labels) > 4:
+        return None
+    numbers: list[int] = []
+    for label in labels:
+        if _HEX_RE.match(label):
+            numbers.append(int(label[2:] or "0", 16))
+        elif len(label) > 1 and label[0] == "0" and _OCTAL_RE.match(label):
+            numbers.append(int(label, 8))
+        elif _DECIMAL_RE.match(label):
+            numbers.append(int(label))
+        else:
+            return None
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (5 - len(numbers)):
+        return None
+    value = last
+    for index, number in enumerate(head):
+        value += number * 256 ** (3 - index)
+    return ipaddress.IPv4Address(value)
+
+
+def _clean_query(query: str) -> str:
+    if not query:
+        return ""
+    kept: list[tuple[str, str]] = []
+    for parameter in query.split("&"):
+        if not parameter:
+            continue
+        name = parameter.partition("=")[0]
+        lowered = name.lower()
+        if lowered in _DROP_PARAMETERS or lowered.startswith(_DROP_PREFIXES):
+            continue
+        kept.append((name, parameter))
+    kept.sort(key=lambda pair: pair[0])  # sort is stable: equal names keep their order
+    return "&".join(parameter for _, parameter in kept)
 
 
 def domain_of(url: str) -> str:
-    """The politeness key of a URL: its lower-case host (without port)."""
-    return (urlsplit(url).hostname or "").rstrip(".").lower()
+    """The lower-case host of a canonical URL (IPv6 without brackets): the politeness key.
+
+    The port is not part of it: two ports of one host are one server to be polite to.
+    """
+    try:
+        host = urlsplit(url).hostname
+    except ValueError as exc:
+        raise InvalidURL(f"unparsable URL: {exc}") from None
+    if not host:
+        raise InvalidURL("no host")
+    return host
+
+
+@functools.cache
+def _extractor() -> tldextract.TLDExtract:
+    # No suffix_list_urls and no cache_dir: the snapshot bundled with tldextract, never
+    # the network and never the disk. Private suffixes (github.io, blogspot.com) count,
+    # so a DOMAIN scope on one user's site does not spread to every user's.
+    return tldextract.TLDExtract(
+        suffix_list_urls=(), cache_dir=None, include_psl_private_domains=True
+    )
+
+
+@functools.lru_cache(maxsize=65_536)
+def registrable_domain(host: str) -> str:
+    """The registrable domain of ``host``: ``blog.example.co.uk`` -> ``example.co.uk``.
+
+    Uses the public suffix list snapshot bundled with tldextract (offline), private
+    suffixes included (``alice.github.io`` stays ``alice.github.io``). An IP address is
+    its own registrable domain; a host without a known suffix (``*.test``, ``localhost``,
+    a bare public suffix) gives its last two labels, or itself when it has fewer.
+    """
+    name = host.lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if _ip_address(name) is not None:
+        return name
+    domain = _extractor().extract_str(name).top_domain_under_public_suffix
+    if domain:
+        return domain
+    return ".".join(name.split(".")[-2:])
+
+
+#: Never crawled unless allowed: private, loopback, link-local, shared (CGNAT), test,
+#: benchmarking, multicast, reserved. Spelled out rather than left to ipaddress's flags,
+#: which have changed between Python releases.
+_BLOCKED_NETWORKS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
+    ipaddress.ip_network(cidr)
+    for cidr in (
+        "0.0.0.0/8",  # "this network", unspecified
+        "10.0.0.0/8",
+        "100.64.0.0/10",  # carrier-grade NAT
+        "127.0.0.0/8",
+        "169.254.0.0/16",  # link-local, cloud metadata 169.254.169.254
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.88.99.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, broadcast
+        "::/96",  # unspecified, loopback, deprecated IPv4-compatible
+        "64:ff9b:1::/48",  # local-use NAT64
+        "100::/64",  # discard
+        "2001::/23",  # IETF protocol assignments
+        "2001:db8::/32",  # documentation
+        "fc00::/7",  # unique-local, AWS metadata fd00:ec2::254
+        "fe80::/10",  # link-local
+        "fec0::/10",  # site-local (deprecated)
+        "ff00::/8",  # multicast
+    )
+)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_LOCALHOST_ADDRESSES = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
+
+_IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+_IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def is_private_host(host: str, allowed: Sequence[str] = ()) -> bool:
+    """True when ``host`` is an address Trove must not crawl, unless ``allowed`` covers it.
+
+    ``host`` is a literal: an IP address (IPv6 with or without brackets, IPv4 also in
+    the forms browsers accept) or a name. Names are not resolved here, the fetcher checks
+    the addresses it connects to; only ``localhost`` and ``*.localhost`` count as
+    private, and as 127.0.0.1 / ::1 for ``allowed``. IPv4 embedded in IPv6 (mapped,
+    NAT64, 6to4) is judged as the IPv4 address. ``allowed`` holds CIDRs (ValueError if
+    one is not).
+    """
+    name = host.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    networks = _networks(tuple(allowed))
+    if name == "localhost" or name.endswith(".localhost"):
+        return not any(_is_allowed(address, networks) for address in _LOCALHOST_ADDRESSES)
+    address = _ip_address(name)
+    if address is None or not _is_blocked(address):
+        return False
+    return not _is_allowed(address, networks)
+
+
+def _ip_address(name: str) -> _IPAddress | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    if _ends_in_number(name):
+        return _parse_ipv4(name)
+    return None
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def _is_blocked(address: _IPAddress) -> bool:
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            return _is_blocked(embedded)
+    return (
+        any(address in network for network in _BLOCKED_NETWORKS)
+        or address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+    )
+
+
+def _is_allowed(address: _IPAddress, networks: tuple[_IPNetwork, ...]) -> bool:
+    if any(address in network for network in networks):
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        return embedded is not None and any(embedded in network for network in networks)
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _networks(cidrs: tuple[str, ...]) -> tuple[_IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
+
+
+def canonicalize_or_none(url: str, *, base: str | None = None) -> str | None:
+    """The canonical form, or None for a URL Trove will not crawl (links found on pages)."""
+    if not url:
+        return None
+    try:
+        return canonicalize(url, base=base)
+    except InvalidURL:
+        return None
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of a canonical URL: the scope of its robots.txt."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"

@@ -114,7 +114,14 @@ class EmbeddedPostgres:
             "max_connections=200",
         ]
         if cfg.fast_and_unsafe:
-            argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+            argv += [
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ]
         log_path = data.parent / "postgres.log"
         if run_as is not None and log_path.exists():
             shutil.chown(log_path, run_as, run_as)
@@ -152,12 +159,14 @@ def _run(argv: list[str], *, user: str | None) -> str:
     result = subprocess.run(argv, capture_output=True, text=True, check=False, **as_user(user))
     if result.returncode != 0:
         raise StackError(f"{Path(argv[0]).name} failed: {result.stderr.strip()}")
-    return result.stdout
+    return str(result.stdout)
 
 
 def _ensure_database(bindir: Path, cfg: PostgresConfig, port: int, user: str | None) -> None:
     conn = ["-h", cfg.host, "-p", str(port), "-U", cfg.user]
-    query = f"SELECT 1 FROM pg_database WHERE datname = '{cfg.database}'"
+    if not cfg.database.isidentifier():
+        raise StackError(f"database name {cfg.database!r} is not a plain identifier")
+    query = f"SELECT 1 FROM pg_database WHERE datname = '{cfg.database}'"  # noqa: S608
     found = _run([str(bindir / "psql"), *conn, "-d", "postgres", "-tAc", query], user=user)
     if found.strip() != "1":
         _run([str(bindir / "createdb"), *conn, cfg.database], user=user)
@@ -190,9 +199,17 @@ def _system_user() -> str:
         pwd.getpwnam(SYSTEM_USER)
     except KeyError:
         made = subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-             SYSTEM_USER],
-            capture_output=True, text=True, check=False,
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                SYSTEM_USER,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if made.returncode != 0 and "already exists" not in made.stderr:
             raise StackError(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from functools import partial
 
+from trove_discovery.app import serve
 from trove_schema.service import run
 from trove_schema.settings import DiscoverySettings
-from trove_discovery.app import serve
 
 
 def main() -> int:

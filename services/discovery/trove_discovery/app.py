@@ -27,17 +27,25 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
     bus = await Bus.connect(settings.nats_url, name="trove-discovery")
     try:
         await ensure_topology(bus.js, declare(TopologyOptions(replicas=settings.replicas)))
-        discovery = Discovery(
-            bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings
-        )
+        discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
         replies = await bus.nc.subscribe(
             SEEDS_SUBJECT, queue="discovery-replies", cb=discovery.reply_to_seed_request
         )
         consumers = [
-            Consumer(bus=bus, stream=SEEDS_STREAM, durable=DISCOVERY_SEEDS,
-                     handler=discovery.handle_seed, concurrency=4),
-            Consumer(bus=bus, stream=EVENTS_STREAM, durable=DISCOVERY_LINKS,
-                     handler=discovery.handle_crawl_completed, concurrency=32),
+            Consumer(
+                bus=bus,
+                stream=SEEDS_STREAM,
+                durable=DISCOVERY_SEEDS,
+                handler=discovery.handle_seed,
+                concurrency=4,
+            ),
+            Consumer(
+                bus=bus,
+                stream=EVENTS_STREAM,
+                durable=DISCOVERY_LINKS,
+                handler=discovery.handle_crawl_completed,
+                concurrency=32,
+            ),
         ]
         ready.set()
         try:

@@ -56,9 +56,7 @@ class Candidate:
 
 
 class Discovery:
-    def __init__(
-        self, *, bus: Bus, seen: KeyValue, settings: DiscoverySettings
-    ) -> None:
+    def __init__(self, *, bus: Bus, seen: KeyValue, settings: DiscoverySettings) -> None:
         self.bus = bus
         self.seen = seen
         self.settings = settings
@@ -69,14 +67,14 @@ class Discovery:
         seq = msg.metadata.sequence.stream
         batch = parse_seeds(msg.data, origin=_origin(msg), settings=self.settings)
         for n, rejected in enumerate(batch.rejected):
-            event = SeedRejected(
+            rejection = SeedRejected(
                 id=derived_event_id(f"seed:{seq}:{n}", "rejected"),
                 raw=rejected.raw[:512],
                 reason=rejected.reason,
                 provenance=Provenance(kind="seed", origin=_origin(msg)),
             )
-            log.warning("seed rejected", extra={"raw": event.raw, "reason": event.reason})
-            await self.bus.publish(event)
+            log.warning("seed rejected", extra={"raw": rejection.raw, "reason": rejection.reason})
+            await self.bus.publish(rejection)
         for seed in batch.accepted:
             event = PageDiscovered(
                 id=derived_event_id(f"seed:{seq}:{seed.url}", "discovered"),

@@ -1,8 +1,9 @@
 """Errors raised by trove_discovery.
 
     TroveError                   (trove_schema.errors)
+    ├── InvalidURL               a URL Trove will not crawl (trove_schema.errors, shared
+    │                            with the fetcher and the recorder: URL identity is schema)
     └── DiscoveryError           anything discovery refuses on purpose
-        ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
         └── InvalidSeed          a seed message (or one of its options) is unusable
 
 Both carry a ``reason`` written for the operator: it ends up in ``SeedRejected`` events
@@ -11,7 +12,9 @@ and in the reply to ``nats req trove.seeds ...``.
 
 from __future__ import annotations
 
-from trove_schema.errors import TroveError
+from trove_schema.errors import InvalidURL, TroveError
+
+__all__ = ["DiscoveryError", "InvalidSeed", "InvalidURL"]
 
 
 class DiscoveryError(TroveError):
@@ -21,10 +24,6 @@ class DiscoveryError(TroveError):
         super().__init__(reason)
         #: Why, in words for the operator (e.g. "scheme 'ftp' is not http or https").
         self.reason = reason
-
-
-class InvalidURL(DiscoveryError):
-    """A URL Trove will not crawl: not http(s), no host, too long, a private address…"""
 
 
 class InvalidSeed(DiscoveryError):

@@ -18,7 +18,7 @@ import re
 from trove_schema.events import Scope, ScopeKind
 
 from trove_discovery.errors import InvalidURL
-from trove_discovery.normalize import domain_of, registrable_domain
+from trove_schema.urls import domain_of, registrable_domain
 
 
 def in_scope(url: str, scope: Scope) -> bool:

@@ -30,7 +30,7 @@ from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
-from trove_discovery.normalize import (
+from trove_schema.urls import (
     canonicalize,
     domain_of,
     is_private_host,

@@ -120,7 +120,7 @@ def blocked_reason(address: IPAddress) -> str | None:
         return f"6to4 of {relay}" + (f": {inner}" if inner else "")
     for network6, reason6 in _BLOCKED_V6:
         if address in network6:
-            if address in _IPV4_MAPPED or address in _IPV4_COMPATIBLE:
+            if network6 in (_IPV4_MAPPED, _IPV4_COMPATIBLE):
                 return f"{reason6} {ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)}"
             return reason6
     if address not in _GLOBAL_UNICAST:

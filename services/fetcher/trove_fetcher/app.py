@@ -32,9 +32,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
         await ensure_topology(
             bus.js,
             declare(
-                TopologyOptions(
-                    replicas=settings.replicas, robots_ttl=settings.robots_ttl_seconds
-                )
+                TopologyOptions(replicas=settings.replicas, robots_ttl=settings.robots_ttl_seconds)
             ),
         )
         fetcher = Fetcher(

@@ -17,11 +17,11 @@ from typing import cast
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
-from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, Link, LinkKind
 
-from trove_fetcher.charset import decode_body, media_type
+from trove_fetcher.charset import bom_charset, decode_body, header_charset, media_type
 from trove_fetcher.keywords import keywords as make_keywords
 from trove_fetcher.language import detect_language as detect
+from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, Link, LinkKind
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml"})
@@ -58,8 +58,12 @@ _FEED_ROOT = re.compile(
     rb"""<(?:rss|feed|(?:[A-Za-z_][\w.-]*:)?RDF)[\s>/]""",
     re.DOTALL,
 )
+_BINARY_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f]")
 _MARKUP = re.compile(r"<[^>]*>")
+_HTTP = ("http", "https")
 _ABSOLUTE = ("http://", "https://")
+# A path (absolute or relative) with no scheme, authority, query-only or dot start.
+_PLAIN_PATH = re.compile(r"\A(?:/(?!/)|[^:/?#.\\][^:/?#\\]*(?:[/?#]|\Z))")
 _URL_NOISE = str.maketrans("", "", "\t\n\r")
 _SPLIT_DIRECTIVES = re.compile(r"[\s,]+")
 _UA_PREFIX = re.compile(r"\A\s*([A-Za-z0-9_.*-]+)\s*:(.*)\Z", re.DOTALL)
@@ -102,6 +106,15 @@ def looks_like_feed(body: bytes) -> bool:
     return _FEED_ROOT.match(body, 0, 4096) is not None
 
 
+def looks_binary(body: bytes, content_type: str | None = None) -> bool:
+    """Control bytes no text uses in the first 1 KB (the WHATWG sniffing rule), unless UTF-16."""
+    declared = header_charset(content_type) or ""
+    bom = bom_charset(body)
+    if declared.startswith("utf-16") or (bom is not None and bom[0].startswith("utf-16")):
+        return False
+    return _BINARY_BYTES.search(body, 0, 1024) is not None
+
+
 def extract(
     body: bytes,
     *,
@@ -119,6 +132,8 @@ def extract(
     noindex, nofollow = x_robots_directives(x_robots_tag, robots_token)
     page = _Page(url, digest, noindex, nofollow, robots_token, detect_language)
     kind = media_type(content_type)
+    if looks_binary(body, content_type):
+        return page.empty()
     if kind in FEED_TYPES or looks_like_feed(body):
         # Not RSS or Atom after all (an HTML error page sent as a feed): read it as HTML.
         return page.feed(body, content_type) or page.html(body, content_type)
@@ -162,25 +177,54 @@ def x_robots_directives(
 
 def resolve_url(base: str, href: str | None) -> str | None:
     """``href`` made absolute against ``base``, without fragment; None unless http(s)."""
-    if not href:
-        return None
-    # The URL parser in browsers strips surrounding whitespace and drops tabs/newlines.
-    href = href.translate(_URL_NOISE).strip(" \x0c")
-    if not href:
-        return None
-    try:
-        # Absolute links skip urljoin, which costs as much as the rest of the page's parse.
-        absolute = href if href[:8].lower().startswith(_ABSOLUTE) else urljoin(base, href)
-        parts = urlsplit(absolute)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+    return _Resolver(base)(href)
+
+
+class _Resolver:
+    """``resolve_url`` for many links against one base, with a fast path for plain paths.
+
+    urljoin is most of the cost of a page's extraction; a plain path ("/a/b", "b.html")
+    against an http(s) base needs only a concatenation.
+    """
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.origin: str | None = None
+        self.directory = ""
+        try:
+            parts = urlsplit(base)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            return
+        if parts.scheme in _HTTP and parts.hostname and ";" not in parts.path:
+            self.origin = f"{parts.scheme}://{parts.netloc}"
+            path = parts.path or "/"
+            self.directory = self.origin + path[: path.rfind("/") + 1]
+
+    def __call__(self, href: str | None) -> str | None:
+        if not href:
             return None
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        return None
-    absolute = absolute.split("#", 1)[0]
-    if len(absolute) > MAX_URL_LENGTH:
-        return None
-    return absolute
+        # Browsers strip surrounding whitespace and drop tabs and newlines from a URL.
+        href = href.translate(_URL_NOISE).strip(" \x0c")
+        if not href:
+            return None
+        if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:
+            absolute = (self.origin if href[0] == "/" else self.directory) + href
+        else:
+            try:
+                if not href[:8].lower().startswith(_ABSOLUTE):
+                    href = urljoin(self.base, href)
+                parts = urlsplit(href)
+                if parts.scheme not in _HTTP or not parts.hostname:
+                    return None
+                parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+            except ValueError:
+                return None
+            absolute = href
+        absolute = absolute.split("#", 1)[0]
+        if len(absolute) > MAX_URL_LENGTH:
+            return None
+        return absolute
 
 
 def collapse_whitespace(text: str | None, limit: int = MAX_TITLE_LENGTH) -> str | None:
@@ -195,10 +239,14 @@ class _Links:
 
     def __init__(self) -> None:
         self._nofollow: dict[tuple[str, LinkKind], bool] = {}
+        self._resolvers: dict[str, _Resolver] = {}
         self.overflow = False
 
     def add(self, base: str, href: str | None, kind: LinkKind, nofollow: bool = False) -> None:
-        url = resolve_url(base, href)
+        resolver = self._resolvers.get(base)
+        if resolver is None:
+            resolver = self._resolvers[base] = _Resolver(base)
+        url = resolver(href)
         if url is None:
             return
         key = (url, kind)

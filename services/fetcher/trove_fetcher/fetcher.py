@@ -144,7 +144,9 @@ class Fetcher:
             "Nats-Schedule": "@at " + at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
-        await self.bus.js.publish(f"{WORK_SCHEDULES_PREFIX}.{schedule_id}", payload, headers=headers)
+        await self.bus.js.publish(
+            f"{WORK_SCHEDULES_PREFIX}.{schedule_id}", payload, headers=headers
+        )
         log.debug("deferred", extra={"url": job.url, "domain": job.domain, "slot": slot})
 
     async def _fetch_page(self, job: Job, grant: Granted) -> None:
@@ -163,7 +165,9 @@ class Fetcher:
         finally:
             await self.politeness.finish(job.domain, grant, time.time())
         if result.status_code in (429, 503) and result.retry_after:
-            await self.politeness.back_off(job.domain, time.time() + result.retry_after, time.time())
+            await self.politeness.back_off(
+                job.domain, time.time() + result.retry_after, time.time()
+            )
         extraction: Extraction | None = None
         if result.outcome is CrawlOutcome.SUCCESS and result.body is not None:
             loop = asyncio.get_running_loop()

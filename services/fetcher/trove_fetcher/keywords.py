@@ -35,12 +35,10 @@ _UNSEGMENTED = (
     "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # Han
     "\U00020000-\U0003134f"  # Han, supplementary planes
 )
-# A letter: a word character that is not a digit, not "_" and not from _UNSEGMENTED.
-_LETTER = rf"[^\W\d_{_UNSEGMENTED}]"
-# A whole run of letters, of the right length (a longer run yields nothing, not a prefix).
-_TERM = re.compile(
-    rf"(?<!{_LETTER}){_LETTER}{{{MIN_TERM_LENGTH},{MAX_TERM_LENGTH}}}(?!{_LETTER})"
-)
+# A run of letters: word characters that are not digits, "_" or from _UNSEGMENTED.
+_LETTERS = re.compile(rf"[^\W\d_{_UNSEGMENTED}]+")
+# ASCII non-letters to spaces: the common case then needs only str.split (3x faster).
+_ASCII_SEPARATORS = str.maketrans({c: " " for c in range(128) if not chr(c).isalpha()})
 
 
 def _words(*lines: str) -> frozenset[str]:
@@ -100,7 +98,19 @@ STOP_WORDS: dict[str, frozenset[str]] = {
 
 def terms(text: str) -> list[str]:
     """The text's terms in order: lower-cased letter runs of 3 to 40 characters."""
-    return _TERM.findall(unicodedata.normalize("NFC", text).lower())
+    text = unicodedata.normalize("NFC", text).lower().translate(_ASCII_SEPARATORS)
+    found: list[str] = []
+    for word in text.split():
+        if word.isascii():
+            if MIN_TERM_LENGTH <= len(word) <= MAX_TERM_LENGTH:
+                found.append(word)
+        elif len(word) >= MIN_TERM_LENGTH:
+            found.extend(
+                term
+                for term in _LETTERS.findall(word)
+                if MIN_TERM_LENGTH <= len(term) <= MAX_TERM_LENGTH
+            )
+    return found
 
 
 def _by_count(counts: Counter[str], limit: int) -> list[str]:

@@ -100,9 +100,13 @@ class Politeness:
         return "h." + hashlib.sha1(domain.encode(), usedforsecurity=False).hexdigest()
 
     def clamp_gap(self, gap: float) -> float:
-        return min(max(gap, self.config.min_delay), max(self.config.max_delay, self.config.min_delay))
+        return min(
+            max(gap, self.config.min_delay), max(self.config.max_delay, self.config.min_delay)
+        )
 
-    async def acquire(self, domain: str, now: float, *, reserved: bool = False) -> Granted | Deferred:
+    async def acquire(
+        self, domain: str, now: float, *, reserved: bool = False
+    ) -> Granted | Deferred:
         """Take the domain's lease at ``now``, or say when to come back.
 
         ``reserved`` messages already hold a slot (they were deferred once); fresh ones
@@ -148,7 +152,9 @@ class Politeness:
     async def back_off(self, domain: str, until: float, now: float) -> None:
         """Pause the domain for every pod (a 429/503 Retry-After), capped."""
         until = min(until, now + self.config.max_backoff)
-        await self._modify(domain, lambda s: setattr(s, "backoff_until", max(s.backoff_until, until)))
+        await self._modify(
+            domain, lambda s: setattr(s, "backoff_until", max(s.backoff_until, until))
+        )
 
     async def set_gap(self, domain: str, crawl_delay: float | None) -> float:
         gap = self.clamp_gap(crawl_delay or 0.0)

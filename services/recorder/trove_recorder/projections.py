@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, delete, func, select, text, tuple_
+from sqlalchemy import and_, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -26,8 +26,8 @@ from trove_schema.events import (
     SeedRejected,
     derived_event_id,
 )
-from trove_schema.urls import domain_of
 from trove_schema.tables import Outbox, Page, PageCrawl, PageLink, ProjectedEvent, SeedRejection
+from trove_schema.urls import domain_of
 
 #: Postgres text search configurations by BCP-47 primary language tag.
 TS_CONFIGS = {
@@ -129,7 +129,9 @@ async def _page_discovered(session: AsyncSession, event: PageDiscovered) -> None
     )
 
 
-async def _crawl_completed(session: AsyncSession, event: CrawlCompleted, policy: RetryPolicy) -> None:
+async def _crawl_completed(
+    session: AsyncSession, event: CrawlCompleted, policy: RetryPolicy
+) -> None:
     page_id = (await _ensure_pages(session, [(event.url, event.domain)]))[event.url]
     duration = max(0, int((event.completed_at - event.started_at).total_seconds() * 1000))
     await session.execute(
@@ -181,7 +183,7 @@ async def _crawl_completed(session: AsyncSession, event: CrawlCompleted, policy:
         values["status"] = STATUS_BY_OUTCOME[outcome]
         if values["status"] == "failed":
             values["failed_at"] = event.completed_at
-    await session.execute(Page.__table__.update().where(Page.id == page_id).values(**values))
+    await session.execute(update(Page).where(Page.id == page_id).values(**values))
 
 
 async def _replace_links(session: AsyncSession, page_id: int, event: CrawlCompleted) -> None:

@@ -17,13 +17,13 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from trove_recorder.projections import RetryPolicy, apply
 from trove_schema.bus import Bus, Consumer, Retry
 from trove_schema.events import decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Outbox
 from trove_schema.topology import EVENTS_STREAM, RECORDER, TopologyOptions, declare, ensure_topology
-from trove_recorder.projections import RetryPolicy, apply
 
 log = logging.getLogger("trove.recorder")
 
@@ -76,14 +76,18 @@ class Recorder:
     async def _publish_batch(self, limit: int = 100) -> int:
         async with self.sessions.begin() as session:
             rows = (
-                await session.execute(
-                    select(Outbox)
-                    .where(Outbox.published_at.is_(None))
-                    .order_by(Outbox.created_at)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
+                (
+                    await session.execute(
+                        select(Outbox)
+                        .where(Outbox.published_at.is_(None))
+                        .order_by(Outbox.created_at)
+                        .limit(limit)
+                        .with_for_update(skip_locked=True)
+                    )
                 )
-            ).scalars().all()
+                .scalars()
+                .all()
+            )
             for row in rows:
                 event = decode_event(row.payload)
                 if row.deliver_at is not None:

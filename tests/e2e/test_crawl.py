@@ -1,0 +1,155 @@
+"""End to end: discovery -> fetcher -> recorder, each its own process, on real NATS and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from trove_cli.local import LocalTrove
+from trove_sandbox.server import serve_sandbox
+from trove_sandbox.web import SandboxWeb
+from trove_schema.topology import SEEDS_SUBJECT
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+@contextmanager
+def services(
+    stack: StackUrls, state: Path, env: dict[str, str], fetchers: int = 1
+) -> Iterator[LocalTrove]:
+    with LocalTrove(
+        state_dir=state,
+        nats_url=stack.nats_url,
+        database_url=stack.database_url,
+        fetchers=fetchers,
+        service_env=env,
+    ) as local:
+        yield local
+
+
+def sandbox_env(web: SandboxWeb, gap: float) -> dict[str, str]:
+    return {
+        "TROVE_RESOLVE": web.resolve_setting(),
+        "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
+        "TROVE_LOG_LEVEL": "INFO",
+    }
+
+
+def _without_port(url: str) -> tuple[str | None, str]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.path
+
+
+async def scalar(engine: AsyncEngine, sql: str, **params: Any) -> Any:
+    async with engine.connect() as conn:
+        return (await conn.execute(text(sql), params)).scalar_one()
+
+
+async def test_a_plain_text_seed_published_like_the_nats_cli_is_crawled_and_recorded(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=1, pages_per_host=2)
+    async with serve_sandbox(web) as running:
+        seed = running.seeds[0]
+        with services(stack, state_dir, sandbox_env(web, gap=0.2)) as local:
+            nc = await nats.connect(stack.nats_url)
+            await nc.publish(SEEDS_SUBJECT, seed.encode())  # raw bytes, no headers
+            await nc.flush()
+            await nc.close()
+
+            async def status() -> str | None:
+                local.check_alive()
+                async with engine.connect() as conn:
+                    row = (
+                        await conn.execute(
+                            text("SELECT status FROM pages WHERE url = :u"), {"u": seed}
+                        )
+                    ).one_or_none()
+                return None if row is None else str(row[0])
+
+            await eventually(
+                status, until=lambda s: s == "fetched", timeout=60, what="seed fetched"
+            )
+    crawls = await scalar(
+        engine,
+        "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id WHERE p.url = :u",
+        u=seed,
+    )
+    assert crawls == 1
+    title = await scalar(engine, "SELECT title FROM pages WHERE url = :u", u=seed)
+    assert title
+
+
+async def test_trove_crawl_fetches_and_records_every_sandbox_page(
+    stack: StackUrls, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """What `make run` does, pointed at the session's servers so the tables can be read after."""
+    env = {
+        **os.environ,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.5",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "trove_cli",
+        "crawl",
+        "--sandbox",
+        "--until-idle",
+        "--timeout",
+        "240",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
+    report = out.decode()
+    assert proc.returncode == 0, report
+    assert "Pages by status" in report
+    assert "Crawls by outcome" in report
+
+    expected = SandboxWeb.generate().expected_pages()
+    port_free = {_without_port(u) for u in expected}
+    async with engine.connect() as conn:
+        fetched = (
+            (await conn.execute(text("SELECT url FROM pages WHERE status = 'fetched'")))
+            .scalars()
+            .all()
+        )
+        per_page = (
+            await conn.execute(
+                text(
+                    "SELECT p.url, count(c.id) FROM pages p LEFT JOIN page_crawls c "
+                    "ON c.page_id = p.id WHERE p.status = 'fetched' GROUP BY p.url"
+                )
+            )
+        ).all()
+        links = (await conn.execute(text("SELECT count(*) FROM page_links"))).scalar_one()
+        private = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
+                    "WHERE p.url LIKE '%/private/%' AND c.outcome <> 'blocked_robots'"
+                )
+            )
+        ).scalar_one()
+    assert len(fetched) == len(expected), report
+    assert {_without_port(u) for u in fetched} == port_free
+    assert all(n == 1 for _, n in per_page)
+    assert links > len(expected)
+    assert private == 0

@@ -1,0 +1,260 @@
+"""Small HTTP(S) servers on loopback for the fetcher's network tests.
+
+A ``LocalServer`` runs ``http.server`` in a thread (independent of the event loop
+under test) and dispatches on ``(Host, path)`` to route functions, so one server
+plays several sites reached through ``TROVE_RESOLVE``-style names. It records every
+request and lets a route signal what it saw (``server.signal(name)``), which a test
+waits on with a deadline instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpcore
+
+Route = Callable[["Exchange"], None]
+
+
+@dataclass(frozen=True)
+class Seen:
+    host: str
+    path: str
+    headers: dict[str, str]
+
+
+class Exchange(http.server.BaseHTTPRequestHandler):
+    """One request; routes call ``send`` or write to ``wfile`` themselves."""
+
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
+        owner.record(Seen(host, self.path, {k.lower(): v for k, v in self.headers.items()}))
+        route = owner.routes.get(f"{host}{self.path}") or owner.routes.get(self.path)
+        if route is None:
+            self.send(404, b"not found")
+            return
+        try:
+            route(self)
+        except (BrokenPipeError, ConnectionResetError):
+            owner.signal(f"closed:{self.path}")
+
+    def send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        content_type: str = "text/html; charset=utf-8",
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def redirect(self, location: str, status: int = 302) -> None:
+        self.send(status, b"", {"Location": location})
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], owner: LocalServer) -> None:
+        self.owner = owner
+        super().__init__(address, Exchange)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that hangs up mid-response is what several tests do
+
+
+class LocalServer:
+    def __init__(
+        self,
+        ip: str = "127.0.0.1",
+        routes: Mapping[str, Route] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.ip = ip
+        self.routes: dict[str, Route] = dict(routes or {})
+        self.seen: list[Seen] = []
+        #: Set when the server closes: stalled routes wait on it.
+        self.stopping = threading.Event()
+        self._signals: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._httpd = _HTTPServer((ip, 0), self)
+        if ssl_context is not None:
+            self._httpd.socket = ssl_context.wrap_socket(self._httpd.socket, server_side=True)
+        self.port: int = self._httpd.server_address[1]
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> LocalServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    def url(self, path: str = "/", host: str | None = None) -> str:
+        return f"{self.scheme}://{host or self.ip}:{self.port}{path}"
+
+    def record(self, seen: Seen) -> None:
+        with self._lock:
+            self.seen.append(seen)
+
+    def requests_to(self, path: str, host: str | None = None) -> list[Seen]:
+        with self._lock:
+            return [s for s in self.seen if s.path == path and (host is None or s.host == host)]
+
+    def _event(self, name: str) -> threading.Event:
+        with self._lock:
+            return self._signals.setdefault(name, threading.Event())
+
+    def signal(self, name: str) -> None:
+        self._event(name).set()
+
+    def wait_for(self, name: str, timeout: float = 10.0) -> bool:
+        """Block until ``signal(name)`` (call through ``asyncio.to_thread``)."""
+        return self._event(name).wait(timeout)
+
+
+def stall(exchange: Exchange, first: bytes = b"<") -> None:
+    """Send headers and one byte of a longer body, then nothing until the server stops."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", "text/html")
+    exchange.send_header("Content-Length", "100000")
+    exchange.end_headers()
+    exchange.wfile.write(first)
+    exchange.wfile.flush()
+    exchange.server.owner.stopping.wait(60)
+
+
+def stream_body(
+    exchange: Exchange, content_type: str, total: int, chunk: bytes = b"x" * 65536
+) -> None:
+    """Send ``total`` bytes; signals ``closed:<path>`` if the client hangs up first."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", content_type)
+    exchange.send_header("Content-Length", str(total))
+    exchange.end_headers()
+    sent = 0
+    while sent < total:
+        piece = chunk[: total - sent]
+        exchange.wfile.write(piece)
+        sent += len(piece)
+    exchange.wfile.flush()
+    exchange.server.owner.signal(f"complete:{exchange.path}")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@dataclass(frozen=True)
+class Certificate:
+    cert: Path
+    key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert))
+
+
+def self_signed(directory: Path, hostname: str) -> Certificate:
+    """A self-signed certificate for ``hostname`` (made with the openssl CLI)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={hostname}",
+            "-addext",
+            f"subjectAltName=DNS:{hostname}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return Certificate(cert, key)
+
+
+@contextlib.contextmanager
+def serving(
+    routes: Mapping[str, Route], ip: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None
+) -> Iterator[LocalServer]:
+    with LocalServer(ip, routes, ssl_context) as server:
+        yield server
+
+
+class RecordingBackend(httpcore.AsyncNetworkBackend):
+    """The real network backend, noting every TCP connection attempted through it.
+
+    Placed under the SSRF guard: an address the guard refuses never shows up here.
+    """
+
+    def __init__(self) -> None:
+        self.inner = httpcore.AnyIOBackend()
+        self.connects: list[tuple[str, int]] = []
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        self.connects.append((host, port))
+        return await self.inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise AssertionError("no unix sockets here")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)

@@ -1,0 +1,326 @@
+"""The guarded HTTP client: every connection goes to a checked address, nothing else.
+
+A ``RecordingBackend`` sits under the guard and notes each TCP connect; an address
+the guard refuses must never appear there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fetcher._servers import (
+    Certificate,
+    Exchange,
+    LocalServer,
+    RecordingBackend,
+    self_signed,
+    serving,
+)
+from trove_fetcher.errors import BlockedAddress
+from trove_fetcher.transport import (
+    GuardedNetworkBackend,
+    PoolConfig,
+    StaticHosts,
+    build_client,
+)
+from trove_fetcher.useragent import UNKNOWN_VERSION, trove_version, user_agent
+from trove_schema.settings import FetcherSettings
+
+
+def _echo(exchange: Exchange) -> None:
+    seen = exchange.server.owner.seen[-1]
+    body = "\n".join(
+        [
+            f"host={seen.headers.get('host', '')}",
+            f"user-agent={seen.headers.get('user-agent', '')}",
+            f"cookie={seen.headers.get('cookie', '')}",
+        ]
+    )
+    exchange.send(200, body.encode(), content_type="text/plain")
+
+
+def _set_cookie(exchange: Exchange) -> None:
+    exchange.send(200, b"ok", {"Set-Cookie": "track=me; Path=/"}, content_type="text/plain")
+
+
+ROUTES = {"/echo": _echo, "/set-cookie": _set_cookie}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    with serving(ROUTES) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def server_at_5() -> Iterator[LocalServer]:
+    with serving(ROUTES, ip="127.0.0.5") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
+    return self_signed(tmp_path_factory.mktemp("tls"), "secure.trove.test")
+
+
+@pytest.fixture(scope="module")
+def tls_server(certificate: Certificate) -> Iterator[LocalServer]:
+    with serving(ROUTES, ssl_context=certificate.server_context()) as running:
+        yield running
+
+
+def _settings(**overrides: Any) -> FetcherSettings:
+    values: dict[str, Any] = {
+        "allowed_networks": ("127.0.0.1/32",),
+        "resolve": ("site.trove.test=127.0.0.1", "evil.trove.test=10.0.0.1"),
+    }
+    values.update(overrides)
+    return FetcherSettings(**values)
+
+
+@pytest.fixture
+def recorder() -> RecordingBackend:
+    return RecordingBackend()
+
+
+@pytest.fixture
+async def client(recorder: RecordingBackend) -> AsyncIterator[httpx.AsyncClient]:
+    async with build_client(_settings(), network_backend=recorder) as built:
+        yield built
+
+
+async def test_connection_goes_to_the_checked_ip_with_the_hostname_kept(
+    client: httpx.AsyncClient, recorder: RecordingBackend, server: LocalServer
+) -> None:
+    response = await client.get(server.url("/echo", host="site.trove.test"))
+    assert response.status_code == 200
+    assert f"host=site.trove.test:{server.port}" in response.text
+    assert recorder.connects == [("127.0.0.1", server.port)]
+
+
+async def test_allowed_range_admits_an_address_inside_it(
+    recorder: RecordingBackend, server_at_5: LocalServer
+) -> None:
+    settings = _settings(allowed_networks=("127.0.0.0/24",))
+    async with build_client(settings, network_backend=recorder) as client:
+        response = await client.get(server_at_5.url("/echo"))
+    assert response.status_code == 200
+    assert recorder.connects == [("127.0.0.5", server_at_5.port)]
+
+
+async def test_address_just_outside_the_allowed_range_is_never_connected(
+    recorder: RecordingBackend, server_at_5: LocalServer
+) -> None:
+    settings = _settings(allowed_networks=("127.0.0.0/24",))
+    async with build_client(settings, network_backend=recorder) as client:
+        with pytest.raises(BlockedAddress, match="loopback"):
+            await client.get(f"http://127.0.1.1:{server_at_5.port}/echo")
+    assert recorder.connects == []
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.2:{port}/echo", "loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "cloud metadata"),
+        ("http://10.0.0.1/", "private"),
+        ("http://[::1]:{port}/echo", "loopback"),
+        ("http://0.0.0.0:{port}/echo", "unspecified"),
+        ("http://[::ffff:10.0.0.1]/", "IPv4-mapped"),
+        ("http://[::ffff:127.0.0.1]:{port}/echo", "IPv4-mapped"),
+        ("http://[64:ff9b::a00:1]/", "NAT64"),
+        ("http://evil.trove.test/", "private"),
+        ("https://evil.trove.test/", "private"),
+        ("http://EVIL.trove.test./", "private"),
+    ],
+)
+async def test_refused_address_is_never_connected(
+    client: httpx.AsyncClient, recorder: RecordingBackend, server: LocalServer, url: str, reason: str
+) -> None:
+    with pytest.raises(BlockedAddress, match=reason):
+        await client.get(url.format(port=server.port))
+    assert recorder.connects == []
+
+
+async def test_numeric_hostname_is_checked_after_the_system_resolver_reads_it(
+    client: httpx.AsyncClient, recorder: RecordingBackend
+) -> None:
+    # 167772161 is 10.0.0.1 as one number: httpx leaves it as a name and getaddrinfo
+    # (inet_aton, no DNS query) turns it into the private address.
+    with pytest.raises(BlockedAddress, match="10.0.0.1"):
+        await client.get("http://167772161/")
+    assert recorder.connects == []
+
+
+async def test_hostname_is_resolved_by_the_event_loop_and_every_answer_checked(
+    client: httpx.AsyncClient, recorder: RecordingBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[str, int]] = []
+
+    async def getaddrinfo(host: str, port: int, **_: Any) -> list[Any]:
+        asked.append((host, port))
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", getaddrinfo)
+    with pytest.raises(BlockedAddress, match="rebind.example resolves to 10.0.0.1"):
+        await client.get("http://rebind.example/")
+    assert asked == [("rebind.example", 80)]
+    assert recorder.connects == []
+
+
+async def test_unresolvable_host_is_a_connect_error(recorder: RecordingBackend) -> None:
+    async def fail(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    async with build_client(_settings(), network_backend=recorder, resolver=fail) as client:
+        with pytest.raises(httpx.ConnectError, match="cannot resolve nowhere.example"):
+            await client.get("http://nowhere.example/")
+    assert recorder.connects == []
+
+
+async def test_resolution_slower_than_the_connect_timeout_is_a_connect_timeout(
+    recorder: RecordingBackend,
+) -> None:
+    never = asyncio.Event()
+
+    async def hang(host: str, port: int) -> list[str]:
+        await never.wait()
+        return []
+
+    settings = _settings(connect_timeout=0.2)
+    async with build_client(settings, network_backend=recorder, resolver=hang) as client:
+        with pytest.raises(httpx.ConnectTimeout):
+            await client.get("http://slow-dns.example/")
+    assert recorder.connects == []
+
+
+async def test_tls_certificate_is_verified_against_the_url_hostname(
+    recorder: RecordingBackend, tls_server: LocalServer, certificate: Certificate
+) -> None:
+    settings = _settings(resolve=("secure.trove.test=127.0.0.1",))
+    async with build_client(
+        settings, network_backend=recorder, ssl_context=certificate.client_context()
+    ) as client:
+        response = await client.get(tls_server.url("/echo", host="secure.trove.test"))
+        assert response.status_code == 200
+        assert f"host=secure.trove.test:{tls_server.port}" in response.text
+        # Same socket address, but the name checked against the certificate is the IP.
+        with pytest.raises(httpx.ConnectError, match="certificate"):
+            await client.get(tls_server.url("/echo"))
+    assert recorder.connects == [("127.0.0.1", tls_server.port)] * 2
+
+
+async def test_proxy_settings_in_the_environment_are_ignored(
+    recorder: RecordingBackend, server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://10.0.0.1:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    async with build_client(_settings(), network_backend=recorder) as client:
+        response = await client.get(server.url("/echo", host="site.trove.test"))
+    assert response.status_code == 200
+    assert recorder.connects == [("127.0.0.1", server.port)]
+
+
+async def test_cookie_set_by_a_site_is_never_sent_back(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    first = await client.get(server.url("/set-cookie", host="site.trove.test"))
+    assert "track=me" in first.headers["set-cookie"]
+    second = await client.get(server.url("/echo", host="site.trove.test"))
+    assert "cookie=\n" in second.text + "\n"
+    assert "track" not in second.text
+
+
+async def test_redirects_are_left_to_the_caller(client: httpx.AsyncClient) -> None:
+    assert client.follow_redirects is False
+
+
+async def test_user_agent_names_the_bot_its_version_and_info_page(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    response = await client.get(server.url("/echo", host="site.trove.test"))
+    expected = f"TroveBot/{trove_version()} (+https://github.com/trove-crawler/trove/blob/main/docs/bot.md)"
+    assert f"user-agent={expected}" in response.text
+
+
+async def test_keep_alive_reuses_one_connection_per_origin_across_shards(
+    recorder: RecordingBackend, server: LocalServer
+) -> None:
+    pool = PoolConfig(max_connections=32, max_keepalive_connections=32, shards=4)
+    async with build_client(_settings(), network_backend=recorder, pool=pool) as client:
+        for _ in range(3):
+            response = await client.get(server.url("/echo", host="site.trove.test"))
+            assert response.status_code == 200
+    assert recorder.connects == [("127.0.0.1", server.port)]
+
+
+async def test_guarded_backend_refuses_unix_sockets() -> None:
+    backend = GuardedNetworkBackend(AddressPolicy_all())
+    with pytest.raises(Exception, match="unix sockets"):
+        await backend.connect_unix_socket("/run/docker.sock")
+
+
+def AddressPolicy_all() -> Any:  # noqa: N802
+    from trove_fetcher.addresses import AddressPolicy  # noqa: PLC0415
+
+    return AddressPolicy.from_cidrs(["0.0.0.0/0", "::/0"])
+
+
+def test_static_hosts_match_exact_names_before_wildcards() -> None:
+    hosts = StaticHosts.parse(
+        ["*.trove.test=127.0.0.2", "a.trove.test=127.0.0.3", "*.deep.trove.test=127.0.0.4"]
+    )
+    assert hosts.lookup("A.Trove.Test.") == "127.0.0.3"
+    assert hosts.lookup("b.trove.test") == "127.0.0.2"
+    assert hosts.lookup("x.deep.trove.test") == "127.0.0.4"
+    assert hosts.lookup("trove.test") is None
+    assert hosts.lookup("example.com") is None
+
+
+@pytest.mark.parametrize("entry", ["nohost", "=127.0.0.1", "a.test=", "a.test=not-an-ip"])
+def test_malformed_resolve_entry_is_refused_at_start(entry: str) -> None:
+    with pytest.raises(ValueError, match=r"."):
+        StaticHosts.parse([entry])
+
+
+def test_operator_user_agent_replaces_the_default() -> None:
+    assert user_agent(FetcherSettings(user_agent="MyCrawler/1.0")) == "MyCrawler/1.0"
+
+
+def test_default_user_agent_uses_the_robots_token_and_bot_info_url() -> None:
+    settings = FetcherSettings(robots_token="TroveBot", bot_info_url="https://bot.example/")
+    agent = user_agent(settings)
+    assert agent == f"TroveBot/{trove_version()} (+https://bot.example/)"
+    assert trove_version() != UNKNOWN_VERSION
+
+
+def test_version_falls_back_when_trove_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata  # noqa: PLC0415
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    assert trove_version() == UNKNOWN_VERSION
+
+
+def test_pool_config_follows_the_fetcher_concurrency() -> None:
+    config = PoolConfig.for_settings(FetcherSettings(concurrency=64))
+    assert config.max_connections >= 2 * 64
+    assert config.max_keepalive_connections <= config.max_connections
+
+
+def _unused(path: Path) -> None:  # keeps Path imported for type checkers of fixtures
+    del path
