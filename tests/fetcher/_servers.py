@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import ipaddress
 import socket
 import ssl
 import subprocess
@@ -225,10 +226,21 @@ def serving(
         yield server
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name: the guard must hand over an address, never a name
+    return address.is_loopback
+
+
 class RecordingBackend(httpcore.AsyncNetworkBackend):
     """The real network backend, noting every TCP connection attempted through it.
 
     Placed under the SSRF guard: an address the guard refuses never shows up here.
+    Whatever the code under test does, this backend itself only ever dials loopback:
+    any other address is recorded and refused here, so a broken guard fails its
+    test without a packet leaving the machine.
     """
 
     def __init__(self) -> None:
@@ -244,6 +256,8 @@ class RecordingBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         self.connects.append((host, port))
+        if not _is_loopback(host):
+            raise httpcore.ConnectError(f"test backend: {host} is not loopback, not dialled")
         return await self.inner.connect_tcp(
             host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
         )

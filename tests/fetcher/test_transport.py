@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 
@@ -23,6 +23,7 @@ from tests.fetcher._servers import (
     self_signed,
     serving,
 )
+from trove_fetcher.addresses import AddressPolicy
 from trove_fetcher.errors import BlockedAddress
 from trove_fetcher.transport import (
     GuardedNetworkBackend,
@@ -142,7 +143,11 @@ async def test_address_just_outside_the_allowed_range_is_never_connected(
     ],
 )
 async def test_refused_address_is_never_connected(
-    client: httpx.AsyncClient, recorder: RecordingBackend, server: LocalServer, url: str, reason: str
+    client: httpx.AsyncClient,
+    recorder: RecordingBackend,
+    server: LocalServer,
+    url: str,
+    reason: str,
 ) -> None:
     with pytest.raises(BlockedAddress, match=reason):
         await client.get(url.format(port=server.port))
@@ -154,7 +159,7 @@ async def test_numeric_hostname_is_checked_after_the_system_resolver_reads_it(
 ) -> None:
     # 167772161 is 10.0.0.1 as one number: httpx leaves it as a name and getaddrinfo
     # (inet_aton, no DNS query) turns it into the private address.
-    with pytest.raises(BlockedAddress, match="10.0.0.1"):
+    with pytest.raises(BlockedAddress, match=r"10\.0\.0\.1"):
         await client.get("http://167772161/")
     assert recorder.connects == []
 
@@ -172,7 +177,7 @@ async def test_hostname_is_resolved_by_the_event_loop_and_every_answer_checked(
         ]
 
     monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", getaddrinfo)
-    with pytest.raises(BlockedAddress, match="rebind.example resolves to 10.0.0.1"):
+    with pytest.raises(BlockedAddress, match=r"rebind\.example resolves to 10\.0\.0\.1"):
         await client.get("http://rebind.example/")
     assert asked == [("rebind.example", 80)]
     assert recorder.connects == []
@@ -183,7 +188,7 @@ async def test_unresolvable_host_is_a_connect_error(recorder: RecordingBackend) 
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     async with build_client(_settings(), network_backend=recorder, resolver=fail) as client:
-        with pytest.raises(httpx.ConnectError, match="cannot resolve nowhere.example"):
+        with pytest.raises(httpx.ConnectError, match=r"cannot resolve nowhere\.example"):
             await client.get("http://nowhere.example/")
     assert recorder.connects == []
 
@@ -266,16 +271,10 @@ async def test_keep_alive_reuses_one_connection_per_origin_across_shards(
     assert recorder.connects == [("127.0.0.1", server.port)]
 
 
-async def test_guarded_backend_refuses_unix_sockets() -> None:
-    backend = GuardedNetworkBackend(AddressPolicy_all())
-    with pytest.raises(Exception, match="unix sockets"):
+async def test_guarded_backend_refuses_unix_sockets_whatever_the_policy() -> None:
+    backend = GuardedNetworkBackend(AddressPolicy.from_cidrs(["0.0.0.0/0", "::/0"]))
+    with pytest.raises(httpcore.ConnectError, match="unix sockets"):
         await backend.connect_unix_socket("/run/docker.sock")
-
-
-def AddressPolicy_all() -> Any:  # noqa: N802
-    from trove_fetcher.addresses import AddressPolicy  # noqa: PLC0415
-
-    return AddressPolicy.from_cidrs(["0.0.0.0/0", "::/0"])
 
 
 def test_static_hosts_match_exact_names_before_wildcards() -> None:
@@ -307,7 +306,7 @@ def test_default_user_agent_uses_the_robots_token_and_bot_info_url() -> None:
 
 
 def test_version_falls_back_when_trove_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from importlib import metadata  # noqa: PLC0415
+    from importlib import metadata
 
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
@@ -320,7 +319,3 @@ def test_pool_config_follows_the_fetcher_concurrency() -> None:
     config = PoolConfig.for_settings(FetcherSettings(concurrency=64))
     assert config.max_connections >= 2 * 64
     assert config.max_keepalive_connections <= config.max_connections
-
-
-def _unused(path: Path) -> None:  # keeps Path imported for type checkers of fixtures
-    del path

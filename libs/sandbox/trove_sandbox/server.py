@@ -235,6 +235,24 @@ def _not_modified(response: Response, request: _Request) -> bool:
     return modified <= since
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close, then drain what the client still sends, so the error is not lost.
+
+    Closing a socket with unread input makes the kernel send a reset, which can
+    destroy the response before the client reads it.
+    """
+    with contextlib.suppress(Exception):
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(1.0):
+            drained = 0
+            while drained < MAX_BODY_BYTES:
+                data = await reader.read(_CHUNK)
+                if not data:
+                    break
+                drained += len(data)
+
+
 def _weak_stripped(tag: str) -> str:
     return tag[2:] if tag.startswith("W/") else tag
 
@@ -324,8 +342,9 @@ class _SandboxServer:
         except asyncio.CancelledError:
             # Only close() cancels connections. Ending the task normally matters:
             # Python 3.11's stream callback calls task.exception() on it and logs
-            # a spurious traceback for a cancelled task.
-            pass
+            # a spurious traceback for a cancelled task. An idle connection gets a
+            # polite FIN; one with unsent bytes is reset rather than waited on.
+            clean = writer.transport.get_write_buffer_size() == 0
         except Exception:
             log.exception("sandbox connection failed")
         finally:
@@ -347,14 +366,14 @@ class _SandboxServer:
             except (TimeoutError, asyncio.IncompleteReadError):
                 return True
             except (asyncio.LimitOverrunError, ValueError):
-                await self._refuse(writer, local_ip, 400)
+                await self._refuse(reader, writer, local_ip, 400)
                 return True
             arrived = time.monotonic(), time.time()
             try:
                 request = _parse_head(head)
                 await self._discard_body(reader, request)
             except _BadRequest as bad:
-                await self._refuse(writer, local_ip, bad.status, arrived)
+                await self._refuse(reader, writer, local_ip, bad.status, arrived)
                 return True
             keep = await self._answer(request, writer, local_ip, arrived)
             if not keep:
@@ -366,7 +385,7 @@ class _SandboxServer:
         length_text = request.header("content-length")
         if length_text is None:
             return
-        if not length_text.isdigit():
+        if not re.fullmatch(r"[0-9]{1,18}", length_text):
             raise _BadRequest
         length = int(length_text)
         if length > MAX_BODY_BYTES:
@@ -376,6 +395,7 @@ class _SandboxServer:
 
     async def _refuse(
         self,
+        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         local_ip: str,
         status: int,
@@ -388,6 +408,7 @@ class _SandboxServer:
         headers = (("Content-Type", "text/plain; charset=utf-8"),)
         writer.write(self._head(status, headers, len(body), keep_alive=False) + body)
         await writer.drain()
+        await _linger(reader, writer)
 
     def _host_of(self, request: _Request, local_ip: str) -> str:
         candidates: list[str] = []
@@ -421,7 +442,11 @@ class _SandboxServer:
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         keep_alive = request.keep_alive
         if request.method in ("GET", "HEAD"):
-            response = self.web.page(host, path)
+            try:
+                response = self.web.page(host, path)
+            except Exception:
+                log.exception("sandbox page %s%s failed", host, path)
+                response = Response(500, (("Content-Type", "text/plain"),), b"sandbox bug\n")
             if _not_modified(response, request):
                 validators = tuple(
                     (k, v) for k, v in response.headers if k.lower() in ("etag", "last-modified")

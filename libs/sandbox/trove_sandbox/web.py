@@ -107,13 +107,13 @@ class SandboxWeb:
         "_extra",
         "_hosts",
         "_ips",
+        "_links_per_page",
+        "_page_kb",
         "_pages",
         "_port",
         "_robots_status",
         "_robots_text",
-        "links_per_page",
-        "page_kb",
-        "seed",
+        "_seed",
     )
 
     def __init__(
@@ -134,9 +134,9 @@ class SandboxWeb:
         self._robots_text: dict[str, str] = {}
         self._robots_status: dict[str, RobotsStatus] = {}
         self._cache: OrderedDict[tuple[str, str], Response] = OrderedDict()
-        self.seed = seed
-        self.page_kb = page_kb
-        self.links_per_page = links_per_page
+        self._seed = seed
+        self._page_kb = page_kb
+        self._links_per_page = links_per_page
 
     # ------------------------------------------------------------------ building
 
@@ -213,6 +213,20 @@ class SandboxWeb:
         if value != self._port:
             self._port = value
             self._cache.clear()
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def page_kb(self) -> int | None:
+        """Benchmark mode: pages are padded to about this many KiB (None: small pages)."""
+        return self._page_kb
+
+    @property
+    def links_per_page(self) -> int | None:
+        """Benchmark mode: pages carry about this many links (None: a handful)."""
+        return self._links_per_page
 
     @property
     def hosts(self) -> tuple[Host, ...]:
@@ -389,6 +403,8 @@ class SandboxWeb:
         name = self.host(host).name
         if not path.startswith("/"):
             raise ValueError("path must start with '/'")
+        if not 200 <= status <= 599:
+            raise ValueError("status must be 200-599 (a 1xx is not a final answer)")
         given = {k.lower(): (k, v) for k, v in (headers or {}).items()}
         body = html_text.encode("utf-8") if isinstance(html_text, str) else html_text
         base = ok(body, modified=_STATIC_MODIFIED, status=status)

@@ -72,7 +72,7 @@ _VALUED_DIRECTIVES = frozenset(
     {"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"}
 )
 _REFRESH_URL = re.compile(
-    r"""\A\s*[\d.]*\s*[;,]?\s*(?:url\s*=\s*)?(["']?)(?P<url>[^"']+)\1""", re.IGNORECASE
+    r"""\A\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(["']?)(?P<url>[^"']+)\1""", re.IGNORECASE
 )
 
 
@@ -212,7 +212,7 @@ class _Resolver:
             absolute = (self.origin if href[0] == "/" else self.directory) + href
         else:
             try:
-                if not href[:8].lower().startswith(_ABSOLUTE):
+                if not href.startswith(_ABSOLUTE):  # upper case too: urljoin lowers it
                     href = urljoin(self.base, href)
                 parts = urlsplit(href)
                 if parts.scheme not in _HTTP or not parts.hostname:

@@ -39,10 +39,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 import httpx
-from trove_schema.events import CrawlOutcome
-from trove_schema.settings import FetcherSettings
 
 from trove_fetcher.errors import (
     BlockedAddress,
@@ -51,6 +50,8 @@ from trove_fetcher.errors import (
     UndecodableBody,
     UnsupportedContent,
 )
+from trove_schema.events import CrawlOutcome
+from trove_schema.settings import FetcherSettings
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +392,12 @@ async def _follow(
     headers = _request_headers(etag, last_modified)
     while True:
         request = client.build_request("GET", current, headers=headers)
-        response = await client.send(request, stream=True)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.InvalidURL as exc:
+            # httpx parses Location even when not following (``next_request``); the
+            # request URL is already valid, so only a redirect's Location gets here.
+            return _Ending(CrawlOutcome.REJECTED, f"unusable redirect Location: {exc}")
         try:
             trace.status_code = response.status_code
             trace.headers = response.headers
@@ -401,11 +407,13 @@ async def _follow(
             location = response.headers.get("location", "").strip()
             if not location:
                 return _Ending(CrawlOutcome.FAILED, f"HTTP {status} without a Location")
-            target = current.join(location).copy_with(fragment=None)
-            if target.scheme not in _DEFAULT_PORTS:
-                return _Ending(
-                    CrawlOutcome.REJECTED, f"redirected to unsupported scheme {target.scheme!r}"
-                )
+            try:
+                scheme = urlsplit(location).scheme.lower()
+                if scheme and scheme not in _DEFAULT_PORTS:
+                    return _Ending(CrawlOutcome.REJECTED, f"redirected to a {scheme}: URL")
+                target = current.join(location).copy_with(fragment=None)
+            except (ValueError, httpx.InvalidURL) as exc:
+                return _Ending(CrawlOutcome.FAILED, f"invalid redirect Location: {exc}")
             if not same_site(current, target):
                 trace.redirect_target = str(target)
                 return _Ending(CrawlOutcome.REJECTED, "redirected to another host")

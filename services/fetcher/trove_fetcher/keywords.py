@@ -48,13 +48,13 @@ def _words(*lines: str) -> frozenset[str]:
 STOP_WORDS: dict[str, frozenset[str]] = {
     "en": _words(
         "the and for are but not you all any can had her was one our out has him his how",
-        "its may new now see two who did get let put say she too use about above after",
+        "its now who did she too about above after",
         "again against also because been before being below between both could does doing",
         "down during each few from further have having here hers herself himself into",
         "itself just more most myself nor off once only other ours ourselves over own same",
         "should some such than that their theirs them themselves then there these they",
         "this those through under until very were what when where which while whom why",
-        "will with would yours yourself yourselves your i'm yes also were into upon",
+        "will with would yours yourself yourselves your yes upon",
     ),
     "fr": _words(
         "les des une est pas que qui dans pour par sur avec son ses aux ces mais ont",
@@ -68,7 +68,7 @@ STOP_WORDS: dict[str, frozenset[str]] = {
         "der die das und ist nicht ein eine einer eines einem einen den dem des mit von",
         "für auf sich auch als aus bei nach wie wird werden wurde wurden sind sein seine",
         "ihre ihr ihm ihn ich wir sie hat haben hatte oder aber wenn noch nur schon über",
-        "unter vor durch zum zur dass daß was wer wo hier dort dann denn doch sehr mehr",
+        "unter vor durch zum zur dass daß was wer hier dort dann denn doch sehr mehr",
         "kann können muss müssen soll sollen will diese dieser dieses diesem diesen",
         "jede jeder jedes man mein meine dein deine unser unsere euer eure alle alles",
         "keine kein bis ohne gegen zwischen sowie bereits immer wieder",
@@ -83,7 +83,7 @@ STOP_WORDS: dict[str, frozenset[str]] = {
     "nl": _words(
         "een het van die dat met voor zijn niet aan ook als maar bij nog wel naar dan",
         "kan uit dit deze hij zij wij jij ons onze hun haar hem mijn jouw was werd",
-        "worden wordt zal zou zullen heeft hebben had hadden over door toen tot nu",
+        "worden wordt zal zou zullen heeft hebben had hadden over door toen tot",
         "geen meer veel wat wie waar hoe omdat want alle alles iets niets moet",
     ),
     "it": _words(
@@ -91,7 +91,7 @@ STOP_WORDS: dict[str, frozenset[str]] = {
         "gli alla alle allo agli nel nella nelle nei negli sul sulla sui dal dalla",
         "dai questo questa questi queste quello quella quelli quelle suo sua suoi sue",
         "loro lui lei noi voi essere stato stata era erano sia hanno abbiamo avere",
-        "fa fare tra fra dove quando perché molto tutto tutti tutte ogni",
+        "fare tra fra dove quando perché molto tutto tutti tutte ogni",
     ),
 }
 

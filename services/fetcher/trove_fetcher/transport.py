@@ -42,10 +42,10 @@ from types import TracebackType
 
 import httpcore
 import httpx
-from trove_schema.settings import FetcherSettings
 
 from trove_fetcher.addresses import AddressPolicy, parse_address
 from trove_fetcher.useragent import user_agent
+from trove_schema.settings import FetcherSettings
 
 #: ``async (host, port) -> addresses``: how a hostname becomes IP literals.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]

@@ -1,0 +1,212 @@
+"""Feed extraction: RSS 2.0, RSS 1.0 (RDF) and Atom, sniffing, and no entity expansion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trove_fetcher.extract import Extraction, extract, looks_like_feed
+from trove_schema.events import LinkKind
+
+FEED_URL = "https://example.org/blog/feed.xml"
+
+RSS2 = """<?xml version="1.0" encoding="UTF-8"?>
+<rss version="2.0" xmlns:atom="http://www.w3.org/2005/Atom">
+<channel>
+  <title>  Notes from
+    the Garden </title>
+  <link>https://example.org/blog/</link>
+  <description>Tomatoes and weather</description>
+  <language>en-gb</language>
+  <atom:link rel="self" href="https://example.org/blog/feed.xml" type="application/rss+xml"/>
+  <item><title>First</title><link>https://example.org/blog/first.html</link></item>
+  <item><title>Second</title><link> posts/second.html#comments </link></item>
+  <item><title>Third</title><guid>https://example.org/blog/third.html</guid></item>
+  <item><title>Opaque</title><guid isPermaLink="false">https://example.org/not-a-page</guid></item>
+  <item><title>Relative guid</title><guid>1234</guid></item>
+  <item><title>Bad</title><link>javascript:alert(1)</link></item>
+</channel>
+</rss>"""
+
+RSS1 = """<?xml version="1.0"?>
+<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"
+         xmlns="http://purl.org/rss/1.0/" xmlns:dc="http://purl.org/dc/elements/1.1/">
+  <channel rdf:about="https://example.org/rdf">
+    <title>An RDF Site</title>
+    <link>https://example.org/</link>
+    <dc:language>de</dc:language>
+  </channel>
+  <item rdf:about="https://example.org/one"><title>One</title><link>https://example.org/one</link></item>
+  <item rdf:about="https://example.org/two"><title>Two</title></item>
+</rdf:RDF>"""
+
+ATOM = """<?xml version="1.0" encoding="utf-8"?>
+<feed xmlns="http://www.w3.org/2005/Atom" xml:lang="en">
+  <title type="html">Atom &amp;amp; Eve</title>
+  <link rel="self" href="https://example.org/atom.xml"/>
+  <link rel="alternate" href="https://example.org/"/>
+  <entry>
+    <title>Post one</title>
+    <link href="/posts/one"/>
+    <link rel="enclosure" href="/media/one.mp3"/>
+    <link rel="replies" href="/posts/one/comments"/>
+  </entry>
+  <entry xml:base="https://mirror.example.net/archive/">
+    <title>Post two</title>
+    <link rel="alternate" type="text/html" href="two.html"/>
+  </entry>
+</feed>"""
+
+
+def run(
+    body: str | bytes,
+    content_type: str | None = "application/rss+xml",
+    x_robots_tag: str | None = None,
+) -> Extraction:
+    raw = body.encode() if isinstance(body, str) else body
+    return extract(
+        raw,
+        url=FEED_URL,
+        content_type=content_type,
+        x_robots_tag=x_robots_tag,
+        detect_language=False,
+    )
+
+
+def links(result: Extraction) -> list[tuple[str, LinkKind]]:
+    return [(link.url, link.kind) for link in result.links]
+
+
+def test_rss2_title_and_item_links() -> None:
+    result = run(RSS2)
+    assert result.is_feed is True
+    assert result.title == "Notes from the Garden"
+    assert links(result) == [
+        ("https://example.org/blog/", LinkKind.A),
+        ("https://example.org/blog/first.html", LinkKind.FEED_ITEM),
+        ("https://example.org/blog/posts/second.html", LinkKind.FEED_ITEM),
+        ("https://example.org/blog/third.html", LinkKind.FEED_ITEM),
+    ]
+
+
+def test_rss1_rdf_items_outside_the_channel() -> None:
+    result = run(RSS1, content_type="application/rdf+xml")
+    assert result.is_feed is True
+    assert result.title == "An RDF Site"
+    assert links(result) == [
+        ("https://example.org/", LinkKind.A),
+        ("https://example.org/one", LinkKind.FEED_ITEM),
+        ("https://example.org/two", LinkKind.FEED_ITEM),
+    ]
+
+
+def test_atom_entry_links_with_xml_base() -> None:
+    result = run(ATOM, content_type="application/atom+xml")
+    assert result.is_feed is True
+    assert result.title == "Atom & Eve"
+    assert links(result) == [
+        ("https://example.org/", LinkKind.A),
+        ("https://example.org/posts/one", LinkKind.FEED_ITEM),
+        ("https://mirror.example.net/archive/two.html", LinkKind.FEED_ITEM),
+    ]
+
+
+@pytest.mark.parametrize("content_type", ["application/xml", "text/xml", "text/html", None])
+def test_feed_is_sniffed_whatever_the_content_type(content_type: str | None) -> None:
+    assert run(RSS2, content_type=content_type).is_feed is True
+    assert run(ATOM, content_type=content_type).is_feed is True
+
+
+@pytest.mark.parametrize(
+    ("body", "is_feed"),
+    [
+        (b'<?xml version="1.0"?><rss version="2.0">', True),
+        (b"\xef\xbb\xbf<?xml version='1.0'?>\n<!-- c --><feed xmlns='x'>", True),
+        (b'<?xml version="1.0"?><!DOCTYPE rss [<!ENTITY a "b">]><rss>', True),
+        (b'<?xml version="1.0"?><?xml-stylesheet href="s.xsl"?><rdf:RDF x="y">', True),
+        (b"<rss version='2.0'><channel>", True),
+        (b'<?xml version="1.0"?><html><p>&lt;rss</p>', False),
+        (b'<?xml version="1.0"?><urlset xmlns="...">', False),
+        (b"<html><body><rss>", False),
+        (b"<feedback>", False),
+        (b"", False),
+    ],
+)
+def test_feed_sniffing_looks_at_the_root_element(body: bytes, is_feed: bool) -> None:
+    assert looks_like_feed(body) is is_feed
+
+
+def test_feed_content_type_with_an_html_body_is_read_as_html() -> None:
+    result = run("<html><title>Oops</title><a href='/home'>home</a></html>")
+    assert result.is_feed is False
+    assert result.title == "Oops"
+    assert links(result) == [("https://example.org/home", LinkKind.A)]
+
+
+def test_xml_that_is_not_a_feed_is_not_a_feed() -> None:
+    page = '<?xml version="1.0"?><html><head><title>XHTML</title></head></html>'
+    result = run(page, content_type="application/xml")
+    assert result.is_feed is False
+    assert result.title == "XHTML"
+
+
+def test_feed_language_hint_and_keywords() -> None:
+    result = extract(RSS2.encode(), url=FEED_URL, content_type="application/rss+xml")
+    assert result.language == "en"  # the text is too short to detect: <language> decides
+    assert {"garden", "notes", "tomatoes", "weather"} <= set(result.keywords)
+
+
+def test_x_robots_tag_nofollow_applies_to_feed_links() -> None:
+    result = run(RSS2, x_robots_tag="TroveBot: nofollow")
+    assert result.nofollow is True
+    assert all(link.nofollow for link in result.links)
+
+
+def test_malformed_feed_keeps_what_it_can() -> None:
+    broken = "<rss><channel><title>Broken & unescaped</title><item><link>/a</link></item>"
+    result = run(broken)
+    assert result.is_feed is True
+    assert ("https://example.org/a", LinkKind.FEED_ITEM) in links(result)
+
+
+def test_feed_in_a_legacy_charset() -> None:
+    body = b'<?xml version="1.0" encoding="ISO-8859-1"?><rss><channel><title>Caf\xe9</title>'
+    body += b"</channel></rss>"
+    assert run(body).title == "Café"
+
+
+def test_external_entity_is_not_expanded(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT")
+    body = f"""<?xml version="1.0"?>
+<!DOCTYPE rss [<!ENTITY xxe SYSTEM "{secret.as_uri()}">]>
+<rss version="2.0"><channel><title>Leak &xxe; here</title>
+<item><title>&xxe;</title><link>https://example.org/&xxe;</link></item>
+</channel></rss>"""
+    result = run(body)
+    assert result.title == "Leak here"
+    assert "secret" not in " ".join(result.keywords)
+    assert all("SECRET" not in link.url for link in result.links)
+
+
+def test_parameter_entity_and_external_dtd_are_not_fetched(tmp_path: Path) -> None:
+    dtd = tmp_path / "evil.dtd"
+    dtd.write_text('<!ENTITY leak "DTD-WAS-LOADED">')
+    body = f"""<?xml version="1.0"?>
+<!DOCTYPE rss SYSTEM "{dtd.as_uri()}" [<!ENTITY % ext SYSTEM "{dtd.as_uri()}"> %ext;]>
+<rss><channel><title>T &leak;</title></channel></rss>"""
+    result = run(body)
+    assert result.title == "T"
+
+
+def test_billion_laughs_is_not_expanded() -> None:
+    entities = '<!ENTITY lol "lollollollollollollollollollol">'
+    for level in range(1, 10):
+        ref = f"&lol{level - 1 or ''};" * 10
+        entities += f'<!ENTITY lol{level} "{ref}">'
+    body = f"""<?xml version="1.0"?><!DOCTYPE rss [{entities}]>
+<rss><channel><title>Laugh &lol9;</title></channel></rss>"""
+    result = run(body)
+    assert result.title == "Laugh"
+    assert result.keywords == ("laugh",)

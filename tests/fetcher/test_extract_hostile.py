@@ -1,0 +1,150 @@
+"""Hostile and broken bodies: extraction degrades, it never raises."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trove_fetcher.extract import Extraction, extract
+from trove_schema.events import CrawlCompleted, LinkKind
+
+CONTENT_TYPES = [
+    "text/html",
+    "text/html; charset=utf-8",
+    "text/html; charset=bogus",
+    "application/xhtml+xml",
+    "application/rss+xml",
+    "application/atom+xml",
+    "application/xml",
+    None,
+]
+
+HOSTILE = {
+    "empty": b"",
+    "whitespace": b" \r\n\t ",
+    "binary garbage": random.Random(7).randbytes(200_000),
+    "nul bytes": b"\x00" * 4096,
+    "gzip magic": b"\x1f\x8b\x08\x00" + random.Random(8).randbytes(5000),
+    "10,000-deep nesting": b"<html><body><a href='/before'>b</a>"
+    + b"<div>" * 10_000
+    + b"<a href='/deep'>deep</a>"
+    + b"</div>" * 10_000,
+    "huge attribute": b'<a href="/ok" data-x="' + b"x" * 3_000_000 + b'">y</a>',
+    "unterminated attribute": b'<a href="/ok>' + b"x" * 100_000,
+    "unclosed everything": b"<html><head><title>t<body><table><tr><td><a href='/a'>",
+    "only angle brackets": b"<" * 200_000,
+    "only ampersands": b"&#" * 100_000,
+    "surrogate references": b"<title>&#xD800;&#55296;&#x110000;</title>",
+    "lone utf-8 continuation bytes": b"<title>\x80\x80\xbf</title>",
+    "broken xml declaration": b'<?xml version="1.0" encoding="\xff\xfe"?><rss><channel>',
+    "truncated feed": b"<?xml version='1.0'?><rss><channel><item><link>https://e.org/",
+    "deep feed": b"<?xml version='1.0'?><feed>" + b"<entry>" * 10_000,
+    "utf-16 without bom": "<title>hi</title>".encode("utf-16-le"),
+}
+
+
+def run(body: bytes, content_type: str | None) -> Extraction:
+    return extract(body, url="https://example.org/p", content_type=content_type)
+
+
+@pytest.mark.parametrize("content_type", CONTENT_TYPES)
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_body_never_raises(name: str, content_type: str | None) -> None:
+    body = HOSTILE[name]
+    result = run(body, content_type)
+    assert result.content_hash == hashlib.sha256(body).hexdigest()
+    # Whatever came out must fit the event it goes into.
+    CrawlCompleted.model_validate(
+        {
+            "url": "https://example.org/p",
+            "domain": "example.org",
+            "scope": {},
+            "request_id": "r",
+            "outcome": "success",
+            "started_at": "2024-01-01T00:00:00Z",
+            "completed_at": "2024-01-01T00:00:01Z",
+            "title": result.title,
+            "language": result.language,
+            "keywords": result.keywords,
+            "links": result.links,
+        }
+    )
+
+
+def test_binary_body_gives_no_signals() -> None:
+    result = run(HOSTILE["binary garbage"], "text/html")
+    assert result == Extraction(content_hash=result.content_hash)
+
+
+def test_deep_nesting_keeps_the_links_before_the_depth_limit() -> None:
+    result = run(HOSTILE["10,000-deep nesting"], "text/html")
+    assert ("https://example.org/before", LinkKind.A) in [(x.url, x.kind) for x in result.links]
+
+
+def test_huge_attribute_does_not_hide_the_link() -> None:
+    result = run(HOSTILE["huge attribute"], "text/html")
+    assert [link.url for link in result.links] == ["https://example.org/ok"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=2000), content_type=st.sampled_from(CONTENT_TYPES))
+def test_arbitrary_bytes_never_raise(body: bytes, content_type: str | None) -> None:
+    assert run(body, content_type).content_hash == hashlib.sha256(body).hexdigest()
+
+
+_FRAGMENTS = st.sampled_from(
+    [
+        "<a href='",
+        "<a href=",
+        "'>",
+        "<base href='",
+        "<link rel='canonical alternate stylesheet' href='",
+        "<img srcset='",
+        "<meta name=robots content='",
+        "<meta http-equiv=refresh content='",
+        "<title>",
+        "</title>",
+        "<script>",
+        "<?xml version='1.0'?>",
+        "<rss><channel><item><link>",
+        "<feed xmlns='http://www.w3.org/2005/Atom'><entry><link href='",
+        "<!DOCTYPE x [<!ENTITY e SYSTEM 'file:///etc/passwd'>]>",
+        "&e;",
+        "http://",
+        "https://[::1",
+        "javascript:",
+        "//",
+        "#",
+        "?",
+        "..",
+        ":99999",
+        "\x00",
+        "\ufeff",
+        "é",
+        " ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.one_of(_FRAGMENTS, st.text(max_size=8)), max_size=40),
+    content_type=st.sampled_from(CONTENT_TYPES),
+    x_robots_tag=st.one_of(st.none(), st.text(max_size=30)),
+)
+def test_arbitrary_markup_never_raises(
+    parts: list[str], content_type: str | None, x_robots_tag: str | None
+) -> None:
+    body = "".join(parts).encode("utf-8", "surrogatepass")
+    result = extract(
+        body,
+        url="https://example.org/dir/page",
+        content_type=content_type,
+        x_robots_tag=x_robots_tag,
+    )
+    assert all(link.url.startswith(("http://", "https://")) for link in result.links)
+    assert all("#" not in link.url for link in result.links)

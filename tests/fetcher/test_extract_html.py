@@ -1,0 +1,458 @@
+"""HTML extraction: title, links and their kinds, robots directives, canonical, the cap."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from urllib.parse import urljoin
+
+import pytest
+
+from trove_fetcher.extract import (
+    Extraction,
+    extract,
+    is_parseable,
+    resolve_url,
+    x_robots_directives,
+)
+from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, LinkKind
+
+PAGE = "https://example.org/blog/post.html"
+
+
+def run(
+    body: str | bytes,
+    *,
+    url: str = PAGE,
+    content_type: str | None = "text/html; charset=utf-8",
+    x_robots_tag: str | None = None,
+    robots_token: str = "TroveBot",  # noqa: S107 - a robots.txt token
+) -> Extraction:
+    raw = body.encode() if isinstance(body, str) else body
+    return extract(
+        raw,
+        url=url,
+        content_type=content_type,
+        x_robots_tag=x_robots_tag,
+        robots_token=robots_token,
+        detect_language=False,
+    )
+
+
+def kinds(result: Extraction) -> dict[str, LinkKind]:
+    return {link.url: link.kind for link in result.links}
+
+
+def urls(result: Extraction) -> list[str]:
+    return [link.url for link in result.links]
+
+
+# Title ----------------------------------------------------------------------------------
+
+
+def test_title_whitespace_is_collapsed() -> None:
+    result = run("<html><head><title>\n  Hello,\t\tsmall \n web  </title></head></html>")
+    assert result.title == "Hello, small web"
+
+
+def test_title_is_cut_to_1000_characters() -> None:
+    result = run(f"<title>{'a' * 5000}</title>")
+    assert result.title == "a" * 1000
+
+
+def test_missing_or_blank_title_is_none() -> None:
+    assert run("<p>no title</p>").title is None
+    assert run("<title>  \n </title>").title is None
+
+
+def test_head_title_wins_over_an_svg_title() -> None:
+    result = run("<head><title>Page</title></head><body><svg><title>Icon</title></svg>")
+    assert result.title == "Page"
+
+
+def test_title_entities_are_decoded() -> None:
+    assert run("<title>Fish &amp; Chips &mdash; caf&eacute;</title>").title == "Fish & Chips — café"
+
+
+# Links ----------------------------------------------------------------------------------
+
+KINDS_PAGE = """<html><head>
+<link rel="stylesheet" href="/style.css">
+<link rel="alternate stylesheet" href="/dark.css">
+<link rel="alternate" type="application/rss+xml" href="/feed.rss">
+<link rel="alternate" type="application/atom+xml; charset=utf-8" href="/feed.atom">
+<link rel="alternate" hreflang="fr" href="/fr/post.html">
+<link rel="alternate" type="application/json+oembed" href="/oembed?u=1">
+<link rel="canonical" href="https://example.org/post">
+<link rel="icon" href="/favicon.ico">
+<script src="/app.js"></script>
+</head><body>
+<a href="other.html">a</a>
+<map><area href="/area.html"></map>
+<img src="/img/a.png" srcset="/img/a-1x.png 1x, /img/a-2x.png 2x">
+<img srcset="/img/only-srcset.png, /img/b.png 2x">
+<iframe src="/embedded.html"></iframe>
+<meta http-equiv="refresh" content="30; URL='/moved.html'">
+</body></html>"""
+
+
+def test_link_kinds() -> None:
+    assert kinds(run(KINDS_PAGE)) == {
+        "https://example.org/style.css": LinkKind.STYLESHEET,
+        "https://example.org/dark.css": LinkKind.STYLESHEET,
+        "https://example.org/feed.rss": LinkKind.FEED,
+        "https://example.org/feed.atom": LinkKind.FEED,
+        "https://example.org/fr/post.html": LinkKind.ALTERNATE,
+        "https://example.org/post": LinkKind.CANONICAL,
+        "https://example.org/app.js": LinkKind.SCRIPT,
+        "https://example.org/blog/other.html": LinkKind.A,
+        "https://example.org/area.html": LinkKind.A,
+        "https://example.org/img/a.png": LinkKind.IMG,
+        "https://example.org/img/a-1x.png": LinkKind.IMG,
+        "https://example.org/img/only-srcset.png": LinkKind.IMG,
+        "https://example.org/embedded.html": LinkKind.OTHER,
+        "https://example.org/moved.html": LinkKind.REDIRECT,
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "target"),
+    [
+        ("0; url=/next", "https://example.org/next"),
+        ("0;URL=next.html", "https://example.org/blog/next.html"),
+        ("3, 'https://other.example/'", "https://other.example/"),
+        ("0; /bare", "https://example.org/bare"),
+        ("5", None),
+        ("", None),
+        ("0; url=javascript:alert(1)", None),
+    ],
+)
+def test_meta_refresh_is_a_redirect_link(content: str, target: str | None) -> None:
+    result = run(f'<meta http-equiv="Refresh" content="{content}">')
+    assert urls(result) == ([target] if target else [])
+    assert all(link.kind is LinkKind.REDIRECT for link in result.links)
+
+
+def test_links_keep_document_order() -> None:
+    result = run('<a href="/c">c</a><a href="/a">a</a><a href="/b">b</a>')
+    assert urls(result) == [
+        "https://example.org/c",
+        "https://example.org/a",
+        "https://example.org/b",
+    ]
+
+
+def test_absolute_base_href_resolves_links() -> None:
+    result = run('<head><base href="https://cdn.example.net/x/"></head><a href="y.html">y</a>')
+    assert urls(result) == ["https://cdn.example.net/x/y.html"]
+
+
+def test_relative_base_href_is_resolved_against_the_page() -> None:
+    result = run('<head><base href="../docs/"></head><a href="y.html">y</a><a href="/z">z</a>')
+    assert urls(result) == ["https://example.org/docs/y.html", "https://example.org/z"]
+
+
+def test_only_the_first_base_href_counts() -> None:
+    result = run('<base href="/one/"><base href="/two/"><a href="y">y</a>')
+    assert urls(result) == ["https://example.org/one/y"]
+
+
+def test_base_href_that_is_not_http_is_ignored() -> None:
+    result = run('<base href="javascript:alert(1)"><a href="y.html">y</a>')
+    assert urls(result) == ["https://example.org/blog/y.html"]
+
+
+@pytest.mark.parametrize(
+    "href",
+    [
+        "javascript:alert(1)",
+        " JavaScript:void(0)",
+        "mailto:someone@example.org",
+        "data:text/html,<p>hi",
+        "tel:+331234",
+        "ftp://example.org/file",
+        "http://",
+        "http://[::1/broken-ipv6",
+        "http://example.org:99999999/",
+        "http://example.org:port/",
+        "",
+        "   ",
+    ],
+)
+def test_non_http_and_broken_links_are_dropped(href: str) -> None:
+    assert run(f'<a href="{href}">x</a>').links == ()
+
+
+def test_fragments_are_dropped() -> None:
+    result = run('<a href="other.html#section-2">x</a><a href="https://example.org/p#">y</a>')
+    assert urls(result) == ["https://example.org/blog/other.html", "https://example.org/p"]
+
+
+def test_a_fragment_only_link_is_the_page_itself() -> None:
+    assert urls(run('<a href="#top">top</a>')) == [PAGE]
+
+
+def test_whitespace_and_newlines_in_hrefs_are_removed() -> None:
+    result = run('<a href="  /a\n/b\t.html  ">x</a>')
+    assert urls(result) == ["https://example.org/a/b.html"]
+
+
+def test_duplicate_links_are_collapsed() -> None:
+    result = run(
+        '<a href="/a">1</a><a href="/a#x">2</a><a href="https://example.org/a">3</a>'
+        '<a href="../a">4</a>'
+    )
+    assert urls(result) == ["https://example.org/a"]
+
+
+def test_the_same_url_with_two_kinds_is_two_links() -> None:
+    result = run('<link rel="canonical" href="/p"><a href="/p">self</a>')
+    assert [(link.url, link.kind) for link in result.links] == [
+        ("https://example.org/p", LinkKind.CANONICAL),
+        ("https://example.org/p", LinkKind.A),
+    ]
+
+
+def test_links_longer_than_the_schema_allows_are_dropped() -> None:
+    long_href = "/" + "x" * MAX_URL_LENGTH
+    assert run(f'<a href="{long_href}">x</a><a href="/ok">ok</a>').links[0].url.endswith("/ok")
+    assert len(run(f'<a href="{long_href}">x</a>').links) == 0
+
+
+def test_link_cap_truncates_and_says_so() -> None:
+    anchors = "".join(f'<a href="/p/{i}">{i}</a>' for i in range(MAX_LINKS_PER_PAGE + 500))
+    result = run(anchors)
+    assert len(result.links) == MAX_LINKS_PER_PAGE
+    assert result.links_truncated is True
+    assert result.links[0].url == "https://example.org/p/0"
+    assert result.links[-1].url == f"https://example.org/p/{MAX_LINKS_PER_PAGE - 1}"
+
+
+def test_exactly_the_cap_is_not_truncated() -> None:
+    anchors = "".join(f'<a href="/p/{i}">{i}</a>' for i in range(MAX_LINKS_PER_PAGE))
+    anchors += "".join(f'<a href="/p/{i}">again</a>' for i in range(100))
+    result = run(anchors)
+    assert len(result.links) == MAX_LINKS_PER_PAGE
+    assert result.links_truncated is False
+
+
+def test_link_cap_keeps_page_links_before_images() -> None:
+    images = "".join(f'<img src="/i/{i}.png">' for i in range(MAX_LINKS_PER_PAGE))
+    result = run(f'{images}<a href="/next">next</a><link rel="canonical" href="/c">')
+    assert result.links_truncated is True
+    kept = kinds(result)
+    assert kept["https://example.org/next"] is LinkKind.A
+    assert kept["https://example.org/c"] is LinkKind.CANONICAL
+    assert sum(kind is LinkKind.IMG for kind in kept.values()) == MAX_LINKS_PER_PAGE - 2
+
+
+# Nofollow and noindex ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rel", ["nofollow", "NoFollow", "ugc", "sponsored", "external nofollow"])
+def test_rel_nofollow_ugc_and_sponsored_mark_the_link_nofollow(rel: str) -> None:
+    result = run(f'<a rel="{rel}" href="/paid">x</a><a href="/free">y</a>')
+    assert [(link.url, link.nofollow) for link in result.links] == [
+        ("https://example.org/paid", True),
+        ("https://example.org/free", False),
+    ]
+    assert result.nofollow is False
+
+
+def test_a_link_followed_anywhere_on_the_page_is_followed() -> None:
+    result = run('<a rel="nofollow" href="/x">1</a><a href="/x">2</a>')
+    assert [(link.url, link.nofollow) for link in result.links] == [
+        ("https://example.org/x", False)
+    ]
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        '<meta name="robots" content="nofollow">',
+        '<meta name="ROBOTS" content="index, NOFOLLOW">',
+        '<meta name="robots" content="none">',
+        '<meta name="trovebot" content="nofollow">',
+    ],
+)
+def test_page_level_meta_nofollow_makes_every_link_nofollow(meta: str) -> None:
+    result = run(f"<head>{meta}</head><a href='/a'>a</a><img src='/i.png'>")
+    assert result.nofollow is True
+    assert [link.nofollow for link in result.links] == [True, True]
+
+
+def test_meta_robots_later_in_the_page_still_applies_to_earlier_links() -> None:
+    result = run("<a href='/a'>a</a><meta name='robots' content='nofollow'>")
+    assert [link.nofollow for link in result.links] == [True]
+
+
+def test_meta_for_another_crawler_is_ignored() -> None:
+    result = run('<meta name="googlebot" content="noindex, nofollow"><a href="/a">a</a>')
+    assert (result.noindex, result.nofollow, result.links[0].nofollow) == (False, False, False)
+
+
+def test_robots_token_names_our_meta() -> None:
+    page = '<meta name="OtherBot" content="noindex"><p>text</p>'
+    assert run(page, robots_token="OtherBot").noindex is True
+    assert run(page).noindex is False
+
+
+def test_meta_noindex_keeps_the_title_but_no_keywords() -> None:
+    result = run(
+        '<title>Private diary</title><meta name="robots" content="noindex">'
+        "<p>gardening gardening gardening</p>"
+    )
+    assert result.noindex is True
+    assert result.title == "Private diary"
+    assert result.keywords == ()
+    assert run("<title>Public</title><p>gardening</p>").keywords == ("gardening", "public")
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("noindex", (True, False)),
+        ("nofollow", (False, True)),
+        ("noindex, nofollow", (True, True)),
+        ("NONE", (True, True)),
+        ("all", (False, False)),
+        ("TroveBot: noindex", (True, False)),
+        ("trovebot:nofollow", (False, True)),
+        ("TroveBot: noindex, nofollow", (True, True)),
+        ("googlebot: noindex", (False, False)),
+        ("googlebot: noindex, nofollow", (False, False)),
+        ("googlebot: noindex, TroveBot: nofollow", (False, True)),
+        ("TroveBot: nofollow, googlebot: noindex", (False, True)),
+        ("unavailable_after: 25 Jun 2010 15:00:00 PST", (False, False)),
+        ("unavailable_after: Friday, 25-Jun-10 15:00:00 PST, noindex", (True, False)),
+        ("max-snippet: 20, nofollow", (False, True)),
+        ("", (False, False)),
+        (None, (False, False)),
+    ],
+)
+def test_x_robots_tag_header(header: str | None, expected: tuple[bool, bool]) -> None:
+    assert x_robots_directives(header, "TroveBot") == expected
+
+
+def test_x_robots_tag_nofollow_makes_every_link_nofollow() -> None:
+    result = run("<a href='/a'>a</a>", x_robots_tag="TroveBot: nofollow")
+    assert result.nofollow is True
+    assert result.links[0].nofollow is True
+
+
+def test_x_robots_tag_for_another_crawler_changes_nothing() -> None:
+    result = run("<a href='/a'>a</a>", x_robots_tag="otherbot: noindex, nofollow")
+    assert (result.noindex, result.nofollow, result.links[0].nofollow) == (False, False, False)
+
+
+# Canonical ------------------------------------------------------------------------------
+
+
+def test_canonical_is_resolved_and_reported() -> None:
+    result = run('<head><link rel="canonical" href="../post?id=3#c"></head>')
+    assert result.canonical_url == "https://example.org/post?id=3"
+    assert kinds(result) == {"https://example.org/post?id=3": LinkKind.CANONICAL}
+
+
+def test_first_canonical_wins() -> None:
+    result = run('<link rel="canonical" href="/one"><link rel="canonical" href="/two">')
+    assert result.canonical_url == "https://example.org/one"
+
+
+def test_canonical_that_is_not_http_is_ignored() -> None:
+    assert run('<link rel="canonical" href="javascript:x">').canonical_url is None
+    assert run("<p>no canonical</p>").canonical_url is None
+
+
+# Content type, hash, decoding ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content_type", "parseable"),
+    [
+        ("text/html", True),
+        ("text/html; charset=utf-8", True),
+        ("TEXT/HTML", True),
+        ("application/xhtml+xml", True),
+        ("application/rss+xml", True),
+        ("application/atom+xml", True),
+        ("application/xml", True),
+        ("text/xml; charset=iso-8859-1", True),
+        ("text/plain", False),
+        ("application/json", False),
+        ("image/png", False),
+        ("application/pdf", False),
+        ("application/feed+json", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_is_parseable(content_type: str | None, parseable: bool) -> None:
+    assert is_parseable(content_type) is parseable
+
+
+def test_content_hash_is_the_sha256_of_the_raw_bytes() -> None:
+    body = "<title>café</title>".encode("cp1252")
+    result = run(body, content_type="text/html; charset=windows-1252")
+    assert result.content_hash == hashlib.sha256(body).hexdigest()
+    assert result.title == "café"
+
+
+def test_unparseable_content_type_gives_only_the_hash() -> None:
+    result = run("<title>Looks like HTML</title><a href='/a'>a</a>", content_type="text/plain")
+    assert result == Extraction(content_hash=result.content_hash)
+
+
+def test_missing_content_type_is_read_as_html() -> None:
+    assert run("<title>t</title>", content_type=None).title == "t"
+
+
+def test_legacy_charset_from_meta_decodes_the_title() -> None:
+    body = b'<meta charset="windows-1252"><title>\x93Quotes\x94 \x96 na\xefve</title>'
+    assert run(body, content_type="text/html").title == "\u201cQuotes\u201d \u2013 naïve"
+
+
+def test_extraction_is_immutable() -> None:
+    result = run("<title>t</title>")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.title = "changed"  # type: ignore[misc]
+
+
+# URL resolution -----------------------------------------------------------------------------
+
+BASES = [
+    "https://example.org",
+    "https://example.org/",
+    "https://example.org/a/b",
+    "https://example.org/a/b/",
+    "http://example.org:8080/a/b?q=1#frag",
+    "https://user@example.org/a/b.html",
+    "https://example.org/a;params/b",
+    "https://example.org/%7Euser/",
+]
+HREFS = [
+    "/x",
+    "x",
+    "x/y?z=1#f",
+    "/x/../y",
+    "./x",
+    "../x",
+    "../../../../x",
+    "?q=2",
+    "//other.example/x",
+    "/x;y",
+    "x;y",
+    "a b.html",
+    "é.html",
+    ".hidden",
+    "a/./b",
+    "x?y/../z",
+    "a/b:c",
+    "HTTPS://EXAMPLE.ORG/Up",
+]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_resolution_agrees_with_urljoin(base: str) -> None:
+    for href in HREFS:
+        assert resolve_url(base, href) == urljoin(base, href).split("#")[0], href

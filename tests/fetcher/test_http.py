@@ -1,0 +1,643 @@
+"""fetch(): outcomes for what real servers on loopback do, within the limits given."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import random
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fetcher._servers import (
+    Exchange,
+    LocalServer,
+    RecordingBackend,
+    serving,
+    stall,
+    stream_body,
+)
+from trove_fetcher.http import (
+    BodyReader,
+    FetchLimits,
+    FetchResult,
+    fetch,
+    media_type,
+    parse_retry_after,
+    same_site,
+)
+from trove_fetcher.transport import build_client
+from trove_schema.events import CrawlOutcome
+from trove_schema.settings import FetcherSettings
+
+MIB = 1024 * 1024
+PAGE = b"<html><head><title>Hello</title></head><body>small web</body></html>"
+HTML_TYPES = {"text/html", "application/xhtml+xml"}
+
+
+def is_html(content_type: str | None) -> bool:
+    return content_type in HTML_TYPES
+
+
+def _words(size: int) -> bytes:
+    rng = random.Random(7)
+    vocabulary = [f"word{n}" for n in range(5000)]
+    out = bytearray(b"<html><body>")
+    while len(out) < size:
+        out += " ".join(rng.choices(vocabulary, k=1000)).encode() + b"\n"
+    return bytes(out[:size])
+
+
+BIG = b"<html><body>" + b"a" * (10 * MIB)
+TEXT_4MIB = _words(4 * MIB)
+GZIP_TEXT_4MIB = gzip.compress(TEXT_4MIB, compresslevel=6)
+BOMB = gzip.compress(b"\0" * (32 * MIB), compresslevel=9)
+STREAMED_BOMB_BYTES = 1024 * MIB
+SMALL_BOMB = gzip.compress(b"\0" * (100 * 1024), compresslevel=9)
+EXACT_CAP = 64 * 1024
+
+
+def _page(exchange: Exchange) -> None:
+    exchange.send(
+        200,
+        PAGE,
+        {
+            "ETag": '"v1"',
+            "Last-Modified": "Wed, 01 Jan 2025 00:00:00 GMT",
+            "X-Robots-Tag": "noarchive",
+        },
+    )
+
+
+def _conditional(exchange: Exchange) -> None:
+    if exchange.headers.get("If-None-Match") == '"v1"':
+        exchange.send(304, b"", {"ETag": '"v1"'})
+    else:
+        exchange.send(200, PAGE, {"ETag": '"v1"'})
+
+
+def _encoded(body: bytes, encoding: str, content_type: str = "text/html") -> Any:
+    def route(exchange: Exchange) -> None:
+        exchange.send(200, body, {"Content-Encoding": encoding}, content_type=content_type)
+
+    return route
+
+
+def _streamed_bomb(exchange: Exchange) -> None:
+    """1 GiB of zeros, gzipped on the fly: about 1 MiB on the wire if all of it is sent."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", "text/html")
+    exchange.send_header("Content-Encoding", "gzip")
+    exchange.send_header("Transfer-Encoding", "chunked")
+    exchange.end_headers()
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = b"\0" * MIB
+    sent = 0
+
+    def chunk(data: bytes) -> None:
+        nonlocal sent
+        if data:
+            exchange.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            sent += len(data)
+
+    for _ in range(STREAMED_BOMB_BYTES // MIB):
+        chunk(compressor.compress(zeros))
+    chunk(compressor.flush())
+    exchange.wfile.write(b"0\r\n\r\n")
+    exchange.server.owner.signal(f"complete:{exchange.path}:{sent}")
+
+
+def _redirect(location: str, status: int = 302) -> Any:
+    def route(exchange: Exchange) -> None:
+        port = exchange.server.server_address[1]
+        exchange.redirect(location.format(port=port), status)
+
+    return route
+
+
+def _status(status: int, headers: dict[str, str] | None = None) -> Any:
+    def route(exchange: Exchange) -> None:
+        exchange.send(status, b"status page", headers)
+
+    return route
+
+
+def _retry_at(exchange: Exchange) -> None:
+    when = datetime.now(UTC) + timedelta(seconds=90)
+    exchange.send(429, b"slow down", {"Retry-After": format_datetime(when, usegmt=True)})
+
+
+ROUTES: dict[str, Any] = {
+    "/page": _page,
+    "/conditional": _conditional,
+    "/big": lambda ex: ex.send(200, BIG),
+    "/exact": lambda ex: ex.send(200, b"x" * EXACT_CAP),
+    "/gzip-exact": _encoded(gzip.compress(b"x" * EXACT_CAP), "gzip"),
+    "/gzip-text": _encoded(GZIP_TEXT_4MIB, "gzip"),
+    "/gzip-page": _encoded(gzip.compress(PAGE), "gzip"),
+    "/deflate-page": _encoded(zlib.compress(PAGE), "deflate"),
+    "/raw-deflate-page": _encoded(zlib.compress(PAGE)[2:-4], "deflate"),
+    "/bomb": _streamed_bomb,
+    "/small-bomb": _encoded(SMALL_BOMB, "gzip"),
+    "/corrupt-gzip": _encoded(b"\x1f\x8b\x08\x00garbage-not-gzip" * 10, "gzip"),
+    "/brotli": _encoded(b"\x0b\x02\x80hello\x03", "br"),
+    "/stall": stall,
+    "/pdf": lambda ex: stream_body(ex, "application/pdf", 64 * MIB),
+    "/no-type": lambda ex: ex.send(200, PAGE, content_type=""),
+    "/loop-a": _redirect("/loop-b"),
+    "/loop-b": _redirect("/loop-a"),
+    "/self": _redirect("/self#again", 301),
+    "/chain/0": _page,
+    "/chain/1": _redirect("/chain/0", 301),
+    "/chain/2": _redirect("/chain/1", 302),
+    "/chain/3": _redirect("/chain/2", 303),
+    "/chain/4": _redirect("/chain/3", 307),
+    "/chain/5": _redirect("/chain/4", 308),
+    "/chain/6": _redirect("/chain/5", 301),
+    "/cross": _redirect("http://b.trove.test:{port}/page", 301),
+    "/to-metadata": _redirect("http://169.254.169.254/latest/meta-data/"),
+    "/to-private": _redirect("/page"),
+    "/to-mailto": _redirect("mailto:webmaster@example.org"),
+    "/no-location": _status(302),
+    "/bad-location": _redirect("http://[not-an-address/x"),
+    "/to-disallowed": _redirect("/private/page"),
+    "/private/page": _page,
+    "/404": _status(404),
+    "/410": _status(410),
+    "/429-seconds": _status(429, {"Retry-After": "120"}),
+    "/429-date": _retry_at,
+    "/503": _status(503, {"Retry-After": "30"}),
+    "/500": _status(500),
+    "/unconditional-304": _status(304),
+}
+
+LIMITS = FetchLimits(max_body_bytes=2 * MIB, max_redirects=5, total_timeout=5.0)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    with serving(ROUTES) as running:
+        yield running
+
+
+@pytest.fixture
+def recorder() -> RecordingBackend:
+    return RecordingBackend()
+
+
+def _settings(**overrides: Any) -> FetcherSettings:
+    values: dict[str, Any] = {
+        "allowed_networks": ("127.0.0.1/32",),
+        "resolve": (
+            "a.trove.test=127.0.0.1",
+            "b.trove.test=127.0.0.1",
+            "evil.trove.test=10.0.0.1",
+        ),
+    }
+    values.update(overrides)
+    return FetcherSettings(**values)
+
+
+@pytest.fixture
+async def client(recorder: RecordingBackend) -> AsyncIterator[httpx.AsyncClient]:
+    async with build_client(_settings(), network_backend=recorder) as built:
+        yield built
+
+
+async def get(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    limits: FetchLimits = LIMITS,
+    etag: str | None = None,
+    last_modified: str | None = None,
+    **kwargs: Any,
+) -> FetchResult:
+    return await fetch(
+        client,
+        url,
+        etag=etag,
+        last_modified=last_modified,
+        limits=limits,
+        is_parseable=is_html,
+        **kwargs,
+    )
+
+
+def url(server: LocalServer, path: str) -> str:
+    return server.url(path, host="a.trove.test")
+
+
+async def test_html_page_is_a_success_with_its_body_and_validators(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/page"))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.status_code == 200
+    assert result.body == PAGE
+    assert not result.truncated
+    assert result.final_url == url(server, "/page")
+    assert result.content_type == "text/html; charset=utf-8"
+    assert result.etag == '"v1"'
+    assert result.last_modified == "Wed, 01 Jan 2025 00:00:00 GMT"
+    assert result.x_robots_tag == "noarchive"
+    assert result.bytes_read == len(PAGE)
+    assert result.error_message is None
+    assert result.completed >= result.started
+    assert not result.retryable
+
+
+async def test_conditional_get_with_a_matching_etag_is_not_modified(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/conditional"), etag='"v1"')
+    assert result.outcome is CrawlOutcome.NOT_MODIFIED
+    assert result.status_code == 304
+    assert result.body is None
+    sent = server.requests_to("/conditional")[-1].headers
+    assert sent["if-none-match"] == '"v1"'
+
+
+async def test_last_modified_is_sent_as_if_modified_since(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    stamp = "Tue, 01 Apr 2025 10:00:00 GMT"
+    result = await get(client, url(server, "/conditional"), last_modified=stamp)
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert server.requests_to("/conditional")[-1].headers["if-modified-since"] == stamp
+
+
+async def test_unconditional_request_answered_304_is_a_failure(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/unconditional-304"))
+    assert result.outcome is CrawlOutcome.FAILED
+
+
+async def test_page_over_the_cap_is_cut_and_still_a_success(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/big"))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.truncated
+    assert result.body is not None
+    assert len(result.body) == 2 * MIB
+    assert result.body.startswith(b"<html><body>aaa")
+    # Reading stopped near the cap, not at the 10 MiB the server offered.
+    assert result.bytes_read < 2 * MIB + 256 * 1024
+
+
+async def test_body_exactly_at_the_cap_is_not_truncated(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    limits = FetchLimits(max_body_bytes=EXACT_CAP, total_timeout=5.0)
+    for path in ("/exact", "/gzip-exact"):
+        result = await get(client, url(server, path), limits=limits)
+        assert result.outcome is CrawlOutcome.SUCCESS, path
+        assert result.body == b"x" * EXACT_CAP
+        assert not result.truncated, path
+
+
+@pytest.mark.parametrize("path", ["/gzip-page", "/deflate-page", "/raw-deflate-page"])
+async def test_compressed_page_is_decoded(
+    client: httpx.AsyncClient, server: LocalServer, path: str
+) -> None:
+    result = await get(client, url(server, path))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.body == PAGE
+    assert server.requests_to(path)[-1].headers["accept-encoding"] == "gzip, deflate"
+
+
+async def test_compressed_page_over_the_cap_at_an_ordinary_ratio_is_cut(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    limits = FetchLimits(max_body_bytes=1 * MIB, total_timeout=5.0)
+    result = await get(client, url(server, "/gzip-text"), limits=limits)
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.truncated
+    assert result.body == TEXT_4MIB[: 1 * MIB]
+
+
+async def test_gzip_bomb_is_refused(client: httpx.AsyncClient, server: LocalServer) -> None:
+    result = await get(client, url(server, "/bomb"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.body is None
+    assert result.error_message is not None
+    assert "inflates past" in result.error_message
+    # 1 GiB of zeros is about 1 MiB gzipped; reading stopped after the first chunks.
+    assert 0 < result.bytes_read < 256 * 1024
+
+
+async def test_small_highly_compressed_page_is_not_a_bomb(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/small-bomb"))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.body == b"\0" * (100 * 1024)
+
+
+async def test_corrupt_gzip_is_a_failure(client: httpx.AsyncClient, server: LocalServer) -> None:
+    result = await get(client, url(server, "/corrupt-gzip"))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert "corrupt gzip" in result.error_message
+
+
+async def test_encoding_that_was_not_offered_is_rejected(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/brotli"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.error_message is not None
+    assert "'br'" in result.error_message
+
+
+async def test_stalled_body_times_out_within_the_total_timeout(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # read timeout (10 s) longer than the total: the total is what must stop it.
+    limits = FetchLimits(total_timeout=1.0)
+    result = await get(client, url(server, "/stall"), limits=limits)
+    assert result.outcome is CrawlOutcome.TIMEOUT
+    assert result.status_code == 200
+    assert result.bytes_read == 1
+    assert result.body is None
+    assert 1.0 <= result.elapsed < 3.0
+    assert result.retryable
+
+
+async def test_stalled_body_hits_the_read_timeout(
+    recorder: RecordingBackend, server: LocalServer
+) -> None:
+    async with build_client(_settings(read_timeout=0.3), network_backend=recorder) as client:
+        result = await get(client, url(server, "/stall"), limits=FetchLimits(total_timeout=10.0))
+    assert result.outcome is CrawlOutcome.TIMEOUT
+    assert result.error_message is not None
+    assert "ReadTimeout" in result.error_message
+    assert result.elapsed < 3.0
+
+
+async def test_non_html_is_rejected_without_reading_the_body(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/pdf"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.content_type == "application/pdf"
+    assert result.bytes_read == 0
+    assert result.body is None
+    # The server saw the connection close long before its 64 MiB were sent.
+    assert await asyncio.to_thread(server.wait_for, "closed:/pdf", 10.0)
+    assert not await asyncio.to_thread(server.wait_for, "complete:/pdf", 0.0)
+
+
+async def test_missing_content_type_is_left_to_the_parseable_check(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    asked: list[str | None] = []
+
+    def anything(content_type: str | None) -> bool:
+        asked.append(content_type)
+        return True
+
+    result = await fetch(
+        client,
+        url(server, "/no-type"),
+        etag=None,
+        last_modified=None,
+        limits=LIMITS,
+        is_parseable=anything,
+    )
+    assert asked == [None]
+    assert result.outcome is CrawlOutcome.SUCCESS
+
+
+async def test_redirect_loop_is_a_failure(client: httpx.AsyncClient, server: LocalServer) -> None:
+    result = await get(client, url(server, "/loop-a"))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert "redirect loop" in result.error_message
+    assert len(server.requests_to("/loop-a")) == 1
+
+
+async def test_redirect_to_itself_is_a_loop(client: httpx.AsyncClient, server: LocalServer) -> None:
+    result = await get(client, url(server, "/self"))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert "redirect loop" in result.error_message
+
+
+async def test_redirect_chain_within_the_limit_ends_at_the_final_url(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/chain/5"))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.body == PAGE
+    assert result.final_url == url(server, "/chain/0")
+    assert result.redirects == tuple(url(server, f"/chain/{n}") for n in (4, 3, 2, 1, 0))
+    assert result.etag == '"v1"'
+
+
+async def test_one_redirect_more_than_the_limit_is_a_failure(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    before = len(server.requests_to("/chain/0"))
+    result = await get(client, url(server, "/chain/6"))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message == "too many redirects (more than 5)"
+    assert result.final_url == url(server, "/chain/1")
+    assert len(server.requests_to("/chain/0")) == before
+
+
+async def test_redirect_to_another_host_is_reported_not_followed(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    before = len(server.requests_to("/page", host="b.trove.test"))
+    result = await get(client, url(server, "/cross"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.error_message == "redirected to another host"
+    assert result.status_code == 301
+    assert result.redirect_target == f"http://b.trove.test:{server.port}/page"
+    assert result.final_url == url(server, "/cross")
+    assert len(server.requests_to("/page", host="b.trove.test")) == before
+
+
+async def test_redirect_to_metadata_address_is_never_connected(
+    client: httpx.AsyncClient, recorder: RecordingBackend, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/to-metadata"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.redirect_target == "http://169.254.169.254/latest/meta-data/"
+    assert recorder.connects == [("127.0.0.1", server.port)]
+
+
+async def test_redirect_to_a_non_http_scheme_is_rejected(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/to-mailto"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.redirect_target is None
+
+
+async def test_unparseable_redirect_location_is_a_failure_not_an_exception(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/bad-location"))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert "location" in result.error_message.lower()
+
+
+async def test_redirect_without_location_is_a_failure(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/no-location"))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.status_code == 302
+
+
+async def test_same_host_redirect_to_a_disallowed_path_is_blocked_by_robots(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    async def robots_allows(target: str) -> bool:
+        return "/private/" not in target
+
+    result = await get(client, url(server, "/to-disallowed"), robots_allows=robots_allows)
+    assert result.outcome is CrawlOutcome.BLOCKED_ROBOTS
+    assert server.requests_to("/private/page") == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://10.0.0.1/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]:{port}/page",
+        "http://127.0.0.2:{port}/page",
+        "http://0.0.0.0:{port}/page",
+        "http://[::ffff:10.0.0.1]/",
+        "http://evil.trove.test/",
+    ],
+)
+async def test_link_to_a_refused_address_fails_without_a_connection(
+    client: httpx.AsyncClient, recorder: RecordingBackend, server: LocalServer, target: str
+) -> None:
+    result = await get(client, target.format(port=server.port))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert result.error_message.startswith("blocked address: ")
+    assert recorder.connects == []
+
+
+async def test_unreachable_port_is_a_failure(client: httpx.AsyncClient) -> None:
+    from tests.fetcher._servers import free_port
+
+    result = await get(client, f"http://a.trove.test:{free_port()}/")
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert "ConnectError" in result.error_message
+
+
+async def test_url_with_an_unsupported_scheme_is_a_failure(client: httpx.AsyncClient) -> None:
+    result = await get(client, "ftp://a.trove.test/file")
+    assert result.outcome is CrawlOutcome.FAILED
+
+
+@pytest.mark.parametrize(("path", "status"), [("/404", 404), ("/410", 410)])
+async def test_client_error_is_blocked_4xx(
+    client: httpx.AsyncClient, server: LocalServer, path: str, status: int
+) -> None:
+    result = await get(client, url(server, path))
+    assert result.outcome is CrawlOutcome.BLOCKED_4XX
+    assert result.status_code == status
+    assert result.body is None
+    assert not result.retryable
+
+
+async def test_429_carries_retry_after_in_seconds(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/429-seconds"))
+    assert result.outcome is CrawlOutcome.BLOCKED_4XX
+    assert result.status_code == 429
+    assert result.retry_after == 120.0
+    assert result.retryable
+
+
+async def test_429_carries_retry_after_as_an_http_date(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/429-date"))
+    assert result.status_code == 429
+    assert result.retry_after is not None
+    assert 80.0 <= result.retry_after <= 90.0
+
+
+async def test_503_is_blocked_5xx_with_retry_after(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/503"))
+    assert result.outcome is CrawlOutcome.BLOCKED_5XX
+    assert result.retry_after == 30.0
+    assert result.retryable
+
+
+async def test_500_is_blocked_5xx(client: httpx.AsyncClient, server: LocalServer) -> None:
+    result = await get(client, url(server, "/500"))
+    assert result.outcome is CrawlOutcome.BLOCKED_5XX
+    assert result.retry_after is None
+
+
+def test_retry_after_parses_seconds_dates_and_refuses_garbage() -> None:
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("0") == 0.0
+    assert parse_retry_after(" 3600 ") == 3600.0
+    assert parse_retry_after("Wed, 01 Jan 2025 12:02:00 GMT", now=now) == 120.0
+    assert parse_retry_after("Wednesday, 01-Jan-25 12:00:30 GMT", now=now) == 30.0
+    assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0
+    for garbage in ("soon", "-5", "", "1e9", "Wed, 99 Foo 2025"):
+        assert parse_retry_after(garbage, now=now) is None, garbage
+    assert parse_retry_after(None) is None
+
+
+def test_media_type_drops_parameters_and_case() -> None:
+    assert media_type("Text/HTML; charset=UTF-8") == "text/html"
+    assert media_type("") is None
+    assert media_type(None) is None
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "followed"),
+    [
+        ("http://a.test/x", "http://a.test/y", True),
+        ("http://a.test/x", "https://a.test/y", True),
+        ("http://a.test/x", "http://a.test:80/y", True),
+        ("https://a.test/x", "http://a.test/y", False),
+        ("http://a.test/x", "http://www.a.test/y", False),
+        ("http://a.test:8080/x", "http://a.test:8081/y", False),
+        ("http://a.test:8080/x", "https://a.test:8443/y", False),
+        ("http://A.test/x", "http://a.TEST/y", True),
+    ],
+)
+def test_same_site_allows_only_the_same_origin_or_its_https_upgrade(
+    source: str, target: str, followed: bool
+) -> None:
+    assert same_site(httpx.URL(source), httpx.URL(target)) is followed
+
+
+async def test_body_reader_never_decodes_past_the_cap_even_for_one_huge_chunk() -> None:
+    # One network chunk holding the whole bomb: zlib's output bound still applies.
+    class OneChunk(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield BOMB
+
+    response = httpx.Response(200, headers={"Content-Encoding": "gzip"}, stream=OneChunk())
+    reader = BodyReader(max_bytes=MIB)
+    body = await reader.read(response)
+    assert len(body) == MIB
+    assert reader.truncated
+    assert reader.bytes_read == len(BOMB)

@@ -1,0 +1,176 @@
+"""Language detection: lingua on a bounded sample, the <html lang> hint, thread safety."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from trove_fetcher.extract import extract
+from trove_fetcher.language import (
+    DEFAULT_LANGUAGES,
+    SAMPLE_CHARS,
+    LanguageIdentifier,
+    configure,
+    default_identifier,
+    detect_language,
+    primary_tag,
+)
+
+ENGLISH = (
+    "Last weekend I finally repaired the old bicycle that had been standing in the shed "
+    "for years. The chain was rusty and both tyres were flat, but after an afternoon of "
+    "patient work it rides better than ever."
+)
+FRENCH = (
+    "Le week-end dernier, j'ai enfin réparé la vieille bicyclette qui attendait dans la "
+    "remise depuis des années. La chaîne était rouillée et les deux pneus étaient à plat, "
+    "mais après un après-midi de travail patient, elle roule mieux que jamais."
+)
+GERMAN = (
+    "Letztes Wochenende habe ich endlich das alte Fahrrad repariert, das seit Jahren im "
+    "Schuppen stand. Die Kette war rostig und beide Reifen waren platt, aber nach einem "
+    "Nachmittag geduldiger Arbeit fährt es besser als je zuvor."
+)
+SWAHILI = (
+    "Wiki iliyopita hatimaye nilitengeneza baiskeli ya zamani iliyokuwa imesimama "
+    "katika banda kwa miaka mingi. Mnyororo ulikuwa na kutu na matairi yote mawili "
+    "yalikuwa yamepasuka."
+)
+
+
+@pytest.mark.parametrize(("text", "expected"), [(ENGLISH, "en"), (FRENCH, "fr"), (GERMAN, "de")])
+def test_detects_english_french_and_german(text: str, expected: str) -> None:
+    assert detect_language(text) == expected
+
+
+def test_three_words_are_too_few_to_tell() -> None:
+    assert detect_language("Hello my friend") is None
+
+
+def test_no_text_is_no_language() -> None:
+    assert detect_language("") is None
+    assert detect_language("1234 5678 !!! ... 2024-01-01 12:00") is None
+
+
+def test_hint_is_used_when_the_text_is_too_short() -> None:
+    assert detect_language("Hello my friend", hint="en-GB") == "en"
+    assert detect_language("", hint="pt_BR") == "pt"
+
+
+def test_confident_detector_beats_a_wrong_hint() -> None:
+    # Site templates ship lang="en" whatever language the page is written in.
+    assert detect_language(GERMAN, hint="en") == "de"
+
+
+def test_hint_in_a_language_the_detector_was_not_built_with_is_trusted() -> None:
+    assert "sw" not in DEFAULT_LANGUAGES
+    assert detect_language(SWAHILI, hint="sw") == "sw"
+
+
+def test_malformed_hint_is_ignored() -> None:
+    for hint in ("english", "e", "en-", "12", "en us", "x-klingon", "<script>"):
+        assert detect_language("Hello my friend", hint=hint) is None, hint
+
+
+@pytest.mark.parametrize(
+    ("lang", "expected"),
+    [
+        ("en", "en"),
+        ("EN-us", "en"),
+        ("fr_CA", "fr"),
+        (" de-DE-1996 ", "de"),
+        ("zh-Hant-TW", "zh"),
+        ("eng", "en"),
+        ("deu", "de"),
+        ("haw", "haw"),
+        ("iw", "he"),
+        ("in", "id"),
+        ("zz", "zz"),
+        ("", None),
+        (None, None),
+        ("english", None),
+        ("en-", None),
+        ("e", None),
+    ],
+)
+def test_primary_tag(lang: str | None, expected: str | None) -> None:
+    assert primary_tag(lang) == expected
+
+
+def test_only_the_start_of_the_text_is_sampled() -> None:
+    text = (ENGLISH + " ") * (SAMPLE_CHARS // len(ENGLISH) + 1) + GERMAN * 50
+    assert detect_language(text) == "en"
+    assert detect_language(GERMAN * 50 + ENGLISH * 50) == "de"
+
+
+def test_low_confidence_is_unsure() -> None:
+    strict = LanguageIdentifier(["en", "nl"], min_confidence=1.01)
+    assert strict.detect(ENGLISH) is None
+    assert strict.detect(ENGLISH, hint="en") == "en"
+
+
+def test_detector_is_restricted_to_its_languages() -> None:
+    identifier = LanguageIdentifier(["en", "fr"])
+    assert identifier.languages == frozenset({"en", "fr"})
+    assert identifier.detect(FRENCH) == "fr"
+    assert identifier.detect_text(GERMAN) in {"en", "fr", None}
+
+
+def test_detector_is_built_on_first_use_only() -> None:
+    identifier = LanguageIdentifier(["en", "de"])
+    assert identifier.built is False
+    identifier.detect("short")  # too short: the detector is not needed yet
+    assert identifier.built is False
+    assert identifier.detect(GERMAN) == "de"
+    assert identifier.built is True
+
+
+@pytest.mark.parametrize("languages", [["en"], ["en", "en"], ["en", "klingon"], ["xx", "en"]])
+def test_bad_language_configuration_is_refused(languages: list[str]) -> None:
+    with pytest.raises(ValueError, match="language"):
+        LanguageIdentifier(languages)
+
+
+def test_configure_replaces_the_shared_identifier() -> None:
+    before = default_identifier()
+    try:
+        configured = configure(["en", "fr"])
+        assert default_identifier() is configured
+        assert configured.languages == frozenset({"en", "fr"})
+    finally:
+        configure(sorted(before.languages))
+    assert default_identifier().languages == before.languages
+
+
+def test_concurrent_first_use_builds_one_detector() -> None:
+    identifier = LanguageIdentifier(["en", "fr", "de"])
+    texts = [ENGLISH, FRENCH, GERMAN] * 8
+    barrier = threading.Barrier(len(texts))
+    detectors = []
+
+    def detect(text: str) -> str | None:
+        barrier.wait()
+        detectors.append(identifier.detector())
+        return identifier.detect(text)
+
+    with ThreadPoolExecutor(max_workers=len(texts)) as pool:
+        results = list(pool.map(detect, texts))
+    assert results == ["en", "fr", "de"] * 8
+    assert len({id(detector) for detector in detectors}) == 1
+
+
+def test_extraction_detects_from_visible_text_only() -> None:
+    hidden = f"<script>var s = '{GERMAN}';</script><style>/* {GERMAN} */</style>"
+    hidden += f"<noscript>{GERMAN}</noscript>"
+    page = f"<html><head><title>Bike</title>{hidden}</head><body>{hidden}<p>{FRENCH}</p>"
+    result = extract(page.encode(), url="https://example.org/", content_type="text/html")
+    assert result.language == "fr"
+    assert "fahrrad" not in result.keywords
+
+
+def test_extraction_uses_the_html_lang_hint_when_unsure() -> None:
+    page = b'<html lang="nl-BE"><title>Fiets</title><p>Kort.</p></html>'
+    result = extract(page, url="https://example.org/", content_type="text/html")
+    assert result.language == "nl"

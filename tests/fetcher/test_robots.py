@@ -1,0 +1,302 @@
+"""robots.txt: fetched from loopback sites, read as RFC 9309 says, cached as bytes."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import protego
+import pytest
+
+from tests.fetcher._servers import (
+    Exchange,
+    LocalServer,
+    RecordingBackend,
+    free_port,
+    serving,
+    stall,
+)
+from trove_fetcher.robots import (
+    DEFAULT_TTL,
+    RETRY_TTL,
+    RobotsPolicy,
+    RobotsRule,
+    fetch_robots,
+)
+from trove_fetcher.transport import build_client
+from trove_schema.settings import FetcherSettings
+
+ROBOTS = b"""\
+User-agent: *
+Disallow: /
+
+User-agent: TroveBot
+Disallow: /private/
+Allow: /private/ok
+Crawl-delay: 12
+
+Sitemap: http://a.trove.test/sitemap.xml
+"""
+
+OTHER_SITE_ROBOTS = b"User-agent: *\nDisallow: /from-b/\n"
+
+# Line by line past 512 KiB; the rule after the cap must not count.
+_FILLER = b"".join(f"Disallow: /filler/{n:06d}\n".encode() for n in range(25_000))
+OVERSIZE_ROBOTS = b"User-agent: *\n" + _FILLER + b"Disallow: /late/\n"
+CAP = 512 * 1024
+
+
+def _text(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Any:
+    def route(exchange: Exchange) -> None:
+        exchange.send(status, body, headers, content_type="text/plain")
+
+    return route
+
+
+def _redirect(location: str) -> Any:
+    def route(exchange: Exchange) -> None:
+        exchange.redirect(location.format(port=exchange.server.server_address[1]), 301)
+
+    return route
+
+
+ROUTES: dict[str, Any] = {
+    "a.trove.test/robots.txt": _text(ROBOTS),
+    "b.trove.test/robots.txt": _text(OTHER_SITE_ROBOTS),
+    "notfound.trove.test/robots.txt": _text(b"gone", 404),
+    "forbidden.trove.test/robots.txt": _text(b"no", 403),
+    "broken.trove.test/robots.txt": _text(b"oops", 500),
+    "busy.trove.test/robots.txt": _text(b"slow down", 429, {"Retry-After": "60"}),
+    "moved.trove.test/robots.txt": _redirect("http://b.trove.test:{port}/robots.txt"),
+    "metadata.trove.test/robots.txt": _redirect("http://169.254.169.254/robots.txt"),
+    "loop.trove.test/robots.txt": _redirect("http://loop.trove.test:{port}/robots.txt"),
+    "big.trove.test/robots.txt": _text(OVERSIZE_ROBOTS),
+    "zipped.trove.test/robots.txt": lambda ex: ex.send(
+        200, gzip.compress(ROBOTS), {"Content-Encoding": "gzip"}, content_type="text/plain"
+    ),
+    "bom.trove.test/robots.txt": _text(b"\xef\xbb\xbfUser-agent: *\nDisallow: /x/\n"),
+    "slow.trove.test/robots.txt": stall,
+}
+
+NAMES = sorted({key.split(".", 1)[0] for key in ROUTES})
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    with serving(ROUTES) as running:
+        yield running
+
+
+@pytest.fixture
+def recorder() -> RecordingBackend:
+    return RecordingBackend()
+
+
+@pytest.fixture
+async def client(recorder: RecordingBackend) -> AsyncIterator[httpx.AsyncClient]:
+    settings = FetcherSettings(
+        allowed_networks=("127.0.0.1/32",),
+        resolve=tuple(f"{name}.trove.test=127.0.0.1" for name in NAMES),
+    )
+    async with build_client(settings, network_backend=recorder) as built:
+        yield built
+
+
+def origin(server: LocalServer, name: str) -> str:
+    return f"http://{name}.trove.test:{server.port}"
+
+
+async def robots_of(client: httpx.AsyncClient, server: LocalServer, name: str) -> RobotsPolicy:
+    return await fetch_robots(client, origin(server, name), max_bytes=CAP)
+
+
+async def test_paths_are_allowed_or_disallowed_by_the_trovebot_group(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    policy = await robots_of(client, server, "a")
+    site = origin(server, "a")
+    assert policy.rule is RobotsRule.PARSED
+    assert policy.status_code == 200
+    assert policy.allows(f"{site}/")
+    assert policy.allows(f"{site}/blog/post")
+    assert not policy.allows(f"{site}/private/secret")
+    assert policy.allows(f"{site}/private/ok")
+    assert policy.crawl_delay() == 12.0
+    assert policy.sitemaps() == ("http://a.trove.test/sitemap.xml",)
+
+
+async def test_trovebot_group_wins_over_the_star_group(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    policy = await robots_of(client, server, "a")
+    page = f"{origin(server, 'a')}/blog/post"
+    assert policy.allows(page, "TroveBot")
+    assert policy.allows(page, "trovebot")
+    assert not policy.allows(page, "SomeOtherBot")
+    assert policy.crawl_delay("SomeOtherBot") is None
+
+
+@pytest.mark.parametrize(("name", "status"), [("notfound", 404), ("forbidden", 403)])
+async def test_client_error_allows_everything(
+    client: httpx.AsyncClient, server: LocalServer, name: str, status: int
+) -> None:
+    policy = await robots_of(client, server, name)
+    assert policy.rule is RobotsRule.ALLOW_ALL
+    assert policy.status_code == status
+    assert policy.allows(f"{origin(server, name)}/anything")
+    assert policy.ttl == DEFAULT_TTL
+    assert not policy.temporary
+
+
+@pytest.mark.parametrize(("name", "status"), [("broken", 500), ("busy", 429)])
+async def test_server_error_or_429_disallows_everything_for_a_short_while(
+    client: httpx.AsyncClient, server: LocalServer, name: str, status: int
+) -> None:
+    policy = await robots_of(client, server, name)
+    assert policy.rule is RobotsRule.DISALLOW_ALL
+    assert policy.status_code == status
+    assert not policy.allows(f"{origin(server, name)}/")
+    assert policy.temporary
+    assert policy.ttl == RETRY_TTL
+    assert RETRY_TTL - 5 < policy.expires_in() <= RETRY_TTL
+
+
+async def test_unreachable_site_disallows_everything(client: httpx.AsyncClient) -> None:
+    policy = await fetch_robots(client, f"http://a.trove.test:{free_port()}", max_bytes=CAP)
+    assert policy.rule is RobotsRule.DISALLOW_ALL
+    assert policy.status_code is None
+    assert policy.error is not None
+    assert "ConnectError" in policy.error
+    assert policy.ttl == RETRY_TTL
+
+
+async def test_robots_that_never_finishes_disallows_everything_within_the_timeout(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    started = time.monotonic()
+    policy = await fetch_robots(client, origin(server, "slow"), max_bytes=CAP, total_timeout=1.0)
+    assert policy.rule is RobotsRule.DISALLOW_ALL
+    assert policy.error is not None
+    assert "timeout" in policy.error
+    assert time.monotonic() - started < 3.0
+
+
+async def test_redirect_to_another_host_is_followed(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    policy = await robots_of(client, server, "moved")
+    assert policy.rule is RobotsRule.PARSED
+    assert policy.origin == origin(server, "moved")
+    assert not policy.allows(f"{origin(server, 'moved')}/from-b/page")
+    assert policy.allows(f"{origin(server, 'moved')}/elsewhere")
+    assert server.requests_to("/robots.txt", host="b.trove.test")
+
+
+async def test_redirect_to_a_metadata_address_is_never_connected(
+    client: httpx.AsyncClient, recorder: RecordingBackend, server: LocalServer
+) -> None:
+    policy = await robots_of(client, server, "metadata")
+    assert policy.rule is RobotsRule.DISALLOW_ALL
+    assert policy.error is not None
+    assert policy.error.startswith("blocked address: ")
+    assert recorder.connects == [("127.0.0.1", server.port)]
+
+
+async def test_endless_redirects_count_as_unavailable_after_five_hops(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    before = len(server.requests_to("/robots.txt", host="loop.trove.test"))
+    policy = await robots_of(client, server, "loop")
+    assert policy.rule is RobotsRule.ALLOW_ALL
+    assert policy.error == "more than 5 redirects"
+    assert len(server.requests_to("/robots.txt", host="loop.trove.test")) - before == 6
+
+
+async def test_oversize_robots_is_cut_at_the_cap_on_a_line_boundary(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    assert len(OVERSIZE_ROBOTS) > CAP
+    policy = await robots_of(client, server, "big")
+    site = origin(server, "big")
+    assert policy.rule is RobotsRule.PARSED
+    assert policy.truncated
+    assert len(policy.body) <= CAP
+    assert policy.body.endswith(b"\n")
+    assert OVERSIZE_ROBOTS.startswith(policy.body)
+    assert not policy.allows(f"{site}/filler/000001")
+    assert policy.allows(f"{site}/late/page")
+
+
+async def test_gzipped_robots_is_decoded(client: httpx.AsyncClient, server: LocalServer) -> None:
+    policy = await robots_of(client, server, "zipped")
+    assert policy.body == ROBOTS
+    assert not policy.allows(f"{origin(server, 'zipped')}/private/x")
+
+
+async def test_byte_order_mark_does_not_hide_the_first_line(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    policy = await robots_of(client, server, "bom")
+    assert not policy.allows(f"{origin(server, 'bom')}/x/y")
+
+
+async def test_policy_survives_a_round_trip_through_bytes(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    for name in ("a", "notfound", "broken", "big"):
+        policy = await robots_of(client, server, name)
+        restored = RobotsPolicy.from_bytes(policy.to_bytes())
+        assert restored == policy
+        page = f"{origin(server, name)}/private/secret"
+        assert restored.allows(page) == policy.allows(page)
+        assert restored.crawl_delay() == policy.crawl_delay()
+        assert restored.expires_at == policy.expires_at
+
+
+def test_stored_bytes_stay_within_the_cap_plus_a_small_header() -> None:
+    policy = RobotsPolicy(
+        origin="http://x.test", rule=RobotsRule.PARSED, fetched_at=1.0, body=b"\xff" * CAP
+    )
+    assert len(policy.to_bytes()) < CAP + 512
+
+
+@pytest.mark.parametrize("data", [b"", b"not json\nbody", b'{"v": 99}\n', b'{"v": 1}\n'])
+def test_bytes_that_are_not_a_policy_are_refused(data: bytes) -> None:
+    with pytest.raises(ValueError, match="robots policy"):
+        RobotsPolicy.from_bytes(data)
+
+
+def test_a_restored_policy_is_parsed_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    original = protego.Protego.parse
+
+    def counting(content: str) -> protego.Protego:
+        calls.append(content)
+        return original(content)
+
+    monkeypatch.setattr(protego.Protego, "parse", counting)
+    stored = RobotsPolicy(
+        origin="http://lru.test",
+        rule=RobotsRule.PARSED,
+        fetched_at=time.time(),
+        body=b"User-agent: *\nDisallow: /no/\n",
+    ).to_bytes()
+    for _ in range(3):
+        policy = RobotsPolicy.from_bytes(stored)
+        assert not policy.allows("http://lru.test/no/1")
+        assert policy.allows("http://lru.test/yes")
+    assert len(calls) == 1
+
+
+def test_policy_expires_after_its_ttl() -> None:
+    policy = RobotsPolicy(
+        origin="http://x.test", rule=RobotsRule.ALLOW_ALL, fetched_at=1000.0, ttl=60.0
+    )
+    assert policy.expires_at == 1060.0
+    assert policy.expires_in(1000.0) == 60.0
+    assert not policy.expired(1059.0)
+    assert policy.expired(1060.0)
+    assert policy.expires_in(2000.0) == 0.0
