@@ -207,54 +207,98 @@ async def _run(config: Config, port: int, args: argparse.Namespace) -> Run:
     return Run(seconds, cpu, total, errors, backend.connects)
 
 
+def _shard_sweep(concurrency: int) -> list[Config]:
+    c2 = 2 * concurrency
+    configs = [
+        Config(
+            "1 pool, 100 conns, 100 keep-alive",
+            PoolConfig(max_connections=100, max_keepalive_connections=100, shards=1),
+        ),
+    ]
+    for size in (128, 64, 32, 16, 8):
+        shards = -(-c2 // size)
+        configs.append(
+            Config(
+                f"{shards} shards of {size}, {c2} conns, all keep-alive, 2 s",
+                PoolConfig(
+                    max_connections=c2,
+                    max_keepalive_connections=c2,
+                    keepalive_expiry=2.0,
+                    shards=shards,
+                ),
+            )
+        )
+    return configs
+
+
 def _configs(concurrency: int) -> list[Config]:
+    c2 = 2 * concurrency
     return [
         Config("httpx default transport (100/20), unguarded", None),
         Config(
-            "guarded 1 pool, 100 conns, 20 keep-alive",
-            PoolConfig(max_connections=100, max_keepalive_connections=20),
+            "1 pool, 100 conns, 100 keep-alive",
+            PoolConfig(max_connections=100, max_keepalive_connections=100, shards=1),
         ),
         Config(
-            "guarded 1 pool, 100 conns, 100 keep-alive",
-            PoolConfig(max_connections=100, max_keepalive_connections=100),
+            "1 pool, 100 conns, 20 keep-alive",
+            PoolConfig(max_connections=100, max_keepalive_connections=20, shards=1),
         ),
         Config(
-            "guarded 1 pool, 1000 conns, 1000 keep-alive",
-            PoolConfig(max_connections=1000, max_keepalive_connections=1000),
+            "1 pool, 1000 conns, 1000 keep-alive",
+            PoolConfig(max_connections=1000, max_keepalive_connections=1000, shards=1),
         ),
         Config(
-            "guarded 8 shards, 1000 conns, 1000 keep-alive",
+            "8 shards, 1000 conns, 1000 keep-alive",
             PoolConfig(max_connections=1000, max_keepalive_connections=1000, shards=8),
         ),
         Config(
-            "guarded 4 shards, 256 conns, 256 keep-alive",
-            PoolConfig(max_connections=256, max_keepalive_connections=256, shards=4),
-        ),
-        Config(
-            "guarded 1 pool, 256 conns, no keep-alive",
-            PoolConfig(max_connections=256, max_keepalive_connections=0, keepalive_expiry=0.0),
-        ),
-        Config(
-            "guarded 4 shards, 256 conns, no keep-alive",
+            f"1 pool, {c2} conns, no keep-alive",
             PoolConfig(
-                max_connections=256, max_keepalive_connections=0, keepalive_expiry=0.0, shards=4
+                max_connections=c2, max_keepalive_connections=0, keepalive_expiry=0.0, shards=1
             ),
         ),
         Config(
-            f"default for concurrency={concurrency}",
+            f"{-(-c2 // 32)} shards, {c2} conns, no keep-alive",
+            PoolConfig(
+                max_connections=c2,
+                max_keepalive_connections=0,
+                keepalive_expiry=0.0,
+                shards=-(-c2 // 32),
+            ),
+        ),
+        Config(
+            f"{-(-c2 // 64)} shards, {c2} conns, {concurrency} keep-alive, 5 s",
+            PoolConfig(
+                max_connections=c2,
+                max_keepalive_connections=concurrency,
+                keepalive_expiry=5.0,
+                shards=-(-c2 // 64),
+            ),
+        ),
+        Config(
+            f"{-(-c2 // 32)} shards, {c2} conns, {c2} keep-alive, 2 s",
+            PoolConfig(
+                max_connections=c2,
+                max_keepalive_connections=c2,
+                keepalive_expiry=2.0,
+                shards=-(-c2 // 32),
+            ),
+        ),
+        Config(
+            f"PoolConfig.for_settings(concurrency={concurrency})",
             PoolConfig.for_settings(FetcherSettings(concurrency=concurrency)),
         ),
     ]
 
 
 async def _bench(port: int, args: argparse.Namespace) -> None:
-    configs = _configs(args.concurrency)
+    configs = _shard_sweep(args.concurrency) if args.set == "shards" else _configs(args.concurrency)
     runs: dict[str, list[Run]] = {c.name: [] for c in configs}
     for round_ in range(args.rounds):
         for config in configs:
             runs[config.name].append(await _run(config, port, args))
         print(f"round {round_ + 1}/{args.rounds} done", flush=True)
-    reference = configs[2].name
+    reference = next(c.name for c in configs if c.pool is not None)
     ref_rps = statistics.median(r.rps for r in runs[reference])
     ref_cpu = statistics.median(r.cpu_ms for r in runs[reference])
     print(
@@ -283,6 +327,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--hosts", type=int, default=50, choices=range(1, 255))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--set", choices=("main", "shards"), default="main", help="the table, or a shard sweep"
+    )
     parser.add_argument("--server-lifetime", type=float, default=900.0)
     args = parser.parse_args()
     port = _free_port(args.hosts)

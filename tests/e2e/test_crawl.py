@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,18 +25,23 @@ from trove_schema.topology import SEEDS_SUBJECT
 pytestmark = pytest.mark.usefixtures("clean")
 
 
-@contextmanager
-def services(
+@asynccontextmanager
+async def services(
     stack: StackUrls, state: Path, env: dict[str, str], fetchers: int = 1
-) -> Iterator[LocalTrove]:
-    with LocalTrove(
+) -> AsyncIterator[LocalTrove]:
+    """The three services as real processes against the session's servers."""
+    local = LocalTrove(
         state_dir=state,
         nats_url=stack.nats_url,
         database_url=stack.database_url,
         fetchers=fetchers,
         service_env=env,
-    ) as local:
+    )
+    await asyncio.to_thread(local.start)
+    try:
         yield local
+    finally:
+        await asyncio.to_thread(local.stop)
 
 
 def sandbox_env(web: SandboxWeb, gap: float) -> dict[str, str]:
@@ -64,7 +69,7 @@ async def test_a_plain_text_seed_published_like_the_nats_cli_is_crawled_and_reco
     web = SandboxWeb.generate(hosts=1, pages_per_host=2)
     async with serve_sandbox(web) as running:
         seed = running.seeds[0]
-        with services(stack, state_dir, sandbox_env(web, gap=0.2)) as local:
+        async with services(stack, state_dir, sandbox_env(web, gap=0.2)) as local:
             nc = await nats.connect(stack.nats_url)
             await nc.publish(SEEDS_SUBJECT, seed.encode())  # raw bytes, no headers
             await nc.flush()
@@ -123,7 +128,9 @@ async def test_trove_crawl_fetches_and_records_every_sandbox_page(
     assert "Pages by status" in report
     assert "Crawls by outcome" in report
 
-    expected = SandboxWeb.generate().expected_pages()
+    web = SandboxWeb.generate()
+    # Every HTML page, and each host's feed: feeds linked from pages are fetched as pages.
+    expected = web.expected_pages() | {web.url(h.name, "/feed.xml") for h in web.hosts}
     port_free = {_without_port(u) for u in expected}
     async with engine.connect() as conn:
         fetched = (

@@ -272,6 +272,14 @@ async def test_last_modified_is_sent_as_if_modified_since(
     assert server.requests_to("/conditional")[-1].headers["if-modified-since"] == stamp
 
 
+async def test_validator_that_cannot_be_sent_is_left_out(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/conditional"), etag='"caf\u00e9"')
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert "if-none-match" not in server.requests_to("/conditional")[-1].headers
+
+
 async def test_unconditional_request_answered_304_is_a_failure(
     client: httpx.AsyncClient, server: LocalServer
 ) -> None:

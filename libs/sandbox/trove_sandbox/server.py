@@ -43,7 +43,11 @@ _TARGET = re.compile(r"[\x21-\x7e]+")
 
 @dataclass(slots=True, frozen=True)
 class WitnessRecord:
-    """One request as the server saw it: the evidence politeness tests rest on."""
+    """One request as the server saw it: the evidence politeness tests rest on.
+
+    A request too malformed to parse is recorded with an empty method and path,
+    under the host of the IP it arrived on.
+    """
 
     host: str
     path: str

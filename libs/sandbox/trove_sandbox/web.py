@@ -40,7 +40,8 @@ PageKind = Literal["home", "article", "draft", "private"]
 LinkStyle = Literal["absolute", "root", "relative", "fragment"]
 RobotsStatus = int | Literal["timeout"]
 
-_RENDER_CACHE = 4096
+#: Rendered pages kept in memory (benchmark webs do not fit; they re-render on demand).
+_RENDER_CACHE_BYTES = 64 * 1024 * 1024
 _STATIC_MODIFIED = datetime(2023, 11, 5, 8, 0, tzinfo=UTC)
 
 
@@ -111,9 +112,11 @@ class SandboxWeb:
         "_page_kb",
         "_pages",
         "_port",
+        "_robots_parsers",
         "_robots_status",
         "_robots_text",
         "_seed",
+        "_targets",
     )
 
     def __init__(
@@ -133,7 +136,9 @@ class SandboxWeb:
         self._extra: dict[tuple[str, str], _Extra] = {}
         self._robots_text: dict[str, str] = {}
         self._robots_status: dict[str, RobotsStatus] = {}
-        self._cache: OrderedDict[tuple[str, str], Response] = OrderedDict()
+        self._robots_parsers: dict[str, urllib.robotparser.RobotFileParser] = {}
+        self._targets: list[tuple[str, str, str]] | None = None
+        self._cache = _RenderCache(_RENDER_CACHE_BYTES)
         self._seed = seed
         self._page_kb = page_kb
         self._links_per_page = links_per_page
@@ -266,7 +271,7 @@ class SandboxWeb:
         return ",".join(f"{name}={ip}" for name, ip in self.resolve_map().items())
 
     def allowed_network(self) -> str:
-        """The smallest CIDR (at most a /24) that covers every host IP."""
+        """A CIDR for TROVE_ALLOWED_NETWORKS: the first IP's /24, widened until all fit."""
         ips = [ipaddress.IPv4Address(h.ip) for h in self._hosts.values()]
         prefix = 24
         while True:
@@ -368,6 +373,7 @@ class SandboxWeb:
     def set_robots(self, host: str, text: str | None) -> None:
         """Serve ``text`` as ``host``'s robots.txt (None restores the generated one)."""
         name = self.host(host).name
+        self._robots_parsers.pop(name, None)
         if text is None:
             self._robots_text.pop(name, None)
         else:
@@ -417,7 +423,7 @@ class SandboxWeb:
         if is_html and status == 200:
             links = _scrape_links(self.url(name, path), body.decode("utf-8", errors="replace"))
         self._extra[(name, path)] = _Extra(response=response, links=links, is_html=is_html)
-        self._cache.pop((name, path), None)
+        self._cache.discard((name, path))
         return self.url(name, path)
 
     # ------------------------------------------------------------------ serving
@@ -444,12 +450,9 @@ class SandboxWeb:
         key = (name, bare)
         cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(key)
             return cached
         response = self._render(host_info, bare)
-        self._cache[key] = response
-        if len(self._cache) > _RENDER_CACHE:
-            self._cache.popitem(last=False)
+        self._cache.put(key, response)
         return response
 
     def _render(self, host: Host, path: str) -> Response:
@@ -512,8 +515,11 @@ class SandboxWeb:
         return ok(text, plain, modified=_STATIC_MODIFIED)
 
     def _robots_parser(self, name: str) -> urllib.robotparser.RobotFileParser:
-        parser = urllib.robotparser.RobotFileParser()
-        parser.parse(self.robots_txt(name).splitlines())
+        parser = self._robots_parsers.get(name)
+        if parser is None:
+            parser = urllib.robotparser.RobotFileParser()
+            parser.parse(self.robots_txt(name).splitlines())
+            self._robots_parsers[name] = parser
         return parser
 
     def _robots_allows(self, name: str, path: str) -> bool:
@@ -552,9 +558,13 @@ class SandboxWeb:
 
     def _link_targets(self) -> list[tuple[str, str, str]]:
         """(host, path, title) of every home page and article: where padding links go."""
-        return [
-            (p.host, p.path, p.title) for p in self._pages.values() if p.kind in ("home", "article")
-        ]
+        if self._targets is None:
+            self._targets = [
+                (p.host, p.path, p.title)
+                for p in self._pages.values()
+                if p.kind in ("home", "article")
+            ]
+        return self._targets
 
     def _padding_links(self, spec: PageSpec) -> list[Link]:
         if not self.links_per_page or len(spec.links) >= self.links_per_page:
@@ -701,6 +711,40 @@ class SandboxWeb:
             f'<link href="{home}"/><link rel="self" href="{home}feed.xml"/>'
             f"<updated>{updated}</updated>\n{entries}</feed>\n"
         )
+
+
+class _RenderCache:
+    """Least-recently-used rendered pages, bounded by their total body size."""
+
+    __slots__ = ("_budget", "_entries", "_size")
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._size = 0
+        self._entries: OrderedDict[tuple[str, str], Response] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> Response | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[str, str], response: Response) -> None:
+        self.discard(key)
+        self._entries[key] = response
+        self._size += len(response.body)
+        while self._size > self._budget and len(self._entries) > 1:
+            _, evicted = self._entries.popitem(last=False)
+            self._size -= len(evicted.body)
+
+    def discard(self, key: tuple[str, str]) -> None:
+        gone = self._entries.pop(key, None)
+        if gone is not None:
+            self._size -= len(gone.body)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._size = 0
 
 
 # ---------------------------------------------------------------------- generation

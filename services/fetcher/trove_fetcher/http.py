@@ -368,9 +368,10 @@ async def fetch(
 
 def _request_headers(etag: str | None, last_modified: str | None) -> dict[str, str]:
     headers = {"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING}
-    if etag:
+    # A validator a site sent in non-ASCII cannot go back in a header: skip it.
+    if etag and etag.isascii():
         headers["If-None-Match"] = etag
-    if last_modified:
+    if last_modified and last_modified.isascii():
         headers["If-Modified-Since"] = last_modified
     return headers
 
@@ -401,37 +402,41 @@ async def _follow(
         try:
             trace.status_code = response.status_code
             trace.headers = response.headers
-            status = response.status_code
-            if status not in REDIRECT_STATUSES:
+            if response.status_code not in REDIRECT_STATUSES:
                 return await _final(response, trace, etag, last_modified, limits, is_parseable)
-            location = response.headers.get("location", "").strip()
-            if not location:
-                return _Ending(CrawlOutcome.FAILED, f"HTTP {status} without a Location")
-            try:
-                scheme = urlsplit(location).scheme.lower()
-                if scheme and scheme not in _DEFAULT_PORTS:
-                    return _Ending(CrawlOutcome.REJECTED, f"redirected to a {scheme}: URL")
-                target = current.join(location).copy_with(fragment=None)
-            except (ValueError, httpx.InvalidURL) as exc:
-                return _Ending(CrawlOutcome.FAILED, f"invalid redirect Location: {exc}")
-            if not same_site(current, target):
-                trace.redirect_target = str(target)
-                return _Ending(CrawlOutcome.REJECTED, "redirected to another host")
-            if target in visited:
-                raise TooManyRedirects(f"redirect loop back to {target}")
-            if len(trace.redirects) >= limits.max_redirects:
-                raise TooManyRedirects(f"too many redirects (more than {limits.max_redirects})")
-            if robots_allows is not None and not await robots_allows(str(target)):
-                trace.redirect_target = str(target)
-                return _Ending(
-                    CrawlOutcome.BLOCKED_ROBOTS, "redirect target disallowed by robots.txt"
-                )
-            visited.add(target)
-            trace.redirects.append(str(target))
-            trace.final_url = str(target)
-            current = target
+            hop = _redirect_target(response, current)
         finally:
+            # Closed before anything else is awaited: a redirect body is never read.
             await response.aclose()
+        if isinstance(hop, _Ending):
+            return hop
+        if not same_site(current, hop):
+            trace.redirect_target = str(hop)
+            return _Ending(CrawlOutcome.REJECTED, "redirected to another host")
+        if hop in visited:
+            raise TooManyRedirects(f"redirect loop back to {hop}")
+        if len(trace.redirects) >= limits.max_redirects:
+            raise TooManyRedirects(f"too many redirects (more than {limits.max_redirects})")
+        if robots_allows is not None and not await robots_allows(str(hop)):
+            trace.redirect_target = str(hop)
+            return _Ending(CrawlOutcome.BLOCKED_ROBOTS, "redirect target disallowed by robots.txt")
+        visited.add(hop)
+        trace.redirects.append(str(hop))
+        trace.final_url = str(hop)
+        current = hop
+
+
+def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL | _Ending:
+    location = response.headers.get("location", "").strip()
+    if not location:
+        return _Ending(CrawlOutcome.FAILED, f"HTTP {response.status_code} without a Location")
+    try:
+        scheme = urlsplit(location).scheme.lower()
+        if scheme and scheme not in _DEFAULT_PORTS:
+            return _Ending(CrawlOutcome.REJECTED, f"redirected to a {scheme}: URL")
+        return current.join(location).copy_with(fragment=None)
+    except (ValueError, httpx.InvalidURL) as exc:
+        return _Ending(CrawlOutcome.FAILED, f"invalid redirect Location: {exc}")
 
 
 async def _final(

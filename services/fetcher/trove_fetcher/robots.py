@@ -1,16 +1,12 @@
 """robots.txt (RFC 9309): fetch it, decide what it means, cache it across pods.
 
-What the fetch status means for the whole origin:
+What the fetch status means for the whole origin, and for how long:
 
-=====================================  =========================  ================
-robots.txt answer                      policy                     valid for
-=====================================  =========================  ================
-2xx                                    the file's rules           ``ttl`` (1 day)
-4xx (401, 403 and 404 included)        allow all (RFC 9309 §2.3.1.3)  ``ttl``
-more than 5 redirects                  allow all (unavailable, §2.3.1.2)  ``ttl``
-429, 5xx, timeout, unreachable,        disallow all (§2.3.1.4)    ``retry_ttl``
-blocked address                                                   (10 minutes)
-=====================================  =========================  ================
+- 2xx: the file's rules, for ``ttl`` (a day);
+- 4xx, 401 and 403 included: allow all (RFC 9309 §2.3.1.3), for ``ttl``;
+- more than 5 redirects: unavailable, so allow all (§2.3.1.2), for ``ttl``;
+- 429, 5xx, a timeout, no connection, a blocked address: disallow all (§2.3.1.4),
+  for ``retry_ttl`` only (10 minutes), so that robots.txt is asked for again soon.
 
 429 is a 4xx that RFC 9309 would read as "allow all"; Trove reads it as the site
 asking to slow down, like a 5xx, as Google does.

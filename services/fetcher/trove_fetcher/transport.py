@@ -234,25 +234,32 @@ class _ResponseStream(httpx.AsyncByteStream):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PoolConfig:
-    """How the transport pools connections (totals across its shards)."""
+    """How the transport pools connections (totals, split evenly across the shards)."""
 
     max_connections: int = 128
-    max_keepalive_connections: int = 64
-    keepalive_expiry: float = 5.0
+    max_keepalive_connections: int = 128
+    keepalive_expiry: float = 2.0
     #: Pools the connections are spread over, by origin hash (httpx#3215).
-    shards: int = 1
+    shards: int = 4
 
     @classmethod
     def for_settings(cls, settings: FetcherSettings) -> PoolConfig:
-        # A request at a time per domain plus a robots.txt fetch beside it; the
-        # politeness delay (10 s) outlives keep-alive, so idle sockets rarely pay off.
-        # Shards of about 64 connections keep each pool's scans short (see bench/).
+        """The defaults measured in ``bench/bench_transport.py``.
+
+        Room for a page and a robots.txt fetch per concurrent job. Shards of about 32
+        connections keep httpcore's per-request scans short. Keep-alive covers every
+        connection: below the pool size, httpcore (1.0.9) closes idle connections
+        whenever the pool holds more connections *in total* than the keep-alive
+        limit, and reconnects nearly every request. A 2 s expiry still serves
+        redirect hops, and drops sockets that the politeness delay (10 s between
+        two requests to a domain) would leave idle anyway.
+        """
         connections = max(2 * settings.concurrency, 16)
         return cls(
             max_connections=connections,
-            max_keepalive_connections=settings.concurrency,
-            keepalive_expiry=5.0,
-            shards=max(1, math.ceil(connections / 64)),
+            max_keepalive_connections=connections,
+            keepalive_expiry=2.0,
+            shards=math.ceil(connections / 32),
         )
 
 
