@@ -93,13 +93,18 @@ TABLES = ("page_links", "page_crawls", "pages", "seed_rejections", "projected_ev
 async def clean(bus: Bus, engine: AsyncEngine) -> None:
     """An empty crawl: streams, consumers and buckets recreated, tables truncated."""
     top = declare()
+    # Purge rather than delete: recreating a just-deleted stream can race the server's
+    # removal of its store. Consumers are deleted so they start from the beginning.
+    await ensure_topology(bus.js, top)
+    for stream, consumer in top.consumers:
+        assert consumer.durable_name is not None
+        with contextlib.suppress(NotFoundError):
+            await bus.js.delete_consumer(stream, consumer.durable_name)
     for config in top.streams:
         assert config.name is not None
-        with contextlib.suppress(NotFoundError):
-            await bus.js.delete_stream(config.name)
+        await bus.js.purge_stream(config.name)
     for bucket in top.buckets:
-        with contextlib.suppress(NotFoundError):
-            await bus.js.delete_key_value(bucket.bucket)
+        await bus.js.purge_stream(f"KV_{bucket.bucket}")
     await ensure_topology(bus.js, top)
     async with engine.begin() as conn:
         await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))

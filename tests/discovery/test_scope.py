@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trove_discovery.scope import follow_link, in_scope
 from trove_schema.events import Scope, ScopeKind
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from trove_discovery.seeds import (
     MAX_SEEDS_PER_MESSAGE,
     RejectedSeed,

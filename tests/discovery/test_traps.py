@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trove_discovery.traps import url_trap_reason
 
 

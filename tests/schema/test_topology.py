@@ -40,10 +40,15 @@ async def test_a_changed_consumer_config_is_reconciled(bus: Bus) -> None:
 
 @pytest.mark.usefixtures("clean")
 async def test_many_pods_reconciling_at_once_all_succeed(bus: Bus) -> None:
-    for config in declare().streams:
-        assert config.name is not None
-        await bus.js.delete_stream(config.name)
-    await asyncio.gather(*(ensure_topology(bus.js) for _ in range(5)))
+    top = declare()
+    for stream, consumer in top.consumers:
+        assert consumer.durable_name is not None
+        await bus.js.delete_consumer(stream, consumer.durable_name)
+    await asyncio.gather(*(ensure_topology(bus.js, top) for _ in range(5)))
+    for stream, consumer in top.consumers:
+        assert consumer.durable_name is not None
+        info = await bus.js.consumer_info(stream, consumer.durable_name)
+        assert info.config.ack_policy == consumer.ack_policy
     assert (await bus.js.stream_info(SEEDS_STREAM)).config.no_ack is True
 
 

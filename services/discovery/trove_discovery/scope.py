@@ -15,9 +15,8 @@ from __future__ import annotations
 import functools
 import re
 
-from trove_schema.events import Scope, ScopeKind
-
 from trove_discovery.errors import InvalidURL
+from trove_schema.events import Scope, ScopeKind
 from trove_schema.urls import domain_of, registrable_domain
 
 

@@ -26,10 +26,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trove_discovery.errors import InvalidSeed, InvalidURL
 from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
-
-from trove_discovery.errors import InvalidSeed, InvalidURL
 from trove_schema.urls import (
     canonicalize,
     domain_of,

@@ -29,6 +29,7 @@ from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
 from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
+    MAX_LINKS_PER_PAGE,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -255,7 +256,7 @@ def _base(job: Job) -> dict[str, object]:
 def _blocked_by_robots(job: Job) -> CrawlCompleted:
     now = datetime.now(UTC)
     return CrawlCompleted(
-        **_base(job),  # type: ignore[arg-type]
+        **_base(job),
         outcome=CrawlOutcome.BLOCKED_ROBOTS,
         error_message="disallowed by robots.txt",
         started_at=now,
@@ -289,10 +290,10 @@ def _completed(
     if result.redirect_target:
         target = canonicalize_or_none(result.redirect_target)
         if target is not None:
-            links = (*links, Link(url=target, kind=LinkKind.REDIRECT))
+            links = (*links[: MAX_LINKS_PER_PAGE - 1], Link(url=target, kind=LinkKind.REDIRECT))
     final_url = result.final_url if result.final_url and result.final_url != job.url else None
     return CrawlCompleted(
-        **_base(job),  # type: ignore[arg-type]
+        **_base(job),
         outcome=result.outcome,
         status_code=result.status_code,
         error_message=result.error_message,
@@ -306,5 +307,5 @@ def _completed(
         links_truncated=truncated,
         etag=result.etag,
         last_modified=result.last_modified,
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
