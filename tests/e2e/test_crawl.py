@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,40 +15,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from trove_cli.local import LocalTrove
+from tests.support import sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.topology import SEEDS_SUBJECT
 
 pytestmark = pytest.mark.usefixtures("clean")
-
-
-@asynccontextmanager
-async def services(
-    stack: StackUrls, state: Path, env: dict[str, str], fetchers: int = 1
-) -> AsyncIterator[LocalTrove]:
-    """The three services as real processes against the session's servers."""
-    local = LocalTrove(
-        state_dir=state,
-        nats_url=stack.nats_url,
-        database_url=stack.database_url,
-        fetchers=fetchers,
-        service_env=env,
-    )
-    await asyncio.to_thread(local.start)
-    try:
-        yield local
-    finally:
-        await asyncio.to_thread(local.stop)
-
-
-def sandbox_env(web: SandboxWeb, gap: float) -> dict[str, str]:
-    return {
-        "TROVE_RESOLVE": web.resolve_setting(),
-        "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
-        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
-        "TROVE_LOG_LEVEL": "INFO",
-    }
 
 
 def _without_port(url: str) -> tuple[str | None, str]:

@@ -161,6 +161,7 @@ class Consumer:
     max_failures: int = 5
     failure_backoff: float = 2.0
     idle_wait: float = 1.0
+    busy_wait: float = 0.05
 
     async def run(self, stop: asyncio.Event) -> None:
         psub = await self._bind(stop)
@@ -174,8 +175,12 @@ class Consumer:
                 if len(tasks) >= self.concurrency:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
+                # A pull for N messages lingers until N arrive or it expires; with work in
+                # flight (and so maybe at max_ack_pending) keep pulls short, so freed
+                # capacity is refilled at once rather than at the end of a long pull.
+                wait = self.busy_wait if tasks else self.idle_wait
                 try:
-                    msgs = await psub.fetch(free, timeout=self.idle_wait)
+                    msgs = await psub.fetch(free, timeout=wait)
                 except (TimeoutError, NatsTimeoutError):
                     continue
                 except Exception as exc:  # connection trouble: nats-py reconnects

@@ -74,6 +74,10 @@ class FetcherSettings(CommonSettings):
     bot_info_url: str = "https://github.com/trove-crawler/trove/blob/main/docs/bot.md"
     robots_token: str = "TroveBot"  # noqa: S105 - the robots.txt user-agent token
     concurrency: int = Field(default=64, ge=1, le=4096)
+    #: Work messages handed out to all fetcher pods before any is acked (consumer-wide).
+    max_ack_pending: int = Field(default=2000, ge=1)
+    #: How long a pod may hold a work message before JetStream gives it to another pod.
+    ack_wait_seconds: float = Field(default=90.0, ge=5.0)
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=10.0, gt=0)
     request_timeout: float = Field(default=30.0, gt=0)

@@ -230,16 +230,40 @@ def declare(options: TopologyOptions | None = None) -> Topology:
     return Topology(streams=streams, consumers=consumers, buckets=buckets, options=opts)
 
 
-async def ensure_topology(js: JetStreamContext, topology: Topology | None = None) -> Topology:
-    """Create or reconcile every stream, consumer and bucket. Idempotent."""
+#: Which service's settings shape each consumer and bucket: only the owner reconciles
+#: it, so services started with different options do not undo each other's changes.
+OWNERS = {
+    DISCOVERY_SEEDS: "discovery",
+    DISCOVERY_LINKS: "discovery",
+    SEEN_BUCKET: "discovery",
+    FETCHER: "fetcher",
+    FETCHER_DEFERRED: "fetcher",
+    DOMAINS_BUCKET: "fetcher",
+    ROBOTS_BUCKET: "fetcher",
+    RECORDER: "recorder",
+}
+
+
+async def ensure_topology(
+    js: JetStreamContext, topology: Topology | None = None, *, owner: str | None = None
+) -> Topology:
+    """Create what is missing; reconcile streams, and what ``owner`` owns. Idempotent.
+
+    ``owner=None`` (operators, tests) reconciles everything.
+    """
     top = topology or declare()
+
+    def mine(name: str) -> bool:
+        return owner is None or OWNERS.get(name) == owner
+
     try:
         for config in top.streams:
             await _ensure_stream(js, config)
         for bucket in top.buckets:
-            await _ensure_bucket(js, bucket)
+            await _ensure_bucket(js, bucket, reconcile=mine(bucket.bucket))
         for stream, consumer in top.consumers:
-            await _ensure_consumer(js, stream, consumer)
+            assert consumer.durable_name is not None
+            await _ensure_consumer(js, stream, consumer, reconcile=mine(consumer.durable_name))
     except (TimeoutError, APIError) as exc:
         raise TopologyError(f"could not reconcile the JetStream topology: {exc}") from exc
     return top
@@ -263,12 +287,14 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         log.info("reconciled stream %s", config.name)
 
 
-async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
+async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconcile: bool) -> None:
     try:
         await js.key_value(config.bucket)
     except BucketNotFoundError:
         await js.create_key_value(config)
         log.info("created bucket %s", config.bucket)
+        return
+    if not reconcile:
         return
     stream = f"KV_{config.bucket}"
     info = await js.stream_info(stream)
@@ -280,7 +306,9 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig) -> None:
         log.info("reconciled bucket %s", config.bucket)
 
 
-async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+async def _ensure_consumer(
+    js: JetStreamContext, stream: str, config: ConsumerConfig, *, reconcile: bool
+) -> None:
     assert config.durable_name is not None
     try:
         info = await js.consumer_info(stream, config.durable_name)
@@ -288,7 +316,7 @@ async def _ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerCo
         await js.add_consumer(stream, config)
         log.info("created consumer %s on %s", config.durable_name, stream)
         return
-    if _differs(info.config, config):
+    if reconcile and _differs(info.config, config):
         # The create API updates a durable in place when only editable fields changed;
         # a filter change on an existing durable is editable since nats-server 2.10.
         await js.add_consumer(stream, config)

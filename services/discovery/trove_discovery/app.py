@@ -26,7 +26,9 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         raise SystemExit("discovery needs TROVE_NATS_URL")
     bus = await Bus.connect(settings.nats_url, name="trove-discovery")
     try:
-        await ensure_topology(bus.js, declare(TopologyOptions(replicas=settings.replicas)))
+        await ensure_topology(
+            bus.js, declare(TopologyOptions(replicas=settings.replicas)), owner="discovery"
+        )
         discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
         replies = await bus.nc.subscribe(
             SEEDS_SUBJECT, queue="discovery-replies", cb=discovery.reply_to_seed_request

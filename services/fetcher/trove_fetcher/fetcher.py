@@ -104,19 +104,24 @@ class Fetcher:
     async def process(self, job: Job, payload: bytes) -> None:
         robots = await self._cached_robots(job.url)
         if robots is not None and not robots.allows(job.url, self.robots_token):
-            await self._complete(job, _blocked_by_robots(job))
+            await self._complete(job, _robots_refusal(job, robots))
             return
         grant = await self._lease(job, payload)
         if grant is None:
             return
         if robots is None:
-            robots = await self._fetch_robots(job, grant)
+            # Another task or pod may have fetched it while we waited for the lease.
+            robots = await self._cached_robots(job.url)
+            if robots is None:
+                robots = await self._fetch_robots(job, grant)
+                # robots.txt used this lease; the page waits for the next one.
+                if robots.allows(job.url, self.robots_token):
+                    grant = await self._lease(job, payload)
+                    if grant is None:
+                        return
             if not robots.allows(job.url, self.robots_token):
-                await self._complete(job, _blocked_by_robots(job))
-                return
-            # robots.txt used this lease; the page waits for the next one.
-            grant = await self._lease(job, payload)
-            if grant is None:
+                await self.politeness.finish(job.domain, grant, time.time())
+                await self._complete(job, _robots_refusal(job, robots))
                 return
         await self._fetch_page(job, grant)
 
@@ -253,12 +258,20 @@ def _base(job: Job) -> dict[str, object]:
     }
 
 
-def _blocked_by_robots(job: Job) -> CrawlCompleted:
+def _robots_refusal(job: Job, robots: RobotsPolicy) -> CrawlCompleted:
+    """The site's robots.txt forbids the URL; or it could not be read, so nothing is
+    allowed for now: that is a failed (retryable) attempt, not the site's refusal."""
     now = datetime.now(UTC)
+    if robots.temporary:
+        status = f" ({robots.status_code})" if robots.status_code else ""
+        outcome = CrawlOutcome.FAILED
+        reason = f"robots.txt unavailable{status}: {robots.error or 'disallow all for now'}"
+    else:
+        outcome, reason = CrawlOutcome.BLOCKED_ROBOTS, "disallowed by robots.txt"
     return CrawlCompleted(
         **_base(job),
-        outcome=CrawlOutcome.BLOCKED_ROBOTS,
-        error_message="disallowed by robots.txt",
+        outcome=outcome,
+        error_message=reason[:2000],
         started_at=now,
         completed_at=now,
     )

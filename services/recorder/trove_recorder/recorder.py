@@ -110,7 +110,9 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
     bus = await Bus.connect(settings.nats_url, name="trove-recorder")
     engine = make_engine(settings.database_url)
     try:
-        await ensure_topology(bus.js, declare(TopologyOptions(replicas=settings.replicas)))
+        await ensure_topology(
+            bus.js, declare(TopologyOptions(replicas=settings.replicas)), owner="recorder"
+        )
         recorder = Recorder(
             engine,
             bus,

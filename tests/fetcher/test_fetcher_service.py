@@ -1,0 +1,166 @@
+"""The fetcher as a real process (or two) against real NATS, Postgres and HTTP servers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from tests.support import outcomes, publish_work, query, sandbox_env, services
+from trove_sandbox.server import serve_sandbox
+from trove_sandbox.web import SandboxWeb
+from trove_schema.bus import Bus
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+ALLOW_ALL = "User-agent: *\nAllow: /\n"
+
+
+async def test_two_fetchers_never_send_two_requests_to_one_host_closer_than_the_gap(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    gap = 1.0
+    web = SandboxWeb.generate(hosts=4, pages_per_host=6)
+    async with serve_sandbox(web) as running:
+        urls = [u for h in web.hosts for u in [web.url(h.name, "/"), *web.articles(h.name)]]
+        async with services(stack, state_dir, sandbox_env(web, gap), fetchers=2) as local:
+            await publish_work(bus, urls)
+
+            async def done() -> int:
+                local.check_alive()
+                return len(await outcomes(engine))
+
+            await eventually(done, until=lambda n: n == len(urls), timeout=90, what="all fetched")
+        witness = running.witness
+        for host in web.hosts:
+            floor = max(gap, web.crawl_delay(host.name) or 0.0)
+            seen = witness.min_gap(host.name)
+            assert seen is not None
+            assert seen >= floor, f"{host.name}: two requests {seen:.3f}s apart (gap {floor})"
+        assert all(
+            r.user_agent and r.user_agent.startswith("TroveBot/") for r in witness.requests()
+        )
+        assert not any("/private/" in r.path for r in witness.requests())
+
+
+async def test_a_big_domain_does_not_hold_up_small_ones(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    """300 pages on one host, 3 on each of 30 others, gap 1 s, only 10 messages in flight."""
+    gap = 1.0
+    web = SandboxWeb.generate(hosts=31, pages_per_host=1, base_ip="127.0.0.100")
+    big, *small = [h.name for h in web.hosts]
+    for host in web.hosts:
+        web.set_robots(host.name, ALLOW_ALL)
+    for n in range(300):
+        web.add_page(big, f"/p/{n}.html", f"<title>page {n}</title><p>big page {n}</p>")
+    for h in small:
+        for n in range(3):
+            web.add_page(h, f"/s/{n}.html", f"<title>{h} {n}</title><p>small page</p>")
+    env = sandbox_env(web, gap, TROVE_MAX_ACK_PENDING="10")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
+        # URLs carry the port, known once the sandbox is serving.
+        big_urls = [web.url(big, f"/p/{n}.html") for n in range(300)]
+        small_urls = [web.url(h, f"/s/{n}.html") for h in small for n in range(3)]
+        witness = running.witness
+        started = time.monotonic()
+        await publish_work(bus, big_urls)  # the big domain's pages queue first
+        await publish_work(bus, small_urls)
+
+        def small_paths_done() -> bool:
+            return all(
+                len([r for r in witness.requests(h) if r.path.startswith("/s/")]) == 3
+                for h in small
+            )
+
+        try:
+            await witness.wait_for(lambda _w: small_paths_done(), within=30.0)
+        except TimeoutError:
+            counts = {h: len(witness.requests(h)) for h in [big, *small]}
+            log = (state_dir / "logs" / "fetcher-0.log").read_text()[-3000:]
+            raise AssertionError(f"{counts}\n{log}") from None
+        small_done = time.monotonic() - started
+        # Every small domain: robots.txt plus 3 pages, one gap apart, within a few seconds.
+        last_small = max(r.monotonic for h in small for r in witness.requests(h))
+        assert last_small - started < 15.0, f"small domains took {last_small - started:.1f}s"
+        # Meanwhile the big one proceeds at one request per gap, never faster.
+        big_requests = witness.requests(big)
+        assert (witness.min_gap(big) or gap) >= gap
+        elapsed = big_requests[-1].monotonic - big_requests[0].monotonic
+        assert len(big_requests) >= 0.8 * (elapsed / gap), (
+            f"big domain: {len(big_requests)} requests in {elapsed:.1f}s"
+        )
+        assert small_done < 30.0
+
+
+async def test_robots_rules_are_obeyed_and_recorded(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=3, pages_per_host=2, base_ip="127.0.0.140")
+    disallowing, missing, failing = (h.name for h in web.hosts)
+    web.set_robots(
+        disallowing, "User-agent: TroveBot\nDisallow: /posts/\n\nUser-agent: *\nAllow: /\n"
+    )
+    web.set_robots_status(missing, 404)
+    web.set_robots_status(failing, 503)
+    async with serve_sandbox(web) as running, services(stack, state_dir, sandbox_env(web, 0.3)):
+        urls = {h.name: [web.url(h.name, "/"), *web.articles(h.name)] for h in web.hosts}
+        await publish_work(bus, [u for group in urls.values() for u in group])
+
+        async def recorded() -> dict[str, str]:
+            return await outcomes(engine)
+
+        result = await eventually(
+            recorded, until=lambda r: len(r) == 6, timeout=60, what="every page recorded"
+        )
+        paths = {h.name: running.witness.paths(h.name) for h in web.hosts}
+    # TroveBot's group wins over *: the disallowed articles are never requested.
+    assert [result[u] for u in urls[disallowing]] == ["success", "blocked_robots"]
+    assert not any(p.startswith("/posts/") for p in paths[disallowing])
+    # robots.txt 404: everything allowed.
+    assert [result[u] for u in urls[missing]] == ["success", "success"]
+    # robots.txt 5xx: nothing but robots.txt is requested; the pages are retried later.
+    assert [result[u] for u in urls[failing]] == ["failed", "failed"]
+    assert paths[failing] == ["/robots.txt"]
+
+
+async def test_misbehaving_servers_end_in_recorded_outcomes(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=1, pages_per_host=1, base_ip="127.0.0.150", with_trap=True)
+    trap = web.trap_host
+    assert trap is not None
+    cases = {
+        "/huge": "success",  # cut at the body cap, still parsed
+        "/slow-body": "timeout",
+        "/redirect-loop": "failed",
+        "/binary.pdf": "rejected",
+        "/bad-charset": "success",
+        "/gzip-bomb": "rejected",  # a decompression bomb is refused
+        "/status/404": "blocked_4xx",
+        "/status/500": "blocked_5xx",
+        "/redirect-cross": "rejected",
+    }
+    env = sandbox_env(web, 0.2, TROVE_REQUEST_TIMEOUT="3", TROVE_READ_TIMEOUT="2")
+    async with serve_sandbox(web), services(stack, state_dir, env) as local:
+        await publish_work(bus, [web.url(trap, path) for path in cases])
+
+        async def recorded() -> dict[str, str]:
+            local.check_alive()
+            return await outcomes(engine)
+
+        result = await eventually(
+            recorded, until=lambda r: len(r) >= len(cases), timeout=90, what="all outcomes"
+        )
+    got = {path: result[web.url(trap, path)] for path in cases}
+    assert got == cases
+    (cross,) = await query(
+        engine,
+        "SELECT t.url FROM page_links l JOIN pages f ON f.id = l.from_page_id "
+        "JOIN pages t ON t.id = l.to_page_id WHERE f.url = :u AND l.kind = 'redirect'",
+        u=web.url(trap, "/redirect-cross"),
+    )
+    assert "alice-blog" in cross.url or cross.url.startswith("http://")

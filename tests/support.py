@@ -1,0 +1,76 @@
+"""Helpers for integration tests: the services as real processes, sandbox settings, queries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls
+from trove_cli.local import LocalTrove
+from trove_sandbox.web import SandboxWeb
+from trove_schema.bus import Bus
+from trove_schema.events import PageDiscovered, Provenance, Scope, ScopeKind
+from trove_schema.urls import canonicalize, domain_of
+
+
+@asynccontextmanager
+async def services(
+    stack: StackUrls, state: Path, env: dict[str, str], fetchers: int = 1
+) -> AsyncIterator[LocalTrove]:
+    """The three services as real processes against the session's servers."""
+    local = LocalTrove(
+        state_dir=state,
+        nats_url=stack.nats_url,
+        database_url=stack.database_url,
+        fetchers=fetchers,
+        service_env=env,
+    )
+    await asyncio.to_thread(local.start)
+    try:
+        yield local
+    finally:
+        await asyncio.to_thread(local.stop)
+
+
+def sandbox_env(web: SandboxWeb, gap: float, **extra: str) -> dict[str, str]:
+    return {
+        "TROVE_RESOLVE": web.resolve_setting(),
+        "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
+        **extra,
+    }
+
+
+async def publish_work(bus: Bus, urls: Sequence[str], *, scope: ScopeKind = ScopeKind.HOST) -> None:
+    """Hand URLs straight to the fetcher, as discovery would."""
+    for url in urls:
+        canonical = canonicalize(url)
+        await bus.publish(
+            PageDiscovered(
+                url=canonical,
+                domain=domain_of(canonical),
+                scope=Scope(kind=scope, value=domain_of(canonical), max_depth=0),
+                provenance=Provenance(kind="seed", origin="test"),
+            )
+        )
+
+
+async def query(engine: AsyncEngine, sql: str, **params: Any) -> Sequence[Any]:
+    async with engine.connect() as conn:
+        return (await conn.execute(text(sql), params)).all()
+
+
+async def outcomes(engine: AsyncEngine) -> dict[str, str]:
+    """url -> outcome of its latest attempt."""
+    rows = await query(
+        engine,
+        "SELECT DISTINCT ON (p.url) p.url, c.outcome FROM page_crawls c "
+        "JOIN pages p ON p.id = c.page_id ORDER BY p.url, c.completed_at DESC",
+    )
+    return {r.url: r.outcome for r in rows}
