@@ -174,7 +174,6 @@ async def _crawl_completed(
             "canonical_url": event.canonical_url,
             "noindex": event.noindex,
         }
-        await _replace_links(session, page_id, event)
     elif outcome is CrawlOutcome.NOT_MODIFIED:
         values |= {"status": "fetched", "fetched_at": event.completed_at, "failed_at": None}
     elif event.retryable and await _schedule_retry(session, page_id, event, policy):
@@ -183,6 +182,10 @@ async def _crawl_completed(
         values["status"] = STATUS_BY_OUTCOME[outcome]
         if values["status"] == "failed":
             values["failed_at"] = event.completed_at
+    if outcome is CrawlOutcome.SUCCESS or event.links:
+        # A failed attempt keeps the page's last known links, unless it says where the
+        # page points now (a redirect to another host).
+        await _replace_links(session, page_id, event)
     await session.execute(update(Page).where(Page.id == page_id).values(**values))
 
 
