@@ -22,6 +22,7 @@ import os
 import socket
 import statistics
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -143,7 +144,7 @@ class Run:
     seconds: float
     cpu: float
     requests: int
-    errors: int
+    errors: Counter[str]
     connects: int
 
     @property
@@ -157,19 +158,18 @@ class Run:
 
 async def _load(
     send: Callable[[str], Awaitable[int]], urls: list[str], total: int, concurrency: int
-) -> tuple[int, int]:
+) -> tuple[int, Counter[str]]:
     counter = itertools.count()
-    errors = 0
+    errors: Counter[str] = Counter()
 
     async def worker() -> None:
-        nonlocal errors
         while (n := next(counter)) < total:
             try:
                 status = await send(urls[n % len(urls)])
                 if status != 200:
-                    errors += 1
-            except httpx.HTTPError:
-                errors += 1
+                    errors[f"HTTP {status}"] += 1
+            except httpx.HTTPError as exc:
+                errors[type(exc).__name__] += 1
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return total, errors
@@ -293,6 +293,7 @@ def _configs(concurrency: int) -> list[Config]:
 
 async def _bench(port: int, args: argparse.Namespace) -> None:
     configs = _shard_sweep(args.concurrency) if args.set == "shards" else _configs(args.concurrency)
+    configs = [c for c in configs if args.only in c.name]
     runs: dict[str, list[Run]] = {c.name: [] for c in configs}
     for round_ in range(args.rounds):
         for config in configs:
@@ -314,10 +315,11 @@ async def _bench(port: int, args: argparse.Namespace) -> None:
         rps = statistics.median(r.rps for r in rs)
         cpu = statistics.median(r.cpu_ms for r in rs)
         connects = statistics.median(r.connects for r in rs) if config.pool else float("nan")
-        errors = sum(r.errors for r in rs)
+        errors = sum((r.errors for r in rs), Counter[str]())
         print(
             f"{config.name:<48} {rps:>8.0f} {rps / ref_rps:>6.2f} {cpu:>11.3f} "
-            f"{cpu / ref_cpu:>6.2f} {connects:>9.0f} {errors:>7}"
+            f"{cpu / ref_cpu:>6.2f} {connects:>9.0f} {errors.total():>7}"
+            + (f"  {dict(errors)}" if errors else "")
         )
 
 
@@ -330,6 +332,7 @@ def main() -> None:
     parser.add_argument(
         "--set", choices=("main", "shards"), default="main", help="the table, or a shard sweep"
     )
+    parser.add_argument("--only", default="", help="run the configurations whose name has this")
     parser.add_argument("--server-lifetime", type=float, default=900.0)
     args = parser.parse_args()
     port = _free_port(args.hosts)

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls
-from trove_cli.local import LocalTrove
+from trove_cli.local import SERVICES, LocalTrove
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
 from trove_schema.events import PageDiscovered, Provenance, Scope, ScopeKind
@@ -21,14 +21,22 @@ from trove_schema.urls import canonicalize, domain_of
 
 @asynccontextmanager
 async def services(
-    stack: StackUrls, state: Path, env: dict[str, str], fetchers: int = 1
+    stack: StackUrls,
+    state: Path,
+    env: dict[str, str],
+    fetchers: int = 1,
+    *,
+    only: tuple[str, ...] = SERVICES,
+    replicas: dict[str, int] | None = None,
 ) -> AsyncIterator[LocalTrove]:
-    """The three services as real processes against the session's servers."""
+    """The services as real processes against the session's servers."""
     local = LocalTrove(
         state_dir=state,
         nats_url=stack.nats_url,
         database_url=stack.database_url,
         fetchers=fetchers,
+        services=only,
+        replicas=replicas or {},
         service_env=env,
     )
     await asyncio.to_thread(local.start)

@@ -32,6 +32,9 @@ class LocalTrove:
     database_url: str = ""
     fresh: bool = False
     fetchers: int = 1
+    #: Which services to run, and how many processes of each (default: one, fetchers aside).
+    services: tuple[str, ...] = SERVICES
+    replicas: Mapping[str, int] = field(default_factory=dict)
     service_env: Mapping[str, str] = field(default_factory=dict)
     logs_to_console: bool = False
     fast_and_unsafe: bool = False
@@ -50,8 +53,9 @@ class LocalTrove:
         try:
             upgrade(self.stack.database_url)
             self._write_stack_file()
-            for name in SERVICES:
-                for n in range(self.fetchers if name == "fetcher" else 1):
+            for name in self.services:
+                default = self.fetchers if name == "fetcher" else 1
+                for n in range(self.replicas.get(name, default)):
                     self.children.append(self._spawn(name, n))
         except BaseException:
             self.stop()

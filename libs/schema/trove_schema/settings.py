@@ -54,7 +54,7 @@ class DiscoverySettings(CommonSettings):
     max_path_repetitions: int = Field(default=3, ge=1)
     follow_nofollow: bool = False
     #: A fetched page is re-requested after this many seconds (default 7 days).
-    recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=60)
+    recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
 

@@ -22,7 +22,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from trove_discovery.scope import follow_link, in_scope
-from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json
+from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
 from trove_discovery.traps import url_trap_reason
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -97,7 +97,9 @@ class Discovery:
         if not msg.reply:
             return  # a plain publish: the stream consumer handles it
         batch: SeedBatch = parse_seeds(msg.data, origin="request", settings=self.settings)
-        await msg.respond(reply_json(batch))
+        # Answer in kind: JSON to a JSON request, words to someone typing URLs.
+        as_json = msg.data.lstrip()[:1] in (b"{", b"[")
+        await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
 
     # links ----------------------------------------------------------------------
 
@@ -145,9 +147,11 @@ class Discovery:
                     source_url=event.url,
                 ),
             )
-            if not await self._within_budget(discovered.domain, discovered.id):
+            # Only new URLs count against the host's budget; one refused by the budget
+            # stays seen, so the host gets no more pages this cycle.
+            if not await self._first_sighting(discovered.url, discovered.id):
                 continue
-            if await self._first_sighting(discovered.url, discovered.id):
+            if await self._within_budget(discovered.domain, discovered.id):
                 await self.bus.publish(discovered)
 
     async def _request_recrawl(self, event: CrawlCompleted) -> None:

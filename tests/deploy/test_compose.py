@@ -1,0 +1,200 @@
+"""compose.yaml: the Compose Specification, dependencies, health, NATS, settings."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.deploy._support import REPO, compose, compose_validator, entry_points, schema_errors
+from trove_cli.main import parser as cli_parser
+from trove_schema.settings import (
+    CommonSettings,
+    DiscoverySettings,
+    FetcherSettings,
+    RecorderSettings,
+    check_environment,
+    known_keys,
+)
+
+TROVE_SERVICES = ("discovery", "recorder", "fetcher")
+SETTINGS: dict[str, type[CommonSettings]] = {
+    "discovery": DiscoverySettings,
+    "recorder": RecorderSettings,
+    "fetcher": FetcherSettings,
+    "migrate": CommonSettings,
+}
+
+
+def services() -> dict[str, Any]:
+    found: dict[str, Any] = compose()["services"]
+    return found
+
+
+def built_services() -> dict[str, Any]:
+    return {name: s for name, s in services().items() if "build" in s}
+
+
+def seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration)
+    assert "".join(a + b for a, b in parts) == duration, duration
+    return sum(float(a) * units[b] for a, b in parts)
+
+
+def nats_config() -> str:
+    (reference,) = services()["nats"]["configs"]
+    content: str = compose()["configs"][reference["source"]]["content"]
+    return content
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    assert schema_errors(compose_validator(), compose()) == []
+
+
+def test_the_compose_schema_refuses_a_misspelt_key() -> None:
+    broken = copy.deepcopy(compose())
+    broken["services"]["fetcher"]["healthcheck"]["intervall"] = "5s"
+    assert schema_errors(compose_validator(), broken) != []
+
+
+def test_trove_services_share_one_image_built_from_the_dockerfile() -> None:
+    built = built_services()
+    assert set(built) == {*TROVE_SERVICES, "migrate"}
+    assert {s["image"] for s in built.values()} == {"trove:local"}
+    for service in built.values():
+        assert service["build"]["context"] == "."
+        assert (REPO / service["build"].get("dockerfile", "Dockerfile")).is_file()
+
+
+def test_every_trove_command_is_an_entry_point() -> None:
+    for name, service in built_services().items():
+        command = service["command"]
+        assert command[0] in entry_points(), name
+        if command[0] == "trove":
+            cli_parser().parse_args(command[1:])
+    for name in TROVE_SERVICES:
+        assert services()[name]["command"] == [f"trove-{name}"]
+
+
+def test_services_wait_for_healthy_nats_and_the_finished_migration() -> None:
+    for name in TROVE_SERVICES:
+        depends = services()[name]["depends_on"]
+        assert depends["nats"]["condition"] == "service_healthy", name
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+    assert services()["recorder"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_migration_runs_once_after_postgres_is_healthy() -> None:
+    migrate = services()["migrate"]
+    assert migrate["command"] == ["trove", "migrate"]
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    for name, service in services().items():
+        if service.get("restart") == "no" or service.get("profiles"):
+            continue
+        check = service["healthcheck"]
+        assert not check.get("disable", False), name
+        assert check["test"][0] in {"CMD", "CMD-SHELL"}, name
+    for name in TROVE_SERVICES:
+        test = " ".join(services()[name]["healthcheck"]["test"])
+        assert "/healthz" in test, name
+        assert "urllib.request" in test, name
+
+
+def test_trove_containers_are_read_only_and_unprivileged() -> None:
+    for name, service in built_services().items():
+        assert service["read_only"] is True, name
+        assert "/tmp" in service["tmpfs"], name
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+
+
+def test_fetchers_run_three_replicas_and_finish_their_work_on_stop() -> None:
+    fetcher = services()["fetcher"]
+    assert fetcher["deploy"]["replicas"] == 3
+    assert "ports" not in fetcher  # replicas could not share a published port
+    timeout = float(
+        fetcher["environment"].get("TROVE_REQUEST_TIMEOUT")
+        or FetcherSettings.model_fields["request_timeout"].default
+    )
+    assert seconds(fetcher["stop_grace_period"]) >= timeout + 15
+
+
+def test_nats_runs_jetstream_with_synced_writes_on_a_volume() -> None:
+    nats = services()["nats"]
+    image, _, tag = nats["image"].partition(":")
+    assert image == "nats"
+    major, minor = (int(x) for x in tag.split("-")[0].split(".")[:2])
+    assert (major, minor) >= (2, 12), "message schedules need nats-server 2.12"
+    config = nats_config()
+    assert re.search(r"^\s*sync_interval:\s*always\s*$", config, re.M)
+    store = re.search(r"^\s*store_dir:\s*(\S+)\s*$", config, re.M)
+    assert store is not None
+    volumes = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
+    assert any(store.group(1).startswith(mount) for mount in volumes)
+    assert set(volumes.values()) <= set(compose()["volumes"]), "named volumes only"
+    assert re.search(r"^\s*http_port:\s*8222\s*$", config, re.M)
+    assert "8222/healthz" in " ".join(nats["healthcheck"]["test"])
+    (reference,) = nats["configs"]
+    assert nats["command"] == ["--config", reference["target"]]
+
+
+def test_postgres_is_16_on_a_volume_with_a_readiness_check() -> None:
+    postgres = services()["postgres"]
+    assert postgres["image"] == "postgres:16-alpine"
+    assert any(v.startswith("postgres-data:") for v in postgres["volumes"])
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+
+
+def test_database_url_matches_the_postgres_service() -> None:
+    postgres = services()["postgres"]["environment"]
+    for name, service in built_services().items():
+        url = make_url(service["environment"]["TROVE_DATABASE_URL"])
+        assert url.drivername == "postgresql+asyncpg", name
+        assert (url.host, url.port) == ("postgres", 5432)
+        assert (url.username, url.password, url.database) == (
+            postgres["POSTGRES_USER"],
+            postgres["POSTGRES_PASSWORD"],
+            postgres["POSTGRES_DB"],
+        )
+        nats = urlsplit(service["environment"]["TROVE_NATS_URL"])
+        assert (nats.scheme, nats.hostname, nats.port) == ("nats", "nats", 4222)
+
+
+def test_every_trove_variable_in_compose_is_a_known_setting() -> None:
+    names = {key for s in services().values() for key in s.get("environment", {})}
+    trove_names = {n for n in names if n.startswith("TROVE_")}
+    assert trove_names <= known_keys(), sorted(trove_names - known_keys())
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_each_service_loads_its_settings_from_compose(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {k: str(v) for k, v in services()[name]["environment"].items()}
+    for key in [k for k in os.environ if k.startswith("TROVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    check_environment(env)
+    settings = SETTINGS[name]()
+    assert settings.http_port == 8080
+    assert settings.log_format == "json"
+
+
+def test_nats_box_can_seed_the_crawl() -> None:
+    box = services()["nats-box"]
+    assert box["image"].split(":")[0] == "natsio/nats-box"
+    assert box["environment"]["NATS_URL"] == "nats://nats:4222"
+    assert box["profiles"] == ["tools"]  # run on demand, not by `up`
+    ports = services()["nats"]["ports"]
+    assert any(p.endswith(":4222:4222") for p in ports), "the host's nats CLI needs 4222"

@@ -1,0 +1,595 @@
+"""The Kubernetes manifests: schemas, security, probes, scaling, network, settings."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from sqlalchemy.engine import make_url
+
+from tests.deploy._kustomize import Manifest, containers, load_documents, pod_specs
+from tests.deploy._support import (
+    K8S,
+    VARIANTS,
+    all_containers,
+    container_environment,
+    dockerfile,
+    entry_points,
+    find,
+    kubernetes_validator,
+    kubernetes_versions,
+    of_kind,
+    quantity,
+    rendered,
+    schema_errors,
+    workloads,
+)
+from trove_cli.main import parser as cli_parser
+from trove_schema.settings import (
+    CommonSettings,
+    DiscoverySettings,
+    FetcherSettings,
+    RecorderSettings,
+    check_environment,
+    known_keys,
+)
+from trove_schema.topology import EVENTS_STREAM, FETCHER, declare
+
+#: Kinds that are not built into Kubernetes, and the structural check each gets instead.
+CUSTOM_KINDS = {("keda.sh/v1alpha1", "ScaledObject"), ("postgresql.cnpg.io/v1", "Cluster")}
+SETTINGS_BY_COMMAND: dict[str, type[CommonSettings]] = {
+    "trove-discovery": DiscoverySettings,
+    "trove-fetcher": FetcherSettings,
+    "trove-recorder": RecorderSettings,
+    "trove": CommonSettings,
+}
+SERVICE_USER = 10001
+PRIVATE_V4 = [
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "127.0.0.0/8",
+]
+PRIVATE_V6 = ["fc00::/7", "fe80::/10", "::1/128"]
+KEDA_NATS_JETSTREAM_KEYS = {
+    "natsServerMonitoringEndpoint",
+    "account",
+    "stream",
+    "consumer",
+    "lagThreshold",
+    "activationLagThreshold",
+    "useHttps",
+}
+CNPG_CLUSTER_SPEC_FIELDS = {
+    "instances",
+    "imageName",
+    "imageCatalogRef",
+    "primaryUpdateStrategy",
+    "primaryUpdateMethod",
+    "bootstrap",
+    "storage",
+    "walStorage",
+    "postgresql",
+    "resources",
+    "affinity",
+    "monitoring",
+    "backup",
+    "description",
+    "enableSuperuserAccess",
+    "superuserSecret",
+    "managed",
+    "topologySpreadConstraints",
+    "priorityClassName",
+}
+
+VARIANT_NAMES = sorted(VARIANTS)
+
+
+def deployments(variant: str) -> list[Manifest]:
+    return of_kind(rendered(variant), "Deployment")
+
+
+def component(manifest: Manifest) -> str:
+    label: str = manifest["metadata"]["labels"]["app.kubernetes.io/component"]
+    return label
+
+
+# ------------------------------------------------------------------------ schemas
+
+
+@pytest.mark.parametrize("version", kubernetes_versions())
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_rendered_manifests_match_the_strict_kubernetes_schemas(variant: str, version: str) -> None:
+    problems = []
+    for manifest in rendered(variant):
+        if (manifest["apiVersion"], manifest["kind"]) in CUSTOM_KINDS:
+            continue
+        validator = kubernetes_validator(version, manifest["apiVersion"], manifest["kind"])
+        for error in schema_errors(validator, manifest):
+            problems.append(f"{manifest['kind']}/{manifest['metadata']['name']}: {error}")
+    assert problems == []
+
+
+def test_every_manifest_file_is_valid_yaml_of_a_known_kind() -> None:
+    files = sorted(K8S.rglob("*.yaml"))
+    assert files
+    latest = kubernetes_versions()[1]
+    for path in files:
+        if path.name == "kustomization.yaml" or path.parent.name == "nats":
+            yaml.safe_load(path.read_text("utf-8"))
+            continue
+        for manifest in load_documents(path):
+            key = (manifest["apiVersion"], manifest["kind"])
+            if key not in CUSTOM_KINDS:
+                validator = kubernetes_validator(latest, *key)
+                assert schema_errors(validator, manifest) == [], path
+
+
+def test_the_strict_schema_refuses_an_unknown_field() -> None:
+    deployment = copy.deepcopy(find(rendered("base"), "Deployment", "trove-fetcher"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    validator = kubernetes_validator(kubernetes_versions()[1], "apps/v1", "Deployment")
+    assert any("livenessProbes" in e for e in schema_errors(validator, deployment))
+
+
+# ---------------------------------------------------------------------- workloads
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_deployment_has_probes_on_the_health_port(variant: str) -> None:
+    for deployment in deployments(variant):
+        for container in containers(deployment):
+            env = container_environment(rendered(variant), container)
+            port = int(env.get("TROVE_HTTP_PORT") or 0)
+            assert port == 8080, deployment["metadata"]["name"]
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            probes = {
+                kind: container[kind]
+                for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+            }
+            assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert probes["startupProbe"]["httpGet"]["path"] == "/healthz"
+            for probe in probes.values():
+                assert ports[probe["httpGet"]["port"]] == port
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_container_has_requests_within_limits(variant: str) -> None:
+    for manifest, container in all_containers(rendered(variant)):
+        resources = container["resources"]
+        for name in ("cpu", "memory"):
+            request = quantity(resources["requests"][name])
+            limit = quantity(resources["limits"][name])
+            assert 0 < request <= limit, (manifest["metadata"]["name"], name)
+
+
+def test_fetcher_resources_fit_its_measured_footprint() -> None:
+    fetcher = find(rendered("base"), "Deployment", "trove-fetcher")
+    (container,) = containers(fetcher)
+    # Measured RSS stays under 150 MiB: the request covers it, the limit leaves headroom.
+    assert quantity(container["resources"]["requests"]["memory"]) >= 150 * 2**20
+    assert quantity(container["resources"]["limits"]["memory"]) >= 2 * 150 * 2**20
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_pod_runs_non_root_read_only_without_privileges(variant: str) -> None:
+    for workload in workloads(rendered(variant)):
+        name = workload["metadata"]["name"]
+        for spec in pod_specs(workload):
+            pod = spec["securityContext"]
+            assert pod["runAsNonRoot"] is True, name
+            assert pod["runAsUser"] == SERVICE_USER, name
+            assert pod["seccompProfile"]["type"] == "RuntimeDefault", name
+            tmp_volumes = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+            for container in spec["containers"]:
+                ctx = container["securityContext"]
+                assert ctx["readOnlyRootFilesystem"] is True, name
+                assert ctx["allowPrivilegeEscalation"] is False, name
+                assert ctx["capabilities"]["drop"] == ["ALL"], name
+                assert "add" not in ctx["capabilities"], name
+                assert ctx.get("runAsUser", pod["runAsUser"]) == SERVICE_USER, name
+                assert ctx.get("privileged", False) is False, name
+                mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+                assert mounts.get("/tmp") in tmp_volumes, f"{name}: /tmp must be an emptyDir"
+
+
+def test_manifests_run_as_the_image_user() -> None:
+    (user,) = [i.value for i in dockerfile() if i.keyword == "USER"]
+    assert user.split(":")[0] == str(SERVICE_USER)
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_pods_get_no_service_account_token_and_no_service_links(variant: str) -> None:
+    manifests = rendered(variant)
+    for workload in workloads(manifests):
+        for spec in pod_specs(workload):
+            assert spec["automountServiceAccountToken"] is False
+            # Service links inject <SERVICE>_* variables; trove-* Services would yield
+            # TROVE_* names that every service refuses at start.
+            assert spec["enableServiceLinks"] is False
+            account = find(manifests, "ServiceAccount", spec["serviceAccountName"])
+            assert account["automountServiceAccountToken"] is False
+
+
+def test_deployments_spread_over_nodes_and_zones() -> None:
+    for deployment in deployments("base"):
+        spec = deployment["spec"]["template"]["spec"]
+        by_key = {c["topologyKey"]: c for c in spec["topologySpreadConstraints"]}
+        assert by_key["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+        assert by_key["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway"
+        for constraint in by_key.values():
+            assert (
+                constraint["labelSelector"]["matchLabels"]
+                == deployment["spec"]["selector"]["matchLabels"]
+            )
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_selectors_match_their_pods(variant: str) -> None:
+    manifests = rendered(variant)
+    pods = {
+        component(d): d["spec"]["template"]["metadata"]["labels"]
+        for d in of_kind(manifests, "Deployment")
+    }
+    for deployment in of_kind(manifests, "Deployment"):
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    for budget in of_kind(manifests, "PodDisruptionBudget"):
+        selector = budget["spec"]["selector"]["matchLabels"]
+        assert [c for c, labels in pods.items() if selector.items() <= labels.items()] == [
+            component(budget)
+        ]
+    assert {component(b) for b in of_kind(manifests, "PodDisruptionBudget")} == set(pods)
+
+
+def test_pods_are_scraped_by_prometheus_on_the_health_port() -> None:
+    for deployment in deployments("base"):
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == "8080"
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_replica_counts_and_grace_periods() -> None:
+    manifests = rendered("base")
+    discovery = find(manifests, "Deployment", "trove-discovery")
+    recorder = find(manifests, "Deployment", "trove-recorder")
+    fetcher = find(manifests, "Deployment", "trove-fetcher")
+    assert discovery["spec"]["replicas"] == 2
+    assert recorder["spec"]["replicas"] == 2
+    # KEDA's HPA owns the fetcher count; a replicas field would fight it on every apply.
+    assert "replicas" not in fetcher["spec"]
+    assert fetcher["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
+
+
+def test_fetcher_grace_period_outlasts_a_request() -> None:
+    manifests = rendered("base")
+    fetcher = find(manifests, "Deployment", "trove-fetcher")
+    (container,) = containers(fetcher)
+    timeout = float(
+        container_environment(manifests, container).get("TROVE_REQUEST_TIMEOUT")
+        or FetcherSettings.model_fields["request_timeout"].default
+    )
+    grace = fetcher["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= timeout + 15
+
+
+def test_fetcher_disruption_budget_keeps_most_fetchers() -> None:
+    budget = find(rendered("base"), "PodDisruptionBudget", "trove-fetcher")
+    spec = budget["spec"]
+    assert spec.get("maxUnavailable") == "25%" or spec.get("minAvailable") == 1
+
+
+# ------------------------------------------------------------------------ commands
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_container_runs_an_existing_entry_point(variant: str) -> None:
+    for manifest, container in all_containers(rendered(variant)):
+        command = container["command"] + container.get("args", [])
+        assert command[0] in entry_points(), manifest["metadata"]["name"]
+        if command[0] == "trove":
+            cli_parser().parse_args(command[1:])  # exits (fails) on an unknown subcommand
+
+
+def test_each_service_runs_where_its_name_says() -> None:
+    for deployment in deployments("base"):
+        (container,) = containers(deployment)
+        assert container["command"] == [f"trove-{component(deployment)}"]
+
+
+def test_migration_job_runs_trove_migrate_and_cleans_up() -> None:
+    job = find(rendered("base"), "Job", "trove-migrate")
+    (container,) = containers(job)
+    assert container["command"] == ["trove", "migrate"]
+    assert job["spec"]["backoffLimit"] >= 1
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert job["spec"]["template"]["spec"]["restartPolicy"] in {"Never", "OnFailure"}
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_workload_runs_the_same_trove_image(variant: str) -> None:
+    images = {c["image"] for _, c in all_containers(rendered(variant))}
+    assert len(images) == 1, images
+    (image,) = images
+    assert ":" in image.rsplit("/", 1)[-1]
+    assert not image.endswith(":latest")
+
+
+def test_local_overlay_uses_the_locally_built_image_and_one_of_each() -> None:
+    manifests = rendered("local")
+    assert {c["image"] for _, c in all_containers(manifests)} == {"trove:local"}
+    assert find(manifests, "Deployment", "trove-discovery")["spec"]["replicas"] == 1
+    assert find(manifests, "Deployment", "trove-recorder")["spec"]["replicas"] == 1
+    assert find(manifests, "ScaledObject", "trove-fetcher")["spec"]["minReplicaCount"] == 1
+    assert find(manifests, "ConfigMap", "trove-config")["data"]["TROVE_REPLICAS"] == "1"
+    assert find(manifests, "Cluster", "trove-pg")["spec"]["instances"] == 1
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_everything_lives_in_the_trove_namespace(variant: str) -> None:
+    for manifest in rendered(variant):
+        if manifest["kind"] == "Namespace":
+            assert manifest["metadata"]["name"] == "trove"
+        else:
+            assert manifest["metadata"]["namespace"] == "trove", manifest["metadata"]["name"]
+
+
+# ------------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_every_trove_variable_in_the_manifests_is_a_known_setting(variant: str) -> None:
+    manifests = rendered(variant)
+    names = {key for cm in of_kind(manifests, "ConfigMap") for key in cm.get("data", {})} | {
+        name for _, c in all_containers(manifests) for name in container_environment(manifests, c)
+    }
+    trove_names = {n for n in names if n.startswith("TROVE_")}
+    assert trove_names, "no settings found"
+    assert trove_names <= known_keys(), sorted(trove_names - known_keys())
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_each_service_loads_its_settings_from_the_manifests(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = rendered(variant)
+    for manifest, container in all_containers(manifests):
+        env = {
+            name: value if value is not None else "postgresql+asyncpg://u:p@db:5432/trove"
+            for name, value in container_environment(manifests, container).items()
+        }
+        for name in [n for n in os.environ if n.startswith("TROVE_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        check_environment(env)
+        settings = SETTINGS_BY_COMMAND[container["command"][0]]()
+        assert settings.http_port == 8080, manifest["metadata"]["name"]
+        assert settings.nats_url.startswith("nats://")
+
+
+def test_base_streams_get_three_replicas_on_a_three_node_nats() -> None:
+    config = find(rendered("base"), "ConfigMap", "trove-config")["data"]
+    assert config["TROVE_REPLICAS"] == "3"
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
+    assert values["config"]["cluster"]["enabled"] is True
+    assert values["config"]["cluster"]["replicas"] >= int(config["TROVE_REPLICAS"])
+
+
+def test_services_reach_nats_through_the_chart_service() -> None:
+    config = find(rendered("base"), "ConfigMap", "trove-config")["data"]
+    url = urlsplit(config["TROVE_NATS_URL"])
+    assert (url.scheme, url.hostname, url.port) == ("nats", "nats.nats.svc.cluster.local", 4222)
+
+
+# ------------------------------------------------------------------------ database
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_only_the_recorder_and_the_migration_see_the_database(variant: str) -> None:
+    readers = set()
+    for manifest, container in all_containers(rendered(variant)):
+        for variable in container.get("env", []):
+            ref = variable.get("valueFrom", {}).get("secretKeyRef")
+            if ref is not None:
+                assert variable["name"] == "TROVE_DATABASE_URL"
+                assert (ref["name"], ref["key"]) == ("trove-database", "url")
+                readers.add(component(manifest))
+    assert readers == {"recorder", "migrate"}
+
+
+def secret_data(secret: Manifest) -> dict[str, str]:
+    data: dict[str, str] = secret.get("stringData", {})
+    return data
+
+
+def test_database_secret_templates_use_the_asyncpg_driver() -> None:
+    secrets = load_documents(K8S / "postgres" / "database-secrets.example.yaml")
+    local = of_kind(rendered("local"), "Secret")
+    for secret in [*secrets, *local]:
+        if secret["metadata"]["name"] == "trove-database":
+            url = make_url(secret_data(secret)["url"])
+            assert url.drivername == "postgresql+asyncpg"
+            assert url.database == "trove"
+
+
+def test_local_database_url_matches_the_cnpg_cluster_it_creates() -> None:
+    manifests = rendered("local")
+    cluster = find(manifests, "Cluster", "trove-pg")
+    initdb = cluster["spec"]["bootstrap"]["initdb"]
+    owner = secret_data(find(manifests, "Secret", initdb["secret"]["name"]))
+    assert find(manifests, "Secret", initdb["secret"]["name"])["type"] == (
+        "kubernetes.io/basic-auth"
+    )
+    url = make_url(secret_data(find(manifests, "Secret", "trove-database"))["url"])
+    assert url.host == f"{cluster['metadata']['name']}-rw.trove.svc.cluster.local"
+    assert url.username == owner["username"] == initdb["owner"]
+    assert url.password == owner["password"]
+    assert url.database == initdb["database"]
+
+
+@pytest.mark.parametrize("variant", ["local", "production"])
+def test_cnpg_cluster_is_well_formed(variant: str) -> None:
+    (cluster,) = of_kind(rendered(variant), "Cluster")
+    assert cluster["apiVersion"] == "postgresql.cnpg.io/v1"
+    spec = cluster["spec"]
+    assert set(spec) <= CNPG_CLUSTER_SPEC_FIELDS, sorted(set(spec) - CNPG_CLUSTER_SPEC_FIELDS)
+    assert isinstance(spec["instances"], int)
+    assert spec["instances"] >= 1
+    assert quantity(spec["storage"]["size"]) >= 2**30
+    initdb = spec["bootstrap"]["initdb"]
+    assert initdb["database"] == "trove"
+    assert initdb["owner"] == "trove"
+    assert initdb["secret"]["name"] == "trove-pg-app"
+    assert all(isinstance(v, str) for v in spec["postgresql"]["parameters"].values())
+    assert spec["imageName"].startswith("ghcr.io/cloudnative-pg/postgresql:16")
+
+
+# ---------------------------------------------------------------------------- KEDA
+
+
+def scaled_object(variant: str) -> Manifest:
+    (found,) = of_kind(rendered(variant), "ScaledObject")
+    return found
+
+
+def test_keda_scales_the_fetcher_on_its_consumer_backlog() -> None:
+    spec = scaled_object("base")["spec"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "nats-jetstream"
+    metadata = trigger["metadata"]
+    assert metadata["stream"] == EVENTS_STREAM
+    assert metadata["consumer"] == FETCHER
+    assert metadata["account"] == "$G"
+    assert metadata["useHttps"] == "false"
+    # The consumer is the one the topology declares on that stream.
+    assert declare().consumer(FETCHER)[0] == EVENTS_STREAM
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 20)
+
+
+def test_keda_asks_the_nats_headless_service_for_the_monitoring_port() -> None:
+    endpoint = scaled_object("base")["spec"]["triggers"][0]["metadata"][
+        "natsServerMonitoringEndpoint"
+    ]
+    host, _, port = endpoint.rpartition(":")
+    assert host == "nats-headless.nats.svc.cluster.local"
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
+    assert values["config"]["monitor"]["enabled"] is True
+    assert int(port) == values["config"]["monitor"]["port"] == 8222
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_scaled_object_is_well_formed(variant: str) -> None:
+    manifests = rendered(variant)
+    scaler = scaled_object(variant)
+    assert scaler["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaler["spec"]
+    target = spec["scaleTargetRef"]
+    assert target.get("kind", "Deployment") == "Deployment"
+    assert find(manifests, "Deployment", target["name"])
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    for trigger in spec["triggers"]:
+        metadata: dict[str, Any] = trigger["metadata"]
+        # The CRD types trigger metadata as map[string]string: YAML numbers or booleans
+        # there are rejected by the API server.
+        assert all(isinstance(v, str) for v in metadata.values()), metadata
+        assert set(metadata) <= KEDA_NATS_JETSTREAM_KEYS, set(metadata) - KEDA_NATS_JETSTREAM_KEYS
+        assert int(metadata["lagThreshold"]) > 0
+        assert metadata["useHttps"] in {"true", "false"}
+
+
+# ------------------------------------------------------------------------- network
+
+
+def fetcher_policy() -> dict[str, Any]:
+    spec: dict[str, Any] = find(rendered("base"), "NetworkPolicy", "trove-fetcher")["spec"]
+    return spec
+
+
+def test_fetcher_policy_selects_the_fetchers_in_both_directions() -> None:
+    spec = fetcher_policy()
+    fetcher = find(rendered("base"), "Deployment", "trove-fetcher")
+    assert spec["podSelector"]["matchLabels"] == fetcher["spec"]["selector"]["matchLabels"]
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+
+
+def test_fetcher_reaches_the_web_only_on_public_addresses() -> None:
+    web_rules = [
+        rule for rule in fetcher_policy()["egress"] if any("ipBlock" in p for p in rule["to"])
+    ]
+    assert len(web_rules) == 1
+    (rule,) = web_rules
+    assert sorted(p["port"] for p in rule["ports"]) == [80, 443]
+    assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+    blocks = {p["ipBlock"]["cidr"]: p["ipBlock"].get("except", []) for p in rule["to"]}
+    assert set(blocks) == {"0.0.0.0/0", "::/0"}
+    assert set(PRIVATE_V4) <= set(blocks["0.0.0.0/0"])
+    assert set(PRIVATE_V6) <= set(blocks["::/0"])
+    for cidr, excepted in blocks.items():
+        network = ipaddress.ip_network(cidr)
+        for item in excepted:
+            sub = ipaddress.ip_network(item)
+            assert sub.version == network.version
+            assert sub.subnet_of(network)  # type: ignore[arg-type]
+
+
+def test_fetcher_reaches_nats_and_dns_and_nothing_else_in_cluster() -> None:
+    rules = [r for r in fetcher_policy()["egress"] if not any("ipBlock" in p for p in r["to"])]
+    by_port = {tuple(sorted(p["port"] for p in r["ports"])): r for r in rules}
+    assert set(by_port) == {(4222,), (53, 53)}
+    (nats,) = by_port[(4222,)]["to"]
+    assert nats["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "nats"}
+    assert nats["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "nats"
+    dns_rule = by_port[(53, 53)]
+    assert {p["protocol"] for p in dns_rule["ports"]} == {"UDP", "TCP"}
+    (dns,) = dns_rule["to"]
+    assert dns["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+
+
+def test_only_prometheus_may_connect_and_only_to_the_metrics_port() -> None:
+    for policy in of_kind(rendered("base"), "NetworkPolicy"):
+        for rule in policy["spec"].get("ingress", []):
+            assert [p["port"] for p in rule["ports"]] == [8080]
+            for peer in rule["from"]:
+                assert peer["namespaceSelector"]["matchLabels"] == {
+                    "kubernetes.io/metadata.name": "monitoring"
+                }
+
+
+def test_every_trove_pod_is_covered_by_an_ingress_policy() -> None:
+    manifests = rendered("base")
+    policies = of_kind(manifests, "NetworkPolicy")
+    for workload in workloads(manifests):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        covered = False
+        for policy in policies:
+            selector = policy["spec"]["podSelector"]
+            match = selector.get("matchLabels", {}).items() <= labels.items() and all(
+                labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])
+            )
+            covered |= match and "Ingress" in policy["spec"]["policyTypes"]
+        assert covered, workload["metadata"]["name"]
+
+
+# ---------------------------------------------------------------------------- NATS
+
+
+def test_nats_values_run_a_synced_jetstream_on_persistent_volumes() -> None:
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
+    jetstream = values["config"]["jetstream"]
+    assert jetstream["enabled"] is True
+    assert jetstream["fileStore"]["enabled"] is True
+    assert jetstream["fileStore"]["pvc"]["enabled"] is True
+    assert quantity(jetstream["fileStore"]["pvc"]["size"]) >= 10 * 2**30
+    assert jetstream["merge"]["sync_interval"] == "always"
+    major, minor = (int(x) for x in values["container"]["image"]["tag"].split("-")[0].split("."))
+    assert (major, minor) >= (2, 12)

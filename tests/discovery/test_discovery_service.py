@@ -1,0 +1,279 @@
+"""Discovery as real processes on real NATS (and the rest of the pipeline where it matters)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import nats
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from tests.support import outcomes, query, sandbox_env, services
+from trove_sandbox.server import serve_sandbox
+from trove_sandbox.web import SandboxWeb
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    Link,
+    PageDiscovered,
+    Scope,
+    ScopeKind,
+    decode_event,
+    utcnow,
+)
+from trove_schema.topology import EVENTS_STREAM, PAGE_DISCOVERED, SEEDS_SUBJECT
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+async def publish_raw(stack: StackUrls, *payloads: bytes) -> None:
+    """What `nats pub trove.seeds ...` sends: core NATS, raw bytes, no headers."""
+    nc = await nats.connect(stack.nats_url)
+    for payload in payloads:
+        await nc.publish(SEEDS_SUBJECT, payload)
+    await nc.flush()
+    await nc.close()
+
+
+async def discovered(bus: Bus) -> list[PageDiscovered]:
+    """Every PageDiscovered in the record, in order."""
+    info = await bus.js.stream_info(EVENTS_STREAM)
+    found: list[PageDiscovered] = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await bus.js.get_msg(EVENTS_STREAM, seq)
+        except Exception:  # noqa: S112 - deleted or purged sequence
+            continue
+        if msg.subject == PAGE_DISCOVERED and msg.data:
+            event = decode_event(msg.data)
+            assert isinstance(event, PageDiscovered)
+            found.append(event)
+    return found
+
+
+async def test_seeds_as_raw_bytes_lines_and_json_are_all_crawled(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=4, pages_per_host=1)
+    env = sandbox_env(web, 0.2, TROVE_MAX_DEPTH="0")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
+        a, b, c, d = running.seeds
+        await publish_raw(
+            stack,
+            a.encode(),
+            f"{b}\r\n# a comment\n\n{c}\n".encode(),
+            json.dumps({"urls": [d], "priority": 5}).encode(),
+        )
+
+        async def fetched() -> dict[str, str]:
+            return await outcomes(engine)
+
+        result = await eventually(fetched, until=lambda r: len(r) == 4, timeout=60, what="4 seeds")
+    assert result == dict.fromkeys(running.seeds, "success")
+
+
+async def test_each_bad_seed_gets_a_rejection_with_its_reason(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    bad = {
+        b"ftp://example.org/": "not http or https",
+        b"https://10.0.0.1/admin": "private",
+        b"https://example.org/" + b"a" * 3000: "longer than",
+        b'{"url": "https://example.org/", "scope": ': "JSON",
+        b"http://": "no host",
+    }
+    async with services(stack, state_dir, {}, only=("discovery", "recorder")):
+        await publish_raw(stack, *bad)
+
+        async def rejections() -> list[tuple[str, str]]:
+            rows = await query(engine, "SELECT raw, reason FROM seed_rejections ORDER BY id")
+            return [(r.raw, r.reason) for r in rows]
+
+        rows = await eventually(
+            rejections, until=lambda r: len(r) == len(bad), timeout=30, what="rejections"
+        )
+    for raw, expected in bad.items():
+        (reason,) = [why for got, why in rows if got[:20] == raw.decode()[:20]]
+        assert expected in reason, f"{raw[:40]!r}: {reason!r}"
+
+
+async def test_a_seed_request_gets_a_reply_saying_what_was_accepted_and_why_not(
+    stack: StackUrls, state_dir: Path
+) -> None:
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        nc = await nats.connect(stack.nats_url)
+        try:
+
+            async def ask() -> str:
+                try:
+                    reply = await nc.request(
+                        SEEDS_SUBJECT, b"https://example.org/\nftp://nope.example/", timeout=2
+                    )
+                except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                    # The seeds stream always listens (silently): until discovery
+                    # subscribes, a request times out rather than finding no responders.
+                    return ""
+                return reply.data.decode()
+
+            text = await eventually(ask, until=bool, timeout=30, what="a reply")
+            structured = await nc.request(
+                SEEDS_SUBJECT,
+                json.dumps({"urls": ["https://example.org/x", "mailto:a@b"]}).encode(),
+                timeout=5,
+            )
+        finally:
+            await nc.close()
+    assert "accepted 1: https://example.org/" in text
+    assert "ftp://nope.example/" in text
+    assert "not http or https" in text
+    body = json.loads(structured.data)
+    assert (body["accepted_count"], body["rejected_count"]) == (1, 1)
+
+
+async def test_two_discovery_processes_publish_each_canonical_url_once(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    links = tuple(Link(url=f"https://site.example/p/{n}") for n in range(40))
+    async with services(stack, state_dir, {}, only=("discovery",), replicas={"discovery": 2}):
+        # The same links found on 6 pages: 240 link sightings, 40 distinct URLs.
+        for n in range(6):
+            now = utcnow()
+            await bus.publish(
+                CrawlCompleted(
+                    url=f"https://site.example/source/{n}",
+                    domain="site.example",
+                    scope=Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3),
+                    request_id=f"req-{n}",
+                    outcome=CrawlOutcome.SUCCESS,
+                    started_at=now,
+                    completed_at=now,
+                    links=links,
+                )
+            )
+
+        async def urls() -> Counter[str]:
+            return Counter(e.url for e in await discovered(bus))
+
+        seen = await eventually(urls, until=lambda c: len(c) == 40, timeout=30, what="40 urls")
+        # Let every sighting be processed before counting duplicates.
+        await eventually(lambda: _consumer_idle(bus), until=bool, timeout=30, what="discovery idle")
+        seen = await urls()
+    assert set(seen.values()) == {1}
+
+
+async def _consumer_idle(bus: Bus) -> bool:
+    info = await bus.js.consumer_info(EVENTS_STREAM, "discovery-links")
+    return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
+
+
+async def test_spellings_of_one_url_collapse_to_one_page(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    spellings = [
+        b"https://Example.ORG:443/a/./b/../c?utm_source=x&b=2&a=1#top",
+        b"https://example.org/a/c?a=1&b=2",
+        b"HTTPS://example.org/a/c;jsessionid=ABC123?b=2&a=1&fbclid=zzz",
+        b"https://example.org/a/%63?a=1&b=2&PHPSESSID=deadbeef",
+    ]
+    async with services(stack, state_dir, {}, only=("discovery", "recorder")):
+        await publish_raw(stack, *spellings)
+        await eventually(lambda: _seeds_idle(bus), until=bool, timeout=30, what="seeds handled")
+
+        async def pages() -> list[str]:
+            return [r.url for r in await query(engine, "SELECT url FROM pages")]
+
+        rows = await eventually(pages, until=lambda r: len(r) >= 1, timeout=30, what="a page")
+    assert rows == ["https://example.org/a/c?a=1&b=2"]
+    assert [e.url for e in await discovered(bus)] == ["https://example.org/a/c?a=1&b=2"]
+
+
+async def _seeds_idle(bus: Bus) -> bool:
+    info = await bus.js.consumer_info("TROVE_SEEDS", "discovery-seeds")
+    delivered = info.delivered.stream_seq or 0
+    return info.num_pending == 0 and info.num_ack_pending == 0 and delivered > 0
+
+
+async def test_a_calendar_trap_stops_at_the_host_budget(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=1, pages_per_host=1, with_trap=True)
+    trap = web.trap_host
+    assert trap is not None
+    env = sandbox_env(web, 0.1, TROVE_HOST_PAGE_BUDGET="15")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
+        seed = {"url": web.url(trap, "/calendar/2024/01"), "max_depth": 100}
+        await publish_raw(stack, json.dumps(seed).encode())
+
+        async def trap_pages() -> int:
+            rows = await query(
+                engine,
+                "SELECT count(*) AS n FROM pages WHERE domain = :d AND discovered_at IS NOT NULL",
+                d=trap,
+            )
+            return int(rows[0].n)
+
+        await eventually(trap_pages, until=lambda n: n >= 16, timeout=60, what="budget reached")
+        await eventually(
+            lambda: outcomes(engine), until=lambda r: len(r) >= 16, timeout=60, what="all fetched"
+        )
+        final = await trap_pages()
+        calendar_requests = [p for p in running.witness.paths(trap) if p.startswith("/calendar/")]
+    # The seed and 15 more: the budget counts the pages discovered from links.
+    assert final == 16
+    assert len(calendar_requests) == 16
+
+
+async def test_a_scope_pattern_keeps_the_crawl_inside_it(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=2, pages_per_host=5)
+    env = sandbox_env(web, 0.1)
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
+        home = running.seeds[0]
+        pattern = r"^http://[^/]+/(posts/.*)?$"
+        await publish_raw(stack, json.dumps({"url": home, "pattern": pattern}).encode())
+
+        async def crawled() -> dict[str, str]:
+            return await outcomes(engine)
+
+        result = await eventually(
+            crawled, until=lambda r: len(r) >= 5, timeout=60, what="the posts crawled"
+        )
+    paths = {urlsplit(u).path for u in result}
+    assert all(p == "/" or p.startswith("/posts/") for p in paths), paths
+    assert any(p.startswith("/posts/") for p in paths)
+
+
+async def test_a_recrawl_sends_the_validators_and_records_not_modified(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=1, pages_per_host=1)
+    env = sandbox_env(web, 0.1, TROVE_MAX_DEPTH="0", TROVE_RECRAWL_AFTER_SECONDS="2")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
+        seed = running.seeds[0]
+        await publish_raw(stack, seed.encode())
+
+        async def attempts() -> list[str]:
+            rows = await query(
+                engine,
+                "SELECT c.outcome FROM page_crawls c JOIN pages p ON p.id = c.page_id "
+                "WHERE p.url = :u ORDER BY c.completed_at",
+                u=seed,
+            )
+            return [r.outcome for r in rows]
+
+        history = await eventually(
+            attempts, until=lambda a: len(a) >= 2, timeout=60, what="a re-crawl"
+        )
+        home_requests = [r for r in running.witness.requests() if r.path == "/"]
+    assert history[:2] == ["success", "not_modified"]
+    assert home_requests[0].if_none_match is None
+    assert home_requests[1].if_none_match is not None
+    (page,) = await query(engine, "SELECT status, title FROM pages WHERE url = :u", u=seed)
+    assert page.status == "fetched"
+    assert page.title
