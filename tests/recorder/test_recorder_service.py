@@ -1,0 +1,139 @@
+"""The recorder as a real process: retries, poison messages, crashes, replay."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from tests.support import outcomes, publish_work, query, sandbox_env, services
+from trove_sandbox.server import serve_sandbox
+from trove_sandbox.web import SandboxWeb
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    Link,
+    Scope,
+    utcnow,
+)
+from trove_schema.topology import CRAWL_COMPLETED, DEAD_STREAM
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+def completed(n: int, links: int = 3) -> CrawlCompleted:
+    now = utcnow()
+    return CrawlCompleted(
+        url=f"https://blog.example/{n}",
+        domain="blog.example",
+        scope=Scope(value="blog.example"),
+        request_id=f"00000000-0000-0000-0000-{n:012d}",
+        outcome=CrawlOutcome.SUCCESS,
+        started_at=now,
+        completed_at=now,
+        title=f"Post {n}",
+        links=tuple(Link(url=f"https://blog.example/{(n + k) % 50}") for k in range(1, links + 1)),
+    )
+
+
+async def count(engine: AsyncEngine, table: str) -> int:
+    (row,) = await query(engine, f"SELECT count(*) AS n FROM {table}")  # noqa: S608 - test tables
+    return int(row.n)
+
+
+async def test_a_poison_message_is_parked_with_its_reason_and_the_rest_goes_on(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    async with services(stack, state_dir, {}, only=("recorder",)):
+        await bus.js.publish(
+            CRAWL_COMPLETED, b"this is not an event", headers={"Nats-Msg-Id": "p1"}
+        )
+        await bus.publish(completed(1))
+
+        async def parked() -> int:
+            info = await bus.js.stream_info(DEAD_STREAM)
+            return info.state.messages
+
+        await eventually(parked, until=lambda n: n >= 1, timeout=30, what="a parked message")
+        await eventually(
+            lambda: count(engine, "page_crawls"), until=lambda n: n == 1, timeout=30, what="row"
+        )
+    dead = await bus.js.get_last_msg(DEAD_STREAM, "trove.dead.recorder")
+    assert dead.data == b"this is not an event"
+    assert dead.headers is not None
+    assert "malformed" in dead.headers["Trove-Dead-Reason"]
+
+
+async def test_failures_are_retried_then_the_page_fails_after_three_attempts(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=1, pages_per_host=1, with_trap=True)
+    trap = web.trap_host
+    assert trap is not None
+    env = sandbox_env(web, 0.1, TROVE_RETRY_DELAY_SECONDS="1", TROVE_MAX_ATTEMPTS="3")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
+        url = web.url(trap, "/status/503?after=1")
+        await publish_work(bus, [url])
+
+        async def history() -> list[tuple[str, str | None, int]]:
+            rows = await query(
+                engine,
+                "SELECT c.outcome, p.status, c.attempt FROM page_crawls c "
+                "JOIN pages p ON p.id = c.page_id ORDER BY c.completed_at",
+            )
+            return [(r.outcome, r.status, r.attempt) for r in rows]
+
+        rows = await eventually(
+            history,
+            until=lambda h: len(h) >= 3 and h[-1][1] == "failed",
+            timeout=60,
+            what="three attempts, then failed",
+        )
+        requests = [r for r in running.witness.requests(trap) if r.path.startswith("/status/")]
+    assert [(o, a) for o, _, a in rows] == [
+        ("blocked_5xx", 1),
+        ("blocked_5xx", 2),
+        ("blocked_5xx", 3),
+    ]
+    assert len(requests) == 3
+    # Retry-After (1 s) was honoured between attempts.
+    gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(requests)]
+    assert all(g >= 1.0 for g in gaps), gaps
+    (page,) = await query(engine, "SELECT failed_at FROM pages")
+    assert page.failed_at is not None
+
+
+async def test_a_recorder_killed_mid_stream_loses_and_duplicates_nothing(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    events = [completed(n, links=20) for n in range(400)]
+    for event in events:
+        await bus.publish(event)
+    async with services(stack, state_dir / "first", {}, only=("recorder",)) as local:
+        await eventually(
+            lambda: count(engine, "page_crawls"),
+            until=lambda n: n >= 50,
+            timeout=60,
+            what="50 rows",
+        )
+        (child,) = local.children
+        os.killpg(child.pid, signal.SIGKILL)  # no goodbye: mid-transaction, before acks
+        child.proc.wait(10)
+        local.children.clear()
+    killed_at = await count(engine, "page_crawls")
+    async with services(stack, state_dir / "second", {}, only=("recorder",)):
+        await eventually(
+            lambda: count(engine, "page_crawls"), until=lambda n: n >= 400, timeout=90, what="all"
+        )
+    assert killed_at < 400, "the recorder finished before it was killed: the test proves nothing"
+    assert await count(engine, "page_crawls") == 400
+    assert await count(engine, "projected_events") == 400
+    (row,) = await query(engine, "SELECT count(DISTINCT event_id) AS n FROM page_crawls")
+    assert row.n == 400
+    assert len(await outcomes(engine)) == 400
