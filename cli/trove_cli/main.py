@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -260,6 +261,20 @@ def cmd_migrate(args: argparse.Namespace, settings: CommonSettings) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace, settings: CommonSettings) -> int:
+    """Runs the recorder's replay (the CLI never imports a service: it runs it)."""
+    nats_url, db_url = _urls(settings)
+    target = args.database_url or db_url
+    if not nats_url or not target:
+        console.print("[red]set TROVE_NATS_URL and TROVE_DATABASE_URL (or start `trove up`)[/red]")
+        return 2
+    env = {**os.environ, "TROVE_NATS_URL": nats_url, "TROVE_DATABASE_URL": target}
+    argv = [sys.executable, "-m", "trove_recorder", "replay"]
+    if args.truncate:
+        argv.append("--truncate")
+    return subprocess.run(argv, env=env, check=False).returncode
+
+
 def cmd_sandbox(args: argparse.Namespace, settings: CommonSettings) -> int:
     from trove_sandbox.__main__ import main as sandbox_main
 
@@ -291,6 +306,9 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", help="consumer lag and what the tables hold")
     sub.add_parser("migrate", help="bring the database schema up to date")
+    replay = sub.add_parser("replay", help="rebuild the tables from the event record")
+    replay.add_argument("--database-url", default="", help="replay into this database instead")
+    replay.add_argument("--truncate", action="store_true", help="empty the tables first")
     sandbox = sub.add_parser("sandbox", help="serve the synthetic small web in the foreground")
     sandbox.add_argument("rest", nargs=argparse.REMAINDER)
     return p
@@ -308,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         if args.command in commands:
             return asyncio.run(commands[args.command](args, settings))
-        sync = {"up": cmd_up, "migrate": cmd_migrate, "sandbox": cmd_sandbox}
+        sync = {"up": cmd_up, "migrate": cmd_migrate, "sandbox": cmd_sandbox, "replay": cmd_replay}
         return sync[args.command](args, settings)
     except TroveError as exc:
         console.print(f"[red]error:[/red] {exc}")

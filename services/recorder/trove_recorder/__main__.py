@@ -1,17 +1,35 @@
-"""Entry point: `python -m trove_recorder` (or `trove-recorder`)."""
+"""Entry point: `python -m trove_recorder` (or `trove-recorder`) runs the recorder;
+`trove-recorder replay [--truncate]` rebuilds the projections from the event record."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from functools import partial
 
+from trove_recorder.projections import RetryPolicy
 from trove_recorder.recorder import serve
+from trove_recorder.replay import run_replay
 from trove_schema.service import run
-from trove_schema.settings import RecorderSettings
+from trove_schema.settings import RecorderSettings, check_environment
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trove-recorder")
+    sub = parser.add_subparsers(dest="command")
+    replay = sub.add_parser("replay", help="rebuild every projection from the streams")
+    replay.add_argument("--truncate", action="store_true", help="empty the tables first")
+    args = parser.parse_args(argv)
     settings = RecorderSettings()
+    if args.command == "replay":
+        check_environment()
+        if not settings.nats_url or not settings.database_url:
+            print("replay needs TROVE_NATS_URL and TROVE_DATABASE_URL")
+            return 2
+        policy = RetryPolicy(
+            max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
+        )
+        return run_replay(settings.nats_url, settings.database_url, policy, args.truncate)
     return run("recorder", settings, partial(serve, settings))
 
 

@@ -151,8 +151,18 @@ async def _crawl_completed(
             request_id=_uuid_or_none(event.request_id),
         )
     )
+    # Lock the page row: attempts on one page are applied one at a time, and one older
+    # than the newest applied adds history (above) but changes nothing else.
+    newest = (
+        await session.execute(
+            select(Page.last_crawled_at).where(Page.id == page_id).with_for_update()
+        )
+    ).scalar_one_or_none()
+    if newest is not None and event.completed_at < newest:
+        return
     outcome = event.outcome
     values: dict[str, object] = {
+        "last_crawled_at": event.completed_at,
         "last_outcome": outcome.value,
         "last_status_code": event.status_code,
         "updated_at": func.now(),

@@ -1,0 +1,102 @@
+"""Replay: the tables rebuilt from the event record are the tables the live recorder built."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tests.conftest import StackUrls, eventually
+from tests.support import outcomes, query, sandbox_env, services
+from trove_sandbox.server import serve_sandbox
+from trove_sandbox.web import SandboxWeb
+from trove_schema.topology import SEEDS_SUBJECT
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+#: Every projected column but surrogate ids and row-insertion times, joined on URLs.
+CHECKSUM_QUERIES = {
+    "pages": (
+        "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
+        "SELECT url, domain, status, depth, title, language, keywords_tsv::text, etag, "
+        "last_modified, content_hash, canonical_url, noindex, last_crawled_at, last_outcome, "
+        "last_status_code, discovered_at, fetched_at, failed_at FROM pages) t"
+    ),
+    "page_crawls": (
+        "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
+        "SELECT p.url, c.domain, c.priority, c.attempt, c.outcome, c.status_code, "
+        "c.error_message, c.content_length, c.started_at, c.completed_at, c.duration_ms, "
+        "c.event_id, c.request_id FROM page_crawls c JOIN pages p ON p.id = c.page_id) t"
+    ),
+    "page_links": (
+        "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
+        "SELECT f.url AS f, o.url AS o, l.kind, l.nofollow FROM page_links l "
+        "JOIN pages f ON f.id = l.from_page_id JOIN pages o ON o.id = l.to_page_id) t"
+    ),
+    "seed_rejections": (
+        "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
+        "SELECT event_id, raw, reason, origin, occurred_at FROM seed_rejections) t"
+    ),
+}
+
+
+async def checksums(engine: AsyncEngine) -> dict[str, str | None]:
+    async with engine.connect() as conn:
+        return {
+            name: (await conn.execute(text(sql))).scalar_one()
+            for name, sql in CHECKSUM_QUERIES.items()
+        }
+
+
+async def test_replay_into_an_empty_database_reproduces_the_tables(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=3, pages_per_host=3)
+    async with serve_sandbox(web) as running, services(stack, state_dir, sandbox_env(web, 0.1)):
+        import nats
+
+        nc = await nats.connect(stack.nats_url)
+        await nc.publish(SEEDS_SUBJECT, "\n".join([*running.seeds, "ftp://bad.example/"]).encode())
+        await nc.flush()
+        await nc.close()
+        expected = len(web.expected_pages()) + len(web.hosts)  # pages and feeds
+
+        async def crawled() -> int:
+            return len(await outcomes(engine))
+
+        await eventually(crawled, until=lambda n: n >= expected, timeout=90, what="crawl done")
+    live = await checksums(engine)
+    assert all(live.values()), live
+
+    name = f"replay_{uuid.uuid4().hex[:8]}"
+    admin = create_async_engine(stack.database_url, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(text(f'CREATE DATABASE "{name}"'))
+    await admin.dispose()
+    target = make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
+
+    env = {**os.environ, "TROVE_NATS_URL": stack.nats_url, "TROVE_DATABASE_URL": stack.database_url}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "replay", "--database-url", target,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, out.decode()
+    assert "replayed" in out.decode()
+
+    replayed_engine = create_async_engine(target)
+    try:
+        assert await checksums(replayed_engine) == live
+        (row,) = await query(
+            replayed_engine, "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"
+        )
+        assert row.n == 0
+    finally:
+        await replayed_engine.dispose()
