@@ -14,13 +14,13 @@ import http.server
 import ipaddress
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpcore
+import trustme
 
 Route = Callable[["Exchange"], None]
 
@@ -178,6 +178,7 @@ def free_port() -> int:
 class Certificate:
     cert: Path
     key: Path
+    ca: Path
 
     def server_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -185,37 +186,20 @@ class Certificate:
         return context
 
     def client_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.cert))
+        return ssl.create_default_context(cafile=str(self.ca))
 
 
 def self_signed(directory: Path, hostname: str) -> Certificate:
-    """A self-signed certificate for ``hostname`` (made with the openssl CLI)."""
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            f"/CN={hostname}",
-            "-addext",
-            f"subjectAltName=DNS:{hostname}",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return Certificate(cert, key)
+    """A certificate for ``hostname`` from a throwaway CA (trustme: no openssl CLI needed)."""
+    authority = trustme.CA()
+    issued = authority.issue_cert(hostname)
+    cert, key, ca = directory / "cert.pem", directory / "key.pem", directory / "ca.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    for extra in issued.cert_chain_pems[1:]:
+        extra.write_to_path(str(cert), append=True)
+    issued.private_key_pem.write_to_path(str(key))
+    authority.cert_pem.write_to_path(str(ca))
+    return Certificate(cert, key, ca)
 
 
 @contextlib.contextmanager

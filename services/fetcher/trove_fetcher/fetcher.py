@@ -167,6 +167,7 @@ class Fetcher:
                 last_modified=last_modified,
                 limits=self.limits,
                 is_parseable=is_parseable,
+                robots_allows=self._redirect_allowed,
             )
         finally:
             await self.politeness.finish(job.domain, grant, time.time())
@@ -179,6 +180,11 @@ class Fetcher:
             loop = asyncio.get_running_loop()
             extraction = await loop.run_in_executor(self.parser, self._extract, result)
         await self._complete(job, _completed(job, result, extraction, started))
+
+    async def _redirect_allowed(self, url: str) -> bool:
+        """A same-host redirect hop must be allowed by robots.txt too (when it is known)."""
+        policy = await self._cached_robots(url)
+        return policy is None or policy.allows(url, self.robots_token)
 
     def _extract(self, result: FetchResult) -> Extraction:
         assert result.body is not None
@@ -217,7 +223,10 @@ class Fetcher:
             return None
         if entry.value is None:
             return None
-        policy = RobotsPolicy.from_bytes(entry.value)
+        try:
+            policy = RobotsPolicy.from_bytes(entry.value)
+        except ValueError:
+            return None  # an unreadable cache entry is a miss: fetch robots.txt again
         if policy.expired(time.time()):
             return None
         self._robots_local[origin] = (now + min(60.0, policy.expires_in(time.time())), policy)
@@ -314,7 +323,7 @@ def _completed(
         completed_at=datetime.now(UTC),
         retry_after=result.retry_after,
         content_type=result.content_type,
-        content_length=result.bytes_read,
+        content_length=len(result.body) if result.body is not None else result.bytes_read,
         final_url=final_url,
         links=links,
         links_truncated=truncated,
