@@ -33,6 +33,7 @@ from trove_schema.topology import (
     SEEDS_SUBJECT,
     WORK_SCHEDULES_PREFIX,
     WORK_STREAM,
+    ensure_topology,
 )
 
 console = Console(stderr=False)
@@ -83,6 +84,8 @@ async def watch_crawl(
     nc = await nats.connect(nats_url, name="trove-cli")
     engine = create_async_engine(database_url)
     try:
+        # The seeds stream must exist before a core publish, or the seeds go nowhere.
+        await ensure_topology(nc.jetstream(), owner="cli")
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
             await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
@@ -90,6 +93,7 @@ async def watch_crawl(
         js = nc.jetstream()
         deadline = time.monotonic() + timeout
         quiet_since: float | None = None
+        next_line = time.monotonic()
         columns = (
             TextColumn("[bold]crawling"),
             BarColumn(),
@@ -108,6 +112,10 @@ async def watch_crawl(
                 progress.update(
                     task, completed=done, total=max(queued, 1), note=f"backlog {backlog}"
                 )
+                if not console.is_terminal and time.monotonic() >= next_line:
+                    # No live bar without a terminal (CI, a pipe): a line every few seconds.
+                    console.print(f"crawled {done}/{queued} pages, backlog {backlog}")
+                    next_line = time.monotonic() + 5.0
                 if max_pages is not None and done >= max_pages:
                     break
                 if until_idle and backlog == 0 and queued > 0 and done == queued:

@@ -76,7 +76,7 @@ class EmbeddedPostgres:
         cfg = self.config
         bindir = postgres_bin_dir(cfg.bin_dir)
         run_as = _system_user() if os.geteuid() == 0 else None
-        data = cfg.data_dir
+        data = cfg.data_dir.resolve()
         data.parent.mkdir(parents=True, exist_ok=True)
         if run_as is not None:
             _open_path_for(bindir.parent, data.parent)

@@ -34,6 +34,8 @@ class Stack:
         return [name for name, part in (("nats", self.nats), ("postgres", self.postgres)) if part]
 
     def start(self) -> Stack:
+        # Servers change directory (Postgres into its data folder): paths must be absolute.
+        self.state_dir = self.state_dir.resolve()
         if self.fresh and self.state_dir.exists():
             self.stop()
             shutil.rmtree(self.state_dir)

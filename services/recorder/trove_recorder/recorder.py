@@ -31,6 +31,15 @@ log = logging.getLogger("trove.recorder")
 TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError, OSError, ConnectionError)
 
 
+#: deadlock_detected, serialization_failure: the transaction lost a race, not a bad event.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return str(code) if code else None
+
+
 def make_engine(url: str) -> AsyncEngine:
     return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
 
@@ -54,6 +63,9 @@ class Recorder:
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
+            if _sqlstate(exc) in RETRYABLE_SQLSTATES:
+                # Two events touching the same pages at once: run it again shortly.
+                raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
             raise
         if applied:
             self.outbox_wakeup.set()
