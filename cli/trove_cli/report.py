@@ -98,9 +98,11 @@ def render(report: Report, console: Console) -> None:
     def table(title: str, *columns: str) -> Table:
         t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
         for column in columns:
+            numeric = column in {"pages", "crawls", "fetched", "in-links"}
             t.add_column(
                 column,
-                justify="right" if column in {"pages", "crawls", "fetched", "in-links"} else "left",
+                justify="right" if numeric else "left",
+                overflow="fold" if column == "url" else "ellipsis",
             )
         return t
 
