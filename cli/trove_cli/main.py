@@ -19,6 +19,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_cli.local import LocalTrove, running_stack
 from trove_cli.report import build_report, progress_counts, render
+from trove_cli.search import DEFAULT_LIMIT, search_command
+from trove_cli.status import status_command
 from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
 from trove_schema.settings import CommonSettings, check_environment
@@ -217,22 +219,15 @@ async def cmd_status(args: argparse.Namespace, settings: CommonSettings) -> int:
             "[red]no running stack: set TROVE_NATS_URL/TROVE_DATABASE_URL or `trove up`[/red]"
         )
         return 2
-    engine = create_async_engine(db_url)
-    nc = await nats.connect(nats_url, name="trove-cli")
-    try:
-        js = nc.jetstream()
-        for stream, durable in CONSUMERS:
-            info = await js.consumer_info(stream, durable)
-            pending, in_flight = info.num_pending or 0, info.num_ack_pending or 0
-            console.print(
-                f"{durable:18} pending {pending:>7}  in flight {in_flight:>5}"
-                f"  redelivered {info.num_redelivered or 0}"
-            )
-        render(await build_report(engine), console)
-    finally:
-        await nc.close()
-        await engine.dispose()
-    return 0
+    return await status_command(nats_url, db_url, console)
+
+
+async def cmd_search(args: argparse.Namespace, settings: CommonSettings) -> int:
+    _, db_url = _urls(settings)
+    if not db_url:
+        console.print("[red]no database: set TROVE_DATABASE_URL or start `trove up`[/red]")
+        return 2
+    return await search_command(db_url, " ".join(args.query), args.lang, args.limit, console)
 
 
 def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
@@ -313,6 +308,10 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument("--request", action="store_true", help="wait for discovery's verdict")
 
     sub.add_parser("status", help="consumer lag and what the tables hold")
+    search = sub.add_parser("search", help="full-text search over the fetched pages")
+    search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
+    search.add_argument("--lang", default=None, help="only pages in this language (en, pt-BR)")
+    search.add_argument("--limit", type=int, default=DEFAULT_LIMIT)
     sub.add_parser("migrate", help="bring the database schema up to date")
     replay = sub.add_parser("replay", help="rebuild the tables from the event record")
     replay.add_argument("--database-url", default="", help="replay into this database instead")
@@ -331,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "crawl": cmd_crawl,
             "seed": cmd_seed,
             "status": cmd_status,
+            "search": cmd_search,
         }
         if args.command in commands:
             return asyncio.run(commands[args.command](args, settings))

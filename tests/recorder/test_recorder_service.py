@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -38,7 +39,9 @@ def completed(n: int, links: int = 3) -> CrawlCompleted:
         started_at=now,
         completed_at=now,
         title=f"Post {n}",
-        links=tuple(Link(url=f"https://blog.example/{(n + k) % 50}") for k in range(1, links + 1)),
+        links=tuple(
+            Link(url=f"https://blog.example/{(n + k) % 3000}") for k in range(1, links + 1)
+        ),
     )
 
 
@@ -112,15 +115,17 @@ async def test_failures_are_retried_then_the_page_fails_after_three_attempts(
 async def test_a_recorder_killed_mid_stream_loses_and_duplicates_nothing(
     stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
 ) -> None:
-    events = [completed(n, links=20) for n in range(400)]
-    for event in events:
-        await bus.publish(event)
-    async with services(stack, state_dir / "first", {}, only=("recorder",)) as local:
+    total = 3000
+    events = [completed(n, links=20) for n in range(total)]
+    await asyncio.gather(*(bus.publish(event) for event in events))
+    small_batches = {"TROVE_BATCH_SIZE": "20"}  # many transactions: the kill lands mid-stream
+    async with services(stack, state_dir / "first", small_batches, only=("recorder",)) as local:
         await eventually(
             lambda: count(engine, "page_crawls"),
-            until=lambda n: n >= 50,
+            until=lambda n: n >= 1,
             timeout=60,
-            what="50 rows",
+            interval=0.02,
+            what="the first rows",
         )
         (child,) = local.children
         os.killpg(child.pid, signal.SIGKILL)  # no goodbye: mid-transaction, before acks
@@ -129,11 +134,14 @@ async def test_a_recorder_killed_mid_stream_loses_and_duplicates_nothing(
     killed_at = await count(engine, "page_crawls")
     async with services(stack, state_dir / "second", {}, only=("recorder",)):
         await eventually(
-            lambda: count(engine, "page_crawls"), until=lambda n: n >= 400, timeout=90, what="all"
+            lambda: count(engine, "page_crawls"),
+            until=lambda n: n >= total,
+            timeout=120,
+            what="all",
         )
-    assert killed_at < 400, "the recorder finished before it was killed: the test proves nothing"
-    assert await count(engine, "page_crawls") == 400
-    assert await count(engine, "projected_events") == 400
+    assert killed_at < total, "the recorder finished before it was killed: the test proves nothing"
+    assert await count(engine, "page_crawls") == total
+    assert await count(engine, "projected_events") == total
     (row,) = await query(engine, "SELECT count(DISTINCT event_id) AS n FROM page_crawls")
-    assert row.n == 400
-    assert len(await outcomes(engine)) == 400
+    assert row.n == total
+    assert len(await outcomes(engine)) == total

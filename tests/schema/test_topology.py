@@ -63,3 +63,23 @@ async def test_a_raw_seed_is_stored_even_with_no_discovery_running(
     await nc.close()
     msg = await bus.js.get_last_msg(SEEDS_STREAM, SEEDS_SUBJECT)
     assert msg.data == b"https://example.org/"
+
+
+@pytest.mark.usefixtures("clean")
+async def test_reconciling_an_unchanged_topology_updates_nothing(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="trove_schema.topology")
+    await ensure_topology(bus.js, declare())
+    assert [r.getMessage() for r in caplog.records if "reconciled" in r.getMessage()] == []
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_service_does_not_undo_another_services_consumer_settings(bus: Bus) -> None:
+    await ensure_topology(
+        bus.js, declare(TopologyOptions(fetcher_max_ack_pending=10)), owner="fetcher"
+    )
+    # The recorder starts with default options: the fetcher's consumer is not its to change.
+    await ensure_topology(bus.js, declare(), owner="recorder")
+    stream, _ = declare().consumer(FETCHER)
+    assert (await bus.js.consumer_info(stream, FETCHER)).config.max_ack_pending == 10

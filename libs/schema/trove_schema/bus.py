@@ -140,7 +140,7 @@ def deliveries(msg: Msg) -> int:
 
 
 Handler = Callable[[Msg], Awaitable[None]]
-BatchHandler = Callable[[Sequence[Msg]], Awaitable[Sequence[BaseException | None]]]
+BatchHandler = Callable[[Sequence[Msg]], Awaitable[None]]
 
 
 @dataclass(kw_only=True)
@@ -244,6 +244,74 @@ class Consumer:
             await _quiet(msg.nak(delay=5.0))
             return
         await _quiet(msg.term())
+
+
+@dataclass(kw_only=True)
+class BatchConsumer:
+    """A durable pull consumer handling up to ``batch_size`` messages at a time.
+
+    The batch handler applies them together (one transaction); then all are acked.
+    ``Retry`` hands the whole batch back. Any other failure falls back to handling the
+    messages one by one with ``handler``, so one poison message is parked on its own
+    and the rest of its batch still goes through.
+    """
+
+    bus: Bus
+    stream: str
+    durable: str
+    batch_handler: BatchHandler
+    handler: Handler
+    batch_size: int = 256
+    concurrency: int = 2
+    idle_wait: float = 1.0
+    fetch_wait: float = 0.05
+
+    async def run(self, stop: asyncio.Event) -> None:
+        single = Consumer(
+            bus=self.bus, stream=self.stream, durable=self.durable, handler=self.handler
+        )
+        psub = await single._bind(stop)
+        if psub is None:
+            return
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                if len(tasks) >= self.concurrency:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    msgs = await psub.fetch(
+                        self.batch_size, timeout=self.fetch_wait if tasks else self.idle_wait
+                    )
+                except (TimeoutError, NatsTimeoutError):
+                    continue
+                except Exception as exc:
+                    log.warning("fetch from %s failed: %s", self.durable, exc)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=1.0)
+                    continue
+                task = asyncio.create_task(self._handle(single, msgs))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _handle(self, single: Consumer, msgs: Sequence[Msg]) -> None:
+        try:
+            await self.batch_handler(msgs)
+        except Retry as retry:
+            log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
+            await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
+            return
+        except Exception as exc:
+            log.warning("%s: batch failed (%s), handling one by one", self.durable, exc)
+            for msg in msgs:
+                await single._handle(msg)
+            return
+        await asyncio.gather(*(_quiet(m.ack()) for m in msgs))
 
 
 async def _quiet(op: Awaitable[Any]) -> None:

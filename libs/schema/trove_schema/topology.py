@@ -127,6 +127,8 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             max_msg_size=1 << 20,
             duplicate_window=600.0,
             allow_msg_schedules=True,
+            # The server turns rollups on for schedules; saying so keeps reconcile quiet.
+            allow_rollup_hdrs=True,
             discard=DiscardPolicy.OLD,
         ),
         StreamConfig(
@@ -140,6 +142,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             max_msg_size=1 << 20,
             duplicate_window=120.0,
             allow_msg_schedules=True,
+            allow_rollup_hdrs=True,
         ),
         StreamConfig(
             name=DEAD_STREAM,
@@ -149,6 +152,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
             max_age=30 * DAY,
+            duplicate_window=120.0,
         ),
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
@@ -17,8 +18,9 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from trove_recorder.batch import apply_batch
 from trove_recorder.projections import RetryPolicy, apply
-from trove_schema.bus import Bus, Consumer, Retry
+from trove_schema.bus import BatchConsumer, Bus, Retry
 from trove_schema.events import decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
@@ -52,6 +54,23 @@ class Recorder:
         self.bus = bus
         self.policy = policy
         self.outbox_wakeup = asyncio.Event()
+
+    async def handle_batch(self, msgs: Sequence[Msg]) -> None:
+        """Apply a batch of events in one transaction (stream order within the batch)."""
+        events = [decode_event(m.data) for m in msgs]
+        try:
+            async with self.sessions.begin() as session:
+                applied = await apply_batch(session, events, self.policy)
+        except TRANSIENT_DB_ERRORS as exc:
+            raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
+            if _sqlstate(exc) in RETRYABLE_SQLSTATES:
+                raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
+            raise
+        if applied:
+            self.outbox_wakeup.set()
 
     async def handle(self, msg: Msg) -> None:
         event = decode_event(msg.data)
@@ -132,13 +151,13 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
                 max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
             ),
         )
-        consumer = Consumer(
+        consumer = BatchConsumer(
             bus=bus,
             stream=EVENTS_STREAM,
             durable=RECORDER,
+            batch_handler=recorder.handle_batch,
             handler=recorder.handle,
-            concurrency=settings.batch_size,
-            fetch_batch=settings.batch_size,
+            batch_size=settings.batch_size,
         )
         ready.set()
         await asyncio.gather(consumer.run(stop), recorder.publish_outbox(stop))

@@ -1,0 +1,152 @@
+"""Recorder benchmark: CrawlCompleted events projected per second, pages of ~100 links.
+
+Starts the embedded stack, publishes N CrawlCompleted events (each with `--links` links
+to other pages of a synthetic site, so link targets overlap as on the real web), then
+starts the recorder process and times how long it takes to project all of them.
+Each configuration (TROVE_BATCH_SIZE values) runs `--runs` times, alternately, in one
+invocation; medians and the ratio to the first configuration are printed.
+
+    .venv/bin/python bench/bench_recorder.py [--events 4000] [--links 100] [--batch 1,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from trove_cli.local import LocalTrove
+from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope
+from trove_schema.migrate import upgrade
+from trove_schema.topology import declare, ensure_topology
+from trove_stack.stack import Stack
+
+TABLES = "page_links, page_crawls, pages, seed_rejections, projected_events, outbox"
+
+
+def events(n: int, links: int) -> list[bytes]:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    out = []
+    for i in range(n):
+        at = start + timedelta(milliseconds=i)
+        out.append(
+            CrawlCompleted(
+                url=f"https://site{i % 50}.example/p/{i}",
+                domain=f"site{i % 50}.example",
+                scope=Scope(value=f"site{i % 50}.example"),
+                request_id=f"00000000-0000-0000-0000-{i:012d}",
+                outcome=CrawlOutcome.SUCCESS,
+                status_code=200,
+                started_at=at,
+                completed_at=at,
+                title=f"Page {i}",
+                language="en",
+                keywords=tuple(f"word{(i * 7 + k) % 5000}" for k in range(60)),
+                links=tuple(
+                    Link(url=f"https://site{(i + k) % 50}.example/p/{(i * 31 + k) % n}")
+                    for k in range(links)
+                ),
+            ).to_wire()
+        )
+    return out
+
+
+async def reset(nats_url: str, database_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    top = declare()
+    await ensure_topology(js, top)
+    for stream, consumer in top.consumers:
+        try:
+            await js.delete_consumer(stream, consumer.durable_name or "")
+        except Exception:  # noqa: S110 - absent is fine
+            pass
+    for config in top.streams:
+        await js.purge_stream(config.name or "")
+    await ensure_topology(js, top)
+    await nc.close()
+    engine = create_async_engine(database_url)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    await engine.dispose()
+
+
+async def publish(nats_url: str, payloads: list[bytes]) -> None:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for chunk in range(0, len(payloads), 500):
+        acks = [
+            js.publish("trove.events.crawl.completed", p) for p in payloads[chunk : chunk + 500]
+        ]
+        await asyncio.gather(*acks)
+    await nc.close()
+
+
+async def wait_projected(database_url: str, n: int, limit: float) -> float:
+    engine = create_async_engine(database_url)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < limit:
+            async with engine.connect() as conn:
+                done = (await conn.execute(text("SELECT count(*) FROM page_crawls"))).scalar_one()
+            if done >= n:
+                return time.monotonic() - started
+            await asyncio.sleep(0.1)
+        return float("nan")
+    finally:
+        await engine.dispose()
+
+
+def run_once(stack: Stack, state: Path, payloads: list[bytes], batch: int) -> float:
+    asyncio.run(reset(stack.nats_url, stack.database_url))
+    asyncio.run(publish(stack.nats_url, payloads))
+    local = LocalTrove(
+        state_dir=state,
+        nats_url=stack.nats_url,
+        database_url=stack.database_url,
+        services=("recorder",),
+        service_env={"TROVE_BATCH_SIZE": str(batch), "TROVE_LOG_LEVEL": "WARNING"},
+    )
+    with local:
+        seconds = asyncio.run(wait_projected(stack.database_url, len(payloads), 300))
+    return len(payloads) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=4000)
+    parser.add_argument("--links", type=int, default=100)
+    parser.add_argument("--batch", default="1,256")
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
+    payloads = events(args.events, args.links)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Stack(state_dir=Path(tmp) / "stack", fast_and_unsafe=True) as stack,
+    ):
+        upgrade(stack.database_url)
+        rates: dict[int, list[float]] = {b: [] for b in batches}
+        for run in range(args.runs):
+            for batch in batches:
+                rate = run_once(stack, Path(tmp) / f"run{run}-{batch}", payloads, batch)
+                rates[batch].append(rate)
+                print(f"run {run + 1} batch {batch}: {rate:,.0f} events/s")
+    base = statistics.median(rates[batches[0]])
+    print(f"\n{args.events} CrawlCompleted events, {args.links} links each, 2-core machine")
+    print(f"{'batch size':>10} {'events/s (median)':>18} {'ratio':>7}")
+    for batch in batches:
+        median = statistics.median(rates[batch])
+        print(f"{batch:>10} {median:>18,.0f} {median / base:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""``trove search``: full-text search over what the crawl recorded, ranked by the citation graph.
+
+Each fetched page has ``pages.keywords_tsv``, built by the recorder from the title and the
+keyword bag with the text search configuration of the page's language (``english``
+stems "crawlers" to ``crawler``, ``simple`` only lower-cases). A query matches a page
+only when it is parsed with the same configuration, so:
+
+* ``--lang xx``: the query is parsed with ``xx``'s configuration and only pages in that
+  language are searched (``--lang en`` is every ``en-*`` page; ``--lang en-GB`` is
+  exactly ``en-GB``).
+* no ``--lang``: every page is matched in its own language: the query is parsed once
+  per configuration and each page is tested against the parse of its own. Parsing it
+  with ``simple`` alone would miss every stemmed page ("crawlers" never matches the
+  English lexeme ``crawler``).
+
+The query uses web search syntax (``websearch_to_tsquery``): words are ANDed, ``"a
+phrase"``, ``or``, ``-word``; any other punctuation is ignored, never an error.
+
+Ranking: ``ts_rank_cd`` (cover density) times ``1 + ln(1 + in-links)``, where in-links are
+the distinct other pages with a followed ``<a>`` link to the page (``nofollow`` links
+and links from a page to itself are not votes). Only pages with status ``fetched`` and
+without ``noindex`` are searched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from trove_schema.errors import TroveError
+
+#: Postgres text search configurations by BCP-47 primary language tag. This mirrors
+#: ``TS_CONFIGS`` in services/recorder/trove_recorder/projections.py, which builds
+#: ``keywords_tsv`` (the CLI never imports a service): change both together.
+TS_CONFIGS = {
+    "ar": "arabic", "ca": "catalan", "da": "danish", "de": "german", "el": "greek",
+    "en": "english", "es": "spanish", "eu": "basque", "fi": "finnish", "fr": "french",
+    "ga": "irish", "hi": "hindi", "hu": "hungarian", "hy": "armenian", "id": "indonesian",
+    "it": "italian", "lt": "lithuanian", "ne": "nepali", "nl": "dutch", "no": "norwegian",
+    "nb": "norwegian", "nn": "norwegian", "pt": "portuguese", "ro": "romanian",
+    "ru": "russian", "sr": "serbian", "sv": "swedish", "ta": "tamil", "tr": "turkish",
+    "yi": "yiddish",
+}  # fmt: skip
+
+DEFAULT_LIMIT = 20
+LANG_OK = re.compile(r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$")
+
+
+class SearchError(TroveError):
+    """The search cannot be run as asked (a malformed language tag, a limit below 1)."""
+
+
+def ts_config(language: str | None) -> str:
+    """The configuration the recorder used for a page in ``language`` (its mirror)."""
+    if not language:
+        return "simple"
+    return TS_CONFIGS.get(language.split("-")[0].lower(), "simple")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    url: str
+    title: str | None
+    language: str | None
+    #: Distinct other pages with a followed <a> link to this one.
+    inlinks: int
+    #: Text rank scaled by the in-links; only the order means something.
+    score: float
+
+
+# One row per configuration to try; each page is tested against the parse of the query
+# in its own configuration (a page matches at most one row, so no duplicates).
+_SEARCH = text(
+    """
+    WITH tags AS (
+        SELECT * FROM unnest(CAST(:tags AS text[]), CAST(:tag_configs AS text[])) AS t(tag, cfg)
+    ),
+    q AS (
+        SELECT cfg, websearch_to_tsquery(CAST(cfg AS regconfig), :query) AS query
+        FROM unnest(CAST(:configs AS text[])) AS c(cfg)
+    ),
+    matched AS (
+        SELECT p.id, p.url, p.title, p.language,
+               ts_rank_cd(p.keywords_tsv, q.query) AS text_rank
+        FROM pages p
+        LEFT JOIN tags ON tags.tag = lower(split_part(p.language, '-', 1))
+        JOIN q ON q.cfg = coalesce(tags.cfg, 'simple') AND p.keywords_tsv @@ q.query
+        WHERE p.status = 'fetched'
+          AND NOT p.noindex
+          AND (CAST(:primary AS text) IS NULL
+               OR lower(split_part(p.language, '-', 1)) = :primary)
+          AND (CAST(:exact AS text) IS NULL OR lower(p.language) = :exact)
+    )
+    SELECT m.url, m.title, m.language, l.inlinks,
+           m.text_rank * (1 + ln(1 + l.inlinks)) AS score
+    FROM matched m
+    CROSS JOIN LATERAL (
+        SELECT count(DISTINCT pl.from_page_id) AS inlinks
+        FROM page_links pl
+        WHERE pl.to_page_id = m.id AND pl.kind = 'a' AND NOT pl.nofollow
+          AND pl.from_page_id <> m.id
+    ) l
+    ORDER BY score DESC, l.inlinks DESC, m.url
+    LIMIT :limit
+    """
+)
+
+
+async def search(
+    engine: AsyncEngine, query: str, lang: str | None = None, limit: int = DEFAULT_LIMIT
+) -> list[Hit]:
+    """Fetched, indexable pages matching ``query`` (web search syntax), best first."""
+    if limit < 1:
+        raise SearchError(f"--limit must be at least 1, not {limit}")
+    primary = exact = None
+    if lang:
+        if not LANG_OK.match(lang):
+            raise SearchError(f"{lang!r} is not a language tag (like en, fr or pt-BR)")
+        if "-" in lang:
+            exact = lang.lower()
+        else:
+            primary = lang.lower()
+        configs = [ts_config(lang)]
+    else:
+        configs = sorted({"simple", *TS_CONFIGS.values()})
+    params = {
+        "tags": list(TS_CONFIGS),
+        "tag_configs": list(TS_CONFIGS.values()),
+        "configs": configs,
+        "query": query,
+        "primary": primary,
+        "exact": exact,
+        "limit": limit,
+    }
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SEARCH, params)).all()
+    return [
+        Hit(url=url, title=title, language=language, inlinks=int(n), score=float(score))
+        for url, title, language, n, score in rows
+    ]
+
+
+def render_hits(hits: list[Hit], console: Console, query: str) -> None:
+    if not hits:
+        console.print(Text(f"no fetched page matches {query!r}"))
+        return
+    table = Table(
+        title=Text(f"{len(hits)} result(s) for {query!r}"),
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    table.add_column("title", overflow="ellipsis", max_width=50)
+    table.add_column("url", overflow="fold")
+    table.add_column("language")
+    table.add_column("in-links", justify="right")
+    for hit in hits:
+        # Text(), not markup: titles and URLs come from the web and may hold "[...]".
+        table.add_row(
+            Text(hit.title or "(untitled)"),
+            Text(hit.url),
+            Text(hit.language or "?"),
+            str(hit.inlinks),
+        )
+    console.print(table)
+
+
+async def search_command(
+    database_url: str, query: str, lang: str | None, limit: int, console: Console
+) -> int:
+    """``trove search``: run the search against ``database_url`` and print the hits."""
+    engine = create_async_engine(database_url)
+    try:
+        hits = await search(engine, query, lang, limit)
+    finally:
+        await engine.dispose()
+    render_hits(hits, console, query)
+    return 0

@@ -1,0 +1,324 @@
+"""``trove status``: what the crawl holds and where it is waiting, read without changing anything.
+
+* the tables: pages by status (plus pages only linked to), attempts by outcome;
+* JetStream: each service's durable consumers (pending, in flight, redelivered);
+* politeness (KV ``trove_domains``, the fetcher's ``DomainSlot`` records): domains
+  backing off after a 429/503, domains with fetches queued for a later slot;
+* what needs an operator: dead letters (stream ``TROVE_DEAD``), and the outbox rows the
+  recorder has not published yet.
+
+Nothing is created: on a stack where a stream, consumer or bucket does not exist yet,
+the status says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
+
+#: The fields of the fetcher's DomainSlot (services/fetcher/trove_fetcher/politeness.py),
+#: unix times except ``gap``. Read here without importing the service.
+SLOT_FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
+#: Reading the domain records: messages per fetch, and the wait for each batch.
+BATCH = 512
+READ_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerLag:
+    stream: str
+    durable: str
+    #: False when the consumer does not exist (no service has started yet).
+    exists: bool = True
+    #: Messages not yet delivered to the consumer.
+    pending: int = 0
+    #: Delivered, not yet acknowledged (being handled, or waiting for a redelivery).
+    ack_pending: int = 0
+    redelivered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cooldown:
+    """A domain that every fetcher leaves alone until ``seconds_left`` have passed."""
+
+    domain: str
+    seconds_left: float
+
+
+@dataclass(slots=True)
+class Status:
+    now: float
+    pages_by_status: dict[str, int] = field(default_factory=dict)
+    linked_only: int = 0
+    attempts_by_outcome: dict[str, int] = field(default_factory=dict)
+    consumers: list[ConsumerLag] = field(default_factory=list)
+    #: Domains with ``backoff_until`` in the future (429/503), longest first.
+    backing_off: list[Cooldown] = field(default_factory=list)
+    #: Domains with fetches reserved for a later slot (``next`` in the future).
+    queued_domains: int = 0
+    #: The domain whose reservations reach furthest, and how far.
+    longest_queue: Cooldown | None = None
+    #: Domains with a request in flight (``busy_until`` in the future).
+    fetching_domains: int = 0
+    #: KV values that are not a DomainSlot (skipped).
+    unreadable_slots: int = 0
+    #: Messages in TROVE_DEAD; None when the stream does not exist.
+    dead_letters: int | None = None
+    dead_by_consumer: dict[str, int] = field(default_factory=dict)
+    #: Outbox rows not yet published, and the age of the oldest in seconds.
+    outbox_backlog: int = 0
+    outbox_oldest_seconds: float | None = None
+
+
+async def collect_status(
+    js: JetStreamContext, engine: AsyncEngine, *, now: float | None = None
+) -> Status:
+    """Read the tables, the consumers, the domain slots and the dead letters."""
+    status = Status(now=time.time() if now is None else now)
+    await _tables(engine, status)
+    status.consumers = await consumer_lag(js)
+    await _domains(js, status)
+    await _dead_letters(js, status)
+    return status
+
+
+async def _tables(engine: AsyncEngine, status: Status) -> None:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT status, count(*) FILTER (WHERE discovered_at IS NOT NULL), "
+                "count(*) FILTER (WHERE discovered_at IS NULL) FROM pages "
+                "GROUP BY status ORDER BY status"
+            )
+        )
+        for name, queued, linked in rows.all():
+            if queued:
+                status.pages_by_status[name] = int(queued)
+            status.linked_only += int(linked)
+        rows = await conn.execute(
+            text("SELECT outcome, count(*) FROM page_crawls GROUP BY outcome ORDER BY 2 DESC, 1")
+        )
+        status.attempts_by_outcome = {o: int(n) for o, n in rows.all()}
+        backlog, oldest = (
+            await conn.execute(
+                text(
+                    "SELECT count(*), extract(epoch FROM to_timestamp(:now) - min(created_at)) "
+                    "FROM outbox WHERE published_at IS NULL"
+                ),
+                {"now": status.now},
+            )
+        ).one()
+        status.outbox_backlog = int(backlog)
+        status.outbox_oldest_seconds = None if oldest is None else max(float(oldest), 0.0)
+
+
+async def consumer_lag(js: JetStreamContext) -> list[ConsumerLag]:
+    """Every durable consumer of the topology, in declaration order."""
+    lags = []
+    for stream, config in declare().consumers:
+        assert config.durable_name is not None
+        try:
+            info = await js.consumer_info(stream, config.durable_name)
+        except NotFoundError:
+            lags.append(ConsumerLag(stream, config.durable_name, exists=False))
+            continue
+        lags.append(
+            ConsumerLag(
+                stream,
+                config.durable_name,
+                pending=info.num_pending or 0,
+                ack_pending=info.num_ack_pending or 0,
+                redelivered=info.num_redelivered or 0,
+            )
+        )
+    return lags
+
+
+def _slot(value: bytes | None) -> dict[str, float] | None:
+    try:
+        raw = json.loads(value or b"")
+        if not isinstance(raw, dict):
+            return None
+        return {k: float(raw.get(k) or 0.0) for k in SLOT_FIELDS}
+    except (ValueError, TypeError):
+        return None
+
+
+async def read_slots(js: JetStreamContext) -> dict[str, bytes]:
+    """The latest value of every key of ``trove_domains`` (deleted keys left out).
+
+    One ephemeral consumer (last message per subject, no acks) read in batches, rather
+    than one request per key; it is deleted afterwards. Empty when there is no bucket.
+    """
+    stream = f"KV_{DOMAINS_BUCKET}"
+    prefix = f"$KV.{DOMAINS_BUCKET}."
+    config = ConsumerConfig(
+        name=f"trove-status-{uuid.uuid4().hex}",
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE,
+        filter_subject=f"{prefix}>",
+        mem_storage=True,
+        inactive_threshold=READ_TIMEOUT * 6,
+    )
+    try:
+        info = await js.add_consumer(stream, config)
+    except NotFoundError:
+        return {}
+    values: dict[str, bytes] = {}
+    try:
+        sub = await js.pull_subscribe_bind(info.name, stream=stream)
+        remaining = info.num_pending or 0
+        while remaining > 0:
+            msgs = await sub.fetch(min(remaining, BATCH), timeout=READ_TIMEOUT)
+            for msg in msgs:
+                key = msg.subject.removeprefix(prefix)
+                headers = msg.headers or {}
+                deleted = headers.get("KV-Operation") in {"DEL", "PURGE"}
+                # nats-server 2.11+ places markers of its own (expiry, purge).
+                if deleted or "Nats-Marker-Reason" in headers:
+                    values.pop(key, None)
+                else:
+                    values[key] = msg.data
+            remaining = msgs[-1].metadata.num_pending if msgs else 0
+        await sub.unsubscribe()
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(stream, info.name)
+    return values
+
+
+async def _domains(js: JetStreamContext, status: Status) -> None:
+    now = status.now
+    for domain, value in sorted((await read_slots(js)).items()):
+        slot = _slot(value)
+        if slot is None:
+            status.unreadable_slots += 1
+            continue
+        if slot["backoff_until"] > now:
+            status.backing_off.append(Cooldown(domain, slot["backoff_until"] - now))
+        if slot["next"] > now:
+            status.queued_domains += 1
+            left = slot["next"] - now
+            if status.longest_queue is None or left > status.longest_queue.seconds_left:
+                status.longest_queue = Cooldown(domain, left)
+        if slot["busy_until"] > now:
+            status.fetching_domains += 1
+    status.backing_off.sort(key=lambda c: (-c.seconds_left, c.domain))
+
+
+async def _dead_letters(js: JetStreamContext, status: Status) -> None:
+    try:
+        info = await js.stream_info(DEAD_STREAM, subjects_filter=f"{DEAD_PREFIX}.>")
+    except NotFoundError:
+        return
+    status.dead_letters = info.state.messages
+    prefix = f"{DEAD_PREFIX}."
+    status.dead_by_consumer = {
+        subject.removeprefix(prefix): n
+        for subject, n in sorted((info.state.subjects or {}).items())
+    }
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``12m 05s``, ``3h 04m``: seconds left, for a person."""
+    s = max(round(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def _table(title: str, *columns: str, numeric: int = 1) -> Table:
+    """A table whose last ``numeric`` columns are right-aligned numbers."""
+    t = Table(
+        title=title, title_justify="left", show_edge=False, pad_edge=False, min_width=len(title)
+    )
+    for i, column in enumerate(columns):
+        t.add_column(column, justify="right" if i >= len(columns) - numeric else "left")
+    return t
+
+
+def render_status(status: Status, console: Console, *, max_domains: int = 20) -> None:
+    pages = _table("Pages by status", "status", "pages")
+    for name, n in status.pages_by_status.items():
+        pages.add_row(name, str(n))
+    pages.add_row("[dim]linked only (not crawled)[/dim]", f"[dim]{status.linked_only}[/dim]")
+    attempts = _table("Attempts by outcome", "outcome", "attempts")
+    for name, n in status.attempts_by_outcome.items():
+        attempts.add_row(name, str(n))
+    consumers = _table(
+        "Consumers", "consumer", "stream", "pending", "in flight", "redelivered", numeric=3
+    )
+    for lag in status.consumers:
+        if lag.exists:
+            consumers.add_row(
+                lag.durable,
+                lag.stream,
+                str(lag.pending),
+                str(lag.ack_pending),
+                str(lag.redelivered),
+            )
+        else:
+            consumers.add_row(lag.durable, lag.stream, "[dim]not created yet[/dim]", "", "")
+    parts: list[Table | Text | str] = [pages, "", attempts, "", consumers, ""]
+
+    if status.backing_off:
+        cooling = _table("Domains backing off (429/503)", "domain", "left")
+        for c in status.backing_off[:max_domains]:
+            cooling.add_row(Text(c.domain), duration(c.seconds_left))
+        more = len(status.backing_off) - max_domains
+        if more > 0:
+            cooling.add_row(f"[dim]... and {more} more[/dim]", "")
+        parts.extend([cooling, ""])
+    else:
+        parts.append(Text("No domain is backing off."))
+    line = f"{status.queued_domains} domain(s) with fetches queued for a later slot"
+    if status.longest_queue is not None:
+        line += (
+            f" (longest: {status.longest_queue.domain}, "
+            f"{duration(status.longest_queue.seconds_left)} left)"
+        )
+    parts.append(Text(f"{line}; {status.fetching_domains} fetching now."))
+    if status.unreadable_slots:
+        parts.append(Text(f"{status.unreadable_slots} unreadable domain record(s) skipped."))
+    parts.append("")
+
+    if status.dead_letters is None:
+        parts.append(Text(f"Dead letters: stream {DEAD_STREAM} not created yet."))
+    else:
+        by = ", ".join(f"{c} {n}" for c, n in status.dead_by_consumer.items())
+        parts.append(Text(f"Dead letters: {status.dead_letters}" + (f" ({by})" if by else "")))
+    outbox = f"Outbox backlog: {status.outbox_backlog} unpublished"
+    if status.outbox_oldest_seconds is not None:
+        outbox += f" (oldest {duration(status.outbox_oldest_seconds)})"
+    parts.append(Text(outbox))
+    console.print(Group(*parts))
+
+
+async def status_command(nats_url: str, database_url: str, console: Console) -> int:
+    """``trove status`` against these servers."""
+    engine = create_async_engine(database_url)
+    nc = await nats.connect(nats_url, name="trove-cli")
+    try:
+        status = await collect_status(nc.jetstream(), engine)
+    finally:
+        await nc.close()
+        await engine.dispose()
+    render_status(status, console)
+    return 0

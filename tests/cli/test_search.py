@@ -1,0 +1,318 @@
+"""``trove search`` against a real Postgres, with rows written directly (no service involved)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from tests.conftest import StackUrls
+from trove_cli.search import TS_CONFIGS, Hit, SearchError, render_hits, search
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def add_page(
+    conn: AsyncConnection,
+    url: str,
+    words: str = "",
+    *,
+    config: str = "english",
+    language: str | None = "en",
+    status: str = "fetched",
+    noindex: bool = False,
+    title: str | None = None,
+) -> int:
+    """A page row as the recorder leaves it: tsvector built with the language's config."""
+    page_id = await conn.scalar(
+        text(
+            "INSERT INTO pages (url, domain, status, title, language, keywords_tsv, noindex, "
+            "discovered_at, fetched_at) VALUES (:url, :domain, :status, "
+            ":title, :language, to_tsvector(CAST(:config AS regconfig), :words), :noindex, "
+            "now(), now()) RETURNING id"
+        ),
+        {
+            "url": url,
+            "domain": url.split("/")[2],
+            "status": status,
+            "title": title if title is not None else words,
+            "language": language,
+            "config": config,
+            "words": words,
+            "noindex": noindex,
+        },
+    )
+    assert isinstance(page_id, int)
+    return page_id
+
+
+async def link(
+    conn: AsyncConnection, from_id: int, to_id: int, kind: str = "a", *, nofollow: bool = False
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO page_links (from_page_id, to_page_id, kind, nofollow) "
+            "VALUES (:f, :t, :kind, :nofollow)"
+        ),
+        {"f": from_id, "t": to_id, "kind": kind, "nofollow": nofollow},
+    )
+
+
+async def linkers(conn: AsyncConnection, n: int, prefix: str) -> list[int]:
+    """Fetched pages with nothing to match, only there to link."""
+    return [
+        await add_page(conn, f"https://{prefix}{i}.example/", "unrelated filler") for i in range(n)
+    ]
+
+
+def urls(hits: list[Hit]) -> list[str]:
+    return [h.url for h in hits]
+
+
+async def test_more_inlinks_rank_higher_among_equal_text_matches(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        # Alphabetical URL order is the reverse of the expected rank: the tie-break on
+        # the URL cannot produce the expected order by itself.
+        none = await add_page(conn, "https://a.example/", "small web gardens")
+        one = await add_page(conn, "https://b.example/", "small web gardens")
+        three = await add_page(conn, "https://c.example/", "small web gardens")
+        sources = await linkers(conn, 3, "linker")
+        for source in sources:
+            await link(conn, source, three)
+        await link(conn, sources[0], one)
+        assert none  # linked by nobody
+
+    hits = await search(engine, "gardens")
+
+    assert urls(hits) == ["https://c.example/", "https://b.example/", "https://a.example/"]
+    assert [h.inlinks for h in hits] == [3, 1, 0]
+    assert hits[0].score > hits[1].score > hits[2].score > 0
+
+
+async def test_text_relevance_still_counts_next_to_inlinks(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await add_page(conn, "https://dense.example/", "gardens gardens gardens small web")
+        await add_page(conn, "https://thin.example/", "gardens and many other unrelated words")
+
+    hits = await search(engine, "small gardens")
+
+    assert urls(hits) == ["https://dense.example/"]  # both words are required
+
+
+async def test_only_followed_anchor_links_from_other_pages_count_as_inlinks(
+    engine: AsyncEngine,
+) -> None:
+    async with engine.begin() as conn:
+        target = await add_page(conn, "https://target.example/", "gardens")
+        a, b, c = await linkers(conn, 3, "src")
+        await link(conn, a, target, "a")
+        await link(conn, a, target, "img")  # same page again, another kind: still one
+        await link(conn, b, target, "a", nofollow=True)  # not a vote
+        await link(conn, c, target, "stylesheet")  # not an anchor
+        await link(conn, target, target, "a")  # a page citing itself
+
+    (hit,) = await search(engine, "gardens")
+
+    assert hit.inlinks == 1
+
+
+async def test_lang_filters_pages_and_parses_the_query_in_that_language(
+    engine: AsyncEngine,
+) -> None:
+    async with engine.begin() as conn:
+        await add_page(conn, "https://en.example/", "running crawlers")
+        await add_page(conn, "https://gb.example/", "running crawlers", language="en-GB")
+        await add_page(
+            conn, "https://fr.example/", "les crawlers du web", config="french", language="fr"
+        )
+
+    assert set(urls(await search(engine, "crawlers", "en"))) == {
+        "https://en.example/",
+        "https://gb.example/",
+    }
+    assert urls(await search(engine, "crawlers", "en-GB")) == ["https://gb.example/"]
+    assert urls(await search(engine, "crawlers", "fr")) == ["https://fr.example/"]
+    # Stemmed in English: "run" finds "running" only when parsed as English.
+    assert set(urls(await search(engine, "run", "en"))) == {
+        "https://en.example/",
+        "https://gb.example/",
+    }
+    assert await search(engine, "crawlers", "de") == []
+
+
+async def test_without_lang_each_page_is_matched_in_its_own_language(
+    engine: AsyncEngine,
+) -> None:
+    async with engine.begin() as conn:
+        # English stems: the tsvector holds 'crawler' and 'run', never 'crawlers'.
+        await add_page(conn, "https://en.example/", "running crawlers")
+        await add_page(
+            conn, "https://fr.example/", "les chevaux sauvages", config="french", language="fr"
+        )
+        # An unmapped language and an unknown one are indexed with 'simple'.
+        await add_page(
+            conn, "https://ja.example/", "crawlers kanji", config="simple", language="ja"
+        )
+        await add_page(conn, "https://xx.example/", "crawlers", config="simple", language=None)
+
+    assert set(urls(await search(engine, "crawlers"))) == {
+        "https://en.example/",
+        "https://ja.example/",
+        "https://xx.example/",
+    }
+    assert urls(await search(engine, "chevaux")) == ["https://fr.example/"]
+    assert urls(await search(engine, "running")) == ["https://en.example/"]
+
+
+async def test_noindex_and_pages_not_fetched_are_never_found(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await add_page(conn, "https://ok.example/", "gardens")
+        await add_page(conn, "https://noindex.example/", "gardens", noindex=True)
+        for status in ("discovered", "failed", "rejected"):
+            await add_page(conn, f"https://{status}.example/", "gardens", status=status)
+
+    assert urls(await search(engine, "gardens")) == ["https://ok.example/"]
+    assert urls(await search(engine, "gardens", "en")) == ["https://ok.example/"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "'); DROP TABLE pages; --",
+        "gardens & | ! :* ( ) <-> \\ %",
+        '"unclosed phrase',
+        "or or -",
+        "",
+        "   ",
+        "$1 :query %(limit)s",
+    ],
+)
+async def test_queries_with_punctuation_and_operators_never_error(
+    engine: AsyncEngine, query: str
+) -> None:
+    async with engine.begin() as conn:
+        await add_page(conn, "https://ok.example/", "small web gardens")
+
+    await search(engine, query)
+    await search(engine, query, "en")
+
+    assert urls(await search(engine, "gardens")) == ["https://ok.example/"]  # table intact
+
+
+async def test_websearch_syntax_phrases_and_exclusions_apply(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await add_page(conn, "https://phrase.example/", "small web gardens")
+        await add_page(conn, "https://apart.example/", "web small gardens")
+        await add_page(conn, "https://rust.example/", "small web rust")
+
+    assert urls(await search(engine, '"small web" -rust')) == ["https://phrase.example/"]
+    assert set(urls(await search(engine, "rust or gardens"))) == {
+        "https://phrase.example/",
+        "https://apart.example/",
+        "https://rust.example/",
+    }
+
+
+async def test_limit_keeps_the_best_hits(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        pages = [await add_page(conn, f"https://p{i}.example/", "gardens") for i in range(5)]
+        sources = await linkers(conn, 4, "src")
+        for i, page in enumerate(pages):  # page i is linked i times
+            for source in sources[:i]:
+                await link(conn, source, page)
+
+    hits = await search(engine, "gardens", limit=2)
+
+    assert urls(hits) == ["https://p4.example/", "https://p3.example/"]
+    assert len(await search(engine, "gardens", limit=50)) == 5
+
+
+@pytest.mark.parametrize(("lang", "limit"), [("en;drop", 10), ("e", 10), ("en", 0)])
+async def test_malformed_language_or_limit_is_refused(
+    engine: AsyncEngine, lang: str, limit: int
+) -> None:
+    with pytest.raises(SearchError):
+        await search(engine, "gardens", lang, limit)
+
+
+def test_hits_render_full_urls_and_titles_as_plain_text() -> None:
+    url = "https://deep.example/" + "/".join(f"section-{i}" for i in range(12))
+    out = io.StringIO()
+    console = Console(file=out, width=100, color_system=None)
+
+    render_hits([Hit(url, "[bold]Gardens[/bold]", "en", 3, 1.0)], console, "gardens")
+
+    lines = out.getvalue().splitlines()
+    assert "[bold]Gardens[/bold]" in lines[1 + 2]  # web text is never taken as markup
+    # The URL is folded over several lines of its column, never cut short.
+    header = lines[1]
+    start = header.index("url")
+    end = header.index("┃", start)
+    column = [line[start:end].strip() for line in lines[3:]]
+    assert len([part for part in column if part]) > 1
+    assert "".join(column) == url
+    empty = io.StringIO()
+    render_hits([], Console(file=empty), "nothing")
+    assert "no fetched page matches 'nothing'" in empty.getvalue()
+
+
+def test_language_map_mirrors_the_recorders() -> None:
+    """The CLI keeps its own copy (it never imports a service): the two must agree."""
+    source = (ROOT / "services/recorder/trove_recorder/projections.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "TS_CONFIGS":
+            assert ast.literal_eval(node.value) == TS_CONFIGS
+            return
+    raise AssertionError("TS_CONFIGS not found in the recorder's projections")
+
+
+async def test_trove_search_command_prints_the_ranked_table(
+    stack: StackUrls, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    async with engine.begin() as conn:
+        top = await add_page(conn, "https://top.example/gardens", "small web gardens")
+        await add_page(conn, "https://low.example/gardens", "small web gardens")
+        await add_page(conn, "https://other.example/", "gardens", config="french", language="fr")
+        (source,) = await linkers(conn, 1, "src")
+        await link(conn, source, top)
+    env = {
+        **os.environ,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+        "COLUMNS": "200",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "trove_cli",
+        "search",
+        "small",
+        "web",
+        "--lang",
+        "en",
+        "--limit",
+        "5",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    printed = out.decode()
+
+    assert proc.returncode == 0, printed
+    assert "2 result(s) for 'small web'" in printed
+    assert printed.index("https://top.example/gardens") < printed.index(
+        "https://low.example/gardens"
+    )
+    assert "other.example" not in printed

@@ -1,0 +1,281 @@
+"""``trove status`` against a real NATS (JetStream, KV) and Postgres, no service running."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from trove_cli.status import ConsumerLag, Cooldown, Status, collect_status, render_status
+from trove_schema.bus import Bus
+from trove_schema.topology import (
+    DEAD_PREFIX,
+    DISCOVERY_LINKS,
+    DOMAINS_BUCKET,
+    EVENTS_STREAM,
+    FETCHER,
+    PAGE_DISCOVERED,
+    RECORDER,
+)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+def slot(**times: float) -> bytes:
+    """A DomainSlot record as the fetcher writes it."""
+    fields = {"free_at": 0.0, "busy_until": 0.0, "next": 0.0, "gap": 10.0, "backoff_until": 0.0}
+    return json.dumps(fields | times, separators=(",", ":")).encode()
+
+
+def lag(status: Status, durable: str) -> ConsumerLag:
+    (found,) = [c for c in status.consumers if c.durable == durable]
+    return found
+
+
+async def test_backing_off_domain_is_listed_with_its_seconds_left(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put("slow.example", slot(backoff_until=now + 120, next=now + 300, free_at=now + 120))
+    await kv.put("later.example", slot(backoff_until=now + 30))
+    await kv.put("queued.example", slot(next=now + 40, busy_until=now + 25))
+    await kv.put("idle.example", slot(free_at=now - 5, next=now - 5, backoff_until=now - 60))
+    await kv.put("broken.example", b"not a slot")
+    await kv.put("gone.example", slot(backoff_until=now + 999))
+    await kv.delete("gone.example")
+
+    status = await collect_status(bus.js, engine, now=now)
+
+    assert [(c.domain, round(c.seconds_left, 6)) for c in status.backing_off] == [
+        ("slow.example", 120.0),
+        ("later.example", 30.0),
+    ]
+    assert status.queued_domains == 2
+    assert status.longest_queue is not None
+    assert status.longest_queue.domain == "slow.example"
+    assert status.longest_queue.seconds_left == pytest.approx(300.0)
+    assert status.fetching_domains == 1
+    assert status.unreadable_slots == 1
+
+
+async def test_a_backoff_that_has_passed_is_not_listed(bus: Bus, engine: AsyncEngine) -> None:
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put("slow.example", slot(backoff_until=now + 120))
+
+    later = await collect_status(bus.js, engine, now=now + 121)
+
+    assert later.backing_off == []
+    assert later.queued_domains == 0
+    assert later.longest_queue is None
+
+
+async def test_consumer_lag_counts_discovered_pages_no_consumer_has_taken(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    for i in range(3):
+        await bus.js.publish(PAGE_DISCOVERED, f"page {i}".encode())
+
+    status = await eventually(
+        lambda: collect_status(bus.js, engine),
+        until=lambda s: lag(s, FETCHER).pending == 3 and lag(s, RECORDER).pending == 3,
+        timeout=10,
+        what="3 pending for the fetcher and the recorder",
+    )
+
+    assert lag(status, FETCHER) == ConsumerLag(EVENTS_STREAM, FETCHER, pending=3)
+    assert lag(status, DISCOVERY_LINKS).pending == 0  # it reads crawl.completed only
+    assert all(c.exists for c in status.consumers)
+
+
+async def test_in_flight_and_redelivered_messages_are_reported(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    await bus.js.publish(PAGE_DISCOVERED, b"page")
+    sub = await bus.js.pull_subscribe_bind(FETCHER, stream=EVENTS_STREAM)
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+        await msg.nak()  # given back at once: the next delivery is a redelivery
+        (again,) = await sub.fetch(1, timeout=5)
+        assert again.metadata.num_delivered == 2
+
+        status = await collect_status(bus.js, engine)
+    finally:
+        await sub.unsubscribe()
+
+    assert lag(status, FETCHER) == ConsumerLag(
+        EVENTS_STREAM, FETCHER, pending=0, ack_pending=1, redelivered=1
+    )
+
+
+async def test_a_consumer_that_does_not_exist_is_reported_not_fatal(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    await bus.js.delete_consumer(EVENTS_STREAM, RECORDER)
+
+    status = await collect_status(bus.js, engine)
+
+    assert lag(status, RECORDER) == ConsumerLag(EVENTS_STREAM, RECORDER, exists=False)
+    assert lag(status, FETCHER).exists
+
+
+async def test_dead_letters_are_counted_per_consumer(bus: Bus, engine: AsyncEngine) -> None:
+    before = await collect_status(bus.js, engine)
+    await bus.js.publish(
+        f"{DEAD_PREFIX}.recorder", b"{not json", headers={"Trove-Dead-Reason": "malformed"}
+    )
+
+    status = await collect_status(bus.js, engine)
+
+    assert before.dead_letters == 0
+    assert status.dead_letters == 1
+    assert status.dead_by_consumer == {"recorder": 1}
+
+
+async def test_tables_give_pages_by_status_attempts_by_outcome_and_the_outbox_backlog(
+    engine: AsyncEngine, bus: Bus
+) -> None:
+    now = time.time()
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, status, discovered_at) VALUES "
+                "('https://a.example/', 'a.example', 'fetched', now()), "
+                "('https://a.example/1', 'a.example', 'fetched', now()), "
+                "('https://a.example/2', 'a.example', 'failed', now()), "
+                "('https://a.example/3', 'a.example', 'discovered', now()), "
+                "('https://a.example/logo.png', 'a.example', 'discovered', NULL)"
+            )
+        )
+        for outcome, n in (("success", 2), ("timeout", 3), ("blocked_5xx", 1)):
+            for _ in range(n):
+                await conn.execute(
+                    text(
+                        "INSERT INTO page_crawls (page_id, domain, outcome, started_at, "
+                        "completed_at, duration_ms, event_id) SELECT id, domain, :outcome, "
+                        "now(), now(), 10, :event_id FROM pages WHERE url = 'https://a.example/'"
+                    ),
+                    {"outcome": outcome, "event_id": uuid.uuid4()},
+                )
+        for age, published in ((90, False), (30, False), (500, True)):
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, created_at, published_at) "
+                    "VALUES (:id, 'trove.events.crawl.requested', '\\x7b7d', "
+                    "to_timestamp(:created), CASE WHEN :published THEN now() END)"
+                ),
+                {"id": uuid.uuid4(), "created": now - age, "published": published},
+            )
+
+    status = await collect_status(bus.js, engine, now=now)
+
+    assert status.pages_by_status == {"discovered": 1, "failed": 1, "fetched": 2}
+    assert status.linked_only == 1
+    assert status.attempts_by_outcome == {"timeout": 3, "success": 2, "blocked_5xx": 1}
+    assert status.outbox_backlog == 2
+    assert status.outbox_oldest_seconds == pytest.approx(90.0, abs=0.01)
+
+
+async def test_an_empty_crawl_has_nothing_to_report(bus: Bus, engine: AsyncEngine) -> None:
+    status = await collect_status(bus.js, engine)
+
+    assert status.pages_by_status == {}
+    assert status.attempts_by_outcome == {}
+    assert status.backing_off == []
+    assert status.queued_domains == 0
+    assert status.dead_letters == 0
+    assert status.outbox_backlog == 0
+    assert status.outbox_oldest_seconds is None
+    assert {c.durable for c in status.consumers} == {
+        "discovery-seeds",
+        "discovery-links",
+        "fetcher",
+        "fetcher-deferred",
+        "recorder",
+    }
+
+
+def test_render_shows_each_section() -> None:
+    status = Status(
+        now=0.0,
+        pages_by_status={"fetched": 7},
+        linked_only=2,
+        attempts_by_outcome={"success": 7, "timeout": 1},
+        consumers=[
+            ConsumerLag(EVENTS_STREAM, FETCHER, pending=12, ack_pending=3, redelivered=1),
+            ConsumerLag(EVENTS_STREAM, RECORDER, exists=False),
+        ],
+        backing_off=[Cooldown(f"slow{i}.example", 3725.0 - i) for i in range(3)],
+        queued_domains=4,
+        longest_queue=Cooldown("busy.example", 75.0),
+        dead_letters=2,
+        dead_by_consumer={"recorder": 2},
+        outbox_backlog=5,
+        outbox_oldest_seconds=42.0,
+    )
+    out = io.StringIO()
+
+    render_status(status, Console(file=out, width=120, color_system=None), max_domains=2)
+
+    printed = out.getvalue()
+    for expected in (
+        "Pages by status",
+        "linked only",
+        "Attempts by outcome",
+        "timeout",
+        "Domains backing off",
+        "slow0.example",
+        "1h 02m",
+        "... and 1 more",
+        "4 domain(s) with fetches queued for a later slot (longest: busy.example, 1m 15s left)",
+        "not created yet",
+        "Dead letters: 2 (recorder 2)",
+        "Outbox backlog: 5 unpublished (oldest 42s)",
+    ):
+        assert expected in printed, expected
+    assert "slow2.example" not in printed
+    fetcher_row = next(line for line in printed.splitlines() if line.startswith("fetcher "))
+    assert fetcher_row.replace("│", " ").split() == ["fetcher", EVENTS_STREAM, "12", "3", "1"]
+
+
+async def test_trove_status_command_prints_the_status(
+    stack: StackUrls, bus: Bus, tmp_path: Path
+) -> None:
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put("slow.example", slot(backoff_until=time.time() + 600))
+    await bus.js.publish(f"{DEAD_PREFIX}.fetcher", b"poison")
+    env = {
+        **os.environ,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+        "COLUMNS": "200",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "trove_cli",
+        "status",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    printed = out.decode()
+
+    assert proc.returncode == 0, printed
+    assert "slow.example" in printed
+    assert "Dead letters: 1 (fetcher 1)" in printed
+    assert "recorder" in printed
