@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
@@ -65,10 +66,8 @@ async def reset(nats_url: str, database_url: str) -> None:
     top = declare()
     await ensure_topology(js, top)
     for stream, consumer in top.consumers:
-        try:
+        with contextlib.suppress(Exception):  # absent is fine
             await js.delete_consumer(stream, consumer.durable_name or "")
-        except Exception:  # noqa: S110 - absent is fine
-            pass
     for config in top.streams:
         await js.purge_stream(config.name or "")
     await ensure_topology(js, top)
