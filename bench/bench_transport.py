@@ -69,7 +69,7 @@ def _serve(port: int, hosts: int, lifetime: float) -> None:
     asyncio.run(main())
 
 
-def _free_port(hosts: int) -> int:
+def free_port(hosts: int) -> int:
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -335,7 +335,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run the configurations whose name has this")
     parser.add_argument("--server-lifetime", type=float, default=900.0)
     args = parser.parse_args()
-    port = _free_port(args.hosts)
+    port = free_port(args.hosts)
     server = multiprocessing.get_context("spawn").Process(
         target=_serve, args=(port, args.hosts, args.server_lifetime), daemon=True
     )

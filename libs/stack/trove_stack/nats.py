@@ -47,8 +47,8 @@ class EmbeddedNats:
     def start(self, timeout: float = 20.0) -> EmbeddedNats:
         cfg = self.config
         cfg.store_dir.mkdir(parents=True, exist_ok=True)
-        port = cfg.port or _free_port(cfg.host)
-        monitor = cfg.monitor_port or _free_port(cfg.host)
+        port = cfg.port or free_port(cfg.host)
+        monitor = cfg.monitor_port or free_port(cfg.host)
         conf = cfg.store_dir / "nats-server.conf"
         store = json.dumps(str(cfg.store_dir / "jetstream"))
         sync = "sync_interval: always" if cfg.sync_always else ""
@@ -64,7 +64,7 @@ class EmbeddedNats:
             log_path=cfg.store_dir / "nats-server.log",
         )
         self._child.wait_until(
-            lambda: _listening(cfg.host, port), timeout=timeout, what="listening"
+            lambda: listening(cfg.host, port), timeout=timeout, what="listening"
         )
         self.url = f"nats://{cfg.host}:{port}"
         self.monitor_url = f"http://{cfg.host}:{monitor}"
@@ -83,14 +83,14 @@ class EmbeddedNats:
             self._child = None
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _listening(host: str, port: int) -> bool:
+def listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
             return True

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trove_schema.errors import StackError
-from trove_stack.nats import _free_port, _listening
+from trove_stack.nats import free_port, listening
 from trove_stack.processes import Child, as_user
 
 SYSTEM_USER = "trove-postgres"
@@ -99,7 +99,7 @@ class EmbeddedPostgres:
                 user=run_as,
             )
         _remove_stale_pid(data)
-        self.port = cfg.port or _free_port(cfg.host)
+        self.port = cfg.port or free_port(cfg.host)
         argv = [
             str(bindir / "postgres"),
             "-D",
@@ -134,7 +134,7 @@ class EmbeddedPostgres:
             stop_signal=signal.SIGINT,
         )
         self._child.wait_until(
-            lambda: _ready(data) and _listening(cfg.host, self.port),
+            lambda: _ready(data) and listening(cfg.host, self.port),
             timeout=timeout,
             what="ready",
         )
