@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -166,3 +168,35 @@ async def test_misbehaving_servers_end_in_recorded_outcomes(
     )
     # Not followed, but recorded in the graph (and discovered, to get its own lease).
     assert urlsplit(cross.url).hostname == web.hosts[0].name
+
+
+async def test_a_fetcher_killed_mid_crawl_loses_nothing_and_stays_polite(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    gap = 0.3
+    web = SandboxWeb.generate(hosts=3, pages_per_host=8, base_ip="127.0.0.160")
+    for host in web.hosts:
+        web.set_robots(host.name, ALLOW_ALL)
+    env = sandbox_env(web, gap, TROVE_ACK_WAIT_SECONDS="5")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env, fetchers=2) as local:
+        urls = [u for h in web.hosts for u in [web.url(h.name, "/"), *web.articles(h.name)]]
+        await publish_work(bus, urls)
+
+        async def recorded() -> dict[str, str]:
+            return await outcomes(engine)
+
+        await eventually(recorded, until=lambda r: len(r) >= 4, timeout=60, what="a start")
+        victim = next(c for c in local.children if c.name == "fetcher-0")
+        os.killpg(victim.pid, signal.SIGKILL)  # mid-crawl, holding work it never acks
+        victim.proc.wait(10)
+        local.children.remove(victim)
+
+        result = await eventually(
+            recorded, until=lambda r: len(r) == len(urls), timeout=90, what="every page"
+        )
+        witness = running.witness
+    assert set(result.values()) == {"success"}
+    (row,) = await query(engine, "SELECT count(*) AS n FROM page_crawls")
+    assert row.n == len(urls)  # a redelivered job republishes the same attempt id
+    for host in web.hosts:
+        assert (witness.min_gap(host.name) or gap) >= gap
