@@ -70,6 +70,10 @@ class EmbeddedNats:
         self.monitor_url = f"http://{cfg.host}:{monitor}"
         return self
 
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
     def stop(self) -> None:
         if self._child is not None:
             self._child.stop()
