@@ -110,6 +110,8 @@ class Run:
     recorder_cpu: float = math.nan
     #: CPU seconds of each group of processes during the fetch window.
     group_cpu: dict[str, float] = field(default_factory=dict)
+    #: Seconds between the two samples of ``group_cpu``.
+    cpu_window: float = math.nan
     machine_busy_cores: float = math.nan
     latency_p50: float = math.nan
     latency_p95: float = math.nan
@@ -158,7 +160,7 @@ class Run:
     @property
     def cores(self) -> dict[str, float]:
         """Cores used during the fetch window by each group, and by everything else."""
-        window = self.fetch_window
+        window = self.cpu_window
         if not window > 0 or not self.group_cpu:
             return {}
         used = {name: cpu / window for name, cpu in self.group_cpu.items()}
@@ -241,7 +243,11 @@ def _cpu_groups(ctx: Context, fetchers: list[int], recorders: list[int]) -> CpuG
 
 
 def _cpu(pids: Sequence[int]) -> list[float]:
-    return [cpu_seconds(pid) or math.nan for pid in pids]
+    return [_nan_if_none(cpu_seconds(pid)) for pid in pids]
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
@@ -256,6 +262,7 @@ async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
     groups = _cpu_groups(ctx, fetchers, recorders)
     groups0 = groups.sample()
     busy0, total0 = machine_ticks()
+    sampled0 = time.perf_counter()
 
     t0_wall, t0 = time.time(), time.perf_counter()
     ids = await publish_work(ctx.bus, ctx.urls)
@@ -274,6 +281,7 @@ async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
             fetch_cpu1 = _cpu(fetchers)
             run.group_cpu = groups.delta(groups0, groups.sample())
             busy1, total1 = machine_ticks()
+            run.cpu_window = time.perf_counter() - sampled0
             cores = os.cpu_count() or 1
             run.machine_busy_cores = cores * (busy1 - busy0) / max(1, total1 - total0)
             run.server_requests = len(witness.requests()) - requests0
@@ -292,14 +300,14 @@ async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
         await asyncio.sleep(POLL)
     run.watched_seconds = min(time.perf_counter() - t0, ctx.args.timeout)
     if run.completed < run.pages or run.committed < run.pages:
-        unfinished = f"unfinished after {ctx.args.timeout:.0f} s"
+        unfinished = "unfinished" if run.note else f"unfinished after {ctx.args.timeout:.0f} s"
         run.note = f"{run.note}; {unfinished}" if run.note else unfinished
     assert fetch_cpu1 is not None
     assert rec_cpu1 is not None
     run.fetcher_cpu = [b - a for a, b in zip(fetch_cpu0, fetch_cpu1, strict=True)]
     run.recorder_cpu = sum(b - a for a, b in zip(rec_cpu0, rec_cpu1, strict=True))
-    run.fetcher_peak_mib = [memory_mib(pid, "VmHWM") or math.nan for pid in fetchers]
-    run.fetcher_rss_mib = [memory_mib(pid, "VmRSS") or math.nan for pid in fetchers]
+    run.fetcher_peak_mib = [_nan_if_none(memory_mib(pid, "VmHWM")) for pid in fetchers]
+    run.fetcher_rss_mib = [_nan_if_none(memory_mib(pid, "VmRSS")) for pid in fetchers]
     run.deferred = await stream_messages(ctx.bus, WORK_STREAM) - base_work
     run.dead = await stream_messages(ctx.bus, DEAD_STREAM)
     await _crawl_rows(ctx.engine, ids, t0_wall, run, fetch_done, commit_done)
@@ -489,6 +497,12 @@ def print_summary(args: argparse.Namespace, configs: Sequence[int], runs: Sequen
         rs = [r for r in runs if r.fetchers == fetchers]
         parts = [median([r.cores.get(n, math.nan) for r in rs]) for n in names]
         print(f"{_label(fetchers):<13}" + "".join(f"{_fmt(v, '.2f'):>10}" for v in parts))
+    other = median([r.cores.get("other", math.nan) for r in runs])
+    if other > 0.2:
+        print(
+            f"Note: other processes used a median {other:.2f} cores while fetching: the machine"
+            " was not quiet, so these numbers are low and noisy (rerun on an idle machine)."
+        )
     if len(configs) > 1:
         reference = configs[0]
         print(f"\nRatios to {_label(reference)}, run side by side (median over rounds):")

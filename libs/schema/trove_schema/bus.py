@@ -35,6 +35,7 @@ from nats.js.errors import NotFoundError
 
 from trove_schema.errors import MalformedEvent, TroveError
 from trove_schema.events import Event
+from trove_schema.metrics import EVENTS_PUBLISHED, MESSAGES_HANDLED
 from trove_schema.topology import DEAD_PREFIX, EVENT_SCHEDULES_PREFIX
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Bus:
     async def publish(self, event: Event, *, subject: str | None = None) -> None:
         """Publish and wait for JetStream's PubAck (duplicates by event id are dropped)."""
         await self.js.publish(subject or event.SUBJECT, event.to_wire(), headers=event.headers())
+        EVENTS_PUBLISHED.labels(event.TYPE).inc()
 
     async def publish_at(
         self,
@@ -100,6 +102,7 @@ class Bus:
         headers["Nats-Schedule"] = schedule_header(at)
         headers["Nats-Schedule-Target"] = subject or event.SUBJECT
         await self.js.publish(f"{schedules_prefix}.{event.id}", event.to_wire(), headers=headers)
+        EVENTS_PUBLISHED.labels(event.TYPE).inc()
 
     async def park(self, consumer: str, msg: Msg, reason: str) -> None:
         """Move a message nobody can handle to the dead-letter stream, with the reason."""
@@ -217,6 +220,7 @@ class Consumer:
             await self.handler(msg)
         except Retry as retry:
             log.warning("%s: retrying in %.1fs: %s", self.durable, retry.delay, retry)
+            MESSAGES_HANDLED.labels(self.durable, "retried").inc()
             await _quiet(msg.nak(delay=retry.delay))
             return
         except MalformedEvent as exc:
@@ -231,8 +235,10 @@ class Consumer:
             log.exception(
                 "%s: handler failed (delivery %d), retry in %.1fs", self.durable, n, delay
             )
+            MESSAGES_HANDLED.labels(self.durable, "failed").inc()
             await _quiet(msg.nak(delay=delay))
             return
+        MESSAGES_HANDLED.labels(self.durable, "acked").inc()
         await _quiet(msg.ack())
 
     async def _park(self, msg: Msg, reason: str) -> None:
@@ -243,6 +249,7 @@ class Consumer:
             log.warning("could not park a message (%s); handing it back", exc)
             await _quiet(msg.nak(delay=5.0))
             return
+        MESSAGES_HANDLED.labels(self.durable, "parked").inc()
         await _quiet(msg.term())
 
 
@@ -304,6 +311,7 @@ class BatchConsumer:
             await self.batch_handler(msgs)
         except Retry as retry:
             log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
+            MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
             await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
             return
         except Exception as exc:
@@ -311,6 +319,7 @@ class BatchConsumer:
             for msg in msgs:
                 await single._handle(msg)
             return
+        MESSAGES_HANDLED.labels(self.durable, "acked").inc(len(msgs))
         await asyncio.gather(*(_quiet(m.ack()) for m in msgs))
 
 

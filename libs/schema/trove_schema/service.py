@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
 
 ServiceMain = Callable[[asyncio.Event, asyncio.Event], Awaitable[None]]
@@ -62,8 +63,12 @@ async def _health_server(port: int, ready: asyncio.Event) -> asyncio.Server:
             path = line.split()[1].decode() if len(line.split()) > 1 else "/"
             while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b""):
                 pass
+            content_type = "text/plain"
             if path == "/healthz":
                 status, body = "200 OK", b"ok\n"
+            elif path == "/metrics":
+                body, content_type = exposition()
+                status = "200 OK"
             elif path == "/readyz":
                 status, body = (
                     ("200 OK", b"ready\n")
@@ -76,7 +81,7 @@ async def _health_server(port: int, ready: asyncio.Event) -> asyncio.Server:
             else:
                 status, body = "404 Not Found", b"not found\n"
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
                 + body
             )

@@ -63,9 +63,7 @@ class EmbeddedNats:
             [str(nats_server_binary()), "-c", str(conf)],
             log_path=cfg.store_dir / "nats-server.log",
         )
-        self._child.wait_until(
-            lambda: listening(cfg.host, port), timeout=timeout, what="listening"
-        )
+        self._child.wait_until(lambda: listening(cfg.host, port), timeout=timeout, what="listening")
         self.url = f"nats://{cfg.host}:{port}"
         self.monitor_url = f"http://{cfg.host}:{monitor}"
         return self

@@ -37,6 +37,7 @@ from trove_schema.events import (
     decode_event,
     derived_event_id,
 )
+from trove_schema.metrics import DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.urls import domain_of
 
@@ -74,6 +75,7 @@ class Discovery:
                 provenance=Provenance(kind="seed", origin=_origin(msg)),
             )
             log.warning("seed rejected", extra={"raw": rejection.raw, "reason": rejection.reason})
+            SEEDS.labels("rejected").inc()
             await self.bus.publish(rejection)
         for seed in batch.accepted:
             event = PageDiscovered(
@@ -88,6 +90,8 @@ class Discovery:
             )
             if seed.force or await self._first_sighting(event.url, event.id):
                 await self.bus.publish(event)
+                SEEDS.labels("accepted").inc()
+                DISCOVERED.labels("seed").inc()
                 log.info("seed accepted", extra={"url": event.url, "event_id": event.id})
             else:
                 log.info("seed already seen this cycle", extra={"url": event.url})
@@ -153,6 +157,7 @@ class Discovery:
                 continue
             if await self._within_budget(discovered.domain, discovered.id):
                 await self.bus.publish(discovered)
+                DISCOVERED.labels(discovered.provenance.kind).inc()
 
     async def _request_recrawl(self, event: CrawlCompleted) -> None:
         delay = timedelta(seconds=self.settings.recrawl_after_seconds)

@@ -39,6 +39,14 @@ from trove_schema.events import (
     decode_event,
     derived_event_id,
 )
+from trove_schema.metrics import (
+    FETCH_BYTES,
+    FETCH_SECONDS,
+    FETCHES,
+    FETCHES_IN_FLIGHT,
+    LEASES,
+    ROBOTS_CACHE,
+)
 from trove_schema.topology import FETCH_DEFERRED, WORK_SCHEDULES_PREFIX
 from trove_schema.urls import canonicalize_or_none, origin_of
 
@@ -131,12 +139,15 @@ class Fetcher:
             now = time.time()
             decision = await self.politeness.acquire(job.domain, now, reserved=reserved)
             if isinstance(decision, Granted):
+                LEASES.labels("granted").inc()
                 return decision
             wait = decision.at - now
             if wait <= LOCAL_WAIT:
+                LEASES.labels("waited").inc()
                 await asyncio.sleep(max(0.0, wait))
                 reserved = True
                 continue
+            LEASES.labels("deferred").inc()
             await self._defer(job, payload, decision)
             return None
 
@@ -159,6 +170,7 @@ class Fetcher:
         etag = job.work.etag if isinstance(job.work, CrawlRequested) else None
         last_modified = job.work.last_modified if isinstance(job.work, CrawlRequested) else None
         started = datetime.now(UTC)
+        FETCHES_IN_FLIGHT.inc()
         try:
             result = await fetch(
                 self.client,
@@ -170,7 +182,10 @@ class Fetcher:
                 robots_allows=self._redirect_allowed,
             )
         finally:
+            FETCHES_IN_FLIGHT.dec()
             await self.politeness.finish(job.domain, grant, time.time())
+        FETCH_SECONDS.observe(result.elapsed)
+        FETCH_BYTES.inc(result.bytes_read)
         if result.status_code in (429, 503) and result.retry_after:
             await self.politeness.back_off(
                 job.domain, time.time() + result.retry_after, time.time()
@@ -198,6 +213,7 @@ class Fetcher:
 
     async def _complete(self, job: Job, event: CrawlCompleted) -> None:
         await self.bus.publish(event)
+        FETCHES.labels(event.outcome.value).inc()
         log.info(
             "crawled",
             extra={
@@ -216,10 +232,12 @@ class Fetcher:
         now = time.monotonic()
         local = self._robots_local.get(origin)
         if local is not None and local[0] > now:
+            ROBOTS_CACHE.labels("local").inc()
             return local[1]
         try:
             entry = await self.robots_kv.get(_robots_key(origin))
         except KeyNotFoundError:
+            ROBOTS_CACHE.labels("miss").inc()
             return None
         if entry.value is None:
             return None
@@ -230,6 +248,7 @@ class Fetcher:
         if policy.expired(time.time()):
             return None
         self._robots_local[origin] = (now + min(60.0, policy.expires_in(time.time())), policy)
+        ROBOTS_CACHE.labels("shared").inc()
         return policy
 
     async def _fetch_robots(self, job: Job, grant: Granted) -> RobotsPolicy:

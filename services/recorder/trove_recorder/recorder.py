@@ -22,6 +22,7 @@ from trove_recorder.batch import apply_batch
 from trove_recorder.projections import RetryPolicy, apply
 from trove_schema.bus import BatchConsumer, Bus, Retry
 from trove_schema.events import decode_event
+from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Outbox
@@ -59,8 +60,9 @@ class Recorder:
         """Apply a batch of events in one transaction (stream order within the batch)."""
         events = [decode_event(m.data) for m in msgs]
         try:
-            async with self.sessions.begin() as session:
-                applied = await apply_batch(session, events, self.policy)
+            with PROJECTION_BATCH_SECONDS.time():
+                async with self.sessions.begin() as session:
+                    applied = await apply_batch(session, events, self.policy)
         except TRANSIENT_DB_ERRORS as exc:
             raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
         except DBAPIError as exc:
@@ -70,6 +72,9 @@ class Recorder:
                 raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
             raise
         if applied:
+            PROJECTED.inc(applied)
+            newest = max(e.occurred_at for e in events)
+            PROJECTION_LAG_SECONDS.set((datetime.now(UTC) - newest).total_seconds())
             self.outbox_wakeup.set()
 
     async def handle(self, msg: Msg) -> None:

@@ -1,0 +1,47 @@
+"""Prometheus metrics of every service, served on ``/metrics`` beside the health probes.
+
+One registry per process (the default one); names carry the ``trove_`` prefix and the
+service is a label the scraper adds (pod labels), not part of the name.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+EVENTS_PUBLISHED = Counter(
+    "trove_events_published_total", "Events published to JetStream (PubAck received)", ["type"]
+)
+MESSAGES_HANDLED = Counter(
+    "trove_messages_total", "Messages a consumer finished with, by ending", ["consumer", "ending"]
+)
+
+FETCHES = Counter("trove_fetches_total", "Fetch attempts by outcome", ["outcome"])
+FETCH_SECONDS = Histogram(
+    "trove_fetch_seconds",
+    "Time from sending a request to the end of its body",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+FETCH_BYTES = Counter("trove_fetch_bytes_total", "Body bytes read")
+FETCHES_IN_FLIGHT = Gauge("trove_fetches_in_flight", "Requests in flight in this pod")
+LEASES = Counter(
+    "trove_leases_total", "Domain lease decisions", ["decision"]
+)  # granted, waited (local), deferred (re-scheduled)
+ROBOTS_CACHE = Counter("trove_robots_cache_total", "robots.txt lookups", ["result"])
+
+DISCOVERED = Counter("trove_pages_discovered_total", "PageDiscovered published", ["via"])
+SEEDS = Counter("trove_seeds_total", "Seeds by verdict", ["verdict"])
+
+PROJECTED = Counter("trove_events_projected_total", "Events applied to the tables")
+PROJECTION_BATCH_SECONDS = Histogram(
+    "trove_projection_batch_seconds",
+    "Time to apply one batch in one transaction",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+)
+PROJECTION_LAG_SECONDS = Gauge(
+    "trove_projection_lag_seconds", "Age of the newest event applied, when it was applied"
+)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The metrics page and its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST
