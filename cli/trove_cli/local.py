@@ -6,6 +6,7 @@ pod, with its settings passed through the environment.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -42,6 +43,8 @@ class LocalTrove:
     children: list[Child] = field(default_factory=list, init=False)
 
     def start(self) -> LocalTrove:
+        # Stopped on any exit of this process too, so no server or service is orphaned.
+        atexit.register(self.stop)
         self.stack = Stack(
             state_dir=self.state_dir,
             nats_url=self.nats_url,
@@ -90,11 +93,13 @@ class LocalTrove:
         (self.state_dir / STACK_FILE).write_text(json.dumps(self.env, indent=2))
 
     def stop(self) -> None:
+        atexit.unregister(self.stop)
         for child in reversed(self.children):
             child.stop(timeout=20)
         self.children.clear()
         (self.state_dir / STACK_FILE).unlink(missing_ok=True)
-        self.stack.stop()
+        if hasattr(self, "stack"):
+            self.stack.stop()
 
     def __enter__(self) -> LocalTrove:
         return self.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import nats
+import psutil
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,8 +21,6 @@ from tests.support import sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.topology import SEEDS_SUBJECT
-
-pytestmark = pytest.mark.usefixtures("clean")
 
 
 def _without_port(url: str) -> tuple[str | None, str]:
@@ -33,6 +33,7 @@ async def scalar(engine: AsyncEngine, sql: str, **params: Any) -> Any:
         return (await conn.execute(text(sql), params)).scalar_one()
 
 
+@pytest.mark.usefixtures("clean")
 async def test_a_plain_text_seed_published_like_the_nats_cli_is_crawled_and_recorded(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
 ) -> None:
@@ -68,6 +69,7 @@ async def test_a_plain_text_seed_published_like_the_nats_cli_is_crawled_and_reco
     assert title
 
 
+@pytest.mark.usefixtures("clean")
 async def test_trove_crawl_fetches_and_records_every_sandbox_page(
     stack: StackUrls, engine: AsyncEngine, tmp_path: Path
 ) -> None:
@@ -130,3 +132,40 @@ async def test_trove_crawl_fetches_and_records_every_sandbox_page(
     assert all(n == 1 for _, n in per_page)
     assert links > len(expected)
     assert private == 0
+
+
+async def test_sigterm_to_trove_crawl_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The embedded stack and every service stop with the CLI, even on SIGTERM."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
+    env["TROVE_STATE_DIR"] = str(state)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "crawl", "--sandbox", "--fresh",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = b""
+    while b"seeds:" not in line:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+        assert line, "trove crawl ended before it started crawling"
+
+    def ours() -> list[int]:
+        found = []
+        for process in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if str(state) in " ".join(process.cmdline()) or (
+                    process.environ().get("TROVE_STATE_DIR") == str(state)
+                    and process.pid != proc.pid
+                ):
+                    found.append(process.pid)
+        return found
+
+    running = ours()
+    assert len(running) >= 5, running  # nats-server, postgres, three services
+    proc.terminate()
+    await asyncio.wait_for(proc.communicate(), timeout=60)
+
+    async def left() -> list[int]:
+        return ours()
+
+    await eventually(left, until=lambda pids: pids == [], timeout=30, what="everything stopped")
