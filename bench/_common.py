@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -101,6 +103,48 @@ async def pull_waiting(bus: Bus, stream: str, durable: str) -> int:
     except NotFoundError:
         return 0
     return int(info.num_waiting or 0)
+
+
+async def consumer_redelivered(bus: Bus, stream: str, durable: str) -> int:
+    """Messages the consumer delivered more than once (0 if it is gone)."""
+    try:
+        info = await bus.js.consumer_info(stream, durable)
+    except NotFoundError:
+        return 0
+    return int(info.num_redelivered or 0)
+
+
+async def stored_times(
+    bus: Bus, stream: str, subject: str, *, expected: int, max_seconds: float = 15.0
+) -> dict[str, float]:
+    """Nats-Msg-Id -> the time JetStream stored the message (epoch seconds), for ``subject``.
+
+    Reads with an ephemeral pull consumer, at most ``expected`` messages and for at most
+    ``max_seconds``.
+    """
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=30.0,
+        max_ack_pending=-1,
+    )
+    psub = await bus.js.pull_subscribe(subject, stream=stream, config=config)
+    times: dict[str, float] = {}
+    deadline = time.monotonic() + max_seconds
+    try:
+        while len(times) < expected and time.monotonic() < deadline:
+            try:
+                msgs = await psub.fetch(min(256, expected - len(times)), timeout=1.0)
+            except (TimeoutError, NatsTimeoutError):
+                break
+            for msg in msgs:
+                msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+                if msg_id:
+                    times[msg_id] = msg.metadata.timestamp.timestamp()
+    finally:
+        with contextlib.suppress(Exception):
+            await psub.unsubscribe()
+    return times
 
 
 # --- /proc --------------------------------------------------------------------------

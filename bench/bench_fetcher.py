@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -57,6 +60,7 @@ from bench._common import (
     CpuGroups,
     LoadResult,
     children_of,
+    consumer_redelivered,
     cpu_seconds,
     machine_ticks,
     median,
@@ -68,6 +72,7 @@ from bench._common import (
     pull_waiting,
     reset,
     run_loadgen,
+    stored_times,
     stream_messages,
     subject_count,
 )
@@ -115,12 +120,23 @@ class Run:
     machine_busy_cores: float = math.nan
     latency_p50: float = math.nan
     latency_p95: float = math.nan
+    #: The latency split where JetStream stored the CrawlCompleted: the fetcher's part
+    #: (completed_at -> stored) and the recorder's (stored -> projected), p50 and p95.
+    publish_p50: float = math.nan
+    publish_p95: float = math.nan
+    record_p50: float = math.nan
+    record_p95: float = math.nan
     duration_p50_ms: float = math.nan
     outcomes: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
+    #: (url, what happened) of a few attempts that were not a success.
+    failures: list[tuple[str, str]] = field(default_factory=list)
     server_requests: int = 0
     deferred: int = 0
     dead: int = 0
+    #: Redeliveries on the fetcher's and the recorder's consumers.
+    redelivered: dict[str, int] = field(default_factory=dict)
+    #: Warnings and errors in the services' logs: "service: message" -> count.
+    log_warnings: Counter[str] = field(default_factory=Counter)
     note: str = ""
 
     @property
@@ -310,7 +326,17 @@ async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
     run.fetcher_rss_mib = [_nan_if_none(memory_mib(pid, "VmRSS")) for pid in fetchers]
     run.deferred = await stream_messages(ctx.bus, WORK_STREAM) - base_work
     run.dead = await stream_messages(ctx.bus, DEAD_STREAM)
-    await _crawl_rows(ctx.engine, ids, t0_wall, run, fetch_done, commit_done)
+    for durable in (FETCHER, RECORDER):
+        run.redelivered[durable] = await consumer_redelivered(ctx.bus, EVENTS_STREAM, durable)
+    stored = await stored_times(
+        ctx.bus, EVENTS_STREAM, CRAWL_COMPLETED, expected=base_completed + run.completed
+    )
+    await _crawl_rows(ctx.engine, ids, t0_wall, run, fetch_done, commit_done, stored)
+    for k, (url, text_) in enumerate(run.failures):
+        host, path = _host_path(url)
+        seen = [str(r.status) for r in witness.requests(host) if r.path == path]
+        answered = ", ".join(seen) or "nothing"
+        run.failures[k] = (url, f"{text_} (the sandbox saw it {len(seen)}x, answered {answered})")
 
 
 async def _crawl_rows(
@@ -320,6 +346,7 @@ async def _crawl_rows(
     run: Run,
     fetch_done: float,
     commit_done: float,
+    stored: dict[str, float],
 ) -> None:
     """Latencies, outcomes and exact end times from the measured attempts' rows."""
     async with engine.connect() as conn:
@@ -327,7 +354,7 @@ async def _crawl_rows(
             await conn.execute(
                 text(
                     "SELECT c.outcome, c.status_code, c.error_message, c.duration_ms,"
-                    " c.completed_at, pe.projected_at, p.url"
+                    " c.completed_at, c.event_id, pe.projected_at, p.url"
                     " FROM page_crawls c"
                     " JOIN projected_events pe ON pe.event_id = c.event_id"
                     " JOIN pages p ON p.id = c.page_id"
@@ -339,11 +366,21 @@ async def _crawl_rows(
     latencies = [(r.projected_at - r.completed_at).total_seconds() for r in rows]
     run.latency_p50 = percentile(latencies, 50)
     run.latency_p95 = percentile(latencies, 95)
+    publish: list[float] = []
+    record: list[float] = []
+    for r in rows:
+        at = stored.get(str(r.event_id))
+        if at is not None:
+            publish.append(at - r.completed_at.timestamp())
+            record.append(r.projected_at.timestamp() - at)
+    run.publish_p50, run.publish_p95 = percentile(publish, 50), percentile(publish, 95)
+    run.record_p50, run.record_p95 = percentile(record, 50), percentile(record, 95)
     run.duration_p50_ms = percentile([float(r.duration_ms) for r in rows], 50)
     run.outcomes = Counter(r.outcome for r in rows)
     for r in rows:
         if r.outcome != "success" and len(run.failures) < 5:
-            run.failures.append(f"{r.url}: {r.outcome} {r.status_code or ''} {r.error_message}")
+            status = f" {r.status_code}" if r.status_code else ""
+            run.failures.append((r.url, f"{r.outcome}{status}: {r.error_message}"))
     # Exact ends, rather than the polling instants (kept when no row says better).
     if rows and not math.isnan(fetch_done):
         run.fetch_seconds = max(r.completed_at.timestamp() for r in rows) - t0_wall
@@ -376,7 +413,26 @@ async def one_run(ctx: Context, fetchers: int, round_: int) -> Run:
         run.note = f"{run.note}; {exc}" if run.note else str(exc)
     finally:
         await asyncio.to_thread(local.stop)
+        run.log_warnings = _log_warnings(local.state_dir / "logs")
     return run
+
+
+def _log_warnings(logs: Path) -> Counter[str]:
+    """Warning and error lines of the services' JSON logs, by service and message."""
+    found: Counter[str] = Counter()
+    for path in sorted(logs.glob("*.log")):
+        service = path.stem.rsplit("-", 1)[0]
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                if line.strip():
+                    found[f"{service}: {line.strip()[:100]}"] += 1
+                continue
+            if isinstance(entry, dict) and entry.get("level") in ("warning", "error", "critical"):
+                message = " ".join(str(entry.get("message", "")).split())
+                found[f"{service}: {message[:100]}"] += 1
+    return found
 
 
 # --- the server's ceiling -----------------------------------------------------------
@@ -435,25 +491,37 @@ def print_run(run: Run) -> None:
         f"({_fmt(run.pages_per_s, '.1f')} pages/s), {run.committed} committed in "
         f"{_fmt(run.commit_seconds, '.1f')} s; publish {_fmt(run.publish_seconds, '.2f')} s; "
         f"fetcher CPU {cpu} s, peak RSS {peak} MiB; fetch->commit p50 "
-        f"{_fmt(1000 * run.latency_p50)} ms p95 {_fmt(1000 * run.latency_p95)} ms; "
+        f"{_fmt(1000 * run.latency_p50)} ms p95 {_fmt(1000 * run.latency_p95)} ms (fetcher "
+        f"publish {_fmt(1000 * run.publish_p50)}/{_fmt(1000 * run.publish_p95)}, recorder "
+        f"{_fmt(1000 * run.record_p50)}/{_fmt(1000 * run.record_p95)}); "
         f"cores: {cores}",
         flush=True,
     )
     others = {k: v for k, v in run.outcomes.items() if k != "success"}
     if others:
         print(f"    outcomes other than success: {others}")
-        for failure in run.failures:
-            print(f"      {failure}")
+        for url, what in run.failures:
+            print(f"      {url}: {what}")
     if run.deferred:
         print(f"    {run.deferred} messages on TROVE_WORK (deferred to a host's next slot)")
     if run.dead:
         print(f"    {run.dead} messages parked on TROVE_DEAD")
+    redelivered = {k: v for k, v in run.redelivered.items() if v}
+    if redelivered:
+        print(f"    redelivered messages by consumer: {redelivered}")
+    if run.log_warnings:
+        top = "; ".join(f"{n}x {m}" for m, n in run.log_warnings.most_common(3))
+        print(f"    {run.log_warnings.total()} warnings in the service logs, e.g. {top}")
     if run.note:
         print(f"    note: {run.note}")
 
 
 def _column(runs: Sequence[Run], attr: str) -> float:
     return median([float(getattr(r, attr)) for r in runs])
+
+
+def _pair(runs: Sequence[Run], p50: str, p95: str) -> str:
+    return f"{_fmt(1000 * _column(runs, p50))}/{_fmt(1000 * _column(runs, p95))}"
 
 
 def print_summary(args: argparse.Namespace, configs: Sequence[int], runs: Sequence[Run]) -> None:
@@ -463,31 +531,37 @@ def print_summary(args: argparse.Namespace, configs: Sequence[int], runs: Sequen
         f"~{args.page_kb} KiB and ~{args.links} links a page; {cores} CPU cores, "
         "shared by everything (fetchers, recorder, NATS, Postgres, this process)."
     )
-    header = (
-        f"{'configuration':<13} {'done':>9} {'pages/s':>8} {'commit/s':>9} "
-        f"{'fetcher CPU':>12} {'recorder':>9} {'peak RSS':>9} {'latency ms':>11} "
-        f"{'GET ms':>7} {'server':>7}"
+    print(
+        f"{'':<13} {'done':>9} {'pages/s':>8} {'pages/s':>8} {'fetcher CPU':>12} "
+        f"{'recorder CPU':>13} {'fetcher peak':>13} {'sandbox':>8}"
     )
-    units = (
-        f"{'':<13} {'':>9} {'(fetch)':>8} {'':>9} {'s/1k pages':>12} {'s/1k':>9} "
-        f"{'MiB/proc':>9} {'p50/p95':>11} {'p50':>7} {'req/s':>7}"
+    print(
+        f"{'':<13} {'':>9} {'fetched':>8} {'commit':>8} {'s/1k pages':>12} "
+        f"{'s/1k pages':>13} {'RSS MiB':>13} {'req/s':>8}"
     )
-    print(header)
-    print(units)
     for fetchers in configs:
         rs = [r for r in runs if r.fetchers == fetchers]
         done = f"{sum(r.completed for r in rs)}/{sum(r.pages for r in rs)}"
-        latency = (
-            f"{_fmt(1000 * _column(rs, 'latency_p50'))}/{_fmt(1000 * _column(rs, 'latency_p95'))}"
-        )
         print(
             f"{_label(fetchers):<13} {done:>9} {_fmt(_column(rs, 'pages_per_s'), '.1f'):>8} "
-            f"{_fmt(_column(rs, 'commit_pages_per_s'), '.1f'):>9} "
+            f"{_fmt(_column(rs, 'commit_pages_per_s'), '.1f'):>8} "
             f"{_fmt(_column(rs, 'fetcher_cpu_per_1k'), '.1f'):>12} "
-            f"{_fmt(_column(rs, 'recorder_cpu_per_1k'), '.1f'):>9} "
-            f"{_fmt(_column(rs, 'peak_mib')):>9} {latency:>11} "
-            f"{_fmt(_column(rs, 'duration_p50_ms'), '.1f'):>7} "
-            f"{_fmt(_column(rs, 'server_rps')):>7}"
+            f"{_fmt(_column(rs, 'recorder_cpu_per_1k'), '.1f'):>13} "
+            f"{_fmt(_column(rs, 'peak_mib')):>13} {_fmt(_column(rs, 'server_rps')):>8}"
+        )
+    print(
+        "\nLatency, ms p50/p95: fetch->commit (completed_at -> projected_at), split where"
+        " JetStream\nstored the CrawlCompleted (fetcher: publish; recorder: stored -> projected);"
+        " GET: the request"
+    )
+    print(f"{'':<13} {'fetch->commit':>14} {'fetcher':>12} {'recorder':>12} {'GET p50':>8}")
+    for fetchers in configs:
+        rs = [r for r in runs if r.fetchers == fetchers]
+        print(
+            f"{_label(fetchers):<13} {_pair(rs, 'latency_p50', 'latency_p95'):>14} "
+            f"{_pair(rs, 'publish_p50', 'publish_p95'):>12} "
+            f"{_pair(rs, 'record_p50', 'record_p95'):>12} "
+            f"{_fmt(_column(rs, 'duration_p50_ms')):>8}"
         )
     names = ("fetchers", "recorder", "nats", "postgres", "bench", "other", "machine")
     print("\nCores busy while fetching (bench: this process, with the sandbox server; other:")
@@ -563,10 +637,15 @@ def _host_path(url: str) -> tuple[str, str]:
 
 
 async def bench(args: argparse.Namespace, configs: Sequence[int]) -> int:
+    # SIGTERM unwinds like Ctrl-C: services, servers and the temporary folder go away.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     with tempfile.TemporaryDirectory(prefix="trove-bench-") as tmp:
         state = Path(tmp)
         started = time.perf_counter()
         stack = Stack(state_dir=state / "stack", fast_and_unsafe=True)
+        atexit.register(stack.stop)  # whatever happens, no orphaned server
         await asyncio.to_thread(stack.start)
         try:
             await asyncio.to_thread(upgrade, stack.database_url)
@@ -609,6 +688,7 @@ async def bench(args: argparse.Namespace, configs: Sequence[int]) -> int:
                     await bus.close()
         finally:
             await asyncio.to_thread(stack.stop)
+            atexit.unregister(stack.stop)
             print(f"Total {time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -701,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(bench(args, [int(c) for c in configs]))
     except KeyboardInterrupt:
         return 130
+    except asyncio.CancelledError:  # SIGTERM
+        return 143
 
 
 if __name__ == "__main__":

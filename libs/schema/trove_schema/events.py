@@ -15,6 +15,7 @@ consumer only ever sees the current shape.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -260,8 +261,22 @@ EVENT_TYPES: dict[str, type[Event]] = {
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
+#: ``to_wire`` writes the type and version first: events in the current version take a
+#: fast path (pydantic parses the bytes itself, ~2x faster than json.loads + validate).
+_WIRE_PREFIX = re.compile(rb'^\{"type":"([A-Za-z]+)","version":(\d+),')
+
+
 def decode_event(data: bytes | str) -> Event:
     """Parse an event from the wire, upcasting old versions. Raises MalformedEvent."""
+    raw_bytes = data.encode() if isinstance(data, str) else data
+    prefix = _WIRE_PREFIX.match(raw_bytes)
+    if prefix is not None:
+        fast = EVENT_TYPES.get(prefix.group(1).decode())
+        if fast is not None and int(prefix.group(2)) == fast.VERSION:
+            try:
+                return fast.model_validate_json(b"{" + raw_bytes[prefix.end() :])
+            except ValueError as exc:
+                raise MalformedEvent(f"invalid {fast.TYPE}: {exc}") from exc
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
