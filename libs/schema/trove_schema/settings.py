@@ -106,7 +106,7 @@ class FetcherSettings(CommonSettings):
 class RecorderSettings(CommonSettings):
     retry_delay_seconds: float = Field(default=3600.0, ge=0.0)
     max_attempts: int = Field(default=3, ge=1, le=20)
-    batch_size: int = Field(default=256, ge=1, le=10_000)
+    batch_size: int = Field(default=500, ge=1, le=10_000)
 
 
 ALL_SETTINGS: tuple[type[CommonSettings], ...] = (

@@ -112,23 +112,37 @@ async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) 
 
 
 async def _ensure_pages(session: AsyncSession, urls: dict[str, str]) -> dict[str, int]:
+    """Ids of the pages of these URLs, creating the missing ones.
+
+    Most link targets are known already: look them up first and insert only the rest,
+    which is far cheaper than upserting every URL of every link.
+    """
     if not urls:
         return {}
-    ordered = sorted(urls)
-    params = {"urls": ordered, "domains": [urls[u] for u in ordered]}
-    await session.execute(
-        _sql(
-            "INSERT INTO pages (url, domain) "
-            "SELECT * FROM unnest(CAST(:urls AS text[]), CAST(:domains AS text[])) "
-            "ON CONFLICT (url) DO NOTHING"
-        ),
-        params,
-    )
-    rows = await session.execute(
-        _sql("SELECT url, id FROM pages WHERE url = ANY(CAST(:urls AS text[]))"),
-        {"urls": ordered},
-    )
-    return {url: page_id for url, page_id in rows.all()}
+    lookup = _sql("SELECT url, id FROM pages WHERE url = ANY(CAST(:urls AS text[]))")
+    ids = {
+        url: page_id for url, page_id in (await session.execute(lookup, {"urls": list(urls)})).all()
+    }
+    missing = sorted(u for u in urls if u not in ids)
+    if missing:
+        created = await session.execute(
+            _sql(
+                "INSERT INTO pages (url, domain) "
+                "SELECT * FROM unnest(CAST(:urls AS text[]), CAST(:domains AS text[])) "
+                "ON CONFLICT (url) DO NOTHING RETURNING url, id"
+            ),
+            {"urls": missing, "domains": [urls[u] for u in missing]},
+        )
+        ids.update({url: page_id for url, page_id in created.all()})
+        raced = [u for u in missing if u not in ids]  # created by a concurrent batch
+        if raced:
+            ids.update(
+                {
+                    url: page_id
+                    for url, page_id in (await session.execute(lookup, {"urls": raced})).all()
+                }
+            )
+    return ids
 
 
 async def _discovered(session: AsyncSession, discovered: dict[str, PageDiscovered]) -> None:
