@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 SEEDS  ?=
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck unit integration bench clean
+.PHONY: install run test lint typecheck bench asyncapi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_fetcher.py
+	$(BIN)/python bench/bench_recorder.py
+	$(BIN)/python bench/bench_seen.py
+
+asyncapi: $(STAMP)
+	$(BIN)/faststream docs gen trove_schema.asyncapi:app --yaml --out docs/asyncapi.yaml
 
 clean:
 	rm -rf $(VENV) .trove .mypy_cache .ruff_cache .pytest_cache
