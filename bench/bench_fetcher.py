@@ -383,12 +383,12 @@ async def _crawl_rows(
         if r.outcome != "success" and len(run.failures) < 5:
             status = f" {r.status_code}" if r.status_code else ""
             run.failures.append((r.url, f"{r.outcome}{status}: {r.error_message}"))
-    # Exact ends, rather than the polling instants (kept when no row says better).
-    if rows and not math.isnan(fetch_done):
+    # Exact ends, rather than the polling instants (kept when rows are missing).
+    if len(rows) >= run.pages and not math.isnan(fetch_done):
         run.fetch_seconds = max(r.completed_at.timestamp() for r in rows) - t0_wall
     else:
         run.fetch_seconds = fetch_done
-    if rows and not math.isnan(commit_done):
+    if len(rows) >= run.pages and not math.isnan(commit_done):
         run.commit_seconds = max(r.projected_at.timestamp() for r in rows) - t0_wall
     else:
         run.commit_seconds = commit_done
@@ -411,8 +411,9 @@ async def one_run(ctx: Context, fetchers: int, round_: int) -> Run:
         await _wait_ready(ctx, local, fetchers)
         run.note = await _warm_up(ctx, local)
         await _measure(ctx, local, run)
-    except StackError as exc:
-        run.note = f"{run.note}; {exc}" if run.note else str(exc)
+    except Exception as exc:  # a broken run is reported, and the next one goes on
+        what = str(exc) if isinstance(exc, StackError) else f"{type(exc).__name__}: {exc}"
+        run.note = f"{run.note}; {what}" if run.note else what
     finally:
         await asyncio.to_thread(local.stop)
         run.log_warnings = _log_warnings(local.state_dir / "logs")
@@ -702,12 +703,18 @@ def _service_env(web: SandboxWeb, args: argparse.Namespace) -> dict[str, str]:
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0",
         "TROVE_LOG_LEVEL": "WARNING",
     }
-    for item in args.env:
+    env.update(_extra_env(args.env))
+    return env
+
+
+def _extra_env(items: Sequence[str]) -> dict[str, str]:
+    extra = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("TROVE_"):
             raise SystemExit(f"--env wants TROVE_NAME=value, not {item!r}")
-        env[key] = value
-    return env
+        extra[key] = value
+    return extra
 
 
 async def _bench_runs(ctx: Context, configs: Sequence[int]) -> int:
@@ -744,7 +751,7 @@ def _fetcher_counts(value: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(
-        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--pages", type=int, default=1000, help="measured pages a run")
     parser.add_argument(
@@ -777,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--hosts must be 1..1000 (one loopback IP each, from 127.0.0.10)")
     if args.pages < 1 or args.runs < 1 or args.timeout <= 0:
         raise SystemExit("--pages, --runs and --timeout must be positive")
+    _extra_env(args.env)  # refuse a bad --env before starting anything
     configs: list[Any] = args.fetchers
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trove_schema.bus").setLevel(logging.ERROR)  # "disconnected" at close
