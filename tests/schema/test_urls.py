@@ -10,6 +10,7 @@ import pytest
 
 from trove_schema import urls as normalize
 from trove_schema.errors import InvalidURL, TroveError
+from trove_schema.events import MAX_URL_LENGTH
 from trove_schema.urls import (
     SESSION_PARAMETERS,
     TRACKING_PARAMETERS,
@@ -410,3 +411,29 @@ def test_allowed_networks_open_private_addresses(
     host: str, allowed: list[str], private: bool
 ) -> None:
     assert is_private_host(host, allowed) is private
+
+
+def test_the_fast_path_agrees_with_the_full_canonicalization() -> None:
+    """Whatever already_canonical accepts, the long way would return unchanged."""
+    rng = random.Random(20261121)
+    hosts = [
+        "example.org", "blog.example.co.uk", "a-b.example", "x1.example", "example.123",
+        "1.2.3.4", "EXAMPLE.org", "xn--bcher-kva.example", "ex_ample.org", "localhost",
+        "a" * 63 + ".org", "a" * 64 + ".org", "ex..org", "-a.org", "a-.org", "example.org.",
+    ]  # fmt: skip
+    ports = ["", ":80", ":443", ":8080", ":0", ":65535", ":65536", ":08", ":"]
+    segments = ["a", "B", "0", "-", "_", "~", ".", "..", "...", ".x", "..x", "x.", "%41", ";a", ""]
+    accepted = 0
+    for _ in range(30000):
+        scheme = rng.choice(["http", "https", "HTTP"])
+        path = "".join(
+            "/" + "".join(rng.choices(segments, k=rng.randint(0, 3)))
+            for _ in range(rng.randint(0, 4))
+        )
+        tail = rng.choice(["", "/", "?a=1", "#f"])
+        url = f"{scheme}://{rng.choice(hosts)}{rng.choice(ports)}{path}{tail}"
+        if not normalize.already_canonical(url):
+            continue
+        accepted += 1
+        assert normalize._canonicalize(url, base=None, max_length=MAX_URL_LENGTH) == url, url
+    assert accepted > 300  # the generator does reach the fast path
