@@ -12,22 +12,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from trove_recorder.projections import STATUS_BY_OUTCOME, RetryPolicy, ts_config
+from trove_recorder.projections import STATUS_BY_OUTCOME, RetryPolicy, retry_request, ts_config
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
     Event,
     PageDiscovered,
-    RequestReason,
     SeedRejected,
-    derived_event_id,
 )
 
 FETCHED = (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
@@ -262,21 +260,9 @@ async def _retries(
         attempts = int(counts.get(page_id, 0))
         if attempts >= policy.max_attempts:
             continue
-        delay = min(max(policy.delay_seconds, event.retry_after or 0.0), policy.max_delay_seconds)
-        due = event.completed_at + timedelta(seconds=delay)
-        retry = CrawlRequested(
-            id=derived_event_id(event.id, "retry"),
-            url=event.url,
-            domain=event.domain,
-            depth=event.depth,
-            priority=event.priority,
-            scope=event.scope,
-            reason=RequestReason.RETRY,
-            attempt=attempts + 1,
-            not_before=due,
-            caused_by=event.id,
-        )
-        rows.append((uuid.UUID(retry.id), retry.to_wire(), due))
+        retry = retry_request(event, attempts, policy)
+        assert retry.not_before is not None
+        rows.append((uuid.UUID(retry.id), retry.to_wire(), retry.not_before))
         scheduled.add(page_id)
     if rows:
         await session.execute(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import and_, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
@@ -51,6 +51,26 @@ STATUS_BY_OUTCOME = {
     CrawlOutcome.BLOCKED_4XX: "failed",
     CrawlOutcome.BLOCKED_5XX: "failed",
 }
+
+
+def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> CrawlRequested:
+    """The delayed request for the next attempt after ``event`` (``attempts`` made so far).
+
+    Its id derives from the failed attempt's, so it is published at most once per attempt.
+    """
+    delay = min(max(policy.delay_seconds, event.retry_after or 0.0), policy.max_delay_seconds)
+    return CrawlRequested(
+        id=derived_event_id(event.id, "retry"),
+        url=event.url,
+        domain=event.domain,
+        depth=event.depth,
+        priority=event.priority,
+        scope=event.scope,
+        reason=RequestReason.RETRY,
+        attempt=attempts + 1,
+        not_before=event.completed_at + timedelta(seconds=delay),
+        caused_by=event.id,
+    )
 
 
 def ts_config(language: str | None) -> str:
@@ -250,20 +270,8 @@ async def _schedule_retry(
     ).scalar_one()
     if attempts >= policy.max_attempts:
         return False
-    delay = min(max(policy.delay_seconds, event.retry_after or 0.0), policy.max_delay_seconds)
-    due: datetime = event.completed_at + timedelta(seconds=delay)
-    retry = CrawlRequested(
-        id=derived_event_id(event.id, "retry"),
-        url=event.url,
-        domain=event.domain,
-        depth=event.depth,
-        priority=event.priority,
-        scope=event.scope,
-        reason=RequestReason.RETRY,
-        attempt=attempts + 1,
-        not_before=due,
-        caused_by=event.id,
-    )
+    retry = retry_request(event, attempts, policy)
+    due = retry.not_before
     await session.execute(
         insert(Outbox)
         .values(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
@@ -43,6 +43,22 @@ def _sqlstate(exc: DBAPIError) -> str | None:
     return str(code) if code else None
 
 
+@contextlib.contextmanager
+def _database_trouble_is_retried() -> Iterator[None]:
+    """Translate "the database is away or lost a race" into Retry; a bad event stays an error."""
+    try:
+        yield
+    except TRANSIENT_DB_ERRORS as exc:
+        raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
+        if _sqlstate(exc) in RETRYABLE_SQLSTATES:
+            # Two transactions touching the same pages at once: run it again shortly.
+            raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
+        raise
+
+
 def make_engine(url: str) -> AsyncEngine:
     return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
 
@@ -59,18 +75,9 @@ class Recorder:
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
         events = [decode_event(m.data) for m in msgs]
-        try:
-            with PROJECTION_BATCH_SECONDS.time():
-                async with self.sessions.begin() as session:
-                    applied = await apply_batch(session, events, self.policy)
-        except TRANSIENT_DB_ERRORS as exc:
-            raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
-            if _sqlstate(exc) in RETRYABLE_SQLSTATES:
-                raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
-            raise
+        with _database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
+            async with self.sessions.begin() as session:
+                applied = await apply_batch(session, events, self.policy)
         if applied:
             PROJECTED.inc(applied)
             newest = max(e.occurred_at for e in events)
@@ -79,18 +86,9 @@ class Recorder:
 
     async def handle(self, msg: Msg) -> None:
         event = decode_event(msg.data)
-        try:
+        with _database_trouble_is_retried():
             async with self.sessions.begin() as session:
                 applied = await apply(session, event, self.policy)
-        except TRANSIENT_DB_ERRORS as exc:
-            raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
-            if _sqlstate(exc) in RETRYABLE_SQLSTATES:
-                # Two events touching the same pages at once: run it again shortly.
-                raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
-            raise
         if applied:
             self.outbox_wakeup.set()
             log.debug("projected", extra={"event_id": event.id, "type": event.TYPE})

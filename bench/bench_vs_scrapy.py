@@ -1,0 +1,913 @@
+"""Trove against Scrapy: the same crawl of the same local web, side by side.
+
+A sandbox web is served by a separate process (``bench/witness_server.py``) that writes
+every request it receives (host, path, arrival time, user agent) to a JSONL witness
+log. Both crawlers crawl it from its home pages, obeying robots.txt, one request at a
+time per host, the same gap between two requests to a host:
+
+* **Trove**, end to end: the embedded stack (nats-server with JetStream, Postgres in its
+  fast-and-unsafe mode), discovery, fetcher(s) and recorder as real processes
+  (``trove_cli.local.LocalTrove``); the home pages are published to ``trove.seeds``; a
+  run is done when every page the crawl must fetch has a committed ``page_crawls`` row.
+* **Scrapy**, in its own process (``bench/scrapy_spider.py``): ``ROBOTSTXT_OBEY``,
+  ``CONCURRENT_REQUESTS_PER_DOMAIN = 1``, ``DOWNLOAD_DELAY`` = the gap without jitter,
+  AutoThrottle off, lxml parsing, Trove's own language detector and keyword bag, items
+  to a JSON-lines file (no database); done when the spider closes.
+
+Regimes (``--regimes``):
+
+* ``throughput``: many hosts of equal size, gap 0: the gap does not bind, only one
+  request in flight per host does. Pages/s is what is compared.
+* ``politeness``: skewed site sizes (a power law: host *i* has ``articles / (i+1)``
+  articles), gap 1 s, URLs discovered while crawling. The makespan is compared with its
+  lower bound, the largest site's requests (robots.txt included) less one, times the gap.
+* ``known`` (not run by default): the politeness web with every URL handed over at
+  the start (Trove: ``PageDiscovered`` events; Scrapy: start URLs), nothing followed.
+
+Each regime runs ``--runs`` rounds, alternating which crawler goes first, on fresh
+state (streams, buckets and tables emptied for Trove). Measured per run: pages/s from
+the start (the seeds published; the spider opened) to the last page committed (Trove's
+``projected_at``) or scraped (Scrapy's ``item_scraped``); the witness log's gaps per
+host; CPU seconds of every process of the crawler over that window (``/proc``, and
+``getrusage`` inside the Scrapy process); the peak RSS of each process; the time from
+fetch to commit (Trove: ``projected_at - completed_at``; Scrapy: ``response_received``
+to ``item_scraped``).
+
+    .venv/bin/python bench/bench_vs_scrapy.py [--runs 2] [--regimes throughput,politeness]
+
+Loopback only; every wait has a deadline and the benchmark stops by itself. It asserts
+nothing about timings: it prints numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import itertools
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+# The repository root, for the benchmarks' shared helpers (bench/_common.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    CpuGroups,
+    children_of,
+    cpu_seconds,
+    machine_ticks,
+    median,
+    memory_mib,
+    percentile,
+    pids_with_cmdline,
+    postmaster_pid,
+    publish_work,
+    pull_waiting,
+    reset,
+)
+from trove_cli.local import LocalTrove
+from trove_schema.bus import Bus
+from trove_schema.errors import StackError
+from trove_schema.migrate import upgrade
+from trove_schema.topology import (
+    DISCOVERY_LINKS,
+    DISCOVERY_SEEDS,
+    EVENTS_STREAM,
+    FETCHER,
+    RECORDER,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+)
+from trove_stack.processes import Child
+from trove_stack.stack import Stack
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_SCRIPT = ROOT / "bench" / "witness_server.py"
+SPIDER_SCRIPT = ROOT / "bench" / "scrapy_spider.py"
+POLL = 0.2
+READY_TIMEOUT = 90.0
+#: Log lines every service writes when it is stopped: not worth reporting.
+EXPECTED_WARNINGS = frozenset({"nats: disconnected"})
+CRAWLERS = ("trove", "scrapy")
+REGIMES = ("throughput", "politeness", "known")
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    hosts: int
+    articles: int
+    skew: float
+    gap: float
+    #: Every URL handed over at the start (nothing discovered).
+    known: bool = False
+
+
+@dataclass(kw_only=True)
+class Run:
+    crawler: str
+    regime: str
+    round: int
+    expected: int
+    gap: float
+    #: Expected pages the crawler got (Trove: a page_crawls row; Scrapy: an item).
+    done: int = 0
+    #: Pages fetched that were not expected (Trove: other rows, e.g. blocked by robots).
+    extra: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    #: Start -> last expected page committed (Trove) or scraped (Scrapy); NaN: unfinished.
+    seconds: float = math.nan
+    watched: float = math.nan
+    #: CPU seconds of each of the crawler's processes (or groups of them) in the window.
+    cpu: dict[str, float] = field(default_factory=dict)
+    #: Whole-life CPU of the Scrapy process (imports and shutdown included).
+    cpu_whole: float = math.nan
+    #: Peak RSS (VmHWM) of each process, MiB.
+    rss: dict[str, float] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+    #: Lower bound of the makespan: the largest host's requests, less one, times the gap.
+    lower_bound: float = 0.0
+    # From the witness log.
+    requests: int = 0
+    robots_requests: int = 0
+    duplicates: int = 0
+    disallowed_hits: int = 0
+    span: float = math.nan
+    min_gap: float = math.nan
+    min_gap_host: str = ""
+    gaps: int = 0
+    gaps_below: int = 0
+    #: Cores used in the window by the witness server, this process and everything else.
+    server_cores: float = math.nan
+    other_cores: float = math.nan
+    warnings: Counter[str] = field(default_factory=Counter)
+    note: str = ""
+
+    @property
+    def window(self) -> float:
+        return self.seconds if not math.isnan(self.seconds) else self.watched
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.expected
+
+    @property
+    def pages_per_s(self) -> float:
+        return self.done / self.window if self.window > 0 else math.nan
+
+    @property
+    def cpu_total(self) -> float:
+        return sum(self.cpu.values()) if self.cpu else math.nan
+
+    @property
+    def cpu_per_1k(self) -> float:
+        return 1000 * self.cpu_total / self.done if self.done else math.nan
+
+    @property
+    def efficiency(self) -> float:
+        """Lower bound / makespan from the start to the last page (0 gap: not defined)."""
+        if self.lower_bound <= 0 or not self.finished:
+            return math.nan
+        return self.lower_bound / self.seconds
+
+    @property
+    def request_efficiency(self) -> float:
+        """Lower bound / span of the requests the site saw (first to last)."""
+        if self.lower_bound <= 0 or not self.finished or not self.span > 0:
+            return math.nan
+        return self.lower_bound / self.span
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies, 50)
+
+    @property
+    def p95(self) -> float:
+        return percentile(self.latencies, 95)
+
+
+# --- the witness server -----------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    child: Child
+    witness: Path
+    manifest: dict[str, Any]
+
+    @property
+    def expected(self) -> list[str]:
+        return list(self.manifest["expected"])
+
+    def mark(self) -> int:
+        """Where the witness log ends now (read what comes after with ``records``)."""
+        return self.witness.stat().st_size if self.witness.exists() else 0
+
+    def records(self, since: int) -> list[dict[str, Any]]:
+        """Requests logged after ``since`` (complete lines only)."""
+        with open(self.witness, "rb") as f:
+            f.seek(since)
+            data = f.read()
+        lines = data.split(b"\n")
+        return [json.loads(line) for line in lines[:-1] if line.strip()]
+
+    def lower_bound(self, gap: float) -> float:
+        """The largest host's requests (its pages and robots.txt) less one, times the gap."""
+        per_host: dict[str, int] = self.manifest["per_host"]
+        return max(per_host.values(), default=0) * gap
+
+
+async def start_server(regime: Regime, args: argparse.Namespace, folder: Path) -> Server:
+    witness = folder / "witness.jsonl"
+    manifest = folder / "manifest.json"
+    child = Child(
+        f"witness-{regime.name}",
+        [
+            sys.executable,
+            str(SERVER_SCRIPT),
+            f"--hosts={regime.hosts}",
+            f"--articles={regime.articles}",
+            f"--skew={regime.skew}",
+            f"--page-kb={args.page_kb}",
+            f"--links={args.links}",
+            f"--witness={witness}",
+            f"--manifest={manifest}",
+            f"--max-seconds={args.server_max_seconds}",
+        ],
+        log_path=folder / "server.log",  # Child creates the folder
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 120
+    while not manifest.exists():
+        if not child.alive():
+            raise StackError(f"witness server exited: {child.tail()}")
+        if time.monotonic() > deadline:
+            child.stop()
+            raise StackError("witness server not serving within 120 s")
+        await asyncio.sleep(0.1)
+    return Server(child, witness, json.loads(manifest.read_text()))
+
+
+def _key(url: str) -> tuple[str, str]:
+    """(host, path) of a URL: what both crawlers and the manifest agree on."""
+    parts = urlsplit(url)
+    return (parts.hostname or "").lower(), parts.path or "/"
+
+
+def witness_analysis(run: Run, records: Sequence[dict[str, Any]], hosts: set[str]) -> None:
+    """Requests, duplicates, robots.txt, /private/ hits and the gaps per host."""
+    mine = [r for r in records if r.get("host") in hosts]
+    run.requests = len(mine)
+    run.robots_requests = sum(1 for r in mine if r.get("path") == "/robots.txt")
+    seen = Counter((r["host"], r["path"]) for r in mine)
+    run.duplicates = sum(n - 1 for n in seen.values() if n > 1)
+    run.disallowed_hits = sum(1 for r in mine if str(r.get("path", "")).startswith("/private/"))
+    if mine:
+        run.span = max(r["monotonic"] for r in mine) - min(r["monotonic"] for r in mine)
+    by_host: dict[str, list[float]] = defaultdict(list)
+    for r in mine:
+        by_host[r["host"]].append(float(r["monotonic"]))
+    smallest = math.inf
+    for host, times in by_host.items():
+        times.sort()
+        for a, b in itertools.pairwise(times):
+            gap = b - a
+            run.gaps += 1
+            if gap < run.gap:
+                run.gaps_below += 1
+            if gap < smallest:
+                smallest, run.min_gap_host = gap, host
+    run.min_gap = smallest if run.gaps else math.nan
+
+
+# --- Trove ------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    stack: Stack
+    bus: Bus
+    engine: AsyncEngine
+    state: Path
+
+
+def _trove_env(ctx: Context, server: Server, regime: Regime) -> dict[str, str]:
+    m = server.manifest
+    env = {
+        "TROVE_RESOLVE": str(m["resolve_setting"]),
+        "TROVE_ALLOWED_NETWORKS": str(m["allowed_network"]),
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(regime.gap),
+        "TROVE_LOG_LEVEL": "WARNING",
+        "TROVE_MAX_DEPTH": str(max_depth(server)),
+    }
+    env.update(_extra_env(ctx.args.env))
+    return env
+
+
+def max_depth(server: Server) -> int:
+    """Depth limit for both crawlers: comfortably above what the web needs."""
+    return max(5, int(server.manifest["max_depth"]) + 3)
+
+
+async def _wait_ready(ctx: Context, local: LocalTrove) -> None:
+    """Until every service has a pull request waiting on each of its consumers."""
+    wanted = (
+        (EVENTS_STREAM, FETCHER, ctx.args.fetchers),
+        (EVENTS_STREAM, RECORDER, 1),
+        (SEEDS_STREAM, DISCOVERY_SEEDS, 1),
+        (EVENTS_STREAM, DISCOVERY_LINKS, 1),
+    )
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        local.check_alive()
+        waiting = [await pull_waiting(ctx.bus, s, d) >= n for s, d, n in wanted]
+        if all(waiting):
+            return
+        if time.monotonic() > deadline:
+            raise StackError(f"services not ready within {READY_TIMEOUT:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+def _service_pids(local: LocalTrove, service: str) -> list[int]:
+    return [c.pid for c in local.children if c.name.startswith(service + "-")]
+
+
+def _trove_groups(ctx: Context, local: LocalTrove) -> tuple[CpuGroups, dict[str, list[int]]]:
+    nats = pids_with_cmdline(str(ctx.state / "stack" / "nats"))
+    postmaster = postmaster_pid(ctx.state / "stack" / "postgres" / "data")
+    pg = [postmaster] if postmaster else []
+    services = {name: _service_pids(local, name) for name in ("discovery", "fetcher", "recorder")}
+    groups = CpuGroups(
+        {
+            "discovery": lambda: services["discovery"],
+            "fetcher": lambda: services["fetcher"],
+            "recorder": lambda: services["recorder"],
+            "nats": lambda: nats,
+            "postgres": lambda: pg + [c for p in pg for c in children_of(p)],
+        }
+    )
+    return groups, {**services, "nats": nats, "postgres": pg}
+
+
+async def _crawled(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        result = await conn.execute(text("SELECT count(DISTINCT page_id) FROM page_crawls"))
+        return int(result.scalar_one())
+
+
+async def _crawled_keys(engine: AsyncEngine) -> set[tuple[str, str]]:
+    async with engine.connect() as conn:
+        urls = await conn.execute(
+            text("SELECT DISTINCT p.url FROM page_crawls c JOIN pages p ON p.id = c.page_id")
+        )
+        return {_key(u) for u in urls.scalars()}
+
+
+async def trove_run(ctx: Context, server: Server, regime: Regime, round_: int) -> Run:
+    run = Run(
+        crawler="trove",
+        regime=regime.name,
+        round=round_,
+        expected=len(server.expected),
+        gap=regime.gap,
+        lower_bound=server.lower_bound(regime.gap),
+    )
+    await reset(ctx.bus, ctx.engine)
+    local = LocalTrove(
+        state_dir=ctx.state / f"trove-{regime.name}-{round_}",
+        nats_url=ctx.stack.nats_url,
+        database_url=ctx.stack.database_url,
+        services=("recorder", "discovery", "fetcher"),
+        replicas={"fetcher": ctx.args.fetchers},
+        service_env=_trove_env(ctx, server, regime),
+    )
+    try:
+        await asyncio.to_thread(local.start)
+        await _wait_ready(ctx, local)
+        await _trove_crawl(ctx, server, regime, local, run)
+    except Exception as exc:  # a broken run is reported, and the next one goes on
+        what = str(exc) if isinstance(exc, StackError) else f"{type(exc).__name__}: {exc}"
+        run.note = f"{run.note}; {what}" if run.note else what
+    finally:
+        await asyncio.to_thread(local.stop)
+        run.warnings = _log_warnings(local.state_dir / "logs")
+    return run
+
+
+async def _trove_crawl(
+    ctx: Context, server: Server, regime: Regime, local: LocalTrove, run: Run
+) -> None:
+    expected = {_key(u) for u in server.expected}
+    groups, pids = _trove_groups(ctx, local)
+    mark = server.mark()
+    cpu0 = groups.sample()
+    start = Snapshot.take(server)
+
+    t0 = time.time()
+    if regime.known:
+        await publish_work(ctx.bus, server.expected, origin="bench-vs-scrapy")
+    else:
+        for seed in server.manifest["seeds"]:
+            await ctx.bus.nc.publish(SEEDS_SUBJECT, str(seed).encode())
+        await ctx.bus.nc.flush()
+
+    deadline = time.monotonic() + ctx.args.timeout
+    complete = False
+    while time.monotonic() < deadline:
+        dead = [c.name for c in local.children if not c.alive()]
+        if dead:
+            run.note = f"{', '.join(dead)} exited"
+            break
+        if await _crawled(ctx.engine) >= len(expected):
+            complete = expected <= await _crawled_keys(ctx.engine)
+            if complete:
+                break
+        await asyncio.sleep(POLL)
+    run.watched = time.time() - t0
+    run.cpu = CpuGroups.delta(cpu0, groups.sample())
+    _window_cores(run, start, Snapshot.take(server), run.cpu_total)
+    for name, members in pids.items():
+        peaks = [memory_mib(pid, "VmHWM") for pid in members]
+        for k, peak in enumerate(p for p in peaks if p is not None):
+            run.rss[f"{name}-{k}" if len(members) > 1 else name] = peak
+    postmaster = pids["postgres"]
+    backends = [memory_mib(c, "VmHWM") for p in postmaster for c in children_of(p)]
+    if backends:
+        run.rss["postgres backend (max)"] = max(b for b in backends if b is not None)
+
+    async with ctx.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT p.url, c.outcome, c.completed_at, pe.projected_at"
+                    " FROM page_crawls c JOIN pages p ON p.id = c.page_id"
+                    " JOIN projected_events pe ON pe.event_id = c.event_id"
+                )
+            )
+        ).all()
+    ends: list[float] = []
+    for row in rows:
+        if _key(row.url) in expected:
+            run.outcomes[row.outcome] += 1
+            run.latencies.append((row.projected_at - row.completed_at).total_seconds())
+            ends.append(row.projected_at.timestamp())
+        else:
+            run.extra[row.outcome] += 1
+    run.done = len({_key(r.url) for r in rows} & expected)
+    if complete and ends:
+        run.seconds = max(ends) - t0
+    elif not run.note:
+        run.note = f"unfinished after {ctx.args.timeout:.0f} s"
+    witness_analysis(run, server.records(mark), set(server.manifest["resolve"]))
+
+
+def _log_warnings(logs: Path) -> Counter[str]:
+    """Warning and error lines of the services' JSON logs, by service and message."""
+    found: Counter[str] = Counter()
+    for path in sorted(logs.glob("*.log")):
+        service = path.stem.rsplit("-", 1)[0]
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                if line.strip():
+                    found[f"{service}: {line.strip()[:100]}"] += 1
+                continue
+            if isinstance(entry, dict) and entry.get("level") in ("warning", "error", "critical"):
+                message = " ".join(str(entry.get("message", "")).split())
+                if message not in EXPECTED_WARNINGS:
+                    found[f"{service}: {message[:100]}"] += 1
+    return found
+
+
+# --- Scrapy -----------------------------------------------------------------------------
+
+
+async def scrapy_run(ctx: Context, server: Server, regime: Regime, round_: int) -> Run:
+    run = Run(
+        crawler="scrapy",
+        regime=regime.name,
+        round=round_,
+        expected=len(server.expected),
+        gap=regime.gap,
+        lower_bound=server.lower_bound(regime.gap),
+    )
+    folder = ctx.state / f"scrapy-{regime.name}-{round_}"
+    config = {
+        "manifest": str(server.witness.parent / "manifest.json"),
+        "mode": "known" if regime.known else "discover",
+        "gap": regime.gap,
+        "concurrency": ctx.args.scrapy_concurrency,
+        "max_depth": max_depth(server),
+        "items": str(folder / "items.jsonl"),
+        "stats": str(folder / "stats.json"),
+        "timeout": ctx.args.timeout,
+    }
+    _write_json(folder / "config.json", config)
+    mark = server.mark()
+    start = Snapshot.take(server)
+    started = time.time()
+    child = Child(
+        "scrapy",
+        [sys.executable, str(SPIDER_SCRIPT), str(folder / "config.json")],
+        log_path=folder / "scrapy.log",
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + ctx.args.timeout + 30
+        while child.alive():
+            if time.monotonic() > deadline:
+                run.note = f"killed after {ctx.args.timeout + 30:.0f} s"
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(child.stop)
+    run.watched = time.time() - started
+    end = Snapshot.take(server)
+    _scrapy_results(run, server, folder, child, start, end)
+    witness_analysis(run, server.records(mark), set(server.manifest["resolve"]))
+    return run
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def _scrapy_results(
+    run: Run, server: Server, folder: Path, child: Child, start: Snapshot, end: Snapshot
+) -> None:
+    """What the spider wrote: its stats (times, CPU, RSS, latencies) and its items."""
+    try:
+        stats = json.loads((folder / "stats.json").read_text())
+    except (OSError, ValueError):
+        run.note = f"{run.note}; no stats: {child.tail(5)}".strip("; ")
+        _window_cores(run, start, end, math.nan)
+        return
+    expected = {_key(u) for u in server.expected}
+    got: set[tuple[str, str]] = set()
+    with open(folder / "items.jsonl", encoding="utf-8") as f:
+        for line in f:
+            item = json.loads(line)
+            key = _key(item["url"])
+            if key in expected:
+                got.add(key)
+                run.outcomes["success" if item["status"] == 200 else str(item["status"])] += 1
+            else:
+                run.extra[str(item["status"])] += 1
+    run.done = len(got)
+    opened = float(stats["opened_at"])
+    run.watched = float(stats["closed_at"]) - opened
+    if run.finished:
+        run.seconds = float(stats["last_item_at"]) - opened
+    else:
+        run.note = f"{run.note}; closed: {stats['reason']}".strip("; ")
+    run.cpu = {"scrapy": float(stats["cpu_closed"]) - float(stats["cpu_opened"])}
+    run.cpu_whole = float(stats["cpu_closed"])
+    run.rss = {"scrapy": float(stats["maxrss_kib"]) / 1024}
+    run.latencies = [float(v) for v in stats["latencies"]]
+    # The process lived inside the window, so its whole-life CPU is its share of it.
+    _window_cores(run, start, end, run.cpu_whole)
+    run.warnings = Counter(
+        line.strip()[:100]
+        for line in (folder / "scrapy.log").read_text(errors="replace").splitlines()
+        if " WARNING: " in line or " ERROR: " in line
+    )
+
+
+# --- shared measurement -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """CPU of the witness server and of this process, and of the machine, at one instant."""
+
+    server: float
+    bench: float
+    busy: int
+    total: int
+    at: float
+
+    @classmethod
+    def take(cls, server: Server) -> Snapshot:
+        busy, total = machine_ticks()
+        return cls(
+            server=cpu_seconds(server.child.pid) or 0.0,
+            bench=time.process_time(),
+            busy=busy,
+            total=total,
+            at=time.perf_counter(),
+        )
+
+
+def _window_cores(run: Run, start: Snapshot, end: Snapshot, crawler_cpu: float) -> None:
+    """Cores the witness server used in the window, and what nobody here used ("other")."""
+    window = end.at - start.at
+    if window <= 0:
+        return
+    machine = (os.cpu_count() or 1) * (end.busy - start.busy) / max(1, end.total - start.total)
+    run.server_cores = (end.server - start.server) / window
+    bench = (end.bench - start.bench) / window
+    run.other_cores = machine - run.server_cores - bench - crawler_cpu / window
+
+
+# --- reporting --------------------------------------------------------------------------
+
+
+def _fmt(value: float, spec: str = ".0f") -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def print_run(run: Run) -> None:
+    cpu = ", ".join(f"{k} {v:.1f}" for k, v in run.cpu.items())
+    rss = ", ".join(f"{k} {v:.0f}" for k, v in run.rss.items())
+    print(
+        f"  {run.regime} round {run.round + 1}, {run.crawler}: {run.done}/{run.expected} pages"
+        f" in {_fmt(run.seconds, '.1f')} s ({_fmt(run.pages_per_s, '.1f')} pages/s); "
+        f"{run.requests} requests ({run.robots_requests} robots.txt, {run.duplicates} repeated,"
+        f" {run.disallowed_hits} disallowed), span {_fmt(run.span, '.1f')} s; min gap "
+        f"{_fmt(1000 * run.min_gap, '.1f')} ms ({run.min_gap_host}), {run.gaps_below} of "
+        f"{run.gaps} gaps < {run.gap:g} s; CPU s: {cpu}"
+        + (f" (whole process {run.cpu_whole:.1f})" if not math.isnan(run.cpu_whole) else "")
+        + f"; peak RSS MiB: {rss}; fetch->commit p50/p95 {_fmt(1000 * run.p50)}/"
+        f"{_fmt(1000 * run.p95)} ms; server {_fmt(run.server_cores, '.2f')} cores, other "
+        f"{_fmt(run.other_cores, '.2f')}",
+        flush=True,
+    )
+    others = {k: v for k, v in run.outcomes.items() if k != "success"}
+    if others:
+        print(f"    outcomes other than success: {dict(others)}")
+    if run.extra:
+        print(f"    pages beyond the expected ones: {dict(run.extra)}")
+    if run.warnings:
+        top = "; ".join(f"{n}x {m}" for m, n in run.warnings.most_common(3))
+        print(f"    {run.warnings.total()} warnings in the logs, e.g. {top}")
+    if run.note:
+        print(f"    note: {run.note}")
+
+
+def _med(runs: Sequence[Run], attr: str) -> float:
+    return median([float(getattr(r, attr)) for r in runs])
+
+
+def _ratio(runs: Sequence[Run], attr: str) -> float:
+    """Median over rounds of Trove's value / Scrapy's, each round's pair run side by side."""
+    ratios = []
+    for round_ in sorted({r.round for r in runs}):
+        pair = {r.crawler: float(getattr(r, attr)) for r in runs if r.round == round_}
+        if "trove" in pair and "scrapy" in pair and pair["scrapy"] > 0:
+            ratios.append(pair["trove"] / pair["scrapy"])
+    return median(ratios)
+
+
+def _peak(runs: Sequence[Run]) -> str:
+    """Largest peak RSS of each process name over the runs, the biggest first."""
+    peaks: dict[str, float] = {}
+    for run in runs:
+        for name, mib in run.rss.items():
+            peaks[name] = max(peaks.get(name, 0.0), mib)
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]))
+
+
+def print_summary(regime: Regime, server: Server, runs: Sequence[Run]) -> None:
+    m = server.manifest
+    sizes = sorted(m["per_host"].values(), reverse=True)
+    print(
+        f"\n{regime.name}: {len(m['expected'])} pages over {regime.hosts} hosts "
+        f"(pages per host {sizes[0]}..{sizes[-1]}), ~{m['page_bytes_mean'] / 1024:.0f} KiB and "
+        f"~{m['links_per_page']} links a page, gap {regime.gap:g} s, "
+        + ("every URL given up front" if regime.known else "discovered from the home pages")
+        + f"; medians of {len({r.round for r in runs})} run(s)"
+    )
+    header = (
+        f"{'':<8} {'done':>9} {'pages/s':>8} {'makespan':>9} {'efficiency':>11} "
+        f"{'min gap':>8} {'gaps <':>7} {'CPU s/1k':>9} {'fetch->commit':>14}"
+    )
+    print(header)
+    print(
+        f"{'':<8} {'':>9} {'':>8} {'s':>9} {'e2e / req':>11} {'ms':>8} {'gap':>7} "
+        f"{'pages':>9} {'p50/p95 ms':>14}"
+    )
+    for crawler in CRAWLERS:
+        rs = [r for r in runs if r.crawler == crawler]
+        if not rs:
+            continue
+        done = f"{sum(r.done for r in rs)}/{sum(r.expected for r in rs)}"
+        eff = f"{_fmt(_med(rs, 'efficiency'), '.2f')}/{_fmt(_med(rs, 'request_efficiency'), '.2f')}"
+        gaps = min((r.min_gap for r in rs if not math.isnan(r.min_gap)), default=math.nan)
+        below = sum(r.gaps_below for r in rs)
+        lat = f"{_fmt(1000 * _med(rs, 'p50'))}/{_fmt(1000 * _med(rs, 'p95'))}"
+        print(
+            f"{crawler:<8} {done:>9} {_fmt(_med(rs, 'pages_per_s'), '.1f'):>8} "
+            f"{_fmt(_med(rs, 'seconds'), '.1f'):>9} {eff:>11} {_fmt(1000 * gaps, '.1f'):>8} "
+            f"{below:>7} {_fmt(_med(rs, 'cpu_per_1k'), '.1f'):>9} {lat:>14}"
+        )
+        print(f"{'':<8} peak RSS MiB: {_peak(rs)}")
+    if regime.gap > 0:
+        print(
+            f"Lower bound of the makespan: {server.lower_bound(regime.gap):.1f} s (the largest "
+            f"host's {sizes[0]} pages and its robots.txt, less one, times {regime.gap:g} s); "
+            "efficiency = lower bound / makespan (e2e: start to last page; req: first to last"
+            " request the site saw)."
+        )
+    trove = [r for r in runs if r.crawler == "trove"]
+    if trove:
+        names = sorted({k for r in trove for k in r.cpu})
+        parts = ", ".join(
+            f"{n} {median([1000 * r.cpu.get(n, math.nan) / r.done for r in trove if r.done]):.1f}"
+            for n in names
+        )
+        print(f"Trove CPU s/1k pages by process group: {parts}")
+    print(
+        "Trove / Scrapy, side by side (median over rounds): "
+        f"pages/s x{_fmt(_ratio(runs, 'pages_per_s'), '.2f')}, "
+        f"CPU per page x{_fmt(_ratio(runs, 'cpu_per_1k'), '.2f')}"
+        + (f", makespan x{_fmt(_ratio(runs, 'seconds'), '.2f')}" if regime.gap > 0 else ""),
+        flush=True,
+    )
+    other = median([r.other_cores for r in runs if r.crawler == "trove"])
+    if other > 0.2:
+        print(
+            f"Note: other processes used a median {other:.2f} cores during Trove's runs: the "
+            "machine was not quiet, so the numbers are low and noisy."
+        )
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def regimes(args: argparse.Namespace) -> list[Regime]:
+    table = {
+        "throughput": Regime(
+            "throughput", args.throughput_hosts, args.throughput_articles, 0.0, 0.0
+        ),
+        "politeness": Regime(
+            "politeness", args.politeness_hosts, args.politeness_articles, args.skew, args.gap
+        ),
+        "known": Regime(
+            "known", args.politeness_hosts, args.politeness_articles, args.skew, args.gap, True
+        ),
+    }
+    return [table[name] for name in args.regimes]
+
+
+async def bench(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C: services, servers and the temporary folder go away.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    with tempfile.TemporaryDirectory(prefix="trove-vs-scrapy-") as tmp:
+        state = Path(tmp)
+        started = time.perf_counter()
+        stack = Stack(state_dir=state / "stack", fast_and_unsafe=True)
+        atexit.register(stack.stop)  # whatever happens, no orphaned server
+        await asyncio.to_thread(stack.start)
+        try:
+            await asyncio.to_thread(upgrade, stack.database_url)
+            bus = await Bus.connect(stack.nats_url, name="trove-bench-vs-scrapy")
+            engine = create_async_engine(stack.database_url)
+            ctx = Context(args=args, stack=stack, bus=bus, engine=engine, state=state)
+            print(
+                f"Stack up in {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores; "
+                f"Trove: {args.fetchers} fetcher(s); Scrapy: CONCURRENT_REQUESTS "
+                f"{args.scrapy_concurrency}",
+                flush=True,
+            )
+            try:
+                for regime in regimes(args):
+                    await _regime(ctx, regime)
+            finally:
+                await engine.dispose()
+                await bus.close()
+        finally:
+            await asyncio.to_thread(stack.stop)
+            atexit.unregister(stack.stop)
+            print(f"Total {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+async def _regime(ctx: Context, regime: Regime) -> None:
+    args = ctx.args
+    server = await start_server(regime, args, ctx.state / f"web-{regime.name}")
+    atexit.register(server.child.stop)
+    try:
+        m = server.manifest
+        print(
+            f"\n{regime.name}: witness server (pid {server.child.pid}) on port {m['port']}, "
+            f"{len(m['expected'])} pages over {regime.hosts} hosts",
+            flush=True,
+        )
+        runs: list[Run] = []
+        for round_ in range(args.runs):
+            order = list(args.crawlers) if round_ % 2 == 0 else list(reversed(args.crawlers))
+            for crawler in order:
+                if crawler == "trove":
+                    run = await trove_run(ctx, server, regime, round_)
+                else:
+                    run = await scrapy_run(ctx, server, regime, round_)
+                print_run(run)
+                runs.append(run)
+        print_summary(regime, server, runs)
+    finally:
+        await asyncio.to_thread(server.child.stop)
+        atexit.unregister(server.child.stop)
+
+
+def _extra_env(items: Sequence[str]) -> dict[str, str]:
+    extra = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("TROVE_"):
+            raise SystemExit(f"--env wants TROVE_NAME=value, not {item!r}")
+        extra[key] = value
+    return extra
+
+
+def _names(allowed: Sequence[str]) -> Any:
+    def parse(value: str) -> list[str]:
+        names = [part.strip() for part in value.split(",") if part.strip()]
+        wrong = [n for n in names if n not in allowed]
+        if not names or wrong:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=2, help="rounds per regime")
+    parser.add_argument(
+        "--regimes",
+        type=_names(REGIMES),
+        default=["throughput", "politeness"],
+        help=f"comma-separated, of {', '.join(REGIMES)}",
+    )
+    parser.add_argument(
+        "--crawlers", type=_names(CRAWLERS), default=list(CRAWLERS), help="trove,scrapy"
+    )
+    parser.add_argument("--throughput-hosts", type=int, default=300)
+    parser.add_argument(
+        "--throughput-articles", type=int, default=3, help="articles per host (plus home, feed)"
+    )
+    parser.add_argument("--politeness-hosts", type=int, default=40)
+    parser.add_argument(
+        "--politeness-articles", type=int, default=20, help="articles of the largest host"
+    )
+    parser.add_argument("--skew", type=float, default=1.0, help="host i: articles / (i+1)**skew")
+    parser.add_argument("--gap", type=float, default=1.0, help="politeness gap (s)")
+    parser.add_argument("--page-kb", type=int, default=30, help="page size (KiB)")
+    parser.add_argument("--links", type=int, default=100, help="links a page")
+    parser.add_argument("--fetchers", type=int, default=1, help="Trove fetcher processes")
+    parser.add_argument("--scrapy-concurrency", type=int, default=64, help="CONCURRENT_REQUESTS")
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds a run may take")
+    parser.add_argument("--server-max-seconds", type=float, default=1800.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="TROVE_X=V",
+        help="extra setting for Trove's services (repeatable)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.runs < 1 or args.timeout <= 0 or not 1 <= args.fetchers <= 16:
+        raise SystemExit("--runs and --timeout must be positive, --fetchers 1..16")
+    for hosts in (args.throughput_hosts, args.politeness_hosts):
+        if not 1 <= hosts <= 1000:
+            raise SystemExit("hosts must be 1..1000 (one loopback IP each, from 127.0.0.10)")
+    _extra_env(args.env)  # refuse a bad --env before starting anything
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("trove_schema.bus").setLevel(logging.ERROR)  # "disconnected" at close
+    try:
+        return asyncio.run(bench(args))
+    except KeyboardInterrupt:
+        return 130
+    except asyncio.CancelledError:  # SIGTERM
+        return 143
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
