@@ -21,8 +21,8 @@ Regimes (``--regimes``):
 * ``politeness``: skewed site sizes (a power law: host *i* has ``articles / (i+1)``
   articles), gap 1 s, URLs discovered while crawling. The makespan is compared with its
   lower bound, the largest site's requests (robots.txt included) less one, times the gap.
-* ``known`` (not run by default): the politeness web with every URL handed over at
-  the start (Trove: ``PageDiscovered`` events; Scrapy: start URLs), nothing followed.
+* ``known``: the politeness web with every URL handed over at the start (Trove:
+  ``PageDiscovered`` events straight to the fetcher; Scrapy: start URLs), nothing followed.
 
 Each regime runs ``--runs`` rounds, alternating which crawler goes first, on fresh
 state (streams, buckets and tables emptied for Trove). Measured per run: pages/s from
@@ -33,7 +33,7 @@ host; CPU seconds of every process of the crawler over that window (``/proc``, a
 fetch to commit (Trove: ``projected_at - completed_at``; Scrapy: ``response_received``
 to ``item_scraped``).
 
-    .venv/bin/python bench/bench_vs_scrapy.py [--runs 2] [--regimes throughput,politeness]
+    .venv/bin/python bench/bench_vs_scrapy.py [--runs 2] [--regimes throughput,politeness,known]
 
 Loopback only; every wait has a deadline and the benchmark stops by itself. It asserts
 nothing about timings: it prints numbers.
@@ -152,10 +152,21 @@ class Run:
     min_gap_host: str = ""
     gaps: int = 0
     gaps_below: int = 0
+    #: Of ``gaps_below``, those between a host's robots.txt and the request after it.
+    gaps_below_after_robots: int = 0
+    #: Wall-clock start (seeds published; spider opened).
+    started_at: float = math.nan
+    #: The largest host in the witness log: its first request (s after the start), the
+    #: span of its requests and their mean gap.
+    big_first: float = math.nan
+    big_span: float = math.nan
+    big_mean_gap: float = math.nan
     #: Cores used in the window by the witness server, this process and everything else.
     server_cores: float = math.nan
     other_cores: float = math.nan
     warnings: Counter[str] = field(default_factory=Counter)
+    #: (url, what happened) of a few expected pages that were not a success.
+    failures: list[tuple[str, str]] = field(default_factory=list)
     note: str = ""
 
     @property
@@ -231,6 +242,15 @@ class Server:
         per_host: dict[str, int] = self.manifest["per_host"]
         return max(per_host.values(), default=0) * gap
 
+    @property
+    def largest_host(self) -> str:
+        per_host: dict[str, int] = self.manifest["per_host"]
+        return max(per_host, key=lambda h: per_host[h])
+
+    @property
+    def hosts(self) -> set[str]:
+        return set(self.manifest["resolve"])
+
 
 async def start_server(regime: Regime, args: argparse.Namespace, folder: Path) -> Server:
     witness = folder / "witness.jsonl"
@@ -269,8 +289,9 @@ def _key(url: str) -> tuple[str, str]:
     return (parts.hostname or "").lower(), parts.path or "/"
 
 
-def witness_analysis(run: Run, records: Sequence[dict[str, Any]], hosts: set[str]) -> None:
-    """Requests, duplicates, robots.txt, /private/ hits and the gaps per host."""
+def witness_analysis(run: Run, records: Sequence[dict[str, Any]], server: Server) -> None:
+    """Requests, duplicates, robots.txt, /private/ hits, the gaps per host, the largest host."""
+    hosts = server.hosts
     mine = [r for r in records if r.get("host") in hosts]
     run.requests = len(mine)
     run.robots_requests = sum(1 for r in mine if r.get("path") == "/robots.txt")
@@ -279,20 +300,26 @@ def witness_analysis(run: Run, records: Sequence[dict[str, Any]], hosts: set[str
     run.disallowed_hits = sum(1 for r in mine if str(r.get("path", "")).startswith("/private/"))
     if mine:
         run.span = max(r["monotonic"] for r in mine) - min(r["monotonic"] for r in mine)
-    by_host: dict[str, list[float]] = defaultdict(list)
+    by_host: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for r in mine:
-        by_host[r["host"]].append(float(r["monotonic"]))
+        by_host[r["host"]].append((float(r["monotonic"]), str(r.get("path", ""))))
     smallest = math.inf
     for host, times in by_host.items():
         times.sort()
-        for a, b in itertools.pairwise(times):
+        for (a, path), (b, _) in itertools.pairwise(times):
             gap = b - a
             run.gaps += 1
             if gap < run.gap:
                 run.gaps_below += 1
+                run.gaps_below_after_robots += path == "/robots.txt"
             if gap < smallest:
                 smallest, run.min_gap_host = gap, host
     run.min_gap = smallest if run.gaps else math.nan
+    big = sorted(r["wall"] for r in mine if r["host"] == server.largest_host)
+    if len(big) > 1:
+        run.big_first = big[0] - run.started_at
+        run.big_span = big[-1] - big[0]
+        run.big_mean_gap = run.big_span / (len(big) - 1)
 
 
 # --- Trove ------------------------------------------------------------------------------
@@ -419,7 +446,7 @@ async def _trove_crawl(
     cpu0 = groups.sample()
     start = Snapshot.take(server)
 
-    t0 = time.time()
+    t0 = run.started_at = time.time()
     if regime.known:
         await publish_work(ctx.bus, server.expected, origin="bench-vs-scrapy")
     else:
@@ -455,8 +482,8 @@ async def _trove_crawl(
         rows = (
             await conn.execute(
                 text(
-                    "SELECT p.url, c.outcome, c.completed_at, pe.projected_at"
-                    " FROM page_crawls c JOIN pages p ON p.id = c.page_id"
+                    "SELECT p.url, c.outcome, c.status_code, c.error_message, c.completed_at,"
+                    " pe.projected_at FROM page_crawls c JOIN pages p ON p.id = c.page_id"
                     " JOIN projected_events pe ON pe.event_id = c.event_id"
                 )
             )
@@ -465,6 +492,9 @@ async def _trove_crawl(
     for row in rows:
         if _key(row.url) in expected:
             run.outcomes[row.outcome] += 1
+            if row.outcome != "success" and len(run.failures) < 5:
+                status = f" {row.status_code}" if row.status_code else ""
+                run.failures.append((row.url, f"{row.outcome}{status}: {row.error_message}"))
             run.latencies.append((row.projected_at - row.completed_at).total_seconds())
             ends.append(row.projected_at.timestamp())
         else:
@@ -474,7 +504,13 @@ async def _trove_crawl(
         run.seconds = max(ends) - t0
     elif not run.note:
         run.note = f"unfinished after {ctx.args.timeout:.0f} s"
-    witness_analysis(run, server.records(mark), set(server.manifest["resolve"]))
+    records = server.records(mark)
+    witness_analysis(run, records, server)
+    for k, (url, what) in enumerate(run.failures):
+        host, path = _key(url)
+        seen = [str(r["status"]) for r in records if r["host"] == host and r["path"] == path]
+        answered = ", ".join(seen) or "nothing"
+        run.failures[k] = (url, f"{what} (the server saw it {len(seen)}x, answered {answered})")
 
 
 def _log_warnings(logs: Path) -> Counter[str]:
@@ -541,7 +577,7 @@ async def scrapy_run(ctx: Context, server: Server, regime: Regime, round_: int) 
     run.watched = time.time() - started
     end = Snapshot.take(server)
     _scrapy_results(run, server, folder, child, start, end)
-    witness_analysis(run, server.records(mark), set(server.manifest["resolve"]))
+    witness_analysis(run, server.records(mark), server)
     return run
 
 
@@ -572,7 +608,7 @@ def _scrapy_results(
             else:
                 run.extra[str(item["status"])] += 1
     run.done = len(got)
-    opened = float(stats["opened_at"])
+    opened = run.started_at = float(stats["opened_at"])
     run.watched = float(stats["closed_at"]) - opened
     if run.finished:
         run.seconds = float(stats["last_item_at"]) - opened
@@ -643,16 +679,25 @@ def print_run(run: Run) -> None:
         f"{run.requests} requests ({run.robots_requests} robots.txt, {run.duplicates} repeated,"
         f" {run.disallowed_hits} disallowed), span {_fmt(run.span, '.1f')} s; min gap "
         f"{_fmt(1000 * run.min_gap, '.1f')} ms ({run.min_gap_host}), {run.gaps_below} of "
-        f"{run.gaps} gaps < {run.gap:g} s; CPU s: {cpu}"
+        f"{run.gaps} gaps < {run.gap:g} s ({run.gaps_below_after_robots} right after robots.txt)"
+        f"; CPU s: {cpu}"
         + (f" (whole process {run.cpu_whole:.1f})" if not math.isnan(run.cpu_whole) else "")
         + f"; peak RSS MiB: {rss}; fetch->commit p50/p95 {_fmt(1000 * run.p50)}/"
         f"{_fmt(1000 * run.p95)} ms; server {_fmt(run.server_cores, '.2f')} cores, other "
         f"{_fmt(run.other_cores, '.2f')}",
         flush=True,
     )
+    if run.gap > 0:
+        print(
+            f"    largest host: first request {_fmt(run.big_first, '.2f')} s after the start, "
+            f"its requests span {_fmt(run.big_span, '.2f')} s, mean gap "
+            f"{_fmt(1000 * run.big_mean_gap)} ms"
+        )
     others = {k: v for k, v in run.outcomes.items() if k != "success"}
     if others:
         print(f"    outcomes other than success: {dict(others)}")
+        for url, what in run.failures:
+            print(f"      {url}: {what}")
     if run.extra:
         print(f"    pages beyond the expected ones: {dict(run.extra)}")
     if run.warnings:
@@ -859,17 +904,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--regimes",
         type=_names(REGIMES),
-        default=["throughput", "politeness"],
+        default=",".join(REGIMES),
         help=f"comma-separated, of {', '.join(REGIMES)}",
     )
     parser.add_argument(
-        "--crawlers", type=_names(CRAWLERS), default=list(CRAWLERS), help="trove,scrapy"
+        "--crawlers", type=_names(CRAWLERS), default=",".join(CRAWLERS), help="who runs"
     )
-    parser.add_argument("--throughput-hosts", type=int, default=300)
+    parser.add_argument(
+        "--throughput-hosts", type=int, default=300, help="throughput web: hosts, equal sizes"
+    )
     parser.add_argument(
         "--throughput-articles", type=int, default=3, help="articles per host (plus home, feed)"
     )
-    parser.add_argument("--politeness-hosts", type=int, default=40)
+    parser.add_argument(
+        "--politeness-hosts", type=int, default=40, help="politeness web: hosts, skewed sizes"
+    )
     parser.add_argument(
         "--politeness-articles", type=int, default=20, help="articles of the largest host"
     )

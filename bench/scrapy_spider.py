@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Self, cast
 from urllib.parse import urldefrag, urljoin, urlsplit
 
+import scrapy
 from lxml import etree
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler, CrawlerProcess
@@ -51,6 +52,7 @@ from twisted.internet.error import DNSLookupError
 from trove_fetcher.keywords import keywords
 from trove_fetcher.language import detect_language
 
+MIN_SCRAPY = (2, 19)
 ROBOTS_TOKEN = "TroveBot"  # noqa: S105 - the robots.txt user-agent token
 USER_AGENT = "TroveBot-Scrapy/bench (+https://scrapy.org)"
 HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -289,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: scrapy_spider.py CONFIG.json", file=sys.stderr)
+        return 2
+    if scrapy.version_info < MIN_SCRAPY:
+        # Older versions ignore DOWNLOAD_DELAY_JITTER (the delay would be jittered by
+        # +-50%) and TWISTED_DNS_RESOLVER (host names would go to the system's DNS).
+        print(f"scrapy_spider.py needs Scrapy >= 2.19, not {scrapy.__version__}", file=sys.stderr)
         return 2
     config = json.loads(Path(args[0]).read_text())
     manifest = json.loads(Path(config["manifest"]).read_text())
