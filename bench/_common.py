@@ -14,8 +14,10 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -408,3 +410,40 @@ def _main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+#: Warnings the services log in normal operation (a benchmark's own shutdown).
+EXPECTED_WARNINGS = frozenset({"nats: disconnected"})
+
+
+def extra_env(items: Sequence[str]) -> dict[str, str]:
+    extra = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("TROVE_"):
+            raise SystemExit(f"--env wants TROVE_NAME=value, not {item!r}")
+        extra[key] = value
+    return extra
+
+
+def fmt(value: float, spec: str = ".0f") -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def log_warnings(logs: Path) -> Counter[str]:
+    """Warning and error lines of the services' JSON logs, by service and message."""
+    found: Counter[str] = Counter()
+    for path in sorted(logs.glob("*.log")):
+        service = path.stem.rsplit("-", 1)[0]
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                if line.strip():
+                    found[f"{service}: {line.strip()[:100]}"] += 1
+                continue
+            if isinstance(entry, dict) and entry.get("level") in ("warning", "error", "critical"):
+                message = " ".join(str(entry.get("message", "")).split())
+                if message not in EXPECTED_WARNINGS:
+                    found[f"{service}: {message[:100]}"] += 1
+    return found

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import json
 import logging
 import math
 import os
@@ -76,6 +75,15 @@ from bench._common import (
     stream_messages,
     subject_count,
 )
+from bench._common import (
+    extra_env as _extra_env,
+)
+from bench._common import (
+    fmt as _fmt,
+)
+from bench._common import (
+    log_warnings as _log_warnings,
+)
 from trove_cli.local import LocalTrove
 from trove_sandbox import RunningSandbox, SandboxWeb, serve_sandbox
 from trove_schema.bus import Bus
@@ -94,7 +102,6 @@ from trove_stack.stack import Stack
 ALLOW_ALL = "User-agent: *\nAllow: /\n"
 POLL = 0.1
 #: Log lines every service writes when it is stopped: not worth reporting.
-EXPECTED_WARNINGS = frozenset({"nats: disconnected"})
 READY_TIMEOUT = 90.0
 
 
@@ -420,25 +427,6 @@ async def one_run(ctx: Context, fetchers: int, round_: int) -> Run:
     return run
 
 
-def _log_warnings(logs: Path) -> Counter[str]:
-    """Warning and error lines of the services' JSON logs, by service and message."""
-    found: Counter[str] = Counter()
-    for path in sorted(logs.glob("*.log")):
-        service = path.stem.rsplit("-", 1)[0]
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                if line.strip():
-                    found[f"{service}: {line.strip()[:100]}"] += 1
-                continue
-            if isinstance(entry, dict) and entry.get("level") in ("warning", "error", "critical"):
-                message = " ".join(str(entry.get("message", "")).split())
-                if message not in EXPECTED_WARNINGS:
-                    found[f"{service}: {message[:100]}"] += 1
-    return found
-
-
 # --- the server's ceiling -----------------------------------------------------------
 
 
@@ -475,10 +463,6 @@ async def measure_ceiling(ctx: Context) -> Ceiling:
 
 
 # --- reporting ----------------------------------------------------------------------
-
-
-def _fmt(value: float, spec: str = ".0f") -> str:
-    return "-" if math.isnan(value) else format(value, spec)
 
 
 def _label(fetchers: int) -> str:
@@ -705,16 +689,6 @@ def _service_env(web: SandboxWeb, args: argparse.Namespace) -> dict[str, str]:
     }
     env.update(_extra_env(args.env))
     return env
-
-
-def _extra_env(items: Sequence[str]) -> dict[str, str]:
-    extra = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("TROVE_"):
-            raise SystemExit(f"--env wants TROVE_NAME=value, not {item!r}")
-        extra[key] = value
-    return extra
 
 
 async def _bench_runs(ctx: Context, configs: Sequence[int]) -> int:

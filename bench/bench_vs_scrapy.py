@@ -80,6 +80,15 @@ from bench._common import (
     pull_waiting,
     reset,
 )
+from bench._common import (
+    extra_env as _extra_env,
+)
+from bench._common import (
+    fmt as _fmt,
+)
+from bench._common import (
+    log_warnings as _log_warnings,
+)
 from trove_cli.local import LocalTrove
 from trove_schema.bus import Bus
 from trove_schema.errors import StackError
@@ -102,7 +111,6 @@ SPIDER_SCRIPT = ROOT / "bench" / "scrapy_spider.py"
 POLL = 0.2
 READY_TIMEOUT = 90.0
 #: Log lines every service writes when it is stopped: not worth reporting.
-EXPECTED_WARNINGS = frozenset({"nats: disconnected"})
 CRAWLERS = ("trove", "scrapy")
 REGIMES = ("throughput", "politeness", "known")
 
@@ -513,25 +521,6 @@ async def _trove_crawl(
         run.failures[k] = (url, f"{what} (the server saw it {len(seen)}x, answered {answered})")
 
 
-def _log_warnings(logs: Path) -> Counter[str]:
-    """Warning and error lines of the services' JSON logs, by service and message."""
-    found: Counter[str] = Counter()
-    for path in sorted(logs.glob("*.log")):
-        service = path.stem.rsplit("-", 1)[0]
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                if line.strip():
-                    found[f"{service}: {line.strip()[:100]}"] += 1
-                continue
-            if isinstance(entry, dict) and entry.get("level") in ("warning", "error", "critical"):
-                message = " ".join(str(entry.get("message", "")).split())
-                if message not in EXPECTED_WARNINGS:
-                    found[f"{service}: {message[:100]}"] += 1
-    return found
-
-
 # --- Scrapy -----------------------------------------------------------------------------
 
 
@@ -664,10 +653,6 @@ def _window_cores(run: Run, start: Snapshot, end: Snapshot, crawler_cpu: float) 
 
 
 # --- reporting --------------------------------------------------------------------------
-
-
-def _fmt(value: float, spec: str = ".0f") -> str:
-    return "-" if math.isnan(value) else format(value, spec)
 
 
 def print_run(run: Run) -> None:
@@ -872,16 +857,6 @@ async def _regime(ctx: Context, regime: Regime) -> None:
     finally:
         await asyncio.to_thread(server.child.stop)
         atexit.unregister(server.child.stop)
-
-
-def _extra_env(items: Sequence[str]) -> dict[str, str]:
-    extra = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("TROVE_"):
-            raise SystemExit(f"--env wants TROVE_NAME=value, not {item!r}")
-        extra[key] = value
-    return extra
 
 
 def _names(allowed: Sequence[str]) -> Any:
