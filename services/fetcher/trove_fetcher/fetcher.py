@@ -27,7 +27,7 @@ from trove_fetcher.extract import Extraction, extract, is_parseable
 from trove_fetcher.http import FetchLimits, FetchResult, fetch
 from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
-from trove_schema.bus import Bus, Retry
+from trove_schema.bus import Bus, Retry, schedule_header
 from trove_schema.events import (
     MAX_LINKS_PER_PAGE,
     CrawlCompleted,
@@ -158,7 +158,7 @@ class Fetcher:
         headers = {
             "Nats-Msg-Id": schedule_id,
             SLOT_HEADER: slot,
-            "Nats-Schedule": "@at " + at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "Nats-Schedule": schedule_header(at),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
         await self.bus.js.publish(
