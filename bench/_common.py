@@ -23,15 +23,13 @@ from typing import Any
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trove_schema.bus import Bus
 from trove_schema.events import PageDiscovered, Provenance, Scope, ScopeKind
-from trove_schema.topology import declare, ensure_topology
 from trove_schema.urls import canonicalize, domain_of
+from trove_stack.reset import reset as reset_stack
 
-TABLES = ("page_links", "page_crawls", "pages", "seed_rejections", "projected_events", "outbox")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _SELF = os.path.abspath(__file__)
 MIB = 1024 * 1024
@@ -41,26 +39,8 @@ MIB = 1024 * 1024
 
 
 async def reset(bus: Bus, engine: AsyncEngine) -> None:
-    """An empty crawl: streams and buckets purged, consumers recreated, tables truncated.
-
-    Purge rather than delete streams (recreating a just-deleted stream can race the
-    server's removal of its store); delete consumers so they start from the beginning.
-    Run it while no service is connected.
-    """
-    top = declare()
-    await ensure_topology(bus.js, top)
-    for stream, consumer in top.consumers:
-        assert consumer.durable_name is not None
-        with contextlib.suppress(NotFoundError):
-            await bus.js.delete_consumer(stream, consumer.durable_name)
-    for config in top.streams:
-        assert config.name is not None
-        await bus.js.purge_stream(config.name)
-    for bucket in top.buckets:
-        await bus.js.purge_stream(f"KV_{bucket.bucket}")
-    await ensure_topology(bus.js, top)
-    async with engine.begin() as conn:
-        await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    """An empty crawl (see trove_stack.reset). Run it while no service is connected."""
+    await reset_stack(bus.js, engine)
 
 
 async def publish_work(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import tempfile
 import time
@@ -27,10 +26,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from trove_cli.local import LocalTrove
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope
 from trove_schema.migrate import upgrade
-from trove_schema.topology import declare, ensure_topology
+from trove_stack.reset import reset as reset_stack
 from trove_stack.stack import Stack
-
-TABLES = "page_links, page_crawls, pages, seed_rejections, projected_events, outbox"
 
 
 def events(n: int, links: int) -> list[bytes]:
@@ -62,20 +59,12 @@ def events(n: int, links: int) -> list[bytes]:
 
 async def reset(nats_url: str, database_url: str) -> None:
     nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    top = declare()
-    await ensure_topology(js, top)
-    for stream, consumer in top.consumers:
-        with contextlib.suppress(Exception):  # absent is fine
-            await js.delete_consumer(stream, consumer.durable_name or "")
-    for config in top.streams:
-        await js.purge_stream(config.name or "")
-    await ensure_topology(js, top)
-    await nc.close()
     engine = create_async_engine(database_url)
-    async with engine.begin() as conn:
-        await conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
-    await engine.dispose()
+    try:
+        await reset_stack(nc.jetstream(), engine)
+    finally:
+        await nc.close()
+        await engine.dispose()
 
 
 async def publish(nats_url: str, payloads: list[bytes]) -> None:

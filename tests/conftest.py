@@ -9,7 +9,6 @@ Which servers:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import time
@@ -19,13 +18,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from nats.js.errors import NotFoundError
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_schema.bus import Bus
 from trove_schema.migrate import upgrade
-from trove_schema.topology import declare, ensure_topology
+from trove_stack.reset import reset
 from trove_stack.stack import Stack
 
 T = TypeVar("T")
@@ -86,28 +83,10 @@ async def engine(stack: StackUrls) -> AsyncIterator[AsyncEngine]:
         await eng.dispose()
 
 
-TABLES = ("page_links", "page_crawls", "pages", "seed_rejections", "projected_events", "outbox")
-
-
 @pytest.fixture
 async def clean(bus: Bus, engine: AsyncEngine) -> None:
-    """An empty crawl: streams, consumers and buckets recreated, tables truncated."""
-    top = declare()
-    # Purge rather than delete: recreating a just-deleted stream can race the server's
-    # removal of its store. Consumers are deleted so they start from the beginning.
-    await ensure_topology(bus.js, top)
-    for stream, consumer in top.consumers:
-        assert consumer.durable_name is not None
-        with contextlib.suppress(NotFoundError):
-            await bus.js.delete_consumer(stream, consumer.durable_name)
-    for config in top.streams:
-        assert config.name is not None
-        await bus.js.purge_stream(config.name)
-    for bucket in top.buckets:
-        await bus.js.purge_stream(f"KV_{bucket.bucket}")
-    await ensure_topology(bus.js, top)
-    async with engine.begin() as conn:
-        await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    """An empty crawl: streams, consumers and buckets reset, tables truncated."""
+    await reset(bus.js, engine)
 
 
 async def eventually(
