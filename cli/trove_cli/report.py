@@ -84,7 +84,11 @@ async def build_report(engine: AsyncEngine, *, top: int = 10) -> Report:
         )
         report.top_linked = [(u, t, int(n)) for u, t, n in rows.all()]
         report.links = int(
-            (await conn.execute(text("SELECT count(*) FROM page_links"))).scalar_one()
+            (
+                await conn.execute(
+                    text("SELECT coalesce(sum(cardinality(to_page_ids)), 0) FROM page_outlinks")
+                )
+            ).scalar_one()
         )
         rows = await conn.execute(
             text("SELECT raw, reason FROM seed_rejections ORDER BY occurred_at LIMIT :top"),

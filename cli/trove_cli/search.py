@@ -101,10 +101,13 @@ _SEARCH = text(
            m.text_rank * (1 + ln(1 + l.inlinks)) AS score
     FROM matched m
     CROSS JOIN LATERAL (
-        SELECT count(DISTINCT pl.from_page_id) AS inlinks
-        FROM page_links pl
-        WHERE pl.to_page_id = m.id AND pl.kind = 'a' AND NOT pl.nofollow
-          AND pl.from_page_id <> m.id
+        SELECT count(*) AS inlinks
+        FROM page_outlinks o
+        WHERE o.to_page_ids @> ARRAY[m.id] AND o.from_page_id <> m.id
+          AND EXISTS (
+              SELECT 1 FROM unnest(o.to_page_ids, o.kinds, o.nofollow) AS e(id, kind, nofollow)
+              WHERE e.id = m.id AND e.kind = 'a' AND NOT e.nofollow
+          )
     ) l
     ORDER BY score DESC, l.inlinks DESC, m.url
     LIMIT :limit

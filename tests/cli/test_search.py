@@ -61,8 +61,12 @@ async def link(
 ) -> None:
     await conn.execute(
         text(
-            "INSERT INTO page_links (from_page_id, to_page_id, kind, nofollow) "
-            "VALUES (:f, :t, :kind, :nofollow)"
+            "INSERT INTO page_outlinks (from_page_id, to_page_ids, kinds, nofollow) "
+            "VALUES (:f, ARRAY[CAST(:t AS bigint)], ARRAY[CAST(:kind AS text)], "
+            "ARRAY[CAST(:nofollow AS boolean)]) ON CONFLICT (from_page_id) DO UPDATE SET "
+            "to_page_ids = page_outlinks.to_page_ids || excluded.to_page_ids, "
+            "kinds = page_outlinks.kinds || excluded.kinds, "
+            "nofollow = page_outlinks.nofollow || excluded.nofollow"
         ),
         {"f": from_id, "t": to_id, "kind": kind, "nofollow": nofollow},
     )

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
@@ -145,3 +146,30 @@ async def test_a_recorder_killed_mid_stream_loses_and_duplicates_nothing(
     (row,) = await query(engine, "SELECT count(DISTINCT event_id) AS n FROM page_crawls")
     assert row.n == total
     assert len(await outcomes(engine)) == total
+
+
+async def test_remembered_page_ids_are_dropped_when_the_pages_table_is_emptied(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    """The recorder's URL -> id memory must not outlive the rows it remembers."""
+
+    async def edges() -> set[tuple[str, str]]:
+        rows = await query(
+            engine,
+            "SELECT f.url AS source, t.url AS target FROM page_links l "
+            "JOIN pages f ON f.id = l.from_page_id JOIN pages t ON t.id = l.to_page_id",
+        )
+        return {(r.source, r.target) for r in rows}
+
+    async with services(stack, state_dir, {}, only=("recorder",)):
+        await bus.publish(completed(1))  # links to /2, /3, /4: the recorder remembers them
+        await eventually(edges, until=lambda e: len(e) == 3, timeout=30, what="first edges")
+        async with engine.begin() as conn:  # new ids from 1 again, in another order
+            await conn.execute(text("TRUNCATE pages, page_crawls, page_outlinks RESTART IDENTITY"))
+            await conn.execute(
+                text("INSERT INTO pages (url, domain) VALUES (:u, 'blog.example')"),
+                [{"u": f"https://blog.example/{n}"} for n in (9, 8, 7, 6, 5, 4, 3, 2, 1)],
+            )
+        await bus.publish(completed(1))  # the same links again, now under other ids
+        want = {("https://blog.example/1", f"https://blog.example/{n}") for n in (2, 3, 4)}
+        await eventually(edges, until=lambda e: e == want, timeout=30, what="edges by url")

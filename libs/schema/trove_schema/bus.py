@@ -320,7 +320,8 @@ class BatchConsumer:
                 await single._handle(msg)
             return
         MESSAGES_HANDLED.labels(self.durable, "acked").inc(len(msgs))
-        await asyncio.gather(*(_quiet(m.ack()) for m in msgs))
+        for msg in msgs:  # an ack is a publish into the client's buffer: no task each
+            await _quiet(msg.ack())
 
 
 async def _quiet(op: Awaitable[Any]) -> None:

@@ -9,6 +9,7 @@ deadlock on each other's pages.
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,14 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from trove_recorder.projections import STATUS_BY_OUTCOME, RetryPolicy, retry_request, ts_config
+from trove_recorder.page_ids import PageIds
+from trove_recorder.projections import (
+    STATUS_BY_OUTCOME,
+    RetryPolicy,
+    outlinks_row,
+    retry_request,
+    ts_config,
+)
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -43,13 +51,33 @@ class _Plan:
     urls: dict[str, str] = field(default_factory=dict)
 
 
-async def apply_batch(session: AsyncSession, events: Sequence[Event], policy: RetryPolicy) -> int:
-    """Apply ``events`` (in stream order) in the caller's transaction; returns how many were new."""
+@dataclass(slots=True)
+class Applied:
+    """What a batch did: how many events were new, and the page ids it resolved."""
+
+    count: int = 0
+    #: The pages table's generation the ids belong to (see ``PageIds``).
+    generation: int | None = None
+    #: Ids read from or created in the database (not those ``known`` already had).
+    page_ids: dict[str, int] = field(default_factory=dict)
+
+
+async def apply_batch(
+    session: AsyncSession,
+    events: Sequence[Event],
+    policy: RetryPolicy,
+    known: PageIds | None = None,
+) -> Applied:
+    """Apply ``events`` (in stream order) in the caller's transaction.
+
+    ``known`` saves the look-up of pages already seen; the caller teaches it the
+    returned ids once the transaction has committed.
+    """
     unique: dict[str, Event] = {}
     for event in events:
         unique.setdefault(event.id, event)
     if not unique:
-        return 0
+        return Applied()
     ids = [uuid.UUID(i) for i in unique]
     types = [e.TYPE for e in unique.values()]
     fresh = {
@@ -67,7 +95,11 @@ async def apply_batch(session: AsyncSession, events: Sequence[Event], policy: Re
     for event in unique.values():
         if event.id not in fresh:
             continue
-        if isinstance(event, SeedRejected):
+        # type() rather than isinstance(): pydantic's metaclass makes isinstance slow.
+        if type(event) is CrawlCompleted:
+            plan.urls[event.url] = event.domain
+            plan.completed.append(event)
+        elif isinstance(event, SeedRejected):
             plan.rejected.append(event)
         elif isinstance(event, PageDiscovered):
             plan.urls[event.url] = event.domain
@@ -76,17 +108,14 @@ async def apply_batch(session: AsyncSession, events: Sequence[Event], policy: Re
                 plan.discovered[event.url] = event
         elif isinstance(event, CrawlRequested):
             plan.urls[event.url] = event.domain
-        elif isinstance(event, CrawlCompleted):
-            plan.urls[event.url] = event.domain
-            for link in event.links:
-                if link.url not in plan.urls:
-                    plan.urls[link.url] = _host(link.url)
-            plan.completed.append(event)
+    applied = Applied(count=len(fresh))
+    if known is not None:
+        applied.generation = await known.check_generation(session)
     await _seed_rejections(session, plan.rejected)
-    page_ids = await _ensure_pages(session, plan.urls)
+    page_ids, applied.page_ids = await _page_ids(session, plan, known)
     await _discovered(session, plan.discovered)
     await _completed(session, plan.completed, page_ids, policy)
-    return len(fresh)
+    return applied
 
 
 async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) -> None:
@@ -107,6 +136,28 @@ async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) 
             "ats": [e.occurred_at for e in rejected],
         },
     )
+
+
+async def _page_ids(
+    session: AsyncSession, plan: _Plan, known: PageIds | None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Ids of every page the plan names (its events' URLs and their links' targets).
+
+    Also returns the part of them that came from the database, for ``known`` to learn.
+    """
+    remembered = known.get if known is not None else _nothing.get
+    urls = {link.url for event in plan.completed for link in event.links}
+    urls.update(plan.urls)
+    # Comprehensions and set algebra: this runs for every link of every page.
+    ids = {url: page_id for url in urls if (page_id := remembered(url)) is not None}
+    domains = plan.urls
+    missing = {url: domains.get(url) or _host(url) for url in urls.difference(ids)}
+    looked_up = await _ensure_pages(session, missing)
+    ids.update(looked_up)
+    return ids, looked_up
+
+
+_nothing: dict[str, int] = {}
 
 
 async def _ensure_pages(session: AsyncSession, urls: dict[str, str]) -> dict[str, int]:
@@ -360,25 +411,30 @@ async def _links(
         return
     sources = sorted(linking)
     await session.execute(
-        _sql("DELETE FROM page_links WHERE from_page_id = ANY(CAST(:ids AS bigint[]))"),
+        _sql("DELETE FROM page_outlinks WHERE from_page_id = ANY(CAST(:ids AS bigint[]))"),
         {"ids": sources},
     )
-    edges: dict[tuple[int, int, str], bool] = {}
-    for source in sources:
-        for link in linking[source].links:
-            edges[(source, page_ids[link.url], link.kind.value)] = link.nofollow
-    if not edges:
+    rows = [row for source in sources if (row := outlinks_row(source, linking[source], page_ids))]
+    if not rows:
         return
-    # COPY: the old edges of these pages are gone and their rows are locked, so nothing
-    # can conflict, and COPY writes links several times faster than INSERT ... SELECT.
+    # COPY in text form: the arrays hold only integers, link kinds ([a-z_]) and t/f, so
+    # nothing needs escaping, and writing them as text skips asyncpg's per-element type
+    # checks, which cost more than the rest of the row. The old rows of these pages are
+    # gone and the pages are locked, so nothing can conflict.
+    text_rows = "".join(
+        f"{source}\t{{{','.join(map(str, targets))}}}\t{{{','.join(kinds)}}}\t"
+        f"{{{','.join(['t' if n else 'f' for n in nofollow])}}}\n"
+        for source, targets, kinds, nofollow in rows
+    )
     connection = await session.connection()
     raw = await connection.get_raw_connection()
     driver = raw.driver_connection
     assert driver is not None
-    await driver.copy_records_to_table(
-        "page_links",
-        records=[(f, t, k, nf) for (f, t, k), nf in sorted(edges.items())],
-        columns=("from_page_id", "to_page_id", "kind", "nofollow"),
+    await driver.copy_to_table(
+        "page_outlinks",
+        source=io.BytesIO(text_rows.encode()),
+        columns=("from_page_id", "to_page_ids", "kinds", "nofollow"),
+        format="text",
     )
 
 

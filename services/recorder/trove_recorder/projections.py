@@ -9,10 +9,11 @@ redelivery.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import and_, delete, func, select, text, tuple_, update
+from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -26,7 +27,14 @@ from trove_schema.events import (
     SeedRejected,
     derived_event_id,
 )
-from trove_schema.tables import Outbox, Page, PageCrawl, PageLink, ProjectedEvent, SeedRejection
+from trove_schema.tables import (
+    Outbox,
+    Page,
+    PageCrawl,
+    PageOutlinks,
+    ProjectedEvent,
+    SeedRejection,
+)
 from trove_schema.urls import domain_of
 
 #: Postgres text search configurations by BCP-47 primary language tag.
@@ -221,31 +229,43 @@ async def _crawl_completed(
 
 async def _replace_links(session: AsyncSession, page_id: int, event: CrawlCompleted) -> None:
     """The page's outgoing link set becomes exactly the one in this crawl."""
-    links = {(link.url, link.kind.value): link.nofollow for link in event.links}
-    ids = await _ensure_pages(session, [(url, domain_of(url)) for url, _ in links])
-    wanted = {(ids[url], kind): nofollow for (url, kind), nofollow in links.items() if url in ids}
-    if wanted:
-        await session.execute(
-            delete(PageLink).where(
-                PageLink.from_page_id == page_id,
-                tuple_(PageLink.to_page_id, PageLink.kind).not_in(list(wanted)),
-            )
+    ids = await _ensure_pages(
+        session, sorted({(link.url, domain_of(link.url)) for link in event.links})
+    )
+    row = outlinks_row(page_id, event, ids)
+    if row is None:
+        await session.execute(delete(PageOutlinks).where(PageOutlinks.from_page_id == page_id))
+        return
+    _, targets, kinds, nofollow = row
+    stmt = insert(PageOutlinks).values(
+        from_page_id=page_id, to_page_ids=targets, kinds=kinds, nofollow=nofollow
+    )
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[PageOutlinks.from_page_id],
+            set_={
+                "to_page_ids": stmt.excluded.to_page_ids,
+                "kinds": stmt.excluded.kinds,
+                "nofollow": stmt.excluded.nofollow,
+            },
         )
-        stmt = insert(PageLink).values(
-            [
-                {"from_page_id": page_id, "to_page_id": to, "kind": kind, "nofollow": nf}
-                for (to, kind), nf in sorted(wanted.items())
-            ]
-        )
-        await session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[PageLink.from_page_id, PageLink.to_page_id, PageLink.kind],
-                set_={"nofollow": stmt.excluded.nofollow},
-                where=PageLink.nofollow.is_distinct_from(stmt.excluded.nofollow),
-            )
-        )
-    else:
-        await session.execute(delete(PageLink).where(PageLink.from_page_id == page_id))
+    )
+
+
+def outlinks_row(
+    source: int, event: CrawlCompleted, page_ids: Mapping[str, int]
+) -> tuple[int, list[int], list[str], list[bool]] | None:
+    """The ``page_outlinks`` row of a crawl's links: one entry per (target, kind)."""
+    links = event.links
+    if not links:
+        return None
+    targets = [page_ids[link.url] for link in links]
+    kinds: list[str] = [link.kind for link in links]
+    if len(set(zip(targets, kinds, strict=True))) != len(links):
+        # The fetcher sends each (url, kind) once; a stranger may not. Last one wins.
+        edges = {(page_ids[link.url], link.kind): link.nofollow for link in links}
+        return (source, [t for t, _ in edges], [k for _, k in edges], list(edges.values()))
+    return (source, targets, kinds, [link.nofollow for link in links])
 
 
 async def _schedule_retry(

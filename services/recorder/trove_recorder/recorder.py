@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from trove_recorder.batch import apply_batch
+from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import RetryPolicy, apply
 from trove_schema.bus import BatchConsumer, Bus, Retry
 from trove_schema.events import decode_event
@@ -66,10 +67,13 @@ def make_engine(url: str) -> AsyncEngine:
 class Recorder:
     """Applies events; owns the session factory and the outbox publisher's wake-up."""
 
-    def __init__(self, engine: AsyncEngine, bus: Bus, policy: RetryPolicy) -> None:
+    def __init__(
+        self, engine: AsyncEngine, bus: Bus, policy: RetryPolicy, page_id_cache: int = 0
+    ) -> None:
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
         self.bus = bus
         self.policy = policy
+        self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
@@ -77,9 +81,10 @@ class Recorder:
         events = [decode_event(m.data) for m in msgs]
         with _database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
             async with self.sessions.begin() as session:
-                applied = await apply_batch(session, events, self.policy)
-        if applied:
-            PROJECTED.inc(applied)
+                applied = await apply_batch(session, events, self.policy, self.known)
+        self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
+        if applied.count:
+            PROJECTED.inc(applied.count)
             newest = max(e.occurred_at for e in events)
             PROJECTION_LAG_SECONDS.set((datetime.now(UTC) - newest).total_seconds())
             self.outbox_wakeup.set()
@@ -153,6 +158,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             RetryPolicy(
                 max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
             ),
+            page_id_cache=settings.page_id_cache,
         )
         consumer = BatchConsumer(
             bus=bus,

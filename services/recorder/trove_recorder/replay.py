@@ -38,7 +38,7 @@ from trove_schema.topology import (
 log = logging.getLogger("trove.recorder.replay")
 
 PROJECTION_TABLES = (
-    "page_links",
+    "page_outlinks",
     "page_crawls",
     "pages",
     "seed_rejections",

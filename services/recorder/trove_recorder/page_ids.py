@@ -1,0 +1,63 @@
+"""A bounded memory of which URLs already have a page row, and its id.
+
+Nearly every link of a crawled page points at a page the recorder has seen before
+(navigation, tags, the site's other posts). Looking each one up in Postgres was the
+largest statement of a batch; with this map only the URLs it has not seen go to the
+database.
+
+It is safe because the projection never deletes a page: a URL's id, once committed,
+stays. Two things keep it honest:
+
+- entries are added only after the transaction that saw them committed (``learn``),
+  so a rolled-back insert never leaves an id behind;
+- every batch reads the ``pages`` table's file node, which changes when the table is
+  truncated or rebuilt (a reset, a replay into a fresh database): then the map is
+  dropped (``check_generation``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from itertools import islice
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+_GENERATION = text("SELECT pg_relation_filenode('pages')")
+
+
+class PageIds:
+    """URL -> page id, for committed pages only; forgets the oldest tenth when full."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: dict[str, int] = {}
+        self._generation: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def get(self) -> Callable[[str], int | None]:
+        """The id remembered for a URL, or None (the map's own ``get``: it is called a lot)."""
+        return self._ids.get
+
+    async def check_generation(self, session: AsyncSession) -> int | None:
+        """The pages table's current generation; forgets everything if it changed."""
+        generation = (await session.execute(_GENERATION)).scalar_one_or_none()
+        if generation != self._generation:
+            self._ids.clear()
+        return generation
+
+    def learn(self, generation: int | None, ids: Mapping[str, int]) -> None:
+        """Remember ids seen by a committed transaction of this ``generation``."""
+        if self.capacity <= 0:
+            return
+        if generation != self._generation:
+            self._ids.clear()
+            self._generation = generation
+        self._ids.update(ids)
+        excess = len(self._ids) - self.capacity
+        if excess > 0:
+            for url in list(islice(self._ids, excess + self.capacity // 10)):
+                del self._ids[url]

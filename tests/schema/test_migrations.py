@@ -1,0 +1,80 @@
+"""Migrations: they build what the models declare, and 0004 carries every edge over."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tests.conftest import StackUrls
+from trove_schema.migrate import alembic_config, upgrade
+from trove_schema.tables import Base
+
+
+async def test_migrations_build_exactly_what_the_models_declare(engine: AsyncEngine) -> None:
+    def differences(connection: Connection) -> list[object]:
+        return list(compare_metadata(MigrationContext.configure(connection), Base.metadata))
+
+    async with engine.connect() as conn:
+        assert await conn.run_sync(differences) == []
+
+
+@pytest.fixture
+async def scratch_database(stack: StackUrls, engine: AsyncEngine) -> AsyncIterator[str]:
+    """An empty database of its own on the test server, dropped afterwards."""
+    name = f"trove_migration_{uuid.uuid4().hex[:12]}"
+    admin = engine.execution_options(isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        async with admin.connect() as conn:
+            await conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+EDGES = "SELECT from_page_id, to_page_id, kind, nofollow FROM page_links ORDER BY 1, 2, 3"
+
+
+async def test_migration_0004_keeps_every_edge_both_ways(scratch_database: str) -> None:
+    await asyncio.to_thread(upgrade, scratch_database, "0003")
+    db = create_async_engine(scratch_database)
+    try:
+        async with db.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO pages (id, url, domain) VALUES "
+                    "(1, 'https://a.test/', 'a.test'), (2, 'https://b.test/', 'b.test'), "
+                    "(3, 'https://c.test/', 'c.test')"
+                )
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO page_links (from_page_id, to_page_id, kind, nofollow) VALUES "
+                    "(1, 2, 'a', false), (1, 2, 'img', false), (1, 3, 'a', true), "
+                    "(2, 1, 'feed', false)"
+                )
+            )
+            before = (await conn.execute(text(EDGES))).all()
+        await db.dispose()
+
+        await asyncio.to_thread(upgrade, scratch_database, "head")
+        async with db.connect() as conn:
+            assert (await conn.execute(text(EDGES))).all() == before
+            rows = (await conn.execute(text("SELECT count(*) FROM page_outlinks"))).scalar_one()
+            assert rows == 2  # one row per linking page
+        await db.dispose()
+
+        await asyncio.to_thread(command.downgrade, alembic_config(scratch_database), "0003")
+        async with db.connect() as conn:
+            assert (await conn.execute(text(EDGES))).all() == before
+    finally:
+        await db.dispose()
