@@ -88,3 +88,17 @@ async def test_backoff_is_capped(bus: Bus) -> None:
     p = await _politeness(bus, PolitenessConfig(min_delay=1.0, max_backoff=100.0))
     await p.back_off("capped.example", until=1_000_000.0, now=1000.0)
     assert (await p.state("capped.example")).backoff_until == 1100.0
+
+
+async def test_a_pod_whose_memory_of_the_domain_is_stale_still_sees_the_other_pods_lease(
+    bus: Bus,
+) -> None:
+    a, b = await _politeness(bus), await _politeness(bus)
+    first = await a.acquire("shared.example", 1000.0)
+    assert isinstance(first, Granted)
+    await a.finish("shared.example", first, 1001.0)  # a remembers: free from 1011
+    held = await b.acquire("shared.example", 1011.0)  # b's request is in flight now
+    assert isinstance(held, Granted)
+    again = await a.acquire("shared.example", 1012.0)
+    assert isinstance(again, Deferred)
+    assert again.at >= 1021.0

@@ -53,6 +53,8 @@ class DiscoverySettings(CommonSettings):
     max_url_length: int = Field(default=2048, ge=64, le=8192)
     max_path_repetitions: int = Field(default=3, ge=1)
     follow_nofollow: bool = False
+    #: URLs whose seen-bucket answer discovery remembers (~200 bytes each); 0 turns it off.
+    seen_memory: int = Field(default=100_000, ge=0)
     #: A fetched page is re-requested after this many seconds (default 7 days).
     recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
     #: Networks seeds may point into although private (tests, the sandbox).

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 
 from nats.aio.msg import Msg
@@ -23,6 +22,7 @@ from nats.js.kv import KeyValue
 
 from trove_discovery.scope import follow_link, in_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
+from trove_discovery.sightings import Sightings
 from trove_discovery.traps import url_trap_reason
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -49,11 +49,8 @@ FOLLOWED_KINDS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    url: str
-    depth: int
-    provenance: Provenance
+#: How long this process trusts what it learned from the seen bucket (see ``Sightings``).
+SIGHTINGS_TTL = 600.0
 
 
 class Discovery:
@@ -61,6 +58,7 @@ class Discovery:
         self.bus = bus
         self.seen = seen
         self.settings = settings
+        self.sightings = Sightings(settings.seen_memory, ttl=SIGHTINGS_TTL)
 
     # seeds ----------------------------------------------------------------------
 
@@ -139,8 +137,13 @@ class Discovery:
             ):
                 continue
             taken += 1
+            # Only new URLs count against the host's budget; one refused by the budget
+            # stays seen, so the host gets no more pages this cycle.
+            event_id = derived_event_id(f"{event.id}:{link.url}", "discovered")
+            if not await self._first_sighting(link.url, event_id):
+                continue
             discovered = PageDiscovered(
-                id=derived_event_id(f"{event.id}:{link.url}", "discovered"),
+                id=event_id,
                 url=link.url,
                 domain=domain_of(link.url),
                 depth=depth,
@@ -151,10 +154,6 @@ class Discovery:
                     source_url=event.url,
                 ),
             )
-            # Only new URLs count against the host's budget; one refused by the budget
-            # stays seen, so the host gets no more pages this cycle.
-            if not await self._first_sighting(discovered.url, discovered.id):
-                continue
             if await self._within_budget(discovered.domain, discovered.id):
                 await self.bus.publish(discovered)
                 DISCOVERED.labels(discovered.provenance.kind).inc()
@@ -180,17 +179,21 @@ class Discovery:
 
     async def _first_sighting(self, url: str, event_id: str) -> bool:
         key = "u." + hashlib.sha256(url.encode()).hexdigest()[:40]
-        try:
-            await self.seen.create(key, event_id.encode())
-            return True
-        except KeyWrongLastSequenceError:
-            pass
-        try:
-            entry = await self.seen.get(key)
-        except KeyNotFoundError:
-            return False
+        mine = event_id.encode()
+        claimed_by = self.sightings.claimed_by(key)
+        if claimed_by is None:
+            try:
+                await self.seen.create(key, mine)
+                claimed_by = mine
+            except KeyWrongLastSequenceError:
+                try:
+                    entry = await self.seen.get(key)
+                except KeyNotFoundError:
+                    return False
+                claimed_by = entry.value or b""
+            self.sightings.remember(key, claimed_by)
         # The same cause seen again (a redelivery after a crash): publish again, idempotently.
-        return entry.value == event_id.encode()
+        return claimed_by == mine
 
     async def _within_budget(self, domain: str, event_id: str) -> bool:
         """Count pages discovered per host this cycle; refuse past the budget (trap defence)."""
