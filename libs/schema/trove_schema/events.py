@@ -143,12 +143,10 @@ class Event(Frozen):
         return value.astimezone(UTC)
 
     def to_wire(self) -> bytes:
-        body = self.model_dump(mode="json")
-        return json.dumps(
-            {"type": self.TYPE, "version": self.VERSION, **body},
-            separators=(",", ":"),
-            ensure_ascii=False,
-        ).encode()
+        """Compact JSON, type and version first (``decode_event``'s fast path relies on it)."""
+        body = self.__pydantic_serializer__.to_json(self)  # pydantic's own, no dict between
+        head = f'{{"type":"{self.TYPE}","version":{self.VERSION}'.encode()
+        return head + (b"}" if body == b"{}" else b"," + body[1:])
 
     def headers(self) -> dict[str, str]:
         return {"Nats-Msg-Id": self.id, "Trove-Event-Type": self.TYPE}

@@ -265,8 +265,9 @@ class _Links:
         if len(found) > MAX_LINKS_PER_PAGE:
             ranked = sorted(range(len(found)), key=lambda i: (_KEEP_ORDER[found[i][0][1]], i))
             found = [found[i] for i in sorted(ranked[:MAX_LINKS_PER_PAGE])]
+        # Already valid (http(s), at most MAX_URL_LENGTH, a LinkKind): no validation again.
         links = tuple(
-            Link(url=url, kind=kind, nofollow=nofollow or page_nofollow)
+            Link.model_construct(url=url, kind=kind, nofollow=nofollow or page_nofollow)
             for (url, kind), nofollow in found
         )
         return links, truncated

@@ -316,7 +316,10 @@ def _completed(
         for link in extraction.links:
             url = canonicalize_or_none(link.url)
             if url is not None and (url, link.kind) not in canonical:
-                canonical[(url, link.kind)] = Link(url=url, kind=link.kind, nofollow=link.nofollow)
+                # canonicalize() keeps URLs within MAX_URL_LENGTH: nothing to validate again.
+                canonical[(url, link.kind)] = Link.model_construct(
+                    url=url, kind=link.kind, nofollow=link.nofollow
+                )
         links = tuple(canonical.values())
         truncated = extraction.links_truncated
         extra = {

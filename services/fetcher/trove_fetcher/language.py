@@ -44,8 +44,10 @@ DEFAULT_LANGUAGES: tuple[str, ...] = (
     "hu", "ro", "ca", "tr", "el", "ru", "uk", "ar", "he", "ja", "zh", "ko", "id", "vi",
 )  # fmt: skip
 
-#: Characters of body text the detector looks at, from the start.
-SAMPLE_CHARS = 2000
+#: Characters of body text the detector looks at, from the start. lingua's time grows
+#: with the sample: 1.46 ms at 2000 characters, 0.60 ms at 1000 (low accuracy mode, 28
+#: languages); 1000 characters is several paragraphs, far past where it is reliable.
+SAMPLE_CHARS = 1000
 #: Fewer letters than this and the detector is not asked.
 MIN_LETTERS = 20
 #: The best language's confidence (0..1) must reach this for the detector to be trusted.
@@ -138,7 +140,7 @@ class LanguageIdentifier:
     def detect_text(self, text: str) -> str | None:
         """The detector's language for the start of ``text``, or None if it is unsure."""
         sample = self.sample(text)
-        if sum(1 for ch in sample if ch.isalpha()) < self.min_letters:
+        if sum(map(str.isalpha, sample)) < self.min_letters:
             return None
         values = self.detector().compute_language_confidence_values(sample)
         if not values or values[0].value < self.min_confidence:
