@@ -272,6 +272,9 @@ class BatchConsumer:
     concurrency: int = 2
     idle_wait: float = 1.0
     fetch_wait: float = 0.05
+    #: After a short fetch, keep collecting for up to this long before handling: a crawl
+    #: trickles events in a few at a time, and each batch costs a transaction.
+    linger: float = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         single = Consumer(
@@ -297,6 +300,8 @@ class BatchConsumer:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), timeout=1.0)
                     continue
+                if self.linger > 0 and len(msgs) < self.batch_size:
+                    msgs = await self._fill(psub, list(msgs), stop)
                 task = asyncio.create_task(self._handle(single, msgs))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -305,6 +310,25 @@ class BatchConsumer:
                 await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
+
+    async def _fill(
+        self, psub: JetStreamContext.PullSubscription, msgs: list[Msg], stop: asyncio.Event
+    ) -> list[Msg]:
+        """More messages for a short batch, until it is full or ``linger`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger
+        while len(msgs) < self.batch_size and not stop.is_set():
+            left = deadline - loop.time()
+            if left <= 0.005:
+                break
+            try:
+                msgs += await psub.fetch(self.batch_size - len(msgs), timeout=left)
+            except (TimeoutError, NatsTimeoutError):
+                break
+            except Exception as exc:
+                log.warning("fetch from %s failed: %s", self.durable, exc)
+                break
+        return msgs
 
     async def _handle(self, single: Consumer, msgs: Sequence[Msg]) -> None:
         try:

@@ -205,7 +205,10 @@ class _Resolver:
         if not href:
             return None
         # Browsers strip surrounding whitespace and drop tabs and newlines from a URL.
-        href = href.translate(_URL_NOISE).strip(" \x0c")
+        # (translate() looks up every character: only when there is something to drop.)
+        if "\t" in href or "\n" in href or "\r" in href:
+            href = href.translate(_URL_NOISE)
+        href = href.strip(" \x0c")
         if not href:
             return None
         if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:

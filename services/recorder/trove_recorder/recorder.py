@@ -167,6 +167,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             batch_handler=recorder.handle_batch,
             handler=recorder.handle,
             batch_size=settings.batch_size,
+            linger=settings.batch_linger_seconds,
         )
         ready.set()
         await asyncio.gather(consumer.run(stop), recorder.publish_outbox(stop))
