@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -437,3 +438,28 @@ def test_the_fast_path_agrees_with_the_full_canonicalization() -> None:
         accepted += 1
         assert normalize._canonicalize(url, base=None, max_length=MAX_URL_LENGTH) == url, url
     assert accepted > 300  # the generator does reach the fast path
+
+
+def test_the_fast_host_agrees_with_urlsplit() -> None:
+    """domain_of's shortcut returns what urlsplit's hostname would, or steps aside."""
+    rng = random.Random(20261122)
+    hosts = [
+        "example.org", "a-b.example", "1.2.3.4", "EXAMPLE.org", "u@example.org",
+        "u:p@example.org", "[::1]", "ex_ample.org", "example.org.", "-", "a..b", "",
+    ]  # fmt: skip
+    ports = ["", ":80", ":8080", ":", ":x", ":08", ":65536"]
+    tails = ["", "/", "/p?q=1", "?q", "#f", "/a@b", "/:80"]
+    shortcut = 0
+    for _ in range(5000):
+        url = f"{rng.choice(['http', 'https', 'HTTP', 'ftp'])}://{rng.choice(hosts)}"
+        url += rng.choice(ports) + rng.choice(tails)
+        try:
+            expected: str | None = urlsplit(url).hostname
+        except ValueError:
+            expected = None
+        if normalize._PLAIN_AUTHORITY.match(url):
+            shortcut += 1
+            assert domain_of(url) == expected, url
+        elif expected:
+            assert domain_of(url) == expected, url
+    assert shortcut > 500  # the generator does reach the shortcut

@@ -269,11 +269,20 @@ def _clean_query(query: str) -> str:
     return "&".join(parameter for _, parameter in kept)
 
 
+#: A lower-case host with at most a numeric port and nothing else in the authority: its
+#: host is the match, as urlsplit would say (a test holds the two to each other).
+_PLAIN_AUTHORITY = re.compile(r"https?://([a-z0-9.-]+)(?::[0-9]+)?(?=[/?#]|\Z)")
+
+
 def domain_of(url: str) -> str:
     """The lower-case host of a canonical URL (IPv6 without brackets): the politeness key.
 
     The port is not part of it: two ports of one host are one server to be polite to.
+    Discovery asks this of every link: plain authorities skip urlsplit.
     """
+    plain = _PLAIN_AUTHORITY.match(url)
+    if plain is not None:
+        return plain.group(1)
     try:
         host = urlsplit(url).hostname
     except ValueError as exc:

@@ -35,6 +35,7 @@ from trove_schema.events import (
     PageDiscovered,
     SeedRejected,
 )
+from trove_schema.urls import domain_of
 
 FETCHED = (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
 
@@ -151,7 +152,7 @@ async def _page_ids(
     # Comprehensions and set algebra: this runs for every link of every page.
     ids = {url: page_id for url in urls if (page_id := remembered(url)) is not None}
     domains = plan.urls
-    missing = {url: domains.get(url) or _host(url) for url in urls.difference(ids)}
+    missing = {url: domains.get(url) or domain_of(url) for url in urls.difference(ids)}
     looked_up = await _ensure_pages(session, missing)
     ids.update(looked_up)
     return ids, looked_up
@@ -436,14 +437,6 @@ async def _links(
         columns=("from_page_id", "to_page_ids", "kinds", "nofollow"),
         format="text",
     )
-
-
-def _host(url: str) -> str:
-    """The host of a canonical URL, fast (no userinfo, lower case already)."""
-    netloc = url.split("/", 3)[2]
-    if netloc.startswith("["):
-        return netloc[1 : netloc.index("]")]
-    return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
 
 
 def _uuid_or_none(value: str | None) -> uuid.UUID | None:
