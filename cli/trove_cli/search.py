@@ -34,19 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_schema.errors import TroveError
-
-#: Postgres text search configurations by BCP-47 primary language tag. This mirrors
-#: ``TS_CONFIGS`` in services/recorder/trove_recorder/projections.py, which builds
-#: ``keywords_tsv`` (the CLI never imports a service): change both together.
-TS_CONFIGS = {
-    "ar": "arabic", "ca": "catalan", "da": "danish", "de": "german", "el": "greek",
-    "en": "english", "es": "spanish", "eu": "basque", "fi": "finnish", "fr": "french",
-    "ga": "irish", "hi": "hindi", "hu": "hungarian", "hy": "armenian", "id": "indonesian",
-    "it": "italian", "lt": "lithuanian", "ne": "nepali", "nl": "dutch", "no": "norwegian",
-    "nb": "norwegian", "nn": "norwegian", "pt": "portuguese", "ro": "romanian",
-    "ru": "russian", "sr": "serbian", "sv": "swedish", "ta": "tamil", "tr": "turkish",
-    "yi": "yiddish",
-}  # fmt: skip
+from trove_schema.textsearch import TS_CONFIGS, ts_config
 
 DEFAULT_LIMIT = 20
 LANG_OK = re.compile(r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$")
@@ -54,13 +42,6 @@ LANG_OK = re.compile(r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$")
 
 class SearchError(TroveError):
     """The search cannot be run as asked (a malformed language tag, a limit below 1)."""
-
-
-def ts_config(language: str | None) -> str:
-    """The configuration the recorder used for a page in ``language`` (its mirror)."""
-    if not language:
-        return "simple"
-    return TS_CONFIGS.get(language.split("-")[0].lower(), "simple")
 
 
 @dataclass(frozen=True, slots=True)

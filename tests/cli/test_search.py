@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import ast
-import asyncio
 import io
-import os
-import sys
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tests.conftest import StackUrls
-from trove_cli.search import TS_CONFIGS, Hit, SearchError, render_hits, search
+from trove_cli.search import Hit, SearchError, render_hits, search
 
 pytestmark = pytest.mark.usefixtures("clean")
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def add_page(
@@ -268,55 +260,3 @@ def test_hits_render_full_urls_and_titles_as_plain_text() -> None:
     empty = io.StringIO()
     render_hits([], Console(file=empty), "nothing")
     assert "no fetched page matches 'nothing'" in empty.getvalue()
-
-
-def test_language_map_mirrors_the_recorders() -> None:
-    """The CLI keeps its own copy (it never imports a service): the two must agree."""
-    source = (ROOT / "services/recorder/trove_recorder/projections.py").read_text()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "TS_CONFIGS":
-            assert ast.literal_eval(node.value) == TS_CONFIGS
-            return
-    raise AssertionError("TS_CONFIGS not found in the recorder's projections")
-
-
-async def test_trove_search_command_prints_the_ranked_table(
-    stack: StackUrls, engine: AsyncEngine, tmp_path: Path
-) -> None:
-    async with engine.begin() as conn:
-        top = await add_page(conn, "https://top.example/gardens", "small web gardens")
-        await add_page(conn, "https://low.example/gardens", "small web gardens")
-        await add_page(conn, "https://other.example/", "gardens", config="french", language="fr")
-        (source,) = await linkers(conn, 1, "src")
-        await link(conn, source, top)
-    env = {
-        **os.environ,
-        "TROVE_DATABASE_URL": stack.database_url,
-        "TROVE_NATS_URL": stack.nats_url,
-        "TROVE_STATE_DIR": str(tmp_path / "state"),
-        "COLUMNS": "200",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "trove_cli",
-        "search",
-        "small",
-        "web",
-        "--lang",
-        "en",
-        "--limit",
-        "5",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-    printed = out.decode()
-
-    assert proc.returncode == 0, printed
-    assert "2 result(s) for 'small web'" in printed
-    assert printed.index("https://top.example/gardens") < printed.index(
-        "https://low.example/gardens"
-    )
-    assert "other.example" not in printed

@@ -25,7 +25,7 @@ from trove_recorder.projections import (
     RetryPolicy,
     outlinks_row,
     retry_request,
-    ts_config,
+    uuid_or_none,
 )
 from trove_schema.events import (
     CrawlCompleted,
@@ -35,6 +35,7 @@ from trove_schema.events import (
     PageDiscovered,
     SeedRejected,
 )
+from trove_schema.textsearch import ts_config
 from trove_schema.urls import domain_of
 
 FETCHED = (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
@@ -249,7 +250,7 @@ async def _completed(
                 for e in completed
             ],
             "ids": [uuid.UUID(e.id) for e in completed],
-            "requests": [_uuid_or_none(e.request_id) for e in completed],
+            "requests": [uuid_or_none(e.request_id) for e in completed],
         },
     )
     # Lock the pages in id order, then keep, per page, only attempts not older than
@@ -437,12 +438,3 @@ async def _links(
         columns=("from_page_id", "to_page_ids", "kinds", "nofollow"),
         format="text",
     )
-
-
-def _uuid_or_none(value: str | None) -> uuid.UUID | None:
-    if not value:
-        return None
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        return None

@@ -35,18 +35,8 @@ from trove_schema.tables import (
     ProjectedEvent,
     SeedRejection,
 )
+from trove_schema.textsearch import ts_config
 from trove_schema.urls import domain_of
-
-#: Postgres text search configurations by BCP-47 primary language tag.
-TS_CONFIGS = {
-    "ar": "arabic", "ca": "catalan", "da": "danish", "de": "german", "el": "greek",
-    "en": "english", "es": "spanish", "eu": "basque", "fi": "finnish", "fr": "french",
-    "ga": "irish", "hi": "hindi", "hu": "hungarian", "hy": "armenian", "id": "indonesian",
-    "it": "italian", "lt": "lithuanian", "ne": "nepali", "nl": "dutch", "no": "norwegian",
-    "nb": "norwegian", "nn": "norwegian", "pt": "portuguese", "ro": "romanian",
-    "ru": "russian", "sr": "serbian", "sv": "swedish", "ta": "tamil", "tr": "turkish",
-    "yi": "yiddish",
-}  # fmt: skip
 
 STATUS_BY_OUTCOME = {
     CrawlOutcome.SUCCESS: "fetched",
@@ -79,12 +69,6 @@ def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> 
         not_before=event.completed_at + timedelta(seconds=delay),
         caused_by=event.id,
     )
-
-
-def ts_config(language: str | None) -> str:
-    if not language:
-        return "simple"
-    return TS_CONFIGS.get(language.split("-")[0].lower(), "simple")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,7 +160,7 @@ async def _crawl_completed(
             completed_at=event.completed_at,
             duration_ms=duration,
             event_id=uuid.UUID(event.id),
-            request_id=_uuid_or_none(event.request_id),
+            request_id=uuid_or_none(event.request_id),
         )
     )
     # Lock the page row: attempts on one page are applied one at a time, and one older
@@ -305,7 +289,7 @@ async def _schedule_retry(
     return True
 
 
-def _uuid_or_none(value: str | None) -> uuid.UUID | None:
+def uuid_or_none(value: str | None) -> uuid.UUID | None:
     if not value:
         return None
     try:
