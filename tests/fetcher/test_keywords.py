@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+import re
 import unicodedata
 
 from trove_fetcher.extract import extract
-from trove_fetcher.keywords import STOP_WORDS, keywords, terms
+from trove_fetcher.keywords import _UNSEGMENTED, STOP_WORDS, keywords, terms
 from trove_schema.events import MAX_KEYWORDS
 
 SENTENCE = "The cat sat on the mat because the mat was warm and the cat was tired"
@@ -78,6 +80,27 @@ def test_terms_are_lower_cased_letter_runs_of_3_to_40() -> None:
         "русский",
         "한국어",
     ]
+
+
+def test_terms_match_their_definition_on_random_mixed_text() -> None:
+    # The definition, as one regular expression over the whole text: maximal runs of
+    # letters (not digits, "_" or unsegmented scripts), 3 to 40 long. terms() takes
+    # shortcuts for ASCII; they must not change the answer.
+    letter_runs = re.compile(rf"[^\W\d_{_UNSEGMENTED}]+")
+    alphabet = (
+        "abcXYZ  \t\n-_'.,:;/0129\u00e9\u00df\u00c9\u00f1\u0301\u2019\u2014\u00a0\u00b2"
+        "\u2167\u0436\u03b1\u05d0\u4e2d\u0e01\u3042\ud55c\U0001d400\ud800"
+    )
+    rng = random.Random(1)
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+        for sample in (text, text.encode("ascii", "ignore").decode()):
+            expected = [
+                run
+                for run in letter_runs.findall(unicodedata.normalize("NFC", sample).lower())
+                if 3 <= len(run) <= 40
+            ]
+            assert terms(sample) == expected, repr(sample)
 
 
 def test_decomposed_accents_are_one_term() -> None:

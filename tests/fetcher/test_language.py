@@ -105,6 +105,15 @@ def test_only_the_start_of_the_text_is_sampled() -> None:
     assert detect_language(GERMAN * 50 + ENGLISH * 50) == "de"
 
 
+def test_an_unsure_first_sample_is_widened_once() -> None:
+    # Dates and numbers first: the first sample has no letters to go on.
+    text = "2024-11-21 12:00 " * (SAMPLE_CHARS // 17 + 1) + ENGLISH * 5
+    assert detect_language(text) == "en"
+    narrow = LanguageIdentifier(["en", "de"], wide_sample_chars=SAMPLE_CHARS)
+    assert narrow.detect_text(text) is None
+    assert LanguageIdentifier(["en", "de"]).detect_text(text) == "en"
+
+
 def test_low_confidence_is_unsure() -> None:
     strict = LanguageIdentifier(["en", "nl"], min_confidence=1.01)
     assert strict.detect(ENGLISH) is None

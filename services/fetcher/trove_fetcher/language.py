@@ -13,8 +13,9 @@ the 28 defaults below, low accuracy     +36 MB  (what Trove uses)
 (High accuracy loads its 1- to 5-gram models only once a text under 120 characters
 comes along; longer texts use trigrams in either mode. A crawler sees short pages.)
 Low accuracy mode is weak on a line or two of text but as good as high accuracy on
-the paragraphs of a page, and a page sample is up to 2,000 characters. Models are
-loaded lazily, on the first detection, not at import, and shared by every instance.
+the paragraphs of a page, and a page sample is 300 characters (1,000 when those leave
+it unsure). Models are loaded lazily, on the first detection, not at import, and shared
+by every instance.
 
 Low accuracy confidences saturate quickly (a clear paragraph scores 1.0), so the
 threshold is high: below ``MIN_CONFIDENCE`` = 0.9 for the best language the detector
@@ -44,12 +45,16 @@ DEFAULT_LANGUAGES: tuple[str, ...] = (
     "hu", "ro", "ca", "tr", "el", "ru", "uk", "ar", "he", "ja", "zh", "ko", "id", "vi",
 )  # fmt: skip
 
-#: Characters of body text the detector looks at, from the start. lingua's time grows
-#: with the sample: on the sandbox's pages (low accuracy mode, 28 languages) 1.65 ms at
-#: 2000 characters, 1.13 ms at 1000, 0.83 ms at 600, with the same answer for all 200
-#: pages. 600 characters is about a hundred words, well past the sentence length from
-#: which lingua is reliable.
-SAMPLE_CHARS = 600
+#: Characters of body text the detector looks at first, from the start. lingua's time
+#: grows with the sample: on the sandbox's pages (low accuracy mode, 28 languages, models
+#: hot in the CPU cache) 1.65 ms at 2000 characters, 1.13 ms at 1000, 0.83 ms at 600,
+#: 0.45 ms at 300, with the same confident answer for all 200 pages at each size. Inside
+#: ``extract``, between lxml and the keywords, the models are cold and each costs about
+#: twice that. 300 characters is about fifty words, several sentences: past the length
+#: from which lingua is reliable.
+SAMPLE_CHARS = 300
+#: When the first sample leaves the detector unsure, it looks again at this many.
+WIDE_SAMPLE_CHARS = 1000
 #: Fewer letters than this and the detector is not asked.
 MIN_LETTERS = 20
 #: The best language's confidence (0..1) must reach this for the detector to be trusted.
@@ -96,6 +101,7 @@ class LanguageIdentifier:
         min_confidence: float = MIN_CONFIDENCE,
         min_letters: int = MIN_LETTERS,
         sample_chars: int = SAMPLE_CHARS,
+        wide_sample_chars: int = WIDE_SAMPLE_CHARS,
         low_accuracy: bool = True,
     ) -> None:
         codes: list[IsoCode639_1] = []
@@ -112,6 +118,7 @@ class LanguageIdentifier:
         self.min_confidence = min_confidence
         self.min_letters = min_letters
         self.sample_chars = sample_chars
+        self.wide_sample_chars = max(wide_sample_chars, sample_chars)
         self.low_accuracy = low_accuracy
         self._codes = tuple(codes)
         self._detector: LanguageDetector | None = None
@@ -135,13 +142,27 @@ class LanguageIdentifier:
                     detector = self._detector = builder.build()
         return detector
 
-    def sample(self, text: str) -> str:
-        """The start of ``text``, whitespace collapsed, at most ``sample_chars`` long."""
-        return " ".join(text[: self.sample_chars * 2].split())[: self.sample_chars]
+    def sample(self, text: str, chars: int | None = None) -> str:
+        """The start of ``text``, whitespace collapsed, at most ``chars`` long.
+
+        ``chars`` defaults to ``sample_chars``.
+        """
+        chars = self.sample_chars if chars is None else chars
+        return " ".join(text[: chars * 2].split())[:chars]
 
     def detect_text(self, text: str) -> str | None:
-        """The detector's language for the start of ``text``, or None if it is unsure."""
+        """The detector's language for the start of ``text``, or None if it is unsure.
+
+        It looks at ``sample_chars`` first and, when that leaves it unsure and the text
+        has more, once more at ``wide_sample_chars``.
+        """
         sample = self.sample(text)
+        code = self._confident(sample)
+        if code is None and len(sample) == self.sample_chars < self.wide_sample_chars:
+            code = self._confident(self.sample(text, self.wide_sample_chars))
+        return code
+
+    def _confident(self, sample: str) -> str | None:
         if sum(map(str.isalpha, sample)) < self.min_letters:
             return None
         values = self.detector().compute_language_confidence_values(sample)
