@@ -70,7 +70,7 @@ def test_hostile_body_never_raises(name: str, content_type: str | None) -> None:
             "title": result.title,
             "language": result.language,
             "keywords": result.keywords,
-            "links": result.links,
+            "links": [link._asdict() for link in result.links],
         }
     )
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from urllib.parse import urljoin
+import random
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 
@@ -456,3 +457,27 @@ HREFS = [
 def test_resolution_agrees_with_urljoin(base: str) -> None:
     for href in HREFS:
         assert resolve_url(base, href) == urljoin(base, href).split("#")[0], href
+
+
+def _resolved_by_urlsplit(href: str) -> str | None:
+    """What an absolute href resolves to without any shortcut."""
+    try:
+        parts = urlsplit(href)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return None
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return None
+    return href.split("#", 1)[0]
+
+
+def test_absolute_links_resolve_as_urlsplit_says_on_random_hrefs() -> None:
+    # Absolute links to plain hosts skip urlsplit; the shortcut must not change an answer.
+    pieces = ["http://", "https://", "a", "Z", "0", "-", ".", ":", "8", "99999", "/"]
+    pieces += ["?", "#", "@", "[", "]", "%", "\\", "é", "_", "::1", "x.example"]
+    rng = random.Random(3)
+    for _ in range(5000):
+        href = rng.choice(["http://", "https://"]) + "".join(
+            rng.choice(pieces) for _ in range(rng.randrange(0, 8))
+        )
+        assert resolve_url("https://example.org/a/", href) == _resolved_by_urlsplit(href), href

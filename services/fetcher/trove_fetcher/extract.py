@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
@@ -21,7 +21,7 @@ from lxml import etree
 from trove_fetcher.charset import bom_charset, decode_body, header_charset, media_type
 from trove_fetcher.keywords import keywords as make_keywords
 from trove_fetcher.language import detect_language as detect
-from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, Link, LinkKind
+from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, LinkKind
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml"})
@@ -64,6 +64,11 @@ _HTTP = ("http", "https")
 _ABSOLUTE = ("http://", "https://")
 # A path (absolute or relative) with no scheme, authority, query-only or dot start.
 _PLAIN_PATH = re.compile(r"\A(?:/(?!/)|[^:/?#.\\][^:/?#\\]*(?:[/?#]|\Z))")
+# An absolute http(s) URL whose authority is a plain host and at most a 4-digit port:
+# urlsplit would accept it with a host, so it needs no parsing (a test holds the two).
+_PLAIN_ABSOLUTE = re.compile(
+    r"\Ahttps?://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?(?::[0-9]{1,4})?(?=[/?#]|\Z)"
+)
 _URL_NOISE = str.maketrans("", "", "\t\n\r")
 _SPLIT_DIRECTIVES = re.compile(r"[\s,]+")
 _UA_PREFIX = re.compile(r"\A\s*([A-Za-z0-9_.*-]+)\s*:(.*)\Z", re.DOTALL)
@@ -76,6 +81,18 @@ _REFRESH_URL = re.compile(
 )
 
 
+class FoundLink(NamedTuple):
+    """A link as the page wrote it: absolute, http(s), without fragment, not canonical yet.
+
+    A plain tuple: the fetcher canonicalizes every link before it becomes an event's
+    ``Link``, so building (and validating) a model here would be paid twice.
+    """
+
+    url: str
+    kind: LinkKind = LinkKind.A
+    nofollow: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Extraction:
     """The signals of one response body."""
@@ -83,7 +100,7 @@ class Extraction:
     #: sha256 (hex) of the body bytes as received.
     content_hash: str
     title: str | None = None
-    links: tuple[Link, ...] = ()
+    links: tuple[FoundLink, ...] = ()
     #: The page had more distinct links than ``MAX_LINKS_PER_PAGE``.
     links_truncated: bool = False
     canonical_url: str | None = None
@@ -213,6 +230,8 @@ class _Resolver:
             return None
         if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:
             absolute = (self.origin if href[0] == "/" else self.directory) + href
+        elif _PLAIN_ABSOLUTE.match(href):
+            absolute = href
         else:
             try:
                 if not href.startswith(_ABSOLUTE):  # upper case too: urljoin lowers it
@@ -262,16 +281,14 @@ class _Links:
         elif seen and not nofollow:
             self._nofollow[key] = False
 
-    def result(self, page_nofollow: bool) -> tuple[tuple[Link, ...], bool]:
+    def result(self, page_nofollow: bool) -> tuple[tuple[FoundLink, ...], bool]:
         found = list(self._nofollow.items())
         truncated = self.overflow or len(found) > MAX_LINKS_PER_PAGE
         if len(found) > MAX_LINKS_PER_PAGE:
             ranked = sorted(range(len(found)), key=lambda i: (_KEEP_ORDER[found[i][0][1]], i))
             found = [found[i] for i in sorted(ranked[:MAX_LINKS_PER_PAGE])]
-        # Already valid (http(s), at most MAX_URL_LENGTH, a LinkKind): no validation again.
         links = tuple(
-            Link.model_construct(url=url, kind=kind, nofollow=nofollow or page_nofollow)
-            for (url, kind), nofollow in found
+            FoundLink(url, kind, nofollow or page_nofollow) for (url, kind), nofollow in found
         )
         return links, truncated
 

@@ -33,7 +33,6 @@ from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
-    Link,
     LinkKind,
     PageDiscovered,
     decode_event,
@@ -308,19 +307,21 @@ def _robots_refusal(job: Job, robots: RobotsPolicy) -> CrawlCompleted:
 def _completed(
     job: Job, result: FetchResult, extraction: Extraction | None, started: datetime
 ) -> CrawlCompleted:
-    links: tuple[Link, ...] = ()
+    # Links as plain dicts: pydantic validates them in one go, in Rust, when the event is
+    # built (~1 us a link; model_construct, in Python, takes ~3.5).
+    links: list[dict[str, object]] = []
     truncated = False
     extra: dict[str, object] = {}
     if extraction is not None:
-        canonical = {}
-        for link in extraction.links:
-            url = canonicalize_or_none(link.url)
-            if url is not None and (url, link.kind) not in canonical:
-                # canonicalize() keeps URLs within MAX_URL_LENGTH: nothing to validate again.
-                canonical[(url, link.kind)] = Link.model_construct(
-                    url=url, kind=link.kind, nofollow=link.nofollow
-                )
-        links = tuple(canonical.values())
+        canonical: dict[tuple[str, LinkKind], bool] = {}
+        for found in extraction.links:
+            url = canonicalize_or_none(found.url)
+            if url is not None and (url, found.kind) not in canonical:
+                canonical[(url, found.kind)] = found.nofollow
+        links = [
+            {"url": url, "kind": kind, "nofollow": nofollow}
+            for (url, kind), nofollow in canonical.items()
+        ]
         truncated = extraction.links_truncated
         extra = {
             "title": extraction.title,
@@ -334,7 +335,7 @@ def _completed(
     if result.redirect_target:
         target = canonicalize_or_none(result.redirect_target)
         if target is not None:
-            links = (*links[: MAX_LINKS_PER_PAGE - 1], Link(url=target, kind=LinkKind.REDIRECT))
+            links = [*links[: MAX_LINKS_PER_PAGE - 1], {"url": target, "kind": LinkKind.REDIRECT}]
     final_url = result.final_url if result.final_url and result.final_url != job.url else None
     return CrawlCompleted(
         **_base(job),
