@@ -12,6 +12,7 @@ from trove_schema.topology import (
     FETCHER,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
+    SEEN_BUCKET,
     TopologyOptions,
     declare,
     ensure_topology,
@@ -83,3 +84,20 @@ async def test_a_service_does_not_undo_another_services_consumer_settings(bus: B
     await ensure_topology(bus.js, declare(), owner="recorder")
     stream, _ = declare().consumer(FETCHER)
     assert (await bus.js.consumer_info(stream, FETCHER)).config.max_ack_pending == 10
+
+
+@pytest.mark.usefixtures("clean")
+async def test_buckets_made_before_direct_gets_are_reconciled_to_them(bus: Bus) -> None:
+    # A bucket from an older release answers reads through the JSON API only.
+    stream = f"KV_{SEEN_BUCKET}"
+    info = await bus.js.stream_info(stream)
+    await bus.js.update_stream(replace(info.config, allow_direct=False))
+    assert (await bus.js.key_value(SEEN_BUCKET))._direct is False
+
+    await ensure_topology(bus.js, declare(), owner="discovery")
+
+    assert (await bus.js.stream_info(stream)).config.allow_direct is True
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    assert seen._direct is True
+    await seen.create("k", b"v")
+    assert (await seen.get("k")).value == b"v"

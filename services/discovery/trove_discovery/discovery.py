@@ -22,7 +22,7 @@ from nats.js.kv import KeyValue
 
 from trove_discovery.scope import follow_link, in_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
-from trove_discovery.sightings import Sightings
+from trove_discovery.sightings import Recent, Sightings
 from trove_discovery.traps import url_trap_reason
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -51,6 +51,8 @@ FOLLOWED_KINDS = frozenset(
 
 #: How long this process trusts what it learned from the seen bucket (see ``Sightings``).
 SIGHTINGS_TTL = 600.0
+#: Hosts whose budget counter (and its revision) this process remembers.
+BUDGET_MEMORY = 10_000
 
 
 class Discovery:
@@ -59,6 +61,8 @@ class Discovery:
         self.seen = seen
         self.settings = settings
         self.sightings = Sightings(settings.seen_memory, ttl=SIGHTINGS_TTL)
+        #: Budget key -> (revision, pages counted, last event) as this process wrote it.
+        self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=SIGHTINGS_TTL)
 
     # seeds ----------------------------------------------------------------------
 
@@ -196,29 +200,42 @@ class Discovery:
         return claimed_by == mine
 
     async def _within_budget(self, domain: str, event_id: str) -> bool:
-        """Count pages discovered per host this cycle; refuse past the budget (trap defence)."""
+        """Count pages discovered per host this cycle; refuse past the budget (trap defence).
+
+        The counter is compare-and-set against the revision this process last wrote, so
+        a busy host costs one round trip a page, not a read and a write. Another writer
+        (a second replica, the key's expiry) makes the write fail, and then it reads.
+        """
         key = "b." + hashlib.sha256(domain.encode()).hexdigest()[:40]
+        remembered = self.budgets.get(key)
         for _ in range(50):
-            try:
-                entry = await self.seen.get(key)
-                state = json.loads(entry.value or b"{}")
-                revision: int | None = entry.revision
-            except KeyNotFoundError:
-                state, revision = {}, None
-            count = int(state.get("n", 0))
-            if state.get("last") == event_id:
+            if remembered is not None and remembered[1] < self.settings.host_page_budget:
+                revision: int | None = remembered[0]
+                count, last = remembered[1], remembered[2]
+            else:  # nothing remembered, or a refusal: that is only taken from the bucket
+                try:
+                    entry = await self.seen.get(key)
+                    state = json.loads(entry.value or b"{}")
+                    revision = entry.revision
+                except KeyNotFoundError:
+                    state, revision = {}, None
+                count, last = int(state.get("n", 0)), str(state.get("last", ""))
+            if last == event_id:
                 return True
             if count >= self.settings.host_page_budget:
                 return False
             value = json.dumps({"n": count + 1, "last": event_id}).encode()
             try:
                 if revision is None:
-                    await self.seen.create(key, value)
+                    written = await self.seen.create(key, value)
                 else:
-                    await self.seen.update(key, value, last=revision)
-                return True
+                    written = await self.seen.update(key, value, last=revision)
             except KeyWrongLastSequenceError:
+                self.budgets.forget(key)
+                remembered = None
                 continue
+            self.budgets.remember(key, (written, count + 1, event_id))
+            return True
         return False
 
 
