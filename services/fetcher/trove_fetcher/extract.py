@@ -64,10 +64,11 @@ _HTTP = ("http", "https")
 _ABSOLUTE = ("http://", "https://")
 # A path (absolute or relative) with no scheme, authority, query-only or dot start.
 _PLAIN_PATH = re.compile(r"\A(?:/(?!/)|[^:/?#.\\][^:/?#\\]*(?:[/?#]|\Z))")
-# An absolute http(s) URL whose authority is a plain host and at most a 4-digit port:
-# urlsplit would accept it with a host, so it needs no parsing (a test holds the two).
+# An absolute http(s) URL whose authority is a plain host and at most a port (checked to
+# be at most 65535): urlsplit would accept it with a host, so it needs no parsing (a test
+# holds the two).
 _PLAIN_ABSOLUTE = re.compile(
-    r"\Ahttps?://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?(?::[0-9]{1,4})?(?=[/?#]|\Z)"
+    r"\Ahttps?://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?(?::([0-9]{1,5}))?(?=[/?#]|\Z)"
 )
 _URL_NOISE = str.maketrans("", "", "\t\n\r")
 _SPLIT_DIRECTIVES = re.compile(r"[\s,]+")
@@ -230,7 +231,7 @@ class _Resolver:
             return None
         if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:
             absolute = (self.origin if href[0] == "/" else self.directory) + href
-        elif _PLAIN_ABSOLUTE.match(href):
+        elif (plain := _PLAIN_ABSOLUTE.match(href)) is not None and int(plain[1] or 0) < 65536:
             absolute = href
         else:
             try:
