@@ -4,7 +4,13 @@ import asyncio
 
 import pytest
 
-from trove_fetcher.politeness import Deferred, Granted, Politeness, PolitenessConfig
+from trove_fetcher.politeness import (
+    BUSY_RECHECK,
+    Deferred,
+    Granted,
+    Politeness,
+    PolitenessConfig,
+)
 from trove_schema.bus import Bus
 from trove_schema.topology import DOMAINS_BUCKET
 
@@ -28,6 +34,19 @@ async def test_second_lease_on_a_domain_is_refused(bus: Bus) -> None:
     second = await p.acquire("a.example", 1000.5)
     assert isinstance(second, Deferred)
     assert second.at >= 1010.0
+
+
+async def test_with_no_gap_a_job_waiting_on_a_busy_domain_does_not_poll_in_a_loop(
+    bus: Bus,
+) -> None:
+    # Gap 0 (the throughput benchmark): the domain is free the moment its request ends,
+    # which no pod can know ahead; the waiting job is told to look again a little later,
+    # not at once (it read the record in a tight loop).
+    p = await _politeness(bus, PolitenessConfig(min_delay=0.0, request_timeout=30.0))
+    assert isinstance(await p.acquire("fast.example", 1000.0), Granted)
+    waiting = await p.acquire("fast.example", 1000.01, reserved=True)
+    assert isinstance(waiting, Deferred)
+    assert waiting.at >= 1000.01 + BUSY_RECHECK
 
 
 async def test_other_domains_are_not_held_up(bus: Bus) -> None:
