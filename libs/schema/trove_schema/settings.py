@@ -41,6 +41,17 @@ class CommonSettings(BaseSettings):
     replicas: int = Field(default=1, ge=1, le=5)
     #: Port for /healthz, /readyz and /metrics; 0 disables the HTTP endpoint.
     http_port: int = Field(default=0, ge=0, le=65535)
+    #: How long the event record (TROVE_EVENTS) keeps events; 0 keeps them for ever.
+    events_max_age_seconds: float = Field(default=0.0, ge=0.0)
+    #: How long deferred fetch work (TROVE_WORK) may wait; no slot is planned past it.
+    work_max_age_seconds: float = Field(default=7 * 86_400.0, ge=60.0)
+    #: How long seeds sent to trove.seeds are kept (TROVE_SEEDS).
+    seeds_max_age_seconds: float = Field(default=30 * 86_400.0, ge=60.0)
+    #: How long parked messages are kept (TROVE_DEAD); 0, the default, keeps them until
+    #: an operator re-drives or drops them with `trove dead`.
+    dead_max_age_seconds: float = Field(default=0.0, ge=0.0)
+    #: Largest message a stream accepts; events are built to fit below it.
+    max_message_bytes: int = Field(default=1 << 20, ge=64 * 1024, le=8 << 20)
 
 
 class DiscoverySettings(CommonSettings):

@@ -76,6 +76,12 @@ class TopologyOptions:
     replicas: int = 1
     #: How long the event record is kept; 0 keeps it forever (the default: it is the record).
     events_max_age: float = 0.0
+    #: How long deferred fetch work may wait in TROVE_WORK.
+    work_max_age: float = 7 * DAY
+    seeds_max_age: float = 30 * DAY
+    #: Parked messages; 0 keeps them until an operator re-drives or drops them.
+    dead_max_age: float = 0.0
+    max_message_bytes: int = 1 << 20
     robots_ttl: float = DAY
     #: One crawl cycle: a canonical URL is discovered at most once per cycle.
     seen_ttl: float = 7 * DAY
@@ -83,6 +89,19 @@ class TopologyOptions:
     fetcher_max_ack_pending: int = 2000
     #: How long a fetch may hold a message before JetStream redelivers it.
     fetcher_ack_wait: float = 90.0
+
+    @classmethod
+    def from_settings(cls, settings: Any, **extra: Any) -> TopologyOptions:
+        """The options every service shares, from its settings (``CommonSettings``)."""
+        return cls(
+            replicas=settings.replicas,
+            events_max_age=settings.events_max_age_seconds,
+            work_max_age=settings.work_max_age_seconds,
+            seeds_max_age=settings.seeds_max_age_seconds,
+            dead_max_age=settings.dead_max_age_seconds,
+            max_message_bytes=settings.max_message_bytes,
+            **extra,
+        )
 
 
 @dataclass(frozen=True)
@@ -111,8 +130,8 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             storage=storage,
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
-            max_age=30 * DAY,
-            max_msg_size=1 << 20,
+            max_age=opts.seeds_max_age,
+            max_msg_size=opts.max_message_bytes,
             no_ack=True,
             duplicate_window=120.0,
         ),
@@ -124,7 +143,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
             max_age=opts.events_max_age,
-            max_msg_size=1 << 20,
+            max_msg_size=opts.max_message_bytes,
             duplicate_window=600.0,
             allow_msg_schedules=True,
             # The server turns rollups on for schedules; saying so keeps reconcile quiet.
@@ -138,8 +157,8 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             storage=storage,
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
-            max_age=7 * DAY,
-            max_msg_size=1 << 20,
+            max_age=opts.work_max_age,
+            max_msg_size=opts.max_message_bytes,
             duplicate_window=120.0,
             allow_msg_schedules=True,
             allow_rollup_hdrs=True,
@@ -151,7 +170,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             storage=storage,
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
-            max_age=30 * DAY,
+            max_age=opts.dead_max_age,
             duplicate_window=120.0,
         ),
     )

@@ -27,7 +27,7 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
     bus = await Bus.connect(settings.nats_url, name="trove-discovery")
     try:
         await ensure_topology(
-            bus.js, declare(TopologyOptions(replicas=settings.replicas)), owner="discovery"
+            bus.js, declare(TopologyOptions.from_settings(settings)), owner="discovery"
         )
         discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
         replies = await bus.nc.subscribe(

@@ -32,8 +32,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
         await ensure_topology(
             bus.js,
             declare(
-                TopologyOptions(
-                    replicas=settings.replicas,
+                TopologyOptions.from_settings(
+                    settings,
                     robots_ttl=settings.robots_ttl_seconds,
                     fetcher_max_ack_pending=settings.max_ack_pending,
                     fetcher_ack_wait=settings.ack_wait_seconds,

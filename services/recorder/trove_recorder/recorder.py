@@ -150,7 +150,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
     engine = make_engine(settings.database_url)
     try:
         await ensure_topology(
-            bus.js, declare(TopologyOptions(replicas=settings.replicas)), owner="recorder"
+            bus.js, declare(TopologyOptions.from_settings(settings)), owner="recorder"
         )
         recorder = Recorder(
             engine,
