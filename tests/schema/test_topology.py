@@ -9,10 +9,15 @@ import pytest
 from tests.conftest import StackUrls
 from trove_schema.bus import Bus
 from trove_schema.topology import (
+    DAY,
+    DEAD_STREAM,
+    EVENTS_STREAM,
     FETCHER,
+    OWNERS,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
     SEEN_BUCKET,
+    WORK_STREAM,
     TopologyOptions,
     declare,
     ensure_topology,
@@ -101,3 +106,64 @@ async def test_buckets_made_before_direct_gets_are_reconciled_to_them(bus: Bus) 
     assert seen._direct is True
     await seen.create("k", b"v")
     assert (await seen.get("k")).value == b"v"
+
+
+SERVICES = {"discovery", "fetcher", "recorder"}
+
+#: Each stream, its owner, and options that differ from the defaults (a deployment's).
+DEPLOYED = [
+    (SEEDS_STREAM, "discovery", TopologyOptions(seeds_max_age=90 * DAY)),
+    (EVENTS_STREAM, "recorder", TopologyOptions(events_max_age=400 * DAY)),
+    (DEAD_STREAM, "recorder", TopologyOptions(dead_max_age=60 * DAY)),
+    (WORK_STREAM, "fetcher", TopologyOptions(work_max_age=3 * DAY, max_message_bytes=2 << 20)),
+]
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize(("stream", "owner", "deployed"), DEPLOYED, ids=[d[0] for d in DEPLOYED])
+async def test_only_a_streams_owner_changes_it(
+    bus: Bus, stream: str, owner: str, deployed: TopologyOptions
+) -> None:
+    await ensure_topology(bus.js, declare(deployed), owner=owner)
+    as_deployed = (await bus.js.stream_info(stream)).config
+    assert (
+        as_deployed.max_age
+        == next(s for s in declare(deployed).streams if s.name == stream).max_age
+    )
+
+    # `trove crawl` pointed at the cluster, and every other service, with their defaults.
+    for caller in sorted((SERVICES | {"cli"}) - {owner}):
+        await ensure_topology(bus.js, declare(), owner=caller)
+        after = (await bus.js.stream_info(stream)).config
+        assert (after.max_age, after.max_msg_size, after.num_replicas) == (
+            as_deployed.max_age,
+            as_deployed.max_msg_size,
+            as_deployed.num_replicas,
+        ), f"{caller} changed {stream}"
+
+    # Its owner, restarted with new settings, does reconcile it.
+    await ensure_topology(bus.js, declare(), owner=owner)
+    wanted = next(s for s in declare().streams if s.name == stream)
+    assert (await bus.js.stream_info(stream)).config.max_age == wanted.max_age
+
+
+@pytest.mark.usefixtures("clean")
+async def test_the_cli_creates_a_missing_stream_with_the_declared_options(bus: Bus) -> None:
+    await bus.js.delete_stream(DEAD_STREAM)
+    await ensure_topology(bus.js, declare(), owner="cli")
+    assert (await bus.js.stream_info(DEAD_STREAM)).config.subjects == ["trove.dead.>"]
+
+
+def test_every_stream_consumer_and_bucket_has_an_owning_service() -> None:
+    top = declare()
+    names = [s.name for s in top.streams] + [c.durable_name for _, c in top.consumers]
+    names += [b.bucket for b in top.buckets]
+    unowned = [name for name in names if OWNERS.get(str(name)) not in SERVICES]
+    assert unowned == []
+
+
+@pytest.mark.usefixtures("clean")
+async def test_the_seen_bucket_takes_a_ttl_shorter_than_its_duplicate_window(bus: Bus) -> None:
+    # A scaled-down crawl cycle: the bucket was made with the default (days) first.
+    await ensure_topology(bus.js, declare(TopologyOptions(seen_ttl=8.0)), owner="discovery")
+    assert (await bus.js.stream_info(f"KV_{SEEN_BUCKET}")).config.max_age == 8.0

@@ -1,9 +1,11 @@
 """Every JetStream stream, subject, consumer and KV bucket Trove uses, declared in one place.
 
-``ensure_topology`` creates what is missing and reconciles what exists (a durable
-consumer keeps its old config when a client merely re-subscribes, so it is updated
-here, explicitly). Every service calls it at start; it is idempotent and safe to run
-from many pods at once.
+``ensure_topology`` creates what is missing and reconciles what its caller owns (a
+durable consumer keeps its old config when a client merely re-subscribes, so it is
+updated here, explicitly). Every service calls it at start; it is idempotent and safe
+to run from many pods at once. Each stream, consumer and bucket has one owner
+(``OWNERS``): only the owner's settings shape it, so a command or another service
+started with other options (one replica, a shorter retention) never changes it.
 
 Subjects
     trove.seeds                      operator input (raw URL, lines, or JSON); stream TROVE_SEEDS
@@ -11,7 +13,8 @@ Subjects
     trove.events.page.discovered     PageDiscovered
     trove.events.crawl.requested     CrawlRequested (retries and re-crawls, often scheduled)
     trove.events.crawl.completed     CrawlCompleted
-    trove.schedules.<id>             NATS scheduled messages that later publish a CrawlRequested
+    trove.schedules.page.<hash>      the one pending CrawlRequested of a page (re-crawl or retry),
+                                     a NATS scheduled message: a newer one replaces it
     trove.work.fetch                 fetch work deferred to a domain's next free slot
     trove.work.schedules.<id>        the schedules behind trove.work.fetch
     trove.dead.<consumer>            poison messages, parked with the reason
@@ -19,6 +22,7 @@ Subjects
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -83,8 +87,10 @@ class TopologyOptions:
     dead_max_age: float = 0.0
     max_message_bytes: int = 1 << 20
     robots_ttl: float = DAY
-    #: One crawl cycle: a canonical URL is discovered at most once per cycle.
-    seen_ttl: float = 7 * DAY
+    #: How long a URL stays seen after its discovery or its last re-crawl request
+    #: (``DiscoverySettings.seen_ttl``: longer than the re-crawl interval, so a page
+    #: being re-crawled is never discovered a second time).
+    seen_ttl: float = 14 * DAY
     #: How many messages a consumer hands out before any is acked (per consumer, all pods).
     fetcher_max_ack_pending: int = 2000
     #: How long a fetch may hold a message before JetStream redelivers it.
@@ -159,7 +165,8 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             retention=RetentionPolicy.LIMITS,
             max_age=opts.work_max_age,
             max_msg_size=opts.max_message_bytes,
-            duplicate_window=120.0,
+            # JetStream refuses a duplicate window longer than the stream's max_age.
+            duplicate_window=min(120.0, opts.work_max_age),
             allow_msg_schedules=True,
             allow_rollup_hdrs=True,
         ),
@@ -261,9 +268,17 @@ def declare(options: TopologyOptions | None = None) -> Topology:
     return Topology(streams=streams, consumers=consumers, buckets=buckets, options=opts)
 
 
-#: Which service's settings shape each consumer and bucket: only the owner reconciles
-#: it, so services started with different options do not undo each other's changes.
+#: Which service's settings shape each stream, consumer and bucket: only the owner
+#: reconciles it, so services (and the CLI, which owns nothing) started with other
+#: options do not undo the deployment's. A stream belongs to the service that decides
+#: what it must keep: the recorder the record (TROVE_EVENTS, its projections are
+#: rebuilt from it) and the parked messages it is asked to re-drive (TROVE_DEAD);
+#: discovery the seeds it reads; the fetcher the work it defers (TROVE_WORK).
 OWNERS = {
+    SEEDS_STREAM: "discovery",
+    EVENTS_STREAM: "recorder",
+    DEAD_STREAM: "recorder",
+    WORK_STREAM: "fetcher",
     DISCOVERY_SEEDS: "discovery",
     DISCOVERY_LINKS: "discovery",
     SEEN_BUCKET: "discovery",
@@ -278,9 +293,10 @@ OWNERS = {
 async def ensure_topology(
     js: JetStreamContext, topology: Topology | None = None, *, owner: str | None = None
 ) -> Topology:
-    """Create what is missing; reconcile streams, and what ``owner`` owns. Idempotent.
+    """Create what is missing; reconcile what ``owner`` owns (``OWNERS``). Idempotent.
 
-    ``owner=None`` (operators, tests) reconciles everything.
+    An owner that owns nothing (``"cli"``) only creates. ``owner=None`` reconciles
+    everything to ``topology``: for resetting a sandbox or test stack, never a deployment.
     """
     top = topology or declare()
 
@@ -289,7 +305,8 @@ async def ensure_topology(
 
     try:
         for config in top.streams:
-            await _ensure_stream(js, config)
+            assert config.name is not None
+            await _ensure_stream(js, config, reconcile=mine(config.name))
         for bucket in top.buckets:
             await _ensure_bucket(js, bucket, reconcile=mine(bucket.bucket))
         for stream, consumer in top.consumers:
@@ -300,7 +317,7 @@ async def ensure_topology(
     return top
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcile: bool) -> None:
     assert config.name is not None
     try:
         info = await js.stream_info(config.name)
@@ -313,7 +330,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
             if exc.err_code != 10058:  # created by another pod meanwhile
                 raise
             info = await js.stream_info(config.name)
-    if _differs(info.config, config):
+    if reconcile and _differs(info.config, config):
         await js.update_stream(config)
         log.info("reconciled stream %s", config.name)
 
@@ -342,6 +359,8 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconc
                 max_age=wanted_age,
                 num_replicas=config.replicas,
                 allow_direct=wanted_direct,
+                # As nats-py creates a bucket: the server refuses a window past the age.
+                duplicate_window=min(wanted_age, 120.0) if wanted_age else 120.0,
             )
         )
         log.info("reconciled bucket %s", config.bucket)
@@ -379,3 +398,13 @@ def _differs(current: Any, wanted: Any) -> bool:
         elif value != have:
             return True
     return False
+
+
+def page_schedule_subject(url: str) -> str:
+    """The schedule subject of a page's next CrawlRequested (see ``Bus.publish_at``).
+
+    JetStream keeps one schedule per subject, and a new schedule message on it replaces
+    the pending one: with a subject per page, a page has at most one pending request
+    whoever schedules it (a re-crawl, a retry), so no second re-crawl chain can start.
+    """
+    return f"{EVENT_SCHEDULES_PREFIX}.page.{hashlib.sha256(url.encode()).hexdigest()[:40]}"

@@ -26,9 +26,9 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         raise SystemExit("discovery needs TROVE_NATS_URL")
     bus = await Bus.connect(settings.nats_url, name="trove-discovery")
     try:
-        await ensure_topology(
-            bus.js, declare(TopologyOptions.from_settings(settings)), owner="discovery"
-        )
+        options = TopologyOptions.from_settings(settings, seen_ttl=settings.seen_ttl)
+        await ensure_topology(bus.js, declare(options), owner="discovery")
+        await check_recrawls_are_kept(bus, settings)
         discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
         replies = await bus.nc.subscribe(
             SEEDS_SUBJECT, queue="discovery-replies", cb=discovery.reply_to_seed_request
@@ -57,3 +57,18 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
                 await replies.unsubscribe()
     finally:
         await bus.close()
+
+
+async def check_recrawls_are_kept(bus: Bus, settings: DiscoverySettings) -> None:
+    """Refuse to start if TROVE_EVENTS would age out the re-crawls before they fire.
+
+    The recorder owns that stream's retention, so discovery's own setting proves nothing.
+    """
+    max_age = (await bus.js.stream_info(EVENTS_STREAM)).config.max_age or 0.0
+    if 0 < max_age <= settings.recrawl_after_seconds:
+        raise SystemExit(
+            f"{EVENTS_STREAM} keeps messages for {max_age:g} s, not longer than "
+            f"TROVE_RECRAWL_AFTER_SECONDS ({settings.recrawl_after_seconds:g}): scheduled "
+            "re-crawls wait in that stream and would be aged out; raise the recorder's "
+            "TROVE_EVENTS_MAX_AGE_SECONDS (or 0: keep for ever) or shorten the interval"
+        )

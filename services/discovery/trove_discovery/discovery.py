@@ -7,6 +7,14 @@ which JetStream's duplicate window and every consumer drop.
 Dedup is a NATS KV bucket shared by all replicas: the first replica to ``create`` a
 URL's key discovers it; the key holds the id of the discovering event, so the same
 cause delivered again still (re)publishes its event while any other cause is refused.
+
+Re-crawls: each fetched page gets one pending ``CrawlRequested``, scheduled on the
+page's own subject (``page_schedule_subject``), so a newer schedule replaces an older
+one and a page never has two chains. Scheduling it also rewrites the page's seen key,
+which keeps it alive (``seen_ttl`` is longer than the re-crawl interval) for as long as
+the page is re-crawled: the links of the pages fetched meanwhile do not discover it
+again. A page whose chain ends (failed for good, rejected) is forgotten one
+``seen_ttl`` after its last request, and any link may bring it back.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from trove_schema.events import (
 )
 from trove_schema.metrics import DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import page_schedule_subject
 from trove_schema.urls import domain_of
 
 log = logging.getLogger("trove.discovery")
@@ -49,7 +58,8 @@ FOLLOWED_KINDS = frozenset(
 )
 
 
-#: How long this process trusts what it learned from the seen bucket (see ``Sightings``).
+#: How long this process trusts what it learned from the seen bucket (see ``Sightings``),
+#: at most: never more than a quarter of the bucket's own TTL.
 SIGHTINGS_TTL = 600.0
 #: Hosts whose budget counter (and its revision) this process remembers.
 BUDGET_MEMORY = 10_000
@@ -60,9 +70,10 @@ class Discovery:
         self.bus = bus
         self.seen = seen
         self.settings = settings
-        self.sightings = Sightings(settings.seen_memory, ttl=SIGHTINGS_TTL)
+        trust = min(SIGHTINGS_TTL, settings.seen_ttl / 4)
+        self.sightings = Sightings(settings.seen_memory, ttl=trust)
         #: Budget key -> (revision, pages counted, last event) as this process wrote it.
-        self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=SIGHTINGS_TTL)
+        self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=trust)
 
     # seeds ----------------------------------------------------------------------
 
@@ -177,12 +188,20 @@ class Discovery:
             last_modified=event.last_modified,
             caused_by=event.id,
         )
-        await self.bus.publish_at(request, event.completed_at + delay)
+        # On the page's schedule subject: it replaces whatever request was pending.
+        await self.bus.publish_at(
+            request, event.completed_at + delay, schedule=page_schedule_subject(event.url)
+        )
+        # The request now holds the page's place in the seen set, for another full
+        # seen_ttl: the event that discovered it was published long ago.
+        key = _seen_key(event.url)
+        await self.seen.put(key, request.id.encode())
+        self.sightings.remember(key, request.id.encode())
 
     # shared state -----------------------------------------------------------------
 
     async def _first_sighting(self, url: str, event_id: str) -> bool:
-        key = "u." + hashlib.sha256(url.encode()).hexdigest()[:40]
+        key = _seen_key(url)
         mine = event_id.encode()
         claimed_by = self.sightings.claimed_by(key)
         if claimed_by is None:
@@ -237,6 +256,10 @@ class Discovery:
             self.budgets.remember(key, (written, count + 1, event_id))
             return True
         return False
+
+
+def _seen_key(url: str) -> str:
+    return "u." + hashlib.sha256(url.encode()).hexdigest()[:40]
 
 
 def _origin(msg: Msg) -> str:

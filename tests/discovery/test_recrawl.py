@@ -1,0 +1,189 @@
+"""Re-crawls: one pending request per page, on real NATS (schedules and the seen bucket)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pydantic
+import pytest
+
+from tests.conftest import eventually
+from trove_discovery.app import check_recrawls_are_kept
+from trove_discovery.discovery import Discovery
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    RequestReason,
+    Scope,
+    ScopeKind,
+    decode_event,
+    derived_event_id,
+    utcnow,
+)
+from trove_schema.settings import DiscoverySettings, RecorderSettings
+from trove_schema.topology import (
+    CRAWL_REQUESTED,
+    EVENT_SCHEDULES_PREFIX,
+    EVENTS_STREAM,
+    SEEN_BUCKET,
+    TopologyOptions,
+    declare,
+    ensure_topology,
+    page_schedule_subject,
+)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+PAGE = "https://site.example/page"
+SCOPE = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
+
+
+async def replica(bus: Bus, **settings: float) -> Discovery:
+    return Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=DiscoverySettings(**settings),  # type: ignore[arg-type]
+    )
+
+
+def completed(n: int, url: str = PAGE) -> CrawlCompleted:
+    now = utcnow()
+    return CrawlCompleted(
+        url=url,
+        domain="site.example",
+        scope=SCOPE,
+        request_id=f"work-{n}",
+        outcome=CrawlOutcome.SUCCESS,
+        started_at=now,
+        completed_at=now,
+        etag=f'"v{n}"',
+    )
+
+
+def request(n: int, delay: float) -> CrawlRequested:
+    return CrawlRequested(
+        url=PAGE,
+        domain="site.example",
+        scope=SCOPE,
+        reason=RequestReason.RETRY,
+        not_before=utcnow() + timedelta(seconds=delay),
+        caused_by=f"attempt-{n}",
+    )
+
+
+async def pending_schedules(bus: Bus) -> dict[str, int]:
+    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=f"{EVENT_SCHEDULES_PREFIX}.>")
+    return dict(info.state.subjects or {})
+
+
+async def requests_fired(bus: Bus) -> int:
+    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=CRAWL_REQUESTED)
+    return (info.state.subjects or {}).get(CRAWL_REQUESTED, 0)
+
+
+async def test_a_new_schedule_for_a_page_replaces_the_pending_one(bus: Bus) -> None:
+    # What the whole design rests on: the server keeps one schedule per subject.
+    first, second = request(1, delay=1.0), request(2, delay=1.5)
+    await bus.publish_at(first, first.not_before or utcnow(), schedule=page_schedule_subject(PAGE))
+    await bus.publish_at(
+        second, second.not_before or utcnow(), schedule=page_schedule_subject(PAGE)
+    )
+    assert await pending_schedules(bus) == {page_schedule_subject(PAGE): 1}
+
+    # The first was due earlier: had it survived, it would have fired before the second.
+    await eventually(lambda: requests_fired(bus), until=lambda n: n >= 1, timeout=10)
+    fired = await bus.js.get_last_msg(EVENTS_STREAM, CRAWL_REQUESTED)
+    assert decode_event(fired.data or b"").id == second.id
+    assert await requests_fired(bus) == 1
+    assert await pending_schedules(bus) == {}
+
+
+async def test_schedules_of_different_pages_do_not_replace_each_other(bus: Bus) -> None:
+    other = "https://site.example/other"
+    await (await replica(bus))._request_recrawl(completed(1))
+    await (await replica(bus))._request_recrawl(completed(2, url=other))
+    assert await pending_schedules(bus) == {
+        page_schedule_subject(PAGE): 1,
+        page_schedule_subject(other): 1,
+    }
+
+
+async def test_a_second_fetch_of_a_page_leaves_one_pending_recrawl(bus: Bus) -> None:
+    # A forced seed, or a fetch after the page was discovered again, completes while a
+    # re-crawl is pending: the newer re-crawl replaces it, so one chain goes on.
+    discovery = await replica(bus, recrawl_after_seconds=3600)
+    second = completed(2)
+    await discovery._request_recrawl(completed(1))
+    await discovery._request_recrawl(second)
+
+    assert await pending_schedules(bus) == {page_schedule_subject(PAGE): 1}
+    msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(PAGE))
+    pending = decode_event(msg.data or b"")
+    assert pending.id == derived_event_id(second.id, "recrawl")
+    assert isinstance(pending, CrawlRequested)
+    assert pending.etag == '"v2"'
+
+
+async def test_links_do_not_discover_a_page_that_has_a_pending_recrawl(bus: Bus) -> None:
+    first = await replica(bus)
+    assert await first._first_sighting(PAGE, "discovered-by-a-link")
+    fetched = completed(1)
+    await first._request_recrawl(fetched)
+
+    # The seen key now holds the re-crawl request, for a full seen_ttl from now.
+    entry = await (await bus.js.key_value(SEEN_BUCKET)).get(
+        next(k for k in await (await bus.js.key_value(SEEN_BUCKET)).keys() if k.startswith("u."))
+    )
+    assert entry.value == derived_event_id(fetched.id, "recrawl").encode()
+    # Another replica, knowing nothing, and this one both refuse a new cause.
+    assert not await (await replica(bus))._first_sighting(PAGE, "another-link")
+    assert not await first._first_sighting(PAGE, "another-link")
+
+
+async def test_a_page_whose_requests_ended_is_discovered_again_after_the_seen_ttl(
+    bus: Bus,
+) -> None:
+    # A scaled-down cycle: re-crawl after 1 s, seen for 2 s.
+    settings = {"recrawl_after_seconds": 1.0, "seen_ttl_seconds": 2.0}
+    options = TopologyOptions(seen_ttl=DiscoverySettings(**settings).seen_ttl)  # type: ignore[arg-type]
+    await ensure_topology(bus.js, declare(options), owner="discovery")
+    discovery = await replica(bus, **settings)
+    assert await discovery._first_sighting(PAGE, "discovered-first")
+    # Failed for good: no re-crawl keeps the key alive, so it expires and a link brings it back.
+    assert not await discovery._first_sighting(PAGE, "a-link-meanwhile")
+    await eventually(
+        lambda: discovery._first_sighting(PAGE, "a-link-next-cycle"),
+        until=bool,
+        timeout=15,
+        what="the page discovered again",
+    )
+
+
+def test_the_seen_ttl_defaults_to_twice_the_recrawl_interval() -> None:
+    assert DiscoverySettings(recrawl_after_seconds=5).seen_ttl == 10
+    assert DiscoverySettings(recrawl_after_seconds=5, seen_ttl_seconds=6).seen_ttl == 6
+
+
+def test_a_seen_ttl_not_longer_than_the_recrawl_interval_is_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="TROVE_SEEN_TTL_SECONDS"):
+        DiscoverySettings(recrawl_after_seconds=10, seen_ttl_seconds=10)
+
+
+def test_a_record_retention_shorter_than_the_recrawl_interval_is_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="TROVE_EVENTS_MAX_AGE_SECONDS"):
+        DiscoverySettings(recrawl_after_seconds=7 * 86_400, events_max_age_seconds=86_400)
+    DiscoverySettings(recrawl_after_seconds=86_400, events_max_age_seconds=7 * 86_400)
+    with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
+        RecorderSettings(retry_delay_seconds=3600, events_max_age_seconds=600)
+
+
+async def test_discovery_refuses_to_start_on_a_record_that_would_drop_its_recrawls(
+    bus: Bus,
+) -> None:
+    # The recorder owns TROVE_EVENTS; its retention is what counts, not discovery's setting.
+    await ensure_topology(bus.js, declare(TopologyOptions(events_max_age=3600.0)), owner="recorder")
+    with pytest.raises(SystemExit, match="TROVE_RECRAWL_AFTER_SECONDS"):
+        await check_recrawls_are_kept(bus, DiscoverySettings(recrawl_after_seconds=7200))
+    await check_recrawls_are_kept(bus, DiscoverySettings(recrawl_after_seconds=600))
