@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from trove_schema.errors import StackError, TopologyError
 from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
 
@@ -113,6 +114,70 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
+#: Longest wait between two tries to start while a server is away.
+START_BACKOFF_CAP = 30.0
+
+
+def infrastructure_away(exc: BaseException) -> bool:
+    """Whether ``exc`` says a server is not there (yet), rather than that Trove is wrong.
+
+    A JetStream cluster electing leaders, nats-server restarting, Postgres starting up
+    or in recovery: each fails a service's start-up for a while, and a process that
+    exits on it only turns the outage into a crash loop.
+    """
+    # Imported here: only a failing start needs them (the fetcher never loads asyncpg).
+    import asyncpg
+    import nats.errors
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(
+            current,
+            TopologyError
+            | StackError
+            | OSError
+            | TimeoutError
+            | nats.errors.NoServersError
+            | nats.errors.ConnectionClosedError
+            | nats.errors.TimeoutError
+            | OperationalError
+            | InterfaceError
+            | asyncpg.CannotConnectNowError
+            | asyncpg.PostgresConnectionError
+            | asyncpg.TooManyConnectionsError,
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+async def _start_patiently(
+    main: ServiceMain, stop: asyncio.Event, ready: asyncio.Event, log: logging.Logger
+) -> None:
+    """Run ``main``; while it fails before it is ready because a server is away, try again.
+
+    Once ready, a failure ends the process (the orchestrator restarts it); before, the
+    servers it needs are waited for with a growing pause, and a stop ends the wait.
+    """
+    pause = 1.0
+    while True:
+        try:
+            await main(stop, ready)
+            return
+        except Exception as exc:
+            if ready.is_set() or stop.is_set() or not infrastructure_away(exc):
+                raise
+            log.warning("cannot start yet, trying again in %.0f s: %s", pause, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=pause)
+        if stop.is_set():
+            return
+        pause = min(pause * 2, START_BACKOFF_CAP)
+
+
 def run(service: str, settings: CommonSettings, main: ServiceMain) -> int:
     """Run a service until SIGTERM/SIGINT; returns the process exit status."""
     check_environment()
@@ -129,7 +194,7 @@ def run(service: str, settings: CommonSettings, main: ServiceMain) -> int:
         server = await _health_server(settings.http_port, ready) if settings.http_port else None
         log.info("starting", extra={"service": service})
         try:
-            await main(stop, ready)
+            await _start_patiently(main, stop, ready, log)
         finally:
             if server is not None:
                 server.close()

@@ -1,0 +1,86 @@
+"""A service started while its servers are away waits for them instead of crash-looping."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import eventually
+from trove_schema.errors import TopologyError
+from trove_schema.service import infrastructure_away
+from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
+from trove_stack.processes import Child
+
+
+def test_a_broker_timeout_behind_a_topology_error_is_infrastructure_away() -> None:
+    error = TopologyError("could not reconcile the JetStream topology")
+    error.__cause__ = TimeoutError("nats: timeout")
+    assert infrastructure_away(error)
+
+
+def test_a_programming_error_is_not_infrastructure_away() -> None:
+    assert not infrastructure_away(KeyError("scope"))
+    assert not infrastructure_away(ValueError("invalid literal"))
+
+
+@pytest.mark.integration
+async def test_discovery_started_before_jetstream_is_there_waits_and_becomes_ready(
+    tmp_path: Path,
+) -> None:
+    """A nats-server without JetStream answers, but no stream can be made (a cluster
+    electing its leaders looks the same): the service waits, then starts."""
+    nats_port = free_port("127.0.0.1")
+    http_port = free_port("127.0.0.1")
+    env = {
+        **os.environ,
+        "TROVE_NATS_URL": f"nats://127.0.0.1:{nats_port}",
+        "TROVE_HTTP_PORT": str(http_port),
+        "TROVE_LOG_FORMAT": "json",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "discovery.log"
+    service = Child("discovery", [sys.executable, "-m", "trove_discovery"], log_path=log, env=env)
+    server: EmbeddedNats | None = None
+    plain = Child(
+        "nats-without-jetstream",
+        [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(nats_port)],
+        log_path=tmp_path / "plain-nats.log",
+    )
+    try:
+        await eventually(
+            lambda: _read(log),
+            until=lambda text: "cannot start yet" in text,
+            timeout=30,
+            what="the service to say it waits",
+        )
+        assert service.alive(), service.tail()
+        plain.stop()
+        server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=nats_port)).start()
+        async with httpx.AsyncClient(trust_env=False) as client:
+
+            async def readiness() -> int:
+                assert service.alive(), service.tail()
+                try:
+                    answer = await client.get(f"http://127.0.0.1:{http_port}/readyz")
+                except httpx.TransportError:
+                    return 0
+                return answer.status_code
+
+            await eventually(readiness, until=lambda code: code == 200, timeout=60, what="ready")
+    finally:
+        plain.stop()
+        service.stop()
+        if server is not None:
+            server.stop()
+    assert service.proc.returncode == 0, service.tail()
+
+
+async def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
