@@ -167,3 +167,17 @@ async def test_the_seen_bucket_takes_a_ttl_shorter_than_its_duplicate_window(bus
     # A scaled-down crawl cycle: the bucket was made with the default (days) first.
     await ensure_topology(bus.js, declare(TopologyOptions(seen_ttl=8.0)), owner="discovery")
     assert (await bus.js.stream_info(f"KV_{SEEN_BUCKET}")).config.max_age == 8.0
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_retention_shorter_than_the_duplicate_window_is_accepted(bus: Bus) -> None:
+    """The server refuses a duplicate window longer than a stream keeps its messages."""
+    short = TopologyOptions(events_max_age=300.0, work_max_age=60.0, dead_max_age=90.0)
+    await ensure_topology(bus.js, declare(short))
+    events = await bus.js.stream_info(EVENTS_STREAM)
+    work = await bus.js.stream_info(WORK_STREAM)
+    assert events.config.max_age == 300.0
+    assert events.config.duplicate_window == 300.0
+    assert work.config.duplicate_window == 60.0
+    await ensure_topology(bus.js, declare())  # and back to the defaults: kept for ever
+    assert (await bus.js.stream_info(EVENTS_STREAM)).config.max_age == 0.0

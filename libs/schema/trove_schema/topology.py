@@ -124,6 +124,11 @@ class Topology:
         raise KeyError(name)
 
 
+def _window(wanted: float, max_age: float) -> float:
+    """A duplicate window no longer than the stream keeps messages (the server insists)."""
+    return min(wanted, max_age) if max_age else wanted
+
+
 def declare(options: TopologyOptions | None = None) -> Topology:
     opts = options or TopologyOptions()
     storage = StorageType.FILE
@@ -139,7 +144,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             max_age=opts.seeds_max_age,
             max_msg_size=opts.max_message_bytes,
             no_ack=True,
-            duplicate_window=120.0,
+            duplicate_window=_window(120.0, opts.seeds_max_age),
         ),
         StreamConfig(
             name=EVENTS_STREAM,
@@ -150,7 +155,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             retention=RetentionPolicy.LIMITS,
             max_age=opts.events_max_age,
             max_msg_size=opts.max_message_bytes,
-            duplicate_window=600.0,
+            duplicate_window=_window(600.0, opts.events_max_age),
             allow_msg_schedules=True,
             # The server turns rollups on for schedules; saying so keeps reconcile quiet.
             allow_rollup_hdrs=True,
@@ -166,7 +171,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             max_age=opts.work_max_age,
             max_msg_size=opts.max_message_bytes,
             # JetStream refuses a duplicate window longer than the stream's max_age.
-            duplicate_window=min(120.0, opts.work_max_age),
+            duplicate_window=_window(120.0, opts.work_max_age),
             allow_msg_schedules=True,
             allow_rollup_hdrs=True,
         ),
@@ -178,7 +183,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
             max_age=opts.dead_max_age,
-            duplicate_window=120.0,
+            duplicate_window=_window(120.0, opts.dead_max_age),
         ),
     )
 
