@@ -84,7 +84,8 @@ def test_naive_times_are_taken_as_utc() -> None:
         (b"not json", "not JSON"),
         (b"[1, 2]", "JSON object"),
         (b'{"type": "Nope"}', "unknown event type"),
-        (b'{"type": "PageDiscovered", "version": 99}', "unsupported version"),
+        (b'{"type": "PageDiscovered", "version": 0}', "unsupported version"),
+        (b'{"type": "PageDiscovered", "version": 99}', "invalid PageDiscovered"),
         (b'{"type": "PageDiscovered", "version": 1, "url": 5}', "invalid PageDiscovered"),
     ],
 )

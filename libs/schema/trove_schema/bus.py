@@ -10,9 +10,15 @@ end (see ``Consumer``):
 
 * handled              -> ack
 * ``Retry`` raised     -> nak with the delay asked for (the broker or database is away)
-* ``MalformedEvent``   -> parked on ``trove.dead.<consumer>`` with the reason, then acked
-* any other exception  -> nak with a growing delay; after ``max_failures`` deliveries
-                          it is parked like a poison message (no hot loop, no drop)
+* a broker error       -> the same as ``Retry`` (``broker_trouble``: no responders, a
+                          timeout, a closed or reconnecting connection, JetStream 503)
+* ``MalformedEvent``   -> parked on ``trove.dead.<consumer>`` with the reason, then termed
+* any other exception  -> nak with a growing delay; after ``max_failures`` failures of
+                          the handler itself it is parked like a poison message
+
+Parking is for poison only: the failures are counted by the consumer (``FailureCounts``),
+never read from JetStream's delivery count, which also grows with every ``Retry``,
+every ``ack_wait`` expiry and every pod that died holding the message.
 """
 
 from __future__ import annotations
@@ -21,22 +27,32 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+)
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from trove_schema.errors import MalformedEvent, TroveError
 from trove_schema.events import Event
-from trove_schema.metrics import EVENTS_PUBLISHED, MESSAGES_HANDLED
-from trove_schema.topology import DEAD_PREFIX, EVENT_SCHEDULES_PREFIX
+from trove_schema.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, MESSAGES_HANDLED
+from trove_schema.nats_tls import client_tls
+from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, EVENT_SCHEDULES_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +63,31 @@ class Retry(TroveError):
     def __init__(self, reason: str, delay: float = 5.0) -> None:
         super().__init__(reason)
         self.delay = delay
+
+
+#: Errors that say the broker is away or busy, not that the message is bad. A handler's
+#: own TimeoutError is among them (nats-py's is a subclass): it waited on something.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    NoRespondersError,
+    NoStreamResponseError,
+    ConnectionClosedError,
+    ConnectionReconnectingError,
+    ConnectionDrainingError,
+    StaleConnectionError,
+    OutboundBufferLimitError,
+    ServiceUnavailableError,
+)
+#: JetStream API answers that mean "not now": request timeout, server error, JetStream
+#: temporarily unavailable (503, e.g. no meta leader), gateway timeout.
+UNAVAILABLE_CODES = frozenset({408, 500, 503, 504})
+
+
+def broker_trouble(exc: BaseException) -> bool:
+    """True when ``exc`` says NATS or JetStream is unavailable, so the message is not at fault."""
+    if isinstance(exc, BROKER_ERRORS):
+        return True
+    return isinstance(exc, APIError) and exc.code in UNAVAILABLE_CODES
 
 
 def schedule_header(at: datetime) -> str:
@@ -72,7 +113,8 @@ class Bus:
             log.info("nats: reconnected")
 
         nc = await nats.connect(
-            url,
+            # A cluster's seed servers, comma-separated as the nats CLI takes them.
+            [part.strip() for part in url.split(",") if part.strip()],
             name=name,
             connect_timeout=connect_timeout,
             max_reconnect_attempts=-1,
@@ -81,6 +123,8 @@ class Bus:
             disconnected_cb=disconnected_cb,
             reconnected_cb=reconnected_cb,
             allow_reconnect=True,
+            # TROVE_NATS_TLS_*: the deployment's CA (and client certificate), if any.
+            tls=client_tls(),
         )
         return cls(nc, nc.jetstream(timeout=10.0))
 
@@ -96,25 +140,43 @@ class Bus:
         *,
         subject: str | None = None,
         schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
+        schedule: str | None = None,
     ) -> None:
-        """Have JetStream publish ``event`` at ``at`` (at once if ``at`` is past)."""
+        """Have JetStream publish ``event`` at ``at`` (at once if ``at`` is past).
+
+        The schedule waits on ``schedule`` (default: a subject of its own under
+        ``schedules_prefix``); a later schedule on the same subject replaces it.
+        """
         headers = event.headers()
         headers["Nats-Schedule"] = schedule_header(at)
         headers["Nats-Schedule-Target"] = subject or event.SUBJECT
-        await self.js.publish(f"{schedules_prefix}.{event.id}", event.to_wire(), headers=headers)
+        where = schedule or f"{schedules_prefix}.{event.id}"
+        await self.js.publish(where, event.to_wire(), headers=headers)
         EVENTS_PUBLISHED.labels(event.TYPE).inc()
 
     async def park(self, consumer: str, msg: Msg, reason: str) -> None:
-        """Move a message nobody can handle to the dead-letter stream, with the reason."""
+        """Move a message nobody can handle to the dead-letter stream, with the reason.
+
+        The message keeps its own headers (``Trove-Event-Type``...), save the ``Nats-*``
+        ones, which would make the dead-letter stream deduplicate or schedule it; its
+        ``Nats-Msg-Id`` is kept as ``Trove-Dead-Msg-Id``. ``trove dead redrive`` sends it
+        back to ``Trove-Dead-Subject``.
+        """
         meta = _metadata(msg)
-        headers = {
-            "Trove-Dead-Reason": reason[:1000],
+        own = msg.headers or {}
+        headers = {k: v for k, v in own.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
+        headers |= {
+            # One line: a header value cannot hold a line break (validation errors have many).
+            "Trove-Dead-Reason": " ".join(reason.split())[:1000],
             "Trove-Dead-Subject": msg.subject,
             "Trove-Dead-Consumer": consumer,
+            "Trove-Dead-Stream": str(meta.get("stream", "")),
             "Trove-Dead-Stream-Seq": str(meta.get("stream_seq", "")),
         }
-        msg_id = f"{consumer}:{meta.get('stream', '')}:{meta.get('stream_seq', '')}"
-        headers["Nats-Msg-Id"] = msg_id
+        if "Nats-Msg-Id" in own:
+            headers["Trove-Dead-Msg-Id"] = own["Nats-Msg-Id"]
+        # The same message parked twice (its term was lost, it failed again) is kept once.
+        headers["Nats-Msg-Id"] = f"{consumer}:{meta.get('stream', '')}:{meta.get('stream_seq', '')}"
         await self.js.publish(f"{DEAD_PREFIX}.{consumer}", msg.data, headers=headers)
         log.error(
             "parked a message",
@@ -138,8 +200,45 @@ def _metadata(msg: Msg) -> dict[str, Any]:
     }
 
 
-def deliveries(msg: Msg) -> int:
-    return int(_metadata(msg).get("num_delivered", 1))
+def _sequence(msg: Msg) -> int | None:
+    seq = _metadata(msg).get("stream_seq")
+    return int(seq) if seq is not None else None
+
+
+class FailureCounts:
+    """How many times this process's handler failed each message, by stream sequence.
+
+    Counted here rather than read from JetStream's ``num_delivered``, which also counts
+    redeliveries after a ``Retry``, an ``ack_wait`` expiry or a pod's death: a message
+    that only waited for the database must never be parked. The count lives in the
+    process, so with several pods a poison message is parked after at most
+    ``max_failures`` failures in each pod that meets it (and a restart starts it again):
+    bounded either way, and a failure costs no write to the broker, which may be the
+    thing that is away. ``limit`` bounds the memory: a failing message stays unacked in
+    its consumer, so at most ``max_ack_pending`` (10,000 for the recorder) are failing
+    at once; the oldest entries go first.
+    """
+
+    __slots__ = ("_counts", "_limit")
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._counts: OrderedDict[int, int] = OrderedDict()
+
+    def add(self, seq: int) -> int:
+        """Count one more failure of message ``seq``; return its count."""
+        n = self._counts.pop(seq, 0) + 1
+        self._counts[seq] = n
+        while len(self._counts) > self._limit:
+            self._counts.popitem(last=False)
+        return n
+
+    def forget(self, seq: int | None) -> None:
+        if seq is not None and self._counts:
+            self._counts.pop(seq, None)
+
+    def __len__(self) -> int:
+        return len(self._counts)
 
 
 Handler = Callable[[Msg], Awaitable[None]]
@@ -161,15 +260,29 @@ class Consumer:
     handler: Handler
     concurrency: int = 16
     fetch_batch: int = 64
+    #: Failures of the handler itself (not deliveries) before a message is parked.
     max_failures: int = 5
+    #: Delay after the first failure, doubled after each one, up to ``max_failure_backoff``.
     failure_backoff: float = 2.0
+    max_failure_backoff: float = 300.0
+    #: Delay before a message whose handler met a broker error is redelivered.
+    broker_retry_delay: float = 2.0
+    #: Messages whose failures are remembered at most (see ``FailureCounts``).
+    failure_memory: int = 10_000
+    #: How often this consumer's parked messages are counted for ``trove_dead_letters``.
+    dead_letters_refresh: float = 60.0
     idle_wait: float = 1.0
     busy_wait: float = 0.05
+    failures: FailureCounts = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.failures = FailureCounts(self.failure_memory)
 
     async def run(self, stop: asyncio.Event) -> None:
         psub = await self._bind(stop)
         if psub is None:
             return
+        watcher = asyncio.create_task(self.watch_dead_letters(stop))
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -200,8 +313,25 @@ class Consumer:
         finally:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            watcher.cancel()
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
+
+    async def watch_dead_letters(self, stop: asyncio.Event) -> None:
+        """Keep ``trove_dead_letters{consumer}`` current (parked, re-driven, dropped)."""
+        while not stop.is_set():
+            await self.count_dead_letters()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.dead_letters_refresh)
+
+    async def count_dead_letters(self) -> None:
+        subject = f"{DEAD_PREFIX}.{self.durable}"
+        try:
+            info = await self.bus.js.stream_info(DEAD_STREAM, subjects_filter=subject)
+        except Exception as exc:  # no stream yet, or the broker is away: next time
+            log.debug("could not count %s: %s", subject, exc)
+            return
+        DEAD_LETTERS.labels(self.durable).set((info.state.subjects or {}).get(subject, 0))
 
     async def _bind(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
         while not stop.is_set():
@@ -219,38 +349,54 @@ class Consumer:
         try:
             await self.handler(msg)
         except Retry as retry:
-            log.warning("%s: retrying in %.1fs: %s", self.durable, retry.delay, retry)
-            MESSAGES_HANDLED.labels(self.durable, "retried").inc()
-            await _quiet(msg.nak(delay=retry.delay))
+            await self._retry(msg, retry)
             return
         except MalformedEvent as exc:
             await self._park(msg, f"malformed: {exc}")
             return
         except Exception as exc:
-            n = deliveries(msg)
-            if n >= self.max_failures:
-                await self._park(msg, f"failed {n} times: {type(exc).__name__}: {exc}")
-                return
-            delay = self.failure_backoff * (2 ** (n - 1))
-            log.exception(
-                "%s: handler failed (delivery %d), retry in %.1fs", self.durable, n, delay
-            )
-            MESSAGES_HANDLED.labels(self.durable, "failed").inc()
-            await _quiet(msg.nak(delay=delay))
+            if broker_trouble(exc):
+                reason = f"broker unavailable: {type(exc).__name__}: {exc}"
+                await self._retry(msg, Retry(reason, delay=self.broker_retry_delay))
+            else:
+                await self._failed(msg, exc)
             return
+        if len(self.failures):  # usually empty: no metadata parsed for nothing
+            self.failures.forget(_sequence(msg))
         MESSAGES_HANDLED.labels(self.durable, "acked").inc()
         await _quiet(msg.ack())
+
+    async def _retry(self, msg: Msg, retry: Retry) -> None:
+        """Hand the message back for later: not the message's fault, so not counted."""
+        log.warning("%s: retrying in %.1fs: %s", self.durable, retry.delay, retry)
+        MESSAGES_HANDLED.labels(self.durable, "retried").inc()
+        await _quiet(msg.nak(delay=retry.delay))
+
+    async def _failed(self, msg: Msg, exc: Exception) -> None:
+        seq = _sequence(msg)
+        # A message outside a stream is never redelivered: parking is the only way to keep it.
+        n = self.failures.add(seq) if seq is not None else self.max_failures
+        if n >= self.max_failures:
+            await self._park(msg, f"failed {n} times: {type(exc).__name__}: {exc}")
+            return
+        delay = min(self.failure_backoff * (2 ** (n - 1)), self.max_failure_backoff)
+        log.exception("%s: handler failed (%d times), retry in %.1fs", self.durable, n, delay)
+        MESSAGES_HANDLED.labels(self.durable, "failed").inc()
+        await _quiet(msg.nak(delay=delay))
 
     async def _park(self, msg: Msg, reason: str) -> None:
         try:
             await self.bus.park(self.durable, msg, reason)
         except Exception as exc:
-            # Could not park: hand it back rather than lose it.
+            # Could not park: hand it back rather than lose it. Its count is kept, so
+            # its next failure tries to park it again.
             log.warning("could not park a message (%s); handing it back", exc)
-            await _quiet(msg.nak(delay=5.0))
+            await _quiet(msg.nak(delay=self.broker_retry_delay))
             return
+        self.failures.forget(_sequence(msg))
         MESSAGES_HANDLED.labels(self.durable, "parked").inc()
         await _quiet(msg.term())
+        await self.count_dead_letters()
 
 
 @dataclass(kw_only=True)
@@ -270,6 +416,10 @@ class BatchConsumer:
     handler: Handler
     batch_size: int = 256
     concurrency: int = 2
+    max_failures: int = 5
+    failure_backoff: float = 2.0
+    broker_retry_delay: float = 2.0
+    dead_letters_refresh: float = 60.0
     idle_wait: float = 1.0
     fetch_wait: float = 0.05
     #: After a short fetch, keep collecting for up to this long before handling: a crawl
@@ -277,12 +427,21 @@ class BatchConsumer:
     linger: float = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
+        # Handles the messages of a failed batch one by one, and counts their failures.
         single = Consumer(
-            bus=self.bus, stream=self.stream, durable=self.durable, handler=self.handler
+            bus=self.bus,
+            stream=self.stream,
+            durable=self.durable,
+            handler=self.handler,
+            max_failures=self.max_failures,
+            failure_backoff=self.failure_backoff,
+            broker_retry_delay=self.broker_retry_delay,
+            dead_letters_refresh=self.dead_letters_refresh,
         )
         psub = await single._bind(stop)
         if psub is None:
             return
+        watcher = asyncio.create_task(single.watch_dead_letters(stop))
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
@@ -308,6 +467,7 @@ class BatchConsumer:
         finally:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            watcher.cancel()
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
 
@@ -334,18 +494,27 @@ class BatchConsumer:
         try:
             await self.batch_handler(msgs)
         except Retry as retry:
-            log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
-            MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
-            await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
+            await self._retry(msgs, retry)
             return
         except Exception as exc:
+            if broker_trouble(exc):
+                reason = f"broker unavailable: {type(exc).__name__}: {exc}"
+                await self._retry(msgs, Retry(reason, delay=self.broker_retry_delay))
+                return
             log.warning("%s: batch failed (%s), handling one by one", self.durable, exc)
             for msg in msgs:
                 await single._handle(msg)
             return
         MESSAGES_HANDLED.labels(self.durable, "acked").inc(len(msgs))
         for msg in msgs:  # an ack is a publish into the client's buffer: no task each
+            if len(single.failures):
+                single.failures.forget(_sequence(msg))
             await _quiet(msg.ack())
+
+    async def _retry(self, msgs: Sequence[Msg], retry: Retry) -> None:
+        log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
+        MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
+        await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
 
 
 async def _quiet(op: Awaitable[Any]) -> None:

@@ -14,6 +14,12 @@ EVENTS_PUBLISHED = Counter(
 MESSAGES_HANDLED = Counter(
     "trove_messages_total", "Messages a consumer finished with, by ending", ["consumer", "ending"]
 )
+#: Kept until an operator re-drives or drops them (`trove dead`): alert when above 0.
+DEAD_LETTERS = Gauge(
+    "trove_dead_letters",
+    "Messages this consumer parked on TROVE_DEAD that wait for an operator",
+    ["consumer"],
+)
 
 FETCHES = Counter("trove_fetches_total", "Fetch attempts by outcome", ["outcome"])
 FETCH_SECONDS = Histogram(
@@ -27,6 +33,10 @@ LEASES = Counter(
     "trove_leases_total", "Domain lease decisions", ["decision"]
 )  # granted, waited (local), deferred (re-scheduled)
 ROBOTS_CACHE = Counter("trove_robots_cache_total", "robots.txt lookups", ["result"])
+RESERVATION_HORIZON = Gauge(
+    "trove_reservation_horizon_seconds",
+    "How far ahead the furthest slot this pod planned for deferred work lies",
+)
 
 DISCOVERED = Counter("trove_pages_discovered_total", "PageDiscovered published", ["via"])
 SEEDS = Counter("trove_seeds_total", "Seeds by verdict", ["verdict"])

@@ -1,0 +1,294 @@
+"""``trove dead``: the messages consumers parked, for an operator to re-drive or drop.
+
+A consumer parks a message on ``trove.dead.<consumer>`` (stream ``TROVE_DEAD``) when it
+is poison: malformed, or its handler failed ``max_failures`` times on its own (see
+``trove_schema.bus``). It stays there until someone acts (``TROVE_DEAD_MAX_AGE_SECONDS``
+is 0, forever, by default):
+
+* ``trove dead`` lists them: sequence, time, consumer, subject, reason;
+* ``trove dead redrive SEQ ... | --all`` publishes each to its original subject, then
+  removes it. The event's own ``Nats-Msg-Id`` is not sent again: within the duplicate
+  window JetStream would drop the re-drive as a copy of the original. Each re-drive has
+  an id of its own instead, and every consumer is idempotent by event id anyway;
+* ``trove dead drop SEQ ... | --all`` removes them.
+
+Every re-drive and drop is logged (``trove_cli.dead``, on stderr) with what was removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from trove_schema.nats_tls import client_tls
+from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
+
+log = logging.getLogger(__name__)
+
+#: Messages per fetch while listing, and the wait for each batch.
+BATCH = 256
+READ_TIMEOUT = 5.0
+#: How long a re-drive into a stream that sends no PubAck (``no_ack``, the seeds) waits
+#: to see the message stored.
+STORED_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One parked message, as listed (headers only: the body stays on the server)."""
+
+    seq: int
+    parked_at: datetime
+    consumer: str
+    subject: str
+    reason: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one sequence number asked for."""
+
+    seq: int
+    done: bool
+    #: Where it went (re-drive), or why nothing was done.
+    note: str
+
+
+def _filter(consumer: str | None) -> str:
+    return f"{DEAD_PREFIX}.{consumer}" if consumer else f"{DEAD_PREFIX}.>"
+
+
+async def list_dead(js: JetStreamContext, *, consumer: str | None = None) -> list[DeadLetter]:
+    """Every parked message (of ``consumer``, if given), oldest first.
+
+    Read through an ephemeral consumer that delivers headers only, so listing a large
+    backlog does not move the bodies; it is deleted afterwards. Empty without the stream.
+    """
+    config = ConsumerConfig(
+        name=f"trove-dead-{uuid.uuid4().hex}",
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.NONE,
+        filter_subject=_filter(consumer),
+        headers_only=True,
+        mem_storage=True,
+        inactive_threshold=READ_TIMEOUT * 6,
+    )
+    try:
+        info = await js.add_consumer(DEAD_STREAM, config)
+    except NotFoundError:
+        return []
+    letters: list[DeadLetter] = []
+    try:
+        sub = await js.pull_subscribe_bind(info.name, stream=DEAD_STREAM)
+        remaining = info.num_pending or 0
+        while remaining > 0:
+            msgs = await sub.fetch(min(remaining, BATCH), timeout=READ_TIMEOUT)
+            for msg in msgs:
+                headers = msg.headers or {}
+                md = msg.metadata
+                letters.append(
+                    DeadLetter(
+                        seq=md.sequence.stream,
+                        parked_at=md.timestamp,
+                        consumer=headers.get(
+                            "Trove-Dead-Consumer", msg.subject.removeprefix(f"{DEAD_PREFIX}.")
+                        ),
+                        subject=headers.get("Trove-Dead-Subject", ""),
+                        reason=headers.get("Trove-Dead-Reason", ""),
+                        size=int(headers.get("Nats-Msg-Size", 0)),
+                    )
+                )
+            remaining = msgs[-1].metadata.num_pending if msgs else 0
+        await sub.unsubscribe()
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(DEAD_STREAM, info.name)
+    return letters
+
+
+async def _sequences(
+    js: JetStreamContext, seqs: Sequence[int], every: bool, consumer: str | None
+) -> list[int]:
+    if every:
+        return [letter.seq for letter in await list_dead(js, consumer=consumer)]
+    return list(dict.fromkeys(seqs))
+
+
+async def redrive(
+    nc: Client,
+    seqs: Sequence[int] = (),
+    *,
+    every: bool = False,
+    consumer: str | None = None,
+) -> list[Outcome]:
+    """Publish parked messages to their original subjects, then remove them from TROVE_DEAD.
+
+    A message is removed only once its stream has stored the copy: a failure on the way
+    leaves it parked, to be re-driven again.
+    """
+    js = nc.jetstream()
+    outcomes = []
+    for seq in await _sequences(js, seqs, every, consumer):
+        try:
+            parked = await js.get_msg(DEAD_STREAM, seq)
+        except NotFoundError:
+            outcomes.append(Outcome(seq, False, "no parked message with this sequence"))
+            continue
+        headers = parked.headers or {}
+        subject = headers.get("Trove-Dead-Subject", "")
+        if not subject:
+            outcomes.append(Outcome(seq, False, "parked without its original subject"))
+            continue
+        own = {k: v for k, v in headers.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
+        own["Nats-Msg-Id"] = f"trove-redrive:{DEAD_STREAM}:{seq}"
+        try:
+            await _publish(nc, js, subject, parked.data or b"", own)
+        except Exception as exc:
+            outcomes.append(Outcome(seq, False, f"could not publish to {subject}: {exc}"))
+            continue
+        await js.delete_msg(DEAD_STREAM, seq)
+        log.warning(
+            "re-drove parked message %d to %s (consumer %s, parked for: %s)",
+            seq,
+            subject,
+            headers.get("Trove-Dead-Consumer", "?"),
+            headers.get("Trove-Dead-Reason", "?"),
+        )
+        outcomes.append(Outcome(seq, True, subject))
+    return outcomes
+
+
+async def _publish(
+    nc: Client, js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str]
+) -> None:
+    """Publish to the stream that holds ``subject``, and make sure it stored the message."""
+    stream = await js.find_stream_name_by_subject(subject)
+    info = await js.stream_info(stream)
+    if not info.config.no_ack:
+        await js.publish(subject, data, headers=headers)
+        return
+    # A stream that answers nothing (the seeds, so that discovery answers `nats req`):
+    # publish plainly and wait until the stream's last sequence moves past ours.
+    before = info.state.last_seq
+    await nc.publish(subject, data, headers=headers)
+    await nc.flush()
+    deadline = time.monotonic() + STORED_TIMEOUT
+    while (await js.stream_info(stream)).state.last_seq <= before:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"stream {stream} did not store it")
+        await asyncio.sleep(0.05)
+
+
+async def drop(
+    js: JetStreamContext,
+    seqs: Sequence[int] = (),
+    *,
+    every: bool = False,
+    consumer: str | None = None,
+) -> list[Outcome]:
+    """Remove parked messages for good, logging each one's consumer, subject and reason."""
+    outcomes = []
+    for seq in await _sequences(js, seqs, every, consumer):
+        try:
+            parked = await js.get_msg(DEAD_STREAM, seq)
+            await js.delete_msg(DEAD_STREAM, seq)
+        except NotFoundError:
+            outcomes.append(Outcome(seq, False, "no parked message with this sequence"))
+            continue
+        headers = parked.headers or {}
+        log.warning(
+            "dropped parked message %d from %s (consumer %s, subject %s, parked for: %s)",
+            seq,
+            parked.subject,
+            headers.get("Trove-Dead-Consumer", "?"),
+            headers.get("Trove-Dead-Subject", "?"),
+            headers.get("Trove-Dead-Reason", "?"),
+        )
+        outcomes.append(Outcome(seq, True, "dropped"))
+    return outcomes
+
+
+def render_dead(letters: Sequence[DeadLetter], console: Console) -> None:
+    if not letters:
+        console.print("No parked messages.")
+        return
+    table = Table(title=f"Parked messages ({len(letters)})", title_justify="left")
+    for column in ("seq", "parked", "consumer", "subject", "reason"):
+        table.add_column(column, justify="right" if column == "seq" else "left")
+    for letter in letters:
+        when = letter.parked_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            str(letter.seq),
+            when,
+            letter.consumer,
+            letter.subject,
+            Text(letter.reason, overflow="fold"),
+        )
+    console.print(table)
+    console.print("re-drive: trove dead redrive SEQ ... | --all;  remove: trove dead drop SEQ ...")
+
+
+def render_outcomes(outcomes: Sequence[Outcome], verb: str, console: Console) -> int:
+    """Print what was done; 1 when something asked for could not be done."""
+    done = [o for o in outcomes if o.done]
+    console.print(f"{verb} {len(done)} parked message(s).")
+    for o in outcomes:
+        if not o.done:
+            console.print(f"[red]{o.seq}: {o.note}[/red]")
+    return 0 if len(done) == len(outcomes) else 1
+
+
+def _audit_log() -> None:
+    """Re-drives and drops go to stderr with a time, whatever else logs (or not)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+async def dead_command(
+    nats_url: str,
+    console: Console,
+    *,
+    action: str | None = None,
+    seqs: Sequence[int] = (),
+    every: bool = False,
+    consumer: str | None = None,
+) -> int:
+    """``trove dead [redrive|drop] [SEQ ...] [--all] [--consumer NAME]``."""
+    if action is not None and bool(seqs) == every:
+        console.print("[red]give the sequence numbers to act on, or --all[/red]")
+        return 2
+    _audit_log()
+    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
+    try:
+        js = nc.jetstream()
+        if action is None:
+            render_dead(await list_dead(js, consumer=consumer), console)
+            return 0
+        if action == "redrive":
+            outcomes = await redrive(nc, seqs, every=every, consumer=consumer)
+            return render_outcomes(outcomes, "re-drove", console)
+        outcomes = await drop(js, seqs, every=every, consumer=consumer)
+        return render_outcomes(outcomes, "dropped", console)
+    finally:
+        await nc.close()

@@ -1,0 +1,255 @@
+"""``trove dead`` against a real NATS: list, re-drive and drop parked messages."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from nats.aio.msg import Msg
+from prometheus_client import REGISTRY
+from rich.console import Console
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from trove_cli.dead import dead_command, drop, list_dead, redrive
+from trove_cli.status import collect_status
+from trove_schema.bus import Bus, Consumer
+from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
+from trove_schema.topology import (
+    DEAD_PREFIX,
+    DISCOVERY_SEEDS,
+    EVENTS_STREAM,
+    FETCHER,
+    RECORDER,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+def page(n: int) -> PageDiscovered:
+    return PageDiscovered(
+        url=f"https://a.example/{n}",
+        domain="a.example",
+        scope=Scope(value="a.example"),
+        provenance=Provenance(kind="seed"),
+    )
+
+
+async def park_next(bus: Bus, stream: str, durable: str, reason: str) -> Msg:
+    """Take the consumer's next message and park it, as the consumer loop does."""
+    sub = await bus.js.pull_subscribe_bind(durable, stream=stream)
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+        await bus.park(durable, msg, reason)
+        await msg.term()
+    finally:
+        await sub.unsubscribe()
+    return msg
+
+
+async def pending(bus: Bus, stream: str, durable: str) -> int:
+    return (await bus.js.consumer_info(stream, durable)).num_pending or 0
+
+
+@pytest.fixture
+async def three_parked(bus: Bus) -> list[PageDiscovered]:
+    """Two pages parked by the recorder and one by the fetcher."""
+    events = [page(1), page(2)]
+    for event in events:
+        await bus.publish(event)
+    await park_next(bus, EVENTS_STREAM, RECORDER, "failed 5 times: ValueError: one")
+    await park_next(bus, EVENTS_STREAM, RECORDER, "failed 5 times: ValueError: two")
+    await park_next(bus, EVENTS_STREAM, FETCHER, "malformed: invalid PageDiscovered")
+    return events
+
+
+async def test_parked_messages_are_listed_with_consumer_subject_reason_and_time(
+    bus: Bus, three_parked: list[PageDiscovered]
+) -> None:
+    before = datetime.now(UTC)
+    letters = await list_dead(bus.js)
+
+    assert [(d.consumer, d.subject, d.reason) for d in letters] == [
+        (RECORDER, PageDiscovered.SUBJECT, "failed 5 times: ValueError: one"),
+        (RECORDER, PageDiscovered.SUBJECT, "failed 5 times: ValueError: two"),
+        (FETCHER, PageDiscovered.SUBJECT, "malformed: invalid PageDiscovered"),
+    ]
+    assert all(abs((before - d.parked_at).total_seconds()) < 30 for d in letters)
+    assert letters[0].size == len(three_parked[0].to_wire())
+    assert [d.consumer for d in await list_dead(bus.js, consumer=FETCHER)] == [FETCHER]
+
+
+async def test_redrive_republishes_to_the_original_subject_within_the_duplicate_window(
+    bus: Bus, engine: AsyncEngine, three_parked: list[PageDiscovered]
+) -> None:
+    first, _second, third = await list_dead(bus.js)
+    recorder_before = await pending(bus, EVENTS_STREAM, RECORDER)
+
+    outcomes = await redrive(bus.nc, [first.seq])
+
+    assert [(o.seq, o.done, o.note) for o in outcomes] == [
+        (first.seq, True, PageDiscovered.SUBJECT)
+    ]
+    # Seconds after the original: its Nats-Msg-Id would have been dropped as a duplicate.
+    assert await pending(bus, EVENTS_STREAM, RECORDER) == recorder_before + 1
+    latest = await bus.js.get_last_msg(EVENTS_STREAM, PageDiscovered.SUBJECT)
+    assert decode_event(latest.data or b"") == three_parked[0]
+    assert latest.headers is not None
+    assert latest.headers["Trove-Event-Type"] == "PageDiscovered"
+    assert not any(k.startswith("Trove-Dead-") for k in latest.headers)
+    assert [d.seq for d in await list_dead(bus.js)] == [_second.seq, third.seq]
+    status = await collect_status(bus.js, engine)
+    assert status.dead_letters == 2
+    assert status.dead_by_consumer == {FETCHER: 1, RECORDER: 1}
+
+
+async def test_redrive_all_of_one_consumer_leaves_the_others_parked(
+    bus: Bus, three_parked: list[PageDiscovered]
+) -> None:
+    outcomes = await redrive(bus.nc, every=True, consumer=RECORDER)
+
+    assert [o.done for o in outcomes] == [True, True]
+    assert [d.consumer for d in await list_dead(bus.js)] == [FETCHER]
+    assert await pending(bus, EVENTS_STREAM, RECORDER) == 2
+
+
+async def test_a_parked_seed_is_redriven_into_the_seeds_stream_that_sends_no_acks(
+    bus: Bus,
+) -> None:
+    await bus.nc.publish(SEEDS_SUBJECT, b"https://seed.example/")
+    await eventually(
+        lambda: pending(bus, SEEDS_STREAM, DISCOVERY_SEEDS),
+        until=lambda n: n == 1,
+        timeout=5,
+        what="the seed stored",
+    )
+    await park_next(bus, SEEDS_STREAM, DISCOVERY_SEEDS, "failed 5 times: OSError: x")
+    (letter,) = await list_dead(bus.js)
+
+    (outcome,) = await redrive(bus.nc, [letter.seq])
+
+    assert outcome.done, outcome
+    assert await pending(bus, SEEDS_STREAM, DISCOVERY_SEEDS) == 1
+    assert await list_dead(bus.js) == []
+
+
+async def test_a_message_that_cannot_be_redriven_stays_parked(bus: Bus) -> None:
+    await bus.js.publish(
+        f"{DEAD_PREFIX}.{RECORDER}",
+        b"{}",
+        headers={"Trove-Dead-Subject": "nowhere.at.all", "Trove-Dead-Reason": "x"},
+    )
+    (letter,) = await list_dead(bus.js)
+
+    outcomes = await redrive(bus.nc, [letter.seq, letter.seq + 1000])
+
+    assert [o.done for o in outcomes] == [False, False]
+    assert "nowhere.at.all" in outcomes[0].note
+    assert outcomes[1].note == "no parked message with this sequence"
+    assert [d.seq for d in await list_dead(bus.js)] == [letter.seq]
+
+
+async def test_drop_removes_parked_messages_and_logs_each_one(
+    bus: Bus, three_parked: list[PageDiscovered], caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second, third = await list_dead(bus.js)
+    caplog.set_level(logging.WARNING, logger="trove_cli.dead")
+
+    outcomes = await drop(bus.js, [first.seq, third.seq])
+
+    assert [o.done for o in outcomes] == [True, True]
+    assert [d.seq for d in await list_dead(bus.js)] == [second.seq]
+    lines = [r.getMessage() for r in caplog.records if r.name == "trove_cli.dead"]
+    assert len(lines) == 2
+    assert f"dropped parked message {first.seq}" in lines[0]
+    assert "consumer recorder" in lines[0]
+    assert PageDiscovered.SUBJECT in lines[0]
+    assert "ValueError: one" in lines[0]
+
+
+async def test_the_dead_letter_gauge_follows_parking_and_dropping(bus: Bus) -> None:
+    async def poison(msg: Msg) -> None:
+        raise ValueError("poison")
+
+    consumer = Consumer(
+        bus=bus,
+        stream=EVENTS_STREAM,
+        durable=FETCHER,
+        handler=poison,
+        max_failures=1,
+        dead_letters_refresh=0.1,
+    )
+
+    def gauge() -> float | None:
+        return REGISTRY.get_sample_value("trove_dead_letters", {"consumer": FETCHER})
+
+    async def read_gauge() -> float | None:
+        return gauge()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await bus.publish(page(1))
+        await eventually(read_gauge, until=lambda v: v == 1, timeout=10, what="gauge at 1")
+        await drop(bus.js, every=True)
+        await eventually(read_gauge, until=lambda v: v == 0, timeout=10, what="gauge at 0")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def test_dead_command_refuses_an_action_without_sequences_or_all(stack: StackUrls) -> None:
+    out = io.StringIO()
+
+    code = await dead_command(stack.nats_url, Console(file=out), action="drop")
+
+    assert code == 2
+    assert "--all" in out.getvalue()
+
+
+async def test_trove_dead_lists_and_redrives_from_the_command_line(
+    stack: StackUrls, bus: Bus, three_parked: list[PageDiscovered], tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+        "COLUMNS": "200",
+    }
+
+    async def trove(*argv: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "trove_cli",
+            *argv,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode()
+
+    started = time.monotonic()
+    code, listed = await trove("dead")
+    assert code == 0, listed
+    for expected in ("Parked messages (3)", "recorder", "fetcher", "ValueError: two"):
+        assert expected in listed, expected
+
+    code, printed = await trove("dead", "redrive", "--all", "--consumer", RECORDER)
+    assert code == 0, printed
+    assert "re-drove 2 parked message(s)" in printed
+    assert "re-drove parked message" in printed  # the log line, on stderr
+    assert [d.consumer for d in await list_dead(bus.js)] == [FETCHER]
+    assert time.monotonic() - started < 30

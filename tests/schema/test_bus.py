@@ -1,0 +1,395 @@
+"""The consumer loop's failure policy on a real nats-server: parking is for poison only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import pytest
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from nats.js.errors import APIError, ServiceUnavailableError
+from prometheus_client import REGISTRY
+
+from tests.conftest import eventually
+from trove_schema.bus import BatchConsumer, Bus, Consumer, FailureCounts, Retry, broker_trouble
+from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
+from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+class Quick(TypedDict):
+    failure_backoff: float
+    broker_retry_delay: float
+    idle_wait: float
+
+
+#: Backoffs scaled down so that a test's redeliveries take milliseconds.
+FAST = Quick(failure_backoff=0.01, broker_retry_delay=0.01, idle_wait=0.2)
+
+
+@dataclass
+class Lane:
+    """A stream of its own with one durable consumer, so a test sees only its messages."""
+
+    stream: str
+    subject: str
+    durable: str
+
+    @property
+    def dead_subject(self) -> str:
+        return f"{DEAD_PREFIX}.{self.durable}"
+
+
+@pytest.fixture
+async def lane(bus: Bus) -> AsyncIterator[Lane]:
+    tag = uuid.uuid4().hex[:10]
+    made = Lane(stream=f"TEST_BUS_{tag}", subject=f"test.bus.{tag}", durable=f"test-{tag}")
+    await bus.js.add_stream(
+        StreamConfig(name=made.stream, subjects=[made.subject], storage=StorageType.MEMORY)
+    )
+    await bus.js.add_consumer(
+        made.stream,
+        ConsumerConfig(
+            durable_name=made.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=0.5, max_deliver=-1
+        ),
+    )
+    try:
+        yield made
+    finally:
+        await bus.js.delete_stream(made.stream)
+
+
+@dataclass
+class Script:
+    """A handler that plays one step per call (an exception to raise, or None to succeed)."""
+
+    steps: Sequence[Callable[[], Awaitable[None]] | None]
+    then: Callable[[], Awaitable[None]] | None = None
+    calls: int = 0
+    handled: list[Msg] = field(default_factory=list)
+    deliveries: list[int] = field(default_factory=list)
+
+    async def __call__(self, msg: Msg) -> None:
+        self.calls += 1
+        self.deliveries.append(msg.metadata.num_delivered)
+        step = self.steps[self.calls - 1] if self.calls <= len(self.steps) else self.then
+        if step is not None:
+            await step()
+        self.handled.append(msg)
+
+
+def raising(exc: BaseException) -> Callable[[], Awaitable[None]]:
+    async def step() -> None:
+        raise exc
+
+    return step
+
+
+@asynccontextmanager
+async def running(consumer: Consumer | BatchConsumer) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def parked(bus: Bus, lane: Lane) -> int:
+    info = await bus.js.stream_info(DEAD_STREAM, subjects_filter=lane.dead_subject)
+    return (info.state.subjects or {}).get(lane.dead_subject, 0)
+
+
+async def outstanding(bus: Bus, lane: Lane) -> int:
+    """Messages the consumer has not acked or termed yet."""
+    info = await bus.js.consumer_info(lane.stream, lane.durable)
+    return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+
+async def settled(bus: Bus, lane: Lane) -> None:
+    await eventually(
+        lambda: outstanding(bus, lane), until=lambda n: n == 0, timeout=10, what="all acked"
+    )
+
+
+async def test_a_handler_that_asks_for_retries_many_times_is_never_parked(
+    bus: Bus, lane: Lane
+) -> None:
+    script = Script([raising(Retry("database away", delay=0.01))] * 12)
+    await bus.js.publish(lane.subject, b"work")
+
+    async with running(
+        Consumer(bus=bus, stream=lane.stream, durable=lane.durable, handler=script, max_failures=2)
+    ):
+        await settled(bus, lane)
+
+    assert script.calls == 13
+    assert script.deliveries[-1] == 13  # JetStream counted every delivery; the consumer did not
+    assert len(script.handled) == 1
+    assert await parked(bus, lane) == 0
+
+
+async def test_broker_errors_raised_in_a_handler_are_retried_not_parked(
+    bus: Bus, lane: Lane
+) -> None:
+    silent = await bus.nc.subscribe(f"{lane.subject}.silent")  # never answers
+
+    async def publish_to_no_stream() -> None:
+        await bus.js.publish(f"nowhere.{lane.durable}", b"x")  # no responders: no stream
+
+    async def request_nobody() -> None:
+        await bus.nc.request(f"nobody.{lane.durable}", b"x", timeout=1)
+
+    async def request_too_slow() -> None:
+        await bus.nc.request(f"{lane.subject}.silent", b"x", timeout=0.05)
+
+    unavailable = APIError(code=503, description="JetStream system temporarily unavailable")
+    steps = [
+        publish_to_no_stream,
+        request_nobody,
+        request_too_slow,
+        raising(ServiceUnavailableError()),
+        raising(unavailable),
+        raising(TimeoutError()),
+    ]
+    script = Script(steps * 2)
+    await bus.js.publish(lane.subject, b"work")
+
+    async with running(
+        Consumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            handler=script,
+            max_failures=2,
+            **FAST,
+        )
+    ):
+        await settled(bus, lane)
+    await silent.unsubscribe()
+
+    assert script.calls == 13
+    assert len(script.handled) == 1
+    assert await parked(bus, lane) == 0
+
+
+async def test_a_poison_message_is_parked_after_its_own_failures_with_the_reason(
+    bus: Bus, lane: Lane
+) -> None:
+    retries = [raising(Retry("database away", delay=0.01))] * 4
+    script = Script(retries, then=raising(ValueError("no such column")))
+    await bus.js.publish(
+        lane.subject, b"poison", headers={"Nats-Msg-Id": "m-1", "Trove-Event-Type": "Test"}
+    )
+    parked_before = REGISTRY.get_sample_value(
+        "trove_messages_total", {"consumer": lane.durable, "ending": "parked"}
+    )
+
+    async with running(
+        Consumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            handler=script,
+            max_failures=3,
+            **FAST,
+        )
+    ):
+        await settled(bus, lane)
+        assert REGISTRY.get_sample_value("trove_dead_letters", {"consumer": lane.durable}) == 1
+
+    assert script.calls == 4 + 3  # the retries were not failures
+    assert parked_before is None
+    assert REGISTRY.get_sample_value(
+        "trove_messages_total", {"consumer": lane.durable, "ending": "parked"}
+    )
+    assert await parked(bus, lane) == 1
+    dead = await bus.js.get_last_msg(DEAD_STREAM, lane.dead_subject)
+    assert dead.data == b"poison"
+    assert dead.headers is not None
+    assert dead.headers["Trove-Dead-Reason"] == "failed 3 times: ValueError: no such column"
+    assert dead.headers["Trove-Dead-Subject"] == lane.subject
+    assert dead.headers["Trove-Dead-Consumer"] == lane.durable
+    assert dead.headers["Trove-Dead-Msg-Id"] == "m-1"
+    assert dead.headers["Trove-Event-Type"] == "Test"
+
+
+async def test_a_message_redelivered_after_its_holders_died_is_not_parked_on_a_failure(
+    bus: Bus, lane: Lane
+) -> None:
+    await bus.js.publish(lane.subject, b"work")
+    dying = await bus.js.pull_subscribe_bind(lane.durable, stream=lane.stream)
+    for _ in range(3):  # three pods took it and died before acking (ack_wait 0.5 s)
+        await dying.fetch(1, timeout=5)
+    await dying.unsubscribe()
+    script = Script([raising(RuntimeError("flaky"))])
+
+    async with running(
+        Consumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            handler=script,
+            max_failures=2,
+            **FAST,
+        )
+    ):
+        await settled(bus, lane)
+
+    assert script.deliveries[0] >= 4
+    assert len(script.handled) == 1
+    assert await parked(bus, lane) == 0
+
+
+async def test_a_malformed_event_is_parked_at_once(bus: Bus, lane: Lane) -> None:
+    async def handler(msg: Msg) -> None:
+        decode_event(msg.data)
+
+    await bus.js.publish(lane.subject, b"{not json")
+
+    async with running(
+        Consumer(bus=bus, stream=lane.stream, durable=lane.durable, handler=handler, **FAST)
+    ):
+        await settled(bus, lane)
+
+    dead = await bus.js.get_last_msg(DEAD_STREAM, lane.dead_subject)
+    assert dead.headers is not None
+    assert dead.headers["Trove-Dead-Reason"].startswith("malformed: not JSON")
+
+
+async def test_a_batch_meeting_a_broker_error_is_handed_back_whole_and_not_counted(
+    bus: Bus, lane: Lane
+) -> None:
+    batches: list[int] = []
+    singles: list[Msg] = []
+
+    async def batch_handler(msgs: Any) -> None:
+        batches.append(len(msgs))
+        if len(batches) <= 6:
+            await bus.nc.request(f"nobody.{lane.durable}", b"x", timeout=1)
+
+    async def handler(msg: Msg) -> None:
+        singles.append(msg)
+
+    for i in range(3):
+        await bus.js.publish(lane.subject, f"work {i}".encode())
+
+    async with running(
+        BatchConsumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            batch_handler=batch_handler,
+            handler=handler,
+            max_failures=2,
+            **FAST,
+        )
+    ):
+        await settled(bus, lane)
+
+    assert len(batches) >= 7
+    assert singles == []  # never split up, so nothing was counted against a message
+    assert await parked(bus, lane) == 0
+
+
+async def test_a_batch_with_a_poison_message_parks_it_alone_after_its_failures(
+    bus: Bus, lane: Lane
+) -> None:
+    handled: list[bytes] = []
+    poison_calls = 0
+
+    async def batch_handler(msgs: Any) -> None:
+        if any(m.data == b"poison" for m in msgs):
+            raise ValueError("bad batch")
+        handled.extend(m.data for m in msgs)
+
+    async def handler(msg: Msg) -> None:
+        nonlocal poison_calls
+        if msg.data == b"poison":
+            poison_calls += 1
+            raise ValueError("bad row")
+        handled.append(msg.data)
+
+    for body in (b"a", b"poison", b"b"):
+        await bus.js.publish(lane.subject, body)
+
+    async with running(
+        BatchConsumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            batch_handler=batch_handler,
+            handler=handler,
+            max_failures=3,
+            **FAST,
+        )
+    ):
+        await settled(bus, lane)
+
+    assert sorted(handled) == [b"a", b"b"]
+    assert poison_calls == 3
+    assert await parked(bus, lane) == 1
+
+
+async def test_an_event_from_a_newer_producer_is_handled_not_parked(bus: Bus, lane: Lane) -> None:
+    event = PageDiscovered(
+        url="https://a.example/",
+        domain="a.example",
+        scope=Scope(value="a.example"),
+        provenance=Provenance(kind="seed"),
+    )
+    wire = json.loads(event.to_wire())
+    wire |= {"version": PageDiscovered.VERSION + 1, "language_hint": "pt"}
+    wire["scope"]["subdomains"] = True
+    decoded: list[Any] = []
+
+    async def handler(msg: Msg) -> None:
+        decoded.append(decode_event(msg.data))
+
+    await bus.js.publish(lane.subject, json.dumps(wire).encode())
+
+    async with running(
+        Consumer(bus=bus, stream=lane.stream, durable=lane.durable, handler=handler, **FAST)
+    ):
+        await settled(bus, lane)
+
+    assert decoded == [event]
+    assert await parked(bus, lane) == 0
+
+
+def test_failure_counts_forget_the_oldest_beyond_their_bound() -> None:
+    counts = FailureCounts(limit=3)
+    for seq in (1, 2, 3):
+        counts.add(seq)
+    assert counts.add(1) == 2  # 1 is now the newest
+    counts.add(4)  # 2 goes
+
+    assert len(counts) == 3
+    assert counts.add(2) == 1  # forgotten, counted afresh (and 3 goes)
+    counts.forget(1)
+    assert len(counts) == 2
+    assert counts.add(4) == 2
+
+
+@pytest.mark.parametrize(
+    ("exc", "trouble"),
+    [
+        (TimeoutError(), True),
+        (ServiceUnavailableError(), True),
+        (APIError(code=503, err_code=10008), True),
+        (APIError(code=400, err_code=10071), False),  # wrong last sequence: a real answer
+        (ValueError("bad"), False),
+    ],
+)
+def test_broker_trouble_tells_an_unavailable_broker_from_a_bad_message(
+    exc: BaseException, trouble: bool
+) -> None:
+    assert broker_trouble(exc) is trouble
