@@ -1,7 +1,8 @@
 """Run Trove on one machine: the stack (embedded or external) and the three services.
 
 Each service runs as its own process (``python -m trove_<service>``), exactly as in a
-pod, with its settings passed through the environment.
+pod, with its settings passed through the environment, and is restarted with backoff
+when it dies (``supervisor.Supervisor``), as a restart policy would in a pod.
 """
 
 from __future__ import annotations
@@ -10,11 +11,18 @@ import atexit
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from trove_cli.supervisor import (
+    DEFAULT_RESTART_POLICY,
+    ProcessState,
+    RestartPolicy,
+    Supervisor,
+    describe_exit,
+)
 from trove_schema.errors import StackError
 from trove_schema.migrate import upgrade
 from trove_stack.processes import Child
@@ -39,8 +47,14 @@ class LocalTrove:
     service_env: Mapping[str, str] = field(default_factory=dict)
     logs_to_console: bool = False
     fast_and_unsafe: bool = False
+    restart_policy: RestartPolicy = DEFAULT_RESTART_POLICY
+    #: Told of every exit and restart of a service (they are logged in any case).
+    notify: Callable[[str], None] | None = None
     stack: Stack = field(init=False)
+    #: The running service processes; a restart replaces its predecessor in place, and
+    #: a process taken out of this list is no longer restarted.
     children: list[Child] = field(default_factory=list, init=False)
+    supervisor: Supervisor | None = field(default=None, init=False)
 
     def start(self) -> LocalTrove:
         # Stopped on any exit of this process too, so no server or service is orphaned.
@@ -59,7 +73,15 @@ class LocalTrove:
             for name in self.services:
                 default = self.fetchers if name == "fetcher" else 1
                 for n in range(self.replicas.get(name, default)):
-                    self.children.append(self._spawn(name, n))
+                    self.children.append(self._spawn(f"{name}-{n}"))
+            self.supervisor = Supervisor(
+                self.children,
+                self._spawn,
+                state_dir=self.state_dir,
+                policy=self.restart_policy,
+                notify=self.notify,
+            )
+            self.supervisor.start()
         except BaseException:
             self.stop()
             raise
@@ -72,28 +94,45 @@ class LocalTrove:
             "TROVE_DATABASE_URL": self.stack.database_url,
         }
 
-    def _spawn(self, name: str, n: int) -> Child:
+    def _spawn(self, process: str) -> Child:
+        """Start process ``<service>-<n>`` (again: its log is appended to)."""
+        service = process.rpartition("-")[0]
         env = {**os.environ, **self.service_env, **self.env}
         env.setdefault("TROVE_LOG_FORMAT", "json")
         env.setdefault("PYTHONUNBUFFERED", "1")
         logs = self.state_dir / "logs"
         return Child(
-            f"{name}-{n}",
-            [sys.executable, "-m", f"trove_{name}"],
-            log_path=logs / f"{name}-{n}.log",
+            process,
+            [sys.executable, "-m", f"trove_{service}"],
+            log_path=logs / f"{process}.log",
             env=env,
         )
 
+    def process_states(self) -> dict[str, ProcessState]:
+        """What the supervisor knows of each service process, by name (``fetcher-0``)."""
+        return {} if self.supervisor is None else self.supervisor.states()
+
     def check_alive(self) -> None:
+        """Raise if a service process has exited since the start, even if it was restarted."""
+        states = self.process_states()
         for child in self.children:
-            if not child.alive():
-                raise StackError(f"service {child.name} exited: {child.tail()}")
+            state = states.get(child.name)
+            exited = None if state is None else state.last_exit_code
+            if exited is not None or not child.alive():
+                code = child.proc.returncode if exited is None else exited
+                raise StackError(
+                    f"service {child.name} exited ({describe_exit(code)}): {child.tail()}"
+                )
 
     def _write_stack_file(self) -> None:
         (self.state_dir / STACK_FILE).write_text(json.dumps(self.env, indent=2))
 
     def stop(self) -> None:
         atexit.unregister(self.stop)
+        # First the watch, so that nothing stopped below is started again.
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         for child in reversed(self.children):
             child.stop(timeout=20)
         self.children.clear()

@@ -16,14 +16,18 @@ import nats
 from nats.js import JetStreamContext
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from trove_cli.dead import dead_command
 from trove_cli.local import LocalTrove, running_stack
 from trove_cli.report import build_report, progress_counts, render
 from trove_cli.search import DEFAULT_LIMIT, search_command
 from trove_cli.status import status_command
+from trove_cli.supervisor import RestartPolicy
 from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
+from trove_schema.nats_tls import client_tls
 from trove_schema.settings import CommonSettings, check_environment
 from trove_schema.topology import (
     DISCOVERY_LINKS,
@@ -36,6 +40,8 @@ from trove_schema.topology import (
     SEEDS_SUBJECT,
     WORK_SCHEDULES_PREFIX,
     WORK_STREAM,
+    TopologyOptions,
+    declare,
     ensure_topology,
 )
 
@@ -84,11 +90,14 @@ async def watch_crawl(
     timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
     local: LocalTrove | None = None,
 ) -> int:
-    nc = await nats.connect(nats_url, name="trove-cli")
+    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
     engine = create_async_engine(database_url)
     try:
-        # The seeds stream must exist before a core publish, or the seeds go nowhere.
-        await ensure_topology(nc.jetstream(), owner="cli")
+        # The seeds stream must exist before a core publish, or the seeds go nowhere. The
+        # CLI owns nothing: it creates what is missing (with TROVE_REPLICAS and the
+        # retention settings) and never changes what exists.
+        options = TopologyOptions.from_settings(CommonSettings())
+        await ensure_topology(nc.jetstream(), declare(options), owner="cli")
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
             await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
@@ -108,13 +117,14 @@ async def watch_crawl(
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("crawl", total=None, note="")
             while True:
-                if local is not None:
-                    local.check_alive()
+                # A service that dies meanwhile is restarted by LocalTrove's supervisor.
                 done, queued = await progress_counts(engine)
                 backlog = await pipeline_backlog(js)
-                progress.update(
-                    task, completed=done, total=max(queued, 1), note=f"backlog {backlog}"
-                )
+                note = f"backlog {backlog}"
+                if local is not None:
+                    restarts = sum(s.restarts for s in local.process_states().values())
+                    note += f", {restarts} service restart(s)" if restarts else ""
+                progress.update(task, completed=done, total=max(queued, 1), note=note)
                 if not console.is_terminal and time.monotonic() >= next_line:
                     # No live bar without a terminal (CI, a pipe): a line every few seconds.
                     console.print(f"crawled {done}/{queued} pages, backlog {backlog}")
@@ -156,6 +166,19 @@ async def _maybe_sandbox(enabled: bool) -> AsyncIterator[tuple[list[str], dict[s
         yield list(running.seeds), env
 
 
+def restart_policy(settings: CommonSettings) -> RestartPolicy:
+    return RestartPolicy(
+        first_delay=settings.restart_delay_seconds,
+        max_delay=max(settings.restart_max_delay_seconds, settings.restart_delay_seconds),
+        reset_after=settings.restart_reset_after_seconds,
+    )
+
+
+def _tell(message: str) -> None:
+    """The supervisor's news (a service exited, was restarted), on the console."""
+    console.print(Text(message, style="yellow"))
+
+
 async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
     async with _maybe_sandbox(args.sandbox) as (sandbox_seeds, sandbox_env):
         seeds = [*args.seeds, *sandbox_seeds]
@@ -174,6 +197,8 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             fetchers=args.fetchers,
             service_env=service_env,
             fast_and_unsafe=args.fresh,
+            notify=_tell,
+            restart_policy=restart_policy(settings),
         )
         console.print(f"starting Trove (state in {settings.state_dir}) ...")
         await asyncio.to_thread(local.start)
@@ -198,7 +223,7 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
     if not nats_url:
         console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
         return 2
-    nc = await nats.connect(nats_url, name="trove-cli")
+    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
     try:
         payload = "\n".join(args.urls).encode()
         if args.request:
@@ -220,7 +245,22 @@ async def cmd_status(args: argparse.Namespace, settings: CommonSettings) -> int:
             "[red]no running stack: set TROVE_NATS_URL/TROVE_DATABASE_URL or `trove up`[/red]"
         )
         return 2
-    return await status_command(nats_url, db_url, console)
+    return await status_command(nats_url, db_url, console, state_dir=settings.state_dir)
+
+
+async def cmd_dead(args: argparse.Namespace, settings: CommonSettings) -> int:
+    nats_url, _ = _urls(settings)
+    if not nats_url:
+        console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
+        return 2
+    return await dead_command(
+        nats_url,
+        console,
+        action=args.action,
+        seqs=getattr(args, "seqs", ()),
+        every=getattr(args, "all", False),
+        consumer=getattr(args, "only", None) or args.consumer,
+    )
 
 
 async def cmd_search(args: argparse.Namespace, settings: CommonSettings) -> int:
@@ -238,18 +278,22 @@ def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
         database_url=settings.database_url,
         fresh=args.fresh,
         fetchers=args.fetchers,
+        notify=_tell,
+        restart_policy=restart_policy(settings),
     )
     with local:
         console.print(f"TROVE_NATS_URL={local.stack.nats_url}")
         console.print(f"TROVE_DATABASE_URL={local.stack.database_url}")
-        console.print(f"logs in {settings.state_dir / 'logs'}; Ctrl-C stops everything")
+        console.print(
+            f"logs in {settings.state_dir / 'logs'}; a service that dies is restarted "
+            "(`trove status` lists restarts); Ctrl-C stops everything"
+        )
         console.print(
             f"seed it: nats pub {SEEDS_SUBJECT} https://example.org/  (or `trove seed URL`)"
         )
         try:
             while True:
-                local.check_alive()
-                time.sleep(1)
+                time.sleep(1)  # the supervisor's thread restarts services that die
         except KeyboardInterrupt:
             console.print("stopping ...")
     return 0
@@ -313,6 +357,23 @@ def parser() -> argparse.ArgumentParser:
     search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
     search.add_argument("--lang", default=None, help="only pages in this language (en, pt-BR)")
     search.add_argument("--limit", type=int, default=DEFAULT_LIMIT)
+    dead = sub.add_parser("dead", help="list parked (dead-letter) messages; re-drive or drop them")
+    dead.add_argument("--consumer", default=None, help="only this consumer's (e.g. recorder)")
+    dead_sub = dead.add_subparsers(dest="action")
+    for action, what in (
+        ("redrive", "publish to the original subject, then remove"),
+        ("drop", "remove for good (logged)"),
+    ):
+        act = dead_sub.add_parser(action, help=what)
+        act.add_argument("seqs", nargs="*", type=int, metavar="SEQ", help="as `trove dead` lists")
+        act.add_argument("--all", action="store_true", help="every parked message")
+        act.add_argument(
+            "--consumer",
+            dest="only",
+            metavar="CONSUMER",
+            default=None,
+            help="with --all: only this consumer's",
+        )
     sub.add_parser("migrate", help="bring the database schema up to date")
     replay = sub.add_parser("replay", help="rebuild the tables from the event record")
     replay.add_argument("--database-url", default="", help="replay into this database instead")
@@ -337,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seed": cmd_seed,
             "status": cmd_status,
             "search": cmd_search,
+            "dead": cmd_dead,
         }
         if args.command in commands:
             return asyncio.run(commands[args.command](args, settings))

@@ -4,6 +4,8 @@
 * JetStream: each service's durable consumers (pending, in flight, redelivered);
 * politeness (KV ``trove_domains``, the fetcher's ``DomainSlot`` records): domains
   backing off after a 429/503, domains with fetches queued for a later slot;
+* the service processes of a ``trove up`` in this state folder, when there is one: pid,
+  restarts, the last exit and restart (``services.json``, written by its supervisor);
 * what needs an operator: dead letters (stream ``TROVE_DEAD``), and the outbox rows the
   recorder has not published yet.
 
@@ -18,6 +20,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nats
 from nats.js import JetStreamContext
@@ -29,6 +32,8 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from trove_cli.supervisor import Supervised, describe_exit, read_supervised
+from trove_schema.nats_tls import client_tls
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
 
 #: The fields of the fetcher's DomainSlot (services/fetcher/trove_fetcher/politeness.py),
@@ -80,16 +85,26 @@ class Status:
     #: Messages in TROVE_DEAD; None when the stream does not exist.
     dead_letters: int | None = None
     dead_by_consumer: dict[str, int] = field(default_factory=dict)
+    #: How long the oldest parked message has waited for an operator (`trove dead`).
+    dead_oldest_seconds: float | None = None
     #: Outbox rows not yet published, and the age of the oldest in seconds.
     outbox_backlog: int = 0
     outbox_oldest_seconds: float | None = None
+    #: The processes ``trove up`` supervises; None when it does not run here.
+    services: Supervised | None = None
 
 
 async def collect_status(
-    js: JetStreamContext, engine: AsyncEngine, *, now: float | None = None
+    js: JetStreamContext,
+    engine: AsyncEngine,
+    *,
+    now: float | None = None,
+    state_dir: Path | None = None,
 ) -> Status:
     """Read the tables, the consumers, the domain slots and the dead letters."""
     status = Status(now=time.time() if now is None else now)
+    if state_dir is not None:
+        status.services = read_supervised(state_dir)
     await _tables(engine, status)
     status.consumers = await consumer_lag(js)
     await _domains(js, status)
@@ -232,6 +247,12 @@ async def _dead_letters(js: JetStreamContext, status: Status) -> None:
         subject.removeprefix(prefix): n
         for subject, n in sorted((info.state.subjects or {}).items())
     }
+    if info.state.messages:
+        # Parked messages are kept until an operator acts: how long has the oldest waited?
+        with contextlib.suppress(NotFoundError):  # re-driven or dropped meanwhile
+            oldest = await js.get_msg(DEAD_STREAM, info.state.first_seq)
+            if oldest.time is not None:
+                status.dead_oldest_seconds = max(status.now - oldest.time.timestamp(), 0.0)
 
 
 def duration(seconds: float) -> str:
@@ -252,6 +273,27 @@ def _table(title: str, *columns: str, numeric: int = 1) -> Table:
     for i, column in enumerate(columns):
         t.add_column(column, justify="right" if i >= len(columns) - numeric else "left")
     return t
+
+
+def _services(status: Status) -> list[Table | Text | str]:
+    if status.services is None:
+        return []
+    table = _table(
+        "Service processes", "process", "pid", "state", "last exit", "restarts", numeric=1
+    )
+    for p in status.services.processes:
+        if p.restart_due_at is not None:
+            state = f"[yellow]down, restart in {duration(p.restart_due_at - status.now)}[/yellow]"
+        else:
+            state = f"up {duration(status.now - p.started_at)}"
+        last = "" if p.last_exit_code is None else describe_exit(p.last_exit_code)
+        if p.last_exit_at is not None:
+            last += f", {duration(status.now - p.last_exit_at)} ago"
+        table.add_row(p.name, str(p.pid), state, last, str(p.restarts))
+    parts: list[Table | Text | str] = [table]
+    if not status.services.supervisor_alive:
+        parts.append(Text("(left by a `trove up` that is no longer running)"))
+    return [*parts, ""]
 
 
 def render_status(status: Status, console: Console, *, max_domains: int = 20) -> None:
@@ -276,7 +318,7 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
             )
         else:
             consumers.add_row(lag.durable, lag.stream, "[dim]not created yet[/dim]", "", "")
-    parts: list[Table | Text | str] = [pages, "", attempts, "", consumers, ""]
+    parts: list[Table | Text | str] = [*_services(status), pages, "", attempts, "", consumers, ""]
 
     if status.backing_off:
         cooling = _table("Domains backing off (429/503)", "domain", "left")
@@ -303,7 +345,10 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
         parts.append(Text(f"Dead letters: stream {DEAD_STREAM} not created yet."))
     else:
         by = ", ".join(f"{c} {n}" for c, n in status.dead_by_consumer.items())
-        parts.append(Text(f"Dead letters: {status.dead_letters}" + (f" ({by})" if by else "")))
+        dead = f"Dead letters: {status.dead_letters}" + (f" ({by})" if by else "")
+        if status.dead_oldest_seconds is not None:
+            dead += f", oldest parked {duration(status.dead_oldest_seconds)} ago: `trove dead`"
+        parts.append(Text(dead))
     outbox = f"Outbox backlog: {status.outbox_backlog} unpublished"
     if status.outbox_oldest_seconds is not None:
         outbox += f" (oldest {duration(status.outbox_oldest_seconds)})"
@@ -311,12 +356,14 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
     console.print(Group(*parts))
 
 
-async def status_command(nats_url: str, database_url: str, console: Console) -> int:
-    """``trove status`` against these servers."""
+async def status_command(
+    nats_url: str, database_url: str, console: Console, *, state_dir: Path | None = None
+) -> int:
+    """``trove status`` against these servers (and ``trove up``'s processes in ``state_dir``)."""
     engine = create_async_engine(database_url)
-    nc = await nats.connect(nats_url, name="trove-cli")
+    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
     try:
-        status = await collect_status(nc.jetstream(), engine)
+        status = await collect_status(nc.jetstream(), engine, state_dir=state_dir)
     finally:
         await nc.close()
         await engine.dispose()

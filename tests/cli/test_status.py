@@ -144,6 +144,20 @@ async def test_dead_letters_are_counted_per_consumer(bus: Bus, engine: AsyncEngi
     assert status.dead_by_consumer == {"recorder": 1}
 
 
+async def test_the_oldest_parked_message_says_how_long_it_has_waited(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    await bus.js.publish(f"{DEAD_PREFIX}.recorder", b"first", headers={"Trove-Dead-Reason": "x"})
+    await bus.js.publish(f"{DEAD_PREFIX}.fetcher", b"second", headers={"Trove-Dead-Reason": "y"})
+
+    status = await collect_status(bus.js, engine, now=time.time() + 3 * 3600)
+    out = io.StringIO()
+    render_status(status, Console(file=out, width=200, color_system=None))
+
+    assert status.dead_oldest_seconds == pytest.approx(3 * 3600, abs=30)
+    assert "Dead letters: 2 (fetcher 1, recorder 1), oldest parked 3h 00m ago" in out.getvalue()
+
+
 async def test_tables_give_pages_by_status_attempts_by_outcome_and_the_outbox_backlog(
     engine: AsyncEngine, bus: Bus
 ) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from trove_discovery.scope import follow_link, in_scope
@@ -66,6 +70,32 @@ def test_an_anchored_pattern_keeps_to_its_prefix() -> None:
 
 def test_a_pattern_that_does_not_compile_lets_nothing_in() -> None:
     assert not in_scope("https://example.org/", Scope(kind=ScopeKind.PATTERN, value="(["))
+
+
+def test_catastrophic_patterns_on_long_adversarial_links_are_decided() -> None:
+    # Each of these takes a backtracking engine (Python's re) exponential time in the
+    # run of "a"s: at 5,000 it would not finish this century. The check runs in a child
+    # process with a generous deadline, because a match in C never lets go of the
+    # interpreter: a thread could not be abandoned.
+    script = textwrap.dedent(
+        r"""
+        from trove_discovery.scope import in_scope
+        from trove_schema.events import Scope, ScopeKind
+
+        url = "https://example.org/" + "a" * 5000
+        cases = [
+            (r"^https://example\.org/(a+)+$", url + "!"),
+            (r"(a|aa)+$", url + "!"),
+            (r"^https://example\.org/(a*)*b", url),
+            (r"^https://example\.org/(a+)+$", url),
+        ]
+        print([in_scope(u, Scope(kind=ScopeKind.PATTERN, value=p)) for p, u in cases])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[False, False, False, True]"
 
 
 def test_an_open_scope_takes_everything() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trove_schema.errors import TroveError
@@ -30,11 +30,24 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", frozen=True)
 
     #: Empty means: start the embedded nats-server (CLI only; services need a URL).
+    #: Credentials go in the URL (tls://user:password@host:4222).
     nats_url: str = ""
+    #: PEM file of the CA that signed the NATS server's certificate; unset, the system's
+    #: CAs (a server that requires TLS is still verified).
+    nats_tls_ca: Path | None = None
+    #: A client certificate and its key (PEM files), for a NATS that verifies clients.
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
     #: SQLAlchemy URL, e.g. postgresql+asyncpg://trove:trove@db/trove. Empty: embedded.
     database_url: str = ""
     #: Where the embedded stack keeps its data.
     state_dir: Path = Path(".trove")
+    #: `trove up` and `trove crawl` restart a service process that dies after this
+    #: delay, doubled with each exit in a row up to the maximum; a process that ran for
+    #: the reset time before it died starts over from the first delay.
+    restart_delay_seconds: float = Field(default=1.0, gt=0.0)
+    restart_max_delay_seconds: float = Field(default=60.0, gt=0.0)
+    restart_reset_after_seconds: float = Field(default=30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     #: JetStream replicas for streams and buckets (3 on a production cluster).
@@ -44,7 +57,7 @@ class CommonSettings(BaseSettings):
     #: How long the event record (TROVE_EVENTS) keeps events; 0 keeps them for ever.
     events_max_age_seconds: float = Field(default=0.0, ge=0.0)
     #: How long deferred fetch work (TROVE_WORK) may wait; no slot is planned past it.
-    work_max_age_seconds: float = Field(default=7 * 86_400.0, ge=60.0)
+    work_max_age_seconds: float = Field(default=7 * 86_400.0, ge=1.0)
     #: How long seeds sent to trove.seeds are kept (TROVE_SEEDS).
     seeds_max_age_seconds: float = Field(default=30 * 86_400.0, ge=60.0)
     #: How long parked messages are kept (TROVE_DEAD); 0, the default, keeps them until
@@ -68,6 +81,11 @@ class DiscoverySettings(CommonSettings):
     seen_memory: int = Field(default=100_000, ge=0)
     #: A fetched page is re-requested after this many seconds (default 7 days).
     recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
+    #: How long a URL stays seen (not discovered again) after its discovery or its last
+    #: re-crawl request; longer than the re-crawl interval, so that links never start a
+    #: second chain of re-crawls, and the margin covers a late fetch and its retries.
+    #: 0, the default, means twice the re-crawl interval.
+    seen_ttl_seconds: float = Field(default=0.0, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
 
@@ -75,6 +93,21 @@ class DiscoverySettings(CommonSettings):
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
         return _split_cidrs(value)
+
+    @model_validator(mode="after")
+    def _cycle_is_consistent(self) -> DiscoverySettings:
+        if self.seen_ttl_seconds and self.seen_ttl_seconds <= self.recrawl_after_seconds:
+            raise ValueError(
+                f"TROVE_SEEN_TTL_SECONDS ({self.seen_ttl_seconds:g}) must be longer than "
+                f"TROVE_RECRAWL_AFTER_SECONDS ({self.recrawl_after_seconds:g}): a page "
+                "would be discovered again while its re-crawl is pending"
+            )
+        _check_schedules_kept(self.events_max_age_seconds, self.recrawl_after_seconds, "re-crawls")
+        return self
+
+    @property
+    def seen_ttl(self) -> float:
+        return self.seen_ttl_seconds or 2 * self.recrawl_after_seconds
 
 
 class FetcherSettings(CommonSettings):
@@ -102,13 +135,24 @@ class FetcherSettings(CommonSettings):
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
     #: Extra host -> IP mappings (the sandbox's names); "host=ip,host=ip".
     resolve: Annotated[tuple[str, ...], NoDecode] = ()
+    #: Nameservers ("ip", "ip:port", "[ipv6]:port", comma-separated); empty: resolv.conf.
+    dns_nameservers: Annotated[tuple[str, ...], NoDecode] = ()
+    dns_timeout_seconds: float = Field(default=5.0, gt=0)
+    dns_concurrency: int = Field(default=64, ge=1, le=4096)
+    #: Names the fetcher's DNS cache keeps (~0.5 KB each; see trove_fetcher.dns).
+    dns_cache_entries: int = Field(default=10_000, ge=1)
+    #: Answers are cached for their TTL clamped to [min, max]; negative ones to
+    #: [min, max_negative].
+    dns_min_ttl_seconds: float = Field(default=30.0, ge=0.0)
+    dns_max_ttl_seconds: float = Field(default=3600.0, ge=0.0)
+    dns_max_negative_ttl_seconds: float = Field(default=300.0, ge=0.0)
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
         return _split_cidrs(value)
 
-    @field_validator("resolve", mode="before")
+    @field_validator("resolve", "dns_nameservers", mode="before")
     @classmethod
     def _split_resolve(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -125,6 +169,11 @@ class RecorderSettings(CommonSettings):
     batch_linger_seconds: float = Field(default=0.1, ge=0.0, le=5.0)
     #: URLs whose page id the recorder remembers (~200 bytes each); 0 turns it off.
     page_id_cache: int = Field(default=200_000, ge=0)
+
+    @model_validator(mode="after")
+    def _retries_are_kept(self) -> RecorderSettings:
+        _check_schedules_kept(self.events_max_age_seconds, self.retry_delay_seconds, "retries")
+        return self
 
 
 ALL_SETTINGS: tuple[type[CommonSettings], ...] = (
@@ -154,6 +203,16 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             close = difflib.get_close_matches(key.upper(), known, n=1)
             hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
         raise UnknownSetting("unknown Trove setting(s): " + ", ".join(hints))
+
+
+def _check_schedules_kept(events_max_age: float, delay: float, what: str) -> None:
+    """Scheduled requests wait in TROVE_EVENTS: a shorter retention would drop them unseen."""
+    if 0 < events_max_age <= delay:
+        raise ValueError(
+            f"TROVE_EVENTS_MAX_AGE_SECONDS ({events_max_age:g}) must be 0 (keep for ever) or "
+            f"longer than the delay of scheduled {what} ({delay:g} s): they wait in "
+            "TROVE_EVENTS and would be aged out before they fire"
+        )
 
 
 def _split_cidrs(value: Any) -> Any:

@@ -3,8 +3,15 @@
 ``HOST`` keeps to the seed's host and its ``www.`` twin (``example.org`` and
 ``www.example.org`` are one site to most people), whatever the port. ``DOMAIN`` keeps
 to the seed's registrable domain (``blog.example.co.uk`` and ``shop.example.co.uk`` are
-both ``example.co.uk``). ``PATTERN`` is ``re.search`` of the seed's regular expression
-on the canonical URL. ``OPEN`` is the open web. Depth applies to every kind.
+both ``example.co.uk``). ``PATTERN`` searches the canonical URL with the seed's regular
+expression. ``OPEN`` is the open web. Depth applies to every kind.
+
+Patterns are matched by RE2 (google-re2), not by ``re``: an operator's pattern runs on
+every link found, and a backtracking engine takes exponential time on a pattern like
+``^(a+)+$`` against a long link, which would stall discovery. RE2 matches in time
+linear in the URL's length; it has Python's syntax for the common subset and refuses
+what needs backtracking (backreferences, lookaround), so such a pattern is refused when
+the seed is sent (``pattern_error``), with the reason.
 
 URLs are expected canonical (``normalize.canonicalize``); one without a host is out of
 every scope but ``OPEN``, and so is everything when a pattern does not compile.
@@ -13,7 +20,9 @@ every scope but ``OPEN``, and so is everything when a pattern does not compile.
 from __future__ import annotations
 
 import functools
-import re
+from typing import Protocol
+
+import re2  # type: ignore[import-untyped]
 
 from trove_discovery.errors import InvalidURL
 from trove_schema.events import Scope, ScopeKind
@@ -48,11 +57,41 @@ def _without_www(host: str) -> str:
     return host
 
 
-@functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str] | None:
-    # Seeds validate their pattern; one that still fails (an event from elsewhere)
-    # closes the scope rather than crashing the consumer on every link.
+class _Pattern(Protocol):
+    def search(self, text: str) -> object | None: ...
+
+
+def _options() -> re2.Options:
+    options = re2.Options()
+    # A bad pattern is reported to the operator, not logged to stderr by the C++ library.
+    options.log_errors = False
+    # Only "does it match" is asked: no submatch to track.
+    options.never_capture = True
+    return options
+
+
+_OPTIONS = _options()
+
+
+def pattern_error(pattern: str) -> str | None:
+    """Why RE2 cannot use ``pattern`` (for the operator), or None when it can."""
     try:
-        return re.compile(pattern)
-    except re.error:
+        re2.compile(pattern, _OPTIONS)
+    except re2.error as exc:
+        detail = exc.args[0] if exc.args else ""
+        if isinstance(detail, bytes):
+            detail = detail.decode("utf-8", "replace")
+        return str(detail) or "does not compile"
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> _Pattern | None:
+    # Seeds validate their pattern; one that still fails (an event from elsewhere, or
+    # from before patterns were matched by RE2) closes the scope rather than crashing
+    # the consumer on every link.
+    try:
+        compiled: _Pattern = re2.compile(pattern, _OPTIONS)
+    except re2.error:
         return None
+    return compiled
