@@ -1,23 +1,33 @@
-"""Postgres stopped and restarted mid-crawl: the recorder waits, catches up, loses nothing."""
+"""Postgres away (stopped, crashed, restarting, in recovery): the recorder waits and
+catches up, loses nothing, and counts none of it against the events."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import asyncpg
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import publish_work, sandbox_env, services
-from trove_sandbox.server import serve_sandbox
-from trove_sandbox.web import SandboxWeb
+from tests.support import services
 from trove_schema.bus import Bus
+from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope, utcnow
 from trove_schema.migrate import upgrade
-from trove_stack.nats import free_port
-from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
+from trove_schema.topology import DEAD_STREAM
+from trove_stack.nats import free_port, listening
+from trove_stack.postgres import SYSTEM_USER, EmbeddedPostgres, PostgresConfig, postgres_bin_dir
+from trove_stack.processes import Child, as_user
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -35,59 +45,238 @@ def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         server.stop()
 
 
-async def test_postgres_stopped_and_restarted_mid_crawl_loses_nothing(
+class RecorderWatch:
+    """What the recorder process says about itself: its /metrics and its log."""
+
+    def __init__(self, port: int, log_path: Path) -> None:
+        self.port = port
+        self.log_path = log_path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"TROVE_HTTP_PORT": str(self.port)}
+
+    async def endings(self) -> dict[str, float]:
+        """``trove_messages_total{consumer="recorder"}`` by ending."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            page = (await client.get(f"http://127.0.0.1:{self.port}/metrics")).text
+        return {
+            sample.labels["ending"]: sample.value
+            for family in text_string_to_metric_families(page)
+            for sample in family.samples
+            if sample.name == "trove_messages_total" and sample.labels["consumer"] == "recorder"
+        }
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def assert_nothing_counted_against_the_events(self, bus: Bus) -> None:
+        endings = await self.endings()
+        assert endings.get("retried", 0) > 0, f"the outage was never seen: {endings}"
+        assert endings.get("failed", 0) == 0, endings
+        assert endings.get("parked", 0) == 0, endings
+        log = self.log()
+        assert "handler failed" not in log, _lines_with(log, "handler failed")
+        assert "one by one" not in log, _lines_with(log, "one by one")
+        dead = await bus.js.stream_info(DEAD_STREAM)
+        assert dead.state.messages == 0
+
+
+def _lines_with(log: str, needle: str) -> str:
+    return "\n".join(line for line in log.splitlines() if needle in line)[:4000]
+
+
+def watch_recorder(state_dir: Path) -> RecorderWatch:
+    """For a recorder run alone in ``state_dir`` (the HTTP port is for its process only)."""
+    return RecorderWatch(free_port("127.0.0.1"), state_dir / "logs" / "recorder-0.log")
+
+
+async def count(engine: AsyncEngine, sql: str) -> int:
+    try:
+        async with engine.connect() as conn:
+            return int((await conn.execute(text(sql))).scalar_one())
+    except Exception:
+        return -1  # the database is away
+
+
+class SteadyFlow:
+    """Publishes ``CrawlCompleted`` events in small bursts until stopped, as a busy crawl does."""
+
+    def __init__(self, bus: Bus, burst: int = 10, pause: float = 0.05) -> None:
+        self.bus = bus
+        self.burst = burst
+        self.pause = pause
+        self.published = 0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            events = [completed(self.published + k) for k in range(self.burst)]
+            await asyncio.gather(*(self.bus.publish(event) for event in events))
+            self.published += len(events)
+            with contextlib.suppress(TimeoutError):  # a pace, not a wait for anything
+                await asyncio.wait_for(self._stop.wait(), timeout=self.pause)
+
+    async def __aenter__(self) -> SteadyFlow:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def count(self) -> int:
+        return self.published
+
+
+async def test_postgres_stopped_crashed_and_restarted_while_events_flow_loses_and_blames_nothing(
     stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path
 ) -> None:
-    web = SandboxWeb.generate(hosts=6, pages_per_host=6)
     engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
     database = StackUrls(stack.nats_url, own_postgres.url, stack.kind)
+    watch = watch_recorder(state_dir)
+    crawls = "SELECT count(*) FROM page_crawls"
 
-    async def recorded() -> int:
-        try:
-            async with engine.connect() as conn:
-                return int(
-                    (await conn.execute(text("SELECT count(*) FROM page_crawls"))).scalar_one()
-                )
-        except Exception:
-            return -1  # the database is down
+    async def outage(take_down: str) -> None:
+        """Take Postgres away while events go on arriving, then bring it back."""
+        before = flow.published
+        # Fast shutdown ends the recorder's sessions mid-transaction (57P01); a kill
+        # leaves crash recovery to the next start, which answers 57P03 meanwhile.
+        await asyncio.to_thread(getattr(own_postgres, take_down))
+        await eventually(flow.count, until=lambda n: n >= before + 100, timeout=30, what="flow")
+        recorder.check_alive()  # the recorder waits; it does not crash
+        await asyncio.to_thread(own_postgres.start)
+        reached = await count(engine, crawls)
+        await eventually(
+            lambda: count(engine, crawls),
+            until=lambda n: n > reached,
+            timeout=30,
+            what="recording again",
+        )
 
     try:
-        async with (
-            serve_sandbox(web),
-            services(database, state_dir, sandbox_env(web, 0.3)) as local,
-        ):
-            urls = [u for h in web.hosts for u in [web.url(h.name, "/"), *web.articles(h.name)]]
-            await publish_work(bus, urls)
-            await eventually(recorded, until=lambda n: n >= 5, timeout=60, what="first rows")
-
-            await asyncio.to_thread(own_postgres.stop)
-
-            # The crawl goes on without the database: CrawlCompleted piles up in the stream.
-            async def completed_in_stream() -> int:
-                info = await bus.js.stream_info(
-                    "TROVE_EVENTS", subjects_filter="trove.events.crawl.completed"
+        async with services(database, state_dir, watch.env, only=("recorder",)) as recorder:
+            async with SteadyFlow(bus) as flow:
+                await eventually(
+                    lambda: count(engine, crawls), until=lambda n: n >= 50, timeout=30, what="rows"
                 )
-                return sum((info.state.subjects or {}).values())
-
-            before = await completed_in_stream()
+                await outage("stop")
+                await outage("kill")
             await eventually(
-                completed_in_stream, until=lambda n: n >= before + 5, timeout=60, what="progress"
+                lambda: count(engine, "SELECT count(*) FROM projected_events"),
+                until=lambda n: n == flow.published,
+                timeout=60,
+                what="every event projected",
             )
-            local.check_alive()  # the recorder waits; it does not crash
-            await asyncio.to_thread(own_postgres.start)
+            recorder.check_alive()
+            await watch.assert_nothing_counted_against_the_events(bus)
+        assert await count(engine, crawls) == flow.published
+        assert await count(engine, "SELECT count(DISTINCT event_id) FROM page_crawls") == (
+            flow.published
+        )
+    finally:
+        await engine.dispose()
 
+
+@asynccontextmanager
+async def held_in_recovery(server: EmbeddedPostgres) -> AsyncIterator[Child]:
+    """The server restarted as a standby with no primary and hot standby off: it stays in
+    recovery, refusing every connection with 57P03, until ``promote`` ends recovery."""
+    await asyncio.to_thread(server.stop)
+    config = server.config
+    data = config.data_dir.resolve()
+    user = SYSTEM_USER if os.geteuid() == 0 else None
+    (data / "standby.signal").touch()
+    argv = [str(postgres_bin_dir(config.bin_dir) / "postgres"), "-D", str(data), "-h"]
+    argv += [config.host, "-p", str(server.port), "-k", str(data), "-c", "hot_standby=off"]
+    child = Child(
+        "postgres-standby",
+        argv,
+        log_path=data.parent / "standby.log",
+        user=user,
+        stop_signal=signal.SIGINT,
+    )
+    try:
+        await asyncio.to_thread(
+            child.wait_until,
+            lambda: listening(config.host, server.port),
+            timeout=60,
+            what="listening",
+        )
+        yield child
+    finally:
+        await asyncio.to_thread(child.stop, 30)
+
+
+async def promote(server: EmbeddedPostgres) -> None:
+    data = server.config.data_dir.resolve()
+    pg_ctl = postgres_bin_dir(server.config.bin_dir) / "pg_ctl"
+    user = SYSTEM_USER if os.geteuid() == 0 else None
+    argv = [str(pg_ctl), "promote", "-D", str(data), "-w", "-t", "60"]
+    await asyncio.to_thread(
+        lambda: subprocess.run(argv, check=True, capture_output=True, **as_user(user))
+    )
+
+
+def completed(n: int) -> CrawlCompleted:
+    now = utcnow()
+    return CrawlCompleted(
+        url=f"https://blog.example/{n}",
+        domain="blog.example",
+        scope=Scope(value="blog.example"),
+        request_id=f"00000000-0000-0000-0000-{n:012d}",
+        outcome=CrawlOutcome.SUCCESS,
+        started_at=now,
+        completed_at=now,
+        title=f"Post {n}",
+        links=(Link(url=f"https://blog.example/{n + 1}"),),
+    )
+
+
+async def test_a_database_in_recovery_is_waited_for_and_not_counted_against_the_events(
+    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path
+) -> None:
+    engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
+    database = StackUrls(stack.nats_url, own_postgres.url, stack.kind)
+    watch = watch_recorder(state_dir)
+    projected = "SELECT count(*) FROM projected_events"
+    try:
+        async with services(database, state_dir, watch.env, only=("recorder",)):
+            await asyncio.gather(*(bus.publish(completed(n)) for n in range(20)))
             await eventually(
-                recorded, until=lambda n: n == len(urls), timeout=90, what="every page recorded"
+                lambda: count(engine, projected), until=lambda n: n == 20, timeout=30, what="20"
             )
-            local.check_alive()
-        async with engine.connect() as conn:
-            distinct = (
-                await conn.execute(text("SELECT count(DISTINCT page_id) FROM page_crawls"))
-            ).scalar_one()
-            events = (
-                await conn.execute(text("SELECT count(*) FROM projected_events"))
-            ).scalar_one()
-        assert distinct == len(urls)
-        assert events >= len(urls)
+            async with held_in_recovery(own_postgres):
+                dsn = own_postgres.url.replace("postgresql+asyncpg", "postgresql")
+                with pytest.raises(asyncpg.CannotConnectNowError):
+                    await asyncpg.connect(dsn)  # what the recorder is told meanwhile
+                await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
+
+                async def attempts() -> float:
+                    endings = await watch.endings()
+                    return endings.get("retried", 0) + endings.get("failed", 0)
+
+                await eventually(
+                    attempts, until=lambda n: n > 0, timeout=30, what="the recorder turned away"
+                )
+
+                async def log() -> str:
+                    return watch.log()
+
+                await eventually(  # the reason it was given: the database is in recovery
+                    log, until=lambda text: "57P03" in text, timeout=30, what="57P03 in its log"
+                )
+                assert await count(engine, projected) == -1  # still away
+                await promote(own_postgres)
+                await eventually(
+                    lambda: count(engine, projected),
+                    until=lambda n: n == 50,
+                    timeout=60,
+                    what="every event projected",
+                )
+                await watch.assert_nothing_counted_against_the_events(bus)
+                assert await count(engine, "SELECT count(*) FROM page_crawls") == 50
     finally:
         await engine.dispose()

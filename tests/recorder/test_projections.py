@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from trove_recorder.projections import RetryPolicy, apply
+from trove_recorder.projections import apply_batch
+from trove_recorder.retries import RetryPolicy
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -45,11 +46,12 @@ def completed(outcome: CrawlOutcome = CrawlOutcome.SUCCESS, **fields: Any) -> Cr
 
 
 async def project(engine: AsyncEngine, *events: Event, policy: RetryPolicy = POLICY) -> list[bool]:
+    """Each event in a transaction of its own; whether it was new."""
     sessions = async_sessionmaker(engine)
     applied = []
     for event in events:
         async with sessions.begin() as session:
-            applied.append(await apply(session, event, policy))
+            applied.append((await apply_batch(session, [event], policy)).count == 1)
     return applied
 
 

@@ -14,9 +14,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import outcomes, query, sandbox_env, services
+from tests.support import outcomes, publish_work, query, sandbox_env, services
+from trove_recorder.replay import replay
+from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
+from trove_schema.bus import Bus
+from trove_schema.events import CrawlRequested, decode_event
 from trove_schema.topology import SEEDS_SUBJECT
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -55,6 +59,16 @@ async def checksums(engine: AsyncEngine) -> dict[str, str | None]:
         }
 
 
+async def empty_database(stack: StackUrls) -> str:
+    """The URL of a new, empty database on the session's server."""
+    name = f"replay_{uuid.uuid4().hex[:8]}"
+    admin = create_async_engine(stack.database_url, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(text(f'CREATE DATABASE "{name}"'))
+    await admin.dispose()
+    return make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
+
+
 async def test_replay_into_an_empty_database_reproduces_the_tables(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
 ) -> None:
@@ -75,12 +89,7 @@ async def test_replay_into_an_empty_database_reproduces_the_tables(
     live = await checksums(engine)
     assert all(live.values()), live
 
-    name = f"replay_{uuid.uuid4().hex[:8]}"
-    admin = create_async_engine(stack.database_url, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    await admin.dispose()
-    target = make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
+    target = await empty_database(stack)
 
     env = {**os.environ, "TROVE_NATS_URL": stack.nats_url, "TROVE_DATABASE_URL": stack.database_url}
     proc = await asyncio.create_subprocess_exec(
@@ -98,5 +107,80 @@ async def test_replay_into_an_empty_database_reproduces_the_tables(
             replayed_engine, "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL"
         )
         assert row.n == 0
+    finally:
+        await replayed_engine.dispose()
+
+
+async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    web = SandboxWeb.generate(hosts=1, pages_per_host=1, with_trap=True)
+    trap = web.trap_host
+    assert trap is not None
+    # No host-wide back-off, so the far page's Retry-After does not hold up the other.
+    env = sandbox_env(
+        web,
+        0.1,
+        TROVE_RETRY_DELAY_SECONDS="1",
+        TROVE_MAX_ATTEMPTS="3",
+        TROVE_MAX_BACKOFF_SECONDS="0",
+    )
+
+    async def attempts() -> list[tuple[str, int]]:
+        rows = await query(
+            engine,
+            "SELECT p.url, count(*) AS n FROM page_crawls c JOIN pages p ON p.id = c.page_id "
+            "GROUP BY p.url ORDER BY p.url",
+        )
+        return [(r.url, r.n) for r in rows]
+
+    async def outbox(target: AsyncEngine) -> dict[uuid.UUID, bool]:
+        rows = await query(target, "SELECT event_id, published_at IS NOT NULL AS sent FROM outbox")
+        return {r.event_id: r.sent for r in rows}
+
+    async with serve_sandbox(web), services(stack, state_dir, env, only=("recorder", "fetcher")):
+        # One page's retry is due tomorrow; the other's come after a second and run out.
+        far, soon = web.url(trap, "/status/503?after=86400"), web.url(trap, "/status/503?after=1")
+        await publish_work(bus, [far, soon])
+        await eventually(
+            attempts,
+            until=lambda a: sorted(a) == sorted([(far, 1), (soon, 3)]),
+            timeout=60,
+            what="one attempt of the far page, three of the other",
+        )
+        live_outbox = await eventually(
+            lambda: outbox(engine),
+            until=lambda rows: len(rows) == 3 and all(rows.values()),
+            timeout=30,
+            what="three retries published",
+        )
+    live = await checksums(engine)
+    retries = [decode_event(r.payload) for r in await query(engine, "SELECT payload FROM outbox")]
+    (far_retry,) = [
+        uuid.UUID(r.id) for r in retries if isinstance(r, CrawlRequested) and r.url == far
+    ]
+
+    target = await empty_database(stack)
+    stats = await replay(
+        stack.nats_url, target, RetryPolicy(max_attempts=3, delay_seconds=1.0), batch=2
+    )
+    assert stats.malformed == 0
+    replayed_engine = create_async_engine(target)
+    try:
+        assert await checksums(replayed_engine) == live
+        replayed_outbox = await outbox(replayed_engine)
+        assert set(replayed_outbox) == set(live_outbox)
+        # The far retry is not in the record yet: pending again. The two that fired are.
+        assert replayed_outbox == {e: e != far_retry for e in live_outbox}
+
+        # The recorder running on the rebuilt database publishes it (again, harmlessly).
+        rebuilt = StackUrls(stack.nats_url, target, stack.kind)
+        async with services(rebuilt, state_dir / "rebuilt", {}, only=("recorder",)):
+            await eventually(
+                lambda: outbox(replayed_engine),
+                until=lambda rows: all(rows.values()),
+                timeout=30,
+                what="the pending retry published",
+            )
     finally:
         await replayed_engine.dispose()

@@ -7,9 +7,9 @@ import argparse
 import sys
 from functools import partial
 
-from trove_recorder.projections import RetryPolicy
 from trove_recorder.recorder import serve
 from trove_recorder.replay import run_replay
+from trove_recorder.retries import RetryPolicy
 from trove_schema.service import run
 from trove_schema.settings import RecorderSettings, check_environment
 

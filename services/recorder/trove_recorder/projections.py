@@ -1,42 +1,48 @@
-"""Projections: each event applied to pages, page_crawls, page_links in one transaction.
+"""Projections: events applied to pages, page_crawls, page_outlinks, seed_rejections.
+
+One path for every caller: the live recorder's batches, a batch of one when a failed
+batch is handled message by message, and replay's batches. A batch is applied in the
+caller's transaction with a few set-based statements: a page of 100 links costs one
+row in each of a handful of ``unnest`` statements instead of a dozen statements of its
+own. Rows are locked in id order, so concurrent batches never deadlock on each other's
+pages.
 
 Applying an event first inserts its id into ``projected_events``; if the id is already
 there the event was applied before (a redelivery) and nothing else happens. Both writes
 share the transaction, so a crash between commit and ack only causes a harmless
-redelivery.
+redelivery. Events are applied in stream order within a batch, and the tables do not
+depend on how the stream is cut into batches (replay, cutting it its own way,
+reproduces the live tables; tested). One nuance: of a page's attempts in one batch only
+the newest may schedule a retry, since a retry of an attempt already overtaken by a
+newer one would be wasted.
 """
 
 from __future__ import annotations
 
+import io
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import and_, delete, func, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from trove_recorder.page_ids import PageIds
+from trove_recorder.retries import RetryPolicy, retry_request
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
     Event,
     PageDiscovered,
-    RequestReason,
     SeedRejected,
-    derived_event_id,
-)
-from trove_schema.tables import (
-    Outbox,
-    Page,
-    PageCrawl,
-    PageOutlinks,
-    ProjectedEvent,
-    SeedRejection,
 )
 from trove_schema.textsearch import ts_config
 from trove_schema.urls import domain_of
+
+FETCHED = (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
 
 STATUS_BY_OUTCOME = {
     CrawlOutcome.SUCCESS: "fetched",
@@ -51,192 +57,406 @@ STATUS_BY_OUTCOME = {
 }
 
 
-def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> CrawlRequested:
-    """The delayed request for the next attempt after ``event`` (``attempts`` made so far).
+def _sql(statement: str) -> Any:
+    return text(statement)
 
-    Its id derives from the failed attempt's, so it is published at most once per attempt.
+
+@dataclass(slots=True)
+class _Plan:
+    rejected: list[SeedRejected] = field(default_factory=list)
+    discovered: dict[str, PageDiscovered] = field(default_factory=dict)
+    completed: list[CrawlCompleted] = field(default_factory=list)
+    urls: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Applied:
+    """What a batch did: how many events were new, and the page ids it resolved."""
+
+    count: int = 0
+    #: The pages table's generation the ids belong to (see ``PageIds``).
+    generation: int | None = None
+    #: Ids read from or created in the database (not those ``known`` already had).
+    page_ids: dict[str, int] = field(default_factory=dict)
+
+
+async def apply_batch(
+    session: AsyncSession,
+    events: Sequence[Event],
+    policy: RetryPolicy,
+    known: PageIds | None = None,
+) -> Applied:
+    """Apply ``events`` (in stream order) in the caller's transaction.
+
+    ``known`` saves the look-up of pages already seen; the caller teaches it the
+    returned ids once the transaction has committed.
     """
-    delay = min(max(policy.delay_seconds, event.retry_after or 0.0), policy.max_delay_seconds)
-    return CrawlRequested(
-        id=derived_event_id(event.id, "retry"),
-        url=event.url,
-        domain=event.domain,
-        depth=event.depth,
-        priority=event.priority,
-        scope=event.scope,
-        reason=RequestReason.RETRY,
-        attempt=attempts + 1,
-        not_before=event.completed_at + timedelta(seconds=delay),
-        caused_by=event.id,
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    max_attempts: int = 3
-    delay_seconds: float = 3600.0
-    max_delay_seconds: float = 7 * 86_400.0
-
-
-async def apply(session: AsyncSession, event: Event, policy: RetryPolicy) -> bool:
-    """Apply one event inside the caller's transaction. False if it was applied before."""
-    first = await session.execute(
-        insert(ProjectedEvent)
-        .values(event_id=uuid.UUID(event.id), event_type=event.TYPE)
-        .on_conflict_do_nothing()
-        .returning(ProjectedEvent.event_id)
-    )
-    if first.scalar_one_or_none() is None:
-        return False
-    if isinstance(event, SeedRejected):
-        await session.execute(
-            insert(SeedRejection).values(
-                event_id=uuid.UUID(event.id),
-                raw=event.raw,
-                reason=event.reason,
-                origin=event.provenance.origin,
-                occurred_at=event.occurred_at,
-            )
-        )
-    elif isinstance(event, PageDiscovered):
-        await _page_discovered(session, event)
-    elif isinstance(event, CrawlRequested):
-        await _ensure_pages(session, [(event.url, event.domain)])
-    elif isinstance(event, CrawlCompleted):
-        await _crawl_completed(session, event, policy)
-    return True
-
-
-async def _ensure_pages(session: AsyncSession, urls: list[tuple[str, str]]) -> dict[str, int]:
-    """Ids of these URLs' page rows, creating the missing ones (status discovered)."""
-    unique = dict(urls)
+    unique: dict[str, Event] = {}
+    for event in events:
+        unique.setdefault(event.id, event)
     if not unique:
-        return {}
-    await session.execute(
-        insert(Page)
-        .values([{"url": u, "domain": d} for u, d in sorted(unique.items())])
-        .on_conflict_do_nothing(index_elements=[Page.url])
-    )
-    rows = await session.execute(select(Page.url, Page.id).where(Page.url.in_(list(unique))))
-    return {url: page_id for url, page_id in rows.all()}
-
-
-async def _page_discovered(session: AsyncSession, event: PageDiscovered) -> None:
-    await session.execute(
-        insert(Page)
-        .values(
-            url=event.url,
-            domain=event.domain,
-            depth=event.depth,
-            discovered_at=event.occurred_at,
-        )
-        .on_conflict_do_update(
-            index_elements=[Page.url],
-            set_={
-                "discovered_at": func.coalesce(Page.discovered_at, event.occurred_at),
-                "depth": func.least(func.coalesce(Page.depth, event.depth), event.depth),
-                "updated_at": func.now(),
-            },
-        )
-    )
-
-
-async def _crawl_completed(
-    session: AsyncSession, event: CrawlCompleted, policy: RetryPolicy
-) -> None:
-    page_id = (await _ensure_pages(session, [(event.url, event.domain)]))[event.url]
-    duration = max(0, int((event.completed_at - event.started_at).total_seconds() * 1000))
-    await session.execute(
-        insert(PageCrawl).values(
-            page_id=page_id,
-            domain=event.domain,
-            priority=event.priority,
-            attempt=event.attempt,
-            outcome=event.outcome.value,
-            status_code=event.status_code,
-            error_message=event.error_message,
-            content_length=event.content_length,
-            started_at=event.started_at,
-            completed_at=event.completed_at,
-            duration_ms=duration,
-            event_id=uuid.UUID(event.id),
-            request_id=uuid_or_none(event.request_id),
-        )
-    )
-    # Lock the page row: attempts on one page are applied one at a time, and one older
-    # than the newest applied adds history (above) but changes nothing else.
-    newest = (
-        await session.execute(
-            select(Page.last_crawled_at).where(Page.id == page_id).with_for_update()
-        )
-    ).scalar_one_or_none()
-    if newest is not None and event.completed_at < newest:
-        return
-    outcome = event.outcome
-    values: dict[str, object] = {
-        "last_crawled_at": event.completed_at,
-        "last_outcome": outcome.value,
-        "last_status_code": event.status_code,
-        "updated_at": func.now(),
-    }
-    if outcome is CrawlOutcome.SUCCESS:
-        words = " ".join((event.title or "", *event.keywords))
-        values |= {
-            "status": "fetched",
-            "fetched_at": event.completed_at,
-            "failed_at": None,
-            "title": event.title,
-            "language": event.language,
-            "keywords_tsv": func.to_tsvector(
-                text(f"'{ts_config(event.language)}'::regconfig"), words
+        return Applied()
+    ids = [uuid.UUID(i) for i in unique]
+    types = [e.TYPE for e in unique.values()]
+    fresh = {
+        str(row[0])
+        for row in await session.execute(
+            _sql(
+                "INSERT INTO projected_events (event_id, event_type) "
+                "SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[])) "
+                "ON CONFLICT DO NOTHING RETURNING event_id"
             ),
-            "etag": event.etag,
-            "last_modified": event.last_modified,
-            "content_hash": event.content_hash,
-            "canonical_url": event.canonical_url,
-            "noindex": event.noindex,
-        }
-    elif outcome is CrawlOutcome.NOT_MODIFIED:
-        values |= {"status": "fetched", "fetched_at": event.completed_at, "failed_at": None}
-    elif event.retryable and await _schedule_retry(session, page_id, event, policy):
-        pass  # the page keeps its status until the retries run out
-    else:
-        values["status"] = STATUS_BY_OUTCOME[outcome]
-        if values["status"] == "failed":
-            values["failed_at"] = event.completed_at
-    if outcome is CrawlOutcome.SUCCESS or event.links:
-        # A failed attempt keeps the page's last known links, unless it says where the
-        # page points now (a redirect to another host).
-        await _replace_links(session, page_id, event)
-    await session.execute(update(Page).where(Page.id == page_id).values(**values))
+            {"ids": ids, "types": types},
+        )
+    }
+    plan = _Plan()
+    for event in unique.values():
+        if event.id not in fresh:
+            continue
+        # type() rather than isinstance(): pydantic's metaclass makes isinstance slow.
+        if type(event) is CrawlCompleted:
+            plan.urls[event.url] = event.domain
+            plan.completed.append(event)
+        elif isinstance(event, SeedRejected):
+            plan.rejected.append(event)
+        elif isinstance(event, PageDiscovered):
+            plan.urls[event.url] = event.domain
+            seen = plan.discovered.get(event.url)
+            if seen is None or event.occurred_at < seen.occurred_at:
+                plan.discovered[event.url] = event
+        elif isinstance(event, CrawlRequested):
+            plan.urls[event.url] = event.domain
+    applied = Applied(count=len(fresh))
+    if known is not None:
+        applied.generation = await known.check_generation(session)
+    await _seed_rejections(session, plan.rejected)
+    page_ids, applied.page_ids = await _page_ids(session, plan, known)
+    await _discovered(session, plan.discovered)
+    await _completed(session, plan.completed, page_ids, policy)
+    return applied
 
 
-async def _replace_links(session: AsyncSession, page_id: int, event: CrawlCompleted) -> None:
-    """The page's outgoing link set becomes exactly the one in this crawl."""
-    ids = await _ensure_pages(
-        session, sorted({(link.url, domain_of(link.url)) for link in event.links})
-    )
-    row = outlinks_row(page_id, event, ids)
-    if row is None:
-        await session.execute(delete(PageOutlinks).where(PageOutlinks.from_page_id == page_id))
+async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) -> None:
+    if not rejected:
         return
-    _, targets, kinds, nofollow = row
-    stmt = insert(PageOutlinks).values(
-        from_page_id=page_id, to_page_ids=targets, kinds=kinds, nofollow=nofollow
-    )
     await session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[PageOutlinks.from_page_id],
-            set_={
-                "to_page_ids": stmt.excluded.to_page_ids,
-                "kinds": stmt.excluded.kinds,
-                "nofollow": stmt.excluded.nofollow,
+        _sql(
+            "INSERT INTO seed_rejections (event_id, raw, reason, origin, occurred_at) "
+            "SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:raws AS text[]), "
+            "CAST(:reasons AS text[]), CAST(:origins AS text[]), CAST(:ats AS timestamptz[])) "
+            "ON CONFLICT DO NOTHING"
+        ),
+        {
+            "ids": [uuid.UUID(e.id) for e in rejected],
+            "raws": [e.raw for e in rejected],
+            "reasons": [e.reason for e in rejected],
+            "origins": [e.provenance.origin for e in rejected],
+            "ats": [e.occurred_at for e in rejected],
+        },
+    )
+
+
+async def _page_ids(
+    session: AsyncSession, plan: _Plan, known: PageIds | None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Ids of every page the plan names (its events' URLs and their links' targets).
+
+    Also returns the part of them that came from the database, for ``known`` to learn.
+    """
+    remembered = known.get if known is not None else _nothing.get
+    urls = {link.url for event in plan.completed for link in event.links}
+    urls.update(plan.urls)
+    # Comprehensions and set algebra: this runs for every link of every page.
+    ids = {url: page_id for url in urls if (page_id := remembered(url)) is not None}
+    domains = plan.urls
+    missing = {url: domains.get(url) or domain_of(url) for url in urls.difference(ids)}
+    looked_up = await _ensure_pages(session, missing)
+    ids.update(looked_up)
+    return ids, looked_up
+
+
+_nothing: dict[str, int] = {}
+
+
+async def _ensure_pages(session: AsyncSession, urls: dict[str, str]) -> dict[str, int]:
+    """Ids of the pages of these URLs, creating the missing ones.
+
+    Most link targets are known already: look them up first and insert only the rest,
+    which is far cheaper than upserting every URL of every link.
+    """
+    if not urls:
+        return {}
+    lookup = _sql("SELECT url, id FROM pages WHERE url = ANY(CAST(:urls AS text[]))")
+    ids = {
+        url: page_id for url, page_id in (await session.execute(lookup, {"urls": list(urls)})).all()
+    }
+    missing = sorted(u for u in urls if u not in ids)
+    if missing:
+        created = await session.execute(
+            _sql(
+                "INSERT INTO pages (url, domain) "
+                "SELECT * FROM unnest(CAST(:urls AS text[]), CAST(:domains AS text[])) "
+                "ON CONFLICT (url) DO NOTHING RETURNING url, id"
+            ),
+            {"urls": missing, "domains": [urls[u] for u in missing]},
+        )
+        ids.update({url: page_id for url, page_id in created.all()})
+        raced = [u for u in missing if u not in ids]  # created by a concurrent batch
+        if raced:
+            ids.update(
+                {
+                    url: page_id
+                    for url, page_id in (await session.execute(lookup, {"urls": raced})).all()
+                }
+            )
+    return ids
+
+
+async def _discovered(session: AsyncSession, discovered: dict[str, PageDiscovered]) -> None:
+    if not discovered:
+        return
+    ordered = sorted(discovered)
+    await session.execute(
+        _sql(
+            "UPDATE pages p SET discovered_at = coalesce(p.discovered_at, v.at), "
+            "depth = least(coalesce(p.depth, v.depth), v.depth), updated_at = now() "
+            "FROM unnest(CAST(:urls AS text[]), CAST(:ats AS timestamptz[]), "
+            "CAST(:depths AS int[])) AS v(url, at, depth) WHERE p.url = v.url"
+        ),
+        {
+            "urls": ordered,
+            "ats": [discovered[u].occurred_at for u in ordered],
+            "depths": [discovered[u].depth for u in ordered],
+        },
+    )
+
+
+async def _completed(
+    session: AsyncSession,
+    completed: list[CrawlCompleted],
+    page_ids: dict[str, int],
+    policy: RetryPolicy,
+) -> None:
+    if not completed:
+        return
+    await session.execute(
+        _sql(
+            "INSERT INTO page_crawls (page_id, domain, priority, attempt, outcome, status_code, "
+            "error_message, content_length, started_at, completed_at, duration_ms, event_id, "
+            "request_id) SELECT * FROM unnest(CAST(:page_ids AS bigint[]), "
+            "CAST(:domains AS text[]), CAST(:priorities AS int[]), CAST(:attempts AS int[]), "
+            "CAST(:outcomes AS text[]), CAST(:codes AS int[]), CAST(:errors AS text[]), "
+            "CAST(:lengths AS bigint[]), CAST(:starts AS timestamptz[]), "
+            "CAST(:ends AS timestamptz[]), CAST(:durations AS int[]), CAST(:ids AS uuid[]), "
+            "CAST(:requests AS uuid[]))"
+        ),
+        {
+            "page_ids": [page_ids[e.url] for e in completed],
+            "domains": [e.domain for e in completed],
+            "priorities": [e.priority for e in completed],
+            "attempts": [e.attempt for e in completed],
+            "outcomes": [e.outcome.value for e in completed],
+            "codes": [e.status_code for e in completed],
+            "errors": [e.error_message for e in completed],
+            "lengths": [e.content_length for e in completed],
+            "starts": [e.started_at for e in completed],
+            "ends": [e.completed_at for e in completed],
+            "durations": [
+                max(0, int((e.completed_at - e.started_at).total_seconds() * 1000))
+                for e in completed
+            ],
+            "ids": [uuid.UUID(e.id) for e in completed],
+            "requests": [_uuid_or_none(e.request_id) for e in completed],
+        },
+    )
+    # Lock the pages in id order, then keep, per page, only attempts not older than
+    # the newest one already applied.
+    touched = sorted({page_ids[e.url] for e in completed})
+    newest_applied = {
+        page_id: at
+        for page_id, at in (
+            await session.execute(
+                _sql(
+                    "SELECT id, last_crawled_at FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) "
+                    "ORDER BY id FOR UPDATE"
+                ),
+                {"ids": touched},
+            )
+        ).all()
+    }
+    latest: dict[int, CrawlCompleted] = {}
+    linking: dict[int, CrawlCompleted] = {}
+    for event in completed:
+        page_id = page_ids[event.url]
+        floor = newest_applied.get(page_id)
+        if floor is not None and event.completed_at < floor:
+            continue
+        if page_id not in latest or event.completed_at >= latest[page_id].completed_at:
+            latest[page_id] = event
+        says_links = event.outcome is CrawlOutcome.SUCCESS or bool(event.links)
+        newer = page_id not in linking or event.completed_at >= linking[page_id].completed_at
+        if says_links and newer:
+            linking[page_id] = event
+    retried = await _retries(session, latest, policy)
+    await _page_state(session, latest, retried)
+    await _links(session, linking, page_ids)
+
+
+async def _retries(
+    session: AsyncSession, latest: dict[int, CrawlCompleted], policy: RetryPolicy
+) -> set[int]:
+    """Outbox rows for the retryable attempts that have attempts left; their page ids."""
+    retryable = {pid: e for pid, e in latest.items() if e.retryable}
+    scheduled: set[int] = set()
+    if not retryable:
+        return scheduled
+    counts = dict(
+        (
+            await session.execute(
+                _sql(
+                    "SELECT c.page_id, count(*) FROM page_crawls c "
+                    "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) AND c.completed_at > coalesce("
+                    "(SELECT max(s.completed_at) FROM page_crawls s WHERE s.page_id = c.page_id "
+                    "AND s.outcome IN ('success', 'not_modified')), '-infinity') "
+                    "GROUP BY c.page_id"
+                ),
+                {"ids": sorted(retryable)},
+            )
+        ).all()
+    )
+    rows: list[tuple[uuid.UUID, bytes, datetime]] = []
+    for page_id, event in sorted(retryable.items()):
+        attempts = int(counts.get(page_id, 0))
+        if attempts >= policy.max_attempts:
+            continue
+        retry = retry_request(event, attempts, policy)
+        assert retry.not_before is not None
+        rows.append((uuid.UUID(retry.id), retry.to_wire(), retry.not_before))
+        scheduled.add(page_id)
+    if rows:
+        await session.execute(
+            _sql(
+                "INSERT INTO outbox (event_id, subject, payload, deliver_at) "
+                "SELECT i, :subject, p, d FROM unnest(CAST(:ids AS uuid[]), "
+                "CAST(:payloads AS bytea[]), CAST(:dues AS timestamptz[])) AS v(i, p, d) "
+                "ON CONFLICT DO NOTHING"
+            ),
+            {
+                "subject": CrawlRequested.SUBJECT,
+                "ids": [r[0] for r in rows],
+                "payloads": [r[1] for r in rows],
+                "dues": [r[2] for r in rows],
             },
         )
+    return scheduled
+
+
+async def _page_state(
+    session: AsyncSession, latest: dict[int, CrawlCompleted], retried: set[int]
+) -> None:
+    if not latest:
+        return
+    ordered = sorted(latest)
+    statuses: list[str | None] = []
+    failed_at: list[datetime | None] = []
+    for page_id in ordered:
+        event = latest[page_id]
+        if event.outcome in FETCHED:
+            statuses.append("fetched")
+            failed_at.append(None)
+        elif page_id in retried:
+            statuses.append(None)  # keeps its status until the retries run out
+            failed_at.append(None)
+        else:
+            status = STATUS_BY_OUTCOME[event.outcome]
+            statuses.append(status)
+            failed_at.append(event.completed_at if status == "failed" else None)
+    events = [latest[p] for p in ordered]
+    success = [e.outcome is CrawlOutcome.SUCCESS for e in events]
+    await session.execute(
+        _sql(
+            "UPDATE pages p SET "
+            "last_crawled_at = v.ended, last_outcome = v.outcome, last_status_code = v.code, "
+            "status = coalesce(v.status, p.status), "
+            "fetched_at = CASE WHEN v.status = 'fetched' THEN v.ended ELSE p.fetched_at END, "
+            "failed_at = CASE WHEN v.status = 'fetched' THEN NULL "
+            "  WHEN v.failed_at IS NOT NULL THEN v.failed_at ELSE p.failed_at END, "
+            "title = CASE WHEN v.ok THEN v.title ELSE p.title END, "
+            "language = CASE WHEN v.ok THEN v.language ELSE p.language END, "
+            "keywords_tsv = CASE WHEN v.ok THEN to_tsvector(CAST(v.cfg AS regconfig), v.words) "
+            "  ELSE p.keywords_tsv END, "
+            "etag = CASE WHEN v.ok THEN v.etag ELSE p.etag END, "
+            "last_modified = CASE WHEN v.ok THEN v.modified ELSE p.last_modified END, "
+            "content_hash = CASE WHEN v.ok THEN v.hash ELSE p.content_hash END, "
+            "canonical_url = CASE WHEN v.ok THEN v.canonical ELSE p.canonical_url END, "
+            "noindex = CASE WHEN v.ok THEN v.noindex ELSE p.noindex END, "
+            "updated_at = now() "
+            "FROM unnest(CAST(:ids AS bigint[]), CAST(:ends AS timestamptz[]), "
+            "CAST(:outcomes AS text[]), CAST(:codes AS int[]), CAST(:statuses AS text[]), "
+            "CAST(:failed AS timestamptz[]), CAST(:oks AS boolean[]), CAST(:titles AS text[]), "
+            "CAST(:languages AS text[]), CAST(:cfgs AS text[]), CAST(:words AS text[]), "
+            "CAST(:etags AS text[]), CAST(:modified AS text[]), CAST(:hashes AS text[]), "
+            "CAST(:canonicals AS text[]), CAST(:noindexes AS boolean[])) "
+            "AS v(id, ended, outcome, code, status, failed_at, ok, title, language, cfg, words, "
+            "etag, modified, hash, canonical, noindex) WHERE p.id = v.id"
+        ),
+        {
+            "ids": ordered,
+            "ends": [e.completed_at for e in events],
+            "outcomes": [e.outcome.value for e in events],
+            "codes": [e.status_code for e in events],
+            "statuses": statuses,
+            "failed": failed_at,
+            "oks": success,
+            "titles": [e.title for e in events],
+            "languages": [e.language for e in events],
+            "cfgs": [ts_config(e.language) for e in events],
+            "words": [" ".join((e.title or "", *e.keywords)) for e in events],
+            "etags": [e.etag for e in events],
+            "modified": [e.last_modified for e in events],
+            "hashes": [e.content_hash for e in events],
+            "canonicals": [e.canonical_url for e in events],
+            "noindexes": [e.noindex for e in events],
+        },
     )
 
 
-def outlinks_row(
+async def _links(
+    session: AsyncSession, linking: dict[int, CrawlCompleted], page_ids: dict[str, int]
+) -> None:
+    """Each page's outgoing link set becomes exactly the one of its newest crawl."""
+    if not linking:
+        return
+    sources = sorted(linking)
+    await session.execute(
+        _sql("DELETE FROM page_outlinks WHERE from_page_id = ANY(CAST(:ids AS bigint[]))"),
+        {"ids": sources},
+    )
+    rows = [row for source in sources if (row := _outlinks_row(source, linking[source], page_ids))]
+    if not rows:
+        return
+    # COPY in text form: the arrays hold only integers, link kinds ([a-z_]) and t/f, so
+    # nothing needs escaping, and writing them as text skips asyncpg's per-element type
+    # checks, which cost more than the rest of the row. The old rows of these pages are
+    # gone and the pages are locked, so nothing can conflict.
+    text_rows = "".join(
+        f"{source}\t{{{','.join(map(str, targets))}}}\t{{{','.join(kinds)}}}\t"
+        f"{{{','.join(['t' if n else 'f' for n in nofollow])}}}\n"
+        for source, targets, kinds, nofollow in rows
+    )
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    assert driver is not None
+    await driver.copy_to_table(
+        "page_outlinks",
+        source=io.BytesIO(text_rows.encode()),
+        columns=("from_page_id", "to_page_ids", "kinds", "nofollow"),
+        format="text",
+    )
+
+
+def _outlinks_row(
     source: int, event: CrawlCompleted, page_ids: Mapping[str, int]
 ) -> tuple[int, list[int], list[str], list[bool]] | None:
     """The ``page_outlinks`` row of a crawl's links: one entry per (target, kind)."""
@@ -252,44 +472,7 @@ def outlinks_row(
     return (source, targets, kinds, [link.nofollow for link in links])
 
 
-async def _schedule_retry(
-    session: AsyncSession, page_id: int, event: CrawlCompleted, policy: RetryPolicy
-) -> bool:
-    """Write a delayed CrawlRequested to the outbox if attempts remain. True if it did."""
-    since = (
-        await session.execute(
-            select(func.max(PageCrawl.completed_at)).where(
-                PageCrawl.page_id == page_id,
-                PageCrawl.outcome.in_(
-                    [CrawlOutcome.SUCCESS.value, CrawlOutcome.NOT_MODIFIED.value]
-                ),
-            )
-        )
-    ).scalar_one_or_none()
-    conditions = [PageCrawl.page_id == page_id]
-    if since is not None:
-        conditions.append(PageCrawl.completed_at > since)
-    attempts = (
-        await session.execute(select(func.count()).select_from(PageCrawl).where(and_(*conditions)))
-    ).scalar_one()
-    if attempts >= policy.max_attempts:
-        return False
-    retry = retry_request(event, attempts, policy)
-    due = retry.not_before
-    await session.execute(
-        insert(Outbox)
-        .values(
-            event_id=uuid.UUID(retry.id),
-            subject=retry.SUBJECT,
-            payload=retry.to_wire(),
-            deliver_at=due,
-        )
-        .on_conflict_do_nothing()
-    )
-    return True
-
-
-def uuid_or_none(value: str | None) -> uuid.UUID | None:
+def _uuid_or_none(value: str | None) -> uuid.UUID | None:
     if not value:
         return None
     try:

@@ -1,8 +1,10 @@
 """The recorder: projects the event record into Postgres and publishes retries.
 
 Thin handler: decode, apply in a transaction, commit; the consumer loop acks after the
-commit. Postgres being away is a ``Retry`` (the message is handed back and redelivered
-later, nothing is acked), so the recorder catches up when the database returns.
+commit. A batch and a single message (the fallback for a failed batch) take the same
+path. Postgres being away or busy is a ``Retry`` (the messages are handed back and
+redelivered later, nothing is acked and nothing counts against them; see
+``database``), so the recorder catches up when the database returns.
 """
 
 from __future__ import annotations
@@ -10,58 +12,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
 from sqlalchemy import select, update
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from trove_recorder.batch import apply_batch
+from trove_recorder.database import database_trouble_is_retried, make_engine
 from trove_recorder.page_ids import PageIds
-from trove_recorder.projections import RetryPolicy, apply
-from trove_schema.bus import BatchConsumer, Bus, Retry
-from trove_schema.events import decode_event
+from trove_recorder.projections import apply_batch
+from trove_recorder.retries import RetryPolicy
+from trove_schema.bus import BatchConsumer, Bus
+from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Outbox
-from trove_schema.topology import EVENTS_STREAM, RECORDER, TopologyOptions, declare, ensure_topology
+from trove_schema.topology import (
+    EVENTS_STREAM,
+    RECORDER,
+    TopologyOptions,
+    declare,
+    ensure_topology,
+    page_schedule_subject,
+)
 
 log = logging.getLogger("trove.recorder")
-
-#: Errors that mean "the database is away or busy", not "this event is bad".
-TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError, OSError, ConnectionError)
-
-
-#: deadlock_detected, serialization_failure: the transaction lost a race, not a bad event.
-RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
-
-
-def _sqlstate(exc: DBAPIError) -> str | None:
-    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
-    return str(code) if code else None
-
-
-@contextlib.contextmanager
-def _database_trouble_is_retried() -> Iterator[None]:
-    """Translate "the database is away or lost a race" into Retry; a bad event stays an error."""
-    try:
-        yield
-    except TRANSIENT_DB_ERRORS as exc:
-        raise Retry(f"database unavailable: {exc}", delay=2.0) from exc
-    except DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise Retry(f"database connection lost: {exc}", delay=2.0) from exc
-        if _sqlstate(exc) in RETRYABLE_SQLSTATES:
-            # Two transactions touching the same pages at once: run it again shortly.
-            raise Retry(f"transaction conflict: {_sqlstate(exc)}", delay=0.2) from exc
-        raise
-
-
-def make_engine(url: str) -> AsyncEngine:
-    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
 
 
 class Recorder:
@@ -78,8 +55,14 @@ class Recorder:
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
-        events = [decode_event(m.data) for m in msgs]
-        with _database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
+        await self.project([decode_event(m.data) for m in msgs])
+
+    async def handle(self, msg: Msg) -> None:
+        """One message of a batch that failed: a batch of one, so a bad event fails alone."""
+        await self.project([decode_event(msg.data)])
+
+    async def project(self, events: Sequence[Event]) -> None:
+        with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
             async with self.sessions.begin() as session:
                 applied = await apply_batch(session, events, self.policy, self.known)
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
@@ -88,15 +71,6 @@ class Recorder:
             newest = max(e.occurred_at for e in events)
             PROJECTION_LAG_SECONDS.set((datetime.now(UTC) - newest).total_seconds())
             self.outbox_wakeup.set()
-
-    async def handle(self, msg: Msg) -> None:
-        event = decode_event(msg.data)
-        with _database_trouble_is_retried():
-            async with self.sessions.begin() as session:
-                applied = await apply(session, event, self.policy)
-        if applied:
-            self.outbox_wakeup.set()
-            log.debug("projected", extra={"event_id": event.id, "type": event.TYPE})
 
     async def publish_outbox(self, stop: asyncio.Event) -> None:
         """Publish pending outbox rows (retries) as scheduled messages, then mark them sent."""
@@ -130,7 +104,13 @@ class Recorder:
             for row in rows:
                 event = decode_event(row.payload)
                 if row.deliver_at is not None:
-                    await self.bus.publish_at(event, row.deliver_at, subject=row.subject)
+                    page = event.url if isinstance(event, CrawlRequested) else None
+                    await self.bus.publish_at(
+                        event,
+                        row.deliver_at,
+                        subject=row.subject,
+                        schedule=page and page_schedule_subject(page),
+                    )
                 else:
                     await self.bus.publish(event, subject=row.subject)
             if rows:

@@ -1,9 +1,15 @@
 """Rebuild every projection from the event record: ``trove replay``.
 
 Reads ``TROVE_EVENTS`` from the first message to the last one present when the replay
-starts, with an ordered (ephemeral) consumer, and applies each event exactly as the
-live recorder does, in batches of one transaction each. Retries decided during replay
-are marked as already published: the record holds the ones that really happened.
+starts, with an ordered (ephemeral) consumer, and applies the events through the live
+recorder's own path (``projections.apply_batch``), in batches of one transaction each.
+
+Retries are decided again as events are applied, each into an outbox row. A retry
+whose ``CrawlRequested`` is in the record has been published: its row is marked so. One
+that is not (scheduled for later, or decided but not yet published when the live
+recorder stopped) stays pending, and the recorder running on this database publishes
+it. Publishing a schedule again is harmless: it carries the same ``Nats-Msg-Id`` and
+event id, and consumers ignore an event id they have handled.
 """
 
 from __future__ import annotations
@@ -13,20 +19,20 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
-from sqlalchemy import text, update
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from trove_recorder.projections import RetryPolicy, apply
-from trove_recorder.recorder import make_engine
+from trove_recorder.database import make_engine
+from trove_recorder.page_ids import PageIds
+from trove_recorder.projections import apply_batch
+from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.errors import MalformedEvent, TroveError
-from trove_schema.events import decode_event
+from trove_schema.events import Event, decode_event
 from trove_schema.migrate import upgrade_async
-from trove_schema.tables import Outbox
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
@@ -44,6 +50,12 @@ PROJECTION_TABLES = (
     "seed_rejections",
     "projected_events",
     "outbox",
+)
+
+#: Retries already in the record: their outbox rows need no publishing.
+_MARK_RECORDED_RETRIES = text(
+    "UPDATE outbox o SET published_at = now() WHERE o.published_at IS NULL "
+    "AND EXISTS (SELECT 1 FROM projected_events p WHERE p.event_id = o.event_id)"
 )
 
 
@@ -66,6 +78,7 @@ async def replay(
     *,
     truncate: bool = False,
     batch: int = 500,
+    page_id_cache: int = 200_000,
 ) -> ReplayStats:
     await upgrade_async(database_url)
     engine = make_engine(database_url)
@@ -97,28 +110,29 @@ async def replay(
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL,
         )
+        known = PageIds(page_id_cache)
         done = False
         while not done:
+            events: list[Event] = []
+            for _ in range(batch):
+                msg = await sub.next_msg(timeout=10)
+                seq = msg.metadata.sequence.stream
+                if msg.subject in subjects:
+                    stats.events += 1
+                    try:
+                        events.append(decode_event(msg.data))
+                    except MalformedEvent:
+                        stats.malformed += 1
+                if seq >= last:
+                    done = True
+                    break
             async with sessions.begin() as session:
-                for _ in range(batch):
-                    msg = await sub.next_msg(timeout=10)
-                    seq = msg.metadata.sequence.stream
-                    if msg.subject in subjects:
-                        stats.events += 1
-                        try:
-                            event = decode_event(msg.data)
-                        except MalformedEvent:
-                            stats.malformed += 1
-                        else:
-                            stats.applied += int(await apply(session, event, policy))
-                    if seq >= last:
-                        done = True
-                        break
-                await session.execute(
-                    update(Outbox)
-                    .where(Outbox.published_at.is_(None))
-                    .values(published_at=datetime.now(UTC))
-                )
+                applied = await apply_batch(session, events, policy, known)
+                # Every pending row, not only this batch's: a retry's CrawlRequested
+                # comes later in the stream than the attempt that decided it.
+                await session.execute(_MARK_RECORDED_RETRIES)
+            known.learn(applied.generation, applied.page_ids)
+            stats.applied += applied.count
             log.info("replayed up to %d of %d", seq, last)
         await sub.unsubscribe()
     finally:

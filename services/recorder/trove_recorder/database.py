@@ -1,0 +1,100 @@
+"""The recorder's database boundary: its engine, and which failures are the database's.
+
+A failure that means "the database is away or busy" (restarting, in recovery, shutting
+down, unreachable, out of connections, the connection lost mid-transaction, the pool
+exhausted, a deadlock or serialization conflict) becomes a ``Retry``: the messages go
+back to the stream untouched and nothing counts against them. Anything else is about
+the events themselves and stays an error, which may park a message in the end.
+
+The exception can take several shapes. SQLAlchemy wraps what asyncpg raises in a
+``DBAPIError`` whose ``orig`` carries the SQLSTATE; while connecting, and on the raw
+connection (the ``COPY`` of links), asyncpg's own exceptions arrive unwrapped; a socket
+that cannot be opened is a plain ``OSError``. So the whole chain is examined.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from asyncpg.exceptions import InterfaceError as AsyncpgInterfaceError
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from trove_schema.bus import Retry
+
+#: SQLSTATEs meaning the server is away, going away, or coming back.
+UNAVAILABLE_SQLSTATES = frozenset(
+    {
+        "57P01",  # admin_shutdown: the server is shutting down
+        "57P02",  # crash_shutdown: another backend crashed, the server restarts
+        "57P03",  # cannot_connect_now: starting up, in recovery, or a standby
+        "57P05",  # idle_session_timeout: the server ended the session
+        "53300",  # too_many_connections
+    }
+)
+#: Class 08, connection exception: the connection failed or was lost.
+CONNECTION_EXCEPTION_CLASS = "08"
+#: The transaction lost a race with another one (deadlock_detected, serialization_failure).
+CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+
+#: Seconds before a batch is tried again while the database is away.
+UNAVAILABLE_DELAY = 2.0
+#: Seconds before a batch that lost a race runs again.
+CONFLICT_DELAY = 0.2
+
+
+def make_engine(url: str) -> AsyncEngine:
+    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+
+
+def as_retry(exc: BaseException) -> Retry | None:
+    """The ``Retry`` for a failure that is the database's, or None if it is not."""
+    for cause in _chain(exc):
+        state = getattr(cause, "sqlstate", None)
+        if isinstance(state, str) and state:
+            if state in CONFLICT_SQLSTATES:
+                return Retry(f"transaction conflict ({state}): {cause}", delay=CONFLICT_DELAY)
+            if state in UNAVAILABLE_SQLSTATES or state.startswith(CONNECTION_EXCEPTION_CLASS):
+                return Retry(f"database unavailable ({state}): {cause}", delay=UNAVAILABLE_DELAY)
+        if isinstance(cause, sa_exc.DBAPIError) and cause.connection_invalidated:
+            return Retry(f"database connection lost: {cause.orig}", delay=UNAVAILABLE_DELAY)
+        if isinstance(cause, sa_exc.TimeoutError):  # no pooled connection came free in time
+            return Retry(f"database pool exhausted: {cause}", delay=UNAVAILABLE_DELAY)
+        if isinstance(cause, AsyncpgInterfaceError) and "connection is closed" in str(cause):
+            return Retry(f"database connection lost: {cause}", delay=UNAVAILABLE_DELAY)
+        if isinstance(cause, OSError):  # refused, reset, unreachable, timed out connecting
+            return Retry(
+                f"database unreachable: {type(cause).__name__}: {cause}", delay=UNAVAILABLE_DELAY
+            )
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, what it wraps (``orig``), and what it was raised from or during."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending and len(seen) < 16:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        for linked in (orig, current.__cause__, current.__context__):
+            if isinstance(linked, BaseException):
+                pending.append(linked)
+
+
+@contextlib.contextmanager
+def database_trouble_is_retried() -> Iterator[None]:
+    """Raise the database's failures as ``Retry``; let every other error through."""
+    try:
+        yield
+    except Retry:
+        raise
+    except Exception as exc:
+        retry = as_retry(exc)
+        if retry is None:
+            raise
+        raise retry from exc
