@@ -184,6 +184,15 @@ BAD_SEEDS = {
         '{"url": "https://example.org/", "pattern": "([a-z"}',
         '"pattern" is not a valid regular expression: ',
     ),
+    "pattern with a backreference": (
+        json.dumps({"url": "https://example.org/", "pattern": r"/(\w+)/\1/"}),
+        "invalid escape sequence: \\1 (patterns are matched in linear time by RE2: "
+        "no backreferences",
+    ),
+    "pattern with a lookahead": (
+        json.dumps({"url": "https://example.org/", "pattern": r"^https://(?!www\.)"}),
+        "invalid perl operator: (?!",
+    ),
     "pattern too long": (
         json.dumps({"url": "https://example.org/", "pattern": "a" * 501}),
         '"pattern" is longer than 500 characters',
@@ -216,6 +225,21 @@ BAD_SEEDS = {
 @pytest.mark.parametrize(("payload", "reason"), BAD_SEEDS.values(), ids=list(BAD_SEEDS))
 def test_each_bad_seed_is_rejected_with_a_reason(payload: str, reason: str) -> None:
     assert reason in only_reason(parse(payload))
+
+
+def test_a_backreference_pattern_is_refused_in_the_reply_with_its_reason() -> None:
+    batch = parse(json.dumps({"url": "https://example.org/", "pattern": r"^(a+)\1$"}))
+    assert not batch.accepted
+    reply = reply_text(batch)
+    assert reply.startswith("accepted 0\nrejected 1:")
+    assert "invalid escape sequence: \\1" in reply
+    assert "no backreferences, lookahead or lookbehind" in reply
+    assert "invalid escape sequence" in json.loads(reply_json(batch))["rejected"][0]["reason"]
+
+
+def test_a_catastrophic_pattern_is_accepted_because_it_is_matched_linearly() -> None:
+    batch = parse(json.dumps({"url": "https://example.org/", "pattern": "^(a+)+$"}))
+    assert batch.accepted[0].scope == Scope(kind=ScopeKind.PATTERN, value="^(a+)+$", max_depth=5)
 
 
 def test_non_utf8_bytes_are_rejected() -> None:

@@ -7,7 +7,11 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+import idna
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trove_schema import urls as normalize
 from trove_schema.errors import InvalidURL, TroveError
@@ -193,6 +197,15 @@ INVALID = {
     "label too long": ("http://" + "a" * 64 + ".org/", "host"),
     "too long": ("http://example.org/" + "a" * 2100, "URL longer than 2048 characters"),
     "far too long to even read": ("http://example.org/" + "a" * 9000, "URL longer than 2048"),
+    "emoji host as punycode": ("http://xn--ls8h.la/", "not a valid internationalized name"),
+    "emoji host": ("http://\U0001f4a9.la/", "not a valid internationalized name"),
+    "symbol in a subdomain": ("http://www.\u2615.example/", "internationalized name"),
+    "punycode that decodes to a control": ("http://xn--a.example/", "internationalized name"),
+    "punycode that decodes to nothing valid": ("http://xn--ab.com/", "internationalized name"),
+    "IDN beside a label with double hyphens": (
+        "http://xn--bcher-kva.r3--x.example/",
+        "internationalized name",
+    ),
 }
 
 
@@ -202,6 +215,76 @@ def test_invalid_urls_are_refused_with_a_reason(url: str, reason: str) -> None:
         canonicalize(url)
     assert reason in caught.value.reason
     assert str(caught.value) == caught.value.reason
+
+
+VALID_NAMES = {
+    "http://bücher.example/": "http://xn--bcher-kva.example/",
+    "http://BÜCHER.example/": "http://xn--bcher-kva.example/",
+    "http://xn--bcher-kva.example/": "http://xn--bcher-kva.example/",
+    "http://faß.de/": "http://xn--fa-hia.de/",  # IDNA 2008 keeps the sharp s
+    "http://中国.icom.museum/": "http://xn--fiqs8s.icom.museum/",
+    "http://пример.испытание/": "http://xn--e1afmkfd.xn--80akhbyknj4f/",
+    # Plain ASCII names go to httpx as they are, as to every browser: IDNA's rules on
+    # hyphens and letters are for internationalized names.
+    "http://r3---sn-abc.example/": "http://r3---sn-abc.example/",
+    "http://a_b.example/": "http://a_b.example/",
+}
+
+
+@pytest.mark.parametrize(("url", "expected"), VALID_NAMES.items(), ids=list(VALID_NAMES))
+def test_valid_names_are_canonical_and_fetchable_by_httpx(url: str, expected: str) -> None:
+    canonical = canonicalize(url)
+    assert canonical == expected
+    assert normalize.fetchable(canonical) is None
+    assert httpx.URL(canonical).host  # httpx decodes punycode here and raises if it can't
+
+
+def test_fetchable_says_why_a_url_is_not() -> None:
+    assert normalize.fetchable("https://example.org/") is None
+    reason = normalize.fetchable("http://xn--ls8h.la/")
+    assert reason is not None
+    assert "internationalized name" in reason
+    assert normalize.fetchable("http://Example.org/") is None  # spelt otherwise, fetchable
+
+
+def _label() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True),
+        st.text(min_size=1, max_size=12),
+        st.text(st.characters(codec="utf-8", min_codepoint=0x80), min_size=1, max_size=8),
+        st.from_regex(r"xn--[a-z0-9-]{1,12}", fullmatch=True),
+        st.sampled_from(["bücher", "\U0001f4a9", "\u2615", "faß", "中国", "XN--BCHER-KVA"]),
+    )
+
+
+_URLS = st.one_of(
+    st.builds(
+        "{}://{}{}/{}".format,
+        st.sampled_from(["http", "https", "HTTP"]),
+        st.lists(_label(), min_size=1, max_size=4).map(".".join),
+        st.sampled_from(["", ":8080", ":0", ":99999", ":x"]),
+        st.text(max_size=30),
+    ),
+    st.text(max_size=60).map(lambda tail: "http://" + tail),
+    st.text(max_size=60),
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_URLS)
+def test_every_url_canonicalize_accepts_httpx_and_idna_accept_too(url: str) -> None:
+    try:
+        canonical = canonicalize(url)
+    except InvalidURL:
+        return
+    parsed = httpx.URL(canonical)  # raises httpx.InvalidURL on anything it refuses
+    host = parsed.host  # applies idna.decode to punycode
+    assert parsed.raw_host.decode() == urlsplit(canonical).hostname
+    if any(label.startswith("xn--") for label in parsed.raw_host.decode().split(".")):
+        assert idna.encode(host, uts46=True).decode() == parsed.raw_host.decode()
+    else:
+        assert parsed.raw_host.decode().isascii()
+    assert canonicalize(canonical) == canonical
 
 
 def test_invalid_url_belongs_to_the_error_tree() -> None:

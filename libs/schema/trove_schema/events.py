@@ -9,22 +9,31 @@ On the wire an event is one JSON object, readable with ``nats stream view``. Old
 versions are upcast by the functions in ``UPCASTERS`` before validation, so a
 consumer only ever sees the current shape.
 
+Events are read tolerantly and written strictly. A model refuses fields it does not
+know (``extra="forbid"``), so a producer cannot send a misspelt field; ``decode_event``
+ignores them, and reads a version newer than its own with the current model, so a
+consumer older than its producer (a rolling upgrade, a rollback) handles what it knows
+rather than parking the event. Schema rules: only add fields; a version bump ships an
+upcaster first; consumers are upgraded before producers (docs/deploy.md).
+
 ``CrawlCompleted`` never carries the page body: Trove stores signals, not content.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trove_schema.errors import MalformedEvent
+from trove_schema.text import Storable, StorableItems, StorableTerms
 
 #: Longest URL Trove accepts anywhere (seeds, links, redirects).
 MAX_URL_LENGTH = 2048
@@ -32,6 +41,17 @@ MAX_URL_LENGTH = 2048
 MAX_LINKS_PER_PAGE = 1000
 #: Most keywords one CrawlCompleted carries.
 MAX_KEYWORDS = 200
+
+# Text from outside is cleaned where it enters an event (``trove_schema.text``): NULs
+# and surrogates marked, over-long values cut (URLs refused instead: a cut URL is
+# another page), so every event holds only text Postgres can store.
+URLText = Annotated[str, Storable(MAX_URL_LENGTH, cut=False)]
+#: A host name (at most 253 characters in DNS).
+DomainText = Annotated[str, Storable(253)]
+#: A free-text line: a reason, an error message.
+MessageText = Annotated[str, Storable(2000)]
+#: A header value kept for later (ETag, Last-Modified, Content-Type).
+HeaderText = Annotated[str, Storable(1000)]
 
 
 def new_event_id() -> str:
@@ -113,12 +133,13 @@ class Provenance(Frozen):
 
     kind: Literal["seed", "link", "feed", "redirect", "canonical", "recrawl"]
     #: The page the link was found on, for links; absent for seeds.
-    source_url: str | None = None
+    source_url: URLText | None = None
     #: Free text about the seed's origin: subject, client, file, operator name.
-    origin: str | None = None
+    origin: Annotated[str, Storable(512)] | None = None
 
 
 class Link(Frozen):
+    #: Cleaned with the whole tuple of links (``CrawlCompleted.links``), for speed.
     url: str = Field(max_length=MAX_URL_LENGTH)
     kind: LinkKind = LinkKind.A
     nofollow: bool = False
@@ -159,8 +180,8 @@ class SeedRejected(Event):
     SUBJECT = "trove.events.seed.rejected"
 
     #: What was sent, cut to 512 characters.
-    raw: str = Field(max_length=512)
-    reason: str
+    raw: Annotated[str, Storable(512)]
+    reason: MessageText
     provenance: Provenance
 
 
@@ -170,8 +191,8 @@ class PageDiscovered(Event):
     TYPE = "PageDiscovered"
     SUBJECT = "trove.events.page.discovered"
 
-    url: str = Field(max_length=MAX_URL_LENGTH)
-    domain: str
+    url: URLText
+    domain: DomainText
     depth: int = Field(default=0, ge=0)
     priority: int = Field(default=0, ge=-100, le=100)
     scope: Scope
@@ -189,8 +210,8 @@ class CrawlRequested(Event):
     TYPE = "CrawlRequested"
     SUBJECT = "trove.events.crawl.requested"
 
-    url: str = Field(max_length=MAX_URL_LENGTH)
-    domain: str
+    url: URLText
+    domain: DomainText
     depth: int = Field(default=0, ge=0)
     priority: int = Field(default=0, ge=-100, le=100)
     scope: Scope
@@ -199,8 +220,8 @@ class CrawlRequested(Event):
     attempt: int = Field(default=1, ge=1)
     not_before: datetime | None = None
     #: Validators for a conditional GET (from the previous successful fetch).
-    etag: str | None = None
-    last_modified: str | None = None
+    etag: HeaderText | None = None
+    last_modified: HeaderText | None = None
     #: The event that caused this request (the failed attempt, the earlier success).
     caused_by: str | None = None
 
@@ -212,10 +233,10 @@ class CrawlCompleted(Event):
     SUBJECT = "trove.events.crawl.completed"
 
     #: The URL as requested (the page's identity).
-    url: str = Field(max_length=MAX_URL_LENGTH)
-    domain: str
+    url: URLText
+    domain: DomainText
     #: Where the last redirect hop landed, when it differs from ``url``.
-    final_url: str | None = None
+    final_url: Annotated[str, Storable(MAX_URL_LENGTH)] | None = None
     depth: int = Field(default=0, ge=0)
     priority: int = Field(default=0, ge=-100, le=100)
     scope: Scope
@@ -224,27 +245,29 @@ class CrawlCompleted(Event):
     request_id: str
     outcome: CrawlOutcome
     status_code: int | None = None
-    error_message: str | None = Field(default=None, max_length=2000)
+    error_message: MessageText | None = None
     started_at: datetime
     completed_at: datetime
     #: Seconds the site asked us to wait (Retry-After), when it did.
     retry_after: float | None = None
-    content_type: str | None = None
+    content_type: HeaderText | None = None
     content_length: int | None = None
     #: sha256 of the body as received, to tell unchanged pages apart.
-    content_hash: str | None = None
-    title: str | None = Field(default=None, max_length=1000)
+    content_hash: HeaderText | None = None
+    title: Annotated[str, Storable(1000)] | None = None
     #: BCP-47 tag, or None when the detector was not sure.
-    language: str | None = Field(default=None, max_length=35)
+    language: Annotated[str, Storable(35)] | None = None
     #: A bounded bag of terms for the search index: never text the body could be rebuilt from.
-    keywords: tuple[str, ...] = Field(default=(), max_length=MAX_KEYWORDS)
-    links: tuple[Link, ...] = Field(default=(), max_length=MAX_LINKS_PER_PAGE)
+    keywords: Annotated[tuple[str, ...], StorableTerms(MAX_KEYWORDS, 100)] = ()
+    links: Annotated[tuple[Link, ...], StorableItems("url")] = Field(
+        default=(), max_length=MAX_LINKS_PER_PAGE
+    )
     links_truncated: bool = False
-    canonical_url: str | None = None
+    canonical_url: URLText | None = None
     noindex: bool = False
     nofollow: bool = False
-    etag: str | None = None
-    last_modified: str | None = None
+    etag: HeaderText | None = None
+    last_modified: HeaderText | None = None
 
     @property
     def retryable(self) -> bool:
@@ -264,8 +287,20 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
 _WIRE_PREFIX = re.compile(rb'^\{"type":"([A-Za-z]+)","version":(\d+),')
 
 
+_log = logging.getLogger(__name__)
+#: What was already logged about reading tolerantly: (type, newer version) and (type,
+#: "unknown fields"). Bounded by the event types and the versions producers use.
+_LOGGED: set[tuple[str, int | str]] = set()
+
+
 def decode_event(data: bytes | str) -> Event:
-    """Parse an event from the wire, upcasting old versions. Raises MalformedEvent."""
+    """Parse an event from the wire, tolerantly. Raises MalformedEvent.
+
+    Old versions are upcast; a version newer than this code is read with the current
+    model (its known fields), logged once; unknown fields, at any depth, are ignored.
+    What is still invalid (a known field of the wrong type, a required field missing)
+    is a MalformedEvent.
+    """
     raw_bytes = data.encode() if isinstance(data, str) else data
     prefix = _WIRE_PREFIX.match(raw_bytes)
     if prefix is not None:
@@ -273,8 +308,13 @@ def decode_event(data: bytes | str) -> Event:
         if fast is not None and int(prefix.group(2)) == fast.VERSION:
             try:
                 return fast.model_validate_json(b"{" + raw_bytes[prefix.end() :])
-            except ValueError as exc:
-                raise MalformedEvent(f"invalid {fast.TYPE}: {exc}") from exc
+            except ValidationError as exc:
+                # pydantic's JSON parser refuses a lone surrogate escape, which json.loads
+                # reads (and the text types then mark): the path below reads those too.
+                unparsed = any(error["type"] == "json_invalid" for error in exc.errors())
+                if not unparsed and len(_unknown_fields(exc)) < exc.error_count():
+                    raise MalformedEvent(f"invalid {fast.TYPE}: {exc}") from exc
+                # Only fields this code does not know: the tolerant path below drops them.
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -286,12 +326,60 @@ def decode_event(data: bytes | str) -> Event:
     cls = EVENT_TYPES.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
         raise MalformedEvent(f"unknown event type {type_name!r}")
-    if not isinstance(version, int) or version < 1 or version > cls.VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise MalformedEvent(f"unsupported version {version!r} of {type_name}")
+    if version > cls.VERSION and (cls.TYPE, version) not in _LOGGED:
+        _LOGGED.add((cls.TYPE, version))
+        _log.warning(
+            "reading %s version %d with this code's version %d: fields it does not know "
+            "are ignored (upgrade this service)",
+            cls.TYPE,
+            version,
+            cls.VERSION,
+        )
     while version < cls.VERSION:
         raw = UPCASTERS[(cls.TYPE, version)](raw)
         version += 1
+    return _validate_tolerantly(cls, raw)
+
+
+def _unknown_fields(exc: ValidationError) -> list[tuple[int | str, ...]]:
+    return [tuple(e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+
+
+def _validate_tolerantly(cls: type[Event], raw: dict[str, Any]) -> Event:
+    """Validate; if the only objections are unknown fields, drop them and validate again.
+
+    The models stay ``extra="forbid"`` so that constructing an event is strict; reading
+    asks pydantic where the unknown fields are instead of walking the schema here.
+    """
     try:
         return cls.model_validate(raw)
-    except ValueError as exc:
-        raise MalformedEvent(f"invalid {type_name}: {exc}") from exc
+    except ValidationError as exc:
+        unknown = _unknown_fields(exc)
+        if not unknown:
+            raise MalformedEvent(f"invalid {cls.TYPE}: {exc}") from exc
+    for loc in unknown:
+        _drop(raw, loc)
+    if (cls.TYPE, "unknown fields") not in _LOGGED:
+        _LOGGED.add((cls.TYPE, "unknown fields"))
+        names = sorted({".".join(str(p) for p in loc if isinstance(p, str)) for loc in unknown})
+        _log.info("ignoring fields of %s this code does not know: %s", cls.TYPE, names)
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise MalformedEvent(f"invalid {cls.TYPE}: {exc}") from exc
+
+
+def _drop(raw: Any, loc: tuple[int | str, ...]) -> None:
+    """Delete the value at ``loc`` (keys and list indexes) from parsed JSON, if it is there."""
+    *path, last = loc
+    for step in path:
+        if isinstance(raw, dict) and isinstance(step, str):
+            raw = raw.get(step)
+        elif isinstance(raw, list) and isinstance(step, int) and 0 <= step < len(raw):
+            raw = raw[step]
+        else:
+            return
+    if isinstance(raw, dict) and isinstance(last, str):
+        raw.pop(last, None)

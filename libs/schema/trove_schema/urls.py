@@ -11,9 +11,12 @@ default ports, empty path); Trove adds its own rules on top:
 * ``\\`` before the query is read as ``/`` and tabs and newlines are dropped, as
   browsers do;
 * the host is checked: labels of ``[a-z0-9_-]``, 63 characters each, 253 in all; IPv6
-  literals are written in compressed form; hosts ending in a number are parsed as
-  IPv4 the way browsers do (``0x7f.1`` is ``127.0.0.1``) and written dotted-quad, so the
-  private-address check cannot be dodged by spelling;
+  literals are written in compressed form; a name with an internationalized label
+  (``bücher.example``, written ``xn--bcher-kva.example``) must be valid IDNA 2008 with
+  UTS-46 mapping, as the ``idna`` package that httpx uses judges it (see ``fetchable``);
+  hosts ending in a number are parsed as IPv4 the way browsers do (``0x7f.1`` is
+  ``127.0.0.1``) and written dotted-quad, so the private-address check cannot be
+  dodged by spelling;
 * tracking parameters (``TRACKING_PARAMETERS``, any ``utm_*``) and session ids
   (``SESSION_PARAMETERS``, ``aspsessionid*``; path parameters ``;jsessionid=``,
   ``;phpsessid=``, ``;sid=``) are removed, matching names case-insensitively;
@@ -36,6 +39,7 @@ from collections.abc import Sequence
 from typing import TypeAlias
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import idna
 import tldextract
 from url_normalize import url_normalize
 
@@ -218,7 +222,29 @@ def _canonical_host(host: str, *, bracketed: bool) -> str:
         raise InvalidURL(f"host {host!r} has characters not allowed in a host name")
     if len(host) > 253 or any(len(label) > 63 for label in host.split(".")):
         raise InvalidURL(f"host {host!r} is too long for DNS")
+    _check_idna(host)
     return host
+
+
+def _check_idna(host: str) -> None:
+    """Refuse an internationalized name that httpx would refuse when fetching it.
+
+    url-normalize falls back to Python's IDNA 2003 codec for what IDNA 2008 refuses, so
+    ``💩.la`` comes out as ``xn--ls8h.la``, which httpx cannot decode (its ``URL.host``
+    applies ``idna.decode``): the page could never be fetched, and the failure looked
+    like a site that was down. A plain ASCII name is left as it is, as httpx leaves it
+    (``r3---sn-x.example``, ``a_b.example`` are fetched by every browser and by httpx;
+    IDNA's hyphen and letter rules are for internationalized names).
+    """
+    if not (host.startswith("xn--") or ".xn--" in host):
+        return
+    try:
+        idna.decode(host)
+        idna.encode(host, uts46=True)
+    except idna.IDNAError as exc:  # InvalidCodepoint and friends are IDNAErrors
+        raise InvalidURL(
+            f"host {host!r} is not a valid internationalized name (IDNA 2008): {exc}"
+        ) from None
 
 
 def _ends_in_number(host: str) -> bool:
@@ -441,6 +467,21 @@ def canonicalize_or_none(url: str, *, base: str | None = None) -> str | None:
         return canonicalize(url, base=base)
     except InvalidURL:
         return None
+
+
+def fetchable(url: str) -> str | None:
+    """Why ``url`` cannot be fetched, or None when it can.
+
+    The one definition of a fetchable URL, shared by discovery (seeds and links go
+    through ``canonicalize``) and the fetcher, whose work may come from events written
+    before a rule was added (an emoji host accepted once): a URL is fetchable when
+    ``canonicalize`` accepts it. Its spelling may differ from today's canonical one.
+    """
+    try:
+        canonicalize(url)
+    except InvalidURL as exc:
+        return exc.reason
+    return None
 
 
 def origin_of(url: str) -> str:

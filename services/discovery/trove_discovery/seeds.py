@@ -10,9 +10,9 @@ Accepted forms (the payload is UTF-8; a leading BOM is ignored):
   ``priority`` (integer -100..100, default 0), ``scope`` ("host", "domain", "pattern"
   or "open"; default ``TROVE_DEFAULT_SCOPE``), ``pattern`` (a regular expression of at
   most 500 characters, required by scope "pattern", which it implies when ``scope`` is
-  absent), ``force`` (boolean) and ``max_depth`` (integer 0..100, default
-  ``TROVE_MAX_DEPTH``). Unknown keys are refused, so that a typo is not silently a
-  default.
+  absent; matched by RE2, so no backreferences or lookaround), ``force`` (boolean) and
+  ``max_depth`` (integer 0..100, default ``TROVE_MAX_DEPTH``). Unknown keys are
+  refused, so that a typo is not silently a default.
 
 ``parse_seeds`` never raises: every problem becomes a ``RejectedSeed`` with a reason
 for the operator. A message with more than ``MAX_SEEDS_PER_MESSAGE`` URLs has the rest
@@ -22,11 +22,11 @@ rejected one by one; a URL repeated in one message is accepted once.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
+from trove_discovery.scope import pattern_error
 from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
 from trove_schema.urls import (
@@ -103,6 +103,8 @@ def parse_seeds(data: bytes, *, origin: str, settings: DiscoverySettings) -> See
             document = json.loads(text)
         except ValueError as exc:
             return _rejected(text, f"malformed JSON: {exc}")
+        except RecursionError:  # "[[[[...": json's C parser gives up, it is not malformed
+            return _rejected(text, "JSON nested too deeply")
         try:
             candidates, options = _from_json(document, settings)
         except InvalidSeed as exc:
@@ -247,10 +249,12 @@ def _pattern(pattern: object) -> str:
         raise InvalidSeed('"pattern" must be a string')
     if len(pattern) > MAX_PATTERN_LENGTH:
         raise InvalidSeed(f'"pattern" is longer than {MAX_PATTERN_LENGTH} characters')
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise InvalidSeed(f'"pattern" is not a valid regular expression: {exc}') from None
+    error = pattern_error(pattern)
+    if error is not None:
+        raise InvalidSeed(
+            f'"pattern" is not a valid regular expression: {error} (patterns are matched '
+            "in linear time by RE2: no backreferences, lookahead or lookbehind)"
+        )
     return pattern
 
 

@@ -352,6 +352,13 @@ def _child(element: etree._Element, name: str) -> etree._Element | None:
     return None
 
 
+#: A character reference to a surrogate code point (U+D800..U+DFFF), hex or decimal.
+_SURROGATE_REFERENCE = re.compile(
+    r"&#(?:[xX]0*[dD][89a-fA-F][0-9a-fA-F]{2}"
+    r"|0*(?:5529[6-9]|55[3-9][0-9]{2}|56[0-9]{3}|57[0-2][0-9]{2}|573[0-3][0-9]|5734[0-3]));"
+)
+
+
 def _text(element: etree._Element | None) -> str:
     """The element's text, entity references left out (they stay unexpanded in feeds)."""
     if element is None:
@@ -507,6 +514,10 @@ class _Page:
     def feed(self, body: bytes, content_type: str | None) -> Extraction | None:
         """A feed's signals; None if the body is XML but not RSS or Atom (try HTML)."""
         text, _ = decode_body(body, content_type)
+        if "&#" in text:
+            # libxml2 in recovery keeps a reference to a surrogate as bytes lxml cannot
+            # decode later (UnicodeDecodeError on .text): refer to U+FFFD instead.
+            text = _SURROGATE_REFERENCE.sub("&#xFFFD;", text)
         try:
             root = etree.fromstring(
                 text.encode("utf-8", "replace"), _feed_parser(), base_url=self.url
