@@ -7,8 +7,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SEEDS  ?=
 PYTEST_ARGS ?=
+FUZZ_ARGS ?=
 
-.PHONY: install run test lint typecheck bench asyncapi clean
+.PHONY: install run test lint typecheck bench fuzz faults asyncapi smoke clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,24 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_fetcher.py
 	$(BIN)/python bench/bench_recorder.py
 	$(BIN)/python bench/bench_seen.py
+
+# compose.yaml on a real container engine (minutes, so not in `make test`): build, up,
+# crawl, a crash, down and up (tests/deploy/smoke_compose.py). With no engine running,
+# it starts one with SMOKE_ENGINE_UP.
+SMOKE_ENGINE_UP ?= $(if $(wildcard ../shared/tools/container-engine),../shared/tools/container-engine up)
+
+smoke: $(STAMP)
+	SMOKE_ENGINE_UP="$(SMOKE_ENGINE_UP)" $(BIN)/python tests/deploy/smoke_compose.py
+
+# Thousands of hostile seeds and pages through the real services (tests/fuzz runs a few
+# hundred in `make test`); FUZZ_ARGS e.g. --rounds 8 --seed 7.
+fuzz: $(STAMP)
+	$(BIN)/python bench/bench_fuzz.py $(FUZZ_ARGS)
+
+# A crawl while services, nats-server and Postgres are killed, then on a three-node
+# JetStream cluster losing a node, each held to a fault-free crawl of the same web.
+faults: $(STAMP)
+	$(BIN)/python bench/bench_faults.py
 
 asyncapi: $(STAMP)
 	$(BIN)/faststream docs gen trove_schema.asyncapi:app --yaml --out docs/asyncapi.yaml

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import http.server
 import ipaddress
+import itertools
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpcore
@@ -30,6 +32,8 @@ class Seen:
     host: str
     path: str
     headers: dict[str, str]
+    #: ``time.monotonic()`` when the request arrived.
+    at: float = field(default_factory=time.monotonic)
 
 
 class Exchange(http.server.BaseHTTPRequestHandler):
@@ -125,6 +129,15 @@ class LocalServer:
     def requests_to(self, path: str, host: str | None = None) -> list[Seen]:
         with self._lock:
             return [s for s in self.seen if s.path == path and (host is None or s.host == host)]
+
+    def requests_for(self, host: str) -> list[Seen]:
+        with self._lock:
+            return [s for s in self.seen if s.host == host]
+
+    def min_gap(self, host: str) -> float | None:
+        """The shortest time between two requests to ``host`` (None for fewer than two)."""
+        times = sorted(s.at for s in self.requests_for(host))
+        return min((b - a for a, b in itertools.pairwise(times)), default=None)
 
     def _event(self, name: str) -> threading.Event:
         with self._lock:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from tests.fetcher._servers import (
     stall,
     stream_body,
 )
+from trove_fetcher.errors import RedirectPaused
 from trove_fetcher.http import (
     BodyReader,
     FetchLimits,
@@ -448,6 +450,65 @@ async def test_redirect_chain_within_the_limit_ends_at_the_final_url(
     assert result.final_url == url(server, "/chain/0")
     assert result.redirects == tuple(url(server, f"/chain/{n}") for n in (4, 3, 2, 1, 0))
     assert result.etag == '"v1"'
+
+
+async def test_each_redirect_hop_passes_the_gate_after_the_previous_response(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    gated: list[tuple[tuple[str, ...], int]] = []
+
+    def seen(hop: str) -> int:
+        return len(server.requests_to(urlsplit(hop).path))
+
+    async def before_hop(hops: tuple[str, ...]) -> None:
+        gated.append((hops, seen(hops[-1])))
+
+    hops = tuple(url(server, f"/chain/{n}") for n in (2, 1, 0))
+    before = [seen(hop) for hop in hops]
+    result = await get(client, url(server, "/chain/3"), before_hop=before_hop)
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert [g[0] for g in gated] == [hops[:1], hops[:2], hops[:3]]
+    # The gate is asked before its hop is requested, never after.
+    assert [g[1] for g in gated] == before
+    assert result.redirects == hops
+
+
+async def test_a_paused_chain_resumes_at_its_next_hop(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    async def pause(hops: tuple[str, ...]) -> None:
+        raise RedirectPaused(hops, at=123.0)
+
+    before = len(server.requests_to("/chain/3"))
+    with pytest.raises(RedirectPaused) as paused:
+        await get(client, url(server, "/chain/4"), before_hop=pause)
+    assert paused.value.hops == (url(server, "/chain/3"),)
+    assert len(server.requests_to("/chain/3")) == before  # never requested while paused
+    result = await get(client, url(server, "/chain/4"), resume=paused.value.hops)
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.url == url(server, "/chain/4")
+    assert result.final_url == url(server, "/chain/0")
+    assert result.redirects == tuple(url(server, f"/chain/{n}") for n in (3, 2, 1, 0))
+
+
+async def test_a_resumed_chain_still_counts_every_hop_against_the_limit(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    followed = tuple(url(server, f"/chain/{n}") for n in (5, 4, 3, 2, 1))
+    result = await get(client, url(server, "/chain/6"), resume=followed)
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message == "too many redirects (more than 5)"
+
+
+async def test_time_spent_at_the_gate_is_not_part_of_the_timeout(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    async def slow_gate(hops: tuple[str, ...]) -> None:
+        await asyncio.sleep(0.4)
+
+    limits = FetchLimits(total_timeout=0.5)
+    result = await get(client, url(server, "/chain/3"), limits=limits, before_hop=slow_gate)
+    assert result.outcome is CrawlOutcome.SUCCESS
 
 
 async def test_one_redirect_more_than_the_limit_is_a_failure(

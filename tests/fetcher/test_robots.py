@@ -19,6 +19,7 @@ from tests.fetcher._servers import (
     serving,
     stall,
 )
+from trove_fetcher.errors import RedirectPaused
 from trove_fetcher.robots import (
     DEFAULT_TTL,
     RETRY_TTL,
@@ -193,6 +194,27 @@ async def test_redirect_to_another_host_is_followed(
     assert not policy.allows(f"{origin(server, 'moved')}/from-b/page")
     assert policy.allows(f"{origin(server, 'moved')}/elsewhere")
     assert server.requests_to("/robots.txt", host="b.trove.test")
+
+
+async def test_a_redirect_hop_waits_at_the_gate_and_can_resume_later(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    target = f"{origin(server, 'b')}/robots.txt"
+
+    async def pause(hops: tuple[str, ...]) -> None:
+        raise RedirectPaused(hops, at=time.time() + 60)
+
+    before = len(server.requests_to("/robots.txt", host="b.trove.test"))
+    with pytest.raises(RedirectPaused) as paused:
+        await fetch_robots(client, origin(server, "moved"), max_bytes=CAP, before_hop=pause)
+    assert paused.value.hops == (target,)
+    assert len(server.requests_to("/robots.txt", host="b.trove.test")) == before
+    policy = await fetch_robots(
+        client, origin(server, "moved"), max_bytes=CAP, resume=paused.value.hops
+    )
+    assert policy.origin == origin(server, "moved")  # the policy is the origin's
+    assert not policy.allows(f"{origin(server, 'moved')}/from-b/page")
+    assert len(server.requests_to("/robots.txt", host="b.trove.test")) == before + 1
 
 
 async def test_redirect_to_a_metadata_address_is_never_connected(

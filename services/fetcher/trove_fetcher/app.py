@@ -61,6 +61,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             ),
             robots_token=settings.robots_token,
             robots_max_bytes=settings.robots_max_bytes,
+            work_max_age=settings.work_max_age_seconds,
+            max_message_bytes=settings.max_message_bytes,
         )
         consumers = [
             Consumer(

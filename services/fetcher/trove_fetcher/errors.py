@@ -2,7 +2,12 @@
 
     FetcherError
     ├── BlockedAddress        a host resolved to an address Trove must not connect to (SSRF)
+    ├── RedirectPaused        a redirect hop must wait for its host's slot: continue later
     ├── TooManyRedirects      more same-host redirect hops than allowed, or a redirect loop
+    ├── DnsError              a name could not be turned into addresses (``trove_fetcher.dns``)
+    │   ├── NameNotFound          no such name, or no address for it (cached: negative TTL)
+    │   ├── DnsTimeout            no answer within the lookup timeout
+    │   └── DnsFailure            the nameservers failed (SERVFAIL, refused, garbled)
     └── ContentError          the body cannot be taken as it was sent
         ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
         ├── UndecodableBody       its Content-Encoding is corrupt
@@ -10,7 +15,9 @@
 
 ``fetch()`` (``trove_fetcher.http``) never raises any of these for something a site
 does: it turns them, and httpx's transport errors, into a ``CrawlOutcome``. Only
-``BlockedAddress`` leaves the transport, through ``httpx.AsyncClient.send``.
+``BlockedAddress`` leaves the transport, through ``httpx.AsyncClient.send``, and only
+``RedirectPaused`` leaves ``fetch()`` and ``fetch_robots()``: their caller's hop gate
+raises it, and the caller continues the chain later.
 A page larger than the size cap is not an error: it is cut and marked ``truncated``.
 """
 
@@ -38,8 +45,37 @@ class BlockedAddress(FetcherError):
             super().__init__(f"{host} resolves to {address} ({reason})")
 
 
+class RedirectPaused(FetcherError):
+    """The next redirect hop may not be requested yet (its host's gap); not a failure.
+
+    ``hops`` is the chain followed so far, its last URL the one still to request, and
+    ``at`` the slot reserved for it on that URL's host.
+    """
+
+    def __init__(self, hops: tuple[str, ...], at: float) -> None:
+        super().__init__(f"redirect to {hops[-1]} waits until {at:.3f}")
+        self.hops = hops
+        self.at = at
+
+
 class TooManyRedirects(FetcherError):
     """More same-host redirects than ``max_redirects``, or a hop back to a visited URL."""
+
+
+class DnsError(FetcherError):
+    """A name could not be turned into addresses; the transport makes it a ConnectError."""
+
+
+class NameNotFound(DnsError):
+    """The name does not exist, or has no A or AAAA record."""
+
+
+class DnsTimeout(DnsError):
+    """No answer within the lookup timeout."""
+
+
+class DnsFailure(DnsError):
+    """The nameservers answered with a failure, or not in a way that could be read."""
 
 
 class ContentError(FetcherError):

@@ -2,10 +2,20 @@
 
 For each work message: robots.txt (shared cache) -> the domain's lease (shared KV) ->
 the request -> extraction off the event loop -> publish CrawlCompleted, wait for its
-PubAck -> ack the work. A message whose domain is busy is re-scheduled for the
-domain's next free slot as a NATS scheduled message and acked: it costs nothing while
-it waits. A pod killed anywhere before the ack loses nothing: the work is redelivered
-and the lease still protects the domain.
+PubAck -> ack the work. A pod killed anywhere before the ack loses nothing: the work
+is redelivered and the lease still protects the domain.
+
+Every request takes its host's lease first: the page, robots.txt, each same-host
+redirect hop of the page and each robots.txt redirect hop (under the lease of the host
+it points to). A request that cannot go within ``LOCAL_WAIT`` is not waited for in
+the task: the work message is re-published as a NATS scheduled message for the slot
+it was given (``trove_fetcher.deferral``; a paused redirect chain travels in its
+headers, and the page keeps its identity, the original URL) and acked, so waiting
+costs no consumer capacity. No message is scheduled past the work stream's horizon.
+
+An attempt always ends in a recorded outcome, built within the stream's message size
+(``trove_fetcher.completion``), and costs the site one request: an event whose publish
+failed is remembered for a while, so its redelivery publishes it without fetching.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import hashlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import httpx
@@ -23,17 +33,25 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from trove_fetcher.completion import (
+    Work,
+    completed,
+    event_budget,
+    fit,
+    rejected,
+    robots_refusal,
+)
+from trove_fetcher.deferral import Carried, Chain, ChainKind, horizon, schedule_at
+from trove_fetcher.errors import RedirectPaused
 from trove_fetcher.extract import Extraction, extract, is_parseable
-from trove_fetcher.http import FetchLimits, FetchResult, fetch
+from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
+from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
 from trove_schema.bus import Bus, Retry, schedule_header
 from trove_schema.events import (
-    MAX_LINKS_PER_PAGE,
     CrawlCompleted,
-    CrawlOutcome,
     CrawlRequested,
-    LinkKind,
     PageDiscovered,
     decode_event,
     derived_event_id,
@@ -44,24 +62,46 @@ from trove_schema.metrics import (
     FETCHES,
     FETCHES_IN_FLIGHT,
     LEASES,
+    RESERVATION_HORIZON,
     ROBOTS_CACHE,
 )
 from trove_schema.topology import FETCH_DEFERRED, WORK_SCHEDULES_PREFIX
-from trove_schema.urls import canonicalize_or_none, origin_of
+from trove_schema.urls import domain_of, fetchable, origin_of
 
 log = logging.getLogger("trove.fetcher")
 
-#: Header on a deferred work message: the slot it was given.
-SLOT_HEADER = "Trove-Slot"
 #: Waits shorter than this are spent in the task rather than in a scheduled message
 #: (the JetStream scheduler fires with a granularity of a few hundred milliseconds).
 LOCAL_WAIT = 1.0
+#: How long a policy read from the shared bucket is trusted without reading it again.
+ROBOTS_LOCAL_TTL = 60.0
+#: Origins whose robots.txt a pod keeps parsed. An entry lives ROBOTS_LOCAL_TTL at most,
+#: so this only needs the origins a pod touches in a minute: ~100 pages/s at the
+#: default 10 s gap is ~1,000 hosts, each asked many times while its pages flow.
+ROBOTS_MEMORY = 4096
+#: ... and at most this many bytes of robots.txt in all (a file may be 512 KiB).
+ROBOTS_MEMORY_BYTES = 64 << 20
+#: Events whose publish failed, kept for their redelivery (which then does not fetch
+#: the page again). Redelivery comes within seconds to this pod or another; each entry
+#: may be up to a message (1 MiB), so few are kept.
+UNPUBLISHED_MEMORY = 64
+UNPUBLISHED_MEMORY_BYTES = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    work: PageDiscovered | CrawlRequested
-    reserved: bool
+    work: Work
+    #: The slot this message was given when it was deferred (a ``time.time()``).
+    slot: float | None = None
+    #: A redirect chain paused before its next hop.
+    chain: Chain | None = None
+    #: Where the message sits (stream and sequence): a redelivery re-defers it under
+    #: the same schedule id, which JetStream's duplicate window drops.
+    cause: str = ""
+
+    @property
+    def reserved(self) -> bool:
+        return self.slot is not None
 
     @property
     def url(self) -> str:
@@ -70,6 +110,14 @@ class Job:
     @property
     def domain(self) -> str:
         return self.work.domain
+
+
+@dataclass(slots=True)
+class _Hold:
+    """The lease this task holds now (it moves from host to host along a chain)."""
+
+    domain: str
+    grant: Granted | None
 
 
 class Fetcher:
@@ -85,6 +133,8 @@ class Fetcher:
         limits: FetchLimits,
         robots_token: str,
         robots_max_bytes: int,
+        work_max_age: float = 7 * 86_400.0,
+        max_message_bytes: int = 1 << 20,
         parse_workers: int = 2,
     ) -> None:
         self.bus = bus
@@ -94,80 +144,159 @@ class Fetcher:
         self.limits = limits
         self.robots_token = robots_token
         self.robots_max_bytes = robots_max_bytes
+        self.horizon = horizon(work_max_age)
+        self.budget = event_budget(max_message_bytes)
         self.parser = ThreadPoolExecutor(max_workers=parse_workers, thread_name_prefix="parse")
-        self._robots_local: dict[str, tuple[float, RobotsPolicy]] = {}
+        self._robots_local: Memory[str, tuple[float, RobotsPolicy]] = Memory(
+            max_entries=ROBOTS_MEMORY, max_weight=ROBOTS_MEMORY_BYTES
+        )
+        self._unpublished: Memory[str, CrawlCompleted] = Memory(
+            max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
+        )
+        #: The furthest slot this pod has planned (``time.time()``), for the gauge.
+        self.furthest_slot = 0.0
+        RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - time.time()))
 
     async def handle(self, msg: Msg) -> None:
         event = decode_event(msg.data)
         if not isinstance(event, PageDiscovered | CrawlRequested):
             return  # not work for us; ack it
-        reserved = bool(msg.headers and msg.headers.get(SLOT_HEADER))
-        job = Job(event, reserved)
+        carried = Carried.from_headers(msg.headers)
+        job = Job(event, carried.slot, carried.chain, _cause(msg))
         try:
             await self.process(job, msg.data)
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
             raise Retry(f"transient fetch error: {exc}") from exc
+        except HopGateFailed as exc:
+            raise Retry(str(exc)) from exc
 
     async def process(self, job: Job, payload: bytes) -> None:
-        robots = await self._cached_robots(job.url)
-        if robots is not None and not robots.allows(job.url, self.robots_token):
-            await self._complete(job, _robots_refusal(job, robots))
+        built = self._unpublished.get(job.work.id)
+        if built is not None:  # fetched already; only its publish failed
+            await self._publish(job, built)
             return
-        grant = await self._lease(job, payload)
-        if grant is None:
+        unfetchable = fetchable(job.url)
+        if unfetchable is not None:
+            # Work accepted before a rule was added (an emoji host): the input's fault,
+            # recorded as such; a `failed` attempt would be retried as if the site were away.
+            reason = f"not a fetchable URL: {unfetchable}"
+            await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
             return
-        if robots is None:
+        if job.slot is not None:
+            early = job.slot - time.time()
+            if early > LOCAL_WAIT:
+                # Back from the horizon before its slot: it keeps the slot. Taking the
+                # lease now would let it jump the host's queue.
+                await self._defer(job, payload, job.slot, job.chain)
+                return
+            if early > 0:
+                await asyncio.sleep(early)
+        if job.chain is not None and job.chain.kind is ChainKind.ROBOTS:
+            policy = await self._cached_robots(job.url)
+            if policy is None and await self._resume_robots(job, payload, job.chain) is None:
+                return  # paused again
+            # robots.txt is known now; the page queues for its own host.
+            job = replace(job, slot=None, chain=None)
+        page_chain = job.chain  # a page's own redirect chain, if paused
+        target = page_chain.next_url if page_chain is not None else job.url
+        robots = await self._cached_robots(target)
+        if robots is not None and not robots.allows(target, self.robots_token):
+            await self._complete(job, robots_refusal(job.work, robots))
+            return
+        hold = await self._lease(job, payload, domain_of(target), job.reserved, page_chain)
+        if hold is None:
+            return
+        if robots is None and page_chain is None:
             # Another task or pod may have fetched it while we waited for the lease.
             robots = await self._cached_robots(job.url)
             if robots is None:
-                robots = await self._fetch_robots(job, grant)
+                robots = await self._fetch_robots(job, payload, hold, ())
+                if robots is None:
+                    return  # its redirect chain is paused
                 # robots.txt used this lease; the page waits for the next one.
                 if robots.allows(job.url, self.robots_token):
-                    grant = await self._lease(job, payload)
-                    if grant is None:
+                    hold = await self._lease(job, payload, job.domain, False, None)
+                    if hold is None:
                         return
             if not robots.allows(job.url, self.robots_token):
-                await self.politeness.finish(job.domain, grant, time.time())
-                await self._complete(job, _robots_refusal(job, robots))
+                await self._release(hold)
+                await self._complete(job, robots_refusal(job.work, robots))
                 return
-        await self._fetch_page(job, grant)
+        await self._fetch_page(job, payload, hold)
 
-    async def _lease(self, job: Job, payload: bytes) -> Granted | None:
-        reserved = job.reserved
+    # leases -----------------------------------------------------------------------
+
+    async def _acquire(self, domain: str, reserved: bool) -> Granted | Deferred:
+        """The domain's lease now or after a short wait in the task; else a far slot."""
         while True:
             now = time.time()
-            decision = await self.politeness.acquire(job.domain, now, reserved=reserved)
+            decision = await self.politeness.acquire(domain, now, reserved=reserved)
             if isinstance(decision, Granted):
                 LEASES.labels("granted").inc()
                 return decision
             wait = decision.at - now
-            if wait <= LOCAL_WAIT:
-                LEASES.labels("waited").inc()
-                await asyncio.sleep(max(0.0, wait))
-                reserved = True
-                continue
-            LEASES.labels("deferred").inc()
-            await self._defer(job, payload, decision)
-            return None
+            if wait > LOCAL_WAIT:
+                return decision
+            LEASES.labels("waited").inc()
+            await asyncio.sleep(max(0.0, wait))
+            reserved = True
 
-    async def _defer(self, job: Job, payload: bytes, decision: Deferred) -> None:
-        slot = f"{decision.at:.3f}"
-        schedule_id = derived_event_id(f"{job.work.id}:{slot}", "slot")
-        at = datetime.fromtimestamp(decision.at, UTC)
+    async def _lease(
+        self, job: Job, payload: bytes, domain: str, reserved: bool, chain: Chain | None
+    ) -> _Hold | None:
+        decision = await self._acquire(domain, reserved)
+        if isinstance(decision, Granted):
+            return _Hold(domain, decision)
+        await self._defer(job, payload, decision.at, chain)
+        return None
+
+    async def _release(self, hold: _Hold) -> None:
+        if hold.grant is not None:
+            grant, hold.grant = hold.grant, None
+            await self.politeness.finish(hold.domain, grant, time.time())
+
+    def _gate(self, hold: _Hold) -> HopGate:
+        """Before a redirect hop: end the lease of the previous request (the gap counts
+        from the end of its response) and take the lease of the hop's host."""
+
+        async def before_hop(hops: tuple[str, ...]) -> None:
+            await self._release(hold)
+            domain = domain_of(hops[-1])
+            decision = await self._acquire(domain, False)
+            if isinstance(decision, Deferred):
+                raise RedirectPaused(hops, decision.at)
+            hold.domain, hold.grant = domain, decision
+
+        return before_hop
+
+    async def _defer(self, job: Job, payload: bytes, slot: float, chain: Chain | None) -> None:
+        """Come back at ``slot`` (or at the horizon, keeping the slot), as a scheduled message."""
+        LEASES.labels("deferred").inc()
+        self.furthest_slot = max(self.furthest_slot, slot)
+        at = schedule_at(slot, time.time(), self.horizon)
+        carried = Carried(slot, chain)
+        hops = len(chain.hops) if chain is not None else 0
+        schedule_id = derived_event_id(f"{job.work.id}:{job.cause}:{slot:.3f}:{hops}", "slot")
         headers = {
+            **carried.headers(),
             "Nats-Msg-Id": schedule_id,
-            SLOT_HEADER: slot,
-            "Nats-Schedule": schedule_header(at),
+            "Nats-Schedule": schedule_header(datetime.fromtimestamp(at, UTC)),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
         await self.bus.js.publish(
             f"{WORK_SCHEDULES_PREFIX}.{schedule_id}", payload, headers=headers
         )
-        log.debug("deferred", extra={"url": job.url, "domain": job.domain, "slot": slot})
+        log.debug(
+            "deferred",
+            extra={"url": job.url, "domain": job.domain, "slot": f"{slot:.3f}", "hops": hops},
+        )
 
-    async def _fetch_page(self, job: Job, grant: Granted) -> None:
-        etag = job.work.etag if isinstance(job.work, CrawlRequested) else None
-        last_modified = job.work.last_modified if isinstance(job.work, CrawlRequested) else None
+    # the page -----------------------------------------------------------------------
+
+    async def _fetch_page(self, job: Job, payload: bytes, hold: _Hold) -> None:
+        work = job.work
+        etag = work.etag if isinstance(work, CrawlRequested) else None
+        last_modified = work.last_modified if isinstance(work, CrawlRequested) else None
         started = datetime.now(UTC)
         FETCHES_IN_FLIGHT.inc()
         try:
@@ -179,21 +308,32 @@ class Fetcher:
                 limits=self.limits,
                 is_parseable=is_parseable,
                 robots_allows=self._redirect_allowed,
+                before_hop=self._gate(hold),
+                resume=job.chain.hops if job.chain is not None else (),
             )
+        except RedirectPaused as paused:
+            await self._defer(job, payload, paused.at, Chain(ChainKind.PAGE, paused.hops))
+            return
         finally:
             FETCHES_IN_FLIGHT.dec()
-            await self.politeness.finish(job.domain, grant, time.time())
+            await self._release(hold)
         FETCH_SECONDS.observe(result.elapsed)
         FETCH_BYTES.inc(result.bytes_read)
         if result.status_code in (429, 503) and result.retry_after:
             await self.politeness.back_off(
-                job.domain, time.time() + result.retry_after, time.time()
+                domain_of(result.final_url), time.time() + result.retry_after, time.time()
             )
         extraction: Extraction | None = None
-        if result.outcome is CrawlOutcome.SUCCESS and result.body is not None:
-            loop = asyncio.get_running_loop()
-            extraction = await loop.run_in_executor(self.parser, self._extract, result)
-        await self._complete(job, _completed(job, result, extraction, started))
+        if result.body is not None:
+            try:
+                loop = asyncio.get_running_loop()
+                extraction = await loop.run_in_executor(self.parser, self._extract, result)
+            except Exception as exc:
+                log.exception("extraction failed", extra={"url": job.url})
+                reason = f"extraction failed: {type(exc).__name__}: {exc}"
+                await self._complete(job, rejected(work, reason, started, result))
+                return
+        await self._complete(job, completed(work, result, extraction, started))
 
     async def _redirect_allowed(self, url: str) -> bool:
         """A same-host redirect hop must be allowed by robots.txt too (when it is known)."""
@@ -211,7 +351,15 @@ class Fetcher:
         )
 
     async def _complete(self, job: Job, event: CrawlCompleted) -> None:
+        event = fit(event, self.budget)
+        # Until its PubAck: a redelivery publishes it again rather than fetching again.
+        weight = sum(len(link.url) + 48 for link in event.links) + 4096
+        self._unpublished.put(job.work.id, event, weight)
+        await self._publish(job, event)
+
+    async def _publish(self, job: Job, event: CrawlCompleted) -> None:
         await self.bus.publish(event)
+        self._unpublished.pop(job.work.id)
         FETCHES.labels(event.outcome.value).inc()
         log.info(
             "crawled",
@@ -246,20 +394,47 @@ class Fetcher:
             return None  # an unreadable cache entry is a miss: fetch robots.txt again
         if policy.expired(time.time()):
             return None
-        self._robots_local[origin] = (now + min(60.0, policy.expires_in(time.time())), policy)
+        self._remember(origin, policy, min(ROBOTS_LOCAL_TTL, policy.expires_in(time.time())))
         ROBOTS_CACHE.labels("shared").inc()
         return policy
 
-    async def _fetch_robots(self, job: Job, grant: Granted) -> RobotsPolicy:
+    def _remember(self, origin: str, policy: RobotsPolicy, ttl: float) -> None:
+        self._robots_local.put(origin, (time.monotonic() + ttl, policy), len(policy.body) + 256)
+
+    async def _resume_robots(self, job: Job, payload: bytes, chain: Chain) -> RobotsPolicy | None:
+        domain = domain_of(chain.next_url)
+        hold = await self._lease(job, payload, domain, job.reserved, chain)
+        if hold is None:
+            return None
+        return await self._fetch_robots(job, payload, hold, chain.hops)
+
+    async def _fetch_robots(
+        self, job: Job, payload: bytes, hold: _Hold, resume: tuple[str, ...]
+    ) -> RobotsPolicy | None:
+        """robots.txt of the job's origin, under ``hold``; None when its chain paused."""
         origin = origin_of(job.url)
         try:
-            policy = await fetch_robots(self.client, origin, max_bytes=self.robots_max_bytes)
-        finally:
-            end = time.time()
+            policy = await fetch_robots(
+                self.client,
+                origin,
+                max_bytes=self.robots_max_bytes,
+                total_timeout=self.limits.total_timeout,
+                before_hop=self._gate(hold),
+                resume=resume,
+            )
+        except RedirectPaused as paused:
+            await self._defer(job, payload, paused.at, Chain(ChainKind.ROBOTS, paused.hops))
+            return None
+        except BaseException:
+            await self._release(hold)
+            raise
+        end = time.time()
         await self.politeness.set_gap(job.domain, policy.crawl_delay(self.robots_token))
-        await self.politeness.finish(job.domain, grant, end)
+        if hold.grant is not None:
+            grant, hold.grant = hold.grant, None
+            await self.politeness.finish(hold.domain, grant, end)
         await self.robots_kv.put(_robots_key(origin), policy.to_bytes())
-        self._robots_local[origin] = (time.monotonic() + 60.0, policy)
+        self._remember(origin, policy, ROBOTS_LOCAL_TTL)
         return policy
 
     def close(self) -> None:
@@ -270,87 +445,9 @@ def _robots_key(origin: str) -> str:
     return hashlib.sha1(origin.encode(), usedforsecurity=False).hexdigest()
 
 
-def _base(job: Job) -> dict[str, object]:
-    work = job.work
-    return {
-        "url": work.url,
-        "domain": work.domain,
-        "depth": work.depth,
-        "priority": work.priority,
-        "scope": work.scope,
-        "attempt": work.attempt if isinstance(work, CrawlRequested) else 1,
-        "request_id": work.id,
-        # One attempt per work event: a redelivered job republishes the same id.
-        "id": derived_event_id(work.id, "crawl"),
-    }
-
-
-def _robots_refusal(job: Job, robots: RobotsPolicy) -> CrawlCompleted:
-    """The site's robots.txt forbids the URL; or it could not be read, so nothing is
-    allowed for now: that is a failed (retryable) attempt, not the site's refusal."""
-    now = datetime.now(UTC)
-    if robots.temporary:
-        status = f" ({robots.status_code})" if robots.status_code else ""
-        outcome = CrawlOutcome.FAILED
-        reason = f"robots.txt unavailable{status}: {robots.error or 'disallow all for now'}"
-    else:
-        outcome, reason = CrawlOutcome.BLOCKED_ROBOTS, "disallowed by robots.txt"
-    return CrawlCompleted(
-        **_base(job),
-        outcome=outcome,
-        error_message=reason[:2000],
-        started_at=now,
-        completed_at=now,
-    )
-
-
-def _completed(
-    job: Job, result: FetchResult, extraction: Extraction | None, started: datetime
-) -> CrawlCompleted:
-    # Links as plain dicts: pydantic validates them in one go, in Rust, when the event is
-    # built (~1 us a link; model_construct, in Python, takes ~3.5).
-    links: list[dict[str, object]] = []
-    truncated = False
-    extra: dict[str, object] = {}
-    if extraction is not None:
-        canonical: dict[tuple[str, LinkKind], bool] = {}
-        for found in extraction.links:
-            url = canonicalize_or_none(found.url)
-            if url is not None and (url, found.kind) not in canonical:
-                canonical[(url, found.kind)] = found.nofollow
-        links = [
-            {"url": url, "kind": kind, "nofollow": nofollow}
-            for (url, kind), nofollow in canonical.items()
-        ]
-        truncated = extraction.links_truncated
-        extra = {
-            "title": extraction.title,
-            "language": extraction.language,
-            "keywords": extraction.keywords,
-            "content_hash": extraction.content_hash,
-            "canonical_url": canonicalize_or_none(extraction.canonical_url or ""),
-            "noindex": extraction.noindex,
-            "nofollow": extraction.nofollow,
-        }
-    if result.redirect_target:
-        target = canonicalize_or_none(result.redirect_target)
-        if target is not None:
-            links = [*links[: MAX_LINKS_PER_PAGE - 1], {"url": target, "kind": LinkKind.REDIRECT}]
-    final_url = result.final_url if result.final_url and result.final_url != job.url else None
-    return CrawlCompleted(
-        **_base(job),
-        outcome=result.outcome,
-        status_code=result.status_code,
-        error_message=result.error_message,
-        started_at=started,
-        completed_at=datetime.now(UTC),
-        retry_after=result.retry_after,
-        content_type=result.content_type,
-        content_length=len(result.body) if result.body is not None else result.bytes_read,
-        final_url=final_url,
-        links=links,
-        links_truncated=truncated,
-        etag=result.etag,
-        last_modified=result.last_modified,
-        **extra,
-    )
+def _cause(msg: Msg) -> str:
+    try:
+        meta = msg.metadata
+    except Exception:  # not a JetStream message
+        return ""
+    return f"{meta.stream}:{meta.sequence.stream}"

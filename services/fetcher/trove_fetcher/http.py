@@ -25,6 +25,13 @@ Redirects are followed only on the same site: same scheme, host and port, or the
 ``http://host`` -> ``https://host`` upgrade. Another host is another domain's
 politeness slot, robots.txt and scope, so its URL goes back to discovery instead.
 Every hop goes through the SSRF-guarded client, so each one is checked anyway.
+
+Every hop is a request the site sees, so it is as polite as the first: the caller's
+``before_hop`` gate is awaited before each one (the fetcher waits there for the
+host's gap, measured from the end of the redirect response). The gate may pause the
+chain by raising ``RedirectPaused``; the caller continues it later with ``resume``
+(the hops followed so far). Time spent in the gate does not count against
+``total_timeout``, which bounds the requests themselves.
 """
 
 from __future__ import annotations
@@ -35,17 +42,19 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import httpx
+import idna
 
 from trove_fetcher.errors import (
     BlockedAddress,
     DecompressionBomb,
+    RedirectPaused,
     TooManyRedirects,
     UndecodableBody,
     UnsupportedContent,
@@ -65,6 +74,32 @@ ACCEPT = (
 )
 _MAX_MESSAGE = 500
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+#: Awaited before each redirect hop with the hops so far (the last one about to be
+#: requested); returns when it may go, or raises ``RedirectPaused``.
+HopGate = Callable[[tuple[str, ...]], Awaitable[None]]
+
+
+class HopGateFailed(Exception):
+    """The hop gate failed for its own reasons (the broker, say), not the site's: carried
+    past ``fetch()``'s classification so the caller sees it, as ``__cause__``."""
+
+
+async def pass_gate(gate: HopGate, hops: Sequence[str], deadline: asyncio.Timeout) -> None:
+    """Wait at ``gate`` for the next hop; the wait is not part of the fetch's timeout."""
+    loop = asyncio.get_running_loop()
+    when = deadline.when()
+    remaining = None if when is None else when - loop.time()
+    deadline.reschedule(None)
+    try:
+        await gate(tuple(hops))
+    except RedirectPaused:
+        raise
+    except Exception as exc:
+        raise HopGateFailed(f"hop gate: {exc}") from exc
+    finally:
+        if remaining is not None:
+            deadline.reschedule(loop.time() + max(0.0, remaining))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -309,21 +344,39 @@ async def fetch(
     limits: FetchLimits,
     is_parseable: Callable[[str | None], bool],
     robots_allows: Callable[[str], Awaitable[bool]] | None = None,
+    before_hop: HopGate | None = None,
+    resume: Sequence[str] = (),
 ) -> FetchResult:
     """GET ``url`` and classify what happened. Never raises for what a site can do.
 
     ``is_parseable`` is called with the media type (``text/html``: lowercase, no
     parameters; None when the header is missing) of a 2xx response; when it says
     no, the body is not read. ``robots_allows``, when given, is asked about every
-    same-host redirect target before it is requested.
+    same-host redirect target before it is requested, then ``before_hop``, which
+    may raise ``RedirectPaused`` (passed on to the caller, as is ``HopGateFailed``).
+    ``resume`` continues a paused chain: the hops already followed, the last one
+    still to be requested.
     """
     started = time.monotonic()
     trace = _Trace(url=url, final_url=url)
+    if resume:
+        trace.redirects = list(resume)
+        trace.final_url = resume[-1]
     try:
-        async with asyncio.timeout(limits.total_timeout):
+        async with asyncio.timeout(limits.total_timeout) as deadline:
             ending = await _follow(
-                client, trace, etag, last_modified, limits, is_parseable, robots_allows
+                client,
+                trace,
+                etag,
+                last_modified,
+                limits,
+                is_parseable,
+                robots_allows,
+                before_hop,
+                deadline,
             )
+    except (RedirectPaused, HopGateFailed):
+        raise
     except TimeoutError:
         ending = _Ending(
             CrawlOutcome.TIMEOUT, f"no complete response within {limits.total_timeout:g} s"
@@ -384,20 +437,26 @@ async def _follow(
     limits: FetchLimits,
     is_parseable: Callable[[str | None], bool],
     robots_allows: Callable[[str], Awaitable[bool]] | None,
+    before_hop: HopGate | None,
+    deadline: asyncio.Timeout,
 ) -> _Ending:
     current = httpx.URL(trace.url)
     if current.scheme not in _DEFAULT_PORTS:
         return _Ending(CrawlOutcome.FAILED, f"unsupported URL scheme {current.scheme!r}")
     visited = {current.copy_with(fragment=None)}
+    for hop_url in trace.redirects:  # a resumed chain: these were followed already
+        current = httpx.URL(hop_url)
+        visited.add(current)
     # The validators go on every hop: they came from the final response last time.
     headers = _request_headers(etag, last_modified)
     while True:
         request = client.build_request("GET", current, headers=headers)
         try:
             response = await client.send(request, stream=True)
-        except httpx.InvalidURL as exc:
-            # httpx parses Location even when not following (``next_request``); the
-            # request URL is already valid, so only a redirect's Location gets here.
+        except (httpx.InvalidURL, idna.IDNAError) as exc:
+            # httpx parses Location even when not following (``next_request``), and
+            # decodes a punycode host with idna (``xn--ls8h.la``); the request URL is
+            # already valid, so only a redirect's Location gets here.
             return _Ending(CrawlOutcome.REJECTED, f"unusable redirect Location: {exc}")
         try:
             trace.status_code = response.status_code
@@ -424,6 +483,8 @@ async def _follow(
         trace.redirects.append(str(hop))
         trace.final_url = str(hop)
         current = hop
+        if before_hop is not None:
+            await pass_gate(before_hop, trace.redirects, deadline)
 
 
 def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL | _Ending:

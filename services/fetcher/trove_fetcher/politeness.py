@@ -1,7 +1,9 @@
 """Per-domain politeness shared by every fetcher pod, kept in NATS KV.
 
 Each domain has one small record (``DomainSlot``) updated only by compare-and-set on
-the KV revision, so among all pods exactly one wins each lease:
+the KV revision, so among all pods exactly one wins each lease. The fetcher takes a
+lease for every request it sends: a page, robots.txt, and each redirect hop (a hop's
+lease is its own host's, taken once the previous response has ended).
 
 * ``free_at``: no request may start before this; ``finish`` sets it to ``end + gap``.
   The gap is measured from the end of the previous response, so the site never sees

@@ -12,7 +12,10 @@ What the fetch status means for the whole origin, and for how long:
 asking to slow down, like a 5xx, as Google does.
 
 Redirects are followed up to 5 hops, to other hosts too (robots.txt of ``www.`` often
-lives on the bare domain), each hop through the SSRF-guarded client. The body is cut
+lives on the bare domain), each hop through the SSRF-guarded client and, when the
+caller gives a ``before_hop`` gate, only once the gate lets it go: the fetcher takes
+the hop's host's own lease there (another host's gap is that host's), and may pause
+the chain (``RedirectPaused``) to continue it later with ``resume``. The body is cut
 at ``max_bytes`` (500 KiB at least, §2.5) at the last complete line, so a rule cut in
 half (``Allow: /p`` of ``Allow: /private-ok``) never widens what is allowed.
 
@@ -29,6 +32,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -36,8 +40,15 @@ from typing import Any
 import httpx
 from protego import Protego
 
-from trove_fetcher.errors import BlockedAddress, FetcherError
-from trove_fetcher.http import ACCEPT_ENCODING, REDIRECT_STATUSES, BodyReader
+from trove_fetcher.errors import BlockedAddress, FetcherError, RedirectPaused
+from trove_fetcher.http import (
+    ACCEPT_ENCODING,
+    REDIRECT_STATUSES,
+    BodyReader,
+    HopGate,
+    HopGateFailed,
+    pass_gate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +195,19 @@ async def fetch_robots(
     ttl: float = DEFAULT_TTL,
     retry_ttl: float = RETRY_TTL,
     total_timeout: float = 30.0,
+    before_hop: HopGate | None = None,
+    resume: Sequence[str] = (),
 ) -> RobotsPolicy:
     """Fetch ``origin``/robots.txt and turn the answer into a policy. Never raises
-    for what a site does; ``total_timeout`` bounds the whole fetch, redirects included."""
+    for what a site does; ``total_timeout`` bounds the requests, redirects included.
+
+    ``before_hop`` is awaited before each redirect hop with the hops so far; what it
+    raises (``RedirectPaused``, ``HopGateFailed``) goes to the caller. ``resume``
+    continues a paused chain from its last hop."""
     origin = origin.rstrip("/")
     fetched_at = time.time()
     last_status: list[int] = []
+    hops = list(resume)
 
     def fallback(rule: RobotsRule, error: str) -> RobotsPolicy:
         return RobotsPolicy(
@@ -202,9 +220,9 @@ async def fetch_robots(
         )
 
     try:
-        async with asyncio.timeout(total_timeout):
-            url = httpx.URL(origin + "/robots.txt")
-            for _ in range(MAX_ROBOTS_REDIRECTS + 1):
+        async with asyncio.timeout(total_timeout) as deadline:
+            url = httpx.URL(hops[-1] if hops else origin + "/robots.txt")
+            for _ in range(MAX_ROBOTS_REDIRECTS + 1 - len(hops)):
                 request = client.build_request(
                     "GET",
                     url,
@@ -218,6 +236,12 @@ async def fetch_robots(
                         url = url.join(response.headers["location"]).copy_with(fragment=None)
                         if url.scheme not in ("http", "https"):
                             return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url.scheme}")
+                        if len(hops) >= MAX_ROBOTS_REDIRECTS:
+                            break
+                        hops.append(str(url))
+                        if before_hop is not None:
+                            await response.aclose()  # the gap runs from the end of this one
+                            await pass_gate(before_hop, hops, deadline)
                         continue
                     if 200 <= status < 300:
                         reader = BodyReader(max_bytes=max_bytes)
@@ -237,6 +261,8 @@ async def fetch_robots(
                 finally:
                     await response.aclose()
             return fallback(RobotsRule.ALLOW_ALL, f"more than {MAX_ROBOTS_REDIRECTS} redirects")
+    except (RedirectPaused, HopGateFailed):
+        raise
     except (TimeoutError, httpx.TimeoutException):
         return fallback(RobotsRule.DISALLOW_ALL, f"timeout fetching {origin}/robots.txt")
     except BlockedAddress as exc:

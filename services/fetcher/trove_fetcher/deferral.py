@@ -1,0 +1,106 @@
+"""What a deferred work message carries, and how far ahead it may be scheduled.
+
+A work message that must wait for its host is re-published as a NATS scheduled message
+onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
+
+* ``Trove-Slot``: the slot it was given (a ``time.time()``) on the host of its next
+  request (for a paused robots.txt chain, the host the chain points to): it keeps that
+  place in the host's queue, and never takes an earlier one.
+* ``Trove-Chain`` and ``Trove-Hops``: a redirect chain paused between two hops, so
+  that the next hop waits for its host's gap like any request without holding a
+  consumer slot: ``page`` (same-host hops of the page, which keeps its identity, the
+  original URL) or ``robots`` (robots.txt hops, to any host). The hops are the URLs
+  followed so far, the last one still to request.
+
+**The horizon.** TROVE_WORK keeps a message for ``work_max_age`` from when it is
+stored, and a scheduled message is stored when it is published, not when it fires.
+A slot further out than that (a Crawl-delay of 120 s and thousands of queued pages
+on one host) would age out before it fires and the page would be lost. So a message
+is never scheduled further than ``HORIZON_FRACTION`` of ``work_max_age`` ahead: one
+whose slot lies beyond is scheduled at the horizon, keeps its slot in ``Trove-Slot``,
+and is scheduled again when it comes back early. The other half of the age is room
+for the scheduler's lateness and for a backlog in front of the consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+SLOT_HEADER = "Trove-Slot"
+CHAIN_HEADER = "Trove-Chain"
+HOPS_HEADER = "Trove-Hops"
+#: Furthest ahead, as a fraction of TROVE_WORK's max_age, a message is scheduled.
+HORIZON_FRACTION = 0.5
+
+
+class ChainKind(StrEnum):
+    PAGE = "page"
+    ROBOTS = "robots"
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """A redirect chain paused before ``hops[-1]``."""
+
+    kind: ChainKind
+    hops: tuple[str, ...]
+
+    @property
+    def next_url(self) -> str:
+        return self.hops[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The state a work message carries in its headers (none on a fresh message)."""
+
+    slot: float | None = None
+    chain: Chain | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str] | None) -> Carried:
+        """Read it back; anything unreadable is as if absent (the work starts afresh)."""
+        if not headers:
+            return cls()
+        slot = _finite(headers.get(SLOT_HEADER))
+        chain: Chain | None = None
+        kind, hops = headers.get(CHAIN_HEADER), headers.get(HOPS_HEADER)
+        if kind and hops:
+            try:
+                urls = json.loads(hops)
+                if isinstance(urls, list) and urls and all(isinstance(u, str) for u in urls):
+                    chain = Chain(ChainKind(kind), tuple(urls))
+            except ValueError:
+                chain = None
+        return cls(slot, chain)
+
+    def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.slot is not None:
+            out[SLOT_HEADER] = f"{self.slot:.3f}"
+        if self.chain is not None:
+            out[CHAIN_HEADER] = self.chain.kind.value
+            out[HOPS_HEADER] = json.dumps(list(self.chain.hops), separators=(",", ":"))
+        return out
+
+
+def _finite(value: str | None) -> float | None:
+    try:
+        number = float(value or "nan")
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def horizon(work_max_age: float) -> float:
+    """Seconds ahead a work message may be scheduled, for a stream keeping it ``work_max_age``."""
+    return work_max_age * HORIZON_FRACTION
+
+
+def schedule_at(slot: float, now: float, horizon_seconds: float) -> float:
+    """When to schedule a message whose slot is ``slot``: the slot, or the horizon if sooner."""
+    return min(slot, now + horizon_seconds)

@@ -1,0 +1,124 @@
+"""A hostile page costs the site one request per attempt and ends in a recorded outcome.
+
+The ``Fetcher`` runs in the test's process against real NATS and a real HTTP server;
+the faults (an extractor that breaks, a broker that refuses one publish) are injected
+around it, never into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from tests.fetcher._completions import Completions
+from tests.fetcher._servers import LocalServer, Route, serving
+from trove_fetcher import fetcher as fetcher_module
+from trove_fetcher.extract import Extraction
+from trove_fetcher.fetcher import Fetcher, Job
+from trove_fetcher.http import FetchLimits
+from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.transport import build_client
+from trove_schema.bus import Bus
+from trove_schema.events import Event, PageDiscovered, Provenance, Scope
+from trove_schema.settings import FetcherSettings
+from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
+from trove_schema.urls import canonicalize, domain_of
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+IP = "127.0.0.182"
+HOST = "hostile.outcomes.test"
+
+
+class FlakyBus(Bus):
+    """The real bus, except that the broker times out on the first ``failures`` publishes."""
+
+    failures = 1
+
+    async def publish(self, event: Event, *, subject: str | None = None) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise NatsTimeoutError
+        await super().publish(event, subject=subject)
+
+
+@pytest.fixture
+def server() -> Iterator[LocalServer]:
+    routes: dict[str, Route] = {
+        f"{HOST}/robots.txt": lambda ex: ex.send(200, b"User-agent: *\nAllow: /\n"),
+        f"{HOST}/page": lambda ex: ex.send(200, b"<title>a page</title><p>text</p>"),
+    }
+    with serving(routes, IP) as running:
+        yield running
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    settings = FetcherSettings(allowed_networks=(f"{IP}/32",), resolve=(f"{HOST}={IP}",))
+    async with build_client(settings) as built:
+        yield built
+
+
+async def fetcher_on(bus: Bus, client: httpx.AsyncClient) -> Fetcher:
+    return Fetcher(
+        bus=bus,
+        client=client,
+        politeness=Politeness(
+            await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05)
+        ),
+        robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
+        limits=FetchLimits(total_timeout=5.0),
+        robots_token="TroveBot",
+        robots_max_bytes=64 * 1024,
+    )
+
+
+def work(server: LocalServer) -> PageDiscovered:
+    url = canonicalize(server.url("/page", HOST))
+    return PageDiscovered(
+        url=url,
+        domain=domain_of(url),
+        scope=Scope(value=HOST),
+        provenance=Provenance(kind="seed"),
+    )
+
+
+async def test_a_page_that_breaks_extraction_is_a_rejected_attempt_fetched_once(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def breaks(*args: object, **kwargs: object) -> Extraction:
+        raise RecursionError("maximum recursion depth exceeded")  # a deeply nested page
+
+    monkeypatch.setattr(fetcher_module, "extract", breaks)
+    fetcher = await fetcher_on(bus, client)
+    page = work(server)
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    event = events[page.url]
+    assert event.outcome.value == "rejected"
+    assert event.error_message is not None
+    assert "extraction failed: RecursionError" in event.error_message
+    assert len(server.requests_to("/page", HOST)) == 1
+
+
+async def test_an_event_whose_publish_failed_is_published_again_without_fetching_again(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    flaky = FlakyBus(bus.nc, bus.js)
+    fetcher = await fetcher_on(flaky, client)
+    page = work(server)
+    try:
+        with pytest.raises(NatsTimeoutError):
+            await fetcher.process(Job(page), page.to_wire())
+        await fetcher.process(Job(page), page.to_wire())  # the redelivery
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[page.url].outcome.value == "success"
+    assert len(server.requests_to("/page", HOST)) == 1

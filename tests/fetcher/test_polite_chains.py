@@ -1,0 +1,225 @@
+"""Every request is polite, redirect hops included, and no work is lost to the horizon.
+
+The fetcher runs as a real process against real NATS and a real HTTP server that plays
+several hosts (by the Host header); the server's own request log is the witness.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+import pytest
+from nats.js.errors import KeyNotFoundError
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import StackUrls, eventually
+from tests.fetcher._completions import Completions
+from tests.fetcher._servers import LocalServer, Route, free_port, serving
+from tests.support import publish_work, services
+from trove_schema.bus import Bus
+from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, FETCHER
+from trove_schema.urls import canonicalize
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+IP = "127.0.0.181"
+A, B = "a.chains.test", "b.chains.test"
+GAP = 0.5
+
+
+def env(gap: float = GAP, **extra: str) -> dict[str, str]:
+    return {
+        "TROVE_RESOLVE": f"{A}={IP},{B}={IP}",
+        "TROVE_ALLOWED_NETWORKS": f"{IP}/32",
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
+        **extra,
+    }
+
+
+def text(body: str) -> Route:
+    return lambda ex: ex.send(200, body.encode(), content_type="text/plain")
+
+
+def page(title: str) -> Route:
+    return lambda ex: ex.send(200, f"<title>{title}</title><p>{title}</p>".encode())
+
+
+def to(location: str, status: int = 302) -> Route:
+    return lambda ex: ex.redirect(location, status)
+
+
+async def reservation_horizon(port: int) -> float:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    (value,) = [
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "trove_reservation_horizon_seconds"
+    ]
+    return value
+
+
+def url(server: LocalServer, host: str, path: str) -> str:
+    return canonicalize(server.url(path, host))
+
+
+def assert_polite(server: LocalServer, host: str, gap: float) -> None:
+    seen = server.min_gap(host)
+    assert seen is not None, f"fewer than two requests to {host}"
+    assert seen >= gap, f"{host}: two requests {seen:.3f}s apart (gap {gap})"
+
+
+async def test_each_redirect_hop_waits_for_the_gap(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\nDisallow: /private/\n")}
+    for chain in ("c0", "c1"):  # four hops each: /0 -> /1 -> /2 -> /3 -> /4
+        for hop in range(4):
+            routes[f"{A}/{chain}/{hop}"] = to(f"/{chain}/{hop + 1}")
+        routes[f"{A}/{chain}/4"] = page(chain)
+    routes[f"{A}/c2/0"] = to("/c2/1")
+    routes[f"{A}/c2/1"] = to("/private/2")  # a hop robots.txt disallows
+    with serving(routes, IP) as server:
+        starts = {c: url(server, A, f"/{c}/0") for c in ("c0", "c1", "c2")}
+        async with services(stack, state_dir, env(), only=("fetcher",)) as local:
+            await publish_work(bus, list(starts.values()))
+            completions = Completions(bus.js)
+            local.check_alive()
+            events = await completions.wait_for(3)
+        assert_polite(server, A, GAP)
+        paths = [s.path for s in server.requests_for(A)]
+    for chain in ("c0", "c1"):
+        event = events[starts[chain]]  # the page keeps its identity, the original URL
+        assert event.outcome.value == "success", event
+        assert event.final_url == url(server, A, f"/{chain}/4")
+        assert event.title == chain
+        assert [p for p in paths if p.startswith(f"/{chain}/")] == [
+            f"/{chain}/{n}" for n in range(5)
+        ]
+    assert events[starts["c2"]].outcome.value == "blocked_robots"
+    assert "/private/2" not in paths
+    assert paths.count("/robots.txt") == 1
+
+
+async def test_a_robots_redirect_to_another_host_waits_for_that_hosts_gap(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    routes: dict[str, Route] = {
+        f"{B}/robots.txt": text("User-agent: *\nDisallow: /no/\n"),
+        f"{A}/p/0": page("a0"),
+        f"{A}/no/1": page("a1"),
+    }
+    for n in range(3):
+        routes[f"{B}/p/{n}"] = page(f"b{n}")
+    with serving(routes, IP) as server:
+        server.routes[f"{A}/robots.txt"] = to(server.url("/robots.txt", B), status=301)
+        b_pages = [url(server, B, f"/p/{n}") for n in range(3)]
+        a_pages = [url(server, A, "/p/0"), url(server, A, "/no/1")]
+        async with services(stack, state_dir, env(), only=("fetcher",)) as local:
+            await publish_work(bus, b_pages)  # B's own robots.txt and pages come first
+            await publish_work(bus, a_pages)
+            completions = Completions(bus.js)
+            local.check_alive()
+            events = await completions.wait_for(5)
+        assert_polite(server, B, GAP)
+        assert_polite(server, A, GAP)
+        b_paths = [s.path for s in server.requests_for(B)]
+        a_paths = [s.path for s in server.requests_for(A)]
+    # B's file was read for B, and (redirected) for A, always under B's lease. While A's
+    # chain waits for B, A's other page may take A's lease and ask A's robots.txt again.
+    assert 2 <= b_paths.count("/robots.txt") <= a_paths.count("/robots.txt") + 1
+    assert a_paths.count("/p/0") == 1
+    assert "/no/1" not in a_paths
+    # A's pages obey the file A's robots.txt redirected to.
+    assert events[a_pages[0]].outcome.value == "success"
+    assert events[a_pages[1]].outcome.value == "blocked_robots"
+    assert all(events[u].outcome.value == "success" for u in b_pages)
+
+
+async def test_a_page_of_huge_links_is_fetched_once_and_its_event_fits(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    padding = "x" * 1880
+    links = "".join(f'<a href="/l/{n:04d}/{padding}">{n}</a>\n' for n in range(1000))
+    body = f"<html><title>many links</title><body>{links}</body></html>".encode()
+    assert len(body) > 1_800_000
+    routes: dict[str, Route] = {
+        f"{A}/robots.txt": text("User-agent: *\nAllow: /\n"),
+        f"{A}/huge": lambda ex: ex.send(200, body),
+    }
+    limit = 1 << 20
+    with serving(routes, IP) as server:
+        target = url(server, A, "/huge")
+        async with services(stack, state_dir, env(0.2), only=("fetcher",)) as local:
+            await publish_work(bus, [target])
+            completions = Completions(bus.js)
+            local.check_alive()
+            events = await completions.wait_for(1)
+
+            async def pending() -> tuple[int, int]:
+                info = await bus.js.consumer_info(EVENTS_STREAM, FETCHER)
+                return info.num_ack_pending, info.num_redelivered
+
+            # The work was acked: nothing more will be delivered, so nothing more fetched.
+            state = await eventually(
+                pending, until=lambda s: s[0] == 0, timeout=20, what="work acked"
+            )
+        assert state == (0, 0), f"the work was redelivered: {state}"
+        assert len(server.requests_to("/huge", A)) == 1
+    event = events[target]
+    assert event.outcome.value == "success"
+    assert event.links_truncated
+    assert completions.sizes[target] <= limit
+    assert 100 < len(event.links) < 1000
+    # Cut from the end: what is left is the start of the page, in document order.
+    numbers = [int(link.url.split("/l/")[1][:4]) for link in event.links]
+    assert numbers == list(range(len(event.links)))
+
+
+async def test_work_beyond_the_horizon_is_not_lost_and_keeps_its_place(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """TROVE_WORK keeps messages 3 s, so a slot 6 s ahead must come back via the horizon."""
+    gap = 1.0
+    routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\nAllow: /\n")}
+    for n in range(7):
+        routes[f"{A}/p/{n}"] = page(f"p{n}")
+    domains = await bus.js.key_value(DOMAINS_BUCKET)
+
+    async def frontier() -> float:
+        try:
+            entry = await domains.get(A)
+        except KeyNotFoundError:
+            return 0.0
+        raw: Mapping[str, float] = json.loads(entry.value or b"{}")
+        return float(raw.get("next", 0.0))
+
+    with serving(routes, IP) as server:
+        pages = [url(server, A, f"/p/{n}") for n in range(7)]
+        port = free_port()
+        work_env = env(gap, TROVE_WORK_MAX_AGE_SECONDS="3", TROVE_HTTP_PORT=str(port))
+        async with services(stack, state_dir, work_env, only=("fetcher",)) as local:
+
+            async def first_page() -> int:
+                return len(server.requests_to("/p/0", A))
+
+            await publish_work(bus, pages[:1])  # robots.txt and the first page
+            await eventually(first_page, until=lambda n: n == 1, timeout=20, what="first page")
+            # One at a time, so that the slots are given in this order.
+            for target in pages[1:]:
+                before = await frontier()
+                await publish_work(bus, [target])
+                await eventually(frontier, until=before.__lt__, timeout=10, what="a slot")
+            # The furthest slot planned lies past the horizon (1.5 s), and the gauge says so.
+            assert await reservation_horizon(port) > 1.5
+            completions = Completions(bus.js)
+            local.check_alive()
+            events = await completions.wait_for(7, timeout=40)
+        assert_polite(server, A, gap)
+        paths = [s.path for s in server.requests_for(A)]
+    assert paths == ["/robots.txt", *(f"/p/{n}" for n in range(7))]
+    assert all(events[u].outcome.value == "success" for u in pages)
