@@ -54,6 +54,17 @@ def compose() -> dict[str, Any]:
 
 
 @cache
+def nats_users() -> dict[str, dict[str, Any]]:
+    """deploy/nats/users.conf by user name. The file keeps to the JSON subset of the NATS
+    configuration format, but for comment lines and unquoted ``$VARIABLE`` references."""
+    lines = (REPO / "deploy" / "nats" / "users.conf").read_text("utf-8").splitlines()
+    text = "\n".join(line for line in lines if not line.strip().startswith("#"))
+    text = re.sub(r'(?<!")(\$[A-Z_][A-Z0-9_]*)', r'"\1"', text)
+    users: list[dict[str, Any]] = json.loads("{" + text + "}")["users"]
+    return {user["user"]: user for user in users}
+
+
+@cache
 def rendered(variant: str) -> tuple[Manifest, ...]:
     return tuple(render(VARIANTS[variant]))
 

@@ -11,7 +11,14 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.deploy._support import REPO, compose, compose_validator, entry_points, schema_errors
+from tests.deploy._support import (
+    REPO,
+    compose,
+    compose_validator,
+    entry_points,
+    nats_users,
+    schema_errors,
+)
 from trove_cli.main import parser as cli_parser
 from trove_schema.settings import (
     CommonSettings,
@@ -28,7 +35,18 @@ SETTINGS: dict[str, type[CommonSettings]] = {
     "recorder": RecorderSettings,
     "fetcher": FetcherSettings,
     "migrate": CommonSettings,
+    "cli": CommonSettings,
 }
+#: The NATS user each client of compose.yaml logs in as.
+NATS_USER = {
+    "discovery": "discovery",
+    "fetcher": "fetcher",
+    "recorder": "recorder",
+    "cli": "operator",
+    "nats-box": "box",
+}
+#: What docker-compose 1.29 and podman-compose read at the top level.
+PORTABLE_TOP_LEVEL = {"services", "volumes", "networks"}
 
 
 def services() -> dict[str, Any]:
@@ -37,7 +55,17 @@ def services() -> dict[str, Any]:
 
 
 def built_services() -> dict[str, Any]:
-    return {name: s for name, s in services().items() if "build" in s}
+    """The services that run the Trove image."""
+    return {name: s for name, s in services().items() if s.get("image") == "trove:local"}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """target -> (source, mode) of a service's short-syntax volumes."""
+    found = {}
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        found[target] = (source, mode[0] if mode else "rw")
+    return found
 
 
 def seconds(duration: str) -> float:
@@ -48,9 +76,13 @@ def seconds(duration: str) -> float:
 
 
 def nats_config() -> str:
-    (reference,) = services()["nats"]["configs"]
-    content: str = compose()["configs"][reference["source"]]["content"]
-    return content
+    """The configuration file NATS is started with, read from the mounted folder."""
+    command: list[str] = services()["nats"]["command"]
+    assert command[0] == "--config"
+    for target, (source, _) in mounts(services()["nats"]).items():
+        if command[1].startswith(target + "/"):
+            return (REPO / source / command[1].removeprefix(target + "/")).read_text("utf-8")
+    raise AssertionError(f"{command[1]} is not in a mounted folder")
 
 
 def test_compose_file_matches_the_compose_specification() -> None:
@@ -63,9 +95,20 @@ def test_the_compose_schema_refuses_a_misspelt_key() -> None:
     assert schema_errors(compose_validator(), broken) != []
 
 
+def test_compose_file_keeps_to_what_older_compose_implementations_read() -> None:
+    document = compose()
+    top = {key for key in document if not key.startswith("x-")}
+    assert top <= PORTABLE_TOP_LEVEL, sorted(top - PORTABLE_TOP_LEVEL)
+    for name, service in services().items():
+        assert "configs" not in service, name
+        assert "secrets" not in service, name
+        for volume in service.get("volumes", []):
+            assert isinstance(volume, str), f"{name}: short volume syntax only"
+
+
 def test_trove_services_share_one_image_built_from_the_dockerfile() -> None:
     built = built_services()
-    assert set(built) == {*TROVE_SERVICES, "migrate"}
+    assert set(built) == {*TROVE_SERVICES, "migrate", "cli"}
     assert {s["image"] for s in built.values()} == {"trove:local"}
     for service in built.values():
         assert service["build"]["context"] == "."
@@ -137,15 +180,14 @@ def test_nats_runs_jetstream_with_synced_writes_on_a_volume() -> None:
     assert (major, minor) >= (2, 12), "message schedules need nats-server 2.12"
     config = nats_config()
     assert re.search(r"^\s*sync_interval:\s*always\s*$", config, re.M)
+    assert any(mode == "ro" for _, mode in mounts(nats).values()), "configuration read-only"
     store = re.search(r"^\s*store_dir:\s*(\S+)\s*$", config, re.M)
     assert store is not None
-    volumes = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
+    volumes = {t: s for t, (s, _) in mounts(nats).items() if not s.startswith(".")}
     assert any(store.group(1).startswith(mount) for mount in volumes)
     assert set(volumes.values()) <= set(compose()["volumes"]), "named volumes only"
     assert re.search(r"^\s*http_port:\s*8222\s*$", config, re.M)
     assert "8222/healthz" in " ".join(nats["healthcheck"]["test"])
-    (reference,) = nats["configs"]
-    assert nats["command"] == ["--config", reference["target"]]
 
 
 def test_postgres_is_16_on_a_volume_with_a_readiness_check() -> None:
@@ -155,9 +197,16 @@ def test_postgres_is_16_on_a_volume_with_a_readiness_check() -> None:
     assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
 
 
+def test_only_the_recorder_the_migration_and_the_cli_see_the_database() -> None:
+    readers = {n for n, s in services().items() if "TROVE_DATABASE_URL" in s.get("environment", {})}
+    assert readers == {"recorder", "migrate", "cli"}
+
+
 def test_database_url_matches_the_postgres_service() -> None:
     postgres = services()["postgres"]["environment"]
     for name, service in built_services().items():
+        if "TROVE_DATABASE_URL" not in service["environment"]:
+            continue
         url = make_url(service["environment"]["TROVE_DATABASE_URL"])
         assert url.drivername == "postgresql+asyncpg", name
         assert (url.host, url.port) == ("postgres", 5432)
@@ -166,8 +215,63 @@ def test_database_url_matches_the_postgres_service() -> None:
             postgres["POSTGRES_PASSWORD"],
             postgres["POSTGRES_DB"],
         )
-        nats = urlsplit(service["environment"]["TROVE_NATS_URL"])
-        assert (nats.scheme, nats.hostname, nats.port) == ("nats", "nats", 4222)
+
+
+def interpolated(value: str) -> str:
+    """The variable a ``${NAME:?message}`` value reads."""
+    match = re.fullmatch(r"\$\{(\w+)(?::\?[^}]*)?\}", value)
+    assert match, value
+    return match.group(1)
+
+
+def test_each_client_logs_in_to_nats_as_its_own_user_over_tls() -> None:
+    users = nats_users()
+    nats_env = services()["nats"]["environment"]
+    for name, user in NATS_USER.items():
+        env = services()[name]["environment"]
+        # ${NAME:?message} read as NAME, so that the URL parses.
+        raw = env.get("TROVE_NATS_URL") or env["NATS_URL"]
+        url = urlsplit(re.sub(r"\$\{(\w+)(?::\?[^}]*)?\}", r"\1", raw))
+        assert (url.scheme, url.hostname, url.port) == ("tls", "nats", 4222), name
+        assert url.username == user, name
+        assert url.password is not None
+        assert "${" + url.password in raw, "the password comes from the environment"
+        # The password the server checks is the one the client is given.
+        variable = url.password
+        assert users[user]["password"] == "$" + variable, name
+        assert interpolated(nats_env[variable]) == variable
+    clients = {n for n, s in services().items() if "nats" in s.get("depends_on", {})}
+    assert clients == set(NATS_USER)
+    assert "TROVE_NATS_URL" not in services()["migrate"]["environment"]
+
+
+def test_clients_trust_the_ca_made_at_first_start_and_only_nats_reads_its_key() -> None:
+    certs = services()["nats-certs"]
+    assert certs["restart"] == "no"
+    volumes = {t: s for t, (s, _) in mounts(certs).items()}
+    assert services()["nats"]["depends_on"]["nats-certs"]["condition"] == (
+        "service_completed_successfully"
+    )
+    script = (REPO / "deploy" / "nats" / "make-certs.sh").read_text("utf-8")
+    assert "DNS:nats" in script
+    config = nats_config()
+    tls = re.search(r"^tls \{(.*?)^\}", config, re.M | re.S)
+    assert tls is not None, "NATS clients must use TLS"
+    files = dict(re.findall(r"^\s*(cert_file|key_file):\s*(\S+)\s*$", tls.group(1), re.M))
+    nats_mounts = mounts(services()["nats"])
+    for path in files.values():
+        folder = path.rsplit("/", 1)[0]
+        assert nats_mounts[folder] == (volumes["/tls"], "ro"), path
+    for name, service in services().items():
+        if name in {"nats", "nats-certs"}:
+            continue
+        assert volumes["/tls"] not in {s for s, _ in mounts(service).values()}, name
+    for name in NATS_USER:
+        service = services()[name]
+        env = service["environment"]
+        ca = env.get("TROVE_NATS_TLS_CA") or env["NATS_CA"]
+        folder = ca.rsplit("/", 1)[0]
+        assert mounts(service)[folder] == (volumes["/ca"], "ro"), name
 
 
 def test_every_trove_variable_in_compose_is_a_known_setting() -> None:
@@ -194,7 +298,8 @@ def test_each_service_loads_its_settings_from_compose(
 def test_nats_box_can_seed_the_crawl() -> None:
     box = services()["nats-box"]
     assert box["image"].split(":")[0] == "natsio/nats-box"
-    assert box["environment"]["NATS_URL"] == "nats://nats:4222"
     assert box["profiles"] == ["tools"]  # run on demand, not by `up`
+    assert "trove.seeds" in nats_users()["box"]["permissions"]["publish"]["allow"]
+    assert services()["cli"]["profiles"] == ["tools"]
     ports = services()["nats"]["ports"]
     assert any(p.endswith(":4222:4222") for p in ports), "the host's nats CLI needs 4222"

@@ -23,6 +23,7 @@ from tests.deploy._support import (
     find,
     kubernetes_validator,
     kubernetes_versions,
+    nats_users,
     of_kind,
     quantity,
     rendered,
@@ -123,7 +124,8 @@ def test_every_manifest_file_is_valid_yaml_of_a_known_kind() -> None:
     latest = kubernetes_versions()[1]
     for path in files:
         if path.name == "kustomization.yaml" or path.parent.name == "nats":
-            yaml.safe_load(path.read_text("utf-8"))
+            # Helm values, and cert-manager's kinds (applied to the nats namespace).
+            assert list(yaml.safe_load_all(path.read_text("utf-8"))), path
             continue
         for manifest in load_documents(path):
             key = (manifest["apiVersion"], manifest["kind"])
@@ -374,7 +376,9 @@ def test_each_service_loads_its_settings_from_the_manifests(
         check_environment(env)
         settings = SETTINGS_BY_COMMAND[container["command"][0]]()
         assert settings.http_port == 8080, manifest["metadata"]["name"]
-        assert settings.nats_url.startswith("nats://")
+        if component(manifest) != "migrate":
+            assert settings.nats_url.startswith("tls://")
+            assert str(settings.nats_tls_ca).endswith("/ca.crt")
 
 
 def test_base_streams_get_three_replicas_on_a_three_node_nats() -> None:
@@ -385,10 +389,82 @@ def test_base_streams_get_three_replicas_on_a_three_node_nats() -> None:
     assert values["config"]["cluster"]["replicas"] >= int(config["TROVE_REPLICAS"])
 
 
-def test_services_reach_nats_through_the_chart_service() -> None:
-    config = find(rendered("base"), "ConfigMap", "trove-config")["data"]
-    url = urlsplit(config["TROVE_NATS_URL"])
-    assert (url.scheme, url.hostname, url.port) == ("nats", "nats.nats.svc.cluster.local", 4222)
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_each_service_reaches_nats_through_the_chart_service_as_its_own_user(
+    variant: str,
+) -> None:
+    for manifest in deployments(variant):
+        (container,) = containers(manifest)
+        env = {v["name"]: v for v in container["env"]}
+        names = [v["name"] for v in container["env"]]
+        url = urlsplit(env["TROVE_NATS_URL"]["value"])
+        assert (url.scheme, url.hostname, url.port) == ("tls", "nats.nats.svc.cluster.local", 4222)
+        assert url.username == component(manifest)
+        # Kubernetes splices $(NATS_PASSWORD) in only if it is defined before the URL.
+        assert url.password == "$(NATS_PASSWORD)"
+        assert names.index("NATS_PASSWORD") < names.index("TROVE_NATS_URL")
+        ref = env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("trove-nats", component(manifest))
+        assert component(manifest) in nats_users()
+
+
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
+def test_trove_pods_trust_the_ca_of_the_nats_certificate(variant: str) -> None:
+    manifests = rendered(variant)
+    for manifest in deployments(variant):
+        (container,) = containers(manifest)
+        ca = container_environment(manifests, container)["TROVE_NATS_TLS_CA"]
+        assert ca is not None
+        folder, _, name = ca.rpartition("/")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+        assert mount["readOnly"] is True
+        spec = manifest["spec"]["template"]["spec"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == "trove-nats-ca"
+        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": name}]
+
+
+def test_nats_serves_tls_with_the_cert_manager_certificate() -> None:
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
+    tls = values["config"]["nats"]["tls"]
+    assert tls["enabled"] is True
+    documents = load_documents(K8S / "nats" / "tls.yaml")
+    (server,) = [
+        d for d in documents if d["kind"] == "Certificate" and not d["spec"].get("isCA", False)
+    ]
+    assert server["spec"]["secretName"] == tls["secretName"]
+    assert server["metadata"]["namespace"] == "nats"
+    assert "nats.nats.svc.cluster.local" in server["spec"]["dnsNames"]
+    issuers = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Issuer"}
+    issuer = issuers[server["spec"]["issuerRef"]["name"]]
+    (ca,) = [d for d in documents if d["kind"] == "Certificate" and d["spec"].get("isCA")]
+    assert issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
+    # nats-box trusts the same certificate's CA, and mounts nothing else of it.
+    box = values["natsBox"]
+    (volume,) = [p["value"] for p in box["podTemplate"]["patch"]]
+    assert volume["secret"] == {
+        "secretName": tls["secretName"],
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+
+
+def test_nats_users_in_the_helm_values_are_those_of_compose() -> None:
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
+    helm = {u["user"]: u for u in values["config"]["merge"]["authorization"]["users"]}
+    compose = nats_users()
+    assert set(helm) == set(compose)
+    env = values["container"]["env"]
+    example, trove = load_documents(K8S / "nats" / "users-secret.example.yaml")
+    # The Secret the Deployments read holds the services' passwords, and only those.
+    assert set(trove["stringData"]) == {component(d) for d in deployments("base")}
+    for name, user in helm.items():
+        assert user["permissions"] == compose[name]["permissions"], name
+        # "<< $VAR >>" is written unquoted: the server reads the variable.
+        variable = compose[name]["password"].removeprefix("$")
+        assert user["password"] == f"<< ${variable} >>"
+        ref = env[variable]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("nats-users", name)
+        assert name in example["stringData"]
 
 
 # ------------------------------------------------------------------------ database
@@ -400,7 +476,9 @@ def test_only_the_recorder_and_the_migration_see_the_database(variant: str) -> N
     for manifest, container in all_containers(rendered(variant)):
         for variable in container.get("env", []):
             ref = variable.get("valueFrom", {}).get("secretKeyRef")
-            if ref is not None:
+            if ref is not None and variable["name"] == "NATS_PASSWORD":
+                assert ref["name"] == "trove-nats"
+            elif ref is not None:
                 assert variable["name"] == "TROVE_DATABASE_URL"
                 assert (ref["name"], ref["key"]) == ("trove-database", "url")
                 readers.add(component(manifest))

@@ -1,0 +1,236 @@
+"""deploy/nats on a real nats-server: TLS and a user required, each user held to its subjects.
+
+The server runs the repository's nats.conf and users.conf as they are, but for the
+certificate paths, the store and the ports (a trustme CA, a temporary folder, free
+ports on 127.0.0.1). k8s/nats/values.yaml grants the same (test_kubernetes checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from operator import eq, lt
+from pathlib import Path
+
+import nats
+import pytest
+import trustme
+from nats.aio.client import Client
+
+from tests.conftest import eventually
+from tests.deploy._support import REPO, nats_users
+from trove_cli.status import read_slots
+from trove_schema.nats_tls import client_tls
+from trove_schema.settings import CommonSettings
+from trove_schema.topology import (
+    CRAWL_COMPLETED,
+    CRAWL_REQUESTED,
+    DAY,
+    PAGE_DISCOVERED,
+    SEED_REJECTED,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+    TopologyOptions,
+    declare,
+    ensure_topology,
+)
+from trove_stack.nats import free_port, listening, nats_server_binary
+
+DEPLOY = REPO / "deploy" / "nats"
+EVENTS = (PAGE_DISCOVERED, SEED_REJECTED, CRAWL_REQUESTED, CRAWL_COMPLETED)
+#: The events each service produces, and so may publish (PLATFORM.md, Services).
+PRODUCES = {
+    "discovery": {PAGE_DISCOVERED, SEED_REJECTED, CRAWL_REQUESTED},
+    "fetcher": {CRAWL_COMPLETED},
+    "recorder": {CRAWL_REQUESTED},
+}
+#: How long a refused JetStream request is given before it counts as unanswered.
+REFUSED_AFTER = 0.5
+
+
+@dataclass(frozen=True)
+class Secured:
+    port: int
+    ca: Path
+    passwords: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    folder = tmp_path_factory.mktemp("nats-users")
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    server.private_key_pem.write_to_path(str(folder / "server-key.pem"))
+    server.cert_chain_pems[0].write_to_path(str(folder / "server-cert.pem"))
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    port = free_port("127.0.0.1")
+    config = (DEPLOY / "nats.conf").read_text("utf-8")
+    config = config.replace("/tls/", f"{folder}/").replace("/data/jetstream", f"{folder}/js")
+    config = re.sub(r"^port: 4222$", f"host: 127.0.0.1\nport: {port}", config, flags=re.M)
+    config = re.sub(r"^http_port: 8222$", "", config, flags=re.M)
+    assert f"port: {port}" in config
+    assert "/tls/" not in config
+    (folder / "nats.conf").write_text(config, "utf-8")
+    shutil.copy(DEPLOY / "users.conf", folder / "users.conf")
+    passwords = {user: secrets.token_hex(16) for user in nats_users()}
+    env = {**os.environ, **{f"NATS_{u.upper()}_PASSWORD": p for u, p in passwords.items()}}
+    log = (folder / "nats.log").open("wb")
+    process = subprocess.Popen(
+        [str(nats_server_binary()), "-c", str(folder / "nats.conf")],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not listening("127.0.0.1", port):
+            assert process.poll() is None, (folder / "nats.log").read_text()
+            assert time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+        yield Secured(port=port, ca=folder / "ca.pem", passwords=passwords)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+
+
+async def connect(
+    secured: Secured,
+    user: str | None,
+    *,
+    password: str | None = None,
+    error_cb: Callable[[Exception], Awaitable[None]] | None = None,
+) -> Client:
+    """A client with the deployment's CA, as ``user`` (None: no user at all)."""
+    tls = client_tls(CommonSettings(nats_tls_ca=secured.ca))
+    credentials = "" if user is None else f"{user}:{password or secured.passwords[user]}@"
+    options = {} if error_cb is None else {"error_cb": error_cb}
+    return await nats.connect(
+        f"tls://{credentials}localhost:{secured.port}",
+        tls=tls,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        connect_timeout=3,
+        **options,
+    )
+
+
+async def test_each_service_sets_up_the_topology_and_updates_only_what_it_owns(
+    secured: Secured,
+) -> None:
+    for service in ("fetcher", "discovery", "recorder"):
+        nc = await connect(secured, service)
+        try:
+            await ensure_topology(nc.jetstream(timeout=5), declare(), owner=service)
+        finally:
+            await nc.close()
+    # Discovery owns the seeds stream: its settings reshape it.
+    longer = declare(TopologyOptions(seeds_max_age=45 * DAY))
+    discovery = await connect(secured, "discovery")
+    try:
+        await ensure_topology(discovery.jetstream(timeout=5), longer, owner="discovery")
+        info = await discovery.jetstream().stream_info(SEEDS_STREAM)
+        assert info.config.max_age == 45 * DAY
+    finally:
+        await discovery.close()
+    # `trove status` runs in the recorder's pod: it reads the domains bucket with an
+    # ephemeral consumer and deletes that consumer afterwards.
+    recorder = await connect(secured, "recorder")
+    try:
+        assert await read_slots(recorder.jetstream(timeout=5)) == {}
+    finally:
+        await recorder.close()
+    # The fetcher may not reshape the seeds stream, nor delete it.
+    fetcher = await connect(secured, "fetcher")
+    try:
+        js = fetcher.jetstream(timeout=REFUSED_AFTER)
+        with pytest.raises(TimeoutError):
+            await js.update_stream(replace(info.config, max_age=60.0))
+        with pytest.raises(TimeoutError):
+            await js.delete_stream(SEEDS_STREAM)
+    finally:
+        await fetcher.close()
+
+
+async def test_each_service_publishes_only_the_events_it_produces(secured: Secured) -> None:
+    operator = await connect(secured, "operator")
+    await ensure_topology(operator.jetstream(), declare(), owner="cli")
+    await operator.close()
+    for service, produced in PRODUCES.items():
+        nc = await connect(secured, service)
+        js = nc.jetstream(timeout=REFUSED_AFTER)
+        try:
+            for subject in EVENTS:
+                if subject in produced:
+                    ack = await js.publish(subject, b"{}", timeout=5)
+                    assert ack.seq > 0
+                else:
+                    with pytest.raises(TimeoutError):
+                        await js.publish(subject, b"{}", timeout=REFUSED_AFTER)
+        finally:
+            await nc.close()
+
+
+async def test_seeds_come_from_nats_box_or_the_operator_not_from_a_service(
+    secured: Secured,
+) -> None:
+    operator = await connect(secured, "operator")
+    await ensure_topology(operator.jetstream(), declare(), owner="cli")
+    js = operator.jetstream()
+
+    async def seeds() -> int:
+        return (await js.stream_info(SEEDS_STREAM)).state.messages
+
+    stored = await seeds()
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    async def refused() -> int:
+        return len(violations)
+
+    for user in ("box", "fetcher", "operator", "recorder"):
+        nc = await connect(secured, user, error_cb=on_error)
+        seen = len(violations)
+        await nc.publish(SEEDS_SUBJECT, f"https://{user}.example/".encode())
+        await nc.flush()
+        if user in {"box", "operator"}:
+            stored += 1
+            await eventually(seeds, until=partial(eq, stored), timeout=5, what="the seed stored")
+        else:
+            await eventually(refused, until=partial(lt, seen), timeout=5, what="a refusal")
+            assert "permissions violation" in violations[-1].lower()
+        await nc.close()
+    assert await seeds() == stored
+    # nats-box looks, but changes nothing.
+    box = await connect(secured, "box")
+    try:
+        assert (await box.jetstream().stream_info(SEEDS_STREAM)).state.messages == stored
+        with pytest.raises(TimeoutError):
+            await box.jetstream(timeout=REFUSED_AFTER).purge_stream(SEEDS_STREAM)
+    finally:
+        await box.close()
+        await operator.close()
+
+
+async def test_nats_turns_away_clients_without_a_user_or_the_ca(secured: Secured) -> None:
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await connect(secured, None)
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await connect(secured, "fetcher", password="not-the-password")
+    # Without the deployment's CA the server's certificate is not trusted.
+    with pytest.raises(Exception, match=r"(?i)certificate"):
+        await nats.connect(
+            f"tls://fetcher:{secured.passwords['fetcher']}@localhost:{secured.port}",
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=3,
+        )
