@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import signal
 import sys
 
+from trove_sandbox.fediverse import FediverseInstance, serve_instance
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 
@@ -26,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trap", action="store_true", help="also serve trap.trove.test")
     parser.add_argument("--page-kb", type=int, help="benchmark mode: pad pages to about N KiB")
     parser.add_argument("--links-per-page", type=int, help="benchmark mode: links on each page")
+    parser.add_argument(
+        "--fediverse",
+        metavar="POSTS",
+        type=int,
+        help="also serve a fediverse instance with POSTS posts sharing the web's pages",
+    )
     return parser
 
 
@@ -42,11 +50,18 @@ def main(argv: list[str] | None = None) -> int:
             links_per_page=args.links_per_page,
             with_trap=args.trap,
         )
+        instance = None
+        if args.fediverse is not None:
+            # The instance takes the IP after the web's last host.
+            ip = str(ipaddress.IPv4Address(web.hosts[-1].ip) + 1)
+            instance = FediverseInstance.generate(
+                web=web, posts=args.fediverse, seed=args.seed, ip=ip
+            )
     except ValueError as exc:
         print(f"trove sandbox: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(web, args.witness))
+        asyncio.run(_serve(web, args.witness, instance))
     except OSError as exc:
         print(f"trove sandbox: cannot serve: {exc}", file=sys.stderr)
         return 1
@@ -55,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _serve(web: SandboxWeb, witness: str | None) -> None:
+async def _serve(web: SandboxWeb, witness: str | None, instance: FediverseInstance | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
@@ -64,7 +79,15 @@ async def _serve(web: SandboxWeb, witness: str | None) -> None:
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     try:
-        async with serve_sandbox(web, witness_path=witness) as running:
+        async with contextlib.AsyncExitStack() as stack:
+            running = await stack.enter_async_context(serve_sandbox(web, witness_path=witness))
+            resolve, ips = web.resolve_setting(), [h.ip for h in web.hosts]
+            if instance is not None:
+                await stack.enter_async_context(
+                    serve_instance(instance, port=running.port, witness=running.witness)
+                )
+                resolve += f",{instance.host}={instance.ip}"
+                ips.append(instance.ip)
             count = sum(1 for h in web.hosts if not h.is_trap)
             print(f"Trove sandbox: {count} hosts on port {running.port}", flush=True)
             print("Seeds:", flush=True)
@@ -72,14 +95,28 @@ async def _serve(web: SandboxWeb, witness: str | None) -> None:
                 print(f"  {seed}", flush=True)
             if web.trap_host:
                 print(f"Trap host (not a seed): {running.base_url(web.trap_host)}/", flush=True)
+            if instance is not None:
+                posts = len(instance.statuses)
+                print(f"Fediverse instance ({posts} posts): {instance.url()}", flush=True)
             print("Environment for Trove:", flush=True)
-            print(f"TROVE_RESOLVE={web.resolve_setting()}", flush=True)
-            print(f"TROVE_ALLOWED_NETWORKS={web.allowed_network()}", flush=True)
+            print(f"TROVE_RESOLVE={resolve}", flush=True)
+            print(f"TROVE_ALLOWED_NETWORKS={_network(ips)}", flush=True)
             print("Serving; press Ctrl-C to stop.", flush=True)
             await stop.wait()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+def _network(ips: list[str]) -> str:
+    """The narrowest network from /24 down that holds every IP (for TROVE_ALLOWED_NETWORKS)."""
+    addresses = [ipaddress.IPv4Address(ip) for ip in ips]
+    prefix = 24
+    while True:
+        net = ipaddress.IPv4Network(f"{min(addresses)}/{prefix}", strict=False)
+        if max(addresses) in net:
+            return str(net)
+        prefix -= 1
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from email.utils import formatdate, parsedate_to_datetime
 from http import HTTPStatus
-from typing import IO
+from typing import IO, Protocol
 from urllib.parse import urlsplit
 
 from trove_sandbox.response import Response
@@ -272,13 +272,46 @@ def _clean(value: str) -> str:
     return value.replace("\r", "").replace("\n", "")
 
 
-class _SandboxServer:
-    """The sockets and connection tasks of one served web."""
+class Site(Protocol):
+    """What a ``SiteServer`` serves: its loopback IPs, its host names and its answers."""
 
-    __slots__ = ("_date", "_servers", "_tasks", "idle_timeout", "port", "web", "witness")
+    def listen_ips(self) -> list[str]: ...
 
-    def __init__(self, web: SandboxWeb, witness: Witness, idle_timeout: float) -> None:
-        self.web = web
+    def host_for_ip(self, ip: str) -> str | None: ...
+
+    def is_host(self, name: str) -> bool: ...
+
+    def respond(self, host: str, path: str, headers: Mapping[str, str]) -> Response:
+        """The answer for ``path`` (with query) on ``host``; ``headers`` are lower-cased."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class _WebSite:
+    """A ``SandboxWeb`` as a ``Site``: its pages do not depend on request headers."""
+
+    web: SandboxWeb
+
+    def listen_ips(self) -> list[str]:
+        return [h.ip for h in self.web.hosts]
+
+    def host_for_ip(self, ip: str) -> str | None:
+        return self.web.host_for_ip(ip)
+
+    def is_host(self, name: str) -> bool:
+        return self.web.is_host(name)
+
+    def respond(self, host: str, path: str, headers: Mapping[str, str]) -> Response:
+        return self.web.page(host, path)
+
+
+class SiteServer:
+    """The sockets and connection tasks of one served site."""
+
+    __slots__ = ("_date", "_servers", "_tasks", "idle_timeout", "port", "site", "witness")
+
+    def __init__(self, site: Site, witness: Witness, idle_timeout: float) -> None:
+        self.site = site
         self.witness = witness
         self.idle_timeout = idle_timeout
         self.port = 0
@@ -287,7 +320,7 @@ class _SandboxServer:
         self._date: tuple[int, str] = (0, "")
 
     async def start(self, port: int) -> None:
-        ips = [h.ip for h in self.web.hosts]
+        ips = self.site.listen_ips()
         attempts = 1 if port else _BIND_ATTEMPTS
         for attempt in range(attempts):
             servers: list[asyncio.Server] = []
@@ -406,7 +439,7 @@ class _SandboxServer:
         arrived: tuple[float, float] | None = None,
     ) -> None:
         mono, wall = arrived or (time.monotonic(), time.time())
-        host = self.web.host_for_ip(local_ip) or local_ip
+        host = self.site.host_for_ip(local_ip) or local_ip
         self.witness.record(WitnessRecord(host, "", "", mono, wall, status, ip=local_ip))
         body = f"{status} {_reason(status)}\n".encode()
         headers = (("Content-Type", "text/plain; charset=utf-8"),)
@@ -427,9 +460,9 @@ class _SandboxServer:
                 name = name.rsplit(":", 1)[0] if ":" in name else name
             candidates.append(name.rstrip("."))
         for name in candidates:
-            if self.web.is_host(name):
+            if self.site.is_host(name):
                 return name
-        return self.web.host_for_ip(local_ip) or local_ip
+        return self.site.host_for_ip(local_ip) or local_ip
 
     async def _answer(
         self,
@@ -447,7 +480,7 @@ class _SandboxServer:
         keep_alive = request.keep_alive
         if request.method in ("GET", "HEAD"):
             try:
-                response = self.web.page(host, path)
+                response = self.site.respond(host, path, request.headers)
             except Exception:
                 log.exception("sandbox page %s%s failed", host, path)
                 response = Response(500, (("Content-Type", "text/plain"),), b"sandbox bug\n")
@@ -563,7 +596,7 @@ async def serve_sandbox(
     (``web.seeds()`` and so on) use the bound port while the block runs.
     """
     witness = Witness(witness_path)
-    server = _SandboxServer(web, witness, idle_timeout)
+    server = SiteServer(_WebSite(web), witness, idle_timeout)
     try:
         await server.start(web.port if port is None else port)
         web.port = server.port
