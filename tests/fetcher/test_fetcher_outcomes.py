@@ -62,7 +62,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield built
 
 
-async def fetcher_on(bus: Bus, client: httpx.AsyncClient) -> Fetcher:
+async def fetcher_on(bus: Bus, client: httpx.AsyncClient, *, ack_wait: float = 90.0) -> Fetcher:
     return Fetcher(
         bus=bus,
         client=client,
@@ -73,6 +73,7 @@ async def fetcher_on(bus: Bus, client: httpx.AsyncClient) -> Fetcher:
         limits=FetchLimits(total_timeout=5.0),
         robots_token="TroveBot",
         robots_max_bytes=64 * 1024,
+        ack_wait=ack_wait,
     )
 
 
@@ -111,11 +112,45 @@ async def test_an_event_whose_publish_failed_is_published_again_without_fetching
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:
     flaky = FlakyBus(bus.nc, bus.js)
-    fetcher = await fetcher_on(flaky, client)
+    # An ack wait too short to wait for the broker in the task: the message goes back.
+    fetcher = await fetcher_on(flaky, client, ack_wait=0.1)
     page = work(server)
     try:
         with pytest.raises(NatsTimeoutError):
             await fetcher.process(Job(page), page.to_wire())
+        await fetcher.process(Job(page), page.to_wire())  # the redelivery
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[page.url].outcome.value == "success"
+    assert len(server.requests_to("/page", HOST)) == 1
+
+
+async def test_a_publish_refused_while_the_broker_is_away_is_tried_again_in_the_task(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    flaky = FlakyBus(bus.nc, bus.js)
+    flaky.failures = 3
+    fetcher = await fetcher_on(flaky, client)
+    page = work(server)
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    assert flaky.failures == 0
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[page.url].outcome.value == "success"
+    assert len(server.requests_to("/page", HOST)) == 1
+
+
+async def test_finished_work_delivered_again_is_not_fetched_again(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """An ack lost to a broker restart brings the message back after the attempt."""
+    fetcher = await fetcher_on(bus, client)
+    page = work(server)
+    try:
+        await fetcher.process(Job(page), page.to_wire())
         await fetcher.process(Job(page), page.to_wire())  # the redelivery
     finally:
         fetcher.close()

@@ -63,6 +63,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             robots_max_bytes=settings.robots_max_bytes,
             work_max_age=settings.work_max_age_seconds,
             max_message_bytes=settings.max_message_bytes,
+            ack_wait=settings.ack_wait_seconds,
         )
         consumers = [
             Consumer(

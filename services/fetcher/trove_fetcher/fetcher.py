@@ -48,7 +48,7 @@ from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed,
 from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
-from trove_schema.bus import Bus, Retry, schedule_header
+from trove_schema.bus import Bus, Retry, broker_trouble, schedule_header
 from trove_schema.events import (
     CrawlCompleted,
     CrawlRequested,
@@ -86,6 +86,14 @@ ROBOTS_MEMORY_BYTES = 64 << 20
 #: may be up to a message (1 MiB), so few are kept.
 UNPUBLISHED_MEMORY = 64
 UNPUBLISHED_MEMORY_BYTES = 32 << 20
+#: Work this pod finished (its CrawlCompleted has its PubAck): an ack lost to a broker
+#: restart brings the message back, and it is acked again instead of fetched again.
+#: Redeliveries come within ``ack_wait`` (90 s); ~100 bytes an id.
+DONE_MEMORY = 20_000
+#: How long a finished attempt's publish is tried again in the task while the broker
+#: is away (a restart, a cluster electing a leader), as a share of ``ack_wait``: handed
+#: back instead, the work could go to another pod, which would fetch the page again.
+PUBLISH_PATIENCE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +143,7 @@ class Fetcher:
         robots_max_bytes: int,
         work_max_age: float = 7 * 86_400.0,
         max_message_bytes: int = 1 << 20,
+        ack_wait: float = 90.0,
         parse_workers: int = 2,
     ) -> None:
         self.bus = bus
@@ -153,6 +162,8 @@ class Fetcher:
         self._unpublished: Memory[str, CrawlCompleted] = Memory(
             max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
         )
+        self._done: Memory[str, bool] = Memory(max_entries=DONE_MEMORY)
+        self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: The furthest slot this pod has planned (``time.time()``), for the gauge.
         self.furthest_slot = 0.0
         RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - time.time()))
@@ -171,6 +182,8 @@ class Fetcher:
             raise Retry(str(exc)) from exc
 
     async def process(self, job: Job, payload: bytes) -> None:
+        if job.work.id in self._done:
+            return  # answered already: only the ack was lost
         built = self._unpublished.get(job.work.id)
         if built is not None:  # fetched already; only its publish failed
             await self._publish(job, built)
@@ -358,8 +371,22 @@ class Fetcher:
         await self._publish(job, event)
 
     async def _publish(self, job: Job, event: CrawlCompleted) -> None:
-        await self.bus.publish(event)
+        """Publish a finished attempt, riding out a short broker outage in the task."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.publish_patience
+        pause = 0.25
+        while True:
+            try:
+                await self.bus.publish(event)
+                break
+            except Exception as exc:
+                if not broker_trouble(exc) or loop.time() + pause > give_up:
+                    raise
+                log.warning("publishing %s waits for the broker: %s", event.id, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
         self._unpublished.pop(job.work.id)
+        self._done.put(job.work.id, True)
         FETCHES.labels(event.outcome.value).inc()
         log.info(
             "crawled",
