@@ -24,7 +24,12 @@ from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import Event, PageDiscovered, Provenance, Scope
 from trove_schema.settings import FetcherSettings
-from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
+from trove_schema.topology import (
+    DOMAINS_BUCKET,
+    ROBOTS_BUCKET,
+    WORK_SCHEDULES_PREFIX,
+    WORK_STREAM,
+)
 from trove_schema.urls import canonicalize, domain_of
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -62,12 +67,14 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield built
 
 
-async def fetcher_on(bus: Bus, client: httpx.AsyncClient, *, ack_wait: float = 90.0) -> Fetcher:
+async def fetcher_on(
+    bus: Bus, client: httpx.AsyncClient, *, ack_wait: float = 90.0, gap: float = 0.05
+) -> Fetcher:
     return Fetcher(
         bus=bus,
         client=client,
         politeness=Politeness(
-            await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05)
+            await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=gap)
         ),
         robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
         limits=FetchLimits(total_timeout=5.0),
@@ -157,3 +164,20 @@ async def test_finished_work_delivered_again_is_not_fetched_again(
     events = await Completions(bus.js).wait_for(1, timeout=10)
     assert events[page.url].outcome.value == "success"
     assert len(server.requests_to("/page", HOST)) == 1
+
+
+async def test_deferred_work_delivered_twice_is_scheduled_once(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """A redelivery takes a new slot; a second schedule would fetch the page twice."""
+    fetcher = await fetcher_on(bus, client, gap=30.0)
+    page = work(server)
+    job = Job(page, cause="TROVE_EVENTS:7")
+    try:
+        await fetcher.process(job, page.to_wire())  # robots.txt takes the lease: deferred
+        await fetcher.process(job, page.to_wire())  # the same message, delivered again
+    finally:
+        fetcher.close()
+    info = await bus.js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
+    assert sum((info.state.subjects or {}).values()) == 1
+    assert len(server.requests_to("/page", HOST)) == 0

@@ -393,3 +393,24 @@ def test_broker_trouble_tells_an_unavailable_broker_from_a_bad_message(
     exc: BaseException, trouble: bool
 ) -> None:
     assert broker_trouble(exc) is trouble
+
+
+async def test_confirmed_acks_are_taken_by_the_server_once_each(bus: Bus, lane: Lane) -> None:
+    script = Script([], then=None)
+    for n in range(5):
+        await bus.js.publish(lane.subject, f"work {n}".encode())
+
+    async with running(
+        Consumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            handler=script,
+            confirm_acks=5.0,
+            **FAST,
+        )
+    ):
+        await settled(bus, lane)
+
+    assert sorted(m.data for m in script.handled) == [f"work {n}".encode() for n in range(5)]
+    assert script.deliveries == [1] * 5

@@ -273,6 +273,11 @@ class Consumer:
     dead_letters_refresh: float = 60.0
     idle_wait: float = 1.0
     busy_wait: float = 0.05
+    #: When > 0, an ack waits for the server to confirm it, and is sent again for up to
+    #: this many seconds while the broker is away. For work whose redelivery costs a
+    #: site a request (the fetcher): an ack lost while a cluster elects a consumer
+    #: leader would bring the message back after ``ack_wait``. Costs a reply per ack.
+    confirm_acks: float = 0.0
     failures: FailureCounts = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -364,7 +369,23 @@ class Consumer:
         if len(self.failures):  # usually empty: no metadata parsed for nothing
             self.failures.forget(_sequence(msg))
         MESSAGES_HANDLED.labels(self.durable, "acked").inc()
-        await _quiet(msg.ack())
+        if self.confirm_acks > 0:
+            await self._confirmed_ack(msg)
+        else:
+            await _quiet(msg.ack())
+
+    async def _confirmed_ack(self, msg: Msg) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.confirm_acks
+        while True:
+            try:
+                await msg.ack_sync(timeout=1.0)
+                return
+            except Exception as exc:
+                if not broker_trouble(exc) or loop.time() >= give_up:
+                    log.warning("ack not confirmed: %s", exc)
+                    return
+            await asyncio.sleep(0.25)
 
     async def _retry(self, msg: Msg, retry: Retry) -> None:
         """Hand the message back for later: not the message's fault, so not counted."""

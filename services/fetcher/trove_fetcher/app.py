@@ -73,6 +73,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 handler=fetcher.handle,
                 concurrency=settings.concurrency,
                 fetch_batch=min(64, settings.concurrency),
+                # A lost ack would cost the site the same request again.
+                confirm_acks=settings.ack_wait_seconds / 2,
             )
             for stream, durable in ((EVENTS_STREAM, FETCHER), (WORK_STREAM, FETCHER_DEFERRED))
         ]

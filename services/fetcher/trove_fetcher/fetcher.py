@@ -289,7 +289,10 @@ class Fetcher:
         at = schedule_at(slot, time.time(), self.horizon)
         carried = Carried(slot, chain)
         hops = len(chain.hops) if chain is not None else 0
-        schedule_id = derived_event_id(f"{job.work.id}:{job.cause}:{slot:.3f}:{hops}", "slot")
+        # One schedule per handled message and chain position, whatever slot it got: a
+        # redelivery of the message (its ack lost to a broker restart) takes a new slot,
+        # and a second schedule would fork the work into two fetches of the page.
+        schedule_id = derived_event_id(f"{job.work.id}:{job.cause}:{hops}", "slot")
         headers = {
             **carried.headers(),
             "Nats-Msg-Id": schedule_id,

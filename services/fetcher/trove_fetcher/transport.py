@@ -2,7 +2,7 @@
 
 ``GuardedNetworkBackend`` sits under httpcore's connection pool. For each new
 connection it resolves the host once (``TROVE_RESOLVE`` static entries, like curl's
-``--resolve``, else the system resolver through the event loop), refuses the host
+``--resolve``, else ``trove_fetcher.dns``: its own cached resolver), refuses the host
 if *any* of its addresses is blocked by the ``AddressPolicy``, and then connects to
 the checked IP itself. Nothing resolves the name again between the check and the
 connect, so a DNS answer cannot change in between (DNS rebinding). The Host header
@@ -12,7 +12,9 @@ httpcore takes them from the request, not from the socket.
 ``GuardedTransport`` is an httpx transport over several httpcore pools, one chosen
 per origin by hash. httpcore's pool scans all its connections on every request and
 release, so one big pool costs CPU per request that grows with its size (httpx#3215);
-``bench/bench_transport.py`` measures it.
+``bench/bench_transport.py`` measures it. Its connections are ``_KeptConnection``s,
+which the pool cannot close under a request that is using them (httpcore#1110: the
+``ReadError`` on pages the server had answered, at high concurrency).
 
 ``build_client`` makes the one ``httpx.AsyncClient`` a fetcher pod uses: no proxies
 from the environment, no redirects followed by httpx (``trove_fetcher.http`` checks
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import http.cookiejar
 import math
+import re
 import socket
 import ssl
 import time
@@ -44,18 +47,27 @@ import httpcore
 import httpx
 
 from trove_fetcher.addresses import AddressPolicy, parse_address
+from trove_fetcher.dns import DnsConfig, DnsResolver
+from trove_fetcher.errors import DnsError, DnsTimeout
 from trove_fetcher.useragent import user_agent
 from trove_schema.settings import FetcherSettings
 
 #: ``async (host, port) -> addresses``: how a hostname becomes IP literals.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
+_LEGACY_IPV4 = re.compile(r"[0-9a-fA-FxX.]+")
 
-async def system_resolve(host: str, port: int) -> list[str]:
-    """The system resolver, run in the event loop's executor (getaddrinfo blocks)."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+def legacy_ipv4(host: str) -> str | None:
+    """``167772161``, ``0x7f.1``, ``127.1``: IPv4 in the forms inet_aton (and browsers)
+    read, or None. getaddrinfo reads them too, so they must never reach DNS unchecked.
+    """
+    if not _LEGACY_IPV4.fullmatch(host):
+        return None
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def _normalize_host(host: str) -> str:
@@ -113,12 +125,12 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         policy: AddressPolicy,
         *,
         static: StaticHosts | None = None,
-        resolver: Resolver = system_resolve,
+        resolver: Resolver | None = None,
         inner: httpcore.AsyncNetworkBackend | None = None,
     ) -> None:
         self.policy = policy
         self._static = static or StaticHosts()
-        self._resolver = resolver
+        self._resolver = DnsResolver() if resolver is None else resolver
         self._inner = inner or httpcore.AnyIOBackend()
 
     async def resolve(self, host: str, port: int) -> list[str]:
@@ -126,12 +138,16 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         try:
             addresses = [str(parse_address(host))]
         except ValueError:
-            static = self._static.lookup(host)
+            static = self._static.lookup(host) or legacy_ipv4(host)
             if static is not None:
                 addresses = [static]
             else:
                 try:
                     addresses = list(await self._resolver(host, port))
+                except DnsTimeout as exc:
+                    raise httpcore.ConnectTimeout(str(exc)) from exc
+                except DnsError as exc:
+                    raise httpcore.ConnectError(str(exc)) from exc
                 except OSError as exc:
                     raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
         if not addresses:
@@ -263,6 +279,110 @@ class PoolConfig:
         )
 
 
+class _ReleasingStream:
+    """A response body that tells its connection when the response is closed."""
+
+    def __init__(self, stream: AsyncIterable[bytes], connection: _KeptConnection) -> None:
+        self._stream = stream
+        self._connection = connection
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._stream:
+            yield part
+
+    async def aclose(self) -> None:
+        try:
+            aclose = getattr(self._stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            await self._connection.released()
+
+
+class _KeptConnection(httpcore.AsyncConnectionInterface):
+    """A pooled connection that is never closed under a request using it.
+
+    httpcore 1.0.9 hands an idle connection to a queued request, and the request starts
+    on it only when its task next runs. If the keep-alive expiry passes in between (an
+    event loop busy with hundreds of requests takes that long), another task's pass
+    over the pool finds the connection expired and closes it, after the request was
+    sent: the server answers 200 and the fetcher reads a closed socket, a ``ReadError``
+    (``ClosedResourceError`` inside; httpcore#1110). Here a close asked for while a
+    request is on the connection waits until that response is closed; an idle
+    connection closes at once, and a request that had not started yet then gets
+    ``ConnectionNotAvailable`` and another connection, with nothing sent.
+    """
+
+    def __init__(self, inner: httpcore.AsyncConnectionInterface, pool: _KeptPool) -> None:
+        self._inner = inner
+        self._pool = pool
+        self._close_when_released = False
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpcore.ConnectionNotAvailable:
+            # Another request holds the connection (the pool can hand one connection
+            # to two queued requests in one pass): this one never ran on it.
+            raise
+        except BaseException:
+            await self.released()
+            raise
+        assert isinstance(response.stream, AsyncIterable)
+        return httpcore.Response(
+            status=response.status,
+            headers=response.headers,
+            content=_ReleasingStream(response.stream, self),
+            extensions=response.extensions,
+        )
+
+    async def released(self) -> None:
+        if self._close_when_released:
+            self._close_when_released = False
+            await self._inner.aclose()
+
+    async def aclose(self) -> None:
+        inner = self._inner
+        if self._pool.closing or inner.is_idle() or inner.is_closed():
+            await inner.aclose()
+        else:
+            self._close_when_released = True
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return self._inner.can_handle_request(origin)
+
+    def is_available(self) -> bool:
+        return self._inner.is_available()
+
+    def has_expired(self) -> bool:
+        return self._inner.has_expired()
+
+    def is_idle(self) -> bool:
+        return self._inner.is_idle()
+
+    def is_closed(self) -> bool:
+        return self._inner.is_closed()
+
+    def info(self) -> str:
+        return self._inner.info()
+
+    def __repr__(self) -> str:
+        return f"<kept {self._inner!r}>"
+
+
+class _KeptPool(httpcore.AsyncConnectionPool):
+    """httpcore's pool over ``_KeptConnection``s (``create_connection`` is its seam)."""
+
+    closing = False
+
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
+        return _KeptConnection(super().create_connection(origin), self)
+
+    async def aclose(self) -> None:
+        self.closing = True
+        await super().aclose()
+
+
 class GuardedTransport(httpx.AsyncBaseTransport):
     """An httpx transport over ``config.shards`` httpcore pools on a guarded backend."""
 
@@ -279,8 +399,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         context = ssl_context or httpx.create_ssl_context(trust_env=False)
         per_pool = math.ceil(config.max_connections / config.shards)
         keepalive = math.ceil(config.max_keepalive_connections / config.shards)
-        self._pools = tuple(
-            httpcore.AsyncConnectionPool(
+        self._pools: tuple[httpcore.AsyncConnectionPool, ...] = tuple(
+            _KeptPool(
                 ssl_context=context,
                 max_connections=per_pool,
                 max_keepalive_connections=keepalive,
@@ -345,7 +465,7 @@ def build_client(
     settings: FetcherSettings,
     *,
     network_backend: httpcore.AsyncNetworkBackend | None = None,
-    resolver: Resolver = system_resolve,
+    resolver: Resolver | None = None,
     ssl_context: ssl.SSLContext | None = None,
     pool: PoolConfig | None = None,
 ) -> httpx.AsyncClient:
@@ -353,7 +473,7 @@ def build_client(
     backend = GuardedNetworkBackend(
         AddressPolicy.from_cidrs(settings.allowed_networks),
         static=StaticHosts.parse(settings.resolve),
-        resolver=resolver,
+        resolver=DnsResolver(DnsConfig.for_settings(settings)) if resolver is None else resolver,
         inner=network_backend,
     )
     transport = GuardedTransport(
