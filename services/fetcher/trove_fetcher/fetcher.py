@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -263,10 +264,20 @@ class Fetcher:
         await self._defer(job, payload, decision.at, chain)
         return None
 
-    async def _release(self, hold: _Hold) -> None:
-        if hold.grant is not None:
-            grant, hold.grant = hold.grant, None
-            await self.politeness.finish(hold.domain, grant, time.time())
+    async def _release(self, hold: _Hold, end: float | None = None) -> None:
+        """End the lease: the host is free one gap after ``end`` (now)."""
+        if hold.grant is None:
+            return
+        grant, hold.grant = hold.grant, None
+        finished = time.time() if end is None else end
+        try:
+            await self._patiently(lambda: self.politeness.finish(hold.domain, grant, finished))
+        except Exception as exc:
+            if not broker_trouble(exc):
+                raise
+            # The request is done: losing its result would cost the site another. The
+            # hold stays in the record until ``busy_until``, which keeps the host safe.
+            log.warning("lease not released (broker away): %s", exc)
 
     def _gate(self, hold: _Hold) -> HopGate:
         """Before a redirect hop: end the lease of the previous request (the gap counts
@@ -299,9 +310,10 @@ class Fetcher:
             "Nats-Schedule": schedule_header(datetime.fromtimestamp(at, UTC)),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
-        await self.bus.js.publish(
-            f"{WORK_SCHEDULES_PREFIX}.{schedule_id}", payload, headers=headers
-        )
+        subject = f"{WORK_SCHEDULES_PREFIX}.{schedule_id}"
+        # Patient: a paused chain has already cost the site its hops, and handing the
+        # message back would request them again.
+        await self._patiently(lambda: self.bus.js.publish(subject, payload, headers=headers))
         log.debug(
             "deferred",
             extra={"url": job.url, "domain": job.domain, "slot": f"{slot:.3f}", "hops": hops},
@@ -336,9 +348,9 @@ class Fetcher:
         FETCH_SECONDS.observe(result.elapsed)
         FETCH_BYTES.inc(result.bytes_read)
         if result.status_code in (429, 503) and result.retry_after:
-            await self.politeness.back_off(
-                domain_of(result.final_url), time.time() + result.retry_after, time.time()
-            )
+            backed_off = domain_of(result.final_url)
+            until = time.time() + result.retry_after
+            await self._patiently(lambda: self.politeness.back_off(backed_off, until, time.time()))
         extraction: Extraction | None = None
         if result.body is not None:
             try:
@@ -375,19 +387,7 @@ class Fetcher:
 
     async def _publish(self, job: Job, event: CrawlCompleted) -> None:
         """Publish a finished attempt, riding out a short broker outage in the task."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.publish_patience
-        pause = 0.25
-        while True:
-            try:
-                await self.bus.publish(event)
-                break
-            except Exception as exc:
-                if not broker_trouble(exc) or loop.time() + pause > give_up:
-                    raise
-                log.warning("publishing %s waits for the broker: %s", event.id, exc)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
+        await self._patiently(lambda: self.bus.publish(event))
         self._unpublished.pop(job.work.id)
         self._done.put(job.work.id, True)
         FETCHES.labels(event.outcome.value).inc()
@@ -401,6 +401,22 @@ class Fetcher:
                 "event_id": event.id,
             },
         )
+
+    async def _patiently(self, publish: Callable[[], Awaitable[object]]) -> None:
+        """Publish, trying again in the task while the broker is briefly away."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.publish_patience
+        pause = 0.25
+        while True:
+            try:
+                await publish()
+                return
+            except Exception as exc:
+                if not broker_trouble(exc) or loop.time() + pause > give_up:
+                    raise
+                log.warning("a publish waits for the broker: %s", exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     # robots.txt -----------------------------------------------------------------
 
@@ -459,11 +475,10 @@ class Fetcher:
             await self._release(hold)
             raise
         end = time.time()
-        await self.politeness.set_gap(job.domain, policy.crawl_delay(self.robots_token))
-        if hold.grant is not None:
-            grant, hold.grant = hold.grant, None
-            await self.politeness.finish(hold.domain, grant, end)
-        await self.robots_kv.put(_robots_key(origin), policy.to_bytes())
+        delay = policy.crawl_delay(self.robots_token)
+        await self._patiently(lambda: self.politeness.set_gap(job.domain, delay))
+        await self._release(hold, end)
+        await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
         self._remember(origin, policy, ROBOTS_LOCAL_TTL)
         return policy
 
