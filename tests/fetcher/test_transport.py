@@ -15,6 +15,7 @@ import httpcore
 import httpx
 import pytest
 
+from tests.fetcher._dns import DnsServer, dns_server
 from tests.fetcher._servers import (
     Certificate,
     Exchange,
@@ -63,6 +64,15 @@ def server() -> Iterator[LocalServer]:
 @pytest.fixture(scope="module")
 def server_at_5() -> Iterator[LocalServer]:
     with serving(ROUTES, ip="127.0.0.5") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def dns() -> Iterator[DnsServer]:
+    with dns_server("127.0.0.54") as running:
+        running.records["rebind.trove.test"] = (("127.0.0.1", "10.0.0.1"), 60)
+        running.records["dns.trove.test"] = (("127.0.0.1",), 60)
+        running.missing["nowhere.trove.test"] = 60
         yield running
 
 
@@ -154,32 +164,48 @@ async def test_refused_address_is_never_connected(
     assert recorder.connects == []
 
 
-async def test_numeric_hostname_is_checked_after_the_system_resolver_reads_it(
+async def test_numeric_hostname_is_read_as_the_ipv4_address_it_spells(
     client: httpx.AsyncClient, recorder: RecordingBackend
 ) -> None:
-    # 167772161 is 10.0.0.1 as one number: httpx leaves it as a name and getaddrinfo
-    # (inet_aton, no DNS query) turns it into the private address.
-    with pytest.raises(BlockedAddress, match=r"10\.0\.0\.1"):
-        await client.get("http://167772161/")
+    # 167772161 is 10.0.0.1 as one number: httpx leaves it as a name, and inet_aton
+    # (as getaddrinfo and browsers do) reads it as the private address.
+    for host in ("167772161", "0xa.1", "10.1"):
+        with pytest.raises(BlockedAddress, match=r"10\.0\.0\.1"):
+            await client.get(f"http://{host}/")
     assert recorder.connects == []
 
 
-async def test_hostname_is_resolved_by_the_event_loop_and_every_answer_checked(
-    client: httpx.AsyncClient, recorder: RecordingBackend, monkeypatch: pytest.MonkeyPatch
+async def test_hostname_is_resolved_by_dns_and_every_answer_checked(
+    recorder: RecordingBackend, dns: DnsServer, server: LocalServer
 ) -> None:
-    asked: list[tuple[str, int]] = []
+    settings = _settings(dns_nameservers=(dns.address,))
+    async with build_client(settings, network_backend=recorder) as client:
+        with pytest.raises(BlockedAddress, match=r"rebind\.trove\.test resolves to 10\.0\.0\.1"):
+            await client.get("http://rebind.trove.test/")
+        response = await client.get(server.url("/echo", host="dns.trove.test"))
+        assert response.status_code == 200
+        assert f"host=dns.trove.test:{server.port}" in response.text
+    assert recorder.connects == [("127.0.0.1", server.port)]
 
-    async def getaddrinfo(host: str, port: int, **_: Any) -> list[Any]:
-        asked.append((host, port))
-        return [
-            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port)),
-            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", port)),
-        ]
 
-    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", getaddrinfo)
-    with pytest.raises(BlockedAddress, match=r"rebind\.example resolves to 10\.0\.0\.1"):
-        await client.get("http://rebind.example/")
-    assert asked == [("rebind.example", 80)]
+async def test_static_entry_is_answered_without_a_dns_query(
+    recorder: RecordingBackend, dns: DnsServer, server: LocalServer
+) -> None:
+    settings = _settings(dns_nameservers=(dns.address,), resolve=("dns.trove.test=127.0.0.1",))
+    before = dns.asked("dns.trove.test")
+    async with build_client(settings, network_backend=recorder) as client:
+        response = await client.get(server.url("/echo", host="dns.trove.test"))
+    assert response.status_code == 200
+    assert dns.asked("dns.trove.test") == before
+
+
+async def test_name_that_does_not_exist_is_a_connect_error(
+    recorder: RecordingBackend, dns: DnsServer
+) -> None:
+    settings = _settings(dns_nameservers=(dns.address,))
+    async with build_client(settings, network_backend=recorder) as client:
+        with pytest.raises(httpx.ConnectError, match=r"nowhere\.trove\.test: no such name"):
+            await client.get("http://nowhere.trove.test/")
     assert recorder.connects == []
 
 

@@ -1,0 +1,191 @@
+"""The fetcher's resolver against a real DNS server on loopback UDP that counts queries.
+
+TTLs run on an injected clock, so "after the TTL" takes no time; the timeouts are
+real and short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fetcher._dns import DnsServer, dns_server
+from trove_fetcher.dns import DnsConfig, DnsResolver, parse_nameserver
+from trove_fetcher.errors import DnsTimeout, NameNotFound
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DnsServer]:
+    with dns_server("127.0.0.53") as running:
+        running.records.update(
+            {
+                "site.trove.test": (("127.0.0.1",), 60),
+                "dual.trove.test": (("127.0.0.1", "::1"), 60),
+                "zero.trove.test": (("127.0.0.1",), 0),
+                "long.trove.test": (("127.0.0.1",), 7 * 86_400),
+                "v6only.trove.test": (("::1",), 60),
+            }
+        )
+        running.missing.update({"gone.trove.test": 20})
+        running.silent.update({"hang.trove.test"} | {f"hang{i}.trove.test" for i in range(8)})
+        running.records.update({f"n{i}.trove.test": (("127.0.0.1",), 300) for i in range(20)})
+        yield running
+
+
+def _resolver(server: DnsServer, clock: Clock | None = None, **overrides: object) -> DnsResolver:
+    values: dict[str, object] = {
+        "nameservers": (server.address,),
+        "timeout": 2.0,
+        "min_ttl": 0.0,
+        "max_ttl": 3600.0,
+        "max_negative_ttl": 300.0,
+    }
+    values.update(overrides)
+    config = DnsConfig(**values)  # type: ignore[arg-type]
+    return DnsResolver(config, clock=clock or Clock())
+
+
+async def test_second_lookup_within_the_ttl_is_not_sent(server: DnsServer) -> None:
+    clock = Clock()
+    resolver = _resolver(server, clock)
+    before = server.asked("site.trove.test")
+    assert await resolver.lookup("site.trove.test") == ("127.0.0.1",)
+    assert server.asked("site.trove.test") == before + 2  # A and AAAA
+    clock.now += 59
+    assert await resolver.lookup("Site.Trove.Test.") == ("127.0.0.1",)
+    assert server.asked("site.trove.test") == before + 2
+    clock.now += 2
+    assert await resolver.lookup("site.trove.test") == ("127.0.0.1",)
+    assert server.asked("site.trove.test") == before + 4
+
+
+async def test_both_address_families_are_returned_ipv4_first(server: DnsServer) -> None:
+    resolver = _resolver(server)
+    assert await resolver.lookup("dual.trove.test") == ("127.0.0.1", "::1")
+    assert await resolver.lookup("v6only.trove.test") == ("::1",)
+
+
+async def test_ttl_is_clamped_to_the_configured_range(server: DnsServer) -> None:
+    clock = Clock()
+    resolver = _resolver(server, clock, min_ttl=30.0, max_ttl=600.0)
+    await resolver.lookup("zero.trove.test")
+    await resolver.lookup("long.trove.test")
+    zero, long = server.asked("zero.trove.test"), server.asked("long.trove.test")
+    clock.now += 29
+    await resolver.lookup("zero.trove.test")
+    assert server.asked("zero.trove.test") == zero  # a TTL of 0 still holds 30 s
+    clock.now += 600
+    await resolver.lookup("zero.trove.test")
+    await resolver.lookup("long.trove.test")
+    assert server.asked("zero.trove.test") == zero + 2
+    assert server.asked("long.trove.test") == long + 2  # a week is cut to 10 minutes
+
+
+async def test_nxdomain_is_cached_for_its_negative_ttl(server: DnsServer) -> None:
+    clock = Clock()
+    resolver = _resolver(server, clock)
+    before = server.asked("gone.trove.test")
+    with pytest.raises(NameNotFound, match=r"gone\.trove\.test: no such name"):
+        await resolver.lookup("gone.trove.test")
+    clock.now += 19
+    with pytest.raises(NameNotFound):
+        await resolver.lookup("gone.trove.test")
+    assert server.asked("gone.trove.test") == before + 2
+    clock.now += 2
+    with pytest.raises(NameNotFound):
+        await resolver.lookup("gone.trove.test")
+    assert server.asked("gone.trove.test") == before + 4
+
+
+async def test_negative_ttl_is_capped(server: DnsServer) -> None:
+    clock = Clock()
+    resolver = _resolver(server, clock, max_negative_ttl=5.0)
+    before = server.asked("gone.trove.test")
+    with pytest.raises(NameNotFound):
+        await resolver.lookup("gone.trove.test")
+    clock.now += 6
+    with pytest.raises(NameNotFound):
+        await resolver.lookup("gone.trove.test")
+    assert server.asked("gone.trove.test") == before + 4
+
+
+async def test_silent_nameserver_times_out_without_holding_a_thread(server: DnsServer) -> None:
+    resolver = _resolver(server, timeout=0.3)
+    threads = threading.active_count()
+    started = time.monotonic()
+    with pytest.raises(DnsTimeout):
+        await resolver.lookup("hang.trove.test")
+    assert time.monotonic() - started < 1.5
+    assert threading.active_count() == threads
+    # A timeout says nothing about the name: it is asked again, not cached.
+    asked = server.asked("hang.trove.test")
+    with pytest.raises(DnsTimeout):
+        await resolver.lookup("hang.trove.test")
+    assert server.asked("hang.trove.test") > asked
+    assert resolver.cached == 0
+
+
+async def test_cache_never_grows_past_its_bound(server: DnsServer) -> None:
+    resolver = _resolver(server, cache_entries=5)
+    for i in range(20):
+        await resolver.lookup(f"n{i}.trove.test")
+        assert resolver.cached == min(i + 1, 5)
+    # The most recent names stayed: asking one again sends nothing.
+    asked = server.asked("n19.trove.test")
+    await resolver.lookup("n19.trove.test")
+    assert server.asked("n19.trove.test") == asked
+
+
+async def test_concurrent_lookups_of_one_name_send_one_query(server: DnsServer) -> None:
+    resolver = _resolver(server)
+    before = server.asked("dual.trove.test")
+    answers = await asyncio.gather(*(resolver.lookup("dual.trove.test") for _ in range(50)))
+    assert set(answers) == {("127.0.0.1", "::1")}
+    assert server.asked("dual.trove.test") == before + 2
+
+
+async def test_queries_in_flight_are_bounded(server: DnsServer) -> None:
+    resolver = _resolver(server, timeout=0.5, max_concurrent=2)
+    names = [f"hang{i}.trove.test" for i in range(8)]
+    before = {name: server.asked(name) for name in names}
+    results = await asyncio.gather(*(resolver.lookup(n) for n in names), return_exceptions=True)
+    assert all(isinstance(result, DnsTimeout) for result in results)
+    sent = [name for name in names if server.asked(name) > before[name]]
+    assert len(sent) == 2
+
+
+async def test_localhost_is_loopback_without_a_query(server: DnsServer) -> None:
+    resolver = _resolver(server)
+    assert await resolver.lookup("localhost") == ("127.0.0.1", "::1")
+    assert server.asked("localhost") == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("10.0.0.53", ("10.0.0.53", 53)),
+        ("127.0.0.53:5353", ("127.0.0.53", 5353)),
+        ("[::1]:5353", ("::1", 5353)),
+        ("::1", ("::1", 53)),
+    ],
+)
+def test_nameserver_setting_takes_an_optional_port(text: str, parsed: tuple[str, int]) -> None:
+    assert parse_nameserver(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["ns.example", "10.0.0.1:0", "[::1]x", "10.0.0.1:dns"])
+def test_malformed_nameserver_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"."):
+        parse_nameserver(text)
