@@ -20,9 +20,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
+from tests.recorder.test_recorder_service import completed
 from tests.support import services
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope, utcnow
 from trove_schema.migrate import upgrade
 from trove_schema.topology import DEAD_STREAM
 from trove_stack.nats import free_port, listening
@@ -217,21 +217,6 @@ async def promote(server: EmbeddedPostgres) -> None:
     argv = [str(pg_ctl), "promote", "-D", str(data), "-w", "-t", "60"]
     await asyncio.to_thread(
         lambda: subprocess.run(argv, check=True, capture_output=True, **as_user(user))
-    )
-
-
-def completed(n: int) -> CrawlCompleted:
-    now = utcnow()
-    return CrawlCompleted(
-        url=f"https://blog.example/{n}",
-        domain="blog.example",
-        scope=Scope(value="blog.example"),
-        request_id=f"00000000-0000-0000-0000-{n:012d}",
-        outcome=CrawlOutcome.SUCCESS,
-        started_at=now,
-        completed_at=now,
-        title=f"Post {n}",
-        links=(Link(url=f"https://blog.example/{n + 1}"),),
     )
 
 
