@@ -20,6 +20,7 @@ from rich.text import Text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_cli.dead import dead_command
+from trove_cli.domain import DEFAULT_LAST, domain_command
 from trove_cli.local import LocalTrove, running_stack
 from trove_cli.report import build_report, progress_counts, render
 from trove_cli.search import DEFAULT_LIMIT, search_command
@@ -271,6 +272,14 @@ async def cmd_search(args: argparse.Namespace, settings: CommonSettings) -> int:
     return await search_command(db_url, " ".join(args.query), args.lang, args.limit, console)
 
 
+async def cmd_domain(args: argparse.Namespace, settings: CommonSettings) -> int:
+    nats_url, db_url = _urls(settings)
+    if not db_url:
+        console.print("[red]no database: set TROVE_DATABASE_URL or start `trove up`[/red]")
+        return 2
+    return await domain_command(nats_url, db_url, args.host, args.last, console)
+
+
 def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
     local = LocalTrove(
         state_dir=settings.state_dir,
@@ -357,6 +366,9 @@ def parser() -> argparse.ArgumentParser:
     search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
     search.add_argument("--lang", default=None, help="only pages in this language (en, pt-BR)")
     search.add_argument("--limit", type=int, default=DEFAULT_LIMIT)
+    domain = sub.add_parser("domain", help="a host's audit: every request, its result and tags")
+    domain.add_argument("host")
+    domain.add_argument("--last", type=int, default=DEFAULT_LAST, help="attempts listed")
     dead = sub.add_parser("dead", help="list parked (dead-letter) messages; re-drive or drop them")
     dead.add_argument("--consumer", default=None, help="only this consumer's (e.g. recorder)")
     dead_sub = dead.add_subparsers(dest="action")
@@ -399,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "status": cmd_status,
             "search": cmd_search,
             "dead": cmd_dead,
+            "domain": cmd_domain,
         }
         if args.command in commands:
             return asyncio.run(commands[args.command](args, settings))

@@ -15,12 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, sandbox_env, services
-from trove_recorder.replay import replay
+from trove_recorder.replay import PROJECTION_TABLES, replay
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlRequested, decode_event
+from trove_schema.tables import Base
 from trove_schema.topology import SEEDS_SUBJECT
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -43,6 +44,17 @@ CHECKSUM_QUERIES = {
         "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
         "SELECT f.url AS f, o.url AS o, l.kind, l.nofollow FROM page_links l "
         "JOIN pages f ON f.id = l.from_page_id JOIN pages o ON o.id = l.to_page_id) t"
+    ),
+    "fetcher_attempts": (
+        "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
+        "SELECT a.event_id, p.url AS page, a.url, a.host, a.fetcher, a.success, a.is_banned, "
+        "a.error_type, a.http_status, a.response_headers, a.duration_ms, a.attempted_at "
+        "FROM fetcher_attempts a LEFT JOIN pages p ON p.id = a.page_id) t"
+    ),
+    "attempt_heuristics": (
+        "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
+        "SELECT a.event_id, h.heuristic_type, h.heuristic_value, h.importance_score "
+        "FROM attempt_heuristics h JOIN fetcher_attempts a ON a.id = h.attempt_id) t"
     ),
     "seed_rejections": (
         "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
@@ -184,3 +196,8 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
             )
     finally:
         await replayed_engine.dispose()
+
+
+def test_replay_with_truncate_empties_every_projection_table() -> None:
+    # A table left out would keep rows pointing at page ids the replay hands out anew.
+    assert set(PROJECTION_TABLES) == set(Base.metadata.tables)

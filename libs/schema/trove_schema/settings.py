@@ -169,6 +169,12 @@ class RecorderSettings(CommonSettings):
     batch_linger_seconds: float = Field(default=0.1, ge=0.0, le=5.0)
     #: URLs whose page id the recorder remembers (~200 bytes each); 0 turns it off.
     page_id_cache: int = Field(default=200_000, ge=0)
+    #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted.
+    audit_retention_seconds: float = Field(default=90 * 86_400.0, gt=0.0)
+    #: Audit rows deleted per statement: short transactions, no long locks.
+    audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
+    #: How often the recorder looks for expired audit rows.
+    audit_prune_interval_seconds: float = Field(default=600.0, gt=0.0)
 
     @model_validator(mode="after")
     def _retries_are_kept(self) -> RecorderSettings:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -25,7 +26,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TSVECTOR, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from trove_schema.events import CrawlOutcome, LinkKind
@@ -194,3 +195,58 @@ class Outbox(Base):
     deliver_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class FetcherAttempt(Base):
+    """The audit: one row per fetch attempt, with its verdict (``trove_schema.heuristics``).
+
+    Projected from ``CrawlCompleted`` (``event_id``) and kept for
+    ``TROVE_AUDIT_RETENTION_SECONDS``, then deleted by the recorder in batches.
+    ``page_id`` has no foreign key: what was learnt about a host outlives its pages.
+    """
+
+    __tablename__ = "fetcher_attempts"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
+    page_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    url: Mapped[str] = mapped_column(String(2048), nullable=False, index=True)
+    host: Mapped[str] = mapped_column(String(253), nullable=False)
+    #: The fetch strategy used (``http``).
+    fetcher: Mapped[str] = mapped_column(Text, nullable=False)
+    #: Usable content came back (not merely a 200).
+    success: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    #: The site refused Trove (403, 429, a bot challenge).
+    is_banned: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    error_type: Mapped[str | None] = mapped_column(Text)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    #: Selected response headers; never cookies, never a body.
+    response_headers: Mapped[dict[str, str]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
+    duration_ms: Mapped[int] = mapped_column(Integer, nullable=False)
+    attempted_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, index=True
+    )
+
+    __table_args__ = (Index("ix_fetcher_attempts_host_attempted_at", "host", "attempted_at"),)
+
+
+class AttemptHeuristic(Base):
+    """Tags of an attempt (``trove_schema.heuristics``): text, so new kinds need no migration."""
+
+    __tablename__ = "attempt_heuristics"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    #: No foreign key: the projection writes the tags in their attempt's transaction, and
+    #: checking one for each of ~20 rows an attempt doubled the time of writing them
+    #: (migration 0005). Retention deletes them with their attempt.
+    attempt_id: Mapped[int] = mapped_column(BigInteger, nullable=False, index=True)
+    heuristic_type: Mapped[str] = mapped_column(Text, nullable=False)
+    heuristic_value: Mapped[str] = mapped_column(Text, nullable=False)
+    importance_score: Mapped[float] = mapped_column(Float, nullable=False, server_default="0.5")
+
+    __table_args__ = (
+        CheckConstraint("importance_score BETWEEN 0 AND 1", name="importance"),
+        Index("ix_attempt_heuristics_type_value", "heuristic_type", "heuristic_value"),
+    )

@@ -155,6 +155,8 @@ def _completed(
         links_truncated=truncated,
         etag=result.etag,
         last_modified=result.last_modified,
+        response_headers=result.response_headers,
+        duration_ms=result.duration_ms,
         **extra,
     )
 
@@ -212,6 +214,7 @@ def fit(event: CrawlCompleted, budget: int) -> CrawlCompleted:
             "canonical_url": None,
             "final_url": None,
             "content_type": None,
+            "response_headers": {},
             "etag": None,
             "last_modified": None,
             "error_message": "event over its size budget: page signals left out",

@@ -73,6 +73,23 @@ ACCEPT = (
     "application/atom+xml;q=0.9,application/xml;q=0.8,*/*;q=0.5"
 )
 _MAX_MESSAGE = 500
+#: Response headers kept for the audit (``CrawlCompleted.response_headers``): what tells
+#: a server, a CDN, a challenge or a rate limit apart. Never Set-Cookie, never a body.
+AUDIT_HEADERS = (
+    "server",
+    "content-type",
+    "cf-ray",
+    "cf-mitigated",
+    "cf-cache-status",
+    "retry-after",
+    "x-robots-tag",
+    "cache-control",
+    "via",
+    "x-cache",
+    "x-served-by",
+    "x-amz-cf-id",
+)
+_AUDIT_VALUE_LENGTH = 256
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: Awaited before each redirect hop with the hops so far (the last one about to be
@@ -150,10 +167,19 @@ class FetchResult:
     completed: float
     #: Body bytes received from the network, before content decoding.
     bytes_read: int = 0
+    #: Seconds spent waiting at the hop gate (politeness), not requesting.
+    waited: float = 0.0
+    #: The final response's ``AUDIT_HEADERS`` that were sent (lower-case names).
+    response_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def elapsed(self) -> float:
         return self.completed - self.started
+
+    @property
+    def duration_ms(self) -> int:
+        """Milliseconds spent on the requests themselves (hop-gate waits left out)."""
+        return max(0, round((self.elapsed - self.waited) * 1000))
 
     @property
     def retryable(self) -> bool:
@@ -179,6 +205,15 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def audit_headers(headers: httpx.Headers) -> dict[str, str]:
+    """The ``AUDIT_HEADERS`` a response sent, each value cut to 256 characters."""
+    return {
+        name: value[:_AUDIT_VALUE_LENGTH]
+        for name in AUDIT_HEADERS
+        if (value := headers.get(name)) is not None
+    }
 
 
 def media_type(content_type: str | None) -> str | None:
@@ -302,6 +337,8 @@ class _Trace:
     redirects: list[str] = field(default_factory=list)
     redirect_target: str | None = None
     reader: BodyReader | None = None
+    #: Seconds spent at the hop gate.
+    waited: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +453,8 @@ async def fetch(
         started=started,
         completed=completed,
         bytes_read=0 if reader is None else reader.bytes_read,
+        waited=trace.waited,
+        response_headers=audit_headers(headers),
     )
 
 
@@ -484,7 +523,11 @@ async def _follow(
         trace.final_url = str(hop)
         current = hop
         if before_hop is not None:
-            await pass_gate(before_hop, trace.redirects, deadline)
+            gate_opened = time.monotonic()
+            try:
+                await pass_gate(before_hop, trace.redirects, deadline)
+            finally:
+                trace.waited += time.monotonic() - gate_opened
 
 
 def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL | _Ending:

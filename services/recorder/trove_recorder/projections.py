@@ -1,4 +1,5 @@
-"""Projections: events applied to pages, page_crawls, page_outlinks, seed_rejections.
+"""Projections: events applied to pages, page_crawls, page_outlinks, seed_rejections and
+the audit (fetcher_attempts, attempt_heuristics).
 
 One path for every caller: the live recorder's batches, a batch of one when a failed
 batch is handled message by message, and replay's batches. A batch is applied in the
@@ -20,6 +21,7 @@ newer one would be wasted.
 from __future__ import annotations
 
 import io
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from trove_schema.events import (
     PageDiscovered,
     SeedRejected,
 )
+from trove_schema.heuristics import audit
 from trove_schema.textsearch import ts_config
 from trove_schema.urls import domain_of
 
@@ -269,6 +272,7 @@ async def _completed(
             "requests": [_uuid_or_none(e.request_id) for e in completed],
         },
     )
+    await _audits(session, completed, page_ids)
     # Lock the pages in id order, then keep, per page, only attempts not older than
     # the newest one already applied.
     touched = sorted({page_ids[e.url] for e in completed})
@@ -300,6 +304,83 @@ async def _completed(
     retried = await _retries(session, latest, policy)
     await _page_state(session, latest, retried)
     await _links(session, linking, page_ids)
+
+
+async def _audits(
+    session: AsyncSession, completed: list[CrawlCompleted], page_ids: dict[str, int]
+) -> None:
+    """One ``fetcher_attempts`` row per attempt, and its tags, in two statements."""
+    verdicts = [audit(e) for e in completed]
+    created = (
+        await session.execute(
+            _sql(
+                "INSERT INTO fetcher_attempts (event_id, page_id, url, host, fetcher, success, "
+                "is_banned, error_type, http_status, response_headers, duration_ms, attempted_at) "
+                "SELECT i, p, u, h, f, s, b, e, c, CAST(r AS jsonb), d, a FROM unnest("
+                "CAST(:ids AS uuid[]), CAST(:page_ids AS bigint[]), CAST(:urls AS text[]), "
+                "CAST(:hosts AS text[]), CAST(:fetchers AS text[]), CAST(:oks AS boolean[]), "
+                "CAST(:banned AS boolean[]), CAST(:errors AS text[]), CAST(:codes AS int[]), "
+                "CAST(:headers AS text[]), CAST(:durations AS int[]), "
+                "CAST(:ats AS timestamptz[])) AS v(i, p, u, h, f, s, b, e, c, r, d, a) "
+                "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, id"
+            ),
+            {
+                "ids": [uuid.UUID(e.id) for e in completed],
+                "page_ids": [page_ids[e.url] for e in completed],
+                "urls": [e.url for e in completed],
+                "hosts": [e.domain for e in completed],
+                "fetchers": [e.fetcher for e in completed],
+                "oks": [v.success for v in verdicts],
+                "banned": [v.is_banned for v in verdicts],
+                "errors": [v.error_type for v in verdicts],
+                "codes": [e.status_code for e in completed],
+                "headers": [json.dumps(e.response_headers) for e in completed],
+                "durations": [_duration_ms(e) for e in completed],
+                "ats": [e.started_at for e in completed],
+            },
+        )
+    ).all()
+    attempt_ids = {str(event_id): attempt_id for event_id, attempt_id in created}
+    # COPY in text form, as for the links: ~20 tags an attempt made the unnest INSERT
+    # (asyncpg checking every array element) the costliest statement of a batch.
+    lines = [
+        f"{attempt_id}\t{_copy_text(tag.type)}\t{_copy_text(tag.value)}\t{tag.importance!r}\n"
+        for event, verdict in zip(completed, verdicts, strict=True)
+        if (attempt_id := attempt_ids.get(event.id)) is not None
+        for tag in verdict.tags
+    ]
+    if lines:
+        await _copy(
+            session,
+            "attempt_heuristics",
+            "".join(lines),
+            ("attempt_id", "heuristic_type", "heuristic_value", "importance_score"),
+        )
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: str) -> str:
+    """``value`` as a field of COPY's text format (storable text holds no NUL)."""
+    return value.translate(_COPY_ESCAPES)
+
+
+async def _copy(session: AsyncSession, table: str, rows: str, columns: tuple[str, ...]) -> None:
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    assert driver is not None
+    await driver.copy_to_table(
+        table, source=io.BytesIO(rows.encode()), columns=columns, format="text"
+    )
+
+
+def _duration_ms(event: CrawlCompleted) -> int:
+    if event.duration_ms is not None:
+        return event.duration_ms
+    elapsed = int((event.completed_at - event.started_at).total_seconds() * 1000)
+    return min(max(0, elapsed), 2**31 - 1)
 
 
 async def _retries(
@@ -444,15 +525,8 @@ async def _links(
         f"{{{','.join(['t' if n else 'f' for n in nofollow])}}}\n"
         for source, targets, kinds, nofollow in rows
     )
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    driver = raw.driver_connection
-    assert driver is not None
-    await driver.copy_to_table(
-        "page_outlinks",
-        source=io.BytesIO(text_rows.encode()),
-        columns=("from_page_id", "to_page_ids", "kinds", "nofollow"),
-        format="text",
+    await _copy(
+        session, "page_outlinks", text_rows, ("from_page_id", "to_page_ids", "kinds", "nofollow")
     )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from nats.aio.msg import Msg
 from sqlalchemy import select, update
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from trove_recorder.database import database_trouble_is_retried, make_engine
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch
+from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import BatchConsumer, Bus
 from trove_schema.events import CrawlRequested, Event, decode_event
@@ -149,8 +150,17 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             batch_size=settings.batch_size,
             linger=settings.batch_linger_seconds,
         )
+        retention = Retention(
+            window=timedelta(seconds=settings.audit_retention_seconds),
+            batch=settings.audit_prune_batch,
+            interval=settings.audit_prune_interval_seconds,
+        )
         ready.set()
-        await asyncio.gather(consumer.run(stop), recorder.publish_outbox(stop))
+        await asyncio.gather(
+            consumer.run(stop),
+            recorder.publish_outbox(stop),
+            run_retention(recorder.sessions, retention, stop),
+        )
     finally:
         await bus.close()
         await engine.dispose()

@@ -48,6 +48,8 @@ PROJECTION_TABLES = (
     "page_crawls",
     "pages",
     "seed_rejections",
+    "fetcher_attempts",
+    "attempt_heuristics",
     "projected_events",
     "outbox",
 )

@@ -1,0 +1,221 @@
+"""What an attempt says about its host: the audit verdict and its heuristic tags.
+
+One pure function of the ``CrawlCompleted`` event (``audit``), so the recorder's live
+projection and a replay derive the same verdict and the same tags. Tags are
+(type, value, importance) triples of text: a new kind of tag is a change here, never
+a migration. Tags come in two kinds:
+
+* before the fetch, from the URL alone: ``domain``, ``tld``, ``extension``,
+  ``path_depth``, ``has_query``, ``contains_cdn``, ``contains_static``, ``scheme``;
+* after it, from the response: ``outcome``, ``status``, ``status_class``,
+  ``error_type``, ``challenge``, ``content_type``, ``content_family``, ``empty_body``,
+  ``server``, ``cdn``, ``retry_after``, ``x_robots_tag``, ``redirected``.
+
+The verdict:
+
+* ``success`` means usable content, not merely a 200: a ``success`` outcome carrying a
+  title, a keyword or a link (something a reader of the page could use), or a
+  ``not_modified`` (the content already held is still current). A 200 with none of
+  these is ``empty_content``.
+* ``is_banned`` means the site refused Trove itself rather than the page: 403, 429,
+  or a bot challenge (``CF-Mitigated: challenge``, or a 403/503 from a challenging
+  CDN).
+* ``error_type`` is one word for what went wrong (None on success): ``robots``,
+  ``blocked_captcha``, ``blocked_403``, ``rate_limited``, ``not_found``,
+  ``client_error``, ``server_error``, ``timeout``, ``network_error``, ``wrong_tool``
+  (a content type the HTTP fetcher does not parse), ``offsite_redirect``,
+  ``rejected``, ``empty_content``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from trove_schema.events import CrawlCompleted, CrawlOutcome
+from trove_schema.text import storable
+
+#: Longest tag value stored (a content type or server header is a few dozen characters).
+MAX_TAG_VALUE = 256
+DEFAULT_IMPORTANCE = 0.5
+
+#: Servers that answer a bot with a challenge page on 403/503.
+_CHALLENGING_SERVERS = ("cloudflare", "ddos-guard", "sucuri", "akamaighost")
+#: A header that names the CDN in front of a site.
+_CDN_HEADERS = (
+    ("cf-ray", "cloudflare"),
+    ("x-amz-cf-id", "cloudfront"),
+    ("x-served-by", "fastly"),
+    ("x-akamai-transformed", "akamai"),
+)
+_SERVER_FAMILIES = (
+    "cloudflare",
+    "nginx",
+    "apache",
+    "microsoft-iis",
+    "caddy",
+    "litespeed",
+    "openresty",
+    "gunicorn",
+    "uvicorn",
+    "envoy",
+    "varnish",
+    "akamaighost",
+    "gws",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    type: str
+    value: str
+    importance: float = DEFAULT_IMPORTANCE
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """The verdict on one attempt and its tags."""
+
+    success: bool
+    is_banned: bool
+    error_type: str | None
+    tags: tuple[Tag, ...]
+
+
+def audit(event: CrawlCompleted) -> Audit:
+    """The verdict and tags of one attempt; the same event always gives the same answer."""
+    headers = {name.lower(): value for name, value in event.response_headers.items()}
+    challenge = _challenge(event.status_code, headers)
+    error_type = _error_type(event, challenge)
+    is_banned = challenge or event.status_code in (403, 429)
+    tags = [*url_tags(event.url), *_response_tags(event, headers, error_type, challenge)]
+    return Audit(
+        success=error_type is None,
+        is_banned=is_banned,
+        error_type=error_type,
+        tags=tuple(Tag(t.type, storable(t.value, MAX_TAG_VALUE), t.importance) for t in tags),
+    )
+
+
+def url_tags(url: str) -> list[Tag]:
+    """Tags known before the fetch, from the URL alone."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    segments = [s for s in parts.path.split("/") if s]
+    last = segments[-1] if segments else ""
+    extension = last.rsplit(".", 1)[1].lower() if "." in last[1:] else "none"
+    labels = host.rsplit(".", 1)
+    lowered = url.lower()
+    return [
+        Tag("domain", host, 0.6),
+        Tag("tld", labels[-1] if len(labels) > 1 else host, 0.3),
+        Tag("scheme", parts.scheme.lower(), 0.2),
+        Tag("extension", extension[:16], 0.4),
+        Tag("path_depth", str(len(segments)), 0.3),
+        Tag("has_query", _flag(bool(parts.query)), 0.3),
+        Tag("contains_cdn", _flag("cdn" in lowered), 0.4),
+        Tag("contains_static", _flag(any(w in lowered for w in ("static", "assets"))), 0.4),
+    ]
+
+
+def _response_tags(
+    event: CrawlCompleted, headers: dict[str, str], error_type: str | None, challenge: bool
+) -> list[Tag]:
+    tags = [Tag("outcome", event.outcome.value, 0.7)]
+    if event.status_code is not None:
+        tags.append(Tag("status", str(event.status_code), 0.7))
+        tags.append(Tag("status_class", f"{event.status_code // 100}xx", 0.6))
+    if error_type is not None:
+        tags.append(Tag("error_type", error_type, 0.8))
+    tags.append(Tag("challenge", _flag(challenge), 0.9 if challenge else 0.3))
+    kind = _media_type(event.content_type or headers.get("content-type"))
+    if kind is not None:
+        tags.append(Tag("content_type", kind, 0.5))
+        tags.append(Tag("content_family", _content_family(kind), 0.5))
+    if event.content_length is not None:
+        tags.append(Tag("empty_body", _flag(event.content_length == 0), 0.5))
+    server = headers.get("server")
+    if server:
+        tags.append(Tag("server", _server_family(server), 0.5))
+    for header, cdn in _CDN_HEADERS:
+        if header in headers:
+            tags.append(Tag("cdn", cdn, 0.5))
+            break
+    if event.retry_after is not None or "retry-after" in headers:
+        tags.append(Tag("retry_after", "true", 0.8))
+    robots = headers.get("x-robots-tag")
+    if robots:
+        tags.append(Tag("x_robots_tag", robots.lower(), 0.6))
+    if event.final_url:
+        tags.append(Tag("redirected", "true", 0.4))
+    return tags
+
+
+def _challenge(status: int | None, headers: dict[str, str]) -> bool:
+    if headers.get("cf-mitigated", "").strip().lower() == "challenge":
+        return True
+    if status in (403, 503):
+        server = headers.get("server", "").lower()
+        return any(name in server for name in _CHALLENGING_SERVERS)
+    return False
+
+
+def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
+    outcome, status = event.outcome, event.status_code
+    message = (event.error_message or "").lower()
+    if outcome is CrawlOutcome.SUCCESS:
+        usable = bool(event.title) or bool(event.keywords) or bool(event.links)
+        return None if usable else "empty_content"
+    if outcome is CrawlOutcome.NOT_MODIFIED:
+        return None
+    if outcome is CrawlOutcome.BLOCKED_ROBOTS or message.startswith("robots.txt"):
+        return "robots"
+    if challenge:
+        return "blocked_captcha"
+    if status == 429:
+        return "rate_limited"
+    if status == 403:
+        return "blocked_403"
+    if status in (404, 410):
+        return "not_found"
+    if status is not None and 400 <= status < 500:
+        return "client_error"
+    if status is not None and status >= 500:
+        return "server_error"
+    if outcome is CrawlOutcome.TIMEOUT:
+        return "timeout"
+    if outcome is CrawlOutcome.REJECTED:
+        if "content type" in message:
+            return "wrong_tool"
+        if "another host" in message:
+            return "offsite_redirect"
+        return "rejected"
+    return "network_error"
+
+
+def _media_type(content_type: str | None) -> str | None:
+    if not content_type:
+        return None
+    return content_type.split(";", 1)[0].strip().lower() or None
+
+
+def _content_family(kind: str) -> str:
+    if kind in ("text/html", "application/xhtml+xml"):
+        return "html"
+    if kind in ("application/rss+xml", "application/atom+xml", "application/feed+json"):
+        return "feed"
+    if kind.endswith("xml"):
+        return "xml"
+    if kind.endswith("json"):
+        return "json"
+    family = kind.split("/", 1)[0]
+    return family if family in ("image", "video", "audio", "text", "font") else "other"
+
+
+def _server_family(server: str) -> str:
+    product = server.strip().lower().split("/", 1)[0].split(" ", 1)[0]
+    return product if product in _SERVER_FAMILIES else "other"
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"

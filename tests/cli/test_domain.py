@@ -1,0 +1,147 @@
+"""``trove domain HOST``: a host's audit and politeness record, on real Postgres and NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from tests.conftest import StackUrls
+from trove_cli.domain import collect_domain, render_domain, slot_key
+from trove_recorder.projections import apply_batch
+from trove_recorder.retries import RetryPolicy
+from trove_schema.bus import Bus
+from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
+from trove_schema.topology import DOMAINS_BUCKET
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+HOST = "blog.example"
+START = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def attempt(n: int, outcome: CrawlOutcome, **fields: Any) -> CrawlCompleted:
+    at = START + timedelta(minutes=n)
+    return CrawlCompleted(
+        url=f"https://{fields.pop('host', HOST)}/{n}",
+        domain=fields.pop("domain", HOST),
+        scope=Scope(value=HOST),
+        request_id=f"00000000-0000-0000-0000-{n:012d}",
+        outcome=outcome,
+        started_at=at,
+        completed_at=at + timedelta(milliseconds=40),
+        duration_ms=40,
+        **fields,
+    )
+
+
+async def crawl_history(engine: AsyncEngine) -> None:
+    events = [
+        attempt(1, CrawlOutcome.SUCCESS, status_code=200, title="One"),
+        attempt(2, CrawlOutcome.SUCCESS, status_code=200, title="Two"),
+        attempt(3, CrawlOutcome.BLOCKED_4XX, status_code=429, retry_after=60.0),
+        attempt(
+            4,
+            CrawlOutcome.BLOCKED_4XX,
+            status_code=403,
+            response_headers={"server": "cloudflare", "cf-mitigated": "challenge"},
+        ),
+        attempt(5, CrawlOutcome.TIMEOUT, error_message="ReadTimeout"),
+        attempt(
+            6, CrawlOutcome.SUCCESS, status_code=200, host="other.example", domain="other.example"
+        ),
+    ]
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, events, RetryPolicy(max_attempts=3, delay_seconds=60.0))
+
+
+def slot(**values: float) -> bytes:
+    return json.dumps(
+        {
+            "free_at": 0.0,
+            "busy_until": 0.0,
+            "next": 0.0,
+            "gap": 10.0,
+            "backoff_until": 0.0,
+            **values,
+        }
+    ).encode()
+
+
+async def test_the_audit_counts_attempts_by_result_and_lists_the_last_with_tags(
+    engine: AsyncEngine, bus: Bus
+) -> None:
+    await crawl_history(engine)
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put(slot_key(HOST), slot(gap=12.5, backoff_until=now + 300, free_at=now + 300))
+
+    found = await collect_domain(engine, HOST.upper(), last=3, js=bus.js)
+
+    assert (found.host, found.attempts, found.successes, found.banned) == (HOST, 5, 2, 2)
+    assert found.by_error_type == {"blocked_captcha": 1, "rate_limited": 1, "timeout": 1}
+    assert [a.url for a in found.recent] == [f"https://{HOST}/{n}" for n in (5, 4, 3)]
+    challenge = found.recent[1]
+    assert (challenge.error_type, challenge.is_banned, challenge.http_status) == (
+        "blocked_captcha",
+        True,
+        403,
+    )
+    assert challenge.tags[0] == "challenge=true"  # the most telling tag first
+    assert "server=cloudflare" in challenge.tags
+    assert found.politeness is not None
+    assert found.politeness["gap"] == 12.5
+
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200), now=now)
+    printed = out.getvalue()
+    assert "5 attempt(s)" in printed
+    assert "2 with usable content" in printed
+    assert "errors: blocked_captcha 1, rate_limited 1, timeout 1" in printed
+    assert "blocked_captcha (refused)" in printed
+    assert "gap 12.5 s; backing off for 300 s more" in printed
+
+
+async def test_a_host_without_attempts_or_record_says_so(engine: AsyncEngine, bus: Bus) -> None:
+    found = await collect_domain(engine, "never.example", js=bus.js)
+    assert (found.attempts, found.recent, found.politeness) == (0, [], None)
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200))
+    assert "no attempt on never.example in the audit" in out.getvalue()
+    assert "no politeness record for this host" in out.getvalue()
+
+
+async def test_trove_domain_command_prints_the_audit(
+    stack: StackUrls, engine: AsyncEngine, bus: Bus, tmp_path: Path
+) -> None:
+    await crawl_history(engine)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put(slot_key(HOST), slot(gap=10.0))
+    env = {
+        **os.environ,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+        "COLUMNS": "200",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "domain", HOST, "--last", "2",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    printed = out.decode()
+    assert proc.returncode == 0, printed
+    assert f"{HOST}: 5 attempt(s)" in printed
+    assert f"https://{HOST}/5" in printed
+    assert f"https://{HOST}/3" not in printed
+    assert "politeness: gap 10 s; no back-off; free now" in printed

@@ -1,0 +1,119 @@
+"""Audit retention: expired attempts leave in batches, their tags with them."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from tests.conftest import StackUrls, eventually
+from tests.recorder.test_projections import POLICY, completed, rows
+from tests.support import services
+from trove_recorder.projections import apply_batch
+from trove_recorder.retention import Retention, prune, run_retention
+from trove_schema.bus import Bus
+from trove_schema.events import CrawlCompleted, Scope
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+def attempt(n: int, at: datetime) -> CrawlCompleted:
+    return completed(
+        url=f"https://blog.example/{n}",
+        title=f"Post {n}",
+        started_at=at,
+        completed_at=at + timedelta(milliseconds=50),
+        scope=Scope(value="blog.example"),
+    )
+
+
+async def audited(engine: AsyncEngine) -> tuple[int, int]:
+    (a,) = await rows(engine, "SELECT count(*) AS n FROM fetcher_attempts")
+    (t,) = await rows(engine, "SELECT count(*) AS n FROM attempt_heuristics")
+    return int(a.n), int(t.n)
+
+
+async def test_expired_attempts_are_deleted_in_batches_with_their_tags(
+    engine: AsyncEngine,
+) -> None:
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    old = [attempt(n, now - timedelta(days=91, minutes=n)) for n in range(10)]
+    fresh = [attempt(100 + n, now - timedelta(days=89)) for n in range(3)]
+    sessions = async_sessionmaker(engine)
+    async with sessions.begin() as session:
+        await apply_batch(session, [*old, *fresh], POLICY)
+    tags_per_attempt = (await audited(engine))[1] // 13
+
+    retention = Retention(window=timedelta(days=90), batch=4)
+    assert await prune(sessions, retention, now=lambda: now) == [4, 4, 2]
+
+    assert await audited(engine) == (3, 3 * tags_per_attempt)
+    kept = await rows(engine, "SELECT event_id::text AS id FROM fetcher_attempts")
+    assert {r.id for r in kept} == {e.id for e in fresh}
+    (crawls,) = await rows(engine, "SELECT count(*) AS n FROM page_crawls")
+    assert crawls.n == 13  # the audit's retention touches nothing else
+    assert await prune(sessions, retention, now=lambda: now) == []
+
+
+async def test_the_loop_prunes_while_attempts_keep_arriving(engine: AsyncEngine) -> None:
+    # The injected clock moves a day for each batch of attempts: ten days in a moment.
+    start = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    clock = {"now": start}
+    sessions = async_sessionmaker(engine)
+    retention = Retention(window=timedelta(days=3), batch=2, interval=0.05)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(run_retention(sessions, retention, stop, now=lambda: clock["now"]))
+    try:
+        for day in range(10):
+            clock["now"] = start + timedelta(days=day)
+            async with sessions.begin() as session:
+                await apply_batch(
+                    session,
+                    [attempt(day * 10 + k, clock["now"] - timedelta(minutes=k)) for k in range(3)],
+                    POLICY,
+                )
+
+        async def oldest() -> datetime | None:
+            (row,) = await rows(engine, "SELECT min(attempted_at) AS at FROM fetcher_attempts")
+            return row.at  # type: ignore[no-any-return]
+
+        cutoff = clock["now"] - timedelta(days=3)
+        await eventually(
+            oldest, until=lambda at: at is not None and at >= cutoff, timeout=10, what="pruned"
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, timeout=5)
+    # Days 7, 8 and 9, three attempts each, and day 6's newest, made exactly at the cut.
+    count, _ = await audited(engine)
+    assert count == 10
+
+
+async def test_the_recorder_process_prunes_the_audit(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    now = datetime.now(UTC)
+    env = {
+        "TROVE_AUDIT_RETENTION_SECONDS": "3600",
+        "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": "0.2",
+        "TROVE_AUDIT_PRUNE_BATCH": "2",
+    }
+    async with services(stack, state_dir, env, only=("recorder",)):
+        for n in range(5):
+            await bus.publish(attempt(n, now - timedelta(hours=2)))
+        for n in range(5, 8):
+            await bus.publish(attempt(n, now))
+
+        async def crawls() -> int:
+            (row,) = await rows(engine, "SELECT count(*) AS n FROM page_crawls")
+            return int(row.n)
+
+        await eventually(crawls, until=lambda n: n == 8, timeout=30, what="projected")
+        await eventually(
+            lambda: audited(engine), until=lambda c: c[0] == 3, timeout=30, what="pruned"
+        )
+    kept = await rows(engine, "SELECT url FROM fetcher_attempts ORDER BY url")
+    assert [r.url for r in kept] == [f"https://blog.example/{n}" for n in range(5, 8)]
