@@ -101,3 +101,20 @@ def test_constructing_an_event_with_an_unknown_field_is_still_refused() -> None:
         )
     with pytest.raises(ValidationError, match="extra"):
         Link(url="https://example.org/", rel="me")  # type: ignore[call-arg]
+
+
+def test_a_link_kind_this_code_does_not_know_is_read_as_other() -> None:
+    event = completed()
+    wire = wire_of(event)
+    wire["links"][0]["kind"] = "syndication"  # a kind a newer producer added
+
+    for encoded in (json.dumps(wire, separators=(",", ":")), json.dumps(wire)):
+        read = decode_event(encoded.encode())
+        assert isinstance(read, CrawlCompleted)
+        assert [link.kind.value for link in read.links] == ["other", "a"]
+
+
+def test_an_unknown_outcome_is_still_malformed() -> None:
+    wire = wire_of(completed(), outcome="vanished")
+    with pytest.raises(MalformedEvent):
+        decode_event(json.dumps(wire).encode())

@@ -30,7 +30,14 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from trove_schema.errors import MalformedEvent
 from trove_schema.text import Storable, StorableItems, StorableTerms
@@ -52,6 +59,28 @@ DomainText = Annotated[str, Storable(253)]
 MessageText = Annotated[str, Storable(2000)]
 #: A header value kept for later (ETag, Last-Modified, Content-Type).
 HeaderText = Annotated[str, Storable(1000)]
+
+#: Most response headers one CrawlCompleted carries for the audit, and their sizes.
+MAX_AUDIT_HEADERS = 12
+MAX_AUDIT_HEADER_NAME = 64
+MAX_AUDIT_HEADER_VALUE = 256
+
+
+def _first_headers(value: dict[str, str]) -> dict[str, str]:
+    # Cut rather than refused: a stranger's event with more headers is still read.
+    if len(value) <= MAX_AUDIT_HEADERS:
+        return value
+    return dict(list(value.items())[:MAX_AUDIT_HEADERS])
+
+
+#: Selected response headers (lower-case names), for the audit: never cookies, never a body.
+AuditHeaders = Annotated[
+    dict[
+        Annotated[str, Storable(MAX_AUDIT_HEADER_NAME)],
+        Annotated[str, Storable(MAX_AUDIT_HEADER_VALUE)],
+    ],
+    AfterValidator(_first_headers),
+]
 
 
 def new_event_id() -> str:
@@ -106,6 +135,10 @@ class LinkKind(StrEnum):
     FEED_ITEM = "feed_item"
     REDIRECT = "redirect"
     OTHER = "other"
+    #: rel=me: the page's author says the target is also them (IndieWeb identity).
+    ME = "me"
+    #: rel=webmention: the endpoint that takes Webmentions for the page, never a page.
+    WEBMENTION = "webmention"
 
 
 class RequestReason(StrEnum):
@@ -268,6 +301,13 @@ class CrawlCompleted(Event):
     nofollow: bool = False
     etag: HeaderText | None = None
     last_modified: HeaderText | None = None
+    #: The fetch strategy that made the attempt (``http``: the plain HTTP client).
+    fetcher: Annotated[str, Storable(32)] = "http"
+    #: Selected response headers of the final response (``MAX_AUDIT_HEADERS`` at most).
+    response_headers: AuditHeaders = Field(default_factory=dict)
+    #: Milliseconds the requests took (waits between redirect hops left out); None when
+    #: no request was made. Older events: derive it from ``started_at``/``completed_at``.
+    duration_ms: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     @property
     def retryable(self) -> bool:
@@ -312,7 +352,7 @@ def decode_event(data: bytes | str) -> Event:
                 # pydantic's JSON parser refuses a lone surrogate escape, which json.loads
                 # reads (and the text types then mark): the path below reads those too.
                 unparsed = any(error["type"] == "json_invalid" for error in exc.errors())
-                if not unparsed and len(_unknown_fields(exc)) < exc.error_count():
+                if not unparsed and len(_tolerable(exc)) < exc.error_count():
                     raise MalformedEvent(f"invalid {fast.TYPE}: {exc}") from exc
                 # Only fields this code does not know: the tolerant path below drops them.
     try:
@@ -347,6 +387,19 @@ def _unknown_fields(exc: ValidationError) -> list[tuple[int | str, ...]]:
     return [tuple(e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
 
 
+def _unknown_link_kinds(exc: ValidationError) -> list[tuple[int | str, ...]]:
+    """Link kinds a newer producer added (``me`` was one): read as ``other``."""
+    return [
+        tuple(e["loc"])
+        for e in exc.errors()
+        if e["type"] == "enum" and len(e["loc"]) == 3 and e["loc"][::2] == ("links", "kind")
+    ]
+
+
+def _tolerable(exc: ValidationError) -> list[tuple[int | str, ...]]:
+    return _unknown_fields(exc) + _unknown_link_kinds(exc)
+
+
 def _validate_tolerantly(cls: type[Event], raw: dict[str, Any]) -> Event:
     """Validate; if the only objections are unknown fields, drop them and validate again.
 
@@ -357,10 +410,13 @@ def _validate_tolerantly(cls: type[Event], raw: dict[str, Any]) -> Event:
         return cls.model_validate(raw)
     except ValidationError as exc:
         unknown = _unknown_fields(exc)
-        if not unknown:
+        kinds = _unknown_link_kinds(exc)
+        if not unknown and not kinds:
             raise MalformedEvent(f"invalid {cls.TYPE}: {exc}") from exc
     for loc in unknown:
         _drop(raw, loc)
+    for _, index, _ in kinds:
+        raw["links"][index]["kind"] = LinkKind.OTHER.value
     if (cls.TYPE, "unknown fields") not in _LOGGED:
         _LOGGED.add((cls.TYPE, "unknown fields"))
         names = sorted({".".join(str(p) for p in loc if isinstance(p, str)) for loc in unknown})

@@ -52,9 +52,18 @@ from trove_schema.urls import domain_of
 
 log = logging.getLogger("trove.discovery")
 
-#: Link kinds that lead to pages worth fetching (resources and the graph's other edges do not).
+#: Link kinds that lead to pages worth fetching (resources and the graph's other edges do
+#: not). A rel=me link leads to its author's other pages, followed as an ``a`` link within
+#: the seed's scope; a Webmention endpoint is an API to post to, never a page.
 FOLLOWED_KINDS = frozenset(
-    {LinkKind.A, LinkKind.FEED, LinkKind.FEED_ITEM, LinkKind.CANONICAL, LinkKind.REDIRECT}
+    {
+        LinkKind.A,
+        LinkKind.FEED,
+        LinkKind.FEED_ITEM,
+        LinkKind.CANONICAL,
+        LinkKind.REDIRECT,
+        LinkKind.ME,
+    }
 )
 
 

@@ -36,6 +36,11 @@ MAX_LINKS_SEEN = 10 * MAX_LINKS_PER_PAGE
 _INVISIBLE = ("head", "script", "style", "noscript", "template", "nav", "svg")
 _LINK_TAGS = ("a", "area", "img", "script", "link", "frame", "iframe", "meta")
 _NOFOLLOW_RELS = frozenset({"nofollow", "ugc", "sponsored"})
+# IndieWeb rel values (rel is a set of space-separated, case-insensitive tokens): the
+# Webmention spec lets senders honour the legacy URL-valued rel of its first drafts.
+_ME_RELS = frozenset({"me"})
+_WEBMENTION_RELS = frozenset({"webmention", "http://webmention.org/", "http://webmention.org"})
+_INDIEWEB_RELS = _ME_RELS | _WEBMENTION_RELS
 # Which links survive when a page has more than MAX_LINKS_PER_PAGE: the ones that lead
 # to pages first, then the ones that lead to resources (lower is kept first).
 _KEEP_ORDER = {
@@ -43,6 +48,9 @@ _KEEP_ORDER = {
     LinkKind.REDIRECT: 0,
     LinkKind.FEED: 1,
     LinkKind.ALTERNATE: 2,
+    # One or a few per page, and what says who the page's author is.
+    LinkKind.ME: 2,
+    LinkKind.WEBMENTION: 2,
     LinkKind.A: 3,
     LinkKind.FEED_ITEM: 3,
     LinkKind.OTHER: 4,
@@ -336,6 +344,13 @@ def _rel(element: etree._Element) -> set[str]:
     return set((element.get("rel") or "").lower().split())
 
 
+def _indieweb_kinds(rel: set[str]) -> Iterator[LinkKind]:
+    if not rel.isdisjoint(_ME_RELS):
+        yield LinkKind.ME
+    if not rel.isdisjoint(_WEBMENTION_RELS):
+        yield LinkKind.WEBMENTION
+
+
 def _local_name(element: etree._Element) -> str:
     tag = element.tag
     return tag.rpartition("}")[2] if isinstance(tag, str) else ""
@@ -449,7 +464,13 @@ class _Page:
             rel = _rel(element)
             nofollow = not rel.isdisjoint(_NOFOLLOW_RELS)
             if tag == "a" or tag == "area":
-                links.add(base, element.get("href"), LinkKind.A, nofollow)
+                if rel and not rel.isdisjoint(_INDIEWEB_RELS):
+                    # Instead of an ``a`` link: an identity claim is not a citation, and
+                    # a Webmention endpoint is an API, never a page to crawl.
+                    for indieweb in _indieweb_kinds(rel):
+                        links.add(base, element.get("href"), indieweb, nofollow)
+                else:
+                    links.add(base, element.get("href"), LinkKind.A, nofollow)
             elif tag == "img":
                 links.add(base, element.get("src"), LinkKind.IMG)
                 srcset = (element.get("srcset") or "").split()
@@ -460,10 +481,13 @@ class _Page:
             elif tag == "frame" or tag == "iframe":
                 links.add(base, element.get("src"), LinkKind.OTHER)
             elif tag == "link":
+                href = element.get("href")
+                if rel and not rel.isdisjoint(_INDIEWEB_RELS):
+                    for indieweb in _indieweb_kinds(rel):
+                        links.add(base, href, indieweb, nofollow)
                 kind = self._link_kind(element, rel)
                 if kind is None:
                     continue
-                href = element.get("href")
                 if kind is LinkKind.CANONICAL and canonical_url is None:
                     canonical_url = resolve_url(base, href)
                 links.add(base, href, kind, nofollow)
