@@ -1,8 +1,9 @@
 """page_outlinks.kinds takes the IndieWeb link kinds: 'me' and 'webmention'
 
 The CHECK constraint lists every kind a link may have. It is widened, so every row
-already satisfies it: the new one is added NOT VALID, checked on every write from now on
-without a scan of the table under its lock. Downgrading drops the edges of the two kinds
+already satisfies it: the new one is added NOT VALID (no scan of the table under the
+ACCESS EXCLUSIVE lock that adding takes), then validated, which scans under a lock that
+lets reads and writes go on. Downgrading drops the edges of the two kinds
 (the older code cannot read them); the events still hold them, for a replay after the
 next upgrade.
 
@@ -34,6 +35,7 @@ def upgrade() -> None:
         "ARRAY['a', 'img', 'script', 'stylesheet', 'feed', 'canonical', 'alternate', "
         "'feed_item', 'redirect', 'other', 'me', 'webmention']) NOT VALID"
     )
+    op.execute("ALTER TABLE page_outlinks VALIDATE CONSTRAINT ck_page_outlinks_kinds")
 
 
 def downgrade() -> None:
