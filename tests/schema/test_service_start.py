@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 
 from tests.conftest import eventually
 from trove_schema.errors import TopologyError
-from trove_schema.service import infrastructure_away
+from trove_schema.service import collect_garbage, infrastructure_away
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
 from trove_stack.processes import Child
 
@@ -84,3 +86,27 @@ async def _read(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
+
+
+async def test_a_service_runs_a_full_collection_every_interval() -> None:
+    full: list[int] = []
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    stop = asyncio.Event()
+    gc.callbacks.append(counted)
+    try:
+        task = asyncio.create_task(collect_garbage(stop, interval=0.01))
+        await eventually(
+            lambda: _count(full), until=lambda n: n >= 3, timeout=10, what="collections"
+        )
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+    finally:
+        gc.callbacks.remove(counted)
+
+
+async def _count(items: list[int]) -> int:
+    return len(items)
