@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trove_schema.bus import nats_servers
 from trove_schema.nats_tls import client_tls
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 
@@ -279,7 +280,7 @@ async def dead_command(
         console.print("[red]give the sequence numbers to act on, or --all[/red]")
         return 2
     _audit_log()
-    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
+    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
     try:
         js = nc.jetstream()
         if action is None:

@@ -27,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_cli.status import SLOT_FIELDS
+from trove_schema.bus import nats_servers
 from trove_schema.nats_tls import client_tls
 from trove_schema.topology import DOMAINS_BUCKET
 
@@ -201,7 +202,7 @@ async def domain_command(
         if nats_url:
             with contextlib.suppress(Exception):  # the audit is worth showing without it
                 nc = await nats.connect(
-                    nats_url, name="trove-cli", tls=client_tls(), connect_timeout=2,
+                    nats_servers(nats_url), name="trove-cli", tls=client_tls(), connect_timeout=2,
                     max_reconnect_attempts=0, allow_reconnect=False,
                 )  # fmt: skip
                 js = nc.jetstream()

@@ -26,6 +26,7 @@ from trove_cli.report import build_report, progress_counts, render
 from trove_cli.search import DEFAULT_LIMIT, search_command
 from trove_cli.status import status_command
 from trove_cli.supervisor import RestartPolicy
+from trove_schema.bus import nats_servers
 from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
@@ -91,7 +92,7 @@ async def watch_crawl(
     timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
     local: LocalTrove | None = None,
 ) -> int:
-    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
+    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
     engine = create_async_engine(database_url)
     try:
         # The seeds stream must exist before a core publish, or the seeds go nowhere. The
@@ -224,7 +225,7 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
     if not nats_url:
         console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
         return 2
-    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
+    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
     try:
         payload = "\n".join(args.urls).encode()
         if args.request:

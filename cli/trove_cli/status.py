@@ -33,6 +33,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_cli.supervisor import Supervised, describe_exit, read_supervised
+from trove_schema.bus import nats_servers
 from trove_schema.nats_tls import client_tls
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
 
@@ -361,7 +362,7 @@ async def status_command(
 ) -> int:
     """``trove status`` against these servers (and ``trove up``'s processes in ``state_dir``)."""
     engine = create_async_engine(database_url)
-    nc = await nats.connect(nats_url, name="trove-cli", tls=client_tls())
+    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
     try:
         status = await collect_status(nc.jetstream(), engine, state_dir=state_dir)
     finally:

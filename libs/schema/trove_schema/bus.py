@@ -90,6 +90,11 @@ def broker_trouble(exc: BaseException) -> bool:
     return isinstance(exc, APIError) and exc.code in UNAVAILABLE_CODES
 
 
+def nats_servers(url: str) -> list[str]:
+    """A cluster's seed servers, comma-separated as the nats CLI takes them."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 def schedule_header(at: datetime) -> str:
     return "@at " + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -113,8 +118,7 @@ class Bus:
             log.info("nats: reconnected")
 
         nc = await nats.connect(
-            # A cluster's seed servers, comma-separated as the nats CLI takes them.
-            [part.strip() for part in url.split(",") if part.strip()],
+            nats_servers(url),
             name=name,
             connect_timeout=connect_timeout,
             max_reconnect_attempts=-1,
