@@ -12,12 +12,14 @@ import asyncio
 import os
 import shutil
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_schema.bus import Bus
@@ -106,6 +108,20 @@ async def eventually(
         await asyncio.sleep(interval)
         value = await probe()
     return value
+
+
+@pytest.fixture
+async def scratch_database(stack: StackUrls, engine: AsyncEngine) -> AsyncIterator[str]:
+    """An empty database of its own on the test server, dropped afterwards."""
+    name = f"trove_migration_{uuid.uuid4().hex[:12]}"
+    admin = engine.execution_options(isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        async with admin.connect() as conn:
+            await conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,19 @@ async def outcomes(engine: AsyncEngine) -> dict[str, str]:
         "JOIN pages p ON p.id = c.page_id ORDER BY p.url, c.completed_at DESC",
     )
     return {r.url: r.outcome for r in rows}
+
+
+async def run_trove(*argv: str, env: Mapping[str, str], timeout: float = 60) -> tuple[int, str]:
+    """Run the `trove` command as a user would (its own process); its exit code and output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "trove_cli",
+        *argv,
+        env=dict(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()

@@ -6,7 +6,6 @@ import asyncio
 import io
 import logging
 import os
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.console import Console
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.support import run_trove
 from trove_cli.dead import dead_command, drop, list_dead, redrive
 from trove_cli.status import collect_status
 from trove_schema.bus import Bus, Consumer
@@ -228,18 +228,7 @@ async def test_trove_dead_lists_and_redrives_from_the_command_line(
     }
 
     async def trove(*argv: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "trove_cli",
-            *argv,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode()
+        return await run_trove(*argv, env=env)
 
     started = time.monotonic()
     code, listed = await trove("dead")

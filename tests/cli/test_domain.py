@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +15,7 @@ from rich.console import Console
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls
+from tests.support import run_trove
 from trove_cli.domain import collect_domain, render_domain, slot_key
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
@@ -134,13 +133,8 @@ async def test_trove_domain_command_prints_the_audit(
         "TROVE_STATE_DIR": str(tmp_path / "state"),
         "COLUMNS": "200",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trove_cli", "domain", HOST, "--last", "2",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-    printed = out.decode()
-    assert proc.returncode == 0, printed
+    code, printed = await run_trove("domain", HOST, "--last", "2", env=env)
+    assert code == 0, printed
     assert f"{HOST}: 5 attempt(s)" in printed
     assert f"https://{HOST}/5" in printed
     assert f"https://{HOST}/3" not in printed

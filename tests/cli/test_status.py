@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.support import run_trove
 from trove_cli.status import ConsumerLag, Cooldown, Status, collect_status, render_status
 from trove_schema.bus import Bus
 from trove_schema.topology import (
@@ -277,19 +276,9 @@ async def test_trove_status_command_prints_the_status(
         "TROVE_STATE_DIR": str(tmp_path / "state"),
         "COLUMNS": "200",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "trove_cli",
-        "status",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-    printed = out.decode()
+    code, printed = await run_trove("status", env=env)
 
-    assert proc.returncode == 0, printed
+    assert code == 0, printed
     assert "slow.example" in printed
     assert "Dead letters: 1 (fetcher 1)" in printed
     assert "recorder" in printed

@@ -6,7 +6,6 @@ import asyncio
 import io
 import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -18,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import sandbox_env
+from tests.support import run_trove, sandbox_env
 from trove_cli.local import SERVICES, LocalTrove
 from trove_cli.main import restart_policy, watch_crawl
 from trove_cli.status import Status, render_status
@@ -107,18 +106,8 @@ async def test_a_killed_service_is_restarted_and_trove_status_shows_it(
         assert [(p.name, p.pid, p.restarts) for p in on_disk.processes] == [(PROCESS, child.pid, 1)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
         env |= {"TROVE_STATE_DIR": str(state_dir), "COLUMNS": "200"}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "trove_cli",
-            "status",
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
-        printed = out.decode()
-        assert proc.returncode == 0, printed
+        code, printed = await run_trove("status", env=env)
+        assert code == 0, printed
         row = next(line for line in printed.splitlines() if line.startswith(PROCESS))
         assert str(child.pid) in row
         assert "signal SIGKILL" in row

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import sandbox_env, services
+from tests.support import run_trove, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.topology import SEEDS_SUBJECT
@@ -81,22 +81,10 @@ async def test_trove_crawl_fetches_and_records_every_sandbox_page(
         "TROVE_STATE_DIR": str(tmp_path / "state"),
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.5",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "trove_cli",
-        "crawl",
-        "--sandbox",
-        "--until-idle",
-        "--timeout",
-        "240",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    code, report = await run_trove(
+        "crawl", "--sandbox", "--until-idle", "--timeout", "240", env=env, timeout=300
     )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
-    report = out.decode()
-    assert proc.returncode == 0, report
+    assert code == 0, report
     assert "Pages by status" in report
     assert "Crawls by outcome" in report
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 import uuid
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import outcomes, publish_work, query, sandbox_env, services
+from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
 from trove_recorder.replay import PROJECTION_TABLES, replay
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
@@ -104,13 +102,9 @@ async def test_replay_into_an_empty_database_reproduces_the_tables(
     target = await empty_database(stack)
 
     env = {**os.environ, "TROVE_NATS_URL": stack.nats_url, "TROVE_DATABASE_URL": stack.database_url}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trove_cli", "replay", "--database-url", target,
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode == 0, out.decode()
-    assert "replayed" in out.decode()
+    code, out = await run_trove("replay", "--database-url", target, env=env, timeout=120)
+    assert code == 0, out
+    assert "replayed" in out
 
     replayed_engine = create_async_engine(target)
     try:

@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from alembic import command
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.conftest import StackUrls
 from trove_schema.migrate import alembic_config, upgrade
-
-
-@pytest.fixture
-async def scratch_database(stack: StackUrls, engine: AsyncEngine) -> AsyncIterator[str]:
-    """An empty database of its own on the test server, dropped afterwards."""
-    name = f"trove_migration_{uuid.uuid4().hex[:12]}"
-    admin = engine.execution_options(isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-
 
 INSERT = (
     "INSERT INTO page_outlinks (from_page_id, to_page_ids, kinds, nofollow) VALUES "

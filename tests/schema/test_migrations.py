@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from tests.conftest import StackUrls
 from trove_schema.migrate import alembic_config, upgrade
 from trove_schema.tables import Base
 
@@ -25,20 +20,6 @@ async def test_migrations_build_exactly_what_the_models_declare(engine: AsyncEng
 
     async with engine.connect() as conn:
         assert await conn.run_sync(differences) == []
-
-
-@pytest.fixture
-async def scratch_database(stack: StackUrls, engine: AsyncEngine) -> AsyncIterator[str]:
-    """An empty database of its own on the test server, dropped afterwards."""
-    name = f"trove_migration_{uuid.uuid4().hex[:12]}"
-    admin = engine.execution_options(isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 EDGES = "SELECT from_page_id, to_page_id, kind, nofollow FROM page_links ORDER BY 1, 2, 3"
