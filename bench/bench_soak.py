@@ -28,24 +28,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import contextlib
 import logging
 import signal
-import socket
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-import dns.flags
-import dns.message
-import dns.rcode
-import dns.rdatatype
-import dns.rrset
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -63,6 +55,7 @@ from bench._common import (
 from bench._common import (
     log_warnings as _log_warnings,
 )
+from tests.fetcher._dns import DnsServer, dns_server
 from trove_cli.local import LocalTrove
 from trove_sandbox import SandboxWeb, serve_sandbox
 from trove_schema.bus import Bus
@@ -83,71 +76,6 @@ from trove_stack.stack import Stack
 READY_TIMEOUT = 90.0
 POLL = 0.5
 SERVICES = ("recorder", "discovery", "fetcher")
-
-
-# --- a DNS server for the sandbox's names ------------------------------------------
-
-
-@dataclass
-class SandboxDns:
-    """Answers A for the sandbox's hosts with a fixed TTL, NXDOMAIN for anything else."""
-
-    names: Mapping[str, str]
-    ttl: int
-    port: int = 0
-    queries: int = 0
-    _sock: socket.socket | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def answer(self, wire: bytes) -> bytes:
-        query = dns.message.from_wire(wire)
-        question = query.question[0]
-        name = question.name.to_text().rstrip(".").lower()
-        self.queries += 1
-        response = dns.message.make_response(query)
-        response.flags |= dns.flags.AA
-        ip = self.names.get(name)
-        if ip is None:
-            response.set_rcode(dns.rcode.NXDOMAIN)
-        elif question.rdtype == dns.rdatatype.A:
-            response.answer.append(
-                dns.rrset.from_text_list(question.name, self.ttl, "IN", "A", [ip])
-            )
-        else:
-            zone = name.split(".", 1)[-1] + "."
-            response.authority.append(
-                dns.rrset.from_text(
-                    zone, self.ttl, "IN", "SOA", f"ns.{zone} a.{zone} 1 60 60 60 {self.ttl}"
-                )
-            )
-        return response.to_wire()
-
-    @contextlib.contextmanager
-    def serving(self, ip: str = "127.0.0.53") -> Iterator[SandboxDns]:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind((ip, 0))
-        sock.settimeout(0.2)
-        self.port = int(sock.getsockname()[1])
-
-        def serve() -> None:
-            while not self._stop.is_set():
-                try:
-                    wire, peer = sock.recvfrom(4096)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                with contextlib.suppress(Exception):
-                    sock.sendto(self.answer(wire), peer)
-
-        thread = threading.Thread(target=serve, name="sandbox dns", daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            thread.join(5)
-            sock.close()
 
 
 # --- memory -------------------------------------------------------------------------
@@ -234,9 +162,11 @@ async def soak(args: argparse.Namespace) -> int:
             await asyncio.to_thread(upgrade, stack.database_url)
             web = SandboxWeb.generate(hosts=args.hosts, pages_per_host=args.pages)
             async with serve_sandbox(web) as sandbox:
-                names = dict(sandbox.resolve_map)
-                with SandboxDns(names, args.dns_ttl).serving() as dns_server:
-                    return await _soak(args, state, stack, web, sandbox.seeds, dns_server)
+                with dns_server() as names:
+                    # The sandbox's names, with the TTL the run asks for.
+                    for name, ip in sandbox.resolve_map.items():
+                        names.records[name] = ((ip,), args.dns_ttl)
+                    return await _soak(args, state, stack, web, sandbox.seeds, names)
         finally:
             await asyncio.to_thread(stack.stop)
             atexit.unregister(stack.stop)
@@ -248,10 +178,10 @@ async def _soak(
     stack: Stack,
     web: SandboxWeb,
     seeds: Sequence[str],
-    dns_server: SandboxDns,
+    names: DnsServer,
 ) -> int:
     env = {
-        "TROVE_DNS_NAMESERVERS": f"127.0.0.53:{dns_server.port}",
+        "TROVE_DNS_NAMESERVERS": names.address,
         "TROVE_DNS_MIN_TTL_SECONDS": "1",
         "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(args.gap),
@@ -300,7 +230,7 @@ async def _soak(
             fetcher = sample.rss.get("fetcher-0", 0.0)
             print(
                 f"  {sample.at:6.0f} s  {pages:6d} pages  fetcher {fetcher:6.1f} MiB  "
-                f"DNS queries {dns_server.queries}",
+                f"DNS queries {names.total()}",
                 flush=True,
             )
         final = Sample(
@@ -315,7 +245,7 @@ async def _soak(
         await engine.dispose()
         await bus.close()
     half = next((x for x in samples if x.at >= final.at / 2), final)
-    _report(samples[0], baseline, half, final, peaks, outcomes, dns_server.queries)
+    _report(samples[0], baseline, half, final, peaks, outcomes, names.total())
     warnings = _log_warnings(local.state_dir / "logs")
     if warnings:
         print("\nLog warnings and errors:")

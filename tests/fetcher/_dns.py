@@ -1,4 +1,4 @@
-"""A small authoritative DNS server on loopback UDP for the resolver's tests.
+"""A small authoritative DNS server on loopback UDP, for the resolver's tests and the soak.
 
 It runs in a thread (independent of the event loop under test), answers from a dict
 the test fills (``records``: name -> (addresses, ttl); ``missing``: names that get
@@ -47,6 +47,11 @@ class DnsServer:
         key = name.rstrip(".").lower()
         with self._lock:
             return sum(n for (qname, _), n in self.queries.items() if qname == key)
+
+    def total(self) -> int:
+        """Queries received, all names and types."""
+        with self._lock:
+            return sum(self.queries.values())
 
     def answer(self, wire: bytes) -> bytes | None:
         query = dns.message.from_wire(wire)
