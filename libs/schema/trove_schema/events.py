@@ -161,14 +161,38 @@ class Scope(Frozen):
     max_depth: int = Field(default=5, ge=0, le=100)
 
 
-class Provenance(Frozen):
-    """Where a URL came from: a seed (and who sent it) or a link on a page."""
+#: A fediverse account, ``user@instance`` (what Mastodon calls ``acct``, made absolute).
+AccountText = Annotated[str, Storable(320)]
+#: A language tag (BCP-47).
+LanguageText = Annotated[str, Storable(35)]
+#: A timeline of a followed instance: ``local``, ``public`` or ``tag:NAME``.
+TimelineName = Annotated[str, Field(pattern=r"^(local|public|tag:[A-Za-z0-9_]{1,100})$")]
 
-    kind: Literal["seed", "link", "feed", "redirect", "canonical", "recrawl"]
+
+class Share(Frozen):
+    """A public post on a followed instance that shared a URL (the page's provenance)."""
+
+    #: The followed instance's origin (``https://social.example``).
+    instance: URLText
+    #: The post's ActivityPub id, the one identity of a post across instances.
+    post_uri: URLText
+    #: The post's own page, when the instance gives one.
+    post_url: URLText | None = None
+    account: AccountText
+    shared_at: datetime | None = None
+    language: LanguageText | None = None
+
+
+class Provenance(Frozen):
+    """Where a URL came from: a seed (and who sent it), a link on a page, a shared post."""
+
+    kind: Literal["seed", "link", "feed", "redirect", "canonical", "recrawl", "share"]
     #: The page the link was found on, for links; absent for seeds.
     source_url: URLText | None = None
     #: Free text about the seed's origin: subject, client, file, operator name.
     origin: Annotated[str, Storable(512)] | None = None
+    #: The post that shared the URL, for ``share``.
+    share: Share | None = None
 
 
 class Link(Frozen):
@@ -234,6 +258,30 @@ class PageDiscovered(Event):
     force: bool = False
 
 
+#: Visits a page's change history keeps (the newest).
+MAX_VISITS = 32
+
+
+class ChangeHistory(Frozen):
+    """What a page's visits said about how often it changes.
+
+    It travels with the page's re-crawl chain: discovery puts it in each re-crawl
+    request, the fetcher copies it into the attempt's ``CrawlCompleted``, and the next
+    request carries it on with this visit added. The change-rate estimate and the next
+    interval are computed from it (``trove_schema.change_rate``), so no service reads a
+    database to plan a re-crawl.
+    """
+
+    #: sha256 of the body at the last successful visit.
+    content_hash: HeaderText | None = None
+    #: When that visit completed.
+    visited_at: datetime | None = None
+    #: (seconds since the visit before, changed since it), oldest first, newest last.
+    visits: tuple[tuple[float, bool], ...] = Field(default=(), max_length=MAX_VISITS)
+    #: The re-crawl interval chosen after the last visit, in seconds.
+    interval: float | None = None
+
+
 class CrawlRequested(Event):
     """A page is to be fetched (again): a retry, a re-crawl after its shelf life, or forced.
 
@@ -257,6 +305,8 @@ class CrawlRequested(Event):
     last_modified: HeaderText | None = None
     #: The event that caused this request (the failed attempt, the earlier success).
     caused_by: str | None = None
+    #: The page's change history so far (re-crawls, and the retries of re-crawls).
+    history: ChangeHistory | None = None
 
 
 class CrawlCompleted(Event):
@@ -308,14 +358,147 @@ class CrawlCompleted(Event):
     #: Milliseconds the requests took (waits between redirect hops left out); None when
     #: no request was made. Older events: derive it from ``started_at``/``completed_at``.
     duration_ms: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    #: Why the fetcher chose ``fetcher`` for this URL (``trove_schema.policy``): ``only``
+    #: (the one strategy that applies), ``prior``, ``learned``, ``explore``.
+    strategy_reason: Annotated[str, Storable(32)] | None = None
+    #: Characters of readable text the page gave; None when it was not parsed.
+    text_chars: int | None = Field(default=None, ge=0)
+    #: The page is an application shell: scripts and a mount point, no text to read.
+    shell: bool = False
+    #: The request carried validators (If-None-Match / If-Modified-Since).
+    conditional: bool = False
+    #: The page's change history, copied from the request this attempt answered.
+    history: ChangeHistory | None = None
 
     @property
     def retryable(self) -> bool:
         return self.outcome in RETRYABLE_OUTCOMES or self.status_code in (429, 503)
 
 
+class InstanceFollowed(Event):
+    """An operator follows a timeline of a fediverse instance: its posts' links are crawled."""
+
+    TYPE = "InstanceFollowed"
+    SUBJECT = "trove.events.instance.followed"
+
+    #: The instance's origin (``https://social.example``).
+    instance: URLText
+    domain: DomainText
+    timeline: TimelineName = "local"
+    #: How far the crawl goes from a shared page, on the shared page's own host.
+    max_depth: int = Field(default=0, ge=0, le=100)
+    priority: int = Field(default=0, ge=-100, le=100)
+    #: Posts read back in time on the first poll.
+    backfill: int = Field(default=40, ge=0, le=1000)
+    provenance: Provenance
+
+
+class InstanceUnfollowed(Event):
+    """An operator stops following a timeline (every timeline of it when ``timeline`` is None)."""
+
+    TYPE = "InstanceUnfollowed"
+    SUBJECT = "trove.events.instance.unfollowed"
+
+    instance: URLText
+    domain: DomainText
+    timeline: TimelineName | None = None
+    provenance: Provenance
+
+
+class TimelinePollRequested(Event):
+    """Read a followed timeline from its cursor on (fetcher work, usually scheduled).
+
+    Each poll answers one of these with a ``TimelinePolled``, which carries the cursor
+    on; the next request is published from it. The chain of requests and answers is the
+    durable cursor: nothing is kept anywhere else, and one chain per timeline means one
+    poll at a time, whatever the number of replicas.
+    """
+
+    TYPE = "TimelinePollRequested"
+    SUBJECT = "trove.events.timeline.requested"
+
+    instance: URLText
+    domain: DomainText
+    timeline: TimelineName
+    #: The ``InstanceFollowed`` this chain belongs to (a new follow starts a new chain).
+    follow_id: str
+    #: The newest post id handled (the API's ``min_id``); None before the first poll.
+    cursor: Annotated[str, Storable(200)] | None = None
+    #: The API's base URL found through NodeInfo; None until then.
+    api: URLText | None = None
+    software: Annotated[str, Storable(100)] | None = None
+    software_version: Annotated[str, Storable(100)] | None = None
+    #: Which poll of the chain this is (1 for the first).
+    poll: int = Field(default=1, ge=1)
+    #: Polls in a row that failed (the pause grows with it).
+    failures: int = Field(default=0, ge=0)
+    not_before: datetime | None = None
+    caused_by: str | None = None
+
+
+class SharedPost(Frozen):
+    """One public post of a polled timeline and the links it shares (opted-out accounts
+    never appear: they are counted in ``TimelinePolled.skipped`` and nothing else)."""
+
+    uri: URLText
+    url: URLText | None = None
+    account: AccountText
+    shared_at: datetime | None = None
+    language: LanguageText | None = None
+    #: The preview card's URL and the links in the content (canonical; no mentions,
+    #: hashtags or the instance's own pages).
+    links: tuple[URLText, ...] = Field(default=(), max_length=100)
+
+
+class TimelinePolled(Event):
+    """One poll of a followed timeline ended, whatever its outcome."""
+
+    TYPE = "TimelinePolled"
+    SUBJECT = "trove.events.timeline.polled"
+
+    request_id: str
+    instance: URLText
+    domain: DomainText
+    timeline: TimelineName
+    follow_id: str
+    poll: int = Field(default=1, ge=1)
+    #: success, or what went wrong (``CrawlOutcome`` values: failed, timeout, blocked_4xx,
+    #: blocked_5xx, blocked_robots, rejected).
+    outcome: CrawlOutcome
+    status_code: int | None = None
+    error_message: MessageText | None = None
+    started_at: datetime
+    completed_at: datetime
+    api: URLText | None = None
+    software: Annotated[str, Storable(100)] | None = None
+    software_version: Annotated[str, Storable(100)] | None = None
+    #: The cursor the poll started from and the one it ends on (the same when nothing
+    #: new was read or the poll failed: the cursor is never lost).
+    cursor_before: Annotated[str, Storable(200)] | None = None
+    cursor_after: Annotated[str, Storable(200)] | None = None
+    #: There is more to read past ``cursor_after`` (the poll stopped at its page bound).
+    more: bool = False
+    posts: tuple[SharedPost, ...] = Field(default=(), max_length=1000)
+    #: Posts left out: not public, or their account opted out of search or discovery.
+    skipped: int = Field(default=0, ge=0)
+    #: Seconds the instance asked us to wait (Retry-After, or its rate-limit reset).
+    retry_after: float | None = None
+    #: Requests made (NodeInfo and API pages), each under the instance host's lease.
+    requests: int = Field(default=0, ge=0)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.TYPE: cls for cls in (SeedRejected, PageDiscovered, CrawlRequested, CrawlCompleted)
+    cls.TYPE: cls
+    for cls in (
+        SeedRejected,
+        PageDiscovered,
+        CrawlRequested,
+        CrawlCompleted,
+        InstanceFollowed,
+        InstanceUnfollowed,
+        TimelinePollRequested,
+        TimelinePolled,
+    )
 }
 
 #: (type, from_version) -> function turning that version's JSON into the next version's.

@@ -9,10 +9,16 @@ started with other options (one replica, a shorter retention) never changes it.
 
 Subjects
     trove.seeds                      operator input (raw URL, lines, or JSON); stream TROVE_SEEDS
+    trove.follow, trove.unfollow     operator input: instances to (un)follow; stream TROVE_SEEDS
     trove.events.seed.rejected       SeedRejected
     trove.events.page.discovered     PageDiscovered
     trove.events.crawl.requested     CrawlRequested (retries and re-crawls, often scheduled)
     trove.events.crawl.completed     CrawlCompleted
+    trove.events.instance.followed   InstanceFollowed
+    trove.events.instance.unfollowed InstanceUnfollowed
+    trove.events.timeline.requested  TimelinePollRequested (fetcher work, usually scheduled)
+    trove.events.timeline.polled     TimelinePolled
+    trove.schedules.timeline.<hash>  the one pending poll of a followed timeline
     trove.schedules.page.<hash>      the one pending CrawlRequested of a page (re-crawl or retry),
                                      a NATS scheduled message: a newer one replaces it
     trove.work.fetch                 fetch work deferred to a domain's next free slot
@@ -45,11 +51,17 @@ from trove_schema.errors import TopologyError
 log = logging.getLogger(__name__)
 
 SEEDS_SUBJECT = "trove.seeds"
+FOLLOW_SUBJECT = "trove.follow"
+UNFOLLOW_SUBJECT = "trove.unfollow"
 EVENTS_PREFIX = "trove.events"
 SEED_REJECTED = "trove.events.seed.rejected"
 PAGE_DISCOVERED = "trove.events.page.discovered"
 CRAWL_REQUESTED = "trove.events.crawl.requested"
 CRAWL_COMPLETED = "trove.events.crawl.completed"
+INSTANCE_FOLLOWED = "trove.events.instance.followed"
+INSTANCE_UNFOLLOWED = "trove.events.instance.unfollowed"
+TIMELINE_REQUESTED = "trove.events.timeline.requested"
+TIMELINE_POLLED = "trove.events.timeline.polled"
 EVENT_SCHEDULES_PREFIX = "trove.schedules"
 FETCH_DEFERRED = "trove.work.fetch"
 WORK_SCHEDULES_PREFIX = "trove.work.schedules"
@@ -62,6 +74,7 @@ DEAD_STREAM = "TROVE_DEAD"
 
 DISCOVERY_SEEDS = "discovery-seeds"
 DISCOVERY_LINKS = "discovery-links"
+DISCOVERY_FOLLOWS = "discovery-follows"
 FETCHER = "fetcher"
 FETCHER_DEFERRED = "fetcher-deferred"
 RECORDER = "recorder"
@@ -69,6 +82,7 @@ RECORDER = "recorder"
 DOMAINS_BUCKET = "trove_domains"
 ROBOTS_BUCKET = "trove_robots"
 SEEN_BUCKET = "trove_seen"
+URL_RULES_BUCKET = "trove_url_rules"
 
 DAY = 86_400.0
 
@@ -137,7 +151,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
         # nothing. no_ack keeps JetStream from answering a `nats req`: discovery does.
         StreamConfig(
             name=SEEDS_STREAM,
-            subjects=[SEEDS_SUBJECT],
+            subjects=[SEEDS_SUBJECT, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT],
             storage=storage,
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
@@ -205,13 +219,15 @@ def declare(options: TopologyOptions | None = None) -> Topology:
 
     consumers = (
         (SEEDS_STREAM, pull(DISCOVERY_SEEDS, SEEDS_SUBJECT)),
-        (EVENTS_STREAM, pull(DISCOVERY_LINKS, CRAWL_COMPLETED)),
+        (SEEDS_STREAM, pull(DISCOVERY_FOLLOWS, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT)),
+        (EVENTS_STREAM, pull(DISCOVERY_LINKS, CRAWL_COMPLETED, TIMELINE_POLLED)),
         (
             EVENTS_STREAM,
             pull(
                 FETCHER,
                 PAGE_DISCOVERED,
                 CRAWL_REQUESTED,
+                TIMELINE_REQUESTED,
                 ack_wait=opts.fetcher_ack_wait,
                 max_ack_pending=opts.fetcher_max_ack_pending,
             ),
@@ -233,6 +249,9 @@ def declare(options: TopologyOptions | None = None) -> Topology:
                 PAGE_DISCOVERED,
                 CRAWL_REQUESTED,
                 CRAWL_COMPLETED,
+                INSTANCE_FOLLOWED,
+                INSTANCE_UNFOLLOWED,
+                TIMELINE_POLLED,
                 max_ack_pending=10_000,
             ),
         ),
@@ -257,6 +276,14 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             direct=True,
             history=1,
             ttl=opts.robots_ttl,
+            storage=storage,
+            replicas=opts.replicas,
+        ),
+        KeyValueConfig(
+            bucket=URL_RULES_BUCKET,
+            description="Per-host URL spellings learned to name the same page (aliases).",
+            direct=True,
+            history=1,
             storage=storage,
             replicas=opts.replicas,
         ),
@@ -286,6 +313,8 @@ OWNERS = {
     WORK_STREAM: "fetcher",
     DISCOVERY_SEEDS: "discovery",
     DISCOVERY_LINKS: "discovery",
+    DISCOVERY_FOLLOWS: "discovery",
+    URL_RULES_BUCKET: "discovery",
     SEEN_BUCKET: "discovery",
     FETCHER: "fetcher",
     FETCHER_DEFERRED: "fetcher",
@@ -413,3 +442,10 @@ def page_schedule_subject(url: str) -> str:
     whoever schedules it (a re-crawl, a retry), so no second re-crawl chain can start.
     """
     return f"{EVENT_SCHEDULES_PREFIX}.page.{hashlib.sha256(url.encode()).hexdigest()[:40]}"
+
+
+def timeline_schedule_subject(instance: str, timeline: str) -> str:
+    """The schedule subject of a followed timeline's next poll: one pending poll per
+    timeline (a newer schedule replaces it), so two polls of one timeline never overlap."""
+    digest = hashlib.sha256(f"{instance} {timeline}".encode()).hexdigest()[:40]
+    return f"{EVENT_SCHEDULES_PREFIX}.timeline.{digest}"
