@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -414,3 +415,67 @@ async def test_confirmed_acks_are_taken_by_the_server_once_each(bus: Bus, lane: 
 
     assert sorted(m.data for m in script.handled) == [f"work {n}".encode() for n in range(5)]
     assert script.deliveries == [1] * 5
+
+
+async def test_work_in_hand_starts_highest_priority_first(bus: Bus, lane: Lane) -> None:
+    # One slot, held busy by the first message while the rest are pulled into the hand:
+    # the priority-50 message, published last, is handled next; the rest keep their order.
+    release = asyncio.Event()
+    order: list[str] = []
+    deliveries: list[int] = []
+
+    async def handler(msg: Msg) -> None:
+        order.append(msg.data.decode())
+        deliveries.append(msg.metadata.num_delivered)
+        while len(order) == 1 and not release.is_set():
+            await msg.in_progress()  # the one in flight keeps itself, as a fetch would
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(release.wait(), timeout=0.1)
+
+    async def handled() -> list[str]:
+        return list(order)
+
+    await bus.js.publish(lane.subject, b"first")
+    consumer = Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=1,
+        prefetch=8,
+        hold_refresh=0.1,  # the lane's ack_wait is 0.5 s: held messages must stay ours
+        **FAST,
+    )
+    async with running(consumer):
+        await eventually(handled, until=lambda o: o == ["first"], timeout=10, what="first started")
+        for i in range(4):
+            await bus.js.publish(lane.subject, f"low {i}".encode())
+        await bus.js.publish(lane.subject, b"urgent", headers={"Trove-Priority": "50"})
+        await bus.js.publish(lane.subject, b"below", headers={"Trove-Priority": "-5"})
+        info = await eventually(
+            lambda: bus.js.consumer_info(lane.stream, lane.durable),
+            until=lambda i: i.num_pending == 0,
+            timeout=10,
+            what="all six pulled into the hand",
+        )
+        assert info.num_ack_pending == 7
+        # The duration under test: held past the lane's ack_wait (0.5 s), they stay ours.
+        await asyncio.sleep(0.6)
+        release.set()
+        await settled(bus, lane)
+    assert order == ["first", "urgent", "low 0", "low 1", "low 2", "low 3", "below"]
+    assert deliveries == [1] * 7
+
+
+async def test_an_event_with_a_priority_says_so_in_a_header() -> None:
+    def event(priority: int) -> PageDiscovered:
+        return PageDiscovered(
+            url="https://a.example/",
+            domain="a.example",
+            priority=priority,
+            scope=Scope(),
+            provenance=Provenance(kind="seed"),
+        )
+
+    assert event(7).headers()["Trove-Priority"] == "7"
+    assert "Trove-Priority" not in event(0).headers()

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -282,6 +285,13 @@ class Consumer:
     #: site a request (the fetcher): an ack lost while a cluster elects a consumer
     #: leader would bring the message back after ``ack_wait``. Costs a reply per ack.
     confirm_acks: float = 0.0
+    #: Messages held in hand beyond ``concurrency``, started highest ``Trove-Priority``
+    #: header first, then in arrival order: among the work a pod has pulled and could
+    #: start, priority decides. 0 starts every message as it arrives.
+    prefetch: int = 0
+    #: A held message still waiting after this many seconds is marked in progress, so
+    #: JetStream does not give it to another pod meanwhile (well below ``ack_wait``).
+    hold_refresh: float = 15.0
     failures: FailureCounts = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -292,21 +302,25 @@ class Consumer:
         if psub is None:
             return
         watcher = asyncio.create_task(self.watch_dead_letters(stop))
-        slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task[None]] = set()
+        held = _Held()
         try:
             while not stop.is_set():
-                free = max(1, min(self.fetch_batch, self.concurrency - (len(tasks))))
-                if len(tasks) >= self.concurrency:
+                while held and len(tasks) < self.concurrency:
+                    self._start(held.pop(), tasks)
+                room = self.concurrency + self.prefetch - len(tasks) - len(held)
+                if room <= 0:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    await held.refresh(self.hold_refresh)
                     continue
                 # A pull for N messages lingers until N arrive or it expires; with work in
                 # flight (and so maybe at max_ack_pending) keep pulls short, so freed
                 # capacity is refilled at once rather than at the end of a long pull.
                 wait = self.busy_wait if tasks else self.idle_wait
                 try:
-                    msgs = await psub.fetch(free, timeout=wait)
+                    msgs = await psub.fetch(max(1, min(self.fetch_batch, room)), timeout=wait)
                 except (TimeoutError, NatsTimeoutError):
+                    await held.refresh(self.hold_refresh)
                     continue
                 except Exception as exc:  # connection trouble: nats-py reconnects
                     log.warning("fetch from %s failed: %s", self.durable, exc)
@@ -314,17 +328,23 @@ class Consumer:
                         await asyncio.wait_for(stop.wait(), timeout=1.0)
                     continue
                 for msg in msgs:
-                    await slots.acquire()
-                    task = asyncio.create_task(self._handle(msg))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    task.add_done_callback(lambda _t: slots.release())
+                    if self.prefetch:
+                        held.push(msg)
+                    else:
+                        self._start(msg, tasks)
         finally:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            for msg in held.drain():  # pulled, never started: straight back to the stream
+                await _quiet(msg.nak())
             watcher.cancel()
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
+
+    def _start(self, msg: Msg, tasks: set[asyncio.Task[None]]) -> None:
+        task = asyncio.create_task(self._handle(msg))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def watch_dead_letters(self, stop: asyncio.Event) -> None:
         """Keep ``trove_dead_letters{consumer}`` current (parked, re-driven, dropped)."""
@@ -422,6 +442,52 @@ class Consumer:
         MESSAGES_HANDLED.labels(self.durable, "parked").inc()
         await _quiet(msg.term())
         await self.count_dead_letters()
+
+
+PRIORITY_HEADER = "Trove-Priority"
+
+
+def message_priority(msg: Msg) -> int:
+    """A message's ``Trove-Priority`` header (``Event.headers``), 0 when absent or unreadable."""
+    value = (msg.headers or {}).get(PRIORITY_HEADER)
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+class _Held:
+    """Pulled messages waiting for a free slot: a heap, highest priority first, then FIFO."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, float, Msg]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, msg: Msg) -> None:
+        heapq.heappush(
+            self._heap, (-message_priority(msg), next(self._order), time.monotonic(), msg)
+        )
+
+    def pop(self) -> Msg:
+        return heapq.heappop(self._heap)[3]
+
+    def drain(self) -> list[Msg]:
+        msgs = [entry[3] for entry in self._heap]
+        self._heap.clear()
+        return msgs
+
+    async def refresh(self, after: float) -> None:
+        now = time.monotonic()
+        for index, (priority, order, since, msg) in enumerate(self._heap):
+            if now - since >= after:
+                await _quiet(msg.in_progress())
+                # The timestamp is not part of the heap's order (the counter decides first).
+                self._heap[index] = (priority, order, now, msg)
 
 
 @dataclass(kw_only=True)

@@ -227,7 +227,13 @@ class Event(Frozen):
         return head + (b"}" if body == b"{}" else b"," + body[1:])
 
     def headers(self) -> dict[str, str]:
-        return {"Nats-Msg-Id": self.id, "Trove-Event-Type": self.TYPE}
+        headers = {"Nats-Msg-Id": self.id, "Trove-Event-Type": self.TYPE}
+        priority = getattr(self, "priority", 0)
+        if priority:
+            # Read by consumers that order the work in hand (``bus.Consumer.prefetch``)
+            # without decoding the event.
+            headers["Trove-Priority"] = str(priority)
+        return headers
 
 
 class SeedRejected(Event):
