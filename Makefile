@@ -21,7 +21,7 @@ install: $(STAMP)
 
 run: $(STAMP)
 ifeq ($(strip $(SEEDS)),)
-	$(BIN)/trove crawl --sandbox --fresh --until-idle
+	$(BIN)/trove crawl --sandbox --fediverse 40 --fresh --until-idle
 else
 	$(BIN)/trove crawl --until-idle $(SEEDS)
 endif

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import math
 import os
+import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,18 @@ async def publish_work(
     for start in range(0, len(events), window):
         await asyncio.gather(*(bus.publish(e) for e in events[start : start + window]))
     return [e.id for e in events]
+
+
+def frontier_urls(*, urls: int, hosts: int, base_ip: str, port: int) -> Iterator[str]:
+    """A large frontier: ``urls`` pages over ``hosts`` consecutive addresses, round robin.
+
+    The same URLs, in the same order, for every crawler that is handed them.
+    """
+    first = ipaddress.IPv4Address(base_ip)
+    if not (first.is_loopback and (first + max(0, hosts - 1)).is_loopback):
+        raise ValueError(f"frontier hosts must stay inside 127.0.0.0/8, from {base_ip}")
+    for k in range(urls):
+        yield f"http://{first + k % hosts}:{port}/p/{k // hosts}.html"
 
 
 async def subject_count(bus: Bus, stream: str, subject: str) -> int:
@@ -132,6 +146,19 @@ async def stored_times(
 # --- /proc --------------------------------------------------------------------------
 
 
+def raise_nofile(wanted: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards ``wanted`` (at most the hard limit).
+
+    A server of thousands of loopback hosts holds a listening socket for each.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of process ``pid`` (all its threads), None if it is gone."""
     try:
@@ -150,6 +177,21 @@ def memory_mib(pid: int, key: str = "VmHWM") -> float | None:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024 / MIB
+    except OSError:
+        return None
+    return None
+
+
+def pss_mib(pid: int) -> float | None:
+    """Proportional set size (MiB): shared pages split among the processes that map them.
+
+    Summing RSS over Postgres's processes counts its shared buffers once per backend.
+    """
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
                     return int(line.split()[1]) * 1024 / MIB
     except OSError:
         return None

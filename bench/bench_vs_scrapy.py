@@ -23,6 +23,22 @@ Regimes (``--regimes``):
   lower bound, the largest site's requests (robots.txt included) less one, times the gap.
 * ``known``: the politeness web with every URL handed over at the start (Trove:
   ``PageDiscovered`` events straight to the fetcher; Scrapy: start URLs), nothing followed.
+* ``smallweb``: the real small web (``bench/smallweb.py``): ``--smallweb-hosts`` sites
+  of skewed sizes, each answering after a delay drawn around its own median (a
+  log-normal across hosts, tens of milliseconds to seconds), a few that never answer
+  their articles (held past both crawlers' timeout), a share over TLS with a CA made
+  for the run, the default gap of 10 s (``--gap`` scales it). Discovered from the home
+  pages; Trove sizes its concurrency itself. The bound counts each request's answer
+  time and the gap after it (Trove's rule: a host is free one gap after the *end* of a
+  response), and the stalled requests' timeout.
+* ``frontier``: a large frontier, nothing crawled: ``--frontier-urls`` URLs over
+  ``--frontier-hosts`` loopback addresses (``bench/frontier_server.py``: robots.txt
+  allows all, a page is a few bytes), with a gap of an hour, so each host's robots.txt
+  is fetched and every page waits for its slot. Trove gets them as ``PageDiscovered``
+  events; Scrapy as requests yielded into its scheduler. Measured: each process's RSS
+  before, while and after queueing (sampled every second, then held
+  ``--frontier-hold`` s), the streams' and buckets' bytes, the database's size; per
+  queued URL.
 
 Each regime runs ``--runs`` rounds, alternating which crawler goes first, on fresh
 state (streams, buckets and tables emptied for Trove). Measured per run: pages/s from
@@ -33,7 +49,8 @@ host; CPU seconds of every process of the crawler over that window (``/proc``, a
 fetch to commit (Trove: ``projected_at - completed_at``; Scrapy: ``response_received``
 to ``item_scraped``).
 
-    .venv/bin/python bench/bench_vs_scrapy.py [--runs 2] [--regimes throughput,politeness,known]
+    .venv/bin/python bench/bench_vs_scrapy.py [--runs 2] \
+        [--regimes throughput,politeness,known,smallweb,frontier]
 
 Loopback only; every wait has a deadline and the benchmark stops by itself. It asserts
 nothing about timings: it prints numbers.
@@ -44,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import contextlib
 import itertools
 import json
 import logging
@@ -60,6 +78,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import certifi
+from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -67,18 +87,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
+    MIB,
     CpuGroups,
     children_of,
     cpu_seconds,
+    frontier_urls,
     machine_ticks,
     median,
     memory_mib,
     percentile,
     pids_with_cmdline,
     postmaster_pid,
+    pss_mib,
     publish_work,
     pull_waiting,
     reset,
+    stream_messages,
 )
 from bench._common import (
     extra_env as _extra_env,
@@ -96,11 +120,15 @@ from trove_schema.migrate import upgrade
 from trove_schema.topology import (
     DISCOVERY_LINKS,
     DISCOVERY_SEEDS,
+    DOMAINS_BUCKET,
     EVENTS_STREAM,
     FETCHER,
     RECORDER,
+    ROBOTS_BUCKET,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
+    SEEN_BUCKET,
+    WORK_STREAM,
 )
 from trove_stack.processes import Child
 from trove_stack.stack import Stack
@@ -108,11 +136,14 @@ from trove_stack.stack import Stack
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = ROOT / "bench" / "witness_server.py"
 SPIDER_SCRIPT = ROOT / "bench" / "scrapy_spider.py"
+SMALLWEB_SCRIPT = ROOT / "bench" / "smallweb.py"
 POLL = 0.2
 READY_TIMEOUT = 90.0
 #: Log lines every service writes when it is stopped: not worth reporting.
 CRAWLERS = ("trove", "scrapy")
-REGIMES = ("throughput", "politeness", "known")
+REGIMES = ("throughput", "politeness", "known", "smallweb", "frontier")
+#: The gap of each regime unless ``--gap`` is given.
+DEFAULT_GAPS = {"politeness": 1.0, "known": 1.0, "smallweb": 10.0}
 
 
 @dataclass(frozen=True)
@@ -124,6 +155,8 @@ class Regime:
     gap: float
     #: Every URL handed over at the start (nothing discovered).
     known: bool = False
+    #: The web served: ``sandbox`` (witness_server.py) or ``smallweb`` (smallweb.py).
+    web: str = "sandbox"
 
 
 @dataclass(kw_only=True)
@@ -245,10 +278,26 @@ class Server:
         lines = data.split(b"\n")
         return [json.loads(line) for line in lines[:-1] if line.strip()]
 
-    def lower_bound(self, gap: float) -> float:
-        """The largest host's requests (its pages and robots.txt) less one, times the gap."""
+    def lower_bound(self, gap: float, timeout: float = 0.0) -> float:
+        """The largest host's requests (its pages and robots.txt) less one, times the gap.
+
+        On the small web, the slowest host to get through: each request's answer time
+        (a stalled one: ``timeout``) and the gap after each but the last.
+        """
         per_host: dict[str, int] = self.manifest["per_host"]
-        return max(per_host.values(), default=0) * gap
+        latency: dict[str, float] | None = self.manifest.get("latency_per_host")
+        if latency is None:
+            return max(per_host.values(), default=0) * gap
+        stalled: dict[str, int] = self.manifest.get("stalled_per_host", {})
+        return max(
+            (
+                (per_host.get(h, 0) + stalled.get(h, 0)) * gap
+                + latency[h]
+                + stalled.get(h, 0) * timeout
+                for h in latency
+            ),
+            default=0.0,
+        )
 
     @property
     def largest_host(self) -> str:
@@ -263,24 +312,34 @@ class Server:
 async def start_server(regime: Regime, args: argparse.Namespace, folder: Path) -> Server:
     witness = folder / "witness.jsonl"
     manifest = folder / "manifest.json"
+    command = [
+        sys.executable,
+        str(SMALLWEB_SCRIPT if regime.web == "smallweb" else SERVER_SCRIPT),
+        f"--hosts={regime.hosts}",
+        f"--articles={regime.articles}",
+        f"--skew={regime.skew}",
+        f"--page-kb={args.page_kb}",
+        f"--links={args.links}",
+        f"--witness={witness}",
+        f"--manifest={manifest}",
+        f"--max-seconds={args.server_max_seconds}",
+    ]
+    if regime.web == "smallweb":
+        command += [
+            f"--tls-share={args.smallweb_tls_share}",
+            f"--stall-hosts={args.smallweb_stall_hosts}",
+            f"--latency-median={args.smallweb_latency_median}",
+            # Held past both crawlers' timeout.
+            f"--stall-seconds={3 * args.smallweb_timeout}",
+        ]
     child = Child(
         f"witness-{regime.name}",
-        [
-            sys.executable,
-            str(SERVER_SCRIPT),
-            f"--hosts={regime.hosts}",
-            f"--articles={regime.articles}",
-            f"--skew={regime.skew}",
-            f"--page-kb={args.page_kb}",
-            f"--links={args.links}",
-            f"--witness={witness}",
-            f"--manifest={manifest}",
-            f"--max-seconds={args.server_max_seconds}",
-        ],
+        command,
         log_path=folder / "server.log",  # Child creates the folder
         cwd=ROOT,
     )
-    deadline = time.monotonic() + 120
+    # Rendering 1,000 hosts' pages takes a while on a busy machine.
+    deadline = time.monotonic() + 300
     while not manifest.exists():
         if not child.alive():
             raise StackError(f"witness server exited: {child.tail()}")
@@ -351,8 +410,46 @@ def _trove_env(ctx: Context, server: Server, regime: Regime) -> dict[str, str]:
         "TROVE_LOG_LEVEL": "WARNING",
         "TROVE_MAX_DEPTH": str(max_depth(server)),
     }
+    if regime.web == "smallweb":
+        env["TROVE_READ_TIMEOUT"] = str(ctx.args.smallweb_timeout)
+        if m.get("ca_file"):
+            env["PYTHONPATH"] = str(_certifi_with_ca(Path(m["ca_file"])))
     env.update(_extra_env(ctx.args.env))
     return env
+
+
+def _certifi_with_ca(ca_file: Path) -> Path:
+    """A folder holding a ``certifi`` whose bundle is certifi's own plus ``ca_file``.
+
+    The fetcher has no setting for an extra CA: it builds its SSL context from certifi
+    with ``trust_env=False``, so ``SSL_CERT_FILE`` is not read. Put first on the
+    fetcher's ``PYTHONPATH``, this package is the certifi it imports; the fetcher's
+    code is unchanged and verifies every certificate as it would on the web.
+    """
+    folder = ca_file.parent / "certifi-shim"
+    package = folder / "certifi"
+    package.mkdir(parents=True, exist_ok=True)
+    bundle = package / "cacert.pem"
+    bundle.write_text(Path(certifi.where()).read_text() + "\n" + ca_file.read_text())
+    (package / "__init__.py").write_text(
+        '"""certifi, with the benchmark CA appended to its bundle."""\n\n'
+        "from pathlib import Path\n\n"
+        "__version__ = 'bench'\n\n\n"
+        "def where() -> str:\n"
+        "    return str(Path(__file__).with_name('cacert.pem'))\n\n\n"
+        "def contents() -> str:\n"
+        "    return Path(where()).read_text()\n"
+    )
+    return folder
+
+
+def _bound(ctx: Context, server: Server, regime: Regime) -> float:
+    return server.lower_bound(regime.gap, ctx.args.smallweb_timeout)
+
+
+def _timeout(ctx: Context, server: Server, regime: Regime) -> float:
+    """Seconds a run may take: ``--timeout``, or twice the politeness bound and a minute."""
+    return max(float(ctx.args.timeout), 2 * _bound(ctx, server, regime) + 60)
 
 
 def max_depth(server: Server) -> int:
@@ -421,7 +518,7 @@ async def trove_run(ctx: Context, server: Server, regime: Regime, round_: int) -
         round=round_,
         expected=len(server.expected),
         gap=regime.gap,
-        lower_bound=server.lower_bound(regime.gap),
+        lower_bound=_bound(ctx, server, regime),
     )
     await reset(ctx.bus, ctx.engine)
     local = LocalTrove(
@@ -462,7 +559,7 @@ async def _trove_crawl(
             await ctx.bus.nc.publish(SEEDS_SUBJECT, str(seed).encode())
         await ctx.bus.nc.flush()
 
-    deadline = time.monotonic() + ctx.args.timeout
+    deadline = time.monotonic() + _timeout(ctx, server, regime)
     complete = False
     while time.monotonic() < deadline:
         dead = [c.name for c in local.children if not c.alive()]
@@ -511,7 +608,7 @@ async def _trove_crawl(
     if complete and ends:
         run.seconds = max(ends) - t0
     elif not run.note:
-        run.note = f"unfinished after {ctx.args.timeout:.0f} s"
+        run.note = f"unfinished after {_timeout(ctx, server, regime):.0f} s"
     records = server.records(mark)
     witness_analysis(run, records, server)
     for k, (url, what) in enumerate(run.failures):
@@ -531,7 +628,7 @@ async def scrapy_run(ctx: Context, server: Server, regime: Regime, round_: int) 
         round=round_,
         expected=len(server.expected),
         gap=regime.gap,
-        lower_bound=server.lower_bound(regime.gap),
+        lower_bound=_bound(ctx, server, regime),
     )
     folder = ctx.state / f"scrapy-{regime.name}-{round_}"
     config = {
@@ -542,7 +639,8 @@ async def scrapy_run(ctx: Context, server: Server, regime: Regime, round_: int) 
         "max_depth": max_depth(server),
         "items": str(folder / "items.jsonl"),
         "stats": str(folder / "stats.json"),
-        "timeout": ctx.args.timeout,
+        "timeout": _timeout(ctx, server, regime),
+        "download_timeout": ctx.args.smallweb_timeout if regime.web == "smallweb" else 30.0,
     }
     _write_json(folder / "config.json", config)
     mark = server.mark()
@@ -555,10 +653,11 @@ async def scrapy_run(ctx: Context, server: Server, regime: Regime, round_: int) 
         cwd=ROOT,
     )
     try:
-        deadline = time.monotonic() + ctx.args.timeout + 30
+        limit = _timeout(ctx, server, regime) + 30
+        deadline = time.monotonic() + limit
         while child.alive():
             if time.monotonic() > deadline:
-                run.note = f"killed after {ctx.args.timeout + 30:.0f} s"
+                run.note = f"killed after {limit:.0f} s"
                 break
             await asyncio.sleep(0.05)
     finally:
@@ -652,6 +751,327 @@ def _window_cores(run: Run, start: Snapshot, end: Snapshot, crawler_cpu: float) 
     run.other_cores = machine - run.server_cores - bench - crawler_cpu / window
 
 
+# --- the large frontier -----------------------------------------------------------------
+
+#: The frontier's hosts: consecutive loopback addresses, served by frontier_server.py
+#: (robots.txt allows all, a page is a few bytes), so every page waits for its slot.
+FRONTIER_BASE_IP = "127.64.0.0"
+FRONTIER_SCRIPT = ROOT / "bench" / "frontier_server.py"
+#: Streams and buckets whose bytes grow with the frontier (buckets are KV_<name>).
+FRONTIER_STORES = (
+    EVENTS_STREAM,
+    WORK_STREAM,
+    f"KV_{DOMAINS_BUCKET}",
+    f"KV_{ROBOTS_BUCKET}",
+    f"KV_{SEEN_BUCKET}",
+)
+
+
+@dataclass(kw_only=True)
+class FrontierRun:
+    crawler: str
+    urls: int
+    hosts: int
+    #: From the first URL handed over to the last one waiting.
+    queue_seconds: float = math.nan
+    #: RSS (MiB) of each process group: before the frontier, once queued, after the hold.
+    before: dict[str, float] = field(default_factory=dict)
+    queued: dict[str, float] = field(default_factory=dict)
+    end: dict[str, float] = field(default_factory=dict)
+    #: Peak RSS (VmHWM, MiB) over the process's life.
+    peak: dict[str, float] = field(default_factory=dict)
+    #: Bytes each store (stream, bucket, database, nats-server's folder) grew by.
+    storage: dict[str, float] = field(default_factory=dict)
+    #: URLs still waiting at the end (Trove: TROVE_WORK messages; Scrapy: its scheduler).
+    waiting: int = 0
+    #: (seconds from the start, {group: RSS MiB}) every second or so.
+    series: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    #: Messages on each subject of the record and the work stream at the end (Trove).
+    subjects: dict[str, int] = field(default_factory=dict)
+    warnings: Counter[str] = field(default_factory=Counter)
+    note: str = ""
+
+    def per_url(self, group: str) -> float:
+        """Bytes of RSS a queued URL costs ``group``: end (after the hold) less before."""
+        if group not in self.end or group not in self.before or not self.urls:
+            return math.nan
+        return (self.end[group] - self.before[group]) * MIB / self.urls
+
+    @property
+    def total_per_url(self) -> float:
+        return sum(self.per_url(g) for g in self.end)
+
+
+def _rss_groups(pids: dict[str, list[int]], key: str = "VmRSS") -> dict[str, float]:
+    """Summed RSS (MiB) of each group.
+
+    Postgres is its postmaster and backends, summed by PSS (their shared buffers would
+    count once per backend in RSS); its peak (``VmHWM``) is the postmaster's alone.
+    """
+    found: dict[str, float] = {}
+    for name, members in pids.items():
+        if name == "postgres" and key == "VmRSS":
+            members = members + [c for p in members for c in children_of(p)]
+            readings = [pss_mib(pid) for pid in members]
+        else:
+            readings = [memory_mib(pid, key) for pid in members]
+        found[name] = sum(m for m in readings if m is not None)
+    return found
+
+
+async def _store_bytes(ctx: Context) -> dict[str, float]:
+    sizes: dict[str, float] = {}
+    for name in FRONTIER_STORES:
+        try:
+            info = await ctx.bus.js.stream_info(name)
+        except NotFoundError:
+            continue
+        sizes[name] = float(info.state.bytes)
+    async with ctx.engine.connect() as conn:
+        size = await conn.execute(text("SELECT pg_database_size(current_database())"))
+        sizes["postgres database"] = float(size.scalar_one())
+    sizes["nats-server folder"] = float(_folder_bytes(ctx.state / "stack" / "nats"))
+    return sizes
+
+
+def _folder_bytes(folder: Path) -> int:
+    total = 0
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(parent, name)).st_size
+    return total
+
+
+async def _sample_rss(
+    pids: dict[str, list[int]], series: list[tuple[float, dict[str, float]]], t0: float
+) -> None:
+    while True:
+        series.append((time.monotonic() - t0, _rss_groups(pids)))
+        await asyncio.sleep(1.0)
+
+
+async def _consumed(ctx: Context) -> bool:
+    """Every handed-over event taken and acknowledged by the fetcher and the recorder."""
+    for durable in (FETCHER, RECORDER):
+        info = await ctx.bus.js.consumer_info(EVENTS_STREAM, durable)
+        if info.num_pending or info.num_ack_pending:
+            return False
+    return True
+
+
+async def trove_frontier(ctx: Context, regime: Regime, port: int) -> FrontierRun:
+    args = ctx.args
+    run = FrontierRun(crawler="trove", urls=args.frontier_urls, hosts=regime.hosts)
+    await reset(ctx.bus, ctx.engine)
+    env = {
+        "TROVE_ALLOWED_NETWORKS": f"{FRONTIER_BASE_IP}/10",
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(regime.gap),
+        "TROVE_MAX_DOMAIN_DELAY_SECONDS": str(regime.gap),
+        "TROVE_LOG_LEVEL": "WARNING",
+    }
+    env.update(_extra_env(args.env))
+    local = LocalTrove(
+        state_dir=ctx.state / "trove-frontier",
+        nats_url=ctx.stack.nats_url,
+        database_url=ctx.stack.database_url,
+        services=("recorder", "discovery", "fetcher"),
+        replicas={"fetcher": args.fetchers},
+        service_env=env,
+    )
+    sampler: asyncio.Task[None] | None = None
+    try:
+        await asyncio.to_thread(local.start)
+        await _wait_ready(ctx, local)
+        _, pids = _trove_groups(ctx, local)
+        run.before = _rss_groups(pids)
+        stored = await _store_bytes(ctx)
+        t0 = time.monotonic()
+        sampler = asyncio.create_task(_sample_rss(pids, run.series, t0))
+        urls = frontier_urls(urls=run.urls, hosts=run.hosts, base_ip=FRONTIER_BASE_IP, port=port)
+        while chunk := list(itertools.islice(urls, 5000)):
+            await publish_work(ctx.bus, chunk, origin="bench-frontier")
+        deadline = t0 + args.frontier_timeout
+        while not await _consumed(ctx):
+            local.check_alive()
+            if time.monotonic() > deadline:
+                run.note = f"not all queued after {args.frontier_timeout:.0f} s"
+                break
+            await asyncio.sleep(POLL)
+        else:
+            run.queue_seconds = time.monotonic() - t0
+        run.queued = _rss_groups(pids)
+        await asyncio.sleep(args.frontier_hold)
+        run.end = _rss_groups(pids)
+        run.peak = _rss_groups(pids, "VmHWM")
+        after = await _store_bytes(ctx)
+        run.storage = {k: v - stored.get(k, 0.0) for k, v in after.items()}
+        run.waiting = await stream_messages(ctx.bus, WORK_STREAM)
+        for stream in (EVENTS_STREAM, WORK_STREAM):
+            info = await ctx.bus.js.stream_info(stream, subjects_filter=">")
+            for subject, count in (info.state.subjects or {}).items():
+                # trove.events.<kind>.<what>, trove.schedules.page.<hash>: by kind
+                kind = ".".join(subject.split(".")[: 3 if ".schedules." in subject else 4])
+                run.subjects[kind] = run.subjects.get(kind, 0) + int(count)
+    except Exception as exc:  # a broken run is reported, and the next one goes on
+        what = str(exc) if isinstance(exc, StackError) else f"{type(exc).__name__}: {exc}"
+        run.note = f"{run.note}; {what}" if run.note else what
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+        await asyncio.to_thread(local.stop)
+        run.warnings = _log_warnings(local.state_dir / "logs")
+    return run
+
+
+async def scrapy_frontier(ctx: Context, regime: Regime, port: int) -> FrontierRun:
+    args = ctx.args
+    run = FrontierRun(crawler="scrapy", urls=args.frontier_urls, hosts=regime.hosts)
+    folder = ctx.state / "scrapy-frontier"
+    config = {
+        "mode": "frontier",
+        "frontier": {
+            "urls": run.urls,
+            "hosts": run.hosts,
+            "base_ip": FRONTIER_BASE_IP,
+            "port": port,
+        },
+        "hold": args.frontier_hold,
+        "gap": regime.gap,
+        "concurrency": args.scrapy_concurrency,
+        "max_depth": 5,
+        "items": str(folder / "items.jsonl"),
+        "stats": str(folder / "stats.json"),
+        "timeout": args.frontier_timeout + args.frontier_hold,
+    }
+    _write_json(folder / "config.json", config)
+    child = Child(
+        "scrapy",
+        [sys.executable, str(SPIDER_SCRIPT), str(folder / "config.json")],
+        log_path=folder / "scrapy.log",
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + args.frontier_timeout + args.frontier_hold + 60
+        while child.alive():
+            if time.monotonic() > deadline:
+                run.note = "killed: the frontier was not held in time"
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await asyncio.to_thread(child.stop)
+    try:
+        stats = json.loads((folder / "stats.json").read_text())
+    except (OSError, ValueError):
+        run.note = f"{run.note}; no stats: {child.tail(5)}".strip("; ")
+        return run
+    opened = float(stats["opened_at"])
+    run.before = {"scrapy": float(stats["rss_opened"])}
+    run.queued = {"scrapy": float(stats["rss_queued"])}
+    samples = stats["samples"]
+    run.end = {"scrapy": float(samples[-1][1])} if samples else {}
+    run.peak = {"scrapy": float(stats["maxrss_kib"]) / 1024}
+    run.series = [(float(t), {"scrapy": float(rss)}) for t, rss, _ in samples]
+    run.waiting = int(samples[-1][2]) if samples else 0
+    if stats["queued_at"]:
+        run.queue_seconds = float(stats["queued_at"]) - opened
+    if stats["reason"] != "frontier held":
+        run.note = f"closed: {stats['reason']}"
+    return run
+
+
+def print_frontier(regime: Regime, runs: Sequence[FrontierRun], hold: float) -> None:
+    print(
+        f"\nfrontier: {regime.articles} URLs over {regime.hosts} hosts, gap {regime.gap:g} s "
+        f"(each host's robots.txt is fetched; every page waits), held {hold:g} s"
+    )
+    print(
+        f"{'':<8} {'process':<10} {'RSS MiB before':>14} {'queued':>8} {'held':>8} "
+        f"{'peak':>8} {'B / URL':>8}"
+    )
+    for run in runs:
+        for group in run.end:
+            print(
+                f"{run.crawler:<8} {group:<10} {_fmt(run.before.get(group, math.nan), '.0f'):>14}"
+                f" {_fmt(run.queued.get(group, math.nan), '.0f'):>8} "
+                f"{_fmt(run.end[group], '.0f'):>8} {_fmt(run.peak.get(group, math.nan), '.0f'):>8}"
+                f" {_fmt(run.per_url(group), '.0f'):>8}"
+            )
+        print(
+            f"{run.crawler:<8} {'all':<10} RSS {_fmt(run.total_per_url, '.0f')} bytes a queued "
+            f"URL; {run.waiting} waiting at the end; queued in {_fmt(run.queue_seconds, '.1f')} s"
+        )
+        if run.storage:
+            stores = ", ".join(
+                f"{k} {v / MIB:.1f} MiB ({v / run.urls:.0f} B/URL)" for k, v in run.storage.items()
+            )
+            print(f"{'':<8} on disk: {stores}")
+        if run.series:
+            step = max(1, len(run.series) // 12)
+            picked = run.series[::step] + ([run.series[-1]] if len(run.series) % step else [])
+            for group in run.end:
+                points = " ".join(f"{rss.get(group, math.nan):.0f}" for _, rss in picked)
+                print(f"{'':<8} {group} RSS MiB every ~{step} s: {points}")
+        if run.subjects:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(run.subjects.items()))
+            print(f"{'':<8} messages at the end: {counts}")
+        if run.warnings:
+            top = "; ".join(f"{n}x {m}" for m, n in run.warnings.most_common(3))
+            print(f"    {run.warnings.total()} warnings in the logs, e.g. {top}")
+        if run.note:
+            print(f"    note: {run.note}")
+    by = {r.crawler: r for r in runs}
+    if "trove" in by and "scrapy" in by and by["scrapy"].total_per_url > 0:
+        print(
+            "Trove / Scrapy, RSS a queued URL (every process): "
+            f"x{by['trove'].total_per_url / by['scrapy'].total_per_url:.2f}",
+            flush=True,
+        )
+
+
+async def _frontier(ctx: Context, regime: Regime) -> None:
+    folder = ctx.state / "web-frontier"
+    ready = folder / "ready.json"
+    server = Child(
+        "frontier-server",
+        [
+            sys.executable,
+            str(FRONTIER_SCRIPT),
+            f"--hosts={regime.hosts}",
+            f"--base-ip={FRONTIER_BASE_IP}",
+            f"--ready={ready}",
+            f"--max-seconds={ctx.args.server_max_seconds}",
+        ],
+        log_path=folder / "server.log",
+        cwd=ROOT,
+    )
+    atexit.register(server.stop)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            if not server.alive() or time.monotonic() > deadline:
+                raise StackError(f"frontier server not serving: {server.tail()}")
+            await asyncio.sleep(0.1)
+        port = int(json.loads(ready.read_text())["port"])
+        print(
+            f"\nfrontier: {regime.articles} URLs over {regime.hosts} hosts on "
+            f"{FRONTIER_BASE_IP} upwards (pid {server.pid}, port {port}), gap {regime.gap:g} s",
+            flush=True,
+        )
+        runs = []
+        for crawler in ctx.args.crawlers:
+            if crawler == "trove":
+                runs.append(await trove_frontier(ctx, regime, port))
+            else:
+                runs.append(await scrapy_frontier(ctx, regime, port))
+        print_frontier(regime, runs, ctx.args.frontier_hold)
+    finally:
+        await asyncio.to_thread(server.stop)
+        atexit.unregister(server.stop)
+
+
 # --- reporting --------------------------------------------------------------------------
 
 
@@ -725,6 +1145,15 @@ def print_summary(regime: Regime, server: Server, runs: Sequence[Run]) -> None:
         + ("every URL given up front" if regime.known else "discovered from the home pages")
         + f"; medians of {len({r.round for r in runs})} run(s)"
     )
+    medians = m.get("host_medians")
+    if medians:
+        q = [percentile(medians, p) for p in (5, 50, 95)]
+        print(
+            f"Hosts' median answer times: p5 {1000 * q[0]:.0f} ms, p50 {1000 * q[1]:.0f} ms, "
+            f"p95 {1000 * q[2]:.0f} ms, max {1000 * max(medians):.0f} ms; "
+            f"{len(m['tls_hosts'])} hosts over TLS; {len(m['stalled'])} pages on "
+            f"{len(m['stalled_per_host'])} hosts never answer (not expected)"
+        )
     header = (
         f"{'':<8} {'done':>9} {'pages/s':>8} {'makespan':>9} {'efficiency':>11} "
         f"{'min gap':>8} {'gaps <':>7} {'CPU s/1k':>9} {'fetch->commit':>14}"
@@ -749,9 +1178,18 @@ def print_summary(regime: Regime, server: Server, runs: Sequence[Run]) -> None:
             f"{below:>7} {_fmt(_med(rs, 'cpu_per_1k'), '.1f'):>9} {lat:>14}"
         )
         print(f"{'':<8} peak RSS MiB: {_peak(rs)}")
-    if regime.gap > 0:
+    bound = max((r.lower_bound for r in runs), default=0.0)
+    if regime.web == "smallweb":
         print(
-            f"Lower bound of the makespan: {server.lower_bound(regime.gap):.1f} s (the largest "
+            f"Lower bound of the makespan: {bound:.1f} s (the slowest host to get through:"
+            " each request's answer time, a stalled one's timeout, and the gap after each but"
+            " the last, as Trove counts it; Scrapy's delay runs from the start of a request,"
+            " so it can beat the bound); efficiency = lower bound / makespan (e2e: start to"
+            " last page; req: first to last request the site saw)."
+        )
+    elif regime.gap > 0:
+        print(
+            f"Lower bound of the makespan: {bound:.1f} s (the largest "
             f"host's {sizes[0]} pages and its robots.txt, less one, times {regime.gap:g} s); "
             "efficiency = lower bound / makespan (e2e: start to last page; req: first to last"
             " request the site saw)."
@@ -783,15 +1221,45 @@ def print_summary(regime: Regime, server: Server, runs: Sequence[Run]) -> None:
 
 
 def regimes(args: argparse.Namespace) -> list[Regime]:
+    def gap(name: str) -> float:
+        return float(args.gap) if args.gap is not None else DEFAULT_GAPS[name]
+
     table = {
         "throughput": Regime(
             "throughput", args.throughput_hosts, args.throughput_articles, 0.0, 0.0
         ),
         "politeness": Regime(
-            "politeness", args.politeness_hosts, args.politeness_articles, args.skew, args.gap
+            "politeness",
+            args.politeness_hosts,
+            args.politeness_articles,
+            args.skew,
+            gap("politeness"),
         ),
         "known": Regime(
-            "known", args.politeness_hosts, args.politeness_articles, args.skew, args.gap, True
+            "known",
+            args.politeness_hosts,
+            args.politeness_articles,
+            args.skew,
+            gap("known"),
+            True,
+        ),
+        "smallweb": Regime(
+            "smallweb",
+            args.smallweb_hosts,
+            args.smallweb_articles,
+            args.smallweb_skew,
+            gap("smallweb"),
+            web="smallweb",
+        ),
+        # ``articles`` is the number of URLs: none is crawled beyond each host's first.
+        "frontier": Regime(
+            "frontier",
+            args.frontier_hosts,
+            args.frontier_urls,
+            0.0,
+            args.frontier_gap,
+            True,
+            web="frontier",
         ),
     }
     return [table[name] for name in args.regimes]
@@ -821,7 +1289,10 @@ async def bench(args: argparse.Namespace) -> int:
             )
             try:
                 for regime in regimes(args):
-                    await _regime(ctx, regime)
+                    if regime.web == "frontier":
+                        await _frontier(ctx, regime)
+                    else:
+                        await _regime(ctx, regime)
             finally:
                 await engine.dispose()
                 await bus.close()
@@ -898,7 +1369,63 @@ def build_parser() -> argparse.ArgumentParser:
         "--politeness-articles", type=int, default=20, help="articles of the largest host"
     )
     parser.add_argument("--skew", type=float, default=1.0, help="host i: articles / (i+1)**skew")
-    parser.add_argument("--gap", type=float, default=1.0, help="politeness gap (s)")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=None,
+        help="gap (s) of the politeness, known and smallweb regimes (default 1, 1, 10)",
+    )
+    parser.add_argument(
+        "--smallweb-hosts", type=int, default=1000, help="small web: hosts, one address each"
+    )
+    parser.add_argument(
+        "--smallweb-articles", type=int, default=20, help="small web: articles of the largest"
+    )
+    parser.add_argument(
+        "--smallweb-skew", type=float, default=1.0, help="small web: host i: articles/(i+1)**skew"
+    )
+    parser.add_argument(
+        "--smallweb-tls-share", type=float, default=0.2, help="small web: share of hosts on TLS"
+    )
+    parser.add_argument(
+        "--smallweb-stall-hosts",
+        type=int,
+        default=10,
+        help="small web: smallest hosts whose articles never answer",
+    )
+    parser.add_argument(
+        "--smallweb-latency-median",
+        type=float,
+        default=0.15,
+        help="small web: median of the hosts' median answer times (s)",
+    )
+    parser.add_argument(
+        "--smallweb-timeout",
+        type=float,
+        default=10.0,
+        help="small web: read timeout of both crawlers (s): TROVE_READ_TIMEOUT, DOWNLOAD_TIMEOUT",
+    )
+    parser.add_argument(
+        "--frontier-urls", type=int, default=1_000_000, help="frontier: URLs handed over"
+    )
+    parser.add_argument(
+        "--frontier-hosts", type=int, default=10_000, help="frontier: hosts they are spread over"
+    )
+    parser.add_argument(
+        "--frontier-gap", type=float, default=3600.0, help="frontier: gap (s), so URLs wait"
+    )
+    parser.add_argument(
+        "--frontier-hold",
+        type=float,
+        default=30.0,
+        help="frontier: seconds the queued frontier is held and sampled",
+    )
+    parser.add_argument(
+        "--frontier-timeout",
+        type=float,
+        default=3600.0,
+        help="frontier: seconds the crawler may take to queue every URL",
+    )
     parser.add_argument("--page-kb", type=int, default=30, help="page size (KiB)")
     parser.add_argument("--links", type=int, default=100, help="links a page")
     parser.add_argument("--fetchers", type=int, default=1, help="Trove fetcher processes")
@@ -922,6 +1449,12 @@ def main(argv: list[str] | None = None) -> int:
     for hosts in (args.throughput_hosts, args.politeness_hosts):
         if not 1 <= hosts <= 1000:
             raise SystemExit("hosts must be 1..1000 (one loopback IP each, from 127.0.0.10)")
+    if not 1 <= args.smallweb_hosts <= 60_000:
+        raise SystemExit("--smallweb-hosts must be 1..60000 (one loopback IP each)")
+    if not 1 <= args.frontier_hosts <= 1 << 22 or args.frontier_urls < args.frontier_hosts:
+        raise SystemExit("--frontier-hosts 1..4194304, --frontier-urls at least as many")
+    if args.gap is not None and args.gap < 0:
+        raise SystemExit("--gap must not be negative")
     _extra_env(args.env)  # refuse a bad --env before starting anything
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trove_schema.bus").setLevel(logging.ERROR)  # "disconnected" at close

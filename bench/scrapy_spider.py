@@ -23,6 +23,13 @@ the results go. What the spider does, set to match Trove's work and politeness:
 * one item per page goes to a JSON-lines feed (``FEEDS``), links included. There is no
   database: Trove commits every page to Postgres, Scrapy appends to a buffered file.
 
+In ``mode: frontier`` it crawls next to nothing: one ``data:`` page yields the
+frontier's requests (``frontier_urls``, the same URLs the benchmark hands Trove, on
+the loopback hosts of ``frontier_server.py``), which wait in Scrapy's scheduler (its
+default memory queues) behind the gap once each host's robots.txt is fetched. The
+spider samples its RSS and the scheduler's length every second, holds the frontier
+``hold`` seconds after the last request was queued, writes its stats and exits.
+
 At the end it writes a stats file: when the spider opened and closed, CPU seconds and
 peak RSS of this process (``getrusage``) at both moments, and for each item the time
 from the response's arrival (``response_received``) to ``item_scraped``.
@@ -30,14 +37,20 @@ from the response's arrival (``response_received``) to ``item_scraped``.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
+import os
 import resource
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any, Self, cast
 from urllib.parse import urldefrag, urljoin, urlsplit
+
+# The repository root, for the frontier shared with the benchmark (bench/_common.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scrapy
 from lxml import etree
@@ -48,7 +61,9 @@ from scrapy.resolver import CachingThreadedResolver
 from twisted.internet import defer
 from twisted.internet.base import ReactorBase
 from twisted.internet.error import DNSLookupError
+from twisted.internet.task import LoopingCall
 
+from bench._common import frontier_urls
 from trove_fetcher.keywords import keywords
 from trove_fetcher.language import detect_language
 
@@ -85,6 +100,8 @@ class SandboxResolver(CachingThreadedResolver):
 
     def getHostByName(self, name: str, timeout: Sequence[int] = ()) -> defer.Deferred[str]:
         ip = self.mapping.get(name.lower().rstrip("."))
+        if ip is None and _is_loopback(name):
+            ip = name
         if ip is None:
             return defer.fail(DNSLookupError(f"{name} is not a sandbox host"))
         return defer.succeed(ip)
@@ -170,6 +187,104 @@ class SandboxSpider(Spider):
         for url, nofollow in links:
             if not nofollow and urlsplit(url).hostname == host:
                 yield Request(url, callback=self.parse)
+
+
+def _is_loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+class FrontierSpider(Spider):
+    """Queues the frontier in the scheduler, holds it, measures its memory, closes."""
+
+    name = "frontier"
+
+    def __init__(
+        self, *, frontier: dict[str, Any], hold: float, stats_path: str, **kw: Any
+    ) -> None:
+        super().__init__(**kw)
+        self.frontier = frontier
+        self.hold = hold
+        self.stats_path = stats_path
+        self.opened_at = 0.0
+        self.cpu_opened = 0.0
+        self.rss_opened = math.nan
+        self.queued_at = 0.0
+        self.rss_queued = math.nan
+        self.samples: list[tuple[float, float, int]] = []
+        self.failures = 0
+        self.loop: LoopingCall | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider.on_opened, signal=signals.spider_opened)
+        crawler.signals.connect(spider.on_closed, signal=signals.spider_closed)
+        return spider
+
+    def on_opened(self, spider: Spider) -> None:
+        self.opened_at = time.time()
+        self.cpu_opened = _cpu()
+        self.rss_opened = _rss_mib()
+        self.loop = LoopingCall(self.sample)
+        self.loop.start(1.0)
+
+    def queued(self) -> int:
+        scheduler = self.crawler.engine.scheduler if self.crawler.engine else None
+        return len(scheduler) if isinstance(scheduler, Sized) else -1
+
+    def sample(self) -> None:
+        now = time.time()
+        self.samples.append((now - self.opened_at, _rss_mib(), self.queued()))
+        if self.queued_at and now - self.queued_at >= self.hold:
+            # Not a graceful close: Scrapy's would wait for the requests its downloader
+            # holds, each behind a gap of an hour.
+            self.write_stats("frontier held")
+            os._exit(0)
+
+    async def start(self) -> AsyncIterator[Any]:
+        yield Request("data:,frontier", callback=self.parse, dont_filter=True)
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        for url in frontier_urls(**self.frontier):
+            yield Request(url, callback=self.parse_page, errback=self.failed)
+        self.queued_at = time.time()
+        self.rss_queued = _rss_mib()
+
+    def parse_page(self, response: Response) -> Iterator[Any]:
+        return iter(())
+
+    def failed(self, failure: Any) -> None:
+        self.failures += 1
+
+    def on_closed(self, spider: Spider, reason: str) -> None:
+        self.write_stats(reason)
+
+    def write_stats(self, reason: str) -> None:
+        data = {
+            "reason": reason,
+            "opened_at": self.opened_at,
+            "closed_at": time.time(),
+            "queued_at": self.queued_at,
+            "cpu_opened": self.cpu_opened,
+            "cpu_closed": _cpu(),
+            "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "rss_opened": self.rss_opened,
+            "rss_queued": self.rss_queued,
+            "samples": self.samples,
+            "failures": self.failures,
+        }
+        Path(self.stats_path).write_text(json.dumps(data))
 
 
 def _cpu() -> float:
@@ -274,7 +389,7 @@ def settings(config: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str
         "COOKIES_ENABLED": False,
         "HTTPPROXY_ENABLED": False,
         "TELNETCONSOLE_ENABLED": False,
-        "DOWNLOAD_TIMEOUT": 30,
+        "DOWNLOAD_TIMEOUT": float(config.get("download_timeout", 30)),
         "DOWNLOAD_MAXSIZE": 2 * 1024 * 1024,
         "DEPTH_LIMIT": int(config["max_depth"]),
         "CLOSESPIDER_TIMEOUT": float(config["timeout"]),
@@ -298,6 +413,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scrapy_spider.py needs Scrapy >= 2.19, not {scrapy.__version__}", file=sys.stderr)
         return 2
     config = json.loads(Path(args[0]).read_text())
+    if config["mode"] == "frontier":
+        process = CrawlerProcess(settings(config, {"resolve": {}}))
+        process.crawl(
+            FrontierSpider,
+            frontier=dict(config["frontier"]),
+            hold=float(config["hold"]),
+            stats_path=str(config["stats"]),
+        )
+        process.start()
+        return 0 if Path(config["stats"]).exists() else 1
     manifest = json.loads(Path(config["manifest"]).read_text())
     known = config["mode"] == "known"
     process = CrawlerProcess(settings(config, manifest))

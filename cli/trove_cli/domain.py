@@ -1,10 +1,12 @@
 """``trove domain HOST``: every request Trove made to a host, why it went as it went.
 
 Read from the audit (``fetcher_attempts`` and ``attempt_heuristics``, kept for
-``TROVE_AUDIT_RETENTION_SECONDS``) and, when the broker is reachable, the host's
-politeness record (KV ``trove_domains``, the fetcher's ``DomainSlot``): the gap kept
-between requests, a back-off after a 429/503, when the next request may go. Nothing is
-written.
+``TROVE_AUDIT_RETENTION_SECONDS``), the host's learned policy (``host_policies``, see
+``trove_schema.policy``: the strategy estimates per URL class and which one is chosen,
+the pause and its reason, the risk level, the gap, whether validators are sent) and,
+when the broker is reachable, the host's politeness record (KV ``trove_domains``, the
+fetcher's ``DomainSlot``): the gap kept between requests, a back-off after a 429/503,
+when the next request may go. Nothing is written.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import nats
 from nats.js import JetStreamContext
@@ -28,7 +30,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_cli.status import SLOT_FIELDS
 from trove_schema.bus import nats_servers
+from trove_schema.errors import InvalidPriors
 from trove_schema.nats_tls import client_tls
+from trove_schema.policy import (
+    STRATEGIES,
+    HostPolicy,
+    LearningConfig,
+    estimate,
+    host_gap,
+    send_validators,
+    success_rate,
+)
+from trove_schema.settings import CommonSettings
 from trove_schema.topology import DOMAINS_BUCKET
 
 DEFAULT_LAST = 10
@@ -64,6 +77,8 @@ class DomainAudit:
     politeness: dict[str, float] | None = None
     #: Why the politeness record is missing: no broker, no record.
     politeness_note: str | None = None
+    #: The learned policy (``host_policies``); None when no attempt was folded yet.
+    policy: HostPolicy | None = None
 
 
 def slot_key(host: str) -> str:
@@ -92,6 +107,9 @@ _RECENT = text(
 )
 
 
+_POLICY = text("SELECT policy FROM host_policies WHERE host = :host")
+
+
 async def collect_domain(
     engine: AsyncEngine, host: str, *, last: int = DEFAULT_LAST, js: JetStreamContext | None = None
 ) -> DomainAudit:
@@ -106,6 +124,9 @@ async def collect_domain(
             kind: int(n) for kind, n in (await conn.execute(_BY_ERROR, {"host": host})).all()
         }
         rows = (await conn.execute(_RECENT, {"host": host, "last": last})).all()
+        learned = (await conn.execute(_POLICY, {"host": host})).scalar_one_or_none()
+    if learned is not None:
+        found.policy = HostPolicy.from_json(learned)
     found.recent = [
         Attempt(
             attempted_at=at,
@@ -142,7 +163,13 @@ async def read_slot(js: JetStreamContext, host: str) -> tuple[dict[str, float] |
         return None, "the politeness record is unreadable"
 
 
-def render_domain(found: DomainAudit, console: Console, *, now: float | None = None) -> None:
+def render_domain(
+    found: DomainAudit,
+    console: Console,
+    *,
+    now: float | None = None,
+    learning: LearningConfig | None = None,
+) -> None:
     now = time.time() if now is None else now
     if not found.attempts:
         console.print(Text(f"no attempt on {found.host} in the audit"))
@@ -176,6 +203,7 @@ def render_domain(found: DomainAudit, console: Console, *, now: float | None = N
                 Text(" ".join(attempt.tags)),
             )
         console.print(table)
+    render_policy(found, console, now, learning or LearningConfig())
     slot = found.politeness
     if slot is None:
         console.print(Text(f"politeness: {found.politeness_note or 'not read'}"))
@@ -213,5 +241,90 @@ async def domain_command(
         if nc is not None:
             await nc.close()
         await engine.dispose()
-    render_domain(found, console)
+    try:
+        learning = LearningConfig.from_settings(CommonSettings())
+    except InvalidPriors as exc:
+        console.print(Text(f"TROVE_PRIORS_FILE: {exc}; the shipped priors are shown instead"))
+        learning = LearningConfig()
+    render_domain(found, console, learning=learning)
     return 0
+
+
+def render_policy(found: DomainAudit, console: Console, now: float, config: LearningConfig) -> None:
+    """The learned policy, each decision with what it rests on."""
+    policy = found.policy
+    if policy is None:
+        console.print(Text("policy: nothing learned yet (priors only)"))
+        return
+    console.print(
+        Text(
+            f"policy: learned from {policy.attempts} attempt(s), the last at "
+            f"{_when(policy.last_attempt_at)}"
+        )
+    )
+    if policy.paused_until > now:
+        console.print(
+            Text(
+                f"  paused until {_when(policy.paused_until)} ({policy.paused_until - now:.0f} s "
+                f"more): {policy.pause_reason or 'no reason recorded'}"
+            )
+        )
+    else:
+        last = f" (last pause: {policy.pause_reason})" if policy.pause_reason else ""
+        console.print(Text(f"  not paused{last}"))
+    console.print(
+        Text(
+            f"  risk level {policy.risk_level} (failures in a row: refused, timed out, 5xx), "
+            f"rate level {policy.rate_level} (429/503 in a row)"
+            + (f"; banned Trove at {_when(policy.banned_at)}" if policy.banned_at else "")
+        )
+    )
+    base = (found.politeness or {}).get("gap") or config.min_gap
+    gap = host_gap(policy, base, config)
+    if policy.response_ms is None:
+        console.print(Text(f"  gap {gap:g} s (no response timed yet)"))
+    else:
+        console.print(
+            Text(
+                f"  gap {gap:g} s: at least {config.response_factor:g} x the smoothed response "
+                f"time of {policy.response_ms:.0f} ms, never below {base:g} s"
+            )
+        )
+    sent = "sent" if send_validators(policy) else "not sent (the host ignores them)"
+    console.print(
+        Text(
+            f"  validators {sent}: {policy.validators_honoured} answered 304, "
+            f"{policy.validators_ignored} answered 200 with the same content"
+        )
+    )
+    classes = sorted({key.split(":", 1)[0] for key in policy.estimates})
+    if not classes:
+        console.print(Text("  strategies: no usable evidence yet, chosen by the priors"))
+        return
+    table = Table(title=Text("strategy estimates (discounted outcomes)"), title_justify="left")
+    for column in ("URL class", "strategy", "usable", "wrong kind", "success rate", "choice"):
+        table.add_column(column)
+    for url_class in classes:
+        names = list(STRATEGIES) + sorted(
+            key.split(":", 1)[1]
+            for key in policy.estimates
+            if key.startswith(url_class + ":") and key.split(":", 1)[1] not in STRATEGIES
+        )
+        rates = {name: success_rate(estimate(policy, url_class, name, config)) for name in names}
+        best = max(names, key=lambda name: rates[name])
+        for name in names:
+            successes, failures = estimate(policy, url_class, name, config)
+            learned = f"{url_class}:{name}" in policy.estimates
+            table.add_row(
+                Text(url_class),
+                Text(name),
+                Text(f"{successes:.2f}"),
+                Text(f"{failures:.2f}"),
+                Text(f"{rates[name]:.2f}"),
+                Text(("chosen" if name == best else "") + ("" if learned else " (prior)")),
+            )
+    console.print(table)
+
+
+def _when(at: float) -> str:
+    return f"{datetime.fromtimestamp(at, UTC):%Y-%m-%d %H:%M:%S} UTC"

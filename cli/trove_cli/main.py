@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import nats
 from nats.js import JetStreamContext
@@ -21,6 +23,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_cli.dead import dead_command
 from trove_cli.domain import DEFAULT_LAST, domain_command
+from trove_cli.instances import (
+    command_payload,
+    follow_command,
+    instances_command,
+    timelines_never_polled,
+)
 from trove_cli.local import LocalTrove, running_stack
 from trove_cli.report import build_report, progress_counts, render
 from trove_cli.search import DEFAULT_LIMIT, search_command
@@ -32,11 +40,13 @@ from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
 from trove_schema.settings import CommonSettings, check_environment
 from trove_schema.topology import (
+    DISCOVERY_FOLLOWS,
     DISCOVERY_LINKS,
     DISCOVERY_SEEDS,
     EVENTS_STREAM,
     FETCHER,
     FETCHER_DEFERRED,
+    FOLLOW_SUBJECT,
     RECORDER,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
@@ -49,8 +59,13 @@ from trove_schema.topology import (
 
 console = Console(stderr=False)
 
+#: How long ``trove crawl --until-idle`` waits for a followed instance's first poll
+#: before it takes the crawl for idle without it.
+FIRST_POLL_WAIT = 60.0
+
 CONSUMERS = (
     (SEEDS_STREAM, DISCOVERY_SEEDS),
+    (SEEDS_STREAM, DISCOVERY_FOLLOWS),
     (EVENTS_STREAM, DISCOVERY_LINKS),
     (EVENTS_STREAM, FETCHER),
     (WORK_STREAM, FETCHER_DEFERRED),
@@ -91,6 +106,7 @@ async def watch_crawl(
     max_pages: int | None,
     timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
     local: LocalTrove | None = None,
+    follows: Sequence[str] = (),
 ) -> int:
     nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
     engine = create_async_engine(database_url)
@@ -104,8 +120,13 @@ async def watch_crawl(
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
             await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
             await nc.flush()
+        for instance in follows:
+            # What `nats pub trove.follow '{"instance": "URL"}'` sends: its local timeline.
+            await nc.publish(FOLLOW_SUBJECT, command_payload(instance, None, None))
+            await nc.flush()
         js = nc.jetstream()
         deadline = time.monotonic() + timeout
+        polls_awaited_until = time.monotonic() + FIRST_POLL_WAIT
         quiet_since: float | None = None
         next_line = time.monotonic()
         columns = (
@@ -123,17 +144,23 @@ async def watch_crawl(
                 done, queued = await progress_counts(engine)
                 backlog = await pipeline_backlog(js)
                 note = f"backlog {backlog}"
+                # The pages a followed instance shares come with its first poll: the
+                # crawl is not idle before it (nor after FIRST_POLL_WAIT without one).
+                unpolled = 0
+                if follows and time.monotonic() < polls_awaited_until:
+                    unpolled = await timelines_never_polled(engine, follows)
+                    note += f", {unpolled} instance(s) not polled yet" if unpolled else ""
                 if local is not None:
                     restarts = sum(s.restarts for s in local.process_states().values())
                     note += f", {restarts} service restart(s)" if restarts else ""
                 progress.update(task, completed=done, total=max(queued, 1), note=note)
                 if not console.is_terminal and time.monotonic() >= next_line:
                     # No live bar without a terminal (CI, a pipe): a line every few seconds.
-                    console.print(f"crawled {done}/{queued} pages, backlog {backlog}")
+                    console.print(f"crawled {done}/{queued} pages, {note}")
                     next_line = time.monotonic() + 5.0
                 if max_pages is not None and done >= max_pages:
                     break
-                if until_idle and backlog == 0 and queued > 0 and done == queued:
+                if until_idle and backlog == 0 and queued > 0 and done == queued and not unpolled:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= 2.0:
                         break
@@ -150,22 +177,41 @@ async def watch_crawl(
         await nc.close()
 
 
+@dataclass(frozen=True, slots=True)
+class _Sandbox:
+    seeds: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    #: The sandbox's fediverse instance, to follow, when it is served.
+    follows: list[str] = field(default_factory=list)
+
+
 @contextlib.asynccontextmanager
-async def _maybe_sandbox(enabled: bool) -> AsyncIterator[tuple[list[str], dict[str, str]]]:
+async def _maybe_sandbox(enabled: bool, fediverse: int | None = None) -> AsyncIterator[_Sandbox]:
     if not enabled:
-        yield [], {}
+        yield _Sandbox()
         return
+    from trove_sandbox.fediverse import FediverseInstance, serve_instance
     from trove_sandbox.server import serve_sandbox
     from trove_sandbox.web import SandboxWeb
 
     web = SandboxWeb.generate()
-    async with serve_sandbox(web) as running:
+    async with contextlib.AsyncExitStack() as stack:
+        running = await stack.enter_async_context(serve_sandbox(web))
         resolve = ",".join(f"{h}={ip}" for h, ip in sorted(running.resolve_map.items()))
-        env = {
-            "TROVE_RESOLVE": resolve,
-            "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
-        }
-        yield list(running.seeds), env
+        networks = web.allowed_network()
+        follows: list[str] = []
+        if fediverse is not None:
+            # On the IP after the web's last host, as `trove sandbox --fediverse` serves it.
+            ip = str(ipaddress.IPv4Address(web.hosts[-1].ip) + 1)
+            instance = FediverseInstance.generate(web=web, posts=fediverse, ip=ip)
+            await stack.enter_async_context(
+                serve_instance(instance, port=running.port, witness=running.witness)
+            )
+            resolve += f",{instance.host}={instance.ip}"
+            networks += f",{instance.ip}/32"
+            follows.append(instance.origin)
+        env = {"TROVE_RESOLVE": resolve, "TROVE_ALLOWED_NETWORKS": networks}
+        yield _Sandbox(seeds=list(running.seeds), env=env, follows=follows)
 
 
 def restart_policy(settings: CommonSettings) -> RestartPolicy:
@@ -182,12 +228,16 @@ def _tell(message: str) -> None:
 
 
 async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
-    async with _maybe_sandbox(args.sandbox) as (sandbox_seeds, sandbox_env):
-        seeds = [*args.seeds, *sandbox_seeds]
-        if not seeds:
-            console.print("[red]give at least one seed URL, or --sandbox[/red]")
+    if args.fediverse is not None and not args.sandbox:
+        console.print("[red]--fediverse serves the sandbox's instance: add --sandbox[/red]")
+        return 2
+    async with _maybe_sandbox(args.sandbox, args.fediverse) as sandbox:
+        seeds = [*args.seeds, *sandbox.seeds]
+        follows = [*args.follow, *sandbox.follows]
+        if not seeds and not follows:
+            console.print("[red]give at least one seed URL, --follow URL or --sandbox[/red]")
             return 2
-        service_env = dict(sandbox_env)
+        service_env = dict(sandbox.env)
         if args.sandbox and "TROVE_MIN_DOMAIN_DELAY_SECONDS" not in os.environ:
             # Our own sandbox may be crawled briskly; real sites get the 10 s default.
             service_env["TROVE_MIN_DOMAIN_DELAY_SECONDS"] = "1"
@@ -207,6 +257,8 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
         try:
             console.print(f"NATS {local.stack.nats_url}   Postgres {local.stack.database_url}")
             console.print("seeds: " + ", ".join(seeds))
+            if follows:
+                console.print("following: " + ", ".join(follows))
             return await watch_crawl(
                 nats_url=local.stack.nats_url,
                 database_url=local.stack.database_url,
@@ -215,6 +267,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
                 max_pages=args.max_pages,
                 timeout=args.timeout,
                 local=local,
+                follows=follows,
             )
         finally:
             await asyncio.to_thread(local.stop)
@@ -271,6 +324,29 @@ async def cmd_search(args: argparse.Namespace, settings: CommonSettings) -> int:
         console.print("[red]no database: set TROVE_DATABASE_URL or start `trove up`[/red]")
         return 2
     return await search_command(db_url, " ".join(args.query), args.lang, args.limit, console)
+
+
+async def cmd_follow(args: argparse.Namespace, settings: CommonSettings) -> int:
+    nats_url, _ = _urls(settings)
+    if not nats_url:
+        console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
+        return 2
+    return await follow_command(
+        nats_url,
+        console,
+        instance=args.instance,
+        timeline=args.timeline,
+        max_depth=getattr(args, "max_depth", None),
+        unfollow=args.command == "unfollow",
+    )
+
+
+async def cmd_instances(args: argparse.Namespace, settings: CommonSettings) -> int:
+    _, db_url = _urls(settings)
+    if not db_url:
+        console.print("[red]no database: set TROVE_DATABASE_URL or start `trove up`[/red]")
+        return 2
+    return await instances_command(db_url, console)
 
 
 async def cmd_domain(args: argparse.Namespace, settings: CommonSettings) -> int:
@@ -350,6 +426,20 @@ def parser() -> argparse.ArgumentParser:
     crawl = sub.add_parser("crawl", help="crawl from seeds with a progress bar and a report")
     crawl.add_argument("seeds", nargs="*")
     crawl.add_argument("--sandbox", action="store_true", help="crawl the local synthetic web")
+    crawl.add_argument(
+        "--fediverse",
+        metavar="POSTS",
+        type=int,
+        default=None,
+        help="with --sandbox: also serve its fediverse instance with POSTS posts, and follow it",
+    )
+    crawl.add_argument(
+        "--follow",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="also follow this fediverse instance's local timeline (repeatable)",
+    )
     crawl.add_argument("--until-idle", action="store_true", help="stop when nothing is left to do")
     crawl.add_argument("--max-pages", type=int, default=None)
     crawl.add_argument("--fetchers", type=int, default=1)
@@ -362,6 +452,23 @@ def parser() -> argparse.ArgumentParser:
     seed.add_argument("urls", nargs="+")
     seed.add_argument("--request", action="store_true", help="wait for discovery's verdict")
 
+    follow = sub.add_parser(
+        "follow", help="follow a fediverse instance's timeline (like `nats req trove.follow`)"
+    )
+    follow.add_argument("instance", metavar="URL", help="the instance, https://social.example")
+    follow.add_argument("--timeline", default=None, help="local (the default), public or tag:NAME")
+    follow.add_argument(
+        "--max-depth",
+        type=int,
+        default=None,
+        help="how far the crawl goes from a shared page, on its host (default 0)",
+    )
+    unfollow = sub.add_parser("unfollow", help="stop following an instance's timeline")
+    unfollow.add_argument("instance", metavar="URL")
+    unfollow.add_argument(
+        "--timeline", default=None, help="this timeline only (default: every timeline)"
+    )
+    sub.add_parser("instances", help="the followed fediverse timelines and their state")
     sub.add_parser("status", help="consumer lag and what the tables hold")
     search = sub.add_parser("search", help="full-text search over the fetched pages")
     search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
@@ -413,6 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "search": cmd_search,
             "dead": cmd_dead,
             "domain": cmd_domain,
+            "follow": cmd_follow,
+            "unfollow": cmd_follow,
+            "instances": cmd_instances,
         }
         if args.command in commands:
             return asyncio.run(commands[args.command](args, settings))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,6 +19,11 @@ class Report:
     domains: list[tuple[str, int, int]] = field(default_factory=list)
     languages: list[tuple[str, int]] = field(default_factory=list)
     top_linked: list[tuple[str, str | None, int]] = field(default_factory=list)
+    #: (url, title, distinct posts that shared it, instances they were seen on).
+    top_shared: list[tuple[str, str | None, int, int]] = field(default_factory=list)
+    #: Followed fediverse timelines, and what their polls read: (timelines, posts kept,
+    #: links they shared, posts skipped).
+    followed: tuple[int, int, int, int] = (0, 0, 0, 0)
     links: int = 0
     rejected_seeds: list[tuple[str, str]] = field(default_factory=list)
 
@@ -83,6 +89,26 @@ async def build_report(engine: AsyncEngine, *, top: int = 10) -> Report:
             {"top": top},
         )
         report.top_linked = [(u, t, int(n)) for u, t, n in rows.all()]
+        rows = await conn.execute(
+            text(
+                "SELECT s.url, p.title, count(DISTINCT s.post_uri) AS n, "
+                "count(DISTINCT s.instance) FROM page_shares s "
+                "LEFT JOIN pages p ON p.url = s.url "
+                "GROUP BY s.url, p.title ORDER BY n DESC, s.url LIMIT :top"
+            ),
+            {"top": top},
+        )
+        report.top_shared = [(u, t, int(n), int(i)) for u, t, n, i in rows.all()]
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE unfollowed_at IS NULL), "
+                    "coalesce(sum(posts_seen), 0), coalesce(sum(links_found), 0), "
+                    "coalesce(sum(skipped), 0) FROM instances"
+                )
+            )
+        ).one()
+        report.followed = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
         report.links = int(
             (
                 await conn.execute(
@@ -102,7 +128,7 @@ def render(report: Report, console: Console) -> None:
     def table(title: str, *columns: str) -> Table:
         t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
         for column in columns:
-            numeric = column in {"pages", "crawls", "fetched", "in-links"}
+            numeric = column in {"pages", "crawls", "fetched", "in-links", "shares", "instances"}
             t.add_column(
                 column,
                 justify="right" if numeric else "left",
@@ -127,6 +153,12 @@ def render(report: Report, console: Console) -> None:
     for url, title, n in report.top_linked:
         linked.add_row(url, (title or "")[:40], str(n))
     parts: list[Table] = [status, outcomes, domains, languages, linked]
+    if report.top_shared:
+        shared = table("Most shared pages (fediverse)", "url", "title", "shares", "instances")
+        for url, title, n, instances in report.top_shared:
+            # Text(), not markup: URLs and titles come from the web.
+            shared.add_row(Text(url), Text((title or "")[:40]), str(n), str(instances))
+        parts.append(shared)
     if report.rejected_seeds:
         rejected = table("Rejected seeds", "seed", "reason")
         for raw, why in report.rejected_seeds:
@@ -134,3 +166,9 @@ def render(report: Report, console: Console) -> None:
         parts.append(rejected)
     console.print(Group(*[p for t in parts for p in (t, "")]))
     console.print(f"{report.links} links in the citation graph.")
+    timelines, posts, links, skipped = report.followed
+    if timelines or posts:
+        console.print(
+            f"{timelines} fediverse timeline(s) followed: {posts} posts read, {links} links "
+            f"shared, {skipped} posts skipped (not public, or their authors opted out)."
+        )

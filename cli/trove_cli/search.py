@@ -16,10 +16,14 @@ only when it is parsed with the same configuration, so:
 The query uses web search syntax (``websearch_to_tsquery``): words are ANDed, ``"a
 phrase"``, ``or``, ``-word``; any other punctuation is ignored, never an error.
 
-Ranking: ``ts_rank_cd`` (cover density) times ``1 + ln(1 + in-links)``, where in-links are
-the distinct other pages with a followed ``<a>`` link to the page (``nofollow`` links
-and links from a page to itself are not votes). Only pages with status ``fetched`` and
-without ``noindex`` are searched.
+Ranking: ``ts_rank_cd`` (cover density) times ``1 + ln(1 + in-links)`` times
+``1 + ln(1 + shares)``. In-links are the distinct other pages with a followed ``<a>``
+link to the page (``nofollow`` links and links from a page to itself are not votes);
+shares are the distinct public fediverse posts that shared the page's URL
+(``page_shares``). Each signal is log-scaled, so the first votes count most and a page
+shared by hundreds cannot bury a better text match, and each multiplies the rank on its
+own: a share raises a page by the same ratio whether it is linked or not. Only pages
+with status ``fetched`` and without ``noindex`` are searched.
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ class Hit:
     language: str | None
     #: Distinct other pages with a followed <a> link to this one.
     inlinks: int
-    #: Text rank scaled by the in-links; only the order means something.
+    #: Text rank scaled by the in-links and shares; only the order means something.
     score: float
+    #: Distinct public fediverse posts that shared this page's URL.
+    shares: int = 0
 
 
 # One row per configuration to try; each page is tested against the parse of the query
@@ -79,7 +85,8 @@ _SEARCH = text(
           AND (CAST(:exact AS text) IS NULL OR lower(p.language) = :exact)
     )
     SELECT m.url, m.title, m.language, l.inlinks,
-           m.text_rank * (1 + ln(1 + l.inlinks)) AS score
+           m.text_rank * (1 + ln(1 + l.inlinks)) * (1 + ln(1 + s.shares)) AS score,
+           s.shares
     FROM matched m
     CROSS JOIN LATERAL (
         SELECT count(*) AS inlinks
@@ -90,7 +97,10 @@ _SEARCH = text(
               WHERE e.id = m.id AND e.kind = 'a' AND NOT e.nofollow
           )
     ) l
-    ORDER BY score DESC, l.inlinks DESC, m.url
+    CROSS JOIN LATERAL (
+        SELECT count(DISTINCT sh.post_uri) AS shares FROM page_shares sh WHERE sh.url = m.url
+    ) s
+    ORDER BY score DESC, l.inlinks DESC, s.shares DESC, m.url
     LIMIT :limit
     """
 )
@@ -125,8 +135,15 @@ async def search(
     async with engine.connect() as conn:
         rows = (await conn.execute(_SEARCH, params)).all()
     return [
-        Hit(url=url, title=title, language=language, inlinks=int(n), score=float(score))
-        for url, title, language, n, score in rows
+        Hit(
+            url=url,
+            title=title,
+            language=language,
+            inlinks=int(n),
+            score=float(score),
+            shares=int(shared),
+        )
+        for url, title, language, n, score, shared in rows
     ]
 
 
@@ -144,6 +161,7 @@ def render_hits(hits: list[Hit], console: Console, query: str) -> None:
     table.add_column("url", overflow="fold")
     table.add_column("language")
     table.add_column("in-links", justify="right")
+    table.add_column("shares", justify="right")
     for hit in hits:
         # Text(), not markup: titles and URLs come from the web and may hold "[...]".
         table.add_row(
@@ -151,6 +169,7 @@ def render_hits(hits: list[Hit], console: Console, query: str) -> None:
             Text(hit.url),
             Text(hit.language or "?"),
             str(hit.inlinks),
+            str(hit.shares),
         )
     console.print(table)
 

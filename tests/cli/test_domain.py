@@ -21,6 +21,7 @@ from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
+from trove_schema.policy import LearningConfig
 from trove_schema.topology import DOMAINS_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -39,7 +40,7 @@ def attempt(n: int, outcome: CrawlOutcome, **fields: Any) -> CrawlCompleted:
         outcome=outcome,
         started_at=at,
         completed_at=at + timedelta(milliseconds=40),
-        duration_ms=40,
+        duration_ms=fields.pop("duration_ms", 40),
         **fields,
     )
 
@@ -111,6 +112,51 @@ async def test_the_audit_counts_attempts_by_result_and_lists_the_last_with_tags(
     assert "gap 12.5 s; backing off for 300 s more" in printed
 
 
+async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) -> None:
+    await crawl_history(engine)
+    found = await collect_domain(engine, HOST)
+    assert found.policy is not None
+    assert found.policy.attempts == 5
+    assert found.policy.pause_reason == "blocked_captcha"  # the timeout after it is shorter
+    challenged = (START + timedelta(minutes=4, milliseconds=40)).timestamp()
+    assert found.policy.paused_until == challenged + LearningConfig().ban_pause
+
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200), now=challenged + 60)
+    printed = out.getvalue()
+    assert "policy: learned from 5 attempt(s)" in printed
+    assert "paused until 2026-11-24 12:04:00 UTC (86340 s more): blocked_captcha" in printed
+    assert "risk level 1" in printed  # the timeout
+    assert "rate level 1" in printed  # the 429
+    assert "banned Trove at 2026-11-23 12:04:00 UTC" in printed
+    assert "gap 10 s: at least 10 x the smoothed response time of 40 ms" in printed
+    assert "validators sent: 0 answered 304" in printed
+    estimates = next(line for line in printed.splitlines() if "│ page" in line and "http" in line)
+    assert "chosen" in estimates
+    assert "5.32" in estimates  # the prior's 4.8 and two successes, discounted
+
+    # After the pause, with slow answers: not paused, a longer gap.
+    slow = [
+        attempt(n, CrawlOutcome.SUCCESS, status_code=200, title="Slow", duration_ms=2500)
+        for n in range(1600, 1610)
+    ]
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, slow, RetryPolicy(max_attempts=3, delay_seconds=60.0))
+    found = await collect_domain(engine, HOST)
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200), now=challenged + 86_400 * 2)
+    printed = out.getvalue()
+    assert "not paused (last pause: blocked_captcha)" in printed
+    assert "risk level 0" in printed
+    assert "gap 24" in printed  # 10 x ~2.4 s, smoothed
+
+
+async def test_a_host_without_a_policy_says_it_rests_on_the_priors(engine: AsyncEngine) -> None:
+    out = io.StringIO()
+    render_domain(await collect_domain(engine, "never.example"), Console(file=out, width=200))
+    assert "policy: nothing learned yet (priors only)" in out.getvalue()
+
+
 async def test_a_host_without_attempts_or_record_says_so(engine: AsyncEngine, bus: Bus) -> None:
     found = await collect_domain(engine, "never.example", js=bus.js)
     assert (found.attempts, found.recent, found.politeness) == (0, [], None)
@@ -139,3 +185,4 @@ async def test_trove_domain_command_prints_the_audit(
     assert f"https://{HOST}/5" in printed
     assert f"https://{HOST}/3" not in printed
     assert "politeness: gap 10 s; no back-off; free now" in printed
+    assert "policy: learned from 5 attempt(s)" in printed

@@ -64,6 +64,18 @@ async def link(
     )
 
 
+async def share(conn: AsyncConnection, url: str, *posts: int) -> None:
+    """``page_shares`` rows as the recorder writes them from timeline polls."""
+    for post in posts:
+        await conn.execute(
+            text(
+                "INSERT INTO page_shares (url, post_uri, instance, account, first_seen_at) "
+                "VALUES (:url, :uri, 'https://social.example', 'ada@social.example', now())"
+            ),
+            {"url": url, "uri": f"https://social.example/users/ada/statuses/{post}"},
+        )
+
+
 async def linkers(conn: AsyncConnection, n: int, prefix: str) -> list[int]:
     """Fetched pages with nothing to match, only there to link."""
     return [
@@ -93,6 +105,43 @@ async def test_more_inlinks_rank_higher_among_equal_text_matches(engine: AsyncEn
     assert urls(hits) == ["https://c.example/", "https://b.example/", "https://a.example/"]
     assert [h.inlinks for h in hits] == [3, 1, 0]
     assert hits[0].score > hits[1].score > hits[2].score > 0
+
+
+async def test_a_page_shared_by_more_posts_ranks_higher_among_equal_matches(
+    engine: AsyncEngine,
+) -> None:
+    async with engine.begin() as conn:
+        # Alphabetical URL order is the reverse of the expected rank.
+        await add_page(conn, "https://a.example/", "small web gardens")
+        await add_page(conn, "https://b.example/", "small web gardens")
+        await add_page(conn, "https://c.example/", "small web gardens")
+        await share(conn, "https://c.example/", 1, 2, 3)
+        await share(conn, "https://b.example/", 1)
+        await share(conn, "https://unfetched.example/", 1, 2, 3, 4)  # no page: nothing found
+
+    hits = await search(engine, "gardens")
+
+    assert urls(hits) == ["https://c.example/", "https://b.example/", "https://a.example/"]
+    assert [h.shares for h in hits] == [3, 1, 0]
+    assert hits[0].score > hits[1].score > hits[2].score > 0
+
+
+async def test_shares_and_inlinks_each_raise_the_rank(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        linked = await add_page(conn, "https://a.example/", "gardens")
+        both = await add_page(conn, "https://b.example/", "gardens")
+        await share(conn, "https://b.example/", 1)
+        await add_page(conn, "https://c.example/", "gardens")  # neither linked nor shared
+        (source,) = await linkers(conn, 1, "src")
+        await link(conn, source, linked)
+        await link(conn, source, both)
+
+    hits = await search(engine, "gardens")
+
+    assert urls(hits) == ["https://b.example/", "https://a.example/", "https://c.example/"]
+    assert [(h.inlinks, h.shares) for h in hits] == [(1, 1), (1, 0), (0, 0)]
+    # Log-scaled and multiplied: one share counts as much as one in-link.
+    assert hits[0].score / hits[1].score == pytest.approx(hits[1].score / hits[2].score)
 
 
 async def test_text_relevance_still_counts_next_to_inlinks(engine: AsyncEngine) -> None:
@@ -246,7 +295,7 @@ def test_hits_render_full_urls_and_titles_as_plain_text() -> None:
     out = io.StringIO()
     console = Console(file=out, width=100, color_system=None)
 
-    render_hits([Hit(url, "[bold]Gardens[/bold]", "en", 3, 1.0)], console, "gardens")
+    render_hits([Hit(url, "[bold]Gardens[/bold]", "en", 3, 1.0, shares=7)], console, "gardens")
 
     lines = out.getvalue().splitlines()
     assert "[bold]Gardens[/bold]" in lines[1 + 2]  # web text is never taken as markup
@@ -257,6 +306,8 @@ def test_hits_render_full_urls_and_titles_as_plain_text() -> None:
     column = [line[start:end].strip() for line in lines[3:]]
     assert len([part for part in column if part]) > 1
     assert "".join(column) == url
+    assert header.split()[-3:] == ["in-links", "┃", "shares"]
+    assert lines[3].split()[-3:] == ["3", "│", "7"]
     empty = io.StringIO()
     render_hits([], Console(file=empty), "nothing")
     assert "no fetched page matches 'nothing'" in empty.getvalue()

@@ -213,6 +213,7 @@ async def test_an_empty_crawl_has_nothing_to_report(bus: Bus, engine: AsyncEngin
     assert status.outbox_oldest_seconds is None
     assert {c.durable for c in status.consumers} == {
         "discovery-seeds",
+        "discovery-follows",
         "discovery-links",
         "fetcher",
         "fetcher-deferred",

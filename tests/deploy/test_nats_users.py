@@ -7,6 +7,7 @@ ports on 127.0.0.1). k8s/nats/values.yaml grants the same (test_kubernetes check
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import secrets
@@ -27,16 +28,25 @@ from nats.aio.client import Client
 from tests.conftest import eventually
 from tests.deploy._support import REPO, nats_users
 from trove_cli.status import read_slots
+from trove_discovery.follows import Follows, FollowStore, parse_command
+from trove_schema.bus import Bus
 from trove_schema.nats_tls import client_tls
-from trove_schema.settings import CommonSettings
+from trove_schema.settings import CommonSettings, DiscoverySettings
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
     DAY,
+    FOLLOW_SUBJECT,
+    FOLLOWS_BUCKET,
+    INSTANCE_FOLLOWED,
+    INSTANCE_UNFOLLOWED,
     PAGE_DISCOVERED,
     SEED_REJECTED,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
+    TIMELINE_POLLED,
+    TIMELINE_REQUESTED,
+    UNFOLLOW_SUBJECT,
     TopologyOptions,
     declare,
     ensure_topology,
@@ -44,13 +54,31 @@ from trove_schema.topology import (
 from trove_stack.nats import free_port, listening, nats_server_binary
 
 DEPLOY = REPO / "deploy" / "nats"
-EVENTS = (PAGE_DISCOVERED, SEED_REJECTED, CRAWL_REQUESTED, CRAWL_COMPLETED)
+EVENTS = (
+    PAGE_DISCOVERED,
+    SEED_REJECTED,
+    CRAWL_REQUESTED,
+    CRAWL_COMPLETED,
+    INSTANCE_FOLLOWED,
+    INSTANCE_UNFOLLOWED,
+    TIMELINE_REQUESTED,
+    TIMELINE_POLLED,
+)
 #: The events each service produces, and so may publish (PLATFORM.md, Services).
 PRODUCES = {
-    "discovery": {PAGE_DISCOVERED, SEED_REJECTED, CRAWL_REQUESTED},
-    "fetcher": {CRAWL_COMPLETED},
+    "discovery": {
+        PAGE_DISCOVERED,
+        SEED_REJECTED,
+        CRAWL_REQUESTED,
+        INSTANCE_FOLLOWED,
+        INSTANCE_UNFOLLOWED,
+        TIMELINE_REQUESTED,
+    },
+    "fetcher": {CRAWL_COMPLETED, TIMELINE_POLLED},
     "recorder": {CRAWL_REQUESTED},
 }
+#: Operator input: seeds and (un)follow commands.
+COMMANDS = (SEEDS_SUBJECT, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT)
 #: How long a refused JetStream request is given before it counts as unanswered.
 REFUSED_AFTER = 0.5
 
@@ -167,13 +195,16 @@ async def test_each_service_publishes_only_the_events_it_produces(secured: Secur
         nc = await connect(secured, service)
         js = nc.jetstream(timeout=REFUSED_AFTER)
         try:
-            for subject in EVENTS:
-                if subject in produced:
-                    ack = await js.publish(subject, b"{}", timeout=5)
-                    assert ack.seq > 0
-                else:
-                    with pytest.raises(TimeoutError):
-                        await js.publish(subject, b"{}", timeout=REFUSED_AFTER)
+            for subject in sorted(produced):
+                ack = await js.publish(subject, b"{}", timeout=5)
+                assert ack.seq > 0
+            # The refusals are waited for together: each is a timeout.
+            refused = [s for s in EVENTS if s not in produced]
+            answers = await asyncio.gather(
+                *(js.publish(s, b"{}", timeout=REFUSED_AFTER) for s in refused),
+                return_exceptions=True,
+            )
+            assert [type(a) for a in answers] == [nats.errors.TimeoutError] * len(refused)
         finally:
             await nc.close()
 
@@ -199,15 +230,16 @@ async def test_seeds_come_from_nats_box_or_the_operator_not_from_a_service(
 
     for user in ("box", "fetcher", "operator", "recorder"):
         nc = await connect(secured, user, error_cb=on_error)
-        seen = len(violations)
-        await nc.publish(SEEDS_SUBJECT, f"https://{user}.example/".encode())
-        await nc.flush()
-        if user in {"box", "operator"}:
-            stored += 1
-            await eventually(seeds, until=partial(eq, stored), timeout=5, what="the seed stored")
-        else:
-            await eventually(refused, until=partial(lt, seen), timeout=5, what="a refusal")
-            assert "permissions violation" in violations[-1].lower()
+        for subject in COMMANDS:
+            seen = len(violations)
+            await nc.publish(subject, f"https://{user}.example/".encode())
+            await nc.flush()
+            if user in {"box", "operator"}:
+                stored += 1
+                await eventually(seeds, until=partial(eq, stored), timeout=5, what="stored")
+            else:
+                await eventually(refused, until=partial(lt, seen), timeout=5, what="a refusal")
+                assert "permissions violation" in violations[-1].lower()
         await nc.close()
     assert await seeds() == stored
     # nats-box looks, but changes nothing.
@@ -219,6 +251,40 @@ async def test_seeds_come_from_nats_box_or_the_operator_not_from_a_service(
     finally:
         await box.close()
         await operator.close()
+
+
+async def test_discovery_follows_and_unfollows_under_its_own_user(secured: Secured) -> None:
+    """Its follow state, its events, a timeline's schedule and the rollup that drops it,
+    and the answer to a `nats req trove.follow` from nats-box."""
+    operator = await connect(secured, "operator")
+    await ensure_topology(operator.jetstream(), declare(), owner="cli")
+    await operator.close()
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    settings = DiscoverySettings(max_url_length=2048, allowed_networks=())
+    nc = await connect(secured, "discovery", error_cb=on_error)
+    try:
+        js = nc.jetstream(timeout=5)
+        store = FollowStore(await js.key_value(FOLLOWS_BUCKET))
+        follows = Follows(bus=Bus(nc, js), store=store, settings=settings)
+        await nc.subscribe(FOLLOW_SUBJECT, queue="discovery-replies", cb=follows.reply_to_request)
+        instance = b"https://social.example"
+        (command,) = parse_command(instance, verb="follow", settings=settings).accepted
+        assert await follows.follow(command, seq=1, origin="test")
+        (command,) = parse_command(instance, verb="unfollow", settings=settings).accepted
+        assert await follows.unfollow(command, seq=2, origin="test") == ["local"]
+        box = await connect(secured, "box")
+        try:
+            reply = await box.request(FOLLOW_SUBJECT, instance + b" public", timeout=5)
+        finally:
+            await box.close()
+    finally:
+        await nc.close()
+    assert reply.data.decode() == "following 1: https://social.example public"
+    assert violations == []
 
 
 async def test_nats_turns_away_clients_without_a_user_or_the_ca(secured: Secured) -> None:

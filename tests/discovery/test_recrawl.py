@@ -11,7 +11,9 @@ from tests.conftest import eventually
 from trove_discovery.app import check_recrawls_are_kept
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
+from trove_schema.change_rate import estimate_rate
 from trove_schema.events import (
+    ChangeHistory,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -146,7 +148,7 @@ async def test_a_page_whose_requests_ended_is_discovered_again_after_the_seen_tt
     bus: Bus,
 ) -> None:
     # A scaled-down cycle: re-crawl after 1 s, seen for 2 s.
-    settings = {"recrawl_after_seconds": 1.0, "seen_ttl_seconds": 2.0}
+    settings = {"recrawl_after_seconds": 1.0, "recrawl_max_seconds": 1.0, "seen_ttl_seconds": 2.0}
     options = TopologyOptions(seen_ttl=DiscoverySettings(**settings).seen_ttl)  # type: ignore[arg-type]
     await ensure_topology(bus.js, declare(options), owner="discovery")
     discovery = await replica(bus, **settings)
@@ -161,20 +163,49 @@ async def test_a_page_whose_requests_ended_is_discovered_again_after_the_seen_tt
     )
 
 
-def test_the_seen_ttl_defaults_to_twice_the_recrawl_interval() -> None:
-    assert DiscoverySettings(recrawl_after_seconds=5).seen_ttl == 10
-    assert DiscoverySettings(recrawl_after_seconds=5, seen_ttl_seconds=6).seen_ttl == 6
+def test_the_seen_ttl_defaults_to_twice_the_longest_recrawl_interval() -> None:
+    assert DiscoverySettings(recrawl_after_seconds=5, recrawl_max_seconds=7).seen_ttl == 14
+    assert DiscoverySettings().seen_ttl == 60 * 86_400
+    settings = DiscoverySettings(recrawl_after_seconds=5, recrawl_max_seconds=5, seen_ttl_seconds=6)
+    assert settings.seen_ttl == 6
 
 
-def test_a_seen_ttl_not_longer_than_the_recrawl_interval_is_refused() -> None:
+def test_a_seen_ttl_not_longer_than_the_longest_recrawl_interval_is_refused() -> None:
     with pytest.raises(pydantic.ValidationError, match="TROVE_SEEN_TTL_SECONDS"):
-        DiscoverySettings(recrawl_after_seconds=10, seen_ttl_seconds=10)
+        DiscoverySettings(recrawl_after_seconds=10, recrawl_max_seconds=10, seen_ttl_seconds=10)
+    with pytest.raises(pydantic.ValidationError, match="TROVE_RECRAWL_MAX_SECONDS"):
+        DiscoverySettings(recrawl_after_seconds=10, seen_ttl_seconds=20)
+
+
+def test_the_recrawl_bounds_default_to_an_hour_and_30_days_around_the_first_interval() -> None:
+    default = DiscoverySettings()
+    assert (default.recrawl_min, default.recrawl_max) == (3600, 30 * 86_400)
+    # A first interval outside the default bounds widens them rather than breaking a
+    # deployment that set only TROVE_RECRAWL_AFTER_SECONDS.
+    short = DiscoverySettings(recrawl_after_seconds=2)
+    assert (short.recrawl_min, short.recrawl_max) == (2, 30 * 86_400)
+    long = DiscoverySettings(recrawl_after_seconds=60 * 86_400)
+    assert (long.recrawl_min, long.recrawl_max) == (3600, 60 * 86_400)
+
+
+def test_recrawl_bounds_that_exclude_the_first_interval_are_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="TROVE_RECRAWL_MIN_SECONDS"):
+        DiscoverySettings(recrawl_after_seconds=3600, recrawl_min_seconds=7200)
+    with pytest.raises(pydantic.ValidationError, match="TROVE_RECRAWL_MAX_SECONDS"):
+        DiscoverySettings(recrawl_after_seconds=3600, recrawl_max_seconds=1800)
 
 
 def test_a_record_retention_shorter_than_the_recrawl_interval_is_refused() -> None:
     with pytest.raises(pydantic.ValidationError, match="TROVE_EVENTS_MAX_AGE_SECONDS"):
         DiscoverySettings(recrawl_after_seconds=7 * 86_400, events_max_age_seconds=86_400)
-    DiscoverySettings(recrawl_after_seconds=86_400, events_max_age_seconds=7 * 86_400)
+    # The longest interval is what must be kept, not the first one.
+    with pytest.raises(pydantic.ValidationError, match="TROVE_EVENTS_MAX_AGE_SECONDS"):
+        DiscoverySettings(recrawl_after_seconds=86_400, events_max_age_seconds=7 * 86_400)
+    DiscoverySettings(
+        recrawl_after_seconds=86_400,
+        recrawl_max_seconds=3 * 86_400,
+        events_max_age_seconds=7 * 86_400,
+    )
     with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
         RecorderSettings(retry_delay_seconds=3600, events_max_age_seconds=600)
 
@@ -184,6 +215,88 @@ async def test_discovery_refuses_to_start_on_a_record_that_would_drop_its_recraw
 ) -> None:
     # The recorder owns TROVE_EVENTS; its retention is what counts, not discovery's setting.
     await ensure_topology(bus.js, declare(TopologyOptions(events_max_age=3600.0)), owner="recorder")
-    with pytest.raises(SystemExit, match="TROVE_RECRAWL_AFTER_SECONDS"):
-        await check_recrawls_are_kept(bus, DiscoverySettings(recrawl_after_seconds=7200))
-    await check_recrawls_are_kept(bus, DiscoverySettings(recrawl_after_seconds=600))
+    with pytest.raises(SystemExit, match="TROVE_RECRAWL_MAX_SECONDS"):
+        await check_recrawls_are_kept(bus, DiscoverySettings(recrawl_after_seconds=600))
+    await check_recrawls_are_kept(
+        bus, DiscoverySettings(recrawl_after_seconds=600, recrawl_max_seconds=1800)
+    )
+
+
+async def scheduled_request(bus: Bus, url: str = PAGE) -> CrawlRequested:
+    msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(url))
+    pending = decode_event(msg.data or b"")
+    assert isinstance(pending, CrawlRequested)
+    return pending
+
+
+def visited(
+    *,
+    content_hash: str | None,
+    history: ChangeHistory | None,
+    outcome: CrawlOutcome = CrawlOutcome.SUCCESS,
+) -> CrawlCompleted:
+    return completed(1).model_copy(
+        update={"content_hash": content_hash, "history": history, "outcome": outcome}
+    )
+
+
+async def test_a_first_fetch_is_recrawled_after_the_first_interval_with_its_hash_remembered(
+    bus: Bus,
+) -> None:
+    discovery = await replica(bus, recrawl_after_seconds=5 * 3600)
+    event = visited(content_hash="a", history=None)
+    await discovery._request_recrawl(event)
+
+    pending = await scheduled_request(bus)
+    assert pending.history == ChangeHistory(
+        content_hash="a", visited_at=event.completed_at, interval=5 * 3600
+    )
+    assert pending.not_before == event.completed_at + timedelta(hours=5)
+
+
+async def test_the_recrawl_request_carries_the_updated_history_and_its_interval(
+    bus: Bus,
+) -> None:
+    settings = {"recrawl_after_seconds": 4 * 3600, "recrawl_min_seconds": 60}
+    discovery = await replica(bus, **settings)
+    now = utcnow()
+    before = ChangeHistory(
+        content_hash="a",
+        visited_at=now - timedelta(hours=2),
+        visits=((4 * 3600.0, True), (4 * 3600.0, True), (4 * 3600.0, False)),
+        interval=2 * 3600.0,
+    )
+    event = visited(content_hash="b", history=before).model_copy(update={"completed_at": now})
+    await discovery._request_recrawl(event)
+
+    pending = await scheduled_request(bus)
+    assert pending.history is not None
+    assert pending.history.visits == (*before.visits, (2 * 3600.0, True))
+    assert pending.history.content_hash == "b"
+    assert pending.history.visited_at == now
+    # The mean time between changes the four visits show (within the bounds).
+    rate = estimate_rate(pending.history.visits)
+    assert rate is not None
+    expected = 1 / rate
+    assert 3600 < expected < 4 * 3600
+    assert pending.history.interval == pytest.approx(expected)
+    assert pending.not_before == now + timedelta(seconds=expected)
+    assert pending.etag == event.etag
+
+
+async def test_a_not_modified_recrawl_counts_as_unchanged_and_waits_longer(bus: Bus) -> None:
+    discovery = await replica(bus, recrawl_after_seconds=3600, recrawl_max_seconds=86_400)
+    now = utcnow()
+    before = ChangeHistory(
+        content_hash="a", visited_at=now - timedelta(hours=1), visits=(), interval=3600.0
+    )
+    event = visited(content_hash=None, history=before, outcome=CrawlOutcome.NOT_MODIFIED)
+    await discovery._request_recrawl(event.model_copy(update={"completed_at": now}))
+
+    pending = await scheduled_request(bus)
+    assert pending.history is not None
+    assert pending.history.visits == ((3600.0, False),)
+    assert pending.history.content_hash == "a"
+    # Never seen changing: the interval doubles (the growth bound), toward the maximum.
+    assert pending.history.interval == 7200.0
+    assert pending.not_before == now + timedelta(hours=2)

@@ -8,6 +8,7 @@ around it, never into it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import Event, PageDiscovered, Provenance, Scope
@@ -100,7 +102,8 @@ async def test_a_page_that_breaks_extraction_is_a_rejected_attempt_fetched_once(
     def breaks(*args: object, **kwargs: object) -> Extraction:
         raise RecursionError("maximum recursion depth exceeded")  # a deeply nested page
 
-    monkeypatch.setattr(fetcher_module, "extract", breaks)
+    broken = {name: replace(s, extractor=breaks) for name, s in STRATEGIES.items()}
+    monkeypatch.setattr(fetcher_module, "STRATEGIES", broken)
     fetcher = await fetcher_on(bus, client)
     page = work(server)
     try:

@@ -1,26 +1,70 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+from datetime import UTC, datetime
 
 import pytest
 
 from trove_fetcher.politeness import (
     BUSY_RECHECK,
+    POLICY_KEY,
     Deferred,
     Granted,
     Politeness,
     PolitenessConfig,
 )
 from trove_schema.bus import Bus
+from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope, derived_event_id
+from trove_schema.policy import HostPolicy, LearningConfig, Observation
 from trove_schema.topology import DOMAINS_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")
 
 CONFIG = PolitenessConfig(min_delay=10.0, max_delay=60.0, request_timeout=30.0)
+LEARNING = LearningConfig(
+    min_gap=10.0, max_gap=60.0, response_factor=10.0, pause_base=60.0, rate_base=60.0
+)
 
 
-async def _politeness(bus: Bus, config: PolitenessConfig = CONFIG) -> Politeness:
-    return Politeness(await bus.js.key_value(DOMAINS_BUCKET), config)
+async def _politeness(
+    bus: Bus, config: PolitenessConfig = CONFIG, learning: LearningConfig = LEARNING
+) -> Politeness:
+    return Politeness(await bus.js.key_value(DOMAINS_BUCKET), config, learning)
+
+
+def attempt(
+    domain: str,
+    *,
+    end: float,
+    outcome: CrawlOutcome = CrawlOutcome.SUCCESS,
+    status: int | None = 200,
+    duration: float = 0.05,
+    retry_after: float | None = None,
+    path: str = "/p",
+) -> Observation:
+    """What one attempt on ``domain`` ending at ``end`` says, as the fetcher derives it."""
+    url = f"http://{domain}{path}"
+    success = outcome is CrawlOutcome.SUCCESS
+    event = CrawlCompleted(
+        url=url,
+        domain=domain,
+        scope=Scope(value=domain),
+        request_id=derived_event_id(url, "test"),
+        outcome=outcome,
+        status_code=status,
+        started_at=datetime.fromtimestamp(end - duration, UTC),
+        completed_at=datetime.fromtimestamp(end, UTC),
+        retry_after=retry_after,
+        content_type="text/html" if success else None,
+        title="a page" if success else None,
+        text_chars=2000 if success else None,
+        content_hash="0" * 64 if success else None,
+        duration_ms=int(duration * 1000),
+        strategy_reason="only",
+    )
+    return Observation.of(event)
 
 
 async def test_first_lease_on_a_domain_is_granted(bus: Bus) -> None:
@@ -92,21 +136,126 @@ async def test_crawl_delay_raises_the_gap_within_the_maximum(bus: Bus) -> None:
     assert await p.set_gap("cd.example", 1.0) == 10.0
 
 
-async def test_retry_after_backs_off_the_domain_for_every_pod(bus: Bus) -> None:
+async def test_retry_after_pauses_the_domain_for_every_pod(bus: Bus) -> None:
     p1, p2 = await _politeness(bus), await _politeness(bus)
     grant = await p1.acquire("limited.example", 1000.0)
     assert isinstance(grant, Granted)
-    await p1.finish("limited.example", grant, end=1000.5)
-    await p1.back_off("limited.example", until=1300.0, now=1000.5)
+    answer = attempt(
+        "limited.example",
+        end=1000.5,
+        outcome=CrawlOutcome.BLOCKED_4XX,
+        status=429,
+        retry_after=299.5,
+    )
+    await p1.finish("limited.example", grant, 1000.5, answer)
     decision = await p2.acquire("limited.example", 1100.0, reserved=True)
     assert isinstance(decision, Deferred)
-    assert decision.at == 1300.0
+    assert decision.at == pytest.approx(1300.0)
 
 
-async def test_backoff_is_capped(bus: Bus) -> None:
+async def test_retry_after_is_capped(bus: Bus) -> None:
     p = await _politeness(bus, PolitenessConfig(min_delay=1.0, max_backoff=100.0))
-    await p.back_off("capped.example", until=1_000_000.0, now=1000.0)
-    assert (await p.state("capped.example")).backoff_until == 1100.0
+    grant = await p.acquire("capped.example", 999.0)
+    assert isinstance(grant, Granted)
+    answer = attempt(
+        "capped.example",
+        end=1000.0,
+        outcome=CrawlOutcome.BLOCKED_5XX,
+        status=503,
+        retry_after=1_000_000.0,
+    )
+    await p.finish("capped.example", grant, 1000.0, answer)
+    assert (await p.state("capped.example")).backoff_until == pytest.approx(1100.0)
+
+
+async def test_a_pause_defers_every_url_of_the_host_to_its_end(bus: Bus) -> None:
+    # A host that refuses connections is paused for all its URLs at once: fresh work
+    # queues behind the pause, reserved work comes back when it ends, on every pod.
+    p1, p2 = await _politeness(bus), await _politeness(bus)
+    grant = await p1.acquire("down.example", 1000.0)
+    assert isinstance(grant, Granted)
+    refused = attempt("down.example", end=1000.1, outcome=CrawlOutcome.FAILED, status=None)
+    policy = await p1.finish("down.example", grant, 1000.1, refused)
+    pause_end = policy.paused_until
+    assert pause_end >= 1000.1 + 0.9 * LEARNING.pause_base
+    assert (await p2.state("down.example")).backoff_until == pause_end
+    fresh = [await p2.acquire("down.example", 1000.2 + n) for n in range(4)]
+    assert all(isinstance(d, Deferred) for d in fresh)
+    slots = [d.at for d in fresh if isinstance(d, Deferred)]
+    assert slots[0] == pytest.approx(pause_end)
+    assert all(b - a == pytest.approx(10.0) for a, b in itertools.pairwise(slots))
+    back = await p2.acquire("down.example", pause_end - 1.0, reserved=True)
+    assert isinstance(back, Deferred)
+    assert back.at == pytest.approx(pause_end)
+    assert isinstance(await p2.acquire("down.example", pause_end, reserved=True), Granted)
+
+
+async def test_failures_in_a_row_lengthen_the_pause(bus: Bus) -> None:
+    p = await _politeness(bus)
+    now, pauses = 1000.0, []
+    for _ in range(3):
+        grant = await p.acquire("dying.example", now, reserved=True)
+        assert isinstance(grant, Granted), grant
+        down = attempt("dying.example", end=now + 0.1, outcome=CrawlOutcome.TIMEOUT, status=None)
+        policy = await p.finish("dying.example", grant, now + 0.1, down)
+        pauses.append(policy.paused_until - (now + 0.1))
+        now = policy.paused_until
+    assert pauses[1] > 1.5 * pauses[0]
+    assert pauses[2] > 1.5 * pauses[1]
+
+
+async def test_the_gap_after_a_slow_response_is_longer_and_never_below_the_minimum(
+    bus: Bus,
+) -> None:
+    p = await _politeness(bus)
+    for host, duration in (("slow.example", 2.0), ("fast.example", 0.01)):
+        grant = await p.acquire(host, 1000.0)
+        assert isinstance(grant, Granted)
+        end = 1000.0 + duration
+        await p.finish(host, grant, end, attempt(host, end=end, duration=duration))
+    slow, fast = await p.state("slow.example"), await p.state("fast.example")
+    slow_gap, fast_gap = slow.free_at - 1002.0, fast.free_at - 1000.01
+    assert fast_gap == pytest.approx(10.0)  # the minimum: 10 x 10 ms is less
+    assert 10.0 < slow_gap <= 60.0  # 10 x 2 s, within the maximum
+    # The next lease plans its slots with the learned gap too.
+    grant = await p.acquire("slow.example", slow.free_at)
+    assert isinstance(grant, Granted)
+    assert grant.gap == pytest.approx(slow_gap)
+    later = await p.acquire("slow.example", slow.free_at + 1.0)
+    assert isinstance(later, Deferred)
+    assert later.at == pytest.approx(slow.free_at + slow_gap)
+
+
+async def test_the_learned_policy_travels_with_the_lease_to_every_pod(bus: Bus) -> None:
+    p1, p2 = await _politeness(bus), await _politeness(bus)
+    grant = await p1.acquire("learned.example", 1000.0)
+    assert isinstance(grant, Granted)
+    assert grant.policy == HostPolicy()
+    policy = await p1.finish(
+        "learned.example", grant, 1000.5, attempt("learned.example", end=1000.5)
+    )
+    assert policy.attempts == 1
+    seen = await p2.acquire("learned.example", 1020.0)
+    assert isinstance(seen, Granted)
+    assert seen.policy.to_json() == policy.to_json()
+
+
+async def test_a_record_an_older_pod_wrote_keeps_its_lease_and_gets_a_fresh_policy(
+    bus: Bus,
+) -> None:
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    old = {"free_at": 1000.0, "busy_until": 0.0, "next": 1000.0, "gap": 20.0, "backoff_until": 0.0}
+    await kv.put("old.example", json.dumps(old).encode())
+    await kv.put("odd.example", json.dumps({**old, POLICY_KEY: "not a policy"}).encode())
+    p = await _politeness(bus)
+    for host in ("old.example", "odd.example"):
+        early = await p.acquire(host, 990.0)
+        assert isinstance(early, Deferred)
+        assert early.at == pytest.approx(1000.0)
+        grant = await p.acquire(host, 1000.0, reserved=True)
+        assert isinstance(grant, Granted)
+        assert grant.gap == pytest.approx(20.0)
+        assert grant.policy == HostPolicy()
 
 
 async def test_a_pod_whose_memory_of_the_domain_is_stale_still_sees_the_other_pods_lease(

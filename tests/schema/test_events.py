@@ -52,6 +52,10 @@ def test_wire_type_is_the_stable_name_not_the_class_path() -> None:
         "PageDiscovered",
         "CrawlRequested",
         "CrawlCompleted",
+        "InstanceFollowed",
+        "InstanceUnfollowed",
+        "TimelinePollRequested",
+        "TimelinePolled",
     }
 
 

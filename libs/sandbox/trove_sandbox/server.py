@@ -60,6 +60,8 @@ class WitnessRecord:
     if_modified_since: str | None = None
     #: The local IP the request arrived on.
     ip: str = ""
+    #: What the client asked for (tells a crawler's fetch strategies apart).
+    accept: str | None = None
 
 
 class Witness:
@@ -505,6 +507,7 @@ class SiteServer:
                 if_none_match=request.header("if-none-match"),
                 if_modified_since=request.header("if-modified-since"),
                 ip=local_ip,
+                accept=request.header("accept"),
             )
         )
         if response.delay:

@@ -13,19 +13,34 @@ from faststream import FastStream
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.specification import AsyncAPI, License
 
-from trove_schema.events import CrawlCompleted, CrawlRequested, PageDiscovered, SeedRejected
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlRequested,
+    InstanceFollowed,
+    InstanceUnfollowed,
+    PageDiscovered,
+    SeedRejected,
+    TimelinePolled,
+    TimelinePollRequested,
+)
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
+    DISCOVERY_FOLLOWS,
     DISCOVERY_LINKS,
     DISCOVERY_SEEDS,
     EVENTS_STREAM,
     FETCHER,
+    FOLLOW_SUBJECT,
+    INSTANCE_FOLLOWED,
+    INSTANCE_UNFOLLOWED,
     PAGE_DISCOVERED,
     RECORDER,
     SEED_REJECTED,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
+    TIMELINE_POLLED,
+    TIMELINE_REQUESTED,
 )
 
 broker = NatsBroker("nats://nats:4222")
@@ -66,6 +81,30 @@ _crawl_completed = broker.publisher(
     title="CrawlCompleted",
     description=CrawlCompleted.__doc__,
 )
+_instance_followed = broker.publisher(
+    INSTANCE_FOLLOWED,
+    schema=InstanceFollowed,
+    title="InstanceFollowed",
+    description=InstanceFollowed.__doc__,
+)
+_instance_unfollowed = broker.publisher(
+    INSTANCE_UNFOLLOWED,
+    schema=InstanceUnfollowed,
+    title="InstanceUnfollowed",
+    description=InstanceUnfollowed.__doc__,
+)
+_timeline_requested = broker.publisher(
+    TIMELINE_REQUESTED,
+    schema=TimelinePollRequested,
+    title="TimelinePollRequested",
+    description=TimelinePollRequested.__doc__,
+)
+_timeline_polled = broker.publisher(
+    TIMELINE_POLLED,
+    schema=TimelinePolled,
+    title="TimelinePolled",
+    description=TimelinePolled.__doc__,
+)
 
 
 @broker.subscriber(
@@ -80,6 +119,46 @@ _crawl_completed = broker.publisher(
 )
 async def seeds(body: str) -> None:
     """Declared for the documentation: discovery's seeds consumer."""
+
+
+@broker.subscriber(
+    FOLLOW_SUBJECT,
+    stream=seeds_stream,
+    pull_sub=PullSub(),
+    durable=DISCOVERY_FOLLOWS,
+    title=f"discovery: {DISCOVERY_FOLLOWS}",
+    description="Fediverse instances to follow (trove.unfollow: to stop): a URL, lines of "
+    '"URL [TIMELINE]", or JSON ({"instance"|"instances", "timeline", "max_depth", '
+    '"priority", "backfill"}). A `nats req` gets a reply saying what was accepted.',
+)
+async def follows(body: str) -> None:
+    """Declared for the documentation: discovery's follows consumer."""
+
+
+@broker.subscriber(
+    TIMELINE_POLLED,
+    stream=events,
+    pull_sub=PullSub(),
+    durable=f"{DISCOVERY_LINKS}-polls",
+    title=f"discovery: {DISCOVERY_LINKS} (polls)",
+    description="The links of public posts on followed timelines, discovered with their "
+    "share provenance; the next poll of the timeline is scheduled from each answer.",
+)
+async def shares(event: TimelinePolled) -> None:
+    """Declared for the documentation: discovery's links consumer (same durable)."""
+
+
+@broker.subscriber(
+    TIMELINE_REQUESTED,
+    stream=events,
+    pull_sub=PullSub(),
+    durable=f"{FETCHER}-polls",
+    title=f"fetcher: {FETCHER} (polls)",
+    description="Polls of followed timelines through the Mastodon client API, each request "
+    "under the instance host's lease; answered by a TimelinePolled.",
+)
+async def poll(event: TimelinePollRequested) -> None:
+    """Declared for the documentation: the fetcher's work consumer (same durable)."""
 
 
 @broker.subscriber(

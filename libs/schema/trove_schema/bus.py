@@ -63,9 +63,11 @@ log = logging.getLogger(__name__)
 class Retry(TroveError):
     """Raised by a handler: hand the message back, to be redelivered after ``delay`` seconds."""
 
-    def __init__(self, reason: str, delay: float = 5.0) -> None:
+    def __init__(self, reason: str, delay: float = 5.0, *, expected: bool = False) -> None:
         super().__init__(reason)
         self.delay = delay
+        #: Handed back on purpose (waiting for something), not for trouble: logged quietly.
+        self.expected = expected
 
 
 #: Errors that say the broker is away or busy, not that the message is bad. A handler's
@@ -413,7 +415,8 @@ class Consumer:
 
     async def _retry(self, msg: Msg, retry: Retry) -> None:
         """Hand the message back for later: not the message's fault, so not counted."""
-        log.warning("%s: retrying in %.1fs: %s", self.durable, retry.delay, retry)
+        level = logging.DEBUG if retry.expected else logging.WARNING
+        log.log(level, "%s: retrying in %.1fs: %s", self.durable, retry.delay, retry)
         MESSAGES_HANDLED.labels(self.durable, "retried").inc()
         await _quiet(msg.nak(delay=retry.delay))
 

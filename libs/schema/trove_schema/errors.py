@@ -4,7 +4,8 @@ TroveError
 ├── MalformedEvent       bytes on the wire that are not a valid Trove event
 ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
 ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
-└── StackError           the embedded or external servers could not be started or reached
+├── StackError           the embedded or external servers could not be started or reached
+└── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
 """
 
 
@@ -22,6 +23,10 @@ class TopologyError(TroveError):
 
 class StackError(TroveError):
     """A server of the stack (NATS, Postgres) could not be started or reached."""
+
+
+class InvalidPriors(TroveError):
+    """The seed priors file is missing, is not TOML, or says something impossible."""
 
 
 class InvalidURL(TroveError):

@@ -430,6 +430,9 @@ class TimelinePollRequested(Event):
     follow_id: str
     #: The newest post id handled (the API's ``min_id``); None before the first poll.
     cursor: Annotated[str, Storable(200)] | None = None
+    #: Posts to read back while there is no cursor yet (the follow's ``backfill``);
+    #: None: the fetcher's own bound.
+    backfill: int | None = Field(default=None, ge=0, le=1000)
     #: The API's base URL found through NodeInfo; None until then.
     api: URLText | None = None
     software: Annotated[str, Storable(100)] | None = None

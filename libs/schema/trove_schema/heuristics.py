@@ -9,22 +9,29 @@ a migration. Tags come in two kinds:
   ``path_depth``, ``has_query``, ``contains_cdn``, ``contains_static``, ``scheme``;
 * after it, from the response: ``outcome``, ``status``, ``status_class``,
   ``error_type``, ``challenge``, ``content_type``, ``content_family``, ``empty_body``,
-  ``server``, ``cdn``, ``retry_after``, ``x_robots_tag``, ``redirected``.
+  ``server``, ``cdn``, ``retry_after``, ``x_robots_tag``, ``redirected``, ``has_spa``
+  and ``text_chars`` (a bucket) when the body was parsed;
+* how it was fetched: ``strategy`` (the event's ``fetcher``) and ``strategy_reason``.
 
 The verdict:
 
-* ``success`` means usable content, not merely a 200: a ``success`` outcome carrying a
-  title, a keyword or a link (something a reader of the page could use), or a
-  ``not_modified`` (the content already held is still current). A 200 with none of
-  these is ``empty_content``.
+* ``success`` means usable content for the strategy that asked, not merely a 200: a
+  ``success`` outcome carrying a title, text, a keyword or a link (something a reader
+  of the page could use), or a ``not_modified`` (the content already held is still
+  current). A 200 with an empty body or none of these is ``empty_content``. A bot
+  challenge is never a success, whatever its status.
 * ``is_banned`` means the site refused Trove itself rather than the page: 403, 429,
   or a bot challenge (``CF-Mitigated: challenge``, or a 403/503 from a challenging
   CDN).
 * ``error_type`` is one word for what went wrong (None on success): ``robots``,
   ``blocked_captcha``, ``blocked_403``, ``rate_limited``, ``not_found``,
-  ``client_error``, ``server_error``, ``timeout``, ``network_error``, ``wrong_tool``
-  (a content type the HTTP fetcher does not parse), ``offsite_redirect``,
-  ``rejected``, ``empty_content``.
+  ``client_error``, ``server_error``, ``timeout``, ``network_error``, ``wrong_tool``,
+  ``offsite_redirect``, ``rejected``, ``empty_content``.
+* ``wrong_tool`` is content the strategy cannot use, which another strategy may: an
+  application shell (``shell`` with under ``SHELL_MAX_TEXT_CHARS`` of text), a content
+  type the strategy does not parse (an HTML page answered to an ``activitypub``
+  request), a body its extraction refused. A feed is content for ``http``: Trove reads
+  feeds.
 """
 
 from __future__ import annotations
@@ -38,6 +45,15 @@ from trove_schema.text import storable
 #: Longest tag value stored (a content type or server header is a few dozen characters).
 MAX_TAG_VALUE = 256
 DEFAULT_IMPORTANCE = 0.5
+#: Readable characters under which a page that looks like an application shell is one
+#: (a shell's footer or "Loading..." is a few dozen; an article, thousands).
+SHELL_MAX_TEXT_CHARS = 200
+
+#: The content families each strategy reads, where a success of another family is not
+#: usable for it (``http`` takes what its Accept header allows, feeds and PDFs included).
+_STRATEGY_FAMILIES = {"activitypub": frozenset({"json"})}
+#: Upper bounds of the ``text_chars`` tag's buckets, and the label of each.
+_TEXT_BUCKETS = ((0, "0"), (199, "1-199"), (999, "200-999"), (9_999, "1k-10k"))
 
 #: Servers that answer a bot with a challenge page on 403/503.
 _CHALLENGING_SERVERS = ("cloudflare", "ddos-guard", "sucuri", "akamaighost")
@@ -88,7 +104,11 @@ def audit(event: CrawlCompleted) -> Audit:
     challenge = _challenge(event.status_code, headers)
     error_type = _error_type(event, challenge)
     is_banned = challenge or event.status_code in (403, 429)
-    tags = [*url_tags(event.url), *_response_tags(event, headers, error_type, challenge)]
+    tags = [
+        *url_tags(event.url),
+        *_response_tags(event, headers, error_type, challenge),
+        *_strategy_tags(event),
+    ]
     return Audit(
         success=error_type is None,
         is_banned=is_banned,
@@ -151,6 +171,25 @@ def _response_tags(
     return tags
 
 
+def _strategy_tags(event: CrawlCompleted) -> list[Tag]:
+    tags = [Tag("strategy", event.fetcher, 0.7)]
+    if event.strategy_reason:
+        tags.append(Tag("strategy_reason", event.strategy_reason, 0.3))
+    if event.text_chars is not None or event.shell:
+        tags.append(Tag("has_spa", _flag(event.shell), 0.8 if event.shell else 0.4))
+    if event.text_chars is not None:
+        tags.append(Tag("text_chars", text_bucket(event.text_chars), 0.5))
+    return tags
+
+
+def text_bucket(chars: int) -> str:
+    """The ``text_chars`` tag's value: a coarse bucket, so that tags group attempts."""
+    for bound, label in _TEXT_BUCKETS:
+        if chars <= bound:
+            return label
+    return "10k+"
+
+
 def _challenge(status: int | None, headers: dict[str, str]) -> bool:
     if headers.get("cf-mitigated", "").strip().lower() == "challenge":
         return True
@@ -163,15 +202,15 @@ def _challenge(status: int | None, headers: dict[str, str]) -> bool:
 def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
     outcome, status = event.outcome, event.status_code
     message = (event.error_message or "").lower()
-    if outcome is CrawlOutcome.SUCCESS:
-        usable = bool(event.title) or bool(event.keywords) or bool(event.links)
-        return None if usable else "empty_content"
-    if outcome is CrawlOutcome.NOT_MODIFIED:
-        return None
     if outcome is CrawlOutcome.BLOCKED_ROBOTS or message.startswith("robots.txt"):
         return "robots"
+    # Before the outcome: a challenge page sent with a 200 is still not the page.
     if challenge:
         return "blocked_captcha"
+    if outcome is CrawlOutcome.SUCCESS:
+        return _content_error(event)
+    if outcome is CrawlOutcome.NOT_MODIFIED:
+        return None
     if status == 429:
         return "rate_limited"
     if status == 403:
@@ -185,12 +224,28 @@ def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
     if outcome is CrawlOutcome.TIMEOUT:
         return "timeout"
     if outcome is CrawlOutcome.REJECTED:
-        if "content type" in message:
+        if "content type" in message or message.startswith("extraction failed"):
             return "wrong_tool"
         if "another host" in message:
             return "offsite_redirect"
         return "rejected"
     return "network_error"
+
+
+def _content_error(event: CrawlCompleted) -> str | None:
+    """What is wrong with a response the fetcher took as content (None: it is usable)."""
+    if event.content_length == 0:
+        return "empty_content"
+    families = _STRATEGY_FAMILIES.get(event.fetcher)
+    if families is not None:
+        kind = _media_type(event.content_type)
+        if kind is None or _content_family(kind) not in families:
+            return "wrong_tool"
+    text = event.text_chars or 0
+    if event.shell and text < SHELL_MAX_TEXT_CHARS:
+        return "wrong_tool"
+    usable = bool(event.title) or bool(event.keywords) or bool(event.links) or text > 0
+    return None if usable else "empty_content"
 
 
 def _media_type(content_type: str | None) -> str | None:
@@ -204,6 +259,8 @@ def _content_family(kind: str) -> str:
         return "html"
     if kind in ("application/rss+xml", "application/atom+xml", "application/feed+json"):
         return "feed"
+    if kind in ("application/pdf", "application/x-pdf"):
+        return "pdf"
     if kind.endswith("xml"):
         return "xml"
     if kind.endswith("json"):

@@ -37,6 +37,22 @@ RESERVATION_HORIZON = Gauge(
     "trove_reservation_horizon_seconds",
     "How far ahead the furthest slot this pod planned for deferred work lies",
 )
+STRATEGY_CHOICES = Counter(
+    "trove_strategy_choices_total",
+    "Fetch strategies chosen, by strategy and reason (only, prior, learned, explore); "
+    'the exploration share is choices{reason="explore"} over all choices',
+    ["strategy", "reason"],
+)
+STRATEGY_MISPREDICTIONS = Counter(
+    "trove_strategy_mispredictions_total",
+    "Attempts whose chosen strategy gave no usable content (wrong_tool, empty_content)",
+    ["strategy"],
+)
+HOST_PAUSES = Counter(
+    "trove_host_pauses_total",
+    "Hosts paused for every pod by their learned policy, by reason",
+    ["reason"],
+)
 
 DISCOVERED = Counter("trove_pages_discovered_total", "PageDiscovered published", ["via"])
 SEEDS = Counter("trove_seeds_total", "Seeds by verdict", ["verdict"])

@@ -1,16 +1,175 @@
 """Per-host policy learned from evidence and priors: a pure fold over attempts.
 
-SKELETON: the signatures below are the contract between the fetcher (which folds each
-attempt into the host's record in KV and acts on it) and the recorder (which folds the
-same events into ``host_policies`` for the operator). Implementation in progress.
+The fetcher folds each attempt into the host's record (KV) right after it and acts on
+the result; the recorder folds the same ``CrawlCompleted`` events into
+``host_policies`` for the operator. Both build the ``Observation`` from the event
+(``Observation.of``, through ``heuristics.audit``) and run the same ``observe``, so they
+agree. What a host's record learns:
+
+* **Which strategy works**, per URL class (``priors.toml``): discounted counts of
+  usable content (success) and of the wrong kind of answer (``wrong_tool``,
+  ``empty_content``), seeded with the class's priors as pseudo-attempts. Only those
+  outcomes teach the choice: a timeout, a reset, a 5xx, a 429, a ban or a challenge
+  says how the host is, not which strategy fits it, and counting them would teach a
+  healthy host's strategy that it fails (and answer a site's defences with another
+  strategy, which Trove never does).
+* **When to leave it alone**: failures in a row (refused, timed out, 5xx) pause the
+  whole host, doubling; a 429/503 backs off, doubling, unless it says for how long
+  (Retry-After, honoured exactly); answers to requests that were already in flight
+  when the host was last escalated do not escalate it again; a ban or a challenge
+  pauses it for ``ban_pause``. A healthy answer forgives the levels.
+* **How gently to go**: the gap grows with the host's smoothed response time.
+* **Whether validators help**: conditional requests answered 304 versus 200 with the
+  same body.
+
+The record is small and bounded (one estimate per URL class and strategy), and it
+travels as compact JSON that older and newer pods both read (``to_json``/``from_json``).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import math
+import re
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
+from trove_schema.errors import InvalidPriors
 from trove_schema.events import CrawlCompleted
+from trove_schema.heuristics import Audit, audit
+
+DEFAULT_PRIORS_FILE = Path(__file__).with_name("priors.toml")
+STRATEGIES = ("http", "activitypub")
+
+#: Outcomes that say the strategy was the wrong one for the URL.
+STRATEGY_FAILURES = frozenset({"wrong_tool", "empty_content"})
+#: Outcomes that say the host is unwell, whatever the strategy.
+HOST_FAILURES = frozenset({"network_error", "timeout", "server_error"})
+#: Estimates a record keeps (URL classes x strategies); a stranger's event naming new
+#: strategies cannot grow it past this.
+MAX_ESTIMATES = 32
+#: Levels past this would only hit the caps: keeps 2**level small.
+MAX_LEVEL = 32
+#: Validator counts are halved past this, so a host that changes its ways is re-learned.
+MAX_VALIDATOR_COUNT = 1000
+#: Weight of the newest response time in the smoothed one.
+RESPONSE_SMOOTHING = 0.3
+JITTER = 0.1
+#: Decimals the fold keeps: counts to 1e-4 of an attempt, times to the millisecond.
+COUNT_DIGITS = 4
+TIME_DIGITS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class UrlClass:
+    """A kind of URL (``priors.toml``) and the strategies believed to work for it."""
+
+    name: str
+    extensions: frozenset[str] = frozenset()
+    #: The class's path expressions as one alternation (None: no path rule).
+    paths: re.Pattern[str] | None = None
+    #: strategy -> importance (0..1) of the prior that it works.
+    priors: Mapping[str, float] = field(default_factory=dict)
+
+    def matches(self, path: str, extension: str) -> bool:
+        if not self.extensions and self.paths is None:
+            return True
+        if extension in self.extensions:
+            return True
+        return self.paths is not None and self.paths.search(path) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Priors:
+    #: Pseudo-attempts a prior of importance 1 is worth.
+    weight: float
+    classes: tuple[UrlClass, ...]
+
+    def url_class(self, url: str) -> str:
+        parts = urlsplit(url)
+        path = parts.path or "/"
+        last = path.rsplit("/", 1)[-1]
+        extension = last.rsplit(".", 1)[1].lower() if "." in last[1:] else ""
+        for cls in self.classes:
+            if cls.matches(path, extension):
+                return cls.name
+        return "page"
+
+    def seed(self, url_class: str, strategy: str) -> tuple[float, float]:
+        """The pseudo-counts (successes, failures) a host starts from."""
+        for cls in self.classes:
+            if cls.name == url_class:
+                return (cls.priors.get(strategy, 0.0) * self.weight, 0.0)
+        return (0.0, 0.0)
+
+    def strategies(self, url_class: str) -> tuple[str, ...]:
+        for cls in self.classes:
+            if cls.name == url_class:
+                return tuple(cls.priors)
+        return ()
+
+
+def load_priors(path: Path | None = None) -> Priors:
+    """The priors of ``path`` (the shipped ``priors.toml`` when None)."""
+    return _load_priors(path or DEFAULT_PRIORS_FILE)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_priors(path: Path) -> Priors:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidPriors(f"{path}: {exc}") from exc
+    try:
+        return _parse_priors(raw)
+    except (TypeError, ValueError, re.error) as exc:
+        raise InvalidPriors(f"{path}: {exc}") from exc
+
+
+def _parse_priors(raw: dict[str, Any]) -> Priors:
+    weight = float(raw.get("weight", 8.0))
+    if not 0.0 <= weight <= 1000.0:
+        raise ValueError(f"weight {weight:g} is not within 0..1000")
+    classes = []
+    for entry in raw.get("class", []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValueError("each [[class]] needs a name")
+        name: str = entry["name"]
+        priors = entry.get("priors", {})
+        if not isinstance(priors, dict):
+            raise TypeError(f"class {name}: priors must be a table")
+        for strategy, importance in priors.items():
+            if not isinstance(importance, int | float) or not 0.0 <= importance <= 1.0:
+                raise ValueError(f"class {name}: importance of {strategy} is not within 0..1")
+        classes.append(
+            UrlClass(
+                name=name,
+                extensions=frozenset(
+                    str(e).lower().lstrip(".") for e in entry.get("extensions", [])
+                ),
+                paths=_alternation([str(p) for p in entry.get("paths", [])]),
+                priors={str(s): float(i) for s, i in priors.items()},
+            )
+        )
+    if not classes:
+        raise ValueError("no [[class]]")
+    return Priors(weight=weight, classes=tuple(classes))
+
+
+def _alternation(patterns: list[str]) -> re.Pattern[str] | None:
+    for pattern in patterns:
+        re.compile(pattern)  # each on its own, so an error names the one at fault
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+
+
+def _default_priors() -> Priors:
+    return load_priors()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,9 +184,38 @@ class LearningConfig:
     pause_max: float = 86_400.0
     #: First pause after a 429/503 without Retry-After, doubled per answer in a row.
     rate_base: float = 60.0
+    #: Longest pause a 429/503 (with or without Retry-After) may cause.
     rate_max: float = 3_600.0
     #: Pause after a ban or a challenge page.
     ban_pause: float = 86_400.0
+    #: How long a ban keeps the host from any exploration.
+    ban_memory: float = 30 * 86_400.0
+    #: Each strategy-relevant outcome of a URL class weighs its older ones by this: the
+    #: last ~7 outcomes carry most of the estimate, so a site that changes is re-learned
+    #: within a few fetches.
+    discount: float = 0.85
+    #: At most one choice in this many (per host) tries a strategy that is not the best.
+    explore_every: int = 50
+    priors: Priors = field(default_factory=_default_priors)
+
+    @classmethod
+    def from_settings(cls, settings: object) -> LearningConfig:
+        """From a service's settings; the fetcher's gap and back-off bounds when it has them."""
+        defaults = cls()
+        priors_file = getattr(settings, "priors_file", None)
+        return cls(
+            min_gap=float(getattr(settings, "min_domain_delay_seconds", defaults.min_gap)),
+            max_gap=float(getattr(settings, "max_domain_delay_seconds", defaults.max_gap)),
+            response_factor=float(
+                getattr(settings, "gap_response_factor", defaults.response_factor)
+            ),
+            pause_base=float(getattr(settings, "host_pause_seconds", defaults.pause_base)),
+            pause_max=float(getattr(settings, "host_pause_max_seconds", defaults.pause_max)),
+            rate_base=float(getattr(settings, "rate_pause_seconds", defaults.rate_base)),
+            rate_max=float(getattr(settings, "max_backoff_seconds", defaults.rate_max)),
+            ban_pause=float(getattr(settings, "ban_pause_seconds", defaults.ban_pause)),
+            priors=load_priors(Path(priors_file) if priors_file else None),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,10 +233,34 @@ class Observation:
     retry_after: float | None
     duration_ms: int | None
     conditional: bool = False
+    #: The body is the one the page's previous visit saw (same content hash).
+    unchanged: bool = False
 
     @classmethod
-    def of(cls, event: CrawlCompleted) -> Observation:
-        raise NotImplementedError
+    def of(cls, event: CrawlCompleted, verdict: Audit | None = None) -> Observation:
+        """``verdict`` is ``audit(event)`` when the caller has it already."""
+        verdict = verdict if verdict is not None else audit(event)
+        success, error_type = verdict.success, verdict.error_type
+        if verdict.is_banned and success:
+            # A challenge served with a 200 is still a challenge, never content.
+            success, error_type = False, "blocked_captcha"
+        elif success and event.shell:
+            success, error_type = False, "wrong_tool"
+        previous = event.history.content_hash if event.history is not None else None
+        return cls(
+            started=event.started_at.timestamp(),
+            at=event.completed_at.timestamp(),
+            url=event.url,
+            strategy=event.fetcher,
+            success=success,
+            is_banned=verdict.is_banned,
+            error_type=error_type,
+            status=event.status_code,
+            retry_after=event.retry_after,
+            duration_ms=event.duration_ms,
+            conditional=event.conditional,
+            unchanged=event.content_hash is not None and event.content_hash == previous,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,28 +285,321 @@ class HostPolicy:
     #: Conditional requests answered 304 / answered 200 with the same content.
     validators_honoured: int = 0
     validators_ignored: int = 0
+    #: When the host last banned Trove or served it a challenge (0: never).
+    banned_at: float = 0.0
 
     def to_json(self) -> dict[str, object]:
-        raise NotImplementedError
+        """Compact: fields at their default are left out. Lossless: ``observe`` rounds its
+        numbers as this does, so a pod that reads the record back folds on exactly what
+        the recorder holds in memory, and a batch's cut changes nothing."""
+        out: dict[str, object] = {}
+        if self.estimates:
+            out["estimates"] = {
+                key: [round(s, COUNT_DIGITS), round(f, COUNT_DIGITS)]
+                for key, (s, f) in sorted(self.estimates.items())
+            }
+        for name, default in _SCALARS.items():
+            value = getattr(self, name)
+            if value != default:
+                out[name] = round(value, TIME_DIGITS) if isinstance(value, float) else value
+        return out
 
     @classmethod
     def from_json(cls, raw: object) -> HostPolicy:
-        raise NotImplementedError
+        """Whatever a pod of any version wrote: unknown fields ignored, bad ones defaulted."""
+        if isinstance(raw, bytes | bytearray | str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                return cls()
+        if not isinstance(raw, dict):
+            return cls()
+        values: dict[str, Any] = {}
+        for name, default in _SCALARS.items():
+            value = _coerce(raw.get(name), default, text=name in _TEXT_FIELDS)
+            if value is not None or default is None:
+                values[name] = value
+        return cls(estimates=_read_estimates(raw.get("estimates")), **values)
+
+
+_SCALARS: dict[str, Any] = {
+    "paused_until": 0.0,
+    "pause_reason": None,
+    "risk_level": 0,
+    "rate_level": 0,
+    "escalated_at": 0.0,
+    "response_ms": None,
+    "attempts": 0,
+    "last_attempt_at": 0.0,
+    "validators_honoured": 0,
+    "validators_ignored": 0,
+    "banned_at": 0.0,
+}
+_TEXT_FIELDS = frozenset({"pause_reason"})
+
+
+def _coerce(value: object, default: Any, *, text: bool = False) -> Any:
+    """``value`` as the type of ``default`` (text when ``text``); None when it cannot be."""
+    if value is None or isinstance(value, bool):
+        return None
+    if text:
+        return value[:64] if isinstance(value, str) else None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if isinstance(default, int):
+        return max(0, min(int(value), 2**31 - 1))
+    return max(0.0, float(value))
+
+
+def _read_estimates(raw: object) -> dict[str, tuple[float, float]]:
+    if not isinstance(raw, dict):
+        return {}
+    estimates: dict[str, tuple[float, float]] = {}
+    for key, pair in raw.items():
+        if len(estimates) >= MAX_ESTIMATES:
+            break
+        if not isinstance(key, str) or ":" not in key or not isinstance(pair, list | tuple):
+            continue
+        counts = [_coerce(v, 0.0) for v in pair[:2]]
+        if len(counts) == 2 and counts[0] is not None and counts[1] is not None:
+            estimates[key[:80]] = (counts[0], counts[1])
+    return estimates
 
 
 def observe(policy: HostPolicy, observation: Observation, config: LearningConfig) -> HostPolicy:
-    raise NotImplementedError
+    """The host's policy once ``observation`` is known."""
+    obs = observation
+    estimates = dict(policy.estimates)
+    teaches = obs.success or obs.error_type in STRATEGY_FAILURES
+    if teaches and not obs.is_banned:
+        _learn(estimates, config.priors.url_class(obs.url), obs.strategy, obs.success, config)
+
+    paused_until, reason = policy.paused_until, policy.pause_reason
+    risk, rate, escalated_at, banned_at = (
+        policy.risk_level,
+        policy.rate_level,
+        policy.escalated_at,
+        policy.banned_at,
+    )
+
+    def pause(wait: float, why: str) -> None:
+        # The reason shown is the one of the pause that ends last: a timeout after a
+        # ban does not make the ban's day-long pause look like a timeout's.
+        nonlocal paused_until, reason
+        if obs.at + wait > paused_until:
+            paused_until, reason = obs.at + wait, why
+
+    # Answers to requests that left before the last escalation say nothing new: the
+    # host was already being left alone when they went out.
+    in_flight = obs.started < policy.escalated_at
+    if obs.is_banned and obs.error_type not in ("rate_limited", "blocked_403"):
+        pause(config.ban_pause, obs.error_type or "banned")
+        banned_at, escalated_at = obs.at, max(escalated_at, obs.at)
+    elif obs.error_type == "blocked_403":
+        # A 403 without a challenge's signature may be one private page as well as the
+        # host refusing Trove: the host is left alone as if it failed (pauses doubling
+        # from pause_base, forgiven on its next success), not for a ban's day.
+        if not in_flight:
+            risk = min(risk + 1, MAX_LEVEL)
+            nominal = config.pause_base * 2.0 ** (risk - 1)
+            pause(
+                min(config.pause_max, nominal * _jitter(_host(obs.url), "risk", risk)), "forbidden"
+            )
+            escalated_at = max(escalated_at, obs.at)
+    elif obs.status in (429, 503) and obs.error_type in ("rate_limited", "server_error"):
+        kind = "rate_limited" if obs.status == 429 else "unavailable"
+        if not in_flight:
+            rate = min(rate + 1, MAX_LEVEL)
+            escalated_at = max(escalated_at, obs.at)
+        if obs.retry_after is not None:
+            pause(min(max(obs.retry_after, 0.0), config.rate_max), f"{kind} (Retry-After)")
+        elif not in_flight:
+            nominal = config.rate_base * 2.0 ** (rate - 1)
+            pause(min(config.rate_max, nominal * _jitter(_host(obs.url), "rate", rate)), kind)
+    elif obs.error_type in HOST_FAILURES:
+        if not in_flight:
+            risk = min(risk + 1, MAX_LEVEL)
+            nominal = config.pause_base * 2.0 ** (risk - 1)
+            wait = min(config.pause_max, nominal * _jitter(_host(obs.url), "risk", risk))
+            if obs.retry_after is not None:
+                wait = max(wait, min(obs.retry_after, config.rate_max))
+            pause(wait, obs.error_type or "unreachable")
+            escalated_at = max(escalated_at, obs.at)
+    elif _answered(obs) and not in_flight:
+        risk, rate = 0, 0  # forgiven: the host answers again
+
+    response_ms = policy.response_ms
+    # Only answers tell how long the host takes to answer: a timeout's duration is the
+    # client's limit, and a failure is left to the pauses above.
+    answered = obs.error_type not in HOST_FAILURES
+    if obs.status is not None and obs.duration_ms is not None and answered:
+        response_ms = (
+            float(obs.duration_ms)
+            if response_ms is None
+            else (1 - RESPONSE_SMOOTHING) * response_ms + RESPONSE_SMOOTHING * obs.duration_ms
+        )
+
+    honoured, ignored = policy.validators_honoured, policy.validators_ignored
+    if obs.conditional:
+        if obs.status == 304:
+            honoured += 1
+        elif obs.status == 200 and obs.unchanged:
+            ignored += 1
+        if max(honoured, ignored) > MAX_VALIDATOR_COUNT:
+            honoured, ignored = honoured // 2, ignored // 2
+
+    return HostPolicy(
+        estimates=estimates,
+        paused_until=round(paused_until, TIME_DIGITS),
+        pause_reason=reason,
+        risk_level=risk,
+        rate_level=rate,
+        escalated_at=round(escalated_at, TIME_DIGITS),
+        response_ms=None if response_ms is None else round(response_ms, TIME_DIGITS),
+        attempts=min(policy.attempts + 1, 2**31 - 1),
+        last_attempt_at=round(max(policy.last_attempt_at, obs.at), TIME_DIGITS),
+        validators_honoured=honoured,
+        validators_ignored=ignored,
+        banned_at=banned_at,
+    )
+
+
+def _learn(
+    estimates: dict[str, tuple[float, float]],
+    url_class: str,
+    strategy: str,
+    success: bool,
+    config: LearningConfig,
+) -> None:
+    """Discount the class's estimates (seeding those not held yet) and add the outcome."""
+    prefix = url_class + ":"
+    strategies = dict.fromkeys(
+        [
+            *config.priors.strategies(url_class),
+            *(key[len(prefix) :] for key in estimates if key.startswith(prefix)),
+            strategy,
+        ]
+    )
+    gamma = config.discount
+    for name in strategies:
+        key = prefix + name
+        if key not in estimates and len(estimates) >= MAX_ESTIMATES:
+            continue
+        s, f = estimates.get(key) or config.priors.seed(url_class, name)
+        s, f = s * gamma, f * gamma
+        if name == strategy:
+            s, f = (s + 1.0, f) if success else (s, f + 1.0)
+        estimates[key] = (round(s, COUNT_DIGITS), round(f, COUNT_DIGITS))
+
+
+def _answered(obs: Observation) -> bool:
+    """The host answered as a healthy host does (content, a 304, a 404...)."""
+    if obs.success:
+        return True
+    return obs.status is not None and obs.status < 500 and obs.status != 429
+
+
+def estimate(
+    policy: HostPolicy, url_class: str, strategy: str, config: LearningConfig
+) -> tuple[float, float]:
+    """(successes, failures) for ``strategy`` on the host's URLs of ``url_class``."""
+    held = policy.estimates.get(f"{url_class}:{strategy}")
+    return held if held is not None else config.priors.seed(url_class, strategy)
+
+
+#: Pseudo-counts under every estimate (Jeffreys' prior): an untried strategy is an even
+#: bet, and a strategy that always works reaches 0.93 at the discount's evidence ceiling
+#: (1 / (1 - discount) outcomes) where a uniform prior would stop at 0.88.
+BASE = 0.5
+
+
+def success_rate(counts: tuple[float, float]) -> float:
+    """The expected share of usable answers."""
+    s, f = counts
+    return (s + BASE) / (s + f + 2 * BASE)
+
+
+def _upper(counts: tuple[float, float]) -> float:
+    """Two standard deviations above the expected rate: what it plausibly is at best."""
+    a, b = counts[0] + BASE, counts[1] + BASE
+    return a / (a + b) + 2.0 * math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0)))
 
 
 def choose(
     policy: HostPolicy, url: str, applicable: Sequence[str], config: LearningConfig
 ) -> Choice:
-    raise NotImplementedError
+    """The strategy for ``url`` among ``applicable`` (in the fetcher's order of preference)."""
+    strategies = list(dict.fromkeys(applicable))
+    if not strategies:
+        raise ValueError("no applicable strategy")
+    if len(strategies) == 1:
+        return Choice(strategies[0], "only")
+    url_class = config.priors.url_class(url)
+    counts = {s: estimate(policy, url_class, s, config) for s in strategies}
+    best = max(strategies, key=lambda s: success_rate(counts[s]))  # first of equals
+    learned = any(f"{url_class}:{s}" in policy.estimates for s in strategies)
+    if _explore_turn(policy, url, config):
+        rate = success_rate(counts[best])
+        for other in strategies:
+            if other != best and _upper(counts[other]) >= rate:
+                return Choice(other, "explore")
+    return Choice(best, "learned" if learned else "prior")
+
+
+def _explore_turn(policy: HostPolicy, url: str, config: LearningConfig) -> bool:
+    """Whether this choice may explore: a fixed share, and only on a host at ease.
+
+    Never on a host that paused at its last answer, is being backed off, or banned
+    Trove recently: exploring there would look like getting around its refusal.
+    """
+    if config.explore_every <= 0 or policy.attempts == 0:
+        return False
+    if policy.paused_until > policy.last_attempt_at or policy.risk_level or policy.rate_level:
+        return False
+    if policy.banned_at and policy.last_attempt_at - policy.banned_at < config.ban_memory:
+        return False
+    offset = _unit(_host(url), "explore") * config.explore_every
+    return (policy.attempts + int(offset)) % config.explore_every == 0
 
 
 def host_gap(policy: HostPolicy, base_gap: float, config: LearningConfig) -> float:
-    raise NotImplementedError
+    """Seconds between two requests to the host: longer when it answers slowly.
+
+    ``base_gap`` already holds the host's Crawl-delay; the result is never below it
+    nor below ``min_gap``, and the learned part never above ``max_gap``.
+    """
+    gap = base_gap
+    if policy.response_ms is not None:
+        learned = config.response_factor * policy.response_ms / 1000.0
+        gap = max(gap, min(learned, config.max_gap))
+    return max(gap, config.min_gap)
+
+
+#: Once in this many conditional-free requests, a host that ignored validators is
+#: asked again with them: it may have started to honour them.
+VALIDATOR_PROBE_EVERY = 50
 
 
 def send_validators(policy: HostPolicy) -> bool:
-    raise NotImplementedError
+    """Send If-None-Match / If-Modified-Since unless the host clearly ignores them."""
+    ignores = policy.validators_ignored >= 3 and policy.validators_honoured == 0
+    return not ignores or policy.attempts % VALIDATOR_PROBE_EVERY == 0
+
+
+def paused(policy: HostPolicy, now: float) -> bool:
+    return policy.paused_until > now
+
+
+def _host(url: str) -> str:
+    return (urlsplit(url).hostname or "").lower()
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit(host: str, *parts: object) -> float:
+    """A number in [0, 1) fixed by its inputs: jitter every pod agrees on."""
+    key = "|".join((host, *map(str, parts))).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2.0**64
+
+
+def _jitter(host: str, kind: str, level: int) -> float:
+    return 1.0 + JITTER * (2.0 * _unit(host, kind, level) - 1.0)

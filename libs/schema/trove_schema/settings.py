@@ -65,6 +65,26 @@ class CommonSettings(BaseSettings):
     dead_max_age_seconds: float = Field(default=0.0, ge=0.0)
     #: Largest message a stream accepts; events are built to fit below it.
     max_message_bytes: int = Field(default=1 << 20, ge=64 * 1024, le=8 << 20)
+    # The learned per-host policy (trove_schema.policy): the fetcher acts on it, the
+    # recorder projects it for the operator, so both read the same values.
+    #: Seconds between two requests to one domain; robots.txt Crawl-delay may raise it.
+    min_domain_delay_seconds: float = Field(default=10.0, ge=0.0)
+    max_domain_delay_seconds: float = Field(default=120.0, ge=0.0)
+    #: Longest a 429/503 Retry-After may pause a whole domain.
+    max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
+    #: A host's gap is at least this many times its smoothed response time.
+    gap_response_factor: float = Field(default=10.0, ge=0.0)
+    #: First pause of a host that refuses, times out or answers 5xx; doubled per
+    #: failure in a row, up to the maximum.
+    host_pause_seconds: float = Field(default=60.0, ge=0.0)
+    host_pause_max_seconds: float = Field(default=86_400.0, ge=0.0)
+    #: First pause after a 429/503 without Retry-After, doubled per answer in a row (up
+    #: to TROVE_MAX_BACKOFF_SECONDS).
+    rate_pause_seconds: float = Field(default=60.0, ge=0.0)
+    #: Pause after a ban or a challenge page.
+    ban_pause_seconds: float = Field(default=86_400.0, ge=0.0)
+    #: Seed priors (TOML, see trove_schema/priors.toml); unset, the shipped ones.
+    priors_file: Path | None = None
 
 
 class DiscoverySettings(CommonSettings):
@@ -79,15 +99,40 @@ class DiscoverySettings(CommonSettings):
     follow_nofollow: bool = False
     #: URLs whose seen-bucket answer discovery remembers (~200 bytes each); 0 turns it off.
     seen_memory: int = Field(default=100_000, ge=0)
-    #: A fetched page is re-requested after this many seconds (default 7 days).
+    #: How long a replica uses a host's learned URL aliases before reading them again
+    #: (a rule learned by one replica reaches the others within this time).
+    url_rules_cache_seconds: float = Field(default=5.0, gt=0.0, le=300.0)
+    #: Confirmations (rel=canonical, equal content) before a URL alias is learned.
+    alias_confirmations: int = Field(default=2, ge=1, le=100)
+    #: A page's links that may be aliases not learned yet wait this long (doubled each
+    #: round, for up to TROVE_ALIAS_HOLD_ROUNDS rounds) while a few of them are fetched to
+    #: learn from; 0 lets every spelling through at once. The whole wait stays inside
+    #: the events stream's 10-minute duplicate window.
+    alias_hold_seconds: float = Field(default=10.0, ge=0.0, le=30.0)
+    alias_hold_rounds: int = Field(default=3, ge=0, le=3)
+    #: A fetched page is re-requested after this many seconds (default 7 days); later
+    #: intervals follow the page's changes (``trove_schema.change_rate``) within the
+    #: bounds below.
     recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
+    #: Shortest re-crawl interval. 0, the default: one hour, or the first interval if
+    #: that is shorter.
+    recrawl_min_seconds: float = Field(default=0.0, ge=0.0)
+    #: Longest re-crawl interval. 0, the default: 30 days, or the first interval if
+    #: that is longer.
+    recrawl_max_seconds: float = Field(default=0.0, ge=0.0)
     #: How long a URL stays seen (not discovered again) after its discovery or its last
-    #: re-crawl request; longer than the re-crawl interval, so that links never start a
-    #: second chain of re-crawls, and the margin covers a late fetch and its retries.
-    #: 0, the default, means twice the re-crawl interval.
+    #: re-crawl request; longer than the longest re-crawl interval, so that links never
+    #: start a second chain of re-crawls, and the margin covers a late fetch and its
+    #: retries. 0, the default, means twice the longest re-crawl interval.
     seen_ttl_seconds: float = Field(default=0.0, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
+    #: A followed timeline is polled again this many seconds after a poll that read
+    #: everything new (at once when the poll stopped at its page bound).
+    poll_interval_seconds: float = Field(default=300.0, gt=0.0)
+    #: Longest pause after failed polls (the pause doubles with each failure in a row)
+    #: or asked for by an instance (Retry-After, its rate-limit reset).
+    poll_max_backoff_seconds: float = Field(default=6 * 3600.0, gt=0.0)
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
@@ -95,27 +140,51 @@ class DiscoverySettings(CommonSettings):
         return _split_cidrs(value)
 
     @model_validator(mode="after")
+    def _polls_are_kept(self) -> DiscoverySettings:
+        _check_schedules_kept(
+            self.events_max_age_seconds,
+            max(self.poll_interval_seconds, self.poll_max_backoff_seconds),
+            "timeline polls",
+        )
+        return self
+
+    @model_validator(mode="after")
     def _cycle_is_consistent(self) -> DiscoverySettings:
-        if self.seen_ttl_seconds and self.seen_ttl_seconds <= self.recrawl_after_seconds:
+        first = self.recrawl_after_seconds
+        if self.recrawl_min_seconds and self.recrawl_min_seconds > first:
+            raise ValueError(
+                f"TROVE_RECRAWL_MIN_SECONDS ({self.recrawl_min_seconds:g}) must not be longer "
+                f"than TROVE_RECRAWL_AFTER_SECONDS ({first:g}), the first interval"
+            )
+        if self.recrawl_max_seconds and self.recrawl_max_seconds < first:
+            raise ValueError(
+                f"TROVE_RECRAWL_MAX_SECONDS ({self.recrawl_max_seconds:g}) must not be shorter "
+                f"than TROVE_RECRAWL_AFTER_SECONDS ({first:g}), the first interval"
+            )
+        if self.seen_ttl_seconds and self.seen_ttl_seconds <= self.recrawl_max:
             raise ValueError(
                 f"TROVE_SEEN_TTL_SECONDS ({self.seen_ttl_seconds:g}) must be longer than "
-                f"TROVE_RECRAWL_AFTER_SECONDS ({self.recrawl_after_seconds:g}): a page "
-                "would be discovered again while its re-crawl is pending"
+                f"the longest re-crawl interval ({self.recrawl_max:g}, "
+                "TROVE_RECRAWL_MAX_SECONDS): a page would be discovered again while its "
+                "re-crawl is pending"
             )
-        _check_schedules_kept(self.events_max_age_seconds, self.recrawl_after_seconds, "re-crawls")
+        _check_schedules_kept(self.events_max_age_seconds, self.recrawl_max, "re-crawls")
         return self
 
     @property
+    def recrawl_min(self) -> float:
+        return self.recrawl_min_seconds or min(3600.0, self.recrawl_after_seconds)
+
+    @property
+    def recrawl_max(self) -> float:
+        return self.recrawl_max_seconds or max(30 * 86_400.0, self.recrawl_after_seconds)
+
+    @property
     def seen_ttl(self) -> float:
-        return self.seen_ttl_seconds or 2 * self.recrawl_after_seconds
+        return self.seen_ttl_seconds or 2 * self.recrawl_max
 
 
 class FetcherSettings(CommonSettings):
-    #: Seconds between two requests to one domain; robots.txt Crawl-delay may raise it.
-    min_domain_delay_seconds: float = Field(default=10.0, ge=0.0)
-    max_domain_delay_seconds: float = Field(default=120.0, ge=0.0)
-    #: Longest a 429/503 Retry-After may pause a whole domain.
-    max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
     user_agent: str = ""
     bot_info_url: str = "https://github.com/trove-crawler/trove/blob/main/docs/bot.md"
     robots_token: str = "TroveBot"  # noqa: S105 - the robots.txt user-agent token

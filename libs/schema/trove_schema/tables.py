@@ -23,7 +23,9 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
     func,
+    literal_column,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
@@ -170,6 +172,89 @@ class SeedRejection(Base):
     occurred_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
 
+class Instance(Base):
+    """One row per followed timeline of a fediverse instance (the design's ``instanceId``).
+
+    Projected from ``InstanceFollowed``, ``InstanceUnfollowed`` and ``TimelinePolled``.
+    ``last_poll`` is the number of the last poll of the current follow's chain applied:
+    a poll not newer than it (the same poll made twice after a redelivery) adds nothing.
+    """
+
+    __tablename__ = "instances"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    #: The instance's origin (``https://social.example``).
+    instance: Mapped[str] = mapped_column(String(2048), nullable=False)
+    domain: Mapped[str] = mapped_column(String(253), nullable=False)
+    #: ``local``, ``public`` or ``tag:NAME``.
+    timeline: Mapped[str] = mapped_column(String(120), nullable=False)
+    #: The ``InstanceFollowed`` of the current follow (its poll chain carries it).
+    follow_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    #: None while only polls of the follow were applied (its event was not, yet).
+    followed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: None while followed.
+    unfollowed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    max_depth: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    software: Mapped[str | None] = mapped_column(Text)
+    software_version: Mapped[str | None] = mapped_column(Text)
+    last_poll: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    last_poll_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_outcome: Mapped[str | None] = mapped_column(String(16))
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    polls: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    posts_seen: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    links_found: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    #: Posts left out: not public, or from accounts that opted out.
+    skipped: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    cursor: Mapped[str | None] = mapped_column(Text)
+    #: The instance asked for a pause (Retry-After, a rate-limit reset) until then.
+    next_poll_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Completion of the first failed poll in the current run of failures.
+    failing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (
+        UniqueConstraint("instance", "timeline"),
+        CheckConstraint(
+            f"last_outcome IS NULL OR {_in('last_outcome', CRAWL_OUTCOMES)}", name="outcome"
+        ),
+    )
+
+
+class PageShare(Base):
+    """One row per (shared URL, public post that shared it), from ``TimelinePolled``.
+
+    ``url`` is the canonical URL, joined to ``pages.url`` (the page may not be crawled
+    yet, so no foreign key). The row keeps the earliest sighting of the post.
+    """
+
+    __tablename__ = "page_shares"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    url: Mapped[str] = mapped_column(String(2048), nullable=False)
+    #: The post's ActivityPub id: one post, however many instances show it.
+    post_uri: Mapped[str] = mapped_column(String(2048), nullable=False)
+    post_url: Mapped[str | None] = mapped_column(String(2048))
+    #: The followed instance whose timeline showed the post.
+    instance: Mapped[str] = mapped_column(String(2048), nullable=False)
+    account: Mapped[str] = mapped_column(Text, nullable=False)
+    shared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    language: Mapped[str | None] = mapped_column(String(35))
+    #: When the poll that first showed the post ended.
+    first_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    # The post by its md5: two URLs of up to 2,048 characters could pass the largest
+    # entry a btree takes (2,704 bytes), and the insert would fail for good. The index
+    # also serves the join on ``url``.
+    __table_args__ = (
+        Index(
+            "uq_page_shares_url_post_uri", "url", func.md5(literal_column("post_uri")), unique=True
+        ),
+    )
+
+
 class ProjectedEvent(Base):
     """Which events were applied, written in the same transaction as their effect."""
 
@@ -250,3 +335,28 @@ class AttemptHeuristic(Base):
         CheckConstraint("importance_score BETWEEN 0 AND 1", name="importance"),
         Index("ix_attempt_heuristics_type_value", "heuristic_type", "heuristic_value"),
     )
+
+
+class HostPolicyRow(Base):
+    """Each host's learned policy (``trove_schema.policy``), folded from its attempts.
+
+    The fetchers act on their own copy in KV and never read this table: it is the
+    operator's view (``trove domain HOST``), rebuilt by replay like every projection.
+    ``policy`` is ``HostPolicy.to_json()``; the columns beside it repeat what an
+    operator filters hosts by. ``last_event_id`` is the newest attempt folded in, so
+    the same event is never folded twice.
+    """
+
+    __tablename__ = "host_policies"
+
+    host: Mapped[str] = mapped_column(String(253), primary_key=True)
+    policy: Mapped[dict[str, object]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
+    paused_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    pause_reason: Mapped[str | None] = mapped_column(Text)
+    risk_level: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    attempt_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_event_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    updated_at: Mapped[datetime] = _now()

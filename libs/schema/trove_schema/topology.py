@@ -83,6 +83,7 @@ DOMAINS_BUCKET = "trove_domains"
 ROBOTS_BUCKET = "trove_robots"
 SEEN_BUCKET = "trove_seen"
 URL_RULES_BUCKET = "trove_url_rules"
+FOLLOWS_BUCKET = "trove_follows"
 
 DAY = 86_400.0
 
@@ -102,9 +103,9 @@ class TopologyOptions:
     max_message_bytes: int = 1 << 20
     robots_ttl: float = DAY
     #: How long a URL stays seen after its discovery or its last re-crawl request
-    #: (``DiscoverySettings.seen_ttl``: longer than the re-crawl interval, so a page
+    #: (``DiscoverySettings.seen_ttl``: longer than the longest re-crawl interval, so a page
     #: being re-crawled is never discovered a second time).
-    seen_ttl: float = 14 * DAY
+    seen_ttl: float = 60 * DAY
     #: How many messages a consumer hands out before any is acked (per consumer, all pods).
     fetcher_max_ack_pending: int = 2000
     #: How long a fetch may hold a message before JetStream redelivers it.
@@ -219,7 +220,12 @@ def declare(options: TopologyOptions | None = None) -> Topology:
 
     consumers = (
         (SEEDS_STREAM, pull(DISCOVERY_SEEDS, SEEDS_SUBJECT)),
-        (SEEDS_STREAM, pull(DISCOVERY_FOLLOWS, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT)),
+        # One command at a time across replicas: an unfollow sent after a follow is
+        # applied after it.
+        (
+            SEEDS_STREAM,
+            pull(DISCOVERY_FOLLOWS, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT, max_ack_pending=1),
+        ),
         (EVENTS_STREAM, pull(DISCOVERY_LINKS, CRAWL_COMPLETED, TIMELINE_POLLED)),
         (
             EVENTS_STREAM,
@@ -288,6 +294,14 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             replicas=opts.replicas,
         ),
         KeyValueConfig(
+            bucket=FOLLOWS_BUCKET,
+            description="Followed fediverse instances: each timeline's follow and last poll.",
+            direct=True,
+            history=1,
+            storage=storage,
+            replicas=opts.replicas,
+        ),
+        KeyValueConfig(
             bucket=SEEN_BUCKET,
             description="Canonical URLs discovered this crawl cycle (the dedup set).",
             direct=True,
@@ -315,6 +329,7 @@ OWNERS = {
     DISCOVERY_LINKS: "discovery",
     DISCOVERY_FOLLOWS: "discovery",
     URL_RULES_BUCKET: "discovery",
+    FOLLOWS_BUCKET: "discovery",
     SEEN_BUCKET: "discovery",
     FETCHER: "fetcher",
     FETCHER_DEFERRED: "fetcher",

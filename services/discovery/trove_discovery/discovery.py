@@ -10,11 +10,12 @@ cause delivered again still (re)publishes its event while any other cause is ref
 
 Re-crawls: each fetched page gets one pending ``CrawlRequested``, scheduled on the
 page's own subject (``page_schedule_subject``), so a newer schedule replaces an older
-one and a page never has two chains. Scheduling it also rewrites the page's seen key,
-which keeps it alive (``seen_ttl`` is longer than the re-crawl interval) for as long as
-the page is re-crawled: the links of the pages fetched meanwhile do not discover it
-again. A page whose chain ends (failed for good, rejected) is forgotten one
-``seen_ttl`` after its last request, and any link may bring it back.
+one and a page never has two chains. Its interval follows the page's change history,
+which travels in the chain (``trove_schema.change_rate``). Scheduling it also rewrites
+the page's seen key, which keeps it alive (``seen_ttl`` is longer than the longest
+interval) for as long as the page is re-crawled: the links of the pages fetched
+meanwhile do not discover it again. A page whose chain ends (failed for good, rejected)
+is forgotten one ``seen_ttl`` after its last request, and any link may bring it back.
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ from trove_discovery.scope import follow_link, in_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
 from trove_discovery.sightings import Recent, Sightings
 from trove_discovery.traps import url_trap_reason
-from trove_schema.bus import Bus
+from trove_discovery.url_rules import Holds, UrlRules
+from trove_schema.aliases import could_alias, rewrite
+from trove_schema.bus import Bus, Retry
+from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
+    Link,
     LinkKind,
     PageDiscovered,
     Provenance,
@@ -75,14 +80,31 @@ BUDGET_MEMORY = 10_000
 
 
 class Discovery:
-    def __init__(self, *, bus: Bus, seen: KeyValue, settings: DiscoverySettings) -> None:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        seen: KeyValue,
+        settings: DiscoverySettings,
+        url_rules: UrlRules | None = None,
+        holds: Holds | None = None,
+    ) -> None:
         self.bus = bus
         self.seen = seen
         self.settings = settings
+        #: Each host's learned aliases; None: every spelling is its own page.
+        self.url_rules = url_rules
+        #: Pages handed back while their links wait for aliases to be learned.
+        self.holds = holds
         trust = min(SIGHTINGS_TTL, settings.seen_ttl / 4)
         self.sightings = Sightings(settings.seen_memory, ttl=trust)
         #: Budget key -> (revision, pages counted, last event) as this process wrote it.
         self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=trust)
+        self.recrawl_policy = RecrawlPolicy(
+            first=settings.recrawl_after_seconds,
+            minimum=settings.recrawl_min,
+            maximum=settings.recrawl_max,
+        )
 
     # seeds ----------------------------------------------------------------------
 
@@ -100,10 +122,11 @@ class Discovery:
             SEEDS.labels("rejected").inc()
             await self.bus.publish(rejection)
         for seed in batch.accepted:
+            url = await self._alias_target(seed.url)
             event = PageDiscovered(
-                id=derived_event_id(f"seed:{seq}:{seed.url}", "discovered"),
-                url=seed.url,
-                domain=domain_of(seed.url),
+                id=derived_event_id(f"seed:{seq}:{url}", "discovered"),
+                url=url,
+                domain=domain_of(url),
                 depth=0,
                 priority=seed.priority,
                 scope=seed.scope,
@@ -133,12 +156,27 @@ class Discovery:
         event = decode_event(msg.data)
         if not isinstance(event, CrawlCompleted):
             return
-        if event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED):
+        deliveries = _deliveries(msg)
+        # Handed back while its host's aliases were learned: only the links it held.
+        again = self.holds.take(event.id) if self.holds and deliveries > 1 else None
+        if again is None and self.url_rules is not None:
+            await self.url_rules.learn(event)
+        # A page fetched under a spelling since learned to be an alias is not re-crawled
+        # under it: its one spelling is followed instead, like its canonical link.
+        alias_of = await self._alias_target(event.url)
+        fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
+        if again is None and fetched and alias_of == event.url:
             await self._request_recrawl(event)
         if event.nofollow and not self.settings.follow_nofollow:
             followable = [link for link in event.links if link.kind is LinkKind.REDIRECT]
         else:
             followable = list(event.links)
+        if fetched and alias_of != event.url:
+            followable.insert(0, Link(url=alias_of, kind=LinkKind.CANONICAL))
+        if again is not None:
+            followable = [link for link in followable if hash(link.url) in again]
+        may_hold = self.holds is not None and self.holds.may_hold(deliveries)
+        held: list[str] = []
         taken = 0
         for link in followable:
             if taken >= self.settings.max_links_per_page:
@@ -147,29 +185,39 @@ class Discovery:
                 continue
             if link.nofollow and not self.settings.follow_nofollow:
                 continue
+            # Before the seen check: an alias spelling is never discovered as a page.
+            url = await self._alias_target(link.url)
             # A redirect or canonical target is the same page under another name: same depth.
             same_page = link.kind in (LinkKind.REDIRECT, LinkKind.CANONICAL)
             depth = event.depth if same_page else event.depth + 1
-            if not same_page and not follow_link(link.url, depth=event.depth, scope=event.scope):
+            if not same_page and not follow_link(url, depth=event.depth, scope=event.scope):
                 continue
-            if same_page and not in_scope(link.url, event.scope):
+            if same_page and not in_scope(url, event.scope):
                 continue
             if url_trap_reason(
-                link.url,
+                url,
                 max_length=self.settings.max_url_length,
                 max_path_repetitions=self.settings.max_path_repetitions,
             ):
                 continue
+            # A spelling that may be an alias not learned yet waits while a few of its
+            # kind (probes) are fetched and teach the host's rules.
+            event_id = derived_event_id(f"{event.id}:{url}", "discovered")
+            probing = self._undecided(url) if may_hold else None
+            if probing is not None and not self._probe(*probing):
+                if not self._known(url, event_id):
+                    held.append(link.url)
+                continue
             taken += 1
             # Only new URLs count against the host's budget; one refused by the budget
             # stays seen, so the host gets no more pages this cycle.
-            event_id = derived_event_id(f"{event.id}:{link.url}", "discovered")
-            if not await self._first_sighting(link.url, event_id):
+            if not await self._first_sighting(url, event_id):
+                self._unprobe(probing)  # known already: it teaches nothing new
                 continue
             discovered = PageDiscovered(
                 id=event_id,
-                url=link.url,
-                domain=domain_of(link.url),
+                url=url,
+                domain=domain_of(url),
                 depth=depth,
                 priority=event.priority,
                 scope=event.scope,
@@ -181,9 +229,24 @@ class Discovery:
             if await self._within_budget(discovered.domain, discovered.id):
                 await self.bus.publish(discovered)
                 DISCOVERED.labels(discovered.provenance.kind).inc()
+            else:
+                self._unprobe(probing)
+        if held and self.holds is not None:
+            delay = self.holds.hold(event.id, held, deliveries)
+            reason = f"{len(held)} links wait for their host's URL aliases"
+            raise Retry(reason, delay=delay, expected=True)
 
     async def _request_recrawl(self, event: CrawlCompleted) -> None:
-        delay = timedelta(seconds=self.settings.recrawl_after_seconds)
+        # The page's history comes with the event and goes on in the request: the same
+        # event always plans the same interval, and no replica keeps state per page.
+        history = plan_recrawl(
+            event.history,
+            visited_at=event.completed_at,
+            content_hash=event.content_hash,
+            not_modified=event.outcome is CrawlOutcome.NOT_MODIFIED,
+            policy=self.recrawl_policy,
+        )
+        delay = timedelta(seconds=history.interval or self.settings.recrawl_after_seconds)
         request = CrawlRequested(
             id=derived_event_id(event.id, "recrawl"),
             url=event.url,
@@ -196,6 +259,7 @@ class Discovery:
             etag=event.etag,
             last_modified=event.last_modified,
             caused_by=event.id,
+            history=history,
         )
         # On the page's schedule subject: it replaces whatever request was pending.
         await self.bus.publish_at(
@@ -208,6 +272,48 @@ class Discovery:
         self.sightings.remember(key, request.id.encode())
 
     # shared state -----------------------------------------------------------------
+
+    def _undecided(self, url: str) -> tuple[str, list[str]] | None:
+        """The host of ``url`` and what it could teach its rules, if anything."""
+        if self.url_rules is None or not could_alias(url):
+            return None
+        host = domain_of(url)
+        keys = self.url_rules.undecided(host, url)
+        return (host, keys) if keys else None
+
+    def _known(self, url: str, event_id: str) -> bool:
+        """Claimed by another cause, as far as this replica remembers."""
+        claimed_by = self.sightings.claimed_by(_seen_key(url))
+        return claimed_by is not None and claimed_by != event_id.encode()
+
+    def _probe(self, host: str, keys: list[str]) -> bool:
+        """Take a probe's place for ``keys`` if one is left (before any await, so that
+        concurrent handlers cannot all take the last one)."""
+        return self.url_rules is None or self.url_rules.probe(host, keys)
+
+    def _unprobe(self, probing: tuple[str, list[str]] | None) -> None:
+        if probing is not None and self.url_rules is not None:
+            self.url_rules.probed(*probing, count=-1)
+
+    async def _alias_target(self, url: str) -> str:
+        """The spelling of ``url`` its host's learned rules make its page's one spelling."""
+        if self.url_rules is None or not could_alias(url):
+            return url
+        return rewrite(await self.url_rules.rules_for(domain_of(url)), url)
+
+    async def discover(self, event: PageDiscovered) -> bool:
+        """Publish ``event`` if its URL is new this cycle and its host within budget, as
+        for a link (shared pages come this way, ``trove_discovery.shares``)."""
+        url = await self._alias_target(event.url)
+        if url != event.url:  # an alias spelling is never discovered as a page
+            event = event.model_copy(update={"url": url})
+        if not await self._first_sighting(event.url, event.id):
+            return False
+        if not await self._within_budget(event.domain, event.id):
+            return False
+        await self.bus.publish(event)
+        DISCOVERED.labels(event.provenance.kind).inc()
+        return True
 
     async def _first_sighting(self, url: str, event_id: str) -> bool:
         key = _seen_key(url)
@@ -269,6 +375,14 @@ class Discovery:
 
 def _seen_key(url: str) -> str:
     return "u." + hashlib.sha256(url.encode()).hexdigest()[:40]
+
+
+def _deliveries(msg: Msg) -> int:
+    """How many times JetStream delivered ``msg`` (1 for a message from elsewhere)."""
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:  # not a JetStream message: handed over directly
+        return 1
 
 
 def _origin(msg: Msg) -> str:

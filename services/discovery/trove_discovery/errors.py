@@ -4,17 +4,18 @@
     ├── InvalidURL               a URL Trove will not crawl (trove_schema.errors, shared
     │                            with the fetcher and the recorder: URL identity is schema)
     └── DiscoveryError           anything discovery refuses on purpose
-        └── InvalidSeed          a seed message (or one of its options) is unusable
+        ├── InvalidSeed          a seed message (or one of its options) is unusable
+        └── InvalidFollow        a follow or unfollow command (or one of its options) is unusable
 
 Both carry a ``reason`` written for the operator: it ends up in ``SeedRejected`` events
-and in the reply to ``nats req trove.seeds ...``.
+and in the reply to ``nats req trove.seeds ...`` (``trove.follow``, ``trove.unfollow``).
 """
 
 from __future__ import annotations
 
 from trove_schema.errors import InvalidURL, TroveError
 
-__all__ = ["DiscoveryError", "InvalidSeed", "InvalidURL"]
+__all__ = ["DiscoveryError", "InvalidFollow", "InvalidSeed", "InvalidURL"]
 
 
 class DiscoveryError(TroveError):
@@ -28,3 +29,7 @@ class DiscoveryError(TroveError):
 
 class InvalidSeed(DiscoveryError):
     """A seed message, or one of its options (priority, scope, pattern…), is unusable."""
+
+
+class InvalidFollow(DiscoveryError):
+    """A follow or unfollow command, or one of its options (instance, timeline…), is unusable."""

@@ -9,6 +9,7 @@ from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Consumer
+from trove_schema.policy import LearningConfig
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
     DOMAINS_BUCKET,
@@ -52,6 +53,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                     request_timeout=settings.request_timeout,
                     max_backoff=settings.max_backoff_seconds,
                 ),
+                LearningConfig.from_settings(settings),
             ),
             robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
             limits=FetchLimits(

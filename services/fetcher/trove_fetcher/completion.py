@@ -38,6 +38,8 @@ Work = PageDiscovered | CrawlRequested
 #: Room left in a stream message for the headers (ids, type) beside the event's JSON.
 HEADERS_ROOM = 4096
 _REASON_LENGTH = 2000
+#: How the reason of an attempt whose body its strategy could not read begins.
+EXTRACTION_FAILED = "extraction failed"
 
 
 def event_budget(max_message_bytes: int) -> int:
@@ -45,7 +47,9 @@ def event_budget(max_message_bytes: int) -> int:
     return max_message_bytes - HEADERS_ROOM
 
 
-def _base(work: Work) -> dict[str, object]:
+def _base(
+    work: Work, strategy: str, strategy_reason: str | None, conditional: bool
+) -> dict[str, object]:
     return {
         "url": work.url,
         "domain": work.domain,
@@ -56,10 +60,22 @@ def _base(work: Work) -> dict[str, object]:
         "request_id": work.id,
         # One attempt per work event: a redelivered job republishes the same id.
         "id": derived_event_id(work.id, "crawl"),
+        # Which strategy asked, and why: what the audit and the learned policy read.
+        "fetcher": strategy,
+        "strategy_reason": strategy_reason,
+        "conditional": conditional,
+        # A re-crawl's change history goes on to the discovery that plans the next one.
+        "history": work.history if isinstance(work, CrawlRequested) else None,
     }
 
 
-def robots_refusal(work: Work, robots: RobotsPolicy) -> CrawlCompleted:
+def robots_refusal(
+    work: Work,
+    robots: RobotsPolicy,
+    *,
+    strategy: str = "http",
+    strategy_reason: str | None = None,
+) -> CrawlCompleted:
     """The site's robots.txt forbids the URL; or it could not be read, so nothing is
     allowed for now: that is a failed (retryable) attempt, not the site's refusal."""
     now = datetime.now(UTC)
@@ -70,7 +86,7 @@ def robots_refusal(work: Work, robots: RobotsPolicy) -> CrawlCompleted:
     else:
         outcome, reason = CrawlOutcome.BLOCKED_ROBOTS, "disallowed by robots.txt"
     return CrawlCompleted(
-        **_base(work),
+        **_base(work, strategy, strategy_reason, False),
         outcome=outcome,
         error_message=reason[:_REASON_LENGTH],
         started_at=now,
@@ -79,12 +95,19 @@ def robots_refusal(work: Work, robots: RobotsPolicy) -> CrawlCompleted:
 
 
 def rejected(
-    work: Work, reason: str, started: datetime, result: FetchResult | None = None
+    work: Work,
+    reason: str,
+    started: datetime,
+    result: FetchResult | None = None,
+    *,
+    strategy: str = "http",
+    strategy_reason: str | None = None,
+    conditional: bool = False,
 ) -> CrawlCompleted:
     """The attempt cannot be recorded as it went: ``rejected``, with the reason."""
     status = result.status_code if result is not None else None
     return CrawlCompleted(
-        **_base(work),
+        **_base(work, strategy, strategy_reason, conditional),
         outcome=CrawlOutcome.REJECTED,
         status_code=status if isinstance(status, int) and 100 <= status <= 999 else None,
         error_message=reason[:_REASON_LENGTH],
@@ -93,22 +116,67 @@ def rejected(
     )
 
 
+def unreadable(
+    work: Work,
+    error: Exception,
+    started: datetime,
+    result: FetchResult,
+    *,
+    strategy: str = "http",
+    strategy_reason: str | None = None,
+    conditional: bool = False,
+) -> CrawlCompleted:
+    """The strategy could not read the body it fetched (extraction raised): ``rejected``,
+    with a reason starting "extraction failed", which the audit calls ``wrong_tool``."""
+    return rejected(
+        work,
+        f"{EXTRACTION_FAILED}: {type(error).__name__}: {error}",
+        started,
+        result,
+        strategy=strategy,
+        strategy_reason=strategy_reason,
+        conditional=conditional,
+    )
+
+
 def completed(
     work: Work,
     result: FetchResult,
     extraction: Extraction | None,
     started: datetime,
+    *,
+    strategy: str = "http",
+    strategy_reason: str | None = None,
+    conditional: bool = False,
 ) -> CrawlCompleted:
-    """The attempt's event (``fit`` it before publishing). Never raises for what a site sent."""
+    """The attempt's event (``fit`` it before publishing). Never raises for what a site sent.
+
+    ``strategy`` is the fetch strategy's name (``CrawlCompleted.fetcher``), and
+    ``strategy_reason`` why it was chosen; ``conditional`` says the request carried
+    validators.
+    """
+    base = _base(work, strategy, strategy_reason, conditional)
     try:
-        return _completed(work, result, extraction, started)
+        return _completed(base, work, result, extraction, started)
     except Exception as exc:
         log.exception("could not build the event of %s", work.url, extra={"url": work.url})
-        return rejected(work, f"could not record the response: {exc}", started, result)
+        return rejected(
+            work,
+            f"could not record the response: {exc}",
+            started,
+            result,
+            strategy=strategy,
+            strategy_reason=strategy_reason,
+            conditional=conditional,
+        )
 
 
 def _completed(
-    work: Work, result: FetchResult, extraction: Extraction | None, started: datetime
+    base: dict[str, object],
+    work: Work,
+    result: FetchResult,
+    extraction: Extraction | None,
+    started: datetime,
 ) -> CrawlCompleted:
     # Links as plain dicts: pydantic validates them in one go, in Rust, when the event is
     # built (~1 us a link; model_construct, in Python, takes ~3.5).
@@ -134,6 +202,8 @@ def _completed(
             "canonical_url": canonicalize_or_none(extraction.canonical_url or ""),
             "noindex": extraction.noindex,
             "nofollow": extraction.nofollow,
+            "text_chars": extraction.text_chars,
+            "shell": extraction.shell,
         }
     if result.redirect_target:
         target = canonicalize_or_none(result.redirect_target)
@@ -141,7 +211,7 @@ def _completed(
             links = [*links[: MAX_LINKS_PER_PAGE - 1], {"url": target, "kind": LinkKind.REDIRECT}]
     final_url = result.final_url if result.final_url and result.final_url != work.url else None
     return CrawlCompleted(
-        **_base(work),
+        **base,
         outcome=result.outcome,
         status_code=result.status_code,
         error_message=result.error_message,

@@ -3,6 +3,7 @@
     FetcherError
     ├── BlockedAddress        a host resolved to an address Trove must not connect to (SSRF)
     ├── RedirectPaused        a redirect hop must wait for its host's slot: continue later
+    ├── GateDeferred          a timeline poll's next request must wait for its host's slot
     ├── TooManyRedirects      more same-host redirect hops than allowed, or a redirect loop
     ├── DnsError              a name could not be turned into addresses (``trove_fetcher.dns``)
     │   ├── NameNotFound          no such name, or no address for it (cached: negative TTL)
@@ -11,7 +12,10 @@
     └── ContentError          the body cannot be taken as it was sent
         ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
         ├── UndecodableBody       its Content-Encoding is corrupt
-        └── UnsupportedContent    a Content-Encoding Trove did not ask for
+        ├── UnsupportedContent    a Content-Encoding Trove did not ask for
+        └── UnusableContent       a strategy cannot read the body (also a ValueError)
+            ├── PdfError              not a PDF, or one pypdf cannot read within its limits
+            └── NotActivityStreams    not an ActivityStreams object, or a malformed one
 
 ``fetch()`` (``trove_fetcher.http``) never raises any of these for something a site
 does: it turns them, and httpx's transport errors, into a ``CrawlOutcome``. Only
@@ -58,6 +62,18 @@ class RedirectPaused(FetcherError):
         self.at = at
 
 
+class GateDeferred(FetcherError):
+    """The next request of a timeline poll may not go yet (the host's gap); not a failure.
+
+    Raised by the poll's request gate when the host's slot ``at`` (epoch seconds) is too
+    far away to wait for in the task: the poll ends with what it has read.
+    """
+
+    def __init__(self, at: float) -> None:
+        super().__init__(f"the host's next slot is at {at:.3f}")
+        self.at = at
+
+
 class TooManyRedirects(FetcherError):
     """More same-host redirects than ``max_redirects``, or a hop back to a visited URL."""
 
@@ -92,3 +108,19 @@ class UndecodableBody(ContentError):
 
 class UnsupportedContent(ContentError):
     """A Content-Encoding the fetcher did not offer in Accept-Encoding."""
+
+
+class UnusableContent(ContentError, ValueError):
+    """The body is not something the strategy that asked for it can read.
+
+    Raised by extraction (in the parser pool), never by ``fetch()``: the fetcher records
+    the attempt as ``rejected`` with the reason, and the audit calls it ``wrong_tool``.
+    """
+
+
+class PdfError(UnusableContent):
+    """Not a PDF, or one that cannot be read within the reader's limits."""
+
+
+class NotActivityStreams(UnusableContent):
+    """Not an ActivityStreams object with content, or one with malformed fields."""

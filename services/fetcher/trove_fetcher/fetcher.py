@@ -1,9 +1,11 @@
 """The fetcher: turns work (PageDiscovered, CrawlRequested) into CrawlCompleted, politely.
 
-For each work message: robots.txt (shared cache) -> the domain's lease (shared KV) ->
-the request -> extraction off the event loop -> publish CrawlCompleted, wait for its
-PubAck -> ack the work. A pod killed anywhere before the ack loses nothing: the work
-is redelivered and the lease still protects the domain.
+For each work message: robots.txt (shared cache) -> the domain's lease (shared KV),
+which brings the host's learned policy -> the strategy it chooses (``strategies``) ->
+the request -> extraction off the event loop -> the lease released with what the
+attempt taught (``Politeness.finish`` folds it into the policy) -> publish
+CrawlCompleted, wait for its PubAck -> ack the work. A pod killed anywhere before the
+ack loses nothing: the work is redelivered and the lease still protects the domain.
 
 Every request takes its host's lease first: the page, robots.txt, each same-host
 redirect hop of the page and each robots.txt redirect hop (under the lease of the host
@@ -43,12 +45,13 @@ from trove_fetcher.completion import (
     robots_refusal,
 )
 from trove_fetcher.deferral import Carried, Chain, ChainKind, horizon, schedule_at
-from trove_fetcher.errors import RedirectPaused
-from trove_fetcher.extract import Extraction, extract, is_parseable
+from trove_fetcher.errors import NotActivityStreams, RedirectPaused
+from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
+from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
 from trove_schema.bus import Bus, Retry, broker_trouble, schedule_header
 from trove_schema.events import (
     CrawlCompleted,
@@ -65,7 +68,10 @@ from trove_schema.metrics import (
     LEASES,
     RESERVATION_HORIZON,
     ROBOTS_CACHE,
+    STRATEGY_CHOICES,
+    STRATEGY_MISPREDICTIONS,
 )
+from trove_schema.policy import Choice, HostPolicy, Observation, choose, send_validators
 from trove_schema.topology import FETCH_DEFERRED, WORK_SCHEDULES_PREFIX
 from trove_schema.urls import domain_of, fetchable, origin_of
 
@@ -95,6 +101,8 @@ DONE_MEMORY = 20_000
 #: is away (a restart, a cluster electing a leader), as a share of ``ack_wait``: handed
 #: back instead, the work could go to another pod, which would fetch the page again.
 PUBLISH_PATIENCE_SHARE = 0.5
+#: Error types that say the chosen strategy was the wrong one for the page.
+MISPREDICTIONS = frozenset({"wrong_tool", "empty_content"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,14 +272,19 @@ class Fetcher:
         await self._defer(job, payload, decision.at, chain)
         return None
 
-    async def _release(self, hold: _Hold, end: float | None = None) -> None:
-        """End the lease: the host is free one gap after ``end`` (now)."""
+    async def _release(
+        self, hold: _Hold, end: float | None = None, observation: Observation | None = None
+    ) -> None:
+        """End the lease: the host is free one gap after ``end`` (now); ``observation``
+        is folded into the host's policy in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
         finished = time.time() if end is None else end
         try:
-            await self._patiently(lambda: self.politeness.finish(hold.domain, grant, finished))
+            await self._patiently(
+                lambda: self.politeness.finish(hold.domain, grant, finished, observation)
+            )
         except Exception as exc:
             if not broker_trouble(exc):
                 raise
@@ -321,56 +334,138 @@ class Fetcher:
 
     # the page -----------------------------------------------------------------------
 
-    async def _fetch_page(self, job: Job, payload: bytes, hold: _Hold) -> None:
+    async def _fetch_page(
+        self, job: Job, payload: bytes, hold: _Hold, avoid: str | None = None
+    ) -> None:
         work = job.work
-        etag = work.etag if isinstance(work, CrawlRequested) else None
-        last_modified = work.last_modified if isinstance(work, CrawlRequested) else None
+        policy = hold.grant.policy if hold.grant is not None else HostPolicy()
+        strategy, choice = self._choose(job.url, policy, avoid)
+        etag = last_modified = None
+        # Validators only where the host honours them (or is asked again now and then):
+        # elsewhere a 304 never comes and the page is read whole anyway.
+        if isinstance(work, CrawlRequested) and send_validators(policy):
+            etag, last_modified = work.etag, work.last_modified
         started = datetime.now(UTC)
+        end: float | None = None
         FETCHES_IN_FLIGHT.inc()
         try:
-            result = await fetch(
-                self.client,
-                job.url,
-                etag=etag,
-                last_modified=last_modified,
-                limits=self.limits,
-                is_parseable=is_parseable,
-                robots_allows=self._redirect_allowed,
-                before_hop=self._gate(hold),
-                resume=job.chain.hops if job.chain is not None else (),
-            )
-        except RedirectPaused as paused:
-            await self._defer(job, payload, paused.at, Chain(ChainKind.PAGE, paused.hops))
-            return
+            try:
+                result = await fetch(
+                    self.client,
+                    job.url,
+                    etag=etag,
+                    last_modified=last_modified,
+                    limits=self.limits,
+                    is_parseable=strategy.is_parseable,
+                    accept=strategy.accept,
+                    robots_allows=self._redirect_allowed,
+                    before_hop=self._gate(hold),
+                    resume=job.chain.hops if job.chain is not None else (),
+                )
+            except RedirectPaused as paused:
+                await self._release(hold)
+                await self._defer(job, payload, paused.at, Chain(ChainKind.PAGE, paused.hops))
+                return
+            finally:
+                FETCHES_IN_FLIGHT.dec()
+            end = time.time()
+            FETCH_SECONDS.observe(result.elapsed)
+            FETCH_BYTES.inc(result.bytes_read)
+            event = await self._event(job, result, strategy, choice, started, etag or last_modified)
+            # The host's lease is released with what this attempt taught: its gap runs
+            # from the end of the response, and a pause it decides holds every pod.
+            observation = Observation.of(event)
+            if observation.error_type in MISPREDICTIONS:
+                STRATEGY_MISPREDICTIONS.labels(strategy.name).inc()
+            await self._release(hold, end, observation)
         finally:
-            FETCHES_IN_FLIGHT.dec()
-            await self._release(hold)
-        FETCH_SECONDS.observe(result.elapsed)
-        FETCH_BYTES.inc(result.bytes_read)
-        if result.status_code in (429, 503) and result.retry_after:
-            backed_off = domain_of(result.final_url)
-            until = time.time() + result.retry_after
-            await self._patiently(lambda: self.politeness.back_off(backed_off, until, time.time()))
+            await self._release(hold, end)
+        if choice.reason == "explore" and observation.error_type in MISPREDICTIONS:
+            await self._explored(job, payload, event)
+            return
+        await self._complete(job, event)
+
+    def _choose(
+        self, url: str, policy: HostPolicy, avoid: str | None = None
+    ) -> tuple[Strategy, Choice]:
+        """The strategy for ``url`` on this host, as its policy says, and why."""
+        candidates = applicable(url)
+        choice = choose(policy, url, candidates, self.politeness.learning)
+        if choice.strategy == avoid and len(candidates) > 1:
+            others = [name for name in candidates if name != avoid]
+            choice = choose(policy, url, others, self.politeness.learning)
+        strategy = STRATEGIES[choice.strategy]
+        STRATEGY_CHOICES.labels(strategy.name, choice.reason).inc()
+        return strategy, choice
+
+    async def _explored(self, job: Job, payload: bytes, event: CrawlCompleted) -> None:
+        """An exploration that got nothing usable costs the host a request, not the page.
+
+        Its attempt is recorded (under an id of its own: the page's attempt is still to
+        come), and the page is fetched again at the host's next slot (the gap holds),
+        with a strategy other than the one explored.
+        """
+        attempt = fit(
+            event.model_copy(update={"id": derived_event_id(event.id, "explored")}), self.budget
+        )
+        await self._patiently(lambda: self.bus.publish(attempt))
+        FETCHES.labels(attempt.outcome.value).inc()
+        job = replace(job, slot=None, chain=None)
+        hold = await self._lease(job, payload, job.domain, False, None)
+        if hold is not None:  # else deferred: it comes back after the explore turn
+            await self._fetch_page(job, payload, hold, avoid=event.fetcher)
+
+    async def _event(
+        self,
+        job: Job,
+        result: FetchResult,
+        strategy: Strategy,
+        choice: Choice,
+        started: datetime,
+        conditional: str | None,
+    ) -> CrawlCompleted:
+        """The attempt's ``CrawlCompleted``, the body parsed off the event loop."""
+        name, reason, sent = strategy.name, choice.reason, conditional is not None
         extraction: Extraction | None = None
         if result.body is not None:
             try:
                 loop = asyncio.get_running_loop()
-                extraction = await loop.run_in_executor(self.parser, self._extract, result)
+                extraction = await loop.run_in_executor(
+                    self.parser, self._extract, strategy, result
+                )
             except Exception as exc:
-                log.exception("extraction failed", extra={"url": job.url})
-                reason = f"extraction failed: {type(exc).__name__}: {exc}"
-                await self._complete(job, rejected(work, reason, started, result))
-                return
-        await self._complete(job, completed(work, result, extraction, started))
+                # Not a usable answer for this strategy (the audit's wrong_tool) is what
+                # learning is for; anything else is a bug worth its traceback.
+                if not isinstance(exc, NotActivityStreams):
+                    log.exception("extraction failed", extra={"url": job.url})
+                why = f"extraction failed: {type(exc).__name__}: {exc}"
+                return rejected(
+                    job.work,
+                    why,
+                    started,
+                    result,
+                    strategy=name,
+                    strategy_reason=reason,
+                    conditional=sent,
+                )
+        return completed(
+            job.work,
+            result,
+            extraction,
+            started,
+            strategy=name,
+            strategy_reason=reason,
+            conditional=sent,
+        )
 
     async def _redirect_allowed(self, url: str) -> bool:
         """A same-host redirect hop must be allowed by robots.txt too (when it is known)."""
         policy = await self._cached_robots(url)
         return policy is None or policy.allows(url, self.robots_token)
 
-    def _extract(self, result: FetchResult) -> Extraction:
+    def _extract(self, strategy: Strategy, result: FetchResult) -> Extraction:
         assert result.body is not None
-        return extract(
+        return strategy.extract(
             result.body,
             url=result.final_url or "",
             content_type=result.content_type,

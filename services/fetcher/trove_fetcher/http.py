@@ -383,6 +383,7 @@ async def fetch(
     robots_allows: Callable[[str], Awaitable[bool]] | None = None,
     before_hop: HopGate | None = None,
     resume: Sequence[str] = (),
+    accept: str = ACCEPT,
 ) -> FetchResult:
     """GET ``url`` and classify what happened. Never raises for what a site can do.
 
@@ -392,7 +393,8 @@ async def fetch(
     same-host redirect target before it is requested, then ``before_hop``, which
     may raise ``RedirectPaused`` (passed on to the caller, as is ``HopGateFailed``).
     ``resume`` continues a paused chain: the hops already followed, the last one
-    still to be requested.
+    still to be requested. ``accept`` is the Accept header of every hop (a fetch
+    strategy's, ``trove_fetcher.strategies``).
     """
     started = time.monotonic()
     trace = _Trace(url=url, final_url=url)
@@ -411,6 +413,7 @@ async def fetch(
                 robots_allows,
                 before_hop,
                 deadline,
+                accept,
             )
     except (RedirectPaused, HopGateFailed):
         raise
@@ -458,8 +461,10 @@ async def fetch(
     )
 
 
-def _request_headers(etag: str | None, last_modified: str | None) -> dict[str, str]:
-    headers = {"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING}
+def _request_headers(
+    etag: str | None, last_modified: str | None, accept: str = ACCEPT
+) -> dict[str, str]:
+    headers = {"Accept": accept, "Accept-Encoding": ACCEPT_ENCODING}
     # A validator a site sent in non-ASCII cannot go back in a header: skip it.
     if etag and etag.isascii():
         headers["If-None-Match"] = etag
@@ -478,6 +483,7 @@ async def _follow(
     robots_allows: Callable[[str], Awaitable[bool]] | None,
     before_hop: HopGate | None,
     deadline: asyncio.Timeout,
+    accept: str,
 ) -> _Ending:
     current = httpx.URL(trace.url)
     if current.scheme not in _DEFAULT_PORTS:
@@ -487,7 +493,7 @@ async def _follow(
         current = httpx.URL(hop_url)
         visited.add(current)
     # The validators go on every hop: they came from the final response last time.
-    headers = _request_headers(etag, last_modified)
+    headers = _request_headers(etag, last_modified, accept)
     while True:
         request = client.build_request("GET", current, headers=headers)
         try:

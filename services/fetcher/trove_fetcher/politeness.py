@@ -16,8 +16,17 @@ lease is its own host's, taken once the previous response has ended).
   scheduled message: waiting costs no consumer capacity and no delivery attempts, so
   a domain with thousands of queued pages never holds up the others.
 * ``gap``: the domain's delay (the configured minimum, raised by robots.txt
-  Crawl-delay, capped by the configured maximum).
-* ``backoff_until``: a 429/503 Retry-After pauses the whole domain for every pod.
+  Crawl-delay, capped by the configured maximum). The host's learned policy may
+  lengthen it (a slow host gets a multiple of its response time: ``host_gap``).
+* ``backoff_until``: the host is paused for every pod, and all of its URLs wait for the
+  end of the pause at once: a Retry-After, or a pause the learned policy decided
+  (failures in a row, a 429 without Retry-After, a ban or a challenge page).
+* ``policy``: the host's learned policy (``trove_schema.policy.HostPolicy``). It lives
+  in the lease's record because the lease is read and written anyway: acquiring hands
+  it to the fetcher (which strategy to use, whether to send validators) at no extra
+  round trip, and ``finish`` folds the attempt into it in the same compare-and-set that
+  releases the lease. Every pod sees it at its next lease on the host, and no fetcher
+  waits on Postgres for it.
 """
 
 from __future__ import annotations
@@ -25,13 +34,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from trove_schema.metrics import HOST_PAUSES
+from trove_schema.policy import HostPolicy, LearningConfig, Observation, host_gap, observe
+
 FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
-#: Domains whose last written record a pod remembers (see ``Politeness._written``).
+#: The record's key for the learned policy: short, and unknown to older pods, which
+#: read only ``FIELDS`` (a record they write back starts the host from its priors again).
+POLICY_KEY = "p"
+#: Domains whose last written record a pod remembers (see ``Politeness._written``): a
+#: record with its policy (a handful of estimates) is about 1 KB in memory, ~10 MB in all.
 WRITTEN_MEMORY = 10_000
 #: While another request to the domain is in flight, a reserved job looks again after
 #: a gap, but never sooner than this: with a gap near 0 it read the record in a loop
@@ -55,9 +71,12 @@ class DomainSlot:
     next: float = 0.0
     gap: float = 0.0
     backoff_until: float = 0.0
+    policy: HostPolicy = field(default_factory=HostPolicy)
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        raw: dict[str, object] = {k: getattr(self, k) for k in FIELDS}
+        raw[POLICY_KEY] = self.policy.to_json()
+        return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes | None, default_gap: float) -> DomainSlot:
@@ -65,9 +84,19 @@ class DomainSlot:
             return cls(gap=default_gap)
         try:
             raw = json.loads(data)
-            return cls(**{k: float(raw.get(k, 0.0)) for k in FIELDS})
-        except (ValueError, TypeError):
+            free_at, busy_until, next_, gap, backoff_until = (
+                float(raw.get(k, 0.0)) for k in FIELDS
+            )
+            slot = cls(free_at, busy_until, next_, gap, backoff_until)
+        except (ValueError, TypeError, AttributeError):
             return cls(gap=default_gap)
+        # Read tolerantly: a record without a policy (written by an older pod) or with
+        # one this pod cannot read keeps its lease, and the host starts from its priors.
+        try:
+            slot.policy = HostPolicy.from_json(raw.get(POLICY_KEY) or {})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            slot.policy = HostPolicy()
+        return slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +105,8 @@ class Granted:
 
     hold_until: float
     gap: float
+    #: The host's learned policy as the lease found it.
+    policy: HostPolicy = field(default_factory=HostPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +122,24 @@ class PolitenessConfig:
     max_delay: float = 120.0
     #: Longest a request may take (the fetch's total timeout): the pessimistic hold.
     request_timeout: float = 30.0
+    #: The longest pause a site's Retry-After may impose on every pod.
     max_backoff: float = 3600.0
 
 
 class Politeness:
     """Leases and slots for domains, over a KV bucket (one instance per pod)."""
 
-    def __init__(self, kv: KV, config: PolitenessConfig) -> None:
+    def __init__(
+        self, kv: KV, config: PolitenessConfig, learning: LearningConfig | None = None
+    ) -> None:
         self.kv = kv
         self.config = config
+        # The gap's bounds are the politeness settings', whatever the learning says.
+        self.learning = replace(
+            learning if learning is not None else LearningConfig(),
+            min_gap=config.min_delay,
+            max_gap=max(config.max_delay, config.min_delay),
+        )
         #: The record and revision of each domain as this pod last wrote it. A guess to
         #: write against: when it is current (the usual case, one pod per domain at a
         #: time) a lease or a finish costs one KV round trip instead of two; when it is
@@ -118,6 +158,10 @@ class Politeness:
             max(gap, self.config.min_delay), max(self.config.max_delay, self.config.min_delay)
         )
 
+    def gap_of(self, slot: DomainSlot) -> float:
+        """The host's gap now: its configured gap (or Crawl-delay), as its policy sets it."""
+        return host_gap(slot.policy, slot.gap, self.learning)
+
     async def acquire(
         self, domain: str, now: float, *, reserved: bool = False
     ) -> Granted | Deferred:
@@ -130,6 +174,9 @@ class Politeness:
         guess = self._guess(key)
         while True:
             slot, revision = guess if guess is not None else await self._read(key)
+            gap = self.gap_of(slot)
+            # A paused host (``backoff_until``) is refused to every message: its URLs
+            # come back when the pause ends, not one failed request each.
             free = max(slot.free_at, slot.backoff_until)
             earliest = max(free, slot.busy_until)
             if not reserved:
@@ -137,10 +184,10 @@ class Politeness:
             if now >= earliest:
                 hold = now + self.config.request_timeout
                 slot.busy_until = hold
-                slot.free_at = now + slot.gap
-                slot.next = max(slot.next, now + slot.gap)
+                slot.free_at = now + gap
+                slot.next = max(slot.next, now + gap)
                 if await self._write(key, slot, revision):
-                    return Granted(hold_until=hold, gap=slot.gap)
+                    return Granted(hold_until=hold, gap=gap, policy=slot.policy)
                 guess = None
                 continue
             if guess is not None:  # deciding to wait: only on what the bucket says now
@@ -150,35 +197,46 @@ class Politeness:
                 # Keep our place: the domain is busy or cooling down a little longer. While
                 # a request is in flight we cannot know when it ends: look again a gap on.
                 if slot.busy_until > now:
-                    return Deferred(at=max(free, now + max(slot.gap, BUSY_RECHECK)))
+                    return Deferred(at=max(free, now + max(gap, BUSY_RECHECK)))
                 return Deferred(at=free)
             # The in-flight hold is pessimistic; slots are planned one gap apart and
             # checked again when they come due.
             at = max(slot.next, free, now)
-            slot.next = at + slot.gap
+            slot.next = at + gap
             if await self._write(key, slot, revision):
                 return Deferred(at=at)
             guess = None
 
-    async def finish(self, domain: str, grant: Granted, end: float) -> None:
-        """The request ended at ``end``: the domain is free again one gap later."""
+    async def finish(
+        self, domain: str, grant: Granted, end: float, observation: Observation | None = None
+    ) -> HostPolicy:
+        """The request ended at ``end``: the domain is free again one (learned) gap later.
+
+        ``observation`` (what the attempt said about the host) is folded into the host's
+        policy in the same write: its gap and any pause it decides take effect for every
+        pod with the release. Returns the policy as written.
+        """
+        if observation is not None and observation.retry_after is not None:
+            # What a site may ask of every pod is capped.
+            capped = min(observation.retry_after, self.config.max_backoff)
+            observation = replace(observation, retry_after=capped)
         key = self.key(domain)
         guess = self._guess(key)
         while True:
             slot, revision = guess if guess is not None else await self._read(key)
-            slot.free_at = max(slot.free_at, end + slot.gap)
+            before = slot.policy
+            if observation is not None:
+                slot.policy = observe(before, observation, self.learning)
+            slot.free_at = max(slot.free_at, end + self.gap_of(slot))
+            slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
             if slot.busy_until == grant.hold_until:
                 slot.busy_until = 0.0
             if await self._write(key, slot, revision):
-                return
+                paused = slot.policy.paused_until
+                if paused > max(before.paused_until, end):
+                    HOST_PAUSES.labels(slot.policy.pause_reason or "unknown").inc()
+                return slot.policy
             guess = None
-
-    async def back_off(self, domain: str, until: float, now: float) -> None:
-        """Pause the domain for every pod (a 429/503 Retry-After), capped."""
-        until = min(until, now + self.config.max_backoff)
-        await self._modify(
-            domain, lambda s: setattr(s, "backoff_until", max(s.backoff_until, until))
-        )
 
     async def set_gap(self, domain: str, crawl_delay: float | None) -> float:
         gap = self.clamp_gap(crawl_delay or 0.0)
@@ -219,6 +277,7 @@ class Politeness:
             return False
         if len(self._written) >= WRITTEN_MEMORY and key not in self._written:
             del self._written[next(iter(self._written))]
+        # The policy is immutable, so a shallow copy is a copy.
         self._written[key] = (replace(slot), written)
         return True
 

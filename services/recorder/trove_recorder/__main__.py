@@ -10,6 +10,7 @@ from functools import partial
 from trove_recorder.recorder import serve
 from trove_recorder.replay import run_replay
 from trove_recorder.retries import RetryPolicy
+from trove_schema.policy import LearningConfig
 from trove_schema.service import run
 from trove_schema.settings import RecorderSettings, check_environment
 
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         policy = RetryPolicy(
             max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
         )
-        return run_replay(settings.nats_url, settings.database_url, policy, args.truncate)
+        learning = LearningConfig.from_settings(settings)
+        return run_replay(settings.nats_url, settings.database_url, policy, args.truncate, learning)
     return run("recorder", settings, partial(serve, settings))
 
 

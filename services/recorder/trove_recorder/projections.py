@@ -25,12 +25,13 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from trove_recorder.host_policies import fold_host_policies
 from trove_recorder.page_ids import PageIds
 from trove_recorder.retries import RetryPolicy, retry_request
 from trove_schema.events import (
@@ -38,10 +39,15 @@ from trove_schema.events import (
     CrawlOutcome,
     CrawlRequested,
     Event,
+    InstanceFollowed,
+    InstanceUnfollowed,
     PageDiscovered,
     SeedRejected,
+    SharedPost,
+    TimelinePolled,
 )
-from trove_schema.heuristics import audit
+from trove_schema.heuristics import Audit, audit
+from trove_schema.policy import LearningConfig
 from trove_schema.textsearch import ts_config
 from trove_schema.urls import domain_of
 
@@ -70,6 +76,10 @@ class _Plan:
     discovered: dict[str, PageDiscovered] = field(default_factory=dict)
     completed: list[CrawlCompleted] = field(default_factory=list)
     urls: dict[str, str] = field(default_factory=dict)
+    #: Follows, unfollows and polls, in stream order (see ``_fediverse``).
+    fediverse: list[InstanceFollowed | InstanceUnfollowed | TimelinePolled] = field(
+        default_factory=list
+    )
 
 
 @dataclass(slots=True)
@@ -88,11 +98,14 @@ async def apply_batch(
     events: Sequence[Event],
     policy: RetryPolicy,
     known: PageIds | None = None,
+    *,
+    learning: LearningConfig | None = None,
 ) -> Applied:
     """Apply ``events`` (in stream order) in the caller's transaction.
 
     ``known`` saves the look-up of pages already seen; the caller teaches it the
-    returned ids once the transaction has committed.
+    returned ids once the transaction has committed. ``learning`` is the per-host
+    policy's configuration (the services' settings; the defaults when None).
     """
     unique: dict[str, Event] = {}
     for event in events:
@@ -129,13 +142,17 @@ async def apply_batch(
                 plan.discovered[event.url] = event
         elif isinstance(event, CrawlRequested):
             plan.urls[event.url] = event.domain
+        elif isinstance(event, InstanceFollowed | InstanceUnfollowed | TimelinePolled):
+            plan.fediverse.append(event)
     applied = Applied(count=len(fresh))
     if known is not None:
         applied.generation = await known.check_generation(session)
     await _seed_rejections(session, plan.rejected)
     page_ids, applied.page_ids = await _page_ids(session, plan, known)
     await _discovered(session, plan.discovered)
-    await _completed(session, plan.completed, page_ids, policy)
+    verdicts = await _completed(session, plan.completed, page_ids, policy)
+    await fold_host_policies(session, plan.completed, verdicts, learning or LearningConfig())
+    await _fediverse(session, plan.fediverse)
     return applied
 
 
@@ -155,6 +172,181 @@ async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) 
             "reasons": [e.reason for e in rejected],
             "origins": [e.provenance.origin for e in rejected],
             "ats": [e.occurred_at for e in rejected],
+        },
+    )
+
+
+async def _fediverse(
+    session: AsyncSession, events: list[InstanceFollowed | InstanceUnfollowed | TimelinePolled]
+) -> None:
+    """Follows, unfollows and polls, one at a time in stream order.
+
+    A follow, its unfollow and a follow again may share a batch, and a poll counts only
+    after its follow: applied in the stream's order, the tables cannot depend on how the
+    stream was cut into batches. They are a few events a minute per timeline, against
+    hundreds of pages a second, so a statement or two each costs nothing worth batching.
+    """
+    for event in events:
+        if type(event) is TimelinePolled:
+            await _timeline_polled(session, event)
+        elif type(event) is InstanceFollowed:
+            await _instance_followed(session, event)
+        elif type(event) is InstanceUnfollowed:
+            await _instance_unfollowed(session, event)
+
+
+async def _instance_followed(session: AsyncSession, event: InstanceFollowed) -> None:
+    """The timeline's row now belongs to this follow, unless a newer follow holds it.
+
+    A new follow starts a new poll chain (numbered from 1), so ``last_poll`` starts
+    over; the counters go on across follows. The same follow again (a row made by its
+    polls first) only fills in what the follow says.
+    """
+    await session.execute(
+        _sql(
+            "INSERT INTO instances (instance, domain, timeline, follow_id, followed_at, "
+            "max_depth) VALUES (:instance, :domain, :timeline, :follow_id, :at, :max_depth) "
+            "ON CONFLICT (instance, timeline) DO UPDATE SET "
+            "domain = excluded.domain, followed_at = excluded.followed_at, "
+            "max_depth = excluded.max_depth, updated_at = now(), "
+            "unfollowed_at = CASE WHEN instances.follow_id = excluded.follow_id "
+            "  THEN instances.unfollowed_at END, "
+            "last_poll = CASE WHEN instances.follow_id = excluded.follow_id "
+            "  THEN instances.last_poll ELSE 0 END, "
+            "failing_since = CASE WHEN instances.follow_id = excluded.follow_id "
+            "  THEN instances.failing_since END, "
+            "next_poll_after = CASE WHEN instances.follow_id = excluded.follow_id "
+            "  THEN instances.next_poll_after END, "
+            "cursor = CASE WHEN instances.follow_id = excluded.follow_id "
+            "  THEN instances.cursor END, "
+            "follow_id = excluded.follow_id "
+            "WHERE instances.follow_id = excluded.follow_id OR instances.followed_at IS NULL "
+            "OR instances.followed_at <= excluded.followed_at"
+        ),
+        {
+            "instance": event.instance,
+            "domain": event.domain,
+            "timeline": event.timeline,
+            "follow_id": uuid.UUID(event.id),
+            "at": event.occurred_at,
+            "max_depth": event.max_depth,
+        },
+    )
+
+
+async def _instance_unfollowed(session: AsyncSession, event: InstanceUnfollowed) -> None:
+    """The timeline (every timeline of the instance without one) is no longer followed.
+
+    An unfollow older than the current follow is about an earlier one: it changes nothing.
+    """
+    await session.execute(
+        _sql(
+            "UPDATE instances SET unfollowed_at = :at, updated_at = now() "
+            "WHERE instance = :instance "
+            "AND (CAST(:timeline AS text) IS NULL OR timeline = :timeline) "
+            "AND unfollowed_at IS NULL AND (followed_at IS NULL OR followed_at <= :at)"
+        ),
+        {"instance": event.instance, "timeline": event.timeline, "at": event.occurred_at},
+    )
+
+
+async def _timeline_polled(session: AsyncSession, event: TimelinePolled) -> None:
+    """A poll's outcome on its timeline's row, and a ``page_shares`` row per shared link.
+
+    The row counts a poll once: only a poll of the row's current follow numbered above
+    ``last_poll`` changes it (the same poll made again after a redelivery, under another
+    event id, adds nothing; so does a poll of a follow since replaced). Polls of one
+    timeline are a chain, each requested after the last one's event, so they reach the
+    recorder in order. Shares are recorded whatever the poll's fate: they are keyed by
+    (URL, post), and a second sighting of a post keeps the earliest.
+    """
+    ok = event.outcome is CrawlOutcome.SUCCESS
+    params = {
+        "instance": event.instance,
+        "domain": event.domain,
+        "timeline": event.timeline,
+        "follow_id": _uuid_or_none(event.follow_id),
+    }
+    if params["follow_id"] is not None:
+        # Normally made by the follow; a poll whose follow was never applied makes it.
+        await session.execute(
+            _sql(
+                "INSERT INTO instances (instance, domain, timeline, follow_id) "
+                "VALUES (:instance, :domain, :timeline, :follow_id) ON CONFLICT DO NOTHING"
+            ),
+            params,
+        )
+        await session.execute(
+            _sql(
+                "UPDATE instances SET last_poll = :poll, polls = polls + 1, "
+                "posts_seen = posts_seen + :posts, links_found = links_found + :links, "
+                "skipped = skipped + :skipped, last_poll_at = :at, last_outcome = :outcome, "
+                "last_status_code = :code, last_error = :error, "
+                "software = coalesce(:software, software), "
+                "software_version = coalesce(:version, software_version), "
+                "cursor = coalesce(:cursor, cursor), next_poll_after = :next, "
+                "failing_since = CASE WHEN CAST(:ok AS boolean) THEN NULL "
+                "  ELSE coalesce(failing_since, :at) END, "
+                "updated_at = now() "
+                "WHERE instance = :instance AND timeline = :timeline "
+                "AND follow_id = :follow_id AND last_poll < :poll"
+            ),
+            {
+                **params,
+                "poll": event.poll,
+                "posts": len(event.posts),
+                "links": sum(len(post.links) for post in event.posts),
+                "skipped": event.skipped,
+                "at": event.completed_at,
+                "outcome": event.outcome.value,
+                "code": event.status_code,
+                # A success may carry a note too (what stopped it early: a rate limit).
+                "error": event.error_message or (None if ok else event.outcome.value),
+                "software": event.software,
+                "version": event.software_version,
+                "cursor": event.cursor_after,
+                "next": (
+                    event.completed_at + timedelta(seconds=event.retry_after)
+                    if event.retry_after
+                    else None
+                ),
+                "ok": ok,
+            },
+        )
+    await _page_shares(session, event)
+
+
+async def _page_shares(session: AsyncSession, event: TimelinePolled) -> None:
+    shares: dict[tuple[str, str], SharedPost] = {}
+    for post in event.posts:
+        for url in post.links:
+            shares.setdefault((url, post.uri), post)  # one row a statement may touch once
+    if not shares:
+        return
+    keys = sorted(shares)
+    posts = [shares[key] for key in keys]
+    await session.execute(
+        _sql(
+            "INSERT INTO page_shares (url, post_uri, post_url, instance, account, shared_at, "
+            "language, first_seen_at) SELECT u, p, pu, :instance, a, s, l, :at FROM unnest("
+            "CAST(:urls AS text[]), CAST(:uris AS text[]), CAST(:post_urls AS text[]), "
+            "CAST(:accounts AS text[]), CAST(:shared AS timestamptz[]), "
+            "CAST(:languages AS text[])) AS v(u, p, pu, a, s, l) "
+            "ON CONFLICT (url, md5(post_uri)) DO UPDATE SET post_uri = excluded.post_uri, "
+            "post_url = excluded.post_url, instance = excluded.instance, "
+            "account = excluded.account, shared_at = excluded.shared_at, "
+            "language = excluded.language, first_seen_at = excluded.first_seen_at "
+            "WHERE excluded.first_seen_at < page_shares.first_seen_at"
+        ),
+        {
+            "instance": event.instance,
+            "at": event.completed_at,
+            "urls": [url for url, _ in keys],
+            "uris": [uri for _, uri in keys],
+            "post_urls": [post.url for post in posts],
+            "accounts": [post.account for post in posts],
+            "shared": [post.shared_at for post in posts],
+            "languages": [post.language for post in posts],
         },
     )
 
@@ -239,9 +431,9 @@ async def _completed(
     completed: list[CrawlCompleted],
     page_ids: dict[str, int],
     policy: RetryPolicy,
-) -> None:
+) -> list[Audit]:
     if not completed:
-        return
+        return []
     await session.execute(
         _sql(
             "INSERT INTO page_crawls (page_id, domain, priority, attempt, outcome, status_code, "
@@ -272,7 +464,7 @@ async def _completed(
             "requests": [_uuid_or_none(e.request_id) for e in completed],
         },
     )
-    await _audits(session, completed, page_ids)
+    verdicts = await _audits(session, completed, page_ids)
     # Lock the pages in id order, then keep, per page, only attempts not older than
     # the newest one already applied.
     touched = sorted({page_ids[e.url] for e in completed})
@@ -304,12 +496,15 @@ async def _completed(
     retried = await _retries(session, latest, policy)
     await _page_state(session, latest, retried)
     await _links(session, linking, page_ids)
+    return verdicts
 
 
 async def _audits(
     session: AsyncSession, completed: list[CrawlCompleted], page_ids: dict[str, int]
-) -> None:
-    """One ``fetcher_attempts`` row per attempt, and its tags, in two statements."""
+) -> list[Audit]:
+    """One ``fetcher_attempts`` row per attempt, and its tags, in two statements.
+
+    Returns each attempt's verdict, for the host policies' fold to reuse."""
     verdicts = [audit(e) for e in completed]
     created = (
         await session.execute(
@@ -356,6 +551,7 @@ async def _audits(
             "".join(lines),
             ("attempt_id", "heuristic_type", "heuristic_value", "importance_score"),
         )
+    return verdicts
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})

@@ -28,6 +28,7 @@ from trove_schema.bus import BatchConsumer, Bus
 from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
+from trove_schema.policy import LearningConfig
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Outbox
 from trove_schema.topology import (
@@ -46,11 +47,17 @@ class Recorder:
     """Applies events; owns the session factory and the outbox publisher's wake-up."""
 
     def __init__(
-        self, engine: AsyncEngine, bus: Bus, policy: RetryPolicy, page_id_cache: int = 0
+        self,
+        engine: AsyncEngine,
+        bus: Bus,
+        policy: RetryPolicy,
+        page_id_cache: int = 0,
+        learning: LearningConfig | None = None,
     ) -> None:
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
         self.bus = bus
         self.policy = policy
+        self.learning = learning
         self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
 
@@ -65,7 +72,9 @@ class Recorder:
     async def project(self, events: Sequence[Event]) -> None:
         with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
             async with self.sessions.begin() as session:
-                applied = await apply_batch(session, events, self.policy, self.known)
+                applied = await apply_batch(
+                    session, events, self.policy, self.known, learning=self.learning
+                )
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
         if applied.count:
             PROJECTED.inc(applied.count)
@@ -140,6 +149,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
                 max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
             ),
             page_id_cache=settings.page_id_cache,
+            learning=LearningConfig.from_settings(settings),
         )
         consumer = BatchConsumer(
             bus=bus,

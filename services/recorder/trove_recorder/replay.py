@@ -33,12 +33,16 @@ from trove_schema.bus import Bus
 from trove_schema.errors import MalformedEvent, TroveError
 from trove_schema.events import Event, decode_event
 from trove_schema.migrate import upgrade_async
+from trove_schema.policy import LearningConfig
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
     EVENTS_STREAM,
+    INSTANCE_FOLLOWED,
+    INSTANCE_UNFOLLOWED,
     PAGE_DISCOVERED,
     SEED_REJECTED,
+    TIMELINE_POLLED,
 )
 
 log = logging.getLogger("trove.recorder.replay")
@@ -50,6 +54,9 @@ PROJECTION_TABLES = (
     "seed_rejections",
     "fetcher_attempts",
     "attempt_heuristics",
+    "instances",
+    "page_shares",
+    "host_policies",
     "projected_events",
     "outbox",
 )
@@ -81,6 +88,7 @@ async def replay(
     truncate: bool = False,
     batch: int = 500,
     page_id_cache: int = 200_000,
+    learning: LearningConfig | None = None,
 ) -> ReplayStats:
     await upgrade_async(database_url)
     engine = make_engine(database_url)
@@ -95,7 +103,15 @@ async def replay(
                 )
             elif (await conn.execute(text("SELECT count(*) FROM projected_events"))).scalar_one():
                 raise NotEmpty("the database already has projections: use --truncate")
-        subjects = {SEED_REJECTED, PAGE_DISCOVERED, CRAWL_REQUESTED, CRAWL_COMPLETED}
+        subjects = {
+            SEED_REJECTED,
+            PAGE_DISCOVERED,
+            CRAWL_REQUESTED,
+            CRAWL_COMPLETED,
+            INSTANCE_FOLLOWED,
+            INSTANCE_UNFOLLOWED,
+            TIMELINE_POLLED,
+        }
         last = 0
         for subject in subjects:
             # The stream's own last sequence may be a schedule, which is deleted once it
@@ -129,7 +145,7 @@ async def replay(
                     done = True
                     break
             async with sessions.begin() as session:
-                applied = await apply_batch(session, events, policy, known)
+                applied = await apply_batch(session, events, policy, known, learning=learning)
                 # Every pending row, not only this batch's: a retry's CrawlRequested
                 # comes later in the stream than the attempt that decided it.
                 await session.execute(_MARK_RECORDED_RETRIES)
@@ -144,9 +160,17 @@ async def replay(
     return stats
 
 
-def run_replay(nats_url: str, database_url: str, policy: RetryPolicy, truncate: bool) -> int:
+def run_replay(
+    nats_url: str,
+    database_url: str,
+    policy: RetryPolicy,
+    truncate: bool,
+    learning: LearningConfig | None = None,
+) -> int:
     try:
-        stats = asyncio.run(replay(nats_url, database_url, policy, truncate=truncate))
+        stats = asyncio.run(
+            replay(nats_url, database_url, policy, truncate=truncate, learning=learning)
+        )
     except NotEmpty as exc:
         print(f"error: {exc}")
         return 2

@@ -32,4 +32,6 @@ def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> 
         attempt=attempts + 1,
         not_before=event.completed_at + timedelta(seconds=delay),
         caused_by=event.id,
+        # A retried re-crawl is still the page's chain: its change history goes on.
+        history=event.history,
     )

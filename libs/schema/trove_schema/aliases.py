@@ -1,0 +1,495 @@
+"""Which spellings of a URL name the same document on a host, learned from its pages.
+
+``trove_schema.urls.canonicalize`` drops what is tracking or a session id on every
+host. What else a host ignores (``?ref=``, ``?from=``, a session parameter of its
+own, ``/index.html`` after a directory) is learned per host, from two kinds of
+evidence its fetched pages give:
+
+* **rel=canonical.** A fetched URL whose canonical is the same URL without parameter
+  ``P`` (or without its index file name) confirms that ``P`` does not change the page;
+  a canonical that keeps ``P`` contradicts it.
+* **Content hashes.** The host's record keeps a small sample of spelling -> content
+  hash; two spellings that differ by parameters and hash the same confirm each of
+  them, two that differ by one parameter and hash differently contradict it.
+
+A spelling is learned after ``AliasLimits.confirmations`` confirmations and no
+contradiction; one contradiction un-learns it for good on that host. Nothing is ever
+merged on a guess: a parameter that changes the page (``?page=2``) is contradicted by
+its page's self-canonical or by its content, and a rule can only remove what was
+learned. A parameter name is learned for every value once that many *different*
+values were confirmed (``?ref=a``, ``?ref=b``); a single value confirmed that many
+times is learned for that value alone (``?page=1`` may be the first page, which says
+nothing about ``?page=2``).
+
+Pure: the record is a value, ``observe`` returns the next one, ``rewrite`` applies its
+``rules``. Discovery keeps one record per host in the ``trove_url_rules`` bucket.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: File names a server may answer for a directory. A rule is learned per name and host.
+INDEX_NAMES = frozenset(
+    {
+        "index.html",
+        "index.htm",
+        "index.shtml",
+        "index.xhtml",
+        "index.php",
+        "index.asp",
+        "index.aspx",
+        "index.jsp",
+        "index.cgi",
+        "default.htm",
+        "default.html",
+        "default.asp",
+        "default.aspx",
+    }
+)
+
+#: Candidate keys: a parameter name (every value), one ``name=value``, an index alias
+#: that keeps the directory's slash (``/a/index.html`` -> ``/a/``) or not (-> ``/a``).
+NAME, PAIR, INDEX = "q:", "v:", "i:"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AliasLimits:
+    """How much evidence a rule needs, and how large a host's record may grow."""
+
+    #: Confirmations (different values, for a parameter name) before a rule is learned.
+    confirmations: int = 2
+    #: Parameters, values and index names tracked per host. Contradicted ones stay (they
+    #: must never be learned); open ones are forgotten oldest first to make room.
+    max_candidates: int = 64
+    #: Spellings whose content hash the record keeps, newest last.
+    max_samples: int = 32
+    #: Longer parameter names and values are not tracked (nor learned).
+    max_value_chars: int = 64
+    #: Longer spellings are not sampled.
+    max_sample_chars: int = 256
+    #: Ids of the events observed last, so a redelivered event is not counted twice.
+    max_events: int = 32
+
+
+DEFAULT_LIMITS = AliasLimits()
+#: Characters of a content hash (hex) kept in a sample: 64 bits tell pages apart.
+HASH_CHARS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What ``rewrite`` removes on one host."""
+
+    #: Parameter names ignored whatever their value.
+    names: frozenset[str] = frozenset()
+    #: ``name=value`` parameters ignored (exactly as written in a canonical URL).
+    pairs: frozenset[str] = frozenset()
+    #: Index file names dropped: ``index.html/`` keeps the slash, ``index.html`` does not.
+    index: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.pairs or self.index)
+
+    def describe(self) -> list[str]:
+        """The rules in words for an operator: ``?ref=*``, ``?from=sidebar``, ``/index.html``."""
+        found = [f"?{name}=*" for name in sorted(self.names)]
+        found += [f"?{pair}" for pair in sorted(self.pairs)]
+        for name in sorted(self.index):
+            slash = name.endswith("/")
+            found.append(f"dir/{name.rstrip('/')} -> dir{'/' if slash else ''}")
+        return found
+
+
+NO_RULES = Rules()
+
+
+def rewrite(rules: Rules, url: str) -> str:
+    """``url`` (canonical) without what the host's ``rules`` say does not change the page."""
+    if not rules:
+        return url
+    head, mark, query = url.partition("?")
+    if mark and (rules.names or rules.pairs):
+        kept = [p for p in query.split("&") if not _ignored(rules, p)]
+        query = "&".join(kept)
+    if rules.index:
+        head = _strip_index(rules.index, head)
+    return f"{head}?{query}" if query else head
+
+
+def could_alias(url: str) -> bool:
+    """True when some rule could rewrite ``url`` (a query, or an index file name)."""
+    return "?" in url or url[url.rfind("/") + 1 :] in INDEX_NAMES
+
+
+def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMITS) -> list[str]:
+    """What in ``url`` (rewritten) the host's record cannot yet say is an alias or not.
+
+    A parameter name never contradicted, an index file name with a style still open,
+    while fewer fetches carried it than a rule needs: the keys a fetch of ``url`` may
+    still teach. Once that many were fetched and it is not learned, waiting for more
+    would teach nothing sooner; untrackable names count as decided too.
+    """
+    if not could_alias(url):
+        return []
+    spelling = _Spelling.of(url)
+    if spelling is None:
+        return []
+    found: list[str] = []
+    candidates = record.candidates
+    for parameter in spelling.params:
+        name = parameter.partition("=")[0]
+        key = NAME + name
+        if len(name) <= limits.max_value_chars and key not in found:
+            candidate = candidates.get(key) or Candidate()
+            if not candidate.contradicted and candidate.tried() < limits.confirmations:
+                found.append(key)
+    name = spelling.path[spelling.path.rfind("/") + 1 :]
+    if name in INDEX_NAMES:
+        slash = candidates.get(INDEX + name + "/") or Candidate()
+        bare = candidates.get(INDEX + name) or Candidate()
+        tried = slash.tried() + bare.confirmed
+        if not (slash.contradicted and bare.contradicted) and tried < limits.confirmations:
+            found.append(INDEX + name)
+    return found
+
+
+def _ignored(rules: Rules, parameter: str) -> bool:
+    return parameter.partition("=")[0] in rules.names or parameter in rules.pairs
+
+
+def _strip_index(index: frozenset[str], head: str) -> str:
+    path_at = head.find("/", head.find("://") + 3)
+    if path_at < 0:
+        return head
+    name_at = head.rfind("/") + 1
+    name = head[name_at:]
+    if name not in INDEX_NAMES:
+        return head
+    at_root = name_at == path_at + 1
+    if name + "/" in index or (at_root and name in index):
+        return head[:name_at]
+    if name in index:
+        return head[: name_at - 1]
+    return head
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """The evidence about one key on one host."""
+
+    confirmed: int = 0
+    contradicted: bool = False
+    #: For a parameter name: the different values confirmed (at most ``confirmations``).
+    values: tuple[str, ...] = ()
+    #: Fetches carrying the key that said nothing either way (no canonical, no sample).
+    silent: int = 0
+
+    def tried(self) -> int:
+        """Fetches that carried the key (a pair's confirmations count in its name's)."""
+        return self.confirmed + self.silent
+
+
+@dataclass(frozen=True, slots=True)
+class HostAliases:
+    """One host's record: the evidence per candidate and a sample of content hashes."""
+
+    candidates: Mapping[str, Candidate] = field(default_factory=dict)
+    #: (path and query, content hash prefix), newest last.
+    samples: tuple[tuple[str, str], ...] = ()
+    #: Event ids observed last (prefixes), newest last.
+    events: tuple[str, ...] = ()
+
+    def rules(self, limits: AliasLimits = DEFAULT_LIMITS) -> Rules:
+        names: set[str] = set()
+        pairs: set[str] = set()
+        index: set[str] = set()
+        for key, candidate in self.candidates.items():
+            if candidate.contradicted:
+                continue
+            kind, subject = key[:2], key[2:]
+            if kind == NAME and len(candidate.values) >= limits.confirmations:
+                names.add(subject)
+            elif kind == PAIR and candidate.confirmed >= limits.confirmations:
+                pairs.add(subject)
+            elif kind == INDEX and candidate.confirmed >= limits.confirmations:
+                index.add(subject)
+        if not (names or pairs or index):
+            return NO_RULES
+        return Rules(frozenset(names), frozenset(pairs), frozenset(index))
+
+    def to_json(self) -> bytes:
+        candidates: dict[str, list[Any]] = {}
+        for key, c in self.candidates.items():
+            entry: list[Any] = [c.confirmed, int(c.contradicted)]
+            if c.values or c.silent:
+                entry.append(list(c.values))
+            if c.silent:
+                entry.append(c.silent)
+            candidates[key] = entry
+        body = {"c": candidates, "s": [list(s) for s in self.samples], "e": list(self.events)}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | None) -> HostAliases:
+        """The record as stored; an unreadable one reads as empty (it is only evidence)."""
+        if not data:
+            return EMPTY
+        try:
+            body = json.loads(data)
+            candidates = {
+                str(key): Candidate(
+                    int(entry[0]),
+                    bool(entry[1]),
+                    tuple(str(v) for v in (entry[2] if len(entry) > 2 else ())),
+                    int(entry[3]) if len(entry) > 3 else 0,
+                )
+                for key, entry in body.get("c", {}).items()
+            }
+            samples = tuple((str(u), str(h)) for u, h in body.get("s", ()))
+            events = tuple(str(e) for e in body.get("e", ()))
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return EMPTY
+        return cls(candidates, samples, events)
+
+
+EMPTY = HostAliases()
+
+
+def observe(
+    record: HostAliases,
+    *,
+    url: str,
+    canonical: str | None,
+    content_hash: str | None,
+    links: Iterable[str] = (),
+    event_id: str = "",
+    limits: AliasLimits = DEFAULT_LIMITS,
+) -> HostAliases:
+    """The host's record after a successful fetch of ``url`` (canonical URLs only).
+
+    ``links`` are the page's links: a plain page is sampled once its host shows other
+    spellings (a record, or such a link), so that a variant fetched later is compared
+    with it; a host without any costs nothing. Returns ``record`` itself when the fetch
+    says nothing new.
+    """
+    seen = event_id[:HASH_CHARS]
+    if seen and seen in record.events:
+        return record  # a redelivery: already counted
+    fetched = _Spelling.of(url)
+    if fetched is None:
+        return record
+    votes: dict[str, bool] = {}
+    if canonical:
+        target = _Spelling.of(canonical)
+        if target is not None and target.host == fetched.host:
+            _canonical_votes(fetched, target, votes)
+    digest = content_hash[:HASH_CHARS] if content_hash else ""
+    if digest:
+        for spelling, sampled in record.samples:
+            other = _Spelling.local_to(fetched.host, spelling)
+            if other.local != fetched.local:
+                _hash_votes(fetched, other, same=sampled == digest, votes=votes)
+    candidates = dict(record.candidates)
+    for key, confirm in votes.items():
+        _vote(candidates, key, confirm, limits)
+    for key in _silent_keys(fetched, votes):
+        _hush(candidates, key, limits)
+    _forget_pairs_of_learned_names(candidates, limits)
+    samples = record.samples
+    worth_sampling = fetched.variant or candidates or samples or _shows_variants(fetched, links)
+    if digest and worth_sampling and len(fetched.local) <= limits.max_sample_chars:
+        kept = [s for s in samples if s[0] != fetched.local]
+        kept.append((fetched.local, digest))
+        samples = tuple(kept[-limits.max_samples :])
+    if candidates == record.candidates and samples == record.samples:
+        return record
+    events = record.events
+    if seen:
+        events = (*events, seen)[-limits.max_events :]
+    return HostAliases(candidates, samples, events)
+
+
+@dataclass(frozen=True, slots=True)
+class _Spelling:
+    host: str
+    path: str
+    params: tuple[str, ...]
+
+    @classmethod
+    def of(cls, url: str) -> _Spelling | None:
+        scheme_end = url.find("://")
+        if scheme_end < 0:
+            return None
+        rest = url[scheme_end + 3 :]
+        cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+        return cls.local_to(rest[:cut].lower(), rest[cut:])
+
+    @classmethod
+    def local_to(cls, host: str, local: str) -> _Spelling:
+        path, _, query = local.partition("?")
+        return cls(host, path or "/", tuple(p for p in query.split("&") if p))
+
+    @property
+    def local(self) -> str:
+        return f"{self.path}?{'&'.join(self.params)}" if self.params else self.path
+
+    @property
+    def variant(self) -> bool:
+        return bool(self.params) or self.path[self.path.rfind("/") + 1 :] in INDEX_NAMES
+
+
+def _shows_variants(page: _Spelling, links: Iterable[str]) -> bool:
+    for link in links:
+        if "?" in link or link[link.rfind("/") + 1 :] in INDEX_NAMES:
+            other = _Spelling.of(link)
+            if other is not None and other.host == page.host:
+                return True
+    return False
+
+
+def _index_relation(longer: str, shorter: str) -> str | None:
+    """How path ``shorter`` relates to ``longer``: the same, its directory (the index key
+    that drops the name), or not at all (None)."""
+    if longer == shorter:
+        return ""
+    name_at = longer.rfind("/") + 1
+    name = longer[name_at:]
+    if name not in INDEX_NAMES:
+        return None
+    if shorter == longer[:name_at]:
+        return INDEX + name + "/"
+    if name_at > 1 and shorter == longer[: name_at - 1]:
+        return INDEX + name
+    return None
+
+
+def _put(votes: dict[str, bool], key: str, confirm: bool) -> None:
+    """A contradiction outweighs any confirmation from the same fetch."""
+    votes[key] = votes.get(key, True) and confirm
+
+
+def _canonical_votes(fetched: _Spelling, canonical: _Spelling, votes: dict[str, bool]) -> None:
+    relation = _index_relation(fetched.path, canonical.path)
+    if relation is None:
+        return  # the canonical names another document: nothing to learn about spellings
+    if relation:
+        _put(votes, relation, True)
+    else:
+        name = fetched.path[fetched.path.rfind("/") + 1 :]
+        if name in INDEX_NAMES:  # the canonical keeps the index name
+            _put(votes, INDEX + name + "/", False)
+            _put(votes, INDEX + name, False)
+    kept = {p.partition("=")[0] for p in canonical.params}
+    for parameter in fetched.params:
+        _put(votes, PAIR + parameter, parameter.partition("=")[0] not in kept)
+
+
+def _hash_votes(a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool]) -> None:
+    for longer, shorter in ((a, b), (b, a)):
+        relation = _index_relation(longer.path, shorter.path)
+        if relation is None or not set(shorter.params) <= set(longer.params):
+            continue
+        differ = [PAIR + p for p in longer.params if p not in shorter.params]
+        if relation:
+            differ.append(relation)
+        if same:
+            for key in differ:
+                _put(votes, key, True)
+        elif len(differ) == 1:  # with two or more, the hash cannot say which one matters
+            _put(votes, differ[0], False)
+        return
+
+
+def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[str]:
+    """The keys ``fetched`` carried that this fetch taught nothing about."""
+    keys = [NAME + p.partition("=")[0] for p in fetched.params if PAIR + p not in votes]
+    name = fetched.path[fetched.path.rfind("/") + 1 :]
+    if name in INDEX_NAMES and INDEX + name + "/" not in votes and INDEX + name not in votes:
+        keys.append(INDEX + name + "/")
+    return keys
+
+
+def _hush(candidates: dict[str, Candidate], key: str, limits: AliasLimits) -> None:
+    if len(key) > len(NAME) + limits.max_value_chars:
+        return
+    old = candidates.get(key)
+    if old is None:
+        if not _make_room(candidates, limits):
+            return
+        old = Candidate()
+    if not old.contradicted:
+        candidates[key] = Candidate(old.confirmed, False, old.values, old.silent + 1)
+
+
+def _vote(candidates: dict[str, Candidate], key: str, confirm: bool, limits: AliasLimits) -> None:
+    if key.startswith(INDEX):
+        _count(candidates, key, confirm, limits, value=None)
+        return
+    parameter = key[len(PAIR) :]
+    name, _, value = parameter.partition("=")
+    if len(name) > limits.max_value_chars:
+        return
+    _count(candidates, NAME + name, confirm, limits, value=value[: limits.max_value_chars])
+    name_learned = _learned(candidates.get(NAME + name), NAME, limits)
+    if len(value) <= limits.max_value_chars and not (confirm and name_learned):
+        _count(candidates, key, confirm, limits, value=None)
+
+
+def _count(
+    candidates: dict[str, Candidate],
+    key: str,
+    confirm: bool,
+    limits: AliasLimits,
+    *,
+    value: str | None,
+) -> None:
+    old = candidates.get(key)
+    if old is None:
+        if not _make_room(candidates, limits):
+            return  # untracked, so never learned
+        old = Candidate()
+    if old.contradicted:
+        return
+    if not confirm:
+        candidates[key] = Candidate(old.confirmed, True, old.values, old.silent)
+        return
+    values = old.values
+    if value is not None and value not in values and len(values) < limits.confirmations:
+        values = (*values, value)
+    candidates[key] = Candidate(old.confirmed + 1, False, values, old.silent)
+
+
+def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> bool:
+    if candidate is None or candidate.contradicted:
+        return False
+    if kind == NAME:
+        return len(candidate.values) >= limits.confirmations
+    return candidate.confirmed >= limits.confirmations
+
+
+def _make_room(candidates: dict[str, Candidate], limits: AliasLimits) -> bool:
+    if len(candidates) < limits.max_candidates:
+        return True
+    for key, candidate in candidates.items():
+        if not candidate.contradicted and not _learned(candidate, key[:2], limits):
+            del candidates[key]
+            return True
+    return False
+
+
+def _forget_pairs_of_learned_names(candidates: dict[str, Candidate], limits: AliasLimits) -> None:
+    """Once a name is learned for every value, its single values need no entries."""
+    learned = {
+        key[len(NAME) :]
+        for key, c in candidates.items()
+        if key.startswith(NAME) and _learned(c, NAME, limits)
+    }
+    if not learned:
+        return
+    for key in [k for k, c in candidates.items() if k.startswith(PAIR) and not c.contradicted]:
+        if key[len(PAIR) :].partition("=")[0] in learned:
+            del candidates[key]

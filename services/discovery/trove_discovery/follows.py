@@ -1,0 +1,560 @@
+"""Following fediverse instances: the operator's commands, and what is followed.
+
+Commands go to ``trove.follow`` and ``trove.unfollow`` (stream TROVE_SEEDS, consumer
+``discovery-follows``), in the forms ``trove.seeds`` takes (UTF-8, a leading BOM ignored):
+
+* a plain URL, as ``nats pub trove.follow https://social.example`` sends it: its local
+  timeline;
+* lines, one instance a line, each optionally followed by a timeline
+  (``https://social.example tag:python``); blank lines and ``#`` comments are skipped;
+* a JSON array of instance URLs;
+* a JSON object: ``{"instance": "..."}`` or ``{"instances": [...]}`` with ``timeline``
+  (``local``, ``public`` or ``tag:NAME``; default ``local``), ``max_depth`` (0..100,
+  default 0: the shared pages alone; the crawl stays on each shared page's host),
+  ``priority`` (-100..100, default 0) and ``backfill`` (0..1000 posts read back on the
+  first poll, default 40). An unfollow takes ``instance``/``instances`` and
+  ``timeline`` only; without a timeline it stops every followed timeline of the
+  instance. Unknown keys are refused, so that a typo is not silently a default.
+
+An instance is an origin (``https://host[:port]``): a path, a query or credentials are
+refused, as are a private address outside ``TROVE_ALLOWED_NETWORKS`` and a bad
+timeline name. ``nats req`` gets an answer, text for text and JSON for JSON.
+
+What is followed lives in the KV bucket ``trove_follows``, one key per instance (so
+that "every timeline of it" is one read), written only by compare-and-set: for each
+timeline the current follow (the ``InstanceFollowed`` id, which every poll of its chain
+carries), its options, and the last poll handled with the cursor and the failures in a
+row it ended on. Following a timeline already followed changes nothing: its chain and
+cursor go on. An unfollowed timeline keeps its entry, marked, so that a poll of its
+chain still under way is recognised and ignored.
+
+Each follow starts its timeline's chain of polls: a ``TimelinePollRequested`` scheduled
+on the timeline's own subject (``timeline_schedule_subject``), where JetStream keeps one
+pending schedule, so a timeline never has two chains (``trove_discovery.shares`` goes
+on with it). An unfollow drops the pending poll with a subject rollup (the stream
+allows rollups), leaving a tombstone on the schedule subject that no one consumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from trove_discovery.errors import InvalidFollow, InvalidURL
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    InstanceFollowed,
+    InstanceUnfollowed,
+    Provenance,
+    TimelineName,
+    TimelinePollRequested,
+    derived_event_id,
+    utcnow,
+)
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import UNFOLLOW_SUBJECT, timeline_schedule_subject
+from trove_schema.urls import canonicalize, domain_of, is_private_host, origin_of
+
+log = logging.getLogger("trove.discovery.follows")
+
+MAX_INSTANCES_PER_MESSAGE = 100
+#: Longest ``raw`` a rejection carries.
+MAX_RAW_LENGTH = 512
+REPLY_TEXT_LIMIT = 20
+DEFAULT_TIMELINE = "local"
+DEFAULT_BACKFILL = 40
+#: Compare-and-set attempts on an instance's entry before giving up (and retrying the
+#: message later): writers are the commands and the polls of one instance's timelines.
+MAX_WRITES = 50
+
+_FOLLOW_KEYS = frozenset({"instance", "instances", "timeline", "max_depth", "priority", "backfill"})
+_UNFOLLOW_KEYS = frozenset({"instance", "instances", "timeline"})
+_TIMELINE = TypeAdapter(TimelineName)
+
+Verb = Literal["follow", "unfollow"]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceCommand:
+    """One accepted (un)follow: the instance's origin and the timeline it is about."""
+
+    instance: str
+    domain: str
+    #: None in an unfollow: every followed timeline of the instance.
+    timeline: str | None
+    #: What was sent (whitespace around it removed).
+    original: str
+    max_depth: int = 0
+    priority: int = 0
+    backfill: int = DEFAULT_BACKFILL
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance} {self.timeline or '(every timeline)'}"
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedCommand:
+    """Something sent that was not accepted, and why (cut to ``MAX_RAW_LENGTH``)."""
+
+    raw: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if len(self.raw) > MAX_RAW_LENGTH:
+            object.__setattr__(self, "raw", self.raw[:MAX_RAW_LENGTH])
+
+
+@dataclass(frozen=True, slots=True)
+class CommandBatch:
+    verb: Verb
+    accepted: tuple[InstanceCommand, ...] = ()
+    rejected: tuple[RejectedCommand, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    timeline: str | None
+    max_depth: int = 0
+    priority: int = 0
+    backfill: int = DEFAULT_BACKFILL
+
+
+def verb_of(subject: str) -> Verb:
+    return "unfollow" if subject == UNFOLLOW_SUBJECT else "follow"
+
+
+def parse_command(data: bytes, *, verb: Verb, settings: DiscoverySettings) -> CommandBatch:
+    """Parse one follow or unfollow message (never raises: problems become rejections)."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff").strip()
+    except UnicodeDecodeError as exc:
+        raw = data[:MAX_RAW_LENGTH].decode("utf-8", "replace")
+        return _rejected(verb, raw, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    if not text:
+        return _rejected(verb, "", f"empty {verb} message")
+    default = _Options(timeline=DEFAULT_TIMELINE if verb == "follow" else None)
+    lines: list[tuple[object, _Options, str | None]]
+    if text[0] in "{[":
+        try:
+            document = json.loads(text)
+        except ValueError as exc:
+            return _rejected(verb, text, f"malformed JSON: {exc}")
+        except RecursionError:
+            return _rejected(verb, text, "JSON nested too deeply")
+        try:
+            lines = _from_json(document, verb, default)
+        except InvalidFollow as exc:
+            return _rejected(verb, text, exc.reason)
+    else:
+        lines = []
+        for line in text.splitlines():
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            url, _, timeline = stripped.partition(" ")
+            timeline = timeline.strip()
+            lines.append((url, _Options(timeline=timeline) if timeline else default, stripped))
+    if not lines:
+        return _rejected(verb, text, "no instances in the message")
+    return _build(verb, lines, settings)
+
+
+def _build(
+    verb: Verb, lines: list[tuple[object, _Options, str | None]], settings: DiscoverySettings
+) -> CommandBatch:
+    accepted: list[InstanceCommand] = []
+    rejected: list[RejectedCommand] = []
+    seen: set[tuple[str, str | None]] = set()
+    for index, (candidate, options, line) in enumerate(lines):
+        if not isinstance(candidate, str):
+            rejected.append(RejectedCommand(json.dumps(candidate), "not a URL string"))
+            continue
+        original = candidate.strip()
+        raw = line or original
+        if index >= MAX_INSTANCES_PER_MESSAGE:
+            reason = f"more than {MAX_INSTANCES_PER_MESSAGE} instances in one message"
+            rejected.append(RejectedCommand(raw, reason))
+            continue
+        try:
+            instance, domain = instance_origin(original, settings)
+            timeline = None if options.timeline is None else timeline_name(options.timeline)
+        except InvalidFollow as exc:
+            rejected.append(RejectedCommand(raw, exc.reason))
+            continue
+        if (instance, timeline) in seen:
+            continue
+        seen.add((instance, timeline))
+        accepted.append(
+            InstanceCommand(
+                instance=instance,
+                domain=domain,
+                timeline=timeline,
+                original=original,
+                max_depth=options.max_depth,
+                priority=options.priority,
+                backfill=options.backfill,
+            )
+        )
+    return CommandBatch(verb=verb, accepted=tuple(accepted), rejected=tuple(rejected))
+
+
+def instance_origin(raw: str, settings: DiscoverySettings) -> tuple[str, str]:
+    """The origin (``https://host[:port]``, no slash) and domain of an instance URL."""
+    try:
+        url = canonicalize(raw, max_length=settings.max_url_length)
+    except InvalidURL as exc:
+        raise InvalidFollow(exc.reason) from None
+    parts = urlsplit(raw.strip())
+    if parts.username is not None or parts.password is not None:
+        raise InvalidFollow("an instance URL carries no credentials")
+    canonical = urlsplit(url)
+    if canonical.path not in ("", "/") or canonical.query:
+        where = canonical.path + (f"?{canonical.query}" if canonical.query else "")
+        raise InvalidFollow(
+            f"an instance is an origin (scheme://host[:port]), not a page: drop {where!r}"
+        )
+    domain = domain_of(url)
+    if is_private_host(domain, settings.allowed_networks):
+        raise InvalidFollow(f"host {domain} is a private address (not in TROVE_ALLOWED_NETWORKS)")
+    return origin_of(url), domain
+
+
+def timeline_name(value: object) -> str:
+    try:
+        return str(_TIMELINE.validate_python(value))
+    except ValidationError:
+        raise InvalidFollow(
+            f'"timeline" must be "local", "public" or "tag:NAME" (NAME: up to 100 letters, '
+            f"digits or _), not {value!r}"
+        ) from None
+
+
+def _from_json(
+    document: Any, verb: Verb, default: _Options
+) -> list[tuple[object, _Options, str | None]]:
+    if isinstance(document, list):
+        return [(item, default, None) for item in document]
+    if not isinstance(document, dict):  # pragma: no cover - json of "{"/"[" is one of both
+        raise InvalidFollow("a JSON message is an object or an array")
+    known = _FOLLOW_KEYS if verb == "follow" else _UNFOLLOW_KEYS
+    unknown = sorted(set(document) - known)
+    if unknown:
+        names = ", ".join(repr(key) for key in unknown)
+        raise InvalidFollow(f"unknown key(s) {names}; known keys are {', '.join(sorted(known))}")
+    if ("instance" in document) == ("instances" in document):
+        raise InvalidFollow('give exactly one of "instance" and "instances"')
+    if "instance" in document:
+        candidates: list[object] = [document["instance"]]
+    elif isinstance(document["instances"], list):
+        candidates = list(document["instances"])
+    else:
+        raise InvalidFollow('"instances" must be an array of strings')
+    timeline = document.get("timeline", default.timeline)
+    if timeline is not None:
+        timeline = timeline_name(timeline)
+    options = _Options(
+        timeline=timeline,
+        max_depth=_integer(document, "max_depth", default=0, low=0, high=100),
+        priority=_integer(document, "priority", default=0, low=-100, high=100),
+        backfill=_integer(document, "backfill", default=DEFAULT_BACKFILL, low=0, high=1000),
+    )
+    return [(candidate, options, None) for candidate in candidates]
+
+
+def _integer(document: dict[str, Any], key: str, *, default: int, low: int, high: int) -> int:
+    value = document.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidFollow(f'"{key}" must be an integer from {low} to {high}, not {value!r}')
+    return value
+
+
+def _rejected(verb: Verb, raw: str, reason: str) -> CommandBatch:
+    return CommandBatch(verb=verb, rejected=(RejectedCommand(raw, reason),))
+
+
+def reply_text(batch: CommandBatch) -> str:
+    """A short summary for the reply to ``nats req trove.follow ...``."""
+    doing = "following" if batch.verb == "follow" else "unfollowing"
+    lines = [f"{doing} {len(batch.accepted)}"]
+    if batch.accepted:
+        shown = [command.label for command in batch.accepted[:REPLY_TEXT_LIMIT]]
+        more = len(batch.accepted) - len(shown)
+        lines[0] += ": " + ", ".join(shown) + (f" and {more} more" if more else "")
+    if batch.rejected:
+        lines.append(f"rejected {len(batch.rejected)}:")
+        lines.extend(
+            f"  {command.raw or '(empty)'} — {command.reason}"
+            for command in batch.rejected[:REPLY_TEXT_LIMIT]
+        )
+        more = len(batch.rejected) - REPLY_TEXT_LIMIT
+        if more > 0:
+            lines.append(f"  and {more} more")
+    return "\n".join(lines)
+
+
+def reply_json(batch: CommandBatch) -> bytes:
+    body = {
+        "verb": batch.verb,
+        "accepted_count": len(batch.accepted),
+        "rejected_count": len(batch.rejected),
+        "accepted": [
+            {
+                "instance": command.instance,
+                "timeline": command.timeline,
+                "original": command.original,
+                **(
+                    {
+                        "max_depth": command.max_depth,
+                        "priority": command.priority,
+                        "backfill": command.backfill,
+                    }
+                    if batch.verb == "follow"
+                    else {}
+                ),
+            }
+            for command in batch.accepted
+        ],
+        "rejected": [{"raw": command.raw, "reason": command.reason} for command in batch.rejected],
+    }
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# state ----------------------------------------------------------------------------
+
+
+class TimelineFollow(BaseModel):
+    """A followed (or formerly followed) timeline, as ``trove_follows`` keeps it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    #: The ``InstanceFollowed`` id: the chain of polls it started carries it.
+    follow_id: str
+    followed_at: datetime
+    max_depth: int = 0
+    priority: int = 0
+    backfill: int = DEFAULT_BACKFILL
+    #: The ``InstanceUnfollowed`` that stopped it; None while it is followed.
+    unfollowed_by: str | None = None
+    #: The last poll handled: its number, its ``TimelinePolled`` id, the cursor and the
+    #: failures in a row it ended on.
+    poll: int = 0
+    polled_id: str | None = None
+    cursor: str | None = None
+    failures: int = 0
+
+    @property
+    def following(self) -> bool:
+        return self.unfollowed_by is None
+
+
+class InstanceFollows(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    instance: str
+    timelines: dict[str, TimelineFollow] = {}
+
+
+def follows_key(instance: str) -> str:
+    return "i." + hashlib.sha256(instance.encode()).hexdigest()[:40]
+
+
+class FollowStore:
+    """The ``trove_follows`` bucket: read an instance's entry, write it by compare-and-set."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def read(self, instance: str) -> tuple[InstanceFollows, int | None]:
+        """The instance's entry and its revision (an empty entry and None when absent)."""
+        try:
+            entry = await self.kv.get(follows_key(instance))
+        except KeyNotFoundError:
+            return InstanceFollows(instance=instance), None
+        if not entry.value:
+            return InstanceFollows(instance=instance), entry.revision
+        return InstanceFollows.model_validate_json(entry.value), entry.revision
+
+    async def write(self, record: InstanceFollows, revision: int | None) -> None:
+        """Raises ``KeyWrongLastSequenceError`` when someone wrote since ``revision``."""
+        value = record.model_dump_json().encode()
+        if revision is None:
+            await self.kv.create(follows_key(record.instance), value)
+        else:
+            await self.kv.update(follows_key(record.instance), value, last=revision)
+
+
+def with_timeline(record: InstanceFollows, name: str, follow: TimelineFollow) -> InstanceFollows:
+    return record.model_copy(update={"timelines": {**record.timelines, name: follow}})
+
+
+# the chain ------------------------------------------------------------------------
+
+
+async def start_polls(bus: Bus, followed: InstanceFollowed, follow: TimelineFollow) -> None:
+    """The first poll of a new follow: now, on the timeline's schedule subject."""
+    now = utcnow()
+    request = TimelinePollRequested(
+        id=derived_event_id(followed.id, "first-poll"),
+        instance=followed.instance,
+        domain=followed.domain,
+        timeline=followed.timeline,
+        follow_id=followed.id,
+        cursor=follow.cursor,
+        backfill=follow.backfill,
+        poll=1,
+        not_before=now,
+        caused_by=followed.id,
+    )
+    schedule = timeline_schedule_subject(followed.instance, followed.timeline)
+    await bus.publish_at(request, now, schedule=schedule)
+
+
+async def stop_polls(bus: Bus, instance: str, timeline: str, *, msg_id: str) -> None:
+    """Drop the timeline's pending poll: a rollup of its schedule subject (a tombstone)."""
+    subject = timeline_schedule_subject(instance, timeline)
+    headers = {"Nats-Rollup": "sub", "Nats-Msg-Id": msg_id}
+    await bus.js.publish(subject, b"", headers=headers)
+
+
+# commands ---------------------------------------------------------------------------
+
+
+class Follows:
+    """Applies follow and unfollow commands; answers ``nats req`` on their subjects."""
+
+    def __init__(self, *, bus: Bus, store: FollowStore, settings: DiscoverySettings) -> None:
+        self.bus = bus
+        self.store = store
+        self.settings = settings
+
+    async def handle_command(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        verb = verb_of(msg.subject)
+        batch = parse_command(msg.data, verb=verb, settings=self.settings)
+        origin = _origin(msg)
+        for rejected in batch.rejected:
+            log.warning(f"{verb} refused", extra={"raw": rejected.raw, "reason": rejected.reason})
+        for command in batch.accepted:
+            if verb == "follow":
+                await self.follow(command, seq=seq, origin=origin)
+            else:
+                await self.unfollow(command, seq=seq, origin=origin)
+
+    async def reply_to_request(self, msg: Msg) -> None:
+        """A ``nats req trove.follow ...`` gets what was accepted and rejected, and why."""
+        if not msg.reply:
+            return  # a plain publish: the stream consumer handles it
+        batch = parse_command(msg.data, verb=verb_of(msg.subject), settings=self.settings)
+        as_json = msg.data.lstrip()[:1] in (b"{", b"[")
+        await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
+
+    async def follow(self, command: InstanceCommand, *, seq: int, origin: str) -> bool:
+        """Follow the timeline unless it is followed already; True when this command did."""
+        assert command.timeline is not None
+        timeline = command.timeline
+        event = InstanceFollowed(
+            id=derived_event_id(f"follow:{seq}:{command.instance} {timeline}", "followed"),
+            instance=command.instance,
+            domain=command.domain,
+            timeline=timeline,
+            max_depth=command.max_depth,
+            priority=command.priority,
+            backfill=command.backfill,
+            provenance=Provenance(kind="seed", origin=origin),
+        )
+        for _ in range(MAX_WRITES):
+            record, revision = await self.store.read(command.instance)
+            current = record.timelines.get(timeline)
+            if current is not None and current.follow_id == event.id:
+                if not current.following:
+                    return False  # this follow was redelivered after its unfollow
+                follow = current  # a redelivery: publish again, idempotently
+                break
+            if current is not None and current.following:
+                log.info(
+                    "already followed",
+                    extra={"instance": command.instance, "timeline": timeline},
+                )
+                return False
+            follow = TimelineFollow(
+                follow_id=event.id,
+                followed_at=event.occurred_at,
+                max_depth=command.max_depth,
+                priority=command.priority,
+                backfill=command.backfill,
+            )
+            try:
+                await self.store.write(with_timeline(record, timeline, follow), revision)
+            except KeyWrongLastSequenceError:
+                continue
+            break
+        else:
+            raise RuntimeError(f"{command.instance}: its follow entry kept changing")
+        await self.bus.publish(event)
+        await start_polls(self.bus, event, follow)
+        log.info("following", extra={"instance": command.instance, "timeline": timeline})
+        return True
+
+    async def unfollow(self, command: InstanceCommand, *, seq: int, origin: str) -> list[str]:
+        """Stop the timeline (every timeline when None); the timelines this command stopped."""
+        event = InstanceUnfollowed(
+            id=derived_event_id(
+                f"unfollow:{seq}:{command.instance} {command.timeline or '*'}", "unfollowed"
+            ),
+            instance=command.instance,
+            domain=command.domain,
+            timeline=command.timeline,
+            provenance=Provenance(kind="seed", origin=origin),
+        )
+        for _ in range(MAX_WRITES):
+            record, revision = await self.store.read(command.instance)
+            stopped = [
+                name
+                for name, follow in record.timelines.items()
+                if (command.timeline is None or name == command.timeline)
+                and (follow.following or follow.unfollowed_by == event.id)
+            ]
+            if not stopped:
+                log.info(
+                    "not followed",
+                    extra={"instance": command.instance, "timeline": command.timeline},
+                )
+                return []
+            changed = {
+                name: follow.model_copy(update={"unfollowed_by": event.id})
+                for name, follow in record.timelines.items()
+                if name in stopped
+            }
+            updated = record.model_copy(update={"timelines": {**record.timelines, **changed}})
+            try:
+                if updated != record:
+                    await self.store.write(updated, revision)
+            except KeyWrongLastSequenceError:
+                continue
+            break
+        else:
+            raise RuntimeError(f"{command.instance}: its follow entry kept changing")
+        await self.bus.publish(event)
+        for name in stopped:
+            await stop_polls(
+                self.bus, command.instance, name, msg_id=derived_event_id(event.id, f"stop {name}")
+            )
+        log.info("unfollowed", extra={"instance": command.instance, "timelines": stopped})
+        return stopped
+
+
+def _origin(msg: Msg) -> str:
+    headers = msg.headers or {}
+    who = headers.get("Trove-Origin") or headers.get("Nats-Origin")
+    return msg.subject + (f" ({who})" if who else "")

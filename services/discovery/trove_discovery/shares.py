@@ -1,0 +1,214 @@
+"""Shared pages: each poll of a followed timeline becomes the pages its posts share, and
+the timeline's next poll.
+
+A ``TimelinePolled`` (from the fetcher) counts only while its follow is current: the
+same follow id in ``trove_follows``, not unfollowed, and a poll newer than the last one
+handled. Then every link of every post, and the post's own page, enters the crawl as a
+``PageDiscovered`` with the post as its provenance (``Share``), scoped to the page's own
+host with the follow's depth, deduplicated by the seen set like any link: a page seen
+before gets nothing (the recorder keeps each page's shares from the ``TimelinePolled``
+itself). Then the next ``TimelinePollRequested`` is scheduled on the timeline's subject:
+at once when the poll stopped at its page bound, one poll interval after a poll that
+read everything new, and after failures a pause doubling with each failure in a row up
+to ``TROVE_POLL_MAX_BACKOFF_SECONDS``, or what the instance asked for (Retry-After, its
+rate-limit reset; capped the same way).
+
+Every id derives from the ``TimelinePolled`` id and every time from its
+``completed_at``, so a redelivery publishes the same events, which JetStream drops.
+An unfollowed timeline's chain stops at its next poll result; the unfollow also drops
+the pending poll (``follows.stop_polls``), and a poll already under way when it came is
+ignored when it ends. A poll result handled while an unfollow lands is caught by
+reading the entry again after scheduling, and its schedule is dropped too.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyWrongLastSequenceError
+
+from trove_discovery.discovery import Discovery
+from trove_discovery.follows import (
+    MAX_WRITES,
+    FollowStore,
+    TimelineFollow,
+    stop_polls,
+    with_timeline,
+)
+from trove_discovery.traps import url_trap_reason
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlOutcome,
+    PageDiscovered,
+    Provenance,
+    Scope,
+    ScopeKind,
+    Share,
+    TimelinePolled,
+    TimelinePollRequested,
+    decode_event,
+    derived_event_id,
+)
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import timeline_schedule_subject
+from trove_schema.urls import canonicalize_or_none, domain_of, is_private_host
+
+log = logging.getLogger("trove.discovery.shares")
+
+#: Doublings of the poll interval after failures, at most (the cap is reached long before).
+MAX_DOUBLINGS = 32
+
+
+def poll_delay(event: TimelinePolled, failures: int, settings: DiscoverySettings) -> float:
+    """Seconds from the end of ``event``'s poll to the next one."""
+    cap = settings.poll_max_backoff_seconds
+    asked = min(event.retry_after, cap) if event.retry_after is not None else None
+    if event.outcome is not CrawlOutcome.SUCCESS:
+        if asked is not None:
+            return asked
+        return min(cap, settings.poll_interval_seconds * 2.0 ** min(failures, MAX_DOUBLINGS))
+    base = 0.0 if event.more else settings.poll_interval_seconds
+    return max(base, asked or 0.0)
+
+
+def next_poll(
+    event: TimelinePolled, follow: TimelineFollow, settings: DiscoverySettings
+) -> tuple[TimelinePollRequested, datetime]:
+    """The chain's next request after ``event`` (``follow`` has it handled) and when."""
+    at = event.completed_at + timedelta(seconds=poll_delay(event, follow.failures, settings))
+    request = TimelinePollRequested(
+        id=derived_event_id(event.id, "next-poll"),
+        instance=event.instance,
+        domain=event.domain,
+        timeline=event.timeline,
+        follow_id=event.follow_id,
+        cursor=follow.cursor,
+        backfill=follow.backfill,
+        api=event.api,
+        software=event.software,
+        software_version=event.software_version,
+        poll=event.poll + 1,
+        failures=follow.failures,
+        not_before=at,
+        caused_by=event.id,
+    )
+    return request, at
+
+
+def shared_pages(
+    event: TimelinePolled, follow: TimelineFollow, settings: DiscoverySettings
+) -> list[PageDiscovered]:
+    """The pages ``event``'s posts share, and the posts' own pages, once each."""
+    pages: dict[str, PageDiscovered] = {}
+    for post in event.posts:
+        provenance = Provenance(
+            kind="share",
+            share=Share(
+                instance=event.instance,
+                post_uri=post.uri,
+                post_url=post.url,
+                account=post.account,
+                shared_at=post.shared_at,
+                language=post.language,
+            ),
+        )
+        # The post's page is crawled for itself only: its links came as the post's links.
+        wanted = [(link, follow.max_depth) for link in post.links]
+        if post.url is not None:
+            wanted.append((post.url, 0))
+        for raw, max_depth in wanted:
+            url = canonicalize_or_none(raw)
+            if url is None or url in pages:
+                continue
+            domain = domain_of(url)
+            if is_private_host(domain, settings.allowed_networks):
+                log.info("shared URL on a private address skipped", extra={"url": url})
+                continue
+            if url_trap_reason(
+                url,
+                max_length=settings.max_url_length,
+                max_path_repetitions=settings.max_path_repetitions,
+            ):
+                continue
+            pages[url] = PageDiscovered(
+                id=derived_event_id(f"{event.id}:{url}", "shared"),
+                url=url,
+                domain=domain,
+                depth=0,
+                priority=follow.priority,
+                scope=Scope(kind=ScopeKind.HOST, value=domain, max_depth=max_depth),
+                provenance=provenance,
+            )
+    return list(pages.values())
+
+
+class Shares:
+    """Handles ``TimelinePolled``: the shared pages, then the timeline's next poll."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: FollowStore,
+        discovery: Discovery,
+        settings: DiscoverySettings,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.discovery = discovery
+        self.settings = settings
+
+    async def handle_timeline_polled(self, msg: Msg) -> None:
+        event = decode_event(msg.data)
+        if not isinstance(event, TimelinePolled):
+            return
+        follow = await self._advance(event)
+        if follow is None:
+            return
+        for page in shared_pages(event, follow, self.settings):
+            await self.discovery.discover(page)
+        request, at = next_poll(event, follow, self.settings)
+        await self.bus.publish_at(
+            request, at, schedule=timeline_schedule_subject(event.instance, event.timeline)
+        )
+        # An unfollow applied between our write and that schedule dropped nothing: drop it.
+        record, _ = await self.store.read(event.instance)
+        current = record.timelines.get(event.timeline)
+        if current is not None and current.follow_id == event.follow_id and not current.following:
+            msg_id = derived_event_id(request.id, "stop")
+            await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
+
+    async def _advance(self, event: TimelinePolled) -> TimelineFollow | None:
+        """Record ``event`` as the follow's last poll; None when it no longer counts."""
+        where = {"instance": event.instance, "timeline": event.timeline, "poll": event.poll}
+        for _ in range(MAX_WRITES):
+            record, revision = await self.store.read(event.instance)
+            follow = record.timelines.get(event.timeline)
+            if follow is None or follow.follow_id != event.follow_id:
+                log.info("poll of a follow that is no longer current ignored", extra=where)
+                return None
+            if not follow.following:
+                log.info("timeline unfollowed: its polls stop", extra=where)
+                return None
+            if follow.polled_id == event.id:
+                return follow  # a redelivery: publish the same events again
+            if event.poll <= follow.poll:
+                log.info("poll older than the last one handled ignored", extra=where)
+                return None
+            failed = event.outcome is not CrawlOutcome.SUCCESS
+            advanced = follow.model_copy(
+                update={
+                    "poll": event.poll,
+                    "polled_id": event.id,
+                    "cursor": event.cursor_after if event.cursor_after else follow.cursor,
+                    "failures": follow.failures + 1 if failed else 0,
+                }
+            )
+            try:
+                await self.store.write(with_timeline(record, event.timeline, advanced), revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return advanced
+        raise RuntimeError(f"{event.instance}: its follow entry kept changing")

@@ -1,0 +1,228 @@
+"""Each host's learned URL aliases, shared by every discovery replica through KV.
+
+One record per host in ``trove_url_rules`` (``trove_schema.aliases.HostAliases``),
+learned from the ``CrawlCompleted`` events discovery already reads and written by
+compare-and-set, so replicas that learn from the same host at once never lose each
+other's evidence. Discovery rewrites every link and seed with its host's rules before
+the seen check, so a spelling known to be an alias is never discovered as a page.
+
+Reading the bucket once per link would double discovery's round trips, so each record
+is kept here for ``ttl`` seconds at most: a rule learned by one replica reaches every
+other within that time, and a host costs one read per ``ttl`` however many links point
+at it. Concurrent handlers wanting the same host share one read, and a replica's own
+writes to a host go one at a time (a lock per host while it learns), so they do not
+fail each other's compare-and-set.
+
+Links fetched before a rule is learned would all be fetched, so a spelling whose keys
+are still undecided goes out only as one of the few probes they need (``probe``); the
+page's other such links wait while the probes teach (``Holds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from trove_discovery.sightings import Recent
+from trove_schema.aliases import (
+    DEFAULT_LIMITS,
+    EMPTY,
+    NO_RULES,
+    AliasLimits,
+    HostAliases,
+    Rules,
+    observe,
+    undecided,
+)
+from trove_schema.events import CrawlCompleted, CrawlOutcome
+
+log = logging.getLogger("trove.discovery")
+
+#: Hosts whose record a replica keeps between reads (only those seen within ``ttl``).
+CACHE_HOSTS = 4_096
+#: Compare-and-set attempts before a fetch's evidence is given up (it is only evidence).
+WRITE_ATTEMPTS = 10
+#: (host, key) pairs whose probes a replica counts, and for how long (seconds): long
+#: enough for a probe to be fetched behind its host's queue, short enough that a probe
+#: that never taught anything (a 404) is followed by others.
+PROBE_MEMORY = 100_000
+PROBE_TTL = 1_800.0
+
+
+class UrlRules:
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        ttl: float,
+        limits: AliasLimits = DEFAULT_LIMITS,
+        capacity: int = CACHE_HOSTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kv = kv
+        self.limits = limits
+        #: host -> (record, its rules, the bucket revision it was read or written at).
+        self._cache: Recent[tuple[HostAliases, Rules, int | None]] = Recent(
+            capacity, ttl=ttl, clock=clock
+        )
+        self._reading: dict[str, asyncio.Future[tuple[HostAliases, Rules, int | None]]] = {}
+        self._learning: dict[str, tuple[asyncio.Lock, int]] = {}
+        #: "host key" -> spellings this replica let through to teach ``key`` (probes).
+        self._probes: Recent[int] = Recent(PROBE_MEMORY, ttl=PROBE_TTL, clock=clock)
+        #: Reads of the bucket this replica made (for tests and the curious).
+        self.reads = 0
+
+    async def rules_for(self, host: str) -> Rules:
+        """The host's rules, as the bucket held them at most ``ttl`` seconds ago."""
+        return (await self._load(host))[1]
+
+    def undecided(self, host: str, url: str) -> list[str]:
+        """The keys of ``url`` its host's record cannot decide yet (read by ``rules_for``)."""
+        cached = self._cache.get(host)
+        return undecided(cached[0] if cached else EMPTY, url, self.limits)
+
+    def probe(self, host: str, keys: list[str]) -> bool:
+        """Let another spelling go out to teach ``keys``, if it may: as many as it takes
+        to learn them, and no more until what those teach has been read."""
+        wanted = self.limits.confirmations
+        if any((self._probes.get(f"{host} {key}") or 0) >= wanted for key in keys):
+            return False
+        self.probed(host, keys)
+        return True
+
+    def probed(self, host: str, keys: list[str], *, count: int = 1) -> None:
+        for key in keys:
+            name = f"{host} {key}"
+            self._probes.remember(name, max(0, (self._probes.get(name) or 0) + count))
+
+    async def learn(self, event: CrawlCompleted) -> None:
+        """Fold a fetch's evidence into its host's record (compare-and-set)."""
+        if event.outcome is not CrawlOutcome.SUCCESS or not event.content_hash:
+            return
+        host = event.domain
+        lock, users = self._learning.get(host) or (asyncio.Lock(), 0)
+        self._learning[host] = (lock, users + 1)
+        try:
+            async with lock:
+                await self._learn(host, event)
+        finally:
+            lock, users = self._learning[host]
+            if users <= 1:
+                del self._learning[host]
+            else:
+                self._learning[host] = (lock, users - 1)
+
+    async def _learn(self, host: str, event: CrawlCompleted) -> None:
+        record, rules, revision = await self._load(host)
+        links = [link.url for link in event.links]
+        for _ in range(WRITE_ATTEMPTS):
+            new = observe(
+                record,
+                url=event.url,
+                canonical=event.canonical_url,
+                content_hash=event.content_hash,
+                links=links,
+                event_id=event.id,
+                limits=self.limits,
+            )
+            if new is record:
+                return
+            try:
+                if revision is None:
+                    written = await self.kv.create(_key(host), new.to_json())
+                else:
+                    written = await self.kv.update(_key(host), new.to_json(), last=revision)
+            except KeyWrongLastSequenceError:
+                # Another replica wrote first (or this one's copy was stale): read again.
+                record, rules, revision = await self._read(host)
+                continue
+            learned = new.rules(self.limits)
+            self._cache.remember(host, (new, learned, written))
+            if learned != rules:
+                log.info(
+                    "url rules changed",
+                    extra={"domain": host, "rules": learned.describe(), "url": event.url},
+                )
+            return
+        log.warning("url rules not updated: too many concurrent writers", extra={"domain": host})
+
+    async def _load(self, host: str) -> tuple[HostAliases, Rules, int | None]:
+        cached = self._cache.get(host)
+        if cached is not None:
+            return cached
+        pending = self._reading.get(host)
+        if pending is None:
+            pending = asyncio.ensure_future(self._read(host))
+            self._reading[host] = pending
+            pending.add_done_callback(lambda _: self._reading.pop(host, None))
+        return await asyncio.shield(pending)
+
+    async def _read(self, host: str) -> tuple[HostAliases, Rules, int | None]:
+        self.reads += 1
+        try:
+            entry = await self.kv.get(_key(host))
+        except KeyNotFoundError:
+            found: tuple[HostAliases, Rules, int | None] = (EMPTY, NO_RULES, None)
+        else:
+            record = HostAliases.from_json(entry.value)
+            found = (record, record.rules(self.limits), entry.revision)
+        self._cache.remember(host, found)
+        return found
+
+
+def _key(host: str) -> str:
+    return "h." + hashlib.sha256(host.encode()).hexdigest()[:40]
+
+
+class Holds:
+    """Pages handed back (``Retry``) while links of theirs wait for aliases to be learned.
+
+    A spelling that might be an alias goes out only as one of the few probes its
+    undecided keys need; the page's other such links wait, and the page comes back after
+    ``first`` seconds, doubled each round, to look at them again with what the probes
+    taught. After ``rounds`` rounds, or while ``capacity`` pages are already waiting in
+    this replica (each holds a place in the consumer's ``max_ack_pending``), nothing
+    waits: every link goes out as it is, as without rules.
+    """
+
+    def __init__(
+        self,
+        *,
+        first: float,
+        rounds: int,
+        capacity: int = 200,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.first = first
+        self.rounds = rounds
+        self.capacity = capacity
+        self._clock = clock
+        #: event id -> (hashes of the links it held, when it is due back at the latest):
+        #: a page holds up to TROVE_MAX_LINKS_PER_PAGE links, so not the URLs themselves.
+        self._held: dict[str, tuple[frozenset[int], float]] = {}
+
+    def may_hold(self, deliveries: int) -> bool:
+        if self.first <= 0 or deliveries > self.rounds:
+            return False
+        now = self._clock()
+        for event_id in [e for e, (_, due) in self._held.items() if due < now]:
+            del self._held[event_id]
+        return len(self._held) < self.capacity
+
+    def hold(self, event_id: str, links: list[str], deliveries: int) -> float:
+        """Remember what ``event_id`` held; the delay to hand it back with."""
+        delay = self.first * 2.0 ** (deliveries - 1)
+        # Due back after the delay; kept a little longer for a busy consumer.
+        self._held[event_id] = (frozenset(map(hash, links)), self._clock() + 2 * delay + 30.0)
+        return delay
+
+    def take(self, event_id: str) -> frozenset[int] | None:
+        """Hashes of the links ``event_id`` held here last time; None if it held none here."""
+        found = self._held.pop(event_id, None)
+        return found[0] if found else None

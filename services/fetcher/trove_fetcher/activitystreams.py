@@ -1,0 +1,315 @@
+"""What the fetcher keeps of an ActivityStreams object: the ``activitypub`` strategy's reading.
+
+Mastodon, Pleroma/Akkoma, GoToSocial, WordPress's ActivityPub plugin and others answer
+a post's URL asked for ``application/activity+json`` with the post itself (its content
+as HTML, its language, what it replies to, its attachments), where the HTML they send
+a browser is often an empty JavaScript shell. The same signals as a page come out: a
+title (``name``, else ``summary``, else the start of the text), the language
+(``contentMap``'s key or the context's ``@language``, else detected from the text),
+keywords, and links: the content's ``<a href>`` (not mentions of accounts, not
+hashtags: neither is something the post cites), the attachments, the object's ``url``
+(its page for people) and the post it replies to.
+
+A pure function like ``trove_fetcher.extract``, but a JSON that is not such an object,
+or one with fields of the wrong type, raises ``NotActivityStreams`` (a ``ValueError``):
+the strategy got something it cannot use, which the audit calls ``wrong_tool``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import cast
+
+from lxml import etree
+
+from trove_fetcher.charset import media_type
+from trove_fetcher.errors import NotActivityStreams
+from trove_fetcher.extract import (
+    _NOFOLLOW_RELS,
+    Extraction,
+    _html_parser,
+    _Links,
+    _Page,
+    collapse_whitespace,
+    x_robots_directives,
+)
+from trove_fetcher.language import primary_tag
+from trove_schema.events import LinkKind
+
+#: Media types an ActivityStreams object comes as (``application/json`` from servers
+#: that answer the profile-less type).
+ACTIVITY_TYPES = frozenset({"application/activity+json", "application/ld+json", "application/json"})
+#: The Accept header of the ``activitypub`` strategy (the one ActivityPub prescribes).
+ACCEPT = 'application/activity+json, application/ld+json; profile="https://www.w3.org/ns/activitystreams"'
+#: A post is a few KB; a JSON past this is not a post.
+MAX_BODY_BYTES = 1024 * 1024
+#: Characters of a content's HTML parsed (a long article is well under this).
+MAX_CONTENT_CHARS = 512 * 1024
+#: Attachments, and URLs of one ``url`` field, read (the rest are ignored).
+MAX_ITEMS = 100
+#: Characters of the text's start used as a title when the object has neither a name
+#: nor a summary.
+TITLE_FROM_TEXT = 120
+
+#: Objects with content a reader can use, and actors (their profile: a name, a bio).
+CONTENT_TYPES = frozenset(
+    {
+        "Note",
+        "Article",
+        "Page",
+        "Question",
+        "Event",
+        "Document",
+        "Image",
+        "Video",
+        "Audio",
+        "Person",
+        "Service",
+        "Group",
+        "Organization",
+        "Application",
+    }
+)
+#: Activities that carry the object they create or share.
+_WRAPPERS = frozenset({"Create", "Update", "Announce"})
+_AS_PREFIXES = ("https://www.w3.org/ns/activitystreams#", "as:")
+_LANGUAGE_TAG = re.compile(r"\A[A-Za-z]{1,8}(?:-[A-Za-z0-9]{1,8})*\Z")
+# Mentions link to accounts, hashtags to the server's tag timeline: not citations.
+_NOT_CITATIONS = frozenset({"mention", "hashtag"})
+_BLOCKS = ("p", "br", "div", "li", "blockquote", "pre", "h1", "h2", "h3", "h4", "h5", "h6", "td")
+
+
+def is_parseable(content_type: str | None) -> bool:
+    """Whether the response is JSON that may be an ActivityStreams object."""
+    return media_type(content_type) in ACTIVITY_TYPES
+
+
+def extract_activity(
+    body: bytes,
+    *,
+    url: str,
+    content_type: str | None = None,
+    x_robots_tag: str | None = None,
+    robots_token: str = "TroveBot",  # noqa: S107 - a robots.txt token, not a secret
+    detect_language: bool = True,
+) -> Extraction:
+    """The signals of an ActivityStreams object fetched from ``url``.
+
+    Raises ``NotActivityStreams`` when ``body`` is not one, or is malformed.
+    """
+    if len(body) > MAX_BODY_BYTES:
+        raise NotActivityStreams(f"JSON of {len(body)} bytes is over {MAX_BODY_BYTES}")
+    try:
+        document = json.loads(body)
+    except RecursionError as exc:
+        raise NotActivityStreams("JSON nested too deeply") from exc
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+        raise NotActivityStreams(f"not JSON: {exc}"[:300]) from exc
+    item = _content_object(document)
+    noindex, nofollow = x_robots_directives(x_robots_tag, robots_token)
+    page = _Page(
+        url, hashlib.sha256(body).hexdigest(), noindex, nofollow, robots_token, detect_language
+    )
+    base = _string(item, "id") or url
+
+    name = _text_field(item, "name", "nameMap")
+    summary_html = _text_field(item, "summary", "summaryMap")
+    content_html = _text_field(item, "content", "contentMap")
+    links = _Links()
+    summary = _html_text(summary_html, base, links) if summary_html else ""
+    content = _html_text(content_html, base, links) if content_html else ""
+    text = " ".join(part for part in (summary, content) if part)
+
+    title = collapse_whitespace(name) or collapse_whitespace(summary)
+    if title is None and content:
+        title = _start_of(content)
+
+    for target in _urls(item.get("url")):
+        links.add(base, target, LinkKind.ALTERNATE)
+    for target in _urls(item.get("inReplyTo")):
+        links.add(base, target, LinkKind.A)
+    for target, kind in _attachments(item.get("attachment")):
+        links.add(base, target, kind)
+
+    language = _declared_language(item, document)
+    return page.finish(
+        title=title,
+        links=links,
+        canonical_url=None,
+        text=text,
+        lang_hint=None,
+        is_feed=False,
+        language=language,
+    )
+
+
+def _content_object(document: object) -> Mapping[str, object]:
+    if not isinstance(document, dict):
+        raise NotActivityStreams("not a JSON object")
+    types = _types(document)
+    if not types.isdisjoint(_WRAPPERS):
+        inner = document.get("object")
+        if not isinstance(inner, dict):
+            raise NotActivityStreams("an activity without an embedded object")
+        document = inner
+        types = _types(document)
+    if types.isdisjoint(CONTENT_TYPES):
+        shown = ", ".join(sorted(types))[:100] or "none"
+        raise NotActivityStreams(f"not an ActivityStreams object with content (type {shown})")
+    return cast("Mapping[str, object]", document)
+
+
+def _types(item: Mapping[str, object]) -> set[str]:
+    raw = item.get("type")
+    values = raw if isinstance(raw, list) else [raw]
+    if not values or not all(isinstance(value, str) for value in values[:MAX_ITEMS]):
+        raise NotActivityStreams("the object's type is not a string or a list of strings")
+    found = set()
+    for value in cast("list[str]", values[:MAX_ITEMS]):
+        for prefix in _AS_PREFIXES:
+            value = value.removeprefix(prefix)
+        found.add(value)
+    return found
+
+
+def _string(item: Mapping[str, object], key: str) -> str | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise NotActivityStreams(f"{key} is not a string")
+    return value
+
+
+def _text_field(item: Mapping[str, object], key: str, map_key: str) -> str | None:
+    """A natural-language field: the plain value, else the first of its language map."""
+    value = _string(item, key)
+    if value:
+        return _bounded(value, key)
+    mapped = _language_map(item, map_key)
+    for text in mapped.values():
+        if text:
+            return _bounded(text, map_key)
+    return None
+
+
+def _language_map(item: Mapping[str, object], key: str) -> dict[str, str]:
+    value = item.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise NotActivityStreams(f"{key} is not a map of strings")
+    return cast("dict[str, str]", value)
+
+
+def _bounded(value: str, key: str) -> str:
+    if len(value) > MAX_CONTENT_CHARS:
+        raise NotActivityStreams(f"{key} of {len(value)} characters")
+    return value
+
+
+def _declared_language(item: Mapping[str, object], document: Mapping[str, object]) -> str | None:
+    """The language the object states: its contentMap's key (the one whose text is the
+    content, when there are several), else the context's ``@language``."""
+    mapped = _language_map(item, "contentMap")
+    if mapped:
+        content = item.get("content")
+        chosen = next((k for k, v in mapped.items() if v == content), next(iter(mapped)))
+        tag = _language_tag(chosen)
+        if tag is not None:
+            return tag
+    for holder in (item, document):
+        context = holder.get("@context")
+        entries = context if isinstance(context, list) else [context]
+        for entry in entries[:MAX_ITEMS]:
+            if isinstance(entry, dict):
+                value = entry.get("@language")
+                if isinstance(value, str) and (tag := _language_tag(value)) is not None:
+                    return tag
+    return None
+
+
+def _language_tag(value: str) -> str | None:
+    """The primary subtag, as HTML pages' languages are recorded ("de-AT" -> "de"); None
+    for ``und`` and anything that is not a tag."""
+    if len(value) > 35 or not _LANGUAGE_TAG.match(value):
+        return None
+    primary = primary_tag(value)
+    return None if primary in (None, "und") else primary
+
+
+def _urls(value: object) -> Iterator[str]:
+    """URLs of a field that holds a URL, a Link or object (``href`` or ``id``), or a list."""
+    values = value if isinstance(value, list) else [value]
+    for entry in values[:MAX_ITEMS]:
+        if entry is None:
+            continue
+        if isinstance(entry, str):
+            yield entry
+        elif isinstance(entry, dict):
+            target = entry.get("href", entry.get("id"))
+            if target is None:
+                continue
+            if not isinstance(target, str):
+                raise NotActivityStreams("a link's href is not a string")
+            yield target
+        else:
+            raise NotActivityStreams("a URL field holds neither a string nor an object")
+
+
+def _attachments(value: object) -> Iterator[tuple[str, LinkKind]]:
+    values = value if isinstance(value, list) else [value]
+    for entry in values[:MAX_ITEMS]:
+        if entry is None:
+            continue
+        if isinstance(entry, str):
+            yield entry, LinkKind.OTHER
+            continue
+        if not isinstance(entry, dict):
+            raise NotActivityStreams("an attachment is neither a URL nor an object")
+        declared = entry.get("mediaType")
+        kind = media_type(declared) if isinstance(declared, str) else None
+        image = kind is not None and kind.startswith("image/")
+        link_kind = LinkKind.IMG if image else LinkKind.OTHER
+        # A PropertyValue (a profile's field) holds its link in HTML, not as a URL.
+        for target in _urls(entry.get("url", entry.get("href"))):
+            yield target, link_kind
+
+
+def _html_text(fragment: str, base: str, links: _Links) -> str:
+    """The text of an HTML fragment, its citations added to ``links``."""
+    try:
+        root = etree.fromstring(
+            f"<html><body>{fragment}</body></html>".encode("utf-8", "replace"), _html_parser()
+        )
+    except (etree.LxmlError, ValueError):
+        return ""
+    if root is None:
+        return ""
+    for anchor in root.iter("a"):
+        rel = set((anchor.get("rel") or "").lower().split())
+        classes = set((anchor.get("class") or "").lower().split())
+        if "tag" in rel or not classes.isdisjoint(_NOT_CITATIONS):
+            continue
+        links.add(base, anchor.get("href"), LinkKind.A, not rel.isdisjoint(_NOFOLLOW_RELS))
+    etree.strip_elements(root, "script", "style", "template", with_tail=False)
+    # Blocks and line breaks end words ("<p>a</p><p>b</p>" is "a b"); inline elements do
+    # not (a mention's "@<span>bob</span>" is "@bob").
+    for block in root.iter(*_BLOCKS):
+        block.tail = " " + (block.tail or "")
+    return " ".join("".join(cast("Iterator[str]", root.itertext())).split())
+
+
+def _start_of(text: str) -> str | None:
+    if len(text) <= TITLE_FROM_TEXT:
+        return collapse_whitespace(text)
+    cut = text[:TITLE_FROM_TEXT]
+    space = cut.rfind(" ")
+    if space > TITLE_FROM_TEXT // 2:
+        cut = cut[:space]
+    return collapse_whitespace(cut.rstrip(",;:.-") + "…")

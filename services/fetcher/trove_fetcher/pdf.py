@@ -1,0 +1,147 @@
+"""What the fetcher reads of a PDF: its title, some text, and the URIs its pages link to.
+
+pypdf (pure Python) under tight limits: a PDF is a program of sorts, and a hostile one
+can declare streams that inflate to gigabytes, page trees a million deep, or content
+streams that take minutes to interpret. Only the first ``MAX_PAGES`` pages are read,
+text stops at ``MAX_TEXT_CHARS``, every decoder is bounded well below pypdf's defaults,
+and no external program (``jbig2dec``) is ever run. A document pypdf cannot read is a
+``PdfError``; the caller decides what that means.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pypdf import PdfReader
+from pypdf._configuration import apply_configuration
+from pypdf.generic import DictionaryObject
+
+from trove_fetcher.errors import PdfError
+
+#: Pages read for text and links: a document's first pages say what it is about.
+MAX_PAGES = 5
+#: Characters of text kept (language and keywords need far less).
+MAX_TEXT_CHARS = 20_000
+MAX_LINKS = 200
+_MAX_TITLE = 1000
+#: Decoded bytes any one stream may produce, and work per stream, in bytes.
+_MAX_STREAM_OUTPUT = 8 * 1024 * 1024
+_LIMITS: dict[str, Any] = {
+    "maximum_declared_stream_length": _MAX_STREAM_OUTPUT,
+    "array_based_stream_maximum_output_length": _MAX_STREAM_OUTPUT,
+    "zlib_maximum_output_length": _MAX_STREAM_OUTPUT,
+    "zlib_maximum_recovery_input_length": _MAX_STREAM_OUTPUT,
+    "lzw_maximum_output_length": _MAX_STREAM_OUTPUT,
+    "run_length_maximum_output_length": _MAX_STREAM_OUTPUT,
+    "brotli_maximum_output_length": _MAX_STREAM_OUTPUT,
+    "jbig2_maximum_output_length": _MAX_STREAM_OUTPUT,
+    "image_maximum_buffer_size": _MAX_STREAM_OUTPUT,
+    "stream_decoding_work_maximum_length": 4 * _MAX_STREAM_OUTPUT,
+    # ~0.1 s of interpretation; a dense page of text is a few thousand operations.
+    "stream_parsing_work_maximum_count": 50_000,
+    "array_maximum_element_count": 20_000,
+    "dictionary_maximum_element_count": 20_000,
+    "page_tree_maximum_entries": 10_000,
+    "page_tree_maximum_depth": 32,
+    "page_tree_maximum_page_entries": 100_000,
+    "outline_maximum_entries": 1_000,
+    "xform_maximum_invocations_per_extraction": 100,
+    "xmp_maximum_input_length": 256 * 1024,
+    # Text extraction never renders images: no external decoder, whatever is installed.
+    "jbig2dec_binary": None,
+}
+
+# pypdf warns (through logging) about every oddity of a malformed file, and the web is
+# full of them: one line per page crawled would drown the fetcher's log.
+logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+
+def looks_like_pdf(body: bytes) -> bool:
+    """The PDF header within the first KB (readers tolerate leading junk up to there)."""
+    return body.find(b"%PDF-", 0, 1024) >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class PdfText:
+    title: str | None
+    text: str
+    #: URIs of link annotations, in page order.
+    links: tuple[str, ...]
+
+
+def read_pdf(body: bytes) -> PdfText:
+    """Title (Info dictionary), text and link URIs of the first pages of ``body``."""
+    if not looks_like_pdf(body):
+        raise PdfError("not a PDF document")
+    try:
+        with apply_configuration(**_LIMITS):
+            return _read(body)
+    except PdfError:
+        raise
+    except RecursionError as exc:
+        raise PdfError("PDF nested too deeply") from exc
+    except Exception as exc:  # pypdf raises many kinds for a broken file
+        raise PdfError(f"unreadable PDF: {type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _read(body: bytes) -> PdfText:
+    reader = PdfReader(io.BytesIO(body), strict=False)
+    # Most "encrypted" PDFs on the web only restrict printing: an empty user password.
+    if reader.is_encrypted and not reader.decrypt(""):
+        raise PdfError("encrypted PDF")
+    title = None
+    info = reader.metadata
+    if info is not None:
+        raw = info.get("/Title")
+        if isinstance(raw, str):
+            title = raw
+    parts: list[str] = []
+    size = 0
+    links: list[str] = []
+    for number, page in enumerate(reader.pages):
+        if number >= MAX_PAGES or size >= MAX_TEXT_CHARS:
+            break
+        try:
+            text = page.extract_text() or ""
+        except Exception:  # a page over the limits: keep what came before it
+            break
+        parts.append(text[: MAX_TEXT_CHARS - size])
+        size += len(parts[-1])
+        if len(links) < MAX_LINKS:
+            links.extend(_page_links(page, MAX_LINKS - len(links)))
+    return PdfText(title=_clean_title(title), text="\n".join(parts), links=tuple(links))
+
+
+def _page_links(page: DictionaryObject, limit: int) -> list[str]:
+    found: list[str] = []
+    annotations = page.get("/Annots")
+    if annotations is None:
+        return found
+    annotations = annotations.get_object()
+    if not isinstance(annotations, list):
+        return found
+    for ref in annotations[: 4 * limit]:
+        annotation = ref.get_object()
+        if not isinstance(annotation, DictionaryObject) or annotation.get("/Subtype") != "/Link":
+            continue
+        action = annotation.get("/A")
+        action = action.get_object() if action is not None else None
+        if isinstance(action, DictionaryObject):
+            uri = action.get("/URI")
+            uri = uri.get_object() if uri is not None else None
+            if isinstance(uri, (str, bytes)):
+                value = uri if isinstance(uri, str) else uri.decode("latin-1")
+                found.append(value)
+                if len(found) >= limit:
+                    break
+    return found
+
+
+def _clean_title(title: str | None) -> str | None:
+    if not title:
+        return None
+    collapsed = " ".join(title.replace("\x00", "").split())[:_MAX_TITLE].rstrip()
+    return collapsed or None

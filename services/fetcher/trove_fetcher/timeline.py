@@ -1,0 +1,954 @@
+"""Polling a followed fediverse timeline: one ``TimelinePollRequested`` in, one
+``TimelinePolled`` out, whatever the instance sends.
+
+``TimelinePoller.poll`` reads the timeline through the Mastodon client API, which
+Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
+
+* **NodeInfo first** while the request knows no API: ``/.well-known/nodeinfo``, then
+  the newest 2.x document it lists on the instance's own host, for the software's name
+  and version. Software known not to speak the API is ``rejected``; unknown software,
+  or an instance without NodeInfo, is tried anyway.
+* **From the cursor on.** ``local`` reads ``/api/v1/timelines/public?local=true``,
+  ``public`` the same without it, ``tag:NAME`` ``/api/v1/timelines/tag/NAME``; with
+  ``min_id=<cursor>`` each page holds the posts right after the cursor, and the Link
+  header's ``prev`` leads to newer ones. At most ``max_pages`` pages a poll (then
+  ``more``); a page shorter than asked for means the poll caught up. The first poll
+  (no cursor) reads back from the newest post along ``next`` links, at most
+  ``backfill`` posts, and starts the cursor at the newest post.
+* **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
+  ids compared as numbers when they are digits (Mastodon's snowflakes), else as
+  strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
+  cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
+  a post be handled twice.
+
+**Politeness.** Every request (NodeInfo, each page, each same-host redirect hop) is
+asked of ``robots_allows`` and made inside ``gate(url)``, which the fetcher implements
+with the host's lease: it waits for the host's gap, and raises ``GateDeferred`` when the
+slot is too far away. The poll then ends with what it has: ``more``, ``retry_after``
+until the slot, the cursor advanced over what was read. ``X-RateLimit-Remaining`` at
+or under ``max(1, 5 %)`` of ``X-RateLimit-Limit`` stops the poll before the next
+request, with ``retry_after`` until ``X-RateLimit-Reset``; a 429 is ``blocked_4xx`` with
+``retry_after`` from ``Retry-After`` (else the reset).
+
+**What is kept.** Public posts only, and none of an account that opted out of search
+or discovery (``indexable: false``, ``noindex: true``, ``discoverable: false``): those
+are counted in ``skipped`` and nothing else about them leaves this module. A kept post
+gives a ``SharedPost`` whose links are the content's ``<a href>`` and the preview
+card's URL, canonical, without mentions, hashtags, the instance's own pages, non-HTTP
+links or private addresses (unless ``allowed_networks`` opens them).
+
+**Outcomes.** A poll that fails before reading any page is a failure (``failed``,
+``timeout``, ``blocked_4xx``, ``blocked_5xx``, ``blocked_robots``, ``rejected``) with no
+posts and the cursor unchanged. One that fails after reading pages is a ``success``
+that keeps what it read, with ``more`` and the reason in ``error_message`` (and the
+status and ``retry_after`` of what stopped it): the next poll continues from there. So
+a consumer takes the posts and ``cursor_after`` of every ``TimelinePolled``, and never
+loses or repeats one. Hostile answers: HTML or other non-JSON, a redirect off the
+instance (not followed), a body over ``max_body_bytes`` are ``rejected``; malformed
+entries are skipped and counted (a page of nothing else is ``rejected``); endless
+pagination ends at ``max_pages`` or at the first repeated page. Only errors of the
+caller's own machinery (the gate, ``robots_allows``) leave ``poll``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from html.parser import HTMLParser
+from typing import Any, Literal
+from urllib.parse import urlencode, urljoin, urlsplit
+
+import httpx
+import pydantic
+
+from trove_fetcher.completion import event_budget
+from trove_fetcher.errors import BlockedAddress, ContentError, GateDeferred
+from trove_fetcher.http import (
+    ACCEPT_ENCODING,
+    REDIRECT_STATUSES,
+    BodyReader,
+    FetchLimits,
+    media_type,
+    parse_retry_after,
+    same_site,
+)
+from trove_fetcher.nodeinfo import WELL_KNOWN_PATH, Software, document_link, software_of
+from trove_schema.events import (
+    MAX_URL_LENGTH,
+    CrawlOutcome,
+    SharedPost,
+    TimelinePolled,
+    TimelinePollRequested,
+    derived_event_id,
+)
+from trove_schema.urls import canonicalize_or_none, is_private_host
+
+log = logging.getLogger("trove.fetcher.timeline")
+
+#: Awaited around each request to a URL: enters when the request may go (the host's
+#: gap), exits when its response has been read; raises ``GateDeferred`` instead of
+#: waiting long.
+RequestGate = Callable[[str], AbstractAsyncContextManager[None]]
+
+#: Most posts one ``TimelinePolled`` carries, and links one post (the event's bounds).
+MAX_POSTS = 1000
+MAX_LINKS_PER_POST = 100
+#: The rate limit is nearly spent at this share of it left (or one request).
+LOW_RATE_SHARE = 0.05
+#: Seconds to wait when the rate limit is spent and the instance does not say until
+#: when: Mastodon's window is five minutes.
+DEFAULT_RATE_WINDOW = 300.0
+#: Longest wait taken from an instance's headers: a year-long Retry-After is a typo.
+MAX_RETRY_AFTER = 86_400.0
+ACCEPT_JSON = "application/json"
+#: Characters of a post's HTML content searched for links: Mastodon counts a link as 23
+#: of a post's 500 characters, so twenty links of 2,000 characters fit in one post.
+MAX_CONTENT_CHARS = 256 * 1024
+#: Links looked at per post before canonicalization (the rest are ignored).
+_MAX_ANCHORS = 4 * MAX_LINKS_PER_POST
+_MAX_ID_LENGTH = 200
+_MAX_ACCT_LENGTH = 320
+_MAX_MESSAGE = 2000
+_LANGUAGE = re.compile(r"[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8}){0,6}")
+_LINK_ENTRY = re.compile(r"<([^<>]{1,4096})>([^<]*)")
+_REL = re.compile(r"""(?:^|;)\s*rel\s*=\s*(?:"([^"]*)"|([^\s;,"]+))""", re.IGNORECASE)
+_ENVELOPE = 2048  # JSON of the event around its posts (ids, cursors, message)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- ids and cursors ----------------------------------------------------------------
+
+
+def id_key(post_id: str) -> tuple[int, int, str]:
+    """Sort key of a post id: numerically when it is digits, else as a string."""
+    if post_id.isascii() and post_id.isdigit():
+        return (0, int(post_id), "")
+    return (1, 0, post_id)
+
+
+def _post_id(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value >= 0:
+        return str(value)
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= _MAX_ID_LENGTH
+        and value.isascii()
+        and value.isprintable()
+        and " " not in value
+    ):
+        return value
+    return None
+
+
+# --- reading a status ---------------------------------------------------------------
+
+
+class _Anchors(HTMLParser):
+    """The ``href`` of each ``<a>`` that is not a mention or a hashtag."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag != "a" or len(self.hrefs) >= _MAX_ANCHORS:
+            return
+        values = dict(attrs)
+        href = values.get("href")
+        if not href:
+            return
+        classes = (values.get("class") or "").lower().split()
+        rels = (values.get("rel") or "").lower().split()
+        # Mastodon: "u-url mention", "mention hashtag" + rel=tag; Pleroma/Akkoma:
+        # "hashtag"; GoToSocial: "mention", "mention hashtag".
+        if "mention" in classes or "hashtag" in classes or "tag" in rels:
+            return
+        self.hrefs.append(href)
+
+
+def content_links(content: str) -> list[str]:
+    """The hrefs of a post's HTML content, mentions and hashtags left out."""
+    parser = _Anchors()
+    try:
+        parser.feed(content[:MAX_CONTENT_CHARS])
+        parser.close()
+    except Exception:  # html.parser is lenient; whatever it still finds is kept
+        log.debug("post content could not be parsed to the end")
+    return parser.hrefs
+
+
+def _entity_urls(value: Any) -> set[str]:
+    """The ``url`` of each mention or tag object (never shared links, whatever the HTML)."""
+    if not isinstance(value, list):
+        return set()
+    return {
+        item["url"]
+        for item in value[:200]
+        if isinstance(item, dict) and isinstance(item.get("url"), str)
+    }
+
+
+def _http_url(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) > MAX_URL_LENGTH:
+        return None
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return value
+
+
+def _says_no(value: Any) -> bool:
+    """An opt-out flag set to false, however an instance spells it."""
+    if isinstance(value, bool):
+        return value is False
+    if isinstance(value, int):
+        return value == 0
+    return isinstance(value, str) and value.strip().lower() in ("false", "0", "no")
+
+
+def _says_yes(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in ("true", "1", "yes")
+
+
+def opted_out(account: dict[str, Any]) -> bool:
+    """The account asked not to be indexed or discovered (any one of the three ways)."""
+    return (
+        _says_no(account.get("indexable"))
+        or _says_yes(account.get("noindex"))
+        or _says_no(account.get("discoverable"))
+    )
+
+
+def _created_at(value: Any) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _language(value: Any) -> str | None:
+    if isinstance(value, str) and len(value) <= 35 and _LANGUAGE.fullmatch(value):
+        return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a timeline page: its id when readable, and what became of it."""
+
+    id: str | None
+    verdict: Literal["kept", "skipped", "malformed"]
+    post: SharedPost | None = None
+
+
+def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -> Entry:
+    """What to make of one timeline entry (``host``: the instance's host name).
+
+    ``malformed`` when it is not a status Trove can read (no id, no account object, no
+    ``uri``), ``skipped`` when it is not public or its account opted out, else ``kept``
+    with its ``SharedPost``. Never raises.
+    """
+    try:
+        return _read_entry(entry, host, allowed_networks)
+    except Exception:
+        # A case nobody foresaw: this entry is lost, not the page or the cursor.
+        log.exception("unreadable timeline entry on %s", host)
+        post_id = _post_id(entry.get("id")) if isinstance(entry, dict) else None
+        return Entry(post_id, "malformed")
+
+
+def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry:
+    if not isinstance(entry, dict):
+        return Entry(None, "malformed")
+    post_id = _post_id(entry.get("id"))
+    account = entry.get("account")
+    uri = _http_url(entry.get("uri"))
+    acct = account.get("acct") if isinstance(account, dict) else None
+    if (
+        post_id is None
+        or not isinstance(account, dict)
+        or uri is None
+        or not isinstance(acct, str)
+        or not 0 < len(acct) <= _MAX_ACCT_LENGTH
+        or any(c.isspace() for c in acct)
+    ):
+        return Entry(post_id, "malformed")
+    if entry.get("visibility") != "public" or entry.get("reblog") is not None or opted_out(account):
+        return Entry(post_id, "skipped")
+    try:
+        post = SharedPost(
+            uri=uri,
+            url=_http_url(entry.get("url")),
+            account=acct if "@" in acct else f"{acct}@{host}",
+            shared_at=_created_at(entry.get("created_at")),
+            language=_language(entry.get("language")),
+            links=shared_links(entry, host=host, allowed_networks=allowed_networks),
+        )
+    except pydantic.ValidationError:
+        return Entry(post_id, "malformed")
+    return Entry(post_id, "kept", post)
+
+
+def shared_links(
+    entry: dict[str, Any], *, host: str, allowed_networks: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """The canonical URLs a status shares: its content's links, then its card's URL.
+
+    Never mentions, hashtags, the instance's own pages (``host``), non-HTTP links, or
+    literal private addresses unless ``allowed_networks`` covers them.
+    """
+    content = entry.get("content")
+    hrefs = content_links(content) if isinstance(content, str) else []
+    card = entry.get("card")
+    if isinstance(card, dict) and isinstance(card.get("url"), str):
+        hrefs.append(card["url"])
+    entities = _entity_urls(entry.get("mentions")) | _entity_urls(entry.get("tags"))
+    home = host.lower().rstrip(".")
+    found: dict[str, None] = {}
+    for href in hrefs:
+        if href in entities or len(href) > 4 * MAX_URL_LENGTH:
+            continue
+        url = canonicalize_or_none(href)
+        if url is None:
+            continue
+        target = (urlsplit(url).hostname or "").rstrip(".")
+        if not target or target == home or is_private_host(target, allowed_networks):
+            continue
+        found[url] = None
+        if len(found) >= MAX_LINKS_PER_POST:
+            break
+    return tuple(found)
+
+
+# --- HTTP ---------------------------------------------------------------------------
+
+
+def _seconds_until(value: str | None, now: datetime) -> float | None:
+    """Seconds until ``X-RateLimit-Reset``: an ISO date (Mastodon), an HTTP date, or
+    epoch seconds; a small number is taken as seconds from now."""
+    if value is None or len(value) > 64:
+        return None
+    value = value.strip()
+    seconds: float | None = None
+    if re.fullmatch(r"\d{1,12}(\.\d{1,6})?", value):
+        number = float(value)
+        seconds = number - now.timestamp() if number > 1e9 else number
+    else:
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            try:
+                when = parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError):
+                return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - now).total_seconds()
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
+
+
+def _header_int(headers: httpx.Headers, name: str) -> int | None:
+    value = headers.get(name, "").strip()
+    if not value or len(value) > 18 or not re.fullmatch(r"-?\d+", value):
+        return None
+    return int(value)
+
+
+def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
+    """Seconds to leave the API alone when its rate limit is (nearly) spent, else None."""
+    remaining = _header_int(headers, "x-ratelimit-remaining")
+    if remaining is None:
+        return None
+    limit = _header_int(headers, "x-ratelimit-limit")
+    floor = max(1, int(limit * LOW_RATE_SHARE)) if limit and limit > 0 else 1
+    if remaining > floor:
+        return None
+    reset = _seconds_until(headers.get("x-ratelimit-reset"), now or utcnow())
+    return DEFAULT_RATE_WINDOW if reset is None else reset
+
+
+def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
+    """Seconds a 429 or 503 asks for: ``Retry-After``, else the rate limit's reset."""
+    moment = now or utcnow()
+    wait = parse_retry_after(headers.get("retry-after"), now=moment)
+    if wait is None:
+        wait = _seconds_until(headers.get("x-ratelimit-reset"), moment)
+    return None if wait is None else min(max(0.0, wait), MAX_RETRY_AFTER)
+
+
+def link_relation(headers: httpx.Headers, rel: str, current: str) -> str | None:
+    """The URL of ``rel`` in the Link header, when it stays on ``current``'s timeline
+    (same scheme, host, port and path); None otherwise."""
+    value = headers.get("link", "")[:16_384]
+    for match in _LINK_ENTRY.finditer(value):
+        params = _REL.search(match.group(2))
+        if params is None:
+            continue
+        rels = (params.group(1) or params.group(2) or "").lower().split()
+        if rel not in rels:
+            continue
+        try:
+            target = urljoin(current, match.group(1).strip())
+            here, there = urlsplit(current), urlsplit(target)
+            same = (
+                there.scheme == here.scheme
+                and there.hostname == here.hostname
+                and there.port == here.port
+                and there.path == here.path
+            )
+        except ValueError:
+            return None
+        return target if same and len(target) <= MAX_URL_LENGTH else None
+    return None
+
+
+def timeline_url(api: str, timeline: str, *, limit: int, min_id: str | None = None) -> str:
+    """The first page's URL of ``timeline`` (``local``, ``public``, ``tag:NAME``)."""
+    params: list[tuple[str, str]] = []
+    if timeline.startswith("tag:"):
+        path = f"/api/v1/timelines/tag/{timeline[4:]}"
+    else:
+        path = "/api/v1/timelines/public"
+        if timeline == "local":
+            params.append(("local", "true"))
+    params.append(("limit", str(limit)))
+    if min_id is not None:
+        params.append(("min_id", min_id))
+    return f"{api.rstrip('/')}{path}?{urlencode(params)}"
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class _Stop(Exception):
+    """The poll cannot go on: how it ended."""
+
+    def __init__(
+        self,
+        outcome: CrawlOutcome,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+
+
+class _MachineryFailed(Exception):
+    """The gate or ``robots_allows`` failed for its own reasons: passed to the caller."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class _Answer:
+    url: str
+    status: int
+    headers: httpx.Headers
+    data: Any = None
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What the poll has found so far: kept posts, counts, and where the cursor stands."""
+
+    cursor: str | None
+    budget: int
+    api: str | None = None
+    software: str | None = None
+    version: str | None = None
+    newest: str | None = None
+    posts: list[SharedPost] = field(default_factory=list)
+    size: int = 0
+    skipped: int = 0
+    malformed: int = 0
+    requests: int = 0
+    pages: int = 0
+    seen: set[str] = field(default_factory=set)
+    retry_after: float | None = None
+    rate_spent: bool = False
+    full: bool = False
+    more: bool = False
+    note: str | None = None
+
+    def wait(self, seconds: float | None) -> None:
+        if seconds is not None:
+            seconds = min(max(0.0, seconds), MAX_RETRY_AFTER)
+            self.retry_after = (
+                seconds if self.retry_after is None else max(self.retry_after, seconds)
+            )
+
+    def advance(self, post_id: str) -> None:
+        if self.newest is None or id_key(post_id) > id_key(self.newest):
+            self.newest = post_id
+
+    def is_new(self, post_id: str) -> bool:
+        if post_id in self.seen:
+            return False
+        return self.cursor is None or id_key(post_id) > id_key(self.cursor)
+
+    def add(self, post: SharedPost) -> bool:
+        """Keep ``post`` if the event has room for it; False (and ``full``) when not."""
+        size = len(post.__pydantic_serializer__.to_json(post)) + 1
+        if len(self.posts) >= MAX_POSTS or self.size + size > self.budget:
+            self.full = True
+            return False
+        self.posts.append(post)
+        self.size += size
+        return True
+
+
+# --- the poller ---------------------------------------------------------------------
+
+
+class TimelinePoller:
+    """Answers each ``TimelinePollRequested`` with one ``TimelinePolled`` (see the module).
+
+    ``backfill`` bounds the posts the first poll reads back (default: ``max_pages`` times
+    ``page_limit``); ``allowed_networks`` (``TROVE_ALLOWED_NETWORKS``) opens private
+    addresses in shared links; the event fits a stream message of ``max_message_bytes``
+    (``TROVE_MAX_MESSAGE_BYTES``).
+    """
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        gate: RequestGate,
+        limits: FetchLimits,
+        max_pages: int = 5,
+        page_limit: int = 40,
+        robots_allows: Callable[[str], Awaitable[bool]],
+        backfill: int | None = None,
+        allowed_networks: Sequence[str] = (),
+        max_message_bytes: int = 1 << 20,
+    ) -> None:
+        if max_pages < 1 or not 1 <= page_limit <= 40:
+            raise ValueError("max_pages must be >= 1 and page_limit within 1..40")
+        self._client = client
+        self._gate = gate
+        self._limits = limits
+        self._max_pages = max_pages
+        self._page_limit = page_limit
+        self._robots_allows = robots_allows
+        self._backfill = max_pages * page_limit if backfill is None else max(0, backfill)
+        self._networks = tuple(allowed_networks)
+        self._budget = max(1024, event_budget(max_message_bytes) - _ENVELOPE)
+
+    async def poll(self, request: TimelinePollRequested) -> TimelinePolled:
+        """Read the timeline from the request's cursor on. Never raises for what the
+        instance sends; the gate's and ``robots_allows``' own errors pass through."""
+        started = utcnow()
+        progress = _Progress(
+            cursor=request.cursor,
+            budget=self._budget,
+            software=request.software,
+            version=request.software_version,
+        )
+        stop: _Stop | None = None
+        try:
+            await self._poll(request, progress)
+        except GateDeferred as deferred:
+            progress.more = True
+            progress.wait(deferred.at - time.time())
+        except _Stop as stopped:
+            stop = stopped
+        except _MachineryFailed as failed:
+            raise failed.cause from None
+        except Exception as exc:
+            log.exception("timeline poll of %s failed unexpectedly", request.instance)
+            stop = _Stop(CrawlOutcome.FAILED, f"unexpected error: {type(exc).__name__}: {exc}")
+        return self._event(request, progress, stop, started)
+
+    # the poll ----------------------------------------------------------------------
+
+    async def _poll(self, request: TimelinePollRequested, progress: _Progress) -> None:
+        origin = origin_of(request.instance)
+        api = request.api
+        if api is not None and urlsplit(api).hostname != urlsplit(origin).hostname:
+            api = None  # an API elsewhere would be requests outside the host's lease
+        if api is None:
+            software = await self._discover(origin, progress)
+            if software is not None:
+                progress.software, progress.version = software.name, software.version
+                if not software.speaks_mastodon_api:
+                    raise _Stop(
+                        CrawlOutcome.REJECTED,
+                        f"{software.name} does not speak the Mastodon client API",
+                    )
+            api = origin
+        progress.api = api
+        if progress.rate_spent:
+            progress.more = True
+            return
+        host = urlsplit(origin).hostname or request.domain
+        if request.cursor is None:
+            await self._read_back(api, request.timeline, host, progress)
+        else:
+            await self._read_forward(api, request.timeline, request.cursor, host, progress)
+
+    async def _discover(self, origin: str, progress: _Progress) -> Software | None:
+        """The software NodeInfo names; None when the instance gives no usable NodeInfo.
+
+        A 429, a 5xx or an unreachable instance ends the poll; anything else it answers
+        (404, HTML, garbage, a link elsewhere) leaves the software unknown.
+        """
+        try:
+            index = await self._get_json(origin + WELL_KNOWN_PATH, progress)
+            link = document_link(index.data, origin)
+            if link is None:
+                return None
+            document = await self._get_json(link, progress)
+        except _Stop as stop:
+            unavailable = (CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX)
+            if stop.outcome in unavailable or stop.status == 429:
+                raise
+            return None
+        return software_of(document.data)
+
+    async def _read_forward(
+        self, api: str, timeline: str, cursor: str, host: str, progress: _Progress
+    ) -> None:
+        limit = self._page_limit
+        url = timeline_url(api, timeline, limit=limit, min_id=cursor)
+        requested: set[str] = set()
+        for _ in range(self._max_pages):
+            requested.add(url)
+            answer = await self._get_json(url, progress)
+            entries = self._entries(answer)
+            new = self._take(entries, host, progress, oldest_first=True)
+            if progress.full:
+                progress.more = True
+                return
+            if len(entries) < limit:
+                return  # caught up
+            if new == 0:
+                progress.note = "the instance served a page of posts already read"
+                return
+            if progress.rate_spent:
+                progress.more = True
+                return
+            following = link_relation(answer.headers, "prev", answer.url)
+            if following is None and progress.newest is not None:
+                # No usable Link (some servers send none): the page after the newest post.
+                following = timeline_url(api, timeline, limit=limit, min_id=progress.newest)
+            if following is None:
+                progress.more = True
+                return
+            if following in requested:
+                progress.note = "the instance's pagination repeated a page"
+                return
+            url = following
+        progress.more = True
+
+    async def _read_back(self, api: str, timeline: str, host: str, progress: _Progress) -> None:
+        """The first poll: the newest posts, back along ``next`` links to the backfill."""
+        remaining = self._backfill
+        limit = min(self._page_limit, max(1, remaining))
+        url = timeline_url(api, timeline, limit=limit)
+        requested: set[str] = set()
+        for _ in range(self._max_pages):
+            requested.add(url)
+            answer = await self._get_json(url, progress)
+            entries = self._entries(answer)
+            new = self._take(entries, host, progress, oldest_first=False, bound=remaining)
+            remaining -= new
+            if progress.full or remaining <= 0 or len(entries) < limit or progress.rate_spent:
+                return
+            if new == 0:
+                progress.note = "the instance served a page of posts already read"
+                return
+            following = link_relation(answer.headers, "next", answer.url)
+            if following is None:
+                return
+            if following in requested:
+                progress.note = "the instance's pagination repeated a page"
+                return
+            url = following
+
+    @staticmethod
+    def _entries(answer: _Answer) -> list[Any]:
+        data = answer.data
+        if not isinstance(data, list):
+            raise _Stop(
+                CrawlOutcome.REJECTED,
+                f"a timeline page is a JSON {type(data).__name__}, not a list",
+                status=answer.status,
+            )
+        return data
+
+    def _take(
+        self,
+        entries: list[Any],
+        host: str,
+        progress: _Progress,
+        *,
+        oldest_first: bool,
+        bound: int | None = None,
+    ) -> int:
+        """Handle a page's entries; the number of new ones (kept, skipped, malformed)."""
+        read = [read_entry(entry, host=host, allowed_networks=self._networks) for entry in entries]
+        usable = [entry for entry in read if entry.id is not None]
+        malformed = sum(1 for entry in read if entry.verdict == "malformed")
+        if read and malformed == len(read):
+            # Nothing on the page can be read: its ids (if any) say nothing trustworthy.
+            raise _Stop(
+                CrawlOutcome.REJECTED,
+                f"none of the page's {len(read)} entries is a readable status",
+            )
+        progress.malformed += sum(1 for entry in read if entry.id is None)
+        usable.sort(key=lambda entry: id_key(entry.id or ""), reverse=not oldest_first)
+        new = 0
+        first_page = progress.pages == 0 and progress.cursor is None
+        progress.pages += 1
+        for entry in usable:
+            assert entry.id is not None
+            if not progress.is_new(entry.id):
+                continue
+            if bound is not None and new >= bound:
+                # Older than the backfill: left alone, but the cursor starts at the newest.
+                if first_page:
+                    progress.advance(entry.id)
+                continue
+            if entry.verdict == "kept":
+                assert entry.post is not None
+                if not progress.add(entry.post):
+                    break
+            elif entry.verdict == "skipped":
+                progress.skipped += 1
+            else:
+                progress.malformed += 1
+            progress.seen.add(entry.id)
+            progress.advance(entry.id)
+            new += 1
+        return new
+
+    # requests ----------------------------------------------------------------------
+
+    async def _allowed(self, url: str) -> bool:
+        try:
+            return await self._robots_allows(url)
+        except Exception as exc:
+            raise _MachineryFailed(exc) from exc
+
+    async def _get_json(self, url: str, progress: _Progress) -> _Answer:
+        """GET ``url`` (following same-site redirects) and parse its JSON, or ``_Stop``."""
+        current = url
+        visited = {url}
+        for _ in range(self._limits.max_redirects + 1):
+            if not await self._allowed(current):
+                raise _Stop(
+                    CrawlOutcome.BLOCKED_ROBOTS,
+                    f"robots.txt disallows {urlsplit(current).path}",
+                )
+            if progress.rate_spent:
+                raise GateDeferred(time.time() + (progress.retry_after or 0.0))
+            try:
+                async with self._gate(current):
+                    progress.requests += 1
+                    outcome = await self._exchange(current)
+            except GateDeferred:
+                raise
+            except Exception as exc:
+                raise _MachineryFailed(exc) from exc
+            if isinstance(outcome, _Stop):
+                raise outcome
+            answer, location = outcome
+            progress.wait(self._rate_wait(answer.headers, progress))
+            if location is None:
+                return answer
+            hop = location
+            if not same_site(httpx.URL(current), httpx.URL(hop)):
+                raise _Stop(
+                    CrawlOutcome.REJECTED,
+                    f"redirected off the instance to {hop[:300]} (not followed)",
+                    status=answer.status,
+                )
+            if hop in visited:
+                raise _Stop(CrawlOutcome.FAILED, f"redirect loop back to {hop[:300]}")
+            visited.add(hop)
+            current = hop
+        raise _Stop(
+            CrawlOutcome.FAILED, f"too many redirects (more than {self._limits.max_redirects})"
+        )
+
+    @staticmethod
+    def _rate_wait(headers: httpx.Headers, progress: _Progress) -> float | None:
+        wait = rate_limit_wait(headers)
+        if wait is not None:
+            progress.rate_spent = True
+        return wait
+
+    async def _exchange(self, url: str) -> tuple[_Answer, str | None] | _Stop:
+        """One request and its bounded body; what went wrong as a ``_Stop``, never raised."""
+        try:
+            async with asyncio.timeout(self._limits.total_timeout):
+                return await self._request(url)
+        except _Stop as stop:
+            return stop
+        except TimeoutError:
+            return _Stop(
+                CrawlOutcome.TIMEOUT, f"no complete answer within {self._limits.total_timeout:g} s"
+            )
+        except httpx.TimeoutException as exc:
+            return _Stop(CrawlOutcome.TIMEOUT, f"{type(exc).__name__}: {exc}")
+        except BlockedAddress as exc:
+            return _Stop(CrawlOutcome.FAILED, f"blocked address: {exc}")
+        except ContentError as exc:
+            return _Stop(CrawlOutcome.REJECTED, str(exc))
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            return _Stop(CrawlOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            log.exception("unexpected error requesting %s", url)
+            return _Stop(CrawlOutcome.FAILED, f"unexpected error: {type(exc).__name__}: {exc}")
+
+    async def _request(self, url: str) -> tuple[_Answer, str | None]:
+        headers = {"Accept": ACCEPT_JSON, "Accept-Encoding": ACCEPT_ENCODING}
+        request = self._client.build_request("GET", url, headers=headers)
+        response = await self._client.send(request, stream=True)
+        try:
+            status = response.status_code
+            answer = _Answer(url=url, status=status, headers=response.headers)
+            if status in REDIRECT_STATUSES:
+                location = response.headers.get("location", "").strip()
+                if not location:
+                    raise _Stop(CrawlOutcome.FAILED, f"HTTP {status} without a Location")
+                try:
+                    hop = str(httpx.URL(url).join(location).copy_with(fragment=None))
+                except (ValueError, httpx.InvalidURL) as exc:
+                    raise _Stop(CrawlOutcome.REJECTED, f"unusable redirect: {exc}") from None
+                return answer, hop
+            if status == 429 or (status == 503 and "retry-after" in response.headers):
+                outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
+                raise _Stop(
+                    outcome,
+                    f"HTTP {status}: the instance asks to slow down",
+                    status=status,
+                    retry_after=retry_after_of(response.headers),
+                )
+            if 400 <= status < 500:
+                raise _Stop(CrawlOutcome.BLOCKED_4XX, f"HTTP {status}", status=status)
+            if 500 <= status < 600:
+                raise _Stop(CrawlOutcome.BLOCKED_5XX, f"HTTP {status}", status=status)
+            if not 200 <= status < 300:
+                raise _Stop(CrawlOutcome.REJECTED, f"unexpected HTTP {status}", status=status)
+            kind = media_type(response.headers.get("content-type"))
+            if kind is not None and kind != "application/json" and not kind.endswith("+json"):
+                raise _Stop(
+                    CrawlOutcome.REJECTED, f"the API answered {kind[:100]}, not JSON", status=status
+                )
+            reader = BodyReader(
+                max_bytes=self._limits.max_body_bytes,
+                max_ratio=self._limits.max_decompression_ratio,
+            )
+            body = await reader.read(response)
+            if reader.truncated:
+                raise _Stop(
+                    CrawlOutcome.REJECTED,
+                    f"the API answer is larger than {self._limits.max_body_bytes} bytes",
+                    status=status,
+                )
+        finally:
+            await response.aclose()
+        try:
+            answer.data = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise _Stop(
+                CrawlOutcome.REJECTED, f"the API answer is not JSON: {exc}"[:300], status=status
+            ) from None
+        return answer, None
+
+    # the event ---------------------------------------------------------------------
+
+    def _event(
+        self,
+        request: TimelinePollRequested,
+        progress: _Progress,
+        stop: _Stop | None,
+        started: datetime,
+    ) -> TimelinePolled:
+        read_something = progress.newest is not None
+        failed = stop is not None and not read_something
+        outcome = stop.outcome if failed and stop is not None else CrawlOutcome.SUCCESS
+        status = stop.status if stop is not None else None
+        notes: list[str] = []
+        if stop is not None:
+            progress.wait(stop.retry_after)
+            if not failed:
+                progress.more = True
+                notes.append(f"stopped after {progress.pages} page(s): {stop.message}")
+            else:
+                notes.append(stop.message)
+        if progress.note:
+            notes.append(progress.note)
+        if progress.malformed and not failed:
+            notes.append(f"{progress.malformed} malformed entries skipped")
+        message = "; ".join(notes)[:_MAX_MESSAGE] or None
+        base: dict[str, Any] = {
+            "id": derived_event_id(request.id, "polled"),
+            "request_id": request.id,
+            "instance": request.instance,
+            "domain": request.domain,
+            "timeline": request.timeline,
+            "follow_id": request.follow_id,
+            "poll": request.poll,
+            "started_at": started,
+            "cursor_before": request.cursor,
+            "requests": progress.requests,
+            "retry_after": progress.retry_after,
+        }
+        try:
+            return TimelinePolled(
+                **base,
+                outcome=outcome,
+                status_code=status if status is not None and 100 <= status <= 999 else None,
+                error_message=message,
+                completed_at=utcnow(),
+                api=progress.api,
+                software=progress.software,
+                software_version=progress.version,
+                cursor_after=request.cursor if failed else (progress.newest or request.cursor),
+                more=progress.more and not failed,
+                posts=() if failed else tuple(progress.posts),
+                skipped=0 if failed else progress.skipped + progress.malformed,
+            )
+        except Exception as exc:
+            log.exception("could not build the poll's event for %s", request.instance)
+            return TimelinePolled(
+                **base,
+                outcome=CrawlOutcome.REJECTED,
+                error_message=f"could not record the poll: {exc}"[:_MAX_MESSAGE],
+                completed_at=utcnow(),
+                cursor_after=request.cursor,
+            )

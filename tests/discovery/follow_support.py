@@ -1,0 +1,121 @@
+"""Helpers for the follow and share tests: operator commands, and reading the record."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import nats
+from nats.js.api import RawStreamMsg
+from nats.js.errors import NotFoundError
+
+from tests.conftest import StackUrls, eventually
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlOutcome,
+    Event,
+    SharedPost,
+    TimelinePolled,
+    TimelinePollRequested,
+    decode_event,
+)
+from trove_schema.topology import EVENTS_STREAM, timeline_schedule_subject
+
+E = TypeVar("E", bound=Event)
+
+
+async def send(stack: StackUrls, subject: str, *payloads: bytes) -> None:
+    """What `nats pub trove.follow ...` sends: core NATS, raw bytes, no headers."""
+    nc = await nats.connect(stack.nats_url)
+    try:
+        for payload in payloads:
+            await nc.publish(subject, payload)
+        await nc.flush()
+    finally:
+        await nc.close()
+
+
+async def ask(stack: StackUrls, subject: str, payload: bytes) -> str:
+    """What `nats req trove.follow ...` prints, once discovery listens."""
+    nc = await nats.connect(stack.nats_url)
+    try:
+
+        async def reply() -> str:
+            try:
+                return (await nc.request(subject, payload, timeout=2)).data.decode()
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                # The seeds stream listens silently: until discovery subscribes, a
+                # request times out.
+                return ""
+
+        return await eventually(reply, until=bool, timeout=30, what="a reply")
+    finally:
+        await nc.close()
+
+
+async def recorded(bus: Bus, kind: type[E]) -> list[E]:
+    """Every event of ``kind`` in the record, in order."""
+    info = await bus.js.stream_info(EVENTS_STREAM)
+    found: list[E] = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await bus.js.get_msg(EVENTS_STREAM, seq)
+        except NotFoundError:
+            continue
+        if msg.subject == kind.SUBJECT and msg.data:
+            event = decode_event(msg.data)
+            assert isinstance(event, kind)
+            found.append(event)
+    return found
+
+
+async def pending_poll(bus: Bus, instance: str, timeline: str) -> RawStreamMsg | None:
+    """The last message on the timeline's schedule subject (the pending poll, or a tombstone)."""
+    try:
+        return await bus.js.get_last_msg(
+            EVENTS_STREAM, timeline_schedule_subject(instance, timeline)
+        )
+    except NotFoundError:
+        return None
+
+
+async def publish_polled(bus: Bus, event: TimelinePolled, *, msg_id: str | None = None) -> int:
+    """Publish a poll result as the fetcher would; ``msg_id``: as a redelivery would come
+    back under another id (``trove dead redrive``). The stream sequence it got."""
+    headers = event.headers() | ({"Nats-Msg-Id": msg_id} if msg_id else {})
+    ack = await bus.js.publish(event.SUBJECT, event.to_wire(), headers=headers)
+    return ack.seq
+
+
+async def handled(bus: Bus, stream: str, durable: str, seq: int) -> bool:
+    """The consumer got past ``seq`` and holds nothing unacked."""
+    info = await bus.js.consumer_info(stream, durable)
+    delivered = info.delivered.stream_seq or 0
+    return delivered >= seq and info.num_ack_pending == 0 and info.num_pending == 0
+
+
+def polled(
+    request: TimelinePollRequested,
+    *,
+    outcome: CrawlOutcome = CrawlOutcome.SUCCESS,
+    completed_at: datetime | None = None,
+    posts: tuple[SharedPost, ...] = (),
+    **fields: Any,
+) -> TimelinePolled:
+    """The fetcher's answer to ``request`` (the API it was given, unless found anew)."""
+    end = completed_at or datetime.now(UTC)
+    found = {"api": request.api, "software": request.software} | fields
+    return TimelinePolled(
+        request_id=request.id,
+        instance=request.instance,
+        domain=request.domain,
+        timeline=request.timeline,
+        follow_id=request.follow_id,
+        poll=request.poll,
+        outcome=outcome,
+        started_at=end - timedelta(seconds=1),
+        completed_at=end,
+        cursor_before=request.cursor,
+        posts=posts,
+        **found,
+    )

@@ -1,0 +1,213 @@
+"""Following instances: the commands parse or are refused with a reason; a follow starts
+one chain of polls, however often it is sent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import StackUrls, eventually
+from tests.discovery.follow_support import ask, handled, pending_poll, recorded, send
+from tests.support import services
+from trove_discovery.follows import (
+    CommandBatch,
+    FollowStore,
+    Verb,
+    parse_command,
+    reply_json,
+    reply_text,
+)
+from trove_schema.bus import Bus
+from trove_schema.events import InstanceFollowed, TimelinePollRequested
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import (
+    DISCOVERY_FOLLOWS,
+    FOLLOW_SUBJECT,
+    FOLLOWS_BUCKET,
+    SEEDS_STREAM,
+)
+
+INSTANCE = "https://social.example"
+
+
+def parse(data: str, verb: Verb = "follow", **overrides: Any) -> CommandBatch:
+    # Every field the parser reads is given, so TROVE_* in the environment cannot leak in.
+    values: dict[str, Any] = {"max_url_length": 2048, "allowed_networks": ()}
+    settings = DiscoverySettings(**(values | overrides))
+    return parse_command(data.encode(), verb=verb, settings=settings)
+
+
+def only_reason(batch: CommandBatch) -> str:
+    assert not batch.accepted, batch.accepted
+    (rejected,) = batch.rejected
+    return rejected.reason
+
+
+def test_a_plain_url_follows_the_local_timeline_of_its_origin() -> None:
+    (command,) = parse("  https://Social.Example:443/ \n").accepted
+    assert (command.instance, command.domain, command.timeline) == (
+        INSTANCE,
+        "social.example",
+        "local",
+    )
+    assert (command.max_depth, command.priority, command.backfill) == (0, 0, 40)
+
+
+def test_lines_may_name_a_timeline_and_json_sets_the_options() -> None:
+    lines = parse(f"# instances\r\n{INSTANCE} tag:python\n\nhttps://b.example public\n")
+    assert [(c.instance, c.timeline) for c in lines.accepted] == [
+        (INSTANCE, "tag:python"),
+        ("https://b.example", "public"),
+    ]
+    body = {
+        "instances": [INSTANCE, "http://c.example:8080"],
+        "timeline": "public",
+        "max_depth": 2,
+        "priority": 7,
+        "backfill": 0,
+    }
+    batch = parse(json.dumps(body))
+    assert [
+        (c.instance, c.timeline, c.max_depth, c.priority, c.backfill) for c in batch.accepted
+    ] == [
+        (INSTANCE, "public", 2, 7, 0),
+        ("http://c.example:8080", "public", 2, 7, 0),
+    ]
+    assert [c.instance for c in parse(json.dumps([INSTANCE])).accepted] == [INSTANCE]
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        ("ftp://social.example", "not http or https"),
+        (f"{INSTANCE}/@alice", "an instance is an origin"),
+        (f"{INSTANCE}/?local=true", "an instance is an origin"),
+        ("https://alice:secret@social.example", "no credentials"),
+        ("https://10.0.0.1", "private address"),
+        ("http://localhost:3000", "private address"),
+        (f"{INSTANCE} tag:no-dashes", '"timeline" must be "local", "public" or "tag:NAME"'),
+        (f"{INSTANCE} home", '"timeline" must be'),
+        (json.dumps({"instance": INSTANCE, "timelines": "local"}), "unknown key(s) 'timelines'"),
+        (json.dumps({"instance": INSTANCE, "max_depth": 101}), '"max_depth" must be an integer'),
+        (json.dumps({"instance": INSTANCE, "backfill": True}), '"backfill" must be an integer'),
+        (json.dumps({"instance": INSTANCE, "instances": []}), "exactly one of"),
+        ('{"instance": ', "malformed JSON"),
+        ("", "empty follow message"),
+        ("# nothing\n", "no instances"),
+    ],
+)
+def test_each_bad_follow_is_refused_with_its_reason(data: str, reason: str) -> None:
+    assert reason in only_reason(parse(data))
+
+
+def test_a_private_instance_is_accepted_inside_the_allowed_networks() -> None:
+    batch = parse("http://127.0.0.40:8080", allowed_networks=("127.0.0.0/8",))
+    assert [c.instance for c in batch.accepted] == ["http://127.0.0.40:8080"]
+
+
+def test_an_unfollow_without_a_timeline_means_every_timeline_and_takes_no_options() -> None:
+    (command,) = parse(INSTANCE, "unfollow").accepted
+    assert command.timeline is None
+    (command,) = parse(f"{INSTANCE} tag:python", "unfollow").accepted
+    assert command.timeline == "tag:python"
+    body = json.dumps({"instance": INSTANCE, "max_depth": 1})
+    assert "unknown key(s) 'max_depth'" in only_reason(parse(body, "unfollow"))
+
+
+def test_replies_say_what_was_accepted_and_why_not() -> None:
+    batch = parse(f"{INSTANCE}\nftp://nope.example\n{INSTANCE}/@bob")
+    text = reply_text(batch)
+    assert text.startswith(f"following 1: {INSTANCE} local\nrejected 2:")
+    assert "ftp://nope.example — scheme 'ftp' is not http or https" in text
+    assert "/@bob" in text
+    body = json.loads(reply_json(parse(json.dumps({"instance": INSTANCE, "timeline": "public"}))))
+    assert body["accepted"] == [
+        {
+            "instance": INSTANCE,
+            "timeline": "public",
+            "original": INSTANCE,
+            "max_depth": 0,
+            "priority": 0,
+            "backfill": 40,
+        }
+    ]
+    assert reply_text(parse(INSTANCE, "unfollow")) == f"unfollowing 1: {INSTANCE} (every timeline)"
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_follow_starts_one_chain_of_polls_however_often_it_is_sent(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        await send(stack, FOLLOW_SUBJECT, INSTANCE.encode())
+        requests = await eventually(
+            lambda: recorded(bus, TimelinePollRequested), until=bool, timeout=30, what="a poll"
+        )
+        (followed,) = await recorded(bus, InstanceFollowed)
+        # Again, as a line with the same timeline, and as JSON with other options.
+        await send(
+            stack,
+            FOLLOW_SUBJECT,
+            f"{INSTANCE} local\n".encode(),
+            json.dumps({"instance": INSTANCE, "priority": 9}).encode(),
+        )
+        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
+        await eventually(
+            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
+            until=bool,
+            timeout=30,
+            what="the follows handled",
+        )
+        assert await recorded(bus, InstanceFollowed) == [followed]
+        assert await recorded(bus, TimelinePollRequested) == requests
+        record, _ = await FollowStore(await bus.js.key_value(FOLLOWS_BUCKET)).read(INSTANCE)
+    (request,) = requests
+    assert (followed.instance, followed.domain, followed.timeline) == (
+        INSTANCE,
+        "social.example",
+        "local",
+    )
+    assert followed.provenance.origin == FOLLOW_SUBJECT
+    assert (request.follow_id, request.poll, request.cursor, request.backfill) == (
+        followed.id,
+        1,
+        None,
+        40,
+    )
+    assert record.timelines["local"].follow_id == followed.id
+    assert record.timelines["local"].priority == 0
+    # The first poll fired: nothing is pending on the timeline's schedule subject.
+    assert await pending_poll(bus, INSTANCE, "local") is None
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_follow_request_is_answered_and_refusals_follow_nothing(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    payload = f"{INSTANCE} public\nhttps://10.1.2.3\n{INSTANCE}/about\n".encode()
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        text = await ask(stack, FOLLOW_SUBJECT, payload)
+        structured = await ask(
+            stack, FOLLOW_SUBJECT, json.dumps({"instance": INSTANCE, "timeline": "bad"}).encode()
+        )
+        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
+        await eventually(
+            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
+            until=bool,
+            timeout=30,
+            what="the requests handled",
+        )
+        followed = await recorded(bus, InstanceFollowed)
+    assert text.splitlines()[0] == f"following 1: {INSTANCE} public"
+    assert "https://10.1.2.3 — host 10.1.2.3 is a private address" in text
+    assert "an instance is an origin" in text
+    body = json.loads(structured)
+    assert (body["accepted_count"], body["rejected_count"]) == (0, 1)
+    assert '"timeline" must be' in body["rejected"][0]["reason"]
+    # Requests are stored like publishes: each request that stood (the first, once
+    # retried until discovery answered) is followed, the refused ones are not.
+    assert {(e.instance, e.timeline) for e in followed} == {(INSTANCE, "public")}
+    assert len(followed) == 1

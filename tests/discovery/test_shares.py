@@ -1,0 +1,359 @@
+"""Polls of followed timelines: the pages their posts share enter the crawl with the post
+as provenance, and each poll schedules the next at the right time, once."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import StackUrls, eventually
+from tests.discovery.follow_support import (
+    handled,
+    pending_poll,
+    polled,
+    publish_polled,
+    recorded,
+    send,
+)
+from tests.support import services
+from trove_discovery.follows import TimelineFollow
+from trove_discovery.shares import next_poll, poll_delay, shared_pages
+from trove_schema.bus import Bus, schedule_header
+from trove_schema.events import (
+    CrawlOutcome,
+    InstanceUnfollowed,
+    PageDiscovered,
+    ScopeKind,
+    SharedPost,
+    TimelinePollRequested,
+    decode_event,
+)
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import (
+    DISCOVERY_FOLLOWS,
+    DISCOVERY_LINKS,
+    EVENTS_STREAM,
+    FOLLOW_SUBJECT,
+    SEEDS_STREAM,
+    UNFOLLOW_SUBJECT,
+)
+
+INSTANCE = "https://social.example"
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def make_settings(**overrides: Any) -> DiscoverySettings:
+    values: dict[str, Any] = {
+        "poll_interval_seconds": 300.0,
+        "poll_max_backoff_seconds": 6 * 3600.0,
+        "allowed_networks": (),
+        "max_url_length": 2048,
+        "max_path_repetitions": 3,
+    }
+    return DiscoverySettings(**(values | overrides))
+
+
+def request(**fields: Any) -> TimelinePollRequested:
+    values: dict[str, Any] = {
+        "instance": INSTANCE,
+        "domain": "social.example",
+        "timeline": "local",
+        "follow_id": "follow-1",
+    }
+    return TimelinePollRequested(**(values | fields))
+
+
+def post(n: int, *links: str, url: bool = True) -> SharedPost:
+    return SharedPost(
+        uri=f"{INSTANCE}/users/ann/statuses/{n}",
+        url=f"{INSTANCE}/@ann/{n}" if url else None,
+        account="ann@social.example",
+        shared_at=T0,
+        language="en",
+        links=links,
+    )
+
+
+def delays(*results: tuple[CrawlOutcome, float | None], **settings: Any) -> list[float]:
+    """The pause after each poll of a run of results, failures counted as the chain does."""
+    failures, found = 0, []
+    for outcome, retry_after in results:
+        failures = 0 if outcome is CrawlOutcome.SUCCESS else failures + 1
+        event = polled(request(), outcome=outcome, retry_after=retry_after)
+        found.append(poll_delay(event, failures, make_settings(**settings)))
+    return found
+
+
+def test_failed_polls_back_off_doubling_up_to_the_cap_unless_the_instance_says() -> None:
+    failed, ok = CrawlOutcome.FAILED, CrawlOutcome.SUCCESS
+    run = [
+        (failed, None),
+        (failed, None),
+        (failed, None),
+        (failed, 60.0),
+        (ok, None),
+        (failed, None),
+    ]
+    assert delays(*run, poll_interval_seconds=100, poll_max_backoff_seconds=500) == [
+        200.0,
+        400.0,
+        500.0,
+        60.0,
+        100.0,
+        200.0,
+    ]
+    # An instance asking for longer than the cap waits the cap; after a success it is
+    # obeyed as well, as is the poll interval.
+    assert delays((failed, 10**6), (ok, 30.0), (ok, 1000.0), poll_interval_seconds=100) == [
+        6 * 3600.0,
+        100.0,
+        1000.0,
+    ]
+    assert delays((failed, None), poll_max_backoff_seconds=21600) == [600.0]
+    # A thousand failures in a row: no overflow, the cap.
+    event = polled(request(), outcome=failed)
+    assert poll_delay(event, 1000, make_settings()) == 6 * 3600.0
+
+
+def test_a_poll_that_stopped_at_its_page_bound_is_followed_at_once() -> None:
+    follow = TimelineFollow(follow_id="follow-1", followed_at=T0, cursor="120", poll=3)
+    event = polled(
+        request(poll=3, cursor="100", api=f"{INSTANCE}/api", software="mastodon"),
+        completed_at=T0,
+        more=True,
+        cursor_after="120",
+    )
+    nxt, at = next_poll(event, follow, make_settings())
+    assert at == T0
+    assert (nxt.poll, nxt.cursor, nxt.api, nxt.software, nxt.failures) == (
+        4,
+        "120",
+        f"{INSTANCE}/api",
+        "mastodon",
+        0,
+    )
+    assert (nxt.follow_id, nxt.caused_by, nxt.not_before) == ("follow-1", event.id, T0)
+    # The same poll result always gives the same request (a redelivery is a duplicate).
+    again, then = next_poll(event, follow, make_settings())
+    assert (again.model_dump(exclude={"occurred_at"}), then) == (
+        nxt.model_dump(exclude={"occurred_at"}),
+        at,
+    )
+
+
+def test_shared_pages_carry_the_post_and_stay_on_their_own_host() -> None:
+    follow = TimelineFollow(follow_id="follow-1", followed_at=T0, max_depth=2, priority=4)
+    event = polled(
+        request(),
+        posts=(
+            post(1, "https://blog.example/a", "https://10.0.0.1/admin", "https://notes.example/"),
+            post(2, "https://blog.example/a", url=False),
+        ),
+    )
+    pages = {p.url: p for p in shared_pages(event, follow, make_settings())}
+    assert set(pages) == {
+        "https://blog.example/a",
+        "https://notes.example/",
+        f"{INSTANCE}/@ann/1",
+    }
+    page = pages["https://blog.example/a"]
+    assert (page.depth, page.priority, page.domain) == (0, 4, "blog.example")
+    assert (page.scope.kind, page.scope.value, page.scope.max_depth) == (
+        ScopeKind.HOST,
+        "blog.example",
+        2,
+    )
+    share = page.provenance.share
+    assert page.provenance.kind == "share"
+    assert share is not None
+    assert (share.instance, share.post_uri, share.account, share.language) == (
+        INSTANCE,
+        f"{INSTANCE}/users/ann/statuses/1",
+        "ann@social.example",
+        "en",
+    )
+    # The post's own page is crawled for itself, not as a start of a crawl of the instance.
+    assert pages[f"{INSTANCE}/@ann/1"].scope.max_depth == 0
+    # Ids follow from the poll: a redelivered poll republishes the same events.
+    again = shared_pages(event, follow, make_settings())
+    assert [(p.id, p.url) for p in again] == [(p.id, p.url) for p in pages.values()]
+
+
+async def _follow(stack: StackUrls, bus: Bus, payload: bytes) -> TimelinePollRequested:
+    """Follow, and the first poll request (fired at once)."""
+    await send(stack, FOLLOW_SUBJECT, payload)
+    (first,) = await eventually(
+        lambda: recorded(bus, TimelinePollRequested), until=bool, timeout=30, what="a poll"
+    )
+    return first
+
+
+async def _handled(bus: Bus, seq: int) -> None:
+    await eventually(
+        lambda: handled(bus, EVENTS_STREAM, DISCOVERY_LINKS, seq),
+        until=bool,
+        timeout=30,
+        what=f"event {seq} handled",
+    )
+
+
+async def _scheduled(bus: Bus, timeline: str = "local") -> tuple[str, TimelinePollRequested]:
+    pending = await pending_poll(bus, INSTANCE, timeline)
+    assert pending is not None
+    assert pending.headers
+    assert pending.data
+    event = decode_event(pending.data)
+    assert isinstance(event, TimelinePollRequested)
+    return pending.headers["Nats-Schedule"], event
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_poll_discovers_the_shared_pages_and_schedules_the_next_once(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    env = {"TROVE_POLL_INTERVAL_SECONDS": "600"}
+    async with services(stack, state_dir, env, only=("discovery",)):
+        follow = json.dumps(
+            {"instance": INSTANCE, "max_depth": 1, "priority": 3, "backfill": 5}
+        ).encode()
+        first = await _follow(stack, bus, follow)
+        one = polled(
+            first,
+            posts=(post(1, "https://blog.example/a", "https://notes.example/"),),
+            cursor_after="110",
+            api=f"{INSTANCE}/api/v1",
+            software="mastodon",
+        )
+        seq = await publish_polled(bus, one)
+        await _handled(bus, seq)
+        found = await recorded(bus, PageDiscovered)
+        schedule, second = await _scheduled(bus)
+        # Delivered again (after its duplicate window, under another id): nothing new.
+        seq = await publish_polled(bus, one, msg_id="redelivered")
+        await _handled(bus, seq)
+        assert await recorded(bus, PageDiscovered) == found
+        assert await _scheduled(bus) == (schedule, second)
+        # The next poll stopped at its page bound: the one after fires at once. A page
+        # shared again is not discovered again.
+        two = polled(
+            second,
+            posts=(post(2, "https://blog.example/a", "https://blog.example/b"),),
+            cursor_after="130",
+            more=True,
+        )
+        seq = await publish_polled(bus, two)
+        await _handled(bus, seq)
+        fired = await eventually(
+            lambda: recorded(bus, TimelinePollRequested),
+            until=lambda r: len(r) == 2,
+            timeout=30,
+            what="the third poll",
+        )
+        found_after = await recorded(bus, PageDiscovered)
+    assert {(p.url, p.priority, p.scope.max_depth) for p in found} == {
+        ("https://blog.example/a", 3, 1),
+        ("https://notes.example/", 3, 1),
+        (f"{INSTANCE}/@ann/1", 3, 0),
+    }
+    assert all(p.provenance.kind == "share" for p in found)
+    assert schedule == schedule_header(one.completed_at + timedelta(seconds=600))
+    assert first.backfill == 5
+    assert (second.poll, second.cursor, second.api, second.software, second.failures) == (
+        2,
+        "110",
+        f"{INSTANCE}/api/v1",
+        "mastodon",
+        0,
+    )
+    assert {p.url for p in found_after[len(found) :]} == {
+        "https://blog.example/b",
+        f"{INSTANCE}/@ann/2",
+    }
+    third = fired[-1]
+    assert (third.poll, third.cursor, third.follow_id) == (3, "130", first.follow_id)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_failed_polls_are_retried_after_a_doubling_pause(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    env = {"TROVE_POLL_INTERVAL_SECONDS": "100", "TROVE_POLL_MAX_BACKOFF_SECONDS": "300"}
+    async with services(stack, state_dir, env, only=("discovery",)):
+        pending = await _follow(stack, bus, INSTANCE.encode())
+        seen: list[tuple[int, int, str | None, str]] = []
+        results: list[dict[str, Any]] = [
+            {"outcome": CrawlOutcome.TIMEOUT},
+            {"outcome": CrawlOutcome.BLOCKED_5XX, "status_code": 503},
+            {"outcome": CrawlOutcome.FAILED},
+            {"outcome": CrawlOutcome.BLOCKED_4XX, "status_code": 429, "retry_after": 42.0},
+            {"outcome": CrawlOutcome.SUCCESS, "cursor_after": "7"},
+        ]
+        for result in results:
+            event = polled(pending, **result)
+            seq = await publish_polled(bus, event)
+            await _handled(bus, seq)
+            schedule, pending = await _scheduled(bus)
+            pause = datetime.strptime(schedule, "@at %Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            seen.append((pending.poll, pending.failures, pending.cursor, schedule))
+            assert pause == event.completed_at + timedelta(
+                seconds=[200, 300, 300, 42, 100][len(seen) - 1]
+            )
+    assert [(poll, failures, cursor) for poll, failures, cursor, _ in seen] == [
+        (2, 1, None),
+        (3, 2, None),
+        (4, 3, None),
+        (5, 4, None),
+        (6, 0, "7"),
+    ]
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_unfollow_stops_the_chain(stack: StackUrls, bus: Bus, state_dir: Path) -> None:
+    env = {"TROVE_POLL_INTERVAL_SECONDS": "600"}
+    async with services(stack, state_dir, env, only=("discovery",)):
+        first = await _follow(stack, bus, INSTANCE.encode())
+        seq = await publish_polled(bus, polled(first, cursor_after="5"))
+        await _handled(bus, seq)
+        _, second = await _scheduled(bus)
+        await send(stack, UNFOLLOW_SUBJECT, INSTANCE.encode())
+        (unfollowed,) = await eventually(
+            lambda: recorded(bus, InstanceUnfollowed), until=bool, timeout=30, what="unfollowed"
+        )
+        # The pending poll is dropped: a tombstone in its place on the schedule subject.
+        tombstone = await pending_poll(bus, INSTANCE, "local")
+        assert tombstone is not None
+        assert "Nats-Schedule" not in (tombstone.headers or {})
+        assert not tombstone.data
+        # A poll that was under way ends: its result is ignored, nothing follows it.
+        seq = await publish_polled(
+            bus, polled(second, posts=(post(3, "https://blog.example/late"),), cursor_after="9")
+        )
+        await _handled(bus, seq)
+        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
+        await eventually(
+            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
+            until=bool,
+            timeout=30,
+            what="the unfollow handled",
+        )
+        after = await pending_poll(bus, INSTANCE, "local")
+        assert after is not None
+        assert after.seq == tombstone.seq
+        assert await recorded(bus, PageDiscovered) == []
+        assert await recorded(bus, TimelinePollRequested) == [first]
+        # Followed again: a new chain from a fresh start, on the same schedule subject.
+        await send(stack, FOLLOW_SUBJECT, INSTANCE.encode())
+        polls = await eventually(
+            lambda: recorded(bus, TimelinePollRequested),
+            until=lambda found: len(found) == 2,
+            timeout=30,
+            what="the new chain's first poll",
+        )
+    assert (unfollowed.instance, unfollowed.timeline) == (INSTANCE, None)
+    again = polls[-1]
+    assert again.follow_id != first.follow_id
+    assert (again.poll, again.cursor) == (1, None)

@@ -1,0 +1,306 @@
+"""Learned URL aliases in discovery, on real NATS: the KV record, its cache, the link path.
+
+Discovery handles real ``CrawlCompleted`` messages; what it publishes is read back from
+the events stream and the rules from the ``trove_url_rules`` bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.msg import Msg
+
+from tests.conftest import eventually
+from trove_discovery.discovery import Discovery
+from trove_discovery.url_rules import Holds, UrlRules
+from trove_schema.bus import Bus, Consumer
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    Link,
+    LinkKind,
+    PageDiscovered,
+    Scope,
+    ScopeKind,
+    decode_event,
+    utcnow,
+)
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import (
+    DISCOVERY_LINKS,
+    EVENT_SCHEDULES_PREFIX,
+    EVENTS_STREAM,
+    PAGE_DISCOVERED,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+    SEEN_BUCKET,
+    URL_RULES_BUCKET,
+    page_schedule_subject,
+)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+SITE = "https://site.example"
+SCOPE = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=5)
+_ids = itertools.count()
+
+
+async def replica(bus: Bus, *, ttl: float = 5.0, holds: Holds | None = None) -> Discovery:
+    rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=ttl)
+    return Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=DiscoverySettings(),
+        url_rules=rules,
+        holds=holds,
+    )
+
+
+@contextlib.asynccontextmanager
+async def consuming(bus: Bus, discovery: Discovery) -> AsyncIterator[None]:
+    """Discovery's events consumer running, as in the service (Retry is a delayed nak)."""
+    stop = asyncio.Event()
+    consumer = Consumer(
+        bus=bus,
+        stream=EVENTS_STREAM,
+        durable=DISCOVERY_LINKS,
+        handler=discovery.handle_crawl_completed,
+        concurrency=4,
+    )
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+def page(path: str, *, canonical: str | None = None, links: tuple[str, ...] = ()) -> CrawlCompleted:
+    now = utcnow()
+    return CrawlCompleted(
+        url=SITE + path,
+        domain="site.example",
+        scope=SCOPE,
+        request_id=f"work-{next(_ids)}",
+        outcome=CrawlOutcome.SUCCESS,
+        started_at=now,
+        completed_at=now,
+        content_hash=hashlib.sha256(path.encode()).hexdigest(),
+        canonical_url=SITE + canonical if canonical else None,
+        links=tuple(Link(url=SITE + link) for link in links),
+    )
+
+
+async def handle(discovery: Discovery, bus: Bus, event: CrawlCompleted) -> None:
+    await discovery.handle_crawl_completed(
+        Msg(_client=bus.nc, subject=CrawlCompleted.SUBJECT, data=event.to_wire())
+    )
+
+
+async def discovered(bus: Bus) -> list[str]:
+    """URLs of every PageDiscovered in the record, in order."""
+    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=PAGE_DISCOVERED)
+    count = (info.state.subjects or {}).get(PAGE_DISCOVERED, 0)
+    if count == 0:
+        return []
+    sub = await bus.js.pull_subscribe(PAGE_DISCOVERED, stream=EVENTS_STREAM)
+    try:
+        msgs = await sub.fetch(count, timeout=5)
+    finally:
+        await sub.unsubscribe()
+    found = [decode_event(msg.data) for msg in msgs]
+    return [e.url for e in found if isinstance(e, PageDiscovered)]
+
+
+async def learn_ref(discovery: Discovery, bus: Bus) -> None:
+    """Two pages whose canonical drops ``?ref=``, with two different values."""
+    await handle(discovery, bus, page("/p/1?ref=home", canonical="/p/1"))
+    await handle(discovery, bus, page("/p/2?ref=p1", canonical="/p/2"))
+
+
+async def test_a_learned_alias_is_never_discovered_and_a_real_parameter_is(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    before = set(await discovered(bus))
+    await handle(
+        discovery,
+        bus,
+        page("/p/3", links=("/p/7?ref=p3", "/p/7?ref=again", "/list?page=2", "/p/8?ref=x&tag=a")),
+    )
+    new = set(await discovered(bus)) - before
+    assert new == {SITE + "/p/7", SITE + "/list?page=2", SITE + "/p/8?tag=a"}
+    stored = await (await bus.js.key_value(URL_RULES_BUCKET)).keys()
+    assert len(stored) == 1
+
+
+async def test_before_learning_each_spelling_is_its_own_page(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await handle(discovery, bus, page("/p/1?ref=home", canonical="/p/1"))
+    await handle(discovery, bus, page("/p/3", links=("/p/7?ref=p3", "/p/7")))
+    assert set(await discovered(bus)) >= {SITE + "/p/7?ref=p3", SITE + "/p/7"}
+
+
+async def test_a_rule_reaches_another_replica_within_its_cache_time(bus: Bus) -> None:
+    ttl = 1.0
+    first, second = await replica(bus, ttl=ttl), await replica(bus, ttl=ttl)
+    assert second.url_rules is not None
+    assert not await second.url_rules.rules_for("site.example")  # cached: nothing learned
+    await learn_ref(first, bus)
+    loop = asyncio.get_running_loop()
+    learned_at = loop.time()
+    rules = await eventually(
+        lambda: second.url_rules.rules_for("site.example"),  # type: ignore[union-attr]
+        until=bool,
+        timeout=3 * ttl,
+        interval=0.05,
+        what="the rule seen by the second replica",
+    )
+    assert loop.time() - learned_at <= ttl + 0.5
+    assert rules.names == {"ref"}
+
+
+async def test_links_cost_one_read_per_host_per_cache_time(bus: Bus) -> None:
+    discovery = await replica(bus, ttl=30.0)
+    assert discovery.url_rules is not None
+    links = tuple(f"/p/{n}?ref=x{n}" for n in range(300))
+    await asyncio.gather(*(handle(discovery, bus, page(f"/q/{n}", links=links)) for n in range(5)))
+    assert discovery.url_rules.reads == 1
+
+
+async def test_two_replicas_learning_at_once_lose_no_evidence(bus: Bus) -> None:
+    first, second = await replica(bus), await replica(bus)
+    await asyncio.gather(
+        *(
+            handle(replica_, bus, page(f"/p/{n}?ref=r{n}", canonical=f"/p/{n}"))
+            for n, replica_ in zip(range(10), itertools.cycle((first, second)), strict=False)
+        )
+    )
+    assert second.url_rules is not None
+    rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=1.0)
+    assert (await rules.rules_for("site.example")).names == {"ref"}
+
+
+async def test_a_page_fetched_under_an_alias_is_not_recrawled_under_it(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    before = set(await discovered(bus))
+    alias = page("/p/5?ref=old", canonical=None)
+    await handle(discovery, bus, alias)
+    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=f"{EVENT_SCHEDULES_PREFIX}.>")
+    pending = info.state.subjects or {}
+    assert page_schedule_subject(alias.url) not in pending
+    # The page the rule was learned on is an alias by the time its links are followed.
+    assert page_schedule_subject(SITE + "/p/2?ref=p1") not in pending
+    assert page_schedule_subject(SITE + "/p/1?ref=home") in pending  # before: one more fetch
+    # Its one spelling is followed instead, like a canonical link.
+    assert set(await discovered(bus)) - before == {SITE + "/p/5"}
+
+
+async def test_a_seed_is_rewritten_before_the_seen_check(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    # As `nats pub trove.seeds URL` sends it: the stream stores it without answering.
+    await bus.nc.publish(SEEDS_SUBJECT, f"{SITE}/p/9?ref=newsletter".encode())
+    await bus.nc.flush()
+    await eventually(
+        lambda: bus.js.stream_info(SEEDS_STREAM),
+        until=lambda info: info.state.messages == 1,
+        timeout=5,
+        what="the seed stored",
+    )
+    sub = await bus.js.pull_subscribe(SEEDS_SUBJECT, stream=SEEDS_STREAM)
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+        await discovery.handle_seed(msg)
+    finally:
+        await sub.unsubscribe()
+    assert SITE + "/p/9" in await discovered(bus)
+    assert SITE + "/p/9?ref=newsletter" not in await discovered(bus)
+
+
+async def test_a_page_that_changes_with_its_parameter_keeps_it(bus: Bus) -> None:
+    discovery = await replica(bus)
+    # The list's pages each say they are the list, but each lists other posts.
+    await handle(discovery, bus, page("/list", links=("/list?page=2",)))
+    for n in range(2, 6):
+        await handle(discovery, bus, page(f"/list?page={n}", canonical="/list"))
+    await handle(discovery, bus, page("/p/1", links=("/list?page=9", "/list?page=9&ref=a")))
+    found = await discovered(bus)
+    assert SITE + "/list?page=9" in found
+
+
+async def test_canonical_links_of_alias_pages_stay_one_page(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    for n, ref in enumerate(("a", "b", "c")):
+        event = page(f"/p/3?ref={ref}{n}", canonical="/p/3")
+        linked = Link(url=SITE + "/p/3", kind=LinkKind.CANONICAL)
+        await handle(discovery, bus, event.model_copy(update={"links": (linked,)}))
+    found = await discovered(bus)
+    assert found.count(SITE + "/p/3") == 1
+    assert not [url for url in found if url.startswith(SITE + "/p/3?")]
+
+
+async def test_spellings_beyond_the_probes_wait_and_come_back_rewritten(bus: Bus) -> None:
+    discovery = await replica(bus, ttl=0.2, holds=Holds(first=0.3, rounds=3))
+    variants = [f"/p/{n}?ref=r{n}" for n in range(1, 7)]
+    async with consuming(bus, discovery):
+        await bus.publish(page("/p/0", links=(*variants, "/list?page=2")))
+        # Two spellings go out to teach ?ref= (and the list page, its own probe).
+        probes = {SITE + v for v in variants[:2]}
+        await eventually(
+            lambda: discovered(bus),
+            until=lambda found: set(found) >= probes | {SITE + "/list?page=2"},
+            timeout=10,
+            what="the probes",
+        )
+        for n in (1, 2):
+            await bus.publish(page(f"/p/{n}?ref=r{n}", canonical=f"/p/{n}"))
+        rewritten = {SITE + f"/p/{n}" for n in range(3, 7)}
+        found = await eventually(
+            lambda: discovered(bus),
+            until=lambda found: set(found) >= rewritten,
+            timeout=10,
+            what="the held links, rewritten",
+        )
+    assert not {SITE + v for v in variants[2:]} & set(found)
+    assert len(found) == len(set(found))
+
+
+async def test_held_spellings_go_out_as_they_are_when_nothing_is_learned(bus: Bus) -> None:
+    discovery = await replica(bus, ttl=0.2, holds=Holds(first=0.2, rounds=2))
+    variants = {SITE + f"/p/{n}?id={n}" for n in range(1, 6)}
+    async with consuming(bus, discovery):
+        await bus.publish(page("/p/0", links=tuple(v[len(SITE) :] for v in variants)))
+        first = await eventually(
+            lambda: discovered(bus), until=bool, timeout=10, interval=0.05, what="the probes"
+        )
+        assert len(first) == 2  # the others wait a round or two
+        found = await eventually(
+            lambda: discovered(bus),
+            until=lambda found: set(found) >= variants,
+            timeout=10,
+            what="every spelling, after the rounds",
+        )
+    assert len(found) == len(variants)
+
+
+async def test_a_rule_is_the_host_s_own(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    elsewhere = "https://other.example/p/7?ref=p3"
+    event = page("/p/3").model_copy(
+        update={
+            "scope": Scope(kind=ScopeKind.OPEN, max_depth=5),
+            "links": (Link(url=elsewhere), Link(url=SITE + "/p/8?ref=p3")),
+        }
+    )
+    await handle(discovery, bus, event)
+    found = set(await discovered(bus))
+    assert {elsewhere, SITE + "/p/8"} <= found
+    assert SITE + "/p/8?ref=p3" not in found

@@ -1,0 +1,80 @@
+"""Small real PDF documents built byte by byte, for the PDF extraction tests."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+
+def _escape(value: str) -> str:
+    raw = value.encode("latin-1", errors="replace").decode("latin-1")
+    return raw.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+
+def pdf(
+    pages: Sequence[str | bytes],
+    *,
+    title: str | None = None,
+    links: Sequence[str] = (),
+) -> bytes:
+    """A PDF with one line of text per page (or a raw content stream, given as bytes), an
+    optional Info title, and link annotations (URI actions) on the first page."""
+    font = 3
+    objects: dict[int, bytes] = {
+        1: b"<< /Type /Catalog /Pages 2 0 R >>",
+        font: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
+    }
+    number = 4
+    kids = []
+    for index, text in enumerate(pages):
+        if isinstance(text, str):
+            text = f"BT /F1 12 Tf 72 720 Td ({_escape(text)}) Tj ET".encode("latin-1")
+        stream = zlib.compress(text)
+        content = number
+        objects[content] = (
+            b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream)
+            + stream
+            + b"\nendstream"
+        )
+        annotations = b""
+        if index == 0 and links:
+            refs = []
+            for uri in links:
+                number += 1
+                objects[number] = (
+                    b"<< /Type /Annot /Subtype /Link /Rect [72 700 300 712] "
+                    b"/A << /S /URI /URI (" + _escape(uri).encode("latin-1") + b") >> >>"
+                )
+                refs.append(b"%d 0 R" % number)
+            annotations = b" /Annots [" + b" ".join(refs) + b"]"
+        number += 1
+        objects[number] = (
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            b"/Resources << /Font << /F1 %d 0 R >> >> /Contents %d 0 R"
+            % (font, content)
+            + annotations
+            + b" >>"
+        )
+        kids.append(b"%d 0 R" % number)
+        number += 1
+    objects[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % len(kids)
+    info = None
+    if title is not None:
+        info = number
+        objects[info] = f"<< /Title ({_escape(title)}) >>".encode("latin-1")
+        number += 1
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets: dict[int, int] = {}
+    for key in sorted(objects):
+        offsets[key] = len(out)
+        out += b"%d 0 obj\n" % key + objects[key] + b"\nendobj\n"
+    size = max(objects) + 1
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % size
+    for key in range(1, size):
+        out += b"%010d 00000 n \n" % offsets[key] if key in offsets else b"0000000000 65535 f \n"
+    trailer = b"<< /Size %d /Root 1 0 R" % size
+    if info is not None:
+        trailer += b" /Info %d 0 R" % info
+    out += b"trailer\n" + trailer + b" >>\nstartxref\n%d\n%%%%EOF\n" % xref
+    return bytes(out)

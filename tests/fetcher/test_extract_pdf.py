@@ -1,0 +1,111 @@
+"""PDF documents are content for the http strategy: a title, text for language and
+keywords, the URIs they link to; within bounds, and never an exception."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fetcher._pdfs import pdf
+from trove_fetcher.errors import PdfError
+from trove_fetcher.extract import extract
+from trove_fetcher.pdf import MAX_PAGES, read_pdf
+from trove_schema.events import LinkKind
+
+URL = "https://papers.example/2026/small-web.pdf"
+ENGLISH = "The small web is made of personal sites written by people for other people to read"
+FRENCH = "Le petit web est fait de sites personnels écrits par des gens pour des gens qui lisent"
+
+
+def test_a_pdf_gives_its_info_title_language_and_keywords() -> None:
+    body = pdf([ENGLISH], title="A Study of the Small Web")
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert found.title == "A Study of the Small Web"
+    assert found.language == "en"
+    assert {"personal", "sites", "people"} <= set(found.keywords)
+    assert found.text_chars == len(ENGLISH.replace(" ", ""))
+    assert not found.shell
+
+
+def test_a_pdf_without_a_title_is_named_by_its_first_line() -> None:
+    found = extract(pdf([FRENCH]), url=URL, content_type="application/pdf")
+    assert found.title == FRENCH
+    assert found.language == "fr"
+
+
+def test_a_pdf_sent_without_a_content_type_is_still_read() -> None:
+    found = extract(pdf([ENGLISH], title="Notes"), url=URL, content_type=None)
+    assert found.title == "Notes"
+
+
+def test_the_uris_a_pdf_links_to_are_links() -> None:
+    body = pdf([ENGLISH], links=["https://other.example/cited", "mailto:someone@example.org"])
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert [(link.url, link.kind) for link in found.links] == [
+        ("https://other.example/cited", LinkKind.A)
+    ]
+
+
+def test_only_the_first_pages_are_read() -> None:
+    pages = [f"page{n} words here" for n in range(MAX_PAGES + 3)]
+    document = read_pdf(pdf(pages))
+    assert "page0" in document.text
+    assert f"page{MAX_PAGES - 1}" in document.text
+    assert f"page{MAX_PAGES}" not in document.text
+
+
+def test_an_x_robots_noindex_pdf_keeps_no_keywords() -> None:
+    found = extract(
+        pdf([ENGLISH], title="Private"),
+        url=URL,
+        content_type="application/pdf",
+        x_robots_tag="noindex",
+    )
+    assert (found.title, found.keywords, found.noindex) == ("Private", (), True)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"this is not a PDF at all",
+        b"%PDF-1.7\n",
+        pdf([ENGLISH], title="Cut")[:150],
+        b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 1 0 R >> endobj\ntrailer << /Root 1 0 R >>",
+        b"%PDF-1.4\n" + b"[" * 100_000,
+        b"%PDF-1.4\n" + bytes(range(256)) * 64,
+    ],
+)
+def test_a_broken_pdf_is_a_thin_extraction_never_an_exception(body: bytes) -> None:
+    started = time.monotonic()
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert found.links == ()
+    assert time.monotonic() - started < 5
+
+
+def test_a_content_stream_that_inflates_past_the_limit_is_not_inflated() -> None:
+    bomb = b"BT /F1 12 Tf 72 720 Td (x) Tj ET " + b" " * (64 * 1024 * 1024)
+    body = pdf([bomb, ENGLISH], title="Bomb")
+    assert len(body) < 1024 * 1024
+    started = time.monotonic()
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert time.monotonic() - started < 5
+    # The page over the limit ends the reading; the document's title is kept.
+    assert (found.title, found.text_chars) == ("Bomb", 0)
+
+
+def test_a_page_too_long_to_interpret_ends_the_reading_within_a_bounded_time() -> None:
+    dense = b"BT /F1 12 Tf 72 720 Td " + b"(word ) Tj " * 100_000 + b"ET"
+    body = pdf([dense] * MAX_PAGES, title="Dense")
+    started = time.process_time()
+    found = extract(body, url=URL, content_type="application/pdf", detect_language=False)
+    assert time.process_time() - started < 2
+    assert (found.title, found.text_chars) == ("Dense", 0)
+
+
+def test_a_body_that_is_not_a_pdf_is_refused_by_the_reader() -> None:
+    with pytest.raises(PdfError):
+        read_pdf(b"<html>not a pdf</html>")
+    with pytest.raises(ValueError, match="PDF"):  # an extraction error, like any unusable content
+        read_pdf(b"%PDF-1.4 and then nothing")

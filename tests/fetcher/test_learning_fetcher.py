@@ -1,0 +1,286 @@
+"""The fetcher acts on what it learns of each host, judged from the server's own log.
+
+A real fetcher process against real NATS and the sandbox's learning web (one host per
+behaviour, ``trove_sandbox.learning``), with every learned duration scaled down through
+settings: gaps of a tenth of a second, pauses under a second. The ``Witness`` records
+every request the hosts saw, with its ``Accept`` header, which tells the fetch
+strategies apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+from nats.js.errors import KeyNotFoundError
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import StackUrls, eventually
+from tests.fetcher._servers import free_port
+from tests.support import publish_work, services
+from trove_cli.local import LocalTrove
+from trove_fetcher.politeness import POLICY_KEY
+from trove_sandbox.learning import LearningWeb, serve_learning_web
+from trove_sandbox.server import Witness, WitnessRecord
+from trove_schema.bus import Bus
+from trove_schema.policy import HostPolicy
+from trove_schema.topology import DOMAINS_BUCKET
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+#: The learning web's hosts listen on 127.0.0.40 onwards.
+NETWORK = "127.0.0.32/27"
+#: Time the fetcher's own work adds between a response and the next request (a lease,
+#: an event published, a lease released): the slack of timing assertions.
+OVERHEAD = 0.1
+
+
+def env(web: LearningWeb, gap: float, **extra: str) -> dict[str, str]:
+    return {
+        "TROVE_RESOLVE": web.resolve_setting(),
+        "TROVE_ALLOWED_NETWORKS": NETWORK,
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
+        "TROVE_REQUEST_TIMEOUT": "5",
+        **extra,
+    }
+
+
+def pages(witness: Witness, kind: str) -> list[WitnessRecord]:
+    """The page requests a host saw (robots.txt left out), in arrival order."""
+    return [r for r in witness.requests(LearningWeb.host(kind)) if r.path != "/robots.txt"]
+
+
+def strategy(record: WitnessRecord) -> str:
+    """The strategy a request came from, as the server tells: by what it asked for."""
+    return "activitypub" if "activity+json" in (record.accept or "") else "http"
+
+
+def intervals(records: Sequence[WitnessRecord]) -> list[float]:
+    return [b.monotonic - a.monotonic for a, b in itertools.pairwise(records)]
+
+
+async def seen(
+    local: LocalTrove,
+    witness: Witness,
+    counts: dict[str, int],
+    timeout: float,
+) -> None:
+    """Wait until each host saw requests for at least its count of pages."""
+
+    async def probe() -> dict[str, int]:
+        local.check_alive()
+        return {kind: len({r.path for r in pages(witness, kind)}) for kind in counts}
+
+    def done(now: dict[str, int]) -> bool:
+        return all(now[kind] >= n for kind, n in counts.items())
+
+    await eventually(probe, until=done, timeout=timeout, what=f"requests {counts}")
+
+
+async def policy_of(bus: Bus, kind: str) -> HostPolicy:
+    """The host's learned policy, as every fetcher pod reads it with the host's lease."""
+    try:
+        entry = await (await bus.js.key_value(DOMAINS_BUCKET)).get(LearningWeb.host(kind))
+    except KeyNotFoundError:
+        return HostPolicy()
+    return HostPolicy.from_json(json.loads(entry.value or b"{}").get(POLICY_KEY))
+
+
+async def explorations(witness: Witness) -> list[tuple[WitnessRecord, list[WitnessRecord]]]:
+    """The spa host's pages asked as HTML once it had learnt, each with its later requests."""
+    spa = pages(witness, "spa")
+    return [
+        (first, [r for r in spa[n + 1 :] if r.path == first.path])
+        for n, first in enumerate(spa)
+        if n >= 20 and strategy(first) == "http"
+    ]
+
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+async def fetcher_metrics(port: int) -> Samples:
+    """The fetcher's metrics page, as (name, labels, value)."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+    ]
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples with these label values."""
+    return sum(
+        value
+        for sample, have, value in samples
+        if sample == name and all(have.get(k) == v for k, v in labels.items())
+    )
+
+
+def share(records: Sequence[WitnessRecord], used: Callable[[WitnessRecord], bool]) -> float:
+    return sum(map(used, records)) / len(records)
+
+
+async def test_each_host_is_fetched_the_way_that_gives_its_content_and_a_challenge_never_another(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    web = LearningWeb(pages=70)
+    # At most 20 fetches to learn a host, then 50 (30 or 10) to show what it learnt.
+    wanted = {"spa": 70, "html": 30, "pdf": 30, "challenge": 4}
+    gap, ban = 0.1, 1.0
+    async with serve_learning_web(web) as running:
+        port = free_port()
+        settings = env(web, gap, TROVE_BAN_PAUSE_SECONDS=str(ban), TROVE_HTTP_PORT=str(port))
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            for kind, n in wanted.items():
+                await publish_work(bus, web.urls(kind)[:n])
+            await seen(local, running.witness, wanted, timeout=40)
+            await eventually(
+                lambda: explorations(running.witness),
+                until=lambda found: all(again for _, again in found),
+                timeout=10,
+                what="every explored page asked again",
+            )
+            last = pages(running.witness, "challenge")[-1]
+            challenge = await eventually(
+                lambda: policy_of(bus, "challenge"),
+                until=lambda p: p.last_attempt_at >= last.wall,
+                timeout=10,
+                what="the last challenge folded into the host's policy",
+            )
+            metrics = await fetcher_metrics(port)
+        witness = running.witness
+    for kind in ("spa", "html", "pdf"):
+        learnt = pages(witness, kind)[20:]  # after at most 20 fetches
+        assert len(learnt) >= wanted[kind] - 20
+        right = web.content_strategy(kind)
+        used = share(learnt, lambda r: strategy(r) == right)  # noqa: B023 - used at once
+        assert used >= 0.95, f"{kind}: {used:.0%} of the later fetches used the right strategy"
+    # Exploring cost the spa host a request now and then, never a page: each page it
+    # explored (asked as HTML, got the shell) was asked again, a gap later, the way
+    # that gives its content.
+    explored = await explorations(witness)
+    assert explored, "no exploration in 50 fetches"
+    for first, again in explored:
+        assert [strategy(r) for r in again] == ["activitypub"], first.path
+        assert again[0].monotonic - first.monotonic >= gap
+    # The operator sees the same: choices by reason, mispredictions, pauses.
+    choices = "trove_strategy_choices_total"
+    assert total(metrics, choices) >= sum(wanted.values())
+    assert total(metrics, choices, reason="explore") >= len(explored)
+    assert total(metrics, choices, strategy="activitypub", reason="learned") >= 45
+    mispredicted = total(metrics, "trove_strategy_mispredictions_total", strategy="http")
+    assert mispredicted >= len(explored) + 1  # the shells before it learnt, and explorations
+    paused = total(metrics, "trove_host_pauses_total", reason="blocked_captcha")
+    assert paused == wanted["challenge"]
+    # The challenge host: one strategy only, every attempt after a full pause, and paused
+    # at the end.
+    refused = pages(witness, "challenge")
+    assert len(refused) == wanted["challenge"]
+    assert {strategy(r) for r in refused} == {"http"}
+    assert all(r.status == 403 for r in refused)
+    assert min(intervals(refused)) >= ban
+    assert challenge.pause_reason == "blocked_captcha"
+    assert challenge.paused_until >= refused[-1].wall + ban - OVERHEAD
+
+
+async def test_a_rate_limited_host_is_left_alone_for_doubling_pauses_or_as_long_as_it_asks(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    web = LearningWeb(pages=10, limiting=False)
+    base = 0.2  # pauses of 0.2, 0.4, 0.8 s: waited in the task, to the millisecond
+    async with serve_learning_web(web) as running:
+        urls = web.urls("ratelimit")
+        settings = env(web, 0.05, TROVE_RATE_PAUSE_SECONDS=str(base))
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            await publish_work(bus, urls[:1])  # robots.txt and a page, while it answers
+            await seen(local, running.witness, {"ratelimit": 1}, timeout=20)
+            web.limiting = True
+            await publish_work(bus, urls[1:5])
+            await seen(local, running.witness, {"ratelimit": 5}, timeout=20)
+            web.retry_after = 1.0
+            await publish_work(bus, urls[5:8])
+            await seen(local, running.witness, {"ratelimit": 8}, timeout=20)
+        limited = pages(running.witness, "ratelimit")[1:]
+    assert [r.status for r in limited] == [429] * 7
+    # Without Retry-After: each pause twice the one before (a tenth either way: jitter).
+    doubling = intervals(limited[:4])
+    for level, waited in enumerate(doubling):
+        nominal = base * 2**level
+        assert 0.9 * nominal <= waited <= 1.1 * nominal + OVERHEAD, (level, doubling)
+    # With Retry-After: 1 s, honoured as asked (not doubled, not shortened).
+    asked = intervals(limited[4:])
+    assert len(asked) == 2
+    assert all(1.0 <= waited <= 1.0 + 0.25 + OVERHEAD for waited in asked), asked
+
+
+async def test_a_down_host_costs_one_attempt_per_pause_not_one_per_url(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    web = LearningWeb(pages=12, down_now=False)
+    base, cap = 0.2, 0.8
+    async with serve_learning_web(web) as running:
+        urls = web.urls("down")
+        settings = env(
+            web,
+            0.05,
+            TROVE_HOST_PAUSE_SECONDS=str(base),
+            TROVE_HOST_PAUSE_MAX_SECONDS=str(cap),
+        )
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            await publish_work(bus, urls[:1])  # robots.txt and a page, while it is up
+            await seen(local, running.witness, {"down": 1}, timeout=20)
+            web.down_now = True
+            await publish_work(bus, urls[1:])  # eleven pages at once
+            await seen(local, running.witness, {"down": 6}, timeout=20)
+            web.down_now = False  # back: the pause is forgiven, the rest go at the gap
+            await seen(local, running.witness, {"down": 12}, timeout=20)
+        attempts = pages(running.witness, "down")[1:]
+    failed = attempts[:5]
+    waits = intervals(attempts[:6])
+    # One attempt per pause, each pause twice the last (a tenth either way), up to the cap.
+    for level, waited in enumerate(waits):
+        nominal = min(cap, base * 2**level)
+        assert 0.9 * nominal <= waited <= 1.1 * nominal + OVERHEAD, (level, waits)
+    assert len(failed) == 5
+    # Once it answers, the pause is forgiven: the next pages follow at the gap, not
+    # after pauses of the level it had reached (the cap).
+    recovered = intervals(attempts[5:])
+    assert len(recovered) >= 5
+    assert max(recovered) < cap / 2, recovered
+
+
+async def test_a_slow_host_gets_a_longer_gap_than_a_fast_one_and_never_below_the_minimum(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    web = LearningWeb(pages=4, slow_delay=2.0)
+    gap, factor = 0.2, 0.25  # a 2 s response makes a 0.5 s gap
+    async with serve_learning_web(web) as running:
+        settings = env(web, gap, TROVE_GAP_RESPONSE_FACTOR=str(factor))
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            fast_urls = web.urls("fast")
+            # A first page warms the pod up (its language detector is built lazily, while
+            # the lease is held); the pages measured come after it.
+            await publish_work(bus, fast_urls[:1])
+            await eventually(
+                lambda: policy_of(bus, "fast"),
+                until=lambda p: p.attempts == 1,
+                timeout=20,
+                what="a first page fetched",
+            )
+            await publish_work(bus, web.urls("slow")[:3])
+            await publish_work(bus, fast_urls[1:])
+            await seen(local, running.witness, {"slow": 3, "fast": 4}, timeout=30)
+        slow, fast = pages(running.witness, "slow"), pages(running.witness, "fast")
+    # The gap runs from the end of a response: a slow page's ends 2 s after it arrived.
+    slow_gaps = [waited - web.slow_delay for waited in intervals(slow)]
+    fast_gaps = intervals(fast[1:])
+    assert min(fast_gaps) >= gap
+    assert min(slow_gaps) >= factor * web.slow_delay * 0.9
+    assert min(slow_gaps) > max(fast_gaps), (slow_gaps, fast_gaps)

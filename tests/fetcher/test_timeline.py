@@ -1,0 +1,570 @@
+"""Polling a followed timeline against the sandbox's fediverse instance over real HTTP.
+
+The instance's own request log (its ``Witness``) is the evidence for the cursor, the
+bounds and the gap; its ground truth (``timeline``, ``may_share``, ``shared_links``)
+says which posts and links a polite follower may take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from trove_fetcher.errors import GateDeferred
+from trove_fetcher.http import FetchLimits
+from trove_fetcher.timeline import TimelinePoller, id_key, read_entry
+from trove_fetcher.transport import build_client
+from trove_sandbox.fediverse import (
+    FediverseInstance,
+    Misbehaviour,
+    RunningInstance,
+    Status,
+    serve_instance,
+)
+from trove_schema.events import CrawlOutcome, TimelinePolled, TimelinePollRequested
+from trove_schema.settings import FetcherSettings
+from trove_schema.urls import canonicalize_or_none
+
+GAP = 0.12
+
+
+class GapGate:
+    """The fetcher's lease in miniature: one request at a time, ``gap`` seconds apart
+    (from the end of a response), deferring instead after ``defer_after`` requests."""
+
+    def __init__(self, gap: float = GAP, *, defer_after: int | None = None) -> None:
+        self.gap = gap
+        self.defer_after = defer_after
+        self.free_at = 0.0
+        self.entered = 0
+        self.deferred_at: float | None = None
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, url: str) -> AsyncIterator[None]:
+        if self.defer_after is not None and self.entered >= self.defer_after:
+            self.deferred_at = time.time() + 45.0
+            raise GateDeferred(self.deferred_at)
+        wait = self.free_at - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)  # the gate's own politeness wait, the behaviour under test
+        self.entered += 1
+        try:
+            yield
+        finally:
+            self.free_at = time.monotonic() + self.gap
+
+
+async def allow_all(url: str) -> bool:
+    return True
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    settings = FetcherSettings(
+        allowed_networks=("127.0.0.0/8",), resolve=("social.trove.test=127.0.0.30",)
+    )
+    async with build_client(settings) as built:
+        yield built
+
+
+@contextlib.asynccontextmanager
+async def served(instance: FediverseInstance) -> AsyncIterator[RunningInstance]:
+    async with serve_instance(instance, port=0) as social:
+        yield social
+
+
+def poller(
+    client: httpx.AsyncClient,
+    gate: GapGate | None = None,
+    *,
+    robots_allows: Callable[[str], Awaitable[bool]] = allow_all,
+    limits: FetchLimits | None = None,
+    **options: Any,
+) -> TimelinePoller:
+    return TimelinePoller(
+        client=client,
+        gate=gate or GapGate(),
+        limits=limits or FetchLimits(total_timeout=10.0),
+        robots_allows=robots_allows,
+        **options,
+    )
+
+
+def request(
+    social: RunningInstance,
+    *,
+    cursor: str | None = None,
+    api: str | None = None,
+    timeline: str = "local",
+    after: TimelinePolled | None = None,
+) -> TimelinePollRequested:
+    """The first request of a chain, or (``after``) the one a poll's answer leads to."""
+    if after is not None:
+        return TimelinePollRequested(
+            instance=after.instance,
+            domain=after.domain,
+            timeline=after.timeline,
+            follow_id=after.follow_id,
+            cursor=after.cursor_after,
+            api=after.api,
+            software=after.software,
+            software_version=after.software_version,
+            poll=after.poll + 1,
+        )
+    return TimelinePollRequested(
+        instance=social.base_url,
+        domain=social.host,
+        timeline=timeline,
+        follow_id="follow-1",
+        cursor=cursor,
+        api=api,
+    )
+
+
+def api_queries(social: RunningInstance) -> list[dict[str, list[str]]]:
+    """The query of every timeline request the instance saw, in order."""
+    return [
+        parse_qs(urlsplit(path).query)
+        for path in social.witness.paths(social.host)
+        if path.startswith("/api/v1/timelines/")
+    ]
+
+
+def canonical_links(instance: FediverseInstance, status: Status) -> set[str]:
+    found = {canonicalize_or_none(url) for url in instance.shared_links(status)}
+    return {url for url in found if url is not None}
+
+
+def uris(event: TimelinePolled) -> list[str]:
+    return [post.uri for post in event.posts]
+
+
+def public_local_post(instance: FediverseInstance, account: str = "ada") -> Status:
+    return instance.add_post(account, visibility="public")
+
+
+async def test_first_poll_finds_the_api_through_nodeinfo_and_reads_back_the_backfill(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=60, seed=7)
+    async with served(instance) as social:
+        event = await poller(client, max_pages=3, page_limit=5).poll(request(social))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert (event.software, event.software_version) == ("mastodon", "4.3.0")
+        assert event.api == social.base_url
+        paths = social.witness.paths(social.host)
+        assert paths[:2] == ["/.well-known/nodeinfo", "/nodeinfo/2.1"]
+        assert len(paths) == 2 + 3 == event.requests
+        timeline = instance.timeline(local=True)
+        read_back = timeline[:15]
+        kept = [s for s in read_back if instance.may_share(s)]
+        assert kept
+        assert len(kept) < len(read_back)
+        assert uris(event) == [instance.status_uri(s) for s in kept]
+        assert event.skipped == len(read_back) - len(kept)
+        assert event.cursor_before is None
+        assert event.cursor_after == timeline[0].sid
+        assert not event.more
+        by_uri = {instance.status_uri(s): s for s in kept}
+        for post in event.posts:
+            status = by_uri[post.uri]
+            assert set(post.links) == canonical_links(instance, status)
+            assert post.url == instance.status_url(status)
+            assert post.account == f"{status.account}@{social.host}"
+            assert post.language == status.language
+            assert post.shared_at == status.created_at
+        assert (social.witness.min_gap(social.host) or 0.0) >= GAP
+
+
+async def test_a_tag_timeline_reads_the_tagged_posts_of_every_account(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=80, seed=7)
+    async with served(instance) as social:
+        instance.add_post("ines@elsewhere.trove.test", tags=["smallweb"], visibility="public")
+        event = await poller(client, max_pages=2, page_limit=40).poll(
+            request(social, timeline="tag:smallweb", api=social.base_url)
+        )
+
+        tagged = instance.timeline(local=False, tag="smallweb")
+        kept = [s for s in tagged if instance.may_share(s)]
+        assert any(not instance.account(s.account).local for s in kept)
+        assert uris(event) == [instance.status_uri(s) for s in kept]
+        expected = [s.account if "@" in s.account else f"{s.account}@{social.host}" for s in kept]
+        assert [post.account for post in event.posts] == expected
+        assert all(
+            path.startswith("/api/v1/timelines/tag/smallweb?")
+            for path in social.witness.paths(social.host)
+        )
+
+
+async def test_cursor_advances_across_polls_and_no_post_is_handled_twice(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=30, seed=11)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=10)
+        first = await polls.poll(request(social))
+        added = [public_local_post(instance, name) for name in ("ada", "bruno", "ada")]
+        added += instance.add_posts(9)
+        second = await polls.poll(request(social, after=first))
+        third = await polls.poll(request(social, after=second))
+
+        assert first.outcome is second.outcome is third.outcome is CrawlOutcome.SUCCESS
+        new_kept = [s for s in added if instance.may_share(s) and instance.account(s.account).local]
+        assert uris(second) == [instance.status_uri(s) for s in new_kept]
+        assert not set(uris(first)) & set(uris(second))
+        newest_local = [s for s in added if s in instance.timeline(local=True)][-1]
+        assert second.cursor_after == newest_local.sid
+        assert (third.posts, third.cursor_after, third.requests) == ((), second.cursor_after, 1)
+        # NodeInfo once; then each poll starts at the cursor the previous one ended on.
+        assert social.witness.paths(social.host).count("/.well-known/nodeinfo") == 1
+        cursors = [q["min_id"][0] for q in api_queries(social) if "min_id" in q]
+        assert cursors[0] == first.cursor_after
+        assert cursors[-1] == second.cursor_after
+        assert [id_key(c) for c in cursors] == sorted(id_key(c) for c in cursors)
+        assert id_key(cursors[-1]) > id_key(cursors[0])
+
+
+async def test_paging_stops_at_max_pages_and_the_next_poll_reads_the_rest(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=4)
+        start = instance.timeline(local=True)[0].sid
+        added = [public_local_post(instance) for _ in range(14)]
+        first = await polls.poll(request(social, cursor=start, api=social.base_url))
+        second = await polls.poll(request(social, after=first))
+
+        assert first.more
+        assert first.requests == 2
+        assert len(first.posts) == 8
+        assert not second.more
+        assert len(second.posts) == 6
+        assert uris(first) + uris(second) == [instance.status_uri(s) for s in added]
+        assert second.cursor_after == added[-1].sid
+        # The second page came from the first page's Link: prev (min_id of its newest).
+        queries = api_queries(social)
+        assert [q["min_id"][0] for q in queries] == [
+            start,
+            added[3].sid,
+            added[7].sid,
+            added[11].sid,
+        ]
+        assert (social.witness.min_gap(social.host) or 0.0) >= GAP
+
+
+async def test_opted_out_accounts_leave_no_trace_in_the_event(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=20, seed=9)
+    instance.opt_out("ada", "noindex")
+    opted_out = [a.acct for a in instance.accounts if a.local and a.opted_out]
+    assert len(opted_out) == 4  # the generated three ways, and ada's noindex
+    async with served(instance) as social:
+        secret = [
+            instance.add_post(
+                acct,
+                links=[f"https://secret-{acct}.example/page"],
+                visibility="public",
+                card=True,
+            )
+            for acct in opted_out
+        ]
+        public_local_post(instance, "bruno")
+        event = await poller(client, max_pages=2, page_limit=40).poll(request(social))
+
+        assert event.outcome is CrawlOutcome.SUCCESS
+        wire = event.to_wire().decode()
+        for acct in opted_out:
+            assert f"secret-{acct}" not in wire
+            assert f"/users/{acct}/" not in wire
+            assert f"/@{acct}/" not in wire
+            assert f"{acct}@" not in wire
+        assert event.skipped >= len(secret)
+        assert not {instance.status_uri(s) for s in secret} & set(uris(event))
+
+
+async def test_shared_links_leave_out_mentions_hashtags_the_instance_and_private_addresses(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=40, seed=7)
+    async with served(instance) as social:
+        shared = instance.add_post(
+            "bruno",
+            links=[
+                "http://127.0.0.1/admin",
+                "https://blog.example/post?utm_source=fedi",
+                "http://10.1.2.3/",
+                "ftp://files.example/x",
+                social.url("/about"),
+            ],
+            card=True,  # the card shows the first link: a private address
+            visibility="public",
+            tags=["smallweb"],
+        )
+        event = await poller(client, max_pages=2, page_limit=40).poll(request(social))
+
+        posts = {post.uri: post for post in event.posts}
+        assert posts[instance.status_uri(shared)].links == ("https://blog.example/post",)
+        own = [post for post in event.posts if any(social.host in url for url in post.links)]
+        assert not own
+        assert any(s.mentions for s in instance.timeline() if instance.status_uri(s) in posts)
+        assert any(s.own_links for s in instance.timeline() if instance.status_uri(s) in posts)
+
+
+async def test_rate_limit_nearly_spent_stops_the_poll_until_the_reset(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=30, seed=7, rate_limit=4, rate_window=30.0)
+    async with served(instance) as social:
+        oldest = instance.timeline(local=True)[-1].sid
+        event = await poller(client, max_pages=5, page_limit=2).poll(
+            request(social, cursor=oldest, api=social.base_url)
+        )
+
+        # Remaining 3, 2, then 1 of 4: the poll stops there and waits for the reset.
+        assert event.outcome is CrawlOutcome.SUCCESS
+        assert event.requests == len(api_queries(social)) == 3
+        assert event.more
+        assert event.retry_after is not None
+        assert 20.0 < event.retry_after <= 30.0
+        assert event.posts
+        assert event.cursor_after != oldest
+
+
+@pytest.mark.parametrize(("retry_after", "low", "high"), [("7", 7.0, 7.0), ("", 200.0, 300.0)])
+async def test_429_is_blocked_4xx_with_its_retry_after_and_the_cursor_kept(
+    client: httpx.AsyncClient, retry_after: str, low: float, high: float
+) -> None:
+    instance = FediverseInstance.generate(posts=20, seed=7)
+    instance.throttle(retry_after)  # "": no usable Retry-After, the rate limit's reset instead
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[-1].sid
+        event = await poller(client).poll(request(social, cursor=cursor, api=social.base_url))
+
+        assert event.outcome is CrawlOutcome.BLOCKED_4XX
+        assert event.status_code == 429
+        assert event.retry_after is not None
+        assert low <= event.retry_after <= high
+        assert (event.cursor_after, event.posts, event.more) == (cursor, (), False)
+        assert event.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome", "reason"),
+    [
+        ("html", CrawlOutcome.REJECTED, "not JSON"),
+        ("redirect", CrawlOutcome.REJECTED, "off the instance"),
+        ("huge", CrawlOutcome.REJECTED, "larger than"),
+        ("wrong-types", CrawlOutcome.REJECTED, "readable status"),
+    ],
+)
+async def test_a_hostile_answer_is_rejected_and_the_cursor_kept(
+    client: httpx.AsyncClient, mode: Misbehaviour, outcome: CrawlOutcome, reason: str
+) -> None:
+    instance = FediverseInstance.generate(posts=20, seed=7)
+    instance.misbehave(mode)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[-1].sid
+        limits = FetchLimits(total_timeout=10.0, max_body_bytes=256 * 1024)
+        event = await poller(client, limits=limits).poll(request(social, cursor=cursor))
+
+        assert event.outcome is outcome
+        assert event.error_message is not None
+        assert reason in event.error_message
+        assert (event.cursor_after, event.posts) == (cursor, ())
+        # NodeInfo (two requests) still found the software; then one API request.
+        assert event.software == "mastodon"
+        assert event.requests == len(social.witness.requests()) == 3
+
+
+async def test_endless_pagination_ends_at_the_repeated_page(client: httpx.AsyncClient) -> None:
+    instance = FediverseInstance.generate(posts=40, seed=7)
+    instance.misbehave("endless")
+    async with served(instance) as social:
+        event = await poller(client, max_pages=5, page_limit=4).poll(
+            request(social, api=social.base_url)
+        )
+
+        assert event.outcome is CrawlOutcome.SUCCESS
+        assert event.error_message is not None
+        assert "already read" in event.error_message
+        assert len(api_queries(social)) == 2
+        newest = instance.timeline(local=True)[:4]
+        assert event.cursor_after == newest[0].sid
+        assert len(set(uris(event))) == len(event.posts)
+
+
+async def test_bottomless_pagination_is_bounded(client: httpx.AsyncClient) -> None:
+    instance = FediverseInstance.generate(posts=40, seed=7)
+    instance.misbehave("bottomless")
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        backfill = await polls.poll(request(social, api=social.base_url))
+        cursor = instance.timeline(local=False)[0].sid
+        forward = await polls.poll(request(social, cursor=cursor, api=social.base_url))
+
+        assert backfill.outcome is forward.outcome is CrawlOutcome.SUCCESS
+        assert backfill.requests == 3  # max_pages, each older than the last
+        assert len(set(uris(backfill))) == len(backfill.posts)
+        # Past the newest post it serves only older, invented ones: none is taken.
+        assert (forward.posts, forward.cursor_after, forward.requests) == ((), cursor, 1)
+        assert forward.error_message is not None
+        assert "already read" in forward.error_message
+        assert len(api_queries(social)) == backfill.requests + forward.requests
+
+
+async def test_gate_deferral_ends_the_poll_with_what_it_read(client: httpx.AsyncClient) -> None:
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        added = [public_local_post(instance) for _ in range(9)]
+        gate = GapGate(defer_after=2)
+        deferred = await poller(client, gate, max_pages=5, page_limit=3).poll(
+            request(social, cursor=start, api=social.base_url)
+        )
+        rest = await poller(client, max_pages=5, page_limit=3).poll(request(social, after=deferred))
+
+        assert deferred.outcome is CrawlOutcome.SUCCESS
+        assert deferred.more
+        assert deferred.requests == 2
+        assert uris(deferred) == [instance.status_uri(s) for s in added[:6]]
+        assert deferred.cursor_after == added[5].sid
+        assert gate.deferred_at is not None
+        assert deferred.retry_after is not None
+        assert 40.0 < deferred.retry_after <= 45.0
+        assert uris(rest) == [instance.status_uri(s) for s in added[6:]]
+
+
+async def test_robots_refusal_is_blocked_robots_and_the_api_is_never_asked(
+    client: httpx.AsyncClient,
+) -> None:
+    async def no_api(url: str) -> bool:
+        return "/api/" not in url
+
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        event = await poller(client, robots_allows=no_api).poll(request(social))
+
+        assert event.outcome is CrawlOutcome.BLOCKED_ROBOTS
+        assert not api_queries(social)
+        assert event.software == "mastodon"
+        assert event.cursor_after is None
+
+
+async def test_an_unreachable_instance_is_a_failed_poll_with_the_cursor_kept(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=5, seed=5)
+    async with served(instance) as social:
+        gone = request(social, cursor="110", api=social.base_url)
+    event = await poller(client).poll(gone)
+
+    assert event.outcome is CrawlOutcome.FAILED
+    assert (event.cursor_after, event.posts, event.requests) == ("110", (), 1)
+    assert event.error_message
+
+
+@pytest.mark.parametrize(
+    ("software", "outcome"),
+    [(("lemmy", "0.19.3"), CrawlOutcome.REJECTED), (("newthing", "0.1"), CrawlOutcome.SUCCESS)],
+)
+async def test_software_without_the_api_is_rejected_and_unknown_software_is_tried(
+    client: httpx.AsyncClient, software: tuple[str, str], outcome: CrawlOutcome
+) -> None:
+    instance = FediverseInstance.generate(posts=10, seed=5, software=software)
+    async with served(instance) as social:
+        event = await poller(client).poll(request(social))
+
+        assert event.outcome is outcome
+        assert (event.software, event.software_version) == software
+        assert bool(api_queries(social)) is (outcome is CrawlOutcome.SUCCESS)
+
+
+async def test_the_event_fits_the_message_size_and_the_cursor_covers_what_it_carries(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=5, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        added = [
+            instance.add_post(
+                "ada",
+                links=[f"https://blog{i}.example/{n}/" + "p" * 900 for i in range(120)],
+                visibility="public",
+                card=False,
+            )
+            for n in range(6)
+        ]
+        polls = poller(client, max_pages=3, page_limit=10, max_message_bytes=256 * 1024)
+        first = await polls.poll(request(social, cursor=start, api=social.base_url))
+        second = await polls.poll(request(social, after=first))
+
+        assert len(first.to_wire()) <= 256 * 1024 - 4096
+        assert all(len(post.links) == 100 for post in first.posts)
+        assert first.more
+        assert 0 < len(first.posts) < len(added)
+        assert first.cursor_after == added[len(first.posts) - 1].sid
+        assert uris(second)[0] == instance.status_uri(added[len(first.posts)])
+
+
+def test_entries_of_the_wrong_shape_are_told_from_posts() -> None:
+    account = {"acct": "ada", "indexable": True, "discoverable": True}
+    good = {
+        "id": "110",
+        "uri": "https://social.example/users/ada/statuses/110",
+        "visibility": "public",
+        "account": account,
+        "content": '<p><a href="https://blog.example/a">a</a></p>',
+        "card": {"url": "https://blog.example/b"},
+    }
+    assert read_entry(good, host="social.example").verdict == "kept"
+    cases: dict[str, Any] = {
+        "no account object": {**good, "account": "ada"},
+        "no uri": {**good, "uri": None},
+        "a list": ["status"],
+        "a boolean id": {**good, "id": True},
+    }
+    for name, entry in cases.items():
+        assert read_entry(entry, host="social.example").verdict == "malformed", name
+    opted = [
+        {**account, "indexable": False},
+        {**account, "noindex": True},
+        {**account, "discoverable": "false"},
+    ]
+    for flags in opted:
+        assert read_entry({**good, "account": flags}, host="social.example").verdict == "skipped"
+    mentions = {
+        **good,
+        "content": '<a class="u-url mention" href="https://other.example/@bob">@bob</a>'
+        '<a class="hashtag" href="https://other.example/tags/x">#x</a>'
+        '<a rel="tag" href="https://other.example/tag/y">#y</a>'
+        '<a href="https://other.example/people/z">z</a>',
+        "mentions": [{"url": "https://other.example/people/z"}],
+        "card": None,
+    }
+    assert (
+        read_entry(mentions, host="social.example").post
+        == read_entry({**good, "content": "", "card": None}, host="social.example").post
+    )
+    numeric = read_entry({**good, "id": 110, "created_at": 5, "language": 7, "card": []}, host="x")
+    assert numeric.id == "110"
+    assert numeric.post is not None
+    assert numeric.post.links == ("https://blog.example/a",)
+    assert numeric.post.account == "ada@x"
+
+
+def test_ids_compare_as_numbers_when_they_are_digits_and_as_strings_otherwise() -> None:
+    assert id_key("10") > id_key("9")
+    assert id_key("01HZY8") < id_key("01HZY9")
+    assert sorted(["9", "100", "11"], key=id_key) == ["9", "11", "100"]

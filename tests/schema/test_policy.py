@@ -1,0 +1,584 @@
+"""The per-host policy fold: simulated hosts, a simulated clock, a seeded RNG.
+
+Each simulated attempt is a real ``CrawlCompleted`` read through ``Observation.of``
+(the audit's verdict), as the fetcher and the recorder read theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trove_schema.errors import InvalidPriors
+from trove_schema.events import ChangeHistory, CrawlCompleted, CrawlOutcome, Scope
+from trove_schema.heuristics import audit
+from trove_schema.policy import (
+    HostPolicy,
+    LearningConfig,
+    Observation,
+    choose,
+    estimate,
+    host_gap,
+    load_priors,
+    observe,
+    send_validators,
+    success_rate,
+)
+from trove_schema.settings import CommonSettings, FetcherSettings, RecorderSettings
+
+BOTH = ("http", "activitypub")
+CONFIG = LearningConfig()
+T0 = 1_800_000_000.0
+
+
+def attempt(
+    url: str,
+    strategy: str,
+    outcome: CrawlOutcome,
+    *,
+    at: float,
+    duration: float = 0.05,
+    **fields: Any,
+) -> CrawlCompleted:
+    host = url.split("/")[2]
+    return CrawlCompleted(
+        url=url,
+        domain=host,
+        scope=Scope(value=host),
+        request_id="00000000-0000-0000-0000-000000000001",
+        outcome=outcome,
+        started_at=datetime.fromtimestamp(at - duration, UTC),
+        completed_at=datetime.fromtimestamp(at, UTC),
+        duration_ms=int(duration * 1000),
+        fetcher=strategy,
+        **fields,
+    )
+
+
+def content(url: str, strategy: str, at: float) -> CrawlCompleted:
+    kind = "application/activity+json" if strategy == "activitypub" else "text/html"
+    return attempt(
+        url,
+        strategy,
+        CrawlOutcome.SUCCESS,
+        at=at,
+        status_code=200,
+        title="A post",
+        content_type=kind,
+        text_chars=2400,
+    )
+
+
+def wrong_tool(url: str, strategy: str, at: float) -> CrawlCompleted:
+    return attempt(
+        url,
+        strategy,
+        CrawlOutcome.REJECTED,
+        at=at,
+        status_code=200,
+        error_message="content type text/html is not what activitypub reads",
+    )
+
+
+def shell(url: str, strategy: str, at: float) -> CrawlCompleted:
+    # An application shell: a title and a script, no text; the fetcher marks it.
+    fields: dict[str, Any] = {"title": "App", "shell": True, "text_chars": 12}
+    return attempt(url, strategy, CrawlOutcome.SUCCESS, at=at, status_code=200, **fields)
+
+
+def challenge(url: str, strategy: str, at: float) -> CrawlCompleted:
+    return attempt(
+        url,
+        strategy,
+        CrawlOutcome.BLOCKED_4XX,
+        at=at,
+        status_code=403,
+        response_headers={"server": "cloudflare", "cf-mitigated": "challenge"},
+    )
+
+
+Site = Callable[[str, str, float], CrawlCompleted]
+
+
+def html_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+    return content(url, strategy, at) if strategy == "http" else wrong_tool(url, strategy, at)
+
+
+def spa_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+    return content(url, strategy, at) if strategy == "activitypub" else shell(url, strategy, at)
+
+
+def challenge_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+    return challenge(url, strategy, at)
+
+
+class Crawl:
+    """One host crawled one URL at a time; waits out the host's pauses like a fetcher."""
+
+    def __init__(self, site: Site, urls: Callable[[int], str], seed: int = 7) -> None:
+        self.site, self.urls = site, urls
+        self.policy = HostPolicy()
+        self.now = T0
+        self.rng = random.Random(seed)
+        self.choices: list[str] = []
+        self.reasons: list[str] = []
+
+    def fetch(self, n: int = 1, config: LearningConfig = CONFIG) -> None:
+        for _ in range(n):
+            self.now = max(self.now + 10.0, self.policy.paused_until + 1.0)
+            url = self.urls(self.rng.randrange(1000))
+            choice = choose(self.policy, url, BOTH, config)
+            self.choices.append(choice.strategy)
+            self.reasons.append(choice.reason)
+            event = self.site(url, choice.strategy, self.now)
+            self.policy = observe(self.policy, Observation.of(event), config)
+
+
+def page(n: int) -> str:
+    return f"https://site.example/p/{n}"
+
+
+def pdf(n: int) -> str:
+    return f"https://site.example/files/{n}.pdf"
+
+
+def post(n: int) -> str:
+    return f"https://social.example/@alice/{n}"
+
+
+@pytest.mark.parametrize(
+    ("site", "urls", "right"),
+    [
+        (html_site, page, "http"),
+        (spa_site, page, "activitypub"),
+        (html_site, pdf, "http"),
+        (spa_site, post, "activitypub"),
+        (html_site, post, "http"),
+    ],
+    ids=["html", "spa-shell", "pdf", "fediverse", "html-with-post-shaped-urls"],
+)
+def test_a_host_converges_on_the_strategy_that_yields_content(
+    site: Site, urls: Callable[[int], str], right: str
+) -> None:
+    crawl = Crawl(site, urls)
+    crawl.fetch(20)
+    crawl.fetch(100)
+    assert crawl.choices[20:].count(right) >= 95, crawl.choices
+
+
+def test_a_challenge_host_never_gets_another_strategy_and_ends_paused() -> None:
+    crawl = Crawl(challenge_site, page)
+    crawl.fetch(120)
+    assert set(crawl.choices) == {"http"}
+    assert "explore" not in crawl.reasons
+    assert crawl.policy.paused_until >= crawl.now + CONFIG.ban_pause
+    assert crawl.policy.pause_reason == "blocked_captcha"
+    assert crawl.policy.estimates == {}  # a challenge teaches the choice nothing
+
+
+def test_a_challenge_served_with_200_is_never_a_success() -> None:
+    event = attempt(
+        page(1),
+        "http",
+        CrawlOutcome.SUCCESS,
+        at=T0,
+        status_code=200,
+        title="Just a moment...",
+        response_headers={"cf-mitigated": "challenge"},
+    )
+    observation = Observation.of(event)
+    assert (observation.success, observation.is_banned, observation.error_type) == (
+        False,
+        True,
+        "blocked_captcha",
+    )
+    policy = observe(HostPolicy(), observation, CONFIG)
+    assert policy.estimates == {}
+    assert policy.paused_until == T0 + CONFIG.ban_pause
+
+
+@pytest.mark.parametrize(
+    ("urls", "prior", "site"),
+    [(post, "activitypub", html_site), (pdf, "http", spa_site)],
+    ids=["fediverse-post-prior", "pdf-prior"],
+)
+def test_a_prior_is_overturned_by_at_most_ten_contrary_outcomes(
+    urls: Callable[[int], str], prior: str, site: Site
+) -> None:
+    config = LearningConfig(explore_every=0)  # overturned by learning, not by a turn
+    policy, now = HostPolicy(), T0
+    first = choose(policy, urls(0), BOTH, config)
+    assert (first.strategy, first.reason) == (prior, "prior")
+    contrary = 0
+    while (choice := choose(policy, urls(contrary), BOTH, config)).strategy == prior:
+        now += 10.0
+        event = site(urls(contrary), prior, now)
+        assert not Observation.of(event).success
+        policy = observe(policy, Observation.of(event), config)
+        contrary += 1
+        assert contrary <= 10
+    assert choice.reason == "learned"
+    assert contrary >= 2  # one bad answer does not undo a prior
+
+
+def test_a_host_that_turns_into_a_shell_is_relearned_within_ten_fetches() -> None:
+    drifted = False
+
+    def drift_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+        return (spa_site if drifted else html_site)(url, strategy, at)
+
+    crawl = Crawl(drift_site, page)
+    crawl.fetch(200)
+    assert crawl.choices[-50:].count("http") >= 48
+    drifted = True
+    crawl.fetch(10)
+    after = crawl.choices[200:]
+    assert "activitypub" in after
+    switch = after.index("activitypub")
+    assert set(after[switch:]) == {"activitypub"}, after
+    crawl.fetch(100)
+    assert crawl.choices[-100:].count("activitypub") >= 95
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_timeouts_and_resets_never_teach_a_healthy_host_that_its_strategy_fails(
+    seed: int,
+) -> None:
+    noise = random.Random(seed)
+
+    def flaky_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+        roll = noise.random()
+        if roll < 0.15:
+            return attempt(url, strategy, CrawlOutcome.TIMEOUT, at=at, duration=10.0)
+        if roll < 0.3:
+            return attempt(
+                url, strategy, CrawlOutcome.FAILED, at=at, error_message="ConnectionResetError"
+            )
+        return html_site(url, strategy, at)
+
+    crawl = Crawl(flaky_site, page, seed=seed)
+    for _ in range(20):
+        crawl.fetch(10)
+        rate = success_rate(estimate(crawl.policy, "page", "http", CONFIG))
+        assert rate >= 0.9, crawl.policy
+    assert crawl.choices[-100:].count("http") >= 95
+
+
+def test_exploration_is_at_most_one_choice_in_fifty() -> None:
+    crawl = Crawl(html_site, page)
+    crawl.fetch(500)
+    explored = crawl.reasons.count("explore")
+    assert 1 <= explored <= 500 // CONFIG.explore_every
+    assert all(
+        crawl.choices[i] == "activitypub" for i, r in enumerate(crawl.reasons) if r == "explore"
+    )
+    quiet = Crawl(html_site, page)
+    quiet.fetch(500, LearningConfig(explore_every=0))
+    assert "explore" not in quiet.reasons
+
+
+def test_one_applicable_strategy_is_the_only_choice() -> None:
+    assert choose(HostPolicy(), page(1), ["http"], CONFIG) == choose(
+        HostPolicy(), page(1), ["http", "http"], CONFIG
+    )
+    assert choose(HostPolicy(), page(1), ["http"], CONFIG).reason == "only"
+    with pytest.raises(ValueError, match="no applicable strategy"):
+        choose(HostPolicy(), page(1), [], CONFIG)
+
+
+def rate_limited(at: float, started: float | None = None, **fields: Any) -> Observation:
+    event = attempt(
+        page(1),
+        "http",
+        CrawlOutcome.BLOCKED_4XX,
+        at=at,
+        duration=at - started if started is not None else 0.05,
+        status_code=fields.pop("status_code", 429),
+        **fields,
+    )
+    return Observation.of(event)
+
+
+def test_consecutive_429s_without_retry_after_double_the_pause() -> None:
+    policy, now, pauses = HostPolicy(), T0, []
+    for _ in range(5):
+        policy = observe(policy, rate_limited(now), CONFIG)
+        pauses.append(policy.paused_until - now)
+        now = policy.paused_until + 1.0  # the next request goes when the pause ends
+    for level, pause in enumerate(pauses, start=1):
+        nominal = CONFIG.rate_base * 2 ** (level - 1)
+        assert 0.9 * nominal <= pause <= 1.1 * nominal, pauses
+    assert policy.rate_level == 5
+    assert policy.pause_reason == "rate_limited"
+    assert len(set(pauses)) == 5
+    assert pauses == sorted(pauses)
+    # Jitter is a function of the host and the level: every pod computes the same pause.
+    again = observe(HostPolicy(), rate_limited(T0), CONFIG)
+    assert again.paused_until - T0 == pauses[0]
+    capped = HostPolicy(rate_level=20)
+    assert observe(capped, rate_limited(T0), CONFIG).paused_until == T0 + CONFIG.rate_max
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_is_honoured_exactly_and_capped(status: int) -> None:
+    outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
+    observation = Observation.of(
+        attempt(page(1), "http", outcome, at=T0, status_code=status, retry_after=123.0)
+    )
+    policy = observe(HostPolicy(), observation, CONFIG)
+    assert policy.paused_until == T0 + 123.0
+    assert "Retry-After" in (policy.pause_reason or "")
+    huge = Observation.of(
+        attempt(page(1), "http", outcome, at=T0, status_code=status, retry_after=10**7)
+    )
+    assert observe(HostPolicy(), huge, CONFIG).paused_until == T0 + CONFIG.rate_max
+
+
+def test_answers_already_in_flight_escalate_once() -> None:
+    # Five requests left together; the first answer escalates, the other four arrive
+    # after it from requests that had already started.
+    policy = observe(HostPolicy(), rate_limited(T0, started=T0 - 1), CONFIG)
+    first = policy.paused_until
+    for k in range(1, 5):
+        policy = observe(policy, rate_limited(T0 + k, started=T0 - 1), CONFIG)
+    assert (policy.rate_level, policy.paused_until) == (1, first)
+    # A request that started after the escalation does escalate.
+    later = first + 1.0
+    policy = observe(policy, rate_limited(later + 0.1, started=later), CONFIG)
+    assert policy.rate_level == 2
+
+
+def down(at: float) -> Observation:
+    return Observation.of(
+        attempt(
+            page(1),
+            "http",
+            CrawlOutcome.FAILED,
+            at=at,
+            duration=0.001,
+            error_message="ConnectError: connection refused",
+        )
+    )
+
+
+def test_a_down_host_pauses_for_longer_each_time_and_is_forgiven_after_success() -> None:
+    policy, now, pauses = HostPolicy(), T0, []
+    for _ in range(6):
+        policy = observe(policy, down(now), CONFIG)
+        pauses.append(policy.paused_until - now)
+        now = policy.paused_until + 1.0
+    for level, pause in enumerate(pauses, start=1):
+        nominal = CONFIG.pause_base * 2 ** (level - 1)
+        assert 0.9 * nominal <= pause <= 1.1 * nominal
+    assert (policy.risk_level, policy.pause_reason) == (6, "network_error")
+    assert policy.estimates == {}  # the host's health, not the strategy's fault
+    capped = observe(HostPolicy(risk_level=30), down(T0), CONFIG)
+    assert capped.paused_until == T0 + CONFIG.pause_max
+    well = observe(policy, Observation.of(content(page(2), "http", now)), CONFIG)
+    assert (well.risk_level, well.rate_level) == (0, 0)
+    # A success from a request sent before the host failed forgives nothing.
+    stale = attempt(page(3), "http", CrawlOutcome.SUCCESS, at=now, duration=now - T0 + 1)
+    assert observe(policy, Observation.of(stale), CONFIG).risk_level == 6
+
+
+def test_a_5xx_with_retry_after_pauses_at_least_that_long() -> None:
+    observation = Observation.of(
+        attempt(page(1), "http", CrawlOutcome.BLOCKED_5XX, at=T0, status_code=500, retry_after=900)
+    )
+    policy = observe(HostPolicy(), observation, CONFIG)
+    assert policy.paused_until >= T0 + 900
+    assert (policy.risk_level, policy.pause_reason) == (1, "server_error")
+
+
+def test_a_slow_host_gets_a_longer_gap_never_below_the_minimum() -> None:
+    config = LearningConfig(min_gap=1.0, max_gap=60.0)
+    slow, fast = HostPolicy(), HostPolicy()
+    for k in range(10):
+        at = T0 + 10 * k
+        slow_event = attempt(page(k), "http", CrawlOutcome.SUCCESS, at=at, duration=2.0,
+                             status_code=200, title="t")  # fmt: skip
+        slow = observe(slow, Observation.of(slow_event), config)
+        fast = observe(fast, Observation.of(content(page(k), "http", at)), config)
+    assert host_gap(slow, 1.0, config) > host_gap(fast, 1.0, config)
+    assert host_gap(slow, 1.0, config) >= 10.0  # ten times ~2 s, smoothed
+    assert host_gap(fast, 1.0, config) == 1.0
+    assert host_gap(fast, 0.2, config) == 1.0  # never below the minimum
+    assert host_gap(fast, 5.0, config) == 5.0  # nor below the host's Crawl-delay
+    assert host_gap(HostPolicy(response_ms=10**7), 1.0, config) == 60.0
+
+
+def test_validators_are_dropped_only_where_the_host_clearly_ignores_them() -> None:
+    history = ChangeHistory(content_hash="h1")
+
+    def conditional(k: int, status: int) -> Observation:
+        outcome = CrawlOutcome.NOT_MODIFIED if status == 304 else CrawlOutcome.SUCCESS
+        event = attempt(
+            page(k), "http", outcome, at=T0 + k, status_code=status, title="t",
+            content_hash="h1", history=history, conditional=True,
+        )  # fmt: skip
+        return Observation.of(event)
+
+    honours, ignores = HostPolicy(), HostPolicy()
+    for k in range(1, 6):
+        honours = observe(honours, conditional(k, 304), CONFIG)
+        ignores = observe(ignores, conditional(k, 200), CONFIG)
+    assert (honours.validators_honoured, honours.validators_ignored) == (5, 0)
+    assert (ignores.validators_honoured, ignores.validators_ignored) == (0, 5)
+    assert send_validators(honours)
+    assert send_validators(HostPolicy())
+    assert not send_validators(ignores)
+    # A changed page answered 200 is no sign of ignoring them.
+    changed = attempt(page(9), "http", CrawlOutcome.SUCCESS, at=T0, status_code=200, title="t",
+                      content_hash="h2", history=history, conditional=True)  # fmt: skip
+    assert observe(HostPolicy(), Observation.of(changed), CONFIG).validators_ignored == 0
+
+
+def test_the_policy_round_trips_through_compact_json() -> None:
+    crawl = Crawl(spa_site, page)
+    crawl.fetch(30)
+    policy = observe(crawl.policy, rate_limited(crawl.now + 1), CONFIG)
+    raw = policy.to_json()
+    assert HostPolicy.from_json(raw) == HostPolicy.from_json(json.dumps(raw))
+    back = HostPolicy.from_json(json.dumps(raw).encode())
+    # Lossless: a pod that reads its record back folds on what was folded.
+    assert back == policy
+    assert back.rate_level == 1
+    assert HostPolicy().to_json() == {}
+    assert len(json.dumps(raw)) < 400
+
+
+def test_reading_a_policy_tolerates_unknown_missing_and_bad_fields() -> None:
+    assert HostPolicy.from_json({"from_a_newer_pod": {"x": 1}, "risk_level": 2}) == HostPolicy(
+        risk_level=2
+    )
+    assert HostPolicy.from_json(b"not json") == HostPolicy()
+    assert HostPolicy.from_json([1, 2]) == HostPolicy()
+    assert HostPolicy.from_json(None) == HostPolicy()
+    odd = HostPolicy.from_json(
+        {
+            "risk_level": "high",
+            "paused_until": float("nan"),
+            "pause_reason": 5,
+            "response_ms": "slow",
+            "attempts": True,
+            "estimates": {"page:http": [3, "x"], "nocolon": [1, 1], "page:activitypub": [2, 1]},
+        }
+    )
+    assert odd == HostPolicy(estimates={"page:activitypub": (2.0, 1.0)})
+    many = {f"class{k}:http": [1, 0] for k in range(100)}
+    assert len(HostPolicy.from_json({"estimates": many}).estimates) == 32
+
+
+def test_the_shipped_priors_classify_urls() -> None:
+    priors = load_priors()
+    assert priors.url_class("https://a.example/paper.PDF") == "document"
+    assert priors.url_class("https://a.example/static/clip.mp4") == "media"
+    assert priors.url_class("https://a.example/cdn/bundle.js") == "asset"
+    assert priors.url_class("https://a.example/static/app.css") == "asset"
+    assert priors.url_class("https://m.example/@alice/1093847") == "post"
+    assert priors.url_class("https://m.example/users/alice/statuses/1093847") == "post"
+    assert priors.url_class("https://p.example/notice/AbC123") == "post"
+    assert (
+        priors.url_class("https://p.example/objects/0b0c5f5e-8a0d-4c4e-9d8e-5b8f2c1d3e4f") == "post"
+    )
+    assert priors.url_class("https://a.example/@alice") == "page"
+    assert priors.url_class("https://a.example/") == "page"
+    assert priors.seed("document", "http")[0] == pytest.approx(0.95 * priors.weight)
+    assert priors.seed("post", "activitypub")[0] == pytest.approx(0.8 * priors.weight)
+
+
+def test_an_operator_priors_file_replaces_the_shipped_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tmp_path / "priors.toml"
+    mine.write_text(
+        'weight = 4\n[[class]]\nname = "wiki"\npaths = ["^/wiki/"]\n'
+        "priors = { activitypub = 1.0 }\n"
+        '[[class]]\nname = "page"\npriors = { http = 0.5 }\n'
+    )
+    monkeypatch.setenv("TROVE_PRIORS_FILE", str(mine))
+    monkeypatch.setenv("TROVE_HOST_PAUSE_SECONDS", "5")
+    config = LearningConfig.from_settings(CommonSettings())
+    assert config.priors.url_class("https://w.example/wiki/Tea") == "wiki"
+    assert choose(HostPolicy(), "https://w.example/wiki/Tea", BOTH, config).strategy == (
+        "activitypub"
+    )
+    assert config.pause_base == 5.0
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[class]]\nname = "page"\npriors = { http = 1.5 }\n')
+    with pytest.raises(InvalidPriors, match="importance"):
+        load_priors(bad)
+    with pytest.raises(InvalidPriors):
+        load_priors(tmp_path / "missing.toml")
+
+
+def test_the_fetcher_and_the_recorder_read_the_same_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "2")
+    monkeypatch.setenv("TROVE_MAX_DOMAIN_DELAY_SECONDS", "30")
+    monkeypatch.setenv("TROVE_MAX_BACKOFF_SECONDS", "600")
+    monkeypatch.setenv("TROVE_GAP_RESPONSE_FACTOR", "4")
+    monkeypatch.setenv("TROVE_BAN_PAUSE_SECONDS", "7")
+    monkeypatch.setenv("TROVE_RATE_PAUSE_SECONDS", "3")
+    monkeypatch.setenv("TROVE_HOST_PAUSE_MAX_SECONDS", "99")
+    config = LearningConfig.from_settings(FetcherSettings())
+    assert (config.min_gap, config.max_gap, config.rate_max, config.response_factor) == (
+        2.0,
+        30.0,
+        600.0,
+        4.0,
+    )
+    assert (config.ban_pause, config.rate_base, config.pause_max) == (7.0, 3.0, 99.0)
+    # The recorder folds the same events for the operator: it must see the same pauses.
+    assert LearningConfig.from_settings(RecorderSettings()) == config
+
+
+def test_an_observation_agrees_with_the_audit() -> None:
+    for event in (
+        content(page(1), "http", T0),
+        wrong_tool(page(1), "activitypub", T0),
+        challenge(page(1), "http", T0),
+        attempt(page(1), "http", CrawlOutcome.TIMEOUT, at=T0),
+    ):
+        verdict, observation = audit(event), Observation.of(event)
+        assert (observation.success, observation.is_banned, observation.error_type) == (
+            verdict.success,
+            verdict.is_banned,
+            verdict.error_type,
+        )
+        assert observation.strategy == event.fetcher
+        assert observation.started < observation.at
+    assert Observation.of(shell(page(1), "http", T0)).error_type == "wrong_tool"
+
+
+def test_a_plain_403_pauses_the_host_briefly_and_a_success_forgives_it() -> None:
+    forbidden = attempt(page(1), "http", CrawlOutcome.BLOCKED_4XX, at=T0, status_code=403)
+    policy = observe(HostPolicy(), Observation.of(forbidden), CONFIG)
+    assert policy.pause_reason == "forbidden"
+    assert T0 + CONFIG.pause_base * 0.9 <= policy.paused_until <= T0 + CONFIG.pause_base * 1.1
+    assert policy.banned_at == 0.0  # not a ban: exploration is not barred for a month
+    again = attempt(page(2), "http", CrawlOutcome.BLOCKED_4XX, at=T0 + 100, status_code=403)
+    policy = observe(policy, Observation.of(again), CONFIG)
+    assert policy.paused_until >= T0 + 100 + 2 * CONFIG.pause_base * 0.9
+    policy = observe(policy, Observation.of(content(page(3), "http", T0 + 400)), CONFIG)
+    assert policy.risk_level == 0
+    assert policy.estimates  # the success taught the choice; the 403s did not
+
+
+def test_a_timeout_does_not_teach_the_host_is_slow() -> None:
+    fast = attempt(
+        page(1), "http", CrawlOutcome.SUCCESS, at=T0, duration=0.04, status_code=200, title="t"
+    )
+    policy = observe(HostPolicy(), Observation.of(fast), CONFIG)
+    stalled = attempt(
+        page(2), "http", CrawlOutcome.TIMEOUT, at=T0 + 60, duration=30.0, status_code=200
+    )
+    policy = observe(policy, Observation.of(stalled), CONFIG)
+    assert policy.response_ms == 40
