@@ -66,6 +66,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             work_max_age=settings.work_max_age_seconds,
             max_message_bytes=settings.max_message_bytes,
             ack_wait=settings.ack_wait_seconds,
+            allowed_networks=settings.allowed_networks,
         )
         consumers = [
             Consumer(
@@ -75,6 +76,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 handler=fetcher.handle,
                 concurrency=settings.concurrency,
                 fetch_batch=min(64, settings.concurrency),
+                # Work in hand starts by priority (the seed's, carried by every event).
+                prefetch=min(64, settings.concurrency),
                 # A lost ack would cost the site the same request again.
                 confirm_acks=settings.ack_wait_seconds / 2,
             )

@@ -23,10 +23,11 @@ failed is remembered for a while, so its redelivery publishes it without fetchin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -45,18 +46,22 @@ from trove_fetcher.completion import (
     robots_refusal,
 )
 from trove_fetcher.deferral import Carried, Chain, ChainKind, horizon, schedule_at
-from trove_fetcher.errors import NotActivityStreams, RedirectPaused
+from trove_fetcher.errors import GateDeferred, NotActivityStreams, RedirectPaused
 from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
 from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
-from trove_schema.bus import Bus, Retry, broker_trouble, schedule_header
+from trove_fetcher.timeline import TimelinePoller
+from trove_schema.bus import PRIORITY_HEADER, Bus, Retry, broker_trouble, schedule_header
 from trove_schema.events import (
     CrawlCompleted,
+    CrawlOutcome,
     CrawlRequested,
     PageDiscovered,
+    TimelinePolled,
+    TimelinePollRequested,
     decode_event,
     derived_event_id,
 )
@@ -154,6 +159,7 @@ class Fetcher:
         max_message_bytes: int = 1 << 20,
         ack_wait: float = 90.0,
         parse_workers: int = 2,
+        allowed_networks: Sequence[str] = (),
     ) -> None:
         self.bus = bus
         self.client = client
@@ -172,6 +178,17 @@ class Fetcher:
             max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
         )
         self._done: Memory[str, bool] = Memory(max_entries=DONE_MEMORY)
+        self._polled: Memory[str, TimelinePolled] = Memory(
+            max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
+        )
+        self.poller = TimelinePoller(
+            client=client,
+            gate=self._poll_gate,
+            limits=limits,
+            robots_allows=self._poll_allowed,
+            allowed_networks=allowed_networks,
+            max_message_bytes=max_message_bytes,
+        )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: The furthest slot this pod has planned (``time.time()``), for the gauge.
         self.furthest_slot = 0.0
@@ -179,6 +196,9 @@ class Fetcher:
 
     async def handle(self, msg: Msg) -> None:
         event = decode_event(msg.data)
+        if isinstance(event, TimelinePollRequested):
+            await self.poll(event)
+            return
         if not isinstance(event, PageDiscovered | CrawlRequested):
             return  # not work for us; ack it
         carried = Carried.from_headers(msg.headers)
@@ -323,6 +343,8 @@ class Fetcher:
             "Nats-Schedule": schedule_header(datetime.fromtimestamp(at, UTC)),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
+        if job.work.priority:  # the hand it comes back to starts it by priority
+            headers[PRIORITY_HEADER] = str(job.work.priority)
         subject = f"{WORK_SCHEDULES_PREFIX}.{schedule_id}"
         # Patient: a paused chain has already cost the site its hops, and handing the
         # message back would request them again.
@@ -553,7 +575,17 @@ class Fetcher:
         self, job: Job, payload: bytes, hold: _Hold, resume: tuple[str, ...]
     ) -> RobotsPolicy | None:
         """robots.txt of the job's origin, under ``hold``; None when its chain paused."""
-        origin = origin_of(job.url)
+        try:
+            return await self._read_robots(origin_of(job.url), job.domain, hold, resume)
+        except RedirectPaused as paused:
+            await self._defer(job, payload, paused.at, Chain(ChainKind.ROBOTS, paused.hops))
+            return None
+
+    async def _read_robots(
+        self, origin: str, domain: str, hold: _Hold, resume: tuple[str, ...]
+    ) -> RobotsPolicy:
+        """Fetch ``origin``'s robots.txt under ``hold`` (released here), set the host's
+        Crawl-delay and share the policy with every pod. Raises ``RedirectPaused``."""
         try:
             policy = await fetch_robots(
                 self.client,
@@ -563,22 +595,111 @@ class Fetcher:
                 before_hop=self._gate(hold),
                 resume=resume,
             )
-        except RedirectPaused as paused:
-            await self._defer(job, payload, paused.at, Chain(ChainKind.ROBOTS, paused.hops))
-            return None
+        except RedirectPaused:
+            raise
         except BaseException:
             await self._release(hold)
             raise
         end = time.time()
         delay = policy.crawl_delay(self.robots_token)
-        await self._patiently(lambda: self.politeness.set_gap(job.domain, delay))
+        await self._patiently(lambda: self.politeness.set_gap(domain, delay))
         await self._release(hold, end)
         await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
         self._remember(origin, policy, ROBOTS_LOCAL_TTL)
         return policy
 
+    # followed timelines -----------------------------------------------------------
+
+    async def poll(self, request: TimelinePollRequested) -> None:
+        """Answer a poll of a followed timeline with its ``TimelinePolled``: every request
+        under the instance host's lease, robots.txt obeyed, and what the last answer said
+        about the host (a rate limit, a failure) folded into its policy."""
+        if request.id in self._done:
+            return  # answered already: only the ack was lost
+        polled = self._polled.get(request.id)
+        if polled is None:  # else read already; only its publish failed
+            polled = await self.poller.poll(request)
+            self._polled.put(request.id, polled, 512 * len(polled.posts) + 4096)
+            observation = _poll_observation(polled)
+            if observation is not None:
+                await self._patiently(lambda: self.politeness.observe(request.domain, observation))
+        await self._patiently(lambda: self.bus.publish(polled))
+        self._polled.pop(request.id)
+        self._done.put(request.id, True)
+        log.info(
+            "polled",
+            extra={
+                "instance": request.instance,
+                "timeline": request.timeline,
+                "outcome": polled.outcome.value,
+                "posts": len(polled.posts),
+                "event_id": polled.id,
+            },
+        )
+
+    @contextlib.asynccontextmanager
+    async def _poll_gate(self, url: str) -> AsyncIterator[None]:
+        """One request of a poll: the host's lease now (or after a short wait), else
+        ``GateDeferred``: the poll ends with what it read and comes back at the slot."""
+        domain = domain_of(url)
+        decision = await self._acquire(domain, False)
+        if isinstance(decision, Deferred):
+            raise GateDeferred(decision.at)
+        hold = _Hold(domain, decision)
+        try:
+            yield
+        finally:
+            await self._release(hold)
+
+    async def _poll_allowed(self, url: str) -> bool:
+        """robots.txt of an API URL: the shared one, else fetched under the host's lease."""
+        policy = await self._cached_robots(url)
+        if policy is None:
+            domain = domain_of(url)
+            decision = await self._acquire(domain, False)
+            if isinstance(decision, Deferred):
+                raise GateDeferred(decision.at)
+            try:
+                policy = await self._read_robots(
+                    origin_of(url), domain, _Hold(domain, decision), ()
+                )
+            except RedirectPaused as paused:
+                raise GateDeferred(paused.at) from paused
+        return policy.allows(url, self.robots_token)
+
     def close(self) -> None:
         self.parser.shutdown(wait=False, cancel_futures=True)
+
+
+def _poll_observation(polled: TimelinePolled) -> Observation | None:
+    """What a poll's last answer says about the instance's host, when it says anything:
+    a rate limit (a 429, a 503, or the limit nearly spent: a pause until its reset), or
+    a failure (refused, timed out, 5xx). Nothing about fetch strategies."""
+    status: int | None
+    if polled.retry_after is not None or polled.status_code in (429, 503):
+        status, error = (
+            (503, "server_error") if polled.status_code == 503 else (429, "rate_limited")
+        )
+    elif polled.outcome is CrawlOutcome.TIMEOUT:
+        status, error = polled.status_code, "timeout"
+    elif polled.outcome is CrawlOutcome.FAILED:
+        status, error = polled.status_code, "network_error"
+    elif polled.outcome is CrawlOutcome.BLOCKED_5XX:
+        status, error = polled.status_code, "server_error"
+    else:
+        return None
+    return Observation(
+        started=polled.started_at.timestamp(),
+        at=polled.completed_at.timestamp(),
+        url=polled.instance,
+        strategy="mastodon_api",
+        success=False,
+        is_banned=False,
+        error_type=error,
+        status=status,
+        retry_after=polled.retry_after,
+        duration_ms=None,
+    )
 
 
 def _robots_key(origin: str) -> str:

@@ -238,6 +238,23 @@ class Politeness:
                 return slot.policy
             guess = None
 
+    async def observe(self, domain: str, observation: Observation) -> HostPolicy:
+        """Fold what a request made outside ``finish`` said about the host (a timeline
+        poll's last answer): a pause it decides holds every pod at once."""
+        if observation.retry_after is not None:
+            capped = min(observation.retry_after, self.config.max_backoff)
+            observation = replace(observation, retry_after=capped)
+        key = self.key(domain)
+        while True:
+            slot, revision = await self._read(key)
+            before = slot.policy
+            slot.policy = observe(before, observation, self.learning)
+            slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
+            if await self._write(key, slot, revision):
+                if slot.policy.paused_until > max(before.paused_until, observation.at):
+                    HOST_PAUSES.labels(slot.policy.pause_reason or "unknown").inc()
+                return slot.policy
+
     async def set_gap(self, domain: str, crawl_delay: float | None) -> float:
         gap = self.clamp_gap(crawl_delay or 0.0)
         await self._modify(domain, lambda s: setattr(s, "gap", gap))

@@ -535,10 +535,10 @@ class _Progress:
 class TimelinePoller:
     """Answers each ``TimelinePollRequested`` with one ``TimelinePolled`` (see the module).
 
-    ``backfill`` bounds the posts the first poll reads back (default: ``max_pages`` times
-    ``page_limit``); ``allowed_networks`` (``TROVE_ALLOWED_NETWORKS``) opens private
-    addresses in shared links; the event fits a stream message of ``max_message_bytes``
-    (``TROVE_MAX_MESSAGE_BYTES``).
+    ``backfill`` bounds the posts the first poll reads back when the request does not
+    say (default: ``max_pages`` times ``page_limit``); ``allowed_networks``
+    (``TROVE_ALLOWED_NETWORKS``) opens private addresses in shared links; the event fits
+    a stream message of ``max_message_bytes`` (``TROVE_MAX_MESSAGE_BYTES``).
     """
 
     def __init__(
@@ -614,7 +614,8 @@ class TimelinePoller:
             return
         host = urlsplit(origin).hostname or request.domain
         if request.cursor is None:
-            await self._read_back(api, request.timeline, host, progress)
+            backfill = self._backfill if request.backfill is None else request.backfill
+            await self._read_back(api, request.timeline, host, progress, backfill)
         else:
             await self._read_forward(api, request.timeline, request.cursor, host, progress)
 
@@ -672,9 +673,12 @@ class TimelinePoller:
             url = following
         progress.more = True
 
-    async def _read_back(self, api: str, timeline: str, host: str, progress: _Progress) -> None:
-        """The first poll: the newest posts, back along ``next`` links to the backfill."""
-        remaining = self._backfill
+    async def _read_back(
+        self, api: str, timeline: str, host: str, progress: _Progress, backfill: int
+    ) -> None:
+        """The first poll: the newest posts, back along ``next`` links to the backfill
+        (the follow's, carried by the request; else this poller's bound)."""
+        remaining = backfill
         limit = min(self._page_limit, max(1, remaining))
         url = timeline_url(api, timeline, limit=limit)
         requested: set[str] = set()
