@@ -448,8 +448,12 @@ def _bound(ctx: Context, server: Server, regime: Regime) -> float:
 
 
 def _timeout(ctx: Context, server: Server, regime: Regime) -> float:
-    """Seconds a run may take: ``--timeout``, or twice the politeness bound and a minute."""
-    return max(float(ctx.args.timeout), 2 * _bound(ctx, server, regime) + 60)
+    """Seconds a run may take: ``--timeout``, or three times the bound and two minutes.
+
+    Generous, because a host's gap may be raised above the configured one (a slow
+    host's learned gap), which the bound does not know.
+    """
+    return max(float(ctx.args.timeout), 3 * _bound(ctx, server, regime) + 120)
 
 
 def max_depth(server: Server) -> int:
