@@ -303,6 +303,20 @@ async def test_trove_follow_and_unfollow_get_discovery_s_answer(
         "TROVE_STATE_DIR": str(tmp_path / "cli"),
     }
     async with services(stack, tmp_path / "state", {}, only=("discovery",)):
+        # A refusal follows nothing; asked until discovery listens (a request sent
+        # before that times out, and is handled from the stream later).
+        out = io.StringIO()
+        console = Console(file=out, width=200)
+
+        async def refusal() -> int:
+            return await follow_command(
+                stack.nats_url, console, instance="https://social.example/a/path", timeline=None,
+                timeout=1.0,
+            )  # fmt: skip
+
+        await eventually(refusal, until=lambda code: code == 1, timeout=30, what="a refusal")
+        assert "refused 'https://social.example/a/path': " in out.getvalue()
+
         code, printed = await run_trove(
             "follow", "https://social.example", "--timeline", "public", "--max-depth", "1", env=env
         )
@@ -329,14 +343,6 @@ async def test_trove_follow_and_unfollow_get_discovery_s_answer(
             1,
         )
 
-        out = io.StringIO()
-        console = Console(file=out, width=200)
-        refused = await follow_command(
-            stack.nats_url, console, instance="https://social.example/a/path", timeline=None
-        )
-        assert refused == 1
-        assert "refused 'https://social.example/a/path': " in out.getvalue()
-
         code = await follow_command(
             stack.nats_url, console, instance="https://social.example", timeline=None, unfollow=True
         )
@@ -359,10 +365,17 @@ async def test_a_followed_sandbox_instance_fills_shares_instances_and_search(
         services(stack, state_dir, env),
     ):
         out = io.StringIO()
-        code = await follow_command(
-            stack.nats_url, Console(file=out), instance=instance.origin, timeline=None
-        )
-        assert code == 0, out.getvalue()
+
+        async def follow_it() -> str:
+            await follow_command(
+                stack.nats_url, Console(file=out), instance=instance.origin, timeline=None,
+                timeout=1.0,
+            )  # fmt: skip
+            return out.getvalue()
+
+        # Asked until discovery listens; the requests before it are followed from the
+        # stream, and following a followed timeline again changes nothing.
+        await eventually(follow_it, until=lambda said: "following" in said, timeout=30)
         expected = instance.expected_links()
         assert max(expected.values(), default=0) > 1  # the sandbox shares some pages twice
 

@@ -171,3 +171,9 @@ async def test_changing_pages_change_at_their_rate_and_answer_304_when_unchanged
     assert later.status_code == 200
     assert later.content != hourly.content
     assert web.true_rate("hourly") == pytest.approx(1.0)
+
+
+async def test_mixed_host_serves_every_third_page_as_a_shell(served: RunningLearningWeb) -> None:
+    assert "<p>" not in (await get(served, "mixed", "/a/3")).text
+    assert "<p>" in (await get(served, "mixed", "/a/4")).text
+    assert json.loads((await get(served, "mixed", "/a/6", Accept=AP)).text)["type"] == "Note"

@@ -270,17 +270,31 @@ def test_timeouts_and_resets_never_teach_a_healthy_host_that_its_strategy_fails(
     assert crawl.choices[-100:].count("http") >= 95
 
 
-def test_exploration_is_at_most_one_choice_in_fifty() -> None:
-    crawl = Crawl(html_site, page)
+def mixed_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+    """Every third page an application shell that only ActivityPub reads."""
+    if int(url.rsplit("/", 1)[1]) % 3 == 0:
+        return spa_site(url, strategy, at)
+    return html_site(url, strategy, at)
+
+
+def test_exploration_is_at_most_one_choice_in_fifty_on_a_host_served_badly() -> None:
+    crawl = Crawl(mixed_site, page)
     crawl.fetch(500)
     explored = crawl.reasons.count("explore")
     assert 1 <= explored <= 500 // CONFIG.explore_every
     assert all(
         crawl.choices[i] == "activitypub" for i, r in enumerate(crawl.reasons) if r == "explore"
     )
-    quiet = Crawl(html_site, page)
+    quiet = Crawl(mixed_site, page)
     quiet.fetch(500, LearningConfig(explore_every=0))
     assert "explore" not in quiet.reasons
+
+
+def test_a_host_served_well_is_never_explored() -> None:
+    crawl = Crawl(html_site, page)
+    crawl.fetch(500)
+    assert "explore" not in crawl.reasons
+    assert set(crawl.choices) == {"http"}
 
 
 def test_one_applicable_strategy_is_the_only_choice() -> None:

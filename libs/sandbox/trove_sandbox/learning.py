@@ -22,6 +22,7 @@ drift         plain pages until ``drifted`` is set, then the ``spa`` behaviour
 aliases       pages /p/N/ also reachable as /p/N/index.html and with ``?ref=``,
               ``?from=`` and ``?share=`` added, each saying rel=canonical /p/N/; and
               /list?page=N, a different page for every N
+mixed         plain pages, but every third (/a/0, /a/3, ...) the ``spa`` behaviour
 changing      /c/<rate>/N whose text changes as a Poisson process (mean period
               ``CHANGE_PERIODS[rate]`` seconds on ``clock``), with ETag and
               Last-Modified, so an unchanged page answers a conditional GET with 304
@@ -63,6 +64,7 @@ KINDS: Final = (
     "drift",
     "aliases",
     "changing",
+    "mixed",
 )
 FIRST_IP = 40
 DOMAIN = "learn.test"
@@ -197,7 +199,9 @@ class LearningWeb:
             return self._alias_page(parts.path, parts.query)
         if kind == "changing":
             return self._changing_page(parts.path)
-        if kind == "spa" or (kind == "drift" and self.drifted):
+        n = self._number(parts.path, "/a/") if kind == "mixed" else None
+        shell = n is not None and n % 3 == 0
+        if kind == "spa" or (kind == "drift" and self.drifted) or shell:
             return self._app_page(host, parts.path, headers.get("accept", ""))
         response = self._article(kind, parts.path)
         if kind == "slow" and response.status == 200:

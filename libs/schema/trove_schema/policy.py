@@ -196,6 +196,10 @@ class LearningConfig:
     discount: float = 0.85
     #: At most one choice in this many (per host) tries a strategy that is not the best.
     explore_every: int = 50
+    #: ... and only while the best strategy yields usable content less often than this:
+    #: a host served well (~0.93 at the discount's ceiling) is never asked another way,
+    #: which would cost it a request (and the page a second one) for nothing.
+    explore_below: float = 0.9
     priors: Priors = field(default_factory=_default_priors)
 
     @classmethod
@@ -214,6 +218,7 @@ class LearningConfig:
             rate_base=float(getattr(settings, "rate_pause_seconds", defaults.rate_base)),
             rate_max=float(getattr(settings, "max_backoff_seconds", defaults.rate_max)),
             ban_pause=float(getattr(settings, "ban_pause_seconds", defaults.ban_pause)),
+            explore_every=int(getattr(settings, "explore_every", defaults.explore_every)),
             priors=load_priors(Path(priors_file) if priors_file else None),
         )
 
@@ -538,8 +543,8 @@ def choose(
     counts = {s: estimate(policy, url_class, s, config) for s in strategies}
     best = max(strategies, key=lambda s: success_rate(counts[s]))  # first of equals
     learned = any(f"{url_class}:{s}" in policy.estimates for s in strategies)
-    if _explore_turn(policy, url, config):
-        rate = success_rate(counts[best])
+    rate = success_rate(counts[best])
+    if rate < config.explore_below and _explore_turn(policy, url, config):
         for other in strategies:
             if other != best and _upper(counts[other]) >= rate:
                 return Choice(other, "explore")

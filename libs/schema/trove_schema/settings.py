@@ -83,6 +83,9 @@ class CommonSettings(BaseSettings):
     rate_pause_seconds: float = Field(default=60.0, ge=0.0)
     #: Pause after a ban or a challenge page.
     ban_pause_seconds: float = Field(default=86_400.0, ge=0.0)
+    #: A host whose best fetch strategy often gets nothing usable is asked another way
+    #: at most once in this many requests (0: never); a host served well, never.
+    explore_every: int = Field(default=50, ge=0)
     #: Seed priors (TOML, see trove_schema/priors.toml); unset, the shipped ones.
     priors_file: Path | None = None
 

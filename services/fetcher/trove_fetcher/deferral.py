@@ -6,6 +6,8 @@ onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
 * ``Trove-Slot``: the slot it was given (a ``time.time()``) on the host of its next
   request (for a paused robots.txt chain, the host the chain points to): it keeps that
   place in the host's queue, and never takes an earlier one.
+* ``Trove-Avoid``: a strategy the page's attempt already found wrong (``wrong_tool``):
+  the page is being asked again another way, and must not be asked that way again.
 * ``Trove-Chain`` and ``Trove-Hops``: a redirect chain paused between two hops, so
   that the next hop waits for its host's gap like any request without holding a
   consumer slot: ``page`` (same-host hops of the page, which keeps its identity, the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,6 +36,8 @@ from enum import StrEnum
 SLOT_HEADER = "Trove-Slot"
 CHAIN_HEADER = "Trove-Chain"
 HOPS_HEADER = "Trove-Hops"
+AVOID_HEADER = "Trove-Avoid"
+_STRATEGY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 #: Furthest ahead, as a fraction of TROVE_WORK's max_age, a message is scheduled.
 HORIZON_FRACTION = 0.5
 
@@ -60,6 +65,7 @@ class Carried:
 
     slot: float | None = None
     chain: Chain | None = None
+    avoid: str | None = None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str] | None) -> Carried:
@@ -76,7 +82,8 @@ class Carried:
                     chain = Chain(ChainKind(kind), tuple(urls))
             except ValueError:
                 chain = None
-        return cls(slot, chain)
+        avoid = headers.get(AVOID_HEADER)
+        return cls(slot, chain, avoid if avoid and _STRATEGY_NAME.match(avoid) else None)
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -85,6 +92,8 @@ class Carried:
         if self.chain is not None:
             out[CHAIN_HEADER] = self.chain.kind.value
             out[HOPS_HEADER] = json.dumps(list(self.chain.hops), separators=(",", ":"))
+        if self.avoid is not None:
+            out[AVOID_HEADER] = self.avoid
         return out
 
 

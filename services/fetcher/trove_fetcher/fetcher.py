@@ -120,6 +120,8 @@ class Job:
     #: Where the message sits (stream and sequence): a redelivery re-defers it under
     #: the same schedule id, which JetStream's duplicate window drops.
     cause: str = ""
+    #: A strategy this page's attempt found wrong: it is asked another way.
+    avoid: str | None = None
 
     @property
     def reserved(self) -> bool:
@@ -202,7 +204,7 @@ class Fetcher:
         if not isinstance(event, PageDiscovered | CrawlRequested):
             return  # not work for us; ack it
         carried = Carried.from_headers(msg.headers)
-        job = Job(event, carried.slot, carried.chain, _cause(msg))
+        job = Job(event, carried.slot, carried.chain, _cause(msg), carried.avoid)
         try:
             await self.process(job, msg.data)
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
@@ -331,7 +333,7 @@ class Fetcher:
         LEASES.labels("deferred").inc()
         self.furthest_slot = max(self.furthest_slot, slot)
         at = schedule_at(slot, time.time(), self.horizon)
-        carried = Carried(slot, chain)
+        carried = Carried(slot, chain, job.avoid)
         hops = len(chain.hops) if chain is not None else 0
         # One schedule per handled message and chain position, whatever slot it got: a
         # redelivery of the message (its ack lost to a broker restart) takes a new slot,
@@ -356,12 +358,10 @@ class Fetcher:
 
     # the page -----------------------------------------------------------------------
 
-    async def _fetch_page(
-        self, job: Job, payload: bytes, hold: _Hold, avoid: str | None = None
-    ) -> None:
+    async def _fetch_page(self, job: Job, payload: bytes, hold: _Hold) -> None:
         work = job.work
         policy = hold.grant.policy if hold.grant is not None else HostPolicy()
-        strategy, choice = self._choose(job.url, policy, avoid)
+        strategy, choice = self._choose(job.url, policy, job.avoid)
         etag = last_modified = None
         # Validators only where the host honours them (or is asked again now and then):
         # elsewhere a 304 never comes and the page is read whole anyway.
@@ -402,8 +402,8 @@ class Fetcher:
             await self._release(hold, end, observation)
         finally:
             await self._release(hold, end)
-        if choice.reason == "explore" and observation.error_type in MISPREDICTIONS:
-            await self._explored(job, payload, event)
+        if observation.error_type == "wrong_tool" and self._other_way(job):
+            await self._ask_another_way(job, payload, event)
             return
         await self._complete(job, event)
 
@@ -420,22 +420,30 @@ class Fetcher:
         STRATEGY_CHOICES.labels(strategy.name, choice.reason).inc()
         return strategy, choice
 
-    async def _explored(self, job: Job, payload: bytes, event: CrawlCompleted) -> None:
-        """An exploration that got nothing usable costs the host a request, not the page.
+    @staticmethod
+    def _other_way(job: Job) -> bool:
+        """Whether the page may be asked again another way: once, and only if one applies."""
+        return job.avoid is None and len(applicable(job.url)) > 1
+
+    async def _ask_another_way(self, job: Job, payload: bytes, event: CrawlCompleted) -> None:
+        """A strategy that got the wrong kind of answer (``wrong_tool``: an app shell to
+        ``http``, an HTML page to ``activitypub``) costs the host a request, not the page.
 
         Its attempt is recorded (under an id of its own: the page's attempt is still to
-        come), and the page is fetched again at the host's next slot (the gap holds),
-        with a strategy other than the one explored.
+        come), and the page is asked again at the host's next slot, once, another way:
+        the strategy to avoid travels with a deferred message (``Trove-Avoid``). A
+        learnt choice is wrong on a host whose pages differ, and an exploration is wrong
+        often; neither leaves the page without its content this cycle.
         """
         attempt = fit(
             event.model_copy(update={"id": derived_event_id(event.id, "explored")}), self.budget
         )
         await self._patiently(lambda: self.bus.publish(attempt))
         FETCHES.labels(attempt.outcome.value).inc()
-        job = replace(job, slot=None, chain=None)
+        job = replace(job, slot=None, chain=None, avoid=event.fetcher)
         hold = await self._lease(job, payload, job.domain, False, None)
-        if hold is not None:  # else deferred: it comes back after the explore turn
-            await self._fetch_page(job, payload, hold, avoid=event.fetcher)
+        if hold is not None:  # else deferred, carrying the strategy to avoid
+            await self._fetch_page(job, payload, hold)
 
     async def _event(
         self,
