@@ -30,8 +30,9 @@ The verdict:
 * ``wrong_tool`` is content the strategy cannot use, which another strategy may: an
   application shell (``shell`` with under ``SHELL_MAX_TEXT_CHARS`` of text), a content
   type the strategy does not parse (an HTML page answered to an ``activitypub``
-  request), a body its extraction refused. A feed is content for ``http``: Trove reads
-  feeds.
+  request), a body its reader refused as not its kind (``NotActivityStreams``; a
+  reader that broke on a hostile page is ``rejected``). A feed is content for
+  ``http``: Trove reads feeds.
 """
 
 from __future__ import annotations
@@ -224,7 +225,11 @@ def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
     if outcome is CrawlOutcome.TIMEOUT:
         return "timeout"
     if outcome is CrawlOutcome.REJECTED:
-        if "content type" in message or message.startswith("extraction failed"):
+        # A reader refusing a body as not its kind (JSON that is no ActivityStreams
+        # object) is the wrong tool; a reader that broke on a hostile page is not.
+        if "content type" in message or message.startswith(
+            "extraction failed: notactivitystreams"
+        ):
             return "wrong_tool"
         if "another host" in message:
             return "offsite_redirect"

@@ -51,6 +51,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from trove_discovery.errors import InvalidFollow, InvalidURL
+from trove_discovery.replies import reply_lines
 from trove_schema.bus import Bus
 from trove_schema.events import (
     InstanceFollowed,
@@ -70,7 +71,6 @@ log = logging.getLogger("trove.discovery.follows")
 MAX_INSTANCES_PER_MESSAGE = 100
 #: Longest ``raw`` a rejection carries.
 MAX_RAW_LENGTH = 512
-REPLY_TEXT_LIMIT = 20
 DEFAULT_TIMELINE = "local"
 DEFAULT_BACKFILL = 40
 #: Compare-and-set attempts on an instance's entry before giving up (and retrying the
@@ -285,22 +285,11 @@ def _rejected(verb: Verb, raw: str, reason: str) -> CommandBatch:
 
 def reply_text(batch: CommandBatch) -> str:
     """A short summary for the reply to ``nats req trove.follow ...``."""
-    doing = "following" if batch.verb == "follow" else "unfollowing"
-    lines = [f"{doing} {len(batch.accepted)}"]
-    if batch.accepted:
-        shown = [command.label for command in batch.accepted[:REPLY_TEXT_LIMIT]]
-        more = len(batch.accepted) - len(shown)
-        lines[0] += ": " + ", ".join(shown) + (f" and {more} more" if more else "")
-    if batch.rejected:
-        lines.append(f"rejected {len(batch.rejected)}:")
-        lines.extend(
-            f"  {command.raw or '(empty)'} — {command.reason}"
-            for command in batch.rejected[:REPLY_TEXT_LIMIT]
-        )
-        more = len(batch.rejected) - REPLY_TEXT_LIMIT
-        if more > 0:
-            lines.append(f"  and {more} more")
-    return "\n".join(lines)
+    return reply_lines(
+        "following" if batch.verb == "follow" else "unfollowing",
+        [command.label for command in batch.accepted],
+        [(command.raw, command.reason) for command in batch.rejected],
+    )
 
 
 def reply_json(batch: CommandBatch) -> bytes:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
+from trove_discovery.replies import reply_lines
 from trove_discovery.scope import pattern_error
 from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
@@ -41,7 +42,6 @@ MAX_PATTERN_LENGTH = 500
 #: Longest ``raw`` a rejection carries (the limit of ``SeedRejected.raw``).
 MAX_RAW_LENGTH = 512
 #: How many URLs and rejections a reply lists before saying "and N more".
-REPLY_TEXT_LIMIT = 20
 REPLY_JSON_LIMIT = 1000
 
 _JSON_KEYS = frozenset({"url", "urls", "priority", "scope", "pattern", "force", "max_depth"})
@@ -264,21 +264,11 @@ def _rejected(raw: str, reason: str) -> SeedBatch:
 
 def reply_text(batch: SeedBatch) -> str:
     """A short summary for the reply to ``nats req trove.seeds ...``."""
-    lines = [f"accepted {len(batch.accepted)}"]
-    if batch.accepted:
-        urls = [seed.url for seed in batch.accepted[:REPLY_TEXT_LIMIT]]
-        more = len(batch.accepted) - len(urls)
-        lines[0] += ": " + ", ".join(urls) + (f" and {more} more" if more else "")
-    if batch.rejected:
-        lines.append(f"rejected {len(batch.rejected)}:")
-        lines.extend(
-            f"  {seed.raw or '(empty)'} — {seed.reason}"
-            for seed in batch.rejected[:REPLY_TEXT_LIMIT]
-        )
-        more = len(batch.rejected) - REPLY_TEXT_LIMIT
-        if more > 0:
-            lines.append(f"  and {more} more")
-    return "\n".join(lines)
+    return reply_lines(
+        "accepted",
+        [seed.url for seed in batch.accepted],
+        [(seed.raw, seed.reason) for seed in batch.rejected],
+    )
 
 
 def reply_json(batch: SeedBatch) -> bytes:

@@ -127,7 +127,8 @@ def unreadable(
     conditional: bool = False,
 ) -> CrawlCompleted:
     """The strategy could not read the body it fetched (extraction raised): ``rejected``,
-    with a reason starting "extraction failed", which the audit calls ``wrong_tool``."""
+    with a reason starting "extraction failed" and the exception's name (the audit calls
+    a reader's ``NotActivityStreams`` ``wrong_tool``, anything else ``rejected``)."""
     return rejected(
         work,
         f"{EXTRACTION_FAILED}: {type(error).__name__}: {error}",
