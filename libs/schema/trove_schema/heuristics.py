@@ -227,9 +227,7 @@ def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
     if outcome is CrawlOutcome.REJECTED:
         # A reader refusing a body as not its kind (JSON that is no ActivityStreams
         # object) is the wrong tool; a reader that broke on a hostile page is not.
-        if "content type" in message or message.startswith(
-            "extraction failed: notactivitystreams"
-        ):
+        if "content type" in message or message.startswith("extraction failed: notactivitystreams"):
             return "wrong_tool"
         if "another host" in message:
             return "offsite_redirect"
