@@ -317,6 +317,11 @@ async def run_crawl(plan: CrawlPlan) -> CrawlResult:
                 "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
                 "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
                 "TROVE_RETRY_DELAY_SECONDS": "2",
+                # A host that fails is left alone for a while (the learned policy):
+                # scaled down like the retries, or one 500 page pauses its host a minute.
+                "TROVE_HOST_PAUSE_SECONDS": "2",
+                "TROVE_HOST_PAUSE_MAX_SECONDS": "30",
+                "TROVE_RATE_PAUSE_SECONDS": "2",
                 "TROVE_MAX_ATTEMPTS": "3",
                 "TROVE_ACK_WAIT_SECONDS": "10",
                 "TROVE_REQUEST_TIMEOUT": "8",
