@@ -51,7 +51,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from trove_discovery.errors import InvalidFollow, InvalidURL
-from trove_discovery.replies import reply_lines
+from trove_discovery.replies import MAX_RAW_LENGTH, Refused, reply_lines
 from trove_schema.bus import Bus
 from trove_schema.events import (
     InstanceFollowed,
@@ -69,8 +69,6 @@ from trove_schema.urls import canonicalize, domain_of, is_private_host, origin_o
 log = logging.getLogger("trove.discovery.follows")
 
 MAX_INSTANCES_PER_MESSAGE = 100
-#: Longest ``raw`` a rejection carries.
-MAX_RAW_LENGTH = 512
 DEFAULT_TIMELINE = "local"
 DEFAULT_BACKFILL = 40
 #: Compare-and-set attempts on an instance's entry before giving up (and retrying the
@@ -103,16 +101,8 @@ class InstanceCommand:
         return f"{self.instance} {self.timeline or '(every timeline)'}"
 
 
-@dataclass(frozen=True, slots=True)
-class RejectedCommand:
-    """Something sent that was not accepted, and why (cut to ``MAX_RAW_LENGTH``)."""
-
-    raw: str
-    reason: str
-
-    def __post_init__(self) -> None:
-        if len(self.raw) > MAX_RAW_LENGTH:
-            object.__setattr__(self, "raw", self.raw[:MAX_RAW_LENGTH])
+#: A follow or unfollow that was not accepted, and why.
+RejectedCommand = Refused
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,28 @@
-"""The words of an answer to a `nats req` on an operator subject (seeds, follows)."""
+"""What an operator sent that was refused, and the words of the answer to a `nats req`
+on an operator subject (seeds, follows)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 #: Items named in a text reply; the rest are counted.
 REPLY_TEXT_LIMIT = 20
+#: Longest input a refusal keeps.
+MAX_RAW_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Something an operator sent that was not accepted, and why."""
+
+    #: What was sent, cut to ``MAX_RAW_LENGTH`` characters.
+    raw: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if len(self.raw) > MAX_RAW_LENGTH:
+            object.__setattr__(self, "raw", self.raw[:MAX_RAW_LENGTH])
 
 
 def reply_lines(head: str, accepted: Sequence[str], rejected: Sequence[tuple[str, str]]) -> str:

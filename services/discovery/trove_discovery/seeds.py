@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
-from trove_discovery.replies import reply_lines
+from trove_discovery.replies import MAX_RAW_LENGTH, Refused, reply_lines
 from trove_discovery.scope import pattern_error
 from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
@@ -40,7 +40,6 @@ from trove_schema.urls import (
 MAX_SEEDS_PER_MESSAGE = 10_000
 MAX_PATTERN_LENGTH = 500
 #: Longest ``raw`` a rejection carries (the limit of ``SeedRejected.raw``).
-MAX_RAW_LENGTH = 512
 #: How many URLs and rejections a reply lists before saying "and N more".
 REPLY_JSON_LIMIT = 1000
 
@@ -60,17 +59,8 @@ class SeedRequest:
     provenance: Provenance
 
 
-@dataclass(frozen=True, slots=True)
-class RejectedSeed:
-    """Something sent as a seed that was not accepted, and why."""
-
-    #: What was sent, cut to ``MAX_RAW_LENGTH`` characters.
-    raw: str
-    reason: str
-
-    def __post_init__(self) -> None:
-        if len(self.raw) > MAX_RAW_LENGTH:
-            object.__setattr__(self, "raw", self.raw[:MAX_RAW_LENGTH])
+#: Something sent as a seed that was not accepted, and why.
+RejectedSeed = Refused
 
 
 @dataclass(frozen=True, slots=True)
