@@ -446,6 +446,31 @@ async def test_gate_deferral_ends_the_poll_with_what_it_read(client: httpx.Async
         assert uris(rest) == [instance.status_uri(s) for s in added[6:]]
 
 
+async def test_robots_txt_waiting_for_the_hosts_slot_ends_the_poll_for_later(
+    client: httpx.AsyncClient,
+) -> None:
+    # The fetcher reads an unknown robots.txt under the host's lease: when the slot is
+    # far away, the poll ends (nothing read, the cursor kept) rather than failing.
+    slot = time.time() + 30.0
+
+    async def robots_later(url: str) -> bool:
+        raise GateDeferred(slot)
+
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        event = await poller(client, robots_allows=robots_later).poll(
+            request(social, cursor=start, api=social.base_url)
+        )
+
+        assert event.outcome is CrawlOutcome.SUCCESS
+        assert event.more
+        assert event.cursor_after == start
+        assert event.retry_after is not None
+        assert 25.0 < event.retry_after <= 30.0
+        assert not api_queries(social)
+
+
 async def test_robots_refusal_is_blocked_robots_and_the_api_is_never_asked(
     client: httpx.AsyncClient,
 ) -> None:

@@ -763,6 +763,8 @@ class TimelinePoller:
     async def _allowed(self, url: str) -> bool:
         try:
             return await self._robots_allows(url)
+        except GateDeferred:
+            raise  # robots.txt must wait for the host's slot: the poll ends there
         except Exception as exc:
             raise _MachineryFailed(exc) from exc
 
