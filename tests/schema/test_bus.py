@@ -479,3 +479,97 @@ async def test_an_event_with_a_priority_says_so_in_a_header() -> None:
 
     assert event(7).headers()["Trove-Priority"] == "7"
     assert "Trove-Priority" not in event(0).headers()
+
+
+@asynccontextmanager
+async def pull_requests(bus: Bus, lane: Lane) -> AsyncIterator[list[float]]:
+    """Every pull request the consumer sends to the server, seen on its API subject."""
+    seen: list[float] = []
+
+    async def count(msg: Msg) -> None:
+        seen.append(asyncio.get_running_loop().time())
+
+    sub = await bus.nc.subscribe(
+        f"$JS.API.CONSUMER.MSG.NEXT.{lane.stream}.{lane.durable}", cb=count
+    )
+    try:
+        yield seen
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_busy_consumer_waits_at_the_server_instead_of_polling(bus: Bus, lane: Lane) -> None:
+    # Two of four slots held by handlers that wait, as a fetcher's tasks wait for a
+    # host's slot: the loop must not ask the server again and again for the other two
+    # meanwhile (there is no more work to get). Pulls expire
+    # after 0.2 s here, so over 1.5 s of waiting it may ask about 8 times; a loop that
+    # polled every 50 ms with two requests each would ask some 60 times.
+    release = asyncio.Event()
+    started: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        started.append(msg.data)
+        await release.wait()
+
+    for n in range(2):
+        await bus.js.publish(lane.subject, f"work {n}".encode())
+    consumer = Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=4,
+        pull_expires=0.2,
+        **FAST,
+    )
+    async with pull_requests(bus, lane) as requests, running(consumer):
+        await eventually(
+            lambda: _value(len(started)), until=lambda n: n == 2, timeout=10, what="both busy"
+        )
+        before = len(requests)
+        # The duration under test: how often the loop asks while it waits.
+        await asyncio.sleep(1.5)
+        asked = len(requests) - before
+        release.set()
+        await settled(bus, lane)
+    assert asked <= 1.5 / 0.2 + 2, f"{asked} pull requests in 1.5 s"
+
+
+async def test_a_freed_slot_takes_waiting_work_at_once_however_long_pulls_wait(
+    bus: Bus, lane: Lane
+) -> None:
+    # Pulls wait 30 s at the server: work published while the only slot is busy must
+    # still start as soon as the slot frees, not when a pull expires.
+    release = asyncio.Event()
+    started: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        started.append(msg.data)
+        if msg.data == b"first":
+            await release.wait()
+
+    await bus.js.publish(lane.subject, b"first")
+    consumer = Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=1,
+        pull_expires=30.0,
+        **FAST,
+    )
+    async with running(consumer):
+        await eventually(lambda: _value(list(started)), until=lambda s: s == [b"first"], timeout=10)
+        await bus.js.publish(lane.subject, b"second")
+        release.set()
+        await eventually(
+            lambda: _value(list(started)),
+            until=lambda s: s == [b"first", b"second"],
+            timeout=5,
+            what="the second started well before a pull expired",
+        )
+        await settled(bus, lane)
+
+
+async def _value(value: Any) -> Any:
+    return value

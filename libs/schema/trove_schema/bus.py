@@ -47,7 +47,6 @@ from nats.errors import (
     OutboundBufferLimitError,
     StaleConnectionError,
 )
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
@@ -55,6 +54,7 @@ from trove_schema.errors import MalformedEvent, TroveError
 from trove_schema.events import Event
 from trove_schema.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, MESSAGES_HANDLED
 from trove_schema.nats_tls import client_tls
+from trove_schema.pulls import Pulls
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, EVENT_SCHEDULES_PREFIX
 
 log = logging.getLogger(__name__)
@@ -268,6 +268,7 @@ class Consumer:
     durable: str
     handler: Handler
     concurrency: int = 16
+    #: Most messages one pull request asks for.
     fetch_batch: int = 64
     #: Failures of the handler itself (not deliveries) before a message is parked.
     max_failures: int = 5
@@ -280,8 +281,10 @@ class Consumer:
     failure_memory: int = 10_000
     #: How often this consumer's parked messages are counted for ``trove_dead_letters``.
     dead_letters_refresh: float = 60.0
+    #: Longest the loop sleeps before it looks at ``stop`` and its pulls again.
     idle_wait: float = 1.0
-    busy_wait: float = 0.05
+    #: How long a pull request waits at the server for messages (``Pulls``).
+    pull_expires: float = 5.0
     #: When > 0, an ack waits for the server to confirm it, and is sent again for up to
     #: this many seconds while the broker is away. For work whose redelivery costs a
     #: site a request (the fetcher): an ack lost while a cluster elects a consumer
@@ -300,53 +303,77 @@ class Consumer:
         self.failures = FailureCounts(self.failure_memory)
 
     async def run(self, stop: asyncio.Event) -> None:
-        psub = await self._bind(stop)
-        if psub is None:
+        if not await self._bind(stop):
             return
+        wake = asyncio.Event()
+        pulls = Pulls(
+            self.bus.nc,
+            self.stream,
+            self.durable,
+            expires=self.pull_expires,
+            grace=self.idle_wait,
+            wake=wake.set,
+        )
+        await pulls.start()
         watcher = asyncio.create_task(self.watch_dead_letters(stop))
+        waker = asyncio.create_task(_wake_on(stop, wake))
         tasks: set[asyncio.Task[None]] = set()
         held = _Held()
+        capacity = self.concurrency + self.prefetch
+        # A request for fewer than this waits until more room is free (one request per
+        # few messages, not one per message), unless nothing is asked for at all.
+        at_least = max(1, min(self.fetch_batch, capacity // 4))
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            wake.set()
+
         try:
             while not stop.is_set():
+                wake.clear()
+                for msg in pulls.take():
+                    held.push(msg)
                 while held and len(tasks) < self.concurrency:
-                    self._start(held.pop(), tasks)
-                room = self.concurrency + self.prefetch - len(tasks) - len(held)
-                if room <= 0:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    await held.refresh(self.hold_refresh)
-                    continue
-                # A pull for N messages lingers until N arrive or it expires; with work in
-                # flight (and so maybe at max_ack_pending) keep pulls short, so freed
-                # capacity is refilled at once rather than at the end of a long pull.
-                wait = self.busy_wait if tasks else self.idle_wait
+                    self._start(held.pop(), tasks, done)
+                room = min(capacity - len(tasks) - len(held), self.fetch_batch)
                 try:
-                    msgs = await psub.fetch(max(1, min(self.fetch_batch, room)), timeout=wait)
-                except (TimeoutError, NatsTimeoutError):
-                    await held.refresh(self.hold_refresh)
-                    continue
+                    await pulls.ask(room, at_least=at_least)
                 except Exception as exc:  # connection trouble: nats-py reconnects
-                    log.warning("fetch from %s failed: %s", self.durable, exc)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=1.0)
+                    log.warning("pull from %s failed: %s", self.durable, exc)
+                await held.refresh(self.hold_refresh)
+                if pulls:
                     continue
-                for msg in msgs:
-                    if self.prefetch:
-                        held.push(msg)
-                    else:
-                        self._start(msg, tasks)
+                await _wait(wake, self._next_look(pulls, held))
         finally:
+            waker.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            for msg in held.drain():  # pulled, never started: straight back to the stream
+            # Pulled, never started: straight back to the stream.
+            for msg in [*held.drain(), *await pulls.close()]:
                 await _quiet(msg.nak())
             watcher.cancel()
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
 
-    def _start(self, msg: Msg, tasks: set[asyncio.Task[None]]) -> None:
+    def _next_look(self, pulls: Pulls, held: _Held) -> float:
+        """How long the loop may sleep if nothing wakes it: until a lost pull is given
+        up or a held message needs marking in progress, at most ``idle_wait``."""
+        now = time.monotonic()
+        look = now + self.idle_wait
+        deadline = pulls.next_deadline()
+        if deadline is not None:
+            look = min(look, deadline)
+        if held:
+            look = min(look, held.oldest() + self.hold_refresh)
+        return max(0.0, look - now)
+
+    def _start(
+        self,
+        msg: Msg,
+        tasks: set[asyncio.Task[None]],
+        done: Callable[[asyncio.Task[None]], object],
+    ) -> None:
         task = asyncio.create_task(self._handle(msg))
         tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        task.add_done_callback(done)
 
     async def watch_dead_letters(self, stop: asyncio.Event) -> None:
         """Keep ``trove_dead_letters{consumer}`` current (parked, re-driven, dropped)."""
@@ -364,17 +391,19 @@ class Consumer:
             return
         DEAD_LETTERS.labels(self.durable).set((info.state.subjects or {}).get(subject, 0))
 
-    async def _bind(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+    async def _bind(self, stop: asyncio.Event) -> bool:
+        """Wait until the durable consumer exists (its owner creates it); False on stop."""
         while not stop.is_set():
             try:
-                return await self.bus.js.pull_subscribe_bind(self.durable, stream=self.stream)
+                await self.bus.js.consumer_info(self.stream, self.durable)
+                return True
             except NotFoundError:
                 log.warning("consumer %s not found yet on %s", self.durable, self.stream)
             except Exception as exc:
                 log.warning("binding %s failed: %s", self.durable, exc)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
-        return None
+        return False
 
     async def _handle(self, msg: Msg) -> None:
         try:
@@ -479,6 +508,10 @@ class _Held:
     def pop(self) -> Msg:
         return heapq.heappop(self._heap)[3]
 
+    def oldest(self) -> float:
+        """Since when the longest-held message has waited (or was last marked in progress)."""
+        return min(entry[2] for entry in self._heap)
+
     def drain(self) -> list[Msg]:
         msgs = [entry[3] for entry in self._heap]
         self._heap.clear()
@@ -514,10 +547,13 @@ class BatchConsumer:
     failure_backoff: float = 2.0
     broker_retry_delay: float = 2.0
     dead_letters_refresh: float = 60.0
+    #: Longest the loop sleeps before it looks at ``stop`` and its pulls again.
     idle_wait: float = 1.0
-    fetch_wait: float = 0.05
-    #: After a short fetch, keep collecting for up to this long before handling: a crawl
-    #: trickles events in a few at a time, and each batch costs a transaction.
+    #: How long a pull request waits at the server for messages (``Pulls``).
+    pull_expires: float = 5.0
+    #: A batch short of ``batch_size`` waits this long after its first message before it
+    #: is handled: a crawl trickles events in a few at a time, and each batch costs a
+    #: transaction.
     linger: float = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -532,57 +568,74 @@ class BatchConsumer:
             broker_retry_delay=self.broker_retry_delay,
             dead_letters_refresh=self.dead_letters_refresh,
         )
-        psub = await single._bind(stop)
-        if psub is None:
+        if not await single._bind(stop):
             return
+        wake = asyncio.Event()
+        pulls = Pulls(
+            self.bus.nc,
+            self.stream,
+            self.durable,
+            expires=self.pull_expires,
+            grace=self.idle_wait,
+            wake=wake.set,
+        )
+        await pulls.start()
         watcher = asyncio.create_task(single.watch_dead_letters(stop))
-        tasks: set[asyncio.Task[None]] = set()
+        waker = asyncio.create_task(_wake_on(stop, wake))
+        #: Batches being handled, and how many messages each holds.
+        tasks: dict[asyncio.Task[None], int] = {}
+        in_hand: list[Msg] = []
+        since = 0.0  # when the oldest message in hand arrived
+        loop = asyncio.get_running_loop()
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.pop(task, None)
+            wake.set()
+
         try:
             while not stop.is_set():
-                if len(tasks) >= self.concurrency:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                wake.clear()
+                arrived = pulls.take()
+                if arrived:
+                    if not in_hand:
+                        since = loop.time()
+                    in_hand += arrived
+                now = loop.time()
+                # A trickle waits up to ``linger`` for company: each batch is a transaction.
+                if (
+                    in_hand
+                    and len(tasks) < self.concurrency
+                    and (len(in_hand) >= self.batch_size or now - since >= self.linger)
+                ):
+                    batch, in_hand = in_hand[: self.batch_size], in_hand[self.batch_size :]
+                    since = now
+                    task = asyncio.create_task(self._handle(single, batch))
+                    tasks[task] = len(batch)
+                    task.add_done_callback(done)
                     continue
+                room = self.batch_size * self.concurrency - sum(tasks.values()) - len(in_hand)
                 try:
-                    msgs = await psub.fetch(
-                        self.batch_size, timeout=self.fetch_wait if tasks else self.idle_wait
+                    await pulls.ask(
+                        min(room, self.batch_size), at_least=max(1, self.batch_size // 4)
                     )
-                except (TimeoutError, NatsTimeoutError):
+                except Exception as exc:  # connection trouble: nats-py reconnects
+                    log.warning("pull from %s failed: %s", self.durable, exc)
+                if pulls:
                     continue
-                except Exception as exc:
-                    log.warning("fetch from %s failed: %s", self.durable, exc)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=1.0)
-                    continue
-                if self.linger > 0 and len(msgs) < self.batch_size:
-                    msgs = await self._fill(psub, list(msgs), stop)
-                task = asyncio.create_task(self._handle(single, msgs))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                look = self.idle_wait
+                deadline = pulls.next_deadline()
+                if deadline is not None:
+                    look = min(look, deadline - time.monotonic())
+                if in_hand and len(tasks) < self.concurrency:
+                    look = min(look, since + self.linger - now)
+                await _wait(wake, max(0.0, look))
         finally:
+            waker.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            for msg in [*in_hand, *await pulls.close()]:  # pulled, never handled
+                await _quiet(msg.nak())
             watcher.cancel()
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
-
-    async def _fill(
-        self, psub: JetStreamContext.PullSubscription, msgs: list[Msg], stop: asyncio.Event
-    ) -> list[Msg]:
-        """More messages for a short batch, until it is full or ``linger`` has passed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.linger
-        while len(msgs) < self.batch_size and not stop.is_set():
-            left = deadline - loop.time()
-            if left <= 0.005:
-                break
-            try:
-                msgs += await psub.fetch(self.batch_size - len(msgs), timeout=left)
-            except (TimeoutError, NatsTimeoutError):
-                break
-            except Exception as exc:
-                log.warning("fetch from %s failed: %s", self.durable, exc)
-                break
-        return msgs
 
     async def _handle(self, single: Consumer, msgs: Sequence[Msg]) -> None:
         try:
@@ -609,6 +662,22 @@ class BatchConsumer:
         log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
         MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
         await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
+
+
+async def _wait(wake: asyncio.Event, seconds: float) -> None:
+    """Until ``wake`` is set or ``seconds`` have passed: a timer, not a task per wait."""
+    if wake.is_set():
+        return
+    timer = asyncio.get_running_loop().call_later(seconds, wake.set)
+    try:
+        await wake.wait()
+    finally:
+        timer.cancel()
+
+
+async def _wake_on(stop: asyncio.Event, wake: asyncio.Event) -> None:
+    await stop.wait()
+    wake.set()
 
 
 async def _quiet(op: Awaitable[Any]) -> None:

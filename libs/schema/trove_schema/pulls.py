@@ -1,0 +1,168 @@
+"""Pull requests that wait at the server, and messages taken as they arrive.
+
+nats-py's ``fetch(n, timeout)`` returns when ``n`` messages have arrived or the timeout
+has passed, and sends two pull requests each time (one that must answer at once, then
+one that waits). A consumer with work in flight must either wait out the timeout for a
+batch that may never fill, or poll with short fetches: at 50 ms that is some 80 NATS
+messages a second for each consumer of each process, nearly all of them empty answers,
+and at a polite crawl's pace that polling cost more CPU, in nats-server and in the
+services, than the pages.
+
+``Pulls`` works the way nats.go's ``Consume`` does. It keeps pull requests open at the
+server for up to ``expires`` seconds, for as many messages as its consumer has room
+for, and receives each message the moment JetStream delivers it. It asks again when
+a request ends (filled, or expired: JetStream then says so with a 408 status) or when
+room worth a request has freed up. An idle consumer costs one request and one 408 per
+``expires``. A request whose end never arrives (nats-server restarted, the connection
+was replaced) is forgotten ``grace`` seconds after it expired, or at once when the bus
+reconnects, and asked again.
+
+A message that arrives after its request was given up is still a message: it is handed
+over like any other. The consumer holds what it cannot start yet (``Consumer``'s heap),
+so asking twice costs memory for a moment, never a message.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+#: The JetStream API's "next messages" request of a pull consumer (the default domain).
+NEXT_SUBJECT = "$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+#: Status codes that end a pull request (a heartbeat, 100, does not).
+REQUEST_TIMEOUT = "408"
+NO_RESPONDERS = "503"
+HEARTBEAT = "100"
+
+
+class _Request:
+    __slots__ = ("deadline", "remaining")
+
+    def __init__(self, remaining: int, deadline: float) -> None:
+        self.remaining = remaining
+        self.deadline = deadline
+
+
+class Pulls:
+    """Open pull requests on one durable consumer, and the messages they brought."""
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        durable: str,
+        *,
+        expires: float = 5.0,
+        grace: float = 2.0,
+        wake: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nc = nc
+        self.subject = NEXT_SUBJECT.format(stream=stream, durable=durable)
+        self.expires = expires
+        self.grace = grace
+        self._wake = wake
+        self._clock = clock
+        self._inbox = nc.new_inbox()
+        self._sub: Subscription | None = None
+        #: Open requests, oldest first: JetStream fills and expires them in that order.
+        self._requests: collections.deque[_Request] = collections.deque()
+        self._arrived: collections.deque[Msg] = collections.deque()
+        #: Set when the server answered that nobody serves the consumer (a 503): no new
+        #: request before this time, or a missing consumer would be asked in a loop.
+        self._quiet_until = 0.0
+        self._reconnects = nc.stats.get("reconnects", 0)
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._receive)
+
+    async def close(self) -> list[Msg]:
+        """Stop receiving; returns the messages that arrived and were never taken."""
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as exc:  # closed connection: nothing to unsubscribe from
+                log.debug("unsubscribe %s: %s", self._inbox, exc)
+            self._sub = None
+        left = list(self._arrived)
+        self._arrived.clear()
+        return left
+
+    @property
+    def outstanding(self) -> int:
+        """Messages asked for and not yet delivered."""
+        return sum(r.remaining for r in self._requests)
+
+    def __len__(self) -> int:
+        """Messages delivered and not yet taken."""
+        return len(self._arrived)
+
+    def take(self) -> list[Msg]:
+        msgs = list(self._arrived)
+        self._arrived.clear()
+        return msgs
+
+    async def ask(self, room: int, *, at_least: int = 1) -> None:
+        """Have ``room`` messages asked for in all: a request for what is missing, if that is
+        at least ``at_least`` (or nothing is asked for at all)."""
+        now = self._clock()
+        self._forget_lost(now)
+        if room <= 0 or now < self._quiet_until:
+            return
+        missing = room - self.outstanding
+        if missing <= 0 or (self._requests and missing < at_least):
+            return
+        request = b'{"batch":%d,"expires":%d}' % (missing, int(self.expires * 1_000_000_000))
+        await self.nc.publish(self.subject, request, reply=self._inbox)
+        self._requests.append(_Request(missing, now + self.expires))
+
+    def next_deadline(self) -> float | None:
+        """When the oldest open request will be given up if its end never comes."""
+        if not self._requests:
+            return None
+        return self._requests[0].deadline + self.grace
+
+    def _forget_lost(self, now: float) -> None:
+        reconnects = self.nc.stats.get("reconnects", 0)
+        if reconnects != self._reconnects:
+            # Requests sent to a server that has gone may never be answered.
+            self._reconnects = reconnects
+            self._requests.clear()
+            return
+        while self._requests and self._requests[0].deadline + self.grace < now:
+            self._requests.popleft()
+
+    async def _receive(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is None or (status == "" and msg.data):
+            if self._requests:
+                oldest = self._requests[0]
+                oldest.remaining -= 1
+                if oldest.remaining <= 0:
+                    self._requests.popleft()
+            self._arrived.append(msg)
+        elif status == HEARTBEAT:
+            return
+        else:
+            # 408: the oldest request expired; 409: ended (leadership change, too many
+            # waiting, consumer deleted); 404 only answers a request that may not wait.
+            if self._requests:
+                self._requests.popleft()
+            if status == NO_RESPONDERS:
+                self._quiet_until = self._clock() + self.grace
+            elif status != REQUEST_TIMEOUT:
+                log.debug(
+                    "pull on %s ended: %s %s",
+                    self.subject,
+                    status,
+                    (msg.headers or {}).get("Description", ""),
+                )
+        self._wake()
