@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import random
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -33,7 +34,7 @@ from trove_fetcher.http import (
     parse_retry_after,
     same_site,
 )
-from trove_fetcher.transport import build_client
+from trove_fetcher.transport import PoolConfig, build_client
 from trove_schema.events import CrawlOutcome
 from trove_schema.settings import FetcherSettings
 
@@ -62,6 +63,8 @@ BOMB = gzip.compress(b"\0" * (32 * MIB), compresslevel=9)
 STREAMED_BOMB_BYTES = 1024 * MIB
 SMALL_BOMB = gzip.compress(b"\0" * (100 * 1024), compresslevel=9)
 EXACT_CAP = 64 * 1024
+#: How long ``/slow`` takes to answer.
+SLOW_ANSWER = 0.5
 
 
 def _page(exchange: Exchange) -> None:
@@ -88,6 +91,11 @@ def _encoded(body: bytes, encoding: str, content_type: str = "text/html") -> Any
         exchange.send(200, body, {"Content-Encoding": encoding}, content_type=content_type)
 
     return route
+
+
+def _slow(exchange: Exchange) -> None:
+    time.sleep(SLOW_ANSWER)
+    _page(exchange)
 
 
 def _streamed_bomb(exchange: Exchange) -> None:
@@ -176,6 +184,7 @@ ROUTES: dict[str, Any] = {
     "/503": _status(503, {"Retry-After": "30"}),
     "/500": _status(500),
     "/unconditional-304": _status(304),
+    "/slow": _slow,
 }
 
 LIMITS = FetchLimits(max_body_bytes=2 * MIB, max_redirects=5, total_timeout=5.0)
@@ -710,3 +719,18 @@ async def test_body_reader_never_decodes_past_the_cap_even_for_one_huge_chunk() 
     assert len(body) == MIB
     assert reader.truncated
     assert reader.bytes_read == len(BOMB)
+
+
+async def test_wait_for_a_free_connection_in_the_pod_is_not_the_hosts_answer_time(
+    server: LocalServer, recorder: RecordingBackend
+) -> None:
+    # One connection for two requests: the second waits for the first in the pool. The
+    # host answers each in SLOW_ANSWER; the learned gap multiplies what it is said to take.
+    one = PoolConfig(max_connections=1, max_keepalive_connections=1, shards=1)
+    async with build_client(_settings(), network_backend=recorder, pool=one) as client:
+        results = await asyncio.gather(*(get(client, url(server, "/slow")) for _ in range(2)))
+    first, second = sorted(results, key=lambda r: r.elapsed)
+    assert first.outcome is second.outcome is CrawlOutcome.SUCCESS
+    assert second.elapsed >= 2 * SLOW_ANSWER - 0.05  # it did wait for the connection
+    for result in (first, second):
+        assert SLOW_ANSWER * 1000 - 50 <= result.duration_ms < SLOW_ANSWER * 1000 + 300

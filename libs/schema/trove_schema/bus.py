@@ -320,9 +320,6 @@ class Consumer:
         tasks: set[asyncio.Task[None]] = set()
         held = _Held()
         capacity = self.concurrency + self.prefetch
-        # A request for fewer than this waits until more room is free (one request per
-        # few messages, not one per message), unless nothing is asked for at all.
-        at_least = max(1, min(self.fetch_batch, capacity // 4))
 
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
@@ -337,7 +334,7 @@ class Consumer:
                     self._start(held.pop(), tasks, done)
                 room = min(capacity - len(tasks) - len(held), self.fetch_batch)
                 try:
-                    await pulls.ask(room, at_least=at_least)
+                    await pulls.ask(room)
                 except Exception as exc:  # connection trouble: nats-py reconnects
                     log.warning("pull from %s failed: %s", self.durable, exc)
                 await held.refresh(self.hold_refresh)
@@ -615,9 +612,7 @@ class BatchConsumer:
                     continue
                 room = self.batch_size * self.concurrency - sum(tasks.values()) - len(in_hand)
                 try:
-                    await pulls.ask(
-                        min(room, self.batch_size), at_least=max(1, self.batch_size // 4)
-                    )
+                    await pulls.ask(min(room, self.batch_size))
                 except Exception as exc:  # connection trouble: nats-py reconnects
                     log.warning("pull from %s failed: %s", self.durable, exc)
                 if pulls:

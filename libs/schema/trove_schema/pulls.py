@@ -8,14 +8,15 @@ messages a second for each consumer of each process, nearly all of them empty an
 and at a polite crawl's pace that polling cost more CPU, in nats-server and in the
 services, than the pages.
 
-``Pulls`` works the way nats.go's ``Consume`` does. It keeps pull requests open at the
-server for up to ``expires`` seconds, for as many messages as its consumer has room
-for, and receives each message the moment JetStream delivers it. It asks again when
-a request ends (filled, or expired: JetStream then says so with a 408 status) or when
-room worth a request has freed up. An idle consumer costs one request and one 408 per
-``expires``. A request whose end never arrives (nats-server restarted, the connection
-was replaced) is forgotten ``grace`` seconds after it expired, or at once when the bus
-reconnects, and asked again.
+``Pulls`` keeps one pull request open at the server for up to ``expires`` seconds, for
+as many messages as its consumer has room for, and receives each message the moment
+JetStream delivers it. It asks again when the request ends: filled, or expired
+(JetStream then says so with a 408 status). An open request means the server had no
+more to give, so room freed meanwhile needs no second request, and one request at a
+time keeps the count of what is still owed exact. An idle consumer costs one request
+and one 408 per ``expires``. A request whose end never arrives (nats-server restarted,
+the connection was replaced) is forgotten ``grace`` seconds after it expired, or at
+once when the bus reconnects, and asked again.
 
 A message that arrives after its request was given up is still a message: it is handed
 over like any other. The consumer holds what it cannot start yet (``Consumer``'s heap),
@@ -73,8 +74,7 @@ class Pulls:
         self._clock = clock
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
-        #: Open requests, oldest first: JetStream fills and expires them in that order.
-        self._requests: collections.deque[_Request] = collections.deque()
+        self._request: _Request | None = None
         self._arrived: collections.deque[Msg] = collections.deque()
         #: Set when the server answered that nobody serves the consumer (a 503): no new
         #: request before this time, or a missing consumer would be asked in a loop.
@@ -99,7 +99,7 @@ class Pulls:
     @property
     def outstanding(self) -> int:
         """Messages asked for and not yet delivered."""
-        return sum(r.remaining for r in self._requests)
+        return self._request.remaining if self._request is not None else 0
 
     def __len__(self) -> int:
         """Messages delivered and not yet taken."""
@@ -110,52 +110,46 @@ class Pulls:
         self._arrived.clear()
         return msgs
 
-    async def ask(self, room: int, *, at_least: int = 1) -> None:
-        """Have ``room`` messages asked for in all: a request for what is missing, if that is
-        at least ``at_least`` (or nothing is asked for at all)."""
+    async def ask(self, room: int) -> None:
+        """Ask for ``room`` messages, unless a request is still open."""
         now = self._clock()
         self._forget_lost(now)
-        if room <= 0 or now < self._quiet_until:
+        if room <= 0 or self._request is not None or now < self._quiet_until:
             return
-        missing = room - self.outstanding
-        if missing <= 0 or (self._requests and missing < at_least):
-            return
-        request = b'{"batch":%d,"expires":%d}' % (missing, int(self.expires * 1_000_000_000))
+        request = b'{"batch":%d,"expires":%d}' % (room, int(self.expires * 1_000_000_000))
         await self.nc.publish(self.subject, request, reply=self._inbox)
-        self._requests.append(_Request(missing, now + self.expires))
+        self._request = _Request(room, now + self.expires)
 
     def next_deadline(self) -> float | None:
-        """When the oldest open request will be given up if its end never comes."""
-        if not self._requests:
+        """When the open request will be given up if its end never comes."""
+        if self._request is None:
             return None
-        return self._requests[0].deadline + self.grace
+        return self._request.deadline + self.grace
 
     def _forget_lost(self, now: float) -> None:
         reconnects = self.nc.stats.get("reconnects", 0)
         if reconnects != self._reconnects:
-            # Requests sent to a server that has gone may never be answered.
+            # A request sent to a server that has gone may never be answered.
             self._reconnects = reconnects
-            self._requests.clear()
-            return
-        while self._requests and self._requests[0].deadline + self.grace < now:
-            self._requests.popleft()
+            self._request = None
+        elif self._request is not None and self._request.deadline + self.grace < now:
+            self._request = None
 
     async def _receive(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
-        if status is None or (status == "" and msg.data):
-            if self._requests:
-                oldest = self._requests[0]
-                oldest.remaining -= 1
-                if oldest.remaining <= 0:
-                    self._requests.popleft()
+        if not status:
+            request = self._request
+            if request is not None:
+                request.remaining -= 1
+                if request.remaining <= 0:
+                    self._request = None
             self._arrived.append(msg)
         elif status == HEARTBEAT:
             return
         else:
-            # 408: the oldest request expired; 409: ended (leadership change, too many
-            # waiting, consumer deleted); 404 only answers a request that may not wait.
-            if self._requests:
-                self._requests.popleft()
+            # 408: the request expired; 409: it ended (leadership change, too many
+            # waiting, consumer deleted); 503: nobody serves the consumer.
+            self._request = None
             if status == NO_RESPONDERS:
                 self._quiet_until = self._clock() + self.grace
             elif status != REQUEST_TIMEOUT:

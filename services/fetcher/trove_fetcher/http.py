@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -169,6 +170,8 @@ class FetchResult:
     bytes_read: int = 0
     #: Seconds spent waiting at the hop gate (politeness), not requesting.
     waited: float = 0.0
+    #: Seconds the requests waited in this pod for a connection of its pool.
+    queued: float = 0.0
     #: The final response's ``AUDIT_HEADERS`` that were sent (lower-case names).
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -178,8 +181,11 @@ class FetchResult:
 
     @property
     def duration_ms(self) -> int:
-        """Milliseconds spent on the requests themselves (hop-gate waits left out)."""
-        return max(0, round((self.elapsed - self.waited) * 1000))
+        """Milliseconds spent on the requests themselves: what the host took, not the
+        pod. Hop-gate waits are left out, and so is the wait for a free connection in
+        the pod's pool. Under load that wait can be seconds, and the learned gap
+        (``host_gap``: a multiple of the response time) would multiply it."""
+        return max(0, round((self.elapsed - self.waited - self.queued) * 1000))
 
     @property
     def retryable(self) -> bool:
@@ -339,6 +345,27 @@ class _Trace:
     reader: BodyReader | None = None
     #: Seconds spent at the hop gate.
     waited: float = 0.0
+    #: Seconds the hops' requests waited for a connection of the pool.
+    queued: float = 0.0
+
+
+class _PoolWait:
+    """httpcore's ``trace`` extension for one request: the first event it reports (a
+    new connection's connect, or the request line on a kept one) is when the request
+    left the pool's queue."""
+
+    def __init__(self) -> None:
+        self.asked = time.monotonic()
+        self.left: float | None = None
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if self.left is None:
+            self.left = time.monotonic()
+
+    @property
+    def seconds(self) -> float:
+        """The wait (0 when the transport reports nothing)."""
+        return 0.0 if self.left is None else max(0.0, self.left - self.asked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,6 +484,7 @@ async def fetch(
         completed=completed,
         bytes_read=0 if reader is None else reader.bytes_read,
         waited=trace.waited,
+        queued=trace.queued,
         response_headers=audit_headers(headers),
     )
 
@@ -495,7 +523,10 @@ async def _follow(
     # The validators go on every hop: they came from the final response last time.
     headers = _request_headers(etag, last_modified, accept)
     while True:
-        request = client.build_request("GET", current, headers=headers)
+        pool_wait = _PoolWait()
+        request = client.build_request(
+            "GET", current, headers=headers, extensions={"trace": pool_wait}
+        )
         try:
             response = await client.send(request, stream=True)
         except (httpx.InvalidURL, idna.IDNAError) as exc:
@@ -503,6 +534,8 @@ async def _follow(
             # decodes a punycode host with idna (``xn--ls8h.la``); the request URL is
             # already valid, so only a redirect's Location gets here.
             return _Ending(CrawlOutcome.REJECTED, f"unusable redirect Location: {exc}")
+        finally:
+            trace.queued += pool_wait.seconds
         try:
             trace.status_code = response.status_code
             trace.headers = response.headers

@@ -25,7 +25,7 @@ from trove_recorder.projections import apply_batch
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import BatchConsumer, Bus
-from trove_schema.events import CrawlRequested, Event, decode_event
+from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
@@ -80,7 +80,10 @@ class Recorder:
             PROJECTED.inc(applied.count)
             newest = max(e.occurred_at for e in events)
             PROJECTION_LAG_SECONDS.set((datetime.now(UTC) - newest).total_seconds())
-            self.outbox_wakeup.set()
+            # Only an attempt that may be retried can have written outbox rows: a look at
+            # the outbox after every batch was a second transaction per batch.
+            if any(isinstance(e, CrawlCompleted) and e.retryable for e in events):
+                self.outbox_wakeup.set()
 
     async def publish_outbox(self, stop: asyncio.Event) -> None:
         """Publish pending outbox rows (retries) as scheduled messages, then mark them sent."""
