@@ -20,6 +20,7 @@ is forgotten one ``seen_ttl`` after its last request, and any link may bring it 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -177,6 +178,7 @@ class Discovery:
             followable = [link for link in followable if hash(link.url) in again]
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
         held: list[str] = []
+        outgoing: list[PageDiscovered] = []
         taken = 0
         for link in followable:
             if taken >= self.settings.max_links_per_page:
@@ -227,10 +229,16 @@ class Discovery:
                 ),
             )
             if await self._within_budget(discovered.domain, discovered.id):
-                await self.bus.publish(discovered)
-                DISCOVERED.labels(discovered.provenance.kind).inc()
+                outgoing.append(discovered)
             else:
                 self._unprobe(probing)
+        if outgoing:
+            # Sent together, in order, in one write; each still waits for its PubAck. A
+            # failure hands the page back, and its redelivery publishes them all again
+            # under the same ids (the seen keys hold them), which JetStream drops.
+            await asyncio.gather(*(self.bus.publish(d) for d in outgoing))
+            for discovered in outgoing:
+                DISCOVERED.labels(discovered.provenance.kind).inc()
         if held and self.holds is not None:
             delay = self.holds.hold(event.id, held, deliveries)
             reason = f"{len(held)} links wait for their host's URL aliases"
