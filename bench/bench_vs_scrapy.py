@@ -449,6 +449,10 @@ def _trove_env(ctx: Context, server: Server, regime: Regime) -> dict[str, str]:
         "TROVE_LOG_LEVEL": "WARNING",
         "TROVE_MAX_DEPTH": str(max_depth(server)),
     }
+    if regime.gap == 0:
+        # No politeness at all, as Scrapy's DOWNLOAD_DELAY 0 without AutoThrottle: the
+        # learned gap (10x a host's response time) is politeness too.
+        env["TROVE_GAP_RESPONSE_FACTOR"] = "0"
     if regime.web == "smallweb":
         env["TROVE_READ_TIMEOUT"] = str(ctx.args.smallweb_timeout)
         if m.get("ca_file"):

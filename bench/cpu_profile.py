@@ -12,7 +12,7 @@ bucket's share of the group's samples, divided by the pages.
 A sample falls in the bucket of its innermost frame that belongs to a named library
 (extraction, HTTP, the NATS client, the event records, Postgres): the socket write that
 nats-py asks of the event loop is NATS's, the validation pydantic does for an event is
-the events'. What no named library caused and ends in the loop (asyncio, uvloop,
+the events'. What no named library caused and ends in the loop (asyncio,
 selectors, the executor's threads) is the loop's; the rest is Trove's own code and the
 standard library it calls.
 
@@ -115,7 +115,7 @@ BUCKETS = (
 )
 LOOP = Bucket(
     "event loop (asyncio, selectors, threads)",
-    _in("asyncio", "uvloop", "selectors.py", "concurrent", "threading.py", "queue.py"),
+    _in("asyncio", "selectors.py", "concurrent", "threading.py", "queue.py"),
 )
 REST = "Trove's own code and the rest"
 BUCKET_NAMES = (*(b.name for b in BUCKETS), LOOP.name, REST)
@@ -127,7 +127,7 @@ def _scaffold(function: str, file: str) -> bool:
         return True
     if file in ("asyncio/runners.py", "threading.py", "concurrent/futures/thread.py"):
         return True
-    if file.startswith("uvloop/") or (file == "trove_schema/service.py" and function == "run"):
+    if file == "trove_schema/service.py" and function == "run":
         return True
     return (function, file) in {
         ("BaseEventLoop.run_forever", "asyncio/base_events.py"),
@@ -178,7 +178,7 @@ class Samples:
             frames = [parse_frame(f) for f in stack.split(";")]
             self.total += n
             # A sample that ends in an entry point or the loop's dispatch is in native
-            # code under it: uvloop's loop, an executor thread taking its next item.
+            # code under it: the selector's wait, an executor thread taking its next item.
             native = " + native code under it" if _scaffold(*frames[-1]) else ""
             self.leaf[label(*frames[-1]) + native] += n
             self.buckets[bucket_of(frames)] += n

@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import uvloop
-
 from trove_schema.errors import StackError, TopologyError
 from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
@@ -194,13 +192,6 @@ async def _start_patiently(
         pause = min(pause * 2, START_BACKOFF_CAP)
 
 
-def event_loop_factory(settings: CommonSettings) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The loop a service runs on (``TROVE_EVENT_LOOP``)."""
-    if settings.event_loop == "uvloop":
-        return uvloop.new_event_loop
-    return asyncio.new_event_loop
-
-
 def run(service: str, settings: CommonSettings, main: ServiceMain) -> int:
     """Run a service until SIGTERM/SIGINT; returns the process exit status."""
     check_environment()
@@ -228,8 +219,7 @@ def run(service: str, settings: CommonSettings, main: ServiceMain) -> int:
         log.info("stopped", extra={"service": service})
 
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory(settings)) as loop_runner:
-            loop_runner.run(runner())
+        asyncio.run(runner())
     except Exception:
         log.exception("%s crashed", service)
         return 1

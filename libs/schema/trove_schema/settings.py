@@ -50,9 +50,6 @@ class CommonSettings(BaseSettings):
     restart_reset_after_seconds: float = Field(default=30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
-    #: The services' event loop: uvloop (libuv) spends less CPU per socket operation
-    #: than asyncio's own loop; ``asyncio`` is kept to compare and as a way out.
-    event_loop: Literal["uvloop", "asyncio"] = "asyncio"
     #: JetStream replicas for streams and buckets (3 on a production cluster).
     replicas: int = Field(default=1, ge=1, le=5)
     #: Port for /healthz, /readyz and /metrics; 0 disables the HTTP endpoint.
