@@ -305,18 +305,8 @@ class Consumer:
     async def run(self, stop: asyncio.Event) -> None:
         if not await self._bind(stop):
             return
-        wake = asyncio.Event()
-        pulls = Pulls(
-            self.bus.nc,
-            self.stream,
-            self.durable,
-            expires=self.pull_expires,
-            grace=self.idle_wait,
-            wake=wake.set,
-        )
-        await pulls.start()
+        pulls, wake, waker = await _open_pulls(self, stop)
         watcher = asyncio.create_task(self.watch_dead_letters(stop))
-        waker = asyncio.create_task(_wake_on(stop, wake))
         tasks: set[asyncio.Task[None]] = set()
         held = _Held()
         capacity = self.concurrency + self.prefetch
@@ -567,18 +557,8 @@ class BatchConsumer:
         )
         if not await single._bind(stop):
             return
-        wake = asyncio.Event()
-        pulls = Pulls(
-            self.bus.nc,
-            self.stream,
-            self.durable,
-            expires=self.pull_expires,
-            grace=self.idle_wait,
-            wake=wake.set,
-        )
-        await pulls.start()
+        pulls, wake, waker = await _open_pulls(self, stop)
         watcher = asyncio.create_task(single.watch_dead_letters(stop))
-        waker = asyncio.create_task(_wake_on(stop, wake))
         #: Batches being handled, and how many messages each holds.
         tasks: dict[asyncio.Task[None], int] = {}
         in_hand: list[Msg] = []
@@ -668,6 +648,24 @@ async def _wait(wake: asyncio.Event, seconds: float) -> None:
         await wake.wait()
     finally:
         timer.cancel()
+
+
+async def _open_pulls(
+    consumer: Consumer | BatchConsumer, stop: asyncio.Event
+) -> tuple[Pulls, asyncio.Event, asyncio.Task[None]]:
+    """The consumer's pulls, started; the event that wakes its loop (a message arrived,
+    a request ended, ``stop``); the task that sets it on ``stop``."""
+    wake = asyncio.Event()
+    pulls = Pulls(
+        consumer.bus.nc,
+        consumer.stream,
+        consumer.durable,
+        expires=consumer.pull_expires,
+        grace=consumer.idle_wait,
+        wake=wake.set,
+    )
+    await pulls.start()
+    return pulls, wake, asyncio.create_task(_wake_on(stop, wake))
 
 
 async def _wake_on(stop: asyncio.Event, wake: asyncio.Event) -> None:

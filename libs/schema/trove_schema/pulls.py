@@ -53,7 +53,7 @@ class _Request:
 
 
 class Pulls:
-    """Open pull requests on one durable consumer, and the messages they brought."""
+    """The open pull request on one durable consumer, and the messages it brought."""
 
     def __init__(
         self,
@@ -95,11 +95,6 @@ class Pulls:
         left = list(self._arrived)
         self._arrived.clear()
         return left
-
-    @property
-    def outstanding(self) -> int:
-        """Messages asked for and not yet delivered."""
-        return self._request.remaining if self._request is not None else 0
 
     def __len__(self) -> int:
         """Messages delivered and not yet taken."""
