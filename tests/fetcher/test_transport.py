@@ -7,7 +7,9 @@ the guard refuses must never appear there.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -345,3 +347,62 @@ def test_pool_config_follows_the_fetcher_concurrency() -> None:
     config = PoolConfig.for_settings(FetcherSettings(concurrency=64))
     assert config.max_connections >= 2 * 64
     assert config.max_keepalive_connections <= config.max_connections
+
+
+class _StreamKeeper(RecordingBackend):
+    """Notes a weak reference to every connection's network stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams: list[weakref.ref[httpcore.AsyncNetworkStream]] = []
+
+    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        stream = await super().connect_tcp(*args, **kwargs)
+        self.streams.append(weakref.ref(stream))
+        return stream
+
+
+async def test_a_response_kept_after_its_connection_closed_does_not_keep_the_socket(
+    server: LocalServer,
+) -> None:
+    # httpx's responses sit in reference cycles that only the collector frees: with it
+    # off, a socket (and its TLS state) must still go as soon as the pool closes it.
+    keeper = _StreamKeeper()
+    gc.disable()
+    try:
+        async with build_client(_settings(), network_backend=keeper) as client:
+            response = await client.get(server.url("/echo", host="site.trove.test"))
+            assert response.status_code == 200
+        assert len(keeper.streams) == 1
+        assert keeper.streams[0]() is None
+        assert response.text.startswith("host=")
+    finally:
+        gc.enable()
+
+
+async def test_connection_closes_with_its_response_when_no_gap_is_shorter_than_keep_alive(
+    server: LocalServer,
+) -> None:
+    # The next request to the host comes a gap (10 s at least) after this response:
+    # a connection kept for it would only hold a socket.
+    keeper = _StreamKeeper()
+    settings = _settings(min_domain_delay_seconds=10.0)
+    async with build_client(settings, network_backend=keeper) as client:
+        first = await client.get(server.url("/echo", host="site.trove.test"))
+        assert first.status_code == 200
+        assert keeper.streams[0]() is None
+        await client.get(server.url("/echo", host="site.trove.test"))
+    assert len(keeper.connects) == 2
+
+
+async def test_connection_is_kept_for_the_next_request_when_gaps_are_short(
+    server: LocalServer,
+) -> None:
+    keeper = _StreamKeeper()
+    settings = _settings(min_domain_delay_seconds=0.5)
+    async with build_client(settings, network_backend=keeper) as client:
+        for _ in range(2):
+            response = await client.get(server.url("/echo", host="site.trove.test"))
+            assert response.status_code == 200
+        assert keeper.streams[0]() is not None
+    assert len(keeper.connects) == 1

@@ -232,20 +232,40 @@ def _httpx_errors() -> Iterator[None]:
         raise
 
 
+#: What a closed response stream holds instead of its connection.
+_CLOSED: tuple[bytes, ...] = ()
+
+
 class _ResponseStream(httpx.AsyncByteStream):
+    """httpcore's body as httpx's; closed, it lets go of the connection under it.
+
+    httpx binds every response to its stream and the stream to the response, a
+    reference cycle, so a response lives until the garbage collector's next full
+    pass. Holding the body stream, it would hold the connection too (socket, TLS state,
+    buffers): hundreds of closed connections to hosts visited once, kept for nothing.
+    """
+
     def __init__(self, stream: AsyncIterable[bytes]) -> None:
-        self._stream = stream
+        self._stream: AsyncIterable[bytes] | Iterable[bytes] = stream
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        stream = self._stream
+        if not isinstance(stream, AsyncIterable):
+            return
         with _httpx_errors():
-            async for part in self._stream:
+            async for part in stream:
                 yield part
 
     async def aclose(self) -> None:
-        aclose = getattr(self._stream, "aclose", None)
+        stream, self._stream = self._stream, _CLOSED
+        aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             with _httpx_errors():
                 await aclose()
+
+
+#: How long an idle connection is kept for another request to its origin (seconds).
+KEEPALIVE_EXPIRY = 2.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -254,7 +274,7 @@ class PoolConfig:
 
     max_connections: int = 128
     max_keepalive_connections: int = 128
-    keepalive_expiry: float = 2.0
+    keepalive_expiry: float = KEEPALIVE_EXPIRY
     #: Pools the connections are spread over, by origin hash (httpx#3215).
     shards: int = 4
 
@@ -266,15 +286,22 @@ class PoolConfig:
         connections keep httpcore's per-request scans short. Keep-alive covers every
         connection: below the pool size, httpcore (1.0.9) closes idle connections
         whenever the pool holds more connections *in total* than the keep-alive
-        limit, and reconnects nearly every request. A 2 s expiry still serves
-        redirect hops, and drops sockets that the politeness delay (10 s between
-        two requests to a domain) would leave idle anyway.
+        limit, and reconnects nearly every request.
+
+        Every request to a domain (a page, robots.txt, each redirect hop) waits the
+        domain's gap after the end of the previous response, and no gap is shorter
+        than ``min_domain_delay_seconds``. When that floor is past the keep-alive
+        expiry (the default 10 s against 2 s), no connection can ever serve a second
+        request: kept, it only holds a socket, its TLS state and a pool slot until it
+        expires. Then every connection closes with its response, and a crawl of many
+        hosts, each visited once in a while, holds only the connections in use.
         """
         connections = max(2 * settings.concurrency, 16)
+        reusable = settings.min_domain_delay_seconds < KEEPALIVE_EXPIRY
         return cls(
             max_connections=connections,
-            max_keepalive_connections=connections,
-            keepalive_expiry=2.0,
+            max_keepalive_connections=connections if reusable else 0,
+            keepalive_expiry=KEEPALIVE_EXPIRY if reusable else 0.0,
             shards=math.ceil(connections / 32),
         )
 
@@ -439,7 +466,9 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             status_code=response.status,
             headers=response.headers,
             stream=_ResponseStream(response.stream),
-            extensions=response.extensions,
+            # Not the "network_stream": the response would hold the socket (see
+            # ``_ResponseStream``), and nothing here reads it.
+            extensions={k: v for k, v in response.extensions.items() if k != "network_stream"},
         )
 
     async def aclose(self) -> None:
