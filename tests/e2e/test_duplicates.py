@@ -34,7 +34,7 @@ from trove_schema.topology import (
 
 #: Posts on the host; one list page per five. Each post lies within a few links of a
 #: seeded list page, so the crawl's depth never cuts it short.
-POSTS = 500
+POSTS = 800
 #: Share of requests that may fetch a document fetched before (the issue's bound).
 REPEATS = 0.02
 

@@ -573,3 +573,27 @@ async def test_a_freed_slot_takes_waiting_work_at_once_however_long_pulls_wait(
 
 async def _value(value: Any) -> Any:
     return value
+
+
+async def test_a_consumer_refused_by_the_server_does_not_ask_again_in_a_loop(
+    bus: Bus, lane: Lane
+) -> None:
+    # The durable consumer is deleted under a running loop: every pull now ends at once
+    # with a refusal. The loop must pause before each new request (``idle_wait``, 0.2 s
+    # here), not ask again the moment it is refused: over 1.5 s, a handful of requests.
+    consumer = Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=Script([]),
+        pull_expires=30.0,
+        **FAST,
+    )
+    async with pull_requests(bus, lane) as requests, running(consumer):
+        await eventually(lambda: _value(len(requests)), until=lambda n: n >= 1, timeout=10)
+        await bus.js.delete_consumer(lane.stream, lane.durable)
+        before = len(requests)
+        # The duration under test: how often the loop asks while it is refused.
+        await asyncio.sleep(1.5)
+        asked = len(requests) - before
+    assert 1 <= asked <= 1.5 / 0.2 + 2, f"{asked} pull requests in 1.5 s"

@@ -38,9 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The JetStream API's "next messages" request of a pull consumer (the default domain).
 NEXT_SUBJECT = "$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
-#: Status codes that end a pull request (a heartbeat, 100, does not).
+#: The status that ends a pull request at its expiry; a heartbeat (100) ends none.
 REQUEST_TIMEOUT = "408"
-NO_RESPONDERS = "503"
 HEARTBEAT = "100"
 
 
@@ -76,8 +75,8 @@ class Pulls:
         self._sub: Subscription | None = None
         self._request: _Request | None = None
         self._arrived: collections.deque[Msg] = collections.deque()
-        #: Set when the server answered that nobody serves the consumer (a 503): no new
-        #: request before this time, or a missing consumer would be asked in a loop.
+        #: Set when the server ended a request other than by its expiry: no new request
+        #: before this time.
         self._quiet_until = 0.0
         self._reconnects = nc.stats.get("reconnects", 0)
 
@@ -142,12 +141,13 @@ class Pulls:
         elif status == HEARTBEAT:
             return
         else:
-            # 408: the request expired; 409: it ended (leadership change, too many
-            # waiting, consumer deleted); 503: nobody serves the consumer.
+            # 408: the request expired. Anything else ended it for a reason that may
+            # hold for the next request too (409: a leadership change, too many waiting,
+            # the consumer deleted; 503: nobody serves the consumer): the next one waits
+            # ``grace``, or a refusal would be asked again in a loop.
             self._request = None
-            if status == NO_RESPONDERS:
+            if status != REQUEST_TIMEOUT:
                 self._quiet_until = self._clock() + self.grace
-            elif status != REQUEST_TIMEOUT:
                 log.debug(
                     "pull on %s ended: %s %s",
                     self.subject,
