@@ -70,6 +70,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -206,6 +207,9 @@ class Run:
     started_at: float = math.nan
     #: The largest host in the witness log: its first request (s after the start), the
     #: span of its requests and their mean gap.
+    #: Trove only: the largest host's answer times as the fetcher measured them (ms),
+    #: which its learned gap multiplies.
+    big_answers_ms: list[int] = field(default_factory=list)
     big_first: float = math.nan
     big_span: float = math.nan
     big_mean_gap: float = math.nan
@@ -658,7 +662,8 @@ async def _trove_crawl(
             await conn.execute(
                 text(
                     "SELECT p.url, c.outcome, c.status_code, c.error_message, c.completed_at,"
-                    " pe.projected_at FROM page_crawls c JOIN pages p ON p.id = c.page_id"
+                    " c.duration_ms, pe.projected_at FROM page_crawls c"
+                    " JOIN pages p ON p.id = c.page_id"
                     " JOIN projected_events pe ON pe.event_id = c.event_id"
                 )
             )
@@ -672,6 +677,8 @@ async def _trove_crawl(
                 run.failures.append((row.url, f"{row.outcome}{status}: {row.error_message}"))
             run.latencies.append((row.projected_at - row.completed_at).total_seconds())
             ends.append(row.projected_at.timestamp())
+            if _key(row.url)[0] == server.largest_host and row.duration_ms is not None:
+                run.big_answers_ms.append(row.duration_ms)
         else:
             run.extra[row.outcome] += 1
     run.done = len({_key(r.url) for r in rows} & expected)
@@ -1170,6 +1177,12 @@ def print_run(run: Run) -> None:
             f"    largest host: first request {_fmt(run.big_first, '.2f')} s after the start, "
             f"its requests span {_fmt(run.big_span, '.2f')} s, mean gap "
             f"{_fmt(1000 * run.big_mean_gap)} ms"
+            + (
+                "; answer times measured by Trove: median"
+                f" {statistics.median(run.big_answers_ms):.0f} ms, max {max(run.big_answers_ms)} ms"
+                if run.big_answers_ms
+                else ""
+            )
         )
     if run.rule_bound != run.lower_bound:
         print(

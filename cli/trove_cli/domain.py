@@ -286,8 +286,9 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
     else:
         console.print(
             Text(
-                f"  gap {gap:g} s: at least {config.response_factor:g} x the smoothed response "
-                f"time of {policy.response_ms:.0f} ms, never below {base:g} s"
+                f"  gap {gap:g} s: at least {config.response_factor:g} x the median answer "
+                f"time of {len(policy.recent_ms) or 1} answer(s), {policy.response_ms:.0f} ms,"
+                f" never below {base:g} s"
             )
         )
     sent = "sent" if send_validators(policy) else "not sent (the host ignores them)"

@@ -129,7 +129,7 @@ async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) 
     assert "risk level 1" in printed  # the timeout
     assert "rate level 1" in printed  # the 429
     assert "banned Trove at 2026-11-23 12:04:00 UTC" in printed
-    assert "gap 10 s: at least 10 x the smoothed response time of 40 ms" in printed
+    assert "gap 10 s: at least 10 x the median answer time of 4 answer(s), 40 ms" in printed
     assert "validators sent: 0 answered 304" in printed
     estimates = next(line for line in printed.splitlines() if "│ page" in line and "http" in line)
     assert "chosen" in estimates
@@ -148,7 +148,7 @@ async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) 
     printed = out.getvalue()
     assert "not paused (last pause: blocked_captcha)" in printed
     assert "risk level 0" in printed
-    assert "gap 24" in printed  # 10 x ~2.4 s, smoothed
+    assert "gap 25 s" in printed  # 10 x 2.5 s: the last five answers
 
 
 async def test_a_host_without_a_policy_says_it_rests_on_the_priors(engine: AsyncEngine) -> None:

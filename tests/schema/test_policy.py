@@ -420,11 +420,35 @@ def test_a_slow_host_gets_a_longer_gap_never_below_the_minimum() -> None:
         slow = observe(slow, Observation.of(slow_event), config)
         fast = observe(fast, Observation.of(content(page(k), "http", at)), config)
     assert host_gap(slow, 1.0, config) > host_gap(fast, 1.0, config)
-    assert host_gap(slow, 1.0, config) >= 10.0  # ten times ~2 s, smoothed
+    assert host_gap(slow, 1.0, config) == 20.0  # ten times 2 s
     assert host_gap(fast, 1.0, config) == 1.0
     assert host_gap(fast, 0.2, config) == 1.0  # never below the minimum
     assert host_gap(fast, 5.0, config) == 5.0  # nor below the host's Crawl-delay
     assert host_gap(HostPolicy(response_ms=10**7), 1.0, config) == 60.0
+
+
+def test_one_slow_answer_does_not_lengthen_the_gap_but_a_host_turning_slow_does() -> None:
+    """The gap follows the median of the last answers: a single stall (the host's, or
+    the measuring pod's own) is not the host's pace."""
+    config = LearningConfig(min_gap=1.0, max_gap=60.0)
+    policy = HostPolicy()
+
+    def answered(k: int, seconds: float) -> HostPolicy:
+        event = attempt(page(k), "http", CrawlOutcome.SUCCESS, at=T0 + 10 * k,
+                        duration=seconds, status_code=200, title="t")  # fmt: skip
+        return observe(policy, Observation.of(event), config)
+
+    for k in range(5):
+        policy = answered(k, 0.01)
+    policy = answered(5, 3.0)  # one stall
+    assert host_gap(policy, 1.0, config) == 1.0
+    policy = answered(6, 0.01)
+    policy = answered(7, 3.0)  # another, two in the last five
+    assert host_gap(policy, 1.0, config) == 1.0
+    for k in range(8, 10):
+        policy = answered(k, 2.0)  # the host turns slow: most of the last five
+    assert host_gap(policy, 1.0, config) == 20.0
+    assert len(policy.recent_ms) == 5
 
 
 def test_validators_are_dropped_only_where_the_host_clearly_ignores_them() -> None:

@@ -18,7 +18,7 @@ agree. What a host's record learns:
   (Retry-After, honoured exactly); answers to requests that were already in flight
   when the host was last escalated do not escalate it again; a ban or a challenge
   pauses it for ``ban_pause``. A healthy answer forgives the levels.
-* **How gently to go**: the gap grows with the host's smoothed response time.
+* **How gently to go**: the gap grows with the host's recent response time (a median).
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
 
@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import re
+import statistics
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,8 +59,10 @@ MAX_ESTIMATES = 32
 MAX_LEVEL = 32
 #: Validator counts are halved past this, so a host that changes its ways is re-learned.
 MAX_VALIDATOR_COUNT = 1000
-#: Weight of the newest response time in the smoothed one.
-RESPONSE_SMOOTHING = 0.3
+#: A host's response time is the median of its last answers: one slow answer (the
+#: host's hiccup, or a stall of the pod that timed it, which lands in the measurement
+#: too) does not lengthen the gap, and a host that turns slow is seen after three.
+RECENT_ANSWERS = 5
 JITTER = 0.1
 #: Decimals the fold keeps: counts to 1e-4 of an attempt, times to the millisecond.
 COUNT_DIGITS = 4
@@ -177,7 +180,7 @@ class LearningConfig:
     #: The configured gap between two requests to a host, and its ceiling.
     min_gap: float = 10.0
     max_gap: float = 120.0
-    #: A host's gap is at least this many times its (smoothed) response time.
+    #: A host's gap is at least this many times its recent response time.
     response_factor: float = 10.0
     #: First pause of a host that fails (refuses, times out, 5xx), doubled per failure in a row.
     pause_base: float = 60.0
@@ -284,7 +287,10 @@ class HostPolicy:
     risk_level: int = 0
     rate_level: int = 0
     escalated_at: float = 0.0
+    #: The median of ``recent_ms``; what the gap follows.
     response_ms: float | None = None
+    #: The last ``RECENT_ANSWERS`` answer times (ms), oldest first.
+    recent_ms: tuple[float, ...] = ()
     attempts: int = 0
     last_attempt_at: float = 0.0
     #: Conditional requests answered 304 / answered 200 with the same content.
@@ -303,6 +309,8 @@ class HostPolicy:
                 key: [round(s, COUNT_DIGITS), round(f, COUNT_DIGITS)]
                 for key, (s, f) in sorted(self.estimates.items())
             }
+        if self.recent_ms:
+            out["recent_ms"] = [round(ms, TIME_DIGITS) for ms in self.recent_ms]
         for name, default in _SCALARS.items():
             value = getattr(self, name)
             if value != default:
@@ -324,7 +332,11 @@ class HostPolicy:
             value = _coerce(raw.get(name), default, text=name in _TEXT_FIELDS)
             if value is not None or default is None:
                 values[name] = value
-        return cls(estimates=_read_estimates(raw.get("estimates")), **values)
+        return cls(
+            estimates=_read_estimates(raw.get("estimates")),
+            recent_ms=_read_recent(raw.get("recent_ms")),
+            **values,
+        )
 
 
 _SCALARS: dict[str, Any] = {
@@ -354,6 +366,13 @@ def _coerce(value: object, default: Any, *, text: bool = False) -> Any:
     if isinstance(default, int):
         return max(0, min(int(value), 2**31 - 1))
     return max(0.0, float(value))
+
+
+def _read_recent(raw: object) -> tuple[float, ...]:
+    if not isinstance(raw, list):
+        return ()
+    times = (_coerce(value, 0.0) for value in raw[-RECENT_ANSWERS:])
+    return tuple(ms for ms in times if ms is not None)
 
 
 def _read_estimates(raw: object) -> dict[str, tuple[float, float]]:
@@ -433,16 +452,13 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
     elif _answered(obs) and not in_flight:
         risk, rate = 0, 0  # forgiven: the host answers again
 
-    response_ms = policy.response_ms
+    response_ms, recent = policy.response_ms, policy.recent_ms
     # Only answers tell how long the host takes to answer: a timeout's duration is the
     # client's limit, and a failure is left to the pauses above.
     answered = obs.error_type not in HOST_FAILURES
     if obs.status is not None and obs.duration_ms is not None and answered:
-        response_ms = (
-            float(obs.duration_ms)
-            if response_ms is None
-            else (1 - RESPONSE_SMOOTHING) * response_ms + RESPONSE_SMOOTHING * obs.duration_ms
-        )
+        recent = (*recent, round(float(obs.duration_ms), TIME_DIGITS))[-RECENT_ANSWERS:]
+        response_ms = statistics.median(recent)
 
     honoured, ignored = policy.validators_honoured, policy.validators_ignored
     if obs.conditional:
@@ -461,6 +477,7 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         rate_level=rate,
         escalated_at=round(escalated_at, TIME_DIGITS),
         response_ms=None if response_ms is None else round(response_ms, TIME_DIGITS),
+        recent_ms=recent,
         attempts=min(policy.attempts + 1, 2**31 - 1),
         last_attempt_at=round(max(policy.last_attempt_at, obs.at), TIME_DIGITS),
         validators_honoured=honoured,

@@ -72,7 +72,7 @@ class CommonSettings(BaseSettings):
     max_domain_delay_seconds: float = Field(default=120.0, ge=0.0)
     #: Longest a 429/503 Retry-After may pause a whole domain.
     max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
-    #: A host's gap is at least this many times its smoothed response time.
+    #: A host's gap is at least this many times its recent response time (a median).
     gap_response_factor: float = Field(default=10.0, ge=0.0)
     #: First pause of a host that refuses, times out or answers 5xx; doubled per
     #: failure in a row, up to the maximum.
