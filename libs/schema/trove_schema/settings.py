@@ -238,7 +238,7 @@ class RecorderSettings(CommonSettings):
     batch_size: int = Field(default=500, ge=1, le=10_000)
     #: Longest the recorder waits to fill a batch once it has some events (latency for
     #: fewer, larger transactions); 0 handles whatever has arrived at once.
-    batch_linger_seconds: float = Field(default=0.1, ge=0.0, le=5.0)
+    batch_linger_seconds: float = Field(default=0.3, ge=0.0, le=5.0)
     #: URLs whose page id the recorder remembers (~200 bytes each); 0 turns it off.
     page_id_cache: int = Field(default=200_000, ge=0)
     #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted.
