@@ -185,6 +185,7 @@ ROUTES: dict[str, Any] = {
     "/500": _status(500),
     "/unconditional-304": _status(304),
     "/slow": _slow,
+    "/redirect-to-slow": _redirect("/slow"),
 }
 
 LIMITS = FetchLimits(max_body_bytes=2 * MIB, max_redirects=5, total_timeout=5.0)
@@ -734,3 +735,31 @@ async def test_wait_for_a_free_connection_in_the_pod_is_not_the_hosts_answer_tim
     assert second.elapsed >= 2 * SLOW_ANSWER - 0.05  # it did wait for the connection
     for result in (first, second):
         assert SLOW_ANSWER * 1000 - 50 <= result.duration_ms < SLOW_ANSWER * 1000 + 300
+
+
+async def test_a_stall_of_the_pods_event_loop_is_not_the_hosts_answer_time(
+    server: LocalServer,
+) -> None:
+    # The host answers in SLOW_ANSWER. While it works on it, the fetcher's event loop
+    # stalls (a burst of parsing, a long callback) for longer than that: the response
+    # waits in the socket. The kernel saw when it came; the pod's clock did not.
+    stall = 3 * SLOW_ANSWER
+    loop = asyncio.get_running_loop()
+    loop.call_later(SLOW_ANSWER / 5, time.sleep, stall)
+    async with build_client(_settings()) as client:
+        result = await get(client, url(server, "/slow"))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.elapsed >= stall  # the pod did take that long to see the answer
+    assert SLOW_ANSWER * 1000 - 50 <= result.duration_ms < SLOW_ANSWER * 1000 + 200
+    assert result.answered is not None
+
+
+async def test_an_answer_through_redirects_is_timed_over_every_request(
+    server: LocalServer,
+) -> None:
+    async with build_client(_settings()) as client:
+        result = await get(client, url(server, "/redirect-to-slow"))
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.redirects
+    assert result.answered is not None
+    assert SLOW_ANSWER * 1000 - 50 <= result.duration_ms < SLOW_ANSWER * 1000 + 200

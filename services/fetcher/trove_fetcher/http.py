@@ -60,6 +60,7 @@ from trove_fetcher.errors import (
     UndecodableBody,
     UnsupportedContent,
 )
+from trove_fetcher.transport import ANSWER_TIME, AnswerTime
 from trove_schema.events import CrawlOutcome
 from trove_schema.settings import FetcherSettings
 
@@ -172,6 +173,9 @@ class FetchResult:
     waited: float = 0.0
     #: Seconds the requests waited in this pod for a connection of its pool.
     queued: float = 0.0
+    #: Seconds the host took to answer the requests as the kernel timed them
+    #: (``transport.AnswerTime``); None where it did not time every one.
+    answered: float | None = None
     #: The final response's ``AUDIT_HEADERS`` that were sent (lower-case names).
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -181,10 +185,14 @@ class FetchResult:
 
     @property
     def duration_ms(self) -> int:
-        """Milliseconds spent on the requests themselves: what the host took, not the
-        pod. Hop-gate waits are left out, and so is the wait for a free connection in
-        the pod's pool. Under load that wait can be seconds, and the learned gap
-        (``host_gap``: a multiple of the response time) would multiply it."""
+        """Milliseconds the host took to answer, not the pod: the learned gap
+        (``host_gap``) is a multiple of it. The kernel's time from request sent to
+        response received where it has one for every request (``AnswerTime``), which
+        no stall of the pod's event loop lengthens. Else the pod's clock, less the
+        hop-gate waits and the waits for a free connection in the pod's pool (under
+        load those are seconds)."""
+        if self.answered is not None:
+            return round(self.answered * 1000)
         return max(0, round((self.elapsed - self.waited - self.queued) * 1000))
 
     @property
@@ -347,6 +355,14 @@ class _Trace:
     waited: float = 0.0
     #: Seconds the hops' requests waited for a connection of the pool.
     queued: float = 0.0
+    #: Requests sent, and how many of them the kernel timed (``AnswerTime``), in all.
+    sent: int = 0
+    timed: int = 0
+    answered: float = 0.0
+
+    def answer_seconds(self) -> float | None:
+        """What the host took over every request, if the kernel timed each one."""
+        return self.answered if self.sent and self.timed == self.sent else None
 
 
 class _PoolWait:
@@ -485,6 +501,7 @@ async def fetch(
         bytes_read=0 if reader is None else reader.bytes_read,
         waited=trace.waited,
         queued=trace.queued,
+        answered=trace.answer_seconds(),
         response_headers=audit_headers(headers),
     )
 
@@ -527,6 +544,7 @@ async def _follow(
         request = client.build_request(
             "GET", current, headers=headers, extensions={"trace": pool_wait}
         )
+        trace.sent += 1
         try:
             response = await client.send(request, stream=True)
         except (httpx.InvalidURL, idna.IDNAError) as exc:
@@ -545,6 +563,10 @@ async def _follow(
         finally:
             # Closed before anything else is awaited: a redirect body is never read.
             await response.aclose()
+            answer = response.extensions.get(ANSWER_TIME)
+            if isinstance(answer, AnswerTime) and answer.seconds is not None:
+                trace.timed += 1
+                trace.answered += answer.seconds
         if isinstance(hop, _Ending):
             return hop
         if not same_site(current, hop):

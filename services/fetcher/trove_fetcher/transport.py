@@ -30,6 +30,7 @@ import math
 import re
 import socket
 import ssl
+import struct
 import time
 from collections.abc import (
     AsyncIterable,
@@ -236,6 +237,47 @@ def _httpx_errors() -> Iterator[None]:
 _CLOSED: tuple[bytes, ...] = ()
 
 
+#: ``struct tcp_info`` (linux/tcp.h): ms since the last data segment was sent and since
+#: the last one was received, as ``__u32``s at these offsets.
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_TCP_INFO_LEN = 60
+_LAST_DATA_SENT, _LAST_DATA_RECV = 44, 52
+
+#: The response extension holding the response's ``AnswerTime``.
+ANSWER_TIME = "trove.answer_time"
+
+
+class AnswerTime:
+    """How long the host took to answer, as the kernel saw it: from the last byte of the
+    request sent to the last byte of the response received (so far, when the body is
+    not read), in seconds; None where the kernel does not say (not Linux, not TCP).
+
+    The pod's own clock would count the time its event loop took to get round to the
+    socket: under a burst of work that is tens to hundreds of milliseconds, and the
+    learned gap (``host_gap``: ten times the answer time) would take the pod's lag for
+    a slow host. The kernel stamps both ends as the segments pass, whatever the loop
+    is doing. Read once, when the response ends; the socket is not kept."""
+
+    __slots__ = ("_socket", "seconds")
+
+    def __init__(self, sock: object) -> None:
+        self._socket: object | None = sock
+        self.seconds: float | None = None
+
+    def read(self) -> None:
+        sock, self._socket = self._socket, None
+        getsockopt = getattr(sock, "getsockopt", None)
+        if getsockopt is None or _TCP_INFO is None:
+            return
+        try:
+            info = getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
+            (sent_ago,) = struct.unpack_from("=I", info, _LAST_DATA_SENT)
+            (received_ago,) = struct.unpack_from("=I", info, _LAST_DATA_RECV)
+        except (OSError, struct.error, TypeError):
+            return
+        self.seconds = max(0, sent_ago - received_ago) / 1000.0
+
+
 class _ResponseStream(httpx.AsyncByteStream):
     """httpcore's body as httpx's; closed, it lets go of the connection under it.
 
@@ -243,10 +285,12 @@ class _ResponseStream(httpx.AsyncByteStream):
     reference cycle, so a response lives until the garbage collector's next full
     pass. Holding the body stream, it would hold the connection too (socket, TLS state,
     buffers): hundreds of closed connections to hosts visited once, kept for nothing.
+    When the body ends (read to its end, or closed before), ``answer`` is read.
     """
 
-    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+    def __init__(self, stream: AsyncIterable[bytes], answer: AnswerTime) -> None:
         self._stream: AsyncIterable[bytes] | Iterable[bytes] = stream
+        self._answer = answer
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         stream = self._stream
@@ -255,9 +299,11 @@ class _ResponseStream(httpx.AsyncByteStream):
         with _httpx_errors():
             async for part in stream:
                 yield part
+        self._answer.read()
 
     async def aclose(self) -> None:
         stream, self._stream = self._stream, _CLOSED
+        self._answer.read()
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             with _httpx_errors():
@@ -462,13 +508,17 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         with _httpx_errors():
             response = await self._pool(request.url).handle_async_request(core_request)
         assert isinstance(response.stream, AsyncIterable)
+        extensions = dict(response.extensions)
+        # Not the "network_stream": the response would hold the socket (see
+        # ``_ResponseStream``); its answer time holds it only until the response ends.
+        network = extensions.pop("network_stream", None)
+        answer = AnswerTime(None if network is None else network.get_extra_info("socket"))
+        extensions[ANSWER_TIME] = answer
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(response.stream),
-            # Not the "network_stream": the response would hold the socket (see
-            # ``_ResponseStream``), and nothing here reads it.
-            extensions={k: v for k, v in response.extensions.items() if k != "network_stream"},
+            stream=_ResponseStream(response.stream, answer),
+            extensions=extensions,
         )
 
     async def aclose(self) -> None:
