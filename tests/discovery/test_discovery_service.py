@@ -277,3 +277,36 @@ async def test_a_recrawl_sends_the_validators_and_records_not_modified(
     (page,) = await query(engine, "SELECT status, title FROM pages WHERE url = :u", u=seed)
     assert page.status == "fetched"
     assert page.title
+
+
+async def test_new_pages_of_a_host_found_together_say_how_many_came_with_them(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    # The fetcher starts a big site's pages first among due work: its queue is the
+    # longest. What discovery knows of it: the new pages of the host one page revealed.
+    scope = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
+
+    def crawled(n: int, paths: range) -> CrawlCompleted:
+        now = utcnow()
+        return CrawlCompleted(
+            url=f"https://site.example/source/{n}",
+            domain="site.example",
+            scope=scope,
+            request_id=f"req-{n}",
+            outcome=CrawlOutcome.SUCCESS,
+            started_at=now,
+            completed_at=now,
+            links=tuple(Link(url=f"https://site.example/p/{k}") for k in paths),
+        )
+
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        await bus.publish(crawled(1, range(5)))
+
+        async def found() -> dict[str, int]:
+            return {e.url: e.siblings for e in await discovered(bus)}
+
+        await eventually(found, until=lambda f: len(f) == 5, timeout=30, what="five pages")
+        await bus.publish(crawled(2, range(3, 7)))  # 3 and 4 are known: two are new
+        siblings = await eventually(found, until=lambda f: len(f) == 7, timeout=30, what="7")
+    assert siblings == {f"https://site.example/p/{k}": 5 if k < 5 else 2 for k in range(7)}
+    assert all(e.headers().get("Trove-Siblings") == str(e.siblings) for e in await discovered(bus))

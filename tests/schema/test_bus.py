@@ -419,7 +419,8 @@ async def test_confirmed_acks_are_taken_by_the_server_once_each(bus: Bus, lane: 
 
 async def test_work_in_hand_starts_highest_priority_first(bus: Bus, lane: Lane) -> None:
     # One slot, held busy by the first message while the rest are pulled into the hand:
-    # the priority-50 message, published last, is handled next; the rest keep their order.
+    # the priority-50 message is handled next, then by the size of their host's queue
+    # (Trove-Siblings); the rest keep their order.
     release = asyncio.Event()
     order: list[str] = []
     deliveries: list[int] = []
@@ -452,19 +453,24 @@ async def test_work_in_hand_starts_highest_priority_first(bus: Bus, lane: Lane) 
             await bus.js.publish(lane.subject, f"low {i}".encode())
         await bus.js.publish(lane.subject, b"urgent", headers={"Trove-Priority": "50"})
         await bus.js.publish(lane.subject, b"below", headers={"Trove-Priority": "-5"})
+        # A page of a host with a long queue goes before the other work of its priority.
+        await bus.js.publish(lane.subject, b"pair", headers={"Trove-Siblings": "2"})
+        await bus.js.publish(lane.subject, b"big site", headers={"Trove-Siblings": "21"})
         info = await eventually(
             lambda: bus.js.consumer_info(lane.stream, lane.durable),
             until=lambda i: i.num_pending == 0,
             timeout=10,
-            what="all six pulled into the hand",
+            what="all eight pulled into the hand",
         )
-        assert info.num_ack_pending == 7
+        assert info.num_ack_pending == 9
         # The duration under test: held past the lane's ack_wait (0.5 s), they stay ours.
         await asyncio.sleep(0.6)
         release.set()
         await settled(bus, lane)
-    assert order == ["first", "urgent", "low 0", "low 1", "low 2", "low 3", "below"]
-    assert deliveries == [1] * 7
+    assert order == [
+        "first", "urgent", "big site", "pair", "low 0", "low 1", "low 2", "low 3", "below"
+    ]  # fmt: skip
+    assert deliveries == [1] * 9
 
 
 async def test_an_event_with_a_priority_says_so_in_a_header() -> None:

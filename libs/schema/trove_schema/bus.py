@@ -30,7 +30,7 @@ import itertools
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -291,8 +291,9 @@ class Consumer:
     #: leader would bring the message back after ``ack_wait``. Costs a reply per ack.
     confirm_acks: float = 0.0
     #: Messages held in hand beyond ``concurrency``, started highest ``Trove-Priority``
-    #: header first, then in arrival order: among the work a pod has pulled and could
-    #: start, priority decides. 0 starts every message as it arrives.
+    #: header first, then most ``Trove-Siblings``, then in arrival order: among the work
+    #: a pod has pulled and could start, priority decides. 0 starts every message as it
+    #: arrives.
     prefetch: int = 0
     #: A held message still waiting after this many seconds is marked in progress, so
     #: JetStream does not give it to another pod meanwhile (well below ``ack_wait``).
@@ -464,11 +465,13 @@ class Consumer:
 
 
 PRIORITY_HEADER = "Trove-Priority"
+#: ``PageDiscovered.siblings``: among due work of equal priority, the page of the host
+#: with the longer queue starts first.
+SIBLINGS_HEADER = "Trove-Siblings"
 
 
-def message_priority(msg: Msg) -> int:
-    """A message's ``Trove-Priority`` header (``Event.headers``), 0 when absent or unreadable."""
-    value = (msg.headers or {}).get(PRIORITY_HEADER)
+def _header_int(msg: Msg, name: str) -> int:
+    value = (msg.headers or {}).get(name)
     if value is None:
         return 0
     try:
@@ -477,40 +480,63 @@ def message_priority(msg: Msg) -> int:
         return 0
 
 
+def message_priority(msg: Msg) -> int:
+    """A message's ``Trove-Priority`` header (``Event.headers``), 0 when absent or unreadable."""
+    return _header_int(msg, PRIORITY_HEADER)
+
+
 class _Held:
-    """Pulled messages waiting for a free slot: a heap, highest priority first, then FIFO."""
+    """Pulled messages waiting for a free slot: a heap, highest priority first, then the
+    most siblings (``SIBLINGS_HEADER``), then FIFO. A pod holds hundreds when work
+    comes due faster than it can start it, so nothing here walks them all but
+    ``refresh``, and that only when one is due for it."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, float, Msg]] = []
+        self._heap: list[tuple[int, int, int, Msg]] = []
         self._order = itertools.count()
+        #: When each held message arrived or was last marked in progress, by order...
+        self._since: dict[int, float] = {}
+        #: ... and the same, oldest first (stale entries are skipped when read).
+        self._queue: deque[tuple[float, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def push(self, msg: Msg) -> None:
-        heapq.heappush(
-            self._heap, (-message_priority(msg), next(self._order), time.monotonic(), msg)
-        )
+        order, now = next(self._order), time.monotonic()
+        key = (-message_priority(msg), -_header_int(msg, SIBLINGS_HEADER), order, msg)
+        heapq.heappush(self._heap, key)
+        self._since[order] = now
+        self._queue.append((now, order))
 
     def pop(self) -> Msg:
-        return heapq.heappop(self._heap)[3]
+        entry = heapq.heappop(self._heap)
+        del self._since[entry[2]]
+        return entry[3]
 
     def oldest(self) -> float:
         """Since when the longest-held message has waited (or was last marked in progress)."""
-        return min(entry[2] for entry in self._heap)
+        queue, since = self._queue, self._since
+        while queue and since.get(queue[0][1]) != queue[0][0]:
+            queue.popleft()
+        return queue[0][0] if queue else time.monotonic()
 
     def drain(self) -> list[Msg]:
         msgs = [entry[3] for entry in self._heap]
         self._heap.clear()
+        self._since.clear()
+        self._queue.clear()
         return msgs
 
     async def refresh(self, after: float) -> None:
         now = time.monotonic()
-        for index, (priority, order, since, msg) in enumerate(self._heap):
-            if now - since >= after:
+        if not self._heap or now - self.oldest() < after:
+            return
+        for _, _, order, msg in self._heap:
+            if now - self._since[order] >= after:
                 await _quiet(msg.in_progress())
-                # The timestamp is not part of the heap's order (the counter decides first).
-                self._heap[index] = (priority, order, now, msg)
+                self._since[order] = now
+                self._queue.append((now, order))
 
 
 @dataclass(kw_only=True)

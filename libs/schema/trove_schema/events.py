@@ -233,6 +233,9 @@ class Event(Frozen):
             # Read by consumers that order the work in hand (``bus.Consumer.prefetch``)
             # without decoding the event.
             headers["Trove-Priority"] = str(priority)
+        siblings = getattr(self, "siblings", 0)
+        if siblings > 1:
+            headers["Trove-Siblings"] = str(siblings)
         return headers
 
 
@@ -262,6 +265,11 @@ class PageDiscovered(Event):
     provenance: Provenance
     #: Re-request even if the URL was already seen this cycle (a forced seed).
     force: bool = False
+    #: New pages of the same host that the same page revealed, this one included: a
+    #: big site's queue is long, and the fetcher starts such pages first among due work
+    #: of equal priority (``bus.SIBLINGS_HEADER``), so that the longest queue, which
+    #: sets when a crawl is done, is not the one left waiting.
+    siblings: int = Field(default=0, ge=0)
 
 
 #: Visits a page's change history keeps (the newest).

@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections import Counter
 from datetime import timedelta
 
 from nats.aio.msg import Msg
@@ -233,6 +234,8 @@ class Discovery:
             else:
                 self._unprobe(probing)
         if outgoing:
+            per_host = Counter(d.domain for d in outgoing)
+            outgoing = [d.model_copy(update={"siblings": per_host[d.domain]}) for d in outgoing]
             # Sent together, in order, in one write; each still waits for its PubAck. A
             # failure hands the page back, and its redelivery publishes them all again
             # under the same ids (the seen keys hold them), which JetStream drops.

@@ -23,6 +23,11 @@ from trove_schema.topology import (
     ensure_topology,
 )
 
+#: Pulled work a pod holds beyond its concurrency, per slot (``Consumer.prefetch``), and
+#: never more than half the consumer's ``max_ack_pending``, so that one pod cannot
+#: hold all of it.
+HELD_PER_SLOT = 8
+
 
 async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
     if not settings.nats_url:
@@ -76,8 +81,11 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 handler=fetcher.handle,
                 concurrency=settings.concurrency,
                 fetch_batch=min(64, settings.concurrency),
-                # Work in hand starts by priority (the seed's, carried by every event).
-                prefetch=min(64, settings.concurrency),
+                # Work in hand starts by priority (the seed's, carried by every event),
+                # then by its host's queue. When work comes due faster than a pod can
+                # start it (a thousand hosts' next pages at once), the order is chosen
+                # among what the pod holds, not in the order it came due.
+                prefetch=min(HELD_PER_SLOT * settings.concurrency, settings.max_ack_pending // 2),
                 # A lost ack would cost the site the same request again.
                 confirm_acks=settings.ack_wait_seconds / 2,
             )

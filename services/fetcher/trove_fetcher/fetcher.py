@@ -54,7 +54,14 @@ from trove_fetcher.politeness import Deferred, Granted, Politeness
 from trove_fetcher.robots import RobotsPolicy, fetch_robots
 from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
 from trove_fetcher.timeline import TimelinePoller
-from trove_schema.bus import PRIORITY_HEADER, Bus, Retry, broker_trouble, schedule_header
+from trove_schema.bus import (
+    PRIORITY_HEADER,
+    SIBLINGS_HEADER,
+    Bus,
+    Retry,
+    broker_trouble,
+    schedule_header,
+)
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -345,8 +352,12 @@ class Fetcher:
             "Nats-Schedule": schedule_header(datetime.fromtimestamp(at, UTC)),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
-        if job.work.priority:  # the hand it comes back to starts it by priority
+        # The hand it comes back to starts it by priority, then by its host's queue.
+        if job.work.priority:
             headers[PRIORITY_HEADER] = str(job.work.priority)
+        siblings = getattr(job.work, "siblings", 0)
+        if siblings > 1:
+            headers[SIBLINGS_HEADER] = str(siblings)
         subject = f"{WORK_SCHEDULES_PREFIX}.{schedule_id}"
         # Patient: a paused chain has already cost the site its hops, and handing the
         # message back would request them again.
