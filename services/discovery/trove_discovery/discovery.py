@@ -24,7 +24,8 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections import Counter
+from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 
 from nats.aio.msg import Msg
@@ -179,6 +180,7 @@ class Discovery:
             followable = [link for link in followable if hash(link.url) in again]
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
         held: list[str] = []
+        candidates: dict[str, _Candidate] = {}
         outgoing: list[PageDiscovered] = []
         taken = 0
         for link in followable:
@@ -211,31 +213,49 @@ class Discovery:
                 if not self._known(url, event_id):
                     held.append(link.url)
                 continue
+            if url in candidates:
+                continue  # the same page linked twice
             taken += 1
-            # Only new URLs count against the host's budget; one refused by the budget
-            # stays seen, so the host gets no more pages this cycle.
-            if not await self._first_sighting(url, event_id):
-                self._unprobe(probing)  # known already: it teaches nothing new
-                continue
-            discovered = PageDiscovered(
-                id=event_id,
-                url=url,
-                domain=domain_of(url),
-                depth=depth,
-                priority=event.priority,
-                scope=event.scope,
-                provenance=Provenance(
-                    kind="redirect" if link.kind is LinkKind.REDIRECT else "link",
-                    source_url=event.url,
-                ),
-            )
-            if await self._within_budget(discovered.domain, discovered.id):
-                outgoing.append(discovered)
+            candidates[url] = _Candidate(url, event_id, depth, link.kind, probing)
+        # The seen set answers for all of them at once: one round trip a page, not a
+        # round trip a link, which is what a burst of home pages waited on.
+        firsts = await asyncio.gather(
+            *(self._first_sighting(c.url, c.event_id) for c in candidates.values())
+        )
+        new: list[_Candidate] = []
+        for candidate, first in zip(candidates.values(), firsts, strict=True):
+            if first:
+                new.append(candidate)
             else:
-                self._unprobe(probing)
+                self._unprobe(candidate.probing)  # known already: it teaches nothing new
+        # Only new URLs count against the host's budget; one refused by the budget stays
+        # seen, so the host gets no more pages this cycle.
+        by_host: dict[str, list[_Candidate]] = defaultdict(list)
+        for candidate in new:
+            by_host[domain_of(candidate.url)].append(candidate)
+        allowed = await asyncio.gather(
+            *(self._within_budget(h, [c.event_id for c in group]) for h, group in by_host.items())
+        )
+        for (host, group), within in zip(by_host.items(), allowed, strict=True):
+            for candidate in group[within:]:
+                self._unprobe(candidate.probing)
+            outgoing.extend(
+                PageDiscovered(
+                    id=c.event_id,
+                    url=c.url,
+                    domain=host,
+                    depth=c.depth,
+                    priority=event.priority,
+                    scope=event.scope,
+                    provenance=Provenance(
+                        kind="redirect" if c.kind is LinkKind.REDIRECT else "link",
+                        source_url=event.url,
+                    ),
+                    siblings=len(group),
+                )
+                for c in group[:within]
+            )
         if outgoing:
-            per_host = Counter(d.domain for d in outgoing)
-            outgoing = [d.model_copy(update={"siblings": per_host[d.domain]}) for d in outgoing]
             # Sent together, in order, in one write; each still waits for its PubAck. A
             # failure hands the page back, and its redelivery publishes them all again
             # under the same ids (the seen keys hold them), which JetStream drops.
@@ -320,7 +340,7 @@ class Discovery:
             event = event.model_copy(update={"url": url})
         if not await self._first_sighting(event.url, event.id):
             return False
-        if not await self._within_budget(event.domain, event.id):
+        if not await self._within_budget(event.domain, [event.id]):
             return False
         await self.bus.publish(event)
         DISCOVERED.labels(event.provenance.kind).inc()
@@ -344,17 +364,21 @@ class Discovery:
         # The same cause seen again (a redelivery after a crash): publish again, idempotently.
         return claimed_by == mine
 
-    async def _within_budget(self, domain: str, event_id: str) -> bool:
-        """Count pages discovered per host this cycle; refuse past the budget (trap defence).
+    async def _within_budget(self, domain: str, event_ids: list[str]) -> int:
+        """Count pages discovered per host this cycle; of ``event_ids`` (new pages of the
+        host, in order), how many are within the budget (trap defence).
 
-        The counter is compare-and-set against the revision this process last wrote, so
-        a busy host costs one round trip a page, not a read and a write. Another writer
-        (a second replica, the key's expiry) makes the write fail, and then it reads.
+        One compare-and-set for all of them, against the revision this process last
+        wrote, so a busy host costs one round trip a page's links, not a read and a
+        write a link. Another writer (a second replica, the key's expiry) makes the
+        write fail, and then it reads. The record keeps the last page counted: a
+        redelivered cause counts nothing twice.
         """
         key = "b." + hashlib.sha256(domain.encode()).hexdigest()[:40]
+        budget = self.settings.host_page_budget
         remembered = self.budgets.get(key)
         for _ in range(50):
-            if remembered is not None and remembered[1] < self.settings.host_page_budget:
+            if remembered is not None and remembered[1] < budget:
                 revision: int | None = remembered[0]
                 count, last = remembered[1], remembered[2]
             else:  # nothing remembered, or a refusal: that is only taken from the bucket
@@ -365,11 +389,12 @@ class Discovery:
                 except KeyNotFoundError:
                     state, revision = {}, None
                 count, last = int(state.get("n", 0)), str(state.get("last", ""))
-            if last == event_id:
-                return True
-            if count >= self.settings.host_page_budget:
-                return False
-            value = json.dumps({"n": count + 1, "last": event_id}).encode()
+            if last in event_ids:  # counted already, up to that one
+                return event_ids.index(last) + 1
+            within = min(len(event_ids), max(0, budget - count))
+            if within == 0:
+                return 0
+            value = json.dumps({"n": count + within, "last": event_ids[within - 1]}).encode()
             try:
                 if revision is None:
                     written = await self.seen.create(key, value)
@@ -379,9 +404,20 @@ class Discovery:
                 self.budgets.forget(key)
                 remembered = None
                 continue
-            self.budgets.remember(key, (written, count + 1, event_id))
-            return True
-        return False
+            self.budgets.remember(key, (written, count + within, event_ids[within - 1]))
+            return within
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A link that may be a new page, before the seen set and the budget have said."""
+
+    url: str
+    event_id: str
+    depth: int
+    kind: LinkKind
+    probing: tuple[str, list[str]] | None
 
 
 def _seen_key(url: str) -> str:
