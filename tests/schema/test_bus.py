@@ -9,7 +9,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from types import SimpleNamespace
+from typing import Any, TypedDict, cast
 
 import pytest
 from nats.aio.msg import Msg
@@ -18,7 +19,15 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 
 from tests.conftest import eventually
-from trove_schema.bus import BatchConsumer, Bus, Consumer, FailureCounts, Retry, broker_trouble
+from trove_schema.bus import (
+    BatchConsumer,
+    Bus,
+    Consumer,
+    FailureCounts,
+    Retry,
+    _Held,
+    broker_trouble,
+)
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 
@@ -603,3 +612,15 @@ async def test_a_consumer_refused_by_the_server_does_not_ask_again_in_a_loop(
         await asyncio.sleep(1.5)
         asked = len(requests) - before
     assert 1 <= asked <= 1.5 / 0.2 + 2, f"{asked} pull requests in 1.5 s"
+
+
+def test_work_in_hand_forgets_what_it_started() -> None:
+    # A pod that starts every message as it comes never asks for the oldest: what the
+    # hand remembers of the messages it held must go with them.
+    held = _Held()
+    for round_ in range(1000):
+        held.push(cast(Msg, SimpleNamespace(headers={"Trove-Siblings": str(round_ % 3)})))
+        held.pop()
+    assert len(held) == 0
+    assert not held._queue
+    assert not held._since

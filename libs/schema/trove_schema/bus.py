@@ -512,6 +512,10 @@ class _Held:
     def pop(self) -> Msg:
         entry = heapq.heappop(self._heap)
         del self._since[entry[2]]
+        if not self._heap:
+            # All the queue holds now is stale, and a hand that empties between
+            # messages never asks for the oldest, which is what trims it.
+            self._queue.clear()
         return entry[3]
 
     def oldest(self) -> float:
