@@ -297,6 +297,8 @@ class Consumer:
     prefetch: int = 0
     #: A held message still waiting after this many seconds is marked in progress, so
     #: JetStream does not give it to another pod meanwhile (well below ``ack_wait``).
+    #: Across a reconnect those marks may have been lost: what was held is dropped
+    #: from the hand and left to JetStream's redelivery.
     hold_refresh: float = 15.0
     failures: FailureCounts = field(init=False, repr=False)
 
@@ -311,6 +313,7 @@ class Consumer:
         tasks: set[asyncio.Task[None]] = set()
         held = _Held()
         capacity = self.concurrency + self.prefetch
+        reconnects = self.bus.nc.stats.get("reconnects", 0)
 
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
@@ -319,6 +322,15 @@ class Consumer:
         try:
             while not stop.is_set():
                 wake.clear()
+                if self.bus.nc.stats.get("reconnects", 0) != reconnects:
+                    reconnects = self.bus.nc.stats.get("reconnects", 0)
+                    # While the connection was down no mark in progress reached
+                    # JetStream: what was held may have gone to another pod meanwhile.
+                    # Left to JetStream's redelivery, each is started once.
+                    forgotten = held.drain()
+                    if forgotten:
+                        log.info("%s: %d held messages left to redelivery after a reconnect",
+                                 self.durable, len(forgotten))  # fmt: skip
                 for msg in pulls.take():
                     held.push(msg)
                 while held and len(tasks) < self.concurrency:

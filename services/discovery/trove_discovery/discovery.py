@@ -82,6 +82,10 @@ SIGHTINGS_TTL = 600.0
 BUDGET_MEMORY = 10_000
 
 
+#: Seen-set creates a handler has in flight at once (a page may give 500 links).
+SEEN_AT_ONCE = 64
+
+
 class Discovery:
     def __init__(
         self,
@@ -217,13 +221,17 @@ class Discovery:
                 continue  # the same page linked twice
             taken += 1
             candidates[url] = _Candidate(url, event_id, depth, link.kind, probing)
-        # The seen set answers for all of them at once: one round trip a page, not a
-        # round trip a link, which is what a burst of home pages waited on.
-        firsts = await asyncio.gather(
-            *(self._first_sighting(c.url, c.event_id) for c in candidates.values())
-        )
+        # The seen set answers for many at once, not a round trip a link, which is what
+        # a burst of home pages waited on.
+        waiting = list(candidates.values())
+        firsts: list[bool] = []
+        for start in range(0, len(waiting), SEEN_AT_ONCE):
+            chunk = waiting[start : start + SEEN_AT_ONCE]
+            firsts += await asyncio.gather(
+                *(self._first_sighting(c.url, c.event_id) for c in chunk)
+            )
         new: list[_Candidate] = []
-        for candidate, first in zip(candidates.values(), firsts, strict=True):
+        for candidate, first in zip(waiting, firsts, strict=True):
             if first:
                 new.append(candidate)
             else:
@@ -251,7 +259,7 @@ class Discovery:
                         kind="redirect" if c.kind is LinkKind.REDIRECT else "link",
                         source_url=event.url,
                     ),
-                    siblings=len(group),
+                    siblings=within,
                 )
                 for c in group[:within]
             )
@@ -371,8 +379,8 @@ class Discovery:
         One compare-and-set for all of them, against the revision this process last
         wrote, so a busy host costs one round trip a page's links, not a read and a
         write a link. Another writer (a second replica, the key's expiry) makes the
-        write fail, and then it reads. The record keeps the last page counted: a
-        redelivered cause counts nothing twice.
+        write fail, and then it reads. The record keeps the last page counted, so the
+        same links handled again next (a redelivery) are not counted twice.
         """
         key = "b." + hashlib.sha256(domain.encode()).hexdigest()[:40]
         budget = self.settings.host_page_budget

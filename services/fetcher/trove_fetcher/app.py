@@ -86,6 +86,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 # start it (a thousand hosts' next pages at once), the order is chosen
                 # among what the pod holds, not in the order it came due.
                 prefetch=min(HELD_PER_SLOT * settings.concurrency, settings.max_ack_pending // 2),
+                hold_refresh=min(15.0, settings.ack_wait_seconds / 3),
                 # A lost ack would cost the site the same request again.
                 confirm_acks=settings.ack_wait_seconds / 2,
             )
