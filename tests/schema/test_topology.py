@@ -5,8 +5,9 @@ from dataclasses import replace
 
 import nats
 import pytest
+from nats.js.errors import NotFoundError
 
-from tests.conftest import StackUrls
+from tests.conftest import StackUrls, eventually
 from trove_schema.bus import Bus
 from trove_schema.topology import (
     DAY,
@@ -67,8 +68,16 @@ async def test_a_raw_seed_is_stored_even_with_no_discovery_running(
     await nc.publish(SEEDS_SUBJECT, b"https://example.org/")
     await nc.flush()
     await nc.close()
-    msg = await bus.js.get_last_msg(SEEDS_STREAM, SEEDS_SUBJECT)
-    assert msg.data == b"https://example.org/"
+
+    async def stored() -> bytes | None:
+        # The flush says the server read the publish; the stream stores it a moment later.
+        try:
+            return (await bus.js.get_last_msg(SEEDS_STREAM, SEEDS_SUBJECT)).data
+        except NotFoundError:
+            return None
+
+    data = await eventually(stored, until=lambda d: d is not None, timeout=10, what="stored")
+    assert data == b"https://example.org/"
 
 
 @pytest.mark.usefixtures("clean")
