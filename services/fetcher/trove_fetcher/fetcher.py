@@ -92,6 +92,8 @@ log = logging.getLogger("trove.fetcher")
 #: Waits shorter than this are spent in the task rather than in a scheduled message
 #: (the JetStream scheduler fires with a granularity of a few hundred milliseconds).
 LOCAL_WAIT = 1.0
+#: What orders a message in a pod's hand; a deferred copy carries them on.
+ORDERING_HEADERS = frozenset({PRIORITY_HEADER, SIBLINGS_HEADER})
 #: How long a policy read from the shared bucket is trusted without reading it again.
 ROBOTS_LOCAL_TTL = 60.0
 #: Origins whose robots.txt a pod keeps parsed. An entry lives ROBOTS_LOCAL_TTL at most,
@@ -352,12 +354,12 @@ class Fetcher:
             "Nats-Schedule": schedule_header(datetime.fromtimestamp(at, UTC)),
             "Nats-Schedule-Target": FETCH_DEFERRED,
         }
-        # The hand it comes back to starts it by priority, then by its host's queue.
-        if job.work.priority:
-            headers[PRIORITY_HEADER] = str(job.work.priority)
-        siblings = getattr(job.work, "siblings", 0)
-        if siblings > 1:
-            headers[SIBLINGS_HEADER] = str(siblings)
+        # The hand it comes back to orders it as it ordered the event: by priority, then
+        # by its host's queue (the event's own headers, ``Event.headers``).
+        ordering = job.work.headers()
+        headers.update(
+            {k: ordering[k] for k in (PRIORITY_HEADER, SIBLINGS_HEADER) if k in ordering}
+        )
         subject = f"{WORK_SCHEDULES_PREFIX}.{schedule_id}"
         # Patient: a paused chain has already cost the site its hops, and handing the
         # message back would request them again.
