@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import nats.errors
 import pytest
 
 from tests.fetcher._servers import (
@@ -29,6 +30,7 @@ from trove_fetcher.http import (
     BodyReader,
     FetchLimits,
     FetchResult,
+    HopGateFailed,
     fetch,
     media_type,
     parse_retry_after,
@@ -587,6 +589,20 @@ async def test_same_host_redirect_to_a_disallowed_path_is_blocked_by_robots(
 
     result = await get(client, url(server, "/to-disallowed"), robots_allows=robots_allows)
     assert result.outcome is CrawlOutcome.BLOCKED_ROBOTS
+    assert server.requests_to("/private/page") == []
+
+
+async def test_a_robots_check_that_fails_between_hops_is_not_blamed_on_the_site(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # robots.txt is read from the shared KV between hops: a read that times out (the
+    # broker's trouble) raises a TimeoutError, which is not the site timing out.
+    async def robots_allows(target: str) -> bool:
+        raise nats.errors.TimeoutError
+
+    with pytest.raises(HopGateFailed) as failed:
+        await get(client, url(server, "/to-disallowed"), robots_allows=robots_allows)
+    assert isinstance(failed.value.__cause__, nats.errors.TimeoutError)
     assert server.requests_to("/private/page") == []
 
 

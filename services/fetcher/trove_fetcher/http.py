@@ -100,8 +100,10 @@ HopGate = Callable[[tuple[str, ...]], Awaitable[None]]
 
 
 class HopGateFailed(Exception):
-    """The hop gate failed for its own reasons (the broker, say), not the site's: carried
-    past ``fetch()``'s classification so the caller sees it, as ``__cause__``."""
+    """What is asked before a redirect hop (the gate, or ``robots_allows``) failed for its
+    own reasons (the broker, say), not the site's: carried past ``fetch()``'s
+    classification so the caller sees it, as ``__cause__``. (A KV read that times out
+    raises a ``TimeoutError``, which would otherwise be taken for the site's.)"""
 
 
 async def pass_gate(gate: HopGate, hops: Sequence[str], deadline: asyncio.Timeout) -> None:
@@ -576,7 +578,7 @@ async def _follow(
             raise TooManyRedirects(f"redirect loop back to {hop}")
         if len(trace.redirects) >= limits.max_redirects:
             raise TooManyRedirects(f"too many redirects (more than {limits.max_redirects})")
-        if robots_allows is not None and not await robots_allows(str(hop)):
+        if robots_allows is not None and not await _allowed(robots_allows, str(hop)):
             trace.redirect_target = str(hop)
             return _Ending(CrawlOutcome.BLOCKED_ROBOTS, "redirect target disallowed by robots.txt")
         visited.add(hop)
@@ -589,6 +591,13 @@ async def _follow(
                 await pass_gate(before_hop, trace.redirects, deadline)
             finally:
                 trace.waited += time.monotonic() - gate_opened
+
+
+async def _allowed(robots_allows: Callable[[str], Awaitable[bool]], url: str) -> bool:
+    try:
+        return await robots_allows(url)
+    except Exception as exc:
+        raise HopGateFailed(f"robots.txt check: {exc}") from exc
 
 
 def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL | _Ending:
