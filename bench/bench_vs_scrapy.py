@@ -457,12 +457,37 @@ def _trove_env(ctx: Context, server: Server, regime: Regime) -> dict[str, str]:
         # No politeness at all, as Scrapy's DOWNLOAD_DELAY 0 without AutoThrottle: the
         # learned gap (10x a host's response time) is politeness too.
         env["TROVE_GAP_RESPONSE_FACTOR"] = "0"
+    paths = [_as_in_the_image(ctx.state)]
     if regime.web == "smallweb":
         env["TROVE_READ_TIMEOUT"] = str(ctx.args.smallweb_timeout)
         if m.get("ca_file"):
-            env["PYTHONPATH"] = str(_certifi_with_ca(Path(m["ca_file"])))
+            paths.insert(0, _certifi_with_ca(Path(m["ca_file"])))
+    env["PYTHONPATH"] = os.pathsep.join(map(str, paths))
     env.update(_extra_env(ctx.args.env))
     return env
+
+
+#: Installed in this virtualenv for Scrapy (and the tests' TLS certificates), not in
+#: Trove's image (``Dockerfile``). nats-py imports aiohttp, and pypdf cryptography,
+#: whenever they are there: ~16 MiB of a fetcher's RSS that no deployed pod has.
+NOT_IN_THE_IMAGE = ("aiohttp", "cryptography")
+
+
+def _as_in_the_image(state: Path) -> Path:
+    """A folder that, first on Trove's ``PYTHONPATH``, hides ``NOT_IN_THE_IMAGE``.
+
+    Each is a package whose import fails as a missing one does, so Trove's services
+    import what they import in their image, and their memory is a pod's.
+    """
+    folder = state / "image-shim"
+    for name in NOT_IN_THE_IMAGE:
+        package = folder / name
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(
+            f'"""{name} is not installed in Trove\'s image."""\n\n'
+            f"raise ModuleNotFoundError({name!r} + ' is not in the image', name={name!r})\n"
+        )
+    return folder
 
 
 def _certifi_with_ca(ca_file: Path) -> Path:
@@ -949,6 +974,7 @@ async def trove_frontier(ctx: Context, regime: Regime, port: int) -> FrontierRun
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(regime.gap),
         "TROVE_MAX_DOMAIN_DELAY_SECONDS": str(regime.gap),
         "TROVE_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(_as_in_the_image(ctx.state)),
     }
     env.update(_extra_env(args.env))
     local = LocalTrove(
