@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from tests.fetcher._completions import Completions
@@ -20,11 +22,12 @@ from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.politeness import Deferred, Granted, Politeness, PolitenessConfig
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, Retry, broker_trouble
 from trove_schema.events import Event, PageDiscovered, Provenance, Scope
+from trove_schema.policy import HostPolicy
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
     DOMAINS_BUCKET,
@@ -57,6 +60,8 @@ def server() -> Iterator[LocalServer]:
     routes: dict[str, Route] = {
         f"{HOST}/robots.txt": lambda ex: ex.send(200, b"User-agent: *\nAllow: /\n"),
         f"{HOST}/page": lambda ex: ex.send(200, b"<title>a page</title><p>text</p>"),
+        f"{HOST}/moved": lambda ex: ex.redirect("/hop"),
+        f"{HOST}/hop": lambda ex: ex.send(200, b"<title>moved here</title>"),
     }
     with serving(routes, IP) as running:
         yield running
@@ -70,14 +75,18 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def fetcher_on(
-    bus: Bus, client: httpx.AsyncClient, *, ack_wait: float = 90.0, gap: float = 0.05
+    bus: Bus,
+    client: httpx.AsyncClient,
+    *,
+    ack_wait: float = 90.0,
+    gap: float = 0.05,
+    politeness: Politeness | None = None,
 ) -> Fetcher:
     return Fetcher(
         bus=bus,
         client=client,
-        politeness=Politeness(
-            await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=gap)
-        ),
+        politeness=politeness
+        or Politeness(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=gap)),
         robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
         limits=FetchLimits(total_timeout=5.0),
         robots_token="TroveBot",
@@ -86,8 +95,8 @@ async def fetcher_on(
     )
 
 
-def work(server: LocalServer) -> PageDiscovered:
-    url = canonicalize(server.url("/page", HOST))
+def work(server: LocalServer, path: str = "/page") -> PageDiscovered:
+    url = canonicalize(server.url(path, HOST))
     return PageDiscovered(
         url=url,
         domain=domain_of(url),
@@ -184,3 +193,74 @@ async def test_deferred_work_delivered_twice_is_scheduled_once(
     info = await bus.js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
     assert sum((info.state.subjects or {}).values()) == 1
     assert len(server.requests_to("/page", HOST)) == 0
+
+
+async def test_deferred_work_keeps_its_place_among_the_work_in_hand(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """The copy that comes back at its slot is ordered as the event was: by its
+    priority, then by its host's queue (``Trove-Priority``, ``Trove-Siblings``)."""
+    fetcher = await fetcher_on(bus, client, gap=30.0)
+    page = work(server).model_copy(update={"priority": 7, "siblings": 12})
+    try:
+        await fetcher.process(Job(page, cause="TROVE_EVENTS:8"), page.to_wire())
+    finally:
+        fetcher.close()
+    info = await bus.js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
+    (subject,) = info.state.subjects or {}
+    deferred = await bus.js.get_last_msg(WORK_STREAM, subject)
+    headers = deferred.headers or {}
+    assert headers["Trove-Priority"] == "7"
+    assert headers["Trove-Siblings"] == "12"
+    assert float(headers["Trove-Slot"]) > 0
+
+
+class BrokenGate(Politeness):
+    """The real leases, except that once ``armed``, the lease a redirect hop asks for (the
+    first after a release) fails with ``error``."""
+
+    error: Exception = ValueError("a bug in the lease")
+    armed = False
+    released = False
+
+    async def acquire(
+        self, domain: str, now: float, *, reserved: bool = False
+    ) -> Granted | Deferred:
+        if self.armed and self.released:
+            raise self.error
+        return await super().acquire(domain, now, reserved=reserved)
+
+    async def finish(self, *args: Any, **kwargs: Any) -> HostPolicy:
+        self.released = True
+        return await super().finish(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("error", "handed_back"),
+    [(NatsTimeoutError(), True), (ValueError("a bug in the lease"), False)],
+    ids=["broker-away", "bug"],
+)
+async def test_a_redirect_hop_whose_lease_fails_is_handed_back_only_for_the_brokers_trouble(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, error: Exception, handed_back: bool
+) -> None:
+    """A hand-back (``Retry``) is not counted: a lease that fails for any other reason,
+    handed back, would send the message round for ever, requesting the hops before it
+    each time. It is a failure the consumer counts, backs off and parks."""
+    gate = BrokenGate(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
+    gate.error = error
+    fetcher = await fetcher_on(bus, client, politeness=gate)
+    warm_up = work(server)  # robots.txt known: the next leases are the page's and its hop's
+    moved = work(server, "/moved")
+    try:
+        await fetcher.process(Job(warm_up, cause="TROVE_EVENTS:1"), warm_up.to_wire())
+        gate.armed, gate.released = True, False
+        with pytest.raises(type(error)) as raised:
+            await fetcher.handle(Msg(_client=bus.nc, subject="work", data=moved.to_wire()))
+    finally:
+        fetcher.close()
+    # What the consumer does with it (``bus.Consumer._handle``): broker trouble is
+    # handed back, anything else is counted.
+    assert broker_trouble(raised.value) is handed_back
+    assert not isinstance(raised.value, Retry)
+    assert len(server.requests_to("/moved", HOST)) == 1
+    assert server.requests_to("/hop", HOST) == []

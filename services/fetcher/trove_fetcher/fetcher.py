@@ -219,7 +219,13 @@ class Fetcher:
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
             raise Retry(f"transient fetch error: {exc}") from exc
         except HopGateFailed as exc:
-            raise Retry(str(exc)) from exc
+            # What failed is the consumer's to judge, as it judges the handler's own
+            # errors: the broker's trouble is handed back (not counted); anything else is
+            # a failure it counts, backs off and parks. Handed back every time, a gate
+            # that keeps failing would request the hops before it again and again.
+            if isinstance(exc.__cause__, Exception):
+                raise exc.__cause__ from None
+            raise
 
     async def process(self, job: Job, payload: bytes) -> None:
         if job.work.id in self._done:
