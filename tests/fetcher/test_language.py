@@ -33,6 +33,11 @@ GERMAN = (
     "Schuppen stand. Die Kette war rostig und beide Reifen waren platt, aber nach einem "
     "Nachmittag geduldiger Arbeit fährt es besser als je zuvor."
 )
+PORTUGUESE = (
+    "No fim de semana passado finalmente consertei a bicicleta velha que estava parada no "
+    "galpão há anos. A corrente estava enferrujada e os dois pneus estavam vazios, mas "
+    "depois de uma tarde de trabalho paciente ela anda melhor do que nunca."
+)
 SWAHILI = (
     "Wiki iliyopita hatimaye nilitengeneza baiskeli ya zamani iliyokuwa imesimama "
     "katika banda kwa miaka mingi. Mnyororo ulikuwa na kutu na matairi yote mawili "
@@ -62,6 +67,35 @@ def test_hint_is_used_when_the_text_is_too_short() -> None:
 def test_confident_detector_beats_a_wrong_hint() -> None:
     # Site templates ship lang="en" whatever language the page is written in.
     assert detect_language(GERMAN, hint="en") == "de"
+
+
+@pytest.mark.parametrize(("text", "hint"), [(ENGLISH, "en-GB"), (FRENCH, "fr"), (GERMAN, "de-DE")])
+def test_a_hint_the_texts_own_stop_words_bear_out_is_taken_without_the_detector(
+    text: str, hint: str
+) -> None:
+    identifier = LanguageIdentifier()
+    assert identifier.detect(text, hint=hint) == primary_tag(hint)
+    assert not identifier.built  # lingua's models were never needed
+
+
+def test_a_hint_the_text_does_not_bear_out_is_left_to_the_detector() -> None:
+    identifier = LanguageIdentifier()
+    assert identifier.detect(GERMAN, hint="en") == "de"
+    assert identifier.built
+
+
+def test_a_neighbouring_language_is_not_taken_for_the_hinted_one() -> None:
+    # Portuguese under a Spanish template shares many stop words with Spanish; its
+    # letters (ã) are not Spanish, so the detector is asked.
+    identifier = LanguageIdentifier()
+    assert identifier.detect(PORTUGUESE, hint="es") == "pt"
+    assert identifier.built
+
+
+def test_a_few_words_are_too_few_to_bear_out_a_hint() -> None:
+    identifier = LanguageIdentifier()
+    identifier.detect("the cat and the dog were in the garden", hint="en")
+    assert identifier.built
 
 
 def test_hint_in_a_language_the_detector_was_not_built_with_is_trusted() -> None:
@@ -183,3 +217,10 @@ def test_extraction_uses_the_html_lang_hint_when_unsure() -> None:
     page = b'<html lang="nl-BE"><title>Fiets</title><p>Kort.</p></html>'
     result = extract(page, url="https://example.org/", content_type="text/html")
     assert result.language == "nl"
+
+
+def test_a_language_whose_neighbour_the_detector_knows_is_never_confirmed_by_stop_words() -> None:
+    # Afrikaans samples pass Dutch's test; a detector that knows Afrikaans decides.
+    assert "nl" in LanguageIdentifier().confirmable
+    assert "nl" not in LanguageIdentifier(["nl", "af", "en"]).confirmable
+    assert "en" in LanguageIdentifier(["nl", "af", "en"]).confirmable

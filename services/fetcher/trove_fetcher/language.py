@@ -25,6 +25,25 @@ sure, it wins over the hint (templates ship ``lang="en"`` whatever the page is i
 unless the hint names a language lingua knows but this detector was not built with,
 which the detector cannot recognize.
 
+**A page's own statement, borne out, needs no detector.** Most pages declare their
+language (``<html lang>``), and most declare it rightly; lingua costs 1 to 4 ms a page
+(its models are cold in the CPU cache when pages come one at a time), more than the
+rest of the extraction together. So a hint in one of the languages with stop words
+(``keywords.STOP_WORDS``: en, fr, de, es, nl, it) is taken without the detector when the
+sample bears it out: at least ``CONFIRM_MIN_WORDS`` words, at least ``CONFIRM_SHARE`` of
+them the hinted language's stop words and ``CONFIRM_LEAD`` times the share of any
+other list's, and no letter outside the hinted language's ``LETTERS``. A template's
+``lang="en"`` over a German page fails it (German words, few English stop words), as
+does Portuguese under a Spanish hint (its ã and ç), and the detector decides as before.
+Measured on lingua's own test sentences (``bench/bench_language.py``: 300-character
+samples, 24 languages), the hint was borne out for 92% of English samples, 98% of
+German, 89% of Dutch, 72% of French, 50% of Spanish and Italian, and for no sample of
+another of the detector's languages. The only false confirmations were Afrikaans
+samples under a Dutch hint (127 of 280), which the default detector, without
+Afrikaans, calls Dutch too; with looser thresholds Latin passed for Italian and
+English. A hinted language whose neighbour (``UNTOLD``) the detector is built with is
+never confirmed this way. The check costs ~45 µs a sample, the detector ~740 µs warm.
+
 The detector is shared and thread-safe (lingua's ``LanguageDetector`` is; building it
 happens once, under a lock).
 """
@@ -32,10 +51,13 @@ happens once, under a lock).
 from __future__ import annotations
 
 import re
+import string
 import threading
 from collections.abc import Iterable
 
 from lingua import IsoCode639_1, IsoCode639_3, Language, LanguageDetector, LanguageDetectorBuilder
+
+from trove_fetcher.keywords import STOP_WORDS
 
 #: Languages the default detector tells apart (ISO 639-1): Western and Central European
 #: languages common on personal sites, plus the big non-Latin scripts. Esperanto and
@@ -59,6 +81,32 @@ WIDE_SAMPLE_CHARS = 1000
 MIN_LETTERS = 20
 #: The best language's confidence (0..1) must reach this for the detector to be trusted.
 MIN_CONFIDENCE = 0.9
+
+#: A hint is borne out by a sample of at least this many words...
+CONFIRM_MIN_WORDS = 20
+#: ... of which at least this share are the hinted language's stop words...
+CONFIRM_SHARE = 0.15
+#: ... at least this many times the share of any other language's stop words.
+CONFIRM_LEAD = 2.0
+_ASCII = frozenset(string.ascii_lowercase)
+#: The letters of each language with stop words (lower case). A sample with another
+#: letter (Portuguese ã, Danish ø, Afrikaans ê) is left to the detector.
+LETTERS: dict[str, frozenset[str]] = {
+    "en": _ASCII | frozenset("é"),
+    "fr": _ASCII | frozenset("àâæçéèêëîïôœùûüÿ"),
+    "de": _ASCII | frozenset("äöüßé"),
+    "es": _ASCII | frozenset("áéíóúüñ"),
+    "nl": _ASCII | frozenset("áéíóúàèëïöü"),
+    "it": _ASCII | frozenset("àèéìíîòóùú"),
+}
+#: Languages whose samples pass for a listed one's in the measurement above: when the
+#: detector is built with one of them, the listed language is always left to it.
+UNTOLD: dict[str, frozenset[str]] = {
+    "nl": frozenset({"af"}),
+    "it": frozenset({"la"}),
+    "en": frozenset({"la"}),
+}
+_WORD = re.compile(r"[^\W\d_]+")
 
 _LANG_TAG = re.compile(r"\A([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*\Z")
 # Deprecated ISO 639-1 codes still seen in lang attributes.
@@ -103,6 +151,7 @@ class LanguageIdentifier:
         sample_chars: int = SAMPLE_CHARS,
         wide_sample_chars: int = WIDE_SAMPLE_CHARS,
         low_accuracy: bool = True,
+        confirm_hints: bool = True,
     ) -> None:
         codes: list[IsoCode639_1] = []
         for code in languages:
@@ -120,6 +169,12 @@ class LanguageIdentifier:
         self.sample_chars = sample_chars
         self.wide_sample_chars = max(wide_sample_chars, sample_chars)
         self.low_accuracy = low_accuracy
+        #: The hints a sample's stop words may bear out (see the module's docstring).
+        self.confirmable: frozenset[str] = frozenset(
+            code
+            for code in STOP_WORDS.keys() & LETTERS.keys() & self.languages
+            if confirm_hints and not UNTOLD.get(code, frozenset()) & self.languages
+        )
         self._codes = tuple(codes)
         self._detector: LanguageDetector | None = None
         self._lock = threading.Lock()
@@ -162,6 +217,25 @@ class LanguageIdentifier:
             code = self._confident(self.sample(text, self.wide_sample_chars))
         return code
 
+    def confirms(self, code: str, text: str) -> bool:
+        """Whether the start of ``text`` bears out the hint ``code`` by its stop words."""
+        if code not in self.confirmable:
+            return False
+        sample = self.sample(text).lower()
+        if not set(filter(str.isalpha, sample)) <= LETTERS[code]:
+            return False
+        words = _WORD.findall(sample)
+        if len(words) < CONFIRM_MIN_WORDS:
+            return False
+        own = sum(word in STOP_WORDS[code] for word in words)
+        if own < CONFIRM_SHARE * len(words):
+            return False
+        return all(
+            own >= CONFIRM_LEAD * sum(word in stops for word in words)
+            for other, stops in STOP_WORDS.items()
+            if other != code
+        )
+
     def _confident(self, sample: str) -> str | None:
         if sum(map(str.isalpha, sample)) < self.min_letters:
             return None
@@ -172,8 +246,11 @@ class LanguageIdentifier:
         return code
 
     def detect(self, text: str, *, hint: str | None = None) -> str | None:
-        """BCP-47 language of ``text``, using ``hint`` (an ``<html lang>``) when unsure."""
+        """BCP-47 language of ``text``, using ``hint`` (an ``<html lang>``) when unsure,
+        and without the detector when the text's stop words bear the hint out."""
         hinted = primary_tag(hint)
+        if hinted is not None and self.confirms(hinted, text):
+            return hinted
         detected = self.detect_text(text)
         if detected is None:
             return hinted
