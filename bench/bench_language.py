@@ -1,5 +1,5 @@
-"""How often a page's ``<html lang>`` is borne out without lingua, how often wrongly, and
-what each costs (``trove_fetcher.language``: ``LanguageIdentifier.confirms``).
+"""How often the stop-word test tells a page's language without lingua, how often
+wrongly, and what each costs (``trove_fetcher.language``: ``by_stop_words``).
 
 Needs a corpus of sentences, one file per language named by its ISO 639-1 code
 (``en.txt``, one sentence a line), such as lingua's own test sentences::
@@ -10,14 +10,13 @@ Needs a corpus of sentences, one file per language named by its ISO 639-1 code
     .venv/bin/python bench/bench_language.py corpus
 
 Sentences are joined into samples of ``SAMPLE_CHARS`` (what the detector reads of a
-page). For every sample and every hint the identifier may confirm, it prints:
+page). It prints:
 
-* **borne out**: the share of samples of a language confirmed under their own hint
+* **told**: for each language the test may tell, the share of its samples it tells
   (those the detector is spared);
-* **false**: samples of another language confirmed under a hint, by pair, with what the
-  detector says of them (when it says the hinted language too, confirming it changed
-  nothing);
-* **CPU**: ``confirms`` against the detector on the same samples, µs a sample, side by
+* **false**: samples told as another language, by pair, with what the detector says
+  of them (when it says the same, the test changed nothing);
+* **CPU**: the test against the detector on the same samples, µs a sample, side by
   side in one run (the detector's models warm; on a crawl they are often cold).
 
 Nothing is asserted.
@@ -61,54 +60,55 @@ def main() -> int:
         for path in sorted(args.corpus.glob("*.txt"))
         if len(path.stem) == 2
     }
-    hints = sorted(identifier.confirmable)
-    borne: Counter[str] = Counter()
+    told_by = sorted(identifier.told_by_stop_words)
+    told: Counter[str] = Counter()
     false: Counter[tuple[str, str, str]] = Counter()
     for language, texts in corpus.items():
         for text in texts:
-            for hint in hints:
-                if not identifier.confirms(hint, text):
-                    continue
-                if hint == language:
-                    borne[hint] += 1
-                else:
-                    said = identifier.detect_text(text) or "unsure"
-                    false[(hint, language, said)] += 1
+            said = identifier.by_stop_words(text)
+            if said is None:
+                continue
+            if said == language:
+                told[said] += 1
+            else:
+                detector = identifier.detect_text(text) or "unsure"
+                false[(said, language, detector)] += 1
     known = sorted(identifier.languages)
     print(
         f"{sum(map(len, corpus.values()))} samples of {args.chars} characters, "
         f"{len(corpus)} languages; detector: {len(known)} languages"
     )
-    print("borne out under their own hint:")
-    for hint in hints:
-        n = len(corpus.get(hint, []))
-        print(f"  {hint}  {borne[hint] / n if n else float('nan'):.2f}  ({borne[hint]} of {n})")
-    print("false confirmations (hint, language, what the detector says):")
-    for (hint, language, said), n in false.most_common():
+    print("told by the stop-word test:")
+    for language in told_by:
+        n = len(corpus.get(language, []))
+        share = told[language] / n if n else float("nan")
+        print(f"  {language}  {share:.2f}  ({told[language]} of {n})")
+    print("told wrongly (told, language, what the detector says):")
+    for (said, language, detector), n in false.most_common():
         known_to_detector = "known" if language in identifier.languages else "not known"
         total = len(corpus[language])
         print(
-            f"  {hint} <- {language} ({known_to_detector} to the detector): {n} of {total}; "
-            f"detector: {said}"
+            f"  {said} <- {language} ({known_to_detector} to the detector): {n} of {total}; "
+            f"detector: {detector}"
         )
     if not false:
         print("  none")
-    pairs = [(language, text) for language in hints for text in corpus.get(language, [])]
-    identifier.detect_text(pairs[0][1])  # build the detector outside the timing
-    confirm: list[float] = []
+    texts = [text for language in told_by for text in corpus.get(language, [])]
+    identifier.detect_text(texts[0])  # build the detector outside the timing
+    test: list[float] = []
     detect: list[float] = []
     for _ in range(args.rounds):
         start = time.process_time()
-        for language, text in pairs:
-            identifier.confirms(language, text)
-        confirm.append((time.process_time() - start) / len(pairs) * 1e6)
+        for text in texts:
+            identifier.by_stop_words(text)
+        test.append((time.process_time() - start) / len(texts) * 1e6)
         start = time.process_time()
-        for _language, text in pairs:
+        for text in texts:
             identifier.detect_text(text)
-        detect.append((time.process_time() - start) / len(pairs) * 1e6)
-    c, d = statistics.median(confirm), statistics.median(detect)
+        detect.append((time.process_time() - start) / len(texts) * 1e6)
+    c, d = statistics.median(test), statistics.median(detect)
     print(
-        f"CPU a sample (medians of {args.rounds}): confirms {c:.0f} µs, "
+        f"CPU a sample (medians of {args.rounds}): the test {c:.0f} µs, "
         f"detector {d:.0f} µs (warm): x{d / c:.0f}"
     )
     return 0

@@ -69,32 +69,55 @@ def test_confident_detector_beats_a_wrong_hint() -> None:
     assert detect_language(GERMAN, hint="en") == "de"
 
 
-@pytest.mark.parametrize(("text", "hint"), [(ENGLISH, "en-GB"), (FRENCH, "fr"), (GERMAN, "de-DE")])
-def test_a_hint_the_texts_own_stop_words_bear_out_is_taken_without_the_detector(
-    text: str, hint: str
+@pytest.mark.parametrize(
+    ("text", "hint", "expected"),
+    [
+        (ENGLISH, "en-GB", "en"),
+        (FRENCH, "fr", "fr"),
+        (GERMAN, "de-DE", "de"),
+        (ENGLISH, None, "en"),
+        (GERMAN, None, "de"),
+    ],
+)
+def test_a_page_its_stop_words_tell_needs_no_detector(
+    text: str, hint: str | None, expected: str
 ) -> None:
     identifier = LanguageIdentifier()
-    assert identifier.detect(text, hint=hint) == primary_tag(hint)
+    assert identifier.by_stop_words(text) == expected
+    assert identifier.detect(text, hint=hint) == expected
     assert not identifier.built  # lingua's models were never needed
 
 
-def test_a_hint_the_text_does_not_bear_out_is_left_to_the_detector() -> None:
+def test_a_hint_the_stop_words_disagree_with_is_left_to_the_detector() -> None:
+    # Templates ship lang="en" whatever the page is in: lingua decides, as ever.
     identifier = LanguageIdentifier()
     assert identifier.detect(GERMAN, hint="en") == "de"
     assert identifier.built
 
 
-def test_a_neighbouring_language_is_not_taken_for_the_hinted_one() -> None:
-    # Portuguese under a Spanish template shares many stop words with Spanish; its
-    # letters (ã) are not Spanish, so the detector is asked.
+def test_a_neighbouring_language_is_not_taken_for_a_listed_one() -> None:
+    # Portuguese shares many stop words with Spanish; its letters (ã) are not Spanish.
     identifier = LanguageIdentifier()
+    assert identifier.by_stop_words(PORTUGUESE) is None
     assert identifier.detect(PORTUGUESE, hint="es") == "pt"
     assert identifier.built
 
 
-def test_a_few_words_are_too_few_to_bear_out_a_hint() -> None:
-    identifier = LanguageIdentifier()
-    identifier.detect("the cat and the dog were in the garden", hint="en")
+def test_a_few_words_are_too_few_for_the_stop_word_test() -> None:
+    assert LanguageIdentifier().by_stop_words("the cat and the dog were in the garden") is None
+
+
+def test_a_language_whose_neighbour_the_detector_knows_is_never_told_by_stop_words() -> None:
+    # Afrikaans samples pass the Dutch test; a detector that knows Afrikaans decides.
+    assert "nl" in LanguageIdentifier().told_by_stop_words
+    assert "nl" not in LanguageIdentifier(["nl", "af", "en"]).told_by_stop_words
+    assert "en" in LanguageIdentifier(["nl", "af", "en"]).told_by_stop_words
+
+
+def test_the_stop_word_test_can_be_turned_off() -> None:
+    identifier = LanguageIdentifier(stop_words=False)
+    assert identifier.by_stop_words(ENGLISH) is None
+    assert identifier.detect(ENGLISH) == "en"
     assert identifier.built
 
 
@@ -149,7 +172,7 @@ def test_an_unsure_first_sample_is_widened_once() -> None:
 
 
 def test_low_confidence_is_unsure() -> None:
-    strict = LanguageIdentifier(["en", "nl"], min_confidence=1.01)
+    strict = LanguageIdentifier(["en", "nl"], min_confidence=1.01, stop_words=False)
     assert strict.detect(ENGLISH) is None
     assert strict.detect(ENGLISH, hint="en") == "en"
 
@@ -162,7 +185,7 @@ def test_detector_is_restricted_to_its_languages() -> None:
 
 
 def test_detector_is_built_on_first_use_only() -> None:
-    identifier = LanguageIdentifier(["en", "de"])
+    identifier = LanguageIdentifier(["en", "de"], stop_words=False)
     assert identifier.built is False
     identifier.detect("short")  # too short: the detector is not needed yet
     assert identifier.built is False
@@ -217,10 +240,3 @@ def test_extraction_uses_the_html_lang_hint_when_unsure() -> None:
     page = b'<html lang="nl-BE"><title>Fiets</title><p>Kort.</p></html>'
     result = extract(page, url="https://example.org/", content_type="text/html")
     assert result.language == "nl"
-
-
-def test_a_language_whose_neighbour_the_detector_knows_is_never_confirmed_by_stop_words() -> None:
-    # Afrikaans samples pass Dutch's test; a detector that knows Afrikaans decides.
-    assert "nl" in LanguageIdentifier().confirmable
-    assert "nl" not in LanguageIdentifier(["nl", "af", "en"]).confirmable
-    assert "en" in LanguageIdentifier(["nl", "af", "en"]).confirmable

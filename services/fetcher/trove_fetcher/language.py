@@ -25,24 +25,27 @@ sure, it wins over the hint (templates ship ``lang="en"`` whatever the page is i
 unless the hint names a language lingua knows but this detector was not built with,
 which the detector cannot recognize.
 
-**A page's own statement, borne out, needs no detector.** Most pages declare their
-language (``<html lang>``), and most declare it rightly; lingua costs 1 to 4 ms a page
-(its models are cold in the CPU cache when pages come one at a time), more than the
-rest of the extraction together. So a hint in one of the languages with stop words
-(``keywords.STOP_WORDS``: en, fr, de, es, nl, it) is taken without the detector when the
-sample bears it out: at least ``CONFIRM_MIN_WORDS`` words, at least ``CONFIRM_SHARE`` of
-them the hinted language's stop words and ``CONFIRM_LEAD`` times the share of any
-other list's, and no letter outside the hinted language's ``LETTERS``. A template's
-``lang="en"`` over a German page fails it (German words, few English stop words), as
-does Portuguese under a Spanish hint (its ã and ç), and the detector decides as before.
+**A page its stop words tell needs no detector.** lingua costs 0.7 to 4 ms a page (its
+models are cold in the CPU cache when pages come one at a time), more than the rest of
+the extraction together. In the six languages with stop words (``keywords.STOP_WORDS``:
+en, fr, de, es, nl, it) most pages say what they are in their most common words. So
+the sample is first put to a test (``by_stop_words``): at least ``STOP_MIN_WORDS``
+words, at least ``STOP_SHARE`` of them one language's stop words and ``STOP_LEAD``
+times the share of any other list's, and no letter outside that language's
+``LETTERS``. A language that passes is the page's when its ``<html lang>`` is absent or
+agrees; anything else (no language passes, or the hint says another) goes to the
+detector as before, so a template's ``lang="en"`` over a German page is still found
+German by lingua. Portuguese fails the Spanish test by its letters (ã, ç), Afrikaans
+the Dutch one by ê only sometimes.
+
 Measured on lingua's own test sentences (``bench/bench_language.py``: 300-character
-samples, 24 languages), the hint was borne out for 92% of English samples, 98% of
-German, 89% of Dutch, 72% of French, 50% of Spanish and Italian, and for no sample of
-another of the detector's languages. The only false confirmations were Afrikaans
-samples under a Dutch hint (127 of 280), which the default detector, without
-Afrikaans, calls Dutch too; with looser thresholds Latin passed for Italian and
-English. A hinted language whose neighbour (``UNTOLD``) the detector is built with is
-never confirmed this way. The check costs ~45 µs a sample, the detector ~740 µs warm.
+samples, 24 languages): the test tells 98% of the German samples, 92% of English, 89%
+of Dutch, 72% of French, 50% of Spanish and Italian, and never takes a sample of
+another of the detector's languages for one of them. It takes 127 of 280 Afrikaans
+samples for Dutch, as the default detector, built without Afrikaans, does too; with
+looser thresholds Latin passed for Italian and English. A language whose neighbour
+(``UNTOLD``) the detector is built with is never told this way. The test costs ~45 µs
+a sample, the detector ~740 µs with its models warm.
 
 The detector is shared and thread-safe (lingua's ``LanguageDetector`` is; building it
 happens once, under a lock).
@@ -82,12 +85,12 @@ MIN_LETTERS = 20
 #: The best language's confidence (0..1) must reach this for the detector to be trusted.
 MIN_CONFIDENCE = 0.9
 
-#: A hint is borne out by a sample of at least this many words...
-CONFIRM_MIN_WORDS = 20
-#: ... of which at least this share are the hinted language's stop words...
-CONFIRM_SHARE = 0.15
-#: ... at least this many times the share of any other language's stop words.
-CONFIRM_LEAD = 2.0
+#: The stop-word test wants a sample of at least this many words...
+STOP_MIN_WORDS = 20
+#: ... of which at least this share are one language's stop words...
+STOP_SHARE = 0.15
+#: ... at least this many times the share of any other language's (so at most one passes).
+STOP_LEAD = 2.0
 _ASCII = frozenset(string.ascii_lowercase)
 #: The letters of each language with stop words (lower case). A sample with another
 #: letter (Portuguese ã, Danish ø, Afrikaans ê) is left to the detector.
@@ -107,6 +110,18 @@ UNTOLD: dict[str, frozenset[str]] = {
     "en": frozenset({"la"}),
 }
 _WORD = re.compile(r"[^\W\d_]+")
+
+
+def _listed_in() -> dict[str, tuple[str, ...]]:
+    listed: dict[str, list[str]] = {}
+    for code, words in STOP_WORDS.items():
+        for word in words:
+            listed.setdefault(word, []).append(code)
+    return {word: tuple(codes) for word, codes in listed.items()}
+
+
+#: Each stop word and the languages that list it.
+_LISTED_IN = _listed_in()
 
 _LANG_TAG = re.compile(r"\A([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*\Z")
 # Deprecated ISO 639-1 codes still seen in lang attributes.
@@ -151,7 +166,7 @@ class LanguageIdentifier:
         sample_chars: int = SAMPLE_CHARS,
         wide_sample_chars: int = WIDE_SAMPLE_CHARS,
         low_accuracy: bool = True,
-        confirm_hints: bool = True,
+        stop_words: bool = True,
     ) -> None:
         codes: list[IsoCode639_1] = []
         for code in languages:
@@ -169,11 +184,11 @@ class LanguageIdentifier:
         self.sample_chars = sample_chars
         self.wide_sample_chars = max(wide_sample_chars, sample_chars)
         self.low_accuracy = low_accuracy
-        #: The hints a sample's stop words may bear out (see the module's docstring).
-        self.confirmable: frozenset[str] = frozenset(
+        #: The languages the stop-word test may tell (see the module's docstring).
+        self.told_by_stop_words: frozenset[str] = frozenset(
             code
             for code in STOP_WORDS.keys() & LETTERS.keys() & self.languages
-            if confirm_hints and not UNTOLD.get(code, frozenset()) & self.languages
+            if stop_words and not UNTOLD.get(code, frozenset()) & self.languages
         )
         self._codes = tuple(codes)
         self._detector: LanguageDetector | None = None
@@ -217,24 +232,29 @@ class LanguageIdentifier:
             code = self._confident(self.sample(text, self.wide_sample_chars))
         return code
 
-    def confirms(self, code: str, text: str) -> bool:
-        """Whether the start of ``text`` bears out the hint ``code`` by its stop words."""
-        if code not in self.confirmable:
-            return False
+    def by_stop_words(self, text: str) -> str | None:
+        """The language whose stop words and letters the start of ``text`` is written
+        in, when the test tells one (see the module's docstring); None otherwise."""
+        if not self.told_by_stop_words:
+            return None
         sample = self.sample(text).lower()
-        if not set(filter(str.isalpha, sample)) <= LETTERS[code]:
-            return False
         words = _WORD.findall(sample)
-        if len(words) < CONFIRM_MIN_WORDS:
-            return False
-        own = sum(word in STOP_WORDS[code] for word in words)
-        if own < CONFIRM_SHARE * len(words):
-            return False
-        return all(
-            own >= CONFIRM_LEAD * sum(word in stops for word in words)
-            for other, stops in STOP_WORDS.items()
-            if other != code
-        )
+        if len(words) < STOP_MIN_WORDS:
+            return None
+        counts = dict.fromkeys(STOP_WORDS, 0)
+        for word in words:
+            for code in _LISTED_IN.get(word, ()):
+                counts[code] += 1
+        code = max(counts, key=counts.__getitem__)
+        own = counts.pop(code)
+        if (
+            code not in self.told_by_stop_words
+            or own < STOP_SHARE * len(words)
+            or any(own < STOP_LEAD * other for other in counts.values())
+            or not set(filter(str.isalpha, sample)) <= LETTERS[code]
+        ):
+            return None
+        return code
 
     def _confident(self, sample: str) -> str | None:
         if sum(map(str.isalpha, sample)) < self.min_letters:
@@ -246,11 +266,12 @@ class LanguageIdentifier:
         return code
 
     def detect(self, text: str, *, hint: str | None = None) -> str | None:
-        """BCP-47 language of ``text``, using ``hint`` (an ``<html lang>``) when unsure,
-        and without the detector when the text's stop words bear the hint out."""
+        """BCP-47 language of ``text``, using ``hint`` (an ``<html lang>``) when unsure;
+        without the detector when the stop-word test tells it and the hint agrees."""
         hinted = primary_tag(hint)
-        if hinted is not None and self.confirms(hinted, text):
-            return hinted
+        told = self.by_stop_words(text)
+        if told is not None and hinted in (None, told):
+            return told
         detected = self.detect_text(text)
         if detected is None:
             return hinted
