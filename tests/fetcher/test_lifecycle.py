@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,3 +101,16 @@ async def test_sigterm_mid_crawl_exits_in_time_and_loses_nothing(
     assert row.n == len(urls)
     for host in web.hosts:
         assert (witness.min_gap(host.name) or gap) >= gap
+
+
+def test_a_fetcher_process_does_not_load_httpxs_command_line() -> None:
+    # httpx imports click, rich and pygments whenever they are installed (~7 MB a pod);
+    # ``trove_fetcher/__init__.py`` keeps that one import out.
+    probe = (
+        "import sys, trove_fetcher.app, httpx; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'click', 'rich', 'pygments'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"
