@@ -193,6 +193,13 @@ def test_detector_is_built_on_first_use_only() -> None:
     assert identifier.built is True
 
 
+def test_warming_builds_the_detector_ahead_of_the_first_page() -> None:
+    identifier = LanguageIdentifier(["en", "de"])
+    identifier.warm()
+    assert identifier.built is True
+    assert identifier.detect_text(GERMAN) == "de"
+
+
 @pytest.mark.parametrize("languages", [["en"], ["en", "en"], ["en", "klingon"], ["xx", "en"]])
 def test_bad_language_configuration_is_refused(languages: list[str]) -> None:
     with pytest.raises(ValueError, match="language"):

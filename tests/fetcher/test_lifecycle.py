@@ -43,6 +43,10 @@ async def test_health_readiness_and_metrics_are_served(
 
         await eventually(ready, until=lambda code: code == 200, timeout=30, what="ready")
         assert (await client.get("/healthz")).status_code == 200
+        # lingua's models are loaded before the first page, not on it (a 0.3 s stall of
+        # the event loop mid-crawl).
+        log = (state_dir / "logs" / "fetcher-0.log").read_text()
+        assert '"message": "language models loaded"' in log
         await publish_work(bus, running.seeds)
 
         async def fetches() -> str:

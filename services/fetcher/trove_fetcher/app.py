@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
+from trove_fetcher.language import default_identifier
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Consumer
@@ -27,6 +30,8 @@ from trove_schema.topology import (
 #: never more than half the consumer's ``max_ack_pending``, so that one pod cannot
 #: hold all of it.
 HELD_PER_SLOT = 8
+
+log = logging.getLogger("trove.fetcher")
 
 
 async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
@@ -92,6 +97,11 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             )
             for stream, durable in ((EVENTS_STREAM, FETCHER), (WORK_STREAM, FETCHER_DEFERRED))
         ]
+        started = time.perf_counter()
+        await asyncio.to_thread(default_identifier().warm)
+        log.info(
+            "language models loaded", extra={"seconds": f"{time.perf_counter() - started:.2f}"}
+        )
         ready.set()
         await asyncio.gather(*(c.run(stop) for c in consumers))
         fetcher.close()

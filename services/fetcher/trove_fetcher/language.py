@@ -212,6 +212,15 @@ class LanguageIdentifier:
                     detector = self._detector = builder.build()
         return detector
 
+    def warm(self) -> None:
+        """Build the detector and load its models now.
+
+        lingua loads a detector's models on its first detection, for ~0.3 s that hold
+        the GIL: on a page mid-crawl, that stalls the event loop and every lease and
+        timer in it. A service pays it at start instead.
+        """
+        self.detector().compute_language_confidence_values("warm")
+
     def sample(self, text: str, chars: int | None = None) -> str:
         """The start of ``text``, whitespace collapsed, at most ``chars`` long.
 
