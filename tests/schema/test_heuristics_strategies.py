@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.schema.test_heuristics import completed, tags
-from trove_schema.events import CrawlOutcome, Link
+from trove_schema.events import CrawlOutcome, Link, LinkKind
 from trove_schema.heuristics import SHELL_MAX_TEXT_CHARS, audit, text_bucket
 
 ACTIVITY = "application/activity+json; charset=utf-8"
@@ -15,7 +15,7 @@ def test_an_application_shell_is_the_wrong_tool_even_with_a_title_and_links() ->
     event = completed(  # noqa: S604 - an application shell, not a process
         status_code=200,
         title="social.example",
-        links=(Link(url="https://blog.example/packs/app.js", kind="script"),),
+        links=(Link(url="https://blog.example/packs/app.js", kind=LinkKind.SCRIPT),),
         content_type="text/html",
         content_length=4096,
         text_chars=0,
@@ -103,7 +103,7 @@ def test_a_feed_is_content_for_http() -> None:
         content_type="application/atom+xml",
         content_length=3000,
         text_chars=900,
-        links=(Link(url="https://blog.example/a", kind="feed_item"),),
+        links=(Link(url="https://blog.example/a", kind=LinkKind.FEED_ITEM),),
     )
     assert audit(event).success
 

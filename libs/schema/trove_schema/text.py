@@ -22,7 +22,7 @@ what was sent.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import GetCoreSchemaHandler
@@ -114,7 +114,8 @@ class StorableTerms:
 
 @dataclass(frozen=True, slots=True)
 class StorableItems:
-    """Field metadata for a tuple of records with one URL-like text ``key`` each (links).
+    """Field metadata for a tuple of dataclass records with one URL-like text ``key`` each
+    (links).
 
     Checked after the records are validated, in one pass over the joined values: a
     validator call per record cost a fifth of decoding a page's ``CrawlCompleted`` (100
@@ -132,7 +133,7 @@ class StorableItems:
         if is_storable("".join(texts)):
             return value
         return tuple(
-            item if is_storable(text) else item.model_copy(update={self.key: storable(text)})
+            item if is_storable(text) else replace(item, **{self.key: storable(text)})
             for item, text in zip(value, texts, strict=True)
         )
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
+from pydantic import TypeAdapter
+
 from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchResult
 from trove_fetcher.robots import RobotsPolicy
@@ -233,9 +235,10 @@ def _completed(
 
 
 def _link_bytes(link: Link) -> int:
-    return len(Link.__pydantic_serializer__.to_json(link)) + 1  # and its comma
+    return len(_LINK.dump_json(link)) + 1  # and its comma
 
 
+_LINK = TypeAdapter(Link)
 #: Most bytes one character takes in JSON (a control character is ``\u001f``).
 _CHAR_BYTES = 6
 #: A bound on everything but the links and keywords: a dozen text fields of at most
