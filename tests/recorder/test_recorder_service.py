@@ -6,8 +6,10 @@ import asyncio
 import itertools
 import os
 import signal
+from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,11 +22,14 @@ from trove_schema.bus import Bus
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
+    CrawlRequested,
     Link,
+    RequestReason,
     Scope,
     utcnow,
 )
 from trove_schema.topology import CRAWL_COMPLETED, DEAD_STREAM
+from trove_stack.nats import free_port
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -173,3 +178,53 @@ async def test_remembered_page_ids_are_dropped_when_the_pages_table_is_emptied(
         await bus.publish(completed(1))  # the same links again, now under other ids
         want = {("https://blog.example/1", f"https://blog.example/{n}") for n in (2, 3, 4)}
         await eventually(edges, until=lambda e: e == want, timeout=30, what="edges by url")
+
+
+async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_was_idle(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    # A recorder that died between its commit and its publish leaves a row that no pod is
+    # woken for. An idle recorder looks less and less often, but never less than this.
+    longest = 2.0
+    port = free_port("127.0.0.1")
+    env = {"TROVE_OUTBOX_POLL_MAX_SECONDS": str(longest), "TROVE_HTTP_PORT": str(port)}
+    retry = CrawlRequested(
+        url="https://blog.example/1",
+        domain="blog.example",
+        scope=Scope(value="blog.example"),
+        reason=RequestReason.RETRY,
+        attempt=2,
+        not_before=utcnow() + timedelta(hours=1),
+    )
+
+    async def sent() -> bool:
+        rows = await query(engine, "SELECT published_at FROM outbox")
+        return bool(rows) and rows[0].published_at is not None
+
+    async def ready() -> int:
+        try:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code
+        except httpx.TransportError:
+            return 0
+
+    async with services(stack, state_dir, env, only=("recorder",)):
+        # The outbox's first look comes as the recorder reports ready.
+        await eventually(ready, until=lambda code: code == 200, timeout=30, what="ready")
+        # Idle for the duration under test: without the bound its pauses (1, 2, 4, 8 s)
+        # would leave the row below unseen for ~7 s.
+        await asyncio.sleep(4 * longest)
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, deliver_at) "
+                    "VALUES (:id, :subject, :payload, :due)"
+                ),
+                {
+                    "id": retry.id,
+                    "subject": CrawlRequested.SUBJECT,
+                    "payload": retry.to_wire(),
+                    "due": retry.not_before,
+                },
+            )
+        await eventually(sent, until=bool, timeout=2 * longest + 1, what="the row published")

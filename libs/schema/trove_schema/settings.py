@@ -247,6 +247,11 @@ class RecorderSettings(CommonSettings):
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
     #: How often the recorder looks for expired audit rows.
     audit_prune_interval_seconds: float = Field(default=600.0, gt=0.0)
+    #: Longest an idle recorder goes without looking at the outbox. Its own retries wake
+    #: it at once; the look is for rows no pod was woken for (one that died between its
+    #: commit and its publish, a replay), and it is made 1 s after activity, then half
+    #: as often each time it finds nothing, down to this.
+    outbox_poll_max_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
 
     @model_validator(mode="after")
     def _retries_are_kept(self) -> RecorderSettings:

@@ -10,7 +10,6 @@ redelivered later, nothing is acked and nothing counts against them; see
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -41,6 +40,10 @@ from trove_schema.topology import (
 )
 
 log = logging.getLogger("trove.recorder")
+
+#: Seconds between looks at the outbox while it has just been busy (see
+#: ``Recorder.publish_outbox``).
+OUTBOX_POLL_MIN = 1.0
 
 
 class Recorder:
@@ -85,19 +88,29 @@ class Recorder:
             if any(isinstance(e, CrawlCompleted) and e.retryable for e in events):
                 self.outbox_wakeup.set()
 
-    async def publish_outbox(self, stop: asyncio.Event) -> None:
-        """Publish pending outbox rows (retries) as scheduled messages, then mark them sent."""
+    async def publish_outbox(self, stop: asyncio.Event, idle_max: float = 30.0) -> None:
+        """Publish pending outbox rows (retries) as scheduled messages, then mark them sent.
+
+        Between looks it waits to be woken by a projected retry, or for a pause that
+        doubles from ``OUTBOX_POLL_MIN`` to ``idle_max`` while the outbox stays empty:
+        a look each second was most of an idle recorder's CPU (and its database's).
+        """
+        pause = OUTBOX_POLL_MIN
         while not stop.is_set():
             try:
                 sent = await self._publish_batch()
             except Exception as exc:
                 log.warning("outbox: %s", exc)
-                sent = 0
+                sent, pause = 0, OUTBOX_POLL_MIN  # rows may be waiting: look again soon
             if sent:
+                pause = OUTBOX_POLL_MIN
                 continue
             self.outbox_wakeup.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.outbox_wakeup.wait(), timeout=1.0)
+            try:
+                await asyncio.wait_for(self.outbox_wakeup.wait(), timeout=pause)
+                pause = OUTBOX_POLL_MIN
+            except TimeoutError:
+                pause = min(pause * 2, idle_max)
 
     async def _publish_batch(self, limit: int = 100) -> int:
         async with self.sessions.begin() as session:
@@ -171,7 +184,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
         ready.set()
         await asyncio.gather(
             consumer.run(stop),
-            recorder.publish_outbox(stop),
+            recorder.publish_outbox(stop, settings.outbox_poll_max_seconds),
             run_retention(recorder.sessions, retention, stop),
         )
     finally:
