@@ -200,9 +200,10 @@ class Provenance(Frozen):
 class Link:
     """One outbound link of a page.
 
-    A slotted dataclass rather than a model: a page carries up to a thousand, and a
-    model keeps a dict and a fields-set per instance (a 100-link ``CrawlCompleted`` held
-    48 KiB as models, 7 as these). Validated, serialized and strict like the models.
+    A slotted dataclass rather than a model: a page carries up to a thousand, every
+    service holds decoded events, and a model keeps a dict and a fields-set per
+    instance, several times the link itself. Validated, serialized and strict like the
+    models.
     """
 
     #: Cleaned with the whole tuple of links (``CrawlCompleted.links``), for speed.

@@ -234,11 +234,13 @@ def _completed(
     )
 
 
+_LINK = TypeAdapter(Link)
+
+
 def _link_bytes(link: Link) -> int:
     return len(_LINK.dump_json(link)) + 1  # and its comma
 
 
-_LINK = TypeAdapter(Link)
 #: Most bytes one character takes in JSON (a control character is ``\u001f``).
 _CHAR_BYTES = 6
 #: A bound on everything but the links and keywords: a dozen text fields of at most

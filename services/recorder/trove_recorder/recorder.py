@@ -88,7 +88,7 @@ class Recorder:
             if any(isinstance(e, CrawlCompleted) and e.retryable for e in events):
                 self.outbox_wakeup.set()
 
-    async def publish_outbox(self, stop: asyncio.Event, idle_max: float = 30.0) -> None:
+    async def publish_outbox(self, stop: asyncio.Event, idle_max: float) -> None:
         """Publish pending outbox rows (retries) as scheduled messages, then mark them sent.
 
         Between looks it waits to be woken by a projected retry, or for a pause that
