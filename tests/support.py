@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import StackUrls
+from tests.conftest import StackUrls, eventually
 from trove_cli.local import SERVICES, LocalTrove
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
@@ -45,6 +46,22 @@ async def services(
         yield local
     finally:
         await asyncio.to_thread(local.stop)
+
+
+async def readiness(port: int) -> int:
+    """A service's ``/readyz`` status on its health port (0 while nothing answers)."""
+    try:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code
+    except httpx.TransportError:
+        return 0
+
+
+async def ready(port: int, timeout: float = 30) -> None:
+    """Wait until the service on health port ``port`` says it is ready."""
+    await eventually(
+        lambda: readiness(port), until=lambda code: code == 200, timeout=timeout, what="ready"
+    )
 
 
 def sandbox_env(web: SandboxWeb, gap: float, **extra: str) -> dict[str, str]:

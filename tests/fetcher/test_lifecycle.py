@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import outcomes, publish_work, query, sandbox_env, services
+from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
@@ -34,14 +34,7 @@ async def test_health_readiness_and_metrics_are_served(
         services(stack, state_dir, env, only=("fetcher",)),
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as client,
     ):
-
-        async def ready() -> int:
-            try:
-                return (await client.get("/readyz")).status_code
-            except httpx.TransportError:
-                return 0
-
-        await eventually(ready, until=lambda code: code == 200, timeout=30, what="ready")
+        await ready(port)
         assert (await client.get("/healthz")).status_code == 200
         # lingua's models are loaded before the first page, not on it (a 0.3 s stall of
         # the event loop mid-crawl).

@@ -9,13 +9,12 @@ import signal
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import outcomes, publish_work, query, sandbox_env, services
+from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
@@ -201,16 +200,9 @@ async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_w
         rows = await query(engine, "SELECT published_at FROM outbox")
         return bool(rows) and rows[0].published_at is not None
 
-    async def ready() -> int:
-        try:
-            async with httpx.AsyncClient(trust_env=False) as client:
-                return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code
-        except httpx.TransportError:
-            return 0
-
     async with services(stack, state_dir, env, only=("recorder",)):
         # The outbox's first look comes as the recorder reports ready.
-        await eventually(ready, until=lambda code: code == 200, timeout=30, what="ready")
+        await ready(port)
         # Idle for the duration under test: without the bound its pauses (1, 2, 4, 8 s)
         # would leave the row below unseen for ~7 s.
         await asyncio.sleep(4 * longest)

@@ -8,10 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import eventually
+from tests.support import readiness
 from trove_schema.errors import TopologyError
 from trove_schema.service import collect_garbage, infrastructure_away
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
@@ -62,17 +62,12 @@ async def test_discovery_started_before_jetstream_is_there_waits_and_becomes_rea
         assert service.alive(), service.tail()
         plain.stop()
         server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=nats_port)).start()
-        async with httpx.AsyncClient(trust_env=False) as client:
 
-            async def readiness() -> int:
-                assert service.alive(), service.tail()
-                try:
-                    answer = await client.get(f"http://127.0.0.1:{http_port}/readyz")
-                except httpx.TransportError:
-                    return 0
-                return answer.status_code
+        async def answer() -> int:
+            assert service.alive(), service.tail()
+            return await readiness(http_port)
 
-            await eventually(readiness, until=lambda code: code == 200, timeout=60, what="ready")
+        await eventually(answer, until=lambda code: code == 200, timeout=60, what="ready")
     finally:
         plain.stop()
         service.stop()
