@@ -224,11 +224,11 @@ class BrokenGate(Politeness):
     released = False
 
     async def acquire(
-        self, domain: str, now: float, *, reserved: bool = False
+        self, domain: str, now: float, *, reserved: bool = False, ahead: float = 0.0
     ) -> Granted | Deferred:
         if self.armed and self.released:
             raise self.error
-        return await super().acquire(domain, now, reserved=reserved)
+        return await super().acquire(domain, now, reserved=reserved, ahead=ahead)
 
     async def finish(self, *args: Any, **kwargs: Any) -> HostPolicy:
         self.released = True

@@ -131,9 +131,73 @@ async def test_gap_is_measured_from_the_end_of_the_response(bus: Bus) -> None:
 
 async def test_crawl_delay_raises_the_gap_within_the_maximum(bus: Bus) -> None:
     p = await _politeness(bus)
-    assert await p.set_gap("cd.example", 25.0) == 25.0
-    assert await p.set_gap("cd.example", 500.0) == 60.0
-    assert await p.set_gap("cd.example", 1.0) == 10.0
+    assert [p.clamp_gap(delay) for delay in (25.0, 500.0, 1.0)] == [25.0, 60.0, 10.0]
+    # robots.txt's answer sets it with its release, counted from that answer's end.
+    robots = await p.acquire("cd.example", 1000.0)
+    assert isinstance(robots, Granted)
+    await p.finish("cd.example", robots, 1000.5, gap=p.clamp_gap(25.0))
+    page = await p.acquire("cd.example", 1011.0)
+    assert isinstance(page, Deferred)
+    assert page.at == pytest.approx(1025.5)
+    # Every pod sees it: another one's lease waits for it too.
+    other = await (await _politeness(bus)).acquire("cd.example", 1011.0, reserved=True)
+    assert isinstance(other, Deferred)
+    assert other.at == pytest.approx(1025.5)
+
+
+async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:
+    p = await _politeness(bus)
+    first = await p.acquire("ahead.example", 1000.0)
+    assert isinstance(first, Granted)
+    assert first.start == 1000.0
+    await p.finish("ahead.example", first, 1000.5)  # free from 1010.5
+    # Further ahead than the caller will wait: a slot to come back at.
+    far = await p.acquire("ahead.example", 1009.0, reserved=True, ahead=1.0)
+    assert isinstance(far, Deferred)
+    assert far.at == pytest.approx(1010.5)
+    soon = await p.acquire("ahead.example", 1010.0, reserved=True, ahead=1.0)
+    assert isinstance(soon, Granted)
+    assert soon.start == pytest.approx(1010.5)
+    # The lease is taken from now: no other pod's request goes before this one's ends.
+    other = await (await _politeness(bus)).acquire("ahead.example", 1010.6, reserved=True)
+    assert isinstance(other, Deferred)
+    await p.finish("ahead.example", soon, 1010.7)
+    after = await p.acquire("ahead.example", 1020.0, reserved=True, ahead=1.0)
+    assert isinstance(after, Granted)
+    assert after.start == pytest.approx(1020.7)
+
+
+async def test_a_lease_is_not_taken_ahead_of_the_reservations_before_it(bus: Bus) -> None:
+    # Taken for a later start, it would hold the host idle while the messages that came
+    # before it wait for it to end.
+    p = await _politeness(bus)
+    first = await p.acquire("queue.example", 1000.0)
+    assert isinstance(first, Granted)
+    await p.finish("queue.example", first, 1000.5)  # free from 1010.5
+    reserved = await p.acquire("queue.example", 1001.0, ahead=1.0)
+    assert isinstance(reserved, Deferred)
+    assert reserved.at == pytest.approx(1010.5)
+    # Even when it would wait for its start: its slot comes after the reservation's.
+    fresh = await p.acquire("queue.example", 1010.0, ahead=15.0)
+    assert isinstance(fresh, Deferred)
+    assert fresh.at == pytest.approx(1020.5)
+    due = await p.acquire("queue.example", 1010.0, reserved=True, ahead=1.0)
+    assert isinstance(due, Granted)
+    assert due.start == pytest.approx(1010.5)
+
+
+async def test_no_lease_is_taken_ahead_while_a_request_is_in_flight(bus: Bus) -> None:
+    # Its gap counts from its end, which nobody knows yet. The first look worth taking
+    # is one gap after it started: it cannot have ended before that.
+    p = await _politeness(bus)
+    assert isinstance(await p.acquire("flight.example", 1000.0), Granted)
+    waiting = await p.acquire("flight.example", 1009.5, reserved=True, ahead=1.0)
+    assert isinstance(waiting, Deferred)
+    assert waiting.at == pytest.approx(1010.0)
+    # Still in flight a gap after it started (a slow answer): look again a gap on.
+    later = await p.acquire("flight.example", 1012.0, reserved=True, ahead=1.0)
+    assert isinstance(later, Deferred)
+    assert later.at == pytest.approx(1022.0)
 
 
 async def test_retry_after_pauses_the_domain_for_every_pod(bus: Bus) -> None:

@@ -101,12 +101,15 @@ class DomainSlot:
 
 @dataclass(frozen=True, slots=True)
 class Granted:
-    """The lease is ours: send the request now. ``hold_until`` identifies our hold."""
+    """The lease is ours: send the request at ``start``. ``hold_until`` identifies our hold."""
 
     hold_until: float
     gap: float
     #: The host's learned policy as the lease found it.
     policy: HostPolicy = field(default_factory=HostPolicy)
+    #: When the request may go: the time of the acquire, or a moment later for a lease
+    #: taken ahead (``Politeness.acquire``'s ``ahead``).
+    start: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +166,18 @@ class Politeness:
         return host_gap(slot.policy, slot.gap, self.learning)
 
     async def acquire(
-        self, domain: str, now: float, *, reserved: bool = False
+        self, domain: str, now: float, *, reserved: bool = False, ahead: float = 0.0
     ) -> Granted | Deferred:
         """Take the domain's lease at ``now``, or say when to come back.
 
         ``reserved`` messages already hold a slot (they were deferred once); fresh ones
-        queue behind every reservation.
+        queue behind every reservation. With ``ahead``, a lease that can start within
+        that many seconds is taken now, for its start (``Granted.start``): the caller
+        waits for it and sends without another round trip to the bucket. Only when no
+        request is in flight (the end of one is what its gap counts from), and only for
+        the moment the host is free: a fresh message behind reservations takes a slot
+        of its own, since a lease taken for a later start would hold the host idle
+        while the messages that came before it wait.
         """
         key = self.key(domain)
         guess = self._guess(key)
@@ -181,13 +190,16 @@ class Politeness:
             earliest = max(free, slot.busy_until)
             if not reserved:
                 earliest = max(earliest, slot.next)
-            if now >= earliest:
-                hold = now + self.config.request_timeout
+            if now >= earliest or (
+                slot.busy_until <= now and earliest == free and earliest - now <= ahead
+            ):
+                start = max(now, earliest)
+                hold = start + self.config.request_timeout
                 slot.busy_until = hold
-                slot.free_at = now + gap
-                slot.next = max(slot.next, now + gap)
+                slot.free_at = start + gap
+                slot.next = max(slot.next, start + gap)
                 if await self._write(key, slot, revision):
-                    return Granted(hold_until=hold, gap=gap, policy=slot.policy)
+                    return Granted(hold_until=hold, gap=gap, policy=slot.policy, start=start)
                 guess = None
                 continue
             if guess is not None:  # deciding to wait: only on what the bucket says now
@@ -195,9 +207,11 @@ class Politeness:
                 continue
             if reserved:
                 # Keep our place: the domain is busy or cooling down a little longer. While
-                # a request is in flight we cannot know when it ends: look again a gap on.
-                if slot.busy_until > now:
-                    return Deferred(at=max(free, now + max(gap, BUSY_RECHECK)))
+                # a request is in flight we cannot know when it ends. It cannot end before
+                # it started, so ``free`` (one gap after its start) is the first moment
+                # worth a look; past that (a slow answer), look again a gap on.
+                if slot.busy_until > now and now >= free:
+                    return Deferred(at=now + max(gap, BUSY_RECHECK))
                 return Deferred(at=free)
             # The in-flight hold is pessimistic; slots are planned one gap apart and
             # checked again when they come due.
@@ -208,13 +222,21 @@ class Politeness:
             guess = None
 
     async def finish(
-        self, domain: str, grant: Granted, end: float, observation: Observation | None = None
+        self,
+        domain: str,
+        grant: Granted,
+        end: float,
+        observation: Observation | None = None,
+        *,
+        gap: float | None = None,
     ) -> HostPolicy:
         """The request ended at ``end``: the domain is free again one (learned) gap later.
 
         ``observation`` (what the attempt said about the host) is folded into the host's
         policy in the same write: its gap and any pause it decides take effect for every
-        pod with the release. Returns the policy as written.
+        pod with the release. ``gap`` is a new configured gap for the host (robots.txt's
+        Crawl-delay, through ``clamp_gap``), set in the same write too, and counted from
+        this ``end`` already. Returns the policy as written.
         """
         if observation is not None and observation.retry_after is not None:
             # What a site may ask of every pod is capped.
@@ -225,6 +247,8 @@ class Politeness:
         while True:
             slot, revision = guess if guess is not None else await self._read(key)
             before = slot.policy
+            if gap is not None:
+                slot.gap = gap
             if observation is not None:
                 slot.policy = observe(before, observation, self.learning)
             slot.free_at = max(slot.free_at, end + self.gap_of(slot))
@@ -255,23 +279,9 @@ class Politeness:
                     HOST_PAUSES.labels(slot.policy.pause_reason or "unknown").inc()
                 return slot.policy
 
-    async def set_gap(self, domain: str, crawl_delay: float | None) -> float:
-        gap = self.clamp_gap(crawl_delay or 0.0)
-        await self._modify(domain, lambda s: setattr(s, "gap", gap))
-        return gap
-
     async def state(self, domain: str) -> DomainSlot:
         slot, _ = await self._read(self.key(domain))
         return slot
-
-    async def _modify(self, domain: str, change: object) -> None:
-        key = self.key(domain)
-        assert callable(change)
-        while True:
-            slot, revision = await self._read(key)
-            change(slot)
-            if await self._write(key, slot, revision):
-                return
 
     async def _read(self, key: str) -> tuple[DomainSlot, int | None]:
         try:
