@@ -9,6 +9,7 @@ import pytest
 
 from trove_fetcher.politeness import (
     BUSY_RECHECK,
+    KV,
     POLICY_KEY,
     Deferred,
     Granted,
@@ -26,6 +27,26 @@ CONFIG = PolitenessConfig(min_delay=10.0, max_delay=60.0, request_timeout=30.0)
 LEARNING = LearningConfig(
     min_gap=10.0, max_gap=60.0, response_factor=10.0, pause_base=60.0, rate_base=60.0
 )
+
+
+class CountingKV:
+    """The real bucket, and the calls made to it."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+        self.calls: list[str] = []
+
+    async def get(self, key: str) -> object:
+        self.calls.append("get")
+        return await self.kv.get(key)
+
+    async def create(self, key: str, value: bytes) -> int:
+        self.calls.append("create")
+        return await self.kv.create(key, value)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        self.calls.append("update")
+        return await self.kv.update(key, value, last=last)
 
 
 async def _politeness(
@@ -334,3 +355,22 @@ async def test_a_pod_whose_memory_of_the_domain_is_stale_still_sees_the_other_po
     again = await a.acquire("shared.example", 1012.0)
     assert isinstance(again, Deferred)
     assert again.at >= 1021.0
+
+
+async def test_a_pod_that_remembers_the_record_reserves_a_slot_in_one_round_trip(
+    bus: Bus,
+) -> None:
+    kv = CountingKV(await bus.js.key_value(DOMAINS_BUCKET))
+    p = Politeness(kv, CONFIG, LEARNING)
+    assert isinstance(await p.acquire("one.example", 1000.0), Granted)
+    kv.calls.clear()
+    # Taking a slot writes the record: its compare-and-set checks what the pod remembers.
+    waiting = await p.acquire("one.example", 1000.1)
+    assert isinstance(waiting, Deferred)
+    assert waiting.at == pytest.approx(1010.0)
+    assert kv.calls == ["update"]
+    # A reserved message's wait writes nothing: it is decided on what the bucket says.
+    kv.calls.clear()
+    again = await p.acquire("one.example", 1005.0, reserved=True)
+    assert isinstance(again, Deferred)
+    assert kv.calls == ["get"]

@@ -145,9 +145,9 @@ class Politeness:
         )
         #: The record and revision of each domain as this pod last wrote it. A guess to
         #: write against: when it is current (the usual case, one pod per domain at a
-        #: time) a lease or a finish costs one KV round trip instead of two; when it is
-        #: stale the compare-and-set fails and the record is read. Decisions that write
-        #: nothing are never taken from it.
+        #: time) a lease, a reservation or a finish costs one KV round trip instead of
+        #: two; when it is stale the compare-and-set fails and the record is read.
+        #: Decisions that write nothing are never taken from it.
         self._written: dict[str, tuple[DomainSlot, int]] = {}
 
     @staticmethod
@@ -202,10 +202,10 @@ class Politeness:
                     return Granted(hold_until=hold, gap=gap, policy=slot.policy, start=start)
                 guess = None
                 continue
-            if guess is not None:  # deciding to wait: only on what the bucket says now
-                guess = None
-                continue
             if reserved:
+                if guess is not None:  # a wait that writes nothing: only on the bucket's word
+                    guess = None
+                    continue
                 # Keep our place: the domain is busy or cooling down a little longer. While
                 # a request is in flight we cannot know when it ends. It cannot end before
                 # it started, so ``free`` (one gap after its start) is the first moment
@@ -214,7 +214,8 @@ class Politeness:
                     return Deferred(at=now + max(gap, BUSY_RECHECK))
                 return Deferred(at=free)
             # The in-flight hold is pessimistic; slots are planned one gap apart and
-            # checked again when they come due.
+            # checked again when they come due. Taking one writes ``next``, so the
+            # compare-and-set checks a guess: a current one saves the read.
             at = max(slot.next, free, now)
             slot.next = at + gap
             if await self._write(key, slot, revision):
