@@ -1,12 +1,14 @@
 """A hostile page costs the site one request per attempt and ends in a recorded outcome.
 
 The ``Fetcher`` runs in the test's process against real NATS and a real HTTP server;
-the faults (an extractor that breaks, a broker that refuses one publish) are injected
-around it, never into it.
+the faults (an extractor that breaks, a broker that refuses one publish or answers
+late) are injected around it, never into it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
@@ -22,7 +24,7 @@ from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import Deferred, Granted, Politeness, PolitenessConfig
+from trove_fetcher.politeness import KV, Deferred, Granted, Politeness, PolitenessConfig
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
@@ -53,6 +55,25 @@ class FlakyBus(Bus):
             self.failures -= 1
             raise NatsTimeoutError
         await super().publish(event, subject=subject)
+
+
+class LateKV:
+    """The real lease bucket, each answer ``delay`` late (a broker under load)."""
+
+    def __init__(self, kv: KV, delay: float) -> None:
+        self.kv, self.delay = kv, delay
+
+    async def get(self, key: str) -> object:
+        await asyncio.sleep(self.delay)
+        return await self.kv.get(key)
+
+    async def create(self, key: str, value: bytes) -> int:
+        await asyncio.sleep(self.delay)
+        return await self.kv.create(key, value)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        await asyncio.sleep(self.delay)
+        return await self.kv.update(key, value, last=last)
 
 
 @pytest.fixture
@@ -264,3 +285,27 @@ async def test_a_redirect_hop_whose_lease_fails_is_handed_back_only_for_the_brok
     assert not isinstance(raised.value, Retry)
     assert len(server.requests_to("/moved", HOST)) == 1
     assert server.requests_to("/hop", HOST) == []
+
+
+async def test_a_hosts_next_request_goes_at_its_slot_not_a_round_trip_after_it(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """Under load a round trip to the lease bucket takes a good part of a short gap."""
+    gap, round_trip = 1.0, 0.4
+    late = LateKV(await bus.js.key_value(DOMAINS_BUCKET), round_trip)
+    polite = Politeness(late, PolitenessConfig(min_delay=gap, request_timeout=5.0))
+    fetcher = await fetcher_on(bus, client, politeness=polite)
+    one, two = work(server), work(server, "/hop")
+    try:
+        # robots.txt, then /page a gap later; /hop is handed over when /page is done.
+        await fetcher.process(Job(one), one.to_wire())
+        await fetcher.process(Job(two), two.to_wire())
+    finally:
+        fetcher.close()
+    await Completions(bus.js).wait_for(2, timeout=10)
+    times = sorted(seen.at for seen in server.requests_for(HOST))
+    assert len(times) == 3  # robots.txt, /page, /hop
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    # Never closer than the gap (it counts from the end of each answer), and not a
+    # round trip to the bucket past it: each lease was taken ahead, for its start.
+    assert all(gap <= waited < gap + round_trip / 2 for waited in gaps), gaps

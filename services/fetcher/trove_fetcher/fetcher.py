@@ -289,10 +289,10 @@ class Fetcher:
         """The domain's lease now or after a short wait in the task; else a far slot.
 
         A lease that can start within ``LOCAL_WAIT`` is taken ahead, for its start, and
-        the task sends when it comes: the request leaves at the slot rather than one
-        round trip to the bucket after it, which under load is tens of milliseconds or more a
-        request. A task is not cancelled in that wait (a stopping consumer lets its
-        tasks finish); a pod that dies in it holds the host as one that dies mid-request.
+        the task sends when it comes: the request leaves at its slot rather than one
+        round trip to the bucket after it (under load, tens of milliseconds or more). A
+        task is not cancelled in that wait (a stopping consumer lets its tasks finish);
+        a pod that dies in it holds the host as one that dies mid-request.
         """
         while True:
             now = time.time()
