@@ -8,9 +8,10 @@ lease is its own host's, taken once the previous response has ended).
 * ``free_at``: no request may start before this; ``finish`` sets it to ``end + gap``.
   The gap is measured from the end of the previous response, so the site never sees
   two requests closer than the gap, whatever the network latency.
-* ``busy_until``: a request is in flight. Taking the lease sets it to
-  ``now + request_timeout`` (the longest a request can take), so a pod that dies
-  mid-fetch still leaves the domain alone until then; ``finish`` clears it.
+* ``busy_until``: a request is in flight, or about to start (a lease taken ahead for
+  the moment the host is free, under a second away). Taking the lease sets it to the
+  request's start plus ``request_timeout`` (the longest a request can take), so a pod
+  that dies mid-fetch still leaves the domain alone until then; ``finish`` clears it.
 * ``next``: the reservation frontier. A message that cannot go now is given the next
   free slot (``next`` advances by one gap) and comes back at that time as a NATS
   scheduled message: waiting costs no consumer capacity and no delivery attempts, so
