@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -41,6 +41,8 @@ from trove_schema.urls import canonicalize, domain_of
 
 pytestmark = pytest.mark.usefixtures("clean")
 
+T = TypeVar("T")
+
 IP = "127.0.0.182"
 HOST = "hostile.outcomes.test"
 
@@ -63,17 +65,18 @@ class LateKV:
     def __init__(self, kv: KV, delay: float) -> None:
         self.kv, self.delay = kv, delay
 
+    async def _late(self, answer: Awaitable[T]) -> T:
+        await asyncio.sleep(self.delay)  # the late answer is the condition under test
+        return await answer
+
     async def get(self, key: str) -> object:
-        await asyncio.sleep(self.delay)
-        return await self.kv.get(key)
+        return await self._late(self.kv.get(key))
 
     async def create(self, key: str, value: bytes) -> int:
-        await asyncio.sleep(self.delay)
-        return await self.kv.create(key, value)
+        return await self._late(self.kv.create(key, value))
 
     async def update(self, key: str, value: bytes, last: int | None = None) -> int:
-        await asyncio.sleep(self.delay)
-        return await self.kv.update(key, value, last=last)
+        return await self._late(self.kv.update(key, value, last=last))
 
 
 @pytest.fixture
