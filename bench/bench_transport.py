@@ -7,7 +7,7 @@ requests per second, client CPU per request (``time.process_time``), connections
 opened, and each one's ratio to the reference configuration.
 
     .venv/bin/python bench/bench_transport.py [--requests 6000] [--concurrency 200]
-        [--hosts 50] [--rounds 3]
+        [--hosts 50] [--rounds 3] [--set main|shards|backends]
 
 Loopback only; the server exits by itself after ``--server-lifetime`` seconds.
 """
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import httpcore
 import httpx
 
+from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.transport import PoolConfig, build_client
 from trove_schema.settings import FetcherSettings
 
@@ -104,8 +105,8 @@ def _wait_until_listening(port: int, hosts: int, deadline: float) -> None:
 
 
 class CountingBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self) -> None:
-        self.inner = httpcore.AnyIOBackend()
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self.inner = inner
         self.connects = 0
 
     async def connect_tcp(
@@ -137,6 +138,8 @@ class CountingBackend(httpcore.AsyncNetworkBackend):
 class Config:
     name: str
     pool: PoolConfig | None  # None: httpx's own AsyncHTTPTransport, unguarded
+    #: The streams under the pool: the fetcher's (``trove_fetcher.streams``) or anyio's.
+    backend: str = "asyncio"
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,9 @@ async def _load(
 
 async def _run(config: Config, port: int, args: argparse.Namespace) -> Run:
     hosts = range(1, args.hosts + 1)
-    backend = CountingBackend()
+    backend = CountingBackend(
+        AsyncioBackend() if config.backend == "asyncio" else httpcore.AnyIOBackend()
+    )
     if config.pool is None:
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
         transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
@@ -229,6 +234,18 @@ def _shard_sweep(concurrency: int) -> list[Config]:
             )
         )
     return configs
+
+
+def _backends(concurrency: int) -> list[Config]:
+    """The fetcher's streams against anyio's, with connections kept and without."""
+    kept = PoolConfig(max_connections=1000, max_keepalive_connections=1000, shards=8)
+    fresh = PoolConfig.for_settings(FetcherSettings(concurrency=concurrency))
+    return [
+        Config("kept connections, asyncio streams", kept),
+        Config("kept connections, anyio streams", kept, backend="anyio"),
+        Config("a connection a request, asyncio streams", fresh),
+        Config("a connection a request, anyio streams", fresh, backend="anyio"),
+    ]
 
 
 def _configs(concurrency: int) -> list[Config]:
@@ -292,7 +309,9 @@ def _configs(concurrency: int) -> list[Config]:
 
 
 async def _bench(port: int, args: argparse.Namespace) -> None:
-    configs = _shard_sweep(args.concurrency) if args.set == "shards" else _configs(args.concurrency)
+    configs = {"shards": _shard_sweep, "backends": _backends, "main": _configs}[args.set](
+        args.concurrency
+    )
     configs = [c for c in configs if args.only in c.name]
     runs: dict[str, list[Run]] = {c.name: [] for c in configs}
     for round_ in range(args.rounds):
@@ -330,7 +349,10 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=50, choices=range(1, 255))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--set", choices=("main", "shards"), default="main", help="the table, or a shard sweep"
+        "--set",
+        choices=("main", "shards", "backends"),
+        default="main",
+        help="the table, a shard sweep, or the fetcher's streams against anyio's",
     )
     parser.add_argument("--only", default="", help="run the configurations whose name has this")
     parser.add_argument("--server-lifetime", type=float, default=900.0)

@@ -24,6 +24,8 @@ from pathlib import Path
 import httpcore
 import trustme
 
+from trove_fetcher.streams import AsyncioBackend
+
 Route = Callable[["Exchange"], None]
 
 
@@ -241,7 +243,7 @@ class RecordingBackend(httpcore.AsyncNetworkBackend):
     """
 
     def __init__(self) -> None:
-        self.inner = httpcore.AnyIOBackend()
+        self.inner = AsyncioBackend()
         self.connects: list[tuple[str, int]] = []
 
     async def connect_tcp(

@@ -4,10 +4,11 @@
 connection it resolves the host once (``TROVE_RESOLVE`` static entries, like curl's
 ``--resolve``, else ``trove_fetcher.dns``: its own cached resolver), refuses the host
 if *any* of its addresses is blocked by the ``AddressPolicy``, and then connects to
-the checked IP itself. Nothing resolves the name again between the check and the
-connect, so a DNS answer cannot change in between (DNS rebinding). The Host header
-and the TLS server name (SNI and certificate check) stay the URL's hostname, because
-httpcore takes them from the request, not from the socket.
+the checked IP itself (on ``trove_fetcher.streams``: asyncio's own streams, not
+anyio's). Nothing resolves the name again between the check and the connect, so a DNS
+answer cannot change in between (DNS rebinding). The Host header and the TLS server
+name (SNI and certificate check) stay the URL's hostname, because httpcore takes them
+from the request, not from the socket.
 
 ``GuardedTransport`` is an httpx transport over several httpcore pools, one chosen
 per origin by hash. httpcore's pool scans all its connections on every request and
@@ -50,6 +51,7 @@ import httpx
 from trove_fetcher.addresses import AddressPolicy, parse_address
 from trove_fetcher.dns import DnsConfig, DnsResolver
 from trove_fetcher.errors import DnsError, DnsTimeout
+from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
 from trove_schema.settings import FetcherSettings
 
@@ -132,7 +134,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         self.policy = policy
         self._static = static or StaticHosts()
         self._resolver = DnsResolver() if resolver is None else resolver
-        self._inner = inner or httpcore.AnyIOBackend()
+        self._inner = inner or AsyncioBackend()
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The checked addresses for ``host``: raises BlockedAddress if any is refused."""
