@@ -94,15 +94,35 @@ async def _finished(server: Server) -> int:
     return server.finished
 
 
+class KeepingBackend(AsyncioBackend):
+    """The fetcher's backend, keeping each stream it connects for the test to look at."""
+
+    def __init__(self) -> None:
+        self.streams: list[httpcore.AsyncNetworkStream] = []
+
+    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        stream = await super().connect_tcp(*args, **kwargs)
+        self.streams.append(stream)
+        return stream
+
+
+async def _readable(stream: httpcore.AsyncNetworkStream) -> bool:
+    return bool(stream.get_extra_info("is_readable"))
+
+
 async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
     # A keep-alive answer, then the server closes the connection while it is idle in the
-    # pool. The next request must see that and connect afresh, not send on a dead socket.
+    # pool. Once the pod has seen that, the next request connects afresh rather than
+    # sending on a dead socket.
+    backend = KeepingBackend()
     async with running(_answer_once) as server:
-        async with build_client(_settings()) as client:
+        async with build_client(_settings(), network_backend=backend) as client:
             assert (await client.get(server.url())).text == "ok"
-            await eventually(lambda: _finished(server), until=bool, timeout=10, what="a close")
+            (first,) = backend.streams
+            await eventually(lambda: _readable(first), until=bool, timeout=10, what="the close")
             assert (await client.get(server.url())).text == "ok"
         assert server.accepted == 2
+        assert len(backend.streams) == 2
 
 
 async def test_an_idle_stream_is_readable_once_its_server_closes_it_and_not_before() -> None:
@@ -115,10 +135,9 @@ async def test_an_idle_stream_is_readable_once_its_server_closes_it_and_not_befo
             assert stream.get_extra_info("is_readable") is False
             server.release.set()
 
-            async def readable() -> bool:
-                return bool(stream.get_extra_info("is_readable"))
-
-            await eventually(readable, until=bool, timeout=5, what="the close seen")
+            await eventually(
+                lambda: _readable(stream), until=bool, timeout=5, what="the close seen"
+            )
             assert await stream.read(100, timeout=5) == b""
         finally:
             await stream.aclose()

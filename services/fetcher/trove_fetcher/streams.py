@@ -17,7 +17,6 @@ Errors come out as httpcore's, as from its own backends: ``ConnectTimeout`` and
 from __future__ import annotations
 
 import asyncio
-import select
 import ssl
 from collections.abc import Iterable
 from typing import Any
@@ -27,20 +26,6 @@ import httpcore
 #: The reader's limit: the event loop stops reading a connection that holds twice this
 #: unread, so a body that never ends costs at most that much memory until it is read.
 READ_LIMIT = 64 * 1024
-
-
-def _readable(sock: Any) -> bool:
-    """Whether the kernel holds something to read: on an idle HTTP/1.1 connection, the
-    server's close that the event loop has not seen yet."""
-    try:
-        fd = sock.fileno()
-    except (AttributeError, OSError):
-        return True
-    if fd < 0:
-        return True
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 class AsyncioStream(httpcore.AsyncNetworkStream):
@@ -102,13 +87,13 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":
-            # Seen by the event loop (the server's close, or bytes nobody asked for)
-            # or still in the kernel.
-            return (
-                self._reader.at_eof()
-                or self._writer.transport.is_closing()
-                or _readable(self._writer.get_extra_info("socket"))
-            )
+            # Asked of an idle connection before it is used again: has the server
+            # closed it? The event loop reads every connection as data comes, so a close
+            # that has arrived is the reader's end already, and looking costs no system
+            # call. (Bytes an idle connection was sent unasked would be read as the next
+            # answer; only the server that sent them could be fooled by that, about
+            # itself, as h11 does already with bytes that came with the answer before.)
+            return self._reader.at_eof() or self._writer.transport.is_closing()
         if info == "ssl_object":
             return self._writer.get_extra_info("ssl_object")
         if info == "client_addr":
