@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -177,6 +178,28 @@ async def test_remembered_page_ids_are_dropped_when_the_pages_table_is_emptied(
         await bus.publish(completed(1))  # the same links again, now under other ids
         want = {("https://blog.example/1", f"https://blog.example/{n}") for n in (2, 3, 4)}
         await eventually(edges, until=lambda e: e == want, timeout=30, what="edges by url")
+
+
+async def test_a_stopping_recorder_does_not_sit_out_its_idle_outbox_pause(
+    stack: StackUrls, state_dir: Path
+) -> None:
+    # An idle recorder's outbox pauses grow 1, 2, 4, 8 s, up to the default 30: a
+    # SIGTERM must not wait for the pause to end (Kubernetes kills a pod after 30 s).
+    port = free_port("127.0.0.1")
+    async with services(
+        stack, state_dir, {"TROVE_HTTP_PORT": str(port)}, only=("recorder",)
+    ) as local:
+        await ready(port)
+        # Idle for the duration under test: the outbox is in its 8 s pause from ~7 s on.
+        await asyncio.sleep(7.5)
+        (child,) = local.children
+        asked = time.monotonic()
+        child.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(child.proc.wait, 30)
+        took = time.monotonic() - asked
+        local.children.clear()
+    assert code == 0
+    assert took < 2.0, f"took {took:.1f}s to stop"
 
 
 async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_was_idle(

@@ -106,10 +106,9 @@ class Recorder:
                 pause = OUTBOX_POLL_MIN
                 continue
             self.outbox_wakeup.clear()
-            try:
-                await asyncio.wait_for(self.outbox_wakeup.wait(), timeout=pause)
+            if await _woken(self.outbox_wakeup, stop, pause):
                 pause = OUTBOX_POLL_MIN
-            except TimeoutError:
+            else:
                 pause = min(pause * 2, idle_max)
 
     async def _publish_batch(self, limit: int = 100) -> int:
@@ -146,6 +145,19 @@ class Recorder:
                     .values(published_at=datetime.now(UTC))
                 )
             return len(rows)
+
+
+async def _woken(wakeup: asyncio.Event, stop: asyncio.Event, pause: float) -> bool:
+    """Waits up to ``pause`` seconds for ``wakeup`` or ``stop``; whether one came. A stopping
+    pod must not sit out an idle pause (up to ``TROVE_OUTBOX_POLL_MAX_SECONDS``): that
+    is longer than Kubernetes waits for it before it kills it."""
+    waits = [asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return bool(done)
 
 
 async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
