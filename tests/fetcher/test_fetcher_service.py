@@ -186,7 +186,9 @@ async def test_a_fetcher_killed_mid_crawl_loses_nothing_and_stays_polite(
     web = SandboxWeb.generate(hosts=3, pages_per_host=8, base_ip="127.0.0.160")
     for host in web.hosts:
         web.set_robots(host.name, ALLOW_ALL)
-    env = sandbox_env(web, gap, TROVE_ACK_WAIT_SECONDS="5")
+    # A lease the victim dies holding keeps its host for the request timeout: scaled down
+    # with the redelivery (ack wait), as both are in a pod's death.
+    env = sandbox_env(web, gap, TROVE_ACK_WAIT_SECONDS="5", TROVE_REQUEST_TIMEOUT="5")
     async with serve_sandbox(web) as running, services(stack, state_dir, env, fetchers=2) as local:
         urls = [u for h in web.hosts for u in [web.url(h.name, "/"), *web.articles(h.name)]]
         await publish_work(bus, urls)
