@@ -19,6 +19,8 @@ from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.transport import build_client
 from trove_schema.settings import FetcherSettings
 
+Handler = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[Any]]
+
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 
 
@@ -28,7 +30,7 @@ class Server:
     ``release`` is set when the test is over: a handler that holds a connection waits
     on it, so that none outlives its test."""
 
-    def __init__(self, handler: Callable[[Server, asyncio.StreamReader], Awaitable[Any]]) -> None:
+    def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.release = asyncio.Event()
         self.accepted = 0
@@ -37,9 +39,8 @@ class Server:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
-        self.writer = writer
         try:
-            await self.handler(self, reader)
+            await self.handler(self, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -52,7 +53,7 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def running(
-    handler: Callable[[Server, asyncio.StreamReader], Awaitable[Any]],
+    handler: Handler,
 ) -> AsyncIterator[Server]:
     server = Server(handler)
     listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
@@ -75,14 +76,16 @@ def _settings(**overrides: Any) -> FetcherSettings:
     return FetcherSettings(**values)
 
 
-async def _answer_once(server: Server, reader: asyncio.StreamReader) -> None:
+async def _answer_once(
+    server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     await reader.readuntil(b"\r\n\r\n")
-    server.writer.write(ANSWER)
-    await server.writer.drain()
+    writer.write(ANSWER)
+    await writer.drain()
 
 
-async def _hold(server: Server, reader: asyncio.StreamReader) -> None:
-    """Reads nothing, answers nothing, until the client closes or the test ends."""
+async def _hold(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers nothing: takes what comes until the client closes, or the test ends."""
     closed = asyncio.ensure_future(reader.read())
     released = asyncio.ensure_future(server.release.wait())
     await asyncio.wait((closed, released), return_when=asyncio.FIRST_COMPLETED)
@@ -126,7 +129,9 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
 
 
 async def test_an_idle_stream_is_readable_once_its_server_closes_it_and_not_before() -> None:
-    async def close_when_asked(server: Server, reader: asyncio.StreamReader) -> None:
+    async def close_when_asked(
+        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await server.release.wait()
 
     async with running(close_when_asked) as server:
@@ -144,9 +149,11 @@ async def test_an_idle_stream_is_readable_once_its_server_closes_it_and_not_befo
 
 
 async def test_a_server_that_never_answers_is_a_read_timeout() -> None:
-    async def never_answer(server: Server, reader: asyncio.StreamReader) -> None:
+    async def never_answer(
+        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        await _hold(server, reader)
+        await _hold(server, reader, writer)
 
     settings = _settings(read_timeout=0.3)
     async with running(never_answer) as server, build_client(settings) as client:
@@ -163,10 +170,12 @@ async def test_a_tls_handshake_the_server_never_answers_is_a_connect_timeout() -
 
 
 async def test_an_answer_to_a_tls_hello_that_is_not_tls_is_a_connect_error() -> None:
-    async def plain_http(server: Server, reader: asyncio.StreamReader) -> None:
+    async def plain_http(
+        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await reader.read(1)
-        server.writer.write(ANSWER)
-        await server.writer.drain()
+        writer.write(ANSWER)
+        await writer.drain()
 
     async with running(plain_http) as server, build_client(_settings()) as client:
         with pytest.raises(httpx.ConnectError):
@@ -182,7 +191,9 @@ async def test_a_port_nobody_listens_on_is_a_connect_error() -> None:
 
 
 async def test_a_peer_that_stops_reading_is_a_write_timeout_and_closing_does_not_wait() -> None:
-    async def never_read(server: Server, reader: asyncio.StreamReader) -> None:
+    async def never_read(
+        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await server.release.wait()
 
     async with running(never_read) as server:

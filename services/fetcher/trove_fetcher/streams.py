@@ -4,7 +4,7 @@ httpcore's stock backend for asyncio goes through anyio: every read and write en
 anyio cancel scope, and every look at an idle connection (``has_expired``, made for each
 connection of a pool on every request and every release) builds anyio's table of socket
 attributes, a ``getpeername`` system call among them. With a connection a request, the
-crawl's case at a 10 s gap, that was a fifth of a request's CPU in the client
+crawl's case at a 10 s gap, that was 13-19% of a request's CPU in the client
 (``bench/bench_transport.py --set backends``). Here a connection is
 ``asyncio.open_connection``'s reader and writer, TLS is ``StreamWriter.start_tls`` and
 a timeout is ``asyncio.timeout``: the standard library's code for the same job.

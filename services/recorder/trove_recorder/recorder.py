@@ -149,8 +149,8 @@ class Recorder:
 
 async def _woken(wakeup: asyncio.Event, stop: asyncio.Event, pause: float) -> bool:
     """Waits up to ``pause`` seconds for ``wakeup`` or ``stop``; whether one came. A stopping
-    pod must not sit out an idle pause (up to ``TROVE_OUTBOX_POLL_MAX_SECONDS``): that
-    is longer than Kubernetes waits for it before it kills it."""
+    pod must not sit out an idle pause: it grows to ``TROVE_OUTBOX_POLL_MAX_SECONDS``,
+    30 s by default, as long as Kubernetes waits for a pod to stop before it kills it."""
     waits = [asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(stop.wait())]
     try:
         done, _ = await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
