@@ -93,6 +93,13 @@ async def _hold(server: Server, reader: asyncio.StreamReader, writer: asyncio.St
     released.cancel()
 
 
+async def _until_released(
+    server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Reads nothing and answers nothing; closes the connection when the test says so."""
+    await server.release.wait()
+
+
 async def _finished(server: Server) -> int:
     return server.finished
 
@@ -129,12 +136,7 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
 
 
 async def test_an_idle_stream_is_readable_once_its_server_closes_it_and_not_before() -> None:
-    async def close_when_asked(
-        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await server.release.wait()
-
-    async with running(close_when_asked) as server:
+    async with running(_until_released) as server:
         stream = await AsyncioBackend().connect_tcp("127.0.0.1", server.port, timeout=5)
         try:
             assert stream.get_extra_info("is_readable") is False
@@ -191,12 +193,7 @@ async def test_a_port_nobody_listens_on_is_a_connect_error() -> None:
 
 
 async def test_a_peer_that_stops_reading_is_a_write_timeout_and_closing_does_not_wait() -> None:
-    async def never_read(
-        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await server.release.wait()
-
-    async with running(never_read) as server:
+    async with running(_until_released) as server:
         stream = await AsyncioBackend().connect_tcp("127.0.0.1", server.port, timeout=5)
 
         async def fill() -> None:
