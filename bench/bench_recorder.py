@@ -6,8 +6,15 @@ starts the recorder process and times how long it takes to project all of them.
 Each configuration (TROVE_BATCH_SIZE values) runs `--runs` times, alternately, in one
 invocation; medians and the ratio to the first configuration are printed.
 
+With ``--trickle RATE`` it measures a polite crawl's pace instead: the recorder (its
+default batch size and linger) is started first, the events are published RATE a
+second, and what is printed is the CPU an event of the recorder and of Postgres over
+the window, from ``/proc``. There a batch holds an event or a few, so this is the
+recorder's cost a batch more than a page.
+
     .venv/bin/python bench/bench_recorder.py [--events 10000] [--links 100]
         [--batch 1,500] [--recorders 1,2] [--runs 2]
+    .venv/bin/python bench/bench_recorder.py --trickle 10 --events 300 --runs 3
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -24,6 +32,9 @@ import nats
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import children_of, cpu_seconds, postmaster_pid
 from trove_cli.local import LocalTrove
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope
 from trove_schema.migrate import upgrade
@@ -118,6 +129,84 @@ def run_once(stack: Stack, state: Path, payloads: list[bytes], batch: int, recor
         return asyncio.run(projection_rate(stack.database_url, len(payloads), 300))
 
 
+async def _projected(database_url: str, n: int, limit: float) -> None:
+    engine = create_async_engine(database_url)
+    deadline = time.monotonic() + limit
+    try:
+        while time.monotonic() < deadline:
+            async with engine.connect() as conn:
+                done = (await conn.execute(text("SELECT count(*) FROM page_crawls"))).scalar_one()
+            if done >= n:
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"{n} events not projected within {limit:.0f} s")
+    finally:
+        await engine.dispose()
+
+
+async def _publish_at(nats_url: str, payloads: list[bytes], rate: float) -> None:
+    """One event every 1/rate seconds, each on the clock (no drift from slow acks)."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    start = time.monotonic()
+    for k, payload in enumerate(payloads):
+        await asyncio.sleep(max(0.0, start + k / rate - time.monotonic()))  # the pace itself
+        await js.publish("trove.events.crawl.completed", payload)
+    await nc.close()
+
+
+def trickle_once(stack: Stack, state: Path, payloads: list[bytes], rate: float) -> dict[str, float]:
+    """ms of CPU an event, by process, projecting ``payloads`` published ``rate`` a second."""
+    asyncio.run(reset(stack.nats_url, stack.database_url))
+    warm, measured = payloads[:1], payloads[1:]
+    local = LocalTrove(
+        state_dir=state,
+        nats_url=stack.nats_url,
+        database_url=stack.database_url,
+        services=("recorder",),
+        service_env={"TROVE_LOG_LEVEL": "WARNING"},
+    )
+    assert stack.postgres is not None, "the trickle needs the embedded Postgres"
+    postmaster = postmaster_pid(stack.postgres.config.data_dir)
+    with local:
+        # The first event pays for connecting and warming caches: not counted.
+        asyncio.run(publish(stack.nats_url, warm))
+        asyncio.run(_projected(stack.database_url, 1, 120))
+        (recorder,) = local.children
+
+        def cpu() -> dict[str, float]:
+            pg = [postmaster, *children_of(postmaster)] if postmaster else []
+            return {
+                "recorder": cpu_seconds(recorder.pid) or 0.0,
+                "postgres": sum(cpu_seconds(p) or 0.0 for p in pg),
+            }
+
+        before = cpu()
+        asyncio.run(_publish_at(stack.nats_url, measured, rate))
+        asyncio.run(_projected(stack.database_url, len(payloads), 120))
+        after = cpu()
+    return {k: 1000 * (after[k] - before[k]) / len(measured) for k in before}
+
+
+def trickle(args: argparse.Namespace) -> None:
+    payloads = events(args.events, args.links)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Stack(state_dir=Path(tmp) / "stack", fast_and_unsafe=True) as stack,
+    ):
+        upgrade(stack.database_url)
+        runs = []
+        for run in range(args.runs):
+            cost = trickle_once(stack, Path(tmp) / f"trickle{run}", payloads, args.trickle)
+            runs.append(cost)
+            print(f"run {run + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in cost.items()))
+    print(
+        f"\n{args.events - 1} CrawlCompleted events of {args.links} links, {args.trickle:g} a "
+        "second; ms of CPU an event (median): "
+        + ", ".join(f"{k} {statistics.median(r[k] for r in runs):.2f}" for k in runs[0])
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=10000)
@@ -127,7 +216,13 @@ def main() -> None:
     parser.add_argument(
         "--recorders", default="1", help="recorder processes, comma-separated configurations"
     )
+    parser.add_argument(
+        "--trickle", type=float, default=0.0, help="events a second: CPU an event at that pace"
+    )
     args = parser.parse_args()
+    if args.trickle > 0:
+        trickle(args)
+        return
     configs = [(int(b), int(r)) for r in args.recorders.split(",") for b in args.batch.split(",")]
     payloads = events(args.events, args.links)
     with (

@@ -82,6 +82,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import certifi
+import httpx
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -211,6 +212,9 @@ class Run:
     gaps_below_after_robots: int = 0
     #: Wall-clock start (seeds published; spider opened).
     started_at: float = math.nan
+    #: Trove: NATS messages in the window by client connection name, in (sent by the
+    #: client) and out (delivered to it) together; "all" is the server's own total.
+    nats_msgs: dict[str, int] = field(default_factory=dict)
     #: The largest host in the witness log: its first request (s after the start), the
     #: span of its requests and their mean gap.
     #: Trove only: the largest host's answer times as the fetcher measured them (ms),
@@ -613,6 +617,28 @@ async def _observe(ctx: Context) -> None:
         ctx.observers.update(int(pid) for (pid,) in rows)
 
 
+async def _nats_messages(ctx: Context) -> dict[str, int]:
+    """Messages nats-server has taken in and sent out so far, by client connection name.
+
+    Connections of one name add up (the fetcher pods). "all" is the server's own count,
+    which also holds JetStream's internal traffic (deliveries, acks, KV, schedules).
+    """
+    nats = ctx.stack.nats
+    if nats is None or not nats.monitor_url:
+        return {}
+
+    async with httpx.AsyncClient(base_url=nats.monitor_url, timeout=5) as client:
+        varz, connz = [
+            (await client.get(path)).raise_for_status().json()
+            for path in ("/varz", "/connz?limit=4096")
+        ]
+    counts: Counter[str] = Counter()
+    for conn in connz.get("connections", []):
+        counts[conn.get("name") or "unnamed"] += conn["in_msgs"] + conn["out_msgs"]
+    counts["all"] = varz["in_msgs"] + varz["out_msgs"]
+    return dict(counts)
+
+
 async def _crawled(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
         result = await conn.execute(text("SELECT count(DISTINCT page_id) FROM page_crawls"))
@@ -673,6 +699,7 @@ async def _trove_crawl(
     observer = CpuGroups({"observer": lambda: sorted(ctx.observers)})
     observer0 = observer.sample()
     cpu0 = groups.sample()
+    msgs0 = await _nats_messages(ctx)
     start = Snapshot.take(server)
 
     t0 = run.started_at = time.time()
@@ -698,6 +725,8 @@ async def _trove_crawl(
     run.watched = time.time() - t0
     await _observe(ctx)  # a connection the pool opened during the crawl
     run.cpu = CpuGroups.delta(cpu0, groups.sample())
+    msgs = await _nats_messages(ctx)
+    run.nats_msgs = {k: n - msgs0.get(k, 0) for k, n in msgs.items() if n > msgs0.get(k, 0)}
     run.cpu_observer = CpuGroups.delta(observer0, observer.sample())["observer"]
     profile = await profiler.stop() if profiler else None
     _window_cores(run, start, Snapshot.take(server), run.cpu_total)
@@ -1249,6 +1278,12 @@ def print_run(run: Run) -> None:
             f"({run.lower_bound:.1f} s), {_fmt(run.rule_efficiency, '.3f')} of the bound "
             f"under Trove's gap rule ({run.rule_bound:.1f} s)"
         )
+    if run.nats_msgs and run.done:
+        per_page = ", ".join(
+            f"{k.removeprefix('trove-')} {n / run.done:.1f}"
+            for k, n in sorted(run.nats_msgs.items(), key=lambda kv: -kv[1])
+        )
+        print(f"    NATS messages a page, in and out: {per_page}")
     others = {k: v for k, v in run.outcomes.items() if k != "success"}
     if others:
         print(f"    outcomes other than success: {dict(others)}")
