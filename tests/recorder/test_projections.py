@@ -201,3 +201,36 @@ async def test_seed_rejections_are_recorded_with_their_reason(engine: AsyncEngin
     )
     (row,) = await rows(engine, "SELECT raw, reason FROM seed_rejections")
     assert (row.raw, row.reason) == ("ftp://x", "scheme 'ftp' is not http or https")
+
+
+async def test_a_batch_whose_transaction_rolls_back_leaves_nothing(engine: AsyncEngine) -> None:
+    """The statements run on asyncpg's connection, inside the session's transaction:
+    whatever ends it without a commit takes every row of the batch with it."""
+    event = completed(
+        CrawlOutcome.TIMEOUT,
+        error_message="read timeout",
+        links=(Link(url="https://blog.example/a"),),
+    )
+    sessions = async_sessionmaker(engine)
+    applied = []
+
+    async def project_then_fail() -> None:
+        async with sessions.begin() as session:
+            applied.append((await apply_batch(session, [event], POLICY)).count)
+            raise LookupError("a failure after the projection, before the commit")
+
+    with pytest.raises(LookupError, match="after the projection"):
+        await project_then_fail()
+    assert applied == [1]
+    for table in (
+        "projected_events",
+        "pages",
+        "page_crawls",
+        "page_outlinks",
+        "fetcher_attempts",
+        "attempt_heuristics",
+        "host_policies",
+        "outbox",
+    ):
+        assert await rows(engine, f"SELECT 1 FROM {table}") == [], table  # noqa: S608
+    assert await project(engine, event) == [True]

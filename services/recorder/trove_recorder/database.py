@@ -7,9 +7,10 @@ back to the stream untouched and nothing counts against them. Anything else is a
 the events themselves and stays an error, which may park a message in the end.
 
 The exception can take several shapes. SQLAlchemy wraps what asyncpg raises in a
-``DBAPIError`` whose ``orig`` carries the SQLSTATE; while connecting, and on the raw
-connection (the ``COPY`` of links), asyncpg's own exceptions arrive unwrapped; a socket
-that cannot be opened is a plain ``OSError``. So the whole chain is examined.
+``DBAPIError`` whose ``orig`` carries the SQLSTATE; while connecting, and from the
+projection's statements (``trove_recorder.sql``, on asyncpg's own connection), asyncpg's
+exceptions arrive unwrapped; a socket that cannot be opened is a plain ``OSError``. So
+the whole chain is examined.
 """
 
 from __future__ import annotations

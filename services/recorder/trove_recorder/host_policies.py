@@ -17,22 +17,20 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
-
+from trove_recorder.sql import Statement, Transaction
 from trove_schema.events import CrawlCompleted
 from trove_schema.heuristics import Audit
 from trove_schema.policy import HostPolicy, LearningConfig, Observation, observe
 
-_CREATE = text(
+_CREATE = Statement(
     "INSERT INTO host_policies (host) SELECT h FROM unnest(CAST(:hosts AS text[])) AS v(h) "
     "ORDER BY h ON CONFLICT DO NOTHING"
 )
-_LOCK = text(
+_LOCK = Statement(
     "SELECT host, policy, last_event_id FROM host_policies "
     "WHERE host = ANY(CAST(:hosts AS text[])) ORDER BY host FOR UPDATE"
 )
-_WRITE = text(
+_WRITE = Statement(
     "UPDATE host_policies p SET policy = CAST(v.policy AS jsonb), paused_until = v.paused, "
     "pause_reason = v.reason, risk_level = v.risk, attempt_count = v.attempts, "
     "last_attempt_at = v.last, last_event_id = v.event, updated_at = now() "
@@ -44,7 +42,7 @@ _WRITE = text(
 
 
 async def fold_host_policies(
-    session: AsyncSession,
+    tx: Transaction,
     completed: Sequence[CrawlCompleted],
     verdicts: Sequence[Audit],
     config: LearningConfig,
@@ -54,10 +52,10 @@ async def fold_host_policies(
     if not completed:
         return
     hosts = sorted({event.domain for event in completed})
-    await session.execute(_CREATE, {"hosts": hosts})
+    await tx.execute(_CREATE, {"hosts": hosts})
     current: dict[str, tuple[HostPolicy, str | None]] = {
         host: (HostPolicy.from_json(raw), str(last) if last is not None else None)
-        for host, raw, last in (await session.execute(_LOCK, {"hosts": hosts})).all()
+        for host, raw, last in await tx.fetch(_LOCK, {"hosts": hosts})
     }
     for event, verdict in zip(completed, verdicts, strict=True):
         policy, last = current[event.domain]
@@ -66,7 +64,7 @@ async def fold_host_policies(
         observation = Observation.of(event, verdict)
         current[event.domain] = (observe(policy, observation, config), event.id)
     rows = [(host, *current[host]) for host in hosts]
-    await session.execute(
+    await tx.execute(
         _WRITE,
         {
             "hosts": hosts,

@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from itertools import islice
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
+from trove_recorder.sql import Statement, Transaction
 
-_GENERATION = text("SELECT pg_relation_filenode('pages')")
+_GENERATION = Statement("SELECT pg_relation_filenode('pages')")
 
 
 class PageIds:
@@ -42,9 +41,9 @@ class PageIds:
         """The id remembered for a URL, or None (the map's own ``get``: it is called a lot)."""
         return self._ids.get
 
-    async def check_generation(self, session: AsyncSession) -> int | None:
+    async def check_generation(self, tx: Transaction) -> int | None:
         """The pages table's current generation; forgets everything if it changed."""
-        generation = (await session.execute(_GENERATION)).scalar_one_or_none()
+        generation: int | None = await tx.value(_GENERATION)
         if generation != self._generation:
             self._ids.clear()
         return generation

@@ -20,20 +20,19 @@ newer one would be wasted.
 
 from __future__ import annotations
 
-import io
+import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from trove_recorder.host_policies import fold_host_policies
 from trove_recorder.page_ids import PageIds
 from trove_recorder.retries import RetryPolicy, retry_request
+from trove_recorder.sql import Statement, Transaction, copy_text
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -66,8 +65,10 @@ STATUS_BY_OUTCOME = {
 }
 
 
-def _sql(statement: str) -> Any:
-    return text(statement)
+@functools.cache
+def _sql(statement: str) -> Statement:
+    """The statement in asyncpg's form, made once (the literals are the keys)."""
+    return Statement(statement)
 
 
 @dataclass(slots=True)
@@ -114,9 +115,10 @@ async def apply_batch(
         return Applied()
     ids = [uuid.UUID(i) for i in unique]
     types = [e.TYPE for e in unique.values()]
+    tx = await Transaction.of(session)
     fresh = {
         str(row[0])
-        for row in await session.execute(
+        for row in await tx.fetch(
             _sql(
                 "INSERT INTO projected_events (event_id, event_type) "
                 "SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[])) "
@@ -146,20 +148,20 @@ async def apply_batch(
             plan.fediverse.append(event)
     applied = Applied(count=len(fresh))
     if known is not None:
-        applied.generation = await known.check_generation(session)
-    await _seed_rejections(session, plan.rejected)
-    page_ids, applied.page_ids = await _page_ids(session, plan, known)
-    await _discovered(session, plan.discovered)
-    verdicts = await _completed(session, plan.completed, page_ids, policy)
-    await fold_host_policies(session, plan.completed, verdicts, learning or LearningConfig())
-    await _fediverse(session, plan.fediverse)
+        applied.generation = await known.check_generation(tx)
+    await _seed_rejections(tx, plan.rejected)
+    page_ids, applied.page_ids = await _page_ids(tx, plan, known)
+    await _discovered(tx, plan.discovered)
+    verdicts = await _completed(tx, plan.completed, page_ids, policy)
+    await fold_host_policies(tx, plan.completed, verdicts, learning or LearningConfig())
+    await _fediverse(tx, plan.fediverse)
     return applied
 
 
-async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) -> None:
+async def _seed_rejections(tx: Transaction, rejected: list[SeedRejected]) -> None:
     if not rejected:
         return
-    await session.execute(
+    await tx.execute(
         _sql(
             "INSERT INTO seed_rejections (event_id, raw, reason, origin, occurred_at) "
             "SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:raws AS text[]), "
@@ -177,7 +179,7 @@ async def _seed_rejections(session: AsyncSession, rejected: list[SeedRejected]) 
 
 
 async def _fediverse(
-    session: AsyncSession, events: list[InstanceFollowed | InstanceUnfollowed | TimelinePolled]
+    tx: Transaction, events: list[InstanceFollowed | InstanceUnfollowed | TimelinePolled]
 ) -> None:
     """Follows, unfollows and polls, one at a time in stream order.
 
@@ -188,21 +190,21 @@ async def _fediverse(
     """
     for event in events:
         if type(event) is TimelinePolled:
-            await _timeline_polled(session, event)
+            await _timeline_polled(tx, event)
         elif type(event) is InstanceFollowed:
-            await _instance_followed(session, event)
+            await _instance_followed(tx, event)
         elif type(event) is InstanceUnfollowed:
-            await _instance_unfollowed(session, event)
+            await _instance_unfollowed(tx, event)
 
 
-async def _instance_followed(session: AsyncSession, event: InstanceFollowed) -> None:
+async def _instance_followed(tx: Transaction, event: InstanceFollowed) -> None:
     """The timeline's row now belongs to this follow, unless a newer follow holds it.
 
     A new follow starts a new poll chain (numbered from 1), so ``last_poll`` starts
     over; the counters go on across follows. The same follow again (a row made by its
     polls first) only fills in what the follow says.
     """
-    await session.execute(
+    await tx.execute(
         _sql(
             "INSERT INTO instances (instance, domain, timeline, follow_id, followed_at, "
             "max_depth) VALUES (:instance, :domain, :timeline, :follow_id, :at, :max_depth) "
@@ -234,12 +236,12 @@ async def _instance_followed(session: AsyncSession, event: InstanceFollowed) -> 
     )
 
 
-async def _instance_unfollowed(session: AsyncSession, event: InstanceUnfollowed) -> None:
+async def _instance_unfollowed(tx: Transaction, event: InstanceUnfollowed) -> None:
     """The timeline (every timeline of the instance without one) is no longer followed.
 
     An unfollow older than the current follow is about an earlier one: it changes nothing.
     """
-    await session.execute(
+    await tx.execute(
         _sql(
             "UPDATE instances SET unfollowed_at = :at, updated_at = now() "
             "WHERE instance = :instance "
@@ -250,7 +252,7 @@ async def _instance_unfollowed(session: AsyncSession, event: InstanceUnfollowed)
     )
 
 
-async def _timeline_polled(session: AsyncSession, event: TimelinePolled) -> None:
+async def _timeline_polled(tx: Transaction, event: TimelinePolled) -> None:
     """A poll's outcome on its timeline's row, and a ``page_shares`` row per shared link.
 
     The row counts a poll once: only a poll of the row's current follow numbered above
@@ -269,14 +271,14 @@ async def _timeline_polled(session: AsyncSession, event: TimelinePolled) -> None
     }
     if params["follow_id"] is not None:
         # Normally made by the follow; a poll whose follow was never applied makes it.
-        await session.execute(
+        await tx.execute(
             _sql(
                 "INSERT INTO instances (instance, domain, timeline, follow_id) "
                 "VALUES (:instance, :domain, :timeline, :follow_id) ON CONFLICT DO NOTHING"
             ),
             params,
         )
-        await session.execute(
+        await tx.execute(
             _sql(
                 "UPDATE instances SET last_poll = :poll, polls = polls + 1, "
                 "posts_seen = posts_seen + :posts, links_found = links_found + :links, "
@@ -313,10 +315,10 @@ async def _timeline_polled(session: AsyncSession, event: TimelinePolled) -> None
                 "ok": ok,
             },
         )
-    await _page_shares(session, event)
+    await _page_shares(tx, event)
 
 
-async def _page_shares(session: AsyncSession, event: TimelinePolled) -> None:
+async def _page_shares(tx: Transaction, event: TimelinePolled) -> None:
     shares: dict[tuple[str, str], SharedPost] = {}
     for post in event.posts:
         for url in post.links:
@@ -325,7 +327,7 @@ async def _page_shares(session: AsyncSession, event: TimelinePolled) -> None:
         return
     keys = sorted(shares)
     posts = [shares[key] for key in keys]
-    await session.execute(
+    await tx.execute(
         _sql(
             "INSERT INTO page_shares (url, post_uri, post_url, instance, account, shared_at, "
             "language, first_seen_at) SELECT u, p, pu, :instance, a, s, l, :at FROM unnest("
@@ -352,7 +354,7 @@ async def _page_shares(session: AsyncSession, event: TimelinePolled) -> None:
 
 
 async def _page_ids(
-    session: AsyncSession, plan: _Plan, known: PageIds | None
+    tx: Transaction, plan: _Plan, known: PageIds | None
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Ids of every page the plan names (its events' URLs and their links' targets).
 
@@ -365,7 +367,7 @@ async def _page_ids(
     ids = {url: page_id for url in urls if (page_id := remembered(url)) is not None}
     domains = plan.urls
     missing = {url: domains.get(url) or domain_of(url) for url in urls.difference(ids)}
-    looked_up = await _ensure_pages(session, missing)
+    looked_up = await _ensure_pages(tx, missing)
     ids.update(looked_up)
     return ids, looked_up
 
@@ -373,7 +375,7 @@ async def _page_ids(
 _nothing: dict[str, int] = {}
 
 
-async def _ensure_pages(session: AsyncSession, urls: dict[str, str]) -> dict[str, int]:
+async def _ensure_pages(tx: Transaction, urls: dict[str, str]) -> dict[str, int]:
     """Ids of the pages of these URLs, creating the missing ones.
 
     Most link targets are known already: look them up first and insert only the rest,
@@ -382,12 +384,10 @@ async def _ensure_pages(session: AsyncSession, urls: dict[str, str]) -> dict[str
     if not urls:
         return {}
     lookup = _sql("SELECT url, id FROM pages WHERE url = ANY(CAST(:urls AS text[]))")
-    ids = {
-        url: page_id for url, page_id in (await session.execute(lookup, {"urls": list(urls)})).all()
-    }
+    ids = {url: page_id for url, page_id in await tx.fetch(lookup, {"urls": list(urls)})}
     missing = sorted(u for u in urls if u not in ids)
     if missing:
-        created = await session.execute(
+        created = await tx.fetch(
             _sql(
                 "INSERT INTO pages (url, domain) "
                 "SELECT * FROM unnest(CAST(:urls AS text[]), CAST(:domains AS text[])) "
@@ -395,23 +395,18 @@ async def _ensure_pages(session: AsyncSession, urls: dict[str, str]) -> dict[str
             ),
             {"urls": missing, "domains": [urls[u] for u in missing]},
         )
-        ids.update({url: page_id for url, page_id in created.all()})
+        ids.update({url: page_id for url, page_id in created})
         raced = [u for u in missing if u not in ids]  # created by a concurrent batch
         if raced:
-            ids.update(
-                {
-                    url: page_id
-                    for url, page_id in (await session.execute(lookup, {"urls": raced})).all()
-                }
-            )
+            ids.update({url: page_id for url, page_id in await tx.fetch(lookup, {"urls": raced})})
     return ids
 
 
-async def _discovered(session: AsyncSession, discovered: dict[str, PageDiscovered]) -> None:
+async def _discovered(tx: Transaction, discovered: dict[str, PageDiscovered]) -> None:
     if not discovered:
         return
     ordered = sorted(discovered)
-    await session.execute(
+    await tx.execute(
         _sql(
             "UPDATE pages p SET discovered_at = coalesce(p.discovered_at, v.at), "
             "depth = least(coalesce(p.depth, v.depth), v.depth), updated_at = now() "
@@ -427,14 +422,14 @@ async def _discovered(session: AsyncSession, discovered: dict[str, PageDiscovere
 
 
 async def _completed(
-    session: AsyncSession,
+    tx: Transaction,
     completed: list[CrawlCompleted],
     page_ids: dict[str, int],
     policy: RetryPolicy,
 ) -> list[Audit]:
     if not completed:
         return []
-    await session.execute(
+    await tx.execute(
         _sql(
             "INSERT INTO page_crawls (page_id, domain, priority, attempt, outcome, status_code, "
             "error_message, content_length, started_at, completed_at, duration_ms, event_id, "
@@ -464,21 +459,19 @@ async def _completed(
             "requests": [_uuid_or_none(e.request_id) for e in completed],
         },
     )
-    verdicts = await _audits(session, completed, page_ids)
+    verdicts = await _audits(tx, completed, page_ids)
     # Lock the pages in id order, then keep, per page, only attempts not older than
     # the newest one already applied.
     touched = sorted({page_ids[e.url] for e in completed})
     newest_applied = {
         page_id: at
-        for page_id, at in (
-            await session.execute(
-                _sql(
-                    "SELECT id, last_crawled_at FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) "
-                    "ORDER BY id FOR UPDATE"
-                ),
-                {"ids": touched},
-            )
-        ).all()
+        for page_id, at in await tx.fetch(
+            _sql(
+                "SELECT id, last_crawled_at FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) "
+                "ORDER BY id FOR UPDATE"
+            ),
+            {"ids": touched},
+        )
     }
     latest: dict[int, CrawlCompleted] = {}
     linking: dict[int, CrawlCompleted] = {}
@@ -493,83 +486,62 @@ async def _completed(
         newer = page_id not in linking or event.completed_at >= linking[page_id].completed_at
         if says_links and newer:
             linking[page_id] = event
-    retried = await _retries(session, latest, policy)
-    await _page_state(session, latest, retried)
-    await _links(session, linking, page_ids)
+    retried = await _retries(tx, latest, policy)
+    await _page_state(tx, latest, retried)
+    await _links(tx, linking, page_ids)
     return verdicts
 
 
 async def _audits(
-    session: AsyncSession, completed: list[CrawlCompleted], page_ids: dict[str, int]
+    tx: Transaction, completed: list[CrawlCompleted], page_ids: dict[str, int]
 ) -> list[Audit]:
     """One ``fetcher_attempts`` row per attempt, and its tags, in two statements.
 
     Returns each attempt's verdict, for the host policies' fold to reuse."""
     verdicts = [audit(e) for e in completed]
-    created = (
-        await session.execute(
-            _sql(
-                "INSERT INTO fetcher_attempts (event_id, page_id, url, host, fetcher, success, "
-                "is_banned, error_type, http_status, response_headers, duration_ms, attempted_at) "
-                "SELECT i, p, u, h, f, s, b, e, c, CAST(r AS jsonb), d, a FROM unnest("
-                "CAST(:ids AS uuid[]), CAST(:page_ids AS bigint[]), CAST(:urls AS text[]), "
-                "CAST(:hosts AS text[]), CAST(:fetchers AS text[]), CAST(:oks AS boolean[]), "
-                "CAST(:banned AS boolean[]), CAST(:errors AS text[]), CAST(:codes AS int[]), "
-                "CAST(:headers AS text[]), CAST(:durations AS int[]), "
-                "CAST(:ats AS timestamptz[])) AS v(i, p, u, h, f, s, b, e, c, r, d, a) "
-                "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, id"
-            ),
-            {
-                "ids": [uuid.UUID(e.id) for e in completed],
-                "page_ids": [page_ids[e.url] for e in completed],
-                "urls": [e.url for e in completed],
-                "hosts": [e.domain for e in completed],
-                "fetchers": [e.fetcher for e in completed],
-                "oks": [v.success for v in verdicts],
-                "banned": [v.is_banned for v in verdicts],
-                "errors": [v.error_type for v in verdicts],
-                "codes": [e.status_code for e in completed],
-                "headers": [json.dumps(e.response_headers) for e in completed],
-                "durations": [_duration_ms(e) for e in completed],
-                "ats": [e.started_at for e in completed],
-            },
-        )
-    ).all()
+    created = await tx.fetch(
+        _sql(
+            "INSERT INTO fetcher_attempts (event_id, page_id, url, host, fetcher, success, "
+            "is_banned, error_type, http_status, response_headers, duration_ms, attempted_at) "
+            "SELECT i, p, u, h, f, s, b, e, c, CAST(r AS jsonb), d, a FROM unnest("
+            "CAST(:ids AS uuid[]), CAST(:page_ids AS bigint[]), CAST(:urls AS text[]), "
+            "CAST(:hosts AS text[]), CAST(:fetchers AS text[]), CAST(:oks AS boolean[]), "
+            "CAST(:banned AS boolean[]), CAST(:errors AS text[]), CAST(:codes AS int[]), "
+            "CAST(:headers AS text[]), CAST(:durations AS int[]), "
+            "CAST(:ats AS timestamptz[])) AS v(i, p, u, h, f, s, b, e, c, r, d, a) "
+            "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, id"
+        ),
+        {
+            "ids": [uuid.UUID(e.id) for e in completed],
+            "page_ids": [page_ids[e.url] for e in completed],
+            "urls": [e.url for e in completed],
+            "hosts": [e.domain for e in completed],
+            "fetchers": [e.fetcher for e in completed],
+            "oks": [v.success for v in verdicts],
+            "banned": [v.is_banned for v in verdicts],
+            "errors": [v.error_type for v in verdicts],
+            "codes": [e.status_code for e in completed],
+            "headers": [json.dumps(e.response_headers) for e in completed],
+            "durations": [_duration_ms(e) for e in completed],
+            "ats": [e.started_at for e in completed],
+        },
+    )
     attempt_ids = {str(event_id): attempt_id for event_id, attempt_id in created}
     # COPY in text form, as for the links: ~20 tags an attempt made the unnest INSERT
     # (asyncpg checking every array element) the costliest statement of a batch.
     lines = [
-        f"{attempt_id}\t{_copy_text(tag.type)}\t{_copy_text(tag.value)}\t{tag.importance!r}\n"
+        f"{attempt_id}\t{copy_text(tag.type)}\t{copy_text(tag.value)}\t{tag.importance!r}\n"
         for event, verdict in zip(completed, verdicts, strict=True)
         if (attempt_id := attempt_ids.get(event.id)) is not None
         for tag in verdict.tags
     ]
     if lines:
-        await _copy(
-            session,
+        await tx.copy(
             "attempt_heuristics",
             "".join(lines),
             ("attempt_id", "heuristic_type", "heuristic_value", "importance_score"),
         )
     return verdicts
-
-
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-def _copy_text(value: str) -> str:
-    """``value`` as a field of COPY's text format (storable text holds no NUL)."""
-    return value.translate(_COPY_ESCAPES)
-
-
-async def _copy(session: AsyncSession, table: str, rows: str, columns: tuple[str, ...]) -> None:
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    driver = raw.driver_connection
-    assert driver is not None
-    await driver.copy_to_table(
-        table, source=io.BytesIO(rows.encode()), columns=columns, format="text"
-    )
 
 
 def _duration_ms(event: CrawlCompleted) -> int:
@@ -580,7 +552,7 @@ def _duration_ms(event: CrawlCompleted) -> int:
 
 
 async def _retries(
-    session: AsyncSession, latest: dict[int, CrawlCompleted], policy: RetryPolicy
+    tx: Transaction, latest: dict[int, CrawlCompleted], policy: RetryPolicy
 ) -> set[int]:
     """Outbox rows for the retryable attempts that have attempts left; their page ids."""
     retryable = {pid: e for pid, e in latest.items() if e.retryable}
@@ -588,18 +560,16 @@ async def _retries(
     if not retryable:
         return scheduled
     counts = dict(
-        (
-            await session.execute(
-                _sql(
-                    "SELECT c.page_id, count(*) FROM page_crawls c "
-                    "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) AND c.completed_at > coalesce("
-                    "(SELECT max(s.completed_at) FROM page_crawls s WHERE s.page_id = c.page_id "
-                    "AND s.outcome IN ('success', 'not_modified')), '-infinity') "
-                    "GROUP BY c.page_id"
-                ),
-                {"ids": sorted(retryable)},
-            )
-        ).all()
+        await tx.fetch(
+            _sql(
+                "SELECT c.page_id, count(*) FROM page_crawls c "
+                "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) AND c.completed_at > coalesce("
+                "(SELECT max(s.completed_at) FROM page_crawls s WHERE s.page_id = c.page_id "
+                "AND s.outcome IN ('success', 'not_modified')), '-infinity') "
+                "GROUP BY c.page_id"
+            ),
+            {"ids": sorted(retryable)},
+        )
     )
     rows: list[tuple[uuid.UUID, bytes, datetime]] = []
     for page_id, event in sorted(retryable.items()):
@@ -611,7 +581,7 @@ async def _retries(
         rows.append((uuid.UUID(retry.id), retry.to_wire(), retry.not_before))
         scheduled.add(page_id)
     if rows:
-        await session.execute(
+        await tx.execute(
             _sql(
                 "INSERT INTO outbox (event_id, subject, payload, deliver_at) "
                 "SELECT i, :subject, p, d FROM unnest(CAST(:ids AS uuid[]), "
@@ -629,7 +599,7 @@ async def _retries(
 
 
 async def _page_state(
-    session: AsyncSession, latest: dict[int, CrawlCompleted], retried: set[int]
+    tx: Transaction, latest: dict[int, CrawlCompleted], retried: set[int]
 ) -> None:
     if not latest:
         return
@@ -650,7 +620,7 @@ async def _page_state(
             failed_at.append(event.completed_at if status == "failed" else None)
     events = [latest[p] for p in ordered]
     success = [e.outcome is CrawlOutcome.SUCCESS for e in events]
-    await session.execute(
+    await tx.execute(
         _sql(
             "UPDATE pages p SET "
             "last_crawled_at = v.ended, last_outcome = v.outcome, last_status_code = v.code, "
@@ -699,13 +669,13 @@ async def _page_state(
 
 
 async def _links(
-    session: AsyncSession, linking: dict[int, CrawlCompleted], page_ids: dict[str, int]
+    tx: Transaction, linking: dict[int, CrawlCompleted], page_ids: dict[str, int]
 ) -> None:
     """Each page's outgoing link set becomes exactly the one of its newest crawl."""
     if not linking:
         return
     sources = sorted(linking)
-    await session.execute(
+    await tx.execute(
         _sql("DELETE FROM page_outlinks WHERE from_page_id = ANY(CAST(:ids AS bigint[]))"),
         {"ids": sources},
     )
@@ -721,9 +691,7 @@ async def _links(
         f"{{{','.join(['t' if n else 'f' for n in nofollow])}}}\n"
         for source, targets, kinds, nofollow in rows
     )
-    await _copy(
-        session, "page_outlinks", text_rows, ("from_page_id", "to_page_ids", "kinds", "nofollow")
-    )
+    await tx.copy("page_outlinks", text_rows, ("from_page_id", "to_page_ids", "kinds", "nofollow"))
 
 
 def _outlinks_row(
