@@ -31,6 +31,9 @@ AWAY = [
     pg.ProtocolViolationError("protocol violation"),
     pg.DeadlockDetectedError("deadlock detected"),
     pg.SerializationError("could not serialize access"),
+    # A migration ran while the pod was up: its prepared statements went stale.
+    pg.InvalidCachedStatementError("cached plan must not change result type"),
+    pg_client.OutdatedSchemaCacheError("type 'x' was changed"),
 ]
 
 THE_EVENTS_FAULT = [

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 
 from asyncpg.exceptions import InterfaceError as AsyncpgInterfaceError
+from asyncpg.exceptions import InvalidCachedStatementError, OutdatedSchemaCacheError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -58,6 +59,12 @@ def as_retry(exc: BaseException) -> Retry | None:
                 return Retry(f"transaction conflict ({state}): {cause}", delay=CONFLICT_DELAY)
             if state in UNAVAILABLE_SQLSTATES or state.startswith(CONNECTION_EXCEPTION_CLASS):
                 return Retry(f"database unavailable ({state}): {cause}", delay=UNAVAILABLE_DELAY)
+        if isinstance(cause, InvalidCachedStatementError | OutdatedSchemaCacheError):
+            # A statement prepared before the schema changed (an upgrade's migration ran
+            # while this pod was up). asyncpg drops the connection's cache as it raises
+            # this, but cannot run the statement again inside the transaction: the batch
+            # can, at once, and it is not the events' fault.
+            return Retry(f"statement cached before a schema change: {cause}", delay=CONFLICT_DELAY)
         if isinstance(cause, sa_exc.DBAPIError) and cause.connection_invalidated:
             return Retry(f"database connection lost: {cause.orig}", delay=UNAVAILABLE_DELAY)
         if isinstance(cause, sa_exc.TimeoutError):  # no pooled connection came free in time
