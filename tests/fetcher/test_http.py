@@ -779,3 +779,10 @@ async def test_an_answer_through_redirects_is_timed_over_every_request(
     assert result.redirects
     assert result.answered is not None
     assert SLOW_ANSWER * 1000 - 50 <= result.duration_ms < SLOW_ANSWER * 1000 + 200
+
+
+def test_the_fetch_limits_are_the_ones_the_settings_give() -> None:
+    limits = FetchLimits.from_settings(
+        _settings(max_body_bytes=4096, max_redirects=1, request_timeout=7.5)
+    )
+    assert (limits.max_body_bytes, limits.max_redirects, limits.total_timeout) == (4096, 1, 7.5)

@@ -66,11 +66,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 LearningConfig.from_settings(settings),
             ),
             robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
-            limits=FetchLimits(
-                max_body_bytes=settings.max_body_bytes,
-                max_redirects=settings.max_redirects,
-                total_timeout=settings.request_timeout,
-            ),
+            limits=FetchLimits.from_settings(settings),
             robots_token=settings.robots_token,
             robots_max_bytes=settings.robots_max_bytes,
             work_max_age=settings.work_max_age_seconds,
