@@ -357,6 +357,31 @@ async def test_a_pod_whose_memory_of_the_domain_is_stale_still_sees_the_other_po
     assert again.at >= 1021.0
 
 
+async def test_a_pods_messages_for_one_host_at_once_reserve_a_write_each_and_no_read(
+    bus: Bus,
+) -> None:
+    """A page's links to one host reach a pod together: in turn, not racing."""
+    kv = CountingKV(await bus.js.key_value(DOMAINS_BUCKET))
+    p = Politeness(kv, CONFIG, LEARNING)
+    first = await p.acquire("many.example", 1000.0)
+    assert isinstance(first, Granted)
+    kv.calls.clear()
+    waiting = await asyncio.gather(*(p.acquire("many.example", 1000.1) for _ in range(6)))
+    assert sorted(d.at for d in waiting if isinstance(d, Deferred)) == [
+        1010.0, 1020.0, 1030.0, 1040.0, 1050.0, 1060.0
+    ]  # fmt: skip
+    assert kv.calls == ["update"] * 6
+    # The release, side by side with a reservation, fails no write either.
+    kv.calls.clear()
+    _, reserved = await asyncio.gather(
+        p.finish("many.example", first, 1001.0), p.acquire("many.example", 1001.0)
+    )
+    assert isinstance(reserved, Deferred)
+    assert reserved.at == pytest.approx(1070.0)
+    assert kv.calls == ["update", "update"]
+    assert p._turns == {}
+
+
 async def test_a_pod_that_remembers_the_record_reserves_a_slot_in_one_round_trip(
     bus: Bus,
 ) -> None:
