@@ -330,10 +330,11 @@ class Politeness:
         A page's links often name one host several times, and their messages reach a
         pod together. Written side by side against the same remembered revision, all
         but one compare-and-set would fail, and each failure costs a read and another
-        write: for n messages, about n * n / 2 round trips instead of n. In turn, each
-        writes against the record the one before it left. Only another pod's write can
-        still make a compare-and-set fail. The lock is dropped when nobody holds or
-        awaits it, so the table is as large as the operations in flight.
+        write: for n messages, n(n+1)/2 writes and n(n-1)/2 reads instead of n writes.
+        In turn, each writes against the record the one before it left, and only
+        another pod's write can still make a compare-and-set fail. The lock is dropped
+        when nobody holds or awaits it, so the table is as large as the operations in
+        flight.
         """
         lock, users = self._turns.get(key) or (asyncio.Lock(), 0)
         self._turns[key] = (lock, users + 1)
