@@ -92,6 +92,27 @@ async def stream_messages(bus: Bus, stream: str) -> int:
     return int(info.state.messages)
 
 
+async def subject_counts(bus: Bus, stream: str) -> dict[str, int]:
+    """Messages a subject in ``stream``, every subject.
+
+    nats-server answers at most 100,000 subjects a request (and says how many there
+    are), so a frontier of a million scheduled messages is read a page at a time.
+    """
+    counts: dict[str, int] = {}
+    while True:
+        request = {"subjects_filter": ">", "offset": len(counts)}
+        reply = await bus.nc.request(
+            f"$JS.API.STREAM.INFO.{stream}", json.dumps(request).encode(), timeout=60
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise RuntimeError(f"stream info of {stream}: {answer['error']}")
+        page = answer.get("state", {}).get("subjects") or {}
+        counts.update(page)
+        if not page or len(counts) >= int(answer.get("total", 0)):
+            return counts
+
+
 async def pull_waiting(bus: Bus, stream: str, durable: str) -> int:
     """Pull requests waiting on a consumer: one per connected, idle consumer loop."""
     try:

@@ -107,6 +107,7 @@ from bench._common import (
     pull_waiting,
     reset,
     stream_messages,
+    subject_counts,
 )
 from bench._common import (
     extra_env as _extra_env,
@@ -1071,8 +1072,7 @@ async def trove_frontier(ctx: Context, regime: Regime, port: int) -> FrontierRun
         run.storage = {k: v - stored.get(k, 0.0) for k, v in after.items()}
         run.waiting = await stream_messages(ctx.bus, WORK_STREAM)
         for stream in (EVENTS_STREAM, WORK_STREAM):
-            info = await ctx.bus.js.stream_info(stream, subjects_filter=">")
-            for subject, count in (info.state.subjects or {}).items():
+            for subject, count in (await subject_counts(ctx.bus, stream)).items():
                 # trove.events.<kind>.<what>, trove.schedules.page.<hash>: by kind
                 kind = ".".join(subject.split(".")[: 3 if ".schedules." in subject else 4])
                 run.subjects[kind] = run.subjects.get(kind, 0) + int(count)
