@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from asyncpg.exceptions import InterfaceError as AsyncpgInterfaceError
 from asyncpg.exceptions import InvalidCachedStatementError, OutdatedSchemaCacheError
+from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -47,7 +49,26 @@ CONFLICT_DELAY = 0.2
 
 
 def make_engine(url: str) -> AsyncEngine:
-    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+    engine = create_async_engine(url, pool_size=10, max_overflow=10)
+    event.listen(engine.sync_engine, "checkout", _refuse_closed)
+    return engine
+
+
+def _refuse_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """A pooled connection the server has closed is replaced before a batch gets it.
+
+    This stands in for SQLAlchemy's ``pool_pre_ping``, which on asyncpg is three round
+    trips (BEGIN, an empty query, ROLLBACK) on every checkout: at a polite crawl's
+    pace, a batch holds an event or a few, and those were a seventh of its round trips.
+    A server that restarts or shuts down tells its sessions so and closes them, and
+    asyncpg marks the connection closed when it reads that: the look is local. A
+    connection that dies unseen fails its batch, which is retried (``as_retry``) on a
+    new one. Raising ``DisconnectionError`` here makes the pool drop the connection
+    and check out another.
+    """
+    connection = dbapi_connection.driver_connection
+    if connection is None or connection.is_closed():
+        raise sa_exc.DisconnectionError("the database closed this connection")
 
 
 def as_retry(exc: BaseException) -> Retry | None:
