@@ -7,6 +7,7 @@ import time
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from tests.conftest import StackUrls
 from trove_recorder.database import make_engine
@@ -42,7 +43,8 @@ async def test_a_connection_the_server_ended_is_replaced_before_the_next_batch_g
                 break
             await asyncio.sleep(0.05)
         assert gone, "the backend was not terminated"
-        assert pool.checkedin() == 1
+        assert isinstance(pool, QueuePool)
+        assert pool.checkedin() == 1  # it, idle, is what the next checkout gets
 
         # Without the check at checkout, this query runs on the dead connection and fails.
         second = await _backend(recorder)
