@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -12,12 +13,10 @@ from sqlalchemy.pool import QueuePool
 from tests.conftest import StackUrls
 from trove_recorder.database import make_engine
 
-BACKEND = text("SELECT pg_backend_pid()")
 
-
-async def _backend(engine: AsyncEngine) -> int:
+async def _scalar(engine: AsyncEngine, sql: str, **params: Any) -> Any:
     async with engine.connect() as conn:
-        return int((await conn.execute(BACKEND)).scalar_one())
+        return (await conn.execute(text(sql), params)).scalar_one()
 
 
 async def test_a_connection_the_server_ended_is_replaced_before_the_next_batch_gets_it(
@@ -25,29 +24,23 @@ async def test_a_connection_the_server_ended_is_replaced_before_the_next_batch_g
 ) -> None:
     recorder = make_engine(stack.database_url)
     try:
-        first = await _backend(recorder)  # back in the pool, idle
-        async with engine.connect() as admin:
-            await admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
-        # The server tells the session it ends it; the idle connection reads that.
-        pool = recorder.sync_engine.pool
+        async with recorder.connect() as conn:
+            first = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        assert await _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=first)
+        # The server tells the session it ends it and closes it; the idle connection in
+        # the pool reads that.
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            async with engine.connect() as admin:
-                gone = (
-                    await admin.execute(
-                        text("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = :pid"),
-                        {"pid": first},
-                    )
-                ).scalar_one()
-            if gone:
-                break
-            await asyncio.sleep(0.05)
-        assert gone, "the backend was not terminated"
+        while not driver.is_closed() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert driver.is_closed(), "the client never saw the server end the session"
+        pool = recorder.sync_engine.pool
         assert isinstance(pool, QueuePool)
         assert pool.checkedin() == 1  # it, idle, is what the next checkout gets
 
-        # Without the check at checkout, this query runs on the dead connection and fails.
-        second = await _backend(recorder)
+        # Without the look at checkout, this runs on the closed connection and fails.
+        second = await _scalar(recorder, "SELECT pg_backend_pid()")
         assert second != first
     finally:
         await recorder.dispose()
@@ -55,26 +48,14 @@ async def test_a_connection_the_server_ended_is_replaced_before_the_next_batch_g
 
 async def test_a_checkout_sends_the_database_nothing(stack: StackUrls, engine: AsyncEngine) -> None:
     recorder = make_engine(stack.database_url)
+    changed = "SELECT state_change FROM pg_stat_activity WHERE pid = :pid"
     try:
-        backend = await _backend(recorder)
-        async with engine.connect() as admin:
-            before = (
-                await admin.execute(
-                    text("SELECT state_change FROM pg_stat_activity WHERE pid = :pid"),
-                    {"pid": backend},
-                )
-            ).scalar_one()
+        backend = await _scalar(recorder, "SELECT pg_backend_pid()")
+        before = await _scalar(engine, changed, pid=backend)
         for _ in range(5):
             async with recorder.connect():
                 pass  # a checkout and a return, no statement
-        async with engine.connect() as admin:
-            after = (
-                await admin.execute(
-                    text("SELECT state_change FROM pg_stat_activity WHERE pid = :pid"),
-                    {"pid": backend},
-                )
-            ).scalar_one()
-        # A ping (BEGIN; ROLLBACK on asyncpg) would have moved the backend's state.
-        assert after == before
+        # A ping (BEGIN, an empty query, ROLLBACK on asyncpg) would move the backend's state.
+        assert await _scalar(engine, changed, pid=backend) == before
     finally:
         await recorder.dispose()
