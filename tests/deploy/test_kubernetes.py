@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import os
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -671,3 +672,13 @@ def test_nats_values_run_a_synced_jetstream_on_persistent_volumes() -> None:
     assert jetstream["merge"]["sync_interval"] == "always"
     major, minor = (int(x) for x in values["container"]["image"]["tag"].split("-")[0].split("."))
     assert (major, minor) >= (2, 12)
+
+
+def test_nats_tells_go_its_memory_limit_with_room_for_what_is_not_heap() -> None:
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
+    container = values["container"]
+    limit = quantity(container["merge"]["resources"]["limits"]["memory"])
+    match = re.fullmatch(r"([0-9]+)(B|KiB|MiB|GiB)", container["env"]["GOMEMLIMIT"])
+    assert match, "GOMEMLIMIT in Go's units"
+    soft = int(match.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[match.group(2)]
+    assert 0.8 * limit <= soft <= 0.95 * limit
