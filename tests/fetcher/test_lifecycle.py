@@ -111,3 +111,16 @@ def test_a_fetcher_process_does_not_load_httpxs_command_line() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert loaded.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("service", ["trove_fetcher.app", "trove_recorder.__main__"])
+def test_only_discovery_loads_the_public_suffix_list(service: str) -> None:
+    # tldextract imports requests (~6 MB a pod); registrable domains are discovery's.
+    probe = (
+        f"import sys, {service}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tldextract', 'requests'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"
