@@ -100,27 +100,25 @@ async def test_sigterm_mid_crawl_exits_in_time_and_loses_nothing(
         assert (witness.min_gap(host.name) or gap) >= gap
 
 
-def test_a_fetcher_process_does_not_load_httpxs_command_line() -> None:
-    # httpx imports click, rich and pygments whenever they are installed (~7 MB a pod);
-    # ``trove_fetcher/__init__.py`` keeps that one import out.
+def _packages_loaded(imports: str, packages: set[str]) -> str:
+    """Which of ``packages`` a fresh interpreter holds after ``import imports``, as printed."""
     probe = (
-        "import sys, trove_fetcher.app, httpx; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'click', 'rich', 'pygments'}))"
+        f"import sys, {imports}; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(packages)!r})))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
-    assert loaded.stdout.strip() == "[]"
+    return loaded.stdout.strip()
+
+
+def test_a_fetcher_process_does_not_load_httpxs_command_line() -> None:
+    # httpx imports click, rich and pygments whenever they are installed (~7 MB a pod);
+    # ``trove_fetcher/__init__.py`` keeps that one import out.
+    assert _packages_loaded("trove_fetcher.app, httpx", {"click", "rich", "pygments"}) == "[]"
 
 
 @pytest.mark.parametrize("service", ["trove_fetcher.app", "trove_recorder.__main__"])
 def test_only_discovery_loads_the_public_suffix_list(service: str) -> None:
     # tldextract imports requests (~6 MB a pod); registrable domains are discovery's.
-    probe = (
-        f"import sys, {service}; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tldextract', 'requests'}))"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert loaded.stdout.strip() == "[]"
+    assert _packages_loaded(service, {"tldextract", "requests"}) == "[]"

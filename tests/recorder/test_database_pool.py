@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 
-from tests.conftest import StackUrls
+from tests.conftest import StackUrls, eventually
 from trove_recorder.database import make_engine
 
 
@@ -29,12 +27,19 @@ async def test_a_connection_the_server_ended_is_replaced_before_the_next_batch_g
             driver = (await conn.get_raw_connection()).driver_connection
         assert driver is not None
         assert await _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=first)
+
         # The server tells the session it ends it and closes it; the idle connection in
         # the pool reads that.
-        deadline = time.monotonic() + 10
-        while not driver.is_closed() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert driver.is_closed(), "the client never saw the server end the session"
+        async def closed() -> bool:
+            return bool(driver.is_closed())
+
+        await eventually(
+            closed,
+            until=bool,
+            timeout=10,
+            interval=0.02,
+            what="the client seeing the server end the session",
+        )
         pool = recorder.sync_engine.pool
         assert isinstance(pool, QueuePool)
         assert pool.checkedin() == 1  # it, idle, is what the next checkout gets
