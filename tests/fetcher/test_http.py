@@ -770,6 +770,34 @@ async def test_a_stall_of_the_pods_event_loop_is_not_the_hosts_answer_time(
     assert result.answered is not None
 
 
+async def test_a_body_the_pod_read_late_ended_when_its_last_byte_arrived(
+    server: LocalServer,
+) -> None:
+    # As above: the host answers in SLOW_ANSWER while the pod's loop stands still. The
+    # host's gap counts from when the answer arrived, not from when the pod read it.
+    stall = 3 * SLOW_ANSWER
+    async with build_client(_settings()) as client:
+        asked = time.time()
+        asyncio.get_running_loop().call_later(SLOW_ANSWER / 5, time.sleep, stall)
+        result = await get(client, url(server, "/slow"))
+        read = time.time()
+    assert result.outcome is CrawlOutcome.SUCCESS
+    ended = result.ended_at(read)
+    assert read - asked >= stall
+    # Never before the last byte came (the server sent it SLOW_ANSWER after the request).
+    assert asked + SLOW_ANSWER <= ended < asked + SLOW_ANSWER + 0.2
+
+
+@pytest.mark.parametrize("path", ["/big", "/no-type"])
+async def test_a_body_cut_short_or_left_unread_ends_when_the_pod_lets_go_of_it(
+    client: httpx.AsyncClient, server: LocalServer, path: str
+) -> None:
+    # The rest of such a body may still be on its way: the host is not done yet.
+    result = await get(client, url(server, path))
+    assert result.received_at is None
+    assert result.ended_at(1234.5) == 1234.5
+
+
 async def test_an_answer_through_redirects_is_timed_over_every_request(
     server: LocalServer,
 ) -> None:

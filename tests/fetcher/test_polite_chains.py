@@ -7,6 +7,10 @@ several hosts (by the Host header); the server's own request log is the witness.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._completions import Completions
-from tests.fetcher._servers import LocalServer, Route, free_port, serving
+from tests.fetcher._servers import Exchange, LocalServer, Route, free_port, serving
 from tests.support import publish_work, services
 from trove_schema.bus import Bus
 from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, FETCHER
@@ -138,6 +142,43 @@ async def test_a_robots_redirect_to_another_host_waits_for_that_hosts_gap(
     assert events[a_pages[0]].outcome.value == "success"
     assert events[a_pages[1]].outcome.value == "blocked_robots"
     assert all(events[u].outcome.value == "success" for u in b_pages)
+
+
+async def test_a_host_rests_from_when_its_answer_arrived_not_from_when_a_stalled_pod_read_it(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    # The first page's answer reaches the fetcher's socket, and then the fetcher stands
+    # still (SIGSTOP: a stalled event loop, a pod descheduled) for ``stall``. The host was
+    # done when its answer arrived: its next request may go one gap after that.
+    gap, stall = 3.0, 2.0
+    fetcher: list[int] = []
+    stopped: list[float] = []
+
+    def answer_then_stall(exchange: Exchange) -> None:
+        exchange.send(200, b"<title>p</title><p>p</p>")
+        if not stopped:
+            stopped.append(time.monotonic())
+            os.kill(fetcher[0], signal.SIGSTOP)
+            threading.Timer(stall, os.kill, (fetcher[0], signal.SIGCONT)).start()
+
+    routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\nAllow: /\n")}
+    routes |= {f"{A}/p/{n}": answer_then_stall for n in range(2)}
+    with serving(routes, IP) as server:
+        pages = [url(server, A, f"/p/{n}") for n in range(2)]
+        async with services(stack, state_dir, env(gap), only=("fetcher",)) as local:
+            fetcher.append(local.children[0].pid)
+            await publish_work(bus, pages)
+            events = await Completions(bus.js).wait_for(2)
+            local.check_alive()
+        assert_polite(server, A, gap)
+        first, second = sorted(
+            (s for s in server.requests_for(A) if s.path.startswith("/p/")), key=lambda s: s.at
+        )
+    assert all(events[page].outcome.value == "success" for page in pages)
+    assert first.at <= stopped[0]
+    # From the answer's arrival: one gap, give or take the scheduler's rounding; from when
+    # the stopped pod read it, it would be the gap and the whole stall.
+    assert gap <= second.at - stopped[0] < gap + stall / 2
 
 
 async def test_a_page_of_huge_links_is_fetched_once_and_its_event_fits(

@@ -433,7 +433,8 @@ class Fetcher:
                 return
             finally:
                 FETCHES_IN_FLIGHT.dec()
-            end = time.time()
+            # The host's gap runs from when its answer arrived, however late this pod read it.
+            end = result.ended_at(time.time())
             FETCH_SECONDS.observe(result.elapsed)
             FETCH_BYTES.inc(result.bytes_read)
             event = await self._event(job, result, strategy, choice, started, etag or last_modified)

@@ -178,6 +178,9 @@ class FetchResult:
     #: Seconds the host took to answer the requests as the kernel timed them
     #: (``transport.AnswerTime``); None where it did not time every one.
     answered: float | None = None
+    #: When (``time.time()``) the last byte of the final response arrived, as the kernel
+    #: timed it, if its body was read to the end (``transport.AnswerTime``).
+    received_at: float | None = None
     #: The final response's ``AUDIT_HEADERS`` that were sent (lower-case names).
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -196,6 +199,16 @@ class FetchResult:
         if self.answered is not None:
             return round(self.answered * 1000)
         return max(0, round((self.elapsed - self.waited - self.queued) * 1000))
+
+    def ended_at(self, now: float) -> float:
+        """When the host was done with this fetch, ``now`` at the latest: the moment
+        its gap counts from. A response read whole ended when its last byte arrived;
+        the pod may have read it much later (a busy event loop), and that lag is the
+        pod's, not time the host needs to rest. Any other ending is ``now``: a body cut
+        short or left unread may still be on its way."""
+        if self.received_at is None:
+            return now
+        return min(now, self.received_at)
 
     @property
     def retryable(self) -> bool:
@@ -361,6 +374,8 @@ class _Trace:
     sent: int = 0
     timed: int = 0
     answered: float = 0.0
+    #: The latest response's ``AnswerTime.received_at``.
+    received_at: float | None = None
 
     def answer_seconds(self) -> float | None:
         """What the host took over every request, if the kernel timed each one."""
@@ -504,6 +519,7 @@ async def fetch(
         waited=trace.waited,
         queued=trace.queued,
         answered=trace.answer_seconds(),
+        received_at=trace.received_at,
         response_headers=audit_headers(headers),
     )
 
@@ -566,9 +582,11 @@ async def _follow(
             # Closed before anything else is awaited: a redirect body is never read.
             await response.aclose()
             answer = response.extensions.get(ANSWER_TIME)
+            trace.received_at = None
             if isinstance(answer, AnswerTime) and answer.seconds is not None:
                 trace.timed += 1
                 trace.answered += answer.seconds
+                trace.received_at = answer.received_at
         if isinstance(hop, _Ending):
             return hop
         if not same_site(current, hop):

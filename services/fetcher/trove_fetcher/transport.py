@@ -244,6 +244,10 @@ _CLOSED: tuple[bytes, ...] = ()
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _TCP_INFO_LEN = 60
 _LAST_DATA_SENT, _LAST_DATA_RECV = 44, 52
+#: The kernel keeps those times in jiffies (1000/HZ ms; HZ is 100 to 1000): a time it
+#: gives may be up to one jiffy longer than the real one. Taken off every "how long
+#: ago", so that a moment worked out from it is never earlier than the real one.
+_JIFFY = 0.010
 
 #: The response extension holding the response's ``AnswerTime``.
 ANSWER_TIME = "trove.answer_time"
@@ -258,15 +262,20 @@ class AnswerTime:
     socket: under a burst of work that is tens to hundreds of milliseconds, and the
     learned gap (``host_gap``: ten times the answer time) would take the pod's lag for
     a slow host. The kernel stamps both ends as the segments pass, whatever the loop
-    is doing. Read once, when the response ends; the socket is not kept."""
+    is doing. Read once, when the response ends; the socket is not kept.
 
-    __slots__ = ("_socket", "seconds")
+    ``received_at`` is when (``time.time()``) the last byte arrived, for a body read to
+    its end: the moment a host's gap counts from (``FetchResult.ended_at``). A
+    response closed before its end has none: its host may still be sending."""
+
+    __slots__ = ("_socket", "received_at", "seconds")
 
     def __init__(self, sock: object) -> None:
         self._socket: object | None = sock
         self.seconds: float | None = None
+        self.received_at: float | None = None
 
-    def read(self) -> None:
+    def read(self, *, whole: bool = False) -> None:
         sock, self._socket = self._socket, None
         getsockopt = getattr(sock, "getsockopt", None)
         if getsockopt is None or _TCP_INFO is None:
@@ -278,6 +287,8 @@ class AnswerTime:
         except (OSError, struct.error, TypeError):
             return
         self.seconds = max(0, sent_ago - received_ago) / 1000.0
+        if whole:
+            self.received_at = time.time() - max(0.0, received_ago / 1000.0 - _JIFFY)
 
 
 class _ResponseStream(httpx.AsyncByteStream):
@@ -301,7 +312,7 @@ class _ResponseStream(httpx.AsyncByteStream):
         with _httpx_errors():
             async for part in stream:
                 yield part
-        self._answer.read()
+        self._answer.read(whole=True)
 
     async def aclose(self) -> None:
         stream, self._stream = self._stream, _CLOSED
