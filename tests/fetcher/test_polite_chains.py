@@ -67,6 +67,22 @@ async def reservation_horizon(port: int) -> float:
     return value
 
 
+async def read_lag(port: int) -> tuple[float, float]:
+    """``trove_fetch_read_lag_seconds``: how many answers, and their lags in all."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if family.name == "trove_fetch_read_lag_seconds"
+    }
+    return (
+        samples["trove_fetch_read_lag_seconds_count"],
+        samples["trove_fetch_read_lag_seconds_sum"],
+    )
+
+
 def url(server: LocalServer, host: str, path: str) -> str:
     return canonicalize(server.url(path, host))
 
@@ -164,13 +180,16 @@ async def test_a_host_rests_from_when_its_answer_arrived_not_from_when_a_stalled
 
     routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\nAllow: /\n")}
     routes |= {f"{A}/p/{n}": answer_then_stall for n in range(2)}
+    port = free_port()
     with serving(routes, IP) as server:
         pages = [url(server, A, f"/p/{n}") for n in range(2)]
-        async with services(stack, state_dir, env(gap), only=("fetcher",)) as local:
+        fetcher_env = env(gap, TROVE_HTTP_PORT=str(port))
+        async with services(stack, state_dir, fetcher_env, only=("fetcher",)) as local:
             fetcher.append(local.children[0].pid)
             await publish_work(bus, pages)
             events = await Completions(bus.js).wait_for(2)
             local.check_alive()
+            lag = await read_lag(port)
         assert_polite(server, A, gap)
         first, second = sorted(
             (s for s in server.requests_for(A) if s.path.startswith("/p/")), key=lambda s: s.at
@@ -182,6 +201,10 @@ async def test_a_host_rests_from_when_its_answer_arrived_not_from_when_a_stalled
     # the stopped pod read it, it would be the gap and the whole stall.
     assert second.at - sending >= gap
     assert second.at - sent < gap + stall / 2
+    # The pod says how late it read: the stalled answer, and the other one.
+    count, total = lag
+    assert count == 2
+    assert stall - 0.1 <= total < stall + 1.0
 
 
 async def test_a_page_of_huge_links_is_fetched_once_and_its_event_fits(

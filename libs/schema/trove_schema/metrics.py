@@ -27,6 +27,12 @@ FETCH_SECONDS = Histogram(
     "Time from sending a request to the end of its body",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+FETCH_READ_LAG = Histogram(
+    "trove_fetch_read_lag_seconds",
+    "How long a response's last byte waited in the socket before this pod read it "
+    "(the pod's own lag: an event loop with more work than it gets through)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 FETCH_BYTES = Counter("trove_fetch_bytes_total", "Body bytes read")
 FETCHES_IN_FLIGHT = Gauge("trove_fetches_in_flight", "Requests in flight in this pod")
 LEASES = Counter(

@@ -74,6 +74,7 @@ from trove_schema.events import (
 )
 from trove_schema.metrics import (
     FETCH_BYTES,
+    FETCH_READ_LAG,
     FETCH_SECONDS,
     FETCHES,
     FETCHES_IN_FLIGHT,
@@ -434,7 +435,10 @@ class Fetcher:
             finally:
                 FETCHES_IN_FLIGHT.dec()
             # The host's gap runs from when its answer arrived, however late this pod read it.
-            end = result.ended_at(time.time())
+            now = time.time()
+            end = result.ended_at(now)
+            if result.received_at is not None:
+                FETCH_READ_LAG.observe(now - end)
             FETCH_SECONDS.observe(result.elapsed)
             FETCH_BYTES.inc(result.bytes_read)
             event = await self._event(job, result, strategy, choice, started, etag or last_modified)
