@@ -447,13 +447,20 @@ class Fetcher:
             observation = Observation.of(event)
             if observation.error_type in MISPREDICTIONS:
                 STRATEGY_MISPREDICTIONS.labels(strategy.name).inc()
-            await self._release(hold, end, observation)
+            if observation.error_type == "wrong_tool" and self._other_way(job):
+                await self._release(hold, end, observation)
+                await self._ask_another_way(job, payload, event)
+                return
+            # The release and the event's publish go to the broker side by side, in one
+            # write: the release first (the host's next slot waits on it), the publish
+            # one step of the loop behind. Neither waits for the other's answer.
+            publishing = asyncio.ensure_future(self._complete(job, event))
+            try:
+                await self._release(hold, end, observation)
+            finally:
+                await publishing
         finally:
             await self._release(hold, end)
-        if observation.error_type == "wrong_tool" and self._other_way(job):
-            await self._ask_another_way(job, payload, event)
-            return
-        await self._complete(job, event)
 
     def _choose(
         self, url: str, policy: HostPolicy, avoid: str | None = None
