@@ -451,9 +451,10 @@ class Fetcher:
                 await self._release(hold, end, observation)
                 await self._ask_another_way(job, payload, event)
                 return
-            # The release and the event's publish go to the broker side by side, in one
-            # write: the release first (the host's next slot waits on it), the publish
-            # one step of the loop behind. Neither waits for the other's answer.
+            # The release and the event's publish go to the broker side by side: the
+            # release first (the host's next slot waits on it), the publish one step of
+            # the loop behind, before the client's flusher runs. Neither waits for the
+            # other's answer; the ack waits for both.
             publishing = asyncio.ensure_future(self._complete(job, event))
             try:
                 await self._release(hold, end, observation)
