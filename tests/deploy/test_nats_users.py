@@ -8,6 +8,7 @@ ports on 127.0.0.1). k8s/nats/values.yaml grants the same (test_kubernetes check
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import secrets
@@ -40,6 +41,7 @@ from trove_schema.topology import (
     FOLLOWS_BUCKET,
     INSTANCE_FOLLOWED,
     INSTANCE_UNFOLLOWED,
+    OWNERS,
     PAGE_DISCOVERED,
     SEED_REJECTED,
     SEEDS_STREAM,
@@ -207,6 +209,59 @@ async def test_each_service_publishes_only_the_events_it_produces(secured: Secur
             assert [type(a) for a in answers] == [nats.errors.TimeoutError] * len(refused)
         finally:
             await nc.close()
+
+
+async def test_each_bucket_is_written_by_the_service_that_owns_it_and_by_no_other(
+    secured: Secured,
+) -> None:
+    # Every bucket the topology declares: one a service writes without the permission
+    # would time out on each write, which the consumers take for the broker's trouble
+    # and retry forever (the URL-rules bucket did, in the compose deployment).
+    operator = await connect(secured, "operator")
+    topology = await ensure_topology(operator.jetstream(), declare(), owner="cli")
+    await operator.close()
+    buckets = [config.bucket for config in topology.buckets]
+    assert buckets
+    assert [b for b in buckets if b not in OWNERS] == []
+    for service in PRODUCES:
+        nc = await connect(secured, service)
+        js = nc.jetstream(timeout=REFUSED_AFTER)
+        try:
+            for bucket in (b for b in buckets if OWNERS[b] == service):
+                kv = await nc.jetstream(timeout=5).key_value(bucket)
+                try:
+                    assert await kv.put(f"probe.{service}", b"1") > 0
+                except nats.errors.TimeoutError:
+                    pytest.fail(f"{service} may not write {bucket}, which it owns")
+            others = [b for b in buckets if OWNERS[b] != service]
+            answers = await asyncio.gather(
+                *(js.publish(f"$KV.{b}.probe.{service}", b"1") for b in others),
+                return_exceptions=True,
+            )
+            assert [type(a) for a in answers] == [nats.errors.TimeoutError] * len(others)
+        finally:
+            await nc.close()
+
+
+async def test_a_publish_the_server_refuses_is_logged_as_the_deployments_error(
+    secured: Secured, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TROVE_NATS_TLS_CA", str(secured.ca))
+    password = secured.passwords["fetcher"]
+    bus = await Bus.connect(f"tls://fetcher:{password}@localhost:{secured.port}", name="t")
+    try:
+        with caplog.at_level(logging.WARNING, logger="trove_schema.bus"):
+            await bus.nc.publish(SEEDS_SUBJECT, b"https://example.org/")
+
+            async def refusals() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if "permissions violation" in r.message]
+
+            found = await eventually(refusals, until=bool, timeout=10, what="the refusal")
+    finally:
+        await bus.nc.close()
+    assert [r.levelno for r in found] == [logging.ERROR]
+    assert SEEDS_SUBJECT in found[0].message
+    assert "deploy/nats/users.conf" in found[0].message
 
 
 async def test_seeds_come_from_nats_box_or_the_operator_not_from_a_service(

@@ -100,6 +100,23 @@ def nats_servers(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
+async def nats_error(exc: Exception) -> None:
+    """What the server said went wrong on the connection, in the service's log.
+
+    A refused publish or subscription is the deployment's mistake, not the broker's
+    trouble: the request behind it only times out, and its consumer retries it until
+    the user's permissions are mended, so the log names the cause at ERROR.
+    """
+    if "permissions violation" in str(exc).lower():
+        log.error(
+            "nats refused this service's user: %s; its permissions are in "
+            "deploy/nats/users.conf (Compose) and k8s/nats/values.yaml (Kubernetes)",
+            exc,
+        )
+    else:
+        log.warning("nats: %s", exc)
+
+
 def schedule_header(at: datetime) -> str:
     return "@at " + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -113,9 +130,6 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, *, name: str, connect_timeout: float = 5.0) -> Bus:
-        async def error_cb(exc: Exception) -> None:
-            log.warning("nats: %s", exc)
-
         async def disconnected_cb() -> None:
             log.warning("nats: disconnected")
 
@@ -128,7 +142,7 @@ class Bus:
             connect_timeout=connect_timeout,
             max_reconnect_attempts=-1,
             reconnect_time_wait=1.0,
-            error_cb=error_cb,
+            error_cb=nats_error,
             disconnected_cb=disconnected_cb,
             reconnected_cb=reconnected_cb,
             allow_reconnect=True,
