@@ -25,6 +25,7 @@ import nats
 import pytest
 import trustme
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from tests.conftest import eventually
 from tests.deploy._support import REPO, nats_users
@@ -152,6 +153,15 @@ async def connect(
     )
 
 
+async def assert_refused(js: JetStreamContext, subjects: list[str]) -> None:
+    """Each publish to ``subjects`` refused, waited for together: each is a timeout."""
+    answers = await asyncio.gather(
+        *(js.publish(s, b"{}", timeout=REFUSED_AFTER) for s in subjects),
+        return_exceptions=True,
+    )
+    assert [type(a) for a in answers] == [nats.errors.TimeoutError] * len(subjects)
+
+
 async def test_each_service_sets_up_the_topology_and_updates_only_what_it_owns(
     secured: Secured,
 ) -> None:
@@ -200,13 +210,7 @@ async def test_each_service_publishes_only_the_events_it_produces(secured: Secur
             for subject in sorted(produced):
                 ack = await js.publish(subject, b"{}", timeout=5)
                 assert ack.seq > 0
-            # The refusals are waited for together: each is a timeout.
-            refused = [s for s in EVENTS if s not in produced]
-            answers = await asyncio.gather(
-                *(js.publish(s, b"{}", timeout=REFUSED_AFTER) for s in refused),
-                return_exceptions=True,
-            )
-            assert [type(a) for a in answers] == [nats.errors.TimeoutError] * len(refused)
+            await assert_refused(js, [s for s in EVENTS if s not in produced])
         finally:
             await nc.close()
 
@@ -234,11 +238,7 @@ async def test_each_bucket_is_written_by_the_service_that_owns_it_and_by_no_othe
                 except nats.errors.TimeoutError:
                     pytest.fail(f"{service} may not write {bucket}, which it owns")
             others = [b for b in buckets if OWNERS[b] != service]
-            answers = await asyncio.gather(
-                *(js.publish(f"$KV.{b}.probe.{service}", b"1") for b in others),
-                return_exceptions=True,
-            )
-            assert [type(a) for a in answers] == [nats.errors.TimeoutError] * len(others)
+            await assert_refused(js, [f"$KV.{b}.probe.{service}" for b in others])
         finally:
             await nc.close()
 
