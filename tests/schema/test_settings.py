@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from trove_schema.settings import FetcherSettings, UnknownSetting, check_environment
+from trove_schema.settings import (
+    FetcherSettings,
+    RecorderSettings,
+    UnknownSetting,
+    check_environment,
+)
+from trove_schema.topology import TopologyOptions
 
 
 def test_unknown_trove_key_is_refused_with_a_hint() -> None:
@@ -34,3 +40,14 @@ def test_a_bad_network_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TROVE_ALLOWED_NETWORKS", "not-a-cidr")
     with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
         FetcherSettings()
+
+
+def test_the_event_record_is_compressed_unless_the_recorder_is_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert TopologyOptions.from_settings(RecorderSettings()).events_compression is True
+    monkeypatch.setenv("TROVE_EVENTS_COMPRESSION", "none")
+    assert TopologyOptions.from_settings(RecorderSettings()).events_compression is False
+    monkeypatch.setenv("TROVE_EVENTS_COMPRESSION", "zstd")
+    with pytest.raises(ValueError, match="'s2' or 'none'"):
+        RecorderSettings()

@@ -2,14 +2,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
 
 import nats
 import pytest
+from nats.js.api import StoreCompression
 from nats.js.errors import NotFoundError
 
 from tests.conftest import StackUrls, eventually
 from trove_schema.bus import Bus
+from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope, decode_event
 from trove_schema.topology import (
+    CRAWL_COMPLETED,
     DAY,
     DEAD_STREAM,
     EVENTS_STREAM,
@@ -23,6 +28,7 @@ from trove_schema.topology import (
     declare,
     ensure_topology,
 )
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 
 @pytest.mark.usefixtures("clean")
@@ -122,7 +128,11 @@ SERVICES = {"discovery", "fetcher", "recorder"}
 #: Each stream, its owner, and options that differ from the defaults (a deployment's).
 DEPLOYED = [
     (SEEDS_STREAM, "discovery", TopologyOptions(seeds_max_age=90 * DAY)),
-    (EVENTS_STREAM, "recorder", TopologyOptions(events_max_age=400 * DAY)),
+    (
+        EVENTS_STREAM,
+        "recorder",
+        TopologyOptions(events_max_age=400 * DAY, events_compression=False),
+    ),
     (DEAD_STREAM, "recorder", TopologyOptions(dead_max_age=60 * DAY)),
     (WORK_STREAM, "fetcher", TopologyOptions(work_max_age=3 * DAY, max_message_bytes=2 << 20)),
 ]
@@ -144,16 +154,140 @@ async def test_only_a_streams_owner_changes_it(
     for caller in sorted((SERVICES | {"cli"}) - {owner}):
         await ensure_topology(bus.js, declare(), owner=caller)
         after = (await bus.js.stream_info(stream)).config
-        assert (after.max_age, after.max_msg_size, after.num_replicas) == (
+        assert (after.max_age, after.max_msg_size, after.num_replicas, after.compression) == (
             as_deployed.max_age,
             as_deployed.max_msg_size,
             as_deployed.num_replicas,
+            as_deployed.compression,
         ), f"{caller} changed {stream}"
 
     # Its owner, restarted with new settings, does reconcile it.
     await ensure_topology(bus.js, declare(), owner=owner)
     wanted = next(s for s in declare().streams if s.name == stream)
-    assert (await bus.js.stream_info(stream)).config.max_age == wanted.max_age
+    now = (await bus.js.stream_info(stream)).config
+    assert now.max_age == wanted.max_age
+    assert now.compression == (wanted.compression or StoreCompression.NONE)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_the_event_record_is_stored_compressed_unless_its_owner_is_told_otherwise(
+    bus: Bus,
+) -> None:
+    assert (await bus.js.stream_info(EVENTS_STREAM)).config.compression == StoreCompression.S2
+    plain = declare(TopologyOptions(events_compression=False))
+    await ensure_topology(bus.js, plain, owner="recorder")
+    assert (await bus.js.stream_info(EVENTS_STREAM)).config.compression == StoreCompression.NONE
+
+
+@pytest.mark.usefixtures("clean")
+async def test_what_an_operator_set_outside_troves_settings_survives_the_owners_reconcile(
+    bus: Bus,
+) -> None:
+    # An update replaces a stream's whole config: the owner must send back what it found.
+    info = await bus.js.stream_info(EVENTS_STREAM)
+    await bus.js.update_stream(
+        replace(
+            info.config,
+            max_bytes=1 << 30,
+            metadata={**(info.config.metadata or {}), "team": "search"},
+        )
+    )
+
+    await ensure_topology(
+        bus.js, declare(TopologyOptions(events_max_age=400 * DAY)), owner="recorder"
+    )
+
+    after = (await bus.js.stream_info(EVENTS_STREAM)).config
+    assert after.max_age == 400 * DAY
+    assert after.max_bytes == 1 << 30
+    assert (after.metadata or {}).get("team") == "search"
+
+
+def _crawled(n: int, links: int = 100) -> list[bytes]:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    return [
+        CrawlCompleted(
+            url=f"https://blog{i % 20}.example/posts/{i}.html",
+            domain=f"blog{i % 20}.example",
+            scope=Scope(value=f"blog{i % 20}.example"),
+            request_id=f"00000000-0000-0000-0000-{i:012d}",
+            outcome=CrawlOutcome.SUCCESS,
+            status_code=200,
+            started_at=at,
+            completed_at=at,
+            title=f"Notes on gardening, part {i}",
+            keywords=("garden", "tomato", "compost", "seeds"),
+            links=tuple(
+                Link(url=f"https://blog{(i + k) % 20}.example/posts/{(i * 7 + k) % n}.html")
+                for k in range(links)
+            ),
+        ).to_wire()
+        for i in range(n)
+    ]
+
+
+def _blocks_bytes(store: Path) -> int:
+    blocks = [p for p in store.rglob("*.blk") if EVENTS_STREAM in p.parts]
+    return sum(p.stat().st_size for p in blocks)
+
+
+async def test_a_record_written_uncompressed_is_read_whole_after_an_upgrade_compresses_it(
+    tmp_path: Path,
+) -> None:
+    """An older release's record, then this one's recorder, then nats-server restarted.
+
+    The server takes a stream's new compression for the blocks it seals after its next
+    start (docs/deploy.md), in the background; the blocks already written stay as they
+    are, and both kinds read.
+    """
+    batch = _crawled(1500)  # ~13 MB: a sealed 8 MB block and part of the next
+    config = NatsConfig(store_dir=tmp_path / "nats")
+
+    async def publish(url: str) -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        for start in range(0, len(batch), 250):
+            await asyncio.gather(
+                *(js.publish(CRAWL_COMPLETED, p) for p in batch[start : start + 250])
+            )
+        await nc.close()
+
+    async def written_since_restart() -> int:
+        return _blocks_bytes(config.store_dir) - before
+
+    server = EmbeddedNats(config).start()
+    try:
+        nc = await nats.connect(server.url)
+        await ensure_topology(nc.jetstream(), declare(TopologyOptions(events_compression=False)))
+        await publish(server.url)
+        before = _blocks_bytes(config.store_dir)
+        await ensure_topology(nc.jetstream(), declare(), owner="recorder")
+        await nc.close()
+        server.stop()
+        server = EmbeddedNats(config).start()
+        await publish(server.url)
+
+        # The same events again take a fraction of the room once their blocks are sealed.
+        await eventually(
+            written_since_restart,
+            until=lambda grown: grown < 0.5 * before,
+            timeout=30,
+            what="the blocks sealed after the restart compressed",
+        )
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        info = await js.stream_info(EVENTS_STREAM)
+        assert info.config.compression == StoreCompression.S2
+        assert info.state.messages == 2 * len(batch)
+        for seq in (1, len(batch), len(batch) + 1, 2 * len(batch)):
+            data = (await js.get_msg(EVENTS_STREAM, seq)).data
+            assert data is not None
+            event = decode_event(data)
+            assert isinstance(event, CrawlCompleted)
+            assert len(event.links) == 100
+        await nc.close()
+    finally:
+        server.stop()
 
 
 @pytest.mark.usefixtures("clean")

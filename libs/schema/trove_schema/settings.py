@@ -56,6 +56,9 @@ class CommonSettings(BaseSettings):
     http_port: int = Field(default=0, ge=0, le=65535)
     #: How long the event record (TROVE_EVENTS) keeps events; 0 keeps them for ever.
     events_max_age_seconds: float = Field(default=0.0, ge=0.0)
+    #: How the event record's finished blocks are stored on disk: S2-compressed, or not.
+    #: Set by the recorder, which owns the stream (bench/bench_record_size.py measures both).
+    events_compression: Literal["s2", "none"] = "s2"
     #: How long deferred fetch work (TROVE_WORK) may wait; no slot is planned past it.
     work_max_age_seconds: float = Field(default=7 * 86_400.0, ge=1.0)
     #: How long seeds sent to trove.seeds are kept (TROVE_SEEDS).

@@ -42,6 +42,7 @@ from nats.js.api import (
     KeyValueConfig,
     RetentionPolicy,
     StorageType,
+    StoreCompression,
     StreamConfig,
 )
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
@@ -95,6 +96,9 @@ class TopologyOptions:
     replicas: int = 1
     #: How long the event record is kept; 0 keeps it forever (the default: it is the record).
     events_max_age: float = 0.0
+    #: Whether the event record's finished blocks are S2-compressed on disk (a record
+    #: kept for ever is the largest thing Trove stores; JSON events shrink several-fold).
+    events_compression: bool = True
     #: How long deferred fetch work may wait in TROVE_WORK.
     work_max_age: float = 7 * DAY
     seeds_max_age: float = 30 * DAY
@@ -117,6 +121,7 @@ class TopologyOptions:
         return cls(
             replicas=settings.replicas,
             events_max_age=settings.events_max_age_seconds,
+            events_compression=settings.events_compression == "s2",
             work_max_age=settings.work_max_age_seconds,
             seeds_max_age=settings.seeds_max_age_seconds,
             dead_max_age=settings.dead_max_age_seconds,
@@ -171,6 +176,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             max_age=opts.events_max_age,
             max_msg_size=opts.max_message_bytes,
             duplicate_window=_window(600.0, opts.events_max_age),
+            compression=StoreCompression.S2 if opts.events_compression else StoreCompression.NONE,
             allow_msg_schedules=True,
             # The server turns rollups on for schedules; saying so keeps reconcile quiet.
             allow_rollup_hdrs=True,
@@ -380,7 +386,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
                 raise
             info = await js.stream_info(config.name)
     if reconcile and _differs(info.config, config):
-        await js.update_stream(config)
+        await js.update_stream(_merged(info.config, config))
         log.info("reconciled stream %s", config.name)
 
 
@@ -430,6 +436,16 @@ async def _ensure_consumer(
         # a filter change on an existing durable is editable since nats-server 2.10.
         await js.add_consumer(stream, config)
         log.info("reconciled consumer %s on %s", config.durable_name, stream)
+
+
+def _merged(current: StreamConfig, wanted: StreamConfig) -> StreamConfig:
+    """The server's config with the fields Trove sets replaced by the wanted values.
+
+    An update replaces a stream's whole config, so sending only Trove's fields would
+    reset what an operator set that Trove does not manage (``max_bytes``, placement,
+    metadata) to the server's defaults on every reconcile.
+    """
+    return replace(current, **{k: v for k, v in vars(wanted).items() if v is not None})
 
 
 def _differs(current: Any, wanted: Any) -> bool:
