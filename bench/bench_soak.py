@@ -6,9 +6,10 @@ server that answers their names with a ``--dns-ttl`` TTL (the fetcher resolves t
 it, ``TROVE_DNS_NAMESERVERS``, not through ``TROVE_RESOLVE``), runs discovery, the
 recorder and one fetcher as real processes (``trove_cli.local.LocalTrove``) and seeds
 every home page. Time is scaled: a page is re-crawled ``--recrawl`` seconds after it was
-fetched, robots.txt is read again every ``--robots-ttl`` seconds, the politeness gap
-is ``--gap`` seconds, so a few minutes hold many crawl cycles of every host, each with
-new robots fetches, DNS answers that expired, new connections, new events and rows.
+fetched (every interval pinned to it, however rarely a page changes), robots.txt is
+read again every ``--robots-ttl`` seconds, the politeness gap is ``--gap`` seconds, so
+a few minutes hold many crawl cycles of every host, each with new robots fetches, DNS
+answers that expired, new connections, new events and rows.
 
 Every ``--sample`` seconds it reads the resident memory (``VmRSS``) of every service
 process, nats-server and Postgres (the postmaster and its backends, summed), and at
@@ -186,6 +187,10 @@ async def _soak(
         "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(args.gap),
         "TROVE_RECRAWL_AFTER_SECONDS": str(args.recrawl),
+        # Every cycle at the same interval: the schedule would otherwise stretch the
+        # interval of a page that never changes, and the run would see few cycles.
+        "TROVE_RECRAWL_MIN_SECONDS": str(args.recrawl),
+        "TROVE_RECRAWL_MAX_SECONDS": str(args.recrawl),
         "TROVE_ROBOTS_TTL_SECONDS": str(args.robots_ttl),
         "TROVE_LOG_LEVEL": "WARNING",
     }
