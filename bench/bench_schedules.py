@@ -27,19 +27,15 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import MIB, memory_mib
 from trove_schema.bus import Bus
 from trove_schema.events import ChangeHistory, CrawlRequested, RequestReason, Scope
 from trove_schema.topology import EVENTS_STREAM, declare, ensure_topology, page_schedule_subject
 from trove_stack.nats import EmbeddedNats, NatsConfig
 
-MIB = 1024 * 1024
 
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+def rss_bytes(pid: int) -> float:
+    return (memory_mib(pid, "VmRSS") or 0.0) * MIB
 
 
 def request(i: int, at: datetime) -> CrawlRequested:
