@@ -52,6 +52,41 @@ async def test_a_changed_consumer_config_is_reconciled(bus: Bus) -> None:
 
 
 @pytest.mark.usefixtures("clean")
+async def test_what_an_operator_set_on_a_durable_survives_its_owners_reconcile(bus: Bus) -> None:
+    # The create API replaces a durable's whole config, as an update does a stream's.
+    stream, config = declare().consumer(FETCHER)
+    await bus.js.add_consumer(
+        stream, replace(config, metadata={"team": "search"}, sample_freq="25%")
+    )
+
+    await ensure_topology(
+        bus.js, declare(TopologyOptions(fetcher_max_ack_pending=1234)), owner="fetcher"
+    )
+
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert after.max_ack_pending == 1234
+    assert (after.metadata or {}).get("team") == "search"
+    assert after.sample_freq == "25%"
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_durable_made_with_one_filter_is_reconciled_to_the_declared_list(bus: Bus) -> None:
+    # An older release's durable read one subject; this one's reads several.
+    stream, config = declare().consumer(FETCHER)
+    assert config.filter_subjects
+    await bus.js.delete_consumer(stream, FETCHER)
+    await bus.js.add_consumer(
+        stream, replace(config, filter_subjects=None, filter_subject=config.filter_subjects[0])
+    )
+
+    await ensure_topology(bus.js, declare(), owner="fetcher")
+
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert sorted(after.filter_subjects or []) == sorted(config.filter_subjects)
+    assert not after.filter_subject
+
+
+@pytest.mark.usefixtures("clean")
 async def test_many_pods_reconciling_at_once_all_succeed(bus: Bus) -> None:
     top = declare()
     for stream, consumer in top.consumers:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -434,18 +434,29 @@ async def _ensure_consumer(
     if reconcile and _differs(info.config, config):
         # The create API updates a durable in place when only editable fields changed;
         # a filter change on an existing durable is editable since nats-server 2.10.
-        await js.add_consumer(stream, config)
+        await js.add_consumer(stream, _merged(info.config, config))
         log.info("reconciled consumer %s on %s", config.durable_name, stream)
 
 
-def _merged(current: StreamConfig, wanted: StreamConfig) -> StreamConfig:
+_Config = TypeVar("_Config", StreamConfig, ConsumerConfig)
+
+
+def _merged(current: _Config, wanted: _Config) -> _Config:
     """The server's config with the fields Trove sets replaced by the wanted values.
 
-    An update replaces a stream's whole config, so sending only Trove's fields would
-    reset what an operator set that Trove does not manage (``max_bytes``, placement,
-    metadata) to the server's defaults on every reconcile.
+    An update replaces a stream's or a durable's whole config, so sending only Trove's
+    fields would reset what an operator set that Trove does not manage (a stream's
+    ``max_bytes``, placement, metadata; a durable's metadata, ``inactive_threshold``,
+    ``sample_freq``) to the server's defaults on every reconcile.
     """
-    return replace(current, **{k: v for k, v in vars(wanted).items() if v is not None})
+    fields = {k: v for k, v in vars(wanted).items() if v is not None}
+    # A durable has one filter or a list of them, never both: the wanted one replaces
+    # whichever the server holds.
+    if "filter_subject" in fields:
+        fields["filter_subjects"] = None
+    elif "filter_subjects" in fields:
+        fields["filter_subject"] = None
+    return replace(current, **fields)
 
 
 def _differs(current: Any, wanted: Any) -> bool:
