@@ -1,4 +1,5 @@
-"""Audit retention: expired attempts leave in batches, their tags with them."""
+"""Retention: expired attempts leave in batches, their tags with them; the ids of applied
+events leave once the record can no longer deliver them again."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.conftest import StackUrls, eventually
 from tests.recorder.test_projections import POLICY, completed, rows
 from tests.support import services
 from trove_recorder.projections import apply_batch
-from trove_recorder.retention import Retention, prune, run_retention
+from trove_recorder.retention import Retention, prune, prune_applied, run_retention
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, Scope
 
@@ -117,3 +118,59 @@ async def test_the_recorder_process_prunes_the_audit(
         )
     kept = await rows(engine, "SELECT url FROM fetcher_attempts ORDER BY url")
     assert [r.url for r in kept] == [f"https://blog.example/{n}" for n in range(5, 8)]
+
+
+async def applied_ids(engine: AsyncEngine) -> int:
+    (row,) = await rows(engine, "SELECT count(*) AS n FROM projected_events")
+    return int(row.n)
+
+
+async def test_the_ids_of_applied_events_leave_after_their_window_and_nothing_else(
+    engine: AsyncEngine,
+) -> None:
+    at = datetime.now(UTC)
+    sessions = async_sessionmaker(engine)
+    async with sessions.begin() as session:
+        await apply_batch(session, [attempt(n, at) for n in range(10)], POLICY)
+    assert await applied_ids(engine) == 10
+
+    forever = Retention(window=timedelta(days=90), batch=4)
+    assert await prune_applied(sessions, forever, now=lambda: at + timedelta(days=3650)) == 0
+    kept = Retention(window=timedelta(days=90), applied_window=timedelta(days=60), batch=4)
+    assert await prune_applied(sessions, kept, now=lambda: at + timedelta(days=59)) == 0
+    assert await applied_ids(engine) == 10
+
+    assert await prune_applied(sessions, kept, now=lambda: at + timedelta(days=61)) == 10
+
+    assert await applied_ids(engine) == 0
+    (crawls,) = await rows(engine, "SELECT count(*) AS n FROM page_crawls")
+    (pages,) = await rows(engine, "SELECT count(*) AS n FROM pages")
+    assert (crawls.n, pages.n) == (10, 10)
+    assert (await audited(engine))[0] == 10
+
+
+async def test_a_recorder_whose_record_has_a_retention_lets_the_applied_ids_go_after_it(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    # The record kept 2 s: the ids stay 4 s, twice that, then leave; the pages stay.
+    env = {
+        "TROVE_EVENTS_MAX_AGE_SECONDS": "2",
+        "TROVE_RETRY_DELAY_SECONDS": "1",
+        "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": "0.2",
+    }
+    now = datetime.now(UTC)
+    async with services(stack, state_dir, env, only=("recorder",)):
+        for n in range(5):
+            await bus.publish(attempt(n, now))
+
+        async def crawls() -> int:
+            (row,) = await rows(engine, "SELECT count(*) AS n FROM page_crawls")
+            return int(row.n)
+
+        await eventually(crawls, until=lambda n: n == 5, timeout=30, what="projected")
+        assert await applied_ids(engine) == 5  # kept while the record may redeliver
+        await eventually(
+            lambda: applied_ids(engine), until=lambda n: n == 0, timeout=30, what="ids left"
+        )
+    (pages,) = await rows(engine, "SELECT count(*) AS n FROM pages")
+    assert pages.n == 5

@@ -190,6 +190,11 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
         )
         retention = Retention(
             window=timedelta(seconds=settings.audit_retention_seconds),
+            applied_window=(
+                timedelta(seconds=2 * settings.events_max_age_seconds)
+                if settings.events_max_age_seconds
+                else None
+            ),
             batch=settings.audit_prune_batch,
             interval=settings.audit_prune_interval_seconds,
         )

@@ -68,6 +68,12 @@ _MARK_RECORDED_RETRIES = text(
 )
 
 
+#: The ids of applied events leave with the record's retention; the pages stay.
+_HAS_PROJECTIONS = text(
+    "SELECT EXISTS (SELECT 1 FROM pages) OR EXISTS (SELECT 1 FROM projected_events)"
+)
+
+
 class NotEmpty(TroveError):
     """The target database already holds projections; replay refuses to mix them."""
 
@@ -101,7 +107,7 @@ async def replay(
                 await conn.execute(
                     text(f"TRUNCATE {', '.join(PROJECTION_TABLES)} RESTART IDENTITY CASCADE")
                 )
-            elif (await conn.execute(text("SELECT count(*) FROM projected_events"))).scalar_one():
+            elif (await conn.execute(_HAS_PROJECTIONS)).scalar_one():
                 raise NotEmpty("the database already has projections: use --truncate")
         subjects = {
             SEED_REJECTED,

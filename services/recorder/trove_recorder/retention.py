@@ -1,10 +1,19 @@
-"""Audit retention: attempts older than the window are deleted, a batch at a time.
+"""Retention: the audit's old attempts, and the ids of events the record no longer holds.
 
 The audit (``fetcher_attempts`` and its tags in ``attempt_heuristics``) grows with
 every request; the event record keeps what it needs for a replay. Each step deletes
 at most ``batch`` of the oldest expired attempts, and their tags, in a transaction of
 its own, so pruning a backlog never holds locks long nor fills the WAL at once, and
 the live projection's inserts go on between batches.
+
+``projected_events`` (the ids of applied events, which make a redelivery harmless)
+grows by one row an event. A copy of an event can be delivered only while the record
+holds it, so once ``TROVE_EVENTS`` has a retention, the ids leave the same way, a batch
+at a time, after twice the record's age. A copy stored before the first projection
+leaves the record within one age of it; one stored after it (a producer's retry after
+a lost PubAck, the outbox's re-send after a crash: moments later) is still caught
+while it was stored within one age of it. With no retention the record, and so the
+ids, are kept for ever.
 
 Time is a seam: ``now`` is injected, so a test runs "90 days" in seconds.
 """
@@ -28,12 +37,20 @@ _DELETE = text(
     "WHERE attempted_at < :cutoff ORDER BY attempted_at LIMIT :batch) RETURNING id"
 )
 _DELETE_TAGS = text("DELETE FROM attempt_heuristics WHERE attempt_id = ANY(CAST(:ids AS bigint[]))")
+# Any expired ids, not the oldest: an ORDER BY would sort the whole backlog each batch.
+_DELETE_APPLIED = text(
+    "DELETE FROM projected_events WHERE event_id IN (SELECT event_id FROM projected_events "
+    "WHERE projected_at < :cutoff LIMIT :batch) RETURNING event_id"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Retention:
     #: How long an attempt stays in the audit.
     window: timedelta
+    #: How long the ids of applied events are kept: twice the record's age (see the
+    #: module); None while the record is kept for ever.
+    applied_window: timedelta | None = None
     #: Rows deleted per statement.
     batch: int = 5_000
     #: Time between passes.
@@ -68,6 +85,27 @@ async def prune(
             return deleted
 
 
+async def prune_applied(
+    sessions: async_sessionmaker[AsyncSession],
+    retention: Retention,
+    now: Callable[[], datetime] = _utcnow,
+) -> int:
+    """Delete the ids of applied events older than ``applied_window``; how many left."""
+    if retention.applied_window is None:
+        return 0
+    cutoff = now() - retention.applied_window
+    deleted = 0
+    while True:
+        async with sessions.begin() as session:
+            result = await session.execute(
+                _DELETE_APPLIED, {"cutoff": cutoff, "batch": retention.batch}
+            )
+            count = len(result.all())
+        deleted += count
+        if count < retention.batch:
+            return deleted
+
+
 async def run_retention(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
@@ -78,9 +116,10 @@ async def run_retention(
     while not stop.is_set():
         try:
             batches = await prune(sessions, retention, now)
+            applied = await prune_applied(sessions, retention, now)
         except Exception as exc:
             # The database away: the next pass catches up, nothing is lost by waiting.
-            log.warning("audit retention: %s", exc)
+            log.warning("retention: %s", exc)
         else:
             if batches:
                 log.info(
@@ -88,5 +127,7 @@ async def run_retention(
                     sum(batches),
                     extra={"batches": len(batches)},
                 )
+            if applied:
+                log.info("retention deleted %d ids of events the record no longer holds", applied)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=retention.interval)
