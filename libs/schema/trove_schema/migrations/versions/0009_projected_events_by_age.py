@@ -2,7 +2,8 @@
 
 When the record has a retention (``TROVE_EVENTS_MAX_AGE_SECONDS``), the recorder deletes
 the ids of events the record can no longer deliver again; the index finds them without a
-scan of every id ever applied.
+scan of every id ever applied. Building it reads the table once, with no sort; the
+recorder's inserts wait for that read (they are retried, nothing is lost).
 
 Revision ID: 0009
 Revises: 0008
