@@ -263,11 +263,9 @@ class ProjectedEvent(Base):
     """
 
     __tablename__ = "projected_events"
-    # BRIN: ids arrive in time order, so finding the expired ones reads a few block
-    # ranges, with an index of a few pages where a b-tree would add a quarter to the table.
-    __table_args__ = (
-        Index("ix_projected_events_projected_at", "projected_at", postgresql_using="brin"),
-    )
+    # A b-tree, not BRIN: once ids leave, new rows refill the pages they left, and a BRIN
+    # range's summary only widens, so the retention's scan would come to read the table.
+    __table_args__ = (Index("ix_projected_events_projected_at", "projected_at"),)
 
     event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     event_type: Mapped[str] = mapped_column(String(40), nullable=False)

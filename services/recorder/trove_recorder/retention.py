@@ -37,7 +37,6 @@ _DELETE = text(
     "WHERE attempted_at < :cutoff ORDER BY attempted_at LIMIT :batch) RETURNING id"
 )
 _DELETE_TAGS = text("DELETE FROM attempt_heuristics WHERE attempt_id = ANY(CAST(:ids AS bigint[]))")
-# Any expired ids, not the oldest: an ORDER BY would sort the whole backlog each batch.
 _DELETE_APPLIED = text(
     "DELETE FROM projected_events WHERE event_id IN (SELECT event_id FROM projected_events "
     "WHERE projected_at < :cutoff LIMIT :batch) RETURNING event_id"

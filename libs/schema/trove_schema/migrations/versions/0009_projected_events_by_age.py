@@ -1,9 +1,10 @@
-"""projected_events: a BRIN index on projected_at, for the retention of applied ids
+"""projected_events: an index on projected_at, for the retention of applied ids
 
 When the record has a retention (``TROVE_EVENTS_MAX_AGE_SECONDS``), the recorder deletes
 the ids of events the record can no longer deliver again; the index finds them without a
-scan of every id ever applied. Building it reads the table once, with no sort; the
-recorder's inserts wait for that read (they are retried, nothing is lost).
+scan of every id ever applied. Building it reads and sorts the table's timestamps once
+(1.2 s for 4 million ids here); the recorder's inserts wait for it, retried, and nothing
+is lost.
 
 Revision ID: 0009
 Revises: 0008
@@ -26,7 +27,6 @@ def upgrade() -> None:
         "projected_events",
         ["projected_at"],
         unique=False,
-        postgresql_using="brin",
     )
 
 
