@@ -17,6 +17,7 @@ from trove_recorder.projections import apply_batch
 from trove_recorder.retention import Retention, prune, prune_applied, run_retention
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, Scope
+from trove_schema.settings import RecorderSettings
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -174,3 +175,12 @@ async def test_a_recorder_whose_record_has_a_retention_lets_the_applied_ids_go_a
         )
     (pages,) = await rows(engine, "SELECT count(*) AS n FROM pages")
     assert pages.n == 5
+
+
+def test_the_applied_ids_are_kept_twice_the_records_age_and_for_ever_without_one() -> None:
+    kept = Retention.from_settings(
+        RecorderSettings(events_max_age_seconds=40 * 86_400, audit_retention_seconds=3600)
+    )
+    assert kept.applied_window == timedelta(days=80)
+    assert kept.window == timedelta(hours=1)
+    assert Retention.from_settings(RecorderSettings()).applied_window is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
 from sqlalchemy import select, update
@@ -188,16 +188,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             batch_size=settings.batch_size,
             linger=settings.batch_linger_seconds,
         )
-        retention = Retention(
-            window=timedelta(seconds=settings.audit_retention_seconds),
-            applied_window=(
-                timedelta(seconds=2 * settings.events_max_age_seconds)
-                if settings.events_max_age_seconds
-                else None
-            ),
-            batch=settings.audit_prune_batch,
-            interval=settings.audit_prune_interval_seconds,
-        )
+        retention = Retention.from_settings(settings)
         ready.set()
         await asyncio.gather(
             consumer.run(stop),

@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from trove_schema.settings import RecorderSettings
 
 log = logging.getLogger("trove.recorder")
 
@@ -55,9 +57,36 @@ class Retention:
     #: Time between passes.
     interval: float = 600.0
 
+    @classmethod
+    def from_settings(cls, settings: RecorderSettings) -> Retention:
+        max_age = settings.events_max_age_seconds
+        return cls(
+            window=timedelta(seconds=settings.audit_retention_seconds),
+            applied_window=timedelta(seconds=2 * max_age) if max_age else None,
+            batch=settings.audit_prune_batch,
+            interval=settings.audit_prune_interval_seconds,
+        )
+
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+async def _in_batches(
+    sessions: async_sessionmaker[AsyncSession],
+    batch: int,
+    step: Callable[[AsyncSession], Awaitable[int]],
+) -> list[int]:
+    """Run ``step`` (which deletes at most ``batch`` rows) a transaction at a time until
+    it deletes fewer; the rows each batch deleted."""
+    deleted: list[int] = []
+    while True:
+        async with sessions.begin() as session:
+            count = await step(session)
+        if count:
+            deleted.append(count)
+        if count < batch:
+            return deleted
 
 
 async def prune(
@@ -66,22 +95,15 @@ async def prune(
     now: Callable[[], datetime] = _utcnow,
 ) -> list[int]:
     """Delete every attempt older than the window; the rows each batch deleted."""
-    cutoff = now() - retention.window
-    deleted: list[int] = []
-    while True:
-        async with sessions.begin() as session:
-            ids = list(
-                (await session.execute(_DELETE, {"cutoff": cutoff, "batch": retention.batch}))
-                .scalars()
-                .all()
-            )
-            if ids:
-                await session.execute(_DELETE_TAGS, {"ids": ids})
-        count = len(ids)
-        if count:
-            deleted.append(count)
-        if count < retention.batch:
-            return deleted
+    params = {"cutoff": now() - retention.window, "batch": retention.batch}
+
+    async def step(session: AsyncSession) -> int:
+        ids = list((await session.execute(_DELETE, params)).scalars().all())
+        if ids:
+            await session.execute(_DELETE_TAGS, {"ids": ids})
+        return len(ids)
+
+    return await _in_batches(sessions, retention.batch, step)
 
 
 async def prune_applied(
@@ -92,17 +114,12 @@ async def prune_applied(
     """Delete the ids of applied events older than ``applied_window``; how many left."""
     if retention.applied_window is None:
         return 0
-    cutoff = now() - retention.applied_window
-    deleted = 0
-    while True:
-        async with sessions.begin() as session:
-            result = await session.execute(
-                _DELETE_APPLIED, {"cutoff": cutoff, "batch": retention.batch}
-            )
-            count = len(result.all())
-        deleted += count
-        if count < retention.batch:
-            return deleted
+    params = {"cutoff": now() - retention.applied_window, "batch": retention.batch}
+
+    async def step(session: AsyncSession) -> int:
+        return len((await session.execute(_DELETE_APPLIED, params)).all())
+
+    return sum(await _in_batches(sessions, retention.batch, step))
 
 
 async def run_retention(
