@@ -1,5 +1,6 @@
-"""Retention: expired attempts leave in batches, their tags with them; the ids of applied
-events leave once the record can no longer deliver them again."""
+"""Retention: expired attempts leave in batches, their tags with them; the crawl history's
+superseded attempts leave, and what a page's retries are counted from stays; the ids of
+applied events leave once the record can no longer deliver them again."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ from tests.conftest import StackUrls, eventually
 from tests.recorder.test_projections import POLICY, completed, rows
 from tests.support import services
 from trove_recorder.projections import apply_batch
-from trove_recorder.retention import Retention, prune, prune_applied, run_retention
+from trove_recorder.retention import (
+    HistoryCursor,
+    Retention,
+    prune,
+    prune_applied,
+    prune_crawls,
+    run_retention,
+)
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlCompleted, Scope
+from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
 from trove_schema.settings import RecorderSettings
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -121,6 +129,140 @@ async def test_the_recorder_process_prunes_the_audit(
     assert [r.url for r in kept] == [f"https://blog.example/{n}" for n in range(5, 8)]
 
 
+def crawl(path: str, outcome: CrawlOutcome, at: datetime) -> CrawlCompleted:
+    return completed(
+        outcome,
+        url=f"https://blog.example/{path}",
+        started_at=at - timedelta(milliseconds=50),
+        completed_at=at,
+        scope=Scope(value="blog.example"),
+    )
+
+
+async def history(engine: AsyncEngine) -> set[tuple[str, str, datetime]]:
+    found = await rows(
+        engine,
+        "SELECT p.url, c.outcome, c.completed_at FROM page_crawls c JOIN pages p "
+        "ON p.id = c.page_id",
+    )
+    return {(r.url.rsplit("/", 1)[1], r.outcome, r.completed_at) for r in found}
+
+
+async def test_the_crawl_history_loses_only_superseded_attempts_past_its_window(
+    engine: AsyncEngine,
+) -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def day(n: float) -> datetime:
+        return start + timedelta(days=n)
+
+    ok, fresh, timeout = CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED, CrawlOutcome.TIMEOUT
+    kept = [
+        ("a", fresh, day(10)),  # the page's newest success, old as it is
+        ("a", timeout, day(20)),  # the attempts after it: its retries count them
+        ("a", timeout, day(21)),
+        ("b", timeout, day(0.2)),  # never succeeded: every attempt counts
+        ("b", timeout, day(1.2)),
+        ("c", ok, day(50)),  # within the window
+        ("d", ok, day(40)),
+    ]
+    superseded = [
+        ("a", ok, day(0.1)),
+        ("c", ok, day(0.3)),
+        *[("d", ok, day(n + 0.5)) for n in range(1, 6)],
+    ]
+    sessions = async_sessionmaker(engine)
+    for row in sorted([*kept, *superseded], key=lambda r: r[2]):  # as they completed
+        async with sessions.begin() as session:
+            await apply_batch(session, [crawl(*row)], POLICY)
+    everything = await history(engine)
+    assert len(everything) == 14
+
+    forever = Retention(window=timedelta(days=90), batch=2)
+    assert await prune_crawls(sessions, forever, now=lambda: day(3650)) == 0
+    assert await history(engine) == everything
+
+    thirty = Retention(window=timedelta(days=90), crawl_window=timedelta(days=30), batch=2)
+    # Batches of two, in completion order, past the rows each page keeps (b's first
+    # attempt is older than anything deleted).
+    assert await prune_crawls(sessions, thirty, now=lambda: day(60)) == 7
+    assert await history(engine) == set(kept)
+    assert await prune_crawls(sessions, thirty, now=lambda: day(60)) == 0
+    (pages,) = await rows(engine, "SELECT count(*) AS n FROM pages")
+    assert pages.n == 4
+    assert (await audited(engine))[0] == 14  # the audit has its own window
+
+
+async def test_passes_go_on_from_the_last_and_start_over_once_a_day(engine: AsyncEngine) -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def day(n: float) -> datetime:
+        return start + timedelta(days=n)
+
+    sessions = async_sessionmaker(engine)
+
+    async def crawled(*attempts: tuple[str, CrawlOutcome, datetime]) -> None:
+        for row in attempts:
+            async with sessions.begin() as session:
+                await apply_batch(session, [crawl(*row)], POLICY)
+
+    failing = ("e", CrawlOutcome.TIMEOUT, day(0.5))
+    await crawled(failing, ("f", CrawlOutcome.SUCCESS, day(1)), ("f", CrawlOutcome.SUCCESS, day(2)))
+    retention = Retention(window=timedelta(days=90), crawl_window=timedelta(days=30), batch=10)
+    cursor = HistoryCursor()
+    assert await prune_crawls(sessions, retention, lambda: day(40), cursor) == 1  # f's first
+    assert cursor.after == day(1)
+
+    # e succeeds at last: its old timeout is superseded, behind where the passes go on.
+    await crawled(("e", CrawlOutcome.SUCCESS, day(39.9)))
+    assert await prune_crawls(sessions, retention, lambda: day(40.01), cursor) == 0
+    assert failing in await history(engine)
+    assert await prune_crawls(sessions, retention, lambda: day(41), cursor) == 1
+    assert failing not in await history(engine)
+
+
+async def test_a_recorder_with_a_crawl_history_retention_prunes_it(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    env = {
+        "TROVE_CRAWL_HISTORY_RETENTION_SECONDS": "3600",
+        "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": "0.2",
+        "TROVE_AUDIT_PRUNE_BATCH": "2",
+    }
+    sent = [
+        ("p", CrawlOutcome.SUCCESS, now - timedelta(hours=3)),
+        ("p", CrawlOutcome.SUCCESS, now - timedelta(hours=2)),
+        ("p", CrawlOutcome.TIMEOUT, now - timedelta(minutes=90)),
+        ("q", CrawlOutcome.SUCCESS, now - timedelta(hours=3)),
+        ("q", CrawlOutcome.SUCCESS, now - timedelta(hours=2, minutes=30)),
+        ("q", CrawlOutcome.SUCCESS, now),
+    ]
+    async with services(stack, state_dir, env, only=("recorder",)):
+        for n, row in enumerate(sent, start=1):  # one after another, as a crawl comes
+            await bus.publish(crawl(*row))
+            await eventually(
+                lambda: crawls_applied(engine),
+                until=lambda found, n=n: found == n,  # type: ignore[misc]
+                timeout=30,
+                what=f"crawl {n} projected",
+            )
+        await eventually(
+            lambda: history(engine),
+            until=lambda h: h == {sent[1], sent[2], sent[5]},
+            timeout=30,
+            what="the superseded attempts pruned",
+        )
+    assert await crawls_applied(engine) == 6  # every crawl was projected before its row left
+
+
+async def crawls_applied(engine: AsyncEngine) -> int:
+    (row,) = await rows(
+        engine, "SELECT count(*) AS n FROM projected_events WHERE event_type = 'CrawlCompleted'"
+    )
+    return int(row.n)
+
+
 async def applied_ids(engine: AsyncEngine) -> int:
     (row,) = await rows(engine, "SELECT count(*) AS n FROM projected_events")
     return int(row.n)
@@ -183,4 +325,11 @@ def test_the_applied_ids_are_kept_twice_the_records_age_and_for_ever_without_one
     )
     assert kept.applied_window == timedelta(days=80)
     assert kept.window == timedelta(hours=1)
-    assert Retention.from_settings(RecorderSettings()).applied_window is None
+    default = Retention.from_settings(RecorderSettings())
+    assert default.applied_window is None
+
+
+def test_the_crawl_history_is_kept_for_ever_unless_a_retention_is_set() -> None:
+    assert Retention.from_settings(RecorderSettings()).crawl_window is None
+    year = RecorderSettings(crawl_history_retention_seconds=365 * 86_400)
+    assert Retention.from_settings(year).crawl_window == timedelta(days=365)

@@ -246,9 +246,14 @@ class RecorderSettings(CommonSettings):
     page_id_cache: int = Field(default=200_000, ge=0)
     #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted.
     audit_retention_seconds: float = Field(default=90 * 86_400.0, gt=0.0)
-    #: Audit rows deleted per statement: short transactions, no long locks.
+    #: ``page_crawls`` rows (the crawl history) older than this are deleted, except each
+    #: page's newest success and the attempts after it, which its retries are counted
+    #: from; 0 keeps every attempt.
+    crawl_history_retention_seconds: float = Field(default=0.0, ge=0.0)
+    #: Rows deleted per statement, by every retention: short transactions, no long locks.
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
-    #: How often the recorder looks for expired audit rows.
+    #: How often the recorder looks for expired rows (the audit, the crawl history, the
+    #: ids of applied events).
     audit_prune_interval_seconds: float = Field(default=600.0, gt=0.0)
     #: Longest an idle recorder goes without looking at the outbox. Its own retries wake
     #: it at once; the look is for rows no pod was woken for (one that died between its

@@ -96,7 +96,12 @@ class Page(Base):
 
 
 class PageCrawl(Base):
-    """One row per fetch attempt, append-only: never updated after completion, never deleted."""
+    """One row per fetch attempt, append-only: never updated after completion.
+
+    Kept for ever unless ``TROVE_CRAWL_HISTORY_RETENTION_SECONDS`` is set; then the
+    recorder deletes the old attempts a later success of their page superseded (see its
+    ``retention``), found through the index on ``completed_at``.
+    """
 
     __tablename__ = "page_crawls"
 
@@ -123,6 +128,7 @@ class PageCrawl(Base):
     __table_args__ = (
         CheckConstraint(_in("outcome", CRAWL_OUTCOMES), name="outcome"),
         Index("ix_page_crawls_page_id_created_at", "page_id", text("created_at DESC")),
+        Index("ix_page_crawls_completed_at", "completed_at"),
     )
 
 

@@ -1,10 +1,21 @@
-"""Retention: the audit's old attempts, and the ids of events the record no longer holds.
+"""Retention: the audit's old attempts, the crawl history's, and the ids of events the
+record no longer holds.
 
 The audit (``fetcher_attempts`` and its tags in ``attempt_heuristics``) grows with
 every request; the event record keeps what it needs for a replay. Each step deletes
 at most ``batch`` of the oldest expired attempts, and their tags, in a transaction of
 its own, so pruning a backlog never holds locks long nor fills the WAL at once, and
 the live projection's inserts go on between batches.
+
+``page_crawls`` (the crawl history, a row an attempt) is kept for ever unless
+``TROVE_CRAWL_HISTORY_RETENTION_SECONDS`` says otherwise. Its retention deletes the
+attempts older than the window that completed before their page's ``fetched_at`` (a
+success of the page, the newest the projection applied as the page's newest attempt, so
+never later than its newest success). Each page keeps that success and every attempt
+after it, whatever their age, since the retry policy counts a page's attempts since its
+last success: the window can be any length without a retry more or less. Ages are the
+attempts' own (``completed_at``), which a replay writes again, not the time a row was
+projected.
 
 ``projected_events`` (the ids of applied events, which make a redelivery harmless)
 grows by one row an event. A copy of an event can be delivered only while the record
@@ -39,6 +50,20 @@ _DELETE = text(
     "WHERE attempted_at < :cutoff ORDER BY attempted_at LIMIT :batch) RETURNING id"
 )
 _DELETE_TAGS = text("DELETE FROM attempt_heuristics WHERE attempt_id = ANY(CAST(:ids AS bigint[]))")
+# A page's ``fetched_at`` is the completion of a success of it (its newest one applied in
+# order: never later than its newest), so what completed before it was superseded; a
+# primary-key probe a row instead of a scan of the page's history. In the order of
+# completion, from where the last batch stopped: the old rows pages keep are passed once
+# a pass, not again by every batch.
+_DELETE_CRAWLS = text(
+    "WITH expired AS (SELECT c.id, c.completed_at FROM page_crawls c "
+    "JOIN pages p ON p.id = c.page_id "
+    "WHERE c.completed_at < :cutoff AND c.completed_at >= :after "
+    "AND c.completed_at < p.fetched_at "
+    "ORDER BY c.completed_at LIMIT :batch) "
+    "DELETE FROM page_crawls d USING expired WHERE d.id = expired.id "
+    "RETURNING expired.completed_at"
+)
 _DELETE_APPLIED = text(
     "DELETE FROM projected_events WHERE event_id IN (SELECT event_id FROM projected_events "
     "WHERE projected_at < :cutoff LIMIT :batch) RETURNING event_id"
@@ -49,6 +74,8 @@ _DELETE_APPLIED = text(
 class Retention:
     #: How long an attempt stays in the audit.
     window: timedelta
+    #: How long a superseded attempt stays in the crawl history; None: for ever.
+    crawl_window: timedelta | None = None
     #: How long the ids of applied events are kept: twice the record's age (see the
     #: module); None while the record is kept for ever.
     applied_window: timedelta | None = None
@@ -60,8 +87,10 @@ class Retention:
     @classmethod
     def from_settings(cls, settings: RecorderSettings) -> Retention:
         max_age = settings.events_max_age_seconds
+        crawls = settings.crawl_history_retention_seconds
         return cls(
             window=timedelta(seconds=settings.audit_retention_seconds),
+            crawl_window=timedelta(seconds=crawls) if crawls else None,
             applied_window=timedelta(seconds=2 * max_age) if max_age else None,
             batch=settings.audit_prune_batch,
             interval=settings.audit_prune_interval_seconds,
@@ -106,6 +135,54 @@ async def prune(
     return await _in_batches(sessions, retention.batch, step)
 
 
+_OLDEST = datetime.min.replace(tzinfo=UTC)
+
+
+@dataclass(slots=True)
+class HistoryCursor:
+    """Where the crawl history's passes go on from, between passes of one recorder.
+
+    The old attempts pages keep (every attempt since a page's last success) would
+    otherwise be walked again by every pass, every ``interval``; a dead page keeps a few
+    each time a link brings it back. A kept attempt becomes superseded only when its page
+    succeeds again, behind the cursor, so a pass starts from the oldest row again once
+    every ``rescan``: such an attempt leaves within that time of its page's success.
+    """
+
+    rescan: timedelta = timedelta(days=1)
+    after: datetime = _OLDEST
+    rescanned_at: datetime | None = None
+
+
+async def prune_crawls(
+    sessions: async_sessionmaker[AsyncSession],
+    retention: Retention,
+    now: Callable[[], datetime] = _utcnow,
+    cursor: HistoryCursor | None = None,
+) -> int:
+    """Delete the superseded attempts older than ``crawl_window`` (from ``cursor`` on,
+    when one is given); how many left."""
+    if retention.crawl_window is None:
+        return 0
+    at = now()
+    resume = cursor or HistoryCursor()
+    if resume.rescanned_at is None or at - resume.rescanned_at >= resume.rescan:
+        resume.after, resume.rescanned_at = _OLDEST, at
+    params = {
+        "cutoff": at - retention.crawl_window,
+        "after": resume.after,
+        "batch": retention.batch,
+    }
+
+    async def step(session: AsyncSession) -> int:
+        ages = list((await session.execute(_DELETE_CRAWLS, params)).scalars().all())
+        if ages:
+            params["after"] = resume.after = max(ages)
+        return len(ages)
+
+    return sum(await _in_batches(sessions, retention.batch, step))
+
+
 async def prune_applied(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
@@ -129,9 +206,11 @@ async def run_retention(
     now: Callable[[], datetime] = _utcnow,
 ) -> None:
     """Prune every ``interval`` until ``stop``; a failed pass is logged and tried again."""
+    cursor = HistoryCursor()
     while not stop.is_set():
         try:
             batches = await prune(sessions, retention, now)
+            crawls = await prune_crawls(sessions, retention, now, cursor)
             applied = await prune_applied(sessions, retention, now)
         except Exception as exc:
             # The database away: the next pass catches up, nothing is lost by waiting.
@@ -143,6 +222,8 @@ async def run_retention(
                     sum(batches),
                     extra={"batches": len(batches)},
                 )
+            if crawls:
+                log.info("retention deleted %d superseded attempts of the crawl history", crawls)
             if applied:
                 log.info("retention deleted %d ids of events the record no longer holds", applied)
         with contextlib.suppress(TimeoutError):
