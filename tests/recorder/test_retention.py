@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls, eventually
@@ -21,11 +22,14 @@ from trove_recorder.retention import (
     prune,
     prune_applied,
     prune_crawls,
+    prune_published,
     run_retention,
 )
+from trove_recorder.retries import RetryPolicy, retry_request
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
+from trove_schema.events import CrawlCompleted, CrawlOutcome, CrawlRequested, Scope, decode_event
 from trove_schema.settings import RecorderSettings
+from trove_schema.topology import EVENTS_STREAM, page_schedule_subject
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -261,6 +265,68 @@ async def crawls_applied(engine: AsyncEngine) -> int:
         engine, "SELECT count(*) AS n FROM projected_events WHERE event_type = 'CrawlCompleted'"
     )
     return int(row.n)
+
+
+async def outbox(engine: AsyncEngine) -> list[tuple[str, bool]]:
+    found = await rows(
+        engine,
+        "SELECT subject, published_at IS NOT NULL AS sent FROM outbox ORDER BY subject",
+    )
+    return [(r.subject, r.sent) for r in found]
+
+
+async def test_published_outbox_rows_leave_after_a_day_and_pending_ones_never(
+    engine: AsyncEngine,
+) -> None:
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    rows_ = [
+        *[(f"old-{n}", now - timedelta(days=2)) for n in range(3)],
+        *[(f"recent-{n}", now - timedelta(hours=1)) for n in range(2)],
+        *[(f"pending-{n}", None) for n in range(2)],
+    ]
+    async with engine.begin() as conn:
+        for subject, published in rows_:
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, created_at, published_at) "
+                    "VALUES (gen_random_uuid(), :subject, '\\x7b7d', :created, :published)"
+                ),
+                {"subject": subject, "created": now - timedelta(days=10), "published": published},
+            )
+    sessions = async_sessionmaker(engine)
+    retention = Retention(window=timedelta(days=90), batch=2)
+    assert await prune_published(sessions, retention, now=lambda: now) == 3
+    assert await outbox(engine) == [
+        ("pending-0", False),
+        ("pending-1", False),
+        ("recent-0", True),
+        ("recent-1", True),
+    ]
+    assert await prune_published(sessions, retention, now=lambda: now + timedelta(days=2)) == 2
+
+
+async def test_the_recorder_lets_a_published_retry_go_and_keeps_it_in_the_record(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    env = {"TROVE_RETRY_DELAY_SECONDS": "3600", "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": "0.2"}
+    failed = crawl("down", CrawlOutcome.TIMEOUT, datetime.now(UTC))
+    async with services(stack, state_dir, env, only=("recorder",)):
+        await bus.publish(failed)
+        await eventually(
+            lambda: outbox(engine),
+            until=lambda found: found == [(CrawlRequested.SUBJECT, True)],
+            timeout=30,
+            what="the retry published",
+        )
+        # A day on, as far as the row can tell.
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE outbox SET published_at = now() - interval '25 hours'"))
+        await eventually(
+            lambda: outbox(engine), until=lambda found: found == [], timeout=30, what="row gone"
+        )
+    retry = retry_request(failed, 1, RetryPolicy(delay_seconds=3600))
+    message = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(failed.url))
+    assert decode_event(message.data or b"").id == retry.id  # the retry, waiting in the record
 
 
 async def applied_ids(engine: AsyncEngine) -> int:

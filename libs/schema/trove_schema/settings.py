@@ -253,7 +253,7 @@ class RecorderSettings(CommonSettings):
     #: Rows deleted per statement, by every retention: short transactions, no long locks.
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
     #: How often the recorder looks for expired rows (the audit, the crawl history, the
-    #: ids of applied events).
+    #: outbox's published rows, the ids of applied events).
     audit_prune_interval_seconds: float = Field(default=600.0, gt=0.0)
     #: Longest an idle recorder goes without looking at the outbox. Its own retries wake
     #: it at once; the look is for rows no pod was woken for (one that died between its

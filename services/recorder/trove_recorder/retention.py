@@ -1,5 +1,5 @@
-"""Retention: the audit's old attempts, the crawl history's, and the ids of events the
-record no longer holds.
+"""Retention: the audit's old attempts, the crawl history's, the outbox's published rows,
+and the ids of events the record no longer holds.
 
 The audit (``fetcher_attempts`` and its tags in ``attempt_heuristics``) grows with
 every request; the event record keeps what it needs for a replay. Each step deletes
@@ -16,6 +16,11 @@ after it, whatever their age, since the retry policy counts a page's attempts si
 last success: the window can be any length without a retry more or less. Ages are the
 attempts' own (``completed_at``), which a replay writes again, not the time a row was
 projected.
+
+An ``outbox`` row (a retry to publish) has done its work once published: the retry is
+in the record from then on, and nothing reads the row again (a replay decides the
+retries again from the attempts). Published rows leave a day after, a row a retry
+otherwise kept for ever.
 
 ``projected_events`` (the ids of applied events, which make a redelivery harmless)
 grows by one row an event. A copy of an event can be delivered only while the record
@@ -38,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from trove_schema.settings import RecorderSettings
@@ -64,6 +69,10 @@ _DELETE_CRAWLS = text(
     "DELETE FROM page_crawls d USING expired WHERE d.id = expired.id "
     "RETURNING expired.completed_at"
 )
+_DELETE_PUBLISHED = text(
+    "DELETE FROM outbox WHERE event_id IN (SELECT event_id FROM outbox "
+    "WHERE published_at < :cutoff LIMIT :batch) RETURNING event_id"
+)
 _DELETE_APPLIED = text(
     "DELETE FROM projected_events WHERE event_id IN (SELECT event_id FROM projected_events "
     "WHERE projected_at < :cutoff LIMIT :batch) RETURNING event_id"
@@ -76,6 +85,8 @@ class Retention:
     window: timedelta
     #: How long a superseded attempt stays in the crawl history; None: for ever.
     crawl_window: timedelta | None = None
+    #: How long a published outbox row stays, for an operator's look.
+    published_window: timedelta = timedelta(days=1)
     #: How long the ids of applied events are kept: twice the record's age (see the
     #: module); None while the record is kept for ever.
     applied_window: timedelta | None = None
@@ -183,6 +194,16 @@ async def prune_crawls(
     return sum(await _in_batches(sessions, retention.batch, step))
 
 
+async def prune_published(
+    sessions: async_sessionmaker[AsyncSession],
+    retention: Retention,
+    now: Callable[[], datetime] = _utcnow,
+) -> int:
+    """Delete the outbox rows published longer than ``published_window`` ago; how many."""
+    cutoff = now() - retention.published_window
+    return await _delete_before(sessions, _DELETE_PUBLISHED, cutoff, retention.batch)
+
+
 async def prune_applied(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
@@ -191,12 +212,21 @@ async def prune_applied(
     """Delete the ids of applied events older than ``applied_window``; how many left."""
     if retention.applied_window is None:
         return 0
-    params = {"cutoff": now() - retention.applied_window, "batch": retention.batch}
+    cutoff = now() - retention.applied_window
+    return await _delete_before(sessions, _DELETE_APPLIED, cutoff, retention.batch)
+
+
+async def _delete_before(
+    sessions: async_sessionmaker[AsyncSession], statement: TextClause, cutoff: datetime, batch: int
+) -> int:
+    """Run ``statement`` (which deletes at most ``batch`` rows older than ``cutoff``) until
+    none is left; how many it deleted."""
+    params = {"cutoff": cutoff, "batch": batch}
 
     async def step(session: AsyncSession) -> int:
-        return len((await session.execute(_DELETE_APPLIED, params)).all())
+        return len((await session.execute(statement, params)).all())
 
-    return sum(await _in_batches(sessions, retention.batch, step))
+    return sum(await _in_batches(sessions, batch, step))
 
 
 async def run_retention(
@@ -211,6 +241,7 @@ async def run_retention(
         try:
             batches = await prune(sessions, retention, now)
             crawls = await prune_crawls(sessions, retention, now, cursor)
+            published = await prune_published(sessions, retention, now)
             applied = await prune_applied(sessions, retention, now)
         except Exception as exc:
             # The database away: the next pass catches up, nothing is lost by waiting.
@@ -224,6 +255,8 @@ async def run_retention(
                 )
             if crawls:
                 log.info("retention deleted %d superseded attempts of the crawl history", crawls)
+            if published:
+                log.info("retention deleted %d published outbox rows", published)
             if applied:
                 log.info("retention deleted %d ids of events the record no longer holds", applied)
         with contextlib.suppress(TimeoutError):
