@@ -247,8 +247,8 @@ class RecorderSettings(CommonSettings):
     #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted.
     audit_retention_seconds: float = Field(default=90 * 86_400.0, gt=0.0)
     #: ``page_crawls`` rows (the crawl history) older than this are deleted, except each
-    #: page's newest success and the attempts after it, which its retries are counted
-    #: from; 0 keeps every attempt.
+    #: page's last success the projection applied and the attempts after it, which its
+    #: retries are counted from; 0 keeps every attempt.
     crawl_history_retention_seconds: float = Field(default=0.0, ge=0.0)
     #: Rows deleted per statement, by every retention: short transactions, no long locks.
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)

@@ -19,8 +19,8 @@ projected.
 
 An ``outbox`` row (a retry to publish) has done its work once published: the retry is
 in the record from then on, and nothing reads the row again (a replay decides the
-retries again from the attempts). Published rows leave a day after, a row a retry
-otherwise kept for ever.
+retries again from the attempts). Published rows leave a day later: otherwise every
+retry would keep a row for ever.
 
 ``projected_events`` (the ids of applied events, which make a redelivery harmless)
 grows by one row an event. A copy of an event can be delivered only while the record
