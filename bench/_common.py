@@ -40,6 +40,22 @@ MIB = 1024 * 1024
 # --- the stack ----------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def migrated_database() -> Iterator[str]:
+    """A scratch Postgres from the embedded stack, migrated to the head; its URL."""
+    import tempfile
+
+    from trove_schema.migrate import upgrade
+    from trove_stack.stack import Stack
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Stack(state_dir=Path(tmp) / "stack", fast_and_unsafe=True) as stack,
+    ):
+        upgrade(stack.database_url)
+        yield stack.database_url
+
+
 async def reset(bus: Bus, engine: AsyncEngine) -> None:
     """An empty crawl (see trove_stack.reset). Run it while no service is connected."""
     await reset_stack(bus.js, engine)

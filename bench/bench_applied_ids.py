@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -35,9 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
+from bench._common import migrated_database
 from trove_recorder.retention import Retention, prune_applied
-from trove_schema.migrate import upgrade
-from trove_stack.stack import Stack
 
 INDEX = "ix_projected_events_projected_at"
 WINDOW = timedelta(days=60)
@@ -130,17 +128,12 @@ def main() -> None:
     parser.add_argument("--ids", type=int, default=1_000_000)
     parser.add_argument("--months", type=int, default=4)
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Stack(state_dir=Path(tmp) / "stack", fast_and_unsafe=True) as stack,
-    ):
-        upgrade(stack.database_url)
+    with migrated_database() as url:
         results = {
-            kind: asyncio.run(one(stack.database_url, kind, args.ids, args.months))
-            for kind in ("btree", "brin")
+            kind: asyncio.run(one(url, kind, args.ids, args.months)) for kind in ("btree", "brin")
         }
         # Put Trove's index back as the migration made it.
-        asyncio.run(one(stack.database_url, "btree", 0, 0))
+        asyncio.run(one(url, "btree", 0, 0))
     print(f"\n{args.ids:,} ids over 120 days, then {args.ids // 4 // 30:,} a day; window 60 days\n")
     print(
         "| month | deleted | passes s (b-tree / BRIN) | blocks a lookup (b-tree / BRIN) "

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import re
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
+from bench._common import migrated_database
 from trove_recorder.retention import _DELETE_CRAWLS, HistoryCursor, Retention, prune_crawls
-from trove_schema.migrate import upgrade
-from trove_stack.stack import Stack
 
 INDEX = "ix_page_crawls_completed_at"
 WINDOW = timedelta(days=30)
@@ -153,13 +151,9 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=100_000)
     parser.add_argument("--days", type=int, default=120)
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Stack(state_dir=Path(tmp) / "stack", fast_and_unsafe=True) as stack,
-    ):
-        upgrade(stack.database_url)
-        with_index = asyncio.run(one(stack.database_url, True, args.pages, args.days))
-        without = asyncio.run(one(stack.database_url, False, args.pages, args.days))
+    with migrated_database() as url:
+        with_index = asyncio.run(one(url, True, args.pages, args.days))
+        without = asyncio.run(one(url, False, args.pages, args.days))
     w, o = with_index, without
     print(
         f"\n{args.pages:,} pages crawled weekly over {args.days} days ({w['rows']:,.0f} attempts, "
