@@ -15,11 +15,13 @@ Every ``--sample`` seconds it reads the resident memory (``VmRSS``) of every ser
 process, nats-server and Postgres (the postmaster and its backends, summed), and at
 the end prints, per process: RSS when the services were ready, after the first crawl
 cycle (the baseline: caches and pools are warm by then), at the end, the change from
-the baseline and the peak (``VmHWM``); then the pages fetched by outcome and the DNS
-queries the fetcher sent.
+the baseline and the peak (``VmHWM``); then the attempts kept by outcome, the DNS
+queries the fetcher sent, and the rows and size of the crawl history (``page_crawls``,
+kept ``--crawl-history`` seconds once superseded when that is set) and the database.
 
     .venv/bin/python bench/bench_soak.py [--minutes 4] [--hosts 300] [--pages 4]
         [--recrawl 60] [--robots-ttl 60] [--gap 1] [--dns-ttl 10] [--sample 15]
+        [--crawl-history 0]
 
 Loopback only; no assertion: it prints numbers. Not part of ``make test``.
 """
@@ -150,6 +152,20 @@ async def _outcomes(engine: AsyncEngine) -> Counter[str]:
     return Counter({str(r[0]): int(r[1]) for r in rows})
 
 
+async def _history(engine: AsyncEngine) -> tuple[int, float, float]:
+    """Rows in ``page_crawls``, its size and the database's (MB)."""
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM page_crawls), "
+                    "pg_total_relation_size('page_crawls'), pg_database_size(current_database())"
+                )
+            )
+        ).one()
+    return int(row[0]), row[1] / 1e6, row[2] / 1e6
+
+
 async def soak(args: argparse.Namespace) -> int:
     main_task = asyncio.current_task()
     assert main_task is not None
@@ -194,6 +210,9 @@ async def _soak(
         "TROVE_ROBOTS_TTL_SECONDS": str(args.robots_ttl),
         "TROVE_LOG_LEVEL": "WARNING",
     }
+    if args.crawl_history:
+        env["TROVE_CRAWL_HISTORY_RETENTION_SECONDS"] = str(args.crawl_history)
+        env["TROVE_AUDIT_PRUNE_INTERVAL_SECONDS"] = str(max(1.0, args.crawl_history / 4))
     bus = await Bus.connect(stack.nats_url, name="trove-soak")
     engine = create_async_engine(stack.database_url)
     local = LocalTrove(
@@ -233,9 +252,11 @@ async def _soak(
             if baseline is None and pages >= expected:
                 baseline = sample
             fetcher = sample.rss.get("fetcher-0", 0.0)
+            rows, _, database = await _history(engine)
             print(
                 f"  {sample.at:6.0f} s  {pages:6d} pages  fetcher {fetcher:6.1f} MiB  "
-                f"DNS queries {names.total()}",
+                f"DNS queries {names.total()}  page_crawls {rows} rows  "
+                f"database {database:.1f} MB",
                 flush=True,
             )
         final = Sample(
@@ -245,12 +266,15 @@ async def _soak(
         )
         peaks = _rss(groups, "VmHWM")
         outcomes = await _outcomes(engine)
+        rows, history_mb, database_mb = await _history(engine)
     finally:
         await asyncio.to_thread(local.stop)
         await engine.dispose()
         await bus.close()
     half = next((x for x in samples if x.at >= final.at / 2), final)
     _report(samples[0], baseline, half, final, peaks, outcomes, names.total())
+    kept = f" (kept {args.crawl_history:g} s once superseded)" if args.crawl_history else ""
+    print(f"page_crawls{kept}: {rows} rows, {history_mb:.1f} MB; the database {database_mb:.1f} MB")
     warnings = _log_warnings(local.state_dir / "logs")
     if warnings:
         print("\nLog warnings and errors:")
@@ -289,7 +313,7 @@ def _report(
     pages = final.pages
     rate = pages / final.at if final.at else 0.0
     print(f"\n{pages} pages fetched in {minutes:.1f} min ({rate:.1f}/s)")
-    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
+    print("attempts kept, by outcome: " + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
     per_page = dns_queries / pages if pages else 0.0
     print(f"DNS queries: {dns_queries} ({per_page:.2f} a page; A and AAAA count one each)")
 
@@ -307,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gap", type=float, default=1.0, help="politeness gap (s)")
     parser.add_argument("--dns-ttl", type=int, default=10, help="TTL of the DNS answers (s)")
     parser.add_argument("--sample", type=float, default=15.0, help="seconds between samples")
+    parser.add_argument(
+        "--crawl-history",
+        type=float,
+        default=0.0,
+        help="TROVE_CRAWL_HISTORY_RETENTION_SECONDS (0: every attempt kept)",
+    )
     return parser
 
 
