@@ -38,6 +38,13 @@ def test_settings_named_in_the_docs_are_known(doc: Path) -> None:
     assert names <= known_keys(), sorted(names - known_keys())
 
 
+def test_every_setting_is_described_under_settings() -> None:
+    text = (REPO / "docs" / "deploy.md").read_text("utf-8")
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"\bTROVE_[A-Z0-9_]*[A-Z0-9]\b", section))
+    assert known_keys() <= named, sorted(known_keys() - named)
+
+
 def test_resources_table_matches_the_manifests() -> None:
     text = (REPO / "docs" / "deploy.md").read_text("utf-8")
     manifests = rendered("base")

@@ -275,7 +275,7 @@ ALL_SETTINGS: tuple[type[CommonSettings], ...] = (
 )
 
 #: Keys read by the CLI and the test fixtures rather than by a service.
-OTHER_KEYS = frozenset({"TROVE_STACK", "TROVE_POSTGRES_BIN", "TROVE_TEST_STACK"})
+OTHER_KEYS = frozenset({"TROVE_POSTGRES_BIN", "TROVE_TEST_STACK"})
 
 
 def known_keys() -> frozenset[str]:
