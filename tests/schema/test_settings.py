@@ -51,3 +51,11 @@ def test_the_event_record_is_compressed_unless_the_recorder_is_told_not_to(
     monkeypatch.setenv("TROVE_EVENTS_COMPRESSION", "zstd")
     with pytest.raises(ValueError, match="'s2' or 'none'"):
         RecorderSettings()
+
+
+def test_a_robots_txt_is_obeyed_a_day_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RFC 9309 (2.4): a crawler should not use a cached robots.txt for more than a day.
+    assert FetcherSettings().robots_ttl_seconds == 86_400
+    monkeypatch.setenv("TROVE_ROBOTS_TTL_SECONDS", "172800")
+    with pytest.raises(ValueError, match="less than or equal to 86400"):
+        FetcherSettings()

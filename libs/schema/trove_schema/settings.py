@@ -204,7 +204,9 @@ class FetcherSettings(CommonSettings):
     request_timeout: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     max_redirects: int = Field(default=5, ge=0, le=20)
-    robots_ttl_seconds: float = Field(default=86_400.0, ge=60)
+    #: How long a robots.txt is obeyed before it is asked for again: a day at most, as
+    #: RFC 9309 (2.4) asks of a crawler's cache.
+    robots_ttl_seconds: float = Field(default=86_400.0, ge=1.0, le=86_400.0)
     robots_max_bytes: int = Field(default=512 * 1024, ge=1024)
     #: CIDRs the fetcher may connect to although private (tests, the local sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()

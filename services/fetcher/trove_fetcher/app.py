@@ -69,6 +69,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             limits=FetchLimits.from_settings(settings),
             robots_token=settings.robots_token,
             robots_max_bytes=settings.robots_max_bytes,
+            robots_ttl=settings.robots_ttl_seconds,
             work_max_age=settings.work_max_age_seconds,
             max_message_bytes=settings.max_message_bytes,
             ack_wait=settings.ack_wait_seconds,

@@ -51,7 +51,7 @@ from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import Deferred, Granted, Politeness
-from trove_fetcher.robots import RobotsPolicy, fetch_robots
+from trove_fetcher.robots import DEFAULT_TTL, RETRY_TTL, RobotsPolicy, fetch_robots
 from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
 from trove_fetcher.timeline import TimelinePoller
 from trove_schema.bus import (
@@ -167,6 +167,7 @@ class Fetcher:
         limits: FetchLimits,
         robots_token: str,
         robots_max_bytes: int,
+        robots_ttl: float = DEFAULT_TTL,
         work_max_age: float = 7 * 86_400.0,
         max_message_bytes: int = 1 << 20,
         ack_wait: float = 90.0,
@@ -180,6 +181,7 @@ class Fetcher:
         self.limits = limits
         self.robots_token = robots_token
         self.robots_max_bytes = robots_max_bytes
+        self.robots_ttl = robots_ttl
         self.horizon = horizon(work_max_age)
         self.budget = event_budget(max_message_bytes)
         self.parser = ThreadPoolExecutor(max_workers=parse_workers, thread_name_prefix="parse")
@@ -621,11 +623,13 @@ class Fetcher:
             return None  # an unreadable cache entry is a miss: fetch robots.txt again
         if policy.expired(time.time()):
             return None
-        self._remember(origin, policy, min(ROBOTS_LOCAL_TTL, policy.expires_in(time.time())))
+        self._remember(origin, policy)
         ROBOTS_CACHE.labels("shared").inc()
         return policy
 
-    def _remember(self, origin: str, policy: RobotsPolicy, ttl: float) -> None:
+    def _remember(self, origin: str, policy: RobotsPolicy) -> None:
+        # Never past the policy's own expiry: a pod obeys no robots.txt older than its TTL.
+        ttl = min(ROBOTS_LOCAL_TTL, policy.expires_in(time.time()))
         self._robots_local.put(origin, (time.monotonic() + ttl, policy), len(policy.body) + 256)
 
     async def _resume_robots(self, job: Job, payload: bytes, chain: Chain) -> RobotsPolicy | None:
@@ -655,6 +659,10 @@ class Fetcher:
                 self.client,
                 origin,
                 max_bytes=self.robots_max_bytes,
+                ttl=self.robots_ttl,
+                # An unreachable robots.txt is asked for again soon, and never later
+                # than a readable one would be.
+                retry_ttl=min(RETRY_TTL, self.robots_ttl),
                 total_timeout=self.limits.total_timeout,
                 before_hop=self._gate(hold),
                 resume=resume,
@@ -669,7 +677,7 @@ class Fetcher:
         gap = self.politeness.clamp_gap(policy.crawl_delay(self.robots_token) or 0.0)
         await self._release(hold, end, gap=gap)
         await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
-        self._remember(origin, policy, ROBOTS_LOCAL_TTL)
+        self._remember(origin, policy)
         return policy
 
     # followed timelines -----------------------------------------------------------
