@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trove_schema.settings import (
+    DiscoverySettings,
     FetcherSettings,
     RecorderSettings,
     UnknownSetting,
@@ -59,3 +60,14 @@ def test_a_robots_txt_is_obeyed_a_day_at_most(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("TROVE_ROBOTS_TTL_SECONDS", "172800")
     with pytest.raises(ValueError, match="less than or equal to 86400"):
         FetcherSettings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("TROVE_MAX_URL_LENGTH", "4096"), ("TROVE_MAX_LINKS_PER_PAGE", "2000")]
+)
+def test_discovery_takes_no_more_than_an_event_carries(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="less than or equal to"):
+        DiscoverySettings()

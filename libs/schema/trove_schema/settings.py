@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trove_schema.errors import TroveError
+from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH
 
 PREFIX = "TROVE_"
 
@@ -99,8 +100,10 @@ class DiscoverySettings(CommonSettings):
     max_depth: int = Field(default=5, ge=0, le=100)
     #: Most pages discovered per host in one cycle (a trap defence).
     host_page_budget: int = Field(default=10_000, ge=1)
-    max_links_per_page: int = Field(default=500, ge=0)
-    max_url_length: int = Field(default=2048, ge=64, le=8192)
+    # Neither can exceed what an event carries: a page's event holds at most
+    # MAX_LINKS_PER_PAGE links, and no event holds a longer URL than MAX_URL_LENGTH.
+    max_links_per_page: int = Field(default=500, ge=0, le=MAX_LINKS_PER_PAGE)
+    max_url_length: int = Field(default=MAX_URL_LENGTH, ge=64, le=MAX_URL_LENGTH)
     max_path_repetitions: int = Field(default=3, ge=1)
     follow_nofollow: bool = False
     #: URLs whose seen-bucket answer discovery remembers (~200 bytes each); 0 turns it off.
