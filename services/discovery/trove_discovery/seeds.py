@@ -28,7 +28,7 @@ from typing import Any
 from trove_discovery.errors import InvalidSeed, InvalidURL
 from trove_discovery.replies import MAX_RAW_LENGTH, Refused, reply_lines
 from trove_discovery.scope import pattern_error
-from trove_schema.events import MAX_URL_LENGTH, Provenance, Scope, ScopeKind
+from trove_schema.events import Provenance, Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
 from trove_schema.urls import (
     canonicalize,
@@ -118,7 +118,7 @@ def _build(
     candidates: list[object], options: _Options, *, origin: str, settings: DiscoverySettings
 ) -> SeedBatch:
     provenance = Provenance(kind="seed", origin=origin)
-    max_length = min(settings.max_url_length, MAX_URL_LENGTH)
+    max_length = settings.max_url_length
     accepted: list[SeedRequest] = []
     rejected: list[RejectedSeed] = []
     seen: set[str] = set()
