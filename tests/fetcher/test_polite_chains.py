@@ -160,23 +160,36 @@ async def test_a_robots_redirect_to_another_host_waits_for_that_hosts_gap(
     assert all(events[u].outcome.value == "success" for u in b_pages)
 
 
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Until the kernel has stopped ``pid`` (a signal is delivered after ``kill`` returns)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} not stopped within {timeout} s")
+        time.sleep(0.001)  # the poll interval of a wait with a deadline
+
+
 async def test_a_host_rests_from_when_its_answer_arrived_not_from_when_a_stalled_pod_read_it(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
-    # The first page's answer reaches the fetcher's socket, and then the fetcher stands
-    # still (SIGSTOP: a stalled event loop, a pod descheduled) for ``stall``. The host was
+    # The fetcher stands still (SIGSTOP: a stalled event loop, a pod descheduled) for
+    # ``stall``, and the first page's answer reaches its socket meanwhile. The host was
     # done when its answer arrived: its next request may go one gap after that.
     gap, stall = 3.0, 2.0
     fetcher: list[int] = []
     answered: list[tuple[float, float]] = []  # the first answer: before and after sending it
 
     def answer_then_stall(exchange: Exchange) -> None:
+        if not answered:
+            # Stopped before the answer is sent: stopped after, a fetcher on the other
+            # core could read it first, and would not have been late.
+            os.kill(fetcher[0], signal.SIGSTOP)
+            _wait_stopped(fetcher[0])
+            threading.Timer(stall, os.kill, (fetcher[0], signal.SIGCONT)).start()
         before = time.monotonic()
         exchange.send(200, b"<title>p</title><p>p</p>")
         if not answered:
             answered.append((before, time.monotonic()))
-            os.kill(fetcher[0], signal.SIGSTOP)
-            threading.Timer(stall, os.kill, (fetcher[0], signal.SIGCONT)).start()
 
     routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\nAllow: /\n")}
     routes |= {f"{A}/p/{n}": answer_then_stall for n in range(2)}
