@@ -201,6 +201,23 @@ async def test_static_entry_is_answered_without_a_dns_query(
     assert dns.asked("dns.trove.test") == before
 
 
+async def test_an_excluded_host_is_neither_looked_up_nor_connected(
+    recorder: RecordingBackend, dns: DnsServer, server: LocalServer
+) -> None:
+    settings = _settings(dns_nameservers=(dns.address,), excluded_hosts="trove.test")
+    before = dns.asked("dns.trove.test"), dns.asked("notrove.test")
+    async with build_client(settings, network_backend=recorder) as client:
+        for host in ("dns.trove.test", "DNS.Trove.Test.", "trove.test"):
+            with pytest.raises(BlockedAddress, match=r"excluded by the operator: trove\.test"):
+                await client.get(server.url("/echo", host=host))
+        # A name that only ends like the rule is not below it: it is looked up.
+        with pytest.raises(httpx.ConnectError, match=r"notrove\.test"):
+            await client.get("http://notrove.test/")
+    assert dns.asked("dns.trove.test") == before[0]
+    assert dns.asked("notrove.test") > before[1]
+    assert recorder.connects == []
+
+
 async def test_name_that_does_not_exist_is_a_connect_error(
     recorder: RecordingBackend, dns: DnsServer
 ) -> None:

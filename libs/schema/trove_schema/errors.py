@@ -5,7 +5,8 @@ TroveError
 ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
 ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
 ├── StackError           the embedded or external servers could not be started or reached
-└── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
+├── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
+└── InvalidExclusion     an excluded host (TROVE_EXCLUDED_HOSTS) that names no host
 """
 
 
@@ -27,6 +28,13 @@ class StackError(TroveError):
 
 class InvalidPriors(TroveError):
     """The seed priors file is missing, is not TOML, or says something impossible."""
+
+
+class InvalidExclusion(TroveError, ValueError):
+    """An excluded host that names no host Trove could crawl; the message says why.
+
+    A ValueError too, so that a settings validator reports it as a bad value.
+    """
 
 
 class InvalidURL(TroveError):

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trove_schema.errors import TroveError
 from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH
+from trove_schema.exclusions import read_rules, read_rules_file
 
 PREFIX = "TROVE_"
 
@@ -92,6 +93,27 @@ class CommonSettings(BaseSettings):
     explore_every: int = Field(default=50, ge=0)
     #: Seed priors (TOML, see trove_schema/priors.toml); unset, the shipped ones.
     priors_file: Path | None = None
+    #: Hosts Trove never crawls, each with every name below it (trove_schema.exclusions):
+    #: comma-separated here, one or more a line in the file. Read by discovery and the
+    #: fetcher at start.
+    excluded_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    excluded_hosts_file: Path | None = None
+
+    @field_validator("excluded_hosts", mode="before")
+    @classmethod
+    def _read_excluded_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return read_rules(value.splitlines())
+        if isinstance(value, list | tuple):
+            return read_rules(str(v) for v in value)
+        return value
+
+    @field_validator("excluded_hosts_file")
+    @classmethod
+    def _excluded_hosts_file_is_readable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_rules_file(value)  # refused at start, not at the first host it covers
+        return value
 
 
 class DiscoverySettings(CommonSettings):

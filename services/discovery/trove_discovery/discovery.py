@@ -53,6 +53,7 @@ from trove_schema.events import (
     decode_event,
     derived_event_id,
 )
+from trove_schema.exclusions import Exclusions
 from trove_schema.metrics import DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import page_schedule_subject
@@ -99,6 +100,8 @@ class Discovery:
         self.bus = bus
         self.seen = seen
         self.settings = settings
+        #: Hosts the operator keeps Trove away from: never discovered.
+        self.exclusions = Exclusions.from_settings(settings)
         #: Each host's learned aliases; None: every spelling is its own page.
         self.url_rules = url_rules
         #: Pages handed back while their links wait for aliases to be learned.
@@ -117,7 +120,9 @@ class Discovery:
 
     async def handle_seed(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
-        batch = parse_seeds(msg.data, origin=_origin(msg), settings=self.settings)
+        batch = parse_seeds(
+            msg.data, origin=_origin(msg), settings=self.settings, exclusions=self.exclusions
+        )
         for n, rejected in enumerate(batch.rejected):
             rejection = SeedRejected(
                 id=derived_event_id(f"seed:{seq}:{n}", "rejected"),
@@ -152,7 +157,9 @@ class Discovery:
         """A `nats req trove.seeds ...` gets what was accepted and rejected, and why."""
         if not msg.reply:
             return  # a plain publish: the stream consumer handles it
-        batch: SeedBatch = parse_seeds(msg.data, origin="request", settings=self.settings)
+        batch: SeedBatch = parse_seeds(
+            msg.data, origin="request", settings=self.settings, exclusions=self.exclusions
+        )
         # Answer in kind: JSON to a JSON request, words to someone typing URLs.
         as_json = msg.data.lstrip()[:1] in (b"{", b"[")
         await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
@@ -193,6 +200,8 @@ class Discovery:
             if link.kind not in FOLLOWED_KINDS:
                 continue
             if link.nofollow and not self.settings.follow_nofollow:
+                continue
+            if self.exclusions and self.exclusions.covering(domain_of(link.url)):
                 continue
             # Before the seen check: an alias spelling is never discovered as a page.
             url = await self._alias_target(link.url)
@@ -343,6 +352,8 @@ class Discovery:
     async def discover(self, event: PageDiscovered) -> bool:
         """Publish ``event`` if its URL is new this cycle and its host within budget, as
         for a link (shared pages come this way, ``trove_discovery.shares``)."""
+        if self.exclusions and self.exclusions.covering(event.domain):
+            return False
         url = await self._alias_target(event.url)
         if url != event.url:  # an alias spelling is never discovered as a page
             event = event.model_copy(update={"url": url})

@@ -29,6 +29,7 @@ from trove_discovery.errors import InvalidSeed, InvalidURL
 from trove_discovery.replies import MAX_RAW_LENGTH, Refused, reply_lines
 from trove_discovery.scope import pattern_error
 from trove_schema.events import Provenance, Scope, ScopeKind
+from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.urls import (
     canonicalize,
@@ -78,7 +79,13 @@ class _Options:
     force: bool = False
 
 
-def parse_seeds(data: bytes, *, origin: str, settings: DiscoverySettings) -> SeedBatch:
+def parse_seeds(
+    data: bytes,
+    *,
+    origin: str,
+    settings: DiscoverySettings,
+    exclusions: Exclusions = NO_EXCLUSIONS,
+) -> SeedBatch:
     """Parse one seed message into accepted requests and rejections (never raises)."""
     try:
         text = data.decode("utf-8").removeprefix("\ufeff").strip()
@@ -111,11 +118,16 @@ def parse_seeds(data: bytes, *, origin: str, settings: DiscoverySettings) -> See
             return _rejected(text, exc.reason)
     if not candidates:
         return _rejected(text, "no URLs in seed message")
-    return _build(candidates, options, origin=origin, settings=settings)
+    return _build(candidates, options, origin=origin, settings=settings, exclusions=exclusions)
 
 
 def _build(
-    candidates: list[object], options: _Options, *, origin: str, settings: DiscoverySettings
+    candidates: list[object],
+    options: _Options,
+    *,
+    origin: str,
+    settings: DiscoverySettings,
+    exclusions: Exclusions,
 ) -> SeedBatch:
     provenance = Provenance(kind="seed", origin=origin)
     max_length = settings.max_url_length
@@ -140,6 +152,11 @@ def _build(
         host = domain_of(url)
         if is_private_host(host, settings.allowed_networks):
             rejected.append(RejectedSeed(original, f"host {host} is a private address"))
+            continue
+        rule = exclusions.covering(host)
+        if rule is not None:
+            reason = f"host {host} is excluded by the operator ({rule})"
+            rejected.append(RejectedSeed(original, reason))
             continue
         if url in seen:
             continue

@@ -12,6 +12,7 @@ from trove_fetcher.language import default_identifier
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Consumer
+from trove_schema.exclusions import Exclusions
 from trove_schema.policy import LearningConfig
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
@@ -74,6 +75,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             max_message_bytes=settings.max_message_bytes,
             ack_wait=settings.ack_wait_seconds,
             allowed_networks=settings.allowed_networks,
+            exclusions=Exclusions.from_settings(settings),
         )
         consumers = [
             Consumer(

@@ -1,7 +1,7 @@
 """Errors raised by the fetcher's network layer.
 
     FetcherError
-    ├── BlockedAddress        a host resolved to an address Trove must not connect to (SSRF)
+    ├── BlockedAddress        a host not to connect to: private (SSRF), or excluded by the operator
     ├── RedirectPaused        a redirect hop must wait for its host's slot: continue later
     ├── GateDeferred          a timeline poll's next request must wait for its host's slot
     ├── TooManyRedirects      more same-host redirect hops than allowed, or a redirect loop
@@ -33,10 +33,11 @@ class FetcherError(Exception):
 
 
 class BlockedAddress(FetcherError):
-    """A host resolved to an address the fetcher refuses to connect to.
+    """A host the fetcher refuses to connect to: it resolved to a private address, or
+    the operator excluded it (``trove_schema.exclusions``; then before it is looked up).
 
     Raised before any connection is attempted, whatever the source of the URL
-    (a link, a redirect, a robots.txt redirect, a seed).
+    (a link, a redirect, a robots.txt redirect, a seed, a timeline poll).
     """
 
     def __init__(self, host: str, address: str, reason: str) -> None:

@@ -72,6 +72,7 @@ from trove_schema.events import (
     decode_event,
     derived_event_id,
 )
+from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.metrics import (
     FETCH_BYTES,
     FETCH_READ_LAG,
@@ -173,8 +174,10 @@ class Fetcher:
         ack_wait: float = 90.0,
         parse_workers: int = 2,
         allowed_networks: Sequence[str] = (),
+        exclusions: Exclusions = NO_EXCLUSIONS,
     ) -> None:
         self.bus = bus
+        self.exclusions = exclusions
         self.client = client
         self.politeness = politeness
         self.robots_kv = robots_kv
@@ -242,6 +245,13 @@ class Fetcher:
             # Work accepted before a rule was added (an emoji host): the input's fault,
             # recorded as such; a `failed` attempt would be retried as if the site were away.
             reason = f"not a fetchable URL: {unfetchable}"
+            await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
+            return
+        rule = self.exclusions.covering(job.domain)
+        if rule is not None:
+            # Queued or scheduled before the operator excluded the host: recorded without
+            # a request, robots.txt or a lease, so the page leaves the search.
+            reason = f"host excluded by the operator: {rule}"
             await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
             return
         if job.slot is not None:

@@ -50,9 +50,10 @@ import httpx
 
 from trove_fetcher.addresses import AddressPolicy, parse_address
 from trove_fetcher.dns import DnsConfig, DnsResolver
-from trove_fetcher.errors import DnsError, DnsTimeout
+from trove_fetcher.errors import BlockedAddress, DnsError, DnsTimeout
 from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
+from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.settings import FetcherSettings
 
 #: ``async (host, port) -> addresses``: how a hostname becomes IP literals.
@@ -130,14 +131,20 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         static: StaticHosts | None = None,
         resolver: Resolver | None = None,
         inner: httpcore.AsyncNetworkBackend | None = None,
+        exclusions: Exclusions = NO_EXCLUSIONS,
     ) -> None:
         self.policy = policy
+        self.exclusions = exclusions
         self._static = static or StaticHosts()
         self._resolver = DnsResolver() if resolver is None else resolver
         self._inner = inner or AsyncioBackend()
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The checked addresses for ``host``: raises BlockedAddress if any is refused."""
+        # Before the name is looked up: an excluded host gets no traffic at all.
+        rule = self.exclusions.covering(host.lower().rstrip("."))
+        if rule is not None:
+            raise BlockedAddress(host, host, f"excluded by the operator: {rule}")
         try:
             addresses = [str(parse_address(host))]
         except ValueError:
@@ -567,6 +574,7 @@ def build_client(
         static=StaticHosts.parse(settings.resolve),
         resolver=DnsResolver(DnsConfig.for_settings(settings)) if resolver is None else resolver,
         inner=network_backend,
+        exclusions=Exclusions.from_settings(settings),
     )
     transport = GuardedTransport(
         backend,

@@ -1,0 +1,141 @@
+"""A host the operator excludes, all three services running, re-crawls scaled to seconds.
+
+Two sites are crawled; then the services are rolled out again with one of them in
+``TROVE_EXCLUDED_HOSTS``, as an operator does after a removal request. The witness is
+that site's own request log: from the rollout on it gets no request at all (robots.txt
+included), though its pages' re-crawls were already scheduled and the other site still
+links to it; its pages leave the search at their next visit; a seed for it is refused
+with the reason; and the other site is crawled as before.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import nats
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls, eventually
+from tests.fetcher._servers import Exchange, LocalServer
+from tests.support import services
+from trove_cli.local import LocalTrove
+from trove_cli.search import search
+from trove_schema.topology import SEEDS_SUBJECT
+
+RECRAWL = 3.0
+PAGES = 3
+
+
+def site(server: LocalServer, word: str) -> set[str]:
+    """A home page and PAGES pages about ``word``, each linking to all of them."""
+    paths = ["/"] + [f"/{word}/{n}" for n in range(PAGES)]
+    links = "".join(f'<a href="{p}">{p}</a> ' for p in paths)
+    body = f"<html><head><title>{word}</title></head><body><p>{word}</p>{links}</body></html>"
+
+    def page(exchange: Exchange) -> None:
+        exchange.send(200, body.encode())
+
+    server.routes.update(dict.fromkeys(paths, page))
+    return {server.url(p) for p in paths}
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    env = {
+        "TROVE_ALLOWED_NETWORKS": "127.0.0.0/8",
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+        "TROVE_GAP_RESPONSE_FACTOR": "0",
+        "TROVE_RECRAWL_AFTER_SECONDS": str(RECRAWL),
+        "TROVE_RECRAWL_MAX_SECONDS": str(RECRAWL),
+        "TROVE_SEEN_TTL_SECONDS": str(2 * RECRAWL),
+        "TROVE_RETRY_DELAY_SECONDS": "1",
+    }
+    with LocalServer("127.0.0.6") as gone, LocalServer("127.0.0.4") as kept:
+        gone_urls = site(gone, "kingfisher")
+        kept_urls = site(kept, "heron")
+        # The kept site links to every page of the other one.
+        links = "".join(f'<a href="{u}">x</a>' for u in sorted(gone_urls))
+        kept.routes["/links"] = lambda exchange: exchange.send(
+            200, f"<html><body><p>heron</p>{links}</body></html>".encode()
+        )
+        kept_urls.add(kept.url("/links"))
+
+        def found(local: LocalTrove, word: str) -> Callable[[], Awaitable[set[str]]]:
+            async def probe() -> set[str]:
+                local.check_alive()
+                return {hit.url for hit in await search(engine, word, limit=50)}
+
+            return probe
+
+        async with services(stack, state_dir, env) as local:
+            nc = await nats.connect(stack.nats_url)
+            seeds = f"{kept.url()}\n{kept.url('/links')}\n{gone.url()}"
+            await nc.publish(SEEDS_SUBJECT, seeds.encode())
+            await nc.flush()
+            await nc.close()
+            for word, urls in (("kingfisher", gone_urls), ("heron", kept_urls)):
+                await eventually(
+                    found(local, word),
+                    until=lambda hits, u=urls: hits == u,  # type: ignore[misc]
+                    timeout=40,
+                    what=f"the {word} pages searchable",
+                )
+
+        rollout = time.monotonic()
+        kept_before = len(kept.seen)
+        async with services(stack, state_dir, env | {"TROVE_EXCLUDED_HOSTS": gone.ip}) as local:
+            await eventually(
+                found(local, "kingfisher"),
+                until=lambda hits: not hits,
+                timeout=40,
+                what="the excluded site out of the search",
+            )
+            nc = await nats.connect(stack.nats_url)
+            try:
+                reply = await nc.request(
+                    SEEDS_SUBJECT, json.dumps({"url": gone.url("/new")}).encode(), timeout=10
+                )
+            finally:
+                await nc.close()
+            # The kept site goes on: its pages are visited again after the rollout.
+            await eventually(
+                found(local, "heron"),
+                until=lambda hits: hits == kept_urls and len(kept.seen) > kept_before,
+                timeout=40,
+                what="the kept site re-crawled",
+            )
+        after = [s.path for s in gone.seen if s.at >= rollout]
+        async with engine.connect() as conn:
+            statuses: dict[str, str] = dict(
+                (
+                    await conn.execute(
+                        text("SELECT url, status FROM pages WHERE domain = :d"), {"d": gone.ip}
+                    )
+                ).all()
+            )
+            reasons = set(
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT DISTINCT error_message FROM page_crawls"
+                            " WHERE domain = :d AND completed_at > now() - interval '1 minute'"
+                            " AND outcome <> 'success'"
+                        ),
+                        {"d": gone.ip},
+                    )
+                ).scalars()
+            )
+
+    assert after == [], f"requests to the excluded host after the rollout: {after}"
+    (refused,) = json.loads(reply.data)["rejected"]
+    assert refused["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
+    # Declined as the operator's choice, without a request: not a failure to retry.
+    assert statuses == dict.fromkeys(gone_urls, "rejected")
+    assert reasons == {f"host excluded by the operator: {gone.ip}"}
