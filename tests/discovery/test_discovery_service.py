@@ -310,3 +310,37 @@ async def test_new_pages_of_a_host_found_together_say_how_many_came_with_them(
         siblings = await eventually(found, until=lambda f: len(f) == 7, timeout=30, what="7")
     assert siblings == {f"https://site.example/p/{k}": 5 if k < 5 else 2 for k in range(7)}
     assert all(e.headers().get("Trove-Siblings") == str(e.siblings) for e in await discovered(bus))
+
+
+async def test_links_to_an_excluded_host_are_never_discovered(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    now = utcnow()
+    page = CrawlCompleted(
+        url="https://blog.example/",
+        domain="blog.example",
+        scope=Scope(kind=ScopeKind.OPEN, max_depth=3),
+        request_id="req",
+        outcome=CrawlOutcome.SUCCESS,
+        started_at=now,
+        completed_at=now,
+        links=tuple(
+            Link(url=url)
+            for url in (
+                "https://spam.example/a",
+                "https://www.spam.example/b",
+                "https://friend.example/",
+                "https://notspam.example/",
+            )
+        ),
+    )
+    env = {"TROVE_EXCLUDED_HOSTS": "spam.example"}
+    async with services(stack, state_dir, env, only=("discovery",)):
+        await bus.publish(page)
+
+        async def found() -> set[str]:
+            return {e.url for e in await discovered(bus)}
+
+        # Both kept links come from the one event: once they are out, it was handled whole.
+        urls = await eventually(found, until=lambda f: len(f) >= 2, timeout=30, what="links")
+    assert urls == {"https://friend.example/", "https://notspam.example/"}

@@ -22,6 +22,7 @@ from trove_discovery.follows import (
 )
 from trove_schema.bus import Bus
 from trove_schema.events import InstanceFollowed, TimelinePollRequested
+from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
@@ -106,6 +107,15 @@ def test_each_bad_follow_is_refused_with_its_reason(data: str, reason: str) -> N
 def test_a_private_instance_is_accepted_inside_the_allowed_networks() -> None:
     batch = parse("http://127.0.0.40:8080", allowed_networks=("127.0.0.0/8",))
     assert [c.instance for c in batch.accepted] == ["http://127.0.0.40:8080"]
+
+
+def test_an_excluded_instance_cannot_be_followed_but_can_be_unfollowed() -> None:
+    settings = DiscoverySettings(max_url_length=2048, allowed_networks=())
+    rules = Exclusions.of(["example"])
+    refused = parse_command(INSTANCE.encode(), verb="follow", settings=settings, exclusions=rules)
+    assert only_reason(refused) == "host social.example is excluded by the operator (example)"
+    left = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings, exclusions=rules)
+    assert [c.instance for c in left.accepted] == [INSTANCE]
 
 
 def test_an_unfollow_without_a_timeline_means_every_timeline_and_takes_no_options() -> None:

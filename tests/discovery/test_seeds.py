@@ -16,6 +16,7 @@ from trove_discovery.seeds import (
     reply_text,
 )
 from trove_schema.events import Provenance, Scope, ScopeKind
+from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
 
 ORIGIN = "trove.seeds"
@@ -264,6 +265,15 @@ def test_allowed_networks_let_private_seeds_in() -> None:
     batch = parse("http://127.0.0.1:8000/\nhttp://10.0.0.1/", allowed_networks=("127.0.0.0/8",))
     assert [seed.url for seed in batch.accepted] == ["http://127.0.0.1:8000/"]
     assert [seed.raw for seed in batch.rejected] == ["http://10.0.0.1/"]
+
+
+def test_a_seed_on_an_excluded_host_is_refused_with_the_rule() -> None:
+    seeds = b"https://blog.example.org/\nhttps://example.net/"
+    rules = Exclusions.of(["example.org"])
+    batch = parse_seeds(seeds, origin=ORIGIN, settings=make_settings(), exclusions=rules)
+    assert [seed.url for seed in batch.accepted] == ["https://example.net/"]
+    (refused,) = batch.rejected
+    assert refused.reason == "host blog.example.org is excluded by the operator (example.org)"
 
 
 def test_the_url_length_setting_applies() -> None:

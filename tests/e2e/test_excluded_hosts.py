@@ -138,4 +138,4 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
     assert refused["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
     # Declined as the operator's choice, without a request: not a failure to retry.
     assert statuses == dict.fromkeys(gone_urls, "rejected")
-    assert reasons == {f"host excluded by the operator: {gone.ip}"}
+    assert reasons == {f"host {gone.ip} is excluded by the operator ({gone.ip})"}

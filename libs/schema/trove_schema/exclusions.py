@@ -102,6 +102,11 @@ class Exclusions:
             dot = host.find(".", dot + 1)
         return None
 
+    def refusal(self, host: str) -> str | None:
+        """Why Trove goes nowhere near ``host``, in words for the operator; None if it may."""
+        rule = self.covering(host)
+        return None if rule is None else f"host {host} is excluded by the operator ({rule})"
+
     def __bool__(self) -> bool:
         return bool(self.rules)
 

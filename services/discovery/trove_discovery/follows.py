@@ -62,6 +62,7 @@ from trove_schema.events import (
     derived_event_id,
     utcnow,
 )
+from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import UNFOLLOW_SUBJECT, timeline_schedule_subject
 from trove_schema.urls import canonicalize, domain_of, is_private_host, origin_of
@@ -124,7 +125,13 @@ def verb_of(subject: str) -> Verb:
     return "unfollow" if subject == UNFOLLOW_SUBJECT else "follow"
 
 
-def parse_command(data: bytes, *, verb: Verb, settings: DiscoverySettings) -> CommandBatch:
+def parse_command(
+    data: bytes,
+    *,
+    verb: Verb,
+    settings: DiscoverySettings,
+    exclusions: Exclusions = NO_EXCLUSIONS,
+) -> CommandBatch:
     """Parse one follow or unfollow message (never raises: problems become rejections)."""
     try:
         text = data.decode("utf-8").removeprefix("\ufeff").strip()
@@ -157,11 +164,14 @@ def parse_command(data: bytes, *, verb: Verb, settings: DiscoverySettings) -> Co
             lines.append((url, _Options(timeline=timeline) if timeline else default, stripped))
     if not lines:
         return _rejected(verb, text, "no instances in the message")
-    return _build(verb, lines, settings)
+    return _build(verb, lines, settings, exclusions)
 
 
 def _build(
-    verb: Verb, lines: list[tuple[object, _Options, str | None]], settings: DiscoverySettings
+    verb: Verb,
+    lines: list[tuple[object, _Options, str | None]],
+    settings: DiscoverySettings,
+    exclusions: Exclusions,
 ) -> CommandBatch:
     accepted: list[InstanceCommand] = []
     rejected: list[RejectedCommand] = []
@@ -181,6 +191,10 @@ def _build(
             timeline = None if options.timeline is None else timeline_name(options.timeline)
         except InvalidFollow as exc:
             rejected.append(RejectedCommand(raw, exc.reason))
+            continue
+        refusal = exclusions.refusal(domain) if verb == "follow" else None
+        if refusal is not None:  # an unfollow still ends a follow made before the rule
+            rejected.append(RejectedCommand(raw, refusal))
             continue
         if (instance, timeline) in seen:
             continue
@@ -416,11 +430,14 @@ class Follows:
         self.bus = bus
         self.store = store
         self.settings = settings
+        self.exclusions = Exclusions.from_settings(settings)
 
     async def handle_command(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         verb = verb_of(msg.subject)
-        batch = parse_command(msg.data, verb=verb, settings=self.settings)
+        batch = parse_command(
+            msg.data, verb=verb, settings=self.settings, exclusions=self.exclusions
+        )
         origin = _origin(msg)
         for rejected in batch.rejected:
             log.warning(f"{verb} refused", extra={"raw": rejected.raw, "reason": rejected.reason})
@@ -434,7 +451,9 @@ class Follows:
         """A ``nats req trove.follow ...`` gets what was accepted and rejected, and why."""
         if not msg.reply:
             return  # a plain publish: the stream consumer handles it
-        batch = parse_command(msg.data, verb=verb_of(msg.subject), settings=self.settings)
+        batch = parse_command(
+            msg.data, verb=verb_of(msg.subject), settings=self.settings, exclusions=self.exclusions
+        )
         as_json = msg.data.lstrip()[:1] in (b"{", b"[")
         await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
 

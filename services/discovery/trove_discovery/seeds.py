@@ -153,10 +153,9 @@ def _build(
         if is_private_host(host, settings.allowed_networks):
             rejected.append(RejectedSeed(original, f"host {host} is a private address"))
             continue
-        rule = exclusions.covering(host)
-        if rule is not None:
-            reason = f"host {host} is excluded by the operator ({rule})"
-            rejected.append(RejectedSeed(original, reason))
+        refusal = exclusions.refusal(host)
+        if refusal is not None:
+            rejected.append(RejectedSeed(original, refusal))
             continue
         if url in seen:
             continue

@@ -247,12 +247,11 @@ class Fetcher:
             reason = f"not a fetchable URL: {unfetchable}"
             await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
             return
-        rule = self.exclusions.covering(job.domain)
-        if rule is not None:
+        refusal = self.exclusions.refusal(job.domain)
+        if refusal is not None:
             # Queued or scheduled before the operator excluded the host: recorded without
             # a request, robots.txt or a lease, so the page leaves the search.
-            reason = f"host excluded by the operator: {rule}"
-            await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
+            await self._complete(job, rejected(job.work, refusal, datetime.now(UTC)))
             return
         if job.slot is not None:
             early = job.slot - time.time()
