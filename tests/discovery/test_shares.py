@@ -357,3 +357,17 @@ async def test_an_unfollow_stops_the_chain(stack: StackUrls, bus: Bus, state_dir
     again = polls[-1]
     assert again.follow_id != first.follow_id
     assert (again.poll, again.cursor) == (1, None)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_page_shared_on_an_excluded_host_is_not_discovered(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    env = {"TROVE_POLL_INTERVAL_SECONDS": "600", "TROVE_EXCLUDED_HOSTS": "notes.example"}
+    async with services(stack, state_dir, env, only=("discovery",)):
+        first = await _follow(stack, bus, INSTANCE.encode())
+        shares = ("https://blog.example/a", "https://notes.example/", "https://www.notes.example/")
+        seq = await publish_polled(bus, polled(first, posts=(post(1, *shares),)))
+        await _handled(bus, seq)
+        found = await recorded(bus, PageDiscovered)
+    assert {p.url for p in found} == {"https://blog.example/a", f"{INSTANCE}/@ann/1"}
