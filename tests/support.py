@@ -73,6 +73,27 @@ def sandbox_env(web: SandboxWeb, gap: float, **extra: str) -> dict[str, str]:
     }
 
 
+def cycle_env(cycle: float, **extra: str) -> dict[str, str]:
+    """Services that visit every page again every ``cycle`` seconds (a scaled-down week),
+    on servers in 127.0.0.0/8, 0.2 s apart on a host."""
+    return {
+        "TROVE_ALLOWED_NETWORKS": "127.0.0.0/8",
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+        # The configured gap only: one learnt from response times on a loaded machine
+        # (10x a 300 ms answer is 3 s a page) would stretch a cycle past the seen TTL.
+        "TROVE_GAP_RESPONSE_FACTOR": "0",
+        "TROVE_RECRAWL_AFTER_SECONDS": str(cycle),
+        # A fixed cycle: pages that never change would otherwise be visited less and less
+        # often (tests/e2e/test_recrawl_intervals.py).
+        "TROVE_RECRAWL_MAX_SECONDS": str(cycle),
+        # Seen for two intervals after the last request: a page with a pending re-crawl
+        # is never discovered again by the links of the pages fetched meanwhile.
+        "TROVE_SEEN_TTL_SECONDS": str(2 * cycle),
+        "TROVE_RETRY_DELAY_SECONDS": "1",
+        **extra,
+    }
+
+
 async def publish_work(bus: Bus, urls: Sequence[str], *, scope: ScopeKind = ScopeKind.HOST) -> None:
     """Hand URLs straight to the fetcher, as discovery would."""
     for url in urls:

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import nats
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer
-from tests.support import services
+from tests.support import cycle_env, query, services
 from trove_cli.local import LocalTrove
 from trove_cli.search import search
 from trove_schema.topology import SEEDS_SUBJECT
@@ -48,15 +47,7 @@ def site(server: LocalServer, word: str) -> set[str]:
 async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
 ) -> None:
-    env = {
-        "TROVE_ALLOWED_NETWORKS": "127.0.0.0/8",
-        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
-        "TROVE_GAP_RESPONSE_FACTOR": "0",
-        "TROVE_RECRAWL_AFTER_SECONDS": str(RECRAWL),
-        "TROVE_RECRAWL_MAX_SECONDS": str(RECRAWL),
-        "TROVE_SEEN_TTL_SECONDS": str(2 * RECRAWL),
-        "TROVE_RETRY_DELAY_SECONDS": "1",
-    }
+    env = cycle_env(RECRAWL)
     with LocalServer("127.0.0.6") as gone, LocalServer("127.0.0.4") as kept:
         gone_urls = site(gone, "kingfisher")
         kept_urls = site(kept, "heron")
@@ -112,26 +103,18 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
                 what="the kept site re-crawled",
             )
         after = [s.path for s in gone.seen if s.at >= rollout]
-        async with engine.connect() as conn:
-            statuses: dict[str, str] = dict(
-                (
-                    await conn.execute(
-                        text("SELECT url, status FROM pages WHERE domain = :d"), {"d": gone.ip}
-                    )
-                ).all()
+        statuses = dict(
+            await query(engine, "SELECT url, status FROM pages WHERE domain = :d", d=gone.ip)
+        )
+        reasons = {
+            row[0]
+            for row in await query(
+                engine,
+                "SELECT DISTINCT error_message FROM page_crawls WHERE domain = :d"
+                " AND completed_at > now() - interval '1 minute' AND outcome <> 'success'",
+                d=gone.ip,
             )
-            reasons = set(
-                (
-                    await conn.execute(
-                        text(
-                            "SELECT DISTINCT error_message FROM page_crawls"
-                            " WHERE domain = :d AND completed_at > now() - interval '1 minute'"
-                            " AND outcome <> 'success'"
-                        ),
-                        {"d": gone.ip},
-                    )
-                ).scalars()
-            )
+        }
 
     assert after == [], f"requests to the excluded host after the rollout: {after}"
     (refused,) = json.loads(reply.data)["rejected"]

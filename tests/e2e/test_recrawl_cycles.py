@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer
-from tests.support import services
+from tests.support import cycle_env, services
 from trove_schema.bus import Bus
 from trove_schema.topology import EVENT_SCHEDULES_PREFIX, EVENTS_STREAM, SEEDS_SUBJECT
 
@@ -64,22 +64,7 @@ async def test_every_page_is_fetched_once_per_recrawl_cycle_for_three_cycles(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
     log = RequestLog()
-    env = {
-        "TROVE_ALLOWED_NETWORKS": "127.0.0.0/8",
-        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
-        # The configured gap only: one learnt from response times on a loaded machine
-        # (10x a 300 ms answer is 3 s a page) would stretch a cycle of these seven pages
-        # past the seen TTL, which this test keeps at two 3 s intervals.
-        "TROVE_GAP_RESPONSE_FACTOR": "0",
-        "TROVE_RECRAWL_AFTER_SECONDS": str(RECRAWL),
-        # A fixed cycle: these pages never change, and would otherwise be visited less
-        # and less often (tests/e2e/test_recrawl_intervals.py).
-        "TROVE_RECRAWL_MAX_SECONDS": str(RECRAWL),
-        # Seen for two intervals after the last request: a page with a pending re-crawl
-        # is never discovered again by the links of the pages fetched meanwhile.
-        "TROVE_SEEN_TTL_SECONDS": str(2 * RECRAWL),
-        "TROVE_RETRY_DELAY_SECONDS": "1",
-    }
+    env = cycle_env(RECRAWL)
     with LocalServer("127.0.0.1") as first, LocalServer("127.0.0.2") as second:
         pages = interlinked_site(first, log) + interlinked_site(second, log)
         async with services(stack, state_dir, env) as local:

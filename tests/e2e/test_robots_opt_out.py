@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer
-from tests.support import services
+from tests.support import cycle_env, services
 from trove_cli.search import search
 from trove_schema.topology import SEEDS_SUBJECT
 
@@ -75,16 +75,7 @@ class OptingOutSite:
 async def test_a_site_that_disallows_trovebot_is_left_alone_and_leaves_the_search(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
 ) -> None:
-    env = {
-        "TROVE_ALLOWED_NETWORKS": "127.0.0.0/8",
-        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
-        "TROVE_GAP_RESPONSE_FACTOR": "0",
-        "TROVE_ROBOTS_TTL_SECONDS": str(ROBOTS_TTL),
-        "TROVE_RECRAWL_AFTER_SECONDS": str(RECRAWL),
-        "TROVE_RECRAWL_MAX_SECONDS": str(RECRAWL),
-        "TROVE_SEEN_TTL_SECONDS": str(2 * RECRAWL),
-        "TROVE_RETRY_DELAY_SECONDS": "1",
-    }
+    env = cycle_env(RECRAWL, TROVE_ROBOTS_TTL_SECONDS=str(ROBOTS_TTL))
     with LocalServer("127.0.0.3") as server:
         site = OptingOutSite(server)
         urls = {server.url(p) for p in site.paths}
