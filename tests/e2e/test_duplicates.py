@@ -23,6 +23,7 @@ from trove_discovery.url_rules import UrlRules
 from trove_sandbox.learning import LearningWeb, serve_learning_web
 from trove_schema.bus import Bus
 from trove_schema.topology import (
+    DEAD_STREAM,
     DISCOVERY_LINKS,
     EVENTS_STREAM,
     FETCHER,
@@ -96,13 +97,22 @@ async def test_repeated_fetches_of_one_document_stay_under_two_percent(
             local.check_alive()
             return {document(r.path) for r in running.witness.requests(host)}
 
-        await eventually(
-            fetched,
-            until=lambda found: found >= expected,
-            timeout=120,
-            interval=0.5,
-            what="every document fetched",
-        )
+        try:
+            await eventually(
+                fetched,
+                until=lambda found: found >= expected,
+                timeout=120,
+                interval=0.5,
+                what="every document fetched",
+            )
+        except AssertionError as exc:
+            # What tells a slow crawl from a lost link: work still waiting, or parked.
+            parked = (await bus.js.stream_info(DEAD_STREAM)).state.messages
+            missing = sorted(expected - await fetched())[:20]
+            waiting = not await idle(bus)
+            raise AssertionError(
+                f"missing {missing}; work waiting: {waiting}; parked: {parked}"
+            ) from exc
         await eventually(lambda: idle(bus), until=bool, timeout=30, what="the crawl idle")
         paths = [r.path for r in running.witness.requests(host) if r.path != "/robots.txt"]
         learned = await UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=1).rules_for(host)
