@@ -24,7 +24,7 @@ from tests.fetcher._servers import Exchange, LocalServer
 from tests.support import cycle_env, query, services
 from trove_cli.local import LocalTrove
 from trove_cli.search import search
-from trove_schema.topology import SEEDS_SUBJECT
+from trove_schema.topology import FOLLOW_SUBJECT, SEEDS_SUBJECT
 
 RECRAWL = 3.0
 PAGES = 3
@@ -93,6 +93,9 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
                 reply = await nc.request(
                     SEEDS_SUBJECT, json.dumps({"url": gone.url("/new")}).encode(), timeout=10
                 )
+                follow = await nc.request(
+                    FOLLOW_SUBJECT, json.dumps({"instance": gone.url()}).encode(), timeout=10
+                )
             finally:
                 await nc.close()
             # The kept site goes on: its pages are visited again after the rollout.
@@ -118,7 +121,9 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
 
     assert after == [], f"requests to the excluded host after the rollout: {after}"
     (refused,) = json.loads(reply.data)["rejected"]
-    assert refused["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
+    (not_followed,) = json.loads(follow.data)["rejected"]
+    for answer in (refused, not_followed):
+        assert answer["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
     # Declined as the operator's choice, without a request: not a failure to retry.
     assert statuses == dict.fromkeys(gone_urls, "rejected")
     assert reasons == {f"host {gone.ip} is excluded by the operator ({gone.ip})"}

@@ -54,7 +54,7 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
             holds=Holds(first=settings.alias_hold_seconds, rounds=settings.alias_hold_rounds),
         )
         store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
-        follows = Follows(bus=bus, store=store, settings=settings)
+        follows = Follows(bus=bus, store=store, settings=settings, exclusions=discovery.exclusions)
         shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
         replies = [
             await bus.nc.subscribe(

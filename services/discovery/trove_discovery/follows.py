@@ -426,11 +426,18 @@ async def stop_polls(bus: Bus, instance: str, timeline: str, *, msg_id: str) -> 
 class Follows:
     """Applies follow and unfollow commands; answers ``nats req`` on their subjects."""
 
-    def __init__(self, *, bus: Bus, store: FollowStore, settings: DiscoverySettings) -> None:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: FollowStore,
+        settings: DiscoverySettings,
+        exclusions: Exclusions = NO_EXCLUSIONS,
+    ) -> None:
         self.bus = bus
         self.store = store
         self.settings = settings
-        self.exclusions = Exclusions.from_settings(settings)
+        self.exclusions = exclusions
 
     async def handle_command(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream

@@ -39,7 +39,9 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
     if not settings.nats_url:
         raise SystemExit("the fetcher needs TROVE_NATS_URL")
     bus = await Bus.connect(settings.nats_url, name="trove-fetcher")
-    client = build_client(settings)
+    # Read once: the transport refuses the hosts, the fetcher records their work.
+    exclusions = Exclusions.from_settings(settings)
+    client = build_client(settings, exclusions=exclusions)
     try:
         await ensure_topology(
             bus.js,
@@ -75,7 +77,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             max_message_bytes=settings.max_message_bytes,
             ack_wait=settings.ack_wait_seconds,
             allowed_networks=settings.allowed_networks,
-            exclusions=Exclusions.from_settings(settings),
+            exclusions=exclusions,
         )
         consumers = [
             Consumer(

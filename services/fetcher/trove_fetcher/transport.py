@@ -567,14 +567,16 @@ def build_client(
     resolver: Resolver | None = None,
     ssl_context: ssl.SSLContext | None = None,
     pool: PoolConfig | None = None,
+    exclusions: Exclusions | None = None,
 ) -> httpx.AsyncClient:
-    """The pod's one HTTP client. ``network_backend`` and ``resolver`` are test seams."""
+    """The pod's one HTTP client. ``network_backend`` and ``resolver`` are test seams;
+    ``exclusions``, when not given, are read from ``settings``."""
     backend = GuardedNetworkBackend(
         AddressPolicy.from_cidrs(settings.allowed_networks),
         static=StaticHosts.parse(settings.resolve),
         resolver=DnsResolver(DnsConfig.for_settings(settings)) if resolver is None else resolver,
         inner=network_backend,
-        exclusions=Exclusions.from_settings(settings),
+        exclusions=Exclusions.from_settings(settings) if exclusions is None else exclusions,
     )
     transport = GuardedTransport(
         backend,
