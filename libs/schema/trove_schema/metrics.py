@@ -43,6 +43,11 @@ RESERVATION_HORIZON = Gauge(
     "trove_reservation_horizon_seconds",
     "How far ahead the furthest slot this pod planned for deferred work lies",
 )
+CLOCK_OFFSET = Gauge(
+    "trove_clock_offset_seconds",
+    "nats-server's time less this pod's clock, as last estimated: the pod keeps "
+    "politeness on nats-server's time (a value of a second or more: the node is not in time)",
+)
 STRATEGY_CHOICES = Counter(
     "trove_strategy_choices_total",
     "Fetch strategies chosen, by strategy and reason (only, prior, learned, explore); "

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+from trove_fetcher.clock import ServerClock, stream_info
 from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.language import default_identifier
@@ -55,8 +56,12 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             ),
             owner="fetcher",
         )
+        # The lease bucket's stream: its leader's time is the one the leases are kept on.
+        clock = ServerClock(stream_info(bus.nc, f"KV_{DOMAINS_BUCKET}"))
+        await clock.start()
         fetcher = Fetcher(
             bus=bus,
+            clock=clock,
             client=client,
             politeness=Politeness(
                 await bus.js.key_value(DOMAINS_BUCKET),
@@ -104,7 +109,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             "language models loaded", extra={"seconds": f"{time.perf_counter() - started:.2f}"}
         )
         ready.set()
-        await asyncio.gather(*(c.run(stop) for c in consumers))
+        await asyncio.gather(clock.keep(stop), *(c.run(stop) for c in consumers))
         fetcher.close()
     finally:
         await client.aclose()

@@ -66,13 +66,13 @@ class RedirectPaused(FetcherError):
 class GateDeferred(FetcherError):
     """The next request of a timeline poll may not go yet (the host's gap); not a failure.
 
-    Raised by the poll's request gate when the host's slot ``at`` (epoch seconds) is too
-    far away to wait for in the task: the poll ends with what it has read.
+    Raised by the poll's request gate when the host's slot, ``wait`` seconds away, is
+    too far to wait for in the task: the poll ends with what it has read.
     """
 
-    def __init__(self, at: float) -> None:
-        super().__init__(f"the host's next slot is at {at:.3f}")
-        self.at = at
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"the host's next slot is {wait:.3f} s away")
+        self.wait = wait
 
 
 class TooManyRedirects(FetcherError):

@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from trove_fetcher.clock import Clock, WallClock
 from trove_fetcher.completion import (
     Work,
     completed,
@@ -175,8 +176,11 @@ class Fetcher:
         parse_workers: int = 2,
         allowed_networks: Sequence[str] = (),
         exclusions: Exclusions = NO_EXCLUSIONS,
+        clock: Clock | None = None,
     ) -> None:
         self.bus = bus
+        #: The time leases and slots are kept on, shared by every pod (``clock``).
+        self.clock: Clock = clock or WallClock()
         self.exclusions = exclusions
         self.client = client
         self.politeness = politeness
@@ -207,9 +211,9 @@ class Fetcher:
             max_message_bytes=max_message_bytes,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
-        #: The furthest slot this pod has planned (``time.time()``), for the gauge.
+        #: The furthest slot this pod has planned (on ``clock``), for the gauge.
         self.furthest_slot = 0.0
-        RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - time.time()))
+        RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - self.clock.now()))
 
     async def handle(self, msg: Msg) -> None:
         event = decode_event(msg.data)
@@ -254,7 +258,7 @@ class Fetcher:
             await self._complete(job, rejected(job.work, refusal, datetime.now(UTC)))
             return
         if job.slot is not None:
-            early = job.slot - time.time()
+            early = job.slot - self.clock.now()
             if early > LOCAL_WAIT:
                 # Back from the horizon before its slot: it keeps the slot. Taking the
                 # lease now would let it jump the host's queue.
@@ -307,13 +311,13 @@ class Fetcher:
         a pod that dies in it holds the host as one that dies mid-request.
         """
         while True:
-            now = time.time()
+            now = self.clock.now()
             decision = await self.politeness.acquire(
                 domain, now, reserved=reserved, ahead=LOCAL_WAIT
             )
             if isinstance(decision, Granted):
                 LEASES.labels("granted").inc()
-                early = decision.start - time.time()
+                early = decision.start - self.clock.now()
                 if early > 0:
                     LEASES.labels("waited").inc()
                     await asyncio.sleep(early)
@@ -321,7 +325,7 @@ class Fetcher:
             # From the clock now, not from ``now``: under load the round trip behind the
             # decision takes a good part of a gap, and sleeping the whole wait after it
             # would send the request that much past its slot.
-            wait = decision.at - time.time()
+            wait = decision.at - self.clock.now()
             if wait > LOCAL_WAIT:
                 return decision
             LEASES.labels("waited").inc()
@@ -345,13 +349,13 @@ class Fetcher:
         *,
         gap: float | None = None,
     ) -> None:
-        """End the lease: the host is free one gap after ``end`` (now); ``observation``
-        is folded into the host's policy, and ``gap`` (a Crawl-delay) set, in the same
-        write."""
+        """End the lease: the host is free one gap after ``end`` (a ``time.time()``; now
+        if None); ``observation`` is folded into the host's policy, and ``gap`` (a
+        Crawl-delay) set, in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
-        finished = time.time() if end is None else end
+        finished = self.clock.at(time.time() if end is None else end)
         try:
             await self._patiently(
                 lambda: self.politeness.finish(hold.domain, grant, finished, observation, gap=gap)
@@ -383,7 +387,7 @@ class Fetcher:
         """Come back at ``slot`` (or at the horizon, keeping the slot), as a scheduled message."""
         LEASES.labels("deferred").inc()
         self.furthest_slot = max(self.furthest_slot, slot)
-        at = schedule_at(slot, time.time(), self.horizon)
+        at = schedule_at(slot, self.clock.now(), self.horizon)
         carried = Carried(slot, chain, job.avoid)
         hops = len(chain.hops) if chain is not None else 0
         # One schedule per handled message and chain position, whatever slot it got: a
@@ -725,7 +729,7 @@ class Fetcher:
         domain = domain_of(url)
         decision = await self._acquire(domain, False)
         if isinstance(decision, Deferred):
-            raise GateDeferred(decision.at)
+            raise GateDeferred(decision.at - self.clock.now())
         hold = _Hold(domain, decision)
         try:
             yield
@@ -739,13 +743,13 @@ class Fetcher:
             domain = domain_of(url)
             decision = await self._acquire(domain, False)
             if isinstance(decision, Deferred):
-                raise GateDeferred(decision.at)
+                raise GateDeferred(decision.at - self.clock.now())
             try:
                 policy = await self._read_robots(
                     origin_of(url), domain, _Hold(domain, decision), ()
                 )
             except RedirectPaused as paused:
-                raise GateDeferred(paused.at) from paused
+                raise GateDeferred(paused.at - self.clock.now()) from paused
         return policy.allows(url, self.robots_token)
 
     def close(self) -> None:

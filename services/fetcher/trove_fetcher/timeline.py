@@ -56,7 +56,6 @@ import asyncio
 import json
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -581,7 +580,7 @@ class TimelinePoller:
             await self._poll(request, progress)
         except GateDeferred as deferred:
             progress.more = True
-            progress.wait(deferred.at - time.time())
+            progress.wait(deferred.wait)
         except _Stop as stopped:
             stop = stopped
         except _MachineryFailed as failed:
@@ -779,7 +778,7 @@ class TimelinePoller:
                     f"robots.txt disallows {urlsplit(current).path}",
                 )
             if progress.rate_spent:
-                raise GateDeferred(time.time() + (progress.retry_after or 0.0))
+                raise GateDeferred(progress.retry_after or 0.0)
             try:
                 async with self._gate(current):
                     progress.requests += 1

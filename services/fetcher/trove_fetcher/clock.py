@@ -1,0 +1,158 @@
+"""The one clock the fetcher pods keep politeness by: nats-server's, as each pod reads it.
+
+A host's record in ``trove_domains`` holds instants (``free_at``, ``busy_until``,
+``next``, ``backoff_until``) that one pod writes and another compares with its own
+"now". On the pods' own wall clocks, a pod whose clock ran a second ahead of the others
+would find every host free a second early and send inside the gap; one a second behind
+would make the others do so. Nodes are meant to be kept in time by NTP, but politeness
+should not rest on every node's being so. So no pod keeps politeness on its own clock:
+each measures how far its clock is from nats-server's and reads every shared instant on
+nats-server's time, which is also the time the scheduled messages that bring deferred
+work back fire by.
+
+The measure: a JetStream API answer carries the server's time (``ts``, nats-server
+2.10+), stamped between the request leaving and the answer arriving; the middle of that
+round trip is the estimate, and half of it the most it can be wrong by. As NTP's clock
+filter does, the pod keeps the estimate of the shortest round trip among its latest
+ones, so a round trip slowed by load does not move the clock. And it keeps to the safe
+side of that error: ``now`` is the earliest the server's time can be (a host is never
+found free too soon), ``at`` the latest a local instant can be (a gap counts from an end
+no earlier than the real one). On one machine the error is a fraction of a
+millisecond.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from nats.aio.client import Client
+
+from trove_schema.metrics import CLOCK_OFFSET
+
+log = logging.getLogger("trove.fetcher.clock")
+
+#: Seconds between two reads of the server's time.
+PROBE_INTERVAL = 30.0
+#: Reads the estimate is chosen among (the latest ones: four minutes at the interval).
+KEPT = 8
+#: Reads at the start, before the pod takes its first lease.
+FIRST_READS = 3
+#: An offset past which the pod's clock is worth a warning: its node is not in time.
+WARN_OFFSET = 1.0
+
+#: One request to nats-server's JetStream API, answered with its JSON body.
+Ask = Callable[[], Awaitable[bytes]]
+
+
+class Clock(Protocol):
+    """The time the pods share: ``now``, and a local ``time.time()`` read on it."""
+
+    def now(self) -> float: ...
+    def at(self, local: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The server's time less the pod's, within ``error`` seconds either way."""
+
+    offset: float
+    error: float
+
+
+def reading(sent: float, answered: float, server_time: float) -> Reading:
+    """What one round trip says: the server stamped its answer between ``sent`` and
+    ``answered`` (the pod's clock), so at their middle, give or take half of it."""
+    half = max(0.0, answered - sent) / 2
+    return Reading(offset=server_time - (sent + half), error=half)
+
+
+def server_time(answer: bytes) -> float:
+    """The ``ts`` of a JetStream API answer, as epoch seconds (to the microsecond)."""
+    stamp = json.loads(answer)["ts"]
+    # RFC 3339 with nanoseconds; Python's parser takes six digits of a fraction at most.
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    micros = (fraction + "000000")[:6]
+    return datetime.fromisoformat(f"{head}.{micros}+00:00").timestamp()
+
+
+def stream_info(nc: Client, stream: str, timeout: float = 5.0) -> Ask:
+    """Asks for ``stream``'s info, which the server that leads the stream answers."""
+
+    async def ask() -> bytes:
+        return (await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=timeout)).data
+
+    return ask
+
+
+class ServerClock:
+    """nats-server's time as this pod keeps it (see the module's docstring)."""
+
+    def __init__(self, ask: Ask, *, wall: Callable[[], float] = time.time) -> None:
+        self._ask = ask
+        self._wall = wall
+        self._readings: deque[Reading] = deque(maxlen=KEPT)
+        self.offset = 0.0
+        self.error = 0.0
+
+    def now(self) -> float:
+        """The earliest the server's time can be now."""
+        return self._wall() + self.offset - self.error
+
+    def at(self, local: float) -> float:
+        """The latest the server's time can have been at ``local`` (a ``time.time()``)."""
+        return local + self.offset + self.error
+
+    async def read(self) -> Reading:
+        """Ask the server its time once, and keep the best estimate of the latest ones."""
+        sent = self._wall()
+        answer = await self._ask()
+        answered = self._wall()
+        measured = reading(sent, answered, server_time(answer))
+        self._readings.append(measured)
+        best = min(self._readings, key=lambda r: r.error)
+        self.offset, self.error = best.offset, best.error
+        CLOCK_OFFSET.set(self.offset)
+        return measured
+
+    async def start(self) -> None:
+        """The first reads, before any lease: the start fails if the server cannot say."""
+        for _ in range(FIRST_READS):
+            await self.read()
+        if abs(self.offset) >= WARN_OFFSET:
+            log.warning(
+                "this pod's clock is %.3f s %s nats-server's; leases keep to nats-server's",
+                abs(self.offset),
+                "behind" if self.offset > 0 else "ahead of",
+            )
+
+    async def keep(self, stop: asyncio.Event, interval: float = PROBE_INTERVAL) -> None:
+        """Read the server's time every ``interval`` until ``stop``; a read that fails
+        (the broker away) leaves the estimate as it was."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+            try:
+                await self.read()
+            except Exception as exc:  # the broker away, or an answer without a time
+                log.debug("server time not read: %s", exc)
+
+
+class WallClock:
+    """The pod's own clock, for a fetcher alone with its tests."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def at(self, local: float) -> float:
+        return local

@@ -1,0 +1,105 @@
+"""A pod's reading of nats-server's time, against the real server.
+
+The pod's own clock is set off by a known amount (``wall``), as a node out of time
+would be; the server's is the machine's, so the offset the pod finds must be that
+amount, within the round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.conftest import eventually
+from trove_fetcher.clock import KEPT, Ask, ServerClock, reading, server_time, stream_info
+from trove_schema.bus import Bus
+from trove_schema.topology import DOMAINS_BUCKET
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+def server(bus: Bus) -> Ask:
+    """The question the fetcher asks: the lease bucket's stream info."""
+    return stream_info(bus.nc, f"KV_{DOMAINS_BUCKET}")
+
+
+def test_a_reading_is_the_middle_of_the_round_trip_within_half_of_it() -> None:
+    measured = reading(sent=100.0, answered=100.4, server_time=103.0)
+    assert measured.offset == pytest.approx(2.8)
+    assert measured.error == pytest.approx(0.2)
+
+
+def test_the_servers_nanoseconds_are_read_to_the_microsecond() -> None:
+    assert server_time(b'{"ts": "2026-11-27T22:05:53.039293459Z"}') == pytest.approx(
+        1795817153.039293, abs=1e-6
+    )
+    assert server_time(b'{"ts": "2026-11-27T22:05:53Z"}') == 1795817153.0
+
+
+@pytest.mark.parametrize("skew", [-7.5, 0.0, 3.0])
+async def test_a_pod_finds_how_far_its_clock_is_from_the_servers(bus: Bus, skew: float) -> None:
+    clock = ServerClock(server(bus), wall=lambda: time.time() + skew)
+    await clock.start()
+
+    assert clock.offset == pytest.approx(-skew, abs=0.05)
+    assert 0.0 <= clock.error < 0.05
+    # On the server's time whatever the pod's clock says, and on the safe side of it.
+    assert clock.now() <= time.time() <= clock.now() + 0.1
+    local = time.time() + skew
+    assert clock.at(local) >= local - skew
+
+
+async def test_a_slow_round_trip_does_not_move_the_clock(bus: Bus) -> None:
+    ask = server(bus)
+    slow = False
+
+    async def maybe_slow() -> bytes:
+        answer = await ask()
+        if slow:  # the answer held up on its way back, as under load
+            await asyncio.sleep(0.4)
+        return answer
+
+    clock = ServerClock(maybe_slow)
+    await clock.start()
+    offset, error = clock.offset, clock.error
+    slow = True
+    late = await clock.read()
+
+    assert late.error > 0.15
+    assert (clock.offset, clock.error) == (offset, error)
+    # Once the good readings are older than the ones kept, the best of the rest counts.
+    for _ in range(KEPT):
+        await clock.read()
+    assert clock.error > 0.15
+
+
+async def test_the_pod_keeps_reading_and_a_failed_read_changes_nothing(bus: Bus) -> None:
+    ask = server(bus)
+    asked = 0
+    failing = False
+
+    async def counted() -> bytes:
+        nonlocal asked
+        asked += 1
+        if failing:
+            raise TimeoutError("the broker away")
+        return await ask()
+
+    async def reads() -> int:
+        return asked
+
+    clock = ServerClock(counted)
+    await clock.start()
+    started, offset = asked, clock.offset
+    stop = asyncio.Event()
+    keeping = asyncio.create_task(clock.keep(stop, interval=0.05))
+    await eventually(reads, until=lambda n: n >= started + 3, timeout=5, interval=0.01)
+    failing = True
+    failed_from = asked
+    await eventually(reads, until=lambda n: n >= failed_from + 3, timeout=5, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(keeping, 1)
+
+    assert clock.offset == pytest.approx(offset, abs=0.05)
