@@ -12,13 +12,16 @@ work back fire by.
 
 The measure: a JetStream API answer carries the server's time (``ts``, nats-server
 2.10+), stamped between the request leaving and the answer arriving; the middle of that
-round trip is the estimate, and half of it the most it can be wrong by. As NTP's clock
-filter does, the pod keeps the estimate of the shortest round trip among its latest
-ones, so a round trip slowed by load does not move the clock. And it keeps to the safe
-side of that error: ``now`` is the earliest the server's time can be (a host is never
-found free too soon), ``at`` the latest a local instant can be (a gap counts from an end
-no earlier than the real one). On one machine the error is a fraction of a
-millisecond.
+round trip is the estimate, and half of it the most it can be wrong by. It is kept
+against the pod's monotonic clock, not its wall clock, so a step of the node's clock
+(NTP setting it right) changes nothing. As NTP's clock filter does, the pod chooses
+among its latest readings the one least in doubt, a reading's doubt being half its
+round trip plus what the two clocks may have drifted since (``DRIFT``): a round trip
+slowed by load does not move the clock, and an old reading gives way to a fresh one.
+And the pod keeps to the safe side of that doubt: ``now`` is the earliest the server's
+time can be (a host is never found free too soon), ``at`` the latest a local instant
+can be on it (a gap counts from an end no earlier than the real one). On one machine
+the doubt is a fraction of a millisecond.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ KEPT = 8
 FIRST_READS = 3
 #: An offset past which the pod's clock is worth a warning: its node is not in time.
 WARN_OFFSET = 1.0
+#: How fast two clocks may drift apart, at most (seconds a second): a clock that NTP
+#: does not discipline is good to 100 ppm.
+DRIFT = 1e-4
 
 #: One request to nats-server's JetStream API, answered with its JSON body.
 Ask = Callable[[], Awaitable[bytes]]
@@ -62,17 +68,23 @@ class Clock(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """The server's time less the pod's, within ``error`` seconds either way."""
+    """The server's time less the pod's monotonic clock, within ``error`` seconds either
+    way, read at ``taken`` (on the monotonic clock)."""
 
     offset: float
     error: float
+    taken: float
+
+    def doubt(self, at: float) -> float:
+        """How far off the reading may be at ``at``: its error, and the drift since."""
+        return self.error + DRIFT * max(0.0, at - self.taken)
 
 
 def reading(sent: float, answered: float, server_time: float) -> Reading:
     """What one round trip says: the server stamped its answer between ``sent`` and
-    ``answered`` (the pod's clock), so at their middle, give or take half of it."""
+    ``answered`` (the pod's monotonic clock), so at their middle, give or take half."""
     half = max(0.0, answered - sent) / 2
-    return Reading(offset=server_time - (sent + half), error=half)
+    return Reading(offset=server_time - (sent + half), error=half, taken=answered)
 
 
 def server_time(answer: bytes) -> float:
@@ -96,30 +108,49 @@ def stream_info(nc: Client, stream: str, timeout: float = 5.0) -> Ask:
 class ServerClock:
     """nats-server's time as this pod keeps it (see the module's docstring)."""
 
-    def __init__(self, ask: Ask, *, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        ask: Ask,
+        *,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ask = ask
         self._wall = wall
+        self._monotonic = monotonic
         self._readings: deque[Reading] = deque(maxlen=KEPT)
-        self.offset = 0.0
-        self.error = 0.0
+        #: The reading in use; before the first, the pod's own wall clock.
+        self._best = Reading(offset=wall() - monotonic(), error=0.0, taken=monotonic())
+
+    @property
+    def offset(self) -> float:
+        """The server's time less the pod's wall clock, as estimated."""
+        return self._monotonic() + self._best.offset - self._wall()
+
+    @property
+    def error(self) -> float:
+        """How far off ``offset`` may be now, either way."""
+        return self._best.doubt(self._monotonic())
 
     def now(self) -> float:
         """The earliest the server's time can be now."""
-        return self._wall() + self.offset - self.error
+        at = self._monotonic()
+        return at + self._best.offset - self._best.doubt(at)
 
     def at(self, local: float) -> float:
-        """The latest the server's time can have been at ``local`` (a ``time.time()``)."""
-        return local + self.offset + self.error
+        """The latest the server's time can have been at ``local`` (a ``time.time()``,
+        of a moment just past: it is placed on the monotonic clock by the wall clock's
+        reading now)."""
+        at = self._monotonic()
+        return local - self._wall() + at + self._best.offset + self._best.doubt(at)
 
     async def read(self) -> Reading:
-        """Ask the server its time once, and keep the best estimate of the latest ones."""
-        sent = self._wall()
+        """Ask the server its time once, and choose among the latest readings."""
+        sent = self._monotonic()
         answer = await self._ask()
-        answered = self._wall()
-        measured = reading(sent, answered, server_time(answer))
+        measured = reading(sent, self._monotonic(), server_time(answer))
         self._readings.append(measured)
-        best = min(self._readings, key=lambda r: r.error)
-        self.offset, self.error = best.offset, best.error
+        self._best = min(self._readings, key=lambda r: r.doubt(measured.taken))
         CLOCK_OFFSET.set(self.offset)
         return measured
 
