@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -82,6 +83,10 @@ async def test_a_pod_whose_clock_runs_ahead_keeps_the_gap_of_the_others(
         seen = sorted(server.requests_for(HOST), key=lambda s: s.at)
 
     assert {e.outcome.value for e in events.values()} == {"success"}
+    # The pod found its clock as far off as the test set it, and said so.
+    said = re.findall(r"(\d+\.\d+) s ahead of nats-server's", ahead.log_path.read_text())
+    assert said, "the pod ahead did not warn of its clock"
+    assert float(said[0]) == pytest.approx(SKEW, abs=0.05)
     senders = [s.headers.get("user-agent", "") for s in seen]
     by_pod = {pod: sum(pod in ua for ua in senders) for pod in ("in-time", "ahead")}
     assert all(by_pod.values()), f"one pod sent every request: {by_pod}"
