@@ -11,6 +11,7 @@ import asyncio
 import time
 
 import pytest
+from nats.js.errors import ServiceUnavailableError
 
 from tests.conftest import eventually
 from trove_fetcher.clock import KEPT, Ask, ServerClock, reading, server_time, stream_info
@@ -36,6 +37,12 @@ def test_the_servers_nanoseconds_are_read_to_the_microsecond() -> None:
         1795817153.039293, abs=1e-6
     )
     assert server_time(b'{"ts": "2026-11-27T22:05:53Z"}') == 1795817153.0
+
+
+def test_an_answer_that_is_an_error_raises_it() -> None:
+    answer = b'{"error": {"code": 503, "err_code": 10008, "description": "no leader"}}'
+    with pytest.raises(ServiceUnavailableError):
+        server_time(answer)
 
 
 @pytest.mark.parametrize("skew", [-7.5, 0.0, 3.0])

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nats.js.errors import APIError, ServiceUnavailableError
 
 from tests.conftest import eventually
 from tests.support import readiness
@@ -22,6 +23,14 @@ def test_a_broker_timeout_behind_a_topology_error_is_infrastructure_away() -> No
     error = TopologyError("could not reconcile the JetStream topology")
     error.__cause__ = TimeoutError("nats: timeout")
     assert infrastructure_away(error)
+
+
+def test_jetstream_not_there_yet_is_infrastructure_away() -> None:
+    unavailable = ServiceUnavailableError(
+        code=503, err_code=10008, description="JetStream system temporarily unavailable"
+    )
+    assert infrastructure_away(unavailable)
+    assert not infrastructure_away(APIError(code=400, description="bad request"))
 
 
 def test_a_programming_error_is_not_infrastructure_away() -> None:

@@ -144,6 +144,8 @@ def infrastructure_away(exc: BaseException) -> bool:
     import nats.errors
     from sqlalchemy.exc import InterfaceError, OperationalError
 
+    from trove_schema.bus import broker_trouble
+
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -162,7 +164,7 @@ def infrastructure_away(exc: BaseException) -> bool:
             | asyncpg.CannotConnectNowError
             | asyncpg.PostgresConnectionError
             | asyncpg.TooManyConnectionsError,
-        ):
+        ) or broker_trouble(current):
             return True
         current = current.__cause__ or current.__context__
     return False

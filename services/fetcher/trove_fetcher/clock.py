@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Protocol
 
 from nats.aio.client import Client
+from nats.js.errors import APIError
 
 from trove_schema.metrics import CLOCK_OFFSET
 
@@ -88,8 +89,12 @@ def reading(sent: float, answered: float, server_time: float) -> Reading:
 
 
 def server_time(answer: bytes) -> float:
-    """The ``ts`` of a JetStream API answer, as epoch seconds (to the microsecond)."""
-    stamp = json.loads(answer)["ts"]
+    """The ``ts`` of a JetStream API answer, as epoch seconds (to the microsecond); an
+    answer that is an error raises it (a 503: JetStream not there yet, or no leader)."""
+    body = json.loads(answer)
+    if "error" in body:
+        APIError.from_error(body["error"])
+    stamp = body["ts"]
     # RFC 3339 with nanoseconds; Python's parser takes six digits of a fraction at most.
     head, _, fraction = stamp.rstrip("Z").partition(".")
     micros = (fraction + "000000")[:6]
