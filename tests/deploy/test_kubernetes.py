@@ -533,6 +533,20 @@ def test_cnpg_cluster_is_well_formed(variant: str) -> None:
     assert spec["imageName"].startswith("ghcr.io/cloudnative-pg/postgresql:16")
 
 
+def test_a_replicated_database_commits_on_a_standby_and_a_lone_one_waits_for_none() -> None:
+    """A failover must not promote a standby without the recorder's last batches (their
+    events were acknowledged), and a lone instance has no standby to wait for."""
+    (production,) = of_kind(rendered("production"), "Cluster")
+    assert production["spec"]["instances"] >= 2
+    synchronous = production["spec"]["postgresql"]["synchronous"]
+    assert synchronous["method"] in {"any", "first"}
+    assert 1 <= synchronous["number"] < production["spec"]["instances"]
+    assert synchronous["dataDurability"] == "preferred"  # no standby up: go on, do not hang
+    (local,) = of_kind(rendered("local"), "Cluster")
+    assert local["spec"]["instances"] == 1
+    assert "synchronous" not in local["spec"]["postgresql"]
+
+
 # ---------------------------------------------------------------------------- KEDA
 
 

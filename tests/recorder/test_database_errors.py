@@ -12,7 +12,12 @@ from sqlalchemy.dialects.postgresql.asyncpg import (
     AsyncAdapt_asyncpg_dbapi,
 )
 
-from trove_recorder.database import as_retry, database_trouble_is_retried
+from trove_recorder.database import (
+    UNAVAILABLE_DELAY,
+    as_retry,
+    database_trouble_is_retried,
+    takes_no_writes,
+)
 from trove_schema.bus import Retry
 from trove_schema.errors import MalformedEvent
 
@@ -34,6 +39,19 @@ AWAY = [
     # A migration ran while the pod was up: its prepared statements went stale.
     pg.InvalidCachedStatementError("cached plan must not change result type"),
     pg_client.OutdatedSchemaCacheError("type 'x' was changed"),
+]
+
+#: The server is there and cannot take the writes, whatever the events say.
+UNWRITABLE = [
+    pg.DiskFullError('could not extend file "base/5/16386": No space left on device'),
+    pg.InsufficientResourcesError("insufficient resources"),
+    pg.PostgresIOError('could not read block 7 in file "base/5/16386": Input/output error'),
+    pg.PostgresSystemError("could not open file: Too many open files in system"),
+    pg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
+    pg.LockNotAvailableError("canceling statement due to lock timeout"),
+    pg.DataCorruptedError("invalid page in block 7 of relation base/5/16386"),
+    pg.IndexCorruptedError('index "pages_url_key" contains unexpected zero page'),
+    pg.InsufficientPrivilegeError("permission denied for table pages"),
 ]
 
 THE_EVENTS_FAULT = [
@@ -69,6 +87,22 @@ def wrapped(error: Exception) -> sa_exc.DBAPIError:
 def test_the_database_being_away_or_busy_is_a_retry(error: Exception) -> None:
     assert as_retry(error) is not None, "raw, as asyncpg raises it while connecting"
     assert as_retry(wrapped(error)) is not None, "wrapped by SQLAlchemy"
+
+
+@pytest.mark.parametrize("error", UNWRITABLE, ids=lambda e: type(e).__name__)
+def test_a_database_that_cannot_take_writes_now_is_a_retry(error: Exception) -> None:
+    retry = as_retry(wrapped(error))
+    assert retry is not None
+    assert retry.delay == UNAVAILABLE_DELAY  # it waits as for an outage, not as for a race
+    assert as_retry(error) is not None
+
+
+def test_only_a_read_only_server_has_its_connection_dropped() -> None:
+    assert takes_no_writes(wrapped(pg.ReadOnlySQLTransactionError("read-only transaction")))
+    assert takes_no_writes(pg.ReadOnlySQLTransactionError("read-only transaction"))
+    assert not takes_no_writes(wrapped(pg.DiskFullError("No space left on device")))
+    assert not takes_no_writes(wrapped(pg.AdminShutdownError("shutting down")))
+    assert not takes_no_writes(ValueError("not the database's"))
 
 
 @pytest.mark.parametrize("error", THE_EVENTS_FAULT, ids=lambda e: type(e).__name__)

@@ -1,5 +1,6 @@
-"""Postgres away (stopped, crashed, restarting, in recovery): the recorder waits and
-catches up, loses nothing, and counts none of it against the events."""
+"""Postgres away (stopped, crashed, restarting, in recovery) or unable to take writes (a
+full disk, a primary that became a read-only standby in a failover): the recorder
+waits and catches up, loses nothing, and counts none of it against the events."""
 
 from __future__ import annotations
 
@@ -265,3 +266,170 @@ async def test_a_database_in_recovery_is_waited_for_and_not_counted_against_the_
                 assert await count(engine, "SELECT count(*) FROM page_crawls") == 50
     finally:
         await engine.dispose()
+
+
+async def superuser_execute(server: EmbeddedPostgres, *statements: str) -> None:
+    """Statements run one at a time outside a transaction (``ALTER SYSTEM`` must be)."""
+    connection = await asyncpg.connect(server.url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        for statement in statements:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+#: What a full disk answers (53100, the hint and all; checked against a tablespace on a
+#: filesystem filled up) to the first write of every batch, so the test needs no mount.
+DISK_FULL = (
+    """CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      RAISE EXCEPTION 'could not extend file "base/5/16386": No space left on device'
+        USING ERRCODE = 'disk_full', HINT = 'Check free disk space.';
+    END $$""",
+    "CREATE TRIGGER disk_full BEFORE INSERT ON projected_events "
+    "FOR EACH STATEMENT EXECUTE FUNCTION disk_full()",
+)
+ROOM_AGAIN = ("DROP TRIGGER disk_full ON projected_events", "DROP FUNCTION disk_full()")
+
+
+async def test_a_full_disk_keeps_the_events_in_the_stream_until_there_is_room_again(
+    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path
+) -> None:
+    engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
+    database = StackUrls(stack.nats_url, own_postgres.url, stack.kind)
+    watch = watch_recorder(state_dir)
+    projected = "SELECT count(*) FROM projected_events"
+    try:
+        async with services(database, state_dir, watch.env, only=("recorder",)) as recorder:
+            await asyncio.gather(*(bus.publish(completed(n)) for n in range(20)))
+            await eventually(
+                lambda: count(engine, projected), until=lambda n: n == 20, timeout=30, what="20"
+            )
+            await superuser_execute(own_postgres, *DISK_FULL)
+            await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
+
+            # Five tries of the thirty events: as many as would park each one, were a
+            # full disk counted against them (a failure counted ends the wait at once).
+            await eventually(
+                watch.endings,
+                until=lambda e: e.get("retried", 0) >= 150 or e.get("failed", 0) > 0,
+                timeout=60,
+                what="five tries of 30",
+            )
+            await watch.assert_nothing_counted_against_the_events(bus)
+            recorder.check_alive()
+            assert "53100" in watch.log()
+            assert await count(engine, projected) == 20
+            await superuser_execute(own_postgres, *ROOM_AGAIN)
+            await eventually(
+                lambda: count(engine, projected),
+                until=lambda n: n == 50,
+                timeout=60,
+                what="every event projected",
+            )
+            await watch.assert_nothing_counted_against_the_events(bus)
+            assert await count(engine, "SELECT count(*) FROM page_crawls") == 50
+    finally:
+        await engine.dispose()
+
+
+class Address:
+    """A database's address, as a TCP forwarder on loopback: each new connection goes to
+    the server ``port`` names at the time, and a connection made stays where it went.
+    A failover moves the address (a managed database's writer endpoint), not the pool."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> int:
+        self._server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for pipe in self._pipes:
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            writer.close()
+            return
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            pipe = asyncio.create_task(self._pipe(source, sink))
+            self._pipes.add(pipe)
+            pipe.add_done_callback(self._pipes.discard)
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+
+async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_blamed(
+    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path, tmp_path: Path
+) -> None:
+    """The address moves to a promoted standby and the old primary stays up, read-only,
+    holding the recorder's pooled connections. The standby here lags all the way: it has
+    none of the old primary's pages, so the ids the recorder remembers are not in it."""
+    promoted = EmbeddedPostgres(
+        PostgresConfig(data_dir=tmp_path / "promoted" / "data", port=free_port("127.0.0.1"))
+    ).start()
+    old = create_async_engine(own_postgres.url, pool_pre_ping=True)
+    new = create_async_engine(promoted.url, pool_pre_ping=True)
+    watch = watch_recorder(state_dir)
+    projected = "SELECT count(*) FROM projected_events"
+    try:
+        await asyncio.to_thread(upgrade, promoted.url)
+        address = Address(own_postgres.port)
+        async with address as port:
+            url = own_postgres.url.replace(f":{own_postgres.port}/", f":{port}/")
+            assert url != own_postgres.url
+            database = StackUrls(stack.nats_url, url, stack.kind)
+            async with services(database, state_dir, watch.env, only=("recorder",)):
+                await asyncio.gather(*(bus.publish(completed(n)) for n in range(20)))
+                await eventually(
+                    lambda: count(old, projected), until=lambda n: n == 20, timeout=30, what="20"
+                )
+                address.port = promoted.port
+                await superuser_execute(
+                    own_postgres,
+                    "ALTER SYSTEM SET default_transaction_read_only = on",
+                    "SELECT pg_reload_conf()",
+                )
+                # Pages 20 to 22 were linked from the first twenty: the recorder knows
+                # their ids on the old primary.
+                await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
+                await eventually(
+                    lambda: count(new, projected),
+                    until=lambda n: n == 30,
+                    timeout=60,
+                    what="the rest projected on the promoted standby",
+                )
+                assert "25006" in watch.log()
+                await watch.assert_nothing_counted_against_the_events(bus)
+        assert await count(old, projected) == 20
+        assert await count(new, "SELECT count(*) FROM page_crawls") == 30
+        # Each attempt is on its own page: an id remembered from the old primary would
+        # have put it on whichever page has that id on the new one.
+        # (``completed(n)`` is page n, asked for by a request id that ends in n.)
+        own_page = (
+            "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
+            "WHERE p.url = 'https://blog.example/' || right(c.request_id::text, 12)::bigint"
+        )
+        assert await count(new, own_page) == 30
+    finally:
+        await old.dispose()
+        await new.dispose()
+        promoted.stop()

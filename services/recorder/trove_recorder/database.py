@@ -2,9 +2,11 @@
 
 A failure that means "the database is away or busy" (restarting, in recovery, shutting
 down, unreachable, out of connections, the connection lost mid-transaction, the pool
-exhausted, a deadlock or serialization conflict) becomes a ``Retry``: the messages go
-back to the stream untouched and nothing counts against them. Anything else is about
-the events themselves and stays an error, which may park a message in the end.
+exhausted, a deadlock or serialization conflict) or "it cannot take writes now" (a full
+disk, a failing one, a standby or a read-only primary, a lock held too long, a corrupt
+index, the role's rights revoked) becomes a ``Retry``: the messages go back to the
+stream untouched and nothing counts against them. Anything else is about the events
+themselves and stays an error, which may park a message in the end.
 
 The exception can take several shapes. SQLAlchemy wraps what asyncpg raises in a
 ``DBAPIError`` whose ``orig`` carries the SQLSTATE; while connecting, and from the
@@ -23,7 +25,7 @@ from asyncpg.exceptions import InterfaceError as AsyncpgInterfaceError
 from asyncpg.exceptions import InvalidCachedStatementError, OutdatedSchemaCacheError
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from trove_schema.bus import Retry
 
@@ -35,6 +37,27 @@ UNAVAILABLE_SQLSTATES = frozenset(
         "57P03",  # cannot_connect_now: starting up, in recovery, or a standby
         "57P05",  # idle_session_timeout: the server ended the session
         "53300",  # too_many_connections
+    }
+)
+#: read_only_sql_transaction: the server is a standby, or a primary made read-only.
+READ_ONLY_SQLSTATE = "25006"
+#: SQLSTATEs meaning the server is there but cannot take the batch's writes now. Each is
+#: the state of the server, never of the events: the same batch applies once an operator
+#: frees the disk, promotes a server, mends an index or grants the role its rights, so
+#: it waits in the stream meanwhile rather than being parked event by event.
+#: out_of_memory (53200) is not among them: a batch too large for the server's memory
+#: would fail again whole, and one event at a time, the fallback for a failed batch, fits.
+UNWRITABLE_SQLSTATES = frozenset(
+    {
+        "53000",  # insufficient_resources
+        "53100",  # disk_full: a table or an index could not grow
+        "58000",  # system_error: an error outside Postgres, from the operating system
+        "58030",  # io_error: the disk failed a read or a write
+        READ_ONLY_SQLSTATE,
+        "55P03",  # lock_not_available: a lock held past lock_timeout (a migration, a VACUUM FULL)
+        "XX001",  # data_corrupted
+        "XX002",  # index_corrupted
+        "42501",  # insufficient_privilege: the role's rights were taken away
     }
 )
 #: Class 08, connection exception: the connection failed or was lost.
@@ -80,6 +103,8 @@ def as_retry(exc: BaseException) -> Retry | None:
                 return Retry(f"transaction conflict ({state}): {cause}", delay=CONFLICT_DELAY)
             if state in UNAVAILABLE_SQLSTATES or state.startswith(CONNECTION_EXCEPTION_CLASS):
                 return Retry(f"database unavailable ({state}): {cause}", delay=UNAVAILABLE_DELAY)
+            if state in UNWRITABLE_SQLSTATES:
+                return Retry(f"database cannot write ({state}): {cause}", delay=UNAVAILABLE_DELAY)
         if isinstance(cause, InvalidCachedStatementError | OutdatedSchemaCacheError):
             # A statement prepared before the schema changed (an upgrade's migration ran
             # while this pod was up). asyncpg drops the connection's cache as it raises
@@ -97,6 +122,24 @@ def as_retry(exc: BaseException) -> Retry | None:
                 f"database unreachable: {type(cause).__name__}: {cause}", delay=UNAVAILABLE_DELAY
             )
     return None
+
+
+def takes_no_writes(exc: BaseException) -> bool:
+    """Whether ``exc`` says this connection's server is a standby or was made read-only."""
+    return any(getattr(cause, "sqlstate", None) == READ_ONLY_SQLSTATE for cause in _chain(exc))
+
+
+async def drop_connection(session: AsyncSession, exc: BaseException) -> None:
+    """Take the session's connection out of the pool, closed, once its transaction ends.
+
+    For a connection to a server that takes no writes: after a failover, the pool still
+    holds connections to the server that was the primary and now serves reads (a managed
+    database's writer endpoint moves; the old writer stays up). Each would fail every
+    batch it is given; dropped, it is replaced by a new connection to whatever the URL
+    names now.
+    """
+    connection = await session.connection()
+    await connection.invalidate(exc)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -12,7 +12,10 @@ stays. Two things keep it honest:
   so a rolled-back insert never leaves an id behind;
 - every batch reads the ``pages`` table's file node, which changes when the table is
   truncated or rebuilt (a reset, a replay into a fresh database): then the map is
-  dropped (``check_generation``).
+  dropped (``check_generation``);
+- a batch the database turned away (``Retry``) drops it too (``forget``): the server
+  may have failed over to a standby whose copy of the table is a little behind, with
+  the same file node and without the latest pages.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class PageIds:
     def get(self) -> Callable[[str], int | None]:
         """The id remembered for a URL, or None (the map's own ``get``: it is called a lot)."""
         return self._ids.get
+
+    def forget(self) -> None:
+        """Drop every id: the server behind the URL may be another one now."""
+        self._ids.clear()
+        self._generation = None
 
     async def check_generation(self, tx: Transaction) -> int | None:
         """The pages table's current generation; forgets everything if it changed."""

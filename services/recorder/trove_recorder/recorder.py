@@ -18,12 +18,17 @@ from nats.aio.msg import Msg
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from trove_recorder.database import database_trouble_is_retried, make_engine
+from trove_recorder.database import (
+    database_trouble_is_retried,
+    drop_connection,
+    make_engine,
+    takes_no_writes,
+)
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
-from trove_schema.bus import BatchConsumer, Bus
+from trove_schema.bus import BatchConsumer, Bus, Retry
 from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
@@ -73,11 +78,20 @@ class Recorder:
         await self.project([decode_event(msg.data)])
 
     async def project(self, events: Sequence[Event]) -> None:
-        with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
-            async with self.sessions.begin() as session:
-                applied = await apply_batch(
-                    session, events, self.policy, self.known, learning=self.learning
-                )
+        try:
+            with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
+                async with self.sessions.begin() as session:
+                    try:
+                        applied = await apply_batch(
+                            session, events, self.policy, self.known, learning=self.learning
+                        )
+                    except Exception as exc:
+                        if takes_no_writes(exc):
+                            await drop_connection(session, exc)
+                        raise
+        except Retry:
+            self.known.forget()  # see PageIds: the next batch may meet another server
+            raise
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
         if applied.count:
             PROJECTED.inc(applied.count)
