@@ -8,10 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+import asyncpg.exceptions as pg
 import pytest
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from tests.conftest import eventually
+from tests.recorder.test_database_errors import wrapped
 from tests.support import readiness
 from trove_schema.errors import TopologyError
 from trove_schema.service import collect_garbage, infrastructure_away
@@ -31,6 +33,31 @@ def test_jetstream_not_there_yet_is_infrastructure_away() -> None:
     )
     assert infrastructure_away(unavailable)
     assert not infrastructure_away(APIError(code=400, description="bad request"))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pg.CannotConnectNowError("the database system is starting up"),
+        pg.TooManyConnectionsError("sorry, too many clients already"),
+        pg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        pg.DiskFullError('could not extend file "base/5/16386": No space left on device'),
+        pg.ReadOnlySQLTransactionError("cannot execute CREATE TABLE in a read-only transaction"),
+        pg.LockNotAvailableError("canceling statement due to lock timeout"),
+        pg.DeadlockDetectedError("deadlock detected"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_database_away_or_unable_to_write_is_infrastructure_away(error: Exception) -> None:
+    """Also behind a migration's SQLAlchemy error: a start whose migration meets a
+    read-only or full database waits for it, as the recorder's batches do."""
+    assert infrastructure_away(error)
+    assert infrastructure_away(wrapped(error))
+
+
+def test_a_statement_the_database_rejects_is_not_infrastructure_away() -> None:
+    assert not infrastructure_away(wrapped(pg.UndefinedColumnError("column does not exist")))
+    assert not infrastructure_away(wrapped(pg.UniqueViolationError("duplicate key value")))
 
 
 def test_a_programming_error_is_not_infrastructure_away() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from trove_schema import sqlstates
 from trove_schema.errors import StackError, TopologyError
 from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
@@ -135,12 +136,12 @@ START_BACKOFF_CAP = 30.0
 def infrastructure_away(exc: BaseException) -> bool:
     """Whether ``exc`` says a server is not there (yet), rather than that Trove is wrong.
 
-    A JetStream cluster electing leaders, nats-server restarting, Postgres starting up
-    or in recovery: each fails a service's start-up for a while, and a process that
-    exits on it only turns the outage into a crash loop.
+    A JetStream cluster electing leaders, nats-server restarting, Postgres starting up,
+    in recovery, read-only or out of disk while a migration waits to run: each fails a
+    service's start-up for a while, and a process that exits on it only turns the
+    outage into a crash loop.
     """
-    # Imported here: only a failing start needs them (the fetcher never loads asyncpg).
-    import asyncpg
+    # Imported here: only a failing start needs them (the fetcher never loads SQLAlchemy).
     import nats.errors
     from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -160,11 +161,13 @@ def infrastructure_away(exc: BaseException) -> bool:
             | nats.errors.ConnectionClosedError
             | nats.errors.TimeoutError
             | OperationalError
-            | InterfaceError
-            | asyncpg.CannotConnectNowError
-            | asyncpg.PostgresConnectionError
-            | asyncpg.TooManyConnectionsError,
+            | InterfaceError,
         ) or broker_trouble(current):
+            return True
+        state = getattr(current, "sqlstate", None)  # asyncpg's, raw or under SQLAlchemy's
+        if isinstance(state, str) and (
+            sqlstates.away(state) or sqlstates.unwritable(state) or state in sqlstates.CONFLICT
+        ):
             return True
         current = current.__cause__ or current.__context__
     return False

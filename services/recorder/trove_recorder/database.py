@@ -4,9 +4,9 @@ A failure that means "the database is away or busy" (restarting, in recovery, sh
 down, unreachable, out of connections, the connection lost mid-transaction, the pool
 exhausted, a deadlock or serialization conflict) or "it cannot take writes now" (a full
 disk, a failing one, a standby or a read-only primary, a lock held too long, a corrupt
-index, the role's rights revoked) becomes a ``Retry``: the messages go back to the
-stream untouched and nothing counts against them. Anything else is about the events
-themselves and stays an error, which may park a message in the end.
+index, the role's rights revoked; ``trove_schema.sqlstates``) becomes a ``Retry``: the
+messages go back to the stream untouched and nothing counts against them. Anything else
+is about the events themselves and stays an error, which may park a message in the end.
 
 The exception can take several shapes. SQLAlchemy wraps what asyncpg raises in a
 ``DBAPIError`` whose ``orig`` carries the SQLSTATE; while connecting, and from the
@@ -27,43 +27,8 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
+from trove_schema import sqlstates
 from trove_schema.bus import Retry
-
-#: SQLSTATEs meaning the server is away, going away, or coming back.
-UNAVAILABLE_SQLSTATES = frozenset(
-    {
-        "57P01",  # admin_shutdown: the server is shutting down
-        "57P02",  # crash_shutdown: another backend crashed, the server restarts
-        "57P03",  # cannot_connect_now: starting up, in recovery, or a standby
-        "57P05",  # idle_session_timeout: the server ended the session
-        "53300",  # too_many_connections
-    }
-)
-#: read_only_sql_transaction: the server is a standby, or a primary made read-only.
-READ_ONLY_SQLSTATE = "25006"
-#: SQLSTATEs meaning the server is there but cannot take the batch's writes now. Each is
-#: the state of the server, never of the events: the same batch applies once an operator
-#: frees the disk, promotes a server, mends an index or grants the role its rights, so
-#: it waits in the stream meanwhile rather than being parked event by event.
-#: out_of_memory (53200) is not among them: a batch too large for the server's memory
-#: would fail again whole, and one event at a time, the fallback for a failed batch, fits.
-UNWRITABLE_SQLSTATES = frozenset(
-    {
-        "53000",  # insufficient_resources
-        "53100",  # disk_full: a table or an index could not grow
-        "58000",  # system_error: an error outside Postgres, from the operating system
-        "58030",  # io_error: the disk failed a read or a write
-        READ_ONLY_SQLSTATE,
-        "55P03",  # lock_not_available: a lock held past lock_timeout (a migration, a VACUUM FULL)
-        "XX001",  # data_corrupted
-        "XX002",  # index_corrupted
-        "42501",  # insufficient_privilege: the role's rights were taken away
-    }
-)
-#: Class 08, connection exception: the connection failed or was lost.
-CONNECTION_EXCEPTION_CLASS = "08"
-#: The transaction lost a race with another one (deadlock_detected, serialization_failure).
-CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
 
 #: Seconds before a batch is tried again while the database is away.
 UNAVAILABLE_DELAY = 2.0
@@ -99,11 +64,11 @@ def as_retry(exc: BaseException) -> Retry | None:
     for cause in _chain(exc):
         state = getattr(cause, "sqlstate", None)
         if isinstance(state, str) and state:
-            if state in CONFLICT_SQLSTATES:
+            if state in sqlstates.CONFLICT:
                 return Retry(f"transaction conflict ({state}): {cause}", delay=CONFLICT_DELAY)
-            if state in UNAVAILABLE_SQLSTATES or state.startswith(CONNECTION_EXCEPTION_CLASS):
+            if sqlstates.away(state):
                 return Retry(f"database unavailable ({state}): {cause}", delay=UNAVAILABLE_DELAY)
-            if state in UNWRITABLE_SQLSTATES:
+            if sqlstates.unwritable(state):
                 return Retry(f"database cannot write ({state}): {cause}", delay=UNAVAILABLE_DELAY)
         if isinstance(cause, InvalidCachedStatementError | OutdatedSchemaCacheError):
             # A statement prepared before the schema changed (an upgrade's migration ran
@@ -126,7 +91,7 @@ def as_retry(exc: BaseException) -> Retry | None:
 
 def takes_no_writes(exc: BaseException) -> bool:
     """Whether ``exc`` says this connection's server is a standby or was made read-only."""
-    return any(getattr(cause, "sqlstate", None) == READ_ONLY_SQLSTATE for cause in _chain(exc))
+    return any(getattr(cause, "sqlstate", None) == sqlstates.READ_ONLY for cause in _chain(exc))
 
 
 async def drop_connection(session: AsyncSession, exc: BaseException) -> None:
