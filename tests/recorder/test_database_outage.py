@@ -408,6 +408,20 @@ async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_b
                     "ALTER SYSTEM SET default_transaction_read_only = on",
                     "SELECT pg_reload_conf()",
                 )
+
+                async def old_primary_setting() -> str:
+                    dsn = own_postgres.url.replace("postgresql+asyncpg", "postgresql")
+                    connection = await asyncpg.connect(dsn)
+                    try:
+                        return str(await connection.fetchval("SHOW default_transaction_read_only"))
+                    finally:
+                        await connection.close()
+
+                # The postmaster signals every session as it reloads: once a new session
+                # reads "on", the recorder's sessions have been told before their next batch.
+                await eventually(
+                    old_primary_setting, until=lambda v: v == "on", timeout=10, what="read-only"
+                )
                 # Pages 20 to 22 were linked from the first twenty: the recorder knows
                 # their ids on the old primary.
                 await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
