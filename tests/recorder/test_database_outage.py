@@ -46,6 +46,20 @@ def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         server.stop()
 
 
+@pytest.fixture
+async def own_engine(own_postgres: EmbeddedPostgres) -> AsyncIterator[AsyncEngine]:
+    """The test's own look at ``own_postgres`` (``engine`` is the shared database's)."""
+    engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def own_stack(stack: StackUrls, own_postgres: EmbeddedPostgres) -> StackUrls:
+    """The stack, with ``own_postgres`` for its database."""
+    return StackUrls(stack.nats_url, own_postgres.url, stack.kind)
+
+
 class RecorderWatch:
     """What the recorder process says about itself: its /metrics and its log."""
 
@@ -100,6 +114,29 @@ async def count(engine: AsyncEngine, sql: str) -> int:
         return -1  # the database is away
 
 
+PROJECTED = "SELECT count(*) FROM projected_events"
+
+
+async def publish(bus: Bus, pages: range) -> None:
+    await asyncio.gather(*(bus.publish(completed(n)) for n in pages))
+
+
+async def projected(engine: AsyncEngine, total: int, timeout: float = 60) -> None:
+    await eventually(
+        lambda: count(engine, PROJECTED),
+        until=lambda n: n == total,
+        timeout=timeout,
+        what=f"{total} events projected",
+    )
+
+
+async def assert_whole(engine: AsyncEngine, total: int, watch: RecorderWatch, bus: Bus) -> None:
+    """Every event projected, each attempt once, and none of the wait counted against any."""
+    await projected(engine, total)
+    await watch.assert_nothing_counted_against_the_events(bus)
+    assert await count(engine, "SELECT count(*) FROM page_crawls") == total
+
+
 class SteadyFlow:
     """Publishes ``CrawlCompleted`` events in small bursts until stopped, as a busy crawl does."""
 
@@ -133,10 +170,12 @@ class SteadyFlow:
 
 
 async def test_postgres_stopped_crashed_and_restarted_while_events_flow_loses_and_blames_nothing(
-    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path
+    bus: Bus,
+    own_stack: StackUrls,
+    own_engine: AsyncEngine,
+    own_postgres: EmbeddedPostgres,
+    state_dir: Path,
 ) -> None:
-    engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
-    database = StackUrls(stack.nats_url, own_postgres.url, stack.kind)
     watch = watch_recorder(state_dir)
     crawls = "SELECT count(*) FROM page_crawls"
 
@@ -149,36 +188,33 @@ async def test_postgres_stopped_crashed_and_restarted_while_events_flow_loses_an
         await eventually(flow.count, until=lambda n: n >= before + 100, timeout=30, what="flow")
         recorder.check_alive()  # the recorder waits; it does not crash
         await asyncio.to_thread(own_postgres.start)
-        reached = await count(engine, crawls)
+        reached = await count(own_engine, crawls)
         await eventually(
-            lambda: count(engine, crawls),
+            lambda: count(own_engine, crawls),
             until=lambda n: n > reached,
             timeout=30,
             what="recording again",
         )
 
-    try:
-        async with services(database, state_dir, watch.env, only=("recorder",)) as recorder:
-            async with SteadyFlow(bus) as flow:
-                await eventually(
-                    lambda: count(engine, crawls), until=lambda n: n >= 50, timeout=30, what="rows"
-                )
-                await outage("stop")
-                await outage("kill")
+    async with services(own_stack, state_dir, watch.env, only=("recorder",)) as recorder:
+        async with SteadyFlow(bus) as flow:
             await eventually(
-                lambda: count(engine, "SELECT count(*) FROM projected_events"),
-                until=lambda n: n == flow.published,
-                timeout=60,
-                what="every event projected",
+                lambda: count(own_engine, crawls), until=lambda n: n >= 50, timeout=30, what="rows"
             )
-            recorder.check_alive()
-            await watch.assert_nothing_counted_against_the_events(bus)
-        assert await count(engine, crawls) == flow.published
-        assert await count(engine, "SELECT count(DISTINCT event_id) FROM page_crawls") == (
-            flow.published
+            await outage("stop")
+            await outage("kill")
+        await eventually(
+            lambda: count(own_engine, "SELECT count(*) FROM projected_events"),
+            until=lambda n: n == flow.published,
+            timeout=60,
+            what="every event projected",
         )
-    finally:
-        await engine.dispose()
+        recorder.check_alive()
+        await watch.assert_nothing_counted_against_the_events(bus)
+    assert await count(own_engine, crawls) == flow.published
+    assert await count(own_engine, "SELECT count(DISTINCT event_id) FROM page_crawls") == (
+        flow.published
+    )
 
 
 @asynccontextmanager
@@ -222,50 +258,39 @@ async def promote(server: EmbeddedPostgres) -> None:
 
 
 async def test_a_database_in_recovery_is_waited_for_and_not_counted_against_the_events(
-    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path
+    bus: Bus,
+    own_stack: StackUrls,
+    own_engine: AsyncEngine,
+    own_postgres: EmbeddedPostgres,
+    state_dir: Path,
 ) -> None:
-    engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
-    database = StackUrls(stack.nats_url, own_postgres.url, stack.kind)
     watch = watch_recorder(state_dir)
-    projected = "SELECT count(*) FROM projected_events"
-    try:
-        async with services(database, state_dir, watch.env, only=("recorder",)):
-            await asyncio.gather(*(bus.publish(completed(n)) for n in range(20)))
+    async with services(own_stack, state_dir, watch.env, only=("recorder",)):
+        await publish(bus, range(20))
+        await projected(own_engine, 20, timeout=30)
+        async with held_in_recovery(own_postgres):
+            dsn = own_postgres.url.replace("postgresql+asyncpg", "postgresql")
+            with pytest.raises(asyncpg.CannotConnectNowError):
+                await asyncpg.connect(dsn)  # what the recorder is told meanwhile
+            await publish(bus, range(20, 50))
+
+            async def attempts() -> float:
+                endings = await watch.endings()
+                return endings.get("retried", 0) + endings.get("failed", 0)
+
             await eventually(
-                lambda: count(engine, projected), until=lambda n: n == 20, timeout=30, what="20"
+                attempts, until=lambda n: n > 0, timeout=30, what="the recorder turned away"
             )
-            async with held_in_recovery(own_postgres):
-                dsn = own_postgres.url.replace("postgresql+asyncpg", "postgresql")
-                with pytest.raises(asyncpg.CannotConnectNowError):
-                    await asyncpg.connect(dsn)  # what the recorder is told meanwhile
-                await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
 
-                async def attempts() -> float:
-                    endings = await watch.endings()
-                    return endings.get("retried", 0) + endings.get("failed", 0)
+            async def log() -> str:
+                return watch.log()
 
-                await eventually(
-                    attempts, until=lambda n: n > 0, timeout=30, what="the recorder turned away"
-                )
-
-                async def log() -> str:
-                    return watch.log()
-
-                await eventually(  # the reason it was given: the database is in recovery
-                    log, until=lambda text: "57P03" in text, timeout=30, what="57P03 in its log"
-                )
-                assert await count(engine, projected) == -1  # still away
-                await promote(own_postgres)
-                await eventually(
-                    lambda: count(engine, projected),
-                    until=lambda n: n == 50,
-                    timeout=60,
-                    what="every event projected",
-                )
-                await watch.assert_nothing_counted_against_the_events(bus)
-                assert await count(engine, "SELECT count(*) FROM page_crawls") == 50
-    finally:
-        await engine.dispose()
+            await eventually(  # the reason it was given: the database is in recovery
+                log, until=lambda text: "57P03" in text, timeout=30, what="57P03 in its log"
+            )
+            assert await count(own_engine, PROJECTED) == -1  # still away
+            await promote(own_postgres)
+            await assert_whole(own_engine, 50, watch, bus)
 
 
 async def superuser_execute(server: EmbeddedPostgres, *statements: str) -> None:
@@ -293,44 +318,33 @@ ROOM_AGAIN = ("DROP TRIGGER disk_full ON projected_events", "DROP FUNCTION disk_
 
 
 async def test_a_full_disk_keeps_the_events_in_the_stream_until_there_is_room_again(
-    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path
+    bus: Bus,
+    own_stack: StackUrls,
+    own_engine: AsyncEngine,
+    own_postgres: EmbeddedPostgres,
+    state_dir: Path,
 ) -> None:
-    engine = create_async_engine(own_postgres.url, pool_pre_ping=True)
-    database = StackUrls(stack.nats_url, own_postgres.url, stack.kind)
     watch = watch_recorder(state_dir)
-    projected = "SELECT count(*) FROM projected_events"
-    try:
-        async with services(database, state_dir, watch.env, only=("recorder",)) as recorder:
-            await asyncio.gather(*(bus.publish(completed(n)) for n in range(20)))
-            await eventually(
-                lambda: count(engine, projected), until=lambda n: n == 20, timeout=30, what="20"
-            )
-            await superuser_execute(own_postgres, *DISK_FULL)
-            await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
+    async with services(own_stack, state_dir, watch.env, only=("recorder",)) as recorder:
+        await publish(bus, range(20))
+        await projected(own_engine, 20, timeout=30)
+        await superuser_execute(own_postgres, *DISK_FULL)
+        await publish(bus, range(20, 50))
 
-            # Five tries of the thirty events: as many as would park each one, were a
-            # full disk counted against them (a failure counted ends the wait at once).
-            await eventually(
-                watch.endings,
-                until=lambda e: e.get("retried", 0) >= 150 or e.get("failed", 0) > 0,
-                timeout=60,
-                what="five tries of 30",
-            )
-            await watch.assert_nothing_counted_against_the_events(bus)
-            recorder.check_alive()
-            assert "53100" in watch.log()
-            assert await count(engine, projected) == 20
-            await superuser_execute(own_postgres, *ROOM_AGAIN)
-            await eventually(
-                lambda: count(engine, projected),
-                until=lambda n: n == 50,
-                timeout=60,
-                what="every event projected",
-            )
-            await watch.assert_nothing_counted_against_the_events(bus)
-            assert await count(engine, "SELECT count(*) FROM page_crawls") == 50
-    finally:
-        await engine.dispose()
+        # Five tries of the thirty events: as many as would park each one, were a
+        # full disk counted against them (a failure counted ends the wait at once).
+        await eventually(
+            watch.endings,
+            until=lambda e: e.get("retried", 0) >= 150 or e.get("failed", 0) > 0,
+            timeout=60,
+            what="five tries of 30",
+        )
+        await watch.assert_nothing_counted_against_the_events(bus)
+        recorder.check_alive()
+        assert "53100" in watch.log()
+        assert await count(own_engine, PROJECTED) == 20
+        await superuser_execute(own_postgres, *ROOM_AGAIN)
+        await assert_whole(own_engine, 50, watch, bus)
 
 
 class Address:
@@ -378,7 +392,12 @@ class Address:
 
 
 async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_blamed(
-    stack: StackUrls, bus: Bus, own_postgres: EmbeddedPostgres, state_dir: Path, tmp_path: Path
+    stack: StackUrls,
+    bus: Bus,
+    own_engine: AsyncEngine,
+    own_postgres: EmbeddedPostgres,
+    state_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """The address moves to a promoted standby and the old primary stays up, read-only,
     holding the recorder's pooled connections. The standby here lags all the way: it has
@@ -386,10 +405,8 @@ async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_b
     promoted = EmbeddedPostgres(
         PostgresConfig(data_dir=tmp_path / "promoted" / "data", port=free_port("127.0.0.1"))
     ).start()
-    old = create_async_engine(own_postgres.url, pool_pre_ping=True)
     new = create_async_engine(promoted.url, pool_pre_ping=True)
     watch = watch_recorder(state_dir)
-    projected = "SELECT count(*) FROM projected_events"
     try:
         await asyncio.to_thread(upgrade, promoted.url)
         address = Address(own_postgres.port)
@@ -398,10 +415,8 @@ async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_b
             assert url != own_postgres.url
             database = StackUrls(stack.nats_url, url, stack.kind)
             async with services(database, state_dir, watch.env, only=("recorder",)):
-                await asyncio.gather(*(bus.publish(completed(n)) for n in range(20)))
-                await eventually(
-                    lambda: count(old, projected), until=lambda n: n == 20, timeout=30, what="20"
-                )
+                await publish(bus, range(20))
+                await projected(own_engine, 20, timeout=30)
                 address.port = promoted.port
                 await superuser_execute(
                     own_postgres,
@@ -424,17 +439,10 @@ async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_b
                 )
                 # Pages 20 to 22 were linked from the first twenty: the recorder knows
                 # their ids on the old primary.
-                await asyncio.gather(*(bus.publish(completed(n)) for n in range(20, 50)))
-                await eventually(
-                    lambda: count(new, projected),
-                    until=lambda n: n == 30,
-                    timeout=60,
-                    what="the rest projected on the promoted standby",
-                )
+                await publish(bus, range(20, 50))
+                await assert_whole(new, 30, watch, bus)  # on the promoted standby
                 assert "25006" in watch.log()
-                await watch.assert_nothing_counted_against_the_events(bus)
-        assert await count(old, projected) == 20
-        assert await count(new, "SELECT count(*) FROM page_crawls") == 30
+        assert await count(own_engine, PROJECTED) == 20
         # Each attempt is on its own page: an id remembered from the old primary would
         # have put it on whichever page has that id on the new one.
         # (``completed(n)`` is page n, asked for by a request id that ends in n.)
@@ -444,6 +452,5 @@ async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_b
         )
         assert await count(new, own_page) == 30
     finally:
-        await old.dispose()
         await new.dispose()
         promoted.stop()
