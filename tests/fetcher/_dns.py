@@ -4,7 +4,10 @@ It runs in a thread (independent of the event loop under test), answers from a d
 the test fills (``records``: name -> (addresses, ttl); ``missing``: names that get
 NXDOMAIN with an SOA whose minimum is the negative TTL; ``silent``: names it never
 answers), counts every query by (name, type), and answers A and AAAA as DNS does:
-an address of the other family is NODATA, with the SOA.
+an address of the other family is NODATA, with the SOA. Any other name, the root
+included, is REFUSED, as an authoritative server does. ``down`` makes it answer
+nothing at all (a cluster DNS restarting); ``failing``, SERVFAIL to everything (a
+resolver that lost its way out).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class DnsServer:
     #: name -> negative TTL (the SOA's minimum) of its NXDOMAIN answer.
     missing: dict[str, int] = field(default_factory=dict)
     silent: set[str] = field(default_factory=set)
+    down: bool = False
+    failing: bool = False
     queries: Counter[tuple[str, str]] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,11 +64,14 @@ class DnsServer:
         name = question.name.to_text().rstrip(".").lower()
         with self._lock:
             self.queries[(name, dns.rdatatype.to_text(question.rdtype))] += 1
-        if name in self.silent:
+        if self.down or name in self.silent:
             return None
         response = dns.message.make_response(query)
         response.flags |= dns.flags.AA
-        if name in self.missing:
+        if self.failing:
+            response.flags &= ~dns.flags.AA
+            response.set_rcode(dns.rcode.SERVFAIL)
+        elif name in self.missing:
             response.set_rcode(dns.rcode.NXDOMAIN)
             self._soa(response, self.missing[name])
         elif name in self.records:

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.conftest import eventually
 from tests.fetcher._dns import DnsServer, dns_server
 from trove_fetcher.dns import DnsConfig, DnsResolver, parse_nameserver
-from trove_fetcher.errors import DnsTimeout, NameNotFound
+from trove_fetcher.errors import DnsTimeout, NameNotFound, ResolverAway
 
 
 class Clock:
@@ -41,6 +42,15 @@ def server() -> Iterator[DnsServer]:
         running.missing.update({"gone.trove.test": 20})
         running.silent.update({"hang.trove.test"} | {f"hang{i}.trove.test" for i in range(8)})
         running.records.update({f"n{i}.trove.test": (("127.0.0.1",), 300) for i in range(20)})
+        yield running
+
+
+@pytest.fixture
+def own_server() -> Iterator[DnsServer]:
+    """A server of the test's own, to take down or break."""
+    with dns_server("127.0.0.56") as running:
+        running.records.update({f"n{i}.trove.test": (("127.0.0.1",), 60) for i in range(4)})
+        running.silent.add("lame.trove.test")
         yield running
 
 
@@ -189,3 +199,92 @@ def test_nameserver_setting_takes_an_optional_port(text: str, parsed: tuple[str,
 def test_malformed_nameserver_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"."):
         parse_nameserver(text)
+
+
+async def test_nameservers_that_answer_nothing_are_the_pods_trouble_not_the_hosts(
+    own_server: DnsServer,
+) -> None:
+    own_server.down = True
+    resolver = _resolver(own_server, timeout=0.3)
+    with pytest.raises(ResolverAway, match="no nameserver answers for the root zone"):
+        await resolver.lookup("n0.trove.test")
+    # The root was asked once, after the name got no answer.
+    assert own_server.asked(".") == 1
+    assert resolver.away("n1.trove.test") is not None
+
+
+async def test_nameservers_that_fail_everything_are_the_pods_trouble(
+    own_server: DnsServer,
+) -> None:
+    own_server.failing = True  # SERVFAIL: a resolver that cannot reach the world
+    resolver = _resolver(own_server, timeout=0.3)
+    with pytest.raises(ResolverAway, match="SERVFAIL"):
+        await resolver.lookup("n0.trove.test")
+
+
+async def test_a_name_without_an_answer_is_its_own_trouble_while_the_nameservers_answer(
+    own_server: DnsServer,
+) -> None:
+    resolver = _resolver(own_server, timeout=0.3)
+    with pytest.raises(DnsTimeout) as raised:
+        await resolver.lookup("lame.trove.test")
+    assert not isinstance(raised.value, ResolverAway)
+    assert own_server.asked(".") == 1  # nothing else had answered since: it asked
+    assert resolver.away("n0.trove.test") is None
+
+
+async def test_no_root_query_when_the_nameservers_answered_others_meanwhile(
+    own_server: DnsServer,
+) -> None:
+    clock = Clock()
+    resolver = _resolver(own_server, clock=clock, timeout=0.5)
+    lame = asyncio.create_task(resolver.lookup("lame.trove.test"))
+    # Another name answered after the lame one was sent: the nameservers work.
+
+    async def asked() -> int:
+        return own_server.asked("lame.trove.test")
+
+    await eventually(asked, until=bool, timeout=2, interval=0.01, what="the lame name asked")
+    clock.now += 0.1
+    assert await resolver.lookup("n0.trove.test") == ("127.0.0.1",)
+    with pytest.raises(DnsTimeout):
+        await lame
+    assert own_server.asked(".") == 0
+
+
+async def test_while_the_nameservers_are_away_cached_names_resolve_and_others_wait(
+    own_server: DnsServer,
+) -> None:
+    clock = Clock()
+    resolver = _resolver(own_server, clock=clock, timeout=0.3, recheck=5.0)
+    assert await resolver.lookup("n0.trove.test") == ("127.0.0.1",)
+    own_server.down = True
+    clock.now += 1
+    with pytest.raises(ResolverAway):
+        await resolver.lookup("n1.trove.test")
+    asked = own_server.total()
+    # Within the recheck: a name not cached fails at once, without a query...
+    started = time.monotonic()
+    with pytest.raises(ResolverAway):
+        await resolver.lookup("n2.trove.test")
+    assert time.monotonic() - started < 0.2
+    assert own_server.total() == asked
+    # ... and a cached one is answered from the cache.
+    assert await resolver.lookup("n0.trove.test") == ("127.0.0.1",)
+    assert resolver.away("n0.trove.test") is None
+    assert resolver.away("n2.trove.test") is not None
+    # Back, and past the recheck: the next lookup asks, and work goes on.
+    own_server.down = False
+    clock.now += 5
+    assert resolver.away("n2.trove.test") is None
+    assert await resolver.lookup("n2.trove.test") == ("127.0.0.1",)
+    assert own_server.total() > asked
+
+
+async def test_lookups_failing_together_ask_the_root_once(own_server: DnsServer) -> None:
+    own_server.down = True
+    resolver = _resolver(own_server, timeout=0.3)
+    names = [f"n{i}.trove.test" for i in range(4)]
+    results = await asyncio.gather(*(resolver.lookup(n) for n in names), return_exceptions=True)
+    assert all(isinstance(r, ResolverAway) for r in results), results
+    assert own_server.asked(".") == 1

@@ -27,12 +27,15 @@ from tests.fetcher._servers import (
     serving,
 )
 from trove_fetcher.addresses import AddressPolicy
-from trove_fetcher.errors import BlockedAddress
+from trove_fetcher.errors import BlockedAddress, ResolverAway
+from trove_fetcher.http import FetchLimits, fetch
+from trove_fetcher.robots import fetch_robots
 from trove_fetcher.transport import (
     GuardedNetworkBackend,
     PoolConfig,
     StaticHosts,
     build_client,
+    build_network,
 )
 from trove_fetcher.useragent import UNKNOWN_VERSION, trove_version, user_agent
 from trove_schema.settings import FetcherSettings
@@ -423,3 +426,35 @@ async def test_connection_is_kept_for_the_next_request_when_gaps_are_short(
             assert response.status_code == 200
         assert keeper.streams[0]() is not None
     assert len(keeper.connects) == 1
+
+
+async def test_nameservers_away_pass_through_the_client_fetch_and_robots_untouched(
+    recorder: RecordingBackend,
+) -> None:
+    # Not a connect error that fetch() would record against the site: the pod's own
+    # nameservers answer nothing, and the caller hands the work back.
+    with dns_server("127.0.0.57") as names:
+        names.down = True
+        settings = _settings(dns_nameservers=(names.address,), dns_timeout_seconds=0.3)
+        network = build_network(settings, network_backend=recorder)
+        assert network.resolver_away("dns.trove.test") is None  # not known yet
+        async with build_client(settings, network=network) as client:
+            with pytest.raises(ResolverAway):
+                await client.get("http://dns.trove.test/")
+            with pytest.raises(ResolverAway):
+                await fetch(
+                    client,
+                    "http://other.trove.test/",
+                    etag=None,
+                    last_modified=None,
+                    limits=FetchLimits(),
+                    is_parseable=lambda kind: True,
+                )
+            with pytest.raises(ResolverAway):
+                await fetch_robots(client, "http://third.trove.test", max_bytes=1024)
+            # Known now: a name that needs a lookup waits; an address or a static entry
+            # (the settings' site.trove.test) goes on.
+            assert network.resolver_away("fourth.trove.test") is not None
+            assert network.resolver_away("site.trove.test") is None
+            assert network.resolver_away("127.0.0.1") is None
+    assert recorder.connects == []

@@ -1,9 +1,10 @@
 """One fuzz round through the real services: hostile seeds and pages in, one answer each out.
 
 The services run as real processes on the session's NATS and Postgres; the pages come
-from ``hostile.serve_hostile`` on loopback. Names that are not the server's resolve
-through a nameserver that does not exist (a closed loopback port), so nothing leaves
-127.0.0.0/8. Used by ``tests/fuzz`` (a few hundred inputs) and ``bench/bench_fuzz.py``
+from ``hostile.serve_hostile`` on loopback. Names that are not the server's go to a
+nameserver on loopback that knows none of them (``tests.fetcher._dns``: it refuses
+them), so nothing leaves 127.0.0.0/8 and such a name fails as the host's own trouble.
+Used by ``tests/fuzz`` (a few hundred inputs) and ``bench/bench_fuzz.py``
 (thousands).
 
 What must hold at the end of a round (``Report.problems`` lists what did not):
@@ -32,6 +33,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.fetcher._dns import dns_server
 from tests.fuzz.hostile import host_name, page_cases, seed_messages, serve_hostile
 from tests.support import services
 from trove_discovery.seeds import parse_seeds
@@ -71,12 +73,18 @@ class Report:
         }
 
 
-def fuzz_env(hosts: int, **extra: str) -> dict[str, str]:
+#: Where the fuzz rounds' nameserver listens.
+FUZZ_NAMESERVER = "127.0.0.59"
+
+
+def fuzz_env(hosts: int, nameserver: str, **extra: str) -> dict[str, str]:
     return {
         "TROVE_RESOLVE": ",".join(f"{host_name(n)}=127.0.0.1" for n in range(hosts)),
         "TROVE_ALLOWED_NETWORKS": "127.0.0.0/8",
-        # Every other name goes to a nameserver that is not there: no traffic leaves.
-        "TROVE_DNS_NAMESERVERS": "127.0.0.1:9",
+        # Every other name goes to a nameserver on loopback that refuses it: no traffic
+        # leaves. (One that answered nothing at all would be the pod's nameservers away,
+        # and the work would wait for them.)
+        "TROVE_DNS_NAMESERVERS": nameserver,
         "TROVE_DNS_TIMEOUT_SECONDS": "0.5",
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0",
         "TROVE_MAX_DEPTH": "0",
@@ -138,63 +146,64 @@ async def fuzz_round(
     """Run one round on an empty crawl (the caller resets the stack) and judge it."""
     started = time.monotonic()
     rng = random.Random(seed)
-    env = fuzz_env(hosts)
     report = Report()
     cases: list[Any] = []
-    async with serve_hostile(cases) as server:
-        cases.extend(page_cases(rng, page_count, hosts=hosts, port=server.port))
-        page_urls = {server.url(n, hosts): case.kind for n, case in enumerate(cases)}
-        messages = seed_messages(rng, seed_count, hosts=hosts, port=server.port)
-        for url in page_urls:
-            form = rng.randrange(3)
-            if form == 0:
-                messages.append(url.encode())
-            elif form == 1:
-                messages.append(json.dumps({"url": url, "max_depth": 0}).encode())
-            else:
-                messages.append(f"# page\r\n{url}\r\n".encode())
-        rng.shuffle(messages)
-        settings = DiscoverySettings(max_depth=0, allowed_networks=("127.0.0.0/8",))
-        expected_rejections = 0
-        accepted: set[str] = set()
-        for data in messages:
-            batch = parse_seeds(data, origin="fuzz", settings=settings)
-            expected_rejections += len(batch.rejected)
-            accepted.update(seed.url for seed in batch.accepted)
-        report.seed_messages = len(messages) - len(page_urls)
-        report.pages = len(page_urls)
-        report.rejected_seeds = expected_rejections
-        report.accepted_urls = len(accepted)
+    with dns_server(FUZZ_NAMESERVER) as names:
+        env = fuzz_env(hosts, names.address)
+        async with serve_hostile(cases) as server:
+            cases.extend(page_cases(rng, page_count, hosts=hosts, port=server.port))
+            page_urls = {server.url(n, hosts): case.kind for n, case in enumerate(cases)}
+            messages = seed_messages(rng, seed_count, hosts=hosts, port=server.port)
+            for url in page_urls:
+                form = rng.randrange(3)
+                if form == 0:
+                    messages.append(url.encode())
+                elif form == 1:
+                    messages.append(json.dumps({"url": url, "max_depth": 0}).encode())
+                else:
+                    messages.append(f"# page\r\n{url}\r\n".encode())
+            rng.shuffle(messages)
+            settings = DiscoverySettings(max_depth=0, allowed_networks=("127.0.0.0/8",))
+            expected_rejections = 0
+            accepted: set[str] = set()
+            for data in messages:
+                batch = parse_seeds(data, origin="fuzz", settings=settings)
+                expected_rejections += len(batch.rejected)
+                accepted.update(seed.url for seed in batch.accepted)
+            report.seed_messages = len(messages) - len(page_urls)
+            report.pages = len(page_urls)
+            report.rejected_seeds = expected_rejections
+            report.accepted_urls = len(accepted)
 
-        async with services(stack, state_dir, env, fetchers=fetchers) as local:
-            client = await nats.connect(stack.nats_url)
-            try:
-                for data in messages:
-                    await client.publish(SEEDS_SUBJECT, data)
-                await client.flush()
-            finally:
-                await client.close()
+            async with services(stack, state_dir, env, fetchers=fetchers) as local:
+                client = await nats.connect(stack.nats_url)
+                try:
+                    for data in messages:
+                        await client.publish(SEEDS_SUBJECT, data)
+                    await client.flush()
+                finally:
+                    await client.close()
 
-            async def progress() -> tuple[int, int]:
-                local.check_alive()
-                rejections = await _scalar(engine, "SELECT count(*) FROM seed_rejections")
-                crawled = await _scalar(
-                    engine,
-                    "SELECT count(*) FROM pages p WHERE p.url = ANY(:urls) AND EXISTS "
-                    "(SELECT 1 FROM page_crawls c WHERE c.page_id = p.id)",
-                    urls=sorted(accepted),
+                async def progress() -> tuple[int, int]:
+                    local.check_alive()
+                    rejections = await _scalar(engine, "SELECT count(*) FROM seed_rejections")
+                    crawled = await _scalar(
+                        engine,
+                        "SELECT count(*) FROM pages p WHERE p.url = ANY(:urls) AND EXISTS "
+                        "(SELECT 1 FROM page_crawls c WHERE c.page_id = p.id)",
+                        urls=sorted(accepted),
+                    )
+                    return rejections, crawled
+
+                await eventually(
+                    progress,
+                    until=lambda seen: seen[0] >= expected_rejections and seen[1] >= len(accepted),
+                    timeout=timeout,
+                    interval=0.5,
+                    what=f"{expected_rejections} rejections and {len(accepted)} crawled seeds",
                 )
-                return rejections, crawled
-
-            await eventually(
-                progress,
-                until=lambda seen: seen[0] >= expected_rejections and seen[1] >= len(accepted),
-                timeout=timeout,
-                interval=0.5,
-                what=f"{expected_rejections} rejections and {len(accepted)} crawled seeds",
-            )
-            await _judge(report, engine, stack, accepted, page_urls, expected_rejections)
-            local.check_alive()
+                await _judge(report, engine, stack, accepted, page_urls, expected_rejections)
+                local.check_alive()
     report.unexpected_errors = unexpected_log_lines(state_dir / "logs")
     report.seconds = time.monotonic() - started
     return report

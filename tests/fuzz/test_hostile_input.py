@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.fuzz.harness import fuzz_env, fuzz_round, unexpected_log_lines
+from tests.fetcher._dns import dns_server
+from tests.fuzz.harness import FUZZ_NAMESERVER, fuzz_env, fuzz_round, unexpected_log_lines
 from tests.support import query, services
 from trove_discovery.seeds import parse_seeds
 from trove_fetcher.extract import extract
@@ -235,27 +236,29 @@ async def test_work_for_a_url_no_stage_can_fetch_is_recorded_rejected(
     """An emoji host accepted before the IDNA rule, still in the stream: the fetcher
     answers `rejected` with the reason, never `failed` (retried as if the site were away)."""
     url = "http://xn--ls8h.la/"
-    async with services(stack, state_dir, fuzz_env(hosts=1), only=("fetcher", "recorder")):
-        await bus.publish(
-            PageDiscovered(
-                url=url,
-                domain="xn--ls8h.la",
-                scope=Scope(kind=ScopeKind.HOST, value="xn--ls8h.la", max_depth=0),
-                provenance=Provenance(kind="seed", origin="before the rule"),
-            )
-        )
-
-        async def attempts() -> list[Any]:
-            return list(
-                await query(
-                    engine,
-                    "SELECT c.outcome, c.error_message FROM page_crawls c "
-                    "JOIN pages p ON p.id = c.page_id WHERE p.url = :url",
+    with dns_server(FUZZ_NAMESERVER) as names:
+        env = fuzz_env(hosts=1, nameserver=names.address)
+        async with services(stack, state_dir, env, only=("fetcher", "recorder")):
+            await bus.publish(
+                PageDiscovered(
                     url=url,
+                    domain="xn--ls8h.la",
+                    scope=Scope(kind=ScopeKind.HOST, value="xn--ls8h.la", max_depth=0),
+                    provenance=Provenance(kind="seed", origin="before the rule"),
                 )
             )
 
-        rows = await eventually(attempts, until=bool, timeout=30, what="the attempt recorded")
+            async def attempts() -> list[Any]:
+                return list(
+                    await query(
+                        engine,
+                        "SELECT c.outcome, c.error_message FROM page_crawls c "
+                        "JOIN pages p ON p.id = c.page_id WHERE p.url = :url",
+                        url=url,
+                    )
+                )
+
+            rows = await eventually(attempts, until=bool, timeout=30, what="the attempt recorded")
     assert [row.outcome for row in rows] == ["rejected"]
     assert "internationalized name" in rows[0].error_message
     outbox = await query(engine, "SELECT count(*) AS n FROM outbox")

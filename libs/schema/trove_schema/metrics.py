@@ -43,6 +43,11 @@ RESERVATION_HORIZON = Gauge(
     "trove_reservation_horizon_seconds",
     "How far ahead the furthest slot this pod planned for deferred work lies",
 )
+NAMESERVERS_AWAY = Gauge(
+    "trove_nameservers_away",
+    "1 while this pod's nameservers answer nothing, not even for the root zone: work "
+    "that needs a name waits, and no host is blamed (the cluster's DNS, or the pod's network)",
+)
 CLOCK_OFFSET = Gauge(
     "trove_clock_offset_seconds",
     "nats-server's time less this pod's clock, as last estimated: the pod keeps "

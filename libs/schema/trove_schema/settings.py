@@ -248,6 +248,9 @@ class FetcherSettings(CommonSettings):
     dns_min_ttl_seconds: float = Field(default=30.0, ge=0.0)
     dns_max_ttl_seconds: float = Field(default=3600.0, ge=0.0)
     dns_max_negative_ttl_seconds: float = Field(default=300.0, ge=0.0)
+    #: Nameservers found to answer nothing are asked again after this long; until then
+    #: the work that needs a name not cached waits (``trove_fetcher.dns``).
+    dns_recheck_seconds: float = Field(default=5.0, gt=0.0)
 
     @field_validator("allowed_networks", mode="before")
     @classmethod

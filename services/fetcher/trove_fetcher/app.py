@@ -11,7 +11,7 @@ from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.language import default_identifier
 from trove_fetcher.politeness import Politeness, PolitenessConfig
-from trove_fetcher.transport import build_client
+from trove_fetcher.transport import build_client, build_network
 from trove_schema.bus import Bus, Consumer
 from trove_schema.exclusions import Exclusions
 from trove_schema.policy import LearningConfig
@@ -42,7 +42,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
     bus = await Bus.connect(settings.nats_url, name="trove-fetcher")
     # Read once: the transport refuses the hosts, the fetcher records their work.
     exclusions = Exclusions.from_settings(settings)
-    client = build_client(settings, exclusions=exclusions)
+    network = build_network(settings, exclusions=exclusions)
+    client = build_client(settings, network=network)
     try:
         await ensure_topology(
             bus.js,
@@ -83,6 +84,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             ack_wait=settings.ack_wait_seconds,
             allowed_networks=settings.allowed_networks,
             exclusions=exclusions,
+            resolver_away=network.resolver_away,
         )
         consumers = [
             Consumer(

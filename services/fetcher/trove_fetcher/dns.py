@@ -19,7 +19,15 @@ resolve its name again.
   is not cached: it says nothing about the name;
 * keeps at most ``cache_entries`` names, least recently used first out;
 * lets ``max_concurrent`` queries out at once and ends each lookup after ``timeout``;
-* asks once for a name that several jobs want at the same moment.
+* asks once for a name that several jobs want at the same moment;
+* tells the pod's trouble from the host's. A lookup that gets no answer (a timeout,
+  SERVFAIL) is the host's (a lame delegation, a dead nameserver of its own) when the
+  nameservers answered anything since it was sent; else they are asked for the root
+  zone, which every recursive resolver knows. No answer to that either, or SERVFAIL,
+  and it is ``ResolverAway``: the cluster's DNS is restarting, or the pod lost its
+  network, and nothing is recorded against the host. For ``recheck`` seconds, names
+  not in the cache then fail at once, without a query; the next lookup after that asks
+  again. The fetcher hands such work back, before it takes a lease.
 
 Names are absolute: the ``search`` list of resolv.conf is not applied (Kubernetes's
 ``ndots:5`` would otherwise send five queries for ``example.org`` before the real one),
@@ -31,20 +39,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import dns.asyncquery
 import dns.asyncresolver
 import dns.exception
 import dns.message
 import dns.nameserver
+import dns.rcode
 import dns.rdatatype
 import dns.resolver
 
-from trove_fetcher.errors import DnsFailure, DnsTimeout, NameNotFound
+from trove_fetcher.errors import DnsFailure, DnsTimeout, NameNotFound, ResolverAway
+from trove_schema.metrics import NAMESERVERS_AWAY
 from trove_schema.settings import FetcherSettings
+
+log = logging.getLogger(__name__)
 
 _LOCALHOST = ("127.0.0.1", "::1")
 
@@ -66,6 +81,9 @@ class DnsConfig:
     min_ttl: float = 30.0
     max_ttl: float = 3600.0
     max_negative_ttl: float = 300.0
+    #: How long nameservers found away are taken to be away (names not cached fail at
+    #: once meanwhile) before a lookup asks them again.
+    recheck: float = 5.0
 
     @classmethod
     def for_settings(cls, settings: FetcherSettings) -> DnsConfig:
@@ -77,6 +95,7 @@ class DnsConfig:
             min_ttl=settings.dns_min_ttl_seconds,
             max_ttl=settings.dns_max_ttl_seconds,
             max_negative_ttl=settings.dns_max_negative_ttl_seconds,
+            recheck=settings.dns_recheck_seconds,
         )
 
 
@@ -121,6 +140,10 @@ class _Part:
     nxdomain: bool = False
 
 
+def _name(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
 def _negative_ttl(response: object) -> float:
     if isinstance(response, dns.message.QueryMessage):
         with contextlib.suppress(dns.exception.DNSException):
@@ -131,8 +154,9 @@ def _negative_ttl(response: object) -> float:
 class DnsResolver:
     """``await resolver(host, port)`` -> addresses (A first, then AAAA), cached.
 
-    Raises ``NameNotFound`` (cached), ``DnsTimeout`` or ``DnsFailure`` (not cached).
-    ``clock`` is a seam for tests: TTLs are measured on it.
+    Raises ``NameNotFound`` (cached), ``DnsTimeout`` or ``DnsFailure`` (not cached),
+    or ``ResolverAway`` when the nameservers answer nothing at all. ``clock`` is a seam
+    for tests: TTLs are measured on it.
     """
 
     def __init__(
@@ -145,11 +169,14 @@ class DnsResolver:
         self._clock = clock
         if config.nameservers:
             self._resolver = dns.asyncresolver.Resolver(configure=False)
+            self._servers = [parse_nameserver(ns) for ns in config.nameservers]
             self._resolver.nameservers = [
-                dns.nameserver.Do53Nameserver(*parse_nameserver(ns)) for ns in config.nameservers
+                dns.nameserver.Do53Nameserver(*server) for server in self._servers
             ]
         else:
             self._resolver = dns.asyncresolver.Resolver(configure=True)
+            port = self._resolver.port
+            self._servers = [(str(ns), port) for ns in self._resolver.nameservers]
         # dnspython keeps its own cache only when given one: none here, ours is bounded.
         self._resolver.cache = None
         self._slots = asyncio.Semaphore(config.max_concurrent)
@@ -157,6 +184,11 @@ class DnsResolver:
         self._pending: dict[str, asyncio.Task[_Entry]] = {}
         #: Queries sent (one per record type), for the metrics and the tests.
         self.queries = 0
+        #: When the nameservers last answered (on ``clock``): a name or no such name.
+        self._answered_at = -math.inf
+        #: Since when, and why, they are taken to be away; None while they answer.
+        self._away: tuple[float, str] | None = None
+        self._probe: asyncio.Task[str | None] | None = None
 
     @property
     def cached(self) -> int:
@@ -166,8 +198,21 @@ class DnsResolver:
     async def __call__(self, host: str, port: int) -> list[str]:
         return list(await self.lookup(host))
 
+    def away(self, host: str) -> ResolverAway | None:
+        """What a lookup of ``host`` would meet now without a query: ``ResolverAway``
+        while the nameservers are taken to be away and the name is not cached."""
+        if self._away is None or self._clock() - self._away[0] >= self.config.recheck:
+            return None
+        name = _name(host)
+        if name == "localhost" or name.endswith(".localhost"):
+            return None
+        entry = self._cache.get(name)
+        if entry is not None and entry.expires > self._clock():
+            return None
+        return ResolverAway(self._away[1])
+
     async def lookup(self, host: str) -> tuple[str, ...]:
-        name = host.strip().rstrip(".").lower()
+        name = _name(host)
         if name == "localhost" or name.endswith(".localhost"):
             return _LOCALHOST
         entry = self._cache.get(name)
@@ -176,6 +221,9 @@ class DnsResolver:
                 self._cache.move_to_end(name)
                 return entry.result(host)
             del self._cache[name]
+        away = self.away(name)
+        if away is not None:
+            raise away
         task = self._pending.get(name)
         if task is None:
             task = asyncio.create_task(self._resolve(name), name=f"dns {name}")
@@ -197,15 +245,24 @@ class DnsResolver:
 
     async def _resolve(self, name: str) -> _Entry:
         config = self.config
+        sent = self._clock()
         try:
-            async with asyncio.timeout(config.timeout):
-                async with self._slots:
-                    v4, v6 = await asyncio.gather(
-                        self._ask(name, dns.rdatatype.A), self._ask(name, dns.rdatatype.AAAA)
-                    )
-        except TimeoutError:
-            raise DnsTimeout(f"resolving {name} timed out after {config.timeout:g} s") from None
+            try:
+                async with asyncio.timeout(config.timeout):
+                    async with self._slots:
+                        v4, v6 = await asyncio.gather(
+                            self._ask(name, dns.rdatatype.A), self._ask(name, dns.rdatatype.AAAA)
+                        )
+            except TimeoutError:
+                raise DnsTimeout(f"resolving {name} timed out after {config.timeout:g} s") from None
+        except (DnsTimeout, DnsFailure) as exc:
+            if self._answered_at < sent:  # nothing else answered meanwhile: is it us?
+                why = await self._nameservers_silent()
+                if why is not None:
+                    raise ResolverAway(f"resolving {name}: {exc}; {why}") from None
+            raise
         now = self._clock()
+        self._answering(now)
         addresses = v4.addresses + v6.addresses
         if addresses:
             ttl = min(part.ttl for part in (v4, v6) if part.addresses)
@@ -215,6 +272,48 @@ class DnsResolver:
         ttl = min(v4.ttl, v6.ttl)
         ttl = min(max(ttl, config.min_ttl), config.max_negative_ttl)
         return _Entry((), now + ttl, missing)
+
+    def _answering(self, now: float) -> None:
+        self._answered_at = now
+        if self._away is not None:
+            self._away = None
+            NAMESERVERS_AWAY.set(0)
+            log.info("the nameservers answer again: work that needs a name goes on")
+
+    async def _nameservers_silent(self) -> str | None:
+        """Why the nameservers are taken to be away, asked once for every lookup that
+        failed at the same moment; None when one of them answers."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._ask_root(), name="dns root")
+        return await asyncio.shield(self._probe)
+
+    async def _ask_root(self) -> str | None:
+        query = dns.message.make_query(".", dns.rdatatype.NS)
+
+        async def ask(address: str, port: int) -> str | None:
+            try:
+                response = await dns.asyncquery.udp(
+                    query, address, timeout=self.config.timeout, port=port
+                )
+            except (dns.exception.DNSException, OSError) as exc:
+                return f"{address}:{port} {type(exc).__name__}"
+            rcode = response.rcode()
+            # Any other answer (NOERROR, REFUSED, NXDOMAIN) is a server that works.
+            return f"{address}:{port} SERVFAIL" if rcode == dns.rcode.SERVFAIL else None
+
+        self.queries += len(self._servers)
+        failures = await asyncio.gather(*(ask(*server) for server in self._servers))
+        now = self._clock()
+        if not self._servers or any(why is None for why in failures):
+            self._answering(now)
+            return None
+        tried = ", ".join(why for why in failures if why)
+        why = f"no nameserver answers for the root zone ({tried})"
+        if self._away is None:
+            NAMESERVERS_AWAY.set(1)
+            log.warning("%s: work that needs a name not cached waits for them", why)
+        self._away = (now, why)
+        return why
 
     async def _ask(self, name: str, rdtype: dns.rdatatype.RdataType) -> _Part:
         self.queries += 1

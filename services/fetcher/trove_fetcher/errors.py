@@ -8,7 +8,8 @@
     ├── DnsError              a name could not be turned into addresses (``trove_fetcher.dns``)
     │   ├── NameNotFound          no such name, or no address for it (cached: negative TTL)
     │   ├── DnsTimeout            no answer within the lookup timeout
-    │   └── DnsFailure            the nameservers failed (SERVFAIL, refused, garbled)
+    │   ├── DnsFailure            the nameservers failed (SERVFAIL, refused, garbled)
+    │   └── ResolverAway          the pod's own nameservers answer nothing: not the host's fault
     └── ContentError          the body cannot be taken as it was sent
         ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
         ├── UndecodableBody       its Content-Encoding is corrupt
@@ -19,9 +20,10 @@
 
 ``fetch()`` (``trove_fetcher.http``) never raises any of these for something a site
 does: it turns them, and httpx's transport errors, into a ``CrawlOutcome``. Only
-``BlockedAddress`` leaves the transport, through ``httpx.AsyncClient.send``, and only
-``RedirectPaused`` leaves ``fetch()`` and ``fetch_robots()``: their caller's hop gate
-raises it, and the caller continues the chain later.
+``BlockedAddress`` and ``ResolverAway`` leave the transport, through
+``httpx.AsyncClient.send``. ``RedirectPaused`` leaves ``fetch()`` and
+``fetch_robots()`` (their caller's hop gate raises it, and the caller continues the
+chain later), and so does ``ResolverAway``, which no site caused: the work waits.
 A page larger than the size cap is not an error: it is cut and marked ``truncated``.
 """
 
@@ -93,6 +95,15 @@ class DnsTimeout(DnsError):
 
 class DnsFailure(DnsError):
     """The nameservers answered with a failure, or not in a way that could be read."""
+
+
+class ResolverAway(DnsError):
+    """The pod's own nameservers give no answer to anything, the root zone included.
+
+    Not the host's fault, and not recorded against it: the work that needed the name
+    is handed back until they answer again (a cluster DNS restarting, a pod whose
+    network is gone), as it is while the broker or the database is away.
+    """
 
 
 class ContentError(FetcherError):

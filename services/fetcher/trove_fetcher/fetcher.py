@@ -47,7 +47,7 @@ from trove_fetcher.completion import (
     robots_refusal,
 )
 from trove_fetcher.deferral import Carried, Chain, ChainKind, horizon, schedule_at
-from trove_fetcher.errors import GateDeferred, NotActivityStreams, RedirectPaused
+from trove_fetcher.errors import GateDeferred, NotActivityStreams, RedirectPaused, ResolverAway
 from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
@@ -177,8 +177,12 @@ class Fetcher:
         allowed_networks: Sequence[str] = (),
         exclusions: Exclusions = NO_EXCLUSIONS,
         clock: Clock | None = None,
+        resolver_away: Callable[[str], ResolverAway | None] = lambda host: None,
     ) -> None:
         self.bus = bus
+        #: Whether a host's name needs the pod's nameservers while they answer nothing
+        #: (``GuardedNetworkBackend.resolver_away``): its work waits, without a lease.
+        self.resolver_away = resolver_away
         #: The time leases and slots are kept on, shared by every pod (``clock``).
         self.clock: Clock = clock or WallClock()
         self.exclusions = exclusions
@@ -218,7 +222,10 @@ class Fetcher:
     async def handle(self, msg: Msg) -> None:
         event = decode_event(msg.data)
         if isinstance(event, TimelinePollRequested):
-            await self.poll(event)
+            try:
+                await self.poll(event)
+            except ResolverAway as exc:
+                raise _waits_for_nameservers(exc) from exc
             return
         if not isinstance(event, PageDiscovered | CrawlRequested):
             return  # not work for us; ack it
@@ -226,6 +233,8 @@ class Fetcher:
         job = Job(event, carried.slot, carried.chain, _cause(msg), carried.avoid)
         try:
             await self.process(job, msg.data)
+        except ResolverAway as exc:
+            raise _waits_for_nameservers(exc) from exc
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
             raise Retry(f"transient fetch error: {exc}") from exc
         except HopGateFailed as exc:
@@ -274,6 +283,9 @@ class Fetcher:
             job = replace(job, slot=None, chain=None)
         page_chain = job.chain  # a page's own redirect chain, if paused
         target = page_chain.next_url if page_chain is not None else job.url
+        away = self.resolver_away(domain_of(target))
+        if away is not None:
+            raise away  # before the lease: the host's slot is not spent on nothing
         robots = await self._cached_robots(target)
         if robots is not None and not robots.allows(target, self.robots_token):
             await self._complete(job, robots_refusal(job.work, robots))
@@ -797,3 +809,13 @@ def _cause(msg: Msg) -> str:
     except Exception:  # not a JetStream message
         return ""
     return f"{meta.stream}:{meta.sequence.stream}"
+
+
+#: How long work that met the pod's nameservers away waits before it is tried again.
+NAMESERVERS_RETRY_DELAY = 10.0
+
+
+def _waits_for_nameservers(exc: ResolverAway) -> Retry:
+    """The work goes back to the stream, not counted: nothing is blamed on the host (the
+    resolver logs the outage once, and ``trove_nameservers_away`` shows it)."""
+    return Retry(f"the nameservers are away: {exc}", delay=NAMESERVERS_RETRY_DELAY, expected=True)

@@ -56,6 +56,7 @@ from trove_fetcher.errors import (
     BlockedAddress,
     DecompressionBomb,
     RedirectPaused,
+    ResolverAway,
     TooManyRedirects,
     UndecodableBody,
     UnsupportedContent,
@@ -475,7 +476,7 @@ async def fetch(
                 deadline,
                 accept,
             )
-    except (RedirectPaused, HopGateFailed):
+    except (RedirectPaused, HopGateFailed, ResolverAway):
         raise
     except TimeoutError:
         ending = _Ending(

@@ -50,7 +50,7 @@ import httpx
 
 from trove_fetcher.addresses import AddressPolicy, parse_address
 from trove_fetcher.dns import DnsConfig, DnsResolver
-from trove_fetcher.errors import BlockedAddress, DnsError, DnsTimeout
+from trove_fetcher.errors import BlockedAddress, DnsError, DnsTimeout, ResolverAway
 from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
@@ -139,27 +139,42 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         self._resolver = DnsResolver() if resolver is None else resolver
         self._inner = inner or AsyncioBackend()
 
+    def resolver_away(self, host: str) -> ResolverAway | None:
+        """``ResolverAway`` when ``host`` needs a lookup that the pod's nameservers, known
+        to be away, cannot answer now (``DnsResolver.away``); None when it may go."""
+        away = getattr(self._resolver, "away", None)
+        if away is None or self._addressed(host) is not None:
+            return None
+        found: ResolverAway | None = away(host)
+        return found
+
+    def _addressed(self, host: str) -> str | None:
+        """The address ``host`` has without a lookup: a literal, or a static entry."""
+        try:
+            return str(parse_address(host))
+        except ValueError:
+            return self._static.lookup(host) or legacy_ipv4(host)
+
     async def resolve(self, host: str, port: int) -> list[str]:
         """The checked addresses for ``host``: raises BlockedAddress if any is refused."""
         # Before the name is looked up: an excluded host gets no traffic at all.
         rule = self.exclusions.covering(host.lower().rstrip("."))
         if rule is not None:
             raise BlockedAddress(host, host, f"excluded by the operator: {rule}")
-        try:
-            addresses = [str(parse_address(host))]
-        except ValueError:
-            static = self._static.lookup(host) or legacy_ipv4(host)
-            if static is not None:
-                addresses = [static]
-            else:
-                try:
-                    addresses = list(await self._resolver(host, port))
-                except DnsTimeout as exc:
-                    raise httpcore.ConnectTimeout(str(exc)) from exc
-                except DnsError as exc:
-                    raise httpcore.ConnectError(str(exc)) from exc
-                except OSError as exc:
-                    raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        known = self._addressed(host)
+        if known is not None:
+            addresses = [known]
+        else:
+            try:
+                addresses = list(await self._resolver(host, port))
+            except ResolverAway:
+                raise  # the pod's trouble, not the host's: passed through httpx untouched
+            except DnsTimeout as exc:
+                raise httpcore.ConnectTimeout(str(exc)) from exc
+            except DnsError as exc:
+                raise httpcore.ConnectError(str(exc)) from exc
+            except OSError as exc:
+                raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
         if not addresses:
             raise httpcore.ConnectError(f"cannot resolve {host}: no address")
         # All of them, not just the first: a name with one private record among public
@@ -560,26 +575,43 @@ def _no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
-def build_client(
+def build_network(
     settings: FetcherSettings,
     *,
     network_backend: httpcore.AsyncNetworkBackend | None = None,
     resolver: Resolver | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    pool: PoolConfig | None = None,
     exclusions: Exclusions | None = None,
-) -> httpx.AsyncClient:
-    """The pod's one HTTP client. ``network_backend`` and ``resolver`` are test seams;
-    ``exclusions``, when not given, are read from ``settings``."""
-    backend = GuardedNetworkBackend(
+) -> GuardedNetworkBackend:
+    """The pod's way to the network: names resolved, addresses checked. ``network_backend``
+    and ``resolver`` are test seams; ``exclusions``, when not given, are read from
+    ``settings``."""
+    return GuardedNetworkBackend(
         AddressPolicy.from_cidrs(settings.allowed_networks),
         static=StaticHosts.parse(settings.resolve),
         resolver=DnsResolver(DnsConfig.for_settings(settings)) if resolver is None else resolver,
         inner=network_backend,
         exclusions=Exclusions.from_settings(settings) if exclusions is None else exclusions,
     )
+
+
+def build_client(
+    settings: FetcherSettings,
+    *,
+    network: GuardedNetworkBackend | None = None,
+    network_backend: httpcore.AsyncNetworkBackend | None = None,
+    resolver: Resolver | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    pool: PoolConfig | None = None,
+    exclusions: Exclusions | None = None,
+) -> httpx.AsyncClient:
+    """The pod's one HTTP client, over ``network`` (else one ``build_network`` makes of
+    ``network_backend``, ``resolver`` and ``exclusions``)."""
+    if network is None:
+        network = build_network(
+            settings, network_backend=network_backend, resolver=resolver, exclusions=exclusions
+        )
     transport = GuardedTransport(
-        backend,
+        network,
         config=pool or PoolConfig.for_settings(settings),
         ssl_context=ssl_context,
     )
