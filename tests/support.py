@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,6 +47,17 @@ async def services(
         yield local
     finally:
         await asyncio.to_thread(local.stop)
+
+
+async def send(stack: StackUrls, subject: str, *payloads: bytes) -> None:
+    """What `nats pub SUBJECT ...` sends: core NATS, raw bytes, no headers."""
+    nc = await nats.connect(stack.nats_url)
+    try:
+        for payload in payloads:
+            await nc.publish(subject, payload)
+        await nc.flush()
+    finally:
+        await nc.close()
 
 
 async def readiness(port: int) -> int:

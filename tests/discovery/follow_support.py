@@ -24,17 +24,6 @@ from trove_schema.topology import EVENTS_STREAM, timeline_schedule_subject
 E = TypeVar("E", bound=Event)
 
 
-async def send(stack: StackUrls, subject: str, *payloads: bytes) -> None:
-    """What `nats pub trove.follow ...` sends: core NATS, raw bytes, no headers."""
-    nc = await nats.connect(stack.nats_url)
-    try:
-        for payload in payloads:
-            await nc.publish(subject, payload)
-        await nc.flush()
-    finally:
-        await nc.close()
-
-
 async def ask(stack: StackUrls, subject: str, payload: bytes) -> str:
     """What `nats req trove.follow ...` prints, once discovery listens."""
     nc = await nats.connect(stack.nats_url)

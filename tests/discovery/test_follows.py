@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import StackUrls, eventually
-from tests.discovery.follow_support import ask, handled, pending_poll, recorded, send
-from tests.support import services
+from tests.discovery.follow_support import ask, handled, pending_poll, recorded
+from tests.support import send, services
 from trove_discovery.follows import (
     CommandBatch,
     FollowStore,

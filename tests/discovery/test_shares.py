@@ -17,9 +17,8 @@ from tests.discovery.follow_support import (
     polled,
     publish_polled,
     recorded,
-    send,
 )
-from tests.support import services
+from tests.support import send, services
 from trove_discovery.follows import TimelineFollow
 from trove_discovery.shares import next_poll, poll_delay, shared_pages
 from trove_schema.bus import Bus, schedule_header

@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._dns import dns_server
 from tests.fuzz.hostile import host_name, page_cases, seed_messages, serve_hostile
-from tests.support import services
+from tests.support import send, services
 from trove_discovery.seeds import parse_seeds
 from trove_schema.bus import Bus
 from trove_schema.settings import DiscoverySettings
@@ -176,13 +175,7 @@ async def fuzz_round(
             report.accepted_urls = len(accepted)
 
             async with services(stack, state_dir, env, fetchers=fetchers) as local:
-                client = await nats.connect(stack.nats_url)
-                try:
-                    for data in messages:
-                        await client.publish(SEEDS_SUBJECT, data)
-                    await client.flush()
-                finally:
-                    await client.close()
+                await send(stack, SEEDS_SUBJECT, *messages)
 
                 async def progress() -> tuple[int, int]:
                     local.check_alive()
