@@ -17,7 +17,9 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from trove_fetcher.errors import GateDeferred
+from tests.conftest import eventually
+from tests.fetcher._dns import dns_server
+from trove_fetcher.errors import GateDeferred, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.timeline import TimelinePoller, id_key, read_entry
 from trove_fetcher.transport import build_client
@@ -495,6 +497,49 @@ async def test_an_unreachable_instance_is_a_failed_poll_with_the_cursor_kept(
     assert event.outcome is CrawlOutcome.FAILED
     assert (event.cursor_after, event.posts, event.requests) == ("110", (), 1)
     assert event.error_message
+
+
+async def test_a_poll_meeting_the_nameservers_away_waits_and_goes_on_when_they_answer() -> None:
+    # Not a failed poll of the instance: the pod's own nameservers answer nothing, the
+    # poll is handed back (``ResolverAway``), and the cursor and the instance are left
+    # as they were until a later poll reads them.
+    instance = FediverseInstance.generate(posts=8, seed=11)
+    with dns_server("127.0.0.62") as names:
+        names.down = True
+        settings = FetcherSettings(
+            allowed_networks=("127.0.0.0/8",),
+            dns_nameservers=(names.address,),
+            dns_timeout_seconds=0.3,
+            dns_recheck_seconds=0.5,
+        )
+        async with served(instance) as social, build_client(settings) as client:
+            names.records[social.host] = ((instance.ip,), 60)
+            first = request(social)
+            with pytest.raises(ResolverAway):
+                await poller(client).poll(first)
+            assert social.witness.requests() == []
+            assert names.asked(".") >= 1
+
+            names.down = False
+
+            async def poll_once() -> TimelinePolled | None:
+                try:
+                    return await poller(client).poll(first)
+                except ResolverAway:  # still within the recheck: no query, no request
+                    return None
+
+            event = await eventually(
+                poll_once, until=lambda polled: polled is not None, timeout=10, what="a poll"
+            )
+            assert event is not None
+            assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+            assert names.asked(social.host) >= 1
+            assert social.witness.paths(social.host)[:2] == [
+                "/.well-known/nodeinfo",
+                "/nodeinfo/2.1",
+            ]
+            assert event.cursor_before is None
+            assert uris(event)
 
 
 @pytest.mark.parametrize(
