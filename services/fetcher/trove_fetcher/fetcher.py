@@ -630,7 +630,9 @@ class Fetcher:
 
     async def _cached_robots(self, url: str) -> RobotsPolicy | None:
         origin = origin_of(url)
-        now = time.monotonic()
+        # Its age on the pods' shared clock: a policy another pod fetched is as old here
+        # as there, whatever this node's own clock says.
+        now = self.clock.now()
         local = self._robots_local.get(origin)
         if local is not None and local[0] > now:
             ROBOTS_CACHE.labels("local").inc()
@@ -646,7 +648,7 @@ class Fetcher:
             policy = RobotsPolicy.from_bytes(entry.value)
         except ValueError:
             return None  # an unreadable cache entry is a miss: fetch robots.txt again
-        if policy.expired(time.time()):
+        if policy.expired(now):
             return None
         self._remember(origin, policy)
         ROBOTS_CACHE.labels("shared").inc()
@@ -654,8 +656,9 @@ class Fetcher:
 
     def _remember(self, origin: str, policy: RobotsPolicy) -> None:
         # Never past the policy's own expiry: a pod obeys no robots.txt older than its TTL.
-        ttl = min(ROBOTS_LOCAL_TTL, policy.expires_in(time.time()))
-        self._robots_local.put(origin, (time.monotonic() + ttl, policy), len(policy.body) + 256)
+        now = self.clock.now()
+        until = min(now + ROBOTS_LOCAL_TTL, policy.expires_at)
+        self._robots_local.put(origin, (until, policy), len(policy.body) + 256)
 
     async def _resume_robots(self, job: Job, payload: bytes, chain: Chain) -> RobotsPolicy | None:
         domain = domain_of(chain.next_url)
@@ -691,6 +694,7 @@ class Fetcher:
                 total_timeout=self.limits.total_timeout,
                 before_hop=self._gate(hold),
                 resume=resume,
+                now=self.clock.now,
             )
         except RedirectPaused:
             raise

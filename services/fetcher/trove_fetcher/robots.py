@@ -32,7 +32,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -92,7 +92,8 @@ class RobotsPolicy:
 
     origin: str
     rule: RobotsRule
-    #: ``time.time()`` of the fetch: a wall clock, since pods share the cache.
+    #: When it was fetched, on the pods' shared clock (``fetch_robots``'s ``now``):
+    #: every pod judges its age, so none may read it on a clock of its own.
     fetched_at: float
     #: Seconds after ``fetched_at`` this policy is valid.
     ttl: float = DEFAULT_TTL
@@ -197,15 +198,17 @@ async def fetch_robots(
     total_timeout: float = 30.0,
     before_hop: HopGate | None = None,
     resume: Sequence[str] = (),
+    now: Callable[[], float] = time.time,
 ) -> RobotsPolicy:
     """Fetch ``origin``/robots.txt and turn the answer into a policy. Never raises
     for what a site does; ``total_timeout`` bounds the requests, redirects included.
 
     ``before_hop`` is awaited before each redirect hop with the hops so far; what it
     raises (``RedirectPaused``, ``HopGateFailed``) goes to the caller. ``resume``
-    continues a paused chain from its last hop."""
+    continues a paused chain from its last hop. ``now`` is the clock ``fetched_at`` is
+    read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``)."""
     origin = origin.rstrip("/")
-    fetched_at = time.time()
+    fetched_at = now()
     last_status: list[int] = []
     hops = list(resume)
 
