@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_cli.dead import dead_command
 from trove_cli.domain import DEFAULT_LAST, domain_command
+from trove_cli.exclusions import exclusions_command
 from trove_cli.instances import (
     command_payload,
     follow_command,
@@ -357,6 +358,21 @@ async def cmd_domain(args: argparse.Namespace, settings: CommonSettings) -> int:
     return await domain_command(nats_url, db_url, args.host, args.last, console)
 
 
+async def cmd_exclusions(args: argparse.Namespace, settings: CommonSettings) -> int:
+    nats_url, _ = _urls(settings)
+    if not nats_url:
+        console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
+        return 2
+    action = {"exclude": "exclude", "include": "include"}.get(args.command, "list")
+    return await exclusions_command(
+        nats_url,
+        console,
+        action=action,
+        hosts=getattr(args, "hosts", ()),
+        reason=getattr(args, "reason", ""),
+    )
+
+
 def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
     local = LocalTrove(
         state_dir=settings.state_dir,
@@ -469,6 +485,14 @@ def parser() -> argparse.ArgumentParser:
         "--timeline", default=None, help="this timeline only (default: every timeline)"
     )
     sub.add_parser("instances", help="the followed fediverse timelines and their state")
+    exclude = sub.add_parser(
+        "exclude", help="keep Trove away from hosts, and every name below them, within seconds"
+    )
+    exclude.add_argument("hosts", nargs="+", metavar="HOST", help="a host name or a URL")
+    exclude.add_argument("--reason", default="", help="kept as the line's comment")
+    include = sub.add_parser("include", help="take hosts off the shared list of excluded hosts")
+    include.add_argument("hosts", nargs="+", metavar="HOST")
+    sub.add_parser("exclusions", help="the shared list of excluded hosts")
     sub.add_parser("status", help="consumer lag and what the tables hold")
     search = sub.add_parser("search", help="full-text search over the fetched pages")
     search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
@@ -523,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "follow": cmd_follow,
             "unfollow": cmd_follow,
             "instances": cmd_instances,
+            "exclude": cmd_exclusions,
+            "include": cmd_exclusions,
+            "exclusions": cmd_exclusions,
         }
         if args.command in commands:
             return asyncio.run(commands[args.command](args, settings))

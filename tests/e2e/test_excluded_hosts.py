@@ -1,16 +1,18 @@
 """A host the operator excludes, all three services running, re-crawls scaled to seconds.
 
-Two sites are crawled; then the services are rolled out again with one of them in
-``TROVE_EXCLUDED_HOSTS``, as an operator does after a removal request. The witness is
-that site's own request log: from the rollout on it gets no request at all (robots.txt
-included), though its pages' re-crawls were already scheduled and the other site still
-links to it; its pages leave the search at their next visit; a seed for it is refused
-with the reason; and the other site is crawled as before.
+Two sites are crawled; then one of them is excluded, as an operator does after a
+removal request: by rolling the services out with it in ``TROVE_EXCLUDED_HOSTS``, or
+with ``trove exclude`` while they run (the shared list). The witness is that site's own
+request log: from the rollout, or from the list's reading, on it gets no request at all
+(robots.txt included), though its pages' re-crawls were already scheduled and the other
+site still links to it; its pages leave the search at their next visit; a seed for it
+is refused with the reason; and the other site is crawled as before.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer
-from tests.support import cycle_env, query, services
+from tests.support import cycle_env, query, run_trove, services
 from trove_cli.local import LocalTrove
 from trove_cli.search import search
 from trove_schema.topology import FOLLOW_SUBJECT, SEEDS_SUBJECT
@@ -127,3 +129,93 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
     # Declined as the operator's choice, without a request: not a failure to retry.
     assert statuses == dict.fromkeys(gone_urls, "rejected")
     assert reasons == {f"host {gone.ip} is excluded by the operator ({gone.ip})"}
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seconds(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    """No rollout: `trove exclude` while the services run, then `trove include`."""
+    refresh = 0.5
+    env = cycle_env(RECRAWL, TROVE_EXCLUSIONS_REFRESH_SECONDS=str(refresh))
+    cli = {**os.environ, "TROVE_NATS_URL": stack.nats_url}
+    with LocalServer("127.0.0.7") as gone, LocalServer("127.0.0.8") as kept:
+        gone_urls = site(gone, "sandpiper")
+        kept_urls = site(kept, "plover")
+
+        def found(local: LocalTrove, word: str) -> Callable[[], Awaitable[set[str]]]:
+            async def probe() -> set[str]:
+                local.check_alive()
+                return {hit.url for hit in await search(engine, word, limit=50)}
+
+            return probe
+
+        async with services(stack, state_dir, env) as local:
+            nc = await nats.connect(stack.nats_url)
+            try:
+                await nc.publish(SEEDS_SUBJECT, f"{kept.url()}\n{gone.url()}".encode())
+                await nc.flush()
+                for word, urls in (("sandpiper", gone_urls), ("plover", kept_urls)):
+                    await eventually(
+                        found(local, word),
+                        until=lambda hits, u=urls: hits == u,  # type: ignore[misc]
+                        timeout=40,
+                        what=f"the {word} pages searchable",
+                    )
+                # Both sites are being visited again, every RECRAWL seconds.
+                code, printed = await run_trove(
+                    "exclude", gone.ip, "--reason", "removal request", env=cli
+                )
+                assert code == 0, printed
+                # Read within the refresh; a request already past the check still lands.
+                settled = time.monotonic() + refresh + 1.5
+                await eventually(
+                    found(local, "sandpiper"),
+                    until=lambda hits: not hits,
+                    timeout=40,
+                    what="the excluded site out of the search",
+                )
+                reply = await nc.request(
+                    SEEDS_SUBJECT, json.dumps({"url": gone.url("/new")}).encode(), timeout=10
+                )
+                kept_before = len(kept.seen)
+                await eventually(
+                    found(local, "plover"),
+                    until=lambda hits: hits == kept_urls and len(kept.seen) > kept_before,
+                    timeout=40,
+                    what="the kept site visited again",
+                )
+                after = [s.path for s in gone.seen if s.at >= settled]
+
+                code, printed = await run_trove("include", gone.ip, env=cli)
+                assert code == 0, printed
+                lifted = time.monotonic()
+
+                async def seed_answer() -> dict[str, list[dict[str, str]]]:
+                    answer = await nc.request(
+                        SEEDS_SUBJECT,
+                        json.dumps({"url": gone.url(), "force": True}).encode(),
+                        timeout=10,
+                    )
+                    return json.loads(answer.data)  # type: ignore[no-any-return]
+
+                accepted = await eventually(
+                    seed_answer,
+                    until=lambda answer: not answer["rejected"],
+                    timeout=10,
+                    what="a seed for the host accepted again",
+                )
+                await eventually(
+                    found(local, "sandpiper"),
+                    until=lambda hits: gone.url() in hits,
+                    timeout=40,
+                    what="the host crawled again",
+                )
+            finally:
+                await nc.close()
+
+    assert after == [], f"requests to the excluded host after the list was read: {after}"
+    (refused,) = json.loads(reply.data)["rejected"]
+    assert refused["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
+    assert [a["url"] for a in accepted["accepted"]] == [gone.url()]
+    assert any(s.at >= lifted for s in gone.seen)

@@ -7,27 +7,48 @@ a host or as a URL (its host is taken), and spelt as Trove spells hosts in canon
 URLs (lower case, IDNA), so ``Bücher.Example`` and ``xn--bcher-kva.example`` are one
 rule. A single label (``org``) is refused: it would be a whole top-level domain.
 
-Rules come from the services' settings (``TROVE_EXCLUDED_HOSTS``, and one a line in
-``TROVE_EXCLUDED_HOSTS_FILE``), so a change is a rollout, as for any setting. Discovery
-never discovers a page on an excluded host (a seed for one is refused with the reason),
-and the fetcher never sends it a request: work that was already queued or scheduled for
-it is recorded as ``rejected`` without one, so the host's pages leave the search at
-their next visit.
+Rules come from two places, and a host is excluded when either has it:
+
+* the services' settings (``TROVE_EXCLUDED_HOSTS``, and one or more a line in
+  ``TROVE_EXCLUDED_HOSTS_FILE``), fixed for the life of a process: a change is a rollout;
+* the shared list, the ``hosts`` key of the ``trove_exclusions`` bucket, in the file's
+  format (``trove exclude HOST``, or ``nats kv put trove_exclusions hosts ...``). Every
+  discovery and fetcher process reads it at start and looks again every
+  ``TROVE_EXCLUSIONS_REFRESH_SECONDS`` (``ListedExclusions``), so a site owner's request
+  holds within seconds, without a rollout. A line of it that names no host is logged
+  and skipped, so one typo does not hold back the other rules; while the broker is away
+  the rules last read stay in force.
+
+Discovery never discovers a page on an excluded host (a seed for one is refused with the
+reason), and the fetcher never sends it a request: work that was already queued or
+scheduled for it is recorded as ``rejected`` without one, so the host's pages leave the
+search at their next visit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
+import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from nats.js.errors import KeyNotFoundError
 
 from trove_schema.errors import InvalidExclusion, InvalidURL
 from trove_schema.urls import canonicalize, domain_of
 
 if TYPE_CHECKING:
+    from nats.js.kv import KeyValue
+
     from trove_schema.settings import CommonSettings
+
+#: The shared list's key in ``trove_schema.topology.EXCLUSIONS_BUCKET``.
+LIST_KEY = "hosts"
+
+log = logging.getLogger("trove.exclusions")
 
 
 def rule_of(raw: str) -> str:
@@ -48,14 +69,29 @@ def rule_of(raw: str) -> str:
 def read_rules(lines: Iterable[str]) -> tuple[str, ...]:
     """Rules from lines of text: one or more a line, separated by commas or blanks; ``#``
     starts a comment. Raises InvalidExclusion for the first that is not a host."""
+    rules, errors = read_rules_tolerantly(lines)
+    if errors:
+        raise errors[0]
+    return rules
+
+
+def read_rules_tolerantly(
+    lines: Iterable[str],
+) -> tuple[tuple[str, ...], list[InvalidExclusion]]:
+    """The rules of ``lines`` that name a host, and an error for each that does not."""
     rules: dict[str, None] = {}
+    errors: list[InvalidExclusion] = []
     for number, line in enumerate(lines, start=1):
-        for raw in line.split("#", 1)[0].replace(",", " ").split():
+        for raw in _words(line):
             try:
                 rules[rule_of(raw)] = None
             except InvalidExclusion as exc:
-                raise InvalidExclusion(f"line {number}: {exc}") from None
-    return tuple(rules)
+                errors.append(InvalidExclusion(f"line {number}: {exc}"))
+    return tuple(rules), errors
+
+
+def _words(line: str) -> list[str]:
+    return line.split("#", 1)[0].replace(",", " ").split()
 
 
 def read_rules_file(path: Path) -> tuple[str, ...]:
@@ -69,15 +105,25 @@ def read_rules_file(path: Path) -> tuple[str, ...]:
         raise InvalidExclusion(f"{path}, {exc}") from None
 
 
-@dataclass(frozen=True, slots=True)
 class Exclusions:
-    """The operator's rules, asked of every host before Trove goes near it."""
+    """The operator's rules, asked of every host before Trove goes near it.
 
-    rules: frozenset[str] = frozenset()
+    One object a process, shared by everything in it that asks (discovery's seeds and
+    links, the fetcher's work and its transport), so that all of them answer alike; the
+    shared list's rules are swapped in whole (``take_listed``) when it changes.
+    """
+
+    __slots__ = ("configured", "rules")
+
+    def __init__(self, rules: Iterable[str] = ()) -> None:
+        #: The settings' rules, fixed for the process.
+        self.configured: frozenset[str] = frozenset(rules)
+        #: Every rule in force: the settings' and the shared list's.
+        self.rules: frozenset[str] = self.configured
 
     @classmethod
     def of(cls, *groups: Iterable[str]) -> Exclusions:
-        return cls(frozenset(rule for group in groups for rule in group))
+        return cls(rule for group in groups for rule in group)
 
     @classmethod
     def from_settings(cls, settings: CommonSettings) -> Exclusions:
@@ -85,6 +131,10 @@ class Exclusions:
         if settings.excluded_hosts_file is None:
             return cls.of(listed)
         return cls.of(listed, read_rules_file(settings.excluded_hosts_file))
+
+    def take_listed(self, listed: Iterable[str]) -> None:
+        """Put the shared list's rules in force, in place of the ones it had before."""
+        self.rules = self.configured | frozenset(listed)
 
     def covering(self, host: str) -> str | None:
         """The rule that covers ``host`` (a canonical URL's host), if one does."""
@@ -111,7 +161,7 @@ class Exclusions:
         return bool(self.rules)
 
 
-#: No rules: what a caller that was given none asks.
+#: No rules: what a caller that was given none asks (never given a shared list).
 NO_EXCLUSIONS = Exclusions()
 
 
@@ -121,3 +171,102 @@ def _is_address(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class ListedExclusions:
+    """Keeps a process's ``Exclusions`` up to date with the shared list.
+
+    The list is one key, read with a direct get every ``interval``: a request that costs
+    nats-server less than a watch's consumer would, and that needs nothing rebuilt when
+    the broker comes back.
+    """
+
+    def __init__(self, exclusions: Exclusions, kv: KeyValue, interval: float) -> None:
+        self.exclusions = exclusions
+        self.kv = kv
+        self.interval = interval
+        #: The revision of the list in force: 0 before the first read and when there is none.
+        self.revision: int | None = None
+        self._away = False
+
+    async def refresh(self) -> None:
+        """Read the list once and put it in force if it changed. Raises what the broker
+        raises (it is away, or slow to answer)."""
+        try:
+            entry = await self.kv.get(LIST_KEY)
+        except KeyNotFoundError:  # never written, deleted or purged: no listed rules
+            revision, text = 0, ""
+        else:
+            revision, text = entry.revision or 0, (entry.value or b"").decode("utf-8", "replace")
+        if revision == self.revision:
+            return
+        rules, errors = read_rules_tolerantly(text.splitlines())
+        for error in errors:
+            log.error(
+                "the shared list of excluded hosts (revision %d): %s; skipped", revision, error
+            )
+        self.exclusions.take_listed(rules)
+        self.revision = revision
+        log.info(
+            "excluded hosts: %d in force (%d listed, revision %d)",
+            len(self.exclusions.rules),
+            len(rules),
+            revision,
+        )
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Refresh every ``interval`` until ``stop``. While the broker is away the rules
+        last read stay in force; that is logged once, and once again when it answers."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)
+            if stop.is_set():
+                return
+            try:
+                await self.refresh()
+            except Exception as exc:  # the broker away or slow: keep what is in force
+                if not self._away:
+                    log.warning(
+                        "the shared list of excluded hosts not read, kept as it was: %s", exc
+                    )
+                self._away = True
+            else:
+                if self._away:
+                    log.info("the shared list of excluded hosts read again")
+                self._away = False
+
+
+def listed_with(text: str, rule: str, note: str = "") -> str:
+    """The shared list ``text`` with ``rule`` on a line of its own (and ``note`` as its
+    comment), unless a line already names it."""
+    if rule in _rules_named(text):
+        return text
+    line = f"{rule}  # {note}" if note else rule
+    return f"{text.rstrip()}\n{line}\n" if text.strip() else f"{line}\n"
+
+
+def listed_without(text: str, rule: str) -> str:
+    """The shared list ``text`` without ``rule``: the lines that name only it are dropped,
+    and it is taken out of the lines that name others too."""
+    kept: list[str] = []
+    for line in text.splitlines():
+        words = _words(line)
+        named = [w for w in words if _spelt(w) == rule]
+        if not named:
+            kept.append(line)
+        elif len(named) < len(words):
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            rest = " ".join(w for w in words if _spelt(w) != rule)
+            kept.append(f"{rest}  #{comment}" if comment else rest)
+    return "\n".join(kept) + "\n" if kept else ""
+
+
+def _rules_named(text: str) -> set[str | None]:
+    return {_spelt(word) for line in text.splitlines() for word in _words(line)}
+
+
+def _spelt(word: str) -> str | None:
+    try:
+        return rule_of(word)
+    except InvalidExclusion:
+        return None

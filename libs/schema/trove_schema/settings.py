@@ -98,6 +98,9 @@ class CommonSettings(BaseSettings):
     #: fetcher at start.
     excluded_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     excluded_hosts_file: Path | None = None
+    #: How often discovery and the fetcher read the shared list of excluded hosts (the
+    #: ``trove_exclusions`` bucket): a host listed there is left alone within this long.
+    exclusions_refresh_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("excluded_hosts", mode="before")
     @classmethod

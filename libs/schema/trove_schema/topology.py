@@ -85,6 +85,7 @@ ROBOTS_BUCKET = "trove_robots"
 SEEN_BUCKET = "trove_seen"
 URL_RULES_BUCKET = "trove_url_rules"
 FOLLOWS_BUCKET = "trove_follows"
+EXCLUSIONS_BUCKET = "trove_exclusions"
 
 DAY = 86_400.0
 
@@ -308,6 +309,15 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             replicas=opts.replicas,
         ),
         KeyValueConfig(
+            bucket=EXCLUSIONS_BUCKET,
+            description="The operator's shared list of excluded hosts (key hosts).",
+            direct=True,
+            # Earlier lists stay readable (`nats kv history`): who was taken off, and when.
+            history=16,
+            storage=storage,
+            replicas=opts.replicas,
+        ),
+        KeyValueConfig(
             bucket=SEEN_BUCKET,
             description="Canonical URLs discovered this crawl cycle (the dedup set).",
             direct=True,
@@ -336,6 +346,7 @@ OWNERS = {
     DISCOVERY_FOLLOWS: "discovery",
     URL_RULES_BUCKET: "discovery",
     FOLLOWS_BUCKET: "discovery",
+    EXCLUSIONS_BUCKET: "discovery",
     SEEN_BUCKET: "discovery",
     FETCHER: "fetcher",
     FETCHER_DEFERRED: "fetcher",

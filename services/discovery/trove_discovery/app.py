@@ -13,12 +13,14 @@ from trove_discovery.shares import Shares
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import AliasLimits
 from trove_schema.bus import Bus, Consumer, Handler
+from trove_schema.exclusions import ListedExclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
     DISCOVERY_LINKS,
     DISCOVERY_SEEDS,
     EVENTS_STREAM,
+    EXCLUSIONS_BUCKET,
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
     SEEDS_STREAM,
@@ -53,6 +55,12 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
             url_rules=url_rules,
             holds=Holds(first=settings.alias_hold_seconds, rounds=settings.alias_hold_rounds),
         )
+        listed = ListedExclusions(
+            discovery.exclusions,
+            await bus.js.key_value(EXCLUSIONS_BUCKET),
+            settings.exclusions_refresh_seconds,
+        )
+        await listed.refresh()
         store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
         follows = Follows(bus=bus, store=store, settings=settings, exclusions=discovery.exclusions)
         shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
@@ -92,7 +100,7 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         ]
         ready.set()
         try:
-            await asyncio.gather(*(c.run(stop) for c in consumers))
+            await asyncio.gather(listed.keep(stop), *(c.run(stop) for c in consumers))
         finally:
             for subscription in replies:
                 with contextlib.suppress(Exception):

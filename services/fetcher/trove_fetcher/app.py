@@ -13,12 +13,13 @@ from trove_fetcher.language import default_identifier
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client, build_network
 from trove_schema.bus import Bus, Consumer
-from trove_schema.exclusions import Exclusions
+from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.policy import LearningConfig
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
     DOMAINS_BUCKET,
     EVENTS_STREAM,
+    EXCLUSIONS_BUCKET,
     FETCHER,
     FETCHER_DEFERRED,
     ROBOTS_BUCKET,
@@ -40,7 +41,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
     if not settings.nats_url:
         raise SystemExit("the fetcher needs TROVE_NATS_URL")
     bus = await Bus.connect(settings.nats_url, name="trove-fetcher")
-    # Read once: the transport refuses the hosts, the fetcher records their work.
+    # One object: the transport refuses the hosts, the fetcher records their work.
     exclusions = Exclusions.from_settings(settings)
     network = build_network(settings, exclusions=exclusions)
     client = build_client(settings, network=network)
@@ -58,6 +59,12 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             owner="fetcher",
         )
         # The lease bucket's stream: its leader's time is the one the leases are kept on.
+        listed = ListedExclusions(
+            exclusions,
+            await bus.js.key_value(EXCLUSIONS_BUCKET),
+            settings.exclusions_refresh_seconds,
+        )
+        await listed.refresh()
         clock = ServerClock(stream_info(bus.nc, f"KV_{DOMAINS_BUCKET}"))
         await clock.start()
         fetcher = Fetcher(
@@ -111,7 +118,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             "language models loaded", extra={"seconds": f"{time.perf_counter() - started:.2f}"}
         )
         ready.set()
-        await asyncio.gather(clock.keep(stop), *(c.run(stop) for c in consumers))
+        await asyncio.gather(clock.keep(stop), listed.keep(stop), *(c.run(stop) for c in consumers))
         fetcher.close()
     finally:
         await client.aclose()
