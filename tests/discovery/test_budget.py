@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
+
 import pytest
 
+from trove_discovery import discovery as discovery_module
 from trove_discovery.discovery import Discovery
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, Retry
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import SEEN_BUCKET
 
@@ -14,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("clean")
 BUDGET = 7
 
 
-async def replica(bus: Bus) -> Discovery:
-    settings = DiscoverySettings(host_page_budget=BUDGET)
+async def replica(bus: Bus, budget: int = BUDGET) -> Discovery:
+    settings = DiscoverySettings(host_page_budget=budget)
     return Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
 
 
@@ -64,3 +69,72 @@ async def test_a_pages_new_links_to_a_host_are_counted_at_once_and_only_once(bus
     assert await first._within_budget("busy.example", other) == BUDGET - 5
     assert await second._within_budget("busy.example", other) == BUDGET - 5
     assert await first._within_budget("busy.example", ["page-c-0"]) == 0
+
+
+async def test_a_hosts_pages_handled_side_by_side_are_all_granted_at_once(bus: Bus) -> None:
+    # A host's pages come back together (no gap) and discovery handles 32 at a time:
+    # each handler counts that host's new links on the one key. None may lose its grant
+    # to the others' writes while the budget has room: a refused link stays seen, and
+    # its page would never be crawled.
+    discovery = await replica(bus, budget=100_000)
+    handlers = asyncio.Semaphore(32)  # the discovery-links consumer's concurrency
+
+    async def page(n: int) -> int:
+        async with handlers:
+            return await discovery._within_budget("busy.example", links_of(n))
+
+    granted = await asyncio.gather(*(page(n) for n in range(400)))
+
+    assert granted == [3] * 400
+    assert await counted(bus) == 1200
+
+
+async def test_a_hosts_pages_on_two_replicas_are_each_granted_and_counted_once(
+    bus: Bus,
+) -> None:
+    # One replica with most of the host's pages writes back to back; the other's writes
+    # are against a revision the first keeps moving.
+    first, second = await replica(bus, budget=100_000), await replica(bus, budget=100_000)
+    handlers = {first: asyncio.Semaphore(32), second: asyncio.Semaphore(32)}
+
+    async def page(n: int) -> int:
+        discovery = second if n % 8 == 0 else first
+        while True:
+            async with handlers[discovery]:
+                try:
+                    return await discovery._within_budget("busy.example", links_of(n))
+                except Retry:
+                    continue  # handed back: its redelivery asks again
+
+    granted = await asyncio.gather(*(page(n) for n in range(400)))
+
+    assert granted == [3] * 400
+    assert await counted(bus) == 1200
+
+
+async def test_a_page_that_loses_every_write_to_other_replicas_is_handed_back_not_refused(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(discovery_module, "BUDGET_WRITE_ATTEMPTS", 1)
+    first, second = await replica(bus, budget=100_000), await replica(bus, budget=100_000)
+    assert await second._within_budget("busy.example", links_of(0)) == 3
+    assert await first._within_budget("busy.example", links_of(1)) == 3
+    # The second replica's remembered revision is stale now: its one write loses.
+    with pytest.raises(Retry, match="written by too many replicas"):
+        await second._within_budget("busy.example", links_of(2))
+    # Asked again (the page's redelivery), it reads the counter first, and is granted.
+    assert await second._within_budget("busy.example", links_of(2)) == 3
+    assert await counted(bus) == 9
+
+
+def links_of(n: int) -> list[str]:
+    return [f"page-{n}-{k}" for k in range(3)]
+
+
+async def counted(bus: Bus) -> int:
+    entry = await (await bus.js.key_value(SEEN_BUCKET)).get(_budget_key())
+    return int(json.loads(entry.value or b"{}")["n"])
+
+
+def _budget_key() -> str:
+    return "b." + hashlib.sha256(b"busy.example").hexdigest()[:40]

@@ -45,6 +45,27 @@ def site(server: LocalServer, word: str) -> set[str]:
     return {server.url(p) for p in paths}
 
 
+def found(engine: AsyncEngine, local: LocalTrove, word: str) -> Callable[[], Awaitable[set[str]]]:
+    """A probe: the URLs a search for ``word`` finds, while the services are alive."""
+
+    async def probe() -> set[str]:
+        local.check_alive()
+        return {hit.url for hit in await search(engine, word, limit=50)}
+
+    return probe
+
+
+async def searchable(engine: AsyncEngine, local: LocalTrove, pages: dict[str, set[str]]) -> None:
+    """Wait until a search for each word finds exactly its pages."""
+    for word, urls in pages.items():
+        await eventually(
+            found(engine, local, word),
+            until=lambda hits, u=urls: hits == u,  # type: ignore[misc]
+            timeout=40,
+            what=f"the {word} pages searchable",
+        )
+
+
 @pytest.mark.usefixtures("clean")
 async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
@@ -60,32 +81,19 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
         )
         kept_urls.add(kept.url("/links"))
 
-        def found(local: LocalTrove, word: str) -> Callable[[], Awaitable[set[str]]]:
-            async def probe() -> set[str]:
-                local.check_alive()
-                return {hit.url for hit in await search(engine, word, limit=50)}
-
-            return probe
-
         async with services(stack, state_dir, env) as local:
             nc = await nats.connect(stack.nats_url)
             seeds = f"{kept.url()}\n{kept.url('/links')}\n{gone.url()}"
             await nc.publish(SEEDS_SUBJECT, seeds.encode())
             await nc.flush()
             await nc.close()
-            for word, urls in (("kingfisher", gone_urls), ("heron", kept_urls)):
-                await eventually(
-                    found(local, word),
-                    until=lambda hits, u=urls: hits == u,  # type: ignore[misc]
-                    timeout=40,
-                    what=f"the {word} pages searchable",
-                )
+            await searchable(engine, local, {"kingfisher": gone_urls, "heron": kept_urls})
 
         rollout = time.monotonic()
         kept_before = len(kept.seen)
         async with services(stack, state_dir, env | {"TROVE_EXCLUDED_HOSTS": gone.ip}) as local:
             await eventually(
-                found(local, "kingfisher"),
+                found(engine, local, "kingfisher"),
                 until=lambda hits: not hits,
                 timeout=40,
                 what="the excluded site out of the search",
@@ -102,7 +110,7 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
                 await nc.close()
             # The kept site goes on: its pages are visited again after the rollout.
             await eventually(
-                found(local, "heron"),
+                found(engine, local, "heron"),
                 until=lambda hits: hits == kept_urls and len(kept.seen) > kept_before,
                 timeout=40,
                 what="the kept site re-crawled",
@@ -143,25 +151,12 @@ async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seco
         gone_urls = site(gone, "sandpiper")
         kept_urls = site(kept, "plover")
 
-        def found(local: LocalTrove, word: str) -> Callable[[], Awaitable[set[str]]]:
-            async def probe() -> set[str]:
-                local.check_alive()
-                return {hit.url for hit in await search(engine, word, limit=50)}
-
-            return probe
-
         async with services(stack, state_dir, env) as local:
             nc = await nats.connect(stack.nats_url)
             try:
                 await nc.publish(SEEDS_SUBJECT, f"{kept.url()}\n{gone.url()}".encode())
                 await nc.flush()
-                for word, urls in (("sandpiper", gone_urls), ("plover", kept_urls)):
-                    await eventually(
-                        found(local, word),
-                        until=lambda hits, u=urls: hits == u,  # type: ignore[misc]
-                        timeout=40,
-                        what=f"the {word} pages searchable",
-                    )
+                await searchable(engine, local, {"sandpiper": gone_urls, "plover": kept_urls})
                 # Both sites are being visited again, every RECRAWL seconds.
                 code, printed = await run_trove(
                     "exclude", gone.ip, "--reason", "removal request", env=cli
@@ -170,7 +165,7 @@ async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seco
                 # Read within the refresh; a request already past the check still lands.
                 settled = time.monotonic() + refresh + 1.5
                 await eventually(
-                    found(local, "sandpiper"),
+                    found(engine, local, "sandpiper"),
                     until=lambda hits: not hits,
                     timeout=40,
                     what="the excluded site out of the search",
@@ -180,7 +175,7 @@ async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seco
                 )
                 kept_before = len(kept.seen)
                 await eventually(
-                    found(local, "plover"),
+                    found(engine, local, "plover"),
                     until=lambda hits: hits == kept_urls and len(kept.seen) > kept_before,
                     timeout=40,
                     what="the kept site visited again",
@@ -206,7 +201,7 @@ async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seco
                     what="a seed for the host accepted again",
                 )
                 await eventually(
-                    found(local, "sandpiper"),
+                    found(engine, local, "sandpiper"),
                     until=lambda hits: gone.url() in hits,
                     timeout=40,
                     what="the host crawled again",

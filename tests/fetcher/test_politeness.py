@@ -379,7 +379,7 @@ async def test_a_pods_messages_for_one_host_at_once_reserve_a_write_each_and_no_
     assert isinstance(reserved, Deferred)
     assert reserved.at == pytest.approx(1070.0)
     assert kv.calls == ["update", "update"]
-    assert p._turns == {}
+    assert len(p._turns) == 0
 
 
 async def test_a_pod_that_remembers_the_record_reserves_a_slot_in_one_round_trip(

@@ -57,6 +57,7 @@ from trove_schema.exclusions import Exclusions
 from trove_schema.metrics import DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import page_schedule_subject
+from trove_schema.turns import Turns
 from trove_schema.urls import domain_of
 
 log = logging.getLogger("trove.discovery")
@@ -81,6 +82,9 @@ FOLLOWED_KINDS = frozenset(
 SIGHTINGS_TTL = 600.0
 #: Hosts whose budget counter (and its revision) this process remembers.
 BUDGET_MEMORY = 10_000
+#: Compare-and-sets of a host's budget counter lost to other replicas before the page is
+#: handed back to ask again.
+BUDGET_WRITE_ATTEMPTS = 50
 
 
 #: Seen-set creates a handler has in flight at once (a page may give 500 links).
@@ -110,6 +114,7 @@ class Discovery:
         self.sightings = Sightings(settings.seen_memory, ttl=trust)
         #: Budget key -> (revision, pages counted, last event) as this process wrote it.
         self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=trust)
+        self.budget_turns = Turns()
         self.recrawl_policy = RecrawlPolicy(
             first=settings.recrawl_after_seconds,
             minimum=settings.recrawl_min,
@@ -369,7 +374,9 @@ class Discovery:
         key = _seen_key(url)
         mine = event_id.encode()
         claimed_by = self.sightings.claimed_by(key)
-        if claimed_by is None:
+        attempts = 3
+        while claimed_by is None:
+            attempts -= 1
             try:
                 await self.seen.create(key, mine)
                 claimed_by = mine
@@ -377,7 +384,11 @@ class Discovery:
                 try:
                     entry = await self.seen.get(key)
                 except KeyNotFoundError:
-                    return False
+                    # It expired in between: free to claim again. Not a refusal, which
+                    # would lose the link.
+                    if attempts == 0:
+                        raise Retry(f"the seen key of {url} keeps changing", delay=1.0) from None
+                    continue
                 claimed_by = entry.value or b""
             self.sightings.remember(key, claimed_by)
         # The same cause seen again (a redelivery after a crash): publish again, idempotently.
@@ -394,9 +405,16 @@ class Discovery:
         same links handled again next (a redelivery) are not counted twice.
         """
         key = "b." + hashlib.sha256(domain.encode()).hexdigest()[:40]
+        # In turns within this replica: side by side, the handlers of a host's pages all
+        # wrote against one remembered revision, and one that lost, having to read before
+        # writing again, could lose to the others every time (``trove_schema.turns``).
+        async with self.budget_turns.of(key):
+            return await self._count_within_budget(key, event_ids)
+
+    async def _count_within_budget(self, key: str, event_ids: list[str]) -> int:
         budget = self.settings.host_page_budget
         remembered = self.budgets.get(key)
-        for _ in range(50):
+        for _ in range(BUDGET_WRITE_ATTEMPTS):
             if remembered is not None and remembered[1] < budget:
                 revision: int | None = remembered[0]
                 count, last = remembered[1], remembered[2]
@@ -425,7 +443,9 @@ class Discovery:
                 continue
             self.budgets.remember(key, (written, count + within, event_ids[within - 1]))
             return within
-        return 0
+        # Other replicas wrote first every time. Not a refusal: refused links stay seen
+        # and their pages would never be crawled. The page comes back and asks again.
+        raise Retry(f"the page budget of {key} is written by too many replicas", delay=1.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from trove_schema.aliases import (
     undecided,
 )
 from trove_schema.events import CrawlCompleted, CrawlOutcome
+from trove_schema.turns import Turns
 
 log = logging.getLogger("trove.discovery")
 
@@ -72,7 +73,8 @@ class UrlRules:
             capacity, ttl=ttl, clock=clock
         )
         self._reading: dict[str, asyncio.Future[tuple[HostAliases, Rules, int | None]]] = {}
-        self._learning: dict[str, tuple[asyncio.Lock, int]] = {}
+        #: One fold of a host's evidence at a time in this replica (``trove_schema.turns``).
+        self._learning = Turns()
         #: "host key" -> spellings this replica let through to teach ``key`` (probes).
         self._probes: Recent[int] = Recent(PROBE_MEMORY, ttl=PROBE_TTL, clock=clock)
         #: Reads of the bucket this replica made (for tests and the curious).
@@ -106,17 +108,8 @@ class UrlRules:
         if event.outcome is not CrawlOutcome.SUCCESS or not event.content_hash:
             return
         host = event.domain
-        lock, users = self._learning.get(host) or (asyncio.Lock(), 0)
-        self._learning[host] = (lock, users + 1)
-        try:
-            async with lock:
-                await self._learn(host, event)
-        finally:
-            lock, users = self._learning[host]
-            if users <= 1:
-                del self._learning[host]
-            else:
-                self._learning[host] = (lock, users - 1)
+        async with self._learning.of(host):
+            await self._learn(host, event)
 
     async def _learn(self, host: str, event: CrawlCompleted) -> None:
         record, rules, revision = await self._load(host)

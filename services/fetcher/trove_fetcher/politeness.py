@@ -32,12 +32,9 @@ lease is its own host's, taken once the previous response has ended).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -45,6 +42,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from trove_schema.metrics import HOST_PAUSES
 from trove_schema.policy import HostPolicy, LearningConfig, Observation, host_gap, observe
+from trove_schema.turns import Turns
 
 FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
 #: The record's key for the learned policy: short, and unknown to older pods, which
@@ -154,7 +152,9 @@ class Politeness:
         #: Decisions that write nothing are never taken from it.
         self._written: dict[str, tuple[DomainSlot, int]] = {}
         #: Each domain's lock and how many of this pod's operations hold or await it.
-        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
+        #: One read-modify-write of a domain's record at a time in this pod: a page's
+        #: links often name one host several times, and their messages arrive together.
+        self._turns = Turns()
 
     @staticmethod
     def key(domain: str) -> str:
@@ -186,7 +186,7 @@ class Politeness:
         while the messages that came before it wait.
         """
         key = self.key(domain)
-        async with self._turn(key):
+        async with self._turns.of(key):
             guess = self._guess(key)
             while True:
                 slot, revision = guess if guess is not None else await self._read(key)
@@ -251,7 +251,7 @@ class Politeness:
             capped = min(observation.retry_after, self.config.max_backoff)
             observation = replace(observation, retry_after=capped)
         key = self.key(domain)
-        async with self._turn(key):
+        async with self._turns.of(key):
             guess = self._guess(key)
             while True:
                 slot, revision = guess if guess is not None else await self._read(key)
@@ -278,7 +278,7 @@ class Politeness:
             capped = min(observation.retry_after, self.config.max_backoff)
             observation = replace(observation, retry_after=capped)
         key = self.key(domain)
-        async with self._turn(key):
+        async with self._turns.of(key):
             while True:
                 slot, revision = await self._read(key)
                 before = slot.policy
@@ -322,28 +322,3 @@ class Politeness:
         """A copy of the record as this pod last wrote it, if it remembers one."""
         known = self._written.get(key)
         return None if known is None else (replace(known[0]), known[1])
-
-    @contextlib.asynccontextmanager
-    async def _turn(self, key: str) -> AsyncIterator[None]:
-        """One read-modify-write of a domain's record at a time in this pod.
-
-        A page's links often name one host several times, and their messages reach a
-        pod together. Written side by side against the same remembered revision, all
-        but one compare-and-set would fail, and each failure costs a read and another
-        write: for n messages, n(n+1)/2 writes and n(n-1)/2 reads instead of n writes.
-        In turn, each writes against the record the one before it left, and only
-        another pod's write can still make a compare-and-set fail. The lock is dropped
-        when nobody holds or awaits it, so the table is as large as the operations in
-        flight.
-        """
-        lock, users = self._turns.get(key) or (asyncio.Lock(), 0)
-        self._turns[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._turns[key]
-            if users > 1:
-                self._turns[key] = (lock, users - 1)
-            else:
-                del self._turns[key]
