@@ -65,11 +65,15 @@ async def exclusions_command(
         for _ in range(ATTEMPTS):
             revision, text = await _read(kv)
             changed = text
+            unchanged: list[str] = []
             for rule in rules:
+                before = changed
                 if action == "exclude":
                     changed = listed_with(changed, rule, note)
                 else:
                     changed = listed_without(changed, rule)
+                if changed == before:
+                    unchanged.append(rule)
             if changed == text:
                 break
             try:
@@ -83,9 +87,15 @@ async def exclusions_command(
         else:
             console.print(f"[red]the list kept changing: tried {ATTEMPTS} times[/red]")
             return 1
-        done = "excluded" if action == "exclude" else "no longer excluded"
         for rule in rules:
-            console.print(f"{escape(rule)}: {done} (the services read the list within seconds)")
+            if rule not in unchanged:
+                done = "excluded" if action == "exclude" else "taken off the shared list"
+                console.print(f"{escape(rule)}: {done} (the services read it within seconds)")
+            elif action == "exclude":
+                console.print(f"{escape(rule)}: on the shared list already")
+            else:
+                # It may still be in the services' settings, which this list cannot lift.
+                console.print(f"{escape(rule)}: not on the shared list")
         return 0
     finally:
         await nc.close()

@@ -46,11 +46,13 @@ async def test_an_operator_puts_hosts_on_the_shared_list_and_takes_them_off(
     # Twice is once.
     code, printed = await run_trove("exclude", "blog.example", env=env)
     assert code == 0, printed
+    assert "blog.example: on the shared list already" in printed
     assert await _listed(bus) == ("blog.example", "spam.example")
 
-    code, printed = await run_trove("include", "BLOG.example", env=env)
+    code, printed = await run_trove("include", "BLOG.example", "other.example", env=env)
     assert code == 0, printed
-    assert "blog.example: no longer excluded" in printed
+    assert "blog.example: taken off the shared list" in printed
+    assert "other.example: not on the shared list" in printed
     assert await _listed(bus) == ("spam.example",)
     code, printed = await run_trove("include", "spam.example", env=env)
     assert code == 0, printed

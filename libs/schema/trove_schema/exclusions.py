@@ -185,7 +185,7 @@ class ListedExclusions:
         self.exclusions = exclusions
         self.kv = kv
         self.interval = interval
-        #: The revision of the list in force: 0 before the first read and when there is none.
+        #: The revision of the list in force: None before the first read, 0 when there is none.
         self.revision: int | None = None
         self._away = False
 

@@ -58,13 +58,13 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             ),
             owner="fetcher",
         )
-        # The lease bucket's stream: its leader's time is the one the leases are kept on.
         listed = ListedExclusions(
             exclusions,
             await bus.js.key_value(EXCLUSIONS_BUCKET),
             settings.exclusions_refresh_seconds,
         )
         await listed.refresh()
+        # The lease bucket's stream: its leader's time is the one the leases are kept on.
         clock = ServerClock(stream_info(bus.nc, f"KV_{DOMAINS_BUCKET}"))
         await clock.start()
         fetcher = Fetcher(
