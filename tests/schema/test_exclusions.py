@@ -173,6 +173,32 @@ async def test_the_shared_list_is_in_force_within_the_refresh_and_lifted_when_de
 
 
 @pytest.mark.integration
+async def test_a_refusal_by_the_shared_list_is_judged_on_the_latest_list(bus: Bus) -> None:
+    config = replace(
+        next(b for b in declare().buckets if b.bucket == EXCLUSIONS_BUCKET),
+        bucket="trove_exclusions_refusal_test",
+    )
+    kv = await bus.js.create_key_value(config)
+    try:
+        exclusions = Exclusions.of(["configured.example"])
+        listed = ListedExclusions(exclusions, kv, interval=3600.0)
+        await kv.put(LIST_KEY, b"lifted.example\nkept.example\n")
+        await listed.refresh()
+        # Taken off the list after this process read it, and before it looks again.
+        await kv.put(LIST_KEY, b"kept.example\n")
+        assert exclusions.covering("lifted.example") == "lifted.example"
+
+        assert await listed.refusal("www.lifted.example") is None
+        assert await listed.refusal("kept.example") == (
+            "host kept.example is excluded by the operator (kept.example)"
+        )
+        assert await listed.refusal("configured.example") is not None
+        assert await listed.refusal("free.example") is None
+    finally:
+        await bus.js.delete_key_value(config.bucket)
+
+
+@pytest.mark.integration
 async def test_the_rules_last_read_stay_in_force_while_the_broker_is_away(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

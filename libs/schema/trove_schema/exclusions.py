@@ -214,6 +214,16 @@ class ListedExclusions:
             revision,
         )
 
+    async def refusal(self, host: str) -> str | None:
+        """Why Trove goes nowhere near ``host``, judged on the latest list when a listed
+        rule is why: a host taken off the list a moment ago is not refused on this
+        process's older copy (its work would be recorded ``rejected`` and not come back).
+        Raises what the broker raises."""
+        rule = self.exclusions.covering(host)
+        if rule is not None and rule not in self.exclusions.configured:
+            await self.refresh()
+        return self.exclusions.refusal(host)
+
     async def keep(self, stop: asyncio.Event) -> None:
         """Refresh every ``interval`` until ``stop``. While the broker is away the rules
         last read stay in force; that is logged once, and once again when it answers."""

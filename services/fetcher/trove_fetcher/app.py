@@ -91,6 +91,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             ack_wait=settings.ack_wait_seconds,
             allowed_networks=settings.allowed_networks,
             exclusions=exclusions,
+            listed=listed,
             resolver_away=network.resolver_away,
         )
         consumers = [

@@ -73,7 +73,7 @@ from trove_schema.events import (
     decode_event,
     derived_event_id,
 )
-from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
+from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions, ListedExclusions
 from trove_schema.metrics import (
     FETCH_BYTES,
     FETCH_READ_LAG,
@@ -176,6 +176,7 @@ class Fetcher:
         parse_workers: int = 2,
         allowed_networks: Sequence[str] = (),
         exclusions: Exclusions = NO_EXCLUSIONS,
+        listed: ListedExclusions | None = None,
         clock: Clock | None = None,
         resolver_away: Callable[[str], ResolverAway | None] = lambda host: None,
     ) -> None:
@@ -186,6 +187,8 @@ class Fetcher:
         #: The time leases and slots are kept on, shared by every pod (``clock``).
         self.clock: Clock = clock or WallClock()
         self.exclusions = exclusions
+        #: What keeps ``exclusions`` up to date with the shared list, when there is one.
+        self.listed = listed
         self.client = client
         self.politeness = politeness
         self.robots_kv = robots_kv
@@ -260,7 +263,10 @@ class Fetcher:
             reason = f"not a fetchable URL: {unfetchable}"
             await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
             return
-        refusal = self.exclusions.refusal(job.domain)
+        if self.listed is not None:
+            refusal = await self.listed.refusal(job.domain)
+        else:
+            refusal = self.exclusions.refusal(job.domain)
         if refusal is not None:
             # Queued or scheduled before the operator excluded the host: recorded without
             # a request, robots.txt or a lease, so the page leaves the search.
