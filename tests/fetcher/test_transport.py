@@ -437,7 +437,7 @@ async def test_nameservers_away_pass_through_the_client_fetch_and_robots_untouch
         names.down = True
         settings = _settings(dns_nameservers=(names.address,), dns_timeout_seconds=0.3)
         network = build_network(settings, network_backend=recorder)
-        assert network.resolver_away("dns.trove.test") is None  # not known yet
+        assert network.network_away("dns.trove.test") is None  # not known yet
         async with build_client(settings, network=network) as client:
             with pytest.raises(ResolverAway):
                 await client.get("http://dns.trove.test/")
@@ -454,7 +454,7 @@ async def test_nameservers_away_pass_through_the_client_fetch_and_robots_untouch
                 await fetch_robots(client, "http://third.trove.test", max_bytes=1024)
             # Known now: a name that needs a lookup waits; an address or a static entry
             # (the settings' site.trove.test) goes on.
-            assert network.resolver_away("fourth.trove.test") is not None
-            assert network.resolver_away("site.trove.test") is None
-            assert network.resolver_away("127.0.0.1") is None
+            assert network.network_away("fourth.trove.test") is not None
+            assert network.network_away("site.trove.test") is None
+            assert network.network_away("127.0.0.1") is None
     assert recorder.connects == []

@@ -48,6 +48,11 @@ NAMESERVERS_AWAY = Gauge(
     "1 while this pod's nameservers answer nothing, not even for the root zone: work "
     "that needs a name waits, and no host is blamed (the cluster's DNS, or the pod's network)",
 )
+EGRESS_AWAY = Gauge(
+    "trove_egress_away",
+    "1 while no connection of this pod succeeds and many addresses fail to connect: its "
+    "work waits, and no host is blamed (a NAT gateway, a NetworkPolicy, the node's uplink)",
+)
 CLOCK_OFFSET = Gauge(
     "trove_clock_offset_seconds",
     "nats-server's time less this pod's clock, as last estimated: the pod keeps "

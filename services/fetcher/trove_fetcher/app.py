@@ -92,7 +92,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             allowed_networks=settings.allowed_networks,
             exclusions=exclusions,
             listed=listed,
-            resolver_away=network.resolver_away,
+            network_away=network.network_away,
         )
         consumers = [
             Consumer(

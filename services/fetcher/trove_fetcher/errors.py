@@ -9,7 +9,10 @@
     │   ├── NameNotFound          no such name, or no address for it (cached: negative TTL)
     │   ├── DnsTimeout            no answer within the lookup timeout
     │   ├── DnsFailure            the nameservers failed (SERVFAIL, refused, garbled)
-    │   └── ResolverAway          the pod's own nameservers answer nothing: not the host's fault
+    │   └── ResolverAway          (also a NetworkAway)
+    ├── NetworkAway           the pod's own network is away: not the host's fault
+    │   ├── ResolverAway          the pod's own nameservers answer nothing
+    │   └── EgressAway            no connection succeeds, to any address (``trove_fetcher.egress``)
     └── ContentError          the body cannot be taken as it was sent
         ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
         ├── UndecodableBody       its Content-Encoding is corrupt
@@ -20,10 +23,10 @@
 
 ``fetch()`` (``trove_fetcher.http``) never raises any of these for something a site
 does: it turns them, and httpx's transport errors, into a ``CrawlOutcome``. Only
-``BlockedAddress`` and ``ResolverAway`` leave the transport, through
+``BlockedAddress`` and ``NetworkAway`` leave the transport, through
 ``httpx.AsyncClient.send``. ``RedirectPaused`` leaves ``fetch()`` and
 ``fetch_robots()`` (their caller's hop gate raises it, and the caller continues the
-chain later), and so does ``ResolverAway``, which no site caused: the work waits.
+chain later), and so does ``NetworkAway``, which no site caused: the work waits.
 A page larger than the size cap is not an error: it is cut and marked ``truncated``.
 """
 
@@ -97,13 +100,22 @@ class DnsFailure(DnsError):
     """The nameservers answered with a failure, or not in a way that could be read."""
 
 
-class ResolverAway(DnsError):
-    """The pod's own nameservers give no answer to anything, the root zone included.
+class NetworkAway(FetcherError):
+    """The pod's own network is away, not the host: nothing is recorded against it.
 
-    Not the host's fault, and not recorded against it: the work that needed the name
-    is handed back until they answer again (a cluster DNS restarting, a pod whose
-    network is gone), as it is while the broker or the database is away.
+    The work is handed back until the network works again, as it is while the broker
+    or the database is away.
     """
+
+
+class ResolverAway(DnsError, NetworkAway):
+    """The pod's own nameservers give no answer to anything, the root zone included
+    (a cluster DNS restarting, a pod whose network is gone)."""
+
+
+class EgressAway(NetworkAway):
+    """No connection of the pod succeeds, to any address, while many fail: its way out
+    (a NAT gateway, a NetworkPolicy, the node's uplink) is taken to be down."""
 
 
 class ContentError(FetcherError):

@@ -47,7 +47,13 @@ from trove_fetcher.completion import (
     robots_refusal,
 )
 from trove_fetcher.deferral import Carried, Chain, ChainKind, horizon, schedule_at
-from trove_fetcher.errors import GateDeferred, NotActivityStreams, RedirectPaused, ResolverAway
+from trove_fetcher.errors import (
+    GateDeferred,
+    NetworkAway,
+    NotActivityStreams,
+    RedirectPaused,
+    ResolverAway,
+)
 from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
@@ -178,12 +184,13 @@ class Fetcher:
         exclusions: Exclusions = NO_EXCLUSIONS,
         listed: ListedExclusions | None = None,
         clock: Clock | None = None,
-        resolver_away: Callable[[str], ResolverAway | None] = lambda host: None,
+        network_away: Callable[[str], NetworkAway | None] = lambda host: None,
     ) -> None:
         self.bus = bus
-        #: Whether a host's name needs the pod's nameservers while they answer nothing
-        #: (``GuardedNetworkBackend.resolver_away``): its work waits, without a lease.
-        self.resolver_away = resolver_away
+        #: Whether work for a host meets the pod's own network away: its nameservers
+        #: answer nothing, or its egress is down (``GuardedNetworkBackend.network_away``).
+        #: Such work waits, without a lease.
+        self.network_away = network_away
         #: The time leases and slots are kept on, shared by every pod (``clock``).
         self.clock: Clock = clock or WallClock()
         self.exclusions = exclusions
@@ -227,8 +234,8 @@ class Fetcher:
         if isinstance(event, TimelinePollRequested):
             try:
                 await self.poll(event)
-            except ResolverAway as exc:
-                raise _waits_for_nameservers(exc) from exc
+            except NetworkAway as exc:
+                raise _waits_for_network(exc) from exc
             return
         if not isinstance(event, PageDiscovered | CrawlRequested):
             return  # not work for us; ack it
@@ -236,8 +243,8 @@ class Fetcher:
         job = Job(event, carried.slot, carried.chain, _cause(msg), carried.avoid)
         try:
             await self.process(job, msg.data)
-        except ResolverAway as exc:
-            raise _waits_for_nameservers(exc) from exc
+        except NetworkAway as exc:
+            raise _waits_for_network(exc) from exc
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
             raise Retry(f"transient fetch error: {exc}") from exc
         except HopGateFailed as exc:
@@ -245,6 +252,9 @@ class Fetcher:
             # errors: the broker's trouble is handed back (not counted); anything else is
             # a failure it counts, backs off and parks. Handed back every time, a gate
             # that keeps failing would request the hops before it again and again.
+            # The pod's network away (robots.txt of a hop's host unreachable) is neither.
+            if isinstance(exc.__cause__, NetworkAway):
+                raise _waits_for_network(exc.__cause__) from exc.__cause__
             if isinstance(exc.__cause__, Exception):
                 raise exc.__cause__ from None
             raise
@@ -289,7 +299,7 @@ class Fetcher:
             job = replace(job, slot=None, chain=None)
         page_chain = job.chain  # a page's own redirect chain, if paused
         target = page_chain.next_url if page_chain is not None else job.url
-        away = self.resolver_away(domain_of(target))
+        away = self.network_away(domain_of(target))
         if away is not None:
             raise away  # before the lease: the host's slot is not spent on nothing
         robots = await self._cached_robots(target)
@@ -821,11 +831,13 @@ def _cause(msg: Msg) -> str:
     return f"{meta.stream}:{meta.sequence.stream}"
 
 
-#: How long work that met the pod's nameservers away waits before it is tried again.
-NAMESERVERS_RETRY_DELAY = 10.0
+#: How long work that met the pod's network away waits before it is tried again.
+NETWORK_RETRY_DELAY = 10.0
 
 
-def _waits_for_nameservers(exc: ResolverAway) -> Retry:
+def _waits_for_network(exc: NetworkAway) -> Retry:
     """The work goes back to the stream, not counted: nothing is blamed on the host (the
-    resolver logs the outage once, and ``trove_nameservers_away`` shows it)."""
-    return Retry(f"the nameservers are away: {exc}", delay=NAMESERVERS_RETRY_DELAY, expected=True)
+    resolver or the egress watch logs the outage once, and ``trove_nameservers_away`` or
+    ``trove_egress_away`` shows it)."""
+    what = "the nameservers are away" if isinstance(exc, ResolverAway) else "egress is away"
+    return Retry(f"{what}: {exc}", delay=NETWORK_RETRY_DELAY, expected=True)

@@ -55,8 +55,8 @@ import idna
 from trove_fetcher.errors import (
     BlockedAddress,
     DecompressionBomb,
+    NetworkAway,
     RedirectPaused,
-    ResolverAway,
     TooManyRedirects,
     UndecodableBody,
     UnsupportedContent,
@@ -476,7 +476,7 @@ async def fetch(
                 deadline,
                 accept,
             )
-    except (RedirectPaused, HopGateFailed, ResolverAway):
+    except (RedirectPaused, HopGateFailed, NetworkAway):
         raise
     except TimeoutError:
         ending = _Ending(

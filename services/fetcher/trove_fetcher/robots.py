@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 from protego import Protego
 
-from trove_fetcher.errors import BlockedAddress, FetcherError, RedirectPaused, ResolverAway
+from trove_fetcher.errors import BlockedAddress, FetcherError, NetworkAway, RedirectPaused
 from trove_fetcher.http import (
     ACCEPT_ENCODING,
     REDIRECT_STATUSES,
@@ -264,7 +264,7 @@ async def fetch_robots(
                 finally:
                     await response.aclose()
             return fallback(RobotsRule.ALLOW_ALL, f"more than {MAX_ROBOTS_REDIRECTS} redirects")
-    except (RedirectPaused, HopGateFailed, ResolverAway):
+    except (RedirectPaused, HopGateFailed, NetworkAway):
         raise  # the caller's to handle: not the site's answer
     except (TimeoutError, httpx.TimeoutException):
         return fallback(RobotsRule.DISALLOW_ALL, f"timeout fetching {origin}/robots.txt")

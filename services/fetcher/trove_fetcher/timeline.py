@@ -69,7 +69,7 @@ import httpx
 import pydantic
 
 from trove_fetcher.completion import event_budget
-from trove_fetcher.errors import BlockedAddress, ContentError, GateDeferred, ResolverAway
+from trove_fetcher.errors import BlockedAddress, ContentError, GateDeferred, NetworkAway
 from trove_fetcher.http import (
     ACCEPT_ENCODING,
     REDIRECT_STATUSES,
@@ -822,8 +822,8 @@ class TimelinePoller:
                 return await self._request(url)
         except _Stop as stop:
             return stop
-        except ResolverAway:
-            raise  # not the instance's answer: the poll waits for the pod's nameservers
+        except NetworkAway:
+            raise  # not the instance's answer: the poll waits for the pod's network
         except TimeoutError:
             return _Stop(
                 CrawlOutcome.TIMEOUT, f"no complete answer within {self._limits.total_timeout:g} s"

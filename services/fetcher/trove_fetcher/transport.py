@@ -50,7 +50,14 @@ import httpx
 
 from trove_fetcher.addresses import AddressPolicy, parse_address
 from trove_fetcher.dns import DnsConfig, DnsResolver
-from trove_fetcher.errors import BlockedAddress, DnsError, DnsTimeout, ResolverAway
+from trove_fetcher.egress import EgressConfig, EgressWatch
+from trove_fetcher.errors import (
+    BlockedAddress,
+    DnsError,
+    DnsTimeout,
+    NetworkAway,
+    ResolverAway,
+)
 from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
@@ -132,21 +139,27 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         resolver: Resolver | None = None,
         inner: httpcore.AsyncNetworkBackend | None = None,
         exclusions: Exclusions = NO_EXCLUSIONS,
+        egress: EgressWatch | None = None,
     ) -> None:
         self.policy = policy
         self.exclusions = exclusions
+        #: Every TCP connection's outcome, to tell the pod's egress away from the hosts'.
+        self.egress = EgressWatch() if egress is None else egress
         self._static = static or StaticHosts()
         self._resolver = DnsResolver() if resolver is None else resolver
         self._inner = inner or AsyncioBackend()
 
-    def resolver_away(self, host: str) -> ResolverAway | None:
-        """``ResolverAway`` when ``host`` needs a lookup that the pod's nameservers, known
-        to be away, cannot answer now (``DnsResolver.away``); None when it may go."""
+    def network_away(self, host: str) -> NetworkAway | None:
+        """Before work for ``host`` takes its lease: ``ResolverAway`` when it needs a
+        lookup that the pod's nameservers, known to be away, cannot answer now
+        (``DnsResolver.away``); ``EgressAway`` while the pod's connections fail and it is
+        not the one let through to find out (``EgressWatch.away``); None when it may go."""
         away = getattr(self._resolver, "away", None)
-        if away is None or self._addressed(host) is not None:
-            return None
-        found: ResolverAway | None = away(host)
-        return found
+        if away is not None and self._addressed(host) is None:
+            found: ResolverAway | None = away(host)
+            if found is not None:
+                return found
+        return self.egress.away()
 
     def _addressed(self, host: str) -> str | None:
         """The address ``host`` has without a lookup: a literal, or a static entry."""
@@ -201,18 +214,25 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         for address in addresses:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return await self._inner.connect_tcp(
+                stream = await self._inner.connect_tcp(
                     address,
                     port,
                     timeout=remaining,
                     local_address=local_address,
                     socket_options=socket_options,
                 )
-            except httpcore.ConnectTimeout:
-                raise
+            except httpcore.ConnectTimeout as exc:
+                error = exc
+                break
             except httpcore.ConnectError as exc:
                 error = exc
+            else:
+                self.egress.connected()
+                return stream
         assert error is not None
+        away = self.egress.failed(address, error)
+        if away is not None:
+            raise away from error
         raise error
 
     async def connect_unix_socket(
@@ -591,6 +611,7 @@ def build_network(
         resolver=DnsResolver(DnsConfig.for_settings(settings)) if resolver is None else resolver,
         inner=network_backend,
         exclusions=Exclusions.from_settings(settings) if exclusions is None else exclusions,
+        egress=EgressWatch(EgressConfig.for_settings(settings)),
     )
 
 

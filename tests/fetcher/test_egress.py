@@ -1,0 +1,102 @@
+"""The egress watch: when the pod's failed connections say its way out is down, and when
+they are the hosts' own. Its time is a clock the test turns."""
+
+from __future__ import annotations
+
+from trove_fetcher.egress import EgressConfig, EgressWatch
+from trove_fetcher.errors import EgressAway
+
+CONFIG = EgressConfig(suspect_after=3, quiet=30.0, recheck=10.0, patience=600.0)
+REFUSED = ConnectionRefusedError("refused")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def away_watch(clock: Clock) -> EgressWatch:
+    """A watch that has just taken egress to be away."""
+    watch = EgressWatch(CONFIG, clock=clock)
+    clock.now += 31
+    for address in ("192.0.2.1", "192.0.2.2"):
+        assert watch.failed(address, REFUSED) is None
+    assert isinstance(watch.failed("192.0.2.3", REFUSED), EgressAway)
+    return watch
+
+
+def test_failures_are_the_hosts_until_enough_addresses_fail_over_a_quiet_spell() -> None:
+    clock = Clock()
+    watch = EgressWatch(CONFIG, clock=clock)
+    clock.now += 29  # quiet for less than 30 s since the start
+    for address in ("192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"):
+        assert watch.failed(address, REFUSED) is None
+    assert watch.away() is None
+    clock.now += 1
+    away = watch.failed("192.0.2.5", REFUSED)
+    assert isinstance(away, EgressAway)
+    assert "none connected for 30 s" in str(away)
+    assert watch.is_away
+
+
+def test_one_dead_address_failing_again_and_again_is_never_the_pods_egress() -> None:
+    clock = Clock()
+    watch = EgressWatch(CONFIG, clock=clock)
+    for _ in range(50):
+        clock.now += 5
+        assert watch.failed("192.0.2.9", REFUSED) is None
+    assert not watch.is_away
+
+
+def test_a_connection_that_succeeds_clears_the_failures_counted_before_it() -> None:
+    clock = Clock()
+    watch = EgressWatch(CONFIG, clock=clock)
+    clock.now += 60
+    assert watch.failed("192.0.2.1", REFUSED) is None
+    assert watch.failed("192.0.2.2", REFUSED) is None
+    watch.connected()
+    clock.now += 31
+    assert watch.failed("192.0.2.3", REFUSED) is None
+    assert watch.failed("192.0.2.4", REFUSED) is None
+    assert isinstance(watch.failed("192.0.2.5", REFUSED), EgressAway)
+
+
+def test_while_away_work_waits_and_one_job_each_recheck_goes_ahead_to_find_out() -> None:
+    clock = Clock()
+    watch = away_watch(clock)
+    # A failure while away is not the host's either, whichever address it is.
+    assert isinstance(watch.failed("198.51.100.7", REFUSED), EgressAway)
+    assert isinstance(watch.away(), EgressAway)
+    clock.now += 9.9
+    assert isinstance(watch.away(), EgressAway)
+    clock.now += 0.1
+    assert watch.away() is None  # this one goes ahead
+    assert isinstance(watch.away(), EgressAway)  # the rest wait for its answer
+    assert isinstance(watch.failed("192.0.2.1", REFUSED), EgressAway)
+    clock.now += 10
+    assert watch.away() is None
+    watch.connected()
+    assert not watch.is_away
+    assert watch.away() is None
+    assert watch.failed("192.0.2.1", REFUSED) is None  # the host's again
+
+
+def test_an_outage_past_the_patience_is_the_hosts_again_until_a_connection_succeeds() -> None:
+    clock = Clock()
+    watch = away_watch(clock)
+    clock.now += 599
+    assert isinstance(watch.failed("192.0.2.1", REFUSED), EgressAway)
+    clock.now += 1
+    assert watch.failed("192.0.2.1", REFUSED) is None
+    assert not watch.is_away
+    assert watch.away() is None
+    for address in ("192.0.2.4", "192.0.2.5", "192.0.2.6", "192.0.2.7"):
+        assert watch.failed(address, REFUSED) is None  # not suspected again meanwhile
+    watch.connected()
+    clock.now += 31
+    for address in ("192.0.2.1", "192.0.2.2"):
+        assert watch.failed(address, REFUSED) is None
+    assert isinstance(watch.failed("192.0.2.3", REFUSED), EgressAway)
