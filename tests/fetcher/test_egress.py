@@ -57,7 +57,7 @@ def test_a_connection_that_succeeds_clears_the_failures_counted_before_it() -> N
     clock.now += 60
     assert watch.failed("192.0.2.1", REFUSED) is None
     assert watch.failed("192.0.2.2", REFUSED) is None
-    watch.connected()
+    watch.connected("192.0.2.200")
     clock.now += 31
     assert watch.failed("192.0.2.3", REFUSED) is None
     assert watch.failed("192.0.2.4", REFUSED) is None
@@ -78,7 +78,7 @@ def test_while_away_work_waits_and_one_job_each_recheck_goes_ahead_to_find_out()
     assert isinstance(watch.failed("192.0.2.1", REFUSED), EgressAway)
     clock.now += 10
     assert watch.away() is None
-    watch.connected()
+    watch.connected("192.0.2.200")
     assert not watch.is_away
     assert watch.away() is None
     assert watch.failed("192.0.2.1", REFUSED) is None  # the host's again
@@ -95,8 +95,34 @@ def test_an_outage_past_the_patience_is_the_hosts_again_until_a_connection_succe
     assert watch.away() is None
     for address in ("192.0.2.4", "192.0.2.5", "192.0.2.6", "192.0.2.7"):
         assert watch.failed(address, REFUSED) is None  # not suspected again meanwhile
-    watch.connected()
+    watch.connected("192.0.2.200")
     clock.now += 31
     for address in ("192.0.2.1", "192.0.2.2"):
         assert watch.failed(address, REFUSED) is None
     assert isinstance(watch.failed("192.0.2.3", REFUSED), EgressAway)
+
+
+def test_ipv6_failing_in_a_pod_where_it_never_worked_is_the_hosts_and_leaves_ipv4_alone() -> None:
+    clock = Clock()
+    watch = EgressWatch(CONFIG, clock=clock)
+    clock.now += 60
+    for n in range(10):
+        assert watch.failed(f"2001:db8::{n + 1}", REFUSED) is None
+    assert not watch.is_away
+    assert watch.away() is None
+
+
+def test_ipv6_away_once_it_worked_holds_ipv6_failures_but_not_ipv4_work() -> None:
+    clock = Clock()
+    watch = EgressWatch(CONFIG, clock=clock)
+    watch.connected("2001:db8::1")
+    watch.connected("192.0.2.1")
+    clock.now += 31
+    assert watch.failed("2001:db8::2", REFUSED) is None
+    assert watch.failed("2001:db8::3", REFUSED) is None
+    assert isinstance(watch.failed("2001:db8::4", REFUSED), EgressAway)
+    assert watch.is_away
+    assert watch.away() is None  # IPv4 work goes on
+    assert watch.failed("192.0.2.9", REFUSED) is None  # an IPv4 host's own failure
+    watch.connected("2001:db8::5")
+    assert not watch.is_away

@@ -32,19 +32,18 @@ GAP = 0.1
 
 
 async def egress_away(port: int) -> float:
-    """The fetcher's ``trove_egress_away`` gauge (-1 while its port does not answer)."""
+    """The fetcher's ``trove_egress_away`` gauge for IPv4 (-1 while its port does not answer)."""
     try:
         async with httpx.AsyncClient(trust_env=False) as client:
             page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     except httpx.TransportError:
         return -1.0
-    (value,) = [
+    return sum(
         sample.value
         for family in text_string_to_metric_families(page)
         for sample in family.samples
-        if sample.name == "trove_egress_away"
-    ]
-    return value
+        if sample.name == "trove_egress_away" and sample.labels.get("family") == "IPv4"
+    )
 
 
 def unserved_web(hosts: int, base_ip: str) -> SandboxWeb:

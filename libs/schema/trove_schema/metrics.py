@@ -52,6 +52,7 @@ EGRESS_AWAY = Gauge(
     "trove_egress_away",
     "1 while no connection of this pod succeeds and many addresses fail to connect: its "
     "work waits, and no host is blamed (a NAT gateway, a NetworkPolicy, the node's uplink)",
+    ["family"],
 )
 CLOCK_OFFSET = Gauge(
     "trove_clock_offset_seconds",

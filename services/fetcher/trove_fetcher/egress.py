@@ -17,6 +17,10 @@ handed back before it takes a lease, except that one job every ``recheck`` secon
 goes ahead (with its lease, as any request) to find out: the first connection that
 succeeds ends the outage.
 
+IPv4 and IPv6 are judged apart (a cluster without IPv6 fails every connection to a
+host that has only an IPv6 address, which says nothing of IPv4); while IPv4 is away,
+work is handed back before its lease.
+
 A pod whose only work is for hosts that are really gone looks the same from inside.
 So the outage is believed for ``patience`` seconds at most: after that, failures are
 recorded against the hosts as before, until a connection succeeds again. The first
@@ -62,7 +66,14 @@ class EgressConfig:
 
 
 class EgressWatch:
-    """The pod's connections, counted; ``clock`` is a seam for tests."""
+    """The pod's connections, counted per address family; ``clock`` is a seam for tests.
+
+    IPv4 and IPv6 are two ways out: a cluster without IPv6 fails every connection to a
+    host that has only an IPv6 address, and that says nothing about IPv4. IPv4 may be
+    taken to be away from the pod's start (a pod started in an outage); IPv6 only once
+    an IPv6 connection succeeded in this pod's life. Work is handed back before its
+    lease while IPv4 is away, the way out of most hosts' first address.
+    """
 
     def __init__(
         self,
@@ -70,14 +81,48 @@ class EgressWatch:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config or EgressConfig()
+        self.config = config = config or EgressConfig()
+        self._ways = {4: _Way("IPv4", config, clock, known=True), 6: _Way("IPv6", config, clock)}
+
+    @property
+    def is_away(self) -> bool:
+        return any(way.is_away for way in self._ways.values())
+
+    def connected(self, address: str) -> None:
+        """A TCP connection to ``address`` succeeded: its way out works."""
+        self._way(address).connected()
+
+    def failed(self, address: str, error: BaseException) -> EgressAway | None:
+        """A TCP connection to ``address`` failed with ``error``: ``EgressAway`` to raise
+        instead when the pod's way out is taken to be away, else None (the host's)."""
+        return self._way(address).failed(address, error)
+
+    def away(self) -> EgressAway | None:
+        """Before a job takes its lease: ``EgressAway`` to hand it back while IPv4 is
+        away, except one job every ``recheck`` seconds, let through to find out."""
+        return self._ways[4].away()
+
+    def _way(self, address: str) -> _Way:
+        return self._ways[6 if ":" in address else 4]
+
+
+class _Way:
+    """One address family's connections."""
+
+    def __init__(
+        self, name: str, config: EgressConfig, clock: Callable[[], float], *, known: bool = False
+    ) -> None:
+        self.name = name
+        self.config = config
         self._clock = clock
+        #: Whether this way out may be taken to be away: it worked once (IPv4: assumed).
+        self._known = known
         #: When a connection last succeeded (the start counts: a pod that never
         #: connected has been quiet since then).
         self._connected_at = clock()
         #: Addresses that failed to connect since then (at most ``suspect_after``).
         self._failed: set[str] = set()
-        #: Since when, and why, egress is taken to be away; None while it works.
+        #: Since when, and why, it is taken to be away; None while it works.
         self._away: tuple[float, str] | None = None
         #: When the last job was let through to find out.
         self._checked_at = -float("inf")
@@ -89,33 +134,34 @@ class EgressWatch:
         return self._away is not None and not self._given_up
 
     def connected(self) -> None:
-        """A TCP connection succeeded: the way out works."""
+        self._known = True
         self._connected_at = self._clock()
         self._failed.clear()
         if self._away is not None:
             lasted = self._connected_at - self._away[0]
             self._away = None
             self._given_up = False
-            EGRESS_AWAY.set(0)
-            log.info("connections succeed again after %.0f s: work goes on", lasted)
+            EGRESS_AWAY.labels(self.name).set(0)
+            log.info("%s connections succeed again after %.0f s: work goes on", self.name, lasted)
 
     def failed(self, address: str, error: BaseException) -> EgressAway | None:
-        """A TCP connection to ``address`` failed with ``error``: ``EgressAway`` to raise
-        instead when the pod's way out is taken to be away, else None (the host's)."""
         now = self._clock()
         if self._away is not None:
             if self._given_up:
                 return None
             if now - self._away[0] >= self.config.patience:
                 self._given_up = True
-                EGRESS_AWAY.set(0)
+                EGRESS_AWAY.labels(self.name).set(0)
                 log.warning(
-                    "no connection has succeeded for %.0f s: failures are recorded against"
+                    "no %s connection has succeeded for %.0f s: failures are recorded against"
                     " the hosts again",
+                    self.name,
                     now - self._connected_at,
                 )
                 return None
             return EgressAway(self._away[1])
+        if not self._known:
+            return None
         if len(self._failed) < self.config.suspect_after:
             self._failed.add(address)
         if (
@@ -124,18 +170,16 @@ class EgressWatch:
         ):
             return None
         why = (
-            f"{len(self._failed)} addresses failed to connect and none connected for"
-            f" {now - self._connected_at:.0f} s (last: {address}: {error})"
+            f"{len(self._failed)} {self.name} addresses failed to connect and none connected"
+            f" for {now - self._connected_at:.0f} s (last: {address}: {error})"
         )
         self._away = (now, why)
         self._checked_at = now
-        EGRESS_AWAY.set(1)
+        EGRESS_AWAY.labels(self.name).set(1)
         log.warning("%s: the pod's egress is taken to be away; its work waits", why)
         return EgressAway(why)
 
     def away(self) -> EgressAway | None:
-        """Before a job takes its lease: ``EgressAway`` to hand it back while egress is
-        away, except one job every ``recheck`` seconds, let through to find out."""
         if not self.is_away:
             return None
         assert self._away is not None

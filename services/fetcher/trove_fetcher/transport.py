@@ -227,7 +227,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
             except httpcore.ConnectError as exc:
                 error = exc
             else:
-                self.egress.connected()
+                self.egress.connected(address)
                 return stream
         assert error is not None
         away = self.egress.failed(address, error)
