@@ -24,7 +24,7 @@ from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import KV, Deferred, Granted, Politeness, PolitenessConfig
+from trove_fetcher.politeness import KV, Deferred, Granted, Moved, Politeness, PolitenessConfig
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
@@ -248,11 +248,19 @@ class BrokenGate(Politeness):
     released = False
 
     async def acquire(
-        self, domain: str, now: float, *, reserved: bool = False, ahead: float = 0.0
-    ) -> Granted | Deferred:
+        self,
+        domain: str,
+        now: float,
+        *,
+        reserved: bool = False,
+        ahead: float = 0.0,
+        follow_moves: bool = False,
+    ) -> Granted | Deferred | Moved:
         if self.armed and self.released:
             raise self.error
-        return await super().acquire(domain, now, reserved=reserved, ahead=ahead)
+        return await super().acquire(
+            domain, now, reserved=reserved, ahead=ahead, follow_moves=follow_moves
+        )
 
     async def finish(self, *args: Any, **kwargs: Any) -> HostPolicy:
         self.released = True

@@ -13,6 +13,7 @@ from trove_fetcher.politeness import (
     POLICY_KEY,
     Deferred,
     Granted,
+    Moved,
     Politeness,
     PolitenessConfig,
 )
@@ -399,3 +400,33 @@ async def test_a_pod_that_remembers_the_record_reserves_a_slot_in_one_round_trip
     again = await p.acquire("one.example", 1005.0, reserved=True)
     assert isinstance(again, Deferred)
     assert kv.calls == ["get"]
+
+
+async def test_a_moved_hosts_page_lease_answers_moved_and_writes_nothing(bus: Bus) -> None:
+    kv = CountingKV(await bus.js.key_value(DOMAINS_BUCKET))
+    p = Politeness(kv, CONFIG, LEARNING)
+    for n, end in enumerate((1000.0, 1020.0)):
+        grant = await p.acquire("www.moved.example", end - 10)
+        assert isinstance(grant, Granted)
+        redirect = CrawlCompleted(
+            url=f"http://www.moved.example/p/{n}",
+            domain="www.moved.example",
+            scope=Scope(value="www.moved.example"),
+            request_id=derived_event_id(f"moved {n}", "test"),
+            outcome=CrawlOutcome.REJECTED,
+            status_code=301,
+            started_at=datetime.fromtimestamp(end - 0.05, UTC),
+            completed_at=datetime.fromtimestamp(end, UTC),
+            links=[{"url": f"https://moved.example/p/{n}", "kind": "redirect"}],
+        )
+        await p.finish("www.moved.example", grant, end, Observation.of(redirect))
+    before = await p.state("www.moved.example")
+    kv.calls.clear()
+    for at in (1030.0, 1030.1, 1030.2):  # within one gap: no slot is taken
+        assert await p.acquire("www.moved.example", at, follow_moves=True) == Moved(
+            "https://moved.example"
+        )
+    assert set(kv.calls) == {"get"}  # read, never written
+    assert await p.state("www.moved.example") == before
+    # Not for robots.txt or a redirect hop: those take the lease as before.
+    assert isinstance(await p.acquire("www.moved.example", 1031.0), Granted)

@@ -26,6 +26,8 @@ from trove_schema.policy import (
     estimate,
     host_gap,
     load_priors,
+    moved,
+    moved_url,
     observe,
     send_validators,
     success_rate,
@@ -620,3 +622,86 @@ def test_a_timeout_does_not_teach_the_host_is_slow() -> None:
     )
     policy = observe(policy, Observation.of(stalled), CONFIG)
     assert policy.response_ms == 40
+
+
+# -- a host that moved ----------------------------------------------------------------
+
+
+def redirect(url: str, target: str, at: float, *, status: int = 301) -> CrawlCompleted:
+    """A redirect to another host, answered and not followed, as the fetcher records it."""
+    return attempt(
+        url,
+        "http",
+        CrawlOutcome.REJECTED,
+        at=at,
+        status_code=status,
+        error_message="redirected to another host",
+        links=[{"url": target, "kind": "redirect"}],
+    )
+
+
+def fold(policy: HostPolicy, *events: CrawlCompleted) -> HostPolicy:
+    for event in events:
+        policy = observe(policy, Observation.of(event), CONFIG)
+    return policy
+
+
+def test_a_host_whose_redirects_keep_the_path_to_one_origin_has_moved_there() -> None:
+    policy = fold(
+        HostPolicy(),
+        redirect("http://www.moved.test/a", "https://moved.test/a", T0),
+    )
+    assert moved(policy, T0, CONFIG) is None  # one redirect may be one page moved
+    policy = fold(
+        policy, redirect("http://www.moved.test/b?x=1", "https://moved.test/b?x=1", T0 + 10)
+    )
+    assert moved(policy, T0 + 10, CONFIG) == "https://moved.test"
+    assert moved_url("http://www.moved.test/c/d?e=f", "https://moved.test") == (
+        "https://moved.test/c/d?e=f"
+    )
+    # Until the recheck: then its next request finds out, and a redirect renews it.
+    later = T0 + 10 + CONFIG.move_recheck
+    assert moved(policy, later, CONFIG) is None
+    policy = fold(policy, redirect("http://www.moved.test/e", "https://moved.test/e", later))
+    assert moved(policy, later, CONFIG) == "https://moved.test"
+    assert HostPolicy.from_json(json.loads(json.dumps(policy.to_json()))) == policy
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        # Its own answer: the host serves pages.
+        lambda at: content("http://www.moved.test/b", "http", at),
+        lambda at: attempt(
+            "http://www.moved.test/b", "http", CrawlOutcome.BLOCKED_4XX, at=at, status_code=404
+        ),
+        # Every path to the other host's home page: not the same pages there.
+        lambda at: redirect("http://www.moved.test/b", "https://moved.test/", at),
+        # Another origin: the votes start again.
+        lambda at: redirect("http://www.moved.test/b", "https://elsewhere.test/b", at),
+    ],
+    ids=["content", "not-found", "path-not-kept", "another-origin"],
+)
+def test_a_move_is_not_learned_or_is_forgotten_on_evidence_against_it(
+    second: Callable[[float], CrawlCompleted],
+) -> None:
+    one = redirect("http://www.moved.test/a", "https://moved.test/a", T0)
+    assert moved(fold(HostPolicy(), one, second(T0 + 1)), T0 + 1, CONFIG) != "https://moved.test"
+    learned = fold(
+        HostPolicy(), one, redirect("http://www.moved.test/c", "https://moved.test/c", T0 + 1)
+    )
+    assert moved(learned, T0 + 2, CONFIG) == "https://moved.test"
+    assert moved(fold(learned, second(T0 + 2)), T0 + 2, CONFIG) is None
+
+
+def test_a_failure_or_an_error_page_says_nothing_about_a_move() -> None:
+    learned = fold(
+        HostPolicy(),
+        redirect("http://www.moved.test/a", "https://moved.test/a", T0),
+        redirect("http://www.moved.test/b", "https://moved.test/b", T0 + 1),
+    )
+    timeout = attempt("http://www.moved.test/c", "http", CrawlOutcome.TIMEOUT, at=T0 + 2)
+    unavailable = attempt(
+        "http://www.moved.test/d", "http", CrawlOutcome.FAILED, at=T0 + 3, status_code=503
+    )
+    assert moved(fold(learned, timeout, unavailable), T0 + 3, CONFIG) == "https://moved.test"

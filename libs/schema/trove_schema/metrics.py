@@ -37,7 +37,7 @@ FETCH_BYTES = Counter("trove_fetch_bytes_total", "Body bytes read")
 FETCHES_IN_FLIGHT = Gauge("trove_fetches_in_flight", "Requests in flight in this pod")
 LEASES = Counter(
     "trove_leases_total", "Domain lease decisions", ["decision"]
-)  # granted, waited (local), deferred (re-scheduled)
+)  # granted, waited (local), deferred (re-scheduled), moved (asked at the new origin)
 ROBOTS_CACHE = Counter("trove_robots_cache_total", "robots.txt lookups", ["result"])
 RESERVATION_HORIZON = Gauge(
     "trove_reservation_horizon_seconds",

@@ -21,6 +21,12 @@ agree. What a host's record learns:
 * **How gently to go**: the gap grows with the host's recent response time (a median).
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
+* **Whether it moved**: a host that answers ``MOVE_CONFIRMATIONS`` requests in a row
+  with a redirect to the same path on one other origin (``www.`` to the bare name, an
+  old domain to a new one) has moved there. Its pages are asked for at their new
+  address without a request to the old one (``moved_to``), until ``move_recheck`` has
+  passed and the next request finds out whether it still redirects. Any answer of its
+  own, or a redirect that does not keep the path, forgets it.
 
 The record is small and bounded (one estimate per URL class and strategy), and it
 travels as compact JSON that older and newer pods both read (``to_json``/``from_json``).
@@ -42,8 +48,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from trove_schema.errors import InvalidPriors
-from trove_schema.events import CrawlCompleted
+from trove_schema.events import CrawlCompleted, CrawlOutcome, LinkKind
 from trove_schema.heuristics import Audit, audit
+from trove_schema.urls import canonicalize_or_none
 
 DEFAULT_PRIORS_FILE = Path(__file__).with_name("priors.toml")
 STRATEGIES = ("http", "activitypub")
@@ -66,6 +73,9 @@ RECENT_ANSWERS = 5
 JITTER = 0.1
 #: Decimals the fold keeps: counts to 1e-4 of an attempt, times to the millisecond.
 COUNT_DIGITS = 4
+#: Redirects in a row, each keeping its path, to one other origin before a host is taken
+#: to have moved there: two, so that one page moved elsewhere is not the whole host.
+MOVE_CONFIRMATIONS = 2
 TIME_DIGITS = 3
 
 
@@ -197,6 +207,9 @@ class LearningConfig:
     #: last ~7 outcomes carry most of the estimate, so a site that changes is re-learned
     #: within a few fetches.
     discount: float = 0.85
+    #: How long a host learned to have moved is not asked: then its next request finds
+    #: out whether it still redirects.
+    move_recheck: float = 7 * 86_400.0
     #: At most one choice in this many (per host) tries a strategy that is not the best.
     explore_every: int = 50
     #: ... and only while the best strategy yields usable content less often than this:
@@ -222,6 +235,9 @@ class LearningConfig:
             rate_max=float(getattr(settings, "max_backoff_seconds", defaults.rate_max)),
             ban_pause=float(getattr(settings, "ban_pause_seconds", defaults.ban_pause)),
             explore_every=int(getattr(settings, "explore_every", defaults.explore_every)),
+            move_recheck=float(
+                getattr(settings, "host_move_recheck_seconds", defaults.move_recheck)
+            ),
             priors=load_priors(Path(priors_file) if priors_file else None),
         )
 
@@ -243,6 +259,9 @@ class Observation:
     conditional: bool = False
     #: The body is the one the page's previous visit saw (same content hash).
     unchanged: bool = False
+    #: A redirect to another host: the origin it went to when it kept the path and
+    #: query (``https://example.org``), "" when it did not; None for any other answer.
+    moved_to: str | None = None
 
     @classmethod
     def of(cls, event: CrawlCompleted, verdict: Audit | None = None) -> Observation:
@@ -268,6 +287,7 @@ class Observation:
             duration_ms=event.duration_ms,
             conditional=event.conditional,
             unchanged=event.content_hash is not None and event.content_hash == previous,
+            moved_to=_redirected_to(event),
         )
 
 
@@ -298,6 +318,12 @@ class HostPolicy:
     validators_ignored: int = 0
     #: When the host last banned Trove or served it a challenge (0: never).
     banned_at: float = 0.0
+    #: The origin the host moved to, and when that was last seen (``MOVE_CONFIRMATIONS``).
+    moved_to: str | None = None
+    moved_at: float = 0.0
+    #: The origin its last redirects kept the path to, and how many in a row.
+    move_origin: str | None = None
+    move_votes: int = 0
 
     def to_json(self) -> dict[str, object]:
         """Compact: fields at their default are left out. Lossless: ``observe`` rounds its
@@ -329,7 +355,7 @@ class HostPolicy:
             return cls()
         values: dict[str, Any] = {}
         for name, default in _SCALARS.items():
-            value = _coerce(raw.get(name), default, text=name in _TEXT_FIELDS)
+            value = _coerce(raw.get(name), default, text=_TEXT_FIELDS.get(name, 0))
             if value is not None or default is None:
                 values[name] = value
         return cls(
@@ -351,16 +377,22 @@ _SCALARS: dict[str, Any] = {
     "validators_honoured": 0,
     "validators_ignored": 0,
     "banned_at": 0.0,
+    "moved_to": None,
+    "moved_at": 0.0,
+    "move_origin": None,
+    "move_votes": 0,
 }
-_TEXT_FIELDS = frozenset({"pause_reason"})
+#: Text fields and their longest value (an origin holds a host name of up to 253).
+_TEXT_FIELDS = {"pause_reason": 64, "moved_to": 300, "move_origin": 300}
 
 
-def _coerce(value: object, default: Any, *, text: bool = False) -> Any:
-    """``value`` as the type of ``default`` (text when ``text``); None when it cannot be."""
+def _coerce(value: object, default: Any, *, text: int = 0) -> Any:
+    """``value`` as the type of ``default`` (text of at most ``text`` characters when
+    ``text``); None when it cannot be."""
     if value is None or isinstance(value, bool):
         return None
     if text:
-        return value[:64] if isinstance(value, str) else None
+        return value[:text] if isinstance(value, str) else None
     if not isinstance(value, int | float) or not math.isfinite(value):
         return None
     if isinstance(default, int):
@@ -460,6 +492,21 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         recent = (*recent, round(float(obs.duration_ms), TIME_DIGITS))[-RECENT_ANSWERS:]
         response_ms = statistics.median(recent)
 
+    moved_to, moved_at = policy.moved_to, policy.moved_at
+    move_origin, move_votes = policy.move_origin, policy.move_votes
+    if obs.moved_to:
+        if obs.moved_to == move_origin:
+            move_votes = min(move_votes + 1, MAX_LEVEL)
+        else:
+            move_origin, move_votes = obs.moved_to, 1
+        if move_votes >= MOVE_CONFIRMATIONS:
+            moved_to, moved_at = move_origin, obs.at
+        elif moved_to != move_origin:
+            moved_to, moved_at = None, 0.0
+    elif obs.moved_to is not None or _answered(obs):
+        # Its own answer, or a redirect that does not keep the path: not a move.
+        moved_to, moved_at, move_origin, move_votes = None, 0.0, None, 0
+
     honoured, ignored = policy.validators_honoured, policy.validators_ignored
     if obs.conditional:
         if obs.status == 304:
@@ -483,7 +530,44 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         validators_honoured=honoured,
         validators_ignored=ignored,
         banned_at=banned_at,
+        moved_to=moved_to,
+        moved_at=round(moved_at, TIME_DIGITS),
+        move_origin=move_origin,
+        move_votes=move_votes,
     )
+
+
+def moved(policy: HostPolicy, now: float, config: LearningConfig) -> str | None:
+    """The origin the host moved to, while its pages are asked for there without a
+    request to it; None when it has not, or when it is time to find out again."""
+    if policy.moved_to and now - policy.moved_at < config.move_recheck:
+        return policy.moved_to
+    return None
+
+
+def moved_url(url: str, origin: str) -> str:
+    """``url`` at ``origin``: its path and query kept."""
+    parts = urlsplit(url)
+    return origin + (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def _redirected_to(event: CrawlCompleted) -> str | None:
+    """``Observation.moved_to`` of ``event``: a redirect answered, not followed."""
+    status = event.status_code
+    if event.outcome is not CrawlOutcome.REJECTED or status is None or not 300 <= status < 400:
+        return None
+    links = reversed(event.links)
+    target = next((link.url for link in links if link.kind is LinkKind.REDIRECT), None)
+    # The last hop as the fetcher sent it; the target canonical, as every link is.
+    answered = canonicalize_or_none(event.final_url or event.url)
+    if target is None or answered is None:
+        return None
+    source, to = urlsplit(answered), urlsplit(target)
+    if (source.hostname or "").lower() == (to.hostname or "").lower():
+        return None
+    if (source.path or "/", source.query) != (to.path or "/", to.query):
+        return ""
+    return f"{to.scheme}://{to.netloc}".lower()
 
 
 def _learn(

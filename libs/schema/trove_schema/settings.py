@@ -91,6 +91,9 @@ class CommonSettings(BaseSettings):
     #: A host whose best fetch strategy often gets nothing usable is asked another way
     #: at most once in this many requests (0: never); a host served well, never.
     explore_every: int = Field(default=50, ge=0)
+    #: A host learned to have moved (its redirects keep the path, to one other origin)
+    #: is not asked for this long; its pages are asked for at the new origin meanwhile.
+    host_move_recheck_seconds: float = Field(default=7 * 86_400.0, ge=0.0)
     #: Seed priors (TOML, see trove_schema/priors.toml); unset, the shipped ones.
     priors_file: Path | None = None
     #: Hosts Trove never crawls, each with every name below it (trove_schema.exclusions):

@@ -31,6 +31,7 @@ from trove_schema.events import (
     PageDiscovered,
     derived_event_id,
 )
+from trove_schema.policy import moved_url
 from trove_schema.urls import canonicalize_or_none
 
 log = logging.getLogger("trove.fetcher")
@@ -93,6 +94,23 @@ def robots_refusal(
         error_message=reason[:_REASON_LENGTH],
         started_at=now,
         completed_at=now,
+    )
+
+
+def moved_away(work: Work, origin: str) -> CrawlCompleted:
+    """The page's host moved to ``origin`` (its learned policy): no request was sent, and
+    the page at its new address goes on as the target of a redirect the host would
+    have answered."""
+    now = datetime.now(UTC)
+    target = canonicalize_or_none(moved_url(work.url, origin))
+    links = [] if target is None else [{"url": target, "kind": LinkKind.REDIRECT}]
+    return CrawlCompleted(
+        **_base(work, "http", None, False),
+        outcome=CrawlOutcome.REJECTED,
+        error_message=f"not asked: the host moved to {origin}"[:_REASON_LENGTH],
+        started_at=now,
+        completed_at=now,
+        links=links,
     )
 
 

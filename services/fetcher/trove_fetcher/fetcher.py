@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import overload
 
 import httpx
 from nats.aio.msg import Msg
@@ -43,6 +44,7 @@ from trove_fetcher.completion import (
     completed,
     event_budget,
     fit,
+    moved_away,
     rejected,
     robots_refusal,
 )
@@ -57,7 +59,7 @@ from trove_fetcher.errors import (
 from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
-from trove_fetcher.politeness import Deferred, Granted, Politeness
+from trove_fetcher.politeness import Deferred, Granted, Moved, Politeness
 from trove_fetcher.robots import DEFAULT_TTL, RETRY_TTL, RobotsPolicy, fetch_robots
 from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
 from trove_fetcher.timeline import TimelinePoller
@@ -306,7 +308,9 @@ class Fetcher:
         if robots is not None and not robots.allows(target, self.robots_token):
             await self._complete(job, robots_refusal(job.work, robots))
             return
-        hold = await self._lease(job, payload, domain_of(target), job.reserved, page_chain)
+        hold = await self._lease(
+            job, payload, domain_of(target), job.reserved, page_chain, follow_moves=True
+        )
         if hold is None:
             return
         if robots is None and page_chain is None:
@@ -318,7 +322,9 @@ class Fetcher:
                     return  # its redirect chain is paused
                 # robots.txt used this lease; the page waits for the next one.
                 if robots.allows(job.url, self.robots_token):
-                    hold = await self._lease(job, payload, job.domain, False, None)
+                    hold = await self._lease(
+                        job, payload, job.domain, False, None, follow_moves=True
+                    )
                     if hold is None:
                         return
             if not robots.allows(job.url, self.robots_token):
@@ -329,8 +335,19 @@ class Fetcher:
 
     # leases -----------------------------------------------------------------------
 
-    async def _acquire(self, domain: str, reserved: bool) -> Granted | Deferred:
+    @overload
+    async def _acquire(self, domain: str, reserved: bool) -> Granted | Deferred: ...
+
+    @overload
+    async def _acquire(
+        self, domain: str, reserved: bool, *, follow_moves: bool
+    ) -> Granted | Deferred | Moved: ...
+
+    async def _acquire(
+        self, domain: str, reserved: bool, *, follow_moves: bool = False
+    ) -> Granted | Deferred | Moved:
         """The domain's lease now or after a short wait in the task; else a far slot.
+        With ``follow_moves``, ``Moved`` for a host learned to have moved.
 
         A lease that can start within ``LOCAL_WAIT`` is taken ahead, for its start, and
         the task sends when it comes: the request leaves at its slot rather than one
@@ -341,8 +358,10 @@ class Fetcher:
         while True:
             now = self.clock.now()
             decision = await self.politeness.acquire(
-                domain, now, reserved=reserved, ahead=LOCAL_WAIT
+                domain, now, reserved=reserved, ahead=LOCAL_WAIT, follow_moves=follow_moves
             )
+            if isinstance(decision, Moved):
+                return decision
             if isinstance(decision, Granted):
                 LEASES.labels("granted").inc()
                 early = decision.start - self.clock.now()
@@ -361,11 +380,25 @@ class Fetcher:
             reserved = True
 
     async def _lease(
-        self, job: Job, payload: bytes, domain: str, reserved: bool, chain: Chain | None
+        self,
+        job: Job,
+        payload: bytes,
+        domain: str,
+        reserved: bool,
+        chain: Chain | None,
+        *,
+        follow_moves: bool = False,
     ) -> _Hold | None:
-        decision = await self._acquire(domain, reserved)
+        """The lease for ``job``'s next request, or None when it is not to be sent now:
+        deferred to a later slot, or (``follow_moves``) its host moved and the page is
+        asked for at its new address instead."""
+        decision = await self._acquire(domain, reserved, follow_moves=follow_moves)
         if isinstance(decision, Granted):
             return _Hold(domain, decision)
+        if isinstance(decision, Moved):
+            LEASES.labels("moved").inc()
+            await self._complete(job, moved_away(job.work, decision.origin))
+            return None
         await self._defer(job, payload, decision.at, chain)
         return None
 

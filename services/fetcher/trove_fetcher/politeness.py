@@ -41,7 +41,14 @@ from typing import Protocol
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from trove_schema.metrics import HOST_PAUSES
-from trove_schema.policy import HostPolicy, LearningConfig, Observation, host_gap, observe
+from trove_schema.policy import (
+    HostPolicy,
+    LearningConfig,
+    Observation,
+    host_gap,
+    moved,
+    observe,
+)
 from trove_schema.turns import Turns
 
 FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
@@ -121,6 +128,13 @@ class Deferred:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """The host moved to ``origin`` (its learned policy): ask there, not here."""
+
+    origin: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolitenessConfig:
     min_delay: float = 10.0
@@ -172,8 +186,14 @@ class Politeness:
         return host_gap(slot.policy, slot.gap, self.learning)
 
     async def acquire(
-        self, domain: str, now: float, *, reserved: bool = False, ahead: float = 0.0
-    ) -> Granted | Deferred:
+        self,
+        domain: str,
+        now: float,
+        *,
+        reserved: bool = False,
+        ahead: float = 0.0,
+        follow_moves: bool = False,
+    ) -> Granted | Deferred | Moved:
         """Take the domain's lease at ``now``, or say when to come back.
 
         ``reserved`` messages already hold a slot (they were deferred once); fresh ones
@@ -183,13 +203,21 @@ class Politeness:
         request is in flight (the end of one is what its gap counts from), and only for
         the moment the host is free: a fresh message behind reservations takes a slot
         of its own, since a lease taken for a later start would hold the host idle
-        while the messages that came before it wait.
+        while the messages that came before it wait. With ``follow_moves``, a host whose
+        policy says it moved answers ``Moved``, and nothing is written.
         """
         key = self.key(domain)
         async with self._turns.of(key):
             guess = self._guess(key)
             while True:
                 slot, revision = guess if guess is not None else await self._read(key)
+                if follow_moves:
+                    origin = moved(slot.policy, now, self.learning)
+                    if origin is not None:
+                        if guess is not None:  # writes nothing: only on the bucket's word
+                            guess = None
+                            continue
+                        return Moved(origin)
                 gap = self.gap_of(slot)
                 # A paused host (``backoff_until``) is refused to every message: its URLs
                 # come back when the pause ends, not one failed request each.

@@ -1,0 +1,90 @@
+"""A host that moved (``www.`` to the bare name, kept paths): after two redirects its
+pages are asked for at the new address without a request to the old one, until the
+recheck, when one request finds out whether it still redirects.
+
+The fetcher runs as a real process against real NATS and a real HTTP server that plays
+both hosts; the server's own request log is the witness."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import StackUrls
+from tests.fetcher._completions import Completions
+from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.support import publish_work, services
+from trove_schema.bus import Bus
+from trove_schema.events import CrawlOutcome, LinkKind
+from trove_schema.urls import canonicalize
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+IP = "127.0.0.185"
+OLD, NEW = "www.moved.test", "moved.test"
+GAP = 0.2
+RECHECK = 6.0
+
+
+def moves(server: LocalServer, path: str) -> Route:
+    def redirect(exchange: Exchange) -> None:
+        exchange.redirect(server.url(path, NEW), 301)
+
+    return redirect
+
+
+def text(body: str) -> Route:
+    return lambda ex: ex.send(200, body.encode(), content_type="text/plain")
+
+
+async def test_a_host_that_moved_is_not_asked_until_its_recheck(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    pages = [f"/p/{n}" for n in range(6)]
+    with serving({f"{NEW}/robots.txt": text("User-agent: *\nAllow: /\n")}, IP) as server:
+        for path in ["/robots.txt", *pages]:
+            server.routes[f"{OLD}{path}"] = moves(server, path)
+        old = [canonicalize(server.url(path, OLD)) for path in pages]
+        new = [canonicalize(server.url(path, NEW)) for path in pages]
+        origin = canonicalize(server.url("/", NEW)).rstrip("/")
+        env = {
+            "TROVE_RESOLVE": f"{OLD}={IP},{NEW}={IP}",
+            "TROVE_ALLOWED_NETWORKS": f"{IP}/32",
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(GAP),
+            "TROVE_GAP_RESPONSE_FACTOR": "0",
+            "TROVE_HOST_MOVE_RECHECK_SECONDS": str(RECHECK),
+        }
+        completions = Completions(bus.js)
+        async with services(stack, state_dir, env, only=("fetcher",)) as local:
+            # Two redirects that keep the path, to one origin: the host moved.
+            await publish_work(bus, old[:2])
+            events = await completions.wait_for(2)
+            learned = time.monotonic()
+            # Asked for at the new address, not sent to the old one.
+            await publish_work(bus, old[2:4])
+            events = await completions.wait_for(4)
+            asked_meanwhile = {s.path for s in server.requests_for(OLD)}
+            # Past the recheck, one request finds out: it still redirects.
+            await asyncio.sleep(max(0.0, learned + RECHECK + 0.5 - time.monotonic()))
+            await publish_work(bus, old[4:5])
+            events = await completions.wait_for(5)
+            await publish_work(bus, old[5:])
+            events = await completions.wait_for(6)
+            local.check_alive()
+    for url, target in zip(old[:2] + old[4:5], new[:2] + new[4:5], strict=True):
+        assert events[url].status_code == 301, events[url]
+        assert [(link.url, link.kind) for link in events[url].links] == [
+            (target, LinkKind.REDIRECT)
+        ]
+    for url, target in zip(old[2:4] + old[5:], new[2:4] + new[5:], strict=True):
+        event = events[url]
+        assert event.outcome is CrawlOutcome.REJECTED
+        assert event.status_code is None
+        assert event.error_message == f"not asked: the host moved to {origin}"
+        assert [(link.url, link.kind) for link in event.links] == [(target, LinkKind.REDIRECT)]
+    assert asked_meanwhile == {"/robots.txt", "/p/0", "/p/1"}
+    assert {s.path for s in server.requests_for(OLD)} == {"/robots.txt", "/p/0", "/p/1", "/p/4"}
+    assert (server.min_gap(OLD) or GAP) >= GAP
