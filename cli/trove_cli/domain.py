@@ -279,6 +279,14 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
             + (f"; banned Trove at {_when(policy.banned_at)}" if policy.banned_at else "")
         )
     )
+    if policy.moved_to:
+        recheck = policy.moved_at + config.move_recheck
+        asked = (
+            f"its pages are asked for there until {_when(recheck)}"
+            if recheck > now
+            else "its next request finds out whether it still redirects"
+        )
+        console.print(Text(f"  moved to {policy.moved_to} (its redirects keep the path): {asked}"))
     base = (found.politeness or {}).get("gap") or config.min_gap
     gap = host_gap(policy, base, config)
     if policy.response_ms is None:

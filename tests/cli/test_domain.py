@@ -151,6 +151,35 @@ async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) 
     assert "gap 25 s" in printed  # 10 x 2.5 s: the last five answers
 
 
+async def test_the_domain_shows_where_a_host_moved_and_until_when(engine: AsyncEngine) -> None:
+    old = "www.moved.example"
+    redirects = [
+        attempt(
+            n,
+            CrawlOutcome.REJECTED,
+            status_code=301,
+            host=old,
+            domain=old,
+            error_message="redirected to another host",
+            links=[{"url": f"https://moved.example/{n}", "kind": "redirect"}],
+        )
+        for n in (1, 2)
+    ]
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, redirects, RetryPolicy(max_attempts=3, delay_seconds=60.0))
+    found = await collect_domain(engine, old)
+    learned = (START + timedelta(minutes=2, milliseconds=40)).timestamp()
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200), now=learned + 60)
+    assert (
+        "moved to https://moved.example (its redirects keep the path): its pages are asked for"
+        " there until 2026-11-30 12:02:00 UTC"
+    ) in out.getvalue()
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200), now=learned + 8 * 86_400)
+    assert "its next request finds out whether it still redirects" in out.getvalue()
+
+
 async def test_a_host_without_a_policy_says_it_rests_on_the_priors(engine: AsyncEngine) -> None:
     out = io.StringIO()
     render_domain(await collect_domain(engine, "never.example"), Console(file=out, width=200))
