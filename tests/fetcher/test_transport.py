@@ -7,6 +7,7 @@ the guard refuses must never appear there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import weakref
@@ -27,7 +28,7 @@ from tests.fetcher._servers import (
     serving,
 )
 from trove_fetcher.addresses import AddressPolicy
-from trove_fetcher.errors import BlockedAddress, ResolverAway
+from trove_fetcher.errors import BlockedAddress, EgressAway, ResolverAway
 from trove_fetcher.http import FetchLimits, fetch
 from trove_fetcher.robots import fetch_robots
 from trove_fetcher.transport import (
@@ -458,3 +459,65 @@ async def test_nameservers_away_pass_through_the_client_fetch_and_robots_untouch
             assert network.network_away("site.trove.test") is None
             assert network.network_away("127.0.0.1") is None
     assert recorder.connects == []
+
+
+@contextlib.contextmanager
+def silent_listener(ip: str) -> Iterator[int]:
+    """A port on ``ip`` whose accept queue is full: the kernel drops every new SYN, as a
+    way out that lost its route does, so a connection attempt times out."""
+    with socket.socket() as listener, socket.socket() as queued:
+        listener.bind((ip, 0))
+        listener.listen(0)
+        port: int = listener.getsockname()[1]
+        queued.connect((ip, port))  # fills the queue; never accepted
+        yield port
+
+
+async def test_connections_timing_out_everywhere_pass_through_fetch_and_robots_as_egress_away(
+    server: LocalServer,
+) -> None:
+    settings = _settings(
+        allowed_networks=("127.0.0.0/8",),
+        connect_timeout=0.3,
+        egress_suspect_after=3,
+        egress_quiet_seconds=0.0,
+    )
+    network = build_network(settings)
+    limits = FetchLimits(total_timeout=5.0)
+    with (
+        silent_listener("127.0.0.191") as a,
+        silent_listener("127.0.0.192") as b,
+        silent_listener("127.0.0.193") as c,
+        silent_listener("127.0.0.194") as d,
+    ):
+        async with build_client(settings, network=network) as client:
+            # The first two are the hosts' own timeouts, as far as anyone can tell yet.
+            with pytest.raises(httpx.ConnectTimeout):
+                await client.get(f"http://127.0.0.191:{a}/")
+            outcome = await fetch(
+                client,
+                f"http://127.0.0.192:{b}/",
+                etag=None,
+                last_modified=None,
+                limits=limits,
+                is_parseable=lambda kind: True,
+            )
+            assert outcome.outcome.value == "timeout"
+            # The third address in a row: the pod's way out, not the host.
+            with pytest.raises(EgressAway):
+                await fetch(
+                    client,
+                    f"http://127.0.0.193:{c}/",
+                    etag=None,
+                    last_modified=None,
+                    limits=limits,
+                    is_parseable=lambda kind: True,
+                )
+            with pytest.raises(EgressAway):
+                await fetch_robots(client, f"http://127.0.0.194:{d}", max_bytes=1024)
+            assert network.network_away("site.trove.test") is not None
+            # A connection that succeeds ends it.
+            assert (
+                await client.get(server.url("/echo", host="site.trove.test"))
+            ).status_code == 200
+            assert network.network_away("site.trove.test") is None
