@@ -308,8 +308,14 @@ class Fetcher:
         if robots is not None and not robots.allows(target, self.robots_token):
             await self._complete(job, robots_refusal(job.work, robots))
             return
+        # A paused chain's next hop is a hop of the page already asked for: it goes on.
         hold = await self._lease(
-            job, payload, domain_of(target), job.reserved, page_chain, follow_moves=True
+            job,
+            payload,
+            domain_of(target),
+            job.reserved,
+            page_chain,
+            follow_moves=page_chain is None,
         )
         if hold is None:
             return
