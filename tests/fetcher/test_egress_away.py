@@ -53,19 +53,26 @@ def unserved_web(hosts: int, base_ip: str) -> SandboxWeb:
     return web
 
 
+def watched_env(web: SandboxWeb, **extra: str) -> dict[str, str]:
+    """The services on ``web``, an outage taken for one after ``SUSPECT_AFTER`` addresses
+    failed, however recent the last connection, and looked at again every second."""
+    return sandbox_env(
+        web,
+        GAP,
+        TROVE_EGRESS_SUSPECT_AFTER=str(SUSPECT_AFTER),
+        TROVE_EGRESS_QUIET_SECONDS="0",
+        TROVE_EGRESS_RECHECK_SECONDS="1",
+        **extra,
+    )
+
+
 async def test_work_waits_while_no_connection_succeeds_and_crawls_once_they_do(
     stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
 ) -> None:
     web = unserved_web(12, "127.0.0.84")
     seeds = web.seeds()
     metrics = free_port()
-    env = sandbox_env(
-        web,
-        GAP,
-        TROVE_EGRESS_SUSPECT_AFTER=str(SUSPECT_AFTER),
-        TROVE_EGRESS_QUIET_SECONDS="0",
-        TROVE_EGRESS_RECHECK_SECONDS="1",
-    )
+    env = watched_env(web)
     fetcher_env = env | {"TROVE_HTTP_PORT": str(metrics)}
     async with (
         services(stack, state_dir / "recorder", env, only=("recorder",)),
@@ -112,14 +119,7 @@ async def test_an_outage_longer_than_the_patience_is_recorded_against_the_hosts(
 ) -> None:
     web = unserved_web(8, "127.0.0.100")
     seeds = web.seeds()
-    env = sandbox_env(
-        web,
-        GAP,
-        TROVE_EGRESS_SUSPECT_AFTER=str(SUSPECT_AFTER),
-        TROVE_EGRESS_QUIET_SECONDS="0",
-        TROVE_EGRESS_RECHECK_SECONDS="1",
-        TROVE_EGRESS_PATIENCE_SECONDS="3",
-    )
+    env = watched_env(web, TROVE_EGRESS_PATIENCE_SECONDS="3")
     async with services(stack, state_dir, env):
         await publish_work(bus, seeds)
 
