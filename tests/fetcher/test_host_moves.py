@@ -1,6 +1,7 @@
 """A host that moved (``www.`` to the bare name, kept paths): after two redirects its
 pages are asked for at the new address without a request to the old one, until the
-recheck, when one request finds out whether it still redirects.
+recheck, when one request finds out whether it still redirects; a site back at its old
+name is asked there again from its next recheck on, over two cycles here.
 
 The fetcher runs as a real process against real NATS and a real HTTP server that plays
 both hosts; the server's own request log is the witness."""
@@ -40,10 +41,14 @@ def text(body: str) -> Route:
     return lambda ex: ex.send(200, body.encode(), content_type="text/plain")
 
 
-async def test_a_host_that_moved_is_not_asked_until_its_recheck(
+def page(title: str) -> Route:
+    return lambda ex: ex.send(200, f"<title>{title}</title><p>{title}</p>".encode())
+
+
+async def test_a_host_that_moved_is_not_asked_until_its_recheck_and_is_again_once_back(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
-    pages = [f"/p/{n}" for n in range(6)]
+    pages = [f"/p/{n}" for n in range(8)]
     with serving({f"{NEW}/robots.txt": text("User-agent: *\nAllow: /\n")}, IP) as server:
         for path in ["/robots.txt", *pages]:
             server.routes[f"{OLD}{path}"] = moves(server, path)
@@ -58,6 +63,11 @@ async def test_a_host_that_moved_is_not_asked_until_its_recheck(
             "TROVE_HOST_MOVE_RECHECK_SECONDS": str(RECHECK),
         }
         completions = Completions(bus.js)
+
+        async def recheck_after(seen: float) -> None:
+            """Let one recheck interval pass: the behaviour under test is its length."""
+            await asyncio.sleep(max(0.0, seen + RECHECK + 0.5 - time.monotonic()))
+
         async with services(stack, state_dir, env, only=("fetcher",)) as local:
             # Two redirects that keep the path, to one origin: the host moved.
             await publish_work(bus, old[:2])
@@ -68,23 +78,35 @@ async def test_a_host_that_moved_is_not_asked_until_its_recheck(
             events = await completions.wait_for(4)
             asked_meanwhile = {s.path for s in server.requests_for(OLD)}
             # Past the recheck, one request finds out: it still redirects.
-            await asyncio.sleep(max(0.0, learned + RECHECK + 0.5 - time.monotonic()))
+            await recheck_after(learned)
             await publish_work(bus, old[4:5])
             events = await completions.wait_for(5)
-            await publish_work(bus, old[5:])
+            renewed = time.monotonic()
+            await publish_work(bus, old[5:6])
             events = await completions.wait_for(6)
+            # The site comes back to its old name; the next recheck finds it there.
+            for path in pages[6:]:
+                server.routes[f"{OLD}{path}"] = page(path)
+            await recheck_after(renewed)
+            await publish_work(bus, old[6:7])
+            events = await completions.wait_for(7)
+            await publish_work(bus, old[7:])
+            events = await completions.wait_for(8)
             local.check_alive()
     for url, target in zip(old[:2] + old[4:5], new[:2] + new[4:5], strict=True):
         assert events[url].status_code == 301, events[url]
         assert [(link.url, link.kind) for link in events[url].links] == [
             (target, LinkKind.REDIRECT)
         ]
-    for url, target in zip(old[2:4] + old[5:], new[2:4] + new[5:], strict=True):
+    for url, target in zip(old[2:4] + old[5:6], new[2:4] + new[5:6], strict=True):
         event = events[url]
         assert event.outcome is CrawlOutcome.REJECTED
         assert event.status_code is None
         assert event.error_message == f"not asked: the host moved to {origin}"
         assert [(link.url, link.kind) for link in event.links] == [(target, LinkKind.REDIRECT)]
+    for url in old[6:]:
+        assert events[url].outcome is CrawlOutcome.SUCCESS, events[url]
     assert asked_meanwhile == {"/robots.txt", "/p/0", "/p/1"}
-    assert {s.path for s in server.requests_for(OLD)} == {"/robots.txt", "/p/0", "/p/1", "/p/4"}
+    asked = {s.path for s in server.requests_for(OLD)}
+    assert asked == {"/robots.txt", "/p/0", "/p/1", "/p/4", "/p/6", "/p/7"}
     assert (server.min_gap(OLD) or GAP) >= GAP
