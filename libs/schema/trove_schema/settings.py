@@ -257,12 +257,12 @@ class FetcherSettings(CommonSettings):
     #: Nameservers found to answer nothing are asked again after this long; until then
     #: the work that needs a name not cached waits (``trove_fetcher.dns``).
     dns_recheck_seconds: float = Field(default=5.0, gt=0.0)
-    #: The pod's egress is taken to be away when this many addresses failed to connect
-    #: and none connected for ``egress_quiet_seconds``; its work then waits, one job every
-    #: ``egress_recheck_seconds`` going ahead to find out, for at most
-    #: ``egress_patience_seconds`` (``trove_fetcher.egress``).
+    #: The pod's egress is taken to be away when this many addresses failed to connect in
+    #: a row, none connecting in between nor for ``egress_quiet_seconds``; its work then
+    #: waits, one job every ``egress_recheck_seconds`` going ahead to find out, for at
+    #: most ``egress_patience_seconds`` (``trove_fetcher.egress``).
     egress_suspect_after: int = Field(default=8, ge=2)
-    egress_quiet_seconds: float = Field(default=10.0, ge=0.0)
+    egress_quiet_seconds: float = Field(default=0.0, ge=0.0)
     egress_recheck_seconds: float = Field(default=10.0, gt=0.0)
     egress_patience_seconds: float = Field(default=3600.0, ge=0.0)
 

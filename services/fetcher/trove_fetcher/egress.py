@@ -10,7 +10,8 @@ outage.
 
 ``EgressWatch`` sees every TCP connection the transport opens. When ``suspect_after``
 different addresses have failed to connect (refused, unreachable or timed out) and
-none has connected for ``quiet`` seconds, the pod's egress is taken to be away: a
+none has connected in between (nor for ``quiet`` seconds, when set), the pod's egress
+is taken to be away: a
 connection that fails then raises ``EgressAway``, not the host's error, and the work
 goes back to its stream, not counted, with nothing recorded. Meanwhile the work is
 handed back before it takes a lease, except that one job every ``recheck`` seconds
@@ -48,8 +49,10 @@ log = logging.getLogger("trove.fetcher.egress")
 class EgressConfig:
     #: Different addresses that must fail to connect, none succeeding, to suspect egress.
     suspect_after: int = 8
-    #: ... and for at least this long since the last connection that succeeded.
-    quiet: float = 10.0
+    #: ... and for at least this long since the last connection that succeeded. 0 by
+    #: default: each second of it leaves that second's failures to the hosts (tens of
+    #: hosts in a busy pod), where a false alarm costs a recheck's wait.
+    quiet: float = 0.0
     #: While egress is away, one job this often goes ahead to find out.
     recheck: float = 10.0
     #: Longest an outage is believed before failures are the hosts' again.
