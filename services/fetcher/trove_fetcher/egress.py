@@ -50,8 +50,8 @@ class EgressConfig:
     #: Different addresses that must fail to connect, none succeeding, to suspect egress.
     suspect_after: int = 8
     #: ... and for at least this long since the last connection that succeeded. 0 by
-    #: default: each second of it leaves that second's failures to the hosts (tens of
-    #: hosts in a busy pod), where a false alarm costs a recheck's wait.
+    #: default: each second of it leaves that second's failures to the hosts (a busy
+    #: pod connects many times a second), where a false alarm costs a recheck's wait.
     quiet: float = 0.0
     #: While egress is away, one job this often goes ahead to find out.
     recheck: float = 10.0
