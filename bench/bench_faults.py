@@ -53,7 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from trove_cli.main import pipeline_backlog
 from trove_cli.report import progress_counts
 from trove_sandbox.server import RunningSandbox, WitnessRecord, serve_sandbox
-from trove_sandbox.web import SandboxWeb
+from trove_sandbox.web import TLD, SandboxWeb
 from trove_schema.events import CrawlCompleted, decode_event
 from trove_schema.migrate import upgrade
 from trove_schema.topology import (
@@ -316,6 +316,7 @@ async def run_crawl(plan: CrawlPlan) -> CrawlResult:
                 "TROVE_REPLICAS": str(cluster_size),
                 "TROVE_RESOLVE": web.resolve_setting(),
                 "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
+                "TROVE_PLATFORM_DOMAINS": TLD,
                 "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
                 "TROVE_RETRY_DELAY_SECONDS": "2",
                 # A host that fails is left alone for a while (the learned policy):

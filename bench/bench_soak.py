@@ -61,6 +61,7 @@ from bench._common import (
 from tests.fetcher._dns import DnsServer, dns_server
 from trove_cli.local import LocalTrove
 from trove_sandbox import SandboxWeb, serve_sandbox
+from trove_sandbox.web import TLD
 from trove_schema.bus import Bus
 from trove_schema.errors import StackError
 from trove_schema.migrate import upgrade
@@ -201,6 +202,7 @@ async def _soak(
         "TROVE_DNS_NAMESERVERS": names.address,
         "TROVE_DNS_MIN_TTL_SECONDS": "1",
         "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
+        "TROVE_PLATFORM_DOMAINS": TLD,
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(args.gap),
         "TROVE_RECRAWL_AFTER_SECONDS": str(args.recrawl),
         # Every cycle at the same interval: the schedule would otherwise stretch the

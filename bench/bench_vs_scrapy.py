@@ -121,6 +121,7 @@ from bench._common import (
 from bench.cpu_profile import Profiler, py_spy
 from bench.cpu_profile import report as profile_report
 from trove_cli.local import LocalTrove
+from trove_sandbox.web import TLD
 from trove_schema.bus import Bus
 from trove_schema.errors import StackError
 from trove_schema.migrate import upgrade
@@ -463,6 +464,8 @@ def _trove_env(ctx: Context, server: Server, regime: Regime) -> dict[str, str]:
     env = {
         "TROVE_RESOLVE": str(m["resolve_setting"]),
         "TROVE_ALLOWED_NETWORKS": str(m["allowed_network"]),
+        # The benchmark's hosts are a thousand sites under one name.
+        "TROVE_PLATFORM_DOMAINS": TLD,
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(regime.gap),
         "TROVE_LOG_LEVEL": "WARNING",
         "TROVE_MAX_DEPTH": str(max_depth(server)),

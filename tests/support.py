@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from trove_cli.local import SERVICES, LocalTrove
-from trove_sandbox.web import SandboxWeb
+from trove_sandbox.web import TLD, SandboxWeb
 from trove_schema.bus import Bus
 from trove_schema.events import PageDiscovered, Provenance, Scope, ScopeKind
 from trove_schema.urls import canonicalize, domain_of
@@ -80,6 +80,7 @@ def sandbox_env(web: SandboxWeb, gap: float, **extra: str) -> dict[str, str]:
     return {
         "TROVE_RESOLVE": web.resolve_setting(),
         "TROVE_ALLOWED_NETWORKS": web.allowed_network(),
+        "TROVE_PLATFORM_DOMAINS": TLD,
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": str(gap),
         **extra,
     }

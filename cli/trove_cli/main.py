@@ -193,7 +193,7 @@ async def _maybe_sandbox(enabled: bool, fediverse: int | None = None) -> AsyncIt
         return
     from trove_sandbox.fediverse import FediverseInstance, serve_instance
     from trove_sandbox.server import serve_sandbox
-    from trove_sandbox.web import SandboxWeb
+    from trove_sandbox.web import TLD, SandboxWeb
 
     web = SandboxWeb.generate()
     async with contextlib.AsyncExitStack() as stack:
@@ -211,7 +211,12 @@ async def _maybe_sandbox(enabled: bool, fediverse: int | None = None) -> AsyncIt
             resolve += f",{instance.host}={instance.ip}"
             networks += f",{instance.ip}/32"
             follows.append(instance.origin)
-        env = {"TROVE_RESOLVE": resolve, "TROVE_ALLOWED_NETWORKS": networks}
+        # The sandbox's hosts are many sites under one name, as on a blog platform.
+        env = {
+            "TROVE_RESOLVE": resolve,
+            "TROVE_ALLOWED_NETWORKS": networks,
+            "TROVE_PLATFORM_DOMAINS": TLD,
+        }
         yield _Sandbox(seeds=list(running.seeds), env=env, follows=follows)
 
 

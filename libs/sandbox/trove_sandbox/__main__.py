@@ -11,7 +11,7 @@ import sys
 
 from trove_sandbox.fediverse import FediverseInstance, serve_instance
 from trove_sandbox.server import serve_sandbox
-from trove_sandbox.web import SandboxWeb
+from trove_sandbox.web import TLD, SandboxWeb
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +101,7 @@ async def _serve(web: SandboxWeb, witness: str | None, instance: FediverseInstan
             print("Environment for Trove:", flush=True)
             print(f"TROVE_RESOLVE={resolve}", flush=True)
             print(f"TROVE_ALLOWED_NETWORKS={_network(ips)}", flush=True)
+            print(f"TROVE_PLATFORM_DOMAINS={TLD}", flush=True)
             print("Serving; press Ctrl-C to stop.", flush=True)
             await stop.wait()
     finally:

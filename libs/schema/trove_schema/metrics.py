@@ -78,6 +78,9 @@ HOST_PAUSES = Counter(
 
 DISCOVERED = Counter("trove_pages_discovered_total", "PageDiscovered published", ["via"])
 SEEDS = Counter("trove_seeds_total", "Seeds by verdict", ["verdict"])
+BUDGET_REFUSALS = Counter(
+    "trove_budget_refusals_total", "New pages refused by a budget this cycle", ["budget"]
+)  # host_pages (the host's page budget), site_hosts (its site's host budget)
 
 PROJECTED = Counter("trove_events_projected_total", "Events applied to the tables")
 PROJECTION_BATCH_SECONDS = Histogram(

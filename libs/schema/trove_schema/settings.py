@@ -128,6 +128,13 @@ class DiscoverySettings(CommonSettings):
     max_depth: int = Field(default=5, ge=0, le=100)
     #: Most pages discovered per host in one cycle (a trap defence).
     host_page_budget: int = Field(default=10_000, ge=1)
+    #: Most host names of one site (registrable domain) that links bring pages of in one
+    #: cycle (``trove_discovery.sites``): a server answering every name under its domain
+    #: would otherwise get a gap and a page budget a name. 0: no limit.
+    site_host_budget: int = Field(default=100, ge=0, le=10_000)
+    #: Registrable domains whose every subdomain is someone's own site (a blog platform),
+    #: added to the built-in list (``trove_discovery.sites.PLATFORMS``): not counted.
+    platform_domains: Annotated[tuple[str, ...], NoDecode] = ()
     # Neither can exceed what an event carries: a page's event holds at most
     # MAX_LINKS_PER_PAGE links, and no event holds a longer URL than MAX_URL_LENGTH.
     max_links_per_page: int = Field(default=500, ge=0, le=MAX_LINKS_PER_PAGE)
@@ -175,6 +182,15 @@ class DiscoverySettings(CommonSettings):
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
         return _split_cidrs(value)
+
+    @field_validator("platform_domains", mode="before")
+    @classmethod
+    def _split_platforms(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        return tuple(
+            name.strip().strip(".").lower() for name in value or () if name.strip().strip(".")
+        )
 
     @model_validator(mode="after")
     def _polls_are_kept(self) -> DiscoverySettings:

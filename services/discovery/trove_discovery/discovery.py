@@ -35,6 +35,7 @@ from nats.js.kv import KeyValue
 from trove_discovery.scope import follow_link, in_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
 from trove_discovery.sightings import Recent, Sightings
+from trove_discovery.sites import SiteHosts
 from trove_discovery.traps import url_trap_reason
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
@@ -54,7 +55,7 @@ from trove_schema.events import (
     derived_event_id,
 )
 from trove_schema.exclusions import Exclusions
-from trove_schema.metrics import DISCOVERED, SEEDS
+from trove_schema.metrics import BUDGET_REFUSALS, DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import page_schedule_subject
 from trove_schema.turns import Turns
@@ -115,6 +116,10 @@ class Discovery:
         #: Budget key -> (revision, pages counted, last event) as this process wrote it.
         self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=trust)
         self.budget_turns = Turns()
+        #: Host names each site may bring in a cycle (``trove_discovery.sites``).
+        self.sites = SiteHosts(
+            seen, budget=settings.site_host_budget, platforms=settings.platform_domains
+        )
         self.recrawl_policy = RecrawlPolicy(
             first=settings.recrawl_after_seconds,
             minimum=settings.recrawl_min,
@@ -396,7 +401,9 @@ class Discovery:
 
     async def _within_budget(self, domain: str, event_ids: list[str]) -> int:
         """Count pages discovered per host this cycle; of ``event_ids`` (new pages of the
-        host, in order), how many are within the budget (trap defence).
+        host, in order), how many are within the budget (trap defence). A host with
+        nothing counted yet this cycle is first counted against its site's host budget
+        (``trove_discovery.sites``), which may refuse all of them.
 
         One compare-and-set for all of them, against the revision this process last
         wrote, so a busy host costs one round trip a page's links, not a read and a
@@ -409,9 +416,16 @@ class Discovery:
         # wrote against one remembered revision, and one that lost, having to read before
         # writing again, could lose to the others every time (``trove_schema.turns``).
         async with self.budget_turns.of(key):
-            return await self._count_within_budget(key, event_ids)
+            within, refused_by = await self._count_within_budget(key, domain, event_ids)
+        if within < len(event_ids):
+            BUDGET_REFUSALS.labels(refused_by).inc(len(event_ids) - within)
+        return within
 
-    async def _count_within_budget(self, key: str, event_ids: list[str]) -> int:
+    async def _count_within_budget(
+        self, key: str, domain: str, event_ids: list[str]
+    ) -> tuple[int, str]:
+        """How many of ``event_ids`` are within the budget, and which budget refused the
+        rest (``host_pages`` or ``site_hosts``)."""
         budget = self.settings.host_page_budget
         remembered = self.budgets.get(key)
         for _ in range(BUDGET_WRITE_ATTEMPTS):
@@ -427,10 +441,14 @@ class Discovery:
                     state, revision = {}, None
                 count, last = int(state.get("n", 0)), str(state.get("last", ""))
             if last in event_ids:  # counted already, up to that one
-                return event_ids.index(last) + 1
+                return event_ids.index(last) + 1, "host_pages"
             within = min(len(event_ids), max(0, budget - count))
             if within == 0:
-                return 0
+                return 0, "host_pages"
+            # Nothing counted this cycle: a host new to it, which its site may not admit.
+            # Not written then, so that the site's refusal is read again, never remembered.
+            if revision is None and not await self.sites.admits(domain):
+                return 0, "site_hosts"
             value = json.dumps({"n": count + within, "last": event_ids[within - 1]}).encode()
             try:
                 if revision is None:
@@ -442,7 +460,7 @@ class Discovery:
                 remembered = None
                 continue
             self.budgets.remember(key, (written, count + within, event_ids[within - 1]))
-            return within
+            return within, "host_pages"
         # Other replicas wrote first every time. Not a refusal: refused links stay seen
         # and their pages would never be crawled. The page comes back and asks again.
         raise Retry(f"the page budget of {key} is written by too many replicas", delay=1.0)

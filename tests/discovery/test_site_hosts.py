@@ -1,0 +1,104 @@
+"""A site's host budget: how many host names of one registrable domain links bring pages
+of in a cycle, counted in the shared seen bucket on real NATS."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trove_discovery.discovery import Discovery
+from trove_discovery.sites import PLATFORMS
+from trove_schema.bus import Bus
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import SEEN_BUCKET
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+HOSTS = 4
+
+
+async def replica(bus: Bus, hosts: int = HOSTS, platforms: str = "") -> Discovery:
+    settings = DiscoverySettings(
+        host_page_budget=50, site_host_budget=hosts, platform_domains=platforms
+    )
+    return Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
+
+
+async def granted(discovery: Discovery, host: str, page: str) -> int:
+    return await discovery._within_budget(host, [f"{page}-{n}" for n in range(3)])
+
+
+async def test_a_farm_of_subdomains_gets_pages_for_its_first_hosts_only(bus: Bus) -> None:
+    discovery = await replica(bus)
+    farm = [f"n{k}.farm.example" for k in range(10)]
+    assert [await granted(discovery, host, f"page-{host}") for host in farm] == [3] * HOSTS + [
+        0
+    ] * (10 - HOSTS)
+    # The hosts admitted go on getting pages up to their own budget; the others none.
+    assert await granted(discovery, farm[0], "page-later") == 3
+    assert await granted(discovery, farm[HOSTS], "page-later") == 0
+    # Another site is counted apart, and so is the bare name's site with its www twin.
+    assert await granted(discovery, "blog.other.example", "page-o") == 3
+
+
+async def test_two_replicas_side_by_side_admit_exactly_the_budget(bus: Bus) -> None:
+    first, second = await replica(bus), await replica(bus)
+    farm = [f"n{k}.farm.example" for k in range(12)]
+
+    async def page(k: int) -> int:
+        return await granted(first if k % 2 else second, farm[k], f"page-{k}")
+
+    result = await asyncio.gather(*(page(k) for k in range(12)))
+    assert sorted(result) == [0] * (12 - HOSTS) + [3] * HOSTS
+    # Each admitted host is admitted on either replica, the others on neither.
+    admitted = [farm[k] for k, n in enumerate(result) if n]
+    for host in farm:
+        expected = 3 if host in admitted else 0
+        assert await granted(first, host, "again-1") == expected
+        assert await granted(second, host, "again-2") == expected
+
+
+async def test_a_host_counted_once_is_not_counted_again_when_its_page_comes_back(
+    bus: Bus,
+) -> None:
+    # A redelivery, or the host's page key expiring before the site's record: the
+    # host is in the site's record, and is admitted without taking another place.
+    discovery = await replica(bus)
+    assert await granted(discovery, "a.farm.example", "page-1") == 3
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    await seen.purge(next(k for k in await seen.keys() if k.startswith("b.")))
+    restarted = await replica(bus)  # nothing remembered: it reads both records
+    assert await granted(restarted, "a.farm.example", "page-1") == 3
+    for k in range(HOSTS - 1):
+        assert await granted(discovery, f"b{k}.farm.example", "page-b") == 3
+    assert await granted(discovery, "c.farm.example", "page-c") == 0
+
+
+async def test_a_new_cycle_counts_a_sites_hosts_afresh(bus: Bus) -> None:
+    # The site's record expires with the cycle's keys: a refusal is read from the bucket.
+    discovery = await replica(bus, hosts=1)
+    assert await granted(discovery, "a.farm.example", "page-a") == 3
+    assert await granted(discovery, "b.farm.example", "page-b") == 0
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    for key in await seen.keys():
+        await seen.purge(key)
+    assert await granted(discovery, "b.farm.example", "page-b") == 3
+
+
+async def test_platforms_and_addresses_are_never_counted(bus: Bus) -> None:
+    discovery = await replica(bus, hosts=1, platforms="Blogs.Example.")
+    builtin = sorted(PLATFORMS)[0]
+    for k in range(5):
+        assert await granted(discovery, f"user{k}.{builtin}", f"page-p{k}") == 3
+        assert await granted(discovery, f"user{k}.blogs.example", f"page-q{k}") == 3
+        assert await granted(discovery, f"127.0.0.{k + 1}", f"page-r{k}") == 3
+    # github.io is in the public suffix list: each user's is its own site already.
+    for k in range(3):
+        assert await granted(discovery, f"user{k}.github.io", f"page-g{k}") == 3
+
+
+async def test_no_limit_when_the_budget_is_zero(bus: Bus) -> None:
+    discovery = await replica(bus, hosts=0)
+    for k in range(30):
+        assert await granted(discovery, f"n{k}.farm.example", f"page-{k}") == 3
