@@ -6,7 +6,8 @@ with ``trove exclude`` while they run (the shared list). The witness is that sit
 request log: from the rollout, or from the list's reading, on it gets no request at all
 (robots.txt included), though its pages' re-crawls were already scheduled and the other
 site still links to it; its pages leave the search at their next visit; a seed for it
-is refused with the reason; and the other site is crawled as before.
+is refused with the reason; a third site whose robots.txt redirects to it is not
+crawled, its rules unread; and the other site is crawled as before.
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
 ) -> None:
     env = cycle_env(RECRAWL)
-    with LocalServer("127.0.0.6") as gone, LocalServer("127.0.0.4") as kept:
+    with (
+        LocalServer("127.0.0.6") as gone,
+        LocalServer("127.0.0.4") as kept,
+        LocalServer("127.0.0.7") as redirecting,
+    ):
+        redirecting.routes["/robots.txt"] = lambda ex: ex.redirect(gone.url("/robots.txt"), 301)
+        redirecting_urls = site(redirecting, "plover")
         gone_urls = site(gone, "kingfisher")
         kept_urls = site(kept, "heron")
         # The kept site links to every page of the other one.
@@ -106,8 +113,21 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
                 follow = await nc.request(
                     FOLLOW_SUBJECT, json.dumps({"instance": gone.url()}).encode(), timeout=10
                 )
+                await nc.publish(SEEDS_SUBJECT, redirecting.url().encode())
             finally:
                 await nc.close()
+            # Its rules live on the excluded host: none of its pages is asked for.
+            redirected = await eventually(
+                lambda: query(
+                    engine,
+                    "SELECT c.outcome, c.error_message FROM page_crawls c"
+                    " JOIN pages p ON p.id = c.page_id WHERE p.url = :u",
+                    u=redirecting.url(),
+                ),
+                until=bool,
+                timeout=40,
+                what="the redirecting site's home recorded",
+            )
             # The kept site goes on: its pages are visited again after the rollout.
             await eventually(
                 found(engine, local, "heron"),
@@ -130,6 +150,9 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
         }
 
     assert after == [], f"requests to the excluded host after the rollout: {after}"
+    assert [row.outcome for row in redirected] == ["blocked_robots"]
+    assert [s.path for s in redirecting.seen] == ["/robots.txt"]
+    assert len(redirecting_urls) == PAGES + 1  # pages it would have had asked for
     (refused,) = json.loads(reply.data)["rejected"]
     (not_followed,) = json.loads(follow.data)["rejected"]
     for answer in (refused, not_followed):

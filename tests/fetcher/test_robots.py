@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import nats.errors
 import protego
 import pytest
 
@@ -20,6 +21,7 @@ from tests.fetcher._servers import (
     stall,
 )
 from trove_fetcher.errors import RedirectPaused
+from trove_fetcher.http import HopGateFailed
 from trove_fetcher.robots import (
     DEFAULT_TTL,
     RETRY_TTL,
@@ -215,6 +217,47 @@ async def test_a_redirect_hop_waits_at_the_gate_and_can_resume_later(
     assert policy.origin == origin(server, "moved")  # the policy is the origin's
     assert not policy.allows(f"{origin(server, 'moved')}/from-b/page")
     assert len(server.requests_to("/robots.txt", host="b.trove.test")) == before + 1
+
+
+async def test_a_redirect_to_an_excluded_host_disallows_everything_without_asking_it(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    asked: list[str] = []
+
+    async def excluded(host: str) -> str | None:
+        asked.append(host)
+        return "excluded by the operator" if host == "b.trove.test" else None
+
+    before = len(server.requests_to("/robots.txt", host="b.trove.test"))
+    policy = await fetch_robots(client, origin(server, "moved"), max_bytes=CAP, excluded=excluded)
+    assert not policy.temporary  # the site's lasting choice, not a failure to retry soon
+    assert policy.ttl == DEFAULT_TTL
+    assert not policy.allows(f"{origin(server, 'moved')}/")
+    assert not policy.allows(f"{origin(server, 'moved')}/elsewhere", token="AnyBot")
+    assert policy.error is not None
+    assert "excluded by the operator" in policy.error
+    assert asked == ["b.trove.test"]
+    assert len(server.requests_to("/robots.txt", host="b.trove.test")) == before
+    # Not excluded, the same redirect is followed.
+    allowed = await fetch_robots(
+        client, origin(server, "moved"), max_bytes=CAP, excluded=nothing_excluded
+    )
+    assert allowed.rule is RobotsRule.PARSED
+
+
+async def test_an_exclusions_check_that_fails_is_not_the_sites_answer(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    async def broken(host: str) -> str | None:
+        raise nats.errors.TimeoutError
+
+    with pytest.raises(HopGateFailed) as failed:
+        await fetch_robots(client, origin(server, "moved"), max_bytes=CAP, excluded=broken)
+    assert isinstance(failed.value.__cause__, nats.errors.TimeoutError)
+
+
+async def nothing_excluded(host: str) -> str | None:
+    return None
 
 
 async def test_redirect_to_a_metadata_address_is_never_connected(

@@ -275,10 +275,7 @@ class Fetcher:
             reason = f"not a fetchable URL: {unfetchable}"
             await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
             return
-        if self.listed is not None:
-            refusal = await self.listed.refusal(job.domain)
-        else:
-            refusal = self.exclusions.refusal(job.domain)
+        refusal = await self._refusal(job.domain)
         if refusal is not None:
             # Queued or scheduled before the operator excluded the host: recorded without
             # a request, robots.txt or a lease, so the page leaves the search.
@@ -435,6 +432,12 @@ class Fetcher:
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe.
             log.warning("lease not released (broker away): %s", exc)
+
+    async def _refusal(self, domain: str) -> str | None:
+        """Why the operator's exclusions keep every request from ``domain``, if they do."""
+        if self.listed is not None:
+            return await self.listed.refusal(domain)
+        return self.exclusions.refusal(domain)
 
     def _gate(self, hold: _Hold) -> HopGate:
         """Before a redirect hop: end the lease of the previous request (the gap counts
@@ -750,6 +753,7 @@ class Fetcher:
                 before_hop=self._gate(hold),
                 resume=resume,
                 now=self.clock.now,
+                excluded=self._refusal,
             )
         except RedirectPaused:
             raise

@@ -5,6 +5,9 @@ What the fetch status means for the whole origin, and for how long:
 - 2xx: the file's rules, for ``ttl`` (a day);
 - 4xx, 401 and 403 included: allow all (RFC 9309 §2.3.1.3), for ``ttl``;
 - more than 5 redirects: unavailable, so allow all (§2.3.1.2), for ``ttl``;
+- a redirect to a host the operator excluded: no request to it, and rules that
+  disallow everything (``EXCLUDED_RULES``), for ``ttl``: the site's rules cannot be
+  read, and the redirect is its lasting choice, so a refusal, not a failure to retry;
 - 429, 5xx, a timeout, no connection, a blocked address: disallow all (§2.3.1.4),
   for ``retry_ttl`` only (10 minutes), so that robots.txt is asked for again soon.
 
@@ -32,7 +35,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -58,6 +61,8 @@ BOT_NAME = "TroveBot"
 DEFAULT_TTL = 86_400.0
 #: How long a temporary "disallow all" (5xx, unreachable) holds before a new try.
 RETRY_TTL = 600.0
+#: The rules of a site whose robots.txt redirects to an excluded host.
+EXCLUDED_RULES = b"User-agent: *\nDisallow: /\n"
 #: Redirect hops followed (RFC 9309 §2.3.1.2: at least five).
 MAX_ROBOTS_REDIRECTS = 5
 #: Parsed robots.txt objects kept per process.
@@ -199,6 +204,7 @@ async def fetch_robots(
     before_hop: HopGate | None = None,
     resume: Sequence[str] = (),
     now: Callable[[], float] = time.time,
+    excluded: Callable[[str], Awaitable[str | None]] | None = None,
 ) -> RobotsPolicy:
     """Fetch ``origin``/robots.txt and turn the answer into a policy. Never raises
     for what a site does; ``total_timeout`` bounds the requests, redirects included.
@@ -206,7 +212,9 @@ async def fetch_robots(
     ``before_hop`` is awaited before each redirect hop with the hops so far; what it
     raises (``RedirectPaused``, ``HopGateFailed``) goes to the caller. ``resume``
     continues a paused chain from its last hop. ``now`` is the clock ``fetched_at`` is
-    read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``)."""
+    read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``).
+    ``excluded`` says why a hop's host gets no request (the operator's exclusions), if
+    it does not; what it raises is carried to the caller as ``HopGateFailed``."""
     origin = origin.rstrip("/")
     fetched_at = now()
     last_status: list[int] = []
@@ -241,6 +249,17 @@ async def fetch_robots(
                             return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url.scheme}")
                         if len(hops) >= MAX_ROBOTS_REDIRECTS:
                             break
+                        refusal = await _refusal(excluded, url.raw_host.decode("ascii").lower())
+                        if refusal is not None:
+                            return RobotsPolicy(
+                                origin=origin,
+                                rule=RobotsRule.PARSED,
+                                fetched_at=fetched_at,
+                                ttl=ttl,
+                                status_code=status,
+                                body=EXCLUDED_RULES,
+                                error=f"redirected to {url}: {refusal}"[:500],
+                            )
                         hops.append(str(url))
                         if before_hop is not None:
                             await response.aclose()  # the gap runs from the end of this one
@@ -275,3 +294,14 @@ async def fetch_robots(
     except Exception as exc:
         log.exception("unexpected error fetching %s/robots.txt", origin)
         return fallback(RobotsRule.DISALLOW_ALL, f"unexpected error: {exc}"[:500])
+
+
+async def _refusal(
+    excluded: Callable[[str], Awaitable[str | None]] | None, host: str
+) -> str | None:
+    if excluded is None:
+        return None
+    try:
+        return await excluded(host)
+    except Exception as exc:  # the broker's trouble, never the site's answer
+        raise HopGateFailed(f"exclusions check: {exc}") from exc
