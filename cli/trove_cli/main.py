@@ -427,6 +427,8 @@ def cmd_replay(args: argparse.Namespace, settings: CommonSettings) -> int:
     argv = [sys.executable, "-m", "trove_recorder", "replay"]
     if args.truncate:
         argv.append("--truncate")
+    if args.since:
+        argv += ["--since", args.since]
     return subprocess.run(argv, env=env, check=False).returncode
 
 
@@ -526,7 +528,14 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="bring the database schema up to date")
     replay = sub.add_parser("replay", help="rebuild the tables from the event record")
     replay.add_argument("--database-url", default="", help="replay into this database instead")
-    replay.add_argument("--truncate", action="store_true", help="empty the tables first")
+    window = replay.add_mutually_exclusive_group()
+    window.add_argument("--truncate", action="store_true", help="empty the tables first")
+    window.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="re-apply the events from then on, into tables that have projections "
+        "(2h, 30m, 1d, or 2026-11-28T04:00Z): after a failover that lost recent commits",
+    )
     sandbox = sub.add_parser("sandbox", help="serve the synthetic small web in the foreground")
     sandbox.add_argument("rest", nargs=argparse.REMAINDER)
     return p

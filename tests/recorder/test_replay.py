@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import nats
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -13,14 +16,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
-from trove_recorder.replay import PROJECTION_TABLES, replay
+from trove_recorder.replay import PROJECTION_TABLES, replay, since_of
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlRequested, decode_event
 from trove_schema.tables import Base
-from trove_schema.topology import SEEDS_SUBJECT
+from trove_schema.topology import (
+    DISCOVERY_LINKS,
+    EVENTS_STREAM,
+    FETCHER,
+    RECORDER,
+    SEEDS_SUBJECT,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -84,8 +93,6 @@ async def test_replay_into_an_empty_database_reproduces_the_tables(
 ) -> None:
     web = SandboxWeb.generate(hosts=3, pages_per_host=3)
     async with serve_sandbox(web) as running, services(stack, state_dir, sandbox_env(web, 0.1)):
-        import nats
-
         nc = await nats.connect(stack.nats_url)
         await nc.publish(SEEDS_SUBJECT, "\n".join([*running.seeds, "ftp://bad.example/"]).encode())
         await nc.flush()
@@ -190,6 +197,129 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
             )
     finally:
         await replayed_engine.dispose()
+
+
+async def quiet(bus: Bus, engine: AsyncEngine) -> bool:
+    """Every page discovered has been crawled, and every event so far projected."""
+    for consumer in (RECORDER, FETCHER, DISCOVERY_LINKS):
+        info = await bus.js.consumer_info(EVENTS_STREAM, consumer)
+        if info.num_pending or info.num_ack_pending:
+            return False
+    (row,) = await query(
+        engine,
+        "SELECT count(*) FILTER (WHERE discovered_at IS NOT NULL) AS discovered,"
+        " count(*) FILTER (WHERE last_crawled_at IS NOT NULL) AS crawled FROM pages",
+    )
+    return bool(row.crawled) and row.discovered == row.crawled
+
+
+async def crawl(stack: StackUrls, bus: Bus, engine: AsyncEngine, state: Path, seed: str) -> None:
+    web_env = sandbox_env(WEB, 0.1)
+    async with services(stack, state, web_env):
+        nc = await nats.connect(stack.nats_url)
+        await nc.publish(SEEDS_SUBJECT, seed.encode())
+        await nc.flush()
+        await nc.close()
+
+        async def done() -> bool:
+            return seed in await outcomes(engine) and await quiet(bus, engine)
+
+        await eventually(done, until=bool, timeout=90, what=f"{seed} crawled")
+
+
+async def copy_of(stack: StackUrls, engine: AsyncEngine) -> str:
+    """A copy of the session's database as it is now (a standby that stopped here)."""
+    name = f"standby_{uuid.uuid4().hex[:8]}"
+    source = make_url(stack.database_url).database
+    await engine.dispose()  # a template may have no one connected
+    admin = create_async_engine(
+        make_url(stack.database_url).set(database="postgres"), isolation_level="AUTOCOMMIT"
+    )
+    async with admin.connect() as conn:
+        await conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'))
+    await admin.dispose()
+    return make_url(stack.database_url).set(database=name).render_as_string(hide_password=False)
+
+
+WEB = SandboxWeb.generate(hosts=2, pages_per_host=3)
+
+
+async def test_a_replay_since_a_time_restores_in_place_what_a_failover_lost(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    async with serve_sandbox(WEB) as running:
+        first, second = running.seeds
+        await crawl(stack, bus, engine, state_dir, first)
+        # The asynchronous standby a failover promotes: it stopped after the first site.
+        standby = await copy_of(stack, engine)
+        await crawl(stack, bus, engine, state_dir, second)
+    live = await checksums(engine)
+    standby_engine = create_async_engine(standby)
+    env = {**os.environ, "TROVE_NATS_URL": stack.nats_url, "TROVE_DATABASE_URL": stack.database_url}
+    try:
+        assert await checksums(standby_engine) != live
+
+        # A whole replay refuses tables that have projections, and says what to do.
+        code, out = await run_trove("replay", "--database-url", standby, env=env, timeout=120)
+        assert code == 2
+        assert "--since" in out
+
+        # The window covers both crawls: the first's events are there already, skipped.
+        code, out = await run_trove(
+            "replay", "--database-url", standby, "--since", "1h", env=env, timeout=120
+        )
+        assert code == 0, out
+        assert await checksums(standby_engine) == live
+        replayed, applied = (int(n) for n in re.findall(r"(\d+) events \((\d+) applied", out)[0])
+        assert 0 < applied < replayed
+
+        # Again: nothing left to apply.
+        code, out = await run_trove(
+            "replay", "--database-url", standby, "--since", "1h", env=env, timeout=120
+        )
+        assert code == 0, out
+        assert "(0 applied" in out
+        assert await checksums(standby_engine) == live
+    finally:
+        await standby_engine.dispose()
+
+
+async def test_a_replay_since_a_time_after_the_last_event_applies_nothing(
+    stack: StackUrls, bus: Bus
+) -> None:
+    await publish_work(bus, ["http://a.example/"])
+    target = await empty_database(stack)
+    policy = RetryPolicy(max_attempts=3, delay_seconds=1.0)
+    later = await replay(
+        stack.nats_url, target, policy, since=datetime.now(UTC) + timedelta(hours=1)
+    )
+    assert (later.events, later.applied) == (0, 0)
+    earlier = await replay(
+        stack.nats_url, target, policy, since=datetime.now(UTC) - timedelta(hours=1)
+    )
+    assert (earlier.events, earlier.applied) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("90s", datetime(2026, 11, 28, 4, 58, 30, tzinfo=UTC)),
+        ("1.5h", datetime(2026, 11, 28, 3, 30, tzinfo=UTC)),
+        ("2d", datetime(2026, 11, 26, 5, 0, tzinfo=UTC)),
+        ("2026-11-28T04:00Z", datetime(2026, 11, 28, 4, 0, tzinfo=UTC)),
+        ("2026-11-28T04:00+01:00", datetime(2026, 11, 28, 3, 0, tzinfo=UTC)),
+    ],
+)
+def test_since_is_a_span_back_from_now_or_a_time_with_its_zone(
+    value: str, expected: datetime
+) -> None:
+    assert since_of(value, datetime(2026, 11, 28, 5, 0, tzinfo=UTC)) == expected
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2026-11-28T04:00", "-3h", "h", "infh", "nanm"])
+def test_a_since_that_is_neither_is_refused_with_both_forms(value: str) -> None:
+    with pytest.raises(ValueError, match=r"2h.*2026-11-28T04:00Z"):
+        since_of(value, datetime(2026, 11, 28, 5, 0, tzinfo=UTC))
 
 
 def test_replay_with_truncate_empties_every_projection_table() -> None:

@@ -4,6 +4,14 @@ Reads ``TROVE_EVENTS`` from the first message to the last one present when the r
 starts, with an ordered (ephemeral) consumer, and applies the events through the live
 recorder's own path (``projections.apply_batch``), in batches of one transaction each.
 
+``since`` re-applies only the events from that time on, into a database that has its
+projections (``trove replay --since 2h``): after a failover to an asynchronous standby,
+which lacks the last batches the old primary committed (and whose events the recorder
+had acknowledged), it restores them in minutes, where a whole replay of a long crawl
+takes hours. An event the database holds is skipped (``projected_events``), and the
+projections take an attempt older than the page's newest as history only, so the
+window may start well before the loss, and the live recorder may run meanwhile.
+
 Retries are decided again as events are applied, each into an outbox row. A retry
 whose ``CrawlRequested`` is in the record has been published: its row is marked so. One
 that is not (scheduled for later, or decided but not yet published when the live
@@ -19,8 +27,9 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -74,6 +83,32 @@ _HAS_PROJECTIONS = text(
 )
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def since_of(value: str, now: datetime) -> datetime:
+    """When ``--since`` starts: a span back from ``now`` (``90s``, ``30m``, ``2h``,
+    ``1d``) or an ISO 8601 time with its zone (``2026-11-28T04:00Z``)."""
+    text_value = value.strip()
+    unit = _UNITS.get(text_value[-1:].lower())
+    at: datetime | None = None
+    try:
+        if unit is not None:
+            amount = float(text_value[:-1])
+            if amount >= 0:  # NaN too is refused here
+                at = now - timedelta(seconds=amount * unit)
+        else:
+            at = datetime.fromisoformat(text_value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except (ValueError, OverflowError):
+        at = None
+    if at is None or at.tzinfo is None:
+        raise ValueError(
+            f"--since {value!r}: give a span back from now (90s, 30m, 2h, 1d) "
+            "or a time with its zone (2026-11-28T04:00Z)"
+        )
+    return at.astimezone(UTC)
+
+
 class NotEmpty(TroveError):
     """The target database already holds projections; replay refuses to mix them."""
 
@@ -95,7 +130,10 @@ async def replay(
     batch: int = 500,
     page_id_cache: int = 200_000,
     learning: LearningConfig | None = None,
+    since: datetime | None = None,
 ) -> ReplayStats:
+    if since is not None and truncate:
+        raise ValueError("a replay since a time re-applies a window: it cannot truncate")
     await upgrade_async(database_url)
     engine = make_engine(database_url)
     bus = await Bus.connect(nats_url, name="trove-replay")
@@ -107,8 +145,11 @@ async def replay(
                 await conn.execute(
                     text(f"TRUNCATE {', '.join(PROJECTION_TABLES)} RESTART IDENTITY CASCADE")
                 )
-            elif (await conn.execute(_HAS_PROJECTIONS)).scalar_one():
-                raise NotEmpty("the database already has projections: use --truncate")
+            elif since is None and (await conn.execute(_HAS_PROJECTIONS)).scalar_one():
+                raise NotEmpty(
+                    "the database already has projections: use --truncate to rebuild them, "
+                    "or --since to re-apply the events of a recent window"
+                )
         subjects = {
             SEED_REJECTED,
             PAGE_DISCOVERED,
@@ -118,21 +159,24 @@ async def replay(
             INSTANCE_UNFOLLOWED,
             TIMELINE_POLLED,
         }
-        last = 0
+        last, newest = 0, None
         for subject in subjects:
             # The stream's own last sequence may be a schedule, which is deleted once it
             # fires: wait for the last *event* present now, not for that.
             with contextlib.suppress(NotFoundError):
                 found = await bus.js.get_last_msg(EVENTS_STREAM, subject)
                 last = max(last, found.seq or 0)
-        if last == 0:
-            return stats
+                if found.time is not None and (newest is None or found.time > newest):
+                    newest = found.time
+        if last == 0 or (since is not None and newest is not None and newest < since):
+            return stats  # nothing to apply: no consumer would deliver anything
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         sub = await bus.js.subscribe(
             "trove.events.>",
             stream=EVENTS_STREAM,
             ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
+            deliver_policy=DeliverPolicy.ALL if since is None else DeliverPolicy.BY_START_TIME,
+            config=None if since is None else ConsumerConfig(opt_start_time=since),
         )
         known = PageIds(page_id_cache)
         done = False
@@ -172,10 +216,13 @@ def run_replay(
     policy: RetryPolicy,
     truncate: bool,
     learning: LearningConfig | None = None,
+    since: datetime | None = None,
 ) -> int:
     try:
         stats = asyncio.run(
-            replay(nats_url, database_url, policy, truncate=truncate, learning=learning)
+            replay(
+                nats_url, database_url, policy, truncate=truncate, learning=learning, since=since
+            )
         )
     except NotEmpty as exc:
         print(f"error: {exc}")
