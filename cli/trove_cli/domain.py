@@ -6,7 +6,9 @@ Read from the audit (``fetcher_attempts`` and ``attempt_heuristics``, kept for
 the pause and its reason, the risk level, the gap, whether validators are sent) and,
 when the broker is reachable, the host's politeness record (KV ``trove_domains``, the
 fetcher's ``DomainSlot``): the gap kept between requests, a back-off after a 429/503,
-when the next request may go. Nothing is written.
+when the next request may go; and discovery's budgets this cycle (KV ``trove_seen``,
+``trove_schema.budgets``): the host's pages counted, and whether its site's host budget
+counts it, which says why a host gets no page. Nothing is written.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_cli.status import SLOT_FIELDS
+from trove_schema.budgets import (
+    PLATFORMS,
+    HostCount,
+    host_budget_key,
+    site_budget_key,
+    site_hosts,
+    site_of,
+)
 from trove_schema.bus import nats_servers
 from trove_schema.errors import InvalidPriors
 from trove_schema.nats_tls import client_tls
@@ -42,7 +52,7 @@ from trove_schema.policy import (
     success_rate,
 )
 from trove_schema.settings import CommonSettings
-from trove_schema.topology import DOMAINS_BUCKET
+from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET
 
 DEFAULT_LAST = 10
 #: The fetcher's KV key rule for a host (``politeness.DomainSlots.key``), read here
@@ -79,6 +89,12 @@ class DomainAudit:
     politeness_note: str | None = None
     #: The learned policy (``host_policies``); None when no attempt was folded yet.
     policy: HostPolicy | None = None
+    #: Discovery's count of the host's pages this cycle; None when not read.
+    pages_counted: HostCount | None = None
+    #: The host's site (registrable domain), and the hosts its budget counts this cycle
+    #: (None when not read, or not counted: a platform, an address).
+    site: str = ""
+    site_hosts: list[str] | None = None
 
 
 def slot_key(host: str) -> str:
@@ -142,25 +158,48 @@ async def collect_domain(
     ]
     if js is not None:
         found.politeness, found.politeness_note = await read_slot(js, host)
+        await _read_budgets(js, found)
     return found
+
+
+async def _read_kv(js: JetStreamContext, bucket: str, key: str) -> bytes | None:
+    """A key's value as the bucket holds it now; None when it has none."""
+    try:
+        message = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return None
+    headers = message.headers or {}
+    if headers.get("KV-Operation") in {"DEL", "PURGE"} or "Nats-Marker-Reason" in headers:
+        return None
+    return message.data or b""
 
 
 async def read_slot(js: JetStreamContext, host: str) -> tuple[dict[str, float] | None, str | None]:
     """The host's DomainSlot, or None and why not."""
-    try:
-        message = await js.get_last_msg(
-            f"KV_{DOMAINS_BUCKET}", f"$KV.{DOMAINS_BUCKET}.{slot_key(host)}"
-        )
-    except NotFoundError:
-        return None, "no politeness record for this host"
-    headers = message.headers or {}
-    if headers.get("KV-Operation") in {"DEL", "PURGE"} or "Nats-Marker-Reason" in headers:
+    value = await _read_kv(js, DOMAINS_BUCKET, slot_key(host))
+    if value is None:
         return None, "no politeness record for this host"
     try:
-        raw = json.loads(message.data or b"")
+        raw = json.loads(value)
         return {k: float(raw.get(k) or 0.0) for k in SLOT_FIELDS}, None
     except (ValueError, TypeError, AttributeError):
         return None, "the politeness record is unreadable"
+
+
+async def _read_budgets(js: JetStreamContext, found: DomainAudit) -> None:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):  # unreadable: not shown
+        found.pages_counted = HostCount.from_bytes(
+            await _read_kv(js, SEEN_BUCKET, host_budget_key(found.host))
+        )
+    site = site_of(found.host, frozenset())
+    if site is None:
+        return  # an address: its own site, never counted
+    found.site = site
+    if site in PLATFORMS:
+        return
+    value = await _read_kv(js, SEEN_BUCKET, site_budget_key(site))
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        found.site_hosts = site_hosts(value) if value is not None else []
 
 
 def render_domain(
@@ -204,6 +243,7 @@ def render_domain(
             )
         console.print(table)
     render_policy(found, console, now, learning or LearningConfig())
+    render_budgets(found, console)
     slot = found.politeness
     if slot is None:
         console.print(Text(f"politeness: {found.politeness_note or 'not read'}"))
@@ -215,6 +255,35 @@ def render_domain(
             f"politeness: gap {slot['gap']:g} s; "
             + (f"backing off for {backoff:.0f} s more; " if backoff > 0 else "no back-off; ")
             + (f"next request in {free:.1f} s" if free > 0 else "free now")
+        )
+    )
+
+
+def render_budgets(found: DomainAudit, console: Console) -> None:
+    """Discovery's budgets this cycle: why a host that gets no page gets none."""
+    if found.pages_counted is None:
+        return
+    console.print(
+        Text(
+            f"discovery this cycle: {found.pages_counted.pages} page(s) of this host counted "
+            "against its page budget (TROVE_HOST_PAGE_BUDGET)"
+        )
+    )
+    if not found.site:
+        return
+    if found.site_hosts is None:
+        console.print(Text(f"site {found.site}: a platform, each of its hosts its own site"))
+        return
+    counted = len(found.site_hosts)
+    among = (
+        "this host is among them"
+        if found.host in found.site_hosts
+        else "this host is not: once the budget is spent, links to it are refused this cycle"
+    )
+    console.print(
+        Text(
+            f"site {found.site}: {counted} host(s) counted this cycle against its host "
+            f"budget (TROVE_SITE_HOST_BUDGET); {among}"
         )
     )
 

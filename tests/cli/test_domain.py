@@ -17,12 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from tests.conftest import StackUrls
 from tests.support import run_trove
 from trove_cli.domain import collect_domain, render_domain, slot_key
+from trove_discovery.discovery import Discovery
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
 from trove_schema.policy import LearningConfig
-from trove_schema.topology import DOMAINS_BUCKET
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -193,6 +195,36 @@ async def test_a_host_without_attempts_or_record_says_so(engine: AsyncEngine, bu
     render_domain(found, Console(file=out, width=200))
     assert "no attempt on never.example in the audit" in out.getvalue()
     assert "no politeness record for this host" in out.getvalue()
+
+
+async def test_the_domain_says_whether_its_site_budget_counts_it(
+    engine: AsyncEngine, bus: Bus
+) -> None:
+    # Written by discovery's own budget, as a crawl of a farm of subdomains writes it.
+    settings = DiscoverySettings(host_page_budget=50, site_host_budget=2)
+    discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
+    for k, host in enumerate(["a.farm.example", "b.farm.example", "c.farm.example"]):
+        await discovery._within_budget(host, [f"page-{k}-{n}" for n in range(3)])
+
+    async def shown(host: str) -> str:
+        out = io.StringIO()
+        render_domain(await collect_domain(engine, host, js=bus.js), Console(file=out, width=300))
+        return out.getvalue()
+
+    found = await collect_domain(engine, "b.farm.example", js=bus.js)
+    assert (found.site, found.site_hosts) == ("farm.example", ["a.farm.example", "b.farm.example"])
+    text = await shown("b.farm.example")
+    assert "discovery this cycle: 3 page(s) of this host counted" in text
+    assert "site farm.example: 2 host(s) counted this cycle" in text
+    assert "this host is among them" in text
+
+    text = await shown("c.farm.example")
+    assert "discovery this cycle: 0 page(s) of this host counted" in text
+    assert "this host is not: once the budget is spent, links to it are refused" in text
+
+    platform = await shown("alice.wordpress.com")
+    assert "site wordpress.com: a platform, each of its hosts its own site" in platform
+    assert "site " not in await shown("127.0.0.9")
 
 
 async def test_trove_domain_command_prints_the_audit(

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 
 import pytest
 
 from trove_discovery import discovery as discovery_module
 from trove_discovery.discovery import Discovery
+from trove_schema.budgets import HostCount, host_budget_key
 from trove_schema.bus import Bus, Retry
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import SEEN_BUCKET
@@ -133,8 +132,8 @@ def links_of(n: int) -> list[str]:
 
 async def counted(bus: Bus) -> int:
     entry = await (await bus.js.key_value(SEEN_BUCKET)).get(_budget_key())
-    return int(json.loads(entry.value or b"{}")["n"])
+    return HostCount.from_bytes(entry.value).pages
 
 
 def _budget_key() -> str:
-    return "b." + hashlib.sha256(b"busy.example").hexdigest()[:40]
+    return host_budget_key("busy.example")

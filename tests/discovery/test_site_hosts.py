@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from trove_discovery.discovery import Discovery
-from trove_discovery.sites import PLATFORMS
+from trove_schema.budgets import PLATFORMS
 from trove_schema.bus import Bus
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import SEEN_BUCKET

@@ -133,7 +133,7 @@ class DiscoverySettings(CommonSettings):
     #: would otherwise get a gap and a page budget a name. 0: no limit.
     site_host_budget: int = Field(default=100, ge=0, le=10_000)
     #: Registrable domains whose every subdomain is someone's own site (a blog platform),
-    #: added to the built-in list (``trove_discovery.sites.PLATFORMS``): not counted.
+    #: added to the built-in list (``trove_schema.budgets.PLATFORMS``): not counted.
     platform_domains: Annotated[tuple[str, ...], NoDecode] = ()
     # Neither can exceed what an event carries: a page's event holds at most
     # MAX_LINKS_PER_PAGE links, and no event holds a longer URL than MAX_URL_LENGTH.

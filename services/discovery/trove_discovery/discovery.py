@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from trove_discovery.sites import SiteHosts
 from trove_discovery.traps import url_trap_reason
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
+from trove_schema.budgets import HostCount, host_budget_key
 from trove_schema.bus import Bus, Retry
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
 from trove_schema.events import (
@@ -411,7 +411,7 @@ class Discovery:
         write fail, and then it reads. The record keeps the last page counted, so the
         same links handled again next (a redelivery) are not counted twice.
         """
-        key = "b." + hashlib.sha256(domain.encode()).hexdigest()[:40]
+        key = host_budget_key(domain)
         # In turns within this replica: side by side, the handlers of a host's pages all
         # wrote against one remembered revision, and one that lost, having to read before
         # writing again, could lose to the others every time (``trove_schema.turns``).
@@ -435,11 +435,10 @@ class Discovery:
             else:  # nothing remembered, or a refusal: that is only taken from the bucket
                 try:
                     entry = await self.seen.get(key)
-                    state = json.loads(entry.value or b"{}")
-                    revision = entry.revision
+                    counted, revision = HostCount.from_bytes(entry.value), entry.revision
                 except KeyNotFoundError:
-                    state, revision = {}, None
-                count, last = int(state.get("n", 0)), str(state.get("last", ""))
+                    counted, revision = HostCount(), None
+                count, last = counted.pages, counted.last
             if last in event_ids:  # counted already, up to that one
                 return event_ids.index(last) + 1, "host_pages"
             within = min(len(event_ids), max(0, budget - count))
@@ -449,7 +448,7 @@ class Discovery:
             # Not written then, so that the site's refusal is read again, never remembered.
             if revision is None and not await self.sites.admits(domain):
                 return 0, "site_hosts"
-            value = json.dumps({"n": count + within, "last": event_ids[within - 1]}).encode()
+            value = HostCount(count + within, event_ids[within - 1]).to_bytes()
             try:
                 if revision is None:
                     written = await self.seen.create(key, value)

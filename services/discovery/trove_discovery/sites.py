@@ -12,8 +12,8 @@ counted.
 
 Platforms whose every subdomain is a different person's site are not counted. Those in
 the public suffix list's private section are their own registrable domains already
-(``alice.github.io``, ``bob.blogspot.com``); ``PLATFORMS`` names the small web's others,
-and ``TROVE_PLATFORM_DOMAINS`` adds to it.
+(``alice.github.io``, ``bob.blogspot.com``); ``trove_schema.budgets.PLATFORMS`` names
+the small web's others, and ``TROVE_PLATFORM_DOMAINS`` adds to it.
 
 The count is one record a site in the seen bucket, expiring with its keys (the cycle):
 the names counted, so that a page handled again (a redelivery, a second replica) counts
@@ -23,48 +23,23 @@ page budget: a stale refusal would lose the page for a whole cycle.
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
-import json
 import logging
 from collections.abc import Iterable
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from trove_schema.budgets import (
+    PLATFORMS,
+    site_budget_key,
+    site_hosts,
+    site_hosts_bytes,
+    site_of,
+)
 from trove_schema.bus import Retry
 from trove_schema.turns import Turns
-from trove_schema.urls import registrable_domain
 
 log = logging.getLogger("trove.discovery")
-
-#: Hosting platforms of the small web that give each person a subdomain and are not in
-#: the public suffix list (github.io, blogspot.com, pages.dev are, and need no entry).
-PLATFORMS = frozenset(
-    {
-        "bearblog.dev",
-        "dreamwidth.org",
-        "flounder.online",
-        "ghost.io",
-        "hashnode.dev",
-        "jimdofree.com",
-        "livejournal.com",
-        "mataroa.blog",
-        "medium.com",
-        "micro.blog",
-        "neocities.org",
-        "over-blog.com",
-        "posthaven.com",
-        "prose.sh",
-        "smol.pub",
-        "substack.com",
-        "tumblr.com",
-        "typepad.com",
-        "weebly.com",
-        "wordpress.com",
-        "write.as",
-    }
-)
 
 #: Compare-and-sets of a site's record lost to other replicas before the page is handed
 #: back to ask again.
@@ -81,21 +56,13 @@ class SiteHosts:
         self.platforms = PLATFORMS | frozenset(platforms)
         self.turns = Turns()
 
-    def site_of(self, host: str) -> str | None:
-        """The site whose budget ``host`` counts against, or None when none does: an
-        address has no names under it, and a platform's subdomains are each a site."""
-        if self.budget == 0 or _is_address(host):
-            return None
-        site = registrable_domain(host)
-        return None if site in self.platforms else site
-
     async def admits(self, host: str) -> bool:
         """Count ``host`` against its site's budget if it is not counted yet; whether it
         is within the budget."""
-        site = self.site_of(host)
+        site = None if self.budget == 0 else site_of(host, self.platforms)
         if site is None:
             return True
-        key = "s." + hashlib.sha256(site.encode()).hexdigest()[:40]
+        key = site_budget_key(site)
         # In turns within this replica: the new hosts of one site on a page are many.
         async with self.turns.of(key):
             return await self._admits(key, site, host)
@@ -104,7 +71,7 @@ class SiteHosts:
         for _ in range(WRITE_ATTEMPTS):
             try:
                 entry = await self.seen.get(key)
-                hosts = list(json.loads(entry.value or b"{}").get("hosts", []))
+                hosts = site_hosts(entry.value)
                 revision: int | None = entry.revision
             except KeyNotFoundError:
                 hosts, revision = [], None
@@ -113,7 +80,7 @@ class SiteHosts:
             if len(hosts) >= self.budget:
                 return False
             hosts.append(host)
-            value = json.dumps({"hosts": hosts}, separators=(",", ":")).encode()
+            value = site_hosts_bytes(hosts)
             try:
                 if revision is None:
                     await self.seen.create(key, value)
@@ -128,11 +95,3 @@ class SiteHosts:
                 )
             return True
         raise Retry(f"the host budget of {site} is written by too many replicas", delay=1.0)
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
