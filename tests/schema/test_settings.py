@@ -43,6 +43,20 @@ def test_a_bad_network_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         FetcherSettings()
 
 
+def test_a_host_record_ttl_shorter_than_what_a_record_holds_is_refused_with_its_name() -> None:
+    with pytest.raises(ValueError, match=r"than TROVE_HOST_MOVE_RECHECK_SECONDS \(604800\)"):
+        FetcherSettings(host_record_ttl_seconds=3 * 86_400)
+    with pytest.raises(ValueError, match=r"than TROVE_HOST_PAUSE_MAX_SECONDS \(86400\)"):
+        FetcherSettings(host_record_ttl_seconds=3600, host_move_recheck_seconds=60)
+    assert FetcherSettings(host_record_ttl_seconds=0).host_record_ttl_seconds == 0
+    assert FetcherSettings().host_record_ttl_seconds == 180 * 86_400
+
+
+def test_a_platform_list_is_read_as_registrable_domains() -> None:
+    settings = DiscoverySettings(platform_domains=" Blogs.Example., ,other.example ")
+    assert settings.platform_domains == ("blogs.example", "other.example")
+
+
 def test_the_event_record_is_compressed_unless_the_recorder_is_told_not_to(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

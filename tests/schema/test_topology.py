@@ -17,6 +17,7 @@ from trove_schema.topology import (
     CRAWL_COMPLETED,
     DAY,
     DEAD_STREAM,
+    DOMAINS_BUCKET,
     EVENTS_STREAM,
     FETCHER,
     OWNERS,
@@ -338,6 +339,27 @@ def test_every_stream_consumer_and_bucket_has_an_owning_service() -> None:
     names += [b.bucket for b in top.buckets]
     unowned = [name for name in names if OWNERS.get(str(name)) not in SERVICES]
     assert unowned == []
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_domains_bucket_kept_for_ever_takes_the_fetchers_ttl_and_keeps_its_hosts(
+    bus: Bus,
+) -> None:
+    # A bucket from an older release keeps every host for ever; the fetcher's start sets
+    # its TTL, and the records in it stay (each ages from its own last write).
+    stream = f"KV_{DOMAINS_BUCKET}"
+    info = await bus.js.stream_info(stream)
+    await bus.js.update_stream(replace(info.config, max_age=0.0))
+    domains = await bus.js.key_value(DOMAINS_BUCKET)
+    await domains.create("old.example", b"{}")
+
+    wanted = TopologyOptions(domains_ttl=30 * DAY)
+    await ensure_topology(bus.js, declare(wanted), owner="discovery")
+    assert (await bus.js.stream_info(stream)).config.max_age == 0.0  # not discovery's
+    await ensure_topology(bus.js, declare(wanted), owner="fetcher")
+
+    assert (await bus.js.stream_info(stream)).config.max_age == 30 * DAY
+    assert (await domains.get("old.example")).value == b"{}"
 
 
 @pytest.mark.usefixtures("clean")

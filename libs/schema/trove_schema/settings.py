@@ -281,11 +281,32 @@ class FetcherSettings(CommonSettings):
     egress_quiet_seconds: float = Field(default=0.0, ge=0.0)
     egress_recheck_seconds: float = Field(default=10.0, gt=0.0)
     egress_patience_seconds: float = Field(default=3600.0, ge=0.0)
+    #: How long a host's record in ``trove_domains`` (its politeness state and learned
+    #: policy) is kept after the last request to it; 0 keeps every host's for ever.
+    host_record_ttl_seconds: float = Field(default=180 * 86_400.0, ge=0.0)
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
         return _split_cidrs(value)
+
+    @model_validator(mode="after")
+    def _records_outlive_what_they_hold(self) -> FetcherSettings:
+        held = {
+            "TROVE_MAX_DOMAIN_DELAY_SECONDS": self.max_domain_delay_seconds,
+            "TROVE_HOST_PAUSE_MAX_SECONDS": self.host_pause_max_seconds,
+            "TROVE_BAN_PAUSE_SECONDS": self.ban_pause_seconds,
+            "TROVE_MAX_BACKOFF_SECONDS": self.max_backoff_seconds,
+            "TROVE_HOST_MOVE_RECHECK_SECONDS": self.host_move_recheck_seconds,
+        }
+        name, longest = max(held.items(), key=lambda item: item[1])
+        if self.host_record_ttl_seconds and self.host_record_ttl_seconds <= longest:
+            raise ValueError(
+                f"TROVE_HOST_RECORD_TTL_SECONDS ({self.host_record_ttl_seconds:g}) must be 0 "
+                f"(kept for ever) or longer than {name} ({longest:g}): a host's record would "
+                "expire while it still holds a gap, a pause or a move"
+            )
+        return self
 
     @field_validator("resolve", "dns_nameservers", mode="before")
     @classmethod

@@ -107,6 +107,9 @@ class TopologyOptions:
     dead_max_age: float = 0.0
     max_message_bytes: int = 1 << 20
     robots_ttl: float = DAY
+    #: How long a host's record in ``trove_domains`` outlives the last request to it
+    #: (``FetcherSettings.host_record_ttl_seconds``); 0 keeps it for ever.
+    domains_ttl: float = 180 * DAY
     #: How long a URL stays seen after its discovery or its last re-crawl request
     #: (``DiscoverySettings.seen_ttl``: longer than the longest re-crawl interval, so a page
     #: being re-crawled is never discovered a second time).
@@ -280,6 +283,10 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             description="Per-domain politeness: leases, next free slot, backoff.",
             direct=True,
             history=1,
+            # Every request writes its host's record: only hosts left alone this long
+            # go, so the bucket holds the hosts of the crawl's recent months, not all
+            # it ever met.
+            ttl=opts.domains_ttl,
             storage=storage,
             replicas=opts.replicas,
         ),

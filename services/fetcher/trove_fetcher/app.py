@@ -52,6 +52,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 TopologyOptions.from_settings(
                     settings,
                     robots_ttl=settings.robots_ttl_seconds,
+                    domains_ttl=settings.host_record_ttl_seconds,
                     fetcher_max_ack_pending=settings.max_ack_pending,
                     fetcher_ack_wait=settings.ack_wait_seconds,
                 )
