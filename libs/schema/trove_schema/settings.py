@@ -130,8 +130,9 @@ class DiscoverySettings(CommonSettings):
     host_page_budget: int = Field(default=10_000, ge=1)
     #: Most host names of one site (registrable domain) that links bring pages of in one
     #: cycle (``trove_discovery.sites``): a server answering every name under its domain
-    #: would otherwise get a gap and a page budget a name. 0: no limit.
-    site_host_budget: int = Field(default=100, ge=0, le=10_000)
+    #: would otherwise get a gap and a page budget a name. 0: no limit. At most 1,000:
+    #: the site's record lists the names, and must stay well within a KV value's limit.
+    site_host_budget: int = Field(default=100, ge=0, le=1000)
     #: Registrable domains whose every subdomain is someone's own site (a blog platform),
     #: added to the built-in list (``trove_schema.budgets.PLATFORMS``): not counted.
     platform_domains: Annotated[tuple[str, ...], NoDecode] = ()
