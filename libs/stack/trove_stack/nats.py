@@ -33,6 +33,8 @@ class NatsConfig:
     #: fsync every write: what production wants; the laptop and the tests do without.
     sync_always: bool = False
     max_payload: int = 4 * 1024 * 1024
+    #: Bytes JetStream may store on disk (a volume's size); None: as much as the disk has.
+    max_file_store: int | None = None
 
 
 class EmbeddedNats:
@@ -52,11 +54,12 @@ class EmbeddedNats:
         conf = cfg.store_dir / "nats-server.conf"
         store = json.dumps(str(cfg.store_dir / "jetstream"))
         sync = "sync_interval: always" if cfg.sync_always else ""
+        limit = f"max_file_store: {cfg.max_file_store}" if cfg.max_file_store else ""
         conf.write_text(
             f"listen: {cfg.host}:{port}\n"
             f"http: {cfg.host}:{monitor}\n"
             f"max_payload: {cfg.max_payload}\n"
-            f"jetstream {{\n  store_dir: {store}\n  {sync}\n}}\n"
+            f"jetstream {{\n  store_dir: {store}\n  {sync}\n  {limit}\n}}\n"
         )
         self._child = Child(
             "nats-server",
