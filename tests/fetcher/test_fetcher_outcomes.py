@@ -21,6 +21,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
 from trove_fetcher import fetcher as fetcher_module
+from trove_fetcher.errors import EgressAway
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
@@ -295,6 +296,30 @@ async def test_a_redirect_hop_whose_lease_fails_is_handed_back_only_for_the_brok
     assert broker_trouble(raised.value) is handed_back
     assert not isinstance(raised.value, Retry)
     assert len(server.requests_to("/moved", HOST)) == 1
+    assert server.requests_to("/hop", HOST) == []
+
+
+async def test_a_redirect_hop_that_meets_the_pods_network_away_is_handed_back_uncounted(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """What is asked before a hop (its lease, its robots.txt, read again when it expired
+    while the hop waited for the gap) may meet the pod's egress or nameservers away.
+    That is nobody's failure: handed back, not counted, so a long outage parks nothing.
+    (Raised here by the hop's lease; the fetcher judges the cause, not the call.)"""
+    gate = BrokenGate(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
+    gate.error = EgressAway("8 addresses failed to connect in a row")
+    fetcher = await fetcher_on(bus, client, politeness=gate)
+    warm_up = work(server)
+    moved = work(server, "/moved")
+    try:
+        await fetcher.process(Job(warm_up, cause="TROVE_EVENTS:1"), warm_up.to_wire())
+        gate.armed, gate.released = True, False
+        with pytest.raises(Retry) as raised:
+            await fetcher.handle(Msg(_client=bus.nc, subject="work", data=moved.to_wire()))
+    finally:
+        fetcher.close()
+    assert raised.value.expected
+    assert str(raised.value).startswith("egress is away")
     assert server.requests_to("/hop", HOST) == []
 
 
