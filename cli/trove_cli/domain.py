@@ -275,6 +275,10 @@ def render_budgets(found: DomainAudit, console: Console) -> None:
         console.print(Text(f"site {found.site}: a platform, each of its hosts its own site"))
         return
     counted = len(found.site_hosts)
+    if not counted:
+        # Discovery's own platforms (TROVE_PLATFORM_DOMAINS) are not known here.
+        console.print(Text(f"site {found.site}: none of its hosts counted this cycle"))
+        return
     among = (
         "this host is among them"
         if found.host in found.site_hosts

@@ -222,6 +222,9 @@ async def test_the_domain_says_whether_its_site_budget_counts_it(
     assert "discovery this cycle: 0 page(s) of this host counted" in text
     assert "this host is not: once the budget is spent, links to it are refused" in text
 
+    assert "site other.example: none of its hosts counted this cycle" in await shown(
+        "a.other.example"
+    )
     platform = await shown("alice.wordpress.com")
     assert "site wordpress.com: a platform, each of its hosts its own site" in platform
     assert "site " not in await shown("127.0.0.9")
