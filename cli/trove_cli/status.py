@@ -93,6 +93,11 @@ class Status:
     outbox_oldest_seconds: float | None = None
     #: The processes ``trove up`` supervises; None when it does not run here.
     services: Supervised | None = None
+    #: Bytes JetStream stores for the account, and its limit when one is set; by stream
+    #: (the buckets' together), largest first.
+    store_bytes: int | None = None
+    store_limit: int | None = None
+    store_by_stream: dict[str, int] = field(default_factory=dict)
 
 
 async def collect_status(
@@ -110,6 +115,7 @@ async def collect_status(
     status.consumers = await consumer_lag(js)
     await _domains(js, status)
     await _dead_letters(js, status)
+    await _store(js, status)
     return status
 
 
@@ -256,6 +262,33 @@ async def _dead_letters(js: JetStreamContext, status: Status) -> None:
                 status.dead_oldest_seconds = max(status.now - oldest.time.timestamp(), 0.0)
 
 
+async def _store(js: JetStreamContext, status: Status) -> None:
+    """What the record and the buckets take on nats-server's volume: a full store stops
+    the crawl (it waits, losing nothing), so its growth is worth seeing coming."""
+    info = await js.account_info()
+    status.store_bytes = int(info.storage)
+    limit = info.limits.max_storage if info.limits is not None else None
+    status.store_limit = int(limit) if limit is not None and limit > 0 else None
+    top = declare()
+    by: dict[str, int] = {}
+    names = [(s.name, s.name) for s in top.streams if s.name]
+    names += [(f"KV_{b.bucket}", "buckets") for b in top.buckets]
+    for stream, group in names:
+        with contextlib.suppress(NotFoundError):
+            used = (await js.stream_info(stream)).state.bytes
+            by[group] = by.get(group, 0) + int(used)
+    status.store_by_stream = dict(sorted(by.items(), key=lambda item: -item[1]))
+
+
+def size(n: float) -> str:
+    """``512 B``, ``3.4 MB``, ``1.2 GB``: bytes, for a person."""
+    units = ("B", "KB", "MB", "GB", "TB")
+    k = 0
+    while n >= 1000 and k < len(units) - 1:
+        n, k = n / 1000, k + 1
+    return f"{n:.0f} B" if k == 0 else f"{n:.1f} {units[k]}"
+
+
 def duration(seconds: float) -> str:
     """``45s``, ``12m 05s``, ``3h 04m``: seconds left, for a person."""
     s = max(round(seconds), 0)
@@ -354,6 +387,15 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
     if status.outbox_oldest_seconds is not None:
         outbox += f" (oldest {duration(status.outbox_oldest_seconds)})"
     parts.append(Text(outbox))
+    if status.store_bytes is not None:
+        store = f"JetStream store: {size(status.store_bytes)}"
+        if status.store_limit:
+            share = 100 * status.store_bytes / status.store_limit
+            store += f" of {size(status.store_limit)} ({share:.0f}%)"
+        if status.store_by_stream:
+            store += " (" + ", ".join(f"{k} {size(v)}" for k, v in status.store_by_stream.items())
+            store += ")"
+        parts.append(Text(store))
     console.print(Group(*parts))
 
 

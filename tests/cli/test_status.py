@@ -16,9 +16,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import run_trove
-from trove_cli.status import ConsumerLag, Cooldown, Status, collect_status, render_status
+from trove_cli.status import (
+    ConsumerLag,
+    Cooldown,
+    Status,
+    collect_status,
+    render_status,
+    size,
+)
 from trove_schema.bus import Bus
 from trove_schema.topology import (
+    CRAWL_COMPLETED,
     DEAD_PREFIX,
     DISCOVERY_LINKS,
     DOMAINS_BUCKET,
@@ -26,6 +34,7 @@ from trove_schema.topology import (
     FETCHER,
     PAGE_DISCOVERED,
     RECORDER,
+    SEEN_BUCKET,
 )
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -221,6 +230,34 @@ async def test_an_empty_crawl_has_nothing_to_report(bus: Bus, engine: AsyncEngin
     }
 
 
+async def test_the_store_shows_what_the_record_and_the_buckets_take(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    before = await collect_status(bus.js, engine)
+    await bus.js.publish(CRAWL_COMPLETED, b"x" * 50_000)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    await seen.put("k", b"y" * 20_000)
+
+    after = await collect_status(bus.js, engine)
+
+    assert before.store_bytes is not None
+    assert after.store_bytes is not None
+    assert after.store_bytes - before.store_bytes >= 70_000
+    grew = {k: v - before.store_by_stream.get(k, 0) for k, v in after.store_by_stream.items()}
+    assert grew[EVENTS_STREAM] >= 50_000
+    assert grew["buckets"] >= 20_000
+    assert next(iter(after.store_by_stream)) == EVENTS_STREAM  # largest first
+    assert after.store_limit is None  # the test server's account has no limit
+
+
+@pytest.mark.parametrize(
+    ("n", "shown"),
+    [(512, "512 B"), (3_400_000, "3.4 MB"), (1_234_000_000, "1.2 GB"), (5e15, "5000.0 TB")],
+)
+def test_sizes_are_shown_for_a_person(n: float, shown: str) -> None:
+    assert size(n) == shown
+
+
 def test_render_shows_each_section() -> None:
     status = Status(
         now=0.0,
@@ -238,6 +275,9 @@ def test_render_shows_each_section() -> None:
         dead_by_consumer={"recorder": 2},
         outbox_backlog=5,
         outbox_oldest_seconds=42.0,
+        store_bytes=15_000_000_000,
+        store_limit=20_000_000_000,
+        store_by_stream={EVENTS_STREAM: 14_000_000_000, "buckets": 1_000_000_000},
     )
     out = io.StringIO()
 
@@ -257,6 +297,7 @@ def test_render_shows_each_section() -> None:
         "not created yet",
         "Dead letters: 2 (recorder 2)",
         "Outbox backlog: 5 unpublished (oldest 42s)",
+        "JetStream store: 15.0 GB of 20.0 GB (75%) (TROVE_EVENTS 14.0 GB, buckets 1.0 GB)",
     ):
         assert expected in printed, expected
     assert "slow2.example" not in printed
