@@ -220,6 +220,17 @@ async def fetch_robots(
     last_status: list[int] = []
     hops = list(resume)
 
+    def parsed(status: int, body: bytes, **more: Any) -> RobotsPolicy:
+        return RobotsPolicy(
+            origin=origin,
+            rule=RobotsRule.PARSED,
+            fetched_at=fetched_at,
+            ttl=ttl,
+            status_code=status,
+            body=body,
+            **more,
+        )
+
     def fallback(rule: RobotsRule, error: str) -> RobotsPolicy:
         return RobotsPolicy(
             origin=origin,
@@ -251,15 +262,8 @@ async def fetch_robots(
                             break
                         refusal = await _refusal(excluded, url.raw_host.decode("ascii").lower())
                         if refusal is not None:
-                            return RobotsPolicy(
-                                origin=origin,
-                                rule=RobotsRule.PARSED,
-                                fetched_at=fetched_at,
-                                ttl=ttl,
-                                status_code=status,
-                                body=EXCLUDED_RULES,
-                                error=f"redirected to {url}: {refusal}"[:500],
-                            )
+                            error = f"redirected to {url}: {refusal}"[:500]
+                            return parsed(status, EXCLUDED_RULES, error=error)
                         hops.append(str(url))
                         if before_hop is not None:
                             await response.aclose()  # the gap runs from the end of this one
@@ -268,15 +272,9 @@ async def fetch_robots(
                     if 200 <= status < 300:
                         reader = BodyReader(max_bytes=max_bytes)
                         body = await reader.read(response)
-                        return RobotsPolicy(
-                            origin=origin,
-                            rule=RobotsRule.PARSED,
-                            fetched_at=fetched_at,
-                            ttl=ttl,
-                            status_code=status,
-                            body=_cut_at_line(body) if reader.truncated else body,
-                            truncated=reader.truncated,
-                        )
+                        if reader.truncated:
+                            return parsed(status, _cut_at_line(body), truncated=True)
+                        return parsed(status, body)
                     if status == 429 or 500 <= status < 600:
                         return fallback(RobotsRule.DISALLOW_ALL, f"HTTP {status}")
                     return fallback(RobotsRule.ALLOW_ALL, f"HTTP {status}")
