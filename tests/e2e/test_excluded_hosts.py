@@ -17,9 +17,11 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import Client as NATS
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
@@ -237,3 +239,40 @@ async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seco
     assert refused["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
     assert [a["url"] for a in accepted["accepted"]] == [gone.url()]
     assert any(s.at >= lifted for s in gone.seen)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_seed_or_a_follow_right_after_exclude_or_include_is_judged_on_the_new_list(
+    stack: StackUrls, state_dir: Path
+) -> None:
+    """An operator's next command must not meet the old list: discovery reads it again
+    for each seed and follow, while links wait for the periodic refresh (here never)."""
+    env = cycle_env(RECRAWL, TROVE_EXCLUSIONS_REFRESH_SECONDS="3600")
+    cli = {**os.environ, "TROVE_NATS_URL": stack.nats_url}
+    host = "127.0.0.9"
+    seed = json.dumps({"url": f"http://{host}:8080/"}).encode()
+    follow = json.dumps({"instance": f"http://{host}:8080/"}).encode()
+
+    async def ask(nc: NATS, subject: str, payload: bytes) -> dict[str, list[Any]]:
+        answer = await nc.request(subject, payload, timeout=10)
+        return json.loads(answer.data)  # type: ignore[no-any-return]
+
+    async with services(stack, state_dir, env, only=("discovery",)):
+        nc = await nats.connect(stack.nats_url)
+        try:
+            code, printed = await run_trove("exclude", host, "--reason", "asked", env=cli)
+            assert code == 0, printed
+            refused_seed = await ask(nc, SEEDS_SUBJECT, seed)
+            refused_follow = await ask(nc, FOLLOW_SUBJECT, follow)
+            code, printed = await run_trove("include", host, env=cli)
+            assert code == 0, printed
+            accepted_seed = await ask(nc, SEEDS_SUBJECT, seed)
+            accepted_follow = await ask(nc, FOLLOW_SUBJECT, follow)
+        finally:
+            await nc.close()
+
+    reason = f"host {host} is excluded by the operator ({host})"
+    assert [r["reason"] for r in refused_seed["rejected"]] == [reason]
+    assert [r["reason"] for r in refused_follow["rejected"]] == [reason]
+    assert (len(accepted_seed["accepted"]), accepted_seed["rejected"]) == (1, [])
+    assert (len(accepted_follow["accepted"]), accepted_follow["rejected"]) == (1, [])

@@ -224,6 +224,17 @@ class ListedExclusions:
             await self.refresh()
         return self.exclusions.refusal(host)
 
+    async def fresh(self) -> Exclusions:
+        """The rules as the shared list has them now, for a judgement an operator waits
+        on (a seed, a follow): it holds right after ``trove exclude`` or ``trove
+        include``, not within the refresh interval. One read; with the broker away or
+        slow, the rules in force."""
+        try:
+            await self.refresh()
+        except Exception as exc:  # the broker's trouble: keep what is in force
+            log.debug("the shared list of excluded hosts not read, kept as it was: %s", exc)
+        return self.exclusions
+
     async def keep(self, stop: asyncio.Event) -> None:
         """Refresh every ``interval`` until ``stop``. While the broker is away the rules
         last read stay in force; that is logged once, and once again when it answers."""

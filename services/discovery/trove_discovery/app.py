@@ -13,7 +13,7 @@ from trove_discovery.shares import Shares
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import AliasLimits
 from trove_schema.bus import Bus, Consumer, Handler
-from trove_schema.exclusions import ListedExclusions
+from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
@@ -48,21 +48,22 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
             ttl=settings.url_rules_cache_seconds,
             limits=AliasLimits(confirmations=settings.alias_confirmations),
         )
+        listed = ListedExclusions(
+            Exclusions.from_settings(settings),
+            await bus.js.key_value(EXCLUSIONS_BUCKET),
+            settings.exclusions_refresh_seconds,
+        )
+        await listed.refresh()
         discovery = Discovery(
             bus=bus,
             seen=await bus.js.key_value(SEEN_BUCKET),
             settings=settings,
             url_rules=url_rules,
             holds=Holds(first=settings.alias_hold_seconds, rounds=settings.alias_hold_rounds),
+            listed=listed,
         )
-        listed = ListedExclusions(
-            discovery.exclusions,
-            await bus.js.key_value(EXCLUSIONS_BUCKET),
-            settings.exclusions_refresh_seconds,
-        )
-        await listed.refresh()
         store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
-        follows = Follows(bus=bus, store=store, settings=settings, exclusions=discovery.exclusions)
+        follows = Follows(bus=bus, store=store, settings=settings, listed=listed)
         shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
         replies = [
             await bus.nc.subscribe(

@@ -54,7 +54,7 @@ from trove_schema.events import (
     decode_event,
     derived_event_id,
 )
-from trove_schema.exclusions import Exclusions
+from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.metrics import BUDGET_REFUSALS, DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import page_schedule_subject
@@ -101,12 +101,15 @@ class Discovery:
         settings: DiscoverySettings,
         url_rules: UrlRules | None = None,
         holds: Holds | None = None,
+        listed: ListedExclusions | None = None,
     ) -> None:
         self.bus = bus
         self.seen = seen
         self.settings = settings
-        #: Hosts the operator keeps Trove away from: never discovered.
-        self.exclusions = Exclusions.from_settings(settings)
+        #: Hosts the operator keeps Trove away from: never discovered. A link is judged on
+        #: the copy ``listed`` refreshes every few seconds, a seed on the list as it is.
+        self.listed = listed
+        self.exclusions = listed.exclusions if listed else Exclusions.from_settings(settings)
         #: Each host's learned aliases; None: every spelling is its own page.
         self.url_rules = url_rules
         #: Pages handed back while their links wait for aliases to be learned.
@@ -131,7 +134,7 @@ class Discovery:
     async def handle_seed(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         batch = parse_seeds(
-            msg.data, origin=_origin(msg), settings=self.settings, exclusions=self.exclusions
+            msg.data, origin=_origin(msg), settings=self.settings, exclusions=await self._fresh()
         )
         for n, rejected in enumerate(batch.rejected):
             rejection = SeedRejected(
@@ -163,12 +166,16 @@ class Discovery:
             else:
                 log.info("seed already seen this cycle", extra={"url": event.url})
 
+    async def _fresh(self) -> Exclusions:
+        """The exclusions as they are now (a seed follows ``trove include`` at once)."""
+        return await self.listed.fresh() if self.listed else self.exclusions
+
     async def reply_to_seed_request(self, msg: Msg) -> None:
         """A `nats req trove.seeds ...` gets what was accepted and rejected, and why."""
         if not msg.reply:
             return  # a plain publish: the stream consumer handles it
         batch: SeedBatch = parse_seeds(
-            msg.data, origin="request", settings=self.settings, exclusions=self.exclusions
+            msg.data, origin="request", settings=self.settings, exclusions=await self._fresh()
         )
         # Answer in kind: JSON to a JSON request, words to someone typing URLs.
         as_json = msg.data.lstrip()[:1] in (b"{", b"[")

@@ -62,7 +62,7 @@ from trove_schema.events import (
     derived_event_id,
     utcnow,
 )
-from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
+from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions, ListedExclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import UNFOLLOW_SUBJECT, timeline_schedule_subject
 from trove_schema.urls import canonicalize, domain_of, is_private_host, origin_of
@@ -433,17 +433,23 @@ class Follows:
         store: FollowStore,
         settings: DiscoverySettings,
         exclusions: Exclusions = NO_EXCLUSIONS,
+        listed: ListedExclusions | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
         self.settings = settings
-        self.exclusions = exclusions
+        #: A follow is judged on the shared list as it is (``ListedExclusions.fresh``).
+        self.listed = listed
+        self.exclusions = listed.exclusions if listed else exclusions
+
+    async def _fresh(self) -> Exclusions:
+        return await self.listed.fresh() if self.listed else self.exclusions
 
     async def handle_command(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         verb = verb_of(msg.subject)
         batch = parse_command(
-            msg.data, verb=verb, settings=self.settings, exclusions=self.exclusions
+            msg.data, verb=verb, settings=self.settings, exclusions=await self._fresh()
         )
         origin = _origin(msg)
         for rejected in batch.rejected:
@@ -459,7 +465,10 @@ class Follows:
         if not msg.reply:
             return  # a plain publish: the stream consumer handles it
         batch = parse_command(
-            msg.data, verb=verb_of(msg.subject), settings=self.settings, exclusions=self.exclusions
+            msg.data,
+            verb=verb_of(msg.subject),
+            settings=self.settings,
+            exclusions=await self._fresh(),
         )
         as_json = msg.data.lstrip()[:1] in (b"{", b"[")
         await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
