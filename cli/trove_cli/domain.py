@@ -51,6 +51,7 @@ from trove_schema.policy import (
     send_validators,
     success_rate,
 )
+from trove_schema.server_time import server_now
 from trove_schema.settings import CommonSettings
 from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET
 
@@ -298,6 +299,7 @@ async def domain_command(
     """``trove domain HOST``: print the host's audit and its politeness record."""
     engine = create_async_engine(database_url)
     nc = None
+    now = None  # the fetchers' instants are on nats-server's clock: read "now" there
     try:
         js = None
         if nats_url:
@@ -307,6 +309,7 @@ async def domain_command(
                     max_reconnect_attempts=0, allow_reconnect=False,
                 )  # fmt: skip
                 js = nc.jetstream()
+                now = await server_now(nc)
         found = await collect_domain(engine, host, last=last, js=js)
         if js is None:
             found.politeness_note = "broker not reachable"
@@ -319,7 +322,7 @@ async def domain_command(
     except InvalidPriors as exc:
         console.print(Text(f"TROVE_PRIORS_FILE: {exc}; the shipped priors are shown instead"))
         learning = LearningConfig()
-    render_domain(found, console, learning=learning)
+    render_domain(found, console, now=now, learning=learning)
     return 0
 
 

@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from trove_cli.supervisor import Supervised, describe_exit, read_supervised
 from trove_schema.bus import nats_servers
 from trove_schema.nats_tls import client_tls
+from trove_schema.server_time import server_now
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
 
 #: The fields of the fetcher's DomainSlot (services/fetcher/trove_fetcher/politeness.py),
@@ -68,7 +69,11 @@ class Cooldown:
 
 @dataclass(slots=True)
 class Status:
+    #: This machine's time: what ``trove up``'s processes and the tables are read against.
     now: float
+    #: nats-server's time (``trove_schema.server_time``): the fetchers' shared instants
+    #: and the streams' message times are on it; None: this machine's.
+    server_now: float | None = None
     pages_by_status: dict[str, int] = field(default_factory=dict)
     linked_only: int = 0
     attempts_by_outcome: dict[str, int] = field(default_factory=dict)
@@ -105,10 +110,11 @@ async def collect_status(
     engine: AsyncEngine,
     *,
     now: float | None = None,
+    server_now: float | None = None,
     state_dir: Path | None = None,
 ) -> Status:
     """Read the tables, the consumers, the domain slots and the dead letters."""
-    status = Status(now=time.time() if now is None else now)
+    status = Status(now=time.time() if now is None else now, server_now=server_now)
     if state_dir is not None:
         status.services = read_supervised(state_dir)
     await _tables(engine, status)
@@ -225,7 +231,7 @@ async def read_slots(js: JetStreamContext) -> dict[str, bytes]:
 
 
 async def _domains(js: JetStreamContext, status: Status) -> None:
-    now = status.now
+    now = status.now if status.server_now is None else status.server_now
     for domain, value in sorted((await read_slots(js)).items()):
         slot = _slot(value)
         if slot is None:
@@ -259,7 +265,8 @@ async def _dead_letters(js: JetStreamContext, status: Status) -> None:
         with contextlib.suppress(NotFoundError):  # re-driven or dropped meanwhile
             oldest = await js.get_msg(DEAD_STREAM, info.state.first_seq)
             if oldest.time is not None:
-                status.dead_oldest_seconds = max(status.now - oldest.time.timestamp(), 0.0)
+                now = status.now if status.server_now is None else status.server_now
+                status.dead_oldest_seconds = max(now - oldest.time.timestamp(), 0.0)
 
 
 async def _store(js: JetStreamContext, status: Status) -> None:
@@ -406,7 +413,9 @@ async def status_command(
     engine = create_async_engine(database_url)
     nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
     try:
-        status = await collect_status(nc.jetstream(), engine, state_dir=state_dir)
+        status = await collect_status(
+            nc.jetstream(), engine, server_now=await server_now(nc), state_dir=state_dir
+        )
     finally:
         await nc.close()
         await engine.dispose()

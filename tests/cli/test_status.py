@@ -25,6 +25,7 @@ from trove_cli.status import (
     size,
 )
 from trove_schema.bus import Bus
+from trove_schema.server_time import server_now
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     DEAD_PREFIX,
@@ -49,6 +50,23 @@ def slot(**times: float) -> bytes:
 def lag(status: Status, durable: str) -> ConsumerLag:
     (found,) = [c for c in status.consumers if c.durable == durable]
     return found
+
+
+async def test_the_fetchers_instants_are_read_on_the_servers_clock_not_this_machines(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    # The fetchers keep politeness on nats-server's time; an operator's machine an hour
+    # behind must not show a two-minute back-off as an hour and two minutes.
+    server = await server_now(bus.nc)
+    assert abs(server - time.time()) < 1.0  # one machine here: the same clock
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put("slow.example", slot(backoff_until=server + 120))
+
+    status = await collect_status(bus.js, engine, now=server - 3600, server_now=server)
+
+    ((domain, left),) = [(c.domain, c.seconds_left) for c in status.backing_off]
+    assert domain == "slow.example"
+    assert 119 < left <= 120
 
 
 async def test_backing_off_domain_is_listed_with_its_seconds_left(

@@ -14,8 +14,9 @@ import pytest
 from nats.js.errors import ServiceUnavailableError
 
 from tests.conftest import eventually
-from trove_fetcher.clock import KEPT, Ask, ServerClock, reading, server_time, stream_info
+from trove_fetcher.clock import KEPT, Ask, ServerClock, reading, stream_info
 from trove_schema.bus import Bus
+from trove_schema.server_time import server_time
 from trove_schema.topology import DOMAINS_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")

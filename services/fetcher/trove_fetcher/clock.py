@@ -28,19 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Protocol
 
 from nats.aio.client import Client
-from nats.js.errors import APIError
 
 from trove_schema.metrics import CLOCK_OFFSET
+from trove_schema.server_time import server_time
 
 log = logging.getLogger("trove.fetcher.clock")
 
@@ -86,19 +84,6 @@ def reading(sent: float, answered: float, server_time: float) -> Reading:
     ``answered`` (the pod's monotonic clock), so at their middle, give or take half."""
     half = max(0.0, answered - sent) / 2
     return Reading(offset=server_time - (sent + half), error=half, taken=answered)
-
-
-def server_time(answer: bytes) -> float:
-    """The ``ts`` of a JetStream API answer, as epoch seconds (to the microsecond); an
-    answer that is an error raises it (a 503: JetStream not there yet, or no leader)."""
-    body = json.loads(answer)
-    if "error" in body:
-        APIError.from_error(body["error"])
-    stamp = body["ts"]
-    # RFC 3339 with nanoseconds; Python's parser takes six digits of a fraction at most.
-    head, _, fraction = stamp.rstrip("Z").partition(".")
-    micros = (fraction + "000000")[:6]
-    return datetime.fromisoformat(f"{head}.{micros}+00:00").timestamp()
 
 
 def stream_info(nc: Client, stream: str, timeout: float = 5.0) -> Ask:
