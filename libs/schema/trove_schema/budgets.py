@@ -21,11 +21,14 @@ from trove_schema.urls import registrable_domain
 #: the public suffix list (github.io, blogspot.com, pages.dev are, and need no entry).
 PLATFORMS = frozenset(
     {
+        "bandcamp.com",
         "bearblog.dev",
         "dreamwidth.org",
         "flounder.online",
         "ghost.io",
+        "gitbook.io",
         "hashnode.dev",
+        "itch.io",
         "jimdofree.com",
         "livejournal.com",
         "mataroa.blog",
@@ -37,6 +40,7 @@ PLATFORMS = frozenset(
         "prose.sh",
         "smol.pub",
         "substack.com",
+        "surge.sh",
         "tumblr.com",
         "typepad.com",
         "weebly.com",
