@@ -69,7 +69,9 @@ def test_while_away_work_waits_and_one_job_each_recheck_goes_ahead_to_find_out()
     watch = away_watch(clock)
     # A failure while away is not the host's either, whichever address it is.
     assert isinstance(watch.failed("198.51.100.7", REFUSED), EgressAway)
-    assert isinstance(watch.away(), EgressAway)
+    waiting = watch.away()
+    assert isinstance(waiting, EgressAway)
+    assert waiting.retry_after == CONFIG.recheck  # handed back until the next look
     clock.now += 9.9
     assert isinstance(watch.away(), EgressAway)
     clock.now += 0.1

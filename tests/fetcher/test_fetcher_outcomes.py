@@ -307,7 +307,7 @@ async def test_a_redirect_hop_that_meets_the_pods_network_away_is_handed_back_un
     That is nobody's failure: handed back, not counted, so a long outage parks nothing.
     (Raised here by the hop's lease; the fetcher judges the cause, not the call.)"""
     gate = BrokenGate(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
-    gate.error = EgressAway("8 addresses failed to connect in a row")
+    gate.error = EgressAway("8 addresses failed to connect in a row", retry_after=3.0)
     fetcher = await fetcher_on(bus, client, politeness=gate)
     warm_up = work(server)
     moved = work(server, "/moved")
@@ -320,6 +320,7 @@ async def test_a_redirect_hop_that_meets_the_pods_network_away_is_handed_back_un
         fetcher.close()
     assert raised.value.expected
     assert str(raised.value).startswith("egress is away")
+    assert raised.value.delay == 3.0  # back when the egress watch looks again
     assert server.requests_to("/hop", HOST) == []
 
 

@@ -209,7 +209,7 @@ class DnsResolver:
         entry = self._cache.get(name)
         if entry is not None and entry.expires > self._clock():
             return None
-        return ResolverAway(self._away[1])
+        return ResolverAway(self._away[1], retry_after=self.config.recheck)
 
     async def lookup(self, host: str) -> tuple[str, ...]:
         name = _name(host)
@@ -259,7 +259,9 @@ class DnsResolver:
             if self._answered_at < sent:  # nothing else answered meanwhile: is it us?
                 why = await self._nameservers_silent()
                 if why is not None:
-                    raise ResolverAway(f"resolving {name}: {exc}; {why}") from None
+                    raise ResolverAway(
+                        f"resolving {name}: {exc}; {why}", retry_after=config.recheck
+                    ) from None
             raise
         now = self._clock()
         self._answering(now)

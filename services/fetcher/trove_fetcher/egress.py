@@ -162,7 +162,7 @@ class _Way:
                     now - self._connected_at,
                 )
                 return None
-            return EgressAway(self._away[1])
+            return EgressAway(self._away[1], retry_after=self.config.recheck)
         if not self._known:
             return None
         if len(self._failed) < self.config.suspect_after:
@@ -180,7 +180,7 @@ class _Way:
         self._checked_at = now
         EGRESS_AWAY.labels(self.name).set(1)
         log.warning("%s: the pod's egress is taken to be away; its work waits", why)
-        return EgressAway(why)
+        return EgressAway(why, retry_after=self.config.recheck)
 
     def away(self) -> EgressAway | None:
         if not self.is_away:
@@ -188,6 +188,6 @@ class _Way:
         assert self._away is not None
         now = self._clock()
         if now - self._checked_at < self.config.recheck:
-            return EgressAway(self._away[1])
+            return EgressAway(self._away[1], retry_after=self.config.recheck)
         self._checked_at = now
         return None

@@ -104,8 +104,13 @@ class NetworkAway(FetcherError):
     """The pod's own network is away, not the host: nothing is recorded against it.
 
     The work is handed back until the network works again, as it is while the broker
-    or the database is away.
+    or the database is away: for ``retry_after`` seconds, when the watch that saw the
+    outage looks again (``dns_recheck_seconds``, ``egress_recheck_seconds``).
     """
+
+    def __init__(self, message: str, *, retry_after: float = 10.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ResolverAway(DnsError, NetworkAway):

@@ -874,13 +874,10 @@ def _cause(msg: Msg) -> str:
     return f"{meta.stream}:{meta.sequence.stream}"
 
 
-#: How long work that met the pod's network away waits before it is tried again.
-NETWORK_RETRY_DELAY = 10.0
-
-
 def _waits_for_network(exc: NetworkAway) -> Retry:
     """The work goes back to the stream, not counted: nothing is blamed on the host (the
     resolver or the egress watch logs the outage once, and ``trove_nameservers_away`` or
-    ``trove_egress_away`` shows it)."""
+    ``trove_egress_away`` shows it). It comes back when the watch that saw the outage
+    looks again."""
     what = "the nameservers are away" if isinstance(exc, ResolverAway) else "egress is away"
-    return Retry(f"{what}: {exc}", delay=NETWORK_RETRY_DELAY, expected=True)
+    return Retry(f"{what}: {exc}", delay=exc.retry_after, expected=True)
