@@ -32,6 +32,7 @@ from tests.deploy._support import (
     workloads,
 )
 from trove_cli.main import parser as cli_parser
+from trove_fetcher.app import prefetch
 from trove_schema.settings import (
     CommonSettings,
     DiscoverySettings,
@@ -567,6 +568,26 @@ def test_keda_scales_the_fetcher_on_its_consumer_backlog() -> None:
     # The consumer is the one the topology declares on that stream.
     assert declare().consumer(FETCHER)[0] == EVENTS_STREAM
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 20)
+
+
+def test_keda_sizes_count_what_each_fetcher_pod_holds() -> None:
+    """KEDA's lag is the consumer's pending plus its unacked messages, and a pod holds
+    more than its handlers run (``prefetch``): the threshold and the consumer's cap are
+    sized on what a pod pulls, from the settings the manifests give it."""
+    spec = scaled_object("base")["spec"]
+    threshold = int(spec["triggers"][0]["metadata"]["lagThreshold"])
+    config = find(rendered("base"), "ConfigMap", "trove-config")["data"]
+    settings = FetcherSettings.model_validate(
+        {
+            "concurrency": int(config.get("TROVE_CONCURRENCY", FetcherSettings().concurrency)),
+            "max_ack_pending": int(config["TROVE_MAX_ACK_PENDING"]),
+        }
+    )
+    hand = settings.concurrency + prefetch(settings.concurrency, settings.max_ack_pending)
+    # One pod's full hand alone does not ask for a second pod.
+    assert threshold >= hand, (threshold, hand)
+    # At the most pods, every one can run all its handlers.
+    assert settings.max_ack_pending >= spec["maxReplicaCount"] * settings.concurrency
 
 
 def test_keda_asks_the_nats_headless_service_for_the_monitoring_port() -> None:

@@ -34,6 +34,13 @@ from trove_schema.topology import (
 #: hold all of it.
 HELD_PER_SLOT = 8
 
+
+def prefetch(concurrency: int, max_ack_pending: int) -> int:
+    """The messages a pod holds, per consumer, beyond those its handlers run: 512 at the
+    default concurrency. KEDA's lag counts them (``k8s/base/fetcher-scaledobject.yaml``)."""
+    return min(HELD_PER_SLOT * concurrency, max_ack_pending // 2)
+
+
 log = logging.getLogger("trove.fetcher")
 
 
@@ -107,7 +114,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 # then by its host's queue. When work comes due faster than a pod can
                 # start it (a thousand hosts' next pages at once), the order is chosen
                 # among what the pod holds, not in the order it came due.
-                prefetch=min(HELD_PER_SLOT * settings.concurrency, settings.max_ack_pending // 2),
+                prefetch=prefetch(settings.concurrency, settings.max_ack_pending),
                 hold_refresh=min(15.0, settings.ack_wait_seconds / 3),
                 # A lost ack would cost the site the same request again.
                 confirm_acks=settings.ack_wait_seconds / 2,
