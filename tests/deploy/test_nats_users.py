@@ -8,6 +8,7 @@ ports on 127.0.0.1). k8s/nats/values.yaml grants the same (test_kubernetes check
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -20,11 +21,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from operator import eq, lt
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 import trustme
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from tests.conftest import eventually
@@ -355,3 +358,85 @@ async def test_nats_turns_away_clients_without_a_user_or_the_ca(secured: Secured
             max_reconnect_attempts=0,
             connect_timeout=3,
         )
+
+
+async def snapshot(nc: Client, stream: str, chunk: int) -> tuple[dict[str, Any], bytes]:
+    """``nats stream backup``: the server sends the snapshot in chunks to an inbox, each
+    acked on the reply subject it carries (``$JS.SNAPSHOT.ACK.…``), an empty one last."""
+    inbox = nc.new_inbox()
+    chunks: list[bytes] = []
+    ended = asyncio.get_running_loop().create_future()
+
+    async def on_chunk(msg: Msg) -> None:
+        if not msg.data:
+            ended.set_result(None)
+            return
+        chunks.append(msg.data)
+        if msg.reply:  # the last chunk may come without one
+            await msg.respond(b"")
+
+    sub = await nc.subscribe(inbox, cb=on_chunk)
+    request = {"deliver_subject": inbox, "chunk_size": chunk}
+    answer = json.loads(
+        (await nc.request(f"$JS.API.STREAM.SNAPSHOT.{stream}", json.dumps(request).encode())).data
+    )
+    assert "error" not in answer, answer
+    await asyncio.wait_for(ended, 10)
+    await sub.unsubscribe()
+    return answer, b"".join(chunks)
+
+
+async def restore(nc: Client, answer: dict[str, Any], data: bytes, chunk: int) -> dict[str, Any]:
+    """``nats stream restore``: the chunks are sent to the subject the server names
+    (``$JS.SNAPSHOT.RESTORE.…``), each answered, an empty one last."""
+    request = {"config": answer["config"], "state": answer["state"]}
+    stream = answer["config"]["name"]
+    reply = await nc.request(f"$JS.API.STREAM.RESTORE.{stream}", json.dumps(request).encode())
+    deliver = json.loads(reply.data)["deliver_subject"]
+    for start in range(0, len(data), chunk):
+        await nc.request(deliver, data[start : start + chunk], timeout=REFUSED_AFTER * 4)
+    done: dict[str, Any] = json.loads((await nc.request(deliver, b"", timeout=10)).data)
+    return done
+
+
+async def test_the_operator_backs_up_a_stream_and_restores_it(secured: Secured) -> None:
+    """docs/deploy.md, "Backups and restore": what ``nats stream backup`` and ``restore``
+    send and answer, under the operator's user, on the seeds stream."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    operator = await connect(secured, "operator", error_cb=on_error)
+    try:
+        js = operator.jetstream(timeout=5)
+        await ensure_topology(js, declare(), owner="cli")
+        before = (await js.stream_info(SEEDS_STREAM)).state.messages
+        # As `nats pub` sends them (the stream does not answer); names that do not
+        # compress, so that the snapshot takes several chunks.
+        seeds = [f"https://{secrets.token_hex(24)}.example/".encode() for _ in range(40)]
+        for seed in seeds:
+            await operator.publish(SEEDS_SUBJECT, seed)
+
+        async def stored() -> int:
+            return (await js.stream_info(SEEDS_STREAM)).state.messages
+
+        await eventually(stored, until=partial(eq, before + 40), timeout=5, what="the seeds")
+        kept = (await js.stream_info(SEEDS_STREAM)).state
+        chunk = 1024  # several chunks, each acked
+        answer, data = await snapshot(operator, SEEDS_STREAM, chunk)
+        assert len(data) > 2 * chunk
+        await js.delete_stream(SEEDS_STREAM)
+        done = await restore(operator, answer, data, chunk)
+        assert "error" not in done, done
+        back = (await js.stream_info(SEEDS_STREAM)).state
+        assert (back.messages, back.first_seq, back.last_seq) == (
+            kept.messages,
+            kept.first_seq,
+            kept.last_seq,
+        )
+        last = await js.get_msg(SEEDS_STREAM, kept.last_seq)
+        assert last.data == seeds[-1]
+    finally:
+        await operator.close()
+    assert errors == []  # no ack nor chunk refused
