@@ -168,6 +168,68 @@ async def test_not_modified_keeps_what_the_page_had(engine: AsyncEngine) -> None
     assert (row.status, row.title, row.language, row.etag) == ("fetched", "Kept", "en", '"v1"')
 
 
+#: A page's attempts, in the order they completed: (outcome, title, etag).
+HISTORIES = {
+    "a success then a 304": [
+        (CrawlOutcome.SUCCESS, "First", '"v1"'),
+        (CrawlOutcome.NOT_MODIFIED, None, None),
+    ],
+    "a success then a failure retried": [
+        (CrawlOutcome.SUCCESS, "First", '"v1"'),
+        (CrawlOutcome.BLOCKED_5XX, None, None),
+    ],
+    "a failure, a success, a refusal": [
+        (CrawlOutcome.FAILED, None, None),
+        (CrawlOutcome.SUCCESS, "Second", '"v2"'),
+        (CrawlOutcome.BLOCKED_ROBOTS, None, None),
+    ],
+    "two successes then a 304": [
+        (CrawlOutcome.SUCCESS, "First", '"v1"'),
+        (CrawlOutcome.SUCCESS, "Second", '"v2"'),
+        (CrawlOutcome.NOT_MODIFIED, None, None),
+    ],
+}
+
+
+@pytest.mark.parametrize("history", HISTORIES, ids=list(HISTORIES))
+async def test_a_pages_row_does_not_depend_on_how_its_attempts_are_cut_into_batches(
+    engine: AsyncEngine, history: str
+) -> None:
+    """A replay applies 500 events a transaction, a recorder catching up a backlog as many,
+    a trickle one: a page's attempts in one batch leave its row as one batch each."""
+    start = datetime.now(UTC) - timedelta(hours=3)
+
+    def attempts(url: str) -> list[CrawlCompleted]:
+        return [
+            completed(
+                outcome,
+                url=url,
+                title=title,
+                etag=etag,
+                language="en" if title else None,
+                status_code={CrawlOutcome.NOT_MODIFIED: 304, CrawlOutcome.BLOCKED_5XX: 503}.get(
+                    outcome, 200
+                ),
+                started_at=start + timedelta(minutes=n, milliseconds=-100),
+                completed_at=start + timedelta(minutes=n),
+            )
+            for n, (outcome, title, etag) in enumerate(HISTORIES[history])
+        ]
+
+    one_by_one, together = f"{URL}/one-by-one", f"{URL}/together"
+    await project(engine, *attempts(one_by_one))
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, attempts(together), POLICY)
+    columns = (
+        "status, last_outcome, last_crawled_at, last_status_code, fetched_at, failed_at, "
+        "title, language, etag, keywords_tsv"
+    )
+    (each,) = await rows(engine, f"SELECT {columns} FROM pages WHERE url = :u", u=one_by_one)
+    (batched,) = await rows(engine, f"SELECT {columns} FROM pages WHERE url = :u", u=together)
+    assert batched == each
+    assert each.title is not None
+
+
 async def test_failures_are_retried_until_attempts_run_out(engine: AsyncEngine) -> None:
     for attempt in (1, 2):
         await project(engine, completed(CrawlOutcome.BLOCKED_5XX, status_code=503, attempt=attempt))

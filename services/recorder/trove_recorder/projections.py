@@ -473,23 +473,40 @@ async def _completed(
             {"ids": touched},
         )
     }
+    # A page's attempts in one batch leave its row as they would one batch each, in
+    # the order they completed: the newest attempt says how the page stands, the
+    # newest success or 304 when it was last fetched, the newest success what it
+    # holds (its title, language, keywords, validators) and the newest that says so
+    # what it links to. So the tables do not depend on how the stream is cut into
+    # batches (a replay's 500, a backlog after an outage, a trickle's one).
     latest: dict[int, CrawlCompleted] = {}
+    fetched: dict[int, CrawlCompleted] = {}
+    content: dict[int, CrawlCompleted] = {}
     linking: dict[int, CrawlCompleted] = {}
     for event in completed:
         page_id = page_ids[event.url]
         floor = newest_applied.get(page_id)
         if floor is not None and event.completed_at < floor:
             continue
-        if page_id not in latest or event.completed_at >= latest[page_id].completed_at:
-            latest[page_id] = event
-        says_links = event.outcome is CrawlOutcome.SUCCESS or bool(event.links)
-        newer = page_id not in linking or event.completed_at >= linking[page_id].completed_at
-        if says_links and newer:
-            linking[page_id] = event
+        _keep_newest(latest, page_id, event)
+        if event.outcome in FETCHED:
+            _keep_newest(fetched, page_id, event)
+        if event.outcome is CrawlOutcome.SUCCESS:
+            _keep_newest(content, page_id, event)
+        if event.outcome is CrawlOutcome.SUCCESS or event.links:
+            _keep_newest(linking, page_id, event)
     retried = await _retries(tx, latest, policy)
-    await _page_state(tx, latest, retried)
+    await _page_state(tx, latest, fetched, content, retried)
     await _links(tx, linking, page_ids)
     return verdicts
+
+
+def _keep_newest(newest: dict[int, CrawlCompleted], page_id: int, event: CrawlCompleted) -> None:
+    """``event`` becomes the page's in ``newest`` unless one there completed later (a
+    tie goes to the one later in the stream)."""
+    kept = newest.get(page_id)
+    if kept is None or event.completed_at >= kept.completed_at:
+        newest[page_id] = event
 
 
 async def _audits(
@@ -599,8 +616,14 @@ async def _retries(
 
 
 async def _page_state(
-    tx: Transaction, latest: dict[int, CrawlCompleted], retried: set[int]
+    tx: Transaction,
+    latest: dict[int, CrawlCompleted],
+    fetched: dict[int, CrawlCompleted],
+    content: dict[int, CrawlCompleted],
+    retried: set[int],
 ) -> None:
+    """Each page's row after its attempts in the batch: ``latest`` its newest attempt,
+    ``fetched`` its newest success or 304 and ``content`` its newest success, if any."""
     if not latest:
         return
     ordered = sorted(latest)
@@ -612,22 +635,28 @@ async def _page_state(
             statuses.append("fetched")
             failed_at.append(None)
         elif page_id in retried:
-            statuses.append(None)  # keeps its status until the retries run out
+            # It keeps its status until the retries run out: the one a success or a 304
+            # earlier in the batch gave it, if any.
+            statuses.append("fetched" if page_id in fetched else None)
             failed_at.append(None)
         else:
             status = STATUS_BY_OUTCOME[event.outcome]
             statuses.append(status)
             failed_at.append(event.completed_at if status == "failed" else None)
     events = [latest[p] for p in ordered]
-    success = [e.outcome is CrawlOutcome.SUCCESS for e in events]
+    fetched_ends = [fetched[p].completed_at if p in fetched else None for p in ordered]
+    # The content columns come from the newest success; a page without one in the
+    # batch keeps what it had (``ok`` false), whatever the other arrays say.
+    held = [content.get(p, latest[p]) for p in ordered]
+    success = [p in content for p in ordered]
     await tx.execute(
         _sql(
             "UPDATE pages p SET "
             "last_crawled_at = v.ended, last_outcome = v.outcome, last_status_code = v.code, "
             "status = coalesce(v.status, p.status), "
-            "fetched_at = CASE WHEN v.status = 'fetched' THEN v.ended ELSE p.fetched_at END, "
-            "failed_at = CASE WHEN v.status = 'fetched' THEN NULL "
-            "  WHEN v.failed_at IS NOT NULL THEN v.failed_at ELSE p.failed_at END, "
+            "fetched_at = coalesce(v.fetched, p.fetched_at), "
+            "failed_at = CASE WHEN v.failed_at IS NOT NULL THEN v.failed_at "
+            "  WHEN v.fetched IS NOT NULL THEN NULL ELSE p.failed_at END, "
             "title = CASE WHEN v.ok THEN v.title ELSE p.title END, "
             "language = CASE WHEN v.ok THEN v.language ELSE p.language END, "
             "keywords_tsv = CASE WHEN v.ok THEN to_tsvector(CAST(v.cfg AS regconfig), v.words) "
@@ -640,12 +669,13 @@ async def _page_state(
             "updated_at = now() "
             "FROM unnest(CAST(:ids AS bigint[]), CAST(:ends AS timestamptz[]), "
             "CAST(:outcomes AS text[]), CAST(:codes AS int[]), CAST(:statuses AS text[]), "
+            "CAST(:fetched AS timestamptz[]), "
             "CAST(:failed AS timestamptz[]), CAST(:oks AS boolean[]), CAST(:titles AS text[]), "
             "CAST(:languages AS text[]), CAST(:cfgs AS text[]), CAST(:words AS text[]), "
             "CAST(:etags AS text[]), CAST(:modified AS text[]), CAST(:hashes AS text[]), "
             "CAST(:canonicals AS text[]), CAST(:noindexes AS boolean[])) "
-            "AS v(id, ended, outcome, code, status, failed_at, ok, title, language, cfg, words, "
-            "etag, modified, hash, canonical, noindex) WHERE p.id = v.id"
+            "AS v(id, ended, outcome, code, status, fetched, failed_at, ok, title, language, "
+            "cfg, words, etag, modified, hash, canonical, noindex) WHERE p.id = v.id"
         ),
         {
             "ids": ordered,
@@ -653,17 +683,18 @@ async def _page_state(
             "outcomes": [e.outcome.value for e in events],
             "codes": [e.status_code for e in events],
             "statuses": statuses,
+            "fetched": fetched_ends,
             "failed": failed_at,
             "oks": success,
-            "titles": [e.title for e in events],
-            "languages": [e.language for e in events],
-            "cfgs": [ts_config(e.language) for e in events],
-            "words": [" ".join((e.title or "", *e.keywords)) for e in events],
-            "etags": [e.etag for e in events],
-            "modified": [e.last_modified for e in events],
-            "hashes": [e.content_hash for e in events],
-            "canonicals": [e.canonical_url for e in events],
-            "noindexes": [e.noindex for e in events],
+            "titles": [e.title for e in held],
+            "languages": [e.language for e in held],
+            "cfgs": [ts_config(e.language) for e in held],
+            "words": [" ".join((e.title or "", *e.keywords)) for e in held],
+            "etags": [e.etag for e in held],
+            "modified": [e.last_modified for e in held],
+            "hashes": [e.content_hash for e in held],
+            "canonicals": [e.canonical_url for e in held],
+            "noindexes": [e.noindex for e in held],
         },
     )
 
