@@ -220,12 +220,12 @@ async def test_a_pages_row_does_not_depend_on_how_its_attempts_are_cut_into_batc
     await project(engine, *attempts(one_by_one))
     async with async_sessionmaker(engine).begin() as session:
         await apply_batch(session, attempts(together), POLICY)
-    columns = (
-        "status, last_outcome, last_crawled_at, last_status_code, fetched_at, failed_at, "
-        "title, language, etag, keywords_tsv"
+    row = (
+        "SELECT status, last_outcome, last_crawled_at, last_status_code, fetched_at, "
+        "failed_at, title, language, etag, keywords_tsv FROM pages WHERE url = :u"
     )
-    (each,) = await rows(engine, f"SELECT {columns} FROM pages WHERE url = :u", u=one_by_one)
-    (batched,) = await rows(engine, f"SELECT {columns} FROM pages WHERE url = :u", u=together)
+    (each,) = await rows(engine, row, u=one_by_one)
+    (batched,) = await rows(engine, row, u=together)
     assert batched == each
     assert each.title is not None
 
