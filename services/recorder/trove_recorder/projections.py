@@ -576,14 +576,18 @@ async def _retries(
     scheduled: set[int] = set()
     if not retryable:
         return scheduled
+    # Each page's last success or 304 is found once, not once a row of its history as a
+    # correlated subquery would: a history kept for months makes that the batch's cost.
     counts = dict(
         await tx.fetch(
             _sql(
-                "SELECT c.page_id, count(*) FROM page_crawls c "
-                "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) AND c.completed_at > coalesce("
-                "(SELECT max(s.completed_at) FROM page_crawls s WHERE s.page_id = c.page_id "
-                "AND s.outcome IN ('success', 'not_modified')), '-infinity') "
-                "GROUP BY c.page_id"
+                "SELECT c.page_id, count(*) FROM page_crawls c LEFT JOIN ("
+                "SELECT page_id, max(completed_at) AS at FROM page_crawls "
+                "WHERE page_id = ANY(CAST(:ids AS bigint[])) "
+                "AND outcome IN ('success', 'not_modified') GROUP BY page_id) s "
+                "ON s.page_id = c.page_id "
+                "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) "
+                "AND c.completed_at > coalesce(s.at, '-infinity') GROUP BY c.page_id"
             ),
             {"ids": sorted(retryable)},
         )
