@@ -379,6 +379,13 @@ class Address:
             self._pipes.add(pipe)
             pipe.add_done_callback(self._pipes.discard)
 
+    async def cut(self) -> None:
+        """End every connection made, as a server does that goes down."""
+        pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+
     @staticmethod
     async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
         try:
@@ -446,6 +453,53 @@ async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_b
         # Each attempt is on its own page: an id remembered from the old primary would
         # have put it on whichever page has that id on the new one.
         # (``completed(n)`` is page n, asked for by a request id that ends in n.)
+        own_page = (
+            "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
+            "WHERE p.url = 'https://blog.example/' || right(c.request_id::text, 12)::bigint"
+        )
+        assert await count(new, own_page) == 30
+    finally:
+        await new.dispose()
+        promoted.stop()
+
+
+async def test_a_failover_that_closed_every_connection_leaves_no_remembered_id_behind(
+    stack: StackUrls,
+    bus: Bus,
+    own_engine: AsyncEngine,
+    own_postgres: EmbeddedPostgres,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """The old primary went down, closing the recorder's connections while it was idle:
+    the pool replaces them with connections to the promoted standby, and no batch fails
+    to say so. The standby lags all the way, as above."""
+    promoted = EmbeddedPostgres(
+        PostgresConfig(data_dir=tmp_path / "promoted" / "data", port=free_port("127.0.0.1"))
+    ).start()
+    new = create_async_engine(promoted.url, pool_pre_ping=True)
+    watch = watch_recorder(state_dir)
+    try:
+        await asyncio.to_thread(upgrade, promoted.url)
+        address = Address(own_postgres.port)
+        async with address as port:
+            url = own_postgres.url.replace(f":{own_postgres.port}/", f":{port}/")
+            database = StackUrls(stack.nats_url, url, stack.kind)
+            async with services(database, state_dir, watch.env, only=("recorder",)):
+                await publish(bus, range(20))
+                await projected(own_engine, 20, timeout=30)
+                address.port = promoted.port
+                await address.cut()
+                # Pages 20 to 22 were linked from the first twenty: the recorder knows
+                # their ids on the old primary.
+                await publish(bus, range(20, 50))
+                await projected(new, 30)
+                endings = await watch.endings()
+        # Nothing failed, and no batch was turned away either: only the server's start
+        # time, read by every batch, told the recorder its ids were another server's.
+        assert endings == {"acked": 50}, endings
+        assert await count(new, "SELECT count(*) FROM page_crawls") == 30
+        # Each attempt is on its own page, as in the test above.
         own_page = (
             "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
             "WHERE p.url = 'https://blog.example/' || right(c.request_id::text, 12)::bigint"

@@ -7,22 +7,22 @@ from trove_recorder.page_ids import PageIds
 
 def test_a_full_memory_forgets_its_oldest_entries_first() -> None:
     known = PageIds(capacity=100)
-    known.learn(1, {f"u{i}": i for i in range(100)})
-    known.learn(1, {"newest": 1000})
+    known.learn("16401@2026-11-28 07:00:00+00", {f"u{i}": i for i in range(100)})
+    known.learn("16401@2026-11-28 07:00:00+00", {"newest": 1000})
     assert len(known) <= 100
     assert known.get("newest") == 1000
     assert known.get("u0") is None
     assert known.get("u99") == 99
 
 
-def test_ids_of_another_generation_replace_everything_remembered() -> None:
+def test_ids_of_another_generation_or_server_start_replace_everything_remembered() -> None:
     known = PageIds(capacity=10)
-    known.learn(1, {"a": 1, "b": 2})
-    known.learn(2, {"c": 3})
+    known.learn("16401@2026-11-28 07:00:00+00", {"a": 1, "b": 2})
+    known.learn("16401@2026-11-28 09:00:00+00", {"c": 3})
     assert (known.get("a"), known.get("b"), known.get("c")) == (None, None, 3)
 
 
 def test_capacity_zero_remembers_nothing() -> None:
     known = PageIds(capacity=0)
-    known.learn(1, {"a": 1})
+    known.learn("16401@2026-11-28 07:00:00+00", {"a": 1})
     assert known.get("a") is None

@@ -11,11 +11,12 @@ stays. Two things keep it honest:
 - entries are added only after the transaction that saw them committed (``learn``),
   so a rolled-back insert never leaves an id behind;
 - every batch reads the ``pages`` table's file node, which changes when the table is
-  truncated or rebuilt (a reset, a replay into a fresh database): then the map is
-  dropped (``check_generation``);
-- a batch the database turned away (``Retry``) drops it too (``forget``): the server
-  may have failed over to a standby whose copy of the table is a little behind, with
-  the same file node and without the latest pages.
+  truncated or rebuilt (a reset, a replay into a fresh database), and when the server
+  started: a promoted standby has the same file node, and its copy of the table may
+  be a little behind, without the latest pages. When either changed, the map is
+  dropped (``check_generation``). The pool may have replaced its connections without
+  a batch failing (the old primary closed them as it went down);
+- a batch the database turned away (``Retry``) drops it too (``forget``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from itertools import islice
 
 from trove_recorder.sql import Statement, Transaction
 
-_GENERATION = Statement("SELECT pg_relation_filenode('pages')")
+_GENERATION = Statement("SELECT pg_relation_filenode('pages') || '@' || pg_postmaster_start_time()")
 
 
 class PageIds:
@@ -34,7 +35,7 @@ class PageIds:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._ids: dict[str, int] = {}
-        self._generation: int | None = None
+        self._generation: str | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -49,14 +50,14 @@ class PageIds:
         self._ids.clear()
         self._generation = None
 
-    async def check_generation(self, tx: Transaction) -> int | None:
+    async def check_generation(self, tx: Transaction) -> str | None:
         """The pages table's current generation; forgets everything if it changed."""
-        generation: int | None = await tx.value(_GENERATION)
+        generation: str | None = await tx.value(_GENERATION)
         if generation != self._generation:
             self._ids.clear()
         return generation
 
-    def learn(self, generation: int | None, ids: Mapping[str, int]) -> None:
+    def learn(self, generation: str | None, ids: Mapping[str, int]) -> None:
         """Remember ids seen by a committed transaction of this ``generation``."""
         if self.capacity <= 0:
             return

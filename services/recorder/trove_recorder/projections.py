@@ -89,7 +89,7 @@ class Applied:
 
     count: int = 0
     #: The pages table's generation the ids belong to (see ``PageIds``).
-    generation: int | None = None
+    generation: str | None = None
     #: Ids read from or created in the database (not those ``known`` already had).
     page_ids: dict[str, int] = field(default_factory=dict)
 
