@@ -87,6 +87,10 @@ def test_lines_may_name_a_timeline_and_json_sets_the_options() -> None:
         (f"{INSTANCE}/@alice", "an instance is an origin"),
         (f"{INSTANCE}/?local=true", "an instance is an origin"),
         ("https://alice:secret@social.example", "no credentials"),
+        # A backslash is a slash, as in a browser: a path, however odd what follows.
+        ("https://social.example\\[", "an instance is an origin"),
+        ("https://social.example\\]x", "an instance is an origin"),
+        ("http://1e1.com\\\uff0f", "an instance is an origin"),
         ("https://10.0.0.1", "private address"),
         ("http://localhost:3000", "private address"),
         (f"{INSTANCE} tag:no-dashes", '"timeline" must be "local", "public" or "tag:NAME"'),

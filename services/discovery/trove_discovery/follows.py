@@ -219,7 +219,12 @@ def instance_origin(raw: str, settings: DiscoverySettings) -> tuple[str, str]:
         url = canonicalize(raw, max_length=settings.max_url_length)
     except InvalidURL as exc:
         raise InvalidFollow(exc.reason) from None
-    parts = urlsplit(raw.strip())
+    try:
+        # As canonicalize read it, a backslash a slash: read raw, a backslash and a
+        # bracket after the host would be a broken IPv6 literal to urlsplit.
+        parts = urlsplit(raw.strip().replace("\\", "/"))
+    except ValueError as exc:
+        raise InvalidFollow(f"not a URL: {exc}") from None
     if parts.username is not None or parts.password is not None:
         raise InvalidFollow("an instance URL carries no credentials")
     canonical = urlsplit(url)
