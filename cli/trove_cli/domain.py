@@ -34,9 +34,9 @@ from trove_cli.status import SLOT_FIELDS
 from trove_schema.budgets import (
     PLATFORMS,
     HostCount,
+    SiteCount,
     host_budget_key,
     site_budget_key,
-    site_hosts,
     site_of,
 )
 from trove_schema.bus import nats_servers
@@ -200,7 +200,7 @@ async def _read_budgets(js: JetStreamContext, found: DomainAudit) -> None:
         return
     value = await _read_kv(js, SEEN_BUCKET, site_budget_key(site))
     with contextlib.suppress(ValueError, TypeError, AttributeError):
-        found.site_hosts = site_hosts(value) if value is not None else []
+        found.site_hosts = list(SiteCount.from_bytes(value).hosts) if value is not None else []
 
 
 def render_domain(
@@ -264,10 +264,16 @@ def render_budgets(found: DomainAudit, console: Console) -> None:
     """Discovery's budgets this cycle: why a host that gets no page gets none."""
     if found.pages_counted is None:
         return
+    since = found.pages_counted.since
+    began = (
+        f", since {datetime.fromtimestamp(since, UTC):%Y-%m-%d %H:%M} UTC"
+        if since and found.pages_counted.pages
+        else ""
+    )
     console.print(
         Text(
             f"discovery this cycle: {found.pages_counted.pages} page(s) of this host counted "
-            "against its page budget (TROVE_HOST_PAGE_BUDGET)"
+            f"against its page budget (TROVE_HOST_PAGE_BUDGET){began}"
         )
     )
     if not found.site:

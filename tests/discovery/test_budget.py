@@ -57,6 +57,36 @@ async def test_a_refusal_is_read_from_the_bucket_not_memory(bus: Bus) -> None:
     assert await one(discovery, "event-next-cycle")
 
 
+async def test_a_host_that_keeps_bringing_pages_gets_its_budget_again_each_cycle(
+    bus: Bus,
+) -> None:
+    """Every page counted writes the host's key again, so its expiry never comes while the
+    host keeps bringing new pages: the cycle runs from its first page counted."""
+    now = [1_800_000_000.0]
+    settings = DiscoverySettings(host_page_budget=BUDGET)
+    discovery = Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=settings,
+        clock=lambda: now[0],
+    )
+    day = 86_400.0
+    for n in range(BUDGET):  # a page every three days
+        assert await one(discovery, f"event-{n}")
+        now[0] += 3 * day
+    assert not await one(discovery, "event-over")
+    now[0] += settings.recrawl_max - BUDGET * 3 * day  # the cycle is over, the key is not
+    granted = [await one(discovery, f"next-{n}") for n in range(BUDGET + 1)]
+    assert granted == [True] * BUDGET + [False]
+
+
+def test_a_count_written_before_cycles_were_kept_begins_its_cycle_when_read() -> None:
+    counted = HostCount.from_bytes(b'{"n": 5, "last": "event-4"}')
+    assert counted.in_cycle(1_800_000_000.0, 30 * 86_400.0) == HostCount(
+        5, "event-4", 1_800_000_000.0
+    )
+
+
 async def test_a_pages_new_links_to_a_host_are_counted_at_once_and_only_once(bus: Bus) -> None:
     # One write for a page's new pages of a host: as many as the budget has room for,
     # in order; the page handled again (a redelivery) is granted the same, no more.

@@ -86,6 +86,26 @@ async def test_a_new_cycle_counts_a_sites_hosts_afresh(bus: Bus) -> None:
     assert await granted(discovery, "b.farm.example", "page-b") == 3
 
 
+async def test_a_sites_hosts_are_counted_afresh_each_cycle_though_its_record_lives_on(
+    bus: Bus,
+) -> None:
+    # A site that adds a host every few weeks writes its record before it can expire.
+    now = [1_800_000_000.0]
+    settings = DiscoverySettings(host_page_budget=50, site_host_budget=2)
+    discovery = Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=settings,
+        clock=lambda: now[0],
+    )
+    assert await granted(discovery, "a.grows.example", "page-a") == 3
+    now[0] += settings.recrawl_max / 2
+    assert await granted(discovery, "b.grows.example", "page-b") == 3
+    assert await granted(discovery, "c.grows.example", "page-c") == 0
+    now[0] += settings.recrawl_max / 2
+    assert await granted(discovery, "c.grows.example", "page-c") == 3
+
+
 async def test_platforms_and_addresses_are_never_counted(bus: Bus) -> None:
     discovery = await replica(bus, hosts=1, platforms="Blogs.Example.")
     builtin = sorted(PLATFORMS)[0]

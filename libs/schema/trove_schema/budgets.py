@@ -1,11 +1,18 @@
 """The cycle's budgets discovery counts in the seen bucket (``trove_seen``), keyed here.
 
 A host's page budget (``TROVE_HOST_PAGE_BUDGET``): the pages discovered of the host
-this cycle, and the last event counted (``{"n": 37, "last": "<event id>"}``). A site's
-host budget (``TROVE_SITE_HOST_BUDGET``, ``trove_discovery.sites``): the host names of
-the registrable domain that got pages this cycle (``{"hosts": [...]}``). Both expire
-with the bucket's keys, which is what makes them a cycle's. Discovery writes them;
-``trove domain`` reads them.
+this cycle, the last event counted and when the cycle began (``{"n": 37, "last":
+"<event id>", "since": 1795000000.0}``). A site's host budget
+(``TROVE_SITE_HOST_BUDGET``, ``trove_discovery.sites``): the host names of the
+registrable domain that got pages this cycle (``{"hosts": [...], "since": …}``).
+
+A cycle is the longest re-crawl interval (``DiscoverySettings.recrawl_max``, 30 days),
+counted from the first page or host it counts. Every write sets the key again, so its
+expiry alone would never end the cycle of a host that keeps bringing new pages: a
+blog posting every few days would add up its whole life against a budget meant for a
+cycle, and then get nothing. A record older than its cycle counts from nothing, and a
+key that expired too. A record written before cycles were kept (no ``since``) begins
+its cycle when it is next read. Discovery writes them; ``trove domain`` reads them.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trove_schema.urls import registrable_domain
 
@@ -71,24 +78,60 @@ def site_budget_key(site: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class HostCount:
-    """A host's pages counted this cycle, up to the event ``last``."""
+    """A host's pages counted this cycle, up to the event ``last``; the cycle began at
+    ``since`` (seconds since the epoch; 0: not known)."""
 
     pages: int = 0
     last: str = ""
+    since: float = 0.0
 
     @classmethod
     def from_bytes(cls, value: bytes | None) -> HostCount:
         state = json.loads(value or b"{}")
-        return cls(pages=int(state.get("n", 0)), last=str(state.get("last", "")))
+        return cls(
+            pages=int(state.get("n", 0)),
+            last=str(state.get("last", "")),
+            since=float(state.get("since", 0.0)),
+        )
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"n": self.pages, "last": self.last}).encode()
+        return json.dumps({"n": self.pages, "last": self.last, "since": self.since}).encode()
+
+    def in_cycle(self, now: float, cycle: float) -> HostCount:
+        """The count as it stands at ``now``: nothing once ``cycle`` seconds have passed
+        since the cycle began."""
+        if _ended(self.since, now, cycle):
+            return HostCount(since=now)
+        return self if self.since else replace(self, since=now)
 
 
-def site_hosts(value: bytes | None) -> list[str]:
-    """The host names a site's record counts."""
-    return [str(host) for host in json.loads(value or b"{}").get("hosts", [])]
+@dataclass(frozen=True, slots=True)
+class SiteCount:
+    """The host names a site brought pages of this cycle, which began at ``since``."""
+
+    hosts: tuple[str, ...] = ()
+    since: float = 0.0
+
+    @classmethod
+    def from_bytes(cls, value: bytes | None) -> SiteCount:
+        state = json.loads(value or b"{}")
+        return cls(
+            hosts=tuple(str(host) for host in state.get("hosts", [])),
+            since=float(state.get("since", 0.0)),
+        )
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {"hosts": list(self.hosts), "since": self.since}, separators=(",", ":")
+        ).encode()
+
+    def in_cycle(self, now: float, cycle: float) -> SiteCount:
+        """As ``HostCount.in_cycle``."""
+        if _ended(self.since, now, cycle):
+            return SiteCount(since=now)
+        return self if self.since else replace(self, since=now)
 
 
-def site_hosts_bytes(hosts: list[str]) -> bytes:
-    return json.dumps({"hosts": hosts}, separators=(",", ":")).encode()
+def _ended(since: float, now: float, cycle: float) -> bool:
+    """Whether a cycle that began at ``since`` (0: not known) is over at ``now``."""
+    return bool(since and cycle and now - since >= cycle)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -102,10 +104,13 @@ class Discovery:
         url_rules: UrlRules | None = None,
         holds: Holds | None = None,
         listed: ListedExclusions | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.bus = bus
         self.seen = seen
         self.settings = settings
+        #: The wall clock the budgets' cycles are kept on (a seam for the tests).
+        self.clock = clock
         #: Hosts the operator keeps Trove away from: never discovered. A link is judged on
         #: the copy ``listed`` refreshes every few seconds, a seed on the list as it is.
         self.listed = listed
@@ -116,12 +121,16 @@ class Discovery:
         self.holds = holds
         trust = min(SIGHTINGS_TTL, settings.seen_ttl / 4)
         self.sightings = Sightings(settings.seen_memory, ttl=trust)
-        #: Budget key -> (revision, pages counted, last event) as this process wrote it.
-        self.budgets: Recent[tuple[int, int, str]] = Recent(BUDGET_MEMORY, ttl=trust)
+        #: Budget key -> (revision, the count) as this process wrote it.
+        self.budgets: Recent[tuple[int, HostCount]] = Recent(BUDGET_MEMORY, ttl=trust)
         self.budget_turns = Turns()
         #: Host names each site may bring in a cycle (``trove_discovery.sites``).
         self.sites = SiteHosts(
-            seen, budget=settings.site_host_budget, platforms=settings.platform_domains
+            seen,
+            budget=settings.site_host_budget,
+            cycle=settings.recrawl_max,
+            platforms=settings.platform_domains,
+            clock=self.clock,
         )
         self.recrawl_policy = RecrawlPolicy(
             first=settings.recrawl_after_seconds,
@@ -433,29 +442,33 @@ class Discovery:
     ) -> tuple[int, str]:
         """How many of ``event_ids`` are within the budget, and which budget refused the
         rest (``host_pages`` or ``site_hosts``)."""
-        budget = self.settings.host_page_budget
+        budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
         remembered = self.budgets.get(key)
         for _ in range(BUDGET_WRITE_ATTEMPTS):
-            if remembered is not None and remembered[1] < budget:
+            now = self.clock()
+            counted: HostCount | None = None
+            if remembered is not None:
                 revision: int | None = remembered[0]
-                count, last = remembered[1], remembered[2]
-            else:  # nothing remembered, or a refusal: that is only taken from the bucket
+                counted = remembered[1].in_cycle(now, cycle)
+            if counted is None or counted.pages >= budget:
+                # Nothing remembered, or a refusal: that is only taken from the bucket.
                 try:
                     entry = await self.seen.get(key)
                     counted, revision = HostCount.from_bytes(entry.value), entry.revision
                 except KeyNotFoundError:
                     counted, revision = HostCount(), None
-                count, last = counted.pages, counted.last
-            if last in event_ids:  # counted already, up to that one
-                return event_ids.index(last) + 1, "host_pages"
-            within = min(len(event_ids), max(0, budget - count))
+                counted = counted.in_cycle(now, cycle)
+            if counted.last in event_ids:  # counted already, up to that one
+                return event_ids.index(counted.last) + 1, "host_pages"
+            within = min(len(event_ids), max(0, budget - counted.pages))
             if within == 0:
                 return 0, "host_pages"
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
-            if revision is None and not await self.sites.admits(domain):
+            if counted.pages == 0 and not await self.sites.admits(domain):
                 return 0, "site_hosts"
-            value = HostCount(count + within, event_ids[within - 1]).to_bytes()
+            now_counted = HostCount(counted.pages + within, event_ids[within - 1], counted.since)
+            value = now_counted.to_bytes()
             try:
                 if revision is None:
                     written = await self.seen.create(key, value)
@@ -465,7 +478,7 @@ class Discovery:
                 self.budgets.forget(key)
                 remembered = None
                 continue
-            self.budgets.remember(key, (written, count + within, event_ids[within - 1]))
+            self.budgets.remember(key, (written, now_counted))
             return within, "host_pages"
         # Other replicas wrote first every time. Not a refusal: refused links stay seen
         # and their pages would never be crawled. The page comes back and asks again.

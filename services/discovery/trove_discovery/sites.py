@@ -15,27 +15,23 @@ the public suffix list's private section are their own registrable domains alrea
 (``alice.github.io``, ``bob.blogspot.com``); ``trove_schema.budgets.PLATFORMS`` names
 the small web's others, and ``TROVE_PLATFORM_DOMAINS`` adds to it.
 
-The count is one record a site in the seen bucket, expiring with its keys (the cycle):
-the names counted, so that a page handled again (a redelivery, a second replica) counts
-a name once. A refusal is always read from the bucket, never from memory, as for the
-page budget: a stale refusal would lose the page for a whole cycle.
+The count is one record a site in the seen bucket (``trove_schema.budgets.SiteCount``):
+the names counted in the cycle, so that a page handled again (a redelivery, a second
+replica) counts a name once, and when the cycle began. A refusal is always read from
+the bucket, never from memory, as for the page budget: a stale refusal would lose the
+page for a whole cycle.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from trove_schema.budgets import (
-    PLATFORMS,
-    site_budget_key,
-    site_hosts,
-    site_hosts_bytes,
-    site_of,
-)
+from trove_schema.budgets import PLATFORMS, SiteCount, site_budget_key, site_of
 from trove_schema.bus import Retry
 from trove_schema.turns import Turns
 
@@ -49,10 +45,21 @@ WRITE_ATTEMPTS = 50
 class SiteHosts:
     """Counts the host names of each site that discovery brings pages of, per cycle."""
 
-    def __init__(self, seen: KeyValue, *, budget: int, platforms: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        seen: KeyValue,
+        *,
+        budget: int,
+        cycle: float,
+        platforms: Iterable[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.seen = seen
         #: Host names a site may bring in a cycle; 0: no limit.
         self.budget = budget
+        #: Seconds from a site's first host counted to its count starting afresh.
+        self.cycle = cycle
+        self.clock = clock
         self.platforms = PLATFORMS | frozenset(platforms)
         self.turns = Turns()
 
@@ -71,16 +78,18 @@ class SiteHosts:
         for _ in range(WRITE_ATTEMPTS):
             try:
                 entry = await self.seen.get(key)
-                hosts = site_hosts(entry.value)
+                counted = SiteCount.from_bytes(entry.value)
                 revision: int | None = entry.revision
             except KeyNotFoundError:
-                hosts, revision = [], None
+                counted, revision = SiteCount(), None
+            counted = counted.in_cycle(self.clock(), self.cycle)
+            hosts = counted.hosts
             if host in hosts:
                 return True
             if len(hosts) >= self.budget:
                 return False
-            hosts.append(host)
-            value = site_hosts_bytes(hosts)
+            hosts = (*hosts, host)
+            value = SiteCount(hosts, counted.since).to_bytes()
             try:
                 if revision is None:
                     await self.seen.create(key, value)
