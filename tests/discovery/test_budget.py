@@ -45,6 +45,20 @@ async def test_the_same_event_again_is_granted_again(bus: Bus) -> None:
     assert not await one(first, "event-new")
 
 
+async def test_a_page_handled_again_with_more_links_of_the_host_counts_the_new_ones(
+    bus: Bus,
+) -> None:
+    # Handled again on a replica whose alias probes held fewer links back: the links
+    # counted the first time are granted again, the others counted now, none refused.
+    first, second = await replica(bus), await replica(bus)
+    assert await first._within_budget("busy.example", ["page-1/a", "page-1/b"]) == 2
+    again = ["page-1/a", "page-1/b", "page-1/c"]
+    assert await second._within_budget("busy.example", again) == 3
+    assert await counted(bus) == 3
+    assert await first._within_budget("busy.example", again) == 3
+    assert await counted(bus) == 3
+
+
 async def test_a_refusal_is_read_from_the_bucket_not_memory(bus: Bus) -> None:
     # The cycle's counters expire with the bucket's keys; a host whose remembered count
     # is full is asked about again, and counts from zero once its key is gone.

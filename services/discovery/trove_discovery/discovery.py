@@ -458,16 +458,21 @@ class Discovery:
                 except KeyNotFoundError:
                     counted, revision = HostCount(), None
                 counted = counted.in_cycle(now, cycle)
-            if counted.last in event_ids:  # counted already, up to that one
-                return event_ids.index(counted.last) + 1, "host_pages"
-            within = min(len(event_ids), max(0, budget - counted.pages))
+            # Counted already, up to that one (the same links handled again). A page
+            # handled again may bring more of the host's links than the first time
+            # (another replica's alias probes held fewer back): those are counted now.
+            done = event_ids.index(counted.last) + 1 if counted.last in event_ids else 0
+            pending = event_ids[done:]
+            if not pending:
+                return done, "host_pages"
+            within = min(len(pending), max(0, budget - counted.pages))
             if within == 0:
-                return 0, "host_pages"
+                return done, "host_pages"
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
             if counted.pages == 0 and not await self.sites.admits(domain):
                 return 0, "site_hosts"
-            now_counted = HostCount(counted.pages + within, event_ids[within - 1], counted.since)
+            now_counted = HostCount(counted.pages + within, pending[within - 1], counted.since)
             value = now_counted.to_bytes()
             try:
                 if revision is None:
@@ -479,7 +484,7 @@ class Discovery:
                 remembered = None
                 continue
             self.budgets.remember(key, (written, now_counted))
-            return within, "host_pages"
+            return done + within, "host_pages"
         # Other replicas wrote first every time. Not a refusal: refused links stay seen
         # and their pages would never be crawled. The page comes back and asks again.
         raise Retry(f"the page budget of {key} is written by too many replicas", delay=1.0)
