@@ -244,6 +244,8 @@ class Discovery:
                 max_path_repetitions=self.settings.max_path_repetitions,
             ):
                 continue
+            if url in candidates:
+                continue  # the same page linked twice (before a probe: one is enough)
             # A spelling that may be an alias not learned yet waits while a few of its
             # kind (probes) are fetched and teach the host's rules.
             event_id = derived_event_id(f"{event.id}:{url}", "discovered")
@@ -252,8 +254,6 @@ class Discovery:
                 if not self._known(url, event_id):
                     held.append(link.url)
                 continue
-            if url in candidates:
-                continue  # the same page linked twice
             taken += 1
             candidates[url] = _Candidate(url, event_id, depth, link.kind, probing)
         # The seen set answers for many at once, not a round trip a link, which is what
