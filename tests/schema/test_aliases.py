@@ -108,6 +108,10 @@ def test_index_file_aliases_are_learned_with_or_without_the_slash() -> None:
     bare = fetched(bare, "/blog/index.php", canonical="/blog")
     assert rewrite(bare.rules(), SITE + "/x/index.php?ref=1") == SITE + "/x?ref=1"
     assert rewrite(bare.rules(), SITE + "/index.php") == SITE + "/"
+    # Nested, as a trap's links are: one rewrite is its own fixed point.
+    nested = rewrite(bare.rules(), SITE + "/a/index.php/index.php")
+    assert nested == SITE + "/a"
+    assert rewrite(bare.rules(), nested) == nested
 
 
 def test_an_index_file_the_canonical_keeps_is_not_an_alias() -> None:

@@ -162,6 +162,14 @@ def _ignored(rules: Rules, parameter: str) -> bool:
 
 
 def _strip_index(index: frozenset[str], head: str) -> str:
+    """``head`` without the index file names its rules drop, however many are nested
+    (``/a/index.html/index.html``): rewriting a rewritten URL changes nothing."""
+    while (stripped := _strip_one_index(index, head)) != head:
+        head = stripped
+    return head
+
+
+def _strip_one_index(index: frozenset[str], head: str) -> str:
     path_at = head.find("/", head.find("://") + 3)
     if path_at < 0:
         return head
