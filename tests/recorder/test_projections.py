@@ -75,6 +75,34 @@ async def test_page_discovered_creates_a_discovered_page(engine: AsyncEngine) ->
     assert (row.status, row.depth, row.discovered_at) == ("discovered", 2, event.occurred_at)
 
 
+async def test_a_page_keeps_its_first_sighting_and_shallowest_depth_in_any_order(
+    engine: AsyncEngine,
+) -> None:
+    # Two batches side by side may commit a later sighting first; a replay batches them.
+    first = datetime.now(UTC) - timedelta(days=61)
+
+    def sightings(url: str) -> list[PageDiscovered]:
+        return [
+            PageDiscovered(
+                url=url,
+                domain="blog.example",
+                depth=depth,
+                scope=Scope(),
+                provenance=Provenance(kind="link"),
+                occurred_at=first + timedelta(days=days),
+            )
+            for days, depth in ((0, 3), (61, 1))
+        ]
+
+    reversed_url, batched_url = f"{URL}/reversed", f"{URL}/batched"
+    await project(engine, *reversed(sightings(reversed_url)))
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, sightings(batched_url), POLICY)
+    for url in (reversed_url, batched_url):
+        row = await page(engine, url)
+        assert (row.discovered_at, row.depth) == (first, 1), url
+
+
 async def test_the_same_event_twice_changes_nothing(engine: AsyncEngine) -> None:
     event = completed(title="Hello", links=(Link(url="https://blog.example/a"),))
     assert await project(engine, event, event) == [True, False]

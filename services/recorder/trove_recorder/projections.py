@@ -74,7 +74,8 @@ def _sql(statement: str) -> Statement:
 @dataclass(slots=True)
 class _Plan:
     rejected: list[SeedRejected] = field(default_factory=list)
-    discovered: dict[str, PageDiscovered] = field(default_factory=dict)
+    #: URL -> its first sighting's time and shallowest depth in the batch.
+    discovered: dict[str, tuple[datetime, int]] = field(default_factory=dict)
     completed: list[CrawlCompleted] = field(default_factory=list)
     urls: dict[str, str] = field(default_factory=dict)
     #: Follows, unfollows and polls, in stream order (see ``_fediverse``).
@@ -139,9 +140,13 @@ async def apply_batch(
             plan.rejected.append(event)
         elif isinstance(event, PageDiscovered):
             plan.urls[event.url] = event.domain
+            # The first sighting's time and the shallowest depth, as one batch each.
             seen = plan.discovered.get(event.url)
-            if seen is None or event.occurred_at < seen.occurred_at:
-                plan.discovered[event.url] = event
+            plan.discovered[event.url] = (
+                (event.occurred_at, event.depth)
+                if seen is None
+                else (min(seen[0], event.occurred_at), min(seen[1], event.depth))
+            )
         elif isinstance(event, CrawlRequested):
             plan.urls[event.url] = event.domain
         elif isinstance(event, InstanceFollowed | InstanceUnfollowed | TimelinePolled):
@@ -402,21 +407,22 @@ async def _ensure_pages(tx: Transaction, urls: dict[str, str]) -> dict[str, int]
     return ids
 
 
-async def _discovered(tx: Transaction, discovered: dict[str, PageDiscovered]) -> None:
+async def _discovered(tx: Transaction, discovered: dict[str, tuple[datetime, int]]) -> None:
+    """Each URL's first sighting and shallowest depth, whichever order they come in."""
     if not discovered:
         return
     ordered = sorted(discovered)
     await tx.execute(
         _sql(
-            "UPDATE pages p SET discovered_at = coalesce(p.discovered_at, v.at), "
+            "UPDATE pages p SET discovered_at = least(p.discovered_at, v.at), "
             "depth = least(coalesce(p.depth, v.depth), v.depth), updated_at = now() "
             "FROM unnest(CAST(:urls AS text[]), CAST(:ats AS timestamptz[]), "
             "CAST(:depths AS int[])) AS v(url, at, depth) WHERE p.url = v.url"
         ),
         {
             "urls": ordered,
-            "ats": [discovered[u].occurred_at for u in ordered],
-            "depths": [discovered[u].depth for u in ordered],
+            "ats": [discovered[u][0] for u in ordered],
+            "depths": [discovered[u][1] for u in ordered],
         },
     )
 
