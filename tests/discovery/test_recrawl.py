@@ -208,6 +208,10 @@ def test_a_record_retention_shorter_than_the_recrawl_interval_is_refused() -> No
     )
     with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
         RecorderSettings(retry_delay_seconds=3600, events_max_age_seconds=600)
+    # A site's Retry-After may put a retry off for days: the record must keep it that long.
+    with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
+        RecorderSettings(events_max_age_seconds=2 * 86_400)
+    RecorderSettings(events_max_age_seconds=2 * 86_400, retry_max_delay_seconds=86_400)
 
 
 async def test_discovery_refuses_to_start_on_a_record_that_would_drop_its_recrawls(

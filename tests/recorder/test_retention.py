@@ -365,6 +365,7 @@ async def test_a_recorder_whose_record_has_a_retention_lets_the_applied_ids_go_a
     env = {
         "TROVE_EVENTS_MAX_AGE_SECONDS": "2",
         "TROVE_RETRY_DELAY_SECONDS": "1",
+        "TROVE_RETRY_MAX_DELAY_SECONDS": "1",
         "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": "0.2",
     }
     now = datetime.now(UTC)

@@ -319,6 +319,8 @@ class FetcherSettings(CommonSettings):
 
 class RecorderSettings(CommonSettings):
     retry_delay_seconds: float = Field(default=3600.0, ge=0.0)
+    #: The longest a site's Retry-After may put off a retry.
+    retry_max_delay_seconds: float = Field(default=7 * 86_400.0, ge=0.0)
     max_attempts: int = Field(default=3, ge=1, le=20)
     batch_size: int = Field(default=500, ge=1, le=10_000)
     #: Longest the recorder waits to fill a batch once it has some events (latency for
@@ -345,7 +347,9 @@ class RecorderSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _retries_are_kept(self) -> RecorderSettings:
-        _check_schedules_kept(self.events_max_age_seconds, self.retry_delay_seconds, "retries")
+        # A retry waits as long as its site's Retry-After asks, up to the longest delay.
+        longest = max(self.retry_delay_seconds, self.retry_max_delay_seconds)
+        _check_schedules_kept(self.events_max_age_seconds, longest, "retries")
         return self
 
 

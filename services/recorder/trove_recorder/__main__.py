@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
             print("replay needs TROVE_NATS_URL and TROVE_DATABASE_URL")
             return 2
         policy = RetryPolicy(
-            max_attempts=settings.max_attempts, delay_seconds=settings.retry_delay_seconds
+            max_attempts=settings.max_attempts,
+            delay_seconds=settings.retry_delay_seconds,
+            max_delay_seconds=settings.retry_max_delay_seconds,
         )
         learning = LearningConfig.from_settings(settings)
         try:
