@@ -160,6 +160,27 @@ async def test_a_robots_redirect_to_another_host_waits_for_that_hosts_gap(
     assert all(events[u].outcome.value == "success" for u in b_pages)
 
 
+async def test_a_crawl_delay_read_through_a_redirect_is_the_origins_gap_too(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A's robots.txt redirects to B's (www. to the bare domain), which asks for 1.5 s."""
+    delay = 1.5
+    routes: dict[str, Route] = {
+        f"{B}/robots.txt": text(f"User-agent: *\nCrawl-delay: {delay}\n"),
+        **{f"{A}/p/{n}": page(f"a{n}") for n in range(3)},
+    }
+    with serving(routes, IP) as server:
+        server.routes[f"{A}/robots.txt"] = to(server.url("/robots.txt", B), status=301)
+        a_pages = [url(server, A, f"/p/{n}") for n in range(3)]
+        async with services(stack, state_dir, env(), only=("fetcher",)) as local:
+            await publish_work(bus, a_pages)
+            completions = Completions(bus.js)
+            local.check_alive()
+            events = await completions.wait_for(3)
+        assert all(events[u].outcome.value == "success" for u in a_pages)
+        assert_polite(server, A, delay)
+
+
 def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
     """Until the kernel has stopped ``pid`` (a signal is delivered after ``kill`` returns)."""
     deadline = time.monotonic() + timeout

@@ -761,9 +761,15 @@ class Fetcher:
             await self._release(hold)
             raise
         end = time.time()
-        # The host's gap as its Crawl-delay sets it, written with the release.
+        # The host's gap as its Crawl-delay sets it, written with the release. A
+        # robots.txt redirected to another host (www. to the bare domain) is the file
+        # of both: the lease released is the last hop's, so the origin's is set too.
         gap = self.politeness.clamp_gap(policy.crawl_delay(self.robots_token) or 0.0)
+        released = hold.domain
         await self._release(hold, end, gap=gap)
+        if released != domain:
+            finished = self.clock.at(end)
+            await self._patiently(lambda: self.politeness.set_gap(domain, gap, finished))
         await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
         self._remember(origin, policy)
         return policy

@@ -299,6 +299,21 @@ class Politeness:
                     return slot.policy
                 guess = None
 
+    async def set_gap(self, domain: str, gap: float, end: float) -> None:
+        """Set ``domain``'s configured gap (a Crawl-delay its robots.txt gave, read from
+        the host it redirected to, under that host's lease), counted from ``end``."""
+        key = self.key(domain)
+        async with self._turns.of(key):
+            guess = self._guess(key)
+            while True:
+                slot, revision = guess if guess is not None else await self._read(key)
+                slot.gap = gap
+                slot.free_at = max(slot.free_at, end + self.gap_of(slot))
+                slot.next = max(slot.next, slot.free_at)
+                if await self._write(key, slot, revision):
+                    return
+                guess = None
+
     async def observe(self, domain: str, observation: Observation) -> HostPolicy:
         """Fold what a request made outside ``finish`` said about the host (a timeline
         poll's last answer): a pause it decides holds every pod at once."""
