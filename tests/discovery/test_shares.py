@@ -113,6 +113,8 @@ def test_failed_polls_back_off_doubling_up_to_the_cap_unless_the_instance_says()
         1000.0,
     ]
     assert delays((failed, None), poll_max_backoff_seconds=21600) == [600.0]
+    # A Retry-After of 0 (or of a date gone by) to every poll: the back-off, doubling.
+    assert delays((failed, 0.0), (failed, 0.0), poll_interval_seconds=100) == [200.0, 400.0]
     # A thousand failures in a row: no overflow, the cap.
     event = polled(request(), outcome=failed)
     assert poll_delay(event, 1000, make_settings()) == 6 * 3600.0

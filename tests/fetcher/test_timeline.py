@@ -625,6 +625,11 @@ def test_entries_of_the_wrong_shape_are_told_from_posts() -> None:
         read_entry(mentions, host="social.example").post
         == read_entry({**good, "content": "", "card": None}, host="social.example").post
     )
+    # A date a datetime holds only in its own zone: no date, not a poll lost downstream.
+    for edge in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
+        dated = read_entry({**good, "created_at": edge}, host="social.example").post
+        assert dated is not None
+        assert dated.shared_at is None
     numeric = read_entry({**good, "id": 110, "created_at": 5, "language": 7, "card": []}, host="x")
     assert numeric.id == "110"
     assert numeric.post is not None

@@ -66,7 +66,9 @@ def poll_delay(event: TimelinePolled, failures: int, settings: DiscoverySettings
     cap = settings.poll_max_backoff_seconds
     asked = min(event.retry_after, cap) if event.retry_after is not None else None
     if event.outcome is not CrawlOutcome.SUCCESS:
-        if asked is not None:
+        # A Retry-After of 0, or of a date gone by, says nothing: answered to every poll,
+        # obeyed, it would make the chain a loop at the host's gap. The back-off then.
+        if asked:
             return asked
         return min(cap, settings.poll_interval_seconds * 2.0 ** min(failures, MAX_DOUBLINGS))
     base = 0.0 if event.more else settings.poll_interval_seconds

@@ -243,9 +243,11 @@ def _created_at(value: Any) -> datetime | None:
         return None
     try:
         when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+        # In UTC here: year 1 at +14:00 is before the first instant a datetime holds,
+        # and would fail where the recorder writes it, losing the whole poll.
+        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError):
         return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _language(value: Any) -> str | None:
