@@ -10,7 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trove_fetcher.activitystreams import MAX_BODY_BYTES, extract_activity, is_parseable
+from trove_fetcher.activitystreams import (
+    MAX_BODY_BYTES,
+    extract_activity,
+    is_parseable,
+    opted_out,
+)
 from trove_fetcher.errors import NotActivityStreams
 from trove_fetcher.extract import Extraction
 from trove_schema.events import LinkKind
@@ -148,6 +153,44 @@ def test_a_question_and_a_profile_are_content_too() -> None:
         "https://ana.example/",
         "https://social.example/@ana",
     }
+
+
+BIO_NOBOT = (
+    '<p>Gardener. <a href="https://social.example/tags/nobot" class="mention hashtag" '
+    'rel="tag">#<span>nobot</span></a></p>'
+)
+
+
+@pytest.mark.parametrize(
+    "opt_out",
+    [{"indexable": False}, {"discoverable": False}, {"summary": BIO_NOBOT}],
+    ids=["indexable false", "discoverable false", "#nobot in the bio"],
+)
+def test_a_profile_whose_person_opted_out_is_noindex_and_nofollow(opt_out: dict[str, Any]) -> None:
+    person = {
+        "@context": CONTEXT,
+        "type": "Person",
+        "id": "https://social.example/users/ana",
+        "name": "Ana",
+        "summary": '<p>Gardener. <a href="https://ana.example/">ana.example</a></p>',
+        "indexable": True,
+        "discoverable": True,
+    }
+    assert not read(person).noindex
+    found = read(person | opt_out)
+    assert found.noindex
+    assert found.nofollow
+    assert found.keywords == ()
+    # A post of theirs is read as a post: the timeline's poll is what skips it.
+    assert not read(note(indexable=False)).noindex
+
+
+def test_only_the_bios_own_no_bot_tags_opt_out() -> None:
+    assert opted_out({"note": BIO_NOBOT})
+    assert opted_out({"note": "<p>#NoIndex please</p>"})
+    assert not opted_out({"note": "<p>I study #nobotany and #noindexing</p>"})
+    assert not opted_out({"note": "<p>mail me: ana#nobot@example.org</p>"})
+    assert not opted_out({"note": None, "summary": 7})
 
 
 def test_a_link_object_url_and_a_list_of_attachments_are_read() -> None:

@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import cast
+from typing import Any, cast
 
 from lxml import etree
 
@@ -50,6 +50,47 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_CONTENT_CHARS = 512 * 1024
 #: Attachments, and URLs of one ``url`` field, read (the rest are ignored).
 MAX_ITEMS = 100
+
+
+def _says_no(value: Any) -> bool:
+    """An opt-out flag set to false, however an instance spells it."""
+    if isinstance(value, bool):
+        return value is False
+    if isinstance(value, int):
+        return value == 0
+    return isinstance(value, str) and value.strip().lower() in ("false", "0", "no")
+
+
+def _says_yes(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in ("true", "1", "yes")
+
+
+def opted_out(account: Mapping[str, Any]) -> bool:
+    """The account asked not to be indexed or discovered: a Mastodon API account or an
+    ActivityPub actor with ``indexable`` or ``discoverable`` false, ``noindex`` true, or
+    ``#nobot`` or ``#noindex`` in its bio (``note`` in the API, ``summary`` in AP)."""
+    return (
+        _says_no(account.get("indexable"))
+        or _says_yes(account.get("noindex"))
+        or _says_no(account.get("discoverable"))
+        or any(_asks_no_bots(account.get(bio)) for bio in ("note", "summary"))
+    )
+
+
+#: The bio's tags that ask crawlers and search engines to stay away. A bio's hashtag is
+#: marked up (``#<span>nobot</span>``): the tags are looked for in its text.
+_NO_BOTS = re.compile(r"(?<![\w#])#(?:nobot|noindex)(?!\w)", re.IGNORECASE)
+_TAG = re.compile(r"<[^>]{0,2000}>")
+
+
+def _asks_no_bots(bio: object) -> bool:
+    return isinstance(bio, str) and _NO_BOTS.search(_TAG.sub("", bio[:20_000])) is not None
+
+
 #: Characters of the text's start used as a title when the object has neither a name
 #: nor a summary.
 TITLE_FROM_TEXT = 120
@@ -73,6 +114,8 @@ CONTENT_TYPES = frozenset(
         "Application",
     }
 )
+#: Actors: a profile, whose person may have opted out (``opted_out``).
+ACTOR_TYPES = frozenset({"Person", "Service", "Group", "Organization", "Application"})
 #: Activities that carry the object they create or share.
 _WRAPPERS = frozenset({"Create", "Update", "Announce"})
 _AS_PREFIXES = ("https://www.w3.org/ns/activitystreams#", "as:")
@@ -110,6 +153,10 @@ def extract_activity(
         raise NotActivityStreams(f"not JSON: {exc}"[:300]) from exc
     item = _content_object(document)
     noindex, nofollow = x_robots_directives(x_robots_tag, robots_token)
+    if not _types(item).isdisjoint(ACTOR_TYPES) and opted_out(item):
+        # A profile whose person opted out, as their timeline posts are skipped: its
+        # name, bio and links stay out of the search (its HTML page says noindex too).
+        noindex = nofollow = True
     page = _Page(
         url, hashlib.sha256(body).hexdigest(), noindex, nofollow, robots_token, detect_language
     )

@@ -68,6 +68,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 import httpx
 import pydantic
 
+from trove_fetcher.activitystreams import opted_out
 from trove_fetcher.completion import event_budget
 from trove_fetcher.errors import BlockedAddress, ContentError, GateDeferred, NetworkAway
 from trove_fetcher.http import (
@@ -210,32 +211,6 @@ def _http_url(value: Any) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
     return value
-
-
-def _says_no(value: Any) -> bool:
-    """An opt-out flag set to false, however an instance spells it."""
-    if isinstance(value, bool):
-        return value is False
-    if isinstance(value, int):
-        return value == 0
-    return isinstance(value, str) and value.strip().lower() in ("false", "0", "no")
-
-
-def _says_yes(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value == 1
-    return isinstance(value, str) and value.strip().lower() in ("true", "1", "yes")
-
-
-def opted_out(account: dict[str, Any]) -> bool:
-    """The account asked not to be indexed or discovered (any one of the three ways)."""
-    return (
-        _says_no(account.get("indexable"))
-        or _says_yes(account.get("noindex"))
-        or _says_no(account.get("discoverable"))
-    )
 
 
 def _created_at(value: Any) -> datetime | None:
