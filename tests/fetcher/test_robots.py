@@ -142,6 +142,22 @@ async def test_trovebot_group_wins_over_the_star_group(
     assert policy.crawl_delay("SomeOtherBot") is None
 
 
+@pytest.mark.parametrize(
+    "agent", ["TroveBot/1.0", "trovebot (+https://example.org/bot)", "TroveBot/2; Linux"]
+)
+def test_a_group_named_with_a_version_or_a_comment_is_trovebots(agent: str) -> None:
+    body = f"User-agent: *\nAllow: /\n\nUser-agent: {agent}\nDisallow: /\nCrawl-delay: 30\n"
+    policy = RobotsPolicy(
+        origin="https://a.example",
+        rule=RobotsRule.PARSED,
+        fetched_at=time.time(),
+        body=body.encode(),
+    )
+    assert not policy.allows("https://a.example/page")
+    assert policy.crawl_delay() == 30.0
+    assert policy.allows("https://a.example/page", "OtherBot")
+
+
 @pytest.mark.parametrize(("name", "status"), [("notfound", 404), ("forbidden", 403)])
 async def test_client_error_allows_everything(
     client: httpx.AsyncClient, server: LocalServer, name: str, status: int

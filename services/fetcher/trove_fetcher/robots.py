@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import zlib
 from collections import OrderedDict
@@ -79,12 +80,19 @@ class RobotsRule(StrEnum):
 _parsed: OrderedDict[tuple[str, float, int, int], Protego] = OrderedDict()
 
 
+#: A group's user-agent value cut to its product token (RFC 9309 2.2.1: letters, "_" and
+#: "-"), as Google's parser reads it: a site owner who copies "TroveBot/1.0" from their
+#: logs into a group means TroveBot, and protego would match that group to no one.
+_PRODUCT_TOKEN = re.compile(r"(?im)^([ \t]*user-agent[ \t]*:[ \t]*)([A-Za-z_-]+)[^\r\n#]*")
+
+
 def _parse(key: tuple[str, float, int, int], body: bytes) -> Protego:
     parser = _parsed.get(key)
     if parser is not None:
         _parsed.move_to_end(key)
         return parser
-    parser = Protego.parse(body.decode("utf-8", errors="replace").removeprefix("\ufeff"))
+    text = body.decode("utf-8", errors="replace").removeprefix("\ufeff")
+    parser = Protego.parse(_PRODUCT_TOKEN.sub(r"\1\2", text))
     _parsed[key] = parser
     if len(_parsed) > PARSED_CACHE_SIZE:
         _parsed.popitem(last=False)
