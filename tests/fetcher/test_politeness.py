@@ -115,6 +115,18 @@ async def test_with_no_gap_a_job_waiting_on_a_busy_domain_does_not_poll_in_a_loo
     assert waiting.at >= 1000.01 + BUSY_RECHECK
 
 
+async def test_a_hold_nobody_released_rests_the_host_a_gap_after_it_expires(bus: Bus) -> None:
+    # The pod holding the lease died (or lost the broker) before its release: its
+    # request may have ended as late as the hold, so the next one waits a gap more.
+    dead, alive = await _politeness(bus), await _politeness(bus)
+    held = await dead.acquire("slow.example", 1000.0)
+    assert isinstance(held, Granted)
+    expired = held.hold_until + 0.01
+    assert isinstance(await alive.acquire("slow.example", expired), Deferred)
+    later = await alive.acquire("slow.example", held.hold_until + CONFIG.min_delay, reserved=True)
+    assert isinstance(later, Granted)
+
+
 async def test_other_domains_are_not_held_up(bus: Bus) -> None:
     p = await _politeness(bus)
     await p.acquire("a.example", 1000.0)
