@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
 from trove_fetcher import fetcher as fetcher_module
+from trove_fetcher.clock import Clock
 from trove_fetcher.errors import EgressAway
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
@@ -83,6 +85,7 @@ class LateKV:
 @pytest.fixture
 def server() -> Iterator[LocalServer]:
     routes: dict[str, Route] = {
+        f"{HOST}/limited": lambda ex: ex.send(429, b"slow down", {"Retry-After": "60"}),
         f"{HOST}/robots.txt": lambda ex: ex.send(200, b"User-agent: *\nAllow: /\n"),
         f"{HOST}/page": lambda ex: ex.send(200, b"<title>a page</title><p>text</p>"),
         f"{HOST}/moved": lambda ex: ex.redirect("/hop"),
@@ -106,9 +109,11 @@ async def fetcher_on(
     ack_wait: float = 90.0,
     gap: float = 0.05,
     politeness: Politeness | None = None,
+    clock: Clock | None = None,
 ) -> Fetcher:
     return Fetcher(
         bus=bus,
+        clock=clock,
         client=client,
         politeness=politeness
         or Politeness(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=gap)),
@@ -346,3 +351,30 @@ async def test_a_hosts_next_request_goes_at_its_slot_not_a_round_trip_after_it(
     # Never closer than the gap (it counts from the end of each answer), and not a
     # round trip to the bucket past it: each lease was taken ahead, for its start.
     assert all(gap <= waited < gap + round_trip / 2 for waited in gaps), gaps
+
+
+class ServerAhead:
+    """nats-server's time an hour ahead of this pod's clock, as a skewed node sees it."""
+
+    def now(self) -> float:
+        return time.time() + 3600.0
+
+    def at(self, local: float) -> float:
+        return local + 3600.0
+
+
+async def test_a_pause_a_site_asks_for_is_as_long_on_the_shared_clock_as_it_asked(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """The lease record keeps nats-server's time; the attempt's instants are the pod's.
+    A 429's Retry-After: 60 must hold the host 60 s on the record's clock."""
+    clock = ServerAhead()
+    polite = Politeness(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
+    fetcher = await fetcher_on(bus, client, politeness=polite, clock=clock)
+    limited = work(server, "/limited")
+    try:
+        await fetcher.process(Job(limited), limited.to_wire())
+    finally:
+        fetcher.close()
+    slot = await polite.state(domain_of(limited.url))
+    assert slot.backoff_until - clock.now() > 55.0, slot.backoff_until - clock.now()

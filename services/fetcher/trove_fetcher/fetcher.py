@@ -420,6 +420,8 @@ class Fetcher:
             return
         grant, hold.grant = hold.grant, None
         finished = self.clock.at(time.time() if end is None else end)
+        if observation is not None:
+            observation = self._shared(observation)
         try:
             await self._patiently(
                 lambda: self.politeness.finish(hold.domain, grant, finished, observation, gap=gap)
@@ -432,6 +434,16 @@ class Fetcher:
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe.
             log.warning("lease not released (broker away): %s", exc)
+
+    def _shared(self, observation: Observation) -> Observation:
+        """``observation`` with its instants (this pod's wall clock, from its event) on the
+        pods' shared clock, which the host's record keeps: a pause for a Retry-After is
+        then as long on every pod as the site asked, however far this pod's clock is."""
+        return replace(
+            observation,
+            started=self.clock.at(observation.started),
+            at=self.clock.at(observation.at),
+        )
 
     async def _refusal(self, domain: str) -> str | None:
         """Why the operator's exclusions keep every request from ``domain``, if they do."""
@@ -788,7 +800,8 @@ class Fetcher:
             self._polled.put(request.id, polled, 512 * len(polled.posts) + 4096)
             observation = _poll_observation(polled)
             if observation is not None:
-                await self._patiently(lambda: self.politeness.observe(request.domain, observation))
+                shared = self._shared(observation)
+                await self._patiently(lambda: self.politeness.observe(request.domain, shared))
         await self._patiently(lambda: self.bus.publish(polled))
         self._polled.pop(request.id)
         self._done.put(request.id, True)
