@@ -19,6 +19,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from tests.discovery.follow_support import polled
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
 from trove_fetcher import fetcher as fetcher_module
@@ -31,7 +32,13 @@ from trove_fetcher.politeness import KV, Deferred, Granted, Moved, Politeness, P
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
-from trove_schema.events import Event, PageDiscovered, Provenance, Scope
+from trove_schema.events import (
+    Event,
+    PageDiscovered,
+    Provenance,
+    Scope,
+    TimelinePollRequested,
+)
 from trove_schema.policy import HostPolicy
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
@@ -378,3 +385,19 @@ async def test_a_pause_a_site_asks_for_is_as_long_on_the_shared_clock_as_it_aske
         fetcher.close()
     slot = await polite.state(domain_of(limited.url))
     assert slot.backoff_until - clock.now() > 55.0, slot.backoff_until - clock.now()
+
+
+def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_the_host_nothing() -> None:
+    """Its ``retry_after`` is how long until our lease is free: no rate limit to learn."""
+    asked = TimelinePollRequested(
+        instance="https://social.example",
+        domain="social.example",
+        timeline="local",
+        follow_id="follow-1",
+    )
+    ours = polled(asked, status_code=200, more=True, retry_after=40.0)
+    assert fetcher_module._poll_observation(ours) is None
+    spent = polled(asked, status_code=200, more=True, retry_after=40.0, rate_limited=True)
+    theirs = fetcher_module._poll_observation(spent)
+    assert theirs is not None
+    assert (theirs.error_type, theirs.retry_after) == ("rate_limited", 40.0)

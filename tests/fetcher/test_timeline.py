@@ -341,6 +341,7 @@ async def test_rate_limit_nearly_spent_stops_the_poll_until_the_reset(
         assert event.more
         assert event.retry_after is not None
         assert 20.0 < event.retry_after <= 30.0
+        assert event.rate_limited  # the instance's asking: the host learns it
         assert event.posts
         assert event.cursor_after != oldest
 
@@ -359,6 +360,7 @@ async def test_429_is_blocked_4xx_with_its_retry_after_and_the_cursor_kept(
         assert event.status_code == 429
         assert event.retry_after is not None
         assert low <= event.retry_after <= high
+        assert event.rate_limited
         assert (event.cursor_after, event.posts, event.more) == (cursor, (), False)
         assert event.requests == 1
 
@@ -445,6 +447,7 @@ async def test_gate_deferral_ends_the_poll_with_what_it_read(client: httpx.Async
         assert deferred.cursor_after == added[5].sid
         assert gate.deferred_for is not None
         assert deferred.retry_after == gate.deferred_for
+        assert not deferred.rate_limited  # our own lease's wait, not the instance's
         assert uris(rest) == [instance.status_uri(s) for s in added[6:]]
 
 
@@ -467,6 +470,7 @@ async def test_robots_txt_waiting_for_the_hosts_slot_ends_the_poll_for_later(
         assert event.more
         assert event.cursor_after == start
         assert event.retry_after == 30.0
+        assert not event.rate_limited
         assert not api_queries(social)
 
 

@@ -508,8 +508,12 @@ class TimelinePolled(Event):
     posts: tuple[SharedPost, ...] = Field(default=(), max_length=1000)
     #: Posts left out: not public, or their account opted out of search or discovery.
     skipped: int = Field(default=0, ge=0)
-    #: Seconds the instance asked us to wait (Retry-After, or its rate-limit reset).
+    #: Seconds before the next poll: what the instance asked (Retry-After, or its
+    #: rate-limit reset), or how long until the host's lease is free again.
     retry_after: float | None = None
+    #: The instance asked us to wait (a 429, a 503 with Retry-After, its limit spent);
+    #: a wait for the host's own lease is not its asking.
+    rate_limited: bool = False
     #: Requests made (NodeInfo and API pages), each under the instance host's lease.
     requests: int = Field(default=0, ge=0)
 

@@ -853,9 +853,10 @@ class Fetcher:
 def _poll_observation(polled: TimelinePolled) -> Observation | None:
     """What a poll's last answer says about the instance's host, when it says anything:
     a rate limit (a 429, a 503, or the limit nearly spent: a pause until its reset), or
-    a failure (refused, timed out, 5xx). Nothing about fetch strategies."""
+    a failure (refused, timed out, 5xx). Nothing about fetch strategies, nor a poll cut
+    short by the host's own lease (its ``retry_after`` is ours, not the instance's)."""
     status: int | None
-    if polled.retry_after is not None or polled.status_code in (429, 503):
+    if polled.rate_limited or polled.status_code in (429, 503):
         status, error = (
             (503, "server_error") if polled.status_code == 503 else (429, "rate_limited")
         )

@@ -911,6 +911,7 @@ class TimelinePoller:
             "cursor_before": request.cursor,
             "requests": progress.requests,
             "retry_after": progress.retry_after,
+            "rate_limited": progress.rate_spent or status in (429, 503),
         }
         try:
             return TimelinePolled(
