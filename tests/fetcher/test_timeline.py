@@ -393,6 +393,29 @@ async def test_a_hostile_answer_is_rejected_and_the_cursor_kept(
         assert event.requests == len(social.witness.requests()) == 3
 
 
+async def test_ids_of_another_kind_or_past_the_cap_are_skipped_and_the_cursor_goes_on(
+    client: httpx.AsyncClient,
+) -> None:
+    # Taken as the cursor, an id of letters among numbers (or of 250 digits) would
+    # have hidden every later post for good.
+    instance = FediverseInstance.generate(posts=20, seed=7)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[-1].sid
+        instance.misbehave("odd-ids")
+        event = await poller(client).poll(request(social, cursor=cursor, api=social.base_url))
+        assert event.outcome is CrawlOutcome.SUCCESS
+        assert event.error_message is not None
+        assert "2 malformed entries skipped" in event.error_message
+        assert event.cursor_after is not None
+        assert event.cursor_after.isdigit()
+        assert len(event.cursor_after) < 30
+        instance.misbehave(None)
+        instance.add_post()
+        after = await poller(client).poll(request(social, after=event))
+        assert after.posts
+        assert after.cursor_after != event.cursor_after
+
+
 async def test_endless_pagination_ends_at_the_repeated_page(client: httpx.AsyncClient) -> None:
     instance = FediverseInstance.generate(posts=40, seed=7)
     instance.misbehave("endless")

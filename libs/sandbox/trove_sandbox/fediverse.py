@@ -48,8 +48,11 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: ``html``: an HTML page with status 200; ``endless``: a next Link that serves
 #: the newest page again forever; ``bottomless``: next Links that always reach
 #: older (invented) posts; ``redirect``: a 302 off the instance; ``huge``: a
-#: page of ``HUGE_API_BYTES``.
-Misbehaviour = Literal["wrong-types", "html", "endless", "bottomless", "redirect", "huge"]
+#: page of ``HUGE_API_BYTES``; ``odd-ids``: the page's newest statuses given an id
+#: of letters and an id of 250 digits, the others as they are.
+Misbehaviour = Literal[
+    "wrong-types", "html", "endless", "bottomless", "redirect", "huge", "odd-ids"
+]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
 _REMOTE_NAMES = ("ines", "jonas")
@@ -660,6 +663,11 @@ class FediverseInstance:
             return _json_response(
                 [self._wrong_types(s) for s in page] + ["status", None, 7], extra=limits
             )
+        if mode == "odd-ids" and len(page) > 2:
+            odd = [self._status_json(s) for s in page]
+            odd[0] = odd[0] | {"id": "zz-not-a-number"}
+            odd[1] = odd[1] | {"id": 10**249}
+            return _json_response(odd, extra=limits)
         links: list[str] = []
         kept = {k: v for k, v in query.items() if k in ("local", "remote", "only_media", "limit")}
         if page:

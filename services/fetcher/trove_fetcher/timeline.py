@@ -141,7 +141,8 @@ def _post_id(value: Any) -> str | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int) and value >= 0:
-        return str(value)
+        digits = str(value)  # JSON gives no int past Python's 4,300 digits
+        return digits if len(digits) <= _MAX_ID_LENGTH else None
     if (
         isinstance(value, str)
         and 0 < len(value) <= _MAX_ID_LENGTH
@@ -489,6 +490,23 @@ class _Progress:
         if self.newest is None or id_key(post_id) > id_key(self.newest):
             self.newest = post_id
 
+    def of_the_timelines_kind(self, entries: list[Entry]) -> list[Entry]:
+        """The entries whose ids are of the timeline's kind (digits, or text), the rest
+        counted malformed. No order holds between the two kinds, and an id of the other
+        taken as the cursor would hide every later post for good. The kind is the
+        cursor's, else the one most of the first page's ids have."""
+        if not entries:
+            return entries
+        known = self.cursor or self.newest
+        if known is not None:
+            kind = id_key(known)[0]
+        else:
+            kinds = [id_key(entry.id or "")[0] for entry in entries]
+            kind = max(set(kinds), key=kinds.count)
+        same = [entry for entry in entries if id_key(entry.id or "")[0] == kind]
+        self.malformed += len(entries) - len(same)
+        return same
+
     def is_new(self, post_id: str) -> bool:
         if post_id in self.seen:
             return False
@@ -708,6 +726,7 @@ class TimelinePoller:
                 f"none of the page's {len(read)} entries is a readable status",
             )
         progress.malformed += sum(1 for entry in read if entry.id is None)
+        usable = progress.of_the_timelines_kind(usable)
         usable.sort(key=lambda entry: id_key(entry.id or ""), reverse=not oldest_first)
         new = 0
         first_page = progress.pages == 0 and progress.cursor is None
