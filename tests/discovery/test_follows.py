@@ -4,6 +4,7 @@ one chain of polls, however often it is sent."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +15,21 @@ from tests.discovery.follow_support import ask, handled, pending_poll, recorded
 from tests.support import send, services
 from trove_discovery.follows import (
     CommandBatch,
+    Follows,
     FollowStore,
     Verb,
     parse_command,
     reply_json,
     reply_text,
+    with_timeline,
 )
 from trove_schema.bus import Bus
-from trove_schema.events import InstanceFollowed, TimelinePollRequested
+from trove_schema.events import Event, InstanceFollowed, TimelinePollRequested
 from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
+    EVENT_SCHEDULES_PREFIX,
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
     SEEDS_STREAM,
@@ -225,3 +229,47 @@ async def test_a_follow_request_is_answered_and_refusals_follow_nothing(
     # retried until discovery answered) is followed, the refused ones are not.
     assert {(e.instance, e.timeline) for e in followed} == {(INSTANCE, "public")}
     assert len(followed) == 1
+
+
+class SchedulingBus(Bus):
+    """The real bus, counting the polls it is asked to schedule."""
+
+    scheduled: list[TimelinePollRequested]
+
+    async def publish_at(
+        self,
+        event: Event,
+        at: datetime,
+        *,
+        subject: str | None = None,
+        schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
+        schedule: str | None = None,
+    ) -> None:
+        if isinstance(event, TimelinePollRequested):
+            self.scheduled.append(event)
+        await super().publish_at(
+            event, at, subject=subject, schedules_prefix=schedules_prefix, schedule=schedule
+        )
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_follow_redelivered_after_its_chain_began_leaves_the_chain_alone(
+    bus: Bus,
+) -> None:
+    """Its ack lost and redelivered past the record's duplicate window, the command's
+    first poll would replace the chain's pending one, and its answer be stale."""
+    spy = SchedulingBus(bus.nc, bus.js)
+    spy.scheduled = []
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    follows = Follows(bus=spy, store=store, settings=DiscoverySettings())
+    (command,) = parse(INSTANCE).accepted
+    assert await follows.follow(command, seq=7, origin=FOLLOW_SUBJECT)
+    # Redelivered before any poll was handled: the first poll again (the record drops
+    # the copy within its window, and it replaces the same first poll after it).
+    assert await follows.follow(command, seq=7, origin=FOLLOW_SUBJECT)
+    assert [r.poll for r in spy.scheduled] == [1, 1]
+    record, revision = await store.read(INSTANCE)
+    under_way = record.timelines["local"].model_copy(update={"poll": 3})
+    await store.write(with_timeline(record, "local", under_way), revision)
+    assert await follows.follow(command, seq=7, origin=FOLLOW_SUBJECT)
+    assert [r.poll for r in spy.scheduled] == [1, 1]

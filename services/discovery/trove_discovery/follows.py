@@ -521,7 +521,12 @@ class Follows:
         else:
             raise RuntimeError(f"{command.instance}: its follow entry kept changing")
         await self.bus.publish(event)
-        await start_polls(self.bus, event, follow)
+        if follow.poll == 0:
+            # A redelivery after polls were handled (the command's ack lost, then
+            # redelivered past the record's 10-minute duplicate window) would replace
+            # the chain's pending poll with its first, whose answer is then stale: the
+            # chain would end. Its chain is under way.
+            await start_polls(self.bus, event, follow)
         log.info("following", extra={"instance": command.instance, "timeline": timeline})
         return True
 
