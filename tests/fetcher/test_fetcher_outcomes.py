@@ -401,3 +401,21 @@ def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_the_host_nothing() -> N
     theirs = fetcher_module._poll_observation(spent)
     assert theirs is not None
     assert (theirs.error_type, theirs.retry_after) == ("rate_limited", 40.0)
+
+
+async def test_a_hop_to_https_of_the_same_host_obeys_the_pages_robots_until_its_own_are_known(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """http://host/x -> https://host/x is followed in the request (the same site), and
+    https://host is an origin whose robots.txt nothing has read yet."""
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
+        200, b"User-agent: *\nDisallow: /private\n", content_type="text/plain"
+    )
+    fetcher = await fetcher_on(bus, client)
+    page = work(server)
+    try:
+        await fetcher.process(Job(page), page.to_wire())  # reads the page's robots.txt
+        assert not await fetcher._redirect_allowed(f"https://{HOST}/private/1", page.url)
+        assert await fetcher._redirect_allowed(f"https://{HOST}/public/1", page.url)
+    finally:
+        fetcher.close()

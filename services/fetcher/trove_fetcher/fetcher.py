@@ -521,7 +521,7 @@ class Fetcher:
                     limits=self.limits,
                     is_parseable=strategy.is_parseable,
                     accept=strategy.accept,
-                    robots_allows=self._redirect_allowed,
+                    robots_allows=lambda hop: self._redirect_allowed(hop, job.url),
                     before_hop=self._gate(hold),
                     resume=job.chain.hops if job.chain is not None else (),
                 )
@@ -641,9 +641,12 @@ class Fetcher:
             conditional=sent,
         )
 
-    async def _redirect_allowed(self, url: str) -> bool:
-        """A same-host redirect hop must be allowed by robots.txt too (when it is known)."""
-        policy = await self._cached_robots(url)
+    async def _redirect_allowed(self, url: str, page: str) -> bool:
+        """A same-host redirect hop must be allowed by robots.txt too. A hop from http to
+        https goes to another origin, whose robots.txt may not be known yet: then the
+        page's own origin's rules (the same host's, read before the request) judge it,
+        never none at all."""
+        policy = await self._cached_robots(url) or await self._cached_robots(page)
         return policy is None or policy.allows(url, self.robots_token)
 
     def _extract(self, strategy: Strategy, result: FetchResult) -> Extraction:
