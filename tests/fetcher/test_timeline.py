@@ -613,6 +613,30 @@ async def test_the_event_fits_the_message_size_and_the_cursor_covers_what_it_car
         assert uris(second)[0] == instance.status_uri(added[len(first.posts)])
 
 
+async def test_a_post_too_big_for_an_event_of_its_own_keeps_the_links_that_fit(
+    client: httpx.AsyncClient,
+) -> None:
+    # At the smallest message size a post of 100 long links is over a whole event.
+    instance = FediverseInstance.generate(posts=5, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        big = instance.add_post(
+            "ada",
+            links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
+            visibility="public",
+            card=False,
+        )
+        polls = poller(client, page_limit=10, max_message_bytes=64 * 1024)
+        first = await polls.poll(request(social, cursor=start, api=social.base_url))
+
+        assert len(first.to_wire()) <= 64 * 1024
+        (post,) = first.posts
+        assert 0 < len(post.links) < 100
+        assert first.cursor_after == big.sid
+        assert first.error_message is not None
+        assert "cut to fit" in first.error_message
+
+
 def test_entries_of_the_wrong_shape_are_told_from_posts() -> None:
     account = {"acct": "ada", "indexable": True, "discoverable": True}
     good = {

@@ -513,14 +513,38 @@ class _Progress:
         return self.cursor is None or id_key(post_id) > id_key(self.cursor)
 
     def add(self, post: SharedPost) -> bool:
-        """Keep ``post`` if the event has room for it; False (and ``full``) when not."""
-        size = len(post.__pydantic_serializer__.to_json(post)) + 1
+        """Keep ``post`` if the event has room for it; False (and ``full``) when not.
+
+        A post too big for an event of its own keeps the links that fit: left for the
+        next poll, it would come first again, never fit, and the poll would end with
+        nothing read and more to read, at once, for good."""
+        size = _size(post)
+        if not self.posts and size > self.budget and post.links:
+            post = _trimmed(post, self.budget)
+            size = _size(post)
+            self.note = self.note or "a post's links cut to fit the event"
         if len(self.posts) >= MAX_POSTS or self.size + size > self.budget:
             self.full = True
             return False
         self.posts.append(post)
         self.size += size
         return True
+
+
+def _size(post: SharedPost) -> int:
+    return len(post.__pydantic_serializer__.to_json(post)) + 1
+
+
+def _trimmed(post: SharedPost, budget: int) -> SharedPost:
+    """``post`` with as many of its links, in order, as an event of ``budget`` holds."""
+    room = budget - _size(post.model_copy(update={"links": ()}))
+    kept: list[str] = []
+    for link in post.links:
+        room -= len(json.dumps(link)) + 1
+        if room < 0:
+            break
+        kept.append(link)
+    return post.model_copy(update={"links": tuple(kept)})
 
 
 # --- the poller ---------------------------------------------------------------------
