@@ -21,6 +21,7 @@ from tests.conftest import eventually
 from tests.fetcher._dns import dns_server
 from trove_fetcher.errors import GateDeferred, ResolverAway
 from trove_fetcher.http import FetchLimits
+from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import TimelinePoller, id_key, read_entry
 from trove_fetcher.transport import build_client
 from trove_sandbox.fediverse import (
@@ -692,3 +693,14 @@ def test_ids_compare_as_numbers_when_they_are_digits_and_as_strings_otherwise() 
     assert id_key("10") > id_key("9")
     assert id_key("01HZY8") < id_key("01HZY9")
     assert sorted(["9", "100", "11"], key=id_key) == ["9", "11", "100"]
+
+
+def test_a_nodeinfo_link_is_followed_only_on_the_instances_host_and_never_down_to_http() -> None:
+    def index(href: str) -> dict[str, Any]:
+        return {"links": [{"rel": "http://nodeinfo.diaspora.software/ns/schema/2.1", "href": href}]}
+
+    home = "https://social.example"
+    assert document_link(index("/nodeinfo/2.1"), home) == f"{home}/nodeinfo/2.1"
+    assert document_link(index("http://social.example/nodeinfo/2.1"), home) is None
+    assert document_link(index("https://other.example/nodeinfo/2.1"), home) is None
+    assert document_link(index("https://social.example/x"), "http://social.example") is not None

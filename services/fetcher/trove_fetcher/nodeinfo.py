@@ -79,10 +79,12 @@ class Software:
 
 
 def _same_host(url: str, origin: str) -> bool:
+    """``url`` is on ``origin``'s host and port, over https when the origin is."""
     try:
         target, home = urlsplit(url), urlsplit(origin)
         return (
             target.scheme in ("http", "https")
+            and (target.scheme == home.scheme or target.scheme == "https")
             and target.hostname is not None
             and target.hostname == home.hostname
             and target.port == home.port
