@@ -221,12 +221,12 @@ class Politeness:
                 gap = self.gap_of(slot)
                 # A paused host (``backoff_until``) is refused to every message: its URLs
                 # come back when the pause ends, not one failed request each.
-                free = max(slot.free_at, slot.backoff_until)
                 # A hold nobody released (its pod died, or lost the broker, or took longer
                 # than the fetch's timeout to finish) ended no later than it expired, but
                 # when is unknown: the host rests a gap after it, as after any answer.
                 expired_hold = slot.busy_until + gap if 0 < slot.busy_until <= now else 0.0
-                earliest = max(free, slot.busy_until, expired_hold)
+                free = max(slot.free_at, slot.backoff_until, expired_hold)
+                earliest = max(free, slot.busy_until)
                 if not reserved:
                     earliest = max(earliest, slot.next)
                 if now >= earliest or (
