@@ -212,6 +212,9 @@ def test_a_record_retention_shorter_than_the_recrawl_interval_is_refused() -> No
     with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
         RecorderSettings(events_max_age_seconds=2 * 86_400)
     RecorderSettings(events_max_age_seconds=2 * 86_400, retry_max_delay_seconds=86_400)
+    # It caps every retry's delay, so it may not be below the delay itself.
+    with pytest.raises(pydantic.ValidationError, match="TROVE_RETRY_MAX_DELAY_SECONDS"):
+        RecorderSettings(retry_max_delay_seconds=600)
 
 
 async def test_discovery_refuses_to_start_on_a_record_that_would_drop_its_recrawls(

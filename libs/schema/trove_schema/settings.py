@@ -347,8 +347,14 @@ class RecorderSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _retries_are_kept(self) -> RecorderSettings:
+        if self.retry_max_delay_seconds < self.retry_delay_seconds:
+            raise ValueError(
+                f"TROVE_RETRY_MAX_DELAY_SECONDS ({self.retry_max_delay_seconds:g}) caps every "
+                f"retry's delay: it must not be shorter than TROVE_RETRY_DELAY_SECONDS "
+                f"({self.retry_delay_seconds:g})"
+            )
         # A retry waits as long as its site's Retry-After asks, up to the longest delay.
-        longest = max(self.retry_delay_seconds, self.retry_max_delay_seconds)
+        longest = self.retry_max_delay_seconds
         _check_schedules_kept(self.events_max_age_seconds, longest, "retries")
         return self
 

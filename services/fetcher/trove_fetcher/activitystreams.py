@@ -155,7 +155,7 @@ def extract_activity(
     noindex, nofollow = x_robots_directives(x_robots_tag, robots_token)
     if not _types(item).isdisjoint(ACTOR_TYPES) and opted_out(item):
         # A profile whose person opted out, as their timeline posts are skipped: its
-        # name, bio and links stay out of the search (its HTML page says noindex too).
+        # name, bio and links stay out of the search.
         noindex = nofollow = True
     page = _Page(
         url, hashlib.sha256(body).hexdigest(), noindex, nofollow, robots_token, detect_language
