@@ -52,7 +52,7 @@ from trove_schema.policy import (
     success_rate,
 )
 from trove_schema.server_time import server_now
-from trove_schema.settings import CommonSettings
+from trove_schema.settings import CommonSettings, DiscoverySettings
 from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET
 
 DEFAULT_LAST = 10
@@ -188,10 +188,14 @@ async def read_slot(js: JetStreamContext, host: str) -> tuple[dict[str, float] |
 
 
 async def _read_budgets(js: JetStreamContext, found: DomainAudit) -> None:
+    """The budgets as discovery would count them now: a record older than its cycle
+    (discovery's longest re-crawl interval, from this environment's settings) counts
+    from nothing, though its key lives on."""
+    now, cycle = time.time(), DiscoverySettings().recrawl_max
     with contextlib.suppress(ValueError, TypeError, AttributeError):  # unreadable: not shown
         found.pages_counted = HostCount.from_bytes(
             await _read_kv(js, SEEN_BUCKET, host_budget_key(found.host))
-        )
+        ).in_cycle(now, cycle)
     site = site_of(found.host, frozenset())
     if site is None:
         return  # an address: its own site, never counted
@@ -200,7 +204,8 @@ async def _read_budgets(js: JetStreamContext, found: DomainAudit) -> None:
         return
     value = await _read_kv(js, SEEN_BUCKET, site_budget_key(site))
     with contextlib.suppress(ValueError, TypeError, AttributeError):
-        found.site_hosts = list(SiteCount.from_bytes(value).hosts) if value is not None else []
+        counted = SiteCount.from_bytes(value).in_cycle(now, cycle)
+        found.site_hosts = list(counted.hosts) if value is not None else []
 
 
 def render_domain(

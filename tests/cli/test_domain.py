@@ -230,6 +230,26 @@ async def test_the_domain_says_whether_its_site_budget_counts_it(
     assert "site " not in await shown("127.0.0.9")
 
 
+async def test_the_domain_shows_a_budget_whose_cycle_is_over_as_counting_from_nothing(
+    engine: AsyncEngine, bus: Bus
+) -> None:
+    # Counted 31 days ago: the keys live on (they expire after two cycles), the counts
+    # do not, as discovery reads them.
+    month_ago = time.time() - 31 * 86_400
+    settings = DiscoverySettings(host_page_budget=3, site_host_budget=1)
+    discovery = Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=settings,
+        clock=lambda: month_ago,
+    )
+    await discovery._within_budget("a.farm.example", ["page-0", "page-1", "page-2"])
+    found = await collect_domain(engine, "a.farm.example", js=bus.js)
+    assert found.pages_counted is not None
+    assert found.pages_counted.pages == 0
+    assert found.site_hosts == []
+
+
 async def test_trove_domain_command_prints_the_audit(
     stack: StackUrls, engine: AsyncEngine, bus: Bus, tmp_path: Path
 ) -> None:
