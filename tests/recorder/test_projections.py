@@ -211,6 +211,11 @@ HISTORIES = {
         (CrawlOutcome.SUCCESS, "Second", '"v2"'),
         (CrawlOutcome.BLOCKED_ROBOTS, None, None),
     ],
+    "a 404, then a failure retried": [
+        (CrawlOutcome.SUCCESS, "First", '"v1"'),
+        (CrawlOutcome.BLOCKED_4XX, None, None),
+        (CrawlOutcome.BLOCKED_5XX, None, None),
+    ],
     "two successes then a 304": [
         (CrawlOutcome.SUCCESS, "First", '"v1"'),
         (CrawlOutcome.SUCCESS, "Second", '"v2"'),
@@ -235,9 +240,11 @@ async def test_a_pages_row_does_not_depend_on_how_its_attempts_are_cut_into_batc
                 title=title,
                 etag=etag,
                 language="en" if title else None,
-                status_code={CrawlOutcome.NOT_MODIFIED: 304, CrawlOutcome.BLOCKED_5XX: 503}.get(
-                    outcome, 200
-                ),
+                status_code={
+                    CrawlOutcome.NOT_MODIFIED: 304,
+                    CrawlOutcome.BLOCKED_4XX: 404,
+                    CrawlOutcome.BLOCKED_5XX: 503,
+                }.get(outcome, 200),
                 started_at=start + timedelta(minutes=n, milliseconds=-100),
                 completed_at=start + timedelta(minutes=n),
             )

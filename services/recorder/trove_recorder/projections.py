@@ -480,12 +480,14 @@ async def _completed(
         )
     }
     # A page's attempts in one batch leave its row as they would one batch each, in
-    # the order they completed: the newest attempt says how the page stands, the
-    # newest success or 304 when it was last fetched, the newest success what it
-    # holds (its title, language, keywords, validators) and the newest that says so
-    # what it links to. So the tables do not depend on how the stream is cut into
-    # batches (a replay's 500, a backlog after an outage, a trickle's one).
+    # the order they completed: the newest attempt says how the page stands (or, when
+    # it is retried, the newest that was not retryable), the newest success or 304
+    # when it was last fetched, the newest success what it holds (its title, language,
+    # keywords, validators) and the newest that says so what it links to. So the
+    # tables do not depend on how the stream is cut into batches (a replay's 500, a
+    # backlog after an outage, a trickle's one).
     latest: dict[int, CrawlCompleted] = {}
+    settled: dict[int, CrawlCompleted] = {}
     fetched: dict[int, CrawlCompleted] = {}
     content: dict[int, CrawlCompleted] = {}
     linking: dict[int, CrawlCompleted] = {}
@@ -495,6 +497,8 @@ async def _completed(
         if floor is not None and event.completed_at < floor:
             continue
         _keep_newest(latest, page_id, event)
+        if not event.retryable:
+            _keep_newest(settled, page_id, event)
         if event.outcome in FETCHED:
             _keep_newest(fetched, page_id, event)
         if event.outcome is CrawlOutcome.SUCCESS:
@@ -502,7 +506,7 @@ async def _completed(
         if event.outcome is CrawlOutcome.SUCCESS or event.links:
             _keep_newest(linking, page_id, event)
     retried = await _retries(tx, latest, policy)
-    await _page_state(tx, latest, fetched, content, retried)
+    await _page_state(tx, latest, settled, fetched, content, retried)
     await _links(tx, linking, page_ids)
     return verdicts
 
@@ -628,12 +632,14 @@ async def _retries(
 async def _page_state(
     tx: Transaction,
     latest: dict[int, CrawlCompleted],
+    settled: dict[int, CrawlCompleted],
     fetched: dict[int, CrawlCompleted],
     content: dict[int, CrawlCompleted],
     retried: set[int],
 ) -> None:
     """Each page's row after its attempts in the batch: ``latest`` its newest attempt,
-    ``fetched`` its newest success or 304 and ``content`` its newest success, if any."""
+    ``settled`` its newest that is not retryable, ``fetched`` its newest success or 304
+    and ``content`` its newest success, if any."""
     if not latest:
         return
     ordered = sorted(latest)
@@ -645,10 +651,12 @@ async def _page_state(
             statuses.append("fetched")
             failed_at.append(None)
         elif page_id in retried:
-            # It keeps its status until the retries run out: the one a success or a 304
-            # earlier in the batch gave it, if any.
-            statuses.append("fetched" if page_id in fetched else None)
-            failed_at.append(None)
+            # It keeps its status until the retries run out: the one an attempt earlier
+            # in the batch settled, if any.
+            before = settled.get(page_id)
+            status = None if before is None else STATUS_BY_OUTCOME[before.outcome]
+            statuses.append(status)
+            failed_at.append(before.completed_at if before and status == "failed" else None)
         else:
             status = STATUS_BY_OUTCOME[event.outcome]
             statuses.append(status)
