@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -36,8 +35,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trove_schema.bus import nats_servers
-from trove_schema.nats_tls import client_tls
+from trove_cli.broker import connect
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 
 log = logging.getLogger(__name__)
@@ -280,7 +278,7 @@ async def dead_command(
         console.print("[red]give the sequence numbers to act on, or --all[/red]")
         return 2
     _audit_log()
-    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
+    nc = await connect(nats_url)
     try:
         js = nc.jetstream()
         if action is None:

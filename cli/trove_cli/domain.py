@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import nats
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from rich.console import Console
@@ -30,6 +29,7 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from trove_cli.broker import connect
 from trove_cli.status import SLOT_FIELDS
 from trove_schema.budgets import (
     PLATFORMS,
@@ -39,9 +39,7 @@ from trove_schema.budgets import (
     site_budget_key,
     site_of,
 )
-from trove_schema.bus import nats_servers
 from trove_schema.errors import InvalidPriors
-from trove_schema.nats_tls import client_tls
 from trove_schema.policy import (
     STRATEGIES,
     HostPolicy,
@@ -315,10 +313,7 @@ async def domain_command(
         js = None
         if nats_url:
             with contextlib.suppress(Exception):  # the audit is worth showing without it
-                nc = await nats.connect(
-                    nats_servers(nats_url), name="trove-cli", tls=client_tls(), connect_timeout=2,
-                    max_reconnect_attempts=0, allow_reconnect=False,
-                )  # fmt: skip
+                nc = await connect(nats_url)
                 js = nc.jetstream()
                 now = await server_now(nc)
         found = await collect_domain(engine, host, last=last, js=js)

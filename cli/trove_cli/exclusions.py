@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import nats
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.markup import escape
 
-from trove_schema.bus import nats_servers
+from trove_cli.broker import connect
 from trove_schema.exclusions import (
     LIST_KEY,
     listed_with,
@@ -29,7 +28,6 @@ from trove_schema.exclusions import (
     read_rules_tolerantly,
     rule_of,
 )
-from trove_schema.nats_tls import client_tls
 from trove_schema.settings import CommonSettings
 from trove_schema.topology import EXCLUSIONS_BUCKET, TopologyOptions, declare, ensure_topology
 
@@ -48,7 +46,7 @@ async def exclusions_command(
     """``action``: ``exclude`` or ``include`` the ``hosts``, or ``list`` the shared list.
     Raises InvalidExclusion (before anything is written) for a host that is none."""
     rules = [rule_of(host) for host in hosts]
-    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
+    nc = await connect(nats_url)
     try:
         js = nc.jetstream()
         # The CLI owns nothing: it creates the bucket if no service has yet.

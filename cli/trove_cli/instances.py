@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from rich.console import Console
@@ -28,9 +27,8 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from trove_schema.bus import nats_servers
+from trove_cli.broker import connect
 from trove_schema.errors import InvalidURL
-from trove_schema.nats_tls import client_tls
 from trove_schema.settings import CommonSettings
 from trove_schema.topology import (
     FOLLOW_SUBJECT,
@@ -225,7 +223,7 @@ async def follow_command(
 ) -> int:
     """``trove follow`` / ``trove unfollow``: send the command and print discovery's answer."""
     subject = UNFOLLOW_SUBJECT if unfollow else FOLLOW_SUBJECT
-    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
+    nc = await connect(nats_url)
     try:
         # The stream must exist, or a command sent while no discovery runs goes nowhere.
         # The CLI owns nothing: it creates what is missing and changes nothing else.

@@ -19,8 +19,10 @@ from nats.js import JetStreamContext
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from trove_cli.broker import connect
 from trove_cli.dead import dead_command
 from trove_cli.domain import DEFAULT_LAST, domain_command
 from trove_cli.exclusions import exclusions_command
@@ -284,7 +286,7 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
     if not nats_url:
         console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
         return 2
-    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
+    nc = await connect(nats_url)
     try:
         payload = "\n".join(args.urls).encode()
         if args.request:
@@ -571,6 +573,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sync[args.command](args, settings)
     except TroveError as exc:
         console.print(f"[red]error:[/red] {exc}")
+        return 1
+    except (sa_exc.DBAPIError, sa_exc.ArgumentError, sa_exc.NoSuchModuleError) as exc:
+        # The database's answer, or its URL not one SQLAlchemy can use: said once, no
+        # traceback (``trove search``, ``instances``, ``domain``, ``migrate``).
+        console.print(Text(f"error: the database: {str(exc).splitlines()[0]}", "red"))
+        return 1
+    except ModuleNotFoundError as exc:  # postgresql:// names a driver Trove does not use
+        console.print(Text(f"error: {exc}: the database URL is postgresql+asyncpg://…", "red"))
+        return 1
+    except OSError as exc:  # a server refused or unreachable, a file missing
+        console.print(Text(f"error: {type(exc).__name__}: {exc}", "red"))
         return 1
     except KeyboardInterrupt:
         return 130

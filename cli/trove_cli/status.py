@@ -22,7 +22,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -32,9 +31,8 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from trove_cli.broker import connect
 from trove_cli.supervisor import Supervised, describe_exit, read_supervised
-from trove_schema.bus import nats_servers
-from trove_schema.nats_tls import client_tls
 from trove_schema.server_time import server_now
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
 
@@ -411,7 +409,7 @@ async def status_command(
 ) -> int:
     """``trove status`` against these servers (and ``trove up``'s processes in ``state_dir``)."""
     engine = create_async_engine(database_url)
-    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
+    nc = await connect(nats_url)
     try:
         status = await collect_status(
             nc.jetstream(), engine, server_now=await server_now(nc), state_dir=state_dir

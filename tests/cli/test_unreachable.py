@@ -1,0 +1,41 @@
+"""A command whose broker or database cannot be reached says so once, and exits 1, at once.
+
+nats-py's defaults (sixty tries, two seconds apart, a traceback each) had an operator's
+command against a wrong address sit two minutes printing tracebacks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.fetcher._servers import free_port
+from tests.support import run_trove
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("status",), "cannot reach NATS at nats://operator:***@127.0.0.1:"),
+        (("seed", "https://example.org/"), "cannot reach NATS at nats://operator:***@"),
+        (("dead",), "cannot reach NATS at nats://operator:***@"),
+        (("exclusions",), "cannot reach NATS at nats://operator:***@"),
+        (("search", "bread"), "error: ConnectionRefusedError"),
+    ],
+    ids=["status", "seed", "dead", "exclusions", "search"],
+)
+async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
+    argv: tuple[str, ...], says: str
+) -> None:
+    closed = free_port()  # nothing listens there
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_NATS_URL": f"nats://operator:secret@127.0.0.1:{closed}",
+        "TROVE_DATABASE_URL": f"postgresql+asyncpg://trove:secret@127.0.0.1:{closed}/trove",
+    }
+    # Within the run's own deadline: the defaults took two minutes.
+    code, out = await run_trove(*argv, env=env, timeout=20)
+    assert code == 1, out
+    assert says in " ".join(out.split()), out
+    assert "Traceback" not in out
+    assert "secret" not in out
