@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -288,9 +290,23 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
         return 2
     nc = await connect(nats_url)
     try:
+        # The stream must exist, or seeds sent while no discovery runs go nowhere. The
+        # CLI owns nothing: it creates what is missing and changes nothing else.
+        options = TopologyOptions.from_settings(CommonSettings())
+        await ensure_topology(nc.jetstream(), declare(options), owner="cli")
         payload = "\n".join(args.urls).encode()
         if args.request:
-            reply = await nc.request(SEEDS_SUBJECT, payload, timeout=10)
+            try:
+                reply = await nc.request(SEEDS_SUBJECT, payload, timeout=10)
+            except (NatsTimeout, NoRespondersError):
+                console.print(
+                    Text(
+                        f"no answer from discovery within 10 s: the seeds are kept in "
+                        f"{SEEDS_SUBJECT} and will be handled when discovery runs",
+                        "yellow",
+                    )
+                )
+                return 0
             console.print(reply.data.decode())
         else:
             await nc.publish(SEEDS_SUBJECT, payload)
