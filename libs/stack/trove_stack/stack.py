@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from trove_stack.nats import EmbeddedNats, NatsConfig
+from trove_schema.errors import StackError
+from trove_stack.nats import PID_FILE, EmbeddedNats, NatsConfig
 from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
 
 
@@ -37,6 +38,12 @@ class Stack:
         # Servers change directory (Postgres into its data folder): paths must be absolute.
         self.state_dir = self.state_dir.resolve()
         if self.fresh and self.state_dir.exists():
+            running = running_in(self.state_dir)
+            if running is not None:
+                raise StackError(
+                    f"{running} runs on {self.state_dir}: stop that stack first (Ctrl-C in "
+                    "its `trove up`), or give this one another TROVE_STATE_DIR"
+                )
             self.stop()
             shutil.rmtree(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -76,3 +83,20 @@ class Stack:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def running_in(state_dir: Path) -> str | None:
+    """The server of an embedded stack that still runs on ``state_dir``, if one does
+    (another ``trove up``, or ``trove crawl``, in the same folder)."""
+    for name, pid_file in (
+        ("Postgres", state_dir / "postgres" / "data" / "postmaster.pid"),
+        ("nats-server", state_dir / "nats" / PID_FILE),
+    ):
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # no file, or no such process: nothing runs there
+        if name.lower().split("-")[0].encode() in command.lower():
+            return f"{name} (pid {pid})"
+    return None
