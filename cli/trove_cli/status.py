@@ -19,6 +19,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,8 @@ SLOT_FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
 #: Reading the domain records: messages per fetch, and the wait for each batch.
 BATCH = 512
 READ_TIMEOUT = 5.0
+#: Host records read at most: past them, the domain counts are of a part, and say so.
+MAX_SLOTS = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,9 @@ class Status:
     fetching_domains: int = 0
     #: KV values that are not a DomainSlot (skipped).
     unreadable_slots: int = 0
+    #: Host records read for the counts above, of how many keys the bucket has.
+    domains_read: int = 0
+    domains_total: int = 0
     #: Messages in TROVE_DEAD; None when the stream does not exist.
     dead_letters: int | None = None
     dead_by_consumer: dict[str, int] = field(default_factory=dict)
@@ -186,10 +192,22 @@ def _slot(value: bytes | None) -> dict[str, float] | None:
 
 
 async def read_slots(js: JetStreamContext) -> dict[str, bytes]:
-    """The latest value of every key of ``trove_domains`` (deleted keys left out).
+    """The latest value of every key of ``trove_domains`` (deleted keys left out)."""
+    values: dict[str, bytes] = {}
+    await visit_slots(js, values.__setitem__, limit=None)
+    return values
+
+
+async def visit_slots(
+    js: JetStreamContext, visit: Callable[[str, bytes], None], *, limit: int | None
+) -> tuple[int, int]:
+    """Hand each live key of ``trove_domains`` and its value to ``visit``, at most
+    ``limit`` of them; how many were handed, and how many keys the bucket has.
 
     One ephemeral consumer (last message per subject, no acks) read in batches, rather
-    than one request per key; it is deleted afterwards. Empty when there is no bucket.
+    than one request per key, and nothing kept: a crawl of months has a record for every
+    host it asked in half a year. The consumer is deleted afterwards. (0, 0) when there
+    is no bucket.
     """
     stream = f"KV_{DOMAINS_BUCKET}"
     prefix = f"$KV.{DOMAINS_BUCKET}."
@@ -204,37 +222,41 @@ async def read_slots(js: JetStreamContext) -> dict[str, bytes]:
     try:
         info = await js.add_consumer(stream, config)
     except NotFoundError:
-        return {}
-    values: dict[str, bytes] = {}
+        return 0, 0
+    total = info.num_pending or 0
+    handed = 0
     try:
         sub = await js.pull_subscribe_bind(info.name, stream=stream)
-        remaining = info.num_pending or 0
-        while remaining > 0:
-            msgs = await sub.fetch(min(remaining, BATCH), timeout=READ_TIMEOUT)
+        remaining = total
+        while remaining > 0 and (limit is None or handed < limit):
+            wanted = min(remaining, BATCH, remaining if limit is None else limit - handed)
+            msgs = await sub.fetch(wanted, timeout=READ_TIMEOUT)
             for msg in msgs:
-                key = msg.subject.removeprefix(prefix)
                 headers = msg.headers or {}
-                deleted = headers.get("KV-Operation") in {"DEL", "PURGE"}
-                # nats-server 2.11+ places markers of its own (expiry, purge).
-                if deleted or "Nats-Marker-Reason" in headers:
-                    values.pop(key, None)
-                else:
-                    values[key] = msg.data
+                # The last message of a deleted key is its marker (nats-server 2.11+
+                # places markers of its own too: expiry, purge).
+                if headers.get("KV-Operation") in {"DEL", "PURGE"}:
+                    continue
+                if "Nats-Marker-Reason" in headers:
+                    continue
+                visit(msg.subject.removeprefix(prefix), msg.data)
+                handed += 1
             remaining = msgs[-1].metadata.num_pending if msgs else 0
         await sub.unsubscribe()
     finally:
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(stream, info.name)
-    return values
+    return handed, total
 
 
 async def _domains(js: JetStreamContext, status: Status) -> None:
     now = status.now if status.server_now is None else status.server_now
-    for domain, value in sorted((await read_slots(js)).items()):
+
+    def count(domain: str, value: bytes) -> None:
         slot = _slot(value)
         if slot is None:
             status.unreadable_slots += 1
-            continue
+            return
         if slot["backoff_until"] > now:
             status.backing_off.append(Cooldown(domain, slot["backoff_until"] - now))
         if slot["next"] > now:
@@ -244,6 +266,8 @@ async def _domains(js: JetStreamContext, status: Status) -> None:
                 status.longest_queue = Cooldown(domain, left)
         if slot["busy_until"] > now:
             status.fetching_domains += 1
+
+    status.domains_read, status.domains_total = await visit_slots(js, count, limit=MAX_SLOTS)
     status.backing_off.sort(key=lambda c: (-c.seconds_left, c.domain))
 
 
@@ -378,6 +402,14 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
     parts.append(Text(f"{line}; {status.fetching_domains} fetching now."))
     if status.unreadable_slots:
         parts.append(Text(f"{status.unreadable_slots} unreadable domain record(s) skipped."))
+    if status.domains_read >= MAX_SLOTS:
+        parts.append(
+            Text(
+                f"(Counted over the first {status.domains_read:,} host records of "
+                f"{status.domains_total:,}: there are more than `trove status` reads.)",
+                "yellow",
+            )
+        )
     parts.append("")
 
     if status.dead_letters is None:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import run_trove
+from trove_cli import status as status_module
 from trove_cli.status import (
     ConsumerLag,
     Cooldown,
@@ -94,6 +95,24 @@ async def test_backing_off_domain_is_listed_with_its_seconds_left(
     assert status.longest_queue.seconds_left == pytest.approx(300.0)
     assert status.fetching_domains == 1
     assert status.unreadable_slots == 1
+
+
+async def test_a_bucket_of_more_host_records_than_it_reads_is_counted_in_part_and_says_so(
+    bus: Bus, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A crawl of months keeps a record for each host of half a year: the command reads
+    # a bounded number, keeping none of them, and says its counts are of a part.
+    monkeypatch.setattr(status_module, "MAX_SLOTS", 3)
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    for n in range(7):
+        await kv.put(f"h{n}.example", slot(next=now + 60))
+    status = await collect_status(bus.js, engine, now=now)
+    assert (status.domains_read, status.domains_total) == (3, 7)
+    assert status.queued_domains == 3
+    out = io.StringIO()
+    render_status(status, Console(file=out, width=200))
+    assert "Counted over the first 3 host records of 7" in out.getvalue()
 
 
 async def test_a_backoff_that_has_passed_is_not_listed(bus: Bus, engine: AsyncEngine) -> None:
