@@ -23,6 +23,7 @@ import logging
 import sys
 import time
 import uuid
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 #: Messages per fetch while listing, and the wait for each batch.
 BATCH = 256
 READ_TIMEOUT = 5.0
+#: Parked messages ``trove dead`` lists, the newest: the others are counted.
+DEFAULT_LAST = 100
 #: How long a re-drive into a stream that sends no PubAck (``no_ack``, the seeds) waits
 #: to see the message stored.
 STORED_TIMEOUT = 5.0
@@ -74,8 +77,32 @@ def _filter(consumer: str | None) -> str:
     return f"{DEAD_PREFIX}.{consumer}" if consumer else f"{DEAD_PREFIX}.>"
 
 
-async def list_dead(js: JetStreamContext, *, consumer: str | None = None) -> list[DeadLetter]:
-    """Every parked message (of ``consumer``, if given), oldest first.
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """The newest parked messages, and how many there are by consumer."""
+
+    letters: list[DeadLetter]
+    by_consumer: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_consumer.values())
+
+
+async def list_dead(
+    js: JetStreamContext, *, consumer: str | None = None, last: int | None = None
+) -> list[DeadLetter]:
+    """Every parked message (of ``consumer``, if given), oldest first; the ``last``
+    newest only, when given."""
+    return (await read_parked(js, consumer=consumer, last=last)).letters
+
+
+async def read_parked(
+    js: JetStreamContext, *, consumer: str | None = None, last: int | None = None
+) -> Parked:
+    """The parked messages (of ``consumer``, if given), oldest first, keeping the
+    ``last`` newest only when given: a poison bug can park a million events, which a
+    listing must not hold, nor print.
 
     Read through an ephemeral consumer that delivers headers only, so listing a large
     backlog does not move the bodies; it is deleted afterwards. Empty without the stream.
@@ -92,8 +119,9 @@ async def list_dead(js: JetStreamContext, *, consumer: str | None = None) -> lis
     try:
         info = await js.add_consumer(DEAD_STREAM, config)
     except NotFoundError:
-        return []
-    letters: list[DeadLetter] = []
+        return Parked([], {})
+    letters: deque[DeadLetter] = deque(maxlen=last)
+    by_consumer: Counter[str] = Counter()
     try:
         sub = await js.pull_subscribe_bind(info.name, stream=DEAD_STREAM)
         remaining = info.num_pending or 0
@@ -102,24 +130,24 @@ async def list_dead(js: JetStreamContext, *, consumer: str | None = None) -> lis
             for msg in msgs:
                 headers = msg.headers or {}
                 md = msg.metadata
-                letters.append(
-                    DeadLetter(
-                        seq=md.sequence.stream,
-                        parked_at=md.timestamp,
-                        consumer=headers.get(
-                            "Trove-Dead-Consumer", msg.subject.removeprefix(f"{DEAD_PREFIX}.")
-                        ),
-                        subject=headers.get("Trove-Dead-Subject", ""),
-                        reason=headers.get("Trove-Dead-Reason", ""),
-                        size=int(headers.get("Nats-Msg-Size", 0)),
-                    )
+                letter = DeadLetter(
+                    seq=md.sequence.stream,
+                    parked_at=md.timestamp,
+                    consumer=headers.get(
+                        "Trove-Dead-Consumer", msg.subject.removeprefix(f"{DEAD_PREFIX}.")
+                    ),
+                    subject=headers.get("Trove-Dead-Subject", ""),
+                    reason=headers.get("Trove-Dead-Reason", ""),
+                    size=int(headers.get("Nats-Msg-Size", 0)),
                 )
+                letters.append(letter)
+                by_consumer[letter.consumer] += 1
             remaining = msgs[-1].metadata.num_pending if msgs else 0
         await sub.unsubscribe()
     finally:
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(DEAD_STREAM, info.name)
-    return letters
+    return Parked(list(letters), dict(by_consumer))
 
 
 async def _sequences(
@@ -224,11 +252,16 @@ async def drop(
     return outcomes
 
 
-def render_dead(letters: Sequence[DeadLetter], console: Console) -> None:
+def render_dead(parked: Parked, console: Console) -> None:
+    letters = parked.letters
     if not letters:
         console.print("No parked messages.")
         return
-    table = Table(title=f"Parked messages ({len(letters)})", title_justify="left")
+    title = f"Parked messages ({parked.total:,})"
+    if len(letters) < parked.total:
+        counts = ", ".join(f"{name} {n:,}" for name, n in sorted(parked.by_consumer.items()))
+        title = f"Parked messages: the newest {len(letters):,} of {parked.total:,} ({counts})"
+    table = Table(title=title, title_justify="left")
     for column in ("seq", "parked", "consumer", "subject", "reason"):
         table.add_column(column, justify="right" if column == "seq" else "left")
     for letter in letters:
@@ -272,8 +305,9 @@ async def dead_command(
     seqs: Sequence[int] = (),
     every: bool = False,
     consumer: str | None = None,
+    last: int | None = DEFAULT_LAST,
 ) -> int:
-    """``trove dead [redrive|drop] [SEQ ...] [--all] [--consumer NAME]``."""
+    """``trove dead [--last N] [redrive|drop] [SEQ ...] [--all] [--consumer NAME]``."""
     if action is not None and bool(seqs) == every:
         console.print("[red]give the sequence numbers to act on, or --all[/red]")
         return 2
@@ -282,7 +316,7 @@ async def dead_command(
     try:
         js = nc.jetstream()
         if action is None:
-            render_dead(await list_dead(js, consumer=consumer), console)
+            render_dead(await read_parked(js, consumer=consumer, last=last), console)
             return 0
         if action == "redrive":
             outcomes = await redrive(nc, seqs, every=every, consumer=consumer)

@@ -25,6 +25,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_cli.broker import connect
+from trove_cli.dead import DEFAULT_LAST as DEFAULT_LAST_DEAD
 from trove_cli.dead import dead_command
 from trove_cli.domain import DEFAULT_LAST, domain_command
 from trove_cli.exclusions import exclusions_command
@@ -339,6 +340,7 @@ async def cmd_dead(args: argparse.Namespace, settings: CommonSettings) -> int:
         seqs=getattr(args, "seqs", ()),
         every=getattr(args, "all", False),
         consumer=getattr(args, "only", None) or args.consumer,
+        last=args.last or None,
     )
 
 
@@ -528,6 +530,13 @@ def parser() -> argparse.ArgumentParser:
     domain.add_argument("--last", type=int, default=DEFAULT_LAST, help="attempts listed")
     dead = sub.add_parser("dead", help="list parked (dead-letter) messages; re-drive or drop them")
     dead.add_argument("--consumer", default=None, help="only this consumer's (e.g. recorder)")
+    dead.add_argument(
+        "--last",
+        type=int,
+        default=DEFAULT_LAST_DEAD,
+        metavar="N",
+        help=f"list the newest N (default {DEFAULT_LAST_DEAD}; 0: all), the others counted",
+    )
     dead_sub = dead.add_subparsers(dest="action")
     for action, what in (
         ("redrive", "publish to the original subject, then remove"),

@@ -88,6 +88,21 @@ async def test_parked_messages_are_listed_with_consumer_subject_reason_and_time(
     assert [d.consumer for d in await list_dead(bus.js, consumer=FETCHER)] == [FETCHER]
 
 
+async def test_a_listing_shows_the_newest_and_counts_the_rest_by_consumer(
+    stack: StackUrls, bus: Bus, three_parked: list[PageDiscovered]
+) -> None:
+    # A poison bug can park a million events: the listing holds and prints a few.
+    _first, second, third = await list_dead(bus.js)
+    assert [d.seq for d in await list_dead(bus.js, last=2)] == [second.seq, third.seq]
+    out = io.StringIO()
+    code = await dead_command(stack.nats_url, Console(file=out, width=200), last=1)
+    text = out.getvalue()
+    assert code == 0
+    assert f"the newest 1 of 3 ({FETCHER} 1, {RECORDER} 2)" in text
+    assert "malformed: invalid PageDiscovered" in text
+    assert "ValueError: one" not in text
+
+
 async def test_redrive_republishes_to_the_original_subject_within_the_duplicate_window(
     bus: Bus, engine: AsyncEngine, three_parked: list[PageDiscovered]
 ) -> None:
