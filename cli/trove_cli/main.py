@@ -131,6 +131,7 @@ async def watch_crawl(
             await nc.publish(FOLLOW_SUBJECT, command_payload(instance, None, None))
             await nc.flush()
         js = nc.jetstream()
+        code = 0
         deadline = time.monotonic() + timeout
         polls_awaited_until = time.monotonic() + FIRST_POLL_WAIT
         quiet_since: float | None = None
@@ -166,7 +167,10 @@ async def watch_crawl(
                     next_line = time.monotonic() + 5.0
                 if max_pages is not None and done >= max_pages:
                     break
-                if until_idle and backlog == 0 and queued > 0 and done == queued and not unpolled:
+                # Idle: nothing waiting anywhere, every page queued crawled, for 2 s (the
+                # seeds are in the backlog from their publish on). Nothing queued at all
+                # is idle too: every seed was refused, which the report says.
+                if until_idle and backlog == 0 and done == queued and not unpolled:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= 2.0:
                         break
@@ -174,10 +178,12 @@ async def watch_crawl(
                     quiet_since = None
                 if time.monotonic() > deadline:
                     console.print(f"[yellow]stopped after {timeout:.0f}s: not idle yet[/yellow]")
+                    # Asked to crawl until idle, it did not get there: not a success.
+                    code = 1 if until_idle else 0
                     break
                 await asyncio.sleep(0.5)
         render(await build_report(engine), console)
-        return 0
+        return code
     finally:
         await engine.dispose()
         await nc.close()

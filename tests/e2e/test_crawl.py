@@ -160,3 +160,38 @@ async def test_sigterm_to_trove_crawl_leaves_no_process_behind(tmp_path: Path) -
         return ours()
 
     await eventually(left, until=lambda pids: pids == [], timeout=30, what="everything stopped")
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_crawl_until_idle_whose_seeds_are_all_refused_ends_at_once(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """No page is ever queued: that is idle too, not an hour's wait for the timeout."""
+    env = {
+        **os.environ,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+    }
+    code, report = await run_trove(
+        "crawl", "--until-idle", "--timeout", "600", "ftp://refused.example/", env=env, timeout=120
+    )
+    assert code == 0, report
+    assert "stopped after" not in report
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_crawl_until_idle_stopped_by_its_timeout_exits_1(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+    }
+    code, report = await run_trove(
+        "crawl", "--sandbox", "--until-idle", "--timeout", "1", env=env, timeout=120
+    )
+    assert code == 1, report
+    assert "not idle yet" in report
