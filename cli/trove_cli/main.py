@@ -80,12 +80,20 @@ CONSUMERS = (
 
 
 def _urls(settings: CommonSettings) -> tuple[str, str]:
-    """The servers to talk to: TROVE_* URLs, else a stack started by `trove up`."""
+    """The servers to talk to: TROVE_* URLs, else a stack started by `trove up`.
+
+    One URL set and the other taken from `trove up`'s stack only when that stack uses
+    the one set: a production database and this machine's event record would be two
+    crawls' (a replay would fill the one with the other)."""
     nats_url, db_url = settings.nats_url, settings.database_url
     if not nats_url or not db_url:
         found = running_stack(settings.state_dir)
-        nats_url = nats_url or found.get("TROVE_NATS_URL", "")
-        db_url = db_url or found.get("TROVE_DATABASE_URL", "")
+        local_nats = found.get("TROVE_NATS_URL", "")
+        local_db = found.get("TROVE_DATABASE_URL", "")
+        if not nats_url and (not db_url or db_url == local_db):
+            nats_url = local_nats
+        if not db_url and (not settings.nats_url or settings.nats_url == local_nats):
+            db_url = local_db
     return nats_url, db_url
 
 
