@@ -8,10 +8,13 @@ when it dies (``supervisor.Supervisor``), as a restart policy would in a pod.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -128,17 +131,21 @@ class LocalTrove:
         (self.state_dir / STACK_FILE).write_text(json.dumps(self.env, indent=2))
 
     def stop(self) -> None:
+        # Not to be cut short: a second Ctrl-C while the services finish their requests
+        # would leave nats-server, Postgres and the rest running, with nothing to stop
+        # them (they run in sessions of their own).
+        with _signals_held():
+            # First the watch, so that nothing stopped below is started again.
+            if self.supervisor is not None:
+                self.supervisor.stop()
+                self.supervisor = None
+            for child in reversed(self.children):
+                child.stop(timeout=20)
+            self.children.clear()
+            (self.state_dir / STACK_FILE).unlink(missing_ok=True)
+            if hasattr(self, "stack"):
+                self.stack.stop()
         atexit.unregister(self.stop)
-        # First the watch, so that nothing stopped below is started again.
-        if self.supervisor is not None:
-            self.supervisor.stop()
-            self.supervisor = None
-        for child in reversed(self.children):
-            child.stop(timeout=20)
-        self.children.clear()
-        (self.state_dir / STACK_FILE).unlink(missing_ok=True)
-        if hasattr(self, "stack"):
-            self.stack.stop()
 
     def __enter__(self) -> LocalTrove:
         return self.start()
@@ -159,3 +166,18 @@ def running_stack(state_dir: Path) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str)}
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP ignored meanwhile (in the main thread, where they land)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -583,12 +583,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the stack like Ctrl-C does
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP stop the stack like Ctrl-C does
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    # The terminal closed (an SSH session dropped): the services run in sessions of
+    # their own, which the hangup does not reach, so the stack is stopped as on Ctrl-C.
+    signal.signal(signal.SIGHUP, _interrupt)
     try:
         check_environment()
         settings = CommonSettings()

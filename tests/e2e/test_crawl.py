@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,11 @@ async def test_trove_crawl_fetches_and_records_every_sandbox_page(
     assert private == 0
 
 
-async def test_sigterm_to_trove_crawl_leaves_no_process_behind(tmp_path: Path) -> None:
-    """The embedded stack and every service stop with the CLI, even on SIGTERM."""
+@pytest.mark.parametrize("ending", ["SIGTERM", "SIGHUP", "Ctrl-C twice"])
+async def test_trove_crawl_stopped_leaves_no_process_behind(tmp_path: Path, ending: str) -> None:
+    """The embedded stack and every service stop with the CLI: on SIGTERM, when its
+    terminal closes (SIGHUP; the children have sessions of their own, so nothing else
+    tells them), and on a second Ctrl-C while it stops them."""
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
     env["TROVE_STATE_DIR"] = str(state)
@@ -153,12 +157,18 @@ async def test_sigterm_to_trove_crawl_leaves_no_process_behind(tmp_path: Path) -
 
     running = ours()
     assert len(running) >= 5, running  # nats-server, postgres, three services
-    proc.terminate()
-    await asyncio.wait_for(proc.communicate(), timeout=60)
 
     async def left() -> list[int]:
         return ours()
 
+    if ending == "Ctrl-C twice":
+        proc.send_signal(signal.SIGINT)
+        # The second while the first is being handled: a process of the stack gone.
+        await eventually(left, until=lambda pids: len(pids) < len(running), timeout=60)
+        proc.send_signal(signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM if ending == "SIGTERM" else signal.SIGHUP)
+    await asyncio.wait_for(proc.communicate(), timeout=60)
     await eventually(left, until=lambda pids: pids == [], timeout=30, what="everything stopped")
 
 
