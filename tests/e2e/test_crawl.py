@@ -172,19 +172,29 @@ async def test_trove_crawl_stopped_leaves_no_process_behind(tmp_path: Path, endi
     await eventually(left, until=lambda pids: pids == [], timeout=30, what="everything stopped")
 
 
-@pytest.mark.usefixtures("clean")
-async def test_a_crawl_until_idle_whose_seeds_are_all_refused_ends_at_once(
-    stack: StackUrls, tmp_path: Path
-) -> None:
-    """No page is ever queued: that is idle too, not an hour's wait for the timeout."""
-    env = {
+def on_the_stack(stack: StackUrls, tmp_path: Path) -> dict[str, str]:
+    """`trove crawl`'s environment: the session's servers, a state folder of its own."""
+    return {
         **os.environ,
         "TROVE_NATS_URL": stack.nats_url,
         "TROVE_DATABASE_URL": stack.database_url,
         "TROVE_STATE_DIR": str(tmp_path / "state"),
     }
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_crawl_until_idle_whose_seeds_are_all_refused_ends_at_once(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """No page is ever queued: that is idle too, not an hour's wait for the timeout."""
     code, report = await run_trove(
-        "crawl", "--until-idle", "--timeout", "600", "ftp://refused.example/", env=env, timeout=120
+        "crawl",
+        "--until-idle",
+        "--timeout",
+        "600",
+        "ftp://refused.example/",
+        env=on_the_stack(stack, tmp_path),
+        timeout=120,
     )
     assert code == 0, report
     assert "stopped after" not in report
@@ -194,14 +204,14 @@ async def test_a_crawl_until_idle_whose_seeds_are_all_refused_ends_at_once(
 async def test_a_crawl_until_idle_stopped_by_its_timeout_exits_1(
     stack: StackUrls, tmp_path: Path
 ) -> None:
-    env = {
-        **os.environ,
-        "TROVE_NATS_URL": stack.nats_url,
-        "TROVE_DATABASE_URL": stack.database_url,
-        "TROVE_STATE_DIR": str(tmp_path / "state"),
-    }
     code, report = await run_trove(
-        "crawl", "--sandbox", "--until-idle", "--timeout", "1", env=env, timeout=120
+        "crawl",
+        "--sandbox",
+        "--until-idle",
+        "--timeout",
+        "1",
+        env=on_the_stack(stack, tmp_path),
+        timeout=120,
     )
     assert code == 1, report
     assert "not idle yet" in report

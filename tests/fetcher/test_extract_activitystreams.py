@@ -136,18 +136,19 @@ def test_a_content_map_alone_gives_the_content() -> None:
     assert found.language == "it"
 
 
+PERSON = {
+    "@context": CONTEXT,
+    "type": "Person",
+    "id": "https://social.example/users/ana",
+    "name": "Ana",
+    "summary": '<p>Gardener. <a href="https://ana.example/">ana.example</a></p>',
+}
+
+
 def test_a_question_and_a_profile_are_content_too() -> None:
     poll = note(type="Question", content="<p>Tomatoes or beans?</p>", contentMap=None)
     assert read(poll).title == "Tomatoes or beans?"
-    person = {
-        "@context": CONTEXT,
-        "type": "Person",
-        "id": "https://social.example/users/ana",
-        "name": "Ana",
-        "summary": '<p>Gardener. <a href="https://ana.example/">ana.example</a></p>',
-        "url": "https://social.example/@ana",
-    }
-    found = read(person)
+    found = read(PERSON | {"url": "https://social.example/@ana"})
     assert found.title == "Ana"
     assert {link.url for link in found.links} == {
         "https://ana.example/",
@@ -167,15 +168,7 @@ BIO_NOBOT = (
     ids=["indexable false", "discoverable false", "#nobot in the bio"],
 )
 def test_a_profile_whose_person_opted_out_is_noindex_and_nofollow(opt_out: dict[str, Any]) -> None:
-    person = {
-        "@context": CONTEXT,
-        "type": "Person",
-        "id": "https://social.example/users/ana",
-        "name": "Ana",
-        "summary": '<p>Gardener. <a href="https://ana.example/">ana.example</a></p>',
-        "indexable": True,
-        "discoverable": True,
-    }
+    person = PERSON | {"indexable": True, "discoverable": True}
     assert not read(person).noindex
     found = read(person | opt_out)
     assert found.noindex

@@ -11,6 +11,7 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -398,113 +399,107 @@ class Address:
             sink.close()
 
 
-async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_blamed(
-    stack: StackUrls,
-    bus: Bus,
-    own_engine: AsyncEngine,
-    own_postgres: EmbeddedPostgres,
-    state_dir: Path,
-    tmp_path: Path,
-) -> None:
-    """The address moves to a promoted standby and the old primary stays up, read-only,
-    holding the recorder's pooled connections. The standby here lags all the way: it has
-    none of the old primary's pages, so the ids the recorder remembers are not in it."""
+@dataclass
+class Failover:
+    """A standby to promote, lagging all the way (none of the primary's pages), and the
+    primary's address as a forwarder the recorder connects through."""
+
+    promoted: EmbeddedPostgres
+    new: AsyncEngine
+    address: Address
+    database: StackUrls
+
+
+#: Attempts each on its own page: an id remembered from the old primary would have put
+#: one on whichever page has that id on the new one. (``completed(n)`` is page n, asked
+#: for by a request id that ends in n.)
+OWN_PAGE = (
+    "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
+    "WHERE p.url = 'https://blog.example/' || right(c.request_id::text, 12)::bigint"
+)
+
+
+@pytest.fixture
+async def failover(
+    stack: StackUrls, own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> AsyncIterator[Failover]:
     promoted = EmbeddedPostgres(
         PostgresConfig(data_dir=tmp_path / "promoted" / "data", port=free_port("127.0.0.1"))
     ).start()
     new = create_async_engine(promoted.url, pool_pre_ping=True)
-    watch = watch_recorder(state_dir)
     try:
         await asyncio.to_thread(upgrade, promoted.url)
         address = Address(own_postgres.port)
         async with address as port:
             url = own_postgres.url.replace(f":{own_postgres.port}/", f":{port}/")
             assert url != own_postgres.url
-            database = StackUrls(stack.nats_url, url, stack.kind)
-            async with services(database, state_dir, watch.env, only=("recorder",)):
-                await publish(bus, range(20))
-                await projected(own_engine, 20, timeout=30)
-                address.port = promoted.port
-                await superuser_execute(
-                    own_postgres,
-                    "ALTER SYSTEM SET default_transaction_read_only = on",
-                    "SELECT pg_reload_conf()",
-                )
-
-                async def old_primary_setting() -> str:
-                    dsn = own_postgres.url.replace("postgresql+asyncpg", "postgresql")
-                    connection = await asyncpg.connect(dsn)
-                    try:
-                        return str(await connection.fetchval("SHOW default_transaction_read_only"))
-                    finally:
-                        await connection.close()
-
-                # The postmaster signals every session as it reloads: once a new session
-                # reads "on", the recorder's sessions have been told before their next batch.
-                await eventually(
-                    old_primary_setting, until=lambda v: v == "on", timeout=10, what="read-only"
-                )
-                # Pages 20 to 22 were linked from the first twenty: the recorder knows
-                # their ids on the old primary.
-                await publish(bus, range(20, 50))
-                await assert_whole(new, 30, watch, bus)  # on the promoted standby
-                assert "25006" in watch.log()
-        assert await count(own_engine, PROJECTED) == 20
-        # Each attempt is on its own page: an id remembered from the old primary would
-        # have put it on whichever page has that id on the new one.
-        # (``completed(n)`` is page n, asked for by a request id that ends in n.)
-        own_page = (
-            "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
-            "WHERE p.url = 'https://blog.example/' || right(c.request_id::text, 12)::bigint"
-        )
-        assert await count(new, own_page) == 30
+            yield Failover(promoted, new, address, StackUrls(stack.nats_url, url, stack.kind))
     finally:
         await new.dispose()
         promoted.stop()
 
 
-async def test_a_failover_that_closed_every_connection_leaves_no_remembered_id_behind(
-    stack: StackUrls,
+async def test_after_a_failover_the_pool_leaves_the_old_primary_and_nothing_is_blamed(
     bus: Bus,
     own_engine: AsyncEngine,
     own_postgres: EmbeddedPostgres,
     state_dir: Path,
-    tmp_path: Path,
+    failover: Failover,
+) -> None:
+    """The address moves to a promoted standby and the old primary stays up, read-only,
+    holding the recorder's pooled connections."""
+    watch = watch_recorder(state_dir)
+    async with services(failover.database, state_dir, watch.env, only=("recorder",)):
+        await publish(bus, range(20))
+        await projected(own_engine, 20, timeout=30)
+        failover.address.port = failover.promoted.port
+        await superuser_execute(
+            own_postgres,
+            "ALTER SYSTEM SET default_transaction_read_only = on",
+            "SELECT pg_reload_conf()",
+        )
+
+        async def old_primary_setting() -> str:
+            dsn = own_postgres.url.replace("postgresql+asyncpg", "postgresql")
+            connection = await asyncpg.connect(dsn)
+            try:
+                return str(await connection.fetchval("SHOW default_transaction_read_only"))
+            finally:
+                await connection.close()
+
+        # The postmaster signals every session as it reloads: once a new session reads
+        # "on", the recorder's sessions have been told before their next batch.
+        await eventually(
+            old_primary_setting, until=lambda v: v == "on", timeout=10, what="read-only"
+        )
+        # Pages 20 to 22 were linked from the first twenty: the recorder knows their ids
+        # on the old primary.
+        await publish(bus, range(20, 50))
+        await assert_whole(failover.new, 30, watch, bus)  # on the promoted standby
+        assert "25006" in watch.log()
+    assert await count(own_engine, PROJECTED) == 20
+    assert await count(failover.new, OWN_PAGE) == 30
+
+
+async def test_a_failover_that_closed_every_connection_leaves_no_remembered_id_behind(
+    bus: Bus, own_engine: AsyncEngine, state_dir: Path, failover: Failover
 ) -> None:
     """The old primary went down, closing the recorder's connections while it was idle:
     the pool replaces them with connections to the promoted standby, and no batch fails
-    to say so. The standby lags all the way, as above."""
-    promoted = EmbeddedPostgres(
-        PostgresConfig(data_dir=tmp_path / "promoted" / "data", port=free_port("127.0.0.1"))
-    ).start()
-    new = create_async_engine(promoted.url, pool_pre_ping=True)
+    to say so."""
     watch = watch_recorder(state_dir)
-    try:
-        await asyncio.to_thread(upgrade, promoted.url)
-        address = Address(own_postgres.port)
-        async with address as port:
-            url = own_postgres.url.replace(f":{own_postgres.port}/", f":{port}/")
-            database = StackUrls(stack.nats_url, url, stack.kind)
-            async with services(database, state_dir, watch.env, only=("recorder",)):
-                await publish(bus, range(20))
-                await projected(own_engine, 20, timeout=30)
-                address.port = promoted.port
-                await address.cut()
-                # Pages 20 to 22 were linked from the first twenty: the recorder knows
-                # their ids on the old primary.
-                await publish(bus, range(20, 50))
-                await projected(new, 30)
-                endings = await watch.endings()
-        # Nothing failed, and no batch was turned away either: only the server's start
-        # time, read by every batch, told the recorder its ids were another server's.
-        assert endings == {"acked": 50}, endings
-        assert await count(new, "SELECT count(*) FROM page_crawls") == 30
-        # Each attempt is on its own page, as in the test above.
-        own_page = (
-            "SELECT count(*) FROM page_crawls c JOIN pages p ON p.id = c.page_id "
-            "WHERE p.url = 'https://blog.example/' || right(c.request_id::text, 12)::bigint"
-        )
-        assert await count(new, own_page) == 30
-    finally:
-        await new.dispose()
-        promoted.stop()
+    async with services(failover.database, state_dir, watch.env, only=("recorder",)):
+        await publish(bus, range(20))
+        await projected(own_engine, 20, timeout=30)
+        failover.address.port = failover.promoted.port
+        await failover.address.cut()
+        # Pages 20 to 22 were linked from the first twenty: the recorder knows their ids
+        # on the old primary.
+        await publish(bus, range(20, 50))
+        await projected(failover.new, 30)
+        endings = await watch.endings()
+    # Nothing failed, and no batch was turned away either: only the server's start time,
+    # read by every batch, told the recorder its ids were another server's.
+    assert endings == {"acked": 50}, endings
+    assert await count(failover.new, "SELECT count(*) FROM page_crawls") == 30
+    assert await count(failover.new, OWN_PAGE) == 30
