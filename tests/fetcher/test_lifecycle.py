@@ -65,7 +65,11 @@ async def test_sigterm_mid_crawl_exits_in_time_and_loses_nothing(
         web.set_robots(host.name, "User-agent: *\nAllow: /\n")
     async with (
         serve_sandbox(web) as running,
-        services(stack, state_dir, sandbox_env(web, gap), fetchers=2) as local,
+        # What the leaving pod held unfinished comes back to the other one after the
+        # ack wait: well within the wait for every page below.
+        services(
+            stack, state_dir, sandbox_env(web, gap, TROVE_ACK_WAIT_SECONDS="20"), fetchers=2
+        ) as local,
     ):
         urls = [u for h in web.hosts for u in [web.url(h.name, "/"), *web.articles(h.name)]]
         await publish_work(bus, urls)
