@@ -170,13 +170,23 @@ async def test_client_error_allows_everything(
     assert not policy.temporary
 
 
-@pytest.mark.parametrize(("name", "status"), [("broken", 500), ("busy", 429)])
+@pytest.mark.parametrize(
+    ("name", "status", "failure", "retry_after"),
+    [("broken", 500, "server_error", None), ("busy", 429, "rate_limited", 60.0)],
+)
 async def test_server_error_or_429_disallows_everything_for_a_short_while(
-    client: httpx.AsyncClient, server: LocalServer, name: str, status: int
+    client: httpx.AsyncClient,
+    server: LocalServer,
+    name: str,
+    status: int,
+    failure: str,
+    retry_after: float | None,
 ) -> None:
     policy = await robots_of(client, server, name)
     assert policy.rule is RobotsRule.DISALLOW_ALL
     assert policy.status_code == status
+    # What the fetcher learns about the host from it.
+    assert (policy.failure, policy.retry_after) == (failure, retry_after)
     assert not policy.allows(f"{origin(server, name)}/")
     assert policy.temporary
     assert policy.ttl == RETRY_TTL
@@ -189,6 +199,7 @@ async def test_unreachable_site_disallows_everything(client: httpx.AsyncClient) 
     assert policy.status_code is None
     assert policy.error is not None
     assert "ConnectError" in policy.error
+    assert policy.failure == "network_error"
     assert policy.ttl == RETRY_TTL
 
 
@@ -200,6 +211,7 @@ async def test_robots_that_never_finishes_disallows_everything_within_the_timeou
     assert policy.rule is RobotsRule.DISALLOW_ALL
     assert policy.error is not None
     assert "timeout" in policy.error
+    assert policy.failure == "timeout"
     assert time.monotonic() - started < 3.0
 
 
@@ -283,6 +295,7 @@ async def test_redirect_to_a_metadata_address_is_never_connected(
     assert policy.rule is RobotsRule.DISALLOW_ALL
     assert policy.error is not None
     assert policy.error.startswith("blocked address: ")
+    assert policy.failure is None  # our refusal, nothing the host did
     assert recorder.connects == [("127.0.0.1", server.port)]
 
 
@@ -327,7 +340,7 @@ async def test_byte_order_mark_does_not_hide_the_first_line(
 async def test_policy_survives_a_round_trip_through_bytes(
     client: httpx.AsyncClient, server: LocalServer
 ) -> None:
-    for name in ("a", "notfound", "broken", "big"):
+    for name in ("a", "notfound", "broken", "busy", "big"):
         policy = await robots_of(client, server, name)
         restored = RobotsPolicy.from_bytes(policy.to_bytes())
         assert restored == policy
@@ -335,6 +348,16 @@ async def test_policy_survives_a_round_trip_through_bytes(
         assert restored.allows(page) == policy.allows(page)
         assert restored.crawl_delay() == policy.crawl_delay()
         assert restored.expires_at == policy.expires_at
+
+
+def test_a_policy_an_older_pod_stored_is_read_without_what_it_did_not_know() -> None:
+    stored = (
+        b'{"v":1,"origin":"http://old.test","rule":"disallow_all","fetched_at":5.0,'
+        b'"ttl":600.0,"status":429,"truncated":false,"error":"HTTP 429"}\n'
+    )
+    policy = RobotsPolicy.from_bytes(stored)
+    assert (policy.rule, policy.status_code, policy.ttl) == (RobotsRule.DISALLOW_ALL, 429, 600.0)
+    assert (policy.failure, policy.retry_after) == (None, None)
 
 
 def test_stored_bytes_stay_within_the_cap_plus_a_small_header() -> None:

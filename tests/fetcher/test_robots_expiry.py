@@ -1,4 +1,5 @@
-"""robots.txt grows old on the pods' shared clock, not on the node's.
+"""robots.txt grows old on the pods' shared clock, not on the node's; and one that
+answered "wait" is not asked for again before the wait is over.
 
 A policy one pod fetched is read by every pod from the shared bucket, so its age must
 be judged on the clock they share (nats-server's, ``trove_fetcher.clock``): a pod whose
@@ -7,10 +8,16 @@ clock is behind. Here the shared time moves on by more than the TTL while the no
 clock does not, and the site's new robots.txt is obeyed at once. The ``Fetcher`` runs
 in the test's process against real NATS and a real HTTP server, whose request log is
 the evidence.
+
+A robots.txt answered with a 429 or a 503 disallows everything for a short while
+(``RETRY_TTL``), and says the host is busy: the host is paused as after a page's
+answer, so when the short while is over robots.txt is not asked again while the site
+still said to wait.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,13 +25,14 @@ import httpx
 import pytest
 
 from tests.fetcher._completions import Completions
-from tests.fetcher._servers import LocalServer, serving
+from tests.fetcher._servers import Exchange, LocalServer, serving
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.politeness import POLICY_KEY, Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlOutcome, PageDiscovered, Provenance, Scope
+from trove_schema.policy import HostPolicy
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
 from trove_schema.urls import canonicalize, domain_of
@@ -51,9 +59,15 @@ class SharedClock:
 
 @pytest.fixture
 def site() -> Iterator[tuple[LocalServer, dict[str, bytes]]]:
-    robots = {"body": b"User-agent: *\nAllow: /\n"}
+    robots = {"body": b"User-agent: *\nAllow: /\n", "status": b"200", "retry-after": b""}
+
+    def robots_txt(ex: Exchange) -> None:
+        wait = robots["retry-after"].decode()
+        headers = {"Retry-After": wait} if wait else {}
+        ex.send(int(robots["status"]), robots["body"], headers, content_type="text/plain")
+
     routes = {
-        f"{HOST}/robots.txt": lambda ex: ex.send(200, robots["body"], content_type="text/plain"),
+        f"{HOST}/robots.txt": robots_txt,
         f"{HOST}/first": lambda ex: ex.send(200, b"<title>first</title>"),
         f"{HOST}/second": lambda ex: ex.send(200, b"<title>second</title>"),
     }
@@ -75,12 +89,10 @@ def work(server: LocalServer, path: str) -> PageDiscovered:
     )
 
 
-async def test_robots_txt_is_read_again_once_its_ttl_has_passed_on_the_shared_clock(
-    bus: Bus, client: httpx.AsyncClient, site: tuple[LocalServer, dict[str, bytes]]
-) -> None:
-    server, robots = site
-    clock = SharedClock()
-    fetcher = Fetcher(
+async def fetcher_on(
+    bus: Bus, client: httpx.AsyncClient, clock: SharedClock, robots_ttl: float = TTL
+) -> Fetcher:
+    return Fetcher(
         bus=bus,
         client=client,
         politeness=Politeness(
@@ -90,9 +102,17 @@ async def test_robots_txt_is_read_again_once_its_ttl_has_passed_on_the_shared_cl
         limits=FetchLimits(total_timeout=5.0),
         robots_token="TroveBot",
         robots_max_bytes=64 * 1024,
-        robots_ttl=TTL,
+        robots_ttl=robots_ttl,
         clock=clock,
     )
+
+
+async def test_robots_txt_is_read_again_once_its_ttl_has_passed_on_the_shared_clock(
+    bus: Bus, client: httpx.AsyncClient, site: tuple[LocalServer, dict[str, bytes]]
+) -> None:
+    server, robots = site
+    clock = SharedClock()
+    fetcher = await fetcher_on(bus, client, clock)
     first, second = work(server, "/first"), work(server, "/second")
     try:
         await fetcher.process(Job(first), first.to_wire())
@@ -107,3 +127,41 @@ async def test_robots_txt_is_read_again_once_its_ttl_has_passed_on_the_shared_cl
     assert events[second.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
     assert len(server.requests_to("/robots.txt", HOST)) == 2
     assert server.requests_to("/second", HOST) == []
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "reason"),
+    [(429, "3600", "rate_limited (Retry-After)"), (503, "", "unavailable")],
+)
+async def test_a_robots_txt_that_says_wait_pauses_its_host_past_the_fallbacks_expiry(
+    bus: Bus,
+    client: httpx.AsyncClient,
+    site: tuple[LocalServer, dict[str, bytes]],
+    status: int,
+    retry_after: str,
+    reason: str,
+) -> None:
+    server, robots = site
+    robots["status"], robots["retry-after"] = str(status).encode(), retry_after.encode()
+    clock = SharedClock()
+    # The fallback holds 20 s; the pause is an hour (the Retry-After) or about a minute
+    # (a 503's first pause, ``TROVE_RATE_PAUSE_SECONDS``).
+    fetcher = await fetcher_on(bus, client, clock, robots_ttl=20.0)
+    first, second = work(server, "/first"), work(server, "/second")
+    try:
+        await fetcher.process(Job(first), first.to_wire())
+        clock.ahead = 21.0  # the fallback is over; the pause is not
+        await fetcher.process(Job(second), second.to_wire())
+    finally:
+        fetcher.close()
+
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[first.url].outcome is CrawlOutcome.FAILED
+    assert second.url not in events  # deferred to the pause's end, not failed
+    assert len(server.requests_to("/robots.txt", HOST)) == 1
+    assert server.requests_for(HOST) == server.requests_to("/robots.txt", HOST)
+    entry = await (await bus.js.key_value(DOMAINS_BUCKET)).get(HOST)
+    policy = HostPolicy.from_json(json.loads(entry.value or b"{}").get(POLICY_KEY))
+    assert policy.pause_reason == reason
+    asked = 3600.0 if retry_after else 54.0  # a minute, less its jitter
+    assert policy.paused_until - time.time() >= asked - 30.0

@@ -755,6 +755,7 @@ class Fetcher:
     ) -> RobotsPolicy:
         """Fetch ``origin``'s robots.txt under ``hold`` (released here), set the host's
         Crawl-delay and share the policy with every pod. Raises ``RedirectPaused``."""
+        started = time.time()
         try:
             policy = await fetch_robots(
                 self.client,
@@ -781,7 +782,10 @@ class Fetcher:
         # of both: the lease released is the last hop's, so the origin's is set too.
         gap = self.politeness.clamp_gap(policy.crawl_delay(self.robots_token) or 0.0)
         released = hold.domain
-        await self._release(hold, end, gap=gap)
+        # A 429, a 503, a timeout: the answering host (the last hop's) is left alone as
+        # after a page's, not asked for robots.txt again when the fallback expires.
+        observation = _robots_observation(policy, hold.domain, started, end)
+        await self._release(hold, end, observation, gap=gap)
         if released != domain:
             finished = self.clock.at(end)
             await self._patiently(lambda: self.politeness.set_gap(domain, gap, finished))
@@ -881,6 +885,28 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         error_type=error,
         status=status,
         retry_after=polled.retry_after,
+        duration_ms=None,
+    )
+
+
+def _robots_observation(
+    policy: RobotsPolicy, domain: str, started: float, end: float
+) -> Observation | None:
+    """What a robots.txt answer says about ``domain``'s host, when it says it is unwell
+    or asks to slow down; None for the file, a 4xx, or our own refusal."""
+    if policy.failure is None:
+        return None
+    return Observation(
+        started=started,
+        at=end,
+        # The answering host's (a redirect's last hop may be another origin's file).
+        url=f"http://{domain}/robots.txt",
+        strategy="http",
+        success=False,
+        is_banned=False,
+        error_type=policy.failure,
+        status=policy.status_code,
+        retry_after=policy.retry_after,
         duration_ms=None,
     )
 

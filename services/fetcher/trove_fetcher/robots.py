@@ -12,7 +12,11 @@ What the fetch status means for the whole origin, and for how long:
   for ``retry_ttl`` only (10 minutes), so that robots.txt is asked for again soon.
 
 429 is a 4xx that RFC 9309 would read as "allow all"; Trove reads it as the site
-asking to slow down, like a 5xx, as Google does.
+asking to slow down, like a 5xx, as Google does. What such an answer says about the
+host (``failure``, with its ``retry_after``) is the fetcher's to learn from as it
+learns from a page's: a 429 or a 503 pauses the host as long as it asks, a timeout
+or a 5xx for a while that doubles, so robots.txt is not asked again every
+``retry_ttl`` from a host that said to wait.
 
 Redirects are followed up to 5 hops, to other hosts too (robots.txt of ``www.`` often
 lives on the bare domain), each hop through the SSRF-guarded client and, when the
@@ -51,6 +55,7 @@ from trove_fetcher.http import (
     BodyReader,
     HopGate,
     HopGateFailed,
+    parse_retry_after,
     pass_gate,
 )
 
@@ -117,6 +122,12 @@ class RobotsPolicy:
     truncated: bool = False
     #: Why the policy is not the file's rules, in words.
     error: str | None = None
+    #: What the answer says about the host when it was a failure of the host's (the
+    #: ``error_type`` of ``trove_schema.policy.Observation``: ``rate_limited``,
+    #: ``server_error``, ``timeout``, ``network_error``); None otherwise.
+    failure: str | None = None
+    #: The answer's Retry-After, in seconds, if it had one.
+    retry_after: float | None = None
     _key: tuple[str, float, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -169,6 +180,8 @@ class RobotsPolicy:
             "status": self.status_code,
             "truncated": self.truncated,
             "error": self.error,
+            "failure": self.failure,
+            "retry_after": self.retry_after,
         }
         return json.dumps(header, separators=(",", ":")).encode() + b"\n" + self.body
 
@@ -182,6 +195,9 @@ class RobotsPolicy:
                 raise ValueError(f"not a version {_FORMAT_VERSION} robots policy")
             status = header["status"]
             error = header["error"]
+            # Absent from the records of older pods.
+            failure = header.get("failure")
+            retry_after = header.get("retry_after")
             return cls(
                 origin=str(header["origin"]),
                 rule=RobotsRule(header["rule"]),
@@ -191,6 +207,8 @@ class RobotsPolicy:
                 body=body,
                 truncated=bool(header["truncated"]),
                 error=None if error is None else str(error),
+                failure=None if failure is None else str(failure),
+                retry_after=None if retry_after is None else float(retry_after),
             )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a robots policy: {exc}") from exc
@@ -239,7 +257,12 @@ async def fetch_robots(
             **more,
         )
 
-    def fallback(rule: RobotsRule, error: str) -> RobotsPolicy:
+    def fallback(
+        rule: RobotsRule,
+        error: str,
+        failure: str | None = None,
+        retry_after: float | None = None,
+    ) -> RobotsPolicy:
         return RobotsPolicy(
             origin=origin,
             rule=rule,
@@ -247,6 +270,8 @@ async def fetch_robots(
             ttl=retry_ttl if rule is RobotsRule.DISALLOW_ALL else ttl,
             status_code=last_status[-1] if last_status else None,
             error=error,
+            failure=failure,
+            retry_after=retry_after,
         )
 
     try:
@@ -284,7 +309,12 @@ async def fetch_robots(
                             return parsed(status, _cut_at_line(body), truncated=True)
                         return parsed(status, body)
                     if status == 429 or 500 <= status < 600:
-                        return fallback(RobotsRule.DISALLOW_ALL, f"HTTP {status}")
+                        return fallback(
+                            RobotsRule.DISALLOW_ALL,
+                            f"HTTP {status}",
+                            "rate_limited" if status == 429 else "server_error",
+                            parse_retry_after(response.headers.get("retry-after")),
+                        )
                     return fallback(RobotsRule.ALLOW_ALL, f"HTTP {status}")
                 finally:
                     await response.aclose()
@@ -292,9 +322,13 @@ async def fetch_robots(
     except (RedirectPaused, HopGateFailed, NetworkAway):
         raise  # the caller's to handle: not the site's answer
     except (TimeoutError, httpx.TimeoutException):
-        return fallback(RobotsRule.DISALLOW_ALL, f"timeout fetching {origin}/robots.txt")
+        error = f"timeout fetching {origin}/robots.txt"
+        return fallback(RobotsRule.DISALLOW_ALL, error, "timeout")
     except BlockedAddress as exc:
         return fallback(RobotsRule.DISALLOW_ALL, f"blocked address: {exc}")
+    except httpx.TransportError as exc:  # refused, reset, a bad TLS handshake: the host's
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        return fallback(RobotsRule.DISALLOW_ALL, error, "network_error")
     except (httpx.HTTPError, httpx.InvalidURL, FetcherError) as exc:
         return fallback(RobotsRule.DISALLOW_ALL, f"{type(exc).__name__}: {exc}"[:500])
     except Exception as exc:
