@@ -714,3 +714,20 @@ async def test_each_hostile_answer_is_a_recorded_error_and_polling_goes_on(
     ]
     assert taken == []
     assert await query(engine, "SELECT url FROM page_shares WHERE url LIKE '%10.20.30.40%'") == []
+
+
+async def test_a_follow_whose_gap_is_longer_than_a_short_wait_reads_its_timeline(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    # A gap of 2 s, past what a task waits for a lease (``LOCAL_WAIT``, 1 s): a poll's
+    # next request waits for its slot as a deferred poll, not in the task.
+    gap = 2.0
+    async with fediverse(
+        stack, state_dir, posts=10, TROVE_MIN_DOMAIN_DELAY_SECONDS=str(gap)
+    ) as setup:
+        await follow_by_nats(stack, setup.origin)
+        want = await wait_for_everything_shared(engine, setup, timeout=90)
+        seen = setup.instance_requests()
+    assert want  # the posts share links, and every one of them was read
+    gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(seen)]
+    assert min(gaps) >= gap - 0.02, f"two requests {min(gaps):.3f} s apart"

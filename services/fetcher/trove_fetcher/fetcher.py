@@ -227,6 +227,7 @@ class Fetcher:
             max_message_bytes=max_message_bytes,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
+        self.ack_wait = ack_wait
         #: The furthest slot this pod has planned (on ``clock``), for the gauge.
         self.furthest_slot = 0.0
         RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - self.clock.now()))
@@ -235,7 +236,10 @@ class Fetcher:
         event = decode_event(msg.data)
         if isinstance(event, TimelinePollRequested):
             try:
-                await self.poll(event)
+                # A poll waits for its host's gap between its requests: JetStream is
+                # told it is being handled, or it would hand it to another pod.
+                async with _in_progress(msg, every=self.ack_wait / 3):
+                    await self.poll(event)
             except NetworkAway as exc:
                 raise _waits_for_network(exc) from exc
             return
@@ -339,7 +343,9 @@ class Fetcher:
     # leases -----------------------------------------------------------------------
 
     @overload
-    async def _acquire(self, domain: str, reserved: bool) -> Granted | Deferred: ...
+    async def _acquire(
+        self, domain: str, reserved: bool, *, patience: float = ...
+    ) -> Granted | Deferred: ...
 
     @overload
     async def _acquire(
@@ -347,10 +353,15 @@ class Fetcher:
     ) -> Granted | Deferred | Moved: ...
 
     async def _acquire(
-        self, domain: str, reserved: bool, *, follow_moves: bool = False
+        self,
+        domain: str,
+        reserved: bool,
+        *,
+        follow_moves: bool = False,
+        patience: float = LOCAL_WAIT,
     ) -> Granted | Deferred | Moved:
-        """The domain's lease now or after a short wait in the task; else a far slot.
-        With ``follow_moves``, ``Moved`` for a host learned to have moved.
+        """The domain's lease now or after a wait in the task of ``patience`` at most;
+        else a far slot. With ``follow_moves``, ``Moved`` for a host learned to have moved.
 
         A lease that can start within ``LOCAL_WAIT`` is taken ahead, for its start, and
         the task sends when it comes: the request leaves at its slot rather than one
@@ -376,7 +387,7 @@ class Fetcher:
             # decision takes a good part of a gap, and sleeping the whole wait after it
             # would send the request that much past its slot.
             wait = decision.at - self.clock.now()
-            if wait > LOCAL_WAIT:
+            if wait > patience:
                 return decision
             LEASES.labels("waited").inc()
             await asyncio.sleep(max(0.0, wait))
@@ -823,12 +834,24 @@ class Fetcher:
             },
         )
 
+    async def _poll_lease(self, domain: str) -> Granted | Deferred:
+        """A poll's lease: the host's next free moment, waited for in the task when it
+        is a gap away at most (the longest gap, ``TROVE_MAX_DOMAIN_DELAY_SECONDS``). A
+        poll is a few requests to one host, and one in a chain that must read on: ending
+        it at each gap, coming back for a place in the host's queue of pages, it would
+        be behind the place it took itself each time (NodeInfo, then the API, never
+        reached). Its place is none: it takes the moment the host is free, as work that
+        comes back for its slot does, the gap kept as for any request. A longer wait (a
+        pause the host asked for) ends the poll with ``GateDeferred``."""
+        patience = max(LOCAL_WAIT, self.politeness.config.max_delay)
+        return await self._acquire(domain, True, patience=patience)
+
     @contextlib.asynccontextmanager
     async def _poll_gate(self, url: str) -> AsyncIterator[None]:
-        """One request of a poll: the host's lease now (or after a short wait), else
+        """One request of a poll: the host's lease (``_poll_lease``), else
         ``GateDeferred``: the poll ends with what it read and comes back at the slot."""
         domain = domain_of(url)
-        decision = await self._acquire(domain, False)
+        decision = await self._poll_lease(domain)
         if isinstance(decision, Deferred):
             raise GateDeferred(decision.at - self.clock.now())
         hold = _Hold(domain, decision)
@@ -842,7 +865,7 @@ class Fetcher:
         policy = await self._cached_robots(url)
         if policy is None:
             domain = domain_of(url)
-            decision = await self._acquire(domain, False)
+            decision = await self._poll_lease(domain)
             if isinstance(decision, Deferred):
                 raise GateDeferred(decision.at - self.clock.now())
             try:
@@ -887,6 +910,28 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         retry_after=polled.retry_after,
         duration_ms=None,
     )
+
+
+@contextlib.asynccontextmanager
+async def _in_progress(msg: Msg, *, every: float) -> AsyncIterator[None]:
+    """While the block runs, tell JetStream every ``every`` seconds that ``msg`` is
+    being handled."""
+
+    async def keep() -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await msg.in_progress()
+            except Exception as exc:  # the broker away: its redelivery is handled
+                log.debug("in-progress mark not sent: %s", exc)
+
+    task = asyncio.create_task(keep())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _robots_observation(
