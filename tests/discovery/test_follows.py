@@ -100,6 +100,8 @@ def test_lines_may_name_a_timeline_and_json_sets_the_options() -> None:
         (f"{INSTANCE} tag:no-dashes", '"timeline" must be "local", "public" or "tag:NAME"'),
         (f"{INSTANCE} home", '"timeline" must be'),
         (json.dumps({"instance": INSTANCE, "timelines": "local"}), "unknown key(s) 'timelines'"),
+        (json.dumps({"instance": INSTANCE, "timeline": None}), '"timeline" must be'),
+        ('{"instance": "https://social.example/\\ud800"}', "lone surrogate"),
         (json.dumps({"instance": INSTANCE, "max_depth": 101}), '"max_depth" must be an integer'),
         (json.dumps({"instance": INSTANCE, "backfill": True}), '"backfill" must be an integer'),
         (json.dumps({"instance": INSTANCE, "instances": []}), "exactly one of"),

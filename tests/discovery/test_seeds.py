@@ -220,12 +220,24 @@ BAD_SEEDS = {
     "neither url nor urls": ('{"priority": 5}', 'exactly one of "url" and "urls"'),
     "url not a string": ('{"url": ["https://a.example/"]}', '"url" must be a string'),
     "urls not an array": ('{"urls": "https://a.example/"}', '"urls" must be an array'),
+    "a lone surrogate in a pattern": (
+        '{"url": "https://a.example/", "scope": "pattern", "pattern": "\\ud800"}',
+        "lone surrogate",
+    ),
+    "a lone surrogate in a URL": ('{"urls": ["https://a.example/\\udfff"]}', "lone surrogate"),
 }
 
 
 @pytest.mark.parametrize(("payload", "reason"), BAD_SEEDS.values(), ids=list(BAD_SEEDS))
 def test_each_bad_seed_is_rejected_with_a_reason(payload: str, reason: str) -> None:
     assert reason in only_reason(parse(payload))
+
+
+def test_a_seed_with_a_lone_surrogate_gets_a_reply_a_terminal_and_a_program_can_read() -> None:
+    batch = parse('{"urls": ["\\ud800", "https://a.example/"]}')
+    assert not batch.accepted
+    assert "lone surrogate" in reply_text(batch).encode("utf-8").decode()
+    assert "lone surrogate" in json.loads(reply_json(batch))["rejected"][0]["reason"]
 
 
 def test_a_backreference_pattern_is_refused_in_the_reply_with_its_reason() -> None:

@@ -116,6 +116,15 @@ def test_the_title_is_the_name_then_the_summary_then_the_start_of_the_text() -> 
     assert len(found.title) <= 121
 
 
+def test_a_lone_surrogate_in_a_name_or_the_content_is_marked_not_a_failed_read() -> None:
+    # json.dumps writes the surrogate as the escape "\\ud800", as a hostile server would.
+    found = read(note(name="Les jardins \ud800 de Belleville", content="<p>Un \udfff jardin</p>"))
+    assert found.title is not None
+    assert found.title.startswith("Les jardins ")
+    assert "\ud800" not in found.title
+    assert found.language is not None
+
+
 def test_the_language_comes_from_the_context_when_there_is_no_content_map() -> None:
     article = note(contentMap=None, **{"@context": [CONTEXT, {"@language": "de-AT"}]})
     assert read(article).language == "de"  # the primary subtag, as for pages

@@ -44,6 +44,16 @@ HOSTILE = {
     "truncated feed": b"<?xml version='1.0'?><rss><channel><item><link>https://e.org/",
     "deep feed": b"<?xml version='1.0'?><feed>" + b"<entry>" * 10_000,
     "utf-16 without bom": "<title>hi</title>".encode("utf-16-le"),
+    # Each of these took a regular expression quadratic time (hours at this size, with
+    # the GIL held): the suite's timeout is what fails them.
+    "a refresh of a million spaces": b'<html><head><meta http-equiv="refresh" content="'
+    + b" " * 1_000_000
+    + b'x"></head><body>hi</body></html>',
+    "a feed text of a million angle brackets": b"<?xml version='1.0'?><rss><channel><item>"
+    + b"<title>t</title><description><![CDATA["
+    + b"<" * 1_000_000
+    + b"]]></description></item></channel></rss>",
+    "unclosed noscript tags": b"<html><body>" + b"<noscript " * 200_000,
 }
 
 

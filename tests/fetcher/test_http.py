@@ -694,9 +694,20 @@ def test_retry_after_parses_seconds_dates_and_refuses_garbage() -> None:
     assert parse_retry_after("Wed, 01 Jan 2025 12:02:00 GMT", now=now) == 120.0
     assert parse_retry_after("Wednesday, 01-Jan-25 12:00:30 GMT", now=now) == 30.0
     assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0
-    for garbage in ("soon", "-5", "", "1e9", "Wed, 99 Foo 2025"):
+    for garbage in (
+        "soon",
+        "-5",
+        "",
+        "1e9",
+        "Wed, 99 Foo 2025",
+        "Fri, 31 Dec 9999999999 23:59:59 GMT",
+    ):
         assert parse_retry_after(garbage, now=now) is None, garbage
     assert parse_retry_after(None) is None
+    # Longer than anything is a year: a finite number an event carries.
+    year = 365 * 86_400.0
+    assert parse_retry_after("1" * 400) == year
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now=now) == year
 
 
 def test_media_type_drops_parameters_and_case() -> None:

@@ -689,6 +689,22 @@ def test_entries_of_the_wrong_shape_are_told_from_posts() -> None:
     assert numeric.post.account == "ada@x"
 
 
+def test_a_post_of_unclosed_tags_is_read_in_linear_time_and_keeps_its_links() -> None:
+    # html.parser took quadratic time on this (minutes for one post, on the event
+    # loop): the suite's timeout is what fails it.
+    hostile = '<a href="https://blog.example/kept">k</a>' + "<a " * 85_000
+    entry = {
+        "id": "111",
+        "uri": "https://social.example/users/ada/statuses/111",
+        "visibility": "public",
+        "account": {"acct": "ada", "indexable": True, "discoverable": True},
+        "content": hostile,
+    }
+    read = read_entry(entry, host="social.example")
+    assert read.post is not None
+    assert read.post.links == ("https://blog.example/kept",)
+
+
 def test_ids_compare_as_numbers_when_they_are_digits_and_as_strings_otherwise() -> None:
     assert id_key("10") > id_key("9")
     assert id_key("01HZY8") < id_key("01HZY9")

@@ -91,6 +91,13 @@ def test_naive_times_are_taken_as_utc() -> None:
         (b'{"type": "PageDiscovered", "version": 0}', "unsupported version"),
         (b'{"type": "PageDiscovered", "version": 99}', "invalid PageDiscovered"),
         (b'{"type": "PageDiscovered", "version": 1, "url": 5}', "invalid PageDiscovered"),
+        (b"[" * 100_000, "nested too deeply"),
+        (
+            b'{"type": "PageDiscovered", "version": 1, "url": "https://a.example/", '
+            b'"domain": "a.example", "scope": {"value": "a.example"}, '
+            b'"provenance": {"kind": "seed"}, "occurred_at": "0001-01-01T00:00:00+14:00"}',
+            "invalid PageDiscovered",
+        ),
     ],
 )
 def test_malformed_wire_is_refused_with_a_reason(wire: bytes, message: str) -> None:

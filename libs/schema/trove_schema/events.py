@@ -228,7 +228,10 @@ class Event(Frozen):
     def _utc(cls, value: datetime) -> datetime:
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:  # year 1 at +14:00: before any UTC instant a datetime holds
+            raise ValueError("a time out of range once in UTC") from None
 
     def to_wire(self) -> bytes:
         """Compact JSON, type and version first (``decode_event``'s fast path relies on it)."""
@@ -573,6 +576,8 @@ def decode_event(data: bytes | str) -> Event:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedEvent(f"not JSON: {exc}") from exc
+    except RecursionError:
+        raise MalformedEvent("not JSON this reader can hold: nested too deeply") from None
     if not isinstance(raw, dict):
         raise MalformedEvent("an event is a JSON object")
     type_name = raw.pop("type", None)

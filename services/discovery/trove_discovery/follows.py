@@ -51,7 +51,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from trove_discovery.errors import InvalidFollow, InvalidURL
-from trove_discovery.replies import MAX_RAW_LENGTH, Refused, reply_lines
+from trove_discovery.replies import MAX_RAW_LENGTH, Refused, read_json, reply_lines
 from trove_schema.bus import Bus
 from trove_schema.events import (
     InstanceFollowed,
@@ -143,12 +143,9 @@ def parse_command(
     default = _Options(timeline=DEFAULT_TIMELINE if verb == "follow" else None)
     lines: list[tuple[object, _Options, str | None]]
     if text[0] in "{[":
-        try:
-            document = json.loads(text)
-        except ValueError as exc:
-            return _rejected(verb, text, f"malformed JSON: {exc}")
-        except RecursionError:
-            return _rejected(verb, text, "JSON nested too deeply")
+        document, refusal = read_json(text)
+        if refusal is not None:
+            return _rejected(verb, text, refusal)
         try:
             lines = _from_json(document, verb, default)
         except InvalidFollow as exc:
@@ -270,7 +267,8 @@ def _from_json(
     else:
         raise InvalidFollow('"instances" must be an array of strings')
     timeline = document.get("timeline", default.timeline)
-    if timeline is not None:
+    # None is every timeline, which only an unfollow can name: a follow's null is refused.
+    if timeline is not None or verb == "follow":
         timeline = timeline_name(timeline)
     options = _Options(
         timeline=timeline,

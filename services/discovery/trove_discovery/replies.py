@@ -3,8 +3,10 @@ on an operator subject (seeds, follows)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Items named in a text reply; the rest are counted.
 REPLY_TEXT_LIMIT = 20
@@ -42,3 +44,22 @@ def reply_lines(head: str, accepted: Sequence[str], rejected: Sequence[tuple[str
         if more > 0:
             lines.append(f"  and {more} more")
     return "\n".join(lines)
+
+
+def read_json(text: str) -> tuple[Any, str | None]:
+    """The JSON document ``text`` holds, or None and why it is refused: malformed,
+    nested too deeply, or with a lone surrogate escape ("\\ud800") in a string, which no
+    reply, event or regular expression could carry (each would raise on it)."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        return None, f"malformed JSON: {exc}"
+    except RecursionError:  # "[[[[...": json's C parser gives up, it is not malformed
+        return None, "JSON nested too deeply"
+    try:
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return None, "a JSON string holds a lone surrogate escape (\\ud800 to \\udfff)"
+    except RecursionError:
+        return None, "JSON nested too deeply"
+    return document, None

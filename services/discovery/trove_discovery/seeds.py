@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
-from trove_discovery.replies import MAX_RAW_LENGTH, Refused, reply_lines
+from trove_discovery.replies import MAX_RAW_LENGTH, Refused, read_json, reply_lines
 from trove_discovery.scope import pattern_error
 from trove_schema.events import Provenance, Scope, ScopeKind
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
@@ -96,12 +96,9 @@ def parse_seeds(
         return _rejected("", "empty seed message")
     candidates: list[object]
     if text[0] in "{[":
-        try:
-            document = json.loads(text)
-        except ValueError as exc:
-            return _rejected(text, f"malformed JSON: {exc}")
-        except RecursionError:  # "[[[[...": json's C parser gives up, it is not malformed
-            return _rejected(text, "JSON nested too deeply")
+        document, refusal = read_json(text)
+        if refusal is not None:
+            return _rejected(text, refusal)
         try:
             candidates, options = _from_json(document, settings)
         except InvalidSeed as exc:

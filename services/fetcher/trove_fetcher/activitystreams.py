@@ -38,6 +38,7 @@ from trove_fetcher.extract import (
 )
 from trove_fetcher.language import primary_tag
 from trove_schema.events import LinkKind
+from trove_schema.text import storable
 
 #: Media types an ActivityStreams object comes as (``application/json`` from servers
 #: that answer the profile-less type).
@@ -257,7 +258,9 @@ def _language_map(item: Mapping[str, object], key: str) -> dict[str, str]:
 def _bounded(value: str, key: str) -> str:
     if len(value) > MAX_CONTENT_CHARS:
         raise NotActivityStreams(f"{key} of {len(value)} characters")
-    return value
+    # JSON's "\ud800" is a lone surrogate, which the language detector (and UTF-8)
+    # refuses: marked, as every text an event carries is.
+    return storable(value)
 
 
 def _declared_language(item: Mapping[str, object], document: Mapping[str, object]) -> str | None:

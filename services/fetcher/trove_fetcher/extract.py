@@ -44,8 +44,10 @@ _INVISIBLE = ("head", "script", "style", "noscript", "template", "nav", "svg")
 _LINK_TAGS = ("a", "area", "img", "script", "link", "frame", "iframe", "meta")
 # A <noscript> that asks for JavaScript ("You need to enable JavaScript to run this app"),
 # looked for in the source of pages with next to no text only (they are few, and small).
+# The tag's attributes stop at the next "<": scanning to the next ">" from each of a
+# hostile page's thousands of unclosed "<noscript" would be quadratic.
 _ASKS_FOR_SCRIPT = re.compile(
-    r"<noscript\b[^>]*>(?:(?!</noscript).){0,2000}?\bjavascript\b", re.IGNORECASE | re.DOTALL
+    r"<noscript\b[^<>]*>(?:(?!</noscript).){0,2000}?\bjavascript\b", re.IGNORECASE | re.DOTALL
 )
 # Elements that are empty by nature, never an application's mount point.
 _VOID = frozenset({"br", "hr", "img", "input", "wbr", "area", "col", "embed", "source", "track"})
@@ -83,7 +85,9 @@ _FEED_ROOT = re.compile(
     re.DOTALL,
 )
 _BINARY_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f]")
-_MARKUP = re.compile(r"<[^>]*>")
+# A tag ends at its ">", and at the next "<" (linear: a text of a million "<" would
+# have each scan to the end for a ">").
+_MARKUP = re.compile(r"<[^<>]*>")
 _HTTP = ("http", "https")
 _ABSOLUTE = ("http://", "https://")
 # A path (absolute or relative) with no scheme, authority, query-only or dot start.
@@ -102,8 +106,10 @@ _UA_PREFIX = re.compile(r"\A\s*([A-Za-z0-9_.*-]+)\s*:(.*)\Z", re.DOTALL)
 _VALUED_DIRECTIVES = frozenset(
     {"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"}
 )
+# Possessive: the two runs of spaces around an empty delay must not try every split of
+# a content of a million spaces (quadratic, with the GIL held).
 _REFRESH_URL = re.compile(
-    r"""\A\s*[\d.]*\s*[;,]\s*(?:url\s*=\s*)?(["']?)(?P<url>[^"']+)\1""", re.IGNORECASE
+    r"""\A\s*+[\d.]*+\s*+[;,]\s*+(?:url\s*+=\s*+)?(["']?)(?P<url>[^"']+)\1""", re.IGNORECASE
 )
 
 

@@ -221,20 +221,27 @@ class FetchResult:
         ) or self.status_code in (429, 503)
 
 
+#: A Retry-After past this (a year) is read as this. Every wait a site may ask is capped
+#: far below it downstream; a number too big for a float (400 digits) would be
+#: infinite, which an event's JSON cannot carry.
+LONGEST_RETRY_AFTER = 365 * 86_400.0
+
+
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
     """Seconds from a Retry-After value: delta-seconds or an HTTP-date; None if invalid."""
     if value is None:
         return None
     value = value.strip()
     if re.fullmatch(r"\d+(\.\d+)?", value):
-        return float(value)
+        return min(float(value), LONGEST_RETRY_AFTER)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # a year past datetime's
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return min(max(0.0, seconds), LONGEST_RETRY_AFTER)
 
 
 def audit_headers(headers: httpx.Headers) -> dict[str, str]:
