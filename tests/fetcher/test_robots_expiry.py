@@ -165,3 +165,26 @@ async def test_a_robots_txt_that_says_wait_pauses_its_host_past_the_fallbacks_ex
     assert policy.pause_reason == reason
     asked = 3600.0 if retry_after else 54.0  # a minute, less its jitter
     assert policy.paused_until - time.time() >= asked - 30.0
+
+
+async def test_a_robots_txt_that_cannot_be_read_keeps_the_crawl_delay_the_last_one_gave(
+    bus: Bus, client: httpx.AsyncClient, site: tuple[LocalServer, dict[str, bytes]]
+) -> None:
+    server, robots = site
+    robots["body"] = b"User-agent: *\nCrawl-delay: 5\n"
+    clock = SharedClock()
+    fetcher = await fetcher_on(bus, client, clock, robots_ttl=20.0)
+    first, second = work(server, "/first"), work(server, "/second")
+    domains = await bus.js.key_value(DOMAINS_BUCKET)
+    try:
+        await fetcher.process(Job(first), first.to_wire())
+        before = json.loads((await domains.get(HOST)).value or b"{}")
+        robots["status"] = b"500"  # the file read again, and unreadable for now
+        clock.ahead = 21.0
+        await fetcher.process(Job(second), second.to_wire())
+    finally:
+        fetcher.close()
+    after = json.loads((await domains.get(HOST)).value or b"{}")
+    assert len(server.requests_to("/robots.txt", HOST)) == 2
+    assert before["gap"] == 5.0
+    assert after["gap"] == 5.0

@@ -356,6 +356,23 @@ def test_retry_after_is_honoured_exactly_and_capped(status: int) -> None:
     assert observe(HostPolicy(), huge, CONFIG).paused_until == T0 + CONFIG.rate_max
 
 
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_retry_after_of_nothing_pauses_as_without_one(status: int) -> None:
+    # "Retry-After: 0", or a date already past: the host still said no.
+    outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
+    policy, now, pauses = HostPolicy(), T0, []
+    for _ in range(3):
+        observation = Observation.of(
+            attempt(page(1), "http", outcome, at=now, status_code=status, retry_after=0.0)
+        )
+        policy = observe(policy, observation, CONFIG)
+        pauses.append(policy.paused_until - now)
+        now = policy.paused_until + 1.0
+    for level, pause in enumerate(pauses, start=1):
+        nominal = CONFIG.rate_base * 2 ** (level - 1)
+        assert 0.9 * nominal <= pause <= 1.1 * nominal, pauses
+
+
 def test_answers_already_in_flight_escalate_once() -> None:
     # Five requests left together; the first answer escalates, the other four arrive
     # after it from requests that had already started.

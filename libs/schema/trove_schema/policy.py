@@ -467,8 +467,11 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         if not in_flight:
             rate = min(rate + 1, MAX_LEVEL)
             escalated_at = max(escalated_at, obs.at)
-        if obs.retry_after is not None:
-            pause(min(max(obs.retry_after, 0.0), config.rate_max), f"{kind} (Retry-After)")
+        # A Retry-After of 0 (or a date already past) asks for no wait while refusing
+        # the request: it says nothing, and the pauses double as without one, or a
+        # host answering so would get a request every gap for ever.
+        if obs.retry_after is not None and obs.retry_after > 0:
+            pause(min(obs.retry_after, config.rate_max), f"{kind} (Retry-After)")
         elif not in_flight:
             nominal = config.rate_base * 2.0 ** (rate - 1)
             pause(min(config.rate_max, nominal * _jitter(_host(obs.url), "rate", rate)), kind)

@@ -791,15 +791,18 @@ class Fetcher:
         # The host's gap as its Crawl-delay sets it, written with the release. A
         # robots.txt redirected to another host (www. to the bare domain) is the file
         # of both: the lease released is the last hop's, so the origin's is set too.
-        gap = self.politeness.clamp_gap(policy.crawl_delay(self.robots_token) or 0.0)
+        # A file that could not be read (a 5xx, a timeout) says nothing of the
+        # Crawl-delay: the host keeps the one it has, not the default.
+        delay = policy.crawl_delay(self.robots_token) or 0.0
+        gap = None if policy.temporary else self.politeness.clamp_gap(delay)
         released = hold.domain
         # A 429, a 503, a timeout: the answering host (the last hop's) is left alone as
         # after a page's, not asked for robots.txt again when the fallback expires.
         observation = _robots_observation(policy, hold.domain, started, end)
         await self._release(hold, end, observation, gap=gap)
-        if released != domain:
-            finished = self.clock.at(end)
-            await self._patiently(lambda: self.politeness.set_gap(domain, gap, finished))
+        if released != domain and gap is not None:
+            finished, crawl_gap = self.clock.at(end), gap
+            await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
         await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
         self._remember(origin, policy)
         return policy
