@@ -711,6 +711,29 @@ def test_a_move_is_not_learned_or_is_forgotten_on_evidence_against_it(
     assert moved(fold(learned, second(T0 + 2)), T0 + 2, CONFIG) is None
 
 
+def test_redirects_of_one_part_of_a_site_or_for_now_are_not_the_host_moving() -> None:
+    # /files/ sent to a download host, path kept: the rest of the site is still here.
+    section = fold(
+        HostPolicy(),
+        redirect("http://files.test/files/a.pdf", "https://dl.files.test/files/a.pdf", T0),
+        redirect("http://files.test/files/b.pdf", "https://dl.files.test/files/b.pdf", T0 + 1),
+        redirect("http://files.test/files/c.pdf", "https://dl.files.test/files/c.pdf", T0 + 2),
+    )
+    assert moved(section, T0 + 3, CONFIG) is None
+    # A redirect from another part of the site makes it the host's move.
+    elsewhere = redirect("http://files.test/about", "https://dl.files.test/about", T0 + 3)
+    assert moved(fold(section, elsewhere), T0 + 4, CONFIG) == "https://dl.files.test"
+    # A 302 or 307 keeps no vote: moved for now is not moved.
+    for status in (302, 307):
+        passing = fold(
+            HostPolicy(),
+            redirect("http://www.moved.test/a", "https://moved.test/a", T0, status=status),
+            redirect("http://www.moved.test/b", "https://moved.test/b", T0 + 1, status=status),
+        )
+        assert moved(passing, T0 + 2, CONFIG) is None, status
+        assert passing.move_votes == 0
+
+
 def test_a_failure_or_an_error_page_says_nothing_about_a_move() -> None:
     learned = fold(
         HostPolicy(),

@@ -21,9 +21,11 @@ agree. What a host's record learns:
 * **How gently to go**: the gap grows with the host's recent response time (a median).
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
-* **Whether it moved**: a host that answers ``MOVE_CONFIRMATIONS`` requests in a row
-  with a redirect to the same path on one other origin (``www.`` to the bare name, an
-  old domain to a new one) has moved there. Its pages are asked for at their new
+* **Whether it moved**: a host that answers ``MOVE_CONFIRMATIONS`` requests in a row,
+  of different parts of the site (first path segments), with a permanent redirect
+  (301, 308) to the same path on one other origin (``www.`` to the bare name, an old
+  domain to a new one) has moved there. Redirects of one part (``/files/`` sent to a
+  download host) are not the host moving: its other pages are still its own. Its pages are asked for at their new
   address without a request to the old one (``moved_to``), until ``move_recheck`` has
   passed and the next request finds out whether it still redirects. Any answer of its
   own, or a redirect that does not keep the path, forgets it.
@@ -73,9 +75,12 @@ RECENT_ANSWERS = 5
 JITTER = 0.1
 #: Decimals the fold keeps: counts to 1e-4 of an attempt, times to the millisecond.
 COUNT_DIGITS = 4
-#: Redirects in a row, each keeping its path, to one other origin before a host is taken
-#: to have moved there: two, so that one page moved elsewhere is not the whole host.
+#: Redirects in a row, each keeping its path, to one other origin, from as many parts of
+#: the site, before a host is taken to have moved there: two, so that one page (or one
+#: section) moved elsewhere is not the whole host.
 MOVE_CONFIRMATIONS = 2
+#: Redirects that say a page moved for good; a 302 or 307 is for now.
+PERMANENT_REDIRECTS = frozenset({301, 308})
 TIME_DIGITS = 3
 
 
@@ -324,6 +329,8 @@ class HostPolicy:
     #: The origin its last redirects kept the path to, and how many in a row.
     move_origin: str | None = None
     move_votes: int = 0
+    #: The part of the site (first path segment) the last of them came from.
+    move_section: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """Compact: fields at their default are left out. Lossless: ``observe`` rounds its
@@ -381,9 +388,10 @@ _SCALARS: dict[str, Any] = {
     "moved_at": 0.0,
     "move_origin": None,
     "move_votes": 0,
+    "move_section": None,
 }
 #: Text fields and their longest value (an origin holds a host name of up to 253).
-_TEXT_FIELDS = {"pause_reason": 64, "moved_to": 300, "move_origin": 300}
+_TEXT_FIELDS = {"pause_reason": 64, "moved_to": 300, "move_origin": 300, "move_section": 300}
 
 
 def _coerce(value: object, default: Any, *, text: int = 0) -> Any:
@@ -497,11 +505,14 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
 
     moved_to, moved_at = policy.moved_to, policy.moved_at
     move_origin, move_votes = policy.move_origin, policy.move_votes
+    move_section = policy.move_section
     if obs.moved_to:
-        if obs.moved_to == move_origin:
-            move_votes = min(move_votes + 1, MAX_LEVEL)
-        else:
-            move_origin, move_votes = obs.moved_to, 1
+        section = _section(obs.url)
+        if obs.moved_to != move_origin:
+            move_origin, move_votes, move_section = obs.moved_to, 1, section
+        elif section != move_section or move_votes >= MOVE_CONFIRMATIONS:
+            # Another part of the site (or a move known already, renewed).
+            move_votes, move_section = min(move_votes + 1, MAX_LEVEL), section
         if move_votes >= MOVE_CONFIRMATIONS:
             moved_to, moved_at = move_origin, obs.at
         elif moved_to != move_origin:
@@ -509,6 +520,7 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
     elif obs.moved_to is not None or _answered(obs):
         # Its own answer, or a redirect that does not keep the path: not a move.
         moved_to, moved_at, move_origin, move_votes = None, 0.0, None, 0
+        move_section = None
 
     honoured, ignored = policy.validators_honoured, policy.validators_ignored
     if obs.conditional:
@@ -537,6 +549,7 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         moved_at=round(moved_at, TIME_DIGITS),
         move_origin=move_origin,
         move_votes=move_votes,
+        move_section=move_section,
     )
 
 
@@ -559,6 +572,8 @@ def _redirected_to(event: CrawlCompleted) -> str | None:
     status = event.status_code
     if event.outcome is not CrawlOutcome.REJECTED or status is None or not 300 <= status < 400:
         return None
+    if status not in PERMANENT_REDIRECTS:
+        return None  # moved for now: says nothing of where the host lives
     links = reversed(event.links)
     target = next((link.url for link in links if link.kind is LinkKind.REDIRECT), None)
     # The last hop as the fetcher sent it; the target canonical, as every link is.
@@ -571,6 +586,11 @@ def _redirected_to(event: CrawlCompleted) -> str | None:
     if (source.path or "/", source.query) != (to.path or "/", to.query):
         return ""
     return f"{to.scheme}://{to.netloc}".lower()
+
+
+def _section(url: str) -> str:
+    """The part of a site ``url`` is in: its path's first segment ("" for the root)."""
+    return (urlsplit(url).path or "/").lstrip("/").split("/", 1)[0]
 
 
 def _learn(
