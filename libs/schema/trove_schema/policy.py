@@ -25,10 +25,11 @@ agree. What a host's record learns:
   of different parts of the site (first path segments), with a permanent redirect
   (301, 308) to the same path on one other origin (``www.`` to the bare name, an old
   domain to a new one) has moved there. Redirects of one part (``/files/`` sent to a
-  download host) are not the host moving: its other pages are still its own. Its pages are asked for at their new
-  address without a request to the old one (``moved_to``), until ``move_recheck`` has
-  passed and the next request finds out whether it still redirects. Any answer of its
-  own, or a redirect that does not keep the path, forgets it.
+  download host) are not the host moving: its other pages are still its own. Its
+  pages are asked for at their new address without a request to the old one
+  (``moved_to``), until ``move_recheck`` has passed and the next request finds out
+  whether it still redirects. Any answer of its own, or a redirect that does not keep
+  the path, forgets it.
 
 The record is small and bounded (one estimate per URL class and strategy), and it
 travels as compact JSON that older and newer pods both read (``to_json``/``from_json``).
