@@ -66,9 +66,18 @@ def _negotiated(exchange: Exchange) -> None:
         exchange.send(200, SHELL, {"Vary": "Accept"})
 
 
+CHALLENGE = (
+    b"<html><head><title>Just a moment...</title></head>"
+    b"<body>Checking <a href='/cdn-cgi/challenge'>more</a></body></html>"
+)
+
+
 def _challenge(exchange: Exchange) -> None:
-    body = b"<html><head><title>Just a moment...</title></head><body>Checking</body></html>"
-    exchange.send(200, body, {"Server": "cloudflare", "cf-mitigated": "challenge"})
+    exchange.send(200, CHALLENGE, {"Server": "cloudflare", "cf-mitigated": "challenge"})
+
+
+def _waf_challenge(exchange: Exchange) -> None:
+    exchange.send(202, CHALLENGE, {"Server": "awselb/2.0", "x-amzn-waf-action": "challenge"})
 
 
 ROUTES = {
@@ -78,6 +87,7 @@ ROUTES = {
     "/paper.pdf": lambda ex: ex.send(200, PAPER, content_type="application/pdf"),
     "/download": lambda ex: ex.send(200, PAPER, content_type="application/pdf"),
     "/challenge": _challenge,
+    "/waf-challenge": _waf_challenge,
     "/empty": lambda ex: ex.send(200, b""),
     "/broken-json": lambda ex: ex.send(200, b'{"type": "Note", "content": [', {}, ACTIVITY_JSON),
 }
@@ -218,16 +228,22 @@ async def test_a_pdf_answered_to_an_activitypub_request_is_the_wrong_tool(
     assert (verdict.success, verdict.error_type) == (False, "wrong_tool")
 
 
+@pytest.mark.parametrize("path", ["/challenge", "/waf-challenge"])
 @pytest.mark.parametrize("name", ["http", "activitypub"])
-async def test_a_challenge_page_with_a_200_is_never_a_success(
-    client: httpx.AsyncClient, server: LocalServer, name: str
+async def test_a_challenge_page_with_a_2xx_is_never_a_success_nor_the_pages_content(
+    client: httpx.AsyncClient, server: LocalServer, name: str, path: str
 ) -> None:
-    _, _, verdict = await attempt(client, server, "/challenge", name)
+    _, event, verdict = await attempt(client, server, path, name)
     assert (verdict.success, verdict.error_type, verdict.is_banned) == (
         False,
         "blocked_captcha",
         True,
     )
+    # Nothing of the challenge goes into the record as the page's (asked as ActivityPub,
+    # its HTML is refused on its Content-Type before it is read).
+    expected = CrawlOutcome.BLOCKED_4XX if name == "http" else CrawlOutcome.REJECTED
+    assert event.outcome is expected
+    assert (event.title, event.content_hash, event.links, event.keywords) == (None, None, (), ())
 
 
 async def test_an_empty_body_is_empty_content(

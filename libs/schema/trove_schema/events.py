@@ -62,7 +62,7 @@ MessageText = Annotated[str, Storable(2000)]
 HeaderText = Annotated[str, Storable(1000)]
 
 #: Most response headers one CrawlCompleted carries for the audit, and their sizes.
-MAX_AUDIT_HEADERS = 12
+MAX_AUDIT_HEADERS = 16
 MAX_AUDIT_HEADER_NAME = 64
 MAX_AUDIT_HEADER_VALUE = 256
 

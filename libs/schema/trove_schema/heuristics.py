@@ -37,6 +37,7 @@ The verdict:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -102,7 +103,7 @@ class Audit:
 def audit(event: CrawlCompleted) -> Audit:
     """The verdict and tags of one attempt; the same event always gives the same answer."""
     headers = {name.lower(): value for name, value in event.response_headers.items()}
-    challenge = _challenge(event.status_code, headers)
+    challenge = is_challenge(event.status_code, headers)
     error_type = _error_type(event, challenge)
     is_banned = challenge or event.status_code in (403, 429)
     tags = [
@@ -191,8 +192,13 @@ def text_bucket(chars: int) -> str:
     return "10k+"
 
 
-def _challenge(status: int | None, headers: dict[str, str]) -> bool:
+def is_challenge(status: int | None, headers: Mapping[str, str]) -> bool:
+    """Whether an answer (its status, its ``AUDIT_HEADERS`` by lower-case name) is a bot
+    challenge rather than the page, whatever its status: Cloudflare's ``cf-mitigated``,
+    AWS WAF's ``x-amzn-waf-action`` (a 202 or a 405), a challenging server's 403/503."""
     if headers.get("cf-mitigated", "").strip().lower() == "challenge":
+        return True
+    if headers.get("x-amzn-waf-action", "").strip().lower() in ("challenge", "captcha"):
         return True
     if status in (403, 503):
         server = headers.get("server", "").lower()

@@ -31,6 +31,7 @@ from trove_schema.events import (
     PageDiscovered,
     derived_event_id,
 )
+from trove_schema.heuristics import is_challenge
 from trove_schema.policy import moved_url
 from trove_schema.urls import canonicalize_or_none
 
@@ -43,6 +44,8 @@ HEADERS_ROOM = 4096
 _REASON_LENGTH = 2000
 #: How the reason of an attempt whose body its strategy could not read begins.
 EXTRACTION_FAILED = "extraction failed"
+#: Why a challenge answered with a 2xx is not a success.
+CHALLENGE_MESSAGE = "a bot challenge, not the page"
 
 
 def event_budget(max_message_bytes: int) -> int:
@@ -199,6 +202,14 @@ def _completed(
     extraction: Extraction | None,
     started: datetime,
 ) -> CrawlCompleted:
+    outcome, message = result.outcome, result.error_message
+    if outcome is CrawlOutcome.SUCCESS and is_challenge(
+        result.status_code, result.response_headers
+    ):
+        # A challenge sent with a 2xx (Cloudflare's 200, AWS WAF's 202) is not the page:
+        # its title, links and hash stay out of the record and of discovery, and the
+        # audit reads it as the challenge it is (the host left alone).
+        outcome, message, extraction = CrawlOutcome.BLOCKED_4XX, CHALLENGE_MESSAGE, None
     # Links as plain dicts: pydantic validates them in one go, in Rust, when the event is
     # built (~1 us a link; model_construct, in Python, takes ~3.5).
     links: list[dict[str, object]] = []
@@ -233,9 +244,9 @@ def _completed(
     final_url = result.final_url if result.final_url and result.final_url != work.url else None
     return CrawlCompleted(
         **base,
-        outcome=result.outcome,
+        outcome=outcome,
         status_code=result.status_code,
-        error_message=result.error_message,
+        error_message=message,
         started_at=started,
         completed_at=datetime.now(UTC),
         retry_after=result.retry_after,

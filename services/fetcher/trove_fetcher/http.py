@@ -91,6 +91,7 @@ AUDIT_HEADERS = (
     "x-cache",
     "x-served-by",
     "x-amz-cf-id",
+    "x-amzn-waf-action",
 )
 _AUDIT_VALUE_LENGTH = 256
 _DEFAULT_PORTS = {"http": 80, "https": 443}
