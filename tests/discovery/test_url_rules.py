@@ -91,6 +91,7 @@ def page(path: str, *, canonical: str | None = None, links: tuple[str, ...] = ()
         started_at=now,
         completed_at=now,
         content_hash=hashlib.sha256(path.encode()).hexdigest(),
+        title="A page of the site",  # content: the audit's success, all evidence needs
         canonical_url=SITE + canonical if canonical else None,
         links=tuple(Link(url=SITE + link) for link in links),
     )
@@ -232,6 +233,25 @@ async def test_a_page_that_changes_with_its_parameter_keeps_it(bus: Bus) -> None
     await handle(discovery, bus, page("/p/1", links=("/list?page=9", "/list?page=9&ref=a")))
     found = await discovered(bus)
     assert SITE + "/list?page=9" in found
+
+
+@pytest.mark.parametrize("content", [False, True], ids=["one-shell-for-all", "the-same-page"])
+async def test_only_the_pages_own_content_teaches_that_a_parameter_is_noise(
+    bus: Bus, content: bool
+) -> None:
+    # A site serving one body for every URL: an app shell (or a challenge, a login wall)
+    # says nothing of its parameters; the same page under each spelling does.
+    discovery = await replica(bus)
+    same = hashlib.sha256(b"one body").hexdigest()
+    body: dict[str, object] = {"content_hash": same}
+    if not content:
+        body |= {"title": None, "shell": True, "text_chars": 0}
+    for path in ("/list", "/list?page=2", "/list?page=3"):
+        fetched = page(path, links=("/list?page=2",)).model_copy(update=body)
+        await handle(discovery, bus, fetched)
+    await handle(discovery, bus, page("/p/1", links=("/list?page=9",)))
+    found = await discovered(bus)
+    assert (SITE + "/list?page=9" in found) is not content
 
 
 async def test_canonical_links_of_alias_pages_stay_one_page(bus: Bus) -> None:

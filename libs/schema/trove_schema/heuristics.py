@@ -119,6 +119,13 @@ def audit(event: CrawlCompleted) -> Audit:
     )
 
 
+def usable(event: CrawlCompleted) -> bool:
+    """``audit(event).success`` without the tags: whether the attempt brought the page's
+    content (not a challenge, a shell, an empty body or the wrong kind)."""
+    headers = {name.lower(): value for name, value in event.response_headers.items()}
+    return _error_type(event, is_challenge(event.status_code, headers)) is None
+
+
 def url_tags(url: str) -> list[Tag]:
     """Tags known before the fetch, from the URL alone."""
     parts = urlsplit(url)

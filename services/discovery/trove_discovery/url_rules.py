@@ -41,6 +41,7 @@ from trove_schema.aliases import (
     undecided,
 )
 from trove_schema.events import CrawlCompleted, CrawlOutcome
+from trove_schema.heuristics import usable
 from trove_schema.turns import Turns
 
 log = logging.getLogger("trove.discovery")
@@ -104,8 +105,13 @@ class UrlRules:
             self._probes.remember(name, max(0, (self._probes.get(name) or 0) + count))
 
     async def learn(self, event: CrawlCompleted) -> None:
-        """Fold a fetch's evidence into its host's record (compare-and-set)."""
+        """Fold a fetch's evidence into its host's record (compare-and-set). Only the
+        page's own content is evidence: a maintenance page, a login wall or an app
+        shell served for every URL has one hash for all, and would teach that every
+        parameter is noise, for good (no spelling carrying one is asked again)."""
         if event.outcome is not CrawlOutcome.SUCCESS or not event.content_hash:
+            return
+        if not usable(event):
             return
         host = event.domain
         async with self._learning.of(host):
