@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import StoreCompression
+from nats.js.api import StoreCompression, StreamConfig
 from nats.js.errors import NotFoundError
 
 from tests.conftest import StackUrls, eventually
@@ -26,6 +27,7 @@ from trove_schema.topology import (
     SEEN_BUCKET,
     WORK_STREAM,
     TopologyOptions,
+    _ensure_stream,
     declare,
     ensure_topology,
 )
@@ -237,6 +239,29 @@ async def test_what_an_operator_set_outside_troves_settings_survives_the_owners_
     assert after.max_age == 400 * DAY
     assert after.max_bytes == 1 << 30
     assert (after.metadata or {}).get("team") == "search"
+
+
+async def test_a_deny_flag_an_operator_set_survives_the_owners_reconcile(bus: Bus) -> None:
+    # A stream of its own: the server never lifts a deny flag, so no other test may
+    # meet one on a stream of the crawl.
+    name = "TROVE_TEST_DENY"
+    config = StreamConfig(name=name, subjects=["trove.test.deny.>"], max_age=3600.0)
+    with contextlib.suppress(NotFoundError):
+        await bus.js.delete_stream(name)
+    await bus.js.add_stream(config)
+    try:
+        info = await bus.js.stream_info(name)
+        await bus.js.update_stream(
+            replace(info.config, deny_delete=True, deny_purge=True, max_msgs_per_subject=5)
+        )
+        # The owner wants another age: its update must not send the flags back off,
+        # which the server refuses (the owner would never start).
+        await _ensure_stream(bus.js, replace(config, max_age=7200.0), reconcile=True)
+        after = (await bus.js.stream_info(name)).config
+    finally:
+        await bus.js.delete_stream(name)
+    assert after.max_age == 7200.0
+    assert (after.deny_delete, after.deny_purge, after.max_msgs_per_subject) == (True, True, 5)
 
 
 def _crawled(n: int, links: int = 100) -> list[bytes]:

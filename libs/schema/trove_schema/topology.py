@@ -467,7 +467,7 @@ def _merged(current: _Config, wanted: _Config) -> _Config:
     ``max_bytes``, placement, metadata; a durable's metadata, ``inactive_threshold``,
     ``sample_freq``) to the server's defaults on every reconcile.
     """
-    fields = {k: v for k, v in vars(wanted).items() if v is not None}
+    fields = _managed(wanted)
     # A durable has one filter or a list of them, never both: the wanted one replaces
     # whichever the server holds.
     if "filter_subject" in fields:
@@ -477,10 +477,24 @@ def _merged(current: _Config, wanted: _Config) -> _Config:
     return replace(current, **fields)
 
 
+def _managed(wanted: _Config) -> dict[str, Any]:
+    """The fields Trove sets in ``wanted``: those not None and not at nats-py's default.
+
+    nats-py's configs default some fields to a value rather than None (a stream's
+    ``deny_delete=False``, ``max_msgs_per_subject=-1``): sent back on every reconcile,
+    they would undo what an operator set (``nats stream edit --deny-delete``), and the
+    server refuses to lift a deny flag, so the owner would never start. A field Trove
+    wants at its default is then left as the server holds it.
+    """
+    default = vars(type(wanted)())
+    return {k: v for k, v in vars(wanted).items() if v is not None and v != default.get(k)}
+
+
 def _differs(current: Any, wanted: Any) -> bool:
-    """True when a field we set differs from the server's (fields we leave None are ignored)."""
-    for name, value in vars(wanted).items():
-        if value is None or name in {"name", "description"}:
+    """True when a field we set differs from the server's (fields we leave None, or at
+    nats-py's default, are ignored: ``_managed``)."""
+    for name, value in _managed(wanted).items():
+        if name in {"name", "description"}:
             continue
         have = getattr(current, name, None)
         if isinstance(value, float) or isinstance(have, float):
