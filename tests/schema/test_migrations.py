@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -59,3 +61,23 @@ async def test_migration_0004_keeps_every_edge_both_ways(scratch_database: str) 
             assert (await conn.execute(text(EDGES))).all() == before
     finally:
         await db.dispose()
+
+
+async def test_a_release_rolled_back_to_starts_on_the_schema_a_newer_one_migrated(
+    scratch_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await asyncio.to_thread(upgrade, scratch_database, "head")
+    db = create_async_engine(scratch_database)
+    try:
+        async with db.begin() as conn:  # what a newer release's migration leaves
+            await conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+        await asyncio.to_thread(upgrade, scratch_database, "head")
+        async with db.connect() as conn:
+            version = await conn.execute(text("SELECT version_num FROM alembic_version"))
+            assert version.scalar_one() == "0099"  # left as the newer release made it
+    finally:
+        await db.dispose()
+    assert "does not know" in caplog.text
+    # A revision asked for by name that this release does not have is still an error.
+    with pytest.raises(CommandError):
+        await asyncio.to_thread(upgrade, scratch_database, "0098")

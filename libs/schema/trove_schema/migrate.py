@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.util.exc import CommandError
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -19,8 +23,23 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    """Bring the database to ``revision``. Blocking: call it off the event loop."""
-    command.upgrade(alembic_config(database_url), revision)
+    """Bring the database to ``revision``. Blocking: call it off the event loop.
+
+    A database at a revision this code does not know was migrated by a newer release:
+    this one was rolled back to. Its head is left as it is, with a warning, and the
+    service starts: migrations only add (a column with a default, a table, an index),
+    so an older release works on a newer schema, and refusing would keep every pod of
+    a rollback from starting."""
+    try:
+        command.upgrade(alembic_config(database_url), revision)
+    except CommandError as exc:
+        if revision != "head" or "Can't locate revision" not in str(exc):
+            raise
+        log.warning(
+            "the database is at a revision this release does not know (%s): left as "
+            "it is, as a newer release migrated it",
+            exc,
+        )
 
 
 async def upgrade_async(database_url: str, revision: str = "head") -> None:
