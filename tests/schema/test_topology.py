@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
@@ -13,7 +13,16 @@ from nats.js.errors import NotFoundError
 
 from tests.conftest import StackUrls, eventually
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlCompleted, CrawlOutcome, Link, Scope, decode_event
+from trove_schema.errors import RetentionRefused
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    Link,
+    RequestReason,
+    Scope,
+    decode_event,
+)
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     DAY,
@@ -262,6 +271,37 @@ async def test_a_deny_flag_an_operator_set_survives_the_owners_reconcile(bus: Bu
         await bus.js.delete_stream(name)
     assert after.max_age == 7200.0
     assert (after.deny_delete, after.deny_purge, after.max_msgs_per_subject) == (True, True, 5)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_retention_shorter_than_a_waiting_schedule_is_refused_not_applied(
+    bus: Bus,
+) -> None:
+    # A page's re-crawl, waiting in the record for a month.
+    recrawl = CrawlRequested(
+        url="https://a.example/p",
+        domain="a.example",
+        scope=Scope(value="a.example"),
+        reason=RequestReason.RECRAWL,
+    )
+    await bus.publish_at(recrawl, datetime.now(UTC) + timedelta(days=30))
+    before = (await bus.js.stream_info(EVENTS_STREAM)).config.max_age
+
+    async def oldest_age() -> float:
+        msg = await bus.js.get_msg(EVENTS_STREAM, seq=1, subject="trove.schedules.>", next=True)
+        assert msg.time is not None
+        return (datetime.now(UTC) - msg.time).total_seconds()
+
+    await eventually(oldest_age, until=lambda age: age > 1.0, timeout=10, what="a schedule 1 s old")
+    # An operator shortens the record to a second: the re-crawl would be dropped at once.
+    shorter = declare(TopologyOptions(events_max_age=1.0))
+    with pytest.raises(RetentionRefused, match="would drop the schedules"):
+        await ensure_topology(bus.js, shorter, owner="recorder")
+    assert (await bus.js.stream_info(EVENTS_STREAM)).config.max_age == before
+    # Lengthened, it is applied as ever.
+    longer = declare(TopologyOptions(events_max_age=(before or 400 * DAY) + DAY))
+    await ensure_topology(bus.js, longer, owner="recorder")
+    assert (await bus.js.stream_info(EVENTS_STREAM)).config.max_age == (before or 400 * DAY) + DAY
 
 
 def _crawled(n: int, links: int = 100) -> list[bytes]:

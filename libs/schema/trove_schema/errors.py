@@ -4,6 +4,7 @@ TroveError
 ├── MalformedEvent       bytes on the wire that are not a valid Trove event
 ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
 ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
+├── RetentionRefused     a stream's shorter retention would drop schedules it holds
 ├── StackError           the embedded or external servers could not be started or reached
 ├── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
 └── InvalidExclusion     an excluded host (TROVE_EXCLUDED_HOSTS) that names no host
@@ -20,6 +21,11 @@ class MalformedEvent(TroveError):
 
 class TopologyError(TroveError):
     """A stream, consumer or KV bucket could not be created or reconciled."""
+
+
+class RetentionRefused(TroveError):
+    """A stream's retention, shortened by its owner's settings, would age out schedules
+    it holds (re-crawls, polls, deferred work): the owner does not apply it, and stops."""
 
 
 class StackError(TroveError):

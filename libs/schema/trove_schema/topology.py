@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
@@ -47,7 +48,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 
-from trove_schema.errors import TopologyError
+from trove_schema.errors import RetentionRefused, TopologyError
 
 log = logging.getLogger(__name__)
 
@@ -404,8 +405,42 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
                 raise
             info = await js.stream_info(config.name)
     if reconcile and _differs(info.config, config):
+        await _keeps_schedules(js, info.config, config)
         await js.update_stream(_merged(info.config, config))
         log.info("reconciled stream %s", config.name)
+
+
+#: The subjects of each stream whose messages wait to fire: a retention shorter than
+#: their age drops them, and what they carry (a re-crawl, a poll, a deferred fetch) is
+#: lost with them.
+_SCHEDULES = {
+    EVENTS_STREAM: f"{EVENT_SCHEDULES_PREFIX}.>",
+    WORK_STREAM: f"{WORK_SCHEDULES_PREFIX}.>",
+}
+
+
+async def _keeps_schedules(
+    js: JetStreamContext, current: StreamConfig, wanted: StreamConfig
+) -> None:
+    """Raise ``RetentionRefused`` when ``wanted`` shortens the stream's retention below
+    the age of the oldest schedule it holds: the server would drop it at once."""
+    subject = _SCHEDULES.get(wanted.name or "")
+    have, want = current.max_age or 0.0, wanted.max_age or 0.0
+    if subject is None or not want or (have and want >= have):
+        return
+    try:
+        oldest = await js.get_msg(wanted.name or "", seq=1, subject=subject, next=True)
+    except NotFoundError:
+        return  # no schedule waiting
+    if oldest.time is None:
+        return
+    age = (datetime.now(UTC) - oldest.time).total_seconds()
+    if age >= want:
+        raise RetentionRefused(
+            f"{wanted.name}: a retention of {want:g} s (TROVE_*_MAX_AGE_SECONDS) would drop "
+            f"the schedules it holds, the oldest {age:.0f} s old ({oldest.subject}); keep "
+            f"the retention at {have:g} s or longer than the longest schedule's wait"
+        )
 
 
 async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconcile: bool) -> None:
