@@ -33,13 +33,14 @@ from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
 from trove_schema.events import (
+    CrawlOutcome,
     Event,
     PageDiscovered,
     Provenance,
     Scope,
     TimelinePollRequested,
 )
-from trove_schema.policy import HostPolicy
+from trove_schema.policy import HostPolicy, LearningConfig, observe
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
     DOMAINS_BUCKET,
@@ -401,6 +402,24 @@ def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_the_host_nothing() -> N
     theirs = fetcher_module._poll_observation(spent)
     assert theirs is not None
     assert (theirs.error_type, theirs.retry_after) == ("rate_limited", 40.0)
+
+
+def test_a_poll_the_instance_refused_leaves_its_host_alone_as_a_pages_403_would() -> None:
+    asked = TimelinePollRequested(
+        instance="https://social.example",
+        domain="social.example",
+        timeline="local",
+        follow_id="follow-1",
+    )
+    refused = polled(asked, outcome=CrawlOutcome.BLOCKED_4XX, status_code=403)
+    observation = fetcher_module._poll_observation(refused)
+    assert observation is not None
+    policy = observe(HostPolicy(), observation, LearningConfig())
+    assert (policy.pause_reason, policy.risk_level) == ("forbidden", 1)
+    assert policy.paused_until > observation.at
+    # A 404 (no such timeline) says nothing of the host.
+    missing = polled(asked, outcome=CrawlOutcome.BLOCKED_4XX, status_code=404)
+    assert fetcher_module._poll_observation(missing) is None
 
 
 async def test_a_hop_to_https_of_the_same_host_obeys_the_pages_robots_until_its_own_are_known(

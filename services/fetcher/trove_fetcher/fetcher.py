@@ -885,9 +885,10 @@ class Fetcher:
 
 def _poll_observation(polled: TimelinePolled) -> Observation | None:
     """What a poll's last answer says about the instance's host, when it says anything:
-    a rate limit (a 429, a 503, or the limit nearly spent: a pause until its reset), or
-    a failure (refused, timed out, 5xx). Nothing about fetch strategies, nor a poll cut
-    short by the host's own lease (its ``retry_after`` is ours, not the instance's)."""
+    a rate limit (a 429, a 503, or the limit nearly spent: a pause until its reset), a
+    refusal (a 403), or a failure (refused, timed out, 5xx). Nothing about fetch
+    strategies, nor a poll cut short by the host's own lease (its ``retry_after`` is
+    ours, not the instance's)."""
     status: int | None
     if polled.rate_limited or polled.status_code in (429, 503):
         status, error = (
@@ -899,6 +900,10 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         status, error = polled.status_code, "network_error"
     elif polled.outcome is CrawlOutcome.BLOCKED_5XX:
         status, error = polled.status_code, "server_error"
+    elif polled.status_code == 403:
+        # The instance refusing Trove: its host left alone as after a page's 403 (pauses
+        # doubling), not asked again at the poll's own interval.
+        status, error = 403, "blocked_403"
     else:
         return None
     return Observation(
@@ -907,7 +912,7 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         url=polled.instance,
         strategy="mastodon_api",
         success=False,
-        is_banned=False,
+        is_banned=status == 403,
         error_type=error,
         status=status,
         retry_after=polled.retry_after,
