@@ -73,6 +73,11 @@ ROUTES: dict[str, Any] = {
     "forbidden.trove.test/robots.txt": _text(b"no", 403),
     "broken.trove.test/robots.txt": _text(b"oops", 500),
     "busy.trove.test/robots.txt": _text(b"slow down", 429, {"Retry-After": "60"}),
+    "challenged.trove.test/robots.txt": _text(
+        b"<title>Just a moment...</title>",
+        403,
+        {"Server": "cloudflare", "cf-mitigated": "challenge"},
+    ),
     "moved.trove.test/robots.txt": _redirect("http://b.trove.test:{port}/robots.txt"),
     "metadata.trove.test/robots.txt": _redirect("http://169.254.169.254/robots.txt"),
     "loop.trove.test/robots.txt": _redirect("http://loop.trove.test:{port}/robots.txt"),
@@ -172,7 +177,12 @@ async def test_client_error_allows_everything(
 
 @pytest.mark.parametrize(
     ("name", "status", "failure", "retry_after"),
-    [("broken", 500, "server_error", None), ("busy", 429, "rate_limited", 60.0)],
+    [
+        ("broken", 500, "server_error", None),
+        ("busy", 429, "rate_limited", 60.0),
+        # A 4xx is "allow all", but not a challenge: that is the host's defence.
+        ("challenged", 403, "blocked_captcha", None),
+    ],
 )
 async def test_server_error_or_429_disallows_everything_for_a_short_while(
     client: httpx.AsyncClient,

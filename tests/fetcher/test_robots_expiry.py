@@ -59,11 +59,18 @@ class SharedClock:
 
 @pytest.fixture
 def site() -> Iterator[tuple[LocalServer, dict[str, bytes]]]:
-    robots = {"body": b"User-agent: *\nAllow: /\n", "status": b"200", "retry-after": b""}
+    robots = {
+        "body": b"User-agent: *\nAllow: /\n",
+        "status": b"200",
+        "retry-after": b"",
+        "mitigated": b"",
+    }
 
     def robots_txt(ex: Exchange) -> None:
-        wait = robots["retry-after"].decode()
+        wait, mitigated = robots["retry-after"].decode(), robots["mitigated"].decode()
         headers = {"Retry-After": wait} if wait else {}
+        if mitigated:
+            headers["cf-mitigated"] = mitigated
         ex.send(int(robots["status"]), robots["body"], headers, content_type="text/plain")
 
     routes = {
@@ -131,7 +138,11 @@ async def test_robots_txt_is_read_again_once_its_ttl_has_passed_on_the_shared_cl
 
 @pytest.mark.parametrize(
     ("status", "retry_after", "reason"),
-    [(429, "3600", "rate_limited (Retry-After)"), (503, "", "unavailable")],
+    [
+        (429, "3600", "rate_limited (Retry-After)"),
+        (503, "", "unavailable"),
+        (403, "", "blocked_captcha"),  # a challenge (cf-mitigated): a ban's day
+    ],
 )
 async def test_a_robots_txt_that_says_wait_pauses_its_host_past_the_fallbacks_expiry(
     bus: Bus,
@@ -143,6 +154,8 @@ async def test_a_robots_txt_that_says_wait_pauses_its_host_past_the_fallbacks_ex
 ) -> None:
     server, robots = site
     robots["status"], robots["retry-after"] = str(status).encode(), retry_after.encode()
+    if status == 403:
+        robots["mitigated"] = b"challenge"
     clock = SharedClock()
     # The fallback holds 20 s; the pause is an hour (the Retry-After) or about a minute
     # (a 503's first pause, ``TROVE_RATE_PAUSE_SECONDS``).
@@ -163,7 +176,7 @@ async def test_a_robots_txt_that_says_wait_pauses_its_host_past_the_fallbacks_ex
     entry = await (await bus.js.key_value(DOMAINS_BUCKET)).get(HOST)
     policy = HostPolicy.from_json(json.loads(entry.value or b"{}").get(POLICY_KEY))
     assert policy.pause_reason == reason
-    asked = 3600.0 if retry_after else 54.0  # a minute, less its jitter
+    asked = {429: 3600.0, 503: 54.0, 403: 86_400.0}[status]  # 503: a minute, less its jitter
     assert policy.paused_until - time.time() >= asked - 30.0
 
 

@@ -956,7 +956,7 @@ def _robots_observation(
         url=f"http://{domain}/robots.txt",
         strategy="http",
         success=False,
-        is_banned=False,
+        is_banned=policy.failure == "blocked_captcha",
         error_type=policy.failure,
         status=policy.status_code,
         retry_after=policy.retry_after,

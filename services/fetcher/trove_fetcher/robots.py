@@ -8,8 +8,9 @@ What the fetch status means for the whole origin, and for how long:
 - a redirect to a host the operator excluded: no request to it, and rules that
   disallow everything (``EXCLUDED_RULES``), for ``ttl``: the site's rules cannot be
   read, and the redirect is its lasting choice, so a refusal, not a failure to retry;
-- 429, 5xx, a timeout, no connection, a blocked address: disallow all (§2.3.1.4),
-  for ``retry_ttl`` only (10 minutes), so that robots.txt is asked for again soon.
+- 429, 5xx, a timeout, no connection, a blocked address, a bot challenge (whatever its
+  status): disallow all (§2.3.1.4), for ``retry_ttl`` only (10 minutes), so that
+  robots.txt is asked for again soon.
 
 429 is a 4xx that RFC 9309 would read as "allow all"; Trove reads it as the site
 asking to slow down, like a 5xx, as Google does. What such an answer says about the
@@ -58,6 +59,7 @@ from trove_fetcher.http import (
     parse_retry_after,
     pass_gate,
 )
+from trove_schema.heuristics import is_challenge
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,8 @@ class RobotsPolicy:
     error: str | None = None
     #: What the answer says about the host when it was a failure of the host's (the
     #: ``error_type`` of ``trove_schema.policy.Observation``: ``rate_limited``,
-    #: ``server_error``, ``timeout``, ``network_error``); None otherwise.
+    #: ``server_error``, ``timeout``, ``network_error``, ``blocked_captcha``); None
+    #: otherwise.
     failure: str | None = None
     #: The answer's Retry-After, in seconds, if it had one.
     retry_after: float | None = None
@@ -302,6 +305,10 @@ async def fetch_robots(
                             await response.aclose()  # the gap runs from the end of this one
                             await pass_gate(before_hop, hops, deadline)
                         continue
+                    if is_challenge(status, response.headers):
+                        # A bot challenge is no robots.txt, and the host's defence: back off.
+                        error = f"HTTP {status}: a bot challenge"
+                        return fallback(RobotsRule.DISALLOW_ALL, error, "blocked_captcha")
                     if 200 <= status < 300:
                         reader = BodyReader(max_bytes=max_bytes)
                         body = await reader.read(response)
