@@ -305,16 +305,21 @@ _PLAIN_AUTHORITY = re.compile(r"https?://([a-z0-9.-]+)(?::[0-9]+)?(?=[/?#]|\Z)")
 def domain_of(url: str) -> str:
     """The lower-case host of a canonical URL (IPv6 without brackets): the politeness key.
 
-    The port is not part of it: two ports of one host are one server to be polite to.
-    Discovery asks this of every link: plain authorities skip urlsplit.
+    The port is not part of it: two ports of one host are one server to be polite to,
+    nor a trailing dot (``example.com.`` is ``example.com``: a redirect hop, which is
+    not canonicalized, may name it so). Discovery asks this of every link: plain
+    authorities skip urlsplit.
     """
     plain = _PLAIN_AUTHORITY.match(url)
     if plain is not None:
-        return plain.group(1)
-    try:
-        host = urlsplit(url).hostname
-    except ValueError as exc:
-        raise InvalidURL(f"unparsable URL: {exc}") from None
+        host = plain.group(1)
+    else:
+        try:
+            host = urlsplit(url).hostname or ""
+        except ValueError as exc:
+            raise InvalidURL(f"unparsable URL: {exc}") from None
+    if host.endswith("."):
+        host = host.rstrip(".")
     if not host:
         raise InvalidURL("no host")
     return host
