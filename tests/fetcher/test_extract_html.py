@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
+from collections.abc import Callable
 from urllib.parse import urljoin, urlsplit
 
 import pytest
@@ -392,11 +392,57 @@ def test_is_parseable(content_type: str | None, parseable: bool) -> None:
     assert is_parseable(content_type) is parseable
 
 
-def test_content_hash_is_the_sha256_of_the_raw_bytes() -> None:
-    body = "<title>café</title>".encode("cp1252")
+def test_content_hash_is_what_the_page_says_not_its_bytes() -> None:
+    body = "<title>café</title><p>Un café.</p>".encode("cp1252")
     result = run(body, content_type="text/html; charset=windows-1252")
-    assert result.content_hash == hashlib.sha256(body).hexdigest()
     assert result.title == "café"
+    # The same page in another encoding is the same page.
+    utf8 = run(body.decode("cp1252").encode(), content_type="text/html; charset=utf-8")
+    assert utf8.content_hash == result.content_hash
+
+
+GARDEN = (
+    "<!DOCTYPE html><html><head><title>On gardens</title>{head}</head>"
+    "<body><p>The garden opened this spring.</p>{body}"
+    "<a href='/about'>about</a></body></html>"
+)
+
+
+@pytest.mark.parametrize(
+    ("head", "body"),
+    [
+        ("<meta name='csrf-token' content='{n}'>", ""),  # Rails, per request
+        ("<script>var wpApiSettings = {{nonce: '{n}'}};</script>", ""),  # WordPress
+        ("", "<!-- Dynamic page generated in 0.{n} seconds. -->"),  # a cache plugin
+        ("", "<input type='hidden' name='_wpnonce' value='{n}'>"),  # a comment form
+        ("<style>.x{{--build:{n}}}</style>", "<script src='/app.js?v={n}' async></script>"),
+    ],
+    ids=["csrf-meta", "inline-nonce", "generated-at", "form-token", "build-assets"],
+)
+def test_a_page_that_differs_only_in_what_is_not_read_hashes_the_same(head: str, body: str) -> None:
+    first = run(GARDEN.format(head=head.format(n=1234), body=body.format(n=1234)).encode())
+    again = run(GARDEN.format(head=head.format(n=98765), body=body.format(n=98765)).encode())
+    if "app.js" in body:  # a script's URL is a link: asked as a new one, it changed
+        assert first.content_hash != again.content_hash
+    else:
+        assert first.content_hash == again.content_hash
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda page: page.replace("this spring", "this summer"),  # the text
+        lambda page: page.replace("On gardens", "On orchards"),  # the title
+        lambda page: page.replace("/about", "/contact"),  # a link
+        lambda page: page.replace("</head>", "<meta name='robots' content='noindex'></head>"),
+    ],
+    ids=["text", "title", "link", "noindex"],
+)
+def test_a_page_whose_text_title_links_or_robots_change_hashes_differently(
+    edit: Callable[[str], str],
+) -> None:
+    page = GARDEN.format(head="", body="")
+    assert run(page.encode()).content_hash != run(edit(page).encode()).content_hash
 
 
 def test_unparseable_content_type_gives_only_the_hash() -> None:

@@ -299,7 +299,7 @@ class ChangeHistory(Frozen):
     database to plan a re-crawl.
     """
 
-    #: sha256 of the body at the last successful visit.
+    #: ``CrawlCompleted.content_hash`` at the last successful visit.
     content_hash: HeaderText | None = None
     #: When that visit completed.
     visited_at: datetime | None = None
@@ -362,7 +362,10 @@ class CrawlCompleted(Event):
     retry_after: float | None = None
     content_type: HeaderText | None = None
     content_length: int | None = None
-    #: sha256 of the body as received, to tell unchanged pages apart.
+    #: sha256 of what the page says (its title, visible text, links, canonical and
+    #: noindex; of the body's bytes when nothing in it is readable), to tell unchanged
+    #: pages apart. Written by releases before it as the sha256 of the body's bytes: a
+    #: page's first visit after the upgrade is seen as one change.
     content_hash: HeaderText | None = None
     title: Annotated[str, Storable(1000)] | None = None
     #: BCP-47 tag, or None when the detector was not sure.

@@ -17,7 +17,6 @@ the strategy got something it cannot use, which the audit calls ``wrong_tool``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -158,9 +157,7 @@ def extract_activity(
         # A profile whose person opted out, as their timeline posts are skipped: its
         # name, bio and links stay out of the search.
         noindex = nofollow = True
-    page = _Page(
-        url, hashlib.sha256(body).hexdigest(), noindex, nofollow, robots_token, detect_language
-    )
+    page = _Page(url, body, noindex, nofollow, robots_token, detect_language)
     base = _string(item, "id") or url
 
     name = _text_field(item, "name", "nameMap")
