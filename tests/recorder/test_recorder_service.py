@@ -7,6 +7,7 @@ import itertools
 import os
 import signal
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
+from trove_recorder.recorder import Recorder
+from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
@@ -243,3 +246,45 @@ async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_w
                 },
             )
         await eventually(sent, until=bool, timeout=2 * longest + 1, what="the row published")
+
+
+@pytest.mark.usefixtures("clean")
+async def test_outbox_rows_this_release_cannot_read_are_passed_over_and_the_rest_published(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    # What a newer release wrote, read by the one rolled back to: a whole batch of them
+    # (the publisher reads 100 rows at a time), then a retry it can read.
+    unreadable = b'{"type":"CrawlRequested","version":1,"reason":"from-a-newer-release"}'
+    retry = CrawlRequested(
+        url="https://blog.example/1",
+        domain="blog.example",
+        scope=Scope(value="blog.example"),
+        reason=RequestReason.RETRY,
+        attempt=2,
+        not_before=utcnow() + timedelta(hours=1),
+    )
+    insert = text(
+        "INSERT INTO outbox (event_id, subject, payload, deliver_at, created_at) "
+        "VALUES (:id, :subject, :payload, :due, now() - make_interval(secs => :age))"
+    )
+    async with engine.begin() as conn:
+        for n in range(100):
+            row = {"id": uuid.uuid4(), "subject": CrawlRequested.SUBJECT, "payload": unreadable}
+            await conn.execute(insert, {**row, "due": None, "age": 1000 - n})
+        await conn.execute(
+            insert,
+            {
+                "id": retry.id,
+                "subject": CrawlRequested.SUBJECT,
+                "payload": retry.to_wire(),
+                "due": retry.not_before,
+                "age": 0,
+            },
+        )
+    recorder = Recorder(engine, bus, RetryPolicy())
+    assert await recorder._publish_batch() == 0  # the unreadable batch, passed over
+    assert await recorder._publish_batch() == 1  # then the retry behind it
+    rows = await query(engine, "SELECT event_id, published_at FROM outbox")
+    published = {row.event_id for row in rows if row.published_at is not None}
+    assert published == {uuid.UUID(str(retry.id))}
+    assert len(rows) == 101

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -29,6 +30,7 @@ from trove_recorder.projections import apply_batch
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import BatchConsumer, Bus, Retry
+from trove_schema.errors import MalformedEvent
 from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
@@ -49,6 +51,8 @@ log = logging.getLogger("trove.recorder")
 #: Seconds between looks at the outbox while it has just been busy (see
 #: ``Recorder.publish_outbox``).
 OUTBOX_POLL_MIN = 1.0
+#: Unreadable outbox rows a recorder remembers to pass over (a rollback's few).
+MAX_UNREADABLE = 10_000
 
 
 class Recorder:
@@ -68,6 +72,8 @@ class Recorder:
         self.learning = learning
         self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
+        #: Outbox rows this release cannot read, passed over (``_publish_batch``).
+        self._unreadable: set[uuid.UUID] = set()
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
@@ -132,6 +138,7 @@ class Recorder:
                     await session.execute(
                         select(Outbox)
                         .where(Outbox.published_at.is_(None))
+                        .where(Outbox.event_id.not_in(self._unreadable))
                         .order_by(Outbox.created_at)
                         .limit(limit)
                         .with_for_update(skip_locked=True)
@@ -140,8 +147,19 @@ class Recorder:
                 .scalars()
                 .all()
             )
+            sent = []
             for row in rows:
-                event = decode_event(row.payload)
+                try:
+                    event = decode_event(row.payload)
+                except MalformedEvent as exc:
+                    # A row this release cannot read (a newer one wrote it, and this one
+                    # was rolled back to): left for a release that can, and the rest go
+                    # on; one such row stopped every retry.
+                    log.warning("outbox: row %s left unpublished: %s", row.event_id, exc)
+                    if len(self._unreadable) < MAX_UNREADABLE:
+                        self._unreadable.add(row.event_id)
+                    continue
+                sent.append(row.event_id)
                 if row.deliver_at is not None:
                     page = event.url if isinstance(event, CrawlRequested) else None
                     await self.bus.publish_at(
@@ -152,13 +170,13 @@ class Recorder:
                     )
                 else:
                     await self.bus.publish(event, subject=row.subject)
-            if rows:
+            if sent:
                 await session.execute(
                     update(Outbox)
-                    .where(Outbox.event_id.in_([r.event_id for r in rows]))
+                    .where(Outbox.event_id.in_(sent))
                     .values(published_at=datetime.now(UTC))
                 )
-            return len(rows)
+            return len(sent)
 
 
 async def _woken(wakeup: asyncio.Event, stop: asyncio.Event, pause: float) -> bool:
