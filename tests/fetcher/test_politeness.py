@@ -429,7 +429,7 @@ async def test_a_moved_hosts_page_lease_answers_moved_and_writes_nothing(bus: Bu
         grant = await p.acquire("www.moved.example", end - 10)
         assert isinstance(grant, Granted)
         redirect = CrawlCompleted(
-            url=f"http://www.moved.example/p/{n}",
+            url=f"http://www.moved.example/{n}/p",
             domain="www.moved.example",
             scope=Scope(value="www.moved.example"),
             request_id=derived_event_id(f"moved {n}", "test"),
@@ -437,7 +437,7 @@ async def test_a_moved_hosts_page_lease_answers_moved_and_writes_nothing(bus: Bu
             status_code=301,
             started_at=datetime.fromtimestamp(end - 0.05, UTC),
             completed_at=datetime.fromtimestamp(end, UTC),
-            links=[{"url": f"https://moved.example/p/{n}", "kind": "redirect"}],
+            links=[{"url": f"https://moved.example/{n}/p", "kind": "redirect"}],
         )
         await p.finish("www.moved.example", grant, end, Observation.of(redirect))
     before = await p.state("www.moved.example")
