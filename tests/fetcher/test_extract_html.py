@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Callable
 from urllib.parse import urljoin, urlsplit
@@ -16,7 +17,12 @@ from trove_fetcher.extract import (
     resolve_url,
     x_robots_directives,
 )
-from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, LinkKind
+from trove_schema.events import (
+    MAX_LINKS_PER_PAGE,
+    MAX_URL_LENGTH,
+    SIGNALS_HASH_PREFIX,
+    LinkKind,
+)
 
 PAGE = "https://example.org/blog/post.html"
 
@@ -392,19 +398,30 @@ def test_is_parseable(content_type: str | None, parseable: bool) -> None:
     assert is_parseable(content_type) is parseable
 
 
+CAFE = "<title>café</title><p>" + "Un café au coin de la rue, le matin. " * 8 + "</p>"
+
+
 def test_content_hash_is_what_the_page_says_not_its_bytes() -> None:
-    body = "<title>café</title><p>Un café.</p>".encode("cp1252")
+    body = CAFE.encode("cp1252")
     result = run(body, content_type="text/html; charset=windows-1252")
     assert result.title == "café"
+    assert result.content_hash.startswith(SIGNALS_HASH_PREFIX)
     # The same page in another encoding is the same page.
     utf8 = run(body.decode("cp1252").encode(), content_type="text/html; charset=utf-8")
     assert utf8.content_hash == result.content_hash
 
 
+def test_a_page_that_says_too_little_is_hashed_by_its_bytes() -> None:
+    # A gallery's or an app's pages: a title and a picture, told apart by their bytes.
+    thin = b"<title>Clip</title><video src='/v/1.mp4'></video><p>Watch.</p>"
+    assert run(thin).content_hash == hashlib.sha256(thin).hexdigest()
+
+
 GARDEN = (
     "<!DOCTYPE html><html><head><title>On gardens</title>{head}</head>"
-    "<body><p>The garden opened this spring.</p>{body}"
-    "<a href='/about'>about</a></body></html>"
+    "<body><p>"
+    + "The garden opened this spring, and the neighbours came with seeds and tools. " * 4
+    + "</p>{body}<a href='/about'>about</a></body></html>"
 )
 
 
@@ -435,8 +452,9 @@ def test_a_page_that_differs_only_in_what_is_not_read_hashes_the_same(head: str,
         lambda page: page.replace("On gardens", "On orchards"),  # the title
         lambda page: page.replace("/about", "/contact"),  # a link
         lambda page: page.replace("</head>", "<meta name='robots' content='noindex'></head>"),
+        lambda page: page.replace("</p>", "</p><video src='/v/2.mp4'></video>"),
     ],
-    ids=["text", "title", "link", "noindex"],
+    ids=["text", "title", "link", "noindex", "video"],
 )
 def test_a_page_whose_text_title_links_or_robots_change_hashes_differently(
     edit: Callable[[str], str],

@@ -3,6 +3,7 @@ keywords, the URIs they link to; within bounds, and never an exception."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
@@ -26,6 +27,13 @@ def test_a_pdf_gives_its_info_title_language_and_keywords() -> None:
     assert {"personal", "sites", "people"} <= set(found.keywords)
     assert found.text_chars == len(ENGLISH.replace(" ", ""))
     assert not found.shell
+
+
+def test_a_pdf_is_hashed_by_its_bytes() -> None:
+    # Two documents of one Info title and text alike ("Untitled") are two documents.
+    body = pdf([ENGLISH * 4], title="Untitled")
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert found.content_hash == hashlib.sha256(body).hexdigest()
 
 
 def test_a_pdf_without_a_title_is_named_by_its_first_line() -> None:

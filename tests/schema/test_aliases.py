@@ -13,6 +13,7 @@ from trove_schema.aliases import (
     rewrite,
     undecided,
 )
+from trove_schema.events import SIGNALS_HASH_PREFIX
 
 SITE = "https://blog.example"
 
@@ -74,6 +75,26 @@ def test_the_same_content_teaches_without_a_canonical() -> None:
     for n in (1, 2):
         record = fetched(record, f"/a/{n}?sid=s{n}", content=f"article {n}")
         record = fetched(record, f"/a/{n}", content=f"article {n}")
+    assert record.rules().names == {"sid"}
+
+
+def test_a_hash_of_the_other_kind_neither_confirms_nor_contradicts() -> None:
+    # Learned from hashes of bytes (the release before); the pages are fetched again
+    # and hashed by what they say: a difference of kind is no difference of content.
+    record = EMPTY
+    for n in (1, 2):
+        record = fetched(record, f"/a/{n}?sid=s{n}", content=f"article {n}")
+        record = fetched(record, f"/a/{n}", content=f"article {n}")
+    assert record.rules().names == {"sid"}
+    for n in (1, 2):
+        record = observe(
+            record,
+            url=f"{SITE}/a/{n}",
+            canonical=None,
+            content_hash=SIGNALS_HASH_PREFIX + digest(f"article {n}")[:62],
+            links=[],
+            event_id=f"after-{n}",
+        )
     assert record.rules().names == {"sid"}
 
 

@@ -24,7 +24,7 @@ from trove_schema.change_rate import (
     plan_recrawl,
     record_visit,
 )
-from trove_schema.events import MAX_VISITS, ChangeHistory
+from trove_schema.events import MAX_VISITS, SIGNALS_HASH_PREFIX, ChangeHistory
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 WEEK = 7 * DAY
@@ -186,6 +186,20 @@ def test_a_304_and_the_same_hash_are_unchanged_and_a_new_hash_is_changed() -> No
     assert new.visits == ((2 * HOUR, True),)
     assert new.content_hash == "b"
     assert new.visited_at == later
+
+
+def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change() -> None:
+    # The release before hashed a page's bytes; this one hashes what it says.
+    first = record_visit(None, visited_at=START, content_hash="ab12", not_modified=False)
+    later = START + timedelta(hours=2)
+    signals = SIGNALS_HASH_PREFIX + "cd34"
+    switched = record_visit(first, visited_at=later, content_hash=signals, not_modified=False)
+    assert switched.visits == ()
+    assert (switched.content_hash, switched.visited_at) == (signals, later)
+    again = record_visit(
+        switched, visited_at=later + timedelta(hours=2), content_hash=signals, not_modified=False
+    )
+    assert again.visits == ((2 * HOUR, False),)
 
 
 def test_a_visit_without_a_hash_leaves_the_history_to_the_next_comparable_one() -> None:

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trove_schema.events import comparable_hashes
+
 #: File names a server may answer for a directory. A rule is learned per name and host.
 INDEX_NAMES = frozenset(
     {
@@ -299,7 +301,9 @@ def observe(
     if digest:
         for spelling, sampled in record.samples:
             other = _Spelling.local_to(fetched.host, spelling)
-            if other.local != fetched.local:
+            # A sample hashed the other way (a release before, or the page then said
+            # too little) tells nothing: a difference would un-learn a rule for good.
+            if other.local != fetched.local and comparable_hashes(sampled, digest):
                 _hash_votes(fetched, other, same=sampled == digest, votes=votes)
     candidates = dict(record.candidates)
     for key, confirm in votes.items():

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from trove_schema.events import MAX_VISITS, ChangeHistory
+from trove_schema.events import MAX_VISITS, ChangeHistory, comparable_hashes
 
 HOUR = 3600.0
 DAY = 86_400.0
@@ -68,13 +68,18 @@ def record_visit(
     """``history`` with this visit added (its ``interval`` left as it was).
 
     A 304 is unchanged. The first visit, or one whose content cannot be compared (no
-    hash on either side), adds no observation: it only becomes the reference for the
-    next visit when it has a hash to compare with.
+    hash on either side, or hashes of two kinds: ``comparable_hashes``), adds no
+    observation: it only becomes the reference for the next visit when it has a hash
+    to compare with.
     """
     history = history or ChangeHistory()
     if history.visited_at is None or history.content_hash is None:
         if not_modified or content_hash is None:
             return history
+        return history.model_copy(update={"content_hash": content_hash, "visited_at": visited_at})
+    if content_hash is not None and not comparable_hashes(content_hash, history.content_hash):
+        # Hashed the other way (the release before hashed bytes): no evidence, a new
+        # reference.
         return history.model_copy(update={"content_hash": content_hash, "visited_at": visited_at})
     if not not_modified and content_hash is None:
         # Nothing to compare: the next visit is compared with the older reference, over

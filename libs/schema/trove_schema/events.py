@@ -61,6 +61,19 @@ MessageText = Annotated[str, Storable(2000)]
 #: A header value kept for later (ETag, Last-Modified, Content-Type).
 HeaderText = Annotated[str, Storable(1000)]
 
+#: Begins a ``CrawlCompleted.content_hash`` of what the page says (its signals); any
+#: other is the sha256 of the body's bytes (every hash of the releases before, and a
+#: page that says too little to be told apart by its signals).
+SIGNALS_HASH_PREFIX = "s:"
+
+
+def comparable_hashes(a: str, b: str) -> bool:
+    """Whether two content hashes (or their starts) can tell a change: both of signals
+    or both of bytes. One of each says nothing: the page's first visit after the release
+    that began hashing signals, or a page that grew or lost its text."""
+    return a.startswith(SIGNALS_HASH_PREFIX) == b.startswith(SIGNALS_HASH_PREFIX)
+
+
 #: Most response headers one CrawlCompleted carries for the audit, and their sizes.
 MAX_AUDIT_HEADERS = 16
 MAX_AUDIT_HEADER_NAME = 64
@@ -362,10 +375,10 @@ class CrawlCompleted(Event):
     retry_after: float | None = None
     content_type: HeaderText | None = None
     content_length: int | None = None
-    #: sha256 of what the page says (its title, visible text, links, canonical and
-    #: noindex; of the body's bytes when nothing in it is readable), to tell unchanged
-    #: pages apart. Written by releases before it as the sha256 of the body's bytes: a
-    #: page's first visit after the upgrade is seen as one change.
+    #: A hash of what the page says (``SIGNALS_HASH_PREFIX``: its title, visible text,
+    #: links, media, canonical and noindex), or the sha256 of the body's bytes when it
+    #: says too little; to tell unchanged pages apart, and spellings of one page. Only
+    #: hashes of one kind are compared (``comparable_hashes``).
     content_hash: HeaderText | None = None
     title: Annotated[str, Storable(1000)] | None = None
     #: BCP-47 tag, or None when the detector was not sure.

@@ -26,7 +26,7 @@ from trove_fetcher.errors import PdfError
 from trove_fetcher.keywords import keywords as make_keywords
 from trove_fetcher.language import detect_language as detect
 from trove_fetcher.pdf import looks_like_pdf, read_pdf
-from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, LinkKind
+from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, SIGNALS_HASH_PREFIX, LinkKind
 from trove_schema.heuristics import SHELL_MAX_TEXT_CHARS
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -42,6 +42,10 @@ MAX_LINKS_SEEN = 10 * MAX_LINKS_PER_PAGE
 # Elements whose text is not visible page text (head holds the title, read separately).
 _INVISIBLE = ("head", "script", "style", "noscript", "template", "nav", "svg")
 _LINK_TAGS = ("a", "area", "img", "script", "link", "frame", "iframe", "meta")
+# Embedded media: not links, but what a gallery's or a video's pages differ by, so part
+# of the page's hash (``signals_digest``).
+_MEDIA_TAGS = ("video", "audio", "source", "track", "embed", "object")
+_MEDIA_ATTRIBUTES = ("src", "data", "poster")
 # A <noscript> that asks for JavaScript ("You need to enable JavaScript to run this app"),
 # looked for in the source of pages with next to no text only (they are few, and small).
 # The tag's attributes stop at the next "<": scanning to the next ">" from each of a
@@ -129,12 +133,14 @@ class FoundLink(NamedTuple):
 class Extraction:
     """The signals of one response body."""
 
-    #: sha256 (hex) of what the page says (``signals_digest``: its title, visible text,
-    #: links, canonical URL and noindex), or of the body's bytes when it says nothing
-    #: readable (binary, unparsable). Markup, comments, scripts and the head's meta
-    #: (a "generated at", a nonce, a CSRF token) do not change it: a page is changed
-    #: when what Trove reads of it is, or every visit of a WordPress blog would be a
-    #: change and its re-crawls come down to the hourly minimum.
+    #: What the page says, hashed (``signals_digest``: its title, visible text, links,
+    #: embedded media, canonical URL and noindex; ``SIGNALS_HASH_PREFIX`` and 62 hex
+    #: digits), or the sha256 (64 hex digits) of the body's bytes when it says too
+    #: little to tell pages apart by (under ``SHELL_MAX_TEXT_CHARS`` of text, a PDF,
+    #: binary, unparsable). Markup, comments, scripts and the head's meta (a "generated
+    #: at", a nonce, a CSRF token) do not change it: a page is changed when what Trove
+    #: reads of it is, or every visit of a WordPress blog would be a change and its
+    #: re-crawls come down to the hourly minimum.
     content_hash: str
     title: str | None = None
     links: tuple[FoundLink, ...] = ()
@@ -302,16 +308,18 @@ def signals_digest(
     links: tuple[FoundLink, ...],
     canonical_url: str | None,
     noindex: bool,
+    media: str = "",
 ) -> str:
-    """``Extraction.content_hash`` of a page read: sha256 of its signals. The text is
-    hashed as extracted, not with its whitespace collapsed (ten times the cost)."""
+    """``Extraction.content_hash`` of a page read: its signals' sha256, cut to fit with
+    its prefix in the 64 characters of a body's. The text is hashed as extracted, not
+    with its whitespace collapsed (ten times the cost)."""
     digest = hashlib.sha256()
-    for part in (title or "", canonical_url or "", "noindex" if noindex else "", text):
+    for part in (title or "", canonical_url or "", "noindex" if noindex else "", media, text):
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     listed = "\n".join(f"{link.kind}\t{int(link.nofollow)}\t{link.url}" for link in links)
     digest.update(listed.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
+    return SIGNALS_HASH_PREFIX + digest.hexdigest()[: 64 - len(SIGNALS_HASH_PREFIX)]
 
 
 def text_length(text: str) -> int:
@@ -464,9 +472,12 @@ class _Page:
         self.robots_names = {"robots", robots_token.lower()}
         self.detect_language = detect_language
 
+    def body_digest(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
+
     def empty(self, *, is_feed: bool = False) -> Extraction:
         return Extraction(
-            content_hash=hashlib.sha256(self.body).hexdigest(),
+            content_hash=self.body_digest(),
             noindex=self.noindex,
             nofollow=self.nofollow,
             is_feed=is_feed,
@@ -484,16 +495,26 @@ class _Page:
         text_chars: int | None = None,
         shell: bool = False,
         language: str | None = None,
+        media: str = "",
+        by_bytes: bool = False,
     ) -> Extraction:
-        """The extraction; ``language``, when given, is the document's own statement."""
+        """The extraction; ``language``, when given, is the document's own statement.
+        ``by_bytes``: its hash is the body's (``Extraction.content_hash``)."""
         if language is None and self.detect_language:
             language = detect(text or title or "", hint=lang_hint)
         terms: tuple[str, ...] = ()
         if not self.noindex:
             terms = make_keywords(text, title=title, language=language)
         found, truncated = links.result(self.nofollow)
+        chars = text_length(text) if text_chars is None else text_chars
+        if by_bytes or chars < SHELL_MAX_TEXT_CHARS:
+            # Too little said to tell pages apart by: a gallery's or an app's pages
+            # would all hash the same, and URL aliases merge them.
+            content_hash = self.body_digest()
+        else:
+            content_hash = signals_digest(title, text, found, canonical_url, self.noindex, media)
         return Extraction(
-            content_hash=signals_digest(title, text, found, canonical_url, self.noindex),
+            content_hash=content_hash,
             title=title,
             links=found,
             links_truncated=truncated,
@@ -503,7 +524,7 @@ class _Page:
             noindex=self.noindex,
             nofollow=self.nofollow,
             is_feed=is_feed,
-            text_chars=text_length(text) if text_chars is None else text_chars,
+            text_chars=chars,
             shell=shell,
         )
 
@@ -533,7 +554,8 @@ class _Page:
         links = _Links()
         canonical_url = None
         scripts = 0
-        for element in root.iter(*_LINK_TAGS):
+        media: list[str] = []
+        for element in root.iter(*_LINK_TAGS, *_MEDIA_TAGS):
             tag = element.tag
             rel = _rel(element)
             nofollow = not rel.isdisjoint(_NOFOLLOW_RELS)
@@ -568,6 +590,8 @@ class _Page:
                 links.add(base, href, kind, nofollow)
             elif tag == "meta":
                 self._meta(element, base, links)
+            else:  # _MEDIA_TAGS
+                media.extend(element.get(name) or "" for name in _MEDIA_ATTRIBUTES)
 
         lang_hint = root.get("lang") or root.get(_XML_NS + "lang")
         etree.strip_elements(root, *_INVISIBLE, with_tail=False)
@@ -587,6 +611,7 @@ class _Page:
             is_feed=False,
             text_chars=text_chars,
             shell=shell,
+            media="\n".join(media),
         )
 
     @staticmethod
@@ -638,6 +663,7 @@ class _Page:
             text=document.text,
             lang_hint=None,
             is_feed=False,
+            by_bytes=True,  # a PDF carries no nonce; its title alone may be "Untitled"
         )
 
     # Feeds --------------------------------------------------------------------------
