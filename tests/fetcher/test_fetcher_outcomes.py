@@ -404,6 +404,32 @@ def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_the_host_nothing() -> N
     assert (theirs.error_type, theirs.retry_after) == ("rate_limited", 40.0)
 
 
+@pytest.mark.usefixtures("clean")
+async def test_a_poll_waiting_for_its_hosts_gap_gives_up_when_the_pod_stops_or_waited_enough(
+    bus: Bus, client: httpx.AsyncClient
+) -> None:
+    fetcher = await fetcher_on(bus, client, gap=30.0)
+    try:
+        held = await fetcher.politeness.acquire("social.example", fetcher.clock.now())
+        assert isinstance(held, Granted)
+        await fetcher.politeness.finish("social.example", held, fetcher.clock.now())
+        # The host is free in 30 s, within a poll's patience: the poll waits in its task
+        # ... until the pod stops, and then ends at once with what it read.
+        waiting = asyncio.create_task(fetcher._poll_lease("social.example"))
+        fetcher.stopping.set()
+        assert isinstance(await asyncio.wait_for(waiting, timeout=5), Deferred)
+        # A poll that has waited its whole allowance is not held longer.
+        fetcher.stopping.clear()
+        token = fetcher_module._POLL_DEADLINE.set(fetcher.clock.now() + 2.0)
+        try:
+            later = await asyncio.wait_for(fetcher._poll_lease("social.example"), timeout=5)
+        finally:
+            fetcher_module._POLL_DEADLINE.reset(token)
+        assert isinstance(later, Deferred)
+    finally:
+        fetcher.close()
+
+
 def test_a_poll_the_instance_refused_leaves_its_host_alone_as_a_pages_403_would() -> None:
     asked = TimelinePollRequested(
         instance="https://social.example",

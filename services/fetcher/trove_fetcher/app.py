@@ -101,6 +101,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             exclusions=exclusions,
             listed=listed,
             network_away=network.network_away,
+            stopping=stop,
         )
         consumers = [
             Consumer(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import time
@@ -187,12 +188,16 @@ class Fetcher:
         listed: ListedExclusions | None = None,
         clock: Clock | None = None,
         network_away: Callable[[str], NetworkAway | None] = lambda host: None,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         self.bus = bus
         #: Whether work for a host meets the pod's own network away: its nameservers
         #: answer nothing, or its egress is down (``GuardedNetworkBackend.network_away``).
         #: Such work waits, without a lease.
         self.network_away = network_away
+        #: Set when the pod stops: a poll waiting for its host's gap in the task ends
+        #: then with what it read (``_acquire``), rather than outlast the pod's grace.
+        self.stopping = stopping or asyncio.Event()
         #: The time leases and slots are kept on, shared by every pod (``clock``).
         self.clock: Clock = clock or WallClock()
         self.exclusions = exclusions
@@ -390,7 +395,10 @@ class Fetcher:
             if wait > patience:
                 return decision
             LEASES.labels("waited").inc()
-            await asyncio.sleep(max(0.0, wait))
+            if wait <= LOCAL_WAIT:
+                await asyncio.sleep(max(0.0, wait))
+            elif await _set_within(self.stopping, wait):
+                return decision  # a poll's longer wait: the pod is stopping
             reserved = True
 
     async def _lease(
@@ -817,7 +825,12 @@ class Fetcher:
             return  # answered already: only the ack was lost
         polled = self._polled.get(request.id)
         if polled is None:  # else read already; only its publish failed
-            polled = await self.poller.poll(request)
+            deadline = self.clock.now() + self.politeness.config.max_delay
+            token = _POLL_DEADLINE.set(deadline)
+            try:
+                polled = await self.poller.poll(request)
+            finally:
+                _POLL_DEADLINE.reset(token)
             self._polled.put(request.id, polled, 512 * len(polled.posts) + 4096)
             observation = _poll_observation(polled)
             if observation is not None:
@@ -845,8 +858,13 @@ class Fetcher:
         be behind the place it took itself each time (NodeInfo, then the API, never
         reached). Its place is none: it takes the moment the host is free, as work that
         comes back for its slot does, the gap kept as for any request. A longer wait (a
-        pause the host asked for) ends the poll with ``GateDeferred``."""
-        patience = max(LOCAL_WAIT, self.politeness.config.max_delay)
+        pause the host asked for) ends the poll with ``GateDeferred``, as does a poll that
+        waited that long in all (``_POLL_DEADLINE``: its slot in the consumer is not held
+        for ever by a host whose free moments other work keeps taking)."""
+        longest = self.politeness.config.max_delay
+        deadline = _POLL_DEADLINE.get()
+        left = longest if deadline is None else deadline - self.clock.now()
+        patience = max(LOCAL_WAIT, min(longest, left))
         return await self._acquire(domain, True, patience=patience)
 
     @contextlib.asynccontextmanager
@@ -920,6 +938,22 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
     )
 
 
+#: When the poll this task runs must stop waiting for its host in the task (on the
+#: fetcher's clock); None outside a poll.
+_POLL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "poll_deadline", default=None
+)
+
+
+async def _set_within(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event``; whether it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=max(0.0, seconds))
+    except TimeoutError:
+        return False
+    return True
+
+
 @contextlib.asynccontextmanager
 async def _in_progress(msg: Msg, *, every: float) -> AsyncIterator[None]:
     """While the block runs, tell JetStream every ``every`` seconds that ``msg`` is
@@ -938,8 +972,12 @@ async def _in_progress(msg: Msg, *, every: float) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # our own cancellation, not the keeper's
 
 
 def _robots_observation(
