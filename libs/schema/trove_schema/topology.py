@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
@@ -413,6 +413,8 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
 #: The subjects of each stream whose messages wait to fire: a retention shorter than
 #: their age drops them, and what they carry (a re-crawl, a poll, a deferred fetch) is
 #: lost with them.
+#: Schedules ``_keeps_schedules`` looks at, oldest first.
+SCHEDULES_CHECKED = 1_000
 _SCHEDULES = {
     EVENTS_STREAM: f"{EVENT_SCHEDULES_PREFIX}.>",
     WORK_STREAM: f"{WORK_SCHEDULES_PREFIX}.>",
@@ -422,25 +424,46 @@ _SCHEDULES = {
 async def _keeps_schedules(
     js: JetStreamContext, current: StreamConfig, wanted: StreamConfig
 ) -> None:
-    """Raise ``RetentionRefused`` when ``wanted`` shortens the stream's retention below
-    the age of the oldest schedule it holds: the server would drop it at once."""
-    subject = _SCHEDULES.get(wanted.name or "")
+    """Raise ``RetentionRefused`` when ``wanted`` shortens the stream's retention so that
+    a schedule it holds would be dropped: at once (older than the new retention), or
+    before it fires (due later than its publication plus the new retention). The
+    oldest ``SCHEDULES_CHECKED`` schedules are looked at, the most at risk; an
+    unfollow's tombstone on a schedule subject (no ``Nats-Schedule``) is none."""
+    name = wanted.name or ""
+    subject = _SCHEDULES.get(name)
     have, want = current.max_age or 0.0, wanted.max_age or 0.0
     if subject is None or not want or (have and want >= have):
         return
+    now, seq = datetime.now(UTC), 1
+    for _ in range(SCHEDULES_CHECKED):
+        try:
+            msg = await js.get_msg(name, seq=seq, subject=subject, next=True)
+        except NotFoundError:
+            return  # no more schedules
+        seq = (msg.seq or seq) + 1
+        due = _schedule_time(msg.headers)
+        if due is None or msg.time is None:
+            continue
+        dropped = msg.time + timedelta(seconds=want)
+        if dropped <= now or dropped < due:
+            raise RetentionRefused(
+                f"{name}: a retention of {want:g} s (TROVE_*_MAX_AGE_SECONDS) would drop "
+                f"a schedule it holds ({msg.subject}, published {msg.time:%Y-%m-%d %H:%M}, "
+                f"due {due:%Y-%m-%d %H:%M}); keep the retention at {have:g} s, or longer "
+                "than the longest wait of a schedule"
+            )
+
+
+def _schedule_time(headers: dict[str, str] | None) -> datetime | None:
+    """When a message's ``Nats-Schedule: @at ...`` fires; None for any other message."""
+    value = (headers or {}).get("Nats-Schedule", "")
+    if not value.startswith("@at "):
+        return None
     try:
-        oldest = await js.get_msg(wanted.name or "", seq=1, subject=subject, next=True)
-    except NotFoundError:
-        return  # no schedule waiting
-    if oldest.time is None:
-        return
-    age = (datetime.now(UTC) - oldest.time).total_seconds()
-    if age >= want:
-        raise RetentionRefused(
-            f"{wanted.name}: a retention of {want:g} s (TROVE_*_MAX_AGE_SECONDS) would drop "
-            f"the schedules it holds, the oldest {age:.0f} s old ({oldest.subject}); keep "
-            f"the retention at {have:g} s or longer than the longest schedule's wait"
-        )
+        due = datetime.fromisoformat(value.removeprefix("@at ").strip())
+    except ValueError:
+        return None
+    return due if due.tzinfo is not None else due.replace(tzinfo=UTC)
 
 
 async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconcile: bool) -> None:
