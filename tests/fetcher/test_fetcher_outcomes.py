@@ -29,6 +29,7 @@ from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import KV, Deferred, Granted, Moved, Politeness, PolitenessConfig
+from trove_fetcher.robots import RobotsPolicy, RobotsRule
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
@@ -428,6 +429,24 @@ async def test_a_poll_waiting_for_its_hosts_gap_gives_up_when_the_pod_stops_or_w
         assert isinstance(later, Deferred)
     finally:
         fetcher.close()
+
+
+def test_a_robots_txt_that_timed_out_after_a_redirect_is_no_answer_of_its_host() -> None:
+    # The 301 was the first hop's; the host it led to answered nothing.
+    policy = RobotsPolicy(
+        origin="http://www.example.org",
+        rule=RobotsRule.DISALLOW_ALL,
+        fetched_at=1000.0,
+        status_code=301,
+        failure="timeout",
+    )
+    observation = fetcher_module._robots_observation(policy, "example.org", 990.0, 1000.0)
+    assert observation is not None
+    assert (observation.status, observation.error_type) == (None, "timeout")
+    busy = replace(policy, status_code=429, failure="rate_limited", retry_after=60.0)
+    answered = fetcher_module._robots_observation(busy, "example.org", 990.0, 1000.0)
+    assert answered is not None
+    assert (answered.status, answered.retry_after) == (429, 60.0)
 
 
 def test_a_poll_the_instance_refused_leaves_its_host_alone_as_a_pages_403_would() -> None:

@@ -93,6 +93,15 @@ def test_not_modified_is_a_success() -> None:
             True,
         ),
         (CrawlOutcome.BLOCKED_5XX, 503, {"server": "cloudflare"}, None, "blocked_captcha", True),
+        # The origin's maintenance, passed on by its CDN: it asks for time.
+        (
+            CrawlOutcome.BLOCKED_5XX,
+            503,
+            {"server": "cloudflare", "retry-after": "300"},
+            None,
+            "server_error",
+            False,
+        ),
         (
             CrawlOutcome.BLOCKED_4XX,
             202,

@@ -734,6 +734,22 @@ def test_redirects_of_one_part_of_a_site_or_for_now_are_not_the_host_moving() ->
         assert passing.move_votes == 0
 
 
+def test_a_vote_kept_before_sections_were_is_not_a_confirmation() -> None:
+    # Written by the release before: one vote, no section (it may have been a 302).
+    pending = HostPolicy(move_origin="https://moved.test", move_votes=1)
+    once = fold(pending, redirect("http://www.moved.test/a", "https://moved.test/a", T0))
+    assert moved(once, T0, CONFIG) is None
+    twice = fold(once, redirect("http://www.moved.test/b", "https://moved.test/b", T0 + 1))
+    assert moved(twice, T0 + 1, CONFIG) == "https://moved.test"
+    # A move it had confirmed is renewed as ever.
+    known = HostPolicy(
+        moved_to="https://moved.test", moved_at=T0, move_origin="https://moved.test", move_votes=2
+    )
+    later = T0 + CONFIG.move_recheck
+    renewed = fold(known, redirect("http://www.moved.test/c", "https://moved.test/c", later))
+    assert moved(renewed, later, CONFIG) == "https://moved.test"
+
+
 def test_a_failure_or_an_error_page_says_nothing_about_a_move() -> None:
     learned = fold(
         HostPolicy(),

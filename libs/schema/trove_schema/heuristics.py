@@ -207,6 +207,10 @@ def is_challenge(status: int | None, headers: Mapping[str, str]) -> bool:
         return True
     if headers.get("x-amzn-waf-action", "").strip().lower() in ("challenge", "captcha"):
         return True
+    if status == 503 and "retry-after" in headers:
+        # A CDN passes its origin's maintenance answer on under its own name; a
+        # challenge asks for no time.
+        return False
     if status in (403, 503):
         server = headers.get("server", "").lower()
         return any(name in server for name in _CHALLENGING_SERVERS)

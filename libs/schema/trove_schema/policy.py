@@ -509,7 +509,10 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
     move_section = policy.move_section
     if obs.moved_to:
         section = _section(obs.url)
-        if obs.moved_to != move_origin:
+        # A vote of a record written before sections were kept may have been a 302, or
+        # of this same section: it starts again rather than confirm.
+        unknown = move_section is None and move_votes < MOVE_CONFIRMATIONS
+        if obs.moved_to != move_origin or unknown:
             move_origin, move_votes, move_section = obs.moved_to, 1, section
         elif section != move_section or move_votes >= MOVE_CONFIRMATIONS:
             # Another part of the site (or a move known already, renewed).

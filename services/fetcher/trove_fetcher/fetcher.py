@@ -996,7 +996,9 @@ def _robots_observation(
         success=False,
         is_banned=policy.failure == "blocked_captcha",
         error_type=policy.failure,
-        status=policy.status_code,
+        # No answer came (a timeout, a refusal): the status of a redirect before it is
+        # not this host's answer, and would read as one (forgetting a move).
+        status=None if policy.failure in ("timeout", "network_error") else policy.status_code,
         retry_after=policy.retry_after,
         duration_ms=None,
     )

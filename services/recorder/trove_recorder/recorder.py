@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -51,8 +50,6 @@ log = logging.getLogger("trove.recorder")
 #: Seconds between looks at the outbox while it has just been busy (see
 #: ``Recorder.publish_outbox``).
 OUTBOX_POLL_MIN = 1.0
-#: Unreadable outbox rows a recorder remembers to pass over (a rollback's few).
-MAX_UNREADABLE = 10_000
 
 
 class Recorder:
@@ -72,8 +69,6 @@ class Recorder:
         self.learning = learning
         self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
-        #: Outbox rows this release cannot read, passed over (``_publish_batch``).
-        self._unreadable: set[uuid.UUID] = set()
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
@@ -138,7 +133,6 @@ class Recorder:
                     await session.execute(
                         select(Outbox)
                         .where(Outbox.published_at.is_(None))
-                        .where(Outbox.event_id.not_in(self._unreadable))
                         .order_by(Outbox.created_at)
                         .limit(limit)
                         .with_for_update(skip_locked=True)
@@ -147,7 +141,7 @@ class Recorder:
                 .scalars()
                 .all()
             )
-            sent = []
+            sent, unread = [], []
             for row in rows:
                 try:
                     event = decode_event(row.payload)
@@ -156,8 +150,7 @@ class Recorder:
                     # was rolled back to): left for a release that can, and the rest go
                     # on; one such row stopped every retry.
                     log.warning("outbox: row %s left unpublished: %s", row.event_id, exc)
-                    if len(self._unreadable) < MAX_UNREADABLE:
-                        self._unreadable.add(row.event_id)
+                    unread.append(row.event_id)
                     continue
                 sent.append(row.event_id)
                 if row.deliver_at is not None:
@@ -175,6 +168,13 @@ class Recorder:
                     update(Outbox)
                     .where(Outbox.event_id.in_(sent))
                     .values(published_at=datetime.now(UTC))
+                )
+            if unread:
+                # To the back of the queue: the rows behind them go out first.
+                await session.execute(
+                    update(Outbox)
+                    .where(Outbox.event_id.in_(unread))
+                    .values(created_at=datetime.now(UTC))
                 )
             return len(sent)
 
