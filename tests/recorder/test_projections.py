@@ -280,6 +280,29 @@ async def test_failures_are_retried_until_attempts_run_out(engine: AsyncEngine) 
     assert [r.attempt for r in retries if isinstance(r, CrawlRequested)] == [2, 3]
 
 
+async def test_a_page_whose_retries_ran_out_is_retried_again_in_its_next_chain(
+    engine: AsyncEngine,
+) -> None:
+    # Three failures in an outage; two months later a link brings the page back, and
+    # its first attempt meets one timeout: that chain has its own three attempts.
+    start = datetime.now(UTC) - timedelta(days=60)
+    for attempt in (1, 2, 3):
+        at = start + timedelta(hours=attempt)
+        failed = completed(
+            CrawlOutcome.FAILED,
+            attempt=attempt,
+            started_at=at - timedelta(seconds=1),
+            completed_at=at,
+        )
+        await project(engine, failed)
+    await project(engine, completed(CrawlOutcome.TIMEOUT, attempt=1))
+    retries = [
+        decode_event(r.payload)
+        for r in await rows(engine, "SELECT payload FROM outbox ORDER BY created_at")
+    ]
+    assert [r.attempt for r in retries if isinstance(r, CrawlRequested)] == [2, 3, 2]
+
+
 async def test_retry_waits_for_retry_after_when_longer(engine: AsyncEngine) -> None:
     event = completed(CrawlOutcome.BLOCKED_4XX, status_code=429, retry_after=7200.0)
     await project(engine, event)

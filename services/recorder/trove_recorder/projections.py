@@ -586,18 +586,23 @@ async def _retries(
     scheduled: set[int] = set()
     if not retryable:
         return scheduled
-    # Each page's last success or 304 is found once, not once a row of its history as a
+    # A page's attempts are counted in its chain: since its last success or 304, and
+    # since the chain's first attempt (``attempt`` 1: a discovery, a re-crawl): a page
+    # whose retries ran out in an outage is retried again when a link brings it back.
+    # Each page's two bounds are found once, not once a row of its history as a
     # correlated subquery would: a history kept for months makes that the batch's cost.
     counts = dict(
         await tx.fetch(
             _sql(
                 "SELECT c.page_id, count(*) FROM page_crawls c LEFT JOIN ("
-                "SELECT page_id, max(completed_at) AS at FROM page_crawls "
-                "WHERE page_id = ANY(CAST(:ids AS bigint[])) "
-                "AND outcome IN ('success', 'not_modified') GROUP BY page_id) s "
+                "SELECT page_id, max(completed_at) FILTER "
+                "(WHERE outcome IN ('success', 'not_modified')) AS ok, "
+                "max(completed_at) FILTER (WHERE attempt <= 1) AS began FROM page_crawls "
+                "WHERE page_id = ANY(CAST(:ids AS bigint[])) GROUP BY page_id) s "
                 "ON s.page_id = c.page_id "
                 "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) "
-                "AND c.completed_at > coalesce(s.at, '-infinity') GROUP BY c.page_id"
+                "AND c.completed_at > coalesce(s.ok, '-infinity') "
+                "AND c.completed_at >= coalesce(s.began, '-infinity') GROUP BY c.page_id"
             ),
             {"ids": sorted(retryable)},
         )
