@@ -23,6 +23,15 @@ def test_an_answer_is_remembered_until_two_rotations_pass() -> None:
     assert memory.claimed_by("u.a") is None
 
 
+def test_an_answer_is_forgotten_after_its_ttl_however_quiet_the_memory_was() -> None:
+    clock = Clock()
+    memory = Sightings(capacity=100, ttl=10.0, clock=clock)
+    clock.now = 4.0
+    memory.remember("u.a", b"event-1")
+    clock.now = 10_000.0  # nothing asked meanwhile: no rotation came
+    assert memory.claimed_by("u.a") is None
+
+
 def test_no_more_than_capacity_answers_are_kept() -> None:
     memory = Sightings(capacity=10, ttl=3600.0, clock=Clock())
     for n in range(100):

@@ -59,7 +59,13 @@ class Recent(Generic[V]):
         self._old.pop(key, None)
 
     def _maybe_rotate(self) -> None:
-        if self._clock() - self._rotated_at >= self.ttl / 2:
+        idle = self._clock() - self._rotated_at
+        if idle >= self.ttl:
+            # Both generations are older than the TTL: one rotation would keep the newer
+            # one, however long ago it was written (a quiet night, then a page).
+            self._old, self._new = {}, {}
+            self._rotated_at = self._clock()
+        elif idle >= self.ttl / 2:
             self._rotate()
 
     def _rotate(self) -> None:
