@@ -84,6 +84,14 @@ SAME_RESOURCE = {
             "http://example.org/shop;sid=9/item.jsp?id=1",
         ],
     ),
+    "ASP.NET's cookieless session segment": (
+        "http://example.org/app/default.aspx?id=1",
+        [
+            "http://example.org/app/(S(lit3py55t21z5v55vlm25s55))/default.aspx?id=1",
+            "http://example.org/(S(abc))/app/default.aspx?id=1",
+            "http://example.org/app/(X(1)S(kjh2))/default.aspx?id=1",
+        ],
+    ),
     "session ids in the query": (
         "http://example.org/?page=2",
         [
@@ -137,6 +145,12 @@ DIFFERENT_RESOURCES = {
     "encoded slash": ["http://example.org/a/b", "http://example.org/a%2Fb"],
     "plus and encoded plus": ["http://example.org/?q=a+b", "http://example.org/?q=a%2Bb"],
     "order of a repeated parameter": ["http://example.org/?a=1&a=2", "http://example.org/?a=2&a=1"],
+    "a path segment in parentheses that is no session": [
+        "http://example.org/wiki/",
+        "http://example.org/wiki/(S)",
+        "http://example.org/wiki/Foo_(bar)",
+        "http://example.org/(c)/x",
+    ],
     "a parameter that only resembles a tracking one": [
         "http://example.org/",
         "http://example.org/?utm=1",

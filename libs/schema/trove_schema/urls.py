@@ -19,7 +19,8 @@ default ports, empty path); Trove adds its own rules on top:
   dodged by spelling;
 * tracking parameters (``TRACKING_PARAMETERS``, any ``utm_*``) and session ids
   (``SESSION_PARAMETERS``, ``aspsessionid*``; path parameters ``;jsessionid=``,
-  ``;phpsessid=``, ``;sid=``) are removed, matching names case-insensitively;
+  ``;phpsessid=``, ``;sid=``; ASP.NET's cookieless path segment ``/(S(...))``) are
+  removed, matching names case-insensitively;
 * the remaining query parameters are sorted by name (stable: repeated names keep their
   order, so ``?a=2&a=1`` stays as it is); an empty query is dropped;
 * the result may be at most ``max_length`` characters.
@@ -74,6 +75,10 @@ SESSION_PREFIXES = ("aspsessionid",)
 #: Path parameters (``/page;jsessionid=...``) that carry a session id.
 SESSION_PATH_PARAMETERS = ("jsessionid", "phpsessid", "sid")
 
+#: ASP.NET's cookieless session (and anonymous id, forms ticket) path segment:
+#: ``/(S(lit3py55t21z5v55vlm25s55))/default.aspx``, new at every visit, so a site's
+#: every link a new URL, every cycle.
+_COOKIELESS_RE = re.compile(r"/\((?:[A-Za-z]\([A-Za-z0-9_-]{0,1000}\))+\)(?=/|\Z)")
 _DROP_PARAMETERS = TRACKING_PARAMETERS | SESSION_PARAMETERS
 _DROP_PREFIXES = TRACKING_PREFIXES + SESSION_PREFIXES
 _SESSION_PATH_RE = re.compile(
@@ -165,6 +170,8 @@ def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
     canonical_host = _canonical_host(parts.hostname or "", bracketed=host.startswith("["))
     canonical_port = f":{parts.port}" if parts.port else ""
     path = parts.path
+    if "/(" in path:
+        path = _COOKIELESS_RE.sub("", path) or "/"
     if ";" in path:
         stripped = _SESSION_PATH_RE.sub("", path)
         if stripped != path:
