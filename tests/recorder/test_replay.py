@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import uuid
@@ -12,6 +14,7 @@ import nats
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
@@ -174,11 +177,30 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
     ]
 
     target = await empty_database(stack)
-    stats = await replay(
-        stack.nats_url, target, RetryPolicy(max_attempts=3, delay_seconds=1.0), batch=2
-    )
-    assert stats.malformed == 0
     replayed_engine = create_async_engine(target)
+    # What a live recorder's publisher on that database would send meanwhile: no retry
+    # the record shows as published (its CrawlRequested further on) may be pending.
+    seen_pending: set[uuid.UUID] = set()
+    replaying = True
+
+    async def publisher_view() -> None:
+        while replaying:
+            with contextlib.suppress(ProgrammingError):  # before the tables exist
+                rows = await query(
+                    replayed_engine, "SELECT event_id FROM outbox WHERE published_at IS NULL"
+                )
+                seen_pending.update(r.event_id for r in rows)
+
+    watcher = asyncio.create_task(publisher_view())
+    try:
+        stats = await replay(
+            stack.nats_url, target, RetryPolicy(max_attempts=3, delay_seconds=1.0), batch=1
+        )
+    finally:
+        replaying = False
+        await watcher
+    assert stats.malformed == 0
+    assert seen_pending <= {far_retry}
     try:
         assert await checksums(replayed_engine) == live
         replayed_outbox = await outbox(replayed_engine)

@@ -12,12 +12,15 @@ takes hours. An event the database holds is skipped (``projected_events``), and 
 projections take an attempt older than the page's newest as history only, so the
 window may start well before the loss, and the live recorder may run meanwhile.
 
-Retries are decided again as events are applied, each into an outbox row. A retry
-whose ``CrawlRequested`` is in the record has been published: its row is marked so. One
-that is not (scheduled for later, or decided but not yet published when the live
-recorder stopped) stays pending, and the recorder running on this database publishes
-it. Publishing a schedule again is harmless: it carries the same ``Nats-Msg-Id`` and
-event id, and consumers ignore an event id they have handled.
+Retries are decided again as events are applied, each into an outbox row, held
+(``published_at`` at infinity: no publisher sends it) while the replay runs: a retry
+whose ``CrawlRequested`` is further on in the record was published long ago, and a live
+recorder publishing its row before the replay got there would fire it again, over the
+page's pending re-crawl. A row whose ``CrawlRequested`` the replay met is marked
+published; when it ends, the rows it still holds (scheduled for later, or decided but
+not yet published when the live recorder stopped) are released, and the recorder
+running on this database publishes them. A replay that died holding rows has them
+released by the next one, at its start.
 """
 
 from __future__ import annotations
@@ -72,8 +75,16 @@ PROJECTION_TABLES = (
 
 #: Retries already in the record: their outbox rows need no publishing.
 _MARK_RECORDED_RETRIES = text(
-    "UPDATE outbox o SET published_at = now() WHERE o.published_at IS NULL "
+    "UPDATE outbox o SET published_at = now() "
+    "WHERE (o.published_at IS NULL OR o.published_at = 'infinity') "
     "AND EXISTS (SELECT 1 FROM projected_events p WHERE p.event_id = o.event_id)"
+)
+# The rows this transaction wrote (their ``created_at`` is its start): held.
+_HOLD_DECIDED_RETRIES = text(
+    "UPDATE outbox SET published_at = 'infinity' WHERE published_at IS NULL AND created_at = now()"
+)
+_RELEASE_HELD_RETRIES = text(
+    "UPDATE outbox SET published_at = NULL WHERE published_at = 'infinity'"
 )
 
 
@@ -150,6 +161,7 @@ async def replay(
                     "the database already has projections: use --truncate to rebuild them, "
                     "or --since to re-apply the events of a recent window"
                 )
+            await conn.execute(_RELEASE_HELD_RETRIES)  # a replay that died held them
         subjects = {
             SEED_REJECTED,
             PAGE_DISCOVERED,
@@ -196,6 +208,7 @@ async def replay(
                     break
             async with sessions.begin() as session:
                 applied = await apply_batch(session, events, policy, known, learning=learning)
+                await session.execute(_HOLD_DECIDED_RETRIES)
                 # Every pending row, not only this batch's: a retry's CrawlRequested
                 # comes later in the stream than the attempt that decided it.
                 await session.execute(_MARK_RECORDED_RETRIES)
@@ -203,6 +216,8 @@ async def replay(
             stats.applied += applied.count
             log.info("replayed up to %d of %d", seq, last)
         await sub.unsubscribe()
+        async with engine.begin() as conn:
+            await conn.execute(_RELEASE_HELD_RETRIES)
     finally:
         await bus.close()
         await engine.dispose()
