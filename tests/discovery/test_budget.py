@@ -59,6 +59,19 @@ async def test_a_page_handled_again_with_more_links_of_the_host_counts_the_new_o
     assert await counted(bus) == 3
 
 
+async def test_a_page_handled_again_after_other_pages_of_its_host_counts_nothing_again(
+    bus: Bus,
+) -> None:
+    # Page A's links counted, then page B's; A comes back (its ack lost, an alias hold
+    # handed to the other replica): its links are granted, and not counted twice.
+    first, second = await replica(bus), await replica(bus)
+    a, b = ["page-a/1", "page-a/2"], ["page-b/1", "page-b/2"]
+    assert await first._within_budget("busy.example", a) == 2
+    assert await first._within_budget("busy.example", b) == 2
+    assert await second._within_budget("busy.example", a) == 2
+    assert await counted(bus) == 4
+
+
 async def test_a_refusal_is_read_from_the_bucket_not_memory(bus: Bus) -> None:
     # The cycle's counters expire with the bucket's keys; a host whose remembered count
     # is full is asked about again, and counts from zero once its key is gone.

@@ -1,8 +1,9 @@
 """The cycle's budgets discovery counts in the seen bucket (``trove_seen``), keyed here.
 
 A host's page budget (``TROVE_HOST_PAGE_BUDGET``): the pages discovered of the host
-this cycle, the last event counted and when the cycle began (``{"n": 37, "last":
-"<event id>", "since": 1795000000.0}``). A site's host budget
+this cycle, the last event counted, the last of each of the pages counted lately, and
+when the cycle began (``{"n": 37, "last": "<event id>", "recent": [...], "since":
+1795000000.0}``). A site's host budget
 (``TROVE_SITE_HOST_BUDGET``, ``trove_discovery.sites``): the host names of the
 registrable domain that got pages this cycle (``{"hosts": [...], "since": …}``).
 
@@ -76,26 +77,53 @@ def site_budget_key(site: str) -> str:
     return "s." + hashlib.sha256(site.encode()).hexdigest()[:40]
 
 
+#: Pages whose last counted link a host's record keeps: a page handled again (its ack
+#: lost, an alias hold handed back) after others of its host were counted is known.
+RECENT_COUNTED = 8
+
+
 @dataclass(frozen=True, slots=True)
 class HostCount:
-    """A host's pages counted this cycle, up to the event ``last``; the cycle began at
+    """A host's pages counted this cycle, up to the event ``last`` (and the last of each
+    of the ``RECENT_COUNTED`` batches before it, ``recent``); the cycle began at
     ``since`` (seconds since the epoch; 0: not known)."""
 
     pages: int = 0
     last: str = ""
     since: float = 0.0
+    recent: tuple[str, ...] = ()
 
     @classmethod
     def from_bytes(cls, value: bytes | None) -> HostCount:
         state = json.loads(value or b"{}")
+        recent = state.get("recent")
         return cls(
             pages=int(state.get("n", 0)),
             last=str(state.get("last", "")),
             since=float(state.get("since", 0.0)),
+            recent=tuple(str(v) for v in recent) if isinstance(recent, list) else (),
         )
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"n": self.pages, "last": self.last, "since": self.since}).encode()
+        state = {"n": self.pages, "last": self.last, "since": self.since}
+        if self.recent:
+            state["recent"] = list(self.recent)
+        return json.dumps(state).encode()
+
+    def counted(self, event_ids: list[str]) -> int:
+        """How many of a page's ``event_ids`` (in its order) were counted already: up to
+        the last of them this record knows."""
+        marks = {self.last, *self.recent} - {""}
+        for n in range(len(event_ids) - 1, -1, -1):
+            if event_ids[n] in marks:
+                return n + 1
+        return 0
+
+    def add(self, pending: list[str], within: int) -> HostCount:
+        """This count with the first ``within`` of ``pending`` counted."""
+        mark = pending[within - 1]
+        recent = (*self.recent, mark)[-RECENT_COUNTED:]
+        return HostCount(self.pages + within, mark, self.since, recent)
 
     def in_cycle(self, now: float, cycle: float) -> HostCount:
         """The count as it stands at ``now``: nothing once ``cycle`` seconds have passed

@@ -458,10 +458,11 @@ class Discovery:
                 except KeyNotFoundError:
                     counted, revision = HostCount(), None
                 counted = counted.in_cycle(now, cycle)
-            # Counted already, up to that one (the same links handled again). A page
-            # handled again may bring more of the host's links than the first time
-            # (another replica's alias probes held fewer back): those are counted now.
-            done = event_ids.index(counted.last) + 1 if counted.last in event_ids else 0
+            # Counted already, up to the last the record knows (the same links handled
+            # again, after others of the host maybe). A page handled again may bring more
+            # of the host's links than the first time (another replica's alias probes
+            # held fewer back): those are counted now.
+            done = counted.counted(event_ids)
             pending = event_ids[done:]
             if not pending:
                 return done, "host_pages"
@@ -472,7 +473,7 @@ class Discovery:
             # Not written then, so that the site's refusal is read again, never remembered.
             if counted.pages == 0 and not await self.sites.admits(domain):
                 return 0, "site_hosts"
-            now_counted = HostCount(counted.pages + within, pending[within - 1], counted.since)
+            now_counted = counted.add(pending, within)
             value = now_counted.to_bytes()
             try:
                 if revision is None:
