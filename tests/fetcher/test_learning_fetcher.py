@@ -20,6 +20,7 @@ from nats.js.errors import KeyNotFoundError
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import StackUrls, eventually
+from tests.fetcher._completions import Completions
 from tests.fetcher._servers import free_port
 from tests.support import publish_work, services
 from trove_cli.local import LocalTrove
@@ -27,8 +28,9 @@ from trove_fetcher.politeness import POLICY_KEY
 from trove_sandbox.learning import LearningWeb, serve_learning_web
 from trove_sandbox.server import Witness, WitnessRecord
 from trove_schema.bus import Bus
+from trove_schema.events import CrawlOutcome
 from trove_schema.policy import HostPolicy
-from trove_schema.topology import DOMAINS_BUCKET
+from trove_schema.topology import DOMAINS_BUCKET, WORK_SCHEDULES_PREFIX, WORK_STREAM
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -131,7 +133,9 @@ def share(records: Sequence[WitnessRecord], used: Callable[[WitnessRecord], bool
 async def test_each_host_is_fetched_the_way_that_gives_its_content_and_a_challenge_never_another(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
-    web = LearningWeb(pages=70)
+    # The challenge host's robots.txt is not challenged here: its pages' challenges are
+    # what is met (a robots.txt challenged too: the next test).
+    web = LearningWeb(pages=70, challenge_robots=False)
     # At most 20 fetches to learn a host, then 50 (30 or 10) to show what it learnt. The
     # mixed host (a shell every third page) is served badly by either strategy, so it
     # is the one explored (one choice in 4 here, 1 in 50 by default).
@@ -206,6 +210,47 @@ async def test_each_host_is_fetched_the_way_that_gives_its_content_and_a_challen
     assert min(intervals(refused)) >= ban
     assert challenge.pause_reason == "blocked_captcha"
     assert challenge.paused_until >= refused[-1].wall + ban - OVERHEAD
+
+
+async def test_a_host_that_challenges_its_robots_txt_is_asked_nothing_else_for_its_ban(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    web = LearningWeb(pages=4)
+    ban = 600.0
+    async with serve_learning_web(web) as running:
+        settings = env(web, 0.05, TROVE_BAN_PAUSE_SECONDS=str(ban))
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            urls = web.urls("challenge")
+            await publish_work(bus, urls)
+
+            async def deferred() -> dict[str, float]:
+                """The pages waiting as scheduled work: the slot each was given."""
+                local.check_alive()
+                info = await bus.js.stream_info(
+                    WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>"
+                )
+                slots = {}
+                for subject in info.state.subjects or {}:
+                    msg = await bus.js.get_last_msg(WORK_STREAM, subject)
+                    slots[subject] = float((msg.headers or {})["Trove-Slot"])
+                return slots
+
+            # The page that asked for robots.txt fails (it could not be read); the
+            # others wait for the end of the ban.
+            events = await Completions(bus.js).wait_for(1, timeout=30)
+            slots = await eventually(
+                deferred, until=lambda s: len(s) == len(urls) - 1, timeout=30, what="deferred"
+            )
+            policy = await policy_of(bus, "challenge")
+        asked = running.witness.requests(LearningWeb.host("challenge"))
+    # One request, robots.txt's, answered with the challenge: no page is asked, and the
+    # host is left alone for a ban's pause.
+    assert [(r.path, r.status) for r in asked] == [("/robots.txt", 403)]
+    (failed,) = events.values()
+    assert failed.outcome is CrawlOutcome.FAILED
+    assert policy.pause_reason == "blocked_captcha"
+    assert policy.paused_until >= asked[0].wall + ban - OVERHEAD
+    assert min(slots.values()) >= asked[0].wall + ban - OVERHEAD
 
 
 async def test_a_rate_limited_host_is_left_alone_for_doubling_pauses_or_as_long_as_it_asks(

@@ -11,7 +11,7 @@ spa           an empty JavaScript shell as HTML; the article as ActivityStreams 
               to ``Accept: application/activity+json`` (a Mastodon-like post page)
 pdf           small real PDF documents (a title and a line of text)
 challenge     403 with a bot challenge (``Server: cloudflare``, ``cf-mitigated:
-              challenge``), robots.txt included
+              challenge``), robots.txt included unless ``challenge_robots`` is off
 slow          plain pages, each after ``slow_delay`` seconds
 ratelimit     429 while ``limiting`` (with ``Retry-After: retry_after`` when set,
               without one otherwise), plain pages after
@@ -106,6 +106,9 @@ class LearningWeb:
     flaky_share: float = 0.3
     flaky_stall: float = 60.0
     drifted: bool = False
+    #: Whether the ``challenge`` host challenges robots.txt too (as a site behind a
+    #: challenge for everything does); off, its pages' challenges are what is met.
+    challenge_robots: bool = True
     #: The clock the ``changing`` pages change on (seconds); the wall clock by default.
     clock: Callable[[], float] = time.time
     #: When the clock started (change times count from here).
@@ -181,7 +184,7 @@ class LearningWeb:
 
     def respond(self, host: str, path: str, headers: Mapping[str, str]) -> Response:
         kind = host.split(".", 1)[0]
-        if kind == "challenge":
+        if kind == "challenge" and (self.challenge_robots or path != "/robots.txt"):
             return _challenge()
         if kind == "down" and self.down_now:
             return _reset()
