@@ -389,14 +389,18 @@ async def test_a_pause_a_site_asks_for_is_as_long_on_the_shared_clock_as_it_aske
     assert slot.backoff_until - clock.now() > 55.0, slot.backoff_until - clock.now()
 
 
+#: A poll of a followed timeline, as discovery asks for it.
+POLL = TimelinePollRequested(
+    instance="https://social.example",
+    domain="social.example",
+    timeline="local",
+    follow_id="follow-1",
+)
+
+
 def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_the_host_nothing() -> None:
     """Its ``retry_after`` is how long until our lease is free: no rate limit to learn."""
-    asked = TimelinePollRequested(
-        instance="https://social.example",
-        domain="social.example",
-        timeline="local",
-        follow_id="follow-1",
-    )
+    asked = POLL
     ours = polled(asked, status_code=200, more=True, retry_after=40.0)
     assert fetcher_module._poll_observation(ours) is None
     spent = polled(asked, status_code=200, more=True, retry_after=40.0, rate_limited=True)
@@ -450,12 +454,7 @@ def test_a_robots_txt_that_timed_out_after_a_redirect_is_no_answer_of_its_host()
 
 
 def test_a_poll_the_instance_refused_leaves_its_host_alone_as_a_pages_403_would() -> None:
-    asked = TimelinePollRequested(
-        instance="https://social.example",
-        domain="social.example",
-        timeline="local",
-        follow_id="follow-1",
-    )
+    asked = POLL
     refused = polled(asked, outcome=CrawlOutcome.BLOCKED_4XX, status_code=403)
     observation = fetcher_module._poll_observation(refused)
     assert observation is not None

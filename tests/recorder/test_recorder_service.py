@@ -37,6 +37,18 @@ from trove_stack.nats import free_port
 pytestmark = pytest.mark.usefixtures("clean")
 
 
+def pending_retry() -> CrawlRequested:
+    """A page's second attempt, due in an hour: an outbox row's event."""
+    return CrawlRequested(
+        url="https://blog.example/1",
+        domain="blog.example",
+        scope=Scope(value="blog.example"),
+        reason=RequestReason.RETRY,
+        attempt=2,
+        not_before=utcnow() + timedelta(hours=1),
+    )
+
+
 def completed(n: int, links: int = 3) -> CrawlCompleted:
     now = utcnow()
     return CrawlCompleted(
@@ -213,14 +225,7 @@ async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_w
     longest = 2.0
     port = free_port("127.0.0.1")
     env = {"TROVE_OUTBOX_POLL_MAX_SECONDS": str(longest), "TROVE_HTTP_PORT": str(port)}
-    retry = CrawlRequested(
-        url="https://blog.example/1",
-        domain="blog.example",
-        scope=Scope(value="blog.example"),
-        reason=RequestReason.RETRY,
-        attempt=2,
-        not_before=utcnow() + timedelta(hours=1),
-    )
+    retry = pending_retry()
 
     async def sent() -> bool:
         rows = await query(engine, "SELECT published_at FROM outbox")
@@ -255,14 +260,7 @@ async def test_outbox_rows_this_release_cannot_read_are_passed_over_and_the_rest
     # What a newer release wrote, read by the one rolled back to: a whole batch of them
     # (the publisher reads 100 rows at a time), then a retry it can read.
     unreadable = b'{"type":"CrawlRequested","version":1,"reason":"from-a-newer-release"}'
-    retry = CrawlRequested(
-        url="https://blog.example/1",
-        domain="blog.example",
-        scope=Scope(value="blog.example"),
-        reason=RequestReason.RETRY,
-        attempt=2,
-        not_before=utcnow() + timedelta(hours=1),
-    )
+    retry = pending_retry()
     insert = text(
         "INSERT INTO outbox (event_id, subject, payload, deliver_at, created_at) "
         "VALUES (:id, :subject, :payload, :due, now() - make_interval(secs => :age))"
