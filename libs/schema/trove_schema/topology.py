@@ -410,11 +410,11 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
         log.info("reconciled stream %s", config.name)
 
 
-#: The subjects of each stream whose messages wait to fire: a retention shorter than
-#: their age drops them, and what they carry (a re-crawl, a poll, a deferred fetch) is
-#: lost with them.
 #: Schedules ``_keeps_schedules`` looks at, oldest first.
 SCHEDULES_CHECKED = 1_000
+#: The subjects of each stream whose messages wait to fire: a retention shorter than
+#: their wait drops them, and what they carry (a re-crawl, a poll, a deferred fetch) is
+#: lost with them.
 _SCHEDULES = {
     EVENTS_STREAM: f"{EVENT_SCHEDULES_PREFIX}.>",
     WORK_STREAM: f"{WORK_SCHEDULES_PREFIX}.>",
