@@ -19,8 +19,8 @@ recorder publishing its row before the replay got there would fire it again, ove
 page's pending re-crawl. A row whose ``CrawlRequested`` the replay met is marked
 published; when it ends, the rows it still holds (scheduled for later, or decided but
 not yet published when the live recorder stopped) are released, and the recorder
-running on this database publishes them. A replay that died holding rows has them
-released by the next one, at its start.
+running on this database publishes them; a replay that fails releases them too, and
+one that died holding rows has them released by the next one, at its start.
 """
 
 from __future__ import annotations
@@ -216,9 +216,14 @@ async def replay(
             stats.applied += applied.count
             log.info("replayed up to %d of %d", seq, last)
         await sub.unsubscribe()
-        async with engine.begin() as conn:
-            await conn.execute(_RELEASE_HELD_RETRIES)
     finally:
+        # However the replay ends: a retry it held and nobody released would never go
+        # out, which is worse than one sent again.
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(_RELEASE_HELD_RETRIES)
+        except Exception as exc:  # the database away: the next replay releases them
+            log.warning("replay: held retries not released: %s", exc)
         await bus.close()
         await engine.dispose()
     stats.seconds = time.monotonic() - started
