@@ -100,6 +100,8 @@ class Status:
     #: Outbox rows not yet published, and the age of the oldest in seconds.
     outbox_backlog: int = 0
     outbox_oldest_seconds: float | None = None
+    #: Rows a replay holds (``published_at`` at infinity) until it ends.
+    outbox_held: int = 0
     #: The processes ``trove up`` supervises; None when it does not run here.
     services: Supervised | None = None
     #: Bytes JetStream stores for the account, and its limit when one is set; by stream
@@ -146,16 +148,20 @@ async def _tables(engine: AsyncEngine, status: Status) -> None:
             text("SELECT outcome, count(*) FROM page_crawls GROUP BY outcome ORDER BY 2 DESC, 1")
         )
         status.attempts_by_outcome = {o: int(n) for o, n in rows.all()}
-        backlog, oldest = (
+        backlog, oldest, held = (
             await conn.execute(
                 text(
-                    "SELECT count(*), extract(epoch FROM to_timestamp(:now) - min(created_at)) "
-                    "FROM outbox WHERE published_at IS NULL"
+                    "SELECT count(*) FILTER (WHERE published_at IS NULL), "
+                    "extract(epoch FROM to_timestamp(:now) - min(created_at) "
+                    "FILTER (WHERE published_at IS NULL)), "
+                    "count(*) FILTER (WHERE published_at = 'infinity') "
+                    "FROM outbox WHERE published_at IS NULL OR published_at = 'infinity'"
                 ),
                 {"now": status.now},
             )
         ).one()
         status.outbox_backlog = int(backlog)
+        status.outbox_held = int(held)
         status.outbox_oldest_seconds = None if oldest is None else max(float(oldest), 0.0)
 
 
@@ -423,6 +429,8 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
     outbox = f"Outbox backlog: {status.outbox_backlog} unpublished"
     if status.outbox_oldest_seconds is not None:
         outbox += f" (oldest {duration(status.outbox_oldest_seconds)})"
+    if status.outbox_held:
+        outbox += f", {status.outbox_held} held by a replay (released when it ends)"
     parts.append(Text(outbox))
     if status.store_bytes is not None:
         store = f"JetStream store: {size(status.store_bytes)}"

@@ -228,12 +228,13 @@ async def test_tables_give_pages_by_status_attempts_by_outcome_and_the_outbox_ba
                     ),
                     {"outcome": outcome, "event_id": uuid.uuid4()},
                 )
-        for age, published in ((90, False), (30, False), (500, True)):
+        for age, published in ((90, "no"), (30, "no"), (500, "yes"), (900, "held")):
             await conn.execute(
                 text(
                     "INSERT INTO outbox (event_id, subject, payload, created_at, published_at) "
                     "VALUES (:id, 'trove.events.crawl.requested', '\\x7b7d', "
-                    "to_timestamp(:created), CASE WHEN :published THEN now() END)"
+                    "to_timestamp(:created), CASE :published WHEN 'yes' THEN now() "
+                    "WHEN 'held' THEN 'infinity'::timestamptz END)"
                 ),
                 {"id": uuid.uuid4(), "created": now - age, "published": published},
             )
@@ -245,6 +246,7 @@ async def test_tables_give_pages_by_status_attempts_by_outcome_and_the_outbox_ba
     assert status.attempts_by_outcome == {"timeout": 3, "success": 2, "blocked_5xx": 1}
     assert status.outbox_backlog == 2
     assert status.outbox_oldest_seconds == pytest.approx(90.0, abs=0.01)
+    assert status.outbox_held == 1  # a replay's, until it ends
 
 
 async def test_an_empty_crawl_has_nothing_to_report(bus: Bus, engine: AsyncEngine) -> None:

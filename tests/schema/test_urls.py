@@ -90,6 +90,7 @@ SAME_RESOURCE = {
             "http://example.org/app/(S(lit3py55t21z5v55vlm25s55))/default.aspx?id=1",
             "http://example.org/(S(abc))/app/default.aspx?id=1",
             "http://example.org/app/(X(1)S(kjh2))/default.aspx?id=1",
+            "http://example.org/app/(S(abc));jsessionid=1/default.aspx?id=1",
         ],
     ),
     "session ids in the query": (
@@ -150,6 +151,7 @@ DIFFERENT_RESOURCES = {
         "http://example.org/wiki/(S)",
         "http://example.org/wiki/Foo_(bar)",
         "http://example.org/(c)/x",
+        "http://example.org/wiki/(a(b))",
     ],
     "a parameter that only resembles a tracking one": [
         "http://example.org/",

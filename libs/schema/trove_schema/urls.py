@@ -78,7 +78,7 @@ SESSION_PATH_PARAMETERS = ("jsessionid", "phpsessid", "sid")
 #: ASP.NET's cookieless session (and anonymous id, forms ticket) path segment:
 #: ``/(S(lit3py55t21z5v55vlm25s55))/default.aspx``, new at every visit, so a site's
 #: every link a new URL, every cycle.
-_COOKIELESS_RE = re.compile(r"/\((?:[A-Za-z]\([A-Za-z0-9_-]{0,1000}\))+\)(?=/|\Z)")
+_COOKIELESS_RE = re.compile(r"/\((?:[A-Z]\([A-Za-z0-9_-]{0,1000}\))+\)(?=/|\Z)")
 _DROP_PARAMETERS = TRACKING_PARAMETERS | SESSION_PARAMETERS
 _DROP_PREFIXES = TRACKING_PREFIXES + SESSION_PREFIXES
 _SESSION_PATH_RE = re.compile(
@@ -170,13 +170,13 @@ def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
     canonical_host = _canonical_host(parts.hostname or "", bracketed=host.startswith("["))
     canonical_port = f":{parts.port}" if parts.port else ""
     path = parts.path
-    if "/(" in path:
-        path = _COOKIELESS_RE.sub("", path) or "/"
     if ";" in path:
         stripped = _SESSION_PATH_RE.sub("", path)
         if stripped != path:
             # Removing a parameter can expose a dot segment ("/a/.;sid=1/b"): once more.
             path = urlsplit(_url_normalize(f"{scheme}://{canonical_host}{stripped}")).path
+    if "/(" in path:  # after the parameters: "/(S(x));jsessionid=1/" is a segment then
+        path = _COOKIELESS_RE.sub("", path) or "/"
     result = urlunsplit(
         (scheme, canonical_host + canonical_port, path, _clean_query(parts.query), "")
     )

@@ -349,7 +349,7 @@ class Fetcher:
 
     @overload
     async def _acquire(
-        self, domain: str, reserved: bool, *, patience: float = ...
+        self, domain: str, reserved: bool, *, patience: float = ..., until: float | None = ...
     ) -> Granted | Deferred: ...
 
     @overload
@@ -364,9 +364,11 @@ class Fetcher:
         *,
         follow_moves: bool = False,
         patience: float = LOCAL_WAIT,
+        until: float | None = None,
     ) -> Granted | Deferred | Moved:
-        """The domain's lease now or after a wait in the task of ``patience`` at most;
-        else a far slot. With ``follow_moves``, ``Moved`` for a host learned to have moved.
+        """The domain's lease now or after a wait in the task of ``patience`` at most
+        (each wait, and none past ``until`` on the fetcher's clock); else a far slot.
+        With ``follow_moves``, ``Moved`` for a host learned to have moved.
 
         A lease that can start within ``LOCAL_WAIT`` is taken ahead, for its start, and
         the task sends when it comes: the request leaves at its slot rather than one
@@ -391,8 +393,9 @@ class Fetcher:
             # From the clock now, not from ``now``: under load the round trip behind the
             # decision takes a good part of a gap, and sleeping the whole wait after it
             # would send the request that much past its slot.
-            wait = decision.at - self.clock.now()
-            if wait > patience:
+            now = self.clock.now()
+            wait = decision.at - now
+            if wait > patience or (until is not None and decision.at > until):
                 return decision
             LEASES.labels("waited").inc()
             if wait <= LOCAL_WAIT:
@@ -863,9 +866,7 @@ class Fetcher:
         for ever by a host whose free moments other work keeps taking)."""
         longest = self.politeness.config.max_delay
         deadline = _POLL_DEADLINE.get()
-        left = longest if deadline is None else deadline - self.clock.now()
-        patience = max(LOCAL_WAIT, min(longest, left))
-        return await self._acquire(domain, True, patience=patience)
+        return await self._acquire(domain, True, patience=longest, until=deadline)
 
     @contextlib.asynccontextmanager
     async def _poll_gate(self, url: str) -> AsyncIterator[None]:

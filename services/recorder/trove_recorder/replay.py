@@ -150,6 +150,7 @@ async def replay(
     bus = await Bus.connect(nats_url, name="trove-replay")
     stats = ReplayStats()
     started = time.monotonic()
+    holding = False  # past the checks: this replay may hold retries
     try:
         async with engine.begin() as conn:
             if truncate:
@@ -162,6 +163,7 @@ async def replay(
                     "or --since to re-apply the events of a recent window"
                 )
             await conn.execute(_RELEASE_HELD_RETRIES)  # a replay that died held them
+        holding = True
         subjects = {
             SEED_REJECTED,
             PAGE_DISCOVERED,
@@ -218,12 +220,16 @@ async def replay(
         await sub.unsubscribe()
     finally:
         # However the replay ends: a retry it held and nobody released would never go
-        # out, which is worse than one sent again.
-        try:
-            async with engine.begin() as conn:
-                await conn.execute(_RELEASE_HELD_RETRIES)
-        except Exception as exc:  # the database away: the next replay releases them
-            log.warning("replay: held retries not released: %s", exc)
+        # out, which is worse than one sent again. One whose CrawlRequested came while
+        # the replay ran (after the last event it read) is published already, if the
+        # live recorder recorded it: marked so first.
+        if holding:
+            try:
+                async with engine.begin() as conn:
+                    await conn.execute(_MARK_RECORDED_RETRIES)
+                    await conn.execute(_RELEASE_HELD_RETRIES)
+            except Exception as exc:  # the database away: the next replay releases them
+                log.warning("replay: held retries not released: %s", exc)
         await bus.close()
         await engine.dispose()
     stats.seconds = time.monotonic() - started
