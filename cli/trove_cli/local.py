@@ -128,7 +128,12 @@ class LocalTrove:
                 )
 
     def _write_stack_file(self) -> None:
-        (self.state_dir / STACK_FILE).write_text(json.dumps(self.env, indent=2))
+        # Only this user may read it: the servers' URLs carry their passwords.
+        path = self.state_dir / STACK_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a file from before kept its mode through O_TRUNC
+        with os.fdopen(fd, "w") as file:
+            file.write(json.dumps(self.env, indent=2))
 
     def stop(self) -> None:
         # Not to be cut short: a second Ctrl-C while the services finish their requests

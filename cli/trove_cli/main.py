@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import nats
+import nats.errors
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -24,7 +26,7 @@ from rich.text import Text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from trove_cli.broker import connect
+from trove_cli.broker import connect, shown
 from trove_cli.dead import DEFAULT_LAST as DEFAULT_LAST_DEAD
 from trove_cli.dead import dead_command
 from trove_cli.domain import DEFAULT_LAST, domain_command
@@ -50,13 +52,13 @@ from trove_schema.topology import (
     DISCOVERY_LINKS,
     DISCOVERY_SEEDS,
     EVENTS_STREAM,
+    FETCH_DEFERRED,
     FETCHER,
     FETCHER_DEFERRED,
     FOLLOW_SUBJECT,
     RECORDER,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
-    WORK_SCHEDULES_PREFIX,
     WORK_STREAM,
     TopologyOptions,
     declare,
@@ -106,8 +108,12 @@ async def pipeline_backlog(js: JetStreamContext) -> int:
         except Exception:
             return -1
         total += (info.num_pending or 0) + (info.num_ack_pending or 0)
-    info = await js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
-    total += sum((info.state.subjects or {}).values())
+    # The deferred fetches are the stream's messages on its one other subject: each
+    # schedule has a subject of its own, and listing them (a frontier's million) would
+    # walk the server's subject index and answer megabytes, twice a second.
+    info = await js.stream_info(WORK_STREAM, subjects_filter=FETCH_DEFERRED)
+    fired = (info.state.subjects or {}).get(FETCH_DEFERRED, 0)
+    total += max(info.state.messages - fired, 0)
     return total
 
 
@@ -280,10 +286,11 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
         console.print(f"starting Trove (state in {settings.state_dir}) ...")
         await asyncio.to_thread(local.start)
         try:
-            console.print(f"NATS {local.stack.nats_url}   Postgres {local.stack.database_url}")
-            console.print("seeds: " + ", ".join(seeds))
+            nats_shown, db_shown = shown(local.stack.nats_url), shown(local.stack.database_url)
+            console.print(Text(f"NATS {nats_shown}   Postgres {db_shown}"))
+            console.print(Text("seeds: " + ", ".join(seeds)))
             if follows:
-                console.print("following: " + ", ".join(follows))
+                console.print(Text("following: " + ", ".join(follows)))
             return await watch_crawl(
                 nats_url=local.stack.nats_url,
                 database_url=local.stack.database_url,
@@ -322,7 +329,11 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
                     )
                 )
                 return 0
-            console.print(reply.data.decode())
+            answer = reply.data.decode(errors="replace")
+            console.print(Text(answer))
+            # Discovery's summary (``reply_lines``): a refusal fails the command, as
+            # `trove follow`'s does, so a script can tell.
+            return 1 if re.search(r"^rejected \d+:", answer, re.MULTILINE) else 0
         else:
             await nc.publish(SEEDS_SUBJECT, payload)
             await nc.flush()
@@ -423,8 +434,10 @@ def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
         restart_policy=restart_policy(settings),
     )
     with local:
-        console.print(f"TROVE_NATS_URL={local.stack.nats_url}")
-        console.print(f"TROVE_DATABASE_URL={local.stack.database_url}")
+        # Passwords hidden (a terminal's scrollback, a CI log): they are in the
+        # deployment's settings, and in stack.json for this user's other commands.
+        console.print(Text(f"TROVE_NATS_URL={shown(local.stack.nats_url)}"))
+        console.print(Text(f"TROVE_DATABASE_URL={shown(local.stack.database_url)}"))
         console.print(
             f"logs in {settings.state_dir / 'logs'}; a service that dies is restarted "
             "(`trove status` lists restarts); Ctrl-C stops everything"
@@ -626,6 +639,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as exc:  # a server refused or unreachable, a file missing
         console.print(Text(f"error: {type(exc).__name__}: {exc}", "red"))
+        return 1
+    except nats.errors.Error as exc:
+        # nats-server answers but cannot serve the command: JetStream not enabled, no
+        # meta leader while a cluster elects one, an account without JetStream.
+        reason = str(exc).strip() or "no reason given"
+        console.print(Text(f"error: NATS: {type(exc).__name__}: {reason}", "red"))
         return 1
     except KeyboardInterrupt:
         return 130

@@ -149,20 +149,21 @@ def render(report: Report, console: Console) -> None:
     languages = table("Languages", "language", "pages")
     for name, n in report.languages:
         languages.add_row(name, str(n))
+    # Text(), not markup, for what comes from the web or a seed: a title "[/r/python]"
+    # would end the report in a MarkupError, "[pdf] Report" lose its "[pdf]".
     linked = table("Most linked pages", "url", "title", "in-links")
     for url, title, n in report.top_linked:
-        linked.add_row(url, (title or "")[:40], str(n))
+        linked.add_row(Text(url), Text((title or "")[:40]), str(n))
     parts: list[Table] = [status, outcomes, domains, languages, linked]
     if report.top_shared:
         shared = table("Most shared pages (fediverse)", "url", "title", "shares", "instances")
         for url, title, n, instances in report.top_shared:
-            # Text(), not markup: URLs and titles come from the web.
             shared.add_row(Text(url), Text((title or "")[:40]), str(n), str(instances))
         parts.append(shared)
     if report.rejected_seeds:
         rejected = table("Rejected seeds", "seed", "reason")
         for raw, why in report.rejected_seeds:
-            rejected.add_row(raw[:60], why)
+            rejected.add_row(Text(raw[:60]), Text(why))
         parts.append(rejected)
     console.print(Group(*[p for t in parts for p in (t, "")]))
     console.print(f"{report.links} links in the citation graph.")

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from nats.aio.msg import Msg
 
 from tests.conftest import StackUrls
 from tests.support import run_trove
+from trove_discovery.seeds import parse_seeds, reply_text
 from trove_schema.bus import Bus
-from trove_schema.topology import SEEDS_STREAM
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import SEEDS_STREAM, SEEDS_SUBJECT
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -30,3 +33,29 @@ async def test_a_seed_asked_for_an_answer_with_no_discovery_running_is_kept_and_
     assert info.state.messages == before + 1
     stored = await bus.js.get_msg(SEEDS_STREAM, info.state.last_seq)
     assert stored.data == b"https://kept.example/"
+
+
+@pytest.mark.parametrize(
+    ("urls", "code"),
+    [(("https://kept.example/",), 0), (("https://kept.example/", "not a url"), 1)],
+    ids=["accepted", "one refused"],
+)
+async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
+    stack: StackUrls, bus: Bus, urls: tuple[str, ...], code: int
+) -> None:
+    # Discovery's own parsing and summary answer the request, as its handler does.
+    async def answer(msg: Msg) -> None:
+        batch = parse_seeds(msg.data, origin="request", settings=DiscoverySettings())
+        await msg.respond(reply_text(batch).encode())
+
+    responder = await bus.nc.subscribe(SEEDS_SUBJECT, cb=answer)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_NATS_URL": stack.nats_url,
+    }
+    try:
+        exit_code, out = await run_trove("seed", "--request", *urls, env=env)
+    finally:
+        await responder.unsubscribe()
+    assert exit_code == code, out
+    assert "accepted 1: https://kept.example/" in out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
-from trove_cli.local import STACK_FILE
+from tests.conftest import StackUrls
+from trove_cli.local import STACK_FILE, LocalTrove
 from trove_cli.main import _urls
 from trove_schema.settings import CommonSettings
 
@@ -33,3 +35,19 @@ def test_a_running_stack_fills_in_only_what_belongs_with_the_urls_given(tmp_path
         "nats://nats.example:4222",
         "",
     )
+
+
+def test_the_stack_file_is_readable_by_its_user_alone(tmp_path: Path, stack: StackUrls) -> None:
+    # It names the servers with their passwords; one left readable by others before
+    # (an older release wrote it 0644) is made private too.
+    (tmp_path / STACK_FILE).write_text("{}")
+    (tmp_path / STACK_FILE).chmod(0o644)
+    with LocalTrove(
+        state_dir=tmp_path,
+        nats_url=stack.nats_url,
+        database_url=stack.database_url,
+        services=(),
+    ):
+        path = tmp_path / STACK_FILE
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert json.loads(path.read_text())["TROVE_NATS_URL"] == stack.nats_url

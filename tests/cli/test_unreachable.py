@@ -6,11 +6,15 @@ command against a wrong address sit two minutes printing tracebacks."""
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import eventually
 from tests.fetcher._servers import free_port
 from tests.support import run_trove
+from trove_stack.nats import listening, nats_server_binary
 
 
 @pytest.mark.parametrize(
@@ -39,3 +43,36 @@ async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
     assert says in " ".join(out.split()), out
     assert "Traceback" not in out
     assert "secret" not in out
+
+
+@pytest.mark.parametrize("argv", [("status",), ("dead",)], ids=["status", "dead"])
+async def test_a_broker_without_jetstream_is_one_line_and_exit_1(
+    argv: tuple[str, ...], tmp_path: Path
+) -> None:
+    # nats-server answers, JetStream does not: not enabled, or a cluster without a
+    # meta leader while it elects one.
+    port = free_port()
+    server = subprocess.Popen(
+        [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        async def up() -> bool:
+            return listening("127.0.0.1", port)
+
+        await eventually(up, until=bool, timeout=10, what="nats-server listening")
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+            "TROVE_NATS_URL": f"nats://127.0.0.1:{port}",
+            "TROVE_DATABASE_URL": f"postgresql+asyncpg://trove@127.0.0.1:{free_port()}/trove",
+            "TROVE_STATE_DIR": str(tmp_path),
+        }
+        code, out = await run_trove(*argv, env=env, timeout=30)
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert code == 1, out
+    assert "error: NATS:" in out, out
+    assert "Traceback" not in out

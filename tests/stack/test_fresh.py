@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from trove_schema.errors import StackError
+from trove_stack.nats import EmbeddedNats, NatsConfig
 from trove_stack.stack import Stack, running_in
 
 
@@ -31,3 +34,43 @@ def test_a_fresh_stack_refuses_a_folder_whose_servers_run_and_empties_it_once_th
         assert not marker.exists()  # a fresh folder
     finally:
         second.stop()
+
+
+def test_a_fresh_start_refuses_a_folder_that_holds_more_than_trove_state(tmp_path: Path) -> None:
+    # TROVE_STATE_DIR set to a checkout, a home folder or "." (an empty value).
+    folder = tmp_path / "checkout"
+    (folder / "src").mkdir(parents=True)
+    (folder / "README.md").write_text("someone's work")
+    (folder / "logs").mkdir()
+    with pytest.raises(StackError, match=r"holds more than Trove's state \(README\.md, src\)"):
+        Stack(state_dir=folder, fresh=True, fast_and_unsafe=True).start()
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "logs", "src"]
+
+
+def _running_with(argument: str) -> list[int]:
+    """Pids of this machine's processes with ``argument`` on their command line."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if argument.encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_server_whose_start_fails_is_not_left_running(tmp_path: Path) -> None:
+    # A start given no time to get ready fails as one that outlasts its deadline does
+    # (a store in recovery, Ctrl-C in `trove up`): the child it spawned is stopped.
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats"))
+    conf = str(tmp_path / "nats" / "nats-server.conf")
+    try:
+        with pytest.raises(StackError, match="was not listening"):
+            server.start(timeout=0.0)
+        assert _running_with(conf) == []
+    finally:
+        for pid in _running_with(conf):
+            os.kill(pid, signal.SIGKILL)

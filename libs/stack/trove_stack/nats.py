@@ -72,7 +72,13 @@ class EmbeddedNats:
             [str(nats_server_binary()), "-c", str(conf)],
             log_path=cfg.store_dir / "nats-server.log",
         )
-        self._child.wait_until(lambda: listening(cfg.host, port), timeout=timeout, what="listening")
+        try:
+            self._child.wait_until(
+                lambda: listening(cfg.host, port), timeout=timeout, what="listening"
+            )
+        except BaseException:
+            self.stop()  # not left running behind a start that failed or was interrupted
+            raise
         self.url = f"nats://{cfg.host}:{port}"
         self.monitor_url = f"http://{cfg.host}:{monitor}"
         return self

@@ -133,12 +133,16 @@ class EmbeddedPostgres:
             # SIGINT is Postgres's "fast" shutdown: roll back clients, checkpoint, exit.
             stop_signal=signal.SIGINT,
         )
-        self._child.wait_until(
-            lambda: _ready(data) and listening(cfg.host, self.port),
-            timeout=timeout,
-            what="ready",
-        )
-        _ensure_database(bindir, cfg, self.port, run_as)
+        try:
+            self._child.wait_until(
+                lambda: _ready(data) and listening(cfg.host, self.port),
+                timeout=timeout,
+                what="ready",
+            )
+            _ensure_database(bindir, cfg, self.port, run_as)
+        except BaseException:
+            self.stop()  # not left running behind a start that failed or was interrupted
+            raise
         return self
 
     def stop(self) -> None:

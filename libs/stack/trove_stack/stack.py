@@ -16,6 +16,12 @@ from trove_schema.errors import StackError
 from trove_stack.nats import PID_FILE, EmbeddedNats, NatsConfig
 from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
 
+#: What a state folder holds: the servers' data, the services' logs, and ``trove up``'s
+#: records of where its stack and processes are. ``fresh`` empties only a folder that
+#: holds nothing else: ``TROVE_STATE_DIR`` set to ``.``, a home folder or a checkout
+#: (an empty value reads as ``.``) would otherwise be deleted whole.
+STATE_ENTRIES = frozenset({"nats", "postgres", "logs", "stack.json", "services.json"})
+
 
 @dataclass(kw_only=True)
 class Stack:
@@ -44,8 +50,21 @@ class Stack:
                     f"{running} runs on {self.state_dir}: stop that stack first (Ctrl-C in "
                     "its `trove up`), or give this one another TROVE_STATE_DIR"
                 )
+            held = self.state_dir.iterdir()
+            foreign = sorted(p.name for p in held if p.name not in STATE_ENTRIES)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (" …" if len(foreign) > 5 else "")
+                raise StackError(
+                    f"{self.state_dir} holds more than Trove's state ({shown}): a fresh start "
+                    "empties only a folder of Trove's own; set TROVE_STATE_DIR to one"
+                )
             self.stop()
-            shutil.rmtree(self.state_dir)
+            for name in STATE_ENTRIES:
+                path = self.state_dir / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             if not self.nats_url:
