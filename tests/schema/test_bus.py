@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypedDict, cast
 
@@ -30,6 +33,7 @@ from trove_schema.bus import (
 )
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -627,3 +631,71 @@ def test_work_in_hand_forgets_what_it_started() -> None:
     assert len(held) == 0
     assert not held._queue
     assert not held._since
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one at a time", "in batches"])
+async def test_a_message_handled_past_ack_wait_is_not_handed_out_again(
+    bus: Bus, lane: Lane, batched: bool
+) -> None:
+    # A page behind a slow robots.txt and slow redirect hops, a batch on a busy
+    # database: handled for three times the lane's ack_wait (0.5 s), with slots free
+    # to take a redelivery, each message is delivered once.
+    deliveries: list[tuple[bytes, int]] = []
+
+    async def handler(msg: Msg) -> None:
+        deliveries.append((msg.data, msg.metadata.num_delivered))
+        await asyncio.sleep(1.5)  # the duration under test: longer than ack_wait
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        deliveries.extend((m.data, m.metadata.num_delivered) for m in msgs)
+        await asyncio.sleep(1.5)  # the duration under test: longer than ack_wait
+
+    for i in range(3):
+        await bus.js.publish(lane.subject, f"slow {i}".encode())
+    consumer: Consumer | BatchConsumer
+    if batched:
+        consumer = BatchConsumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            batch_handler=batch_handler,
+            handler=handler,
+            hold_refresh=0.15,
+            **FAST,
+        )
+    else:
+        consumer = Consumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            handler=handler,
+            concurrency=6,
+            hold_refresh=0.15,
+            **FAST,
+        )
+    async with running(consumer):
+        await settled(bus, lane)
+    assert sorted(deliveries) == [(f"slow {i}".encode(), 1) for i in range(3)]
+
+
+async def test_a_server_that_stops_answering_without_closing_is_left_for_another(
+    tmp_path: Path,
+) -> None:
+    # A node lost: the socket stays open, nothing answers. The pings notice it (at
+    # nats-py's defaults, after 4 to 6 minutes); here at a tenth of a second apart.
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats")).start()
+    assert server.pid is not None
+    test_bus = await Bus.connect(server.url, name="test-pings", ping_interval=0.1)
+    try:
+
+        async def connected() -> bool:
+            return bool(test_bus.nc.is_connected)
+
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            await eventually(connected, until=lambda up: not up, timeout=10, what="noticed")
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+    finally:
+        await test_bus.close()
+        server.stop()

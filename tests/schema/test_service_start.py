@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
+import ssl
 import sys
 from pathlib import Path
 
@@ -17,8 +19,11 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from tests.conftest import eventually
 from tests.recorder.test_database_errors import AWAY, UNWRITABLE, wrapped
 from tests.support import readiness
-from trove_schema.errors import TopologyError
-from trove_schema.service import collect_garbage, infrastructure_away
+from trove_schema.errors import InvalidPriors, InvalidTLS, TopologyError
+from trove_schema.nats_tls import client_tls
+from trove_schema.policy import load_priors
+from trove_schema.service import _start_patiently, collect_garbage, infrastructure_away
+from trove_schema.settings import CommonSettings
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
 from trove_stack.processes import Child
 
@@ -35,6 +40,60 @@ def test_jetstream_not_there_yet_is_infrastructure_away() -> None:
     )
     assert infrastructure_away(unavailable)
     assert not infrastructure_away(APIError(code=400, description="bad request"))
+
+
+def test_a_file_missing_or_unreadable_is_a_mistake_said_at_once(tmp_path: Path) -> None:
+    # TROVE_NATS_TLS_CA or TROVE_PRIORS_FILE where no file is: not a server away.
+    missing = tmp_path / "ca.pem"
+    settings = CommonSettings.model_validate({"nats_tls_ca": missing})
+    with pytest.raises(InvalidTLS, match=r"ca\.pem") as tls:
+        client_tls(settings)
+    assert not infrastructure_away(tls.value)
+    with pytest.raises(InvalidPriors) as priors:
+        load_priors(missing)
+    assert not infrastructure_away(priors.value)
+    assert not infrastructure_away(ssl.SSLCertVerificationError("certificate verify failed"))
+    # A socket's errors: a server away, a unix socket not there yet.
+    assert infrastructure_away(ConnectionRefusedError(111, "Connection refused"))
+    assert infrastructure_away(FileNotFoundError(2, "No such file or directory"))
+
+
+async def test_a_stop_before_ready_ends_a_start_that_waits_for_ever() -> None:
+    # nats-py retries a first connection to a wrong address for ever; a SIGTERM then
+    # waited for the orchestrator's SIGKILL.
+    stop, ready, started = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def main(stop: asyncio.Event, ready: asyncio.Event) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # what never comes
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    starting = asyncio.create_task(_start_patiently(main, stop, ready, logging.getLogger("test")))
+    await asyncio.wait_for(started.wait(), timeout=5)
+    stop.set()
+    await asyncio.wait_for(starting, timeout=5)
+    assert cancelled == [True]
+
+
+async def test_a_stop_once_ready_is_left_to_the_service_to_finish() -> None:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    finished: list[str] = []
+
+    async def main(stop: asyncio.Event, ready: asyncio.Event) -> None:
+        ready.set()
+        await stop.wait()
+        await asyncio.sleep(0)  # what it holds, finished after the stop
+        finished.append("drained")
+
+    starting = asyncio.create_task(_start_patiently(main, stop, ready, logging.getLogger("test")))
+    await asyncio.wait_for(ready.wait(), timeout=5)
+    stop.set()
+    await asyncio.wait_for(starting, timeout=5)
+    assert finished == ["drained"]
 
 
 #: What the recorder's batches wait on, but for a statement cached before a migration:

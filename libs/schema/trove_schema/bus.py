@@ -121,6 +121,14 @@ def schedule_header(at: datetime) -> str:
     return "@at " + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+#: Seconds between the client's pings, and the pings left unanswered before it takes
+#: the connection for dead and reconnects. A server gone without closing the socket (its
+#: node lost, a network partition) was noticed after 4 to 6 minutes with nats-py's
+#: defaults (120 s, 2), every consumer idle meanwhile; now within 40 s.
+PING_INTERVAL = 10.0
+MAX_OUTSTANDING_PINGS = 3
+
+
 class Bus:
     """One NATS connection and its JetStream context, opened in a service's lifespan."""
 
@@ -129,7 +137,14 @@ class Bus:
         self.js = js
 
     @classmethod
-    async def connect(cls, url: str, *, name: str, connect_timeout: float = 5.0) -> Bus:
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        connect_timeout: float = 5.0,
+        ping_interval: float = PING_INTERVAL,
+    ) -> Bus:
         async def disconnected_cb() -> None:
             log.warning("nats: disconnected")
 
@@ -146,6 +161,8 @@ class Bus:
             disconnected_cb=disconnected_cb,
             reconnected_cb=reconnected_cb,
             allow_reconnect=True,
+            ping_interval=ping_interval,
+            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             # TROVE_NATS_TLS_*: the deployment's CA (and client certificate), if any.
             tls=client_tls(),
         )
@@ -309,11 +326,11 @@ class Consumer:
     #: a pod has pulled and could start, priority decides. 0 starts every message as it
     #: arrives.
     prefetch: int = 0
-    #: A held message still waiting after this many seconds is marked in progress, so
-    #: JetStream does not give it to another pod meanwhile (well below ``ack_wait``).
-    #: Across a reconnect those marks may have been lost: what was held is dropped
-    #: from the hand and left to JetStream's redelivery.
-    hold_refresh: float = 15.0
+    #: A message held or handled this many seconds is marked in progress (again), so
+    #: JetStream does not give it to another pod meanwhile (a third of ``ack_wait`` or
+    #: less). Across a reconnect those marks may have been lost: what was held is
+    #: dropped from the hand and left to JetStream's redelivery.
+    hold_refresh: float = 10.0
     failures: FailureCounts = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -324,13 +341,16 @@ class Consumer:
             return
         pulls, wake, waker = await _open_pulls(self, stop)
         watcher = asyncio.create_task(self.watch_dead_letters(stop))
-        tasks: set[asyncio.Task[None]] = set()
+        tasks: dict[asyncio.Task[None], Msg] = {}
         held = _Held()
+        marks = _Marks()
         capacity = self.concurrency + self.prefetch
         reconnects = self.bus.nc.stats.get("reconnects", 0)
 
         def done(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
+            msg = tasks.pop(task, None)
+            if msg is not None:
+                marks.discard(msg)
             wake.set()
 
         try:
@@ -348,16 +368,17 @@ class Consumer:
                 for msg in pulls.take():
                     held.push(msg)
                 while held and len(tasks) < self.concurrency:
-                    self._start(held.pop(), tasks, done)
+                    self._start(held.pop(), tasks, done, marks)
                 room = min(capacity - len(tasks) - len(held), self.fetch_batch)
                 try:
                     await pulls.ask(room)
                 except Exception as exc:  # connection trouble: nats-py reconnects
                     log.warning("pull from %s failed: %s", self.durable, exc)
                 await held.refresh(self.hold_refresh)
+                await marks.refresh(self.hold_refresh)
                 if pulls:
                     continue
-                await _wait(wake, self._next_look(pulls, held))
+                await _wait(wake, self._next_look(pulls, held, marks))
         finally:
             waker.cancel()
             if tasks:
@@ -367,9 +388,9 @@ class Consumer:
                 await _quiet(msg.nak())
             watcher.cancel()
 
-    def _next_look(self, pulls: Pulls, held: _Held) -> float:
+    def _next_look(self, pulls: Pulls, held: _Held, marks: _Marks) -> float:
         """How long the loop may sleep if nothing wakes it: until a lost pull is given
-        up or a held message needs marking in progress, at most ``idle_wait``."""
+        up or a held or handled message needs marking in progress, at most ``idle_wait``."""
         now = time.monotonic()
         look = now + self.idle_wait
         deadline = pulls.next_deadline()
@@ -377,16 +398,21 @@ class Consumer:
             look = min(look, deadline)
         if held:
             look = min(look, held.oldest() + self.hold_refresh)
+        marking = marks.next_look()
+        if marking is not None:
+            look = min(look, marking)
         return max(0.0, look - now)
 
     def _start(
         self,
         msg: Msg,
-        tasks: set[asyncio.Task[None]],
+        tasks: dict[asyncio.Task[None], Msg],
         done: Callable[[asyncio.Task[None]], object],
+        marks: _Marks,
     ) -> None:
         task = asyncio.create_task(self._handle(msg))
-        tasks.add(task)
+        tasks[task] = msg
+        marks.add(msg, time.monotonic())
         task.add_done_callback(done)
 
     async def watch_dead_letters(self, stop: asyncio.Event) -> None:
@@ -511,6 +537,44 @@ def message_priority(msg: Msg) -> int:
     return _header_int(msg, PRIORITY_HEADER)
 
 
+class _Marks:
+    """Messages being handled, each marked in progress once ``every`` seconds have passed
+    since it was started or last marked. Without the marks JetStream hands a message
+    whose handling outlasts ``ack_wait`` to another pod while it is still handled: a page
+    behind a slow robots.txt and slow redirect hops (each up to the request timeout),
+    or a batch on a busy database, would be handled twice, the site asked twice.
+
+    Looked at every ``every / 2`` at most, so a mark is sent within ``1.5 * every`` of
+    the last: the consumers' ``hold_refresh`` is a third of ``ack_wait`` or less.
+    """
+
+    __slots__ = ("_next", "_since")
+
+    def __init__(self) -> None:
+        self._since: dict[int, tuple[Msg, float]] = {}
+        self._next = 0.0
+
+    def add(self, msg: Msg, now: float) -> None:
+        self._since[id(msg)] = (msg, now)
+
+    def discard(self, msg: Msg) -> None:
+        self._since.pop(id(msg), None)
+
+    def next_look(self) -> float | None:
+        """When ``refresh`` may next have a mark to send (monotonic), if anything is handled."""
+        return self._next if self._since else None
+
+    async def refresh(self, every: float) -> None:
+        now = time.monotonic()
+        if now < self._next or not self._since:
+            return
+        self._next = now + every / 2
+        for key, (msg, since) in list(self._since.items()):
+            if now - since >= every and key in self._since:
+                self._since[key] = (msg, now)
+                await _quiet(msg.in_progress())
+
+
 class _Held:
     """Pulled messages waiting for a free slot: a heap, highest priority first, then the
     most siblings (``SIBLINGS_HEADER``), then FIFO. A pod holds hundreds when work
@@ -598,6 +662,9 @@ class BatchConsumer:
     #: is handled: a crawl trickles events in a few at a time, and each batch costs a
     #: transaction.
     linger: float = 0.0
+    #: A message in hand or in a batch being handled this many seconds is marked in
+    #: progress (again): a third of ``ack_wait`` or less (``Consumer.hold_refresh``).
+    hold_refresh: float = 10.0
 
     async def run(self, stop: asyncio.Event) -> None:
         # Handles the messages of a failed batch one by one, and counts their failures.
@@ -616,13 +683,15 @@ class BatchConsumer:
         pulls, wake, waker = await _open_pulls(self, stop)
         watcher = asyncio.create_task(single.watch_dead_letters(stop))
         #: Batches being handled, and how many messages each holds.
-        tasks: dict[asyncio.Task[None], int] = {}
+        tasks: dict[asyncio.Task[None], list[Msg]] = {}
         in_hand: list[Msg] = []
         since = 0.0  # when the oldest message in hand arrived
         loop = asyncio.get_running_loop()
+        marks = _Marks()
 
         def done(task: asyncio.Task[None]) -> None:
-            tasks.pop(task, None)
+            for msg in tasks.pop(task, ()):
+                marks.discard(msg)
             wake.set()
 
         try:
@@ -633,6 +702,9 @@ class BatchConsumer:
                     if not in_hand:
                         since = loop.time()
                     in_hand += arrived
+                    arrival = time.monotonic()
+                    for msg in arrived:
+                        marks.add(msg, arrival)
                 now = loop.time()
                 # A trickle waits up to ``linger`` for company: each batch is a transaction.
                 if (
@@ -643,10 +715,12 @@ class BatchConsumer:
                     batch, in_hand = in_hand[: self.batch_size], in_hand[self.batch_size :]
                     since = now
                     task = asyncio.create_task(self._handle(single, batch))
-                    tasks[task] = len(batch)
+                    tasks[task] = batch
                     task.add_done_callback(done)
                     continue
-                room = self.batch_size * self.concurrency - sum(tasks.values()) - len(in_hand)
+                await marks.refresh(self.hold_refresh)
+                handled = sum(len(batch) for batch in tasks.values())
+                room = self.batch_size * self.concurrency - handled - len(in_hand)
                 try:
                     await pulls.ask(min(room, self.batch_size))
                 except Exception as exc:  # connection trouble: nats-py reconnects
@@ -659,6 +733,9 @@ class BatchConsumer:
                     look = min(look, deadline - time.monotonic())
                 if in_hand and len(tasks) < self.concurrency:
                     look = min(look, since + self.linger - now)
+                marking = marks.next_look()
+                if marking is not None:
+                    look = min(look, marking - time.monotonic())
                 await _wait(wake, max(0.0, look))
         finally:
             waker.cancel()

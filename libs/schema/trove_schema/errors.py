@@ -7,6 +7,7 @@ TroveError
 ├── RetentionRefused     a stream's shorter retention would drop schedules it holds
 ├── StackError           the embedded or external servers could not be started or reached
 ├── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
+├── InvalidTLS           the NATS TLS files (TROVE_NATS_TLS_*) cannot be read or used
 └── InvalidExclusion     an excluded host (TROVE_EXCLUDED_HOSTS) that names no host
 """
 
@@ -34,6 +35,10 @@ class StackError(TroveError):
 
 class InvalidPriors(TroveError):
     """The seed priors file is missing, is not TOML, or says something impossible."""
+
+
+class InvalidTLS(TroveError):
+    """A NATS TLS file (CA, certificate, key) is missing, unreadable or not PEM."""
 
 
 class InvalidExclusion(TroveError, ValueError):

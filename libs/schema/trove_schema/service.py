@@ -13,13 +13,14 @@ import gc
 import json
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from trove_schema import sqlstates
-from trove_schema.errors import StackError, TopologyError
+from trove_schema.errors import InvalidPriors, InvalidTLS, StackError, TopologyError
 from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
 
@@ -133,6 +134,13 @@ def tune_garbage_collector() -> None:
 START_BACKOFF_CAP = 30.0
 
 
+def _misconfigured(exc: BaseException) -> bool:
+    """The deployment's mistake, said at once rather than waited out as a server not
+    there yet: the TLS files or the priors file missing, unreadable or malformed (each
+    an OSError underneath), a server's certificate that does not verify."""
+    return isinstance(exc, InvalidTLS | InvalidPriors | ssl.SSLCertVerificationError)
+
+
 def infrastructure_away(exc: BaseException) -> bool:
     """Whether ``exc`` says a server is not there (yet), rather than that Trove is wrong.
 
@@ -151,6 +159,8 @@ def infrastructure_away(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if _misconfigured(current):
+            return False
         if isinstance(
             current,
             TopologyError
@@ -173,6 +183,27 @@ def infrastructure_away(exc: BaseException) -> bool:
     return False
 
 
+async def _attempt(main: ServiceMain, stop: asyncio.Event, ready: asyncio.Event) -> None:
+    """Run ``main``. A stop before it is ready cancels it: what it waits on then (a
+    first connection that nats-py retries for ever at a wrong address, a migration
+    behind a lock) would hold a SIGTERM until the orchestrator's SIGKILL. Once ready,
+    ``main`` ends on ``stop`` itself, finishing what it holds."""
+    task = asyncio.ensure_future(main(stop, ready))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not ready.is_set():
+            task.cancel()
+            await asyncio.wait({task})
+            if task.cancelled():
+                return
+        await task
+    finally:
+        stopped.cancel()
+        if not task.done():  # this coroutine itself cancelled
+            task.cancel()
+
+
 async def _start_patiently(
     main: ServiceMain, stop: asyncio.Event, ready: asyncio.Event, log: logging.Logger
 ) -> None:
@@ -184,7 +215,7 @@ async def _start_patiently(
     pause = 1.0
     while True:
         try:
-            await main(stop, ready)
+            await _attempt(main, stop, ready)
             return
         except Exception as exc:
             if ready.is_set() or stop.is_set() or not infrastructure_away(exc):

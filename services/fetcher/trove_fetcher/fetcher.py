@@ -232,7 +232,6 @@ class Fetcher:
             max_message_bytes=max_message_bytes,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
-        self.ack_wait = ack_wait
         #: The furthest slot this pod has planned (on ``clock``), for the gauge.
         self.furthest_slot = 0.0
         RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - self.clock.now()))
@@ -241,10 +240,9 @@ class Fetcher:
         event = decode_event(msg.data)
         if isinstance(event, TimelinePollRequested):
             try:
-                # A poll waits for its host's gap between its requests: JetStream is
-                # told it is being handled, or it would hand it to another pod.
-                async with _in_progress(msg, every=self.ack_wait / 3):
-                    await self.poll(event)
+                # A poll waits for its host's gap between its requests: the consumer
+                # marks it in progress meanwhile (``Consumer.hold_refresh``).
+                await self.poll(event)
             except NetworkAway as exc:
                 raise _waits_for_network(exc) from exc
             return
@@ -953,32 +951,6 @@ async def _set_within(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
-
-
-@contextlib.asynccontextmanager
-async def _in_progress(msg: Msg, *, every: float) -> AsyncIterator[None]:
-    """While the block runs, tell JetStream every ``every`` seconds that ``msg`` is
-    being handled."""
-
-    async def keep() -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await msg.in_progress()
-            except Exception as exc:  # the broker away: its redelivery is handled
-                log.debug("in-progress mark not sent: %s", exc)
-
-    task = asyncio.create_task(keep())
-    try:
-        yield
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # our own cancellation, not the keeper's
 
 
 def _robots_observation(
