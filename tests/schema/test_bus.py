@@ -31,6 +31,7 @@ from trove_schema.bus import (
     _Held,
     broker_trouble,
 )
+from trove_schema.errors import TopologyError
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 from trove_stack.nats import EmbeddedNats, NatsConfig
@@ -699,3 +700,64 @@ async def test_a_server_that_stops_answering_without_closing_is_left_for_another
     finally:
         await test_bus.close()
         server.stop()
+
+
+async def test_pulls_ask_for_no_more_than_an_operator_allows(bus: Bus, lane: Lane) -> None:
+    # `nats consumer edit --max-pull-batch 2`, which Trove's reconcile leaves in place:
+    # every request for more is refused, and was asked again for ever.
+    config = (await bus.js.consumer_info(lane.stream, lane.durable)).config.as_dict()
+    edit = {"stream_name": lane.stream, "config": {**config, "max_batch": 2}}
+    answer = await bus.nc.request(
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{lane.stream}.{lane.durable}", json.dumps(edit).encode()
+    )
+    assert json.loads(answer.data)["config"]["max_batch"] == 2
+    for i in range(6):
+        await bus.js.publish(lane.subject, f"work {i}".encode())
+    script = Script(steps=[])
+    async with running(
+        Consumer(bus=bus, stream=lane.stream, durable=lane.durable, handler=script, **FAST)
+    ):
+        await settled(bus, lane)
+    assert sorted(m.data for m in script.handled) == [f"work {i}".encode() for i in range(6)]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one at a time", "in batches"])
+async def test_a_consumer_whose_durable_is_deleted_ends_its_service(
+    bus: Bus, lane: Lane, batched: bool
+) -> None:
+    # `nats consumer rm`: nothing serves its pulls any more, and the service looked
+    # ready for ever. It ends, and its restart makes the durable again.
+    script = Script(steps=[])
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        for msg in msgs:
+            await script(msg)
+
+    consumer: Consumer | BatchConsumer
+    if batched:
+        consumer = BatchConsumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            batch_handler=batch_handler,
+            handler=script,
+            refusal_patience=1.0,
+            **FAST,
+        )
+    else:
+        consumer = Consumer(
+            bus=bus, stream=lane.stream, durable=lane.durable, handler=script,
+            refusal_patience=1.0, **FAST,
+        )  # fmt: skip
+    stop = asyncio.Event()
+    run = asyncio.create_task(consumer.run(stop))
+    try:
+        await bus.js.publish(lane.subject, b"before")
+        await settled(bus, lane)
+        await bus.js.delete_consumer(lane.stream, lane.durable)
+        with pytest.raises(TopologyError, match=f"consumer {lane.durable} .* is gone"):
+            await asyncio.wait_for(run, timeout=15)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(run, timeout=10)

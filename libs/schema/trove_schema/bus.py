@@ -50,7 +50,7 @@ from nats.errors import (
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
-from trove_schema.errors import MalformedEvent, TroveError
+from trove_schema.errors import MalformedEvent, TopologyError, TroveError
 from trove_schema.events import Event
 from trove_schema.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, MESSAGES_HANDLED
 from trove_schema.nats_tls import client_tls
@@ -331,6 +331,9 @@ class Consumer:
     #: less). Across a reconnect those marks may have been lost: what was held is
     #: dropped from the hand and left to JetStream's redelivery.
     hold_refresh: float = 10.0
+    #: Pulls refused this long in a row (not expired: refused) make the consumer look
+    #: at its durable (``_still_served``).
+    refusal_patience: float = 60.0
     failures: FailureCounts = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -376,6 +379,7 @@ class Consumer:
                     log.warning("pull from %s failed: %s", self.durable, exc)
                 await held.refresh(self.hold_refresh)
                 await marks.refresh(self.hold_refresh)
+                await _still_served(self, pulls)
                 if pulls:
                     continue
                 await _wait(wake, self._next_look(pulls, held, marks))
@@ -665,6 +669,8 @@ class BatchConsumer:
     #: A message in hand or in a batch being handled this many seconds is marked in
     #: progress (again): a third of ``ack_wait`` or less (``Consumer.hold_refresh``).
     hold_refresh: float = 10.0
+    #: As ``Consumer.refusal_patience``.
+    refusal_patience: float = 60.0
 
     async def run(self, stop: asyncio.Event) -> None:
         # Handles the messages of a failed batch one by one, and counts their failures.
@@ -719,6 +725,7 @@ class BatchConsumer:
                     task.add_done_callback(done)
                     continue
                 await marks.refresh(self.hold_refresh)
+                await _still_served(self, pulls)
                 handled = sum(len(batch) for batch in tasks.values())
                 room = self.batch_size * self.concurrency - handled - len(in_hand)
                 try:
@@ -770,6 +777,30 @@ class BatchConsumer:
         log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
         MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
         await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
+
+
+async def _still_served(consumer: Consumer | BatchConsumer, pulls: Pulls) -> None:
+    """Once every pull has been refused for ``refusal_patience``, look at the durable.
+    Gone (``nats consumer rm``, its stream deleted and made again), nothing would ever
+    serve the pulls again while the service looked ready: ``TopologyError`` ends the
+    process, and its restart makes the consumer again (its owner's start does; another
+    service's waits for it). There, the refusal is logged once a patience.
+    """
+    if pulls.refused_for() < consumer.refusal_patience:
+        return
+    waited = pulls.refused_for()
+    pulls.restart_refusals()
+    try:
+        await consumer.bus.js.consumer_info(consumer.stream, consumer.durable)
+    except NotFoundError:
+        raise TopologyError(
+            f"consumer {consumer.durable} on {consumer.stream} is gone (pulls refused for "
+            f"{waited:.0f} s: {pulls.refusal}); a restart makes it again"
+        ) from None
+    except Exception as exc:  # the broker away: the pulls go on, and say when it is back
+        log.debug("could not look at %s: %s", consumer.durable, exc)
+        return
+    log.warning("pulls on %s refused for %.0f s: %s", consumer.durable, waited, pulls.refusal)
 
 
 async def _wait(wake: asyncio.Event, seconds: float) -> None:

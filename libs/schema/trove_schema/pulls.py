@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -41,6 +42,12 @@ NEXT_SUBJECT = "$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
 #: The status that ends a pull request at its expiry; a heartbeat (100) ends none.
 REQUEST_TIMEOUT = "408"
 HEARTBEAT = "100"
+#: The server's refusal of a request larger than the consumer allows: an operator's
+#: ``nats consumer edit --max-pull-batch``, which Trove's reconcile leaves in place.
+_MAX_BATCH = re.compile(r"MaxRequestBatch of (\d+)")
+_MAX_EXPIRES = re.compile(r"MaxRequestExpires of ([0-9.a-zµ]+)")
+_GO_DURATION = re.compile(r"([0-9.]+)(ns|us|µs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class _Request:
@@ -79,6 +86,12 @@ class Pulls:
         #: before this time.
         self._quiet_until = 0.0
         self._reconnects = nc.stats.get("reconnects", 0)
+        #: The most a request asks for, lowered to what the server says it allows.
+        self.max_batch: int | None = None
+        #: Since when every request has been refused (None: the last one was served or
+        #: expired), and the last refusal's status and description.
+        self.refused_since: float | None = None
+        self.refusal = ""
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self._inbox, cb=self._receive)
@@ -110,6 +123,8 @@ class Pulls:
         self._forget_lost(now)
         if room <= 0 or self._request is not None or now < self._quiet_until:
             return
+        if self.max_batch is not None:
+            room = min(room, self.max_batch)
         request = b'{"batch":%d,"expires":%d}' % (room, int(self.expires * 1_000_000_000))
         await self.nc.publish(self.subject, request, reply=self._inbox)
         self._request = _Request(room, now + self.expires)
@@ -131,6 +146,10 @@ class Pulls:
 
     async def _receive(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
+        if status != HEARTBEAT and status not in (None, "", REQUEST_TIMEOUT):
+            self._refused(status, (msg.headers or {}).get("Description", ""))
+        elif status != HEARTBEAT:
+            self.refused_since = None
         if not status:
             request = self._request
             if request is not None:
@@ -148,10 +167,33 @@ class Pulls:
             self._request = None
             if status != REQUEST_TIMEOUT:
                 self._quiet_until = self._clock() + self.grace
-                log.debug(
-                    "pull on %s ended: %s %s",
-                    self.subject,
-                    status,
-                    (msg.headers or {}).get("Description", ""),
-                )
+                log.debug("pull on %s ended: %s", self.subject, self.refusal)
         self._wake()
+
+    def refused_for(self) -> float:
+        """Seconds every request has been refused (0 while they are served)."""
+        return 0.0 if self.refused_since is None else self._clock() - self.refused_since
+
+    def restart_refusals(self) -> None:
+        """Count the refusals' time afresh, if they go on (after a look at why)."""
+        if self.refused_since is not None:
+            self.refused_since = self._clock()
+
+    def _refused(self, status: str, description: str) -> None:
+        if self.refused_since is None:
+            self.refused_since = self._clock()
+        self.refusal = f"{status} {description}".strip()
+        batch = _MAX_BATCH.search(description)
+        if batch is not None and int(batch.group(1)) > 0:
+            self.max_batch = int(batch.group(1))
+            log.warning("pulls on %s ask for %s at most: %s", self.subject, batch[1], description)
+        expires = _MAX_EXPIRES.search(description)
+        if expires is not None:
+            allowed = sum(
+                float(n) * _GO_UNITS[unit] for n, unit in _GO_DURATION.findall(expires.group(1))
+            )
+            if 0 < allowed < self.expires:
+                self.expires = allowed * 0.9
+                log.warning(
+                    "pulls on %s wait %.1f s at most: %s", self.subject, allowed, description
+                )
