@@ -9,7 +9,8 @@ is 0, forever, by default):
 * ``trove dead redrive SEQ ... | --all`` publishes each to its original subject, then
   removes it. The event's own ``Nats-Msg-Id`` is not sent again: within the duplicate
   window JetStream would drop the re-drive as a copy of the original. Each re-drive has
-  an id of its own instead, and every consumer is idempotent by event id anyway;
+  an id of its own instead, and is meant for the consumer that parked it alone
+  (``Trove-Redriven-For``): the others of its subject ack it unread;
 * ``trove dead drop SEQ ... | --all`` removes them.
 
 Every re-drive and drop is logged (``trove_cli.dead``, on stderr) with what was removed.
@@ -37,6 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trove_cli.broker import connect
+from trove_schema.bus import REDRIVEN_FOR
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 
 log = logging.getLogger(__name__)
@@ -185,6 +187,9 @@ async def redrive(
             continue
         own = {k: v for k, v in headers.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
         own["Nats-Msg-Id"] = f"trove-redrive:{DEAD_STREAM}:{seq}"
+        parker = headers.get("Trove-Dead-Consumer", "")
+        if parker:  # only the consumer that parked it handles it again
+            own[REDRIVEN_FOR] = parker
         try:
             await _publish(nc, js, subject, parked.data or b"", own)
         except Exception as exc:

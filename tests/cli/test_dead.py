@@ -121,6 +121,7 @@ async def test_redrive_republishes_to_the_original_subject_within_the_duplicate_
     assert latest.headers is not None
     assert latest.headers["Trove-Event-Type"] == "PageDiscovered"
     assert not any(k.startswith("Trove-Dead-") for k in latest.headers)
+    assert latest.headers["Trove-Redriven-For"] == RECORDER  # the others ack it unread
     assert [d.seq for d in await list_dead(bus.js)] == [_second.seq, third.seq]
     status = await collect_status(bus.js, engine)
     assert status.dead_letters == 2

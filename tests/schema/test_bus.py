@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY
 
 from tests.conftest import eventually
 from trove_schema.bus import (
+    REDRIVEN_FOR,
     BatchConsumer,
     Bus,
     Consumer,
@@ -761,3 +762,37 @@ async def test_a_consumer_whose_durable_is_deleted_ends_its_service(
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(run, timeout=10)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one at a time", "in batches"])
+async def test_a_redrive_is_handled_by_the_consumer_that_parked_it_alone(
+    bus: Bus, lane: Lane, batched: bool
+) -> None:
+    # The other consumers of the subject handled the message when it first came: a page
+    # the recorder parked, re-driven, is not fetched again.
+    handled: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        handled.append(msg.data)
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        handled.extend(m.data for m in msgs)
+
+    await bus.js.publish(lane.subject, b"first time")
+    await bus.js.publish(lane.subject, b"for another", headers={REDRIVEN_FOR: "recorder"})
+    await bus.js.publish(lane.subject, b"for this one", headers={REDRIVEN_FOR: lane.durable})
+    consumer: Consumer | BatchConsumer
+    if batched:
+        consumer = BatchConsumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            batch_handler=batch_handler,
+            handler=handler,
+            **FAST,
+        )
+    else:
+        consumer = Consumer(bus=bus, stream=lane.stream, durable=lane.durable, handler=handler)
+    async with running(consumer):
+        await settled(bus, lane)
+    assert sorted(handled) == [b"first time", b"for this one"]

@@ -121,6 +121,20 @@ def schedule_header(at: datetime) -> str:
     return "@at " + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+#: Set by ``trove dead redrive``: the consumer that parked the message, the one it is
+#: sent back for. The other consumers of its subject handled it when it first came (or
+#: parked it themselves, to be re-driven for them): each acks it unread. Without it a
+#: page the recorder parked, re-driven, was fetched again; an attempt discovery parked
+#: was applied again by a recorder whose memory of applied events had moved on.
+REDRIVEN_FOR = "Trove-Redriven-For"
+
+
+def redriven_elsewhere(msg: Msg, durable: str) -> bool:
+    """Whether ``msg`` is a re-drive meant for another consumer than ``durable``."""
+    headers = msg.headers
+    return bool(headers) and headers.get(REDRIVEN_FOR, durable) != durable
+
+
 #: Seconds between the client's pings, and the pings left unanswered before it takes
 #: the connection for dead and reconnects. A server gone without closing the socket (its
 #: node lost, a network partition) was noticed after 4 to 6 minutes with nats-py's
@@ -450,6 +464,9 @@ class Consumer:
         return False
 
     async def _handle(self, msg: Msg) -> None:
+        if redriven_elsewhere(msg, self.durable):
+            await _quiet(msg.ack())
+            return
         try:
             await self.handler(msg)
         except Retry as retry:
@@ -753,6 +770,13 @@ class BatchConsumer:
             watcher.cancel()
 
     async def _handle(self, single: Consumer, msgs: Sequence[Msg]) -> None:
+        if any(redriven_elsewhere(msg, self.durable) for msg in msgs):
+            for msg in msgs:
+                if redriven_elsewhere(msg, self.durable):
+                    await _quiet(msg.ack())
+            msgs = [msg for msg in msgs if not redriven_elsewhere(msg, self.durable)]
+            if not msgs:
+                return
         try:
             await self.batch_handler(msgs)
         except Retry as retry:
