@@ -132,7 +132,7 @@ REDRIVEN_FOR = "Trove-Redriven-For"
 def redriven_elsewhere(msg: Msg, durable: str) -> bool:
     """Whether ``msg`` is a re-drive meant for another consumer than ``durable``."""
     headers = msg.headers
-    return bool(headers) and headers.get(REDRIVEN_FOR, durable) != durable
+    return headers is not None and headers.get(REDRIVEN_FOR, durable) != durable
 
 
 #: Seconds between the client's pings, and the pings left unanswered before it takes
