@@ -169,7 +169,13 @@ def test_fetchers_run_three_replicas_and_finish_their_work_on_stop() -> None:
         fetcher["environment"].get("TROVE_REQUEST_TIMEOUT")
         or FetcherSettings.model_fields["request_timeout"].default
     )
-    assert seconds(fetcher["stop_grace_period"]) >= timeout + 15
+    ack_wait = float(
+        fetcher["environment"].get("TROVE_ACK_WAIT_SECONDS")
+        or FetcherSettings.model_fields["ack_wait_seconds"].default
+    )
+    # The request, then releasing, publishing and the ack, each patient for half of
+    # ack_wait while the broker is away.
+    assert seconds(fetcher["stop_grace_period"]) >= timeout + 3 * ack_wait / 2
 
 
 def test_nats_runs_jetstream_with_synced_writes_on_a_volume() -> None:

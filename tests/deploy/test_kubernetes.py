@@ -227,7 +227,10 @@ def test_deployments_spread_over_nodes_and_zones() -> None:
     for deployment in deployments("base"):
         spec = deployment["spec"]["template"]["spec"]
         by_key = {c["topologyKey"]: c for c in spec["topologySpreadConstraints"]}
-        assert by_key["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+        # The fetchers' scale-out is not held pending by one full node.
+        fetcher = deployment["metadata"]["name"] == "trove-fetcher"
+        strict = "ScheduleAnyway" if fetcher else "DoNotSchedule"
+        assert by_key["kubernetes.io/hostname"]["whenUnsatisfiable"] == strict
         assert by_key["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway"
         for constraint in by_key.values():
             assert (
@@ -271,7 +274,7 @@ def test_replica_counts_and_grace_periods() -> None:
     assert recorder["spec"]["replicas"] == 2
     # KEDA's HPA owns the fetcher count; a replicas field would fight it on every apply.
     assert "replicas" not in fetcher["spec"]
-    assert fetcher["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
+    assert fetcher["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 180
 
 
 def test_fetcher_grace_period_outlasts_a_request() -> None:
@@ -282,8 +285,14 @@ def test_fetcher_grace_period_outlasts_a_request() -> None:
         container_environment(manifests, container).get("TROVE_REQUEST_TIMEOUT")
         or FetcherSettings.model_fields["request_timeout"].default
     )
+    ack_wait = float(
+        container_environment(manifests, container).get("TROVE_ACK_WAIT_SECONDS")
+        or FetcherSettings.model_fields["ack_wait_seconds"].default
+    )
     grace = fetcher["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace >= timeout + 15
+    # The request, then releasing, publishing and the ack, each patient for half of
+    # ack_wait while the broker is away.
+    assert grace >= timeout + 3 * ack_wait / 2
 
 
 def test_fetcher_disruption_budget_keeps_most_fetchers() -> None:
@@ -642,8 +651,9 @@ def test_fetcher_reaches_the_web_only_on_public_addresses() -> None:
     ]
     assert len(web_rules) == 1
     (rule,) = web_rules
-    assert sorted(p["port"] for p in rule["ports"]) == [80, 443]
-    assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+    # Every TCP port, as outside Kubernetes: a port closed here would time out and
+    # pause the whole host.
+    assert rule["ports"] == [{"protocol": "TCP"}]
     blocks = {p["ipBlock"]["cidr"]: p["ipBlock"].get("except", []) for p in rule["to"]}
     assert set(blocks) == {"0.0.0.0/0", "::/0"}
     assert set(PRIVATE_V4) <= set(blocks["0.0.0.0/0"])
