@@ -109,7 +109,10 @@ async def test_robots_rules_are_obeyed_and_recorded(
     )
     web.set_robots_status(missing, 404)
     web.set_robots_status(failing, 503)
-    async with serve_sandbox(web) as running, services(stack, state_dir, sandbox_env(web, 0.3)):
+    # A 503 on robots.txt pauses its host for the doubling rate pause: scaled down, or
+    # the failing host's second page waits a minute, near the test's deadline.
+    env = sandbox_env(web, 0.3, TROVE_RATE_PAUSE_SECONDS="1")
+    async with serve_sandbox(web) as running, services(stack, state_dir, env):
         urls = {h.name: [web.url(h.name, "/"), *web.articles(h.name)] for h in web.hosts}
         await publish_work(bus, [u for group in urls.values() for u in group])
 
