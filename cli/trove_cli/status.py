@@ -19,9 +19,10 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -30,7 +31,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from trove_cli.broker import connect
 from trove_cli.supervisor import Supervised, describe_exit, read_supervised
@@ -78,6 +79,9 @@ class Status:
     pages_by_status: dict[str, int] = field(default_factory=dict)
     linked_only: int = 0
     attempts_by_outcome: dict[str, int] = field(default_factory=dict)
+    #: The counts above are estimates from a sample of their table (``EXACT_ROWS``).
+    pages_estimated: bool = False
+    attempts_estimated: bool = False
     consumers: list[ConsumerLag] = field(default_factory=list)
     #: Domains with ``backoff_until`` in the future (429/503), longest first.
     backing_off: list[Cooldown] = field(default_factory=list)
@@ -111,6 +115,14 @@ class Status:
     store_by_stream: dict[str, int] = field(default_factory=dict)
 
 
+#: A table of more rows than this (as Postgres last counted them) is counted from a
+#: sample of about ``SAMPLE_ROWS`` rows: after months, ``pages`` holds tens of millions
+#: and ``page_crawls`` hundreds of millions, and a count of each would read them whole
+#: at every `trove status`, beside the recorder's writes.
+EXACT_ROWS = 1_000_000
+SAMPLE_ROWS = 100_000
+
+
 async def collect_status(
     js: JetStreamContext,
     engine: AsyncEngine,
@@ -118,12 +130,13 @@ async def collect_status(
     now: float | None = None,
     server_now: float | None = None,
     state_dir: Path | None = None,
+    exact_rows: int = EXACT_ROWS,
 ) -> Status:
     """Read the tables, the consumers, the domain slots and the dead letters."""
     status = Status(now=time.time() if now is None else now, server_now=server_now)
     if state_dir is not None:
         status.services = read_supervised(state_dir)
-    await _tables(engine, status)
+    await _tables(engine, status, exact_rows)
     status.consumers = await consumer_lag(js)
     await _domains(js, status)
     await _dead_letters(js, status)
@@ -131,23 +144,54 @@ async def collect_status(
     return status
 
 
-async def _tables(engine: AsyncEngine, status: Status) -> None:
-    async with engine.connect() as conn:
-        rows = await conn.execute(
-            text(
-                "SELECT status, count(*) FILTER (WHERE discovered_at IS NOT NULL), "
-                "count(*) FILTER (WHERE discovered_at IS NULL) FROM pages "
-                "GROUP BY status ORDER BY status"
-            )
+async def _sampled(
+    conn: AsyncConnection, table: str, columns: str, group: str, exact_rows: int
+) -> tuple[list[Sequence[Any]], bool]:
+    """``SELECT group, columns FROM table GROUP BY group``, exactly, or scaled up from a
+    sample of the table's blocks when it has more than ``exact_rows`` rows; and whether
+    it was sampled. Each count is its share of the sample times the table's rows."""
+    estimate = (
+        await conn.execute(
+            text("SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"), {"t": table}
         )
-        for name, queued, linked in rows.all():
+    ).scalar_one()
+    sampled = estimate is not None and estimate > exact_rows
+    source = table
+    if sampled:
+        percent = min(100.0, 100.0 * SAMPLE_ROWS / float(estimate))
+        source = f"{table} TABLESAMPLE SYSTEM ({percent:.6f})"
+    rows = (
+        await conn.execute(
+            text(f"SELECT {group}, {columns} FROM {source} GROUP BY 1 ORDER BY 1")  # noqa: S608
+        )
+    ).all()
+    if not sampled:
+        return list(rows), False
+    seen = sum(int(n) for row in rows for n in row[1:]) or 1
+    scale = float(estimate) / seen
+    return [(row[0], *(round(int(n) * scale) for n in row[1:])) for row in rows], True
+
+
+async def _tables(engine: AsyncEngine, status: Status, exact_rows: int) -> None:
+    async with engine.connect() as conn:
+        rows, status.pages_estimated = await _sampled(
+            conn,
+            "pages",
+            "count(*) FILTER (WHERE discovered_at IS NOT NULL), "
+            "count(*) FILTER (WHERE discovered_at IS NULL)",
+            "status",
+            exact_rows,
+        )
+        for name, queued, linked in rows:
             if queued:
                 status.pages_by_status[name] = int(queued)
             status.linked_only += int(linked)
-        rows = await conn.execute(
-            text("SELECT outcome, count(*) FROM page_crawls GROUP BY outcome ORDER BY 2 DESC, 1")
+        rows, status.attempts_estimated = await _sampled(
+            conn, "page_crawls", "count(*)", "outcome", exact_rows
         )
-        status.attempts_by_outcome = {o: int(n) for o, n in rows.all()}
+        status.attempts_by_outcome = {
+            o: int(n) for o, n in sorted(rows, key=lambda row: (-int(row[1]), row[0]))
+        }
         backlog, oldest, held = (
             await conn.execute(
                 text(
@@ -366,13 +410,17 @@ def _services(status: Status) -> list[Table | Text | str]:
 
 
 def render_status(status: Status, console: Console, *, max_domains: int = 20) -> None:
-    pages = _table("Pages by status", "status", "pages")
+    about = "≈" if status.pages_estimated else ""
+    pages = _table("Pages by status" + (" (estimated from a sample)" if about else ""),
+                   "status", "pages")  # fmt: skip
     for name, n in status.pages_by_status.items():
-        pages.add_row(name, str(n))
-    pages.add_row("[dim]linked only (not crawled)[/dim]", f"[dim]{status.linked_only}[/dim]")
-    attempts = _table("Attempts by outcome", "outcome", "attempts")
+        pages.add_row(name, f"{about}{n}")
+    pages.add_row("[dim]linked only (not crawled)[/dim]", f"[dim]{about}{status.linked_only}[/dim]")
+    about = "≈" if status.attempts_estimated else ""
+    attempts = _table("Attempts by outcome" + (" (estimated from a sample)" if about else ""),
+                      "outcome", "attempts")  # fmt: skip
     for name, n in status.attempts_by_outcome.items():
-        attempts.add_row(name, str(n))
+        attempts.add_row(name, f"{about}{n}")
     consumers = _table(
         "Consumers", "consumer", "stream", "pending", "in flight", "redelivered", numeric=3
     )

@@ -249,6 +249,36 @@ async def test_tables_give_pages_by_status_attempts_by_outcome_and_the_outbox_ba
     assert status.outbox_held == 1  # a replay's, until it ends
 
 
+async def test_tables_of_months_are_counted_from_a_sample(
+    engine: AsyncEngine, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A status of tens of millions of pages reads a sample of the table's blocks, not
+    # the table: here 40,000 pages, over the (lowered) limit, sampled at a tenth.
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, status, discovered_at) "
+                "SELECT 'https://a.example/' || n, 'a.example', "
+                "CASE WHEN n % 4 = 0 THEN 'failed' ELSE 'fetched' END, now() "
+                "FROM generate_series(1, 40000) AS n"
+            )
+        )
+        await conn.execute(text("ANALYZE pages"))
+    monkeypatch.setattr(status_module, "SAMPLE_ROWS", 4_000)
+
+    status = await collect_status(bus.js, engine, exact_rows=10_000)
+
+    assert status.pages_estimated
+    assert not status.attempts_estimated  # an empty table is counted
+    assert status.pages_by_status.keys() == {"failed", "fetched"}
+    assert status.pages_by_status["fetched"] == pytest.approx(30_000, rel=0.1)
+    assert status.pages_by_status["failed"] == pytest.approx(10_000, rel=0.1)
+    out = io.StringIO()
+    render_status(status, Console(file=out, width=200, color_system=None))
+    assert "Pages by status (estimated from a sample)" in out.getvalue()
+    assert f"≈{status.pages_by_status['fetched']}" in out.getvalue()
+
+
 async def test_an_empty_crawl_has_nothing_to_report(bus: Bus, engine: AsyncEngine) -> None:
     status = await collect_status(bus.js, engine)
 
