@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -158,6 +159,28 @@ async def test_a_recrawl_that_drops_a_link_removes_it(engine: AsyncEngine) -> No
         "ORDER BY t.url",
     )
     assert [(r.url, r.kind, r.nofollow) for r in links] == [(a, "a", False), (c, "img", False)]
+
+
+async def test_a_recrawl_with_the_same_links_leaves_their_row_as_it_is(
+    engine: AsyncEngine,
+) -> None:
+    # Most re-crawls find the same links: the row (and its GIN entries) is not rewritten.
+    a, b = (f"https://blog.example/{n}" for n in "ab")
+    same = (Link(url=a), Link(url=b, kind=LinkKind.IMG, nofollow=True))
+
+    async def version() -> str:
+        (row,) = await rows(engine, "SELECT xmin::text AS v FROM page_outlinks")
+        return str(row.v)
+
+    await project(engine, completed(links=same))
+    first = await version()
+    await project(engine, completed(links=same, request_id=str(uuid.uuid4())))
+    assert await version() == first
+    changed = (Link(url=a), Link(url=b, kind=LinkKind.IMG))  # only its nofollow
+    await project(engine, completed(links=changed, request_id=str(uuid.uuid4())))
+    assert await version() != first
+    links = await rows(engine, "SELECT nofollow FROM page_links ORDER BY to_page_id")
+    assert [r.nofollow for r in links] == [False, False]
 
 
 async def test_a_link_to_an_unknown_page_creates_its_row(engine: AsyncEngine) -> None:
