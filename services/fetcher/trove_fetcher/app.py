@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -42,6 +43,27 @@ def prefetch(concurrency: int, max_ack_pending: int) -> int:
 
 
 log = logging.getLogger("trove.fetcher")
+
+
+async def _message_limit(bus: Bus, configured: int) -> int:
+    """The largest event this pod may publish: ``TROVE_MAX_MESSAGE_BYTES``, or less when
+    the server's ``max_payload`` or the record's ``max_msg_size`` (its owner, the
+    recorder, sets it from its own settings) is smaller. A pod configured above either
+    had every event past it refused, five times, then parked."""
+    limits = [configured, bus.nc.max_payload]
+    with contextlib.suppress(Exception):  # no stream yet: this pod's own declaration holds
+        stored = (await bus.js.stream_info(EVENTS_STREAM)).config.max_msg_size
+        if stored is not None and stored > 0:
+            limits.append(stored)
+    limit = min(limits)
+    if limit < configured:
+        log.warning(
+            "events are kept under %d bytes, not TROVE_MAX_MESSAGE_BYTES=%d: the server or "
+            "the record takes no more",
+            limit,
+            configured,
+        )
+    return limit
 
 
 async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
@@ -95,7 +117,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             robots_max_bytes=settings.robots_max_bytes,
             robots_ttl=settings.robots_ttl_seconds,
             work_max_age=settings.work_max_age_seconds,
-            max_message_bytes=settings.max_message_bytes,
+            max_message_bytes=await _message_limit(bus, settings.max_message_bytes),
             ack_wait=settings.ack_wait_seconds,
             allowed_networks=settings.allowed_networks,
             exclusions=exclusions,
