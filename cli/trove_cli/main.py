@@ -172,6 +172,7 @@ async def watch_crawl(
                     unpolled = await timelines_never_polled(engine, follows)
                     note += f", {unpolled} instance(s) not polled yet" if unpolled else ""
                 if local is not None:
+                    local.stack.check_servers()
                     restarts = sum(s.restarts for s in local.process_states().values())
                     note += f", {restarts} service restart(s)" if restarts else ""
                 progress.update(task, completed=done, total=max(queued, 1), note=note)
@@ -448,6 +449,7 @@ def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
         try:
             while True:
                 time.sleep(1)  # the supervisor's thread restarts services that die
+                local.stack.check_servers()
         except KeyboardInterrupt:
             console.print("stopping ...")
     return 0
@@ -626,8 +628,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(commands[args.command](args, settings))
         sync = {"up": cmd_up, "migrate": cmd_migrate, "sandbox": cmd_sandbox, "replay": cmd_replay}
         return sync[args.command](args, settings)
-    except TroveError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+    except TroveError as exc:  # as text: a server's log lines ("[123] LOG: ...") are no markup
+        console.print(Text.assemble(("error:", "red"), f" {exc}"))
         return 1
     except (sa_exc.DBAPIError, sa_exc.ArgumentError, sa_exc.NoSuchModuleError) as exc:
         # The database's answer, or its URL not one SQLAlchemy can use: said once, no

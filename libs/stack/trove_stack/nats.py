@@ -87,6 +87,13 @@ class EmbeddedNats:
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None else None
 
+    def exited(self) -> str | None:
+        """How the server's process ended, with its log's last lines; None while it runs."""
+        child = self._child
+        if child is None or child.alive():
+            return None
+        return f"code {child.proc.returncode}: {child.tail(5)}"
+
     def stop(self) -> None:
         if self._child is not None:
             self._child.stop()

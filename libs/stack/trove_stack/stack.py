@@ -84,6 +84,15 @@ class Stack:
             raise
         return self
 
+    def check_servers(self) -> None:
+        """Raise ``StackError`` when a server this stack started has exited (the OOM
+        killer, a full disk): the services would wait for it for ever, and nothing
+        would say so."""
+        for name, server in (("nats-server", self.nats), ("Postgres", self.postgres)):
+            ended = None if server is None else server.exited()
+            if ended is not None:
+                raise StackError(f"{name} exited ({ended}): the stack is stopped")
+
     def stop(self) -> None:
         if self.postgres is not None:
             self.postgres.stop()
