@@ -258,8 +258,10 @@ class Supervisor:
             "updated_at": time.time(),
             "processes": [asdict(state) for state in self._states.values()],
         }
-        # Written whole and renamed, so `trove status` never reads half a file.
-        tmp = self._path.with_name(f".{SERVICES_FILE}.{os.getpid()}")
+        # Written whole and renamed, so `trove status` never reads half a file; the copy
+        # in the logs' folder, so that one left by a crash is not a stranger in the
+        # state folder (`--fresh` empties only a folder of Trove's own).
+        tmp = self._log_path.parent / f".{SERVICES_FILE}.{os.getpid()}"
         with contextlib.suppress(OSError):
             tmp.write_text(json.dumps(body, indent=2))
             os.replace(tmp, self._path)

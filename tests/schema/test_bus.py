@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypedDict, cast
 
+import nats.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
@@ -30,6 +32,7 @@ from trove_schema.bus import (
     FailureCounts,
     Retry,
     _Held,
+    _Marks,
     broker_trouble,
 )
 from trove_schema.errors import TopologyError
@@ -796,3 +799,50 @@ async def test_a_redrive_is_handled_by_the_consumer_that_parked_it_alone(
     async with running(consumer):
         await settled(bus, lane)
     assert sorted(handled) == [b"first time", b"for this one"]
+
+
+async def test_a_message_answered_while_its_batch_goes_on_is_not_marked_again() -> None:
+    # A batch's one-by-one fallback naks a message and handles the next: a mark sent
+    # to the nak'd one would restart its delay at ack_wait.
+    marked: list[str] = []
+
+    def message(name: str, *, acked: bool) -> Msg:
+        async def in_progress() -> None:
+            marked.append(name)
+
+        return cast(Msg, SimpleNamespace(is_acked=acked, in_progress=in_progress))
+
+    marks = _Marks()
+    answered, handled = message("nak'd", acked=True), message("handled", acked=False)
+    marks.add(answered, time.monotonic() - 10)
+    marks.add(handled, time.monotonic() - 10)
+    await marks.refresh(1.0)
+    assert marked == ["handled"]
+    assert marks.next_look() is not None  # the handled one is still watched
+
+
+async def test_a_stopping_consumer_keeps_marking_what_it_finishes(bus: Bus, lane: Lane) -> None:
+    # A page still behind its robots.txt when the pod stops: handled for three times
+    # the lane's ack_wait after the stop, it is not handed to another pod meanwhile.
+    started = asyncio.Event()
+
+    async def handler(msg: Msg) -> None:
+        started.set()
+        await asyncio.sleep(1.5)  # the duration under test: longer than ack_wait
+
+    await bus.js.publish(lane.subject, b"slow")
+    consumer = Consumer(
+        bus=bus, stream=lane.stream, durable=lane.durable, handler=handler, hold_refresh=0.15
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(consumer.run(stop))
+    other = await bus.js.pull_subscribe_bind(lane.durable, stream=lane.stream)
+    try:
+        await asyncio.wait_for(started.wait(), timeout=10)
+        stop.set()
+        with pytest.raises(nats.errors.TimeoutError):
+            await other.fetch(1, timeout=1.2)  # another pod asking meanwhile
+        await asyncio.wait_for(run, timeout=10)
+    finally:
+        await other.unsubscribe()
+    await settled(bus, lane)

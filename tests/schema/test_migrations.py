@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tests.support import run_trove
 from trove_schema.migrate import alembic_config, upgrade
 from trove_schema.tables import Base
 
@@ -81,3 +85,38 @@ async def test_a_release_rolled_back_to_starts_on_the_schema_a_newer_one_migrate
     # A revision asked for by name that this release does not have is still an error.
     with pytest.raises(CommandError):
         await asyncio.to_thread(upgrade, scratch_database, "0098")
+
+
+async def test_a_migration_that_fails_keeps_those_before_it(scratch_database: str) -> None:
+    # A transaction each: an upgrade over several releases that fails halfway (here on
+    # a table in 0007's way) resumes from where it stopped, and a long one holds no
+    # lock an earlier one took.
+    await asyncio.to_thread(upgrade, scratch_database, "0005")
+    db = create_async_engine(scratch_database)
+    try:
+        async with db.begin() as conn:
+            await conn.execute(text("CREATE TABLE instances (in_the_way int)"))
+        with pytest.raises(ProgrammingError, match="instances"):
+            await asyncio.to_thread(upgrade, scratch_database, "head")
+        async with db.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).one()
+        assert version == ("0006",)
+    finally:
+        await db.dispose()
+
+
+async def test_replicas_migrating_together_take_turns(scratch_database: str) -> None:
+    # Three recorders (their own processes) starting at once on an empty database.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_DATABASE_URL": scratch_database,
+    }
+    results = await asyncio.gather(*(run_trove("migrate", env=env) for _ in range(3)))
+    assert [code for code, _ in results] == [0, 0, 0], results
+    db = create_async_engine(scratch_database)
+    try:
+        async with db.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).one()
+        assert version == (ScriptDirectory.from_config(alembic_config("")).get_current_head(),)
+    finally:
+        await db.dispose()

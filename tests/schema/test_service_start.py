@@ -22,7 +22,12 @@ from tests.support import readiness
 from trove_schema.errors import InvalidPriors, InvalidTLS, TopologyError
 from trove_schema.nats_tls import client_tls
 from trove_schema.policy import load_priors
-from trove_schema.service import _start_patiently, collect_garbage, infrastructure_away
+from trove_schema.service import (
+    _start_patiently,
+    collect_garbage,
+    infrastructure_away,
+    together,
+)
 from trove_schema.settings import CommonSettings
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
 from trove_stack.processes import Child
@@ -199,3 +204,23 @@ async def test_a_service_runs_a_full_collection_every_interval() -> None:
 
 async def _count(items: list[int]) -> int:
     return len(items)
+
+
+async def test_a_part_that_fails_stops_the_others_before_its_error_ends_the_service() -> None:
+    # A consumer whose durable was deleted: the others finish what they hold (a page
+    # fetched is published, its host released) before the service ends.
+    stop = asyncio.Event()
+    finished: list[str] = []
+
+    async def failing() -> None:
+        raise TopologyError("consumer fetcher-deferred on TROVE_WORK is gone")
+
+    async def draining() -> None:
+        await stop.wait()
+        await asyncio.sleep(0)  # what it holds, finished after the stop
+        finished.append("published")
+
+    with pytest.raises(TopologyError, match="is gone"):
+        await asyncio.wait_for(together(stop, failing(), draining()), timeout=5)
+    assert stop.is_set()
+    assert finished == ["published"]

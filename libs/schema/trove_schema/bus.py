@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -399,8 +399,7 @@ class Consumer:
                 await _wait(wake, self._next_look(pulls, held, marks))
         finally:
             waker.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await marks.drain(tasks, self.hold_refresh)
             # Pulled, never started: straight back to the stream.
             for msg in [*held.drain(), *await pulls.close()]:
                 await _quiet(msg.nak())
@@ -591,9 +590,21 @@ class _Marks:
             return
         self._next = now + every / 2
         for key, (msg, since) in list(self._since.items()):
-            if now - since >= every and key in self._since:
-                self._since[key] = (msg, now)
-                await _quiet(msg.in_progress())
+            if key not in self._since or now - since < every:
+                continue
+            if msg.is_acked:  # answered (a batch's fallback naks as it goes): a mark
+                del self._since[key]  # would restart a nak's delay at ack_wait
+                continue
+            self._since[key] = (msg, now)
+            await _quiet(msg.in_progress())
+
+    async def drain(self, tasks: Collection[asyncio.Task[None]], every: float) -> None:
+        """Wait for ``tasks`` (a stopping consumer's handlers), marking their messages
+        meanwhile: a page still behind its robots.txt when the pod stops is as much in
+        progress as before."""
+        while tasks:
+            await asyncio.wait(list(tasks), timeout=every / 2)
+            await self.refresh(every)
 
 
 class _Held:
@@ -763,8 +774,7 @@ class BatchConsumer:
                 await _wait(wake, max(0.0, look))
         finally:
             waker.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await marks.drain(tasks, self.hold_refresh)
             for msg in [*in_hand, *await pulls.close()]:  # pulled, never handled
                 await _quiet(msg.nak())
             watcher.cancel()

@@ -185,8 +185,9 @@ def infrastructure_away(exc: BaseException) -> bool:
 
 async def _attempt(main: ServiceMain, stop: asyncio.Event, ready: asyncio.Event) -> None:
     """Run ``main``. A stop before it is ready cancels it: what it waits on then (a
-    first connection that nats-py retries for ever at a wrong address, a migration
-    behind a lock) would hold a SIGTERM until the orchestrator's SIGKILL. Once ready,
+    first connection that nats-py retries for ever at a wrong address, a server's slow
+    answer) would hold a SIGTERM until the orchestrator's SIGKILL. Work in a thread (a
+    migration) is not cancelled: the process exits once it returns. Once ready,
     ``main`` ends on ``stop`` itself, finishing what it holds."""
     task = asyncio.ensure_future(main(stop, ready))
     stopped = asyncio.ensure_future(stop.wait())
@@ -202,6 +203,28 @@ async def _attempt(main: ServiceMain, stop: asyncio.Event, ready: asyncio.Event)
         stopped.cancel()
         if not task.done():  # this coroutine itself cancelled
             task.cancel()
+
+
+async def together(stop: asyncio.Event, *parts: Awaitable[object]) -> None:
+    """Run a service's parts (its consumers, its loops) until each ends. One that fails
+    sets ``stop``, so that the others finish what they hold, as on SIGTERM, before its
+    error ends the service: ``asyncio.gather`` would end at once and leave them running
+    under the connections the service then closes (a fetched page never published, its
+    host's lease never released)."""
+
+    async def stopping_on_failure(part: Awaitable[object]) -> None:
+        try:
+            await part
+        except BaseException:
+            stop.set()
+            raise
+
+    results = await asyncio.gather(
+        *(stopping_on_failure(part) for part in parts), return_exceptions=True
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 async def _start_patiently(

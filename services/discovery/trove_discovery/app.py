@@ -14,6 +14,7 @@ from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import AliasLimits
 from trove_schema.bus import Bus, Consumer, Handler
 from trove_schema.exclusions import Exclusions, ListedExclusions
+from trove_schema.service import together
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
@@ -101,7 +102,7 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         ]
         ready.set()
         try:
-            await asyncio.gather(listed.keep(stop), *(c.run(stop) for c in consumers))
+            await together(stop, listed.keep(stop), *(c.run(stop) for c in consumers))
         finally:
             for subscription in replies:
                 with contextlib.suppress(Exception):

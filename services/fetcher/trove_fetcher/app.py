@@ -16,6 +16,7 @@ from trove_fetcher.transport import build_client, build_network
 from trove_schema.bus import Bus, Consumer
 from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.policy import LearningConfig
+from trove_schema.service import together
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import (
     DOMAINS_BUCKET,
@@ -150,7 +151,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             "language models loaded", extra={"seconds": f"{time.perf_counter() - started:.2f}"}
         )
         ready.set()
-        await asyncio.gather(clock.keep(stop), listed.keep(stop), *(c.run(stop) for c in consumers))
+        await together(stop, clock.keep(stop), listed.keep(stop), *(c.run(stop) for c in consumers))
         fetcher.close()
     finally:
         await client.aclose()

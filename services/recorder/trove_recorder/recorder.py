@@ -34,6 +34,7 @@ from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_ev
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
+from trove_schema.service import together
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Outbox
 from trove_schema.topology import (
@@ -224,7 +225,8 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
         )
         retention = Retention.from_settings(settings)
         ready.set()
-        await asyncio.gather(
+        await together(
+            stop,
             consumer.run(stop),
             recorder.publish_outbox(stop, settings.outbox_poll_max_seconds),
             run_retention(recorder.sessions, retention, stop),

@@ -13,12 +13,30 @@ from trove_schema.tables import Base
 target_metadata = Base.metadata
 
 
+#: The advisory lock that makes one migrator at a time of replicas starting together.
+_MIGRATOR_LOCK = 7340032
+
+
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
-    with context.begin_transaction():
-        # One migrator at a time, even with several replicas starting together.
-        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7340032)")
-        context.run_migrations()
+    # A transaction per migration: one that fails keeps those before it, and a long one
+    # (an index on a table of months) holds no lock an earlier one took. The migrators'
+    # lock is the session's, so it spans them; committed at once so that no transaction
+    # is open when Alembic begins the first.
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        compare_type=True,
+        transaction_per_migration=True,
+    )
+    connection.exec_driver_sql(f"SELECT pg_advisory_lock({_MIGRATOR_LOCK})")
+    connection.commit()
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        connection.rollback()  # whatever a failed migration left open
+        connection.exec_driver_sql(f"SELECT pg_advisory_unlock({_MIGRATOR_LOCK})")
+        connection.commit()
 
 
 async def _online() -> None:
