@@ -72,6 +72,22 @@ async def test_expired_attempts_are_deleted_in_batches_with_their_tags(
     assert await prune(sessions, retention, now=lambda: now) == []
 
 
+async def test_a_stop_ends_a_pass_between_its_batches(engine: AsyncEngine) -> None:
+    # A first pass over months of rows takes minutes: a stopping recorder (or one whose
+    # consumer failed) does not wait for it.
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    old = [attempt(n, now - timedelta(days=91, minutes=n)) for n in range(10)]
+    sessions = async_sessionmaker(engine)
+    async with sessions.begin() as session:
+        await apply_batch(session, old, POLICY)
+    stop = asyncio.Event()
+    stop.set()
+    retention = Retention(window=timedelta(days=90), batch=4)
+    assert await prune(sessions, retention, now=lambda: now, stop=stop) == []
+    assert (await audited(engine))[0] == 10  # nothing begun after the stop
+    assert await prune(sessions, retention, now=lambda: now) == [4, 4, 2]
+
+
 async def test_the_loop_prunes_while_attempts_keep_arriving(engine: AsyncEngine) -> None:
     # The injected clock moves a day for each batch of attempts: ten days in a moment.
     start = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -846,3 +846,51 @@ async def test_a_stopping_consumer_keeps_marking_what_it_finishes(bus: Bus, lane
     finally:
         await other.unsubscribe()
     await settled(bus, lane)
+
+
+async def test_a_stopping_consumer_hands_back_what_it_holds_before_it_waits(
+    bus: Bus, lane: Lane
+) -> None:
+    # Pulled work it will never start goes back at once, not after the wait for what
+    # runs: held past ack_wait it would go to another pod, and a nak after that would
+    # hand it out a second time.
+    started = asyncio.Event()
+
+    async def handler(msg: Msg) -> None:
+        if msg.data == b"slow":
+            started.set()
+            await asyncio.sleep(2.0)  # the duration under test: the drain's length
+
+    await bus.js.publish(lane.subject, b"slow")
+    for i in range(3):
+        await bus.js.publish(lane.subject, f"held {i}".encode())
+    consumer = Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=1,
+        prefetch=4,
+        hold_refresh=0.1,
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(consumer.run(stop))
+    other = await bus.js.pull_subscribe_bind(lane.durable, stream=lane.stream)
+    try:
+        await asyncio.wait_for(started.wait(), timeout=10)
+        await eventually(
+            lambda: bus.js.consumer_info(lane.stream, lane.durable),
+            until=lambda i: i.num_pending == 0,
+            timeout=10,
+            what="the rest held",
+        )
+        stop.set()
+        # Sooner than ack_wait (0.5 s) after the last mark (0.1 s apart): handed back.
+        taken = await other.fetch(3, timeout=0.25)
+        assert sorted(m.data for m in taken) == [f"held {i}".encode() for i in range(3)]
+        for msg in taken:
+            await msg.ack()
+        await asyncio.wait_for(run, timeout=10)
+    finally:
+        await other.unsubscribe()
+    await settled(bus, lane)

@@ -399,10 +399,12 @@ class Consumer:
                 await _wait(wake, self._next_look(pulls, held, marks))
         finally:
             waker.cancel()
-            await marks.drain(tasks, self.hold_refresh)
-            # Pulled, never started: straight back to the stream.
+            # Pulled, never started: straight back to the stream, before the wait for
+            # what runs (longer than ack_wait, it would let them go to another pod
+            # meanwhile, and a nak after that would hand them out twice).
             for msg in [*held.drain(), *await pulls.close()]:
                 await _quiet(msg.nak())
+            await marks.drain(tasks, self.hold_refresh)
             watcher.cancel()
 
     def _next_look(self, pulls: Pulls, held: _Held, marks: _Marks) -> float:
@@ -774,9 +776,10 @@ class BatchConsumer:
                 await _wait(wake, max(0.0, look))
         finally:
             waker.cancel()
-            await marks.drain(tasks, self.hold_refresh)
-            for msg in [*in_hand, *await pulls.close()]:  # pulled, never handled
+            for msg in [*in_hand, *await pulls.close()]:  # pulled, never handled: back first
+                marks.discard(msg)
                 await _quiet(msg.nak())
+            await marks.drain(tasks, self.hold_refresh)
             watcher.cancel()
 
     async def _handle(self, single: Consumer, msgs: Sequence[Msg]) -> None:

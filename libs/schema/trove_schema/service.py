@@ -222,9 +222,11 @@ async def together(stop: asyncio.Event, *parts: Awaitable[object]) -> None:
     results = await asyncio.gather(
         *(stopping_on_failure(part) for part in parts), return_exceptions=True
     )
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+    failures = [result for result in results if isinstance(result, BaseException)]
+    for later in failures[1:]:  # raised while the others finished: said, not lost
+        logging.getLogger(__name__).error("also failed: %r", later, exc_info=later)
+    if failures:
+        raise failures[0]
 
 
 async def _start_patiently(

@@ -116,23 +116,27 @@ async def _in_batches(
     sessions: async_sessionmaker[AsyncSession],
     batch: int,
     step: Callable[[AsyncSession], Awaitable[int]],
+    stop: asyncio.Event | None = None,
 ) -> list[int]:
     """Run ``step`` (which deletes at most ``batch`` rows) a transaction at a time until
-    it deletes fewer; the rows each batch deleted."""
+    it deletes fewer, or ``stop`` is set (a first pass over months of rows takes minutes:
+    a stopping recorder does not wait for it); the rows each batch deleted."""
     deleted: list[int] = []
-    while True:
+    while stop is None or not stop.is_set():
         async with sessions.begin() as session:
             count = await step(session)
         if count:
             deleted.append(count)
         if count < batch:
             return deleted
+    return deleted
 
 
 async def prune(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
     now: Callable[[], datetime] = _utcnow,
+    stop: asyncio.Event | None = None,
 ) -> list[int]:
     """Delete every attempt older than the window; the rows each batch deleted."""
     params = {"cutoff": now() - retention.window, "batch": retention.batch}
@@ -143,7 +147,7 @@ async def prune(
             await session.execute(_DELETE_TAGS, {"ids": ids})
         return len(ids)
 
-    return await _in_batches(sessions, retention.batch, step)
+    return await _in_batches(sessions, retention.batch, step, stop)
 
 
 _OLDEST = datetime.min.replace(tzinfo=UTC)
@@ -170,6 +174,7 @@ async def prune_crawls(
     retention: Retention,
     now: Callable[[], datetime] = _utcnow,
     cursor: HistoryCursor | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Delete the superseded attempts older than ``crawl_window`` (from ``cursor`` on,
     when one is given); how many left."""
@@ -191,33 +196,39 @@ async def prune_crawls(
             params["after"] = resume.after = max(ages)
         return len(ages)
 
-    return sum(await _in_batches(sessions, retention.batch, step))
+    return sum(await _in_batches(sessions, retention.batch, step, stop))
 
 
 async def prune_published(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
     now: Callable[[], datetime] = _utcnow,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Delete the outbox rows published longer than ``published_window`` ago; how many."""
     cutoff = now() - retention.published_window
-    return await _delete_before(sessions, _DELETE_PUBLISHED, cutoff, retention.batch)
+    return await _delete_before(sessions, _DELETE_PUBLISHED, cutoff, retention.batch, stop)
 
 
 async def prune_applied(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
     now: Callable[[], datetime] = _utcnow,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Delete the ids of applied events older than ``applied_window``; how many left."""
     if retention.applied_window is None:
         return 0
     cutoff = now() - retention.applied_window
-    return await _delete_before(sessions, _DELETE_APPLIED, cutoff, retention.batch)
+    return await _delete_before(sessions, _DELETE_APPLIED, cutoff, retention.batch, stop)
 
 
 async def _delete_before(
-    sessions: async_sessionmaker[AsyncSession], statement: TextClause, cutoff: datetime, batch: int
+    sessions: async_sessionmaker[AsyncSession],
+    statement: TextClause,
+    cutoff: datetime,
+    batch: int,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Run ``statement`` (which deletes at most ``batch`` rows older than ``cutoff``) until
     none is left; how many it deleted."""
@@ -226,7 +237,7 @@ async def _delete_before(
     async def step(session: AsyncSession) -> int:
         return len((await session.execute(statement, params)).all())
 
-    return sum(await _in_batches(sessions, batch, step))
+    return sum(await _in_batches(sessions, batch, step, stop))
 
 
 async def run_retention(
@@ -239,10 +250,10 @@ async def run_retention(
     cursor = HistoryCursor()
     while not stop.is_set():
         try:
-            batches = await prune(sessions, retention, now)
-            crawls = await prune_crawls(sessions, retention, now, cursor)
-            published = await prune_published(sessions, retention, now)
-            applied = await prune_applied(sessions, retention, now)
+            batches = await prune(sessions, retention, now, stop)
+            crawls = await prune_crawls(sessions, retention, now, cursor, stop)
+            published = await prune_published(sessions, retention, now, stop)
+            applied = await prune_applied(sessions, retention, now, stop)
         except Exception as exc:
             # The database away: the next pass catches up, nothing is lost by waiting.
             log.warning("retention: %s", exc)
