@@ -122,6 +122,41 @@ async def running(consumer: Consumer | BatchConsumer) -> AsyncIterator[None]:
         await asyncio.wait_for(task, timeout=10)
 
 
+def lane_consumer(
+    bus: Bus,
+    lane: Lane,
+    handler: Callable[[Msg], Awaitable[None]],
+    *,
+    batched: bool,
+    concurrency: int = 1,
+    **options: Any,
+) -> Consumer | BatchConsumer:
+    """The lane's consumer: one message at a time, or in batches as the recorder's (each
+    message of a batch handed to ``handler``)."""
+    if batched:
+
+        async def each(msgs: Sequence[Msg]) -> None:
+            for msg in msgs:
+                await handler(msg)
+
+        return BatchConsumer(
+            bus=bus,
+            stream=lane.stream,
+            durable=lane.durable,
+            batch_handler=each,
+            handler=handler,
+            **options,
+        )
+    return Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=concurrency,
+        **options,
+    )
+
+
 async def parked(bus: Bus, lane: Lane) -> int:
     info = await bus.js.stream_info(DEAD_STREAM, subjects_filter=lane.dead_subject)
     return (info.state.subjects or {}).get(lane.dead_subject, 0)
@@ -649,35 +684,13 @@ async def test_a_message_handled_past_ack_wait_is_not_handed_out_again(
 
     async def handler(msg: Msg) -> None:
         deliveries.append((msg.data, msg.metadata.num_delivered))
-        await asyncio.sleep(1.5)  # the duration under test: longer than ack_wait
-
-    async def batch_handler(msgs: Sequence[Msg]) -> None:
-        deliveries.extend((m.data, m.metadata.num_delivered) for m in msgs)
-        await asyncio.sleep(1.5)  # the duration under test: longer than ack_wait
+        await asyncio.sleep(1.0)  # the duration under test: twice ack_wait
 
     for i in range(3):
         await bus.js.publish(lane.subject, f"slow {i}".encode())
-    consumer: Consumer | BatchConsumer
-    if batched:
-        consumer = BatchConsumer(
-            bus=bus,
-            stream=lane.stream,
-            durable=lane.durable,
-            batch_handler=batch_handler,
-            handler=handler,
-            hold_refresh=0.15,
-            **FAST,
-        )
-    else:
-        consumer = Consumer(
-            bus=bus,
-            stream=lane.stream,
-            durable=lane.durable,
-            handler=handler,
-            concurrency=6,
-            hold_refresh=0.15,
-            **FAST,
-        )
+    consumer = lane_consumer(
+        bus, lane, handler, batched=batched, concurrency=6, hold_refresh=0.15, **FAST
+    )
     async with running(consumer):
         await settled(bus, lane)
     assert sorted(deliveries) == [(f"slow {i}".encode(), 1) for i in range(3)]
@@ -732,27 +745,7 @@ async def test_a_consumer_whose_durable_is_deleted_ends_its_service(
     # `nats consumer rm`: nothing serves its pulls any more, and the service looked
     # ready for ever. It ends, and its restart makes the durable again.
     script = Script(steps=[])
-
-    async def batch_handler(msgs: Sequence[Msg]) -> None:
-        for msg in msgs:
-            await script(msg)
-
-    consumer: Consumer | BatchConsumer
-    if batched:
-        consumer = BatchConsumer(
-            bus=bus,
-            stream=lane.stream,
-            durable=lane.durable,
-            batch_handler=batch_handler,
-            handler=script,
-            refusal_patience=1.0,
-            **FAST,
-        )
-    else:
-        consumer = Consumer(
-            bus=bus, stream=lane.stream, durable=lane.durable, handler=script,
-            refusal_patience=1.0, **FAST,
-        )  # fmt: skip
+    consumer = lane_consumer(bus, lane, script, batched=batched, refusal_patience=1.0, **FAST)
     stop = asyncio.Event()
     run = asyncio.create_task(consumer.run(stop))
     try:
@@ -778,24 +771,10 @@ async def test_a_redrive_is_handled_by_the_consumer_that_parked_it_alone(
     async def handler(msg: Msg) -> None:
         handled.append(msg.data)
 
-    async def batch_handler(msgs: Sequence[Msg]) -> None:
-        handled.extend(m.data for m in msgs)
-
     await bus.js.publish(lane.subject, b"first time")
     await bus.js.publish(lane.subject, b"for another", headers={REDRIVEN_FOR: "recorder"})
     await bus.js.publish(lane.subject, b"for this one", headers={REDRIVEN_FOR: lane.durable})
-    consumer: Consumer | BatchConsumer
-    if batched:
-        consumer = BatchConsumer(
-            bus=bus,
-            stream=lane.stream,
-            durable=lane.durable,
-            batch_handler=batch_handler,
-            handler=handler,
-            **FAST,
-        )
-    else:
-        consumer = Consumer(bus=bus, stream=lane.stream, durable=lane.durable, handler=handler)
+    consumer = lane_consumer(bus, lane, handler, batched=batched, **FAST)
     async with running(consumer):
         await settled(bus, lane)
     assert sorted(handled) == [b"first time", b"for this one"]
