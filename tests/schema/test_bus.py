@@ -810,9 +810,7 @@ async def test_a_stopping_consumer_keeps_marking_what_it_finishes(bus: Bus, lane
         await asyncio.sleep(1.5)  # the duration under test: longer than ack_wait
 
     await bus.js.publish(lane.subject, b"slow")
-    consumer = Consumer(
-        bus=bus, stream=lane.stream, durable=lane.durable, handler=handler, hold_refresh=0.15
-    )
+    consumer = lane_consumer(bus, lane, handler, batched=False, hold_refresh=0.15)
     stop = asyncio.Event()
     run = asyncio.create_task(consumer.run(stop))
     other = await bus.js.pull_subscribe_bind(lane.durable, stream=lane.stream)
@@ -843,15 +841,7 @@ async def test_a_stopping_consumer_hands_back_what_it_holds_before_it_waits(
     await bus.js.publish(lane.subject, b"slow")
     for i in range(3):
         await bus.js.publish(lane.subject, f"held {i}".encode())
-    consumer = Consumer(
-        bus=bus,
-        stream=lane.stream,
-        durable=lane.durable,
-        handler=handler,
-        concurrency=1,
-        prefetch=4,
-        hold_refresh=0.1,
-    )
+    consumer = lane_consumer(bus, lane, handler, batched=False, prefetch=4, hold_refresh=0.1)
     stop = asyncio.Event()
     run = asyncio.create_task(consumer.run(stop))
     other = await bus.js.pull_subscribe_bind(lane.durable, stream=lane.stream)
