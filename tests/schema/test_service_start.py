@@ -91,7 +91,6 @@ async def test_a_stop_once_ready_is_left_to_the_service_to_finish() -> None:
     async def main(stop: asyncio.Event, ready: asyncio.Event) -> None:
         ready.set()
         await stop.wait()
-        await asyncio.sleep(0)  # what it holds, finished after the stop
         finished.append("drained")
 
     starting = asyncio.create_task(_start_patiently(main, stop, ready, logging.getLogger("test")))
@@ -217,7 +216,6 @@ async def test_a_part_that_fails_stops_the_others_before_its_error_ends_the_serv
 
     async def draining() -> None:
         await stop.wait()
-        await asyncio.sleep(0)  # what it holds, finished after the stop
         finished.append("published")
 
     with pytest.raises(TopologyError, match="is gone"):

@@ -88,11 +88,8 @@ class EmbeddedNats:
         return self._child.pid if self._child is not None else None
 
     def exited(self) -> str | None:
-        """How the server's process ended, with its log's last lines; None while it runs."""
-        child = self._child
-        if child is None or child.alive():
-            return None
-        return f"code {child.proc.returncode}: {child.tail(5)}"
+        """How the server's process ended (``Child.ended``); None while it runs."""
+        return None if self._child is None else self._child.ended()
 
     def stop(self) -> None:
         if self._child is not None:

@@ -71,6 +71,12 @@ class Child:
             time.sleep(0.05)
         raise StackError(f"{self.name} was not {what} within {timeout:.0f}s: {self.tail()}")
 
+    def ended(self) -> str | None:
+        """How the process ended, with its log's last lines; None while it runs."""
+        if self.alive():
+            return None
+        return f"code {self.proc.returncode}: {self.tail(5)}"
+
     def tail(self, lines: int = 20) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
