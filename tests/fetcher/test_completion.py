@@ -11,10 +11,12 @@ from trove_fetcher.http import FetchResult
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
+    CrawlRequested,
     Link,
     LinkKind,
     PageDiscovered,
     Provenance,
+    RequestReason,
     Scope,
 )
 
@@ -102,3 +104,37 @@ def test_the_quick_size_check_never_lets_an_oversized_event_through() -> None:
     assert cut is not heavy
     assert cut.links_truncated
     assert len(cut.to_wire()) <= size - 1
+
+
+def _recrawl(etag: str | None, last_modified: str | None) -> CrawlRequested:
+    return CrawlRequested(
+        url=URL,
+        domain="hostile.trove.test",
+        scope=Scope(value="hostile.trove.test"),
+        reason=RequestReason.RECRAWL,
+        not_before=datetime.now(UTC),
+        etag=etag,
+        last_modified=last_modified,
+    )
+
+
+def test_a_304_without_its_validators_keeps_the_ones_it_answered() -> None:
+    """RFC 9110 lets a 304 leave Last-Modified out: the next visit must still ask
+    conditionally, not read the page whole every other time."""
+    work = _recrawl('"v1"', "Tue, 03 Nov 2026 10:00:00 GMT")
+    answer = result(outcome=CrawlOutcome.NOT_MODIFIED, status_code=304, body=None)
+    event = completed(work, answer, None, datetime.now(UTC), conditional=True)
+    assert event.outcome is CrawlOutcome.NOT_MODIFIED
+    assert (event.etag, event.last_modified) == ('"v1"', "Tue, 03 Nov 2026 10:00:00 GMT")
+
+
+def test_a_304_with_a_new_validator_passes_the_new_one_on() -> None:
+    work = _recrawl('"v1"', None)
+    answer = result(outcome=CrawlOutcome.NOT_MODIFIED, status_code=304, body=None, etag='"v1-gzip"')
+    event = completed(work, answer, None, datetime.now(UTC), conditional=True)
+    assert event.etag == '"v1-gzip"'
+
+
+def test_a_changed_page_without_validators_drops_the_old_ones() -> None:
+    event = completed(_recrawl('"v1"', "x"), result(), None, datetime.now(UTC))
+    assert (event.etag, event.last_modified) == (None, None)

@@ -242,6 +242,12 @@ def _completed(
         if target is not None:
             links = [*links[: MAX_LINKS_PER_PAGE - 1], {"url": target, "kind": LinkKind.REDIRECT}]
     final_url = result.final_url if result.final_url and result.final_url != work.url else None
+    etag, last_modified = result.etag, result.last_modified
+    if outcome is CrawlOutcome.NOT_MODIFIED and isinstance(work, CrawlRequested):
+        # A 304 need not repeat the validators it answered (RFC 9110 15.4.5; most leave
+        # Last-Modified out): they still name the page, so the next visit sends them
+        # again rather than reading it whole every other time.
+        etag, last_modified = etag or work.etag, last_modified or work.last_modified
     return CrawlCompleted(
         **base,
         outcome=outcome,
@@ -255,8 +261,8 @@ def _completed(
         final_url=final_url,
         links=links,
         links_truncated=truncated,
-        etag=result.etag,
-        last_modified=result.last_modified,
+        etag=etag,
+        last_modified=last_modified,
         response_headers=result.response_headers,
         duration_ms=result.duration_ms,
         **extra,
