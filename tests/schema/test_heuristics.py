@@ -128,15 +128,13 @@ def test_not_modified_is_a_success() -> None:
         (CrawlOutcome.FAILED, None, {}, "ConnectError: refused", "network_error", False),
         (CrawlOutcome.BLOCKED_ROBOTS, None, {}, "disallowed by robots.txt", "robots", False),
         (CrawlOutcome.FAILED, None, {}, "robots.txt unavailable (500): x", "robots", False),
-        (
-            CrawlOutcome.REJECTED,
-            200,
-            {},
-            "content type application/pdf is not parsed",
-            "wrong_tool",
-            False,
-        ),
         (CrawlOutcome.REJECTED, 301, {}, "redirected to another host", "offsite_redirect", False),
+        (CrawlOutcome.FAILED, 301, {}, "redirect loop back to http://h/a", "broken_answer", False),
+        (CrawlOutcome.FAILED, 302, {}, "too many redirects (more than 5)", "broken_answer", False),
+        (CrawlOutcome.FAILED, 302, {}, "HTTP 302 without a Location", "broken_answer", False),
+        (CrawlOutcome.FAILED, 200, {}, "corrupt gzip body: bad header", "broken_answer", False),
+        (CrawlOutcome.FAILED, 301, {}, "ConnectError: refused", "network_error", False),
+        (CrawlOutcome.FAILED, None, {}, "blocked address: 10.0.0.1", "blocked_address", False),
     ],
 )
 def test_the_error_type_says_what_went_wrong(
@@ -151,6 +149,31 @@ def test_the_error_type_says_what_went_wrong(
     verdict = audit(event)
     assert (verdict.success, verdict.error_type, verdict.is_banned) == (False, error_type, banned)
     assert tags(event)["error_type"] == error_type
+
+
+@pytest.mark.parametrize(
+    ("content_type", "error_type"),
+    [
+        ("text/html; charset=utf-8", "wrong_tool"),
+        ("application/activity+json", "wrong_tool"),
+        ("application/pdf", "wrong_tool"),
+        ("application/zip", "unparsed_type"),
+        ("image/png", "unparsed_type"),
+        (None, "unparsed_type"),
+    ],
+)
+def test_a_type_another_strategy_reads_is_the_wrong_tool_and_an_archive_is_not(
+    content_type: str | None, error_type: str
+) -> None:
+    """An archive asked for as a page is not a reason to ask it another way, nor to
+    learn that the strategy fails on the host."""
+    event = completed(
+        CrawlOutcome.REJECTED,
+        status_code=200,
+        content_type=content_type,
+        error_message=f"content type {content_type} is not parsed",
+    )
+    assert audit(event).error_type == error_type
 
 
 def test_a_challenge_is_tagged_with_its_cdn() -> None:

@@ -84,6 +84,7 @@ def wrong_tool(url: str, strategy: str, at: float) -> CrawlCompleted:
         CrawlOutcome.REJECTED,
         at=at,
         status_code=200,
+        content_type="text/html",
         error_message="content type text/html is not what activitypub reads",
     )
 
@@ -418,6 +419,35 @@ def test_a_down_host_pauses_for_longer_each_time_and_is_forgiven_after_success()
     # A success from a request sent before the host failed forgives nothing.
     stale = attempt(page(3), "http", CrawlOutcome.SUCCESS, at=now, duration=now - T0 + 1)
     assert observe(policy, Observation.of(stale), CONFIG).risk_level == 6
+
+
+def test_redirect_loops_and_archives_neither_pause_the_host_nor_teach_a_strategy() -> None:
+    """A site whose pages loop through a cookie check, or that links its downloads,
+    answers promptly every time: it is crawled at its gap, not paused as down."""
+    policy, now = HostPolicy(), T0
+    for n in range(10):
+        loop = attempt(
+            page(n),
+            "http",
+            CrawlOutcome.FAILED,
+            at=now,
+            status_code=301,
+            error_message=f"redirect loop back to {page(n)}",
+        )
+        archive = attempt(
+            f"https://blog.example/download/{n}",
+            "http",
+            CrawlOutcome.REJECTED,
+            at=now + 1,
+            status_code=200,
+            content_type="application/zip",
+            error_message="content type application/zip is not parsed",
+        )
+        policy = observe(policy, Observation.of(loop), CONFIG)
+        policy = observe(policy, Observation.of(archive), CONFIG)
+        now += 10
+    assert (policy.risk_level, policy.paused_until) == (0, 0.0)
+    assert policy.estimates == {}
 
 
 def test_a_5xx_with_retry_after_pauses_at_least_that_long() -> None:

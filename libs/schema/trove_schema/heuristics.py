@@ -26,7 +26,11 @@ The verdict:
 * ``error_type`` is one word for what went wrong (None on success): ``robots``,
   ``blocked_captcha``, ``blocked_403``, ``rate_limited``, ``not_found``,
   ``client_error``, ``server_error``, ``timeout``, ``network_error``, ``wrong_tool``,
-  ``offsite_redirect``, ``rejected``, ``empty_content``.
+  ``unparsed_type`` (a content type no strategy reads), ``offsite_redirect``,
+  ``broken_answer`` (a redirect loop, a redirect without a Location, a body corrupt
+  for its encoding), ``blocked_address`` (the SSRF guard), ``rejected``,
+  ``empty_content``. Only ``network_error``, ``timeout`` and ``server_error`` say the
+  host is unwell (``trove_schema.policy.HOST_FAILURES``).
 * ``wrong_tool`` is content the strategy cannot use, which another strategy may: an
   application shell (``shell`` with under ``SHELL_MAX_TEXT_CHARS`` of text), a content
   type the strategy does not parse (an HTML page answered to an ``activitypub``
@@ -57,6 +61,17 @@ _STRATEGY_FAMILIES = {"activitypub": frozenset({"json"})}
 #: Upper bounds of the ``text_chars`` tag's buckets, and the label of each.
 _TEXT_BUCKETS = ((0, "0"), (199, "1-199"), (999, "200-999"), (9_999, "1k-10k"))
 
+#: Content families some strategy reads (``http``: pages, feeds, PDF; ``activitypub``:
+#: JSON): another strategy may read what one could not.
+_READABLE_FAMILIES = frozenset({"html", "feed", "pdf", "xml", "json"})
+#: How the fetcher's messages begin for an answer it could not follow (lower case).
+_BROKEN_ANSWERS = (
+    "redirect loop",
+    "too many redirects",
+    "invalid redirect location",
+    "corrupt ",
+    "http 304 to an unconditional request",
+)
 #: Servers that answer a bot with a challenge page on 403/503.
 _CHALLENGING_SERVERS = ("cloudflare", "ddos-guard", "sucuri", "akamaighost")
 #: A header that names the CDN in front of a site.
@@ -244,11 +259,21 @@ def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
     if outcome is CrawlOutcome.REJECTED:
         # A reader refusing a body as not its kind (JSON that is no ActivityStreams
         # object) is the wrong tool; a reader that broke on a hostile page is not.
-        if "content type" in message or message.startswith("extraction failed: notactivitystreams"):
+        if "content type" in message:
+            # Another strategy may read a page or an object; none reads an archive.
+            family = _content_family(_media_type(event.content_type) or "")
+            return "wrong_tool" if family in _READABLE_FAMILIES else "unparsed_type"
+        if message.startswith("extraction failed: notactivitystreams"):
             return "wrong_tool"
         if "another host" in message:
             return "offsite_redirect"
         return "rejected"
+    if message.startswith("blocked address"):
+        return "blocked_address"
+    if message.startswith(_BROKEN_ANSWERS) or "without a location" in message:
+        # The host answered, promptly, with what leads nowhere (a redirect loop, say,
+        # of a site that sets a cookie first): not a host to pause as unreachable.
+        return "broken_answer"
     return "network_error"
 
 
