@@ -276,7 +276,7 @@ async def test_retry_after_is_capped(bus: Bus) -> None:
 
 async def test_a_pause_defers_every_url_of_the_host_to_its_end(bus: Bus) -> None:
     # A host that refuses connections is paused for all its URLs at once: fresh work
-    # queues behind the pause, reserved work comes back when it ends, on every pod.
+    # and reserved work queue behind the pause, on every pod.
     p1, p2 = await _politeness(bus), await _politeness(bus)
     grant = await p1.acquire("down.example", 1000.0)
     assert isinstance(grant, Granted)
@@ -292,8 +292,52 @@ async def test_a_pause_defers_every_url_of_the_host_to_its_end(bus: Bus) -> None
     assert all(b - a == pytest.approx(10.0) for a, b in itertools.pairwise(slots))
     back = await p2.acquire("down.example", pause_end - 1.0, reserved=True)
     assert isinstance(back, Deferred)
-    assert back.at == pytest.approx(pause_end)
+    assert back.at == pytest.approx(slots[-1] + 10.0)
     assert isinstance(await p2.acquire("down.example", pause_end, reserved=True), Granted)
+
+
+async def test_a_paused_hosts_queue_comes_back_spaced_and_is_looked_up_once_a_page(
+    bus: Bus,
+) -> None:
+    """A ban over a host with a long queue: each reserved page, as it comes due during
+    the pause, takes a place behind it, so that each is looked at once more, not once
+    more every gap until the last (quadratic in the queue)."""
+    p = await _politeness(bus)
+    grant = await p.acquire("banned.example", 1000.0)
+    assert isinstance(grant, Granted)
+    limited = attempt(
+        "banned.example",
+        end=1000.5,
+        outcome=CrawlOutcome.BLOCKED_4XX,
+        status=429,
+        retry_after=600.0,
+    )
+    policy = await p.finish("banned.example", grant, 1000.5, limited)
+    queue = 40
+    # Each page of the queue comes due in the pause, as its slot before it said.
+    due = [
+        await p.acquire("banned.example", 1010.0 + 10.0 * n, reserved=True) for n in range(queue)
+    ]
+    assert all(isinstance(d, Deferred) for d in due)
+    times = sorted(d.at for d in due if isinstance(d, Deferred))
+    assert times[0] >= policy.paused_until
+    assert all(b - a >= 10.0 - 1e-6 for a, b in itertools.pairwise(times))
+    # Replay them at their times, each answered 0.1 s after it starts: every page is
+    # granted at the time it was given (a few come back once more, no page again and again).
+    lookups = 0
+    pending = list(times)
+    while pending:
+        at = pending.pop(0)
+        lookups += 1
+        decision = await p.acquire("banned.example", at, reserved=True)
+        if isinstance(decision, Granted):
+            await p.finish(
+                "banned.example", decision, at + 0.1, attempt("banned.example", end=at + 0.1)
+            )
+        else:
+            assert isinstance(decision, Deferred)
+            pending = sorted([*pending, decision.at])
+        assert lookups <= 2 * queue, "the queue is looked up again and again"
 
 
 async def test_failures_in_a_row_lengthen_the_pause(bus: Bus) -> None:

@@ -241,7 +241,12 @@ class Politeness:
                         return Granted(hold_until=hold, gap=gap, policy=slot.policy, start=start)
                     guess = None
                     continue
-                if reserved:
+                # A paused host holds its reserved messages too. Told to come back at the
+                # pause's end, all of them would meet there, one win, and the rest be told
+                # to come back a gap later, again and again until the last (n² look-ups for
+                # a host with n queued pages): they take places one gap apart behind the
+                # pause instead, as fresh ones do.
+                if reserved and slot.backoff_until <= now:
                     if guess is not None:  # a wait that writes nothing: only on the bucket's word
                         guess = None
                         continue
