@@ -230,3 +230,19 @@ def test_a_key_its_fetches_said_nothing_about_is_no_longer_undecided() -> None:
     assert undecided(record, SITE + "/a/3?id=3") == []
     assert not record.rules()
     assert HostAliases.from_json(record.to_json()) == record
+
+
+def test_a_full_record_holds_no_link_for_a_name_it_cannot_track() -> None:
+    """Self-canonical pages of a long list fill the record with what it must keep (each
+    ``page=N`` contradicted); a name it has no room for could never be learned, so
+    links that carry it are not held for it (they were, on every page, for ever)."""
+    limits = AliasLimits()
+    record = EMPTY
+    for n in range(2 * limits.max_candidates):
+        record = fetched(record, f"/list?page={n}", canonical=f"/list?page={n}")
+    assert len(record.candidates) == limits.max_candidates
+    assert undecided(record, SITE + "/p/1?ref=a") == []
+    assert undecided(record, SITE + "/a/index.html") == []
+    record = fetched(record, "/p/1?ref=a", canonical="/p/1")
+    record = fetched(record, "/p/2?ref=b", canonical="/p/2")
+    assert "ref" not in record.rules().names

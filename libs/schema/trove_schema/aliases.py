@@ -142,19 +142,27 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
         return []
     found: list[str] = []
     candidates = record.candidates
+    # A full record with nothing it may forget tracks no new key: a key it does not
+    # hold could never be learned, and waiting on it would hold the host's links for
+    # ever.
+    trackable = _has_room(candidates, limits)
     for parameter in spelling.params:
         name = parameter.partition("=")[0]
         key = NAME + name
         if len(name) <= limits.max_value_chars and key not in found:
-            candidate = candidates.get(key) or Candidate()
+            candidate = candidates.get(key)
+            if candidate is None and not trackable:
+                continue
+            candidate = candidate or Candidate()
             if not candidate.contradicted and candidate.tried() < limits.confirmations:
                 found.append(key)
     name = spelling.path[spelling.path.rfind("/") + 1 :]
     if name in INDEX_NAMES:
-        slash = candidates.get(INDEX + name + "/") or Candidate()
-        bare = candidates.get(INDEX + name) or Candidate()
+        held = [candidates.get(INDEX + name + "/"), candidates.get(INDEX + name)]
+        slash, bare = (c or Candidate() for c in held)
         tried = slash.tried() + bare.confirmed
-        if not (slash.contradicted and bare.contradicted) and tried < limits.confirmations:
+        open_ = not (slash.contradicted and bare.contradicted) and tried < limits.confirmations
+        if open_ and (trackable or any(c is not None for c in held)):
             found.append(INDEX + name)
     return found
 
@@ -481,6 +489,16 @@ def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> boo
     if kind == NAME:
         return len(candidate.values) >= limits.confirmations
     return candidate.confirmed >= limits.confirmations
+
+
+def _has_room(candidates: dict[str, Candidate], limits: AliasLimits) -> bool:
+    """Whether ``_make_room`` would find room for a new key."""
+    if len(candidates) < limits.max_candidates:
+        return True
+    return any(
+        not candidate.contradicted and not _learned(candidate, key[:2], limits)
+        for key, candidate in candidates.items()
+    )
 
 
 def _make_room(candidates: dict[str, Candidate], limits: AliasLimits) -> bool:
