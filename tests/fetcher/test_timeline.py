@@ -22,7 +22,14 @@ from tests.fetcher._dns import dns_server
 from trove_fetcher.errors import GateDeferred, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
-from trove_fetcher.timeline import TimelinePoller, id_key, read_entry
+from trove_fetcher.timeline import (
+    MAX_RETRY_AFTER,
+    TimelinePoller,
+    id_key,
+    rate_limit_wait,
+    read_entry,
+    retry_after_of,
+)
 from trove_fetcher.transport import build_client
 from trove_sandbox.fediverse import (
     FediverseInstance,
@@ -720,3 +727,23 @@ def test_a_nodeinfo_link_is_followed_only_on_the_instances_host_and_never_down_t
     assert document_link(index("http://social.example/nodeinfo/2.1"), home) is None
     assert document_link(index("https://other.example/nodeinfo/2.1"), home) is None
     assert document_link(index("https://social.example/x"), "http://social.example") is not None
+
+
+@pytest.mark.parametrize(
+    "reset",
+    [
+        "Mon, 01 Jan 99999999999999999999 00:00:00 GMT",
+        "0001-01-01T00:00:00+14:00",
+        "9999-12-31T23:59:59-14:00",
+        "-5",
+        "1e400",
+        "x" * 100,
+    ],
+)
+def test_a_hostile_rate_limit_reset_is_a_bounded_wait_not_a_lost_poll(reset: str) -> None:
+    """An instance's ``X-RateLimit-Reset`` is a stranger's text: a date past 9999 raised
+    out of the poll (the page read thrown away, the limit recorded as a network error)."""
+    headers = httpx.Headers({"x-ratelimit-remaining": "0", "x-ratelimit-reset": reset})
+    for wait in (rate_limit_wait(headers), retry_after_of(headers)):
+        assert wait is None or 0.0 <= wait <= MAX_RETRY_AFTER
+    assert rate_limit_wait(headers) is not None  # spent: the API is left alone a while

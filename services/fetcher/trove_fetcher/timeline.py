@@ -337,7 +337,7 @@ def _seconds_until(value: str | None, now: datetime) -> float | None:
         except ValueError:
             try:
                 when = parsedate_to_datetime(value)
-            except (TypeError, ValueError, IndexError):
+            except (TypeError, ValueError, IndexError, OverflowError):  # a year past 9999
                 return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
