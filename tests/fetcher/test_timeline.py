@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,6 +20,8 @@ import pytest
 
 from tests.conftest import eventually
 from tests.fetcher._dns import dns_server
+from trove_discovery.follows import TimelineFollow
+from trove_discovery.shares import next_poll
 from trove_fetcher.errors import GateDeferred, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
@@ -39,7 +42,7 @@ from trove_sandbox.fediverse import (
     serve_instance,
 )
 from trove_schema.events import CrawlOutcome, TimelinePolled, TimelinePollRequested
-from trove_schema.settings import FetcherSettings
+from trove_schema.settings import DiscoverySettings, FetcherSettings
 from trove_schema.urls import canonicalize_or_none
 
 GAP = 0.12
@@ -193,6 +196,28 @@ async def test_first_poll_finds_the_api_through_nodeinfo_and_reads_back_the_back
             assert post.language == status.language
             assert post.shared_at == status.created_at
         assert (social.witness.min_gap(social.host) or 0.0) >= GAP
+
+
+async def test_a_timeline_empty_when_followed_without_backfill_gives_its_first_post(
+    client: httpx.AsyncClient,
+) -> None:
+    """Backfill 0 leaves out what was there before the follow, and nothing after it:
+    an empty timeline starts no cursor, so its next poll is a first poll again."""
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    followed = datetime.now(UTC)
+    follow = TimelineFollow(follow_id="follow-1", followed_at=followed, backfill=0)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=5)
+        first = request(social).model_copy(update={"backfill": 0})
+        empty = await polls.poll(first)
+        assert empty.outcome is CrawlOutcome.SUCCESS, empty.error_message
+        assert (empty.posts, empty.cursor_after) == ((), None)
+        after = follow.model_copy(update={"poll": 1, "polled_id": empty.id})
+        then, _ = next_poll(empty, after, DiscoverySettings(allowed_networks=()))
+        status = public_local_post(instance)
+        second = await polls.poll(then)
+        assert uris(second) == [instance.status_uri(status)]
+        assert second.cursor_after == status.sid
 
 
 async def test_a_tag_timeline_reads_the_tagged_posts_of_every_account(

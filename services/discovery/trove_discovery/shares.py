@@ -80,6 +80,12 @@ def next_poll(
 ) -> tuple[TimelinePollRequested, datetime]:
     """The chain's next request after ``event`` (``follow`` has it handled) and when."""
     at = event.completed_at + timedelta(seconds=poll_delay(event, follow.failures, settings))
+    backfill: int | None = follow.backfill
+    if follow.cursor is None and event.outcome is CrawlOutcome.SUCCESS and not event.more:
+        # The timeline was read and held nothing to start a cursor at: whatever it
+        # holds next came after the follow, so all of it is new (to the fetcher's own
+        # bound). The follow's backfill, 0 say, would have left its first post out.
+        backfill = None
     request = TimelinePollRequested(
         id=derived_event_id(event.id, "next-poll"),
         instance=event.instance,
@@ -87,7 +93,7 @@ def next_poll(
         timeline=event.timeline,
         follow_id=event.follow_id,
         cursor=follow.cursor,
-        backfill=follow.backfill,
+        backfill=backfill,
         api=event.api,
         software=event.software,
         software_version=event.software_version,
