@@ -11,11 +11,14 @@ import contextlib
 import hashlib
 import itertools
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from nats.aio.msg import Msg
+from nats.js.errors import NoKeysError
 
-from tests.conftest import eventually
+from tests.conftest import StackUrls, eventually
+from tests.support import services
 from trove_discovery.discovery import Discovery
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.bus import Bus, Consumer
@@ -335,3 +338,67 @@ async def test_a_rule_is_the_host_s_own(bus: Bus) -> None:
     found = set(await discovered(bus))
     assert {elsewhere, SITE + "/p/8"} <= found
     assert SITE + "/p/8?ref=p3" not in found
+
+
+async def test_a_hosts_rules_go_once_it_is_left_alone_and_stay_while_it_is_crawled(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """``TROVE_URL_RULES_TTL_SECONDS``, months in seconds: the bucket keeps the hosts of
+    the crawl's recent months, not every host it ever met (it grew for ever)."""
+    ttl = 3.0
+    env = {
+        "TROVE_URL_RULES_TTL_SECONDS": str(ttl),
+        "TROVE_RECRAWL_AFTER_SECONDS": "1",
+        "TROVE_RECRAWL_MAX_SECONDS": "2",
+    }
+
+    def fetched(host: str, n: int) -> CrawlCompleted:
+        now = utcnow()
+        scope = Scope(kind=ScopeKind.HOST, value=host, max_depth=5)
+        return CrawlCompleted(
+            url=f"https://{host}/p/{n}?ref=r{n}",
+            domain=host,
+            scope=scope,
+            request_id=f"work-{next(_ids)}",
+            outcome=CrawlOutcome.SUCCESS,
+            started_at=now,
+            completed_at=now,
+            content_hash=hashlib.sha256(f"{host}{n}".encode()).hexdigest(),
+            title="A page",
+            canonical_url=f"https://{host}/p/{n}",
+        )
+
+    rules = await bus.js.key_value(URL_RULES_BUCKET)
+
+    async def held() -> set[str]:
+        try:
+            return set(await rules.keys())
+        except NoKeysError:
+            return set()
+
+    async with services(stack, state_dir, env, only=("discovery",)):
+        await bus.publish(fetched("left.example", 0))
+        await bus.publish(fetched("crawled.example", 0))
+        both = await eventually(held, until=lambda keys: len(keys) == 2, timeout=30)
+        left_at = asyncio.get_running_loop().time()
+        n = 0
+        while True:  # the crawled host is fetched every second; the other no more
+            n += 1
+            await bus.publish(fetched("crawled.example", n))
+            keys = await held()
+            if len(keys) < 2:
+                break
+            assert asyncio.get_running_loop().time() - left_at < 6 * ttl, "nothing expired"
+            await asyncio.sleep(1.0)  # the crawled host's pace, the behaviour under test
+        assert len(keys) == 1
+        assert keys < both
+        # The one kept is the host still crawled, for as long again: its first record
+        # would have gone by now, each fetch wrote it anew.
+        for _ in range(int(ttl) + 1):
+            n += 1
+            await bus.publish(fetched("crawled.example", n))
+            await asyncio.sleep(1.0)
+        assert await held() == keys
+        reader = UrlRules(rules, ttl=0.0)
+        assert (await reader.rules_for("crawled.example")).names == {"ref"}
+        assert not await reader.rules_for("left.example")

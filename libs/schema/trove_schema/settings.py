@@ -170,6 +170,10 @@ class DiscoverySettings(CommonSettings):
     #: start a second chain of re-crawls, and the margin covers a late fetch and its
     #: retries. 0, the default, means twice the longest re-crawl interval.
     seen_ttl_seconds: float = Field(default=0.0, ge=0.0)
+    #: How long a host's URL alias record outlives the last page of it that taught it
+    #: something (nearly every fetch of a host that has one): the bucket holds the hosts
+    #: of the crawl's recent months, not every host it ever met. 0 keeps them for ever.
+    url_rules_ttl_seconds: float = Field(default=180 * 86_400.0, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
     #: A followed timeline is polled again this many seconds after a poll that read
@@ -221,6 +225,13 @@ class DiscoverySettings(CommonSettings):
                 f"the longest re-crawl interval ({self.recrawl_max:g}, "
                 "TROVE_RECRAWL_MAX_SECONDS): a page would be discovered again while its "
                 "re-crawl is pending"
+            )
+        if self.url_rules_ttl_seconds and self.url_rules_ttl_seconds <= self.recrawl_max:
+            raise ValueError(
+                f"TROVE_URL_RULES_TTL_SECONDS ({self.url_rules_ttl_seconds:g}) must be 0 or "
+                f"longer than the longest re-crawl interval ({self.recrawl_max:g}, "
+                "TROVE_RECRAWL_MAX_SECONDS): a host visited once a cycle would learn its "
+                "URL aliases again at every visit"
             )
         _check_schedules_kept(self.events_max_age_seconds, self.recrawl_max, "re-crawls")
         return self

@@ -115,6 +115,9 @@ class TopologyOptions:
     #: (``DiscoverySettings.seen_ttl``: longer than the longest re-crawl interval, so a page
     #: being re-crawled is never discovered a second time).
     seen_ttl: float = 60 * DAY
+    #: How long a host's URL alias record outlives its last write
+    #: (``DiscoverySettings.url_rules_ttl_seconds``); 0 keeps it for ever.
+    url_rules_ttl: float = 180 * DAY
     #: How many messages a consumer hands out before any is acked (per consumer, all pods).
     fetcher_max_ack_pending: int = 2000
     #: How long a fetch may hold a message before JetStream redelivers it.
@@ -305,6 +308,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             description="Per-host URL spellings learned to name the same page (aliases).",
             direct=True,
             history=1,
+            ttl=opts.url_rules_ttl,
             storage=storage,
             replicas=opts.replicas,
         ),

@@ -41,7 +41,9 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         raise SystemExit("discovery needs TROVE_NATS_URL")
     bus = await Bus.connect(settings.nats_url, name="trove-discovery")
     try:
-        options = TopologyOptions.from_settings(settings, seen_ttl=settings.seen_ttl)
+        options = TopologyOptions.from_settings(
+            settings, seen_ttl=settings.seen_ttl, url_rules_ttl=settings.url_rules_ttl_seconds
+        )
         await ensure_topology(bus.js, declare(options), owner="discovery")
         await check_recrawls_are_kept(bus, settings)
         url_rules = UrlRules(
