@@ -134,9 +134,9 @@ class UrlRules:
                 return
             try:
                 if revision is None:
-                    written = await self.kv.create(_key(host), new.to_json())
+                    written = await self.kv.create(record_key(host), new.to_json())
                 else:
-                    written = await self.kv.update(_key(host), new.to_json(), last=revision)
+                    written = await self.kv.update(record_key(host), new.to_json(), last=revision)
             except KeyWrongLastSequenceError:
                 # Another replica wrote first (or this one's copy was stale): read again.
                 record, rules, revision = await self._read(host)
@@ -165,7 +165,7 @@ class UrlRules:
     async def _read(self, host: str) -> tuple[HostAliases, Rules, int | None]:
         self.reads += 1
         try:
-            entry = await self.kv.get(_key(host))
+            entry = await self.kv.get(record_key(host))
         except KeyNotFoundError:
             found: tuple[HostAliases, Rules, int | None] = (EMPTY, NO_RULES, None)
         else:
@@ -175,7 +175,7 @@ class UrlRules:
         return found
 
 
-def _key(host: str) -> str:
+def record_key(host: str) -> str:
     return "h." + hashlib.sha256(host.encode()).hexdigest()[:40]
 
 
