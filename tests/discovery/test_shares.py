@@ -226,6 +226,7 @@ async def test_a_poll_discovers_the_shared_pages_and_schedules_the_next_once(
             first,
             posts=(post(1, "https://blog.example/a", "https://notes.example/"),),
             cursor_after="110",
+            recent_after=("100", "105"),
             api=f"{INSTANCE}/api/v1",
             software="mastodon",
         )
@@ -244,6 +245,7 @@ async def test_a_poll_discovers_the_shared_pages_and_schedules_the_next_once(
             second,
             posts=(post(2, "https://blog.example/a", "https://blog.example/b"),),
             cursor_after="130",
+            recent_after=("105", "120"),
             more=True,
         )
         seq = await publish_polled(bus, two)
@@ -270,12 +272,15 @@ async def test_a_poll_discovers_the_shared_pages_and_schedules_the_next_once(
         "mastodon",
         0,
     )
+    # What the poll read behind its cursor goes on with the chain, not read again.
+    assert second.recent == ("100", "105")
     assert {p.url for p in found_after[len(found) :]} == {
         "https://blog.example/b",
         f"{INSTANCE}/@ann/2",
     }
     third = fired[-1]
     assert (third.poll, third.cursor, third.follow_id) == (3, "130", first.follow_id)
+    assert third.recent == ("105", "120")
 
 
 @pytest.mark.usefixtures("clean")

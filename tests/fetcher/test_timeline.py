@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -127,6 +127,7 @@ def request(
             timeline=after.timeline,
             follow_id=after.follow_id,
             cursor=after.cursor_after,
+            recent=after.recent_after,
             api=after.api,
             software=after.software,
             software_version=after.software_version,
@@ -218,6 +219,55 @@ async def test_a_timeline_empty_when_followed_without_backfill_gives_its_first_p
         second = await polls.poll(then)
         assert uris(second) == [instance.status_uri(status)]
         assert second.cursor_after == status.sid
+
+
+@pytest.mark.parametrize("timeline", ["public", "tag:smallweb"])
+async def test_a_post_from_elsewhere_that_arrives_late_is_read_once(
+    client: httpx.AsyncClient, timeline: str
+) -> None:
+    """Mastodon numbers another instance's post by the time it was published, not by
+    its arrival: one that arrives after a newer post was read lands behind the cursor.
+    The poll reads a lookback behind it again, and leaves alone what it read there."""
+    instance = FediverseInstance.generate(posts=12, seed=11)
+    tag = timeline.removeprefix("tag:") if timeline.startswith("tag:") else None
+    for _ in range(3):
+        instance.add_post("ada", visibility="public", tags=[tag] if tag else None)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=5, lookback=3600.0)
+        first = await polls.poll(request(social, timeline=timeline))
+        assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.posts
+        remote = next(a.acct for a in instance.accounts if not a.local)
+        tags = [tag] if tag else None
+        late = instance.add_late_post(remote, published_before=timedelta(minutes=20), tags=tags)
+        newer = instance.add_post("ada", visibility="public", tags=tags)
+        too_late = instance.add_late_post(remote, published_before=timedelta(hours=3), tags=tags)
+
+        second = await polls.poll(request(social, after=first))
+        assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
+        assert set(uris(second)) == {instance.status_uri(late), instance.status_uri(newer)}
+        assert second.cursor_after == newer.sid  # never moved back by the late post
+        third = await polls.poll(request(social, after=second))
+        assert uris(third) == []  # what the lookback read once is not read again
+        assert third.cursor_after == newer.sid
+        # A post later than the lookback is not found: the bound is the setting.
+        assert instance.status_uri(too_late) not in set(uris(first) + uris(second))
+
+
+async def test_the_local_timeline_is_read_from_its_cursor_only(
+    client: httpx.AsyncClient,
+) -> None:
+    """Only the instance's own posts are on it, numbered as they are made."""
+    instance = FediverseInstance.generate(posts=20, seed=5)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=5, lookback=3600.0)
+        first = await polls.poll(request(social))
+        newer = public_local_post(instance)
+        before = len(api_queries(social))
+        second = await polls.poll(request(social, after=first))
+        assert api_queries(social)[before].get("min_id") == [first.cursor_after]
+        assert uris(second) == [instance.status_uri(newer)]
+        assert second.recent_after == ()
 
 
 async def test_a_tag_timeline_reads_the_tagged_posts_of_every_account(

@@ -9,6 +9,7 @@ time, opt accounts out, rate-limit the API and make it misbehave.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import html
 import itertools
@@ -471,6 +472,25 @@ class FediverseInstance:
         self._statuses.append(status)
         self._huge = None
         return status
+
+    def add_late_post(
+        self, account: str, *, published_before: timedelta, tags: Sequence[str] | None = None
+    ) -> Status:
+        """A post of another instance's ``account`` that arrives now, published
+        ``published_before`` the newest post: Mastodon gives it the id of its publication
+        time (``Mastodon::Snowflake.id_at``), so it lands behind posts already read."""
+        newest = self._statuses[-1]
+        status = self.add_post(account, visibility="public", tags=tags)
+        self._statuses.pop()
+        created = newest.created_at - published_before
+        taken = {s.id for s in self._statuses}
+        late_id = _snowflake(created, len(self._statuses))
+        while late_id in taken:
+            late_id += 1
+        late = replace(status, id=late_id, created_at=created)
+        bisect.insort(self._statuses, late, key=lambda s: s.id)
+        self._huge = None
+        return late
 
     def add_posts(self, count: int) -> list[Status]:
         return [self.add_post() for _ in range(count)]

@@ -491,7 +491,7 @@ def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> boo
     return candidate.confirmed >= limits.confirmations
 
 
-def _has_room(candidates: dict[str, Candidate], limits: AliasLimits) -> bool:
+def _has_room(candidates: Mapping[str, Candidate], limits: AliasLimits) -> bool:
     """Whether ``_make_room`` would find room for a new key."""
     if len(candidates) < limits.max_candidates:
         return True

@@ -181,6 +181,10 @@ AccountText = Annotated[str, Storable(320)]
 LanguageText = Annotated[str, Storable(35)]
 #: A timeline of a followed instance: ``local``, ``public`` or ``tag:NAME``.
 TimelineName = Annotated[str, Field(pattern=r"^(local|public|tag:[A-Za-z0-9_]{1,100})$")]
+#: A post id as an instance's API gives it.
+PostId = Annotated[str, Storable(200)]
+#: Most ids a poll chain carries of the posts it read behind its cursor.
+MAX_RECENT_POSTS = 200
 
 
 class Share(Frozen):
@@ -466,7 +470,10 @@ class TimelinePollRequested(Event):
     #: The ``InstanceFollowed`` this chain belongs to (a new follow starts a new chain).
     follow_id: str
     #: The newest post id handled (the API's ``min_id``); None before the first poll.
-    cursor: Annotated[str, Storable(200)] | None = None
+    cursor: PostId | None = None
+    #: Ids of the posts handled in the lookback behind the cursor (the poller reads it
+    #: again, for posts that reached the instance after a newer one): not handled twice.
+    recent: tuple[PostId, ...] = Field(default=(), max_length=MAX_RECENT_POSTS)
     #: Posts to read back while there is no cursor yet (the follow's ``backfill``);
     #: None: the fetcher's own bound.
     backfill: int | None = Field(default=None, ge=0, le=1000)
@@ -522,6 +529,8 @@ class TimelinePolled(Event):
     #: new was read or the poll failed: the cursor is never lost).
     cursor_before: Annotated[str, Storable(200)] | None = None
     cursor_after: Annotated[str, Storable(200)] | None = None
+    #: The ids handled in the lookback behind ``cursor_after``, for the next request.
+    recent_after: tuple[PostId, ...] = Field(default=(), max_length=MAX_RECENT_POSTS)
     #: There is more to read past ``cursor_after`` (the poll stopped at its page bound).
     more: bool = False
     posts: tuple[SharedPost, ...] = Field(default=(), max_length=1000)

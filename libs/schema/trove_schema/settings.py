@@ -258,6 +258,9 @@ class FetcherSettings(CommonSettings):
     max_ack_pending: int = Field(default=2000, ge=1)
     #: How long a pod may hold a work message before JetStream gives it to another pod.
     ack_wait_seconds: float = Field(default=90.0, ge=5.0)
+    #: How far behind its cursor a poll of a timeline with other instances' posts
+    #: (``public``, tags) reads again, for posts that arrived after a newer one; 0: none.
+    poll_lookback_seconds: float = Field(default=600.0, ge=0.0, le=86_400.0)
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=10.0, gt=0)
     request_timeout: float = Field(default=30.0, gt=0)

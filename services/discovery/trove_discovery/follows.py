@@ -347,6 +347,9 @@ class TimelineFollow(BaseModel):
     poll: int = 0
     polled_id: str | None = None
     cursor: str | None = None
+    #: The ids the last poll handled in the lookback behind the cursor (the next reads
+    #: it again for late posts, and leaves these alone).
+    recent: tuple[str, ...] = ()
     failures: int = 0
 
     @property
@@ -407,6 +410,7 @@ async def start_polls(bus: Bus, followed: InstanceFollowed, follow: TimelineFoll
         timeline=followed.timeline,
         follow_id=followed.id,
         cursor=follow.cursor,
+        recent=follow.recent,
         backfill=follow.backfill,
         poll=1,
         not_before=now,

@@ -93,6 +93,7 @@ def next_poll(
         timeline=event.timeline,
         follow_id=event.follow_id,
         cursor=follow.cursor,
+        recent=follow.recent,
         backfill=backfill,
         api=event.api,
         software=event.software,
@@ -211,6 +212,7 @@ class Shares:
                     "poll": event.poll,
                     "polled_id": event.id,
                     "cursor": event.cursor_after if event.cursor_after else follow.cursor,
+                    "recent": follow.recent if failed else event.recent_after,
                     "failures": follow.failures + 1 if failed else 0,
                 }
             )

@@ -120,6 +120,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             work_max_age=settings.work_max_age_seconds,
             max_message_bytes=await _message_limit(bus, settings.max_message_bytes),
             ack_wait=settings.ack_wait_seconds,
+            poll_lookback=settings.poll_lookback_seconds,
             allowed_networks=settings.allowed_networks,
             exclusions=exclusions,
             listed=listed,

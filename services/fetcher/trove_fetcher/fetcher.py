@@ -189,6 +189,7 @@ class Fetcher:
         clock: Clock | None = None,
         network_away: Callable[[str], NetworkAway | None] = lambda host: None,
         stopping: asyncio.Event | None = None,
+        poll_lookback: float = 600.0,
     ) -> None:
         self.bus = bus
         #: Whether work for a host meets the pod's own network away: its nameservers
@@ -230,6 +231,7 @@ class Fetcher:
             robots_allows=self._poll_allowed,
             allowed_networks=allowed_networks,
             max_message_bytes=max_message_bytes,
+            lookback=poll_lookback,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: The furthest slot this pod has planned (on ``clock``), for the gauge.

@@ -20,6 +20,13 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
   cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
   a post be handled twice.
+* **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
+  numbers a post from elsewhere by the time it was published, not by its arrival: one
+  that arrives after a newer post was read lands behind the cursor. Such a timeline is
+  read from ``lookback`` seconds behind the cursor (snowflake ids tell their time);
+  the ids handled there (``recent``, at most ``MAX_RECENT_POSTS``, carried by the chain)
+  are left alone, and a late post never moves the cursor back. ``local`` holds only
+  the instance's own posts, numbered as they are made: read from the cursor.
 
 **Politeness.** Every request (NodeInfo, each page, each same-host redirect hop) is
 asked of ``robots_allows`` and made inside ``gate(url)``, which the fetcher implements
@@ -83,6 +90,7 @@ from trove_fetcher.http import (
 )
 from trove_fetcher.nodeinfo import WELL_KNOWN_PATH, Software, document_link, software_of
 from trove_schema.events import (
+    MAX_RECENT_POSTS,
     MAX_URL_LENGTH,
     CrawlOutcome,
     SharedPost,
@@ -136,6 +144,27 @@ def id_key(post_id: str) -> tuple[int, int, str]:
     if post_id.isascii() and post_id.isdigit():
         return (0, int(post_id), "")
     return (1, 0, post_id)
+
+
+#: Mastodon's ids are the milliseconds since the epoch above 16 bits of sequence
+#: (``Mastodon::Snowflake``): an id at least this large is one (a time past 2001).
+_SNOWFLAKE_FLOOR = 1_000_000_000_000 << 16
+
+
+def lookback_floor(timeline: str, cursor: str | None, lookback: float) -> int | None:
+    """The id a poll reads from, ``lookback`` seconds behind ``cursor``; None: the cursor.
+
+    Mastodon gives a post from another instance the id of the time it was published,
+    not of its arrival: one that arrives after a newer post was read lands behind the
+    cursor, where reading on from the cursor never finds it. So timelines that carry
+    other instances' posts (``public``, tags) are read again a little way back, where
+    the ids tell their time (snowflakes); ``local`` only holds the instance's own.
+    """
+    if timeline == "local" or lookback <= 0 or cursor is None:
+        return None
+    if not (cursor.isascii() and cursor.isdigit()) or int(cursor) < _SNOWFLAKE_FLOOR:
+        return None
+    return max(0, (int(cursor) >> 16) - int(lookback * 1000)) << 16
 
 
 def _post_id(value: Any) -> str | None:
@@ -460,6 +489,12 @@ class _Progress:
 
     cursor: str | None
     budget: int
+    #: Read again behind the cursor down to this id (``lookback_floor``), leaving alone
+    #: the ``recent`` ids handled there before.
+    floor: int | None = None
+    recent: frozenset[str] = frozenset()
+    #: The newest id on the last page read (of the timeline's kind).
+    page_top: str | None = None
     api: str | None = None
     software: str | None = None
     version: str | None = None
@@ -506,9 +541,22 @@ class _Progress:
         return same
 
     def is_new(self, post_id: str) -> bool:
-        if post_id in self.seen:
+        if post_id in self.seen or post_id in self.recent:
             return False
-        return self.cursor is None or id_key(post_id) > id_key(self.cursor)
+        if self.cursor is None:
+            return True
+        key = id_key(post_id)
+        if key > id_key(self.cursor):
+            return True
+        return self.floor is not None and key[0] == 0 and key[1] > self.floor
+
+    def behind(self) -> bool:
+        """The last page read lay wholly in the lookback, at or behind the cursor (without
+        one, a page behind the cursor is the server's misstep)."""
+        top, cursor = self.page_top, self.cursor
+        if self.floor is None or top is None or cursor is None:
+            return False
+        return id_key(top) <= id_key(cursor)
 
     def add(self, post: SharedPost) -> bool:
         """Keep ``post`` if the event has room for it; False (and ``full``) when not.
@@ -569,6 +617,7 @@ class TimelinePoller:
         backfill: int | None = None,
         allowed_networks: Sequence[str] = (),
         max_message_bytes: int = 1 << 20,
+        lookback: float = 600.0,
     ) -> None:
         if max_pages < 1 or not 1 <= page_limit <= 40:
             raise ValueError("max_pages must be >= 1 and page_limit within 1..40")
@@ -581,13 +630,21 @@ class TimelinePoller:
         self._backfill = max_pages * page_limit if backfill is None else max(0, backfill)
         self._networks = tuple(allowed_networks)
         self._budget = max(1024, event_budget(max_message_bytes) - _ENVELOPE)
+        self._lookback = lookback
 
     async def poll(self, request: TimelinePollRequested) -> TimelinePolled:
         """Read the timeline from the request's cursor on. Never raises for what the
         instance sends; the gate's and ``robots_allows``' own errors pass through."""
         started = utcnow()
+        floor = lookback_floor(request.timeline, request.cursor, self._lookback)
+        recent = [i for i in request.recent if i.isascii() and i.isdigit()]
+        if floor is not None and len(recent) >= MAX_RECENT_POSTS:
+            # A window busier than the ids kept of it: read back only as far as they go.
+            floor = max(floor, min(int(i) for i in recent))
         progress = _Progress(
             cursor=request.cursor,
+            floor=floor,
+            recent=frozenset(recent),
             budget=self._budget,
             software=request.software,
             version=request.software_version,
@@ -658,7 +715,8 @@ class TimelinePoller:
         self, api: str, timeline: str, cursor: str, host: str, progress: _Progress
     ) -> None:
         limit = self._page_limit
-        url = timeline_url(api, timeline, limit=limit, min_id=cursor)
+        start = cursor if progress.floor is None else str(progress.floor)
+        url = timeline_url(api, timeline, limit=limit, min_id=start)
         requested: set[str] = set()
         for _ in range(self._max_pages):
             requested.add(url)
@@ -670,16 +728,16 @@ class TimelinePoller:
                 return
             if len(entries) < limit:
                 return  # caught up
-            if new == 0:
+            if new == 0 and not progress.behind():
                 progress.note = "the instance served a page of posts already read"
                 return
             if progress.rate_spent:
                 progress.more = True
                 return
             following = link_relation(answer.headers, "prev", answer.url)
-            if following is None and progress.newest is not None:
-                # No usable Link (some servers send none): the page after the newest post.
-                following = timeline_url(api, timeline, limit=limit, min_id=progress.newest)
+            if following is None and progress.page_top is not None:
+                # No usable Link (some servers send none): the page after the page's newest.
+                following = timeline_url(api, timeline, limit=limit, min_id=progress.page_top)
             if following is None:
                 progress.more = True
                 return
@@ -750,6 +808,8 @@ class TimelinePoller:
         progress.malformed += sum(1 for entry in read if entry.id is None)
         usable = progress.of_the_timelines_kind(usable)
         usable.sort(key=lambda entry: id_key(entry.id or ""), reverse=not oldest_first)
+        if usable:
+            progress.page_top = (usable[-1] if oldest_first else usable[0]).id
         new = 0
         first_page = progress.pages == 0 and progress.cursor is None
         progress.pages += 1
@@ -954,6 +1014,11 @@ class TimelinePoller:
             "retry_after": progress.retry_after,
             "rate_limited": progress.rate_spent or status in (429, 503),
         }
+        cursor_after = request.cursor
+        newest = None if failed else progress.newest
+        # A late post read behind the cursor never moves it back.
+        if newest is not None and (cursor_after is None or id_key(newest) > id_key(cursor_after)):
+            cursor_after = newest
         try:
             return TimelinePolled(
                 **base,
@@ -964,7 +1029,10 @@ class TimelinePoller:
                 api=progress.api,
                 software=progress.software,
                 software_version=progress.version,
-                cursor_after=request.cursor if failed else (progress.newest or request.cursor),
+                cursor_after=cursor_after,
+                recent_after=request.recent
+                if failed
+                else self._recent(request, progress, cursor_after),
                 more=progress.more and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
@@ -977,4 +1045,20 @@ class TimelinePoller:
                 error_message=f"could not record the poll: {exc}"[:_MAX_MESSAGE],
                 completed_at=utcnow(),
                 cursor_after=request.cursor,
+                recent_after=request.recent,
             )
+
+    def _recent(
+        self, request: TimelinePollRequested, progress: _Progress, cursor: str | None
+    ) -> tuple[str, ...]:
+        """The ids handled in the lookback behind ``cursor``: the next poll's ``recent``."""
+        floor = lookback_floor(request.timeline, cursor, self._lookback)
+        if floor is None or cursor is None:
+            return ()
+        top = int(cursor)
+        handled = {
+            int(post_id)
+            for post_id in (*progress.recent, *progress.seen)
+            if post_id.isascii() and post_id.isdigit() and floor < int(post_id) <= top
+        }
+        return tuple(str(post_id) for post_id in sorted(handled)[-MAX_RECENT_POSTS:])
