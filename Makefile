@@ -9,7 +9,9 @@ SEEDS  ?=
 PYTEST_ARGS ?=
 # The suite waits on brokers, databases and politeness gaps far more than it computes:
 # two workers, each with its own nats-server and Postgres, halve its time on two cores.
-TEST_WORKERS ?= 2
+# Against external servers (TROVE_NATS_URL, TROVE_DATABASE_URL) the workers would share
+# them, and each test's reset would pull the other's state away: one process then.
+TEST_WORKERS ?= $(if $(TROVE_NATS_URL)$(TROVE_DATABASE_URL),0,2)
 FUZZ_ARGS ?=
 
 .PHONY: install run test lint typecheck bench fuzz faults asyncapi smoke clean

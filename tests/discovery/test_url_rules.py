@@ -344,13 +344,27 @@ async def test_a_hosts_rules_go_once_it_is_left_alone_and_stay_while_it_is_crawl
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
     """``TROVE_URL_RULES_TTL_SECONDS``, months in seconds: the bucket keeps the hosts of
-    the crawl's recent months, not every host it ever met (it grew for ever)."""
-    ttl = 3.0
+    the crawl's recent months, not every host it ever met (it grew for ever). A host
+    still crawled keeps its rules though its pages teach nothing new (304s)."""
+    ttl = 5.0
     env = {
         "TROVE_URL_RULES_TTL_SECONDS": str(ttl),
         "TROVE_RECRAWL_AFTER_SECONDS": "1",
         "TROVE_RECRAWL_MAX_SECONDS": "2",
     }
+
+    def unchanged(host: str, n: int) -> CrawlCompleted:
+        now = utcnow()
+        return CrawlCompleted(
+            url=f"https://{host}/p/{n}",
+            domain=host,
+            scope=Scope(kind=ScopeKind.HOST, value=host, max_depth=5),
+            request_id=f"work-{next(_ids)}",
+            outcome=CrawlOutcome.NOT_MODIFIED,
+            status_code=304,
+            started_at=now,
+            completed_at=now,
+        )
 
     def fetched(host: str, n: int) -> CrawlCompleted:
         now = utcnow()
@@ -383,23 +397,24 @@ async def test_a_hosts_rules_go_once_it_is_left_alone_and_stay_while_it_is_crawl
     async with services(stack, state_dir, env, only=("discovery",)):
         await bus.publish(fetched("left.example", 0))
         await bus.publish(fetched("crawled.example", 0))
+        await bus.publish(fetched("crawled.example", 1))  # two values: ``ref`` learned
         await eventually(held, until=lambda keys: len(keys) == 2, timeout=30)
         left_at = asyncio.get_running_loop().time()
         n = 0
-        while True:  # the crawled host is fetched every second; the other no more
+        while True:  # the crawled host answers 304 every second; the other is not asked
             n += 1
-            await bus.publish(fetched("crawled.example", n))
+            await bus.publish(unchanged("crawled.example", n % 2))
             keys = await held()
             if len(keys) < 2:
                 break
             assert asyncio.get_running_loop().time() - left_at < 6 * ttl, "nothing expired"
             await asyncio.sleep(1.0)  # the crawled host's pace, the behaviour under test
         assert keys == {"crawled.example"}
-        # The one kept is the host still crawled, for as long again: its first record
-        # would have gone by now, each fetch wrote it anew.
+        # The one kept is the host still crawled, for as long again: its record as it
+        # was learned would have gone by now, discovery wrote it again.
         for _ in range(int(ttl) + 1):
             n += 1
-            await bus.publish(fetched("crawled.example", n))
+            await bus.publish(unchanged("crawled.example", n % 2))
             await asyncio.sleep(1.0)
         assert await held() == keys
         reader = UrlRules(rules, ttl=0.0)

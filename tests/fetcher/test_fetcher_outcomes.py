@@ -270,11 +270,12 @@ class BrokenGate(Politeness):
         reserved: bool = False,
         ahead: float = 0.0,
         follow_moves: bool = False,
+        queue: bool = True,
     ) -> Granted | Deferred | Moved:
         if self.armed and self.released:
             raise self.error
         return await super().acquire(
-            domain, now, reserved=reserved, ahead=ahead, follow_moves=follow_moves
+            domain, now, reserved=reserved, ahead=ahead, follow_moves=follow_moves, queue=queue
         )
 
     async def finish(self, *args: Any, **kwargs: Any) -> HostPolicy:

@@ -290,6 +290,10 @@ async def test_a_pause_defers_every_url_of_the_host_to_its_end(bus: Bus) -> None
     slots = [d.at for d in fresh if isinstance(d, Deferred)]
     assert slots[0] == pytest.approx(pause_end)
     assert all(b - a == pytest.approx(10.0) for a, b in itertools.pairwise(slots))
+    # A timeline poll has no place in the queue: it comes back at the pause's end.
+    poll = await p2.acquire("down.example", pause_end - 1.0, reserved=True, queue=False)
+    assert isinstance(poll, Deferred)
+    assert poll.at == pytest.approx(pause_end)
     back = await p2.acquire("down.example", pause_end - 1.0, reserved=True)
     assert isinstance(back, Deferred)
     assert back.at == pytest.approx(slots[-1] + 10.0)

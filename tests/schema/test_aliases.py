@@ -7,6 +7,7 @@ import hashlib
 from trove_schema.aliases import (
     EMPTY,
     AliasLimits,
+    Candidate,
     HostAliases,
     Rules,
     observe,
@@ -246,3 +247,10 @@ def test_a_full_record_holds_no_link_for_a_name_it_cannot_track() -> None:
     record = fetched(record, "/p/1?ref=a", canonical="/p/1")
     record = fetched(record, "/p/2?ref=b", canonical="/p/2")
     assert "ref" not in record.rules().names
+    # An index name whose one spelling the record holds, contradicted, and whose other
+    # it has no room for: decided too.
+    candidates = dict(record.candidates)
+    candidates.pop(next(iter(candidates)))
+    candidates["i:index.html/"] = Candidate(0, True)
+    full = HostAliases(candidates, record.samples, record.events)
+    assert undecided(full, SITE + "/a/index.html") == []

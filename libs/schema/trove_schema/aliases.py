@@ -159,10 +159,12 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
     name = spelling.path[spelling.path.rfind("/") + 1 :]
     if name in INDEX_NAMES:
         held = [candidates.get(INDEX + name + "/"), candidates.get(INDEX + name)]
-        slash, bare = (c or Candidate() for c in held)
+        # One the record has no room for can never be learned: as good as contradicted.
+        missing = Candidate() if trackable else Candidate(0, True, (), 0)
+        slash, bare = (c or missing for c in held)
         tried = slash.tried() + bare.confirmed
         open_ = not (slash.contradicted and bare.contradicted) and tried < limits.confirmations
-        if open_ and (trackable or any(c is not None for c in held)):
+        if open_:
             found.append(INDEX + name)
     return found
 

@@ -170,10 +170,10 @@ class DiscoverySettings(CommonSettings):
     #: start a second chain of re-crawls, and the margin covers a late fetch and its
     #: retries. 0, the default, means twice the longest re-crawl interval.
     seen_ttl_seconds: float = Field(default=0.0, ge=0.0)
-    #: How long a host's URL alias record outlives the last page of it that taught it
-    #: something (nearly every fetch of a host that has one): the bucket holds the hosts
-    #: of the crawl's recent months, not every host it ever met. 0 keeps them for ever.
-    url_rules_ttl_seconds: float = Field(default=180 * 86_400.0, ge=0.0)
+    #: How long a host's URL alias record outlives its last write: the bucket holds the
+    #: hosts of the crawl's recent months, not every host it ever met. Unset: 180 days,
+    #: or twice the longest re-crawl interval if that is longer; 0 keeps them for ever.
+    url_rules_ttl_seconds: float | None = Field(default=None, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
     #: A followed timeline is polled again this many seconds after a poll that read
@@ -247,6 +247,12 @@ class DiscoverySettings(CommonSettings):
     @property
     def seen_ttl(self) -> float:
         return self.seen_ttl_seconds or 2 * self.recrawl_max
+
+    @property
+    def url_rules_ttl(self) -> float:
+        if self.url_rules_ttl_seconds is not None:
+            return self.url_rules_ttl_seconds
+        return max(180 * 86_400.0, 2 * self.recrawl_max)
 
 
 class FetcherSettings(CommonSettings):

@@ -42,7 +42,7 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
     bus = await Bus.connect(settings.nats_url, name="trove-discovery")
     try:
         options = TopologyOptions.from_settings(
-            settings, seen_ttl=settings.seen_ttl, url_rules_ttl=settings.url_rules_ttl_seconds
+            settings, seen_ttl=settings.seen_ttl, url_rules_ttl=settings.url_rules_ttl
         )
         await ensure_topology(bus.js, declare(options), owner="discovery")
         await check_recrawls_are_kept(bus, settings)
@@ -50,6 +50,9 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
             await bus.js.key_value(URL_RULES_BUCKET),
             ttl=settings.url_rules_cache_seconds,
             limits=AliasLimits(confirmations=settings.alias_confirmations),
+            # A quarter of the record's life: a host still crawled is written well
+            # before its record would go.
+            refresh=settings.url_rules_ttl / 4,
         )
         listed = ListedExclusions(
             Exclusions.from_settings(settings),

@@ -66,6 +66,7 @@ class UrlRules:
         limits: AliasLimits = DEFAULT_LIMITS,
         capacity: int = CACHE_HOSTS,
         clock: Callable[[], float] = time.monotonic,
+        refresh: float = 0.0,
     ) -> None:
         self.kv = kv
         self.limits = limits
@@ -80,6 +81,13 @@ class UrlRules:
         self._probes: Recent[int] = Recent(PROBE_MEMORY, ttl=PROBE_TTL, clock=clock)
         #: Reads of the bucket this replica made (for tests and the curious).
         self.reads = 0
+        #: Hosts whose record this replica wrote within ``refresh`` seconds (an entry
+        #: lives a half to a whole of it). The bucket forgets a record its TTL after its
+        #: last write; a host fetched meanwhile keeps it, though its fetches teach
+        #: nothing new (304s, pages already sampled). 0: never written but to learn.
+        self._kept: Recent[bool] | None = (
+            Recent(capacity, ttl=refresh / 2, clock=clock) if refresh > 0 else None
+        )
 
     async def rules_for(self, host: str) -> Rules:
         """The host's rules, as the bucket held them at most ``ttl`` seconds ago."""
@@ -109,13 +117,29 @@ class UrlRules:
         page's own content is evidence: a maintenance page, a login wall or an app
         shell served for every URL has one hash for all, and would teach that every
         parameter is noise, for good (no spelling carrying one is asked again)."""
-        if event.outcome is not CrawlOutcome.SUCCESS or not event.content_hash:
-            return
-        if not usable(event):
+        if event.outcome not in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED):
             return
         host = event.domain
+        evidence = event.outcome is CrawlOutcome.SUCCESS and bool(event.content_hash)
         async with self._learning.of(host):
-            await self._learn(host, event)
+            if evidence and usable(event):
+                await self._learn(host, event)
+            await self._keep(host)
+
+    async def _keep(self, host: str) -> None:
+        """Write the host's record again, as it is, if this replica has not written it
+        within ``refresh``: the host is still crawled, so its rules stay."""
+        if self._kept is None or self._kept.get(host):
+            return
+        record, rules, revision = await self._load(host)
+        if revision is not None:
+            try:
+                written = await self.kv.update(record_key(host), record.to_json(), last=revision)
+            except KeyWrongLastSequenceError:
+                self._cache.forget(host)  # another replica wrote it: as good as kept
+            else:
+                self._cache.remember(host, (record, rules, written))
+        self._kept.remember(host, True)
 
     async def _learn(self, host: str, event: CrawlCompleted) -> None:
         record, rules, revision = await self._load(host)
@@ -143,6 +167,8 @@ class UrlRules:
                 continue
             learned = new.rules(self.limits)
             self._cache.remember(host, (new, learned, written))
+            if self._kept is not None:
+                self._kept.remember(host, True)
             if learned != rules:
                 log.info(
                     "url rules changed",

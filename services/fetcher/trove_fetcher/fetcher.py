@@ -349,7 +349,13 @@ class Fetcher:
 
     @overload
     async def _acquire(
-        self, domain: str, reserved: bool, *, patience: float = ..., until: float | None = ...
+        self,
+        domain: str,
+        reserved: bool,
+        *,
+        patience: float = ...,
+        until: float | None = ...,
+        queue: bool = ...,
     ) -> Granted | Deferred: ...
 
     @overload
@@ -365,6 +371,7 @@ class Fetcher:
         follow_moves: bool = False,
         patience: float = LOCAL_WAIT,
         until: float | None = None,
+        queue: bool = True,
     ) -> Granted | Deferred | Moved:
         """The domain's lease now or after a wait in the task of ``patience`` at most
         (each wait, and none past ``until`` on the fetcher's clock); else a far slot.
@@ -379,7 +386,12 @@ class Fetcher:
         while True:
             now = self.clock.now()
             decision = await self.politeness.acquire(
-                domain, now, reserved=reserved, ahead=LOCAL_WAIT, follow_moves=follow_moves
+                domain,
+                now,
+                reserved=reserved,
+                ahead=LOCAL_WAIT,
+                follow_moves=follow_moves,
+                queue=queue,
             )
             if isinstance(decision, Moved):
                 return decision
@@ -866,7 +878,7 @@ class Fetcher:
         for ever by a host whose free moments other work keeps taking)."""
         longest = self.politeness.config.max_delay
         deadline = _POLL_DEADLINE.get()
-        return await self._acquire(domain, True, patience=longest, until=deadline)
+        return await self._acquire(domain, True, patience=longest, until=deadline, queue=False)
 
     @contextlib.asynccontextmanager
     async def _poll_gate(self, url: str) -> AsyncIterator[None]:

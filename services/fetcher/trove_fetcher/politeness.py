@@ -193,6 +193,7 @@ class Politeness:
         reserved: bool = False,
         ahead: float = 0.0,
         follow_moves: bool = False,
+        queue: bool = True,
     ) -> Granted | Deferred | Moved:
         """Take the domain's lease at ``now``, or say when to come back.
 
@@ -204,7 +205,10 @@ class Politeness:
         the moment the host is free: a fresh message behind reservations takes a slot
         of its own, since a lease taken for a later start would hold the host idle
         while the messages that came before it wait. With ``follow_moves``, a host whose
-        policy says it moved answers ``Moved``, and nothing is written.
+        policy says it moved answers ``Moved``, and nothing is written. A reserved
+        message that finds the host paused takes a place behind the pause, unless
+        ``queue`` is false (a timeline poll, which has no place: it comes back at the
+        pause's end, and takes the host's next free moment then).
         """
         key = self.key(domain)
         async with self._turns.of(key):
@@ -246,7 +250,7 @@ class Politeness:
                 # to come back a gap later, again and again until the last (n² look-ups for
                 # a host with n queued pages): they take places one gap apart behind the
                 # pause instead, as fresh ones do.
-                if reserved and slot.backoff_until <= now:
+                if reserved and (slot.backoff_until <= now or not queue):
                     if guess is not None:  # a wait that writes nothing: only on the bucket's word
                         guess = None
                         continue

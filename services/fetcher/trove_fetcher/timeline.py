@@ -22,11 +22,12 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   a post be handled twice.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
-  that arrives after a newer post was read lands behind the cursor. Such a timeline is
-  read from ``lookback`` seconds behind the cursor (snowflake ids tell their time);
-  the ids handled there (``recent``, at most ``MAX_RECENT_POSTS``, carried by the chain)
-  are left alone, and a late post never moves the cursor back. ``local`` holds only
-  the instance's own posts, numbered as they are made: read from the cursor.
+  that arrives after a newer post was read lands behind the cursor. A poll of such a
+  timeline first reads one page behind the cursor, the newest posts within
+  ``lookback`` seconds (snowflake ids tell their time); the ids handled there
+  (``recent``, at most ``MAX_RECENT_POSTS``, carried by the chain) are left alone, and a
+  late post never moves the cursor back. ``local`` holds only the instance's own
+  posts, numbered as they are made: read from the cursor.
 
 **Politeness.** Every request (NodeInfo, each page, each same-host redirect hop) is
 asked of ``robots_allows`` and made inside ``gate(url)``, which the fetcher implements
@@ -149,6 +150,10 @@ def id_key(post_id: str) -> tuple[int, int, str]:
 #: Mastodon's ids are the milliseconds since the epoch above 16 bits of sequence
 #: (``Mastodon::Snowflake``): an id at least this large is one (a time past 2001).
 _SNOWFLAKE_FLOOR = 1_000_000_000_000 << 16
+#: Mastodon's ids are a 64-bit integer: at most this many digits.
+_SNOWFLAKE_DIGITS = 19
+#: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
+_RECENT_ID_BYTES = _SNOWFLAKE_DIGITS + 3
 
 
 def lookback_floor(timeline: str, cursor: str | None, lookback: float) -> int | None:
@@ -162,7 +167,9 @@ def lookback_floor(timeline: str, cursor: str | None, lookback: float) -> int | 
     """
     if timeline == "local" or lookback <= 0 or cursor is None:
         return None
-    if not (cursor.isascii() and cursor.isdigit()) or int(cursor) < _SNOWFLAKE_FLOOR:
+    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > _SNOWFLAKE_DIGITS:
+        return None
+    if int(cursor) < _SNOWFLAKE_FLOOR:
         return None
     return max(0, (int(cursor) >> 16) - int(lookback * 1000)) << 16
 
@@ -429,7 +436,15 @@ def link_relation(headers: httpx.Headers, rel: str, current: str) -> str | None:
     return None
 
 
-def timeline_url(api: str, timeline: str, *, limit: int, min_id: str | None = None) -> str:
+def timeline_url(
+    api: str,
+    timeline: str,
+    *,
+    limit: int,
+    min_id: str | None = None,
+    since_id: str | None = None,
+    max_id: str | None = None,
+) -> str:
     """The first page's URL of ``timeline`` (``local``, ``public``, ``tag:NAME``)."""
     params: list[tuple[str, str]] = []
     if timeline.startswith("tag:"):
@@ -439,8 +454,9 @@ def timeline_url(api: str, timeline: str, *, limit: int, min_id: str | None = No
         if timeline == "local":
             params.append(("local", "true"))
     params.append(("limit", str(limit)))
-    if min_id is not None:
-        params.append(("min_id", min_id))
+    for name, value in (("min_id", min_id), ("since_id", since_id), ("max_id", max_id)):
+        if value is not None:
+            params.append((name, value))
     return f"{api.rstrip('/')}{path}?{urlencode(params)}"
 
 
@@ -550,14 +566,6 @@ class _Progress:
             return True
         return self.floor is not None and key[0] == 0 and key[1] > self.floor
 
-    def behind(self) -> bool:
-        """The last page read lay wholly in the lookback, at or behind the cursor (without
-        one, a page behind the cursor is the server's misstep)."""
-        top, cursor = self.page_top, self.cursor
-        if self.floor is None or top is None or cursor is None:
-            return False
-        return id_key(top) <= id_key(cursor)
-
     def add(self, post: SharedPost) -> bool:
         """Keep ``post`` if the event has room for it; False (and ``full``) when not.
 
@@ -629,7 +637,10 @@ class TimelinePoller:
         self._robots_allows = robots_allows
         self._backfill = max_pages * page_limit if backfill is None else max(0, backfill)
         self._networks = tuple(allowed_networks)
-        self._budget = max(1024, event_budget(max_message_bytes) - _ENVELOPE)
+        # The posts' room, less the envelope and the lookback's ids.
+        self._budget = max(
+            1024, event_budget(max_message_bytes) - _ENVELOPE - MAX_RECENT_POSTS * _RECENT_ID_BYTES
+        )
         self._lookback = lookback
 
     async def poll(self, request: TimelinePollRequested) -> TimelinePolled:
@@ -715,8 +726,13 @@ class TimelinePoller:
         self, api: str, timeline: str, cursor: str, host: str, progress: _Progress
     ) -> None:
         limit = self._page_limit
-        start = cursor if progress.floor is None else str(progress.floor)
-        url = timeline_url(api, timeline, limit=limit, min_id=start)
+        if progress.floor is not None:
+            await self._look_back(api, timeline, cursor, host, progress)
+            if progress.full or progress.rate_spent:
+                progress.more = True
+                return
+            progress.page_top = None
+        url = timeline_url(api, timeline, limit=limit, min_id=cursor)
         requested: set[str] = set()
         for _ in range(self._max_pages):
             requested.add(url)
@@ -728,7 +744,7 @@ class TimelinePoller:
                 return
             if len(entries) < limit:
                 return  # caught up
-            if new == 0 and not progress.behind():
+            if new == 0:
                 progress.note = "the instance served a page of posts already read"
                 return
             if progress.rate_spent:
@@ -747,6 +763,18 @@ class TimelinePoller:
             url = following
         progress.more = True
 
+    async def _look_back(
+        self, api: str, timeline: str, cursor: str, host: str, progress: _Progress
+    ) -> None:
+        """One page, the newest posts behind the cursor within the lookback: the late ones
+        among them (not in ``recent``) are handled. One request a poll, whatever the
+        timeline's pace: on a busy one the lookback is that page's posts."""
+        url = timeline_url(
+            api, timeline, limit=self._page_limit, since_id=str(progress.floor), max_id=cursor
+        )
+        answer = await self._get_json(url, progress)
+        self._take(self._entries(answer), host, progress, oldest_first=True)
+
     async def _read_back(
         self, api: str, timeline: str, host: str, progress: _Progress, backfill: int
     ) -> None:
@@ -754,6 +782,11 @@ class TimelinePoller:
         (the follow's, carried by the request; else this poller's bound)."""
         remaining = backfill
         limit = min(self._page_limit, max(1, remaining))
+        if self._looks_back(timeline):
+            # The next poll looks back behind the cursor this one starts: the posts past
+            # the backfill on a whole page are read now, to be left alone then (a
+            # backfill of 0 would else take in the lookback's posts from before the follow).
+            limit = self._page_limit
         url = timeline_url(api, timeline, limit=limit)
         requested: set[str] = set()
         for _ in range(self._max_pages):
@@ -821,6 +854,7 @@ class TimelinePoller:
                 # Older than the backfill: left alone, but the cursor starts at the newest.
                 if first_page:
                     progress.advance(entry.id)
+                progress.seen.add(entry.id)  # decided: not taken by the next lookback
                 continue
             if entry.verdict == "kept":
                 assert entry.post is not None
@@ -1047,6 +1081,9 @@ class TimelinePoller:
                 cursor_after=request.cursor,
                 recent_after=request.recent,
             )
+
+    def _looks_back(self, timeline: str) -> bool:
+        return timeline != "local" and self._lookback > 0
 
     def _recent(
         self, request: TimelinePollRequested, progress: _Progress, cursor: str | None
