@@ -242,18 +242,23 @@ async def test_no_lease_is_taken_ahead_while_a_request_is_in_flight(bus: Bus) ->
     assert later.at == pytest.approx(1022.0)
 
 
-async def test_retry_after_pauses_the_domain_for_every_pod(bus: Bus) -> None:
-    p1, p2 = await _politeness(bus), await _politeness(bus)
-    grant = await p1.acquire("limited.example", 1000.0)
+async def rate_limited(p: Politeness, domain: str, retry_after: float) -> HostPolicy:
+    """A request to ``domain`` at 1000 s answered 429 with ``retry_after``, at 1000.5 s."""
+    grant = await p.acquire(domain, 1000.0)
     assert isinstance(grant, Granted)
     answer = attempt(
-        "limited.example",
+        domain,
         end=1000.5,
         outcome=CrawlOutcome.BLOCKED_4XX,
         status=429,
-        retry_after=299.5,
+        retry_after=retry_after,
     )
-    await p1.finish("limited.example", grant, 1000.5, answer)
+    return await p.finish(domain, grant, 1000.5, answer)
+
+
+async def test_retry_after_pauses_the_domain_for_every_pod(bus: Bus) -> None:
+    p1, p2 = await _politeness(bus), await _politeness(bus)
+    await rate_limited(p1, "limited.example", 299.5)
     decision = await p2.acquire("limited.example", 1100.0, reserved=True)
     assert isinstance(decision, Deferred)
     assert decision.at == pytest.approx(1300.0)
@@ -307,16 +312,7 @@ async def test_a_paused_hosts_queue_comes_back_spaced_and_is_looked_up_once_a_pa
     the pause, takes a place behind it, so that each is looked at once more, not once
     more every gap until the last (quadratic in the queue)."""
     p = await _politeness(bus)
-    grant = await p.acquire("banned.example", 1000.0)
-    assert isinstance(grant, Granted)
-    limited = attempt(
-        "banned.example",
-        end=1000.5,
-        outcome=CrawlOutcome.BLOCKED_4XX,
-        status=429,
-        retry_after=600.0,
-    )
-    policy = await p.finish("banned.example", grant, 1000.5, limited)
+    policy = await rate_limited(p, "banned.example", 600.0)
     queue = 40
     # Each page of the queue comes due in the pause, as its slot before it said.
     due = [
