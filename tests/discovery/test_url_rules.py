@@ -415,7 +415,7 @@ async def test_a_hosts_rules_go_once_it_is_left_alone_and_stay_while_it_is_crawl
         for _ in range(int(ttl) + 1):
             n += 1
             await bus.publish(unchanged("crawled.example", n % 2))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the same pace
         assert await held() == keys
         reader = UrlRules(rules, ttl=0.0)
         assert (await reader.rules_for("crawled.example")).names == {"ref"}
