@@ -4,7 +4,7 @@ one chain of polls, however often it is sent."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from trove_discovery.follows import (
     CommandBatch,
     Follows,
     FollowStore,
+    TimelineFollow,
     Verb,
     parse_command,
     reply_json,
@@ -33,6 +34,7 @@ from trove_schema.topology import (
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
     SEEDS_STREAM,
+    UNFOLLOW_SUBJECT,
 )
 
 INSTANCE = "https://social.example"
@@ -126,6 +128,46 @@ def test_an_excluded_instance_cannot_be_followed_but_can_be_unfollowed() -> None
     assert only_reason(refused) == "host social.example is excluded by the operator (example)"
     left = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings, exclusions=rules)
     assert [c.instance for c in left.accepted] == [INSTANCE]
+
+
+def test_a_tag_is_one_timeline_whatever_its_case() -> None:
+    (command,) = parse(f"{INSTANCE} tag:SmallWeb").accepted
+    assert command.timeline == "tag:smallweb"
+    (command,) = parse(json.dumps({"instance": INSTANCE, "timeline": "tag:IndieWeb"})).accepted
+    assert command.timeline == "tag:indieweb"
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_tag_followed_in_two_cases_is_one_chain_and_one_unfollow_stops_it(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """Hashtags match whatever their case: one chain, also for a follow an older
+    release kept as it was written."""
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    other = "https://other.example"
+    legacy = TimelineFollow(follow_id="legacy-follow", followed_at=datetime.now(UTC))
+    await store.write(with_timeline((await store.read(other))[0], "tag:Python", legacy), None)
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        await send(
+            stack,
+            FOLLOW_SUBJECT,
+            f"{INSTANCE} tag:Python".encode(),
+            f"{INSTANCE} tag:python".encode(),
+            f"{other} tag:python".encode(),
+        )
+        await send(stack, UNFOLLOW_SUBJECT, f"{other} tag:PYTHON".encode())
+        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
+        await eventually(
+            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
+            until=bool,
+            timeout=30,
+            what="the follows handled",
+        )
+        followed = await recorded(bus, InstanceFollowed)
+        record, _ = await store.read(other)
+    assert [(f.instance, f.timeline) for f in followed] == [(INSTANCE, "tag:python")]
+    assert list(record.timelines) == ["tag:Python"]
+    assert not record.timelines["tag:Python"].following
 
 
 def test_an_unfollow_without_a_timeline_means_every_timeline_and_takes_no_options() -> None:

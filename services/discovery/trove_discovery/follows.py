@@ -237,13 +237,28 @@ def instance_origin(raw: str, settings: DiscoverySettings) -> tuple[str, str]:
 
 
 def timeline_name(value: object) -> str:
+    """The timeline's one spelling: a tag in lower case (Mastodon, Pleroma and GoToSocial
+    match hashtags whatever their case: ``tag:Python`` and ``tag:python`` are one
+    timeline, and two spellings were two chains reading the same posts)."""
     try:
-        return str(_TIMELINE.validate_python(value))
+        name = str(_TIMELINE.validate_python(value))
     except ValidationError:
         raise InvalidFollow(
             f'"timeline" must be "local", "public" or "tag:NAME" (NAME: up to 100 letters, '
             f"digits or _), not {value!r}"
         ) from None
+    return "tag:" + name[4:].lower() if name.startswith("tag:") else name
+
+
+def _spelled(record: InstanceFollows, timeline: str) -> str:
+    """The key ``timeline`` has in ``record``: itself, or a tag followed under another
+    case (by a release that kept the case given) that is still followed."""
+    if timeline in record.timelines or not timeline.startswith("tag:"):
+        return timeline
+    for name, follow in record.timelines.items():
+        if name.lower() == timeline and follow.following:
+            return name
+    return timeline
 
 
 def _from_json(
@@ -496,7 +511,7 @@ class Follows:
         )
         for _ in range(MAX_WRITES):
             record, revision = await self.store.read(command.instance)
-            current = record.timelines.get(timeline)
+            current = record.timelines.get(_spelled(record, timeline))
             if current is not None and current.follow_id == event.id:
                 if not current.following:
                     return False  # this follow was redelivered after its unfollow
@@ -548,7 +563,7 @@ class Follows:
             stopped = [
                 name
                 for name, follow in record.timelines.items()
-                if (command.timeline is None or name == command.timeline)
+                if (command.timeline is None or name.lower() == command.timeline.lower())
                 and (follow.following or follow.unfollowed_by == event.id)
             ]
             if not stopped:
@@ -558,7 +573,7 @@ class Follows:
                 )
                 return []
             changed = {
-                name: follow.model_copy(update={"unfollowed_by": event.id})
+                name: follow.model_copy(update={"unfollowed_by": event.id, "recent": ()})
                 for name, follow in record.timelines.items()
                 if name in stopped
             }
