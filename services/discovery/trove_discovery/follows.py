@@ -251,9 +251,10 @@ def timeline_name(value: object) -> str:
 
 
 def _spelled(record: InstanceFollows, timeline: str) -> str:
-    """The key ``timeline`` has in ``record``: itself, or a tag followed under another
-    case (by a release that kept the case given) that is still followed."""
-    if timeline in record.timelines or not timeline.startswith("tag:"):
+    """The key ``timeline`` has in ``record``: itself, unless it is not followed and a
+    tag is under another case (kept so by a release that kept the case given)."""
+    current = record.timelines.get(timeline)
+    if not timeline.startswith("tag:") or (current is not None and current.following):
         return timeline
     for name, follow in record.timelines.items():
         if name.lower() == timeline and follow.following:
