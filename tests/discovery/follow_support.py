@@ -19,7 +19,12 @@ from trove_schema.events import (
     TimelinePollRequested,
     decode_event,
 )
-from trove_schema.topology import EVENTS_STREAM, timeline_schedule_subject
+from trove_schema.topology import (
+    DISCOVERY_FOLLOWS,
+    EVENTS_STREAM,
+    SEEDS_STREAM,
+    timeline_schedule_subject,
+)
 
 E = TypeVar("E", bound=Event)
 
@@ -81,6 +86,17 @@ async def handled(bus: Bus, stream: str, durable: str, seq: int) -> bool:
     info = await bus.js.consumer_info(stream, durable)
     delivered = info.delivered.stream_seq or 0
     return delivered >= seq and info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def commands_handled(bus: Bus, what: str = "the commands handled") -> None:
+    """Wait until discovery has handled every follow and unfollow sent so far."""
+    last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
+    await eventually(
+        lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
+        until=bool,
+        timeout=30,
+        what=what,
+    )
 
 
 def polled(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StackUrls, eventually
-from tests.discovery.follow_support import ask, handled, pending_poll, recorded
+from tests.discovery.follow_support import ask, commands_handled, pending_poll, recorded
 from tests.support import send, services
 from trove_discovery.follows import (
     CommandBatch,
@@ -29,11 +29,9 @@ from trove_schema.events import Event, InstanceFollowed, TimelinePollRequested
 from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
-    DISCOVERY_FOLLOWS,
     EVENT_SCHEDULES_PREFIX,
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
-    SEEDS_STREAM,
     UNFOLLOW_SUBJECT,
 )
 
@@ -156,13 +154,7 @@ async def test_a_tag_followed_in_two_cases_is_one_chain_and_one_unfollow_stops_i
             f"{other} tag:python".encode(),
         )
         await send(stack, UNFOLLOW_SUBJECT, f"{other} tag:PYTHON".encode())
-        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
-        await eventually(
-            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
-            until=bool,
-            timeout=30,
-            what="the follows handled",
-        )
+        await commands_handled(bus, "the follows handled")
         followed = await recorded(bus, InstanceFollowed)
         record, _ = await store.read(other)
     assert [(f.instance, f.timeline) for f in followed] == [(INSTANCE, "tag:python")]
@@ -216,13 +208,7 @@ async def test_a_follow_starts_one_chain_of_polls_however_often_it_is_sent(
             f"{INSTANCE} local\n".encode(),
             json.dumps({"instance": INSTANCE, "priority": 9}).encode(),
         )
-        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
-        await eventually(
-            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
-            until=bool,
-            timeout=30,
-            what="the follows handled",
-        )
+        await commands_handled(bus, "the follows handled")
         assert await recorded(bus, InstanceFollowed) == [followed]
         assert await recorded(bus, TimelinePollRequested) == requests
         record, _ = await FollowStore(await bus.js.key_value(FOLLOWS_BUCKET)).read(INSTANCE)
@@ -255,13 +241,7 @@ async def test_a_follow_request_is_answered_and_refusals_follow_nothing(
         structured = await ask(
             stack, FOLLOW_SUBJECT, json.dumps({"instance": INSTANCE, "timeline": "bad"}).encode()
         )
-        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
-        await eventually(
-            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
-            until=bool,
-            timeout=30,
-            what="the requests handled",
-        )
+        await commands_handled(bus, "the requests handled")
         followed = await recorded(bus, InstanceFollowed)
     assert text.splitlines()[0] == f"following 1: {INSTANCE} public"
     assert "https://10.1.2.3 — host 10.1.2.3 is a private address" in text

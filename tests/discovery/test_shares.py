@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import StackUrls, eventually
 from tests.discovery.follow_support import (
+    commands_handled,
     handled,
     pending_poll,
     polled,
@@ -33,11 +34,9 @@ from trove_schema.events import (
 )
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
-    DISCOVERY_FOLLOWS,
     DISCOVERY_LINKS,
     EVENTS_STREAM,
     FOLLOW_SUBJECT,
-    SEEDS_STREAM,
     UNFOLLOW_SUBJECT,
 )
 
@@ -339,13 +338,7 @@ async def test_an_unfollow_stops_the_chain(stack: StackUrls, bus: Bus, state_dir
             bus, polled(second, posts=(post(3, "https://blog.example/late"),), cursor_after="9")
         )
         await _handled(bus, seq)
-        last = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
-        await eventually(
-            lambda: handled(bus, SEEDS_STREAM, DISCOVERY_FOLLOWS, last),
-            until=bool,
-            timeout=30,
-            what="the unfollow handled",
-        )
+        await commands_handled(bus, "the unfollow handled")
         after = await pending_poll(bus, INSTANCE, "local")
         assert after is not None
         assert after.seq == tombstone.seq
