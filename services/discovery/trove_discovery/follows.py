@@ -436,6 +436,32 @@ async def start_polls(bus: Bus, followed: InstanceFollowed, follow: TimelineFoll
     await bus.publish_at(request, now, schedule=schedule)
 
 
+async def resume_polls(
+    bus: Bus, instance: str, domain: str, timeline: str, follow: TimelineFollow, *, id: str
+) -> None:
+    """The follow's next poll, now: its chain may have lost its pending poll to another
+    chain's schedule on the same subject. A poll of it already pending or under way is
+    then answered twice under one number, and the second answer ignored."""
+    now = utcnow()
+    # A successful empty read leaves no cursor and no failure: all that comes is new.
+    read_empty = follow.poll > 0 and follow.cursor is None and follow.failures == 0
+    request = TimelinePollRequested(
+        id=id,
+        instance=instance,
+        domain=domain,
+        timeline=timeline,
+        follow_id=follow.follow_id,
+        cursor=follow.cursor,
+        recent=follow.recent,
+        backfill=None if read_empty else follow.backfill,
+        poll=follow.poll + 1,
+        failures=follow.failures,
+        not_before=now,
+        caused_by=follow.polled_id or follow.follow_id,
+    )
+    await bus.publish_at(request, now, schedule=timeline_schedule_subject(instance, timeline))
+
+
 async def stop_polls(bus: Bus, instance: str, timeline: str, *, msg_id: str) -> None:
     """Drop the timeline's pending poll: a rollup of its schedule subject (a tombstone)."""
     subject = timeline_schedule_subject(instance, timeline)

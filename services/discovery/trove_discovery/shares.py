@@ -18,7 +18,9 @@ Every id derives from the ``TimelinePolled`` id and every time from its
 An unfollowed timeline's chain stops at its next poll result; the unfollow also drops
 the pending poll (``follows.stop_polls``), and a poll already under way when it came is
 ignored when it ends. A poll result handled while an unfollow lands is caught by
-reading the entry again after scheduling, and its schedule is dropped too.
+reading the entry again after scheduling, and its schedule is dropped too; when a new
+follow of the timeline landed as well, that schedule may have replaced the new chain's
+first poll, so the new chain is resumed at once.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from trove_discovery.follows import (
     MAX_WRITES,
     FollowStore,
     TimelineFollow,
+    resume_polls,
     stop_polls,
     with_timeline,
 )
@@ -171,8 +174,10 @@ class Shares:
 
     async def handle_timeline_polled(self, msg: Msg) -> None:
         event = decode_event(msg.data)
-        if not isinstance(event, TimelinePolled):
-            return
+        if isinstance(event, TimelinePolled):
+            await self.polled(event)
+
+    async def polled(self, event: TimelinePolled) -> None:
         follow = await self._advance(event)
         if follow is None:
             return
@@ -182,12 +187,29 @@ class Shares:
         await self.bus.publish_at(
             request, at, schedule=timeline_schedule_subject(event.instance, event.timeline)
         )
-        # An unfollow applied between our write and that schedule dropped nothing: drop it.
+        # Commands applied between our write and that schedule: an unfollow dropped
+        # nothing (drop it now); a follow after it had its first poll replaced by ours,
+        # whose answer will be ignored (resume the new chain).
         record, _ = await self.store.read(event.instance)
         current = record.timelines.get(event.timeline)
-        if current is not None and current.follow_id == event.follow_id and not current.following:
+        if current is None or (current.follow_id == event.follow_id and current.following):
+            return
+        if not current.following:
             msg_id = derived_event_id(request.id, "stop")
             await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
+        else:
+            log.info(
+                "timeline followed again while polled: the new chain resumed",
+                extra={"instance": event.instance, "timeline": event.timeline},
+            )
+            await resume_polls(
+                self.bus,
+                event.instance,
+                event.domain,
+                event.timeline,
+                current,
+                id=derived_event_id(request.id, "resume"),
+            )
 
     async def _advance(self, event: TimelinePolled) -> TimelineFollow | None:
         """Record ``event`` as the follow's last poll; None when it no longer counts."""
