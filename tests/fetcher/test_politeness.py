@@ -5,6 +5,7 @@ import itertools
 import json
 from datetime import UTC, datetime
 
+import nats
 import pytest
 
 from trove_fetcher.politeness import (
@@ -254,6 +255,39 @@ async def rate_limited(p: Politeness, domain: str, retry_after: float) -> HostPo
         retry_after=retry_after,
     )
     return await p.finish(domain, grant, 1000.5, answer)
+
+
+class AnswerLostOnce(CountingKV):
+    """The real bucket; the answer to its first update is lost after the write is applied."""
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        revision = await super().update(key, value, last=last)
+        if self.calls.count("update") == 1:
+            raise nats.errors.TimeoutError
+        return revision
+
+
+async def test_a_release_tried_again_after_its_answer_was_lost_counts_its_attempt_once(
+    bus: Bus,
+) -> None:
+    kv = AnswerLostOnce(await bus.js.key_value(DOMAINS_BUCKET))
+    p = Politeness(kv, CONFIG, LEARNING)
+    grant = await p.acquire("lost.example", 1000.0)
+    assert isinstance(grant, Granted)
+    answer = attempt(
+        "lost.example", end=1000.5, outcome=CrawlOutcome.BLOCKED_4XX, status=429, retry_after=30
+    )
+    with pytest.raises(nats.errors.TimeoutError):
+        await p.finish("lost.example", grant, 1000.5, answer)
+    again = await p.finish("lost.example", grant, 1000.5, answer)
+    once = await rate_limited(await _politeness(bus), "once.example", 30)
+    assert again.attempts == 1
+    assert (again.paused_until, again.rate_level) == (once.paused_until, once.rate_level)
+    # The host's next attempt is folded as ever.
+    grant = await p.acquire("lost.example", 1040.0)
+    assert isinstance(grant, Granted)
+    later = await p.finish("lost.example", grant, 1040.5, attempt("lost.example", end=1040.5))
+    assert later.attempts == 2
 
 
 async def test_retry_after_pauses_the_domain_for_every_pod(bus: Bus) -> None:

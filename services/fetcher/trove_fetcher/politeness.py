@@ -42,6 +42,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from trove_schema.metrics import HOST_PAUSES
 from trove_schema.policy import (
+    TIME_DIGITS,
     HostPolicy,
     LearningConfig,
     Observation,
@@ -300,7 +301,7 @@ class Politeness:
                 if gap is not None:
                     slot.gap = gap
                 if observation is not None:
-                    slot.policy = observe(before, observation, self.learning)
+                    slot.policy = self._folded(before, observation)
                 slot.free_at = max(slot.free_at, end + self.gap_of(slot))
                 slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
                 if slot.busy_until == grant.hold_until:
@@ -338,12 +339,22 @@ class Politeness:
             while True:
                 slot, revision = await self._read(key)
                 before = slot.policy
-                slot.policy = observe(before, observation, self.learning)
+                slot.policy = self._folded(before, observation)
                 slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
                 if await self._write(key, slot, revision):
                     if slot.policy.paused_until > max(before.paused_until, observation.at):
                         HOST_PAUSES.labels(slot.policy.pause_reason or "unknown").inc()
                     return slot.policy
+
+    def _folded(self, policy: HostPolicy, observation: Observation) -> HostPolicy:
+        """``policy`` once ``observation`` is known, unless it is known already: a release
+        whose write was applied but whose answer was lost (the broker away a moment) is
+        tried again, and its attempt must not count twice (two 429s, a longer pause). A
+        host's attempts end one at a time under its lease, so the last one folded is
+        recognised by its instant."""
+        if policy.attempts and policy.last_attempt_at == round(observation.at, TIME_DIGITS):
+            return policy
+        return observe(policy, observation, self.learning)
 
     async def state(self, domain: str) -> DomainSlot:
         slot, _ = await self._read(self.key(domain))
