@@ -181,6 +181,36 @@ async def test_a_crawl_delay_read_through_a_redirect_is_the_origins_gap_too(
         assert_polite(server, A, delay)
 
 
+async def test_a_robots_txt_redirected_to_another_hosts_page_leaves_that_hosts_gap_alone(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A's robots.txt redirects to B's home page, which is no robots.txt: B keeps the
+    Crawl-delay its own file asks for."""
+    delay = 1.5
+    routes: dict[str, Route] = {
+        f"{B}/robots.txt": text(f"User-agent: *\nCrawl-delay: {delay}\n"),
+        f"{B}/": page("b home"),
+        f"{A}/p/0": page("a0"),
+        **{f"{B}/p/{n}": page(f"b{n}") for n in range(4)},
+    }
+    with serving(routes, IP) as server:
+        server.routes[f"{A}/robots.txt"] = to(server.url("/", B), status=301)
+        b_pages = [url(server, B, f"/p/{n}") for n in range(4)]
+        async with services(stack, state_dir, env(), only=("fetcher",)) as local:
+            completions = Completions(bus.js)
+            await publish_work(bus, b_pages[:1])  # B's robots.txt and Crawl-delay first
+            await completions.wait_for(1)
+            await publish_work(bus, [url(server, A, "/p/0")])
+            await completions.wait_for(2)
+            await publish_work(bus, b_pages[1:])
+            local.check_alive()
+            events = await completions.wait_for(5)
+        b_paths = [seen.path for seen in server.requests_for(B)]
+    assert all(event.outcome.value == "success" for event in events.values())
+    assert "/" in b_paths  # A's robots.txt was read at B's home page
+    assert_polite(server, B, delay)
+
+
 def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
     """Until the kernel has stopped ``pid`` (a signal is delivered after ``kill`` returns)."""
     deadline = time.monotonic() + timeout

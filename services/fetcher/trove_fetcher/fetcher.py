@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import overload
+from urllib.parse import urlsplit
 
 import httpx
 from nats.aio.msg import Msg
@@ -790,6 +791,14 @@ class Fetcher:
         """Fetch ``origin``'s robots.txt under ``hold`` (released here), set the host's
         Crawl-delay and share the policy with every pod. Raises ``RedirectPaused``."""
         started = time.time()
+        gate = self._gate(hold)
+        last_hop = resume[-1] if resume else None
+
+        async def before_hop(hops: tuple[str, ...]) -> None:
+            nonlocal last_hop
+            last_hop = hops[-1]
+            await gate(hops)
+
         try:
             policy = await fetch_robots(
                 self.client,
@@ -800,7 +809,7 @@ class Fetcher:
                 # than a readable one would be.
                 retry_ttl=min(RETRY_TTL, self.robots_ttl),
                 total_timeout=self.limits.total_timeout,
-                before_hop=self._gate(hold),
+                before_hop=before_hop,
                 resume=resume,
                 now=self.clock.now,
                 excluded=self._refusal,
@@ -816,13 +825,18 @@ class Fetcher:
         # of both: the lease released is the last hop's, so the origin's is set too.
         # A file that could not be read (a 5xx, a timeout) says nothing of the
         # Crawl-delay: the host keeps the one it has, not the default.
+        # But only the last hop's own robots.txt is its file: one redirected to a home
+        # page, or to any other path, says nothing of that host's Crawl-delay (its own
+        # file may ask for more).
         delay = policy.crawl_delay(self.robots_token) or 0.0
         gap = None if policy.temporary else self.politeness.clamp_gap(delay)
         released = hold.domain
+        own_file = last_hop is None or _is_robots_txt(last_hop)
         # A 429, a 503, a timeout: the answering host (the last hop's) is left alone as
         # after a page's, not asked for robots.txt again when the fallback expires.
         observation = _robots_observation(policy, hold.domain, started, end)
-        await self._release(hold, end, observation, gap=gap)
+        hop_gap = gap if released == domain or own_file else None
+        await self._release(hold, end, observation, gap=hop_gap)
         if released != domain and gap is not None:
             finished, crawl_gap = self.clock.at(end), gap
             await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
@@ -965,6 +979,12 @@ async def _set_within(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _is_robots_txt(url: str) -> bool:
+    """Whether ``url`` is its origin's robots.txt."""
+    parts = urlsplit(url)
+    return parts.path == "/robots.txt" and not parts.query
 
 
 def _robots_observation(
