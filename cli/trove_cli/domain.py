@@ -14,9 +14,7 @@ counts it, which says why a host gets no page. Nothing is written.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,12 +49,9 @@ from trove_schema.policy import (
 )
 from trove_schema.server_time import server_now
 from trove_schema.settings import CommonSettings, DiscoverySettings
-from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET
+from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET, domain_key
 
 DEFAULT_LAST = 10
-#: The fetcher's KV key rule for a host (``politeness.DomainSlots.key``), read here
-#: without importing the service.
-_KEY_OK = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +89,6 @@ class DomainAudit:
     #: (None when not read, or not counted: a platform, an address).
     site: str = ""
     site_hosts: list[str] | None = None
-
-
-def slot_key(host: str) -> str:
-    if _KEY_OK.match(host):
-        return host
-    return "h." + hashlib.sha1(host.encode(), usedforsecurity=False).hexdigest()
 
 
 _COUNTS = text(
@@ -175,7 +164,7 @@ async def _read_kv(js: JetStreamContext, bucket: str, key: str) -> bytes | None:
 
 async def read_slot(js: JetStreamContext, host: str) -> tuple[dict[str, float] | None, str | None]:
     """The host's DomainSlot, or None and why not."""
-    value = await _read_kv(js, DOMAINS_BUCKET, slot_key(host))
+    value = await _read_kv(js, DOMAINS_BUCKET, domain_key(host))
     if value is None:
         return None, "no politeness record for this host"
     try:

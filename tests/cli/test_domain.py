@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls
 from tests.support import run_trove
-from trove_cli.domain import collect_domain, render_domain, slot_key
+from trove_cli.domain import collect_domain, render_domain
 from trove_discovery.discovery import Discovery
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
@@ -24,7 +24,7 @@ from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
 from trove_schema.policy import LearningConfig
 from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET
+from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET, domain_key
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -86,7 +86,7 @@ async def test_the_audit_counts_attempts_by_result_and_lists_the_last_with_tags(
     await crawl_history(engine)
     now = time.time()
     kv = await bus.js.key_value(DOMAINS_BUCKET)
-    await kv.put(slot_key(HOST), slot(gap=12.5, backoff_until=now + 300, free_at=now + 300))
+    await kv.put(domain_key(HOST), slot(gap=12.5, backoff_until=now + 300, free_at=now + 300))
 
     found = await collect_domain(engine, HOST.upper(), last=3, js=bus.js)
 
@@ -255,7 +255,7 @@ async def test_trove_domain_command_prints_the_audit(
 ) -> None:
     await crawl_history(engine)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
-    await kv.put(slot_key(HOST), slot(gap=10.0))
+    await kv.put(domain_key(HOST), slot(gap=10.0))
     env = {
         **os.environ,
         "TROVE_DATABASE_URL": stack.database_url,

@@ -136,6 +136,15 @@ async def test_a_hold_nobody_released_rests_the_host_a_gap_after_it_expires(bus:
     assert isinstance(later, Granted)
 
 
+@pytest.mark.parametrize("domain", [".lead.example", "two..dots.example", "tail.example."])
+async def test_a_host_that_is_no_valid_key_is_leased_under_a_hash(bus: Bus, domain: str) -> None:
+    # A robots.txt redirect may name any host; as a key, the client or the server
+    # refused these, and the page's work failed at every try.
+    p = await _politeness(bus)
+    assert isinstance(await p.acquire(domain, 1000.0), Granted)
+    assert isinstance(await p.acquire(domain, 1001.0), Deferred)
+
+
 async def test_other_domains_are_not_held_up(bus: Bus) -> None:
     p = await _politeness(bus)
     await p.acquire("a.example", 1000.0)

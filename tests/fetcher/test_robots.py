@@ -81,6 +81,7 @@ ROUTES: dict[str, Any] = {
     "moved.trove.test/robots.txt": _redirect("http://b.trove.test:{port}/robots.txt"),
     "metadata.trove.test/robots.txt": _redirect("http://169.254.169.254/robots.txt"),
     "loop.trove.test/robots.txt": _redirect("http://loop.trove.test:{port}/robots.txt"),
+    "hostless.trove.test/robots.txt": _redirect("https://:443/robots.txt"),
     "big.trove.test/robots.txt": _text(OVERSIZE_ROBOTS),
     "zipped.trove.test/robots.txt": lambda ex: ex.send(
         200, gzip.compress(ROBOTS), {"Content-Encoding": "gzip"}, content_type="text/plain"
@@ -234,6 +235,22 @@ async def test_redirect_to_another_host_is_followed(
     assert not policy.allows(f"{origin(server, 'moved')}/from-b/page")
     assert policy.allows(f"{origin(server, 'moved')}/elsewhere")
     assert server.requests_to("/robots.txt", host="b.trove.test")
+
+
+async def test_a_redirect_to_no_host_ends_the_chain_as_a_missing_file(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Handed to the hop's lease, a host-less URL failed there: the page came back and
+    # asked robots.txt again, a gap later, for ever.
+    gates: list[tuple[str, ...]] = []
+
+    async def gate(hops: tuple[str, ...]) -> None:
+        gates.append(hops)
+
+    policy = await fetch_robots(client, origin(server, "hostless"), max_bytes=CAP, before_hop=gate)
+    assert policy.rule is RobotsRule.ALLOW_ALL
+    assert policy.error == "redirected to https:/robots.txt: no host"
+    assert gates == []
 
 
 async def test_a_redirect_hop_waits_at_the_gate_and_can_resume_later(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -89,6 +90,18 @@ FOLLOWS_BUCKET = "trove_follows"
 EXCLUSIONS_BUCKET = "trove_exclusions"
 
 DAY = 86_400.0
+
+#: A host that is a valid key of ``trove_domains`` as it is: dot-separated labels, none
+#: empty (a leading dot, or two in a row, is refused by the client or the server).
+_PLAIN_DOMAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*$")
+
+
+def domain_key(domain: str) -> str:
+    """A host's key in ``trove_domains``: the host itself, or a hash of it when it would
+    not make a valid key (a redirect may name any host a server writes)."""
+    if len(domain) <= 200 and _PLAIN_DOMAIN_KEY.match(domain):
+        return domain
+    return "h." + hashlib.sha1(domain.encode(), usedforsecurity=False).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,9 +32,7 @@ lease is its own host's, taken once the previous response has ended).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -50,6 +48,7 @@ from trove_schema.policy import (
     moved,
     observe,
 )
+from trove_schema.topology import domain_key
 from trove_schema.turns import Turns
 
 FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
@@ -63,7 +62,6 @@ WRITTEN_MEMORY = 10_000
 #: a gap, but never sooner than this: with a gap near 0 it read the record in a loop
 #: (about 12 NATS messages a page from the fetchers in the throughput benchmark).
 BUSY_RECHECK = 0.05
-KEY_OK = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
 class KV(Protocol):
@@ -173,9 +171,7 @@ class Politeness:
 
     @staticmethod
     def key(domain: str) -> str:
-        if KEY_OK.match(domain):
-            return domain
-        return "h." + hashlib.sha1(domain.encode(), usedforsecurity=False).hexdigest()
+        return domain_key(domain)
 
     def clamp_gap(self, gap: float) -> float:
         return min(

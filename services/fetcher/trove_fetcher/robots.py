@@ -294,6 +294,10 @@ async def fetch_robots(
                         url = url.join(response.headers["location"]).copy_with(fragment=None)
                         if url.scheme not in ("http", "https"):
                             return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url.scheme}")
+                        if not url.host:
+                            # As a chain too long: no file can be read there.
+                            error = f"redirected to {url}: no host"[:500]
+                            return fallback(RobotsRule.ALLOW_ALL, error)
                         if len(hops) >= MAX_ROBOTS_REDIRECTS:
                             break
                         refusal = await _refusal(excluded, url.raw_host.decode("ascii").lower())
