@@ -24,7 +24,7 @@ from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
 from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.clock import Clock
-from trove_fetcher.errors import EgressAway
+from trove_fetcher.errors import EgressAway, RobotsUnavailable
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
@@ -481,5 +481,29 @@ async def test_a_hop_to_https_of_the_same_host_obeys_the_pages_robots_until_its_
         await fetcher.process(Job(page), page.to_wire())  # reads the page's robots.txt
         assert not await fetcher._redirect_allowed(f"https://{HOST}/private/1", page.url)
         assert await fetcher._redirect_allowed(f"https://{HOST}/public/1", page.url)
+    finally:
+        fetcher.close()
+
+
+async def test_a_hop_whose_robots_txt_could_not_be_read_is_neither_allowed_nor_refused(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """https://host answered its robots.txt with a 503 a moment ago: a hop there from
+    http://host is no refusal of the site's (the page would never be asked again this
+    cycle) but a failure, tried again later."""
+    unread = RobotsPolicy(
+        origin=f"https://{HOST}",
+        rule=RobotsRule.DISALLOW_ALL,
+        fetched_at=time.time(),
+        status_code=503,
+        error="HTTP 503",
+        failure="server_error",
+    )
+    robots = await bus.js.key_value(ROBOTS_BUCKET)
+    await robots.put(fetcher_module._robots_key(unread.origin), unread.to_bytes())
+    fetcher = await fetcher_on(bus, client)
+    try:
+        with pytest.raises(RobotsUnavailable, match="HTTP 503"):
+            await fetcher._redirect_allowed(f"https://{HOST}/page", work(server).url)
     finally:
         fetcher.close()

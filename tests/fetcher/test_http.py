@@ -25,7 +25,7 @@ from tests.fetcher._servers import (
     stall,
     stream_body,
 )
-from trove_fetcher.errors import RedirectPaused
+from trove_fetcher.errors import RedirectPaused, RobotsUnavailable
 from trove_fetcher.http import (
     BodyReader,
     FetchLimits,
@@ -589,6 +589,18 @@ async def test_same_host_redirect_to_a_disallowed_path_is_blocked_by_robots(
 
     result = await get(client, url(server, "/to-disallowed"), robots_allows=robots_allows)
     assert result.outcome is CrawlOutcome.BLOCKED_ROBOTS
+    assert server.requests_to("/private/page") == []
+
+
+async def test_a_hop_whose_robots_txt_is_unavailable_fails_the_attempt_without_asking_it(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    async def robots_allows(target: str) -> bool:
+        raise RobotsUnavailable("HTTP 503")
+
+    result = await get(client, url(server, "/to-disallowed"), robots_allows=robots_allows)
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message == "robots.txt unavailable: HTTP 503"
     assert server.requests_to("/private/page") == []
 
 

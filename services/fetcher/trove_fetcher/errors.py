@@ -5,6 +5,7 @@
     ├── RedirectPaused        a redirect hop must wait for its host's slot: continue later
     ├── GateDeferred          a timeline poll's next request must wait for its host's slot
     ├── TooManyRedirects      more same-host redirect hops than allowed, or a redirect loop
+    ├── RobotsUnavailable     a redirect hop's robots.txt could not be read: nothing known yet
     ├── DnsError              a name could not be turned into addresses (``trove_fetcher.dns``)
     │   ├── NameNotFound          no such name, or no address for it (cached: negative TTL)
     │   ├── DnsTimeout            no answer within the lookup timeout
@@ -53,6 +54,11 @@ class BlockedAddress(FetcherError):
             super().__init__(f"{address} ({reason})")
         else:
             super().__init__(f"{host} resolves to {address} ({reason})")
+
+
+class RobotsUnavailable(FetcherError):
+    """A redirect hop's robots.txt could not be read (a 5xx, a timeout): the hop is
+    neither allowed nor refused by the site, so the attempt fails and is tried again."""
 
 
 class RedirectPaused(FetcherError):

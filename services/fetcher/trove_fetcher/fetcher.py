@@ -57,6 +57,7 @@ from trove_fetcher.errors import (
     NotActivityStreams,
     RedirectPaused,
     ResolverAway,
+    RobotsUnavailable,
 )
 from trove_fetcher.extract import Extraction
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
@@ -680,8 +681,11 @@ class Fetcher:
         """A same-host redirect hop must be allowed by robots.txt too. A hop from http to
         https goes to another origin, whose robots.txt may not be known yet: then the
         page's own origin's rules (the same host's, read before the request) judge it,
-        never none at all."""
+        never none at all. One that could not be read says neither yes nor no
+        (``RobotsUnavailable``): the attempt fails and is tried again, as a page's would."""
         policy = await self._cached_robots(url) or await self._cached_robots(page)
+        if policy is not None and policy.temporary:
+            raise RobotsUnavailable(policy.error or "disallow all for now")
         return policy is None or policy.allows(url, self.robots_token)
 
     def _extract(self, strategy: Strategy, result: FetchResult) -> Extraction:

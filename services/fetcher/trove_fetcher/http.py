@@ -57,6 +57,7 @@ from trove_fetcher.errors import (
     DecompressionBomb,
     NetworkAway,
     RedirectPaused,
+    RobotsUnavailable,
     TooManyRedirects,
     UndecodableBody,
     UnsupportedContent,
@@ -605,9 +606,16 @@ async def _follow(
             raise TooManyRedirects(f"redirect loop back to {hop}")
         if len(trace.redirects) >= limits.max_redirects:
             raise TooManyRedirects(f"too many redirects (more than {limits.max_redirects})")
-        if robots_allows is not None and not await _allowed(robots_allows, str(hop)):
-            trace.redirect_target = str(hop)
-            return _Ending(CrawlOutcome.BLOCKED_ROBOTS, "redirect target disallowed by robots.txt")
+        if robots_allows is not None:
+            try:
+                allowed = await _allowed(robots_allows, str(hop))
+            except RobotsUnavailable as exc:
+                return _Ending(CrawlOutcome.FAILED, f"robots.txt unavailable: {exc}")
+            if not allowed:
+                trace.redirect_target = str(hop)
+                return _Ending(
+                    CrawlOutcome.BLOCKED_ROBOTS, "redirect target disallowed by robots.txt"
+                )
         visited.add(hop)
         trace.redirects.append(str(hop))
         trace.final_url = str(hop)
@@ -623,6 +631,8 @@ async def _follow(
 async def _allowed(robots_allows: Callable[[str], Awaitable[bool]], url: str) -> bool:
     try:
         return await robots_allows(url)
+    except RobotsUnavailable:
+        raise
     except Exception as exc:
         raise HopGateFailed(f"robots.txt check: {exc}") from exc
 
