@@ -319,13 +319,16 @@ class FetcherSettings(CommonSettings):
             "TROVE_BAN_PAUSE_SECONDS": self.ban_pause_seconds,
             "TROVE_MAX_BACKOFF_SECONDS": self.max_backoff_seconds,
             "TROVE_HOST_MOVE_RECHECK_SECONDS": self.host_move_recheck_seconds,
+            # The record holds the Crawl-delay, which is set again only when robots.txt
+            # is read again: a record gone first would put the host back at the minimum.
+            "TROVE_ROBOTS_TTL_SECONDS": self.robots_ttl_seconds,
         }
         name, longest = max(held.items(), key=lambda item: item[1])
         if self.host_record_ttl_seconds and self.host_record_ttl_seconds <= longest:
             raise ValueError(
                 f"TROVE_HOST_RECORD_TTL_SECONDS ({self.host_record_ttl_seconds:g}) must be 0 "
                 f"(kept for ever) or longer than {name} ({longest:g}): a host's record would "
-                "expire while it still holds a gap, a pause or a move"
+                "expire while it still holds a gap (its Crawl-delay), a pause or a move"
             )
         return self
 
