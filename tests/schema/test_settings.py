@@ -48,15 +48,20 @@ def test_a_host_record_ttl_shorter_than_what_a_record_holds_is_refused_with_its_
         FetcherSettings(host_record_ttl_seconds=3 * 86_400)
     with pytest.raises(ValueError, match=r"than TROVE_HOST_PAUSE_MAX_SECONDS \(86400\)"):
         FetcherSettings(host_record_ttl_seconds=3600, host_move_recheck_seconds=60)
-    held = {
-        "host_pause_max_seconds": 60,
-        "ban_pause_seconds": 60,
-        "max_backoff_seconds": 60,
-        "host_move_recheck_seconds": 60,
-    }
+
+    def lowered(robots_ttl_seconds: float = 86_400) -> FetcherSettings:
+        return FetcherSettings(
+            host_record_ttl_seconds=3600,
+            host_pause_max_seconds=60,
+            ban_pause_seconds=60,
+            max_backoff_seconds=60,
+            host_move_recheck_seconds=60,
+            robots_ttl_seconds=robots_ttl_seconds,
+        )
+
     with pytest.raises(ValueError, match=r"than TROVE_ROBOTS_TTL_SECONDS \(86400\)"):
-        FetcherSettings(host_record_ttl_seconds=3600, **held)
-    assert FetcherSettings(host_record_ttl_seconds=3600, robots_ttl_seconds=600, **held)
+        lowered()
+    assert lowered(robots_ttl_seconds=600).host_record_ttl_seconds == 3600
     assert FetcherSettings(host_record_ttl_seconds=0).host_record_ttl_seconds == 0
     assert FetcherSettings().host_record_ttl_seconds == 180 * 86_400
 
