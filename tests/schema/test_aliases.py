@@ -71,6 +71,21 @@ def test_page_2_is_never_dropped_when_the_pages_differ() -> None:
     assert rewrite(rules, SITE + "/list?page=2") == SITE + "/list?page=2"
 
 
+def test_two_values_of_a_parameter_that_differ_are_never_dropped_whatever_the_canonical() -> None:
+    # A template whose canonical drops the query: ?id=5 and ?id=6 say they are /product,
+    # and their content says they are two products.
+    record = fetched(EMPTY, "/product?id=5", canonical="/product", content="the fifth")
+    record = fetched(record, "/product?id=6", canonical="/product", content="the sixth")
+    record = fetched(record, "/product?id=7", canonical="/product", content="the seventh")
+    rules = record.rules()
+    assert "id" not in rules.names
+    assert rewrite(rules, SITE + "/product?id=777") == SITE + "/product?id=777"
+    # Values met on different pages only are compared with nothing: ?ref= is learned.
+    record = fetched(record, "/a?ref=x", canonical="/a", content="a")
+    record = fetched(record, "/b?ref=y", canonical="/b", content="b")
+    assert record.rules().names == {"ref"}
+
+
 def sid_learned() -> HostAliases:
     """Two articles fetched with ``?sid=`` and without, the same content each."""
     record = EMPTY

@@ -10,7 +10,8 @@ evidence its fetched pages give:
   a canonical that keeps ``P`` contradicts it.
 * **Content hashes.** The host's record keeps a small sample of spelling -> content
   hash; two spellings that differ by parameters and hash the same confirm each of
-  them, two that differ by one parameter and hash differently contradict it.
+  them, two that differ by one parameter (present in one, or with another value)
+  and hash differently contradict it.
 
 A spelling is learned after ``AliasLimits.confirmations`` confirmations and no
 contradiction; one contradiction un-learns it for good on that host. Nothing is ever
@@ -424,6 +425,18 @@ def _hash_votes(a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool
         elif len(differ) == 1:  # with two or more, the hash cannot say which one matters
             _put(votes, differ[0], False)
         return
+    if not same and a.path == b.path:
+        # Two values of one parameter, the rest alike, and two pages: the parameter
+        # changes the page, whatever a canonical that drops it says (``?id=5`` and
+        # ``?id=6`` of a template whose canonical is the bare path).
+        only_a = [p for p in a.params if p not in b.params]
+        only_b = [p for p in b.params if p not in a.params]
+        if (
+            len(only_a) == 1
+            and len(only_b) == 1
+            and only_a[0].partition("=")[0] == only_b[0].partition("=")[0]
+        ):
+            _put(votes, PAIR + only_a[0], False)
 
 
 def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[str]:
