@@ -299,12 +299,22 @@ def test_a_url_repeated_in_one_message_is_accepted_once() -> None:
     assert batch.rejected == ()
 
 
-def test_urls_beyond_the_per_message_limit_are_rejected() -> None:
+def test_urls_beyond_the_per_message_limit_are_rejected_together() -> None:
     lines = [f"https://example.org/{index}" for index in range(MAX_SEEDS_PER_MESSAGE + 2)]
     batch = parse("\n".join(lines))
     assert len(batch.accepted) == MAX_SEEDS_PER_MESSAGE
-    assert [seed.raw for seed in batch.rejected] == lines[-2:]
-    assert {seed.reason for seed in batch.rejected} == {"more than 10000 URLs in one message"}
+    assert [(seed.raw, seed.reason) for seed in batch.rejected] == [
+        (lines[-2], "more than 10000 URLs in one message: 2 from this one on not read")
+    ]
+
+
+def test_a_megabyte_of_junk_is_a_bounded_number_of_rejections() -> None:
+    # Each rejection is an event kept in the record: one message cannot make 500,000.
+    for junk in ("x\n" * 500_000, json.dumps([0] * 300_000)):
+        batch = parse(junk)
+        assert batch.accepted == ()
+        assert len(batch.rejected) == MAX_SEEDS_PER_MESSAGE + 1
+        assert batch.rejected[-1].reason.endswith("from this one on not read")
 
 
 def test_rejected_raw_text_is_cut_to_512_characters() -> None:
