@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
 from trove_schema.events import (
+    ChangeHistory,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -20,6 +21,7 @@ from trove_schema.events import (
     LinkKind,
     PageDiscovered,
     Provenance,
+    RequestReason,
     Scope,
     SeedRejected,
     decode_event,
@@ -324,6 +326,59 @@ async def test_a_page_whose_retries_ran_out_is_retried_again_in_its_next_chain(
         for r in await rows(engine, "SELECT payload FROM outbox ORDER BY created_at")
     ]
     assert [r.attempt for r in retries if isinstance(r, CrawlRequested)] == [2, 3, 2]
+
+
+async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_long(
+    engine: AsyncEngine,
+) -> None:
+    # A site down a weekend: its pages come back within a week, not when a link brings
+    # them back after their seen keys expire (and a seed nothing links to, never).
+    week, month = 7 * 86_400.0, 30 * 86_400.0
+    policy = RetryPolicy(
+        max_attempts=3, delay_seconds=60.0, max_delay_seconds=week, recheck_for_seconds=month
+    )
+    now = datetime.now(UTC)
+
+    async def fail_three_times(url: str, first: datetime, **fields: Any) -> datetime:
+        """A chain's three failures from ``first`` on; when the last one ended."""
+        for attempt in (1, 2, 3):
+            at = first + timedelta(hours=attempt - 1)
+            failed = completed(
+                CrawlOutcome.TIMEOUT,
+                url=url,
+                attempt=attempt,
+                started_at=at - timedelta(seconds=1),
+                completed_at=at,
+                **fields,
+            )
+            await project(engine, failed, policy=policy)
+        return at
+
+    down, slow, ok, gone = (f"{URL}/{name}" for name in ("down", "slow", "ok", "gone"))
+    down_at = await fail_three_times(down, now - timedelta(days=2))
+    slow_at = await fail_three_times(slow, now, history=ChangeHistory(interval=2 * week))
+    # Fetched 45 days ago, re-crawled without answer two days ago: failing for two days.
+    await project(engine, completed(url=ok, completed_at=now - timedelta(days=45)))
+    ok_at = await fail_three_times(ok, now - timedelta(days=2))
+    # Failing since 31 days ago: its recheck chain fails too, and is the last.
+    gone_at = await fail_three_times(gone, now - timedelta(days=31))
+    await fail_three_times(gone, now - timedelta(days=1))
+    found = await rows(engine, "SELECT payload, deliver_at FROM outbox ORDER BY deliver_at")
+    rechecks = sorted(
+        (request.url, deliver_at, request.reason)
+        for payload, deliver_at in found
+        if isinstance(request := decode_event(payload), CrawlRequested) and request.attempt == 1
+    )
+    assert rechecks == sorted(
+        [
+            (down, down_at + timedelta(seconds=week), RequestReason.RECRAWL),
+            (slow, slow_at + timedelta(seconds=2 * week), RequestReason.RECRAWL),
+            (ok, ok_at + timedelta(seconds=week), RequestReason.RECRAWL),
+            (gone, gone_at + timedelta(seconds=week), RequestReason.RECRAWL),
+        ]
+    )
+    # The page is failed meanwhile, as when its chain ended.
+    assert (await page(engine, down)).status == "failed"
 
 
 async def test_retry_waits_for_retry_after_when_longer(engine: AsyncEngine) -> None:

@@ -25,6 +25,7 @@ from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlRequested, decode_event
+from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Base
 from trove_schema.topology import (
     DISCOVERY_LINKS,
@@ -164,17 +165,24 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
             timeout=60,
             what="one attempt of the far page, three of the other",
         )
+        # Three retries, and the other page's recheck a week on (its retries ran out).
         live_outbox = await eventually(
             lambda: outbox(engine),
-            until=lambda rows: len(rows) == 3 and all(rows.values()),
+            until=lambda rows: len(rows) == 4 and all(rows.values()),
             timeout=30,
-            what="three retries published",
+            what="three retries and a recheck published",
         )
     live = await checksums(engine)
     retries = [decode_event(r.payload) for r in await query(engine, "SELECT payload FROM outbox")]
     (far_retry,) = [
         uuid.UUID(r.id) for r in retries if isinstance(r, CrawlRequested) and r.url == far
     ]
+    (recheck,) = [
+        uuid.UUID(r.id)
+        for r in retries
+        if isinstance(r, CrawlRequested) and r.url == soon and r.attempt == 1
+    ]
+    due_later = {far_retry, recheck}
 
     target = await empty_database(stack)
     replayed_engine = create_async_engine(target)
@@ -193,20 +201,22 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
 
     watcher = asyncio.create_task(publisher_view())
     try:
-        stats = await replay(
-            stack.nats_url, target, RetryPolicy(max_attempts=3, delay_seconds=1.0), batch=1
-        )
+        # As the live recorder's settings: its default rechecks.
+        recheck_for = RecorderSettings.model_fields["recheck_failing_for_seconds"].default
+        policy = RetryPolicy(max_attempts=3, delay_seconds=1.0, recheck_for_seconds=recheck_for)
+        stats = await replay(stack.nats_url, target, policy, batch=1)
     finally:
         replaying = False
         await watcher
     assert stats.malformed == 0
-    assert seen_pending <= {far_retry}
+    assert seen_pending <= due_later
     try:
         assert await checksums(replayed_engine) == live
         replayed_outbox = await outbox(replayed_engine)
         assert set(replayed_outbox) == set(live_outbox)
-        # The far retry is not in the record yet: pending again. The two that fired are.
-        assert replayed_outbox == {e: e != far_retry for e in live_outbox}
+        # The far retry and the recheck are not in the record yet: pending again. The two
+        # retries that fired are.
+        assert replayed_outbox == {e: e not in due_later for e in live_outbox}
 
         # The recorder running on the rebuilt database publishes it (again, harmlessly).
         rebuilt = StackUrls(stack.nats_url, target, stack.kind)

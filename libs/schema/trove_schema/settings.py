@@ -345,6 +345,10 @@ class RecorderSettings(CommonSettings):
     #: The longest a site's Retry-After may put off a retry.
     retry_max_delay_seconds: float = Field(default=7 * 86_400.0, ge=0.0)
     max_attempts: int = Field(default=3, ge=1, le=20)
+    #: How long a page whose retries ran out is asked again (a new chain every
+    #: ``retry_max_delay_seconds``, or its re-crawl interval if longer), counted from its
+    #: first attempt after its last success; 0: its chain ends with its retries.
+    recheck_failing_for_seconds: float = Field(default=30 * 86_400.0, ge=0.0)
     batch_size: int = Field(default=500, ge=1, le=10_000)
     #: Longest the recorder waits to fill a batch once it has some events (latency for
     #: fewer, larger transactions); 0 handles whatever has arrived at once.

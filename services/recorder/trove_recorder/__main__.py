@@ -35,11 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         if not settings.nats_url or not settings.database_url:
             print("replay needs TROVE_NATS_URL and TROVE_DATABASE_URL")
             return 2
-        policy = RetryPolicy(
-            max_attempts=settings.max_attempts,
-            delay_seconds=settings.retry_delay_seconds,
-            max_delay_seconds=settings.retry_max_delay_seconds,
-        )
+        policy = RetryPolicy.from_settings(settings)
         learning = LearningConfig.from_settings(settings)
         try:
             since = None if args.since is None else since_of(args.since, datetime.now(UTC))

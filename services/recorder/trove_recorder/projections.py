@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from trove_recorder.host_policies import fold_host_policies
 from trove_recorder.page_ids import PageIds
-from trove_recorder.retries import RetryPolicy, retry_request
+from trove_recorder.retries import RetryPolicy, recheck_request, retry_request
 from trove_recorder.sql import Statement, Transaction, copy_text
 from trove_schema.events import (
     CrawlCompleted,
@@ -581,7 +581,9 @@ def _duration_ms(event: CrawlCompleted) -> int:
 async def _retries(
     tx: Transaction, latest: dict[int, CrawlCompleted], policy: RetryPolicy
 ) -> set[int]:
-    """Outbox rows for the retryable attempts that have attempts left; their page ids."""
+    """Outbox rows for the retryable attempts: a retry while attempts are left, else a
+    recheck while the page has not been failing too long (``retries``); the page ids
+    retried."""
     retryable = {pid: e for pid, e in latest.items() if e.retryable}
     scheduled: set[int] = set()
     if not retryable:
@@ -591,31 +593,38 @@ async def _retries(
     # whose retries ran out in an outage is retried again when a link brings it back.
     # Each page's two bounds are found once, not once a row of its history as a
     # correlated subquery would: a history kept for months makes that the batch's cost.
-    counts = dict(
-        await tx.fetch(
+    # And since when it has been failing: its first attempt after its last success.
+    counts = {
+        page_id: (count, since)
+        for page_id, count, since in await tx.fetch(
             _sql(
-                "SELECT c.page_id, count(*) FROM page_crawls c LEFT JOIN ("
-                "SELECT page_id, max(completed_at) FILTER "
+                "SELECT c.page_id, count(*) FILTER "
+                "(WHERE c.completed_at >= coalesce(s.began, '-infinity')), "
+                "min(c.completed_at) FROM page_crawls c "
+                "LEFT JOIN (SELECT page_id, max(completed_at) FILTER "
                 "(WHERE outcome IN ('success', 'not_modified')) AS ok, "
                 "max(completed_at) FILTER (WHERE attempt <= 1) AS began FROM page_crawls "
                 "WHERE page_id = ANY(CAST(:ids AS bigint[])) GROUP BY page_id) s "
                 "ON s.page_id = c.page_id "
                 "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) "
-                "AND c.completed_at > coalesce(s.ok, '-infinity') "
-                "AND c.completed_at >= coalesce(s.began, '-infinity') GROUP BY c.page_id"
+                "AND c.completed_at > coalesce(s.ok, '-infinity') GROUP BY c.page_id"
             ),
             {"ids": sorted(retryable)},
         )
-    )
+    }
+    recheck_for = timedelta(seconds=policy.recheck_for_seconds)
     rows: list[tuple[uuid.UUID, bytes, datetime]] = []
     for page_id, event in sorted(retryable.items()):
-        attempts = int(counts.get(page_id, 0))
-        if attempts >= policy.max_attempts:
+        attempts, since = counts.get(page_id, (0, None))
+        if attempts < policy.max_attempts:
+            request = retry_request(event, attempts, policy)
+            scheduled.add(page_id)
+        elif since is not None and event.completed_at - since < recheck_for:
+            request = recheck_request(event, policy)  # the page keeps its status
+        else:
             continue
-        retry = retry_request(event, attempts, policy)
-        assert retry.not_before is not None
-        rows.append((uuid.UUID(retry.id), retry.to_wire(), retry.not_before))
-        scheduled.add(page_id)
+        assert request.not_before is not None
+        rows.append((uuid.UUID(request.id), request.to_wire(), request.not_before))
     if rows:
         await tx.execute(
             _sql(

@@ -206,11 +206,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
         recorder = Recorder(
             engine,
             bus,
-            RetryPolicy(
-                max_attempts=settings.max_attempts,
-                delay_seconds=settings.retry_delay_seconds,
-                max_delay_seconds=settings.retry_max_delay_seconds,
-            ),
+            RetryPolicy.from_settings(settings),
             page_id_cache=settings.page_id_cache,
             learning=LearningConfig.from_settings(settings),
         )

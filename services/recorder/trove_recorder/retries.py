@@ -1,4 +1,13 @@
-"""When a failed attempt is tried again: the policy and the delayed request it yields."""
+"""When a failed attempt is tried again: the policy and the delayed requests it yields.
+
+A failure worth another attempt (a timeout, a 5xx, a 429) is retried
+``max_attempts`` - 1 times, ``delay_seconds`` apart (or the site's Retry-After). When
+they run out the page is not dropped: while it has been failing for less than
+``recheck_for_seconds`` (since its first attempt after its last success) it is asked
+again as a new chain after ``max_delay_seconds``, or its re-crawl interval if longer.
+Ended there, a site down a weekend would be out of the crawl until its pages' seen
+keys expired (two re-crawl intervals), and a seed nothing links to for good.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from trove_schema.events import CrawlCompleted, CrawlRequested, RequestReason, derived_event_id
+from trove_schema.settings import RecorderSettings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -13,6 +23,17 @@ class RetryPolicy:
     max_attempts: int = 3
     delay_seconds: float = 3600.0
     max_delay_seconds: float = 7 * 86_400.0
+    #: How long a page whose retries ran out is still asked again; 0: never.
+    recheck_for_seconds: float = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: RecorderSettings) -> RetryPolicy:
+        return cls(
+            max_attempts=settings.max_attempts,
+            delay_seconds=settings.retry_delay_seconds,
+            max_delay_seconds=settings.retry_max_delay_seconds,
+            recheck_for_seconds=settings.recheck_failing_for_seconds,
+        )
 
 
 def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> CrawlRequested:
@@ -33,5 +54,25 @@ def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> 
         not_before=event.completed_at + timedelta(seconds=delay),
         caused_by=event.id,
         # A retried re-crawl is still the page's chain: its change history goes on.
+        history=event.history,
+    )
+
+
+def recheck_request(event: CrawlCompleted, policy: RetryPolicy) -> CrawlRequested:
+    """The new chain for a page whose retries ran out with ``event``: its first attempt
+    after the longest retry delay, or the page's re-crawl interval if longer."""
+    interval = event.history.interval if event.history is not None else None
+    delay = max(policy.max_delay_seconds, interval or 0.0, event.retry_after or 0.0)
+    return CrawlRequested(
+        id=derived_event_id(event.id, "recheck"),
+        url=event.url,
+        domain=event.domain,
+        depth=event.depth,
+        priority=event.priority,
+        scope=event.scope,
+        reason=RequestReason.RECRAWL,
+        attempt=1,
+        not_before=event.completed_at + timedelta(seconds=delay),
+        caused_by=event.id,
         history=event.history,
     )
