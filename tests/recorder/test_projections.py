@@ -106,6 +106,27 @@ async def test_a_page_keeps_its_first_sighting_and_shallowest_depth_in_any_order
         assert (row.discovered_at, row.depth) == (first, 1), url
 
 
+async def test_a_batch_does_not_wait_on_the_foreign_key_lock_another_batch_holds(
+    engine: AsyncEngine,
+) -> None:
+    # Another batch's page_crawls insert for the same page holds a key-share lock on its
+    # row until it commits, and would then wait for this batch's lock: a deadlock if this
+    # batch waited for it.
+    await project(engine, completed())
+    (row,) = await rows(engine, "SELECT id FROM pages WHERE url = :url", url=URL)
+    async with engine.connect() as other:
+        await other.begin()
+        await other.execute(
+            text("SELECT 1 FROM pages WHERE id = :id FOR KEY SHARE"), {"id": row.id}
+        )
+        async with async_sessionmaker(engine).begin() as session:
+            await session.execute(text("SET LOCAL lock_timeout = '3s'"))
+            later = completed(completed_at=datetime.now(UTC) + timedelta(seconds=1))
+            assert (await apply_batch(session, [later], POLICY)).count == 1
+        await other.rollback()
+    assert len(await rows(engine, "SELECT * FROM page_crawls")) == 2
+
+
 async def test_the_same_event_twice_changes_nothing(engine: AsyncEngine) -> None:
     event = completed(title="Hello", links=(Link(url="https://blog.example/a"),))
     assert await project(engine, event, event) == [True, False]

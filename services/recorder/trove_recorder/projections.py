@@ -5,8 +5,8 @@ One path for every caller: the live recorder's batches, a batch of one when a fa
 batch is handled message by message, and replay's batches. A batch is applied in the
 caller's transaction with a few set-based statements: a page of 100 links costs one
 row in each of a handful of ``unnest`` statements instead of a dozen statements of its
-own. Rows are locked in id order, so concurrent batches never deadlock on each other's
-pages.
+own. The pages a batch updates are locked in id order before any is written, so
+concurrent batches never deadlock on each other's pages.
 
 Applying an event first inserts its id into ``projected_events``; if the id is already
 there the event was applied before (a redelivery) and nothing else happens. Both writes
@@ -156,8 +156,11 @@ async def apply_batch(
         applied.generation = await known.check_generation(tx)
     await _seed_rejections(tx, plan.rejected)
     page_ids, applied.page_ids = await _page_ids(tx, plan, known)
+    newest_applied = await _lock_pages(
+        tx, {page_ids[url] for url in plan.discovered} | {page_ids[e.url] for e in plan.completed}
+    )
     await _discovered(tx, plan.discovered)
-    verdicts = await _completed(tx, plan.completed, page_ids, policy)
+    verdicts = await _completed(tx, plan.completed, page_ids, policy, newest_applied)
     await fold_host_policies(tx, plan.completed, verdicts, learning or LearningConfig())
     await _fediverse(tx, plan.fediverse)
     return applied
@@ -407,6 +410,27 @@ async def _ensure_pages(tx: Transaction, urls: dict[str, str]) -> dict[str, int]
     return ids
 
 
+async def _lock_pages(tx: Transaction, page_ids: set[int]) -> dict[int, datetime | None]:
+    """Lock the rows the batch will update, in id order, before any is written (so two
+    batches never wait on each other in a cycle); each page's newest attempt applied.
+
+    ``FOR NO KEY UPDATE``, as the updates themselves take: ``FOR UPDATE`` would also
+    wait for the key-share locks a concurrent batch's ``page_crawls`` insert takes on
+    the same page (its foreign key), while that batch waits for ours."""
+    if not page_ids:
+        return {}
+    return {
+        page_id: at
+        for page_id, at in await tx.fetch(
+            _sql(
+                "SELECT id, last_crawled_at FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) "
+                "ORDER BY id FOR NO KEY UPDATE"
+            ),
+            {"ids": sorted(page_ids)},
+        )
+    }
+
+
 async def _discovered(tx: Transaction, discovered: dict[str, tuple[datetime, int]]) -> None:
     """Each URL's first sighting and shallowest depth, whichever order they come in."""
     if not discovered:
@@ -432,6 +456,7 @@ async def _completed(
     completed: list[CrawlCompleted],
     page_ids: dict[str, int],
     policy: RetryPolicy,
+    newest_applied: dict[int, datetime | None],
 ) -> list[Audit]:
     if not completed:
         return []
@@ -466,19 +491,8 @@ async def _completed(
         },
     )
     verdicts = await _audits(tx, completed, page_ids)
-    # Lock the pages in id order, then keep, per page, only attempts not older than
-    # the newest one already applied.
-    touched = sorted({page_ids[e.url] for e in completed})
-    newest_applied = {
-        page_id: at
-        for page_id, at in await tx.fetch(
-            _sql(
-                "SELECT id, last_crawled_at FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) "
-                "ORDER BY id FOR UPDATE"
-            ),
-            {"ids": touched},
-        )
-    }
+    # Keep, per page, only attempts not older than the newest one already applied
+    # (``newest_applied``, read under the page's lock).
     # A page's attempts in one batch leave its row as they would one batch each, in
     # the order they completed: the newest attempt says how the page stands (or, when
     # it is retried, the newest that was not retryable), the newest success or 304
