@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
@@ -19,6 +20,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from tests.conftest import eventually
 from tests.discovery.follow_support import polled
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
@@ -388,6 +390,57 @@ async def test_a_pause_a_site_asks_for_is_as_long_on_the_shared_clock_as_it_aske
         fetcher.close()
     slot = await polite.state(domain_of(limited.url))
     assert slot.backoff_until - clock.now() > 55.0, slot.backoff_until - clock.now()
+
+
+class PauseWritesAway:
+    """The real lease bucket; while ``away`` is set, a write that pauses a host times out
+    (the broker gone just as the answer that decides a pause arrived)."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+        self.away = asyncio.Event()
+        self.refused = 0
+
+    async def get(self, key: str) -> object:
+        return await self.kv.get(key)
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self.kv.create(key, value)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        if self.away.is_set() and json.loads(value)["backoff_until"] > 0:
+            self.refused += 1
+            raise NatsTimeoutError
+        return await self.kv.update(key, value, last=last)
+
+
+async def test_a_pause_the_broker_did_not_take_is_written_when_it_answers_again(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """A 429's release is given up after the request's patience (the page's result is
+    published, the work done); the pause it asked for is not: the host would be asked
+    again a gap after its hold expired."""
+    kv = PauseWritesAway(await bus.js.key_value(DOMAINS_BUCKET))
+    polite = Politeness(kv, PolitenessConfig(min_delay=0.05))
+    fetcher = await fetcher_on(bus, client, politeness=polite, ack_wait=1.0)
+    page, limited = work(server), work(server, "/limited")
+    try:
+        await fetcher.process(Job(page), page.to_wire())  # robots.txt read, and a page
+        kv.away.set()
+        await fetcher.process(Job(limited), limited.to_wire())
+        assert kv.refused >= 1
+        assert (await polite.state(HOST)).backoff_until == 0.0
+        kv.away.clear()
+        slot = await eventually(
+            lambda: polite.state(HOST),
+            until=lambda slot: slot.backoff_until > 0,
+            timeout=30,
+            what="the pause written",
+        )
+    finally:
+        fetcher.close()
+    assert slot.backoff_until - fetcher.clock.now() > 50.0
+    assert slot.policy.attempts == 2  # the 429 folded once
 
 
 #: A poll of a followed timeline, as discovery asks for it.

@@ -129,6 +129,8 @@ DONE_MEMORY = 20_000
 #: is away (a restart, a cluster electing a leader), as a share of ``ack_wait``: handed
 #: back instead, the work could go to another pod, which would fetch the page again.
 PUBLISH_PATIENCE_SHARE = 0.5
+#: The longest pause between two tries of a write the broker did not take.
+LATE_WRITE_MAX_PAUSE = 5.0
 #: Error types that say the chosen strategy was the wrong one for the page.
 MISPREDICTIONS = frozenset({"wrong_tool", "empty_content"})
 
@@ -236,6 +238,9 @@ class Fetcher:
             lookback=poll_lookback,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
+        #: What an attempt taught about its host that the broker, away longer than a
+        #: publish's patience, did not take: written in the background when it answers.
+        self._late_writes: set[asyncio.Task[None]] = set()
         #: The furthest slot this pod has planned (on ``clock``), for the gauge.
         self.furthest_slot = 0.0
         RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - self.clock.now()))
@@ -468,8 +473,39 @@ class Fetcher:
             if not broker_trouble(exc) or gap is not None:
                 raise
             # The request is done: losing its result would cost the site another. The
-            # hold stays in the record until ``busy_until``, which keeps the host safe.
+            # hold stays in the record until ``busy_until``, which keeps the host safe;
+            # what the answer said (a 429's pause) must outlast it, so it is kept.
             log.warning("lease not released (broker away): %s", exc)
+            if observation is not None:
+                shared = observation
+                self._write_later(
+                    lambda: self.politeness.finish(hold.domain, grant, finished, shared)
+                )
+
+    def _write_later(self, write: Callable[[], Awaitable[object]]) -> None:
+        """Keep trying ``write`` (a fold into a host's policy) until the broker takes it.
+
+        A 429's pause, a ban, lost to an outage longer than the patience of the request
+        that met it, would let the host be asked again a gap after its hold expires.
+        The fold is written once however often it is tried (``Politeness._folded``)."""
+
+        async def keep_trying() -> None:
+            pause = 0.25
+            while not self.stopping.is_set():
+                try:
+                    await write()
+                    log.info("what a request taught about its host written late")
+                    return
+                except Exception as exc:
+                    if not broker_trouble(exc):
+                        log.exception("a late write to a host's record failed")
+                        return
+                await asyncio.sleep(pause)  # the broker's return, tried again and again
+                pause = min(pause * 2, LATE_WRITE_MAX_PAUSE)
+
+        task = asyncio.ensure_future(keep_trying())
+        self._late_writes.add(task)
+        task.add_done_callback(self._late_writes.discard)
 
     def _shared(self, observation: Observation) -> Observation:
         """``observation`` with its instants (this pod's wall clock, from its event) on the
@@ -868,7 +904,14 @@ class Fetcher:
             observation = _poll_observation(polled)
             if observation is not None:
                 shared = self._shared(observation)
-                await self._patiently(lambda: self.politeness.observe(request.domain, shared))
+                try:
+                    await self._patiently(lambda: self.politeness.observe(request.domain, shared))
+                except Exception as exc:
+                    # Handed back, the poll's redelivery publishes what was read
+                    # without folding it again: the fold waits for the broker here.
+                    if broker_trouble(exc):
+                        self._write_later(lambda: self.politeness.observe(request.domain, shared))
+                    raise
         await self._patiently(lambda: self.bus.publish(polled))
         self._polled.pop(request.id)
         self._done.put(request.id, True)
@@ -929,6 +972,8 @@ class Fetcher:
         return policy.allows(url, self.robots_token)
 
     def close(self) -> None:
+        for task in self._late_writes:
+            task.cancel()
         self.parser.shutdown(wait=False, cancel_futures=True)
 
 
