@@ -12,32 +12,25 @@ from urllib.parse import urlsplit
 
 import nats
 import pytest
-from nats.aio.msg import Msg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.discovery.crawl_support import PAGE, discovered_after
 from tests.support import outcomes, query, sandbox_env, services
-from trove_discovery.discovery import FOLLOWED_KINDS, Discovery
+from trove_discovery.discovery import FOLLOWED_KINDS
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
 from trove_schema.events import (
-    CrawlCompleted,
-    CrawlOutcome,
     Link,
     LinkKind,
-    PageDiscovered,
     Scope,
     ScopeKind,
-    decode_event,
-    utcnow,
 )
-from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import EVENTS_STREAM, PAGE_DISCOVERED, SEEDS_SUBJECT, SEEN_BUCKET
+from trove_schema.topology import SEEDS_SUBJECT
 
 pytestmark = pytest.mark.usefixtures("clean")
 
-PAGE = "https://site.example/"
 HOST = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
 OPEN = Scope(kind=ScopeKind.OPEN, max_depth=3)
 
@@ -45,39 +38,6 @@ OPEN = Scope(kind=ScopeKind.OPEN, max_depth=3)
 def test_rel_me_is_followed_and_webmention_never() -> None:
     assert LinkKind.ME in FOLLOWED_KINDS
     assert LinkKind.WEBMENTION not in FOLLOWED_KINDS
-
-
-async def discovered_after(bus: Bus, links: list[Link], scope: Scope) -> dict[str, PageDiscovered]:
-    """What discovery publishes for a crawl of PAGE (depth 0) with these links."""
-    discovery = Discovery(
-        bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=DiscoverySettings()
-    )
-    now = utcnow()
-    event = CrawlCompleted(
-        url=PAGE,
-        domain="site.example",
-        scope=scope,
-        request_id="work-1",
-        outcome=CrawlOutcome.SUCCESS,
-        started_at=now,
-        completed_at=now,
-        links=links,
-    )
-    await discovery.handle_crawl_completed(
-        Msg(_client=bus.nc, subject="trove.events.crawl.completed", data=event.to_wire())
-    )
-    # Every publish above got its PubAck: the stream already holds all of them.
-    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=PAGE_DISCOVERED)
-    count = (info.state.subjects or {}).get(PAGE_DISCOVERED, 0)
-    if count == 0:
-        return {}
-    sub = await bus.js.pull_subscribe(PAGE_DISCOVERED, stream=EVENTS_STREAM)
-    try:
-        msgs = await sub.fetch(count, timeout=5)
-    finally:
-        await sub.unsubscribe()
-    found = [decode_event(msg.data) for msg in msgs]
-    return {e.url: e for e in found if isinstance(e, PageDiscovered)}
 
 
 async def test_me_links_are_followed_like_a_links_within_the_scope(bus: Bus) -> None:

@@ -33,7 +33,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from trove_discovery.scope import follow_link, in_scope
+from trove_discovery.scope import follow_link, in_scope, redirected_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
 from trove_discovery.sightings import Recent, Sightings
 from trove_discovery.sites import SiteHosts
@@ -52,6 +52,7 @@ from trove_schema.events import (
     PageDiscovered,
     Provenance,
     RequestReason,
+    Scope,
     SeedRejected,
     decode_event,
     derived_event_id,
@@ -236,8 +237,14 @@ class Discovery:
             depth = event.depth if same_page else event.depth + 1
             if not same_page and not follow_link(url, depth=event.depth, scope=event.scope):
                 continue
-            if same_page and not in_scope(url, event.scope):
-                continue
+            scope = event.scope
+            if same_page and not in_scope(url, scope):
+                # A page named directly (depth 0) is crawled where it answers.
+                named = link.kind is LinkKind.REDIRECT and event.depth == 0
+                moved = redirected_scope(scope, url) if named else None
+                if moved is None:
+                    continue
+                scope = moved
             if url_trap_reason(
                 url,
                 max_length=self.settings.max_url_length,
@@ -255,7 +262,7 @@ class Discovery:
                     held.append(link.url)
                 continue
             taken += 1
-            candidates[url] = _Candidate(url, event_id, depth, link.kind, probing)
+            candidates[url] = _Candidate(url, event_id, depth, link.kind, probing, scope)
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
         waiting = list(candidates.values())
@@ -289,7 +296,7 @@ class Discovery:
                     domain=host,
                     depth=c.depth,
                     priority=event.priority,
-                    scope=event.scope,
+                    scope=c.scope,
                     provenance=Provenance(
                         kind="redirect" if c.kind is LinkKind.REDIRECT else "link",
                         source_url=event.url,
@@ -500,6 +507,7 @@ class _Candidate:
     depth: int
     kind: LinkKind
     probing: tuple[str, list[str]] | None
+    scope: Scope
 
 
 def _seen_key(url: str) -> str:

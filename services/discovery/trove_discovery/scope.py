@@ -45,6 +45,25 @@ def in_scope(url: str, scope: Scope) -> bool:
     return registrable_domain(host) == scope.value.lower()
 
 
+def redirected_scope(scope: Scope, target: str) -> Scope | None:
+    """The scope of a page named directly (a seed, a shared link: depth 0) that
+    redirects to ``target`` outside ``scope``, or None when the redirect stays out.
+
+    The operator (or the post) named the page, not its host: a seed that answers at
+    another address (``blog.example.org`` -> ``example.org/blog/``, a site that moved,
+    a shortened link shared on the fediverse) is crawled where it answers. A ``HOST``
+    scope moves to the target's host, a ``DOMAIN`` scope to its registrable domain; a
+    ``PATTERN`` is the operator's own bound and stays."""
+    if scope.kind not in (ScopeKind.HOST, ScopeKind.DOMAIN):
+        return None
+    try:
+        host = domain_of(target)
+    except InvalidURL:
+        return None
+    value = host if scope.kind is ScopeKind.HOST else registrable_domain(host)
+    return scope.model_copy(update={"value": value})
+
+
 def follow_link(link_url: str, *, depth: int, scope: Scope) -> bool:
     """Should a link found on a page at ``depth`` be followed? Its own depth is depth+1."""
     return depth + 1 <= scope.max_depth and in_scope(link_url, scope)

@@ -1,0 +1,62 @@
+"""Discovery handling one crawled page, read back from the real events stream."""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+
+from trove_discovery.discovery import Discovery
+from trove_schema.bus import Bus
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    Link,
+    PageDiscovered,
+    Scope,
+    decode_event,
+    utcnow,
+)
+from trove_schema.settings import DiscoverySettings
+from trove_schema.topology import EVENTS_STREAM, PAGE_DISCOVERED, SEEN_BUCKET
+
+PAGE = "https://site.example/"
+
+
+async def discovered_after(
+    bus: Bus,
+    links: list[Link],
+    scope: Scope,
+    *,
+    depth: int = 0,
+    outcome: CrawlOutcome = CrawlOutcome.SUCCESS,
+) -> dict[str, PageDiscovered]:
+    """What discovery publishes for a crawl of PAGE (at ``depth``) with these links."""
+    discovery = Discovery(
+        bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=DiscoverySettings()
+    )
+    now = utcnow()
+    event = CrawlCompleted(
+        url=PAGE,
+        domain="site.example",
+        depth=depth,
+        scope=scope,
+        request_id="work-1",
+        outcome=outcome,
+        started_at=now,
+        completed_at=now,
+        links=links,
+    )
+    await discovery.handle_crawl_completed(
+        Msg(_client=bus.nc, subject="trove.events.crawl.completed", data=event.to_wire())
+    )
+    # Every publish above got its PubAck: the stream already holds all of them.
+    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=PAGE_DISCOVERED)
+    count = (info.state.subjects or {}).get(PAGE_DISCOVERED, 0)
+    if count == 0:
+        return {}
+    sub = await bus.js.pull_subscribe(PAGE_DISCOVERED, stream=EVENTS_STREAM)
+    try:
+        msgs = await sub.fetch(count, timeout=5)
+    finally:
+        await sub.unsubscribe()
+    found = [decode_event(msg.data) for msg in msgs]
+    return {e.url: e for e in found if isinstance(e, PageDiscovered)}
