@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
 from trove_recorder.recorder import Recorder
+from trove_recorder.replay import REPLAY_LOCK
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -286,3 +287,47 @@ async def test_outbox_rows_this_release_cannot_read_are_passed_over_and_the_rest
     published = {row.event_id for row in rows if row.published_at is not None}
     assert published == {uuid.UUID(str(retry.id))}
     assert len(rows) == 101
+
+
+async def test_retries_a_killed_replay_held_are_released_by_the_live_recorder(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    # A replay holds the retries it decides until it ends; one killed outright (a
+    # SIGKILL, its terminal closed) released none, and they never went out.
+    held, due = pending_retry(), pending_retry().model_copy(update={"id": str(uuid.uuid4())})
+    async with engine.begin() as conn:
+        for retry, held_by_replay in ((held, True), (due, False)):
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, deliver_at, published_at) "
+                    "VALUES (:id, :subject, :payload, :due, "
+                    "CASE WHEN :held THEN timestamptz 'infinity' END)"
+                ),
+                {
+                    "id": retry.id,
+                    "subject": CrawlRequested.SUBJECT,
+                    "payload": retry.to_wire(),
+                    "due": retry.not_before,
+                    "held": held_by_replay,
+                },
+            )
+
+    async def published(retry: CrawlRequested) -> str:
+        (row,) = await query(
+            engine,
+            "SELECT CASE WHEN published_at IS NULL THEN 'pending' "
+            "WHEN published_at = 'infinity' THEN 'held' ELSE 'sent' END AS state "
+            "FROM outbox WHERE event_id = :id",
+            id=retry.id,
+        )
+        return str(row.state)
+
+    recorder = Recorder(engine, bus, RetryPolicy())
+    async with engine.connect() as replaying:  # a replay running: its hold stands
+        await replaying.execute(text("SELECT pg_advisory_lock(:k)"), {"k": REPLAY_LOCK})
+        assert await recorder._publish_batch() == 1
+        assert (await published(held), await published(due)) == ("held", "sent")
+        await replaying.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": REPLAY_LOCK})
+    # The replay's lock is gone: the next look lets its hold go, and publishes it.
+    assert await recorder._publish_batch() == 1
+    assert await published(held) == "sent"

@@ -26,6 +26,7 @@ from trove_recorder.database import (
 )
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch
+from trove_recorder.replay import release_abandoned_holds
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import BatchConsumer, Bus, Retry
@@ -129,6 +130,7 @@ class Recorder:
 
     async def _publish_batch(self, limit: int = 100) -> int:
         async with self.sessions.begin() as session:
+            await release_abandoned_holds(session)
             rows = (
                 (
                     await session.execute(

@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from trove_recorder.database import make_engine
 from trove_recorder.page_ids import PageIds
@@ -86,6 +86,21 @@ _HOLD_DECIDED_RETRIES = text(
 _RELEASE_HELD_RETRIES = text(
     "UPDATE outbox SET published_at = NULL WHERE published_at = 'infinity'"
 )
+#: Held by a running replay (a session lock, so a replay killed outright lets it go).
+REPLAY_LOCK = 0x74726F7665  # "trove"
+# Held rows no replay holds (one killed, its connection gone): the recorded ones marked,
+# the rest released. The lock, tried only when such rows exist, is this transaction's.
+_RELEASE_ABANDONED = text(
+    "UPDATE outbox o SET published_at = CASE WHEN EXISTS "
+    "(SELECT 1 FROM projected_events p WHERE p.event_id = o.event_id) THEN now() END "
+    "WHERE o.published_at = 'infinity' AND pg_try_advisory_xact_lock(:lock)"
+)
+
+
+async def release_abandoned_holds(session: AsyncSession) -> None:
+    """Let go of the retries a replay held and could not release (killed by a signal,
+    its terminal closed): else they never went out, until the next replay."""
+    await session.execute(_RELEASE_ABANDONED, {"lock": REPLAY_LOCK})
 
 
 #: The ids of applied events leave with the record's retention; the pages stay.
@@ -151,7 +166,10 @@ async def replay(
     stats = ReplayStats()
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
+    # While this connection lives, the live recorders leave the retries it holds alone.
+    lock = await engine.connect()
     try:
+        await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REPLAY_LOCK})
         async with engine.begin() as conn:
             if truncate:
                 await conn.execute(
@@ -228,8 +246,12 @@ async def replay(
                 async with engine.begin() as conn:
                     await conn.execute(_MARK_RECORDED_RETRIES)
                     await conn.execute(_RELEASE_HELD_RETRIES)
-            except Exception as exc:  # the database away: the next replay releases them
+            except Exception as exc:  # the database away: a live recorder releases them
                 log.warning("replay: held retries not released: %s", exc)
+        with contextlib.suppress(Exception):
+            # Unlocked, not only closed: a closed connection goes back to the pool.
+            await lock.execute(text("SELECT pg_advisory_unlock(:lock)"), {"lock": REPLAY_LOCK})
+            await lock.close()
         await bus.close()
         await engine.dispose()
     stats.seconds = time.monotonic() - started
