@@ -311,6 +311,52 @@ async def test_a_pages_row_does_not_depend_on_how_its_attempts_are_cut_into_batc
     assert each.title is not None
 
 
+@pytest.mark.parametrize("history", HISTORIES, ids=list(HISTORIES))
+async def test_a_pages_content_does_not_depend_on_the_order_its_attempts_arrive_in(
+    engine: AsyncEngine, history: str
+) -> None:
+    """A success redriven from the dead-letter stream, or in a batch that lost a race,
+    arrives after a newer attempt: the page still has the newest success's content and
+    links, the newest success or 304 as when it was fetched, the newest attempt as its
+    last."""
+    start = datetime.now(UTC) - timedelta(hours=3)
+
+    def attempts(url: str) -> list[CrawlCompleted]:
+        return [
+            completed(
+                outcome,
+                url=url,
+                title=title,
+                etag=etag,
+                language="en" if title else None,
+                links=(Link(url=f"{URL}/from-{n}"),) if title else (),
+                status_code=200 if title else 304 if outcome is CrawlOutcome.NOT_MODIFIED else 503,
+                started_at=start + timedelta(minutes=n, milliseconds=-100),
+                completed_at=start + timedelta(minutes=n),
+            )
+            for n, (outcome, title, etag) in enumerate(HISTORIES[history])
+        ]
+
+    in_order, reversed_url = f"{URL}/in-order", f"{URL}/reversed"
+    await project(engine, *attempts(in_order))
+    await project(engine, *reversed(attempts(reversed_url)))
+    row = (
+        "SELECT last_outcome, last_crawled_at, last_status_code, fetched_at, title, language, "
+        "etag, keywords_tsv, content_at, linked_at FROM pages WHERE url = :u"
+    )
+    (forward,) = await rows(engine, row, u=in_order)
+    (backward,) = await rows(engine, row, u=reversed_url)
+    assert backward == forward
+    assert forward.title is not None
+    links = (
+        "SELECT t.url FROM page_links l JOIN pages f ON f.id = l.from_page_id "
+        "JOIN pages t ON t.id = l.to_page_id WHERE f.url = :u"
+    )
+    assert [r.url for r in await rows(engine, links, u=reversed_url)] == [
+        r.url for r in await rows(engine, links, u=in_order)
+    ]
+
+
 async def test_failures_are_retried_until_attempts_run_out(engine: AsyncEngine) -> None:
     for attempt in (1, 2):
         await project(engine, completed(CrawlOutcome.BLOCKED_5XX, status_code=503, attempt=attempt))

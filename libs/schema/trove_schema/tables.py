@@ -86,6 +86,11 @@ class Page(Base):
     discovered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     fetched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Completion time of the success the content columns come from, and of the attempt
+    #: the links come from: each group is the newest of its kind, in any arrival order
+    #: (NULL on a row from before migration 0011: ``last_crawled_at`` stands in).
+    content_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    linked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 

@@ -410,21 +410,40 @@ async def _ensure_pages(tx: Transaction, urls: dict[str, str]) -> dict[str, int]
     return ids
 
 
-async def _lock_pages(tx: Transaction, page_ids: set[int]) -> dict[int, datetime | None]:
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    """When the attempts a page's column groups come from completed (None: none yet)."""
+
+    latest: datetime | None
+    fetched: datetime | None
+    content: datetime | None
+    linked: datetime | None
+
+
+_NOTHING_APPLIED = _Applied(None, None, None, None)
+
+
+async def _lock_pages(tx: Transaction, page_ids: set[int]) -> dict[int, _Applied]:
     """Lock the rows the batch will update, in id order, before any is written (so two
-    batches never wait on each other in a cycle); each page's newest attempt applied.
+    batches never wait on each other in a cycle); what each has applied.
 
     ``FOR NO KEY UPDATE``, as the updates themselves take: ``FOR UPDATE`` would also
     wait for the key-share locks a concurrent batch's ``page_crawls`` insert takes on
     the same page (its foreign key), while that batch waits for ours."""
     if not page_ids:
         return {}
+    # A row from before ``content_at`` and ``linked_at`` that holds content or links
+    # has its newest attempt as their time, as it had then.
     return {
-        page_id: at
-        for page_id, at in await tx.fetch(
+        page_id: _Applied(*times)
+        for page_id, *times in await tx.fetch(
             _sql(
-                "SELECT id, last_crawled_at FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) "
-                "ORDER BY id FOR NO KEY UPDATE"
+                "SELECT id, last_crawled_at, fetched_at, coalesce(content_at, CASE WHEN "
+                "content_hash IS NOT NULL OR title IS NOT NULL THEN last_crawled_at END), "
+                "coalesce(linked_at, CASE WHEN EXISTS (SELECT 1 FROM page_outlinks o "
+                "WHERE o.from_page_id = pages.id) THEN last_crawled_at END) "
+                "FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id "
+                "FOR NO KEY UPDATE OF pages"
             ),
             {"ids": sorted(page_ids)},
         )
@@ -456,7 +475,7 @@ async def _completed(
     completed: list[CrawlCompleted],
     page_ids: dict[str, int],
     policy: RetryPolicy,
-    newest_applied: dict[int, datetime | None],
+    applied: dict[int, _Applied],
 ) -> list[Audit]:
     if not completed:
         return []
@@ -491,8 +510,6 @@ async def _completed(
         },
     )
     verdicts = await _audits(tx, completed, page_ids)
-    # Keep, per page, only attempts not older than the newest one already applied
-    # (``newest_applied``, read under the page's lock).
     # A page's attempts in one batch leave its row as they would one batch each, in
     # the order they completed: the newest attempt says how the page stands (or, when
     # it is retried, the newest that was not retryable), the newest success or 304
@@ -505,22 +522,26 @@ async def _completed(
     fetched: dict[int, CrawlCompleted] = {}
     content: dict[int, CrawlCompleted] = {}
     linking: dict[int, CrawlCompleted] = {}
+    # An attempt older than what a group already holds (read under the page's lock)
+    # leaves that group alone: a late success still gives content to a page whose
+    # newest attempt was a 304 or a failure.
     for event in completed:
         page_id = page_ids[event.url]
-        floor = newest_applied.get(page_id)
-        if floor is not None and event.completed_at < floor:
-            continue
-        _keep_newest(latest, page_id, event)
-        if not event.retryable:
-            _keep_newest(settled, page_id, event)
-        if event.outcome in FETCHED:
+        before = applied.get(page_id, _NOTHING_APPLIED)
+        at = event.completed_at
+        if before.latest is None or at >= before.latest:
+            _keep_newest(latest, page_id, event)
+            if not event.retryable:
+                _keep_newest(settled, page_id, event)
+        if event.outcome in FETCHED and (before.fetched is None or at >= before.fetched):
             _keep_newest(fetched, page_id, event)
-        if event.outcome is CrawlOutcome.SUCCESS:
+        success = event.outcome is CrawlOutcome.SUCCESS
+        if success and (before.content is None or at >= before.content):
             _keep_newest(content, page_id, event)
-        if event.outcome is CrawlOutcome.SUCCESS or event.links:
+        if (success or event.links) and (before.linked is None or at >= before.linked):
             _keep_newest(linking, page_id, event)
     retried = await _retries(tx, latest, policy)
-    await _page_state(tx, latest, settled, fetched, content, retried)
+    await _page_state(tx, latest, settled, fetched, content, linking, retried)
     await _links(tx, linking, page_ids)
     return verdicts
 
@@ -663,19 +684,24 @@ async def _page_state(
     settled: dict[int, CrawlCompleted],
     fetched: dict[int, CrawlCompleted],
     content: dict[int, CrawlCompleted],
+    linking: dict[int, CrawlCompleted],
     retried: set[int],
 ) -> None:
     """Each page's row after its attempts in the batch: ``latest`` its newest attempt,
-    ``settled`` its newest that is not retryable, ``fetched`` its newest success or 304
-    and ``content`` its newest success, if any."""
-    if not latest:
+    ``settled`` its newest that is not retryable, ``fetched`` its newest success or 304,
+    ``content`` its newest success and ``linking`` the newest that said what it links
+    to, each only if newer than what the row holds (a page may be in some, not all)."""
+    ordered = sorted(latest.keys() | fetched.keys() | content.keys() | linking.keys())
+    if not ordered:
         return
-    ordered = sorted(latest)
     statuses: list[str | None] = []
     failed_at: list[datetime | None] = []
     for page_id in ordered:
-        event = latest[page_id]
-        if event.outcome in FETCHED:
+        event = latest.get(page_id)
+        if event is None:
+            statuses.append(None)  # its newest attempt is older news: status as it is
+            failed_at.append(None)
+        elif event.outcome in FETCHED:
             statuses.append("fetched")
             failed_at.append(None)
         elif page_id in retried:
@@ -689,20 +715,24 @@ async def _page_state(
             status = STATUS_BY_OUTCOME[event.outcome]
             statuses.append(status)
             failed_at.append(event.completed_at if status == "failed" else None)
-    events = [latest[p] for p in ordered]
+    newest = [latest.get(p) for p in ordered]
     fetched_ends = [fetched[p].completed_at if p in fetched else None for p in ordered]
     # The content columns come from the newest success; a page without one in the
     # batch keeps what it had (``ok`` false), whatever the other arrays say.
-    held = [content.get(p, latest[p]) for p in ordered]
-    success = [p in content for p in ordered]
+    held = [content.get(p) for p in ordered]
     await tx.execute(
         _sql(
             "UPDATE pages p SET "
-            "last_crawled_at = v.ended, last_outcome = v.outcome, last_status_code = v.code, "
+            "last_crawled_at = coalesce(v.ended, p.last_crawled_at), "
+            "last_outcome = CASE WHEN v.ended IS NULL THEN p.last_outcome ELSE v.outcome END, "
+            "last_status_code = CASE WHEN v.ended IS NULL THEN p.last_status_code "
+            "  ELSE v.code END, "
             "status = coalesce(v.status, p.status), "
             "fetched_at = coalesce(v.fetched, p.fetched_at), "
             "failed_at = CASE WHEN v.failed_at IS NOT NULL THEN v.failed_at "
-            "  WHEN v.fetched IS NOT NULL THEN NULL ELSE p.failed_at END, "
+            "  WHEN v.fetched IS NOT NULL AND v.ended IS NOT NULL THEN NULL "
+            "  ELSE p.failed_at END, "
+            "content_at = CASE WHEN v.ok THEN v.content_at ELSE p.content_at END, "
             "title = CASE WHEN v.ok THEN v.title ELSE p.title END, "
             "language = CASE WHEN v.ok THEN v.language ELSE p.language END, "
             "keywords_tsv = CASE WHEN v.ok THEN to_tsvector(CAST(v.cfg AS regconfig), v.words) "
@@ -712,35 +742,41 @@ async def _page_state(
             "content_hash = CASE WHEN v.ok THEN v.hash ELSE p.content_hash END, "
             "canonical_url = CASE WHEN v.ok THEN v.canonical ELSE p.canonical_url END, "
             "noindex = CASE WHEN v.ok THEN v.noindex ELSE p.noindex END, "
+            "linked_at = coalesce(v.linked, p.linked_at), "
             "updated_at = now() "
             "FROM unnest(CAST(:ids AS bigint[]), CAST(:ends AS timestamptz[]), "
             "CAST(:outcomes AS text[]), CAST(:codes AS int[]), CAST(:statuses AS text[]), "
             "CAST(:fetched AS timestamptz[]), "
-            "CAST(:failed AS timestamptz[]), CAST(:oks AS boolean[]), CAST(:titles AS text[]), "
+            "CAST(:failed AS timestamptz[]), CAST(:oks AS boolean[]), "
+            "CAST(:content_ats AS timestamptz[]), CAST(:titles AS text[]), "
             "CAST(:languages AS text[]), CAST(:cfgs AS text[]), CAST(:words AS text[]), "
             "CAST(:etags AS text[]), CAST(:modified AS text[]), CAST(:hashes AS text[]), "
-            "CAST(:canonicals AS text[]), CAST(:noindexes AS boolean[])) "
-            "AS v(id, ended, outcome, code, status, fetched, failed_at, ok, title, language, "
-            "cfg, words, etag, modified, hash, canonical, noindex) WHERE p.id = v.id"
+            "CAST(:canonicals AS text[]), CAST(:noindexes AS boolean[]), "
+            "CAST(:linked AS timestamptz[])) "
+            "AS v(id, ended, outcome, code, status, fetched, failed_at, ok, content_at, title, "
+            "language, cfg, words, etag, modified, hash, canonical, noindex, linked) "
+            "WHERE p.id = v.id"
         ),
         {
             "ids": ordered,
-            "ends": [e.completed_at for e in events],
-            "outcomes": [e.outcome.value for e in events],
-            "codes": [e.status_code for e in events],
+            "ends": [e.completed_at if e else None for e in newest],
+            "outcomes": [e.outcome.value if e else None for e in newest],
+            "codes": [e.status_code if e else None for e in newest],
             "statuses": statuses,
             "fetched": fetched_ends,
             "failed": failed_at,
-            "oks": success,
-            "titles": [e.title for e in held],
-            "languages": [e.language for e in held],
-            "cfgs": [ts_config(e.language) for e in held],
-            "words": [" ".join((e.title or "", *e.keywords)) for e in held],
-            "etags": [e.etag for e in held],
-            "modified": [e.last_modified for e in held],
-            "hashes": [e.content_hash for e in held],
-            "canonicals": [e.canonical_url for e in held],
-            "noindexes": [e.noindex for e in held],
+            "oks": [e is not None for e in held],
+            "content_ats": [e.completed_at if e else None for e in held],
+            "titles": [e.title if e else None for e in held],
+            "languages": [e.language if e else None for e in held],
+            "cfgs": [ts_config(e.language if e else None) for e in held],
+            "words": [" ".join((e.title or "", *e.keywords)) if e else "" for e in held],
+            "etags": [e.etag if e else None for e in held],
+            "modified": [e.last_modified if e else None for e in held],
+            "hashes": [e.content_hash if e else None for e in held],
+            "canonicals": [e.canonical_url if e else None for e in held],
+            "noindexes": [e.noindex if e else False for e in held],
+            "linked": [linking[p].completed_at if p in linking else None for p in ordered],
         },
     )
 
