@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.discovery.crawl_support import discovered_after
-from trove_discovery.scope import redirected_scope
+from trove_discovery.scope import in_scope, redirected_scope
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlOutcome, Link, LinkKind, Scope, ScopeKind
 
@@ -16,17 +16,22 @@ MOVED = "https://example.org/blog/"
 TO_MOVED = [Link(url=MOVED, kind=LinkKind.REDIRECT)]
 
 
-def test_a_host_or_domain_scope_moves_with_the_redirect_and_a_pattern_stays() -> None:
+def test_a_scope_moves_to_the_targets_host_and_directory_once() -> None:
     host = Scope(kind=ScopeKind.HOST, value="blog.example.net", max_depth=2)
-    assert redirected_scope(host, "https://www.example.co.uk/x") == Scope(
-        kind=ScopeKind.HOST, value="www.example.co.uk", max_depth=2
-    )
+    moved = redirected_scope(host, MOVED)
+    assert moved is not None
+    assert (moved.kind, moved.max_depth) == (ScopeKind.PATTERN, 2)
+    inside = [f"{MOVED}post", "http://www.example.org:8080/blog/x", MOVED]
+    outside = ["https://example.org/other", "https://example.org/blogx", "https://evil.org/blog/"]
+    assert [in_scope(url, moved) for url in inside + outside] == [True] * 3 + [False] * 3
+    # A platform's other sites stay out; a domain scope moves the same way.
     domain = Scope(kind=ScopeKind.DOMAIN, value="example.net", max_depth=2)
-    assert redirected_scope(domain, "https://blog.example.co.uk/x") == Scope(
-        kind=ScopeKind.DOMAIN, value="example.co.uk", max_depth=2
-    )
-    pattern = Scope(kind=ScopeKind.PATTERN, value="^https://blog[.]example[.]net/", max_depth=2)
-    assert redirected_scope(pattern, MOVED) is None
+    platform = redirected_scope(domain, "https://sites.example/view/x/")
+    assert platform is not None
+    assert in_scope("https://sites.example/view/x/about", platform)
+    assert not in_scope("https://sites.example/view/y/", platform)
+    # Moved once: a redirect on from there is not followed off the pattern.
+    assert redirected_scope(moved, "https://elsewhere.example/") is None
 
 
 async def test_a_seed_redirected_to_another_host_is_crawled_there(bus: Bus) -> None:
@@ -35,7 +40,7 @@ async def test_a_seed_redirected_to_another_host_is_crawled_there(bus: Bus) -> N
     assert set(found) == {MOVED}
     moved = found[MOVED]
     assert moved.depth == 0
-    assert moved.scope == Scope(kind=ScopeKind.HOST, value="example.org", max_depth=3)
+    assert moved.scope == redirected_scope(seed, MOVED)
     assert moved.provenance.kind == "redirect"
 
 

@@ -20,7 +20,9 @@ every scope but ``OPEN``, and so is everything when a pattern does not compile.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import re2  # type: ignore[import-untyped]
 
@@ -52,16 +54,25 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
     The operator (or the post) named the page, not its host: a seed that answers at
     another address (``blog.example.org`` -> ``example.org/blog/``, a site that moved,
     a shortened link shared on the fediverse) is crawled where it answers. A ``HOST``
-    scope moves to the target's host, a ``DOMAIN`` scope to its registrable domain; a
-    ``PATTERN`` is the operator's own bound and stays."""
+    or ``DOMAIN`` scope becomes a ``PATTERN`` of the target's host (and its ``www.``
+    twin, any port) and directory: not the target's whole host or domain, which may be
+    a platform of many sites (``sites.google.com/view/x``). A pattern is a bound of its
+    own and stays, so a scope moves once: redirects that hop on from there are not
+    followed off it.
+    """
     if scope.kind not in (ScopeKind.HOST, ScopeKind.DOMAIN):
         return None
     try:
+        parts = urlsplit(target)
         host = domain_of(target)
-    except InvalidURL:
+    except (InvalidURL, ValueError):
         return None
-    value = host if scope.kind is ScopeKind.HOST else registrable_domain(host)
-    return scope.model_copy(update={"value": value})
+    directory = parts.path[: parts.path.rfind("/") + 1] or "/"
+    pattern = (
+        rf"^https?://(?:www\.)?{re.escape(_without_www(host))}(?::[0-9]+)?"
+        rf"{re.escape(directory)}"
+    )
+    return scope.model_copy(update={"kind": ScopeKind.PATTERN, "value": pattern})
 
 
 def follow_link(link_url: str, *, depth: int, scope: Scope) -> bool:
