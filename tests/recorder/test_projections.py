@@ -427,9 +427,13 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
     # Fetched 45 days ago, re-crawled without answer two days ago: failing for two days.
     await project(engine, completed(url=ok, completed_at=now - timedelta(days=45)))
     ok_at = await fail_three_times(ok, now - timedelta(days=2))
-    # Failing since 31 days ago: its recheck chain fails too, and is the last.
-    gone_at = await fail_three_times(gone, now - timedelta(days=31))
-    await fail_three_times(gone, now - timedelta(days=1))
+    # Failing since 31 days ago (its first chain's recheck long due): the chain that
+    # fails now is its last.
+    await fail_three_times(gone, now - timedelta(days=31))
+    await fail_three_times(gone, now)
+    # A replay of failures of 20 days ago: their recheck, due 13 days ago, fired then or
+    # was replaced; decided again, it is not made.
+    await fail_three_times(f"{URL}/old", now - timedelta(days=20))
     found = await rows(engine, "SELECT payload, deliver_at FROM outbox ORDER BY deliver_at")
     rechecks = sorted(
         (request.url, deliver_at, request.reason)
@@ -441,7 +445,6 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
             (down, down_at + timedelta(seconds=week), RequestReason.RECRAWL),
             (slow, slow_at + timedelta(seconds=2 * week), RequestReason.RECRAWL),
             (ok, ok_at + timedelta(seconds=week), RequestReason.RECRAWL),
-            (gone, gone_at + timedelta(seconds=week), RequestReason.RECRAWL),
         ]
     )
     # The page is failed meanwhile, as when its chain ended.

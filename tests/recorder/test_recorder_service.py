@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
+from trove_recorder.projections import apply_batch
 from trove_recorder.recorder import Recorder
-from trove_recorder.replay import REPLAY_LOCK
+from trove_recorder.replay import REPLAY_LOCK, release_held_retries
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -331,3 +332,46 @@ async def test_retries_a_killed_replay_held_are_released_by_the_live_recorder(
     # The replay's lock is gone: the next look lets its hold go, and publishes it.
     assert await recorder._publish_batch() == 1
     assert await published(held) == "sent"
+
+
+async def test_a_held_retry_its_pages_chain_went_on_without_is_not_sent(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    # A retry decided again by a replay, which another request replaced on the page's
+    # schedule subject before it fired (so it is not in the record): sent when the hold
+    # ends, it would replace what the page has pending now.
+    start = utcnow() - timedelta(days=3)
+    sessions = async_sessionmaker(engine)
+    first, later, other = (
+        completed(n).model_copy(
+            update={
+                "outcome": CrawlOutcome.TIMEOUT,
+                "completed_at": start + timedelta(hours=n),
+                "url": "https://blog.example/overtaken" if n < 3 else "https://blog.example/not",
+            }
+        )
+        for n in (1, 2, 3)
+    )
+    async with sessions.begin() as session:
+        await apply_batch(session, [first, later, other], RetryPolicy())
+    overtaken = pending_retry().model_copy(update={"caused_by": first.id})
+    standing = pending_retry().model_copy(update={"id": str(uuid.uuid4()), "caused_by": other.id})
+    async with engine.begin() as conn:
+        await conn.execute(text("DELETE FROM outbox"))
+        for retry in (overtaken, standing):
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, deliver_at, published_at) "
+                    "VALUES (:id, :subject, :payload, :due, timestamptz 'infinity')"
+                ),
+                {
+                    "id": retry.id,
+                    "subject": CrawlRequested.SUBJECT,
+                    "payload": retry.to_wire(),
+                    "due": retry.not_before,
+                },
+            )
+        await release_held_retries(conn)
+    found = await query(engine, "SELECT event_id, published_at FROM outbox")
+    state = {str(r.event_id): r.published_at is not None for r in found}
+    assert state == {overtaken.id: True, standing.id: False}

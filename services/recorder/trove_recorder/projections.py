@@ -25,7 +25,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -648,6 +648,7 @@ async def _retries(
         )
     }
     recheck_for = timedelta(seconds=policy.recheck_for_seconds)
+    now = datetime.now(UTC)
     rows: list[tuple[uuid.UUID, bytes, datetime]] = []
     for page_id, event in sorted(retryable.items()):
         attempts, since = counts.get(page_id, (0, None))
@@ -656,6 +657,12 @@ async def _retries(
             scheduled.add(page_id)
         elif since is not None and event.completed_at - since < recheck_for:
             request = recheck_request(event, policy)  # the page keeps its status
+            assert request.not_before is not None
+            if request.not_before <= now:
+                # Decided again by a replay of old failures: it fired and is in the
+                # record, or another request replaced it, or its chain ended before
+                # rechecks were made. Sent now it would only replace what is pending.
+                continue
         else:
             continue
         assert request.not_before is not None

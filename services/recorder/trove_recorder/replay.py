@@ -9,18 +9,23 @@ projections (``trove replay --since 2h``): after a failover to an asynchronous s
 which lacks the last batches the old primary committed (and whose events the recorder
 had acknowledged), it restores them in minutes, where a whole replay of a long crawl
 takes hours. An event the database holds is skipped (``projected_events``), and the
-projections take an attempt older than the page's newest as history only, so the
-window may start well before the loss, and the live recorder may run meanwhile.
+projections apply an attempt once whatever its order, so the
+window may start well before the loss, and the live recorder may run meanwhile (an
+attempt older than one the page holds sets only the columns it is the newest of:
+``projections``).
 
 Retries are decided again as events are applied, each into an outbox row, held
 (``published_at`` at infinity: no publisher sends it) while the replay runs: a retry
 whose ``CrawlRequested`` is further on in the record was published long ago, and a live
 recorder publishing its row before the replay got there would fire it again, over the
 page's pending re-crawl. A row whose ``CrawlRequested`` the replay met is marked
-published; when it ends, the rows it still holds (scheduled for later, or decided but
-not yet published when the live recorder stopped) are released, and the recorder
-running on this database publishes them; a replay that fails releases them too, and
-one that died holding rows has them released by the next one, at its start.
+published, and so is one whose page had a later attempt (its chain went on without
+it: another request replaced it before it fired); when the replay ends, the rows it
+still holds (scheduled for later, or decided but not yet published when the live
+recorder stopped) are released, and the recorder running on this database publishes
+them; a replay that fails releases them too. One killed outright (no ``finally``)
+loses its advisory lock with its connection, and the live recorder's publisher, or
+the next replay, ends its hold.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from trove_recorder.database import make_engine
 from trove_recorder.page_ids import PageIds
@@ -83,24 +88,42 @@ _MARK_RECORDED_RETRIES = text(
 _HOLD_DECIDED_RETRIES = text(
     "UPDATE outbox SET published_at = 'infinity' WHERE published_at IS NULL AND created_at = now()"
 )
+# Held rows whose page has an attempt after the one that decided them: the chain went
+# on without them (another request replaced theirs on the page's schedule subject
+# before it fired, so it is not in the record). Sent now, they would replace what the
+# page has pending.
+_MARK_OVERTAKEN_RETRIES = text(
+    "UPDATE outbox o SET published_at = now() WHERE o.published_at = 'infinity' "
+    "AND EXISTS (SELECT 1 FROM page_crawls c JOIN page_crawls later "
+    "ON later.page_id = c.page_id AND later.completed_at > c.completed_at "
+    "WHERE c.event_id = CAST(convert_from(o.payload, 'UTF8')::jsonb ->> 'caused_by' AS uuid))"
+)
 _RELEASE_HELD_RETRIES = text(
     "UPDATE outbox SET published_at = NULL WHERE published_at = 'infinity'"
 )
 #: Held by a running replay (a session lock, so a replay killed outright lets it go).
 REPLAY_LOCK = 0x74726F7665  # "trove"
-# Held rows no replay holds (one killed, its connection gone): the recorded ones marked,
-# the rest released. The lock, tried only when such rows exist, is this transaction's.
-_RELEASE_ABANDONED = text(
-    "UPDATE outbox o SET published_at = CASE WHEN EXISTS "
-    "(SELECT 1 FROM projected_events p WHERE p.event_id = o.event_id) THEN now() END "
-    "WHERE o.published_at = 'infinity' AND pg_try_advisory_xact_lock(:lock)"
+# Whether rows are held and no replay holds them (one killed, its connection gone).
+# The lock, tried only when such rows exist, is the caller's transaction's.
+_ABANDONED = text(
+    "SELECT pg_try_advisory_xact_lock(:lock) "
+    "WHERE EXISTS (SELECT 1 FROM outbox WHERE published_at = 'infinity')"
 )
 
 
+async def release_held_retries(conn: AsyncConnection | AsyncSession) -> None:
+    """End a hold: the retries in the record marked sent, those the page's chain went on
+    without dropped, the others released to the publisher."""
+    await conn.execute(_MARK_RECORDED_RETRIES)
+    await conn.execute(_MARK_OVERTAKEN_RETRIES)
+    await conn.execute(_RELEASE_HELD_RETRIES)
+
+
 async def release_abandoned_holds(session: AsyncSession) -> None:
-    """Let go of the retries a replay held and could not release (killed by a signal,
-    its terminal closed): else they never went out, until the next replay."""
-    await session.execute(_RELEASE_ABANDONED, {"lock": REPLAY_LOCK})
+    """End the hold of a replay that could not (killed by a signal, its terminal
+    closed): else its retries never went out, until the next replay."""
+    if (await session.execute(_ABANDONED, {"lock": REPLAY_LOCK})).scalar():
+        await release_held_retries(session)
 
 
 #: The ids of applied events leave with the record's retention; the pages stay.
@@ -167,7 +190,9 @@ async def replay(
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
     # While this connection lives, the live recorders leave the retries it holds alone.
-    lock = await engine.connect()
+    # In autocommit: not a transaction left open for the whole replay, which a server's
+    # idle-in-transaction timeout would end, and the lock with it.
+    lock = await (await engine.connect()).execution_options(isolation_level="AUTOCOMMIT")
     try:
         await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REPLAY_LOCK})
         async with engine.begin() as conn:
@@ -180,7 +205,7 @@ async def replay(
                     "the database already has projections: use --truncate to rebuild them, "
                     "or --since to re-apply the events of a recent window"
                 )
-            await conn.execute(_RELEASE_HELD_RETRIES)  # a replay that died held them
+            await release_held_retries(conn)  # a replay that died held them
         holding = True
         subjects = {
             SEED_REJECTED,
@@ -244,8 +269,7 @@ async def replay(
         if holding:
             try:
                 async with engine.begin() as conn:
-                    await conn.execute(_MARK_RECORDED_RETRIES)
-                    await conn.execute(_RELEASE_HELD_RETRIES)
+                    await release_held_retries(conn)
             except Exception as exc:  # the database away: a live recorder releases them
                 log.warning("replay: held retries not released: %s", exc)
         with contextlib.suppress(Exception):

@@ -60,9 +60,10 @@ def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> 
 
 def recheck_request(event: CrawlCompleted, policy: RetryPolicy) -> CrawlRequested:
     """The new chain for a page whose retries ran out with ``event``: its first attempt
-    after the longest retry delay, or the page's re-crawl interval if longer."""
+    after the longest retry delay, or the page's re-crawl interval if longer (a site's
+    Retry-After is capped by the longest retry delay, as a retry's is)."""
     interval = event.history.interval if event.history is not None else None
-    delay = max(policy.max_delay_seconds, interval or 0.0, event.retry_after or 0.0)
+    delay = max(policy.max_delay_seconds, interval or 0.0)
     return CrawlRequested(
         id=derived_event_id(event.id, "recheck"),
         url=event.url,
