@@ -734,7 +734,12 @@ async def _page_state(
             "last_outcome = CASE WHEN v.ended IS NULL THEN p.last_outcome ELSE v.outcome END, "
             "last_status_code = CASE WHEN v.ended IS NULL THEN p.last_status_code "
             "  ELSE v.code END, "
-            "status = coalesce(v.status, p.status), "
+            # A success or 304 arriving after a newer attempt that was retried (which
+            # keeps the status it found) makes a page not yet fetched fetched, as it
+            # would have in the order they completed.
+            "status = CASE WHEN v.status IS NOT NULL THEN v.status "
+            "  WHEN v.fetched IS NOT NULL AND p.status = 'discovered' THEN 'fetched' "
+            "  ELSE p.status END, "
             "fetched_at = coalesce(v.fetched, p.fetched_at), "
             "failed_at = CASE WHEN v.failed_at IS NOT NULL THEN v.failed_at "
             "  WHEN v.fetched IS NOT NULL AND v.ended IS NOT NULL THEN NULL "
