@@ -365,6 +365,23 @@ async def test_a_pages_content_does_not_depend_on_the_order_its_attempts_arrive_
     ]
 
 
+async def test_a_row_from_before_its_groups_times_keeps_its_newest_attempt_as_their_floor(
+    engine: AsyncEngine,
+) -> None:
+    # A page whose newest success linked nowhere, projected by a release that kept no
+    # content or link times; an older success with links arrives late.
+    start = datetime.now(UTC) - timedelta(hours=1)
+    newer = completed(title="Newer", completed_at=start + timedelta(minutes=2))
+    older = completed(title="Older", links=(Link(url=f"{URL}/old-link"),), completed_at=start)
+    await project(engine, newer)
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE pages SET content_at = NULL, linked_at = NULL"))
+    await project(engine, older)
+    row = await page(engine)
+    assert row.title == "Newer"
+    assert await rows(engine, "SELECT * FROM page_outlinks") == []
+
+
 async def test_failures_are_retried_until_attempts_run_out(engine: AsyncEngine) -> None:
     for attempt in (1, 2):
         await project(engine, completed(CrawlOutcome.BLOCKED_5XX, status_code=503, attempt=attempt))

@@ -78,8 +78,9 @@ class Page(Base):
     content_hash: Mapped[str | None] = mapped_column(String(64))
     canonical_url: Mapped[str | None] = mapped_column(String(2048))
     noindex: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
-    #: Completion time of the newest attempt applied: older ones arriving late (a
-    #: redelivery, a replay in another order) add history but never overwrite state.
+    #: Completion time of the newest attempt applied: its outcome and status. Older
+    #: ones arriving late (a redelivery, a redrive) set only what they are the newest
+    #: of (``content_at``, ``linked_at``, ``fetched_at``).
     last_crawled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_outcome: Mapped[str | None] = mapped_column(String(16))
     last_status_code: Mapped[int | None] = mapped_column(Integer)

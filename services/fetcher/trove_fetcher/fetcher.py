@@ -130,7 +130,7 @@ DONE_MEMORY = 20_000
 #: back instead, the work could go to another pod, which would fetch the page again.
 PUBLISH_PATIENCE_SHARE = 0.5
 #: The longest pause between two tries of a write the broker did not take.
-LATE_WRITE_MAX_PAUSE = 5.0
+LATE_WRITE_MAX_PAUSE = 1.0
 #: Error types that say the chosen strategy was the wrong one for the page.
 MISPREDICTIONS = frozenset({"wrong_tool", "empty_content"})
 
@@ -490,8 +490,8 @@ class Fetcher:
         The fold is written once however often it is tried (``Politeness._folded``)."""
 
         async def keep_trying() -> None:
-            pause = 0.25
-            while not self.stopping.is_set():
+            pause = 0.1
+            while True:
                 try:
                     await write()
                     log.info("what a request taught about its host written late")
@@ -500,7 +500,12 @@ class Fetcher:
                     if not broker_trouble(exc):
                         log.exception("a late write to a host's record failed")
                         return
-                await asyncio.sleep(pause)  # the broker's return, tried again and again
+                if self.stopping.is_set():
+                    log.warning("what a request taught about its host is lost: pod stopping")
+                    return
+                # Soon after the broker is back: the host's hold may have expired, and
+                # another pod's lease would not see the pause until it is written.
+                await asyncio.sleep(pause)
                 pause = min(pause * 2, LATE_WRITE_MAX_PAUSE)
 
         task = asyncio.ensure_future(keep_trying())

@@ -433,15 +433,17 @@ async def _lock_pages(tx: Transaction, page_ids: set[int]) -> dict[int, _Applied
     if not page_ids:
         return {}
     # A row from before ``content_at`` and ``linked_at`` that holds content or links
-    # has its newest attempt as their time, as it had then.
+    # (a success that linked nowhere leaves no links row: content counts) has its newest
+    # attempt as their time, as it had then.
     return {
         page_id: _Applied(*times)
         for page_id, *times in await tx.fetch(
             _sql(
                 "SELECT id, last_crawled_at, fetched_at, coalesce(content_at, CASE WHEN "
                 "content_hash IS NOT NULL OR title IS NOT NULL THEN last_crawled_at END), "
-                "coalesce(linked_at, CASE WHEN EXISTS (SELECT 1 FROM page_outlinks o "
-                "WHERE o.from_page_id = pages.id) THEN last_crawled_at END) "
+                "coalesce(linked_at, CASE WHEN content_hash IS NOT NULL OR title IS NOT NULL "
+                "OR EXISTS (SELECT 1 FROM page_outlinks o WHERE o.from_page_id = pages.id) "
+                "THEN last_crawled_at END) "
                 "FROM pages WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id "
                 "FOR NO KEY UPDATE OF pages"
             ),
