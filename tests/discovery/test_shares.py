@@ -44,6 +44,7 @@ from trove_schema.topology import (
     FOLLOWS_BUCKET,
     SEEN_BUCKET,
     UNFOLLOW_SUBJECT,
+    timeline_schedule_subject,
 )
 
 INSTANCE = "https://social.example"
@@ -430,3 +431,32 @@ async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) ->
         1,
         None,
     )
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_poll_result_redelivered_after_a_follow_again_resumes_the_new_chain(
+    bus: Bus,
+) -> None:
+    """Its first handling scheduled the old chain's next poll over the new chain's first,
+    then died before it looked again: the redelivery, no longer current, resumes it."""
+    settings = make_settings(poll_interval_seconds=600.0)
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    follows = Follows(bus=bus, store=store, settings=settings)
+    (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=settings).accepted
+    (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings).accepted
+    seq = 3 * 10**9  # ids of this test's alone (see test_follows)
+    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    _, first = await _scheduled(bus)
+    result = polled(first, cursor_after="5")
+    assert await follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT)
+    assert await follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT)
+    # What the first handling did before it died: the old chain's next poll scheduled.
+    record, _ = await store.read(INSTANCE)
+    stale, at = next_poll(result, record.timelines["local"], settings)
+    stale = stale.model_copy(update={"follow_id": first.follow_id})
+    await bus.publish_at(stale, at, schedule=timeline_schedule_subject(INSTANCE, "local"))
+    discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
+    shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
+    await shares.polled(result)
+    _, pending = await _scheduled(bus)
+    assert pending.follow_id == record.timelines["local"].follow_id != first.follow_id

@@ -20,7 +20,8 @@ the pending poll (``follows.stop_polls``), and a poll already under way when it 
 ignored when it ends. A poll result handled while an unfollow lands is caught by
 reading the entry again after scheduling, and its schedule is dropped too; when a new
 follow of the timeline landed as well, that schedule may have replaced the new chain's
-first poll, so the new chain is resumed at once.
+first poll, so the new chain is resumed at once (also when the result comes back
+redelivered, no longer current: its first handling may have scheduled and died).
 """
 
 from __future__ import annotations
@@ -179,37 +180,41 @@ class Shares:
 
     async def polled(self, event: TimelinePolled) -> None:
         follow = await self._advance(event)
-        if follow is None:
-            return
-        for page in shared_pages(event, follow, self.settings):
-            await self.discovery.discover(page)
-        request, at = next_poll(event, follow, self.settings)
-        await self.bus.publish_at(
-            request, at, schedule=timeline_schedule_subject(event.instance, event.timeline)
-        )
-        # Commands applied between our write and that schedule: an unfollow dropped
-        # nothing (drop it now); a follow after it had its first poll replaced by ours,
-        # whose answer will be ignored (resume the new chain).
+        if follow is not None:
+            for page in shared_pages(event, follow, self.settings):
+                await self.discovery.discover(page)
+            request, at = next_poll(event, follow, self.settings)
+            await self.bus.publish_at(
+                request, at, schedule=timeline_schedule_subject(event.instance, event.timeline)
+            )
+        await self._after_commands(event, scheduled=follow is not None)
+
+    async def _after_commands(self, event: TimelinePolled, *, scheduled: bool) -> None:
+        """Commands applied while ``event`` was handled, or before its redelivery: an
+        unfollow dropped nothing of what it ``scheduled`` (drop it now); a follow after
+        it had its first poll replaced by this chain's, whose answer is ignored (resume
+        the new chain). Ids derive from ``event``: a redelivery repeats them."""
         record, _ = await self.store.read(event.instance)
         current = record.timelines.get(event.timeline)
         if current is None or (current.follow_id == event.follow_id and current.following):
             return
         if not current.following:
-            msg_id = derived_event_id(request.id, "stop")
-            await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
-        else:
-            log.info(
-                "timeline followed again while polled: the new chain resumed",
-                extra={"instance": event.instance, "timeline": event.timeline},
-            )
-            await resume_polls(
-                self.bus,
-                event.instance,
-                event.domain,
-                event.timeline,
-                current,
-                id=derived_event_id(request.id, "resume"),
-            )
+            if scheduled:
+                msg_id = derived_event_id(event.id, "stop")
+                await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
+            return
+        log.info(
+            "timeline followed again while polled: the new chain resumed",
+            extra={"instance": event.instance, "timeline": event.timeline},
+        )
+        await resume_polls(
+            self.bus,
+            event.instance,
+            event.domain,
+            event.timeline,
+            current,
+            id=derived_event_id(event.id, "resume"),
+        )
 
     async def _advance(self, event: TimelinePolled) -> TimelineFollow | None:
         """Record ``event`` as the follow's last poll; None when it no longer counts."""
