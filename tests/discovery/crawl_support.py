@@ -45,18 +45,28 @@ async def discovered_after(
         completed_at=now,
         links=links,
     )
+    await handle(discovery, bus, event)
+    return {e.url: e for e in await discoveries(bus)}
+
+
+async def handle(discovery: Discovery, bus: Bus, event: CrawlCompleted) -> None:
+    """``discovery`` handles ``event`` as delivered by the stream."""
     await discovery.handle_crawl_completed(
-        Msg(_client=bus.nc, subject="trove.events.crawl.completed", data=event.to_wire())
+        Msg(_client=bus.nc, subject=CrawlCompleted.SUBJECT, data=event.to_wire())
     )
-    # Every publish above got its PubAck: the stream already holds all of them.
+
+
+async def discoveries(bus: Bus) -> list[PageDiscovered]:
+    """Every PageDiscovered in the record, in order (each publish got its PubAck: the
+    stream holds them all)."""
     info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=PAGE_DISCOVERED)
     count = (info.state.subjects or {}).get(PAGE_DISCOVERED, 0)
     if count == 0:
-        return {}
+        return []
     sub = await bus.js.pull_subscribe(PAGE_DISCOVERED, stream=EVENTS_STREAM)
     try:
         msgs = await sub.fetch(count, timeout=5)
     finally:
         await sub.unsubscribe()
     found = [decode_event(msg.data) for msg in msgs]
-    return {e.url: e for e in found if isinstance(e, PageDiscovered)}
+    return [e for e in found if isinstance(e, PageDiscovered)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -21,12 +22,38 @@ from trove_schema.events import (
 )
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
+    EVENT_SCHEDULES_PREFIX,
     EVENTS_STREAM,
     SEEDS_STREAM,
     timeline_schedule_subject,
 )
 
 E = TypeVar("E", bound=Event)
+
+
+class SchedulingBus(Bus):
+    """The real bus, keeping the polls it is asked to schedule; ``before``, when set, is
+    awaited with each first (the operator's commands landing just then)."""
+
+    scheduled: list[TimelinePollRequested]
+    before: Callable[[TimelinePollRequested], Awaitable[None]] | None = None
+
+    async def publish_at(
+        self,
+        event: Event,
+        at: datetime,
+        *,
+        subject: str | None = None,
+        schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
+        schedule: str | None = None,
+    ) -> None:
+        if isinstance(event, TimelinePollRequested):
+            self.scheduled.append(event)
+            if self.before is not None:
+                await self.before(event)
+        await super().publish_at(
+            event, at, subject=subject, schedules_prefix=schedules_prefix, schedule=schedule
+        )
 
 
 async def ask(stack: StackUrls, subject: str, payload: bytes) -> str:

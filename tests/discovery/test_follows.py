@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import StackUrls, eventually
-from tests.discovery.follow_support import ask, commands_handled, pending_poll, recorded
+from tests.discovery.follow_support import (
+    SchedulingBus,
+    ask,
+    commands_handled,
+    pending_poll,
+    recorded,
+)
 from tests.support import send, services
 from trove_discovery.follows import (
     CommandBatch,
@@ -25,11 +31,10 @@ from trove_discovery.follows import (
     with_timeline,
 )
 from trove_schema.bus import Bus
-from trove_schema.events import Event, InstanceFollowed, TimelinePollRequested
+from trove_schema.events import InstanceFollowed, TimelinePollRequested
 from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
-    EVENT_SCHEDULES_PREFIX,
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
     UNFOLLOW_SUBJECT,
@@ -253,27 +258,6 @@ async def test_a_follow_request_is_answered_and_refusals_follow_nothing(
     # retried until discovery answered) is followed, the refused ones are not.
     assert {(e.instance, e.timeline) for e in followed} == {(INSTANCE, "public")}
     assert len(followed) == 1
-
-
-class SchedulingBus(Bus):
-    """The real bus, counting the polls it is asked to schedule."""
-
-    scheduled: list[TimelinePollRequested]
-
-    async def publish_at(
-        self,
-        event: Event,
-        at: datetime,
-        *,
-        subject: str | None = None,
-        schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
-        schedule: str | None = None,
-    ) -> None:
-        if isinstance(event, TimelinePollRequested):
-            self.scheduled.append(event)
-        await super().publish_at(
-            event, at, subject=subject, schedules_prefix=schedules_prefix, schedule=schedule
-        )
 
 
 @pytest.mark.usefixtures("clean")

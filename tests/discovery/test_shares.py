@@ -4,7 +4,6 @@ as provenance, and each poll schedules the next at the right time, once."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from tests.conftest import StackUrls, eventually
 from tests.discovery.follow_support import (
+    SchedulingBus,
     commands_handled,
     handled,
     pending_poll,
@@ -27,7 +27,6 @@ from trove_discovery.shares import Shares, next_poll, poll_delay, shared_pages
 from trove_schema.bus import Bus, schedule_header
 from trove_schema.events import (
     CrawlOutcome,
-    Event,
     InstanceUnfollowed,
     PageDiscovered,
     ScopeKind,
@@ -38,7 +37,6 @@ from trove_schema.events import (
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DISCOVERY_LINKS,
-    EVENT_SCHEDULES_PREFIX,
     EVENTS_STREAM,
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
@@ -379,28 +377,6 @@ async def test_a_page_shared_on_an_excluded_host_is_not_discovered(
     assert {p.url for p in found} == {"https://blog.example/a", f"{INSTANCE}/@ann/1"}
 
 
-class CommandsMidSchedule(Bus):
-    """The real bus; the operator's commands land just before it schedules a next poll."""
-
-    commands: list[Callable[[], Awaitable[object]]]
-
-    async def publish_at(
-        self,
-        event: Event,
-        at: datetime,
-        *,
-        subject: str | None = None,
-        schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
-        schedule: str | None = None,
-    ) -> None:
-        if isinstance(event, TimelinePollRequested) and event.poll > 1:
-            while self.commands:
-                await self.commands.pop(0)()
-        await super().publish_at(
-            event, at, subject=subject, schedules_prefix=schedules_prefix, schedule=schedule
-        )
-
-
 @pytest.mark.usefixtures("clean")
 async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) -> None:
     """An unfollow and a follow between a poll's handling and its next schedule: that
@@ -414,15 +390,19 @@ async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) ->
     seq = 2 * 10**9
     assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
     _, first = await _scheduled(bus)
-    racing = CommandsMidSchedule(bus.nc, bus.js)
-    racing.commands = [
-        lambda: follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT),
-        lambda: follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT),
-    ]
+    landed: list[object] = []
+
+    async def commands(request: TimelinePollRequested) -> None:
+        if request.poll > 1 and not landed:  # just before the next poll is scheduled
+            landed.append(await follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT))
+            landed.append(await follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT))
+
+    racing = SchedulingBus(bus.nc, bus.js)
+    racing.scheduled, racing.before = [], commands
     discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
     shares = Shares(bus=racing, store=store, discovery=discovery, settings=settings)
     await shares.polled(polled(first, cursor_after="5"))
-    assert racing.commands == []
+    assert landed == [["local"], True]
     record, _ = await store.read(INSTANCE)
     _, pending = await _scheduled(bus)
     assert record.timelines["local"].follow_id != first.follow_id

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
 from tests.conftest import StackUrls, eventually
+from tests.discovery.crawl_support import discoveries, handle
 from tests.support import services
 from trove_discovery.discovery import Discovery
 from trove_discovery.url_rules import Holds, UrlRules, record_key
@@ -27,10 +27,8 @@ from trove_schema.events import (
     CrawlOutcome,
     Link,
     LinkKind,
-    PageDiscovered,
     Scope,
     ScopeKind,
-    decode_event,
     utcnow,
 )
 from trove_schema.settings import DiscoverySettings
@@ -38,7 +36,6 @@ from trove_schema.topology import (
     DISCOVERY_LINKS,
     EVENT_SCHEDULES_PREFIX,
     EVENTS_STREAM,
-    PAGE_DISCOVERED,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
     SEEN_BUCKET,
@@ -100,25 +97,9 @@ def page(path: str, *, canonical: str | None = None, links: tuple[str, ...] = ()
     )
 
 
-async def handle(discovery: Discovery, bus: Bus, event: CrawlCompleted) -> None:
-    await discovery.handle_crawl_completed(
-        Msg(_client=bus.nc, subject=CrawlCompleted.SUBJECT, data=event.to_wire())
-    )
-
-
 async def discovered(bus: Bus) -> list[str]:
     """URLs of every PageDiscovered in the record, in order."""
-    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=PAGE_DISCOVERED)
-    count = (info.state.subjects or {}).get(PAGE_DISCOVERED, 0)
-    if count == 0:
-        return []
-    sub = await bus.js.pull_subscribe(PAGE_DISCOVERED, stream=EVENTS_STREAM)
-    try:
-        msgs = await sub.fetch(count, timeout=5)
-    finally:
-        await sub.unsubscribe()
-    found = [decode_event(msg.data) for msg in msgs]
-    return [e.url for e in found if isinstance(e, PageDiscovered)]
+    return [e.url for e in await discoveries(bus)]
 
 
 async def learn_ref(discovery: Discovery, bus: Bus) -> None:

@@ -276,33 +276,39 @@ HISTORIES = {
 }
 
 
+#: When the attempts of a history begin: one instant for every page of a test.
+START = datetime.now(UTC) - timedelta(hours=3)
+
+
+def attempts_of(history: str, url: str) -> list[CrawlCompleted]:
+    """The attempts of ``history`` on ``url``, a minute apart from ``START``; each
+    success links to a page of its own."""
+    return [
+        completed(
+            outcome,
+            url=url,
+            title=title,
+            etag=etag,
+            language="en" if title else None,
+            links=(Link(url=f"{URL}/from-{n}"),) if title else (),
+            status_code=STATUS_CODES.get(outcome, 200),
+            started_at=START + timedelta(minutes=n, milliseconds=-100),
+            completed_at=START + timedelta(minutes=n),
+        )
+        for n, (outcome, title, etag) in enumerate(HISTORIES[history])
+    ]
+
+
 @pytest.mark.parametrize("history", HISTORIES, ids=list(HISTORIES))
 async def test_a_pages_row_does_not_depend_on_how_its_attempts_are_cut_into_batches(
     engine: AsyncEngine, history: str
 ) -> None:
     """A replay applies 500 events a transaction, a recorder catching up a backlog as many,
     a trickle one: a page's attempts in one batch leave its row as one batch each."""
-    start = datetime.now(UTC) - timedelta(hours=3)
-
-    def attempts(url: str) -> list[CrawlCompleted]:
-        return [
-            completed(
-                outcome,
-                url=url,
-                title=title,
-                etag=etag,
-                language="en" if title else None,
-                status_code=STATUS_CODES.get(outcome, 200),
-                started_at=start + timedelta(minutes=n, milliseconds=-100),
-                completed_at=start + timedelta(minutes=n),
-            )
-            for n, (outcome, title, etag) in enumerate(HISTORIES[history])
-        ]
-
     one_by_one, together = f"{URL}/one-by-one", f"{URL}/together"
-    await project(engine, *attempts(one_by_one))
+    await project(engine, *attempts_of(history, one_by_one))
     async with async_sessionmaker(engine).begin() as session:
-        await apply_batch(session, attempts(together), POLICY)
+        await apply_batch(session, attempts_of(history, together), POLICY)
     row = (
         "SELECT status, last_outcome, last_crawled_at, last_status_code, fetched_at, "
         "failed_at, title, language, etag, keywords_tsv FROM pages WHERE url = :u"
@@ -321,27 +327,9 @@ async def test_a_pages_content_does_not_depend_on_the_order_its_attempts_arrive_
     arrives after a newer attempt: the page still has the newest success's content and
     links, the newest success or 304 as when it was fetched, the newest attempt as its
     last."""
-    start = datetime.now(UTC) - timedelta(hours=3)
-
-    def attempts(url: str) -> list[CrawlCompleted]:
-        return [
-            completed(
-                outcome,
-                url=url,
-                title=title,
-                etag=etag,
-                language="en" if title else None,
-                links=(Link(url=f"{URL}/from-{n}"),) if title else (),
-                status_code=STATUS_CODES.get(outcome, 200),
-                started_at=start + timedelta(minutes=n, milliseconds=-100),
-                completed_at=start + timedelta(minutes=n),
-            )
-            for n, (outcome, title, etag) in enumerate(HISTORIES[history])
-        ]
-
     in_order, reversed_url = f"{URL}/in-order", f"{URL}/reversed"
-    await project(engine, *attempts(in_order))
-    await project(engine, *reversed(attempts(reversed_url)))
+    await project(engine, *attempts_of(history, in_order))
+    await project(engine, *reversed(attempts_of(history, reversed_url)))
     row = (
         "SELECT last_outcome, last_crawled_at, last_status_code, fetched_at, title, language, "
         "etag, keywords_tsv, content_at, linked_at, status, failed_at FROM pages WHERE url = :u"
