@@ -42,20 +42,7 @@ def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> 
     Its id derives from the failed attempt's, so it is published at most once per attempt.
     """
     delay = min(max(policy.delay_seconds, event.retry_after or 0.0), policy.max_delay_seconds)
-    return CrawlRequested(
-        id=derived_event_id(event.id, "retry"),
-        url=event.url,
-        domain=event.domain,
-        depth=event.depth,
-        priority=event.priority,
-        scope=event.scope,
-        reason=RequestReason.RETRY,
-        attempt=attempts + 1,
-        not_before=event.completed_at + timedelta(seconds=delay),
-        caused_by=event.id,
-        # A retried re-crawl is still the page's chain: its change history goes on.
-        history=event.history,
-    )
+    return _after(event, "retry", RequestReason.RETRY, attempts + 1, delay)
 
 
 def recheck_request(event: CrawlCompleted, policy: RetryPolicy) -> CrawlRequested:
@@ -64,16 +51,24 @@ def recheck_request(event: CrawlCompleted, policy: RetryPolicy) -> CrawlRequeste
     Retry-After is capped by the longest retry delay, as a retry's is)."""
     interval = event.history.interval if event.history is not None else None
     delay = max(policy.max_delay_seconds, interval or 0.0)
+    return _after(event, "recheck", RequestReason.RECRAWL, 1, delay)
+
+
+def _after(
+    event: CrawlCompleted, kind: str, reason: RequestReason, attempt: int, delay: float
+) -> CrawlRequested:
+    """The page's next request, ``delay`` seconds after ``event`` ended, caused by it."""
     return CrawlRequested(
-        id=derived_event_id(event.id, "recheck"),
+        id=derived_event_id(event.id, kind),
         url=event.url,
         domain=event.domain,
         depth=event.depth,
         priority=event.priority,
         scope=event.scope,
-        reason=RequestReason.RECRAWL,
-        attempt=1,
+        reason=reason,
+        attempt=attempt,
         not_before=event.completed_at + timedelta(seconds=delay),
         caused_by=event.id,
+        # A retried re-crawl, a recheck, are still the page's chain: its history goes on.
         history=event.history,
     )
