@@ -8,7 +8,7 @@ import pytest
 from tests.discovery.crawl_support import discovered_after
 from trove_discovery.scope import in_scope, redirected_scope
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlOutcome, Link, LinkKind, Scope, ScopeKind
+from trove_schema.events import MAX_SCOPE_MOVES, CrawlOutcome, Link, LinkKind, Scope, ScopeKind
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -16,22 +16,61 @@ MOVED = "https://example.org/blog/"
 TO_MOVED = [Link(url=MOVED, kind=LinkKind.REDIRECT)]
 
 
-def test_a_scope_moves_to_the_targets_host_and_directory_once() -> None:
+def test_a_scope_moves_to_the_targets_host_and_subtree() -> None:
     host = Scope(kind=ScopeKind.HOST, value="blog.example.net", max_depth=2)
     moved = redirected_scope(host, MOVED)
     assert moved is not None
-    assert (moved.kind, moved.max_depth) == (ScopeKind.PATTERN, 2)
+    assert (moved.kind, moved.max_depth, moved.moves) == (ScopeKind.PATTERN, 2, 1)
     inside = [f"{MOVED}post", "http://www.example.org:8080/blog/x", MOVED]
     outside = ["https://example.org/other", "https://example.org/blogx", "https://evil.org/blog/"]
     assert [in_scope(url, moved) for url in inside + outside] == [True] * 3 + [False] * 3
-    # A platform's other sites stay out; a domain scope moves the same way.
+
+
+@pytest.mark.parametrize(
+    ("target", "inside", "outside"),
+    [
+        # A platform's other sites stay out, whether the target ends in a slash or not.
+        (
+            "https://sites.example/view/x",
+            "https://sites.example/view/x/about",
+            "https://sites.example/view/xy",
+        ),
+        (
+            "https://social.example/@ann",
+            "https://social.example/@ann?page=2",
+            "https://social.example/@bob",
+        ),
+        (
+            "http://[2001:db8::1]/blog/",
+            "http://[2001:db8::1]:8080/blog/p",
+            "http://[2001:db8::2]/blog/",
+        ),
+    ],
+)
+def test_a_moved_scope_holds_the_target_and_what_lies_under_it(
+    target: str, inside: str, outside: str
+) -> None:
     domain = Scope(kind=ScopeKind.DOMAIN, value="example.net", max_depth=2)
-    platform = redirected_scope(domain, "https://sites.example/view/x/")
-    assert platform is not None
-    assert in_scope("https://sites.example/view/x/about", platform)
-    assert not in_scope("https://sites.example/view/y/", platform)
-    # Moved once: a redirect on from there is not followed off the pattern.
-    assert redirected_scope(moved, "https://elsewhere.example/") is None
+    moved = redirected_scope(domain, target)
+    assert moved is not None
+    assert (in_scope(target, moved), in_scope(inside, moved), in_scope(outside, moved)) == (
+        True,
+        True,
+        False,
+    )
+
+
+def test_a_scope_moves_along_a_chain_of_redirects_a_few_times_and_a_pattern_given_never() -> None:
+    scope: Scope | None = Scope(kind=ScopeKind.HOST, value="short.example", max_depth=0)
+    hops = [f"https://hop{n}.example/x" for n in range(MAX_SCOPE_MOVES + 1)]
+    moves = []
+    for hop in hops:
+        assert scope is not None
+        scope = redirected_scope(scope, hop)
+        moves.append(None if scope is None else scope.moves)
+    assert moves == [*range(1, MAX_SCOPE_MOVES + 1), None]
+    given = Scope(kind=ScopeKind.PATTERN, value="^https://blog[.]example[.]net/", max_depth=2)
+    assert redirected_scope(given, MOVED) is None
 
 
 async def test_a_seed_redirected_to_another_host_is_crawled_there(bus: Bus) -> None:

@@ -166,6 +166,11 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
 
+#: Most times a scope moves with the redirects of a page named directly (as a browser's
+#: redirect limit: a shortener to a shortener to the page).
+MAX_SCOPE_MOVES = 5
+
+
 class Scope(Frozen):
     """Where a crawl may go, carried along from the seed to every page it reaches."""
 
@@ -173,6 +178,9 @@ class Scope(Frozen):
     #: The seed's host (HOST), registrable domain (DOMAIN) or regex (PATTERN).
     value: str = ""
     max_depth: int = Field(default=5, ge=0, le=100)
+    #: How many redirects of a page named directly (a seed, a shared link) moved this
+    #: scope to where the page answers; 0 for the scope the operator or the post gave.
+    moves: int = Field(default=0, ge=0, le=MAX_SCOPE_MOVES)
 
 
 #: A fediverse account, ``user@instance`` (what Mastodon calls ``acct``, made absolute).

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import re2  # type: ignore[import-untyped]
 
 from trove_discovery.errors import InvalidURL
-from trove_schema.events import Scope, ScopeKind
+from trove_schema.events import MAX_SCOPE_MOVES, Scope, ScopeKind
 from trove_schema.urls import domain_of, registrable_domain
 
 
@@ -55,24 +55,32 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
     another address (``blog.example.org`` -> ``example.org/blog/``, a site that moved,
     a shortened link shared on the fediverse) is crawled where it answers. A ``HOST``
     or ``DOMAIN`` scope becomes a ``PATTERN`` of the target's host (and its ``www.``
-    twin, any port) and directory: not the target's whole host or domain, which may be
-    a platform of many sites (``sites.google.com/view/x``). A pattern is a bound of its
-    own and stays, so a scope moves once: redirects that hop on from there are not
-    followed off it.
+    twin, any port) and the target's subtree (its directory when its path ends in
+    ``/``, else the path itself and what lies under it): not the target's whole host or
+    domain, which may be a platform of many sites (``sites.google.com/view/x``). It
+    moves again with the next redirect of the chain (a shortener to a shortener), up to
+    ``MAX_SCOPE_MOVES``; an operator's own pattern never moves.
     """
-    if scope.kind not in (ScopeKind.HOST, ScopeKind.DOMAIN):
+    moved = scope.kind is ScopeKind.PATTERN and scope.moves > 0
+    if scope.kind not in (ScopeKind.HOST, ScopeKind.DOMAIN) and not moved:
+        return None
+    if scope.moves >= MAX_SCOPE_MOVES:
         return None
     try:
         parts = urlsplit(target)
         host = domain_of(target)
     except (InvalidURL, ValueError):
         return None
-    directory = parts.path[: parts.path.rfind("/") + 1] or "/"
-    pattern = (
-        rf"^https?://(?:www\.)?{re.escape(_without_www(host))}(?::[0-9]+)?"
-        rf"{re.escape(directory)}"
+    if ":" in host:  # an IPv6 literal, in brackets in a URL
+        origin = rf"\[{re.escape(host)}\]"
+    else:
+        origin = rf"(?:www\.)?{re.escape(_without_www(host))}"
+    path = parts.path or "/"
+    subtree = re.escape(path) + ("" if path.endswith("/") else "(?:[/?#]|$)")
+    pattern = rf"^https?://{origin}(?::[0-9]+)?{subtree}"
+    return scope.model_copy(
+        update={"kind": ScopeKind.PATTERN, "value": pattern, "moves": scope.moves + 1}
     )
-    return scope.model_copy(update={"kind": ScopeKind.PATTERN, "value": pattern})
 
 
 def follow_link(link_url: str, *, depth: int, scope: Scope) -> bool:
