@@ -48,13 +48,16 @@ def completed(outcome: CrawlOutcome = CrawlOutcome.SUCCESS, **fields: Any) -> Cr
     return CrawlCompleted(**base)
 
 
-async def project(engine: AsyncEngine, *events: Event, policy: RetryPolicy = POLICY) -> list[bool]:
+async def project(
+    engine: AsyncEngine, *events: Event, policy: RetryPolicy = POLICY, replaying: bool = False
+) -> list[bool]:
     """Each event in a transaction of its own; whether it was new."""
     sessions = async_sessionmaker(engine)
     applied = []
     for event in events:
         async with sessions.begin() as session:
-            applied.append((await apply_batch(session, [event], policy)).count == 1)
+            batch = await apply_batch(session, [event], policy, replaying=replaying)
+            applied.append(batch.count == 1)
     return applied
 
 
@@ -353,6 +356,27 @@ async def test_a_pages_content_does_not_depend_on_the_order_its_attempts_arrive_
     ]
 
 
+async def test_a_success_arriving_late_makes_a_page_that_failed_before_it_fetched(
+    engine: AsyncEngine,
+) -> None:
+    # A 404, then a success, then a 503 retried: the success arrives last.
+    start = datetime.now(UTC) - timedelta(hours=1)
+    missing, found, busy = (
+        completed(outcome, status_code=code, completed_at=start + timedelta(minutes=n), **more)
+        for n, (outcome, code, more) in enumerate(
+            [
+                (CrawlOutcome.BLOCKED_4XX, 404, {}),
+                (CrawlOutcome.SUCCESS, 200, {"title": "Back"}),
+                (CrawlOutcome.BLOCKED_5XX, 503, {}),
+            ]
+        )
+    )
+    await project(engine, missing, busy, found)
+    row = await page(engine)
+    assert (row.status, row.failed_at, row.title) == ("fetched", None, "Back")
+    assert (row.last_outcome, row.fetched_at) == ("blocked_5xx", found.completed_at)
+
+
 async def test_a_row_from_before_its_groups_times_keeps_its_newest_attempt_as_their_floor(
     engine: AsyncEngine,
 ) -> None:
@@ -419,7 +443,9 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
     )
     now = datetime.now(UTC)
 
-    async def fail_three_times(url: str, first: datetime, **fields: Any) -> datetime:
+    async def fail_three_times(
+        url: str, first: datetime, *, replaying: bool = False, **fields: Any
+    ) -> datetime:
         """A chain's three failures from ``first`` on; when the last one ended."""
         for attempt in (1, 2, 3):
             at = first + timedelta(hours=attempt - 1)
@@ -431,7 +457,7 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
                 completed_at=at,
                 **fields,
             )
-            await project(engine, failed, policy=policy)
+            await project(engine, failed, policy=policy, replaying=replaying)
         return at
 
     down, slow, ok, gone = (f"{URL}/{name}" for name in ("down", "slow", "ok", "gone"))
@@ -440,13 +466,13 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
     # Fetched 45 days ago, re-crawled without answer two days ago: failing for two days.
     await project(engine, completed(url=ok, completed_at=now - timedelta(days=45)))
     ok_at = await fail_three_times(ok, now - timedelta(days=2))
-    # Failing since 31 days ago (its first chain's recheck long due): the chain that
-    # fails now is its last.
-    await fail_three_times(gone, now - timedelta(days=31))
+    # Failing since 31 days ago: its first chain's recheck, projected by a recorder that
+    # far behind, goes at once; the chain that fails now is its last.
+    gone_at = await fail_three_times(gone, now - timedelta(days=31))
     await fail_three_times(gone, now)
     # A replay of failures of 20 days ago: their recheck, due 13 days ago, fired then or
     # was replaced; decided again, it is not made.
-    await fail_three_times(f"{URL}/old", now - timedelta(days=20))
+    await fail_three_times(f"{URL}/old", now - timedelta(days=20), replaying=True)
     found = await rows(engine, "SELECT payload, deliver_at FROM outbox ORDER BY deliver_at")
     rechecks = sorted(
         (request.url, deliver_at, request.reason)
@@ -458,6 +484,7 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
             (down, down_at + timedelta(seconds=week), RequestReason.RECRAWL),
             (slow, slow_at + timedelta(seconds=2 * week), RequestReason.RECRAWL),
             (ok, ok_at + timedelta(seconds=week), RequestReason.RECRAWL),
+            (gone, gone_at + timedelta(seconds=week), RequestReason.RECRAWL),
         ]
     )
     # The page is failed meanwhile, as when its chain ended.

@@ -356,22 +356,29 @@ async def test_a_held_retry_its_pages_chain_went_on_without_is_not_sent(
         await apply_batch(session, [first, later, other], RetryPolicy())
     overtaken = pending_retry().model_copy(update={"caused_by": first.id})
     standing = pending_retry().model_copy(update={"id": str(uuid.uuid4()), "caused_by": other.id})
+    # And one a newer release wrote, which this one cannot read: released as it is.
+    unread = str(uuid.uuid4())
+    rows = [
+        (overtaken.id, overtaken.to_wire()),
+        (standing.id, standing.to_wire()),
+        (unread, b'{"type":"CrawlRequested","version":1,"reason":"from-a-newer-release"}'),
+    ]
     async with engine.begin() as conn:
         await conn.execute(text("DELETE FROM outbox"))
-        for retry in (overtaken, standing):
+        for event_id, payload in rows:
             await conn.execute(
                 text(
                     "INSERT INTO outbox (event_id, subject, payload, deliver_at, published_at) "
                     "VALUES (:id, :subject, :payload, :due, timestamptz 'infinity')"
                 ),
                 {
-                    "id": retry.id,
+                    "id": event_id,
                     "subject": CrawlRequested.SUBJECT,
-                    "payload": retry.to_wire(),
-                    "due": retry.not_before,
+                    "payload": payload,
+                    "due": overtaken.not_before,
                 },
             )
         await release_held_retries(conn)
     found = await query(engine, "SELECT event_id, published_at FROM outbox")
     state = {str(r.event_id): r.published_at is not None for r in found}
-    assert state == {overtaken.id: True, standing.id: False}
+    assert state == {overtaken.id: True, standing.id: False, unread: False}

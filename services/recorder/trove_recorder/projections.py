@@ -102,12 +102,14 @@ async def apply_batch(
     known: PageIds | None = None,
     *,
     learning: LearningConfig | None = None,
+    replaying: bool = False,
 ) -> Applied:
     """Apply ``events`` (in stream order) in the caller's transaction.
 
     ``known`` saves the look-up of pages already seen; the caller teaches it the
     returned ids once the transaction has committed. ``learning`` is the per-host
     policy's configuration (the services' settings; the defaults when None).
+    ``replaying``: the events are the record read again (``replay``), not news.
     """
     unique: dict[str, Event] = {}
     for event in events:
@@ -160,7 +162,9 @@ async def apply_batch(
         tx, {page_ids[url] for url in plan.discovered} | {page_ids[e.url] for e in plan.completed}
     )
     await _discovered(tx, plan.discovered)
-    verdicts = await _completed(tx, plan.completed, page_ids, policy, newest_applied)
+    verdicts = await _completed(
+        tx, plan.completed, page_ids, policy, newest_applied, replaying=replaying
+    )
     await fold_host_policies(tx, plan.completed, verdicts, learning or LearningConfig())
     await _fediverse(tx, plan.fediverse)
     return applied
@@ -478,6 +482,8 @@ async def _completed(
     page_ids: dict[str, int],
     policy: RetryPolicy,
     applied: dict[int, _Applied],
+    *,
+    replaying: bool,
 ) -> list[Audit]:
     if not completed:
         return []
@@ -542,7 +548,7 @@ async def _completed(
             _keep_newest(content, page_id, event)
         if (success or event.links) and (before.linked is None or at >= before.linked):
             _keep_newest(linking, page_id, event)
-    retried = await _retries(tx, latest, policy)
+    retried = await _retries(tx, latest, policy, replaying=replaying)
     await _page_state(tx, latest, settled, fetched, content, linking, retried)
     await _links(tx, linking, page_ids)
     return verdicts
@@ -616,7 +622,7 @@ def _duration_ms(event: CrawlCompleted) -> int:
 
 
 async def _retries(
-    tx: Transaction, latest: dict[int, CrawlCompleted], policy: RetryPolicy
+    tx: Transaction, latest: dict[int, CrawlCompleted], policy: RetryPolicy, *, replaying: bool
 ) -> set[int]:
     """Outbox rows for the retryable attempts: a retry while attempts are left, else a
     recheck while the page has not been failing too long (``retries``); the page ids
@@ -660,10 +666,11 @@ async def _retries(
         elif since is not None and event.completed_at - since < recheck_for:
             request = recheck_request(event, policy)  # the page keeps its status
             assert request.not_before is not None
-            if request.not_before <= now:
-                # Decided again by a replay of old failures: it fired and is in the
-                # record, or another request replaced it, or its chain ended before
-                # rechecks were made. Sent now it would only replace what is pending.
+            if replaying and request.not_before <= now:
+                # Decided again for old failures: it fired and is in the record, or
+                # another request replaced it, or its chain ended before rechecks were
+                # made. Sent now it would only replace what is pending. (Live, one
+                # due already, the recorder behind, goes at once.)
                 continue
         else:
             continue
@@ -737,14 +744,16 @@ async def _page_state(
             "last_status_code = CASE WHEN v.ended IS NULL THEN p.last_status_code "
             "  ELSE v.code END, "
             # A success or 304 arriving after a newer attempt that was retried (which
-            # keeps the status it found) makes a page not yet fetched fetched, as it
-            # would have in the order they completed.
+            # keeps the status it found) makes a page fetched that was not yet, or that
+            # failed before it, as it would have in the order they completed.
             "status = CASE WHEN v.status IS NOT NULL THEN v.status "
-            "  WHEN v.fetched IS NOT NULL AND p.status = 'discovered' THEN 'fetched' "
+            "  WHEN v.fetched IS NOT NULL AND (p.status = 'discovered' "
+            "  OR p.status = 'failed' AND p.failed_at < v.fetched) THEN 'fetched' "
             "  ELSE p.status END, "
             "fetched_at = coalesce(v.fetched, p.fetched_at), "
             "failed_at = CASE WHEN v.failed_at IS NOT NULL THEN v.failed_at "
-            "  WHEN v.fetched IS NOT NULL AND v.ended IS NOT NULL THEN NULL "
+            "  WHEN v.fetched IS NOT NULL AND (v.ended IS NOT NULL "
+            "  OR p.failed_at < v.fetched) THEN NULL "
             "  ELSE p.failed_at END, "
             "content_at = CASE WHEN v.ok THEN v.content_at ELSE p.content_at END, "
             "title = CASE WHEN v.ok THEN v.title ELSE p.title END, "

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -88,15 +89,15 @@ _MARK_RECORDED_RETRIES = text(
 _HOLD_DECIDED_RETRIES = text(
     "UPDATE outbox SET published_at = 'infinity' WHERE published_at IS NULL AND created_at = now()"
 )
-# Held rows whose page has an attempt after the one that decided them: the chain went
-# on without them (another request replaced theirs on the page's schedule subject
-# before it fired, so it is not in the record). Sent now, they would replace what the
-# page has pending.
-_MARK_OVERTAKEN_RETRIES = text(
-    "UPDATE outbox o SET published_at = now() WHERE o.published_at = 'infinity' "
-    "AND EXISTS (SELECT 1 FROM page_crawls c JOIN page_crawls later "
-    "ON later.page_id = c.page_id AND later.completed_at > c.completed_at "
-    "WHERE c.event_id = CAST(convert_from(o.payload, 'UTF8')::jsonb ->> 'caused_by' AS uuid))"
+_HELD = text("SELECT event_id, payload FROM outbox WHERE published_at = 'infinity'")
+# Of these attempts, those their page has a later attempt than.
+_OVERTAKEN = text(
+    "SELECT c.event_id FROM page_crawls c WHERE c.event_id = ANY(CAST(:ids AS uuid[])) "
+    "AND EXISTS (SELECT 1 FROM page_crawls later WHERE later.page_id = c.page_id "
+    "AND later.completed_at > c.completed_at)"
+)
+_MARK_SENT = text(
+    "UPDATE outbox SET published_at = now() WHERE event_id = ANY(CAST(:ids AS uuid[]))"
 )
 _RELEASE_HELD_RETRIES = text(
     "UPDATE outbox SET published_at = NULL WHERE published_at = 'infinity'"
@@ -115,8 +116,30 @@ async def release_held_retries(conn: AsyncConnection | AsyncSession) -> None:
     """End a hold: the retries in the record marked sent, those the page's chain went on
     without dropped, the others released to the publisher."""
     await conn.execute(_MARK_RECORDED_RETRIES)
-    await conn.execute(_MARK_OVERTAKEN_RETRIES)
+    await _mark_overtaken(conn)
     await conn.execute(_RELEASE_HELD_RETRIES)
+
+
+async def _mark_overtaken(conn: AsyncConnection | AsyncSession) -> None:
+    """Mark sent the held rows whose page had an attempt after the one that decided
+    them: the chain went on without them (another request replaced theirs on the page's
+    schedule subject before it fired, so it is not in the record), and sent now they
+    would replace what the page has pending. A row this release cannot read (a newer
+    one wrote it) is released as it is, for the publisher to judge."""
+    causes: dict[uuid.UUID, list[uuid.UUID]] = {}
+    for event_id, payload in (await conn.execute(_HELD)).all():
+        try:
+            event = decode_event(payload)
+            cause = uuid.UUID(str(getattr(event, "caused_by", None)))
+        except (MalformedEvent, ValueError):
+            continue
+        causes.setdefault(cause, []).append(event_id)
+    if not causes:
+        return
+    found = await conn.execute(_OVERTAKEN, {"ids": list(causes)})
+    overtaken = [row for (cause,) in found.all() for row in causes[cause]]
+    if overtaken:
+        await conn.execute(_MARK_SENT, {"ids": overtaken})
 
 
 async def release_abandoned_holds(session: AsyncSession) -> None:
@@ -252,7 +275,9 @@ async def replay(
                     done = True
                     break
             async with sessions.begin() as session:
-                applied = await apply_batch(session, events, policy, known, learning=learning)
+                applied = await apply_batch(
+                    session, events, policy, known, learning=learning, replaying=True
+                )
                 await session.execute(_HOLD_DECIDED_RETRIES)
                 # Every pending row, not only this batch's: a retry's CrawlRequested
                 # comes later in the stream than the attempt that decided it.
