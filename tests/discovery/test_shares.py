@@ -437,6 +437,31 @@ async def test_a_poll_result_redelivered_after_a_follow_again_resumes_the_new_ch
     await bus.publish_at(stale, at, schedule=timeline_schedule_subject(INSTANCE, "local"))
     discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
     shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
-    await shares.polled(result)
+    await shares.polled(result, redelivered=True)
     _, pending = await _scheduled(bus)
     assert pending.follow_id == record.timelines["local"].follow_id != first.follow_id
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_old_chains_result_arriving_after_a_follow_again_leaves_the_new_chain_be(
+    bus: Bus,
+) -> None:
+    """First delivered after the follow again, it scheduled nothing: the new chain's
+    pending poll stands (not replaced by one at once, ignoring its interval)."""
+    settings = make_settings(poll_interval_seconds=600.0)
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    follows = Follows(bus=bus, store=store, settings=settings)
+    (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=settings).accepted
+    (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings).accepted
+    seq = 4 * 10**9  # ids of this test's alone (see test_follows)
+    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    _, first = await _scheduled(bus)
+    assert await follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT)
+    assert await follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT)
+    _, new_first = await _scheduled(bus)
+    discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
+    shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
+    await shares.polled(polled(first, cursor_after="5"))
+    _, pending = await _scheduled(bus)
+    assert new_first.follow_id != first.follow_id
+    assert pending == new_first

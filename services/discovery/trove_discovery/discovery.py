@@ -197,7 +197,7 @@ class Discovery:
         event = decode_event(msg.data)
         if not isinstance(event, CrawlCompleted):
             return
-        deliveries = _deliveries(msg)
+        deliveries = delivery_count(msg)
         # Handed back while its host's aliases were learned: only the links it held.
         again = self.holds.take(event.id) if self.holds and deliveries > 1 else None
         if again is None and self.url_rules is not None:
@@ -514,7 +514,7 @@ def _seen_key(url: str) -> str:
     return "u." + hashlib.sha256(url.encode()).hexdigest()[:40]
 
 
-def _deliveries(msg: Msg) -> int:
+def delivery_count(msg: Msg) -> int:
     """How many times JetStream delivered ``msg`` (1 for a message from elsewhere)."""
     try:
         return int(msg.metadata.num_delivered)

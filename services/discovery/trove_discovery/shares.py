@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError
 
-from trove_discovery.discovery import Discovery
+from trove_discovery.discovery import Discovery, delivery_count
 from trove_discovery.follows import (
     MAX_WRITES,
     FollowStore,
@@ -176,9 +176,9 @@ class Shares:
     async def handle_timeline_polled(self, msg: Msg) -> None:
         event = decode_event(msg.data)
         if isinstance(event, TimelinePolled):
-            await self.polled(event)
+            await self.polled(event, redelivered=delivery_count(msg) > 1)
 
-    async def polled(self, event: TimelinePolled) -> None:
+    async def polled(self, event: TimelinePolled, *, redelivered: bool = False) -> None:
         follow = await self._advance(event)
         if follow is not None:
             for page in shared_pages(event, follow, self.settings):
@@ -187,21 +187,22 @@ class Shares:
             await self.bus.publish_at(
                 request, at, schedule=timeline_schedule_subject(event.instance, event.timeline)
             )
-        await self._after_commands(event, scheduled=follow is not None)
+        # A redelivery may have scheduled in its first handling, which then died.
+        if follow is not None or redelivered:
+            await self._after_commands(event)
 
-    async def _after_commands(self, event: TimelinePolled, *, scheduled: bool) -> None:
-        """Commands applied while ``event`` was handled, or before its redelivery: an
-        unfollow dropped nothing of what it ``scheduled`` (drop it now); a follow after
-        it had its first poll replaced by this chain's, whose answer is ignored (resume
-        the new chain). Ids derive from ``event``: a redelivery repeats them."""
+    async def _after_commands(self, event: TimelinePolled) -> None:
+        """Commands applied since ``event``'s chain scheduled its next poll: an unfollow
+        dropped nothing (drop it now); a follow after it had its first poll replaced by
+        this chain's, whose answer is ignored (resume the new chain). Ids derive from
+        ``event``: a redelivery repeats them."""
         record, _ = await self.store.read(event.instance)
         current = record.timelines.get(event.timeline)
         if current is None or (current.follow_id == event.follow_id and current.following):
             return
         if not current.following:
-            if scheduled:
-                msg_id = derived_event_id(event.id, "stop")
-                await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
+            msg_id = derived_event_id(event.id, "stop")
+            await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
             return
         log.info(
             "timeline followed again while polled: the new chain resumed",
