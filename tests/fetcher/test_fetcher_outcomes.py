@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
@@ -441,6 +442,28 @@ async def test_a_pause_the_broker_did_not_take_is_written_when_it_answers_again(
         fetcher.close()
     assert slot.backoff_until - fetcher.clock.now() > 50.0
     assert slot.policy.attempts == 2  # the 429 folded once
+
+
+async def test_a_stopping_pod_tries_its_late_writes_once_more_and_says_what_is_lost(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    kv = PauseWritesAway(await bus.js.key_value(DOMAINS_BUCKET))
+    polite = Politeness(kv, PolitenessConfig(min_delay=0.05))
+    fetcher = await fetcher_on(bus, client, politeness=polite, ack_wait=1.0)
+    page, limited = work(server), work(server, "/limited")
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+        kv.away.set()
+        await fetcher.process(Job(limited), limited.to_wire())
+        tried = kv.refused
+        fetcher.stopping.set()
+        with caplog.at_level(logging.WARNING, logger="trove.fetcher"):
+            await fetcher.settle_late_writes(5.0)
+    finally:
+        fetcher.close()
+    assert kv.refused == tried + 1
+    assert "is lost: pod stopping" in caplog.text
+    assert not fetcher._late_writes
 
 
 #: A poll of a followed timeline, as discovery asks for it.

@@ -35,6 +35,9 @@ from trove_schema.topology import (
 #: never more than half the consumer's ``max_ack_pending``, so that one pod cannot
 #: hold all of it.
 HELD_PER_SLOT = 8
+#: How long a stopping pod waits for what its requests taught about their hosts to be
+#: written, when the broker did not take it at release (``Fetcher.settle_late_writes``).
+LATE_WRITES_GRACE = 2.0
 
 
 def prefetch(concurrency: int, max_ack_pending: int) -> int:
@@ -153,6 +156,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
         )
         ready.set()
         await together(stop, clock.keep(stop), listed.keep(stop), *(c.run(stop) for c in consumers))
+        await fetcher.settle_late_writes(LATE_WRITES_GRACE)
         fetcher.close()
     finally:
         await client.aclose()

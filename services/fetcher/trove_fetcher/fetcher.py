@@ -504,8 +504,10 @@ class Fetcher:
                     log.warning("what a request taught about its host is lost: pod stopping")
                     return
                 # Soon after the broker is back: the host's hold may have expired, and
-                # another pod's lease would not see the pause until it is written.
-                await asyncio.sleep(pause)
+                # another pod's lease would not see the pause until it is written. A
+                # stopping pod tries once more at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), pause)
                 pause = min(pause * 2, LATE_WRITE_MAX_PAUSE)
 
         task = asyncio.ensure_future(keep_trying())
@@ -975,6 +977,20 @@ class Fetcher:
             except RedirectPaused as paused:
                 raise GateDeferred(paused.at - self.clock.now()) from paused
         return policy.allows(url, self.robots_token)
+
+    async def settle_late_writes(self, grace: float) -> None:
+        """Give the writes still waiting for the broker ``grace`` seconds to land (each
+        tries once more, the pod stopping); say how many are lost."""
+        if not self._late_writes:
+            return
+        _, pending = await asyncio.wait(set(self._late_writes), timeout=grace)
+        if pending:
+            log.warning(
+                "what requests taught about their hosts is lost: pod stopping, broker away",
+                extra={"writes": len(pending)},
+            )
+            for task in pending:
+                task.cancel()
 
     def close(self) -> None:
         for task in self._late_writes:
