@@ -8,12 +8,23 @@ import pytest
 from tests.discovery.crawl_support import discovered_after
 from trove_discovery.scope import in_scope, redirected_scope
 from trove_schema.bus import Bus
-from trove_schema.events import MAX_SCOPE_MOVES, CrawlOutcome, Link, LinkKind, Scope, ScopeKind
+from trove_schema.events import (
+    MAX_SCOPE_MOVES,
+    CrawlOutcome,
+    Link,
+    LinkKind,
+    PageDiscovered,
+    Provenance,
+    Scope,
+    ScopeKind,
+    decode_event,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
 MOVED = "https://example.org/blog/"
 TO_MOVED = [Link(url=MOVED, kind=LinkKind.REDIRECT)]
+SEED = Provenance(kind="seed")
 
 
 def test_a_scope_moves_to_the_targets_host_and_subtree() -> None:
@@ -45,6 +56,12 @@ def test_a_scope_moves_to_the_targets_host_and_subtree() -> None:
             "http://[2001:db8::1]:8080/blog/p",
             "http://[2001:db8::2]/blog/",
         ),
+        # A file's directory: the site it is the home page of.
+        (
+            "https://moved.example/blog/index.html",
+            "https://moved.example/blog/post-1",
+            "https://moved.example/shop/",
+        ),
     ],
 )
 def test_a_moved_scope_holds_the_target_and_what_lies_under_it(
@@ -71,6 +88,19 @@ def test_a_scope_moves_along_a_chain_of_redirects_a_few_times_and_a_pattern_give
     assert moves == [*range(1, MAX_SCOPE_MOVES + 1), None]
     given = Scope(kind=ScopeKind.PATTERN, value="^https://blog[.]example[.]net/", max_depth=2)
     assert redirected_scope(given, MOVED) is None
+
+
+def test_a_scope_moved_more_often_than_this_release_allows_is_read_and_moves_no_more() -> None:
+    # Written by a release with a higher bound: read, not parked; a scope never moved is
+    # written as before, without the count.
+    moved = Scope(kind=ScopeKind.PATTERN, value="^https://x[.]example/", moves=MAX_SCOPE_MOVES + 4)
+    event = PageDiscovered(url=MOVED, domain="example.org", scope=moved, provenance=SEED)
+    read = decode_event(event.to_wire())
+    assert isinstance(read, PageDiscovered)
+    assert read.scope == moved
+    assert redirected_scope(read.scope, "https://y.example/") is None
+    plain = PageDiscovered(url=MOVED, domain="example.org", scope=Scope(), provenance=SEED)
+    assert b"moves" not in plain.to_wire()
 
 
 async def test_a_seed_redirected_to_another_host_is_crawled_there(bus: Bus) -> None:

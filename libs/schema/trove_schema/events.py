@@ -180,7 +180,10 @@ class Scope(Frozen):
     max_depth: int = Field(default=5, ge=0, le=100)
     #: How many redirects of a page named directly (a seed, a shared link) moved this
     #: scope to where the page answers; 0 for the scope the operator or the post gave.
-    moves: int = Field(default=0, ge=0, le=MAX_SCOPE_MOVES)
+    #: Not bounded here (``MAX_SCOPE_MOVES`` is discovery's rule, which a release may
+    #: change: a reader must not refuse the event), and not written when 0, so events
+    #: read by a release that does not know it stay as they were.
+    moves: int = Field(default=0, ge=0, exclude_if=lambda moves: moves == 0)
 
 
 #: A fediverse account, ``user@instance`` (what Mastodon calls ``acct``, made absolute).

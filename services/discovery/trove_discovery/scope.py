@@ -56,7 +56,8 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
     a shortened link shared on the fediverse) is crawled where it answers. A ``HOST``
     or ``DOMAIN`` scope becomes a ``PATTERN`` of the target's host (and its ``www.``
     twin, any port) and the target's subtree (its directory when its path ends in
-    ``/``, else the path itself and what lies under it): not the target's whole host or
+    ``/`` or names a file, else the path itself and what lies under it: ``/@ann``,
+    ``/view/x``): not the target's whole host or
     domain, which may be a platform of many sites (``sites.google.com/view/x``). It
     moves again with the next redirect of the chain (a shortener to a shortener), up to
     ``MAX_SCOPE_MOVES``; an operator's own pattern never moves.
@@ -76,6 +77,9 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
     else:
         origin = rf"(?:www\.)?{re.escape(_without_www(host))}"
     path = parts.path or "/"
+    name = path[path.rfind("/") + 1 :]
+    if "." in name:  # a file (``/blog/index.html``, ``/2024/05/post.html``): its directory
+        path = path[: path.rfind("/") + 1]
     subtree = re.escape(path) + ("" if path.endswith("/") else "(?:[/?#]|$)")
     pattern = rf"^https?://{origin}(?::[0-9]+)?{subtree}"
     return scope.model_copy(
