@@ -444,26 +444,50 @@ async def test_a_pause_the_broker_did_not_take_is_written_when_it_answers_again(
     assert slot.policy.attempts == 2  # the 429 folded once
 
 
-async def test_a_stopping_pod_tries_its_late_writes_once_more_and_says_what_is_lost(
-    bus: Bus, client: httpx.AsyncClient, server: LocalServer, caplog: pytest.LogCaptureFixture
-) -> None:
+async def _a_pause_left_late(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> tuple[Fetcher, Politeness, PauseWritesAway]:
+    """A fetcher whose release of a 429 the broker (away) did not take."""
     kv = PauseWritesAway(await bus.js.key_value(DOMAINS_BUCKET))
     polite = Politeness(kv, PolitenessConfig(min_delay=0.05))
     fetcher = await fetcher_on(bus, client, politeness=polite, ack_wait=1.0)
     page, limited = work(server), work(server, "/limited")
+    await fetcher.process(Job(page), page.to_wire())
+    kv.away.set()
+    await fetcher.process(Job(limited), limited.to_wire())
+    return fetcher, polite, kv
+
+
+async def test_a_stopping_pod_writes_a_late_pause_if_the_broker_is_back_within_its_grace(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    fetcher, polite, kv = await _a_pause_left_late(bus, client, server)
     try:
-        await fetcher.process(Job(page), page.to_wire())
-        kv.away.set()
-        await fetcher.process(Job(limited), limited.to_wire())
+        fetcher.stopping.set()
+        # The broker back 0.3 s into the stop (the duration under test).
+        asyncio.get_running_loop().call_later(0.3, kv.away.clear)
+        await fetcher.settle_late_writes(5.0)
+        slot = await polite.state(HOST)
+    finally:
+        fetcher.close()
+    assert slot.backoff_until - fetcher.clock.now() > 50.0
+
+
+async def test_a_stopping_pod_keeps_trying_its_late_writes_for_its_grace_and_says_what_is_lost(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    fetcher, polite, kv = await _a_pause_left_late(bus, client, server)
+    try:
         tried = kv.refused
         fetcher.stopping.set()
         with caplog.at_level(logging.WARNING, logger="trove.fetcher"):
-            await fetcher.settle_late_writes(5.0)
+            await fetcher.settle_late_writes(0.5)
     finally:
         fetcher.close()
-    assert kv.refused == tried + 1
-    assert "is lost: pod stopping" in caplog.text
-    assert not fetcher._late_writes
+    assert kv.refused - tried >= 3  # every 0.1 s
+    (lost,) = [r for r in caplog.records if "is lost" in r.getMessage()]
+    assert getattr(lost, "writes", None) == 1
+    assert (await polite.state(HOST)).backoff_until == 0.0
 
 
 #: A poll of a followed timeline, as discovery asks for it.

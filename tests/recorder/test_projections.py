@@ -377,6 +377,33 @@ async def test_a_success_arriving_late_makes_a_page_that_failed_before_it_fetche
     assert (row.last_outcome, row.fetched_at) == ("blocked_5xx", found.completed_at)
 
 
+async def test_a_failure_newer_than_a_late_success_keeps_its_date_however_batched(
+    engine: AsyncEngine,
+) -> None:
+    # A 404 at t2 applied; then a success at t1 (late) and a 503 at t3, retried.
+    start = datetime.now(UTC) - timedelta(hours=1)
+
+    def history(url: str) -> list[CrawlCompleted]:
+        return [
+            completed(outcome, url=url, status_code=code, completed_at=start + timedelta(minutes=n))
+            for outcome, code, n in (
+                (CrawlOutcome.BLOCKED_4XX, 404, 2),
+                (CrawlOutcome.SUCCESS, 200, 1),
+                (CrawlOutcome.BLOCKED_5XX, 503, 3),
+            )
+        ]
+
+    one_by_one, batched = f"{URL}/each", f"{URL}/batched"
+    await project(engine, *history(one_by_one))
+    missing, *rest = history(batched)
+    await project(engine, missing)
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, rest, POLICY)
+    for url in (one_by_one, batched):
+        row = await page(engine, url)
+        assert (row.status, row.failed_at) == ("failed", missing.completed_at), url
+
+
 async def test_a_row_from_before_its_groups_times_keeps_its_newest_attempt_as_their_floor(
     engine: AsyncEngine,
 ) -> None:

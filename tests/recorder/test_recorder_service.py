@@ -356,12 +356,15 @@ async def test_a_held_retry_its_pages_chain_went_on_without_is_not_sent(
         await apply_batch(session, [first, later, other], RetryPolicy())
     overtaken = pending_retry().model_copy(update={"caused_by": first.id})
     standing = pending_retry().model_copy(update={"id": str(uuid.uuid4()), "caused_by": other.id})
-    # And one a newer release wrote, which this one cannot read: released as it is.
-    unread = str(uuid.uuid4())
+    # And ones this release cannot read (a newer one wrote them, or not JSON, or with a
+    # cause that is no uuid): released as they are, the others' release not stopped.
+    unread = [str(uuid.uuid4()) for _ in range(3)]
     rows = [
         (overtaken.id, overtaken.to_wire()),
         (standing.id, standing.to_wire()),
-        (unread, b'{"type":"CrawlRequested","version":1,"reason":"from-a-newer-release"}'),
+        (unread[0], b'{"type":"CrawlRequested","version":1,"reason":"from-a-newer-release"}'),
+        (unread[1], b"\xff\xfe not json"),
+        (unread[2], b'{"type":"CrawlRequested","version":1,"caused_by":"not-a-uuid"}'),
     ]
     async with engine.begin() as conn:
         await conn.execute(text("DELETE FROM outbox"))
@@ -381,4 +384,4 @@ async def test_a_held_retry_its_pages_chain_went_on_without_is_not_sent(
         await release_held_retries(conn)
     found = await query(engine, "SELECT event_id, published_at FROM outbox")
     state = {str(r.event_id): r.published_at is not None for r in found}
-    assert state == {overtaken.id: True, standing.id: False, unread: False}
+    assert state == {overtaken.id: True, standing.id: False} | dict.fromkeys(unread, False)

@@ -129,8 +129,10 @@ DONE_MEMORY = 20_000
 #: is away (a restart, a cluster electing a leader), as a share of ``ack_wait``: handed
 #: back instead, the work could go to another pod, which would fetch the page again.
 PUBLISH_PATIENCE_SHARE = 0.5
-#: The longest pause between two tries of a write the broker did not take.
+#: The longest pause between two tries of a write the broker did not take, and while
+#: the pod stops.
 LATE_WRITE_MAX_PAUSE = 1.0
+LATE_WRITE_STOPPING_PAUSE = 0.1
 #: Error types that say the chosen strategy was the wrong one for the page.
 MISPREDICTIONS = frozenset({"wrong_tool", "empty_content"})
 
@@ -500,13 +502,14 @@ class Fetcher:
                     if not broker_trouble(exc):
                         log.exception("a late write to a host's record failed")
                         return
-                if self.stopping.is_set():
-                    log.warning("what a request taught about its host is lost: pod stopping")
-                    return
                 # Soon after the broker is back: the host's hold may have expired, and
                 # another pod's lease would not see the pause until it is written. A
-                # stopping pod tries once more at once.
-                with contextlib.suppress(TimeoutError):
+                # stopping pod keeps trying, more often, until ``settle_late_writes``
+                # gives up on it.
+                if self.stopping.is_set():
+                    await asyncio.sleep(LATE_WRITE_STOPPING_PAUSE)
+                    continue
+                with contextlib.suppress(TimeoutError):  # a stop cuts the pause short
                     await asyncio.wait_for(self.stopping.wait(), pause)
                 pause = min(pause * 2, LATE_WRITE_MAX_PAUSE)
 
@@ -979,8 +982,8 @@ class Fetcher:
         return policy.allows(url, self.robots_token)
 
     async def settle_late_writes(self, grace: float) -> None:
-        """Give the writes still waiting for the broker ``grace`` seconds to land (each
-        tries once more, the pod stopping); say how many are lost."""
+        """Give the writes still waiting for the broker ``grace`` seconds to land (tried
+        every 0.1 s, the pod stopping); say how many are lost."""
         if not self._late_writes:
             return
         _, pending = await asyncio.wait(set(self._late_writes), timeout=grace)

@@ -751,8 +751,10 @@ async def _page_state(
             "  OR p.status = 'failed' AND p.failed_at < v.fetched) THEN 'fetched' "
             "  ELSE p.status END, "
             "fetched_at = coalesce(v.fetched, p.fetched_at), "
+            # Cleared with the failure it dates: not by a success older than it, whose
+            # batch's newest attempt (a 503, retried) kept the page failed.
             "failed_at = CASE WHEN v.failed_at IS NOT NULL THEN v.failed_at "
-            "  WHEN v.fetched IS NOT NULL AND (v.ended IS NOT NULL "
+            "  WHEN v.fetched IS NOT NULL AND (p.failed_at IS NULL "
             "  OR p.failed_at < v.fetched) THEN NULL "
             "  ELSE p.failed_at END, "
             "content_at = CASE WHEN v.ok THEN v.content_at ELSE p.content_at END, "

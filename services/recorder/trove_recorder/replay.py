@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -90,6 +91,8 @@ _HOLD_DECIDED_RETRIES = text(
     "UPDATE outbox SET published_at = 'infinity' WHERE published_at IS NULL AND created_at = now()"
 )
 _HELD = text("SELECT event_id, payload FROM outbox WHERE published_at = 'infinity'")
+#: Causes looked up a statement (a replay of a long crawl may leave many rows held).
+OVERTAKEN_CHUNK = 1000
 # Of these attempts, those their page has a later attempt than.
 _OVERTAKEN = text(
     "SELECT c.event_id FROM page_crawls c WHERE c.event_id = ANY(CAST(:ids AS uuid[])) "
@@ -129,17 +132,16 @@ async def _mark_overtaken(conn: AsyncConnection | AsyncSession) -> None:
     causes: dict[uuid.UUID, list[uuid.UUID]] = {}
     for event_id, payload in (await conn.execute(_HELD)).all():
         try:
-            event = decode_event(payload)
-            cause = uuid.UUID(str(getattr(event, "caused_by", None)))
-        except (MalformedEvent, ValueError):
+            cause = uuid.UUID(str(json.loads(payload)["caused_by"]))
+        except (ValueError, TypeError, KeyError):  # not JSON, no cause, not a uuid
             continue
         causes.setdefault(cause, []).append(event_id)
-    if not causes:
-        return
-    found = await conn.execute(_OVERTAKEN, {"ids": list(causes)})
-    overtaken = [row for (cause,) in found.all() for row in causes[cause]]
-    if overtaken:
-        await conn.execute(_MARK_SENT, {"ids": overtaken})
+    ids = list(causes)
+    for start in range(0, len(ids), OVERTAKEN_CHUNK):
+        found = await conn.execute(_OVERTAKEN, {"ids": ids[start : start + OVERTAKEN_CHUNK]})
+        overtaken = [row for (cause,) in found.all() for row in causes[cause]]
+        if overtaken:
+            await conn.execute(_MARK_SENT, {"ids": overtaken})
 
 
 async def release_abandoned_holds(session: AsyncSession) -> None:
