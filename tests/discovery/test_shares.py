@@ -4,6 +4,7 @@ as provenance, and each poll schedules the next at the right time, once."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -377,40 +378,66 @@ async def test_a_page_shared_on_an_excluded_host_is_not_discovered(
     assert {p.url for p in found} == {"https://blog.example/a", f"{INSTANCE}/@ann/1"}
 
 
+@dataclass
+class Refollowed:
+    """A timeline followed (its first poll under way), that can be unfollowed and
+    followed again; ``seq`` far past the seeds stream's own sequence, so that the ids
+    derived from it are the test's alone (see test_follows)."""
+
+    bus: Bus
+    store: FollowStore
+    follows: Follows
+    first: TimelinePollRequested
+    seq: int
+
+    async def again(self) -> bool:
+        (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=SETTINGS).accepted
+        (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=SETTINGS).accepted
+        await self.follows.unfollow(unfollow, seq=self.seq + 1, origin=UNFOLLOW_SUBJECT)
+        return await self.follows.follow(follow, seq=self.seq + 2, origin=FOLLOW_SUBJECT)
+
+    async def current(self) -> TimelineFollow:
+        record, _ = await self.store.read(INSTANCE)
+        return record.timelines["local"]
+
+    async def shares(self, bus: Bus | None = None) -> Shares:
+        seen = await self.bus.js.key_value(SEEN_BUCKET)
+        discovery = Discovery(bus=self.bus, seen=seen, settings=SETTINGS)
+        return Shares(bus=bus or self.bus, store=self.store, discovery=discovery, settings=SETTINGS)
+
+
+SETTINGS = make_settings(poll_interval_seconds=600.0)
+
+
+async def _followed(bus: Bus, seq: int) -> Refollowed:
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    follows = Follows(bus=bus, store=store, settings=SETTINGS)
+    (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=SETTINGS).accepted
+    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    _, first = await _scheduled(bus)
+    return Refollowed(bus, store, follows, first, seq)
+
+
 @pytest.mark.usefixtures("clean")
 async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) -> None:
     """An unfollow and a follow between a poll's handling and its next schedule: that
     schedule replaces the new chain's first poll, and its own answer is ignored."""
-    settings = make_settings(poll_interval_seconds=600.0)
-    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
-    follows = Follows(bus=bus, store=store, settings=settings)
-    (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=settings).accepted
-    (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings).accepted
-    # Far past the seeds stream's own sequence: ids of this test's alone (see test_follows).
-    seq = 2 * 10**9
-    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
-    _, first = await _scheduled(bus)
-    landed: list[object] = []
+    timeline = await _followed(bus, 2 * 10**9)
+    landed: list[bool] = []
 
     async def commands(request: TimelinePollRequested) -> None:
         if request.poll > 1 and not landed:  # just before the next poll is scheduled
-            landed.append(await follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT))
-            landed.append(await follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT))
+            landed.append(await timeline.again())
 
     racing = SchedulingBus(bus.nc, bus.js)
     racing.scheduled, racing.before = [], commands
-    discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
-    shares = Shares(bus=racing, store=store, discovery=discovery, settings=settings)
-    await shares.polled(polled(first, cursor_after="5"))
-    assert landed == [["local"], True]
-    record, _ = await store.read(INSTANCE)
+    shares = await timeline.shares(racing)
+    await shares.polled(polled(timeline.first, cursor_after="5"))
+    assert landed == [True]
+    current = await timeline.current()
     _, pending = await _scheduled(bus)
-    assert record.timelines["local"].follow_id != first.follow_id
-    assert (pending.follow_id, pending.poll, pending.cursor) == (
-        record.timelines["local"].follow_id,
-        1,
-        None,
-    )
+    assert current.follow_id != timeline.first.follow_id
+    assert (pending.follow_id, pending.poll, pending.cursor) == (current.follow_id, 1, None)
 
 
 @pytest.mark.usefixtures("clean")
@@ -419,27 +446,17 @@ async def test_a_poll_result_redelivered_after_a_follow_again_resumes_the_new_ch
 ) -> None:
     """Its first handling scheduled the old chain's next poll over the new chain's first,
     then died before it looked again: the redelivery, no longer current, resumes it."""
-    settings = make_settings(poll_interval_seconds=600.0)
-    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
-    follows = Follows(bus=bus, store=store, settings=settings)
-    (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=settings).accepted
-    (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings).accepted
-    seq = 3 * 10**9  # ids of this test's alone (see test_follows)
-    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
-    _, first = await _scheduled(bus)
-    result = polled(first, cursor_after="5")
-    assert await follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT)
-    assert await follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT)
+    timeline = await _followed(bus, 3 * 10**9)
+    result = polled(timeline.first, cursor_after="5")
+    assert await timeline.again()
     # What the first handling did before it died: the old chain's next poll scheduled.
-    record, _ = await store.read(INSTANCE)
-    stale, at = next_poll(result, record.timelines["local"], settings)
-    stale = stale.model_copy(update={"follow_id": first.follow_id})
+    current = await timeline.current()
+    stale, at = next_poll(result, current, SETTINGS)
     await bus.publish_at(stale, at, schedule=timeline_schedule_subject(INSTANCE, "local"))
-    discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
-    shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
-    await shares.polled(result, redelivered=True)
+    await (await timeline.shares()).polled(result, redelivered=True)
     _, pending = await _scheduled(bus)
-    assert pending.follow_id == record.timelines["local"].follow_id != first.follow_id
+    assert stale.follow_id == timeline.first.follow_id
+    assert pending.follow_id == current.follow_id != timeline.first.follow_id
 
 
 @pytest.mark.usefixtures("clean")
@@ -448,20 +465,10 @@ async def test_an_old_chains_result_arriving_after_a_follow_again_leaves_the_new
 ) -> None:
     """First delivered after the follow again, it scheduled nothing: the new chain's
     pending poll stands (not replaced by one at once, ignoring its interval)."""
-    settings = make_settings(poll_interval_seconds=600.0)
-    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
-    follows = Follows(bus=bus, store=store, settings=settings)
-    (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=settings).accepted
-    (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=settings).accepted
-    seq = 4 * 10**9  # ids of this test's alone (see test_follows)
-    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
-    _, first = await _scheduled(bus)
-    assert await follows.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT)
-    assert await follows.follow(follow, seq=seq + 2, origin=FOLLOW_SUBJECT)
+    timeline = await _followed(bus, 4 * 10**9)
+    assert await timeline.again()
     _, new_first = await _scheduled(bus)
-    discovery = Discovery(bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=settings)
-    shares = Shares(bus=bus, store=store, discovery=discovery, settings=settings)
-    await shares.polled(polled(first, cursor_after="5"))
+    await (await timeline.shares()).polled(polled(timeline.first, cursor_after="5"))
     _, pending = await _scheduled(bus)
-    assert new_first.follow_id != first.follow_id
+    assert new_first.follow_id != timeline.first.follow_id
     assert pending == new_first

@@ -418,30 +418,24 @@ def with_timeline(record: InstanceFollows, name: str, follow: TimelineFollow) ->
 
 async def start_polls(bus: Bus, followed: InstanceFollowed, follow: TimelineFollow) -> None:
     """The first poll of a new follow: now, on the timeline's schedule subject."""
-    now = utcnow()
-    request = TimelinePollRequested(
+    await resume_polls(
+        bus,
+        followed.instance,
+        followed.domain,
+        followed.timeline,
+        follow,
         id=derived_event_id(followed.id, "first-poll"),
-        instance=followed.instance,
-        domain=followed.domain,
-        timeline=followed.timeline,
-        follow_id=followed.id,
-        cursor=follow.cursor,
-        recent=follow.recent,
-        backfill=follow.backfill,
-        poll=1,
-        not_before=now,
-        caused_by=followed.id,
     )
-    schedule = timeline_schedule_subject(followed.instance, followed.timeline)
-    await bus.publish_at(request, now, schedule=schedule)
 
 
 async def resume_polls(
     bus: Bus, instance: str, domain: str, timeline: str, follow: TimelineFollow, *, id: str
 ) -> None:
-    """The follow's next poll, now: its chain may have lost its pending poll to another
-    chain's schedule on the same subject. A poll of it already pending or under way is
-    then answered twice under one number, and the second answer ignored."""
+    """The follow's next poll, now (its first, for a follow that has not polled yet).
+
+    After a first poll: its chain may have lost its pending poll to another chain's
+    schedule on the same subject. A poll of it already pending or under way is then
+    answered twice under one number, and the second answer ignored."""
     now = utcnow()
     # A successful empty read leaves no cursor and no failure: all that comes is new.
     read_empty = follow.poll > 0 and follow.cursor is None and follow.failures == 0
