@@ -24,12 +24,12 @@ import logging
 import sys
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -51,6 +51,8 @@ DEFAULT_LAST = 100
 #: How long a re-drive into a stream that sends no PubAck (``no_ack``, the seeds) waits
 #: to see the message stored.
 STORED_TIMEOUT = 5.0
+#: Subjects whose stream a re-drive remembers (one lookup each, not one a message).
+STREAMS_KNOWN = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +104,39 @@ async def list_dead(
 async def read_parked(
     js: JetStreamContext, *, consumer: str | None = None, last: int | None = None
 ) -> Parked:
-    """The parked messages (of ``consumer``, if given), oldest first, keeping the
-    ``last`` newest only when given: a poison bug can park a million events, which a
-    listing must not hold, nor print.
+    """The parked messages (of ``consumer``, if given), oldest first, the ``last``
+    newest only when given: a poison bug can park a million events, which a listing
+    must neither read nor hold. The counts come from the stream's subject index; the
+    newest are read from a window at the stream's end, widened until it holds them.
+    Empty without the stream."""
+    try:
+        info = await js.stream_info(DEAD_STREAM, subjects_filter=_filter(consumer))
+    except NotFoundError:
+        return Parked([], {})
+    prefix = f"{DEAD_PREFIX}."
+    by_consumer = {s.removeprefix(prefix): n for s, n in (info.state.subjects or {}).items()}
+    wanted = sum(by_consumer.values()) if last is None else min(last, sum(by_consumer.values()))
+    letters: list[DeadLetter] = []
+    stop = info.state.last_seq + 1
+    span = max(2 * wanted, BATCH)
+    while len(letters) < wanted and stop > info.state.first_seq:
+        start = max(info.state.first_seq, stop - span)
+        window = [letter async for letter in _parked_between(js, consumer, start, stop)]
+        letters = window + letters
+        stop, span = start, span * 4
+    return Parked(letters[len(letters) - wanted :], by_consumer)
 
-    Read through an ephemeral consumer that delivers headers only, so listing a large
-    backlog does not move the bodies; it is deleted afterwards. Empty without the stream.
-    """
+
+async def _parked_between(
+    js: JetStreamContext, consumer: str | None, start: int, stop: int
+) -> AsyncGenerator[DeadLetter]:
+    """The parked messages from sequence ``start`` up to ``stop`` (excluded), oldest
+    first, read a batch at a time through an ephemeral consumer that delivers headers
+    only (the bodies stay on the server); it is deleted afterwards."""
     config = ConsumerConfig(
         name=f"trove-dead-{uuid.uuid4().hex}",
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=start,
         ack_policy=AckPolicy.NONE,
         filter_subject=_filter(consumer),
         headers_only=True,
@@ -121,43 +146,56 @@ async def read_parked(
     try:
         info = await js.add_consumer(DEAD_STREAM, config)
     except NotFoundError:
-        return Parked([], {})
-    letters: deque[DeadLetter] = deque(maxlen=last)
-    by_consumer: Counter[str] = Counter()
+        return
     try:
         sub = await js.pull_subscribe_bind(info.name, stream=DEAD_STREAM)
-        remaining = info.num_pending or 0
-        while remaining > 0:
-            msgs = await sub.fetch(min(remaining, BATCH), timeout=READ_TIMEOUT)
-            for msg in msgs:
-                headers = msg.headers or {}
-                md = msg.metadata
-                letter = DeadLetter(
-                    seq=md.sequence.stream,
-                    parked_at=md.timestamp,
-                    consumer=headers.get(
-                        "Trove-Dead-Consumer", msg.subject.removeprefix(f"{DEAD_PREFIX}.")
-                    ),
-                    subject=headers.get("Trove-Dead-Subject", ""),
-                    reason=headers.get("Trove-Dead-Reason", ""),
-                    size=int(headers.get("Nats-Msg-Size", 0)),
-                )
-                letters.append(letter)
-                by_consumer[letter.consumer] += 1
-            remaining = msgs[-1].metadata.num_pending if msgs else 0
-        await sub.unsubscribe()
+        try:
+            remaining = info.num_pending or 0
+            while remaining > 0:
+                msgs = await sub.fetch(min(remaining, BATCH), timeout=READ_TIMEOUT)
+                remaining = msgs[-1].metadata.num_pending if msgs else 0
+                for msg in msgs:
+                    if msg.metadata.sequence.stream >= stop:
+                        return
+                    yield _letter(msg)
+        finally:
+            await sub.unsubscribe()
     finally:
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(DEAD_STREAM, info.name)
-    return Parked(list(letters), dict(by_consumer))
+
+
+def _letter(msg: Msg) -> DeadLetter:
+    headers = msg.headers or {}
+    md = msg.metadata
+    return DeadLetter(
+        seq=md.sequence.stream,
+        parked_at=md.timestamp,
+        consumer=headers.get("Trove-Dead-Consumer", msg.subject.removeprefix(f"{DEAD_PREFIX}.")),
+        subject=headers.get("Trove-Dead-Subject", ""),
+        reason=headers.get("Trove-Dead-Reason", ""),
+        size=int(headers.get("Nats-Msg-Size", 0)),
+    )
 
 
 async def _sequences(
     js: JetStreamContext, seqs: Sequence[int], every: bool, consumer: str | None
-) -> list[int]:
-    if every:
-        return [letter.seq for letter in await list_dead(js, consumer=consumer)]
-    return list(dict.fromkeys(seqs))
+) -> AsyncIterator[int]:
+    """The sequences to act on; with ``every``, those parked when the command began,
+    read as it goes (a million are not held), and not what is parked again meanwhile
+    (a re-driven message its consumer fails again would come round for ever)."""
+    if not every:
+        for seq in dict.fromkeys(seqs):
+            yield seq
+        return
+    try:
+        info = await js.stream_info(DEAD_STREAM)
+    except NotFoundError:
+        return
+    parked = _parked_between(js, consumer, info.state.first_seq, info.state.last_seq + 1)
+    async with contextlib.aclosing(parked):
+        async for letter in parked:
+            yield letter.seq
 
 
 async def redrive(
@@ -166,24 +204,25 @@ async def redrive(
     *,
     every: bool = False,
     consumer: str | None = None,
-) -> list[Outcome]:
-    """Publish parked messages to their original subjects, then remove them from TROVE_DEAD.
+) -> AsyncIterator[Outcome]:
+    """Publish parked messages to their original subjects, then remove them from
+    TROVE_DEAD, telling what became of each as it goes.
 
     A message is removed only once its stream has stored the copy: a failure on the way
     leaves it parked, to be re-driven again.
     """
     js = nc.jetstream()
-    outcomes = []
-    for seq in await _sequences(js, seqs, every, consumer):
+    streams: dict[str, tuple[str, bool]] = {}
+    async for seq in _sequences(js, seqs, every, consumer):
         try:
             parked = await js.get_msg(DEAD_STREAM, seq)
         except NotFoundError:
-            outcomes.append(Outcome(seq, False, "no parked message with this sequence"))
+            yield Outcome(seq, False, "no parked message with this sequence")
             continue
         headers = parked.headers or {}
         subject = headers.get("Trove-Dead-Subject", "")
         if not subject:
-            outcomes.append(Outcome(seq, False, "parked without its original subject"))
+            yield Outcome(seq, False, "parked without its original subject")
             continue
         own = {k: v for k, v in headers.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
         own["Nats-Msg-Id"] = f"trove-redrive:{DEAD_STREAM}:{seq}"
@@ -191,9 +230,9 @@ async def redrive(
         if parker:  # only the consumer that parked it handles it again
             own[REDRIVEN_FOR] = parker
         try:
-            await _publish(nc, js, subject, parked.data or b"", own)
+            await _publish(nc, js, subject, parked.data or b"", own, streams)
         except Exception as exc:
-            outcomes.append(Outcome(seq, False, f"could not publish to {subject}: {exc}"))
+            yield Outcome(seq, False, f"could not publish to {subject}: {exc}")
             continue
         await js.delete_msg(DEAD_STREAM, seq)
         log.warning(
@@ -203,22 +242,31 @@ async def redrive(
             headers.get("Trove-Dead-Consumer", "?"),
             headers.get("Trove-Dead-Reason", "?"),
         )
-        outcomes.append(Outcome(seq, True, subject))
-    return outcomes
+        yield Outcome(seq, True, subject)
 
 
 async def _publish(
-    nc: Client, js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str]
+    nc: Client,
+    js: JetStreamContext,
+    subject: str,
+    data: bytes,
+    headers: dict[str, str],
+    streams: dict[str, tuple[str, bool]],
 ) -> None:
-    """Publish to the stream that holds ``subject``, and make sure it stored the message."""
-    stream = await js.find_stream_name_by_subject(subject)
-    info = await js.stream_info(stream)
-    if not info.config.no_ack:
+    """Publish to the stream that holds ``subject``, and make sure it stored the message.
+    ``streams`` remembers each subject's stream and whether it acks, for the next."""
+    if subject not in streams:
+        if len(streams) >= STREAMS_KNOWN:
+            streams.clear()  # a parked event's subject names its kind, not its page
+        stream = await js.find_stream_name_by_subject(subject)
+        streams[subject] = (stream, not (await js.stream_info(stream)).config.no_ack)
+    stream, acks = streams[subject]
+    if acks:
         await js.publish(subject, data, headers=headers)
         return
     # A stream that answers nothing (the seeds, so that discovery answers `nats req`):
     # publish plainly and wait until the stream's last sequence moves past ours.
-    before = info.state.last_seq
+    before = (await js.stream_info(stream)).state.last_seq
     await nc.publish(subject, data, headers=headers)
     await nc.flush()
     deadline = time.monotonic() + STORED_TIMEOUT
@@ -234,15 +282,14 @@ async def drop(
     *,
     every: bool = False,
     consumer: str | None = None,
-) -> list[Outcome]:
+) -> AsyncIterator[Outcome]:
     """Remove parked messages for good, logging each one's consumer, subject and reason."""
-    outcomes = []
-    for seq in await _sequences(js, seqs, every, consumer):
+    async for seq in _sequences(js, seqs, every, consumer):
         try:
             parked = await js.get_msg(DEAD_STREAM, seq)
             await js.delete_msg(DEAD_STREAM, seq)
         except NotFoundError:
-            outcomes.append(Outcome(seq, False, "no parked message with this sequence"))
+            yield Outcome(seq, False, "no parked message with this sequence")
             continue
         headers = parked.headers or {}
         log.warning(
@@ -253,8 +300,7 @@ async def drop(
             headers.get("Trove-Dead-Subject", "?"),
             headers.get("Trove-Dead-Reason", "?"),
         )
-        outcomes.append(Outcome(seq, True, "dropped"))
-    return outcomes
+        yield Outcome(seq, True, "dropped")
 
 
 def render_dead(parked: Parked, console: Console) -> None:
@@ -282,14 +328,18 @@ def render_dead(parked: Parked, console: Console) -> None:
     console.print("re-drive: trove dead redrive SEQ ... | --all;  remove: trove dead drop SEQ ...")
 
 
-def render_outcomes(outcomes: Sequence[Outcome], verb: str, console: Console) -> int:
-    """Print what was done; 1 when something asked for could not be done."""
-    done = [o for o in outcomes if o.done]
-    console.print(f"{verb} {len(done)} parked message(s).")
-    for o in outcomes:
-        if not o.done:
+async def render_outcomes(outcomes: AsyncIterator[Outcome], verb: str, console: Console) -> int:
+    """Print what was done, and each thing that could not be (as it happens: ``--all``
+    over a million is not held); 1 when something asked for could not be done."""
+    done = failed = 0
+    async for o in outcomes:
+        if o.done:
+            done += 1
+        else:
+            failed += 1
             console.print(f"[red]{o.seq}: {o.note}[/red]")
-    return 0 if len(done) == len(outcomes) else 1
+    console.print(f"{verb} {done} parked message(s).")
+    return 0 if failed == 0 else 1
 
 
 def _audit_log() -> None:
@@ -324,9 +374,11 @@ async def dead_command(
             render_dead(await read_parked(js, consumer=consumer, last=last), console)
             return 0
         if action == "redrive":
-            outcomes = await redrive(nc, seqs, every=every, consumer=consumer)
-            return render_outcomes(outcomes, "re-drove", console)
-        outcomes = await drop(js, seqs, every=every, consumer=consumer)
-        return render_outcomes(outcomes, "dropped", console)
+            return await render_outcomes(
+                redrive(nc, seqs, every=every, consumer=consumer), "re-drove", console
+            )
+        return await render_outcomes(
+            drop(js, seqs, every=every, consumer=consumer), "dropped", console
+        )
     finally:
         await nc.close()

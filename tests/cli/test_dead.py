@@ -7,8 +7,10 @@ import io
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
@@ -18,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import run_trove
-from trove_cli.dead import dead_command, drop, list_dead, redrive
+from trove_cli import dead
+from trove_cli.dead import DeadLetter, Outcome, dead_command, drop, list_dead, read_parked, redrive
 from trove_cli.status import collect_status
 from trove_schema.bus import Bus, Consumer
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
@@ -54,6 +57,10 @@ async def park_next(bus: Bus, stream: str, durable: str, reason: str) -> Msg:
     finally:
         await sub.unsubscribe()
     return msg
+
+
+async def acted(outcomes: AsyncIterator[Outcome]) -> list[Outcome]:
+    return [o async for o in outcomes]
 
 
 async def pending(bus: Bus, stream: str, durable: str) -> int:
@@ -103,13 +110,70 @@ async def test_a_listing_shows_the_newest_and_counts_the_rest_by_consumer(
     assert "ValueError: one" not in text
 
 
+async def park_directly(bus: Bus, consumer: str, n: int) -> None:
+    """``n`` messages parked by ``consumer``, as the bus parks them."""
+    for i in range(n):
+        await bus.js.publish(
+            f"{DEAD_PREFIX}.{consumer}",
+            b"{}",
+            headers={
+                "Trove-Dead-Consumer": consumer,
+                "Trove-Dead-Subject": PageDiscovered.SUBJECT,
+                "Trove-Dead-Reason": f"{consumer} {i}",
+            },
+        )
+
+
+async def test_the_newest_of_one_consumer_are_found_behind_many_of_another(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The listing reads a window at the stream's end, and widens it until it holds the
+    # newest asked for: here they lie behind a full batch of the fetcher's.
+    await park_directly(bus, RECORDER, 3)
+    await park_directly(bus, FETCHER, 600)
+    read = []
+    between = dead._parked_between
+
+    async def counted(*args: Any) -> AsyncIterator[DeadLetter]:
+        async for letter in between(*args):
+            read.append(letter.seq)
+            yield letter
+
+    monkeypatch.setattr(dead, "_parked_between", counted)
+
+    parked = await read_parked(bus.js, consumer=RECORDER, last=2)
+
+    assert [d.reason for d in parked.letters] == [f"{RECORDER} 1", f"{RECORDER} 2"]
+    assert parked.by_consumer == {RECORDER: 3}
+    read.clear()
+    every = await read_parked(bus.js, last=5)
+    assert [d.reason for d in every.letters] == [f"{FETCHER} {i}" for i in range(595, 600)]
+    assert every.by_consumer == {RECORDER: 3, FETCHER: 600}
+    assert len(read) <= dead.BATCH  # not the 603 parked: one window was enough
+
+
+async def test_redrive_all_leaves_what_is_parked_again_meanwhile(bus: Bus) -> None:
+    # A re-driven message its consumer fails again is parked again: `--all` acts on what
+    # was parked when it began, or it would go round for ever.
+    await park_directly(bus, RECORDER, 2)
+    seen = []
+    async for outcome in redrive(bus.nc, every=True):
+        assert outcome.done, outcome
+        seen.append(outcome.seq)
+        await park_directly(bus, RECORDER, 1)
+
+    assert len(seen) == 2
+    assert len(await list_dead(bus.js)) == 2
+    assert not set(seen) & {d.seq for d in await list_dead(bus.js)}
+
+
 async def test_redrive_republishes_to_the_original_subject_within_the_duplicate_window(
     bus: Bus, engine: AsyncEngine, three_parked: list[PageDiscovered]
 ) -> None:
     first, _second, third = await list_dead(bus.js)
     recorder_before = await pending(bus, EVENTS_STREAM, RECORDER)
 
-    outcomes = await redrive(bus.nc, [first.seq])
+    outcomes = await acted(redrive(bus.nc, [first.seq]))
 
     assert [(o.seq, o.done, o.note) for o in outcomes] == [
         (first.seq, True, PageDiscovered.SUBJECT)
@@ -131,7 +195,7 @@ async def test_redrive_republishes_to_the_original_subject_within_the_duplicate_
 async def test_redrive_all_of_one_consumer_leaves_the_others_parked(
     bus: Bus, three_parked: list[PageDiscovered]
 ) -> None:
-    outcomes = await redrive(bus.nc, every=True, consumer=RECORDER)
+    outcomes = await acted(redrive(bus.nc, every=True, consumer=RECORDER))
 
     assert [o.done for o in outcomes] == [True, True]
     assert [d.consumer for d in await list_dead(bus.js)] == [FETCHER]
@@ -151,7 +215,7 @@ async def test_a_parked_seed_is_redriven_into_the_seeds_stream_that_sends_no_ack
     await park_next(bus, SEEDS_STREAM, DISCOVERY_SEEDS, "failed 5 times: OSError: x")
     (letter,) = await list_dead(bus.js)
 
-    (outcome,) = await redrive(bus.nc, [letter.seq])
+    (outcome,) = await acted(redrive(bus.nc, [letter.seq]))
 
     assert outcome.done, outcome
     assert await pending(bus, SEEDS_STREAM, DISCOVERY_SEEDS) == 1
@@ -166,7 +230,7 @@ async def test_a_message_that_cannot_be_redriven_stays_parked(bus: Bus) -> None:
     )
     (letter,) = await list_dead(bus.js)
 
-    outcomes = await redrive(bus.nc, [letter.seq, letter.seq + 1000])
+    outcomes = await acted(redrive(bus.nc, [letter.seq, letter.seq + 1000]))
 
     assert [o.done for o in outcomes] == [False, False]
     assert "nowhere.at.all" in outcomes[0].note
@@ -180,7 +244,7 @@ async def test_drop_removes_parked_messages_and_logs_each_one(
     first, second, third = await list_dead(bus.js)
     caplog.set_level(logging.WARNING, logger="trove_cli.dead")
 
-    outcomes = await drop(bus.js, [first.seq, third.seq])
+    outcomes = await acted(drop(bus.js, [first.seq, third.seq]))
 
     assert [o.done for o in outcomes] == [True, True]
     assert [d.seq for d in await list_dead(bus.js)] == [second.seq]
@@ -216,7 +280,7 @@ async def test_the_dead_letter_gauge_follows_parking_and_dropping(bus: Bus) -> N
     try:
         await bus.publish(page(1))
         await eventually(read_gauge, until=lambda v: v == 1, timeout=10, what="gauge at 1")
-        await drop(bus.js, every=True)
+        await acted(drop(bus.js, every=True))
         await eventually(read_gauge, until=lambda v: v == 0, timeout=10, what="gauge at 0")
     finally:
         stop.set()
