@@ -282,6 +282,11 @@ async def visit_slots(
             wanted = min(remaining, BATCH, remaining if limit is None else limit - handed)
             msgs = await sub.fetch(wanted, timeout=READ_TIMEOUT)
             for msg in msgs:
+                # The consumer's first ``total`` are each key's value when it began; what
+                # comes after is news of keys already read (a busy host's slot changes
+                # every few seconds), which would count the host again.
+                if msg.metadata.sequence.consumer > total:
+                    break
                 headers = msg.headers or {}
                 # The last message of a deleted key is its marker (nats-server 2.11+
                 # places markers of its own too: expiry, purge).
@@ -291,7 +296,7 @@ async def visit_slots(
                     continue
                 visit(msg.subject.removeprefix(prefix), msg.data)
                 handed += 1
-            remaining = msgs[-1].metadata.num_pending if msgs else 0
+            remaining = total - msgs[-1].metadata.sequence.consumer if msgs else 0
         await sub.unsubscribe()
     finally:
         with contextlib.suppress(NotFoundError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -113,6 +114,31 @@ async def test_a_bucket_of_more_host_records_than_it_reads_is_counted_in_part_an
     out = io.StringIO()
     render_status(status, Console(file=out, width=200))
     assert "Counted over the first 3 host records of 7" in out.getvalue()
+
+
+async def test_a_host_record_written_while_it_is_read_is_counted_once(
+    bus: Bus, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy host's slot changes every few seconds, and reading a crawl's records takes
+    # seconds: its news after the read began is not another host.
+    monkeypatch.setattr(status_module, "BATCH", 1)
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    for name in ("a.example", "b.example", "c.example"):
+        await kv.put(name, slot(next=now + 60))
+    writes: list[asyncio.Task[int]] = []
+    seen: list[str] = []
+
+    def visit(domain: str, value: bytes) -> None:
+        seen.append(domain)
+        if len(seen) == 1:  # the first host's record changes while the others are read
+            writes.append(asyncio.create_task(kv.put(domain, slot(next=now + 61))))
+
+    handed, total = await status_module.visit_slots(bus.js, visit, limit=None)
+    await asyncio.gather(*writes)
+
+    assert sorted(seen) == ["a.example", "b.example", "c.example"]
+    assert (handed, total) == (3, 3)
 
 
 async def test_a_backoff_that_has_passed_is_not_listed(bus: Bus, engine: AsyncEngine) -> None:
