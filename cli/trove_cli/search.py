@@ -61,6 +61,13 @@ class Hit:
     shares: int = 0
 
 
+#: The pages best by their text alone that are ranked by in-links and shares too: a
+#: word common on a crawl of months matches millions, and counting each one's in-links
+#: would take minutes to show twenty. A page past them would need its links and shares to
+#: multiply its text's rank past theirs (ln(1 + n) grows slowly: 15 times for a million).
+POOL_PER_HIT = 50
+MIN_POOL = 1000
+
 # One row per configuration to try; each page is tested against the parse of the query
 # in its own configuration (a page matches at most one row, so no duplicates).
 _SEARCH = text(
@@ -83,6 +90,8 @@ _SEARCH = text(
           AND (CAST(:primary AS text) IS NULL
                OR lower(split_part(p.language, '-', 1)) = :primary)
           AND (CAST(:exact AS text) IS NULL OR lower(p.language) = :exact)
+        ORDER BY text_rank DESC, p.id
+        LIMIT :pool
     )
     SELECT m.url, m.title, m.language, l.inlinks,
            m.text_rank * (1 + ln(1 + l.inlinks)) * (1 + ln(1 + s.shares)) AS score,
@@ -131,6 +140,7 @@ async def search(
         "primary": primary,
         "exact": exact,
         "limit": limit,
+        "pool": max(limit * POOL_PER_HIT, MIN_POOL),
     }
     async with engine.connect() as conn:
         rows = (await conn.execute(_SEARCH, params)).all()

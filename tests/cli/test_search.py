@@ -9,6 +9,7 @@ from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from trove_cli import search as search_module
 from trove_cli.search import Hit, SearchError, render_hits, search
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -152,6 +153,27 @@ async def test_text_relevance_still_counts_next_to_inlinks(engine: AsyncEngine) 
     hits = await search(engine, "small gardens")
 
     assert urls(hits) == ["https://dense.example/"]  # both words are required
+
+
+async def test_links_and_shares_rank_the_best_text_matches_not_every_match(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A common word matches millions of pages on a crawl of months: the in-links and
+    # shares of the best by their text are counted, not of every match.
+    monkeypatch.setattr(search_module, "MIN_POOL", 2)
+    monkeypatch.setattr(search_module, "POOL_PER_HIT", 2)
+    async with engine.begin() as conn:
+        await add_page(conn, "https://dense.example/", "gardens gardens gardens")
+        await add_page(conn, "https://middle.example/", "gardens gardens and more")
+        # As good a match as the middle one, found after it: out of a pool of two.
+        famous = await add_page(conn, "https://famous.example/", "gardens gardens and more")
+        for source in await linkers(conn, 20, "linker"):
+            await link(conn, source, famous)
+
+    hits = await search(engine, "gardens", limit=1)
+
+    assert urls(hits) == ["https://dense.example/"]
+    assert urls(await search(engine, "gardens", limit=3))[0] == "https://famous.example/"
 
 
 async def test_only_followed_anchor_links_from_other_pages_count_as_inlinks(
