@@ -37,7 +37,7 @@ from trove_schema.budgets import (
     site_budget_key,
     site_of,
 )
-from trove_schema.errors import InvalidPriors
+from trove_schema.errors import InvalidPriors, InvalidURL
 from trove_schema.policy import (
     STRATEGIES,
     HostPolicy,
@@ -50,6 +50,7 @@ from trove_schema.policy import (
 from trove_schema.server_time import server_now
 from trove_schema.settings import CommonSettings, DiscoverySettings
 from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET, domain_key
+from trove_schema.urls import canonicalize, domain_of
 
 DEFAULT_LAST = 10
 
@@ -114,11 +115,22 @@ _RECENT = text(
 _POLICY = text("SELECT policy FROM host_policies WHERE host = :host")
 
 
+def host_named(raw: str) -> str:
+    """The host as the audit keys it (lower case, IDNA, no port) from a name or a URL:
+    ``https://Bücher.example:8443/a`` is ``xn--bcher-kva.example``. Raises InvalidURL."""
+    text = raw.strip()
+    url = text if "://" in text else f"http://{text.rstrip('.')}/"
+    try:
+        return domain_of(canonicalize(url))
+    except InvalidURL as exc:
+        raise InvalidURL(f"{raw!r} is not a host name: {exc.reason}") from None
+
+
 async def collect_domain(
     engine: AsyncEngine, host: str, *, last: int = DEFAULT_LAST, js: JetStreamContext | None = None
 ) -> DomainAudit:
     """The host's audit, and its politeness record when ``js`` is given."""
-    host = host.strip().lower().rstrip(".")
+    host = host_named(host)
     found = DomainAudit(host=host)
     async with engine.connect() as conn:
         total, ok, banned, first, newest = (await conn.execute(_COUNTS, {"host": host})).one()

@@ -16,11 +16,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls
 from tests.support import run_trove
-from trove_cli.domain import collect_domain, render_domain
+from trove_cli.domain import collect_domain, host_named, render_domain
 from trove_discovery.discovery import Discovery
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
+from trove_schema.errors import InvalidURL
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
 from trove_schema.policy import LearningConfig
 from trove_schema.settings import DiscoverySettings
@@ -112,6 +113,26 @@ async def test_the_audit_counts_attempts_by_result_and_lists_the_last_with_tags(
     assert "errors: blocked_captcha 1, rate_limited 1, timeout 1" in printed
     assert "blocked_captcha (refused)" in printed
     assert "gap 12.5 s; backing off for 300 s more" in printed
+
+
+@pytest.mark.parametrize(
+    "named", [f"https://{HOST.upper()}:8443/a/b?c", f"{HOST}.", f" http://{HOST}/ "]
+)
+async def test_the_audit_is_found_by_a_url_of_the_host_too(engine: AsyncEngine, named: str) -> None:
+    # The audit keys hosts as requests name them (lower case, IDNA, no port): an
+    # operator pastes a URL from a log, or the name in its own script.
+    await crawl_history(engine)
+
+    found = await collect_domain(engine, named)
+
+    assert (found.host, found.attempts) == (HOST, 5)
+
+
+def test_a_host_is_named_as_the_audit_keys_it() -> None:
+    assert host_named("https://Bücher.example:8443/a") == "xn--bcher-kva.example"
+    assert host_named("[2001:db8::1]") == "2001:db8::1"
+    with pytest.raises(InvalidURL, match="is not a host name"):
+        host_named("ftp://x.example/")
 
 
 async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) -> None:
