@@ -58,6 +58,8 @@ class LocalTrove:
     #: a process taken out of this list is no longer restarted.
     children: list[Child] = field(default_factory=list, init=False)
     supervisor: Supervisor | None = field(default=None, init=False)
+    #: Whether ``stack.json`` is this stack's, to be removed when it stops.
+    wrote_stack_file: bool = field(default=False, init=False)
 
     def start(self) -> LocalTrove:
         # Stopped on any exit of this process too, so no server or service is orphaned.
@@ -132,6 +134,7 @@ class LocalTrove:
         path = self.state_dir / STACK_FILE
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # a file from before kept its mode through O_TRUNC
+        self.wrote_stack_file = True
         with os.fdopen(fd, "w") as file:
             file.write(json.dumps(self.env, indent=2))
 
@@ -147,7 +150,11 @@ class LocalTrove:
             for child in reversed(self.children):
                 child.stop(timeout=20)
             self.children.clear()
-            (self.state_dir / STACK_FILE).unlink(missing_ok=True)
+            if self.wrote_stack_file:
+                # Only its own: a second `trove up` refused beside a running one (its
+                # Postgres's lock, a --fresh) must not leave that one's commands blind.
+                (self.state_dir / STACK_FILE).unlink(missing_ok=True)
+                self.wrote_stack_file = False
             if hasattr(self, "stack"):
                 self.stack.stop()
         atexit.unregister(self.stop)

@@ -6,17 +6,19 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import nats
 import nats.errors
+import pydantic
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -97,6 +99,23 @@ def _urls(settings: CommonSettings) -> tuple[str, str]:
         if not db_url and (not settings.nats_url or settings.nats_url == local_nats):
             db_url = local_db
     return nats_url, db_url
+
+
+def _half_given(settings: CommonSettings) -> str | None:
+    """Why a stack of this machine's cannot start beside the one URL given, if one is:
+    its empty event record would feed a production database its projections, or its
+    empty database would take a production broker's events from its services."""
+    if bool(settings.nats_url) == bool(settings.database_url):
+        return None
+    given, other = (
+        ("TROVE_NATS_URL", "TROVE_DATABASE_URL")
+        if settings.nats_url
+        else ("TROVE_DATABASE_URL", "TROVE_NATS_URL")
+    )
+    return (
+        f"{given} is set and {other} is not: a crawl's broker and database go together. "
+        f"Set both to run against them, or neither to start servers of this machine's own"
+    )
 
 
 async def pipeline_backlog(js: JetStreamContext) -> int:
@@ -265,6 +284,9 @@ def _tell(message: str) -> None:
 
 
 async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
+    if refused := _half_given(settings):
+        console.print(Text(refused, "red"))
+        return 2
     if args.fediverse is not None and not args.sandbox:
         console.print("[red]--fediverse serves the sandbox's instance: add --sandbox[/red]")
         return 2
@@ -301,7 +323,8 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
                 nats_url=local.stack.nats_url,
                 database_url=local.stack.database_url,
                 seeds=seeds,
-                until_idle=args.until_idle or args.max_pages is None,
+                # Up to --max-pages, or fewer if the crawl runs out of pages first.
+                until_idle=True,
                 max_pages=args.max_pages,
                 timeout=args.timeout,
                 local=local,
@@ -337,9 +360,9 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
                 return 0
             answer = reply.data.decode(errors="replace")
             console.print(Text(answer))
-            # Discovery's summary (``reply_lines``): a refusal fails the command, as
-            # `trove follow`'s does, so a script can tell.
-            return 1 if re.search(r"^rejected \d+:", answer, re.MULTILINE) else 0
+            # Discovery's summary (``reply_lines``, or JSON for seeds sent as JSON): a
+            # refusal fails the command, as `trove follow`'s does, so a script can tell.
+            return 1 if _refused(answer) else 0
         else:
             await nc.publish(SEEDS_SUBJECT, payload)
             await nc.flush()
@@ -347,6 +370,17 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
     finally:
         await nc.close()
     return 0
+
+
+def _refused(answer: str) -> bool:
+    """Whether discovery's answer to a seed request refused any of it."""
+    if answer.lstrip().startswith("{"):
+        try:
+            summary = json.loads(answer)
+        except ValueError:
+            return True  # not discovery's summary: nothing says the seeds were taken
+        return not isinstance(summary, dict) or summary.get("rejected_count", 1) != 0
+    return re.search(r"^rejected \d+:", answer, re.MULTILINE) is not None
 
 
 async def cmd_status(args: argparse.Namespace, settings: CommonSettings) -> int:
@@ -430,6 +464,9 @@ async def cmd_exclusions(args: argparse.Namespace, settings: CommonSettings) -> 
 
 
 def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
+    if refused := _half_given(settings):
+        console.print(Text(refused, "red"))
+        return 2
     local = LocalTrove(
         state_dir=settings.state_dir,
         nats_url=settings.nats_url,
@@ -472,11 +509,14 @@ def cmd_migrate(args: argparse.Namespace, settings: CommonSettings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: CommonSettings) -> int:
     """Runs the recorder's replay (the CLI never imports a service: it runs it)."""
-    nats_url, db_url = _urls(settings)
-    target = args.database_url or db_url
+    if args.database_url:
+        # The one given is paired with `trove up`'s broker only if that stack's own.
+        settings = settings.model_copy(update={"database_url": args.database_url})
+    nats_url, target = _urls(settings)
     if not nats_url or not target:
         console.print("[red]set TROVE_NATS_URL and TROVE_DATABASE_URL (or start `trove up`)[/red]")
         return 2
+    console.print(Text(f"replaying the events of {shown(nats_url)} into {shown(target)}"))
     env = {**os.environ, "TROVE_NATS_URL": nats_url, "TROVE_DATABASE_URL": target}
     argv = [sys.executable, "-m", "trove_recorder", "replay"]
     if args.truncate:
@@ -498,7 +538,7 @@ def parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the whole stack in the foreground")
     up.add_argument("--fresh", action="store_true", help="wipe the state folder first")
-    up.add_argument("--fetchers", type=int, default=1)
+    up.add_argument("--fetchers", type=_count(1), default=1)
 
     crawl = sub.add_parser("crawl", help="crawl from seeds with a progress bar and a report")
     crawl.add_argument("seeds", nargs="*")
@@ -506,7 +546,7 @@ def parser() -> argparse.ArgumentParser:
     crawl.add_argument(
         "--fediverse",
         metavar="POSTS",
-        type=int,
+        type=_count(0),
         default=None,
         help="with --sandbox: also serve its fediverse instance with POSTS posts, and follow it",
     )
@@ -517,11 +557,17 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="also follow this fediverse instance's local timeline (repeatable)",
     )
-    crawl.add_argument("--until-idle", action="store_true", help="stop when nothing is left to do")
-    crawl.add_argument("--max-pages", type=int, default=None)
-    crawl.add_argument("--fetchers", type=int, default=1)
+    crawl.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="stop when nothing is left to do (as it does anyway: kept for scripts)",
+    )
+    crawl.add_argument(
+        "--max-pages", type=_count(1), default=None, help="stop after N (sooner if idle)"
+    )
+    crawl.add_argument("--fetchers", type=_count(1), default=1)
     crawl.add_argument("--fresh", action="store_true", help="start from an empty state folder")
-    crawl.add_argument("--timeout", type=float, default=3600.0)
+    crawl.add_argument("--timeout", type=_seconds, default=3600.0)
 
     seed = sub.add_parser(
         "seed", help="publish seeds to a running stack (like `nats pub trove.seeds`)"
@@ -536,7 +582,7 @@ def parser() -> argparse.ArgumentParser:
     follow.add_argument("--timeline", default=None, help="local (the default), public or tag:NAME")
     follow.add_argument(
         "--max-depth",
-        type=int,
+        type=_count(0),
         default=None,
         help="how far the crawl goes from a shared page, on its host (default 0)",
     )
@@ -558,15 +604,15 @@ def parser() -> argparse.ArgumentParser:
     search = sub.add_parser("search", help="full-text search over the fetched pages")
     search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
     search.add_argument("--lang", default=None, help="only pages in this language (en, pt-BR)")
-    search.add_argument("--limit", type=int, default=DEFAULT_LIMIT)
+    search.add_argument("--limit", type=_count(1), default=DEFAULT_LIMIT)
     domain = sub.add_parser("domain", help="a host's audit: every request, its result and tags")
     domain.add_argument("host")
-    domain.add_argument("--last", type=int, default=DEFAULT_LAST, help="attempts listed")
+    domain.add_argument("--last", type=_count(1), default=DEFAULT_LAST, help="attempts listed")
     dead = sub.add_parser("dead", help="list parked (dead-letter) messages; re-drive or drop them")
     dead.add_argument("--consumer", default=None, help="only this consumer's (e.g. recorder)")
     dead.add_argument(
         "--last",
-        type=int,
+        type=_count(0),
         default=DEFAULT_LAST_DEAD,
         metavar="N",
         help=f"list the newest N (default {DEFAULT_LAST_DEAD}; 0: all), the others counted",
@@ -600,6 +646,40 @@ def parser() -> argparse.ArgumentParser:
     sandbox = sub.add_parser("sandbox", help="serve the synthetic small web in the foreground")
     sandbox.add_argument("rest", nargs=argparse.REMAINDER)
     return p
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argument type: a whole number of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"at least {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"more than 0, not {text}")
+    return value
+
+
+def _settings_problem(exc: pydantic.ValidationError) -> str:
+    """A settings error as the variables the operator set: ``TROVE_REPLICAS='abc': ...``."""
+    parts = []
+    for error in exc.errors():
+        name = "TROVE_" + "_".join(str(part) for part in error["loc"]).upper()
+        parts.append(f"{name}={error.get('input')!r}: {error['msg']}")
+    return "; ".join(parts)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -653,6 +733,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = str(exc).strip() or "no reason given"
         console.print(Text(f"error: NATS: {type(exc).__name__}: {reason}", "red"))
         return 1
+    except pydantic.ValidationError as exc:  # a TROVE_* value that does not parse
+        console.print(Text(f"error: settings: {_settings_problem(exc)}", "red"))
+        return 2
     except KeyboardInterrupt:
         return 130
 

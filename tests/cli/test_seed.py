@@ -9,7 +9,7 @@ from nats.aio.msg import Msg
 
 from tests.conftest import StackUrls
 from tests.support import run_trove
-from trove_discovery.seeds import parse_seeds, reply_text
+from trove_discovery.seeds import parse_seeds, reply
 from trove_schema.bus import Bus
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import SEEDS_STREAM, SEEDS_SUBJECT
@@ -37,8 +37,13 @@ async def test_a_seed_asked_for_an_answer_with_no_discovery_running_is_kept_and_
 
 @pytest.mark.parametrize(
     ("urls", "code"),
-    [(("https://kept.example/",), 0), (("https://kept.example/", "not a url"), 1)],
-    ids=["accepted", "one refused"],
+    [
+        (("https://kept.example/",), 0),
+        (("https://kept.example/", "not a url"), 1),
+        (('{"url": "https://kept.example/"}',), 0),
+        (('[{"url": "https://kept.example/"}, {"url": "ftp://nope.example/"}]',), 1),
+    ],
+    ids=["accepted", "one refused", "as JSON", "one refused, as JSON"],
 )
 async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
     stack: StackUrls, bus: Bus, urls: tuple[str, ...], code: int
@@ -46,7 +51,7 @@ async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
     # Discovery's own parsing and summary answer the request, as its handler does.
     async def answer(msg: Msg) -> None:
         batch = parse_seeds(msg.data, origin="request", settings=DiscoverySettings())
-        await msg.respond(reply_text(batch).encode())
+        await msg.respond(reply(msg.data, batch))
 
     responder = await bus.nc.subscribe(SEEDS_SUBJECT, cb=answer)
     env = {
@@ -58,4 +63,4 @@ async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
     finally:
         await responder.unsubscribe()
     assert exit_code == code, out
-    assert "accepted 1: https://kept.example/" in out
+    assert "https://kept.example/" in out

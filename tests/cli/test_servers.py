@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import StackUrls
+from tests.fetcher._servers import free_port
+from tests.support import run_trove
 from trove_cli.local import STACK_FILE, LocalTrove
 from trove_cli.main import _urls
 from trove_schema.settings import CommonSettings
@@ -51,3 +56,61 @@ def test_the_stack_file_is_readable_by_its_user_alone(tmp_path: Path, stack: Sta
         path = tmp_path / STACK_FILE
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert json.loads(path.read_text())["TROVE_NATS_URL"] == stack.nats_url
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{"TROVE_DATABASE_URL": PROD_DB}, {"TROVE_NATS_URL": "nats://nats.example:4222"}],
+    ids=["a database alone", "a broker alone"],
+)
+@pytest.mark.parametrize("command", [("up",), ("crawl", "https://a.example/")])
+async def test_a_stack_of_this_machines_is_not_started_beside_one_server_given(
+    tmp_path: Path, given: dict[str, str], command: tuple[str, ...]
+) -> None:
+    # Its empty event record would feed a production database projections, or its empty
+    # database take a production broker's events: both are named, or neither.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_STATE_DIR": str(tmp_path),
+        **given,
+    }
+
+    code, out = await run_trove(*command, env=env)
+
+    assert code == 2, out
+    assert "a crawl's broker and database go together" in " ".join(out.split())
+    assert not (tmp_path / "nats").exists()
+    assert not (tmp_path / "postgres").exists()
+
+
+async def test_a_replay_into_another_database_is_not_fed_this_machines_events(
+    tmp_path: Path,
+) -> None:
+    settings(tmp_path)  # `trove up`'s stack.json, naming the local servers
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_STATE_DIR": str(tmp_path),
+    }
+
+    code, out = await run_trove("replay", "--database-url", PROD_DB, "--truncate", env=env)
+
+    assert code == 2, out
+    assert "set TROVE_NATS_URL" in out
+
+
+def test_a_stack_refused_beside_a_running_one_leaves_that_ones_stack_file(
+    tmp_path: Path,
+) -> None:
+    # The running stack's commands (`trove seed`, `trove status`) find it by this file.
+    settings(tmp_path)
+    closed = free_port()
+    local = LocalTrove(
+        state_dir=tmp_path,
+        nats_url=f"nats://127.0.0.1:{closed}",
+        database_url=f"postgresql+asyncpg://trove@127.0.0.1:{closed}/trove",
+        services=(),
+    )
+    with pytest.raises(Exception, match=r"(?i)connect|refused"):
+        local.start()
+
+    assert json.loads((tmp_path / STACK_FILE).read_text())["TROVE_NATS_URL"] == LOCAL_NATS

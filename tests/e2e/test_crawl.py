@@ -183,13 +183,17 @@ def on_the_stack(stack: StackUrls, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("clean")
-async def test_a_crawl_until_idle_whose_seeds_are_all_refused_ends_at_once(
-    stack: StackUrls, tmp_path: Path
+@pytest.mark.parametrize(
+    "until", [("--until-idle",), ("--max-pages", "50")], ids=["until idle", "up to 50 pages"]
+)
+async def test_a_crawl_whose_seeds_are_all_refused_ends_at_once(
+    stack: StackUrls, tmp_path: Path, until: tuple[str, ...]
 ) -> None:
-    """No page is ever queued: that is idle too, not an hour's wait for the timeout."""
+    """No page is ever queued: that is idle too, not an hour's wait for the timeout
+    (nor for pages that will not come, under --max-pages)."""
     code, report = await run_trove(
         "crawl",
-        "--until-idle",
+        *until,
         "--timeout",
         "600",
         "ftp://refused.example/",

@@ -34,7 +34,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from trove_discovery.scope import follow_link, in_scope, redirected_scope
-from trove_discovery.seeds import SeedBatch, parse_seeds, reply_json, reply_text
+from trove_discovery.seeds import SeedBatch, parse_seeds, reply
 from trove_discovery.sightings import Recent, Sightings
 from trove_discovery.sites import SiteHosts
 from trove_discovery.traps import url_trap_reason
@@ -187,9 +187,7 @@ class Discovery:
         batch: SeedBatch = parse_seeds(
             msg.data, origin="request", settings=self.settings, exclusions=await self._fresh()
         )
-        # Answer in kind: JSON to a JSON request, words to someone typing URLs.
-        as_json = msg.data.lstrip()[:1] in (b"{", b"[")
-        await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
+        await msg.respond(reply(msg.data, batch))
 
     # links ----------------------------------------------------------------------
 

@@ -285,6 +285,12 @@ def reply_text(batch: SeedBatch) -> str:
     )
 
 
+def reply(request: bytes, batch: SeedBatch) -> bytes:
+    """The answer to a seed request, in kind: JSON to JSON, words to someone typing URLs."""
+    as_json = request.lstrip()[:1] in (b"{", b"[")
+    return reply_json(batch) if as_json else reply_text(batch).encode()
+
+
 def reply_json(batch: SeedBatch) -> bytes:
     """The same summary as JSON, for programs; lists cut to ``REPLY_JSON_LIMIT`` each."""
     body = {
