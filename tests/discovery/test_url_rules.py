@@ -219,6 +219,22 @@ async def test_a_page_that_changes_with_its_parameter_keeps_it(bus: Bus) -> None
     assert SITE + "/list?page=9" in found
 
 
+async def test_pages_a_redirect_led_to_teach_nothing_of_the_address_asked(bus: Bus) -> None:
+    # Withdrawn products sent to the catalogue: the catalogue's canonical and content
+    # are the catalogue's, not the products'; `?id=` still names a product.
+    discovery = await replica(bus)
+    for n in (991, 992, 993):
+        redirected = page(f"/item.php?id={n}", canonical="/item.php").model_copy(
+            update={
+                "final_url": SITE + "/item.php",
+                "content_hash": hashlib.sha256(b"the catalogue").hexdigest(),
+            }
+        )
+        await handle(discovery, bus, redirected)
+    await handle(discovery, bus, page("/p/1", links=("/item.php?id=5",)))
+    assert SITE + "/item.php?id=5" in await discovered(bus)
+
+
 @pytest.mark.parametrize("content", [False, True], ids=["one-shell-for-all", "the-same-page"])
 async def test_only_the_pages_own_content_teaches_that_a_parameter_is_noise(
     bus: Bus, content: bool

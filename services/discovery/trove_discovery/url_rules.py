@@ -120,7 +120,12 @@ class UrlRules:
         if event.outcome not in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED):
             return
         host = event.domain
-        evidence = event.outcome is CrawlOutcome.SUCCESS and bool(event.content_hash)
+        # What a followed redirect led to is another page's: a shop sending withdrawn
+        # products' `?id=` to its catalogue says nothing of the products still there.
+        redirected = event.final_url is not None and event.final_url != event.url
+        evidence = (
+            event.outcome is CrawlOutcome.SUCCESS and bool(event.content_hash) and not redirected
+        )
         async with self._learning.of(host):
             if evidence and usable(event):
                 await self._learn(host, event)
