@@ -52,6 +52,20 @@ def test_a_parameter_the_canonical_drops_is_learned_after_two_values() -> None:
     assert rewrite(rules, SITE + "/p/9?a=1&ref=x&z=2") == SITE + "/p/9?a=1&z=2"
 
 
+def test_a_parameter_that_names_many_pages_leaves_room_to_learn_another() -> None:
+    # A forum's topics: each `?t=` is a page of its own, which the name says once; a
+    # record full of its values would learn nothing more about the host.
+    record = EMPTY
+    for n in range(200):
+        record = fetched(record, f"/viewtopic.php?t={n}", canonical=f"/viewtopic.php?t={n}")
+    assert len(record.candidates) < 8
+    record = fetched(record, "/viewtopic.php?t=1&from=feed", canonical="/viewtopic.php?t=1")
+    record = fetched(record, "/viewtopic.php?t=2&from=mail", canonical="/viewtopic.php?t=2")
+    rules = record.rules()
+    assert rules.names == {"from"}
+    assert rewrite(rules, SITE + "/viewtopic.php?t=9&from=x") == SITE + "/viewtopic.php?t=9"
+
+
 def test_a_parameter_the_canonical_keeps_is_never_dropped() -> None:
     record = fetched(EMPTY, "/list?page=2", canonical="/list?page=2")
     for n in range(3, 8):  # later pages that (wrongly) say they are the first one
@@ -249,13 +263,14 @@ def test_a_key_its_fetches_said_nothing_about_is_no_longer_undecided() -> None:
 
 
 def test_a_full_record_holds_no_link_for_a_name_it_cannot_track() -> None:
-    """Self-canonical pages of a long list fill the record with what it must keep (each
-    ``page=N`` contradicted); a name it has no room for could never be learned, so
-    links that carry it are not held for it (they were, on every page, for ever)."""
+    """Self-canonical pages of as many parameters as the record holds fill it with what
+    it must keep (each name contradicted); a name it has no room for could never be
+    learned, so links that carry it are not held for it (they were, on every page, for
+    ever)."""
     limits = AliasLimits()
     record = EMPTY
     for n in range(2 * limits.max_candidates):
-        record = fetched(record, f"/list?page={n}", canonical=f"/list?page={n}")
+        record = fetched(record, f"/list?k{n}=1", canonical=f"/list?k{n}=1")
     assert len(record.candidates) == limits.max_candidates
     assert undecided(record, SITE + "/p/1?ref=a") == []
     assert undecided(record, SITE + "/a/index.html") == []

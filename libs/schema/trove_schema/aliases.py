@@ -469,8 +469,12 @@ def _vote(candidates: dict[str, Candidate], key: str, confirm: bool, limits: Ali
     if len(name) > limits.max_value_chars:
         return
     _count(candidates, NAME + name, confirm, limits, value=value[: limits.max_value_chars])
-    name_learned = _learned(candidates.get(NAME + name), NAME, limits)
-    if len(value) <= limits.max_value_chars and not (confirm and name_learned):
+    named = candidates.get(NAME + name)
+    if not confirm and key not in candidates and named is not None and named.contradicted:
+        # The name's contradiction says it already: an entry for each of a forum's
+        # `?t=` values would fill the record, and nothing more would be learned.
+        return
+    if len(value) <= limits.max_value_chars and not (confirm and _learned(named, NAME, limits)):
         _count(candidates, key, confirm, limits, value=None)
 
 
