@@ -187,6 +187,19 @@ def test_a_profile_whose_person_opted_out_is_noindex_and_nofollow(opt_out: dict[
     assert not read(note(indexable=False)).noindex
 
 
+def test_a_pleroma_or_akkoma_account_opts_out_under_its_source() -> None:
+    # Their client API has no top-level flags: `source.pleroma`, for every account.
+    def account(**pleroma: object) -> dict[str, object]:
+        return {"acct": "ana", "note": "", "source": {"note": "", "pleroma": pleroma}}
+
+    assert opted_out(account(discoverable=False, indexable=True))
+    assert opted_out(account(discoverable=True, indexable=False))
+    assert not opted_out(account(discoverable=True, indexable=True))
+    assert not opted_out(account(discoverable=True))  # an older Pleroma: no indexable
+    assert not opted_out({"acct": "ana", "source": "junk"})
+    assert not opted_out({"acct": "ana", "source": {"pleroma": ["junk"]}})
+
+
 def test_only_the_bios_own_no_bot_tags_opt_out() -> None:
     assert opted_out({"note": BIO_NOBOT})
     assert opted_out({"note": "<p>#NoIndex please</p>"})

@@ -72,11 +72,15 @@ def _says_yes(value: Any) -> bool:
 def opted_out(account: Mapping[str, Any]) -> bool:
     """The account asked not to be indexed or discovered: a Mastodon API account or an
     ActivityPub actor with ``indexable`` or ``discoverable`` false, ``noindex`` true, or
-    ``#nobot`` or ``#noindex`` in its bio (``note`` in the API, ``summary`` in AP)."""
+    ``#nobot`` or ``#noindex`` in its bio (``note`` in the API, ``summary`` in AP).
+    Pleroma and Akkoma's API says it under ``source.pleroma`` only (their actors at the
+    top, as Mastodon does)."""
+    source = account.get("source")
+    pleroma = source.get("pleroma") if isinstance(source, Mapping) else None
+    flags = [account] + ([pleroma] if isinstance(pleroma, Mapping) else [])
     return (
-        _says_no(account.get("indexable"))
+        any(_says_no(f.get("indexable")) or _says_no(f.get("discoverable")) for f in flags)
         or _says_yes(account.get("noindex"))
-        or _says_no(account.get("discoverable"))
         or any(_asks_no_bots(account.get(bio)) for bio in ("note", "summary"))
     )
 
