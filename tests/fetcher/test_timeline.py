@@ -254,6 +254,31 @@ async def test_a_post_from_elsewhere_that_arrives_late_is_read_once(
         assert instance.status_uri(too_late) not in set(uris(first) + uris(second))
 
 
+async def test_late_posts_found_before_the_new_ones_fail_are_no_progress(
+    client: httpx.AsyncClient,
+) -> None:
+    # An overloaded instance: the lookback behind the cursor answers, the new posts 502.
+    # That poll failed (backed off as one), and the late post is found once it answers.
+    instance = FediverseInstance.generate(posts=12, seed=11)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=5, lookback=3600.0)
+        first = await polls.poll(request(social, timeline="public"))
+        assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+        remote = next(a.acct for a in instance.accounts if not a.local)
+        late = instance.add_late_post(remote, published_before=timedelta(minutes=20))
+        instance.misbehave("new-posts-502")
+
+        second = await polls.poll(request(social, after=first))
+
+        assert second.outcome is CrawlOutcome.BLOCKED_5XX
+        assert (second.status_code, second.posts, second.more) == (502, (), False)
+        assert second.cursor_after == first.cursor_after
+        instance.misbehave(None)
+        third = await polls.poll(request(social, after=second))
+        assert third.outcome is CrawlOutcome.SUCCESS, third.error_message
+        assert uris(third) == [instance.status_uri(late)]
+
+
 async def test_the_local_timeline_is_read_from_its_cursor_only(
     client: httpx.AsyncClient,
 ) -> None:

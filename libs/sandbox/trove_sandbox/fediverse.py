@@ -52,7 +52,7 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: page of ``HUGE_API_BYTES``; ``odd-ids``: the page's newest statuses given an id
 #: of letters and an id of 250 digits, the others as they are.
 Misbehaviour = Literal[
-    "wrong-types", "html", "endless", "bottomless", "redirect", "huge", "odd-ids"
+    "wrong-types", "html", "endless", "bottomless", "redirect", "huge", "odd-ids", "new-posts-502"
 ]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
@@ -669,6 +669,9 @@ class FediverseInstance:
         since_id = _id_param(query.get("since_id"))
         min_id = _id_param(query.get("min_id"))
         mode = self._misbehaviour
+        if mode == "new-posts-502" and min_id is not None:
+            # Overloaded: what is behind a cursor comes from cache, what is new does not.
+            return _json_response({"error": "Bad gateway"}, status=502, extra=limits)
         if mode == "bottomless" and posts:
             page = self._invented(max_id if max_id is not None else posts[-1].id + 1, limit)
         else:

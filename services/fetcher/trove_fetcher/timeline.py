@@ -1017,8 +1017,14 @@ class TimelinePoller:
         stop: _Stop | None,
         started: datetime,
     ) -> TimelinePolled:
-        read_something = progress.newest is not None
-        failed = stop is not None and not read_something
+        # Read something new: the cursor moves. Late posts the lookback found behind it
+        # are not progress: a poll whose next page failed after them is a failure (the
+        # next poll's lookback finds them again), or an instance whose new posts fail
+        # would be asked again at once, for ever, with nothing counted against it.
+        advanced = progress.newest is not None and (
+            request.cursor is None or id_key(progress.newest) > id_key(request.cursor)
+        )
+        failed = stop is not None and not advanced
         outcome = stop.outcome if failed and stop is not None else CrawlOutcome.SUCCESS
         status = stop.status if stop is not None else None
         notes: list[str] = []
