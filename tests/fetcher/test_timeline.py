@@ -317,6 +317,26 @@ async def test_a_tag_timeline_reads_the_tagged_posts_of_every_account(
         )
 
 
+async def test_a_link_to_another_choice_of_posts_is_not_followed(
+    client: httpx.AsyncClient,
+) -> None:
+    # Links that forget `local` lead to the federated timeline: the local timeline's
+    # next page is built from its own query instead.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    instance.misbehave("links-unscoped")
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[-1].sid  # the oldest: pages to catch up
+        event = await poller(client, max_pages=4, page_limit=5).poll(
+            request(social, cursor=cursor, api=social.base_url)
+        )
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert event.posts
+        local = {instance.status_uri(s) for s in instance.timeline(local=True)}
+        assert set(uris(event)) <= local
+        assert all(q.get("local") == ["true"] for q in api_queries(social))
+
+
 async def test_cursor_advances_across_polls_and_no_post_is_handled_twice(
     client: httpx.AsyncClient,
 ) -> None:

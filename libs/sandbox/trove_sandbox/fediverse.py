@@ -52,7 +52,15 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: page of ``HUGE_API_BYTES``; ``odd-ids``: the page's newest statuses given an id
 #: of letters and an id of 250 digits, the others as they are.
 Misbehaviour = Literal[
-    "wrong-types", "html", "endless", "bottomless", "redirect", "huge", "odd-ids", "new-posts-502"
+    "wrong-types",
+    "html",
+    "endless",
+    "bottomless",
+    "redirect",
+    "huge",
+    "odd-ids",
+    "new-posts-502",
+    "links-unscoped",
 ]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
@@ -693,6 +701,8 @@ class FediverseInstance:
             return _json_response(odd, extra=limits)
         links: list[str] = []
         kept = {k: v for k, v in query.items() if k in ("local", "remote", "only_media", "limit")}
+        if mode == "links-unscoped":  # GoToSocial 0.12: its Links forgot `local`
+            kept = {k: v for k, v in kept.items() if k == "limit"}
         if page:
             next_max = page[-1].id
             if mode == "endless":

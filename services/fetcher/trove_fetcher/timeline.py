@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
-from urllib.parse import urlencode, urljoin, urlsplit
+from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit
 
 import httpx
 import pydantic
@@ -412,7 +412,7 @@ def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> fl
 
 def link_relation(headers: httpx.Headers, rel: str, current: str) -> str | None:
     """The URL of ``rel`` in the Link header, when it stays on ``current``'s timeline
-    (same scheme, host, port and path); None otherwise."""
+    (same scheme, host, port, path and choice of posts); None otherwise."""
     value = headers.get("link", "")[:16_384]
     for match in _LINK_ENTRY.finditer(value):
         params = _REL.search(match.group(2))
@@ -429,11 +429,22 @@ def link_relation(headers: httpx.Headers, rel: str, current: str) -> str | None:
                 and there.hostname == here.hostname
                 and there.port == here.port
                 and there.path == here.path
+                and _selection(there.query) == _selection(here.query)
             )
         except ValueError:
             return None
         return target if same and len(target) <= MAX_URL_LENGTH else None
     return None
+
+
+#: A timeline's paging parameters: everything else in its query chooses the posts.
+_PAGING = frozenset({"min_id", "max_id", "since_id", "limit"})
+
+
+def _selection(query: str) -> list[tuple[str, str]]:
+    """What a timeline URL's query chooses (``local``, ``only_media``...): a Link that
+    changes it (GoToSocial 0.12 dropped ``local``) would read another timeline."""
+    return sorted((k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in _PAGING)
 
 
 def timeline_url(
