@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import nats.errors
 import pytest
 
 from tests.conftest import eventually
@@ -23,7 +24,7 @@ from tests.fetcher._dns import dns_server
 from trove_discovery.follows import TimelineFollow
 from trove_discovery.shares import next_poll
 from trove_fetcher.errors import GateDeferred, ResolverAway
-from trove_fetcher.http import FetchLimits
+from trove_fetcher.http import FetchLimits, HopGateFailed
 from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
     MAX_RETRY_AFTER,
@@ -578,6 +579,24 @@ async def test_bottomless_pagination_is_bounded(client: httpx.AsyncClient) -> No
         assert forward.error_message is not None
         assert "already read" in forward.error_message
         assert len(api_queries(social)) == backfill.requests + forward.requests
+
+
+async def test_a_hop_gates_broker_trouble_reaches_the_caller_with_its_cause(
+    client: httpx.AsyncClient,
+) -> None:
+    # robots.txt redirected, and the hop's lease failed for the broker's reasons: the
+    # fetcher hands that back to the consumer (not counted against the poll), which it
+    # can only tell by the cause.
+    broker = nats.errors.ConnectionClosedError()
+
+    async def failing(url: str) -> bool:
+        raise HopGateFailed("lease of the hop") from broker
+
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        with pytest.raises(HopGateFailed) as failed:
+            await poller(client, robots_allows=failing).poll(request(social, api=social.base_url))
+    assert failed.value.__cause__ is broker
 
 
 async def test_gate_deferral_ends_the_poll_with_what_it_read(client: httpx.AsyncClient) -> None:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import overload
+from typing import NoReturn, overload
 from urllib.parse import urlsplit
 
 import httpx
@@ -256,6 +256,8 @@ class Fetcher:
                 await self.poll(event)
             except NetworkAway as exc:
                 raise _waits_for_network(exc) from exc
+            except HopGateFailed as exc:  # a robots.txt redirect's hop, as for a page
+                _hand_back(exc)
             return
         if not isinstance(event, PageDiscovered | CrawlRequested):
             return  # not work for us; ack it
@@ -268,16 +270,7 @@ class Fetcher:
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
             raise Retry(f"transient fetch error: {exc}") from exc
         except HopGateFailed as exc:
-            # What failed is the consumer's to judge, as it judges the handler's own
-            # errors: the broker's trouble is handed back (not counted); anything else is
-            # a failure it counts, backs off and parks. Handed back every time, a gate
-            # that keeps failing would request the hops before it again and again.
-            # The pod's network away (robots.txt of a hop's host unreachable) is neither.
-            if isinstance(exc.__cause__, NetworkAway):
-                raise _waits_for_network(exc.__cause__) from exc.__cause__
-            if isinstance(exc.__cause__, Exception):
-                raise exc.__cause__ from None
-            raise
+            _hand_back(exc)
 
     async def process(self, job: Job, payload: bytes) -> None:
         if job.work.id in self._done:
@@ -1094,6 +1087,20 @@ def _cause(msg: Msg) -> str:
     except Exception:  # not a JetStream message
         return ""
     return f"{meta.stream}:{meta.sequence.stream}"
+
+
+def _hand_back(exc: HopGateFailed) -> NoReturn:
+    """Raise what a redirect hop's gate failed with, for the consumer to judge as it
+    judges the handler's own errors: the broker's trouble is handed back (not counted);
+    anything else is a failure it counts, backs off and parks. Handed back every time, a
+    gate that keeps failing would request the hops before it again and again. The pod's
+    network away (robots.txt of a hop's host unreachable) is neither."""
+    cause = exc.__cause__
+    if isinstance(cause, NetworkAway):
+        raise _waits_for_network(cause) from cause
+    if isinstance(cause, Exception):
+        raise cause from None
+    raise exc
 
 
 def _waits_for_network(exc: NetworkAway) -> Retry:

@@ -680,7 +680,8 @@ class TimelinePoller:
         except _Stop as stopped:
             stop = stopped
         except _MachineryFailed as failed:
-            raise failed.cause from None
+            # With what it carries (a hop gate's broker trouble): the caller judges it.
+            raise failed.cause from failed.cause.__cause__
         except Exception as exc:
             log.exception("timeline poll of %s failed unexpectedly", request.instance)
             stop = _Stop(CrawlOutcome.FAILED, f"unexpected error: {type(exc).__name__}: {exc}")
