@@ -295,6 +295,16 @@ async def test_unfollow_and_follow_again_start_a_new_chain(engine: AsyncEngine) 
     assert [(r.timeline, r.unfollowed_at) for r in rows] == [("local", end), ("tag:smallweb", end)]
 
 
+async def test_an_unfollow_of_a_tag_ends_its_follow_whatever_the_case(
+    engine: AsyncEngine,
+) -> None:
+    # Discovery stops `tag:Python` for `trove unfollow --timeline tag:python`.
+    await project(engine, follow("tag:Python"), unfollow("tag:python", at=T0 + timedelta(hours=1)))
+
+    row = await instance(engine, "tag:Python")
+    assert row.unfollowed_at == T0 + timedelta(hours=1)
+
+
 async def test_a_post_seen_twice_is_one_share_that_keeps_its_earliest_sighting(
     engine: AsyncEngine,
 ) -> None:

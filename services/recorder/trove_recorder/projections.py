@@ -257,7 +257,9 @@ async def _instance_unfollowed(tx: Transaction, event: InstanceUnfollowed) -> No
         _sql(
             "UPDATE instances SET unfollowed_at = :at, updated_at = now() "
             "WHERE instance = :instance "
-            "AND (CAST(:timeline AS text) IS NULL OR timeline = :timeline) "
+            # A tag's case: discovery stops `tag:Python` for an unfollow of `tag:python`
+            # (a release before kept the case a follow was spelt in).
+            "AND (CAST(:timeline AS text) IS NULL OR lower(timeline) = lower(:timeline)) "
             "AND unfollowed_at IS NULL AND (followed_at IS NULL OR followed_at <= :at)"
         ),
         {"instance": event.instance, "timeline": event.timeline, "at": event.occurred_at},
