@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import asyncpg.exceptions as pg
+import httpx
 import pytest
 from asyncpg.exceptions import InvalidCachedStatementError
 from asyncpg.exceptions._base import OutdatedSchemaCacheError
@@ -23,6 +24,7 @@ from trove_schema.errors import InvalidPriors, InvalidTLS, TopologyError
 from trove_schema.nats_tls import client_tls
 from trove_schema.policy import load_priors
 from trove_schema.service import (
+    _health_server,
     _start_patiently,
     collect_garbage,
     infrastructure_away,
@@ -107,6 +109,22 @@ DATABASE_TROUBLE = [
     for e in AWAY + UNWRITABLE
     if not isinstance(e, InvalidCachedStatementError | OutdatedSchemaCacheError)
 ]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"], ids=["IPv4", "IPv6"])
+async def test_the_health_port_answers_on_either_family(host: str) -> None:
+    # The kubelet probes the pod's primary IP: an IPv6 one on an IPv6-first cluster.
+    port = free_port("127.0.0.1")
+    ready = asyncio.Event()
+    ready.set()
+    server = await _health_server(port, ready)
+    try:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            answer = await client.get(f"http://{host}:{port}/readyz")
+        assert answer.status_code == 200
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.mark.parametrize("error", DATABASE_TROUBLE, ids=lambda e: type(e).__name__)

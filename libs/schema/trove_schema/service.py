@@ -95,7 +95,9 @@ async def _health_server(port: int, ready: asyncio.Event) -> asyncio.Server:
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, "0.0.0.0", port)  # noqa: S104 - probes come from outside
+    # Every address of both families: the kubelet probes the pod's primary IP, an IPv6
+    # one on an IPv6-first cluster (a family the machine lacks is left out).
+    return await asyncio.start_server(handle, None, port)
 
 
 #: Young-generation threshold of the cyclic garbage collector (CPython's default is 700).
