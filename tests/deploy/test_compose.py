@@ -200,7 +200,10 @@ def test_postgres_is_16_on_a_volume_with_a_readiness_check() -> None:
     postgres = services()["postgres"]
     assert postgres["image"] == "postgres:16-alpine"
     assert any(v.startswith("postgres-data:") for v in postgres["volumes"])
-    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+    check = " ".join(postgres["healthcheck"]["test"])
+    assert "pg_isready" in check
+    # Over TCP: the first start's initialisation server listens on the socket alone.
+    assert "-h 127.0.0.1" in check
 
 
 def test_only_the_recorder_the_migration_and_the_cli_see_the_database() -> None:
