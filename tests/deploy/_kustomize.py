@@ -2,16 +2,20 @@
 
 It supports exactly what ``k8s/`` uses: ``resources`` (files inside the
 kustomization's folder, and folders holding a kustomization.yaml), ``namespace``,
-``images``, ``replicas``, and ``patches`` in JSON 6902 form with a ``kind``/``name``
-target. Anything else is refused rather than ignored, so an overlay cannot rely on a
-feature these tests would silently skip. Where kustomize is lenient (an image, a
-replica count or a patch target that matches nothing), this is stricter: a typo in an
-overlay fails here.
+``images``, ``replicas``, ``patches`` in JSON 6902 form with a ``kind``/``name``
+target, and ``configMapGenerator`` from ``envs`` files (named ``<name>-<hash>`` as
+kustomize names them, and every pod template's reference to it renamed so).
+Anything else is refused rather than ignored, so an overlay cannot rely on a feature
+these tests would silently skip. Where kustomize is lenient (an image, a replica count
+or a patch target that matches nothing), this is stricter: a typo in an overlay fails
+here.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +25,19 @@ import yaml
 Manifest = dict[str, Any]
 
 SUPPORTED_FIELDS = frozenset(
-    {"apiVersion", "kind", "namespace", "resources", "images", "replicas", "patches"}
+    {
+        "apiVersion",
+        "kind",
+        "namespace",
+        "resources",
+        "images",
+        "replicas",
+        "patches",
+        "configMapGenerator",
+    }
 )
+#: Marks a generated ConfigMap until the outermost kustomization names it by its hash.
+NEEDS_HASH = "kustomize.config.k8s.io/needs-hash"
 CLUSTER_SCOPED = frozenset(
     {
         "Namespace",
@@ -51,7 +66,7 @@ def load_documents(path: Path) -> list[Manifest]:
     return documents
 
 
-def render(directory: Path) -> list[Manifest]:
+def render(directory: Path, *, outermost: bool = True) -> list[Manifest]:
     """The manifests ``kubectl kustomize directory`` would produce (for what we support)."""
     root = directory.resolve()
     kustomization_file = root / "kustomization.yaml"
@@ -68,7 +83,7 @@ def render(directory: Path) -> list[Manifest]:
     for entry in kustomization.get("resources", []):
         path = (root / entry).resolve()
         if path.is_dir():
-            manifests.extend(render(path))
+            manifests.extend(render(path, outermost=False))
         elif path.is_file():
             # kustomize's default load restrictor: files only from inside the root.
             if not path.is_relative_to(root):
@@ -77,6 +92,8 @@ def render(directory: Path) -> list[Manifest]:
         else:
             raise KustomizeError(f"{kustomization_file}: resource {entry} not found")
     manifests = copy.deepcopy(manifests)
+    for generator in kustomization.get("configMapGenerator", []):
+        manifests.append(_generated_config_map(generator, root))
 
     for patch in kustomization.get("patches", []):
         _apply_patch(manifests, patch, root)
@@ -88,8 +105,87 @@ def render(directory: Path) -> list[Manifest]:
         _set_image(manifests, image)
     for replica in kustomization.get("replicas", []):
         _set_replicas(manifests, replica)
+    if outermost:
+        _name_by_hash(manifests)
     _check_unique(manifests)
     return manifests
+
+
+def _generated_config_map(generator: dict[str, Any], root: Path) -> Manifest:
+    unsupported = set(generator) - {"name", "envs", "options"}
+    options = generator.get("options", {})
+    if unsupported or set(options) - {"labels"}:
+        raise KustomizeError(f"unsupported configMapGenerator fields: {generator!r}")
+    data: dict[str, str] = {}
+    for entry in generator.get("envs", []):
+        path = (root / entry).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise KustomizeError(f"configMapGenerator: {entry} not found in {root}")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, equals, value = line.partition("=")
+            if not equals or not key.strip():
+                raise KustomizeError(f"{path}:{number}: not KEY=value: {line!r}")
+            data[key.strip()] = value  # as kustomize: the value as written, no quoting
+    metadata: dict[str, Any] = {"name": generator["name"], "annotations": {NEEDS_HASH: "true"}}
+    if options.get("labels"):
+        metadata["labels"] = dict(options["labels"])
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def config_map_hash(config_map: Manifest) -> str:
+    """kustomize's name suffix: the first ten hex digits of the SHA-256 of the map's kind,
+    name and data as sorted JSON, with the digits and letters it avoids replaced."""
+    encoded = json.dumps(
+        {
+            "data": config_map.get("data", {}),
+            "kind": "ConfigMap",
+            "name": config_map["metadata"]["name"],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    digits = hashlib.sha256(encoded.encode()).hexdigest()[:10]
+    return digits.translate(str.maketrans("013ae", "ghkmt"))
+
+
+def _name_by_hash(manifests: list[Manifest]) -> None:
+    renamed: dict[tuple[str, str], str] = {}
+    for manifest in manifests:
+        annotations = manifest["metadata"].get("annotations", {})
+        if manifest["kind"] != "ConfigMap" or annotations.pop(NEEDS_HASH, None) is None:
+            continue
+        if not annotations:
+            del manifest["metadata"]["annotations"]
+        name = manifest["metadata"]["name"]
+        namespace = manifest["metadata"].get("namespace", "")
+        manifest["metadata"]["name"] = f"{name}-{config_map_hash(manifest)}"
+        renamed[(namespace, name)] = manifest["metadata"]["name"]
+    for manifest in manifests:
+        namespace = manifest["metadata"].get("namespace", "")
+        for spec in pod_specs(manifest):
+            for ref in _config_map_refs(spec):
+                ref["name"] = renamed.get((namespace, ref["name"]), ref["name"])
+
+
+def _config_map_refs(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every place a pod spec names a ConfigMap."""
+    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                yield source["configMapRef"]
+        for variable in container.get("env", []):
+            ref = variable.get("valueFrom", {}).get("configMapKeyRef")
+            if ref is not None:
+                yield ref
+    for volume in spec.get("volumes", []):
+        if "configMap" in volume:
+            yield volume["configMap"]
+        for source in volume.get("projected", {}).get("sources", []):
+            if "configMap" in source:
+                yield source["configMap"]
 
 
 def pod_specs(manifest: Manifest) -> Iterator[dict[str, Any]]:

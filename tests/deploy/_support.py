@@ -76,6 +76,16 @@ def find(manifests: tuple[Manifest, ...], kind: str, name: str) -> Manifest:
     raise AssertionError(f"no {kind} {name}")
 
 
+def settings_map(manifests: tuple[Manifest, ...]) -> Manifest:
+    """The ConfigMap of Trove's settings, named ``trove-config-<hash>``."""
+    (found,) = [
+        m
+        for m in manifests
+        if m["kind"] == "ConfigMap" and m["metadata"]["name"].startswith("trove-config-")
+    ]
+    return found
+
+
 def of_kind(manifests: tuple[Manifest, ...], kind: str) -> list[Manifest]:
     return [m for m in manifests if m["kind"] == kind]
 

@@ -29,6 +29,7 @@ from tests.deploy._support import (
     quantity,
     rendered,
     schema_errors,
+    settings_map,
     workloads,
 )
 from trove_cli.main import parser as cli_parser
@@ -343,7 +344,7 @@ def test_local_overlay_uses_the_locally_built_image_and_one_of_each() -> None:
     assert find(manifests, "Deployment", "trove-discovery")["spec"]["replicas"] == 1
     assert find(manifests, "Deployment", "trove-recorder")["spec"]["replicas"] == 1
     assert find(manifests, "ScaledObject", "trove-fetcher")["spec"]["minReplicaCount"] == 1
-    assert find(manifests, "ConfigMap", "trove-config")["data"]["TROVE_REPLICAS"] == "1"
+    assert settings_map(manifests)["data"]["TROVE_REPLICAS"] == "1"
     assert find(manifests, "Cluster", "trove-pg")["spec"]["instances"] == 1
 
 
@@ -393,7 +394,7 @@ def test_each_service_loads_its_settings_from_the_manifests(
 
 
 def test_base_streams_get_three_replicas_on_a_three_node_nats() -> None:
-    config = find(rendered("base"), "ConfigMap", "trove-config")["data"]
+    config = settings_map(rendered("base"))["data"]
     assert config["TROVE_REPLICAS"] == "3"
     values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text("utf-8"))
     assert values["config"]["cluster"]["enabled"] is True
@@ -588,7 +589,7 @@ def test_keda_sizes_count_what_each_fetcher_pod_holds() -> None:
     sized on what a pod pulls, from the settings the manifests give it."""
     spec = scaled_object("base")["spec"]
     threshold = min(int(t["metadata"]["lagThreshold"]) for t in spec["triggers"])
-    config = find(rendered("base"), "ConfigMap", "trove-config")["data"]
+    config = settings_map(rendered("base"))["data"]
     settings = FetcherSettings.model_validate(
         {
             "concurrency": int(config.get("TROVE_CONCURRENCY", FetcherSettings().concurrency)),

@@ -133,3 +133,69 @@ def test_image_references_split_into_name_tag_and_digest(
     image: str, parts: tuple[str, str | None, str | None]
 ) -> None:
     assert split_image(image) == parts
+
+
+def test_a_generated_config_map_is_named_by_its_content_and_so_are_its_references(
+    tmp_path: Path,
+) -> None:
+    # As kustomize does: a changed setting is a new name in every pod template, which
+    # rolls the pods; a rollback's pods name the settings of their own release.
+    base = tmp_path / "base"
+    web = {
+        **DEPLOYMENT,
+        "spec": {
+            "replicas": 1,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "example/web:1.0",
+                            "envFrom": [{"configMapRef": {"name": "settings"}}],
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    write(base, "web.yaml", web)
+    (base / "settings.env").write_text("# a comment\nA=1\n\nB=two words\n", encoding="utf-8")
+    generator = {"name": "settings", "envs": ["settings.env"]}
+    write(
+        base, "kustomization.yaml", {"resources": ["web.yaml"], "configMapGenerator": [generator]}
+    )
+    patch = "- op: replace\n  path: /data/A\n  value: '2'\n"
+    overlay = project_overlay(
+        tmp_path, [{"target": {"kind": "ConfigMap", "name": "settings"}, "patch": patch}]
+    )
+
+    names = []
+    for directory in (base, overlay):
+        manifests = render(directory)
+        (config,) = [m for m in manifests if m["kind"] == "ConfigMap"]
+        (deployment,) = [m for m in manifests if m["kind"] == "Deployment"]
+        name = config["metadata"]["name"]
+        assert name.startswith("settings-")
+        assert len(name) == len("settings-") + 10
+        assert "annotations" not in config["metadata"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["envFrom"] == [{"configMapRef": {"name": name}}]
+        names.append(name)
+    assert render(base)[1]["data"] == {"A": "1", "B": "two words"}
+    assert names[0] != names[1]  # the overlay's patch changed the content
+    assert render(base)[1]["metadata"]["name"] == names[0]  # and the same content, the same
+
+
+def project_overlay(tmp_path: Path, patches: list[dict[str, Any]]) -> Path:
+    write(
+        tmp_path / "overlay", "kustomization.yaml", {"resources": ["../base"], "patches": patches}
+    )
+    return tmp_path / "overlay"
+
+
+def test_a_settings_file_line_that_is_not_key_equals_value_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "settings.env").write_text("A=1\nnot a setting\n", encoding="utf-8")
+    generator = {"name": "settings", "envs": ["settings.env"]}
+    write(tmp_path, "kustomization.yaml", {"configMapGenerator": [generator]})
+    with pytest.raises(KustomizeError, match=r"settings\.env:2"):
+        render(tmp_path)
