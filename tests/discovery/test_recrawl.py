@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pydantic
 import pytest
@@ -206,12 +207,36 @@ def test_a_record_retention_shorter_than_the_recrawl_interval_is_refused() -> No
         recrawl_max_seconds=3 * 86_400,
         events_max_age_seconds=7 * 86_400,
     )
+    # Discovery's schedules all short, to see the retries' own bound.
+    short: dict[str, Any] = {
+        "recrawl_after_seconds": 60,
+        "recrawl_max_seconds": 60,
+        "poll_interval_seconds": 60,
+        "poll_max_backoff_seconds": 60,
+    }
     with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
-        RecorderSettings(retry_delay_seconds=3600, events_max_age_seconds=600)
+        RecorderSettings(retry_delay_seconds=3600, events_max_age_seconds=600, **short)
     # A site's Retry-After may put a retry off for days: the record must keep it that long.
     with pytest.raises(pydantic.ValidationError, match="scheduled retries"):
-        RecorderSettings(events_max_age_seconds=2 * 86_400)
-    RecorderSettings(events_max_age_seconds=2 * 86_400, retry_max_delay_seconds=86_400)
+        RecorderSettings(events_max_age_seconds=2 * 86_400, **short)
+    RecorderSettings(
+        events_max_age_seconds=2 * 86_400,
+        retry_max_delay_seconds=86_400,
+        recrawl_after_seconds=3600,
+        recrawl_max_seconds=86_400,
+    )
+    # The recorder owns the record: it refuses what would drop discovery's schedules,
+    # re-crawls of 30 days by default and timeline polls paused up to six hours.
+    with pytest.raises(pydantic.ValidationError, match="scheduled re-crawls"):
+        RecorderSettings(events_max_age_seconds=15 * 86_400, retry_max_delay_seconds=86_400)
+    with pytest.raises(pydantic.ValidationError, match="scheduled timeline polls"):
+        RecorderSettings(
+            events_max_age_seconds=3 * 3600,
+            retry_delay_seconds=600,
+            retry_max_delay_seconds=600,
+            recrawl_after_seconds=600,
+            recrawl_max_seconds=1800,
+        )
     # It caps every retry's delay, so it may not be below the delay itself.
     with pytest.raises(pydantic.ValidationError, match="TROVE_RETRY_MAX_DELAY_SECONDS"):
         RecorderSettings(retry_max_delay_seconds=600)

@@ -384,6 +384,11 @@ async def test_a_recorder_whose_record_has_a_retention_lets_the_applied_ids_go_a
         "TROVE_EVENTS_MAX_AGE_SECONDS": "5",
         "TROVE_RETRY_DELAY_SECONDS": "1",
         "TROVE_RETRY_MAX_DELAY_SECONDS": "1",
+        # The recorder refuses a record that would drop discovery's schedules.
+        "TROVE_RECRAWL_AFTER_SECONDS": "1",
+        "TROVE_RECRAWL_MAX_SECONDS": "1",
+        "TROVE_POLL_INTERVAL_SECONDS": "1",
+        "TROVE_POLL_MAX_BACKOFF_SECONDS": "1",
         "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": "0.2",
     }
     now = datetime.now(UTC)

@@ -12,7 +12,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -58,6 +58,22 @@ class CommonSettings(BaseSettings):
     http_port: int = Field(default=0, ge=0, le=65535)
     #: How long the event record (TROVE_EVENTS) keeps events; 0 keeps them for ever.
     events_max_age_seconds: float = Field(default=0.0, ge=0.0)
+    # What waits in TROVE_EVENTS as a schedule: discovery's re-crawls and timeline polls
+    # (the recorder's retries below). Every service reads them, so that the recorder,
+    # which owns the stream's retention, refuses one that would drop them.
+    #: A fetched page is re-requested after this many seconds (default 7 days); later
+    #: intervals follow the page's changes (``trove_schema.change_rate``) within
+    #: TROVE_RECRAWL_MIN_SECONDS and the bound below.
+    recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
+    #: Longest re-crawl interval. 0, the default: 30 days, or the first interval if
+    #: that is longer.
+    recrawl_max_seconds: float = Field(default=0.0, ge=0.0)
+    #: A followed timeline is polled again this many seconds after a poll that read
+    #: everything new (at once when the poll stopped at its page bound).
+    poll_interval_seconds: float = Field(default=300.0, gt=0.0)
+    #: Longest pause after failed polls (the pause doubles with each failure in a row)
+    #: or asked for by an instance (Retry-After, its rate-limit reset).
+    poll_max_backoff_seconds: float = Field(default=6 * 3600.0, gt=0.0)
     #: How the event record's finished blocks are stored on disk: S2-compressed, or not.
     #: Set by the recorder, which owns the stream (bench/bench_record_size.py measures both).
     events_compression: Literal["s2", "none"] = "s2"
@@ -104,6 +120,26 @@ class CommonSettings(BaseSettings):
     #: How often discovery and the fetcher read the shared list of excluded hosts (the
     #: ``trove_exclusions`` bucket): a host listed there is left alone within this long.
     exclusions_refresh_seconds: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _schedules_are_kept(self) -> Self:
+        first = self.recrawl_after_seconds
+        if self.recrawl_max_seconds and self.recrawl_max_seconds < first:
+            raise ValueError(
+                f"TROVE_RECRAWL_MAX_SECONDS ({self.recrawl_max_seconds:g}) must not be shorter "
+                f"than TROVE_RECRAWL_AFTER_SECONDS ({first:g}), the first interval"
+            )
+        _check_schedules_kept(self.events_max_age_seconds, self.recrawl_max, "re-crawls")
+        _check_schedules_kept(
+            self.events_max_age_seconds,
+            max(self.poll_interval_seconds, self.poll_max_backoff_seconds),
+            "timeline polls",
+        )
+        return self
+
+    @property
+    def recrawl_max(self) -> float:
+        return self.recrawl_max_seconds or max(30 * 86_400.0, self.recrawl_after_seconds)
 
     @field_validator("excluded_hosts", mode="before")
     @classmethod
@@ -155,16 +191,9 @@ class DiscoverySettings(CommonSettings):
     #: the events stream's 10-minute duplicate window.
     alias_hold_seconds: float = Field(default=10.0, ge=0.0, le=30.0)
     alias_hold_rounds: int = Field(default=3, ge=0, le=3)
-    #: A fetched page is re-requested after this many seconds (default 7 days); later
-    #: intervals follow the page's changes (``trove_schema.change_rate``) within the
-    #: bounds below.
-    recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
     #: Shortest re-crawl interval. 0, the default: one hour, or the first interval if
     #: that is shorter.
     recrawl_min_seconds: float = Field(default=0.0, ge=0.0)
-    #: Longest re-crawl interval. 0, the default: 30 days, or the first interval if
-    #: that is longer.
-    recrawl_max_seconds: float = Field(default=0.0, ge=0.0)
     #: How long a URL stays seen (not discovered again) after its discovery or its last
     #: re-crawl request; longer than the longest re-crawl interval, so that links never
     #: start a second chain of re-crawls, and the margin covers a late fetch and its
@@ -176,12 +205,6 @@ class DiscoverySettings(CommonSettings):
     url_rules_ttl_seconds: float | None = Field(default=None, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
-    #: A followed timeline is polled again this many seconds after a poll that read
-    #: everything new (at once when the poll stopped at its page bound).
-    poll_interval_seconds: float = Field(default=300.0, gt=0.0)
-    #: Longest pause after failed polls (the pause doubles with each failure in a row)
-    #: or asked for by an instance (Retry-After, its rate-limit reset).
-    poll_max_backoff_seconds: float = Field(default=6 * 3600.0, gt=0.0)
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
@@ -198,25 +221,11 @@ class DiscoverySettings(CommonSettings):
         )
 
     @model_validator(mode="after")
-    def _polls_are_kept(self) -> DiscoverySettings:
-        _check_schedules_kept(
-            self.events_max_age_seconds,
-            max(self.poll_interval_seconds, self.poll_max_backoff_seconds),
-            "timeline polls",
-        )
-        return self
-
-    @model_validator(mode="after")
     def _cycle_is_consistent(self) -> DiscoverySettings:
         first = self.recrawl_after_seconds
         if self.recrawl_min_seconds and self.recrawl_min_seconds > first:
             raise ValueError(
                 f"TROVE_RECRAWL_MIN_SECONDS ({self.recrawl_min_seconds:g}) must not be longer "
-                f"than TROVE_RECRAWL_AFTER_SECONDS ({first:g}), the first interval"
-            )
-        if self.recrawl_max_seconds and self.recrawl_max_seconds < first:
-            raise ValueError(
-                f"TROVE_RECRAWL_MAX_SECONDS ({self.recrawl_max_seconds:g}) must not be shorter "
                 f"than TROVE_RECRAWL_AFTER_SECONDS ({first:g}), the first interval"
             )
         if self.seen_ttl_seconds and self.seen_ttl_seconds <= self.recrawl_max:
@@ -233,16 +242,11 @@ class DiscoverySettings(CommonSettings):
                 "TROVE_RECRAWL_MAX_SECONDS): a host visited once a cycle would learn its "
                 "URL aliases again at every visit"
             )
-        _check_schedules_kept(self.events_max_age_seconds, self.recrawl_max, "re-crawls")
         return self
 
     @property
     def recrawl_min(self) -> float:
         return self.recrawl_min_seconds or min(3600.0, self.recrawl_after_seconds)
-
-    @property
-    def recrawl_max(self) -> float:
-        return self.recrawl_max_seconds or max(30 * 86_400.0, self.recrawl_after_seconds)
 
     @property
     def seen_ttl(self) -> float:
