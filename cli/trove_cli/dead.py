@@ -24,7 +24,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -51,6 +51,8 @@ DEFAULT_LAST = 100
 #: How long a re-drive into a stream that sends no PubAck (``no_ack``, the seeds) waits
 #: to see the message stored.
 STORED_TIMEOUT = 5.0
+#: How long the server keeps a listing's consumer nobody reads (it is deleted when done).
+INACTIVE_THRESHOLD = 600.0
 #: Subjects whose stream a re-drive remembers (one lookup each, not one a message).
 STREAMS_KNOWN = 1024
 
@@ -141,7 +143,9 @@ async def _parked_between(
         filter_subject=_filter(consumer),
         headers_only=True,
         mem_storage=True,
-        inactive_threshold=READ_TIMEOUT * 6,
+        # Read as ``--all`` acts on each batch: re-driving one into the seeds stream
+        # waits up to STORED_TIMEOUT, and the server must not delete it meanwhile.
+        inactive_threshold=INACTIVE_THRESHOLD,
     )
     try:
         info = await js.add_consumer(DEAD_STREAM, config)
@@ -180,7 +184,7 @@ def _letter(msg: Msg) -> DeadLetter:
 
 async def _sequences(
     js: JetStreamContext, seqs: Sequence[int], every: bool, consumer: str | None
-) -> AsyncIterator[int]:
+) -> AsyncGenerator[int]:
     """The sequences to act on; with ``every``, those parked when the command began,
     read as it goes (a million are not held), and not what is parked again meanwhile
     (a re-driven message its consumer fails again would come round for ever)."""
@@ -204,7 +208,7 @@ async def redrive(
     *,
     every: bool = False,
     consumer: str | None = None,
-) -> AsyncIterator[Outcome]:
+) -> AsyncGenerator[Outcome]:
     """Publish parked messages to their original subjects, then remove them from
     TROVE_DEAD, telling what became of each as it goes.
 
@@ -213,36 +217,37 @@ async def redrive(
     """
     js = nc.jetstream()
     streams: dict[str, tuple[str, bool]] = {}
-    async for seq in _sequences(js, seqs, every, consumer):
-        try:
-            parked = await js.get_msg(DEAD_STREAM, seq)
-        except NotFoundError:
-            yield Outcome(seq, False, "no parked message with this sequence")
-            continue
-        headers = parked.headers or {}
-        subject = headers.get("Trove-Dead-Subject", "")
-        if not subject:
-            yield Outcome(seq, False, "parked without its original subject")
-            continue
-        own = {k: v for k, v in headers.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
-        own["Nats-Msg-Id"] = f"trove-redrive:{DEAD_STREAM}:{seq}"
-        parker = headers.get("Trove-Dead-Consumer", "")
-        if parker:  # only the consumer that parked it handles it again
-            own[REDRIVEN_FOR] = parker
-        try:
-            await _publish(nc, js, subject, parked.data or b"", own, streams)
-        except Exception as exc:
-            yield Outcome(seq, False, f"could not publish to {subject}: {exc}")
-            continue
-        await js.delete_msg(DEAD_STREAM, seq)
-        log.warning(
-            "re-drove parked message %d to %s (consumer %s, parked for: %s)",
-            seq,
-            subject,
-            headers.get("Trove-Dead-Consumer", "?"),
-            headers.get("Trove-Dead-Reason", "?"),
-        )
-        yield Outcome(seq, True, subject)
+    async with contextlib.aclosing(_sequences(js, seqs, every, consumer)) as sequences:
+        async for seq in sequences:
+            try:
+                parked = await js.get_msg(DEAD_STREAM, seq)
+            except NotFoundError:
+                yield Outcome(seq, False, "no parked message with this sequence")
+                continue
+            headers = parked.headers or {}
+            subject = headers.get("Trove-Dead-Subject", "")
+            if not subject:
+                yield Outcome(seq, False, "parked without its original subject")
+                continue
+            own = {k: v for k, v in headers.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
+            own["Nats-Msg-Id"] = f"trove-redrive:{DEAD_STREAM}:{seq}"
+            parker = headers.get("Trove-Dead-Consumer", "")
+            if parker:  # only the consumer that parked it handles it again
+                own[REDRIVEN_FOR] = parker
+            try:
+                await _publish(nc, js, subject, parked.data or b"", own, streams)
+            except Exception as exc:
+                yield Outcome(seq, False, f"could not publish to {subject}: {exc}")
+                continue
+            await js.delete_msg(DEAD_STREAM, seq)
+            log.warning(
+                "re-drove parked message %d to %s (consumer %s, parked for: %s)",
+                seq,
+                subject,
+                headers.get("Trove-Dead-Consumer", "?"),
+                headers.get("Trove-Dead-Reason", "?"),
+            )
+            yield Outcome(seq, True, subject)
 
 
 async def _publish(
@@ -282,25 +287,26 @@ async def drop(
     *,
     every: bool = False,
     consumer: str | None = None,
-) -> AsyncIterator[Outcome]:
+) -> AsyncGenerator[Outcome]:
     """Remove parked messages for good, logging each one's consumer, subject and reason."""
-    async for seq in _sequences(js, seqs, every, consumer):
-        try:
-            parked = await js.get_msg(DEAD_STREAM, seq)
-            await js.delete_msg(DEAD_STREAM, seq)
-        except NotFoundError:
-            yield Outcome(seq, False, "no parked message with this sequence")
-            continue
-        headers = parked.headers or {}
-        log.warning(
-            "dropped parked message %d from %s (consumer %s, subject %s, parked for: %s)",
-            seq,
-            parked.subject,
-            headers.get("Trove-Dead-Consumer", "?"),
-            headers.get("Trove-Dead-Subject", "?"),
-            headers.get("Trove-Dead-Reason", "?"),
-        )
-        yield Outcome(seq, True, "dropped")
+    async with contextlib.aclosing(_sequences(js, seqs, every, consumer)) as sequences:
+        async for seq in sequences:
+            try:
+                parked = await js.get_msg(DEAD_STREAM, seq)
+                await js.delete_msg(DEAD_STREAM, seq)
+            except NotFoundError:
+                yield Outcome(seq, False, "no parked message with this sequence")
+                continue
+            headers = parked.headers or {}
+            log.warning(
+                "dropped parked message %d from %s (consumer %s, subject %s, parked for: %s)",
+                seq,
+                parked.subject,
+                headers.get("Trove-Dead-Consumer", "?"),
+                headers.get("Trove-Dead-Subject", "?"),
+                headers.get("Trove-Dead-Reason", "?"),
+            )
+            yield Outcome(seq, True, "dropped")
 
 
 def render_dead(parked: Parked, console: Console) -> None:
@@ -328,16 +334,17 @@ def render_dead(parked: Parked, console: Console) -> None:
     console.print("re-drive: trove dead redrive SEQ ... | --all;  remove: trove dead drop SEQ ...")
 
 
-async def render_outcomes(outcomes: AsyncIterator[Outcome], verb: str, console: Console) -> int:
+async def render_outcomes(outcomes: AsyncGenerator[Outcome], verb: str, console: Console) -> int:
     """Print what was done, and each thing that could not be (as it happens: ``--all``
     over a million is not held); 1 when something asked for could not be done."""
     done = failed = 0
-    async for o in outcomes:
-        if o.done:
-            done += 1
-        else:
-            failed += 1
-            console.print(f"[red]{o.seq}: {o.note}[/red]")
+    async with contextlib.aclosing(outcomes):
+        async for o in outcomes:
+            if o.done:
+                done += 1
+            else:
+                failed += 1
+                console.print(f"[red]{o.seq}: {o.note}[/red]")
     console.print(f"{verb} {done} parked message(s).")
     return 0 if failed == 0 else 1
 
