@@ -50,7 +50,7 @@ from nats.errors import (
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
-from trove_schema.errors import MalformedEvent, TopologyError, TroveError
+from trove_schema.errors import BrokerClosed, MalformedEvent, TopologyError, TroveError
 from trove_schema.events import Event
 from trove_schema.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, MESSAGES_HANDLED
 from trove_schema.nats_tls import client_tls
@@ -141,14 +141,53 @@ def redriven_elsewhere(msg: Msg, durable: str) -> bool:
 #: defaults (120 s, 2), every consumer idle meanwhile; now within 40 s.
 PING_INTERVAL = 10.0
 MAX_OUTSTANDING_PINGS = 3
+#: How long the server may turn this service's user away, at every reconnect, before
+#: the connection counts as closed for good (``Bus.until_closed``).
+REFUSED_PATIENCE = 30.0
+AUTHORIZATION = "Authorization Violation"
+
+
+def _forget_failed_requests(nc: Client) -> None:
+    """Make a request whose publish fails leave nothing behind.
+
+    nats-py (2.16) files a request's reply future before it publishes and removes it
+    when the future completes; a publish that raises (the reconnect buffer full while
+    the broker is away, the connection closed) leaves it filed for ever, about 700
+    bytes. A pod's retries during an outage of hours (the late writes of its hosts'
+    observations, ack confirmations, publishes) made that megabytes an hour. Its
+    publish is wrapped to take the entry back when it fails (private names of the
+    client: ``tests/schema/test_bus_connection.py`` fails when they change)."""
+    publish = nc.publish
+
+    async def publish_or_forget(
+        subject: str,
+        payload: bytes = b"",
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        try:
+            await publish(subject, payload, reply=reply, headers=headers)
+        except BaseException:
+            prefix = bytes(nc._resp_sub_prefix or b"").decode()
+            if reply and prefix and reply.startswith(prefix):
+                future = nc._resp_map.pop(reply[len(prefix) :], None)
+                if future is not None:
+                    future.cancel()
+            raise
+
+    nc.publish = publish_or_forget  # type: ignore[method-assign]
 
 
 class Bus:
     """One NATS connection and its JetStream context, opened in a service's lifespan."""
 
-    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, closed: asyncio.Event | None = None
+    ) -> None:
         self.nc = nc
         self.js = js
+        #: Set when the client closed the connection for good (``until_closed``).
+        self.closed = closed if closed is not None else asyncio.Event()
 
     @classmethod
     async def connect(
@@ -158,12 +197,33 @@ class Bus:
         name: str,
         connect_timeout: float = 5.0,
         ping_interval: float = PING_INTERVAL,
+        refused_patience: float = REFUSED_PATIENCE,
     ) -> Bus:
         async def disconnected_cb() -> None:
             log.warning("nats: disconnected")
 
+        closed = asyncio.Event()
+        refused_since: float | None = None
+
         async def reconnected_cb() -> None:
+            nonlocal refused_since
+            refused_since = None
             log.info("nats: reconnected")
+
+        async def closed_cb() -> None:
+            closed.set()
+
+        async def error_cb(exc: Exception) -> None:
+            # The server turns this service's user away at every try (its password
+            # changed by a reload, a credential revoked): the client would try for ever
+            # with what it has, and only a restart reads the deployment's new secret.
+            nonlocal refused_since
+            await nats_error(exc)
+            if isinstance(exc, nats.errors.AuthorizationError) or AUTHORIZATION in str(exc):
+                now = time.monotonic()
+                refused_since = now if refused_since is None else refused_since
+                if now - refused_since >= refused_patience:
+                    closed.set()
 
         nc = await nats.connect(
             nats_servers(url),
@@ -171,16 +231,38 @@ class Bus:
             connect_timeout=connect_timeout,
             max_reconnect_attempts=-1,
             reconnect_time_wait=1.0,
-            error_cb=nats_error,
+            error_cb=error_cb,
             disconnected_cb=disconnected_cb,
             reconnected_cb=reconnected_cb,
+            closed_cb=closed_cb,
             allow_reconnect=True,
             ping_interval=ping_interval,
             max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             # TROVE_NATS_TLS_*: the deployment's CA (and client certificate), if any.
             tls=client_tls(),
         )
-        return cls(nc, nc.jetstream(timeout=10.0))
+        _forget_failed_requests(nc)
+        return cls(nc, nc.jetstream(timeout=10.0), closed)
+
+    async def until_closed(self, stop: asyncio.Event) -> None:
+        """A service's part (``trove_schema.service.together``): returns at ``stop``, and
+        raises ``BrokerClosed`` if the connection is lost for good before. The client
+        reconnects after an outage by itself, but a server's ``-ERR`` closes it with no
+        reconnect, and a user the server turns away (a password changed by a reload, a
+        revoked credential) is turned away at every reconnect: every pull and publish
+        fails, and the pod would idle, ready, for ever. Its restart connects anew."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.closed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if self.closed.is_set() and not stop.is_set():
+            reason = self.nc.last_error
+            raise BrokerClosed(
+                "the NATS client closed the connection"
+                + (f": {type(reason).__name__}: {reason}" if reason else "")
+            )
 
     async def publish(self, event: Event, *, subject: str | None = None) -> None:
         """Publish and wait for JetStream's PubAck (duplicates by event id are dropped)."""

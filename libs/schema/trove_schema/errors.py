@@ -20,6 +20,12 @@ class MalformedEvent(TroveError):
     """The bytes are not a valid Trove event (poison message): park it, never retry it."""
 
 
+class BrokerClosed(TroveError):
+    """The NATS client closed the connection for good (a server's ``-ERR``: a password
+    changed by a reload, a credential revoked), which no reconnect follows: the service
+    ends, and its restart connects anew."""
+
+
 class TopologyError(TroveError):
     """A stream, consumer or KV bucket could not be created or reconciled."""
 

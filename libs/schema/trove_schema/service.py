@@ -20,7 +20,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trove_schema import sqlstates
-from trove_schema.errors import InvalidPriors, InvalidTLS, StackError, TopologyError
+from trove_schema.errors import (
+    BrokerClosed,
+    InvalidPriors,
+    InvalidTLS,
+    StackError,
+    TopologyError,
+)
 from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
 
@@ -166,6 +172,7 @@ def infrastructure_away(exc: BaseException) -> bool:
         if isinstance(
             current,
             TopologyError
+            | BrokerClosed
             | StackError
             | OSError
             | TimeoutError

@@ -107,7 +107,9 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         ]
         ready.set()
         try:
-            await together(stop, listed.keep(stop), *(c.run(stop) for c in consumers))
+            await together(
+                stop, listed.keep(stop), bus.until_closed(stop), *(c.run(stop) for c in consumers)
+            )
         finally:
             for subscription in replies:
                 with contextlib.suppress(Exception):

@@ -155,7 +155,13 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             "language models loaded", extra={"seconds": f"{time.perf_counter() - started:.2f}"}
         )
         ready.set()
-        await together(stop, clock.keep(stop), listed.keep(stop), *(c.run(stop) for c in consumers))
+        await together(
+            stop,
+            clock.keep(stop),
+            listed.keep(stop),
+            bus.until_closed(stop),
+            *(c.run(stop) for c in consumers),
+        )
         await fetcher.settle_late_writes(LATE_WRITES_GRACE)
         fetcher.close()
     finally:

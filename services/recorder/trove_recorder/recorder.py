@@ -228,6 +228,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             consumer.run(stop),
             recorder.publish_outbox(stop, settings.outbox_poll_max_seconds),
             run_retention(recorder.sessions, retention, stop),
+            bus.until_closed(stop),
         )
     finally:
         await bus.close()

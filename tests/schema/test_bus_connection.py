@@ -1,0 +1,99 @@
+"""A service's NATS connection on a real nats-server: what a closed one does to the
+service, and what a request that cannot be sent leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats.errors
+import pytest
+
+from tests.conftest import StackUrls
+from trove_schema.bus import Bus
+from trove_schema.errors import BrokerClosed
+from trove_stack.nats import free_port, listening, nats_server_binary
+
+CONFIG = """
+host: 127.0.0.1
+port: {port}
+authorization {{ user: trove, password: {password} }}
+"""
+
+
+def configure(path: Path, port: int, password: str) -> None:
+    path.write_text(CONFIG.format(port=port, password=password), "utf-8")
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]:
+    """A nats-server whose one user's password its config file gives."""
+    port = free_port("127.0.0.1")
+    config = tmp_path / "nats.conf"
+    configure(config, port, "first")
+    log = (tmp_path / "nats.log").open("wb")
+    server = subprocess.Popen(
+        [str(nats_server_binary()), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not listening("127.0.0.1", port):
+            assert server.poll() is None, (tmp_path / "nats.log").read_text()
+            assert time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+        yield server, config, port
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        log.close()
+
+
+async def test_a_connection_the_server_closes_for_good_ends_the_service(
+    guarded: tuple[subprocess.Popen[bytes], Path, int],
+) -> None:
+    # A reload that changes the password: the server turns the client away at every
+    # reconnect, which nats-py tries for ever. The pod would idle, ready, for ever: its
+    # ``until_closed`` part ends the service instead, and its restart reads the new one.
+    server, config, port = guarded
+    bus = await Bus.connect(
+        f"nats://trove:first@127.0.0.1:{port}", name="trove-tests", refused_patience=2.0
+    )
+    stop = asyncio.Event()
+    try:
+        watch = asyncio.create_task(bus.until_closed(stop))
+        configure(config, port, "second")
+        server.send_signal(signal.SIGHUP)  # nats-server reloads its configuration
+
+        with pytest.raises(BrokerClosed, match=r"(?i)authorization"):
+            await asyncio.wait_for(watch, timeout=20)
+    finally:
+        await bus.close()
+
+
+async def test_a_stop_ends_the_watch_on_the_connection_quietly(stack: StackUrls) -> None:
+    bus = await Bus.connect(stack.nats_url, name="trove-tests")
+    stop = asyncio.Event()
+    watch = asyncio.create_task(bus.until_closed(stop))
+    stop.set()
+    await asyncio.wait_for(watch, timeout=5)
+    await bus.close()  # closed after the stop, as a service closes it: not an error
+    assert watch.exception() is None
+
+
+async def test_a_request_that_cannot_be_sent_leaves_nothing_behind(stack: StackUrls) -> None:
+    # nats-py files a request's reply future before it publishes; a publish that fails
+    # (the connection closed, its buffer full while the broker is away) left it filed.
+    bus = await Bus.connect(stack.nats_url, name="trove-tests")
+    await bus.js.account_info()  # a request answered: the reply subscription is set up
+    filed = len(bus.nc._resp_map)
+    await bus.nc.close()
+
+    for _ in range(100):
+        with pytest.raises(nats.errors.ConnectionClosedError):
+            await bus.nc.request("trove.nowhere", b"x", timeout=1)
+
+    assert len(bus.nc._resp_map) == filed
