@@ -126,7 +126,8 @@ async def read_parked(
         window = [letter async for letter in _parked_between(js, consumer, start, stop)]
         letters = window + letters
         stop, span = start, span * 4
-    return Parked(letters[len(letters) - wanted :], by_consumer)
+    # Fewer than counted, if some were re-driven or dropped meanwhile: what is there.
+    return Parked(letters[max(0, len(letters) - wanted) :], by_consumer)
 
 
 async def _parked_between(

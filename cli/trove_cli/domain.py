@@ -14,6 +14,7 @@ counts it, which says why a host gets no page. Nothing is written.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import time
 from dataclasses import dataclass, field
@@ -119,6 +120,8 @@ def host_named(raw: str) -> str:
     """The host as the audit keys it (lower case, IDNA, no port) from a name or a URL:
     ``https://Bücher.example:8443/a`` is ``xn--bcher-kva.example``. Raises InvalidURL."""
     text = raw.strip()
+    with contextlib.suppress(ValueError):
+        text = f"[{ipaddress.IPv6Address(text.strip('[]'))}]"  # as the audit keys it, bare
     url = text if "://" in text else f"http://{text.rstrip('.')}/"
     try:
         return domain_of(canonicalize(url))

@@ -513,6 +513,12 @@ def cmd_replay(args: argparse.Namespace, settings: CommonSettings) -> int:
         # The one given is paired with `trove up`'s broker only if that stack's own.
         settings = settings.model_copy(update={"database_url": args.database_url})
     nats_url, target = _urls(settings)
+    if not nats_url and args.database_url:
+        console.print(
+            "[red]--database-url names another database than `trove up`'s: set "
+            "TROVE_NATS_URL to the broker whose events it is to hold[/red]"
+        )
+        return 2
     if not nats_url or not target:
         console.print("[red]set TROVE_NATS_URL and TROVE_DATABASE_URL (or start `trove up`)[/red]")
         return 2
@@ -673,12 +679,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: Settings whose values are not printed: their URLs carry passwords.
+_SECRET_SETTINGS = frozenset({"TROVE_NATS_URL", "TROVE_DATABASE_URL"})
+
+
 def _settings_problem(exc: pydantic.ValidationError) -> str:
-    """A settings error as the variables the operator set: ``TROVE_REPLICAS='abc': ...``."""
+    """A settings error as the variables the operator set: ``TROVE_REPLICAS='abc': ...``.
+    One about several settings together (a retention against the re-crawls) is its
+    message alone: its input is every setting, passwords included."""
     parts = []
     for error in exc.errors():
+        if not error["loc"]:
+            parts.append(error["msg"])
+            continue
         name = "TROVE_" + "_".join(str(part) for part in error["loc"]).upper()
-        parts.append(f"{name}={error.get('input')!r}: {error['msg']}")
+        value = error.get("input")
+        shown_value = "" if name in _SECRET_SETTINGS or isinstance(value, dict) else f"={value!r}"
+        parts.append(f"{name}{shown_value}: {error['msg']}")
     return "; ".join(parts)
 
 

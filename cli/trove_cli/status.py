@@ -296,7 +296,10 @@ async def visit_slots(
                     continue
                 visit(msg.subject.removeprefix(prefix), msg.data)
                 handed += 1
-            remaining = total - msgs[-1].metadata.sequence.consumer if msgs else 0
+            # Each key's value when it began, or fewer: a record that expired meanwhile
+            # is not delivered (the server's count of what is left says so).
+            last = msgs[-1].metadata if msgs else None
+            remaining = min(last.num_pending, total - last.sequence.consumer) if last else 0
         await sub.unsubscribe()
     finally:
         with contextlib.suppress(NotFoundError):

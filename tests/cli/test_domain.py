@@ -131,6 +131,7 @@ async def test_the_audit_is_found_by_a_url_of_the_host_too(engine: AsyncEngine, 
 def test_a_host_is_named_as_the_audit_keys_it() -> None:
     assert host_named("https://Bücher.example:8443/a") == "xn--bcher-kva.example"
     assert host_named("[2001:db8::1]") == "2001:db8::1"
+    assert host_named("2001:db8::1") == "2001:db8::1"  # as the audit lists it
     with pytest.raises(InvalidURL, match="is not a host name"):
         host_named("ftp://x.example/")
 

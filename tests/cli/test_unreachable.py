@@ -76,3 +76,27 @@ async def test_a_broker_without_jetstream_is_one_line_and_exit_1(
     assert code == 1, out
     assert "error: NATS:" in out, out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        ({"TROVE_REPLICAS": "abc"}, "TROVE_REPLICAS='abc'"),
+        ({"TROVE_EVENTS_MAX_AGE_SECONDS": "86400"}, "TROVE_EVENTS_MAX_AGE_SECONDS (86400)"),
+    ],
+    ids=["a value that does not parse", "settings that contradict each other"],
+)
+async def test_a_settings_error_is_one_line_that_never_shows_a_password(
+    wrong: dict[str, str], says: str
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_NATS_URL": f"nats://operator:secret@127.0.0.1:{free_port()}",
+        "TROVE_DATABASE_URL": "postgresql+asyncpg://trove:secret@127.0.0.1:1/trove",
+        **wrong,
+    }
+    code, out = await run_trove("status", env=env, timeout=20)
+    assert code == 2, out
+    assert says in " ".join(out.split()), out
+    assert "Traceback" not in out
+    assert "secret" not in out

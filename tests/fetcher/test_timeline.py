@@ -30,6 +30,7 @@ from trove_fetcher.timeline import (
     MAX_RETRY_AFTER,
     TimelinePoller,
     id_key,
+    link_relation,
     rate_limit_wait,
     read_entry,
     retry_after_of,
@@ -336,6 +337,41 @@ async def test_a_link_to_another_choice_of_posts_is_not_followed(
         local = {instance.status_uri(s) for s in instance.timeline(local=True)}
         assert set(uris(event)) <= local
         assert all(q.get("local") == ["true"] for q in api_queries(social))
+
+
+async def test_the_first_poll_reads_back_past_a_link_to_another_choice_of_posts(
+    client: httpx.AsyncClient,
+) -> None:
+    # Its backfill, page after page, built from its own query when a Link leads away.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    instance.misbehave("links-unscoped")
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=5, backfill=15)
+        event = await polls.poll(request(social, api=social.base_url))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        local = [instance.status_uri(s) for s in instance.timeline(local=True)]
+        shared = {instance.status_uri(s) for s in instance.timeline(local=True)[:15]}
+        assert set(uris(event)) <= shared
+        assert len(api_queries(social)) > 1  # past the first page
+        assert set(uris(event)) <= set(local)
+
+
+def test_a_link_that_spells_out_a_default_choice_is_the_same_timeline() -> None:
+    # GoToSocial writes `local=false` into its Links, Pleroma `only_media=false`.
+    here = "https://social.example/api/v1/timelines/public?limit=40"
+    spelt = (
+        '<https://social.example/api/v1/timelines/public?limit=40&local=false&max_id=9>; rel="next"'
+    )
+    assert link_relation(httpx.Headers({"link": spelt}), "next", here) is not None
+    local = here + "&local=true"
+    dropped = '<https://social.example/api/v1/timelines/public?limit=40&max_id=9>; rel="next"'
+    assert link_relation(httpx.Headers({"link": dropped}), "next", local) is None
+    defaults = (
+        "<https://social.example/api/v1/timelines/public?limit=40&local=true&only_media=false"
+        '&remote=false&max_id=9>; rel="next"'
+    )
+    assert link_relation(httpx.Headers({"link": defaults}), "next", local) is not None
 
 
 async def test_cursor_advances_across_polls_and_no_post_is_handled_twice(

@@ -52,7 +52,7 @@ def guarded(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int
         log.close()
 
 
-async def test_a_connection_the_server_closes_for_good_ends_the_service(
+async def test_a_user_the_server_turns_away_at_every_reconnect_ends_the_service(
     guarded: tuple[subprocess.Popen[bytes], Path, int],
 ) -> None:
     # A reload that changes the password: the server turns the client away at every
@@ -72,6 +72,18 @@ async def test_a_connection_the_server_closes_for_good_ends_the_service(
             await asyncio.wait_for(watch, timeout=20)
     finally:
         await bus.close()
+
+
+async def test_a_connection_the_client_closes_for_good_ends_the_service(
+    stack: StackUrls,
+) -> None:
+    # nats-py closes the connection on a server's -ERR (other than a stale connection's)
+    # and never reconnects: every pull and publish would fail from then on.
+    bus = await Bus.connect(stack.nats_url, name="trove-tests")
+    watch = asyncio.create_task(bus.until_closed(asyncio.Event()))
+    await bus.nc.close()
+    with pytest.raises(BrokerClosed, match="closed the connection"):
+        await asyncio.wait_for(watch, timeout=5)
 
 
 async def test_a_stop_ends_the_watch_on_the_connection_quietly(stack: StackUrls) -> None:

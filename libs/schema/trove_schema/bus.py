@@ -224,6 +224,8 @@ class Bus:
                 refused_since = now if refused_since is None else refused_since
                 if now - refused_since >= refused_patience:
                     closed.set()
+            else:  # not turned away at every try: the broker away, say, which passes
+                refused_since = None
 
         nc = await nats.connect(
             nats_servers(url),

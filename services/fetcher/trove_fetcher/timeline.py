@@ -439,12 +439,19 @@ def link_relation(headers: httpx.Headers, rel: str, current: str) -> str | None:
 
 #: A timeline's paging parameters: everything else in its query chooses the posts.
 _PAGING = frozenset({"min_id", "max_id", "since_id", "limit"})
+_UNCHOSEN = frozenset({"", "false", "0"})
 
 
 def _selection(query: str) -> list[tuple[str, str]]:
     """What a timeline URL's query chooses (``local``, ``only_media``...): a Link that
-    changes it (GoToSocial 0.12 dropped ``local``) would read another timeline."""
-    return sorted((k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in _PAGING)
+    changes it (GoToSocial 0.12 dropped ``local``) would read another timeline. A choice
+    spelt out as its default (``local=false``, which GoToSocial and Pleroma write) is
+    the same as none."""
+    return sorted(
+        (k, v)
+        for k, v in parse_qsl(query, keep_blank_values=True)
+        if k not in _PAGING and v.strip().lower() not in _UNCHOSEN
+    )
 
 
 def timeline_url(
@@ -520,8 +527,9 @@ class _Progress:
     #: the ``recent`` ids handled there before.
     floor: int | None = None
     recent: frozenset[str] = frozenset()
-    #: The newest id on the last page read (of the timeline's kind).
+    #: The newest and the oldest id on the last page read (of the timeline's kind).
     page_top: str | None = None
+    page_bottom: str | None = None
     api: str | None = None
     software: str | None = None
     version: str | None = None
@@ -813,6 +821,9 @@ class TimelinePoller:
                 progress.note = "the instance served a page of posts already read"
                 return
             following = link_relation(answer.headers, "next", answer.url)
+            if following is None and progress.page_bottom is not None:
+                # No usable Link: the page before the page's oldest.
+                following = timeline_url(api, timeline, limit=limit, max_id=progress.page_bottom)
             if following is None:
                 return
             if following in requested:
@@ -855,6 +866,7 @@ class TimelinePoller:
         usable.sort(key=lambda entry: id_key(entry.id or ""), reverse=not oldest_first)
         if usable:
             progress.page_top = (usable[-1] if oldest_first else usable[0]).id
+            progress.page_bottom = (usable[0] if oldest_first else usable[-1]).id
         new = 0
         first_page = progress.pages == 0 and progress.cursor is None
         progress.pages += 1
