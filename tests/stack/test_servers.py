@@ -1,13 +1,16 @@
-"""A server of the embedded stack that dies is noticed, not waited for in silence."""
+"""A server of the embedded stack that dies is noticed, not waited for in silence, and
+one cut short in its first start starts the next time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import StackUrls
 from trove_schema.errors import StackError
+from trove_stack.postgres import EmbeddedPostgres, PostgresConfig, postgres_bin_dir
 from trove_stack.stack import Stack
 
 
@@ -25,3 +28,29 @@ def test_a_dead_nats_server_is_said_with_its_last_log_lines(
             local.check_servers()
     finally:
         local.stop()
+
+
+def test_an_initdb_cut_short_leaves_nothing_the_next_start_cannot_use(tmp_path: Path) -> None:
+    # The first start's initdb killed once it wrote its files (Ctrl-C, the machine off):
+    # the folder is not taken for a database, and the next start makes one.
+    real = postgres_bin_dir(None)
+    cut = tmp_path / "bin"
+    cut.mkdir()
+    for tool in real.iterdir():
+        (cut / tool.name).symlink_to(tool)
+    (cut / "initdb").unlink()
+    (cut / "initdb").write_text(f'#!/bin/sh\n"{real / "initdb"}" "$@" >/dev/null\nkill -9 $$\n')
+    (cut / "initdb").chmod(0o755)
+    data = tmp_path / "postgres" / "data"
+    config = PostgresConfig(data_dir=data, fast_and_unsafe=True, bin_dir=str(cut))
+
+    with pytest.raises(StackError, match="initdb failed"):
+        EmbeddedPostgres(config).start()
+    assert not (data / "PG_VERSION").exists()
+
+    server = EmbeddedPostgres(replace(config, bin_dir=str(real))).start()
+    try:
+        assert (data / "PG_VERSION").exists()
+        assert server.exited() is None
+    finally:
+        server.stop()

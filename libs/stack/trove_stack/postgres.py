@@ -81,15 +81,20 @@ class EmbeddedPostgres:
         if run_as is not None:
             _open_path_for(bindir.parent, data.parent)
         if not (data / "PG_VERSION").exists():
-            data.mkdir(parents=True, exist_ok=True)
+            # Made aside and renamed when whole: an initdb cut short (Ctrl-C in the first
+            # start, the machine off) left a folder with PG_VERSION that no start after
+            # could use, nor said why.
+            partial = data.with_name(data.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
             if run_as is not None:
-                shutil.chown(data, run_as, run_as)
-            data.chmod(0o700)
+                shutil.chown(partial, run_as, run_as)
+            partial.chmod(0o700)
             _run(
                 [
                     str(bindir / "initdb"),
                     "-D",
-                    str(data),
+                    str(partial),
                     "-U",
                     cfg.user,
                     "--auth=trust",
@@ -98,6 +103,9 @@ class EmbeddedPostgres:
                 ],
                 user=run_as,
             )
+            if data.exists() and not any(data.iterdir()):
+                data.rmdir()  # an empty folder an older release made before its initdb
+            partial.rename(data)
         _remove_stale_pid(data)
         self.port = cfg.port or free_port(cfg.host)
         argv = [
@@ -234,7 +242,8 @@ def _open_path_for(*paths: Path) -> None:
         while True:
             mode = current.stat().st_mode
             if not mode & stat.S_IXOTH:
-                current.chmod(mode | stat.S_IXOTH | stat.S_IROTH)
+                # Traversal only: no one else may list the folder (a home, /root).
+                current.chmod(mode | stat.S_IXOTH)
             if current.parent == current:
                 break
             current = current.parent
