@@ -28,6 +28,7 @@ from trove_cli.supervisor import (
 )
 from trove_schema.errors import StackError
 from trove_schema.migrate import upgrade
+from trove_stack import lifeline
 from trove_stack.processes import Child
 from trove_stack.stack import Stack
 
@@ -62,8 +63,12 @@ class LocalTrove:
     wrote_stack_file: bool = field(default=False, init=False)
 
     def start(self) -> LocalTrove:
-        # Stopped on any exit of this process too, so no server or service is orphaned.
+        # Stopped on any exit of this process too, so no server or service is orphaned:
+        # by ``stop`` at an exit Python sees, by the lifeline's watcher at one it does not
+        # (SIGKILL, the OOM killer).
         atexit.register(self.stop)
+        if lifeline.current is None:
+            lifeline.current = lifeline.Lifeline.start()
         self.stack = Stack(
             state_dir=self.state_dir,
             nats_url=self.nats_url,
@@ -157,6 +162,9 @@ class LocalTrove:
                 self.wrote_stack_file = False
             if hasattr(self, "stack"):
                 self.stack.stop()
+            if lifeline.current is not None:
+                lifeline.current.release()
+                lifeline.current = None
         atexit.unregister(self.stop)
 
     def __enter__(self) -> LocalTrove:

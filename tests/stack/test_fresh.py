@@ -22,9 +22,16 @@ def test_a_fresh_stack_refuses_a_folder_whose_servers_run_and_empties_it_once_th
         marker = state / "logs" / "kept.log"
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("the running stack's")
-        with pytest.raises(StackError, match=r"(Postgres|nats-server) \(pid \d+\) runs on"):
+        with pytest.raises(
+            StackError, match=rf"another Trove stack runs on .* \(pid {os.getpid()}\)"
+        ):
             Stack(state_dir=state, fresh=True, fast_and_unsafe=True).start()
         assert marker.exists()  # nothing deleted under it
+        # Its process killed outright: the folder's lock is gone, its servers are not.
+        first._let_go()
+        with pytest.raises(StackError, match=r"(Postgres|nats-server) \(pid \d+\) still runs"):
+            Stack(state_dir=state, fresh=True, fast_and_unsafe=True).start()
+        assert marker.exists()
         assert running_in(state) is not None
     finally:
         first.stop()

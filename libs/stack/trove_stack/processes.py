@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trove_schema.errors import StackError
+from trove_stack import lifeline
 
 
 def as_user(user: str | None) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def as_user(user: str | None) -> dict[str, Any]:
 class Child:
     """One server process with its log file; ``stop`` escalates from a polite signal to KILL."""
 
-    __slots__ = ("log_path", "name", "proc", "stop_signal")
+    __slots__ = ("log_path", "name", "proc", "stop_signal", "watched")
 
     def __init__(
         self,
@@ -52,13 +53,25 @@ class Child:
                 **as_user(user),
                 start_new_session=True,
             )
+        # Stopped by the lifeline's watcher if this process dies without stopping it.
+        self.watched = lifeline.current is not None
+        if lifeline.current is not None:
+            lifeline.current.watch(self.proc.pid, stop_signal)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc.poll() is None:
+            return True
+        self._unwatched()  # its pid may be another process's one day
+        return False
+
+    def _unwatched(self) -> None:
+        if self.watched and lifeline.current is not None:
+            lifeline.current.forget(self.proc.pid)
+        self.watched = False
 
     def wait_until(self, ready: Callable[[], bool], *, timeout: float, what: str) -> None:
         """Wait for ``ready()`` with a deadline; fail early, with the log, if the child dies."""
@@ -95,3 +108,4 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+        self._unwatched()

@@ -7,7 +7,10 @@ state folder, and stops them when the stack closes.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +23,10 @@ from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
 #: records of where its stack and processes are. ``fresh`` empties only a folder that
 #: holds nothing else: ``TROVE_STATE_DIR`` set to ``.``, a home folder or a checkout
 #: (an empty value reads as ``.``) would otherwise be deleted whole.
-STATE_ENTRIES = frozenset({"nats", "postgres", "logs", "stack.json", "services.json"})
+STATE_ENTRIES = frozenset({"nats", "postgres", "logs", "stack.json", "services.json", "stack.lock"})
+#: Held (``flock``) by the process whose stack runs on the folder, for as long as it
+#: does: the kernel lets go when that process ends, however it ends.
+LOCK_FILE = "stack.lock"
 
 
 @dataclass(kw_only=True)
@@ -35,6 +41,7 @@ class Stack:
     postgres_bin: str | None = None
     nats: EmbeddedNats | None = field(default=None, init=False)
     postgres: EmbeddedPostgres | None = field(default=None, init=False)
+    _lock: int | None = field(default=None, init=False, repr=False)
 
     @property
     def embedded(self) -> list[str]:
@@ -44,12 +51,6 @@ class Stack:
         # Servers change directory (Postgres into its data folder): paths must be absolute.
         self.state_dir = self.state_dir.resolve()
         if self.fresh and self.state_dir.exists():
-            running = running_in(self.state_dir)
-            if running is not None:
-                raise StackError(
-                    f"{running} runs on {self.state_dir}: stop that stack first (Ctrl-C in "
-                    "its `trove up`), or give this one another TROVE_STATE_DIR"
-                )
             held = self.state_dir.iterdir()
             foreign = sorted(p.name for p in held if p.name not in STATE_ENTRIES)
             if foreign:
@@ -58,14 +59,27 @@ class Stack:
                     f"{self.state_dir} holds more than Trove's state ({shown}): a fresh start "
                     "empties only a folder of Trove's own; set TROVE_STATE_DIR to one"
                 )
-            self.stop()
-            for name in STATE_ENTRIES:
-                path = self.state_dir / name
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._hold_folder()
+        try:
+            if self.fresh:
+                # Servers of a stack whose process was killed outright, still running.
+                running = running_in(self.state_dir)
+                if running is not None:
+                    raise StackError(
+                        f"{running} still runs on {self.state_dir}, its `trove up` gone: "
+                        "stop it, or give this stack another TROVE_STATE_DIR"
+                    )
+                self._stop_servers()
+                for name in STATE_ENTRIES - {LOCK_FILE}:
+                    path = self.state_dir / name
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink(missing_ok=True)
+        except BaseException:
+            self._let_go()
+            raise
         try:
             if not self.nats_url:
                 self.nats = EmbeddedNats(NatsConfig(store_dir=self.state_dir / "nats")).start()
@@ -93,13 +107,39 @@ class Stack:
             if ended is not None:
                 raise StackError(f"{name} exited ({ended}): the stack is stopped")
 
-    def stop(self) -> None:
+    def _hold_folder(self) -> None:
+        """Take the folder's lock, or say which process holds it: two stacks on one
+        folder would share (or, fresh, delete) each other's data."""
+        fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StackError(
+                f"another Trove stack runs on {self.state_dir} (pid {holder}): stop it first "
+                "(Ctrl-C in its `trove up`), or give this one another TROVE_STATE_DIR"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock = fd
+
+    def _let_go(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # the flock goes with the descriptor
+            self._lock = None
+
+    def _stop_servers(self) -> None:
         if self.postgres is not None:
             self.postgres.stop()
             self.postgres = None
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
+
+    def stop(self) -> None:
+        self._stop_servers()
+        self._let_go()
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -122,9 +162,27 @@ def running_in(state_dir: Path) -> str | None:
     ):
         try:
             pid = int(pid_file.read_text().split()[0])
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
-            continue  # no file, or no such process: nothing runs there
-        if name.lower().split("-")[0].encode() in command.lower():
+            continue  # no file: nothing runs there
+        command = _command_of(pid)
+        if command is not None and name.lower().split("-")[0].encode() in command.lower():
             return f"{name} (pid {pid})"
     return None
+
+
+def _command_of(pid: int) -> bytes | None:
+    """The command line of process ``pid``; None if there is no such process."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        try:
+            return (proc / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            return None
+    # No /proc (macOS): ps says it.
+    try:
+        found = subprocess.run(
+            ["ps", "-p", str(pid), "-o", "command="], capture_output=True, check=False, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return found.stdout if found.returncode == 0 and found.stdout.strip() else None
