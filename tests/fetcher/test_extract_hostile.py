@@ -54,6 +54,16 @@ HOSTILE = {
     + b"<" * 1_000_000
     + b"]]></description></item></channel></rss>",
     "unclosed noscript tags": b"<html><body>" + b"<noscript " * 200_000,
+    "forty comments before the page": b"<!DOCTYPE html>"
+    + b"<!-- c -->\n" * 40
+    + b"<html><body>hi</body></html>",
+    "forty processing instructions and no root": b"<?a?>" * 40 + b"x",
+    "a run of combining marks": ("<p>a" + "\u0300\u0316" * 500_000 + "</p>").encode(),
+    "a megabyte of noscript tags": b"<html><body>" + b"<noscript>" * 100_000,
+    # libxml2 compares each attribute of a tag with those before it.
+    "a tag of 300,000 attributes": b"<a href=/x "
+    + b" ".join(b"a%d" % i for i in range(300_000))
+    + b">x</a>",
 }
 
 
@@ -158,3 +168,10 @@ def test_arbitrary_markup_never_raises(
     )
     assert all(link.url.startswith(("http://", "https://")) for link in result.links)
     assert all("#" not in link.url for link in result.links)
+
+
+def test_a_tag_of_too_many_attributes_keeps_its_first_and_the_page_goes_on() -> None:
+    crowded = b" ".join(b'a%d="1 2"' % i for i in range(5_000))
+    body = b"<html><body><a href=/first " + crowded + b">x</a><a href=/next>y</a></body></html>"
+    links = [link.url for link in run(body, "text/html").links]
+    assert links == ["https://example.org/first", "https://example.org/next"]

@@ -47,12 +47,22 @@ _LINK_TAGS = ("a", "area", "img", "script", "link", "frame", "iframe", "meta")
 _MEDIA_TAGS = ("video", "audio", "source", "track", "embed", "object")
 _MEDIA_ATTRIBUTES = ("src", "data", "poster")
 # A <noscript> that asks for JavaScript ("You need to enable JavaScript to run this app"),
-# looked for in the source of pages with next to no text only (they are few, and small).
-# The tag's attributes stop at the next "<": scanning to the next ">" from each of a
-# hostile page's thousands of unclosed "<noscript" would be quadratic.
+# looked for in the source of pages with next to no text only, and in its first
+# SCRIPT_NOTICE_CHARS: an app's shell is small, and each "<noscript>" of a hostile page
+# of them scans up to 2,000 characters (seconds of the GIL for a megabyte). The tag's
+# attributes stop at the next "<": scanning to the next ">" from each of thousands of
+# unclosed "<noscript" would be quadratic.
 _ASKS_FOR_SCRIPT = re.compile(
     r"<noscript\b[^<>]*>(?:(?!</noscript).){0,2000}?\bjavascript\b", re.IGNORECASE | re.DOTALL
 )
+SCRIPT_NOTICE_CHARS = 64 * 1024
+#: Attributes of one tag handed to lxml: libxml2's HTML parser compares each new one
+#: with those before it (quadratic: 16 minutes for one tag of a 2 MiB page, a parse
+#: worker of two held). A tag of more has the rest dropped; a page's own have a handful.
+MAX_TAG_ATTRIBUTES = 256
+# A tag long enough to hold that many (the few a page has: data URIs, srcsets).
+_LONG_TAG = re.compile(r"<[A-Za-z][^<>]{2048,}")
+_ATTRIBUTE = re.compile(r"""\s*[^\s"'>/=]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'>]*))?""")
 # Elements that are empty by nature, never an application's mount point.
 _VOID = frozenset({"br", "hr", "img", "input", "wbr", "area", "col", "embed", "source", "track"})
 #: Elements of a page's body looked at for a mount point (a shell has a handful).
@@ -83,8 +93,10 @@ _KEEP_ORDER = {
 
 _XML_NS = "{http://www.w3.org/XML/1998/namespace}"
 _RDF_NS = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
+# Each item of the prolog is matched once, not re-split when no root follows (atomic,
+# possessive): forty comments before an HTML page took the backtracking days.
 _FEED_ROOT = re.compile(
-    rb"""\A(?:\xef\xbb\xbf)?(?:\s|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^\[>]*(?:\[.*?\])?\s*>)*"""
+    rb"""\A(?:\xef\xbb\xbf)?(?>\s|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^\[>]*(?:\[.*?\])?\s*>)*+"""
     rb"""<(?:rss|feed|(?:[A-Za-z_][\w.-]*:)?RDF)[\s>/]""",
     re.DOTALL,
 )
@@ -378,6 +390,19 @@ class _Links:
 _local = threading.local()
 
 
+def _few_attributes(text: str) -> str:
+    """``text`` with no tag of more than ``MAX_TAG_ATTRIBUTES`` attributes (linear)."""
+    return _LONG_TAG.sub(_thinned, text) if len(text) > 2048 else text
+
+
+def _thinned(tag: re.Match[str]) -> str:
+    found = tag.group()
+    for n, attribute in enumerate(_ATTRIBUTE.finditer(found, 1)):
+        if n > MAX_TAG_ATTRIBUTES:  # the first is the tag's name
+            return found[: attribute.start()]
+    return found
+
+
 def _html_parser() -> etree.HTMLParser:
     # lxml parsers must not be shared between threads: one per thread.
     parser: etree.HTMLParser | None = getattr(_local, "html", None)
@@ -533,7 +558,9 @@ class _Page:
     def html(self, body: bytes, content_type: str | None) -> Extraction:
         text, _ = decode_body(body, content_type)
         try:
-            root = etree.fromstring(text.encode("utf-8", "replace"), _html_parser())
+            root = etree.fromstring(
+                _few_attributes(text).encode("utf-8", "replace"), _html_parser()
+            )
         except (etree.LxmlError, ValueError):
             root = None
         if root is None:
@@ -600,7 +627,8 @@ class _Page:
         # Only a page with next to no text is looked at further: the check costs a
         # real page nothing.
         shell = text_chars < SHELL_MAX_TEXT_CHARS and (
-            (scripts > 0 and _has_mount_point(root)) or _ASKS_FOR_SCRIPT.search(text) is not None
+            (scripts > 0 and _has_mount_point(root))
+            or _ASKS_FOR_SCRIPT.search(text, 0, SCRIPT_NOTICE_CHARS) is not None
         )
         return self.finish(
             title=title,

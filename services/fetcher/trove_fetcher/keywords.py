@@ -99,10 +99,26 @@ STOP_WORDS: dict[str, frozenset[str]] = {
 }
 
 
+#: Characters composed (NFC) at a time: CPython orders a run of combining marks by
+#: insertion sort, so a page of one mark after another took minutes, the GIL held.
+_NFC_SLICE = 128
+
+
+def _composed(text: str) -> str:
+    """``text`` in NFC, a slice at a time (a mark cut from its letter at a slice's edge is
+    left uncomposed: a word's spelling, not its terms, and only in a hostile text)."""
+    if text.isascii():
+        return text
+    normalize = unicodedata.normalize
+    return "".join(
+        normalize("NFC", text[at : at + _NFC_SLICE]) for at in range(0, len(text), _NFC_SLICE)
+    )
+
+
 def terms(text: str) -> list[str]:
     """The text's terms in order: lower-cased letter runs of 3 to 40 characters."""
     text = (
-        unicodedata.normalize("NFC", text)
+        _composed(text)
         .lower()
         .encode("utf-8", "surrogatepass")
         .translate(_ASCII_SEPARATORS)
