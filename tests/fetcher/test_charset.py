@@ -122,7 +122,7 @@ def test_xml_ignores_meta_looking_text() -> None:
 
 def test_charset_names_are_normalized() -> None:
     assert normalize_charset("UTF8") == "utf-8"
-    assert normalize_charset(" 'Shift_JIS' ") == "shift_jis"
+    assert normalize_charset(" 'Shift_JIS' ") == "cp932"  # as browsers read it (WHATWG)
     assert normalize_charset("us-ascii") == "cp1252"
     assert normalize_charset("x" * 41) is None
     assert header_charset('text/html;charset="utf-8"') == "utf-8"
@@ -169,3 +169,27 @@ def test_decoding_never_raises(body: bytes, content_type: str | None) -> None:
     text, encoding = decode_body(body, content_type)
     assert isinstance(text, str)
     assert codecs.lookup(encoding)
+
+
+@pytest.mark.parametrize(
+    ("label", "text", "written_in"),
+    [
+        ("Shift_JIS", "①㈱髙", "cp932"),
+        ("x-sjis", "日本語", "cp932"),
+        ("gb2312", "镕碁", "gb18030"),
+        ("euc-kr", "똠방각하", "cp949"),
+        ("big5", "碁", "big5hkscs"),
+        ("tis-620", "\u201cไทย\u201d", "cp874"),
+        ("windows-874", "ไทย", "cp874"),
+        ("iso88591", "café", "cp1252"),
+        ("unicode-1-1-utf-8", "é", "utf-8"),
+    ],
+)
+def test_a_charset_label_is_read_as_browsers_read_it(
+    label: str, text: str, written_in: str
+) -> None:
+    # Pages labelled with the narrow standard are written in Microsoft's superset, which
+    # browsers decode them with (the WHATWG Encoding Standard); Python's codec of the
+    # label's own name turned their characters into others, or did not know the label.
+    decoded, _ = decode_body(f"<p>{text}</p>".encode(written_in), f"text/html; charset={label}")
+    assert decoded == f"<p>{text}</p>"

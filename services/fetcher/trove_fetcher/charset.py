@@ -45,6 +45,45 @@ _REFUSED = frozenset(
 # for pages that use the windows-1252 quotes and dashes in 0x80-0x9F.
 _SUPERSETS = {"ascii": "cp1252", "iso8859-1": "cp1252", "iso8859-9": "cp1254"}
 
+
+def _labels(codec: str, labels: str) -> dict[str, str]:
+    return dict.fromkeys(labels.split(), codec)
+
+
+# The WHATWG Encoding Standard's labels whose encoding is not the codec Python gives the
+# same name: Japanese, Korean, Chinese and Thai pages are written in Microsoft's
+# supersets ("Shift_JIS" pages hold cp932's ①, "gb2312" ones GBK's characters), which
+# browsers decode them with, and some labels Python does not know at all.
+_WHATWG = {
+    **_labels("cp932", "csshiftjis ms932 ms_kanji shift-jis shift_jis sjis windows-31j x-sjis"),
+    **_labels(
+        "cp949",
+        "cseuckr csksc56011987 euc-kr iso-ir-149 korean ks_c_5601-1987 ks_c_5601-1989 "
+        "ksc5601 ksc_5601 windows-949",
+    ),
+    **_labels(
+        "gb18030",
+        "chinese csgb2312 csiso58gb231280 gb2312 gb_2312 gb_2312-80 gbk iso-ir-58 x-gbk gb18030",
+    ),
+    **_labels("big5hkscs", "big5 big5-hkscs cn-big5 csbig5 x-x-big5"),
+    **_labels("cp874", "dos-874 iso-8859-11 iso8859-11 iso885911 tis-620 windows-874"),
+    **_labels("euc_jp", "cseucpkdfmtjapanese euc-jp x-euc-jp"),
+    **_labels(
+        "cp1252",
+        "ansi_x3.4-1968 ascii cp1252 cp819 csisolatin1 ibm819 iso-8859-1 iso-ir-100 "
+        "iso8859-1 iso88591 iso_8859-1 iso_8859-1:1987 l1 latin1 us-ascii windows-1252 "
+        "x-cp1252",
+    ),
+    **_labels(
+        "cp1254",
+        "cp1254 csisolatin5 iso-8859-9 iso-ir-148 iso8859-9 iso88599 iso_8859-9 "
+        "iso_8859-9:1989 l5 latin5 windows-1254 x-cp1254",
+    ),
+    **_labels("utf-8", "unicode-1-1-utf-8 unicode11utf8 unicode20utf8 utf-8 utf8 x-unicode20utf8"),
+    **{f"x-cp125{n}": f"cp125{n}" for n in range(9)},
+    **_labels("mac_cyrillic", "x-mac-cyrillic x-mac-ukrainian"),
+}
+
 _XML_TYPES = frozenset(
     {"application/xml", "text/xml", "application/rss+xml", "application/atom+xml"}
 )
@@ -65,6 +104,9 @@ def normalize_charset(label: str | None) -> str | None:
     label = label.strip().strip("\"'").strip()
     if not label or len(label) > 40:
         return None
+    whatwg = _WHATWG.get(label.lower())
+    if whatwg is not None:
+        return whatwg
     try:
         name = codecs.lookup(label).name
         b"".decode(name)  # raises LookupError for bytes-to-bytes codecs (base64, zlib, ...)
