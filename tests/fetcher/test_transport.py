@@ -24,6 +24,7 @@ from tests.fetcher._servers import (
     Exchange,
     LocalServer,
     RecordingBackend,
+    free_port,
     self_signed,
     serving,
 )
@@ -168,6 +169,23 @@ async def test_refused_address_is_never_connected(
     with pytest.raises(BlockedAddress, match=reason):
         await client.get(url.format(port=server.port))
     assert recorder.connects == []
+
+
+async def test_a_name_of_many_addresses_has_a_few_of_each_family_tried(
+    recorder: RecordingBackend,
+) -> None:
+    # A zone of thousands of records would have one fetch knock at each of them.
+    many = [f"127.0.0.{n}" for n in range(10, 60)]
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return many
+
+    closed = free_port()
+    settings = _settings(allowed_networks=("127.0.0.0/24",))
+    async with build_client(settings, network_backend=recorder, resolver=resolver) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://many.trove.test:{closed}/")
+    assert recorder.connects == [("127.0.0.10", closed), ("127.0.0.11", closed)]
 
 
 async def test_numeric_hostname_is_read_as_the_ipv4_address_it_spells(

@@ -211,7 +211,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
         error: Exception | None = None
-        for address in addresses:
+        for address in _tried(addresses):
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
                 stream = await self._inner.connect_tcp(
@@ -649,3 +649,21 @@ def build_client(
         trust_env=False,
         cookies=_no_cookies(),
     )
+
+
+#: Addresses of a name one connection tries, of each family: a zone of thousands of
+#: records would have a fetch knock at every one of them (other people's machines, on
+#: any port), each a refusal or a timeout.
+ADDRESSES_TRIED_PER_FAMILY = 2
+
+
+def _tried(addresses: Sequence[str]) -> list[str]:
+    """The first ``ADDRESSES_TRIED_PER_FAMILY`` addresses of each family, in order."""
+    kept: list[str] = []
+    counts = {False: 0, True: 0}
+    for address in addresses:
+        v6 = ":" in address
+        if counts[v6] < ADDRESSES_TRIED_PER_FAMILY:
+            counts[v6] += 1
+            kept.append(address)
+    return kept
