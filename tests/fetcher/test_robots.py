@@ -20,6 +20,7 @@ from tests.fetcher._servers import (
     serving,
     stall,
 )
+from trove_fetcher import robots as robots_module
 from trove_fetcher.errors import RedirectPaused
 from trove_fetcher.http import HopGateFailed
 from trove_fetcher.robots import (
@@ -431,3 +432,17 @@ def test_policy_expires_after_its_ttl() -> None:
     assert not policy.expired(1059.0)
     assert policy.expired(1060.0)
     assert policy.expires_in(2000.0) == 0.0
+
+
+def parsed(body: bytes, origin: str = "https://big.example") -> RobotsPolicy:
+    return RobotsPolicy(origin=origin, rule=RobotsRule.PARSED, fetched_at=0.0, body=body)
+
+
+def test_the_parsed_files_kept_are_bounded_by_their_size() -> None:
+    big = b"User-agent: *\n" + b"Disallow: /x\n" * 40_000  # ~0.5 MB, as a file may be
+    for n in range(3 * robots_module.PARSED_CACHE_BYTES // len(big)):
+        assert not parsed(big, origin=f"https://site{n}.example").allows(
+            f"https://site{n}.example/x"
+        )
+    assert robots_module._parsed_bytes <= robots_module.PARSED_CACHE_BYTES
+    assert sum(key[2] for key in robots_module._parsed) == robots_module._parsed_bytes

@@ -73,8 +73,10 @@ RETRY_TTL = 600.0
 EXCLUDED_RULES = b"User-agent: *\nDisallow: /\n"
 #: Redirect hops followed (RFC 9309 §2.3.1.2: at least five).
 MAX_ROBOTS_REDIRECTS = 5
-#: Parsed robots.txt objects kept per process.
+#: Parsed robots.txt objects kept per process, and the most bytes they may come from: a
+#: parsed file weighs some 30 times its text, and a file of 500 KiB is allowed.
 PARSED_CACHE_SIZE = 512
+PARSED_CACHE_BYTES = 4 * 1024 * 1024
 _FORMAT_VERSION = 1
 
 
@@ -85,6 +87,8 @@ class RobotsRule(StrEnum):
 
 
 _parsed: OrderedDict[tuple[str, float, int, int], Protego] = OrderedDict()
+#: The bytes of robots.txt the parsers in ``_parsed`` were made of (the key's third).
+_parsed_bytes = 0
 
 
 #: A group's user-agent value cut to its product token (RFC 9309 2.2.1: letters, "_" and
@@ -94,6 +98,7 @@ _PRODUCT_TOKEN = re.compile(r"(?im)^([ \t]*user-agent[ \t]*:[ \t]*)([A-Za-z_-]+)
 
 
 def _parse(key: tuple[str, float, int, int], body: bytes) -> Protego:
+    global _parsed_bytes
     parser = _parsed.get(key)
     if parser is not None:
         _parsed.move_to_end(key)
@@ -101,8 +106,12 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> Protego:
     text = body.decode("utf-8", errors="replace").removeprefix("\ufeff")
     parser = Protego.parse(_PRODUCT_TOKEN.sub(r"\1\2", text))
     _parsed[key] = parser
-    if len(_parsed) > PARSED_CACHE_SIZE:
-        _parsed.popitem(last=False)
+    _parsed_bytes += key[2]
+    while len(_parsed) > 1 and (
+        len(_parsed) > PARSED_CACHE_SIZE or _parsed_bytes > PARSED_CACHE_BYTES
+    ):
+        gone, _ = _parsed.popitem(last=False)
+        _parsed_bytes -= gone[2]
     return parser
 
 
