@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import asyncpg
+import nats
+import nats.errors
 import pytest
 
 from tests.conftest import StackUrls
@@ -54,3 +58,43 @@ def test_an_initdb_cut_short_leaves_nothing_the_next_start_cannot_use(tmp_path: 
         assert server.exited() is None
     finally:
         server.stop()
+
+
+async def test_the_embedded_servers_ask_for_their_passwords(tmp_path: Path) -> None:
+    # Another user of the machine reaches 127.0.0.1 too; Postgres's superuser runs
+    # programs (COPY ... TO PROGRAM), and NATS takes seeds and exclusions.
+    local = Stack(state_dir=tmp_path, fast_and_unsafe=True).start()
+    try:
+        nats_url = urlsplit(local.nats_url)
+        db_url = urlsplit(local.database_url)
+        assert nats_url.password
+        assert db_url.password
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(
+                f"nats://{nats_url.hostname}:{nats_url.port}",
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+            )
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(
+                host=db_url.hostname, port=db_url.port, user="trove", database="trove"
+            )
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(
+                host=db_url.hostname, port=db_url.port, user="trove", password="guess"
+            )
+        connection = await asyncpg.connect(local.database_url.replace("+asyncpg", ""))
+        await connection.close()
+        client = await nats.connect(local.nats_url, allow_reconnect=False)
+        await client.close()
+        secret = tmp_path / "postgres" / "password"
+        assert secret.stat().st_mode & 0o077 == 0
+    finally:
+        local.stop()
+    again = Stack(state_dir=tmp_path, fast_and_unsafe=True).start()  # the same password
+    try:
+        connection = await asyncpg.connect(again.database_url.replace("+asyncpg", ""))
+        await connection.close()
+    finally:
+        again.stop()

@@ -39,6 +39,8 @@ class NatsConfig:
     max_payload: int = 4 * 1024 * 1024
     #: Bytes JetStream may store on disk (a volume's size); None: as much as the disk has.
     max_file_store: int | None = None
+    #: The one user's password (user ``trove``); None: no authorization at all.
+    password: str | None = None
 
 
 class EmbeddedNats:
@@ -60,13 +62,18 @@ class EmbeddedNats:
         sync = "sync_interval: always" if cfg.sync_always else ""
         limit = f"max_file_store: {cfg.max_file_store}" if cfg.max_file_store else ""
         pid_file = json.dumps(str(cfg.store_dir / PID_FILE))
+        auth = ""
+        if cfg.password is not None:
+            auth = f"authorization {{ user: trove, password: {json.dumps(cfg.password)} }}\n"
         conf.write_text(
             f"listen: {cfg.host}:{port}\n"
             f"http: {cfg.host}:{monitor}\n"
             f"pid_file: {pid_file}\n"
             f"max_payload: {cfg.max_payload}\n"
+            f"{auth}"
             f"jetstream {{\n  store_dir: {store}\n  {sync}\n  {limit}\n}}\n"
         )
+        conf.chmod(0o600)  # it holds the password
         self._child = Child(
             "nats-server",
             [str(nats_server_binary()), "-c", str(conf)],
@@ -79,7 +86,8 @@ class EmbeddedNats:
         except BaseException:
             self.stop()  # not left running behind a start that failed or was interrupted
             raise
-        self.url = f"nats://{cfg.host}:{port}"
+        credentials = "" if cfg.password is None else f"trove:{cfg.password}@"
+        self.url = f"nats://{credentials}{cfg.host}:{port}"
         self.monitor_url = f"http://{cfg.host}:{monitor}"
         return self
 

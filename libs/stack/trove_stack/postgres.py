@@ -58,6 +58,10 @@ class PostgresConfig:
     database: str = "trove"
     #: Durability off (fsync, synchronous_commit): for tests and throwaway demos only.
     fast_and_unsafe: bool = False
+    #: The user's password, asked of connections over TCP (another user of the machine
+    #: reaches 127.0.0.1 too); set at initdb, so it must be the same at every start.
+    #: None: no password (trust, as a data folder made before passwords has it).
+    password: str | None = None
     bin_dir: str | None = None
 
 
@@ -70,7 +74,8 @@ class EmbeddedPostgres:
     @property
     def url(self) -> str:
         c = self.config
-        return f"postgresql+asyncpg://{c.user}@{c.host}:{self.port}/{c.database}"
+        user = c.user if c.password is None else f"{c.user}:{c.password}"
+        return f"postgresql+asyncpg://{user}@{c.host}:{self.port}/{c.database}"
 
     def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
         cfg = self.config
@@ -90,14 +95,23 @@ class EmbeddedPostgres:
             if run_as is not None:
                 shutil.chown(partial, run_as, run_as)
             partial.chmod(0o700)
+            auth = ["--auth=trust"]
+            if cfg.password is not None:
+                # The socket, in the data folder only its user can enter, needs none.
+                pwfile = partial / "initdb.pw"
+                pwfile.write_text(cfg.password + "\n")
+                pwfile.chmod(0o600)
+                if run_as is not None:
+                    shutil.chown(pwfile, run_as, run_as)
+                auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
             _run(
                 [
                     str(bindir / "initdb"),
                     "-D",
-                    str(partial),
+                    str(partial / "cluster"),
                     "-U",
                     cfg.user,
-                    "--auth=trust",
+                    *auth,
                     "--encoding=UTF8",
                     "--locale=C",
                 ],
@@ -105,7 +119,8 @@ class EmbeddedPostgres:
             )
             if data.exists() and not any(data.iterdir()):
                 data.rmdir()  # an empty folder an older release made before its initdb
-            partial.rename(data)
+            (partial / "cluster").rename(data)
+            shutil.rmtree(partial)
         _remove_stale_pid(data)
         self.port = cfg.port or free_port(cfg.host)
         argv = [
@@ -171,8 +186,11 @@ class EmbeddedPostgres:
             self._child = None
 
 
-def _run(argv: list[str], *, user: str | None) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, **as_user(user))
+def _run(argv: list[str], *, user: str | None, password: str | None = None) -> str:
+    env = None if password is None else {**os.environ, "PGPASSWORD": password}
+    result = subprocess.run(
+        argv, capture_output=True, text=True, check=False, env=env, **as_user(user)
+    )
     if result.returncode != 0:
         raise StackError(f"{Path(argv[0]).name} failed: {result.stderr.strip()}")
     return str(result.stdout)
@@ -183,9 +201,11 @@ def _ensure_database(bindir: Path, cfg: PostgresConfig, port: int, user: str | N
     if not cfg.database.isidentifier():
         raise StackError(f"database name {cfg.database!r} is not a plain identifier")
     query = f"SELECT 1 FROM pg_database WHERE datname = '{cfg.database}'"  # noqa: S608
-    found = _run([str(bindir / "psql"), *conn, "-d", "postgres", "-tAc", query], user=user)
+    password = cfg.password
+    psql = [str(bindir / "psql"), *conn, "-d", "postgres", "-tAc", query]
+    found = _run(psql, user=user, password=password)
     if found.strip() != "1":
-        _run([str(bindir / "createdb"), *conn, cfg.database], user=user)
+        _run([str(bindir / "createdb"), *conn, cfg.database], user=user, password=password)
 
 
 def _ready(data: Path) -> bool:

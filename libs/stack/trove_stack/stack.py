@@ -7,8 +7,10 @@ state folder, and stops them when the stack closes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -81,8 +83,13 @@ class Stack:
             self._let_go()
             raise
         try:
+            # Each server asks for a password: another user of the machine reaches
+            # 127.0.0.1 too (and Postgres's superuser runs programs). Only this user
+            # may read them, in the state folder and in stack.json.
             if not self.nats_url:
-                self.nats = EmbeddedNats(NatsConfig(store_dir=self.state_dir / "nats")).start()
+                self.nats = EmbeddedNats(
+                    NatsConfig(store_dir=self.state_dir / "nats", password=_secret())
+                ).start()
                 self.nats_url = self.nats.url
             if not self.database_url:
                 self.postgres = EmbeddedPostgres(
@@ -90,6 +97,7 @@ class Stack:
                         data_dir=self.state_dir / "postgres" / "data",
                         fast_and_unsafe=self.fast_and_unsafe,
                         bin_dir=self.postgres_bin,
+                        password=_kept_secret(self.state_dir / "postgres" / "password"),
                     )
                 ).start()
                 self.database_url = self.postgres.url
@@ -151,6 +159,25 @@ class Stack:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _secret() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def _kept_secret(path: Path) -> str:
+    """The password in ``path``, or a new one written there (0600): Postgres's is set
+    when its data folder is made, and asked for at every start after."""
+    with contextlib.suppress(FileNotFoundError):
+        kept = path.read_text().strip()
+        if kept:
+            return kept
+    path.parent.mkdir(parents=True, exist_ok=True)
+    made = _secret()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(made + "\n")
+    return made
 
 
 def running_in(state_dir: Path) -> str | None:
