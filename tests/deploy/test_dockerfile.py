@@ -56,7 +56,10 @@ def test_image_is_built_in_two_stages_on_python_slim() -> None:
 def test_builder_installs_the_project_into_a_venv() -> None:
     runs = " ".join(instructions("RUN", 0))
     assert "python -m venv /opt/trove" in runs
-    assert "pip install --no-cache-dir ." in runs
+    # At the versions the suite passed with (constraints.txt), as `make install` does.
+    assert "pip install --no-cache-dir -c constraints.txt ." in runs
+    assert "-c constraints.txt -r /tmp/requirements.txt" in runs
+    assert "constraints.txt" in " ".join(instructions("COPY", 0))
 
 
 def test_runtime_stage_copies_only_the_venv_and_has_no_compiler() -> None:
