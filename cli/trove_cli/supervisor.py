@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trove_stack.lifeline import pid_alive
 from trove_stack.processes import Child
 
 SERVICES_FILE = "services.json"
@@ -286,14 +287,4 @@ def read_supervised(state_dir: Path) -> Supervised | None:
         updated_at = float(raw["updated_at"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Supervised(processes, _pid_alive(pid), updated_at)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return Supervised(processes, pid_alive(pid), updated_at)

@@ -73,7 +73,8 @@ class Lifeline:
 current: Lifeline | None = None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,9 +88,9 @@ def _stop(pid: int, stop_signal: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, stop_signal)
     deadline = time.monotonic() + GRACE_SECONDS
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 
