@@ -98,3 +98,27 @@ async def test_the_embedded_servers_ask_for_their_passwords(tmp_path: Path) -> N
         await connection.close()
     finally:
         again.stop()
+
+
+async def test_a_cluster_made_before_passwords_asks_for_one_from_then_on(tmp_path: Path) -> None:
+    # A state folder of a release before: its cluster let anyone in over TCP (trust).
+    config = PostgresConfig(data_dir=tmp_path / "postgres" / "data", fast_and_unsafe=True)
+    EmbeddedPostgres(config).start().stop()
+
+    server = EmbeddedPostgres(replace(config, password="kept-secret")).start()
+    try:
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(host="127.0.0.1", port=server.port, user="trove")
+        connection = await asyncpg.connect(server.url.replace("+asyncpg", ""))
+        await connection.close()
+    finally:
+        server.stop()
+
+
+def test_a_data_folder_of_files_but_no_cluster_is_said_not_overwritten(tmp_path: Path) -> None:
+    data = tmp_path / "postgres" / "data"
+    data.mkdir(parents=True)
+    (data / "someones.txt").write_text("kept")
+    with pytest.raises(StackError, match="holds files but no Postgres cluster"):
+        EmbeddedPostgres(PostgresConfig(data_dir=data, fast_and_unsafe=True)).start()
+    assert (data / "someones.txt").read_text() == "kept"

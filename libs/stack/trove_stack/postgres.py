@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -86,41 +87,7 @@ class EmbeddedPostgres:
         if run_as is not None:
             _open_path_for(bindir.parent, data.parent)
         if not (data / "PG_VERSION").exists():
-            # Made aside and renamed when whole: an initdb cut short (Ctrl-C in the first
-            # start, the machine off) left a folder with PG_VERSION that no start after
-            # could use, nor said why.
-            partial = data.with_name(data.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-            if run_as is not None:
-                shutil.chown(partial, run_as, run_as)
-            partial.chmod(0o700)
-            auth = ["--auth=trust"]
-            if cfg.password is not None:
-                # The socket, in the data folder only its user can enter, needs none.
-                pwfile = partial / "initdb.pw"
-                pwfile.write_text(cfg.password + "\n")
-                pwfile.chmod(0o600)
-                if run_as is not None:
-                    shutil.chown(pwfile, run_as, run_as)
-                auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
-            _run(
-                [
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(partial / "cluster"),
-                    "-U",
-                    cfg.user,
-                    *auth,
-                    "--encoding=UTF8",
-                    "--locale=C",
-                ],
-                user=run_as,
-            )
-            if data.exists() and not any(data.iterdir()):
-                data.rmdir()  # an empty folder an older release made before its initdb
-            (partial / "cluster").rename(data)
-            shutil.rmtree(partial)
+            self._initdb(bindir, data, run_as)
         _remove_stale_pid(data)
         self.port = cfg.port or free_port(cfg.host)
         argv = [
@@ -163,10 +130,48 @@ class EmbeddedPostgres:
                 what="ready",
             )
             _ensure_database(bindir, cfg, self.port, run_as)
+            _require_password(bindir, cfg, self.port, run_as, data)
         except BaseException:
             self.stop()  # not left running behind a start that failed or was interrupted
             raise
         return self
+
+    def _initdb(self, bindir: Path, data: Path, run_as: str | None) -> None:
+        """Make the cluster, aside and renamed when whole: an initdb cut short (Ctrl-C in
+        the first start, the machine off) left a folder with PG_VERSION that no start
+        after could use, nor said why. Into ``data`` itself when it is a mount point (a
+        volume), which cannot be replaced."""
+        cfg = self.config
+        if data.exists() and any(data.iterdir()):
+            raise StackError(
+                f"{data} holds files but no Postgres cluster (an initdb cut short by a "
+                "release before?): remove it, or start afresh (--fresh)"
+            )
+        mounted = data.exists() and os.path.ismount(data)
+        partial = data.with_name(data.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        target = data if mounted else partial / "cluster"
+        for folder in {partial, target} if mounted else {partial}:
+            if run_as is not None:
+                shutil.chown(folder, run_as, run_as)
+            folder.chmod(0o700)
+        auth = ["--auth=trust"]
+        if cfg.password is not None:
+            # The socket, in the data folder only its user can enter, needs none.
+            pwfile = partial / "initdb.pw"
+            pwfile.write_text(cfg.password + "\n")
+            pwfile.chmod(0o600)
+            if run_as is not None:
+                shutil.chown(pwfile, run_as, run_as)
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
+        initdb = [str(bindir / "initdb"), "-D", str(target), "-U", cfg.user, *auth]
+        _run([*initdb, "--encoding=UTF8", "--locale=C"], user=run_as)
+        if not mounted:
+            if data.exists():
+                data.rmdir()  # an empty folder an older release made before its initdb
+            target.rename(data)
+        shutil.rmtree(partial)
 
     def exited(self) -> str | None:
         """How the server's process ended (``Child.ended``); None while it runs."""
@@ -186,14 +191,42 @@ class EmbeddedPostgres:
             self._child = None
 
 
-def _run(argv: list[str], *, user: str | None, password: str | None = None) -> str:
+def _run(
+    argv: list[str], *, user: str | None, password: str | None = None, stdin: str | None = None
+) -> str:
     env = None if password is None else {**os.environ, "PGPASSWORD": password}
     result = subprocess.run(
-        argv, capture_output=True, text=True, check=False, env=env, **as_user(user)
+        argv, input=stdin, capture_output=True, text=True, check=False, env=env, **as_user(user)
     )
     if result.returncode != 0:
         raise StackError(f"{Path(argv[0]).name} failed: {result.stderr.strip()}")
     return str(result.stdout)
+
+
+#: A host line of pg_hba.conf that lets anyone in (what a release before made).
+_TRUSTED_HOST = re.compile(r"^(host\S*\s.*?)\btrust(\s*)$", re.MULTILINE)
+
+
+def _require_password(
+    bindir: Path, cfg: PostgresConfig, port: int, user: str | None, data: Path
+) -> None:
+    """A cluster made before passwords lets anyone on the machine in over TCP: its user
+    is given the password, and its host lines ask for it (reloaded, no restart)."""
+    hba = data / "pg_hba.conf"
+    text = hba.read_text()
+    if cfg.password is None or _TRUSTED_HOST.search(text) is None:
+        return
+    conn = ["-h", cfg.host, "-p", str(port), "-U", cfg.user, "-d", "postgres"]
+    psql = [str(bindir / "psql"), *conn, "-v", "ON_ERROR_STOP=1"]
+    # On standard input, not the command line another user's `ps` shows; token_urlsafe
+    # makes letters, digits, "-" and "_" only, nothing to quote.
+    sql = (
+        "SET password_encryption = 'scram-sha-256';\n"
+        f"ALTER ROLE {cfg.user} PASSWORD '{cfg.password}';\n"
+    )
+    _run(psql, user=user, stdin=sql)
+    hba.write_text(_TRUSTED_HOST.sub(r"\1scram-sha-256\2", text))
+    _run([*psql, "-c", "SELECT pg_reload_conf()"], user=user, password=cfg.password)
 
 
 def _ensure_database(bindir: Path, cfg: PostgresConfig, port: int, user: str | None) -> None:
