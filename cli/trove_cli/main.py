@@ -486,7 +486,8 @@ def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
             "(`trove status` lists restarts); Ctrl-C stops everything"
         )
         console.print(
-            f"seed it: nats pub {SEEDS_SUBJECT} https://example.org/  (or `trove seed URL`)"
+            "seed it: trove seed https://example.org/  (or nats -s URL pub "
+            f"{SEEDS_SUBJECT} ..., the URL with its password in {settings.state_dir}/stack.json)"
         )
         try:
             while True:

@@ -175,3 +175,12 @@ def test_a_tag_of_too_many_attributes_keeps_its_first_and_the_page_goes_on() -> 
     body = b"<html><body><a href=/first " + crowded + b">x</a><a href=/next>y</a></body></html>"
     links = [link.url for link in run(body, "text/html").links]
     assert links == ["https://example.org/first", "https://example.org/next"]
+
+
+def test_a_comment_that_looks_like_a_crowded_tag_still_ends() -> None:
+    # "a<b" in a comment, then hundreds of words: thinned as a tag, its "--" stays.
+    words = " ".join(f"word{n}" for n in range(600))
+    body = f"<html><body><!-- if a<b then {words} --><a href=/kept>k</a></body></html>"
+    assert [link.url for link in run(body.encode(), "text/html").links] == [
+        "https://example.org/kept"
+    ]

@@ -126,3 +126,11 @@ def test_extraction_keywords_come_from_visible_text_and_title() -> None:
     <noscript>enablejavascript</noscript></body></html>"""
     result = extract(page, url="https://example.org/", content_type="text/html")
     assert result.keywords == ("daily", "growing", "need", "sun", "tomatoes", "water")
+
+
+def test_decomposed_text_has_the_terms_of_its_composed_spelling_however_long() -> None:
+    # Composed a slice at a time (a run of marks is quadratic), cut at spaces: no letter
+    # is parted from its accent, nor a Korean syllable's jamo from each other.
+    for sentence in ("Tiếng Việt có dấu rất nhiều ngươi", "대한민국의 수도는 서울입니다"):
+        text = " ".join([sentence] * 300)
+        assert terms(unicodedata.normalize("NFD", text)) == terms(text)

@@ -29,8 +29,9 @@ def test_a_fresh_stack_refuses_a_folder_whose_servers_run_and_empties_it_once_th
         assert marker.exists()  # nothing deleted under it
         # Its process killed outright: the folder's lock is gone, its servers are not.
         first._let_go()
-        with pytest.raises(StackError, match=r"(Postgres|nats-server) \(pid \d+\) still runs"):
-            Stack(state_dir=state, fresh=True, fast_and_unsafe=True).start()
+        for fresh in (True, False):
+            with pytest.raises(StackError, match=r"(Postgres|nats-server) \(pid \d+\) still runs"):
+                Stack(state_dir=state, fresh=fresh, fast_and_unsafe=True).start()
         assert marker.exists()
         assert running_in(state) is not None
     finally:

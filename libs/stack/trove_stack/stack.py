@@ -64,14 +64,15 @@ class Stack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._hold_folder()
         try:
+            # Servers of a stack whose process was killed outright, still running (its
+            # lifeline's watcher stopping them, or they outlived it).
+            running = running_in(self.state_dir)
+            if running is not None:
+                raise StackError(
+                    f"{running} still runs on {self.state_dir}, its `trove up` gone: "
+                    "stop it, or give this stack another TROVE_STATE_DIR"
+                )
             if self.fresh:
-                # Servers of a stack whose process was killed outright, still running.
-                running = running_in(self.state_dir)
-                if running is not None:
-                    raise StackError(
-                        f"{running} still runs on {self.state_dir}, its `trove up` gone: "
-                        "stop it, or give this stack another TROVE_STATE_DIR"
-                    )
                 self._stop_servers()
                 for name in STATE_ENTRIES - {LOCK_FILE}:
                     path = self.state_dir / name

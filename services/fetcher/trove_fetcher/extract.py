@@ -399,7 +399,11 @@ def _thinned(tag: re.Match[str]) -> str:
     found = tag.group()
     for n, attribute in enumerate(_ATTRIBUTE.finditer(found, 1)):
         if n > MAX_TAG_ATTRIBUTES:  # the first is the tag's name
-            return found[: attribute.start()]
+            # What looked like a tag may be text in a comment or a CDATA section (an
+            # "a<b" in it): the "--" or "]]" before its ">" stays, or the rest of the
+            # page would be read as part of it.
+            end = next((e for e in ("--", "]]") if found.endswith(e)), "")
+            return found[: attribute.start()] + end
     return found
 
 
