@@ -4,9 +4,8 @@ service, and what a request that cannot be sent leaves behind."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,57 +15,33 @@ import pytest
 from tests.conftest import StackUrls
 from trove_schema.bus import Bus
 from trove_schema.errors import BrokerClosed
-from trove_stack.nats import free_port, listening, nats_server_binary
-
-CONFIG = """
-host: 127.0.0.1
-port: {port}
-authorization {{ user: trove, password: {password} }}
-"""
-
-
-def configure(path: Path, port: int, password: str) -> None:
-    path.write_text(CONFIG.format(port=port, password=password), "utf-8")
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 
 @pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]:
-    """A nats-server whose one user's password its config file gives."""
-    port = free_port("127.0.0.1")
-    config = tmp_path / "nats.conf"
-    configure(config, port, "first")
-    log = (tmp_path / "nats.log").open("wb")
-    server = subprocess.Popen(
-        [str(nats_server_binary()), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
-    )
+def guarded(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server of one user, ``trove``, whose password its config file gives."""
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", password="first")).start()
     try:
-        deadline = time.monotonic() + 20
-        while not listening("127.0.0.1", port):
-            assert server.poll() is None, (tmp_path / "nats.log").read_text()
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.05)
-        yield server, config, port
+        yield server
     finally:
-        server.terminate()
-        server.wait(timeout=20)
-        log.close()
+        server.stop()
 
 
 async def test_a_user_the_server_turns_away_at_every_reconnect_ends_the_service(
-    guarded: tuple[subprocess.Popen[bytes], Path, int],
+    guarded: EmbeddedNats,
 ) -> None:
     # A reload that changes the password: the server turns the client away at every
     # reconnect, which nats-py tries for ever. The pod would idle, ready, for ever: its
     # ``until_closed`` part ends the service instead, and its restart reads the new one.
-    server, config, port = guarded
-    bus = await Bus.connect(
-        f"nats://trove:first@127.0.0.1:{port}", name="trove-tests", refused_patience=2.0
-    )
+    bus = await Bus.connect(guarded.url, name="trove-tests", refused_patience=2.0)
     stop = asyncio.Event()
     try:
         watch = asyncio.create_task(bus.until_closed(stop))
-        configure(config, port, "second")
-        server.send_signal(signal.SIGHUP)  # nats-server reloads its configuration
+        config = guarded.config.store_dir / "nats-server.conf"
+        config.write_text(config.read_text().replace('"first"', '"second"'))
+        assert guarded.pid is not None
+        os.kill(guarded.pid, signal.SIGHUP)  # nats-server reloads its configuration
 
         with pytest.raises(BrokerClosed, match=r"(?i)authorization"):
             await asyncio.wait_for(watch, timeout=20)
