@@ -134,13 +134,14 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
     web = SandboxWeb.generate(hosts=1, pages_per_host=1, with_trap=True)
     trap = web.trap_host
     assert trap is not None
-    # No host-wide back-off, so the far page's Retry-After does not hold up the other.
+    # A host-wide back-off of a moment, so the far page's Retry-After does not hold up
+    # the other.
     env = sandbox_env(
         web,
         0.1,
         TROVE_RETRY_DELAY_SECONDS="1",
         TROVE_MAX_ATTEMPTS="3",
-        TROVE_MAX_BACKOFF_SECONDS="0",
+        TROVE_MAX_BACKOFF_SECONDS="0.1",
     )
 
     async def attempts() -> list[tuple[str, int]]:

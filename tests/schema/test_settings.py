@@ -66,6 +66,27 @@ def test_a_host_record_ttl_shorter_than_what_a_record_holds_is_refused_with_its_
     assert FetcherSettings().host_record_ttl_seconds == 180 * 86_400
 
 
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "TROVE_MAX_BACKOFF_SECONDS",
+        "TROVE_HOST_PAUSE_SECONDS",
+        "TROVE_HOST_PAUSE_MAX_SECONDS",
+        "TROVE_RATE_PAUSE_SECONDS",
+        "TROVE_BAN_PAUSE_SECONDS",
+    ],
+)
+def test_no_pause_after_a_site_s_defences_can_be_set_to_nothing(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    # 0 would send the next request one gap after a 429, a ban or a challenge page.
+    monkeypatch.setenv(variable, "0")
+    with pytest.raises(ValueError, match="greater than 0"):
+        FetcherSettings()
+    monkeypatch.setenv(variable, "0.5")
+    assert getattr(FetcherSettings(), variable.removeprefix("TROVE_").lower()) == 0.5
+
+
 def test_a_platform_list_is_read_as_registrable_domains() -> None:
     settings = DiscoverySettings(platform_domains=" Blogs.Example., ,other.example ")
     assert settings.platform_domains == ("blogs.example", "other.example")

@@ -92,18 +92,18 @@ class CommonSettings(BaseSettings):
     min_domain_delay_seconds: float = Field(default=10.0, ge=0.0)
     max_domain_delay_seconds: float = Field(default=120.0, ge=0.0)
     #: Longest a 429/503 Retry-After may pause a whole domain.
-    max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
+    max_backoff_seconds: float = Field(default=3600.0, gt=0.0)
     #: A host's gap is at least this many times its recent response time (a median).
     gap_response_factor: float = Field(default=10.0, ge=0.0)
     #: First pause of a host that refuses, times out or answers 5xx; doubled per
     #: failure in a row, up to the maximum.
-    host_pause_seconds: float = Field(default=60.0, ge=0.0)
-    host_pause_max_seconds: float = Field(default=86_400.0, ge=0.0)
+    host_pause_seconds: float = Field(default=60.0, gt=0.0)
+    host_pause_max_seconds: float = Field(default=86_400.0, gt=0.0)
     #: First pause after a 429/503 without Retry-After, doubled per answer in a row (up
     #: to TROVE_MAX_BACKOFF_SECONDS).
-    rate_pause_seconds: float = Field(default=60.0, ge=0.0)
+    rate_pause_seconds: float = Field(default=60.0, gt=0.0)
     #: Pause after a ban or a challenge page.
-    ban_pause_seconds: float = Field(default=86_400.0, ge=0.0)
+    ban_pause_seconds: float = Field(default=86_400.0, gt=0.0)
     #: A host whose best fetch strategy often gets nothing usable is asked another way
     #: at most once in this many requests (0: never); a host served well, never.
     explore_every: int = Field(default=50, ge=0)
