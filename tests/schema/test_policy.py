@@ -764,6 +764,22 @@ def test_redirects_of_one_part_of_a_site_or_for_now_are_not_the_host_moving() ->
         assert passing.move_votes == 0
 
 
+def test_a_long_section_votes_alike_whether_its_record_was_stored_between() -> None:
+    # Two redirects of one part of a site whose first segment is longer than a stored
+    # section: one vote, whether a pod folds both or reads the first back from the bucket.
+    section = "s" * 400
+    first = redirect(f"http://www.moved.test/{section}/a", f"https://moved.test/{section}/a", T0)
+    second = redirect(
+        f"http://www.moved.test/{section}/b", f"https://moved.test/{section}/b", T0 + 1
+    )
+    in_memory = fold(HostPolicy(), first, second)
+    stored = HostPolicy.from_json(json.loads(json.dumps(fold(HostPolicy(), first).to_json())))
+    read_back = fold(stored, second)
+    assert moved(in_memory, T0 + 1, CONFIG) is None
+    assert moved(read_back, T0 + 1, CONFIG) is None
+    assert read_back.move_votes == in_memory.move_votes == 1
+
+
 def test_a_vote_kept_before_sections_were_is_not_a_confirmation() -> None:
     # Written by the release before: one vote, no section (it may have been a 302).
     pending = HostPolicy(move_origin="https://moved.test", move_votes=1)

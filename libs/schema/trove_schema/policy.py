@@ -593,8 +593,11 @@ def _redirected_to(event: CrawlCompleted) -> str | None:
 
 
 def _section(url: str) -> str:
-    """The part of a site ``url`` is in: its path's first segment ("" for the root)."""
-    return (urlsplit(url).path or "/").lstrip("/").split("/", 1)[0]
+    """The part of a site ``url`` is in: its path's first segment ("" for the root), as
+    long as a stored record keeps it, so that a section compares alike folded in memory
+    and read back."""
+    section = (urlsplit(url).path or "/").lstrip("/").split("/", 1)[0]
+    return section[: _TEXT_FIELDS["move_section"]]
 
 
 def _learn(
