@@ -100,6 +100,27 @@ def test_two_values_of_a_parameter_that_differ_are_never_dropped_whatever_the_ca
     assert record.rules().names == {"ref"}
 
 
+def test_two_values_that_differ_are_never_dropped_however_many_fetches_lie_between() -> None:
+    # The list's pages all say they are /list; the host's other pages, fetched between
+    # them, push the first out of the record's sample of content hashes.
+    limits = AliasLimits()
+    record = fetched(EMPTY, "/list?page=2", canonical="/list", content="posts 6-10")
+    for n in range(limits.max_samples + 5):
+        record = fetched(record, f"/posts/{n}?from=list", canonical=f"/posts/{n}?from=list")
+    assert all("page=" not in spelling for spelling, _ in record.samples)
+    record = fetched(record, "/list?page=3", canonical="/list", content="posts 11-15")
+    rules = record.rules()
+    assert "page" not in rules.names
+    assert rewrite(rules, SITE + "/list?page=4") == SITE + "/list?page=4"
+    assert HostAliases.from_json(record.to_json()) == record
+    # Two values whose pages say the same are learned as before, samples or none.
+    record = fetched(EMPTY, "/a?ref=x", canonical="/a", content="a")
+    for n in range(limits.max_samples + 5):
+        record = fetched(record, f"/posts/{n}?from=list", canonical=f"/posts/{n}?from=list")
+    record = fetched(record, "/a?ref=y", canonical="/a", content="a")
+    assert "ref" in record.rules().names
+
+
 def sid_learned() -> HostAliases:
     """Two articles fetched with ``?sid=`` and without, the same content each."""
     record = EMPTY

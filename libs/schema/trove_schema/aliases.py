@@ -11,7 +11,10 @@ evidence its fetched pages give:
 * **Content hashes.** The host's record keeps a small sample of spelling -> content
   hash; two spellings that differ by parameters and hash the same confirm each of
   them, two that differ by one parameter (present in one, or with another value)
-  and hash differently contradict it.
+  and hash differently contradict it. Each value a parameter name is confirmed for
+  keeps its page's hash and the spelling without it (a *proof*), so that two values of
+  one spelling whose pages differ contradict the name however many fetches came
+  between them (the sample keeps only the newest).
 
 A spelling is learned after ``AliasLimits.confirmations`` confirmations and no
 contradiction; one contradiction un-learns it for good on that host. Nothing is ever
@@ -28,6 +31,7 @@ Pure: the record is a value, ``observe`` returns the next one, ``rewrite`` appli
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -81,6 +85,8 @@ class AliasLimits:
 DEFAULT_LIMITS = AliasLimits()
 #: Characters of a content hash (hex) kept in a sample: 64 bits tell pages apart.
 HASH_CHARS = 16
+#: Characters (hex) of the hash that names, in a proof, the spelling without the value.
+SPELLING_CHARS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +214,9 @@ class Candidate:
     values: tuple[str, ...] = ()
     #: Fetches carrying the key that said nothing either way (no canonical, no sample).
     silent: int = 0
+    #: For a parameter name: what each confirmed value's fetch showed (``_proofs``), as
+    #: ``values`` is ordered; empty where it was not known.
+    proofs: tuple[str, ...] = ()
 
     def tried(self) -> int:
         """Fetches that carried the key (a pair's confirmations count in its name's)."""
@@ -246,10 +255,12 @@ class HostAliases:
         candidates: dict[str, list[Any]] = {}
         for key, c in self.candidates.items():
             entry: list[Any] = [c.confirmed, int(c.contradicted)]
-            if c.values or c.silent:
+            if c.values or c.silent or c.proofs:
                 entry.append(list(c.values))
-            if c.silent:
+            if c.silent or c.proofs:
                 entry.append(c.silent)
+            if c.proofs:
+                entry.append(list(c.proofs))
             candidates[key] = entry
         body = {"c": candidates, "s": [list(s) for s in self.samples], "e": list(self.events)}
         return json.dumps(body, separators=(",", ":")).encode()
@@ -267,6 +278,7 @@ class HostAliases:
                     bool(entry[1]),
                     tuple(str(v) for v in (entry[2] if len(entry) > 2 else ())),
                     int(entry[3]) if len(entry) > 3 else 0,
+                    tuple(str(p) for p in (entry[4] if len(entry) > 4 else ())),
                 )
                 for key, entry in body.get("c", {}).items()
             }
@@ -317,8 +329,14 @@ def observe(
             if other.local != fetched.local and comparable_hashes(sampled, digest):
                 _hash_votes(fetched, other, same=sampled == digest, votes=votes)
     candidates = dict(record.candidates)
+    proofs = _proofs(fetched, digest, votes)
+    for key, proof in proofs.items():
+        name, _, value = key[len(PAIR) :].partition("=")
+        named = candidates.get(NAME + name)
+        if votes[key] and _disproved(named, value[: limits.max_value_chars], proof):
+            votes[key] = False
     for key, confirm in votes.items():
-        _vote(candidates, key, confirm, limits)
+        _vote(candidates, key, confirm, limits, proofs.get(key))
     for key in _silent_keys(fetched, votes):
         _hush(candidates, key, limits)
     _forget_pairs_of_learned_names(candidates, limits)
@@ -439,6 +457,41 @@ def _hash_votes(a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool
             _put(votes, PAIR + only_a[0], False)
 
 
+def _proofs(fetched: _Spelling, digest: str, votes: Mapping[str, bool]) -> dict[str, str]:
+    """For each parameter of ``fetched`` this fetch votes on, what the fetch showed: the
+    spelling without it (hashed) and the page's hash."""
+    if not digest:
+        return {}
+    proofs: dict[str, str] = {}
+    for parameter in fetched.params:
+        if PAIR + parameter in votes:
+            without = _Spelling(
+                fetched.host, fetched.path, tuple(p for p in fetched.params if p != parameter)
+            )
+            spelling = hashlib.blake2b(without.local.encode(), digest_size=SPELLING_CHARS // 2)
+            proofs[PAIR + parameter] = f"{spelling.hexdigest()}:{digest}"
+    return proofs
+
+
+def _disproved(named: Candidate | None, value: str, proof: str) -> bool:
+    """Whether another value confirmed before, on the same spelling otherwise, showed
+    another page than ``proof`` does: the parameter changes the page, whatever a
+    canonical says."""
+    if named is None:
+        return False
+    spelling, _, digest = proof.partition(":")
+    for other, kept in zip(named.values, named.proofs, strict=False):
+        kept_spelling, _, kept_digest = kept.partition(":")
+        if (
+            other != value
+            and kept_spelling == spelling
+            and kept_digest != digest
+            and comparable_hashes(kept_digest, digest)
+        ):
+            return True
+    return False
+
+
 def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[str]:
     """The keys ``fetched`` carried that this fetch taught nothing about."""
     keys = [NAME + p.partition("=")[0] for p in fetched.params if PAIR + p not in votes]
@@ -457,10 +510,16 @@ def _hush(candidates: dict[str, Candidate], key: str, limits: AliasLimits) -> No
             return
         old = Candidate()
     if not old.contradicted:
-        candidates[key] = Candidate(old.confirmed, False, old.values, old.silent + 1)
+        candidates[key] = Candidate(old.confirmed, False, old.values, old.silent + 1, old.proofs)
 
 
-def _vote(candidates: dict[str, Candidate], key: str, confirm: bool, limits: AliasLimits) -> None:
+def _vote(
+    candidates: dict[str, Candidate],
+    key: str,
+    confirm: bool,
+    limits: AliasLimits,
+    proof: str | None = None,
+) -> None:
     if key.startswith(INDEX):
         _count(candidates, key, confirm, limits, value=None)
         return
@@ -468,7 +527,9 @@ def _vote(candidates: dict[str, Candidate], key: str, confirm: bool, limits: Ali
     name, _, value = parameter.partition("=")
     if len(name) > limits.max_value_chars:
         return
-    _count(candidates, NAME + name, confirm, limits, value=value[: limits.max_value_chars])
+    _count(
+        candidates, NAME + name, confirm, limits, value=value[: limits.max_value_chars], proof=proof
+    )
     named = candidates.get(NAME + name)
     if not confirm and key not in candidates and named is not None and named.contradicted:
         # The name's contradiction says it already: an entry for each of a forum's
@@ -485,6 +546,7 @@ def _count(
     limits: AliasLimits,
     *,
     value: str | None,
+    proof: str | None = None,
 ) -> None:
     old = candidates.get(key)
     if old is None:
@@ -496,10 +558,12 @@ def _count(
     if not confirm:
         candidates[key] = Candidate(old.confirmed, True, old.values, old.silent)
         return
-    values = old.values
+    values, proofs = old.values, old.proofs
     if value is not None and value not in values and len(values) < limits.confirmations:
+        # Proofs stay in step with the values (an unknown one as ""), so each is its own.
+        proofs = (*proofs, *([""] * (len(values) - len(proofs))), proof or "")
         values = (*values, value)
-    candidates[key] = Candidate(old.confirmed + 1, False, values, old.silent)
+    candidates[key] = Candidate(old.confirmed + 1, False, values, old.silent, proofs)
 
 
 def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> bool:
