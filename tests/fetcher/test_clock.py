@@ -8,6 +8,7 @@ amount, within the round trip.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -17,14 +18,14 @@ from tests.conftest import eventually
 from trove_fetcher.clock import KEPT, Ask, ServerClock, reading, stream_info
 from trove_schema.bus import Bus
 from trove_schema.server_time import server_time
-from trove_schema.topology import DOMAINS_BUCKET
+from trove_schema.topology import WORK_STREAM
 
 pytestmark = pytest.mark.usefixtures("clean")
 
 
 def server(bus: Bus) -> Ask:
-    """The question the fetcher asks: the lease bucket's stream info."""
-    return stream_info(bus.nc, f"KV_{DOMAINS_BUCKET}")
+    """The question the fetcher asks: the work stream's info."""
+    return stream_info(bus.nc, WORK_STREAM)
 
 
 def test_a_reading_is_the_middle_of_the_round_trip_within_half_of_it() -> None:
@@ -95,6 +96,33 @@ async def test_a_slow_round_trip_does_not_move_the_clock(bus: Bus) -> None:
     for _ in range(KEPT):
         await clock.read()
     assert clock.error > 0.15
+
+
+async def test_when_the_leadership_moves_the_pod_keeps_the_new_leader_s_time(bus: Bus) -> None:
+    # A cluster whose second server's clock is 3 s ahead. The real server answers; its
+    # answer is told as the leader's, then as the second server's, a little slower.
+    ask = server(bus)
+    leader, ahead = "n1", 0.0
+
+    async def as_led() -> bytes:
+        answer = json.loads(await ask())
+        stamped = server_time(json.dumps({"ts": answer["ts"]}).encode()) + ahead
+        answer["ts"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamped)) + (
+            f"{stamped % 1:.6f}"[1:] + "Z"
+        )
+        answer["cluster"] = {"name": "trove", "leader": leader}
+        if leader == "n2":
+            await asyncio.sleep(0.02)  # a round trip a little slower than the best before
+        return json.dumps(answer).encode()
+
+    clock = ServerClock(as_led)
+    await clock.start()
+    before = clock.offset
+    leader, ahead = "n2", 3.0
+    await clock.read()
+
+    assert clock.offset == pytest.approx(before + 3.0, abs=0.05)
+    assert clock.error > 0.005  # the new server's reading, though its doubt is larger
 
 
 async def test_the_pod_keeps_reading_and_a_failed_read_changes_nothing(bus: Bus) -> None:

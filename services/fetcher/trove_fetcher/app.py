@@ -98,8 +98,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             settings.exclusions_refresh_seconds,
         )
         await listed.refresh()
-        # The lease bucket's stream: its leader's time is the one the leases are kept on.
-        clock = ServerClock(stream_info(bus.nc, f"KV_{DOMAINS_BUCKET}"))
+        # The work stream's leader's time: the one its scheduled messages fire on.
+        clock = ServerClock(stream_info(bus.nc, WORK_STREAM))
         await clock.start()
         fetcher = Fetcher(
             bus=bus,

@@ -22,12 +22,20 @@ And the pod keeps to the safe side of that doubt: ``now`` is the earliest the se
 time can be (a host is never found free too soon), ``at`` the latest a local instant
 can be on it (a gap counts from an end no earlier than the real one). On one machine
 the doubt is a fraction of a millisecond.
+
+Whose time: the leader's of the work stream (``TROVE_WORK``), which answers its stream
+info and whose clock fires the scheduled messages that bring deferred work back, so a
+slot means the same to the pods and to the scheduler. In a cluster, the servers' clocks
+may differ; readings are kept by the server that answered, and when the leadership
+moves, the readings of the server before are dropped: every pod then keeps to the new
+leader's time at its next read, not to a mix of two servers' for minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -73,17 +81,29 @@ class Reading:
     offset: float
     error: float
     taken: float
+    #: The server that answered ("" when the answer does not say: a server alone).
+    source: str = ""
 
     def doubt(self, at: float) -> float:
         """How far off the reading may be at ``at``: its error, and the drift since."""
         return self.error + DRIFT * max(0.0, at - self.taken)
 
 
-def reading(sent: float, answered: float, server_time: float) -> Reading:
+def reading(sent: float, answered: float, server_time: float, source: str = "") -> Reading:
     """What one round trip says: the server stamped its answer between ``sent`` and
     ``answered`` (the pod's monotonic clock), so at their middle, give or take half."""
     half = max(0.0, answered - sent) / 2
-    return Reading(offset=server_time - (sent + half), error=half, taken=answered)
+    return Reading(offset=server_time - (sent + half), error=half, taken=answered, source=source)
+
+
+def leader(answer: bytes) -> str:
+    """The server that answered a stream's info: its leader (``cluster.leader``)."""
+    try:
+        cluster = json.loads(answer).get("cluster")
+        name = cluster.get("leader") if isinstance(cluster, dict) else None
+    except (ValueError, AttributeError):
+        return ""
+    return name if isinstance(name, str) else ""
 
 
 def stream_info(nc: Client, stream: str, timeout: float = 5.0) -> Ask:
@@ -138,7 +158,14 @@ class ServerClock:
         """Ask the server its time once, and choose among the latest readings."""
         sent = self._monotonic()
         answer = await self._ask()
-        measured = reading(sent, self._monotonic(), server_time(answer))
+        measured = reading(sent, self._monotonic(), server_time(answer), leader(answer))
+        if self._readings and self._readings[-1].source != measured.source:
+            log.info(
+                "nats-server's time is read from %s now, not %s: the work stream's leader moved",
+                measured.source or "the server alone",
+                self._readings[-1].source or "the server alone",
+            )
+            self._readings.clear()
         self._readings.append(measured)
         self._best = min(self._readings, key=lambda r: r.doubt(measured.taken))
         CLOCK_OFFSET.set(self.offset)
