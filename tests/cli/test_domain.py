@@ -36,7 +36,7 @@ START = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 def attempt(n: int, outcome: CrawlOutcome, **fields: Any) -> CrawlCompleted:
     at = START + timedelta(minutes=n)
     return CrawlCompleted(
-        url=f"https://{fields.pop('host', HOST)}/{n}",
+        url=f"https://{fields.pop('host', HOST)}/{fields.pop('path', n)}",
         domain=fields.pop("domain", HOST),
         scope=Scope(value=HOST),
         request_id=f"00000000-0000-0000-0000-{n:012d}",
@@ -177,6 +177,7 @@ async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) 
 
 async def test_the_domain_shows_where_a_host_moved_and_until_when(engine: AsyncEngine) -> None:
     old = "www.moved.example"
+    # The home page and another part of the site: the host moved.
     redirects = [
         attempt(
             n,
@@ -184,10 +185,11 @@ async def test_the_domain_shows_where_a_host_moved_and_until_when(engine: AsyncE
             status_code=301,
             host=old,
             domain=old,
+            path=path,
             error_message="redirected to another host",
-            links=[{"url": f"https://moved.example/{n}", "kind": "redirect"}],
+            links=[{"url": f"https://moved.example/{path}", "kind": "redirect"}],
         )
-        for n in (1, 2)
+        for n, path in ((1, ""), (2, "2"))
     ]
     async with async_sessionmaker(engine).begin() as session:
         await apply_batch(session, redirects, RetryPolicy(max_attempts=3, delay_seconds=60.0))

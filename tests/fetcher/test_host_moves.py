@@ -51,8 +51,9 @@ def page(title: str) -> Route:
 async def test_a_host_that_moved_is_not_asked_until_its_recheck_and_is_again_once_back(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
-    # Pages of as many parts of the site: redirects of one part are not the host moving.
-    pages = [f"/{n}/p" for n in range(8)]
+    # The home page and pages of as many parts of the site: redirects of one part, or of
+    # parts while the home page stays, are not the host moving.
+    pages = ["/", *(f"/{n}/p" for n in range(1, 8))]
     with serving({f"{NEW}/robots.txt": text("User-agent: *\nAllow: /\n")}, IP) as server:
         for path in ["/robots.txt", *pages]:
             server.routes[f"{OLD}{path}"] = moves(server, path)
@@ -121,7 +122,7 @@ async def test_a_host_that_moved_is_not_asked_until_its_recheck_and_is_again_onc
         assert [(link.url, link.kind) for link in event.links] == [(target, LinkKind.REDIRECT)]
     for url in old[6:]:
         assert events[url].outcome is CrawlOutcome.SUCCESS, events[url]
-    assert asked_meanwhile == {"/robots.txt", "/0/p", "/1/p"}
+    assert asked_meanwhile == {"/robots.txt", "/", "/1/p"}
     asked = {s.path for s in server.requests_for(OLD)}
-    assert asked == {"/robots.txt", "/0/p", "/1/p", "/4/p", "/6/p", "/7/p"}
+    assert asked == {"/robots.txt", "/", "/1/p", "/4/p", "/6/p", "/7/p"}
     assert (server.min_gap(OLD) or GAP) >= GAP

@@ -512,19 +512,20 @@ async def test_a_pod_that_remembers_the_record_reserves_a_slot_in_one_round_trip
 async def test_a_moved_hosts_page_lease_answers_moved_and_writes_nothing(bus: Bus) -> None:
     kv = CountingKV(await bus.js.key_value(DOMAINS_BUCKET))
     p = Politeness(kv, CONFIG, LEARNING)
-    for n, end in enumerate((1000.0, 1020.0)):
+    # The home page and another part of the site redirect, keeping their paths.
+    for path, end in (("", 1000.0), ("1/p", 1020.0)):
         grant = await p.acquire("www.moved.example", end - 10)
         assert isinstance(grant, Granted)
         redirect = CrawlCompleted(
-            url=f"http://www.moved.example/{n}/p",
+            url=f"http://www.moved.example/{path}",
             domain="www.moved.example",
             scope=Scope(value="www.moved.example"),
-            request_id=derived_event_id(f"moved {n}", "test"),
+            request_id=derived_event_id(f"moved {path}", "test"),
             outcome=CrawlOutcome.REJECTED,
             status_code=301,
             started_at=datetime.fromtimestamp(end - 0.05, UTC),
             completed_at=datetime.fromtimestamp(end, UTC),
-            links=[{"url": f"https://moved.example/{n}/p", "kind": "redirect"}],
+            links=[{"url": f"https://moved.example/{path}", "kind": "redirect"}],
         )
         await p.finish("www.moved.example", grant, end, Observation.of(redirect))
     before = await p.state("www.moved.example")

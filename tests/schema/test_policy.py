@@ -696,7 +696,7 @@ def fold(policy: HostPolicy, *events: CrawlCompleted) -> HostPolicy:
 def test_a_host_whose_redirects_keep_the_path_to_one_origin_has_moved_there() -> None:
     policy = fold(
         HostPolicy(),
-        redirect("http://www.moved.test/a", "https://moved.test/a", T0),
+        redirect("http://www.moved.test/", "https://moved.test/", T0),
     )
     assert moved(policy, T0, CONFIG) is None  # one redirect may be one page moved
     policy = fold(
@@ -732,7 +732,7 @@ def test_a_host_whose_redirects_keep_the_path_to_one_origin_has_moved_there() ->
 def test_a_move_is_not_learned_or_is_forgotten_on_evidence_against_it(
     second: Callable[[float], CrawlCompleted],
 ) -> None:
-    one = redirect("http://www.moved.test/a", "https://moved.test/a", T0)
+    one = redirect("http://www.moved.test/", "https://moved.test/", T0)
     assert moved(fold(HostPolicy(), one, second(T0 + 1)), T0 + 1, CONFIG) != "https://moved.test"
     learned = fold(
         HostPolicy(), one, redirect("http://www.moved.test/c", "https://moved.test/c", T0 + 1)
@@ -750,9 +750,16 @@ def test_redirects_of_one_part_of_a_site_or_for_now_are_not_the_host_moving() ->
         redirect("http://files.test/files/c.pdf", "https://dl.files.test/files/c.pdf", T0 + 2),
     )
     assert moved(section, T0 + 3, CONFIG) is None
-    # A redirect from another part of the site makes it the host's move.
-    elsewhere = redirect("http://files.test/about", "https://dl.files.test/about", T0 + 3)
-    assert moved(fold(section, elsewhere), T0 + 4, CONFIG) == "https://dl.files.test"
+    # Another part of the site too, while the home page stays: /docs/ and /api/ moved
+    # to a subdomain are not the host moving (its other pages would be asked for there).
+    parts = fold(
+        section, redirect("http://files.test/about", "https://dl.files.test/about", T0 + 3)
+    )
+    assert moved(parts, T0 + 4, CONFIG) is None
+    # The home page as well makes it the host's move.
+    home = redirect("http://files.test/", "https://dl.files.test/", T0 + 4)
+    assert moved(fold(parts, home), T0 + 5, CONFIG) == "https://dl.files.test"
+    assert moved(fold(section, home), T0 + 5, CONFIG) == "https://dl.files.test"
     # A 302 or 307 keeps no vote: moved for now is not moved.
     for status in (302, 307):
         passing = fold(
@@ -785,21 +792,23 @@ def test_a_vote_kept_before_sections_were_is_not_a_confirmation() -> None:
     pending = HostPolicy(move_origin="https://moved.test", move_votes=1)
     once = fold(pending, redirect("http://www.moved.test/a", "https://moved.test/a", T0))
     assert moved(once, T0, CONFIG) is None
-    twice = fold(once, redirect("http://www.moved.test/b", "https://moved.test/b", T0 + 1))
+    twice = fold(once, redirect("http://www.moved.test/", "https://moved.test/", T0 + 1))
     assert moved(twice, T0 + 1, CONFIG) == "https://moved.test"
-    # A move it had confirmed is renewed as ever.
+    # A move it had confirmed without the home page is renewed once the home page says so.
     known = HostPolicy(
         moved_to="https://moved.test", moved_at=T0, move_origin="https://moved.test", move_votes=2
     )
     later = T0 + CONFIG.move_recheck
-    renewed = fold(known, redirect("http://www.moved.test/c", "https://moved.test/c", later))
-    assert moved(renewed, later, CONFIG) == "https://moved.test"
+    part = fold(known, redirect("http://www.moved.test/c", "https://moved.test/c", later))
+    assert moved(part, later, CONFIG) is None
+    renewed = fold(part, redirect("http://www.moved.test/", "https://moved.test/", later + 1))
+    assert moved(renewed, later + 1, CONFIG) == "https://moved.test"
 
 
 def test_a_failure_or_an_error_page_says_nothing_about_a_move() -> None:
     learned = fold(
         HostPolicy(),
-        redirect("http://www.moved.test/a", "https://moved.test/a", T0),
+        redirect("http://www.moved.test/", "https://moved.test/", T0),
         redirect("http://www.moved.test/b", "https://moved.test/b", T0 + 1),
     )
     timeout = attempt("http://www.moved.test/c", "http", CrawlOutcome.TIMEOUT, at=T0 + 2)

@@ -22,10 +22,11 @@ agree. What a host's record learns:
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
 * **Whether it moved**: a host that answers ``MOVE_CONFIRMATIONS`` requests in a row,
-  of different parts of the site (first path segments), with a permanent redirect
-  (301, 308) to the same path on one other origin (``www.`` to the bare name, an old
-  domain to a new one) has moved there. Redirects of one part (``/files/`` sent to a
-  download host) are not the host moving: its other pages are still its own. Its
+  of different parts of the site (first path segments), its home page among them,
+  with a permanent redirect (301, 308) to the same path on one other origin (``www.``
+  to the bare name, an old domain to a new one) has moved there. Redirects of one part
+  (``/files/`` sent to a download host), or of several while the home page stays, are
+  not the host moving: its other pages are still its own. Its
   pages are asked for at their new address without a request to the old one
   (``moved_to``), until ``move_recheck`` has passed and the next request finds out
   whether it still redirects. Any answer of its own, or a redirect that does not keep
@@ -77,8 +78,10 @@ JITTER = 0.1
 #: Decimals the fold keeps: counts to 1e-4 of an attempt, times to the millisecond.
 COUNT_DIGITS = 4
 #: Redirects in a row, each keeping its path, to one other origin, from as many parts of
-#: the site, before a host is taken to have moved there: two, so that one page (or one
-#: section) moved elsewhere is not the whole host.
+#: the site, the home page one of them, before a host is taken to have moved there: two,
+#: so that one page (or one section) moved elsewhere is not the whole host. Sections
+#: moved to a subdomain (``/docs/``, ``/api/``) while the home page stays would make
+#: every other page "moved" to addresses that do not exist, and end its re-crawls.
 MOVE_CONFIRMATIONS = 2
 #: Redirects that say a page moved for good; a 302 or 307 is for now.
 PERMANENT_REDIRECTS = frozenset({301, 308})
@@ -332,6 +335,8 @@ class HostPolicy:
     move_votes: int = 0
     #: The part of the site (first path segment) the last of them came from.
     move_section: str | None = None
+    #: 1 when the home page (the root section) was among them.
+    move_root: int = 0
 
     def to_json(self) -> dict[str, object]:
         """Compact: fields at their default are left out. Lossless: ``observe`` rounds its
@@ -390,6 +395,7 @@ _SCALARS: dict[str, Any] = {
     "move_origin": None,
     "move_votes": 0,
     "move_section": None,
+    "move_root": 0,
 }
 #: Text fields and their longest value (an origin holds a host name of up to 253).
 _TEXT_FIELDS = {"pause_reason": 64, "moved_to": 300, "move_origin": 300, "move_section": 300}
@@ -506,7 +512,7 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
 
     moved_to, moved_at = policy.moved_to, policy.moved_at
     move_origin, move_votes = policy.move_origin, policy.move_votes
-    move_section = policy.move_section
+    move_section, move_root = policy.move_section, policy.move_root
     if obs.moved_to:
         section = _section(obs.url)
         # A vote of a record written before sections were kept may have been a 302, or
@@ -514,17 +520,21 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         unknown = move_section is None and move_votes < MOVE_CONFIRMATIONS
         if obs.moved_to != move_origin or unknown:
             move_origin, move_votes, move_section = obs.moved_to, 1, section
+            move_root = int(section == "")
         elif section != move_section or move_votes >= MOVE_CONFIRMATIONS:
             # Another part of the site (or a move known already, renewed).
             move_votes, move_section = min(move_votes + 1, MAX_LEVEL), section
-        if move_votes >= MOVE_CONFIRMATIONS:
+            move_root = max(move_root, int(section == ""))
+        # A move learned before the home page had to be among the votes is renewed
+        # only once it is.
+        if move_votes >= MOVE_CONFIRMATIONS and move_root:
             moved_to, moved_at = move_origin, obs.at
         elif moved_to != move_origin:
             moved_to, moved_at = None, 0.0
     elif obs.moved_to is not None or _answered(obs):
         # Its own answer, or a redirect that does not keep the path: not a move.
         moved_to, moved_at, move_origin, move_votes = None, 0.0, None, 0
-        move_section = None
+        move_section, move_root = None, 0
 
     honoured, ignored = policy.validators_honoured, policy.validators_ignored
     if obs.conditional:
@@ -554,6 +564,7 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         move_origin=move_origin,
         move_votes=move_votes,
         move_section=move_section,
+        move_root=move_root,
     )
 
 
