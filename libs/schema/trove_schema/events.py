@@ -555,6 +555,14 @@ class TimelinePolled(Event):
     rate_limited: bool = False
     #: Requests made (NodeInfo and API pages), each under the instance host's lease.
     requests: int = Field(default=0, ge=0)
+    #: A ``success`` that read on and was then cut short by the instance: how its last
+    #: answer ended (``timeout``, ``failed``, ``blocked_5xx``...), which the instance's
+    #: host is judged by as after a failed poll. None when nothing cut it short, and for
+    #: a failed poll (its ``outcome`` says it).
+    stopped_by: CrawlOutcome | None = None
+    #: The last answer was a bot challenge (``trove_schema.heuristics.is_challenge``),
+    #: whatever its status: the host is left alone as after a challenge to a page.
+    challenged: bool = False
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

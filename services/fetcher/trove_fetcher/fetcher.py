@@ -526,6 +526,20 @@ class Fetcher:
             return await self.listed.refusal(domain)
         return self.exclusions.refusal(domain)
 
+    def _time_left(self, hold: _Hold) -> float:
+        """The longest the request under ``hold`` may take: the fetch's total timeout,
+        within what is left of the lease's hold (on the latest the shared time can be).
+        The request leaves a moment after its lease's start (the pod's turn on the host,
+        round trips to the buckets): run for its whole timeout from there, it could
+        outlast the hold, and a pod that took the host once the hold expired would send
+        inside the gap. The hold allows for that moment (``HOLD_SLACK``), so the bound
+        only shortens a request whose lease came unusually late."""
+        total = self.limits.total_timeout
+        if hold.grant is None:
+            return total
+        left = hold.grant.hold_until - self.clock.at(time.time())
+        return max(0.0, min(total, left))
+
     def _gate(self, hold: _Hold) -> HopGate:
         """Before a redirect hop: end the lease of the previous request (the gap counts
         from the end of its response) and take the lease of the hop's host."""
@@ -593,7 +607,7 @@ class Fetcher:
                     job.url,
                     etag=etag,
                     last_modified=last_modified,
-                    limits=self.limits,
+                    limits=replace(self.limits, total_timeout=self._time_left(hold)),
                     is_parseable=strategy.is_parseable,
                     accept=strategy.accept,
                     robots_allows=lambda hop: self._redirect_allowed(hop, job.url),
@@ -851,7 +865,7 @@ class Fetcher:
                 # An unreachable robots.txt is asked for again soon, and never later
                 # than a readable one would be.
                 retry_ttl=min(RETRY_TTL, self.robots_ttl),
-                total_timeout=self.limits.total_timeout,
+                total_timeout=self._time_left(hold),
                 before_hop=before_hop,
                 resume=resume,
                 now=self.clock.now,
@@ -898,15 +912,22 @@ class Fetcher:
         polled = self._polled.get(request.id)
         if polled is None:  # else read already; only its publish failed
             deadline = self.clock.now() + self.politeness.config.max_delay
-            token = _POLL_DEADLINE.set(deadline)
+            sent = _Sent()
+            token, sent_token = _POLL_DEADLINE.set(deadline), _POLL_SENT.set(sent)
             try:
                 polled = await self.poller.poll(request)
             finally:
+                _POLL_SENT.reset(sent_token)
                 _POLL_DEADLINE.reset(token)
             self._polled.put(request.id, polled, 512 * len(polled.posts) + 4096)
             observation = _poll_observation(polled)
             if observation is not None:
                 shared = self._shared(observation)
+                if sent.start is not None:
+                    # Its answer was in flight before the host's last escalation only if
+                    # its own request was: the poll started long before it, maybe, and
+                    # waited out gaps and pauses between its requests.
+                    shared = replace(shared, started=sent.start)
                 try:
                     await self._patiently(lambda: self.politeness.observe(request.domain, shared))
                 except Exception as exc:
@@ -945,16 +966,20 @@ class Fetcher:
         return await self._acquire(domain, True, patience=longest, until=deadline, queue=False)
 
     @contextlib.asynccontextmanager
-    async def _poll_gate(self, url: str) -> AsyncIterator[None]:
-        """One request of a poll: the host's lease (``_poll_lease``), else
-        ``GateDeferred``: the poll ends with what it read and comes back at the slot."""
+    async def _poll_gate(self, url: str) -> AsyncIterator[float]:
+        """One request of a poll: the host's lease (``_poll_lease``), and the longest the
+        request may take under it (``_time_left``); else ``GateDeferred``: the poll ends
+        with what it read and comes back at the slot."""
         domain = domain_of(url)
         decision = await self._poll_lease(domain)
         if isinstance(decision, Deferred):
             raise GateDeferred(decision.at - self.clock.now())
+        sent = _POLL_SENT.get()
+        if sent is not None:
+            sent.start = decision.start
         hold = _Hold(domain, decision)
         try:
-            yield
+            yield self._time_left(hold)
         finally:
             await self._release(hold)
 
@@ -996,20 +1021,28 @@ class Fetcher:
 
 def _poll_observation(polled: TimelinePolled) -> Observation | None:
     """What a poll's last answer says about the instance's host, when it says anything:
-    a rate limit (a 429, a 503, or the limit nearly spent: a pause until its reset), a
-    refusal (a 403), or a failure (refused, timed out, 5xx). Nothing about fetch
-    strategies, nor a poll cut short by the host's own lease (its ``retry_after`` is
-    ours, not the instance's)."""
+    a bot challenge, a rate limit (a 429, a 503, or the limit nearly spent: a pause until
+    its reset), a refusal (a 403), or a failure (refused, timed out, 5xx), whether the
+    poll failed there or had read posts before it (``stopped_by``: else a timeline whose
+    first page always has new posts would cost its host a failing request each poll,
+    at once after the last, with nothing counted). Nothing about fetch strategies, nor
+    a poll cut short by the host's own lease (its ``retry_after`` is ours, not the
+    instance's). Its ``started`` is the poll's; ``Fetcher.poll`` sets its last
+    request's."""
+    ended = polled.stopped_by or polled.outcome
     status: int | None
-    if polled.rate_limited or polled.status_code in (429, 503):
+    if polled.challenged:
+        # The host's defence, as to a page: left alone for a ban's pause.
+        status, error = polled.status_code, "blocked_captcha"
+    elif polled.rate_limited or polled.status_code in (429, 503):
         status, error = (
             (503, "server_error") if polled.status_code == 503 else (429, "rate_limited")
         )
-    elif polled.outcome is CrawlOutcome.TIMEOUT:
+    elif ended is CrawlOutcome.TIMEOUT:
         status, error = polled.status_code, "timeout"
-    elif polled.outcome is CrawlOutcome.FAILED:
+    elif ended is CrawlOutcome.FAILED:
         status, error = polled.status_code, "network_error"
-    elif polled.outcome is CrawlOutcome.BLOCKED_5XX:
+    elif ended is CrawlOutcome.BLOCKED_5XX:
         status, error = polled.status_code, "server_error"
     elif polled.status_code == 403:
         # The instance refusing Trove: its host left alone as after a page's 403 (pauses
@@ -1023,7 +1056,7 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         url=polled.instance,
         strategy="mastodon_api",
         success=False,
-        is_banned=status == 403,
+        is_banned=polled.challenged or status == 403,
         error_type=error,
         status=status,
         retry_after=polled.retry_after,
@@ -1036,6 +1069,18 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
 _POLL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "poll_deadline", default=None
 )
+
+
+@dataclass(slots=True)
+class _Sent:
+    """When the latest request of a poll left: its lease's start, on the fetcher's clock."""
+
+    start: float | None = None
+
+
+#: The poll this task runs: its latest request, whose answer is the one the poll's
+#: observation tells of (``_poll_gate`` sets it); None outside a poll.
+_POLL_SENT: contextvars.ContextVar[_Sent | None] = contextvars.ContextVar("poll_sent", default=None)
 
 
 async def _set_within(event: asyncio.Event, seconds: float) -> bool:

@@ -10,8 +10,10 @@ lease is its own host's, taken once the previous response has ended).
   two requests closer than the gap, whatever the network latency.
 * ``busy_until``: a request is in flight, or about to start (a lease taken ahead for
   the moment the host is free, under a second away). Taking the lease sets it to the
-  request's start plus ``request_timeout`` (the longest a request can take), so a pod
-  that dies mid-fetch still leaves the domain alone until then; ``finish`` clears it.
+  request's start plus ``request_timeout`` (the longest a request can take) and
+  ``HOLD_SLACK``, so a pod that dies mid-fetch still leaves the domain alone until then;
+  ``finish`` clears it. No request runs past it: the fetcher bounds each one by what is
+  left of its hold.
 * ``next``: the reservation frontier. A message that cannot go now is given the next
   free slot (``next`` advances by one gap) and comes back at that time as a NATS
   scheduled message: waiting costs no consumer capacity and no delivery attempts, so
@@ -62,6 +64,11 @@ WRITTEN_MEMORY = 10_000
 #: a gap, but never sooner than this: with a gap near 0 it read the record in a loop
 #: (about 12 NATS messages a page from the fetchers in the throughput benchmark).
 BUSY_RECHECK = 0.05
+#: Seconds a hold allows, on top of the request's timeout, between the lease's start and
+#: the request leaving: the pod's turn on the host, the round trips to the buckets (a
+#: few milliseconds, a good part of a second under load). A request whose lease came
+#: later still is cut short at the hold rather than outlast it (``Fetcher._time_left``).
+HOLD_SLACK = 1.0
 
 
 class KV(Protocol):
@@ -234,7 +241,7 @@ class Politeness:
                     slot.busy_until <= now and earliest == free and earliest - now <= ahead
                 ):
                     start = max(now, earliest)
-                    hold = start + self.config.request_timeout
+                    hold = start + self.config.request_timeout + HOLD_SLACK
                     slot.busy_until = hold
                     slot.free_at = start + gap
                     slot.next = max(slot.next, start + gap)

@@ -33,10 +33,12 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
 asked of ``robots_allows`` and made inside ``gate(url)``, which the fetcher implements
 with the host's lease: it waits for the host's gap, and raises ``GateDeferred`` when the
 slot is too far away. The poll then ends with what it has: ``more``, ``retry_after``
-until the slot, the cursor advanced over what was read. ``X-RateLimit-Remaining`` at
-or under ``max(1, 5 %)`` of ``X-RateLimit-Limit`` stops the poll before the next
-request, with ``retry_after`` until ``X-RateLimit-Reset``; a 429 is ``blocked_4xx`` with
-``retry_after`` from ``Retry-After`` (else the reset).
+until the slot, the cursor advanced over what was read. The gate also says how long the
+request may take (what is left of the lease's hold), which bounds it with the total
+timeout: a request never outlasts the hold that keeps other pods off the host.
+``X-RateLimit-Remaining`` at or under ``max(1, 5 %)`` of ``X-RateLimit-Limit`` stops the
+poll before the next request, with ``retry_after`` until ``X-RateLimit-Reset``; a 429 is
+``blocked_4xx`` with ``retry_after`` from ``Retry-After`` (else the reset).
 
 **What is kept.** Public posts only, and none of an account that opted out of search
 or discovery (``indexable: false``, ``noindex: true``, ``discoverable: false``): those
@@ -49,13 +51,16 @@ links or private addresses (unless ``allowed_networks`` opens them).
 ``timeout``, ``blocked_4xx``, ``blocked_5xx``, ``blocked_robots``, ``rejected``) with no
 posts and the cursor unchanged. One that fails after reading pages is a ``success``
 that keeps what it read, with ``more`` and the reason in ``error_message`` (and the
-status and ``retry_after`` of what stopped it): the next poll continues from there. So
+status, ``retry_after`` and outcome, ``stopped_by``, of what stopped it): the next poll
+continues from there, and the host is judged by that answer as after a failure. So
 a consumer takes the posts and ``cursor_after`` of every ``TimelinePolled``, and never
 loses or repeats one. Hostile answers: HTML or other non-JSON, a redirect off the
-instance (not followed), a body over ``max_body_bytes`` are ``rejected``; malformed
-entries are skipped and counted (a page of nothing else is ``rejected``); endless
-pagination ends at ``max_pages`` or at the first repeated page. Only errors of the
-caller's own machinery (the gate, ``robots_allows``) leave ``poll``.
+instance (not followed), a body over ``max_body_bytes`` are ``rejected``; a bot
+challenge (``trove_schema.heuristics.is_challenge``, whatever its status) is
+``blocked_4xx`` and ``challenged``; malformed entries are skipped and counted (a page
+of nothing else is ``rejected``); endless pagination ends at ``max_pages`` or at the
+first repeated page. Only errors of the caller's own machinery (the gate,
+``robots_allows``) leave ``poll``.
 """
 
 from __future__ import annotations
@@ -99,14 +104,16 @@ from trove_schema.events import (
     TimelinePollRequested,
     derived_event_id,
 )
+from trove_schema.heuristics import is_challenge
 from trove_schema.urls import canonicalize_or_none, is_private_host
 
 log = logging.getLogger("trove.fetcher.timeline")
 
 #: Awaited around each request to a URL: enters when the request may go (the host's
-#: gap), exits when its response has been read; raises ``GateDeferred`` instead of
-#: waiting long.
-RequestGate = Callable[[str], AbstractAsyncContextManager[None]]
+#: gap), with the longest the request may take from there (its lease's hold; None: no
+#: bound but the poller's own timeout), exits when its response has been read; raises
+#: ``GateDeferred`` instead of waiting long.
+RequestGate = Callable[[str], AbstractAsyncContextManager[float | None]]
 
 #: Most posts one ``TimelinePolled`` carries, and links one post (the event's bounds).
 MAX_POSTS = 1000
@@ -493,12 +500,15 @@ class _Stop(Exception):
         *,
         status: int | None = None,
         retry_after: float | None = None,
+        challenge: bool = False,
     ) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.message = message
         self.status = status
         self.retry_after = retry_after
+        #: The answer was a bot challenge (``is_challenge``), whatever its status.
+        self.challenge = challenge
 
 
 class _MachineryFailed(Exception):
@@ -726,8 +736,8 @@ class TimelinePoller:
     async def _discover(self, origin: str, progress: _Progress) -> Software | None:
         """The software NodeInfo names; None when the instance gives no usable NodeInfo.
 
-        A 429, a 5xx or an unreachable instance ends the poll; anything else it answers
-        (404, HTML, garbage, a link elsewhere) leaves the software unknown.
+        A 429, a 5xx, a bot challenge or an unreachable instance ends the poll; anything
+        else it answers (404, HTML, garbage, a link elsewhere) leaves the software unknown.
         """
         try:
             index = await self._get_json(origin + WELL_KNOWN_PATH, progress)
@@ -737,7 +747,7 @@ class TimelinePoller:
             document = await self._get_json(link, progress)
         except _Stop as stop:
             unavailable = (CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX)
-            if stop.outcome in unavailable or stop.status == 429:
+            if stop.outcome in unavailable or stop.status == 429 or stop.challenge:
                 raise
             return None
         return software_of(document.data)
@@ -916,9 +926,9 @@ class TimelinePoller:
             if progress.rate_spent:
                 raise GateDeferred(progress.retry_after or 0.0)
             try:
-                async with self._gate(current):
+                async with self._gate(current) as within:
                     progress.requests += 1
-                    outcome = await self._exchange(current)
+                    outcome = await self._exchange(current, within)
             except GateDeferred:
                 raise
             except Exception as exc:
@@ -951,19 +961,24 @@ class TimelinePoller:
             progress.rate_spent = True
         return wait
 
-    async def _exchange(self, url: str) -> tuple[_Answer, str | None] | _Stop:
-        """One request and its bounded body; what went wrong as a ``_Stop``, never raised."""
+    async def _exchange(
+        self, url: str, within: float | None = None
+    ) -> tuple[_Answer, str | None] | _Stop:
+        """One request and its bounded body, within the total timeout and ``within`` (the
+        gate's bound: what is left of the lease's hold); what went wrong as a ``_Stop``,
+        never raised."""
+        timeout = self._limits.total_timeout
+        if within is not None:
+            timeout = max(0.0, min(timeout, within))
         try:
-            async with asyncio.timeout(self._limits.total_timeout):
+            async with asyncio.timeout(timeout):
                 return await self._request(url)
         except _Stop as stop:
             return stop
         except NetworkAway:
             raise  # not the instance's answer: the poll waits for the pod's network
         except TimeoutError:
-            return _Stop(
-                CrawlOutcome.TIMEOUT, f"no complete answer within {self._limits.total_timeout:g} s"
-            )
+            return _Stop(CrawlOutcome.TIMEOUT, f"no complete answer within {timeout:g} s")
         except httpx.TimeoutException as exc:
             return _Stop(CrawlOutcome.TIMEOUT, f"{type(exc).__name__}: {exc}")
         except BlockedAddress as exc:
@@ -992,6 +1007,15 @@ class TimelinePoller:
                 except (ValueError, httpx.InvalidURL) as exc:
                     raise _Stop(CrawlOutcome.REJECTED, f"unusable redirect: {exc}") from None
                 return answer, hop
+            if is_challenge(status, response.headers):
+                # Not the API's answer but the host's defence (AWS WAF's 202, a CDN's 403):
+                # the host is left alone as after a challenge to a page.
+                raise _Stop(
+                    CrawlOutcome.BLOCKED_4XX,
+                    f"HTTP {status}: a bot challenge",
+                    status=status,
+                    challenge=True,
+                )
             if status == 429 or (status == 503 and "retry-after" in response.headers):
                 outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
                 raise _Stop(
@@ -1100,6 +1124,10 @@ class TimelinePoller:
                 more=progress.more and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
+                # What cut a poll short after it read on still tells of the host: its
+                # posts are kept, and the host is judged by the answer as after a failure.
+                stopped_by=None if failed or stop is None else stop.outcome,
+                challenged=stop is not None and stop.challenge,
             )
         except Exception as exc:
             log.exception("could not build the poll's event for %s", request.instance)
