@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nats.aio.msg import Msg
 
 from trove_discovery.discovery import Discovery
@@ -28,10 +30,15 @@ async def discovered_after(
     *,
     depth: int = 0,
     outcome: CrawlOutcome = CrawlOutcome.SUCCESS,
+    settings: DiscoverySettings | None = None,
+    **fields: Any,
 ) -> dict[str, PageDiscovered]:
-    """What discovery publishes for a crawl of PAGE (at ``depth``) with these links."""
+    """What discovery publishes for a crawl of PAGE (at ``depth``) with these links (and
+    the event's other ``fields``)."""
     discovery = Discovery(
-        bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=DiscoverySettings()
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=settings or DiscoverySettings(),
     )
     now = utcnow()
     event = CrawlCompleted(
@@ -44,6 +51,7 @@ async def discovered_after(
         started_at=now,
         completed_at=now,
         links=links,
+        **fields,
     )
     await handle(discovery, bus, event)
     return {e.url: e for e in await discoveries(bus)}

@@ -20,6 +20,7 @@ from tests.discovery.follow_support import (
 )
 from tests.support import send, services
 from trove_discovery.follows import (
+    MAX_INSTANCES_PER_MESSAGE,
     CommandBatch,
     Follows,
     FollowStore,
@@ -174,6 +175,17 @@ def test_an_unfollow_without_a_timeline_means_every_timeline_and_takes_no_option
     assert command.timeline == "tag:python"
     body = json.dumps({"instance": INSTANCE, "max_depth": 1})
     assert "unknown key(s) 'max_depth'" in only_reason(parse(body, "unfollow"))
+
+
+def test_instances_beyond_the_per_message_limit_are_refused_together() -> None:
+    # One refusal each would be a log line each: half a million for a megabyte of lines.
+    lines = [f"https://i{n}.example" for n in range(MAX_INSTANCES_PER_MESSAGE + 500)]
+    batch = parse("\n".join(lines))
+    assert len(batch.accepted) == MAX_INSTANCES_PER_MESSAGE
+    reason = f"more than {MAX_INSTANCES_PER_MESSAGE} instances in one message"
+    assert [(r.raw, r.reason) for r in batch.rejected] == [
+        (lines[MAX_INSTANCES_PER_MESSAGE], f"{reason}: 500 from this one on not read")
+    ]
 
 
 def test_replies_say_what_was_accepted_and_why_not() -> None:

@@ -1,5 +1,6 @@
 """A page named directly (a seed, a shared link) is crawled where it answers, even on
-another host; a link found on a page is kept to the crawl's scope."""
+another host; a link found on a page is kept to the crawl's scope and depth, and off
+private addresses."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from trove_schema.events import (
     ScopeKind,
     decode_event,
 )
+from trove_schema.settings import DiscoverySettings
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -117,3 +119,84 @@ async def test_a_linked_page_redirected_off_the_scope_is_not_followed(bus: Bus) 
     scope = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
     found = await discovered_after(bus, TO_MOVED, scope, depth=1, outcome=CrawlOutcome.REJECTED)
     assert found == {}
+
+
+def refreshes(*urls: str) -> list[Link]:
+    return [Link(url=url, kind=LinkKind.REDIRECT) for url in urls]
+
+
+async def test_only_a_pages_first_refresh_is_the_page_under_another_name(bus: Bus) -> None:
+    # A seed page carrying many refresh tags: the first is where it answers, each other
+    # one an ordinary link, kept to the seed's scope and depth.
+    seed = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=1)
+    others = [f"https://host{n}.other.example/" for n in range(20)]
+    links = refreshes(MOVED, *others, "https://site.example/next")
+    found = await discovered_after(bus, links, seed)
+    assert {url: e.depth for url, e in found.items()} == {
+        MOVED: 0,
+        "https://site.example/next": 1,
+    }
+    assert found[MOVED].scope == redirected_scope(seed, MOVED)
+    assert found["https://site.example/next"].scope == seed
+    # Recorded as what it was to the page: its redirect, and a link.
+    assert found[MOVED].provenance.kind == "redirect"
+    assert found["https://site.example/next"].provenance.kind == "link"
+
+
+async def test_a_page_not_fetched_redirects_where_it_answered(bus: Bus) -> None:
+    # The fetcher adds the redirect it was answered last.
+    seed = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=0)
+    links = refreshes("https://elsewhere.example/", MOVED)
+    found = await discovered_after(bus, links, seed, outcome=CrawlOutcome.REJECTED)
+    assert set(found) == {MOVED}
+    assert found[MOVED].scope == redirected_scope(seed, MOVED)
+
+
+async def test_a_nofollow_page_leads_to_its_own_redirect_only(bus: Bus) -> None:
+    scope = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
+    links = refreshes("https://site.example/moved", "https://site.example/other")
+    found = await discovered_after(bus, links, scope, nofollow=True)
+    assert set(found) == {"https://site.example/moved"}
+
+
+async def test_an_extra_canonical_link_is_an_ordinary_link(bus: Bus) -> None:
+    # At the crawl's last depth, only the page's own canonical (the first) is the page.
+    scope = Scope(kind=ScopeKind.OPEN, max_depth=2)
+    own = "https://site.example/canonical"
+    extra = ["https://site.example/extra", "https://other.example/x"]
+    links = [Link(url=url, kind=LinkKind.CANONICAL) for url in (own, *extra)]
+    found = await discovered_after(bus, links, scope, depth=2, canonical_url=own)
+    assert {url: e.depth for url, e in found.items()} == {own: 2}
+
+
+async def test_an_extra_canonical_link_one_level_up_is_followed_one_level_down(bus: Bus) -> None:
+    scope = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=2)
+    own, extra = "https://site.example/canonical", "https://site.example/extra"
+    links = [Link(url=url, kind=LinkKind.CANONICAL) for url in (own, extra, MOVED)]
+    found = await discovered_after(bus, links, scope, depth=1, canonical_url=own)
+    assert {url: e.depth for url, e in found.items()} == {own: 1, extra: 2}
+
+
+PRIVATE = [
+    "http://10.1.2.3/",
+    "http://192.168.0.9/admin",
+    "http://[fd00::1]/",
+    "http://127.0.0.1:8080/",
+]
+
+
+async def test_links_to_private_addresses_are_not_discovered(bus: Bus) -> None:
+    scope = Scope(kind=ScopeKind.OPEN, max_depth=3)
+    links = [Link(url=url) for url in [*PRIVATE, "https://site.example/ok"]]
+    links += refreshes("http://10.9.9.9/")
+    settings = DiscoverySettings(allowed_networks=())
+    found = await discovered_after(bus, links, scope, settings=settings)
+    assert set(found) == {"https://site.example/ok"}
+
+
+async def test_links_inside_the_allowed_networks_are_discovered(bus: Bus) -> None:
+    scope = Scope(kind=ScopeKind.OPEN, max_depth=3)
+    links = [Link(url=url) for url in PRIVATE]
+    settings = DiscoverySettings(allowed_networks=("127.0.0.0/8",))
+    found = await discovered_after(bus, links, scope, settings=settings)
+    assert set(found) == {"http://127.0.0.1:8080/"}

@@ -176,6 +176,11 @@ def declare(options: TopologyOptions | None = None) -> Topology:
     streams = (
         # Seeds are stored as they come, so a `nats pub` while discovery is down loses
         # nothing. no_ack keeps JetStream from answering a `nats req`: discovery does.
+        # Nothing would tell a sender that a message was too large to store, so the
+        # stream takes what the server takes (its max_payload); discovery reads at most
+        # 10,000 URLs (100 instances) of a message. 64 MiB is the most a max_payload
+        # may be; not -1, nats-py's default, which reconciling leaves as it is
+        # (``_managed``) on a stream made with a lower limit.
         StreamConfig(
             name=SEEDS_STREAM,
             subjects=[SEEDS_SUBJECT, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT],
@@ -183,7 +188,7 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             num_replicas=opts.replicas,
             retention=RetentionPolicy.LIMITS,
             max_age=opts.seeds_max_age,
-            max_msg_size=opts.max_message_bytes,
+            max_msg_size=64 << 20,
             no_ack=True,
             duplicate_window=_window(120.0, opts.seeds_max_age),
         ),

@@ -33,6 +33,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from trove_discovery.errors import InvalidURL
 from trove_discovery.scope import follow_link, in_scope, redirected_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply
 from trove_discovery.sightings import Recent, Sightings
@@ -62,7 +63,7 @@ from trove_schema.metrics import BUDGET_REFUSALS, DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import page_schedule_subject
 from trove_schema.turns import Turns
-from trove_schema.urls import domain_of
+from trove_schema.urls import domain_of, is_private_host
 
 log = logging.getLogger("trove.discovery")
 
@@ -206,12 +207,16 @@ class Discovery:
         fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
         if again is None and fetched and alias_of == event.url:
             await self._request_recrawl(event)
+        redirect = page_redirect(event, fetched=fetched)
         if event.nofollow and not self.settings.follow_nofollow:
-            followable = [link for link in event.links if link.kind is LinkKind.REDIRECT]
+            followable = [] if redirect is None else [redirect]
         else:
             followable = list(event.links)
+        # The page's other names: its one canonical, and its one spelling once learned.
+        names = {event.canonical_url}
         if fetched and alias_of != event.url:
             followable.insert(0, Link(url=alias_of, kind=LinkKind.CANONICAL))
+            names.add(alias_of)
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
@@ -226,12 +231,22 @@ class Discovery:
                 continue
             if link.nofollow and not self.settings.follow_nofollow:
                 continue
-            if self.exclusions and self.exclusions.covering(domain_of(link.url)):
+            try:
+                host = domain_of(link.url)
+            except InvalidURL:
+                continue  # not from the fetcher, which canonicalizes every link
+            if self.exclusions and self.exclusions.covering(host):
+                continue
+            # As a seed or a shared link would be: the fetcher refuses the address anyway,
+            # and each such page would be a failure retried and rechecked for weeks.
+            if is_private_host(host, self.settings.allowed_networks):
                 continue
             # Before the seen check: an alias spelling is never discovered as a page.
             url = await self._alias_target(link.url)
-            # A redirect or canonical target is the same page under another name: same depth.
-            same_page = link.kind in (LinkKind.REDIRECT, LinkKind.CANONICAL)
+            # The page's redirect and canonical target are the same page under another
+            # name: same depth. Any other (a page may carry a hundred canonical and
+            # refresh tags) is an ordinary link, or it would escape depth and scope.
+            same_page = link == redirect or (link.kind is LinkKind.CANONICAL and link.url in names)
             depth = event.depth if same_page else event.depth + 1
             if not same_page and not follow_link(url, depth=event.depth, scope=event.scope):
                 continue
@@ -260,7 +275,9 @@ class Discovery:
                     held.append(link.url)
                 continue
             taken += 1
-            candidates[url] = _Candidate(url, event_id, depth, link.kind, probing, scope)
+            # Recorded as found: a refresh tag followed as an ordinary link is a link.
+            kind = link.kind if same_page else LinkKind.A
+            candidates[url] = _Candidate(url, event_id, depth, kind, probing, scope)
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
         waiting = list(candidates.values())
@@ -506,6 +523,16 @@ class _Candidate:
     kind: LinkKind
     probing: tuple[str, list[str]] | None
     scope: Scope
+
+
+def page_redirect(event: CrawlCompleted, *, fetched: bool) -> Link | None:
+    """The page's one redirect: of a page not fetched, the redirect it answered or its
+    host's move (the fetcher adds that link last); of a page fetched, its first refresh.
+    None when it has none."""
+    redirects = [link for link in event.links if link.kind is LinkKind.REDIRECT]
+    if not redirects:
+        return None
+    return redirects[0] if fetched else redirects[-1]
 
 
 def _seen_key(url: str) -> str:

@@ -51,7 +51,14 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from trove_discovery.errors import InvalidFollow, InvalidURL
-from trove_discovery.replies import MAX_RAW_LENGTH, Refused, read_json, reply_lines
+from trove_discovery.replies import (
+    MAX_RAW_LENGTH,
+    Refused,
+    listed,
+    read_json,
+    refused_item,
+    reply_lines,
+)
 from trove_schema.bus import Bus
 from trove_schema.events import (
     InstanceFollowed,
@@ -173,16 +180,13 @@ def _build(
     accepted: list[InstanceCommand] = []
     rejected: list[RejectedCommand] = []
     seen: set[tuple[str, str | None]] = set()
-    for index, (candidate, options, line) in enumerate(lines):
+    rest = lines[MAX_INSTANCES_PER_MESSAGE:]
+    for candidate, options, line in lines[:MAX_INSTANCES_PER_MESSAGE]:
         if not isinstance(candidate, str):
             rejected.append(RejectedCommand(json.dumps(candidate), "not a URL string"))
             continue
         original = candidate.strip()
         raw = line or original
-        if index >= MAX_INSTANCES_PER_MESSAGE:
-            reason = f"more than {MAX_INSTANCES_PER_MESSAGE} instances in one message"
-            rejected.append(RejectedCommand(raw, reason))
-            continue
         try:
             instance, domain = instance_origin(original, settings)
             timeline = None if options.timeline is None else timeline_name(options.timeline)
@@ -207,6 +211,16 @@ def _build(
                 backfill=options.backfill,
             )
         )
+    if rest:
+        # Together, as a seed message's: one refusal each would be a log line each, and
+        # a megabyte of short lines half a million of them.
+        candidate, _, line = rest[0]
+        raw = line or (candidate if isinstance(candidate, str) else json.dumps(candidate))
+        reason = (
+            f"more than {MAX_INSTANCES_PER_MESSAGE} instances in one message: "
+            f"{len(rest)} from this one on not read"
+        )
+        rejected.append(RejectedCommand(raw.strip(), reason))
     return CommandBatch(verb=verb, accepted=tuple(accepted), rejected=tuple(rejected))
 
 
@@ -316,28 +330,32 @@ def reply_text(batch: CommandBatch) -> str:
 
 
 def reply_json(batch: CommandBatch) -> bytes:
+    """The same summary as JSON, its lists cut as a seed request's (``replies.listed``)."""
+    accepted, more_accepted = listed(
+        {
+            "instance": command.instance,
+            "timeline": command.timeline,
+            "original": command.original,
+            **(
+                {
+                    "max_depth": command.max_depth,
+                    "priority": command.priority,
+                    "backfill": command.backfill,
+                }
+                if batch.verb == "follow"
+                else {}
+            ),
+        }
+        for command in batch.accepted
+    )
+    rejected, more_rejected = listed(refused_item(command) for command in batch.rejected)
     body = {
         "verb": batch.verb,
         "accepted_count": len(batch.accepted),
         "rejected_count": len(batch.rejected),
-        "accepted": [
-            {
-                "instance": command.instance,
-                "timeline": command.timeline,
-                "original": command.original,
-                **(
-                    {
-                        "max_depth": command.max_depth,
-                        "priority": command.priority,
-                        "backfill": command.backfill,
-                    }
-                    if batch.verb == "follow"
-                    else {}
-                ),
-            }
-            for command in batch.accepted
-        ],
-        "rejected": [{"raw": command.raw, "reason": command.reason} for command in batch.rejected],
+        "accepted": accepted,
+        "rejected": rejected,
+        "truncated": more_accepted or more_rejected,
     }
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 

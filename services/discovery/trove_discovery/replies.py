@@ -4,7 +4,7 @@ on an operator subject (seeds, follows)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,14 @@ from typing import Any
 REPLY_TEXT_LIMIT = 20
 #: Longest input a refusal keeps.
 MAX_RAW_LENGTH = 512
+#: Longest reason a reply quotes: a refused host is quoted escaped (``'\u0378...'``),
+#: thousands of characters for a long one.
+REPLY_REASON_LENGTH = 300
+#: How many items each list of a JSON reply holds before ``truncated``...
+REPLY_JSON_LIMIT = 1000
+#: ... and how many bytes of JSON. A reply larger than the server's max_payload (1 MiB
+#: by default) cannot be sent, and the requester hears nothing.
+REPLY_LIST_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +46,31 @@ def reply_lines(head: str, accepted: Sequence[str], rejected: Sequence[tuple[str
     if rejected:
         lines.append(f"rejected {len(rejected)}:")
         lines.extend(
-            f"  {raw or '(empty)'} — {reason}" for raw, reason in rejected[:REPLY_TEXT_LIMIT]
+            f"  {raw or '(empty)'} — {reason[:REPLY_REASON_LENGTH]}"
+            for raw, reason in rejected[:REPLY_TEXT_LIMIT]
         )
         more = len(rejected) - REPLY_TEXT_LIMIT
         if more > 0:
             lines.append(f"  and {more} more")
     return "\n".join(lines)
+
+
+def refused_item(refused: Refused) -> dict[str, str]:
+    """A refusal as a JSON reply lists it, its reason cut to ``REPLY_REASON_LENGTH``."""
+    return {"raw": refused.raw, "reason": refused.reason[:REPLY_REASON_LENGTH]}
+
+
+def listed(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """The first of ``items`` a JSON reply lists (``REPLY_JSON_LIMIT`` of them, at most
+    ``REPLY_LIST_BYTES`` of JSON), and whether any were left out."""
+    kept: list[dict[str, Any]] = []
+    size = 0
+    for item in items:
+        size += len(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()) + 1
+        if len(kept) == REPLY_JSON_LIMIT or size > REPLY_LIST_BYTES:
+            return kept, True
+        kept.append(item)
+    return kept, False
 
 
 def read_json(text: str) -> tuple[Any, str | None]:

@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
-from trove_discovery.replies import MAX_RAW_LENGTH, Refused, read_json, reply_lines
+from trove_discovery.replies import (
+    MAX_RAW_LENGTH,
+    Refused,
+    listed,
+    read_json,
+    refused_item,
+    reply_lines,
+)
 from trove_discovery.scope import pattern_error
 from trove_schema.events import Provenance, Scope, ScopeKind
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
@@ -41,9 +48,6 @@ from trove_schema.urls import (
 
 MAX_SEEDS_PER_MESSAGE = 10_000
 MAX_PATTERN_LENGTH = 500
-#: Longest ``raw`` a rejection carries (the limit of ``SeedRejected.raw``).
-#: How many URLs and rejections a reply lists before saying "and N more".
-REPLY_JSON_LIMIT = 1000
 
 _JSON_KEYS = frozenset({"url", "urls", "priority", "scope", "pattern", "force", "max_depth"})
 
@@ -292,23 +296,24 @@ def reply(request: bytes, batch: SeedBatch) -> bytes:
 
 
 def reply_json(batch: SeedBatch) -> bytes:
-    """The same summary as JSON, for programs; lists cut to ``REPLY_JSON_LIMIT`` each."""
+    """The same summary as JSON, for programs; lists cut as ``replies.listed`` cuts them
+    (``truncated`` says so; the counts are whole)."""
+    accepted, more_accepted = listed(
+        {
+            "url": seed.url,
+            "original": seed.original,
+            "scope": seed.scope.model_dump(mode="json"),
+            "priority": seed.priority,
+            "force": seed.force,
+        }
+        for seed in batch.accepted
+    )
+    rejected, more_rejected = listed(refused_item(seed) for seed in batch.rejected)
     body = {
         "accepted_count": len(batch.accepted),
         "rejected_count": len(batch.rejected),
-        "accepted": [
-            {
-                "url": seed.url,
-                "original": seed.original,
-                "scope": seed.scope.model_dump(mode="json"),
-                "priority": seed.priority,
-                "force": seed.force,
-            }
-            for seed in batch.accepted[:REPLY_JSON_LIMIT]
-        ],
-        "rejected": [
-            {"raw": seed.raw, "reason": seed.reason} for seed in batch.rejected[:REPLY_JSON_LIMIT]
-        ],
-        "truncated": max(len(batch.accepted), len(batch.rejected)) > REPLY_JSON_LIMIT,
+        "accepted": accepted,
+        "rejected": rejected,
+        "truncated": more_accepted or more_rejected,
     }
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
