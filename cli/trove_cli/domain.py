@@ -45,6 +45,7 @@ from trove_schema.policy import (
     LearningConfig,
     estimate,
     host_gap,
+    moved,
     send_validators,
     success_rate,
 )
@@ -369,7 +370,7 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
         recheck = policy.moved_at + config.move_recheck
         asked = (
             f"its pages are asked for there until {_when(recheck)}"
-            if recheck > now
+            if moved(policy, now, config)
             else "its next request finds out whether it still redirects"
         )
         console.print(Text(f"  moved to {policy.moved_to} (its redirects keep the path): {asked}"))

@@ -794,10 +794,12 @@ def test_a_vote_kept_before_sections_were_is_not_a_confirmation() -> None:
     assert moved(once, T0, CONFIG) is None
     twice = fold(once, redirect("http://www.moved.test/", "https://moved.test/", T0 + 1))
     assert moved(twice, T0 + 1, CONFIG) == "https://moved.test"
-    # A move it had confirmed without the home page is renewed once the home page says so.
+    # A move it had confirmed without the home page is not obeyed, and is renewed once
+    # the home page says so.
     known = HostPolicy(
         moved_to="https://moved.test", moved_at=T0, move_origin="https://moved.test", move_votes=2
     )
+    assert moved(known, T0 + 1, CONFIG) is None
     later = T0 + CONFIG.move_recheck
     part = fold(known, redirect("http://www.moved.test/c", "https://moved.test/c", later))
     assert moved(part, later, CONFIG) is None

@@ -570,8 +570,10 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
 
 def moved(policy: HostPolicy, now: float, config: LearningConfig) -> str | None:
     """The origin the host moved to, while its pages are asked for there without a
-    request to it; None when it has not, or when it is time to find out again."""
-    if policy.moved_to and now - policy.moved_at < config.move_recheck:
+    request to it; None when it has not, or when it is time to find out again. A move
+    its home page was not among the redirects of (a record an older release wrote, or
+    rewrote) is not obeyed: its next request finds out."""
+    if policy.moved_to and policy.move_root and now - policy.moved_at < config.move_recheck:
         return policy.moved_to
     return None
 
