@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,12 +33,15 @@ from trove_schema.topology import (
     EVENTS_STREAM,
     FETCHER,
     OWNERS,
+    REVISION,
+    REVISION_KEY,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
     SEEN_BUCKET,
     WORK_STREAM,
     TopologyOptions,
     _ensure_stream,
+    _managed,
     declare,
     ensure_topology,
 )
@@ -96,6 +101,53 @@ async def test_a_durable_made_with_one_filter_is_reconciled_to_the_declared_list
     after = (await bus.js.consumer_info(stream, FETCHER)).config
     assert sorted(after.filter_subjects or []) == sorted(config.filter_subjects)
     assert not after.filter_subject
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_pod_of_an_older_release_leaves_a_newer_releases_durable_as_it_is(
+    bus: Bus,
+) -> None:
+    # The newer release's durable reads one subject more; a pod of this release starts
+    # beside it (a rolling update, a rollback) and would narrow it back.
+    stream, config = declare().consumer(FETCHER)
+    newer = replace(
+        config,
+        filter_subjects=[*(config.filter_subjects or []), "trove.events.newer.kind"],
+        max_ack_pending=77,
+        metadata={REVISION_KEY: str(REVISION + 1)},
+    )
+    await bus.js.delete_consumer(stream, FETCHER)
+    await bus.js.add_consumer(stream, newer)
+
+    await ensure_topology(bus.js, declare(), owner="fetcher")
+
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert "trove.events.newer.kind" in (after.filter_subjects or [])
+    assert after.max_ack_pending == 77
+    # One this release or an older one wrote is reconciled, and stamped with this one.
+    await bus.js.add_consumer(stream, replace(newer, metadata={REVISION_KEY: str(REVISION)}))
+    await ensure_topology(bus.js, declare(), owner="fetcher")
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert sorted(after.filter_subjects or []) == sorted(config.filter_subjects or [])
+    assert (after.metadata or {}).get(REVISION_KEY) == str(REVISION)
+
+
+def test_the_declared_topology_is_the_one_its_revision_names() -> None:
+    # Changed without raising ``REVISION``, an older pod would take the new shape for
+    # its own and undo it. Raise REVISION, then set the digest here to the new one.
+    top = declare()
+    shape = [
+        (config.name, {k: v for k, v in _managed(config).items() if k != "metadata"})
+        for config in top.streams
+    ] + [
+        (
+            f"{stream}/{config.durable_name}",
+            {k: v for k, v in _managed(config).items() if k != "metadata"},
+        )
+        for stream, config in top.consumers
+    ]
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
+    assert (REVISION, digest[:16]) == (1, "2e652d13d8821661")
 
 
 @pytest.mark.usefixtures("clean")

@@ -165,6 +165,18 @@ class Topology:
         raise KeyError(name)
 
 
+#: The shape of the streams and durables this release declares. A release that changes
+#: what ``declare`` gives (a durable's subjects, a stream's, a setting's default) raises
+#: it (``tests/schema/test_topology.py`` holds a digest of the shape that fails until
+#: it does). Each stream and durable carries the revision that last wrote it, in its
+#: metadata, and an owner reconciles only what a release no newer than its own wrote: a
+#: pod of the release before, in a rolling update's or a rollback's mixed minutes, would
+#: otherwise narrow a durable's subjects back, and the messages of the dropped subject
+#: would be passed over for good rather than parked where ``trove dead`` shows them.
+REVISION = 1
+REVISION_KEY = "trove-topology"
+
+
 def _window(wanted: float, max_age: float) -> float:
     """A duplicate window no longer than the stream keeps messages (the server insists)."""
     return min(wanted, max_age) if max_age else wanted
@@ -357,7 +369,13 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             replicas=opts.replicas,
         ),
     )
-    return Topology(streams=streams, consumers=consumers, buckets=buckets, options=opts)
+    stamp = {REVISION_KEY: str(REVISION)}
+    return Topology(
+        streams=tuple(replace(config, metadata=stamp) for config in streams),
+        consumers=tuple((stream, replace(config, metadata=stamp)) for stream, config in consumers),
+        buckets=buckets,
+        options=opts,
+    )
 
 
 #: Which service's settings shape each stream, consumer and bucket: only the owner
@@ -426,7 +444,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
             if exc.err_code != 10058:  # created by another pod meanwhile
                 raise
             info = await js.stream_info(config.name)
-    if reconcile and _differs(info.config, config):
+    if reconcile and _differs(info.config, config) and _not_newer(info.config, config.name):
         await _keeps_schedules(js, info.config, config)
         await js.update_stream(_merged(info.config, config))
         log.info("reconciled stream %s", config.name)
@@ -529,7 +547,11 @@ async def _ensure_consumer(
         await js.add_consumer(stream, config)
         log.info("created consumer %s on %s", config.durable_name, stream)
         return
-    if reconcile and _differs(info.config, config):
+    if (
+        reconcile
+        and _differs(info.config, config)
+        and _not_newer(info.config, f"{config.durable_name} on {stream}")
+    ):
         # The create API updates a durable in place when only editable fields changed;
         # a filter change on an existing durable is editable since nats-server 2.10.
         await js.add_consumer(stream, _merged(info.config, config))
@@ -537,6 +559,25 @@ async def _ensure_consumer(
 
 
 _Config = TypeVar("_Config", StreamConfig, ConsumerConfig)
+
+
+def _not_newer(current: StreamConfig | ConsumerConfig, name: str) -> bool:
+    """Whether the server's config was written by this release's topology or an older
+    one (``REVISION``); a newer release's is left as it is, said once a start."""
+    written = (current.metadata or {}).get(REVISION_KEY, "0")
+    try:
+        newer = int(written) > REVISION
+    except ValueError:
+        newer = False  # not Trove's stamp: an operator's, which Trove's replaces
+    if newer:
+        log.warning(
+            "%s was declared by a newer release of Trove (topology %s, this one %d): left "
+            "as it is; messages this release cannot read are parked, not passed over",
+            name,
+            written,
+            REVISION,
+        )
+    return not newer
 
 
 def _merged(current: _Config, wanted: _Config) -> _Config:
@@ -548,6 +589,8 @@ def _merged(current: _Config, wanted: _Config) -> _Config:
     ``sample_freq``) to the server's defaults on every reconcile.
     """
     fields = _managed(wanted)
+    if "metadata" in fields:  # Trove's stamp beside what an operator keeps there
+        fields["metadata"] = {**(current.metadata or {}), **fields["metadata"]}
     # A durable has one filter or a list of them, never both: the wanted one replaces
     # whichever the server holds.
     if "filter_subject" in fields:
@@ -582,6 +625,9 @@ def _differs(current: Any, wanted: Any) -> bool:
                 return True
         elif isinstance(value, list):
             if sorted(map(str, value)) != sorted(map(str, have or [])):
+                return True
+        elif isinstance(value, dict):  # metadata: Trove's keys, not an operator's
+            if any((have or {}).get(key) != item for key, item in value.items()):
                 return True
         elif value != have:
             return True
