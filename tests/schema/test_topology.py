@@ -14,6 +14,7 @@ from nats.js.api import StoreCompression, StreamConfig
 from nats.js.errors import NotFoundError
 
 from tests.conftest import StackUrls, eventually
+from trove_schema import topology
 from trove_schema.bus import Bus
 from trove_schema.errors import RetentionRefused
 from trove_schema.events import (
@@ -354,6 +355,34 @@ async def test_a_retention_that_would_drop_a_waiting_schedule_is_refused_not_app
     enough = declare(TopologyOptions(events_max_age=31 * DAY))
     await ensure_topology(bus.js, enough, owner="recorder")
     assert (await bus.js.stream_info(EVENTS_STREAM)).config.max_age == 31 * DAY
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_long_wait_among_the_newest_schedules_refuses_a_shorter_retention(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The older schedules wait a day; the newest, published under a longer setting that
+    # a rollback undoes, a month. Fewer are looked at here than a stream holds.
+    monkeypatch.setattr(topology, "SCHEDULES_CHECKED", 5)
+
+    def recrawl(n: int) -> CrawlRequested:
+        return CrawlRequested(
+            url=f"https://a.example/{n}",
+            domain="a.example",
+            scope=Scope(value="a.example"),
+            reason=RequestReason.RECRAWL,
+        )
+
+    for n in range(40):
+        await bus.publish_at(recrawl(n), datetime.now(UTC) + timedelta(days=1))
+    await bus.publish_at(recrawl(40), datetime.now(UTC) + timedelta(days=30))
+    before = (await bus.js.stream_info(EVENTS_STREAM)).config.max_age
+
+    with pytest.raises(RetentionRefused, match="would drop a schedule"):
+        await ensure_topology(
+            bus.js, declare(TopologyOptions(events_max_age=7 * DAY)), owner="recorder"
+        )
+    assert (await bus.js.stream_info(EVENTS_STREAM)).config.max_age == before
 
 
 def _crawled(n: int, links: int = 100) -> list[bytes]:

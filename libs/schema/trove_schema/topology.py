@@ -445,12 +445,12 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
                 raise
             info = await js.stream_info(config.name)
     if reconcile and _differs(info.config, config) and _not_newer(info.config, config.name):
-        await _keeps_schedules(js, info.config, config)
+        await _keeps_schedules(js, info.config, config, info.state.last_seq)
         await js.update_stream(_merged(info.config, config))
         log.info("reconciled stream %s", config.name)
 
 
-#: Schedules ``_keeps_schedules`` looks at, oldest first.
+#: Schedules ``_keeps_schedules`` looks at: the oldest, and as many of the newest.
 SCHEDULES_CHECKED = 1_000
 #: The subjects of each stream whose messages wait to fire: a retention shorter than
 #: their wait drops them, and what they carry (a re-crawl, a poll, a deferred fetch) is
@@ -462,20 +462,40 @@ _SCHEDULES = {
 
 
 async def _keeps_schedules(
-    js: JetStreamContext, current: StreamConfig, wanted: StreamConfig
+    js: JetStreamContext, current: StreamConfig, wanted: StreamConfig, last_seq: int = 0
 ) -> None:
     """Raise ``RetentionRefused`` when ``wanted`` shortens the stream's retention so that
     a schedule it holds would be dropped: at once (older than the new retention), or
     before it fires (due later than its publication plus the new retention). The
-    oldest ``SCHEDULES_CHECKED`` schedules are looked at, the most at risk; an
-    unfollow's tombstone on a schedule subject (no ``Nats-Schedule``) is none."""
+    oldest ``SCHEDULES_CHECKED`` schedules are looked at, the most at risk under one
+    setting, and the newest as many: after a rollback of a longer setting, the ones it
+    let wait longest are the newest. An unfollow's tombstone on a schedule subject (no
+    ``Nats-Schedule``) is none."""
     name = wanted.name or ""
     subject = _SCHEDULES.get(name)
     have, want = current.max_age or 0.0, wanted.max_age or 0.0
     if subject is None or not want or (have and want >= have):
         return
-    now, seq = datetime.now(UTC), 1
-    for _ in range(SCHEDULES_CHECKED):
+    await _keeps_schedules_from(js, name, subject, 1, SCHEDULES_CHECKED, have, want)
+    # The newest: those of the stream's last messages, of which schedules are most.
+    window = 4 * SCHEDULES_CHECKED
+    if last_seq > window:
+        start = last_seq - window + 1
+        await _keeps_schedules_from(js, name, subject, start, window, have, want)
+
+
+async def _keeps_schedules_from(
+    js: JetStreamContext,
+    name: str,
+    subject: str,
+    seq: int,
+    most: int,
+    have: float,
+    want: float,
+) -> None:
+    """``_keeps_schedules`` over ``most`` schedules from ``seq`` on."""
+    now = datetime.now(UTC)
+    for _ in range(most):
         try:
             msg = await js.get_msg(name, seq=seq, subject=subject, next=True)
         except NotFoundError:
