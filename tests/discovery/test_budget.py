@@ -6,12 +6,23 @@ import asyncio
 
 import pytest
 
+from tests.discovery.crawl_support import PAGE, discoveries, handle
 from trove_discovery import discovery as discovery_module
 from trove_discovery.discovery import Discovery
 from trove_schema.budgets import HostCount, host_budget_key
 from trove_schema.bus import Bus, Retry
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    Link,
+    Scope,
+    ScopeKind,
+    decode_event,
+    utcnow,
+)
 from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import SEEN_BUCKET
+from trove_schema.topology import EVENTS_STREAM, SEEN_BUCKET, page_schedule_subject
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -24,7 +35,7 @@ async def replica(bus: Bus, budget: int = BUDGET) -> Discovery:
 
 
 async def one(discovery: Discovery, event_id: str) -> bool:
-    return await discovery._within_budget("busy.example", [event_id]) == 1
+    return (await discovery._within_budget("busy.example", [event_id]))[0] == 1
 
 
 async def test_two_replicas_interleaved_grant_exactly_the_budget(bus: Bus) -> None:
@@ -51,11 +62,11 @@ async def test_a_page_handled_again_with_more_links_of_the_host_counts_the_new_o
     # Handled again on a replica whose alias probes held fewer links back: the links
     # counted the first time are granted again, the others counted now, none refused.
     first, second = await replica(bus), await replica(bus)
-    assert await first._within_budget("busy.example", ["page-1/a", "page-1/b"]) == 2
+    assert (await first._within_budget("busy.example", ["page-1/a", "page-1/b"]))[0] == 2
     again = ["page-1/a", "page-1/b", "page-1/c"]
-    assert await second._within_budget("busy.example", again) == 3
+    assert (await second._within_budget("busy.example", again))[0] == 3
     assert await counted(bus) == 3
-    assert await first._within_budget("busy.example", again) == 3
+    assert (await first._within_budget("busy.example", again))[0] == 3
     assert await counted(bus) == 3
 
 
@@ -66,9 +77,9 @@ async def test_a_page_handled_again_after_other_pages_of_its_host_counts_nothing
     # handed to the other replica): its links are granted, and not counted twice.
     first, second = await replica(bus), await replica(bus)
     a, b = ["page-a/1", "page-a/2"], ["page-b/1", "page-b/2"]
-    assert await first._within_budget("busy.example", a) == 2
-    assert await first._within_budget("busy.example", b) == 2
-    assert await second._within_budget("busy.example", a) == 2
+    assert (await first._within_budget("busy.example", a))[0] == 2
+    assert (await first._within_budget("busy.example", b))[0] == 2
+    assert (await second._within_budget("busy.example", a))[0] == 2
     assert await counted(bus) == 4
 
 
@@ -119,12 +130,12 @@ async def test_a_pages_new_links_to_a_host_are_counted_at_once_and_only_once(bus
     # in order; the page handled again (a redelivery) is granted the same, no more.
     first, second = await replica(bus), await replica(bus)
     page = [f"page-a-{n}" for n in range(5)]
-    assert await first._within_budget("busy.example", page) == 5
-    assert await second._within_budget("busy.example", page) == 5
+    assert (await first._within_budget("busy.example", page))[0] == 5
+    assert (await second._within_budget("busy.example", page))[0] == 5
     other = [f"page-b-{n}" for n in range(5)]
-    assert await first._within_budget("busy.example", other) == BUDGET - 5
-    assert await second._within_budget("busy.example", other) == BUDGET - 5
-    assert await first._within_budget("busy.example", ["page-c-0"]) == 0
+    assert (await first._within_budget("busy.example", other))[0] == BUDGET - 5
+    assert (await second._within_budget("busy.example", other))[0] == BUDGET - 5
+    assert (await first._within_budget("busy.example", ["page-c-0"]))[0] == 0
 
 
 async def test_a_hosts_pages_handled_side_by_side_are_all_granted_at_once(bus: Bus) -> None:
@@ -137,7 +148,7 @@ async def test_a_hosts_pages_handled_side_by_side_are_all_granted_at_once(bus: B
 
     async def page(n: int) -> int:
         async with handlers:
-            return await discovery._within_budget("busy.example", links_of(n))
+            return (await discovery._within_budget("busy.example", links_of(n)))[0]
 
     granted = await asyncio.gather(*(page(n) for n in range(400)))
 
@@ -158,7 +169,7 @@ async def test_a_hosts_pages_on_two_replicas_are_each_granted_and_counted_once(
         while True:
             async with handlers[discovery]:
                 try:
-                    return await discovery._within_budget("busy.example", links_of(n))
+                    return (await discovery._within_budget("busy.example", links_of(n)))[0]
                 except Retry:
                     continue  # handed back: its redelivery asks again
 
@@ -173,13 +184,13 @@ async def test_a_page_that_loses_every_write_to_other_replicas_is_handed_back_no
 ) -> None:
     monkeypatch.setattr(discovery_module, "BUDGET_WRITE_ATTEMPTS", 1)
     first, second = await replica(bus, budget=100_000), await replica(bus, budget=100_000)
-    assert await second._within_budget("busy.example", links_of(0)) == 3
-    assert await first._within_budget("busy.example", links_of(1)) == 3
+    assert (await second._within_budget("busy.example", links_of(0)))[0] == 3
+    assert (await first._within_budget("busy.example", links_of(1)))[0] == 3
     # The second replica's remembered revision is stale now: its one write loses.
     with pytest.raises(Retry, match="written by too many replicas"):
-        await second._within_budget("busy.example", links_of(2))
+        (await second._within_budget("busy.example", links_of(2)))[0]
     # Asked again (the page's redelivery), it reads the counter first, and is granted.
-    assert await second._within_budget("busy.example", links_of(2)) == 3
+    assert (await second._within_budget("busy.example", links_of(2)))[0] == 3
     assert await counted(bus) == 9
 
 
@@ -194,3 +205,63 @@ async def counted(bus: Bus) -> int:
 
 def _budget_key() -> str:
     return host_budget_key("busy.example")
+
+
+async def test_a_link_its_hosts_budget_refused_comes_in_its_next_cycle_from_the_page_read_whole(
+    bus: Bus,
+) -> None:
+    # A budget of two pages a 100 s cycle (a month, scaled down); the hub links to four.
+    now = [1_000_000.0]
+    settings = DiscoverySettings(
+        host_page_budget=2, recrawl_after_seconds=50, recrawl_max_seconds=100
+    )
+    discovery = Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=settings,
+        clock=lambda: now[0],
+    )
+    pages = [f"https://site.example/p{n}" for n in range(4)]
+
+    def hub(visit: int) -> CrawlCompleted:
+        at = utcnow()
+        return CrawlCompleted(
+            url=PAGE,
+            domain="site.example",
+            scope=Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3),
+            request_id=f"work-{visit}",
+            outcome=CrawlOutcome.SUCCESS,
+            status_code=200,
+            started_at=at,
+            completed_at=at,
+            etag=f'"v{visit}"',
+            links=tuple(Link(url=url) for url in pages),
+        )
+
+    async def next_visit() -> CrawlRequested:
+        msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(PAGE))
+        pending = decode_event(msg.data or b"")
+        assert isinstance(pending, CrawlRequested)
+        return pending
+
+    await handle(discovery, bus, hub(1))
+    assert [e.url for e in await discoveries(bus)] == pages[:2]
+    # The hub is read whole when next due: a 304 would show the waiting links no more.
+    assert (await next_visit()).etag is None
+    # Read again within the cycle: the two still wait, asking nothing of the budget.
+    now[0] += 60
+    await handle(discovery, bus, hub(2))
+    assert [e.url for e in await discoveries(bus)] == pages[:2]
+    assert (await next_visit()).etag is None
+    # The host's next cycle: the page that links to them brings them in, and another
+    # replica, which never saw them refused, reads the refusal's end the same way.
+    now[0] += 41
+    other = Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=settings,
+        clock=lambda: now[0],
+    )
+    await handle(other, bus, hub(3))
+    assert [e.url for e in await discoveries(bus)] == pages
+    assert (await next_visit()).etag == '"v3"'

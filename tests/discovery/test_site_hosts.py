@@ -26,7 +26,7 @@ async def replica(bus: Bus, hosts: int = HOSTS, platforms: str = "") -> Discover
 
 
 async def granted(discovery: Discovery, host: str, page: str) -> int:
-    return await discovery._within_budget(host, [f"{page}-{n}" for n in range(3)])
+    return (await discovery._within_budget(host, [f"{page}-{n}" for n in range(3)]))[0]
 
 
 async def test_a_farm_of_subdomains_gets_pages_for_its_first_hosts_only(bus: Bus) -> None:

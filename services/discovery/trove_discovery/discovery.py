@@ -205,8 +205,6 @@ class Discovery:
         # under it: its one spelling is followed instead, like its canonical link.
         alias_of = await self._alias_target(event.url)
         fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
-        if again is None and fetched and alias_of == event.url:
-            await self._request_recrawl(event)
         redirect = page_redirect(event, fetched=fetched)
         if event.nofollow and not self.settings.follow_nofollow:
             followable = [] if redirect is None else [redirect]
@@ -281,29 +279,32 @@ class Discovery:
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
         waiting = list(candidates.values())
-        firsts: list[bool] = []
+        claims: list[bytes] = []
         for start in range(0, len(waiting), SEEN_AT_ONCE):
             chunk = waiting[start : start + SEEN_AT_ONCE]
-            firsts += await asyncio.gather(
-                *(self._first_sighting(c.url, c.event_id) for c in chunk)
-            )
+            claims += await asyncio.gather(*(self._claim(c.url, c.event_id) for c in chunk))
         new: list[_Candidate] = []
-        for candidate, first in zip(waiting, firsts, strict=True):
-            if first:
+        # Links whose host's budget has no room for them this cycle, now or before.
+        over_budget = any(_refused_until(claim) is not None for claim in claims)
+        for candidate, claim in zip(waiting, claims, strict=True):
+            if claim == candidate.event_id.encode():
                 new.append(candidate)
             else:
                 self._unprobe(candidate.probing)  # known already: it teaches nothing new
-        # Only new URLs count against the host's budget; one refused by the budget stays
-        # seen, so the host gets no more pages this cycle.
+        # Only new URLs count against the host's budget; one refused by the budget is
+        # marked so until the host's cycle ends, and offered again by the next page that
+        # links to it after that.
         by_host: dict[str, list[_Candidate]] = defaultdict(list)
         for candidate in new:
             by_host[domain_of(candidate.url)].append(candidate)
         allowed = await asyncio.gather(
             *(self._within_budget(h, [c.event_id for c in group]) for h, group in by_host.items())
         )
-        for (host, group), within in zip(by_host.items(), allowed, strict=True):
+        for (host, group), (within, until) in zip(by_host.items(), allowed, strict=True):
             for candidate in group[within:]:
                 self._unprobe(candidate.probing)
+                await self._refuse(candidate.url, until)
+                over_budget = True
             outgoing.extend(
                 PageDiscovered(
                     id=c.event_id,
@@ -320,6 +321,10 @@ class Discovery:
                 )
                 for c in group[:within]
             )
+        if again is None and fetched and alias_of == event.url:
+            # A page whose links wait for their host's next cycle is read whole when it is
+            # next due: answered 304, it would show them no more.
+            await self._request_recrawl(event, validators=not over_budget)
         if outgoing:
             # Sent together, in order, in one write; each still waits for its PubAck. A
             # failure hands the page back, and its redelivery publishes them all again
@@ -332,7 +337,7 @@ class Discovery:
             reason = f"{len(held)} links wait for their host's URL aliases"
             raise Retry(reason, delay=delay, expected=True)
 
-    async def _request_recrawl(self, event: CrawlCompleted) -> None:
+    async def _request_recrawl(self, event: CrawlCompleted, *, validators: bool = True) -> None:
         # The page's history comes with the event and goes on in the request: the same
         # event always plans the same interval, and no replica keeps state per page.
         history = plan_recrawl(
@@ -352,8 +357,8 @@ class Discovery:
             scope=event.scope,
             reason=RequestReason.RECRAWL,
             not_before=event.completed_at + delay,
-            etag=event.etag,
-            last_modified=event.last_modified,
+            etag=event.etag if validators else None,
+            last_modified=event.last_modified if validators else None,
             caused_by=event.id,
             history=history,
         )
@@ -407,16 +412,28 @@ class Discovery:
             event = event.model_copy(update={"url": url})
         if not await self._first_sighting(event.url, event.id):
             return False
-        if not await self._within_budget(event.domain, [event.id]):
+        within, until = await self._within_budget(event.domain, [event.id])
+        if not within:
+            await self._refuse(event.url, until)
             return False
         await self.bus.publish(event)
         DISCOVERED.labels(event.provenance.kind).inc()
         return True
 
     async def _first_sighting(self, url: str, event_id: str) -> bool:
+        """Whether ``url`` is new to the seen set, claimed for ``event_id`` (``_claim``)."""
+        return await self._claim(url, event_id) == event_id.encode()
+
+    async def _claim(self, url: str, event_id: str) -> bytes:
+        """Who holds ``url``'s place in the seen set: ``event_id`` itself when it is new
+        (or the same cause seen again, a redelivery after a crash: published again,
+        idempotently), or a budget's refusal that has not ended (``_refuse``), or the
+        cause that claimed it before."""
         key = _seen_key(url)
         mine = event_id.encode()
         claimed_by = self.sightings.claimed_by(key)
+        if claimed_by is not None and self._refusal_ended(claimed_by):
+            claimed_by = None
         attempts = 3
         while claimed_by is None:
             attempts -= 1
@@ -426,21 +443,38 @@ class Discovery:
             except KeyWrongLastSequenceError:
                 try:
                     entry = await self.seen.get(key)
-                except KeyNotFoundError:
-                    # It expired in between: free to claim again. Not a refusal, which
-                    # would lose the link.
+                    claimed_by = entry.value or b""
+                    if self._refusal_ended(claimed_by):
+                        # Its host's next cycle has begun: the link is offered again.
+                        await self.seen.update(key, mine, last=entry.revision)
+                        claimed_by = mine
+                except (KeyNotFoundError, KeyWrongLastSequenceError):
+                    # It expired, or another replica took it, in between: look again.
+                    # Not a refusal, which would lose the link.
                     if attempts == 0:
                         raise Retry(f"the seen key of {url} keeps changing", delay=1.0) from None
+                    claimed_by = None
                     continue
-                claimed_by = entry.value or b""
             self.sightings.remember(key, claimed_by)
-        # The same cause seen again (a redelivery after a crash): publish again, idempotently.
-        return claimed_by == mine
+        return claimed_by
 
-    async def _within_budget(self, domain: str, event_ids: list[str]) -> int:
+    def _refusal_ended(self, claimed_by: bytes) -> bool:
+        until = _refused_until(claimed_by)
+        return until is not None and until <= self.clock()
+
+    async def _refuse(self, url: str, until: float) -> None:
+        """Mark ``url``, which its host's budget refused, until the budget's cycle ends
+        (``until``): seen until then, offered again by a page that links to it after."""
+        key = _seen_key(url)
+        value = REFUSED + f"{until:.0f}".encode()
+        await self.seen.put(key, value)
+        self.sightings.remember(key, value)
+
+    async def _within_budget(self, domain: str, event_ids: list[str]) -> tuple[int, float]:
         """Count pages discovered per host this cycle; of ``event_ids`` (new pages of the
-        host, in order), how many are within the budget (trap defence). A host with
-        nothing counted yet this cycle is first counted against its site's host budget
+        host, in order), how many are within the budget (trap defence), and when the
+        budget that refused the rest has room again. A host with nothing counted yet
+        this cycle is first counted against its site's host budget
         (``trove_discovery.sites``), which may refuse all of them.
 
         One compare-and-set for all of them, against the revision this process last
@@ -454,16 +488,17 @@ class Discovery:
         # wrote against one remembered revision, and one that lost, having to read before
         # writing again, could lose to the others every time (``trove_schema.turns``).
         async with self.budget_turns.of(key):
-            within, refused_by = await self._count_within_budget(key, domain, event_ids)
+            within, refused_by, until = await self._count_within_budget(key, domain, event_ids)
         if within < len(event_ids):
             BUDGET_REFUSALS.labels(refused_by).inc(len(event_ids) - within)
-        return within
+        return within, until
 
     async def _count_within_budget(
         self, key: str, domain: str, event_ids: list[str]
-    ) -> tuple[int, str]:
-        """How many of ``event_ids`` are within the budget, and which budget refused the
-        rest (``host_pages`` or ``site_hosts``)."""
+    ) -> tuple[int, str, float]:
+        """How many of ``event_ids`` are within the budget, which budget refused the
+        rest (``host_pages`` or ``site_hosts``), and when it has room again: the host's
+        cycle's end, or, for its site's, a cycle from now (at the latest)."""
         budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
         remembered = self.budgets.get(key)
         for _ in range(BUDGET_WRITE_ATTEMPTS):
@@ -486,15 +521,16 @@ class Discovery:
             # held fewer back): those are counted now.
             done = counted.counted(event_ids)
             pending = event_ids[done:]
+            ends = counted.since + cycle
             if not pending:
-                return done, "host_pages"
+                return done, "host_pages", ends
             within = min(len(pending), max(0, budget - counted.pages))
             if within == 0:
-                return done, "host_pages"
+                return done, "host_pages", ends
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
             if counted.pages == 0 and not await self.sites.admits(domain):
-                return 0, "site_hosts"
+                return 0, "site_hosts", now + cycle
             now_counted = counted.add(pending, within)
             value = now_counted.to_bytes()
             try:
@@ -507,7 +543,7 @@ class Discovery:
                 remembered = None
                 continue
             self.budgets.remember(key, (written, now_counted))
-            return done + within, "host_pages"
+            return done + within, "host_pages", ends
         # Other replicas wrote first every time. Not a refusal: refused links stay seen
         # and their pages would never be crawled. The page comes back and asks again.
         raise Retry(f"the page budget of {key} is written by too many replicas", delay=1.0)
@@ -533,6 +569,21 @@ def page_redirect(event: CrawlCompleted, *, fetched: bool) -> Link | None:
     if not redirects:
         return None
     return redirects[0] if fetched else redirects[-1]
+
+
+#: The seen set's value for a URL its host's budget refused, before the time (epoch
+#: seconds) its cycle ends.
+REFUSED = b"refused:"
+
+
+def _refused_until(claimed_by: bytes) -> float | None:
+    """When a budget's refusal ends, if ``claimed_by`` is one (``_refuse``)."""
+    if not claimed_by.startswith(REFUSED):
+        return None
+    try:
+        return float(claimed_by[len(REFUSED) :])
+    except ValueError:
+        return 0.0  # unreadable: ended
 
 
 def _seen_key(url: str) -> str:
