@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from tests.conftest import StackUrls, eventually
 from tests.support import query, services
 from trove_recorder.projections import apply_batch
 from trove_recorder.replay import replay
+from trove_recorder.retention import Retention, prune_polls
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -36,14 +38,17 @@ POLICY = RetryPolicy(max_attempts=3, delay_seconds=60.0)
 INSTANCE = "https://social.example"
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
+#: The tables follows, unfollows and polls are projected to, and the applied ids.
+TABLES = ("instances", "timeline_polls", "instance_unfollows", "page_shares", "projected_events")
+
 #: Every projected column but surrogate ids and row times, for replay's comparison.
 CHECKSUMS = {
     "instances": (
         "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
         "SELECT instance, domain, timeline, follow_id, followed_at, unfollowed_at, max_depth, "
-        "software, software_version, last_poll, last_poll_at, last_outcome, last_status_code, "
-        "last_error, polls, posts_seen, links_found, skipped, cursor, next_poll_after, "
-        "failing_since FROM instances) t"
+        "software, software_version, software_at, last_poll, last_poll_at, last_outcome, "
+        "last_status_code, last_error, polls, posts_seen, links_found, skipped, cursor, "
+        "next_poll_after, failing_since FROM instances) t"
     ),
     "page_shares": (
         "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM ("
@@ -128,6 +133,32 @@ async def project_batch(engine: AsyncEngine, events: Sequence[Event]) -> None:
         await apply_batch(session, events, POLICY)
 
 
+async def forget(engine: AsyncEngine) -> None:
+    """The fediverse's projections emptied, as before any event."""
+    async with engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {', '.join(TABLES)}"))
+
+
+async def rows(engine: AsyncEngine) -> list[Any]:
+    """Every projected column of every ``instances`` row, by instance and timeline."""
+    return list(
+        await query(
+            engine,
+            "SELECT instance, timeline, domain, follow_id, followed_at, unfollowed_at, max_depth, "
+            "software, software_version, software_at, last_poll, last_poll_at, last_outcome, "
+            "last_status_code, last_error, polls, posts_seen, links_found, skipped, cursor, "
+            "next_poll_after, failing_since FROM instances ORDER BY instance, timeline",
+        )
+    )
+
+
+async def rows_after(engine: AsyncEngine, events: Sequence[Event]) -> list[Any]:
+    """The rows ``events`` leave, applied in this order (a transaction each) from nothing."""
+    await forget(engine)
+    await project(engine, *events)
+    return await rows(engine)
+
+
 async def instance(engine: AsyncEngine, timeline: str = "local") -> Any:
     (row,) = await query(engine, "SELECT * FROM instances WHERE timeline = :t", t=timeline)
     return row
@@ -201,8 +232,16 @@ async def test_a_followed_timeline_counts_its_polls_and_records_each_share(
 async def test_a_poll_delivered_again_or_made_again_counts_once(engine: AsyncEngine) -> None:
     followed = follow()
     first = polled(followed, 1, post(1, "https://a.example/"), skipped=1)
-    # The same poll made a second time (its request redelivered) carries another id.
-    again = polled(followed, 1, post(1, "https://a.example/"), post(2, "https://b.example/"))
+    # The same poll made a second time (its request redelivered) carries another id, and
+    # ends later.
+    again = polled(
+        followed,
+        1,
+        post(1, "https://a.example/"),
+        post(2, "https://b.example/"),
+        started_at=first.completed_at,
+        completed_at=first.completed_at + timedelta(seconds=30),
+    )
     assert again.id != first.id
 
     assert await project(engine, followed, first, first, again) == [True, True, False, True]
@@ -282,13 +321,16 @@ async def test_unfollow_and_follow_again_start_a_new_chain(engine: AsyncEngine) 
     # Poll 1 of the new chain counts; the counters go on across follows.
     assert (row.last_poll, row.polls, row.posts_seen) == (1, 2, 2)
 
-    # An unfollow older than the current follow, and a poll of the old chain, change
-    # nothing; an unfollow without a timeline ends every timeline of the instance.
+    # An unfollow older than the current follow changes nothing. A poll of the old chain
+    # (under way when it was unfollowed) was made: it counts, whatever order it is applied
+    # in, and leaves the new chain's columns alone. An unfollow without a timeline ends
+    # every timeline of the instance.
     await project(
         engine, unfollow("local", later), polled(followed, 2, post(3, "https://c.example/"))
     )
-    assert (await instance(engine)).unfollowed_at is None
-    assert (await instance(engine)).polls == 2
+    row = await instance(engine)
+    assert row.unfollowed_at is None
+    assert (row.last_poll, row.cursor, row.polls, row.posts_seen) == (1, "1", 3, 3)
     end = later + timedelta(hours=1)
     await project(engine, unfollow(None, end))
     rows = await query(engine, "SELECT timeline, unfollowed_at FROM instances ORDER BY timeline")
@@ -314,8 +356,7 @@ async def test_a_post_seen_twice_is_one_share_that_keeps_its_earliest_sighting(
     late = polled(public, 3, shared, shared)
     # In either order (several recorders, or a replay, may apply them either way).
     for order in ((early, late), (late, early)):
-        async with engine.begin() as conn:
-            await conn.execute(text("TRUNCATE instances, page_shares, projected_events"))
+        await forget(engine)
         await project(engine, local, public, *order)
 
         rows = await query(engine, "SELECT url, instance, first_seen_at FROM page_shares")
@@ -337,8 +378,7 @@ async def test_the_tables_do_not_depend_on_how_the_stream_is_cut_into_batches(
     ]
     await project(engine, *stream)
     one_by_one = await checksums(engine)
-    async with engine.begin() as conn:
-        await conn.execute(text("TRUNCATE instances, page_shares, projected_events"))
+    await forget(engine)
 
     await project_batch(engine, stream)
 
@@ -413,3 +453,278 @@ async def test_migration_0007_goes_down_and_up_again(scratch_database: str) -> N
         assert indexes["uq_page_shares_url_post_uri"]["unique"]
     finally:
         await db.dispose()
+
+
+# Each recorder applies two batches at once, and a batch handed back (a lost race, the
+# database away) commits after later ones: events reach the tables in another order than
+# the stream's.
+
+
+async def test_an_unfollow_applied_before_its_follow_still_ends_it(engine: AsyncEngine) -> None:
+    local, public = follow("local"), follow("public", at=T0 + timedelta(minutes=1))
+    stop = unfollow("local", T0 + timedelta(minutes=30))
+    stop_all = unfollow(None, T0 + timedelta(hours=1))
+    in_order = await rows_after(engine, [local, public, stop, stop_all])
+    assert [(r.timeline, r.unfollowed_at) for r in in_order] == [
+        ("local", stop.occurred_at),  # its first unfollow: the one of every timeline after
+        ("public", stop_all.occurred_at),
+    ]
+
+    assert await rows_after(engine, [stop_all, stop, public, local]) == in_order
+    assert await rows_after(engine, [stop, local, stop_all, public]) == in_order
+
+
+async def test_a_follow_again_and_its_unfollow_applied_the_other_way_round_end_unfollowed(
+    engine: AsyncEngine,
+) -> None:
+    first, again = follow(), follow(at=T0 + timedelta(hours=1))
+    stop_first = unfollow("local", T0 + timedelta(minutes=30))
+    stop_again = unfollow("local", T0 + timedelta(hours=2))
+    in_order = await rows_after(engine, [first, stop_first, again, stop_again])
+    (row,) = in_order
+    assert (str(row.follow_id), row.unfollowed_at) == (again.id, stop_again.occurred_at)
+
+    assert await rows_after(engine, [first, stop_first, stop_again, again]) == in_order
+    assert await rows_after(engine, [stop_again, again, stop_first, first]) == in_order
+
+
+async def test_a_poll_applied_before_its_follow_again_counts_and_shows(
+    engine: AsyncEngine,
+) -> None:
+    first, again = follow(), follow(at=T0 + timedelta(hours=1))
+    stream: list[Event] = [
+        first,
+        polled(first, 1, post(1, "https://a.example/")),
+        unfollow("local", T0 + timedelta(minutes=30)),
+        again,
+        polled(again, 1, post(2, "https://b.example/"), cursor_after="7", software="gotosocial"),
+    ]
+    in_order = await rows_after(engine, stream)
+    (row,) = in_order
+    assert (str(row.follow_id), row.last_poll, row.cursor, row.software) == (
+        again.id,
+        1,
+        "7",
+        "gotosocial",
+    )
+    assert (row.polls, row.posts_seen, row.unfollowed_at) == (2, 2, None)
+
+    first_, poll, stop, again_, poll_again = stream
+    assert await rows_after(engine, [first_, poll, stop, poll_again, again_]) == in_order
+    assert await rows_after(engine, [poll_again, poll, again_, stop, first_]) == in_order
+
+
+async def test_polls_applied_out_of_order_each_count_once(engine: AsyncEngine) -> None:
+    followed = follow()
+    ok = polled(followed, 1, post(1, "https://a.example/"), skipped=1)
+    reset = polled(
+        followed, 2, outcome=CrawlOutcome.FAILED, error_message="connection reset", cursor_after="1"
+    )
+    slow = polled(followed, 3, outcome=CrawlOutcome.TIMEOUT, cursor_after="1")
+    # Poll 3 made again (its request redelivered): it ended later, and saw a post.
+    slow_again = polled(
+        followed,
+        3,
+        post(3, "https://c.example/"),
+        started_at=slow.completed_at,
+        completed_at=slow.completed_at + timedelta(seconds=30),
+    )
+    in_order = await rows_after(engine, [followed, ok, reset, slow, slow_again])
+    (row,) = in_order
+    assert (row.polls, row.posts_seen, row.links_found, row.skipped) == (3, 1, 1, 1)
+    assert (row.last_poll, row.last_outcome, row.cursor) == (3, "timeout", "1")
+    assert row.failing_since == reset.completed_at  # the first failure after the success
+
+    for order in (
+        [followed, slow, reset, ok, slow_again],
+        [slow_again, followed, slow, ok, reset],
+        [reset, slow_again, ok, slow, followed],
+    ):
+        assert await rows_after(engine, order) == in_order, [type(e).__name__ for e in order]
+
+
+def timeline_history() -> list[Event]:
+    """Two timelines of an instance over three hours, in stream order: a follow, polls,
+    a poll made twice, an unfollow with a poll under way, a follow again whose polls fail,
+    and an unfollow of every timeline."""
+    first = follow(max_depth=1)
+    tag = follow("tag:smallweb", at=T0 + timedelta(minutes=1))
+    again = follow(at=T0 + timedelta(hours=1), max_depth=2)
+    late = T0 + timedelta(minutes=31)
+    return [
+        first,
+        tag,
+        polled(first, 1, post(1, "https://a.example/", "https://b.example/"), skipped=2),
+        polled(tag, 1, post(2, "https://a.example/")),
+        polled(first, 2, post(3, "https://c.example/"), software_version="4.3.3"),
+        polled(
+            first,
+            2,
+            post(3, "https://c.example/"),
+            post(4, "https://d.example/"),
+            started_at=T0 + timedelta(minutes=2, seconds=5),
+            completed_at=T0 + timedelta(minutes=2, seconds=40),
+        ),
+        unfollow("local", T0 + timedelta(minutes=30)),
+        polled(first, 3, post(5, "https://e.example/"), started_at=late, completed_at=late),
+        again,
+        polled(again, 1, post(6, "https://f.example/"), software="mastodon"),
+        polled(
+            again,
+            2,
+            outcome=CrawlOutcome.BLOCKED_5XX,
+            status_code=503,
+            error_message="HTTP 503",
+            retry_after=120.0,
+            cursor_after="1",
+        ),
+        polled(again, 3, outcome=CrawlOutcome.TIMEOUT, cursor_after="1"),
+        unfollow(None, T0 + timedelta(hours=3)),
+    ]
+
+
+async def test_any_order_in_any_batches_gives_the_rows_a_replay_gives(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, scratch_database: str
+) -> None:
+    stream = timeline_history()
+    for event in stream:
+        await bus.publish(event)
+    await replay(stack.nats_url, scratch_database, POLICY)
+    target = create_async_engine(scratch_database)
+    try:
+        replayed, replayed_sums = await rows(target), await checksums(target)
+    finally:
+        await target.dispose()
+    local, tag = replayed
+    assert (local.timeline, local.unfollowed_at, local.max_depth) == (
+        "local",
+        T0 + timedelta(hours=3),
+        2,
+    )
+    assert (local.polls, local.posts_seen, local.links_found, local.skipped) == (6, 4, 5, 2)
+    assert (local.last_poll, local.last_outcome, local.software) == (3, "timeout", "mastodon")
+    assert local.failing_since == T0 + timedelta(hours=1, minutes=2)
+    assert (tag.timeline, tag.unfollowed_at, tag.polls) == (
+        "tag:smallweb",
+        T0 + timedelta(hours=3),
+        1,
+    )
+
+    shuffle = random.Random(20261130)
+    for attempt in range(12):
+        order = shuffle.sample(stream, len(stream))
+        cuts = sorted(shuffle.sample(range(1, len(order)), 4))
+        batches = [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+        await forget(engine)
+        if attempt % 2:
+            # Batches at once: an instance's rows are written by one of them at a time.
+            await asyncio.gather(*(project_batch(engine, batch) for batch in batches))
+        else:
+            for batch in batches:
+                await project_batch(engine, batch)
+        assert await rows(engine) == replayed, [type(e).__name__ for e in order]
+        assert await checksums(engine) == replayed_sums
+
+
+async def test_migration_0012_keeps_what_the_rows_held(scratch_database: str) -> None:
+    gone, failing = follow("public"), follow()
+    await asyncio.to_thread(upgrade, scratch_database, "0011")
+    db = create_async_engine(scratch_database)
+    try:
+        async with db.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO instances (instance, domain, timeline, follow_id, followed_at, "
+                    "unfollowed_at, software, software_version, last_poll, last_poll_at, "
+                    "last_outcome, polls, cursor, failing_since) VALUES "
+                    "(:i, 'social.example', 'public', :gone, :t0, :t1, 'mastodon', '4.3.2', 2, "
+                    ":t2, 'success', 2, '2', NULL), "
+                    "(:i, 'social.example', 'local', :failing, :t0, NULL, 'mastodon', '4.3.2', 5, "
+                    ":t5, 'timeout', 5, '5', :t3)"
+                ),
+                {
+                    "i": INSTANCE,
+                    "gone": gone.id,
+                    "failing": failing.id,
+                    "t0": T0,
+                    "t1": T0 + timedelta(hours=1),
+                    **{f"t{n}": T0 + timedelta(minutes=n) for n in (2, 3, 5)},
+                },
+            )
+        await asyncio.to_thread(upgrade, scratch_database, "head")
+
+        # A poll of the unfollowed follow (under way when it ended), the next failure of
+        # the other, and its last poll before the upgrade made again.
+        await project(
+            db,
+            polled(gone, 3),
+            polled(failing, 6, outcome=CrawlOutcome.TIMEOUT, cursor_after="5"),
+            polled(
+                failing,
+                5,
+                outcome=CrawlOutcome.TIMEOUT,
+                completed_at=T0 + timedelta(minutes=5, seconds=30),
+                software=None,
+            ),
+        )
+        public, local = await query(db, "SELECT * FROM instances ORDER BY timeline DESC")
+        assert (public.unfollowed_at, public.polls, public.last_poll) == (
+            T0 + timedelta(hours=1),
+            3,
+            3,
+        )
+        assert (local.failing_since, local.polls, local.last_poll) == (
+            T0 + timedelta(minutes=3),
+            6,
+            6,
+        )
+        assert (local.software, local.software_version) == ("mastodon", "4.3.2")
+    finally:
+        await db.dispose()
+
+
+async def test_the_polls_a_timelines_row_no_longer_needs_leave_after_a_week(
+    engine: AsyncEngine,
+) -> None:
+    # Polls 1-3 succeed, 4-5 fail; an earlier follow, replaced, polled once. A week
+    # after them, what the row is worked out from stays: the newest success and after.
+    earlier, followed = follow(at=T0 - timedelta(days=1)), follow()
+    await project(engine, earlier, polled(earlier, 1), followed)
+    await project(
+        engine, *(polled(followed, n, post(n, f"https://{n}.example/")) for n in (1, 2, 3))
+    )
+    for n in (4, 5):
+        await project(engine, polled(followed, n, outcome=CrawlOutcome.TIMEOUT, cursor_after="3"))
+    before = await instance(engine)
+    sessions = async_sessionmaker(engine)
+    retention = Retention(window=timedelta(days=90), batch=2)
+
+    assert await prune_polls(sessions, retention, now=lambda: T0 + timedelta(days=6)) == 0
+    assert await prune_polls(sessions, retention, now=lambda: T0 + timedelta(days=8)) == 3
+    kept = await query(engine, "SELECT follow_id, poll FROM timeline_polls ORDER BY poll")
+    assert [(str(r.follow_id), r.poll) for r in kept] == [(followed.id, n) for n in (3, 4, 5)]
+    # The row reads the same, and a poll made again within the window still counts once.
+    await project(engine, polled(followed, 5, outcome=CrawlOutcome.TIMEOUT, cursor_after="3"))
+    await project(engine, polled(followed, 6, outcome=CrawlOutcome.TIMEOUT, cursor_after="3"))
+    after = await instance(engine)
+    assert after.failing_since == before.failing_since == T0 + timedelta(minutes=4)
+    assert (after.polls, after.posts_seen) == (before.polls + 1, before.posts_seen)
+
+
+async def test_an_unfollow_a_recorder_before_0012_applied_holds_when_a_late_poll_comes(
+    engine: AsyncEngine,
+) -> None:
+    # The release before kept an unfollow on the row alone; a poll in flight at the
+    # unfollow is applied by this one after it.
+    followed = follow()
+    await project(engine, followed, polled(followed, 1))
+    gone = T0 + timedelta(minutes=90)
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE instances SET unfollowed_at = :at"), {"at": gone})
+    await project(engine, polled(followed, 2))
+    row = await instance(engine)
+    assert (row.unfollowed_at, row.polls) == (gone, 2)
+    # A follow again takes the row, followed.
+    again = follow(at=T0 + timedelta(hours=2))
+    await project(engine, again)
+    assert (await instance(engine)).unfollowed_at is None

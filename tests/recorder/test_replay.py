@@ -19,12 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
-from trove_recorder.replay import PROJECTION_TABLES, replay, since_of
+from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, LockLost, replay, since_of
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlRequested, decode_event
+from trove_schema.events import CrawlRequested, Provenance, SeedRejected, decode_event
+from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Base
 from trove_schema.topology import (
@@ -358,3 +359,64 @@ def test_a_since_that_is_neither_is_refused_with_both_forms(value: str) -> None:
 def test_replay_with_truncate_empties_every_projection_table() -> None:
     # A table left out would keep rows pointing at page ids the replay hands out anew.
     assert set(PROJECTION_TABLES) == set(Base.metadata.tables)
+
+
+async def test_a_replay_whose_lock_went_with_its_connection_stops(
+    stack: StackUrls, bus: Bus, scratch_database: str
+) -> None:
+    rejected = [
+        SeedRejected(
+            raw=f"ftp://{n}.example/",
+            reason="not http(s)",
+            provenance=Provenance(kind="seed", origin="test"),
+        )
+        for n in range(20)
+    ]
+    for event in rejected:
+        await bus.publish(event)
+    await upgrade_async(scratch_database)
+    target = create_async_engine(scratch_database)
+    try:
+        async with target.connect() as held:
+            # The third event's id taken first, uncommitted: the replay's third batch
+            # waits for it, with two batches applied.
+            await held.execute(
+                text("INSERT INTO projected_events (event_id, event_type) VALUES (:id, 'x')"),
+                {"id": rejected[2].id},
+            )
+            running = asyncio.create_task(
+                replay(
+                    stack.nats_url,
+                    scratch_database,
+                    RetryPolicy(max_attempts=3, delay_seconds=1.0),
+                    batch=1,
+                )
+            )
+
+            async def waiting() -> int:
+                (row,) = await query(
+                    target,
+                    "SELECT count(*) AS n FROM pg_stat_activity "
+                    "WHERE datname = :db AND wait_event_type = 'Lock'",
+                    db=make_url(scratch_database).database,
+                )
+                return int(row.n)
+
+            await eventually(waiting, until=lambda n: n == 1, timeout=30, what="replay waits")
+            (ended,) = await query(
+                target,
+                "SELECT pg_terminate_backend(pid) AS ended FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND (CAST(classid AS bigint) << 32 | CAST(objid AS bigint)) = :lock",
+                lock=REPLAY_LOCK,
+            )
+            assert ended.ended
+            await held.rollback()
+
+        with pytest.raises(LockLost):
+            await running
+        (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
+        assert row.n == 3  # the batch under way when the lock went, and none after it
+    finally:
+        await target.dispose()

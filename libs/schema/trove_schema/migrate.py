@@ -27,9 +27,9 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
     A database at a revision this code does not know was migrated by a newer release:
     this one was rolled back to. Its head is left as it is, with a warning, and the
-    service starts: migrations only add (a column with a default, a table, an index),
-    so an older release works on a newer schema, and refusing would keep every pod of
-    a rollback from starting."""
+    service starts: migrations since 0005 only add (a column with a default, a table, an
+    index), so an older release works on a newer schema, and refusing would keep every
+    pod of a rollback from starting."""
     try:
         command.upgrade(alembic_config(database_url), revision)
     except CommandError as exc:

@@ -187,9 +187,10 @@ class SeedRejection(Base):
 class Instance(Base):
     """One row per followed timeline of a fediverse instance (the design's ``instanceId``).
 
-    Projected from ``InstanceFollowed``, ``InstanceUnfollowed`` and ``TimelinePolled``.
-    ``last_poll`` is the number of the last poll of the current follow's chain applied:
-    a poll not newer than it (the same poll made twice after a redelivery) adds nothing.
+    Projected from ``InstanceFollowed``, ``InstanceUnfollowed`` and ``TimelinePolled``,
+    in whatever order they are applied (``timeline_polls`` and ``instance_unfollows``
+    keep what the row is worked out from): the newest follow holds it, its poll columns
+    are its newest poll's, and each poll is counted once.
     """
 
     __tablename__ = "instances"
@@ -209,6 +210,9 @@ class Instance(Base):
     max_depth: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     software: Mapped[str | None] = mapped_column(Text)
     software_version: Mapped[str | None] = mapped_column(Text)
+    #: When the poll that named ``software`` ended: an older poll applied later does not
+    #: replace it.
+    software_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_poll: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     last_poll_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_outcome: Mapped[str | None] = mapped_column(String(16))
@@ -233,6 +237,42 @@ class Instance(Base):
             f"last_outcome IS NULL OR {_in('last_outcome', CRAWL_OUTCOMES)}", name="outcome"
         ),
     )
+
+
+class TimelinePoll(Base):
+    """One row per poll of a follow (``TimelinePolled``): what it counted and ended on.
+
+    The same poll made twice (its request redelivered) is one row, the one that ended
+    first. Pruned by the recorder's retention, which keeps each follow's polls from its
+    newest success on.
+    """
+
+    __tablename__ = "timeline_polls"
+
+    follow_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    poll: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    completed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    posts: Mapped[int] = mapped_column(Integer, nullable=False)
+    links: Mapped[int] = mapped_column(Integer, nullable=False)
+    skipped: Mapped[int] = mapped_column(Integer, nullable=False)
+    cursor: Mapped[str | None] = mapped_column(Text)
+    next_poll_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class InstanceUnfollow(Base):
+    """One row per ``InstanceUnfollowed``, for a follow applied after it to find."""
+
+    __tablename__ = "instance_unfollows"
+
+    event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(2048), nullable=False, index=True)
+    #: None: every timeline of the instance.
+    timeline: Mapped[str | None] = mapped_column(String(120))
+    unfollowed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
 
 class PageShare(Base):

@@ -21,6 +21,7 @@ newer one would be wasted.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -190,16 +191,75 @@ async def _seed_rejections(tx: Transaction, rejected: list[SeedRejected]) -> Non
     )
 
 
+#: The advisory locks (the two-key form, apart from the one-key locks of the migrations
+#: and of replay) under which one transaction at a time writes an instance's rows; the
+#: second key is a hash of the instance.
+INSTANCE_LOCKS = 0x74726F76
+
+
+def _instance_key(instance: str) -> int:
+    digest = hashlib.blake2b(instance.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+# When the row's follow began; a row whose follow is not applied yet (made by its polls)
+# dates it by its first poll.
+_FOLLOWED_AT = (
+    "coalesce(i.followed_at, (SELECT f.completed_at FROM timeline_polls f "
+    "WHERE f.follow_id = i.follow_id ORDER BY f.poll LIMIT 1))"
+)
+# The first unfollow of the row's timeline (or of every timeline of its instance) at or
+# after its follow. The row's own, when it is after the follow, counts too: one a
+# recorder of the release before 0012 applied, which is in no ``instance_unfollows``.
+_UNFOLLOWED_AT = (  # constants only: nothing to inject
+    f"least(CASE WHEN i.unfollowed_at >= {_FOLLOWED_AT} THEN i.unfollowed_at END, "  # noqa: S608
+    "(SELECT min(u.unfollowed_at) FROM instance_unfollows u WHERE u.instance = i.instance "
+    # A tag's case: discovery stops `tag:Python` for an unfollow of `tag:python` (a
+    # release before kept the case a follow was spelt in).
+    "AND (u.timeline IS NULL OR lower(u.timeline) = lower(i.timeline)) "
+    f"AND u.unfollowed_at >= {_FOLLOWED_AT}))"
+)
+
+# The columns of the row's follow: its newest poll's, since when it has been failing
+# (the first failure after its newest success; a poll 0 stands for the failures before
+# migration 0012) and when it was unfollowed.
+_FOLLOW_STATE = (  # constants only: nothing to inject
+    "UPDATE instances i SET (last_poll, last_poll_at, last_outcome, last_status_code, "  # noqa: S608
+    "last_error, cursor, next_poll_after) = (SELECT coalesce(p.poll, 0), p.completed_at, "
+    "p.outcome, p.status_code, p.error, p.cursor, p.next_poll_after FROM (SELECT 1) AS one "
+    "LEFT JOIN (SELECT * FROM timeline_polls t WHERE t.follow_id = i.follow_id "
+    "ORDER BY t.poll DESC LIMIT 1) AS p ON true), "
+    "failing_since = (SELECT min(t.completed_at) FROM timeline_polls t "
+    "WHERE t.follow_id = i.follow_id AND t.outcome <> 'success' AND t.poll > "
+    "coalesce((SELECT max(s.poll) FROM timeline_polls s WHERE s.follow_id = i.follow_id "
+    "AND s.outcome = 'success'), -1)), "
+    f"unfollowed_at = {_UNFOLLOWED_AT}, updated_at = now() "
+    "WHERE i.instance = :instance AND i.timeline = :timeline"
+)
+
+
 async def _fediverse(
     tx: Transaction, events: list[InstanceFollowed | InstanceUnfollowed | TimelinePolled]
 ) -> None:
-    """Follows, unfollows and polls, one at a time in stream order.
+    """Follows, unfollows and polls, whatever the order they are applied in.
 
-    A follow, its unfollow and a follow again may share a batch, and a poll counts only
-    after its follow: applied in the stream's order, the tables cannot depend on how the
-    stream was cut into batches. They are a few events a minute per timeline, against
-    hundreds of pages a second, so a statement or two each costs nothing worth batching.
+    Stream order holds only within a batch: each recorder applies two batches at once,
+    and a batch handed back commits after later ones. So a timeline's row is worked out
+    from what its events left, not from their order: each poll is kept in
+    ``timeline_polls`` and each unfollow in ``instance_unfollows``, where a follow applied
+    after them finds them, and the row holds its newest follow. An instance's rows are
+    written by one transaction at a time (its lock, taken in one order by every batch):
+    an unfollow of every timeline of it and a follow, each in a batch of its own, would
+    otherwise each miss the other's uncommitted rows. They are a few events a minute per
+    timeline, against hundreds of pages a second, so a few statements each cost nothing
+    worth batching.
     """
+    if not events:
+        return
+    await tx.execute(
+        _sql("SELECT pg_advisory_xact_lock(:space, k) FROM unnest(CAST(:keys AS int[])) AS k"),
+        {"space": INSTANCE_LOCKS, "keys": sorted({_instance_key(e.instance) for e in events})},
+    )
     for event in events:
         if type(event) is TimelinePolled:
             await _timeline_polled(tx, event)
@@ -212,30 +272,20 @@ async def _fediverse(
 async def _instance_followed(tx: Transaction, event: InstanceFollowed) -> None:
     """The timeline's row now belongs to this follow, unless a newer follow holds it.
 
-    A new follow starts a new poll chain (numbered from 1), so ``last_poll`` starts
-    over; the counters go on across follows. The same follow again (a row made by its
-    polls first) only fills in what the follow says.
+    A new follow starts a new poll chain (numbered from 1): the row's poll columns become
+    those of its polls applied already (usually none); the counters go on across follows.
+    A row made by polls alone (this follow's, or another's not applied yet) is taken.
     """
-    await tx.execute(
+    taken = await tx.value(
         _sql(
-            "INSERT INTO instances (instance, domain, timeline, follow_id, followed_at, "
+            "INSERT INTO instances AS i (instance, domain, timeline, follow_id, followed_at, "
             "max_depth) VALUES (:instance, :domain, :timeline, :follow_id, :at, :max_depth) "
-            "ON CONFLICT (instance, timeline) DO UPDATE SET "
-            "domain = excluded.domain, followed_at = excluded.followed_at, "
-            "max_depth = excluded.max_depth, updated_at = now(), "
-            "unfollowed_at = CASE WHEN instances.follow_id = excluded.follow_id "
-            "  THEN instances.unfollowed_at END, "
-            "last_poll = CASE WHEN instances.follow_id = excluded.follow_id "
-            "  THEN instances.last_poll ELSE 0 END, "
-            "failing_since = CASE WHEN instances.follow_id = excluded.follow_id "
-            "  THEN instances.failing_since END, "
-            "next_poll_after = CASE WHEN instances.follow_id = excluded.follow_id "
-            "  THEN instances.next_poll_after END, "
-            "cursor = CASE WHEN instances.follow_id = excluded.follow_id "
-            "  THEN instances.cursor END, "
-            "follow_id = excluded.follow_id "
-            "WHERE instances.follow_id = excluded.follow_id OR instances.followed_at IS NULL "
-            "OR instances.followed_at <= excluded.followed_at"
+            "ON CONFLICT (instance, timeline) DO UPDATE SET domain = excluded.domain, "
+            "follow_id = excluded.follow_id, followed_at = excluded.followed_at, "
+            "max_depth = excluded.max_depth "
+            # Two follows at the same instant: the larger id, in either order.
+            "WHERE i.followed_at IS NULL OR (i.followed_at, i.follow_id) "
+            "< (excluded.followed_at, excluded.follow_id) RETURNING true"
         ),
         {
             "instance": event.instance,
@@ -246,90 +296,152 @@ async def _instance_followed(tx: Transaction, event: InstanceFollowed) -> None:
             "max_depth": event.max_depth,
         },
     )
+    if taken:
+        await tx.execute(
+            _sql(_FOLLOW_STATE), {"instance": event.instance, "timeline": event.timeline}
+        )
 
 
 async def _instance_unfollowed(tx: Transaction, event: InstanceUnfollowed) -> None:
     """The timeline (every timeline of the instance without one) is no longer followed.
 
-    An unfollow older than the current follow is about an earlier one: it changes nothing.
+    Kept for a follow applied after it; an unfollow older than a row's follow is about
+    an earlier one, and changes nothing.
     """
+    params = {"instance": event.instance, "timeline": event.timeline}
     await tx.execute(
         _sql(
-            "UPDATE instances SET unfollowed_at = :at, updated_at = now() "
-            "WHERE instance = :instance "
-            # A tag's case: discovery stops `tag:Python` for an unfollow of `tag:python`
-            # (a release before kept the case a follow was spelt in).
-            "AND (CAST(:timeline AS text) IS NULL OR lower(timeline) = lower(:timeline)) "
-            "AND unfollowed_at IS NULL AND (followed_at IS NULL OR followed_at <= :at)"
+            "INSERT INTO instance_unfollows (event_id, instance, timeline, unfollowed_at) "
+            "VALUES (:id, :instance, :timeline, :at) ON CONFLICT DO NOTHING"
         ),
-        {"instance": event.instance, "timeline": event.timeline, "at": event.occurred_at},
+        {**params, "id": uuid.UUID(event.id), "at": event.occurred_at},
+    )
+    await tx.execute(
+        _sql(
+            f"UPDATE instances i SET unfollowed_at = {_UNFOLLOWED_AT}, updated_at = now() "  # noqa: S608
+            "WHERE i.instance = :instance "
+            "AND (CAST(:timeline AS text) IS NULL OR lower(i.timeline) = lower(:timeline)) "
+            f"AND i.unfollowed_at IS DISTINCT FROM {_UNFOLLOWED_AT}"
+        ),
+        params,
     )
 
 
 async def _timeline_polled(tx: Transaction, event: TimelinePolled) -> None:
     """A poll's outcome on its timeline's row, and a ``page_shares`` row per shared link.
 
-    The row counts a poll once: only a poll of the row's current follow numbered above
-    ``last_poll`` changes it (the same poll made again after a redelivery, under another
-    event id, adds nothing; so does a poll of a follow since replaced). Polls of one
-    timeline are a chain, each requested after the last one's event, so they reach the
-    recorder in order. Shares are recorded whatever the poll's fate: they are keyed by
-    (URL, post), and a second sighting of a post keeps the earliest.
+    Shares are recorded whatever the poll's fate: they are keyed by (URL, post), and a
+    second sighting of a post keeps the earliest.
+    """
+    follow_id = _uuid_or_none(event.follow_id)
+    if follow_id is not None:
+        await _count_poll(tx, event, follow_id)
+    await _page_shares(tx, event)
+
+
+async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UUID) -> None:
+    """The poll in ``timeline_polls``, and its counts on its timeline's row, once.
+
+    The same poll made again (its request redelivered) carries another event id: of the
+    two, the poll is the one that ended first, whichever is applied first, and its counts
+    replace the other's. Every poll counts, whichever follow it belongs to; the row's
+    poll columns are those of its follow's newest poll (``_FOLLOW_STATE``), so a poll of
+    a follow not applied yet waits in ``timeline_polls`` until its follow takes the row.
     """
     ok = event.outcome is CrawlOutcome.SUCCESS
-    params = {
-        "instance": event.instance,
-        "domain": event.domain,
-        "timeline": event.timeline,
-        "follow_id": _uuid_or_none(event.follow_id),
-    }
-    if params["follow_id"] is not None:
-        # Normally made by the follow; a poll whose follow was never applied makes it.
-        await tx.execute(
-            _sql(
-                "INSERT INTO instances (instance, domain, timeline, follow_id) "
-                "VALUES (:instance, :domain, :timeline, :follow_id) ON CONFLICT DO NOTHING"
+    posts = len(event.posts)
+    links = sum(len(post.links) for post in event.posts)
+    key = {"follow_id": follow_id, "poll": event.poll}
+    before = await tx.fetch(
+        _sql(
+            "SELECT completed_at, posts, links, skipped FROM timeline_polls "
+            "WHERE follow_id = :follow_id AND poll = :poll"
+        ),
+        key,
+    )
+    chosen = await tx.value(
+        _sql(
+            "INSERT INTO timeline_polls AS t (follow_id, poll, event_id, completed_at, "
+            "outcome, status_code, error, posts, links, skipped, cursor, next_poll_after) "
+            "VALUES (:follow_id, :poll, :event_id, :at, :outcome, :code, :error, :posts, "
+            ":links, :skipped, :cursor, :next) ON CONFLICT (follow_id, poll) DO UPDATE SET "
+            "event_id = excluded.event_id, completed_at = excluded.completed_at, "
+            "outcome = excluded.outcome, status_code = excluded.status_code, "
+            "error = excluded.error, posts = excluded.posts, links = excluded.links, "
+            "skipped = excluded.skipped, cursor = excluded.cursor, "
+            "next_poll_after = excluded.next_poll_after "
+            "WHERE (excluded.completed_at, excluded.event_id) < (t.completed_at, t.event_id) "
+            "RETURNING true"
+        ),
+        {
+            **key,
+            "event_id": uuid.UUID(event.id),
+            "at": event.completed_at,
+            "outcome": event.outcome.value,
+            "code": event.status_code,
+            # A success may carry a note too (what stopped it early: a rate limit).
+            "error": event.error_message or (None if ok else event.outcome.value),
+            "posts": posts,
+            "links": links,
+            "skipped": event.skipped,
+            "cursor": event.cursor_after,
+            "next": (
+                event.completed_at + timedelta(seconds=event.retry_after)
+                if event.retry_after
+                else None
             ),
-            params,
-        )
+        },
+    )
+    counts = (0, 0, 0, 0)
+    ended = event.completed_at
+    if chosen:
+        counts = (1, posts, links, event.skipped)
+        if before:
+            old = before[0]
+            counts = (0, posts - old["posts"], links - old["links"], event.skipped - old["skipped"])
+    elif before:
+        ended = before[0]["completed_at"]
+    current = await tx.value(
+        _sql(
+            "INSERT INTO instances AS i (instance, domain, timeline, follow_id, polls, "
+            "posts_seen, links_found, skipped, software, software_version, software_at) "
+            "VALUES (:instance, :domain, :timeline, :follow_id, :polls, :posts, :links, "
+            ":skipped, :software, :version, :software_at) "
+            "ON CONFLICT (instance, timeline) DO UPDATE SET polls = i.polls + excluded.polls, "
+            "posts_seen = i.posts_seen + excluded.posts_seen, "
+            "links_found = i.links_found + excluded.links_found, "
+            "skipped = i.skipped + excluded.skipped, "
+            # A row no follow has taken yet: the follow of the poll that ended last.
+            "follow_id = CASE WHEN i.followed_at IS NULL AND i.last_poll_at < :ended "
+            "  THEN excluded.follow_id ELSE i.follow_id END, "
+            # The software the latest poll that knew it named, whichever its follow.
+            "software = CASE WHEN excluded.software_at > coalesce(i.software_at, '-infinity') "
+            "  THEN excluded.software ELSE i.software END, "
+            "software_version = CASE WHEN excluded.software_at "
+            "  > coalesce(i.software_at, '-infinity') "
+            "  THEN excluded.software_version ELSE i.software_version END, "
+            "software_at = greatest(i.software_at, excluded.software_at), updated_at = now() "
+            "RETURNING i.follow_id = :follow_id"
+        ),
+        {
+            "instance": event.instance,
+            "domain": event.domain,
+            "timeline": event.timeline,
+            "follow_id": follow_id,
+            "polls": counts[0],
+            "posts": counts[1],
+            "links": counts[2],
+            "skipped": counts[3],
+            "software": event.software,
+            "version": event.software_version if event.software else None,
+            "software_at": event.completed_at if event.software else None,
+            "ended": ended,
+        },
+    )
+    if current:
         await tx.execute(
-            _sql(
-                "UPDATE instances SET last_poll = :poll, polls = polls + 1, "
-                "posts_seen = posts_seen + :posts, links_found = links_found + :links, "
-                "skipped = skipped + :skipped, last_poll_at = :at, last_outcome = :outcome, "
-                "last_status_code = :code, last_error = :error, "
-                "software = coalesce(:software, software), "
-                "software_version = coalesce(:version, software_version), "
-                "cursor = coalesce(:cursor, cursor), next_poll_after = :next, "
-                "failing_since = CASE WHEN CAST(:ok AS boolean) THEN NULL "
-                "  ELSE coalesce(failing_since, :at) END, "
-                "updated_at = now() "
-                "WHERE instance = :instance AND timeline = :timeline "
-                "AND follow_id = :follow_id AND last_poll < :poll"
-            ),
-            {
-                **params,
-                "poll": event.poll,
-                "posts": len(event.posts),
-                "links": sum(len(post.links) for post in event.posts),
-                "skipped": event.skipped,
-                "at": event.completed_at,
-                "outcome": event.outcome.value,
-                "code": event.status_code,
-                # A success may carry a note too (what stopped it early: a rate limit).
-                "error": event.error_message or (None if ok else event.outcome.value),
-                "software": event.software,
-                "version": event.software_version,
-                "cursor": event.cursor_after,
-                "next": (
-                    event.completed_at + timedelta(seconds=event.retry_after)
-                    if event.retry_after
-                    else None
-                ),
-                "ok": ok,
-            },
+            _sql(_FOLLOW_STATE), {"instance": event.instance, "timeline": event.timeline}
         )
-    await _page_shares(tx, event)
 
 
 async def _page_shares(tx: Transaction, event: TimelinePolled) -> None:

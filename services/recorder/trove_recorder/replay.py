@@ -25,7 +25,10 @@ still holds (scheduled for later, or decided but not yet published when the live
 recorder stopped) are released, and the recorder running on this database publishes
 them; a replay that fails releases them too. One killed outright (no ``finally``)
 loses its advisory lock with its connection, and the live recorder's publisher, or
-the next replay, ends its hold.
+the next replay, ends its hold. The lock's connection is used before every batch, so a
+server never ends it as idle, and a replay whose connection ended anyway (the server
+restarted, an operator ended it) stops: a live recorder may have released its retries
+meanwhile, and taking the lock again would not call them back.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ PROJECTION_TABLES = (
     "fetcher_attempts",
     "attempt_heuristics",
     "instances",
+    "timeline_polls",
+    "instance_unfollows",
     "page_shares",
     "host_policies",
     "projected_events",
@@ -107,6 +112,13 @@ _RELEASE_HELD_RETRIES = text(
 )
 #: Held by a running replay (a session lock, so a replay killed outright lets it go).
 REPLAY_LOCK = 0x74726F7665  # "trove"
+# Whether this session still holds the replay's lock (a one-key lock: its high and low
+# halves, ``objsubid`` 1).
+_HOLDS_REPLAY_LOCK = text(
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND pid = pg_backend_pid() AND objsubid = 1 "
+    "AND (CAST(classid AS bigint) << 32 | CAST(objid AS bigint)) = :lock)"
+)
 # Whether rows are held and no replay holds them (one killed, its connection gone).
 # The lock, tried only when such rows exist, is the caller's transaction's.
 _ABANDONED = text(
@@ -185,6 +197,20 @@ def since_of(value: str, now: datetime) -> datetime:
 
 class NotEmpty(TroveError):
     """The target database already holds projections; replay refuses to mix them."""
+
+
+class LockLost(TroveError):
+    """The replay's lock went with its connection: the replay stopped."""
+
+
+async def _check_lock(lock: AsyncConnection) -> None:
+    """Raise ``LockLost`` unless ``lock``'s session still holds the replay's lock."""
+    try:
+        held = (await lock.execute(_HOLDS_REPLAY_LOCK, {"lock": REPLAY_LOCK})).scalar_one()
+    except Exception as exc:  # the connection ended: its lock with it
+        raise LockLost(f"the connection holding the replay's lock ended ({exc})") from exc
+    if not held:
+        raise LockLost("the replay's lock is no longer held")
 
 
 @dataclass(slots=True)
@@ -276,6 +302,9 @@ async def replay(
                 if seq >= last:
                     done = True
                     break
+            # Before every batch: the live recorders leave the held retries alone only
+            # while the lock is held, and a connection left idle for hours may be ended.
+            await _check_lock(lock)
             async with sessions.begin() as session:
                 applied = await apply_batch(
                     session, events, policy, known, learning=learning, replaying=True
@@ -326,6 +355,13 @@ def run_replay(
     except NotEmpty as exc:
         print(f"error: {exc}")
         return 2
+    except LockLost as exc:
+        print(
+            f"error: replay stopped: {exc}. A live recorder may have released the retries "
+            "it held. Run it again with --since a time before it stopped: what it applied "
+            "is skipped"
+        )
+        return 1
     rate = stats.events / stats.seconds if stats.seconds else 0.0
     print(
         f"replayed {stats.events} events ({stats.applied} applied, {stats.malformed} malformed) "

@@ -31,6 +31,12 @@ a lost PubAck, the outbox's re-send after a crash: moments later) is still caugh
 while it was stored within one age of it. With no retention the record, and so the
 ids, are kept for ever.
 
+``timeline_polls`` (a row a poll of a followed timeline, which the projection counts
+each poll once by, and works a timeline's last poll and run of failures out of) keeps
+each follow's polls from its newest success on, and the rest for a week: the same poll
+made twice (its request redelivered) comes within minutes, not a week later. A follow
+no timeline holds any more (replaced, or the row gone) keeps nothing past the week.
+
 Time is a seam: ``now`` is injected, so a test runs "90 days" in seconds.
 """
 
@@ -73,6 +79,15 @@ _DELETE_PUBLISHED = text(
     "DELETE FROM outbox WHERE event_id IN (SELECT event_id FROM outbox "
     "WHERE published_at < :cutoff LIMIT :batch) RETURNING event_id"
 )
+_DELETE_POLLS = text(
+    "WITH old AS (SELECT t.follow_id, t.poll FROM timeline_polls t "
+    "WHERE t.completed_at < :cutoff AND (t.poll < (SELECT max(s.poll) FROM timeline_polls s "
+    "WHERE s.follow_id = t.follow_id AND s.outcome = 'success') "
+    "OR NOT EXISTS (SELECT 1 FROM instances i WHERE i.follow_id = t.follow_id)) "
+    "LIMIT :batch) "
+    "DELETE FROM timeline_polls d USING old "
+    "WHERE d.follow_id = old.follow_id AND d.poll = old.poll RETURNING d.poll"
+)
 _DELETE_APPLIED = text(
     "DELETE FROM projected_events WHERE event_id IN (SELECT event_id FROM projected_events "
     "WHERE projected_at < :cutoff LIMIT :batch) RETURNING event_id"
@@ -87,6 +102,8 @@ class Retention:
     crawl_window: timedelta | None = None
     #: How long a published outbox row stays, for an operator's look.
     published_window: timedelta = timedelta(days=1)
+    #: How long a poll a timeline's row no longer needs stays (see the module).
+    polls_window: timedelta = timedelta(days=7)
     #: How long the ids of applied events are kept: twice the record's age (see the
     #: module); None while the record is kept for ever.
     applied_window: timedelta | None = None
@@ -210,6 +227,17 @@ async def prune_published(
     return await _delete_before(sessions, _DELETE_PUBLISHED, cutoff, retention.batch, stop)
 
 
+async def prune_polls(
+    sessions: async_sessionmaker[AsyncSession],
+    retention: Retention,
+    now: Callable[[], datetime] = _utcnow,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Delete the polls older than ``polls_window`` that no row needs; how many left."""
+    cutoff = now() - retention.polls_window
+    return await _delete_before(sessions, _DELETE_POLLS, cutoff, retention.batch, stop)
+
+
 async def prune_applied(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
@@ -253,6 +281,7 @@ async def run_retention(
             batches = await prune(sessions, retention, now, stop)
             crawls = await prune_crawls(sessions, retention, now, cursor, stop)
             published = await prune_published(sessions, retention, now, stop)
+            polls = await prune_polls(sessions, retention, now, stop)
             applied = await prune_applied(sessions, retention, now, stop)
         except Exception as exc:
             # The database away: the next pass catches up, nothing is lost by waiting.
@@ -268,6 +297,8 @@ async def run_retention(
                 log.info("retention deleted %d superseded attempts of the crawl history", crawls)
             if published:
                 log.info("retention deleted %d published outbox rows", published)
+            if polls:
+                log.info("retention deleted %d polls of followed timelines", polls)
             if applied:
                 log.info("retention deleted %d ids of events the record no longer holds", applied)
         with contextlib.suppress(TimeoutError):

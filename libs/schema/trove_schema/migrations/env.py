@@ -3,18 +3,50 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 from alembic import context
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_schema.tables import Base
 
 target_metadata = Base.metadata
 
+log = logging.getLogger("trove_schema.migrate")
 
 #: The advisory lock that makes one migrator at a time of replicas starting together.
 _MIGRATOR_LOCK = 7340032
+#: How often a migrator waiting for another tries the lock again.
+_LOCK_POLL_SECONDS = 0.5
+#: lock_not_available: a migration's own ``lock_timeout`` ran out before it got a table.
+_LOCK_NOT_AVAILABLE = "55P03"
+#: A migration that gave way so is tried again this many times, this far apart (about
+#: two minutes); then the migrator fails, and its caller tries again later (the
+#: recorder's start waits and retries, the Job restarts).
+_LOCK_ATTEMPTS = 12
+_LOCK_PAUSE_SECONDS = 5.0
+
+
+def _take_lock(connection: Connection) -> None:
+    """The migrators' lock, tried until taken, never waited for by a statement.
+
+    A statement holds a snapshot while it waits, and ``CREATE INDEX CONCURRENTLY`` (in
+    the migrator that has the lock) waits for every older snapshot to end: each would
+    wait for the other until Postgres ended one, the index build or the waiting
+    migrator. Between tries no transaction is open.
+    """
+    lock = f"SELECT pg_try_advisory_lock({_MIGRATOR_LOCK})"
+    while not connection.exec_driver_sql(lock).scalar():
+        connection.commit()
+        time.sleep(_LOCK_POLL_SECONDS)
+    connection.commit()
+
+
+def _gave_way(exc: DBAPIError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
 def _run(connection: Connection) -> None:
@@ -28,11 +60,24 @@ def _run(connection: Connection) -> None:
         compare_type=True,
         transaction_per_migration=True,
     )
-    connection.exec_driver_sql(f"SELECT pg_advisory_lock({_MIGRATOR_LOCK})")
-    connection.commit()
+    _take_lock(connection)
     try:
-        with context.begin_transaction():
-            context.run_migrations()
+        for attempt in range(1, _LOCK_ATTEMPTS + 1):
+            try:
+                with context.begin_transaction():
+                    context.run_migrations()
+                break
+            except DBAPIError as exc:
+                if not _gave_way(exc) or attempt == _LOCK_ATTEMPTS:
+                    raise
+                # What went before it is committed: the next try resumes at it.
+                connection.rollback()
+                log.warning(
+                    "a migration did not get its table's lock in time (a long transaction "
+                    "holds it): tried again in %.0f s",
+                    _LOCK_PAUSE_SECONDS,
+                )
+                time.sleep(_LOCK_PAUSE_SECONDS)
     finally:
         connection.rollback()  # whatever a failed migration left open
         connection.exec_driver_sql(f"SELECT pg_advisory_unlock({_MIGRATOR_LOCK})")

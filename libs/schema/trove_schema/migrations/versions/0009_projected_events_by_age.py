@@ -2,9 +2,11 @@
 
 When the record has a retention (``TROVE_EVENTS_MAX_AGE_SECONDS``), the recorder deletes
 the ids of events the record can no longer deliver again; the index finds them without a
-scan of every id ever applied. Building it reads and sorts the table's timestamps once
-(1.2 s for 4 million ids here); the recorder's inserts wait for it, retried, and nothing
-is lost.
+scan of every id ever applied. Built concurrently, outside the migration's transaction:
+it reads and sorts the table's timestamps once (1.2 s for 4 million ids here, hours on a
+crawl of months), and a plain build would hold up every insert of the recorder as long.
+A build cut short (the process killed, a deadlock) leaves an invalid index of the name,
+which is dropped and built again.
 
 Revision ID: 0009
 Revises: 0008
@@ -13,6 +15,7 @@ Create Date: 2026-11-27 17:00:00
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009"
@@ -20,15 +23,21 @@ down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+INDEX = "ix_projected_events_projected_at"
+
 
 def upgrade() -> None:
-    op.create_index(
-        "ix_projected_events_projected_at",
-        "projected_events",
-        ["projected_at"],
-        unique=False,
-    )
+    with op.get_context().autocommit_block():
+        invalid = op.get_bind().execute(
+            sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
+            {"name": INDEX},
+        )
+        if invalid.scalar():
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
+        op.execute(
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON projected_events (projected_at)"
+        )
 
 
 def downgrade() -> None:
-    op.drop_index("ix_projected_events_projected_at", table_name="projected_events")
+    op.drop_index(INDEX, table_name="projected_events")

@@ -2,9 +2,11 @@
 
 With ``TROVE_CRAWL_HISTORY_RETENTION_SECONDS`` set, the recorder deletes the old
 attempts a later success of their page superseded, oldest first; the index finds them
-without a scan of the whole history at every pass. Building it reads and sorts the
-table's completion times once; the recorder's inserts wait for it, retried, and nothing
-is lost.
+without a scan of the whole history at every pass. Built concurrently, outside the
+migration's transaction: it reads and sorts the table's completion times once (hours on
+a crawl of months), and a plain build would hold up every insert of the recorder as
+long. A build cut short (the process killed, a deadlock) leaves an invalid index of the
+name, which is dropped and built again.
 
 Revision ID: 0010
 Revises: 0009
@@ -13,6 +15,7 @@ Create Date: 2026-11-27 18:30:00
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
@@ -20,15 +23,19 @@ down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+INDEX = "ix_page_crawls_completed_at"
+
 
 def upgrade() -> None:
-    op.create_index(
-        "ix_page_crawls_completed_at",
-        "page_crawls",
-        ["completed_at"],
-        unique=False,
-    )
+    with op.get_context().autocommit_block():
+        invalid = op.get_bind().execute(
+            sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
+            {"name": INDEX},
+        )
+        if invalid.scalar():
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
+        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON page_crawls (completed_at)")
 
 
 def downgrade() -> None:
-    op.drop_index("ix_page_crawls_completed_at", table_name="page_crawls")
+    op.drop_index(INDEX, table_name="page_crawls")

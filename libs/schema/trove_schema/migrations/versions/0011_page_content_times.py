@@ -26,8 +26,14 @@ down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: How long the ALTER waits for its lock (``env.py`` tries it again a while).
+LOCK_TIMEOUT = "5s"
+
 
 def upgrade() -> None:
+    # The ADD needs the table to itself for a moment: queued behind a long reader, it
+    # would hold up every writer meanwhile. It gives way instead, and is tried again.
+    op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.add_column("pages", sa.Column("content_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column("pages", sa.Column("linked_at", sa.DateTime(timezone=True), nullable=True))
 
