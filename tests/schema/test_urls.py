@@ -571,3 +571,21 @@ def test_the_fast_host_agrees_with_urlsplit() -> None:
         elif expected:
             assert domain_of(url) == expected, url
     assert shortcut > 500  # the generator does reach the shortcut
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "\u00e9" * 2000 + ".example",  # a name of 2,000 letters
+        "\u00e9" * 64 + ".example",  # a label of 64
+        ".".join(["\u00e9" * 60] * 5),  # 304 in all
+        "\u0378" * 300,  # code points no name may hold, as many
+    ],
+)
+def test_an_internationalized_host_too_long_for_dns_is_refused_as_such(host: str) -> None:
+    # Before it is encoded, which costs ~10 µs a character: discovery reads seeds of up
+    # to 10,000 URLs on its event loop.
+    with pytest.raises(InvalidURL, match="too long for DNS"):
+        canonicalize(f"https://{host}/page")
+    assert canonicalize("https://b\u00fccher.example/") == "https://xn--bcher-kva.example/"
+    assert canonicalize("https://" + "\u00e9" * 20 + ".example/").startswith("https://xn--")
