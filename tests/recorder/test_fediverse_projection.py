@@ -18,7 +18,7 @@ from tests.conftest import StackUrls, eventually
 from tests.support import query, services
 from trove_recorder.projections import apply_batch
 from trove_recorder.replay import replay
-from trove_recorder.retention import Retention, prune_polls
+from trove_recorder.retention import Retention, prune_polls, prune_shares
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -31,6 +31,7 @@ from trove_schema.events import (
     TimelinePolled,
 )
 from trove_schema.migrate import alembic_config, upgrade
+from trove_schema.settings import RecorderSettings
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -728,3 +729,22 @@ async def test_an_unfollow_a_recorder_before_0012_applied_holds_when_a_late_poll
     again = follow(at=T0 + timedelta(hours=2))
     await project(engine, again)
     assert (await instance(engine)).unfollowed_at is None
+
+
+async def test_shares_leave_after_their_window_when_one_is_set(engine: AsyncEngine) -> None:
+    followed = follow()
+    await project(
+        engine,
+        followed,
+        polled(followed, 1, post(1, "https://old.example/")),
+        polled(followed, 2000, post(2, "https://new.example/")),  # 2,000 minutes on
+    )
+    sessions = async_sessionmaker(engine)
+    later = T0 + timedelta(days=2)
+    kept_for_ever = Retention(window=timedelta(days=90), batch=1)
+    assert await prune_shares(sessions, kept_for_ever, now=lambda: later) == 0
+    a_day = Retention.from_settings(
+        RecorderSettings(shares_retention_seconds=86_400, audit_prune_batch=1)
+    )
+    assert await prune_shares(sessions, a_day, now=lambda: later) == 1
+    assert await shares(engine) == [("https://new.example/", f"{INSTANCE}/users/ada/statuses/2")]

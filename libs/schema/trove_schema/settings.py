@@ -365,6 +365,9 @@ class RecorderSettings(CommonSettings):
     #: page's last success the projection applied and the attempts after it, which its
     #: retries are counted from; 0 keeps every attempt.
     crawl_history_retention_seconds: float = Field(default=0.0, ge=0.0)
+    #: ``page_shares`` rows (a shared link of a followed timeline's post) first seen
+    #: longer ago than this are deleted; 0 keeps every share.
+    shares_retention_seconds: float = Field(default=0.0, ge=0.0)
     #: Rows deleted per statement, by every retention: short transactions, no long locks.
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
     #: How often the recorder looks for expired rows (the audit, the crawl history, the

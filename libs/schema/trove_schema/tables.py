@@ -294,8 +294,10 @@ class PageShare(Base):
     account: Mapped[str] = mapped_column(Text, nullable=False)
     shared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     language: Mapped[str | None] = mapped_column(String(35))
-    #: When the poll that first showed the post ended.
-    first_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    #: When the poll that first showed the post ended (the retention's age, indexed).
+    first_seen_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, index=True
+    )
 
     # The post by its md5: two URLs of up to 2,048 characters could pass the largest
     # entry a btree takes (2,704 bytes), and the insert would fail for good. The index

@@ -31,6 +31,11 @@ a lost PubAck, the outbox's re-send after a crash: moments later) is still caugh
 while it was stored within one age of it. With no retention the record, and so the
 ids, are kept for ever.
 
+``page_shares`` (a row a link shared by a post of a followed timeline: a federated
+timeline of a large instance brings thousands a day) is kept for ever unless
+``TROVE_SHARES_RETENTION_SECONDS`` says otherwise; then a share first seen before the
+window leaves, and a page's shares count those of the window.
+
 ``timeline_polls`` (a row a poll of a followed timeline, which the projection counts
 each poll once by, and works a timeline's last poll and run of failures out of) keeps
 each follow's polls from its newest success on, and the rest for a week: the same poll
@@ -79,6 +84,10 @@ _DELETE_PUBLISHED = text(
     "DELETE FROM outbox WHERE event_id IN (SELECT event_id FROM outbox "
     "WHERE published_at < :cutoff LIMIT :batch) RETURNING event_id"
 )
+_DELETE_SHARES = text(
+    "DELETE FROM page_shares WHERE id IN (SELECT id FROM page_shares "
+    "WHERE first_seen_at < :cutoff ORDER BY first_seen_at LIMIT :batch) RETURNING id"
+)
 _DELETE_POLLS = text(
     "WITH old AS (SELECT t.follow_id, t.poll FROM timeline_polls t "
     "WHERE t.completed_at < :cutoff AND (t.poll < (SELECT max(s.poll) FROM timeline_polls s "
@@ -102,6 +111,8 @@ class Retention:
     crawl_window: timedelta | None = None
     #: How long a published outbox row stays, for an operator's look.
     published_window: timedelta = timedelta(days=1)
+    #: How long a share stays; None: for ever.
+    shares_window: timedelta | None = None
     #: How long a poll a timeline's row no longer needs stays (see the module).
     polls_window: timedelta = timedelta(days=7)
     #: How long the ids of applied events are kept: twice the record's age (see the
@@ -116,9 +127,11 @@ class Retention:
     def from_settings(cls, settings: RecorderSettings) -> Retention:
         max_age = settings.events_max_age_seconds
         crawls = settings.crawl_history_retention_seconds
+        shares = settings.shares_retention_seconds
         return cls(
             window=timedelta(seconds=settings.audit_retention_seconds),
             crawl_window=timedelta(seconds=crawls) if crawls else None,
+            shares_window=timedelta(seconds=shares) if shares else None,
             applied_window=timedelta(seconds=2 * max_age) if max_age else None,
             batch=settings.audit_prune_batch,
             interval=settings.audit_prune_interval_seconds,
@@ -227,6 +240,19 @@ async def prune_published(
     return await _delete_before(sessions, _DELETE_PUBLISHED, cutoff, retention.batch, stop)
 
 
+async def prune_shares(
+    sessions: async_sessionmaker[AsyncSession],
+    retention: Retention,
+    now: Callable[[], datetime] = _utcnow,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Delete the shares first seen before ``shares_window``; how many left."""
+    if retention.shares_window is None:
+        return 0
+    cutoff = now() - retention.shares_window
+    return await _delete_before(sessions, _DELETE_SHARES, cutoff, retention.batch, stop)
+
+
 async def prune_polls(
     sessions: async_sessionmaker[AsyncSession],
     retention: Retention,
@@ -281,6 +307,7 @@ async def run_retention(
             batches = await prune(sessions, retention, now, stop)
             crawls = await prune_crawls(sessions, retention, now, cursor, stop)
             published = await prune_published(sessions, retention, now, stop)
+            shares = await prune_shares(sessions, retention, now, stop)
             polls = await prune_polls(sessions, retention, now, stop)
             applied = await prune_applied(sessions, retention, now, stop)
         except Exception as exc:
@@ -297,6 +324,8 @@ async def run_retention(
                 log.info("retention deleted %d superseded attempts of the crawl history", crawls)
             if published:
                 log.info("retention deleted %d published outbox rows", published)
+            if shares:
+                log.info("retention deleted %d shares of followed timelines' posts", shares)
             if polls:
                 log.info("retention deleted %d polls of followed timelines", polls)
             if applied:
