@@ -265,3 +265,27 @@ async def test_a_link_its_hosts_budget_refused_comes_in_its_next_cycle_from_the_
     await handle(other, bus, hub(3))
     assert [e.url for e in await discoveries(bus)] == pages
     assert (await next_visit()).etag == '"v3"'
+
+
+async def test_a_page_whose_links_fail_still_has_its_recrawl(bus: Bus) -> None:
+    # Its host's budget record unreadable: the links fail (the page is handed back, then
+    # parked), and the page's own chain goes on regardless.
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    await seen.put(host_budget_key("site.example"), b"not a count")
+    discovery = Discovery(bus=bus, seen=seen, settings=DiscoverySettings())
+    at = utcnow()
+    event = CrawlCompleted(
+        url=PAGE,
+        domain="site.example",
+        scope=Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3),
+        request_id="work-1",
+        outcome=CrawlOutcome.SUCCESS,
+        status_code=200,
+        started_at=at,
+        completed_at=at,
+        links=(Link(url="https://site.example/new"),),
+    )
+    with pytest.raises(ValueError, match="Expecting value"):  # json's, of the record
+        await handle(discovery, bus, event)
+    msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(PAGE))
+    assert isinstance(decode_event(msg.data or b""), CrawlRequested)

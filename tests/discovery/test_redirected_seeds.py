@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.discovery.crawl_support import discovered_after
+from tests.discovery.crawl_support import PAGE, discovered_after
 from trove_discovery.scope import in_scope, redirected_scope
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -200,3 +200,11 @@ async def test_links_inside_the_allowed_networks_are_discovered(bus: Bus) -> Non
     settings = DiscoverySettings(allowed_networks=("127.0.0.0/8",))
     found = await discovered_after(bus, links, scope, settings=settings)
     assert set(found) == {"http://127.0.0.1:8080/"}
+
+
+async def test_a_page_s_link_to_itself_is_no_new_page(bus: Bus) -> None:
+    # A forced seed, never discovered: its logo links home. Its own re-crawl asks for it
+    # again; a second PageDiscovered would crawl it twice, the second time a level deeper.
+    seed = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=1)
+    found = await discovered_after(bus, [Link(url=PAGE), Link(url=PAGE + "about")], seed)
+    assert set(found) == {PAGE + "about"}

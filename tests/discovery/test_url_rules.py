@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,10 +26,12 @@ from trove_schema.bus import Bus, Consumer
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
+    CrawlRequested,
     Link,
     LinkKind,
     Scope,
     ScopeKind,
+    decode_event,
     utcnow,
 )
 from trove_schema.settings import DiscoverySettings
@@ -417,3 +420,22 @@ async def test_a_hosts_rules_go_once_it_is_left_alone_and_stay_while_it_is_crawl
         reader = UrlRules(rules, ttl=0.0)
         assert (await reader.rules_for("crawled.example")).names == {"ref"}
         assert not await reader.rules_for("left.example")
+
+
+async def test_a_spelling_past_the_probes_its_budget_refused_has_its_page_read_whole(
+    bus: Bus,
+) -> None:
+    # The third spelling waits for no probe: its host's budget refused it this cycle.
+    # The page that links to it is read whole when next due, as for any link waiting
+    # so; a 304 would never show it again.
+    discovery = await replica(bus, holds=Holds(first=30.0, rounds=3))
+    waiting = SITE + "/p/3?id=3"
+    await discovery._refuse(waiting, time.time() + 3600)
+    hub = page("/p/0", links=("/p/1?id=1", "/p/2?id=2", "/p/3?id=3"))
+    await handle(discovery, bus, hub.model_copy(update={"etag": '"v1"'}))
+
+    assert waiting not in await discovered(bus)
+    msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(SITE + "/p/0"))
+    pending = decode_event(msg.data or b"")
+    assert isinstance(pending, CrawlRequested)
+    assert pending.etag is None

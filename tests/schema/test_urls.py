@@ -589,3 +589,7 @@ def test_an_internationalized_host_too_long_for_dns_is_refused_as_such(host: str
         canonicalize(f"https://{host}/page")
     assert canonicalize("https://b\u00fccher.example/") == "https://xn--bcher-kva.example/"
     assert canonicalize("https://" + "\u00e9" * 20 + ".example/").startswith("https://xn--")
+    # Longer before IDNA maps them: soft hyphens it drops, full-width letters it folds.
+    assert canonicalize("https://" + "a\u00ad" * 40 + "\u00e9.com/").startswith("https://xn--")
+    full_width = "\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45\u00ad" * 8  # "example"
+    assert canonicalize(f"https://{full_width}.com/") == f"https://{'example' * 8}.com/"

@@ -21,6 +21,7 @@ is forgotten one ``seen_ttl`` after its last request, and any link may bring it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -217,8 +218,51 @@ class Discovery:
             names.add(alias_of)
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
+        recrawl = again is None and fetched and alias_of == event.url
+        try:
+            outgoing, held, over_budget = await self._follow(
+                event, followable, names, redirect, deliveries, skip=event.url if recrawl else None
+            )
+        except Exception:
+            if recrawl:
+                # The page's chain goes on whatever became of its links (a Retry handled
+                # again plans the same request, under the same id).
+                with contextlib.suppress(Exception):
+                    await self._request_recrawl(event)
+            raise
+        if recrawl:
+            # A page whose links wait for their host's next cycle is read whole when it is
+            # next due: answered 304, it would show them no more.
+            await self._request_recrawl(event, validators=not over_budget)
+        if outgoing:
+            # Sent together, in order, in one write; each still waits for its PubAck. A
+            # failure hands the page back, and its redelivery publishes them all again
+            # under the same ids (the seen keys hold them), which JetStream drops.
+            await asyncio.gather(*(self.bus.publish(d) for d in outgoing))
+            for discovered in outgoing:
+                DISCOVERED.labels(discovered.provenance.kind).inc()
+        if held and self.holds is not None:
+            delay = self.holds.hold(event.id, held, deliveries)
+            reason = f"{len(held)} links wait for their host's URL aliases"
+            raise Retry(reason, delay=delay, expected=True)
+
+    async def _follow(
+        self,
+        event: CrawlCompleted,
+        followable: list[Link],
+        names: set[str | None],
+        redirect: Link | None,
+        deliveries: int,
+        *,
+        skip: str | None,
+    ) -> tuple[list[PageDiscovered], list[str], bool]:
+        """The pages ``event``'s links discover (claimed in the seen set, within their
+        hosts' budgets), the links held while their hosts' URL rules are learned, and
+        whether a link waits for its host's next budget cycle. ``skip``: the page itself,
+        which its own re-crawl asks for again (a link to it, its logo's, is no new page)."""
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
         held: list[str] = []
+        over_budget = False
         candidates: dict[str, _Candidate] = {}
         outgoing: list[PageDiscovered] = []
         taken = 0
@@ -241,6 +285,8 @@ class Discovery:
                 continue
             # Before the seen check: an alias spelling is never discovered as a page.
             url = await self._alias_target(link.url)
+            if url == skip:
+                continue
             # The page's redirect and canonical target are the same page under another
             # name: same depth. Any other (a page may carry a hundred canonical and
             # refresh tags) is an ordinary link, or it would escape depth and scope.
@@ -269,8 +315,14 @@ class Discovery:
             event_id = derived_event_id(f"{event.id}:{url}", "discovered")
             probing = self._undecided(url) if may_hold else None
             if probing is not None and not self._probe(*probing):
-                if not self._known(url, event_id):
-                    held.append(link.url)
+                claimed = self.sightings.claimed_by(_seen_key(url))
+                if claimed is not None and _refused_until(claimed) is not None:
+                    if not self._refusal_ended(claimed):
+                        over_budget = True  # waits for its host's next cycle
+                        continue
+                elif self._known(url, event_id):
+                    continue
+                held.append(link.url)
                 continue
             taken += 1
             # Recorded as found: a refresh tag followed as an ordinary link is a link.
@@ -285,7 +337,7 @@ class Discovery:
             claims += await asyncio.gather(*(self._claim(c.url, c.event_id) for c in chunk))
         new: list[_Candidate] = []
         # Links whose host's budget has no room for them this cycle, now or before.
-        over_budget = any(_refused_until(claim) is not None for claim in claims)
+        over_budget = over_budget or any(_refused_until(c) is not None for c in claims)
         for candidate, claim in zip(waiting, claims, strict=True):
             if claim == candidate.event_id.encode():
                 new.append(candidate)
@@ -300,11 +352,11 @@ class Discovery:
         allowed = await asyncio.gather(
             *(self._within_budget(h, [c.event_id for c in group]) for h, group in by_host.items())
         )
+        refused: list[tuple[str, float]] = []
         for (host, group), (within, until) in zip(by_host.items(), allowed, strict=True):
             for candidate in group[within:]:
                 self._unprobe(candidate.probing)
-                await self._refuse(candidate.url, until)
-                over_budget = True
+                refused.append((candidate.url, until))
             outgoing.extend(
                 PageDiscovered(
                     id=c.event_id,
@@ -321,21 +373,10 @@ class Discovery:
                 )
                 for c in group[:within]
             )
-        if again is None and fetched and alias_of == event.url:
-            # A page whose links wait for their host's next cycle is read whole when it is
-            # next due: answered 304, it would show them no more.
-            await self._request_recrawl(event, validators=not over_budget)
-        if outgoing:
-            # Sent together, in order, in one write; each still waits for its PubAck. A
-            # failure hands the page back, and its redelivery publishes them all again
-            # under the same ids (the seen keys hold them), which JetStream drops.
-            await asyncio.gather(*(self.bus.publish(d) for d in outgoing))
-            for discovered in outgoing:
-                DISCOVERED.labels(discovered.provenance.kind).inc()
-        if held and self.holds is not None:
-            delay = self.holds.hold(event.id, held, deliveries)
-            reason = f"{len(held)} links wait for their host's URL aliases"
-            raise Retry(reason, delay=delay, expected=True)
+        for start in range(0, len(refused), SEEN_AT_ONCE):
+            marks = refused[start : start + SEEN_AT_ONCE]
+            await asyncio.gather(*(self._refuse(url, until) for url, until in marks))
+        return outgoing, held, over_budget or bool(refused)
 
     async def _request_recrawl(self, event: CrawlCompleted, *, validators: bool = True) -> None:
         # The page's history comes with the event and goes on in the request: the same
