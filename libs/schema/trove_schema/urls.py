@@ -447,6 +447,8 @@ def is_private_host(host: str, allowed: Sequence[str] = ()) -> bool:
     networks = _networks(tuple(allowed))
     if name == "localhost" or name.endswith(".localhost"):
         return not any(_is_allowed(address, networks) for address in _LOCALHOST_ADDRESSES)
+    if ":" not in name and not _ends_in_number(name):
+        return False  # a name: no address is written so (and ip_address's refusal is dear)
     address = _ip_address(name)
     if address is None or not _is_blocked(address):
         return False
