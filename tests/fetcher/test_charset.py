@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from trove_fetcher.charset import (
     decode_body,
     header_charset,
-    media_type,
     meta_charset,
     normalize_charset,
 )
@@ -128,22 +127,6 @@ def test_charset_names_are_normalized() -> None:
     assert header_charset('text/html;charset="utf-8"') == "utf-8"
     assert header_charset("text/html") is None
     assert meta_charset(b"<p>no meta here</p>") is None
-
-
-@pytest.mark.parametrize(
-    ("header", "expected"),
-    [
-        ("text/html; charset=utf-8", "text/html"),
-        (" Application/RSS+XML ", "application/rss+xml"),
-        ("", None),
-        (None, None),
-        (";charset=utf-8", None),
-    ],
-)
-def test_media_type_is_the_lower_cased_type_without_parameters(
-    header: str | None, expected: str | None
-) -> None:
-    assert media_type(header) == expected
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import eventually
 from tests.fetcher._dns import DnsServer, dns_server
-from trove_fetcher.dns import DnsConfig, DnsResolver, parse_nameserver
+from trove_fetcher.dns import MAX_ADDRESSES, DnsConfig, DnsResolver, parse_nameserver
 from trove_fetcher.errors import DnsTimeout, NameNotFound, ResolverAway
 
 
@@ -85,6 +85,17 @@ async def test_both_address_families_are_returned_ipv4_first(server: DnsServer) 
     resolver = _resolver(server)
     assert await resolver.lookup("dual.trove.test") == ("127.0.0.1", "::1")
     assert await resolver.lookup("v6only.trove.test") == ("::1",)
+
+
+async def test_a_name_of_many_addresses_keeps_a_few_of_each_family(server: DnsServer) -> None:
+    # Two of a family are tried and each kept is checked at every connection: a name of
+    # hundreds (a UDP answer of ~100 here; over TCP, thousands) is no site's.
+    many = tuple(f"127.0.{n // 250}.{n % 250 + 1}" for n in range(100))
+    server.records["many.trove.test"] = (many, 60)
+    resolver = _resolver(server)
+    kept = await resolver.lookup("many.trove.test")
+    assert len(kept) == MAX_ADDRESSES  # an answer's records come in no order
+    assert set(kept) <= set(many)
 
 
 async def test_ttl_is_clamped_to_the_configured_range(server: DnsServer) -> None:

@@ -32,7 +32,6 @@ from trove_fetcher.http import (
     FetchResult,
     HopGateFailed,
     fetch,
-    media_type,
     parse_retry_after,
     same_site,
 )
@@ -93,6 +92,30 @@ def _encoded(body: bytes, encoding: str, content_type: str = "text/html") -> Any
         exchange.send(200, body, {"Content-Encoding": encoding}, content_type=content_type)
 
     return route
+
+
+def _crumbs(exchange: Exchange) -> None:
+    """A chunked body a byte a chunk, as long as the client reads."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", "text/html")
+    exchange.send_header("Transfer-Encoding", "chunked")
+    exchange.end_headers()
+    crumbs = b"1\r\nx\r\n" * 1024
+    for _ in range(2048):  # 2 MiB: the size cap, at ~30 s of the loop to read
+        exchange.wfile.write(crumbs)
+    exchange.wfile.write(b"0\r\n\r\n")
+
+
+def _pieces(exchange: Exchange) -> None:
+    """A chunked body in many pieces of ordinary size: a page that streams."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", "text/html")
+    exchange.send_header("Transfer-Encoding", "chunked")
+    exchange.end_headers()
+    piece = b"<p>" + b"x" * 93 + b"</p>"
+    for _ in range(6000):
+        exchange.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+    exchange.wfile.write(b"0\r\n\r\n")
 
 
 def _slow(exchange: Exchange) -> None:
@@ -158,6 +181,11 @@ ROUTES: dict[str, Any] = {
     "/small-bomb": _encoded(SMALL_BOMB, "gzip"),
     "/corrupt-gzip": _encoded(b"\x1f\x8b\x08\x00garbage-not-gzip" * 10, "gzip"),
     "/brotli": _encoded(b"\x0b\x02\x80hello\x03", "br"),
+    "/coding-none": _encoded(PAGE, "none"),
+    "/crumbs": _crumbs,
+    "/pieces": _pieces,
+    "/port-twice": _redirect("http://b.trove.test:80:80/page", 301),
+    "/coding-charset": _encoded(PAGE, "utf-8"),
     "/stall": stall,
     "/pdf": lambda ex: stream_body(ex, "application/pdf", 64 * MIB),
     "/no-type": lambda ex: ex.send(200, PAGE, content_type=""),
@@ -377,6 +405,42 @@ async def test_encoding_that_was_not_offered_is_rejected(
     assert result.outcome is CrawlOutcome.REJECTED
     assert result.error_message is not None
     assert "'br'" in result.error_message
+
+
+async def test_a_redirect_to_a_location_httpx_cannot_parse_is_the_sites_answer(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Not the host's network failing, which would pause it at every attempt.
+    result = await get(client, url(server, "/port-twice"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.error_message is not None
+    assert result.error_message.startswith("unusable redirect Location")
+
+
+async def test_a_body_sent_a_byte_a_chunk_is_given_up_before_it_holds_the_loop(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/crumbs"))
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.error_message is not None
+    assert "pieces of 1 bytes on average" in result.error_message
+    assert result.bytes_read < 64 * 4096
+    # Pieces of an ordinary size, as many: read whole.
+    streamed = await get(client, url(server, "/pieces"))
+    assert streamed.outcome is CrawlOutcome.SUCCESS, streamed.error_message
+    assert streamed.body is not None
+    assert len(streamed.body) == 6000 * 100
+
+
+@pytest.mark.parametrize("path", ["/coding-none", "/coding-charset"])
+async def test_a_content_encoding_that_names_no_coding_is_read_as_it_came(
+    client: httpx.AsyncClient, server: LocalServer, path: str
+) -> None:
+    # PHP's widely copied `Content-Encoding: none`, or a charset sent there: browsers
+    # read the body as it came.
+    result = await get(client, url(server, path))
+    assert result.outcome is CrawlOutcome.SUCCESS, result.error_message
+    assert result.body == PAGE
 
 
 async def test_stalled_body_times_out_within_the_total_timeout(
@@ -720,12 +784,6 @@ def test_retry_after_parses_seconds_dates_and_refuses_garbage() -> None:
     year = 365 * 86_400.0
     assert parse_retry_after("1" * 400) == year
     assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now=now) == year
-
-
-def test_media_type_drops_parameters_and_case() -> None:
-    assert media_type("Text/HTML; charset=UTF-8") == "text/html"
-    assert media_type("") is None
-    assert media_type(None) is None
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,8 @@ ROUTES: dict[str, Any] = {
     "metadata.trove.test/robots.txt": _redirect("http://169.254.169.254/robots.txt"),
     "loop.trove.test/robots.txt": _redirect("http://loop.trove.test:{port}/robots.txt"),
     "hostless.trove.test/robots.txt": _redirect("https://:443/robots.txt"),
+    "portless.trove.test/robots.txt": _redirect("http://b.trove.test:80:80/robots.txt"),
+    "mailto.trove.test/robots.txt": _redirect("mailto:webmaster@example.org"),
     "big.trove.test/robots.txt": _text(OVERSIZE_ROBOTS),
     "zipped.trove.test/robots.txt": lambda ex: ex.send(
         200, gzip.compress(ROBOTS), {"Content-Encoding": "gzip"}, content_type="text/plain"
@@ -252,6 +254,19 @@ async def test_a_redirect_to_no_host_ends_the_chain_as_a_missing_file(
     assert policy.rule is RobotsRule.ALLOW_ALL
     assert policy.error == "redirected to https:/robots.txt: no host"
     assert gates == []
+
+
+@pytest.mark.parametrize("name", ["portless", "mailto"])
+async def test_a_redirect_to_a_location_no_request_can_go_to_is_a_missing_file(
+    client: httpx.AsyncClient, server: LocalServer, name: str
+) -> None:
+    # Read as the host's network failing, it disallowed the whole site ten minutes at a
+    # time, for ever, and paused the host each time.
+    policy = await fetch_robots(client, origin(server, name), max_bytes=CAP)
+    assert policy.rule is RobotsRule.ALLOW_ALL
+    assert policy.failure is None
+    assert policy.error is not None
+    assert policy.error.startswith("redirected to an unusable Location")
 
 
 async def test_a_redirect_hop_waits_at_the_gate_and_can_resume_later(

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from trove_schema.events import CrawlCompleted, CrawlOutcome
+from trove_schema.media import media_type
 from trove_schema.text import storable
 
 #: Longest tag value stored (a content type or server header is a few dozen characters).
@@ -172,7 +173,7 @@ def _response_tags(
     if error_type is not None:
         tags.append(Tag("error_type", error_type, 0.8))
     tags.append(Tag("challenge", _flag(challenge), 0.9 if challenge else 0.3))
-    kind = _media_type(event.content_type or headers.get("content-type"))
+    kind = media_type(event.content_type or headers.get("content-type"))
     if kind is not None:
         tags.append(Tag("content_type", kind, 0.5))
         tags.append(Tag("content_family", _content_family(kind), 0.5))
@@ -261,7 +262,7 @@ def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
         # object) is the wrong tool; a reader that broke on a hostile page is not.
         if "content type" in message:
             # Another strategy may read a page or an object; none reads an archive.
-            family = _content_family(_media_type(event.content_type) or "")
+            family = _content_family(media_type(event.content_type) or "")
             return "wrong_tool" if family in _READABLE_FAMILIES else "unparsed_type"
         if message.startswith("extraction failed: notactivitystreams"):
             return "wrong_tool"
@@ -283,7 +284,7 @@ def _content_error(event: CrawlCompleted) -> str | None:
         return "empty_content"
     families = _STRATEGY_FAMILIES.get(event.fetcher)
     if families is not None:
-        kind = _media_type(event.content_type)
+        kind = media_type(event.content_type)
         if kind is None or _content_family(kind) not in families:
             return "wrong_tool"
     text = event.text_chars or 0
@@ -291,12 +292,6 @@ def _content_error(event: CrawlCompleted) -> str | None:
         return "wrong_tool"
     usable = bool(event.title) or bool(event.keywords) or bool(event.links) or text > 0
     return None if usable else "empty_content"
-
-
-def _media_type(content_type: str | None) -> str | None:
-    if not content_type:
-        return None
-    return content_type.split(";", 1)[0].strip().lower() or None
 
 
 def _content_family(kind: str) -> str:

@@ -24,7 +24,6 @@ from typing import Any, cast
 
 from lxml import etree
 
-from trove_fetcher.charset import media_type
 from trove_fetcher.errors import NotActivityStreams
 from trove_fetcher.extract import (
     _NOFOLLOW_RELS,
@@ -37,6 +36,7 @@ from trove_fetcher.extract import (
 )
 from trove_fetcher.language import primary_tag
 from trove_schema.events import LinkKind
+from trove_schema.media import media_type
 from trove_schema.text import storable
 
 #: Media types an ActivityStreams object comes as (``application/json`` from servers

@@ -16,6 +16,8 @@ from __future__ import annotations
 import codecs
 import re
 
+from trove_schema.media import media_type
+
 #: How far into the body ``<meta charset>`` is looked for (the HTML spec's prescan uses 1024).
 META_SCAN_BYTES = 2048
 
@@ -87,14 +89,6 @@ _WHATWG = {
 _XML_TYPES = frozenset(
     {"application/xml", "text/xml", "application/rss+xml", "application/atom+xml"}
 )
-
-
-def media_type(content_type: str | None) -> str | None:
-    """The lower-cased ``type/subtype`` of a Content-Type header, without parameters."""
-    if not content_type:
-        return None
-    value = content_type.split(";", 1)[0].strip().lower()
-    return value or None
 
 
 def normalize_charset(label: str | None) -> str | None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import itertools
 import logging
 import math
 import time
@@ -60,6 +61,11 @@ from trove_schema.metrics import NAMESERVERS_AWAY
 from trove_schema.settings import FetcherSettings
 
 log = logging.getLogger(__name__)
+
+#: Addresses kept of one record type's answer. A name of thousands (a 64 KB answer over
+#: TCP: ~450 KiB cached, each checked at every connection) is no site's: two of a
+#: family are tried (``transport._tried``), and every one kept is checked.
+MAX_ADDRESSES = 16
 
 _LOCALHOST = ("127.0.0.1", "::1")
 
@@ -336,5 +342,6 @@ class DnsResolver:
             raise DnsFailure(f"cannot resolve {name}: {exc}") from None
         if answer.rrset is None:
             return _Part((), float(answer.chaining_result.minimum_ttl))
-        addresses = tuple(str(getattr(record, "address", "")) for record in answer.rrset)
+        records = itertools.islice(answer.rrset, MAX_ADDRESSES)
+        addresses = tuple(str(getattr(record, "address", "")) for record in records)
         return _Part(addresses, float(answer.chaining_result.minimum_ttl))

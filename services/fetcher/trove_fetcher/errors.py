@@ -18,6 +18,7 @@
         ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
         ├── UndecodableBody       its Content-Encoding is corrupt
         ├── UnsupportedContent    a Content-Encoding Trove did not ask for
+        ├── CrumbledBody          it comes in thousands of pieces of a few bytes
         └── UnusableContent       a strategy cannot read the body (also a ValueError)
             ├── PdfError              not a PDF, or one pypdf cannot read within its limits
             └── NotActivityStreams    not an ActivityStreams object, or a malformed one
@@ -143,6 +144,11 @@ class UndecodableBody(ContentError):
 
 class UnsupportedContent(ContentError):
     """A Content-Encoding the fetcher did not offer in Accept-Encoding."""
+
+
+class CrumbledBody(ContentError):
+    """The body comes in thousands of pieces of a few bytes (a chunk a byte): reading it
+    would hold the event loop as long as the server keeps sending."""
 
 
 class UnusableContent(ContentError, ValueError):

@@ -21,13 +21,14 @@ from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
 
-from trove_fetcher.charset import bom_charset, decode_body, header_charset, media_type
+from trove_fetcher.charset import bom_charset, decode_body, header_charset
 from trove_fetcher.errors import PdfError
 from trove_fetcher.keywords import keywords as make_keywords
 from trove_fetcher.language import detect_language as detect
 from trove_fetcher.pdf import looks_like_pdf, read_pdf
 from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, SIGNALS_HASH_PREFIX, LinkKind
 from trove_schema.heuristics import SHELL_MAX_TEXT_CHARS
+from trove_schema.media import media_type
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml"})

@@ -54,6 +54,7 @@ import idna
 
 from trove_fetcher.errors import (
     BlockedAddress,
+    CrumbledBody,
     DecompressionBomb,
     NetworkAway,
     RedirectPaused,
@@ -64,6 +65,7 @@ from trove_fetcher.errors import (
 )
 from trove_fetcher.transport import ANSWER_TIME, AnswerTime
 from trove_schema.events import CrawlOutcome
+from trove_schema.media import media_type
 from trove_schema.settings import FetcherSettings
 
 log = logging.getLogger(__name__)
@@ -255,12 +257,10 @@ def audit_headers(headers: httpx.Headers) -> dict[str, str]:
     }
 
 
-def media_type(content_type: str | None) -> str | None:
-    """``text/html`` from ``Text/HTML; charset=utf-8``; None when absent or empty."""
-    if content_type is None:
-        return None
-    value = content_type.split(";", 1)[0].strip().lower()
-    return value or None
+def unusable_location(exc: httpx.RemoteProtocolError) -> bool:
+    """Whether ``exc`` is httpx refusing a redirect's Location, which it parses even when
+    redirects are not followed: an answer the site gave, not a protocol failure."""
+    return str(exc).startswith("Invalid URL in location header")
 
 
 # --- body ---------------------------------------------------------------------------
@@ -307,11 +307,17 @@ class _Zlib:
         return out
 
 
+#: Content codings that change the bytes (RFC 9110's registry): one of these Trove did
+#: not ask for cannot be read. Any other token (PHP's copied ``Content-Encoding: none``,
+#: a charset sent there) names no coding, and the body is read as it came, as browsers do.
+_CODINGS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress"})
+
+
 def _decoder(content_encoding: str | None) -> _Identity | _Zlib:
     codings = [
         c.strip().lower()
         for c in (content_encoding or "").split(",")
-        if c.strip() and c.strip().lower() != "identity"
+        if c.strip().lower() in _CODINGS
     ]
     if not codings:
         return _Identity()
@@ -320,6 +326,17 @@ def _decoder(content_encoding: str | None) -> _Identity | _Zlib:
     if len(codings) == 1 and codings[0] == "deflate":
         return _Zlib("deflate")
     raise UnsupportedContent(f"unsupported content encoding {content_encoding!r}")
+
+
+#: Pieces of a body read between two turns of the event loop: a piece costs ~14 µs of
+#: the loop (httpcore, h11 and this reader), and a body of thousands would hold the
+#: other pages' tasks between two socket reads.
+PIECES_A_TURN = 256
+#: After this many pieces, a body whose pieces are shorter than ``CRUMB_BYTES`` on
+#: average is given up (``CrumbledBody``): a server sending a chunk a byte would take
+#: ~30 s of the loop to fill the size cap.
+CRUMBS_AFTER = 4096
+CRUMB_BYTES = 64
 
 
 @dataclass(slots=True)
@@ -342,8 +359,17 @@ class BodyReader:
     async def read(self, response: httpx.Response) -> bytes:
         decoder = _decoder(response.headers.get("content-encoding"))
         body = bytearray()
+        pieces = 0
         async for chunk in response.aiter_raw():
             self.bytes_read += len(chunk)
+            pieces += 1
+            if pieces % PIECES_A_TURN == 0:
+                if pieces >= CRUMBS_AFTER and self.bytes_read < pieces * CRUMB_BYTES:
+                    raise CrumbledBody(
+                        f"body sent in {pieces} pieces of {self.bytes_read // pieces} bytes "
+                        "on average"
+                    )
+                await asyncio.sleep(0)
             room = self.max_bytes - len(body)
             # One byte more than fits tells "cut" from "exactly full" without a flush.
             out = decoder.decode(chunk, room + 1)
@@ -495,7 +521,7 @@ async def fetch(
         ending = _Ending(CrawlOutcome.TIMEOUT, _message(exc))
     except BlockedAddress as exc:
         ending = _Ending(CrawlOutcome.FAILED, f"blocked address: {exc}")
-    except (DecompressionBomb, UnsupportedContent) as exc:
+    except (DecompressionBomb, UnsupportedContent, CrumbledBody) as exc:
         ending = _Ending(CrawlOutcome.REJECTED, str(exc))
     except (TooManyRedirects, UndecodableBody) as exc:
         ending = _Ending(CrawlOutcome.FAILED, str(exc))
@@ -579,6 +605,12 @@ async def _follow(
             # httpx parses Location even when not following (``next_request``), and
             # decodes a punycode host with idna (``xn--ls8h.la``); the request URL is
             # already valid, so only a redirect's Location gets here.
+            return _Ending(CrawlOutcome.REJECTED, f"unusable redirect Location: {exc}")
+        except httpx.RemoteProtocolError as exc:
+            if not unusable_location(exc):
+                raise
+            # A Location httpx cannot parse at all (``host:80:80``, a control character):
+            # the site's answer, not its network failing.
             return _Ending(CrawlOutcome.REJECTED, f"unusable redirect Location: {exc}")
         finally:
             trace.queued += pool_wait.seconds

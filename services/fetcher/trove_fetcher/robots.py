@@ -58,6 +58,7 @@ from trove_fetcher.http import (
     HopGateFailed,
     parse_retry_after,
     pass_gate,
+    unusable_location,
 )
 from trove_schema.heuristics import is_challenge
 
@@ -295,7 +296,15 @@ async def fetch_robots(
                     url,
                     headers={"Accept": "text/plain,*/*;q=0.5", "Accept-Encoding": ACCEPT_ENCODING},
                 )
-                response = await client.send(request, stream=True)
+                try:
+                    response = await client.send(request, stream=True)
+                except (httpx.InvalidURL, httpx.RemoteProtocolError) as exc:
+                    if isinstance(exc, httpx.RemoteProtocolError) and not unusable_location(exc):
+                        raise
+                    # A redirect to a Location no request can go to (``mailto:``, a port
+                    # given twice): as one to another scheme, no file is there.
+                    error = f"redirected to an unusable Location: {exc}"[:500]
+                    return fallback(RobotsRule.ALLOW_ALL, error)
                 try:
                     status = response.status_code
                     last_status.append(status)

@@ -26,9 +26,9 @@ from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from trove_fetcher import activitystreams
-from trove_fetcher.charset import media_type
 from trove_fetcher.extract import PARSEABLE_TYPES, PDF_TYPES, Extraction, extract
 from trove_fetcher.http import ACCEPT as HTTP_ACCEPT
+from trove_schema.media import media_type
 
 Extractor = Callable[..., Extraction]
 

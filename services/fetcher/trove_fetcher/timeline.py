@@ -90,7 +90,6 @@ from trove_fetcher.http import (
     REDIRECT_STATUSES,
     BodyReader,
     FetchLimits,
-    media_type,
     parse_retry_after,
     same_site,
 )
@@ -105,6 +104,7 @@ from trove_schema.events import (
     derived_event_id,
 )
 from trove_schema.heuristics import is_challenge
+from trove_schema.media import media_type
 from trove_schema.urls import canonicalize_or_none, is_private_host
 
 log = logging.getLogger("trove.fetcher.timeline")

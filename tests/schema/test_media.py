@@ -1,0 +1,39 @@
+"""A response's media type from its Content-Type header."""
+
+from __future__ import annotations
+
+import pytest
+
+from trove_schema.media import media_type
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("text/html; charset=utf-8", "text/html"),
+        ("Text/HTML; charset=UTF-8", "text/html"),
+        (" Application/RSS+XML ", "application/rss+xml"),
+        ("", None),
+        (None, None),
+        (";charset=utf-8", None),
+    ],
+)
+def test_media_type_is_the_lower_cased_type_without_parameters(
+    header: str | None, expected: str | None
+) -> None:
+    assert media_type(header) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        # The header sent twice, joined by the client: the last type counts.
+        ("text/html, text/html; charset=utf-8", "text/html"),
+        ("text/plain, text/html", "text/html"),
+        ("text/html; charset=utf-8, foo", "text/html"),
+        # A comma inside parameters is no second header.
+        ('text/html; charset="utf-8,x"', "text/html"),
+    ],
+)
+def test_a_content_type_sent_twice_is_read_as_browsers_read_it(header: str, expected: str) -> None:
+    assert media_type(header) == expected
