@@ -85,6 +85,7 @@ ROUTES: dict[str, Any] = {
     "hostless.trove.test/robots.txt": _redirect("https://:443/robots.txt"),
     "portless.trove.test/robots.txt": _redirect("http://b.trove.test:80:80/robots.txt"),
     "mailto.trove.test/robots.txt": _redirect("mailto:webmaster@example.org"),
+    "emoji.trove.test/robots.txt": _redirect("http://xn--ls8h.la/robots.txt"),
     "big.trove.test/robots.txt": _text(OVERSIZE_ROBOTS),
     "zipped.trove.test/robots.txt": lambda ex: ex.send(
         200, gzip.compress(ROBOTS), {"Content-Encoding": "gzip"}, content_type="text/plain"
@@ -256,7 +257,7 @@ async def test_a_redirect_to_no_host_ends_the_chain_as_a_missing_file(
     assert gates == []
 
 
-@pytest.mark.parametrize("name", ["portless", "mailto"])
+@pytest.mark.parametrize("name", ["portless", "mailto", "emoji"])
 async def test_a_redirect_to_a_location_no_request_can_go_to_is_a_missing_file(
     client: httpx.AsyncClient, server: LocalServer, name: str
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trove_schema.media import media_type
+from trove_schema.media import charset_label, media_type
 
 
 @pytest.mark.parametrize(
@@ -31,9 +31,30 @@ def test_media_type_is_the_lower_cased_type_without_parameters(
         ("text/html, text/html; charset=utf-8", "text/html"),
         ("text/plain, text/html", "text/html"),
         ("text/html; charset=utf-8, foo", "text/html"),
-        # A comma inside parameters is no second header.
+        # A comma inside a quoted parameter is no second header.
         ('text/html; charset="utf-8,x"', "text/html"),
+        ('text/html; charset="a,b/c"', "text/html"),
     ],
 )
 def test_a_content_type_sent_twice_is_read_as_browsers_read_it(header: str, expected: str) -> None:
     assert media_type(header) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "charset"),
+    [
+        ("text/html; charset=utf-8", "utf-8"),
+        ('text/html; charset="UTF-8"', "UTF-8"),
+        ("text/html", None),
+        # A server's default, then the application's own: the last counts, its charset.
+        ("text/html; charset=iso-8859-1, text/html; charset=utf-8", "utf-8"),
+        # The same type again without one keeps the earlier value's.
+        ("text/html; charset=utf-8, text/html", "utf-8"),
+        # Another type: its charset, or none.
+        ("text/plain; charset=koi8-r, text/html", None),
+    ],
+)
+def test_the_charset_is_the_one_of_the_value_the_type_is_taken_from(
+    header: str, charset: str | None
+) -> None:
+    assert charset_label(header) == charset

@@ -225,10 +225,11 @@ class Discovery:
             )
         except Exception:
             if recrawl:
-                # The page's chain goes on whatever became of its links (a Retry handled
-                # again plans the same request, under the same id).
+                # The page's chain goes on whatever became of its links. Read whole when
+                # next due: its handling again plans the same request, under the same
+                # id, which the record then drops, so it cannot say its links waited.
                 with contextlib.suppress(Exception):
-                    await self._request_recrawl(event)
+                    await self._request_recrawl(event, validators=False)
             raise
         if recrawl:
             # A page whose links wait for their host's next cycle is read whole when it is

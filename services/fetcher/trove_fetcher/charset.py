@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import re
 
-from trove_schema.media import media_type
+from trove_schema.media import charset_label, media_type
 
 #: How far into the body ``<meta charset>`` is looked for (the HTML spec's prescan uses 1024).
 META_SCAN_BYTES = 2048
@@ -27,7 +27,6 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
     (codecs.BOM_UTF16_LE, "utf-16-le"),
 )
 
-_HEADER_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
 # Matches both <meta charset=x> and <meta http-equiv=Content-Type content="...; charset=x">.
 _META_CHARSET = re.compile(
     rb"""<meta\s[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_:.+-]{1,40})""", re.IGNORECASE
@@ -112,11 +111,9 @@ def normalize_charset(label: str | None) -> str | None:
 
 
 def header_charset(content_type: str | None) -> str | None:
-    """The charset parameter of a Content-Type header, if usable."""
-    if not content_type:
-        return None
-    match = _HEADER_CHARSET.search(content_type)
-    return normalize_charset(match.group(1)) if match else None
+    """The charset parameter of a Content-Type header (of the value its media type is
+    taken from: ``trove_schema.media``), if usable."""
+    return normalize_charset(charset_label(content_type))
 
 
 def bom_charset(body: bytes) -> tuple[str, int] | None:

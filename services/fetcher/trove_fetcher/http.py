@@ -332,11 +332,15 @@ def _decoder(content_encoding: str | None) -> _Identity | _Zlib:
 #: the loop (httpcore, h11 and this reader), and a body of thousands would hold the
 #: other pages' tasks between two socket reads.
 PIECES_A_TURN = 256
-#: After this many pieces, a body whose pieces are shorter than ``CRUMB_BYTES`` on
-#: average is given up (``CrumbledBody``): a server sending a chunk a byte would take
-#: ~30 s of the loop to fill the size cap.
+#: After this many pieces, a body whose pieces are ``CRUMB_BYTES`` or shorter on average
+#: is given up (``CrumbledBody``): a server sending a chunk a byte would take ~30 s of
+#: the loop to fill the size cap. A page streamed a row or a template fragment a chunk
+#: (tens of bytes each, a few thousand: ~70 ms) is read; so is any body, past
+#: ``MOST_PIECES`` pieces, whose pieces are longer than ``SMALL_PIECE`` on average.
 CRUMBS_AFTER = 4096
-CRUMB_BYTES = 64
+CRUMB_BYTES = 8
+MOST_PIECES = 65_536
+SMALL_PIECE = 64
 
 
 @dataclass(slots=True)
@@ -364,7 +368,8 @@ class BodyReader:
             self.bytes_read += len(chunk)
             pieces += 1
             if pieces % PIECES_A_TURN == 0:
-                if pieces >= CRUMBS_AFTER and self.bytes_read < pieces * CRUMB_BYTES:
+                crumbs = pieces >= CRUMBS_AFTER and self.bytes_read <= pieces * CRUMB_BYTES
+                if crumbs or (pieces >= MOST_PIECES and self.bytes_read < pieces * SMALL_PIECE):
                     raise CrumbledBody(
                         f"body sent in {pieces} pieces of {self.bytes_read // pieces} bytes "
                         "on average"

@@ -47,6 +47,7 @@ from enum import StrEnum
 from typing import Any
 
 import httpx
+import idna
 from protego import Protego
 
 from trove_fetcher.errors import BlockedAddress, FetcherError, NetworkAway, RedirectPaused
@@ -298,7 +299,7 @@ async def fetch_robots(
                 )
                 try:
                     response = await client.send(request, stream=True)
-                except (httpx.InvalidURL, httpx.RemoteProtocolError) as exc:
+                except (httpx.InvalidURL, idna.IDNAError, httpx.RemoteProtocolError) as exc:
                     if isinstance(exc, httpx.RemoteProtocolError) and not unusable_location(exc):
                         raise
                     # A redirect to a Location no request can go to (``mailto:``, a port
