@@ -45,3 +45,22 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 async def upgrade_async(database_url: str, revision: str = "head") -> None:
     # env.py runs its own event loop, so it gets a thread of its own.
     await asyncio.to_thread(upgrade, database_url, revision)
+
+
+def create_index_online(name: str, table: str, columns: str) -> None:
+    """In a migration: index ``table`` (``columns``, SQL) concurrently, outside the
+    migration's transaction, so the recorder's writes go on while it is built (hours on
+    a table of months: a plain build would hold every insert as long). A build cut short
+    (the process killed, a deadlock) leaves an invalid index of the name, which is
+    dropped and built again. Kept as it is: the migrations that call it ran with it."""
+    from alembic import op  # the migration's context, only inside one
+    from sqlalchemy import text
+
+    with op.get_context().autocommit_block():
+        invalid = op.get_bind().execute(
+            text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
+            {"name": name},
+        )
+        if invalid.scalar():
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns})")

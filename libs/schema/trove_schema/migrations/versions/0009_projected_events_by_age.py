@@ -15,8 +15,9 @@ Create Date: 2026-11-27 17:00:00
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
+
+from trove_schema.migrate import create_index_online
 
 revision: str = "0009"
 down_revision: str | None = "0008"
@@ -27,16 +28,7 @@ INDEX = "ix_projected_events_projected_at"
 
 
 def upgrade() -> None:
-    with op.get_context().autocommit_block():
-        invalid = op.get_bind().execute(
-            sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
-            {"name": INDEX},
-        )
-        if invalid.scalar():
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
-        op.execute(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON projected_events (projected_at)"
-        )
+    create_index_online(INDEX, "projected_events", "projected_at")
 
 
 def downgrade() -> None:

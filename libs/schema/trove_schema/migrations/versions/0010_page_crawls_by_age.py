@@ -15,8 +15,9 @@ Create Date: 2026-11-27 18:30:00
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
+
+from trove_schema.migrate import create_index_online
 
 revision: str = "0010"
 down_revision: str | None = "0009"
@@ -27,14 +28,7 @@ INDEX = "ix_page_crawls_completed_at"
 
 
 def upgrade() -> None:
-    with op.get_context().autocommit_block():
-        invalid = op.get_bind().execute(
-            sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
-            {"name": INDEX},
-        )
-        if invalid.scalar():
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON page_crawls (completed_at)")
+    create_index_online(INDEX, "page_crawls", "completed_at")
 
 
 def downgrade() -> None:

@@ -12,8 +12,9 @@ Create Date: 2026-11-29 12:00:00
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
+
+from trove_schema.migrate import create_index_online
 
 revision: str = "0013"
 down_revision: str | None = "0012"
@@ -24,16 +25,7 @@ INDEX = "ix_page_shares_first_seen_at"
 
 
 def upgrade() -> None:
-    with op.get_context().autocommit_block():
-        invalid = op.get_bind().execute(
-            sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
-            {"name": INDEX},
-        )
-        if invalid.scalar():
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
-        op.execute(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON page_shares (first_seen_at)"
-        )
+    create_index_online(INDEX, "page_shares", "first_seen_at")
 
 
 def downgrade() -> None:
