@@ -42,6 +42,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
@@ -240,6 +241,7 @@ async def replay(
     stats = ReplayStats()
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
+    sub: JetStreamContext.PushSubscription | None = None
     # While this connection lives, the live recorders leave the retries it holds alone.
     # In autocommit: not a transaction left open for the whole replay, which a server's
     # idle-in-transaction timeout would end, and the lock with it.
@@ -316,8 +318,12 @@ async def replay(
             known.learn(applied.generation, applied.page_ids)
             stats.applied += applied.count
             log.info("replayed up to %d of %d", seq, last)
-        await sub.unsubscribe()
     finally:
+        if sub is not None:
+            # Before the connection drains: messages pushed to a subscription nobody
+            # reads any more would hold the drain for its whole timeout (30 s).
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         # However the replay ends: a retry it held and nobody released would never go
         # out, which is worse than one sent again. One whose CrawlRequested came while
         # the replay ran (after the last event it read) is published already, if the
