@@ -15,10 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from tests.conftest import eventually
-from trove_schema.migrate import alembic_config, upgrade
-
-#: The migrators' advisory lock (``migrations/env.py``).
-MIGRATOR_LOCK = 7340032
+from trove_schema.migrate import MIGRATOR_LOCK, alembic_config, upgrade
 
 
 @asynccontextmanager

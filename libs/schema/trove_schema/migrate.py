@@ -13,6 +13,9 @@ from alembic.util.exc import CommandError
 log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+#: The advisory lock that makes one migrator at a time of replicas starting together
+#: (taken in ``migrations/env.py``).
+MIGRATOR_LOCK = 7340032
 
 
 def alembic_config(database_url: str) -> Config:

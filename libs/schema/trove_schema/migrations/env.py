@@ -11,14 +11,13 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from trove_schema.migrate import MIGRATOR_LOCK
 from trove_schema.tables import Base
 
 target_metadata = Base.metadata
 
 log = logging.getLogger("trove_schema.migrate")
 
-#: The advisory lock that makes one migrator at a time of replicas starting together.
-_MIGRATOR_LOCK = 7340032
 #: How often a migrator waiting for another tries the lock again.
 _LOCK_POLL_SECONDS = 0.5
 #: lock_not_available: a migration's own ``lock_timeout`` ran out before it got a table.
@@ -38,7 +37,7 @@ def _take_lock(connection: Connection) -> None:
     wait for the other until Postgres ended one, the index build or the waiting
     migrator. Between tries no transaction is open.
     """
-    lock = f"SELECT pg_try_advisory_lock({_MIGRATOR_LOCK})"
+    lock = f"SELECT pg_try_advisory_lock({MIGRATOR_LOCK})"
     while not connection.exec_driver_sql(lock).scalar():
         connection.commit()
         time.sleep(_LOCK_POLL_SECONDS)
@@ -80,7 +79,7 @@ def _run(connection: Connection) -> None:
                 time.sleep(_LOCK_PAUSE_SECONDS)
     finally:
         connection.rollback()  # whatever a failed migration left open
-        connection.exec_driver_sql(f"SELECT pg_advisory_unlock({_MIGRATOR_LOCK})")
+        connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATOR_LOCK})")
         connection.commit()
 
 
