@@ -11,12 +11,16 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.deploy._kustomize import containers
 from tests.deploy._support import (
     REPO,
     compose,
     compose_validator,
     entry_points,
+    find,
     nats_users,
+    quantity,
+    rendered,
     schema_errors,
 )
 from trove_cli.main import parser as cli_parser
@@ -312,3 +316,18 @@ def test_nats_box_can_seed_the_crawl() -> None:
     assert services()["cli"]["profiles"] == ["tools"]
     ports = services()["nats"]["ports"]
     assert any(p.endswith(":4222:4222") for p in ports), "the host's nats CLI needs 4222"
+
+
+@pytest.mark.parametrize("service", TROVE_SERVICES)
+def test_each_service_runs_with_the_limits_it_has_in_kubernetes(service: str) -> None:
+    # docs/deploy.md promises the laptop's Compose run the pods' limits: a fetcher that
+    # fits in Kubernetes is not killed for its memory on the laptop.
+    limits = compose()["services"][service]["deploy"]["resources"]["limits"]
+    (container,) = containers(find(rendered("base"), "Deployment", f"trove-{service}"))
+    pods = container["resources"]["limits"]
+    # Docker reads a memory size's letters as binary units: 768M is 768 MiB.
+    memory = re.fullmatch(r"([0-9]+)([KMG])", limits["memory"])
+    assert memory is not None, limits["memory"]
+    size = int(memory.group(1)) * 2 ** {"K": 10, "M": 20, "G": 30}[memory.group(2)]
+    assert size == quantity(pods["memory"])
+    assert float(limits["cpus"]) == quantity(pods["cpu"])

@@ -183,7 +183,7 @@ def test_healthcheck_passes_only_when_healthz_answers_ok(
 # -------------------------------------------------------------------- build context
 
 
-def test_build_context_keeps_every_packaged_source() -> None:
+def test_build_context_keeps_every_packaged_source_and_every_copied_file() -> None:
     patterns = dockerignore_patterns()
     packages = pyproject()["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
     for package in packages:
@@ -194,8 +194,11 @@ def test_build_context_keeps_every_packaged_source() -> None:
             if "__pycache__" in relative or relative.endswith(".pyc"):
                 continue
             assert not ignored_by_docker(relative, patterns), relative
-    for needed in ("pyproject.toml", "README.md"):
-        assert not ignored_by_docker(needed, patterns), needed
+    # Every file the builder copies, or the build stops at "not found" on a clean checkout.
+    for value in instructions("COPY", 0):
+        *sources, _destination = shlex.split(value)
+        for source in sources:
+            assert not ignored_by_docker(source, patterns), source
 
 
 @pytest.mark.parametrize(

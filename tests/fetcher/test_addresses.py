@@ -37,6 +37,8 @@ BLOCKED = {
     "169.254.169.254": "cloud metadata",
     "fd00:ec2::254": "cloud metadata",
     "100.100.100.200": "cloud metadata",
+    "168.63.129.16": "cloud metadata",
+    "169.254.170.23": "cloud metadata",
     "::ffff:10.0.0.1": "IPv4-mapped 10.0.0.1",
     "::ffff:8.8.8.8": "IPv4-mapped 8.8.8.8",
     "::10.0.0.1": "IPv4-compatible 10.0.0.1",
@@ -111,6 +113,27 @@ def test_no_allowed_network_opens_a_metadata_address(cidr: str) -> None:
         if ipaddress.ip_address(address) in ipaddress.ip_network(cidr):
             with pytest.raises(BlockedAddress, match="cloud metadata"):
                 policy.check(address)
+
+
+@pytest.mark.parametrize(
+    ("cidr", "address"),
+    [
+        ("64:ff9b::/96", "64:ff9b::169.254.169.254"),
+        ("::ffff:0:0/96", "::ffff:169.254.169.254"),
+        ("::/96", "::169.254.169.254"),
+        ("2002::/16", "2002:a9fe:a9fe::1"),
+        ("::ffff:0:0:0/96", "::ffff:0:a9fe:a9fe"),
+    ],
+)
+def test_no_allowed_network_opens_a_metadata_address_written_as_ipv6(
+    cidr: str, address: str
+) -> None:
+    policy = AddressPolicy.from_cidrs([cidr])
+    assert policy.allows(
+        address.replace("169.254.169.254", "8.8.8.8").replace("a9fe:a9fe", "808:808")
+    )
+    with pytest.raises(BlockedAddress):
+        policy.check(address)
 
 
 def test_allowed_ipv6_network_admits_its_addresses() -> None:

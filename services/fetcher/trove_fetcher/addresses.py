@@ -25,13 +25,17 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _V4 = ipaddress.IPv4Network
 _V6 = ipaddress.IPv6Network
 
-#: Instance metadata services (AWS, GCP, Azure, OpenStack, ECS, Alibaba, Oracle).
+#: Instance metadata services (AWS, GCP, Azure, OpenStack, ECS, EKS Pod Identity,
+#: Alibaba, Oracle), and Azure's WireServer: an ordinary public address, reachable from
+#: every Azure VM and AKS pod, that hands a VM its settings and keys.
 METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     ipaddress.ip_address(a)
     for a in (
         "169.254.169.254",
         "169.254.170.2",
+        "169.254.170.23",
         "169.254.169.123",
+        "168.63.129.16",
         "100.100.100.200",
         "192.0.0.192",
         "fd00:ec2::254",
@@ -69,6 +73,7 @@ _IPV4_COMPATIBLE = _V6("::/96")
 _NAT64 = _V6("64:ff9b::/96")
 _SIX_TO_FOUR = _V6("2002::/16")
 _GLOBAL_UNICAST = _V6("2000::/3")
+_CARRIERS = (_IPV4_MAPPED, _IPV4_TRANSLATED, _IPV4_COMPATIBLE, _NAT64)
 
 _BLOCKED_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
     (_V6("::/128"), "unspecified"),
@@ -96,6 +101,26 @@ def parse_address(text: str) -> IPAddress:
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
     return ipaddress.ip_address(text.split("%", 1)[0])
+
+
+def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one reaches through (mapped, translated, compatible,
+    NAT64, 6to4), if it carries one."""
+    if address in _SIX_TO_FOUR:
+        return address.sixtofour
+    if any(address in network for network in _CARRIERS):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def is_metadata(address: IPAddress) -> bool:
+    """A metadata address, or an IPv6 form that reaches one."""
+    if address in METADATA_ADDRESSES:
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        carried = _carried_ipv4(address)
+        return carried is not None and carried in METADATA_ADDRESSES
+    return False
 
 
 def blocked_reason(address: IPAddress) -> str | None:
@@ -155,7 +180,9 @@ class AddressPolicy:
         reason = blocked_reason(address)
         if reason is None:
             return
-        if reason != "cloud metadata" and any(
+        # Not a metadata address however it is written (NAT64 of it, IPv4-mapped):
+        # an allowed network of those forms must not open one.
+        if not is_metadata(address) and any(
             address.version == network.version and address in network for network in self.allowed
         ):
             return
