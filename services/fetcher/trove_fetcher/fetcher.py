@@ -449,13 +449,14 @@ class Fetcher:
         *,
         gap: float | None = None,
     ) -> None:
-        """End the lease: the host is free one gap after ``end`` (a ``time.time()``; now
-        if None); ``observation`` is folded into the host's policy, and ``gap`` (a
-        Crawl-delay) set, in the same write."""
+        """End the lease: the host is free one gap after ``end`` (on the shared clock,
+        ``self.clock.at`` of the moment, placed when it was read; now if None);
+        ``observation`` is folded into the host's policy, and ``gap`` (a Crawl-delay)
+        set, in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
-        finished = self.clock.at(time.time() if end is None else end)
+        finished = self.clock.at(time.time()) if end is None else end
         if observation is not None:
             observation = self._shared(observation)
         try:
@@ -620,11 +621,15 @@ class Fetcher:
                 return
             finally:
                 FETCHES_IN_FLIGHT.dec()
-            # The host's gap runs from when its answer arrived, however late this pod read it.
+            # The host's gap runs from when its answer arrived, however late this pod read it,
+            # placed on the shared clock now: a step of the pod's wall clock during the
+            # extraction would otherwise move it by as much (NTP setting the clock right,
+            # a VM resumed), and the next request would go out inside the gap.
             now = time.time()
-            end = result.ended_at(now)
+            arrived = result.ended_at(now)
+            end = self.clock.at(arrived)
             if result.received_at is not None:
-                FETCH_READ_LAG.observe(now - end)
+                FETCH_READ_LAG.observe(now - arrived)
             FETCH_SECONDS.observe(result.elapsed)
             FETCH_BYTES.inc(result.bytes_read)
             event = await self._event(job, result, strategy, choice, started, etag or last_modified)
@@ -893,9 +898,10 @@ class Fetcher:
         # after a page's, not asked for robots.txt again when the fallback expires.
         observation = _robots_observation(policy, hold.domain, started, end)
         hop_gap = gap if released == domain or own_file else None
-        await self._release(hold, end, observation, gap=hop_gap)
+        finished = self.clock.at(end)
+        await self._release(hold, finished, observation, gap=hop_gap)
         if released != domain and gap is not None:
-            finished, crawl_gap = self.clock.at(end), gap
+            crawl_gap = gap
             await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
         await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
         self._remember(origin, policy)
