@@ -197,6 +197,10 @@ async def _sequences(
         info = await js.stream_info(DEAD_STREAM)
     except NotFoundError:
         return
+    if not info.state.messages:
+        # A stream that never held one starts at sequence 0, where the server refuses
+        # to start a consumer.
+        return
     parked = _parked_between(js, consumer, info.state.first_seq, info.state.last_seq + 1)
     async with contextlib.aclosing(parked):
         async for letter in parked:

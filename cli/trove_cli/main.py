@@ -40,7 +40,7 @@ from trove_cli.instances import (
     timelines_never_polled,
 )
 from trove_cli.local import LocalTrove, running_stack
-from trove_cli.report import build_report, progress_counts, render
+from trove_cli.report import build_report, progress_counts, refusals_so_far, render
 from trove_cli.search import DEFAULT_LIMIT, search_command
 from trove_cli.status import status_command
 from trove_cli.supervisor import RestartPolicy
@@ -118,6 +118,22 @@ def _half_given(settings: CommonSettings) -> str | None:
     )
 
 
+def _not_joined(settings: CommonSettings, command: str, join: bool) -> str | None:
+    """Why this machine's services do not start on the servers given, if both are and
+    ``--join`` is not: they own the streams, consumers and buckets there, so they would
+    reconcile a production cluster to this shell's settings (3 replicas to 1), migrate
+    its database, and a sandbox's fetcher would crawl for it with the sandbox's gap."""
+    if join or not (settings.nats_url and settings.database_url):
+        return None
+    return (
+        f"TROVE_NATS_URL and TROVE_DATABASE_URL are set: `trove {command}` would run this "
+        "machine's services on those servers, which would take their streams, consumers "
+        "and buckets to this shell's settings and migrate the database. Add --join if "
+        "that stack is yours to run services on; `trove seed` feeds a crawl already "
+        "running there; unset both to start servers of this machine's own"
+    )
+
+
 async def pipeline_backlog(js: JetStreamContext) -> int:
     """Messages waiting or in flight in any consumer, plus fetches deferred to a later slot."""
     total = 0
@@ -155,6 +171,7 @@ async def watch_crawl(
         # retention settings) and never changes what exists.
         options = TopologyOptions.from_settings(CommonSettings())
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
+        refusals_before = await refusals_so_far(engine)
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
             await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
@@ -221,7 +238,7 @@ async def watch_crawl(
                     code = 1 if until_idle else 0
                     break
                 await asyncio.sleep(0.5)
-        render(await build_report(engine), console)
+        render(await build_report(engine, refusals_after=refusals_before), console)
         return code
     finally:
         await engine.dispose()
@@ -284,7 +301,10 @@ def _tell(message: str) -> None:
 
 
 async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
-    if refused := _half_given(settings):
+    refused = (
+        _not_text(args.seeds) or _half_given(settings) or _not_joined(settings, "crawl", args.join)
+    )
+    if refused:
         console.print(Text(refused, "red"))
         return 2
     if args.fediverse is not None and not args.sandbox:
@@ -334,7 +354,26 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             await asyncio.to_thread(local.stop)
 
 
+def _not_text(seeds: Sequence[str]) -> str | None:
+    """Why the seeds cannot be sent, if one is not UTF-8 (bytes the shell passed that
+    Python keeps as surrogates): discovery would refuse the whole message for it."""
+    for seed in seeds:
+        try:
+            seed.encode()
+        except UnicodeEncodeError:
+            # The bytes as given (``caf\xe9``), which the surrogates stand for.
+            shown = seed.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            return (
+                f"not UTF-8 text: {shown} (a terminal not set to UTF-8? percent-encode "
+                "such a byte, \\xe9 as %E9): nothing was sent"
+            )
+    return None
+
+
 async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
+    if refused := _not_text(args.urls):
+        console.print(Text(refused, "red"))
+        return 2
     nats_url, _ = _urls(settings)
     if not nats_url:
         console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
@@ -464,7 +503,7 @@ async def cmd_exclusions(args: argparse.Namespace, settings: CommonSettings) -> 
 
 
 def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
-    if refused := _half_given(settings):
+    if refused := _half_given(settings) or _not_joined(settings, "up", args.join):
         console.print(Text(refused, "red"))
         return 2
     local = LocalTrove(
@@ -539,6 +578,12 @@ def cmd_sandbox(args: argparse.Namespace, settings: CommonSettings) -> int:
     return sandbox_main(args.rest)
 
 
+JOIN_HELP = (
+    "with TROVE_NATS_URL and TROVE_DATABASE_URL set: run this machine's services on "
+    "those servers, a stack of yours (they take its streams to this shell's settings)"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trove", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -546,6 +591,7 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the whole stack in the foreground")
     up.add_argument("--fresh", action="store_true", help="wipe the state folder first")
     up.add_argument("--fetchers", type=_count(1), default=1)
+    up.add_argument("--join", action="store_true", help=JOIN_HELP)
 
     crawl = sub.add_parser("crawl", help="crawl from seeds with a progress bar and a report")
     crawl.add_argument("seeds", nargs="*")
@@ -574,6 +620,7 @@ def parser() -> argparse.ArgumentParser:
     )
     crawl.add_argument("--fetchers", type=_count(1), default=1)
     crawl.add_argument("--fresh", action="store_true", help="start from an empty state folder")
+    crawl.add_argument("--join", action="store_true", help=JOIN_HELP)
     crawl.add_argument("--timeout", type=_seconds, default=3600.0)
 
     seed = sub.add_parser(

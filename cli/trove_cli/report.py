@@ -46,7 +46,15 @@ async def progress_counts(engine: AsyncEngine) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-async def build_report(engine: AsyncEngine, *, top: int = 10) -> Report:
+async def refusals_so_far(engine: AsyncEngine) -> int:
+    """The newest refused seed's row: a crawl's report lists those recorded after the
+    crawl began, not the refusals of earlier crawls in a state folder kept from them."""
+    async with engine.connect() as conn:
+        found = await conn.execute(text("SELECT coalesce(max(id), 0) FROM seed_rejections"))
+        return int(found.scalar_one())
+
+
+async def build_report(engine: AsyncEngine, *, top: int = 10, refusals_after: int = 0) -> Report:
     report = Report()
     async with engine.connect() as conn:
         rows = await conn.execute(
@@ -117,10 +125,14 @@ async def build_report(engine: AsyncEngine, *, top: int = 10) -> Report:
             ).scalar_one()
         )
         rows = await conn.execute(
-            text("SELECT raw, reason FROM seed_rejections ORDER BY occurred_at LIMIT :top"),
-            {"top": top},
+            text(
+                "SELECT raw, reason FROM seed_rejections WHERE id > :after "
+                "ORDER BY occurred_at DESC, id DESC LIMIT :top"
+            ),
+            {"after": refusals_after, "top": top},
         )
-        report.rejected_seeds = [(r, why) for r, why in rows.all()]
+        # The newest, listed in the order they came.
+        report.rejected_seeds = [(r, why) for r, why in reversed(rows.all())]
     return report
 
 

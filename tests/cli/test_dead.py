@@ -27,12 +27,15 @@ from trove_schema.bus import Bus, Consumer
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import (
     DEAD_PREFIX,
+    DEAD_STREAM,
     DISCOVERY_SEEDS,
     EVENTS_STREAM,
     FETCHER,
     RECORDER,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
+    declare,
+    ensure_topology,
 )
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -285,6 +288,22 @@ async def test_the_dead_letter_gauge_follows_parking_and_dropping(bus: Bus) -> N
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+@pytest.mark.parametrize(("action", "verb"), [("redrive", "re-drove"), ("drop", "dropped")])
+async def test_all_on_a_dead_stream_that_never_held_a_message_acts_on_none(
+    stack: StackUrls, bus: Bus, action: str, verb: str
+) -> None:
+    # A new cluster's: its first sequence is 0, where no consumer may start.
+    await bus.js.delete_stream(DEAD_STREAM)
+    await ensure_topology(bus.js, declare(), owner="cli")
+    assert (await bus.js.stream_info(DEAD_STREAM)).state.first_seq == 0
+    out = io.StringIO()
+
+    code = await dead_command(stack.nats_url, Console(file=out), action=action, every=True)
+
+    assert code == 0
+    assert f"{verb} 0 parked message(s)." in out.getvalue()
 
 
 async def test_dead_command_refuses_an_action_without_sequences_or_all(stack: StackUrls) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from nats.aio.msg import Msg
@@ -33,6 +34,29 @@ async def test_a_seed_asked_for_an_answer_with_no_discovery_running_is_kept_and_
     assert info.state.messages == before + 1
     stored = await bus.js.get_msg(SEEDS_STREAM, info.state.last_seq)
     assert stored.data == b"https://kept.example/"
+
+
+@pytest.mark.parametrize("command", [("seed",), ("crawl", "--join")])
+async def test_a_seed_that_is_not_utf8_is_refused_before_anything_is_sent(
+    stack: StackUrls, bus: Bus, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    # "café" typed in a Latin-1 terminal: Python keeps the byte 0xE9 as a surrogate.
+    before = (await bus.js.stream_info(SEEDS_STREAM)).state.messages
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_DATABASE_URL": stack.database_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+    }
+
+    code, out = await run_trove(
+        *command, "https://kept.example/", "https://caf\udce9.example/", env=env, timeout=120
+    )
+
+    assert code == 2, out
+    assert "not UTF-8 text: https://caf\\xe9.example/" in out
+    assert "Traceback" not in out
+    assert (await bus.js.stream_info(SEEDS_STREAM)).state.messages == before
 
 
 @pytest.mark.parametrize(

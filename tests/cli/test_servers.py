@@ -83,6 +83,33 @@ async def test_a_stack_of_this_machines_is_not_started_beside_one_server_given(
     assert not (tmp_path / "postgres").exists()
 
 
+@pytest.mark.parametrize("command", [("up",), ("crawl", "https://a.example/")])
+async def test_no_service_of_this_machines_runs_on_servers_given_without_join(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    # The servers of a production cluster, reached through a port-forward to run
+    # `trove seed|status|dead`: the services would reconcile its streams to this shell's
+    # settings (TROVE_REPLICAS 1) and a sandbox's fetcher join its fetchers.
+    closed = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_STATE_DIR": str(tmp_path),
+        "TROVE_NATS_URL": f"nats://127.0.0.1:{closed}",
+        "TROVE_DATABASE_URL": f"postgresql+asyncpg://trove@127.0.0.1:{closed}/trove",
+    }
+
+    code, out = await run_trove(*command, env=env)
+
+    assert code == 2, out
+    assert "Add --join if that stack is yours" in " ".join(out.split())
+
+    # Said to be the operator's own, it is used: here, servers that do not answer.
+    code, out = await run_trove(*command, "--join", env=env)
+
+    assert code == 1, out
+    assert "--join" not in out
+
+
 async def test_a_replay_into_another_database_is_not_fed_this_machines_events(
     tmp_path: Path,
 ) -> None:

@@ -83,7 +83,7 @@ async def test_trove_crawl_fetches_and_records_every_sandbox_page(
         "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.5",
     }
     code, report = await run_trove(
-        "crawl", "--sandbox", "--until-idle", "--timeout", "240", env=env, timeout=300
+        "crawl", "--sandbox", "--join", "--until-idle", "--timeout", "240", env=env, timeout=300
     )
     assert code == 0, report
     assert "Pages by status" in report
@@ -176,7 +176,7 @@ async def test_trove_crawl_stopped_leaves_no_process_behind(tmp_path: Path, endi
 
 
 def on_the_stack(stack: StackUrls, tmp_path: Path) -> dict[str, str]:
-    """`trove crawl`'s environment: the session's servers, a state folder of its own."""
+    """`trove crawl --join`'s environment: the session's servers, a state folder of its own."""
     return {
         **os.environ,
         "TROVE_NATS_URL": stack.nats_url,
@@ -196,6 +196,7 @@ async def test_a_crawl_whose_seeds_are_all_refused_ends_at_once(
     (nor for pages that will not come, under --max-pages)."""
     code, report = await run_trove(
         "crawl",
+        "--join",
         *until,
         "--timeout",
         "600",
@@ -214,6 +215,7 @@ async def test_a_crawl_until_idle_stopped_by_its_timeout_exits_1(
     code, report = await run_trove(
         "crawl",
         "--sandbox",
+        "--join",
         "--until-idle",
         "--timeout",
         "1",
