@@ -31,6 +31,7 @@ from trove_fetcher.timeline import (
     TimelinePoller,
     id_key,
     link_relation,
+    lookback_floor,
     rate_limit_wait,
     read_entry,
     retry_after_of,
@@ -279,6 +280,41 @@ async def test_late_posts_found_before_the_new_ones_fail_are_no_progress(
         third = await polls.poll(request(social, after=second))
         assert third.outcome is CrawlOutcome.SUCCESS, third.error_message
         assert uris(third) == [instance.status_uri(late)]
+
+
+async def test_a_lookback_of_nothing_readable_leaves_the_new_posts_to_be_read(
+    client: httpx.AsyncClient,
+) -> None:
+    # Behind the cursor only posts that cannot be read ("uri": null): the page there
+    # comes back the same every poll until the cursor moves on, so it must not stop the
+    # poll that moves it.
+    instance = FediverseInstance.generate(posts=12, seed=11)
+    lookback = 3600.0
+    newest = instance.timeline(local=False)[0]
+    floor = lookback_floor("public", newest.sid, lookback)
+    assert floor is not None
+    behind = [s for s in instance.timeline(local=False) if floor < s.id < newest.id]
+    assert behind
+    for status in behind:
+        instance.make_unreadable(status)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=5, lookback=lookback)
+        first = await polls.poll(request(social, timeline="public"))
+        assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.cursor_after == newest.sid
+        added = public_local_post(instance)
+
+        second = await polls.poll(request(social, after=first))
+        third = await polls.poll(request(social, after=second))
+
+        assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
+        assert uris(second) == [instance.status_uri(added)]
+        assert second.cursor_after == added.sid
+        assert second.error_message is not None
+        assert "behind the cursor left unread" in second.error_message
+        assert any("since_id" in q for q in api_queries(social))  # the lookback was asked
+        assert third.outcome is CrawlOutcome.SUCCESS, third.error_message
+        assert third.cursor_after == added.sid
 
 
 async def test_the_local_timeline_is_read_from_its_cursor_only(
@@ -531,16 +567,16 @@ async def test_429_is_blocked_4xx_with_its_retry_after_and_the_cursor_kept(
 
 
 @pytest.mark.parametrize(
-    ("mode", "outcome", "reason"),
+    ("mode", "outcome", "reason", "asked"),
     [
-        ("html", CrawlOutcome.REJECTED, "not JSON"),
-        ("redirect", CrawlOutcome.REJECTED, "off the instance"),
-        ("huge", CrawlOutcome.REJECTED, "larger than"),
-        ("wrong-types", CrawlOutcome.REJECTED, "readable status"),
+        ("html", CrawlOutcome.REJECTED, "not JSON", 1),
+        ("redirect", CrawlOutcome.REJECTED, "off the instance", 1),
+        # Asked again with fewer posts down to one (max_pages), which no Link leads past.
+        ("huge", CrawlOutcome.REJECTED, "larger than", 5),
     ],
 )
 async def test_a_hostile_answer_is_rejected_and_the_cursor_kept(
-    client: httpx.AsyncClient, mode: Misbehaviour, outcome: CrawlOutcome, reason: str
+    client: httpx.AsyncClient, mode: Misbehaviour, outcome: CrawlOutcome, reason: str, asked: int
 ) -> None:
     instance = FediverseInstance.generate(posts=20, seed=7)
     instance.misbehave(mode)
@@ -553,9 +589,77 @@ async def test_a_hostile_answer_is_rejected_and_the_cursor_kept(
         assert event.error_message is not None
         assert reason in event.error_message
         assert (event.cursor_after, event.posts) == (cursor, ())
-        # NodeInfo (two requests) still found the software; then one API request.
+        # NodeInfo (two requests) still found the software; then the API requests.
         assert event.software == "mastodon"
-        assert event.requests == len(social.witness.requests()) == 3
+        assert event.requests == len(social.witness.requests()) == 2 + asked
+        assert len(api_queries(social)) == asked
+
+
+@pytest.mark.parametrize(
+    ("max_pages", "page_limit", "limits"),
+    [(5, 8, ["8", "4", "2", "1", "8"]), (3, 40, ["40", "20", "1"])],
+)
+async def test_a_post_too_large_for_a_page_is_passed_over_after_pages_of_fewer_posts(
+    client: httpx.AsyncClient, max_pages: int, page_limit: int, limits: list[str]
+) -> None:
+    # Any page holding it is over max_body_bytes: asked the same way, the same page
+    # would be refused every poll. Fewer posts a page, down to one (the poll's last page
+    # whatever its pages), which the page's Link says where to read on from.
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        big = instance.add_post(
+            "ada",
+            links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
+            visibility="public",
+            card=False,
+        )
+        added = [public_local_post(instance) for _ in range(3)]
+        fetch = FetchLimits(total_timeout=10.0, max_body_bytes=64 * 1024)
+        polls = poller(client, max_pages=max_pages, page_limit=page_limit, limits=fetch)
+        first = await polls.poll(request(social, cursor=start, api=social.base_url))
+        rest = await polls.poll(request(social, after=first))
+
+        assert first.outcome is rest.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.requests == max_pages
+        queries = api_queries(social)
+        assert [q["limit"][0] for q in queries[:max_pages]] == limits
+        assert [q["min_id"][0] for q in queries[: limits.index("1") + 1]] == [start] * (
+            limits.index("1") + 1
+        )
+        assert first.skipped == 1
+        assert first.error_message is not None
+        assert "passed over" in first.error_message
+        assert instance.status_uri(big) not in uris(first) + uris(rest)
+        assert uris(first) + uris(rest) == [instance.status_uri(s) for s in added]
+        assert rest.cursor_after == added[-1].sid
+        assert (social.witness.min_gap(social.host) or 0.0) >= GAP
+
+
+async def test_a_run_of_posts_that_cannot_be_read_is_passed_over_and_reading_goes_on(
+    client: httpx.AsyncClient,
+) -> None:
+    # A page of nothing readable is refused: as many as a page holds in a row would be
+    # refused every poll. The page is passed over whole, by its newest id.
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        broken = [public_local_post(instance) for _ in range(4)]
+        for status in broken:
+            instance.make_unreadable(status)
+        added = [public_local_post(instance) for _ in range(2)]
+        polls = poller(client, max_pages=5, page_limit=4)
+        event = await polls.poll(request(social, cursor=start, api=social.base_url))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert uris(event) == [instance.status_uri(s) for s in added]
+        assert event.cursor_after == added[-1].sid
+        assert event.skipped == len(broken)
+        assert event.error_message is not None
+        assert "4 malformed entries skipped" in event.error_message
+        asked = [(q["limit"][0], q["min_id"][0]) for q in api_queries(social)]
+        assert asked[:2] == [("4", start), ("4", broken[-1].sid)]
+        assert event.requests == len(asked) <= 3
 
 
 async def test_ids_of_another_kind_or_past_the_cap_are_skipped_and_the_cursor_goes_on(
@@ -767,6 +871,42 @@ async def test_software_without_the_api_is_rejected_and_unknown_software_is_trie
         assert event.outcome is outcome
         assert (event.software, event.software_version) == software
         assert bool(api_queries(social)) is (outcome is CrawlOutcome.SUCCESS)
+
+
+@pytest.mark.parametrize("failure", [500, 502, 503])
+async def test_a_failing_nodeinfo_document_leaves_the_software_unknown_and_the_api_read(
+    client: httpx.AsyncClient, failure: int
+) -> None:
+    # Its index answers: the instance is up. A document that always fails would else end
+    # every poll before the API, for ever, as NodeInfo is asked again until one is read.
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    instance.fail_nodeinfo(failure)
+    async with served(instance) as social:
+        polls = poller(client)
+        first = await polls.poll(request(social))
+        second = await polls.poll(request(social, after=first))
+
+        assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert (first.software, first.api) == (None, social.base_url)
+        assert uris(first)
+        assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
+        paths = social.witness.paths(social.host)
+        assert paths[:2] == ["/.well-known/nodeinfo", "/nodeinfo/2.1"]
+        assert paths.count("/.well-known/nodeinfo") == 1
+        assert len(api_queries(social)) == first.requests - 2 + second.requests
+
+
+async def test_a_nodeinfo_document_asking_to_slow_down_still_ends_the_poll(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    instance.fail_nodeinfo(429)
+    async with served(instance) as social:
+        event = await poller(client).poll(request(social))
+
+        assert (event.outcome, event.status_code) == (CrawlOutcome.BLOCKED_4XX, 429)
+        assert event.api is None
+        assert not api_queries(social)
 
 
 async def test_the_event_fits_the_message_size_and_the_cursor_covers_what_it_carries(

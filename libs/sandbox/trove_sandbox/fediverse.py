@@ -153,13 +153,15 @@ class FediverseInstance:
     """A seeded, reproducible Mastodon-like instance that is also its own ground truth.
 
     Mutable only through the test hooks (``add_post``, ``opt_out``, ``opt_in``,
-    ``throttle``, ``misbehave``, ``set_robots``) and the port the server binds.
+    ``throttle``, ``misbehave``, ``make_unreadable``, ``fail_nodeinfo``, ``set_robots``)
+    and the port the server binds.
     """
 
     __slots__ = (
         "_accounts",
         "_huge",
         "_misbehaviour",
+        "_nodeinfo_failure",
         "_port",
         "_rate_limit",
         "_rate_used",
@@ -171,6 +173,7 @@ class FediverseInstance:
         "_software",
         "_statuses",
         "_throttle",
+        "_unreadable",
         "host",
         "ip",
         "web",
@@ -204,6 +207,8 @@ class FediverseInstance:
         self._rate_window_start = time.monotonic()
         self._throttle: str | None = None
         self._misbehaviour: Misbehaviour | None = None
+        self._nodeinfo_failure: int | None = None
+        self._unreadable: set[int] = set()
         self._redirect_to = f"http://{REMOTE_HOST}/api/v1/timelines/public"
         self._robots: str | None = None
         self._huge: bytes | None = None
@@ -531,6 +536,14 @@ class FediverseInstance:
         if redirect_to is not None:
             self._redirect_to = redirect_to
 
+    def make_unreadable(self, status: Status) -> None:
+        """Serve ``status`` through the API with ``"uri": null``: an entry no client reads."""
+        self._unreadable.add(status.id)
+
+    def fail_nodeinfo(self, status: int | None) -> None:
+        """Answer the NodeInfo documents (not their index) with ``status`` (None: as normal)."""
+        self._nodeinfo_failure = status
+
     def set_robots(self, text: str | None) -> None:
         """Serve ``text`` as robots.txt (None restores Mastodon's)."""
         self._robots = text
@@ -575,6 +588,8 @@ class FediverseInstance:
                 {"rel": f"{NODEINFO_SCHEMA}2.1", "href": self.url("/nodeinfo/2.1")},
             ]})  # fmt: skip
         if bare in ("/nodeinfo/2.0", "/nodeinfo/2.1"):
+            if self._nodeinfo_failure is not None:
+                return _json_response({"error": "Failing"}, status=self._nodeinfo_failure)
             return self._nodeinfo(bare.rsplit("/", 1)[1])
         if bare == "/.well-known/webfinger":
             return self._webfinger(query.get("resource", ""))
@@ -842,7 +857,7 @@ class FediverseInstance:
             "spoiler_text": status.spoiler_text,
             "visibility": status.visibility,
             "language": status.language,
-            "uri": self.status_uri(status),
+            "uri": None if status.id in self._unreadable else self.status_uri(status),
             "url": self.status_url(status),
             "replies_count": 0,
             "reblogs_count": status.id % 3,

@@ -7,7 +7,7 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
 * **NodeInfo first** while the request knows no API: ``/.well-known/nodeinfo``, then
   the newest 2.x document it lists on the instance's own host, for the software's name
   and version. Software known not to speak the API is ``rejected``; unknown software,
-  or an instance without NodeInfo, is tried anyway.
+  or an instance without NodeInfo (or whose document fails), is tried anyway.
 * **From the cursor on.** ``local`` reads ``/api/v1/timelines/public?local=true``,
   ``public`` the same without it, ``tag:NAME`` ``/api/v1/timelines/tag/NAME``; with
   ``min_id=<cursor>`` each page holds the posts right after the cursor, and the Link
@@ -26,8 +26,9 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   timeline first reads one page behind the cursor, the newest posts within
   ``lookback`` seconds (snowflake ids tell their time); the ids handled there
   (``recent``, at most ``MAX_RECENT_POSTS``, carried by the chain) are left alone, and a
-  late post never moves the cursor back. ``local`` holds only the instance's own
-  posts, numbered as they are made: read from the cursor.
+  late post never moves the cursor back; a page there refused for its posts (below) is
+  left unread. ``local`` holds only the instance's own posts, numbered as they are
+  made: read from the cursor.
 
 **Politeness.** Every request (NodeInfo, each page, each same-host redirect hop) is
 asked of ``robots_allows`` and made inside ``gate(url)``, which the fetcher implements
@@ -59,8 +60,12 @@ instance (not followed), a body over ``max_body_bytes`` are ``rejected``; a bot
 challenge (``trove_schema.heuristics.is_challenge``, whatever its status) is
 ``blocked_4xx`` and ``challenged``; malformed entries are skipped and counted (a page
 of nothing else is ``rejected``); endless pagination ends at ``max_pages`` or at the
-first repeated page. Only errors of the caller's own machinery (the gate,
-``robots_allows``) leave ``poll``.
+first repeated page. A page after the cursor refused for its posts would come back
+every poll: one of nothing readable is passed over whole (its newest id, else its
+Link's ``prev``), its entries counted malformed; one over ``max_body_bytes`` is asked
+again with half as many posts, among the poll's ``max_pages`` (its last asks for one),
+and a page of one still too large is passed over (its Link's ``prev``). Only errors of
+the caller's own machinery (the gate, ``robots_allows``) leave ``poll``.
 """
 
 from __future__ import annotations
@@ -501,6 +506,8 @@ class _Stop(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         challenge: bool = False,
+        for_its_posts: bool = False,
+        answer: _Answer | None = None,
     ) -> None:
         super().__init__(message)
         self.outcome = outcome
@@ -509,6 +516,11 @@ class _Stop(Exception):
         self.retry_after = retry_after
         #: The answer was a bot challenge (``is_challenge``), whatever its status.
         self.challenge = challenge
+        #: The page was refused for the posts it holds (too large, none readable): a
+        #: page of fewer of them may be read.
+        self.for_its_posts = for_its_posts
+        #: The answer refused, when its headers came (its Link leads past it).
+        self.answer = answer
 
 
 class _MachineryFailed(Exception):
@@ -736,9 +748,12 @@ class TimelinePoller:
     async def _discover(self, origin: str, progress: _Progress) -> Software | None:
         """The software NodeInfo names; None when the instance gives no usable NodeInfo.
 
-        A 429, a 5xx, a bot challenge or an unreachable instance ends the poll; anything
-        else it answers (404, HTML, garbage, a link elsewhere) leaves the software unknown.
+        A 429 or a bot challenge, or an index that is unreachable, times out or answers
+        5xx, ends the poll; anything else (404, HTML, garbage, a link elsewhere, a
+        document that fails) leaves the software unknown: a document that always fails
+        would else keep a working API from ever being read.
         """
+        link: str | None = None
         try:
             index = await self._get_json(origin + WELL_KNOWN_PATH, progress)
             link = document_link(index.data, origin)
@@ -746,8 +761,12 @@ class TimelinePoller:
                 return None
             document = await self._get_json(link, progress)
         except _Stop as stop:
-            unavailable = (CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX)
-            if stop.outcome in unavailable or stop.status == 429 or stop.challenge:
+            unavailable = link is None and stop.outcome in (
+                CrawlOutcome.FAILED,
+                CrawlOutcome.TIMEOUT,
+                CrawlOutcome.BLOCKED_5XX,
+            )
+            if unavailable or stop.status == 429 or stop.challenge:
                 raise
             return None
         return software_of(document.data)
@@ -757,18 +776,62 @@ class TimelinePoller:
     ) -> None:
         limit = self._page_limit
         if progress.floor is not None:
-            await self._look_back(api, timeline, cursor, host, progress)
+            try:
+                await self._look_back(api, timeline, cursor, host, progress)
+            except _Stop as stop:
+                if not stop.for_its_posts:
+                    raise
+                # The same page every poll until the cursor moves on, which reading on does.
+                progress.note = f"the page behind the cursor left unread: {stop.message}"
             if progress.full or progress.rate_spent:
                 progress.more = True
                 return
             progress.page_top = None
         url = timeline_url(api, timeline, limit=limit, min_id=cursor)
         requested: set[str] = set()
-        for _ in range(self._max_pages):
+        for page in range(self._max_pages):
             requested.add(url)
-            answer = await self._get_json(url, progress)
-            entries = self._entries(answer)
-            new = self._take(entries, host, progress, oldest_first=True)
+            answer: _Answer | None = None
+            entries: list[Any] = []
+            try:
+                answer = await self._get_json(url, progress)
+                entries = self._entries(answer)
+                new = self._take(entries, host, progress, oldest_first=True)
+            except _Stop as stop:
+                # Asked again, the same page comes back every poll: fewer posts a page get
+                # past the ones that cannot be read, down to one, which is passed over.
+                if not stop.for_its_posts:
+                    raise
+                after = cursor
+                if progress.newest is not None and id_key(progress.newest) > id_key(cursor):
+                    after = progress.newest
+                if entries:
+                    # Read, and none of them readable: the whole page is passed over.
+                    passed = self._passed_over(answer, entries, after, newest=True)
+                    if passed is None:
+                        raise
+                    progress.malformed += len(entries)
+                    progress.seen.add(passed)
+                    progress.advance(passed)
+                    progress.note = f"a page that cannot be read passed over ({stop.message})"
+                    limit, after = self._page_limit, passed
+                elif limit > 1:
+                    if page + 1 == self._max_pages:
+                        raise
+                    # The poll's last page asks for one: however few its pages, it gets past.
+                    limit = 1 if page + 2 == self._max_pages else limit // 2
+                    progress.note = f"asked again with fewer posts a page, down to {limit}"
+                else:
+                    passed = self._passed_over(stop.answer or answer, entries, after)
+                    if passed is None:
+                        raise
+                    progress.malformed += 1
+                    progress.seen.add(passed)
+                    progress.advance(passed)
+                    progress.note = f"a post that cannot be read passed over ({stop.message})"
+                    limit, after = self._page_limit, passed
+                url = timeline_url(api, timeline, limit=limit, min_id=after)
+                continue
             if progress.full:
                 progress.more = True
                 return
@@ -792,6 +855,26 @@ class TimelinePoller:
                 return
             url = following
         progress.more = True
+
+    @staticmethod
+    def _passed_over(
+        answer: _Answer | None, entries: list[Any], after: str, *, newest: bool = False
+    ) -> str | None:
+        """Where reading goes on past a page that cannot be read, after ``after``: its
+        first post's id (its newest's, with ``newest``) when the entries give one, else
+        where the page's Link ``prev`` reads on from; None when neither does."""
+        prev = link_relation(answer.headers, "prev", answer.url) if answer is not None else None
+        linked = [dict(parse_qsl(urlsplit(prev).query)).get("min_id")] if prev else []
+        key = id_key(after)
+        for ids in ([entry.get("id") for entry in entries if isinstance(entry, dict)], linked):
+            later = [
+                post_id
+                for post_id in map(_post_id, ids)
+                if post_id is not None and id_key(post_id)[0] == key[0] and id_key(post_id) > key
+            ]
+            if later:
+                return (max if newest else min)(later, key=id_key)
+        return None
 
     async def _look_back(
         self, api: str, timeline: str, cursor: str, host: str, progress: _Progress
@@ -870,6 +953,7 @@ class TimelinePoller:
             raise _Stop(
                 CrawlOutcome.REJECTED,
                 f"none of the page's {len(read)} entries is a readable status",
+                for_its_posts=True,
             )
         progress.malformed += sum(1 for entry in read if entry.id is None)
         usable = progress.of_the_timelines_kind(usable)
@@ -1045,6 +1129,8 @@ class TimelinePoller:
                     CrawlOutcome.REJECTED,
                     f"the API answer is larger than {self._limits.max_body_bytes} bytes",
                     status=status,
+                    for_its_posts=True,
+                    answer=answer,
                 )
         finally:
             await response.aclose()
