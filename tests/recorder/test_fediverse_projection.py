@@ -230,6 +230,16 @@ async def test_a_followed_timeline_counts_its_polls_and_records_each_share(
     )
 
 
+async def test_a_follow_whose_id_is_not_a_uuid_counts_its_polls(engine: AsyncEngine) -> None:
+    # A stranger's producer: its polls name the follow by the same text.
+    followed = follow(id="follow of social.example/local")
+    events = (followed, polled(followed, 1), polled(followed, 2, outcome=CrawlOutcome.TIMEOUT))
+    assert await project(engine, *events, events[1]) == [True, True, True, False]
+    row = await instance(engine)
+    assert (row.polls, row.last_poll, row.last_outcome) == (2, 2, "timeout")
+    assert row.failing_since == events[2].completed_at
+
+
 async def test_a_poll_delivered_again_or_made_again_counts_once(engine: AsyncEngine) -> None:
     followed = follow()
     first = polled(followed, 1, post(1, "https://a.example/"), skipped=1)

@@ -215,6 +215,65 @@ async def test_a_link_to_an_unknown_page_creates_its_row(engine: AsyncEngine) ->
     assert (row.status, row.domain, row.discovered_at) == ("discovered", "other.example", None)
 
 
+async def test_a_link_to_no_host_is_left_out_and_its_page_applied(engine: AsyncEngine) -> None:
+    # A stranger's event: Trove's fetcher sends canonical URLs only. No page can be made
+    # of these, and refusing the whole attempt for them would park it.
+    other = "https://blog.example/a"
+    event = completed(links=(Link(url="about:blank"), Link(url=other), Link(url="https:///x")))
+    hostless = completed(
+        url=f"{URL}/2", links=(Link(url="mailto:ada@blog.example"),), request_id=str(uuid.uuid4())
+    )
+    async with async_sessionmaker(engine).begin() as session:
+        assert (await apply_batch(session, [event, hostless], POLICY)).count == 2
+    links = await rows(
+        engine,
+        "SELECT f.url AS source, t.url AS target FROM page_links l "
+        "JOIN pages f ON f.id = l.from_page_id JOIN pages t ON t.id = l.to_page_id",
+    )
+    assert [(r.source, r.target) for r in links] == [(URL, other)]
+    crawled = await rows(engine, "SELECT url FROM pages WHERE status = 'fetched' ORDER BY url")
+    assert [r.url for r in crawled] == [URL, f"{URL}/2"]
+    assert len(await rows(engine, "SELECT * FROM pages")) == 3
+
+
+async def test_an_attempt_that_took_weeks_keeps_the_longest_duration_its_columns_hold(
+    engine: AsyncEngine,
+) -> None:
+    # 2**31 ms is under 25 days: a stranger's times, or a clock set wrong, may be further
+    # apart than that.
+    now = datetime.now(UTC)
+    event = completed(CrawlOutcome.TIMEOUT, started_at=now - timedelta(days=30), completed_at=now)
+    assert await project(engine, event) == [True]
+    (crawl,) = await rows(engine, "SELECT duration_ms FROM page_crawls")
+    (attempt,) = await rows(engine, "SELECT duration_ms FROM fetcher_attempts")
+    assert crawl.duration_ms == attempt.duration_ms == 2**31 - 1
+
+
+async def test_an_event_whose_id_is_not_a_uuid_is_applied_once(engine: AsyncEngine) -> None:
+    event = completed(id="attempt 1 of blog.example/post", title="Hello", status_code=200)
+    request = completed(
+        CrawlOutcome.TIMEOUT, id="attempt 2", request_id="a request of a stranger's producer"
+    )
+    assert await project(engine, event, event, request) == [True, False, True]
+    crawls = await rows(engine, "SELECT event_id, request_id FROM page_crawls")
+    assert len({r.event_id for r in crawls}) == 2
+    assert all(r.request_id is not None for r in crawls)
+    assert (await page(engine)).title == "Hello"
+    (tags,) = await rows(engine, "SELECT count(*) AS n FROM attempt_heuristics")
+    assert tags.n > 0
+
+
+async def test_an_event_id_in_capitals_is_applied_once(engine: AsyncEngine) -> None:
+    # The id names the same UUID in either case: applied the first time, whichever.
+    event = completed(id=str(uuid.uuid4()).upper(), title="Hello", status_code=200)
+    copy = event.model_copy(update={"id": event.id.lower()})
+    assert await project(engine, event, copy) == [True, False]
+    assert (await page(engine)).title == "Hello"
+    assert len(await rows(engine, "SELECT * FROM page_crawls")) == 1
+    (tags,) = await rows(engine, "SELECT count(*) AS n FROM attempt_heuristics")
+    assert tags.n > 0
+
+
 @pytest.mark.parametrize(
     ("outcome", "status"),
     [

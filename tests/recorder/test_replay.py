@@ -9,26 +9,40 @@ import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
+from asyncpg.exceptions import DiskFullError
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
+from tests.recorder.test_database_outage import DISK_FULL
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
 from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, LockLost, replay, since_of
 from trove_recorder.retries import RetryPolicy
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlRequested, Provenance, SeedRejected, decode_event
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    Link,
+    PageDiscovered,
+    Provenance,
+    Scope,
+    SeedRejected,
+    decode_event,
+)
 from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Base
 from trove_schema.topology import (
+    DEAD_STREAM,
     DISCOVERY_LINKS,
     EVENTS_STREAM,
     FETCHER,
@@ -231,6 +245,92 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
             )
     finally:
         await replayed_engine.dispose()
+
+
+async def test_an_event_the_projection_cannot_apply_is_skipped_as_the_recorder_parks_it(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    now = datetime.now(UTC)
+
+    def attempt(path: str, **fields: Any) -> CrawlCompleted:
+        base: dict[str, Any] = {
+            "url": f"https://blog.example/{path}",
+            "domain": "blog.example",
+            "scope": Scope(value="blog.example"),
+            "request_id": str(uuid.uuid4()),
+            "outcome": CrawlOutcome.SUCCESS,
+            "status_code": 200,
+            "started_at": now - timedelta(seconds=1),
+            "completed_at": now,
+            "title": path,
+        }
+        return CrawlCompleted(**{**base, **fields})
+
+    events = [
+        # What the projection takes as a stranger's producer wrote it: a link to no
+        # host, an id that is no UUID, an attempt whose times are a month apart.
+        attempt("links", links=(Link(url="https://blog.example/a"), Link(url="about:blank"))),
+        attempt("stranger", id="an attempt of a stranger's producer"),
+        attempt("month", started_at=now - timedelta(days=30)),
+        # Decoded, but no projection can hold it (a status code past the column's int).
+        attempt("unheld", status_code=2**31),
+        PageDiscovered(
+            url="https://blog.example/later",
+            domain="blog.example",
+            scope=Scope(),
+            provenance=Provenance(kind="seed"),
+        ),
+    ]
+    async with services(stack, state_dir, {}, only=("recorder",)):
+        for event in events:
+            await bus.publish(event)
+
+        async def parked() -> int:
+            return (await bus.js.stream_info(DEAD_STREAM)).state.messages
+
+        await eventually(parked, until=lambda n: n == 1, timeout=90, what="one event parked")
+        await eventually(
+            lambda: query(engine, "SELECT url FROM pages WHERE discovered_at IS NOT NULL"),
+            until=lambda found: len(found) == 1,
+            timeout=30,
+            what="the events after it applied",
+        )
+    live = await checksums(engine)
+    crawled = await query(
+        engine, "SELECT p.url FROM page_crawls c JOIN pages p ON p.id = c.page_id"
+    )
+    assert sorted(r.url.rsplit("/", 1)[1] for r in crawled) == ["links", "month", "stranger"]
+
+    target = await empty_database(stack)
+    stats = await replay(stack.nats_url, target, RetryPolicy(max_attempts=3, delay_seconds=1.0))
+    assert (stats.events, stats.applied, stats.malformed, stats.failed) == (5, 4, 0, 1)
+    replayed_engine = create_async_engine(target)
+    try:
+        assert await checksums(replayed_engine) == live
+    finally:
+        await replayed_engine.dispose()
+
+
+async def test_a_replay_that_meets_the_databases_trouble_stops_rather_than_skip_events(
+    stack: StackUrls, bus: Bus, scratch_database: str
+) -> None:
+    await bus.publish(
+        SeedRejected(
+            raw="ftp://a.example/", reason="not http(s)", provenance=Provenance(kind="seed")
+        )
+    )
+    await upgrade_async(scratch_database)
+    target = create_async_engine(scratch_database)
+    try:
+        async with target.begin() as conn:
+            for statement in DISK_FULL:
+                await conn.execute(text(statement))
+        with pytest.raises(DiskFullError):
+            await replay(stack.nats_url, scratch_database, RetryPolicy(max_attempts=3))
+        (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
+        assert row.n == 0
+    finally:
+        await target.dispose()
 
 
 async def quiet(bus: Bus, engine: AsyncEngine) -> bool:

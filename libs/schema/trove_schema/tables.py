@@ -135,6 +135,8 @@ class PageCrawl(Base):
         CheckConstraint(_in("outcome", CRAWL_OUTCOMES), name="outcome"),
         Index("ix_page_crawls_page_id_created_at", "page_id", text("created_at DESC")),
         Index("ix_page_crawls_completed_at", "completed_at"),
+        # A page's attempts by completion: the retry policy's count reads its chain.
+        Index("ix_page_crawls_page_id_completed_at", "page_id", "completed_at"),
     )
 
 
@@ -261,6 +263,12 @@ class TimelinePoll(Base):
     skipped: Mapped[int] = mapped_column(Integer, nullable=False)
     cursor: Mapped[str | None] = mapped_column(Text)
     next_poll_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    # A follow's newest success, found at once: a follow that fails for months (a dead
+    # instance nobody unfollowed) would otherwise have its whole run read for it.
+    __table_args__ = (
+        Index("ix_timeline_polls_follow_id_outcome_poll", "follow_id", "outcome", "poll"),
+    )
 
 
 class InstanceUnfollow(Base):

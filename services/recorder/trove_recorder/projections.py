@@ -34,6 +34,7 @@ from trove_recorder.host_policies import fold_host_policies
 from trove_recorder.page_ids import PageIds
 from trove_recorder.retries import RetryPolicy, recheck_request, retry_request
 from trove_recorder.sql import Statement, Transaction, copy_text
+from trove_schema.errors import InvalidURL
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -70,6 +71,17 @@ STATUS_BY_OUTCOME = {
 def _sql(statement: str) -> Statement:
     """The statement in asyncpg's form, made once (the literals are the keys)."""
     return Statement(statement)
+
+
+def event_uuid(value: str) -> uuid.UUID:
+    """The UUID the tables key an event id by (and the ids events name: a follow's, a
+    request's). Every Trove producer writes UUIDs; another text, from a stranger's
+    producer, stands for one derived from it, the same each time it is read: its event
+    is applied once, as any, live and in a replay alike."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"trove:event-id:{value}")
 
 
 @dataclass(slots=True)
@@ -112,16 +124,16 @@ async def apply_batch(
     policy's configuration (the services' settings; the defaults when None).
     ``replaying``: the events are the record read again (``replay``), not news.
     """
-    unique: dict[str, Event] = {}
+    unique: dict[uuid.UUID, Event] = {}
     for event in events:
-        unique.setdefault(event.id, event)
+        unique.setdefault(event_uuid(event.id), event)
     if not unique:
         return Applied()
-    ids = [uuid.UUID(i) for i in unique]
+    ids = list(unique)
     types = [e.TYPE for e in unique.values()]
     tx = await Transaction.of(session)
     fresh = {
-        str(row[0])
+        row[0]
         for row in await tx.fetch(
             _sql(
                 "INSERT INTO projected_events (event_id, event_type) "
@@ -132,8 +144,8 @@ async def apply_batch(
         )
     }
     plan = _Plan()
-    for event in unique.values():
-        if event.id not in fresh:
+    for key, event in unique.items():
+        if key not in fresh:
             continue
         # type() rather than isinstance(): pydantic's metaclass makes isinstance slow.
         if type(event) is CrawlCompleted:
@@ -182,7 +194,7 @@ async def _seed_rejections(tx: Transaction, rejected: list[SeedRejected]) -> Non
             "ON CONFLICT DO NOTHING"
         ),
         {
-            "ids": [uuid.UUID(e.id) for e in rejected],
+            "ids": [event_uuid(e.id) for e in rejected],
             "raws": [e.raw for e in rejected],
             "reasons": [e.reason for e in rejected],
             "origins": [e.provenance.origin for e in rejected],
@@ -291,7 +303,7 @@ async def _instance_followed(tx: Transaction, event: InstanceFollowed) -> None:
             "instance": event.instance,
             "domain": event.domain,
             "timeline": event.timeline,
-            "follow_id": uuid.UUID(event.id),
+            "follow_id": event_uuid(event.id),
             "at": event.occurred_at,
             "max_depth": event.max_depth,
         },
@@ -314,7 +326,7 @@ async def _instance_unfollowed(tx: Transaction, event: InstanceUnfollowed) -> No
             "INSERT INTO instance_unfollows (event_id, instance, timeline, unfollowed_at) "
             "VALUES (:id, :instance, :timeline, :at) ON CONFLICT DO NOTHING"
         ),
-        {**params, "id": uuid.UUID(event.id), "at": event.occurred_at},
+        {**params, "id": event_uuid(event.id), "at": event.occurred_at},
     )
     await tx.execute(
         _sql(
@@ -375,7 +387,7 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
         ),
         {
             **key,
-            "event_id": uuid.UUID(event.id),
+            "event_id": event_uuid(event.id),
             "at": event.completed_at,
             "outcome": event.outcome.value,
             "code": event.status_code,
@@ -484,6 +496,8 @@ async def _page_ids(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Ids of every page the plan names (its events' URLs and their links' targets).
 
+    A link whose URL names no host (a stranger's event: Trove's fetcher sends canonical
+    URLs) is no page, and has no id: its link is left out (``_outlinks_row``).
     Also returns the part of them that came from the database, for ``known`` to learn.
     """
     remembered = known.get if known is not None else _nothing.get
@@ -491,14 +505,31 @@ async def _page_ids(
     urls.update(plan.urls)
     # Comprehensions and set algebra: this runs for every link of every page.
     ids = {url: page_id for url in urls if (page_id := remembered(url)) is not None}
-    domains = plan.urls
-    missing = {url: domains.get(url) or domain_of(url) for url in urls.difference(ids)}
+    missing = {
+        url: domain
+        for url in urls.difference(ids)
+        if (domain := _page_domain(url, plan.urls)) is not None
+    }
     looked_up = await _ensure_pages(tx, missing)
     ids.update(looked_up)
     return ids, looked_up
 
 
 _nothing: dict[str, int] = {}
+
+
+def _page_domain(url: str, domains: Mapping[str, str]) -> str | None:
+    """The domain of the page of ``url``: the one its event names, else its host; None
+    for a link whose URL has none (an event's own URL without one raises)."""
+    domain = domains.get(url)
+    if domain:
+        return domain
+    try:
+        return domain_of(url)
+    except InvalidURL:
+        if url in domains:
+            raise
+        return None
 
 
 async def _ensure_pages(tx: Transaction, urls: dict[str, str]) -> dict[str, int]:
@@ -623,11 +654,8 @@ async def _completed(
             "lengths": [e.content_length for e in completed],
             "starts": [e.started_at for e in completed],
             "ends": [e.completed_at for e in completed],
-            "durations": [
-                max(0, int((e.completed_at - e.started_at).total_seconds() * 1000))
-                for e in completed
-            ],
-            "ids": [uuid.UUID(e.id) for e in completed],
+            "durations": [_elapsed_ms(e) for e in completed],
+            "ids": [event_uuid(e.id) for e in completed],
             "requests": [_uuid_or_none(e.request_id) for e in completed],
         },
     )
@@ -683,6 +711,7 @@ async def _audits(
 
     Returns each attempt's verdict, for the host policies' fold to reuse."""
     verdicts = [audit(e) for e in completed]
+    ids = [event_uuid(e.id) for e in completed]
     created = await tx.fetch(
         _sql(
             "INSERT INTO fetcher_attempts (event_id, page_id, url, host, fetcher, success, "
@@ -696,7 +725,7 @@ async def _audits(
             "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, id"
         ),
         {
-            "ids": [uuid.UUID(e.id) for e in completed],
+            "ids": ids,
             "page_ids": [page_ids[e.url] for e in completed],
             "urls": [e.url for e in completed],
             "hosts": [e.domain for e in completed],
@@ -710,13 +739,13 @@ async def _audits(
             "ats": [e.started_at for e in completed],
         },
     )
-    attempt_ids = {str(event_id): attempt_id for event_id, attempt_id in created}
+    attempt_ids = dict(created)
     # COPY in text form, as for the links: ~20 tags an attempt made the unnest INSERT
     # (asyncpg checking every array element) the costliest statement of a batch.
     lines = [
         f"{attempt_id}\t{copy_text(tag.type)}\t{copy_text(tag.value)}\t{tag.importance!r}\n"
-        for event, verdict in zip(completed, verdicts, strict=True)
-        if (attempt_id := attempt_ids.get(event.id)) is not None
+        for event_id, verdict in zip(ids, verdicts, strict=True)
+        if (attempt_id := attempt_ids.get(event_id)) is not None
         for tag in verdict.tags
     ]
     if lines:
@@ -729,10 +758,39 @@ async def _audits(
 
 
 def _duration_ms(event: CrawlCompleted) -> int:
-    if event.duration_ms is not None:
-        return event.duration_ms
+    return event.duration_ms if event.duration_ms is not None else _elapsed_ms(event)
+
+
+def _elapsed_ms(event: CrawlCompleted) -> int:
+    """From start to completion, within the columns' ``int``: a stranger's times may be
+    weeks apart, and 2**31 ms is under 25 days."""
     elapsed = int((event.completed_at - event.started_at).total_seconds() * 1000)
     return min(max(0, elapsed), 2**31 - 1)
+
+
+# A page's attempts are counted in its chain: since its last success or 304, and since
+# the chain's first attempt (``attempt`` 1: a discovery, a re-crawl): a page whose
+# retries ran out in an outage is retried again when a link brings it back. And since
+# when it has been failing: its first attempt after its last success. Each bound is the
+# first entry found walking the page's attempts by completion (its index), newest first
+# or oldest after the success: the rows read are those since the page's last success,
+# which are what is counted, never its history before it (kept for ever by default, a
+# re-crawl a day for years). A page without a retryable attempt since is (0, NULL).
+CHAIN_ATTEMPTS = (
+    "SELECT v.id, (SELECT count(*) FROM page_crawls c WHERE c.page_id = v.id "
+    "AND c.completed_at > coalesce(ok.at, '-infinity') "
+    "AND c.completed_at >= coalesce(began.at, '-infinity')), "
+    "(SELECT min(c.completed_at) FROM page_crawls c WHERE c.page_id = v.id "
+    "AND c.completed_at > coalesce(ok.at, '-infinity')) "
+    "FROM unnest(CAST(:ids AS bigint[])) AS v(id) "
+    "LEFT JOIN LATERAL (SELECT c.completed_at AS at FROM page_crawls c "
+    "WHERE c.page_id = v.id AND c.outcome IN ('success', 'not_modified') "
+    "ORDER BY c.completed_at DESC LIMIT 1) ok ON true "
+    # The chain's start counts only after the success: one before it bounds nothing.
+    "LEFT JOIN LATERAL (SELECT c.completed_at AS at FROM page_crawls c "
+    "WHERE c.page_id = v.id AND c.attempt <= 1 AND c.completed_at > coalesce(ok.at, '-infinity') "
+    "ORDER BY c.completed_at DESC LIMIT 1) began ON true"
+)
 
 
 async def _retries(
@@ -745,28 +803,10 @@ async def _retries(
     scheduled: set[int] = set()
     if not retryable:
         return scheduled
-    # A page's attempts are counted in its chain: since its last success or 304, and
-    # since the chain's first attempt (``attempt`` 1: a discovery, a re-crawl): a page
-    # whose retries ran out in an outage is retried again when a link brings it back.
-    # Each page's two bounds are found once, not once a row of its history as a
-    # correlated subquery would: a history kept for months makes that the batch's cost.
-    # And since when it has been failing: its first attempt after its last success.
     counts = {
         page_id: (count, since)
         for page_id, count, since in await tx.fetch(
-            _sql(
-                "SELECT c.page_id, count(*) FILTER "
-                "(WHERE c.completed_at >= coalesce(s.began, '-infinity')), "
-                "min(c.completed_at) FROM page_crawls c "
-                "LEFT JOIN (SELECT page_id, max(completed_at) FILTER "
-                "(WHERE outcome IN ('success', 'not_modified')) AS ok, "
-                "max(completed_at) FILTER (WHERE attempt <= 1) AS began FROM page_crawls "
-                "WHERE page_id = ANY(CAST(:ids AS bigint[])) GROUP BY page_id) s "
-                "ON s.page_id = c.page_id "
-                "WHERE c.page_id = ANY(CAST(:ids AS bigint[])) "
-                "AND c.completed_at > coalesce(s.ok, '-infinity') GROUP BY c.page_id"
-            ),
-            {"ids": sorted(retryable)},
+            _sql(CHAIN_ATTEMPTS), {"ids": sorted(retryable)}
         )
     }
     recheck_for = timedelta(seconds=policy.recheck_for_seconds)
@@ -970,6 +1010,10 @@ async def _links(
     await tx.copy("page_outlinks", text_rows, ("from_page_id", "to_page_ids", "kinds", "nofollow"))
 
 
+#: No page's id (they count from 1): a link target without one.
+_NO_PAGE = 0
+
+
 def _outlinks_row(
     source: int, event: CrawlCompleted, page_ids: Mapping[str, int]
 ) -> tuple[int, list[int], list[str], list[bool]] | None:
@@ -977,7 +1021,13 @@ def _outlinks_row(
     links = event.links
     if not links:
         return None
-    targets = [page_ids[link.url] for link in links]
+    targets = [page_ids.get(link.url, _NO_PAGE) for link in links]
+    if _NO_PAGE in targets:
+        # A link whose URL names no host is no page (``_page_ids``): left out.
+        links = tuple(link for link in links if link.url in page_ids)
+        if not links:
+            return None
+        targets = [page_ids[link.url] for link in links]
     kinds: list[str] = [link.kind for link in links]
     if len(set(zip(targets, kinds, strict=True))) != len(links):
         # The fetcher sends each (url, kind) once; a stranger may not. Last one wins.
@@ -987,9 +1037,4 @@ def _outlinks_row(
 
 
 def _uuid_or_none(value: str | None) -> uuid.UUID | None:
-    if not value:
-        return None
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        return None
+    return event_uuid(value) if value else None

@@ -3,6 +3,9 @@
 Reads ``TROVE_EVENTS`` from the first message to the last one present when the replay
 starts, with an ordered (ephemeral) consumer, and applies the events through the live
 recorder's own path (``projections.apply_batch``), in batches of one transaction each.
+A batch that fails for a reason not the database's is applied again an event a
+transaction, and an event that fails alone is counted and skipped, where the live
+recorder parks it: it would stop every replay, and every replay ``--since`` before it.
 
 ``since`` re-applies only the events from that time on, into a database that has its
 projections (``trove replay --since 2h``): after a failover to an asynchronous standby,
@@ -48,9 +51,9 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
-from trove_recorder.database import make_engine
+from trove_recorder.database import as_retry, make_engine
 from trove_recorder.page_ids import PageIds
-from trove_recorder.projections import apply_batch
+from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.errors import MalformedEvent, TroveError
@@ -145,8 +148,8 @@ async def _mark_overtaken(conn: AsyncConnection | AsyncSession) -> None:
     causes: dict[uuid.UUID, list[uuid.UUID]] = {}
     for event_id, payload in (await conn.execute(_HELD)).all():
         try:
-            cause = uuid.UUID(str(json.loads(payload)["caused_by"]))
-        except (ValueError, TypeError, KeyError):  # not JSON, no cause, not a uuid
+            cause = event_uuid(str(json.loads(payload)["caused_by"]))
+        except (ValueError, TypeError, KeyError):  # not JSON, not an object, no cause
             continue
         causes.setdefault(cause, []).append(event_id)
     ids = list(causes)
@@ -219,6 +222,8 @@ class ReplayStats:
     events: int = 0
     applied: int = 0
     malformed: int = 0
+    #: Events that decoded but could not be applied (the live recorder parks them).
+    failed: int = 0
     seconds: float = 0.0
 
 
@@ -289,6 +294,20 @@ async def replay(
             config=None if since is None else ConsumerConfig(opt_start_time=since),
         )
         known = PageIds(page_id_cache)
+
+        async def apply(events: list[Event]) -> int:
+            """``events`` in a transaction of their own; how many were new."""
+            async with sessions.begin() as session:
+                applied = await apply_batch(
+                    session, events, policy, known, learning=learning, replaying=True
+                )
+                await session.execute(_HOLD_DECIDED_RETRIES)
+                # Every pending row, not only this batch's: a retry's CrawlRequested
+                # comes later in the stream than the attempt that decided it.
+                await session.execute(_MARK_RECORDED_RETRIES)
+            known.learn(applied.generation, applied.page_ids)
+            return applied.count
+
         done = False
         while not done:
             events: list[Event] = []
@@ -307,16 +326,24 @@ async def replay(
             # Before every batch: the live recorders leave the held retries alone only
             # while the lock is held, and a connection left idle for hours may be ended.
             await _check_lock(lock)
-            async with sessions.begin() as session:
-                applied = await apply_batch(
-                    session, events, policy, known, learning=learning, replaying=True
-                )
-                await session.execute(_HOLD_DECIDED_RETRIES)
-                # Every pending row, not only this batch's: a retry's CrawlRequested
-                # comes later in the stream than the attempt that decided it.
-                await session.execute(_MARK_RECORDED_RETRIES)
-            known.learn(applied.generation, applied.page_ids)
-            stats.applied += applied.count
+            try:
+                stats.applied += await apply(events)
+            except Exception as exc:
+                if as_retry(exc) is not None:
+                    raise  # the database's trouble, not the events': the replay stops
+                # An event the projection cannot apply (the live recorder parks it) stops
+                # no replay: the batch again, an event a transaction, and only the one
+                # that fails still is skipped.
+                log.warning("replay: a batch failed (%s); applying it an event at a time", exc)
+                for event in events:
+                    await _check_lock(lock)
+                    try:
+                        stats.applied += await apply([event])
+                    except Exception as one:
+                        if as_retry(one) is not None:
+                            raise
+                        stats.failed += 1
+                        log.error("replay: %s %s skipped: %s", event.TYPE, event.id, one)
             log.info("replayed up to %d of %d", seq, last)
     finally:
         if sub is not None:
@@ -370,7 +397,7 @@ def run_replay(
         return 1
     rate = stats.events / stats.seconds if stats.seconds else 0.0
     print(
-        f"replayed {stats.events} events ({stats.applied} applied, {stats.malformed} malformed) "
-        f"in {stats.seconds:.1f}s, {rate:.0f} events/s"
+        f"replayed {stats.events} events ({stats.applied} applied, {stats.malformed} malformed, "
+        f"{stats.failed} failed) in {stats.seconds:.1f}s, {rate:.0f} events/s"
     )
     return 0

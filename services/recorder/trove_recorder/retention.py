@@ -88,6 +88,9 @@ _DELETE_SHARES = text(
     "DELETE FROM page_shares WHERE id IN (SELECT id FROM page_shares "
     "WHERE first_seen_at < :cutoff ORDER BY first_seen_at LIMIT :batch) RETURNING id"
 )
+# A follow's newest success is a lookup in its index (``follow_id, outcome, poll``): a
+# follow that never succeeds keeps every poll, and each of them read all of them, every
+# pass.
 _DELETE_POLLS = text(
     "WITH old AS (SELECT t.follow_id, t.poll FROM timeline_polls t "
     "WHERE t.completed_at < :cutoff AND (t.poll < (SELECT max(s.poll) FROM timeline_polls s "
