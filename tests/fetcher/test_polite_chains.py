@@ -6,6 +6,7 @@ several hosts (by the Host header); the server's own request log is the witness.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -209,6 +210,40 @@ async def test_a_robots_txt_redirected_to_another_hosts_page_leaves_that_hosts_g
     assert all(event.outcome.value == "success" for event in events.values())
     assert "/" in b_paths  # A's robots.txt was read at B's home page
     assert_polite(server, B, delay)
+
+
+async def test_a_robots_redirect_through_other_spellings_of_the_address_waits_for_its_gap(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A server crawled by its address sends its robots.txt through other spellings of
+    that address: each one the same server, so each hop waits for its one gap."""
+    ip = "127.0.0.189"
+    spellings = ["2130706621", "0x7f0000bd", "127.0.0.0xbd", "0177.0.189"]
+    routes: dict[str, Route] = {f"{ip}/p/{n}": page(f"p{n}") for n in range(3)}
+    routes[f"{ip}/no/0"] = page("no")
+    with serving(routes, ip) as server:
+        for here, there in itertools.pairwise([ip, *spellings]):
+            server.routes[f"{here}/robots.txt"] = to(server.url("/robots.txt", there), 301)
+        server.routes[f"{spellings[-1]}/robots.txt"] = text("User-agent: *\nDisallow: /no/\n")
+        pages = [url(server, ip, f"/p/{n}") for n in range(3)]
+        refused = url(server, ip, "/no/0")
+        spelt_env = env(TROVE_ALLOWED_NETWORKS=f"{ip}/32")
+        async with services(stack, state_dir, spelt_env, only=("fetcher",)) as local:
+            completions = Completions(bus.js)
+            await publish_work(bus, pages[:1])  # robots.txt, through its chain, first
+            await completions.wait_for(1)
+            await publish_work(bus, [*pages[1:], refused])
+            local.check_alive()
+            events = await completions.wait_for(4)
+        seen = sorted(server.seen, key=lambda s: s.at)
+    # The server's own log, whatever name each request came by: one gap between any two.
+    closest = min(b.at - a.at for a, b in itertools.pairwise(seen))
+    assert closest >= GAP, f"two requests {closest:.3f}s apart (gap {GAP})"
+    assert [s.host for s in seen if s.path == "/robots.txt"] == [ip, *spellings]
+    assert sorted(s.path for s in seen if s.path != "/robots.txt") == ["/p/0", "/p/1", "/p/2"]
+    assert all(events[u].outcome.value == "success" for u in pages)
+    # The file at the end of the chain is the origin's.
+    assert events[refused].outcome.value == "blocked_robots"
 
 
 def _wait_stopped(pid: int, timeout: float = 5.0) -> None:

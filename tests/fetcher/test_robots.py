@@ -31,6 +31,7 @@ from trove_fetcher.robots import (
     fetch_robots,
 )
 from trove_fetcher.transport import build_client
+from trove_schema.exclusions import Exclusions, read_rules
 from trove_schema.settings import FetcherSettings
 
 ROBOTS = b"""\
@@ -80,6 +81,8 @@ ROUTES: dict[str, Any] = {
         {"Server": "cloudflare", "cf-mitigated": "challenge"},
     ),
     "moved.trove.test/robots.txt": _redirect("http://b.trove.test:{port}/robots.txt"),
+    # 127.0.0.1, the server's own address, as one number.
+    "numbered.trove.test/robots.txt": _redirect("http://2130706433:{port}/robots.txt"),
     "metadata.trove.test/robots.txt": _redirect("http://169.254.169.254/robots.txt"),
     "loop.trove.test/robots.txt": _redirect("http://loop.trove.test:{port}/robots.txt"),
     "hostless.trove.test/robots.txt": _redirect("https://:443/robots.txt"),
@@ -315,6 +318,23 @@ async def test_a_redirect_to_an_excluded_host_disallows_everything_without_askin
         client, origin(server, "moved"), max_bytes=CAP, excluded=nothing_excluded
     )
     assert allowed.rule is RobotsRule.PARSED
+
+
+async def test_a_redirect_to_an_excluded_address_written_otherwise_is_not_asked(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    rules = Exclusions(read_rules(["127.0.0.1"]))
+
+    async def excluded(host: str) -> str | None:
+        return rules.refusal(host)
+
+    policy = await fetch_robots(
+        client, origin(server, "numbered"), max_bytes=CAP, excluded=excluded
+    )
+    assert policy.error is not None
+    assert "excluded by the operator (127.0.0.1)" in policy.error
+    assert not policy.allows(f"{origin(server, 'numbered')}/")
+    assert server.requests_to("/robots.txt", host="2130706433") == []
 
 
 async def test_an_exclusions_check_that_fails_is_not_the_sites_answer(

@@ -240,6 +240,21 @@ async def test_an_excluded_host_is_neither_looked_up_nor_connected(
     assert recorder.connects == []
 
 
+async def test_an_excluded_address_is_refused_however_it_is_written(
+    recorder: RecordingBackend, server: LocalServer
+) -> None:
+    settings = _settings(
+        allowed_networks=("127.0.0.1/32", "::1/128"), excluded_hosts="127.0.0.1 [::1]"
+    )
+    async with build_client(settings, network_backend=recorder) as client:
+        for host in ("2130706433", "0x7f000001", "127.1", "0x7f.0.0.1", "0177.0.1"):
+            with pytest.raises(BlockedAddress, match=r"excluded by the operator: 127\.0\.0\.1"):
+                await client.get(server.url("/echo", host=host))
+        with pytest.raises(BlockedAddress, match=r"excluded by the operator: ::1"):
+            await client.get(server.url("/echo", host="[0:0:0:0:0:0:0:1]"))
+    assert recorder.connects == []
+
+
 async def test_name_that_does_not_exist_is_a_connect_error(
     recorder: RecordingBackend, dns: DnsServer
 ) -> None:

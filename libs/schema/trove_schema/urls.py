@@ -330,32 +330,47 @@ def _clean_query(query: str) -> str:
     return "&".join(parameter for _, parameter in kept)
 
 
-#: A lower-case host with at most a numeric port and nothing else in the authority: its
-#: host is the match, as urlsplit would say (a test holds the two to each other).
-_PLAIN_AUTHORITY = re.compile(r"https?://([a-z0-9.-]+)(?::[0-9]+)?(?=[/?#]|\Z)")
+#: A lower-case name with at most a numeric port and nothing else in the authority: its
+#: host is the match, as urlsplit would say (a test holds the two to each other). Its
+#: last label starts with a letter, so it is no address (which ends in a number) and
+#: needs no other look; a trailing dot is left to urlsplit. Possessive, so that a
+#: hostile authority is read once, not backtracked over.
+_PLAIN_NAME = re.compile(r"https?://((?:[a-z0-9-]*+\.)*+[a-z][a-z0-9-]*+)(?::[0-9]+)?(?=[/?#]|\Z)")
 
 
 def domain_of(url: str) -> str:
-    """The lower-case host of a canonical URL (IPv6 without brackets): the politeness key.
+    """The lower-case host of a URL (IPv6 without brackets): the politeness key.
 
     The port is not part of it: two ports of one host are one server to be polite to,
-    nor a trailing dot (``example.com.`` is ``example.com``: a redirect hop, which is
-    not canonicalized, may name it so). Discovery asks this of every link: plain
-    authorities skip urlsplit.
+    nor a trailing dot (``example.com.`` is ``example.com``). A redirect hop is not
+    canonicalized, and may name its server in any spelling of its address
+    (``1572395042``, ``0x5db8d822``, ``93.0xb8.216.34``; ``2001:0db8:0:0::1``): an
+    address is given as a canonical URL writes it, so that every spelling waits for the
+    one server's gap. Discovery asks this of every link: plain authorities skip
+    urlsplit, and a host whose last label starts with a letter is no address.
     """
-    plain = _PLAIN_AUTHORITY.match(url)
+    plain = _PLAIN_NAME.match(url)
     if plain is not None:
-        host = plain.group(1)
-    else:
-        try:
-            host = urlsplit(url).hostname or ""
-        except ValueError as exc:
-            raise InvalidURL(f"unparsable URL: {exc}") from None
-    if host.endswith("."):
-        host = host.rstrip(".")
+        return plain.group(1)
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError as exc:
+        raise InvalidURL(f"unparsable URL: {exc}") from None
+    host = host.rstrip(".")
     if not host:
         raise InvalidURL("no host")
-    return host
+    return _address_key(host)
+
+
+def _address_key(host: str) -> str:
+    """The canonical spelling of the address ``host`` writes, or ``host`` if it is none."""
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host).compressed
+        except ValueError:
+            return host
+    address = _parse_ipv4(host) if _ends_in_number(host) else None
+    return host if address is None else str(address)
 
 
 @functools.cache

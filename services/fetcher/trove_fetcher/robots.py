@@ -62,6 +62,7 @@ from trove_fetcher.http import (
     unusable_location,
 )
 from trove_schema.heuristics import is_challenge
+from trove_schema.urls import domain_of
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,9 @@ async def fetch_robots(
                             return fallback(RobotsRule.ALLOW_ALL, error)
                         if len(hops) >= MAX_ROBOTS_REDIRECTS:
                             break
-                        refusal = await _refusal(excluded, url.raw_host.decode("ascii").lower())
+                        # The host as a rule names it, an address however it is
+                        # written: ``1572395042`` is the excluded 93.184.216.34.
+                        refusal = await _refusal(excluded, domain_of(str(url)))
                         if refusal is not None:
                             error = f"redirected to {url}: {refusal}"[:500]
                             return parsed(status, EXCLUDED_RULES, error=error)

@@ -81,6 +81,15 @@ def legacy_ipv4(host: str) -> str | None:
         return None
 
 
+def literal_address(host: str) -> str | None:
+    """The address ``host`` writes, spelt as a rule or a canonical URL spells it (IPv6
+    compressed, IPv4 dotted-quad, ``legacy_ipv4``'s forms read), or None for a name."""
+    try:
+        return str(parse_address(host))
+    except ValueError:
+        return legacy_ipv4(host)
+
+
 def _normalize_host(host: str) -> str:
     return host.strip().rstrip(".").lower()
 
@@ -163,15 +172,17 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
 
     def _addressed(self, host: str) -> str | None:
         """The address ``host`` has without a lookup: a literal, or a static entry."""
-        try:
-            return str(parse_address(host))
-        except ValueError:
-            return self._static.lookup(host) or legacy_ipv4(host)
+        return literal_address(host) or self._static.lookup(host)
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The checked addresses for ``host``: raises BlockedAddress if any is refused."""
-        # Before the name is looked up: an excluded host gets no traffic at all.
+        # Before the name is looked up: an excluded host gets no traffic at all. An
+        # address is excluded however it is written (``1572395042`` is 93.184.216.34,
+        # and reaches it); a name by its name, whatever address it has.
         rule = self.exclusions.covering(host.lower().rstrip("."))
+        literal = literal_address(host)
+        if rule is None and literal is not None:
+            rule = self.exclusions.covering(literal)
         if rule is not None:
             raise BlockedAddress(host, host, f"excluded by the operator: {rule}")
         known = self._addressed(host)
