@@ -863,3 +863,120 @@ async def test_a_stopping_consumer_hands_back_what_it_holds_before_it_waits(
     finally:
         await other.unsubscribe()
     await settled(bus, lane)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one at a time", "in batches"])
+async def test_a_message_with_a_header_named_status_is_handled(
+    bus: Bus, lane: Lane, batched: bool
+) -> None:
+    # `nats pub ... -H 'Status: new'`: nats-py files a stored message's own Status
+    # header under the key it gives a server's status line. Taken for one, the message
+    # was dropped at every delivery, never handled nor parked, and a consumer allowed
+    # one message in flight waited on it for ever.
+    handled: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        handled.append(msg.data)
+
+    await bus.js.publish(lane.subject, b"with a status", headers={"Status": "new"})
+    await bus.js.publish(lane.subject, b"after it")
+    consumer = lane_consumer(bus, lane, handler, batched=batched, **FAST)
+    async with running(consumer):
+        await settled(bus, lane)
+    assert sorted(handled) == [b"after it", b"with a status"]
+    assert await parked(bus, lane) == 0
+
+
+async def test_batches_handed_back_pause_the_consumer_instead_of_cycling_its_window(
+    bus: Bus, lane: Lane
+) -> None:
+    # The recorder while Postgres refuses: every batch comes back `Retry` (2 s). Were
+    # the next batch pulled at once, it would be decoded and handed back too, through
+    # the whole ack window, and all of it again every 2 s: a hot loop for the whole
+    # outage. The consumer waits out the delay, doubled while batches keep coming back
+    # (0.1 s here, up to 0.8 s): over 3 s of refusals, a handful of batches of 10.
+    refusing = True
+    delivered: list[int] = []
+    handled: list[bytes] = []
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        delivered.append(len(msgs))
+        if refusing:
+            raise Retry("database unavailable", delay=0.1)
+        handled.extend(m.data for m in msgs)
+
+    async def handler(msg: Msg) -> None:
+        raise AssertionError("a batch handed back is never split up")
+
+    for i in range(200):
+        await bus.js.publish(lane.subject, f"event {i}".encode())
+    consumer = BatchConsumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        batch_handler=batch_handler,
+        handler=handler,
+        batch_size=10,
+        concurrency=2,
+        hold_refresh=0.15,
+        max_retry_pause=0.8,
+        **FAST,
+    )
+    async with running(consumer):
+        await eventually(lambda: _value(len(delivered)), until=bool, timeout=10, what="a batch")
+        await asyncio.sleep(3.0)  # the duration under test: the database away
+        refused = sum(delivered)
+        refusing = False
+        await settled(bus, lane)
+    # Waits of 0.1, 0.2, 0.4, 0.8, 0.8, 0.8 s: 7 rounds of two batches at most.
+    assert refused <= 7 * 2 * 10, f"{refused} messages handed to a refusing database in 3 s"
+    assert sorted(handled) == sorted(f"event {i}".encode() for i in range(200))
+    assert await parked(bus, lane) == 0
+
+
+async def test_a_batch_split_up_hands_back_the_rest_at_the_first_retry(
+    bus: Bus, lane: Lane
+) -> None:
+    # A batch fails for one bad event and is split up, and the database goes away
+    # meanwhile: each of the rest would be tried alone, each a transaction that fails
+    # the same way. The first `Retry` hands the rest back with it.
+    refusing = True
+    splits = 0
+    singles: list[bytes] = []
+    handled: list[bytes] = []
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        nonlocal splits
+        if refusing:
+            splits += 1
+            raise ValueError("one bad event")
+        handled.extend(m.data for m in msgs)
+
+    async def handler(msg: Msg) -> None:
+        singles.append(msg.data)
+        if refusing:
+            raise Retry("database unavailable", delay=0.05)
+        handled.append(msg.data)
+
+    for i in range(10):
+        await bus.js.publish(lane.subject, f"event {i}".encode())
+    consumer = BatchConsumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        batch_handler=batch_handler,
+        handler=handler,
+        batch_size=10,
+        concurrency=1,
+        hold_refresh=0.15,
+        max_retry_pause=0.2,
+        **FAST,
+    )
+    async with running(consumer):
+        await eventually(lambda: _value(len(singles)), until=bool, timeout=10, what="a split")
+        refusing = False
+        await settled(bus, lane)
+    assert singles[0] == b"event 0"
+    assert len(singles) == splits, f"{len(singles)} events tried alone in {splits} splits"
+    assert sorted(handled) == sorted(f"event {i}".encode() for i in range(10))
+    assert await parked(bus, lane) == 0

@@ -442,13 +442,13 @@ class Consumer:
             return
         pulls, wake, waker = await _open_pulls(self, stop)
         watcher = asyncio.create_task(self.watch_dead_letters(stop))
-        tasks: dict[asyncio.Task[None], Msg] = {}
+        tasks: dict[asyncio.Task[Retry | None], Msg] = {}
         held = _Held()
         marks = _Marks()
         capacity = self.concurrency + self.prefetch
         reconnects = self.bus.nc.stats.get("reconnects", 0)
 
-        def done(task: asyncio.Task[None]) -> None:
+        def done(task: asyncio.Task[Retry | None]) -> None:
             msg = tasks.pop(task, None)
             if msg is not None:
                 marks.discard(msg)
@@ -509,8 +509,8 @@ class Consumer:
     def _start(
         self,
         msg: Msg,
-        tasks: dict[asyncio.Task[None], Msg],
-        done: Callable[[asyncio.Task[None]], object],
+        tasks: dict[asyncio.Task[Retry | None], Msg],
+        done: Callable[[asyncio.Task[Retry | None]], object],
         marks: _Marks,
     ) -> None:
         task = asyncio.create_task(self._handle(msg))
@@ -548,25 +548,27 @@ class Consumer:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
         return False
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: Msg) -> Retry | None:
+        """Handle ``msg`` and answer it; returns the ``Retry`` that handed it back, if any."""
         if redriven_elsewhere(msg, self.durable):
             await _quiet(msg.ack())
-            return
+            return None
         try:
             await self.handler(msg)
         except Retry as retry:
             await self._retry(msg, retry)
-            return
+            return retry
         except MalformedEvent as exc:
             await self._park(msg, f"malformed: {exc}")
-            return
+            return None
         except Exception as exc:
             if broker_trouble(exc):
                 reason = f"broker unavailable: {type(exc).__name__}: {exc}"
-                await self._retry(msg, Retry(reason, delay=self.broker_retry_delay))
-            else:
-                await self._failed(msg, exc)
-            return
+                trouble = Retry(reason, delay=self.broker_retry_delay)
+                await self._retry(msg, trouble)
+                return trouble
+            await self._failed(msg, exc)
+            return None
         if len(self.failures):  # usually empty: no metadata parsed for nothing
             self.failures.forget(_sequence(msg))
         MESSAGES_HANDLED.labels(self.durable, "acked").inc()
@@ -574,6 +576,7 @@ class Consumer:
             await self._confirmed_ack(msg)
         else:
             await _quiet(msg.ack())
+        return None
 
     async def _confirmed_ack(self, msg: Msg) -> None:
         loop = asyncio.get_running_loop()
@@ -684,7 +687,7 @@ class _Marks:
             self._since[key] = (msg, now)
             await _quiet(msg.in_progress())
 
-    async def drain(self, tasks: Collection[asyncio.Task[None]], every: float) -> None:
+    async def drain(self, tasks: Collection[asyncio.Task[Any]], every: float) -> None:
         """Wait for ``tasks`` (a stopping consumer's handlers), marking their messages
         meanwhile: a page still behind its robots.txt when the pod stops is as much in
         progress as before."""
@@ -756,9 +759,10 @@ class BatchConsumer:
     """A durable pull consumer handling up to ``batch_size`` messages at a time.
 
     The batch handler applies them together (one transaction); then all are acked.
-    ``Retry`` hands the whole batch back. Any other failure falls back to handling the
-    messages one by one with ``handler``, so one poison message is parked on its own
-    and the rest of its batch still goes through.
+    ``Retry`` hands the whole batch back, and the consumer waits before it starts or
+    pulls another (``_Backoff``). Any other failure falls back to handling the messages
+    one by one with ``handler``, so one poison message is parked on its own and the rest
+    of its batch still goes through; a ``Retry`` there hands the rest back with it.
     """
 
     bus: Bus
@@ -785,6 +789,9 @@ class BatchConsumer:
     hold_refresh: float = 10.0
     #: As ``Consumer.refusal_patience``.
     refusal_patience: float = 60.0
+    #: Longest wait after batches handed back (``_Backoff``): how late, at most, the
+    #: consumer notices that the database or the broker is back.
+    max_retry_pause: float = 30.0
 
     async def run(self, stop: asyncio.Event) -> None:
         # Handles the messages of a failed batch one by one, and counts their failures.
@@ -808,6 +815,7 @@ class BatchConsumer:
         since = 0.0  # when the oldest message in hand arrived
         loop = asyncio.get_running_loop()
         marks = _Marks()
+        backoff = _Backoff(self.max_retry_pause)
 
         def done(task: asyncio.Task[None]) -> None:
             for msg in tasks.pop(task, ()):
@@ -826,15 +834,17 @@ class BatchConsumer:
                     for msg in arrived:
                         marks.add(msg, arrival)
                 now = loop.time()
+                waiting = backoff.left()
                 # A trickle waits up to ``linger`` for company: each batch is a transaction.
                 if (
                     in_hand
+                    and not waiting
                     and len(tasks) < self.concurrency
                     and (len(in_hand) >= self.batch_size or now - since >= self.linger)
                 ):
                     batch, in_hand = in_hand[: self.batch_size], in_hand[self.batch_size :]
                     since = now
-                    task = asyncio.create_task(self._handle(single, batch))
+                    task = asyncio.create_task(self._handle(single, batch, backoff))
                     tasks[task] = batch
                     task.add_done_callback(done)
                     continue
@@ -842,17 +852,20 @@ class BatchConsumer:
                 await _still_served(self, pulls)
                 handled = sum(len(batch) for batch in tasks.values())
                 room = self.batch_size * self.concurrency - handled - len(in_hand)
-                try:
-                    await pulls.ask(min(room, self.batch_size))
-                except Exception as exc:  # connection trouble: nats-py reconnects
-                    log.warning("pull from %s failed: %s", self.durable, exc)
+                if not waiting:
+                    try:
+                        await pulls.ask(min(room, self.batch_size))
+                    except Exception as exc:  # connection trouble: nats-py reconnects
+                        log.warning("pull from %s failed: %s", self.durable, exc)
                 if pulls:
                     continue
                 look = self.idle_wait
                 deadline = pulls.next_deadline()
                 if deadline is not None:
                     look = min(look, deadline - time.monotonic())
-                if in_hand and len(tasks) < self.concurrency:
+                if waiting:
+                    look = min(look, waiting)
+                elif in_hand and len(tasks) < self.concurrency:
                     look = min(look, since + self.linger - now)
                 marking = marks.next_look()
                 if marking is not None:
@@ -866,7 +879,7 @@ class BatchConsumer:
             await marks.drain(tasks, self.hold_refresh)
             watcher.cancel()
 
-    async def _handle(self, single: Consumer, msgs: Sequence[Msg]) -> None:
+    async def _handle(self, single: Consumer, msgs: Sequence[Msg], backoff: _Backoff) -> None:
         if any(redriven_elsewhere(msg, self.durable) for msg in msgs):
             for msg in msgs:
                 if redriven_elsewhere(msg, self.durable):
@@ -877,27 +890,68 @@ class BatchConsumer:
         try:
             await self.batch_handler(msgs)
         except Retry as retry:
-            await self._retry(msgs, retry)
+            await self._retry(msgs, retry, backoff)
             return
         except Exception as exc:
             if broker_trouble(exc):
                 reason = f"broker unavailable: {type(exc).__name__}: {exc}"
-                await self._retry(msgs, Retry(reason, delay=self.broker_retry_delay))
+                await self._retry(msgs, Retry(reason, delay=self.broker_retry_delay), backoff)
                 return
             log.warning("%s: batch failed (%s), handling one by one", self.durable, exc)
-            for msg in msgs:
-                await single._handle(msg)
+            for n, msg in enumerate(msgs):
+                trouble = await single._handle(msg)
+                if trouble is not None:  # the database or the broker away: the rest would be
+                    await self._retry(msgs[n + 1 :], trouble, backoff)
+                    return
+            backoff.handled()
             return
+        backoff.handled()
         MESSAGES_HANDLED.labels(self.durable, "acked").inc(len(msgs))
         for msg in msgs:  # an ack is a publish into the client's buffer: no task each
             if len(single.failures):
                 single.failures.forget(_sequence(msg))
             await _quiet(msg.ack())
 
-    async def _retry(self, msgs: Sequence[Msg], retry: Retry) -> None:
+    async def _retry(self, msgs: Sequence[Msg], retry: Retry, backoff: _Backoff) -> None:
+        backoff.handed_back(retry)
+        if not msgs:
+            return
         log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
         MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
         await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
+
+
+class _Backoff:
+    """How long a ``BatchConsumer`` whose batches are handed back (``Retry``: the
+    database or the broker away) starts no batch and pulls nothing: the retry's delay,
+    doubled while the batches started after each wait come back too, up to ``limit``.
+    A batch handled ends the doubling.
+
+    Otherwise a recorder whose database refuses would pull and decode the next batch
+    the moment one came back, through its whole ack window, and all of it again each
+    time a delay passed: a hot loop for as long as the database is away."""
+
+    __slots__ = ("limit", "pause", "until")
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.pause = 0.0
+        #: No batch starts before this time (monotonic).
+        self.until = 0.0
+
+    def handed_back(self, retry: Retry) -> None:
+        now = time.monotonic()
+        if now < self.until:
+            return  # a batch started before this wait met the trouble it waits out
+        self.pause = min(self.limit, max(retry.delay, 2 * self.pause))
+        self.until = now + self.pause
+
+    def handled(self) -> None:
+        self.pause = 0.0
+
+    def left(self) -> float:
+        """Seconds still to wait (0: batches may start)."""
+        return max(0.0, self.until - time.monotonic())
 
 
 async def _still_served(consumer: Consumer | BatchConsumer, pulls: Pulls) -> None:

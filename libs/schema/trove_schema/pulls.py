@@ -16,7 +16,9 @@ more to give, so room freed meanwhile needs no second request, and one request a
 time keeps the count of what is still owed exact. An idle consumer costs one request
 and one 408 per ``expires``. A request whose end never arrives (nats-server restarted,
 the connection was replaced) is forgotten ``grace`` seconds after it expired, or at
-once when the bus reconnects, and asked again.
+once when the bus reconnects, and asked again. Nothing is asked while the connection is
+down: nats-py only buffers a publish then, and sends all it buffered at the reconnect,
+where each request would be served, however many had been given up meanwhile.
 
 A message that arrives after its request was given up is still a message: it is handed
 over like any other. The consumer holds what it cannot start yet (``Consumer``'s heap),
@@ -118,10 +120,13 @@ class Pulls:
         return msgs
 
     async def ask(self, room: int) -> None:
-        """Ask for ``room`` messages, unless a request is still open."""
+        """Ask for ``room`` messages, unless a request is still open or the connection
+        is down."""
         now = self._clock()
         self._forget_lost(now)
         if room <= 0 or self._request is not None or now < self._quiet_until:
+            return
+        if not self.nc.is_connected:
             return
         if self.max_batch is not None:
             room = min(room, self.max_batch)
@@ -145,7 +150,10 @@ class Pulls:
             self._request = None
 
     async def _receive(self, msg: Msg) -> None:
-        status = msg.headers.get("Status") if msg.headers else None
+        # Every JetStream delivery has its ``$JS.ACK`` reply subject; a status has none.
+        # A stored message may have a ``Status`` header of its own, which nats-py files
+        # under the key it gives a status line: it is a message all the same.
+        status = None if msg.reply else (msg.headers or {}).get("Status")
         if status != HEARTBEAT and status not in (None, "", REQUEST_TIMEOUT):
             self._refused(status, (msg.headers or {}).get("Description", ""))
         elif status != HEARTBEAT:
