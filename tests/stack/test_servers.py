@@ -3,17 +3,20 @@ one cut short in its first start starts the next time."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
+import httpx
 import nats
 import nats.errors
 import pytest
 
 from tests.conftest import StackUrls
 from trove_schema.errors import StackError
+from trove_stack.nats import EmbeddedNats, NatsConfig
 from trove_stack.postgres import EmbeddedPostgres, PostgresConfig, postgres_bin_dir
 from trove_stack.stack import Stack
 
@@ -90,6 +93,8 @@ async def test_the_embedded_servers_ask_for_their_passwords(tmp_path: Path) -> N
         await client.close()
         secret = tmp_path / "postgres" / "password"
         assert secret.stat().st_mode & 0o077 == 0
+        # Its folder's too (under root, Postgres's user may pass through it, no more).
+        assert secret.parent.stat().st_mode & 0o066 == 0
     finally:
         local.stop()
     again = Stack(state_dir=tmp_path, fast_and_unsafe=True).start()  # the same password
@@ -122,3 +127,51 @@ def test_a_data_folder_of_files_but_no_cluster_is_said_not_overwritten(tmp_path:
     with pytest.raises(StackError, match="holds files but no Postgres cluster"):
         EmbeddedPostgres(PostgresConfig(data_dir=data, fast_and_unsafe=True)).start()
     assert (data / "someones.txt").read_text() == "kept"
+
+
+def test_the_nats_password_is_written_to_a_new_file_only_this_user_can_read(
+    tmp_path: Path, stack: StackUrls
+) -> None:
+    # A file rewritten in place keeps its inode: a handle another user opened on it
+    # while it was readable would read every password after.
+    state = tmp_path / "state"
+    conf = state / "nats" / "nats-server.conf"
+    inodes = []
+    for _ in range(2):
+        local = Stack(state_dir=state, database_url=stack.database_url).start()
+        try:
+            assert local.nats is not None
+            assert local.nats.config.password is not None
+            assert local.nats.config.password in conf.read_text()
+            found = conf.stat()
+            assert found.st_mode & 0o077 == 0
+            inodes.append(found.st_ino)
+        finally:
+            local.stop()
+    assert inodes[0] != inodes[1]
+    assert [p.name for p in conf.parent.iterdir() if "conf" in p.name] == [conf.name]
+    for folder in (state, state / "nats"):
+        assert folder.stat().st_mode & 0o077 == 0, folder
+
+
+def test_nats_is_not_taken_for_ready_on_a_port_another_listener_holds(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=taken))
+        try:
+            with pytest.raises(
+                StackError, match=r"(?s)nats-server exited .*address already in use"
+            ):
+                server.start()
+        finally:
+            server.stop()
+    # Its own ports, picked by nats-server: the monitor's is never the client's.
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats")).start()
+    try:
+        client, monitor = urlsplit(server.url).port, urlsplit(server.monitor_url).port
+        assert client != monitor
+        assert httpx.get(f"{server.monitor_url}/varz", timeout=5).json()["port"] == client
+    finally:
+        server.stop()

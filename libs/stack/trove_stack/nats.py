@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from trove_schema.errors import StackError
-from trove_stack.processes import Child
+from trove_stack.processes import Child, pid_in, runs_with
 
 #: The file nats-server writes its pid to, in its store folder: a state folder whose
 #: server still runs is never emptied (``trove_stack.stack``).
 PID_FILE = "nats-server.pid"
+#: Its configuration, in its store folder: the one argument that tells this folder's
+#: server from any other process at the pid its file names.
+CONF_FILE = "nats-server.conf"
 
 
 def nats_server_binary() -> Path:
@@ -55,9 +62,13 @@ class EmbeddedNats:
     def start(self, timeout: float = 20.0) -> EmbeddedNats:
         cfg = self.config
         cfg.store_dir.mkdir(parents=True, exist_ok=True)
-        port = cfg.port or free_port(cfg.host)
-        monitor = cfg.monitor_port or free_port(cfg.host)
-        conf = cfg.store_dir / "nats-server.conf"
+        cfg.store_dir.chmod(0o700)  # its configuration holds the password
+        # A port given is this server's or its start fails; else (-1) nats-server binds
+        # free ones itself, none picked here and taken by another meanwhile. Ready is its
+        # ports file, named by its pid and written once both listen, not whatever listens
+        # on the port. One a server killed outright left could bear this one's pid.
+        for stale in cfg.store_dir.glob("*.ports"):
+            stale.unlink(missing_ok=True)
         store = json.dumps(str(cfg.store_dir / "jetstream"))
         sync = "sync_interval: always" if cfg.sync_always else ""
         limit = f"max_file_store: {cfg.max_file_store}" if cfg.max_file_store else ""
@@ -65,27 +76,36 @@ class EmbeddedNats:
         auth = ""
         if cfg.password is not None:
             auth = f"authorization {{ user: trove, password: {json.dumps(cfg.password)} }}\n"
-        conf.write_text(
-            f"listen: {cfg.host}:{port}\n"
-            f"http: {cfg.host}:{monitor}\n"
+        conf = cfg.store_dir / CONF_FILE
+        _write_private(
+            conf,
+            f"listen: {cfg.host}:{cfg.port or -1}\n"
+            f"http: {cfg.host}:{cfg.monitor_port or -1}\n"
             f"pid_file: {pid_file}\n"
+            f"ports_file_dir: {json.dumps(str(cfg.store_dir))}\n"
             f"max_payload: {cfg.max_payload}\n"
             f"{auth}"
-            f"jetstream {{\n  store_dir: {store}\n  {sync}\n  {limit}\n}}\n"
+            f"jetstream {{\n  store_dir: {store}\n  {sync}\n  {limit}\n}}\n",
         )
-        conf.chmod(0o600)  # it holds the password
-        self._child = Child(
+        child = self._child = Child(
             "nats-server",
             [str(nats_server_binary()), "-c", str(conf)],
             log_path=cfg.store_dir / "nats-server.log",
         )
+        found: list[tuple[int, int]] = []
+
+        def ready() -> bool:
+            ports = _ports_of(cfg.store_dir, child.pid)
+            if ports is not None:
+                found.append(ports)
+            return ports is not None
+
         try:
-            self._child.wait_until(
-                lambda: listening(cfg.host, port), timeout=timeout, what="listening"
-            )
+            child.wait_until(ready, timeout=timeout, what="listening")
         except BaseException:
             self.stop()  # not left running behind a start that failed or was interrupted
             raise
+        port, monitor = found[0]
         credentials = "" if cfg.password is None else f"trove:{cfg.password}@"
         self.url = f"nats://{credentials}{cfg.host}:{port}"
         self.monitor_url = f"http://{cfg.host}:{monitor}"
@@ -102,6 +122,11 @@ class EmbeddedNats:
     def stop(self) -> None:
         if self._child is not None:
             self._child.stop()
+            # nats-server leaves its pid file behind, and the pid may be any process's
+            # by the next start.
+            pid_file = self.config.store_dir / PID_FILE
+            if pid_in(pid_file) == self._child.pid:
+                pid_file.unlink(missing_ok=True)
             self._child = None
 
     def kill(self) -> None:
@@ -110,6 +135,43 @@ class EmbeddedNats:
             self._child.proc.kill()
             self._child.proc.wait(10)
             self._child = None
+
+
+def server_in(store_dir: Path) -> int | None:
+    """The pid of the nats-server that runs on ``store_dir``, if one does."""
+    pid = pid_in(store_dir / PID_FILE)
+    if pid is not None and runs_with(pid, str(store_dir / CONF_FILE)):
+        return pid
+    return None
+
+
+def _ports_of(store_dir: Path, pid: int) -> tuple[int, int] | None:
+    """The client and monitoring ports in the ports file of nats-server ``pid``, written
+    once both listen; None before (or while it is half written)."""
+    for path in store_dir.glob(f"*_{pid}.ports"):
+        try:
+            found = json.loads(path.read_text())
+            port = urlsplit(found["nats"][0]).port
+            monitor = urlsplit(found["monitoring"][0]).port
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
+        return (port, monitor) if port and monitor else None
+    return None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` as a new file only this user may read, renamed over the old one: a
+    file rewritten in place keeps its inode, and a handle opened on it while it was
+    readable (or before its chmod) would read every later write."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def free_port(host: str) -> int:

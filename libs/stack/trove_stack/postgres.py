@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trove_schema.errors import StackError
 from trove_stack.nats import free_port, listening
-from trove_stack.processes import Child, as_user
+from trove_stack.processes import Child, as_user, pid_in, runs_with, works_in
 
 SYSTEM_USER = "trove-postgres"
 
@@ -249,18 +249,21 @@ def _ready(data: Path) -> bool:
     return len(lines) >= 8 and lines[7].strip() == "ready"
 
 
+def postmaster_in(data: Path) -> int | None:
+    """The pid of the postmaster that runs on the data folder ``data``, if one does: the
+    lock file's process when it works in that folder or names it on its command line."""
+    pid = pid_in(data / "postmaster.pid")
+    if pid is not None and (works_in(pid, data) or runs_with(pid, str(data))):
+        return pid
+    return None
+
+
 def _remove_stale_pid(data: Path) -> None:
-    pidfile = data / "postmaster.pid"
-    try:
-        pid = int(pidfile.read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        pidfile.unlink(missing_ok=True)
-    except PermissionError:
-        pass
+    """Remove a lock file no postmaster of ``data`` holds. Postgres keeps it while any
+    process of its user has the pid, or while it is empty: after a kill -9 or a power
+    loss, then a reboot, that refused every start after."""
+    if postmaster_in(data) is None:
+        (data / "postmaster.pid").unlink(missing_ok=True)
 
 
 def _system_user() -> str:

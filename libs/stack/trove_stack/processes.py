@@ -1,4 +1,5 @@
-"""Child processes of the embedded stack: started in their own session, stopped for sure."""
+"""Child processes of the embedded stack: started in their own session, stopped for sure,
+and told from other processes at the pids their files name."""
 
 from __future__ import annotations
 
@@ -13,6 +14,44 @@ from typing import Any
 
 from trove_schema.errors import StackError
 from trove_stack import lifeline
+
+
+def pid_in(path: Path) -> int | None:
+    """The pid a server's pid file names (its first word); None if there is none to read."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def runs_with(pid: int, argument: str) -> bool:
+    """Whether process ``pid`` exists and ``argument`` is one of its command line's: a pid
+    file outlives its server, and its pid may be any process's by the next start (a
+    ``tail -f`` of the server's log, another stack's server)."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        try:
+            argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return os.fsencode(argument) in argv
+    # No /proc (macOS): ps says the command line, its arguments joined by spaces.
+    try:
+        found = subprocess.run(
+            ["ps", "-p", str(pid), "-o", "command="], capture_output=True, check=False, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    command = found.stdout.decode(errors="replace").strip()
+    return found.returncode == 0 and f" {argument} " in f" {command} "
+
+
+def works_in(pid: int, folder: Path) -> bool:
+    """Whether process ``pid``'s working folder is ``folder`` (Linux; elsewhere False)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")) == folder
+    except OSError:
+        return False
 
 
 def as_user(user: str | None) -> dict[str, Any]:

@@ -12,14 +12,13 @@ import fcntl
 import os
 import secrets
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from trove_schema.errors import StackError
-from trove_stack.nats import PID_FILE, EmbeddedNats, NatsConfig
-from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
+from trove_stack.nats import EmbeddedNats, NatsConfig, server_in
+from trove_stack.postgres import EmbeddedPostgres, PostgresConfig, postmaster_in
 
 #: What a state folder holds: the servers' data, the services' logs, and ``trove up``'s
 #: records of where its stack and processes are. ``fresh`` empties only a folder that
@@ -61,7 +60,9 @@ class Stack:
                     f"{self.state_dir} holds more than Trove's state ({shown}): a fresh start "
                     "empties only a folder of Trove's own; set TROVE_STATE_DIR to one"
                 )
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # Only this user may look in: the folder holds the servers' passwords (stack.json,
+        # the configurations) and the crawl. A folder that was there is left as it is.
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._hold_folder()
         try:
             # Servers of a stack whose process was killed outright, still running (its
@@ -93,6 +94,8 @@ class Stack:
                 ).start()
                 self.nats_url = self.nats.url
             if not self.database_url:
+                (self.state_dir / "postgres").mkdir(mode=0o700, exist_ok=True)
+                (self.state_dir / "postgres").chmod(0o700)  # Trove's own: its password
                 self.postgres = EmbeddedPostgres(
                     PostgresConfig(
                         data_dir=self.state_dir / "postgres" / "data",
@@ -184,33 +187,11 @@ def _kept_secret(path: Path) -> str:
 def running_in(state_dir: Path) -> str | None:
     """The server of an embedded stack that still runs on ``state_dir``, if one does
     (another ``trove up``, or ``trove crawl``, in the same folder)."""
-    for name, pid_file in (
-        ("Postgres", state_dir / "postgres" / "data" / "postmaster.pid"),
-        ("nats-server", state_dir / "nats" / PID_FILE),
+    state_dir = state_dir.resolve()
+    for name, pid in (
+        ("Postgres", postmaster_in(state_dir / "postgres" / "data")),
+        ("nats-server", server_in(state_dir / "nats")),
     ):
-        try:
-            pid = int(pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # no file: nothing runs there
-        command = _command_of(pid)
-        if command is not None and name.lower().split("-")[0].encode() in command.lower():
+        if pid is not None:
             return f"{name} (pid {pid})"
     return None
-
-
-def _command_of(pid: int) -> bytes | None:
-    """The command line of process ``pid``; None if there is no such process."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        try:
-            return (proc / str(pid) / "cmdline").read_bytes()
-        except OSError:
-            return None
-    # No /proc (macOS): ps says it.
-    try:
-        found = subprocess.run(
-            ["ps", "-p", str(pid), "-o", "command="], capture_output=True, check=False, timeout=5
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return found.stdout if found.returncode == 0 and found.stdout.strip() else None
