@@ -29,7 +29,7 @@ from trove_cli.supervisor import (
 from trove_schema.errors import StackError
 from trove_schema.migrate import upgrade
 from trove_stack import lifeline
-from trove_stack.processes import Child
+from trove_stack.processes import Child, write_private
 from trove_stack.stack import Stack
 
 SERVICES = ("recorder", "discovery", "fetcher")
@@ -136,12 +136,8 @@ class LocalTrove:
 
     def _write_stack_file(self) -> None:
         # Only this user may read it: the servers' URLs carry their passwords.
-        path = self.state_dir / STACK_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # a file from before kept its mode through O_TRUNC
         self.wrote_stack_file = True
-        with os.fdopen(fd, "w") as file:
-            file.write(json.dumps(self.env, indent=2))
+        write_private(self.state_dir / STACK_FILE, json.dumps(self.env, indent=2))
 
     def stop(self) -> None:
         # Not to be cut short: a second Ctrl-C while the services finish their requests

@@ -45,17 +45,25 @@ def test_a_running_stack_fills_in_only_what_belongs_with_the_urls_given(tmp_path
 def test_the_stack_file_is_readable_by_its_user_alone(tmp_path: Path, stack: StackUrls) -> None:
     # It names the servers with their passwords; one left readable by others before
     # (an older release wrote it 0644) is made private too.
+    # A new file, not the old one rewritten: a handle opened on it while it was
+    # readable would read every later write.
     (tmp_path / STACK_FILE).write_text("{}")
     (tmp_path / STACK_FILE).chmod(0o644)
-    with LocalTrove(
-        state_dir=tmp_path,
-        nats_url=stack.nats_url,
-        database_url=stack.database_url,
-        services=(),
+    before = (tmp_path / STACK_FILE).stat().st_ino
+    with (
+        (tmp_path / STACK_FILE).open() as opened_before,
+        LocalTrove(
+            state_dir=tmp_path,
+            nats_url=stack.nats_url,
+            database_url=stack.database_url,
+            services=(),
+        ),
     ):
         path = tmp_path / STACK_FILE
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert json.loads(path.read_text())["TROVE_NATS_URL"] == stack.nats_url
+        assert path.stat().st_ino != before
+        assert opened_before.read() == "{}"
 
 
 @pytest.mark.parametrize(

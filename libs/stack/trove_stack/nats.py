@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import socket
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from trove_schema.errors import StackError
-from trove_stack.processes import Child, pid_in, runs_with
+from trove_stack.processes import Child, pid_in, runs_with, write_private
 
 #: The file nats-server writes its pid to, in its store folder: a state folder whose
 #: server still runs is never emptied (``trove_stack.stack``).
@@ -77,7 +74,7 @@ class EmbeddedNats:
         if cfg.password is not None:
             auth = f"authorization {{ user: trove, password: {json.dumps(cfg.password)} }}\n"
         conf = cfg.store_dir / CONF_FILE
-        _write_private(
+        write_private(
             conf,
             f"listen: {cfg.host}:{cfg.port or -1}\n"
             f"http: {cfg.host}:{cfg.monitor_port or -1}\n"
@@ -157,21 +154,6 @@ def _ports_of(store_dir: Path, pid: int) -> tuple[int, int] | None:
             return None
         return (port, monitor) if port and monitor else None
     return None
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``path`` as a new file only this user may read, renamed over the old one: a
-    file rewritten in place keeps its inode, and a handle opened on it while it was
-    readable (or before its chmod) would read every later write."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def free_port(host: str) -> int:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +53,21 @@ def works_in(pid: int, folder: Path) -> bool:
         return Path(os.readlink(f"/proc/{pid}/cwd")) == folder
     except OSError:
         return False
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` as a new file only this user may read, renamed over the old one: a
+    file rewritten in place keeps its inode, and a handle opened on it while it was
+    readable (or before its chmod) would read every later write."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def as_user(user: str | None) -> dict[str, Any]:
