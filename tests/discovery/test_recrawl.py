@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
 
-from tests.conftest import eventually
+from tests.conftest import StackUrls, eventually
+from tests.fetcher._servers import Exchange, LocalServer, Seen
+from tests.support import cycle_env, services
 from trove_discovery.app import check_recrawls_are_kept
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
@@ -30,6 +34,7 @@ from trove_schema.topology import (
     CRAWL_REQUESTED,
     EVENT_SCHEDULES_PREFIX,
     EVENTS_STREAM,
+    SEEDS_SUBJECT,
     SEEN_BUCKET,
     TopologyOptions,
     declare,
@@ -281,7 +286,10 @@ async def test_a_first_fetch_is_recrawled_after_the_first_interval_with_its_hash
 
     pending = await scheduled_request(bus)
     assert pending.history == ChangeHistory(
-        content_hash="a", visited_at=event.completed_at, interval=5 * 3600
+        content_hash="a",
+        visited_at=event.completed_at,
+        interval=5 * 3600,
+        read_whole_at=event.completed_at,
     )
     assert pending.not_before == event.completed_at + timedelta(hours=5)
 
@@ -332,3 +340,110 @@ async def test_a_not_modified_recrawl_counts_as_unchanged_and_waits_longer(bus: 
     # Never seen changing: the interval doubles (the growth bound), toward the maximum.
     assert pending.history.interval == 7200.0
     assert pending.not_before == now + timedelta(hours=2)
+
+
+async def test_a_page_answering_304_is_read_whole_once_a_seen_ttl_has_passed(
+    bus: Bus,
+) -> None:
+    # A day's interval, a seen TTL of 60 days: read whole at least every 60.
+    discovery = await replica(bus, recrawl_after_seconds=86_400, seen_ttl_seconds=60 * 86_400)
+    now = utcnow()
+    day = timedelta(days=1)
+    before = ChangeHistory(
+        content_hash="a", visited_at=now - day, interval=86_400.0, read_whole_at=now - 58 * day
+    )
+    event = visited(content_hash=None, history=before, outcome=CrawlOutcome.NOT_MODIFIED)
+    await discovery._request_recrawl(event.model_copy(update={"completed_at": now}))
+    # Due in two days (the interval doubles), 60 days after the page was last read whole.
+    pending = await scheduled_request(bus)
+    assert pending.not_before == now + 2 * day
+    assert (pending.etag, pending.last_modified) == (None, None)
+    assert pending.history is not None
+    assert pending.history.read_whole_at == now - 58 * day
+
+    # Answered with its body, it is asked with its validators again, for another 60 days.
+    read = visited(content_hash="a", history=pending.history)
+    await discovery._request_recrawl(read.model_copy(update={"completed_at": now + 2 * day}))
+    pending = await scheduled_request(bus)
+    assert pending.etag == read.etag
+    assert pending.history is not None
+    assert pending.history.read_whole_at == now + 2 * day
+
+
+async def test_a_chain_planned_before_whole_reads_were_kept_counts_them_from_now(
+    bus: Bus,
+) -> None:
+    # Unknown is not "long ago": every page of every site read whole in the cycle after
+    # an upgrade would be a burst of bodies the validators were there to spare.
+    discovery = await replica(bus, recrawl_after_seconds=86_400, seen_ttl_seconds=60 * 86_400)
+    now = utcnow()
+    before = ChangeHistory(content_hash="a", visited_at=now - timedelta(days=1), interval=86_400.0)
+    event = visited(content_hash=None, history=before, outcome=CrawlOutcome.NOT_MODIFIED)
+    await discovery._request_recrawl(event.model_copy(update={"completed_at": now}))
+    pending = await scheduled_request(bus)
+    assert pending.etag == event.etag
+    assert pending.history is not None
+    assert pending.history.read_whole_at == now
+
+
+#: A month in seconds: a page is re-crawled every RECRAWL seconds, and its seen key lives
+#: SEEN_TTL seconds after the request that last wrote it.
+RECRAWL = 1.0
+SEEN_TTL = 8.0
+
+
+def honouring_validators(exchange: Exchange, etag: str, body: str) -> None:
+    """Answers 304 to its own ETag, as a static site does: a 304 carries no links."""
+    if exchange.headers.get("If-None-Match") == etag:
+        exchange.send(304, headers={"ETag": etag})
+    else:
+        exchange.send(200, body.encode(), {"ETag": etag})
+
+
+async def test_a_page_whose_chain_ended_is_found_again_by_a_page_that_answers_304(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    # The home page links to the article; the article answers its re-crawl with a 403
+    # once (a day of a WAF's), so its chain ends and its seen key expires. The home page
+    # answers every conditional request with a 304, which shows no links: only a read of
+    # it whole, which comes at least every seen TTL, finds the article again.
+    env = cycle_env(RECRAWL, TROVE_SEEN_TTL_SECONDS=str(SEEN_TTL), TROVE_HOST_PAUSE_SECONDS="0.5")
+    with LocalServer("127.0.0.1") as site:
+        home = '<html><head><title>Home</title></head><body><a href="/article">A</a></body>'
+        article = "<html><head><title>Article</title></head><body>Words.</body></html>"
+
+        def article_route(exchange: Exchange) -> None:
+            if len(site.requests_to("/article")) == 2:
+                exchange.send(403, b"forbidden")
+            else:
+                honouring_validators(exchange, '"article"', article)
+
+        site.routes["/"] = lambda exchange: honouring_validators(exchange, '"home"', home)
+        site.routes["/article"] = article_route
+        async with services(stack, state_dir, env) as local:
+            await bus.nc.publish(SEEDS_SUBJECT, site.url("/").encode())
+
+            async def article_requests() -> list[Seen]:
+                local.check_alive()
+                return site.requests_to("/article")
+
+            asked = await eventually(
+                article_requests,
+                until=lambda seen: len(seen) >= 3,
+                timeout=3 * SEEN_TTL + 10 * RECRAWL,
+                interval=0.5,
+                what="the article asked for again after its chain ended",
+            )
+        home_requests = site.requests_to("/")
+
+    # Found again by a link, not by a chain: read whole, within the bound (its key
+    # expires a seen TTL after its last re-crawl was planned, and the home page is read
+    # whole at most a seen TTL and an interval after the time before).
+    assert "if-none-match" not in asked[2].headers
+    assert asked[2].at - asked[0].at < SEEN_TTL * 2 + 4 * RECRAWL
+    # The home page kept its validators in between: most of its visits were 304s.
+    whole = [seen.at for seen in home_requests if "if-none-match" not in seen.headers]
+    assert len(home_requests) - len(whole) > len(whole)
+    gaps = [b - a for a, b in itertools.pairwise(whole)]
+    assert gaps
+    assert max(gaps) < SEEN_TTL + 3 * RECRAWL

@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from nats.js.errors import KeyNotFoundError
 from tests.conftest import StackUrls, eventually
 from tests.discovery.crawl_support import discoveries, handle
 from tests.support import services
-from trove_discovery.discovery import Discovery
+from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_discovery.url_rules import Holds, UrlRules, record_key
 from trove_schema.bus import Bus, Consumer
 from trove_schema.events import (
@@ -439,3 +439,60 @@ async def test_a_spelling_past_the_probes_its_budget_refused_has_its_page_read_w
     pending = decode_event(msg.data or b"")
     assert isinstance(pending, CrawlRequested)
     assert pending.etag is None
+
+
+async def hub_refused_after_a_hold(bus: Bus, clock: Callable[[], float]) -> CrawlRequested:
+    """The hub's two probes take its host's whole budget; its other spellings, held a
+    round, come back to find it spent. The hub's request pending after that."""
+    rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=0.2)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    discovery = Discovery(
+        bus=bus,
+        seen=seen,
+        settings=DiscoverySettings(host_page_budget=2),
+        url_rules=rules,
+        holds=Holds(first=0.2, rounds=1),
+        clock=clock,
+    )
+    hub = page("/p/0", links=tuple(f"/p/{n}?id={n}" for n in range(1, 5)))
+    held = [SITE + f"/p/{n}?id={n}" for n in (3, 4)]
+
+    async def refused_and_done() -> bool:
+        for url in held:
+            try:
+                entry = await seen.get(_seen_key(url))
+            except KeyNotFoundError:
+                return False
+            if not (entry.value or b"").startswith(REFUSED):
+                return False
+        info = await bus.js.consumer_info(EVENTS_STREAM, DISCOVERY_LINKS)
+        return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
+
+    async with consuming(bus, discovery):
+        await bus.publish(hub.model_copy(update={"etag": '"v1"'}))
+        await eventually(
+            refused_and_done, until=bool, timeout=10, what="the held links refused, the hub done"
+        )
+    assert set(await discovered(bus)) == {SITE + "/p/1?id=1", SITE + "/p/2?id=2"}
+    schedule = page_schedule_subject(hub.url)
+    pending = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=schedule)
+    assert pending.state.subjects == {schedule: 1}
+    msg = await bus.js.get_last_msg(EVENTS_STREAM, schedule)
+    request = decode_event(msg.data or b"")
+    assert isinstance(request, CrawlRequested)
+    assert request.caused_by == hub.id
+    return request
+
+
+async def test_links_refused_after_an_alias_hold_have_the_page_read_whole(bus: Bus) -> None:
+    # The re-crawl planned in the first round asked with the validators, and a 304
+    # would never show the refused links again.
+    request = await hub_refused_after_a_hold(bus, time.time)
+    assert (request.etag, request.last_modified) == (None, None)
+
+
+async def test_a_page_due_already_is_not_asked_for_again_after_an_alias_hold(bus: Bus) -> None:
+    # Its re-crawl (a week) was due before the hold's last round (the clock a week and a
+    # day on): it went out already, and another would fetch the page twice in a cycle.
+    request = await hub_refused_after_a_hold(bus, lambda: time.time() + 8 * 86_400)
+    assert request.etag == '"v1"'

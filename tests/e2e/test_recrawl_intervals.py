@@ -59,6 +59,8 @@ async def test_a_page_changing_at_every_visit_is_recrawled_sooner_than_one_that_
         "TROVE_RECRAWL_AFTER_SECONDS": str(FIRST),
         "TROVE_RECRAWL_MIN_SECONDS": str(MINIMUM),
         "TROVE_RECRAWL_MAX_SECONDS": str(MAXIMUM),
+        # Longer than the test: no visit is the whole read that comes once a seen TTL.
+        "TROVE_SEEN_TTL_SECONDS": "600",
     }
     async with (
         serve_learning_web(web) as running,

@@ -335,6 +335,9 @@ class ChangeHistory(Frozen):
     visits: tuple[tuple[float, bool], ...] = Field(default=(), max_length=MAX_VISITS)
     #: The re-crawl interval chosen after the last visit, in seconds.
     interval: float | None = None
+    #: When the page was last answered with its body, which shows its links (a 304 shows
+    #: none); None: not known (a chain an older release planned).
+    read_whole_at: datetime | None = None
 
 
 class CrawlRequested(Event):

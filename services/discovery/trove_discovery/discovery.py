@@ -15,7 +15,10 @@ which travels in the chain (``trove_schema.change_rate``). Scheduling it also re
 the page's seen key, which keeps it alive (``seen_ttl`` is longer than the longest
 interval) for as long as the page is re-crawled: the links of the pages fetched
 meanwhile do not discover it again. A page whose chain ends (failed for good, rejected)
-is forgotten one ``seen_ttl`` after its last request, and any link may bring it back.
+is forgotten one ``seen_ttl`` after its last request, and any link may bring it back:
+a 304 shows no links, so each page is read whole (its re-crawl without validators) once
+its re-crawl falls a ``seen_ttl`` or more after it last was: a page that links to it
+shows it again at most a ``seen_ttl`` and an interval after its key expired.
 """
 
 from __future__ import annotations
@@ -170,7 +173,11 @@ class Discovery:
                 provenance=seed.provenance,
                 force=seed.force,
             )
-            if seed.force or await self._first_sighting(event.url, event.id):
+            if seed.force:
+                # Its place taken before it goes out: a link found before it is fetched
+                # would bring it in again, a second fetch this cycle.
+                await self._mark(event.url, event.id.encode())
+            if seed.force or await self._first_sighting(event.url, event.id, seed=True):
                 await self.bus.publish(event)
                 SEEDS.labels("accepted").inc()
                 DISCOVERED.labels("seed").inc()
@@ -235,6 +242,11 @@ class Discovery:
             # A page whose links wait for their host's next cycle is read whole when it is
             # next due: answered 304, it would show them no more.
             await self._request_recrawl(event, validators=not over_budget)
+        elif again is not None and over_budget and fetched and alias_of == event.url:
+            # Held links refused now: the request planned in the first round may ask with
+            # the validators. One that reads whole replaces it on the page's subject,
+            # under an id of its own (the first's would be dropped as a copy).
+            await self._request_recrawl(event, validators=False, after_hold=True)
         if outgoing:
             # Sent together, in order, in one write; each still waits for its PubAck. A
             # failure hands the page back, and its redelivery publishes them all again
@@ -379,7 +391,12 @@ class Discovery:
             await asyncio.gather(*(self._refuse(url, until) for url, until in marks))
         return outgoing, held, over_budget or bool(refused)
 
-    async def _request_recrawl(self, event: CrawlCompleted, *, validators: bool = True) -> None:
+    async def _request_recrawl(
+        self, event: CrawlCompleted, *, validators: bool = True, after_hold: bool = False
+    ) -> None:
+        """Schedule the page's next visit. ``after_hold``: in place of the one its first
+        round scheduled, unless that is due already (sent, or about to be: a second would
+        fetch the page twice in one interval)."""
         # The page's history comes with the event and goes on in the request: the same
         # event always plans the same interval, and no replica keeps state per page.
         history = plan_recrawl(
@@ -390,29 +407,40 @@ class Discovery:
             policy=self.recrawl_policy,
         )
         delay = timedelta(seconds=history.interval or self.settings.recrawl_after_seconds)
+        due = event.completed_at + delay
+        # A 304 shows no links: a page whose seen key expired (its chain ended) would never
+        # be found again from pages that answer 304 for ever. Each page is read whole
+        # again once a seen TTL has passed since it last was (at the longest interval,
+        # half its visits, with the defaults: more would spend the validators' savings
+        # for a link found sooner). When that is not known
+        # (a chain planned before it was kept) it counts from now: reading them all whole
+        # at once would send every site all its bodies in one cycle.
+        read_whole_at = event.completed_at
+        if event.outcome is not CrawlOutcome.SUCCESS and history.read_whole_at is not None:
+            read_whole_at = history.read_whole_at
+        if (due - read_whole_at).total_seconds() >= self.settings.seen_ttl:
+            validators = False
+        if after_hold and due.timestamp() <= self.clock():
+            return
         request = CrawlRequested(
-            id=derived_event_id(event.id, "recrawl"),
+            id=derived_event_id(event.id, "recrawl-after-hold" if after_hold else "recrawl"),
             url=event.url,
             domain=event.domain,
             depth=event.depth,
             priority=event.priority,
             scope=event.scope,
             reason=RequestReason.RECRAWL,
-            not_before=event.completed_at + delay,
+            not_before=due,
             etag=event.etag if validators else None,
             last_modified=event.last_modified if validators else None,
             caused_by=event.id,
-            history=history,
+            history=history.model_copy(update={"read_whole_at": read_whole_at}),
         )
         # On the page's schedule subject: it replaces whatever request was pending.
-        await self.bus.publish_at(
-            request, event.completed_at + delay, schedule=page_schedule_subject(event.url)
-        )
+        await self.bus.publish_at(request, due, schedule=page_schedule_subject(event.url))
         # The request now holds the page's place in the seen set, for another full
         # seen_ttl: the event that discovered it was published long ago.
-        key = _seen_key(event.url)
-        await self.seen.put(key, request.id.encode())
-        self.sightings.remember(key, request.id.encode())
+        await self._mark(event.url, request.id.encode())
 
     # shared state -----------------------------------------------------------------
 
@@ -462,19 +490,20 @@ class Discovery:
         DISCOVERED.labels(event.provenance.kind).inc()
         return True
 
-    async def _first_sighting(self, url: str, event_id: str) -> bool:
+    async def _first_sighting(self, url: str, event_id: str, *, seed: bool = False) -> bool:
         """Whether ``url`` is new to the seen set, claimed for ``event_id`` (``_claim``)."""
-        return await self._claim(url, event_id) == event_id.encode()
+        return await self._claim(url, event_id, seed=seed) == event_id.encode()
 
-    async def _claim(self, url: str, event_id: str) -> bytes:
+    async def _claim(self, url: str, event_id: str, *, seed: bool = False) -> bytes:
         """Who holds ``url``'s place in the seen set: ``event_id`` itself when it is new
         (or the same cause seen again, a redelivery after a crash: published again,
-        idempotently), or a budget's refusal that has not ended (``_refuse``), or the
-        cause that claimed it before."""
+        idempotently), or a budget's refusal that has not ended (``_refuse``; a ``seed``
+        takes its place: budgets count the pages links bring, and a mark they left is no
+        reason to refuse the operator's), or the cause that claimed it before."""
         key = _seen_key(url)
         mine = event_id.encode()
         claimed_by = self.sightings.claimed_by(key)
-        if claimed_by is not None and self._refusal_ended(claimed_by):
+        if claimed_by is not None and self._gives_way(claimed_by, seed=seed):
             claimed_by = None
         attempts = 3
         while claimed_by is None:
@@ -486,8 +515,8 @@ class Discovery:
                 try:
                     entry = await self.seen.get(key)
                     claimed_by = entry.value or b""
-                    if self._refusal_ended(claimed_by):
-                        # Its host's next cycle has begun: the link is offered again.
+                    if self._gives_way(claimed_by, seed=seed):
+                        # Its host's next cycle has begun (or a seed): offered again.
                         await self.seen.update(key, mine, last=entry.revision)
                         claimed_by = mine
                 except (KeyNotFoundError, KeyWrongLastSequenceError):
@@ -504,11 +533,19 @@ class Discovery:
         until = _refused_until(claimed_by)
         return until is not None and until <= self.clock()
 
+    def _gives_way(self, claimed_by: bytes, *, seed: bool) -> bool:
+        """Whether ``claimed_by`` is a refusal that a link (once it ended) or a seed
+        (at once) may take the place of."""
+        return _refused_until(claimed_by) is not None if seed else self._refusal_ended(claimed_by)
+
     async def _refuse(self, url: str, until: float) -> None:
         """Mark ``url``, which its host's budget refused, until the budget's cycle ends
         (``until``): seen until then, offered again by a page that links to it after."""
+        await self._mark(url, REFUSED + f"{until:.0f}".encode())
+
+    async def _mark(self, url: str, value: bytes) -> None:
+        """Hold ``url``'s place in the seen set for ``value``, whoever held it."""
         key = _seen_key(url)
-        value = REFUSED + f"{until:.0f}".encode()
         await self.seen.put(key, value)
         self.sightings.remember(key, value)
 
