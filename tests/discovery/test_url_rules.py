@@ -441,21 +441,38 @@ async def test_a_spelling_past_the_probes_its_budget_refused_has_its_page_read_w
     assert pending.etag is None
 
 
-async def hub_refused_after_a_hold(bus: Bus, clock: Callable[[], float]) -> CrawlRequested:
+async def hub_refused_after_a_hold(
+    bus: Bus, clock: Callable[[], float], *, handed_over: bool = False
+) -> CrawlRequested:
     """The hub's two probes take its host's whole budget; its other spellings, held a
-    round, come back to find it spent. The hub's request pending after that."""
+    round, come back to find it spent. The hub's request pending after that.
+    ``handed_over``: the round after the hold is another replica's, which never held."""
     rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=0.2)
     seen = await bus.js.key_value(SEEN_BUCKET)
-    discovery = Discovery(
-        bus=bus,
-        seen=seen,
-        settings=DiscoverySettings(host_page_budget=2),
-        url_rules=rules,
-        holds=Holds(first=0.2, rounds=1),
-        clock=clock,
-    )
+
+    def replica_of(first: float) -> Discovery:
+        return Discovery(
+            bus=bus,
+            seen=seen,
+            settings=DiscoverySettings(host_page_budget=2),
+            url_rules=rules,
+            holds=Holds(first=first, rounds=1),
+            clock=clock,
+        )
+
+    discovery = replica_of(0.2)
     hub = page("/p/0", links=tuple(f"/p/{n}?id={n}" for n in range(1, 5)))
     held = [SITE + f"/p/{n}?id={n}" for n in (3, 4)]
+    if handed_over:
+        holding = replica_of(3.0)  # long enough to stop it before the hold ends
+        async with consuming(bus, holding):
+            await bus.publish(hub.model_copy(update={"etag": '"v1"'}))
+            await eventually(
+                lambda: discovered(bus),
+                until=lambda urls: len(urls) == 2,
+                timeout=10,
+                what="the probes",
+            )
 
     async def refused_and_done() -> bool:
         for url in held:
@@ -469,7 +486,8 @@ async def hub_refused_after_a_hold(bus: Bus, clock: Callable[[], float]) -> Craw
         return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
 
     async with consuming(bus, discovery):
-        await bus.publish(hub.model_copy(update={"etag": '"v1"'}))
+        if not handed_over:
+            await bus.publish(hub.model_copy(update={"etag": '"v1"'}))
         await eventually(
             refused_and_done, until=bool, timeout=10, what="the held links refused, the hub done"
         )
@@ -488,6 +506,16 @@ async def test_links_refused_after_an_alias_hold_have_the_page_read_whole(bus: B
     # The re-crawl planned in the first round asked with the validators, and a 304
     # would never show the refused links again.
     request = await hub_refused_after_a_hold(bus, time.time)
+    assert (request.etag, request.last_modified) == (None, None)
+
+
+async def test_links_refused_by_another_replica_after_a_hold_have_the_page_read_whole(
+    bus: Bus,
+) -> None:
+    # The hold is one replica's memory: its redelivery, taken by the other replica, is
+    # a round like the first there, which plans the first round's request again (under
+    # its id, dropped as a copy).
+    request = await hub_refused_after_a_hold(bus, time.time, handed_over=True)
     assert (request.etag, request.last_modified) == (None, None)
 
 

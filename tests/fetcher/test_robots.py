@@ -86,6 +86,7 @@ ROUTES: dict[str, Any] = {
     "metadata.trove.test/robots.txt": _redirect("http://169.254.169.254/robots.txt"),
     "loop.trove.test/robots.txt": _redirect("http://loop.trove.test:{port}/robots.txt"),
     "hostless.trove.test/robots.txt": _redirect("https://:443/robots.txt"),
+    "dot.trove.test/robots.txt": _redirect("http://./robots.txt"),
     "portless.trove.test/robots.txt": _redirect("http://b.trove.test:80:80/robots.txt"),
     "mailto.trove.test/robots.txt": _redirect("mailto:webmaster@example.org"),
     "emoji.trove.test/robots.txt": _redirect("http://xn--ls8h.la/robots.txt"),
@@ -258,6 +259,17 @@ async def test_a_redirect_to_no_host_ends_the_chain_as_a_missing_file(
     assert policy.rule is RobotsRule.ALLOW_ALL
     assert policy.error == "redirected to https:/robots.txt: no host"
     assert gates == []
+
+
+async def test_a_redirect_to_a_host_of_dots_ends_the_chain_as_a_missing_file(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # httpx reads ``.`` as a host, which no host key or rule can name: an unexpected
+    # error then, the whole site disallowed a while and the failure logged at each try.
+    policy = await fetch_robots(client, origin(server, "dot"), max_bytes=CAP)
+    assert policy.rule is RobotsRule.ALLOW_ALL
+    assert policy.failure is None
+    assert policy.error == "redirected to http://./robots.txt: no host"
 
 
 @pytest.mark.parametrize("name", ["portless", "mailto", "emoji"])

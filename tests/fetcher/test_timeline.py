@@ -636,6 +636,29 @@ async def test_a_post_too_large_for_a_page_is_passed_over_after_pages_of_fewer_p
         assert (social.witness.min_gap(social.host) or 0.0) >= GAP
 
 
+async def test_pages_of_fewer_posts_are_asked_within_the_rate_a_refused_page_left(
+    client: httpx.AsyncClient,
+) -> None:
+    # The page refused for its size still says how much of the rate is left: asked again
+    # past it, the instance answers 429.
+    instance = FediverseInstance.generate(posts=10, seed=5, rate_limit=3)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        instance.add_post(
+            "ada",
+            links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
+            visibility="public",
+            card=False,
+        )
+        fetch = FetchLimits(total_timeout=10.0, max_body_bytes=64 * 1024)
+        polls = poller(client, max_pages=5, page_limit=8, limits=fetch)
+        event = await polls.poll(request(social, cursor=start, api=social.base_url))
+
+        assert event.status_code != 429, event.error_message
+        assert event.requests < 3
+        assert event.retry_after is not None
+
+
 async def test_a_run_of_posts_that_cannot_be_read_is_passed_over_and_reading_goes_on(
     client: httpx.AsyncClient,
 ) -> None:
@@ -906,6 +929,21 @@ async def test_a_nodeinfo_document_asking_to_slow_down_still_ends_the_poll(
 
         assert (event.outcome, event.status_code) == (CrawlOutcome.BLOCKED_4XX, 429)
         assert event.api is None
+        assert not api_queries(social)
+
+
+async def test_a_nodeinfo_document_in_maintenance_for_an_hour_ends_the_poll_for_it(
+    client: httpx.AsyncClient,
+) -> None:
+    # A 503 with Retry-After is the instance asking for a wait, not a document that fails.
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    instance.fail_nodeinfo(503, retry_after=3600)
+    async with served(instance) as social:
+        event = await poller(client).poll(request(social))
+
+        assert (event.outcome, event.status_code) == (CrawlOutcome.BLOCKED_5XX, 503)
+        assert event.retry_after is not None
+        assert event.retry_after >= 3000
         assert not api_queries(social)
 
 

@@ -15,6 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 from tests.conftest import eventually
 from tests.schema.test_bus import Lane, running
 from trove_schema.bus import BatchConsumer, Bus, Consumer
+from trove_schema.pulls import Pulls
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
 
 #: Each consumer holds at most four messages: four handlers, or one batch of four.
@@ -120,5 +121,36 @@ async def test_pulls_are_not_asked_while_the_broker_is_away(tmp_path: Path, batc
             )
         assert sorted(started) == sorted(f"work {i}".encode() for i in range(40))
     finally:
+        await bus.close()
+        server.stop()
+
+
+async def test_a_request_whose_end_never_came_is_no_deadline_once_given_up(
+    tmp_path: Path,
+) -> None:
+    # A consumer waiting out a pause asks for nothing, and asking was where a lost request
+    # was given up: its deadline, long past, made every wait of the pause one of 0 s.
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats")).start()
+    bus = await Bus.connect(server.url, name="test-deadline")
+    now = [1000.0]
+    pulls = Pulls(bus.nc, LANE.stream, LANE.durable, expires=5.0, grace=1.0, clock=lambda: now[0])
+    try:
+        await bus.js.add_stream(
+            StreamConfig(name=LANE.stream, subjects=[LANE.subject], storage=StorageType.FILE)
+        )
+        await bus.js.add_consumer(
+            LANE.stream,
+            ConsumerConfig(durable_name=LANE.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=30),
+        )
+        await pulls.start()
+        await pulls.ask(1)
+        deadline = pulls.next_deadline()
+        assert deadline is not None
+        assert deadline > now[0]
+        now[0] = deadline + 1.0  # its end lost with a server that went: none will come
+        late = pulls.next_deadline()
+        assert late is None or late > now[0]
+    finally:
+        await pulls.close()
         await bus.close()
         server.stop()

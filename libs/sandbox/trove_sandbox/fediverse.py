@@ -162,6 +162,7 @@ class FediverseInstance:
         "_huge",
         "_misbehaviour",
         "_nodeinfo_failure",
+        "_nodeinfo_retry_after",
         "_port",
         "_rate_limit",
         "_rate_used",
@@ -208,6 +209,7 @@ class FediverseInstance:
         self._throttle: str | None = None
         self._misbehaviour: Misbehaviour | None = None
         self._nodeinfo_failure: int | None = None
+        self._nodeinfo_retry_after: int | None = None
         self._unreadable: set[int] = set()
         self._redirect_to = f"http://{REMOTE_HOST}/api/v1/timelines/public"
         self._robots: str | None = None
@@ -540,9 +542,11 @@ class FediverseInstance:
         """Serve ``status`` through the API with ``"uri": null``: an entry no client reads."""
         self._unreadable.add(status.id)
 
-    def fail_nodeinfo(self, status: int | None) -> None:
-        """Answer the NodeInfo documents (not their index) with ``status`` (None: as normal)."""
+    def fail_nodeinfo(self, status: int | None, *, retry_after: int | None = None) -> None:
+        """Answer the NodeInfo documents (not their index) with ``status`` (None: as
+        normal), and ``Retry-After: retry_after`` when given."""
         self._nodeinfo_failure = status
+        self._nodeinfo_retry_after = retry_after
 
     def set_robots(self, text: str | None) -> None:
         """Serve ``text`` as robots.txt (None restores Mastodon's)."""
@@ -589,7 +593,11 @@ class FediverseInstance:
             ]})  # fmt: skip
         if bare in ("/nodeinfo/2.0", "/nodeinfo/2.1"):
             if self._nodeinfo_failure is not None:
-                return _json_response({"error": "Failing"}, status=self._nodeinfo_failure)
+                wait = self._nodeinfo_retry_after
+                extra = () if wait is None else (("Retry-After", str(wait)),)
+                return _json_response(
+                    {"error": "Failing"}, status=self._nodeinfo_failure, extra=extra
+                )
             return self._nodeinfo(bare.rsplit("/", 1)[1])
         if bare == "/.well-known/webfinger":
             return self._webfinger(query.get("resource", ""))

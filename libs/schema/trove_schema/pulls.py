@@ -135,7 +135,10 @@ class Pulls:
         self._request = _Request(room, now + self.expires)
 
     def next_deadline(self) -> float | None:
-        """When the open request will be given up if its end never comes."""
+        """When the open request will be given up if its end never comes; None once it
+        has been (a consumer waiting out a pause asks for nothing, and would otherwise
+        wait on a deadline long past: a wait of 0 s, again and again)."""
+        self._forget_lost(self._clock())
         if self._request is None:
             return None
         return self._request.deadline + self.grace

@@ -189,7 +189,9 @@ def running_in(state_dir: Path) -> str | None:
     (another ``trove up``, or ``trove crawl``, in the same folder)."""
     state_dir = state_dir.resolve()
     for name, pid in (
-        ("Postgres", postmaster_in(state_dir / "postgres" / "data")),
+        # Resolved as the start resolves it: a data folder linked elsewhere is named
+        # by its real path on the postmaster's command line and as its working folder.
+        ("Postgres", postmaster_in((state_dir / "postgres" / "data").resolve())),
         ("nats-server", server_in(state_dir / "nats")),
     ):
         if pid is not None:

@@ -238,14 +238,16 @@ class Discovery:
                 with contextlib.suppress(Exception):
                     await self._request_recrawl(event, validators=False)
             raise
-        if recrawl:
+        later = deliveries > 1 and over_budget and fetched and alias_of == event.url
+        if recrawl and not later:
             # A page whose links wait for their host's next cycle is read whole when it is
             # next due: answered 304, it would show them no more.
             await self._request_recrawl(event, validators=not over_budget)
-        elif again is not None and over_budget and fetched and alias_of == event.url:
-            # Held links refused now: the request planned in the first round may ask with
-            # the validators. One that reads whole replaces it on the page's subject,
-            # under an id of its own (the first's would be dropped as a copy).
+        elif later:
+            # Links refused on a later delivery (held links, on this replica or another):
+            # the request planned the first time may ask with the validators. One that
+            # reads whole replaces it on the page's subject, under an id of its own (the
+            # first's would be dropped as a copy).
             await self._request_recrawl(event, validators=False, after_hold=True)
         if outgoing:
             # Sent together, in order, in one write; each still waits for its PubAck. A

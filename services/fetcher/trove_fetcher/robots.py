@@ -61,6 +61,7 @@ from trove_fetcher.http import (
     pass_gate,
     unusable_location,
 )
+from trove_schema.errors import InvalidURL
 from trove_schema.heuristics import is_challenge
 from trove_schema.urls import domain_of
 
@@ -322,7 +323,13 @@ async def fetch_robots(
                             break
                         # The host as a rule names it, an address however it is
                         # written: ``1572395042`` is the excluded 93.184.216.34.
-                        refusal = await _refusal(excluded, domain_of(str(url)))
+                        try:
+                            host = domain_of(str(url))
+                        except InvalidURL:
+                            # A host httpx reads and no rule can name (``http://./``):
+                            # as a chain with no host, no file can be read there.
+                            return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url}: no host")
+                        refusal = await _refusal(excluded, host)
                         if refusal is not None:
                             error = f"redirected to {url}: {refusal}"[:500]
                             return parsed(status, EXCLUDED_RULES, error=error)

@@ -766,7 +766,9 @@ class TimelinePoller:
                 CrawlOutcome.TIMEOUT,
                 CrawlOutcome.BLOCKED_5XX,
             )
-            if unavailable or stop.status == 429 or stop.challenge:
+            # A wait the instance asked for (a 429, a 503 with Retry-After) is kept.
+            asked_to_wait = stop.status == 429 or stop.retry_after is not None
+            if unavailable or asked_to_wait or stop.challenge:
                 raise
             return None
         return software_of(document.data)
@@ -1018,6 +1020,10 @@ class TimelinePoller:
             except Exception as exc:
                 raise _MachineryFailed(exc) from exc
             if isinstance(outcome, _Stop):
+                if outcome.answer is not None:
+                    # A page refused for its size still says how much of the rate is
+                    # left: the pages of fewer posts asked next stay within it.
+                    progress.wait(self._rate_wait(outcome.answer.headers, progress))
                 raise outcome
             answer, location = outcome
             progress.wait(self._rate_wait(answer.headers, progress))
