@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_schema.bus import Bus
 from trove_schema.migrate import upgrade
+from trove_stack import lifeline
 from trove_stack.reset import reset
 from trove_stack.stack import Stack
 
@@ -59,12 +60,23 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackUrls]:
         yield from _docker_stack()
         return
     state = tmp_path_factory.mktemp("trove-stack")
-    with Stack(
-        state_dir=state, nats_url=nats_url, database_url=db_url, fast_and_unsafe=True
-    ) as running:
-        kind = "external" if nats_url and db_url else "embedded"
-        upgrade(running.database_url)
-        yield StackUrls(running.nats_url, running.database_url, kind)
+    # Watched as `trove up` watches its stack: a run stopped by SIGTERM or SIGKILL (a
+    # `timeout`, a closed terminal, a worker that crashed) ends without its teardown,
+    # and would leave this nats-server and Postgres running.
+    watching = lifeline.current is None
+    if watching:
+        lifeline.current = lifeline.Lifeline.start()
+    try:
+        with Stack(
+            state_dir=state, nats_url=nats_url, database_url=db_url, fast_and_unsafe=True
+        ) as running:
+            kind = "external" if nats_url and db_url else "embedded"
+            upgrade(running.database_url)
+            yield StackUrls(running.nats_url, running.database_url, kind)
+    finally:
+        if watching and lifeline.current is not None:
+            lifeline.current.release()
+            lifeline.current = None
 
 
 @pytest.fixture

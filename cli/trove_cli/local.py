@@ -61,6 +61,8 @@ class LocalTrove:
     supervisor: Supervisor | None = field(default=None, init=False)
     #: Whether ``stack.json`` is this stack's, to be removed when it stops.
     wrote_stack_file: bool = field(default=False, init=False)
+    #: Whether this stack started the process's lifeline, to be released when it stops.
+    own_lifeline: bool = field(default=False, init=False)
 
     def start(self) -> LocalTrove:
         # Stopped on any exit of this process too, so no server or service is orphaned:
@@ -69,6 +71,7 @@ class LocalTrove:
         atexit.register(self.stop)
         if lifeline.current is None:
             lifeline.current = lifeline.Lifeline.start()
+            self.own_lifeline = True
         self.stack = Stack(
             state_dir=self.state_dir,
             nats_url=self.nats_url,
@@ -158,9 +161,12 @@ class LocalTrove:
                 self.wrote_stack_file = False
             if hasattr(self, "stack"):
                 self.stack.stop()
-            if lifeline.current is not None:
+            # Only its own: one this process had before (the tests' session stack's)
+            # still watches what it was told of.
+            if self.own_lifeline and lifeline.current is not None:
                 lifeline.current.release()
                 lifeline.current = None
+                self.own_lifeline = False
         atexit.unregister(self.stop)
 
     def __enter__(self) -> LocalTrove:

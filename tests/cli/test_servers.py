@@ -15,6 +15,7 @@ from tests.support import run_trove
 from trove_cli.local import STACK_FILE, LocalTrove
 from trove_cli.main import _urls
 from trove_schema.settings import CommonSettings
+from trove_stack import lifeline
 
 LOCAL_NATS = "nats://127.0.0.1:4222"
 LOCAL_DB = "postgresql+asyncpg://trove@127.0.0.1:5432/trove"
@@ -149,3 +150,27 @@ def test_a_stack_refused_beside_a_running_one_leaves_that_ones_stack_file(
         local.start()
 
     assert json.loads((tmp_path / STACK_FILE).read_text())["TROVE_NATS_URL"] == LOCAL_NATS
+
+
+def test_a_local_stack_leaves_the_lifeline_it_did_not_start(
+    tmp_path: Path, stack: StackUrls
+) -> None:
+    # The process's lifeline (the tests' session stack's) watches servers it was told of
+    # before: released by a stack that only borrowed it, they would be orphaned by a
+    # kill of the process after.
+    before = lifeline.current
+    borrowed = lifeline.current = lifeline.Lifeline.start()
+    try:
+        with LocalTrove(
+            state_dir=tmp_path,
+            nats_url=stack.nats_url,
+            database_url=stack.database_url,
+            services=(),
+        ):
+            assert lifeline.current is borrowed
+        assert lifeline.current is borrowed
+        watcher = borrowed._proc
+        assert watcher.poll() is None, "the watcher was let go"
+    finally:
+        borrowed.release()
+        lifeline.current = before

@@ -181,6 +181,11 @@ def _kept_secret(path: Path) -> str:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as file:
         file.write(made + "\n")
+        # On disk before the cluster it is given to: a power loss right after initdb
+        # (which syncs its cluster) would else leave the file empty, a new password
+        # made at the next start, and the cluster refusing it at every start after.
+        file.flush()
+        os.fsync(file.fileno())
     return made
 
 
