@@ -87,6 +87,13 @@ def test_no_pause_after_a_site_s_defences_can_be_set_to_nothing(
     assert getattr(FetcherSettings(), variable.removeprefix("TROVE_").lower()) == 0.5
 
 
+def test_a_poll_backoff_shorter_than_the_poll_interval_is_refused() -> None:
+    # A failing timeline would be polled every 6 h while a healthy one waits a day.
+    with pytest.raises(ValueError, match=r"shorter than TROVE_POLL_INTERVAL_SECONDS \(86400\)"):
+        DiscoverySettings(poll_interval_seconds=86_400)
+    assert DiscoverySettings(poll_interval_seconds=86_400, poll_max_backoff_seconds=86_400)
+
+
 def test_a_platform_list_is_read_as_registrable_domains() -> None:
     settings = DiscoverySettings(platform_domains=" Blogs.Example., ,other.example ")
     assert settings.platform_domains == ("blogs.example", "other.example")

@@ -129,6 +129,13 @@ class CommonSettings(BaseSettings):
                 f"TROVE_RECRAWL_MAX_SECONDS ({self.recrawl_max_seconds:g}) must not be shorter "
                 f"than TROVE_RECRAWL_AFTER_SECONDS ({first:g}), the first interval"
             )
+        if self.poll_max_backoff_seconds < self.poll_interval_seconds:
+            # A failing timeline would be polled more often than a healthy one, and an
+            # instance's longer Retry-After cut to the cap.
+            raise ValueError(
+                f"TROVE_POLL_MAX_BACKOFF_SECONDS ({self.poll_max_backoff_seconds:g}) must not "
+                f"be shorter than TROVE_POLL_INTERVAL_SECONDS ({self.poll_interval_seconds:g})"
+            )
         _check_schedules_kept(self.events_max_age_seconds, self.recrawl_max, "re-crawls")
         _check_schedules_kept(
             self.events_max_age_seconds,
