@@ -329,7 +329,11 @@ class Fetcher:
             return
         if robots is None and page_chain is None:
             # Another task or pod may have fetched it while we waited for the lease.
-            robots = await self._cached_robots(job.url)
+            try:
+                robots = await self._cached_robots(job.url)
+            except BaseException:
+                await self._release(hold)  # the work goes back: not the host's lease too
+                raise
             if robots is None:
                 robots = await self._fetch_robots(job, payload, hold, ())
                 if robots is None:
