@@ -5,6 +5,7 @@ TroveError
 ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
 ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
 ├── RetentionRefused     a stream's shorter retention would drop schedules it holds
+├── MigrationStopped     a migrator stopped while it waited for a lock; it held nothing
 ├── StackError           the embedded or external servers could not be started or reached
 ├── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
 ├── InvalidTLS           the NATS TLS files (TROVE_NATS_TLS_*) cannot be read or used
@@ -33,6 +34,11 @@ class TopologyError(TroveError):
 class RetentionRefused(TroveError):
     """A stream's retention, shortened by its owner's settings, would age out schedules
     it holds (re-crawls, polls, deferred work): the owner does not apply it, and stops."""
+
+
+class MigrationStopped(TroveError):
+    """The migrator was stopped while it waited, for the migrators' lock or to try again
+    a migration that gave way: it left holding nothing, and the next start migrates."""
 
 
 class StackError(TroveError):

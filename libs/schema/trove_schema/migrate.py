@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 
 from alembic import command
@@ -18,15 +19,23 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATOR_LOCK = 7340032
 
 
-def alembic_config(database_url: str) -> Config:
+def alembic_config(database_url: str, stopping: threading.Event | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    if stopping is not None:
+        config.attributes["stopping"] = stopping  # read by migrations/env.py
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
+def upgrade(
+    database_url: str, revision: str = "head", stopping: threading.Event | None = None
+) -> None:
     """Bring the database to ``revision``. Blocking: call it off the event loop.
+
+    Once ``stopping`` is set, a migrator that waits (for the migrators' lock, or to try
+    again a migration that gave way) raises ``MigrationStopped``; a migration that runs
+    is not cut short (a concurrent index build would be left invalid, to build again).
 
     A database at a revision this code does not know was migrated by a newer release:
     this one was rolled back to. Its head is left as it is, with a warning, and the
@@ -34,7 +43,7 @@ def upgrade(database_url: str, revision: str = "head") -> None:
     index), so an older release works on a newer schema, and refusing would keep every
     pod of a rollback from starting."""
     try:
-        command.upgrade(alembic_config(database_url), revision)
+        command.upgrade(alembic_config(database_url, stopping), revision)
     except CommandError as exc:
         if revision != "head" or "Can't locate revision" not in str(exc):
             raise
@@ -46,8 +55,16 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 
 async def upgrade_async(database_url: str, revision: str = "head") -> None:
-    # env.py runs its own event loop, so it gets a thread of its own.
-    await asyncio.to_thread(upgrade, database_url, revision)
+    """``upgrade`` in a thread of its own (env.py runs its own event loop). Cancelled, it
+    tells the thread to stop: a thread is not cancelled, and the process's exit waits for
+    it, so a start waiting for the lock of a migrator hours into an index build would
+    hold a SIGTERM until the SIGKILL."""
+    stopping = threading.Event()
+    try:
+        await asyncio.to_thread(upgrade, database_url, revision, stopping)
+    except asyncio.CancelledError:
+        stopping.set()
+        raise
 
 
 def create_index_online(name: str, table: str, columns: str) -> None:

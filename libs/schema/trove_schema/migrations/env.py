@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import threading
 
 from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from trove_schema.errors import MigrationStopped
 from trove_schema.migrate import MIGRATOR_LOCK
 from trove_schema.tables import Base
 
@@ -28,6 +29,9 @@ _LOCK_NOT_AVAILABLE = "55P03"
 _LOCK_ATTEMPTS = 12
 _LOCK_PAUSE_SECONDS = 5.0
 
+#: Set by the caller to stop: checked between tries, never within a migration.
+_stopping: threading.Event = context.config.attributes.get("stopping") or threading.Event()
+
 
 def _take_lock(connection: Connection) -> None:
     """The migrators' lock, tried until taken, never waited for by a statement.
@@ -35,12 +39,13 @@ def _take_lock(connection: Connection) -> None:
     A statement holds a snapshot while it waits, and ``CREATE INDEX CONCURRENTLY`` (in
     the migrator that has the lock) waits for every older snapshot to end: each would
     wait for the other until Postgres ended one, the index build or the waiting
-    migrator. Between tries no transaction is open.
+    migrator. Between tries no transaction is open, so a stop ends the wait at once.
     """
     lock = f"SELECT pg_try_advisory_lock({MIGRATOR_LOCK})"
     while not connection.exec_driver_sql(lock).scalar():
         connection.commit()
-        time.sleep(_LOCK_POLL_SECONDS)
+        if _stopping.wait(_LOCK_POLL_SECONDS):
+            raise MigrationStopped("stopped while waiting for the migrators' lock")
     connection.commit()
 
 
@@ -76,7 +81,10 @@ def _run(connection: Connection) -> None:
                     "holds it): tried again in %.0f s",
                     _LOCK_PAUSE_SECONDS,
                 )
-                time.sleep(_LOCK_PAUSE_SECONDS)
+                if _stopping.wait(_LOCK_PAUSE_SECONDS):
+                    raise MigrationStopped(
+                        "stopped while waiting to try again a migration that gave way"
+                    ) from exc
     finally:
         connection.rollback()  # whatever a failed migration left open
         connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATOR_LOCK})")
