@@ -1,9 +1,11 @@
-"""A service's NATS connection on a real nats-server: what a closed one does to the
-service, and what a request that cannot be sent leaves behind."""
+"""A service's NATS connection on a real nats-server: a first one turned away or waited
+for, what a closed one does to the service, and what a request that cannot be sent
+leaves behind."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -11,11 +13,14 @@ from pathlib import Path
 
 import nats.errors
 import pytest
+import trustme
 
-from tests.conftest import StackUrls
+from tests.conftest import StackUrls, eventually
 from trove_schema.bus import Bus
 from trove_schema.errors import BrokerClosed
-from trove_stack.nats import EmbeddedNats, NatsConfig
+from trove_schema.service import _start_patiently, infrastructure_away
+from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, listening, nats_server_binary
+from trove_stack.processes import Child
 
 
 @pytest.fixture
@@ -26,6 +31,88 @@ def guarded(tmp_path: Path) -> Iterator[EmbeddedNats]:
         yield server
     finally:
         server.stop()
+
+
+async def test_a_first_connection_the_server_turns_away_ends_the_start(
+    guarded: EmbeddedNats,
+) -> None:
+    # A pod restarted while its Secret still holds the old password: nats-py tries a
+    # first connection for ever, and the pod sat alive and never ready, never restarted
+    # to read the mended Secret. The start ends, as the deployment's mistake.
+    old_password = guarded.url.replace("trove:first@", "trove:old@")
+    stop, ready = asyncio.Event(), asyncio.Event()
+
+    async def main(stop: asyncio.Event, ready: asyncio.Event) -> None:
+        bus = await Bus.connect(old_password, name="trove-tests", refused_patience=2.0)
+        await bus.close()
+        ready.set()
+
+    starting = _start_patiently(main, stop, ready, logging.getLogger("test"))
+    with pytest.raises(BrokerClosed, match=r"turned this service away .*Authorization") as refused:
+        await asyncio.wait_for(starting, timeout=20)
+    assert not infrastructure_away(refused.value)
+    assert not ready.is_set()
+
+
+async def test_a_server_certificate_the_deployments_ca_does_not_sign_ends_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server_ca, other_ca = trustme.CA(), trustme.CA()
+    issued = server_ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    issued.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    other_ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("TROVE_NATS_TLS_CA", str(tmp_path / "ca.pem"))
+    port = free_port("127.0.0.1")
+    server = Child(
+        "nats-server",
+        [
+            str(nats_server_binary()),
+            *("-a", "127.0.0.1", "-p", str(port)),
+            *("--tls", "--tlscert", str(tmp_path / "cert.pem")),
+            *("--tlskey", str(tmp_path / "key.pem")),
+        ],
+        log_path=tmp_path / "nats-server.log",
+    )
+    try:
+        server.wait_until(lambda: listening("127.0.0.1", port), timeout=20, what="listening")
+        with pytest.raises(BrokerClosed, match="SSLCertVerificationError") as refused:
+            await asyncio.wait_for(
+                Bus.connect(f"tls://127.0.0.1:{port}", name="t", refused_patience=2.0),
+                timeout=20,
+            )
+    finally:
+        server.stop()
+    assert not infrastructure_away(refused.value)
+
+
+async def test_a_first_connection_waits_for_a_server_that_starts_late(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A server away is not a refusal: however long it takes, the connection waits.
+    port = free_port("127.0.0.1")
+    url = f"nats://trove:first@127.0.0.1:{port}"
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=port, password="first"))
+    with caplog.at_level(logging.WARNING, logger="trove_schema.bus"):
+        connecting = asyncio.create_task(Bus.connect(url, name="t", refused_patience=1.0))
+        try:
+
+            async def tries() -> int:
+                return sum("nats:" in record.message for record in caplog.records)
+
+            # Tries refused for longer than the patience: still waiting.
+            await eventually(tries, until=lambda n: n >= 3, timeout=20, what="three tries")
+            assert not connecting.done()
+            server.start()
+            bus = await asyncio.wait_for(connecting, timeout=20)
+            try:
+                assert bus.nc.is_connected
+                await bus.js.account_info()
+            finally:
+                await bus.close()
+        finally:
+            connecting.cancel()
+            server.stop()
 
 
 async def test_a_user_the_server_turns_away_at_every_reconnect_ends_the_service(

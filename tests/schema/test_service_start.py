@@ -15,11 +15,13 @@ import httpx
 import pytest
 from asyncpg.exceptions import InvalidCachedStatementError
 from asyncpg.exceptions._base import OutdatedSchemaCacheError
+from nats.js.api import StreamConfig
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from tests.conftest import eventually
 from tests.recorder.test_database_errors import AWAY, UNWRITABLE, wrapped
 from tests.support import readiness
+from trove_schema.bus import Bus
 from trove_schema.errors import InvalidPriors, InvalidTLS, TopologyError
 from trove_schema.nats_tls import client_tls
 from trove_schema.policy import load_priors
@@ -31,6 +33,7 @@ from trove_schema.service import (
     together,
 )
 from trove_schema.settings import CommonSettings
+from trove_schema.topology import declare, ensure_topology
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
 from trove_stack.processes import Child
 
@@ -49,6 +52,18 @@ def test_jetstream_not_there_yet_is_infrastructure_away() -> None:
     assert not infrastructure_away(APIError(code=400, description="bad request"))
 
 
+def test_a_cluster_still_coming_together_is_infrastructure_away() -> None:
+    # Refused now, settled at the next try: no peers to place replicas on yet, a stream
+    # another pod is creating at the same moment with other settings.
+    for err_code, description in (
+        (10005, "no suitable peers for placement"),
+        (10058, "stream name already in use with a different configuration"),
+    ):
+        error = TopologyError("could not create or reconcile stream TROVE_EVENTS")
+        error.__cause__ = APIError(code=400, err_code=err_code, description=description)
+        assert infrastructure_away(error), description
+
+
 def test_a_file_missing_or_unreadable_is_a_mistake_said_at_once(tmp_path: Path) -> None:
     # TROVE_NATS_TLS_CA or TROVE_PRIORS_FILE where no file is: not a server away.
     missing = tmp_path / "ca.pem"
@@ -63,6 +78,38 @@ def test_a_file_missing_or_unreadable_is_a_mistake_said_at_once(tmp_path: Path) 
     # A socket's errors: a server away, a unix socket not there yet.
     assert infrastructure_away(ConnectionRefusedError(111, "Connection refused"))
     assert infrastructure_away(FileNotFoundError(2, "No such file or directory"))
+
+
+async def test_a_topology_jetstream_refuses_ends_the_start_with_the_servers_words(
+    tmp_path: Path,
+) -> None:
+    # A stream of someone else's on the same subjects: every try is refused alike, and
+    # the start waited for it every 30 s for ever, "cannot start yet", never failing.
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats")).start()
+    try:
+        foreign = await Bus.connect(server.url, name="trove-tests")
+        try:
+            await foreign.js.add_stream(StreamConfig(name="FOREIGN", subjects=["trove.>"]))
+        finally:
+            await foreign.close()
+        stop, ready = asyncio.Event(), asyncio.Event()
+
+        async def main(stop: asyncio.Event, ready: asyncio.Event) -> None:
+            bus = await Bus.connect(server.url, name="trove-discovery")
+            try:
+                await ensure_topology(bus.js, declare(), owner="discovery")
+            finally:
+                await bus.close()
+            ready.set()
+
+        starting = _start_patiently(main, stop, ready, logging.getLogger("test"))
+        with pytest.raises(TopologyError, match=r"stream TROVE_\w+: .*err_code=10065") as refused:
+            await asyncio.wait_for(starting, timeout=20)
+    finally:
+        server.stop()
+    assert "overlap" in str(refused.value)
+    assert not infrastructure_away(refused.value)
+    assert not ready.is_set()
 
 
 async def test_a_stop_before_ready_ends_a_start_that_waits_for_ever() -> None:

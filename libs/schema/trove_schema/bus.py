@@ -29,6 +29,7 @@ import heapq
 import itertools
 import json
 import logging
+import ssl
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -141,10 +142,20 @@ def redriven_elsewhere(msg: Msg, durable: str) -> bool:
 #: defaults (120 s, 2), every consumer idle meanwhile; now within 40 s.
 PING_INTERVAL = 10.0
 MAX_OUTSTANDING_PINGS = 3
-#: How long the server may turn this service's user away, at every reconnect, before
-#: the connection counts as closed for good (``Bus.until_closed``).
+#: How long the server may turn this service away, at every try, before the connection
+#: counts as closed for good (``Bus.until_closed``), or the first one as refused.
 REFUSED_PATIENCE = 30.0
 AUTHORIZATION = "Authorization Violation"
+
+
+def turned_away(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server turns this service away: its user refused (a
+    password changed, a credential revoked) or its certificate not trusted by the
+    deployment's CA. Every try meets the same until the deployment is mended, and only
+    a restart reads its new secret."""
+    return isinstance(
+        exc, nats.errors.AuthorizationError | ssl.SSLCertVerificationError
+    ) or AUTHORIZATION in str(exc)
 
 
 def _forget_failed_requests(nc: Client) -> None:
@@ -203,46 +214,77 @@ class Bus:
             log.warning("nats: disconnected")
 
         closed = asyncio.Event()
-        refused_since: float | None = None
+        # Started by the first of the turns away in a row: closes for good at its end.
+        refusal: asyncio.TimerHandle | None = None
+
+        def accepted() -> None:
+            nonlocal refusal
+            if refusal is not None:
+                refusal.cancel()
+                refusal = None
 
         async def reconnected_cb() -> None:
-            nonlocal refused_since
-            refused_since = None
+            accepted()
             log.info("nats: reconnected")
 
         async def closed_cb() -> None:
             closed.set()
 
         async def error_cb(exc: Exception) -> None:
-            # The server turns this service's user away at every try (its password
-            # changed by a reload, a credential revoked): the client would try for ever
-            # with what it has, and only a restart reads the deployment's new secret.
-            nonlocal refused_since
+            # The server turns this service away at every try (its password changed by a
+            # reload, a credential revoked, a certificate the CA does not sign): the
+            # client would try for ever with what it has, and only a restart reads the
+            # deployment's new secret. A timer, not the next try, ends the patience:
+            # nats-py (2.16) tries no more after a certificate that does not verify, and
+            # waits for ever on the socket the failed handshake closed.
+            nonlocal refusal
             await nats_error(exc)
-            if isinstance(exc, nats.errors.AuthorizationError) or AUTHORIZATION in str(exc):
-                now = time.monotonic()
-                refused_since = now if refused_since is None else refused_since
-                if now - refused_since >= refused_patience:
-                    closed.set()
-            else:  # not turned away at every try: the broker away, say, which passes
-                refused_since = None
+            if not turned_away(exc):  # the broker away, say, which passes
+                accepted()
+            elif refusal is None:
+                refusal = asyncio.get_running_loop().call_later(refused_patience, closed.set)
 
-        nc = await nats.connect(
-            nats_servers(url),
-            name=name,
-            connect_timeout=connect_timeout,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=1.0,
-            error_cb=error_cb,
-            disconnected_cb=disconnected_cb,
-            reconnected_cb=reconnected_cb,
-            closed_cb=closed_cb,
-            allow_reconnect=True,
-            ping_interval=ping_interval,
-            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+        # Seconds as nats.connect passes them: nats-py annotates them as int, takes floats.
+        options: dict[str, Any] = {
+            "name": name,
+            "connect_timeout": connect_timeout,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 1.0,
+            "error_cb": error_cb,
+            "disconnected_cb": disconnected_cb,
+            "reconnected_cb": reconnected_cb,
+            "closed_cb": closed_cb,
+            "allow_reconnect": True,
+            "ping_interval": ping_interval,
+            "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
             # TROVE_NATS_TLS_*: the deployment's CA (and client certificate), if any.
-            tls=client_tls(),
-        )
+            "tls": client_tls(),
+        }
+        nc = Client()
+        # nats-py tries a first connection for ever, a refused one too: a pod started
+        # with an old password would wait, alive and never ready, for a restart that
+        # nothing asks for. A server away is waited for; one that turns the service away
+        # for ``refused_patience`` ends the start as the deployment's mistake.
+        connecting = asyncio.ensure_future(nc.connect(nats_servers(url), **options))
+        refused = asyncio.ensure_future(closed.wait())
+        try:
+            await asyncio.wait({connecting, refused}, return_when=asyncio.FIRST_COMPLETED)
+            if not connecting.done():
+                reason = nc.last_error
+                raise BrokerClosed(
+                    f"the NATS server turned this service away for {refused_patience:.0f} s "
+                    f"({type(reason).__name__}: {reason}): the user and password in "
+                    "TROVE_NATS_URL, or the CA in TROVE_NATS_TLS_CA, are not the server's"
+                ) from reason
+            connecting.result()
+        except BaseException:
+            connecting.cancel()
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
+        finally:
+            refused.cancel()
+            accepted()  # the turns away before this connection say nothing of later ones
         _forget_failed_requests(nc)
         return cls(nc, nc.jetstream(timeout=10.0), closed)
 

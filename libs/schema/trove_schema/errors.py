@@ -23,8 +23,9 @@ class MalformedEvent(TroveError):
 
 class BrokerClosed(TroveError):
     """The NATS client closed the connection for good (a server's ``-ERR``: a password
-    changed by a reload, a credential revoked), which no reconnect follows: the service
-    ends, and its restart connects anew."""
+    changed by a reload, a credential revoked), which no reconnect follows, or a first
+    connection was turned away for the patience: the service ends, and its restart
+    connects anew."""
 
 
 class TopologyError(TroveError):

@@ -13,7 +13,6 @@ import gc
 import json
 import logging
 import signal
-import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -25,7 +24,6 @@ from trove_schema.errors import (
     InvalidPriors,
     InvalidTLS,
     StackError,
-    TopologyError,
 )
 from trove_schema.metrics import exposition
 from trove_schema.settings import CommonSettings, check_environment
@@ -145,8 +143,19 @@ START_BACKOFF_CAP = 30.0
 def _misconfigured(exc: BaseException) -> bool:
     """The deployment's mistake, said at once rather than waited out as a server not
     there yet: the TLS files or the priors file missing, unreadable or malformed (each
-    an OSError underneath), a server's certificate that does not verify."""
-    return isinstance(exc, InvalidTLS | InvalidPriors | ssl.SSLCertVerificationError)
+    an OSError underneath), a server's certificate that does not verify, a NATS server
+    that turns the service's user away (``trove_schema.bus.turned_away``): the process
+    exits, and its restart reads the deployment's secrets anew."""
+    from trove_schema.bus import turned_away
+
+    return isinstance(exc, InvalidTLS | InvalidPriors) or turned_away(exc)
+
+
+#: JetStream refusals a cluster still coming together gives (no peers to place a
+#: replicated stream on yet: 10005, 10023), and one a pod's start meets while another
+#: creates the same stream or bucket (in use with another configuration: 10058): the
+#: next try settles them.
+_JETSTREAM_SETTLING = frozenset({10005, 10023, 10058})
 
 
 def infrastructure_away(exc: BaseException) -> bool:
@@ -163,16 +172,22 @@ def infrastructure_away(exc: BaseException) -> bool:
 
     from trove_schema.bus import broker_trouble
 
-    seen: set[int] = set()
+    chain: list[BaseException] = []
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if _misconfigured(current):
-            return False
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    # A mistake anywhere in the chain is the deployment's, even behind an error that
+    # alone would be waited for (a first connection given up as turned away).
+    if any(_misconfigured(error) for error in chain):
+        return False
+    for current in chain:
+        # A TopologyError is away only through its cause: JetStream unavailable or a
+        # timeout, not a refusal that every try meets (subjects overlapping another
+        # stream's, more replicas than servers, an account that requires max_bytes).
         if isinstance(
             current,
-            TopologyError
-            | BrokerClosed
+            BrokerClosed
             | StackError
             | OSError
             | TimeoutError
@@ -183,12 +198,13 @@ def infrastructure_away(exc: BaseException) -> bool:
             | InterfaceError,
         ) or broker_trouble(current):
             return True
+        if getattr(current, "err_code", None) in _JETSTREAM_SETTLING:
+            return True
         state = getattr(current, "sqlstate", None)  # asyncpg's, raw or under SQLAlchemy's
         if isinstance(state, str) and (
             sqlstates.away(state) or sqlstates.unwritable(state) or state in sqlstates.CONFLICT
         ):
             return True
-        current = current.__cause__ or current.__context__
     return False
 
 

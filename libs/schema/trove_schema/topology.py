@@ -417,17 +417,24 @@ async def ensure_topology(
     def mine(name: str) -> bool:
         return owner is None or OWNERS.get(name) == owner
 
+    part = "the JetStream topology"
     try:
         for config in top.streams:
             assert config.name is not None
+            part = f"stream {config.name}"
             await _ensure_stream(js, config, reconcile=mine(config.name))
         for bucket in top.buckets:
+            part = f"bucket {bucket.bucket}"
             await _ensure_bucket(js, bucket, reconcile=mine(bucket.bucket))
         for stream, consumer in top.consumers:
             assert consumer.durable_name is not None
+            part = f"consumer {consumer.durable_name} on {stream}"
             await _ensure_consumer(js, stream, consumer, reconcile=mine(consumer.durable_name))
     except (TimeoutError, APIError) as exc:
-        raise TopologyError(f"could not reconcile the JetStream topology: {exc}") from exc
+        # The cause says whether a start waits (``service.infrastructure_away``): JetStream
+        # away or busy passes; a refusal (subjects overlapping another stream's, more
+        # replicas than servers) is met at every try, and ends the start with its words.
+        raise TopologyError(f"could not create or reconcile {part}: {exc}") from exc
     return top
 
 
