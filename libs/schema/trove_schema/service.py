@@ -184,7 +184,7 @@ def infrastructure_away(exc: BaseException) -> bool:
     for current in chain:
         # A TopologyError is away only through its cause: JetStream unavailable or a
         # timeout, not a refusal that every try meets (subjects overlapping another
-        # stream's, more replicas than servers, an account that requires max_bytes).
+        # stream's, an account that requires max_bytes).
         if isinstance(
             current,
             BrokerClosed

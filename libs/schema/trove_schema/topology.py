@@ -432,8 +432,9 @@ async def ensure_topology(
             await _ensure_consumer(js, stream, consumer, reconcile=mine(consumer.durable_name))
     except (TimeoutError, APIError) as exc:
         # The cause says whether a start waits (``service.infrastructure_away``): JetStream
-        # away or busy passes; a refusal (subjects overlapping another stream's, more
-        # replicas than servers) is met at every try, and ends the start with its words.
+        # away or busy passes; a refusal (subjects overlapping another stream's, an
+        # account that requires max_bytes) is met at every try, and ends the start with
+        # its words.
         raise TopologyError(f"could not create or reconcile {part}: {exc}") from exc
     return top
 

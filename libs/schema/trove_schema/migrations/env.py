@@ -42,6 +42,8 @@ def _take_lock(connection: Connection) -> None:
     migrator. Between tries no transaction is open, so a stop ends the wait at once.
     """
     lock = f"SELECT pg_try_advisory_lock({MIGRATOR_LOCK})"
+    if _stopping.is_set():  # stopped while it connected: it holds nothing yet
+        raise MigrationStopped("stopped before taking the migrators' lock")
     while not connection.exec_driver_sql(lock).scalar():
         connection.commit()
         if _stopping.wait(_LOCK_POLL_SECONDS):
