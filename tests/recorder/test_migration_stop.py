@@ -14,7 +14,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.conftest import StackUrls, eventually
-from tests.recorder.test_migrations_online import database, sessions_trying_the_lock
+from tests.recorder.test_migrations_online import (
+    alters_queued,
+    database,
+    sessions_trying_the_lock,
+)
 from trove_schema.migrate import MIGRATOR_LOCK, upgrade, upgrade_async
 from trove_stack.processes import Child
 
@@ -89,16 +93,12 @@ async def test_a_migrator_stopped_while_its_migration_gives_way_lets_go_of_the_l
         await reader.execute(text("SELECT count(*) FROM pages"))  # its transaction stays open
         migrating = asyncio.create_task(upgrade_async(scratch_database, "0011"))
 
-        async def altering() -> int:
-            found = await watcher.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE pages%'"
-                )
-            )
-            return int(found.scalar_one())
-
-        await eventually(altering, until=lambda n: n == 1, timeout=30, what="the ALTER queued")
+        await eventually(
+            lambda: alters_queued(watcher),
+            until=lambda n: n == 1,
+            timeout=30,
+            what="the ALTER queued",
+        )
         migrating.cancel()  # as the recorder's start is cancelled on SIGTERM
         await asyncio.wait({migrating})
         # The ALTER gives way within its 5 s lock_timeout; the migrator then leaves rather

@@ -105,6 +105,19 @@ async def test_an_index_build_cut_short_is_built_again_and_a_built_one_kept(
         assert (await index(db, "ix_page_crawls_completed_at") or (False, ""))[0] is True
 
 
+async def alters_queued(conn: AsyncConnection) -> int:
+    """Sessions of this database whose ``ALTER TABLE pages`` waits for a lock (a
+    migration queued behind a long reader)."""
+    found = await conn.execute(
+        text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE pages%'"
+        )
+    )
+    await conn.commit()  # the next look sees the sessions anew
+    return int(found.scalar_one())
+
+
 async def sessions_trying_the_lock(conn: AsyncConnection) -> int:
     """Other sessions of this database asking for the migrators' lock, or committed after
     trying it (what a migrator that tries it again and again shows between tries)."""
@@ -158,18 +171,12 @@ async def test_a_schema_change_behind_a_long_reader_lets_the_writers_through(
     ):
         await reader.execute(text("SELECT count(*) FROM pages"))  # its transaction stays open
         migrating = asyncio.create_task(asyncio.to_thread(upgrade, scratch_database, "0011"))
-
-        async def altering() -> int:
-            found = await watcher.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE pages%'"
-                )
-            )
-            await watcher.commit()
-            return int(found.scalar_one())
-
-        await eventually(altering, until=lambda n: n == 1, timeout=30, what="the ALTER queued")
+        await eventually(
+            lambda: alters_queued(watcher),
+            until=lambda n: n == 1,
+            timeout=30,
+            what="the ALTER queued",
+        )
 
         async def write() -> None:
             async with db.begin() as conn:
