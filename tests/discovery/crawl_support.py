@@ -6,6 +6,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from tests.conftest import eventually
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -18,7 +19,13 @@ from trove_schema.events import (
     utcnow,
 )
 from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import EVENTS_STREAM, PAGE_DISCOVERED, SEEN_BUCKET
+from trove_schema.topology import (
+    EVENTS_STREAM,
+    PAGE_DISCOVERED,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+    SEEN_BUCKET,
+)
 
 PAGE = "https://site.example/"
 
@@ -78,3 +85,21 @@ async def discoveries(bus: Bus) -> list[PageDiscovered]:
         await sub.unsubscribe()
     found = [decode_event(msg.data) for msg in msgs]
     return [e for e in found if isinstance(e, PageDiscovered)]
+
+
+async def seed(bus: Bus, discovery: Discovery, payload: str) -> None:
+    """``discovery`` handles ``payload`` as `nats pub trove.seeds` sends it."""
+    await bus.nc.publish(SEEDS_SUBJECT, payload.encode())
+    await bus.nc.flush()
+    await eventually(
+        lambda: bus.js.stream_info(SEEDS_STREAM),
+        until=lambda info: info.state.messages == 1,
+        timeout=5,
+        what="the seed stored",
+    )
+    sub = await bus.js.pull_subscribe(SEEDS_SUBJECT, stream=SEEDS_STREAM)
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+        await discovery.handle_seed(msg)
+    finally:
+        await sub.unsubscribe()

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import eventually
-from tests.discovery.crawl_support import PAGE, discoveries, handle
+from tests.discovery.crawl_support import PAGE, discoveries, handle, seed
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -20,7 +19,7 @@ from trove_schema.events import (
     utcnow,
 )
 from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import SEEDS_STREAM, SEEDS_SUBJECT, SEEN_BUCKET
+from trove_schema.topology import SEEN_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -31,24 +30,6 @@ async def replica(bus: Bus) -> Discovery:
     return Discovery(
         bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=DiscoverySettings()
     )
-
-
-async def seed(bus: Bus, discovery: Discovery, payload: str) -> None:
-    """``discovery`` handles ``payload`` as `nats pub trove.seeds` sends it."""
-    await bus.nc.publish(SEEDS_SUBJECT, payload.encode())
-    await bus.nc.flush()
-    await eventually(
-        lambda: bus.js.stream_info(SEEDS_STREAM),
-        until=lambda info: info.state.messages == 1,
-        timeout=5,
-        what="the seed stored",
-    )
-    sub = await bus.js.pull_subscribe(SEEDS_SUBJECT, stream=SEEDS_STREAM)
-    try:
-        (msg,) = await sub.fetch(1, timeout=5)
-        await discovery.handle_seed(msg)
-    finally:
-        await sub.unsubscribe()
 
 
 def linking_to_post() -> CrawlCompleted:

@@ -18,7 +18,7 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 
 from tests.conftest import StackUrls, eventually
-from tests.discovery.crawl_support import discoveries, handle
+from tests.discovery.crawl_support import discoveries, handle, seed
 from tests.support import services
 from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_discovery.url_rules import Holds, UrlRules, record_key
@@ -39,8 +39,6 @@ from trove_schema.topology import (
     DISCOVERY_LINKS,
     EVENT_SCHEDULES_PREFIX,
     EVENTS_STREAM,
-    SEEDS_STREAM,
-    SEEDS_SUBJECT,
     SEEN_BUCKET,
     URL_RULES_BUCKET,
     page_schedule_subject,
@@ -193,20 +191,7 @@ async def test_a_seed_is_rewritten_before_the_seen_check(bus: Bus) -> None:
     discovery = await replica(bus)
     await learn_ref(discovery, bus)
     # As `nats pub trove.seeds URL` sends it: the stream stores it without answering.
-    await bus.nc.publish(SEEDS_SUBJECT, f"{SITE}/p/9?ref=newsletter".encode())
-    await bus.nc.flush()
-    await eventually(
-        lambda: bus.js.stream_info(SEEDS_STREAM),
-        until=lambda info: info.state.messages == 1,
-        timeout=5,
-        what="the seed stored",
-    )
-    sub = await bus.js.pull_subscribe(SEEDS_SUBJECT, stream=SEEDS_STREAM)
-    try:
-        (msg,) = await sub.fetch(1, timeout=5)
-        await discovery.handle_seed(msg)
-    finally:
-        await sub.unsubscribe()
+    await seed(bus, discovery, f"{SITE}/p/9?ref=newsletter")
     assert SITE + "/p/9" in await discovered(bus)
     assert SITE + "/p/9?ref=newsletter" not in await discovered(bus)
 
