@@ -595,6 +595,16 @@ async def test_a_hostile_answer_is_rejected_and_the_cursor_kept(
         assert len(api_queries(social)) == asked
 
 
+def big_post(instance: FediverseInstance) -> Status:
+    """A public post of 100 links of 900 characters: over 64 KiB whatever page holds it."""
+    return instance.add_post(
+        "ada",
+        links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
+        visibility="public",
+        card=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("max_pages", "page_limit", "limits"),
     [(5, 8, ["8", "4", "2", "1", "8"]), (3, 40, ["40", "20", "1"])],
@@ -608,12 +618,7 @@ async def test_a_post_too_large_for_a_page_is_passed_over_after_pages_of_fewer_p
     instance = FediverseInstance.generate(posts=10, seed=5)
     async with served(instance) as social:
         start = instance.timeline(local=True)[0].sid
-        big = instance.add_post(
-            "ada",
-            links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
-            visibility="public",
-            card=False,
-        )
+        big = big_post(instance)
         added = [public_local_post(instance) for _ in range(3)]
         fetch = FetchLimits(total_timeout=10.0, max_body_bytes=64 * 1024)
         polls = poller(client, max_pages=max_pages, page_limit=page_limit, limits=fetch)
@@ -644,12 +649,7 @@ async def test_pages_of_fewer_posts_are_asked_within_the_rate_a_refused_page_lef
     instance = FediverseInstance.generate(posts=10, seed=5, rate_limit=3)
     async with served(instance) as social:
         start = instance.timeline(local=True)[0].sid
-        instance.add_post(
-            "ada",
-            links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
-            visibility="public",
-            card=False,
-        )
+        big_post(instance)
         fetch = FetchLimits(total_timeout=10.0, max_body_bytes=64 * 1024)
         polls = poller(client, max_pages=5, page_limit=8, limits=fetch)
         event = await polls.poll(request(social, cursor=start, api=social.base_url))
@@ -981,12 +981,7 @@ async def test_a_post_too_big_for_an_event_of_its_own_keeps_the_links_that_fit(
     instance = FediverseInstance.generate(posts=5, seed=5)
     async with served(instance) as social:
         start = instance.timeline(local=True)[0].sid
-        big = instance.add_post(
-            "ada",
-            links=[f"https://blog{i}.example/" + "p" * 900 for i in range(100)],
-            visibility="public",
-            card=False,
-        )
+        big = big_post(instance)
         polls = poller(client, page_limit=10, max_message_bytes=64 * 1024)
         first = await polls.poll(request(social, cursor=start, api=social.base_url))
 
