@@ -342,6 +342,44 @@ async def test_a_redirect_hop_that_meets_the_pods_network_away_is_handed_back_un
     assert server.requests_to("/hop", HOST) == []
 
 
+class RobotsReadFails:
+    """The real robots.txt bucket, whose reads time out from the ``fails_from``-th on."""
+
+    def __init__(self, kv: Any, fails_from: int) -> None:
+        self.kv, self.fails_from, self.reads = kv, fails_from, 0
+
+    async def get(self, key: str) -> Any:
+        self.reads += 1
+        if self.reads >= self.fails_from:
+            raise NatsTimeoutError
+        return await self.kv.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+
+async def test_a_robots_txt_read_that_fails_under_the_lease_leaves_the_host_free(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """robots.txt is read again from the bucket once the lease is taken (another pod may
+    have fetched it meanwhile). When that read fails, the work goes back, and the lease
+    with it: held until its hold ran out, the host's every page would wait for nothing."""
+    fetcher = await fetcher_on(bus, client, gap=0.05)
+    # The first read (before the lease) is a real miss; the second, under the lease, fails.
+    fetcher.robots_kv = RobotsReadFails(fetcher.robots_kv, fails_from=2)  # type: ignore[assignment]
+    page = work(server)
+    try:
+        with pytest.raises(NatsTimeoutError):
+            await fetcher.process(Job(page), page.to_wire())
+        slot = await fetcher.politeness.state(HOST)
+    finally:
+        fetcher.close()
+    assert fetcher.robots_kv.reads == 2  # type: ignore[attr-defined]
+    assert slot.busy_until == 0.0  # no hold left on the host
+    assert server.requests_to("/robots.txt", HOST) == []
+    assert server.requests_to("/page", HOST) == []
+
+
 async def test_a_hosts_next_request_goes_at_its_slot_not_a_round_trip_after_it(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:
