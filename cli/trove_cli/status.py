@@ -41,6 +41,8 @@ from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, decl
 #: The fields of the fetcher's DomainSlot (services/fetcher/trove_fetcher/politeness.py),
 #: unix times except ``gap``. Read here without importing the service.
 SLOT_FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
+#: Where the record keeps the host's policy (``politeness.POLICY_KEY``).
+POLICY_KEY = "p"
 #: Reading the domain records: messages per fetch, and the wait for each batch.
 BATCH = 512
 READ_TIMEOUT = 5.0
@@ -67,6 +69,8 @@ class Cooldown:
 
     domain: str
     seconds_left: float
+    #: Why, as the host's policy says (``rate_limited``, ``banned``, ``challenge``...).
+    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -241,6 +245,14 @@ def _slot(value: bytes | None) -> dict[str, float] | None:
         return None
 
 
+def _pause_reason(value: bytes) -> str | None:
+    """The host's policy's ``pause_reason``, when its record has one (read tolerantly)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        reason = json.loads(value).get(POLICY_KEY, {}).get("pause_reason")
+        return reason[:64] if isinstance(reason, str) else None
+    return None
+
+
 async def read_slots(js: JetStreamContext) -> dict[str, bytes]:
     """The latest value of every key of ``trove_domains`` (deleted keys left out)."""
     values: dict[str, bytes] = {}
@@ -316,7 +328,8 @@ async def _domains(js: JetStreamContext, status: Status) -> None:
             status.unreadable_slots += 1
             return
         if slot["backoff_until"] > now:
-            status.backing_off.append(Cooldown(domain, slot["backoff_until"] - now))
+            left = slot["backoff_until"] - now
+            status.backing_off.append(Cooldown(domain, left, _pause_reason(value)))
         if slot["next"] > now:
             status.queued_domains += 1
             left = slot["next"] - now
@@ -446,15 +459,15 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
     parts: list[Table | Text | str] = [*_services(status), pages, "", attempts, "", consumers, ""]
 
     if status.backing_off:
-        cooling = _table("Domains backing off (429/503)", "domain", "left")
+        cooling = _table("Domains paused", "domain", "left", "why")
         for c in status.backing_off[:max_domains]:
-            cooling.add_row(Text(c.domain), duration(c.seconds_left))
+            cooling.add_row(Text(c.domain), duration(c.seconds_left), Text(c.reason or ""))
         more = len(status.backing_off) - max_domains
         if more > 0:
-            cooling.add_row(f"[dim]... and {more} more[/dim]", "")
+            cooling.add_row(f"[dim]... and {more} more[/dim]", "", "")
         parts.extend([cooling, ""])
     else:
-        parts.append(Text("No domain is backing off."))
+        parts.append(Text("No domain is paused."))
     line = f"{status.queued_domains} domain(s) with fetches queued for a later slot"
     if status.longest_queue is not None:
         line += (

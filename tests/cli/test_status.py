@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -26,7 +27,9 @@ from trove_cli.status import (
     render_status,
     size,
 )
+from trove_fetcher.politeness import DomainSlot
 from trove_schema.bus import Bus
+from trove_schema.policy import HostPolicy
 from trove_schema.server_time import server_now
 from trove_schema.topology import (
     CRAWL_COMPLETED,
@@ -345,6 +348,28 @@ async def test_the_store_shows_what_the_record_and_the_buckets_take(
     assert after.store_limit is None  # the test server's account has no limit
 
 
+async def test_a_paused_domain_is_listed_with_why_its_policy_paused_it(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    # Not every pause is a 429's: a challenge page or a ban pauses a host too.
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    policy = HostPolicy(paused_until=now + 3600, pause_reason="challenge")
+    await kv.put("walled.example", DomainSlot(backoff_until=now + 3600, policy=policy).encode())
+    await kv.put("slow.example", slot(backoff_until=now + 120))  # an older pod's record
+
+    status = await collect_status(bus.js, engine, now=now)
+    out = io.StringIO()
+    render_status(status, Console(file=out, width=120, color_system=None))
+
+    assert [(c.domain, c.reason) for c in status.backing_off] == [
+        ("walled.example", "challenge"),
+        ("slow.example", None),
+    ]
+    assert "Domains paused" in out.getvalue()
+    assert re.search(r"walled\.example\W+1h 00m\W+challenge", out.getvalue())
+
+
 @pytest.mark.parametrize(
     ("n", "shown"),
     [(512, "512 B"), (3_400_000, "3.4 MB"), (1_234_000_000, "1.2 GB"), (5e15, "5000.0 TB")],
@@ -384,7 +409,7 @@ def test_render_shows_each_section() -> None:
         "linked only",
         "Attempts by outcome",
         "timeout",
-        "Domains backing off",
+        "Domains paused",
         "slow0.example",
         "1h 02m",
         "... and 1 more",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from trove_fetcher.egress import EgressConfig, EgressWatch
 from trove_fetcher.errors import EgressAway
+from trove_schema.metrics import EGRESS_AWAY
 
 CONFIG = EgressConfig(suspect_after=3, quiet=30.0, recheck=10.0, patience=600.0)
 REFUSED = ConnectionRefusedError("refused")
@@ -94,10 +95,12 @@ def test_an_outage_past_the_patience_is_the_hosts_again_until_a_connection_succe
     clock.now += 1
     assert watch.failed("192.0.2.1", REFUSED) is None
     assert not watch.is_away
+    assert EGRESS_AWAY.labels("IPv4")._value.get() == 1  # nothing connects still: alerting
     assert watch.away() is None
     for address in ("192.0.2.4", "192.0.2.5", "192.0.2.6", "192.0.2.7"):
         assert watch.failed(address, REFUSED) is None  # not suspected again meanwhile
     watch.connected("192.0.2.200")
+    assert EGRESS_AWAY.labels("IPv4")._value.get() == 0
     clock.now += 31
     for address in ("192.0.2.1", "192.0.2.2"):
         assert watch.failed(address, REFUSED) is None

@@ -51,7 +51,9 @@ NAMESERVERS_AWAY = Gauge(
 EGRESS_AWAY = Gauge(
     "trove_egress_away",
     "1 while no connection of this pod succeeds and many addresses fail to connect: its "
-    "work waits, and no host is blamed (a NAT gateway, a NetworkPolicy, the node's uplink)",
+    "work waits, and no host is blamed (a NAT gateway, a NetworkPolicy, the node's uplink), "
+    "for the egress patience at most; past it the failures are the hosts' and the gauge "
+    "stays 1 until a connection succeeds",
     ["family"],
 )
 CLOCK_OFFSET = Gauge(

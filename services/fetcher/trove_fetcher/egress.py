@@ -153,8 +153,9 @@ class _Way:
             if self._given_up:
                 return None
             if now - self._away[0] >= self.config.patience:
+                # The gauge stays 1: nothing connects still, which is what an operator's
+                # alert is for; only the blame changes.
                 self._given_up = True
-                EGRESS_AWAY.labels(self.name).set(0)
                 log.warning(
                     "no %s connection has succeeded for %.0f s: failures are recorded against"
                     " the hosts again",
