@@ -18,6 +18,7 @@ import trustme
 from tests.conftest import StackUrls, eventually
 from trove_schema.bus import Bus
 from trove_schema.errors import BrokerClosed
+from trove_schema.metrics import BROKER_CONNECTED
 from trove_schema.service import _start_patiently, infrastructure_away
 from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, listening, nats_server_binary
 from trove_stack.processes import Child
@@ -113,6 +114,32 @@ async def test_a_first_connection_waits_for_a_server_that_starts_late(
         finally:
             connecting.cancel()
             server.stop()
+
+
+async def test_a_lost_connection_shows_in_the_broker_gauge_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    # A service waits an outage out, ready: the gauge is what an alert can watch.
+    port = free_port("127.0.0.1")
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=port, password="first"))
+    server.start()
+    try:
+        bus = await Bus.connect(server.url, name="t")
+        try:
+
+            async def gauge() -> float:
+                return BROKER_CONNECTED._value.get()
+
+            assert await gauge() == 1
+            server.stop()
+            await eventually(gauge, until=lambda v: v == 0, timeout=20, what="gauge at 0")
+            server.start()
+            await eventually(gauge, until=lambda v: v == 1, timeout=30, what="gauge back at 1")
+            await bus.js.account_info()
+        finally:
+            await bus.close()
+    finally:
+        server.stop()
 
 
 async def test_a_user_the_server_turns_away_at_every_reconnect_ends_the_service(

@@ -53,7 +53,12 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, Servi
 
 from trove_schema.errors import BrokerClosed, MalformedEvent, TopologyError, TroveError
 from trove_schema.events import Event
-from trove_schema.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, MESSAGES_HANDLED
+from trove_schema.metrics import (
+    BROKER_CONNECTED,
+    DEAD_LETTERS,
+    EVENTS_PUBLISHED,
+    MESSAGES_HANDLED,
+)
 from trove_schema.nats_tls import client_tls
 from trove_schema.pulls import Pulls
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, EVENT_SCHEDULES_PREFIX
@@ -211,6 +216,7 @@ class Bus:
         refused_patience: float = REFUSED_PATIENCE,
     ) -> Bus:
         async def disconnected_cb() -> None:
+            BROKER_CONNECTED.set(0)
             log.warning("nats: disconnected")
 
         closed = asyncio.Event()
@@ -225,9 +231,11 @@ class Bus:
 
         async def reconnected_cb() -> None:
             accepted()
+            BROKER_CONNECTED.set(1)
             log.info("nats: reconnected")
 
         async def closed_cb() -> None:
+            BROKER_CONNECTED.set(0)
             closed.set()
 
         async def error_cb(exc: Exception) -> None:
@@ -286,6 +294,7 @@ class Bus:
             refused.cancel()
             accepted()  # the turns away before this connection say nothing of later ones
         _forget_failed_requests(nc)
+        BROKER_CONNECTED.set(1)
         return cls(nc, nc.jetstream(timeout=10.0), closed)
 
     async def until_closed(self, stop: asyncio.Event) -> None:

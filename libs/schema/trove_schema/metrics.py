@@ -21,6 +21,12 @@ DEAD_LETTERS = Gauge(
     ["consumer"],
 )
 
+BROKER_CONNECTED = Gauge(
+    "trove_broker_connected",
+    "1 while this pod's connection to NATS is up; 0 while it is lost and being tried "
+    "again (the service waits it out, ready: alert when it lasts)",
+)
+
 FETCHES = Counter("trove_fetches_total", "Fetch attempts by outcome", ["outcome"])
 FETCH_SECONDS = Histogram(
     "trove_fetch_seconds",
