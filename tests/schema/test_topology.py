@@ -10,13 +10,19 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import StoreCompression, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    StoreCompression,
+    StreamConfig,
+)
 from nats.js.errors import NotFoundError
 
 from tests.conftest import StackUrls, eventually
 from trove_schema import topology
 from trove_schema.bus import Bus
-from trove_schema.errors import RetentionRefused
+from trove_schema.errors import RetentionRefused, TopologyError
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -34,6 +40,7 @@ from trove_schema.topology import (
     EVENTS_STREAM,
     FETCHER,
     OWNERS,
+    RECORDER,
     REVISION,
     REVISION_KEY,
     SEEDS_STREAM,
@@ -131,6 +138,54 @@ async def test_a_pod_of_an_older_release_leaves_a_newer_releases_durable_as_it_i
     after = (await bus.js.consumer_info(stream, FETCHER)).config
     assert sorted(after.filter_subjects or []) == sorted(config.filter_subjects or [])
     assert (after.metadata or {}).get(REVISION_KEY) == str(REVISION)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_deleted_fetcher_durable_is_not_made_again_from_the_records_first_event(
+    bus: Bus,
+) -> None:
+    # Made again from the first event, the fetcher would fetch every page the record
+    # ever asked for, at once. Where it starts again is the operator's to say.
+    stream, config = declare().consumer(FETCHER)
+    await bus.js.publish(CRAWL_COMPLETED, b"{}")  # the record holds an event
+    await bus.js.delete_consumer(stream, FETCHER)
+
+    with pytest.raises(TopologyError, match=r"consumer fetcher is missing on TROVE_EVENTS"):
+        await ensure_topology(bus.js, declare(), owner="fetcher")
+    with pytest.raises(NotFoundError):
+        await bus.js.consumer_info(stream, FETCHER)
+
+    # Made by the operator from a point in time (`nats consumer add ... --deliver 1h
+    # --defaults`): the start keeps the point and sets everything else Trove manages.
+    since = datetime.now(UTC) - timedelta(hours=1)
+    await bus.js.add_consumer(
+        stream,
+        ConsumerConfig(
+            durable_name=FETCHER,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since.isoformat(),
+            max_waiting=512,
+        ),
+    )
+    await ensure_topology(bus.js, declare(), owner="fetcher")
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert after.deliver_policy == DeliverPolicy.BY_START_TIME
+    assert sorted(after.filter_subjects or []) == sorted(config.filter_subjects or [])
+    assert after.ack_wait == config.ack_wait
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_deleted_recorder_durable_is_made_again_from_the_first_event(bus: Bus) -> None:
+    # The projection takes the whole record again as a replay does: nothing applied twice.
+    stream, _ = declare().consumer(RECORDER)
+    await bus.js.publish(CRAWL_COMPLETED, b"{}")
+    await bus.js.delete_consumer(stream, RECORDER)
+
+    await ensure_topology(bus.js, declare(), owner="recorder")
+
+    info = await bus.js.consumer_info(stream, RECORDER)
+    assert info.num_pending == 1
 
 
 def test_the_declared_topology_is_the_one_its_revision_names() -> None:

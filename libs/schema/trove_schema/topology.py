@@ -572,6 +572,10 @@ async def _ensure_consumer(
     try:
         info = await js.consumer_info(stream, config.durable_name)
     except NotFoundError:
+        info = None
+    if info is None:
+        if config.durable_name in NOT_READ_AGAIN:
+            await _refuse_to_read_again(js, stream, config.durable_name)
         await js.add_consumer(stream, config)
         log.info("created consumer %s on %s", config.durable_name, stream)
         return
@@ -584,6 +588,29 @@ async def _ensure_consumer(
         # a filter change on an existing durable is editable since nats-server 2.10.
         await js.add_consumer(stream, _merged(info.config, config))
         log.info("reconciled consumer %s on %s", config.durable_name, stream)
+
+
+#: Durables that must not start from the first event of a record that holds events
+#: already: the fetcher would fetch every page the record ever asked for at once, its
+#: attempts under the ids of those already recorded (which the recorder drops), and
+#: discovery would ask every page's re-crawl again. The recorder's projection and the
+#: seeds', follows' and deferrals' consumers take a whole stream again as they did the
+#: first time. The record is kept for ever, and every durable is created at the first
+#: start, on empty streams: one is missing later only if it was deleted.
+NOT_READ_AGAIN = frozenset({FETCHER, DISCOVERY_LINKS})
+
+
+async def _refuse_to_read_again(js: JetStreamContext, stream: str, durable: str) -> None:
+    """Raise ``TopologyError`` when ``stream`` holds messages: where ``durable`` should
+    start again is the operator's to say (docs/deploy.md, "A durable deleted")."""
+    held = (await js.stream_info(stream)).state.messages
+    if held:
+        raise TopologyError(
+            f"consumer {durable} is missing on {stream}, which holds {held} messages: "
+            "created from the first of them it would handle the whole record again. "
+            f"Create it where it should start (`nats consumer add {stream} {durable} "
+            "--pull --deliver <time> --defaults`), and the next start sets the rest"
+        )
 
 
 _Config = TypeVar("_Config", StreamConfig, ConsumerConfig)
