@@ -128,7 +128,7 @@ async def test_a_lost_connection_shows_in_the_broker_gauge_until_it_is_back(
         try:
 
             async def gauge() -> float:
-                return BROKER_CONNECTED._value.get()
+                return float(BROKER_CONNECTED._value.get())
 
             assert await gauge() == 1
             server.stop()

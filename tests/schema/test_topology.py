@@ -164,7 +164,7 @@ async def test_a_deleted_fetcher_durable_is_not_made_again_from_the_records_firs
             durable_name=FETCHER,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.BY_START_TIME,
-            opt_start_time=since.isoformat(),
+            opt_start_time=since,
             max_waiting=512,
         ),
     )
