@@ -176,3 +176,98 @@ def test_a_charset_label_is_read_as_browsers_read_it(
     # label's own name turned their characters into others, or did not know the label.
     decoded, _ = decode_body(f"<p>{text}</p>".encode(written_in), f"text/html; charset={label}")
     assert decoded == f"<p>{text}</p>"
+
+
+# The WHATWG Encoding Standard's labels (https://encoding.spec.whatwg.org/#names-and-labels),
+# by the codec that reads its encoding: the narrow ISO and ASCII labels go to Microsoft's
+# supersets as in browsers. Left out: the labels of the "replacement" encoding and
+# x-user-defined, which no Python codec reads as browsers do.
+WHATWG_LABELS = {
+    "utf-8": "unicode-1-1-utf-8 unicode11utf8 unicode20utf8 utf-8 utf8 x-unicode20utf8",
+    "cp866": "866 cp866 csibm866 ibm866",
+    "iso8859_2": "csisolatin2 iso-8859-2 iso-ir-101 iso8859-2 iso88592 iso_8859-2 "
+    "iso_8859-2:1987 l2 latin2",
+    "iso8859_3": "csisolatin3 iso-8859-3 iso-ir-109 iso8859-3 iso88593 iso_8859-3 "
+    "iso_8859-3:1988 l3 latin3",
+    "iso8859_4": "csisolatin4 iso-8859-4 iso-ir-110 iso8859-4 iso88594 iso_8859-4 "
+    "iso_8859-4:1988 l4 latin4",
+    "iso8859_5": "csisolatincyrillic cyrillic iso-8859-5 iso-ir-144 iso8859-5 iso88595 "
+    "iso_8859-5 iso_8859-5:1988",
+    "iso8859_6": "arabic asmo-708 csiso88596e csiso88596i csisolatinarabic ecma-114 "
+    "iso-8859-6 iso-8859-6-e iso-8859-6-i iso-ir-127 iso8859-6 iso88596 iso_8859-6 "
+    "iso_8859-6:1987",
+    "iso8859_7": "csisolatingreek ecma-118 elot_928 greek greek8 iso-8859-7 iso-ir-126 "
+    "iso8859-7 iso88597 iso_8859-7 iso_8859-7:1987 sun_eu_greek",
+    "iso8859_8": "csiso88598e csisolatinhebrew hebrew iso-8859-8 iso-8859-8-e iso-ir-138 "
+    "iso8859-8 iso88598 iso_8859-8 iso_8859-8:1988 visual csiso88598i iso-8859-8-i logical",
+    "iso8859_10": "csisolatin6 iso-8859-10 iso-ir-157 iso8859-10 iso885910 l6 latin6",
+    "iso8859_13": "iso-8859-13 iso8859-13 iso885913",
+    "iso8859_14": "iso-8859-14 iso8859-14 iso885914",
+    "iso8859_15": "csisolatin9 iso-8859-15 iso8859-15 iso885915 iso_8859-15 l9",
+    "iso8859_16": "iso-8859-16",
+    "koi8_r": "cskoi8r koi koi8 koi8-r koi8_r",
+    "koi8_u": "koi8-ru koi8-u",
+    "mac_roman": "csmacintosh mac macintosh x-mac-roman",
+    "cp874": "dos-874 iso-8859-11 iso8859-11 iso885911 tis-620 windows-874",
+    "cp1250": "cp1250 windows-1250 x-cp1250",
+    "cp1251": "cp1251 windows-1251 x-cp1251",
+    "cp1252": "ansi_x3.4-1968 ascii cp1252 cp819 csisolatin1 ibm819 iso-8859-1 iso-ir-100 "
+    "iso8859-1 iso88591 iso_8859-1 iso_8859-1:1987 l1 latin1 us-ascii windows-1252 x-cp1252",
+    "cp1253": "cp1253 windows-1253 x-cp1253",
+    "cp1254": "cp1254 csisolatin5 iso-8859-9 iso-ir-148 iso8859-9 iso88599 iso_8859-9 "
+    "iso_8859-9:1989 l5 latin5 windows-1254 x-cp1254",
+    "cp1255": "cp1255 windows-1255 x-cp1255",
+    "cp1256": "cp1256 windows-1256 x-cp1256",
+    "cp1257": "cp1257 windows-1257 x-cp1257",
+    "cp1258": "cp1258 windows-1258 x-cp1258",
+    "mac_cyrillic": "x-mac-cyrillic x-mac-ukrainian",
+    "gb18030": "chinese csgb2312 csiso58gb231280 gb2312 gb_2312 gb_2312-80 gbk iso-ir-58 x-gbk "
+    "gb18030",
+    "big5hkscs": "big5 big5-hkscs cn-big5 csbig5 x-x-big5",
+    "euc_jp": "cseucpkdfmtjapanese euc-jp x-euc-jp",
+    "iso2022_jp": "csiso2022jp iso-2022-jp",
+    "cp932": "csshiftjis ms932 ms_kanji shift-jis shift_jis sjis windows-31j x-sjis",
+    "cp949": "cseuckr csksc56011987 euc-kr iso-ir-149 korean ks_c_5601-1987 ks_c_5601-1989 "
+    "ksc5601 ksc_5601 windows-949",
+    "utf-16-be": "unicodefffe utf-16be",
+    "utf-16-le": "csunicode iso-10646-ucs-2 ucs-2 unicode unicodefeff utf-16 utf-16le",
+}
+
+
+@pytest.mark.parametrize(("codec", "labels"), WHATWG_LABELS.items(), ids=list(WHATWG_LABELS))
+def test_every_label_of_the_encoding_standard_names_the_codec_browsers_use(
+    codec: str, labels: str
+) -> None:
+    wanted = codecs.lookup(codec).name
+    read_as = {label: normalize_charset(label.upper()) for label in labels.split()}
+    wrong = {
+        label: name
+        for label, name in read_as.items()
+        if name is None or codecs.lookup(name).name != wanted
+    }
+    assert wrong == {}
+
+
+@pytest.mark.parametrize(
+    ("label", "title", "written_in"),
+    [
+        ("iso-8859-8-i", "חדשות היום בעברית", "iso8859_8"),
+        ("logical", "חדשות היום בעברית", "iso8859_8"),
+        ("visual", "תיברעב םויה תושדח", "iso8859_8"),
+        ("iso-8859-6-i", "أخبار اليوم", "iso8859_6"),
+        ("sun_eu_greek", "Ειδήσεις της ημέρας", "iso8859_7"),
+        ("koi8", "Новости дня", "koi8_r"),
+        ("koi8-ru", "Новини дня: ґанок \u0456 їжак", "koi8_u"),
+        ("x-mac-roman", "Les nouvelles du jour \u2013 café", "mac_roman"),
+        ("csisolatin9", "Prix : 20 € l'œuvre", "iso8859_15"),
+        ("unicode", "ニュース", "utf-16-le"),
+    ],
+)
+def test_a_page_labelled_as_browsers_accept_reads_in_its_script(
+    label: str, title: str, written_in: str
+) -> None:
+    # Labels Python does not know fell back to UTF-8, then windows-1252: a Hebrew page
+    # came out as Latin accents, with the wrong title and language.
+    page = f"<html><head><title>{title}</title></head><body><p>{title}</p></body></html>"
+    text, _ = decode_body(page.encode(written_in), f"text/html; charset={label}")
+    assert text == page

@@ -147,6 +147,20 @@ def _streamed_bomb(exchange: Exchange) -> None:
     exchange.server.owner.signal(f"complete:{exchange.path}:{sent}")
 
 
+def _gzip_then_held_open(exchange: Exchange) -> None:
+    """A whole gzip page in a chunked body, junk after it, and no last chunk: the body
+    stays open until the server stops."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", "text/html")
+    exchange.send_header("Content-Encoding", "gzip")
+    exchange.send_header("Transfer-Encoding", "chunked")
+    exchange.end_headers()
+    for data in (gzip.compress(PAGE), b"junk after the stream"):
+        exchange.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    exchange.wfile.flush()
+    exchange.server.owner.stopping.wait(60)
+
+
 def _redirect(location: str, status: int = 302) -> Any:
     def route(exchange: Exchange) -> None:
         port = exchange.server.server_address[1]
@@ -179,6 +193,7 @@ ROUTES: dict[str, Any] = {
     "/raw-deflate-page": _encoded(zlib.compress(PAGE)[2:-4], "deflate"),
     "/bomb": _streamed_bomb,
     "/small-bomb": _encoded(SMALL_BOMB, "gzip"),
+    "/gzip-held-open": _gzip_then_held_open,
     "/corrupt-gzip": _encoded(b"\x1f\x8b\x08\x00garbage-not-gzip" * 10, "gzip"),
     "/brotli": _encoded(b"\x0b\x02\x80hello\x03", "br"),
     "/coding-none": _encoded(PAGE, "none"),
@@ -389,6 +404,18 @@ async def test_small_highly_compressed_page_is_not_a_bomb(
     result = await get(client, url(server, "/small-bomb"))
     assert result.outcome is CrawlOutcome.SUCCESS
     assert result.body == b"\0" * (100 * 1024)
+
+
+async def test_a_gzip_body_is_the_page_once_its_stream_ends_though_the_body_stays_open(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Read on until the body closed, it came out a timeout and the page was thrown away.
+    limits = FetchLimits(max_body_bytes=2 * MIB, total_timeout=2.0)
+    result = await get(client, url(server, "/gzip-held-open"), limits=limits)
+    assert result.outcome is CrawlOutcome.SUCCESS, result.error_message
+    assert result.body == PAGE
+    assert b"<title>Hello</title>" in result.body
+    assert not result.truncated
 
 
 async def test_corrupt_gzip_is_a_failure(client: httpx.AsyncClient, server: LocalServer) -> None:

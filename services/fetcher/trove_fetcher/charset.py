@@ -82,7 +82,20 @@ _WHATWG = {
     ),
     **_labels("utf-8", "unicode-1-1-utf-8 unicode11utf8 unicode20utf8 utf-8 utf8 x-unicode20utf8"),
     **{f"x-cp125{n}": f"cp125{n}" for n in range(9)},
+    **{f"iso8859{n}": f"iso8859_{n}" for n in (2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 15)},
+    **_labels("iso8859_6", "csiso88596e csiso88596i iso-8859-6-e iso-8859-6-i"),
+    **_labels("iso8859_7", "sun_eu_greek"),
+    # The -i (logical) and -e (visual) forms only tell a renderer the text's direction:
+    # the bytes map to the same characters.
+    **_labels("iso8859_8", "csiso88598e csiso88598i iso-8859-8-e iso-8859-8-i logical visual"),
+    **_labels("iso8859_15", "csisolatin9"),
+    **_labels("koi8_r", "cskoi8r koi koi8"),
+    **_labels("koi8_u", "koi8-ru"),
+    **_labels("mac_roman", "csmacintosh mac macintosh x-mac-roman"),
     **_labels("mac_cyrillic", "x-mac-cyrillic x-mac-ukrainian"),
+    # Windows' names for UTF-16, which browsers read as little-endian without a BOM.
+    **_labels("utf-16-be", "unicodefffe"),
+    **_labels("utf-16-le", "csunicode iso-10646-ucs-2 ucs-2 unicode unicodefeff utf-16"),
 }
 
 _XML_TYPES = frozenset(

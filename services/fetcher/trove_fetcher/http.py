@@ -267,6 +267,9 @@ def unusable_location(exc: httpx.RemoteProtocolError) -> bool:
 
 
 class _Identity:
+    #: The body's framing (Content-Length, the last chunk) tells where it ends.
+    done = False
+
     def __init__(self) -> None:
         self.consumed = 0
 
@@ -288,6 +291,11 @@ class _Zlib:
     @property
     def consumed(self) -> int:
         return self._fed - len(self._inflate.unconsumed_tail)
+
+    @property
+    def done(self) -> bool:
+        """The compressed stream has ended: whatever follows it is never part of the page."""
+        return self._inflate.eof
 
     def decode(self, data: bytes, limit: int) -> bytes:
         if self._inflate.eof:
@@ -351,7 +359,8 @@ class BodyReader:
     so a compressed body never inflates in memory past the cap. A body that reaches
     the cap while inflating at more than ``max_ratio`` to one is a decompression bomb
     (``DecompressionBomb``); one that reaches it at an ordinary ratio is cut and marked
-    ``truncated``. A bomb that stays under the cap is just a small page.
+    ``truncated``. A bomb that stays under the cap is just a small page. Reading stops
+    where the compressed stream ends, as browsers ignore what follows it.
     """
 
     max_bytes: int
@@ -383,6 +392,10 @@ class BodyReader:
                 self.truncated = True
                 break
             body += out
+            if decoder.done:
+                # A server that keeps the body open after the stream (or trickles junk
+                # after it) would hold the page until the total timeout threw it away.
+                break
         if self.truncated and isinstance(decoder, _Zlib):
             ratio = len(body) / max(decoder.consumed, 1)
             if ratio > self.max_ratio:
