@@ -97,7 +97,8 @@ PROJECTION_BATCH_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
 )
 PROJECTION_LAG_SECONDS = Gauge(
-    "trove_projection_lag_seconds", "Age of the newest event applied, when it was applied"
+    "trove_projection_lag_seconds",
+    "Seconds since the stream stored the newest message applied, when it was applied",
 )
 
 

@@ -2,7 +2,11 @@
 
 Read by the recorder for each batch (``trove_recorder.database``: a ``Retry``, nothing
 counted against the events) and by every service's start (``service.infrastructure_away``:
-wait and try again, no crash loop), so both judge the same answers the same way.
+wait and try again, no crash loop), so both judge the same answers the same way. A
+refused login is neither the events' fault nor a server away: the recorder's batches
+wait for it for a while and then the recorder ends, and a start ends at once
+(``infrastructure_away`` does not read it), so that the restart reads the deployment's
+current URL.
 """
 
 from __future__ import annotations
@@ -51,3 +55,16 @@ def away(state: str) -> bool:
 def unwritable(state: str) -> bool:
     """Whether ``state`` says the server is there but cannot take writes now."""
     return state in UNWRITABLE
+
+
+#: Class 28, invalid authorization specification: the server refuses the login (28P01:
+#: the password was changed; 28000: the role is gone, or pg_hba.conf has no entry for it).
+REFUSED_LOGIN_CLASS = "28"
+#: invalid_catalog_name: the database the URL names is not there (dropped, renamed).
+NO_DATABASE = "3D000"
+
+
+def refused(state: str) -> bool:
+    """Whether ``state`` says the server refuses this login: every new connection meets
+    the same until the deployment is mended, and only a restart reads its new URL."""
+    return state.startswith(REFUSED_LOGIN_CLASS) or state == NO_DATABASE

@@ -5,8 +5,12 @@ down, unreachable, out of connections, the connection lost mid-transaction, the 
 exhausted, a deadlock or serialization conflict) or "it cannot take writes now" (a full
 disk, a failing one, a standby or a read-only primary, a lock held too long, a corrupt
 index, the role's rights revoked; ``trove_schema.sqlstates``) becomes a ``Retry``: the
-messages go back to the stream untouched and nothing counts against them. Anything else
-is about the events themselves and stays an error, which may park a message in the end.
+messages go back to the stream untouched and nothing counts against them. So does a
+login the server refuses (a password rotated, the role or its pg_hba.conf entry gone, the
+database dropped), which no try mends: the recorder ends once every login has been
+refused for a patience (``LoginRefusals``), and its restart reads the current URL.
+Anything else is about the events themselves and stays an error, which may park a
+message in the end.
 
 The exception can take several shapes. SQLAlchemy wraps what asyncpg raises in a
 ``DBAPIError`` whose ``orig`` carries the SQLSTATE; while connecting, and from the
@@ -17,6 +21,7 @@ the whole chain is examined.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +33,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from trove_schema import sqlstates
-from trove_schema.bus import Retry
+from trove_schema.bus import REFUSED_PATIENCE, Retry
+from trove_schema.errors import TroveError
 
 #: Seconds before a batch is tried again while the database is away.
 UNAVAILABLE_DELAY = 2.0
@@ -70,6 +76,10 @@ def as_retry(exc: BaseException) -> Retry | None:
                 return Retry(f"database unavailable ({state}): {cause}", delay=UNAVAILABLE_DELAY)
             if sqlstates.unwritable(state):
                 return Retry(f"database cannot write ({state}): {cause}", delay=UNAVAILABLE_DELAY)
+            if sqlstates.refused(state):
+                return Retry(
+                    f"database refused the login ({state}): {cause}", delay=UNAVAILABLE_DELAY
+                )
         if isinstance(cause, InvalidCachedStatementError | OutdatedSchemaCacheError):
             # A statement prepared before the schema changed (an upgrade's migration ran
             # while this pod was up). asyncpg drops the connection's cache as it raises
@@ -92,6 +102,72 @@ def as_retry(exc: BaseException) -> Retry | None:
 def takes_no_writes(exc: BaseException) -> bool:
     """Whether ``exc`` says this connection's server is a standby or was made read-only."""
     return any(getattr(cause, "sqlstate", None) == sqlstates.READ_ONLY for cause in _chain(exc))
+
+
+def login_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server refused this recorder's login (``sqlstates.refused``)."""
+    return any(
+        isinstance(state := getattr(cause, "sqlstate", None), str) and sqlstates.refused(state)
+        for cause in _chain(exc)
+    )
+
+
+class LoginRefused(TroveError):
+    """Postgres refused every login of the recorder for the patience: the recorder ends,
+    and its restart reads the deployment's current ``TROVE_DATABASE_URL``."""
+
+
+class LoginRefusals:
+    """Ends the recorder once Postgres has refused its logins for ``patience`` seconds.
+
+    A rotated password leaves the pooled connections working until the server restarts
+    or ends them; from then on every new connection is refused, and the URL is read
+    only at start. Meanwhile the batches are handed back (``as_retry``), never parked.
+    As with NATS turning a service away (``trove_schema.bus.Bus.connect``), a timer
+    started by the first of the refusals in a row ends the patience, and any other
+    outcome (a batch applied, the server away) cancels it.
+    """
+
+    __slots__ = ("_timer", "given_up", "last", "patience")
+
+    def __init__(self, patience: float = REFUSED_PATIENCE) -> None:
+        self.patience = patience
+        #: Set when the patience has run out.
+        self.given_up = asyncio.Event()
+        #: The latest refusal, for the error that ends the recorder.
+        self.last: BaseException | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def met(self, exc: BaseException | None) -> None:
+        """How a try at the database ended: ``exc``, or None if it went through."""
+        if exc is None or not login_refused(exc):
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+                self.last = None
+            return
+        self.last = exc
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.patience, self.given_up.set)
+
+    async def until_given_up(self, stop: asyncio.Event) -> None:
+        """A recorder's part (``trove_schema.service.together``): returns at ``stop``, and
+        raises ``LoginRefused`` if every login is refused for the patience before."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.given_up.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+        if self.given_up.is_set() and not stop.is_set():
+            raise LoginRefused(
+                f"Postgres refused every login for {self.patience:.0f} s ({self.last}): the "
+                "user and password in TROVE_DATABASE_URL, or the database it names, are not "
+                "the server's; a restart reads them anew"
+            ) from self.last
 
 
 async def drop_connection(session: AsyncSession, exc: BaseException) -> None:

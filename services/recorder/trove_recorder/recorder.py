@@ -19,6 +19,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from trove_recorder.database import (
+    LoginRefusals,
     database_trouble_is_retried,
     drop_connection,
     make_engine,
@@ -29,7 +30,7 @@ from trove_recorder.projections import apply_batch
 from trove_recorder.replay import release_abandoned_holds
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
-from trove_schema.bus import BatchConsumer, Bus, Retry
+from trove_schema.bus import REFUSED_PATIENCE, BatchConsumer, Bus, Retry
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
@@ -64,6 +65,7 @@ class Recorder:
         policy: RetryPolicy,
         page_id_cache: int = 0,
         learning: LearningConfig | None = None,
+        refused_patience: float = REFUSED_PATIENCE,
     ) -> None:
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
         self.bus = bus
@@ -71,16 +73,18 @@ class Recorder:
         self.learning = learning
         self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
+        self.refusals = LoginRefusals(refused_patience)
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
-        await self.project([decode_event(m.data) for m in msgs])
+        await self.project([decode_event(m.data) for m in msgs], msgs)
 
     async def handle(self, msg: Msg) -> None:
         """One message of a batch that failed: a batch of one, so a bad event fails alone."""
-        await self.project([decode_event(msg.data)])
+        await self.project([decode_event(msg.data)], [msg])
 
-    async def project(self, events: Sequence[Event]) -> None:
+    async def project(self, events: Sequence[Event], msgs: Sequence[Msg]) -> None:
+        """Apply ``events``, decoded from ``msgs``, in one transaction."""
         try:
             with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
                 async with self.sessions.begin() as session:
@@ -92,14 +96,20 @@ class Recorder:
                         if takes_no_writes(exc):
                             await drop_connection(session, exc)
                         raise
-        except Retry:
-            self.known.forget()  # see PageIds: the next batch may meet another server
+        except Exception as exc:
+            self.refusals.met(exc)
+            if isinstance(exc, Retry):
+                self.known.forget()  # see PageIds: the next batch may meet another server
             raise
+        self.refusals.met(None)
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
         if applied.count:
             PROJECTED.inc(applied.count)
-            newest = max(e.occurred_at for e in events)
-            PROJECTION_LAG_SECONDS.set((datetime.now(UTC) - newest).total_seconds())
+            # From when the stream stored the newest message, not from its event's time:
+            # a re-crawl or a retry is stamped when it is scheduled and stored when
+            # JetStream fires it, days later, and it is not late then.
+            stored = max(m.metadata.timestamp for m in msgs)
+            PROJECTION_LAG_SECONDS.set((datetime.now(UTC) - stored).total_seconds())
             # Only an attempt that may be retried can have written outbox rows: a look at
             # the outbox after every batch was a second transaction per batch.
             if any(isinstance(e, CrawlCompleted) and e.retryable for e in events):
@@ -118,7 +128,10 @@ class Recorder:
                 sent = await self._publish_batch()
             except Exception as exc:
                 log.warning("outbox: %s", exc)
+                self.refusals.met(exc)  # an idle recorder meets a refused login here alone
                 sent, pause = 0, OUTBOX_POLL_MIN  # rows may be waiting: look again soon
+            else:
+                self.refusals.met(None)
             if sent:
                 pause = OUTBOX_POLL_MIN
                 continue
@@ -195,7 +208,15 @@ async def _woken(wakeup: asyncio.Event, stop: asyncio.Event, pause: float) -> bo
     return bool(done)
 
 
-async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
+async def serve(
+    settings: RecorderSettings,
+    stop: asyncio.Event,
+    ready: asyncio.Event,
+    *,
+    refused_patience: float = REFUSED_PATIENCE,
+) -> None:
+    """The recorder's service; it ends once Postgres has refused its logins for
+    ``refused_patience`` seconds (``database.LoginRefusals``)."""
     if not settings.nats_url or not settings.database_url:
         raise SystemExit("the recorder needs TROVE_NATS_URL and TROVE_DATABASE_URL")
     await upgrade_async(settings.database_url)
@@ -211,6 +232,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             RetryPolicy.from_settings(settings),
             page_id_cache=settings.page_id_cache,
             learning=LearningConfig.from_settings(settings),
+            refused_patience=refused_patience,
         )
         consumer = BatchConsumer(
             bus=bus,
@@ -229,6 +251,7 @@ async def serve(settings: RecorderSettings, stop: asyncio.Event, ready: asyncio.
             recorder.publish_outbox(stop, settings.outbox_poll_max_seconds),
             run_retention(recorder.sessions, retention, stop),
             bus.until_closed(stop),
+            recorder.refusals.until_given_up(stop),
         )
     finally:
         await bus.close()
