@@ -113,8 +113,10 @@ def test_two_values_that_differ_are_never_dropped_however_many_fetches_lie_betwe
     assert "page" not in rules.names
     assert rewrite(rules, SITE + "/list?page=4") == SITE + "/list?page=4"
     assert HostAliases.from_json(record.to_json()) == record
-    # Two values whose pages say the same are learned as before, samples or none.
-    record = fetched(EMPTY, "/a?ref=x", canonical="/a", content="a")
+    # Two values whose pages say the same, the page without them once shown equal, are
+    # learned as before, samples or none.
+    record = fetched(EMPTY, "/a", content="a", links=("/a?ref=x",))
+    record = fetched(record, "/a?ref=x", canonical="/a", content="a")
     for n in range(limits.max_samples + 5):
         record = fetched(record, f"/posts/{n}?from=list", canonical=f"/posts/{n}?from=list")
     record = fetched(record, "/a?ref=y", canonical="/a", content="a")
@@ -305,3 +307,154 @@ def test_a_full_record_holds_no_link_for_a_name_it_cannot_track() -> None:
     candidates["i:index.html/"] = Candidate(0, True)
     full = HostAliases(candidates, record.samples, record.events)
     assert undecided(full, SITE + "/a/index.html") == []
+
+
+def test_two_values_that_show_one_soft_404_do_not_teach_the_parameter() -> None:
+    # Withdrawn products answer 200 "Product not found" under the template's canonical:
+    # the two probes a parameter gets are two values, one page, and nothing says it is
+    # the page without the parameter. Every product would be merged into /product.php.
+    not_found = "Product not found. " * 20
+    record = fetched(EMPTY, "/product.php?id=101", canonical="/product.php", content=not_found)
+    record = fetched(record, "/product.php?id=102", canonical="/product.php", content=not_found)
+    rules = record.rules()
+    assert "id" not in rules.names
+    assert rewrite(rules, SITE + "/product.php?id=7") == SITE + "/product.php?id=7"
+    assert undecided(record, SITE + "/product.php?id=7") == []  # goes out as it is
+    # A product still there says what ?id= is, whatever the canonical says.
+    record = fetched(record, "/product.php?id=7", canonical="/product.php", content="A lamp")
+    record = fetched(record, "/product.php?id=8", canonical="/product.php", content=not_found)
+    assert not record.rules()
+
+
+def test_two_values_equal_to_the_page_without_them_teach_the_parameter() -> None:
+    # A tracking parameter: each value is the page without it, on one page or several.
+    record = fetched(EMPTY, "/post/1", content="post 1", links=("/post/1?ref=a",))
+    record = fetched(record, "/post/1?ref=a", canonical="/post/1", content="post 1")
+    record = fetched(record, "/post/1?ref=b", canonical="/post/1", content="post 1")
+    assert record.rules().names == {"ref"}
+    # Shown by the page without them fetched after them, without a canonical too.
+    record = fetched(EMPTY, "/post/1?ref=a", content="post 1")
+    record = fetched(record, "/post/1?ref=b", content="post 1")
+    assert not record.rules()
+    record = fetched(record, "/post/1", content="post 1")
+    assert record.rules().names == {"ref"}
+    assert HostAliases.from_json(record.to_json()) == record
+
+
+def test_a_canonical_says_nothing_of_one_value_once_content_showed_the_name_matters() -> None:
+    # /item?id=N are items of their own whose template says canonical /item: ?id=2
+    # showed that ?id= changes the page, and ?id=1, fetched again once the sample has
+    # forgotten them, is no more /item for being fetched twice.
+    limits = AliasLimits()
+    record = fetched(EMPTY, "/item?id=1", canonical="/item", content="the first item")
+    record = fetched(record, "/item?id=2", canonical="/item", content="the second item")
+    assert not record.rules()
+    for n in range(limits.max_samples + 8):
+        record = fetched(record, f"/p/{n}?from=list", canonical=f"/p/{n}?from=list")
+    assert all(not s.startswith("/item") for s, _ in record.samples)
+    record = fetched(record, "/item?id=1", canonical="/item", content="the first item")
+    rules = record.rules()
+    assert not rules.pairs
+    assert rewrite(rules, SITE + "/item?id=1") == SITE + "/item?id=1"
+    assert HostAliases.from_json(record.to_json()) == record
+    # The page without it, shown equal, still says ?id=1 is /item.
+    record = fetched(record, "/item", content="the first item")
+    assert record.rules().pairs == {"id=1"}
+    # A name only a page's own canonical keeps (?page=2, its content never compared with
+    # another value's) leaves the others' canonicals heard.
+    record = fetched(EMPTY, "/list?page=2", canonical="/list?page=2")
+    for n in range(limits.max_samples):
+        record = fetched(record, f"/p/{n}?from=list", canonical=f"/p/{n}?from=list")
+    record = fetched(record, "/list?page=1", canonical="/list")
+    record = fetched(record, "/list?page=1", canonical="/list")
+    assert record.rules().pairs == {"page=1"}
+
+
+def sort_learned() -> HostAliases:
+    """Two near-empty lists equal to themselves sorted: ``?sort=`` looks like noise."""
+    record = fetched(EMPTY, "/c/tiny", content="no items", links=("/c/tiny?sort=top",))
+    record = fetched(record, "/c/tiny?sort=top", content="no items")
+    record = fetched(record, "/c/empty", content="nothing yet")
+    record = fetched(record, "/c/empty?sort=new", content="nothing yet")
+    assert record.rules().names == {"sort"}
+    return record
+
+
+def test_a_learned_name_is_put_to_the_test_again_and_unlearned_by_its_probe() -> None:
+    limits = AliasLimits()
+    sorts = ("/c/big?sort=new", "/c/big?sort=top")
+    record = fetched(sort_learned(), "/c/big", content="many items", links=sorts)
+    assert not record.rules().probes  # not at once
+    assert rewrite(record.rules(), SITE + "/c/big?sort=new") == SITE + "/c/big"
+    for n in range(limits.max_samples - 2):
+        record = fetched(record, f"/p/{n}")
+    assert not record.rules().probes
+    # A sample's worth of fetches on, the page fetched lets one spelling through.
+    record = fetched(record, "/c/big", content="many items", links=sorts)
+    rules = record.rules()
+    assert rules.names == {"sort"}
+    assert rules.probes == {SITE + "/c/big?sort=new"}
+    assert rewrite(rules, SITE + "/c/big?sort=new") == SITE + "/c/big?sort=new"
+    assert rewrite(rules, SITE + "/c/big?sort=top") == SITE + "/c/big"
+    assert HostAliases.from_json(record.to_json()) == record
+    # Its page is another: ?sort= is un-learned for good.
+    record = fetched(record, "/c/big?sort=new", content="many items, newest first")
+    rules = record.rules()
+    assert not rules
+    assert rewrite(rules, SITE + "/c/big?sort=top") == SITE + "/c/big?sort=top"
+
+
+def test_a_probe_is_compared_with_the_page_without_it_however_late_it_comes_back() -> None:
+    # The host's queue is long: the probe is fetched after the sample forgot /c/big.
+    limits = AliasLimits()
+    record = sort_learned()
+    for n in range(limits.max_samples - 1):
+        record = fetched(record, f"/p/{n}")
+    record = fetched(record, "/c/big", content="many items", links=("/c/big?sort=new",))
+    assert record.rules().probes == {SITE + "/c/big?sort=new"}
+    for n in range(limits.max_samples + 1, 2 * limits.max_samples + 2):
+        record = fetched(record, f"/p/{n}")
+    assert all(not s.startswith("/c/") for s, _ in record.samples)
+    record = fetched(record, "/c/big?sort=new", content="many items, newest first")
+    assert not record.rules()
+
+
+def test_one_probe_at_a_time_and_a_name_that_holds_waits_twice_as_long() -> None:
+    limits = AliasLimits()
+    record = fetched(EMPTY, "/p/1?ref=a", canonical="/p/1")
+    record = fetched(record, "/p/2?ref=b", canonical="/p/2")
+    assert record.rules().names == {"ref"}
+    probes: list[frozenset[str]] = []
+
+    def fetch_list(n: int) -> HostAliases:
+        links = tuple(f"/p/{k}?ref=list" for k in range(n, n + 5))
+        new = fetched(record, f"/list/{n}", links=links)
+        probes.append(new.rules().probes)
+        return new
+
+    for n in range(limits.max_samples):
+        record = fetch_list(n)
+    # One spelling, chosen once: the pages after it offer others, none goes out.
+    assert [p for p in probes if p] == [frozenset({SITE + f"/p/{limits.max_samples - 1}?ref=list"})]
+    (probe,) = probes[-1]
+    for n in range(limits.max_samples, limits.max_samples + 10):
+        record = fetch_list(n)
+        assert record.rules().probes == {probe}
+    # It comes back the page without it: the name holds, and the next waits twice as long.
+    record = fetched(record, probe[len(SITE) :], canonical=probe[len(SITE) :].partition("?")[0])
+    assert record.rules().names == {"ref"}
+    probes.clear()
+    for n in range(2 * limits.max_samples):
+        record = fetch_list(100 + n)
+    assert [bool(p) for p in probes] == [False] * (2 * limits.max_samples - 1) + [True]
+    # One that never comes back (known already) is out for the longest wait at most,
+    # and the next waits as after the last.
+    (pending,) = probes[-1]
+    probes.clear()
+    longest = limits.max_samples**2
+    for n in range(longest + 2 * limits.max_samples):
+        record = fetch_list(300 + n)
+    assert probes[: longest - 1] == [{pending}] * (longest - 1)
+    assert not any(probes[longest - 1 : -1])
+    assert len(probes[-1]) == 1
+    assert probes[-1] != {pending}

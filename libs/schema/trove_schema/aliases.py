@@ -25,6 +25,20 @@ values were confirmed (``?ref=a``, ``?ref=b``); a single value confirmed that ma
 times is learned for that value alone (``?page=1`` may be the first page, which says
 nothing about ``?page=2``).
 
+Values count as different only where their pages do: two values that showed one and
+the same page, which no fetch showed to be the page without the parameter, are one
+confirmation (a shop's withdrawn ``?id=101`` and ``?id=102``, both "Product not found"
+under the template's canonical, say nothing of ``?id=7``); a tracking parameter shows
+the page without it. Once content showed that a name changes the page, the host's
+canonical says nothing of any of its values either: only a page equal to the one
+without the value confirms it.
+
+A learned name is put to the test again (``Probe``): after ``AliasLimits.max_samples``
+fetches of the host, one spelling that carries it, linked from the page fetched then,
+is let through ``rewrite`` as it is, and its fetch is evidence like any other, which
+may un-learn the name. One is out at a time; the wait doubles with each probe the name
+comes through, up to ``max_samples`` times itself.
+
 Pure: the record is a value, ``observe`` returns the next one, ``rewrite`` applies its
 ``rules``. Discovery keeps one record per host in the ``trove_url_rules`` bucket.
 """
@@ -34,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trove_schema.events import comparable_hashes
@@ -99,6 +113,8 @@ class Rules:
     pairs: frozenset[str] = frozenset()
     #: Index file names dropped: ``index.html/`` keeps the slash, ``index.html`` does not.
     index: frozenset[str] = frozenset()
+    #: URLs left as they are, each to put a learned parameter name to the test (``Probe``).
+    probes: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
         return bool(self.names or self.pairs or self.index)
@@ -110,6 +126,7 @@ class Rules:
         for name in sorted(self.index):
             slash = name.endswith("/")
             found.append(f"dir/{name.rstrip('/')} -> dir{'/' if slash else ''}")
+        found += [f"probe {url}" for url in sorted(self.probes)]
         return found
 
 
@@ -118,7 +135,7 @@ NO_RULES = Rules()
 
 def rewrite(rules: Rules, url: str) -> str:
     """``url`` (canonical) without what the host's ``rules`` say does not change the page."""
-    if not rules:
+    if not rules or url in rules.probes:
         return url
     head, mark, query = url.partition("?")
     if mark and (rules.names or rules.pairs):
@@ -217,10 +234,35 @@ class Candidate:
     #: For a parameter name: what each confirmed value's fetch showed (``_proofs``), as
     #: ``values`` is ordered; empty where it was not known.
     proofs: tuple[str, ...] = ()
+    #: For a parameter name contradicted: whether content showed it changes the page
+    #: (a canonical that dropped it then says nothing of any of its values either).
+    by_content: bool = False
 
     def tried(self) -> int:
         """Fetches that carried the key (a pair's confirmations count in its name's)."""
         return self.confirmed + self.silent
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """When a learned parameter name is put to the test again, and by which spelling.
+
+    Learned from two pages, a name is never fetched again: every spelling that carries
+    it is rewritten before the seen check, so nothing could contradict it. One spelling
+    at a time goes out as it is, chosen among the links of the page fetched when the
+    wait is over; the wait starts again when its fetch comes back, or when it never did.
+    """
+
+    #: Fetches of the host before a probe is chosen, or, while ``url`` is out, before it
+    #: is given up.
+    wait: int
+    #: Probes the name came through; each doubles the wait (``_probe_wait``).
+    passed: int = 0
+    #: The URL ``rewrite`` leaves as it is until its fetch is observed.
+    url: str = ""
+    #: The content hash of ``url``'s page without the parameter, when the record had one
+    #: (so that the probe is compared with it however late it is fetched).
+    bare: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +274,8 @@ class HostAliases:
     samples: tuple[tuple[str, str], ...] = ()
     #: Event ids observed last (prefixes), newest last.
     events: tuple[str, ...] = ()
+    #: Per learned parameter name (its candidate key), when it is put to the test again.
+    probes: Mapping[str, Probe] = field(default_factory=dict)
 
     def rules(self, limits: AliasLimits = DEFAULT_LIMITS) -> Rules:
         names: set[str] = set()
@@ -249,12 +293,14 @@ class HostAliases:
                 index.add(subject)
         if not (names or pairs or index):
             return NO_RULES
-        return Rules(frozenset(names), frozenset(pairs), frozenset(index))
+        probes = {p.url for key, p in self.probes.items() if p.url and key[2:] in names}
+        return Rules(frozenset(names), frozenset(pairs), frozenset(index), frozenset(probes))
 
     def to_json(self) -> bytes:
         candidates: dict[str, list[Any]] = {}
         for key, c in self.candidates.items():
-            entry: list[Any] = [c.confirmed, int(c.contradicted)]
+            # 2: contradicted by content (a release before reads any true value alike).
+            entry: list[Any] = [c.confirmed, 2 if c.by_content else int(c.contradicted)]
             if c.values or c.silent or c.proofs:
                 entry.append(list(c.values))
             if c.silent or c.proofs:
@@ -262,7 +308,13 @@ class HostAliases:
             if c.proofs:
                 entry.append(list(c.proofs))
             candidates[key] = entry
-        body = {"c": candidates, "s": [list(s) for s in self.samples], "e": list(self.events)}
+        body: dict[str, Any] = {
+            "c": candidates,
+            "s": [list(s) for s in self.samples],
+            "e": list(self.events),
+        }
+        if self.probes:
+            body["p"] = {k: [p.wait, p.passed, p.url, p.bare] for k, p in self.probes.items()}
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -279,14 +331,19 @@ class HostAliases:
                     tuple(str(v) for v in (entry[2] if len(entry) > 2 else ())),
                     int(entry[3]) if len(entry) > 3 else 0,
                     tuple(str(p) for p in (entry[4] if len(entry) > 4 else ())),
+                    entry[1] == 2,
                 )
                 for key, entry in body.get("c", {}).items()
             }
             samples = tuple((str(u), str(h)) for u, h in body.get("s", ()))
             events = tuple(str(e) for e in body.get("e", ()))
+            probes = {
+                str(key): Probe(int(wait), int(passed), str(url), str(bare))
+                for key, (wait, passed, url, bare) in body.get("p", {}).items()
+            }
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return EMPTY
-        return cls(candidates, samples, events)
+        return cls(candidates, samples, events, probes)
 
 
 EMPTY = HostAliases()
@@ -306,8 +363,9 @@ def observe(
 
     ``links`` are the page's links: a plain page is sampled once its host shows other
     spellings (a record, or such a link), so that a variant fetched later is compared
-    with it; a host without any costs nothing. Returns ``record`` itself when the fetch
-    says nothing new.
+    with it; a host without any costs nothing. A probe of a learned name is chosen among
+    them (``Probe``). Returns ``record`` itself when the fetch says nothing new (on a
+    host with a learned name, every fetch brings its next probe nearer).
     """
     seen = event_id[:HASH_CHARS]
     if seen and seen in record.events:
@@ -315,28 +373,41 @@ def observe(
     fetched = _Spelling.of(url)
     if fetched is None:
         return record
-    votes: dict[str, bool] = {}
+    links = tuple(links)
+    said: dict[str, bool] = {}  # by the canonical
     if canonical:
         target = _Spelling.of(canonical)
         if target is not None and target.host == fetched.host:
-            _canonical_votes(fetched, target, votes)
+            _canonical_votes(fetched, target, said)
+    hashed: dict[str, bool] = {}  # by content
+    equal: dict[str, str] = {}  # keys whose page is the page without them: their proof
     digest = content_hash[:HASH_CHARS] if content_hash else ""
     if digest:
-        for spelling, sampled in record.samples:
+        # A probe come back is compared with its page without the parameter, sampled or not.
+        back = record.probes.items()
+        bare = [_probe_bare(fetched, k, p) for k, p in back if p.url == url and p.bare]
+        for spelling, sampled in (*record.samples, *bare):
             other = _Spelling.local_to(fetched.host, spelling)
             # A sample hashed the other way (a release before, or the page then said
             # too little) tells nothing: a difference would un-learn a rule for good.
             if other.local != fetched.local and comparable_hashes(sampled, digest):
-                _hash_votes(fetched, other, same=sampled == digest, votes=votes)
+                same = sampled == digest
+                alone = _hash_votes(fetched, other, same=same, votes=hashed)
+                if alone is not None:
+                    equal[alone[0]] = _proof(alone[1], digest, equal=True)
+    votes = dict(said)
+    for key, confirm in hashed.items():
+        _put(votes, key, confirm)
     candidates = dict(record.candidates)
-    proofs = _proofs(fetched, digest, votes)
+    proofs = _proofs(fetched, digest, votes) | {k: p for k, p in equal.items() if votes[k]}
     for key, proof in proofs.items():
         name, _, value = key[len(PAIR) :].partition("=")
         named = candidates.get(NAME + name)
         if votes[key] and _disproved(named, value[: limits.max_value_chars], proof):
-            votes[key] = False
+            votes[key] = hashed[key] = False
     for key, confirm in votes.items():
-        _vote(candidates, key, confirm, limits, proofs.get(key))
+        by_content = hashed.get(key) is False
+        _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
     for key in _silent_keys(fetched, votes):
         _hush(candidates, key, limits)
     _forget_pairs_of_learned_names(candidates, limits)
@@ -346,12 +417,13 @@ def observe(
         kept = [s for s in samples if s[0] != fetched.local]
         kept.append((fetched.local, digest))
         samples = tuple(kept[-limits.max_samples :])
-    if candidates == record.candidates and samples == record.samples:
+    probes = _next_probes(record.probes, candidates, fetched, url, samples, links, limits)
+    if candidates == record.candidates and samples == record.samples and probes == record.probes:
         return record
     events = record.events
     if seen:
         events = (*events, seen)[-limits.max_events :]
-    return HostAliases(candidates, samples, events)
+    return HostAliases(candidates, samples, events, probes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +501,11 @@ def _canonical_votes(fetched: _Spelling, canonical: _Spelling, votes: dict[str, 
         _put(votes, PAIR + parameter, parameter.partition("=")[0] not in kept)
 
 
-def _hash_votes(a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool]) -> None:
+def _hash_votes(
+    a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool]
+) -> tuple[str, _Spelling] | None:
+    """Votes on what tells ``a`` from ``b``. Returns, when one is the other with one more
+    parameter and their pages are one, its key and the spelling without it."""
     for longer, shorter in ((a, b), (b, a)):
         relation = _index_relation(longer.path, shorter.path)
         if relation is None or not set(shorter.params) <= set(longer.params):
@@ -440,9 +516,11 @@ def _hash_votes(a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool
         if same:
             for key in differ:
                 _put(votes, key, True)
+            if len(differ) == 1 and not relation:
+                return differ[0], shorter
         elif len(differ) == 1:  # with two or more, the hash cannot say which one matters
             _put(votes, differ[0], False)
-        return
+        return None
     if not same and a.path == b.path:
         # Two values of one parameter, the rest alike, and two pages: the parameter
         # changes the page, whatever a canonical that drops it says (``?id=5`` and
@@ -455,6 +533,7 @@ def _hash_votes(a: _Spelling, b: _Spelling, *, same: bool, votes: dict[str, bool
             and only_a[0].partition("=")[0] == only_b[0].partition("=")[0]
         ):
             _put(votes, PAIR + only_a[0], False)
+    return None
 
 
 def _proofs(fetched: _Spelling, digest: str, votes: Mapping[str, bool]) -> dict[str, str]:
@@ -468,9 +547,23 @@ def _proofs(fetched: _Spelling, digest: str, votes: Mapping[str, bool]) -> dict[
             without = _Spelling(
                 fetched.host, fetched.path, tuple(p for p in fetched.params if p != parameter)
             )
-            spelling = hashlib.blake2b(without.local.encode(), digest_size=SPELLING_CHARS // 2)
-            proofs[PAIR + parameter] = f"{spelling.hexdigest()}:{digest}"
+            proofs[PAIR + parameter] = _proof(without, digest, equal=False)
     return proofs
+
+
+def _proof(without: _Spelling, digest: str, *, equal: bool) -> str:
+    """A proof: the spelling without the value (hashed), then ``=`` where the page was
+    shown to be that spelling's too, else ``:``, then the page's hash."""
+    spelling = hashlib.blake2b(without.local.encode(), digest_size=SPELLING_CHARS // 2)
+    return f"{spelling.hexdigest()}{'=' if equal else ':'}{digest}"
+
+
+def _read_proof(proof: str) -> tuple[str, str, bool]:
+    """(spelling, page hash, shown equal to the spelling) of a proof; empty if unknown."""
+    mark = proof[SPELLING_CHARS : SPELLING_CHARS + 1]
+    if mark not in (":", "="):
+        return "", "", False
+    return proof[:SPELLING_CHARS], proof[SPELLING_CHARS + 1 :], mark == "="
 
 
 def _disproved(named: Candidate | None, value: str, proof: str) -> bool:
@@ -479,15 +572,30 @@ def _disproved(named: Candidate | None, value: str, proof: str) -> bool:
     canonical says."""
     if named is None:
         return False
-    spelling, _, digest = proof.partition(":")
+    spelling, digest, _ = _read_proof(proof)
     for other, kept in zip(named.values, named.proofs, strict=False):
-        kept_spelling, _, kept_digest = kept.partition(":")
+        kept_spelling, kept_digest, _ = _read_proof(kept)
         if (
             other != value
             and kept_spelling == spelling
             and kept_digest != digest
             and comparable_hashes(kept_digest, digest)
         ):
+            return True
+    return False
+
+
+def _one_page(proof: str | None, kept_proofs: Iterable[str]) -> bool:
+    """Whether ``proof`` shows the very page another value's did, and no fetch showed it
+    to be the page without the parameter: a soft 404 or an empty list served for any
+    value, which is no second value of a parameter that changes nothing."""
+    spelling, digest, equal = _read_proof(proof or "")
+    if not digest or equal:
+        return False
+    for kept in kept_proofs:
+        kept_spelling, kept_digest, kept_equal = _read_proof(kept)
+        # A page shown equal to its spelling without the value is that spelling's.
+        if kept_digest == digest and not (kept_equal and kept_spelling == spelling):
             return True
     return False
 
@@ -519,7 +627,11 @@ def _vote(
     confirm: bool,
     limits: AliasLimits,
     proof: str | None = None,
+    by_content: bool = False,
+    equal: bool = False,
 ) -> None:
+    """``by_content``: a contradiction content showed; ``equal``: a confirmation by the
+    page without the parameter, which showed the same content."""
     if key.startswith(INDEX):
         _count(candidates, key, confirm, limits, value=None)
         return
@@ -528,12 +640,22 @@ def _vote(
     if len(name) > limits.max_value_chars:
         return
     _count(
-        candidates, NAME + name, confirm, limits, value=value[: limits.max_value_chars], proof=proof
+        candidates,
+        NAME + name,
+        confirm,
+        limits,
+        value=value[: limits.max_value_chars],
+        proof=proof,
+        by_content=by_content,
     )
     named = candidates.get(NAME + name)
     if not confirm and key not in candidates and named is not None and named.contradicted:
         # The name's contradiction says it already: an entry for each of a forum's
         # `?t=` values would fill the record, and nothing more would be learned.
+        return
+    if confirm and not equal and named is not None and named.by_content:
+        # The canonical that dropped the name while its values showed other pages says
+        # nothing of one value either (``?id=1`` is not ``/item`` for being fetched twice).
         return
     if len(value) <= limits.max_value_chars and not (confirm and _learned(named, NAME, limits)):
         _count(candidates, key, confirm, limits, value=None)
@@ -547,6 +669,7 @@ def _count(
     *,
     value: str | None,
     proof: str | None = None,
+    by_content: bool = False,
 ) -> None:
     old = candidates.get(key)
     if old is None:
@@ -554,12 +677,19 @@ def _count(
             return  # untracked, so never learned
         old = Candidate()
     if old.contradicted:
+        if not confirm and by_content and not old.by_content:
+            candidates[key] = replace(old, by_content=True)
         return
     if not confirm:
-        candidates[key] = Candidate(old.confirmed, True, old.values, old.silent)
+        candidates[key] = Candidate(old.confirmed, True, old.values, old.silent, (), by_content)
         return
     values, proofs = old.values, old.proofs
-    if value is not None and value not in values and len(values) < limits.confirmations:
+    if (
+        value is not None
+        and value not in values
+        and len(values) < limits.confirmations
+        and not _one_page(proof, proofs)
+    ):
         # Proofs stay in step with the values (an unknown one as ""), so each is its own.
         proofs = (*proofs, *([""] * (len(values) - len(proofs))), proof or "")
         values = (*values, value)
@@ -606,3 +736,98 @@ def _forget_pairs_of_learned_names(candidates: dict[str, Candidate], limits: Ali
     for key in [k for k, c in candidates.items() if k.startswith(PAIR) and not c.contradicted]:
         if key[len(PAIR) :].partition("=")[0] in learned:
             del candidates[key]
+
+
+def _next_probes(
+    probes: Mapping[str, Probe],
+    candidates: Mapping[str, Candidate],
+    fetched: _Spelling,
+    url: str,
+    samples: tuple[tuple[str, str], ...],
+    links: tuple[str, ...],
+    limits: AliasLimits,
+) -> dict[str, Probe]:
+    """Each learned name's probe after a fetch of ``url``: one fetch nearer, come back,
+    given up, or chosen among the page's ``links``."""
+    found: dict[str, Probe] = {}
+    rules: Rules | None = None
+    for key, candidate in candidates.items():
+        if not key.startswith(NAME) or not _learned(candidate, NAME, limits):
+            continue
+        probe = probes.get(key)
+        if probe is None:  # learned by this fetch (or before the record kept probes)
+            found[key] = Probe(_probe_wait(0, limits))
+        elif probe.url == url:  # come back: what its page showed is counted above
+            passed = min(probe.passed + 1, limits.max_samples)
+            found[key] = Probe(_probe_wait(passed, limits), passed)
+        elif probe.wait > 1:
+            found[key] = replace(probe, wait=probe.wait - 1)
+        elif probe.url:
+            # Never come back (known already, refused, failed): a wait again before the
+            # next, so that two are never out at once.
+            found[key] = Probe(_probe_wait(probe.passed, limits), probe.passed)
+        else:
+            rules = rules if rules is not None else HostAliases(candidates).rules(limits)
+            chosen = _choose_probe(key[len(NAME) :], rules, fetched.host, samples, links, limits)
+            # Out until it comes back, or for the longest wait: it is fetched behind the
+            # host's queue, and one never fetched (known already) must not block for ever.
+            wait = _longest_wait(limits) if chosen else 0
+            found[key] = Probe(wait, probe.passed, *(chosen or ("", "")))
+    return found
+
+
+def _probe_wait(passed: int, limits: AliasLimits) -> int:
+    """Fetches of the host before a learned name is put to the test again: a sample's
+    worth at first (the spellings it was learned from have left the sample by then),
+    doubled for each probe it came through, up to ``_longest_wait``."""
+    return min(limits.max_samples << min(passed, limits.max_samples), _longest_wait(limits))
+
+
+def _longest_wait(limits: AliasLimits) -> int:
+    """``max_samples`` samples' worth of fetches: for a rule that holds, one request in a
+    thousand with the defaults; and every rule is asked again within that."""
+    return limits.max_samples**2
+
+
+def _choose_probe(
+    name: str,
+    rules: Rules,
+    host: str,
+    samples: tuple[tuple[str, str], ...],
+    links: tuple[str, ...],
+    limits: AliasLimits,
+) -> tuple[str, str] | None:
+    """A link to put ``name`` to the test, and the hash of its page without it if the
+    sample has it: one that the rules would rewrite by one value of ``name`` alone, so
+    that its fetch speaks of that; first one whose page without it is sampled (the page
+    itself, a list linking to its own ``?sort=``), which its fetch is compared with."""
+    hashes = dict(samples)
+    first: tuple[str, str] | None = None
+    for link in links:
+        if "?" not in link:
+            continue
+        spelling = _Spelling.of(link)
+        if spelling is None or spelling.host != host:
+            continue
+        if len(spelling.local) > limits.max_sample_chars:
+            continue
+        dropped = [p for p in spelling.params if _ignored(rules, p)]
+        if len(dropped) != 1 or dropped[0].partition("=")[0] != name:
+            continue
+        head = link.partition("?")[0]
+        if rules.index and _strip_index(rules.index, head) != head:
+            continue
+        kept = tuple(p for p in spelling.params if p != dropped[0])
+        without = _Spelling(host, spelling.path, kept).local
+        if without in hashes:
+            return link, hashes[without]
+        first = first or (link, "")
+    return first
+
+
+def _probe_bare(fetched: _Spelling, key: str, probe: Probe) -> tuple[str, str]:
+    """The spelling of a probe come back (``fetched``) without its name, and the hash its
+    page had when the probe was chosen: a sample that the record's may no longer hold."""
+    name = key[len(NAME) :]
+    kept = tuple(p for p in fetched.params if p.partition("=")[0] != name)
+    return _Spelling(fetched.host, fetched.path, kept).local, probe.bare
