@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from nats.aio.msg import Msg
 
 from tests.conftest import eventually
 from trove_discovery.discovery import Discovery
+from trove_schema.budgets import HostCount, host_budget_key
 from trove_schema.bus import Bus
 from trove_schema.events import (
     CrawlCompleted,
@@ -15,6 +17,7 @@ from trove_schema.events import (
     Link,
     PageDiscovered,
     Scope,
+    ScopeKind,
     decode_event,
     utcnow,
 )
@@ -62,6 +65,33 @@ async def discovered_after(
     )
     await handle(discovery, bus, event)
     return {e.url: e for e in await discoveries(bus)}
+
+
+def crawled(
+    url: str, *links: str, completed_at: datetime | None = None, **fields: Any
+) -> CrawlCompleted:
+    """A page fetched (at ``completed_at``, now by default) with these links, within
+    its host's scope."""
+    at = completed_at or utcnow()
+    host = url.split("/")[2]
+    return CrawlCompleted(
+        url=url,
+        domain=host,
+        scope=Scope(kind=ScopeKind.HOST, value=host, max_depth=5),
+        request_id=f"work-{url}",
+        outcome=CrawlOutcome.SUCCESS,
+        status_code=200,
+        started_at=at,
+        completed_at=at,
+        links=tuple(Link(url=link) for link in links),
+        **fields,
+    )
+
+
+async def pages_counted(bus: Bus, host: str) -> int:
+    """The pages of ``host`` its budget record counts this cycle."""
+    entry = await (await bus.js.key_value(SEEN_BUCKET)).get(host_budget_key(host))
+    return HostCount.from_bytes(entry.value).pages
 
 
 async def handle(discovery: Discovery, bus: Bus, event: CrawlCompleted) -> None:

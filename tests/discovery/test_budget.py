@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
-from tests.discovery.crawl_support import PAGE, discoveries, handle
+from tests.conftest import eventually
+from tests.discovery.crawl_support import (
+    PAGE,
+    crawled,
+    discoveries,
+    handle,
+    pages_counted,
+)
+from tests.discovery.follow_support import recorded
 from trove_discovery import discovery as discovery_module
 from trove_discovery.discovery import Discovery
-from trove_schema.budgets import HostCount, host_budget_key
+from trove_schema.budgets import BATCH_MEMORY_SECONDS, HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
     CrawlCompleted,
@@ -19,10 +28,16 @@ from trove_schema.events import (
     Scope,
     ScopeKind,
     decode_event,
+    derived_event_id,
     utcnow,
 )
 from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import EVENTS_STREAM, SEEN_BUCKET, page_schedule_subject
+from trove_schema.topology import (
+    DISCOVERY_LINKS,
+    EVENTS_STREAM,
+    SEEN_BUCKET,
+    page_schedule_subject,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -121,8 +136,89 @@ async def test_a_host_that_keeps_bringing_pages_gets_its_budget_again_each_cycle
 def test_a_count_written_before_cycles_were_kept_begins_its_cycle_when_read() -> None:
     counted = HostCount.from_bytes(b'{"n": 5, "last": "event-4"}')
     assert counted.in_cycle(1_800_000_000.0, 30 * 86_400.0) == HostCount(
-        5, "event-4", 1_800_000_000.0
+        pages=5, since=1_800_000_000.0
     )
+
+
+def test_a_count_written_by_the_release_before_marks_is_read_with_its_pages_and_cycle() -> None:
+    # During a rolling upgrade: its marks named links, not causes, and are let go.
+    old = b'{"n": 12, "last": "event-9", "recent": ["event-3", "event-9"], "since": 5.0}'
+    assert HostCount.from_bytes(old) == HostCount(pages=12, since=5.0)
+
+
+def test_a_batch_is_remembered_for_its_redeliveries_and_forgotten_after() -> None:
+    first, other = batch_mark("page-1", "busy.example"), batch_mark("page-2", "busy.example")
+    counted = HostCount.from_bytes(HostCount().add(first, 3, 1000.0).to_bytes())
+    assert counted.counted(first) == 3
+    # Pages of the same cause counted later (more links the second time) add to it.
+    counted = counted.add(first, 2, 1010.0).add(other, 1, 1020.0)
+    assert (counted.pages, counted.counted(first), counted.counted(other)) == (6, 5, 1)
+    later = counted.add(batch_mark("page-3", "busy.example"), 1, 1010.0 + BATCH_MEMORY_SECONDS)
+    assert (later.pages, later.counted(first), later.counted(other)) == (7, 0, 1)
+    # A cause's batch of another host is another batch.
+    assert counted.counted(batch_mark("page-1", "other.example")) == 0
+
+
+async def test_a_page_handled_again_after_many_batches_of_its_host_counts_its_links_once(
+    bus: Bus,
+) -> None:
+    # The hub's links counted, then twenty other pages of the busy host, one new link
+    # each; the hub comes back (its ack lost, an alias hold handed to the other
+    # replica): its links are granted again, and not counted twice.
+    first, second = await replica(bus, budget=100), await replica(bus, budget=100)
+    hub = crawled("https://busy.example/", *(f"https://busy.example/a{n}" for n in range(3)))
+    await handle(first, bus, hub)
+    for n in range(20):
+        page = crawled(f"https://busy.example/p{n}", f"https://busy.example/p{n}/next")
+        await handle(first, bus, page)
+    await handle(second, bus, hub)
+    assert await pages_counted(bus, "busy.example") == 3 + 20
+    assert len(await discoveries(bus)) == 23
+
+
+async def test_a_page_over_budget_first_handled_on_its_redelivery_still_has_its_recrawl(
+    bus: Bus,
+) -> None:
+    # Discovery a day behind a week's interval (an outage): the page was pulled, then
+    # handed back unhandled by a pod that stopped, and is handled first on its second
+    # delivery with its links over their host's budget. Its re-crawl, due already,
+    # still goes out (read whole), under the id its first delivery would have given it.
+    discovery = await replica(bus, budget=1)
+    event = crawled(
+        PAGE,
+        "https://site.example/a",
+        "https://site.example/b",
+        completed_at=utcnow() - timedelta(days=8),
+        etag='"v1"',
+    )
+    await bus.publish(event)
+    sub = await bus.js.pull_subscribe_bind(DISCOVERY_LINKS, EVENTS_STREAM)
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+        await msg.nak()
+        (msg,) = await sub.fetch(1, timeout=5)
+        assert msg.metadata.num_delivered == 2
+        await discovery.handle_crawl_completed(msg)
+        (request,) = await eventually(
+            lambda: recorded(bus, CrawlRequested),
+            until=bool,
+            timeout=10,
+            what="the page's re-crawl fired",
+        )
+        assert (request.id, request.url, request.etag) == (
+            derived_event_id(event.id, "recrawl"),
+            PAGE,
+            None,
+        )
+        # Delivered once more, it sends the same request, which the stream drops.
+        last = (await bus.js.stream_info(EVENTS_STREAM)).state.last_seq
+        await msg.nak()
+        (msg,) = await sub.fetch(1, timeout=5)
+        await discovery.handle_crawl_completed(msg)
+        await msg.ack()
+        assert (await bus.js.stream_info(EVENTS_STREAM)).state.last_seq == last
+    finally:
+        await sub.unsubscribe()
 
 
 async def test_a_pages_new_links_to_a_host_are_counted_at_once_and_only_once(bus: Bus) -> None:
@@ -199,12 +295,7 @@ def links_of(n: int) -> list[str]:
 
 
 async def counted(bus: Bus) -> int:
-    entry = await (await bus.js.key_value(SEEN_BUCKET)).get(_budget_key())
-    return HostCount.from_bytes(entry.value).pages
-
-
-def _budget_key() -> str:
-    return host_budget_key("busy.example")
+    return await pages_counted(bus, "busy.example")
 
 
 async def test_a_link_its_hosts_budget_refused_comes_in_its_next_cycle_from_the_page_read_whole(

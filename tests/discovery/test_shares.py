@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StackUrls, eventually
+from tests.discovery.crawl_support import crawled, handle, pages_counted
 from tests.discovery.follow_support import (
     SchedulingBus,
     commands_handled,
@@ -22,7 +23,7 @@ from tests.discovery.follow_support import (
     recorded,
 )
 from tests.support import send, services
-from trove_discovery.discovery import Discovery
+from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_discovery.follows import Follows, FollowStore, TimelineFollow, parse_command
 from trove_discovery.shares import Shares, next_poll, poll_delay, shared_pages
 from trove_schema.bus import Bus, schedule_header
@@ -472,3 +473,28 @@ async def test_an_old_chains_result_arriving_after_a_follow_again_leaves_the_new
     _, pending = await _scheduled(bus)
     assert new_first.follow_id != timeline.first.follow_id
     assert pending == new_first
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_poll_handled_again_after_other_pages_of_a_host_counts_its_shares_once(
+    bus: Bus,
+) -> None:
+    """Handled again (its ack lost, or its handling died once its shares were counted:
+    the next poll not scheduled, its pod gone) after nine other pages of the host were
+    counted, its pages are granted again: neither counted again nor refused."""
+    timeline = await _followed(bus, 5 * 10**9)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    settings = make_settings(host_page_budget=25)
+    discovery = Discovery(bus=bus, seen=seen, settings=settings)
+    shares = Shares(bus=bus, store=timeline.store, discovery=discovery, settings=settings)
+    shared = [f"https://blog.example/{n}" for n in range(10)]
+    result = polled(timeline.first, posts=(post(1, *shared, url=False),), cursor_after="5")
+    await shares.polled(result)
+    for n in range(9):
+        page = crawled(f"https://blog.example/p{n}", f"https://blog.example/p{n}/next")
+        await handle(discovery, bus, page)
+    await shares.polled(result, redelivered=True)
+    assert await pages_counted(bus, "blog.example") == 10 + 9
+    claims = [(await seen.get(_seen_key(url))).value or b"" for url in shared]
+    assert not [claim for claim in claims if claim.startswith(REFUSED)]
+    assert len(await recorded(bus, PageDiscovered)) == 10 + 9

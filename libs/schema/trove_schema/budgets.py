@@ -1,11 +1,13 @@
 """The cycle's budgets discovery counts in the seen bucket (``trove_seen``), keyed here.
 
 A host's page budget (``TROVE_HOST_PAGE_BUDGET``): the pages discovered of the host
-this cycle, the last event counted, the last of each of the pages counted lately, and
-when the cycle began (``{"n": 37, "last": "<event id>", "recent": [...], "since":
-1795000000.0}``). A site's host budget
-(``TROVE_SITE_HOST_BUDGET``, ``trove_discovery.sites``): the host names of the
-registrable domain that got pages this cycle (``{"hosts": [...], "since": …}``).
+this cycle, when the cycle began, and the batches counted lately: each one's mark (its
+cause and the host, ``batch_mark``), its pages counted and when (``{"n": 37, "since":
+1795000000.0, "marks": [["q3Zx9aBcD0eF", 3, 1795000123], ...]}``; a record written
+before marks were kept, with ``last`` and ``recent``, reads as one without them). A
+site's host budget (``TROVE_SITE_HOST_BUDGET``, ``trove_discovery.sites``): the host
+names of the registrable domain that got pages this cycle (``{"hosts": [...], "since":
+…}``).
 
 A cycle is the longest re-crawl interval (``DiscoverySettings.recrawl_max``, 30 days),
 counted from the first page or host it counts. Every write sets the key again, so its
@@ -18,6 +20,7 @@ its cycle when it is next read. Discovery writes them; ``trove domain`` reads th
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import json
@@ -77,53 +80,67 @@ def site_budget_key(site: str) -> str:
     return "s." + hashlib.sha256(site.encode()).hexdigest()[:40]
 
 
-#: Pages whose last counted link a host's record keeps: a page handled again (its ack
-#: lost, an alias hold handed back) after others of its host were counted is known.
-RECENT_COUNTED = 8
+def batch_mark(cause: str, host: str) -> str:
+    """The mark of a budget batch: the pages of ``host`` that ``cause`` (the event whose
+    handling counts them: a crawled page, a poll) brings. 72 bits of a hash, 12
+    characters in the record where the two ids would take some 50."""
+    digest = hashlib.sha256(f"{cause} {host}".encode()).digest()[:9]
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+#: How long a host's record remembers a batch it counted, so that its cause handled again
+#: (its ack lost, its pod gone, an alias hold handed back, on this replica or another)
+#: is granted its pages again, not counted twice: longer than a redelivery comes after
+#: the count. The longest alias hold the settings allow (``TROVE_ALIAS_HOLD_SECONDS`` at
+#: most 30 s, doubled over at most 3 rounds: 210 s), the events consumer's ack wait
+#: (30 s), a failing handler's back-off before it is parked (2 + 4 + 8 + 16 s) and a
+#: stopping pod's hand-back (at once) all fall within it: it is the events stream's
+#: duplicate window, which the same redelivery's events rely on to be dropped as copies.
+BATCH_MEMORY_SECONDS = 600.0
+#: Batches a host's record remembers at most, however busy: past one batch every 1.2 s
+#: for ten minutes the oldest go sooner. A host's own pages come one per politeness gap
+#: (10 s by default), so only links from many other sites' pages reach that; the value
+#: stays under 16 KB (about 30 bytes a batch).
+BATCH_MEMORY = 500
 
 
 @dataclass(frozen=True, slots=True)
 class HostCount:
-    """A host's pages counted this cycle, up to the event ``last`` (and the last of each
-    of the ``RECENT_COUNTED`` batches before it, ``recent``); the cycle began at
-    ``since`` (seconds since the epoch; 0: not known)."""
+    """A host's pages counted this cycle, which began at ``since`` (seconds since the
+    epoch; 0: not known), and the batches counted within ``BATCH_MEMORY_SECONDS``
+    (``marks``: each one's ``batch_mark``, its pages counted, and when)."""
 
     pages: int = 0
-    last: str = ""
     since: float = 0.0
-    recent: tuple[str, ...] = ()
+    marks: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
     def from_bytes(cls, value: bytes | None) -> HostCount:
         state = json.loads(value or b"{}")
-        recent = state.get("recent")
+        marks = state.get("marks")
         return cls(
             pages=int(state.get("n", 0)),
-            last=str(state.get("last", "")),
             since=float(state.get("since", 0.0)),
-            recent=tuple(str(v) for v in recent) if isinstance(recent, list) else (),
+            marks=tuple(
+                (str(mark[0]), int(mark[1]), int(mark[2]))
+                for mark in (marks if isinstance(marks, list) else ())
+                if isinstance(mark, list) and len(mark) == 3
+            ),
         )
 
     def to_bytes(self) -> bytes:
-        state = {"n": self.pages, "last": self.last, "since": self.since}
-        if self.recent:
-            state["recent"] = list(self.recent)
-        return json.dumps(state).encode()
+        state = {"n": self.pages, "since": self.since, "marks": [list(m) for m in self.marks]}
+        return json.dumps(state, separators=(",", ":")).encode()
 
-    def counted(self, event_ids: list[str]) -> int:
-        """How many of a page's ``event_ids`` (in its order) were counted already: up to
-        the last of them this record knows."""
-        marks = {self.last, *self.recent} - {""}
-        for n in range(len(event_ids) - 1, -1, -1):
-            if event_ids[n] in marks:
-                return n + 1
-        return 0
+    def counted(self, mark: str) -> int:
+        """How many pages the batch ``mark`` counted already (0: none remembered)."""
+        return next((pages for name, pages, _ in self.marks if name == mark), 0)
 
-    def add(self, pending: list[str], within: int) -> HostCount:
-        """This count with the first ``within`` of ``pending`` counted."""
-        mark = pending[within - 1]
-        recent = (*self.recent, mark)[-RECENT_COUNTED:]
-        return HostCount(self.pages + within, mark, self.since, recent)
+    def add(self, mark: str, within: int, now: float) -> HostCount:
+        """This count with ``within`` more pages of the batch ``mark``, counted at ``now``."""
+        kept = [m for m in self.marks if m[0] != mark and now - m[2] < BATCH_MEMORY_SECONDS]
+        marks = (*kept, (mark, self.counted(mark) + within, int(now)))[-BATCH_MEMORY:]
+        return HostCount(self.pages + within, self.since, marks)
 
     def in_cycle(self, now: float, cycle: float) -> HostCount:
         """The count as it stands at ``now``: nothing once ``cycle`` seconds have passed

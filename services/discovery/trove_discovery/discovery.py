@@ -45,7 +45,7 @@ from trove_discovery.sites import SiteHosts
 from trove_discovery.traps import url_trap_reason
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
-from trove_schema.budgets import HostCount, host_budget_key
+from trove_schema.budgets import HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Retry
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
 from trove_schema.events import (
@@ -228,7 +228,13 @@ class Discovery:
         recrawl = again is None and fetched and alias_of == event.url
         try:
             outgoing, held, over_budget = await self._follow(
-                event, followable, names, redirect, deliveries, skip=event.url if recrawl else None
+                event,
+                followable,
+                names,
+                redirect,
+                deliveries,
+                skip=event.url if recrawl else None,
+                only_held=again is not None,
             )
         except Exception:
             if recrawl:
@@ -247,7 +253,9 @@ class Discovery:
             # Links refused on a later delivery (held links, on this replica or another):
             # the request planned the first time may ask with the validators. One that
             # reads whole replaces it on the page's subject, under an id of its own (the
-            # first's would be dropped as a copy).
+            # first's would be dropped as a copy). The first time may never have come
+            # this far (a message handed back unhandled by a stopping pod, a pod gone
+            # mid-handling, a schedule that failed): the request goes out regardless.
             await self._request_recrawl(event, validators=False, after_hold=True)
         if outgoing:
             # Sent together, in order, in one write; each still waits for its PubAck. A
@@ -270,11 +278,13 @@ class Discovery:
         deliveries: int,
         *,
         skip: str | None,
+        only_held: bool,
     ) -> tuple[list[PageDiscovered], list[str], bool]:
         """The pages ``event``'s links discover (claimed in the seen set, within their
         hosts' budgets), the links held while their hosts' URL rules are learned, and
         whether a link waits for its host's next budget cycle. ``skip``: the page itself,
-        which its own re-crawl asks for again (a link to it, its logo's, is no new page)."""
+        which its own re-crawl asks for again (a link to it, its logo's, is no new page).
+        ``only_held``: the links are those a hold kept back here, which no budget counted."""
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
         held: list[str] = []
         over_budget = False
@@ -365,7 +375,10 @@ class Discovery:
         for candidate in new:
             by_host[domain_of(candidate.url)].append(candidate)
         allowed = await asyncio.gather(
-            *(self._within_budget(h, [c.event_id for c in group]) for h, group in by_host.items())
+            *(
+                self._within_budget(h, [c.event_id for c in group], cause=event.id, held=only_held)
+                for h, group in by_host.items()
+            )
         )
         refused: list[tuple[str, float]] = []
         for (host, group), (within, until) in zip(by_host.items(), allowed, strict=True):
@@ -397,8 +410,9 @@ class Discovery:
         self, event: CrawlCompleted, *, validators: bool = True, after_hold: bool = False
     ) -> None:
         """Schedule the page's next visit. ``after_hold``: in place of the one its first
-        round scheduled, unless that is due already (sent, or about to be: a second would
-        fetch the page twice in one interval)."""
+        round scheduled, under an id of its own; once that is due, under its id instead
+        (sent, it drops this one as a copy: a second would fetch the page twice in one
+        interval; never sent, this one is the page's only request)."""
         # The page's history comes with the event and goes on in the request: the same
         # event always plans the same interval, and no replica keeps state per page.
         history = plan_recrawl(
@@ -422,10 +436,9 @@ class Discovery:
             read_whole_at = history.read_whole_at
         if (due - read_whole_at).total_seconds() >= self.settings.seen_ttl:
             validators = False
-        if after_hold and due.timestamp() <= self.clock():
-            return
+        replaces = after_hold and due.timestamp() > self.clock()
         request = CrawlRequested(
-            id=derived_event_id(event.id, "recrawl-after-hold" if after_hold else "recrawl"),
+            id=derived_event_id(event.id, "recrawl-after-hold" if replaces else "recrawl"),
             url=event.url,
             domain=event.domain,
             depth=event.depth,
@@ -474,23 +487,27 @@ class Discovery:
             return url
         return rewrite(await self.url_rules.rules_for(domain_of(url)), url)
 
-    async def discover(self, event: PageDiscovered) -> bool:
-        """Publish ``event`` if its URL is new this cycle and its host within budget, as
-        for a link (shared pages come this way, ``trove_discovery.shares``)."""
-        if self.exclusions and self.exclusions.covering(event.domain):
-            return False
-        url = await self._alias_target(event.url)
-        if url != event.url:  # an alias spelling is never discovered as a page
-            event = event.model_copy(update={"url": url})
-        if not await self._first_sighting(event.url, event.id):
-            return False
-        within, until = await self._within_budget(event.domain, [event.id])
-        if not within:
-            await self._refuse(event.url, until)
-            return False
-        await self.bus.publish(event)
-        DISCOVERED.labels(event.provenance.kind).inc()
-        return True
+    async def discover(self, events: list[PageDiscovered], *, cause: str) -> None:
+        """Publish those of ``events``, the pages ``cause`` brings (a poll's shares,
+        ``trove_discovery.shares``), whose URLs are new this cycle and whose hosts have
+        room, as for a page's links: one budget batch a host, which ``cause`` handled
+        again is granted again, not counted twice."""
+        by_host: dict[str, list[PageDiscovered]] = defaultdict(list)
+        for event in events:
+            if self.exclusions and self.exclusions.covering(event.domain):
+                continue
+            url = await self._alias_target(event.url)
+            if url != event.url:  # an alias spelling is never discovered as a page
+                event = event.model_copy(update={"url": url})
+            if await self._first_sighting(event.url, event.id):
+                by_host[event.domain].append(event)
+        for host, group in by_host.items():
+            within, until = await self._within_budget(host, [e.id for e in group], cause=cause)
+            for refused in group[within:]:
+                await self._refuse(refused.url, until)
+            for event in group[:within]:
+                await self.bus.publish(event)
+                DISCOVERED.labels(event.provenance.kind).inc()
 
     async def _first_sighting(self, url: str, event_id: str, *, seed: bool = False) -> bool:
         """Whether ``url`` is new to the seen set, claimed for ``event_id`` (``_claim``)."""
@@ -551,31 +568,39 @@ class Discovery:
         await self.seen.put(key, value)
         self.sightings.remember(key, value)
 
-    async def _within_budget(self, domain: str, event_ids: list[str]) -> tuple[int, float]:
+    async def _within_budget(
+        self, domain: str, event_ids: list[str], *, cause: str | None = None, held: bool = False
+    ) -> tuple[int, float]:
         """Count pages discovered per host this cycle; of ``event_ids`` (new pages of the
-        host, in order), how many are within the budget (trap defence), and when the
-        budget that refused the rest has room again. A host with nothing counted yet
-        this cycle is first counted against its site's host budget
-        (``trove_discovery.sites``), which may refuse all of them.
+        host that ``cause`` brings, in order; None: a page alone, its own cause), how
+        many are within the budget (trap defence), and when the budget that refused the
+        rest has room again. A host with nothing counted yet this cycle is first counted
+        against its site's host budget (``trove_discovery.sites``), which may refuse all
+        of them.
 
         One compare-and-set for all of them, against the revision this process last
         wrote, so a busy host costs one round trip a page's links, not a read and a
         write a link. Another writer (a second replica, the key's expiry) makes the
-        write fail, and then it reads. The record keeps the last page counted, so the
-        same links handled again next (a redelivery) are not counted twice.
+        write fail, and then it reads. The record keeps how many each cause's batch
+        counted (``HostCount.marks``), so the same cause handled again (a redelivery, on
+        any replica, after other batches of the host) counts nothing twice. ``held``:
+        links a hold kept back here, which the cause's earlier round did not count.
         """
+        mark = batch_mark(cause or event_ids[0], domain)
         key = host_budget_key(domain)
         # In turns within this replica: side by side, the handlers of a host's pages all
         # wrote against one remembered revision, and one that lost, having to read before
         # writing again, could lose to the others every time (``trove_schema.turns``).
         async with self.budget_turns.of(key):
-            within, refused_by, until = await self._count_within_budget(key, domain, event_ids)
+            within, refused_by, until = await self._count_within_budget(
+                key, domain, event_ids, mark, held=held
+            )
         if within < len(event_ids):
             BUDGET_REFUSALS.labels(refused_by).inc(len(event_ids) - within)
         return within, until
 
     async def _count_within_budget(
-        self, key: str, domain: str, event_ids: list[str]
+        self, key: str, domain: str, event_ids: list[str], mark: str, *, held: bool
     ) -> tuple[int, str, float]:
         """How many of ``event_ids`` are within the budget, which budget refused the
         rest (``host_pages`` or ``site_hosts``), and when it has room again: the host's
@@ -596,11 +621,11 @@ class Discovery:
                 except KeyNotFoundError:
                     counted, revision = HostCount(), None
                 counted = counted.in_cycle(now, cycle)
-            # Counted already, up to the last the record knows (the same links handled
-            # again, after others of the host maybe). A page handled again may bring more
-            # of the host's links than the first time (another replica's alias probes
-            # held fewer back): those are counted now.
-            done = counted.counted(event_ids)
+            # Counted already: as many as the same batch counted before (its cause handled
+            # again). Handled again, a page may bring more of the host's links than the
+            # first time (another replica's alias probes held fewer back): those are
+            # counted now, and the batch's mark counts them too.
+            done = 0 if held else min(counted.counted(mark), len(event_ids))
             pending = event_ids[done:]
             ends = counted.since + cycle
             if not pending:
@@ -612,7 +637,7 @@ class Discovery:
             # Not written then, so that the site's refusal is read again, never remembered.
             if counted.pages == 0 and not await self.sites.admits(domain):
                 return 0, "site_hosts", now + cycle
-            now_counted = counted.add(pending, within)
+            now_counted = counted.add(mark, within, now)
             value = now_counted.to_bytes()
             try:
                 if revision is None:

@@ -181,8 +181,8 @@ class Shares:
     async def polled(self, event: TimelinePolled, *, redelivered: bool = False) -> None:
         follow = await self._advance(event)
         if follow is not None:
-            for page in shared_pages(event, follow, self.settings):
-                await self.discovery.discover(page)
+            pages = shared_pages(event, follow, self.settings)
+            await self.discovery.discover(pages, cause=event.id)
             request, at = next_poll(event, follow, self.settings)
             await self.bus.publish_at(
                 request, at, schedule=timeline_schedule_subject(event.instance, event.timeline)
