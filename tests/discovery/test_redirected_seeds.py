@@ -79,6 +79,40 @@ def test_a_moved_scope_holds_the_target_and_what_lies_under_it(
     )
 
 
+@pytest.mark.parametrize(
+    ("target", "own", "other"),
+    [
+        (
+            "https://medium.com/@john.doe",
+            "https://medium.com/@john.doe/post",
+            "https://medium.com/@someone_else/post",
+        ),
+        (
+            "https://linktr.ee/john.doe",
+            "https://linktr.ee/john.doe?tab=links",
+            "https://linktr.ee/jane",
+        ),
+        # A page file's extension still names the site's directory.
+        (
+            "https://moved.example/blog/index.html",
+            "https://moved.example/blog/post-1",
+            "https://moved.example/",
+        ),
+    ],
+)
+def test_a_dot_in_a_users_name_is_no_file_and_keeps_the_scope_to_the_user(
+    target: str, own: str, other: str
+) -> None:
+    host = Scope(kind=ScopeKind.HOST, value="blog.john.example", max_depth=2)
+    moved = redirected_scope(host, target)
+    assert moved is not None
+    assert (in_scope(target, moved), in_scope(own, moved), in_scope(other, moved)) == (
+        True,
+        True,
+        False,
+    )
+
+
 def test_a_scope_moves_along_a_chain_of_redirects_a_few_times_and_a_pattern_given_never() -> None:
     scope: Scope | None = Scope(kind=ScopeKind.HOST, value="short.example", max_depth=0)
     hops = [f"https://hop{n}.example/x" for n in range(MAX_SCOPE_MOVES + 1)]
@@ -113,6 +147,20 @@ async def test_a_seed_redirected_to_another_host_is_crawled_there(bus: Bus) -> N
     assert moved.depth == 0
     assert moved.scope == redirected_scope(seed, MOVED)
     assert moved.provenance.kind == "redirect"
+
+
+async def test_a_seed_redirected_to_a_user_on_a_platform_follows_that_users_links_only(
+    bus: Bus,
+) -> None:
+    seed = Scope(kind=ScopeKind.HOST, value="blog.john.example", max_depth=2)
+    user = "https://medium.com/@john.doe"
+    to_user = [Link(url=user, kind=LinkKind.REDIRECT)]
+    found = await discovered_after(bus, to_user, seed, outcome=CrawlOutcome.REJECTED)
+    moved = found[user].scope
+    own, other = f"{user}/post", "https://medium.com/@someone_else/post"
+    found = await discovered_after(bus, [Link(url=own), Link(url=other)], moved)
+    assert set(found) == {user, own}
+    assert found[own].scope == moved
 
 
 async def test_a_linked_page_redirected_off_the_scope_is_not_followed(bus: Bus) -> None:

@@ -8,6 +8,7 @@ fixed seed, and statistical claims are made on the median over 50 pages per rate
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -256,3 +257,70 @@ def test_the_interval_stays_within_the_bounds() -> None:
     assert next_interval(history, policy) == 1.0
     history = ChangeHistory(visits=((8.0, False),) * 5, interval=8.0)
     assert next_interval(history, policy) == 8.0
+
+
+def visited(history: ChangeHistory, *, changed: bool, policy: RecrawlPolicy) -> ChangeHistory:
+    """``history`` after a visit when the policy said, finding the page ``changed``."""
+    assert history.visited_at is not None
+    assert history.interval is not None
+    at = history.visited_at + timedelta(seconds=history.interval)
+    return plan_recrawl(
+        history,
+        visited_at=at,
+        content_hash=f"as of {at}" if changed else None,
+        not_modified=not changed,
+        policy=policy,
+    )
+
+
+def first_visit(policy: RecrawlPolicy) -> ChangeHistory:
+    return plan_recrawl(
+        None, visited_at=START, content_hash="v0", not_modified=False, policy=policy
+    )
+
+
+@pytest.mark.parametrize("quiet", [4, 12])
+def test_a_page_that_wakes_up_after_quiet_visits_is_visited_daily_within_a_dozen_visits(
+    quiet: int,
+) -> None:
+    # Quiet for months at the maximum interval, then changed at every visit.
+    policy = RecrawlPolicy()
+    history = first_visit(policy)
+    for _ in range(quiet):
+        history = visited(history, changed=False, policy=policy)
+    assert history.interval == policy.maximum
+    intervals = []
+    for _ in range(12):
+        history = visited(history, changed=True, policy=policy)
+        assert history.interval is not None
+        intervals.append(history.interval)
+    assert min(intervals) <= DAY, [round(interval / DAY, 1) for interval in intervals]
+
+
+@pytest.mark.parametrize("changes", [[True], [True, True], [True, True, False, False, True]])
+def test_a_change_now_and_then_after_quiet_visits_keeps_the_interval_long(
+    changes: list[bool],
+) -> None:
+    policy = RecrawlPolicy()
+    history = first_visit(policy)
+    for changed in [False] * 12 + changes:
+        history = visited(history, changed=changed, policy=policy)
+    assert history.interval == policy.maximum
+
+
+def test_a_page_that_goes_quiet_after_changing_at_every_visit_backs_off_by_growth() -> None:
+    policy = RecrawlPolicy()
+    history = first_visit(policy)
+    for _ in range(40):
+        history = visited(history, changed=True, policy=policy)
+    assert history.interval == policy.minimum
+    intervals = [history.interval]
+    while intervals[-1] < policy.maximum and len(intervals) < 100:
+        history = visited(history, changed=False, policy=policy)
+        assert history.interval is not None
+        intervals.append(history.interval)
+    # Never sooner for a quiet visit, never more than doubled, and the maximum in the
+    # end: a few quiet visits are weak evidence after a long run of changes.
+    assert all(a <= b <= a * policy.growth for a, b in itertools.pairwise(intervals))
+    assert intervals[-1] == policy.maximum
+    assert 20 < len(intervals) <= 40

@@ -22,10 +22,16 @@ side; for irregular visits the half visit is as long as the shortest visit inter
 which reduces to their estimator when the intervals are equal, keeps the rate finite,
 and errs toward the evidence that says the most about a fast page. A page never seen
 changed estimates zero.
+
+The rate is assumed steady, but a page's habits change: a page quiet for months
+starts a blog. Its quiet visits, a month apart, would outweigh a year of changed
+ones, so the estimate starts at the newest change point (``since_change_point``): a
+run of changed visits that the rate before it makes too unlikely to be chance.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +47,16 @@ DAY = 86_400.0
 _STEPS = 64
 #: Beyond this, exp(λ t) overflows and the visit's term is zero for all purposes.
 _MAX_EXPONENT = 700.0
+#: A page's habits change at this many changed visits in a row at the least: fewer are
+#: what a page that changes once in a while shows now and then.
+CHANGE_POINT_RUN = 3
+#: ...and only when the rate before the run gave them less than this chance of all
+#: changing. A page visited at its mean time between changes finds each visit changed
+#: 63% of the time: by chance it takes some fifteen in a row (0.63^15 ≈ 0.1%), so a
+#: page whose habits hold seldom loses visits from its estimate (simulated, the median
+#: rate stays within 10% of the true one), while three changes in a row after a few
+#: quiet visits are a page woken up.
+CHANGE_POINT_CHANCE = 0.001
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +147,28 @@ def estimate_rate(visits: Sequence[tuple[float, bool]]) -> float | None:
     return math.exp((low + high) / 2)
 
 
+def since_change_point(visits: Sequence[tuple[float, bool]]) -> Sequence[tuple[float, bool]]:
+    """The visits since the page last changed its habits (all of them when it has not):
+    from the newest run of ``CHANGE_POINT_RUN`` or more changed visits to which the
+    visits before it, back to the change point before, gave less than
+    ``CHANGE_POINT_CHANCE``. Visits that never saw a change give such a run no chance;
+    a change now and then, or two in a row, is never a change point.
+    """
+    start = position = 0
+    for changed, group in itertools.groupby(visits, key=lambda visit: visit[1]):
+        run = list(group)
+        if changed and len(run) >= CHANGE_POINT_RUN and position > start:
+            rate = estimate_rate(visits[start:position])
+            if rate is not None and _all_changed_chance(rate, run) < CHANGE_POINT_CHANCE:
+                start = position
+        position += len(run)
+    return visits[start:]
+
+
+def _all_changed_chance(rate: float, visits: Sequence[tuple[float, bool]]) -> float:
+    return math.prod(-math.expm1(-rate * t) for t, _ in visits)
+
+
 def next_interval(history: ChangeHistory, policy: RecrawlPolicy) -> float:
     """Seconds until the page's next visit, within the policy's bounds.
 
@@ -142,7 +180,7 @@ def next_interval(history: ChangeHistory, policy: RecrawlPolicy) -> float:
     changes. A page changing faster than the minimum is visited at the minimum; one
     never seen changing drifts to the maximum, by ``growth`` a visit.
     """
-    rate = estimate_rate(history.visits)
+    rate = estimate_rate(since_change_point(history.visits))
     if rate is None:
         wanted = policy.first
     else:

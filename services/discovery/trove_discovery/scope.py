@@ -20,6 +20,7 @@ every scope but ``OPEN``, and so is everything when a pattern does not compile.
 from __future__ import annotations
 
 import functools
+import posixpath
 import re
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -27,8 +28,17 @@ from urllib.parse import urlsplit
 import re2  # type: ignore[import-untyped]
 
 from trove_discovery.errors import InvalidURL
+from trove_schema.aliases import INDEX_NAMES
 from trove_schema.events import MAX_SCOPE_MOVES, Scope, ScopeKind
 from trove_schema.urls import domain_of, registrable_domain
+
+#: Extensions that make a path's last segment a page file, whose directory is the site.
+#: Any other dot is part of a name (``/@john.doe``, ``/john.doe``): a platform's user,
+#: whose subtree is the site, not the platform's root.
+PAGE_EXTENSIONS = frozenset(
+    {posixpath.splitext(name)[1] for name in INDEX_NAMES}
+    | {".html", ".htm", ".xhtml", ".shtml", ".php", ".asp", ".aspx", ".jsp", ".cgi", ".cfm"}
+)
 
 
 def in_scope(url: str, scope: Scope) -> bool:
@@ -56,8 +66,8 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
     a shortened link shared on the fediverse) is crawled where it answers. A ``HOST``
     or ``DOMAIN`` scope becomes a ``PATTERN`` of the target's host (and its ``www.``
     twin, any port) and the target's subtree (its directory when its path ends in
-    ``/`` or names a file, else the path itself and what lies under it: ``/@ann``,
-    ``/view/x``): not the target's whole host or
+    ``/`` or names a page file, ``PAGE_EXTENSIONS``, else the path itself and what lies
+    under it: ``/@ann``, ``/@ann.lee``, ``/view/x``): not the target's whole host or
     domain, which may be a platform of many sites (``sites.google.com/view/x``). It
     moves again with the next redirect of the chain (a shortener to a shortener), up to
     ``MAX_SCOPE_MOVES``; an operator's own pattern never moves.
@@ -78,7 +88,7 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
         origin = rf"(?:www\.)?{re.escape(_without_www(host))}"
     path = parts.path or "/"
     name = path[path.rfind("/") + 1 :]
-    if "." in name:  # a file (``/blog/index.html``, ``/2024/05/post.html``): its directory
+    if posixpath.splitext(name)[1].lower() in PAGE_EXTENSIONS:  # ``/blog/index.html``
         path = path[: path.rfind("/") + 1]
     subtree = re.escape(path) + ("" if path.endswith("/") else "(?:[/?#]|$)")
     pattern = rf"^https?://{origin}(?::[0-9]+)?{subtree}"
