@@ -21,6 +21,7 @@ upcaster first; consumers are upgraded before producers (docs/deploy.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -31,14 +32,18 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic.dataclasses import dataclass
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticKnownError, core_schema
 
 from trove_schema.errors import MalformedEvent
 from trove_schema.text import Storable, StorableItems, StorableTerms
@@ -74,18 +79,61 @@ def comparable_hashes(a: str, b: str) -> bool:
     return a.startswith(SIGNALS_HASH_PREFIX) == b.startswith(SIGNALS_HASH_PREFIX)
 
 
+#: The validation context ``decode_event`` reads with (``Bounded`` cuts, not refuses).
+_READING: dict[str, bool] = {"reading": True}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bounded:
+    """Field metadata for a collection of at most ``max_items``: refused over it where an
+    event is built, cut to it where one is read (``decode_event``).
+
+    A release that raises a bound is then read by the release before it (a rollback, a
+    replay with the older code, a consumer upgraded last): refused, the whole event
+    would be parked, a page's re-crawl chain or a poll's cursor with it. Producers stay
+    strict. ``keep`` says which end a cut keeps: the ``first`` items, or the ``last``
+    (a list kept oldest first, whose newest matter).
+    """
+
+    max_items: int
+    keep: Literal["first", "last"] = "first"
+
+    def check(self, value: Any, info: ValidationInfo) -> Any:
+        if len(value) <= self.max_items:
+            return value
+        if info.context is not _READING:
+            raise PydanticKnownError(
+                "too_long",
+                {
+                    "field_type": "Dictionary" if isinstance(value, dict) else "Tuple",
+                    "max_length": self.max_items,
+                    "actual_length": len(value),
+                },
+            )
+        items = list(value.items()) if isinstance(value, dict) else value
+        kept = items[: self.max_items] if self.keep == "first" else items[-self.max_items :]
+        return dict(kept) if isinstance(value, dict) else kept
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        # The bound checked here, not by pydantic while it builds the collection, which
+        # can only refuse.
+        return core_schema.with_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        bound = "maxProperties" if json_schema.get("type") == "object" else "maxItems"
+        json_schema[bound] = self.max_items
+        return json_schema
+
+
 #: Most response headers one CrawlCompleted carries for the audit, and their sizes.
 MAX_AUDIT_HEADERS = 16
 MAX_AUDIT_HEADER_NAME = 64
 MAX_AUDIT_HEADER_VALUE = 256
-
-
-def _first_headers(value: dict[str, str]) -> dict[str, str]:
-    # Cut rather than refused: a stranger's event with more headers is still read.
-    if len(value) <= MAX_AUDIT_HEADERS:
-        return value
-    return dict(list(value.items())[:MAX_AUDIT_HEADERS])
-
 
 #: Selected response headers (lower-case names), for the audit: never cookies, never a body.
 AuditHeaders = Annotated[
@@ -93,7 +141,7 @@ AuditHeaders = Annotated[
         Annotated[str, Storable(MAX_AUDIT_HEADER_NAME)],
         Annotated[str, Storable(MAX_AUDIT_HEADER_VALUE)],
     ],
-    AfterValidator(_first_headers),
+    Bounded(MAX_AUDIT_HEADERS),
 ]
 
 
@@ -332,7 +380,7 @@ class ChangeHistory(Frozen):
     #: When that visit completed.
     visited_at: datetime | None = None
     #: (seconds since the visit before, changed since it), oldest first, newest last.
-    visits: tuple[tuple[float, bool], ...] = Field(default=(), max_length=MAX_VISITS)
+    visits: Annotated[tuple[tuple[float, bool], ...], Bounded(MAX_VISITS, keep="last")] = ()
     #: The re-crawl interval chosen after the last visit, in seconds.
     interval: float | None = None
     #: When the page was last answered with its body, which shows its links (a 304 shows
@@ -402,10 +450,8 @@ class CrawlCompleted(Event):
     #: BCP-47 tag, or None when the detector was not sure.
     language: Annotated[str, Storable(35)] | None = None
     #: A bounded bag of terms for the search index: never text the body could be rebuilt from.
-    keywords: Annotated[tuple[str, ...], StorableTerms(MAX_KEYWORDS, 100)] = ()
-    links: Annotated[tuple[Link, ...], StorableItems("url")] = Field(
-        default=(), max_length=MAX_LINKS_PER_PAGE
-    )
+    keywords: Annotated[tuple[str, ...], StorableTerms(100), Bounded(MAX_KEYWORDS)] = ()
+    links: Annotated[tuple[Link, ...], Bounded(MAX_LINKS_PER_PAGE), StorableItems("url")] = ()
     links_truncated: bool = False
     canonical_url: URLText | None = None
     noindex: bool = False
@@ -487,7 +533,8 @@ class TimelinePollRequested(Event):
     cursor: PostId | None = None
     #: Ids of the posts handled in the lookback behind the cursor (the poller reads it
     #: again, for posts that reached the instance after a newer one): not handled twice.
-    recent: tuple[PostId, ...] = Field(default=(), max_length=MAX_RECENT_POSTS)
+    #: In id order, the newest last.
+    recent: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
     #: Posts to read back while there is no cursor yet (the follow's ``backfill``);
     #: None: the fetcher's own bound.
     backfill: int | None = Field(default=None, ge=0, le=1000)
@@ -514,7 +561,7 @@ class SharedPost(Frozen):
     language: LanguageText | None = None
     #: The preview card's URL and the links in the content (canonical; no mentions,
     #: hashtags or the instance's own pages).
-    links: tuple[URLText, ...] = Field(default=(), max_length=100)
+    links: Annotated[tuple[URLText, ...], Bounded(100)] = ()
 
 
 class TimelinePolled(Event):
@@ -543,11 +590,12 @@ class TimelinePolled(Event):
     #: new was read or the poll failed: the cursor is never lost).
     cursor_before: Annotated[str, Storable(200)] | None = None
     cursor_after: Annotated[str, Storable(200)] | None = None
-    #: The ids handled in the lookback behind ``cursor_after``, for the next request.
-    recent_after: tuple[PostId, ...] = Field(default=(), max_length=MAX_RECENT_POSTS)
+    #: The ids handled in the lookback behind ``cursor_after``, for the next request (as
+    #: ``TimelinePollRequested.recent``).
+    recent_after: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
     #: There is more to read past ``cursor_after`` (the poll stopped at its page bound).
     more: bool = False
-    posts: tuple[SharedPost, ...] = Field(default=(), max_length=1000)
+    posts: Annotated[tuple[SharedPost, ...], Bounded(1000)] = ()
     #: Posts left out: not public, or their account opted out of search or discovery.
     skipped: int = Field(default=0, ge=0)
     #: Seconds before the next poll: what the instance asked (Retry-After, or its
@@ -611,7 +659,7 @@ def decode_event(data: bytes | str) -> Event:
         fast = EVENT_TYPES.get(prefix.group(1).decode())
         if fast is not None and int(prefix.group(2)) == fast.VERSION:
             try:
-                return fast.model_validate_json(b"{" + raw_bytes[prefix.end() :])
+                return fast.model_validate_json(b"{" + raw_bytes[prefix.end() :], context=_READING)
             except ValidationError as exc:
                 # pydantic's JSON parser refuses a lone surrogate escape, which json.loads
                 # reads (and the text types then mark): the path below reads those too.
@@ -677,7 +725,7 @@ def _validate_tolerantly(cls: type[Event], raw: dict[str, Any]) -> Event:
     asks pydantic where the unknown fields are instead of walking the schema here.
     """
     try:
-        return cls.model_validate(raw)
+        return cls.model_validate(raw, context=_READING)
     except ValidationError as exc:
         unknown = _unknown_fields(exc)
         kinds = _unknown_link_kinds(exc)
@@ -692,7 +740,7 @@ def _validate_tolerantly(cls: type[Event], raw: dict[str, Any]) -> Event:
         names = sorted({".".join(str(p) for p in loc if isinstance(p, str)) for loc in unknown})
         _log.info("ignoring fields of %s this code does not know: %s", cls.TYPE, names)
     try:
-        return cls.model_validate(raw)
+        return cls.model_validate(raw, context=_READING)
     except ValidationError as exc:
         raise MalformedEvent(f"invalid {cls.TYPE}: {exc}") from exc
 

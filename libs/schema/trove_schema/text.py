@@ -88,14 +88,14 @@ class Storable:
 
 @dataclass(frozen=True, slots=True)
 class StorableTerms:
-    """Field metadata for a bag of short strings (keywords): each cleaned and cut.
+    """Field metadata for a bag of short strings (keywords): each cleaned and cut (how
+    many the bag holds is the field's own bound).
 
     Checked after pydantic built the tuple, in one pass over the joined terms: cleaning
     before validation made pydantic turn the JSON array into Python objects first
     (three times slower).
     """
 
-    max_items: int
     max_length: int
 
     def clean(self, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -106,9 +106,7 @@ class StorableTerms:
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        terms = core_schema.tuple_variable_schema(
-            core_schema.str_schema(), max_length=self.max_items
-        )
+        terms = core_schema.tuple_variable_schema(core_schema.str_schema())
         return core_schema.no_info_after_validator_function(self.clean, terms)
 
 

@@ -32,6 +32,11 @@ the next replay, ends its hold. The lock's connection is used before every batch
 server never ends it as idle, and a replay whose connection ended anyway (the server
 restarted, an operator ended it) stops: a live recorder may have released its retries
 meanwhile, and taking the lock again would not call them back.
+
+The replay reads from a stream sequence (``since``'s first event's, looked up once), so
+that nats-py can make its ordered consumer again after a server restart or a leader move
+(it resumes from the sequence after the last one delivered). A broker away is waited
+for, up to ``patience`` without a message; then the replay stops with ``ReplayStalled``.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import nats.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
@@ -63,6 +70,7 @@ from trove_schema.policy import LearningConfig
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
+    EVENTS_PREFIX,
     EVENTS_STREAM,
     INSTANCE_FOLLOWED,
     INSTANCE_UNFOLLOWED,
@@ -207,6 +215,74 @@ class LockLost(TroveError):
     """The replay's lock went with its connection: the replay stopped."""
 
 
+class ReplayStalled(TroveError):
+    """No event came from NATS for the replay's patience: the broker stayed away."""
+
+
+#: Seconds one read waits for a message before the replay looks at how long it waited.
+READ_WAIT = 10.0
+#: Seconds the replay waits for a broker that sends nothing (a restart, a leader moved,
+#: an outage) before it gives up.
+REPLAY_PATIENCE = 600.0
+
+
+async def _first_event_since(js: JetStreamContext, since: datetime) -> int:
+    """The stream sequence of the first event at or after ``since`` (there is one).
+
+    A consumer that starts at a time cannot be made again by nats-py after a reset: it
+    asks for the sequence after the last delivered and keeps the start time beside it,
+    which the server refuses. A one-message consumer finds the sequence instead."""
+    first = await js.pull_subscribe(
+        f"{EVENTS_PREFIX}.>",
+        stream=EVENTS_STREAM,
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since,
+            ack_policy=AckPolicy.NONE,
+            mem_storage=True,
+            num_replicas=1,
+        ),
+    )
+    try:
+        (msg,) = await first.fetch(1, timeout=READ_WAIT)
+    finally:
+        with contextlib.suppress(Exception):
+            await first.unsubscribe()
+    return msg.metadata.sequence.stream
+
+
+async def _next_message(
+    sub: JetStreamContext.PushSubscription, bus: Bus, at: int, last: int, patience: float
+) -> Msg:
+    """The replay's next message, the broker waited for while it is away (the client
+    reconnects, and the ordered consumer is made again from where it was)."""
+    started = time.monotonic()
+    while True:
+        waited = time.monotonic() - started
+        if waited >= patience:
+            raise ReplayStalled(
+                f"no event from NATS for {patience:.0f} s, at sequence {at} of {last}"
+            )
+        try:
+            return await sub.next_msg(timeout=min(READ_WAIT, patience - waited))
+        except nats.errors.ConnectionClosedError:
+            closed = True
+        except nats.errors.TimeoutError:
+            # The server turned the client away for the connection's patience.
+            closed = bus.closed.is_set()
+        if closed:
+            raise ReplayStalled(
+                f"the NATS connection is lost for good ({bus.nc.last_error}), "
+                f"at sequence {at} of {last}"
+            )
+        log.warning(
+            "replay: waiting for NATS at sequence %d of %d (%.0f s so far)",
+            at,
+            last,
+            time.monotonic() - started,
+        )
+
+
 async def _check_lock(lock: AsyncConnection) -> None:
     """Raise ``LockLost`` unless ``lock``'s session still holds the replay's lock."""
     try:
@@ -237,6 +313,7 @@ async def replay(
     page_id_cache: int = 200_000,
     learning: LearningConfig | None = None,
     since: datetime | None = None,
+    patience: float = REPLAY_PATIENCE,
 ) -> ReplayStats:
     if since is not None and truncate:
         raise ValueError("a replay since a time re-applies a window: it cannot truncate")
@@ -286,12 +363,14 @@ async def replay(
         if last == 0 or (since is not None and newest is not None and newest < since):
             return stats  # nothing to apply: no consumer would deliver anything
         sessions = async_sessionmaker(engine, expire_on_commit=False)
+        # From 1: the server starts at the stream's first message when retention took 1.
+        first = 1 if since is None else await _first_event_since(bus.js, since)
         sub = await bus.js.subscribe(
-            "trove.events.>",
+            f"{EVENTS_PREFIX}.>",
             stream=EVENTS_STREAM,
             ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL if since is None else DeliverPolicy.BY_START_TIME,
-            config=None if since is None else ConsumerConfig(opt_start_time=since),
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=first),
         )
         known = PageIds(page_id_cache)
 
@@ -308,12 +387,16 @@ async def replay(
             known.learn(applied.generation, applied.page_ids)
             return applied.count
 
-        done = False
+        done, seq = False, first - 1
         while not done:
             events: list[Event] = []
             for _ in range(batch):
-                msg = await sub.next_msg(timeout=10)
+                msg = await _next_message(sub, bus, seq, last, patience)
                 seq = msg.metadata.sequence.stream
+                # A consumer nats-py made again before the first message came starts at
+                # the stream's start: what it holds before ``first`` is not the window's.
+                if seq < first:
+                    continue
                 if msg.subject in subjects:
                     stats.events += 1
                     try:
@@ -388,6 +471,12 @@ def run_replay(
     except NotEmpty as exc:
         print(f"error: {exc}")
         return 2
+    except ReplayStalled as exc:
+        print(
+            f"error: replay stopped: {exc}. Run it again with --since a time before it "
+            "stopped: what it applied is skipped"
+        )
+        return 1
     except LockLost as exc:
         print(
             f"error: replay stopped: {exc}. A live recorder may have released the retries "

@@ -1,0 +1,191 @@
+"""A replay across a NATS outage, on a nats-server of its own stopped and started again
+mid-replay: the replay waits for the broker, resumes where it was, and applies every
+event; one whose broker stays away ends with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+from tests.conftest import eventually
+from tests.support import query
+from trove_recorder.replay import ReplayStalled, ReplayStats, replay
+from trove_recorder.retries import RetryPolicy
+from trove_schema.bus import Bus
+from trove_schema.events import Provenance, SeedRejected
+from trove_schema.migrate import upgrade_async
+from trove_schema.topology import ensure_topology
+from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
+
+POLICY = RetryPolicy(max_attempts=3, delay_seconds=1.0)
+#: nats-server sends an ordered consumer about 2 MB past what the client has read (its
+#: flow control): a record of 6 MB leaves most of it at the server when the replay is
+#: held, so the outage leaves the replay with nothing to read.
+RECORD = 3000
+REASON = "r" * 1900
+
+
+@dataclass
+class Broker:
+    server: EmbeddedNats
+    bus: Bus
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+    """A nats-server of this test's own, on a port it keeps across a restart."""
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=free_port("127.0.0.1")))
+    server.start()
+    try:
+        bus = await Bus.connect(server.url, name="trove-tests")
+        try:
+            await ensure_topology(bus.js)
+            yield Broker(server, bus)
+        finally:
+            await bus.close()
+    finally:
+        server.stop()
+
+
+async def publish_rejections(bus: Bus, count: int, tag: str) -> list[SeedRejected]:
+    events = [
+        SeedRejected(
+            raw=f"ftp://{tag}-{n}.example/", reason=REASON, provenance=Provenance(kind="seed")
+        )
+        for n in range(count)
+    ]
+    for event in events:
+        await bus.publish(event)
+    return events
+
+
+async def hold(held: AsyncConnection, event: SeedRejected) -> None:
+    """``event``'s id taken first, uncommitted: the replay's batch of it waits."""
+    await held.execute(
+        text("INSERT INTO projected_events (event_id, event_type) VALUES (:id, 'x')"),
+        {"id": event.id},
+    )
+
+
+async def until_it_waits(running: asyncio.Task[ReplayStats], database_url: str) -> None:
+    """Returns once ``running`` waits for a lock on ``database_url`` (the hold)."""
+    engine = create_async_engine(database_url)
+    try:
+
+        async def waiting() -> int:
+            (row,) = await query(
+                engine,
+                "SELECT count(*) AS n FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            return int(row.n)
+
+        await eventually(
+            waiting, until=lambda n: n == 1 or running.done(), timeout=30, what="replay waits"
+        )
+    finally:
+        await engine.dispose()
+    assert not running.done(), running
+
+
+async def test_a_replay_waits_out_a_broker_outage_and_applies_every_event(
+    broker: Broker, scratch_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trove.recorder.replay")
+    events = await publish_rejections(broker.bus, RECORD, "all")
+    await upgrade_async(scratch_database)
+    target = create_async_engine(scratch_database)
+    try:
+        async with target.connect() as held:
+            await hold(held, events[1])
+            running = asyncio.create_task(
+                replay(broker.server.url, scratch_database, POLICY, batch=100)
+            )
+            await until_it_waits(running, scratch_database)
+            broker.server.stop()
+            await held.rollback()  # the replay reads what it holds, then nothing comes
+
+        # Past the 10 s a read waits for a message: the replay is still there, waiting.
+        async def state() -> tuple[bool, bool]:
+            waiting = any("waiting for NATS" in r.getMessage() for r in caplog.records)
+            return waiting, running.done()
+
+        await eventually(state, until=any, timeout=60, what="the replay waits or ends")
+        assert not running.done(), running
+        broker.server.start()
+        stats = await asyncio.wait_for(running, timeout=120)
+
+        assert (stats.events, stats.applied, stats.malformed, stats.failed) == (
+            RECORD,
+            RECORD,
+            0,
+            0,
+        )
+        (row,) = await query(target, "SELECT count(DISTINCT raw) AS n FROM seed_rejections")
+        assert row.n == RECORD
+    finally:
+        await target.dispose()
+
+
+async def test_a_replay_since_a_time_resumes_across_a_server_restart(
+    broker: Broker, scratch_database: str
+) -> None:
+    before = await publish_rejections(broker.bus, 5, "before")
+    since = datetime.now(UTC)
+    window = await publish_rejections(broker.bus, RECORD, "window")
+    await upgrade_async(scratch_database)
+    target = create_async_engine(scratch_database)
+    try:
+        async with target.connect() as held:
+            await hold(held, window[1])
+            running = asyncio.create_task(
+                replay(
+                    broker.server.url, scratch_database, POLICY, batch=100, since=since, patience=90
+                )
+            )
+            await until_it_waits(running, scratch_database)
+            # A restart (an upgrade, a leader moved): the replay's consumer is gone, and
+            # nats-py makes it again from the sequence after the last one delivered.
+            broker.server.stop()
+            broker.server.start()
+            await held.rollback()
+        stats = await asyncio.wait_for(running, timeout=150)
+
+        assert (stats.events, stats.applied, stats.failed) == (len(window), len(window), 0)
+        rows = await query(target, "SELECT raw FROM seed_rejections")
+        assert sorted(r.raw for r in rows) == sorted(e.raw for e in window)
+        assert not {e.raw for e in before} & {r.raw for r in rows}
+    finally:
+        await target.dispose()
+
+
+async def test_a_replay_whose_broker_stays_away_ends_with_the_reason(
+    broker: Broker, scratch_database: str
+) -> None:
+    events = await publish_rejections(broker.bus, RECORD, "all")
+    await upgrade_async(scratch_database)
+    target = create_async_engine(scratch_database)
+    try:
+        async with target.connect() as held:
+            await hold(held, events[1])
+            running = asyncio.create_task(
+                replay(broker.server.url, scratch_database, POLICY, batch=100, patience=15)
+            )
+            await until_it_waits(running, scratch_database)
+            broker.server.stop()
+            await held.rollback()
+        with pytest.raises(ReplayStalled, match=f"no event from NATS for 15 s.* of {RECORD}"):
+            await asyncio.wait_for(running, timeout=90)
+        # What it read before the broker went is applied.
+        (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
+        assert 0 < row.n < RECORD
+    finally:
+        await target.dispose()
