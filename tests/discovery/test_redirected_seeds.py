@@ -10,6 +10,7 @@ from tests.discovery.crawl_support import PAGE, discovered_after
 from trove_discovery.scope import in_scope, redirected_scope
 from trove_schema.bus import Bus
 from trove_schema.events import (
+    MAX_SAME_PAGE_HOPS,
     MAX_SCOPE_MOVES,
     CrawlOutcome,
     Link,
@@ -139,13 +140,19 @@ def test_a_scope_moved_more_often_than_this_release_allows_is_read_and_moves_no_
     assert b"moves" not in plain.to_wire()
 
 
+def hops(scope: Scope | None, n: int) -> Scope:
+    """``scope`` as it goes on after ``n`` of a page's other names in a row."""
+    assert scope is not None
+    return scope.model_copy(update={"same_page_hops": n})
+
+
 async def test_a_seed_redirected_to_another_host_is_crawled_there(bus: Bus) -> None:
     seed = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
     found = await discovered_after(bus, TO_MOVED, seed, outcome=CrawlOutcome.REJECTED)
     assert set(found) == {MOVED}
     moved = found[MOVED]
     assert moved.depth == 0
-    assert moved.scope == redirected_scope(seed, MOVED)
+    assert moved.scope == hops(redirected_scope(seed, MOVED), 1)
     assert moved.provenance.kind == "redirect"
 
 
@@ -160,7 +167,7 @@ async def test_a_seed_redirected_to_a_user_on_a_platform_follows_that_users_link
     own, other = f"{user}/post", "https://medium.com/@someone_else/post"
     found = await discovered_after(bus, [Link(url=own), Link(url=other)], moved)
     assert set(found) == {user, own}
-    assert found[own].scope == moved
+    assert found[own].scope == hops(moved, 0)  # an ordinary link counts a step again
 
 
 async def test_a_linked_page_redirected_off_the_scope_is_not_followed(bus: Bus) -> None:
@@ -184,11 +191,32 @@ async def test_only_a_pages_first_refresh_is_the_page_under_another_name(bus: Bu
         MOVED: 0,
         "https://site.example/next": 1,
     }
-    assert found[MOVED].scope == redirected_scope(seed, MOVED)
+    assert found[MOVED].scope == hops(redirected_scope(seed, MOVED), 1)
     assert found["https://site.example/next"].scope == seed
     # Recorded as what it was to the page: its redirect, and a link.
     assert found[MOVED].provenance.kind == "redirect"
     assert found["https://site.example/next"].provenance.kind == "link"
+
+
+async def test_a_refresh_that_names_a_new_url_at_every_visit_does_not_lead_on_at_one_depth(
+    bus: Bus,
+) -> None:
+    # `/live` refreshes to `/live?t=<now>`, which refreshes to the next time, and so on:
+    # each is the page under another name, until a chain of them counts a step of depth.
+    scope = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=2)
+    depth, chain = 1, []
+    for n in range(4 * MAX_SAME_PAGE_HOPS):
+        target = f"https://site.example/live?t={n}"
+        found = await discovered_after(
+            bus, refreshes(target), scope, depth=depth, outcome=CrawlOutcome.REJECTED
+        )
+        if target not in found:
+            break
+        depth, scope = found[target].depth, found[target].scope
+        chain.append((depth, scope.same_page_hops))
+    named = range(1, MAX_SAME_PAGE_HOPS + 1)
+    # Then the last depth's names, and the next step is past the crawl's depth.
+    assert chain == [(1, n) for n in named] + [(2, 0)] + [(2, n) for n in named]
 
 
 async def test_a_page_not_fetched_redirects_where_it_answered(bus: Bus) -> None:
@@ -197,7 +225,7 @@ async def test_a_page_not_fetched_redirects_where_it_answered(bus: Bus) -> None:
     links = refreshes("https://elsewhere.example/", MOVED)
     found = await discovered_after(bus, links, seed, outcome=CrawlOutcome.REJECTED)
     assert set(found) == {MOVED}
-    assert found[MOVED].scope == redirected_scope(seed, MOVED)
+    assert found[MOVED].scope == hops(redirected_scope(seed, MOVED), 1)
 
 
 async def test_a_nofollow_page_leads_to_its_own_redirect_only(bus: Bus) -> None:

@@ -217,6 +217,10 @@ class Frozen(BaseModel):
 #: Most times a scope moves with the redirects of a page named directly (as a browser's
 #: redirect limit: a shortener to a shortener to the page).
 MAX_SCOPE_MOVES = 5
+#: Most of a page's redirects and canonical links in a row that keep its depth: a page
+#: whose refresh or canonical names a new URL at every visit (a timestamp, a cache
+#: buster) would otherwise lead on for ever at one depth. Past it, one counts a step.
+MAX_SAME_PAGE_HOPS = 5
 
 
 class Scope(Frozen):
@@ -232,6 +236,10 @@ class Scope(Frozen):
     #: change: a reader must not refuse the event), and not written when 0, so events
     #: read by a release that does not know it stay as they were.
     moves: int = Field(default=0, ge=0, exclude_if=lambda moves: moves == 0)
+    #: How many redirects and canonical links in a row led here at the same depth (each
+    #: names the page it came from); 0 after an ordinary link. Unbounded and left out
+    #: when 0, as ``moves`` (``MAX_SAME_PAGE_HOPS`` is discovery's rule).
+    same_page_hops: int = Field(default=0, ge=0, exclude_if=lambda hops: hops == 0)
 
 
 #: A fediverse account, ``user@instance`` (what Mastodon calls ``acct``, made absolute).

@@ -49,6 +49,7 @@ from trove_schema.budgets import HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Retry
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
 from trove_schema.events import (
+    MAX_SAME_PAGE_HOPS,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -316,6 +317,8 @@ class Discovery:
             # name: same depth. Any other (a page may carry a hundred canonical and
             # refresh tags) is an ordinary link, or it would escape depth and scope.
             same_page = link == redirect or (link.kind is LinkKind.CANONICAL and link.url in names)
+            if same_page and event.scope.same_page_hops >= MAX_SAME_PAGE_HOPS:
+                same_page = False  # a chain of names without end takes a step of depth
             depth = event.depth if same_page else event.depth + 1
             if not same_page and not follow_link(url, depth=event.depth, scope=event.scope):
                 continue
@@ -327,6 +330,9 @@ class Discovery:
                 if moved is None:
                     continue
                 scope = moved
+            hops = scope.same_page_hops + 1 if same_page else 0
+            if hops != scope.same_page_hops:
+                scope = scope.model_copy(update={"same_page_hops": hops})
             if url_trap_reason(
                 url,
                 max_length=self.settings.max_url_length,
