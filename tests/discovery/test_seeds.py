@@ -359,3 +359,13 @@ def test_reply_json_lists_urls_and_reasons() -> None:
         "rejected": [{"raw": "gopher://x/", "reason": "scheme 'gopher' is not http or https"}],
         "truncated": False,
     }
+
+
+def test_a_port_too_long_to_read_refuses_its_seed_and_keeps_the_others() -> None:
+    # int() refuses more than 4,300 digits with a ValueError: the whole message failed.
+    bad = "http://example.com:" + "0" * 4400 + "80/"
+    batch = parse(f"https://good.example/\n{bad}\n")
+    assert [seed.url for seed in batch.accepted] == ["https://good.example/"]
+    (refused,) = batch.rejected
+    assert refused.raw.startswith("http://example.com:000")
+    assert "is longer than 5 digits" in refused.reason

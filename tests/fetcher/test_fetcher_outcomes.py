@@ -645,3 +645,45 @@ async def test_a_hop_whose_robots_txt_could_not_be_read_is_neither_allowed_nor_r
             await fetcher._redirect_allowed(f"https://{HOST}/page", work(server).url)
     finally:
         fetcher.close()
+
+
+async def test_a_page_robots_txt_disallows_as_linked_is_never_requested_in_its_sorted_spelling(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """The site links ``/search?q=cats&page=2`` and disallows ``/search?q=``; the page
+    is known by its canonical spelling, ``/search?page=2&q=cats``."""
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
+        200, b"User-agent: *\nDisallow: /search?q=\n", content_type="text/plain"
+    )
+    server.routes[f"{HOST}/search?page=2&q=cats"] = lambda ex: ex.send(200, b"<title>hits</title>")
+    fetcher = await fetcher_on(bus, client)
+    page = work(server, "/search?q=cats&page=2")
+    assert page.url.endswith("/search?page=2&q=cats")
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[page.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
+    assert [seen.path for seen in server.requests_for(HOST)] == ["/robots.txt"]
+
+
+async def test_a_same_host_redirect_through_an_encoded_dot_segment_obeys_robots_txt(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """httpx resolves ``../`` in a Location but sends ``%2e%2e/`` as it is, and the
+    server serves ``/public/%2e%2e/private/x`` as ``/private/x``."""
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
+        200, b"User-agent: *\nDisallow: /private\n", content_type="text/plain"
+    )
+    server.routes[f"{HOST}/up"] = lambda ex: ex.redirect("/public/%2e%2e/private/x")
+    server.routes[f"{HOST}/public/%2e%2e/private/x"] = lambda ex: ex.send(200, b"<p>private</p>")
+    fetcher = await fetcher_on(bus, client)
+    page = work(server, "/up")
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[page.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
+    assert [seen.path for seen in server.requests_for(HOST)] == ["/robots.txt", "/up"]

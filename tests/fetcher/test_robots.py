@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -33,6 +34,7 @@ from trove_fetcher.robots import (
 from trove_fetcher.transport import build_client
 from trove_schema.exclusions import Exclusions, read_rules
 from trove_schema.settings import FetcherSettings
+from trove_schema.urls import canonicalize
 
 ROBOTS = b"""\
 User-agent: *
@@ -90,6 +92,8 @@ ROUTES: dict[str, Any] = {
     "portless.trove.test/robots.txt": _redirect("http://b.trove.test:80:80/robots.txt"),
     "mailto.trove.test/robots.txt": _redirect("mailto:webmaster@example.org"),
     "emoji.trove.test/robots.txt": _redirect("http://xn--ls8h.la/robots.txt"),
+    # A host that ends in a number longer than int() reads (4,300 digits).
+    "digits.trove.test/robots.txt": _redirect("http://" + "1" * 4400 + "/robots.txt"),
     "big.trove.test/robots.txt": _text(OVERSIZE_ROBOTS),
     "zipped.trove.test/robots.txt": lambda ex: ex.send(
         200, gzip.compress(ROBOTS), {"Content-Encoding": "gzip"}, content_type="text/plain"
@@ -283,6 +287,20 @@ async def test_a_redirect_to_a_location_no_request_can_go_to_is_a_missing_file(
     assert policy.failure is None
     assert policy.error is not None
     assert policy.error.startswith("redirected to an unusable Location")
+
+
+async def test_a_redirect_to_a_number_too_long_for_an_address_ends_the_chain_as_a_missing_file(
+    client: httpx.AsyncClient, server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its host key was a ValueError (int() of 4,400 digits): an unexpected error, the
+    # whole site disallowed ten minutes at a time and a traceback logged at each try.
+    policy = await fetch_robots(client, origin(server, "digits"), max_bytes=CAP)
+    assert policy.rule is RobotsRule.ALLOW_ALL
+    assert policy.failure is None
+    assert policy.error is not None
+    assert policy.error.endswith(": no host")
+    assert len(policy.error) <= 500
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 async def test_a_redirect_hop_waits_at_the_gate_and_can_resume_later(
@@ -494,3 +512,44 @@ def test_the_parsed_files_kept_are_bounded_by_their_size() -> None:
         )
     assert robots_module._parsed_bytes <= robots_module.PARSED_CACHE_BYTES
     assert sum(key[2] for key in robots_module._parsed) == robots_module._parsed_bytes
+
+
+WIKI_ROBOTS = b"""\
+User-agent: *
+Disallow: /index.php?title=Special:
+Disallow: /search?q=
+Allow: /search?q=open
+"""
+
+
+def test_a_query_rule_holds_whatever_order_the_canonical_url_sorts_the_query_in() -> None:
+    """A canonical URL's parameters are sorted by name; the site's links and rules are
+    not. A URL the rules disallow as linked must not be allowed as sorted."""
+    policy = parsed(WIKI_ROBOTS, origin="https://wiki.example")
+    linked = "https://wiki.example/index.php?title=Special:RecentChanges&days=30&limit=500"
+    sorted_ = "https://wiki.example/index.php?days=30&limit=500&title=Special:RecentChanges"
+    assert canonicalize(linked) == sorted_
+    assert not policy.allows(linked)
+    assert not policy.allows(sorted_)
+    assert not policy.allows(canonicalize("https://wiki.example/search?q=cats&page=2"))
+    # An Allow that matches in every order still allows.
+    assert policy.allows(canonicalize("https://wiki.example/search?q=open&page=2"))
+    # Parameters the rules do not name, in any order, stay allowed.
+    assert policy.allows(canonicalize("https://wiki.example/index.php?title=Main&action=raw"))
+    assert policy.allows("https://wiki.example/search?page=2&sort=new")
+
+
+def test_a_wildcard_rule_that_reaches_into_the_query_holds_in_the_linked_order_too() -> None:
+    policy = parsed(b"User-agent: *\nDisallow: /list*&page=\n", origin="https://shop.example")
+    # Linked as ``?q=shoes&page=2``; its canonical spelling puts page first.
+    assert not policy.allows(canonicalize("https://shop.example/list?q=shoes&page=2"))
+    assert policy.allows("https://shop.example/list?page=2")
+
+
+def test_any_order_a_rule_disallows_refuses_even_where_an_allow_matched_the_canonical_one() -> None:
+    """``?page=`` is allowed first, ``?q=`` is not: the site could link it q first, and
+    a URL is refused if any order checked is disallowed."""
+    body = b"User-agent: *\nAllow: /search?page=\nDisallow: /search?q=\n"
+    policy = parsed(body, origin="https://find.example")
+    assert not policy.allows("https://find.example/search?page=2&q=cats")
+    assert policy.allows("https://find.example/search?page=2&sort=new")

@@ -203,6 +203,11 @@ INVALID = {
     "port not a number": ("http://example.org:http/", "port 'http' is not a number"),
     "port out of range": ("http://example.org:65536/", "port 65536 is out of range"),
     "port zero": ("http://example.org:0/", "port 0 is out of range"),
+    # More digits than int() reads (4,300): a ValueError, which no caller catches.
+    "port too long to read": (
+        "http://example.org:" + "0" * 4400 + "80/",
+        "is longer than 5 digits",
+    ),
     "broken IPv6": ("http://[::1/", "unparsable URL"),
     "bad IPv6": ("http://[1:2:3:4:5:6:7:8:9]/", "IPv6"),
     "IPv6 zone": ("http://[fe80::1%25eth0]/", "zone identifiers"),
@@ -404,6 +409,26 @@ def test_domain_of_is_the_lower_case_host_without_port_or_trailing_dot() -> None
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "http://" + "1" * 4400 + "/robots.txt",
+        "http://1.2.3." + "9" * 4400 + "/",
+        "https://0x" + "f" * 4400 + ":8443/",
+        "http://0" + "7" * 4400 + ".1/",
+    ],
+    ids=["decimal", "decimal-label", "hex", "octal"],
+)
+def test_a_number_too_long_for_an_address_is_an_invalid_url_not_a_crash(url: str) -> None:
+    """int() refuses a decimal string of more than 4,300 digits with a ValueError: a
+    robots.txt redirected to such a host was an unexpected error, its site disallowed."""
+    with pytest.raises(InvalidURL):
+        canonicalize(url)
+    with pytest.raises(InvalidURL, match="too long for DNS"):
+        domain_of(url)
+    assert not is_private_host(urlsplit(url).hostname or "")
+
+
+@pytest.mark.parametrize(
     ("key", "spellings"),
     [
         (
@@ -420,7 +445,10 @@ def test_domain_of_is_the_lower_case_host_without_port_or_trailing_dot() -> None
                 "93.184.216.34.",
             ],
         ),
-        ("127.0.0.1", ["127.0.0.1", "127.1", "0x7f.1", "0177.0.0.1", "2130706433"]),
+        (
+            "127.0.0.1",
+            ["127.0.0.1", "127.1", "0x7f.1", "0177.0.0.1", "2130706433", "0x0000007f.00001"],
+        ),
         (
             "2001:db8::1",
             ["[2001:db8::1]", "[2001:0db8:0:0::1]", "[2001:DB8:0:0:0:0:0:1]", "[2001:db8:0::0:1]"],

@@ -94,6 +94,9 @@ _HOST_RE = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _DECIMAL_RE = re.compile(r"[0-9]+\Z")
 _HEX_RE = re.compile(r"0[xX][0-9a-fA-F]*\Z")
 _OCTAL_RE = re.compile(r"[0-7]+\Z")
+#: The most significant digits of an IPv4 number, by base: 4294967295, 0o37777777777,
+#: 0xffffffff (a browser reads zeros in front of octal and hex as padding).
+_MAX_DIGITS = {10: 10, 8: 11, 16: 8}
 _BEFORE_QUERY_RE = re.compile(r"[^?#]*")
 
 
@@ -206,7 +209,10 @@ def _split_authority(netloc: str) -> tuple[str, str]:
         host, _, port = hostport.partition(":")
     if port:
         if not (port.isascii() and port.isdigit()):
-            raise InvalidURL(f"port {port!r} is not a number")
+            raise InvalidURL(f"port {port[:20]!r} is not a number")
+        if len(port) > 5:
+            # Before int(), which refuses more than 4,300 digits with a ValueError.
+            raise InvalidURL(f"port {port[:20]!r}... is longer than 5 digits")
         number = int(port)
         if not 0 < number <= 65535:
             raise InvalidURL(f"port {number} is out of range")
@@ -298,13 +304,18 @@ def _parse_ipv4(host: str) -> ipaddress.IPv4Address | None:
     numbers: list[int] = []
     for label in labels:
         if _HEX_RE.match(label):
-            numbers.append(int(label[2:] or "0", 16))
+            digits, base = label[2:].lstrip("0"), 16
         elif len(label) > 1 and label[0] == "0" and _OCTAL_RE.match(label):
-            numbers.append(int(label, 8))
+            digits, base = label[1:].lstrip("0"), 8
         elif _DECIMAL_RE.match(label):
-            numbers.append(int(label))
+            digits, base = label, 10
         else:
             return None
+        if len(digits) > _MAX_DIGITS[base]:
+            # Too big for an address however it is read, and int() refuses a decimal
+            # string of more than 4,300 digits with a ValueError.
+            return None
+        numbers.append(int(digits or "0", base))
     *head, last = numbers
     if any(n > 255 for n in head) or last >= 256 ** (5 - len(numbers)):
         return None
@@ -347,19 +358,24 @@ def domain_of(url: str) -> str:
     (``1572395042``, ``0x5db8d822``, ``93.0xb8.216.34``; ``2001:0db8:0:0::1``): an
     address is given as a canonical URL writes it, so that every spelling waits for the
     one server's gap. Discovery asks this of every link: plain authorities skip
-    urlsplit, and a host whose last label starts with a letter is no address.
+    urlsplit, and a host whose last label starts with a letter is no address. A host
+    longer than DNS allows that is no address names no server: InvalidURL, as no host.
     """
     plain = _PLAIN_NAME.match(url)
     if plain is not None:
-        return plain.group(1)
-    try:
-        host = urlsplit(url).hostname or ""
-    except ValueError as exc:
-        raise InvalidURL(f"unparsable URL: {exc}") from None
-    host = host.rstrip(".")
-    if not host:
-        raise InvalidURL("no host")
-    return _address_key(host)
+        key = plain.group(1)
+    else:
+        try:
+            host = urlsplit(url).hostname or ""
+        except ValueError as exc:
+            raise InvalidURL(f"unparsable URL: {exc}") from None
+        host = host.rstrip(".")
+        if not host:
+            raise InvalidURL("no host")
+        key = _address_key(host)
+    if len(key) > 253:
+        raise InvalidURL(f"host {key[:100]!r}... is too long for DNS")
+    return key
 
 
 def _address_key(host: str) -> str:

@@ -99,7 +99,7 @@ from trove_schema.metrics import (
 )
 from trove_schema.policy import Choice, HostPolicy, Observation, choose, send_validators
 from trove_schema.topology import FETCH_DEFERRED, WORK_SCHEDULES_PREFIX
-from trove_schema.urls import domain_of, fetchable, origin_of
+from trove_schema.urls import canonicalize_or_none, domain_of, fetchable, origin_of
 
 log = logging.getLogger("trove.fetcher")
 
@@ -744,11 +744,20 @@ class Fetcher:
         https goes to another origin, whose robots.txt may not be known yet: then the
         page's own origin's rules (the same host's, read before the request) judge it,
         never none at all. One that could not be read says neither yes nor no
-        (``RobotsUnavailable``): the attempt fails and is tried again, as a page's would."""
+        (``RobotsUnavailable``): the attempt fails and is tried again, as a page's would.
+
+        The hop is judged as sent and as canonical: httpx resolves ``../`` in a Location
+        but not ``%2e%2e/``, which the server resolves, so ``/public/%2e%2e/private``
+        is served as ``/private``."""
         policy = await self._cached_robots(url) or await self._cached_robots(page)
         if policy is not None and policy.temporary:
             raise RobotsUnavailable(policy.error or "disallow all for now")
-        return policy is None or policy.allows(url, self.robots_token)
+        if policy is None:
+            return True
+        canonical = canonicalize_or_none(url)
+        return policy.allows(url, self.robots_token) and (
+            canonical is None or canonical == url or policy.allows(canonical, self.robots_token)
+        )
 
     def _extract(self, strategy: Strategy, result: FetchResult) -> Extraction:
         assert result.body is not None

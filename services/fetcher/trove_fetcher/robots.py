@@ -81,6 +81,10 @@ MAX_ROBOTS_REDIRECTS = 5
 #: parsed file weighs some 30 times its text, and a file of 500 KiB is allowed.
 PARSED_CACHE_SIZE = 512
 PARSED_CACHE_BYTES = 4 * 1024 * 1024
+#: The most parameters of one URL each checked first (``_query_orders``): each order is
+#: matched against the whole file (some 0.4 ms for a file of 500 KiB), and a link of
+#: 2,000 characters may have 500 of them.
+MAX_QUERY_ORDERS = 32
 _FORMAT_VERSION = 1
 
 
@@ -90,7 +94,14 @@ class RobotsRule(StrEnum):
     DISALLOW_ALL = "disallow_all"
 
 
-_parsed: OrderedDict[tuple[str, float, int, int], Protego] = OrderedDict()
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    parser: Protego
+    #: Whether a rule of the file could read a query's order (``_QUERY_RULE``).
+    reads_queries: bool
+
+
+_parsed: OrderedDict[tuple[str, float, int, int], _Rules] = OrderedDict()
 #: The bytes of robots.txt the parsers in ``_parsed`` were made of (the key's third).
 _parsed_bytes = 0
 
@@ -100,23 +111,46 @@ _parsed_bytes = 0
 #: logs into a group means TroveBot, and protego would match that group to no one.
 _PRODUCT_TOKEN = re.compile(r"(?im)^([ \t]*user-agent[ \t]*:[ \t]*)([A-Za-z_-]+)[^\r\n#]*")
 
+#: A line that could hold a rule reaching into a query: a "?" (or its escape), or a "*"
+#: with more of the pattern after it. Any line, as protego reads misspelled directives
+#: too; a Sitemap's "?" costs only the extra checks.
+_QUERY_RULE = re.compile(r"(?m)^[^#\r\n]*?(?:\?|%3[fF]|\*[^*\s#])")
 
-def _parse(key: tuple[str, float, int, int], body: bytes) -> Protego:
+
+def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
     global _parsed_bytes
-    parser = _parsed.get(key)
-    if parser is not None:
+    rules = _parsed.get(key)
+    if rules is not None:
         _parsed.move_to_end(key)
-        return parser
+        return rules
     text = body.decode("utf-8", errors="replace").removeprefix("\ufeff")
     parser = Protego.parse(_PRODUCT_TOKEN.sub(r"\1\2", text))
-    _parsed[key] = parser
+    rules = _Rules(parser, _QUERY_RULE.search(text) is not None)
+    _parsed[key] = rules
     _parsed_bytes += key[2]
     while len(_parsed) > 1 and (
         len(_parsed) > PARSED_CACHE_SIZE or _parsed_bytes > PARSED_CACHE_BYTES
     ):
         gone, _ = _parsed.popitem(last=False)
         _parsed_bytes -= gone[2]
-    return parser
+    return rules
+
+
+def _query_orders(url: str) -> list[str]:
+    """``url`` with each query parameter after the first (up to ``MAX_QUERY_ORDERS``)
+    moved to the front in turn.
+
+    A canonical URL's parameters are sorted by name, and the site may link them in
+    another order: ``Disallow: /search?q=`` names ``/search?q=cats&page=2``, which is
+    canonically ``/search?page=2&q=cats``. The site's order is not known; each order with
+    one parameter first is a cheap stand-in for it.
+    """
+    head, _, rest = url.partition("?")
+    parameters = [p for p in rest.partition("#")[0].split("&") if p]
+    return [
+        f"{head}?{'&'.join([parameters[index], *parameters[:index], *parameters[index + 1 :]])}"
+        for index in range(1, min(len(parameters), MAX_QUERY_ORDERS + 1))
+    ]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,24 +190,35 @@ class RobotsPolicy:
         return self.rule is RobotsRule.DISALLOW_ALL
 
     def allows(self, url: str, token: str = BOT_NAME) -> bool:
-        """Whether ``token`` may fetch ``url`` (a URL on this policy's origin)."""
+        """Whether ``token`` may fetch ``url`` (a URL on this policy's origin).
+
+        A URL with two or more query parameters, under a file with a rule that could
+        read their order, is refused if any order with one parameter moved first is
+        disallowed too (``_query_orders``): its canonical order may not be the one the
+        site's rules were written for.
+        """
         if self.rule is RobotsRule.ALLOW_ALL:
             return True
         if self.rule is RobotsRule.DISALLOW_ALL:
             return False
-        return bool(_parse(self._key, self.body).can_fetch(url, token))
+        rules = _parse(self._key, self.body)
+        if not rules.parser.can_fetch(url, token):
+            return False
+        if not rules.reads_queries or "&" not in url:
+            return True
+        return all(rules.parser.can_fetch(order, token) for order in _query_orders(url))
 
     def crawl_delay(self, token: str = BOT_NAME) -> float | None:
         """The Crawl-delay of the group ``token`` falls in, in seconds, if any."""
         if self.rule is not RobotsRule.PARSED:
             return None
-        delay = _parse(self._key, self.body).crawl_delay(token)
+        delay = _parse(self._key, self.body).parser.crawl_delay(token)
         return None if delay is None else float(delay)
 
     def sitemaps(self) -> tuple[str, ...]:
         if self.rule is not RobotsRule.PARSED:
             return ()
-        return tuple(_parse(self._key, self.body).sitemaps)
+        return tuple(_parse(self._key, self.body).parser.sitemaps)
 
     @property
     def expires_at(self) -> float:
@@ -328,7 +373,8 @@ async def fetch_robots(
                         except InvalidURL:
                             # A host httpx reads and no rule can name (``http://./``):
                             # as a chain with no host, no file can be read there.
-                            return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url}: no host")
+                            error = f"redirected to {str(url)[:400]}: no host"
+                            return fallback(RobotsRule.ALLOW_ALL, error)
                         refusal = await _refusal(excluded, host)
                         if refusal is not None:
                             error = f"redirected to {url}: {refusal}"[:500]
