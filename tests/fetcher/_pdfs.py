@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def _escape(value: str) -> str:
@@ -11,18 +11,37 @@ def _escape(value: str) -> str:
     return raw.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
 
 
+def _cmap(to_unicode: Mapping[int, str]) -> bytes:
+    """A ToUnicode CMap of one-byte codes, each to the UTF-16BE of its text (a lone
+    surrogate written as it is, as a hostile file may)."""
+    chars = b"".join(
+        b"<%02X> <%s>\n" % (code, text.encode("utf-16-be", "surrogatepass").hex().upper().encode())
+        for code, text in to_unicode.items()
+    )
+    return (
+        b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
+        b"/CMapName /Test def /CMapType 2 def\n"
+        b"1 begincodespacerange <00> <FF> endcodespacerange\n"
+        b"%d beginbfchar\n" % len(to_unicode) + chars + b"endbfchar\n"
+        b"endcmap CMapName currentdict /CMap defineresource pop end end"
+    )
+
+
 def pdf(
     pages: Sequence[str | bytes],
     *,
     title: str | None = None,
     links: Sequence[str] = (),
+    to_unicode: Mapping[int, str] | None = None,
 ) -> bytes:
     """A PDF with one line of text per page (or a raw content stream, given as bytes), an
-    optional Info title, and link annotations (URI actions) on the first page."""
+    optional Info title, link annotations (URI actions) on the first page, and an
+    optional ToUnicode map of the font's codes to the text they stand for."""
     font = 3
+    font_entries = b"/Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding"
     objects: dict[int, bytes] = {
         1: b"<< /Type /Catalog /Pages 2 0 R >>",
-        font: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
+        font: b"<< " + font_entries + b" >>",
     }
     number = 4
     kids = []
@@ -58,6 +77,11 @@ def pdf(
         kids.append(b"%d 0 R" % number)
         number += 1
     objects[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % len(kids)
+    if to_unicode is not None:
+        cmap = _cmap(to_unicode)
+        objects[number] = b"<< /Length %d >>\nstream\n" % len(cmap) + cmap + b"\nendstream"
+        objects[font] = b"<< " + font_entries + b" /ToUnicode %d 0 R >>" % number
+        number += 1
     info = None
     if title is not None:
         info = number

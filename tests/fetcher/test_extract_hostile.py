@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trove_fetcher.extract import Extraction, extract
+from trove_fetcher.extract import MAX_CONTROL_BYTES, MAX_TAG_ATTRIBUTES, Extraction, extract
 from trove_schema.events import CrawlCompleted, LinkKind
 
 CONTENT_TYPES = [
@@ -100,6 +100,42 @@ def test_binary_body_gives_no_signals() -> None:
     assert result == Extraction(content_hash=result.content_hash)
 
 
+def test_a_control_byte_in_a_page_declared_html_does_not_make_it_binary() -> None:
+    # A \x0b (Word's manual line break) pasted into a CMS title.
+    body = b"<head><meta charset=utf-8><title>Annual report\x0b2024</title></head>"
+    body += b"<body><p>Figures.</p><a href=/next>next</a></body>"
+    result = run(body, "text/html")
+    assert result.title == "Annual report 2024"
+    assert [link.url for link in result.links] == ["https://example.org/next"]
+    # Without a declared type, the sniffing rule holds: one such byte is binary.
+    undeclared = run(body, None)
+    assert undeclared == Extraction(content_hash=undeclared.content_hash)
+
+
+@pytest.mark.parametrize("content_type", ["text/html", "application/xhtml+xml"])
+def test_a_page_declared_html_of_many_control_bytes_is_binary(content_type: str) -> None:
+    page = b"<title>t</title><a href=/next>next</a>"
+    assert run(page + b"\x01" * MAX_CONTROL_BYTES, content_type).title == "t"
+    binary = run(page + b"\x01" * (MAX_CONTROL_BYTES + 1), content_type)
+    assert binary == Extraction(content_hash=binary.content_hash)
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        b"\x89PNG\r\n\x1a\n",
+        b"GIF89a",
+        b"\xff\xd8\xff\xe0",
+        b"PK\x03\x04",
+        b"\x1f\x8b\x08",
+        b"%PDF-1.7",
+    ],
+)
+def test_a_binary_signature_sent_as_html_is_binary(signature: bytes) -> None:
+    result = run(signature + b"<title>t</title><a href=/next>next</a>", "text/html")
+    assert result == Extraction(content_hash=result.content_hash)
+
+
 def test_deep_nesting_keeps_the_links_before_the_depth_limit() -> None:
     result = run(HOSTILE["10,000-deep nesting"], "text/html")
     assert ("https://example.org/before", LinkKind.A) in [(x.url, x.kind) for x in result.links]
@@ -184,3 +220,67 @@ def test_a_comment_that_looks_like_a_crowded_tag_still_ends() -> None:
     assert [link.url for link in run(body.encode(), "text/html").links] == [
         "https://example.org/kept"
     ]
+
+
+def _crowd(name: str = "a{}") -> str:
+    return " ".join(name.format(n) for n in range(MAX_TAG_ATTRIBUTES + 50))
+
+
+# libxml2 reads a ">" in a quoted value, and a "<" in a name or an unquoted value, as
+# part of the tag; the guard must find such a tag whole, or lxml gets all of it.
+@pytest.mark.parametrize(
+    "tag",
+    [
+        f'<a t=">" {_crowd()} href=/dropped>',
+        f"<a t='a>b<c' {_crowd()} href=/dropped>",
+        f"<a {_crowd('a<{}')} href=/dropped>",
+        f"<a {_crowd('a{}=<b')} href=/dropped>",
+    ],
+)
+def test_a_crowded_tag_is_thinned_whatever_its_attributes_hold(tag: str) -> None:
+    body = f"<html><body><a href=/first>f</a>{tag}x</a><a href=/next>n</a><title>After</title>"
+    result = run(body.encode(), "text/html")
+    # The attribute past the limit is dropped; what comes after the tag is read.
+    assert [link.url for link in result.links] == [
+        "https://example.org/first",
+        "https://example.org/next",
+    ]
+    assert result.title == "After"
+
+
+# What looks like a tag in a comment or an element's text is none: read as one, its
+# quoted value would run over the crowded tag after it.
+@pytest.mark.parametrize(
+    "before",
+    [
+        '<!-- <a x="-->',
+        '<script>if (a<b) x = "</script>',
+        '<script><!--<script></script> <a x="</script>',
+        "<title>a <a x='</title>",
+        '<textarea><a x="</TEXTAREA>',
+        '<? <a x="?>',
+    ],
+)
+def test_a_comment_or_an_element_text_does_not_hide_a_crowded_tag(before: str) -> None:
+    body = f'<html><body>{before}<a t=">" {_crowd()} href=/dropped>x</a><a href=/next>n</a>'
+    links = [link.url for link in run(body.encode(), "text/html").links]
+    assert links == ["https://example.org/next"]
+
+
+_PIECES = st.sampled_from(
+    [
+        *('"', "'", "<", ">", "=", " ", "/", "a", "<a x=", "<a<b"),
+        *("<!--", "-->", "<!", "</", "<?", "<!--<script>"),
+        *("<script>", "</script>", "<title>", "</title>", "<style>"),
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=st.lists(_PIECES, max_size=20))
+def test_no_crowded_a_tag_keeps_its_attributes_past_the_limit(before: list[str]) -> None:
+    # Whatever comes before it, the "a" tag holding the crowd (this one or one whose
+    # quoted value runs over it) loses the attributes past the limit: no /dropped.
+    body = "".join(before) + f'<a t=">" {_crowd()} href=/dropped>x</a>'
+    links = [link.url for link in run(body.encode(), "text/html").links]
+    assert "https://example.org/dropped" not in links

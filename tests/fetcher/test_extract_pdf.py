@@ -117,3 +117,14 @@ def test_a_body_that_is_not_a_pdf_is_refused_by_the_reader() -> None:
         read_pdf(b"<html>not a pdf</html>")
     with pytest.raises(ValueError, match="PDF"):  # an extraction error, like any unusable content
         read_pdf(b"%PDF-1.4 and then nothing")
+
+
+def test_a_glyph_a_pdf_maps_to_a_lone_surrogate_is_marked_and_the_pdf_read() -> None:
+    # pypdf decodes a ToUnicode map with "surrogatepass": "~" below reads as U+D800,
+    # which the language detector (and UTF-8) refuses.
+    body = pdf([ENGLISH + " ~"], links=["https://other.example/cited"], to_unicode={0x7E: "\ud800"})
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert found.title == ENGLISH + " \ufffd"
+    assert found.language == "en"
+    assert [link.url for link in found.links] == ["https://other.example/cited"]
+    assert read_pdf(body).text == ENGLISH + " \ufffd"

@@ -171,6 +171,37 @@ def test_an_unsure_first_sample_is_widened_once() -> None:
     assert LanguageIdentifier(["en", "de"]).detect_text(text) == "en"
 
 
+def test_whitespace_does_not_count_against_the_sample() -> None:
+    identifier = LanguageIdentifier()
+    indented = "\n".join(" " * 4 * depth for depth in range(40)) + GERMAN
+    assert identifier.sample(indented) == GERMAN[:SAMPLE_CHARS]
+    assert identifier.sample(indented, 1000) == GERMAN
+
+
+def test_an_unsure_first_sample_after_a_run_of_whitespace_is_widened() -> None:
+    # The numbers fill the first sample; the text goes on, past the indentation.
+    text = " " * 2000 + "2024-11-21 12:00 " * (SAMPLE_CHARS // 17 + 1) + ENGLISH * 5
+    assert LanguageIdentifier(["en", "de"]).detect_text(text) == "en"
+
+
+def test_a_paragraph_deep_in_indented_markup_is_still_read() -> None:
+    # A template's indentation comes before the text: twenty levels of four spaces.
+    depth = 20
+    opening = "".join("\n" + "    " * level + "<div>" for level in range(depth))
+    closing = "".join("\n" + "    " * level + "</div>" for level in reversed(range(depth)))
+    page = f"<html><head><title>Fahrrad</title></head><body>{opening}<p>{GERMAN}</p>{closing}"
+    result = extract(page.encode(), url="https://example.org/", content_type="text/html")
+    assert result.language == "de"
+    assert {"die", "und", "das"}.isdisjoint(result.keywords)
+    assert {"fahrrad", "kette"} <= set(result.keywords)
+
+
+def test_a_lone_surrogate_never_reaches_lingua() -> None:
+    # A PDF's font map or a JSON escape can leave one in a text; lingua raises on it.
+    identifier = LanguageIdentifier(["en", "de"], stop_words=False)
+    assert identifier.detect_text(ENGLISH + "\ud800") == "en"
+
+
 def test_low_confidence_is_unsure() -> None:
     strict = LanguageIdentifier(["en", "nl"], min_confidence=1.01, stop_words=False)
     assert strict.detect(ENGLISH) is None

@@ -61,9 +61,62 @@ SCRIPT_NOTICE_CHARS = 64 * 1024
 #: with those before it (quadratic: 16 minutes for one tag of a 2 MiB page, a parse
 #: worker of two held). A tag of more has the rest dropped; a page's own have a handful.
 MAX_TAG_ATTRIBUTES = 256
-# A tag long enough to hold that many (the few a page has: data URIs, srcsets).
-_LONG_TAG = re.compile(r"<[A-Za-z][^<>]{2048,}")
-_ATTRIBUTE = re.compile(r"""\s*[^\s"'>/=]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'>]*))?""")
+# What libxml2 (2.14) reads as a tag, so that the guard sees the tags the parser does:
+# a quoted value runs to its closing quote (or the end), "<" and ">" in it included; "<"
+# is an ordinary character of a name or an unquoted value; what looks like a tag in a
+# comment, or in the text of a script, style, title and their kin, is not one. A tag
+# delimited any other way would let a crowded one hide behind it.
+_SPACE = r"[\t\n\f\r ]"
+_SEPARATORS = r"[\t\n\f\r /]*+"
+_NAME_END = r"(?![^\t\n\f\r />])"
+_ATTRIBUTE = (
+    rf"""{_SEPARATORS}[^\t\n\f\r />][^\t\n\f\r />=]*+"""
+    rf"""(?>{_SPACE}*+={_SPACE}*+(?>"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+))?"""
+)
+_FEW_ATTRIBUTES = rf"(?:{_ATTRIBUTE}){{0,{MAX_TAG_ATTRIBUTES}}}+"
+# The ">" of a start tag after which its element's text is read as text ("/>" has none).
+_OPENS = r"(?:[\t\n\f\r /]*[\t\n\f\r ])?>"
+_TEXT_ELEMENTS = ("title", "textarea", "style", "xmp", "iframe", "noembed", "noframes")
+_SCRIPT = "(?ai:script)"
+_PLAINTEXT = "(?ai:plaintext)"
+# A text element's text ends at its end tag ("{0}": its name).
+_TEXT_OF = r"(?:[^<]++|<(?!/{0}[\t\n\f\r />]))*+"
+# A script's ends at "</script" too, unless an "<!--" (up to "-->") holds a "<script"
+# (up to its "</script"); libxml2 keeps this much of the HTML tokenizer's script states.
+_ESCAPED = r"(?:[^<-]++|-(?!->)|<(?!{0}{1}[\t\n\f\r />]))*+"
+_SCRIPT_TEXT = (
+    rf"(?:[^<]++|<(?!!--|/{_SCRIPT}[\t\n\f\r />])|<!(?=--){_ESCAPED.format('/?', _SCRIPT)}"
+    rf"(?:<{_SCRIPT}(?=[\t\n\f\r />]){_ESCAPED.format('/', _SCRIPT)}"
+    rf"(?:</{_SCRIPT}(?=[\t\n\f\r />]){_ESCAPED.format('/?', _SCRIPT)})?)*+(?:-->)?)*+"
+)
+
+
+def _element_text() -> str:
+    """The elements whose text is text, as alternatives: each start tag (after its "<"),
+    of at most MAX_TAG_ATTRIBUTES, with the text after it."""
+    texts = [(f"(?ai:{name})", _TEXT_OF.format(f"(?ai:{name})")) for name in _TEXT_ELEMENTS]
+    texts += [(_SCRIPT, _SCRIPT_TEXT), (_PLAINTEXT, "(?s:.*+)")]
+    return "|".join(f"{name}{_NAME_END}{_FEW_ATTRIBUTES}{_OPENS}{text}" for name, text in texts)
+
+
+# The text up to a tag of more than MAX_TAG_ATTRIBUTES, that tag's first ones ("kept")
+# and the rest ("dropped"), and the text of its element if it is one of the above.
+# Possessive throughout: every construct before it is read once, whole, so no "<" in
+# one starts another scan (linear). (No group is captured in the repetition: Python
+# 3.11 miscounts the span of one captured there.)
+_CROWDED_TAG = re.compile(
+    rf"""(?:[^<]++|<(?:(?![A-Za-z/!?])"""
+    rf"""|!--(?:-?>|(?:[^-]++|-(?!-!?>))*+(?:--!?>)?)|[!?][^>]*+|/(?![A-Za-z])[^>]*+"""
+    rf"""|{_element_text()}"""
+    rf"""|/?[A-Za-z][^\t\n\f\r />]*+{_FEW_ATTRIBUTES}{_SEPARATORS}(?![^>])))*+"""
+    rf"""(?P<kept><(?:(?P<script>{_SCRIPT})|(?P<plaintext>{_PLAINTEXT})"""
+    rf"""|(?P<element>(?ai:{"|".join(_TEXT_ELEMENTS)}))){_NAME_END}"""
+    rf"""(?:{_ATTRIBUTE}){{{MAX_TAG_ATTRIBUTES}}}"""
+    rf"""|</?[A-Za-z][^\t\n\f\r />]*+(?:{_ATTRIBUTE}){{{MAX_TAG_ATTRIBUTES}}})"""
+    rf"""(?P<dropped>(?:{_ATTRIBUTE})*+)"""
+    rf"""(?:(?(script){_OPENS}{_SCRIPT_TEXT}|(?(plaintext){_OPENS}(?s:.*+)"""
+    rf"""|(?(element){_OPENS}{_TEXT_OF.format("(?ai:(?P=element))")}))))?"""
+)
 # Elements that are empty by nature, never an application's mount point.
 _VOID = frozenset({"br", "hr", "img", "input", "wbr", "area", "col", "embed", "source", "track"})
 #: Elements of a page's body looked at for a mount point (a shell has a handful).
@@ -102,6 +155,20 @@ _FEED_ROOT = re.compile(
     re.DOTALL,
 )
 _BINARY_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f]")
+#: Control bytes in the first KB past which a body declared as markup is binary after
+#: all. One is a slip (a \x0b, Word's manual line break, pasted into a CMS title);
+#: random bytes have a hundred.
+MAX_CONTROL_BYTES = 8
+# What a binary body sent as markup starts with: images, archives, compressed data, PDF.
+_BINARY_SIGNATURES = (
+    b"\x89PNG\r\n\x1a\n",
+    b"GIF87a",
+    b"GIF89a",
+    b"\xff\xd8\xff",
+    b"PK\x03\x04",
+    b"\x1f\x8b\x08",
+    b"%PDF-",
+)
 # A tag ends at its ">", and at the next "<" (linear: a text of a million "<" would
 # have each scan to the end for a ">").
 _MARKUP = re.compile(r"<[^<>]*>")
@@ -189,12 +256,18 @@ def looks_like_feed(body: bytes) -> bool:
 
 
 def looks_binary(body: bytes, content_type: str | None = None) -> bool:
-    """Control bytes no text uses in the first 1 KB (the WHATWG sniffing rule), unless UTF-16."""
+    """Control bytes no text uses in the first 1 KB (the WHATWG sniffing rule, for a body
+    of no markup type); for one declared HTML, XHTML, a feed or XML, a binary signature
+    at the start or more than ``MAX_CONTROL_BYTES`` of them. Never UTF-16."""
     declared = header_charset(content_type) or ""
     bom = bom_charset(body)
     if declared.startswith("utf-16") or (bom is not None and bom[0].startswith("utf-16")):
         return False
-    return _BINARY_BYTES.search(body, 0, 1024) is not None
+    if media_type(content_type) not in PARSEABLE_TYPES:
+        return _BINARY_BYTES.search(body, 0, 1024) is not None
+    if body.startswith(_BINARY_SIGNATURES):
+        return True
+    return len(_BINARY_BYTES.findall(body, 0, 1024)) > MAX_CONTROL_BYTES
 
 
 def extract(
@@ -393,19 +466,16 @@ _local = threading.local()
 
 def _few_attributes(text: str) -> str:
     """``text`` with no tag of more than ``MAX_TAG_ATTRIBUTES`` attributes (linear)."""
-    return _LONG_TAG.sub(_thinned, text) if len(text) > 2048 else text
-
-
-def _thinned(tag: re.Match[str]) -> str:
-    found = tag.group()
-    for n, attribute in enumerate(_ATTRIBUTE.finditer(found, 1)):
-        if n > MAX_TAG_ATTRIBUTES:  # the first is the tag's name
-            # What looked like a tag may be text in a comment or a CDATA section (an
-            # "a<b" in it): the "--" or "]]" before its ">" stays, or the rest of the
-            # page would be read as part of it.
-            end = next((e for e in ("--", "]]") if found.endswith(e)), "")
-            return found[: attribute.start()] + end
-    return found
+    parts: list[str] = []
+    start = 0
+    # Anchored: a search would start again at each "<" of the text after the last tag.
+    while (crowded := _CROWDED_TAG.match(text, start)) is not None:
+        # The space ends the last attribute kept as the first one dropped began: an
+        # unquoted value must not run on into a "/>".
+        kept, rest = crowded.end("kept"), crowded.end("dropped")
+        parts += (text[start:kept], " ", text[rest : crowded.end()])
+        start = crowded.end()
+    return "".join(parts) + text[start:] if parts else text
 
 
 def _html_parser() -> etree.HTMLParser:

@@ -61,6 +61,7 @@ from collections.abc import Iterable
 from lingua import IsoCode639_1, IsoCode639_3, Language, LanguageDetector, LanguageDetectorBuilder
 
 from trove_fetcher.keywords import STOP_WORDS
+from trove_schema.text import storable
 
 #: Languages the default detector tells apart (ISO 639-1): Western and Central European
 #: languages common on personal sites, plus the big non-Latin scripts. Esperanto and
@@ -224,10 +225,18 @@ class LanguageIdentifier:
     def sample(self, text: str, chars: int | None = None) -> str:
         """The start of ``text``, whitespace collapsed, at most ``chars`` long.
 
-        ``chars`` defaults to ``sample_chars``.
+        ``chars`` defaults to ``sample_chars``. Whitespace does not count against it: a
+        page's text is its text nodes joined, indentation and all, and a paragraph
+        twenty indented ``<div>`` deep starts past its first thousand characters.
         """
         chars = self.sample_chars if chars is None else chars
-        return " ".join(text[: chars * 2].split())[:chars]
+        # Twice the sample holds it in ordinary text; more only after runs of space.
+        window = chars * 2
+        while True:
+            sample = " ".join(text[:window].split())
+            if len(sample) > chars or window >= len(text):
+                return sample[:chars]
+            window *= 4
 
     def detect_text(self, text: str) -> str | None:
         """The detector's language for the start of ``text``, or None if it is unsure.
@@ -237,8 +246,10 @@ class LanguageIdentifier:
         """
         sample = self.sample(text)
         code = self._confident(sample)
-        if code is None and len(sample) == self.sample_chars < self.wide_sample_chars:
-            code = self._confident(self.sample(text, self.wide_sample_chars))
+        if code is None and self.sample_chars < self.wide_sample_chars:
+            wide = self.sample(text, self.wide_sample_chars)
+            if len(wide) > len(sample):
+                code = self._confident(wide)
         return code
 
     def by_stop_words(self, text: str) -> str | None:
@@ -268,7 +279,9 @@ class LanguageIdentifier:
     def _confident(self, sample: str) -> str | None:
         if sum(map(str.isalpha, sample)) < self.min_letters:
             return None
-        values = self.detector().compute_language_confidence_values(sample)
+        # lingua takes only what UTF-8 can encode: a lone surrogate (a PDF's, a JSON
+        # escape's) raises there.
+        values = self.detector().compute_language_confidence_values(storable(sample))
         if not values or values[0].value < self.min_confidence:
             return None
         code: str = values[0].language.iso_code_639_1.name.lower()

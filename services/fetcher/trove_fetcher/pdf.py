@@ -6,6 +6,11 @@ streams that take minutes to interpret. Only the first ``MAX_PAGES`` pages are r
 text stops at ``MAX_TEXT_CHARS``, every decoder is bounded well below pypdf's defaults,
 and no external program (``jbig2dec``) is ever run. A document pypdf cannot read is a
 ``PdfError``; the caller decides what that means.
+
+pypdf decodes a font's ToUnicode map with "surrogatepass": a map that sends a glyph to
+<D800> puts a lone surrogate in the text, which neither the language detector nor UTF-8
+takes. Text and title leave here marked as every text an event carries is
+(``trove_schema.text``: U+FFFD).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pypdf._configuration import apply_configuration
 from pypdf.generic import DictionaryObject
 
 from trove_fetcher.errors import PdfError
+from trove_schema.text import storable
 
 #: Pages read for text and links: a document's first pages say what it is about.
 MAX_PAGES = 5
@@ -112,7 +118,7 @@ def _read(body: bytes) -> PdfText:
         size += len(parts[-1])
         if len(links) < MAX_LINKS:
             links.extend(_page_links(page, MAX_LINKS - len(links)))
-    return PdfText(title=_clean_title(title), text="\n".join(parts), links=tuple(links))
+    return PdfText(title=_clean_title(title), text=storable("\n".join(parts)), links=tuple(links))
 
 
 def _page_links(page: DictionaryObject, limit: int) -> list[str]:
@@ -143,5 +149,5 @@ def _page_links(page: DictionaryObject, limit: int) -> list[str]:
 def _clean_title(title: str | None) -> str | None:
     if not title:
         return None
-    collapsed = " ".join(title.replace("\x00", "").split())[:_MAX_TITLE].rstrip()
+    collapsed = " ".join(storable(title.replace("\x00", "")).split())[:_MAX_TITLE].rstrip()
     return collapsed or None
