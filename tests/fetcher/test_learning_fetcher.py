@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -210,6 +211,43 @@ async def test_each_host_is_fetched_the_way_that_gives_its_content_and_a_challen
     assert min(intervals(refused)) >= ban
     assert challenge.pause_reason == "blocked_captcha"
     assert challenge.paused_until >= refused[-1].wall + ban - OVERHEAD
+
+
+async def test_a_host_no_way_gets_content_from_is_asked_another_way_only_until_that_fails_too(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    # Every page a shell, whatever is asked for: asked again as ActivityPub at every
+    # page, the host paid two requests a page for nothing.
+    web = LearningWeb(pages=12)
+    async with serve_learning_web(web) as running:
+        urls = web.urls("scripts")  # on the port the web was given
+        settings = env(web, 0.05, TROVE_EXPLORE_EVERY="0")
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            witness = running.witness
+
+            async def asked() -> list[tuple[str, str]]:
+                local.check_alive()
+                return [(r.path, strategy(r)) for r in pages(witness, "scripts")]
+
+            await publish_work(bus, urls[:1])  # the first page teaches the other way fails
+            await eventually(
+                asked,
+                until=lambda a: ("/a/0", "activitypub") in a,
+                timeout=20,
+                what="the first page asked another way",
+            )
+            await publish_work(bus, urls[1:])
+            await seen(local, witness, {"scripts": len(urls)}, timeout=30)
+            # The attempts are recorded, the page's last one after any other way's.
+            await Completions(bus.js).wait_for(len(urls), timeout=30)
+            requests = await asked()
+    # Each page asked, by whichever way the host's record chose (http, until its
+    # failures make the other way look as good); another way only for the first and, as
+    # the record forgets that way's failure, about one page in ten after it.
+    assert requests[:2] == [("/a/0", "http"), ("/a/0", "activitypub")]
+    times = Counter(path for path, _ in requests)
+    assert set(times) == {f"/a/{n}" for n in range(12)}, requests
+    assert sum(times.values()) <= len(urls) + 3, requests
 
 
 async def test_a_host_that_challenges_its_robots_txt_is_asked_nothing_else_for_its_ban(

@@ -26,6 +26,8 @@ mixed         plain pages, but every third (/a/0, /a/3, ...) the ``spa`` behavio
 changing      /c/<rate>/N whose text changes as a Poisson process (mean period
               ``CHANGE_PERIODS[rate]`` seconds on ``clock``), with ETag and
               Last-Modified, so an unchanged page answers a conditional GET with 304
+scripts       an empty JavaScript shell as HTML, whatever is asked for: no strategy
+              gets its content
 ============  ======================================================================
 
 Hosts listen on 127.0.0.40 onwards, one IP each, and are named ``<kind>.learn.test``.
@@ -65,6 +67,7 @@ KINDS: Final = (
     "aliases",
     "changing",
     "mixed",
+    "scripts",
 )
 FIRST_IP = 40
 DOMAIN = "learn.test"
@@ -164,7 +167,7 @@ class LearningWeb:
         """The strategy that gets this host's content; None where nothing may be tried."""
         if kind in ("spa",):
             return "activitypub"
-        if kind == "challenge":
+        if kind in ("challenge", "scripts"):
             return None
         return "http"
 
@@ -204,6 +207,10 @@ class LearningWeb:
             return self._changing_page(parts.path)
         n = self._number(parts.path, "/a/") if kind == "mixed" else None
         shell = n is not None and n % 3 == 0
+        if kind == "scripts":
+            if self._number(parts.path, "/a/") is None:
+                return not_found(path)
+            return ok(_SHELL, extra=(("Vary", "Accept"),))
         if kind == "spa" or (kind == "drift" and self.drifted) or shell:
             return self._app_page(host, parts.path, headers.get("accept", ""))
         response = self._article(kind, parts.path)

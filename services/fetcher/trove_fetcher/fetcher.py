@@ -97,7 +97,14 @@ from trove_schema.metrics import (
     STRATEGY_CHOICES,
     STRATEGY_MISPREDICTIONS,
 )
-from trove_schema.policy import Choice, HostPolicy, Observation, choose, send_validators
+from trove_schema.policy import (
+    Choice,
+    HostPolicy,
+    Observation,
+    another_way,
+    choose,
+    send_validators,
+)
 from trove_schema.topology import FETCH_DEFERRED, WORK_SCHEDULES_PREFIX
 from trove_schema.urls import canonicalize_or_none, domain_of, fetchable, origin_of
 
@@ -642,7 +649,7 @@ class Fetcher:
             observation = Observation.of(event)
             if observation.error_type in MISPREDICTIONS:
                 STRATEGY_MISPREDICTIONS.labels(strategy.name).inc()
-            if observation.error_type == "wrong_tool" and self._other_way(job):
+            if observation.error_type == "wrong_tool" and self._other_way(job, hold, event):
                 await self._release(hold, end, observation)
                 await self._ask_another_way(job, payload, event)
                 return
@@ -671,10 +678,14 @@ class Fetcher:
         STRATEGY_CHOICES.labels(strategy.name, choice.reason).inc()
         return strategy, choice
 
-    @staticmethod
-    def _other_way(job: Job) -> bool:
-        """Whether the page may be asked again another way: once, and only if one applies."""
-        return job.avoid is None and len(applicable(job.url)) > 1
+    def _other_way(self, job: Job, hold: _Hold, event: CrawlCompleted) -> bool:
+        """Whether the page may be asked again another way: once, only if one applies,
+        and only while the host's record (as the lease found it) gives that way a fair
+        chance (``policy.another_way``)."""
+        if job.avoid is not None or hold.grant is None:
+            return False
+        policy, config = hold.grant.policy, self.politeness.learning
+        return another_way(policy, job.url, event.fetcher, applicable(job.url), config)
 
     async def _ask_another_way(self, job: Job, payload: bytes, event: CrawlCompleted) -> None:
         """A strategy that got the wrong kind of answer (``wrong_tool``: an app shell to
