@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -182,10 +183,14 @@ async def test_a_replay_whose_broker_stays_away_ends_with_the_reason(
             await until_it_waits(running, scratch_database)
             broker.server.stop()
             await held.rollback()
-        with pytest.raises(ReplayStalled, match=f"no event from NATS for 15 s.* of {RECORD}"):
+        with pytest.raises(ReplayStalled, match=f"no event from NATS for 15 s.* of {RECORD}") as e:
             await asyncio.wait_for(running, timeout=90)
-        # What it read before the broker went is applied.
+        # Everything it read before the broker went is applied, the batch it was reading
+        # too (the record is these events alone: sequence n is the n-th), and the error
+        # says from when to run it again.
+        read = int(re.search(r"at sequence (\d+)", str(e.value)).group(1))  # type: ignore[union-attr]
         (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
-        assert 0 < row.n < RECORD
+        assert 0 < row.n == read < RECORD
+        assert e.value.applied_until is not None
     finally:
         await target.dispose()

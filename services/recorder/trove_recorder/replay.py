@@ -216,7 +216,12 @@ class LockLost(TroveError):
 
 
 class ReplayStalled(TroveError):
-    """No event came from NATS for the replay's patience: the broker stayed away."""
+    """No event came from NATS for the replay's patience: the broker stayed away.
+
+    ``applied_until``: when the stream stored the last event the replay applied (a
+    ``--since`` for the next run), None when it applied none."""
+
+    applied_until: datetime | None = None
 
 
 #: Seconds one read waits for a message before the replay looks at how long it waited.
@@ -388,11 +393,21 @@ async def replay(
             return applied.count
 
         done, seq = False, first - 1
+        stalled: ReplayStalled | None = None
+        read_until: datetime | None = None  # stored time of the last message read
+        applied_until: datetime | None = None
         while not done:
             events: list[Event] = []
             for _ in range(batch):
-                msg = await _next_message(sub, bus, seq, last, patience)
+                try:
+                    msg = await _next_message(sub, bus, seq, last, patience)
+                except ReplayStalled as exc:
+                    # What this batch read is applied first: a next run from the time
+                    # the error gives misses nothing before it.
+                    stalled, done = exc, True
+                    break
                 seq = msg.metadata.sequence.stream
+                read_until = msg.metadata.timestamp
                 # A consumer nats-py made again before the first message came starts at
                 # the stream's start: what it holds before ``first`` is not the window's.
                 if seq < first:
@@ -427,7 +442,11 @@ async def replay(
                             raise
                         stats.failed += 1
                         log.error("replay: %s %s skipped: %s", event.TYPE, event.id, one)
+            applied_until = read_until
             log.info("replayed up to %d of %d", seq, last)
+        if stalled is not None:
+            stalled.applied_until = applied_until
+            raise stalled
     finally:
         if sub is not None:
             # Before the connection drains: messages pushed to a subscription nobody
@@ -472,9 +491,15 @@ def run_replay(
         print(f"error: {exc}")
         return 2
     except ReplayStalled as exc:
+        since_then = (
+            f"--since {exc.applied_until.isoformat()}"
+            if exc.applied_until is not None
+            else "as it was run"
+        )
         print(
-            f"error: replay stopped: {exc}. Run it again with --since a time before it "
-            "stopped: what it applied is skipped"
+            f"error: replay stopped: {exc}. Everything stored before "
+            f"{exc.applied_until.isoformat() if exc.applied_until else 'its start'} is "
+            f"applied: run it again {since_then} (what was applied is skipped)"
         )
         return 1
     except LockLost as exc:
