@@ -29,10 +29,16 @@ from trove_discovery.follows import (
     parse_command,
     reply_json,
     reply_text,
+    resume_polls,
     with_timeline,
 )
 from trove_schema.bus import Bus
-from trove_schema.events import InstanceFollowed, TimelinePollRequested
+from trove_schema.events import (
+    MAX_RECENT_POSTS,
+    InstanceFollowed,
+    TimelinePollRequested,
+    decode_event,
+)
 from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
@@ -296,3 +302,29 @@ async def test_a_follow_redelivered_after_its_chain_began_leaves_the_chain_alone
     await store.write(with_timeline(record, "local", under_way), revision)
     assert await follows.follow(command, seq=seq, origin=FOLLOW_SUBJECT)
     assert [r.poll for r in spy.scheduled] == [1, 1]
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_follow_record_with_more_recent_ids_than_this_release_keeps_still_polls(
+    bus: Bus,
+) -> None:
+    # Written by a release with a higher limit, then rolled back: the poll request is
+    # built from the newest ids this one keeps, not refused at every try.
+    recent = [str(n) for n in range(2 * MAX_RECENT_POSTS)]
+    written = {
+        "follow_id": "follow-1",
+        "followed_at": "2026-01-01T00:00:00Z",
+        "poll": 7,
+        "cursor": "900",
+        "recent": recent,
+    }
+    follow = TimelineFollow.model_validate_json(json.dumps(written))
+    await resume_polls(
+        bus, "https://social.example", "social.example", "local", follow, id="poll-8"
+    )
+    pending = await pending_poll(bus, "https://social.example", "local")
+    assert pending is not None
+    assert pending.data
+    request = decode_event(pending.data)
+    assert isinstance(request, TimelinePollRequested)
+    assert request.recent == tuple(recent[-MAX_RECENT_POSTS:])

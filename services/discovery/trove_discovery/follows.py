@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from trove_discovery.errors import InvalidFollow, InvalidURL
 from trove_discovery.replies import (
@@ -61,6 +61,7 @@ from trove_discovery.replies import (
 )
 from trove_schema.bus import Bus
 from trove_schema.events import (
+    MAX_RECENT_POSTS,
     InstanceFollowed,
     InstanceUnfollowed,
     Provenance,
@@ -385,6 +386,13 @@ class TimelineFollow(BaseModel):
     #: it again for late posts, and leaves these alone).
     recent: tuple[str, ...] = ()
     failures: int = 0
+
+    @field_validator("recent")
+    @classmethod
+    def _newest(cls, recent: tuple[str, ...]) -> tuple[str, ...]:
+        # A release with a higher limit may have written more, and been rolled back: the
+        # poll request built from the record would be refused, and the timeline stop.
+        return recent[-MAX_RECENT_POSTS:]
 
     @property
     def following(self) -> bool:
