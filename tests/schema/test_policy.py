@@ -22,6 +22,7 @@ from trove_schema.policy import (
     HostPolicy,
     LearningConfig,
     Observation,
+    another_way,
     choose,
     estimate,
     host_gap,
@@ -173,6 +174,51 @@ def test_a_host_converges_on_the_strategy_that_yields_content(
     crawl.fetch(20)
     crawl.fetch(100)
     assert crawl.choices[20:].count(right) >= 95, crawl.choices
+
+
+def crawl_asking_another_way(site: Site, pages: int) -> tuple[int, int]:
+    """``pages`` pages of one host fetched as the fetcher does, a wrong answer asked
+    again another way when ``another_way`` lets it: (pages with content, requests)."""
+    policy, now, read, requests = HostPolicy(), T0, 0, 0
+    for n in range(pages):
+        url = page(n)
+        found = policy  # as the lease found it
+        tried = choose(found, url, BOTH, CONFIG).strategy
+        ways = [tried, *(w for w in BOTH if w != tried)]
+        for way in ways:
+            now += 10.0
+            requests += 1
+            observation = Observation.of(site(url, way, now))
+            policy = observe(policy, observation, CONFIG)
+            if observation.success:
+                read += 1
+            if observation.error_type != "wrong_tool" or way != tried:
+                break
+            if not another_way(found, url, tried, BOTH, CONFIG):
+                break
+    return read, requests
+
+
+def test_a_host_no_way_reads_is_asked_another_way_for_few_of_its_pages() -> None:
+    def scripts_site(url: str, strategy: str, at: float) -> CrawlCompleted:
+        return shell(url, strategy, at) if strategy == "http" else wrong_tool(url, strategy, at)
+
+    read, requests = crawl_asking_another_way(scripts_site, 200)
+    assert read == 0
+    assert requests <= 220  # two requests a page before
+
+
+def test_a_page_the_other_way_reads_is_asked_that_way_on_a_host_where_it_reads_few() -> None:
+    # Plain pages one in five, scripts the rest; ActivityPub reads none: every plain page
+    # is read, whichever way was tried first.
+    def partly_plain(url: str, strategy: str, at: float) -> CrawlCompleted:
+        plain = int(url.rsplit("/", 1)[1]) % 5 == 0
+        if strategy == "activitypub":
+            return wrong_tool(url, strategy, at)
+        return content(url, strategy, at) if plain else shell(url, strategy, at)
+
+    read, _ = crawl_asking_another_way(partly_plain, 500)
+    assert read == 100
 
 
 def test_a_challenge_host_never_gets_another_strategy_and_ends_paused() -> None:

@@ -695,26 +695,29 @@ def choose(
     return Choice(best, "learned" if learned else "prior")
 
 
-#: Below this expected share of usable answers on the host's URLs of the class, a page
-#: one strategy answered the wrong way is not asked at once another way: on a host where
-#: both fail (a site of scripts only, a challenge the audit does not know), every page
-#: cost two requests for nothing. An untried way is an even bet (0.5); one failure puts
-#: it at 0.25, and the discount brings it back above this after ~9 of the host's other
-#: attempts, so such a host is asked another way about once in ten pages.
+#: A page one strategy answered the wrong way is asked at once another way while that
+#: way is still this good a bet on the host's URLs of the class (untried: 0.5)...
 ANOTHER_WAY_AT_LEAST = 0.4
+#: ... or has given usable answers there: discounted successes, real or its prior's.
+ANOTHER_WAY_SUCCESSES = 0.5
 
 
 def another_way(
     policy: HostPolicy, url: str, tried: str, applicable: Sequence[str], config: LearningConfig
 ) -> bool:
     """Whether ``url``, answered the wrong way by ``tried``, may be asked at once another
-    way: one applies, and the host's record gives it a fair chance."""
+    way: one applies that the host's record does not show failing. On a host where every
+    way fails (a site of scripts only, a challenge the audit does not know) every page
+    cost two requests for nothing; on one where the other way works for some pages, it
+    is still asked. Exploring tries a failed way again now and then."""
     url_class = config.priors.url_class(url)
-    return any(
-        success_rate(estimate(policy, url_class, other, config)) >= ANOTHER_WAY_AT_LEAST
-        for other in applicable
-        if other != tried
-    )
+    for other in applicable:
+        if other == tried:
+            continue
+        counts = estimate(policy, url_class, other, config)
+        if counts[0] >= ANOTHER_WAY_SUCCESSES or success_rate(counts) >= ANOTHER_WAY_AT_LEAST:
+            return True
+    return False
 
 
 def _explore_turn(policy: HostPolicy, url: str, config: LearningConfig) -> bool:
