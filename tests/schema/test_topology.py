@@ -38,8 +38,11 @@ from trove_schema.topology import (
     DEAD_STREAM,
     DOMAINS_BUCKET,
     EVENTS_STREAM,
+    FETCH_DEFERRED,
     FETCHER,
+    FETCHER_DEFERRED,
     OWNERS,
+    PAGE_DISCOVERED,
     RECORDER,
     REVISION,
     REVISION_KEY,
@@ -141,19 +144,23 @@ async def test_a_pod_of_an_older_release_leaves_a_newer_releases_durable_as_it_i
 
 
 @pytest.mark.usefixtures("clean")
-async def test_a_deleted_fetcher_durable_is_not_made_again_from_the_records_first_event(
-    bus: Bus,
+@pytest.mark.parametrize(
+    ("durable", "subject"), [(FETCHER, PAGE_DISCOVERED), (FETCHER_DEFERRED, FETCH_DEFERRED)]
+)
+async def test_a_deleted_fetcher_durable_is_not_made_again_from_its_streams_first_message(
+    bus: Bus, durable: str, subject: str
 ) -> None:
-    # Made again from the first event, the fetcher would fetch every page the record
-    # ever asked for, at once. Where it starts again is the operator's to say.
-    stream, config = declare().consumer(FETCHER)
-    await bus.js.publish(CRAWL_COMPLETED, b"{}")  # the record holds an event
-    await bus.js.delete_consumer(stream, FETCHER)
+    # Made again from the first message, the fetcher would fetch every page the record
+    # ever asked for, and every deferred fetch of the week, at once. Where it starts
+    # again is the operator's to say.
+    stream, config = declare().consumer(durable)
+    await bus.js.publish(subject, b"{}")  # the stream holds a message
+    await bus.js.delete_consumer(stream, durable)
 
-    with pytest.raises(TopologyError, match=r"consumer fetcher is missing on TROVE_EVENTS"):
+    with pytest.raises(TopologyError, match=rf"consumer {durable} is missing on {stream}"):
         await ensure_topology(bus.js, declare(), owner="fetcher")
     with pytest.raises(NotFoundError):
-        await bus.js.consumer_info(stream, FETCHER)
+        await bus.js.consumer_info(stream, durable)
 
     # Made by the operator from a point in time (`nats consumer add ... --deliver 1h
     # --defaults`): the start keeps the point and sets everything else Trove manages.
@@ -161,7 +168,7 @@ async def test_a_deleted_fetcher_durable_is_not_made_again_from_the_records_firs
     await bus.js.add_consumer(
         stream,
         ConsumerConfig(
-            durable_name=FETCHER,
+            durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.BY_START_TIME,
             opt_start_time=since,
@@ -169,9 +176,10 @@ async def test_a_deleted_fetcher_durable_is_not_made_again_from_the_records_firs
         ),
     )
     await ensure_topology(bus.js, declare(), owner="fetcher")
-    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    after = (await bus.js.consumer_info(stream, durable)).config
     assert after.deliver_policy == DeliverPolicy.BY_START_TIME
-    assert sorted(after.filter_subjects or []) == sorted(config.filter_subjects or [])
+    wanted = config.filter_subjects or [str(config.filter_subject)]
+    assert sorted(after.filter_subjects or [str(after.filter_subject)]) == sorted(wanted)
     assert after.ack_wait == config.ack_wait
 
 

@@ -590,14 +590,15 @@ async def _ensure_consumer(
         log.info("reconciled consumer %s on %s", config.durable_name, stream)
 
 
-#: Durables that must not start from the first event of a record that holds events
+#: Durables that must not start from the first message of a stream that holds some
 #: already: the fetcher would fetch every page the record ever asked for at once, its
-#: attempts under the ids of those already recorded (which the recorder drops), and
-#: discovery would ask every page's re-crawl again. The recorder's projection and the
-#: seeds', follows' and deferrals' consumers take a whole stream again as they did the
-#: first time. The record is kept for ever, and every durable is created at the first
-#: start, on empty streams: one is missing later only if it was deleted.
-NOT_READ_AGAIN = frozenset({FETCHER, DISCOVERY_LINKS})
+#: attempts under the ids of those already recorded (which the recorder drops), and the
+#: week of deferred fetches ``TROVE_WORK`` keeps; discovery would ask every page's
+#: re-crawl again. The recorder's projection takes the record again as a replay does,
+#: the follows' commands end where they ended, and the seeds' only crawl again the
+#: forced ones of the stream's month. Every durable is created at the first start, on
+#: empty streams: one is missing later only if it was deleted.
+NOT_READ_AGAIN = frozenset({FETCHER, FETCHER_DEFERRED, DISCOVERY_LINKS})
 
 
 async def _refuse_to_read_again(js: JetStreamContext, stream: str, durable: str) -> None:
