@@ -93,11 +93,26 @@ def test_a_moved_scope_holds_the_target_and_what_lies_under_it(
             "https://linktr.ee/john.doe?tab=links",
             "https://linktr.ee/jane",
         ),
-        # A page file's extension still names the site's directory.
+        (
+            "https://tilde.example/~ann.lee",
+            "https://tilde.example/~ann.lee/notes",
+            "https://tilde.example/~bob/notes",
+        ),
+        # A file's extension still names the site's directory: a page, an action, a feed.
         (
             "https://moved.example/blog/index.html",
             "https://moved.example/blog/post-1",
             "https://moved.example/",
+        ),
+        (
+            "https://www.gov.example/portal/home.do",
+            "https://www.gov.example/portal/news.do",
+            "https://www.gov.example/other/",
+        ),
+        (
+            "https://new.example/blog/index.xml",
+            "https://new.example/blog/posts/hello/",
+            "https://new.example/about/",
         ),
     ],
 )

@@ -32,12 +32,15 @@ from trove_schema.aliases import INDEX_NAMES
 from trove_schema.events import MAX_SCOPE_MOVES, Scope, ScopeKind
 from trove_schema.urls import domain_of, registrable_domain
 
-#: Extensions that make a path's last segment a page file, whose directory is the site.
-#: Any other dot is part of a name (``/@john.doe``, ``/john.doe``): a platform's user,
-#: whose subtree is the site, not the platform's root.
+#: Extensions that make a path's last segment a file (a page, a feed, a script's
+#: action), whose directory is the site. Any other dot is part of a name
+#: (``/john.doe``): a platform's user, whose subtree is the site, not the platform's
+#: root; and so is a segment that starts as a user's does (``/@ann.lee``, ``/~ann.lee``).
 PAGE_EXTENSIONS = frozenset(
     {posixpath.splitext(name)[1] for name in INDEX_NAMES}
-    | {".html", ".htm", ".xhtml", ".shtml", ".php", ".asp", ".aspx", ".jsp", ".cgi", ".cfm"}
+    | {".html", ".htm", ".xhtml", ".shtml", ".phtml", ".php", ".asp", ".aspx", ".jsp"}
+    | {".jsf", ".faces", ".do", ".action", ".cgi", ".pl", ".py", ".cfm", ".cfml", ".nsf"}
+    | {".xml", ".rss", ".atom", ".json", ".txt"}
 )
 
 
@@ -88,7 +91,8 @@ def redirected_scope(scope: Scope, target: str) -> Scope | None:
         origin = rf"(?:www\.)?{re.escape(_without_www(host))}"
     path = parts.path or "/"
     name = path[path.rfind("/") + 1 :]
-    if posixpath.splitext(name)[1].lower() in PAGE_EXTENSIONS:  # ``/blog/index.html``
+    named = name.startswith(("@", "~"))
+    if not named and posixpath.splitext(name)[1].lower() in PAGE_EXTENSIONS:  # ``index.html``
         path = path[: path.rfind("/") + 1]
     subtree = re.escape(path) + ("" if path.endswith("/") else "(?:[/?#]|$)")
     pattern = rf"^https?://{origin}(?::[0-9]+)?{subtree}"
