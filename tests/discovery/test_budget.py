@@ -18,7 +18,13 @@ from tests.discovery.crawl_support import (
 from tests.discovery.follow_support import recorded
 from trove_discovery import discovery as discovery_module
 from trove_discovery.discovery import Discovery
-from trove_schema.budgets import BATCH_MEMORY_SECONDS, HostCount, batch_mark, host_budget_key
+from trove_schema.budgets import (
+    BATCH_MEMORY,
+    BATCH_MEMORY_SECONDS,
+    HostCount,
+    batch_mark,
+    host_budget_key,
+)
 from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
     CrawlCompleted,
@@ -157,6 +163,18 @@ def test_a_batch_is_remembered_for_its_redeliveries_and_forgotten_after() -> Non
     assert (later.pages, later.counted(first), later.counted(other)) == (7, 0, 1)
     # A cause's batch of another host is another batch.
     assert counted.counted(batch_mark("page-1", "other.example")) == 0
+
+
+def test_a_hosts_record_read_over_budget_forgets_its_old_batches_and_stays_small() -> None:
+    # A host over its budget is read at every batch and written at none: marks past their
+    # memory go when it is read, and however busy it was, the record stays small.
+    busy = HostCount(since=1000.0)
+    for n in range(3 * BATCH_MEMORY):
+        busy = busy.add(batch_mark(f"page-{n}", "busy.example"), 1, 1000.0 + n)
+    assert len(busy.to_bytes()) < 4_000
+    later = busy.in_cycle(1000.0 + 3 * BATCH_MEMORY + BATCH_MEMORY_SECONDS, cycle=30 * 86400.0)
+    assert later.marks == ()
+    assert later.pages == 3 * BATCH_MEMORY  # the count itself stays for the cycle
 
 
 async def test_a_page_handled_again_after_many_batches_of_its_host_counts_its_links_once(
