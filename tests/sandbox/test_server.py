@@ -369,7 +369,10 @@ async def test_a_polite_crawl_of_the_served_web_fetches_exactly_the_expected_pag
     assert web.disallowed_urls()
 
 
-async def test_server_sustains_hundreds_of_requests_per_second(running: RunningSandbox) -> None:
+async def test_server_answers_every_request_of_many_keep_alive_connections(
+    running: RunningSandbox,
+) -> None:
+    # Its speed is the benchmarks' to measure (bench_fetcher.py, the server's ceiling).
     per_connection, connections = 100, 24
     hosts = [urlsplit(seed).hostname or "" for seed in running.seeds]
 
@@ -386,12 +389,8 @@ async def test_server_sustains_hundreds_of_requests_per_second(running: RunningS
             writer.close()
             await writer.wait_closed()
 
-    started = time.perf_counter()
     await asyncio.gather(*(keep_alive_client(hosts[k % len(hosts)]) for k in range(connections)))
-    elapsed = time.perf_counter() - started
-    total = per_connection * connections
-    assert len(running.witness.requests()) == total
-    assert total / elapsed > 500, f"{total / elapsed:.0f} requests/s"
+    assert len(running.witness.requests()) == per_connection * connections
 
 
 async def test_server_closes_cleanly_with_connections_open(
