@@ -27,12 +27,13 @@ from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
 from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.clock import Clock
+from trove_fetcher.deferral import Carried
 from trove_fetcher.errors import EgressAway, RobotsUnavailable
 from trove_fetcher.extract import Extraction
-from trove_fetcher.fetcher import Fetcher, Job
+from trove_fetcher.fetcher import LOCAL_WAIT, Fetcher, Job
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import KV, Deferred, Granted, Moved, Politeness, PolitenessConfig
-from trove_fetcher.robots import RobotsPolicy, RobotsRule
+from trove_fetcher.robots import DEFAULT_TTL, RobotsPolicy, RobotsRule
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
@@ -687,3 +688,67 @@ async def test_a_same_host_redirect_through_an_encoded_dot_segment_obeys_robots_
     events = await Completions(bus.js).wait_for(1, timeout=10)
     assert events[page.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
     assert [seen.path for seen in server.requests_for(HOST)] == ["/robots.txt", "/up"]
+
+
+class MovedClock:
+    """The pods' shared time, moved on by hand: a host's gap, or a robots.txt's TTL,
+    passes at once."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.ahead
+
+    def at(self, local: float) -> float:
+        return local + self.ahead
+
+
+async def paused_chains(bus: Bus) -> list[Msg]:
+    """The scheduled work messages that carry a paused redirect chain, as they come back."""
+    info = await bus.js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
+    found = []
+    for subject in info.state.subjects or {}:
+        stored = await bus.js.get_last_msg(WORK_STREAM, subject)
+        if Carried.from_headers(stored.headers).chain is not None:
+            found.append(
+                Msg(
+                    _client=bus.nc, subject=subject, data=stored.data or b"", headers=stored.headers
+                )
+            )
+    return found
+
+
+async def test_a_paused_redirect_hop_obeys_robots_txt_read_while_it_waited_as_canonical_too(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """/up redirects to /public/%2e%2e/private/x and the chain waits for the host's gap
+    in a scheduled message. Meanwhile robots.txt expires and is read again, now
+    disallowing /private: the hop, which the server serves as /private/x, is judged when
+    the chain resumes as when it was followed, as sent and as canonical."""
+    rules = {"body": b"User-agent: *\nAllow: /\n"}
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
+        200, rules["body"], content_type="text/plain"
+    )
+    server.routes[f"{HOST}/up"] = lambda ex: ex.redirect("/public/%2e%2e/private/x")
+    server.routes[f"{HOST}/public/%2e%2e/private/x"] = lambda ex: ex.send(200, b"<p>private</p>")
+    clock = MovedClock()
+    gap = 5 * LOCAL_WAIT  # each wait for the host goes to a scheduled message
+    fetcher = await fetcher_on(bus, client, gap=gap, clock=clock)
+    first, up, later = work(server), work(server, "/up"), work(server, "/hop")
+    try:
+        await fetcher.process(Job(first), first.to_wire())  # robots.txt; the page waits
+        clock.ahead += 3 * gap
+        await fetcher.process(Job(up), up.to_wire())  # /up; its hop waits
+        (paused,) = await paused_chains(bus)
+        rules["body"] = b"User-agent: *\nDisallow: /private\n"
+        clock.ahead += DEFAULT_TTL
+        await fetcher.process(Job(later), later.to_wire())  # robots.txt read again
+        clock.ahead += 3 * gap
+        await fetcher.handle(paused)
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[up.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
+    paths = [seen.path for seen in server.requests_for(HOST)]
+    assert paths == ["/robots.txt", "/up", "/robots.txt"]

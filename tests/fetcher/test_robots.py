@@ -53,6 +53,8 @@ OTHER_SITE_ROBOTS = b"User-agent: *\nDisallow: /from-b/\n"
 # Line by line past 512 KiB; the rule after the cap must not count.
 _FILLER = b"".join(f"Disallow: /filler/{n:06d}\n".encode() for n in range(25_000))
 OVERSIZE_ROBOTS = b"User-agent: *\n" + _FILLER + b"Disallow: /late/\n"
+# The same file with a bare CR ending each line, as RFC 9309 allows.
+OVERSIZE_CR_ROBOTS = OVERSIZE_ROBOTS.replace(b"\n", b"\r")
 CAP = 512 * 1024
 
 
@@ -95,6 +97,7 @@ ROUTES: dict[str, Any] = {
     # A host that ends in a number longer than int() reads (4,300 digits).
     "digits.trove.test/robots.txt": _redirect("http://" + "1" * 4400 + "/robots.txt"),
     "big.trove.test/robots.txt": _text(OVERSIZE_ROBOTS),
+    "bigcr.trove.test/robots.txt": _text(OVERSIZE_CR_ROBOTS),
     "zipped.trove.test/robots.txt": lambda ex: ex.send(
         200, gzip.compress(ROBOTS), {"Content-Encoding": "gzip"}, content_type="text/plain"
     ),
@@ -173,6 +176,21 @@ def test_a_group_named_with_a_version_or_a_comment_is_trovebots(agent: str) -> N
     )
     assert not policy.allows("https://a.example/page")
     assert policy.crawl_delay() == 30.0
+    assert policy.allows("https://a.example/page", "OtherBot")
+
+
+LINE_ENDS = pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+
+
+@LINE_ENDS
+def test_a_versioned_trovebot_group_after_another_is_trovebots_whatever_the_line_ends(
+    end: str,
+) -> None:
+    """protego reads a bare CR as a line end (``str.splitlines``); the token is cut on
+    the same lines, or the group after the first line names no one."""
+    lines = ["User-agent: *", "Allow: /", "", "User-agent: TroveBot/2.1", "Disallow: /"]
+    policy = parsed((end.join(lines) + end).encode(), origin="https://a.example")
+    assert not policy.allows("https://a.example/page")
     assert policy.allows("https://a.example/page", "OtherBot")
 
 
@@ -418,6 +436,20 @@ async def test_oversize_robots_is_cut_at_the_cap_on_a_line_boundary(
     assert policy.allows(f"{site}/late/page")
 
 
+async def test_oversize_robots_with_cr_line_ends_is_cut_at_its_last_line_too(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """Cut at the last LF only, a file of CR line ends would keep nothing: allow all."""
+    policy = await robots_of(client, server, "bigcr")
+    site = origin(server, "bigcr")
+    assert policy.truncated
+    assert not policy.allows(f"{site}/filler/000001")
+    assert policy.allows(f"{site}/late/page")
+    assert len(policy.body) <= CAP
+    assert policy.body.endswith(b"\r")
+    assert OVERSIZE_CR_ROBOTS.startswith(policy.body)
+
+
 async def test_gzipped_robots_is_decoded(client: httpx.AsyncClient, server: LocalServer) -> None:
     policy = await robots_of(client, server, "zipped")
     assert policy.body == ROBOTS
@@ -544,6 +576,16 @@ def test_a_wildcard_rule_that_reaches_into_the_query_holds_in_the_linked_order_t
     # Linked as ``?q=shoes&page=2``; its canonical spelling puts page first.
     assert not policy.allows(canonicalize("https://shop.example/list?q=shoes&page=2"))
     assert policy.allows("https://shop.example/list?page=2")
+
+
+@LINE_ENDS
+def test_a_query_rule_holds_whatever_the_line_ends(end: str) -> None:
+    """A query rule on any line of a file of CR line ends is seen: the URL's other
+    orders are checked."""
+    body = f"User-agent: *{end}Disallow: /search?q={end}".encode()
+    policy = parsed(body, origin="https://find.example")
+    assert not policy.allows("https://find.example/search?page=2&q=cats")
+    assert policy.allows("https://find.example/search?page=2&sort=new")
 
 
 def test_any_order_a_rule_disallows_refuses_even_where_an_allow_matched_the_canonical_one() -> None:

@@ -319,8 +319,13 @@ class Fetcher:
         away = self.network_away(domain_of(target))
         if away is not None:
             raise away  # before the lease: the host's slot is not spent on nothing
-        robots = await self._cached_robots(target)
-        if robots is not None and not robots.allows(target, self.robots_token):
+        if page_chain is None:
+            robots = await self._cached_robots(target)
+        else:
+            # A paused chain's next hop is judged as any hop of the page is: robots.txt
+            # may have changed while it waited.
+            robots = await self._hop_robots(target, job.url)
+        if robots is not None and not self._robots_allows(robots, target):
             await self._complete(job, robots_refusal(job.work, robots))
             return
         # A paused chain's next hop is a hop of the page already asked for: it goes on.
@@ -751,20 +756,25 @@ class Fetcher:
         )
 
     async def _redirect_allowed(self, url: str, page: str) -> bool:
-        """A same-host redirect hop must be allowed by robots.txt too. A hop from http to
-        https goes to another origin, whose robots.txt may not be known yet: then the
-        page's own origin's rules (the same host's, read before the request) judge it,
-        never none at all. One that could not be read says neither yes nor no
-        (``RobotsUnavailable``): the attempt fails and is tried again, as a page's would.
-
-        The hop is judged as sent and as canonical: httpx resolves ``../`` in a Location
-        but not ``%2e%2e/``, which the server resolves, so ``/public/%2e%2e/private``
-        is served as ``/private``."""
-        policy = await self._cached_robots(url) or await self._cached_robots(page)
+        """A same-host redirect hop must be allowed by robots.txt too (``_hop_robots``,
+        ``_robots_allows``). One whose robots.txt could not be read says neither yes nor
+        no (``RobotsUnavailable``): the attempt fails and is tried again, as a page's
+        would."""
+        policy = await self._hop_robots(url, page)
         if policy is not None and policy.temporary:
             raise RobotsUnavailable(policy.error or "disallow all for now")
-        if policy is None:
-            return True
+        return policy is None or self._robots_allows(policy, url)
+
+    async def _hop_robots(self, url: str, page: str) -> RobotsPolicy | None:
+        """The robots.txt a hop of ``page`` to ``url`` is judged by. A hop from http to
+        https goes to another origin, whose robots.txt may not be known yet: then the
+        page's own origin's rules (the same host's) judge it, never none at all."""
+        return await self._cached_robots(url) or await self._cached_robots(page)
+
+    def _robots_allows(self, policy: RobotsPolicy, url: str) -> bool:
+        """Whether ``policy`` allows ``url`` as sent and as canonical: httpx resolves
+        ``../`` in a Location but not ``%2e%2e/``, which the server resolves, so
+        ``/public/%2e%2e/private`` is served as ``/private``."""
         canonical = canonicalize_or_none(url)
         return policy.allows(url, self.robots_token) and (
             canonical is None or canonical == url or policy.allows(canonical, self.robots_token)

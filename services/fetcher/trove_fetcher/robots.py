@@ -123,7 +123,9 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
     if rules is not None:
         _parsed.move_to_end(key)
         return rules
-    text = body.decode("utf-8", errors="replace").removeprefix("\ufeff")
+    # Line ends as protego reads them (``str.splitlines``: a bare CR ends a line too, as
+    # RFC 9309 allows), so the rewrites below see the lines protego parses.
+    text = "\n".join(body.decode("utf-8", errors="replace").removeprefix("\ufeff").splitlines())
     parser = Protego.parse(_PRODUCT_TOKEN.sub(r"\1\2", text))
     rules = _Rules(parser, _QUERY_RULE.search(text) is not None)
     _parsed[key] = rules
@@ -276,7 +278,8 @@ class RobotsPolicy:
 
 
 def _cut_at_line(body: bytes) -> bytes:
-    end = body.rfind(b"\n")
+    # A line ends at LF, CRLF or a bare CR (RFC 9309's EOL).
+    end = max(body.rfind(b"\n"), body.rfind(b"\r"))
     return body[: end + 1] if end >= 0 else b""
 
 
