@@ -228,7 +228,8 @@ async def held_in_recovery(server: EmbeddedPostgres) -> AsyncIterator[Child]:
     user = SYSTEM_USER if os.geteuid() == 0 else None
     (data / "standby.signal").touch()
     argv = [str(postgres_bin_dir(config.bin_dir) / "postgres"), "-D", str(data), "-h"]
-    argv += [config.host, "-p", str(server.port), "-k", str(data), "-c", "hot_standby=off"]
+    argv += [config.host, "-p", str(server.port), "-c", "unix_socket_directories="]
+    argv += ["-c", "hot_standby=off"]
     child = Child(
         "postgres-standby",
         argv,

@@ -63,6 +63,25 @@ def test_an_initdb_cut_short_leaves_nothing_the_next_start_cannot_use(tmp_path: 
         server.stop()
 
 
+async def test_postgres_starts_in_a_folder_deeper_than_a_socket_path_may_be(
+    tmp_path: Path,
+) -> None:
+    # A Unix socket's path is limited to ~107 bytes: a checkout a little deep, or a
+    # temporary folder on macOS, passed it, and Postgres refused to start. Trove's
+    # clients all connect over TCP.
+    data = tmp_path / ("deep" * 20) / "postgres" / "data"
+    assert len(str(data / ".s.PGSQL.54321")) > 108
+    server = EmbeddedPostgres(PostgresConfig(data_dir=data, fast_and_unsafe=True)).start()
+    try:
+        connection = await asyncpg.connect(server.url.replace("+asyncpg", ""))
+        try:
+            assert await connection.fetchval("SELECT 1") == 1
+        finally:
+            await connection.close()
+    finally:
+        server.stop()
+
+
 async def test_the_embedded_servers_ask_for_their_passwords(tmp_path: Path) -> None:
     # Another user of the machine reaches 127.0.0.1 too; Postgres's superuser runs
     # programs (COPY ... TO PROGRAM), and NATS takes seeds and exclusions.

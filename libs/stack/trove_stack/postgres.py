@@ -98,8 +98,11 @@ class EmbeddedPostgres:
             cfg.host,
             "-p",
             str(self.port),
-            "-k",
-            str(data),
+            # No Unix socket: every client here connects over TCP, and a socket's path
+            # is limited to ~107 bytes, which a checkout or a temporary folder a little
+            # deep passes (Postgres then refuses to start).
+            "-c",
+            "unix_socket_directories=",
             "-c",
             "max_connections=200",
         ]
