@@ -706,17 +706,7 @@ class MovedClock:
 
 async def paused_chains(bus: Bus) -> list[Msg]:
     """The scheduled work messages that carry a paused redirect chain, as they come back."""
-    info = await bus.js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
-    found = []
-    for subject in info.state.subjects or {}:
-        stored = await bus.js.get_last_msg(WORK_STREAM, subject)
-        if Carried.from_headers(stored.headers).chain is not None:
-            found.append(
-                Msg(
-                    _client=bus.nc, subject=subject, data=stored.data or b"", headers=stored.headers
-                )
-            )
-    return found
+    return [m for m in await scheduled_work(bus) if Carried.from_headers(m.headers).chain]
 
 
 async def test_a_paused_redirect_hop_obeys_robots_txt_read_while_it_waited_as_canonical_too(
@@ -752,3 +742,57 @@ async def test_a_paused_redirect_hop_obeys_robots_txt_read_while_it_waited_as_ca
     assert events[up.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
     paths = [seen.path for seen in server.requests_for(HOST)]
     assert paths == ["/robots.txt", "/up", "/robots.txt"]
+
+
+async def test_a_paused_redirect_hop_whose_robots_txt_expired_meanwhile_waits_for_it_again(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """The chain waits for the host's gap while robots.txt expires and nothing reads it
+    again: no hop goes out unjudged. The page starts again, robots.txt first, then its
+    own URL, and the hop is judged by the robots.txt read then."""
+    rules = {"body": b"User-agent: *\nAllow: /\n"}
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
+        200, rules["body"], content_type="text/plain"
+    )
+    server.routes[f"{HOST}/up"] = lambda ex: ex.redirect("/private/x")
+    server.routes[f"{HOST}/private/x"] = lambda ex: ex.send(200, b"<p>private</p>")
+    clock = MovedClock()
+    gap = 5 * LOCAL_WAIT  # each wait for the host goes to a scheduled message
+    fetcher = await fetcher_on(bus, client, gap=gap, clock=clock)
+    first, up = work(server), work(server, "/up")
+    try:
+        await fetcher.process(Job(first), first.to_wire())  # robots.txt; the page waits
+        clock.ahead += 3 * gap
+        await fetcher.process(Job(up), up.to_wire())  # /up; its hop waits
+        (paused,) = await paused_chains(bus)
+        rules["body"] = b"User-agent: *\nDisallow: /private\n"
+        clock.ahead += DEFAULT_TTL + 3 * gap
+        await fetcher.handle(paused)  # robots.txt read again; the page waits once more
+        paths = [seen.path for seen in server.requests_for(HOST)]
+        assert paths == ["/robots.txt", "/up", "/robots.txt"]
+        # The page's own work, deferred to the host's next slot (no chain any more).
+        (again,) = [
+            m
+            for m in await scheduled_work(bus)
+            if Carried.from_headers(m.headers).chain is None and m.data == up.to_wire()
+        ]
+        clock.ahead += 3 * gap
+        await fetcher.handle(again)
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[up.url].outcome is CrawlOutcome.BLOCKED_ROBOTS
+    paths = [seen.path for seen in server.requests_for(HOST)]
+    assert paths == ["/robots.txt", "/up", "/robots.txt", "/up"]
+
+
+async def scheduled_work(bus: Bus) -> list[Msg]:
+    """Every scheduled work message, as it comes back when it fires."""
+    info = await bus.js.stream_info(WORK_STREAM, subjects_filter=f"{WORK_SCHEDULES_PREFIX}.>")
+    found = []
+    for subject in info.state.subjects or {}:
+        stored = await bus.js.get_last_msg(WORK_STREAM, subject)
+        found.append(
+            Msg(_client=bus.nc, subject=subject, data=stored.data or b"", headers=stored.headers)
+        )
+    return found

@@ -315,16 +315,21 @@ class Fetcher:
             # robots.txt is known now; the page queues for its own host.
             job = replace(job, slot=None, chain=None)
         page_chain = job.chain  # a page's own redirect chain, if paused
+        robots = None
+        if page_chain is not None:
+            # A paused chain's next hop is judged as any hop of the page is: robots.txt
+            # may have changed while it waited. Known no more (it expired while the hop
+            # waited for its host), the page starts again from its own URL, robots.txt
+            # first, as any page does: no hop goes out unjudged.
+            robots = await self._hop_robots(page_chain.next_url, job.url)
+            if robots is None:
+                job, page_chain = replace(job, chain=None), None
         target = page_chain.next_url if page_chain is not None else job.url
         away = self.network_away(domain_of(target))
         if away is not None:
             raise away  # before the lease: the host's slot is not spent on nothing
         if page_chain is None:
             robots = await self._cached_robots(target)
-        else:
-            # A paused chain's next hop is judged as any hop of the page is: robots.txt
-            # may have changed while it waited.
-            robots = await self._hop_robots(target, job.url)
         if robots is not None and not self._robots_allows(robots, target):
             await self._complete(job, robots_refusal(job.work, robots))
             return
