@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
@@ -72,6 +73,30 @@ async def test_the_fetchers_instants_are_read_on_the_servers_clock_not_this_mach
     ((domain, left),) = [(c.domain, c.seconds_left) for c in status.backing_off]
     assert domain == "slow.example"
     assert 119 < left <= 120
+
+
+async def test_the_status_command_prints_a_pause_on_the_servers_clock_not_this_machines(
+    stack: StackUrls, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The operator's machine an hour behind nats-server: only the command's own notion
+    # of "now" is set back, and the fetchers' two-minute pause must still print as two.
+    server = await server_now(bus.nc)
+    behind = SimpleNamespace(time=lambda: time.time() - 3600)
+    monkeypatch.setattr(status_module, "time", behind)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put("slow.example", slot(backoff_until=server + 120))
+    out = io.StringIO()
+
+    code = await status_module.status_command(
+        stack.nats_url, stack.database_url, Console(file=out, width=200, color_system=None)
+    )
+
+    assert code == 0
+    printed = out.getvalue()
+    row = next(line for line in printed.splitlines() if line.startswith("slow.example "))
+    left = re.search(r"(\d+)m (\d\d)s", row)
+    assert left is not None, row
+    assert 115 <= int(left[1]) * 60 + int(left[2]) <= 120, row
 
 
 async def test_backing_off_domain_is_listed_with_its_seconds_left(

@@ -388,7 +388,7 @@ async def test_requests_to_the_instance_keep_the_gap_and_its_rate_limit(
     assert {"robots.txt", ".well-known", "nodeinfo", "api"} <= kinds
     assert any(r.path.startswith("/@") for r in seen)
     gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(seen)]
-    assert min(gaps) >= GAP - 0.02, f"two requests {min(gaps):.3f} s apart"
+    assert min(gaps) >= GAP, f"two requests {min(gaps):.3f} s apart"
     # The limit was never overrun, and no API request came before the reset it was told.
     assert [r.path for r in api if r.status == 429] == []
     assert len([e for e in events if e.retry_after is not None and e.requests]) >= 2
@@ -447,7 +447,7 @@ async def test_a_429_with_retry_after_is_obeyed_and_polling_resumes(
     for answer in throttled:
         after = [r.monotonic for r in seen if r.monotonic > answer.monotonic]
         assert after
-        assert min(after) - answer.monotonic >= retry_after - 0.05, (
+        assert min(after) - answer.monotonic >= retry_after, (
             f"a request {min(after) - answer.monotonic:.2f} s after a 429 asking for "
             f"{retry_after} s"
         )
@@ -730,4 +730,4 @@ async def test_a_follow_whose_gap_is_longer_than_a_short_wait_reads_its_timeline
         seen = setup.instance_requests()
     assert want  # the posts share links, and every one of them was read
     gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(seen)]
-    assert min(gaps) >= gap - 0.02, f"two requests {min(gaps):.3f} s apart"
+    assert min(gaps) >= gap, f"two requests {min(gaps):.3f} s apart"

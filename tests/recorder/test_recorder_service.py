@@ -104,7 +104,7 @@ async def test_failures_are_retried_then_the_page_fails_after_three_attempts(
     assert trap is not None
     env = sandbox_env(web, 0.1, TROVE_RETRY_DELAY_SECONDS="1", TROVE_MAX_ATTEMPTS="3")
     async with serve_sandbox(web) as running, services(stack, state_dir, env):
-        url = web.url(trap, "/status/503?after=1")
+        url = web.url(trap, "/status/503?after=2")
         await publish_work(bus, [url])
 
         async def history() -> list[tuple[str, str | None, int]]:
@@ -128,9 +128,18 @@ async def test_failures_are_retried_then_the_page_fails_after_three_attempts(
         ("blocked_5xx", 3),
     ]
     assert len(requests) == 3
-    # Retry-After (1 s) was honoured between attempts.
+    # Retry-After (2 s, past the retry delay of 1 s) was honoured between attempts.
     gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(requests)]
-    assert all(g >= 1.0 for g in gaps), gaps
+    assert all(g >= 2.0 for g in gaps), gaps
+    # The fetcher's pause of the host keeps those gaps too: each retry itself was due
+    # 2 s after the attempt it follows.
+    retries = await query(
+        engine,
+        "SELECT extract(epoch FROM o.deliver_at - c.completed_at) AS due_in "
+        "FROM page_crawls c JOIN page_crawls n ON n.page_id = c.page_id "
+        "AND n.attempt = c.attempt + 1 JOIN outbox o ON o.event_id = n.request_id",
+    )
+    assert [float(r.due_in) for r in retries] == [2.0, 2.0]
     (page,) = await query(engine, "SELECT failed_at FROM pages")
     assert page.failed_at is not None
 
