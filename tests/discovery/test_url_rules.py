@@ -22,6 +22,7 @@ from tests.discovery.crawl_support import discoveries, handle, seed
 from tests.support import services
 from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_discovery.url_rules import Holds, UrlRules, record_key
+from trove_schema.aliases import AliasLimits
 from trove_schema.bus import Bus, Consumer
 from trove_schema.events import (
     CrawlCompleted,
@@ -509,3 +510,104 @@ async def test_a_page_due_already_is_not_asked_for_again_after_an_alias_hold(bus
     # day on): it went out already, and another would fetch the page twice in a cycle.
     request = await hub_refused_after_a_hold(bus, lambda: time.time() + 8 * 86_400)
     assert request.etag == '"v1"'
+
+
+async def test_a_value_that_showed_another_values_page_lets_another_probe_out(bus: Bus) -> None:
+    # A home page lists one post as "featured" and as "latest", and others as "latest":
+    # the two probes are that post's two links, one page, which teaches nothing of ?ref=.
+    # One more goes out, another post's, and the links still held come back rewritten.
+    discovery = await replica(bus, ttl=0.2, holds=Holds(first=0.5, rounds=4))
+    links = ("/post/9?ref=featured", "/post/9?ref=latest", "/post/8?ref=latest")
+    held = "/post/7?ref=latest"
+    one_post = hashlib.sha256(b"post 9").hexdigest()
+    async with consuming(bus, discovery):
+        await bus.publish(page("/", links=(*links, held)))
+        await eventually(
+            lambda: discovered(bus),
+            until=lambda found: set(found) >= {SITE + link for link in links[:2]},
+            timeout=10,
+            what="the probes",
+        )
+        for link in links[:2]:
+            fetched = page(link, canonical="/post/9").model_copy(update={"content_hash": one_post})
+            await bus.publish(fetched)
+        third = SITE + links[2]
+        await eventually(
+            lambda: discovered(bus),
+            until=lambda found: third in found,
+            timeout=10,
+            what="a third probe",
+        )
+        await bus.publish(page(links[2], canonical="/post/8"))
+        found = await eventually(
+            lambda: discovered(bus),
+            until=lambda found: SITE + "/post/7" in found,
+            timeout=10,
+            what="the held link, rewritten",
+        )
+    assert SITE + held not in found
+    assert found.count(third) == 1
+    assert discovery.url_rules is not None
+    assert (await discovery.url_rules.rules_for("site.example")).names == {"ref"}
+
+
+#: A sample of four: a learned name is put to the test after four fetches of its host.
+SMALL = AliasLimits(max_samples=4)
+
+
+async def due_for_a_probe(bus: Bus) -> tuple[Discovery, UrlRules]:
+    """A replica whose host learned ``?ref=`` and is due to put it to the test: the next
+    page fetched chooses a probe among its links."""
+    rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=5.0, limits=SMALL)
+    discovery = Discovery(
+        bus=bus,
+        seen=await bus.js.key_value(SEEN_BUCKET),
+        settings=DiscoverySettings(),
+        url_rules=rules,
+    )
+    await learn_ref(discovery, bus)
+    for n in range(SMALL.max_samples - 1):
+        await handle(discovery, bus, page(f"/q/{n}"))
+    assert not (await rules.rules_for("site.example")).probes
+    return discovery, rules
+
+
+async def test_a_probe_is_chosen_among_the_links_discovery_follows(bus: Bus) -> None:
+    # One it never sends would leave the name untested until the probe is given up.
+    discovery, rules = await due_for_a_probe(bus)
+    hidden = page("/hidden", links=("/p/5?ref=a",)).model_copy(update={"nofollow": True})
+    await handle(discovery, bus, hidden)
+    assert not (await rules.rules_for("site.example")).probes
+    links = (
+        Link(url=SITE + "/p/5?ref=a", kind=LinkKind.IMG),
+        Link(url=SITE + "/p/6?ref=b", nofollow=True),
+        Link(url=SITE + "/p/7?ref=c"),
+    )
+    await handle(discovery, bus, page("/list").model_copy(update={"links": links}))
+    assert (await rules.rules_for("site.example")).probes == {SITE + "/p/7?ref=c"}
+    assert SITE + "/p/7?ref=c" in await discovered(bus)  # sent as it is
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"final_url": SITE + "/p/7"}, {"title": None, "shell": True, "text_chars": 0}],
+    ids=["redirected-to-the-page-without-it", "unusable"],
+)
+async def test_a_probe_whose_fetch_is_no_evidence_has_come_back(
+    bus: Bus, answer: dict[str, object]
+) -> None:
+    # Still out, it would hold its name's next test back, and its spelling would be
+    # crawled again as a page of its own.
+    discovery, rules = await due_for_a_probe(bus)
+    probe = SITE + "/p/7?ref=c"
+    await handle(discovery, bus, page("/list", links=("/p/7?ref=c",)))
+    assert (await rules.rules_for("site.example")).probes == {probe}
+    before = set(await discovered(bus))
+    await handle(discovery, bus, page("/p/7?ref=c").model_copy(update=answer))
+    learned = await rules.rules_for("site.example")
+    assert not learned.probes
+    assert learned.names == {"ref"}
+    info = await bus.js.stream_info(EVENTS_STREAM, subjects_filter=f"{EVENT_SCHEDULES_PREFIX}.>")
+    assert page_schedule_subject(probe) not in (info.state.subjects or {})
+    # Its one spelling is followed instead, as for any page fetched under an alias.
+    assert SITE + "/p/7" in set(await discovered(bus)) - before

@@ -13,6 +13,7 @@ from trove_schema.aliases import (
     observe,
     rewrite,
     undecided,
+    untaught,
 )
 from trove_schema.events import SIGNALS_HASH_PREFIX
 
@@ -319,11 +320,35 @@ def test_two_values_that_show_one_soft_404_do_not_teach_the_parameter() -> None:
     rules = record.rules()
     assert "id" not in rules.names
     assert rewrite(rules, SITE + "/product.php?id=7") == SITE + "/product.php?id=7"
-    assert undecided(record, SITE + "/product.php?id=7") == []  # goes out as it is
+    # The second value taught nothing: another goes out as a probe.
+    assert undecided(record, SITE + "/product.php?id=7") == ["q:id"]
     # A product still there says what ?id= is, whatever the canonical says.
     record = fetched(record, "/product.php?id=7", canonical="/product.php", content="A lamp")
     record = fetched(record, "/product.php?id=8", canonical="/product.php", content=not_found)
     assert not record.rules()
+
+
+def test_one_page_under_two_values_leaves_the_name_to_another_page() -> None:
+    # A home page lists one post as "featured" and as "latest", and others as "latest":
+    # the two probes ?ref= gets are that post's two links, one page under one canonical.
+    home = ("/post/9?ref=featured", "/post/9?ref=latest", "/post/8?ref=latest")
+    record = fetched(EMPTY, "/", links=home)
+    record = fetched(record, "/post/9?ref=featured", canonical="/post/9", content="post 9")
+    assert undecided(record, SITE + "/post/8?ref=latest") == ["q:ref"]
+    before = record
+    record = fetched(record, "/post/9?ref=latest", canonical="/post/9", content="post 9")
+    assert not record.rules()
+    # Not a fetch towards a rule: the name is still open, and that probe taught nothing.
+    assert undecided(record, SITE + "/post/8?ref=latest") == ["q:ref"]
+    assert untaught(before, record, SITE + "/post/9?ref=latest") == ["q:ref"]
+    assert untaught(EMPTY, before, SITE + "/post/9?ref=featured") == []
+    assert untaught(record, record, SITE + "/post/9?ref=latest") == []
+    # Another post under the same value is its second value.
+    record = fetched(record, "/post/8?ref=latest", canonical="/post/8", content="post 8")
+    rules = record.rules()
+    assert rules.names == {"ref"}
+    assert rewrite(rules, SITE + "/post/7?ref=latest") == SITE + "/post/7"
+    assert HostAliases.from_json(record.to_json()) == record
 
 
 def test_two_values_equal_to_the_page_without_them_teach_the_parameter() -> None:
@@ -404,17 +429,19 @@ def test_a_learned_name_is_put_to_the_test_again_and_unlearned_by_its_probe() ->
     assert rewrite(rules, SITE + "/c/big?sort=top") == SITE + "/c/big?sort=top"
 
 
-def test_a_probe_is_compared_with_the_page_without_it_however_late_it_comes_back() -> None:
-    # The host's queue is long: the probe is fetched after the sample forgot /c/big.
+def test_a_probe_is_compared_with_the_page_without_it_once_the_sample_forgot_it() -> None:
+    # The page that links the probe is not the page without it: that one was sampled
+    # before, and the host's other pages push it out while the probe is fetched.
     limits = AliasLimits()
-    record = sort_learned()
-    for n in range(limits.max_samples - 1):
+    record = fetched(sort_learned(), "/c/big", content="many items")
+    for n in range(limits.max_samples - 2):
         record = fetched(record, f"/p/{n}")
-    record = fetched(record, "/c/big", content="many items", links=("/c/big?sort=new",))
+    record = fetched(record, "/c/", content="the categories", links=("/c/big?sort=new",))
     assert record.rules().probes == {SITE + "/c/big?sort=new"}
-    for n in range(limits.max_samples + 1, 2 * limits.max_samples + 2):
+    for n in range(limits.max_samples, limits.max_samples + 4):
         record = fetched(record, f"/p/{n}")
-    assert all(not s.startswith("/c/") for s, _ in record.samples)
+    assert all(not s.startswith("/c/big") for s, _ in record.samples)
+    assert record.rules().probes == {SITE + "/c/big?sort=new"}
     record = fetched(record, "/c/big?sort=new", content="many items, newest first")
     assert not record.rules()
 
@@ -447,14 +474,35 @@ def test_one_probe_at_a_time_and_a_name_that_holds_waits_twice_as_long() -> None
     for n in range(2 * limits.max_samples):
         record = fetch_list(100 + n)
     assert [bool(p) for p in probes] == [False] * (2 * limits.max_samples - 1) + [True]
-    # One that never comes back (known already) is out for the longest wait at most,
-    # and the next waits as after the last.
-    (pending,) = probes[-1]
-    probes.clear()
-    longest = limits.max_samples**2
-    for n in range(longest + 2 * limits.max_samples):
-        record = fetch_list(300 + n)
-    assert probes[: longest - 1] == [{pending}] * (longest - 1)
-    assert not any(probes[longest - 1 : -1])
-    assert len(probes[-1]) == 1
-    assert probes[-1] != {pending}
+
+
+def test_a_probe_not_come_back_within_a_sample_of_fetches_is_given_up_for_another() -> None:
+    # Most that do not come back were never sent (known already, past the crawl's
+    # depth): the name is put to the test by another, chosen then, not 1,024 fetches on.
+    limits = AliasLimits()
+    record = fetched(EMPTY, "/p/1?ref=a", canonical="/p/1")
+    record = fetched(record, "/p/2?ref=b", canonical="/p/2")
+    probes: list[frozenset[str]] = []
+    for n in range(3 * limits.max_samples):
+        links = tuple(f"/p/{k}?ref=list" for k in range(n, n + 3))
+        record = fetched(record, f"/list/{n}", links=links)
+        probes.append(record.rules().probes)
+    wait = limits.max_samples
+    due = wait - 1  # the page fetched then offers the probe
+    assert [bool(p) for p in probes[:due]] == [False] * due
+    assert probes[due : due + wait] == [{SITE + f"/p/{due}?ref=list"}] * wait
+    # Given up: one of the links of the page fetched then, for as long again.
+    again = due + wait
+    assert probes[again : again + wait] == [{SITE + f"/p/{again}?ref=list"}] * wait
+    assert record.rules().names == {"ref"}
+    # A page that offers only the one given up chooses none; the next page's does.
+    record = fetched(EMPTY, "/p/1?ref=a", canonical="/p/1")
+    record = fetched(record, "/p/2?ref=b", canonical="/p/2")
+    same = ("/p/9?ref=list",)
+    for n in range(2 * limits.max_samples - 1):
+        record = fetched(record, f"/list/{n}", links=same)
+    assert record.rules().probes == {SITE + "/p/9?ref=list"}
+    record = fetched(record, "/list/again", links=same)
+    assert not record.rules().probes
+    record = fetched(record, "/list/other", links=("/p/10?ref=list",))
+    assert record.rules().probes == {SITE + "/p/10?ref=list"}

@@ -29,14 +29,19 @@ Values count as different only where their pages do: two values that showed one 
 the same page, which no fetch showed to be the page without the parameter, are one
 confirmation (a shop's withdrawn ``?id=101`` and ``?id=102``, both "Product not found"
 under the template's canonical, say nothing of ``?id=7``); a tracking parameter shows
-the page without it. Once content showed that a name changes the page, the host's
+the page without it. The second is no fetch of the name at all: the name stays
+undecided, so that a value on another page still decides it (``?id=7``, a lamp, says
+``id`` changes the page; ``/post/8?ref=latest`` after ``/post/9``'s two ``?ref=`` that
+``ref`` does not). Once content showed that a name changes the page, the host's
 canonical says nothing of any of its values either: only a page equal to the one
 without the value confirms it.
 
 A learned name is put to the test again (``Probe``): after ``AliasLimits.max_samples``
 fetches of the host, one spelling that carries it, linked from the page fetched then,
 is let through ``rewrite`` as it is, and its fetch is evidence like any other, which
-may un-learn the name. One is out at a time; the wait doubles with each probe the name
+may un-learn the name. One is out at a time, for ``max_samples`` fetches of the host at
+most: one not come back by then was most likely never sent (known already, past the
+crawl's depth), and another is chosen at once. The wait doubles with each probe the name
 comes through, up to ``max_samples`` times itself.
 
 Pure: the record is a value, ``observe`` returns the next one, ``rewrite`` applies its
@@ -155,9 +160,10 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
     """What in ``url`` (rewritten) the host's record cannot yet say is an alias or not.
 
     A parameter name never contradicted, an index file name with a style still open,
-    while fewer fetches carried it than a rule needs: the keys a fetch of ``url`` may
-    still teach. Once that many were fetched and it is not learned, waiting for more
-    would teach nothing sooner; untrackable names count as decided too.
+    while fewer fetches carried it than a rule needs (one whose value showed another
+    value's page is none): the keys a fetch of ``url`` may still teach. Once that many
+    were fetched and it is not learned, waiting for more would teach nothing sooner;
+    untrackable names count as decided too.
     """
     if not could_alias(url):
         return []
@@ -191,6 +197,23 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
         if open_:
             found.append(INDEX + name)
     return found
+
+
+def untaught(
+    before: HostAliases, after: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMITS
+) -> list[str]:
+    """The parameter names of ``url`` its fetch (``before`` -> ``after``) left undecided as
+    they were: a value that showed another value's page. A probe spent on them taught
+    nothing, and another spelling may go out in its place. None for a fetch observed
+    already (``after`` is ``before``)."""
+    if after is before:
+        return []
+    kept = before.candidates
+    return [
+        key
+        for key in undecided(after, url, limits)
+        if key.startswith(NAME) and key in kept and kept[key] == after.candidates.get(key)
+    ]
 
 
 def _ignored(rules: Rules, parameter: str) -> bool:
@@ -250,7 +273,8 @@ class Probe:
     Learned from two pages, a name is never fetched again: every spelling that carries
     it is rewritten before the seen check, so nothing could contradict it. One spelling
     at a time goes out as it is, chosen among the links of the page fetched when the
-    wait is over; the wait starts again when its fetch comes back, or when it never did.
+    wait is over; the wait starts again when its fetch comes back. One that has not come
+    back within ``max_samples`` fetches of the host is given up for another, chosen then.
     """
 
     #: Fetches of the host before a probe is chosen, or, while ``url`` is out, before it
@@ -684,12 +708,11 @@ def _count(
         candidates[key] = Candidate(old.confirmed, True, old.values, old.silent, (), by_content)
         return
     values, proofs = old.values, old.proofs
-    if (
-        value is not None
-        and value not in values
-        and len(values) < limits.confirmations
-        and not _one_page(proof, proofs)
-    ):
+    if value is not None and value not in values and len(values) < limits.confirmations:
+        if _one_page(proof, proofs):
+            # No second value, nor a fetch that decides the name: the key stays open, so
+            # that a value on another page (a probe) may still teach it.
+            return
         # Proofs stay in step with the values (an unknown one as ""), so each is its own.
         proofs = (*proofs, *([""] * (len(values) - len(proofs))), proof or "")
         values = (*values, value)
@@ -762,16 +785,14 @@ def _next_probes(
             found[key] = Probe(_probe_wait(passed, limits), passed)
         elif probe.wait > 1:
             found[key] = replace(probe, wait=probe.wait - 1)
-        elif probe.url:
-            # Never come back (known already, refused, failed): a wait again before the
-            # next, so that two are never out at once.
-            found[key] = Probe(_probe_wait(probe.passed, limits), probe.passed)
         else:
+            # Due, or out a sample's worth of fetches and never come back: most such were
+            # never sent (known already, past the crawl's depth or the host's budget) and
+            # never will be, so another is chosen now, among the page's other links.
             rules = rules if rules is not None else HostAliases(candidates).rules(limits)
-            chosen = _choose_probe(key[len(NAME) :], rules, fetched.host, samples, links, limits)
-            # Out until it comes back, or for the longest wait: it is fetched behind the
-            # host's queue, and one never fetched (known already) must not block for ever.
-            wait = _longest_wait(limits) if chosen else 0
+            offered = tuple(link for link in links if link != probe.url)
+            chosen = _choose_probe(key[len(NAME) :], rules, fetched.host, samples, offered, limits)
+            wait = limits.max_samples if chosen else 0
             found[key] = Probe(wait, probe.passed, *(chosen or ("", "")))
     return found
 

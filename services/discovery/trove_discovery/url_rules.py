@@ -39,6 +39,7 @@ from trove_schema.aliases import (
     Rules,
     observe,
     undecided,
+    untaught,
 )
 from trove_schema.events import CrawlCompleted, CrawlOutcome
 from trove_schema.heuristics import usable
@@ -100,7 +101,8 @@ class UrlRules:
 
     def probe(self, host: str, keys: list[str]) -> bool:
         """Let another spelling go out to teach ``keys``, if it may: as many as it takes
-        to learn them, and no more until what those teach has been read."""
+        to learn them, and no more until what those teach has been read (one whose value
+        showed another value's page taught nothing, and is given back by ``learn``)."""
         wanted = self.limits.confirmations
         if any((self._probes.get(f"{host} {key}") or 0) >= wanted for key in keys):
             return False
@@ -129,6 +131,10 @@ class UrlRules:
         async with self._learning.of(host):
             if evidence and usable(event):
                 await self._learn(host, event)
+            elif event.url in (await self._load(host))[1].probes:
+                # A probe has come back all the same: still out, it would keep its name's
+                # re-test waiting, and its spelling a page of its own, crawled again.
+                await self._learn(host, event, evidence=False)
             await self._keep(host)
 
     async def _keep(self, host: str) -> None:
@@ -146,15 +152,16 @@ class UrlRules:
                 self._cache.remember(host, (record, rules, written))
         self._kept.remember(host, True)
 
-    async def _learn(self, host: str, event: CrawlCompleted) -> None:
+    async def _learn(self, host: str, event: CrawlCompleted, *, evidence: bool = True) -> None:
+        """``evidence``: whether the page is the URL's own; if not, its fetch only counts."""
         record, rules, revision = await self._load(host)
-        links = [link.url for link in event.links]
+        links = sendable(event) if evidence else []
         for _ in range(WRITE_ATTEMPTS):
             new = observe(
                 record,
                 url=event.url,
-                canonical=event.canonical_url,
-                content_hash=event.content_hash,
+                canonical=event.canonical_url if evidence else None,
+                content_hash=event.content_hash if evidence else None,
                 links=links,
                 event_id=event.id,
                 limits=self.limits,
@@ -172,6 +179,11 @@ class UrlRules:
                 continue
             learned = new.rules(self.limits)
             self._cache.remember(host, (new, learned, written))
+            # A value that showed another value's page taught nothing: its probe is owed,
+            # or the page's other spellings would wait for what no probe can now teach.
+            owed = untaught(record, new, event.url, self.limits)
+            if owed:
+                self.probed(host, owed, count=-1)
             if self._kept is not None:
                 self._kept.remember(host, True)
             if learned != rules:
@@ -208,6 +220,18 @@ class UrlRules:
 
 def record_key(host: str) -> str:
     return "h." + hashlib.sha256(host.encode()).hexdigest()[:40]
+
+
+def sendable(event: CrawlCompleted) -> list[str]:
+    """The page's links discovery follows whatever its settings, among which a probe is
+    chosen: one it never sends (an image, a nofollow link) would keep its name's re-test
+    waiting."""
+    # Discovery's own definition; it imports this module, so it is read once both are.
+    from trove_discovery.discovery import FOLLOWED_KINDS
+
+    if event.nofollow:
+        return []
+    return [link.url for link in event.links if link.kind in FOLLOWED_KINDS and not link.nofollow]
 
 
 class Holds:
