@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer, Seen
 from tests.support import cycle_env, services
-from trove_discovery.app import check_recrawls_are_kept
+from trove_discovery.app import check_recrawls_are_kept, warn_of_a_short_seen_ttl
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
 from trove_schema.change_rate import estimate_rate
@@ -255,8 +256,54 @@ async def test_discovery_refuses_to_start_on_a_record_that_would_drop_its_recraw
     with pytest.raises(SystemExit, match="TROVE_RECRAWL_MAX_SECONDS"):
         await check_recrawls_are_kept(bus, DiscoverySettings(recrawl_after_seconds=600))
     await check_recrawls_are_kept(
-        bus, DiscoverySettings(recrawl_after_seconds=600, recrawl_max_seconds=1800)
+        bus,
+        DiscoverySettings(
+            recrawl_after_seconds=600, recrawl_max_seconds=1800, poll_max_backoff_seconds=1800
+        ),
     )
+
+
+async def test_discovery_refuses_to_start_on_a_record_that_would_drop_its_timeline_polls(
+    bus: Bus,
+) -> None:
+    # A poll paused longer than the record keeps it is aged out before it fires, and
+    # nothing polls that timeline again.
+    await ensure_topology(bus.js, declare(TopologyOptions(events_max_age=3600.0)), owner="recorder")
+
+    def polled(interval: float = 300, backoff: float = 6 * 3600) -> DiscoverySettings:
+        return DiscoverySettings(
+            recrawl_after_seconds=600,
+            recrawl_max_seconds=1800,
+            poll_interval_seconds=interval,
+            poll_max_backoff_seconds=backoff,
+        )
+
+    with pytest.raises(SystemExit, match=r"\(21600 s, TROVE_POLL_MAX_BACKOFF_SECONDS\)"):
+        await check_recrawls_are_kept(bus, polled())
+    with pytest.raises(SystemExit, match=r"\(3600 s, TROVE_POLL_MAX_BACKOFF_SECONDS\)"):
+        await check_recrawls_are_kept(bus, polled(interval=3600, backoff=3600))
+    await check_recrawls_are_kept(bus, polled(backoff=1800))
+
+
+def test_a_seen_ttl_with_little_margin_past_the_longest_interval_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Allowed, as it always was; a re-crawl that comes late finds its key gone, and the
+    # next link discovers the page again: a fetch and a budget count more.
+    def cycle(seen_ttl: float = 0) -> DiscoverySettings:
+        return DiscoverySettings(
+            recrawl_after_seconds=86_400,
+            recrawl_max_seconds=10 * 86_400,
+            seen_ttl_seconds=seen_ttl,
+        )
+
+    with caplog.at_level(logging.WARNING, logger="trove.discovery"):
+        warn_of_a_short_seen_ttl(cycle())
+        warn_of_a_short_seen_ttl(cycle(seen_ttl=15 * 86_400))
+        assert caplog.text == ""
+        warn_of_a_short_seen_ttl(cycle(seen_ttl=12 * 86_400))
+    assert "TROVE_SEEN_TTL_SECONDS (1.0368e+06) is less than 1.5 times" in caplog.text
+    assert "one fetch more" in caplog.text
 
 
 async def scheduled_request(bus: Bus, url: str = PAGE) -> CrawlRequested:

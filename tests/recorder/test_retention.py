@@ -5,6 +5,7 @@ applied events leave once the record can no longer deliver them again."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from trove_recorder.retention import (
 from trove_recorder.retries import RetryPolicy, retry_request
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, CrawlRequested, Scope, decode_event
-from trove_schema.settings import RecorderSettings
+from trove_schema.settings import MAX_DURATION_SECONDS, RecorderSettings
 from trove_schema.topology import EVENTS_STREAM, page_schedule_subject
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -423,3 +424,49 @@ def test_the_crawl_history_is_kept_for_ever_unless_a_retention_is_set() -> None:
     assert Retention.from_settings(RecorderSettings()).crawl_window is None
     year = RecorderSettings(crawl_history_retention_seconds=365 * 86_400)
     assert Retention.from_settings(year).crawl_window == timedelta(days=365)
+
+
+async def test_an_audit_retention_of_0_keeps_every_attempt(engine: AsyncEngine) -> None:
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    sessions = async_sessionmaker(engine)
+    async with sessions.begin() as session:
+        await apply_batch(
+            session, [attempt(n, now - timedelta(days=3650)) for n in range(3)], POLICY
+        )
+    forever = Retention.from_settings(RecorderSettings(audit_retention_seconds=0))
+    assert forever.window is None
+    assert await prune(sessions, forever, now=lambda: now) == []
+    # The longest window a setting takes still makes a cut-off.
+    century = RecorderSettings(audit_retention_seconds=MAX_DURATION_SECONDS)
+    assert await prune(sessions, Retention.from_settings(century), now=lambda: now) == []
+    assert (await audited(engine))[0] == 3
+
+
+async def test_a_retention_step_that_fails_leaves_the_others_to_run(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An audit window too long for a cut-off (now less it is before year 1) fails the
+    # audit's step at every pass; the outbox's published rows leave all the same.
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    async with engine.begin() as conn:
+        for n in range(3):
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, created_at, published_at) "
+                    "VALUES (gen_random_uuid(), :subject, '\\x7b7d', :at, :at)"
+                ),
+                {"subject": f"old-{n}", "at": now - timedelta(days=2)},
+            )
+    sessions = async_sessionmaker(engine)
+    retention = Retention(window=timedelta(days=1_000_000), batch=2, interval=0.05)
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="trove.recorder"):
+        loop = asyncio.create_task(run_retention(sessions, retention, stop, now=lambda: now))
+        try:
+            await eventually(
+                lambda: outbox(engine), until=lambda found: found == [], timeout=10, what="pruned"
+            )
+        finally:
+            stop.set()
+            await asyncio.wait_for(loop, timeout=5)
+    assert "retention of the audit" in caplog.text

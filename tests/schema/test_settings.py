@@ -1,15 +1,26 @@
 from __future__ import annotations
 
+import pydantic
 import pytest
 
+from trove_schema.bus import Bus
 from trove_schema.settings import (
+    ALL_SETTINGS,
+    MAX_DURATION_SECONDS,
+    CommonSettings,
     DiscoverySettings,
     FetcherSettings,
     RecorderSettings,
     UnknownSetting,
     check_environment,
 )
-from trove_schema.topology import TopologyOptions
+from trove_schema.topology import (
+    EVENTS_STREAM,
+    SEEN_BUCKET,
+    TopologyOptions,
+    declare,
+    ensure_topology,
+)
 
 
 def test_unknown_trove_key_is_refused_with_a_hint() -> None:
@@ -127,3 +138,78 @@ def test_discovery_takes_no_more_than_an_event_carries(
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match="less than or equal to"):
         DiscoverySettings()
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
+@pytest.mark.parametrize(
+    "variable", ["TROVE_MIN_DOMAIN_DELAY_SECONDS", "TROVE_GAP_RESPONSE_FACTOR"]
+)
+@pytest.mark.parametrize("settings", ALL_SETTINGS, ids=lambda cls: cls.__name__)
+def test_a_setting_that_is_no_finite_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, settings: type[CommonSettings], variable: str, value: str
+) -> None:
+    # 1e400 is read as inf, which passes every lower bound: a delay between two
+    # requests to a host of inf, a gap inf times a host's response time.
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(pydantic.ValidationError, match="finite number"):
+        settings()
+
+
+def durations() -> dict[str, type[CommonSettings]]:
+    """Every duration setting, with the first settings object that has it."""
+    found: dict[str, type[CommonSettings]] = {}
+    for cls in ALL_SETTINGS:
+        for name in cls.model_fields:
+            if name.endswith(("_seconds", "_timeout")):
+                found.setdefault(name, cls)
+    return found
+
+
+@pytest.mark.parametrize(("name", "settings"), durations().items(), ids=durations())
+def test_no_duration_setting_is_longer_than_a_century(
+    name: str, settings: type[CommonSettings]
+) -> None:
+    # TROVE_RECRAWL_MAX_SECONDS=1e10 would pass every other check, and the seen bucket's
+    # TTL (twice it, in int64 nanoseconds) could not be declared: discovery would stop
+    # at every start.
+    with pytest.raises(pydantic.ValidationError) as refused:
+        settings(**{name: 1e10})  # type: ignore[arg-type]
+    assert [error["loc"] for error in refused.value.errors()] == [(name,)]
+    assert refused.value.errors()[0]["type"] == "less_than_equal"
+
+
+@pytest.mark.usefixtures("clean")
+async def test_the_longest_durations_allowed_declare_every_stream_and_bucket(bus: Bus) -> None:
+    century = MAX_DURATION_SECONDS
+    discovery = DiscoverySettings(
+        recrawl_after_seconds=century, recrawl_max_seconds=century, seeds_max_age_seconds=century
+    )
+    fetcher = FetcherSettings(work_max_age_seconds=century, host_record_ttl_seconds=century)
+    recorder = RecorderSettings(events_max_age_seconds=century, dead_max_age_seconds=century)
+    assert discovery.seen_ttl == discovery.url_rules_ttl == 2 * century
+    options = {
+        "discovery": TopologyOptions.from_settings(
+            discovery, seen_ttl=discovery.seen_ttl, url_rules_ttl=discovery.url_rules_ttl
+        ),
+        "fetcher": TopologyOptions.from_settings(
+            fetcher, domains_ttl=fetcher.host_record_ttl_seconds
+        ),
+        "recorder": TopologyOptions.from_settings(recorder),
+    }
+    for owner, option in options.items():
+        await ensure_topology(bus.js, declare(option), owner=owner)
+    seen = await bus.js.stream_info(f"KV_{SEEN_BUCKET}")
+    assert seen.config.max_age == 2 * century
+    events = await bus.js.stream_info(EVENTS_STREAM)
+    assert events.config.max_age == century
+
+
+def test_a_robots_txt_is_read_to_500_kib_at_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RFC 9309 (2.5): a crawler reads at least 500 KiB; the rules past a shorter cut,
+    # Disallow lines for TroveBot among them, would not be obeyed.
+    assert FetcherSettings().robots_max_bytes >= 500 * 1024
+    monkeypatch.setenv("TROVE_ROBOTS_MAX_BYTES", "65536")
+    with pytest.raises(ValueError, match="greater than or equal to 512000"):
+        FetcherSettings()
+    monkeypatch.setenv("TROVE_ROBOTS_MAX_BYTES", "512000")
+    assert FetcherSettings().robots_max_bytes == 500 * 1024

@@ -23,13 +23,27 @@ from trove_schema.exclusions import read_rules, read_rules_file
 
 PREFIX = "TROVE_"
 
+#: The longest any duration setting may be: a century. Ages and TTLs go to JetStream as
+#: int64 nanoseconds (292 years at most; the seen TTL's default, twice the longest
+#: re-crawl interval, still fits), and a retention's cut-off (now less its window) is a
+#: datetime, which starts at year 1: a longer value would pass every other check and
+#: then stop a service at start, or a retention at every pass.
+MAX_DURATION_SECONDS = 100 * 365 * 86_400.0
+
+#: A duration setting, in seconds; each field adds its lower bound. A field with a
+#: tighter upper bound of its own stays a plain float: of two, the last would win.
+Seconds = Annotated[float, Field(le=MAX_DURATION_SECONDS)]
+
 
 class UnknownSetting(TroveError):
     """A TROVE_* environment variable that no Trove settings object knows."""
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", frozen=True)
+    # inf (1e400 too) passes every lower bound: no setting means it, nor nan.
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, extra="forbid", frozen=True, allow_inf_nan=False
+    )
 
     #: Empty means: start the embedded nats-server (CLI only; services need a URL).
     #: Credentials go in the URL (tls://user:password@host:4222).
@@ -47,9 +61,9 @@ class CommonSettings(BaseSettings):
     #: `trove up` and `trove crawl` restart a service process that dies after this
     #: delay, doubled with each exit in a row up to the maximum; a process that ran for
     #: the reset time before it died starts over from the first delay.
-    restart_delay_seconds: float = Field(default=1.0, gt=0.0)
-    restart_max_delay_seconds: float = Field(default=60.0, gt=0.0)
-    restart_reset_after_seconds: float = Field(default=30.0, gt=0.0)
+    restart_delay_seconds: Seconds = Field(default=1.0, gt=0.0)
+    restart_max_delay_seconds: Seconds = Field(default=60.0, gt=0.0)
+    restart_reset_after_seconds: Seconds = Field(default=30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     #: JetStream replicas for streams and buckets (3 on a production cluster).
@@ -57,59 +71,59 @@ class CommonSettings(BaseSettings):
     #: Port for /healthz, /readyz and /metrics; 0 disables the HTTP endpoint.
     http_port: int = Field(default=0, ge=0, le=65535)
     #: How long the event record (TROVE_EVENTS) keeps events; 0 keeps them for ever.
-    events_max_age_seconds: float = Field(default=0.0, ge=0.0)
+    events_max_age_seconds: Seconds = Field(default=0.0, ge=0.0)
     # What waits in TROVE_EVENTS as a schedule: discovery's re-crawls and timeline polls
     # (the recorder's retries below). Every service reads them, so that the recorder,
     # which owns the stream's retention, refuses one that would drop them.
     #: A fetched page is re-requested after this many seconds (default 7 days); later
     #: intervals follow the page's changes (``trove_schema.change_rate``) within
     #: TROVE_RECRAWL_MIN_SECONDS and the bound below.
-    recrawl_after_seconds: float = Field(default=7 * 86_400.0, ge=1)
+    recrawl_after_seconds: Seconds = Field(default=7 * 86_400.0, ge=1)
     #: Longest re-crawl interval. 0, the default: 30 days, or the first interval if
     #: that is longer.
-    recrawl_max_seconds: float = Field(default=0.0, ge=0.0)
+    recrawl_max_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: A followed timeline is polled again this many seconds after a poll that read
     #: everything new (at once when the poll stopped at its page bound).
-    poll_interval_seconds: float = Field(default=300.0, gt=0.0)
+    poll_interval_seconds: Seconds = Field(default=300.0, gt=0.0)
     #: Longest pause after failed polls (the pause doubles with each failure in a row)
     #: or asked for by an instance (Retry-After, its rate-limit reset).
-    poll_max_backoff_seconds: float = Field(default=6 * 3600.0, gt=0.0)
+    poll_max_backoff_seconds: Seconds = Field(default=6 * 3600.0, gt=0.0)
     #: How the event record's finished blocks are stored on disk: S2-compressed, or not.
     #: Set by the recorder, which owns the stream (bench/bench_record_size.py measures both).
     events_compression: Literal["s2", "none"] = "s2"
     #: How long deferred fetch work (TROVE_WORK) may wait; no slot is planned past it.
-    work_max_age_seconds: float = Field(default=7 * 86_400.0, ge=1.0)
+    work_max_age_seconds: Seconds = Field(default=7 * 86_400.0, ge=1.0)
     #: How long seeds sent to trove.seeds are kept (TROVE_SEEDS).
-    seeds_max_age_seconds: float = Field(default=30 * 86_400.0, ge=60.0)
+    seeds_max_age_seconds: Seconds = Field(default=30 * 86_400.0, ge=60.0)
     #: How long parked messages are kept (TROVE_DEAD); 0, the default, keeps them until
     #: an operator re-drives or drops them with `trove dead`.
-    dead_max_age_seconds: float = Field(default=0.0, ge=0.0)
+    dead_max_age_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: Largest message a stream accepts; events are built to fit below it.
     max_message_bytes: int = Field(default=1 << 20, ge=64 * 1024, le=8 << 20)
     # The learned per-host policy (trove_schema.policy): the fetcher acts on it, the
     # recorder projects it for the operator, so both read the same values.
     #: Seconds between two requests to one domain; robots.txt Crawl-delay may raise it.
-    min_domain_delay_seconds: float = Field(default=10.0, ge=0.0)
-    max_domain_delay_seconds: float = Field(default=120.0, ge=0.0)
+    min_domain_delay_seconds: Seconds = Field(default=10.0, ge=0.0)
+    max_domain_delay_seconds: Seconds = Field(default=120.0, ge=0.0)
     #: Longest a 429/503 Retry-After may pause a whole domain.
-    max_backoff_seconds: float = Field(default=3600.0, gt=0.0)
+    max_backoff_seconds: Seconds = Field(default=3600.0, gt=0.0)
     #: A host's gap is at least this many times its recent response time (a median).
     gap_response_factor: float = Field(default=10.0, ge=0.0)
     #: First pause of a host that refuses, times out or answers 5xx; doubled per
     #: failure in a row, up to the maximum.
-    host_pause_seconds: float = Field(default=60.0, gt=0.0)
-    host_pause_max_seconds: float = Field(default=86_400.0, gt=0.0)
+    host_pause_seconds: Seconds = Field(default=60.0, gt=0.0)
+    host_pause_max_seconds: Seconds = Field(default=86_400.0, gt=0.0)
     #: First pause after a 429/503 without Retry-After, doubled per answer in a row (up
     #: to TROVE_MAX_BACKOFF_SECONDS).
-    rate_pause_seconds: float = Field(default=60.0, gt=0.0)
+    rate_pause_seconds: Seconds = Field(default=60.0, gt=0.0)
     #: Pause after a ban or a challenge page.
-    ban_pause_seconds: float = Field(default=86_400.0, gt=0.0)
+    ban_pause_seconds: Seconds = Field(default=86_400.0, gt=0.0)
     #: A host whose best fetch strategy often gets nothing usable is asked another way
     #: at most once in this many requests (0: never); a host served well, never.
     explore_every: int = Field(default=50, ge=0)
     #: A host learned to have moved (its redirects keep the path, to one other origin)
     #: is not asked for this long; its pages are asked for at the new origin meanwhile.
-    host_move_recheck_seconds: float = Field(default=7 * 86_400.0, ge=0.0)
+    host_move_recheck_seconds: Seconds = Field(default=7 * 86_400.0, ge=0.0)
     #: Seed priors (TOML, see trove_schema/priors.toml); unset, the shipped ones.
     priors_file: Path | None = None
     #: Hosts Trove never crawls, each with every name below it (trove_schema.exclusions):
@@ -119,7 +133,7 @@ class CommonSettings(BaseSettings):
     excluded_hosts_file: Path | None = None
     #: How often discovery and the fetcher read the shared list of excluded hosts (the
     #: ``trove_exclusions`` bucket): a host listed there is left alone within this long.
-    exclusions_refresh_seconds: float = Field(default=5.0, gt=0)
+    exclusions_refresh_seconds: Seconds = Field(default=5.0, gt=0)
 
     @model_validator(mode="after")
     def _schedules_are_kept(self) -> Self:
@@ -200,16 +214,20 @@ class DiscoverySettings(CommonSettings):
     alias_hold_rounds: int = Field(default=3, ge=0, le=3)
     #: Shortest re-crawl interval. 0, the default: one hour, or the first interval if
     #: that is shorter.
-    recrawl_min_seconds: float = Field(default=0.0, ge=0.0)
+    recrawl_min_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: How long a URL stays seen (not discovered again) after its discovery or its last
-    #: re-crawl request; longer than the longest re-crawl interval, so that links never
-    #: start a second chain of re-crawls, and the margin covers a late fetch and its
-    #: retries. 0, the default, means twice the longest re-crawl interval.
-    seen_ttl_seconds: float = Field(default=0.0, ge=0.0)
+    #: re-crawl request; it must be longer than the longest re-crawl interval (refused
+    #: otherwise), so that links never start a second chain of re-crawls. 0, the
+    #: default, means twice that interval: the margin lets a re-crawl come late (its
+    #: host's gap or pause, the recorder's retries) with its key still there. One that
+    #: comes after its key expired lets the next link discover the page again: a fetch
+    #: more, and a count more against its host's page budget, never a request out of
+    #: turn. Discovery warns at start of a TTL under 1.5 times the interval.
+    seen_ttl_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: How long a host's URL alias record outlives its last write: the bucket holds the
     #: hosts of the crawl's recent months, not every host it ever met. Unset: 180 days,
     #: or twice the longest re-crawl interval if that is longer; 0 keeps them for ever.
-    url_rules_ttl_seconds: float | None = Field(default=None, ge=0.0)
+    url_rules_ttl_seconds: Seconds | None = Field(default=None, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
 
@@ -274,48 +292,50 @@ class FetcherSettings(CommonSettings):
     #: Work messages handed out to all fetcher pods before any is acked (consumer-wide).
     max_ack_pending: int = Field(default=2000, ge=1)
     #: How long a pod may hold a work message before JetStream gives it to another pod.
-    ack_wait_seconds: float = Field(default=90.0, ge=5.0)
+    ack_wait_seconds: Seconds = Field(default=90.0, ge=5.0)
     #: How far behind its cursor a poll of a timeline with other instances' posts
     #: (``public``, tags) reads again, for posts that arrived after a newer one; 0: none.
     poll_lookback_seconds: float = Field(default=600.0, ge=0.0, le=86_400.0)
-    connect_timeout: float = Field(default=5.0, gt=0)
-    read_timeout: float = Field(default=10.0, gt=0)
-    request_timeout: float = Field(default=30.0, gt=0)
+    connect_timeout: Seconds = Field(default=5.0, gt=0)
+    read_timeout: Seconds = Field(default=10.0, gt=0)
+    request_timeout: Seconds = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     max_redirects: int = Field(default=5, ge=0, le=20)
     #: How long a robots.txt is obeyed before it is asked for again: a day at most, as
     #: RFC 9309 (2.4) asks of a crawler's cache.
     robots_ttl_seconds: float = Field(default=86_400.0, ge=1.0, le=86_400.0)
-    robots_max_bytes: int = Field(default=512 * 1024, ge=1024)
+    #: The most of a robots.txt read (RFC 9309 2.5: 500 KiB at least; the rules after the
+    #: cut are not obeyed). The fetcher keeps it within what its bucket takes.
+    robots_max_bytes: int = Field(default=512 * 1024, ge=500 * 1024)
     #: CIDRs the fetcher may connect to although private (tests, the local sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
     #: Extra host -> IP mappings (the sandbox's names); "host=ip,host=ip".
     resolve: Annotated[tuple[str, ...], NoDecode] = ()
     #: Nameservers ("ip", "ip:port", "[ipv6]:port", comma-separated); empty: resolv.conf.
     dns_nameservers: Annotated[tuple[str, ...], NoDecode] = ()
-    dns_timeout_seconds: float = Field(default=5.0, gt=0)
+    dns_timeout_seconds: Seconds = Field(default=5.0, gt=0)
     dns_concurrency: int = Field(default=64, ge=1, le=4096)
     #: Names the fetcher's DNS cache keeps (~0.5 KB each; see trove_fetcher.dns).
     dns_cache_entries: int = Field(default=10_000, ge=1)
     #: Answers are cached for their TTL clamped to [min, max]; negative ones to
     #: [min, max_negative].
-    dns_min_ttl_seconds: float = Field(default=30.0, ge=0.0)
-    dns_max_ttl_seconds: float = Field(default=3600.0, ge=0.0)
-    dns_max_negative_ttl_seconds: float = Field(default=300.0, ge=0.0)
+    dns_min_ttl_seconds: Seconds = Field(default=30.0, ge=0.0)
+    dns_max_ttl_seconds: Seconds = Field(default=3600.0, ge=0.0)
+    dns_max_negative_ttl_seconds: Seconds = Field(default=300.0, ge=0.0)
     #: Nameservers found to answer nothing are asked again after this long; until then
     #: the work that needs a name not cached waits (``trove_fetcher.dns``).
-    dns_recheck_seconds: float = Field(default=5.0, gt=0.0)
+    dns_recheck_seconds: Seconds = Field(default=5.0, gt=0.0)
     #: The pod's egress is taken to be away when this many addresses failed to connect in
     #: a row, none connecting in between nor for ``egress_quiet_seconds``; its work then
     #: waits, one job every ``egress_recheck_seconds`` going ahead to find out, for at
     #: most ``egress_patience_seconds`` (``trove_fetcher.egress``).
     egress_suspect_after: int = Field(default=8, ge=2)
-    egress_quiet_seconds: float = Field(default=0.0, ge=0.0)
-    egress_recheck_seconds: float = Field(default=10.0, gt=0.0)
-    egress_patience_seconds: float = Field(default=3600.0, ge=0.0)
+    egress_quiet_seconds: Seconds = Field(default=0.0, ge=0.0)
+    egress_recheck_seconds: Seconds = Field(default=10.0, gt=0.0)
+    egress_patience_seconds: Seconds = Field(default=3600.0, ge=0.0)
     #: How long a host's record in ``trove_domains`` (its politeness state and learned
     #: policy) is kept after the last request to it; 0 keeps every host's for ever.
-    host_record_ttl_seconds: float = Field(default=180 * 86_400.0, ge=0.0)
+    host_record_ttl_seconds: Seconds = Field(default=180 * 86_400.0, ge=0.0)
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
@@ -352,34 +372,35 @@ class FetcherSettings(CommonSettings):
 
 
 class RecorderSettings(CommonSettings):
-    retry_delay_seconds: float = Field(default=3600.0, ge=0.0)
+    retry_delay_seconds: Seconds = Field(default=3600.0, ge=0.0)
     #: The longest a site's Retry-After may put off a retry.
-    retry_max_delay_seconds: float = Field(default=7 * 86_400.0, ge=0.0)
+    retry_max_delay_seconds: Seconds = Field(default=7 * 86_400.0, ge=0.0)
     max_attempts: int = Field(default=3, ge=1, le=20)
     #: How long a page whose retries ran out is asked again (a new chain every
     #: ``retry_max_delay_seconds``, or its re-crawl interval if longer), counted from its
     #: first attempt after its last success; 0: its chain ends with its retries.
-    recheck_failing_for_seconds: float = Field(default=30 * 86_400.0, ge=0.0)
+    recheck_failing_for_seconds: Seconds = Field(default=30 * 86_400.0, ge=0.0)
     batch_size: int = Field(default=500, ge=1, le=10_000)
     #: Longest the recorder waits to fill a batch once it has some events (latency for
     #: fewer, larger transactions); 0 handles whatever has arrived at once.
     batch_linger_seconds: float = Field(default=0.3, ge=0.0, le=5.0)
     #: URLs whose page id the recorder remembers (~200 bytes each); 0 turns it off.
     page_id_cache: int = Field(default=200_000, ge=0)
-    #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted.
-    audit_retention_seconds: float = Field(default=90 * 86_400.0, gt=0.0)
+    #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted; 0
+    #: keeps every attempt.
+    audit_retention_seconds: Seconds = Field(default=90 * 86_400.0, ge=0.0)
     #: ``page_crawls`` rows (the crawl history) older than this are deleted, except each
     #: page's last success the projection applied and the attempts after it, which its
     #: retries are counted from; 0 keeps every attempt.
-    crawl_history_retention_seconds: float = Field(default=0.0, ge=0.0)
+    crawl_history_retention_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: ``page_shares`` rows (a shared link of a followed timeline's post) first seen
     #: longer ago than this are deleted; 0 keeps every share.
-    shares_retention_seconds: float = Field(default=0.0, ge=0.0)
+    shares_retention_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: Rows deleted per statement, by every retention: short transactions, no long locks.
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
     #: How often the recorder looks for expired rows (the audit, the crawl history, the
     #: outbox's published rows, the ids of applied events).
-    audit_prune_interval_seconds: float = Field(default=600.0, gt=0.0)
+    audit_prune_interval_seconds: Seconds = Field(default=600.0, gt=0.0)
     #: Longest an idle recorder goes without looking at the outbox. Its own retries wake
     #: it at once; the look is for rows no pod was woken for (one that died between its
     #: commit and its publish, a replay), and it is made 1 s after activity, then half

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from nats.aio.msg import Msg
 
@@ -35,6 +36,8 @@ from trove_schema.topology import (
     ensure_topology,
 )
 
+log = logging.getLogger("trove.discovery")
+
 
 async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
     if not settings.nats_url:
@@ -46,6 +49,7 @@ async def serve(settings: DiscoverySettings, stop: asyncio.Event, ready: asyncio
         )
         await ensure_topology(bus.js, declare(options), owner="discovery")
         await check_recrawls_are_kept(bus, settings)
+        warn_of_a_short_seen_ttl(settings)
         url_rules = UrlRules(
             await bus.js.key_value(URL_RULES_BUCKET),
             ttl=settings.url_rules_cache_seconds,
@@ -131,16 +135,56 @@ def events_handler(discovery: Discovery, shares: Shares) -> Handler:
 
 
 async def check_recrawls_are_kept(bus: Bus, settings: DiscoverySettings) -> None:
-    """Refuse to start if TROVE_EVENTS would age out the re-crawls before they fire.
+    """Refuse to start if TROVE_EVENTS would age out the re-crawls or the timeline polls
+    before they fire: a poll aged out ends its follow, without a word.
 
     The recorder owns that stream's retention, so discovery's own setting proves nothing.
     """
     max_age = (await bus.js.stream_info(EVENTS_STREAM)).config.max_age or 0.0
-    if 0 < max_age <= settings.recrawl_max:
-        raise SystemExit(
-            f"{EVENTS_STREAM} keeps messages for {max_age:g} s, not longer than the "
-            f"longest re-crawl interval ({settings.recrawl_max:g} s, "
-            "TROVE_RECRAWL_MAX_SECONDS): scheduled re-crawls wait in that stream and would "
-            "be aged out; raise the recorder's TROVE_EVENTS_MAX_AGE_SECONDS (or 0: keep for "
-            "ever) or shorten the intervals"
+    schedules = (
+        (
+            "re-crawls",
+            "the longest re-crawl interval",
+            settings.recrawl_max,
+            "TROVE_RECRAWL_MAX_SECONDS",
+        ),
+        (
+            "timeline polls",
+            "the longest pause of a timeline's polls",
+            max(settings.poll_interval_seconds, settings.poll_max_backoff_seconds),
+            "TROVE_POLL_MAX_BACKOFF_SECONDS",
+        ),
+    )
+    for what, longest, delay, setting in schedules:
+        if 0 < max_age <= delay:
+            raise SystemExit(
+                f"{EVENTS_STREAM} keeps messages for {max_age:g} s, not longer than "
+                f"{longest} ({delay:g} s, {setting}): scheduled {what} wait in that stream "
+                "and would be aged out; raise the recorder's TROVE_EVENTS_MAX_AGE_SECONDS "
+                f"(or 0: keep for ever) or shorten {setting}"
+            )
+
+
+#: A seen TTL at least this many times the longest re-crawl interval leaves a re-crawl
+#: room to run late (its host's gap, a pause, its retries) before its key expires.
+SEEN_TTL_MARGIN = 1.5
+
+
+def warn_of_a_short_seen_ttl(settings: DiscoverySettings) -> None:
+    """Warn when the seen TTL leaves a re-crawl little room past the longest interval.
+
+    Such a TTL is allowed (the settings refuse only one not longer than the interval),
+    and costs no politeness: a page whose re-crawl fires or retries after its key
+    expired is discovered again by the next link to it, one fetch more, counted against
+    its host's page budget once more.
+    """
+    if settings.seen_ttl < SEEN_TTL_MARGIN * settings.recrawl_max:
+        log.warning(
+            "TROVE_SEEN_TTL_SECONDS (%g) is less than %g times the longest re-crawl "
+            "interval (%g s, TROVE_RECRAWL_MAX_SECONDS): a page whose re-crawl waits or "
+            "retries past its seen key is discovered again by the next link to it, one "
+            "fetch more and one more count against its host's page budget",
+            settings.seen_ttl,
+            SEEN_TTL_MARGIN,
+            settings.recrawl_max,
         )

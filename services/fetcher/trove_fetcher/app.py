@@ -14,6 +14,7 @@ from trove_fetcher.language import default_identifier
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client, build_network
 from trove_schema.bus import Bus, Consumer
+from trove_schema.events import MAX_URL_LENGTH
 from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.policy import LearningConfig
 from trove_schema.service import together
@@ -70,6 +71,27 @@ async def _message_limit(bus: Bus, configured: int) -> int:
     return limit
 
 
+#: What a cached robots.txt record (``RobotsPolicy.to_bytes``) adds to the file: its JSON
+#: header, an origin as long as a URL and an error note (500 characters) at most.
+ROBOTS_RECORD_OVERHEAD = MAX_URL_LENGTH + 1024
+
+
+def _robots_limit(bus: Bus, configured: int) -> int:
+    """The most of a robots.txt this pod reads: ``TROVE_ROBOTS_MAX_BYTES``, or less when
+    the server's ``max_payload`` would refuse the record it is cached in: a file read
+    past it could not be cached, and every page of its host would ask for it again."""
+    limit = min(configured, bus.nc.max_payload - ROBOTS_RECORD_OVERHEAD)
+    if limit < configured:
+        log.warning(
+            "robots.txt is read up to %d bytes, not TROVE_ROBOTS_MAX_BYTES=%d: the server "
+            "takes no larger record to cache it in%s",
+            limit,
+            configured,
+            " (less than the 500 KiB RFC 9309 asks for)" if limit < 500 * 1024 else "",
+        )
+    return limit
+
+
 async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
     if not settings.nats_url:
         raise SystemExit("the fetcher needs TROVE_NATS_URL")
@@ -118,7 +140,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
             limits=FetchLimits.from_settings(settings),
             robots_token=settings.robots_token,
-            robots_max_bytes=settings.robots_max_bytes,
+            robots_max_bytes=_robots_limit(bus, settings.robots_max_bytes),
             robots_ttl=settings.robots_ttl_seconds,
             work_max_age=settings.work_max_age_seconds,
             max_message_bytes=await _message_limit(bus, settings.max_message_bytes),

@@ -2,7 +2,8 @@
 and the ids of events the record no longer holds.
 
 The audit (``fetcher_attempts`` and its tags in ``attempt_heuristics``) grows with
-every request; the event record keeps what it needs for a replay. Each step deletes
+every request; the event record keeps what it needs for a replay. It is kept
+``TROVE_AUDIT_RETENTION_SECONDS`` (90 days; 0: for ever). Each step deletes
 at most ``batch`` of the oldest expired attempts, and their tags, in a transaction of
 its own, so pruning a backlog never holds locks long nor fills the WAL at once, and
 the live projection's inserts go on between batches.
@@ -53,6 +54,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -108,8 +110,8 @@ _DELETE_APPLIED = text(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Retention:
-    #: How long an attempt stays in the audit.
-    window: timedelta
+    #: How long an attempt stays in the audit; None: for ever.
+    window: timedelta | None
     #: How long a superseded attempt stays in the crawl history; None: for ever.
     crawl_window: timedelta | None = None
     #: How long a published outbox row stays, for an operator's look.
@@ -129,10 +131,11 @@ class Retention:
     @classmethod
     def from_settings(cls, settings: RecorderSettings) -> Retention:
         max_age = settings.events_max_age_seconds
+        audit = settings.audit_retention_seconds
         crawls = settings.crawl_history_retention_seconds
         shares = settings.shares_retention_seconds
         return cls(
-            window=timedelta(seconds=settings.audit_retention_seconds),
+            window=timedelta(seconds=audit) if audit else None,
             crawl_window=timedelta(seconds=crawls) if crawls else None,
             shares_window=timedelta(seconds=shares) if shares else None,
             applied_window=timedelta(seconds=2 * max_age) if max_age else None,
@@ -172,6 +175,8 @@ async def prune(
     stop: asyncio.Event | None = None,
 ) -> list[int]:
     """Delete every attempt older than the window; the rows each batch deleted."""
+    if retention.window is None:
+        return []
     params = {"cutoff": now() - retention.window, "batch": retention.batch}
 
     async def step(session: AsyncSession) -> int:
@@ -303,35 +308,47 @@ async def run_retention(
     stop: asyncio.Event,
     now: Callable[[], datetime] = _utcnow,
 ) -> None:
-    """Prune every ``interval`` until ``stop``; a failed pass is logged and tried again."""
+    """Prune every ``interval`` until ``stop``; a failed step is logged and tried again
+    at the next pass, and the steps after it run all the same: one table's trouble does
+    not let the others grow."""
     cursor = HistoryCursor()
     while not stop.is_set():
-        try:
-            batches = await prune(sessions, retention, now, stop)
-            crawls = await prune_crawls(sessions, retention, now, cursor, stop)
-            published = await prune_published(sessions, retention, now, stop)
-            shares = await prune_shares(sessions, retention, now, stop)
-            polls = await prune_polls(sessions, retention, now, stop)
-            applied = await prune_applied(sessions, retention, now, stop)
-        except Exception as exc:
-            # The database away: the next pass catches up, nothing is lost by waiting.
-            log.warning("retention: %s", exc)
-        else:
-            if batches:
-                log.info(
-                    "audit retention deleted %d attempts",
-                    sum(batches),
-                    extra={"batches": len(batches)},
-                )
-            if crawls:
-                log.info("retention deleted %d superseded attempts of the crawl history", crawls)
-            if published:
-                log.info("retention deleted %d published outbox rows", published)
-            if shares:
-                log.info("retention deleted %d shares of followed timelines' posts", shares)
-            if polls:
-                log.info("retention deleted %d polls of followed timelines", polls)
-            if applied:
-                log.info("retention deleted %d ids of events the record no longer holds", applied)
+        batches = await _logged("the audit", prune(sessions, retention, now, stop))
+        crawls = await _logged(
+            "the crawl history", prune_crawls(sessions, retention, now, cursor, stop)
+        )
+        published = await _logged("the outbox", prune_published(sessions, retention, now, stop))
+        shares = await _logged("the shares", prune_shares(sessions, retention, now, stop))
+        polls = await _logged("the polls", prune_polls(sessions, retention, now, stop))
+        applied = await _logged("the applied ids", prune_applied(sessions, retention, now, stop))
+        if batches:
+            log.info(
+                "audit retention deleted %d attempts",
+                sum(batches),
+                extra={"batches": len(batches)},
+            )
+        if crawls:
+            log.info("retention deleted %d superseded attempts of the crawl history", crawls)
+        if published:
+            log.info("retention deleted %d published outbox rows", published)
+        if shares:
+            log.info("retention deleted %d shares of followed timelines' posts", shares)
+        if polls:
+            log.info("retention deleted %d polls of followed timelines", polls)
+        if applied:
+            log.info("retention deleted %d ids of events the record no longer holds", applied)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=retention.interval)
+
+
+_T = TypeVar("_T")
+
+
+async def _logged(what: str, step: Awaitable[_T]) -> _T | None:
+    """Run one step of a pass; what it raised is logged, and it deleted nothing."""
+    try:
+        return await step
+    except Exception as exc:
+        # The database away: the next pass catches up, nothing is lost by waiting.
+        log.warning("retention of %s: %s", what, exc)
+        return None
