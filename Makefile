@@ -1,10 +1,13 @@
-# Trove: `make run` crawls the local sandbox web, `make test` runs the whole suite.
+# Trove: `make run` crawls the local sandbox web (state in .trove-sandbox, emptied at each
+# run), `make test` runs the whole suite.
 # Needs only Python 3.11+ and make: everything else is installed into .venv.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# The pip the lock is installed with, not whichever is newest on the day.
+PIP_VERSION ?= 26.3
 SEEDS  ?=
 PYTEST_ARGS ?=
 # The suite waits on brokers, databases and politeness gaps far more than it computes:
@@ -14,11 +17,20 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= $(if $(TROVE_NATS_URL)$(TROVE_DATABASE_URL),0,2)
 FUZZ_ARGS ?=
 
+# Debian and Ubuntu ship ensurepip, which venv needs, in a package apart from Python's.
+VENV_HELP = $(PYTHON) could not create $(VENV). On Debian or Ubuntu, install its venv \
+package (sudo apt install python$(shell $(PYTHON) -c 'import sys; print(*sys.version_info[:2], sep=".")')-venv), then run make again.
+
+# Each word in single quotes for sh, a quote within as '\'': a seed's & ; ? $ and ' stay
+# the URL's, not the shell's (and its $ not make's: $(value SEEDS)).
+sh_words = $(foreach word,$(1),'$(subst ','\'',$(word))')
+
 .PHONY: install run test lint typecheck bench fuzz faults asyncapi smoke clean
 
 $(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "$(PYTHON) -m venv $(VENV)"
+	@$(PYTHON) -m venv $(VENV) || { echo "$(VENV_HELP)" >&2; exit 1; }
+	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
@@ -28,7 +40,7 @@ run: $(STAMP)
 ifeq ($(strip $(SEEDS)),)
 	$(BIN)/trove crawl --sandbox --fediverse 40 --fresh --until-idle
 else
-	$(BIN)/trove crawl --until-idle $(SEEDS)
+	$(BIN)/trove crawl --until-idle $(call sh_words,$(value SEEDS))
 endif
 
 lint: $(STAMP)
@@ -67,5 +79,6 @@ faults: $(STAMP)
 asyncapi: $(STAMP)
 	$(BIN)/faststream docs gen trove_schema.asyncapi:app --yaml --out docs/asyncapi.yaml
 
+# Not .trove: `trove up` keeps real crawls there, their event record included.
 clean:
-	rm -rf $(VENV) .trove .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .trove-sandbox .mypy_cache .ruff_cache .pytest_cache

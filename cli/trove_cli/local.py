@@ -34,6 +34,7 @@ from trove_stack.stack import Stack
 
 SERVICES = ("recorder", "discovery", "fetcher")
 STACK_FILE = "stack.json"
+MAX_PORT = 65535
 
 
 @dataclass(kw_only=True)
@@ -63,8 +64,13 @@ class LocalTrove:
     wrote_stack_file: bool = field(default=False, init=False)
     #: Whether this stack started the process's lifeline, to be released when it stops.
     own_lifeline: bool = field(default=False, init=False)
+    #: Each process's TROVE_HTTP_PORT, when one is set (``http_ports``).
+    ports: dict[str, int] = field(default_factory=dict, init=False)
 
     def start(self) -> LocalTrove:
+        self.ports = http_ports(
+            self.process_names(), {**os.environ, **self.service_env}.get("TROVE_HTTP_PORT", "")
+        )
         # Stopped on any exit of this process too, so no server or service is orphaned:
         # by ``stop`` at an exit Python sees, by the lifeline's watcher at one it does not
         # (SIGKILL, the OOM killer).
@@ -83,10 +89,8 @@ class LocalTrove:
         try:
             upgrade(self.stack.database_url)
             self._write_stack_file()
-            for name in self.services:
-                default = self.fetchers if name == "fetcher" else 1
-                for n in range(self.replicas.get(name, default)):
-                    self.children.append(self._spawn(f"{name}-{n}"))
+            for process in self.process_names():
+                self.children.append(self._spawn(process))
             self.supervisor = Supervisor(
                 self.children,
                 self._spawn,
@@ -100,6 +104,15 @@ class LocalTrove:
             raise
         return self
 
+    def process_names(self) -> list[str]:
+        """The service processes, in the order they start: ``recorder-0``, ``discovery-0``,
+        ``fetcher-0`` ... (a service's count from ``replicas``, else one, fetchers aside)."""
+        names = []
+        for name in self.services:
+            default = self.fetchers if name == "fetcher" else 1
+            names += [f"{name}-{n}" for n in range(self.replicas.get(name, default))]
+        return names
+
     @property
     def env(self) -> dict[str, str]:
         return {
@@ -111,6 +124,8 @@ class LocalTrove:
         """Start process ``<service>-<n>`` (again: its log is appended to)."""
         service = process.rpartition("-")[0]
         env = {**os.environ, **self.service_env, **self.env}
+        if process in self.ports:
+            env["TROVE_HTTP_PORT"] = str(self.ports[process])
         env.setdefault("TROVE_LOG_FORMAT", "json")
         env.setdefault("PYTHONUNBUFFERED", "1")
         logs = self.state_dir / "logs"
@@ -179,6 +194,25 @@ class LocalTrove:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def http_ports(processes: list[str], base: str) -> dict[str, int]:
+    """Each process's port for ``/healthz``, ``/readyz`` and ``/metrics`` when
+    TROVE_HTTP_PORT is set: the port given and the ones after it, in start order. On one
+    port the processes but the first would all exit at once, and be restarted for ever;
+    a port each keeps what the setting asked for, every process's metrics."""
+    try:
+        first = int(base)
+    except ValueError:
+        return {}  # unset, or not a port: the services refuse it themselves
+    if first <= 0:
+        return {}  # off, or not a port
+    if first + len(processes) - 1 > MAX_PORT:
+        raise StackError(
+            f"TROVE_HTTP_PORT={first}: the {len(processes)} service processes take a port "
+            f"each from it on, past {MAX_PORT}; give a lower one"
+        )
+    return {process: first + n for n, process in enumerate(processes)}
 
 
 def running_stack(state_dir: Path) -> dict[str, str]:

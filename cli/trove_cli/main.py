@@ -15,6 +15,8 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 
 import nats
 import nats.errors
@@ -68,6 +70,9 @@ from trove_schema.topology import (
 )
 
 console = Console(stderr=False)
+
+#: ``trove crawl --sandbox``'s state folder when TROVE_STATE_DIR is not set.
+SANDBOX_STATE_DIR = Path(".trove-sandbox")
 
 #: How long ``trove crawl --until-idle`` waits for a followed instance's first poll
 #: before it takes the crawl for idle without it.
@@ -171,6 +176,9 @@ async def watch_crawl(
         # retention settings) and never changes what exists.
         options = TopologyOptions.from_settings(CommonSettings())
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
+        # The report counts from here: a state folder kept from earlier crawls holds theirs.
+        # This machine's clock, which its fetchers time their attempts by.
+        began = datetime.now(UTC)
         refusals_before = await refusals_so_far(engine)
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
@@ -238,7 +246,8 @@ async def watch_crawl(
                     code = 1 if until_idle else 0
                     break
                 await asyncio.sleep(0.5)
-        render(await build_report(engine, refusals_after=refusals_before), console)
+        report = await build_report(engine, refusals_after=refusals_before, since=began)
+        render(report, console)
         return code
     finally:
         await engine.dispose()
@@ -300,9 +309,48 @@ def _tell(message: str) -> None:
     console.print(Text(message, style="yellow"))
 
 
+def _not_sandbox_alone(args: argparse.Namespace, settings: CommonSettings) -> str | None:
+    """Why a ``--sandbox`` crawl cannot start, if it is asked to crawl more than the
+    sandbox: its fetcher waits 1 s between requests and may reach the sandbox's loopback
+    network, settings for Trove's own hosts, not for a real site, an instance or a
+    production frontier."""
+    if not args.sandbox:
+        return None
+    others = [
+        what
+        for what, given in (
+            ("seed URLs", args.seeds),
+            ("--follow", args.follow),
+            ("--join", args.join),
+            ("TROVE_NATS_URL or TROVE_DATABASE_URL", settings.nats_url or settings.database_url),
+        )
+        if given
+    ]
+    if not others:
+        return None
+    return (
+        "--sandbox crawls the sandbox web alone, on servers of this machine's own: its "
+        "fetcher waits 1 s between requests and may reach the sandbox's loopback "
+        "addresses, settings not for real sites, instances or another stack. Drop "
+        f"{' and '.join(others)}, or crawl without --sandbox"
+    )
+
+
+def crawl_state_dir(sandbox: bool, settings: CommonSettings) -> Path:
+    """A sandbox crawl's state folder: ``.trove-sandbox`` unless TROVE_STATE_DIR names
+    one, so that its ``--fresh`` never empties a real crawl's ``.trove``, nor a later
+    ``trove up`` crawl on from the sandbox's pages and followed instance."""
+    if sandbox and "state_dir" not in settings.model_fields_set:
+        return SANDBOX_STATE_DIR
+    return settings.state_dir
+
+
 async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
     refused = (
-        _not_text(args.seeds) or _half_given(settings) or _not_joined(settings, "crawl", args.join)
+        _not_text(args.seeds)
+        or _not_sandbox_alone(args, settings)
+        or _half_given(settings)
+        or _not_joined(settings, "crawl", args.join)
     )
     if refused:
         console.print(Text(refused, "red"))
@@ -310,6 +358,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
     if args.fediverse is not None and not args.sandbox:
         console.print("[red]--fediverse serves the sandbox's instance: add --sandbox[/red]")
         return 2
+    state_dir = crawl_state_dir(args.sandbox, settings)
     async with _maybe_sandbox(args.sandbox, args.fediverse) as sandbox:
         seeds = [*args.seeds, *sandbox.seeds]
         follows = [*args.follow, *sandbox.follows]
@@ -318,10 +367,10 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             return 2
         service_env = dict(sandbox.env)
         if args.sandbox and "TROVE_MIN_DOMAIN_DELAY_SECONDS" not in os.environ:
-            # Our own sandbox may be crawled briskly; real sites get the 10 s default.
+            # Our own sandbox may be crawled briskly: a sandbox crawl fetches nothing else.
             service_env["TROVE_MIN_DOMAIN_DELAY_SECONDS"] = "1"
         local = LocalTrove(
-            state_dir=settings.state_dir,
+            state_dir=state_dir,
             nats_url=settings.nats_url,
             database_url=settings.database_url,
             fresh=args.fresh,
@@ -331,7 +380,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             notify=_tell,
             restart_policy=restart_policy(settings),
         )
-        console.print(f"starting Trove (state in {settings.state_dir}) ...")
+        console.print(f"starting Trove (state in {state_dir}) ...")
         await asyncio.to_thread(local.start)
         try:
             nats_shown, db_shown = shown(local.stack.nats_url), shown(local.stack.database_url)
@@ -524,6 +573,11 @@ def cmd_up(args: argparse.Namespace, settings: CommonSettings) -> int:
             f"logs in {settings.state_dir / 'logs'}; a service that dies is restarted "
             "(`trove status` lists restarts); Ctrl-C stops everything"
         )
+        if local.ports:
+            console.print(
+                "/healthz, /readyz and /metrics: "
+                + ", ".join(f"{process} on {port}" for process, port in local.ports.items())
+            )
         console.print(
             "seed it: trove seed https://example.org/  (or nats -s URL pub "
             f"{SEEDS_SUBJECT} ..., the URL with its password in {settings.state_dir}/stack.json)"

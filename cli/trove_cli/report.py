@@ -1,8 +1,15 @@
-"""What a crawl did, read from the projections: the report at the end of ``trove crawl``."""
+"""What a crawl did, read from the projections: the report at the end of ``trove crawl``.
+
+A state folder kept from earlier crawls (no ``--fresh``), or a stack joined, holds more
+than this crawl: the report counts the attempts, shares and refused seeds since the crawl
+began (through the indexes on their times), and says of the rest, the citation graph and
+the followed timelines' totals, that it is every crawl's.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -10,9 +17,15 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+#: ``build_report``'s start when it is given none: every attempt and share.
+ALL_TIME = datetime.min.replace(tzinfo=UTC)
+
 
 @dataclass(slots=True)
 class Report:
+    #: The crawl's start: what the sections above the graph count from (None: all time).
+    since: datetime | None = None
+    #: The pages attempted since then, by their status now.
     pages_by_status: dict[str, int] = field(default_factory=dict)
     linked_only: int = 0
     crawls_by_outcome: dict[str, int] = field(default_factory=dict)
@@ -54,14 +67,24 @@ async def refusals_so_far(engine: AsyncEngine) -> int:
         return int(found.scalar_one())
 
 
-async def build_report(engine: AsyncEngine, *, top: int = 10, refusals_after: int = 0) -> Report:
-    report = Report()
+async def build_report(
+    engine: AsyncEngine,
+    *,
+    top: int = 10,
+    refusals_after: int = 0,
+    since: datetime | None = None,
+) -> Report:
+    report = Report(since=since)
+    # The pages, attempts and shares since then, found through the indexes on
+    # page_crawls.completed_at and page_shares.first_seen_at.
+    window = {"since": since or ALL_TIME, "top": top}
     async with engine.connect() as conn:
         rows = await conn.execute(
             text(
-                "SELECT status, count(*) FROM pages WHERE discovered_at IS NOT NULL "
-                "GROUP BY status ORDER BY status"
-            )
+                "SELECT status, count(*) FROM pages WHERE id IN (SELECT page_id FROM "
+                "page_crawls WHERE completed_at >= :since) GROUP BY status ORDER BY status"
+            ),
+            window,
         )
         report.pages_by_status = {s: int(n) for s, n in rows.all()}
         report.linked_only = int(
@@ -70,22 +93,29 @@ async def build_report(engine: AsyncEngine, *, top: int = 10, refusals_after: in
             ).scalar_one()
         )
         rows = await conn.execute(
-            text("SELECT outcome, count(*) FROM page_crawls GROUP BY outcome ORDER BY 2 DESC")
+            text(
+                "SELECT outcome, count(*) FROM page_crawls WHERE completed_at >= :since "
+                "GROUP BY outcome ORDER BY 2 DESC"
+            ),
+            window,
         )
         report.crawls_by_outcome = {o: int(n) for o, n in rows.all()}
         rows = await conn.execute(
             text(
                 "SELECT domain, count(*) FILTER (WHERE status = 'fetched'), count(*) FROM pages "
-                "WHERE discovered_at IS NOT NULL GROUP BY domain ORDER BY 3 DESC, 1 LIMIT :top"
+                "WHERE id IN (SELECT page_id FROM page_crawls WHERE completed_at >= :since) "
+                "GROUP BY domain ORDER BY 3 DESC, 1 LIMIT :top"
             ),
-            {"top": top},
+            window,
         )
         report.domains = [(d, int(f), int(n)) for d, f, n in rows.all()]
         rows = await conn.execute(
             text(
                 "SELECT coalesce(language, '?'), count(*) FROM pages WHERE status = 'fetched' "
+                "AND id IN (SELECT page_id FROM page_crawls WHERE completed_at >= :since) "
                 "GROUP BY 1 ORDER BY 2 DESC, 1"
-            )
+            ),
+            window,
         )
         report.languages = [(lang, int(n)) for lang, n in rows.all()]
         rows = await conn.execute(
@@ -101,10 +131,10 @@ async def build_report(engine: AsyncEngine, *, top: int = 10, refusals_after: in
             text(
                 "SELECT s.url, p.title, count(DISTINCT s.post_uri) AS n, "
                 "count(DISTINCT s.instance) FROM page_shares s "
-                "LEFT JOIN pages p ON p.url = s.url "
+                "LEFT JOIN pages p ON p.url = s.url WHERE s.first_seen_at >= :since "
                 "GROUP BY s.url, p.title ORDER BY n DESC, s.url LIMIT :top"
             ),
-            {"top": top},
+            window,
         )
         report.top_shared = [(u, t, int(n), int(i)) for u, t, n, i in rows.all()]
         row = (
@@ -151,7 +181,6 @@ def render(report: Report, console: Console) -> None:
     status = table("Pages by status", "status", "pages")
     for name, n in report.pages_by_status.items():
         status.add_row(name, str(n))
-    status.add_row("[dim]linked only (not crawled)[/dim]", f"[dim]{report.linked_only}[/dim]")
     outcomes = table("Crawls by outcome", "outcome", "crawls")
     for name, n in report.crawls_by_outcome.items():
         outcomes.add_row(name, str(n))
@@ -161,12 +190,9 @@ def render(report: Report, console: Console) -> None:
     languages = table("Languages", "language", "pages")
     for name, n in report.languages:
         languages.add_row(name, str(n))
+    parts: list[Table] = [status, outcomes, domains, languages]
     # Text(), not markup, for what comes from the web or a seed: a title "[/r/python]"
     # would end the report in a MarkupError, "[pdf] Report" lose its "[pdf]".
-    linked = table("Most linked pages", "url", "title", "in-links")
-    for url, title, n in report.top_linked:
-        linked.add_row(Text(url), Text((title or "")[:40]), str(n))
-    parts: list[Table] = [status, outcomes, domains, languages, linked]
     if report.top_shared:
         shared = table("Most shared pages (fediverse)", "url", "title", "shares", "instances")
         for url, title, n, instances in report.top_shared:
@@ -177,8 +203,22 @@ def render(report: Report, console: Console) -> None:
         for raw, why in report.rejected_seeds:
             rejected.add_row(Text(raw[:60]), Text(why))
         parts.append(rejected)
+    if report.since is None:
+        console.print(Text("All crawls", style="bold"))
+    else:
+        began = report.since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        console.print(Text(f"Since this crawl began ({began} UTC)", style="bold"))
     console.print(Group(*[p for t in parts for p in (t, "")]))
-    console.print(f"{report.links} links in the citation graph.")
+    linked = table("Most linked pages", "url", "title", "in-links")
+    for url, title, n in report.top_linked:
+        linked.add_row(Text(url), Text((title or "")[:40]), str(n))
+    # The graph and the timelines' totals are the database's, earlier crawls' included.
+    console.print(Text("All crawls in this database", style="bold"))
+    console.print(Group(linked, ""))
+    console.print(
+        f"{report.links} links in the citation graph; {report.linked_only} pages linked "
+        "only (not crawled)."
+    )
     timelines, posts, links, skipped = report.followed
     if timelines or posts:
         console.print(

@@ -34,6 +34,9 @@ from trove_stack.processes import Child
 SERVICES_FILE = "services.json"
 #: Restarts kept per process in ``services.json`` (the log has them all).
 HISTORY = 10
+#: Doublings of the delay, at most: the cap is reached long before, and past 1,024 exits
+#: in a row (a service that cannot start, for a day) the power would overflow the float.
+MAX_DOUBLINGS = 32
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,7 +53,8 @@ class RestartPolicy:
 
     def delay(self, failures: int) -> float:
         """The wait before the restart that follows the ``failures``-th exit in a row."""
-        return min(self.first_delay * self.factor ** max(failures - 1, 0), self.max_delay)
+        doublings = min(max(failures - 1, 0), MAX_DOUBLINGS)
+        return min(self.first_delay * self.factor**doublings, self.max_delay)
 
 
 DEFAULT_RESTART_POLICY = RestartPolicy()

@@ -1,5 +1,5 @@
 """`trove crawl` on a state folder kept from earlier crawls counts this crawl's pages and
-reports the seeds it refused."""
+reports what it did: its attempts and the seeds it refused, apart from every crawl's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls
-from tests.support import services
+from tests.support import sandbox_env, services
 from trove_cli.main import watch_crawl
+from trove_sandbox.server import serve_sandbox
+from trove_sandbox.web import SandboxWeb
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -75,3 +77,73 @@ async def test_the_report_lists_the_seeds_this_crawl_refused_not_those_of_earlie
     assert "Rejected seeds" in printed
     assert "ftp://refused.example/" in printed
     assert "old.example" not in printed
+
+
+async def test_the_report_counts_this_crawls_attempts_and_heads_the_rest_as_all_crawls(
+    stack: StackUrls,
+    engine: AsyncEngine,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A month of earlier crawls in the folder: its pages, attempts and shares were
+    # reported as this crawl's, under this crawl's bar.
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, status, language, discovered_at) "
+                "SELECT 'https://old.example/' || n, 'old.example', 'fetched', 'xx-old', "
+                "now() - interval '30 days' FROM generate_series(1, 5) AS n"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO page_crawls (page_id, domain, outcome, started_at, completed_at, "
+                "duration_ms, event_id) SELECT id, domain, 'timeout', "
+                "now() - interval '30 days', now() - interval '30 days', 10, "
+                "gen_random_uuid() FROM pages"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO page_shares (url, post_uri, instance, account, first_seen_at) "
+                "VALUES ('https://old.example/1', 'https://social.example/p/1', "
+                "'https://social.example', 'someone', now() - interval '30 days')"
+            )
+        )
+    web = SandboxWeb.generate(hosts=1, pages_per_host=3, base_ip="127.0.0.220")
+    monkeypatch.setenv("COLUMNS", "200")
+    async with (
+        serve_sandbox(web) as running,
+        services(stack, state_dir, sandbox_env(web, gap=0.2)),
+    ):
+        code = await watch_crawl(
+            nats_url=stack.nats_url,
+            database_url=stack.database_url,
+            seeds=running.seeds,
+            until_idle=True,
+            max_pages=None,
+            timeout=120.0,
+        )
+    printed = capsys.readouterr().out
+    assert code == 0
+    this_crawl, heading, every_crawl = printed.partition("All crawls in this database")
+    assert heading, printed
+    assert "Since this crawl began" in this_crawl
+    host = web.hosts[0].name
+    async with engine.connect() as conn:
+        fetched = (
+            await conn.execute(
+                text("SELECT count(*) FROM pages WHERE domain = :d AND status = 'fetched'"),
+                {"d": host},
+            )
+        ).scalar_one()
+    assert fetched >= 3
+    by_status = this_crawl.split("Pages by status")[1].split("Crawls by outcome")[0]
+    row = next(line for line in by_status.splitlines() if line.startswith("fetched"))
+    assert row.replace("│", " ").split() == ["fetched", str(fetched)]
+    assert host in this_crawl
+    for earlier in ("old.example", "timeout", "xx-old"):
+        assert earlier not in this_crawl
+    assert "Most linked pages" in every_crawl
+    assert "links in the citation graph" in every_crawl

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,54 @@ def test_a_local_stack_leaves_the_lifeline_it_did_not_start(
     finally:
         borrowed.release()
         lifeline.current = before
+
+
+def _without_trove_settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [("https://blog.example/",), ("--follow", "https://social.example"), ("--join",)],
+    ids=["a real seed", "an instance", "a stack of yours"],
+)
+async def test_a_sandbox_crawl_crawls_nothing_but_the_sandbox(
+    tmp_path: Path, given: tuple[str, ...]
+) -> None:
+    # Its fetcher runs at a 1 s gap with the sandbox's loopback addresses open: a real
+    # site, an instance or a production frontier would be fetched that way too.
+    env = {**_without_trove_settings(), "TROVE_STATE_DIR": str(tmp_path / "state")}
+    if "--join" in given:
+        # A production cluster's servers, through a port-forward (here: closed ports).
+        closed = free_port()
+        env["TROVE_NATS_URL"] = f"nats://127.0.0.1:{closed}"
+        env["TROVE_DATABASE_URL"] = f"postgresql+asyncpg://trove@127.0.0.1:{closed}/trove"
+
+    code, out = await run_trove(
+        "crawl", "--sandbox", "--timeout", "1", *given, env=env, timeout=120
+    )
+
+    assert code == 2, out
+    assert "--sandbox crawls the sandbox web alone" in " ".join(out.split())
+    assert not (tmp_path / "state").exists()
+
+
+async def test_a_sandbox_crawl_keeps_its_state_apart_from_a_real_crawls(tmp_path: Path) -> None:
+    # `make run` (a fresh sandbox crawl) in a checkout where `trove up` has crawled for
+    # months, in the default .trove: that crawl and its event record are left alone.
+    kept = tmp_path / ".trove" / "nats" / "record"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("months of crawling")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "crawl", "--sandbox", "--fresh", "--timeout", "1",
+        cwd=tmp_path, env=_without_trove_settings(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=180)
+    printed = out.decode()
+
+    assert proc.returncode == 1, printed  # stopped by its timeout, not idle
+    assert "state in .trove-sandbox" in printed
+    assert kept.read_text() == "months of crawling"
+    assert sorted(p.name for p in (tmp_path / ".trove").iterdir()) == ["nats"]
+    assert (tmp_path / ".trove-sandbox" / "postgres").is_dir()

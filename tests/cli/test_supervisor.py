@@ -6,6 +6,7 @@ import asyncio
 import io
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -17,8 +18,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.support import run_trove, sandbox_env
-from trove_cli.local import SERVICES, LocalTrove
+from tests.support import ready, run_trove, sandbox_env
+from trove_cli.local import SERVICES, LocalTrove, http_ports
 from trove_cli.main import restart_policy, watch_crawl
 from trove_cli.status import Status, render_status
 from trove_cli.supervisor import (
@@ -44,12 +45,14 @@ async def supervised(
     env: Mapping[str, str] | None = None,
     *,
     only: tuple[str, ...] = ("discovery",),
+    fetchers: int = 1,
 ) -> AsyncIterator[LocalTrove]:
     local = LocalTrove(
         state_dir=state,
         nats_url=stack.nats_url,
         database_url=stack.database_url,
         services=only,
+        fetchers=fetchers,
         service_env=env or {},
         restart_policy=policy,
     )
@@ -78,6 +81,14 @@ async def restarted(local: LocalTrove, times: int, process: str = PROCESS) -> Pr
 def test_the_delay_doubles_up_to_its_cap() -> None:
     policy = RestartPolicy(first_delay=0.5, factor=2.0, max_delay=3.0)
     assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+
+
+def test_the_delay_stays_at_its_cap_after_thousands_of_exits_in_a_row() -> None:
+    # A service that cannot start exits within a second: at 1,025 exits in a row the
+    # power overflowed, and the supervisor stopped restarting it (and the ones after it).
+    policy = RestartPolicy(first_delay=1.0, factor=2.0, max_delay=60.0)
+    assert policy.delay(2000) == 60.0
+    assert policy.delay(10**9) == 60.0
 
 
 async def test_a_killed_service_is_restarted_and_trove_status_shows_it(
@@ -256,3 +267,47 @@ def test_the_restart_policy_comes_from_trove_settings() -> None:
     policy = restart_policy(settings)
     assert (policy.first_delay, policy.max_delay, policy.reset_after) == (0.5, 8.0, 10.0)
     assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports nobody listens on."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            first: int = sock.getsockname()[1]
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+
+
+async def test_each_service_process_serves_health_and_metrics_on_a_port_of_its_own(
+    stack: StackUrls, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `TROVE_HTTP_PORT=8080 trove up --fetchers 2`, or compose's cli service (whose
+    # environment sets it): every process bound the one port, and all but the first
+    # exited at once, to be restarted for ever.
+    first = free_ports(4)
+    monkeypatch.setenv("TROVE_HTTP_PORT", str(first))
+    policy = RestartPolicy(first_delay=0.2, poll_interval=0.05)
+    async with supervised(stack, state_dir, policy, only=SERVICES, fetchers=2) as local:
+        for port in range(first, first + 4):
+            await ready(port)
+        states = local.process_states()
+    assert local.ports == {
+        "recorder-0": first,
+        "discovery-0": first + 1,
+        "fetcher-0": first + 2,
+        "fetcher-1": first + 3,
+    }
+    assert {name: state.restarts for name, state in states.items()} == dict.fromkeys(local.ports, 0)
+
+
+def test_a_port_range_past_the_last_port_is_refused_before_anything_starts() -> None:
+    with pytest.raises(StackError, match="TROVE_HTTP_PORT=65534: the 3 service processes"):
+        http_ports(["recorder-0", "discovery-0", "fetcher-0"], "65534")
+    assert http_ports(["recorder-0", "fetcher-0"], "0") == {}
+    assert http_ports(["recorder-0", "fetcher-0"], "") == {}

@@ -74,22 +74,19 @@ async def test_a_plain_text_seed_published_like_the_nats_cli_is_crawled_and_reco
 async def test_trove_crawl_fetches_and_records_every_sandbox_page(
     stack: StackUrls, engine: AsyncEngine, tmp_path: Path
 ) -> None:
-    """What `make run` does, pointed at the session's servers so the tables can be read after."""
-    env = {
-        **os.environ,
-        "TROVE_NATS_URL": stack.nats_url,
-        "TROVE_DATABASE_URL": stack.database_url,
-        "TROVE_STATE_DIR": str(tmp_path / "state"),
-        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.5",
-    }
-    code, report = await run_trove(
-        "crawl", "--sandbox", "--join", "--until-idle", "--timeout", "240", env=env, timeout=300
-    )
+    """What `make run` does, the sandbox served here and crawled by services joined to the
+    session's servers (`--sandbox` takes no servers), so the tables can be read after."""
+    web = SandboxWeb.generate()
+    async with serve_sandbox(web) as running:
+        env = {**on_the_stack(stack, tmp_path), **sandbox_env(web, gap=0.5)}
+        code, report = await run_trove(
+            "crawl", "--join", "--until-idle", "--timeout", "240", *running.seeds,
+            env=env, timeout=300,
+        )  # fmt: skip
     assert code == 0, report
     assert "Pages by status" in report
     assert "Crawls by outcome" in report
 
-    web = SandboxWeb.generate()
     # Every HTML page, and each host's feed: feeds linked from pages are fetched as pages.
     expected = web.expected_pages() | {web.url(h.name, "/feed.xml") for h in web.hosts}
     port_free = {_without_port(u) for u in expected}
@@ -212,15 +209,12 @@ async def test_a_crawl_whose_seeds_are_all_refused_ends_at_once(
 async def test_a_crawl_until_idle_stopped_by_its_timeout_exits_1(
     stack: StackUrls, tmp_path: Path
 ) -> None:
-    code, report = await run_trove(
-        "crawl",
-        "--sandbox",
-        "--join",
-        "--until-idle",
-        "--timeout",
-        "1",
-        env=on_the_stack(stack, tmp_path),
-        timeout=120,
-    )
+    web = SandboxWeb.generate()
+    async with serve_sandbox(web) as running:
+        env = {**on_the_stack(stack, tmp_path), **sandbox_env(web, gap=0.5)}
+        code, report = await run_trove(
+            "crawl", "--join", "--until-idle", "--timeout", "1", *running.seeds,
+            env=env, timeout=120,
+        )  # fmt: skip
     assert code == 1, report
     assert "not idle yet" in report
