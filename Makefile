@@ -38,7 +38,7 @@ install: $(STAMP)
 
 run: $(STAMP)
 ifeq ($(strip $(SEEDS)),)
-	$(BIN)/trove crawl --sandbox --fediverse 40 --fresh --until-idle
+	TROVE_STATE_DIR=.trove-sandbox $(BIN)/trove crawl --sandbox --fediverse 40 --fresh --until-idle
 else
 	$(BIN)/trove crawl --until-idle $(call sh_words,$(value SEEDS))
 endif

@@ -81,8 +81,11 @@ async def build_report(
     async with engine.connect() as conn:
         rows = await conn.execute(
             text(
+                # Pages crawled since, and those discovered since and not crawled yet (a
+                # crawl stopped by its page limit or its timeout left them queued).
                 "SELECT status, count(*) FROM pages WHERE id IN (SELECT page_id FROM "
-                "page_crawls WHERE completed_at >= :since) GROUP BY status ORDER BY status"
+                "page_crawls WHERE completed_at >= :since) OR discovered_at >= :since "
+                "GROUP BY status ORDER BY status"
             ),
             window,
         )

@@ -3,6 +3,7 @@ reports what it did: its attempts and the seeds it refused, apart from every cra
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.conftest import StackUrls
 from tests.support import sandbox_env, services
 from trove_cli.main import watch_crawl
+from trove_cli.report import build_report
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 
@@ -147,3 +149,24 @@ async def test_the_report_counts_this_crawls_attempts_and_heads_the_rest_as_all_
         assert earlier not in this_crawl
     assert "Most linked pages" in every_crawl
     assert "links in the citation graph" in every_crawl
+
+
+@pytest.mark.usefixtures("clean")
+async def test_the_report_counts_the_pages_a_crawl_found_and_did_not_get_to(
+    engine: AsyncEngine,
+) -> None:
+    # A crawl stopped by its page limit or its timeout left pages queued: they are its
+    # work too; a page found before it began and never crawled is not.
+    began = datetime.now(UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, status, discovered_at) VALUES "
+                "('https://queued.example/a', 'queued.example', 'discovered', :after), "
+                "('https://queued.example/b', 'queued.example', 'discovered', :after), "
+                "('https://queued.example/c', 'queued.example', 'discovered', :before)"
+            ),
+            {"after": began + timedelta(seconds=5), "before": began - timedelta(days=3)},
+        )
+    report = await build_report(engine, since=began)
+    assert report.pages_by_status == {"discovered": 2}
