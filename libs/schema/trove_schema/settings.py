@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trove_schema.errors import TroveError
@@ -23,16 +23,23 @@ from trove_schema.exclusions import read_rules, read_rules_file
 
 PREFIX = "TROVE_"
 
-#: The longest any duration setting may be: a century. Ages and TTLs go to JetStream as
+#: The longest any duration setting is: a century. Ages and TTLs go to JetStream as
 #: int64 nanoseconds (292 years at most; the seen TTL's default, twice the longest
 #: re-crawl interval, still fits), and a retention's cut-off (now less its window) is a
-#: datetime, which starts at year 1: a longer value would pass every other check and
-#: then stop a service at start, or a retention at every pass.
+#: datetime, which starts at year 1: a longer value passed every other check and then
+#: stopped a service at start, or a retention at every pass.
 MAX_DURATION_SECONDS = 100 * 365 * 86_400.0
 
+
+def _at_most_a_century(seconds: float) -> float:
+    # Read as a century rather than refused: a row of nines was how an operator said
+    # "for ever" where 0 did not (the audit's retention), and such a setting started.
+    return min(seconds, MAX_DURATION_SECONDS)
+
+
 #: A duration setting, in seconds; each field adds its lower bound. A field with a
-#: tighter upper bound of its own stays a plain float: of two, the last would win.
-Seconds = Annotated[float, Field(le=MAX_DURATION_SECONDS)]
+#: tighter upper bound of its own stays a plain float.
+Seconds = Annotated[float, AfterValidator(_at_most_a_century)]
 
 
 class UnknownSetting(TroveError):
@@ -306,7 +313,7 @@ class FetcherSettings(CommonSettings):
     robots_ttl_seconds: float = Field(default=86_400.0, ge=1.0, le=86_400.0)
     #: The most of a robots.txt read (RFC 9309 2.5: 500 KiB at least; the rules after the
     #: cut are not obeyed). The fetcher keeps it within what its bucket takes.
-    robots_max_bytes: int = Field(default=512 * 1024, ge=500 * 1024)
+    robots_max_bytes: int = Field(default=512 * 1024, ge=1024)
     #: CIDRs the fetcher may connect to although private (tests, the local sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
     #: Extra host -> IP mappings (the sandbox's names); "host=ip,host=ip".

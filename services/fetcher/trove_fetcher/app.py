@@ -76,18 +76,27 @@ async def _message_limit(bus: Bus, configured: int) -> int:
 ROBOTS_RECORD_OVERHEAD = MAX_URL_LENGTH + 1024
 
 
+#: What RFC 9309 (2.5) asks a crawler to read of a robots.txt at least: the rules past a
+#: shorter cut, Disallow lines for TroveBot among them, would not be obeyed.
+ROBOTS_AT_LEAST = 500 * 1024
+
+
 def _robots_limit(bus: Bus, configured: int) -> int:
-    """The most of a robots.txt this pod reads: ``TROVE_ROBOTS_MAX_BYTES``, or less when
-    the server's ``max_payload`` would refuse the record it is cached in: a file read
-    past it could not be cached, and every page of its host would ask for it again."""
-    limit = min(configured, bus.nc.max_payload - ROBOTS_RECORD_OVERHEAD)
-    if limit < configured:
+    """The most of a robots.txt this pod reads: ``TROVE_ROBOTS_MAX_BYTES``, 500 KiB at
+    least, and less when the server's ``max_payload`` would refuse the record it is
+    cached in: a file read past it could not be cached, and every page of its host
+    would ask for it again."""
+    wanted = max(configured, ROBOTS_AT_LEAST)
+    limit = min(wanted, bus.nc.max_payload - ROBOTS_RECORD_OVERHEAD)
+    if limit != configured:
         log.warning(
-            "robots.txt is read up to %d bytes, not TROVE_ROBOTS_MAX_BYTES=%d: the server "
-            "takes no larger record to cache it in%s",
+            "robots.txt is read up to %d bytes, not TROVE_ROBOTS_MAX_BYTES=%d: %s",
             limit,
             configured,
-            " (less than the 500 KiB RFC 9309 asks for)" if limit < 500 * 1024 else "",
+            "RFC 9309 asks for 500 KiB at least"
+            if limit == wanted
+            else "the server takes no larger record to cache it in"
+            + (" (less than the 500 KiB RFC 9309 asks for)" if limit < ROBOTS_AT_LEAST else ""),
         )
     return limit
 
