@@ -796,3 +796,29 @@ async def scheduled_work(bus: Bus) -> list[Msg]:
             Msg(_client=bus.nc, subject=subject, data=stored.data or b"", headers=stored.headers)
         )
     return found
+
+
+async def test_a_redirect_hop_whose_robots_txt_expired_during_the_request_does_not_go_out(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """robots.txt judged the page when it was asked for and expired before its answer, a
+    redirect, came: the hop is not sent unjudged; the attempt fails, to be tried again."""
+    clock = MovedClock()
+
+    def up(ex: Any) -> None:
+        clock.ahead += DEFAULT_TTL  # the day passes while the page answers
+        ex.redirect("/next")
+
+    server.routes[f"{HOST}/up"] = up
+    server.routes[f"{HOST}/next"] = lambda ex: ex.send(200, b"<p>next</p>")
+    fetcher = await fetcher_on(bus, client, clock=clock)
+    first, page = work(server), work(server, "/up")
+    try:
+        await fetcher.process(Job(first), first.to_wire())  # robots.txt, then the page
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    events = await Completions(bus.js).wait_for(2, timeout=10)
+    assert events[page.url].outcome is CrawlOutcome.FAILED
+    assert "robots.txt expired" in (events[page.url].error_message or "")
+    assert server.requests_to("/next", HOST) == []

@@ -766,9 +766,13 @@ class Fetcher:
         no (``RobotsUnavailable``): the attempt fails and is tried again, as a page's
         would."""
         policy = await self._hop_robots(url, page)
-        if policy is not None and policy.temporary:
+        if policy is None:
+            # The page's was known when it was asked for: it expired during the request.
+            # Unjudged, the hop does not go out.
+            raise RobotsUnavailable("robots.txt expired while the page was asked for")
+        if policy.temporary:
             raise RobotsUnavailable(policy.error or "disallow all for now")
-        return policy is None or self._robots_allows(policy, url)
+        return self._robots_allows(policy, url)
 
     async def _hop_robots(self, url: str, page: str) -> RobotsPolicy | None:
         """The robots.txt a hop of ``page`` to ``url`` is judged by. A hop from http to
