@@ -551,6 +551,25 @@ async def test_a_value_that_showed_another_values_page_lets_another_probe_out(bu
     assert (await discovery.url_rules.rules_for("site.example")).names == {"ref"}
 
 
+async def test_a_name_whose_every_value_shows_one_page_holds_no_link_back_for_long(
+    bus: Bus,
+) -> None:
+    # Every ?next= of a sign-in form shows the one form, never fetched without it: each
+    # value is a try that teaches nothing. After a few the name is decided, unlearned,
+    # and a page's links that carry it all go out as they are, none held for it.
+    discovery = await replica(bus, holds=Holds(first=30.0, rounds=3))
+    form = hashlib.sha256(b"Sign in to continue").hexdigest()
+    for value in "abcd":
+        signin = page(f"/login?next=/{value}", canonical="/login")
+        await handle(discovery, bus, signin.model_copy(update={"content_hash": form}))
+    before = set(await discovered(bus))
+    links = ("/login?next=/x", "/login?next=/y", "/login?next=/z")
+    await handle(discovery, bus, page("/account", links=links))
+    assert set(await discovered(bus)) - before == {SITE + link for link in links}
+    assert discovery.url_rules is not None
+    assert not await discovery.url_rules.rules_for("site.example")
+
+
 #: A sample of four: a learned name is put to the test after four fetches of its host.
 SMALL = AliasLimits(max_samples=4)
 

@@ -29,20 +29,22 @@ Values count as different only where their pages do: two values that showed one 
 the same page, which no fetch showed to be the page without the parameter, are one
 confirmation (a shop's withdrawn ``?id=101`` and ``?id=102``, both "Product not found"
 under the template's canonical, say nothing of ``?id=7``); a tracking parameter shows
-the page without it. The second is no fetch of the name at all: the name stays
-undecided, so that a value on another page still decides it (``?id=7``, a lamp, says
-``id`` changes the page; ``/post/8?ref=latest`` after ``/post/9``'s two ``?ref=`` that
-``ref`` does not). Once content showed that a name changes the page, the host's
-canonical says nothing of any of its values either: only a page equal to the one
-without the value confirms it.
+the page without it. The second is a fetch of the name that adds no value: the name
+stays undecided for up to twice the fetches a rule needs, so that a value on another
+page still decides it (``?id=7``, a lamp, says ``id`` changes the page;
+``/post/8?ref=latest`` after ``/post/9``'s two ``?ref=`` that ``ref`` does not); one
+whose every value shows one page is decided then, unlearned. Once content showed that
+a name changes the page, the host's canonical says nothing of any of its values
+either: only a page equal to the one without the value confirms it.
 
 A learned name is put to the test again (``Probe``): after ``AliasLimits.max_samples``
 fetches of the host, one spelling that carries it, linked from the page fetched then,
 is let through ``rewrite`` as it is, and its fetch is evidence like any other, which
-may un-learn the name. One is out at a time, for ``max_samples`` fetches of the host at
-most: one not come back by then was most likely never sent (known already, past the
-crawl's depth), and another is chosen at once. The wait doubles with each probe the name
-comes through, up to ``max_samples`` times itself.
+may un-learn the name. One is out at a time, until it comes back however late (a new
+page is fetched behind its host's whole queue), or for ``max_samples`` times
+``max_samples`` fetches of the host at most (one never sent, known already, must not
+stop the tests for ever). The wait doubles with each probe the name comes through, up
+to ``max_samples`` times itself.
 
 Pure: the record is a value, ``observe`` returns the next one, ``rewrite`` applies its
 ``rules``. Discovery keeps one record per host in the ``trove_url_rules`` bucket.
@@ -160,10 +162,10 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
     """What in ``url`` (rewritten) the host's record cannot yet say is an alias or not.
 
     A parameter name never contradicted, an index file name with a style still open,
-    while fewer fetches carried it than a rule needs (one whose value showed another
-    value's page is none): the keys a fetch of ``url`` may still teach. Once that many
-    were fetched and it is not learned, waiting for more would teach nothing sooner;
-    untrackable names count as decided too.
+    while fewer fetches carried it than a rule needs (``_open``; a value that showed
+    another value's page counts for less): the keys a fetch of ``url`` may still teach.
+    Once that many were fetched and it is not learned, waiting for more would teach
+    nothing sooner; untrackable names count as decided too.
     """
     if not could_alias(url):
         return []
@@ -184,7 +186,7 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
             if candidate is None and not trackable:
                 continue
             candidate = candidate or Candidate()
-            if not candidate.contradicted and candidate.tried() < limits.confirmations:
+            if not candidate.contradicted and _open(candidate, limits):
                 found.append(key)
     name = spelling.path[spelling.path.rfind("/") + 1 :]
     if name in INDEX_NAMES:
@@ -202,18 +204,32 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
 def untaught(
     before: HostAliases, after: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMITS
 ) -> list[str]:
-    """The parameter names of ``url`` its fetch (``before`` -> ``after``) left undecided as
-    they were: a value that showed another value's page. A probe spent on them taught
-    nothing, and another spelling may go out in its place. None for a fetch observed
-    already (``after`` is ``before``)."""
+    """The parameter names of ``url`` its fetch (``before`` -> ``after``) tried without
+    a value and left undecided: a value that showed another value's page. A probe spent
+    on them taught nothing, and another spelling may go out in its place, until the
+    name is closed (``_open``). None for a fetch observed already (``after`` is
+    ``before``)."""
     if after is before:
         return []
-    kept = before.candidates
+    was, now = before.candidates, after.candidates
     return [
         key
         for key in undecided(after, url, limits)
-        if key.startswith(NAME) and key in kept and kept[key] == after.candidates.get(key)
+        if key.startswith(NAME)
+        and (now.get(key) or Candidate()).echoed > (was.get(key) or Candidate()).echoed
     ]
+
+
+def _open(candidate: Candidate, limits: AliasLimits) -> bool:
+    """Whether a parameter name's fetches may still teach it: fewer than a rule needs
+    said something or nothing, and fewer than twice that carried it at all. A value that
+    showed another value's page (``echoed``) counts only in the latter, so that another
+    page's value still decides the name; and a name whose every value shows one page is
+    closed, unlearned, rather than holding its links back for ever."""
+    return (
+        candidate.confirmed + candidate.silent < limits.confirmations
+        and candidate.tried() < 2 * limits.confirmations
+    )
 
 
 def _ignored(rules: Rules, parameter: str) -> bool:
@@ -260,10 +276,13 @@ class Candidate:
     #: For a parameter name contradicted: whether content showed it changes the page
     #: (a canonical that dropped it then says nothing of any of its values either).
     by_content: bool = False
+    #: For a parameter name: fetches of another value that showed a confirmed value's
+    #: page, never shown to be the page without it (``_one_page``), so added no value.
+    echoed: int = 0
 
     def tried(self) -> int:
         """Fetches that carried the key (a pair's confirmations count in its name's)."""
-        return self.confirmed + self.silent
+        return self.confirmed + self.silent + self.echoed
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,12 +292,11 @@ class Probe:
     Learned from two pages, a name is never fetched again: every spelling that carries
     it is rewritten before the seen check, so nothing could contradict it. One spelling
     at a time goes out as it is, chosen among the links of the page fetched when the
-    wait is over; the wait starts again when its fetch comes back. One that has not come
-    back within ``max_samples`` fetches of the host is given up for another, chosen then.
+    wait is over; the wait starts again when its fetch comes back, or when it never did.
     """
 
     #: Fetches of the host before a probe is chosen, or, while ``url`` is out, before it
-    #: is given up.
+    #: is given up (``_longest_wait``).
     wait: int
     #: Probes the name came through; each doubles the wait (``_probe_wait``).
     passed: int = 0
@@ -325,13 +343,10 @@ class HostAliases:
         for key, c in self.candidates.items():
             # 2: contradicted by content (a release before reads any true value alike).
             entry: list[Any] = [c.confirmed, 2 if c.by_content else int(c.contradicted)]
-            if c.values or c.silent or c.proofs:
-                entry.append(list(c.values))
-            if c.silent or c.proofs:
-                entry.append(c.silent)
-            if c.proofs:
-                entry.append(list(c.proofs))
-            candidates[key] = entry
+            optional: list[Any] = [list(c.values), c.silent, list(c.proofs), c.echoed]
+            while optional and not optional[-1]:
+                optional.pop()
+            candidates[key] = entry + optional
         body: dict[str, Any] = {
             "c": candidates,
             "s": [list(s) for s in self.samples],
@@ -356,6 +371,7 @@ class HostAliases:
                     int(entry[3]) if len(entry) > 3 else 0,
                     tuple(str(p) for p in (entry[4] if len(entry) > 4 else ())),
                     entry[1] == 2,
+                    int(entry[5]) if len(entry) > 5 else 0,
                 )
                 for key, entry in body.get("c", {}).items()
             }
@@ -642,7 +658,7 @@ def _hush(candidates: dict[str, Candidate], key: str, limits: AliasLimits) -> No
             return
         old = Candidate()
     if not old.contradicted:
-        candidates[key] = Candidate(old.confirmed, False, old.values, old.silent + 1, old.proofs)
+        candidates[key] = replace(old, silent=old.silent + 1)
 
 
 def _vote(
@@ -710,13 +726,14 @@ def _count(
     values, proofs = old.values, old.proofs
     if value is not None and value not in values and len(values) < limits.confirmations:
         if _one_page(proof, proofs):
-            # No second value, nor a fetch that decides the name: the key stays open, so
-            # that a value on another page (a probe) may still teach it.
+            # No second value, nor a fetch that decides the name: the key stays open a
+            # while (``_open``), so that a value on another page (a probe) may teach it.
+            candidates[key] = replace(old, echoed=old.echoed + 1)
             return
         # Proofs stay in step with the values (an unknown one as ""), so each is its own.
         proofs = (*proofs, *([""] * (len(values) - len(proofs))), proof or "")
         values = (*values, value)
-    candidates[key] = Candidate(old.confirmed + 1, False, values, old.silent, proofs)
+    candidates[key] = replace(old, confirmed=old.confirmed + 1, values=values, proofs=proofs)
 
 
 def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> bool:
@@ -785,14 +802,18 @@ def _next_probes(
             found[key] = Probe(_probe_wait(passed, limits), passed)
         elif probe.wait > 1:
             found[key] = replace(probe, wait=probe.wait - 1)
+        elif probe.url:
+            # Never come back (known already, refused, failed): a wait again before the
+            # next, so that two are never out at once.
+            found[key] = Probe(_probe_wait(probe.passed, limits), probe.passed)
         else:
-            # Due, or out a sample's worth of fetches and never come back: most such were
-            # never sent (known already, past the crawl's depth or the host's budget) and
-            # never will be, so another is chosen now, among the page's other links.
             rules = rules if rules is not None else HostAliases(candidates).rules(limits)
-            offered = tuple(link for link in links if link != probe.url)
-            chosen = _choose_probe(key[len(NAME) :], rules, fetched.host, samples, offered, limits)
-            wait = limits.max_samples if chosen else 0
+            chosen = _choose_probe(key[len(NAME) :], rules, fetched.host, samples, links, limits)
+            # Out until it comes back, or for the longest wait: a new page, it is fetched
+            # behind the host's whole queue (one given up sooner would come back compared
+            # with nothing, while another is out), and one never fetched (known already)
+            # must not block for ever.
+            wait = _longest_wait(limits) if chosen else 0
             found[key] = Probe(wait, probe.passed, *(chosen or ("", "")))
     return found
 
