@@ -14,6 +14,17 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.fetcher._pods import (
+    HOSTS,
+    POD_A,
+    POD_B,
+    agent,
+    fetcher_pod,
+    hold_work,
+    stalled_env,
+    stalled_site,
+    still_held,
+)
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -60,39 +71,47 @@ async def test_sigterm_mid_crawl_exits_in_time_and_loses_nothing(
     stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
 ) -> None:
     gap = 0.3
-    web = SandboxWeb.generate(hosts=3, pages_per_host=8, base_ip="127.0.0.190")
-    for host in web.hosts:
-        web.set_robots(host.name, "User-agent: *\nAllow: /\n")
-    async with (
-        serve_sandbox(web) as running,
-        # What the leaving pod held unfinished comes back to the other one after the
-        # ack wait: well within the wait for every page below.
-        services(
-            stack, state_dir, sandbox_env(web, gap, TROVE_ACK_WAIT_SECONDS="20"), fetchers=2
-        ) as local,
-    ):
-        urls = [u for h in web.hosts for u in [web.url(h.name, "/"), *web.articles(h.name)]]
-        await publish_work(bus, urls)
+    # Longer than this test waits for every page: what the leaving pod held and the other
+    # one fetched was handed back, not given out again once the ack wait expired.
+    env = stalled_env("127.0.0.190", gap, TROVE_ACK_WAIT_SECONDS="120")
+    with stalled_site("127.0.0.190") as site:
+        urls = [site.stalled, *site.waiting]
+        async with (
+            services(stack, state_dir, env, only=("recorder",)) as recorder,
+            fetcher_pod(stack, state_dir, env, POD_A) as pod_a,
+        ):
+            await hold_work(bus, site, POD_A)
+            async with fetcher_pod(stack, state_dir, env, POD_B) as pod_b:
+                await still_held(bus, site, POD_A)
+                (leaving,) = pod_a.children
+                pod_a.children.remove(leaving)  # not to be restarted
+                asked = time.monotonic()
+                leaving.proc.send_signal(signal.SIGTERM)
 
-        async def recorded() -> dict[str, str]:
-            return await outcomes(engine)
+                async def fetched_by_the_other() -> list[str]:
+                    return [url for url in site.waiting if agent(POD_B) in site.senders(url)]
 
-        await eventually(recorded, until=lambda r: len(r) >= 4, timeout=60, what="a start")
-        leaving = next(c for c in local.children if c.name == "fetcher-0")
-        asked = time.monotonic()
-        leaving.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(leaving.proc.wait, 30)
-        took = time.monotonic() - asked
-        local.children.remove(leaving)
+                # The page it is asking for is still stalled: the pages it held unstarted
+                # can only have reached the other pod by its handing them back.
+                await eventually(
+                    fetched_by_the_other, until=bool, timeout=30, what="a held page fetched"
+                )
+                site.release.set()
+                code = await asyncio.to_thread(leaving.proc.wait, 30)
+                took = time.monotonic() - asked
 
-        # Every page's latest attempt (an exploring one is followed by another).
-        result = await eventually(
-            recorded,
-            until=lambda r: len(r) == len(urls) and set(r.values()) == {"success"},
-            timeout=90,
-            what="every page",
-        )
-        witness = running.witness
+                async def recorded() -> dict[str, str]:
+                    recorder.check_alive()
+                    pod_b.check_alive()
+                    return await outcomes(engine)
+
+                # Every page's latest attempt (an exploring one is followed by another).
+                result = await eventually(
+                    recorded,
+                    until=lambda r: len(r) == len(urls) and set(r.values()) == {"success"},
+                    timeout=60,
+                    what="every page",
+                )
     assert code == 0
     assert took < 30, f"took {took:.1f}s to stop"
     assert set(result.values()) == {"success"}
@@ -100,8 +119,13 @@ async def test_sigterm_mid_crawl_exits_in_time_and_loses_nothing(
     sql = "SELECT count(*) AS n FROM page_crawls WHERE outcome = 'success'"
     (row,) = await query(engine, sql)
     assert row.n == len(urls)
-    for host in web.hosts:
-        assert (witness.min_gap(host.name) or gap) >= gap
+    # It finished the page it was asking for (a host's first page is never asked by an
+    # exploring strategy, so once); every page it held went to the other pod.
+    assert site.senders(site.stalled) == [agent(POD_A)]
+    for url in site.waiting:
+        assert set(site.senders(url)) == {agent(POD_B)}, url
+    for host in HOSTS:
+        assert (site.server.min_gap(host) or gap) >= gap
 
 
 def _packages_loaded(imports: str, packages: set[str]) -> str:

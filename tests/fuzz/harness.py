@@ -12,7 +12,8 @@ What must hold at the end of a round (``Report.problems`` lists what did not):
 * every seed message's rejections are rows of ``seed_rejections``, each with a reason,
   no more and no fewer than discovery's parser gives for it;
 * every URL a seed message was accepted with was crawled: its attempt is recorded;
-* every hostile page was fetched exactly once (no retry: the retry delay is an hour);
+* every hostile page was fetched exactly once, as the server counts its requests (no
+  retry: the retry delay is an hour), or twice when it was asked again another way;
 * nothing discovered is left unanswered, nothing is parked (``TROVE_DEAD`` is empty),
   every service is still running, and no service logged an error or a traceback.
 """
@@ -38,7 +39,14 @@ from tests.support import send, services
 from trove_discovery.seeds import parse_seeds
 from trove_schema.bus import Bus
 from trove_schema.settings import DiscoverySettings
-from trove_schema.topology import DEAD_STREAM, SEEDS_SUBJECT
+from trove_schema.topology import (
+    DEAD_STREAM,
+    EVENTS_STREAM,
+    FETCHER,
+    FETCHER_DEFERRED,
+    SEEDS_SUBJECT,
+    WORK_STREAM,
+)
 
 
 @dataclass
@@ -195,11 +203,37 @@ async def fuzz_round(
                     interval=0.5,
                     what=f"{expected_rejections} rejections and {len(accepted)} crawled seeds",
                 )
-                await _judge(report, engine, stack, accepted, page_urls, expected_rejections)
+                # A request the fetcher still owes (work handed back, an ack it lost) would
+                # come after the last answer was recorded: the server's count is read once
+                # the fetcher holds nothing.
+                await eventually(
+                    lambda: _fetcher_idle(stack),
+                    until=bool,
+                    timeout=timeout,
+                    interval=0.5,
+                    what="the fetcher's work all acked",
+                )
+                served = {server.url(n, hosts): server.requests[n] for n in range(len(cases))}
+                await _judge(
+                    report, engine, stack, accepted, page_urls, served, expected_rejections
+                )
                 local.check_alive()
     report.unexpected_errors = unexpected_log_lines(state_dir / "logs")
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _fetcher_idle(stack: StackUrls) -> bool:
+    """Nothing waits for the fetcher or is held by it, on either of its consumers."""
+    bus = await Bus.connect(stack.nats_url, name="trove-fuzz")
+    try:
+        for stream, durable in ((EVENTS_STREAM, FETCHER), (WORK_STREAM, FETCHER_DEFERRED)):
+            info = await bus.js.consumer_info(stream, durable)
+            if info.num_pending or info.num_ack_pending:
+                return False
+        return True
+    finally:
+        await bus.close()
 
 
 async def _judge(
@@ -208,6 +242,7 @@ async def _judge(
     stack: StackUrls,
     accepted: set[str],
     page_urls: dict[str, str],
+    served: dict[str, int],
     expected_rejections: int,
 ) -> None:
     problems = report.problems
@@ -239,6 +274,12 @@ async def _judge(
         another_way = len(asked) == 2 and asked[0][1] == "wrong_tool" and asked[0][0] != asked[1][0]
         if len(outcomes) != 1 and not another_way:
             problems.append(f"{kind} page {url}: {len(outcomes)} attempts recorded, 1 due")
+        # The recorded attempts cannot show a second fetch of the same work (a redelivery
+        # publishes the same attempt id again): the server's count can. Each attempt is
+        # one request, redirects lead to no other case, and the retry delay is an hour.
+        due = 2 if another_way else 1
+        if served.get(url, 0) != due:
+            problems.append(f"{kind} page {url}: requested {served.get(url, 0)} times, {due} due")
         for outcome in outcomes:
             report.page_outcomes[(kind, outcome)] += 1
             report.reasons.setdefault((kind, outcome), messages[url][:200])

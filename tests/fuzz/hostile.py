@@ -17,8 +17,9 @@ import json
 import random
 import socket
 import struct
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 #: The names the cases are served under (each its own politeness domain).
@@ -421,13 +422,19 @@ def seed_messages(rng: random.Random, count: int, *, hosts: int, port: int) -> l
 class HostileServer:
     port: int
     cases: list[Case]
+    #: Requests for each case, by its number (the ``n`` of ``/c/<n>``), counted as each
+    #: request's head arrives: the server's own account of how often a page was asked.
+    requests: Counter[int] = field(default_factory=Counter)
 
     def url(self, n: int, hosts: int) -> str:
         return f"http://{host_name(n % hosts)}:{self.port}/c/{n}"
 
 
 async def _answer(
-    cases: list[Case], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    cases: list[Case],
+    requests: Counter[int],
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
 ) -> None:
     with contextlib.suppress(Exception):
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
@@ -438,6 +445,7 @@ async def _answer(
             writer.write(_response(b"HTTP/1.1 404 Not Found", [(b"Content-Length", b"0")], b""))
             await writer.drain()
             return
+        requests[int(number)] += 1
         case = cases[int(number)]
         writer.write(case.data)
         await writer.drain()
@@ -458,13 +466,15 @@ async def _answer(
 
 @contextlib.asynccontextmanager
 async def serve_hostile(cases: list[Case]) -> AsyncIterator[HostileServer]:
-    """Serve ``cases`` on 127.0.0.1 (any port); robots.txt and unknown paths are 404."""
+    """Serve ``cases`` on 127.0.0.1 (any port), counting the requests for each;
+    robots.txt and unknown paths are 404."""
+    requests: Counter[int] = Counter()
     server = await asyncio.start_server(
-        lambda r, w: _answer(cases, r, w), "127.0.0.1", 0, limit=128 * 1024
+        lambda r, w: _answer(cases, requests, r, w), "127.0.0.1", 0, limit=128 * 1024
     )
     port = server.sockets[0].getsockname()[1]
     try:
-        yield HostileServer(port=port, cases=cases)
+        yield HostileServer(port=port, cases=cases, requests=requests)
     finally:
         server.close()
         with contextlib.suppress(Exception):
