@@ -5,11 +5,13 @@ leaves behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import nats.errors
 import pytest
@@ -53,6 +55,46 @@ async def test_a_first_connection_the_server_turns_away_ends_the_start(
         await asyncio.wait_for(starting, timeout=20)
     assert not infrastructure_away(refused.value)
     assert not ready.is_set()
+
+
+async def test_a_server_away_between_two_refusals_does_not_restart_the_patience(
+    guarded: EmbeddedNats,
+) -> None:
+    # Every other try meets the server away (a connection closed at once), every other
+    # one turns the old password away: the turns away are the deployment's mistake still.
+    server = urlsplit(guarded.url)
+    tries = 0
+
+    async def alternate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal tries
+        tries += 1
+        if tries % 2 == 0:
+            writer.close()
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            server.hostname, server.port
+        )
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    proxy = await asyncio.start_server(alternate, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    try:
+        old_password = f"nats://trove:old@127.0.0.1:{port}"
+        with pytest.raises(BrokerClosed, match=r"turned this service away"):
+            await asyncio.wait_for(
+                Bus.connect(old_password, name="trove-tests", refused_patience=2.0), timeout=20
+            )
+    finally:
+        proxy.close()
+    assert tries >= 2
 
 
 async def test_a_server_certificate_the_deployments_ca_does_not_sign_ends_the_start(

@@ -247,9 +247,10 @@ class Bus:
             # waits for ever on the socket the failed handshake closed.
             nonlocal refusal
             await nats_error(exc)
-            if not turned_away(exc):  # the broker away, say, which passes
-                accepted()
-            elif refusal is None:
+            # Only a connection made ends the patience: a try that meets the server away
+            # (a reset, a refused connect) between two turns away says nothing of the
+            # credentials, and cancelling on it kept a pod waiting for ever.
+            if turned_away(exc) and refusal is None:
                 refusal = asyncio.get_running_loop().call_later(refused_patience, closed.set)
 
         # Seconds as nats.connect passes them: nats-py annotates them as int, takes floats.
