@@ -108,13 +108,13 @@ async def test_a_replay_waits_out_a_broker_outage_and_applies_every_event(
         async with target.connect() as held:
             await hold(held, events[1])
             running = asyncio.create_task(
-                replay(broker.server.url, scratch_database, POLICY, batch=100)
+                replay(broker.server.url, scratch_database, POLICY, batch=100, read_wait=1.0)
             )
             await until_it_waits(running, scratch_database)
             broker.server.stop()
             await held.rollback()  # the replay reads what it holds, then nothing comes
 
-        # Past the 10 s a read waits for a message: the replay is still there, waiting.
+        # Past the second a read waits for a message: the replay is still there, waiting.
         async def state() -> tuple[bool, bool]:
             waiting = any("waiting for NATS" in r.getMessage() for r in caplog.records)
             return waiting, running.done()
@@ -178,12 +178,19 @@ async def test_a_replay_whose_broker_stays_away_ends_with_the_reason(
         async with target.connect() as held:
             await hold(held, events[1])
             running = asyncio.create_task(
-                replay(broker.server.url, scratch_database, POLICY, batch=100, patience=15)
+                replay(
+                    broker.server.url,
+                    scratch_database,
+                    POLICY,
+                    batch=100,
+                    patience=4,
+                    read_wait=1.0,
+                )
             )
             await until_it_waits(running, scratch_database)
             broker.server.stop()
             await held.rollback()
-        with pytest.raises(ReplayStalled, match=f"no event from NATS for 15 s.* of {RECORD}") as e:
+        with pytest.raises(ReplayStalled, match=f"no event from NATS for 4 s.* of {RECORD}") as e:
             await asyncio.wait_for(running, timeout=90)
         # Everything it read before the broker went is applied, the batch it was reading
         # too (the record is these events alone: sequence n is the n-th), and the error

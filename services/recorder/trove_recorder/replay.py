@@ -257,7 +257,12 @@ async def _first_event_since(js: JetStreamContext, since: datetime) -> int:
 
 
 async def _next_message(
-    sub: JetStreamContext.PushSubscription, bus: Bus, at: int, last: int, patience: float
+    sub: JetStreamContext.PushSubscription,
+    bus: Bus,
+    at: int,
+    last: int,
+    patience: float,
+    read_wait: float = READ_WAIT,
 ) -> Msg:
     """The replay's next message, the broker waited for while it is away (the client
     reconnects, and the ordered consumer is made again from where it was)."""
@@ -269,7 +274,7 @@ async def _next_message(
                 f"no event from NATS for {patience:.0f} s, at sequence {at} of {last}"
             )
         try:
-            return await sub.next_msg(timeout=min(READ_WAIT, patience - waited))
+            return await sub.next_msg(timeout=min(read_wait, patience - waited))
         except nats.errors.ConnectionClosedError:
             closed = True
         except nats.errors.TimeoutError:
@@ -319,6 +324,7 @@ async def replay(
     learning: LearningConfig | None = None,
     since: datetime | None = None,
     patience: float = REPLAY_PATIENCE,
+    read_wait: float = READ_WAIT,
 ) -> ReplayStats:
     if since is not None and truncate:
         raise ValueError("a replay since a time re-applies a window: it cannot truncate")
@@ -400,7 +406,7 @@ async def replay(
             events: list[Event] = []
             for _ in range(batch):
                 try:
-                    msg = await _next_message(sub, bus, seq, last, patience)
+                    msg = await _next_message(sub, bus, seq, last, patience, read_wait)
                 except ReplayStalled as exc:
                     # What this batch read is applied first: a next run from the time
                     # the error gives misses nothing before it.
