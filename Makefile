@@ -11,10 +11,10 @@ PIP_VERSION ?= 26.3
 SEEDS  ?=
 PYTEST_ARGS ?=
 # The suite waits on brokers, databases and politeness gaps far more than it computes:
-# two workers, each with its own nats-server and Postgres, halve its time on two cores.
+# workers each with their own nats-server and Postgres; three keep two cores busy.
 # Against external servers (TROVE_NATS_URL, TROVE_DATABASE_URL) the workers would share
 # them, and each test's reset would pull the other's state away: one process then.
-TEST_WORKERS ?= $(if $(TROVE_NATS_URL)$(TROVE_DATABASE_URL),0,2)
+TEST_WORKERS ?= $(if $(TROVE_NATS_URL)$(TROVE_DATABASE_URL),0,3)
 FUZZ_ARGS ?=
 
 # Debian and Ubuntu ship ensurepip, which venv needs, in a package apart from Python's.
