@@ -709,6 +709,16 @@ async def paused_chains(bus: Bus) -> list[Msg]:
     return [m for m in await scheduled_work(bus) if Carried.from_headers(m.headers).chain]
 
 
+def robots_that_change(server: LocalServer) -> dict[str, bytes]:
+    """The host's robots.txt served from ``rules["body"]`` (all allowed at first), which
+    the test changes while a chain waits."""
+    rules = {"body": b"User-agent: *\nAllow: /\n"}
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
+        200, rules["body"], content_type="text/plain"
+    )
+    return rules
+
+
 async def test_a_paused_redirect_hop_obeys_robots_txt_read_while_it_waited_as_canonical_too(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:
@@ -716,10 +726,7 @@ async def test_a_paused_redirect_hop_obeys_robots_txt_read_while_it_waited_as_ca
     in a scheduled message. Meanwhile robots.txt expires and is read again, now
     disallowing /private: the hop, which the server serves as /private/x, is judged when
     the chain resumes as when it was followed, as sent and as canonical."""
-    rules = {"body": b"User-agent: *\nAllow: /\n"}
-    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
-        200, rules["body"], content_type="text/plain"
-    )
+    rules = robots_that_change(server)
     server.routes[f"{HOST}/up"] = lambda ex: ex.redirect("/public/%2e%2e/private/x")
     server.routes[f"{HOST}/public/%2e%2e/private/x"] = lambda ex: ex.send(200, b"<p>private</p>")
     clock = MovedClock()
@@ -750,10 +757,7 @@ async def test_a_paused_redirect_hop_whose_robots_txt_expired_meanwhile_waits_fo
     """The chain waits for the host's gap while robots.txt expires and nothing reads it
     again: no hop goes out unjudged. The page starts again, robots.txt first, then its
     own URL, and the hop is judged by the robots.txt read then."""
-    rules = {"body": b"User-agent: *\nAllow: /\n"}
-    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.send(
-        200, rules["body"], content_type="text/plain"
-    )
+    rules = robots_that_change(server)
     server.routes[f"{HOST}/up"] = lambda ex: ex.redirect("/private/x")
     server.routes[f"{HOST}/private/x"] = lambda ex: ex.send(200, b"<p>private</p>")
     clock = MovedClock()
