@@ -42,8 +42,6 @@ from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import (
     DEAD_STREAM,
     EVENTS_STREAM,
-    FETCHER,
-    FETCHER_DEFERRED,
     SEEDS_SUBJECT,
     WORK_STREAM,
 )
@@ -205,13 +203,13 @@ async def fuzz_round(
                 )
                 # A request the fetcher still owes (work handed back, an ack it lost) would
                 # come after the last answer was recorded: the server's count is read once
-                # the fetcher holds nothing.
+                # no consumer holds anything.
                 await eventually(
-                    lambda: _fetcher_idle(stack),
+                    lambda: _crawl_idle(stack),
                     until=bool,
                     timeout=timeout,
                     interval=0.5,
-                    what="the fetcher's work all acked",
+                    what="every consumer's work acked",
                 )
                 served = {server.url(n, hosts): server.requests[n] for n in range(len(cases))}
                 await _judge(
@@ -223,14 +221,16 @@ async def fuzz_round(
     return report
 
 
-async def _fetcher_idle(stack: StackUrls) -> bool:
-    """Nothing waits for the fetcher or is held by it, on either of its consumers."""
+async def _crawl_idle(stack: StackUrls) -> bool:
+    """Nothing waits for any consumer of the events or the work, or is held by one: the
+    fetcher's answers projected and the pages they led to (a redirect's target, which
+    discovery publishes after the fetcher acked) asked for and answered too."""
     bus = await Bus.connect(stack.nats_url, name="trove-fuzz")
     try:
-        for stream, durable in ((EVENTS_STREAM, FETCHER), (WORK_STREAM, FETCHER_DEFERRED)):
-            info = await bus.js.consumer_info(stream, durable)
-            if info.num_pending or info.num_ack_pending:
-                return False
+        for stream in (EVENTS_STREAM, WORK_STREAM):
+            for info in await bus.js.consumers_info(stream):
+                if info.num_pending or info.num_ack_pending:
+                    return False
         return True
     finally:
         await bus.close()
