@@ -504,3 +504,50 @@ async def test_a_failover_that_closed_every_connection_leaves_no_remembered_id_b
     assert endings == {"acked": 50}, endings
     assert await count(failover.new, "SELECT count(*) FROM page_crawls") == 30
     assert await count(failover.new, OWN_PAGE) == 30
+
+
+#: What a statement past ``statement_timeout`` answers (57014) to every write of a batch,
+#: as a server slowed by throttled I/O or a lock held by a long transaction does.
+TIMED_OUT = (
+    """CREATE FUNCTION timed_out() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      RAISE EXCEPTION 'canceling statement due to statement timeout'
+        USING ERRCODE = 'query_canceled';
+    END $$""",
+    "CREATE TRIGGER timed_out BEFORE INSERT ON projected_events "
+    "FOR EACH STATEMENT EXECUTE FUNCTION timed_out()",
+)
+IN_TIME_AGAIN = ("DROP TRIGGER timed_out ON projected_events", "DROP FUNCTION timed_out()")
+
+
+async def test_a_statement_timeout_even_for_one_event_waits_and_parks_nothing(
+    bus: Bus,
+    own_stack: StackUrls,
+    own_engine: AsyncEngine,
+    own_postgres: EmbeddedPostgres,
+    state_dir: Path,
+) -> None:
+    watch = watch_recorder(state_dir)
+    async with services(own_stack, state_dir, watch.env, only=("recorder",)) as recorder:
+        await publish(bus, range(5))
+        await projected(own_engine, 5, timeout=30)
+        await superuser_execute(own_postgres, *TIMED_OUT)
+        await publish(bus, range(5, 10))
+
+        # Two tries of the five events, each tried alone after its batch failed: a
+        # failure counted against one (five park it) would end the wait at once.
+        await eventually(
+            watch.endings,
+            until=lambda e: e.get("retried", 0) >= 10 or e.get("failed", 0) > 0,
+            timeout=60,
+            what="two tries of 5",
+        )
+        endings = await watch.endings()
+        assert endings.get("failed", 0) == 0, endings
+        assert endings.get("parked", 0) == 0, endings
+        assert "57014" in watch.log()
+        recorder.check_alive()
+        await superuser_execute(own_postgres, *IN_TIME_AGAIN)
+        await projected(own_engine, 10)
+        assert (await bus.js.stream_info(DEAD_STREAM)).state.messages == 0
+        assert await count(own_engine, "SELECT count(*) FROM page_crawls") == 10

@@ -45,6 +45,11 @@ UNWRITABLE = frozenset(
 )
 #: The transaction lost a race with another one (deadlock_detected, serialization_failure).
 CONFLICT = frozenset({"40P01", "40001"})
+#: query_canceled: a statement ran past ``statement_timeout``, or an operator cancelled it.
+#: A batch of many events may be too large for the timeout and is tried one at a time;
+#: one bounded event that cannot finish met a slow or busy server (throttled I/O, a
+#: ``VACUUM FULL`` or a long transaction holding a lock), which is not the event's fault.
+CANCELED = "57014"
 
 
 def away(state: str) -> bool:

@@ -99,6 +99,11 @@ def as_retry(exc: BaseException) -> Retry | None:
     return None
 
 
+def canceled(exc: BaseException) -> bool:
+    """Whether ``exc`` says a statement was cancelled (``sqlstates.CANCELED``)."""
+    return any(getattr(cause, "sqlstate", None) == sqlstates.CANCELED for cause in _chain(exc))
+
+
 def takes_no_writes(exc: BaseException) -> bool:
     """Whether ``exc`` says this connection's server is a standby or was made read-only."""
     return any(getattr(cause, "sqlstate", None) == sqlstates.READ_ONLY for cause in _chain(exc))

@@ -19,7 +19,9 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from trove_recorder.database import (
+    UNAVAILABLE_DELAY,
     LoginRefusals,
+    canceled,
     database_trouble_is_retried,
     drop_connection,
     make_engine,
@@ -30,6 +32,7 @@ from trove_recorder.projections import apply_batch
 from trove_recorder.replay import release_abandoned_holds
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
+from trove_schema import sqlstates
 from trove_schema.bus import REFUSED_PATIENCE, BatchConsumer, Bus, Retry
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
@@ -80,8 +83,19 @@ class Recorder:
         await self.project([decode_event(m.data) for m in msgs], msgs)
 
     async def handle(self, msg: Msg) -> None:
-        """One message of a batch that failed: a batch of one, so a bad event fails alone."""
-        await self.project([decode_event(msg.data)], [msg])
+        """One message of a batch that failed: a batch of one, so a bad event fails alone.
+
+        A statement cancelled even for one event is the server's trouble, not the
+        event's (``sqlstates.CANCELED``): it waits as for an outage, never parked."""
+        try:
+            await self.project([decode_event(msg.data)], [msg])
+        except Retry:
+            raise
+        except Exception as exc:
+            if not canceled(exc):
+                raise
+            reason = f"statement canceled for one event ({sqlstates.CANCELED}): {exc}"
+            raise Retry(reason, delay=UNAVAILABLE_DELAY) from exc
 
     async def project(self, events: Sequence[Event], msgs: Sequence[Msg]) -> None:
         """Apply ``events``, decoded from ``msgs``, in one transaction."""
