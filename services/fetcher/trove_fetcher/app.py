@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 
-from trove_fetcher.clock import ServerClock, stream_info
+from trove_fetcher.clock import ServerClock, outlasting, stream_info
 from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.language import default_identifier
@@ -129,8 +129,14 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             settings.exclusions_refresh_seconds,
         )
         await listed.refresh()
+        polite = PolitenessConfig(
+            min_delay=settings.min_domain_delay_seconds,
+            max_delay=settings.max_domain_delay_seconds,
+            request_timeout=settings.request_timeout,
+            max_backoff=settings.max_backoff_seconds,
+        )
         # The work stream's leader's time: the one its scheduled messages fire on.
-        clock = ServerClock(stream_info(bus.nc, WORK_STREAM))
+        clock = ServerClock(stream_info(bus.nc, WORK_STREAM), outlast=outlasting(polite))
         await clock.start()
         fetcher = Fetcher(
             bus=bus,
@@ -138,12 +144,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             client=client,
             politeness=Politeness(
                 await bus.js.key_value(DOMAINS_BUCKET),
-                PolitenessConfig(
-                    min_delay=settings.min_domain_delay_seconds,
-                    max_delay=settings.max_domain_delay_seconds,
-                    request_timeout=settings.request_timeout,
-                    max_backoff=settings.max_backoff_seconds,
-                ),
+                polite,
                 LearningConfig.from_settings(settings),
             ),
             robots_kv=await bus.js.key_value(ROBOTS_BUCKET),

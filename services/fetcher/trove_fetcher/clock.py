@@ -13,11 +13,14 @@ work back fire by.
 The measure: a JetStream API answer carries the server's time (``ts``, nats-server
 2.10+), stamped between the request leaving and the answer arriving; the middle of that
 round trip is the estimate, and half of it the most it can be wrong by. It is kept
-against the pod's monotonic clock, not its wall clock, so a step of the node's clock
-(NTP setting it right) changes nothing. As NTP's clock filter does, the pod chooses
-among its latest readings the one least in doubt, a reading's doubt being half its
-round trip plus what the two clocks may have drifted since (``DRIFT``): a round trip
-slowed by load does not move the clock, and an old reading gives way to a fresh one.
+against the pod's own elapsed time (``elapsed``), not its wall clock, so a step of the
+node's clock (NTP setting it right) changes nothing. As NTP's clock filter does, the pod
+chooses among its latest readings the one least in doubt, a reading's doubt being half
+its round trip plus what the two clocks may have drifted since: a round trip slowed by
+load does not move the clock, and an old reading gives way to a fresh one. The drift is
+measured, not assumed (``drift``): while NTP slews either node's clock right, the two
+run apart many times faster than clocks left alone do (``DRIFT``), and a doubt that grew
+slower than they part would let the estimate run past it between two reads.
 And the pod keeps to the safe side of that doubt: ``now`` is the earliest the server's
 time can be (a host is never found free too soon), ``at`` the latest a local instant
 can be on it (a gap counts from an end no earlier than the real one). On one machine
@@ -28,42 +31,75 @@ info and whose clock fires the scheduled messages that bring deferred work back,
 slot means the same to the pods and to the scheduler. In a cluster, the servers' clocks
 may differ; readings are kept by the server that answered, and when the leadership
 moves, the readings of the server before are dropped: every pod then keeps to the new
-leader's time at its next read, not to a mix of two servers' for minutes.
+leader's time at its next read, not to a mix of two servers' for minutes. But the
+instants the pods wrote on the time before stay in the hosts' records: were the new
+leader's clock ahead, each host would be found free early by that much. So for as long
+as such an instant can lie ahead (``outlasting``), ``now`` keeps to the earlier of the
+two servers' times and ``at`` to the later, and to the new leader's alone after that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from nats.aio.client import Client
 
+from trove_fetcher.politeness import HOLD_SLACK, PolitenessConfig
 from trove_schema.metrics import CLOCK_OFFSET
 from trove_schema.server_time import server_time
 
 log = logging.getLogger("trove.fetcher.clock")
 
-#: Seconds between two reads of the server's time.
-PROBE_INTERVAL = 30.0
-#: Reads the estimate is chosen among (the latest ones: four minutes at the interval).
+#: Seconds between two reads of the server's time. A slew that began since the last read
+#: is not measured until readings after it disagree beyond their errors (two or three
+#: reads): until then, at the fastest slew of the kernel's NTP discipline (500 ppm), the
+#: estimate may run up to 2 ms past its doubt between two reads 5 s apart, where it ran
+#: 12 ms at 30 s. A faster slew (chrony's, on a large offset) is measured as soon, and
+#: runs it past by no more than the offset it corrects. A stream's info every 5 s is
+#: little to ask of the server.
+PROBE_INTERVAL = 5.0
+#: Reads the estimate is chosen among and its drift measured over (the latest ones:
+#: forty seconds at the interval).
 KEPT = 8
 #: Reads at the start, before the pod takes its first lease.
 FIRST_READS = 3
 #: An offset past which the pod's clock is worth a warning: its node is not in time.
 WARN_OFFSET = 1.0
-#: How fast two clocks may drift apart, at most (seconds a second): a clock that NTP
-#: does not discipline is good to 100 ppm.
+#: How fast two clocks drift apart, at the least the pod counts (seconds a second): a
+#: clock that NTP does not discipline is good to 100 ppm. One it is slewing right runs
+#: faster (to 500 ppm with ntpd or timesyncd, 83,333 with chrony's default limit): the
+#: readings measure that (``drift``).
 DRIFT = 1e-4
+#: How finely a reading is stamped: ``server_time`` keeps microseconds.
+STAMP = 1e-6
+#: ``CLOCK_BOOTTIME``, where there is one (Linux): see ``elapsed``.
+BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 #: One request to nats-server's JetStream API, answered with its JSON body.
 Ask = Callable[[], Awaitable[bytes]]
+
+
+def elapsed() -> float:
+    """The pod's clock for its readings: one no step of the wall clock moves, which goes
+    on while the machine is suspended. The monotonic clock stops then: a VM paused for a
+    minute would resume a minute behind the server, until a fresh reading won."""
+    return time.clock_gettime(BOOTTIME) if BOOTTIME is not None else time.monotonic()
+
+
+def outlasting(config: PolitenessConfig) -> float:
+    """The longest an instant a pod writes in a host's record can lie ahead of the time
+    it was written on: a request's hold (its timeout and ``HOLD_SLACK``), and the
+    longest gap after it (``busy_until`` plus a gap, for a hold nobody released)."""
+    return config.request_timeout + HOLD_SLACK + max(config.max_delay, config.min_delay)
 
 
 class Clock(Protocol):
@@ -75,8 +111,8 @@ class Clock(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """The server's time less the pod's monotonic clock, within ``error`` seconds either
-    way, read at ``taken`` (on the monotonic clock)."""
+    """The server's time less the pod's clock (``elapsed``), within ``error`` seconds
+    either way, read at ``taken`` (on the pod's clock)."""
 
     offset: float
     error: float
@@ -84,16 +120,54 @@ class Reading:
     #: The server that answered ("" when the answer does not say: a server alone).
     source: str = ""
 
-    def doubt(self, at: float) -> float:
+    def doubt(self, at: float, drift: float = DRIFT) -> float:
         """How far off the reading may be at ``at``: its error, and the drift since."""
-        return self.error + DRIFT * max(0.0, at - self.taken)
+        return self.error + drift * max(0.0, at - self.taken)
 
 
 def reading(sent: float, answered: float, server_time: float, source: str = "") -> Reading:
     """What one round trip says: the server stamped its answer between ``sent`` and
-    ``answered`` (the pod's monotonic clock), so at their middle, give or take half."""
+    ``answered`` (the pod's clock), so at their middle, give or take half."""
     half = max(0.0, answered - sent) / 2
     return Reading(offset=server_time - (sent + half), error=half, taken=answered, source=source)
+
+
+def drift(readings: Iterable[Reading]) -> float:
+    """How fast the two clocks run apart, as one server's ``readings`` show it: two that
+    disagree by more than their errors allow were parted by the drift between them.
+    Every pair counts, not only neighbours: a pair's errors hide a drift below their sum
+    over the time between them, so the readings furthest apart see a slow drift, the
+    nearest a burst. Never less than ``DRIFT``."""
+    return max(
+        [
+            DRIFT,
+            *(
+                (abs(b.offset - a.offset) - (a.error + b.error + 2 * STAMP)) / (b.taken - a.taken)
+                for a, b in itertools.combinations(readings, 2)
+                if b.taken > a.taken
+            ),
+        ]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A server's time as the pod keeps it: its reading least in doubt, and the drift
+    that doubt grows by."""
+
+    best: Reading
+    drift: float = DRIFT
+
+    def doubt(self, at: float) -> float:
+        return self.best.doubt(at, self.drift)
+
+    def earliest(self, at: float) -> float:
+        """The earliest the server's time can be at ``at`` (the pod's clock)."""
+        return at + self.best.offset - self.doubt(at)
+
+    def latest(self, at: float) -> float:
+        """The latest the server's time can be at ``at`` (the pod's clock)."""
+        return at + self.best.offset + self.doubt(at)
 
 
 def leader(answer: bytes) -> str:
@@ -123,51 +197,75 @@ class ServerClock:
         ask: Ask,
         *,
         wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = elapsed,
+        outlast: float = outlasting(PolitenessConfig()),
     ) -> None:
         self._ask = ask
         self._wall = wall
         self._monotonic = monotonic
+        self._outlast = outlast
         self._readings: deque[Reading] = deque(maxlen=KEPT)
-        #: The reading in use; before the first, the pod's own wall clock.
-        self._best = Reading(offset=wall() - monotonic(), error=0.0, taken=monotonic())
+        #: The estimate in use; before the first reading, the pod's own wall clock.
+        self._estimate = Estimate(
+            Reading(offset=wall() - monotonic(), error=0.0, taken=monotonic())
+        )
+        #: The estimates of the servers read before, each with the moment (on the pod's
+        #: clock) every instant written on its time has passed.
+        self._before: list[tuple[Estimate, float]] = []
 
     @property
     def offset(self) -> float:
         """The server's time less the pod's wall clock, as estimated."""
-        return self._monotonic() + self._best.offset - self._wall()
+        return self._monotonic() + self._estimate.best.offset - self._wall()
 
     @property
     def error(self) -> float:
         """How far off ``offset`` may be now, either way."""
-        return self._best.doubt(self._monotonic())
+        return self._estimate.doubt(self._monotonic())
 
     def now(self) -> float:
         """The earliest the server's time can be now."""
         at = self._monotonic()
-        return at + self._best.offset - self._best.doubt(at)
+        return min(e.earliest(at) for e in self._held(at))
 
     def at(self, local: float) -> float:
         """The latest the server's time can have been at ``local`` (a ``time.time()``,
-        of a moment just past: it is placed on the monotonic clock by the wall clock's
+        of a moment just past: it is placed on the pod's clock by the wall clock's
         reading now)."""
         at = self._monotonic()
-        return local - self._wall() + at + self._best.offset + self._best.doubt(at)
+        return local - self._wall() + max(e.latest(at) for e in self._held(at))
+
+    def _held(self, at: float) -> list[Estimate]:
+        """The estimate in use, and those of the servers before while an instant written
+        on their time may lie ahead."""
+        return [self._estimate, *(e for e, until in self._before if at < until)]
 
     async def read(self) -> Reading:
         """Ask the server its time once, and choose among the latest readings."""
         sent = self._monotonic()
         answer = await self._ask()
         measured = reading(sent, self._monotonic(), server_time(answer), leader(answer))
+        before = None
         if self._readings and self._readings[-1].source != measured.source:
-            log.info(
-                "nats-server's time is read from %s now, not %s: the work stream's leader moved",
-                measured.source or "the server alone",
-                self._readings[-1].source or "the server alone",
-            )
+            before = self._estimate
+            self._before.append((before, measured.taken + self._outlast))
             self._readings.clear()
+        self._before = [(e, until) for e, until in self._before if until > measured.taken]
         self._readings.append(measured)
-        self._best = min(self._readings, key=lambda r: r.doubt(measured.taken))
+        rate = drift(self._readings)
+        self._estimate = Estimate(
+            min(self._readings, key=lambda r: r.doubt(measured.taken, rate)), rate
+        )
+        if before is not None:
+            log.info(
+                "nats-server's time is read from %s now, not %s: the work stream's leader "
+                "moved, its time %+.3f s from the one before's; for %.0f s, while instants "
+                "written on the one before may lie ahead, the pod keeps to the safe side of both",
+                measured.source or "the server alone",
+                before.best.source or "the server alone",
+                self._estimate.best.offset - before.best.offset,
+                self._outlast,
+            )
         CLOCK_OFFSET.set(self.offset)
         return measured
 
