@@ -22,6 +22,12 @@ is never scheduled further than ``HORIZON_FRACTION`` of ``work_max_age`` ahead: 
 whose slot lies beyond is scheduled at the horizon, keeps its slot in ``Trove-Slot``,
 and is scheduled again when it comes back early. The other half of the age is room
 for the scheduler's lateness and for a backlog in front of the consumer.
+
+**The size.** nats-server counts a message's headers with its payload against its
+``max_payload``, and closes the connection of a client that sends more. The hops are
+URLs of ``MAX_URL_LENGTH`` at most (a redirect to a longer one is not followed), and a
+deferred message that would still be larger than the pod's message limit
+(``message_bytes``) is not published: its attempt is recorded ``rejected`` instead.
 """
 
 from __future__ import annotations
@@ -95,6 +101,15 @@ class Carried:
         if self.avoid is not None:
             out[AVOID_HEADER] = self.avoid
         return out
+
+
+def message_bytes(payload: bytes, headers: Mapping[str, str]) -> int:
+    """What nats-server counts of a message against its ``max_payload``: the payload and
+    the header block as the client writes it (``NATS/1.0``, a line a header, a blank line)."""
+    block = len(b"NATS/1.0\r\n\r\n") + sum(
+        len(name.encode()) + len(value.encode()) + len(b": \r\n") for name, value in headers.items()
+    )
+    return len(payload) + block
 
 
 def _finite(value: str | None) -> float | None:

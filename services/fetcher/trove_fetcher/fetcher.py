@@ -50,7 +50,14 @@ from trove_fetcher.completion import (
     rejected,
     robots_refusal,
 )
-from trove_fetcher.deferral import Carried, Chain, ChainKind, horizon, schedule_at
+from trove_fetcher.deferral import (
+    Carried,
+    Chain,
+    ChainKind,
+    horizon,
+    message_bytes,
+    schedule_at,
+)
 from trove_fetcher.errors import (
     GateDeferred,
     NetworkAway,
@@ -225,6 +232,9 @@ class Fetcher:
         self.robots_max_bytes = robots_max_bytes
         self.robots_ttl = robots_ttl
         self.horizon = horizon(work_max_age)
+        #: The most a message this pod publishes may take, headers included: a deferred
+        #: work message (``_defer``) as much as an event.
+        self.max_message_bytes = max_message_bytes
         self.budget = event_budget(max_message_bytes)
         self.parser = ThreadPoolExecutor(max_workers=parse_workers, thread_name_prefix="parse")
         self._robots_local: Memory[str, tuple[float, RobotsPolicy]] = Memory(
@@ -245,6 +255,7 @@ class Fetcher:
             allowed_networks=allowed_networks,
             max_message_bytes=max_message_bytes,
             lookback=poll_lookback,
+            now=self.clock.now,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: What an attempt taught about its host that the broker, away longer than a
@@ -599,6 +610,18 @@ class Fetcher:
         headers.update(
             {k: ordering[k] for k in (PRIORITY_HEADER, SIBLINGS_HEADER) if k in ordering}
         )
+        size = message_bytes(payload, headers)
+        if size > self.max_message_bytes:
+            # nats-server counts the headers against its max_payload, and closes the
+            # connection of a client that sends more: the pod would stop, and the work,
+            # redelivered, stop the next. The attempt is recorded instead.
+            what = "redirect chain" if chain is not None else "work message"
+            reason = (
+                f"{what} too long to defer ({size} bytes with its headers, more than "
+                f"{self.max_message_bytes})"
+            )
+            await self._complete(job, rejected(job.work, reason, datetime.now(UTC)))
+            return
         subject = f"{WORK_SCHEDULES_PREFIX}.{schedule_id}"
         # Patient: a paused chain has already cost the site its hops, and handing the
         # message back would request them again.
@@ -635,6 +658,7 @@ class Fetcher:
                     robots_allows=lambda hop: self._redirect_allowed(hop, job.url),
                     before_hop=self._gate(hold),
                     resume=job.chain.hops if job.chain is not None else (),
+                    now=self.clock.now,
                 )
             except RedirectPaused as paused:
                 await self._release(hold)

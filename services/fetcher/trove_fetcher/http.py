@@ -10,7 +10,8 @@ success            2xx with a parseable content type; ``body`` holds at most
 not_modified       304 to a conditional request (``If-None-Match``/``If-Modified-Since``)
 rejected           2xx that is not parseable (the body is never read), a redirect to
                    another host (not followed: ``redirect_target`` reports it for
-                   discovery), a decompression bomb, an unsupported Content-Encoding
+                   discovery), a redirect to a URL longer than ``MAX_URL_LENGTH``, a
+                   decompression bomb, an unsupported Content-Encoding
 blocked_4xx        4xx, 429 included: its ``retry_after`` is set, and the caller backs
                    off on ``status_code in (429, 503)`` like ``CrawlCompleted.retryable``
 blocked_5xx        5xx
@@ -64,7 +65,7 @@ from trove_fetcher.errors import (
     UnsupportedContent,
 )
 from trove_fetcher.transport import ANSWER_TIME, AnswerTime
-from trove_schema.events import CrawlOutcome
+from trove_schema.events import MAX_URL_LENGTH, CrawlOutcome
 from trove_schema.media import media_type
 from trove_schema.settings import FetcherSettings
 
@@ -246,6 +247,15 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
         when = when.replace(tzinfo=UTC)
     seconds = (when - (now or datetime.now(UTC))).total_seconds()
     return min(max(0.0, seconds), LONGEST_RETRY_AFTER)
+
+
+def overlong_target(url: httpx.URL) -> str | None:
+    """Why a redirect to ``url`` is not followed when it is longer than any URL Trove
+    takes: no event could record it, and the hops of a paused chain travel in a deferred
+    message's headers, which the server counts against its ``max_payload``."""
+    if len(str(url)) > MAX_URL_LENGTH:
+        return f"redirect target too long (more than {MAX_URL_LENGTH} characters)"
+    return None
 
 
 def audit_headers(headers: httpx.Headers) -> dict[str, str]:
@@ -498,6 +508,7 @@ async def fetch(
     before_hop: HopGate | None = None,
     resume: Sequence[str] = (),
     accept: str = ACCEPT,
+    now: Callable[[], float] = time.time,
 ) -> FetchResult:
     """GET ``url`` and classify what happened. Never raises for what a site can do.
 
@@ -508,7 +519,8 @@ async def fetch(
     may raise ``RedirectPaused`` (passed on to the caller, as is ``HopGateFailed``).
     ``resume`` continues a paused chain: the hops already followed, the last one
     still to be requested. ``accept`` is the Accept header of every hop (a fetch
-    strategy's, ``trove_fetcher.strategies``).
+    strategy's, ``trove_fetcher.strategies``). ``now`` is the clock a Retry-After date
+    is read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``).
     """
     started = time.monotonic()
     trace = _Trace(url=url, final_url=url)
@@ -563,7 +575,9 @@ async def fetch(
         etag=headers.get("etag"),
         last_modified=headers.get("last-modified"),
         x_robots_tag=headers.get("x-robots-tag"),
-        retry_after=parse_retry_after(headers.get("retry-after")),
+        retry_after=parse_retry_after(
+            headers.get("retry-after"), now=datetime.fromtimestamp(now(), UTC)
+        ),
         error_message=ending.error_message,
         redirect_target=trace.redirect_target,
         redirects=tuple(trace.redirects),
@@ -695,9 +709,11 @@ def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL 
         scheme = urlsplit(location).scheme.lower()
         if scheme and scheme not in _DEFAULT_PORTS:
             return _Ending(CrawlOutcome.REJECTED, f"redirected to a {scheme}: URL")
-        return current.join(location).copy_with(fragment=None)
+        target = current.join(location).copy_with(fragment=None)
     except (ValueError, httpx.InvalidURL) as exc:
         return _Ending(CrawlOutcome.FAILED, f"invalid redirect Location: {exc}")
+    too_long = overlong_target(target)
+    return target if too_long is None else _Ending(CrawlOutcome.REJECTED, too_long)
 
 
 async def _final(

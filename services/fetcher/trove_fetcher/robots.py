@@ -4,7 +4,9 @@ What the fetch status means for the whole origin, and for how long:
 
 - 2xx: the file's rules, for ``ttl`` (a day);
 - 4xx, 401 and 403 included: allow all (RFC 9309 §2.3.1.3), for ``ttl``;
-- more than 5 redirects: unavailable, so allow all (§2.3.1.2), for ``ttl``;
+- more than 5 redirects: unavailable, so allow all (§2.3.1.2), for ``ttl``; a redirect
+  to a Location no request can go to (another scheme, no host, a URL longer than
+  ``MAX_URL_LENGTH``) likewise: no file is there;
 - a redirect to a host the operator excluded: no request to it, and rules that
   disallow everything (``EXCLUDED_RULES``), for ``ttl``: the site's rules cannot be
   read, and the redirect is its lasting choice, so a refusal, not a failure to retry;
@@ -43,6 +45,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -57,6 +60,7 @@ from trove_fetcher.http import (
     BodyReader,
     HopGate,
     HopGateFailed,
+    overlong_target,
     parse_retry_after,
     pass_gate,
     unusable_location,
@@ -301,8 +305,9 @@ async def fetch_robots(
 
     ``before_hop`` is awaited before each redirect hop with the hops so far; what it
     raises (``RedirectPaused``, ``HopGateFailed``) goes to the caller. ``resume``
-    continues a paused chain from its last hop. ``now`` is the clock ``fetched_at`` is
-    read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``).
+    continues a paused chain from its last hop. ``now`` is the clock ``fetched_at`` and
+    a Retry-After date are read on (the fetcher's is the pods' shared one,
+    ``trove_fetcher.clock``).
     ``excluded`` says why a hop's host gets no request (the operator's exclusions), if
     it does not; what it raises is carried to the caller as ``HopGateFailed``."""
     origin = origin.rstrip("/")
@@ -382,6 +387,10 @@ async def fetch_robots(
                         if refusal is not None:
                             error = f"redirected to {url}: {refusal}"[:500]
                             return parsed(status, EXCLUDED_RULES, error=error)
+                        too_long = overlong_target(url)
+                        if too_long is not None:
+                            # As a Location no request can go to: no file is there.
+                            return fallback(RobotsRule.ALLOW_ALL, too_long)
                         hops.append(str(url))
                         if before_hop is not None:
                             await response.aclose()  # the gap runs from the end of this one
@@ -402,7 +411,10 @@ async def fetch_robots(
                             RobotsRule.DISALLOW_ALL,
                             f"HTTP {status}",
                             "rate_limited" if status == 429 else "server_error",
-                            parse_retry_after(response.headers.get("retry-after")),
+                            parse_retry_after(
+                                response.headers.get("retry-after"),
+                                now=datetime.fromtimestamp(now(), UTC),
+                            ),
                         )
                     return fallback(RobotsRule.ALLOW_ALL, f"HTTP {status}")
                 finally:

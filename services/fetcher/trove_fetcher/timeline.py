@@ -74,6 +74,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -651,7 +652,10 @@ class TimelinePoller:
     ``backfill`` bounds the posts the first poll reads back when the request does not
     say (default: ``max_pages`` times ``page_limit``); ``allowed_networks``
     (``TROVE_ALLOWED_NETWORKS``) opens private addresses in shared links; the event fits
-    a stream message of ``max_message_bytes`` (``TROVE_MAX_MESSAGE_BYTES``).
+    a stream message of ``max_message_bytes`` (``TROVE_MAX_MESSAGE_BYTES``). ``now`` is
+    the clock a wait given as a date (``Retry-After``, ``X-RateLimit-Reset``) is read on:
+    the fetcher's is the pods' shared one (``trove_fetcher.clock``), so the wait is as
+    long as the instance asked however far this pod's own clock is.
     """
 
     def __init__(
@@ -667,6 +671,7 @@ class TimelinePoller:
         allowed_networks: Sequence[str] = (),
         max_message_bytes: int = 1 << 20,
         lookback: float = 600.0,
+        now: Callable[[], float] = time.time,
     ) -> None:
         if max_pages < 1 or not 1 <= page_limit <= 40:
             raise ValueError("max_pages must be >= 1 and page_limit within 1..40")
@@ -683,6 +688,7 @@ class TimelinePoller:
             1024, event_budget(max_message_bytes) - _ENVELOPE - MAX_RECENT_POSTS * _RECENT_ID_BYTES
         )
         self._lookback = lookback
+        self._now = now
 
     async def poll(self, request: TimelinePollRequested) -> TimelinePolled:
         """Read the timeline from the request's cursor on. Never raises for what the
@@ -1044,9 +1050,12 @@ class TimelinePoller:
             CrawlOutcome.FAILED, f"too many redirects (more than {self._limits.max_redirects})"
         )
 
-    @staticmethod
-    def _rate_wait(headers: httpx.Headers, progress: _Progress) -> float | None:
-        wait = rate_limit_wait(headers)
+    def _moment(self) -> datetime:
+        """Now, on the clock a dated wait is read on."""
+        return datetime.fromtimestamp(self._now(), UTC)
+
+    def _rate_wait(self, headers: httpx.Headers, progress: _Progress) -> float | None:
+        wait = rate_limit_wait(headers, now=self._moment())
         if wait is not None:
             progress.rate_spent = True
         return wait
@@ -1112,7 +1121,7 @@ class TimelinePoller:
                     outcome,
                     f"HTTP {status}: the instance asks to slow down",
                     status=status,
-                    retry_after=retry_after_of(response.headers),
+                    retry_after=retry_after_of(response.headers, now=self._moment()),
                 )
             if 400 <= status < 500:
                 raise _Stop(CrawlOutcome.BLOCKED_4XX, f"HTTP {status}", status=status)
