@@ -11,12 +11,23 @@ import threading
 import time
 from collections.abc import Iterator
 
+import dns.message
+import dns.rcode
+import dns.rdatatype
 import pytest
 
 from tests.conftest import eventually
 from tests.fetcher._dns import DnsServer, dns_server
 from trove_fetcher.dns import MAX_ADDRESSES, DnsConfig, DnsResolver, parse_nameserver
-from trove_fetcher.errors import DnsTimeout, NameNotFound, ResolverAway
+from trove_fetcher.errors import (
+    DnsError,
+    DnsFailure,
+    DnsTimeout,
+    NameNotFound,
+    NetworkAway,
+    PodExhausted,
+    ResolverAway,
+)
 
 
 class Clock:
@@ -181,10 +192,52 @@ async def test_queries_in_flight_are_bounded(server: DnsServer) -> None:
     resolver = _resolver(server, timeout=0.5, max_concurrent=2)
     names = [f"hang{i}.trove.test" for i in range(8)]
     before = {name: server.asked(name) for name in names}
-    results = await asyncio.gather(*(resolver.lookup(n) for n in names), return_exceptions=True)
+
+    async def sent() -> list[str]:
+        return [name for name in names if server.asked(name) > before[name]]
+
+    lookups = asyncio.gather(*(resolver.lookup(n) for n in names), return_exceptions=True)
+    await eventually(sent, until=lambda s: len(s) >= 2, timeout=2, interval=0.01, what="sent")
+    assert len(await sent()) == 2  # the others wait for a slot, for 0.5 s at least
+    results = await lookups
     assert all(isinstance(result, DnsTimeout) for result in results)
-    sent = [name for name in names if server.asked(name) > before[name]]
-    assert len(sent) == 2
+    assert len(await sent()) == 8  # each its own timeout, once it had a slot
+
+
+async def test_a_lookup_queued_behind_slow_ones_gets_its_whole_timeout_once_it_has_a_slot(
+    server: DnsServer,
+) -> None:
+    # Two rounds of lame names fill both slots for twice the lookup timeout: a name
+    # behind them is answered, not timed out for waiting.
+    resolver = _resolver(server, timeout=0.5, max_concurrent=2)
+    slow = [resolver.lookup(f"hang{i}.trove.test") for i in range(4)]
+    results = await asyncio.gather(
+        *slow, resolver.lookup("site.trove.test"), return_exceptions=True
+    )
+    assert all(isinstance(result, DnsTimeout) for result in results[:4]), results
+    assert results[4] == ("127.0.0.1",)
+
+
+async def test_a_wait_for_a_query_slot_too_long_is_the_pods_trouble_not_the_hosts(
+    server: DnsServer,
+) -> None:
+    resolver = _resolver(server, timeout=1.0, max_concurrent=1, queue_timeout=0.2)
+    before = server.asked("hang0.trove.test"), server.asked("site.trove.test")
+    lame = asyncio.create_task(resolver.lookup("hang0.trove.test"))
+
+    async def asked() -> int:
+        return server.asked("hang0.trove.test")
+
+    await eventually(asked, until=lambda n: n > before[0], timeout=2, interval=0.01, what="sent")
+    with pytest.raises(PodExhausted, match=r"no DNS query slot free for 0\.2 s") as raised:
+        await resolver.lookup("site.trove.test")
+    assert isinstance(raised.value, NetworkAway)  # handed back, nothing recorded
+    assert not isinstance(raised.value, DnsError)
+    assert server.asked("site.trove.test") == before[1]  # never asked: nothing said of it
+    with pytest.raises(DnsTimeout):
+        await lame
+    assert resolver.cached == 0
+    assert await resolver.lookup("site.trove.test") == ("127.0.0.1",)
 
 
 async def test_localhost_is_loopback_without_a_query(server: DnsServer) -> None:
@@ -298,3 +351,54 @@ async def test_lookups_failing_together_ask_the_root_once(own_server: DnsServer)
     results = await asyncio.gather(*(resolver.lookup(n) for n in names), return_exceptions=True)
     assert all(isinstance(r, ResolverAway) for r in results), results
     assert own_server.asked(".") == 1
+
+
+def aaaa_broken(server: DnsServer, monkeypatch: pytest.MonkeyPatch, name: str, how: str) -> None:
+    """``server`` answers ``name``'s AAAA query with nothing (``silent``) or SERVFAIL, as
+    some hosts' nameservers do, and everything else as before."""
+    answer = server.answer
+
+    def answering(wire: bytes) -> bytes | None:
+        query = dns.message.from_wire(wire)
+        question = query.question[0]
+        if question.rdtype != dns.rdatatype.AAAA or question.name.to_text().rstrip(".") != name:
+            return answer(wire)
+        if how == "silent":
+            return None
+        response = dns.message.make_response(query)
+        response.set_rcode(dns.rcode.SERVFAIL)
+        return response.to_wire()
+
+    monkeypatch.setattr(server, "answer", answering)
+
+
+@pytest.mark.parametrize("aaaa", ["silent", "servfail"])
+async def test_an_ipv4_answer_is_kept_when_aaaa_alone_fails(
+    own_server: DnsServer, monkeypatch: pytest.MonkeyPatch, aaaa: str
+) -> None:
+    own_server.records["v4.trove.test"] = (("127.0.0.1",), 3600)
+    aaaa_broken(own_server, monkeypatch, "v4.trove.test", aaaa)
+    clock = Clock()
+    resolver = _resolver(own_server, clock, timeout=0.3, max_negative_ttl=60.0)
+    assert await resolver.lookup("v4.trove.test") == ("127.0.0.1",)
+    asked = own_server.asked("v4.trove.test")
+    # Cached, but the family that failed is asked again as soon as a negative answer
+    # would be, not after the A record's hour.
+    clock.now += 59
+    assert await resolver.lookup("v4.trove.test") == ("127.0.0.1",)
+    assert own_server.asked("v4.trove.test") == asked
+    clock.now += 2
+    assert await resolver.lookup("v4.trove.test") == ("127.0.0.1",)
+    assert own_server.asked("v4.trove.test") > asked
+
+
+async def test_no_address_and_a_failed_aaaa_is_a_failure_not_a_name_without_address(
+    own_server: DnsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_server.records["v6.trove.test"] = (("::1",), 60)
+    aaaa_broken(own_server, monkeypatch, "v6.trove.test", "servfail")
+    resolver = _resolver(own_server, timeout=0.3)
+    with pytest.raises(DnsFailure):
+        await resolver.lookup("v6.trove.test")
+    assert resolver.cached == 0  # its AAAA is not known to be missing
+    assert own_server.asked(".") == 0  # the A's answer showed the nameservers work

@@ -18,7 +18,14 @@ resolve its name again.
   ``[min_ttl, max_negative_ttl]``; a failure to get any answer (timeout, SERVFAIL)
   is not cached: it says nothing about the name;
 * keeps at most ``cache_entries`` names, least recently used first out;
-* lets ``max_concurrent`` queries out at once and ends each lookup after ``timeout``;
+* lets ``max_concurrent`` lookups out at once and ends each after ``timeout``, counted
+  from when it has its query slot: a name queued behind slow ones (a blogroll of lame
+  delegations) is not timed out for their slowness. A lookup that waits longer than
+  ``queue_timeout`` for a slot is the pod's trouble (``PodExhausted``), not the host's;
+* asks for A and AAAA side by side, and takes what answered: a host whose nameserver
+  mishandles AAAA (a timeout, SERVFAIL) keeps its IPv4 addresses. Only when neither
+  family answered does the lookup fail. An answer with a family missing is cached no
+  longer than a negative answer, so the missing family is asked again soon;
 * asks once for a name that several jobs want at the same moment;
 * tells the pod's trouble from the host's. A lookup that gets no answer (a timeout,
   SERVFAIL) is the host's (a lame delegation, a dead nameserver of its own) when the
@@ -27,7 +34,9 @@ resolve its name again.
   and it is ``ResolverAway``: the cluster's DNS is restarting, or the pod lost its
   network, and nothing is recorded against the host. For ``recheck`` seconds, names
   not in the cache then fail at once, without a query; the next lookup after that asks
-  again. The fetcher hands such work back, before it takes a lease.
+  again. The fetcher hands such work back, before it takes a lease;
+* tells the pod's own shortage of descriptors or buffers (EMFILE, ENOBUFS, ...) when
+  it opens a query's socket: ``PodExhausted``, handed back too, nothing cached.
 
 Names are absolute: the ``search`` list of resolv.conf is not applied (Kubernetes's
 ``ndots:5`` would otherwise send five queries for ``example.org`` before the real one),
@@ -44,7 +53,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import dns.asyncquery
@@ -56,7 +65,15 @@ import dns.rcode
 import dns.rdatatype
 import dns.resolver
 
-from trove_fetcher.errors import DnsFailure, DnsTimeout, NameNotFound, ResolverAway
+from trove_fetcher.errors import (
+    DnsError,
+    DnsFailure,
+    DnsTimeout,
+    NameNotFound,
+    NetworkAway,
+    PodExhausted,
+    ResolverAway,
+)
 from trove_schema.metrics import NAMESERVERS_AWAY
 from trove_schema.settings import FetcherSettings
 
@@ -76,9 +93,14 @@ class DnsConfig:
 
     #: ``ip`` or ``ip:port`` (``[v6]:port``); empty: the system's, from resolv.conf.
     nameservers: tuple[str, ...] = ()
-    #: Longest one lookup (both address families, every nameserver) may take.
+    #: Longest one lookup (both address families, every nameserver) may take, once it
+    #: has one of the ``max_concurrent`` query slots.
     timeout: float = 5.0
     max_concurrent: int = 64
+    #: Longest a lookup waits for a query slot. A slot is held one ``timeout`` at most,
+    #: so past that wait the pod asks more than its slots can carry: its trouble, and
+    #: the work is handed back rather than timed out against a healthy host.
+    queue_timeout: float = 5.0
     #: A cached name costs ~0.5 KB (name, a few addresses, expiry, LRU links): 10,000
     #: names are ~5 MB. A pod needs only the hosts it is crawling within a TTL; past
     #: that a miss costs one query, so the bound trades a little traffic for memory
@@ -97,6 +119,7 @@ class DnsConfig:
             nameservers=settings.dns_nameservers,
             timeout=settings.dns_timeout_seconds,
             max_concurrent=settings.dns_concurrency,
+            queue_timeout=settings.dns_timeout_seconds,
             cache_entries=settings.dns_cache_entries,
             min_ttl=settings.dns_min_ttl_seconds,
             max_ttl=settings.dns_max_ttl_seconds,
@@ -161,8 +184,9 @@ class DnsResolver:
     """``await resolver(host, port)`` -> addresses (A first, then AAAA), cached.
 
     Raises ``NameNotFound`` (cached), ``DnsTimeout`` or ``DnsFailure`` (not cached),
-    or ``ResolverAway`` when the nameservers answer nothing at all. ``clock`` is a seam
-    for tests: TTLs are measured on it.
+    ``ResolverAway`` when the nameservers answer nothing at all, or ``PodExhausted``
+    when the pod has no query slot or socket to ask with. ``clock`` is a seam for
+    tests: TTLs are measured on it.
     """
 
     def __init__(
@@ -195,6 +219,12 @@ class DnsResolver:
         #: Since when, and why, they are taken to be away; None while they answer.
         self._away: tuple[float, str] | None = None
         self._probe: asyncio.Task[str | None] | None = None
+
+    @property
+    def longest(self) -> float:
+        """The longest a lookup takes: its wait for a slot, its queries, and the question
+        to the root zone that tells whose trouble a failure is."""
+        return self.config.queue_timeout + 2 * self.config.timeout
 
     @property
     def cached(self) -> int:
@@ -236,7 +266,7 @@ class DnsResolver:
             self._pending[name] = task
             task.add_done_callback(lambda done: self._settle(name, done))
         # Shielded: one job giving up (its own timeout) does not cancel the lookup
-        # that other jobs wait on; the lookup still ends at ``config.timeout``.
+        # that other jobs wait on; the lookup still ends within ``longest``.
         entry = await asyncio.shield(task)
         return entry.result(host)
 
@@ -250,36 +280,69 @@ class DnsResolver:
             self._cache.popitem(last=False)
 
     async def _resolve(self, name: str) -> _Entry:
-        config = self.config
-        sent = self._clock()
+        async with self._slot(name):
+            sent = self._clock()
+            answers = await asyncio.gather(
+                self._ask(name, dns.rdatatype.A),
+                self._ask(name, dns.rdatatype.AAAA),
+                return_exceptions=True,
+            )
         try:
-            try:
-                async with asyncio.timeout(config.timeout):
-                    async with self._slots:
-                        v4, v6 = await asyncio.gather(
-                            self._ask(name, dns.rdatatype.A), self._ask(name, dns.rdatatype.AAAA)
-                        )
-            except TimeoutError:
-                raise DnsTimeout(f"resolving {name} timed out after {config.timeout:g} s") from None
+            return self._entry(answers)
         except (DnsTimeout, DnsFailure) as exc:
             if self._answered_at < sent:  # nothing else answered meanwhile: is it us?
                 why = await self._nameservers_silent()
                 if why is not None:
                     raise ResolverAway(
-                        f"resolving {name}: {exc}; {why}", retry_after=config.recheck
+                        f"resolving {name}: {exc}; {why}", retry_after=self.config.recheck
                     ) from None
             raise
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, name: str) -> AsyncIterator[None]:
+        """One of the query slots, waited for ``queue_timeout`` at most."""
+        config = self.config
+        try:
+            async with asyncio.timeout(config.queue_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PodExhausted(
+                f"resolving {name}: no DNS query slot free for {config.queue_timeout:g} s"
+                f" ({config.max_concurrent} lookups in flight)",
+                retry_after=config.timeout,
+            ) from None
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    def _entry(self, answers: Sequence[_Part | BaseException]) -> _Entry:
+        """The cache entry for the A and AAAA answers (in that order), or the error."""
+        config = self.config
+        parts = [answer for answer in answers if isinstance(answer, _Part)]
+        failures = [answer for answer in answers if not isinstance(answer, _Part)]
+        for failure in failures:
+            if not isinstance(failure, DnsError | NetworkAway):
+                raise failure  # not an answer of DNS: as it came
         now = self._clock()
-        self._answering(now)
-        addresses = v4.addresses + v6.addresses
+        if parts:
+            self._answering(now)
+        addresses = tuple(itertools.chain.from_iterable(part.addresses for part in parts))
         if addresses:
-            ttl = min(part.ttl for part in (v4, v6) if part.addresses)
+            ttl = min(part.ttl for part in parts if part.addresses)
             ttl = min(max(ttl, config.min_ttl), config.max_ttl)
+            if failures:
+                # The family that failed says nothing about the name: asked again as soon
+                # as a "no such record" would be, not an hour later.
+                ttl = min(ttl, config.max_negative_ttl)
             return _Entry(addresses, now + ttl)
-        missing = "no such name" if v4.nxdomain or v6.nxdomain else "no address"
-        ttl = min(v4.ttl, v6.ttl)
+        nxdomain = any(part.nxdomain for part in parts)
+        if failures and not nxdomain:
+            # The pod's shortage first: the host's failure is not known while it lasts.
+            raise next((f for f in failures if isinstance(f, NetworkAway)), failures[0])
+        ttl = min(part.ttl for part in parts)
         ttl = min(max(ttl, config.min_ttl), config.max_negative_ttl)
-        return _Entry((), now + ttl, missing)
+        return _Entry((), now + ttl, "no such name" if nxdomain else "no address")
 
     def _answering(self, now: float) -> None:
         self._answered_at = now
@@ -324,24 +387,44 @@ class DnsResolver:
         return why
 
     async def _ask(self, name: str, rdtype: dns.rdatatype.RdataType) -> _Part:
+        timeout = self.config.timeout
         self.queries += 1
         try:
-            answer = await self._resolver.resolve(
-                name,
-                rdtype,
-                search=False,
-                raise_on_no_answer=False,
-                lifetime=self.config.timeout,
-            )
+            # Each family bounded on its own: one that hangs does not take the other's
+            # answer with it.
+            async with asyncio.timeout(timeout):
+                answer = await self._resolver.resolve(
+                    name,
+                    rdtype,
+                    search=False,
+                    raise_on_no_answer=False,
+                    lifetime=timeout,
+                )
+        except TimeoutError:
+            raise DnsTimeout(f"resolving {name} timed out after {timeout:g} s") from None
         except dns.resolver.NXDOMAIN as exc:
             responses = exc.kwargs.get("responses") or {}
             return _Part((), _negative_ttl(next(iter(responses.values()), None)), nxdomain=True)
-        except dns.exception.Timeout as exc:
-            raise DnsTimeout(f"resolving {name} timed out: {exc}") from None
         except dns.exception.DNSException as exc:
+            exhausted = _exhausted(exc)
+            if exhausted is not None:
+                raise exhausted from exc
+            if isinstance(exc, dns.exception.Timeout):
+                raise DnsTimeout(f"resolving {name} timed out: {exc}") from None
             raise DnsFailure(f"cannot resolve {name}: {exc}") from None
         if answer.rrset is None:
             return _Part((), float(answer.chaining_result.minimum_ttl))
         records = itertools.islice(answer.rrset, MAX_ADDRESSES)
         addresses = tuple(str(getattr(record, "address", "")) for record in records)
         return _Part(addresses, float(answer.chaining_result.minimum_ttl))
+
+
+def _exhausted(exc: dns.exception.DNSException) -> PodExhausted | None:
+    """The pod's shortage among the errors dnspython met asking each nameserver (it
+    takes a nameserver whose socket could not be opened for a broken one)."""
+    for error in exc.kwargs.get("errors") or ():
+        for item in error if isinstance(error, tuple) else (error,):
+            found = PodExhausted.of(item) if isinstance(item, BaseException) else None
+            if found is not None:
+                return found
+    return None

@@ -13,7 +13,8 @@
     │   └── ResolverAway          (also a NetworkAway)
     ├── NetworkAway           the pod's own network is away: not the host's fault
     │   ├── ResolverAway          the pod's own nameservers answer nothing
-    │   └── EgressAway            no connection succeeds, to any address (``trove_fetcher.egress``)
+    │   ├── EgressAway            no connection succeeds, to any address (``trove_fetcher.egress``)
+    │   └── PodExhausted          the pod is out of descriptors, buffers or DNS query slots
     └── ContentError          the body cannot be taken as it was sent
         ├── DecompressionBomb     it inflates past the size cap at an absurd ratio
         ├── UndecodableBody       its Content-Encoding is corrupt
@@ -33,6 +34,9 @@ A page larger than the size cap is not an error: it is cut and marked ``truncate
 """
 
 from __future__ import annotations
+
+import errno
+import ssl
 
 
 class FetcherError(Exception):
@@ -128,6 +132,33 @@ class ResolverAway(DnsError, NetworkAway):
 class EgressAway(NetworkAway):
     """No connection of the pod succeeds, to any address, while many fail: its way out
     (a NAT gateway, a NetworkPolicy, the node's uplink) is taken to be down."""
+
+
+class PodExhausted(NetworkAway):
+    """The pod ran out of something of its own: file descriptors (EMFILE, ENFILE),
+    socket buffers or kernel memory (ENOBUFS, ENOMEM), or a free DNS query slot.
+
+    The host was never asked, or its answer never read. Other connections of the pod
+    may still succeed at the same moment, so the egress watch cannot tell this apart:
+    the error itself does.
+    """
+
+    #: What the kernel answers when the pod, not the network or the host, is short.
+    SHORTAGES = {
+        errno.EMFILE: "file descriptors",
+        errno.ENFILE: "file descriptors (the node's)",
+        errno.ENOBUFS: "socket buffers",
+        errno.ENOMEM: "kernel memory",
+    }
+
+    @classmethod
+    def of(cls, exc: BaseException) -> PodExhausted | None:
+        """``exc`` as the pod's shortage, or None when it is something else."""
+        # An SSLError's errno is OpenSSL's error code, not the kernel's.
+        if not isinstance(exc, OSError) or isinstance(exc, ssl.SSLError):
+            return None
+        short = cls.SHORTAGES.get(exc.errno) if exc.errno is not None else None
+        return None if short is None else cls(f"the pod is out of {short}: {exc}")
 
 
 class ContentError(FetcherError):

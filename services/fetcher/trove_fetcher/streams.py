@@ -11,7 +11,8 @@ a timeout is ``asyncio.timeout``: the standard library's code for the same job.
 
 Errors come out as httpcore's, as from its own backends: ``ConnectTimeout`` and
 ``ConnectError`` from connecting and the TLS handshake, ``ReadTimeout`` and
-``ReadError``, ``WriteTimeout`` and ``WriteError``.
+``ReadError``, ``WriteTimeout`` and ``WriteError``; but the pod's own shortage of
+descriptors or buffers (EMFILE, ENOBUFS, ...) is ``PodExhausted``, not the host's.
 """
 
 from __future__ import annotations
@@ -23,9 +24,15 @@ from typing import Any
 
 import httpcore
 
+from trove_fetcher.errors import PodExhausted
+
 #: The reader's limit: the event loop stops reading a connection that holds twice this
 #: unread, so a body that never ends costs at most that much memory until it is read.
 READ_LIMIT = 64 * 1024
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 class AsyncioStream(httpcore.AsyncNetworkStream):
@@ -42,7 +49,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         except TimeoutError:
             raise httpcore.ReadTimeout("timed out reading the response") from None
         except OSError as exc:
-            raise httpcore.ReadError(str(exc) or type(exc).__name__) from exc
+            raise PodExhausted.of(exc) or httpcore.ReadError(_text(exc)) from exc
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 (httpcore's interface)
         if not buffer:
@@ -54,7 +61,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         except TimeoutError:
             raise httpcore.WriteTimeout("timed out sending the request") from None
         except OSError as exc:
-            raise httpcore.WriteError(str(exc) or type(exc).__name__) from exc
+            raise PodExhausted.of(exc) or httpcore.WriteError(_text(exc)) from exc
 
     async def aclose(self) -> None:
         # As anyio does: close (TLS's goodbye, the buffered bytes out) if it goes at
@@ -79,7 +86,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             raise httpcore.ConnectTimeout("timed out in the TLS handshake") from None
         except (OSError, EOFError) as exc:  # ssl.SSLError is an OSError
             await self.aclose()
-            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+            raise PodExhausted.of(exc) or httpcore.ConnectError(_text(exc)) from exc
         except BaseException:
             await self.aclose()
             raise
@@ -127,7 +134,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
         except OSError as exc:
-            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+            raise PodExhausted.of(exc) or httpcore.ConnectError(_text(exc)) from exc
         stream = AsyncioStream(reader, writer)
         try:
             sock = writer.get_extra_info("socket")
@@ -135,7 +142,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
                 sock.setsockopt(*option)
         except OSError as exc:
             await stream.aclose()
-            raise httpcore.ConnectError(str(exc)) from exc
+            raise PodExhausted.of(exc) or httpcore.ConnectError(_text(exc)) from exc
         return stream
 
     async def connect_unix_socket(

@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.cookiejar
+import logging
 import math
 import re
+import resource
 import socket
 import ssl
 import struct
@@ -56,12 +58,15 @@ from trove_fetcher.errors import (
     DnsError,
     DnsTimeout,
     NetworkAway,
+    PodExhausted,
     ResolverAway,
 )
 from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.settings import FetcherSettings
+
+log = logging.getLogger(__name__)
 
 #: ``async (host, port) -> addresses``: how a hostname becomes IP literals.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -191,14 +196,15 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         else:
             try:
                 addresses = list(await self._resolver(host, port))
-            except ResolverAway:
+            except NetworkAway:
                 raise  # the pod's trouble, not the host's: passed through httpx untouched
             except DnsTimeout as exc:
                 raise httpcore.ConnectTimeout(str(exc)) from exc
             except DnsError as exc:
                 raise httpcore.ConnectError(str(exc)) from exc
             except OSError as exc:
-                raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+                error = httpcore.ConnectError(f"cannot resolve {host}: {exc}")
+                raise PodExhausted.of(exc) or error from exc
         if not addresses:
             raise httpcore.ConnectError(f"cannot resolve {host}: no address")
         # All of them, not just the first: a name with one private record among public
@@ -215,12 +221,18 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # The connect timeout is the connection's own, counted once the name has its
+        # addresses: a lookup that waited for a query slot behind slow ones (the pod's
+        # load, which the resolver bounds and hands back) must not time out a healthy
+        # host's connection. The lookup still has a bound: its resolver's longest, when
+        # it says, and one connect timeout on top.
+        limit = None if timeout is None else timeout + getattr(self._resolver, "longest", 0.0)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(limit):
                 addresses = await self.resolve(host, port)
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
         error: Exception | None = None
         for address in _tried(addresses):
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -642,11 +654,9 @@ def build_client(
         network = build_network(
             settings, network_backend=network_backend, resolver=resolver, exclusions=exclusions
         )
-    transport = GuardedTransport(
-        network,
-        config=pool or PoolConfig.for_settings(settings),
-        ssl_context=ssl_context,
-    )
+    pool = pool or PoolConfig.for_settings(settings)
+    _warn_if_few_descriptors(pool, settings)
+    transport = GuardedTransport(network, config=pool, ssl_context=ssl_context)
     return httpx.AsyncClient(
         transport=transport,
         headers={"User-Agent": user_agent(settings)},
@@ -660,6 +670,30 @@ def build_client(
         trust_env=False,
         cookies=_no_cookies(),
     )
+
+
+#: Descriptors a pod holds besides its connections and DNS sockets: the broker's
+#: connection, the metrics server, the event loop's, the interpreter's own files.
+DESCRIPTOR_MARGIN = 64
+
+
+def _warn_if_few_descriptors(pool: PoolConfig, settings: FetcherSettings) -> None:
+    """Say at start when the pod may open fewer descriptors than its settings can use at
+    once: past the limit, connections and lookups fail (EMFILE), and though that work
+    is handed back rather than blamed on its hosts (``PodExhausted``), it is not crawled."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # A socket a connection, and one a query of each family of a lookup in flight.
+    needed = pool.max_connections + 2 * settings.dns_concurrency + DESCRIPTOR_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the pod may open %d file descriptors, and its settings use up to %d at once"
+            " (%d connections, TROVE_DNS_CONCURRENCY=%d): raise its limit (ulimit -n) or"
+            " lower TROVE_CONCURRENCY",
+            soft,
+            needed,
+            pool.max_connections,
+            settings.dns_concurrency,
+        )
 
 
 #: Addresses of a name one connection tries, of each family: a zone of thousands of
