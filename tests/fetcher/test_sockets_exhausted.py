@@ -18,7 +18,8 @@ import pytest
 from tests.fetcher._dns import DnsServer, dns_server
 from tests.fetcher._servers import Exchange, LocalServer, serving
 from trove_fetcher.dns import DnsConfig, DnsResolver
-from trove_fetcher.errors import DnsError, NetworkAway, PodExhausted
+from trove_fetcher.errors import DnsError, EgressAway, NetworkAway, PodExhausted
+from trove_fetcher.fetcher import _waits_for_network
 from trove_fetcher.http import FetchLimits, fetch
 from trove_fetcher.robots import fetch_robots
 from trove_fetcher.transport import PoolConfig, build_client, build_network
@@ -149,3 +150,17 @@ def test_only_the_kernels_shortages_are_the_pods() -> None:
     assert PodExhausted.of(ConnectionRefusedError(errno.ECONNREFUSED, "refused")) is None
     # OpenSSL's codes share the errno field: a bad handshake is the host's.
     assert PodExhausted.of(ssl.SSLError(errno.ENOMEM, "handshake failure")) is None
+
+
+def test_work_handed_back_for_the_pods_shortage_says_so_aloud() -> None:
+    # Nameservers and egress have a watch that logs their outage once; a pod short of
+    # descriptors has none, so each hand-back is a warning that names the shortage.
+    shortage = PodExhausted.of(OSError(errno.EMFILE, "Too many open files"))
+    assert shortage is not None
+    retry = _waits_for_network(shortage)
+    assert not retry.expected
+    assert "the pod is short" in str(retry)
+    assert "file descriptors" in str(retry)
+    away = _waits_for_network(EgressAway("no connection succeeds"))
+    assert away.expected
+    assert "egress is away" in str(away)

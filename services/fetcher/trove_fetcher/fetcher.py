@@ -62,6 +62,7 @@ from trove_fetcher.errors import (
     GateDeferred,
     NetworkAway,
     NotActivityStreams,
+    PodExhausted,
     RedirectPaused,
     ResolverAway,
     RobotsUnavailable,
@@ -1225,6 +1226,8 @@ def _waits_for_network(exc: NetworkAway) -> Retry:
     """The work goes back to the stream, not counted: nothing is blamed on the host (the
     resolver or the egress watch logs the outage once, and ``trove_nameservers_away`` or
     ``trove_egress_away`` shows it). It comes back when the watch that saw the outage
-    looks again."""
+    looks again. The pod's own shortage has no watch: each hand-back says so."""
+    if isinstance(exc, PodExhausted):
+        return Retry(f"the pod is short: {exc}", delay=exc.retry_after)
     what = "the nameservers are away" if isinstance(exc, ResolverAway) else "egress is away"
     return Retry(f"{what}: {exc}", delay=exc.retry_after, expected=True)
