@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from trove_fetcher.clock import ServerClock, outlasting, stream_info
+from trove_fetcher.deferral import horizon
 from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.language import default_identifier
@@ -69,6 +71,48 @@ async def _message_limit(bus: Bus, configured: int) -> int:
             configured,
         )
     return limit
+
+
+#: Seconds between two reads of how long the work stream keeps a message.
+WORK_AGE_REFRESH = 60.0
+
+
+async def _work_age(bus: Bus, configured: float) -> float:
+    """How long TROVE_WORK keeps a message: ``TROVE_WORK_MAX_AGE_SECONDS``, or less when
+    the stream says so. A pod of the release before, started while this one rolls out
+    (a scale-up mid-rollout), reconciles the stream to its own settings; a work message
+    scheduled by this pod's longer age would then age out before it fired."""
+    with contextlib.suppress(Exception):  # the broker away: the age as last read holds
+        kept = (await bus.js.stream_info(WORK_STREAM)).config.max_age
+        if kept is not None and kept > 0:
+            return min(configured, kept)
+    return configured
+
+
+async def _keep_horizon(
+    bus: Bus,
+    configured: float,
+    apply: Callable[[float], None],
+    stop: asyncio.Event,
+    interval: float = WORK_AGE_REFRESH,
+) -> None:
+    """Schedule work no further ahead than the stream keeps it (``deferral.horizon``),
+    read again every ``interval`` until ``stop``."""
+    shown = configured
+    while not stop.is_set():
+        age = await _work_age(bus, configured)
+        if age != shown:
+            log.warning(
+                "%s keeps a message %.0f s, TROVE_WORK_MAX_AGE_SECONDS says %.0f s: work is "
+                "scheduled within what the stream keeps",
+                WORK_STREAM,
+                age,
+                configured,
+            )
+            shown = age
+        apply(horizon(age))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
 
 
 #: What a cached robots.txt record (``RobotsPolicy.to_bytes``) adds to the file: its JSON
@@ -152,7 +196,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             robots_token=settings.robots_token,
             robots_max_bytes=_robots_limit(bus, settings.robots_max_bytes),
             robots_ttl=settings.robots_ttl_seconds,
-            work_max_age=settings.work_max_age_seconds,
+            work_max_age=await _work_age(bus, settings.work_max_age_seconds),
             max_message_bytes=await _message_limit(bus, settings.max_message_bytes),
             ack_wait=settings.ack_wait_seconds,
             poll_lookback=settings.poll_lookback_seconds,
@@ -190,6 +234,12 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
         await together(
             stop,
             clock.keep(stop),
+            _keep_horizon(
+                bus,
+                settings.work_max_age_seconds,
+                lambda ahead: setattr(fetcher, "horizon", ahead),
+                stop,
+            ),
             listed.keep(stop),
             bus.until_closed(stop),
             *(c.run(stop) for c in consumers),
