@@ -26,3 +26,14 @@ def test_capacity_zero_remembers_nothing() -> None:
     known = PageIds(capacity=0)
     known.learn("16401@2026-11-28 07:00:00+00", {"a": 1})
     assert known.get("a") is None
+
+
+def test_a_url_longer_than_ordinary_ones_is_not_remembered() -> None:
+    # A trap whose links grow to 2,048 characters would fill the map with ~420 MB at
+    # its default 200,000 entries; such a URL is looked up in the batch instead.
+    ids = PageIds(capacity=10)
+    long = "https://trap.example/" + "a/" * 1_000
+    ids.learn("g", {"https://example.org/": 1, long: 2})
+    assert ids.get("https://example.org/") == 1
+    assert ids.get(long) is None
+    assert len(ids) == 1

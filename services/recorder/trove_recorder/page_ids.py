@@ -26,6 +26,12 @@ from itertools import islice
 
 from trove_recorder.sql import Statement, Transaction
 
+#: The longest URL remembered. The map is bounded by its entries, and URLs may be 2,048
+#: characters: a trap whose links grow to that length would fill 200,000 entries with
+#: ~420 MB, past the recorder's memory limit. Ordinary URLs are far shorter, and one
+#: not remembered costs a lookup in the batch's statement.
+REMEMBERED_URL_CHARS = 256
+
 _GENERATION = Statement("SELECT pg_relation_filenode('pages') || '@' || pg_postmaster_start_time()")
 
 
@@ -64,7 +70,9 @@ class PageIds:
         if generation != self._generation:
             self._ids.clear()
             self._generation = generation
-        self._ids.update(ids)
+        self._ids.update(
+            (url, page_id) for url, page_id in ids.items() if len(url) <= REMEMBERED_URL_CHARS
+        )
         excess = len(self._ids) - self.capacity
         if excess > 0:
             for url in list(islice(self._ids, excess + self.capacity // 10)):
