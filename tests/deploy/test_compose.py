@@ -331,3 +331,13 @@ def test_each_service_runs_with_the_limits_it_has_in_kubernetes(service: str) ->
     size = int(memory.group(1)) * 2 ** {"K": 10, "M": 20, "G": 30}[memory.group(2)]
     assert size == quantity(pods["memory"])
     assert float(limits["cpus"]) == quantity(pods["cpu"])
+
+
+def test_every_trove_containers_log_is_rotated() -> None:
+    # A line a fetch, kept for ever by Docker's default json-file driver, fills the
+    # engine's disk in weeks.
+    trove = built_services()
+    assert {"discovery", "fetcher", "recorder"} <= set(trove)
+    for name, service in trove.items():
+        options = service.get("logging", {}).get("options", {})
+        assert options.get("max-size") and options.get("max-file"), name
