@@ -94,13 +94,14 @@ class DomainAudit:
     site_hosts: list[str] | None = None
 
 
+# The host's counts by error type (None: no error), summed for its totals: one read of
+# its audit, from the index that holds each attempt's verdict beside its host and time
+# (a busy host's tens of millions of rows are not fetched from the table).
 _COUNTS = text(
-    "SELECT count(*), count(*) FILTER (WHERE success), count(*) FILTER (WHERE is_banned), "
-    "min(attempted_at), max(attempted_at) FROM fetcher_attempts WHERE host = :host"
-)
-_BY_ERROR = text(
-    "SELECT error_type, count(*) FROM fetcher_attempts WHERE host = :host "
-    "AND error_type IS NOT NULL GROUP BY error_type ORDER BY count(*) DESC, error_type"
+    "SELECT error_type, count(*), count(*) FILTER (WHERE success), "
+    "count(*) FILTER (WHERE is_banned), min(attempted_at), max(attempted_at) "
+    "FROM fetcher_attempts WHERE host = :host GROUP BY error_type "
+    "ORDER BY count(*) DESC, error_type"
 )
 _RECENT = text(
     "SELECT a.attempted_at, a.url, a.http_status, a.success, a.is_banned, a.error_type, "
@@ -137,14 +138,16 @@ async def collect_domain(
     host = host_named(host)
     found = DomainAudit(host=host)
     async with engine.connect() as conn:
-        total, ok, banned, first, newest = (await conn.execute(_COUNTS, {"host": host})).one()
-        found.attempts, found.successes, found.banned = int(total), int(ok), int(banned)
-        found.first, found.last = first, newest
-        found.by_error_type = {
-            kind: int(n) for kind, n in (await conn.execute(_BY_ERROR, {"host": host})).all()
-        }
+        counts = (await conn.execute(_COUNTS, {"host": host})).all()
         rows = (await conn.execute(_RECENT, {"host": host, "last": last})).all()
         learned = (await conn.execute(_POLICY, {"host": host})).scalar_one_or_none()
+    for _, total, ok, banned, first, newest in counts:
+        found.attempts += int(total)
+        found.successes += int(ok)
+        found.banned += int(banned)
+        found.first = first if found.first is None else min(found.first, first)
+        found.last = newest if found.last is None else max(found.last, newest)
+    found.by_error_type = {kind: int(n) for kind, n, *_ in counts if kind is not None}
     if learned is not None:
         found.policy = HostPolicy.from_json(learned)
     found.recent = [

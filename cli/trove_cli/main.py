@@ -202,16 +202,14 @@ async def watch_crawl(
             TimeElapsedColumn(),
             TextColumn("{task.fields[note]}"),
         )
-        # A state folder kept from earlier crawls (no --fresh): --max-pages and the bar
-        # count this crawl's pages, not every page the database holds.
-        done_before, queued_before = await progress_counts(engine)
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("crawl", total=None, note="")
             while True:
                 # A service that dies meanwhile is restarted by LocalTrove's supervisor.
-                done_all, queued_all = await progress_counts(engine)
-                done = max(done_all - done_before, 0)
-                queued = max(queued_all - queued_before, done)
+                # A state folder kept from earlier crawls (no --fresh): --max-pages and the
+                # bar count this crawl's pages (its report's), not every page the database
+                # holds.
+                done, queued = await progress_counts(engine, began)
                 backlog = await pipeline_backlog(js)
                 note = f"backlog {backlog}"
                 # The pages a followed instance shares come with its first poll: the
@@ -231,10 +229,10 @@ async def watch_crawl(
                     next_line = time.monotonic() + 5.0
                 if max_pages is not None and done >= max_pages:
                     break
-                # Idle: nothing waiting anywhere, every page queued crawled, for 2 s (the
-                # seeds are in the backlog from their publish on). Nothing queued at all
-                # is idle too: every seed was refused, which the report says.
-                if until_idle and backlog == 0 and done_all == queued_all and not unpolled:
+                # Idle: nothing waiting anywhere, every page this crawl queued crawled, for
+                # 2 s (the seeds are in the backlog from their publish on). Nothing queued
+                # at all is idle too: every seed was refused, which the report says.
+                if until_idle and backlog == 0 and done == queued and not unpolled:
                     quiet_since = quiet_since or time.monotonic()
                     if time.monotonic() - quiet_since >= 2.0:
                         break

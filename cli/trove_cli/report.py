@@ -1,9 +1,11 @@
 """What a crawl did, read from the projections: the report at the end of ``trove crawl``.
 
 A state folder kept from earlier crawls (no ``--fresh``), or a stack joined, holds more
-than this crawl: the report counts the attempts, shares and refused seeds since the crawl
-began (through the indexes on their times), and says of the rest, the citation graph and
-the followed timelines' totals, that it is every crawl's.
+than this crawl: the report counts the pages, attempts, shares and refused seeds since
+the crawl began (through the indexes on their times), and says of the rest, the citation
+graph and the followed timelines' totals, that it is every crawl's. The graph and the
+pages only linked to are counted from a sample of their table once it is larger than
+``trove status`` counts whole (``EXACT_ROWS``): a crawl of months has a billion links.
 """
 
 from __future__ import annotations
@@ -17,15 +19,40 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from trove_cli.status import EXACT_ROWS, sample_source
+
 #: ``build_report``'s start when it is given none: every attempt and share.
 ALL_TIME = datetime.min.replace(tzinfo=UTC)
+
+# A crawl's pages by status: those crawled since it began, and those discovered since
+# and not crawled yet (a crawl stopped by its page limit or its timeout left them
+# queued). Each found through its time's index, where an OR of the two read every page:
+# the crawl's progress counts them twice a second.
+PAGES_BY_STATUS = text(
+    "SELECT status, count(*) FROM pages WHERE id IN (SELECT page_id FROM page_crawls "
+    "WHERE completed_at >= :since UNION SELECT id FROM pages WHERE discovered_at >= :since) "
+    "GROUP BY status ORDER BY status"
+)
+
+# Read from ``sample_source``'s source, a table's name or a sample of it (``{}``).
+_LINKED_ONLY = "SELECT count(*), count(*) FILTER (WHERE discovered_at IS NULL) FROM {}"
+_LINKS = "SELECT count(*), coalesce(sum(cardinality(to_page_ids)), 0) FROM {}"
+# The most linked are kept before their pages are joined: a sample of a crawl of months
+# links to millions of pages.
+_TOP_LINKED = (
+    "SELECT p.url, p.title, l.n FROM (SELECT e.id, count(DISTINCT o.from_page_id) AS n "
+    "FROM (SELECT from_page_id, to_page_ids, kinds FROM {}) o "
+    "CROSS JOIN LATERAL unnest(o.to_page_ids, o.kinds) AS e(id, kind) "
+    "WHERE e.kind = 'a' GROUP BY e.id ORDER BY n DESC, e.id LIMIT :top) l "
+    "JOIN pages p ON p.id = l.id ORDER BY l.n DESC, p.url"
+)
 
 
 @dataclass(slots=True)
 class Report:
     #: The crawl's start: what the sections above the graph count from (None: all time).
     since: datetime | None = None
-    #: The pages attempted since then, by their status now.
+    #: The pages attempted or discovered since then, by their status now.
     pages_by_status: dict[str, int] = field(default_factory=dict)
     linked_only: int = 0
     crawls_by_outcome: dict[str, int] = field(default_factory=dict)
@@ -39,24 +66,28 @@ class Report:
     followed: tuple[int, int, int, int] = (0, 0, 0, 0)
     links: int = 0
     rejected_seeds: list[tuple[str, str]] = field(default_factory=list)
+    #: ``linked_only`` and the graph's counts (links, in-links) are estimates from a
+    #: sample of their table (``EXACT_ROWS``).
+    pages_estimated: bool = False
+    graph_estimated: bool = False
 
     @property
     def fetched(self) -> int:
         return self.pages_by_status.get("fetched", 0)
 
 
-async def progress_counts(engine: AsyncEngine) -> tuple[int, int]:
-    """(queued pages finished, queued pages): pages discovery sent to the fetcher."""
+async def progress_counts(engine: AsyncEngine, since: datetime | None = None) -> tuple[int, int]:
+    """(pages finished, pages): the pages discovery sent to the fetcher or the fetcher
+    crawled since ``since`` (None: ever), and those of them no longer waiting for it."""
     async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT count(*) FILTER (WHERE status <> 'discovered'), count(*) "
-                    "FROM pages WHERE discovered_at IS NOT NULL"
-                )
-            )
-        ).one()
-    return int(row[0]), int(row[1])
+        rows = (await conn.execute(PAGES_BY_STATUS, {"since": since or ALL_TIME})).all()
+    queued = sum(int(n) for _, n in rows)
+    return queued - sum(int(n) for status, n in rows if status == "discovered"), queued
+
+
+def _scaled(n: int, estimate: float | None, sampled: int) -> int:
+    """A count from a sample of ``sampled`` rows, as a count of the table's."""
+    return n if estimate is None else round(n * estimate / max(sampled, 1))
 
 
 async def refusals_so_far(engine: AsyncEngine) -> int:
@@ -73,28 +104,19 @@ async def build_report(
     top: int = 10,
     refusals_after: int = 0,
     since: datetime | None = None,
+    exact_rows: int = EXACT_ROWS,
 ) -> Report:
     report = Report(since=since)
     # The pages, attempts and shares since then, found through the indexes on
-    # page_crawls.completed_at and page_shares.first_seen_at.
+    # pages.discovered_at, page_crawls.completed_at and page_shares.first_seen_at.
     window = {"since": since or ALL_TIME, "top": top}
     async with engine.connect() as conn:
-        rows = await conn.execute(
-            text(
-                # Pages crawled since, and those discovered since and not crawled yet (a
-                # crawl stopped by its page limit or its timeout left them queued).
-                "SELECT status, count(*) FROM pages WHERE id IN (SELECT page_id FROM "
-                "page_crawls WHERE completed_at >= :since) OR discovered_at >= :since "
-                "GROUP BY status ORDER BY status"
-            ),
-            window,
-        )
+        rows = await conn.execute(PAGES_BY_STATUS, window)
         report.pages_by_status = {s: int(n) for s, n in rows.all()}
-        report.linked_only = int(
-            (
-                await conn.execute(text("SELECT count(*) FROM pages WHERE discovered_at IS NULL"))
-            ).scalar_one()
-        )
+        pages, estimate = await sample_source(conn, "pages", exact_rows)
+        report.pages_estimated = estimate is not None
+        sampled, linked_only = (await conn.execute(text(_LINKED_ONLY.format(pages)))).one()
+        report.linked_only = _scaled(int(linked_only), estimate, int(sampled))
         rows = await conn.execute(
             text(
                 "SELECT outcome, count(*) FROM page_crawls WHERE completed_at >= :since "
@@ -121,15 +143,15 @@ async def build_report(
             window,
         )
         report.languages = [(lang, int(n)) for lang, n in rows.all()]
-        rows = await conn.execute(
-            text(
-                "SELECT p.url, p.title, count(DISTINCT l.from_page_id) AS n FROM page_links l "
-                "JOIN pages p ON p.id = l.to_page_id WHERE l.kind = 'a' "
-                "GROUP BY p.id ORDER BY n DESC, p.url LIMIT :top"
-            ),
-            {"top": top},
-        )
-        report.top_linked = [(u, t, int(n)) for u, t, n in rows.all()]
+        # The graph, every crawl's: from a sample of its linking pages once it is large.
+        outlinks, estimate = await sample_source(conn, "page_outlinks", exact_rows)
+        report.graph_estimated = estimate is not None
+        sampled, links = (await conn.execute(text(_LINKS.format(outlinks)))).one()
+        report.links = _scaled(int(links), estimate, int(sampled))
+        rows = await conn.execute(text(_TOP_LINKED.format(outlinks)), {"top": top})
+        report.top_linked = [
+            (u, t, _scaled(int(n), estimate, int(sampled))) for u, t, n in rows.all()
+        ]
         rows = await conn.execute(
             text(
                 "SELECT s.url, p.title, count(DISTINCT s.post_uri) AS n, "
@@ -150,13 +172,6 @@ async def build_report(
             )
         ).one()
         report.followed = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
-        report.links = int(
-            (
-                await conn.execute(
-                    text("SELECT coalesce(sum(cardinality(to_page_ids)), 0) FROM page_outlinks")
-                )
-            ).scalar_one()
-        )
         rows = await conn.execute(
             text(
                 "SELECT raw, reason FROM seed_rejections WHERE id > :after "
@@ -212,15 +227,22 @@ def render(report: Report, console: Console) -> None:
         began = report.since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
         console.print(Text(f"Since this crawl began ({began} UTC)", style="bold"))
     console.print(Group(*[p for t in parts for p in (t, "")]))
-    linked = table("Most linked pages", "url", "title", "in-links")
+    graph = "≈" if report.graph_estimated else ""
+    linked = table(
+        "Most linked pages" + (" (estimated from a sample)" if graph else ""),
+        "url",
+        "title",
+        "in-links",
+    )
     for url, title, n in report.top_linked:
-        linked.add_row(Text(url), Text((title or "")[:40]), str(n))
+        linked.add_row(Text(url), Text((title or "")[:40]), f"{graph}{n}")
     # The graph and the timelines' totals are the database's, earlier crawls' included.
     console.print(Text("All crawls in this database", style="bold"))
     console.print(Group(linked, ""))
+    pages = "≈" if report.pages_estimated else ""
     console.print(
-        f"{report.links} links in the citation graph; {report.linked_only} pages linked "
-        "only (not crawled)."
+        f"{graph}{report.links} links in the citation graph; {pages}{report.linked_only} "
+        "pages linked only (not crawled)."
     )
     timelines, posts, links, skipped = report.followed
     if timelines or posts:

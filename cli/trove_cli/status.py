@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -148,31 +149,42 @@ async def collect_status(
     return status
 
 
+async def sample_source(
+    conn: AsyncConnection, table: str, exact_rows: int
+) -> tuple[str, float | None]:
+    """What to read ``table`` from: itself, or a sample of its blocks of about
+    ``SAMPLE_ROWS`` rows once Postgres last counted more than ``exact_rows`` (as ``_sampled``
+    counts); and, for a sample, the table's rows it stands for. The sample is
+    the same for each statement that reads it (``REPEATABLE``), so that one can count
+    what another's rows are a share of."""
+    estimate = (
+        await conn.execute(
+            text("SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"), {"t": table}
+        )
+    ).scalar_one()
+    if estimate is None or estimate <= exact_rows:
+        return table, None
+    percent = min(100.0, 100.0 * SAMPLE_ROWS / float(estimate))
+    seed = random.randrange(2**31)
+    return f"{table} TABLESAMPLE SYSTEM ({percent:.6f}) REPEATABLE ({seed})", float(estimate)
+
+
 async def _sampled(
     conn: AsyncConnection, table: str, columns: str, group: str, exact_rows: int
 ) -> tuple[list[Sequence[Any]], bool]:
     """``SELECT group, columns FROM table GROUP BY group``, exactly, or scaled up from a
     sample of the table's blocks when it has more than ``exact_rows`` rows; and whether
     it was sampled. Each count is its share of the sample times the table's rows."""
-    estimate = (
-        await conn.execute(
-            text("SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"), {"t": table}
-        )
-    ).scalar_one()
-    sampled = estimate is not None and estimate > exact_rows
-    source = table
-    if sampled:
-        percent = min(100.0, 100.0 * SAMPLE_ROWS / float(estimate))
-        source = f"{table} TABLESAMPLE SYSTEM ({percent:.6f})"
+    source, estimate = await sample_source(conn, table, exact_rows)
     rows = (
         await conn.execute(
             text(f"SELECT {group}, {columns} FROM {source} GROUP BY 1 ORDER BY 1")  # noqa: S608
         )
     ).all()
-    if not sampled:
+    if estimate is None:
         return list(rows), False
     seen = sum(int(n) for row in rows for n in row[1:]) or 1
-    scale = float(estimate) / seen
+    scale = estimate / seen
     return [(row[0], *(round(int(n) * scale) for n in row[1:])) for row in rows], True
 
 

@@ -3,17 +3,28 @@ reports what it did: its attempts and the seeds it refused, apart from every cra
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls
+from tests.recorder.test_lookups import analyze, plan_of, rows_read
 from tests.support import sandbox_env, services
+from trove_cli import status as status_module
 from trove_cli.main import watch_crawl
-from trove_cli.report import build_report
+from trove_cli.report import (
+    _LINKS,
+    PAGES_BY_STATUS,
+    build_report,
+    progress_counts,
+    render,
+)
+from trove_cli.status import sample_source
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 
@@ -170,3 +181,113 @@ async def test_the_report_counts_the_pages_a_crawl_found_and_did_not_get_to(
         )
     report = await build_report(engine, since=began)
     assert report.pages_by_status == {"discovered": 2}
+
+
+async def test_the_crawls_progress_reads_its_own_pages_not_every_page_of_the_database(
+    engine: AsyncEngine,
+) -> None:
+    # Months of earlier crawls in the folder: each look at the progress, twice a second,
+    # read all their pages.
+    began = datetime.now(UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, status, discovered_at) "
+                "SELECT 'https://old.example/' || n, 'old.example', 'fetched', :before "
+                "FROM generate_series(1, 20000) AS n"
+            ),
+            {"before": began - timedelta(days=30)},
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO page_crawls (page_id, domain, outcome, started_at, completed_at, "
+                "duration_ms, event_id) SELECT id, domain, 'success', :before, :before, 10, "
+                "gen_random_uuid() FROM pages"
+            ),
+            {"before": began - timedelta(days=30)},
+        )
+        # This crawl queued three pages and crawled one, and crawled an old page again.
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, status, discovered_at) VALUES "
+                "('https://new.example/a', 'new.example', 'fetched', :after), "
+                "('https://new.example/b', 'new.example', 'discovered', :after), "
+                "('https://new.example/c', 'new.example', 'discovered', :after)"
+            ),
+            {"after": began + timedelta(seconds=1)},
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO page_crawls (page_id, domain, outcome, started_at, completed_at, "
+                "duration_ms, event_id) SELECT id, domain, 'success', :after, :after, 10, "
+                "gen_random_uuid() FROM pages WHERE url IN "
+                "('https://new.example/a', 'https://old.example/7')"
+            ),
+            {"after": began + timedelta(seconds=2)},
+        )
+    await analyze(engine, "pages")
+    await analyze(engine, "page_crawls")
+
+    assert await progress_counts(engine, began) == (2, 4)
+    plan = await plan_of(engine, PAGES_BY_STATUS.text, since=began)
+    # The index entries of this crawl's pages and attempts, and a lookup of each page:
+    # never the 20,000 pages of the earlier crawls.
+    assert rows_read(plan, "pages") <= 10
+    assert rows_read(plan, "page_crawls") <= 10
+
+
+async def test_the_reports_graph_of_every_crawl_is_counted_from_a_sample_once_large(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A billion links on a crawl of months: the report at the end of each crawl read
+    # them all, and every page, to count the graph and the pages only linked to. Here
+    # 40,000 linking pages, over the (lowered) limit, sampled at a tenth.
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, title) VALUES "
+                "('https://hub.example/', 'hub.example', 'The hub'), "
+                "('https://hub.example/style.css', 'hub.example', NULL)"
+            )
+        )
+        # One page in four was queued; the rest are only linked to.
+        await conn.execute(
+            text(
+                "INSERT INTO pages (url, domain, discovered_at) "
+                "SELECT 'https://a.example/' || n, 'a.example', "
+                "CASE WHEN n % 4 = 0 THEN now() END FROM generate_series(1, 40000) AS n"
+            )
+        )
+        # Each links to the hub and to its stylesheet, which is not a citation.
+        await conn.execute(
+            text(
+                "INSERT INTO page_outlinks (from_page_id, to_page_ids, kinds, nofollow) "
+                "SELECT p.id, ARRAY[h.id, c.id], ARRAY['a', 'stylesheet'], ARRAY[false, false] "
+                "FROM pages p, pages h, pages c WHERE p.domain = 'a.example' "
+                "AND h.url = 'https://hub.example/' AND c.url = 'https://hub.example/style.css'"
+            )
+        )
+    await analyze(engine, "pages")
+    await analyze(engine, "page_outlinks")
+    monkeypatch.setattr(status_module, "SAMPLE_ROWS", 4_000)
+
+    report = await build_report(engine, exact_rows=10_000)
+
+    assert report.graph_estimated
+    assert report.pages_estimated
+    assert report.links == pytest.approx(80_000, rel=0.1)
+    assert [(url, title) for url, title, _ in report.top_linked] == [
+        ("https://hub.example/", "The hub")
+    ]
+    assert report.top_linked[0][2] == pytest.approx(40_000, rel=0.1)
+    assert report.linked_only == pytest.approx(30_000, rel=0.1)
+    async with engine.connect() as conn:
+        source, estimate = await sample_source(conn, "page_outlinks", 10_000)
+    assert estimate == pytest.approx(40_000, rel=0.1)
+    assert rows_read(await plan_of(engine, _LINKS.format(source)), "page_outlinks") < 10_000
+    out = io.StringIO()
+    render(report, Console(file=out, width=200, color_system=None))
+    printed = " ".join(out.getvalue().split())  # a title is wrapped to its table's width
+    assert "Most linked pages (estimated from a sample)" in printed
+    assert f"≈{report.links} links in the citation graph; ≈{report.linked_only} pages" in printed
+    assert f"≈{report.top_linked[0][2]}" in printed

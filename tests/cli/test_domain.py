@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls
+from tests.recorder.test_lookups import indexes, plan_of
 from tests.support import run_trove
-from trove_cli.domain import collect_domain, host_named, render_domain
+from trove_cli.domain import _COUNTS, collect_domain, host_named, render_domain
 from trove_discovery.discovery import Discovery
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
@@ -113,6 +115,44 @@ async def test_the_audit_counts_attempts_by_result_and_lists_the_last_with_tags(
     assert "errors: blocked_captcha 1, rate_limited 1, timeout 1" in printed
     assert "blocked_captcha (refused)" in printed
     assert "gap 12.5 s; backing off for 300 s more" in printed
+
+
+async def test_a_busy_hosts_audit_is_counted_from_its_index_alone(engine: AsyncEngine) -> None:
+    # A busy host has tens of millions of attempts in the audit: its counts by result and
+    # by error type each fetched every one of them from the table. Here 20,000 of an
+    # audit of ten hosts.
+    async with engine.begin() as conn:
+        # Flushed at its commit (the test server's commits are not): VACUUM marks a page
+        # visible to all only once the commit of its rows is on disk.
+        await conn.execute(text("SET LOCAL synchronous_commit = on"))
+        await conn.execute(
+            text(
+                "INSERT INTO fetcher_attempts (event_id, url, host, fetcher, success, "
+                "is_banned, error_type, duration_ms, attempted_at) SELECT gen_random_uuid(), "
+                "'https://' || h || '/' || n, h, 'http', n % 4 <> 0, n % 8 = 0, "
+                "CASE WHEN n % 8 = 0 THEN 'rate_limited' WHEN n % 4 = 0 THEN 'timeout' END, "
+                "40, CAST(:start AS timestamptz) + n * interval '1 second' "
+                "FROM generate_series(1, 20000) AS n, LATERAL (SELECT CASE WHEN k = 0 "
+                "THEN CAST(:host AS text) ELSE 'other' || k || '.example' END AS h "
+                "FROM generate_series(0, 9) AS k) AS hosts"
+            ),
+            {"start": START, "host": HOST},
+        )
+    async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        await conn.execute(text("VACUUM ANALYZE fetcher_attempts"))
+
+    found = await collect_domain(engine, HOST, last=2)
+
+    assert (found.attempts, found.successes, found.banned) == (20_000, 15_000, 2_500)
+    assert found.by_error_type == {"rate_limited": 2_500, "timeout": 2_500}
+    assert (found.first, found.last) == (
+        START + timedelta(seconds=1),
+        START + timedelta(seconds=20_000),
+    )
+    plan = await plan_of(engine, _COUNTS.text, host=HOST)
+    assert indexes(plan, "fetcher_attempts") == {"ix_fetcher_attempts_host_attempted_at_verdict"}
+    (scan,) = [node for node in plan if node.get("Relation Name") == "fetcher_attempts"]
+    assert (scan["Node Type"], scan["Heap Fetches"]) == ("Index Only Scan", 0)
 
 
 @pytest.mark.parametrize(

@@ -333,3 +333,30 @@ def test_hits_render_full_urls_and_titles_as_plain_text() -> None:
     empty = io.StringIO()
     render_hits([], Console(file=empty), "nothing")
     assert "no fetched page matches 'nothing'" in empty.getvalue()
+
+
+async def test_a_page_linked_from_more_pages_than_counted_has_its_inlinks_capped(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A site's home page is linked from a million pages on a crawl of months: its
+    # in-links are counted up to the cap, not fetched a million rows each search.
+    monkeypatch.setattr(search_module, "MAX_INLINKS_COUNTED", 3)
+    async with engine.begin() as conn:
+        home = await add_page(conn, "https://home.example/", "gardens")
+        few = await add_page(conn, "https://few.example/", "gardens")
+        sources = await linkers(conn, 5, "src")
+        for source in sources:
+            await link(conn, source, home)
+        for source in sources[:2]:
+            await link(conn, source, few)
+
+    hits = await search(engine, "gardens")
+
+    assert [(h.url, h.inlinks) for h in hits] == [
+        ("https://home.example/", 3),
+        ("https://few.example/", 2),
+    ]
+    out = io.StringIO()
+    render_hits(hits, Console(file=out, width=200, color_system=None), "gardens")
+    rows = [line.split() for line in out.getvalue().splitlines() if ".example/" in line]
+    assert [row[-3] for row in rows] == ["3+", "2"]

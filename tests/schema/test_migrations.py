@@ -120,3 +120,44 @@ async def test_replicas_migrating_together_take_turns(scratch_database: str) -> 
         assert version == (ScriptDirectory.from_config(alembic_config("")).get_current_head(),)
     finally:
         await db.dispose()
+
+
+INDEXES = (
+    "SELECT c.relname, i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
+    "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid "
+    "WHERE t.relname IN ('pages', 'page_crawls', 'fetcher_attempts') ORDER BY 1"
+)
+ADDED_IN_0015 = {"ix_pages_discovered_at", "ix_fetcher_attempts_host_attempted_at_verdict"}
+DROPPED_IN_0015 = {
+    "ix_page_crawls_page_id_created_at",
+    "ix_fetcher_attempts_host_attempted_at",
+    "ix_fetcher_attempts_url",
+    "ix_fetcher_attempts_page_id",
+}
+
+
+async def test_migration_0015_indexes_what_the_reports_read_and_drops_what_nothing_reads(
+    scratch_database: str,
+) -> None:
+    await asyncio.to_thread(upgrade, scratch_database, "0014")
+    db = create_async_engine(scratch_database)
+    try:
+        async with db.connect() as conn:
+            before = {name: (valid, sql) for name, valid, sql in await conn.execute(text(INDEXES))}
+        assert before.keys() >= DROPPED_IN_0015
+        assert not ADDED_IN_0015 & before.keys()
+
+        await asyncio.to_thread(upgrade, scratch_database, "0015")
+        async with db.connect() as conn:
+            after = {name: (valid, sql) for name, valid, sql in await conn.execute(text(INDEXES))}
+        assert after.keys() == before.keys() - DROPPED_IN_0015 | ADDED_IN_0015
+        assert all(valid for valid, _ in after.values())
+        verdict = after["ix_fetcher_attempts_host_attempted_at_verdict"][1]
+        assert verdict.endswith("(host, attempted_at) INCLUDE (success, is_banned, error_type)")
+
+        await asyncio.to_thread(command.downgrade, alembic_config(scratch_database), "0014")
+        async with db.connect() as conn:
+            again = {name: (valid, sql) for name, valid, sql in await conn.execute(text(INDEXES))}
+        assert again == before
+    finally:
+        await db.dispose()

@@ -84,7 +84,9 @@ class Page(Base):
     last_crawled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_outcome: Mapped[str | None] = mapped_column(String(16))
     last_status_code: Mapped[int | None] = mapped_column(Integer)
-    discovered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When discovery first queued it (NULL: only linked to). Indexed: ``trove crawl``
+    #: counts and reports the pages it queued without reading every page of the crawl.
+    discovered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
     fetched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Completion time of the success the content columns come from, and of the attempt
@@ -133,7 +135,6 @@ class PageCrawl(Base):
 
     __table_args__ = (
         CheckConstraint(_in("outcome", CRAWL_OUTCOMES), name="outcome"),
-        Index("ix_page_crawls_page_id_created_at", "page_id", text("created_at DESC")),
         Index("ix_page_crawls_completed_at", "completed_at"),
         # A page's attempts by completion: the retry policy's count reads its chain.
         Index("ix_page_crawls_page_id_completed_at", "page_id", "completed_at"),
@@ -363,8 +364,8 @@ class FetcherAttempt(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
-    page_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
-    url: Mapped[str] = mapped_column(String(2048), nullable=False, index=True)
+    page_id: Mapped[int | None] = mapped_column(BigInteger)
+    url: Mapped[str] = mapped_column(String(2048), nullable=False)
     host: Mapped[str] = mapped_column(String(253), nullable=False)
     #: The fetch strategy used (``http``).
     fetcher: Mapped[str] = mapped_column(Text, nullable=False)
@@ -383,7 +384,16 @@ class FetcherAttempt(Base):
         DateTime(timezone=True), nullable=False, index=True
     )
 
-    __table_args__ = (Index("ix_fetcher_attempts_host_attempted_at", "host", "attempted_at"),)
+    # A host's attempts by time, with their verdicts: ``trove domain HOST`` counts a busy
+    # host's audit from the index alone, without a fetch of each row from the table.
+    __table_args__ = (
+        Index(
+            "ix_fetcher_attempts_host_attempted_at_verdict",
+            "host",
+            "attempted_at",
+            postgresql_include=["success", "is_banned", "error_type"],
+        ),
+    )
 
 
 class AttemptHeuristic(Base):
