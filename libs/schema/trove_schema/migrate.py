@@ -67,12 +67,13 @@ async def upgrade_async(database_url: str, revision: str = "head") -> None:
         raise
 
 
-def create_index_online(name: str, table: str, columns: str) -> None:
-    """In a migration: index ``table`` (``columns``, SQL) concurrently, outside the
-    migration's transaction, so the recorder's writes go on while it is built (hours on
-    a table of months: a plain build would hold every insert as long). A build cut short
-    (the process killed, a deadlock) leaves an invalid index of the name, which is
-    dropped and built again. Kept as it is: the migrations that call it ran with it."""
+def create_index_online(name: str, table: str, columns: str, include: str = "") -> None:
+    """In a migration: index ``table`` (``columns``, SQL; ``include``, columns the index
+    carries for index-only reads) concurrently, outside the migration's transaction, so
+    the recorder's writes go on while it is built (hours on a table of months: a plain
+    build would hold every insert as long). A build cut short (the process killed, a
+    deadlock) leaves an invalid index of the name, which is dropped and built again.
+    Kept as it is: the migrations that call it ran with it."""
     from alembic import op  # the migration's context, only inside one
     from sqlalchemy import text
 
@@ -83,4 +84,7 @@ def create_index_online(name: str, table: str, columns: str) -> None:
         )
         if invalid.scalar():
             op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns})")
+        carried = f" INCLUDE ({include})" if include else ""
+        op.execute(
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns}){carried}"
+        )

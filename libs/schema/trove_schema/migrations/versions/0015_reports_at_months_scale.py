@@ -39,8 +39,8 @@ depends_on: str | Sequence[str] | None = None
 
 DISCOVERED_INDEX = "ix_pages_discovered_at"
 VERDICT_INDEX = "ix_fetcher_attempts_host_attempted_at_verdict"
-#: The helper closes the column list's parenthesis: the INCLUDE goes inside it.
-VERDICT_COLUMNS = "host, attempted_at) INCLUDE (success, is_banned, error_type"
+VERDICT_COLUMNS = "host, attempted_at"
+VERDICT_CARRIED = "success, is_banned, error_type"
 #: Each dropped index: its table and its columns, to build it again on a downgrade.
 DROPPED = {
     "ix_page_crawls_page_id_created_at": ("page_crawls", "page_id, created_at DESC"),
@@ -58,7 +58,7 @@ def _drop_index_online(name: str) -> None:
 def upgrade() -> None:
     # Built before the one it replaces is dropped: the host's reads always have one.
     create_index_online(DISCOVERED_INDEX, "pages", "discovered_at")
-    create_index_online(VERDICT_INDEX, "fetcher_attempts", VERDICT_COLUMNS)
+    create_index_online(VERDICT_INDEX, "fetcher_attempts", VERDICT_COLUMNS, VERDICT_CARRIED)
     for name in DROPPED:
         _drop_index_online(name)
 
