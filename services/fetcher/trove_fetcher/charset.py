@@ -14,6 +14,9 @@ character, and re-guessing the whole page from one broken byte would garble the 
 from __future__ import annotations
 
 import codecs
+import encodings
+import encodings.aliases
+import pkgutil
 import re
 
 from trove_schema.media import charset_label, media_type
@@ -98,6 +101,15 @@ _WHATWG = {
     **_labels("utf-16-le", "csunicode iso-10646-ucs-2 ucs-2 unicode unicodefeff utf-16"),
 }
 
+# Every name Python's codec search finds a codec by (its aliases and its codec modules),
+# spelled as the search spells a label (``codecs.lookup``: runs of anything but ASCII
+# letters, digits and dots become one "_", lower case). Only these are looked up: the
+# search remembers each name it did not find for the life of the process
+# (``encodings._cache``, after a failed import), and pages can name any of billions.
+_CODEC_ALIASES = frozenset(encodings.aliases.aliases)
+_CODEC_NAMES = _CODEC_ALIASES | {module.name for module in pkgutil.iter_modules(encodings.__path__)}
+_NOT_IN_CODEC_NAMES = re.compile(r"[^A-Za-z0-9.]+")
+
 _XML_TYPES = frozenset(
     {"application/xml", "text/xml", "application/rss+xml", "application/atom+xml"}
 )
@@ -113,8 +125,11 @@ def normalize_charset(label: str | None) -> str | None:
     whatwg = _WHATWG.get(label.lower())
     if whatwg is not None:
         return whatwg
+    key = _NOT_IN_CODEC_NAMES.sub("_", label).strip("_").lower()
+    if key not in _CODEC_NAMES and key.replace(".", "_") not in _CODEC_ALIASES:
+        return None
     try:
-        name = codecs.lookup(label).name
+        name = codecs.lookup(key).name
         b"".decode(name)  # raises LookupError for bytes-to-bytes codecs (base64, zlib, ...)
     except (LookupError, UnicodeError, ValueError):
         return None

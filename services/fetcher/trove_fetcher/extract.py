@@ -1,8 +1,10 @@
 """What the fetcher keeps of a page: title, links, language, keywords, robots directives.
 
-Pure functions over the response body, no I/O, safe to run in a thread pool. Hostile
-input (empty, binary, malformed, absurdly nested) gives a thinner ``Extraction``, never
-an exception. The body itself is never kept: only its sha256 and the signals above.
+Pure functions over the response body, no I/O, safe to run in a thread pool: in
+``ParseThreads``, whose threads are renewed, as lxml keeps the names a thread parsed
+until it ends. Hostile input (empty, binary, malformed, absurdly nested) gives a
+thinner ``Extraction``, never an exception. The body itself is never kept: only its
+sha256 and the signals above.
 
 HTML, XHTML, RSS, Atom and PDF documents are read here; ActivityStreams JSON, asked
 for by another fetch strategy, in ``trove_fetcher.activitystreams``.
@@ -15,6 +17,7 @@ import html
 import re
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 from urllib.parse import urljoin, urlsplit
@@ -459,6 +462,50 @@ class _Links:
             FoundLink(url, kind, nofollow or page_nofollow) for (url, kind), nofollow in found
         )
         return links, truncated
+
+
+#: Bytes of bodies one set of parse threads reads before new ones take over
+#: (``ParseThreads``). What lxml keeps of them is at most about three bytes a byte read
+#: (pages of names no other page has: ~6 MB for 2 MiB), so ~50 MB; new threads cost
+#: ~2 ms once (their first page is slower), every 500 pages of 30 KB or so.
+PARSE_THREAD_BYTES = 16 << 20
+
+
+class ParseThreads:
+    """The threads bodies are read in, replaced by new ones after ``renew_after`` bytes.
+
+    libxml2 interns every element and attribute name it parses in a dictionary of the
+    thread's (lxml's, shared by all the thread's parsers: a new parser starts with it
+    too), freed only when the thread ends. A pod's threads would live for months, and a
+    page can bring megabytes of names no other page has (``<b x1a=1 y1a=1>`` and on,
+    new at each visit), a framework's per-deploy ones (``data-v-<hash>``) a few a page.
+    The pool replaced finishes the parses it was given; then its threads end, and their
+    dictionaries and parsers (``_local``) go with them.
+
+    Used from one thread, the event loop's.
+    """
+
+    def __init__(self, workers: int, *, renew_after: int = PARSE_THREAD_BYTES) -> None:
+        self.workers = workers
+        self.renew_after = renew_after
+        self._read = 0
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="parse")
+
+    def pool(self, size: int) -> ThreadPoolExecutor:
+        """The pool to read a body of ``size`` bytes in."""
+        if self._read >= self.renew_after:
+            self._pool.shutdown(wait=False)
+            self._pool = self._new_pool()
+            self._read = 0
+        self._read += size
+        return self._pool
+
+    def shutdown(self) -> None:
+        """No more reading: what has not started is cancelled, what has finishes."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 _local = threading.local()

@@ -29,7 +29,6 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import NoReturn, overload
@@ -67,7 +66,7 @@ from trove_fetcher.errors import (
     ResolverAway,
     RobotsUnavailable,
 )
-from trove_fetcher.extract import Extraction
+from trove_fetcher.extract import PARSE_THREAD_BYTES, Extraction, ParseThreads
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import Deferred, Granted, Moved, Politeness
@@ -204,6 +203,7 @@ class Fetcher:
         max_message_bytes: int = 1 << 20,
         ack_wait: float = 90.0,
         parse_workers: int = 2,
+        parse_thread_bytes: int = PARSE_THREAD_BYTES,
         allowed_networks: Sequence[str] = (),
         exclusions: Exclusions = NO_EXCLUSIONS,
         listed: ListedExclusions | None = None,
@@ -237,7 +237,7 @@ class Fetcher:
         #: work message (``_defer``) as much as an event.
         self.max_message_bytes = max_message_bytes
         self.budget = event_budget(max_message_bytes)
-        self.parser = ThreadPoolExecutor(max_workers=parse_workers, thread_name_prefix="parse")
+        self.parser = ParseThreads(parse_workers, renew_after=parse_thread_bytes)
         self._robots_local: Memory[str, tuple[float, RobotsPolicy]] = Memory(
             max_entries=ROBOTS_MEMORY, max_weight=ROBOTS_MEMORY_BYTES
         )
@@ -758,7 +758,7 @@ class Fetcher:
             try:
                 loop = asyncio.get_running_loop()
                 extraction = await loop.run_in_executor(
-                    self.parser, self._extract, strategy, result
+                    self.parser.pool(len(result.body)), self._extract, strategy, result
                 )
             except Exception as exc:
                 # Not a usable answer for this strategy (the audit's wrong_tool) is what
@@ -1090,7 +1090,7 @@ class Fetcher:
     def close(self) -> None:
         for task in self._late_writes:
             task.cancel()
-        self.parser.shutdown(wait=False, cancel_futures=True)
+        self.parser.shutdown()
 
 
 def _poll_observation(polled: TimelinePolled) -> Observation | None:
