@@ -403,7 +403,8 @@ class RecorderSettings(CommonSettings):
     #: ``page_shares`` rows (a shared link of a followed timeline's post) first seen
     #: longer ago than this are deleted; 0 keeps every share.
     shares_retention_seconds: Seconds = Field(default=0.0, ge=0.0)
-    #: Rows deleted per statement, by every retention: short transactions, no long locks.
+    #: Rows deleted per statement by every retention (the crawl history's: rows read, kept
+    #: ones included): short transactions, no long locks.
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
     #: How often the recorder looks for expired rows (the audit, the crawl history, the
     #: outbox's published rows, the ids of applied events).

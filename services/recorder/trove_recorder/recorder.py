@@ -263,7 +263,7 @@ async def serve(
             stop,
             consumer.run(stop),
             recorder.publish_outbox(stop, settings.outbox_poll_max_seconds),
-            run_retention(recorder.sessions, retention, stop),
+            run_retention(engine, retention, stop),
             bus.until_closed(stop),
             recorder.refusals.until_given_up(stop),
         )

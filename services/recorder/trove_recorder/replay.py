@@ -64,7 +64,7 @@ from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.errors import MalformedEvent, TroveError
-from trove_schema.events import Event, decode_event
+from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
 from trove_schema.topology import (
@@ -97,11 +97,21 @@ PROJECTION_TABLES = (
     "outbox",
 )
 
+# Pending or held, and in the record: the row needs no publishing.
+_RECORDED = (
+    "(o.published_at IS NULL OR o.published_at = 'infinity') "
+    "AND EXISTS (SELECT 1 FROM projected_events p WHERE p.event_id = o.event_id)"
+)
 #: Retries already in the record: their outbox rows need no publishing.
 _MARK_RECORDED_RETRIES = text(
-    "UPDATE outbox o SET published_at = now() "
-    "WHERE (o.published_at IS NULL OR o.published_at = 'infinity') "
-    "AND EXISTS (SELECT 1 FROM projected_events p WHERE p.event_id = o.event_id)"
+    f"UPDATE outbox o SET published_at = now() WHERE {_RECORDED}"  # noqa: S608
+)
+# The same, of a batch's own CrawlRequested: a lookup each, where the sweep reads every
+# row a long replay holds, each batch. A row decided after its CrawlRequested was applied
+# (not in the record's order) waits for the sweep that ends the replay, held till then.
+_MARK_RECORDED_OF = text(
+    "UPDATE outbox o SET published_at = now() "  # noqa: S608
+    f"WHERE o.event_id = ANY(CAST(:ids AS uuid[])) AND {_RECORDED}"
 )
 # The rows this transaction wrote (their ``created_at`` is its start): held.
 _HOLD_DECIDED_RETRIES = text(
@@ -392,9 +402,11 @@ async def replay(
                     session, events, policy, known, learning=learning, replaying=True
                 )
                 await session.execute(_HOLD_DECIDED_RETRIES)
-                # Every pending row, not only this batch's: a retry's CrawlRequested
+                # The rows of the retries this batch brings: a retry's CrawlRequested
                 # comes later in the stream than the attempt that decided it.
-                await session.execute(_MARK_RECORDED_RETRIES)
+                requested = [event_uuid(e.id) for e in events if type(e) is CrawlRequested]
+                if requested:
+                    await session.execute(_MARK_RECORDED_OF, {"ids": requested})
             known.learn(applied.generation, applied.page_ids)
             return applied.count
 

@@ -16,7 +16,10 @@ never later than its newest success). Each page keeps that success and every att
 after it, whatever their age, since the retry policy counts a page's attempts since its
 last success: the window can be any length without a retry more or less. Ages are the
 attempts' own (``completed_at``), which a replay writes again, not the time a row was
-projected.
+projected. A statement reads the next ``batch`` attempts past the window's start, in the
+order of completion, and deletes the superseded among them: the rows pages keep are read
+once (a pass goes on after the last attempt the one before it read, and starts over once
+a day: ``HistoryCursor``), not walked by one statement looking for rows it may delete.
 
 An ``outbox`` row (a retry to publish) has done its work once published: the retry is
 in the record from then on, and nothing reads the row again (a replay decides the
@@ -43,6 +46,12 @@ each follow's polls from its newest success on, and the rest for a week: the sam
 made twice (its request redelivered) comes within minutes, not a week later. A follow
 no timeline holds any more (replaced, or the row gone) keeps nothing past the week.
 
+A pass runs on one recorder at a time: it holds an advisory lock (``RETENTION_LOCK``) on
+a connection of its own, whose transactions are its batches, and a recorder that finds
+the lock held skips that pass (two would walk the same rows, each waiting on the other's
+row locks). A connection lost takes the lock with it, and its pass stops there: the next
+pass, on either recorder, takes the lock again.
+
 Time is a seam: ``now`` is injected, so a test runs "90 days" in seconds.
 """
 
@@ -52,43 +61,55 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 from sqlalchemy import TextClause, text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from trove_schema.settings import RecorderSettings
 
 log = logging.getLogger("trove.recorder")
 
+# Each batch of a pass goes on from the age of the newest row the last one deleted
+# (``after``): the rows earlier batches deleted stay in the index until a vacuum, and
+# a batch that began from the oldest again would read them all, each batch of a backlog
+# more than the last.
 _DELETE = text(
     "DELETE FROM fetcher_attempts WHERE id IN (SELECT id FROM fetcher_attempts "
-    "WHERE attempted_at < :cutoff ORDER BY attempted_at LIMIT :batch) RETURNING id"
+    "WHERE attempted_at < :cutoff AND attempted_at >= :after "
+    "ORDER BY attempted_at LIMIT :batch) RETURNING attempted_at, id"
 )
 _DELETE_TAGS = text("DELETE FROM attempt_heuristics WHERE attempt_id = ANY(CAST(:ids AS bigint[]))")
-# A page's ``fetched_at`` is the completion of a success of it (its newest one applied in
-# order: never later than its newest), so what completed before it was superseded; a
-# primary-key probe a row instead of a scan of the page's history. In the order of
-# completion, from where the last batch stopped: the old rows pages keep are passed once
-# a pass, not again by every batch.
+# The next ``batch`` attempts in the order of completion (with those completed at the
+# same moment as the last, so the next statement goes on after it), read from
+# ``page_crawls`` alone, and the superseded among them deleted: the rows pages keep
+# (each page's last success and what came after, every attempt of a page never fetched)
+# cost a pass one read each, in statements of ``batch`` rows, never one statement that
+# walks them all for a batch it can delete. A page's ``fetched_at`` is the completion of
+# a success of it (its newest one applied in order: never later than its newest), so
+# what completed before it was superseded; a primary-key probe a row.
 _DELETE_CRAWLS = text(
-    "WITH expired AS (SELECT c.id, c.completed_at FROM page_crawls c "
-    "JOIN pages p ON p.id = c.page_id "
-    "WHERE c.completed_at < :cutoff AND c.completed_at >= :after "
-    "AND c.completed_at < p.fetched_at "
-    "ORDER BY c.completed_at LIMIT :batch) "
-    "DELETE FROM page_crawls d USING expired WHERE d.id = expired.id "
-    "RETURNING expired.completed_at"
+    "WITH scanned AS (SELECT c.id, c.page_id, c.completed_at FROM page_crawls c "
+    "WHERE c.completed_at < :cutoff AND c.completed_at > :after "
+    "ORDER BY c.completed_at FETCH FIRST (:batch) ROWS WITH TIES), "
+    "gone AS (DELETE FROM page_crawls d USING scanned s, pages p "
+    "WHERE d.id = s.id AND p.id = s.page_id AND s.completed_at < p.fetched_at "
+    "RETURNING d.id) "
+    "SELECT count(*) AS read, max(s.completed_at) AS last, "
+    "(SELECT count(*) FROM gone) AS deleted FROM scanned s"
 )
 _DELETE_PUBLISHED = text(
     "DELETE FROM outbox WHERE event_id IN (SELECT event_id FROM outbox "
-    "WHERE published_at < :cutoff LIMIT :batch) RETURNING event_id"
+    "WHERE published_at < :cutoff AND published_at >= :after "
+    "ORDER BY published_at LIMIT :batch) RETURNING published_at, event_id"
 )
 _DELETE_SHARES = text(
     "DELETE FROM page_shares WHERE id IN (SELECT id FROM page_shares "
-    "WHERE first_seen_at < :cutoff ORDER BY first_seen_at LIMIT :batch) RETURNING id"
+    "WHERE first_seen_at < :cutoff AND first_seen_at >= :after "
+    "ORDER BY first_seen_at LIMIT :batch) RETURNING first_seen_at, id"
 )
 # A follow's newest success is a lookup in its index (``follow_id, outcome, poll``): a
 # follow that never succeeds keeps every poll, and each of them read all of them, every
@@ -104,8 +125,14 @@ _DELETE_POLLS = text(
 )
 _DELETE_APPLIED = text(
     "DELETE FROM projected_events WHERE event_id IN (SELECT event_id FROM projected_events "
-    "WHERE projected_at < :cutoff LIMIT :batch) RETURNING event_id"
+    "WHERE projected_at < :cutoff AND projected_at >= :after "
+    "ORDER BY projected_at LIMIT :batch) RETURNING projected_at, event_id"
 )
+#: Held by the recorder running a retention pass, for the pass (a session lock): the
+#: other replicas skip theirs, which would walk the same rows and wait on its row locks.
+RETENTION_LOCK = 0x72657461696E  # "retain"
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(:lock)")
+_UNLOCK = text("SELECT pg_advisory_unlock(:lock)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,7 +150,8 @@ class Retention:
     #: How long the ids of applied events are kept: twice the record's age (see the
     #: module); None while the record is kept for ever.
     applied_window: timedelta | None = None
-    #: Rows deleted per statement.
+    #: Rows a statement deletes at most (the crawl history's: reads, the ones it keeps
+    #: too).
     batch: int = 5_000
     #: Time between passes.
     interval: float = 600.0
@@ -144,6 +172,9 @@ class Retention:
         )
 
 
+_T = TypeVar("_T")
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -154,18 +185,47 @@ async def _in_batches(
     step: Callable[[AsyncSession], Awaitable[int]],
     stop: asyncio.Event | None = None,
 ) -> list[int]:
-    """Run ``step`` (which deletes at most ``batch`` rows) a transaction at a time until
-    it deletes fewer, or ``stop`` is set (a first pass over months of rows takes minutes:
-    a stopping recorder does not wait for it); the rows each batch deleted."""
-    deleted: list[int] = []
+    """Run ``step`` (which goes through at most ``batch`` rows) a transaction at a time
+    until it goes through fewer, or ``stop`` is set (a first pass over months of rows
+    takes minutes: a stopping recorder does not wait for it); the rows each batch went
+    through."""
+    done: list[int] = []
     while stop is None or not stop.is_set():
         async with sessions.begin() as session:
             count = await step(session)
         if count:
-            deleted.append(count)
+            done.append(count)
         if count < batch:
-            return deleted
-    return deleted
+            return done
+    return done
+
+
+_OLDEST = datetime.min.replace(tzinfo=UTC)
+
+
+async def _delete_oldest(
+    sessions: async_sessionmaker[AsyncSession],
+    statement: TextClause,
+    cutoff: datetime,
+    batch: int,
+    stop: asyncio.Event | None = None,
+    with_them: Callable[[AsyncSession, list[Any]], Awaitable[object]] | None = None,
+) -> list[int]:
+    """Run ``statement`` (which deletes at most ``batch`` of the oldest rows older than
+    ``cutoff`` from ``after`` on, and returns their ages and keys) until none is left,
+    each batch from the newest age the last one deleted; ``with_them`` runs in a batch's
+    transaction with the keys it deleted. The rows each batch deleted."""
+    params = {"cutoff": cutoff, "after": _OLDEST, "batch": batch}
+
+    async def step(session: AsyncSession) -> int:
+        found = (await session.execute(statement, params)).all()
+        if found:
+            params["after"] = max(age for age, _ in found)
+            if with_them is not None:
+                await with_them(session, [key for _, key in found])
+        return len(found)
+
+    return await _in_batches(sessions, batch, step, stop)
 
 
 async def prune(
@@ -177,18 +237,12 @@ async def prune(
     """Delete every attempt older than the window; the rows each batch deleted."""
     if retention.window is None:
         return []
-    params = {"cutoff": now() - retention.window, "batch": retention.batch}
 
-    async def step(session: AsyncSession) -> int:
-        ids = list((await session.execute(_DELETE, params)).scalars().all())
-        if ids:
-            await session.execute(_DELETE_TAGS, {"ids": ids})
-        return len(ids)
+    async def tags(session: AsyncSession, ids: list[Any]) -> None:
+        await session.execute(_DELETE_TAGS, {"ids": ids})
 
-    return await _in_batches(sessions, retention.batch, step, stop)
-
-
-_OLDEST = datetime.min.replace(tzinfo=UTC)
+    cutoff = now() - retention.window
+    return await _delete_oldest(sessions, _DELETE, cutoff, retention.batch, stop, tags)
 
 
 @dataclass(slots=True)
@@ -203,6 +257,7 @@ class HistoryCursor:
     """
 
     rescan: timedelta = timedelta(days=1)
+    #: The completion of the last attempt read; the next statement reads those after it.
     after: datetime = _OLDEST
     rescanned_at: datetime | None = None
 
@@ -227,14 +282,18 @@ async def prune_crawls(
         "after": resume.after,
         "batch": retention.batch,
     }
+    deleted = 0
 
     async def step(session: AsyncSession) -> int:
-        ages = list((await session.execute(_DELETE_CRAWLS, params)).scalars().all())
-        if ages:
-            params["after"] = resume.after = max(ages)
-        return len(ages)
+        nonlocal deleted
+        read, last, gone = (await session.execute(_DELETE_CRAWLS, params)).one()
+        if last is not None:
+            params["after"] = resume.after = last
+        deleted += gone
+        return int(read)
 
-    return sum(await _in_batches(sessions, retention.batch, step, stop))
+    await _in_batches(sessions, retention.batch, step, stop)
+    return deleted
 
 
 async def prune_published(
@@ -245,7 +304,7 @@ async def prune_published(
 ) -> int:
     """Delete the outbox rows published longer than ``published_window`` ago; how many."""
     cutoff = now() - retention.published_window
-    return await _delete_before(sessions, _DELETE_PUBLISHED, cutoff, retention.batch, stop)
+    return sum(await _delete_oldest(sessions, _DELETE_PUBLISHED, cutoff, retention.batch, stop))
 
 
 async def prune_shares(
@@ -258,7 +317,7 @@ async def prune_shares(
     if retention.shares_window is None:
         return 0
     cutoff = now() - retention.shares_window
-    return await _delete_before(sessions, _DELETE_SHARES, cutoff, retention.batch, stop)
+    return sum(await _delete_oldest(sessions, _DELETE_SHARES, cutoff, retention.batch, stop))
 
 
 async def prune_polls(
@@ -269,7 +328,12 @@ async def prune_polls(
 ) -> int:
     """Delete the polls older than ``polls_window`` that no row needs; how many left."""
     cutoff = now() - retention.polls_window
-    return await _delete_before(sessions, _DELETE_POLLS, cutoff, retention.batch, stop)
+    params = {"cutoff": cutoff, "batch": retention.batch}
+
+    async def step(session: AsyncSession) -> int:
+        return len((await session.execute(_DELETE_POLLS, params)).all())
+
+    return sum(await _in_batches(sessions, retention.batch, step, stop))
 
 
 async def prune_applied(
@@ -282,66 +346,116 @@ async def prune_applied(
     if retention.applied_window is None:
         return 0
     cutoff = now() - retention.applied_window
-    return await _delete_before(sessions, _DELETE_APPLIED, cutoff, retention.batch, stop)
+    return sum(await _delete_oldest(sessions, _DELETE_APPLIED, cutoff, retention.batch, stop))
 
 
-async def _delete_before(
-    sessions: async_sessionmaker[AsyncSession],
-    statement: TextClause,
-    cutoff: datetime,
-    batch: int,
+@dataclass(slots=True)
+class Pruned:
+    """What a pass deleted (a step that failed: nothing)."""
+
+    #: The audit's attempts, a batch each.
+    audit: list[int] = field(default_factory=list)
+    crawls: int = 0
+    published: int = 0
+    shares: int = 0
+    polls: int = 0
+    applied: int = 0
+
+
+async def retention_pass(
+    engine: AsyncEngine,
+    retention: Retention,
+    now: Callable[[], datetime] = _utcnow,
+    cursor: HistoryCursor | None = None,
     stop: asyncio.Event | None = None,
-) -> int:
-    """Run ``statement`` (which deletes at most ``batch`` rows older than ``cutoff``) until
-    none is left; how many it deleted."""
-    params = {"cutoff": cutoff, "batch": batch}
+) -> Pruned | None:
+    """Prune every table once, unless another recorder's pass runs: then nothing (None).
 
-    async def step(session: AsyncSession) -> int:
-        return len((await session.execute(statement, params)).all())
+    The pass holds ``RETENTION_LOCK`` on a connection of its own, and runs its batches
+    in that connection's transactions: a connection lost takes the lock with it, and
+    no batch runs after that (SQLAlchemy would open another connection, without the
+    lock), so another pass, here or on another replica, may begin at once, alone."""
+    async with engine.connect() as conn:
+        async with conn.begin():
+            if not (await conn.execute(_TRY_LOCK, {"lock": RETENTION_LOCK})).scalar_one():
+                log.debug("retention: another recorder's pass runs; this one waits for the next")
+                return None
+        unlocked = False
+        try:
+            pruned = await _prune_tables(conn, retention, now, cursor or HistoryCursor(), stop)
+            if not conn.invalidated:
+                async with conn.begin():
+                    await conn.execute(_UNLOCK, {"lock": RETENTION_LOCK})
+                unlocked = not conn.invalidated
+        finally:
+            if not unlocked:
+                # Ended, not pooled: a pooled connection would hold the lock for ever,
+                # and every pass of every replica would skip.
+                await conn.invalidate()
+    return pruned
 
-    return sum(await _in_batches(sessions, batch, step, stop))
+
+async def _prune_tables(
+    conn: AsyncConnection,
+    retention: Retention,
+    now: Callable[[], datetime],
+    cursor: HistoryCursor,
+    stop: asyncio.Event | None,
+) -> Pruned:
+    """Each step on its own: one that fails is logged, and the steps after it run all
+    the same (one table's trouble does not let the others grow), while ``conn`` lives."""
+    sessions = async_sessionmaker(conn, expire_on_commit=False)
+
+    async def step(what: str, prune_one: Callable[..., Awaitable[_T]]) -> _T | None:
+        if conn.invalidated:
+            log.warning("retention of %s: the connection holding the lock is lost", what)
+            return None
+        return await _logged(what, prune_one(sessions, retention, now, stop=stop))
+
+    return Pruned(
+        audit=await step("the audit", prune) or [],
+        crawls=await step("the crawl history", partial(prune_crawls, cursor=cursor)) or 0,
+        published=await step("the outbox", prune_published) or 0,
+        shares=await step("the shares", prune_shares) or 0,
+        polls=await step("the polls", prune_polls) or 0,
+        applied=await step("the applied ids", prune_applied) or 0,
+    )
 
 
 async def run_retention(
-    sessions: async_sessionmaker[AsyncSession],
+    engine: AsyncEngine,
     retention: Retention,
     stop: asyncio.Event,
     now: Callable[[], datetime] = _utcnow,
 ) -> None:
-    """Prune every ``interval`` until ``stop``; a failed step is logged and tried again
-    at the next pass, and the steps after it run all the same: one table's trouble does
-    not let the others grow."""
+    """A pass every ``interval`` until ``stop``, on one recorder at a time; a pass that
+    fails (the database away) is logged and tried again at the next."""
     cursor = HistoryCursor()
     while not stop.is_set():
-        batches = await _logged("the audit", prune(sessions, retention, now, stop))
-        crawls = await _logged(
-            "the crawl history", prune_crawls(sessions, retention, now, cursor, stop)
-        )
-        published = await _logged("the outbox", prune_published(sessions, retention, now, stop))
-        shares = await _logged("the shares", prune_shares(sessions, retention, now, stop))
-        polls = await _logged("the polls", prune_polls(sessions, retention, now, stop))
-        applied = await _logged("the applied ids", prune_applied(sessions, retention, now, stop))
-        if batches:
-            log.info(
-                "audit retention deleted %d attempts",
-                sum(batches),
-                extra={"batches": len(batches)},
-            )
-        if crawls:
-            log.info("retention deleted %d superseded attempts of the crawl history", crawls)
-        if published:
-            log.info("retention deleted %d published outbox rows", published)
-        if shares:
-            log.info("retention deleted %d shares of followed timelines' posts", shares)
-        if polls:
-            log.info("retention deleted %d polls of followed timelines", polls)
-        if applied:
-            log.info("retention deleted %d ids of events the record no longer holds", applied)
+        pruned = await _logged("the tables", retention_pass(engine, retention, now, cursor, stop))
+        if pruned is not None:
+            _report(pruned)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=retention.interval)
 
 
-_T = TypeVar("_T")
+def _report(pruned: Pruned) -> None:
+    if pruned.audit:
+        log.info(
+            "audit retention deleted %d attempts",
+            sum(pruned.audit),
+            extra={"batches": len(pruned.audit)},
+        )
+    if pruned.crawls:
+        log.info("retention deleted %d superseded attempts of the crawl history", pruned.crawls)
+    if pruned.published:
+        log.info("retention deleted %d published outbox rows", pruned.published)
+    if pruned.shares:
+        log.info("retention deleted %d shares of followed timelines' posts", pruned.shares)
+    if pruned.polls:
+        log.info("retention deleted %d polls of followed timelines", pruned.polls)
+    if pruned.applied:
+        log.info("retention deleted %d ids of events the record no longer holds", pruned.applied)
 
 
 async def _logged(what: str, step: Awaitable[_T]) -> _T | None:
