@@ -13,14 +13,14 @@ from typing import Any
 
 import nats
 import pytest
-from asyncpg.exceptions import DiskFullError
+from asyncpg.exceptions import DiskFullError, QueryCanceledError
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
-from tests.recorder.test_database_outage import DISK_FULL
+from tests.recorder.test_database_outage import DISK_FULL, TIMED_OUT
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
 from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, LockLost, replay, since_of
 from trove_recorder.retries import RetryPolicy
@@ -311,8 +311,17 @@ async def test_an_event_the_projection_cannot_apply_is_skipped_as_the_recorder_p
         await replayed_engine.dispose()
 
 
+@pytest.mark.parametrize(
+    ("trouble", "error"),
+    [(DISK_FULL, DiskFullError), (TIMED_OUT, QueryCanceledError)],
+    ids=["a full disk", "a statement timeout even for one event"],
+)
 async def test_a_replay_that_meets_the_databases_trouble_stops_rather_than_skip_events(
-    stack: StackUrls, bus: Bus, scratch_database: str
+    stack: StackUrls,
+    bus: Bus,
+    scratch_database: str,
+    trouble: tuple[str, ...],
+    error: type[Exception],
 ) -> None:
     await bus.publish(
         SeedRejected(
@@ -323,9 +332,9 @@ async def test_a_replay_that_meets_the_databases_trouble_stops_rather_than_skip_
     target = create_async_engine(scratch_database)
     try:
         async with target.begin() as conn:
-            for statement in DISK_FULL:
+            for statement in trouble:
                 await conn.execute(text(statement))
-        with pytest.raises(DiskFullError):
+        with pytest.raises(error):
             await replay(stack.nats_url, scratch_database, RetryPolicy(max_attempts=3))
         (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
         assert row.n == 0

@@ -58,7 +58,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
-from trove_recorder.database import as_retry, make_engine
+from trove_recorder.database import as_retry, canceled, make_engine
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
@@ -456,7 +456,9 @@ async def replay(
                     try:
                         stats.applied += await apply([event])
                     except Exception as one:
-                        if as_retry(one) is not None:
+                        # A statement cancelled for one event alone met a slow or busy
+                        # server, as the live recorder reads it (it waits, never parks).
+                        if as_retry(one) is not None or canceled(one):
                             raise
                         stats.failed += 1
                         log.error("replay: %s %s skipped: %s", event.TYPE, event.id, one)
