@@ -50,6 +50,7 @@ from trove_schema.bus import nats_servers
 from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
+from trove_schema.server_time import server_now
 from trove_schema.settings import CommonSettings, check_environment
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
@@ -176,9 +177,12 @@ async def watch_crawl(
         # retention settings) and never changes what exists.
         options = TopologyOptions.from_settings(CommonSettings())
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
-        # The report counts from here: a state folder kept from earlier crawls holds theirs.
-        # This machine's clock, which its fetchers time their attempts by.
-        began = datetime.now(UTC)
+        # The progress, the page limit, the idle check and the report count from here: a
+        # state folder kept from earlier crawls holds theirs. On nats-server's clock, not
+        # this machine's: a laptop minutes off the cluster it joined would count none of
+        # the pods' attempts, or earlier crawls' (the pods' clocks are as near the
+        # server's as NTP keeps them).
+        began = datetime.fromtimestamp(await server_now(nc), UTC)
         refusals_before = await refusals_so_far(engine)
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.

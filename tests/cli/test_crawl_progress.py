@@ -3,8 +3,9 @@ reports what it did: its attempts and the seeds it refused, apart from every cra
 
 from __future__ import annotations
 
+import asyncio
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,10 @@ from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import StackUrls
+from tests.conftest import StackUrls, eventually
 from tests.recorder.test_lookups import analyze, plan_of, rows_read
 from tests.support import sandbox_env, services
+from trove_cli import main as main_module
 from trove_cli import status as status_module
 from trove_cli.main import watch_crawl
 from trove_cli.report import (
@@ -291,3 +293,49 @@ async def test_the_reports_graph_of_every_crawl_is_counted_from_a_sample_once_la
     assert "Most linked pages (estimated from a sample)" in printed
     assert f"≈{report.links} links in the citation graph; ≈{report.linked_only} pages" in printed
     assert f"≈{report.top_linked[0][2]}" in printed
+
+
+async def test_a_crawl_counts_its_pages_on_the_servers_clock_not_the_operators(
+    stack: StackUrls,
+    engine: AsyncEngine,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `trove crawl --join` from a laptop ten minutes ahead of the cluster: every page the
+    # pods stamped came "before" the crawl began, and --max-pages was never reached.
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> Ahead:
+            return cls.fromtimestamp((super().now(tz) + timedelta(minutes=10)).timestamp(), tz)
+
+    monkeypatch.setattr(main_module, "datetime", Ahead)
+    crawl = asyncio.create_task(
+        watch_crawl(
+            nats_url=stack.nats_url,
+            database_url=stack.database_url,
+            seeds=(),
+            until_idle=False,
+            max_pages=2,
+            timeout=20.0,
+        )
+    )
+    added = 0
+
+    async def a_page_more() -> bool:
+        # A page the pods crawl, stamped by the database's clock, until the crawl ends.
+        nonlocal added
+        added += 1
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO pages (url, domain, status, discovered_at) "
+                    "VALUES (:url, 'new.example', 'fetched', now())"
+                ),
+                {"url": f"https://new.example/{added}"},
+            )
+        return crawl.done()
+
+    await eventually(a_page_more, until=bool, timeout=30, interval=0.5, what="the crawl ended")
+    assert await crawl == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "not idle yet" not in printed  # ended at its page limit, not its timeout
