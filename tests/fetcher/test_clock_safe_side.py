@@ -146,3 +146,35 @@ async def test_when_the_leader_moves_no_host_is_found_free_early(
     # Once every instant written on n1's time has passed, ``a`` keeps to n2's alone.
     assert script.server("n2") - 0.01 <= a.now() <= script.server("n2")
     assert script.server("n2") <= a.at(script.wall()) <= script.server("n2") + 0.01
+
+
+@pytest.mark.parametrize("step", [+20.0, -20.0], ids=["set-ahead", "set-back"])
+async def test_a_servers_clock_set_is_a_new_time_not_a_drift_that_doubts_every_request(
+    step: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    # NTP sets nats-server's clock 20 s (an offset past what it slews; a VM restored).
+    # Read as a drift, the pair of readings across the step doubted the estimate by as
+    # much for the forty seconds they are kept: a request's hold had no time left.
+    script = Script()
+    clock = script.clock()
+    await clock.start()
+    script.servers["n1"] += step
+    with caplog.at_level(logging.INFO, logger="trove.fetcher.clock"):
+        await clock.read()
+    stepped = script.true
+    doubts: list[float] = []
+    wrong_side: list[float] = []
+    while script.true < stepped + 60:
+        for _ in range(round(PROBE_INTERVAL / STEP)):
+            script.advance(STEP)
+            doubts.append(clock.error)
+            wrong_side.append(past_its_doubt(script, clock))
+        await clock.read()
+
+    assert "was set" in caplog.text
+    # The estimate of the new time is as sure as before the step ...
+    assert max(doubts) <= 0.01, max(doubts)
+    # ... and the pod keeps to the safe side of both times while instants written on
+    # the one before may lie ahead.
+    assert max(wrong_side) == 0.0
+    assert clock.at(script.wall()) - clock.now() == pytest.approx(abs(step), abs=0.05)

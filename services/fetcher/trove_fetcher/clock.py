@@ -79,6 +79,12 @@ WARN_OFFSET = 1.0
 #: faster (to 500 ppm with ntpd or timesyncd, 83,333 with chrony's default limit): the
 #: readings measure that (``drift``).
 DRIFT = 1e-4
+#: The fastest NTP slews a clock (chrony's default limit, 83,333 ppm): two readings that
+#: part faster show a clock set, not slewed (ntpd sets an offset over 128 ms, chrony
+#: under ``makestep``, a VM restored), which is taken as a new time (``stepped``), as a
+#: leader moved is. Counted as drift, a step of 20 s would have doubted the estimate by
+#: as much for the forty seconds its readings are kept: requests left no time at all.
+MAX_SLEW = 1 / 12
 #: How finely a reading is stamped: ``server_time`` keeps microseconds.
 STAMP = 1e-6
 #: ``CLOCK_BOOTTIME``, where there is one (Linux): see ``elapsed``.
@@ -98,8 +104,11 @@ def elapsed() -> float:
 def outlasting(config: PolitenessConfig) -> float:
     """The longest an instant a pod writes in a host's record can lie ahead of the time
     it was written on: a request's hold (its timeout and ``HOLD_SLACK``), and the
-    longest gap after it (``busy_until`` plus a gap, for a hold nobody released)."""
-    return config.request_timeout + HOLD_SLACK + max(config.max_delay, config.min_delay)
+    longest gap after it (``busy_until`` plus a gap, for a hold nobody released); a
+    lease taken up to a second after "now" (the fetcher's ``LOCAL_WAIT``), and the
+    other pods' writes on the time before until their next reads."""
+    reach = config.request_timeout + HOLD_SLACK + max(config.max_delay, config.min_delay)
+    return reach + 1.0 + 2 * PROBE_INTERVAL
 
 
 class Clock(Protocol):
@@ -132,21 +141,29 @@ def reading(sent: float, answered: float, server_time: float, source: str = "") 
     return Reading(offset=server_time - (sent + half), error=half, taken=answered, source=source)
 
 
+def _parting(a: Reading, b: Reading) -> float:
+    """How fast ``a`` and ``b`` show the two clocks ran apart, beyond their errors."""
+    return (abs(b.offset - a.offset) - (a.error + b.error + 2 * STAMP)) / (b.taken - a.taken)
+
+
 def drift(readings: Iterable[Reading]) -> float:
     """How fast the two clocks run apart, as one server's ``readings`` show it: two that
     disagree by more than their errors allow were parted by the drift between them.
     Every pair counts, not only neighbours: a pair's errors hide a drift below their sum
     over the time between them, so the readings furthest apart see a slow drift, the
-    nearest a burst. Never less than ``DRIFT``."""
-    return max(
-        [
-            DRIFT,
-            *(
-                (abs(b.offset - a.offset) - (a.error + b.error + 2 * STAMP)) / (b.taken - a.taken)
-                for a, b in itertools.combinations(readings, 2)
-                if b.taken > a.taken
-            ),
-        ]
+    nearest a burst. Never less than ``DRIFT``, nor more than ``MAX_SLEW``: faster is a
+    step (``stepped``), not a drift."""
+    rates = (_parting(a, b) for a, b in itertools.combinations(readings, 2) if b.taken > a.taken)
+    return min(MAX_SLEW, max([DRIFT, *rates]))
+
+
+def stepped(readings: Iterable[Reading], fresh: Reading) -> bool:
+    """Whether ``fresh`` shows the server's clock set, not slewed, since ``readings``:
+    the two clocks parted faster than any NTP discipline slews."""
+    return any(
+        fresh.taken > r.taken and _parting(r, fresh) > MAX_SLEW
+        for r in readings
+        if r.source == fresh.source
     )
 
 
@@ -246,7 +263,8 @@ class ServerClock:
         answer = await self._ask()
         measured = reading(sent, self._monotonic(), server_time(answer), leader(answer))
         before = None
-        if self._readings and self._readings[-1].source != measured.source:
+        moved = bool(self._readings) and self._readings[-1].source != measured.source
+        if moved or stepped(self._readings, measured):
             before = self._estimate
             self._before.append((before, measured.taken + self._outlast))
             self._readings.clear()
@@ -258,11 +276,15 @@ class ServerClock:
         )
         if before is not None:
             log.info(
-                "nats-server's time is read from %s now, not %s: the work stream's leader "
-                "moved, its time %+.3f s from the one before's; for %.0f s, while instants "
-                "written on the one before may lie ahead, the pod keeps to the safe side of both",
-                measured.source or "the server alone",
-                before.best.source or "the server alone",
+                "nats-server's time %s: %+.3f s from the one before's; for %.0f s, while "
+                "instants written on the one before may lie ahead, the pod keeps to the safe "
+                "side of both",
+                (
+                    f"is read from {measured.source or 'the server alone'} now, not "
+                    f"{before.best.source or 'the server alone'}: the work stream's leader moved"
+                    if moved
+                    else "was set"
+                ),
                 self._estimate.best.offset - before.best.offset,
                 self._outlast,
             )

@@ -120,6 +120,8 @@ log = logging.getLogger("trove.fetcher")
 #: Waits shorter than this are spent in the task rather than in a scheduled message
 #: (the JetStream scheduler fires with a granularity of a few hundred milliseconds).
 LOCAL_WAIT = 1.0
+#: The least time a page's or a robots.txt's request is sent with (``_request_time``).
+MIN_REQUEST_SECONDS = 1.0
 #: What orders a message in a pod's hand; a deferred copy carries them on.
 ORDERING_HEADERS = frozenset({PRIORITY_HEADER, SIBLINGS_HEADER})
 #: How long a policy read from the shared bucket is trusted without reading it again.
@@ -560,6 +562,21 @@ class Fetcher:
             return await self.listed.refusal(domain)
         return self.exclusions.refusal(domain)
 
+    def _request_time(self, hold: _Hold) -> float:
+        """``_time_left``, or ``Retry`` when it leaves a request too little to be fair to
+        the host: for a while after nats-server's clock was set or its leader moved, the
+        shared time is doubted by as much as the two times differ, and a request given
+        no time would be recorded as the host's timeout."""
+        left = self._time_left(hold)
+        if left < min(MIN_REQUEST_SECONDS, self.limits.total_timeout):
+            raise Retry(
+                f"{left:.1f} s left under the host's hold: the shared time is in doubt "
+                "(nats-server's clock set, or its leader moved); the request waits",
+                delay=MIN_REQUEST_SECONDS * 10,
+                expected=True,
+            )
+        return left
+
     def _time_left(self, hold: _Hold) -> float:
         """The longest the request under ``hold`` may take: the fetch's total timeout,
         within what is left of the lease's hold (on the latest the shared time can be).
@@ -653,7 +670,7 @@ class Fetcher:
                     job.url,
                     etag=etag,
                     last_modified=last_modified,
-                    limits=replace(self.limits, total_timeout=self._time_left(hold)),
+                    limits=replace(self.limits, total_timeout=self._request_time(hold)),
                     is_parseable=strategy.is_parseable,
                     accept=strategy.accept,
                     robots_allows=lambda hop: self._redirect_allowed(hop, job.url),
@@ -938,7 +955,7 @@ class Fetcher:
                 # An unreachable robots.txt is asked for again soon, and never later
                 # than a readable one would be.
                 retry_ttl=min(RETRY_TTL, self.robots_ttl),
-                total_timeout=self._time_left(hold),
+                total_timeout=self._request_time(hold),
                 before_hop=before_hop,
                 resume=resume,
                 now=self.clock.now,
