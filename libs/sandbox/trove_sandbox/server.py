@@ -26,6 +26,7 @@ from typing import IO, Protocol
 from urllib.parse import urlsplit
 
 from trove_sandbox.response import Response
+from trove_sandbox.trap import gzip_bomb
 from trove_sandbox.web import SandboxWeb
 
 log = logging.getLogger("trove_sandbox")
@@ -600,6 +601,10 @@ async def serve_sandbox(
     """
     witness = Witness(witness_path)
     server = SiteServer(_WebSite(web), witness, idle_timeout)
+    if web.trap_host is not None:
+        # Built before the first request, not while a fetcher waits for it: on a loaded
+        # machine its seconds would be the answer's, and the bomb a timeout.
+        await asyncio.to_thread(gzip_bomb)
     try:
         await server.start(web.port if port is None else port)
         web.port = server.port
