@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -19,7 +20,7 @@ from typing import Any, TypedDict, cast
 import nats.errors
 import pytest
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 
@@ -30,6 +31,7 @@ from trove_schema.bus import (
     Bus,
     Consumer,
     FailureCounts,
+    MessageTooLarge,
     Retry,
     _Held,
     _Marks,
@@ -38,7 +40,7 @@ from trove_schema.bus import (
 from trove_schema.errors import TopologyError
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
-from trove_stack.nats import EmbeddedNats, NatsConfig
+from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -227,6 +229,7 @@ async def test_broker_errors_raised_in_a_handler_are_retried_not_parked(
             durable=lane.durable,
             handler=script,
             max_failures=2,
+            max_retry_pause=0.05,  # twelve pauses in a row, each doubled
             **FAST,
         )
     ):
@@ -980,3 +983,189 @@ async def test_a_batch_split_up_hands_back_the_rest_at_the_first_retry(
     assert len(singles) == splits, f"{len(singles)} events tried alone in {splits} splits"
     assert sorted(handled) == sorted(f"event {i}".encode() for i in range(10))
     assert await parked(bus, lane) == 0
+
+
+@pytest.fixture
+async def full_stream(bus: Bus, lane: Lane) -> AsyncIterator[str]:
+    """A subject whose stream is at its limit and refuses every write with a 503, as a
+    full store does, while the lane's pulls are still served."""
+    name, subject = f"{lane.stream}_FULL", f"{lane.subject}.full"
+    await bus.js.add_stream(
+        StreamConfig(
+            name=name,
+            subjects=[subject],
+            storage=StorageType.MEMORY,
+            max_msgs=1,
+            discard=DiscardPolicy.NEW,
+        )
+    )
+    await bus.js.publish(subject, b"the one it holds")
+    try:
+        yield subject
+    finally:
+        await bus.js.delete_stream(name)
+
+
+async def test_broker_trouble_pauses_a_consumer_instead_of_cycling_its_window(
+    bus: Bus, lane: Lane, full_stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A store that refuses every write still serves every pull: were the next messages
+    # pulled and run the moment one came back, each handler's write would be refused,
+    # the whole ack window run against the server again each `broker_retry_delay`, with
+    # a warning each. The consumer pauses instead, starting and pulling nothing for the
+    # delay, doubled while the trouble lasts (0.5 s, then 1 s here). The window is the
+    # server's count of the first message's deliveries: by its third, a consumer that
+    # pauses has run a few rounds of 4; one that does not, the 200 messages over and over.
+    refusing = True
+    refused = 0
+    first_delivered = 0
+    handled: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        nonlocal refused, first_delivered
+        if refusing:
+            refused += 1
+            if msg.metadata.sequence.stream == 1:
+                first_delivered = msg.metadata.num_delivered
+            await bus.js.publish(full_stream, msg.data)  # refused: 503
+        handled.append(msg.data)
+
+    for i in range(200):
+        await bus.js.publish(lane.subject, f"work {i}".encode())
+    consumer = Consumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=4,
+        failure_backoff=0.01,
+        broker_retry_delay=0.5,
+        max_retry_pause=1.0,
+        idle_wait=0.2,
+    )
+    with caplog.at_level(logging.WARNING, logger="trove_schema.bus"):
+        async with running(consumer):
+            await eventually(
+                lambda: _value(first_delivered),
+                until=lambda n: n >= 3,
+                timeout=30,
+                what="the first message delivered three times",
+            )
+            during = refused
+            warnings = [r.getMessage() for r in caplog.records if r.name == "trove_schema.bus"]
+            refusing = False
+            await settled(bus, lane)
+    # Rounds of 4 at 0, 0.5, 1.5, 2.5 s...: the first message is among the four of
+    # every other round at least, and each pause is said once.
+    assert during <= 8 * 4, f"{during} messages run against a refusing store"
+    assert len(warnings) <= 8, warnings[:10]
+    assert sorted(handled) == sorted(f"work {i}".encode() for i in range(200))
+    assert await parked(bus, lane) == 0
+
+
+async def test_a_message_too_large_with_its_headers_is_refused_before_it_is_sent(
+    bus: Bus, lane: Lane
+) -> None:
+    # nats-py weighs the payload alone; the server weighs headers and payload, and
+    # answers a larger message by closing the connection. It must never be sent.
+    limit = bus.nc.max_payload
+    headers = {"Trove-Chain": "h" * 512}
+    with pytest.raises(MessageTooLarge, match=f"max_payload {limit}"):
+        await bus.js.publish(lane.subject, b"x" * (limit - 256), headers=headers)
+
+    ack = await bus.js.publish(lane.subject, b"x" * (limit - 1024), headers=headers)
+    assert ack.seq == 1
+    assert bus.nc.is_connected
+    assert not bus.closed.is_set()
+
+
+async def test_a_handler_whose_message_is_too_large_is_parked_and_the_connection_kept(
+    bus: Bus, lane: Lane
+) -> None:
+    # A handler whose output is too large for the server fails as any bad message
+    # does, counted and parked; the service's connection, which every other message
+    # needs, is kept.
+    limit = bus.nc.max_payload
+
+    async def handler(msg: Msg) -> None:
+        await bus.js.publish(
+            f"{lane.subject}.out", b"x" * (limit - 256), headers={"Trove-Chain": "h" * 512}
+        )
+
+    await bus.js.publish(lane.subject, b"work")
+    consumer = Consumer(
+        bus=bus, stream=lane.stream, durable=lane.durable, handler=handler, max_failures=2, **FAST
+    )
+    async with running(consumer):
+        await settled(bus, lane)
+    assert await parked(bus, lane) == 1
+    dead = await bus.js.get_last_msg(DEAD_STREAM, lane.dead_subject)
+    assert dead.headers is not None
+    assert "MessageTooLarge" in dead.headers["Trove-Dead-Reason"]
+    assert bus.nc.is_connected
+    assert not bus.closed.is_set()
+
+
+async def test_work_in_hand_at_a_pause_is_handed_back_not_stranded_by_a_reconnect(
+    tmp_path: Path,
+) -> None:
+    # A pod holds work it cannot start yet (a free slot's worth, or its prefetch) when
+    # broker trouble pauses it. Held through the pause, a reconnect meanwhile (the
+    # server restarted once its volume was grown) would leave that work to JetStream's
+    # redelivery, a whole ack_wait away (90 s for the fetcher). Handed back to the
+    # stream, due when the pause ends, it is started soon after the pause.
+    config = NatsConfig(store_dir=tmp_path / "nats", port=free_port("127.0.0.1"))
+    server = EmbeddedNats(config).start()
+    own = await Bus.connect(server.url, name="test-pause")
+    lane = Lane(stream="TEST_PAUSE", subject="test.pause", durable="test-pause")
+    await own.js.add_stream(StreamConfig(name=lane.stream, subjects=[lane.subject]))
+    await own.js.add_consumer(
+        lane.stream,
+        ConsumerConfig(
+            durable_name=lane.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0, max_deliver=-1
+        ),
+    )
+    started: list[bytes] = []
+    handled: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        started.append(msg.data)
+        if started == [b"first"]:
+            raise ServiceUnavailableError()  # the store full
+        handled.append(msg.data)
+
+    await own.js.publish(lane.subject, b"first")
+    await own.js.publish(lane.subject, b"held")
+    consumer = Consumer(
+        bus=own,
+        stream=lane.stream,
+        durable=lane.durable,
+        handler=handler,
+        concurrency=1,
+        prefetch=1,
+        broker_retry_delay=3.0,
+        max_retry_pause=3.0,
+        pull_expires=1.0,
+        idle_wait=0.2,
+    )
+    reconnects = own.nc.stats["reconnects"]
+
+    async def reconnected() -> bool:
+        return bool(own.nc.is_connected and own.nc.stats["reconnects"] > reconnects)
+
+    try:
+        async with running(consumer):
+            await eventually(lambda: _value(list(started)), until=bool, timeout=10)
+            server.stop()
+            server = EmbeddedNats(config).start()
+            await eventually(reconnected, until=bool, timeout=20, interval=0.05)
+            await eventually(
+                lambda: _value(sorted(handled)),
+                until=lambda h: h == [b"first", b"held"],
+                timeout=20,
+                what="both handled well before ack_wait",
+            )
+    finally:
+        await own.close()
+        server.stop()
+    assert started.count(b"held") == 1

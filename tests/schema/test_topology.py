@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,14 +15,15 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     StoreCompression,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from tests.conftest import StackUrls, eventually
 from trove_schema import topology
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, broker_trouble
 from trove_schema.errors import RetentionRefused, TopologyError
 from trove_schema.events import (
     CrawlCompleted,
@@ -35,6 +37,7 @@ from trove_schema.events import (
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     DAY,
+    DEAD_PREFIX,
     DEAD_STREAM,
     DOMAINS_BUCKET,
     EVENTS_STREAM,
@@ -197,7 +200,7 @@ async def test_a_deleted_recorder_durable_is_made_again_from_the_first_event(bus
 
 
 #: Each revision of the topology and the digest of its shape: only ever added to.
-SHAPES = {1: "2e652d13d8821661"}
+SHAPES = {1: "2e652d13d8821661", 2: "3a08185ffceac9f2"}
 
 
 def test_the_declared_topology_is_the_one_its_revision_names() -> None:
@@ -359,7 +362,7 @@ async def test_what_an_operator_set_outside_troves_settings_survives_the_owners_
     await bus.js.update_stream(
         replace(
             info.config,
-            max_bytes=1 << 30,
+            allow_direct=True,
             metadata={**(info.config.metadata or {}), "team": "search"},
         )
     )
@@ -370,8 +373,88 @@ async def test_what_an_operator_set_outside_troves_settings_survives_the_owners_
 
     after = (await bus.js.stream_info(EVENTS_STREAM)).config
     assert after.max_age == 400 * DAY
-    assert after.max_bytes == 1 << 30
+    assert after.allow_direct is True
     assert (after.metadata or {}).get("team") == "search"
+
+
+async def _as_the_release_before_left_it(
+    bus: Bus, stream: str, *, max_msgs: int = -1, max_bytes: int = -1
+) -> None:
+    """``stream`` as the release before left it (discard old, its revision's stamp), with
+    limits an operator set (`nats stream edit`)."""
+    info = await bus.js.stream_info(stream)
+    stamp = {**(info.config.metadata or {}), REVISION_KEY: "1"}
+    await bus.js.update_stream(
+        replace(
+            info.config,
+            discard=DiscardPolicy.OLD,
+            metadata=stamp,
+            max_msgs=max_msgs,
+            max_bytes=max_bytes,
+        )
+    )
+
+
+async def _without_limits(bus: Bus, stream: str) -> None:
+    """The ``clean`` fixture keeps what an operator set: no limit may outlive a test."""
+    info = await bus.js.stream_info(stream)
+    await bus.js.update_stream(replace(info.config, max_msgs=-1, max_bytes=-1))
+
+
+SCHEDULING = [
+    (EVENTS_STREAM, "recorder", PAGE_DISCOVERED),
+    (WORK_STREAM, "fetcher", FETCH_DEFERRED),
+]
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize(("stream", "owner", "subject"), SCHEDULING, ids=[s[0] for s in SCHEDULING])
+async def test_a_limit_that_would_delete_a_streams_oldest_schedules_is_lifted_by_its_owner(
+    bus: Bus, caplog: pytest.LogCaptureFixture, stream: str, owner: str, subject: str
+) -> None:
+    # A stream that holds schedules must discard old (nats-server refuses new beside
+    # them): at a limit of messages or bytes it would delete its oldest, the pending
+    # re-crawls, polls and deferred fetches among them, without a word to anyone. Its
+    # owner lifts such a limit, and says so; a full store refuses writes instead.
+    caplog.set_level("WARNING", logger="trove_schema.topology")
+    await _as_the_release_before_left_it(bus, stream, max_msgs=20, max_bytes=16 * 1024)
+    try:
+        await ensure_topology(bus.js, declare(), owner=owner)
+        first = (await bus.js.publish(subject, os.urandom(512))).seq
+        for _ in range(59):
+            await bus.js.publish(subject, os.urandom(512))
+        after = await bus.js.stream_info(stream)
+    finally:
+        await _without_limits(bus, stream)
+    assert (after.state.first_seq, after.state.messages) == (first, 60), "the oldest deleted"
+    assert (after.config.max_msgs, after.config.max_bytes) == (-1, -1)
+    lifted = [r.getMessage() for r in caplog.records if "lifted" in r.getMessage()]
+    assert [m.split(":")[0] for m in lifted] == [stream, stream], lifted
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_dead_letter_stream_at_its_limit_refuses_a_park_instead_of_deleting_the_oldest(
+    bus: Bus,
+) -> None:
+    # Parked messages are kept until an operator acts: at a limit an operator set, the
+    # oldest must not make room for the newest. The park is refused (503, broker
+    # trouble), and the consumer hands the message back to its own stream meanwhile.
+    subject = f"{DEAD_PREFIX}.test"
+    await _as_the_release_before_left_it(bus, DEAD_STREAM, max_msgs=3)
+    try:
+        await ensure_topology(bus.js, declare(), owner="recorder")
+        first = (await bus.js.publish(subject, b"parked 0")).seq
+        for n in (1, 2):
+            await bus.js.publish(subject, f"parked {n}".encode())
+        with pytest.raises(APIError) as refused:
+            await bus.js.publish(subject, b"one more")
+        after = await bus.js.stream_info(DEAD_STREAM)
+    finally:
+        await _without_limits(bus, DEAD_STREAM)
+    assert broker_trouble(refused.value), refused.value
+    assert (after.state.first_seq, after.state.messages) == (first, 3)
+    assert after.config.discard == DiscardPolicy.NEW
+    assert after.config.max_msgs == 3  # the operator's limit stands
 
 
 async def test_a_deny_flag_an_operator_set_survives_the_owners_reconcile(bus: Bus) -> None:

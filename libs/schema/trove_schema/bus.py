@@ -11,7 +11,8 @@ end (see ``Consumer``):
 * handled              -> ack
 * ``Retry`` raised     -> nak with the delay asked for (the broker or database is away)
 * a broker error       -> the same as ``Retry`` (``broker_trouble``: no responders, a
-                          timeout, a closed or reconnecting connection, JetStream 503)
+                          timeout, a closed or reconnecting connection, JetStream 503),
+                          and the consumer starts and pulls nothing for a while (``_Backoff``)
 * ``MalformedEvent``   -> parked on ``trove.dead.<consumer>`` with the reason, then termed
 * any other exception  -> nak with a growing delay; after ``max_failures`` failures of
                           the handler itself it is parked like a poison message
@@ -44,6 +45,7 @@ from nats.errors import (
     ConnectionClosedError,
     ConnectionDrainingError,
     ConnectionReconnectingError,
+    MaxPayloadError,
     NoRespondersError,
     OutboundBufferLimitError,
     StaleConnectionError,
@@ -74,6 +76,22 @@ class Retry(TroveError):
         self.delay = delay
         #: Handed back on purpose (waiting for something), not for trouble: logged quietly.
         self.expected = expected
+
+
+class MessageTooLarge(TroveError, MaxPayloadError):
+    """A message whose headers and payload together exceed the server's ``max_payload``,
+    refused before it is sent. The message's fault, not the broker's: a handler that
+    meets it fails, and its input is parked after its failures like any other."""
+
+    def __init__(self, subject: str, size: int, limit: int) -> None:
+        super().__init__(subject, size, limit)
+        self.subject, self.size, self.limit = subject, size, limit
+
+    def __str__(self) -> str:
+        return (
+            f"a message of {self.size} bytes with its headers, to {self.subject}, is larger "
+            f"than the server takes (max_payload {self.limit})"
+        )
 
 
 #: Errors that say the broker is away or busy, not that the message is bad. A handler's
@@ -163,10 +181,36 @@ def turned_away(exc: BaseException) -> bool:
     ) or AUTHORIZATION in str(exc)
 
 
-def _forget_failed_requests(nc: Client) -> None:
-    """Make a request whose publish fails leave nothing behind.
+#: What nats-py writes around a message's headers: the ``NATS/1.0`` line, and the empty
+#: line after the last header.
+_HEADER_FRAME = len(b"NATS/1.0\r\n\r\n")
 
-    nats-py (2.16) files a request's reply future before it publishes and removes it
+
+def _message_size(payload: bytes, headers: dict[str, str] | None) -> int:
+    """The bytes the server counts against ``max_payload``: the headers as nats-py
+    (2.16) writes them (keys and values trimmed, ``key: value`` and CRLF each), then
+    the payload."""
+    if headers is None:
+        return len(payload)
+    size = _HEADER_FRAME + len(payload)
+    for key, value in headers.items():
+        if key.strip():
+            size += len(key.strip().encode()) + len(value.strip().encode()) + 4
+    return size
+
+
+def _guard_publishes(nc: Client) -> None:
+    """Refuse a message too large for the server before it is sent, and make a request
+    whose publish fails leave nothing behind.
+
+    nats-py (2.16) compares the payload alone with the server's ``max_payload``; the
+    server counts the headers too, and answers a larger message with ``-ERR 'Maximum
+    Payload Violation'`` and closes the connection, which no reconnect follows: one
+    message with long headers (a redirect chain carried along) would end the service
+    (``BrokerClosed``). It is refused here with ``MessageTooLarge``, a failure of the
+    handler that sent it.
+
+    nats-py files a request's reply future before it publishes and removes it
     when the future completes; a publish that raises (the reconnect buffer full while
     the broker is away, the connection closed) leaves it filed for ever, about 700
     bytes. A pod's retries during an outage of hours (the late writes of its hosts'
@@ -182,6 +226,9 @@ def _forget_failed_requests(nc: Client) -> None:
         headers: dict[str, str] | None = None,
     ) -> None:
         try:
+            size = _message_size(payload, headers)
+            if size > nc.max_payload:
+                raise MessageTooLarge(subject, size, nc.max_payload)
             await publish(subject, payload, reply=reply, headers=headers)
         except BaseException:
             prefix = bytes(nc._resp_sub_prefix or b"").decode()
@@ -294,7 +341,7 @@ class Bus:
         finally:
             refused.cancel()
             accepted()  # the turns away before this connection say nothing of later ones
-        _forget_failed_requests(nc)
+        _guard_publishes(nc)
         BROKER_CONNECTED.set(1)
         return cls(nc, nc.jetstream(timeout=10.0), closed)
 
@@ -441,7 +488,8 @@ class Consumer:
 
     ``concurrency`` messages are handled at once; a slow one never holds the others
     (each runs in its own task). In-flight handlers are awaited on stop, so a SIGTERM
-    finishes or hands back (nak) what it holds.
+    finishes or hands back (nak) what it holds. After a handler meets broker trouble
+    the consumer starts and pulls nothing for a while (``_Backoff``).
     """
 
     bus: Bus
@@ -484,10 +532,15 @@ class Consumer:
     #: Pulls refused this long in a row (not expired: refused) make the consumer look
     #: at its durable (``_still_served``).
     refusal_patience: float = 60.0
+    #: Longest wait after broker trouble (``_Backoff``): how late, at most, the consumer
+    #: notices that the broker takes writes again.
+    max_retry_pause: float = 30.0
     failures: FailureCounts = field(init=False, repr=False)
+    backoff: _Backoff = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.failures = FailureCounts(self.failure_memory)
+        self.backoff = _Backoff(self.max_retry_pause)
 
     async def run(self, stop: asyncio.Event) -> None:
         if not await self._bind(stop):
@@ -520,13 +573,21 @@ class Consumer:
                                  self.durable, len(forgotten))  # fmt: skip
                 for msg in pulls.take():
                     held.push(msg)
-                while held and len(tasks) < self.concurrency:
-                    self._start(held.pop(), tasks, done, marks)
-                room = min(capacity - len(tasks) - len(held), self.fetch_batch)
-                try:
-                    await pulls.ask(room)
-                except Exception as exc:  # connection trouble: nats-py reconnects
-                    log.warning("pull from %s failed: %s", self.durable, exc)
+                paused = self.backoff.left()
+                if paused:
+                    # Held through a pause, work would be stranded by a reconnect (left
+                    # to JetStream's redelivery, an ack_wait away): it goes back to the
+                    # stream, due again when the pause ends.
+                    for msg in held.drain():
+                        await _quiet(msg.nak(delay=paused))
+                else:
+                    while held and len(tasks) < self.concurrency:
+                        self._start(held.pop(), tasks, done, marks)
+                    room = min(capacity - len(tasks) - len(held), self.fetch_batch)
+                    try:
+                        await pulls.ask(room)
+                    except Exception as exc:  # connection trouble: nats-py reconnects
+                        log.warning("pull from %s failed: %s", self.durable, exc)
                 await held.refresh(self.hold_refresh)
                 await marks.refresh(self.hold_refresh)
                 await _still_served(self, pulls)
@@ -545,9 +606,13 @@ class Consumer:
 
     def _next_look(self, pulls: Pulls, held: _Held, marks: _Marks) -> float:
         """How long the loop may sleep if nothing wakes it: until a lost pull is given
-        up or a held or handled message needs marking in progress, at most ``idle_wait``."""
+        up, a held or handled message needs marking in progress or a pause after broker
+        trouble ends, at most ``idle_wait``."""
         now = time.monotonic()
         look = now + self.idle_wait
+        paused = self.backoff.left()
+        if paused:
+            look = min(look, now + paused)
         deadline = pulls.next_deadline()
         if deadline is not None:
             look = min(look, deadline)
@@ -617,10 +682,15 @@ class Consumer:
             if broker_trouble(exc):
                 reason = f"broker unavailable: {type(exc).__name__}: {exc}"
                 trouble = Retry(reason, delay=self.broker_retry_delay)
-                await self._retry(msg, trouble)
+                # Said once a pause: while the store is full every message meets it.
+                if self.backoff.handed_back(trouble):
+                    pause = self.backoff.pause
+                    log.warning("%s: %s; nothing new starts for %.1fs", self.durable, reason, pause)
+                await self._retry(msg, trouble, quiet=True)
                 return trouble
             await self._failed(msg, exc)
             return None
+        self.backoff.handled()
         if len(self.failures):  # usually empty: no metadata parsed for nothing
             self.failures.forget(_sequence(msg))
         MESSAGES_HANDLED.labels(self.durable, "acked").inc()
@@ -643,9 +713,9 @@ class Consumer:
                     return
             await asyncio.sleep(0.25)
 
-    async def _retry(self, msg: Msg, retry: Retry) -> None:
+    async def _retry(self, msg: Msg, retry: Retry, *, quiet: bool = False) -> None:
         """Hand the message back for later: not the message's fault, so not counted."""
-        level = logging.DEBUG if retry.expected else logging.WARNING
+        level = logging.DEBUG if retry.expected or quiet else logging.WARNING
         log.log(level, "%s: retrying in %.1fs: %s", self.durable, retry.delay, retry)
         MESSAGES_HANDLED.labels(self.durable, "retried").inc()
         await _quiet(msg.nak(delay=retry.delay))
@@ -856,6 +926,7 @@ class BatchConsumer:
             failure_backoff=self.failure_backoff,
             broker_retry_delay=self.broker_retry_delay,
             dead_letters_refresh=self.dead_letters_refresh,
+            max_retry_pause=self.max_retry_pause,
         )
         if not await single._bind(stop):
             return
@@ -867,7 +938,9 @@ class BatchConsumer:
         since = 0.0  # when the oldest message in hand arrived
         loop = asyncio.get_running_loop()
         marks = _Marks()
-        backoff = _Backoff(self.max_retry_pause)
+        # One pause for both: a message of a split batch that meets broker trouble
+        # starts it (``Consumer._handle``).
+        backoff = single.backoff
 
         def done(task: asyncio.Task[None]) -> None:
             for msg in tasks.pop(task, ()):
@@ -974,29 +1047,35 @@ class BatchConsumer:
 
 
 class _Backoff:
-    """How long a ``BatchConsumer`` whose batches are handed back (``Retry``: the
-    database or the broker away) starts no batch and pulls nothing: the retry's delay,
-    doubled while the batches started after each wait come back too, up to ``limit``.
-    A batch handled ends the doubling.
+    """How long a consumer starts and pulls nothing after work is handed back: a
+    ``BatchConsumer``'s batches (``Retry``: the database or the broker away), a
+    ``Consumer``'s messages that met broker trouble. The retry's delay, doubled while
+    the work started after each wait comes back too, up to ``limit``; work handled
+    ends the doubling.
 
     Otherwise a recorder whose database refuses would pull and decode the next batch
     the moment one came back, through its whole ack window, and all of it again each
-    time a delay passed: a hot loop for as long as the database is away."""
+    time a delay passed: a hot loop for as long as the database is away. A fetcher or
+    discovery whose store is full (every write refused, every pull served) would run
+    each message of its ack window, thousands, against the refusing server every 2 s,
+    with a warning each, for as long as the store stays full."""
 
     __slots__ = ("limit", "pause", "until")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.pause = 0.0
-        #: No batch starts before this time (monotonic).
+        #: Nothing starts before this time (monotonic).
         self.until = 0.0
 
-    def handed_back(self, retry: Retry) -> None:
+    def handed_back(self, retry: Retry) -> bool:
+        """Start a pause, unless one is under way; whether one started."""
         now = time.monotonic()
         if now < self.until:
-            return  # a batch started before this wait met the trouble it waits out
+            return False  # work started before this wait met the trouble it waits out
         self.pause = min(self.limit, max(retry.delay, 2 * self.pause))
         self.until = now + self.pause
+        return True
 
     def handled(self) -> None:
         self.pause = 0.0

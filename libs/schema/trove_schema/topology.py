@@ -173,8 +173,14 @@ class Topology:
 #: pod of the release before, in a rolling update's or a rollback's mixed minutes, would
 #: otherwise narrow a durable's subjects back, and the messages of the dropped subject
 #: would be passed over for good rather than parked where ``trove dead`` shows them.
-REVISION = 1
+REVISION = 2
 REVISION_KEY = "trove-topology"
+
+
+#: No limit on a stream's messages or bytes (the server's -1; nats-py's default is None,
+#: so reconciling sends it): a stream of schedules must discard old, and would delete its
+#: oldest messages at a limit.
+NO_LIMIT: dict[str, Any] = {"max_msgs": -1, "max_bytes": -1}
 
 
 def _window(wanted: float, max_age: float) -> float:
@@ -192,7 +198,10 @@ def declare(options: TopologyOptions | None = None) -> Topology:
         # stream takes what the server takes (its max_payload); discovery reads at most
         # 10,000 URLs (100 instances) of a message. 64 MiB is the most a max_payload
         # may be; not -1, nats-py's default, which reconciling leaves as it is
-        # (``_managed``) on a stream made with a lower limit.
+        # (``_managed``) on a stream made with a lower limit. Its discard policy is
+        # left old (nats-py's default, so an operator's choice stands): a write it
+        # refused would be lost without a word (no_ack answers no `nats pub`), and
+        # the oldest seeds, what a limit deletes, were read long ago.
         StreamConfig(
             name=SEEDS_STREAM,
             subjects=[SEEDS_SUBJECT, FOLLOW_SUBJECT, UNFOLLOW_SUBJECT],
@@ -218,7 +227,13 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             allow_msg_schedules=True,
             # The server turns rollups on for schedules; saying so keeps reconcile quiet.
             allow_rollup_hdrs=True,
+            # nats-server refuses discard new beside schedules, so a limit on the
+            # messages or bytes, once reached, would delete the oldest: pending re-crawls
+            # and polls, events not yet projected. The owner lifts one an operator set
+            # (``_say_lifted_limits``): what caps the record is the server's store,
+            # which refuses writes when full (503), and the services wait.
             discard=DiscardPolicy.OLD,
+            **NO_LIMIT,
         ),
         StreamConfig(
             name=WORK_STREAM,
@@ -233,6 +248,8 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             duplicate_window=_window(120.0, opts.work_max_age),
             allow_msg_schedules=True,
             allow_rollup_hdrs=True,
+            # As the record's: at a limit the oldest deferred fetches would vanish.
+            **NO_LIMIT,
         ),
         StreamConfig(
             name=DEAD_STREAM,
@@ -243,6 +260,12 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             retention=RetentionPolicy.LIMITS,
             max_age=opts.dead_max_age,
             duplicate_window=_window(120.0, opts.dead_max_age),
+            # At a limit an operator set, the oldest parked messages (kept until an
+            # operator acts) are not deleted for newer ones: a park refused (503) hands
+            # its message back to its own stream, as when the broker is away
+            # (``Consumer._park``). Not nats-py's default, so reconciled onto a stream
+            # made before.
+            discard=DiscardPolicy.NEW,
         ),
     )
 
@@ -454,8 +477,26 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, *, reconcil
             info = await js.stream_info(config.name)
     if reconcile and _differs(info.config, config) and _not_newer(info.config, config.name):
         await _keeps_schedules(js, info.config, config, info.state.last_seq)
+        _say_lifted_limits(info.config, config)
         await js.update_stream(_merged(info.config, config))
         log.info("reconciled stream %s", config.name)
+
+
+def _say_lifted_limits(current: StreamConfig, wanted: StreamConfig) -> None:
+    """Log each limit an operator set (`nats stream edit --max-bytes`) that the update
+    lifts (``NO_LIMIT``), and why: the deployment's setting changes under it."""
+    for name in NO_LIMIT:
+        have = getattr(current, name) or -1
+        if getattr(wanted, name) == -1 and have > 0:
+            log.warning(
+                "%s: %s=%d lifted: at that limit the stream would delete its oldest "
+                "messages (pending schedules among them; discard new is refused beside "
+                "schedules). Size the volume, or the server's max_file_store, instead: "
+                "a full store refuses writes, which Trove waits on",
+                wanted.name,
+                name,
+                have,
+            )
 
 
 #: Schedules ``_keeps_schedules`` looks at: the oldest, and as many of the newest.
@@ -641,8 +682,8 @@ def _merged(current: _Config, wanted: _Config) -> _Config:
 
     An update replaces a stream's or a durable's whole config, so sending only Trove's
     fields would reset what an operator set that Trove does not manage (a stream's
-    ``max_bytes``, placement, metadata; a durable's metadata, ``inactive_threshold``,
-    ``sample_freq``) to the server's defaults on every reconcile.
+    placement, metadata, ``max_bytes`` where Trove sets none; a durable's metadata,
+    ``inactive_threshold``, ``sample_freq``) to the server's defaults on every reconcile.
     """
     fields = _managed(wanted)
     if "metadata" in fields:  # Trove's stamp beside what an operator keeps there
