@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import time
 import uuid
@@ -1056,9 +1058,10 @@ async def test_broker_trouble_pauses_a_consumer_instead_of_cycling_its_window(
             refusing = False
             await settled(bus, lane)
     # Rounds of 4 at 0, 0.5, 1.5, 2.5 s...: the first message is among the four of
-    # every other round at least, and each pause is said once.
+    # every other round at least, and each pause is said once, not each message (a
+    # round's four failures can come apart on a loaded machine, each then a pause).
     assert during <= 8 * 4, f"{during} messages run against a refusing store"
-    assert len(warnings) <= 8, warnings[:10]
+    assert len(warnings) <= max(8, during // 2), (during, warnings[:10])
     assert sorted(handled) == sorted(f"work {i}".encode() for i in range(200))
     assert await parked(bus, lane) == 0
 
@@ -1169,3 +1172,42 @@ async def test_work_in_hand_at_a_pause_is_handed_back_not_stranded_by_a_reconnec
         await own.close()
         server.stop()
     assert started.count(b"held") == 1
+
+
+async def test_a_message_whose_park_is_refused_comes_back_later_each_time(
+    bus: Bus, lane: Lane, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The dead-letter stream at an operator's limit refuses every park (discard new):
+    # the poison message is handed back, and handled again ever later, not every 2 s.
+    info = await bus.js.stream_info(DEAD_STREAM)
+    await bus.js.update_stream(dataclasses.replace(info.config, max_msgs=1))
+    try:
+        await bus.js.publish(f"{DEAD_PREFIX}.someone-else", b"parked before")
+        await bus.js.publish(lane.subject, b"poison")
+        script = Script([], then=raising(ValueError("no such column")))
+        with caplog.at_level(logging.WARNING, logger="trove_schema.bus"):
+            async with running(
+                Consumer(
+                    bus=bus,
+                    stream=lane.stream,
+                    durable=lane.durable,
+                    handler=script,
+                    max_failures=1,
+                    failure_backoff=0.05,
+                    broker_retry_delay=0.01,
+                    idle_wait=0.2,
+                )
+            ):
+
+                async def refusals() -> list[float]:
+                    return [
+                        float(m) for m in re.findall(r"handing it back for ([0-9.]+)s", caplog.text)
+                    ]
+
+                delays = await eventually(
+                    refusals, until=lambda d: len(d) >= 3, timeout=20, what="three refusals"
+                )
+    finally:
+        await bus.js.update_stream(dataclasses.replace(info.config, max_msgs=-1))
+    assert delays[:3] == sorted(set(delays[:3])), delays  # each later than the one before
+    assert await parked(bus, lane) == 0

@@ -737,9 +737,16 @@ class Consumer:
             await self.bus.park(self.durable, msg, reason)
         except Exception as exc:
             # Could not park: hand it back rather than lose it. Its count is kept, so
-            # its next failure tries to park it again.
-            log.warning("could not park a message (%s); handing it back", exc)
-            await _quiet(msg.nak(delay=self.broker_retry_delay))
+            # its next failure tries to park it again, later each time: a dead-letter
+            # stream at an operator's limit refuses every park (discard new) until
+            # someone acts, and a poison message handled again every 2 s meanwhile
+            # would be a busy loop.
+            seq = _sequence(msg)
+            n = self.failures.add(seq) if seq is not None else 1
+            backoff = self.failure_backoff * (2 ** (n - 1))
+            delay = max(self.broker_retry_delay, min(backoff, self.max_failure_backoff))
+            log.warning("could not park a message (%s); handing it back for %.1fs", exc, delay)
+            await _quiet(msg.nak(delay=delay))
             return
         self.failures.forget(_sequence(msg))
         MESSAGES_HANDLED.labels(self.durable, "parked").inc()
