@@ -178,11 +178,12 @@ async def watch_crawl(
         options = TopologyOptions.from_settings(CommonSettings())
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
         # The progress, the page limit, the idle check and the report count from here: a
-        # state folder kept from earlier crawls holds theirs. On nats-server's clock, not
-        # this machine's: a laptop minutes off the cluster it joined would count none of
-        # the pods' attempts, or earlier crawls' (the pods' clocks are as near the
-        # server's as NTP keeps them).
-        began = datetime.fromtimestamp(await server_now(nc), UTC)
+        # state folder kept from earlier crawls holds theirs. The earlier of nats-server's
+        # clock and this machine's: the pods of a cluster joined stamp their attempts on
+        # clocks NTP keeps near the server's, and this machine's own services (`--join`
+        # runs some here) on its own; a laptop minutes ahead of the cluster would count
+        # none of the pods', one behind none of its own.
+        began = min(datetime.now(UTC), datetime.fromtimestamp(await server_now(nc), UTC))
         refusals_before = await refusals_so_far(engine)
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.

@@ -295,20 +295,28 @@ async def test_the_reports_graph_of_every_crawl_is_counted_from_a_sample_once_la
     assert f"≈{report.top_linked[0][2]}" in printed
 
 
-async def test_a_crawl_counts_its_pages_on_the_servers_clock_not_the_operators(
+@pytest.mark.parametrize(
+    ("off", "stamped_by"),
+    [(+10, "the cluster"), (-10, "this machine")],
+    ids=["laptop-ahead", "laptop-behind"],
+)
+async def test_a_crawl_counts_its_pages_whichever_clock_stamped_them(
     stack: StackUrls,
     engine: AsyncEngine,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    off: int,
+    stamped_by: str,
 ) -> None:
     # `trove crawl --join` from a laptop ten minutes ahead of the cluster: every page the
-    # pods stamped came "before" the crawl began, and --max-pages was never reached.
-    class Ahead(datetime):
+    # pods stamped came "before" the crawl began, and --max-pages was never reached; ten
+    # minutes behind, so did the pages its own services (run on the laptop) stamped.
+    class Off(datetime):
         @classmethod
-        def now(cls, tz: tzinfo | None = None) -> Ahead:
-            return cls.fromtimestamp((super().now(tz) + timedelta(minutes=10)).timestamp(), tz)
+        def now(cls, tz: tzinfo | None = None) -> Off:
+            return cls.fromtimestamp((super().now(tz) + timedelta(minutes=off)).timestamp(), tz)
 
-    monkeypatch.setattr(main_module, "datetime", Ahead)
+    monkeypatch.setattr(main_module, "datetime", Off)
     crawl = asyncio.create_task(
         watch_crawl(
             nats_url=stack.nats_url,
@@ -322,16 +330,18 @@ async def test_a_crawl_counts_its_pages_on_the_servers_clock_not_the_operators(
     added = 0
 
     async def a_page_more() -> bool:
-        # A page the pods crawl, stamped by the database's clock, until the crawl ends.
+        # A page crawled, stamped by the cluster's clock or this machine's, until the
+        # crawl ends.
         nonlocal added
         added += 1
+        at = datetime.now(UTC) if stamped_by == "the cluster" else Off.now(UTC)
         async with engine.begin() as conn:
             await conn.execute(
                 text(
                     "INSERT INTO pages (url, domain, status, discovered_at) "
-                    "VALUES (:url, 'new.example', 'fetched', now())"
+                    "VALUES (:url, 'new.example', 'fetched', :at)"
                 ),
-                {"url": f"https://new.example/{added}"},
+                {"url": f"https://new.example/{added}", "at": at},
             )
         return crawl.done()
 

@@ -19,12 +19,14 @@ import httpx
 import pytest
 
 from tests.fetcher._servers import LocalServer, serving
+from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.robots import RobotsPolicy, RobotsRule
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry
-from trove_schema.events import PageDiscovered, Provenance, Scope
+from trove_schema.events import PageDiscovered, Provenance, Scope, TimelinePollRequested
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, ROBOTS_BUCKET
 from trove_schema.urls import canonicalize, domain_of
@@ -64,10 +66,8 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield built
 
 
-async def test_a_request_waits_while_the_shared_time_is_doubted_by_more_than_its_hold(
-    bus: Bus, client: httpx.AsyncClient, server: LocalServer
-) -> None:
-    fetcher = Fetcher(
+async def doubted_fetcher(bus: Bus, client: httpx.AsyncClient) -> Fetcher:
+    return Fetcher(
         bus=bus,
         clock=Doubted(),
         client=client,
@@ -79,6 +79,12 @@ async def test_a_request_waits_while_the_shared_time_is_doubted_by_more_than_its
         robots_token="TroveBot",
         robots_max_bytes=64 * 1024,
     )
+
+
+async def test_a_request_waits_while_the_shared_time_is_doubted_by_more_than_its_hold(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    fetcher = await doubted_fetcher(bus, client)
     url = canonicalize(server.url("/page", HOST))
     page = PageDiscovered(
         url=url, domain=domain_of(url), scope=Scope(value=HOST), provenance=Provenance(kind="seed")
@@ -92,3 +98,30 @@ async def test_a_request_waits_while_the_shared_time_is_doubted_by_more_than_its
     # recorded against the host: the work goes back to its stream.
     assert server.requests_for(HOST) == []
     assert (await bus.js.stream_info(EVENTS_STREAM)).state.messages == 0
+
+
+async def test_a_poll_waits_while_the_shared_time_is_doubted_by_more_than_its_hold(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # The instance's robots.txt read a moment ago: the poll's own request is the one.
+    allowed = RobotsPolicy(
+        origin=f"http://{HOST}:{server.port}", rule=RobotsRule.ALLOW_ALL, fetched_at=time.time()
+    )
+    robots = await bus.js.key_value(ROBOTS_BUCKET)
+    await robots.put(fetcher_module._robots_key(allowed.origin), allowed.to_bytes())
+    fetcher = await doubted_fetcher(bus, client)
+    request = TimelinePollRequested(
+        instance=f"http://{HOST}:{server.port}",
+        domain=HOST,
+        timeline="local",
+        follow_id="follow-1",
+    )
+    try:
+        await fetcher.poll(request)
+    finally:
+        fetcher.close()
+    # Nothing asked of the instance with no time to answer, nothing recorded against its
+    # host: the poll comes back at its slot.
+    assert server.requests_for(HOST) == []
+    slot = await fetcher.politeness.state(HOST)
+    assert slot.backoff_until <= time.time()

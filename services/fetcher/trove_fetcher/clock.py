@@ -79,12 +79,15 @@ WARN_OFFSET = 1.0
 #: faster (to 500 ppm with ntpd or timesyncd, 83,333 with chrony's default limit): the
 #: readings measure that (``drift``).
 DRIFT = 1e-4
-#: The fastest NTP slews a clock (chrony's default limit, 83,333 ppm): two readings that
-#: part faster show a clock set, not slewed (ntpd sets an offset over 128 ms, chrony
-#: under ``makestep``, a VM restored), which is taken as a new time (``stepped``), as a
-#: leader moved is. Counted as drift, a step of 20 s would have doubted the estimate by
-#: as much for the forty seconds its readings are kept: requests left no time at all.
-MAX_SLEW = 1 / 12
+#: Faster than two clocks part while NTP slews them (chrony's fastest, 83,333 ppm, on
+#: each node in opposite directions is 1/6): two readings that part faster show a clock
+#: set, not slewed (ntpd sets an offset over 128 ms, chrony under ``makestep``, a VM
+#: restored), which is taken as a new time (``stepped``), as a leader moved is. Counted
+#: as drift, a step of 20 s would have doubted the estimate by as much for the forty
+#: seconds its readings are kept: requests left no time at all. A step too small to
+#: tell from a slew (under 1.25 s between reads 5 s apart) is counted as one, doubting
+#: the estimate by at most as much until its readings go.
+MAX_SLEW = 0.25
 #: How finely a reading is stamped: ``server_time`` keeps microseconds.
 STAMP = 1e-6
 #: ``CLOCK_BOOTTIME``, where there is one (Linux): see ``elapsed``.

@@ -1070,7 +1070,12 @@ class Fetcher:
             sent.start = decision.start
         hold = _Hold(domain, decision)
         try:
-            yield self._time_left(hold)
+            left = self._time_left(hold)
+            if left < min(MIN_REQUEST_SECONDS, self.limits.total_timeout):
+                # As ``_request_time``: a request sent with no time would be the host's
+                # timeout; the poll ends with what it read and comes back.
+                raise GateDeferred(MIN_REQUEST_SECONDS * 10)
+            yield left
         finally:
             await self._release(hold)
 
