@@ -340,4 +340,5 @@ def test_every_trove_containers_log_is_rotated() -> None:
     assert {"discovery", "fetcher", "recorder"} <= set(trove)
     for name, service in trove.items():
         options = service.get("logging", {}).get("options", {})
-        assert options.get("max-size") and options.get("max-file"), name
+        assert options.get("max-size"), name
+        assert options.get("max-file"), name
