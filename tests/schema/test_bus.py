@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -19,9 +20,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypedDict, cast
 
+import nats
 import nats.errors
 import pytest
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
@@ -42,7 +46,7 @@ from trove_schema.bus import (
 from trove_schema.errors import TopologyError
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
+from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -1211,3 +1215,54 @@ async def test_a_message_whose_park_is_refused_comes_back_later_each_time(
         await bus.js.update_stream(dataclasses.replace(info.config, max_msgs=-1))
     assert delays[:3] == sorted(set(delays[:3])), delays  # each later than the one before
     assert await parked(bus, lane) == 0
+
+
+async def test_an_accounts_jetstream_limit_reached_is_the_brokers_trouble(tmp_path: Path) -> None:
+    # An account's `max_file` reached answers a publish 400 with err_code 10002, not the
+    # 503 of a server's store full: read as the message's fault, every write of a crawl
+    # whose account filled up was counted and its message parked.
+    port = free_port("127.0.0.1")
+    conf = tmp_path / "account.conf"
+    conf.write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        "accounts { TENANT { jetstream { max_file: 64KB, max_mem: 1MB }\n"
+        "  users: [{ user: tenant, password: tenant }] } }\n"
+    )
+    server = subprocess.Popen(
+        [str(nats_server_binary()), "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        nc = await eventually(
+            lambda: _connected(f"nats://tenant:tenant@127.0.0.1:{port}"),
+            until=lambda c: c is not None,
+            timeout=20,
+            what="the tenant's server",
+        )
+        assert nc is not None
+        try:
+            js = nc.jetstream()
+            await js.add_stream(StreamConfig(name="FULL", subjects=["full.>"]))
+            with pytest.raises(APIError) as refused:
+                await _fill(js)
+        finally:
+            await nc.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert refused.value.err_code == 10002, refused.value
+    assert broker_trouble(refused.value)
+
+
+async def _fill(js: JetStreamContext) -> None:
+    for _ in range(100):  # 400 KB into an account that may store 64 KB
+        await js.publish("full.x", b"x" * 4096)
+
+
+async def _connected(url: str) -> NatsClient | None:
+    try:
+        return await nats.connect(url, allow_reconnect=False, connect_timeout=1)
+    except Exception:
+        return None

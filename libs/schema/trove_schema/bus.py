@@ -112,11 +112,18 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 UNAVAILABLE_CODES = frozenset({408, 500, 503, 504})
 
 
+#: JetStream's answer when an account's own storage limit (`max_file`, `max_mem`) is
+#: reached: a 400, where a server's store full answers 503. The store is full either way.
+ACCOUNT_RESOURCES_EXCEEDED = 10002
+
+
 def broker_trouble(exc: BaseException) -> bool:
     """True when ``exc`` says NATS or JetStream is unavailable, so the message is not at fault."""
     if isinstance(exc, BROKER_ERRORS):
         return True
-    return isinstance(exc, APIError) and exc.code in UNAVAILABLE_CODES
+    return isinstance(exc, APIError) and (
+        exc.code in UNAVAILABLE_CODES or exc.err_code == ACCOUNT_RESOURCES_EXCEEDED
+    )
 
 
 def nats_servers(url: str) -> list[str]:
