@@ -259,6 +259,7 @@ class Fetcher:
             max_message_bytes=max_message_bytes,
             lookback=poll_lookback,
             now=self.clock.now,
+            parser=self.parser,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: What an attempt taught about its host that the broker, away longer than a

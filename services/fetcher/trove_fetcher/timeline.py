@@ -90,7 +90,7 @@ from lxml import etree
 from trove_fetcher.activitystreams import opted_out
 from trove_fetcher.completion import event_budget
 from trove_fetcher.errors import BlockedAddress, ContentError, GateDeferred, NetworkAway
-from trove_fetcher.extract import _html_parser
+from trove_fetcher.extract import ParseThreads, _html_parser
 from trove_fetcher.http import (
     ACCEPT_ENCODING,
     REDIRECT_STATUSES,
@@ -211,7 +211,7 @@ def content_links(content: str) -> list[str]:
     """The hrefs of a post's HTML content, mentions and hashtags left out.
 
     Read with lxml (linear), as pages are: html.parser takes quadratic time on a post
-    of unclosed tags ("<a <a <a ..."), minutes for one post, on the event loop."""
+    of unclosed tags ("<a <a <a ..."), minutes for one post."""
     fragment = content[:MAX_CONTENT_CHARS]
     try:
         root = etree.fromstring(
@@ -538,6 +538,8 @@ class _Answer:
     status: int
     headers: httpx.Headers
     data: Any = None
+    #: Bytes of its body: what reading its posts counts towards renewing the parse threads.
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -655,7 +657,9 @@ class TimelinePoller:
     a stream message of ``max_message_bytes`` (``TROVE_MAX_MESSAGE_BYTES``). ``now`` is
     the clock a wait given as a date (``Retry-After``, ``X-RateLimit-Reset``) is read on:
     the fetcher's is the pods' shared one (``trove_fetcher.clock``), so the wait is as
-    long as the instance asked however far this pod's own clock is.
+    long as the instance asked however far this pod's own clock is. A page's posts are
+    read in ``parser``'s threads (the fetcher's, renewed as for its pages; else the
+    poller's own).
     """
 
     def __init__(
@@ -672,6 +676,7 @@ class TimelinePoller:
         max_message_bytes: int = 1 << 20,
         lookback: float = 600.0,
         now: Callable[[], float] = time.time,
+        parser: ParseThreads | None = None,
     ) -> None:
         if max_pages < 1 or not 1 <= page_limit <= 40:
             raise ValueError("max_pages must be >= 1 and page_limit within 1..40")
@@ -689,6 +694,7 @@ class TimelinePoller:
         )
         self._lookback = lookback
         self._now = now
+        self._parser = parser if parser is not None else ParseThreads(1)
 
     async def poll(self, request: TimelinePollRequested) -> TimelinePolled:
         """Read the timeline from the request's cursor on. Never raises for what the
@@ -804,7 +810,7 @@ class TimelinePoller:
             try:
                 answer = await self._get_json(url, progress)
                 entries = self._entries(answer)
-                new = self._take(entries, host, progress, oldest_first=True)
+                new = await self._take(answer, entries, host, progress, oldest_first=True)
             except _Stop as stop:
                 # Asked again, the same page comes back every poll: fewer posts a page get
                 # past the ones that cannot be read, down to one, which is passed over.
@@ -894,7 +900,7 @@ class TimelinePoller:
             api, timeline, limit=self._page_limit, since_id=str(progress.floor), max_id=cursor
         )
         answer = await self._get_json(url, progress)
-        self._take(self._entries(answer), host, progress, oldest_first=True)
+        await self._take(answer, self._entries(answer), host, progress, oldest_first=True)
 
     async def _read_back(
         self, api: str, timeline: str, host: str, progress: _Progress, backfill: int
@@ -914,7 +920,9 @@ class TimelinePoller:
             requested.add(url)
             answer = await self._get_json(url, progress)
             entries = self._entries(answer)
-            new = self._take(entries, host, progress, oldest_first=False, bound=remaining)
+            new = await self._take(
+                answer, entries, host, progress, oldest_first=False, bound=remaining
+            )
             remaining -= new
             if progress.full or remaining <= 0 or len(entries) < limit or progress.rate_spent:
                 return
@@ -943,8 +951,22 @@ class TimelinePoller:
             )
         return data
 
-    def _take(
+    async def _read(self, answer: _Answer, entries: list[Any], host: str) -> list[Entry]:
+        """The page's entries, read in a parse thread: libxml2 keeps every name a thread
+        parses until the thread ends, and the event loop's never does, so a followed
+        instance's posts of new names would grow the pod for good (``ParseThreads``)."""
+
+        def read() -> list[Entry]:
+            return [
+                read_entry(entry, host=host, allowed_networks=self._networks) for entry in entries
+            ]
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._parser.pool(answer.size), read)
+
+    async def _take(
         self,
+        answer: _Answer,
         entries: list[Any],
         host: str,
         progress: _Progress,
@@ -953,7 +975,7 @@ class TimelinePoller:
         bound: int | None = None,
     ) -> int:
         """Handle a page's entries; the number of new ones (kept, skipped, malformed)."""
-        read = [read_entry(entry, host=host, allowed_networks=self._networks) for entry in entries]
+        read = await self._read(answer, entries, host)
         usable = [entry for entry in read if entry.id is not None]
         malformed = sum(1 for entry in read if entry.verdict == "malformed")
         if read and malformed == len(read):
@@ -1149,6 +1171,7 @@ class TimelinePoller:
                 )
         finally:
             await response.aclose()
+        answer.size = len(body)
         try:
             answer.data = json.loads(body)
         except (ValueError, RecursionError) as exc:
