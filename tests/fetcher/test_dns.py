@@ -7,6 +7,7 @@ real and short.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -355,14 +356,15 @@ async def test_lookups_failing_together_ask_the_root_once(own_server: DnsServer)
 
 def aaaa_broken(server: DnsServer, monkeypatch: pytest.MonkeyPatch, name: str, how: str) -> None:
     """``server`` answers ``name``'s AAAA query with nothing (``silent``) or SERVFAIL, as
-    some hosts' nameservers do, and everything else as before."""
+    some hosts' nameservers do, and everything else as before; every query is counted."""
     answer = server.answer
 
     def answering(wire: bytes) -> bytes | None:
+        reply = answer(wire)
         query = dns.message.from_wire(wire)
         question = query.question[0]
         if question.rdtype != dns.rdatatype.AAAA or question.name.to_text().rstrip(".") != name:
-            return answer(wire)
+            return reply
         if how == "silent":
             return None
         response = dns.message.make_response(query)
@@ -402,3 +404,36 @@ async def test_no_address_and_a_failed_aaaa_is_a_failure_not_a_name_without_addr
         await resolver.lookup("v6.trove.test")
     assert resolver.cached == 0  # its AAAA is not known to be missing
     assert own_server.asked(".") == 0  # the A's answer showed the nameservers work
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_dropped_aaaa_query_does_not_hold_up_the_ipv4_answer(
+    own_server: DnsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_server.records["v4.trove.test"] = (("127.0.0.1",), 3600)
+    aaaa_broken(own_server, monkeypatch, "v4.trove.test", "silent")
+    resolver = _resolver(own_server, timeout=2.0)
+    assert await resolver.lookup("n0.trove.test") == ("127.0.0.1",)
+    descriptors = _open_descriptors()
+    started = time.monotonic()
+    assert await resolver.lookup("v4.trove.test") == ("127.0.0.1",)
+    assert time.monotonic() - started < 1.0  # not the 2 s the AAAA query could take
+    assert own_server.queries[("v4.trove.test", "AAAA")] == 1  # asked, and dropped
+    # The AAAA query given up on is over, its socket closed, not left running.
+    assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("dns")]
+    assert _open_descriptors() == descriptors
+
+
+async def test_a_prompt_aaaa_answer_is_kept_with_the_ipv4_one(own_server: DnsServer) -> None:
+    own_server.records["both.trove.test"] = (("127.0.0.1", "::1"), 60)
+    clock = Clock()
+    resolver = _resolver(own_server, clock, timeout=2.0, max_negative_ttl=5.0)
+    assert await resolver.lookup("both.trove.test") == ("127.0.0.1", "::1")
+    asked = own_server.asked("both.trove.test")
+    # A whole answer: cached for its TTL, not the shorter hold of a family missing.
+    clock.now += 30
+    assert await resolver.lookup("both.trove.test") == ("127.0.0.1", "::1")
+    assert own_server.asked("both.trove.test") == asked

@@ -23,9 +23,11 @@ resolve its name again.
   delegations) is not timed out for their slowness. A lookup that waits longer than
   ``queue_timeout`` for a slot is the pod's trouble (``PodExhausted``), not the host's;
 * asks for A and AAAA side by side, and takes what answered: a host whose nameserver
-  mishandles AAAA (a timeout, SERVFAIL) keeps its IPv4 addresses. Only when neither
-  family answered does the lookup fail. An answer with a family missing is cached no
-  longer than a negative answer, so the missing family is asked again soon;
+  mishandles AAAA (a timeout, SERVFAIL) keeps its IPv4 addresses. Once A has answered
+  with addresses, AAAA has ``RESOLUTION_DELAY`` (50 ms, RFC 8305) more, not the whole
+  ``timeout``: a dropped AAAA query does not hold up every lookup of the name. Only
+  when neither family answered does the lookup fail. An answer with a family missing
+  is cached no longer than a negative answer, so the missing family is asked again soon;
 * asks once for a name that several jobs want at the same moment;
 * tells the pod's trouble from the host's. A lookup that gets no answer (a timeout,
   SERVFAIL) is the host's (a lame delegation, a dead nameserver of its own) when the
@@ -83,6 +85,12 @@ log = logging.getLogger(__name__)
 #: TCP: ~450 KiB cached, each checked at every connection) is no site's: two of a
 #: family are tried (``transport._tried``), and every one kept is checked.
 MAX_ADDRESSES = 16
+
+#: How long AAAA is waited for once A has answered with addresses (RFC 8305's
+#: "resolution delay"): a nameserver that drops AAAA queries, as some middleboxes and
+#: lame servers do, would otherwise make every lookup of its names wait the whole
+#: ``timeout`` for an IPv4 answer already in hand.
+RESOLUTION_DELAY = 0.05
 
 _LOCALHOST = ("127.0.0.1", "::1")
 
@@ -282,11 +290,7 @@ class DnsResolver:
     async def _resolve(self, name: str) -> _Entry:
         async with self._slot(name):
             sent = self._clock()
-            answers = await asyncio.gather(
-                self._ask(name, dns.rdatatype.A),
-                self._ask(name, dns.rdatatype.AAAA),
-                return_exceptions=True,
-            )
+            answers = await self._ask_both(name)
         try:
             return self._entry(answers)
         except (DnsTimeout, DnsFailure) as exc:
@@ -297,6 +301,31 @@ class DnsResolver:
                         f"resolving {name}: {exc}; {why}", retry_after=self.config.recheck
                     ) from None
             raise
+
+    async def _ask_both(self, name: str) -> list[_Part | BaseException]:
+        """The A and AAAA answers (in that order), each an answer or its error, asked side
+        by side. Once A has addresses, AAAA has ``RESOLUTION_DELAY`` more to answer; past
+        that it counts as a family that failed, so the entry is cached no longer than a
+        negative answer: a slow but working AAAA is asked again within minutes, not
+        hidden for the A record's hour. Without A's addresses, AAAA is all there is and
+        gets its whole ``timeout``."""
+        a = asyncio.create_task(self._ask(name, dns.rdatatype.A), name=f"dns A {name}")
+        aaaa = asyncio.create_task(self._ask(name, dns.rdatatype.AAAA), name=f"dns AAAA {name}")
+        try:
+            await asyncio.wait((a,))
+            if a.exception() is None and a.result().addresses:
+                await asyncio.wait((aaaa,), timeout=RESOLUTION_DELAY)
+            else:
+                await asyncio.wait((aaaa,))
+        finally:
+            # Awaited to its end, so the query's socket is closed before the slot is let go.
+            for task in (a, aaaa):
+                task.cancel()
+            await asyncio.wait((a, aaaa))
+        if aaaa.cancelled():
+            late = f"no AAAA answer for {name} within {RESOLUTION_DELAY:g} s of its A answer"
+            return [a.result(), DnsTimeout(late)]
+        return [task.exception() or task.result() for task in (a, aaaa)]
 
     @contextlib.asynccontextmanager
     async def _slot(self, name: str) -> AsyncIterator[None]:
