@@ -5,15 +5,18 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
 import pytest
+from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DeliverPolicy,
     DiscardPolicy,
     StoreCompression,
@@ -278,6 +281,87 @@ async def test_a_service_does_not_undo_another_services_consumer_settings(bus: B
     await ensure_topology(bus.js, declare(), owner="recorder")
     stream, _ = declare().consumer(FETCHER)
     assert (await bus.js.consumer_info(stream, FETCHER)).config.max_ack_pending == 10
+
+
+class _OvertakenAfterLooking(JetStreamContext):
+    """A real JetStream context whose caller, having found a durable missing, is
+    overtaken by ``meanwhile`` (another start that makes it) before it creates one."""
+
+    def __init__(self, bus: Bus, meanwhile: Callable[[], Awaitable[object]]) -> None:
+        super().__init__(bus.nc, timeout=10.0)
+        self._meanwhile: Callable[[], Awaitable[object]] | None = meanwhile
+
+    async def consumer_info(
+        self, stream: str, consumer: str, timeout: float | None = None
+    ) -> ConsumerInfo:
+        try:
+            info: ConsumerInfo = await super().consumer_info(stream, consumer, timeout)
+            return info
+        except NotFoundError:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            if meanwhile is not None:
+                await meanwhile()
+            raise
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize("caller", ["cli", "discovery", "recorder"])
+async def test_a_durable_its_owner_made_meanwhile_keeps_the_owners_settings(
+    bus: Bus, caller: str
+) -> None:
+    # The caller finds the fetcher's durable missing; the fetcher's start makes it with
+    # the deployment's settings before the caller's create arrives.
+    stream, _ = declare().consumer(FETCHER)
+    await bus.js.delete_consumer(stream, FETCHER)
+    deployed = declare(TopologyOptions(fetcher_max_ack_pending=10, fetcher_ack_wait=300.0))
+    overtaken = _OvertakenAfterLooking(
+        bus, lambda: ensure_topology(bus.js, deployed, owner="fetcher")
+    )
+
+    await ensure_topology(overtaken, declare(), owner=caller)
+
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert (after.max_ack_pending, after.ack_wait) == (10, 300.0)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_owner_that_found_its_durable_missing_leaves_a_newer_releases_made_meanwhile(
+    bus: Bus,
+) -> None:
+    # A pod of the newer release makes the durable, reading one subject more, while a pod
+    # of this release, having found it missing, is about to create it.
+    stream, config = declare().consumer(FETCHER)
+    await bus.js.delete_consumer(stream, FETCHER)
+    newer = replace(
+        config,
+        filter_subjects=[*(config.filter_subjects or []), "trove.events.newer.kind"],
+        metadata={REVISION_KEY: str(REVISION + 1)},
+    )
+    overtaken = _OvertakenAfterLooking(bus, lambda: bus.js.add_consumer(stream, newer))
+
+    await ensure_topology(overtaken, declare(), owner="fetcher")
+
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert "trove.events.newer.kind" in (after.filter_subjects or [])
+    assert (after.metadata or {}).get(REVISION_KEY) == str(REVISION + 1)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_owner_that_found_its_durable_missing_sets_its_settings_on_one_made_meanwhile(
+    bus: Bus,
+) -> None:
+    # `trove seed` makes the durable with its defaults while the fetcher's start, having
+    # found it missing, is about to create it: the fetcher's create is refused, and it
+    # reconciles what it finds instead.
+    stream, _ = declare().consumer(FETCHER)
+    await bus.js.delete_consumer(stream, FETCHER)
+    overtaken = _OvertakenAfterLooking(bus, lambda: ensure_topology(bus.js, owner="cli"))
+
+    deployed = declare(TopologyOptions(fetcher_max_ack_pending=10, fetcher_ack_wait=300.0))
+    await ensure_topology(overtaken, deployed, owner="fetcher")
+
+    after = (await bus.js.consumer_info(stream, FETCHER)).config
+    assert (after.max_ack_pending, after.ack_wait) == (10, 300.0)
 
 
 @pytest.mark.usefixtures("clean")

@@ -29,6 +29,7 @@ Subjects
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field, replace
@@ -613,13 +614,16 @@ async def _ensure_consumer(
     try:
         info = await js.consumer_info(stream, config.durable_name)
     except NotFoundError:
-        info = None
-    if info is None:
         if config.durable_name in NOT_READ_AGAIN:
             await _refuse_to_read_again(js, stream, config.durable_name)
-        await js.add_consumer(stream, config)
-        log.info("created consumer %s on %s", config.durable_name, stream)
-        return
+        try:
+            await _create_consumer(js, stream, config)
+            log.info("created consumer %s on %s", config.durable_name, stream)
+            return
+        except APIError as exc:
+            if exc.err_code != 10148:  # created by another meanwhile, with its settings
+                raise
+            info = await js.consumer_info(stream, config.durable_name)
     if (
         reconcile
         and _differs(info.config, config)
@@ -629,6 +633,19 @@ async def _ensure_consumer(
         # a filter change on an existing durable is editable since nats-server 2.10.
         await js.add_consumer(stream, _merged(info.config, config))
         log.info("reconciled consumer %s on %s", config.durable_name, stream)
+
+
+async def _create_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    """Create a durable only where none is: one made meanwhile with other settings is
+    refused (10148), as a stream is. nats-py's ``add_consumer`` asks the server to create
+    or update, so whoever found the durable missing would replace the settings its owner
+    (or a newer release) made it with; only the owner's reconcile may change them."""
+    request = {"stream_name": stream, "config": config.as_dict(), "action": "create"}
+    await js._api_request(
+        f"{js._prefix}.CONSUMER.DURABLE.CREATE.{stream}.{config.durable_name}",
+        json.dumps(request).encode(),
+        timeout=js._timeout,
+    )
 
 
 #: Durables that must not start from the first message of a stream that holds some
