@@ -38,9 +38,12 @@ from trove_schema.topology import (
 #: never more than half the consumer's ``max_ack_pending``, so that one pod cannot
 #: hold all of it.
 HELD_PER_SLOT = 8
-#: How long a stopping pod waits for what its requests taught about their hosts to be
-#: written, when the broker did not take it at release (``Fetcher.settle_late_writes``).
-LATE_WRITES_GRACE = 2.0
+#: The time a stopping pod has from SIGTERM to SIGKILL: terminationGracePeriodSeconds
+#: in k8s/base/fetcher.yaml, stop_grace_period in compose.yaml.
+STOP_GRACE = 180.0
+#: What a stopping pod keeps of its grace after waiting for its late writes: to say
+#: which are lost and close its connections before it is killed.
+STOP_MARGIN = 10.0
 
 
 def prefetch(concurrency: int, max_ack_pending: int) -> int:
@@ -50,6 +53,25 @@ def prefetch(concurrency: int, max_ack_pending: int) -> int:
 
 
 log = logging.getLogger("trove.fetcher")
+
+
+async def _stopped_at(stop: asyncio.Event) -> float:
+    """When ``stop`` is set, on the loop's clock: the pod's grace runs from then."""
+    await stop.wait()
+    return asyncio.get_running_loop().time()
+
+
+async def settle_within_grace(
+    fetcher: Fetcher, stopped_at: float, grace: float = STOP_GRACE
+) -> None:
+    """Wait for what the pod's requests taught about their hosts and the broker did
+    not take (``Fetcher.settle_late_writes``) until ``STOP_MARGIN`` before the end of
+    the ``grace`` that began at ``stopped_at``. A node drained with its NATS server
+    keeps the broker away for longer than a request's patience, and most of the grace
+    is left once the work in hand is done: a 429's pause given up sooner would let the
+    other pods ask the host again one gap later, not when it asked."""
+    left = stopped_at + grace - STOP_MARGIN - asyncio.get_running_loop().time()
+    await fetcher.settle_late_writes(max(0.0, left))
 
 
 async def _message_limit(bus: Bus, configured: int) -> int:
@@ -153,6 +175,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
     exclusions = Exclusions.from_settings(settings)
     network = build_network(settings, exclusions=exclusions)
     client = build_client(settings, network=network)
+    stopped_at = asyncio.ensure_future(_stopped_at(stop))
     try:
         await ensure_topology(
             bus.js,
@@ -244,8 +267,10 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             bus.until_closed(stop),
             *(c.run(stop) for c in consumers),
         )
-        await fetcher.settle_late_writes(LATE_WRITES_GRACE)
+        # Each part of ``together`` returns only at ``stop``.
+        await settle_within_grace(fetcher, await stopped_at)
         fetcher.close()
     finally:
+        stopped_at.cancel()
         await client.aclose()
         await bus.close()

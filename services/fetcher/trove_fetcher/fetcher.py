@@ -263,8 +263,9 @@ class Fetcher:
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: What an attempt taught about its host that the broker, away longer than a
-        #: publish's patience, did not take: written in the background when it answers.
-        self._late_writes: set[asyncio.Task[None]] = set()
+        #: publish's patience, did not take: written in the background when it answers,
+        #: each with its host.
+        self._late_writes: dict[asyncio.Task[None], str] = {}
         #: The furthest slot this pod has planned (on ``clock``), for the gauge.
         self.furthest_slot = 0.0
         RESERVATION_HORIZON.set_function(lambda: max(0.0, self.furthest_slot - self.clock.now()))
@@ -511,11 +512,12 @@ class Fetcher:
             if observation is not None:
                 shared = observation
                 self._write_later(
-                    lambda: self.politeness.finish(hold.domain, grant, finished, shared)
+                    hold.domain,
+                    lambda: self.politeness.finish(hold.domain, grant, finished, shared),
                 )
 
-    def _write_later(self, write: Callable[[], Awaitable[object]]) -> None:
-        """Keep trying ``write`` (a fold into a host's policy) until the broker takes it.
+    def _write_later(self, domain: str, write: Callable[[], Awaitable[object]]) -> None:
+        """Keep trying ``write`` (a fold into ``domain``'s policy) until the broker takes it.
 
         A 429's pause, a ban, lost to an outage longer than the patience of the request
         that met it, would let the host be asked again a gap after its hold expires.
@@ -544,8 +546,8 @@ class Fetcher:
                 pause = min(pause * 2, LATE_WRITE_MAX_PAUSE)
 
         task = asyncio.ensure_future(keep_trying())
-        self._late_writes.add(task)
-        task.add_done_callback(self._late_writes.discard)
+        self._late_writes[task] = domain
+        task.add_done_callback(lambda done: self._late_writes.pop(done, None))
 
     def _shared(self, observation: Observation) -> Observation:
         """``observation`` with its instants (this pod's wall clock, from its event) on the
@@ -1026,7 +1028,10 @@ class Fetcher:
                     # Handed back, the poll's redelivery publishes what was read
                     # without folding it again: the fold waits for the broker here.
                     if broker_trouble(exc):
-                        self._write_later(lambda: self.politeness.observe(request.domain, shared))
+                        self._write_later(
+                            request.domain,
+                            lambda: self.politeness.observe(request.domain, shared),
+                        )
                     raise
         await self._patiently(lambda: self.bus.publish(polled))
         self._polled.pop(request.id)
@@ -1098,14 +1103,17 @@ class Fetcher:
 
     async def settle_late_writes(self, grace: float) -> None:
         """Give the writes still waiting for the broker ``grace`` seconds to land (tried
-        every 0.1 s, the pod stopping); say how many are lost."""
+        every 0.1 s, the pod stopping); say which hosts' are lost."""
         if not self._late_writes:
             return
         _, pending = await asyncio.wait(set(self._late_writes), timeout=grace)
         if pending:
             log.warning(
                 "what requests taught about their hosts is lost: pod stopping, broker away",
-                extra={"writes": len(pending)},
+                extra={
+                    "writes": len(pending),
+                    "hosts": sorted({self._late_writes[task] for task in pending}),
+                },
             )
             for task in pending:
                 task.cancel()
