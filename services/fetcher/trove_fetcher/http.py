@@ -80,6 +80,11 @@ ACCEPT = (
     "application/atom+xml;q=0.9,application/xml;q=0.8,*/*;q=0.5"
 )
 _MAX_MESSAGE = 500
+#: Where an error's text starts quoting bytes (``bytearray(b'...')``, ``b'...'``).
+_QUOTED_BYTES = re.compile(r"""\b(?:bytearray|memoryview)\(|(?<![^\s(\[{=,:])b['"]""")
+#: Characters kept of a protocol error's own text: its kind ("illegal chunk header",
+#: "peer closed connection without ...") fits, a line of the peer's quoted in it does not.
+_PROTOCOL_TEXT = 120
 #: Response headers kept for the audit (``CrawlCompleted.response_headers``): what tells
 #: a server, a CDN, a challenge or a rate limit apart. Never Set-Cookie, never a body.
 AUDIT_HEADERS = (
@@ -490,8 +495,18 @@ def same_site(source: httpx.URL, target: httpx.URL) -> bool:
     )
 
 
-def _message(exc: BaseException) -> str:
-    text = str(exc).strip()
+def error_text(exc: BaseException) -> str:
+    """``exc``'s type and text for an ``error_message``, which is kept for good, without
+    the peer's bytes: h11 (under httpx) quotes the line it could not read, and a body
+    sent as chunked that is not makes that line the page itself, which is never stored.
+    The text ends where it starts quoting bytes; a protocol error's is cut short anyway."""
+    text = str(exc)
+    quoted = _QUOTED_BYTES.search(text)
+    if quoted is not None:
+        text = text[: quoted.start()]
+    text = text.strip().rstrip(":").rstrip()
+    if isinstance(exc, httpx.ProtocolError):
+        text = text[:_PROTOCOL_TEXT]
     message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return message[:_MAX_MESSAGE]
 
@@ -548,7 +563,7 @@ async def fetch(
             CrawlOutcome.TIMEOUT, f"no complete response within {limits.total_timeout:g} s"
         )
     except httpx.TimeoutException as exc:
-        ending = _Ending(CrawlOutcome.TIMEOUT, _message(exc))
+        ending = _Ending(CrawlOutcome.TIMEOUT, error_text(exc))
     except BlockedAddress as exc:
         ending = _Ending(CrawlOutcome.FAILED, f"blocked address: {exc}")
     except (DecompressionBomb, UnsupportedContent, CrumbledBody) as exc:
@@ -556,11 +571,11 @@ async def fetch(
     except (TooManyRedirects, UndecodableBody) as exc:
         ending = _Ending(CrawlOutcome.FAILED, str(exc))
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        ending = _Ending(CrawlOutcome.FAILED, _message(exc))
+        ending = _Ending(CrawlOutcome.FAILED, error_text(exc))
     except Exception as exc:
         # A bug or a case nobody thought of: one page must not take the worker down.
         log.exception("unexpected error fetching %s", url)
-        ending = _Ending(CrawlOutcome.FAILED, f"unexpected error: {_message(exc)}")
+        ending = _Ending(CrawlOutcome.FAILED, f"unexpected error: {error_text(exc)}")
     completed = time.monotonic()
     headers = trace.headers or httpx.Headers()
     reader = trace.reader
@@ -701,6 +716,13 @@ async def _allowed(robots_allows: Callable[[str], Awaitable[bool]], url: str) ->
         raise HopGateFailed(f"robots.txt check: {exc}") from exc
 
 
+def redirect_url(current: httpx.URL, location: str) -> httpx.URL:
+    """Where a redirect's ``location`` leads from ``current``: without its fragment, and
+    without a user:pass@, which httpx would send on as an Authorization header and which
+    no URL Trove keeps carries (``trove_schema.urls``)."""
+    return current.join(location).copy_with(fragment=None, userinfo=b"")
+
+
 def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL | _Ending:
     location = response.headers.get("location", "").strip()
     if not location:
@@ -709,7 +731,7 @@ def _redirect_target(response: httpx.Response, current: httpx.URL) -> httpx.URL 
         scheme = urlsplit(location).scheme.lower()
         if scheme and scheme not in _DEFAULT_PORTS:
             return _Ending(CrawlOutcome.REJECTED, f"redirected to a {scheme}: URL")
-        target = current.join(location).copy_with(fragment=None)
+        target = redirect_url(current, location)
     except (ValueError, httpx.InvalidURL) as exc:
         return _Ending(CrawlOutcome.FAILED, f"invalid redirect Location: {exc}")
     too_long = overlong_target(target)

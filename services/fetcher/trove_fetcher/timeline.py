@@ -96,7 +96,9 @@ from trove_fetcher.http import (
     REDIRECT_STATUSES,
     BodyReader,
     FetchLimits,
+    error_text,
     parse_retry_after,
+    redirect_url,
     same_site,
 )
 from trove_fetcher.nodeinfo import WELL_KNOWN_PATH, Software, document_link, software_of
@@ -726,7 +728,7 @@ class TimelinePoller:
             raise failed.cause from failed.cause.__cause__
         except Exception as exc:
             log.exception("timeline poll of %s failed unexpectedly", request.instance)
-            stop = _Stop(CrawlOutcome.FAILED, f"unexpected error: {type(exc).__name__}: {exc}")
+            stop = _Stop(CrawlOutcome.FAILED, f"unexpected error: {error_text(exc)}")
         return self._event(request, progress, stop, started)
 
     # the poll ----------------------------------------------------------------------
@@ -1101,16 +1103,16 @@ class TimelinePoller:
         except TimeoutError:
             return _Stop(CrawlOutcome.TIMEOUT, f"no complete answer within {timeout:g} s")
         except httpx.TimeoutException as exc:
-            return _Stop(CrawlOutcome.TIMEOUT, f"{type(exc).__name__}: {exc}")
+            return _Stop(CrawlOutcome.TIMEOUT, error_text(exc))
         except BlockedAddress as exc:
             return _Stop(CrawlOutcome.FAILED, f"blocked address: {exc}")
         except ContentError as exc:
             return _Stop(CrawlOutcome.REJECTED, str(exc))
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            return _Stop(CrawlOutcome.FAILED, f"{type(exc).__name__}: {exc}")
+            return _Stop(CrawlOutcome.FAILED, error_text(exc))
         except Exception as exc:
             log.exception("unexpected error requesting %s", url)
-            return _Stop(CrawlOutcome.FAILED, f"unexpected error: {type(exc).__name__}: {exc}")
+            return _Stop(CrawlOutcome.FAILED, f"unexpected error: {error_text(exc)}")
 
     async def _request(self, url: str) -> tuple[_Answer, str | None]:
         headers = {"Accept": ACCEPT_JSON, "Accept-Encoding": ACCEPT_ENCODING}
@@ -1124,7 +1126,7 @@ class TimelinePoller:
                 if not location:
                     raise _Stop(CrawlOutcome.FAILED, f"HTTP {status} without a Location")
                 try:
-                    hop = str(httpx.URL(url).join(location).copy_with(fragment=None))
+                    hop = str(redirect_url(httpx.URL(url), location))
                 except (ValueError, httpx.InvalidURL) as exc:
                     raise _Stop(CrawlOutcome.REJECTED, f"unusable redirect: {exc}") from None
                 return answer, hop
