@@ -36,6 +36,8 @@ def upgrade(
     Once ``stopping`` is set, a migrator that waits (for the migrators' lock, or to try
     again a migration that gave way) raises ``MigrationStopped``; a migration that runs
     is not cut short (a concurrent index build would be left invalid, to build again).
+    A database already at head, or at a revision this code does not know, is read so
+    without the lock: a start with nothing to apply does not wait behind the Job's build.
 
     A database at a revision this code does not know was migrated by a newer release:
     this one was rolled back to. Its head is left as it is, with a warning, and the

@@ -7,6 +7,7 @@ import logging
 import threading
 
 from alembic import context
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -51,6 +52,22 @@ def _take_lock(connection: Connection) -> None:
     connection.commit()
 
 
+def _nothing_to_apply(migration: MigrationContext) -> bool:
+    """Whether an upgrade to head finds the database there, read without the migrators'
+    lock: a recorder restarted with its head applied must not wait, not ready, behind
+    the Job's hours-long index build. Only an upgrade to head is read so: it is the one
+    whose unknown revision the caller tolerates, and any other command goes on as
+    Alembic runs it."""
+    if migration.opts.get("destination_rev") != "head":
+        return False
+    script = migration.script
+    assert script is not None, "an upgrade is configured with its migrations"
+    current = migration.get_current_heads()
+    # A newer release's revision raises what Alembic raises for it under the lock.
+    script.get_revisions(current)
+    return set(current) == set(script.get_heads())
+
+
 def _gave_way(exc: DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
@@ -66,7 +83,9 @@ def _run(connection: Connection) -> None:
         compare_type=True,
         transaction_per_migration=True,
     )
-    _take_lock(connection)
+    if _nothing_to_apply(context.get_context()):
+        return
+    _take_lock(connection)  # and read again under it: another may have migrated meanwhile
     try:
         for attempt in range(1, _LOCK_ATTEMPTS + 1):
             try:
