@@ -21,7 +21,11 @@ from trove_schema.nats_tls import client_tls
 #: Seconds for the connection (TLS and the server's INFO included) to be made.
 CONNECT_TIMEOUT = 5.0
 
-_PASSWORD = re.compile(r"(//[^:/@]+:)[^@]*@")
+#: A URL's userinfo (``user:password@``, a token, ``:password@``): to the last ``@``
+#: before the path, where the URL's host begins.
+_USERINFO = re.compile(r"//[^/?#]*@")
+#: A password given as a query parameter (libpq's ``password=``, ``sslpassword=``).
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
 
 
 class BrokerUnreachable(TroveError):
@@ -29,8 +33,8 @@ class BrokerUnreachable(TroveError):
 
 
 def shown(url: str) -> str:
-    """``url`` as it may be printed: without its password."""
-    return _PASSWORD.sub(r"\1***@", url)
+    """``url`` as it may be printed: without its credentials."""
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO.sub("//***@", url))
 
 
 async def connect(nats_url: str) -> Client:

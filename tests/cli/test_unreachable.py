@@ -14,16 +14,17 @@ import pytest
 from tests.conftest import eventually
 from tests.fetcher._servers import free_port
 from tests.support import run_trove
+from trove_cli.broker import shown
 from trove_stack.nats import listening, nats_server_binary
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (("status",), "cannot reach NATS at nats://operator:***@127.0.0.1:"),
-        (("seed", "https://example.org/"), "cannot reach NATS at nats://operator:***@"),
-        (("dead",), "cannot reach NATS at nats://operator:***@"),
-        (("exclusions",), "cannot reach NATS at nats://operator:***@"),
+        (("status",), "cannot reach NATS at nats://***@127.0.0.1:"),
+        (("seed", "https://example.org/"), "cannot reach NATS at nats://***@"),
+        (("dead",), "cannot reach NATS at nats://***@"),
+        (("exclusions",), "cannot reach NATS at nats://***@"),
         (("search", "bread"), "error: ConnectionRefusedError"),
     ],
     ids=["status", "seed", "dead", "exclusions", "search"],
@@ -43,6 +44,30 @@ async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
     assert says in " ".join(out.split()), out
     assert "Traceback" not in out
     assert "secret" not in out
+
+
+@pytest.mark.parametrize(
+    ("url", "printed"),
+    [
+        ("nats://operator:s3cr3t@nats:4222", "nats://***@nats:4222"),
+        ("nats://s3cr3ttoken@nats:4222", "nats://***@nats:4222"),
+        ("nats://:s3cr3t@nats", "nats://***@nats"),
+        # The host is after the last "@": all before it is the password.
+        ("nats://operator:s3@cr3t@nats", "nats://***@nats"),
+        (
+            "nats://a:s3cr3t@n1:4222,nats://b:s3cr3t@n2:4222",
+            "nats://***@n1:4222,nats://***@n2:4222",
+        ),
+        ("postgresql://db/trove?password=s3cr3t", "postgresql://db/trove?password=***"),
+        (
+            "postgresql+asyncpg://trove:s3cr3t@db/trove?sslmode=verify-full&sslpassword=s3cr3t",
+            "postgresql+asyncpg://***@db/trove?sslmode=verify-full&sslpassword=***",
+        ),
+        ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+    ],
+)
+def test_a_server_url_is_printed_without_its_credentials(url: str, printed: str) -> None:
+    assert shown(url) == printed
 
 
 @pytest.mark.parametrize("argv", [("status",), ("dead",)], ids=["status", "dead"])

@@ -661,3 +661,13 @@ def test_an_internationalized_host_too_long_for_dns_is_refused_as_such(host: str
     assert canonicalize("https://" + "a\u00ad" * 40 + "\u00e9.com/").startswith("https://xn--")
     full_width = "\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45\u00ad" * 8  # "example"
     assert canonicalize(f"https://{full_width}.com/") == f"https://{'example' * 8}.com/"
+
+
+def test_an_unparsable_urls_reason_does_not_quote_its_credentials() -> None:
+    # urlsplit quotes the netloc of one that NFKC changes, user:pass@ and all; the
+    # reason is kept in a SeedRejected and logged.
+    with pytest.raises(InvalidURL) as caught:
+        canonicalize("http://admin:hunt\uff20er2@10.0.0.1/")
+    assert caught.value.reason.startswith("unparsable URL: netloc")
+    assert "hunt" not in caught.value.reason
+    assert "admin" not in caught.value.reason

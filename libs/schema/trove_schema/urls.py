@@ -91,6 +91,8 @@ _SURROUNDING = "".join(chr(c) for c in range(0x21))
 #: refusing it early keeps a hostile page from making us normalize megabytes.
 _INPUT_SLACK = 4
 _HOST_RE = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
+#: What urlsplit's errors quote of the URL (a netloc with its user:pass@, say).
+_QUOTED_RE = re.compile(r"'[^']*'")
 _DECIMAL_RE = re.compile(r"[0-9]+\Z")
 _HEX_RE = re.compile(r"0[xX][0-9a-fA-F]*\Z")
 _OCTAL_RE = re.compile(r"[0-7]+\Z")
@@ -131,6 +133,12 @@ def already_canonical(url: str, max_length: int = MAX_URL_LENGTH) -> bool:
     return number != default and number <= 65535
 
 
+def _unparsable(exc: ValueError) -> str:
+    """urlsplit's complaint without what it quotes of the URL: a refusal's reason is
+    kept and logged, and a netloc it quotes may hold a user:pass@."""
+    return "unparsable URL: " + _QUOTED_RE.sub("…", str(exc))
+
+
 def canonicalize(url: str, *, base: str | None = None, max_length: int = MAX_URL_LENGTH) -> str:
     """Return the canonical form of ``url`` (resolved against ``base`` when given).
 
@@ -157,7 +165,7 @@ def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
             text = urljoin(base, text)
         scheme, netloc, path, query, _fragment = urlsplit(text)
     except ValueError as exc:
-        raise InvalidURL(f"unparsable URL: {exc}") from None
+        raise InvalidURL(_unparsable(exc)) from None
     scheme = scheme.lower()
     if not scheme:
         raise InvalidURL("no scheme (expected http:// or https://)")
@@ -368,7 +376,7 @@ def domain_of(url: str) -> str:
         try:
             host = urlsplit(url).hostname or ""
         except ValueError as exc:
-            raise InvalidURL(f"unparsable URL: {exc}") from None
+            raise InvalidURL(_unparsable(exc)) from None
         host = host.rstrip(".")
         if not host:
             raise InvalidURL("no host")

@@ -4,6 +4,7 @@ on an operator subject (seeds, follows)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,18 +22,40 @@ REPLY_JSON_LIMIT = 1000
 #: by default) cannot be sent, and the requester hears nothing.
 REPLY_LIST_BYTES = 256 * 1024
 
+#: What ends a URL's authority, and so its userinfo: a backslash too, which
+#: ``canonicalize`` reads as a slash.
+_AUTHORITY_ENDS = r"/\\?#\r\n"
+_AUTHORITY_END = re.compile(f"[{_AUTHORITY_ENDS}]")
+#: A URL's userinfo (``user:password@``, a token): from ``//`` (``\\``, or JSON's
+#: ``\/\/``) to the last ``@`` of the authority, where ``urlsplit`` finds the host.
+_USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
+
 
 @dataclass(frozen=True, slots=True)
 class Refused:
     """Something an operator sent that was not accepted, and why."""
 
-    #: What was sent, cut to ``MAX_RAW_LENGTH`` characters.
+    #: What was sent, its credentials masked, cut to ``MAX_RAW_LENGTH`` characters.
     raw: str
     reason: str
 
     def __post_init__(self) -> None:
-        if len(self.raw) > MAX_RAW_LENGTH:
-            object.__setattr__(self, "raw", self.raw[:MAX_RAW_LENGTH])
+        object.__setattr__(self, "raw", _kept(self.raw))
+
+
+def _kept(raw: str) -> str:
+    """``raw`` as a refusal keeps it: each URL's userinfo written ``***``, cut to
+    ``MAX_RAW_LENGTH``. A refusal is logged and recorded for good, and a URL refused for
+    another reason (a private host) still carries the operator's password."""
+    kept = raw[:MAX_RAW_LENGTH]
+    if "@" not in raw:
+        return kept
+    # The cut may go through an authority whose userinfo ends after it: the rest of
+    # that authority matters only for holding an "@".
+    end = _AUTHORITY_END.search(raw, MAX_RAW_LENGTH)
+    if "@" in raw[MAX_RAW_LENGTH : end.start() if end else len(raw)]:
+        kept += "@"
+    return _USERINFO.sub(r"\1***@", kept)[:MAX_RAW_LENGTH]
 
 
 def reply_lines(head: str, accepted: Sequence[str], rejected: Sequence[tuple[str, str]]) -> str:
