@@ -30,8 +30,10 @@ at ``max_bytes`` (500 KiB at least, §2.5) at the last complete line, so a rule 
 half (``Allow: /p`` of ``Allow: /private-ok``) never widens what is allowed.
 
 A ``RobotsPolicy`` is stored in the shared NATS KV bucket as bytes: a JSON header line
-and the raw robots.txt. Each process re-parses it on load, and keeps the parsed
-objects in a small LRU so a cached policy is parsed once, not once per URL.
+and the lines of robots.txt its parser reads (``_rules_only``): a robots.txt request may
+be answered with any page (a soft 404, a redirect to the home page), and no page's text
+is stored. Each process re-parses it on load, and keeps the parsed objects in a small LRU
+so a cached policy is parsed once, not once per URL.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any
 import httpx
 import idna
 from protego import Protego
+from protego._protego import _ALL_DIRECTIVES, _extract_directive
 
 from trove_fetcher.errors import BlockedAddress, FetcherError, NetworkAway, RedirectPaused
 from trove_fetcher.http import (
@@ -60,9 +63,11 @@ from trove_fetcher.http import (
     BodyReader,
     HopGate,
     HopGateFailed,
+    error_text,
     overlong_target,
     parse_retry_after,
     pass_gate,
+    redirect_url,
     unusable_location,
 )
 from trove_schema.errors import InvalidURL
@@ -129,7 +134,7 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
         return rules
     # Line ends as protego reads them (``str.splitlines``: a bare CR ends a line too, as
     # RFC 9309 allows), so the rewrites below see the lines protego parses.
-    text = "\n".join(body.decode("utf-8", errors="replace").removeprefix("\ufeff").splitlines())
+    text = "\n".join(_text(body).splitlines())
     parser = Protego.parse(_PRODUCT_TOKEN.sub(r"\1\2", text))
     rules = _Rules(parser, _QUERY_RULE.search(text) is not None)
     _parsed[key] = rules
@@ -140,6 +145,44 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
         gone, _ = _parsed.popitem(last=False)
         _parsed_bytes -= gone[2]
     return rules
+
+
+def _text(body: bytes, errors: str = "replace") -> str:
+    """robots.txt as protego is given it: UTF-8 (RFC 9309), no byte order mark."""
+    return body.decode("utf-8", errors).removeprefix("\ufeff")
+
+
+#: Written for each line protego reads as a field it does not know (a run of them as
+#: one): such a line still ends a group of user-agent lines, and this, the shortest of
+#: them, keeps what is stored no longer than what was received.
+_OTHER_FIELD = ":"
+
+
+def _rules_only(body: bytes) -> bytes:
+    """The lines of ``body`` protego reads, each as received without its comment.
+
+    Lines are read by protego's own reader: a directive it knows is kept, one it does not
+    is ``_OTHER_FIELD``, and anything else (a page's text) is dropped. A blank line, which
+    means nothing to protego, is kept after a rule only, so a file of rules keeps its look.
+    Undecodable bytes are kept as they came (``surrogateescape``) and read as protego
+    reads them, so the rules are those of ``body``, and the result is never longer.
+    """
+    kept: list[str] = []
+    previous = ""  # as after a blank line: none opens the result
+    for piece in _text(body, "surrogateescape").splitlines(keepends=True):
+        line = piece.splitlines()[0]
+        text = line.partition("#")[0].rstrip()
+        if text:
+            directive = _extract_directive(text.strip())
+            if directive is None:
+                continue
+            if directive[0] not in _ALL_DIRECTIVES:
+                text = _OTHER_FIELD
+        if text == previous == _OTHER_FIELD or (not text and previous in ("", _OTHER_FIELD)):
+            continue
+        kept.append(text + piece[len(line) :])
+        previous = text
+    return "".join(kept).encode("utf-8", "surrogateescape")
 
 
 def _query_orders(url: str) -> list[str]:
@@ -172,7 +215,8 @@ class RobotsPolicy:
     ttl: float = DEFAULT_TTL
     #: The last HTTP status seen; None when no response came.
     status_code: int | None = None
-    #: The robots.txt as received (cut at the size cap), for ``PARSED``.
+    #: The lines of robots.txt its parser reads (``_rules_only``; cut at the size cap),
+    #: for ``PARSED``; a policy stored by an older pod holds the file as received.
     body: bytes = b""
     truncated: bool = False
     #: Why the policy is not the file's rules, in words.
@@ -322,7 +366,7 @@ async def fetch_robots(
             fetched_at=fetched_at,
             ttl=ttl,
             status_code=status,
-            body=body,
+            body=_rules_only(body),
             **more,
         )
 
@@ -365,7 +409,7 @@ async def fetch_robots(
                     status = response.status_code
                     last_status.append(status)
                     if status in REDIRECT_STATUSES and response.headers.get("location"):
-                        url = url.join(response.headers["location"]).copy_with(fragment=None)
+                        url = redirect_url(url, response.headers["location"])
                         if url.scheme not in ("http", "https"):
                             return fallback(RobotsRule.ALLOW_ALL, f"redirected to {url.scheme}")
                         if not url.host:
@@ -428,13 +472,13 @@ async def fetch_robots(
     except BlockedAddress as exc:
         return fallback(RobotsRule.DISALLOW_ALL, f"blocked address: {exc}")
     except httpx.TransportError as exc:  # refused, reset, a bad TLS handshake: the host's
-        error = f"{type(exc).__name__}: {exc}"[:500]
-        return fallback(RobotsRule.DISALLOW_ALL, error, "network_error")
+        return fallback(RobotsRule.DISALLOW_ALL, error_text(exc), "network_error")
     except (httpx.HTTPError, httpx.InvalidURL, FetcherError) as exc:
-        return fallback(RobotsRule.DISALLOW_ALL, f"{type(exc).__name__}: {exc}"[:500])
+        return fallback(RobotsRule.DISALLOW_ALL, error_text(exc))
     except Exception as exc:
         log.exception("unexpected error fetching %s/robots.txt", origin)
-        return fallback(RobotsRule.DISALLOW_ALL, f"unexpected error: {exc}"[:500])
+        error = f"unexpected error: {error_text(exc)}"[:500]
+        return fallback(RobotsRule.DISALLOW_ALL, error)
 
 
 async def _refusal(
