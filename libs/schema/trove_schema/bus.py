@@ -30,6 +30,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import ssl
 import time
 from collections import OrderedDict, deque
@@ -823,12 +824,15 @@ class _Marks:
             self._since[key] = (msg, now)
             await _quiet(msg.in_progress())
 
-    async def drain(self, tasks: Collection[asyncio.Task[Any]], every: float) -> None:
+    async def drain(
+        self, tasks: Collection[asyncio.Task[Any]], every: float, within: float = math.inf
+    ) -> None:
         """Wait for ``tasks`` (a stopping consumer's handlers), marking their messages
         meanwhile: a page still behind its robots.txt when the pod stops is as much in
-        progress as before."""
-        while tasks:
-            await asyncio.wait(list(tasks), timeout=every / 2)
+        progress as before. Returns after ``within`` seconds, whatever still runs."""
+        deadline = time.monotonic() + within
+        while tasks and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(list(tasks), timeout=min(every / 2, left))
             await self.refresh(every)
 
 
@@ -928,6 +932,13 @@ class BatchConsumer:
     #: Longest wait after batches handed back (``_Backoff``): how late, at most, the
     #: consumer notices that the database or the broker is back.
     max_retry_pause: float = 30.0
+    #: Longest a stopping consumer waits for its batches; then they are cancelled and
+    #: their messages handed back (the projection applies them again unchanged). A
+    #: batch on a database gone without closing its connections never ends: the stop
+    #: lasted until SIGKILL, its messages marked in progress, out of every pod's reach,
+    #: all the while. Below the recorder's grace (Compose's default 10 s; 30 s in
+    #: k8s/base/recorder.yaml), leaving it time to close its connections.
+    drain_timeout: float = 8.0
 
     async def run(self, stop: asyncio.Event) -> None:
         # Handles the messages of a failed batch one by one, and counts their failures.
@@ -1015,7 +1026,20 @@ class BatchConsumer:
             for msg in [*in_hand, *await pulls.close()]:  # pulled, never handled: back first
                 marks.discard(msg)
                 await _quiet(msg.nak())
-            await marks.drain(tasks, self.hold_refresh)
+            await marks.drain(tasks, self.hold_refresh, self.drain_timeout)
+            if tasks:
+                log.warning(
+                    "%s: %d batches still running %.1fs after the stop, handed back",
+                    self.durable,
+                    len(tasks),
+                    self.drain_timeout,
+                )
+            for task, batch in list(tasks.items()):
+                task.cancel()  # before the naks: no ack of its may follow them
+                for msg in batch:
+                    if not msg.is_acked:
+                        marks.discard(msg)
+                        await _quiet(msg.nak())
             watcher.cancel()
 
     async def _handle(self, single: Consumer, msgs: Sequence[Msg], backoff: _Backoff) -> None:

@@ -27,6 +27,7 @@ so asking twice costs memory for a moment, never a message.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import re
@@ -99,16 +100,30 @@ class Pulls:
         self._sub = await self.nc.subscribe(self._inbox, cb=self._receive)
 
     async def close(self) -> list[Msg]:
-        """Stop receiving; returns the messages that arrived and were never taken."""
-        if self._sub is not None:
+        """Stop asking and receiving; returns the messages delivered and never taken,
+        for the consumer to hand back.
+
+        The subscription is drained: nats-py's ``unsubscribe`` drops at once what it
+        has read and not yet passed to ``_receive``, and what the server sent before
+        the UNSUB reached it, each then out of every pod's reach for ``ack_wait`` (90 s
+        for the fetcher; one message in flight holds all of discovery's follows). A
+        drain sends the UNSUB, waits for the answer to a ping sent after it, by which
+        every delivery made before has arrived, and passes them all to ``_receive``:
+        at most ``grace`` seconds. The server serves no request whose reply subject
+        has lost its interest, so the open request ends with the UNSUB.
+        """
+        sub, self._sub = self._sub, None
+        self._request = None
+        if sub is not None:
             try:
-                await self._sub.unsubscribe()
-            except Exception as exc:  # closed connection: nothing to unsubscribe from
+                if self.nc.is_connected:
+                    draining = sub.drain()  # type: ignore[no-untyped-call]  # unannotated in nats-py
+                    await asyncio.wait_for(draining, self.grace)
+                else:  # nothing arrives meanwhile, and the ping would wait for the reconnect
+                    await sub.unsubscribe()
+            except Exception as exc:  # closed, or lost while draining: what arrived is all
                 log.debug("unsubscribe %s: %s", self._inbox, exc)
-            self._sub = None
-        left = list(self._arrived)
-        self._arrived.clear()
-        return left
+        return self.take()
 
     def __len__(self) -> int:
         """Messages delivered and not yet taken."""
