@@ -936,8 +936,8 @@ class BatchConsumer:
     #: their messages handed back (the projection applies them again unchanged). A
     #: batch on a database gone without closing its connections never ends: the stop
     #: lasted until SIGKILL, its messages marked in progress, out of every pod's reach,
-    #: all the while. Below the recorder's grace (Compose's default 10 s; 30 s in
-    #: k8s/base/recorder.yaml), leaving it time to close its connections.
+    #: all the while. Well below the recorder's 30 s grace (k8s/base/recorder.yaml,
+    #: compose.yaml), leaving it time to close its connections.
     drain_timeout: float = 8.0
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -40,10 +40,47 @@ from trove_schema.errors import TroveError
 UNAVAILABLE_DELAY = 2.0
 #: Seconds before a batch that lost a race runs again.
 CONFLICT_DELAY = 0.2
+#: Seconds a session of the recorder may sit idle inside a transaction before the server
+#: ends it. None does so legitimately for long: a batch's statements follow one another,
+#: the locks that span passes (retention's, replay's) are held outside a transaction, and
+#: a lock waited for keeps the session active, not idle. A recorder lost with its node
+#: mid-batch would otherwise keep its row and advisory locks until TCP gives its socket
+#: up (15 minutes to hours), and the batch JetStream redelivers to the other recorder
+#: would wait on them all that time.
+IDLE_IN_TRANSACTION_TIMEOUT = 60.0
+#: Seconds to reach the server and log in: a primary lost with its node answers nothing,
+#: and asyncpg's own default is a minute.
+CONNECT_TIMEOUT = 10.0
+#: The server's side of each session probes a peer silent for 30 s every 10 s and ends
+#: the session after 3 probes unanswered, or once what it sent has gone unacknowledged
+#: for 60 s (its reply to a peer that is gone): so a session ends whatever it was doing
+#: when its recorder vanished.
+SERVER_TCP = {
+    "tcp_keepalives_idle": "30s",
+    "tcp_keepalives_interval": "10s",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "60s",
+}
 
 
-def make_engine(url: str) -> AsyncEngine:
-    engine = create_async_engine(url, pool_size=10, max_overflow=10)
+def make_engine(
+    url: str, *, idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT
+) -> AsyncEngine:
+    """The recorder's engine: its pool, and the limits the server holds its sessions to.
+
+    No client-side statement timeout: asyncpg's ``command_timeout`` would raise a
+    ``TimeoutError``, a batch handed back whole time after time where a statement
+    cancelled by the server (``sqlstates.CANCELED``) is tried an event at a time."""
+    settings = {
+        **SERVER_TCP,
+        "idle_in_transaction_session_timeout": f"{round(idle_in_transaction * 1000)}ms",
+    }
+    engine = create_async_engine(
+        url,
+        pool_size=10,
+        max_overflow=10,
+        connect_args={"timeout": CONNECT_TIMEOUT, "server_settings": settings},
+    )
     event.listen(engine.sync_engine, "checkout", _refuse_closed)
     return engine
 

@@ -1,0 +1,104 @@
+"""The recorder's Postgres sessions end when their peer is gone, and free what they hold."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StackUrls
+from trove_recorder.database import CONNECT_TIMEOUT, as_retry, make_engine
+
+# The projection's own insert (``projections``): a redelivered batch writes the same ids.
+_APPLIED = text(
+    "INSERT INTO projected_events (event_id, event_type) VALUES (:id, 'test') "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+async def test_a_session_left_idle_in_a_transaction_frees_its_row_locks(
+    stack: StackUrls, engine: AsyncEngine
+) -> None:
+    # The recorder that went quiet mid-batch: its node lost, or cut off from the server.
+    lost = make_engine(stack.database_url, idle_in_transaction=1.0)
+    key = uuid.uuid4()
+    try:
+        async with lost.connect() as stalled:
+            await stalled.execute(_APPLIED, {"id": key})  # holds the row, says no more
+
+            # The other recorder, given the batch again: its insert of the same id waits
+            # on the row until the server ends the quiet session.
+            async with asyncio.timeout(15), engine.begin() as other:
+                written = await other.execute(_APPLIED, {"id": key})
+            assert written.rowcount == 1  # the lost batch's row was rolled back
+
+            # Had the quiet recorder come back, it would meet an ended session, which is
+            # the database's trouble (a Retry), never the events'.
+            with pytest.raises(DBAPIError) as ended:
+                await stalled.execute(text("SELECT 1"))
+            assert as_retry(ended.value) is not None, ended.value
+    finally:
+        await lost.dispose()
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("DELETE FROM projected_events WHERE event_id = :id"), {"id": key}
+            )
+
+
+async def test_the_server_probes_the_recorders_sessions_for_a_peer_that_is_gone(
+    stack: StackUrls,
+) -> None:
+    recorder = make_engine(stack.database_url)
+    names = (
+        "tcp_keepalives_idle",
+        "tcp_keepalives_interval",
+        "tcp_keepalives_count",
+        "tcp_user_timeout",
+        "idle_in_transaction_session_timeout",
+    )
+    try:
+        async with recorder.connect() as conn:
+            shown = {
+                name: (await conn.execute(text(f"SHOW {name}"))).scalar_one() for name in names
+            }
+    finally:
+        await recorder.dispose()
+    # The socket's own values: what the server set on its side of the connection.
+    assert shown == {
+        "tcp_keepalives_idle": "30",
+        "tcp_keepalives_interval": "10",
+        "tcp_keepalives_count": "3",
+        "tcp_user_timeout": "60000",
+        "idle_in_transaction_session_timeout": "1min",
+    }
+
+
+async def test_a_server_that_answers_nothing_fails_a_connect_within_seconds() -> None:
+    # A primary lost with its node: nothing comes back, so the login waits on nothing.
+    silent: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    recorder = make_engine(f"postgresql+asyncpg://trove:trove@127.0.0.1:{port}/trove")
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT + 10):
+            with pytest.raises(TimeoutError) as timed_out:
+                async with recorder.connect():
+                    pass
+        assert as_retry(timed_out.value) is not None, timed_out.value
+        assert time.monotonic() - started < CONNECT_TIMEOUT + 5
+    finally:
+        await recorder.dispose()
+        for writer in silent:
+            writer.close()
+        server.close()
+        await server.wait_closed()
