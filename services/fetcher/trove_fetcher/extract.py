@@ -315,22 +315,24 @@ def x_robots_directives(
     """(noindex, nofollow) from an X-Robots-Tag header value meant for ``robots_token``.
 
     The value is a comma list; a ``name:`` prefix aims the directives after it (up to the
-    next prefix) at one crawler, as in "googlebot: noindex, TroveBot: nofollow".
+    next prefix) at one crawler, as in "googlebot: noindex, TroveBot: nofollow". Several
+    headers come one a line (``http.fetch``): a prefix aims no further than its own.
     """
     noindex = nofollow = False
     if not value:
         return noindex, nofollow
     token = robots_token.lower()
-    applies = True
-    for part in value.split(","):
-        match = _UA_PREFIX.match(part)
-        if match is not None and match.group(1).lower() not in _VALUED_DIRECTIVES:
-            applies = match.group(1).lower() == token
-            part = match.group(2)
-        if applies:
-            part_noindex, part_nofollow = meta_robots_directives(part)
-            noindex |= part_noindex
-            nofollow |= part_nofollow
+    for header in value.split("\n"):
+        applies = True
+        for part in header.split(","):
+            match = _UA_PREFIX.match(part)
+            if match is not None and match.group(1).lower() not in _VALUED_DIRECTIVES:
+                applies = match.group(1).lower() == token
+                part = match.group(2)
+            if applies:
+                part_noindex, part_nofollow = meta_robots_directives(part)
+                noindex |= part_noindex
+                nofollow |= part_nofollow
     return noindex, nofollow
 
 

@@ -589,7 +589,9 @@ async def fetch(
         content_type=headers.get("content-type"),
         etag=headers.get("etag"),
         last_modified=headers.get("last-modified"),
-        x_robots_tag=headers.get("x-robots-tag"),
+        # One line a header: a "name:" prefix aims the rest of its own header only, so
+        # "googlebot: nofollow" must not take a later header's "noindex" with it.
+        x_robots_tag="\n".join(headers.get_list("x-robots-tag")) or None,
         retry_after=parse_retry_after(
             headers.get("retry-after"), now=datetime.fromtimestamp(now(), UTC)
         ),
