@@ -1077,6 +1077,23 @@ def test_a_nodeinfo_link_is_followed_only_on_the_instances_host_and_never_down_t
     assert document_link(index("https://social.example/x"), "http://social.example") is not None
 
 
+def test_an_instances_links_are_followed_without_credentials() -> None:
+    # httpx would send a user:pass@ on as Basic auth; Trove logs in nowhere.
+    index = {
+        "links": [
+            {
+                "rel": "http://nodeinfo.diaspora.software/ns/schema/2.1",
+                "href": "https://u:p@social.example/nodeinfo/2.1",
+            }
+        ]
+    }
+    home = "https://social.example"
+    assert document_link(index, home) == f"{home}/nodeinfo/2.1"
+    here = f"{home}/api/v1/timelines/public?limit=40"
+    older = '<https://token@social.example/api/v1/timelines/public?limit=40&max_id=9>; rel="next"'
+    assert link_relation(httpx.Headers({"link": older}), "next", here) == f"{here}&max_id=9"
+
+
 @pytest.mark.parametrize(
     "reset",
     [

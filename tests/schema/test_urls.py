@@ -23,6 +23,7 @@ from trove_schema.urls import (
     domain_of,
     is_private_host,
     registrable_domain,
+    without_userinfo,
 )
 
 SAME_RESOURCE = {
@@ -671,3 +672,16 @@ def test_an_unparsable_urls_reason_does_not_quote_its_credentials() -> None:
     assert caught.value.reason.startswith("unparsable URL: netloc")
     assert "hunt" not in caught.value.reason
     assert "admin" not in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://u:p@h.example/a?b#c", "https://h.example/a?b#c"),
+        ("https://token@h.example:8443/", "https://h.example:8443/"),
+        ("https://u:p@ss@h.example/", "https://h.example/"),
+        ("https://h.example/@alice", "https://h.example/@alice"),
+    ],
+)
+def test_a_url_without_its_userinfo(url: str, expected: str) -> None:
+    assert without_userinfo(url) == expected

@@ -133,6 +133,15 @@ def already_canonical(url: str, max_length: int = MAX_URL_LENGTH) -> bool:
     return number != default and number <= 65535
 
 
+def without_userinfo(url: str) -> str:
+    """``url`` without a ``user:pass@`` (or a token's ``name@``): an HTTP client sends it
+    on as an Authorization header, and no URL Trove follows or keeps carries one."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _unparsable(exc: ValueError) -> str:
     """urlsplit's complaint without what it quotes of the URL: a refusal's reason is
     kept and logged, and a netloc it quotes may hold a user:pass@."""

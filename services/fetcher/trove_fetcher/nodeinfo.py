@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from trove_schema.urls import without_userinfo
+
 WELL_KNOWN_PATH = "/.well-known/nodeinfo"
 _SCHEMA = re.compile(r"^https?://nodeinfo\.diaspora\.software/ns/schema/2\.(\d{1,3})/?$")
 _NAME_LENGTH = 100
@@ -114,7 +116,7 @@ def document_link(index: Any, origin: str) -> str | None:
         if match is None:
             continue
         try:
-            url = urljoin(origin + "/", href.strip())
+            url = without_userinfo(urljoin(origin + "/", href.strip()))
         except ValueError:
             continue
         if not _same_host(url, origin):

@@ -113,7 +113,7 @@ from trove_schema.events import (
 )
 from trove_schema.heuristics import is_challenge
 from trove_schema.media import media_type
-from trove_schema.urls import canonicalize_or_none, is_private_host
+from trove_schema.urls import canonicalize_or_none, is_private_host, without_userinfo
 
 log = logging.getLogger("trove.fetcher.timeline")
 
@@ -437,7 +437,7 @@ def link_relation(headers: httpx.Headers, rel: str, current: str) -> str | None:
         if rel not in rels:
             continue
         try:
-            target = urljoin(current, match.group(1).strip())
+            target = without_userinfo(urljoin(current, match.group(1).strip()))
             here, there = urlsplit(current), urlsplit(target)
             same = (
                 there.scheme == here.scheme
