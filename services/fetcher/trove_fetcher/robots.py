@@ -54,7 +54,7 @@ from typing import Any
 import httpx
 import idna
 from protego import Protego
-from protego._protego import _ALL_DIRECTIVES, _extract_directive
+from protego._protego import _ALL_DIRECTIVES, _USER_AGENT_DIRECTIVE, _extract_directive
 
 from trove_fetcher.errors import BlockedAddress, FetcherError, NetworkAway, RedirectPaused
 from trove_fetcher.http import (
@@ -108,6 +108,22 @@ class _Rules:
     parser: Protego
     #: Whether a rule of the file could read a query's order (``_QUERY_RULE``).
     reads_queries: bool
+    #: The product tokens the file's groups are named after (``_product_token``).
+    tokens: frozenset[str]
+
+    def agent(self, token: str) -> str:
+        """The name to ask ``parser`` about ``token`` with.
+
+        protego applies the group with the longest name found in the one asked about, so
+        ``Trove`` would be TroveBot's. Every group is named after its product token
+        (``_named_by_token``): asked for a token a group is named after, it takes that
+        group, which holds the rules of all the groups so named (protego merges groups of
+        one name); asked for ``*``, in which no product token can be found, it takes the
+        ``*`` group or none, as RFC 9309 2.2.1 has a crawler no group names do. (A token
+        of one letter would tie with ``*``, which scores one, and lose to it if first.)
+        """
+        own = _product_token(token)
+        return own if own in self.tokens else "*"
 
 
 _parsed: OrderedDict[tuple[str, float, int, int], _Rules] = OrderedDict()
@@ -115,10 +131,8 @@ _parsed: OrderedDict[tuple[str, float, int, int], _Rules] = OrderedDict()
 _parsed_bytes = 0
 
 
-#: A group's user-agent value cut to its product token (RFC 9309 2.2.1: letters, "_" and
-#: "-"), as Google's parser reads it: a site owner who copies "TroveBot/1.0" from their
-#: logs into a group means TroveBot, and protego would match that group to no one.
-_PRODUCT_TOKEN = re.compile(r"(?im)^([ \t]*user-agent[ \t]*:[ \t]*)([A-Za-z_-]+)[^\r\n#]*")
+#: The start of a user-agent value that is its product token (RFC 9309 2.2.1).
+_PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]*")
 
 #: A line that could hold a rule reaching into a query: a "?" (or its escape), or a "*"
 #: with more of the pattern after it. Any line, as protego reads misspelled directives
@@ -135,8 +149,8 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
     # Line ends as protego reads them (``str.splitlines``: a bare CR ends a line too, as
     # RFC 9309 allows), so the rewrites below see the lines protego parses.
     text = "\n".join(_text(body).splitlines())
-    parser = Protego.parse(_PRODUCT_TOKEN.sub(r"\1\2", text))
-    rules = _Rules(parser, _QUERY_RULE.search(text) is not None)
+    named, tokens = _named_by_token(text)
+    rules = _Rules(Protego.parse(named), _QUERY_RULE.search(text) is not None, tokens)
     _parsed[key] = rules
     _parsed_bytes += key[2]
     while len(_parsed) > 1 and (
@@ -145,6 +159,40 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
         gone, _ = _parsed.popitem(last=False)
         _parsed_bytes -= gone[2]
     return rules
+
+
+def _product_token(value: str) -> str:
+    """A user-agent value's product token, in lower case: the value up to the first
+    character that is not a letter, "_" or "-" (RFC 9309 2.2.1), as Google's parser reads
+    it, so that a site owner who copies "TroveBot/1.0" from their logs into a group means
+    TroveBot; ``*`` for the group of every crawler, words after it or not (as Google reads
+    it); empty for a value that names no crawler (``*Bot``).
+    """
+    if value.split(maxsplit=1)[:1] == ["*"]:
+        return "*"
+    match = _PRODUCT_TOKEN.match(value)
+    return "" if match is None else match[0].lower()
+
+
+def _named_by_token(text: str) -> tuple[str, frozenset[str]]:
+    """``text`` (lines as protego reads them) with each user-agent line, in any spelling
+    protego reads, naming its product token alone, and the tokens so named.
+
+    A line naming no crawler is kept as an empty user-agent line: it still ends the group
+    before it, as the line did, and opens none.
+    """
+    lines = text.split("\n")
+    tokens: set[str] = set()
+    for index, line in enumerate(lines):
+        rule = line.partition("#")[0].strip()
+        directive = _extract_directive(rule) if rule else None
+        if directive is None or directive[0] not in _USER_AGENT_DIRECTIVE:
+            continue
+        token = _product_token(directive[1])
+        lines[index] = f"User-agent: {token}"
+        if token:
+            tokens.add(token)
+    return "\n".join(lines), frozenset(tokens)
 
 
 def _text(body: bytes, errors: str = "replace") -> str:
@@ -252,17 +300,19 @@ class RobotsPolicy:
         if self.rule is RobotsRule.DISALLOW_ALL:
             return False
         rules = _parse(self._key, self.body)
-        if not rules.parser.can_fetch(url, token):
+        agent = rules.agent(token)
+        if not rules.parser.can_fetch(url, agent):
             return False
         if not rules.reads_queries or "&" not in url:
             return True
-        return all(rules.parser.can_fetch(order, token) for order in _query_orders(url))
+        return all(rules.parser.can_fetch(order, agent) for order in _query_orders(url))
 
     def crawl_delay(self, token: str = BOT_NAME) -> float | None:
         """The Crawl-delay of the group ``token`` falls in, in seconds, if any."""
         if self.rule is not RobotsRule.PARSED:
             return None
-        delay = _parse(self._key, self.body).parser.crawl_delay(token)
+        rules = _parse(self._key, self.body)
+        delay = rules.parser.crawl_delay(rules.agent(token))
         return None if delay is None else float(delay)
 
     def sitemaps(self) -> tuple[str, ...]:
