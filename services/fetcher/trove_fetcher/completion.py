@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from pydantic import TypeAdapter
 
-from trove_fetcher.extract import Extraction
+from trove_fetcher.extract import Extraction, x_robots_directives
 from trove_fetcher.http import FetchResult
 from trove_fetcher.robots import RobotsPolicy
 from trove_schema.events import (
@@ -172,16 +172,17 @@ def completed(
     strategy: str = "http",
     strategy_reason: str | None = None,
     conditional: bool = False,
+    robots_token: str = "TroveBot",  # noqa: S107 - a robots.txt token, not a secret
 ) -> CrawlCompleted:
     """The attempt's event (``fit`` it before publishing). Never raises for what a site sent.
 
     ``strategy`` is the fetch strategy's name (``CrawlCompleted.fetcher``), and
     ``strategy_reason`` why it was chosen; ``conditional`` says the request carried
-    validators.
+    validators; ``robots_token`` names the crawler an X-Robots-Tag may aim at.
     """
     base = _base(work, strategy, strategy_reason, conditional)
     try:
-        return _completed(base, work, result, extraction, started)
+        return _completed(base, work, result, extraction, started, robots_token)
     except Exception as exc:
         log.exception("could not build the event of %s", work.url, extra={"url": work.url})
         return rejected(
@@ -201,6 +202,7 @@ def _completed(
     result: FetchResult,
     extraction: Extraction | None,
     started: datetime,
+    robots_token: str,
 ) -> CrawlCompleted:
     outcome, message = result.outcome, result.error_message
     if outcome is CrawlOutcome.SUCCESS and is_challenge(
@@ -242,6 +244,11 @@ def _completed(
         if target is not None:
             links = [*links[: MAX_LINKS_PER_PAGE - 1], {"url": target, "kind": LinkKind.REDIRECT}]
     final_url = result.final_url if result.final_url and result.final_url != work.url else None
+    if outcome is CrawlOutcome.NOT_MODIFIED:
+        # A 304 has no body to read, but the X-Robots-Tag it carries speaks for the page:
+        # a site that starts saying noindex (nginx's add_header sends it with a 304 too)
+        # while the page stays the same answers 304 at every visit, for months.
+        extra["noindex"] = x_robots_directives(result.x_robots_tag, robots_token)[0]
     etag, last_modified = result.etag, result.last_modified
     if outcome is CrawlOutcome.NOT_MODIFIED and isinstance(work, CrawlRequested):
         # A 304 need not repeat the validators it answered (RFC 9110 15.4.5; most leave

@@ -671,6 +671,7 @@ async def _completed(
     settled: dict[int, CrawlCompleted] = {}
     fetched: dict[int, CrawlCompleted] = {}
     content: dict[int, CrawlCompleted] = {}
+    indexing: dict[int, CrawlCompleted] = {}
     linking: dict[int, CrawlCompleted] = {}
     # An attempt older than what a group already holds (read under the page's lock)
     # leaves that group alone: a late success still gives content to a page whose
@@ -688,10 +689,16 @@ async def _completed(
         success = event.outcome is CrawlOutcome.SUCCESS
         if success and (before.content is None or at >= before.content):
             _keep_newest(content, page_id, event)
+        # A 304's X-Robots-Tag says noindex as a success's would (the page is the same,
+        # the site's wish is new); a 304 without one says nothing, as a 304 need not
+        # repeat the headers of the answer it stands for.
+        says = success or (event.outcome is CrawlOutcome.NOT_MODIFIED and event.noindex)
+        if says and (before.content is None or at >= before.content):
+            _keep_newest(indexing, page_id, event)
         if (success or event.links) and (before.linked is None or at >= before.linked):
             _keep_newest(linking, page_id, event)
     retried = await _retries(tx, latest, policy, replaying=replaying)
-    await _page_state(tx, latest, settled, fetched, content, linking, retried)
+    await _page_state(tx, latest, settled, fetched, content, indexing, linking, retried)
     await _links(tx, linking, page_ids)
     return verdicts
 
@@ -854,14 +861,19 @@ async def _page_state(
     settled: dict[int, CrawlCompleted],
     fetched: dict[int, CrawlCompleted],
     content: dict[int, CrawlCompleted],
+    indexing: dict[int, CrawlCompleted],
     linking: dict[int, CrawlCompleted],
     retried: set[int],
 ) -> None:
     """Each page's row after its attempts in the batch: ``latest`` its newest attempt,
     ``settled`` its newest that is not retryable, ``fetched`` its newest success or 304,
-    ``content`` its newest success and ``linking`` the newest that said what it links
-    to, each only if newer than what the row holds (a page may be in some, not all)."""
-    ordered = sorted(latest.keys() | fetched.keys() | content.keys() | linking.keys())
+    ``content`` its newest success, ``indexing`` the newest that said whether it may be
+    indexed (a success, a 304 saying noindex) and ``linking`` the newest that said what
+    it links to, each only if newer than what the row holds (a page may be in some, not
+    all)."""
+    ordered = sorted(
+        latest.keys() | fetched.keys() | content.keys() | indexing.keys() | linking.keys()
+    )
     if not ordered:
         return
     statuses: list[str | None] = []
@@ -920,7 +932,11 @@ async def _page_state(
             "last_modified = CASE WHEN v.ok THEN v.modified ELSE p.last_modified END, "
             "content_hash = CASE WHEN v.ok THEN v.hash ELSE p.content_hash END, "
             "canonical_url = CASE WHEN v.ok THEN v.canonical ELSE p.canonical_url END, "
-            "noindex = CASE WHEN v.ok THEN v.noindex ELSE p.noindex END, "
+            # A success older than the page's newest 304 already applied does not lift
+            # a noindex that 304 may have said (which one did is not kept): the site's
+            # wish is read again at the next visit, the page left out of search till then.
+            "noindex = CASE WHEN v.noindex_at IS NULL THEN p.noindex WHEN v.noindex THEN true "
+            "  WHEN p.fetched_at > v.noindex_at THEN p.noindex ELSE false END, "
             "linked_at = coalesce(v.linked, p.linked_at), "
             "updated_at = now() "
             "FROM unnest(CAST(:ids AS bigint[]), CAST(:ends AS timestamptz[]), "
@@ -930,10 +946,11 @@ async def _page_state(
             "CAST(:content_ats AS timestamptz[]), CAST(:titles AS text[]), "
             "CAST(:languages AS text[]), CAST(:cfgs AS text[]), CAST(:words AS text[]), "
             "CAST(:etags AS text[]), CAST(:modified AS text[]), CAST(:hashes AS text[]), "
-            "CAST(:canonicals AS text[]), CAST(:noindexes AS boolean[]), "
-            "CAST(:linked AS timestamptz[])) "
+            "CAST(:canonicals AS text[]), CAST(:noindex_ats AS timestamptz[]), "
+            "CAST(:noindexes AS boolean[]), CAST(:linked AS timestamptz[])) "
             "AS v(id, ended, outcome, code, status, fetched, failed_at, ok, content_at, title, "
-            "language, cfg, words, etag, modified, hash, canonical, noindex, linked) "
+            "language, cfg, words, etag, modified, hash, canonical, noindex_at, noindex, "
+            "linked) "
             "WHERE p.id = v.id"
         ),
         {
@@ -954,7 +971,8 @@ async def _page_state(
             "modified": [e.last_modified if e else None for e in held],
             "hashes": [e.content_hash if e else None for e in held],
             "canonicals": [e.canonical_url if e else None for e in held],
-            "noindexes": [e.noindex if e else False for e in held],
+            "noindex_ats": [indexing[p].completed_at if p in indexing else None for p in ordered],
+            "noindexes": [indexing[p].noindex if p in indexing else False for p in ordered],
             "linked": [linking[p].completed_at if p in linking else None for p in ordered],
         },
     )
