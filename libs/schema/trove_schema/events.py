@@ -417,6 +417,10 @@ class CrawlRequested(Event):
     #: Validators for a conditional GET (from the previous successful fetch).
     etag: HeaderText | None = None
     last_modified: HeaderText | None = None
+    #: The URL whose answer gave those validators (the previous attempt's ``final_url``,
+    #: or its ``url`` when it was not redirected): they are sent to that URL only, as
+    #: the page's redirect may lead elsewhere now. None: the page's own URL only.
+    validators_url: Annotated[str, Storable(MAX_URL_LENGTH)] | None = None
     #: The event that caused this request (the failed attempt, the earlier success).
     caused_by: str | None = None
     #: The page's change history so far (re-crawls, and the retries of re-crawls).

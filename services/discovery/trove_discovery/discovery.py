@@ -443,6 +443,8 @@ class Discovery:
         if (due - read_whole_at).total_seconds() >= self.settings.seen_ttl:
             validators = False
         replaces = after_hold and due.timestamp() > self.clock()
+        etag = event.etag if validators else None
+        last_modified = event.last_modified if validators else None
         request = CrawlRequested(
             id=derived_event_id(event.id, "recrawl-after-hold" if replaces else "recrawl"),
             url=event.url,
@@ -452,8 +454,11 @@ class Discovery:
             scope=event.scope,
             reason=RequestReason.RECRAWL,
             not_before=due,
-            etag=event.etag if validators else None,
-            last_modified=event.last_modified if validators else None,
+            etag=etag,
+            last_modified=last_modified,
+            # The validators came from where the attempt ended: a redirect that leads
+            # elsewhere next time must not have them sent to another page.
+            validators_url=(event.final_url or event.url) if etag or last_modified else None,
             caused_by=event.id,
             history=history.model_copy(update={"read_whole_at": read_whole_at}),
         )

@@ -658,11 +658,12 @@ class Fetcher:
         work = job.work
         policy = hold.grant.policy if hold.grant is not None else HostPolicy()
         strategy, choice = self._choose(job.url, policy, job.avoid)
-        etag = last_modified = None
+        etag = last_modified = validators_url = None
         # Validators only where the host honours them (or is asked again now and then):
         # elsewhere a 304 never comes and the page is read whole anyway.
         if isinstance(work, CrawlRequested) and send_validators(policy):
             etag, last_modified = work.etag, work.last_modified
+            validators_url = work.validators_url
         started = datetime.now(UTC)
         end: float | None = None
         FETCHES_IN_FLIGHT.inc()
@@ -673,6 +674,7 @@ class Fetcher:
                     job.url,
                     etag=etag,
                     last_modified=last_modified,
+                    validators_url=validators_url,
                     limits=replace(self.limits, total_timeout=self._request_time(hold)),
                     is_parseable=strategy.is_parseable,
                     accept=strategy.accept,
@@ -698,7 +700,7 @@ class Fetcher:
                 FETCH_READ_LAG.observe(now - arrived)
             FETCH_SECONDS.observe(result.elapsed)
             FETCH_BYTES.inc(result.bytes_read)
-            event = await self._event(job, result, strategy, choice, started, etag or last_modified)
+            event = await self._event(job, result, strategy, choice, started)
             # The host's lease is released with what this attempt taught: its gap runs
             # from the end of the response, and a pause it decides holds every pod.
             observation = Observation.of(event)
@@ -769,10 +771,11 @@ class Fetcher:
         strategy: Strategy,
         choice: Choice,
         started: datetime,
-        conditional: str | None,
     ) -> CrawlCompleted:
-        """The attempt's ``CrawlCompleted``, the body parsed off the event loop."""
-        name, reason, sent = strategy.name, choice.reason, conditional is not None
+        """The attempt's ``CrawlCompleted``, the body parsed off the event loop. It says
+        conditional when its last request carried a validator: a redirect that leads
+        elsewhere now, or a validator no header can carry, sends none."""
+        name, reason, sent = strategy.name, choice.reason, result.conditional
         extraction: Extraction | None = None
         if result.body is not None:
             try:
@@ -803,6 +806,7 @@ class Fetcher:
             strategy=name,
             strategy_reason=reason,
             conditional=sent,
+            robots_token=self.robots_token,
         )
 
     async def _redirect_allowed(self, url: str, page: str) -> bool:

@@ -170,6 +170,9 @@ class FetchResult:
     etag: str | None = None
     last_modified: str | None = None
     x_robots_tag: str | None = None
+    #: The last request carried a validator (``If-None-Match``/``If-Modified-Since``):
+    #: not every request of a page's does (``fetch``'s ``validators_url``).
+    conditional: bool = False
     #: Seconds to wait, from Retry-After (delta-seconds or HTTP-date).
     retry_after: float | None = None
     error_message: str | None = None
@@ -445,6 +448,8 @@ class _Trace:
     answered: float = 0.0
     #: The latest response's ``AnswerTime.received_at``.
     received_at: float | None = None
+    #: The latest request carried a validator.
+    conditional: bool = False
 
     def answer_seconds(self) -> float | None:
         """What the host took over every request, if the kernel timed each one."""
@@ -519,6 +524,7 @@ async def fetch(
     last_modified: str | None,
     limits: FetchLimits,
     is_parseable: Callable[[str | None], bool],
+    validators_url: str | None = None,
     robots_allows: Callable[[str], Awaitable[bool]] | None = None,
     before_hop: HopGate | None = None,
     resume: Sequence[str] = (),
@@ -536,6 +542,8 @@ async def fetch(
     still to be requested. ``accept`` is the Accept header of every hop (a fetch
     strategy's, ``trove_fetcher.strategies``). ``now`` is the clock a Retry-After date
     is read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``).
+    ``etag`` and ``last_modified`` go only to a request of ``validators_url``, the URL
+    whose answer gave them (the page's own, ``url``, when None).
     """
     started = time.monotonic()
     trace = _Trace(url=url, final_url=url)
@@ -549,6 +557,7 @@ async def fetch(
                 trace,
                 etag,
                 last_modified,
+                validators_url,
                 limits,
                 is_parseable,
                 robots_allows,
@@ -592,6 +601,7 @@ async def fetch(
         # One line a header: a "name:" prefix aims the rest of its own header only, so
         # "googlebot: nofollow" must not take a later header's "noindex" with it.
         x_robots_tag="\n".join(headers.get_list("x-robots-tag")) or None,
+        conditional=trace.conditional,
         retry_after=parse_retry_after(
             headers.get("retry-after"), now=datetime.fromtimestamp(now(), UTC)
         ),
@@ -626,6 +636,7 @@ async def _follow(
     trace: _Trace,
     etag: str | None,
     last_modified: str | None,
+    validators_url: str | None,
     limits: FetchLimits,
     is_parseable: Callable[[str | None], bool],
     robots_allows: Callable[[str], Awaitable[bool]] | None,
@@ -633,16 +644,27 @@ async def _follow(
     deadline: asyncio.Timeout,
     accept: str,
 ) -> _Ending:
-    current = httpx.URL(trace.url)
+    page = current = httpx.URL(trace.url)
     if current.scheme not in _DEFAULT_PORTS:
         return _Ending(CrawlOutcome.FAILED, f"unsupported URL scheme {current.scheme!r}")
     visited = {current.copy_with(fragment=None)}
     for hop_url in trace.redirects:  # a resumed chain: these were followed already
         current = httpx.URL(hop_url)
         visited.add(current)
-    # The validators go on every hop: they came from the final response last time.
-    headers = _request_headers(etag, last_modified, accept)
+    # The validators go only to the URL whose answer gave them: where a redirect leads
+    # elsewhere now, a site whose files share one Last-Modified would answer 304 for
+    # the new target, and the page would keep the signals of the one it led to before.
+    # A request without that URL (an older release's) sends them to the page's own URL
+    # only: at worst a page that redirects is read whole once after the upgrade.
+    owner = validators_url or trace.url
     while True:
+        # Its URL as the event named it (the page's, canonical) or as a hop wrote it.
+        if owner == str(current) or (current is page and owner == trace.url):
+            validators = etag, last_modified
+        else:
+            validators = None, None
+        headers = _request_headers(*validators, accept)
+        trace.conditional = "If-None-Match" in headers or "If-Modified-Since" in headers
         pool_wait = _PoolWait()
         request = client.build_request(
             "GET", current, headers=headers, extensions={"trace": pool_wait}
@@ -667,7 +689,7 @@ async def _follow(
             trace.status_code = response.status_code
             trace.headers = response.headers
             if response.status_code not in REDIRECT_STATUSES:
-                return await _final(response, trace, etag, last_modified, limits, is_parseable)
+                return await _final(response, trace, *validators, limits, is_parseable)
             hop = _redirect_target(response, current)
         finally:
             # Closed before anything else is awaited: a redirect body is never read.
