@@ -667,11 +667,16 @@ def test_an_internationalized_host_too_long_for_dns_is_refused_as_such(host: str
 def test_an_unparsable_urls_reason_does_not_quote_its_credentials() -> None:
     # urlsplit quotes the netloc of one that NFKC changes, user:pass@ and all; the
     # reason is kept in a SeedRejected and logged.
-    with pytest.raises(InvalidURL) as caught:
-        canonicalize("http://admin:hunt\uff20er2@10.0.0.1/")
-    assert caught.value.reason.startswith("unparsable URL: netloc")
-    assert "hunt" not in caught.value.reason
-    assert "admin" not in caught.value.reason
+    for url in (
+        "http://admin:hunt\uff20er2@10.0.0.1/",
+        "http://alice:o'neil-hunter2@exa\uff0fmple.com/",
+    ):
+        with pytest.raises(InvalidURL) as caught:
+            canonicalize(url)
+        assert caught.value.reason.startswith("unparsable URL: netloc")
+        assert "hunt" not in caught.value.reason
+        assert "admin" not in caught.value.reason
+        assert "neil" not in caught.value.reason
 
 
 @pytest.mark.parametrize(

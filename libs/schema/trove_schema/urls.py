@@ -91,8 +91,9 @@ _SURROUNDING = "".join(chr(c) for c in range(0x21))
 #: refusing it early keeps a hostile page from making us normalize megabytes.
 _INPUT_SLACK = 4
 _HOST_RE = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
-#: What urlsplit's errors quote of the URL (a netloc with its user:pass@, say).
-_QUOTED_RE = re.compile(r"'[^']*'")
+#: What urlsplit's errors quote of the URL (a netloc with its user:pass@, say): from the
+#: first quote to the last, as a password may hold a quote of its own.
+_QUOTED_RE = re.compile(r"'.*'", re.S)
 _DECIMAL_RE = re.compile(r"[0-9]+\Z")
 _HEX_RE = re.compile(r"0[xX][0-9a-fA-F]*\Z")
 _OCTAL_RE = re.compile(r"[0-7]+\Z")
