@@ -8,11 +8,14 @@ printing them. A command connects once, within ``CONNECT_TIMEOUT``, and says why
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import nats
 import nats.errors
 from nats.aio.client import Client
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from trove_schema.bus import nats_servers
 from trove_schema.errors import TroveError
@@ -33,8 +36,17 @@ class BrokerUnreachable(TroveError):
 
 
 def shown(url: str) -> str:
-    """``url`` as it may be printed: without its credentials."""
-    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO.sub("//***@", url))
+    """``url`` as it may be printed: without its credentials.
+
+    A database URL is read as SQLAlchemy reads it, whose password runs to the ``@``
+    whatever it holds (a ``/`` or a ``#`` of a generated one); a NATS URL's userinfo
+    runs to the last ``@`` before its path."""
+    if url.startswith("postgres"):
+        with contextlib.suppress(ArgumentError, ValueError):
+            url = make_url(url).render_as_string(hide_password=True)
+    else:
+        url = _USERINFO.sub("//***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", url)
 
 
 async def connect(nats_url: str) -> Client:
