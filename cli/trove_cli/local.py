@@ -35,6 +35,8 @@ from trove_stack.stack import Stack
 SERVICES = ("recorder", "discovery", "fetcher")
 STACK_FILE = "stack.json"
 MAX_PORT = 65535
+#: Seconds a stopping service has before it is killed (its ``TROVE_STOP_GRACE_SECONDS``).
+STOP_TIMEOUT = 20
 
 
 @dataclass(kw_only=True)
@@ -127,6 +129,8 @@ class LocalTrove:
         if process in self.ports:
             env["TROVE_HTTP_PORT"] = str(self.ports[process])
         env.setdefault("TROVE_LOG_FORMAT", "json")
+        # What ``stop`` gives a child before it kills it.
+        env.setdefault("TROVE_STOP_GRACE_SECONDS", str(STOP_TIMEOUT))
         env.setdefault("PYTHONUNBUFFERED", "1")
         logs = self.state_dir / "logs"
         return Child(
@@ -167,7 +171,7 @@ class LocalTrove:
                 self.supervisor.stop()
                 self.supervisor = None
             for child in reversed(self.children):
-                child.stop(timeout=20)
+                child.stop(timeout=STOP_TIMEOUT)
             self.children.clear()
             if self.wrote_stack_file:
                 # Only its own: a second `trove up` refused beside a running one (its

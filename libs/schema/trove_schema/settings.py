@@ -300,6 +300,10 @@ class FetcherSettings(CommonSettings):
     max_ack_pending: int = Field(default=2000, ge=1)
     #: How long a pod may hold a work message before JetStream gives it to another pod.
     ack_wait_seconds: Seconds = Field(default=90.0, ge=5.0)
+    #: The time a stopping pod has from SIGTERM to SIGKILL (the fetcher's
+    #: terminationGracePeriodSeconds, compose's stop_grace_period): what its requests
+    #: taught about their hosts and the broker did not take is tried until 10 s before.
+    stop_grace_seconds: Seconds = Field(default=180.0, gt=10.0)
     #: How far behind its cursor a poll of a timeline with other instances' posts
     #: (``public``, tags) reads again, for posts that arrived after a newer one; 0: none.
     poll_lookback_seconds: float = Field(default=600.0, ge=0.0, le=86_400.0)

@@ -38,9 +38,6 @@ from trove_schema.topology import (
 #: never more than half the consumer's ``max_ack_pending``, so that one pod cannot
 #: hold all of it.
 HELD_PER_SLOT = 8
-#: The time a stopping pod has from SIGTERM to SIGKILL: terminationGracePeriodSeconds
-#: in k8s/base/fetcher.yaml, stop_grace_period in compose.yaml.
-STOP_GRACE = 180.0
 #: What a stopping pod keeps of its grace after waiting for its late writes: to say
 #: which are lost and close its connections before it is killed.
 STOP_MARGIN = 10.0
@@ -61,9 +58,7 @@ async def _stopped_at(stop: asyncio.Event) -> float:
     return asyncio.get_running_loop().time()
 
 
-async def settle_within_grace(
-    fetcher: Fetcher, stopped_at: float, grace: float = STOP_GRACE
-) -> None:
+async def settle_within_grace(fetcher: Fetcher, stopped_at: float, grace: float) -> None:
     """Wait for what the pod's requests taught about their hosts and the broker did
     not take (``Fetcher.settle_late_writes``) until ``STOP_MARGIN`` before the end of
     the ``grace`` that began at ``stopped_at``. A node drained with its NATS server
@@ -268,7 +263,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             *(c.run(stop) for c in consumers),
         )
         # Each part of ``together`` returns only at ``stop``.
-        await settle_within_grace(fetcher, await stopped_at)
+        await settle_within_grace(fetcher, await stopped_at, settings.stop_grace_seconds)
         fetcher.close()
     finally:
         stopped_at.cancel()
