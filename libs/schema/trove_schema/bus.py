@@ -1079,7 +1079,9 @@ class BatchConsumer:
         backoff.handed_back(retry)
         if not msgs:
             return
-        log.warning("%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
+        # An expected wait (a replay rebuilding the tables) is said once by whoever waits.
+        level = logging.DEBUG if retry.expected else logging.WARNING
+        log.log(level, "%s: batch retried in %.1fs: %s", self.durable, retry.delay, retry)
         MESSAGES_HANDLED.labels(self.durable, "retried").inc(len(msgs))
         await asyncio.gather(*(_quiet(m.nak(delay=retry.delay)) for m in msgs))
 

@@ -4,7 +4,9 @@ Thin handler: decode, apply in a transaction, commit; the consumer loop acks aft
 commit. A batch and a single message (the fallback for a failed batch) take the same
 path. Postgres being away or busy is a ``Retry`` (the messages are handed back and
 redelivered later, nothing is acked and nothing counts against them; see
-``database``), so the recorder catches up when the database returns.
+``database``), so the recorder catches up when the database returns. So is a whole
+replay rebuilding the tables (``replay.REBUILD_LOCK``): the events wait for it in the
+stream.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from trove_recorder.database import (
@@ -29,7 +31,7 @@ from trove_recorder.database import (
 )
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch
-from trove_recorder.replay import release_abandoned_holds
+from trove_recorder.replay import rebuilding, release_abandoned_holds
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema import sqlstates
@@ -77,6 +79,8 @@ class Recorder:
         self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
         self.refusals = LoginRefusals(refused_patience)
+        #: Batches are handed back while a whole replay rebuilds the tables (said once).
+        self.waiting_for_replay = False
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
@@ -102,6 +106,8 @@ class Recorder:
         try:
             with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
                 async with self.sessions.begin() as session:
+                    if await rebuilding(session):
+                        raise self._replay_under_way()
                     try:
                         applied = await apply_batch(
                             session, events, self.policy, self.known, learning=self.learning
@@ -116,6 +122,9 @@ class Recorder:
                 self.known.forget()  # see PageIds: the next batch may meet another server
             raise
         self.refusals.met(None)
+        if self.waiting_for_replay:
+            self.waiting_for_replay = False
+            log.info("the replay has ended: projecting again")
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
         if applied.count:
             PROJECTED.inc(applied.count)
@@ -128,6 +137,14 @@ class Recorder:
             # the outbox after every batch was a second transaction per batch.
             if any(isinstance(e, CrawlCompleted) and e.retryable for e in events):
                 self.outbox_wakeup.set()
+
+    def _replay_under_way(self) -> Retry:
+        """The batch's ``Retry`` while a whole replay rebuilds the tables: applied now, it
+        would count a page's attempts from the few its chain has so far."""
+        if not self.waiting_for_replay:
+            self.waiting_for_replay = True
+            log.warning("a replay is rebuilding the tables: the events wait in the stream")
+        return Retry("a replay is rebuilding the tables", delay=UNAVAILABLE_DELAY, expected=True)
 
     async def publish_outbox(self, stop: asyncio.Event, idle_max: float) -> None:
         """Publish pending outbox rows (retries) as scheduled messages, then mark them sent.
@@ -157,6 +174,13 @@ class Recorder:
 
     async def _publish_batch(self, limit: int = 100) -> int:
         async with self.sessions.begin() as session:
+            # Its rows stay locked while it waits on NATS, up to a publish's timeout
+            # (10 s) a row: a slow broker would outlast the session's idle limit (a
+            # minute, ``database.IDLE_IN_TRANSACTION_TIMEOUT``), and every pass would
+            # end killed, its rows sent again.
+            await session.execute(
+                text(f"SET LOCAL idle_in_transaction_session_timeout = '{limit * 20}s'")
+            )
             await release_abandoned_holds(session)
             rows = (
                 (

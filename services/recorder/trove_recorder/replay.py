@@ -17,7 +17,9 @@ window may start well before the loss, and the live recorder may run meanwhile (
 attempt older than one the page holds sets only the columns it is the newest of:
 ``projections``).
 
-Retries are decided again as events are applied, each into an outbox row, held
+Retries are decided again as events are applied; one due already is not made (it fired
+long ago, or was replaced, or the live recorder never made it: ``projections``). The
+others go each into an outbox row, held
 (``published_at`` at infinity: no publisher sends it) while the replay runs: a retry
 whose ``CrawlRequested`` is further on in the record was published long ago, and a live
 recorder publishing its row before the replay got there would fire it again, over the
@@ -33,6 +35,16 @@ server never ends it as idle, and a replay whose connection ended anyway (the se
 restarted, an operator ended it) stops: a live recorder may have released its retries
 meanwhile, and taking the lock again would not call them back.
 
+A whole replay (``--truncate``, or into an empty database) also holds ``REBUILD_LOCK``.
+Each live batch takes it shared for its transaction, or is handed back (``Retry``) to
+wait in the stream: the live recorders would otherwise apply new events to tables half
+rebuilt, counting a page's attempts from the few its chain has so far, and retrying it
+again. So the replay, once at the last event present when it started, goes on to those
+stored meanwhile, until what came during a pass is under a batch: a retry whose
+``CrawlRequested`` fired while it ran is then marked sent, not released as one never
+sent. A replay ``--since`` leaves the live recorders running: it fills in what the
+tables lack, and they hold the rest already.
+
 The replay reads from a stream sequence (``since``'s first event's, looked up once), so
 that nats-py can make its ordered consumer again after a server restart or a leader move
 (it resumes from the sequence after the last one delivered). A broker away is waited
@@ -47,6 +59,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -134,6 +147,10 @@ _RELEASE_HELD_RETRIES = text(
 )
 #: Held by a running replay (a session lock, so a replay killed outright lets it go).
 REPLAY_LOCK = 0x74726F7665  # "trove"
+#: Held by a whole replay while it rebuilds the tables (a session lock as well); each live
+#: batch takes it shared, for its transaction, or waits.
+REBUILD_LOCK = 0x72656275696C64  # "rebuild"
+_SHARE_REBUILD_LOCK = f"SELECT pg_try_advisory_xact_lock_shared({REBUILD_LOCK})"
 # Whether this session still holds the replay's lock (a one-key lock: its high and low
 # halves, ``objsubid`` 1).
 _HOLDS_REPLAY_LOCK = text(
@@ -176,6 +193,17 @@ async def _mark_overtaken(conn: AsyncConnection | AsyncSession) -> None:
         overtaken = [row for (cause,) in found.all() for row in causes[cause]]
         if overtaken:
             await conn.execute(_MARK_SENT, {"ids": overtaken})
+
+
+async def rebuilding(session: AsyncSession) -> bool:
+    """Whether a whole replay is rebuilding the tables. If not, the session's transaction
+    holds ``REBUILD_LOCK`` shared until it ends: no replay truncates the tables under
+    it, and one that is about to waits for it.
+
+    Sent first, it begins the transaction in place of the statement the projection
+    would begin it with (``sql.Transaction.of``): a batch pays for no round trip more."""
+    connection = await session.connection()
+    return not (await connection.exec_driver_sql(_SHARE_REBUILD_LOCK)).scalar()
 
 
 async def release_abandoned_holds(session: AsyncSession) -> None:
@@ -303,6 +331,23 @@ async def _next_message(
         )
 
 
+async def _last_event(
+    js: JetStreamContext, subjects: Collection[str]
+) -> tuple[int, datetime | None]:
+    """The stream sequence of the last event present now, and when it was stored (0 and
+    None when there is none)."""
+    last, newest = 0, None
+    for subject in subjects:
+        # The stream's own last sequence may be a schedule, which is deleted once it
+        # fires: wait for the last *event* present now, not for that.
+        with contextlib.suppress(NotFoundError):
+            found = await js.get_last_msg(EVENTS_STREAM, subject)
+            last = max(last, found.seq or 0)
+            if found.time is not None and (newest is None or found.time > newest):
+                newest = found.time
+    return last, newest
+
+
 async def _check_lock(lock: AsyncConnection) -> None:
     """Raise ``LockLost`` unless ``lock``'s session still holds the replay's lock."""
     try:
@@ -344,6 +389,7 @@ async def replay(
     stats = ReplayStats()
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
+    rebuild = since is None  # the live recorders wait for it (``REBUILD_LOCK``)
     sub: JetStreamContext.PushSubscription | None = None
     # While this connection lives, the live recorders leave the retries it holds alone.
     # In autocommit: not a transaction left open for the whole replay, which a server's
@@ -351,6 +397,9 @@ async def replay(
     lock = await (await engine.connect()).execution_options(isolation_level="AUTOCOMMIT")
     try:
         await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REPLAY_LOCK})
+        if rebuild:
+            # Once the live batches under way have committed: none starts after it.
+            await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REBUILD_LOCK})
         async with engine.begin() as conn:
             if truncate:
                 await conn.execute(
@@ -372,15 +421,7 @@ async def replay(
             INSTANCE_UNFOLLOWED,
             TIMELINE_POLLED,
         }
-        last, newest = 0, None
-        for subject in subjects:
-            # The stream's own last sequence may be a schedule, which is deleted once it
-            # fires: wait for the last *event* present now, not for that.
-            with contextlib.suppress(NotFoundError):
-                found = await bus.js.get_last_msg(EVENTS_STREAM, subject)
-                last = max(last, found.seq or 0)
-                if found.time is not None and (newest is None or found.time > newest):
-                    newest = found.time
+        last, newest = await _last_event(bus.js, subjects)
         if last == 0 or (since is not None and newest is not None and newest < since):
             return stats  # nothing to apply: no consumer would deliver anything
         sessions = async_sessionmaker(engine, expire_on_commit=False)
@@ -411,6 +452,7 @@ async def replay(
             return applied.count
 
         done, seq = False, first - 1
+        catching_up = rebuild  # on past ``last``, to what the live recorders left waiting
         stalled: ReplayStalled | None = None
         read_until: datetime | None = None  # stored time of the last message read
         applied_until: datetime | None = None
@@ -464,6 +506,12 @@ async def replay(
                         log.error("replay: %s %s skipped: %s", event.TYPE, event.id, one)
             applied_until = read_until
             log.info("replayed up to %d of %d", seq, last)
+            if done and stalled is None and catching_up:
+                newer, _ = await _last_event(bus.js, subjects)
+                if newer > seq:
+                    # Under a batch came during this pass: the next one is the last.
+                    catching_up = newer - seq >= batch
+                    last, done = newer, False
         if stalled is not None:
             stalled.applied_until = applied_until
             raise stalled
@@ -484,8 +532,9 @@ async def replay(
             except Exception as exc:  # the database away: a live recorder releases them
                 log.warning("replay: held retries not released: %s", exc)
         with contextlib.suppress(Exception):
-            # Unlocked, not only closed: a closed connection goes back to the pool.
-            await lock.execute(text("SELECT pg_advisory_unlock(:lock)"), {"lock": REPLAY_LOCK})
+            # Unlocked, not only closed: a closed connection goes back to the pool. Both
+            # locks, and the live recorders go on once the held retries are released.
+            await lock.execute(text("SELECT pg_advisory_unlock_all()"))
             await lock.close()
         await bus.close()
         await engine.dispose()
