@@ -8,14 +8,11 @@ printing them. A command connects once, within ``CONNECT_TIMEOUT``, and says why
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import nats
 import nats.errors
 from nats.aio.client import Client
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from trove_schema.bus import nats_servers
 from trove_schema.errors import TroveError
@@ -27,6 +24,7 @@ CONNECT_TIMEOUT = 5.0
 #: A URL's userinfo (``user:password@``, a token, ``:password@``): to the last ``@``
 #: before the path, where the URL's host begins.
 _USERINFO = re.compile(r"//[^/?#]*@")
+_DATABASE_USERINFO = re.compile(r"//.*@", re.S)
 #: A password given as a query parameter (libpq's ``password=``, ``sslpassword=``).
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
 
@@ -38,15 +36,12 @@ class BrokerUnreachable(TroveError):
 def shown(url: str) -> str:
     """``url`` as it may be printed: without its credentials.
 
-    A database URL is read as SQLAlchemy reads it, whose password runs to the ``@``
-    whatever it holds (a ``/`` or a ``#`` of a generated one); a NATS URL's userinfo
-    runs to the last ``@`` before its path."""
-    if url.startswith("postgres"):
-        with contextlib.suppress(ArgumentError, ValueError):
-            url = make_url(url).render_as_string(hide_password=True)
-    else:
-        url = _USERINFO.sub("//***@", url)
-    return _QUERY_PASSWORD.sub(r"\1***", url)
+    A NATS URL's userinfo runs to the last ``@`` before its path. A database URL's runs
+    to its last ``@`` whatever comes before (SQLAlchemy reads a password with a ``/``, a
+    ``?`` or a ``#`` of a generated one raw): hidden so, a later ``@`` (in a query) hides
+    more than it must, never less."""
+    pattern = _DATABASE_USERINFO if url.startswith("postgres") else _USERINFO
+    return _QUERY_PASSWORD.sub(r"\1***", pattern.sub("//***@", url))
 
 
 async def connect(nats_url: str) -> Client:

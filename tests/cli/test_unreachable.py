@@ -61,11 +61,17 @@ async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
         ("postgresql://db/trove?password=s3cr3t", "postgresql://db/trove?password=***"),
         (
             "postgresql+asyncpg://trove:s3cr3t@db/trove?sslmode=verify-full&sslpassword=s3cr3t",
-            "postgresql+asyncpg://trove:***@db/trove?sslmode=verify-full&sslpassword=***",
+            "postgresql+asyncpg://***@db/trove?sslmode=verify-full&sslpassword=***",
         ),
         # A generated password with a "/", "?" or "#", which SQLAlchemy reads raw.
-        ("postgresql+asyncpg://trove:Zx9+/k=@db/trove", "postgresql+asyncpg://trove:***@db/trove"),
-        ("postgresql://trove:a?b#c@db:5432/trove", "postgresql://trove:***@db:5432/trove"),
+        ("postgresql+asyncpg://trove:Zx9+/k=@db/trove", "postgresql+asyncpg://***@db/trove"),
+        ("postgresql://trove:a?b#c@db:5432/trove", "postgresql://***@db:5432/trove"),
+        # Neither a port SQLAlchemy cannot read nor an "@" of the password's shows it.
+        (
+            "postgresql+asyncpg://trove:s3cr3t@db:54a32/trove",
+            "postgresql+asyncpg://***@db:54a32/trove",
+        ),
+        ("postgresql+asyncpg://trove:s3@cr3t@db/trove", "postgresql+asyncpg://***@db/trove"),
         ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
     ],
 )

@@ -228,10 +228,11 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
     assert seen_pending <= due_later
     try:
         assert await checksums(replayed_engine) == live
+        replayed_outbox = await outbox(replayed_engine)
+        assert set(replayed_outbox) == set(live_outbox)
         # The far retry and the recheck are not in the record yet: pending again. The two
-        # retries that fired were due when the replay decided them again: not made.
-        assert due_later < set(live_outbox)
-        assert await outbox(replayed_engine) == dict.fromkeys(due_later, False)
+        # retries that fired are.
+        assert replayed_outbox == {e: e not in due_later for e in live_outbox}
 
         # The recorder running on the rebuilt database publishes it (again, harmlessly).
         rebuilt = StackUrls(stack.nats_url, target, stack.kind)

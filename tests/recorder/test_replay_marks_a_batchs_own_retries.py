@@ -67,9 +67,8 @@ async def test_a_replay_batch_reads_only_the_retries_its_crawl_requests_name(
     stack: StackUrls, bus: Bus
 ) -> None:
     # 300 pages time out: 300 retries decided, held while the replay runs; ten of them
-    # fired already, their CrawlRequested at the end of the record. Not due yet: one due
-    # already is not made again.
-    at = datetime.now(UTC) - timedelta(minutes=30)
+    # fired already, their CrawlRequested at the end of the record.
+    at = datetime.now(UTC) - timedelta(hours=1)
     failed = [
         completed(
             CrawlOutcome.TIMEOUT,

@@ -826,18 +826,16 @@ async def _retries(
             scheduled.add(page_id)
         elif since is not None and event.completed_at - since < recheck_for:
             request = recheck_request(event, policy)  # the page keeps its status
+            assert request.not_before is not None
+            if replaying and request.not_before <= now:
+                # Decided again for old failures: it fired and is in the record, or
+                # another request replaced it, or its chain ended before rechecks were
+                # made. Sent now it would only replace what is pending. (Live, one
+                # due already, the recorder behind, goes at once.)
+                continue
         else:
             continue
         assert request.not_before is not None
-        if replaying and request.not_before <= now:
-            # Decided again for old failures: it fired and is in the record, or another
-            # request replaced it, or the live recorder never made it (the record lost
-            # the chain's first attempts, the settings changed, its chain ended before
-            # rechecks were made). Sent now it would ask at once what nothing asks for,
-            # or replace what is pending. A retry's page keeps its status all the same,
-            # as the live tables have it while the retry is pending. (Live, one due
-            # already, the recorder behind, goes at once.)
-            continue
         rows.append((uuid.UUID(request.id), request.to_wire(), request.not_before))
     if rows:
         await tx.execute(

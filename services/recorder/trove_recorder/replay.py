@@ -17,9 +17,7 @@ window may start well before the loss, and the live recorder may run meanwhile (
 attempt older than one the page holds sets only the columns it is the newest of:
 ``projections``).
 
-Retries are decided again as events are applied; one due already is not made (it fired
-long ago, or was replaced, or the live recorder never made it: ``projections``). The
-others go each into an outbox row, held
+Retries are decided again as events are applied, each into an outbox row, held
 (``published_at`` at infinity: no publisher sends it) while the replay runs: a retry
 whose ``CrawlRequested`` is further on in the record was published long ago, and a live
 recorder publishing its row before the replay got there would fire it again, over the
