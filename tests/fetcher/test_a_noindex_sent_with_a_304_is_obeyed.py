@@ -10,12 +10,17 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher.test_fetcher_outcomes import fetcher_on
 from trove_fetcher.completion import completed
+from trove_fetcher.fetcher import Job
 from trove_fetcher.http import FetchLimits, fetch
 from trove_fetcher.transport import build_client
+from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, CrawlRequested, RequestReason, Scope
 from trove_schema.settings import FetcherSettings
+from trove_schema.urls import canonicalize
 
 HOST = "unchanged.trove.test"
 ETAG = '"v1"'
@@ -115,3 +120,21 @@ async def test_a_304s_noindex_aimed_at_our_token_is_obeyed(
     event = await _recrawl(client, server, "/ours", robots_token="ExampleBot")
     assert event.outcome is CrawlOutcome.NOT_MODIFIED
     assert event.noindex
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_fetcher_reads_a_304s_noindex_for_its_own_robots_token(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    fetcher = await fetcher_on(bus, client, robots_token="ExampleBot")
+    url = canonicalize(server.url("/ours", host=HOST))
+    request = CrawlRequested(
+        url=url, domain=HOST, scope=Scope(value=HOST), reason=RequestReason.RECRAWL, etag=ETAG
+    )
+    try:
+        await fetcher.process(Job(request), request.to_wire())
+    finally:
+        fetcher.close()
+    event = (await Completions(bus.js).wait_for(1, timeout=10))[url]
+    assert event.outcome is CrawlOutcome.NOT_MODIFIED
+    assert event.noindex  # "ExampleBot: noindex", this fetcher's token

@@ -123,6 +123,7 @@ async def fetcher_on(
     gap: float = 0.05,
     politeness: Politeness | None = None,
     clock: Clock | None = None,
+    robots_token: str = "TroveBot",  # noqa: S107 - a robots.txt token, not a secret
 ) -> Fetcher:
     return Fetcher(
         bus=bus,
@@ -132,7 +133,7 @@ async def fetcher_on(
         or Politeness(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=gap)),
         robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
         limits=FetchLimits(total_timeout=5.0),
-        robots_token="TroveBot",
+        robots_token=robots_token,
         robots_max_bytes=64 * 1024,
         ack_wait=ack_wait,
     )
