@@ -5,15 +5,15 @@ that line is the page itself, which ``error_message`` would keep for good."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher.test_timeline import GapGate, poller
 from trove_fetcher.http import FetchLimits, error_text, fetch
-from trove_fetcher.timeline import TimelinePoller, timeline_url
+from trove_fetcher.timeline import timeline_url
 from trove_fetcher.transport import build_client
 from trove_schema.events import CrawlOutcome, TimelinePollRequested
 from trove_schema.settings import FetcherSettings
@@ -83,27 +83,17 @@ async def test_a_body_sent_as_chunked_that_is_not_fails_without_its_text(
     says_its_kind_and_nothing_of_the_page(result.error_message)
 
 
-@contextlib.asynccontextmanager
-async def _open_gate(url: str) -> AsyncIterator[float | None]:
-    yield None
-
-
-async def _allow_all(url: str) -> bool:
-    return True
-
-
 async def test_a_timeline_page_sent_as_chunked_that_is_not_fails_the_poll_without_its_text(
     client: httpx.AsyncClient, server: LocalServer
 ) -> None:
     api = server.url("", host=HOST)
-    poller = TimelinePoller(
-        client=client,
-        gate=_open_gate,
+    timeline = poller(
+        client,
+        GapGate(0.0),
         limits=LIMITS,
         page_limit=PAGE_LIMIT,
-        robots_allows=_allow_all,
     )
-    event = await poller.poll(
+    event = await timeline.poll(
         TimelinePollRequested(
             instance=api,
             domain=HOST,

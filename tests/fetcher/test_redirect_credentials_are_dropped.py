@@ -4,15 +4,15 @@ the pair on as an Authorization header, and the URL would be kept for good
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher.test_timeline import GapGate, poller
 from trove_fetcher.http import FetchLimits, fetch
-from trove_fetcher.timeline import TimelinePoller, timeline_url
+from trove_fetcher.timeline import timeline_url
 from trove_fetcher.transport import build_client
 from trove_schema.events import CrawlOutcome, TimelinePollRequested
 from trove_schema.settings import FetcherSettings
@@ -83,11 +83,6 @@ async def test_a_redirect_to_a_url_with_credentials_is_followed_without_them(
     assert hops_at_the_gate == [(account,)]
 
 
-@contextlib.asynccontextmanager
-async def _open_gate(url: str) -> AsyncIterator[float | None]:
-    yield None
-
-
 async def test_a_timeline_redirect_to_a_url_with_credentials_is_followed_without_them(
     client: httpx.AsyncClient, server: LocalServer
 ) -> None:
@@ -98,14 +93,14 @@ async def test_a_timeline_redirect_to_a_url_with_credentials_is_followed_without
         return True
 
     api = server.url("", host=HOST)
-    poller = TimelinePoller(
-        client=client,
-        gate=_open_gate,
+    timeline = poller(
+        client,
+        GapGate(0.0),
         limits=LIMITS,
         page_limit=PAGE_LIMIT,
         robots_allows=robots_allows,
     )
-    event = await poller.poll(
+    event = await timeline.poll(
         TimelinePollRequested(
             instance=api,
             domain=HOST,
