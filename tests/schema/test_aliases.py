@@ -277,6 +277,17 @@ def test_what_a_fetch_could_still_teach_is_undecided() -> None:
     assert undecided(record, SITE + "/p/1") == []
 
 
+def test_the_page_fetched_again_without_the_value_leaves_its_name_undecided() -> None:
+    # A probe, then the page under its own spelling, found on a list: one value still,
+    # so the next page's `?ref=` waits for a second probe instead of going out unlearned.
+    record = fetched(EMPTY, "/p/1/?ref=p0", canonical="/p/1/", content="post 1")
+    record = fetched(record, "/p/1/", canonical="/p/1/", content="post 1")
+    assert not record.rules().names
+    assert undecided(record, SITE + "/p/2/?ref=p1") == ["q:ref"]
+    record = fetched(record, "/p/2/?ref=p1", canonical="/p/2/", content="post 2")
+    assert record.rules().names == {"ref"}
+
+
 def test_a_key_its_fetches_said_nothing_about_is_no_longer_undecided() -> None:
     record = fetched(EMPTY, "/a/1?id=1")
     assert undecided(record, SITE + "/a/3?id=3") == ["q:id"]

@@ -264,6 +264,8 @@ def _strip_one_index(index: frozenset[str], head: str) -> str:
 class Candidate:
     """The evidence about one key on one host."""
 
+    #: Fetches that confirmed the key; for a parameter name, those that carried it (or
+    #: showed a value's page to be the page without it, the first time).
     confirmed: int = 0
     contradicted: bool = False
     #: For a parameter name: the different values confirmed (at most ``confirmations``).
@@ -447,7 +449,8 @@ def observe(
             votes[key] = hashed[key] = False
     for key, confirm in votes.items():
         by_content = hashed.get(key) is False
-        _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
+        carried = key[len(PAIR) :] in fetched.params
+        _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal, carried)
     for key in _silent_keys(fetched, votes):
         _hush(candidates, key, limits)
     _forget_pairs_of_learned_names(candidates, limits)
@@ -669,9 +672,11 @@ def _vote(
     proof: str | None = None,
     by_content: bool = False,
     equal: bool = False,
+    carried: bool = True,
 ) -> None:
     """``by_content``: a contradiction content showed; ``equal``: a confirmation by the
-    page without the parameter, which showed the same content."""
+    page without the parameter, which showed the same content; ``carried``: whether the
+    fetch carried the parameter (or showed, without it, a page a sampled spelling did)."""
     if key.startswith(INDEX):
         _count(candidates, key, confirm, limits, value=None)
         return
@@ -687,6 +692,7 @@ def _vote(
         value=value[: limits.max_value_chars],
         proof=proof,
         by_content=by_content,
+        carried=carried,
     )
     named = candidates.get(NAME + name)
     if not confirm and key not in candidates and named is not None and named.contradicted:
@@ -710,6 +716,7 @@ def _count(
     value: str | None,
     proof: str | None = None,
     by_content: bool = False,
+    carried: bool = True,
 ) -> None:
     old = candidates.get(key)
     if old is None:
@@ -724,6 +731,12 @@ def _count(
         candidates[key] = Candidate(old.confirmed, True, old.values, old.silent, (), by_content)
         return
     values, proofs = old.values, old.proofs
+    if value is not None and value in values and not carried:
+        # The page without the value, fetched after it, showing its page again: the
+        # value is confirmed already, and no fetch of the name was made. Counted, it
+        # would decide the name (``_open``) on one value, and its links would go out
+        # as they are, unlearned, each a page fetched twice.
+        return
     if value is not None and value not in values and len(values) < limits.confirmations:
         if _one_page(proof, proofs):
             # No second value, nor a fetch that decides the name: the key stays open a
