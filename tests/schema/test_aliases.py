@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from trove_schema.aliases import (
     EMPTY,
     AliasLimits,
@@ -286,6 +289,55 @@ def test_the_page_fetched_again_without_the_value_leaves_its_name_undecided() ->
     assert undecided(record, SITE + "/p/2/?ref=p1") == ["q:ref"]
     record = fetched(record, "/p/2/?ref=p1", canonical="/p/2/", content="post 2")
     assert record.rules().names == {"ref"}
+
+
+#: A blog's probes (a tracking ``?ref=``, a one-valued ``?from=sidebar``, an index file
+#: name), each on a post of its own, and every post under its own spelling.
+_ORDERED_FETCHES = (
+    "/p/0/?ref=home",
+    "/p/1/?ref=p0",
+    "/p/2/?from=sidebar",
+    "/p/3/?from=sidebar",
+    "/p/4/index.html",
+    "/p/5/index.html",
+    *(f"/p/{n}/" for n in range(6)),
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    st.permutations(range(len(_ORDERED_FETCHES))),
+    st.lists(st.integers(0, len(_ORDERED_FETCHES) - 1), max_size=4),
+)
+def test_whatever_the_order_of_the_fetches_a_key_waits_until_it_is_learned(
+    order: list[int], redelivered: list[int]
+) -> None:
+    """The probes and the pages under their own spellings come back in any order, some
+    twice: until a key is learned, another spelling that carries it stays undecided (its
+    link waits for what the probes teach) instead of going out as it is."""
+    waiting = {
+        "q:ref": "/p/9/?ref=p8",
+        "q:from": "/p/9/?from=sidebar",
+        "i:index.html": "/p/9/index.html",
+    }
+    steps = list(order)
+    for position, index in enumerate(redelivered):
+        steps.insert(steps.index(index) + 1 + position % 2, index)
+    record = EMPTY
+    for index in steps:
+        path = _ORDERED_FETCHES[index]
+        post = path.split("/")[2]
+        record = fetched(
+            record, path, canonical=f"/p/{post}/", content=f"post {post}", event_id=f"e{index}"
+        )
+        rules = record.rules()
+        for key, spelling in waiting.items():
+            learned = rewrite(rules, SITE + spelling) == SITE + "/p/9/"
+            assert learned or key in undecided(record, SITE + spelling), (key, steps, record)
+    rules = record.rules()
+    assert rules.names == {"ref"}
+    assert "from=sidebar" in rules.pairs
+    assert rules.index == {"index.html/"}
 
 
 def test_a_key_its_fetches_said_nothing_about_is_no_longer_undecided() -> None:
