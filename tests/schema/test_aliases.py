@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -249,7 +251,14 @@ def test_the_record_reads_back_as_written() -> None:
     record = fetched(EMPTY, "/p/1?ref=a", canonical="/p/1")
     record = fetched(record, "/list?page=2", canonical="/list?page=2")
     record = fetched(record, "/p/1/index.html", canonical="/p/1/")
+    assert record.marks
     assert HostAliases.from_json(record.to_json()) == record
+    # A release before reads the samples as pairs, and the marks not at all: the record
+    # it reads is this one without them, and one it wrote reads here the same way.
+    body = json.loads(record.to_json())
+    assert all(len(sample) == 2 for sample in body["s"])
+    del body["m"]
+    assert HostAliases.from_json(json.dumps(body).encode()) == replace(record, marks={})
     assert HostAliases.from_json(b"not json") == EMPTY
     assert HostAliases.from_json(b'{"c": {"q:x": "bad"}}') == EMPTY
 
@@ -291,6 +300,67 @@ def test_the_page_fetched_again_without_the_value_leaves_its_name_undecided() ->
     assert record.rules().names == {"ref"}
 
 
+def test_a_page_fetched_before_its_page_without_the_value_counts_once() -> None:
+    # Without a canonical the probe says nothing until its page without the value is
+    # fetched: that fetch is the probe's word, not a second one.
+    record = fetched(EMPTY, "/p/1/?ref=p0", content="post 1")
+    record = fetched(record, "/p/1/", content="post 1")
+    assert not record.rules().names
+    assert undecided(record, SITE + "/p/2/?ref=p1") == ["q:ref"]
+    record = fetched(record, "/p/2/?ref=p1", content="post 2")
+    record = fetched(record, "/p/2/", content="post 2")
+    assert record.rules().names == {"ref"}
+    record = fetched(EMPTY, "/a/index.html", content="a")
+    record = fetched(record, "/a/", content="a")
+    assert not record.rules().index
+    assert undecided(record, SITE + "/b/index.html") == ["i:index.html"]
+    record = fetched(record, "/b/index.html", content="b")
+    record = fetched(record, "/b/", content="b")
+    assert record.rules().index == {"index.html/"}
+
+
+def test_one_page_is_one_confirmation_whatever_else_says_the_same() -> None:
+    # Its canonical, then its page without the value: one product page teaches no
+    # `?tab=overview` for the whole host, nor one directory an index name.
+    record = fetched(EMPTY, "/product/1?tab=overview", canonical="/product/1", content="lamp")
+    record = fetched(record, "/product/1", canonical="/product/1", content="lamp")
+    assert not record.rules()
+    assert rewrite(record.rules(), SITE + "/account?tab=overview") == (
+        SITE + "/account?tab=overview"
+    )
+    record = fetched(EMPTY, "/a/index.html", canonical="/a/", content="a")
+    record = fetched(record, "/a/", content="a")
+    assert not record.rules().index
+    # Fetched again (a re-crawl, another event): still the one page.
+    record = fetched(EMPTY, "/p/1/?ref=p0", canonical="/p/1/", event_id="e1")
+    record = fetched(record, "/p/1/?ref=p0", canonical="/p/1/", event_id="e2")
+    assert not record.rules()
+    assert undecided(record, SITE + "/p/2/?ref=p1") == ["q:ref"]
+
+
+def test_a_page_fetched_again_owes_no_probe() -> None:
+    # `?ref=latest` showed `?ref=a`'s page (an echo, whose probe was owed back): its
+    # re-crawl is the same page, and no other probe is owed for it.
+    record = fetched(EMPTY, "/post/9?ref=a", canonical="/post/9", content="nine")
+    record = fetched(record, "/post/9?ref=latest", canonical="/post/9", content="nine")
+    again = fetched(record, "/post/9?ref=latest", canonical="/post/9", content="nine")
+    assert untaught(record, again, SITE + "/post/9?ref=latest") == []
+    assert undecided(again, SITE + "/post/3?ref=b") == undecided(record, SITE + "/post/3?ref=b")
+
+
+def test_a_value_shown_to_be_its_page_without_it_stays_so_once_the_sample_forgot_it() -> None:
+    # The probe first, then its page: the value's page is the page without it, and a
+    # later value of that page is a second value, not an echo of the first.
+    record = fetched(EMPTY, "/p/9/?ref=home", canonical="/p/9/", content="post 9")
+    record = fetched(record, "/p/9/", canonical="/p/9/", content="post 9")
+    for n in range(AliasLimits().max_samples + 1):
+        record = fetched(record, f"/q/{n}?from=list", canonical=f"/q/{n}?from=list")
+    assert all(not s.startswith("/p/9/") for s, _ in record.samples)
+    record = fetched(record, "/p/9/?ref=sidebar", canonical="/p/9/", content="post 9")
+    assert record.rules().names == {"ref"}
+    assert HostAliases.from_json(record.to_json()) == record
+
+
 #: A blog's probes (a tracking ``?ref=``, a one-valued ``?from=sidebar``, an index file
 #: name), each on a post of its own, and every post under its own spelling.
 _ORDERED_FETCHES = (
@@ -308,30 +378,38 @@ _ORDERED_FETCHES = (
 @given(
     st.permutations(range(len(_ORDERED_FETCHES))),
     st.lists(st.integers(0, len(_ORDERED_FETCHES) - 1), max_size=4),
+    st.booleans(),
+    st.booleans(),
 )
 def test_whatever_the_order_of_the_fetches_a_key_waits_until_it_is_learned(
-    order: list[int], redelivered: list[int]
+    order: list[int], again: list[int], recrawled: bool, canonicals: bool
 ) -> None:
     """The probes and the pages under their own spellings come back in any order, some
-    twice: until a key is learned, another spelling that carries it stays undecided (its
-    link waits for what the probes teach) instead of going out as it is."""
+    twice (redelivered, or fetched again under another event), with canonicals or
+    without: each key is learned in the end. With canonicals, until a key is learned,
+    another spelling that carries it stays undecided (its link waits for what the probes
+    teach) instead of going out as it is; without, two probes that said nothing decide
+    it until their pages without the value come (``_open``)."""
     waiting = {
         "q:ref": "/p/9/?ref=p8",
         "q:from": "/p/9/?from=sidebar",
         "i:index.html": "/p/9/index.html",
     }
-    steps = list(order)
-    for position, index in enumerate(redelivered):
-        steps.insert(steps.index(index) + 1 + position % 2, index)
+    steps = [(index, f"e{index}") for index in order]
+    for position, index in enumerate(again):
+        event = f"e{index}.{position}" if recrawled else f"e{index}"
+        steps.insert(steps.index((index, f"e{index}")) + 1 + position % 2, (index, event))
     record = EMPTY
-    for index in steps:
+    for index, event in steps:
         path = _ORDERED_FETCHES[index]
         post = path.split("/")[2]
+        canonical = f"/p/{post}/" if canonicals else None
+        links = (f"/p/{int(post) + 1}/?ref=p{post}",)  # as a post links to the next
         record = fetched(
-            record, path, canonical=f"/p/{post}/", content=f"post {post}", event_id=f"e{index}"
+            record, path, canonical=canonical, content=f"post {post}", links=links, event_id=event
         )
         rules = record.rules()
-        for key, spelling in waiting.items():
+        for key, spelling in waiting.items() if canonicals else ():
             learned = rewrite(rules, SITE + spelling) == SITE + "/p/9/"
             assert learned or key in undecided(record, SITE + spelling), (key, steps, record)
     rules = record.rules()
@@ -490,7 +568,7 @@ def test_a_canonical_says_nothing_of_one_value_once_content_showed_the_name_matt
     for n in range(limits.max_samples):
         record = fetched(record, f"/p/{n}?from=list", canonical=f"/p/{n}?from=list")
     record = fetched(record, "/list?page=1", canonical="/list")
-    record = fetched(record, "/list?page=1", canonical="/list")
+    record = fetched(record, "/tags?page=1", canonical="/tags")
     assert record.rules().pairs == {"page=1"}
 
 

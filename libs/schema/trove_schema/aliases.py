@@ -25,6 +25,14 @@ values were confirmed (``?ref=a``, ``?ref=b``); a single value confirmed that ma
 times is learned for that value alone (``?page=1`` may be the first page, which says
 nothing about ``?page=2``).
 
+A page is one confirmation, however many things say it and in whichever order its
+spellings are fetched: its canonical and its page without the parameter fetched after
+it, or its spelling fetched again, count once (``HostAliases.marks``); a fetch that said
+nothing then (``silent``) is confirmed by its page without the parameter, not joined
+by a second fetch. Counted twice, one page would learn a pair or an index name, or
+decide a parameter name on one value and let its links go out unlearned, depending on
+which fetch came back first.
+
 Values count as different only where their pages do: two values that showed one and
 the same page, which no fetch showed to be the page without the parameter, are one
 confirmation (a shop's withdrawn ``?id=101`` and ``?id=102``, both "Product not found"
@@ -264,8 +272,7 @@ def _strip_one_index(index: frozenset[str], head: str) -> str:
 class Candidate:
     """The evidence about one key on one host."""
 
-    #: Fetches that confirmed the key; for a parameter name, those that carried it (or
-    #: showed a value's page to be the page without it, the first time).
+    #: Pages that confirmed the key (each once: ``HostAliases.marks``).
     confirmed: int = 0
     contradicted: bool = False
     #: For a parameter name: the different values confirmed (at most ``confirmations``).
@@ -320,6 +327,10 @@ class HostAliases:
     events: tuple[str, ...] = ()
     #: Per learned parameter name (its candidate key), when it is put to the test again.
     probes: Mapping[str, Probe] = field(default_factory=dict)
+    #: Per sampled spelling, the keys its page was counted for already (``_mark``): a
+    #: page is one confirmation of a key, however often it is fetched and whichever of
+    #: its spellings comes first.
+    marks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def rules(self, limits: AliasLimits = DEFAULT_LIMITS) -> Rules:
         names: set[str] = set()
@@ -356,6 +367,9 @@ class HostAliases:
         }
         if self.probes:
             body["p"] = {k: [p.wait, p.passed, p.url, p.bare] for k, p in self.probes.items()}
+        if self.marks:
+            # A field of its own: a release before reads the record without it.
+            body["m"] = {local: list(keys) for local, keys in self.marks.items()}
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -383,9 +397,12 @@ class HostAliases:
                 str(key): Probe(int(wait), int(passed), str(url), str(bare))
                 for key, (wait, passed, url, bare) in body.get("p", {}).items()
             }
+            marks = {
+                str(local): tuple(str(k) for k in keys) for local, keys in body.get("m", {}).items()
+            }
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return EMPTY
-        return cls(candidates, samples, events, probes)
+        return cls(candidates, samples, events, probes, marks)
 
 
 EMPTY = HostAliases()
@@ -423,6 +440,9 @@ def observe(
             _canonical_votes(fetched, target, said)
     hashed: dict[str, bool] = {}  # by content
     equal: dict[str, str] = {}  # keys whose page is the page without them: their proof
+    #: Keys the fetched URL does not carry: the sampled spelling that does (the page the
+    #: vote is about, fetched before the page without them).
+    sources: dict[str, str] = {}
     digest = content_hash[:HASH_CHARS] if content_hash else ""
     if digest:
         # A probe come back is compared with its page without the parameter, sampled or not.
@@ -434,9 +454,13 @@ def observe(
             # too little) tells nothing: a difference would un-learn a rule for good.
             if other.local != fetched.local and comparable_hashes(sampled, digest):
                 same = sampled == digest
+                voted = set(hashed)
                 alone = _hash_votes(fetched, other, same=same, votes=hashed)
                 if alone is not None:
                     equal[alone[0]] = _proof(alone[1], digest, equal=True)
+                for key in hashed.keys() - voted:
+                    if not _carries(fetched, key):
+                        sources[key] = other.local
     votes = dict(said)
     for key, confirm in hashed.items():
         _put(votes, key, confirm)
@@ -447,12 +471,30 @@ def observe(
         named = candidates.get(NAME + name)
         if votes[key] and _disproved(named, value[: limits.max_value_chars], proof):
             votes[key] = hashed[key] = False
+    marks = dict(record.marks)
     for key, confirm in votes.items():
+        source = sources.get(key, fetched.local)
+        counted = marks.get(source, ())
+        if confirm and key in counted:
+            # This page confirmed the key already: fetched again, or its page without the
+            # key fetched after it. Counted twice, one page would learn a pair or an index
+            # name, or decide a parameter name on one value, as two pages do.
+            if key in equal:
+                _prove(candidates, key, equal[key], limits)
+            continue
+        if confirm and _hushed(key) in counted:
+            # Its fetch said nothing then (no canonical, nothing sampled to compare): what
+            # it says now is that fetch's word, not another's.
+            _unhush(candidates, key)
         by_content = hashed.get(key) is False
-        carried = key[len(PAIR) :] in fetched.params
-        _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal, carried)
-    for key in _silent_keys(fetched, votes):
-        _hush(candidates, key, limits)
+        if _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal):
+            marks[source] = (*(k for k in counted if k != _hushed(key)), key)
+    counted = marks.get(fetched.local, ())
+    for key, mark in _silent_keys(fetched, votes):
+        if mark not in counted:  # the same page saying nothing again is no new fetch of it
+            _hush(candidates, key, limits)
+            counted = (*counted, mark)
+    marks[fetched.local] = counted
     _forget_pairs_of_learned_names(candidates, limits)
     samples = record.samples
     worth_sampling = fetched.variant or candidates or samples or _shows_variants(fetched, links)
@@ -460,13 +502,21 @@ def observe(
         kept = [s for s in samples if s[0] != fetched.local]
         kept.append((fetched.local, digest))
         samples = tuple(kept[-limits.max_samples :])
+    # Only a sampled page is compared again, or known when it comes back.
+    sampled_now = {local for local, _ in samples}
+    marks = {local: keys for local, keys in marks.items() if keys and local in sampled_now}
     probes = _next_probes(record.probes, candidates, fetched, url, samples, links, limits)
-    if candidates == record.candidates and samples == record.samples and probes == record.probes:
+    if (
+        candidates == record.candidates
+        and samples == record.samples
+        and probes == record.probes
+        and marks == record.marks
+    ):
         return record
     events = record.events
     if seen:
         events = (*events, seen)[-limits.max_events :]
-    return HostAliases(candidates, samples, events, probes)
+    return HostAliases(candidates, samples, events, probes, marks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -643,13 +693,59 @@ def _one_page(proof: str | None, kept_proofs: Iterable[str]) -> bool:
     return False
 
 
-def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[str]:
-    """The keys ``fetched`` carried that this fetch taught nothing about."""
-    keys = [NAME + p.partition("=")[0] for p in fetched.params if PAIR + p not in votes]
+def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[tuple[str, str]]:
+    """The keys ``fetched`` carried that this fetch taught nothing about, each with the
+    mark its page keeps of it (``_hushed``)."""
+    keys = [
+        (NAME + p.partition("=")[0], _hushed(PAIR + p))
+        for p in fetched.params
+        if PAIR + p not in votes
+    ]
     name = fetched.path[fetched.path.rfind("/") + 1 :]
     if name in INDEX_NAMES and INDEX + name + "/" not in votes and INDEX + name not in votes:
-        keys.append(INDEX + name + "/")
+        keys.append((INDEX + name + "/", _hushed(INDEX + name)))
     return keys
+
+
+def _carries(spelling: _Spelling, key: str) -> bool:
+    """Whether ``spelling`` has what ``key`` (a pair or an index key) is about."""
+    if key.startswith(PAIR):
+        return key[len(PAIR) :] in spelling.params
+    name = key[len(INDEX) :].removesuffix("/")
+    return spelling.path[spelling.path.rfind("/") + 1 :] == name
+
+
+def _hushed(key: str) -> str:
+    """The mark of a page whose fetch said nothing of ``key`` (a pair key, or an index
+    key with or without its slash): counted as ``silent`` on its name's key."""
+    if key.startswith(INDEX):
+        return "~" + key.removesuffix("/")
+    return "~" + key
+
+
+def _unhush(candidates: dict[str, Candidate], key: str) -> None:
+    """Take back the ``silent`` a page counted for ``key``, which it now confirms."""
+    if key.startswith(INDEX):
+        target = key.removesuffix("/") + "/"
+    else:
+        target = NAME + key[len(PAIR) :].partition("=")[0]
+    old = candidates.get(target)
+    if old is not None and old.silent > 0 and not old.contradicted:
+        candidates[target] = replace(old, silent=old.silent - 1)
+
+
+def _prove(candidates: dict[str, Candidate], key: str, proof: str, limits: AliasLimits) -> None:
+    """Keep, for a value confirmed before, the proof that its page is the page without it
+    (``_one_page``): its page fetched after it showed so."""
+    name, _, value = key[len(PAIR) :].partition("=")
+    named = candidates.get(NAME + name)
+    value = value[: limits.max_value_chars]
+    if named is None or value not in named.values:
+        return
+    at = named.values.index(value)
+    proofs = (*named.proofs, *([""] * (len(named.values) - len(named.proofs))))
+    if proofs[at] != proof:
+        candidates[NAME + name] = replace(named, proofs=(*proofs[:at], proof, *proofs[at + 1 :]))
 
 
 def _hush(candidates: dict[str, Candidate], key: str, limits: AliasLimits) -> None:
@@ -672,19 +768,17 @@ def _vote(
     proof: str | None = None,
     by_content: bool = False,
     equal: bool = False,
-    carried: bool = True,
-) -> None:
+) -> bool:
     """``by_content``: a contradiction content showed; ``equal``: a confirmation by the
-    page without the parameter, which showed the same content; ``carried``: whether the
-    fetch carried the parameter (or showed, without it, a page a sampled spelling did)."""
+    page without the parameter, which showed the same content. Whether a confirmation
+    was counted."""
     if key.startswith(INDEX):
-        _count(candidates, key, confirm, limits, value=None)
-        return
+        return _count(candidates, key, confirm, limits, value=None)
     parameter = key[len(PAIR) :]
     name, _, value = parameter.partition("=")
     if len(name) > limits.max_value_chars:
-        return
-    _count(
+        return False
+    counted = _count(
         candidates,
         NAME + name,
         confirm,
@@ -692,19 +786,19 @@ def _vote(
         value=value[: limits.max_value_chars],
         proof=proof,
         by_content=by_content,
-        carried=carried,
     )
     named = candidates.get(NAME + name)
     if not confirm and key not in candidates and named is not None and named.contradicted:
         # The name's contradiction says it already: an entry for each of a forum's
         # `?t=` values would fill the record, and nothing more would be learned.
-        return
+        return counted
     if confirm and not equal and named is not None and named.by_content:
         # The canonical that dropped the name while its values showed other pages says
         # nothing of one value either (``?id=1`` is not ``/item`` for being fetched twice).
-        return
+        return counted
     if len(value) <= limits.max_value_chars and not (confirm and _learned(named, NAME, limits)):
-        _count(candidates, key, confirm, limits, value=None)
+        counted = _count(candidates, key, confirm, limits, value=None) or counted
+    return counted
 
 
 def _count(
@@ -716,37 +810,32 @@ def _count(
     value: str | None,
     proof: str | None = None,
     by_content: bool = False,
-    carried: bool = True,
-) -> None:
+) -> bool:
+    """Whether a confirmation was counted."""
     old = candidates.get(key)
     if old is None:
         if not _make_room(candidates, limits):
-            return  # untracked, so never learned
+            return False  # untracked, so never learned
         old = Candidate()
     if old.contradicted:
         if not confirm and by_content and not old.by_content:
             candidates[key] = replace(old, by_content=True)
-        return
+        return False
     if not confirm:
         candidates[key] = Candidate(old.confirmed, True, old.values, old.silent, (), by_content)
-        return
+        return False
     values, proofs = old.values, old.proofs
-    if value is not None and value in values and not carried:
-        # The page without the value, fetched after it, showing its page again: the
-        # value is confirmed already, and no fetch of the name was made. Counted, it
-        # would decide the name (``_open``) on one value, and its links would go out
-        # as they are, unlearned, each a page fetched twice.
-        return
     if value is not None and value not in values and len(values) < limits.confirmations:
         if _one_page(proof, proofs):
             # No second value, nor a fetch that decides the name: the key stays open a
             # while (``_open``), so that a value on another page (a probe) may teach it.
             candidates[key] = replace(old, echoed=old.echoed + 1)
-            return
+            return True
         # Proofs stay in step with the values (an unknown one as ""), so each is its own.
         proofs = (*proofs, *([""] * (len(values) - len(proofs))), proof or "")
         values = (*values, value)
     candidates[key] = replace(old, confirmed=old.confirmed + 1, values=values, proofs=proofs)
+    return True
 
 
 def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> bool:
