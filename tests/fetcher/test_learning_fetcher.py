@@ -40,6 +40,10 @@ NETWORK = "127.0.0.32/27"
 #: Time the fetcher's own work adds between a response and the next request (a lease,
 #: an event published, a lease released): the slack of timing assertions.
 OVERHEAD = 0.1
+#: How much later than its pause a request may go out, the machine shared with other
+#: tests: the fetcher's work after a response (the event built, the lease released), a
+#: wake-up, the test server's stamp. A pause twice too long shows from the second on.
+LATE = 0.3
 
 
 def env(web: LearningWeb, gap: float, **extra: str) -> dict[str, str]:
@@ -342,11 +346,11 @@ async def test_a_rate_limited_host_is_left_alone_for_doubling_pauses_or_as_long_
     doubling = intervals(limited[:4])
     for level, waited in enumerate(doubling):
         nominal = base * 2**level
-        assert 0.9 * nominal <= waited <= 1.1 * nominal + OVERHEAD, (level, doubling)
+        assert 0.9 * nominal <= waited <= 1.1 * nominal + LATE, (level, doubling)
     # With Retry-After: 1 s, honoured as asked (not doubled, not shortened).
     asked = intervals(limited[4:])
     assert len(asked) == 2
-    assert all(1.0 <= waited <= 1.0 + 0.25 + OVERHEAD for waited in asked), asked
+    assert all(1.0 <= waited <= 1.0 + 0.25 + LATE for waited in asked), asked
 
 
 async def test_a_down_host_costs_one_attempt_per_pause_not_one_per_url(
@@ -376,7 +380,7 @@ async def test_a_down_host_costs_one_attempt_per_pause_not_one_per_url(
     # One attempt per pause, each pause twice the last (a tenth either way), up to the cap.
     for level, waited in enumerate(waits):
         nominal = min(cap, base * 2**level)
-        assert 0.9 * nominal <= waited <= 1.1 * nominal + OVERHEAD, (level, waits)
+        assert 0.9 * nominal <= waited <= 1.1 * nominal + LATE, (level, waits)
     assert len(failed) == 5
     # Once it answers, the pause is forgiven: the next pages follow at the gap, not
     # after pauses of the level it had reached (the cap).
