@@ -225,7 +225,9 @@ async def test_a_stopping_recorder_does_not_sit_out_its_idle_outbox_pause(
         took = time.monotonic() - asked
         local.children.clear()
     assert code == 0
-    assert took < 2.0, f"took {took:.1f}s to stop"
+    # Sitting the pause out would take 7.5 s more; a stop on a machine shared with other
+    # tests (consumers closed, the engine disposed, the interpreter's exit) may take 2.
+    assert took < 4.0, f"took {took:.1f}s to stop"
 
 
 async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_was_idle(
