@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import replace
 
@@ -336,6 +337,48 @@ def test_one_page_is_one_confirmation_whatever_else_says_the_same() -> None:
     record = fetched(record, "/p/1/?ref=p0", canonical="/p/1/", event_id="e2")
     assert not record.rules()
     assert undecided(record, SITE + "/p/2/?ref=p1") == ["q:ref"]
+
+
+def test_one_page_under_two_spellings_is_one_confirmation() -> None:
+    record = fetched(EMPTY, "/product/1?tab=overview", canonical="/product/1", content="lamp")
+    record = fetched(
+        record, "/product/1?tab=overview&from=home", canonical="/product/1", content="lamp"
+    )
+    assert "tab=overview" not in record.rules().pairs
+    assert "q:tab" in undecided(record, SITE + "/product/2?tab=specs")
+    # Nor one directory, with its slash and without, an index name.
+    record = fetched(EMPTY, "/a/index.html", content="a")
+    record = fetched(record, "/a/", content="a")
+    record = fetched(record, "/a", content="a")
+    assert not record.rules().index
+    assert undecided(record, SITE + "/b/index.html") == ["i:index.html"]
+
+
+def test_a_value_shown_to_be_another_pages_keeps_that_pages_proof() -> None:
+    # `?lang=` changes the page though the canonical drops it: /p/7/ in English, then
+    # in German, with /p/1/ shown equal to its English spelling in between. The proof
+    # that /p/7/'s English is /p/7/'s own stays, and German contradicts the name.
+    record = fetched(EMPTY, "/p/7/?lang=en", canonical="/p/7/", content="seven en")
+    record = fetched(record, "/p/1/?lang=en", canonical="/p/1/", content="one en")
+    record = fetched(record, "/p/1/", content="one en")
+    for n in range(AliasLimits().max_samples + 1):
+        record = fetched(record, f"/q/{n}?from=list", canonical=f"/q/{n}?from=list")
+    record = fetched(record, "/p/7/?lang=de", canonical="/p/7/", content="seven de")
+    assert record.candidates["q:lang"].contradicted
+    assert rewrite(record.rules(), SITE + "/p/3/?lang=fr") == SITE + "/p/3/?lang=fr"
+
+
+def test_a_value_that_echoed_is_one_of_its_own_once_shown_to_be_the_page_without_it() -> None:
+    # Whichever order `?ref=a`, `?ref=latest` and the page itself come back in.
+    spellings = ("/post/9?ref=a", "/post/9?ref=latest", "/post/9")
+    learned = []
+    for order in itertools.permutations(spellings):
+        record = EMPTY
+        for path in order:
+            links = ("/post/9?ref=a",)  # the post's own share link
+            record = fetched(record, path, canonical="/post/9", content="nine", links=links)
+        learned.append(record.rules().names)
+    assert learned == [{"ref"}] * 6
 
 
 def test_a_page_fetched_again_owes_no_probe() -> None:

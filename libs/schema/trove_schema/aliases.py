@@ -25,13 +25,15 @@ values were confirmed (``?ref=a``, ``?ref=b``); a single value confirmed that ma
 times is learned for that value alone (``?page=1`` may be the first page, which says
 nothing about ``?page=2``).
 
-A page is one confirmation, however many things say it and in whichever order its
-spellings are fetched: its canonical and its page without the parameter fetched after
-it, or its spelling fetched again, count once (``HostAliases.marks``); a fetch that said
-nothing then (``silent``) is confirmed by its page without the parameter, not joined
-by a second fetch. Counted twice, one page would learn a pair or an index name, or
-decide a parameter name on one value and let its links go out unlearned, depending on
-which fetch came back first.
+A page (its content) is one confirmation of a key, however many things say it and in
+whichever order its spellings are fetched: its canonical and its page without the
+parameter fetched after it, two spellings of it, or one fetched again, count once
+(``HostAliases.marks``); a fetch that said nothing then (``silent``) is confirmed by its
+page without the parameter, not joined by a second fetch, and a value that showed
+another value's page (an echo) is a value of its own once its page is shown to be the
+page without it. Counted twice, one page would learn a pair or an index name, or decide
+a parameter name on one value and let its links go out unlearned, depending on which
+fetch came back first.
 
 Values count as different only where their pages do: two values that showed one and
 the same page, which no fetch showed to be the page without the parameter, are one
@@ -327,9 +329,9 @@ class HostAliases:
     events: tuple[str, ...] = ()
     #: Per learned parameter name (its candidate key), when it is put to the test again.
     probes: Mapping[str, Probe] = field(default_factory=dict)
-    #: Per sampled spelling, the keys its page was counted for already (``_mark``): a
-    #: page is one confirmation of a key, however often it is fetched and whichever of
-    #: its spellings comes first.
+    #: Per sampled page (its content hash), the keys it was counted for already
+    #: (``_mark``): a page is one confirmation of a key, however often it is fetched and
+    #: whichever of its spellings comes first.
     marks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def rules(self, limits: AliasLimits = DEFAULT_LIMITS) -> Rules:
@@ -369,7 +371,7 @@ class HostAliases:
             body["p"] = {k: [p.wait, p.passed, p.url, p.bare] for k, p in self.probes.items()}
         if self.marks:
             # A field of its own: a release before reads the record without it.
-            body["m"] = {local: list(keys) for local, keys in self.marks.items()}
+            body["m"] = {page: list(keys) for page, keys in self.marks.items()}
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -440,9 +442,6 @@ def observe(
             _canonical_votes(fetched, target, said)
     hashed: dict[str, bool] = {}  # by content
     equal: dict[str, str] = {}  # keys whose page is the page without them: their proof
-    #: Keys the fetched URL does not carry: the sampled spelling that does (the page the
-    #: vote is about, fetched before the page without them).
-    sources: dict[str, str] = {}
     digest = content_hash[:HASH_CHARS] if content_hash else ""
     if digest:
         # A probe come back is compared with its page without the parameter, sampled or not.
@@ -454,13 +453,9 @@ def observe(
             # too little) tells nothing: a difference would un-learn a rule for good.
             if other.local != fetched.local and comparable_hashes(sampled, digest):
                 same = sampled == digest
-                voted = set(hashed)
                 alone = _hash_votes(fetched, other, same=same, votes=hashed)
                 if alone is not None:
                     equal[alone[0]] = _proof(alone[1], digest, equal=True)
-                for key in hashed.keys() - voted:
-                    if not _carries(fetched, key):
-                        sources[key] = other.local
     votes = dict(said)
     for key, confirm in hashed.items():
         _put(votes, key, confirm)
@@ -471,30 +466,39 @@ def observe(
         named = candidates.get(NAME + name)
         if votes[key] and _disproved(named, value[: limits.max_value_chars], proof):
             votes[key] = hashed[key] = False
-    marks = dict(record.marks)
+    # Every confirmation is about the page fetched: by its canonical, or by a spelling
+    # sampled before that showed the same content. What that page was counted for:
+    counted = record.marks.get(digest, ()) if digest else ()
     for key, confirm in votes.items():
-        source = sources.get(key, fetched.local)
-        counted = marks.get(source, ())
-        if confirm and key in counted:
-            # This page confirmed the key already: fetched again, or its page without the
-            # key fetched after it. Counted twice, one page would learn a pair or an index
-            # name, or decide a parameter name on one value, as two pages do.
+        mark = _mark(key)
+        if confirm and mark in counted:
+            # This page confirmed the key already: fetched again, under another spelling,
+            # or as the page without the key after it. Counted twice, one page would
+            # learn a pair or an index name, or decide a parameter name on one value.
             if key in equal:
                 _prove(candidates, key, equal[key], limits)
             continue
-        if confirm and _hushed(key) in counted:
-            # Its fetch said nothing then (no canonical, nothing sampled to compare): what
-            # it says now is that fetch's word, not another's.
-            _unhush(candidates, key)
+        if confirm and ECHOED + mark in counted:
+            # Its value showed another value's page; now shown to be the page without
+            # it, it is a value of its own, as it would have been in the other order.
+            if key in equal and _unecho(candidates, key, equal[key], limits):
+                counted = (*(m for m in counted if m != ECHOED + mark), mark)
+            continue
         by_content = hashed.get(key) is False
-        if _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal):
-            marks[source] = (*(k for k in counted if k != _hushed(key)), key)
-    counted = marks.get(fetched.local, ())
+        kind = _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
+        if kind is not None:
+            if HUSHED + mark in counted:
+                # Its fetch said nothing then (no canonical, nothing sampled to compare):
+                # what it says now is that fetch's word, not another's.
+                _unhush(candidates, key)
+            counted = (*(m for m in counted if m != HUSHED + mark), kind + mark)
     for key, mark in _silent_keys(fetched, votes):
         if mark not in counted:  # the same page saying nothing again is no new fetch of it
             _hush(candidates, key, limits)
             counted = (*counted, mark)
-    marks[fetched.local] = counted
+    marks = dict(record.marks)
+    if digest:
+        marks[digest] = counted
     _forget_pairs_of_learned_names(candidates, limits)
     samples = record.samples
     worth_sampling = fetched.variant or candidates or samples or _shows_variants(fetched, links)
@@ -503,8 +507,8 @@ def observe(
         kept.append((fetched.local, digest))
         samples = tuple(kept[-limits.max_samples :])
     # Only a sampled page is compared again, or known when it comes back.
-    sampled_now = {local for local, _ in samples}
-    marks = {local: keys for local, keys in marks.items() if keys and local in sampled_now}
+    sampled_now = {page for _, page in samples}
+    marks = {page: keys for page, keys in marks.items() if keys and page in sampled_now}
     probes = _next_probes(record.probes, candidates, fetched, url, samples, links, limits)
     if (
         candidates == record.candidates
@@ -695,32 +699,28 @@ def _one_page(proof: str | None, kept_proofs: Iterable[str]) -> bool:
 
 def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[tuple[str, str]]:
     """The keys ``fetched`` carried that this fetch taught nothing about, each with the
-    mark its page keeps of it (``_hushed``)."""
+    mark its page keeps of it."""
     keys = [
-        (NAME + p.partition("=")[0], _hushed(PAIR + p))
+        (NAME + p.partition("=")[0], HUSHED + PAIR + p)
         for p in fetched.params
         if PAIR + p not in votes
     ]
     name = fetched.path[fetched.path.rfind("/") + 1 :]
     if name in INDEX_NAMES and INDEX + name + "/" not in votes and INDEX + name not in votes:
-        keys.append((INDEX + name + "/", _hushed(INDEX + name)))
+        keys.append((INDEX + name + "/", HUSHED + INDEX + name))
     return keys
 
 
-def _carries(spelling: _Spelling, key: str) -> bool:
-    """Whether ``spelling`` has what ``key`` (a pair or an index key) is about."""
-    if key.startswith(PAIR):
-        return key[len(PAIR) :] in spelling.params
-    name = key[len(INDEX) :].removesuffix("/")
-    return spelling.path[spelling.path.rfind("/") + 1 :] == name
+#: A page's marks (``HostAliases.marks``): a key (a pair, or an index name in either
+#: style) it was counted for; with one of these before it, counted as silent, or as a
+#: value that showed another value's page.
+COUNTED, HUSHED, ECHOED = "", "~", "^"
 
 
-def _hushed(key: str) -> str:
-    """The mark of a page whose fetch said nothing of ``key`` (a pair key, or an index
-    key with or without its slash): counted as ``silent`` on its name's key."""
-    if key.startswith(INDEX):
-        return "~" + key.removesuffix("/")
-    return "~" + key
+def _mark(key: str) -> str:
+    """What a page is marked with for ``key``: an index name counts once a page, with
+    the directory's slash or without."""
+    return key.removesuffix("/") if key.startswith(INDEX) else key
 
 
 def _unhush(candidates: dict[str, Candidate], key: str) -> None:
@@ -734,6 +734,27 @@ def _unhush(candidates: dict[str, Candidate], key: str) -> None:
         candidates[target] = replace(old, silent=old.silent - 1)
 
 
+def _unecho(candidates: dict[str, Candidate], key: str, proof: str, limits: AliasLimits) -> bool:
+    """Count as a value of its own one a page counted as an echo (``_one_page``), now
+    that its page was shown to be the page without it."""
+    name, _, value = key[len(PAIR) :].partition("=")
+    named = candidates.get(NAME + name)
+    value = value[: limits.max_value_chars]
+    if named is None or named.contradicted or named.echoed <= 0 or value in named.values:
+        return False
+    if len(named.values) >= limits.confirmations:
+        return False
+    proofs = (*named.proofs, *([""] * (len(named.values) - len(named.proofs))), proof)
+    candidates[NAME + name] = replace(
+        named,
+        confirmed=named.confirmed + 1,
+        values=(*named.values, value),
+        proofs=proofs,
+        echoed=named.echoed - 1,
+    )
+    return True
+
+
 def _prove(candidates: dict[str, Candidate], key: str, proof: str, limits: AliasLimits) -> None:
     """Keep, for a value confirmed before, the proof that its page is the page without it
     (``_one_page``): its page fetched after it showed so."""
@@ -744,6 +765,11 @@ def _prove(candidates: dict[str, Candidate], key: str, proof: str, limits: Alias
         return
     at = named.values.index(value)
     proofs = (*named.proofs, *([""] * (len(named.values) - len(named.proofs))))
+    # Only the same page's: a proof about another page without the value is what shows
+    # two values of that page to differ (``_disproved``), and must stay.
+    kept = _read_proof(proofs[at])[0]
+    if kept and kept != _read_proof(proof)[0]:
+        return
     if proofs[at] != proof:
         candidates[NAME + name] = replace(named, proofs=(*proofs[:at], proof, *proofs[at + 1 :]))
 
@@ -768,16 +794,16 @@ def _vote(
     proof: str | None = None,
     by_content: bool = False,
     equal: bool = False,
-) -> bool:
+) -> str | None:
     """``by_content``: a contradiction content showed; ``equal``: a confirmation by the
-    page without the parameter, which showed the same content. Whether a confirmation
-    was counted."""
+    page without the parameter, which showed the same content. How a confirmation was
+    counted (``COUNTED`` or ``ECHOED``), None if it was not."""
     if key.startswith(INDEX):
         return _count(candidates, key, confirm, limits, value=None)
     parameter = key[len(PAIR) :]
     name, _, value = parameter.partition("=")
     if len(name) > limits.max_value_chars:
-        return False
+        return None
     counted = _count(
         candidates,
         NAME + name,
@@ -797,7 +823,8 @@ def _vote(
         # nothing of one value either (``?id=1`` is not ``/item`` for being fetched twice).
         return counted
     if len(value) <= limits.max_value_chars and not (confirm and _learned(named, NAME, limits)):
-        counted = _count(candidates, key, confirm, limits, value=None) or counted
+        paired = _count(candidates, key, confirm, limits, value=None)
+        counted = counted if counted is not None else paired
     return counted
 
 
@@ -810,32 +837,32 @@ def _count(
     value: str | None,
     proof: str | None = None,
     by_content: bool = False,
-) -> bool:
-    """Whether a confirmation was counted."""
+) -> str | None:
+    """How a confirmation was counted (``COUNTED`` or ``ECHOED``), None if it was not."""
     old = candidates.get(key)
     if old is None:
         if not _make_room(candidates, limits):
-            return False  # untracked, so never learned
+            return None  # untracked, so never learned
         old = Candidate()
     if old.contradicted:
         if not confirm and by_content and not old.by_content:
             candidates[key] = replace(old, by_content=True)
-        return False
+        return None
     if not confirm:
         candidates[key] = Candidate(old.confirmed, True, old.values, old.silent, (), by_content)
-        return False
+        return None
     values, proofs = old.values, old.proofs
     if value is not None and value not in values and len(values) < limits.confirmations:
         if _one_page(proof, proofs):
             # No second value, nor a fetch that decides the name: the key stays open a
             # while (``_open``), so that a value on another page (a probe) may teach it.
             candidates[key] = replace(old, echoed=old.echoed + 1)
-            return True
+            return ECHOED
         # Proofs stay in step with the values (an unknown one as ""), so each is its own.
         proofs = (*proofs, *([""] * (len(values) - len(proofs))), proof or "")
         values = (*values, value)
     candidates[key] = replace(old, confirmed=old.confirmed + 1, values=values, proofs=proofs)
-    return True
+    return COUNTED
 
 
 def _learned(candidate: Candidate | None, kind: str, limits: AliasLimits) -> bool:
