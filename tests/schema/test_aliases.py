@@ -354,6 +354,53 @@ def test_one_page_under_two_spellings_is_one_confirmation() -> None:
     assert undecided(record, SITE + "/b/index.html") == ["i:index.html"]
 
 
+def test_a_page_that_changed_is_still_the_one_page() -> None:
+    # Re-crawled with another price while its spelling is still sampled: no second page.
+    record = fetched(EMPTY, "/product/1?tab=overview", canonical="/product/1", content="20 EUR")
+    for n in range(5):
+        record = fetched(record, f"/p/{n}", content=f"post {n}")
+    record = fetched(record, "/product/1?tab=overview", canonical="/product/1", content="18 EUR")
+    assert "tab=overview" not in record.rules().pairs
+    assert "q:tab" in undecided(record, SITE + "/product/2?tab=specs")
+
+
+def test_a_page_counted_once_says_nothing_more_by_saying_nothing_again() -> None:
+    # ?ref=p0 shown to be /p/1/, then fetched again once /p/1/ left the sample: nothing
+    # to compare, but no silent fetch of the name on top of its confirmation.
+    record = fetched(EMPTY, "/p/1/", content="post 1", links=("/p/2/?ref=p1",))
+    record = fetched(record, "/p/1/?ref=p0", content="post 1")
+    for n in range(AliasLimits().max_samples - 1):
+        record = fetched(record, f"/q/{n}?from=list", canonical=f"/q/{n}?from=list")
+    assert [s for s, _ in record.samples if s.startswith("/p/1/")] == ["/p/1/?ref=p0"]
+    record = fetched(record, "/p/1/?ref=p0", content="post 1", event_id="again")
+    assert undecided(record, SITE + "/p/2/?ref=p1") == ["q:ref"]
+
+
+def test_a_page_keeps_a_few_marks_whatever_spellings_it_is_fetched_under() -> None:
+    # An events calendar: every day's page says "no events", under its own date.
+    record = EMPTY
+    for day in range(500):
+        record = fetched(record, f"/events?date={day}", content="no events")
+    assert max(len(keys) for keys in record.marks.values()) <= 8
+    assert len(record.to_json()) < 8_000
+
+
+def test_a_probe_of_a_page_counted_already_is_owed_back() -> None:
+    # Its name was counted by the page under another spelling: the probe taught nothing.
+    before = fetched(EMPTY, "/product/1?tab=overview", canonical="/product/1", content="lamp")
+    url = "/product/1?tab=overview&from=home"
+    after = fetched(before, url, canonical="/product/1", content="lamp")
+    assert "q:tab" in untaught(before, after, SITE + url)
+
+
+def test_two_directories_answering_with_the_slash_and_without_teach_both() -> None:
+    record = EMPTY
+    for directory in ("a", "b"):
+        for path in (f"/{directory}/", f"/{directory}", f"/{directory}/index.html"):
+            record = fetched(record, path, content=directory, links=("/x/index.html",))
+    assert record.rules().index == {"index.html/", "index.html"}
+
+
 def test_a_value_shown_to_be_another_pages_keeps_that_pages_proof() -> None:
     # `?lang=` changes the page though the canonical drops it: /p/7/ in English, then
     # in German, with /p/1/ shown equal to its English spelling in between. The proof

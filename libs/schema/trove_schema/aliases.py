@@ -27,13 +27,13 @@ nothing about ``?page=2``).
 
 A page (its content) is one confirmation of a key, however many things say it and in
 whichever order its spellings are fetched: its canonical and its page without the
-parameter fetched after it, two spellings of it, or one fetched again, count once
-(``HostAliases.marks``); a fetch that said nothing then (``silent``) is confirmed by its
-page without the parameter, not joined by a second fetch, and a value that showed
-another value's page (an echo) is a value of its own once its page is shown to be the
-page without it. Counted twice, one page would learn a pair or an index name, or decide
-a parameter name on one value and let its links go out unlearned, depending on which
-fetch came back first.
+parameter fetched after it, two spellings of it, or one fetched again (changed since,
+too), count once (``HostAliases.marks``); a fetch that said nothing then (``silent``)
+is confirmed by its page without the parameter, not joined by a second fetch, and a
+value that showed another value's page (an echo) is a value of its own once its page
+is shown to be the page without it. Counted twice, one page would learn a pair or an
+index name, or decide a parameter name on one value and let its links go out
+unlearned, depending on which fetch came back first.
 
 Values count as different only where their pages do: two values that showed one and
 the same page, which no fetch showed to be the page without the parameter, are one
@@ -204,7 +204,9 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
         # One the record has no room for can never be learned: as good as contradicted.
         missing = Candidate() if trackable else Candidate(0, True, (), 0)
         slash, bare = (c or missing for c in held)
-        tried = slash.tried() + bare.confirmed
+        # The larger, not the sum: one directory answering with its slash and without
+        # confirms both, and is one page.
+        tried = max(slash.tried(), bare.confirmed)
         open_ = not (slash.contradicted and bare.contradicted) and tried < limits.confirmations
         if open_:
             found.append(INDEX + name)
@@ -214,20 +216,20 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
 def untaught(
     before: HostAliases, after: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMITS
 ) -> list[str]:
-    """The parameter names of ``url`` its fetch (``before`` -> ``after``) tried without
-    a value and left undecided: a value that showed another value's page. A probe spent
-    on them taught nothing, and another spelling may go out in its place, until the
-    name is closed (``_open``). None for a fetch observed already (``after`` is
-    ``before``)."""
+    """The parameter names of ``url`` its fetch (``before`` -> ``after``) left undecided
+    without a value: a value that showed another value's page, or a page counted for it
+    already (under another spelling). A probe spent on them taught nothing, and another
+    spelling may go out in its place, until the name is closed (``_open``). None for a
+    fetch observed already (``after`` is ``before``)."""
     if after is before:
         return []
     was, now = before.candidates, after.candidates
-    return [
-        key
-        for key in undecided(after, url, limits)
-        if key.startswith(NAME)
-        and (now.get(key) or Candidate()).echoed > (was.get(key) or Candidate()).echoed
-    ]
+    owed = []
+    for key in undecided(after, url, limits):
+        old, new = was.get(key) or Candidate(), now.get(key) or Candidate()
+        if key.startswith(NAME) and (new.echoed > old.echoed or new.tried() == old.tried()):
+            owed.append(key)
+    return owed
 
 
 def _open(candidate: Candidate, limits: AliasLimits) -> bool:
@@ -330,7 +332,7 @@ class HostAliases:
     #: Per learned parameter name (its candidate key), when it is put to the test again.
     probes: Mapping[str, Probe] = field(default_factory=dict)
     #: Per sampled page (its content hash), the keys it was counted for already
-    #: (``_mark``): a page is one confirmation of a key, however often it is fetched and
+    #: (``COUNTED``): a page is one confirmation of a key, however often it is fetched and
     #: whichever of its spellings comes first.
     marks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -467,38 +469,50 @@ def observe(
         if votes[key] and _disproved(named, value[: limits.max_value_chars], proof):
             votes[key] = hashed[key] = False
     # Every confirmation is about the page fetched: by its canonical, or by a spelling
-    # sampled before that showed the same content. What that page was counted for:
-    counted = record.marks.get(digest, ()) if digest else ()
+    # sampled before that showed the same content. What that page was counted for, and
+    # this spelling's page as it was when last sampled (a re-crawl of a page that
+    # changed, a comment or a price, is the same page):
+    counted: tuple[str, ...] = ()
+    if digest:
+        before = dict(record.samples).get(fetched.local)
+        counted = record.marks.get(digest, ())
+        if before is not None and before != digest:
+            counted += tuple(m for m in record.marks.get(before, ()) if m not in counted)
     for key, confirm in votes.items():
-        mark = _mark(key)
-        if confirm and mark in counted:
+        if confirm and key in counted:
             # This page confirmed the key already: fetched again, under another spelling,
             # or as the page without the key after it. Counted twice, one page would
             # learn a pair or an index name, or decide a parameter name on one value.
             if key in equal:
                 _prove(candidates, key, equal[key], limits)
             continue
-        if confirm and ECHOED + mark in counted:
+        if confirm and ECHOED + key in counted:
             # Its value showed another value's page; now shown to be the page without
             # it, it is a value of its own, as it would have been in the other order.
             if key in equal and _unecho(candidates, key, equal[key], limits):
-                counted = (*(m for m in counted if m != ECHOED + mark), mark)
+                counted = (*(m for m in counted if m != ECHOED + key), key)
             continue
         by_content = hashed.get(key) is False
         kind = _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
         if kind is not None:
-            if HUSHED + mark in counted:
+            hushed = _hushed(key)
+            if hushed in counted:
                 # Its fetch said nothing then (no canonical, nothing sampled to compare):
                 # what it says now is that fetch's word, not another's.
                 _unhush(candidates, key)
-            counted = (*(m for m in counted if m != HUSHED + mark), kind + mark)
+            counted = (*(m for m in counted if m != hushed), kind + key)
     for key, mark in _silent_keys(fetched, votes):
-        if mark not in counted:  # the same page saying nothing again is no new fetch of it
+        # The same page saying nothing again, or once more after it said something, is
+        # no new fetch of it.
+        alike = mark[len(HUSHED) :]
+        if not any(m in counted for m in (mark, alike, ECHOED + alike, alike.removesuffix("/"))):
             _hush(candidates, key, limits)
             counted = (*counted, mark)
     marks = dict(record.marks)
     if digest:
-        marks[digest] = counted
+        # The newest marks a page (a page under ever new spellings, each a mark): one
+        # that fell out counts that spelling again, as before marks were kept.
+        marks[digest] = tuple(m for m in counted if len(m) <= MARK_CHARS)[-MAX_MARKS:]
     _forget_pairs_of_learned_names(candidates, limits)
     samples = record.samples
     worth_sampling = fetched.variant or candidates or samples or _shows_variants(fetched, links)
@@ -699,28 +713,34 @@ def _one_page(proof: str | None, kept_proofs: Iterable[str]) -> bool:
 
 def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[tuple[str, str]]:
     """The keys ``fetched`` carried that this fetch taught nothing about, each with the
-    mark its page keeps of it."""
+    mark its page keeps of it (``_hushed``)."""
     keys = [
-        (NAME + p.partition("=")[0], HUSHED + PAIR + p)
+        (NAME + p.partition("=")[0], _hushed(PAIR + p))
         for p in fetched.params
         if PAIR + p not in votes
     ]
     name = fetched.path[fetched.path.rfind("/") + 1 :]
     if name in INDEX_NAMES and INDEX + name + "/" not in votes and INDEX + name not in votes:
-        keys.append((INDEX + name + "/", HUSHED + INDEX + name))
+        keys.append((INDEX + name + "/", _hushed(INDEX + name)))
     return keys
 
 
-#: A page's marks (``HostAliases.marks``): a key (a pair, or an index name in either
-#: style) it was counted for; with one of these before it, counted as silent, or as a
-#: value that showed another value's page.
+#: A page's marks (``HostAliases.marks``): a key (a pair, or an index key) it was counted
+#: for; with one of these before it, counted as silent, or as a value that showed
+#: another value's page.
 COUNTED, HUSHED, ECHOED = "", "~", "^"
+#: Marks kept a page, and the longest kept (a pair key of the longest name and value
+#: tracked; a longer one is never a candidate).
+MAX_MARKS = 8
+MARK_CHARS = 1 + len(PAIR) + 2 * DEFAULT_LIMITS.max_value_chars + 1
 
 
-def _mark(key: str) -> str:
-    """What a page is marked with for ``key``: an index name counts once a page, with
-    the directory's slash or without."""
-    return key.removesuffix("/") if key.startswith(INDEX) else key
+def _hushed(key: str) -> str:
+    """The mark of a page whose fetch said nothing of ``key``: counted as ``silent`` on
+    its name's key (an index name's on its key with the slash, whichever style)."""
+    if key.startswith(INDEX):
+        return HUSHED + key.removesuffix("/") + "/"
+    return HUSHED + key
 
 
 def _unhush(candidates: dict[str, Candidate], key: str) -> None:
