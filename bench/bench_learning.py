@@ -10,7 +10,9 @@ links), in one process and one run, alternating:
   verdict and tags) and ``policy.observe``, and the policy's JSON both ways (it rides in
   the lease's KV record);
 * **learning, recorder side**: the same fold for ``host_policies`` (``Observation.of`` and
-  ``observe``) without the choice.
+  ``observe``) without the choice;
+* **learning, discovery side**: the fold of a page into its host's URL alias record
+  (``aliases.observe``) and the record's JSON both ways (it lives in a KV bucket).
 
 It prints microseconds of CPU per page for each and the learning's share of the
 extraction. Medians of ``--rounds``; nothing is asserted.
@@ -34,6 +36,8 @@ from trove_fetcher.completion import completed
 from trove_fetcher.http import FetchResult
 from trove_fetcher.strategies import STRATEGIES, applicable
 from trove_sandbox import SandboxWeb
+from trove_schema.aliases import HostAliases
+from trove_schema.aliases import observe as observe_aliases
 from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
@@ -75,6 +79,7 @@ def main() -> int:
     extracting: list[float] = []
     fetcher_side: list[float] = []
     recorder_side: list[float] = []
+    discovery_side: list[float] = []
     for _ in range(args.rounds):
         began = time.process_time()
         extractions = [
@@ -125,13 +130,29 @@ def main() -> int:
             before = folded.get(event.domain, HostPolicy())
             folded[event.domain] = observe(before, Observation.of(event), config)
         recorder_side.append((time.process_time() - began) / len(events))
+        records: dict[str, bytes] = {}
+        began = time.process_time()
+        for event in events:
+            record = observe_aliases(
+                HostAliases.from_json(records.get(event.domain)),
+                url=event.url,
+                canonical=event.canonical_url,
+                content_hash=event.content_hash,
+                links=[link.url for link in event.links],
+                event_id=event.id,
+            )
+            records[event.domain] = record.to_json()
+        discovery_side.append((time.process_time() - began) / len(events))
     extract_us = statistics.median(extracting) * 1e6
     fetcher_us = statistics.median(fetcher_side) * 1e6
     recorder_us = statistics.median(recorder_side) * 1e6
+    discovery_us = statistics.median(discovery_side) * 1e6
     print(f"pages: {len(corpus)}, rounds: {args.rounds} (medians, CPU per page)")
     print(f"  extract (http reader)        {extract_us:9.1f} us")
     print(f"  learning, fetcher side       {fetcher_us:9.1f} us  ({fetcher_us / extract_us:.1%})")
     print(f"  learning, recorder side      {recorder_us:9.1f} us  ({recorder_us / extract_us:.1%})")
+    share = discovery_us / extract_us
+    print(f"  learning, discovery side     {discovery_us:9.1f} us  ({share:.1%})")
     return 0
 
 
