@@ -401,6 +401,36 @@ def test_two_directories_answering_with_the_slash_and_without_teach_both() -> No
     assert record.rules().index == {"index.html/", "index.html"}
 
 
+def test_a_page_counted_for_a_name_says_nothing_more_under_another_value() -> None:
+    # Without a canonical and with nothing to compare: two values of one page are not
+    # two fetches of the name, which stays open for a page that can teach it.
+    record = fetched(EMPTY, "/p/1/?ref=home", content="post 1")
+    record = fetched(record, "/p/1/?ref=sidebar", content="post 1")
+    assert undecided(record, SITE + "/p/2/?ref=home") == ["q:ref"]
+
+
+def test_a_long_value_marks_its_page_as_its_name_tracks_it() -> None:
+    token = "x" * 140
+    record = fetched(EMPTY, f"/p/1?next={token}", canonical="/p/1", content="one")
+    record = fetched(record, "/p/2", content="two", links=("/p/2?next=a",))
+    record = fetched(record, f"/p/1?next={token}", canonical="/p/1", content="one")
+    assert undecided(record, SITE + "/p/2?next=a") == ["q:next"]
+
+
+def test_an_index_name_whose_slash_style_is_contradicted_is_decided_in_time() -> None:
+    # /docs/ lists the manuals, /docs/index.html is one: the slash style is wrong here,
+    # and later directories' fetches of index.html count on the other, so the name is
+    # decided rather than holding every page's index.html links for ever.
+    record = fetched(EMPTY, "/docs/", content="listing", links=("/docs/index.html",))
+    record = fetched(record, "/docs/index.html", content="manual")
+    assert record.candidates["i:index.html/"].contradicted
+    for n in range(3):
+        record = fetched(record, f"/s{n}/index.html", content=f"s{n}")
+        record = fetched(record, f"/s{n}/", content=f"s{n}")
+    assert undecided(record, SITE + "/z/index.html") == []
+    assert rewrite(record.rules(), SITE + "/z/index.html") == SITE + "/z/index.html"
+
+
 def test_a_value_shown_to_be_another_pages_keeps_that_pages_proof() -> None:
     # `?lang=` changes the page though the canonical drops it: /p/7/ in English, then
     # in German, with /p/1/ shown equal to its English spelling in between. The proof
@@ -694,6 +724,21 @@ def test_a_learned_name_is_put_to_the_test_again_and_unlearned_by_its_probe() ->
     rules = record.rules()
     assert not rules
     assert rewrite(rules, SITE + "/c/big?sort=top") == SITE + "/c/big?sort=top"
+
+
+def test_a_probe_is_compared_with_its_page_as_it_is_now() -> None:
+    # The list gained an item between the probe's choice and its fetch: the probe shows
+    # the list as it is now, which the sample holds, and the name stays learned.
+    limits = AliasLimits()
+    sorts = ("/c/big?sort=new",)
+    record = fetched(sort_learned(), "/c/big", content="many items", links=sorts)
+    for n in range(limits.max_samples - 2):
+        record = fetched(record, f"/p/{n}")
+    record = fetched(record, "/c/big", content="many items", links=sorts)
+    assert record.rules().probes == {SITE + "/c/big?sort=new"}
+    record = fetched(record, "/c/big", content="many items and one", links=sorts)
+    record = fetched(record, "/c/big?sort=new", content="many items and one")
+    assert record.rules().names == {"sort"}
 
 
 def test_a_probe_is_compared_with_the_page_without_it_however_late_it_comes_back() -> None:

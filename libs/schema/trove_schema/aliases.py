@@ -206,7 +206,7 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
         slash, bare = (c or missing for c in held)
         # The larger, not the sum: one directory answering with its slash and without
         # confirms both, and is one page.
-        tried = max(slash.tried(), bare.confirmed)
+        tried = max(slash.tried(), bare.tried())
         open_ = not (slash.contradicted and bare.contradicted) and tried < limits.confirmations
         if open_:
             found.append(INDEX + name)
@@ -446,9 +446,17 @@ def observe(
     equal: dict[str, str] = {}  # keys whose page is the page without them: their proof
     digest = content_hash[:HASH_CHARS] if content_hash else ""
     if digest:
-        # A probe come back is compared with its page without the parameter, sampled or not.
+        # A probe come back is compared with its page without the parameter, sampled or
+        # not; sampled, as it is now (the hash kept with the probe may be older).
         back = record.probes.items()
-        bare = [_probe_bare(fetched, k, p) for k, p in back if p.url == url and p.bare]
+        sampled_spellings = {spelling for spelling, _ in record.samples}
+        bare = [
+            found
+            for k, p in back
+            if p.url == url
+            and p.bare
+            and (found := _probe_bare(fetched, k, p))[0] not in sampled_spellings
+        ]
         for spelling, sampled in (*record.samples, *bare):
             other = _Spelling.local_to(fetched.host, spelling)
             # A sample hashed the other way (a release before, or the page then said
@@ -479,35 +487,36 @@ def observe(
         if before is not None and before != digest:
             counted += tuple(m for m in record.marks.get(before, ()) if m not in counted)
     for key, confirm in votes.items():
-        if confirm and key in counted:
+        mark = _mark(key, limits)
+        if confirm and mark in counted:
             # This page confirmed the key already: fetched again, under another spelling,
             # or as the page without the key after it. Counted twice, one page would
             # learn a pair or an index name, or decide a parameter name on one value.
             if key in equal:
                 _prove(candidates, key, equal[key], limits)
+            counted = (*(m for m in counted if m != mark), mark)  # the newest kept
             continue
-        if confirm and ECHOED + key in counted:
+        if confirm and ECHOED + mark in counted:
             # Its value showed another value's page; now shown to be the page without
             # it, it is a value of its own, as it would have been in the other order.
             if key in equal and _unecho(candidates, key, equal[key], limits):
-                counted = (*(m for m in counted if m != ECHOED + key), key)
+                counted = (*(m for m in counted if m != ECHOED + mark), mark)
             continue
         by_content = hashed.get(key) is False
         kind = _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
         if kind is not None:
-            hushed = _hushed(key)
+            hushed = HUSHED + _hush_mark(mark)
             if hushed in counted:
                 # Its fetch said nothing then (no canonical, nothing sampled to compare):
                 # what it says now is that fetch's word, not another's.
                 _unhush(candidates, key)
-            counted = (*(m for m in counted if m != hushed), kind + key)
-    for key, mark in _silent_keys(fetched, votes):
-        # The same page saying nothing again, or once more after it said something, is
-        # no new fetch of it.
-        alike = mark[len(HUSHED) :]
-        if not any(m in counted for m in (mark, alike, ECHOED + alike, alike.removesuffix("/"))):
+            counted = (*(m for m in counted if m != hushed), kind + mark)
+    for key, name, mark in _silent_keys(fetched, votes, limits):
+        # The same page saying nothing again, or once more after it said something of
+        # the name (under this value or another), is no new fetch of it.
+        if not any(m.lstrip(HUSHED + ECHOED).startswith(name) for m in counted):
             _hush(candidates, key, limits)
-            counted = (*counted, mark)
+            counted = (*counted, HUSHED + _hush_mark(mark))
     marks = dict(record.marks)
     if digest:
         # The newest marks a page (a page under ever new spellings, each a mark): one
@@ -711,17 +720,19 @@ def _one_page(proof: str | None, kept_proofs: Iterable[str]) -> bool:
     return False
 
 
-def _silent_keys(fetched: _Spelling, votes: Mapping[str, bool]) -> list[tuple[str, str]]:
-    """The keys ``fetched`` carried that this fetch taught nothing about, each with the
-    mark its page keeps of it (``_hushed``)."""
+def _silent_keys(
+    fetched: _Spelling, votes: Mapping[str, bool], limits: AliasLimits
+) -> list[tuple[str, str, str]]:
+    """The keys ``fetched`` carried that this fetch taught nothing about, each with what
+    its page's marks of its name start with, and its own mark (``_mark``)."""
     keys = [
-        (NAME + p.partition("=")[0], _hushed(PAIR + p))
+        (NAME + p.partition("=")[0], PAIR + p.partition("=")[0] + "=", _mark(PAIR + p, limits))
         for p in fetched.params
         if PAIR + p not in votes
     ]
     name = fetched.path[fetched.path.rfind("/") + 1 :]
     if name in INDEX_NAMES and INDEX + name + "/" not in votes and INDEX + name not in votes:
-        keys.append((INDEX + name + "/", _hushed(INDEX + name)))
+        keys.append((INDEX + name + "/", INDEX + name, INDEX + name))
     return keys
 
 
@@ -735,23 +746,33 @@ MAX_MARKS = 8
 MARK_CHARS = 1 + len(PAIR) + 2 * DEFAULT_LIMITS.max_value_chars + 1
 
 
-def _hushed(key: str) -> str:
-    """The mark of a page whose fetch said nothing of ``key``: counted as ``silent`` on
-    its name's key (an index name's on its key with the slash, whichever style)."""
-    if key.startswith(INDEX):
-        return HUSHED + key.removesuffix("/") + "/"
-    return HUSHED + key
+def _mark(key: str, limits: AliasLimits) -> str:
+    """What a page is marked with for ``key``: a pair's value cut as its name tracks it."""
+    if not key.startswith(PAIR):
+        return key
+    name, _, value = key[len(PAIR) :].partition("=")
+    return f"{PAIR}{name}={value[: limits.max_value_chars]}"
+
+
+def _hush_mark(mark: str) -> str:
+    """The mark (after ``HUSHED``) of a page whose fetch said nothing of ``mark``'s key:
+    an index name's is one, whichever style, as its ``silent`` is counted on one key."""
+    if mark.startswith(INDEX):
+        return mark.removesuffix("/") + "/"
+    return mark
 
 
 def _unhush(candidates: dict[str, Candidate], key: str) -> None:
     """Take back the ``silent`` a page counted for ``key``, which it now confirms."""
     if key.startswith(INDEX):
-        target = key.removesuffix("/") + "/"
+        targets = [key.removesuffix("/") + "/", key.removesuffix("/")]  # as ``_hush``
     else:
-        target = NAME + key[len(PAIR) :].partition("=")[0]
-    old = candidates.get(target)
-    if old is not None and old.silent > 0 and not old.contradicted:
-        candidates[target] = replace(old, silent=old.silent - 1)
+        targets = [NAME + key[len(PAIR) :].partition("=")[0]]
+    for target in targets:
+        old = candidates.get(target)
+        if old is not None and old.silent > 0 and not old.contradicted:
+            candidates[target] = replace(old, silent=old.silent - 1)
+            return
 
 
 def _unecho(candidates: dict[str, Candidate], key: str, proof: str, limits: AliasLimits) -> bool:
@@ -797,6 +818,10 @@ def _prove(candidates: dict[str, Candidate], key: str, proof: str, limits: Alias
 def _hush(candidates: dict[str, Candidate], key: str, limits: AliasLimits) -> None:
     if len(key) > len(NAME) + limits.max_value_chars:
         return
+    if key.startswith(INDEX) and (slash := candidates.get(key)) and slash.contradicted:
+        # The directory's slash is not the name's alias: the fetch said nothing of the
+        # style still open either, and counts there, so that the name is decided in time.
+        key = key.removesuffix("/")
     old = candidates.get(key)
     if old is None:
         if not _make_room(candidates, limits):
@@ -819,7 +844,13 @@ def _vote(
     page without the parameter, which showed the same content. How a confirmation was
     counted (``COUNTED`` or ``ECHOED``), None if it was not."""
     if key.startswith(INDEX):
-        return _count(candidates, key, confirm, limits, value=None)
+        counted = _count(candidates, key, confirm, limits, value=None)
+        style = candidates.get(key)
+        if confirm and counted is None and style is not None and style.contradicted:
+            # A style contradicted: the fetch tried the name, and said nothing of the
+            # other style, which counts it (or the name would stay open for ever).
+            _hush(candidates, key.removesuffix("/") if key.endswith("/") else key + "/", limits)
+        return counted
     parameter = key[len(PAIR) :]
     name, _, value = parameter.partition("=")
     if len(name) > limits.max_value_chars:
