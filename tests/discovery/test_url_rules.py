@@ -551,25 +551,6 @@ async def test_a_value_that_showed_another_values_page_lets_another_probe_out(bu
     assert (await discovery.url_rules.rules_for("site.example")).names == {"ref"}
 
 
-async def test_only_a_probe_that_taught_nothing_gives_its_place_back(bus: Bus) -> None:
-    # A post's spellings that echo its first value's page: one that was a probe owes
-    # its place back, one that went out as no probe (a seed, a re-crawl) owes none.
-    rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=5.0)
-    one_post = hashlib.sha256(b"post 9").hexdigest()
-
-    def post(path: str) -> CrawlCompleted:
-        return page(path, canonical="/post/9").model_copy(update={"content_hash": one_post})
-
-    host, keys = "site.example", ["q:ref"]
-    assert rules.probe(host, keys, SITE + "/post/9?ref=featured")
-    assert rules.probe(host, keys, SITE + "/post/9?ref=latest")
-    await rules.learn(post("/post/9?ref=featured"))
-    await rules.learn(post("/post/9?ref=seeded"))  # no probe: it echoes, owes nothing
-    assert not rules.probe(host, keys, SITE + "/post/8?ref=latest")
-    await rules.learn(post("/post/9?ref=latest"))  # a probe: it echoes, owes its place
-    assert rules.probe(host, keys, SITE + "/post/8?ref=latest")
-
-
 async def test_a_name_whose_every_value_shows_one_page_holds_no_link_back_for_long(
     bus: Bus,
 ) -> None:

@@ -351,7 +351,6 @@ def test_one_page_under_two_spellings_is_one_confirmation() -> None:
     record = fetched(record, "/a/", content="a")
     record = fetched(record, "/a", content="a")
     assert not record.rules().index
-    assert undecided(record, SITE + "/b/index.html") == ["i:index.html"]
 
 
 def test_a_page_that_changed_is_still_the_one_page() -> None:
@@ -401,12 +400,15 @@ def test_two_directories_answering_with_the_slash_and_without_teach_both() -> No
     assert record.rules().index == {"index.html/", "index.html"}
 
 
-def test_a_page_counted_for_a_name_says_nothing_more_under_another_value() -> None:
-    # Without a canonical and with nothing to compare: two values of one page are not
-    # two fetches of the name, which stays open for a page that can teach it.
-    record = fetched(EMPTY, "/p/1/?ref=home", content="post 1")
-    record = fetched(record, "/p/1/?ref=sidebar", content="post 1")
-    assert undecided(record, SITE + "/p/2/?ref=home") == ["q:ref"]
+def test_values_that_all_show_one_page_with_nothing_to_compare_decide_their_name() -> None:
+    # A shop's withdrawn items, each "Product not found", no canonical, the page without
+    # the parameter never fetched: each value is a fetch that said nothing, and the name
+    # is decided, unlearned, instead of holding every page's links for ever.
+    record = EMPTY
+    for n in range(101, 105):
+        record = fetched(record, f"/item?id={n}", content="Product not found")
+    assert undecided(record, SITE + "/item?id=7") == []
+    assert not record.rules()
 
 
 def test_a_long_value_marks_its_page_as_its_name_tracks_it() -> None:
@@ -429,6 +431,12 @@ def test_an_index_name_whose_slash_style_is_contradicted_is_decided_in_time() ->
         record = fetched(record, f"/s{n}/", content=f"s{n}")
     assert undecided(record, SITE + "/z/index.html") == []
     assert rewrite(record.rules(), SITE + "/z/index.html") == SITE + "/z/index.html"
+    # One directory's page fetched again says no more of it than once.
+    record = fetched(EMPTY, "/docs/", content="listing", links=("/docs/index.html",))
+    record = fetched(record, "/docs/index.html", content="manual")
+    for _ in range(2):
+        record = fetched(record, "/a/index.html", canonical="/a/", content="a")
+    assert undecided(record, SITE + "/z/index.html") == ["i:index.html"]
 
 
 def test_a_value_shown_to_be_another_pages_keeps_that_pages_proof() -> None:

@@ -204,9 +204,8 @@ def undecided(record: HostAliases, url: str, limits: AliasLimits = DEFAULT_LIMIT
         # One the record has no room for can never be learned: as good as contradicted.
         missing = Candidate() if trackable else Candidate(0, True, (), 0)
         slash, bare = (c or missing for c in held)
-        # The larger, not the sum: one directory answering with its slash and without
-        # confirms both, and is one page.
-        tried = max(slash.tried(), bare.tried())
+        # A style contradicted, the fetches of the name count on the other (``_hush``).
+        tried = slash.tried() + bare.tried()
         open_ = not (slash.contradicted and bare.contradicted) and tried < limits.confirmations
         if open_:
             found.append(INDEX + name)
@@ -449,13 +448,11 @@ def observe(
         # A probe come back is compared with its page without the parameter, sampled or
         # not; sampled, as it is now (the hash kept with the probe may be older).
         back = record.probes.items()
-        sampled_spellings = {spelling for spelling, _ in record.samples}
+        as_now = {s for s, h in record.samples if comparable_hashes(h, digest)}
         bare = [
             found
             for k, p in back
-            if p.url == url
-            and p.bare
-            and (found := _probe_bare(fetched, k, p))[0] not in sampled_spellings
+            if p.url == url and p.bare and (found := _probe_bare(fetched, k, p))[0] not in as_now
         ]
         for spelling, sampled in (*record.samples, *bare):
             other = _Spelling.local_to(fetched.host, spelling)
@@ -486,6 +483,7 @@ def observe(
         counted = record.marks.get(digest, ())
         if before is not None and before != digest:
             counted += tuple(m for m in record.marks.get(before, ()) if m not in counted)
+    silent: list[tuple[str, str]] = []  # keys of the page's silent fetch besides its own
     for key, confirm in votes.items():
         mark = _mark(key, limits)
         if confirm and mark in counted:
@@ -504,6 +502,11 @@ def observe(
             continue
         by_content = hashed.get(key) is False
         kind = _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
+        style = candidates.get(key)
+        if kind is None and confirm and key.startswith(INDEX) and style and style.contradicted:
+            # A style contradicted: the fetch tried the name and said nothing of the
+            # other style, where it counts as such (or the name would stay open for ever).
+            silent.append((INDEX + key[len(INDEX) :].removesuffix("/") + "/", mark))
         if kind is not None:
             hushed = HUSHED + _hush_mark(mark)
             if hushed in counted:
@@ -511,12 +514,13 @@ def observe(
                 # what it says now is that fetch's word, not another's.
                 _unhush(candidates, key)
             counted = (*(m for m in counted if m != hushed), kind + mark)
-    for key, name, mark in _silent_keys(fetched, votes, limits):
-        # The same page saying nothing again, or once more after it said something of
-        # the name (under this value or another), is no new fetch of it.
-        if not any(m.lstrip(HUSHED + ECHOED).startswith(name) for m in counted):
+    for key, mark in (*_silent_keys(fetched, votes, limits), *silent):
+        # The same page saying nothing again, or once more after it said something, is
+        # no new fetch of it.
+        alike = _hush_mark(mark)
+        if not any(m in counted for m in (HUSHED + alike, alike, ECHOED + alike, mark)):
             _hush(candidates, key, limits)
-            counted = (*counted, HUSHED + _hush_mark(mark))
+            counted = (*counted, HUSHED + alike)
     marks = dict(record.marks)
     if digest:
         # The newest marks a page (a page under ever new spellings, each a mark): one
@@ -722,17 +726,17 @@ def _one_page(proof: str | None, kept_proofs: Iterable[str]) -> bool:
 
 def _silent_keys(
     fetched: _Spelling, votes: Mapping[str, bool], limits: AliasLimits
-) -> list[tuple[str, str, str]]:
-    """The keys ``fetched`` carried that this fetch taught nothing about, each with what
-    its page's marks of its name start with, and its own mark (``_mark``)."""
+) -> list[tuple[str, str]]:
+    """The keys ``fetched`` carried that this fetch taught nothing about, each with its
+    page's mark of it (``_mark``)."""
     keys = [
-        (NAME + p.partition("=")[0], PAIR + p.partition("=")[0] + "=", _mark(PAIR + p, limits))
+        (NAME + p.partition("=")[0], _mark(PAIR + p, limits))
         for p in fetched.params
         if PAIR + p not in votes
     ]
     name = fetched.path[fetched.path.rfind("/") + 1 :]
     if name in INDEX_NAMES and INDEX + name + "/" not in votes and INDEX + name not in votes:
-        keys.append((INDEX + name + "/", INDEX + name, INDEX + name))
+        keys.append((INDEX + name + "/", INDEX + name + "/"))
     return keys
 
 
@@ -844,13 +848,7 @@ def _vote(
     page without the parameter, which showed the same content. How a confirmation was
     counted (``COUNTED`` or ``ECHOED``), None if it was not."""
     if key.startswith(INDEX):
-        counted = _count(candidates, key, confirm, limits, value=None)
-        style = candidates.get(key)
-        if confirm and counted is None and style is not None and style.contradicted:
-            # A style contradicted: the fetch tried the name, and said nothing of the
-            # other style, which counts it (or the name would stay open for ever).
-            _hush(candidates, key.removesuffix("/") if key.endswith("/") else key + "/", limits)
-        return counted
+        return _count(candidates, key, confirm, limits, value=None)
     parameter = key[len(PAIR) :]
     name, _, value = parameter.partition("=")
     if len(name) > limits.max_value_chars:

@@ -345,7 +345,7 @@ class Discovery:
             # kind (probes) are fetched and teach the host's rules.
             event_id = derived_event_id(f"{event.id}:{url}", "discovered")
             probing = self._undecided(url) if may_hold else None
-            if probing is not None and not self._probe(*probing, url):
+            if probing is not None and not self._probe(*probing):
                 claimed = self.sightings.claimed_by(_seen_key(url))
                 if claimed is not None and _refused_until(claimed) is not None:
                     if not self._refusal_ended(claimed):
@@ -373,7 +373,7 @@ class Discovery:
             if claim == candidate.event_id.encode():
                 new.append(candidate)
             else:
-                self._unprobe(candidate)  # known already: it teaches nothing new
+                self._unprobe(candidate.probing)  # known already: it teaches nothing new
         # Only new URLs count against the host's budget; one refused by the budget is
         # marked so until the host's cycle ends, and offered again by the next page that
         # links to it after that.
@@ -389,7 +389,7 @@ class Discovery:
         refused: list[tuple[str, float]] = []
         for (host, group), (within, until) in zip(by_host.items(), allowed, strict=True):
             for candidate in group[within:]:
-                self._unprobe(candidate)
+                self._unprobe(candidate.probing)
                 refused.append((candidate.url, until))
             outgoing.extend(
                 PageDiscovered(
@@ -483,15 +483,14 @@ class Discovery:
         claimed_by = self.sightings.claimed_by(_seen_key(url))
         return claimed_by is not None and claimed_by != event_id.encode()
 
-    def _probe(self, host: str, keys: list[str], url: str) -> bool:
+    def _probe(self, host: str, keys: list[str]) -> bool:
         """Take a probe's place for ``keys`` if one is left (before any await, so that
         concurrent handlers cannot all take the last one)."""
-        return self.url_rules is None or self.url_rules.probe(host, keys, url)
+        return self.url_rules is None or self.url_rules.probe(host, keys)
 
-    def _unprobe(self, candidate: _Candidate) -> None:
-        """Give back the probe's place ``candidate`` took: it goes out as no probe."""
-        if candidate.probing is not None and self.url_rules is not None:
-            self.url_rules.unprobe(*candidate.probing, candidate.url)
+    def _unprobe(self, probing: tuple[str, list[str]] | None) -> None:
+        if probing is not None and self.url_rules is not None:
+            self.url_rules.probed(*probing, count=-1)
 
     async def _alias_target(self, url: str) -> str:
         """The spelling of ``url`` its host's learned rules make its page's one spelling."""

@@ -80,9 +80,6 @@ class UrlRules:
         self._learning = Turns()
         #: "host key" -> spellings this replica let through to teach ``key`` (probes).
         self._probes: Recent[int] = Recent(PROBE_MEMORY, ttl=PROBE_TTL, clock=clock)
-        #: The probes themselves: only a probe's fetch that taught nothing gives its
-        #: place back (a re-crawl, a seed or a link sent as it is took none).
-        self._sent: Recent[bool] = Recent(PROBE_MEMORY, ttl=PROBE_TTL, clock=clock)
         #: Reads of the bucket this replica made (for tests and the curious).
         self.reads = 0
         #: Hosts whose record this replica wrote within ``refresh`` seconds (an entry
@@ -102,22 +99,15 @@ class UrlRules:
         cached = self._cache.get(host)
         return undecided(cached[0] if cached else EMPTY, url, self.limits)
 
-    def probe(self, host: str, keys: list[str], url: str) -> bool:
-        """Let ``url`` go out to teach ``keys``, if it may: as many as it takes to learn
-        them, and no more until what those teach has been read (one whose value showed
-        another value's page, or whose page was counted already, taught nothing, and is
-        given back by ``learn``)."""
+    def probe(self, host: str, keys: list[str]) -> bool:
+        """Let another spelling go out to teach ``keys``, if it may: as many as it takes
+        to learn them, and no more until what those teach has been read (one whose value
+        showed another value's page taught nothing, and is given back by ``learn``)."""
         wanted = self.limits.confirmations
         if any((self._probes.get(f"{host} {key}") or 0) >= wanted for key in keys):
             return False
         self.probed(host, keys)
-        self._sent.remember(url, True)
         return True
-
-    def unprobe(self, host: str, keys: list[str], url: str) -> None:
-        """``url`` took a probe's place and does not go out (known already, over budget)."""
-        self.probed(host, keys, count=-1)
-        self._sent.forget(url)
 
     def probed(self, host: str, keys: list[str], *, count: int = 1) -> None:
         for key in keys:
@@ -192,8 +182,7 @@ class UrlRules:
             # A value that showed another value's page taught nothing: its probe is owed,
             # or the page's other spellings would wait for what no probe can now teach.
             owed = untaught(record, new, event.url, self.limits)
-            if owed and self._sent.get(event.url):
-                self._sent.forget(event.url)
+            if owed:
                 self.probed(host, owed, count=-1)
             if self._kept is not None:
                 self._kept.remember(host, True)
