@@ -476,17 +476,22 @@ def test_a_page_fetched_again_owes_no_probe() -> None:
     assert undecided(again, SITE + "/post/3?ref=b") == undecided(record, SITE + "/post/3?ref=b")
 
 
-def test_a_value_shown_to_be_its_page_without_it_stays_so_once_the_sample_forgot_it() -> None:
-    # The probe first, then its page: the value's page is the page without it, and a
-    # later value of that page is a second value, not an echo of the first.
-    record = fetched(EMPTY, "/p/9/?ref=home", canonical="/p/9/", content="post 9")
-    record = fetched(record, "/p/9/", canonical="/p/9/", content="post 9")
+def test_a_soft_404_shown_equal_to_the_page_without_its_value_teaches_no_other_value() -> None:
+    # /item and a withdrawn /item?id=101 are one "not found" page; long after, so is
+    # /item?id=102: still the one page, not a second value of a parameter to drop.
+    record = fetched(EMPTY, "/item?id=101", canonical="/item", content="Product not found")
+    record = fetched(record, "/item", canonical="/item", content="Product not found")
     for n in range(AliasLimits().max_samples + 1):
         record = fetched(record, f"/q/{n}?from=list", canonical=f"/q/{n}?from=list")
-    assert all(not s.startswith("/p/9/") for s, _ in record.samples)
-    record = fetched(record, "/p/9/?ref=sidebar", canonical="/p/9/", content="post 9")
-    assert record.rules().names == {"ref"}
-    assert HostAliases.from_json(record.to_json()) == record
+    record = fetched(record, "/item?id=102", canonical="/item", content="Product not found")
+    assert not record.rules().names
+    # Nor does a directory that is one page with its slash and without close the index
+    # name once the slash style was contradicted elsewhere.
+    record = fetched(EMPTY, "/docs/", content="listing", links=("/docs/index.html",))
+    record = fetched(record, "/docs/index.html", content="manual")
+    for path in ("/a/", "/a", "/a/index.html"):
+        record = fetched(record, path, content="a")
+    assert undecided(record, SITE + "/z/index.html") == ["i:index.html"]
 
 
 #: A blog's probes (a tracking ``?ref=``, a one-valued ``?from=sidebar``, an index file

@@ -490,8 +490,6 @@ def observe(
             # This page confirmed the key already: fetched again, under another spelling,
             # or as the page without the key after it. Counted twice, one page would
             # learn a pair or an index name, or decide a parameter name on one value.
-            if key in equal:
-                _prove(candidates, key, equal[key], limits)
             counted = (*(m for m in counted if m != mark), mark)  # the newest kept
             continue
         if confirm and ECHOED + mark in counted:
@@ -503,7 +501,9 @@ def observe(
         by_content = hashed.get(key) is False
         kind = _vote(candidates, key, confirm, limits, proofs.get(key), by_content, key in equal)
         style = candidates.get(key)
-        if kind is None and confirm and key.startswith(INDEX) and style and style.contradicted:
+        toggled = key.removesuffix("/") if key.endswith("/") else key + "/"
+        contradicted = kind is None and style is not None and style.contradicted
+        if confirm and key.startswith(INDEX) and contradicted and toggled not in votes:
             # A style contradicted: the fetch tried the name and said nothing of the
             # other style, where it counts as such (or the name would stay open for ever).
             silent.append((INDEX + key[len(INDEX) :].removesuffix("/") + "/", mark))
@@ -800,32 +800,16 @@ def _unecho(candidates: dict[str, Candidate], key: str, proof: str, limits: Alia
     return True
 
 
-def _prove(candidates: dict[str, Candidate], key: str, proof: str, limits: AliasLimits) -> None:
-    """Keep, for a value confirmed before, the proof that its page is the page without it
-    (``_one_page``): its page fetched after it showed so."""
-    name, _, value = key[len(PAIR) :].partition("=")
-    named = candidates.get(NAME + name)
-    value = value[: limits.max_value_chars]
-    if named is None or value not in named.values:
-        return
-    at = named.values.index(value)
-    proofs = (*named.proofs, *([""] * (len(named.values) - len(named.proofs))))
-    # Only the same page's: a proof about another page without the value is what shows
-    # two values of that page to differ (``_disproved``), and must stay.
-    kept = _read_proof(proofs[at])[0]
-    if kept and kept != _read_proof(proof)[0]:
-        return
-    if proofs[at] != proof:
-        candidates[NAME + name] = replace(named, proofs=(*proofs[:at], proof, *proofs[at + 1 :]))
-
-
 def _hush(candidates: dict[str, Candidate], key: str, limits: AliasLimits) -> None:
     if len(key) > len(NAME) + limits.max_value_chars:
         return
     if key.startswith(INDEX) and (slash := candidates.get(key)) and slash.contradicted:
         # The directory's slash is not the name's alias: the fetch said nothing of the
-        # style still open either, and counts there, so that the name is decided in time.
+        # style still open either, and counts there, so that the name is decided in time
+        # (where the record has room: never in place of another key still open).
         key = key.removesuffix("/")
+        if key not in candidates and len(candidates) >= limits.max_candidates:
+            return
     old = candidates.get(key)
     if old is None:
         if not _make_room(candidates, limits):
