@@ -17,14 +17,17 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpcore
+import httpx
 import trustme
 
 from trove_fetcher.streams import AsyncioBackend
+from trove_fetcher.transport import build_client
+from trove_schema.settings import FetcherSettings
 
 Route = Callable[["Exchange"], None]
 
@@ -223,6 +226,14 @@ def serving(
 ) -> Iterator[LocalServer]:
     with LocalServer(ip, routes, ssl_context) as server:
         yield server
+
+
+@contextlib.asynccontextmanager
+async def loopback_client(host: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The fetcher's HTTP client, allowed 127.0.0.1 and resolving ``host`` to it."""
+    settings = FetcherSettings(allowed_networks=("127.0.0.1/32",), resolve=(f"{host}=127.0.0.1",))
+    async with build_client(settings) as client:
+        yield client
 
 
 def _is_loopback(host: str) -> bool:

@@ -9,13 +9,11 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher._servers import Exchange, LocalServer, Route, loopback_client, serving
 from tests.fetcher.test_timeline import GapGate, poller
 from trove_fetcher.http import FetchLimits, fetch
 from trove_fetcher.timeline import timeline_url
-from trove_fetcher.transport import build_client
 from trove_schema.events import CrawlOutcome, TimelinePollRequested
-from trove_schema.settings import FetcherSettings
 
 HOST = "a.trove.test"
 PAGE_LIMIT = 40
@@ -48,8 +46,7 @@ def server() -> Iterator[LocalServer]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    settings = FetcherSettings(allowed_networks=("127.0.0.1/32",), resolve=(f"{HOST}=127.0.0.1",))
-    async with build_client(settings) as built:
+    async with loopback_client(HOST) as built:
         yield built
 
 

@@ -11,14 +11,12 @@ import httpx
 import pytest
 
 from tests.fetcher._completions import Completions
-from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher._servers import Exchange, LocalServer, Route, loopback_client, serving
 from tests.fetcher.test_fetcher_outcomes import fetcher_on
 from trove_fetcher.fetcher import Job
 from trove_fetcher.http import FetchLimits, FetchResult, fetch
-from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlOutcome, CrawlRequested, RequestReason, Scope
-from trove_schema.settings import FetcherSettings
 from trove_schema.urls import canonicalize, domain_of
 
 HOST = "a.trove.test"
@@ -62,8 +60,7 @@ def server() -> Iterator[LocalServer]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    settings = FetcherSettings(allowed_networks=("127.0.0.1/32",), resolve=(f"{HOST}=127.0.0.1",))
-    async with build_client(settings) as built:
+    async with loopback_client(HOST) as built:
         yield built
 
 

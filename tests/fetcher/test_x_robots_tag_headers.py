@@ -9,12 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher._servers import Exchange, LocalServer, Route, loopback_client, serving
 from trove_fetcher.extract import x_robots_directives
 from trove_fetcher.http import FetchLimits, fetch
-from trove_fetcher.transport import build_client
 from trove_schema.events import CrawlOutcome
-from trove_schema.settings import FetcherSettings
 
 HOST = "tags.trove.test"
 PAGE = b"<html><head><title>Tagged</title></head><body>text</body></html>"
@@ -46,8 +44,7 @@ def server() -> Iterator[LocalServer]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    settings = FetcherSettings(allowed_networks=("127.0.0.1/32",), resolve=(f"{HOST}=127.0.0.1",))
-    async with build_client(settings) as built:
+    async with loopback_client(HOST) as built:
         yield built
 
 

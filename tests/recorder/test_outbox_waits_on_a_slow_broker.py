@@ -13,13 +13,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.recorder.test_recorder_service import pending_retry
+from tests.recorder.test_recorder_service import pending_retry, put_in_outbox
 from tests.support import query
 from trove_recorder.database import make_engine
 from trove_recorder.recorder import Recorder
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlRequested
 from trove_schema.topology import ensure_topology
 from trove_stack.nats import EmbeddedNats, NatsConfig
 
@@ -39,18 +38,7 @@ async def test_a_broker_slower_than_the_idle_limit_does_not_end_the_publishers_t
         retry = pending_retry()
         async with engine.begin() as conn:
             await conn.execute(text("DELETE FROM outbox"))
-            await conn.execute(
-                text(
-                    "INSERT INTO outbox (event_id, subject, payload, deliver_at) "
-                    "VALUES (:id, :subject, :payload, :due)"
-                ),
-                {
-                    "id": retry.id,
-                    "subject": CrawlRequested.SUBJECT,
-                    "payload": retry.to_wire(),
-                    "due": retry.not_before,
-                },
-            )
+            await put_in_outbox(conn, retry)
 
         async def idle_past_the_limit() -> int:
             (row,) = await query(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls, eventually
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
@@ -48,6 +48,22 @@ def pending_retry() -> CrawlRequested:
         reason=RequestReason.RETRY,
         attempt=2,
         not_before=utcnow() + timedelta(hours=1),
+    )
+
+
+async def put_in_outbox(conn: AsyncConnection, retry: CrawlRequested) -> None:
+    """``retry`` in the outbox, due at its ``not_before``, as the recorder writes one."""
+    await conn.execute(
+        text(
+            "INSERT INTO outbox (event_id, subject, payload, deliver_at) "
+            "VALUES (:id, :subject, :payload, :due)"
+        ),
+        {
+            "id": retry.id,
+            "subject": CrawlRequested.SUBJECT,
+            "payload": retry.to_wire(),
+            "due": retry.not_before,
+        },
     )
 
 
@@ -251,18 +267,7 @@ async def test_an_outbox_row_no_pod_was_woken_for_is_published_however_long_it_w
         # would leave the row below unseen for ~7 s.
         await asyncio.sleep(4 * longest)
         async with engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "INSERT INTO outbox (event_id, subject, payload, deliver_at) "
-                    "VALUES (:id, :subject, :payload, :due)"
-                ),
-                {
-                    "id": retry.id,
-                    "subject": CrawlRequested.SUBJECT,
-                    "payload": retry.to_wire(),
-                    "due": retry.not_before,
-                },
-            )
+            await put_in_outbox(conn, retry)
         await eventually(sent, until=bool, timeout=2 * longest + 1, what="the row published")
 
 
