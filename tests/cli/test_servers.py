@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import StackUrls
-from tests.fetcher._servers import free_port
+from tests.ports import free_port
 from tests.support import run_trove
 from trove_cli.local import STACK_FILE, LocalTrove
 from trove_cli.main import _urls

@@ -6,7 +6,6 @@ import asyncio
 import io
 import os
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -18,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.ports import free_ports
 from tests.support import ready, run_trove, sandbox_env
 from trove_cli.local import SERVICES, LocalTrove, http_ports
 from trove_cli.main import restart_policy, watch_crawl
@@ -267,21 +267,6 @@ def test_the_restart_policy_comes_from_trove_settings() -> None:
     policy = restart_policy(settings)
     assert (policy.first_delay, policy.max_delay, policy.reset_after) == (0.5, 8.0, 10.0)
     assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive loopback ports nobody listens on."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            first: int = sock.getsockname()[1]
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
 
 
 async def test_each_service_process_serves_health_and_metrics_on_a_port_of_its_own(

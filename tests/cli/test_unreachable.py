@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.fetcher._servers import free_port
+from tests.ports import free_port
 from tests.support import run_trove
 from trove_cli.broker import shown
 from trove_stack.nats import listening, nats_server_binary

@@ -32,6 +32,7 @@ from nats.js import JetStreamContext
 
 from tests.conftest import eventually
 from tests.deploy._support import REPO, nats_users
+from tests.ports import free_port
 from trove_cli.status import read_slots
 from trove_discovery.follows import Follows, FollowStore, parse_command
 from trove_schema.bus import Bus
@@ -57,7 +58,7 @@ from trove_schema.topology import (
     declare,
     ensure_topology,
 )
-from trove_stack.nats import free_port, listening, nats_server_binary
+from trove_stack.nats import listening, nats_server_binary
 
 DEPLOY = REPO / "deploy" / "nats"
 EVENTS = (

@@ -20,11 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.ports import free_port
 from tests.support import outcomes, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.topology import DEAD_STREAM, SEEDS_SUBJECT, declare, ensure_topology
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 pytestmark = pytest.mark.usefixtures("clean")
 

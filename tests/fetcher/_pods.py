@@ -19,12 +19,12 @@ from urllib.parse import urlsplit
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.ports import free_port
 from tests.support import publish_work, ready, services
 from trove_cli.local import LocalTrove
 from trove_schema.bus import Bus
 from trove_schema.topology import EVENTS_STREAM, FETCHER
 from trove_schema.urls import canonicalize
-from trove_stack.nats import free_port
 
 POD_A = "pod-a"
 POD_B = "pod-b"

@@ -13,7 +13,6 @@ import contextlib
 import http.server
 import ipaddress
 import itertools
-import socket
 import ssl
 import threading
 import time
@@ -182,14 +181,6 @@ def stream_body(
         sent += len(piece)
     exchange.wfile.flush()
     exchange.server.owner.signal(f"complete:{exchange.path}")
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.fetcher._servers import free_port
+from tests.ports import free_port
 from tests.support import outcomes, publish_work, query, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb

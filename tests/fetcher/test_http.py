@@ -25,6 +25,7 @@ from tests.fetcher._servers import (
     stall,
     stream_body,
 )
+from tests.ports import free_port
 from trove_fetcher.errors import RedirectPaused, RobotsUnavailable
 from trove_fetcher.http import (
     BodyReader,
@@ -732,8 +733,6 @@ async def test_link_to_a_refused_address_fails_without_a_connection(
 
 
 async def test_unreachable_port_is_a_failure(client: httpx.AsyncClient) -> None:
-    from tests.fetcher._servers import free_port
-
     result = await get(client, f"http://a.trove.test:{free_port()}/")
     assert result.outcome is CrawlOutcome.FAILED
     assert result.error_message is not None

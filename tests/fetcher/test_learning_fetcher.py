@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._completions import Completions
-from tests.fetcher._servers import free_port
+from tests.ports import free_port
 from tests.support import publish_work, services
 from trove_cli.local import LocalTrove
 from trove_fetcher.politeness import POLICY_KEY

@@ -25,11 +25,11 @@ from tests.fetcher._pods import (
     stalled_site,
     still_held,
 )
+from tests.ports import free_port
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
-from trove_stack.nats import free_port
 
 pytestmark = pytest.mark.usefixtures("clean")
 

@@ -22,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._completions import Completions
-from tests.fetcher._servers import Exchange, LocalServer, Route, free_port, serving
+from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.ports import free_port
 from tests.support import publish_work, services
 from trove_schema.bus import Bus
 from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, FETCHER

@@ -17,10 +17,10 @@ from tests.fetcher._servers import (
     Exchange,
     LocalServer,
     RecordingBackend,
-    free_port,
     serving,
     stall,
 )
+from tests.ports import free_port
 from trove_fetcher import robots as robots_module
 from trove_fetcher.errors import RedirectPaused
 from trove_fetcher.http import HopGateFailed

@@ -24,10 +24,10 @@ from tests.fetcher._servers import (
     Exchange,
     LocalServer,
     RecordingBackend,
-    free_port,
     self_signed,
     serving,
 )
+from tests.ports import free_port
 from trove_fetcher.addresses import AddressPolicy
 from trove_fetcher.errors import BlockedAddress, EgressAway, ResolverAway
 from trove_fetcher.http import FetchLimits, fetch

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import exc as sa_exc
 
 from tests.conftest import StackUrls, eventually
+from tests.ports import free_port
 from tests.recorder.test_database_errors import wrapped
 from tests.recorder.test_recorder_service import completed
 from trove_recorder.database import UNAVAILABLE_DELAY, LoginRefused, as_retry, login_refused
@@ -26,7 +27,6 @@ from trove_schema.migrate import upgrade
 from trove_schema.service import infrastructure_away
 from trove_schema.settings import RecorderSettings
 from trove_schema.topology import DEAD_STREAM
-from trove_stack.nats import free_port
 from trove_stack.postgres import EmbeddedPostgres, PostgresConfig
 
 pytestmark = pytest.mark.usefixtures("clean")

@@ -22,12 +22,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
+from tests.ports import free_port
 from tests.recorder.test_recorder_service import completed
 from tests.support import services
 from trove_schema.bus import Bus
 from trove_schema.migrate import upgrade
 from trove_schema.topology import DEAD_STREAM
-from trove_stack.nats import free_port, listening
+from trove_stack.nats import listening
 from trove_stack.postgres import SYSTEM_USER, EmbeddedPostgres, PostgresConfig, postgres_bin_dir
 from trove_stack.processes import Child, as_user
 

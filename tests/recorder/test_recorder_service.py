@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls, eventually
+from tests.ports import free_port
 from tests.support import outcomes, publish_work, query, ready, sandbox_env, services
 from trove_recorder.projections import apply_batch
 from trove_recorder.recorder import Recorder
@@ -34,7 +35,6 @@ from trove_schema.events import (
     utcnow,
 )
 from trove_schema.topology import CRAWL_COMPLETED, DEAD_STREAM
-from trove_stack.nats import free_port
 
 pytestmark = pytest.mark.usefixtures("clean")
 

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from tests.conftest import eventually
+from tests.ports import free_port
 from tests.support import query
 from trove_recorder.replay import ReplayStalled, ReplayStats, replay
 from trove_recorder.retries import RetryPolicy
@@ -24,7 +25,7 @@ from trove_schema.bus import Bus
 from trove_schema.events import Provenance, SeedRejected
 from trove_schema.migrate import upgrade_async
 from trove_schema.topology import ensure_topology
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 POLICY = RetryPolicy(max_attempts=3, delay_seconds=1.0)
 #: nats-server sends an ordered consumer about 2 MB past what the client has read (its

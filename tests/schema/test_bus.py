@@ -31,6 +31,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 
 from tests.conftest import eventually
+from tests.ports import free_port
 from trove_schema.bus import (
     REDRIVEN_FOR,
     BatchConsumer,
@@ -46,7 +47,7 @@ from trove_schema.bus import (
 from trove_schema.errors import TopologyError
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
+from trove_stack.nats import EmbeddedNats, NatsConfig, nats_server_binary
 
 pytestmark = pytest.mark.usefixtures("clean")
 

@@ -18,11 +18,12 @@ import pytest
 import trustme
 
 from tests.conftest import StackUrls, eventually
+from tests.ports import free_port
 from trove_schema.bus import Bus
 from trove_schema.errors import BrokerClosed
 from trove_schema.metrics import BROKER_CONNECTED
 from trove_schema.service import _start_patiently, infrastructure_away
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, listening, nats_server_binary
+from trove_stack.nats import EmbeddedNats, NatsConfig, listening, nats_server_binary
 from trove_stack.processes import Child
 
 

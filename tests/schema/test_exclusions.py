@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
+from tests.ports import free_port
 from trove_schema.bus import Bus
 from trove_schema.errors import InvalidExclusion
 from trove_schema.exclusions import (
@@ -25,7 +26,7 @@ from trove_schema.exclusions import (
 )
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import EXCLUSIONS_BUCKET, declare, ensure_topology
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,11 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
 from tests.conftest import eventually
+from tests.ports import free_port
 from tests.schema.test_bus import Lane, running
 from trove_schema.bus import BatchConsumer, Bus, Consumer
 from trove_schema.pulls import Pulls
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port
+from trove_stack.nats import EmbeddedNats, NatsConfig
 
 #: Each consumer holds at most four messages: four handlers, or one batch of four.
 BOUND = 4

@@ -19,6 +19,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from tests.conftest import eventually
+from tests.ports import free_port
 from tests.recorder.test_database_errors import AWAY, UNWRITABLE, wrapped
 from tests.support import readiness
 from trove_schema.bus import Bus
@@ -34,7 +35,7 @@ from trove_schema.service import (
 )
 from trove_schema.settings import CommonSettings
 from trove_schema.topology import declare, ensure_topology
-from trove_stack.nats import EmbeddedNats, NatsConfig, free_port, nats_server_binary
+from trove_stack.nats import EmbeddedNats, NatsConfig, nats_server_binary
 from trove_stack.processes import Child
 
 

@@ -15,7 +15,9 @@ import nats.errors
 import pytest
 
 from tests.conftest import StackUrls
+from tests.ports import free_port
 from trove_schema.errors import StackError
+from trove_stack import postgres
 from trove_stack.nats import EmbeddedNats, NatsConfig
 from trove_stack.postgres import EmbeddedPostgres, PostgresConfig, postgres_bin_dir
 from trove_stack.stack import Stack
@@ -194,3 +196,34 @@ def test_nats_is_not_taken_for_ready_on_a_port_another_listener_holds(tmp_path: 
         assert httpx.get(f"{server.monitor_url}/varz", timeout=5).json()["port"] == client
     finally:
         server.stop()
+
+
+async def test_postgres_takes_another_port_when_the_one_picked_free_was_taken_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between the pick and Postgres's bind, another program listened on the port (or a
+    # connection took it as its own): the start is made again on another, not failed.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        picks = iter([taken, taken, free_port()])
+        monkeypatch.setattr(postgres, "free_port", lambda host: next(picks))
+        data = tmp_path / "postgres" / "data"
+        server = EmbeddedPostgres(PostgresConfig(data_dir=data, fast_and_unsafe=True)).start()
+        try:
+            assert server.port != taken
+            connection = await asyncpg.connect(server.url.replace("+asyncpg", ""))
+            try:
+                assert await connection.fetchval("SELECT 1") == 1
+            finally:
+                await connection.close()
+        finally:
+            server.stop()
+        log = (data.parent / "postgres.log").read_text()
+        assert log.count("could not create any TCP/IP sockets") == 2
+
+        # A port the operator chose is not swapped for another.
+        chosen = PostgresConfig(data_dir=data, port=taken, fast_and_unsafe=True)
+        with pytest.raises(StackError, match="could not create any TCP/IP sockets"):
+            EmbeddedPostgres(chosen).start()

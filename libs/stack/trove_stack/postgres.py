@@ -24,6 +24,15 @@ from trove_stack.nats import free_port, listening
 from trove_stack.processes import Child, as_user, pid_in, runs_with, works_in
 
 SYSTEM_USER = "trove-postgres"
+#: Starts tried on ports picked free before giving up, when each found its port taken.
+PORT_ATTEMPTS = 3
+#: What Postgres logs when it could listen on none of its addresses.
+_NO_SOCKETS = "could not create any TCP/IP sockets"
+
+
+def _port_taken(child: Child) -> bool:
+    """Whether ``child`` (a Postgres that exited) stopped for want of its port."""
+    return not child.alive() and _NO_SOCKETS in child.tail(5)
 
 
 def postgres_bin_dir(override: str | None = None) -> Path:
@@ -88,8 +97,49 @@ class EmbeddedPostgres:
             _open_path_for(bindir.parent, data.parent)
         if not (data / "PG_VERSION").exists():
             self._initdb(bindir, data, run_as)
-        _remove_stale_pid(data)
-        self.port = cfg.port or free_port(cfg.host)
+        log_path = data.parent / "postgres.log"
+        if run_as is not None and log_path.exists():
+            shutil.chown(log_path, run_as, run_as)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            _remove_stale_pid(data)
+            self.port = cfg.port or free_port(cfg.host)
+            child = self._child = Child(
+                "postgres",
+                self._argv(bindir, data),
+                log_path=log_path,
+                user=run_as,
+                # SIGINT is Postgres's "fast" shutdown: roll back clients, checkpoint, exit.
+                stop_signal=signal.SIGINT,
+            )
+            try:
+                child.wait_until(
+                    lambda: _ready(data) and listening(cfg.host, self.port),
+                    timeout=timeout,
+                    what="ready",
+                )
+            except StackError:
+                # A port picked free can be taken before Postgres binds it (another
+                # program's listener, or a connection's own port): another is picked.
+                # A port the operator chose is theirs to free.
+                retry = not cfg.port and attempt < PORT_ATTEMPTS and _port_taken(child)
+                self.stop()
+                if retry:
+                    continue
+                raise
+            except BaseException:
+                self.stop()  # not left running behind a start that was interrupted
+                raise
+            break
+        try:
+            _ensure_database(bindir, cfg, self.port, run_as)
+            _require_password(bindir, cfg, self.port, run_as, data)
+        except BaseException:
+            self.stop()  # not left running behind a start that failed or was interrupted
+            raise
+        return self
+
+    def _argv(self, bindir: Path, data: Path) -> list[str]:
+        cfg = self.config
         argv = [
             str(bindir / "postgres"),
             "-D",
@@ -115,29 +165,7 @@ class EmbeddedPostgres:
                 "-c",
                 "full_page_writes=off",
             ]
-        log_path = data.parent / "postgres.log"
-        if run_as is not None and log_path.exists():
-            shutil.chown(log_path, run_as, run_as)
-        self._child = Child(
-            "postgres",
-            argv,
-            log_path=log_path,
-            user=run_as,
-            # SIGINT is Postgres's "fast" shutdown: roll back clients, checkpoint, exit.
-            stop_signal=signal.SIGINT,
-        )
-        try:
-            self._child.wait_until(
-                lambda: _ready(data) and listening(cfg.host, self.port),
-                timeout=timeout,
-                what="ready",
-            )
-            _ensure_database(bindir, cfg, self.port, run_as)
-            _require_password(bindir, cfg, self.port, run_as, data)
-        except BaseException:
-            self.stop()  # not left running behind a start that failed or was interrupted
-            raise
-        return self
+        return argv
 
     def _initdb(self, bindir: Path, data: Path, run_as: str | None) -> None:
         """Make the cluster, aside and renamed when whole: an initdb cut short (Ctrl-C in
