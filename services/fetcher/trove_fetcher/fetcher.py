@@ -991,12 +991,19 @@ class Fetcher:
         observation = _robots_observation(policy, hold.domain, started, end)
         hop_gap = gap if released == domain or own_file else None
         finished = self.clock.at(end)
-        await self._release(hold, finished, observation, gap=hop_gap)
+        # Shared before the lease is given back: a pod that takes the host's next lease
+        # looks for the policy again under it, and finds this one rather than asking
+        # the site for robots.txt a second time.
+        try:
+            self._remember(origin, policy)
+            await self._patiently(
+                lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes())
+            )
+        finally:
+            await self._release(hold, finished, observation, gap=hop_gap)
         if released != domain and gap is not None:
             crawl_gap = gap
             await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
-        await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
-        self._remember(origin, policy)
         return policy
 
     # followed timelines -----------------------------------------------------------

@@ -1,0 +1,101 @@
+"""A robots.txt a pod read is in the shared bucket before the host's lease is free again.
+
+The pod that takes the host's next lease looks for the policy under it: had the
+policy been written after the release, a write slower than the gap would leave that
+pod without it, and the site asked for robots.txt a second time. The ``Fetcher`` runs
+in the test's process against real NATS and a real HTTP server; the bucket it writes
+the policy to is the real one, seen through a wrapper that reads the host's lease
+record at the moment of each write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from nats.js.kv import KeyValue
+
+from tests.fetcher._completions import Completions
+from tests.fetcher._servers import LocalServer, serving
+from trove_fetcher.fetcher import Fetcher, Job
+from trove_fetcher.http import FetchLimits
+from trove_fetcher.politeness import DomainSlot, Politeness, PolitenessConfig
+from trove_fetcher.transport import build_client
+from trove_schema.bus import Bus
+from trove_schema.events import CrawlOutcome, PageDiscovered, Provenance, Scope
+from trove_schema.settings import FetcherSettings
+from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
+from trove_schema.urls import canonicalize, domain_of
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+IP = "127.0.0.63"
+HOST = "robots-shared.test"
+
+
+class LeaseAtWrite:
+    """The robots bucket, noting whether the host's lease was held at each write."""
+
+    def __init__(self, robots: KeyValue, leases: KeyValue) -> None:
+        self.robots = robots
+        self.leases = leases
+        self.held: list[bool] = []
+
+    async def get(self, key: str) -> object:
+        return await self.robots.get(key)
+
+    async def put(self, key: str, value: bytes) -> int:
+        lease = await self.leases.get(Politeness.key(HOST))
+        self.held.append(DomainSlot.decode(lease.value, 0.05).busy_until > 0)
+        return await self.robots.put(key, value)
+
+
+@pytest.fixture
+def site() -> Iterator[LocalServer]:
+    routes = {
+        f"{HOST}/robots.txt": lambda ex: ex.send(
+            200, b"User-agent: *\nAllow: /\n", content_type="text/plain"
+        ),
+        f"{HOST}/page": lambda ex: ex.send(200, b"<title>page</title>"),
+    }
+    with serving(routes, IP) as running:
+        yield running
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    settings = FetcherSettings(allowed_networks=(f"{IP}/32",), resolve=(f"{HOST}={IP}",))
+    async with build_client(settings) as built:
+        yield built
+
+
+async def test_a_read_robots_txt_is_shared_while_its_hosts_lease_is_still_held(
+    bus: Bus, client: httpx.AsyncClient, site: LocalServer
+) -> None:
+    leases = await bus.js.key_value(DOMAINS_BUCKET)
+    robots = LeaseAtWrite(await bus.js.key_value(ROBOTS_BUCKET), leases)
+    fetcher = Fetcher(
+        bus=bus,
+        client=client,
+        politeness=Politeness(leases, PolitenessConfig(min_delay=0.05)),
+        robots_kv=robots,  # type: ignore[arg-type]
+        limits=FetchLimits(total_timeout=5.0),
+        robots_token="TroveBot",
+        robots_max_bytes=64 * 1024,
+    )
+    url = canonicalize(site.url("/page", HOST))
+    work = PageDiscovered(
+        url=url, domain=domain_of(url), scope=Scope(value=HOST), provenance=Provenance(kind="seed")
+    )
+    try:
+        await fetcher.process(Job(work), work.to_wire())
+    finally:
+        fetcher.close()
+
+    events = await Completions(bus.js).wait_for(1, timeout=10)
+    assert events[url].outcome is CrawlOutcome.SUCCESS
+    assert len(site.requests_to("/robots.txt", HOST)) == 1
+    assert robots.held == [True]
+    released = DomainSlot.decode((await leases.get(Politeness.key(HOST))).value, 0.05)
+    assert released.busy_until == 0
