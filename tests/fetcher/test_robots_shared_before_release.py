@@ -1,11 +1,15 @@
-"""A robots.txt a pod read is in the shared bucket before the host's lease is free again.
+"""A robots.txt a pod read is in the shared bucket before the host's lease is free again,
+and its Crawl-delay is written before it.
 
 The pod that takes the host's next lease looks for the policy under it: had the
 policy been written after the release, a write slower than the gap would leave that
-pod without it, and the site asked for robots.txt a second time. The ``Fetcher`` runs
-in the test's process against real NATS and a real HTTP server; the bucket it writes
-the policy to is the real one, seen through a wrapper that reads the host's lease
-record at the moment of each write.
+pod without it, and the site asked for robots.txt a second time. And a policy shared
+before its Crawl-delay was written would be trusted by the retry of a work whose
+write the broker did not take, the Crawl-delay lost until robots.txt is read again
+the next day. The ``Fetcher`` runs in the test's process against real NATS and a real
+HTTP server; the buckets are the real ones, the robots bucket seen through a wrapper
+that reads the host's lease record at the moment of each write, and the broker's
+absence played by a politeness whose writes of a Crawl-delay fail while it is "away".
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import nats.errors
 import pytest
 from nats.js.kv import KeyValue
 
@@ -20,10 +25,11 @@ from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, serving
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import DomainSlot, Politeness, PolitenessConfig
+from trove_fetcher.politeness import DomainSlot, Granted, Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlOutcome, PageDiscovered, Provenance, Scope
+from trove_schema.policy import HostPolicy, Observation
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
 from trove_schema.urls import canonicalize, domain_of
@@ -51,11 +57,35 @@ class LeaseAtWrite:
         return await self.robots.put(key, value)
 
 
+class CrawlDelayLost(Politeness):
+    """Shared leases whose writes of a Crawl-delay fail while ``away``."""
+
+    away = True
+
+    async def set_gap(self, domain: str, gap: float, end: float) -> None:
+        if self.away:
+            raise nats.errors.TimeoutError
+        await super().set_gap(domain, gap, end)
+
+    async def finish(
+        self,
+        domain: str,
+        grant: Granted,
+        end: float,
+        observation: Observation | None = None,
+        *,
+        gap: float | None = None,
+    ) -> HostPolicy:
+        if gap is not None and self.away:
+            raise nats.errors.TimeoutError
+        return await super().finish(domain, grant, end, observation, gap=gap)
+
+
 @pytest.fixture
 def site() -> Iterator[LocalServer]:
     routes = {
         f"{HOST}/robots.txt": lambda ex: ex.send(
-            200, b"User-agent: *\nAllow: /\n", content_type="text/plain"
+            200, b"User-agent: *\nCrawl-delay: 3\nAllow: /\n", content_type="text/plain"
         ),
         f"{HOST}/page": lambda ex: ex.send(200, b"<title>page</title>"),
     }
@@ -70,6 +100,13 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield built
 
 
+def page(site: LocalServer) -> PageDiscovered:
+    url = canonicalize(site.url("/page", HOST))
+    return PageDiscovered(
+        url=url, domain=domain_of(url), scope=Scope(value=HOST), provenance=Provenance(kind="seed")
+    )
+
+
 async def test_a_read_robots_txt_is_shared_while_its_hosts_lease_is_still_held(
     bus: Bus, client: httpx.AsyncClient, site: LocalServer
 ) -> None:
@@ -78,16 +115,14 @@ async def test_a_read_robots_txt_is_shared_while_its_hosts_lease_is_still_held(
     fetcher = Fetcher(
         bus=bus,
         client=client,
-        politeness=Politeness(leases, PolitenessConfig(min_delay=0.05)),
+        politeness=Politeness(leases, PolitenessConfig(min_delay=0.05, max_delay=0.05)),
         robots_kv=robots,  # type: ignore[arg-type]
         limits=FetchLimits(total_timeout=5.0),
         robots_token="TroveBot",
         robots_max_bytes=64 * 1024,
     )
-    url = canonicalize(site.url("/page", HOST))
-    work = PageDiscovered(
-        url=url, domain=domain_of(url), scope=Scope(value=HOST), provenance=Provenance(kind="seed")
-    )
+    work = page(site)
+    url = work.url
     try:
         await fetcher.process(Job(work), work.to_wire())
     finally:
@@ -99,3 +134,33 @@ async def test_a_read_robots_txt_is_shared_while_its_hosts_lease_is_still_held(
     assert robots.held == [True]
     released = DomainSlot.decode((await leases.get(Politeness.key(HOST))).value, 0.05)
     assert released.busy_until == 0
+
+
+async def test_a_crawl_delay_the_broker_did_not_take_is_read_again_not_lost(
+    bus: Bus, client: httpx.AsyncClient, site: LocalServer
+) -> None:
+    leases = await bus.js.key_value(DOMAINS_BUCKET)
+    politeness = CrawlDelayLost(leases, PolitenessConfig(min_delay=0.0, max_delay=10.0))
+    fetcher = Fetcher(
+        bus=bus,
+        client=client,
+        politeness=politeness,
+        robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
+        limits=FetchLimits(total_timeout=5.0),
+        robots_token="TroveBot",
+        robots_max_bytes=64 * 1024,
+        ack_wait=1.0,  # the pod tries a write again for half of it
+    )
+    work = page(site)
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await fetcher.process(Job(work), work.to_wire())
+        politeness.away = False
+        await fetcher.process(Job(work), work.to_wire())  # the work handed back, again
+    finally:
+        fetcher.close()
+
+    assert len(site.requests_to("/robots.txt", HOST)) == 2
+    record = DomainSlot.decode((await leases.get(Politeness.key(HOST))).value, 0.0)
+    assert record.gap == 3.0
+    assert record.busy_until == 0

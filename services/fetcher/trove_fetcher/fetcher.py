@@ -483,13 +483,10 @@ class Fetcher:
         hold: _Hold,
         end: float | None = None,
         observation: Observation | None = None,
-        *,
-        gap: float | None = None,
     ) -> None:
         """End the lease: the host is free one gap after ``end`` (on the shared clock,
         ``self.clock.at`` of the moment, placed when it was read; now if None);
-        ``observation`` is folded into the host's policy, and ``gap`` (a Crawl-delay)
-        set, in the same write."""
+        ``observation`` is folded into the host's policy in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
@@ -498,12 +495,10 @@ class Fetcher:
             observation = self._shared(observation)
         try:
             await self._patiently(
-                lambda: self.politeness.finish(hold.domain, grant, finished, observation, gap=gap)
+                lambda: self.politeness.finish(hold.domain, grant, finished, observation)
             )
         except Exception as exc:
-            # A Crawl-delay that was not written must not be forgotten: the work is
-            # handed back and robots.txt read again, the hold keeping the host safe.
-            if not broker_trouble(exc) or gap is not None:
+            if not broker_trouble(exc):
                 raise
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe;
@@ -974,7 +969,7 @@ class Fetcher:
             await self._release(hold)
             raise
         end = time.time()
-        # The host's gap as its Crawl-delay sets it, written with the release. A
+        # The host's gap as its Crawl-delay sets it, written before the release. A
         # robots.txt redirected to another host (www. to the bare domain) is the file
         # of both: the lease released is the last hop's, so the origin's is set too.
         # A file that could not be read (a 5xx, a timeout) says nothing of the
@@ -991,19 +986,24 @@ class Fetcher:
         observation = _robots_observation(policy, hold.domain, started, end)
         hop_gap = gap if released == domain or own_file else None
         finished = self.clock.at(end)
-        # Shared before the lease is given back: a pod that takes the host's next lease
-        # looks for the policy again under it, and finds this one rather than asking
-        # the site for robots.txt a second time.
         try:
-            self._remember(origin, policy)
+            # The Crawl-delay first, then the policy, both while the lease is held: the
+            # pod that takes the host's next lease looks for the policy under it and
+            # finds this one, rather than asking the site for robots.txt again. In this
+            # order a write the broker did not take leaves no policy behind that a retry
+            # would trust without its Crawl-delay: the work is handed back, and
+            # robots.txt read again.
+            if hop_gap is not None:
+                await self._patiently(lambda: self.politeness.set_gap(released, hop_gap, finished))
+            if released != domain and gap is not None:
+                crawl_gap = gap
+                await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
             await self._patiently(
                 lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes())
             )
+            self._remember(origin, policy)
         finally:
-            await self._release(hold, finished, observation, gap=hop_gap)
-        if released != domain and gap is not None:
-            crawl_gap = gap
-            await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
+            await self._release(hold, finished, observation)
         return policy
 
     # followed timelines -----------------------------------------------------------
