@@ -1,25 +1,31 @@
-"""Loopback ports for the tests' own servers, from a range only this test worker uses.
+"""Loopback ports for the tests' own servers: below the ephemeral range, one holder each.
 
 A port the kernel picks (a bind to port 0) comes from the ephemeral range, which every
 outgoing connection on the machine also takes its source port from. Between a test
 releasing such a port and a child process binding it (nats-server, Postgres, a service's
 health port, seconds later at times), another test's connection can take it, and the
-child fails to start. Below the ephemeral range no connection takes a port on its own,
-and each pytest-xdist worker hands out ports from a span of its own, so only this
-worker's tests ever ask for them, one after another.
+child fails to start. Below the ephemeral range no connection takes a port on its own;
+and each port handed out here is locked for as long as the test process lives (a lock
+file), so no other worker, nor another test run on the machine, hands it out too.
+Where the ephemeral range leaves too little room below it, ports come from above
+``FLOOR`` anyway: the locks still keep the tests from each other.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import random
 import socket
+import tempfile
 from pathlib import Path
 
-#: Ports each worker hands out, in turn; a suite's worker uses a few hundred, and a port
-#: it handed out before comes round again only after all the others.
-SPAN = 1500
-#: The lowest port handed out (above the well-known and registered ones most often used).
+#: The lowest port handed out (above the well-known and most registered ones).
 FLOOR = 10000
+#: Ports between ``FLOOR`` and the ephemeral range below which the room is too small.
+LEAST_ROOM = 2000
+#: Where the lock files are, one a port.
+LOCKS = Path(tempfile.gettempdir()) / "trove-test-ports"
 
 
 def _ephemeral_low() -> int:
@@ -29,44 +35,54 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
-def _worker() -> int:
-    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    number = name.removeprefix("gw")
-    return int(number) if number.isdigit() else 0
+def _candidates() -> range:
+    low = _ephemeral_low()
+    return range(FLOOR, low if low - FLOOR >= LEAST_ROOM else 61000)
 
 
-def _span() -> range:
-    top = max(_ephemeral_low(), FLOOR + SPAN)
-    spans = max(1, (top - FLOOR) // SPAN)
-    first = top - (_worker() % spans + 1) * SPAN
-    return range(first, first + SPAN)
+_RANGE = _candidates()
+#: Where the next look starts: at random, so that test runs begin apart.
+_cursor = random.randrange(len(_RANGE))
+#: The lock files held, open for the life of the process (their locks with them).
+_held: list[int] = []
 
 
-_RANGE = _span()
-#: Where the next look for a free port starts, within ``_RANGE``.
-_cursor = 0
+def _take(port: int, host: str) -> bool:
+    """Lock ``port`` for this process if nobody else holds it and it binds now."""
+    LOCKS.mkdir(exist_ok=True)
+    fd = os.open(LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with socket.socket() as sock:
+            sock.bind((host, port))
+    except OSError:  # locked by another holder, or in use, or closing (TIME_WAIT)
+        os.close(fd)
+        return False
+    _held.append(fd)
+    return True
 
 
 def free_ports(count: int = 1, host: str = "127.0.0.1") -> int:
-    """The first of ``count`` consecutive ports on ``host`` nobody listens on or connects
-    from now (bound, then released); the next call looks past them."""
+    """The first of ``count`` consecutive ports on ``host`` that nobody listens on or
+    connects from now, and that no other test process hands out (bound, then released;
+    locked until this process ends)."""
     global _cursor
-    for _ in range(SPAN):
+    for _ in range(len(_RANGE)):
         first = _RANGE.start + _cursor
-        _cursor = (_cursor + 1) % SPAN
+        _cursor = (_cursor + 1) % len(_RANGE)
         if first + count > _RANGE.stop:
             continue
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue  # in use, or closing (TIME_WAIT): look further
-        _cursor = (first + count - _RANGE.start) % SPAN
-        return first
-    raise OSError(f"no {count} free consecutive ports on {host} among this worker's {SPAN}")
+        taken = 0
+        while taken < count and _take(first + taken, host):
+            taken += 1
+        if taken == count:
+            _cursor = (first + count - _RANGE.start) % len(_RANGE)
+            return first
+        # Those taken stay locked, unused: a few ports of thousands.
+    raise OSError(f"no {count} free consecutive ports on {host} from {_RANGE.start}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` nobody listens on or connects from now (bound, then released)."""
+    """A port on ``host`` nobody listens on or connects from now, and no other test
+    process hands out (bound, then released; locked until this process ends)."""
     return free_ports(1, host)

@@ -30,9 +30,17 @@ PORT_ATTEMPTS = 3
 _NO_SOCKETS = "could not create any TCP/IP sockets"
 
 
-def _port_taken(child: Child) -> bool:
-    """Whether ``child`` (a Postgres that exited) stopped for want of its port."""
-    return not child.alive() and _NO_SOCKETS in child.tail(5)
+def _port_taken(child: Child, log_from: int) -> bool:
+    """Whether ``child`` (a Postgres that exited) stopped for want of its port, by what
+    it logged from byte ``log_from`` on (its log holds earlier starts' lines too)."""
+    if child.alive():
+        return False
+    try:
+        with child.log_path.open("rb") as log:
+            log.seek(log_from)
+            return _NO_SOCKETS.encode() in log.read()
+    except OSError:
+        return False
 
 
 def postgres_bin_dir(override: str | None = None) -> Path:
@@ -103,6 +111,7 @@ class EmbeddedPostgres:
         for attempt in range(1, PORT_ATTEMPTS + 1):
             _remove_stale_pid(data)
             self.port = cfg.port or free_port(cfg.host)
+            log_from = log_path.stat().st_size if log_path.exists() else 0
             child = self._child = Child(
                 "postgres",
                 self._argv(bindir, data),
@@ -121,7 +130,7 @@ class EmbeddedPostgres:
                 # A port picked free can be taken before Postgres binds it (another
                 # program's listener, or a connection's own port): another is picked.
                 # A port the operator chose is theirs to free.
-                retry = not cfg.port and attempt < PORT_ATTEMPTS and _port_taken(child)
+                retry = not cfg.port and attempt < PORT_ATTEMPTS and _port_taken(child, log_from)
                 self.stop()
                 if retry:
                     continue
