@@ -58,14 +58,15 @@ class LeaseAtWrite:
 
 
 class CrawlDelayLost(Politeness):
-    """Shared leases whose writes of a Crawl-delay fail while ``away``."""
+    """Shared leases whose writes of a Crawl-delay the broker does not take: every one
+    (``with_release``), or the gap's own write only, the release that carries it taken."""
 
-    away = True
+    def __init__(self, kv: KeyValue, config: PolitenessConfig, *, with_release: bool) -> None:
+        super().__init__(kv, config)
+        self.with_release = with_release
 
     async def set_gap(self, domain: str, gap: float, end: float) -> None:
-        if self.away:
-            raise nats.errors.TimeoutError
-        await super().set_gap(domain, gap, end)
+        raise nats.errors.TimeoutError
 
     async def finish(
         self,
@@ -76,7 +77,7 @@ class CrawlDelayLost(Politeness):
         *,
         gap: float | None = None,
     ) -> HostPolicy:
-        if gap is not None and self.away:
+        if gap is not None and self.with_release:
             raise nats.errors.TimeoutError
         return await super().finish(domain, grant, end, observation, gap=gap)
 
@@ -136,16 +137,20 @@ async def test_a_read_robots_txt_is_shared_while_its_hosts_lease_is_still_held(
     assert released.busy_until == 0
 
 
-async def test_a_crawl_delay_the_broker_did_not_take_is_read_again_not_lost(
-    bus: Bus, client: httpx.AsyncClient, site: LocalServer
+@pytest.mark.parametrize("with_release", [True, False], ids=["every write", "its own write"])
+async def test_a_crawl_delay_the_broker_did_not_take_leaves_no_policy_and_no_free_host(
+    bus: Bus, client: httpx.AsyncClient, site: LocalServer, with_release: bool
 ) -> None:
     leases = await bus.js.key_value(DOMAINS_BUCKET)
-    politeness = CrawlDelayLost(leases, PolitenessConfig(min_delay=0.0, max_delay=10.0))
+    policies = await bus.js.key_value(ROBOTS_BUCKET)
+    politeness = CrawlDelayLost(
+        leases, PolitenessConfig(min_delay=0.0, max_delay=10.0), with_release=with_release
+    )
     fetcher = Fetcher(
         bus=bus,
         client=client,
         politeness=politeness,
-        robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
+        robots_kv=policies,
         limits=FetchLimits(total_timeout=5.0),
         robots_token="TroveBot",
         robots_max_bytes=64 * 1024,
@@ -153,14 +158,18 @@ async def test_a_crawl_delay_the_broker_did_not_take_is_read_again_not_lost(
     )
     work = page(site)
     try:
+        # The work is handed back, to be read again from robots.txt...
         with pytest.raises(nats.errors.TimeoutError):
             await fetcher.process(Job(work), work.to_wire())
-        politeness.away = False
-        await fetcher.process(Job(work), work.to_wire())  # the work handed back, again
     finally:
         fetcher.close()
 
-    assert len(site.requests_to("/robots.txt", HOST)) == 2
+    assert len(site.requests_to("/robots.txt", HOST)) == 1
+    # ... for no policy was shared that a retry would trust without its Crawl-delay...
+    assert (await policies.status()).values == 0
+    # ... and the host is not free before the Crawl-delay: still held, or free with it.
     record = DomainSlot.decode((await leases.get(Politeness.key(HOST))).value, 0.0)
-    assert record.gap == 3.0
-    assert record.busy_until == 0
+    if with_release:
+        assert record.busy_until > 0
+    else:
+        assert (record.busy_until, record.gap) == (0, 3.0)

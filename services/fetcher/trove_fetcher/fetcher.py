@@ -483,10 +483,13 @@ class Fetcher:
         hold: _Hold,
         end: float | None = None,
         observation: Observation | None = None,
+        *,
+        gap: float | None = None,
     ) -> None:
         """End the lease: the host is free one gap after ``end`` (on the shared clock,
         ``self.clock.at`` of the moment, placed when it was read; now if None);
-        ``observation`` is folded into the host's policy in the same write."""
+        ``observation`` is folded into the host's policy, and ``gap`` (a Crawl-delay)
+        set, in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
@@ -495,10 +498,12 @@ class Fetcher:
             observation = self._shared(observation)
         try:
             await self._patiently(
-                lambda: self.politeness.finish(hold.domain, grant, finished, observation)
+                lambda: self.politeness.finish(hold.domain, grant, finished, observation, gap=gap)
             )
         except Exception as exc:
-            if not broker_trouble(exc):
+            # A Crawl-delay that was not written must not be forgotten: the work is
+            # handed back and robots.txt read again, the hold keeping the host safe.
+            if not broker_trouble(exc) or gap is not None:
                 raise
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe;
@@ -992,7 +997,8 @@ class Fetcher:
             # finds this one, rather than asking the site for robots.txt again. In this
             # order a write the broker did not take leaves no policy behind that a retry
             # would trust without its Crawl-delay: the work is handed back, and
-            # robots.txt read again.
+            # robots.txt read again. The release carries the gap too, so that the host
+            # is never freed without it (one that cannot be written keeps the hold).
             if hop_gap is not None:
                 await self._patiently(lambda: self.politeness.set_gap(released, hop_gap, finished))
             if released != domain and gap is not None:
@@ -1003,7 +1009,7 @@ class Fetcher:
             )
             self._remember(origin, policy)
         finally:
-            await self._release(hold, finished, observation)
+            await self._release(hold, finished, observation, gap=hop_gap)
         return policy
 
     # followed timelines -----------------------------------------------------------
