@@ -13,6 +13,7 @@ Where the ephemeral range leaves too little room below it, ports come from above
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -47,10 +48,22 @@ _cursor = random.randrange(len(_RANGE))
 _held: list[int] = []
 
 
+def _locks() -> Path:
+    """The lock files' folder, which every user of the machine may add to (as /tmp)."""
+    LOCKS.mkdir(exist_ok=True)
+    if LOCKS.stat().st_mode & 0o1777 != 0o1777:
+        with contextlib.suppress(OSError):  # another user's: theirs to open up
+            LOCKS.chmod(0o1777)
+    return LOCKS
+
+
 def _take(port: int, host: str) -> bool:
     """Lock ``port`` for this process if nobody else holds it and it binds now."""
-    LOCKS.mkdir(exist_ok=True)
-    fd = os.open(LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        # Read-only is enough to lock, and opens another user's lock file too.
+        fd = os.open(_locks() / str(port), os.O_RDONLY | os.O_CREAT, 0o444)
+    except OSError:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with socket.socket() as sock:
