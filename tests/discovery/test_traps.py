@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trove_discovery.traps import url_trap_reason
 
@@ -63,3 +67,15 @@ def test_a_url_over_the_length_limit_is_a_trap() -> None:
     url = "https://example.org/" + "a" * 80
     assert trap(url, max_length=100) is None
     assert trap(url + "b", max_length=100) == "URL longer than 100 characters"
+
+
+@given(
+    segments=st.lists(st.sampled_from(["a", "b", "c", "2024", "page"]), max_size=14),
+    repetitions=st.integers(min_value=1, max_value=5),
+)
+def test_a_path_is_a_trap_exactly_when_one_segment_repeats_past_the_limit(
+    segments: list[str], repetitions: int
+) -> None:
+    most = max(Counter(segments).values(), default=0)
+    found = trap("https://example.org/" + "/".join(segments), repetitions=repetitions)
+    assert (found is not None) == (most > repetitions)
