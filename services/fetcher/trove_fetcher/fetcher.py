@@ -974,7 +974,7 @@ class Fetcher:
             await self._release(hold)
             raise
         end = time.time()
-        # The host's gap as its Crawl-delay sets it, written before the release. A
+        # The host's gap as its Crawl-delay sets it, written with the release. A
         # robots.txt redirected to another host (www. to the bare domain) is the file
         # of both: the lease released is the last hop's, so the origin's is set too.
         # A file that could not be read (a 5xx, a timeout) says nothing of the
@@ -991,25 +991,29 @@ class Fetcher:
         observation = _robots_observation(policy, hold.domain, started, end)
         hop_gap = gap if released == domain or own_file else None
         finished = self.clock.at(end)
+        key = _robots_key(origin)
+        # Shared before the lease is given back, so that the pod that takes the host's
+        # next lease finds it rather than asking the site for robots.txt again; the
+        # release carries the Crawl-delay. A release the broker did not take (the hold
+        # then keeps the host) takes the policy back, so that the retry of the work reads
+        # robots.txt again and writes its Crawl-delay, rather than trusting a policy
+        # whose Crawl-delay no record holds.
         try:
-            # The Crawl-delay first, then the policy, both while the lease is held: the
-            # pod that takes the host's next lease looks for the policy under it and
-            # finds this one, rather than asking the site for robots.txt again. In this
-            # order a write the broker did not take leaves no policy behind that a retry
-            # would trust without its Crawl-delay: the work is handed back, and
-            # robots.txt read again. The release carries the gap too, so that the host
-            # is never freed without it (one that cannot be written keeps the hold).
-            if hop_gap is not None:
-                await self._patiently(lambda: self.politeness.set_gap(released, hop_gap, finished))
             if released != domain and gap is not None:
                 crawl_gap = gap
                 await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
-            await self._patiently(
-                lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes())
-            )
+            await self._patiently(lambda: self.robots_kv.put(key, policy.to_bytes()))
             self._remember(origin, policy)
-        finally:
+        except BaseException:
             await self._release(hold, finished, observation, gap=hop_gap)
+            raise
+        try:
+            await self._release(hold, finished, observation, gap=hop_gap)
+        except BaseException:
+            self._robots_local.pop(origin)
+            with contextlib.suppress(Exception):
+                await self._patiently(lambda: self.robots_kv.delete(key))
+            raise
         return policy
 
     # followed timelines -----------------------------------------------------------
