@@ -3,11 +3,12 @@ without it.
 
 Most of a page's links lead to pages its site has already shown: its menu, its archive,
 its tags, the posts beside it. Discovery drops a link to a page this replica remembers
-as claimed this cycle before any other check (``Discovery._known_already``); without
-the shortcut every such link is parsed, scoped, checked for traps and given an event id
-before the seen set says it is known. Here one process handles the same blog-like pages
-both ways, alternating by round, against a real nats-server (each page's new links are
-claimed in the seen bucket and published, as in a crawl):
+as claimed this cycle by another cause before any other check
+(``Discovery._known_already``); without the shortcut every such link is parsed, scoped,
+checked for traps and looked up in the seen set's memory before it is known. Here one
+process handles the same blog-like pages both ways, alternating by round, against a real
+nats-server (each page's new links are claimed in the seen bucket and published, as in
+a crawl):
 
 * a page has ``--links`` links: ``--new`` to posts never seen, ``--foreign`` to other
   hosts (out of scope), and the rest to the site's menu and older posts, claimed by the
@@ -56,7 +57,7 @@ from trove_stack.nats import EmbeddedNats, NatsConfig
 class WithoutShortcut(Discovery):
     """Discovery as it was before the shortcut: every link judged in full."""
 
-    def _known_already(self, link: Link) -> bool:
+    def _known_already(self, link: Link, cause: str) -> bool:
         return False
 
 

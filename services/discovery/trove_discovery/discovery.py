@@ -292,9 +292,6 @@ class Discovery:
         candidates: dict[str, _Candidate] = {}
         outgoing: list[PageDiscovered] = []
         taken = 0
-        # On a first delivery no claim this replica remembers is this page's own (a
-        # redelivery may find its earlier claims, which it publishes again).
-        first = deliveries <= 1
         for link in followable:
             if taken >= self.settings.max_links_per_page:
                 break
@@ -302,8 +299,12 @@ class Discovery:
                 continue
             if link.nofollow and not self.settings.follow_nofollow:
                 continue
-            if first and self._known_already(link):
-                continue  # most of a page's links: its site's menu, its archive
+            if self._known_already(link, event.id):
+                # Most of a page's links: its site's menu, its archive. Counted as the
+                # full path counts a known link, so that the cap stops a redelivery, or
+                # another replica that remembers less, no sooner than this handling.
+                taken += 1
+                continue
             try:
                 host = domain_of(link.url)
             except InvalidURL:
@@ -483,17 +484,23 @@ class Discovery:
         keys = self.url_rules.undecided(host, url)
         return (host, keys) if keys else None
 
-    def _known_already(self, link: Link) -> bool:
-        """Whether ``link`` is a page claimed this cycle, by this replica's memory, and
-        nothing but an ordinary link to it: the checks and claim it would go through
-        end in "known" (a spelling that rules may rewrite, a page's redirect and
-        canonical, and a budget's refusal are judged in full)."""
+    def _known_already(self, link: Link, cause: str) -> bool:
+        """Whether ``link`` is a page claimed this cycle by another cause than ``cause``
+        (the crawled page's event), by this replica's memory, and nothing but an
+        ordinary link to it: the checks and claim it would go through end in "known".
+        A spelling that rules may rewrite, a page's redirect and canonical, a budget's
+        refusal, and a claim of the page's own (a handling handed back after its claims,
+        redelivered or redriven) are judged in full."""
         if link.kind is LinkKind.REDIRECT or link.kind is LinkKind.CANONICAL:
             return False
         if self.url_rules is not None and could_alias(link.url):
             return False
         claimed_by = self.sightings.claimed_by(_seen_key(link.url))
-        return claimed_by is not None and _refused_until(claimed_by) is None
+        return (
+            claimed_by is not None
+            and _refused_until(claimed_by) is None
+            and claimed_by != derived_event_id(f"{cause}:{link.url}", "discovered").encode()
+        )
 
     def _known(self, url: str, event_id: str) -> bool:
         """Claimed by another cause, as far as this replica remembers."""

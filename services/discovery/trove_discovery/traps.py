@@ -43,7 +43,7 @@ def url_trap_reason(
         return f"{len(segments)} path segments (more than {max_path_segments})"
     # Only a path with that many repeats in all can repeat one segment that often: most
     # have none, and skip the count.
-    if len(segments) - len(set(segments)) >= max_path_repetitions:
+    if segments and len(segments) - len(set(segments)) >= max_path_repetitions:
         segment, count = Counter(segments).most_common(1)[0]
         if count > max_path_repetitions:
             return (
