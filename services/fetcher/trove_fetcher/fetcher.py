@@ -991,29 +991,12 @@ class Fetcher:
         observation = _robots_observation(policy, hold.domain, started, end)
         hop_gap = gap if released == domain or own_file else None
         finished = self.clock.at(end)
-        key = _robots_key(origin)
-        # Shared before the lease is given back, so that the pod that takes the host's
-        # next lease finds it rather than asking the site for robots.txt again; the
-        # release carries the Crawl-delay. A release the broker did not take (the hold
-        # then keeps the host) takes the policy back, so that the retry of the work reads
-        # robots.txt again and writes its Crawl-delay, rather than trusting a policy
-        # whose Crawl-delay no record holds.
-        try:
-            if released != domain and gap is not None:
-                crawl_gap = gap
-                await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
-            await self._patiently(lambda: self.robots_kv.put(key, policy.to_bytes()))
-            self._remember(origin, policy)
-        except BaseException:
-            await self._release(hold, finished, observation, gap=hop_gap)
-            raise
-        try:
-            await self._release(hold, finished, observation, gap=hop_gap)
-        except BaseException:
-            self._robots_local.pop(origin)
-            with contextlib.suppress(Exception):
-                await self._patiently(lambda: self.robots_kv.delete(key))
-            raise
+        await self._release(hold, finished, observation, gap=hop_gap)
+        if released != domain and gap is not None:
+            crawl_gap = gap
+            await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
+        await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
+        self._remember(origin, policy)
         return policy
 
     # followed timelines -----------------------------------------------------------
