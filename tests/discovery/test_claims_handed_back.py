@@ -1,9 +1,12 @@
-"""A page whose links were claimed in the seen set but not published (the broker away
-at the publish, the pod gone) publishes them all when it comes back: redelivered, or
-redriven from the dead letters as a new message, on the replica that remembers its
-claims. Most of a page's links are to pages known already and are dropped early; a
-page's own claims are not "known", and the links that lead to them still fit within
-the cap on links taken from one page."""
+"""Every page a crawled page claims in the seen set is published, on whichever handling.
+
+A page whose links were claimed but not published (the broker away at the publish, the
+pod gone) publishes them all when it comes back: redelivered, redriven from the dead
+letters as a new message, or on another replica. Links to pages known already are
+dropped early, by what a replica remembers; the cap on the pages one page brings
+counts its own claims, which the seen set decides, so what one replica remembers never
+makes a later handling stop short of what an earlier one claimed.
+"""
 
 from __future__ import annotations
 
@@ -16,54 +19,86 @@ import trove_discovery.discovery as discovery_module
 from tests.discovery.crawl_support import crawled, discoveries, handle
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
-from trove_schema.events import Event, PageDiscovered, derived_event_id
+from trove_schema.events import CrawlCompleted, Event, PageDiscovered, derived_event_id
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import SEEN_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")
 
 SITE = "https://site.example"
+POSTS = [f"{SITE}/posts/1", f"{SITE}/posts/2"]
+#: The page's links before its posts: a link to a page known already, to itself (it is
+#: re-crawled), the same link twice.
+SHAPES = {
+    "known page": [f"{SITE}/about"],
+    "itself": [f"{SITE}/posts/", f"{SITE}/about"],
+    "twice": [f"{SITE}/about", f"{SITE}/about"],
+}
 
 
-@pytest.mark.parametrize("deliveries", [2, 1], ids=["redelivered", "redriven"])
-async def test_a_page_handed_back_after_its_claims_publishes_them_all(
-    bus: Bus, monkeypatch: pytest.MonkeyPatch, deliveries: int
+async def replica(bus: Bus, cap: int) -> Discovery:
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    return Discovery(bus=bus, seen=seen, settings=DiscoverySettings(max_links_per_page=cap))
+
+
+async def claimed_by(bus: Bus, page: CrawlCompleted, urls: list[str]) -> list[str]:
+    """Those of ``urls`` whose place in the seen set ``page`` holds."""
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    held = []
+    for url in urls:
+        try:
+            entry = await seen.get(discovery_module._seen_key(url))
+        except KeyNotFoundError:
+            continue
+        if entry.value == derived_event_id(f"{page.id}:{url}", "discovered").encode():
+            held.append(url)
+    return held
+
+
+async def handled_with_the_broker_away(
+    bus: Bus, discovery: Discovery, page: CrawlCompleted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    discovery = Discovery(
-        bus=bus,
-        seen=await bus.js.key_value(SEEN_BUCKET),
-        settings=DiscoverySettings(max_links_per_page=4),
-    )
-    menu = [f"{SITE}/about", f"{SITE}/archive", f"{SITE}/tags"]
-    await handle(discovery, bus, crawled(f"{SITE}/", *menu))
-    posts = [f"{SITE}/posts/1", f"{SITE}/posts/2"]
-    page = crawled(f"{SITE}/posts/", *menu, *posts)
-
     publish = bus.publish
-    away = True
 
-    async def broker_away_for_pages(event: Event, **options: Any) -> Any:
-        if away and isinstance(event, PageDiscovered):
+    async def away_for_pages(event: Event, **options: Any) -> Any:
+        if isinstance(event, PageDiscovered):
             raise ConnectionError("the broker is away")
         return await publish(event, **options)
 
-    monkeypatch.setattr(bus, "publish", broker_away_for_pages)
+    monkeypatch.setattr(bus, "publish", away_for_pages)
     with pytest.raises(ConnectionError):
-        await handle(discovery, bus, page)  # the posts claimed, not published
-    away = False
+        await handle(discovery, bus, page)
+    monkeypatch.setattr(bus, "publish", publish)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("again", ["redelivered", "redriven", "on another replica"])
+async def test_a_page_handed_back_after_its_claims_publishes_them_all(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch, shape: str, again: str
+) -> None:
+    first = await replica(bus, cap=3)
+    # Another page claimed /about, on a replica of its own; /posts/ itself was crawled.
+    await handle(await replica(bus, cap=3), bus, crawled(f"{SITE}/", f"{SITE}/about"))
+    page = crawled(f"{SITE}/posts/", *SHAPES[shape], *POSTS)
+    await handle(first, bus, crawled(f"{SITE}/archive", f"{SITE}/about", page.url))
+    await handled_with_the_broker_away(bus, first, page, monkeypatch)
+    assert await claimed_by(bus, page, POSTS) == POSTS
+
+    later = await replica(bus, cap=3) if again == "on another replica" else first
+    deliveries = 2 if again == "redelivered" else 1
     monkeypatch.setattr(discovery_module, "delivery_count", lambda msg: deliveries)
-    await handle(discovery, bus, page)
+    await handle(later, bus, page)
 
-    seen = await bus.js.key_value(SEEN_BUCKET)
+    published = [event.url for event in await discoveries(bus)]
+    assert set(POSTS) <= set(published)
 
-    async def claimed_by_the_page(post: str) -> bool:
-        try:
-            entry = await seen.get(discovery_module._seen_key(post))
-        except KeyNotFoundError:
-            return False
-        return entry.value == derived_event_id(f"{page.id}:{post}", "discovered").encode()
 
-    claimed = [post for post in posts if await claimed_by_the_page(post)]
-    assert claimed  # the cap left room for some
+async def test_links_to_known_pages_do_not_use_up_a_pages_cap(bus: Bus) -> None:
+    discovery = await replica(bus, cap=3)
+    menu = [f"{SITE}/about", f"{SITE}/archive", f"{SITE}/tags"]
+    await handle(discovery, bus, crawled(f"{SITE}/", *menu))
+    posts = [f"{SITE}/posts/{n}" for n in range(1, 5)]
+    await handle(discovery, bus, crawled(f"{SITE}/posts/", *menu, *posts))
+
     found = [event.url for event in await discoveries(bus)]
-    assert found == [*menu, *claimed]
+    assert found == [*menu, *posts[:3]]  # the cap still holds for new pages

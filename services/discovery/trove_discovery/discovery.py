@@ -291,20 +291,13 @@ class Discovery:
         over_budget = False
         candidates: dict[str, _Candidate] = {}
         outgoing: list[PageDiscovered] = []
-        taken = 0
         for link in followable:
-            if taken >= self.settings.max_links_per_page:
-                break
             if link.kind not in FOLLOWED_KINDS:
                 continue
             if link.nofollow and not self.settings.follow_nofollow:
                 continue
             if self._known_already(link, event.id):
-                # Most of a page's links: its site's menu, its archive. Counted as the
-                # full path counts a known link, so that the cap stops a redelivery, or
-                # another replica that remembers less, no sooner than this handling.
-                taken += 1
-                continue
+                continue  # most of a page's links: its site's menu, its archive
             try:
                 host = domain_of(link.url)
             except InvalidURL:
@@ -361,25 +354,34 @@ class Discovery:
                     continue
                 held.append(link.url)
                 continue
-            taken += 1
             # Recorded as found: a refresh tag followed as an ordinary link is a link.
             kind = link.kind if same_page else LinkKind.A
             candidates[url] = _Candidate(url, event_id, depth, kind, probing, scope)
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
+        # The cap counts the pages a page brings: the claims that are its own, which the
+        # seen set decides (a redelivery's own claims again, on any replica), not what a
+        # replica remembers, so that a later handling claims no fewer than an earlier
+        # one did, and publishes every one of them. Never a claim past it.
         waiting = list(candidates.values())
+        cap = self.settings.max_links_per_page
         claims: list[bytes] = []
-        for start in range(0, len(waiting), SEEN_AT_ONCE):
-            chunk = waiting[start : start + SEEN_AT_ONCE]
-            claims += await asyncio.gather(*(self._claim(c.url, c.event_id) for c in chunk))
         new: list[_Candidate] = []
+        start = 0
+        while start < len(waiting) and len(new) < cap:
+            chunk = waiting[start : start + min(SEEN_AT_ONCE, cap - len(new))]
+            start += len(chunk)
+            answers = await asyncio.gather(*(self._claim(c.url, c.event_id) for c in chunk))
+            claims += answers
+            for candidate, claim in zip(chunk, answers, strict=True):
+                if claim == candidate.event_id.encode():
+                    new.append(candidate)
+                else:
+                    self._unprobe(candidate.probing)  # known already: it teaches nothing new
+        for candidate in waiting[start:]:
+            self._unprobe(candidate.probing)  # past the cap: not claimed
         # Links whose host's budget has no room for them this cycle, now or before.
         over_budget = over_budget or any(_refused_until(c) is not None for c in claims)
-        for candidate, claim in zip(waiting, claims, strict=True):
-            if claim == candidate.event_id.encode():
-                new.append(candidate)
-            else:
-                self._unprobe(candidate.probing)  # known already: it teaches nothing new
         # Only new URLs count against the host's budget; one refused by the budget is
         # marked so until the host's cycle ends, and offered again by the next page that
         # links to it after that.
