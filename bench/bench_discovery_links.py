@@ -2,13 +2,13 @@
 without it.
 
 Most of a page's links lead to pages its site has already shown: its menu, its archive,
-its tags, the posts beside it. Discovery drops a link to a page this replica remembers
-as claimed this cycle by another cause before any other check
-(``Discovery._known_already``); without the shortcut every such link is parsed, scoped,
-checked for traps and looked up in the seen set's memory before it is known. Here one
-process handles the same blog-like pages both ways, alternating by round, against a real
-nats-server (each page's new links are claimed in the seen bucket and published, as in
-a crawl):
+its tags, the posts beside it. Once such a link has passed the checks every link goes
+through (scope, traps, exclusions), discovery asks whether this replica remembers its
+page as claimed this cycle by another cause (``Discovery._claimed_by_another``) and
+drops it; without the shortcut it becomes a candidate, and the seen set's claim (a task
+of its own) answers "known" from the same memory. Here one process handles the same
+blog-like pages both ways, alternating by round, against a real nats-server (each
+page's new links are claimed in the seen bucket and published, as in a crawl):
 
 * a page has ``--links`` links: ``--new`` to posts never seen, ``--foreign`` to other
   hosts (out of scope), and the rest to the site's menu and older posts, claimed by the
@@ -57,7 +57,7 @@ from trove_stack.nats import EmbeddedNats, NatsConfig
 class WithoutShortcut(Discovery):
     """Discovery as it was before the shortcut: every link judged in full."""
 
-    def _known_already(self, link: Link, cause: str) -> bool:
+    def _claimed_by_another(self, url: str, event_id: str) -> bool:
         return False
 
 

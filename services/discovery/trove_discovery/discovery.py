@@ -290,14 +290,17 @@ class Discovery:
         held: list[str] = []
         over_budget = False
         candidates: dict[str, _Candidate] = {}
+        #: Links counted as taken and known already, without a claim.
+        known: set[str] = set()
         outgoing: list[PageDiscovered] = []
+        taken = 0
         for link in followable:
+            if taken >= self.settings.max_links_per_page:
+                break
             if link.kind not in FOLLOWED_KINDS:
                 continue
             if link.nofollow and not self.settings.follow_nofollow:
                 continue
-            if self._known_already(link, event.id):
-                continue  # most of a page's links: its site's menu, its archive
             try:
                 host = domain_of(link.url)
             except InvalidURL:
@@ -338,7 +341,7 @@ class Discovery:
                 max_path_repetitions=self.settings.max_path_repetitions,
             ):
                 continue
-            if url in candidates:
+            if url in candidates or url in known:
                 continue  # the same page linked twice (before a probe: one is enough)
             # A spelling that may be an alias not learned yet waits while a few of its
             # kind (probes) are fetched and teach the host's rules.
@@ -354,34 +357,30 @@ class Discovery:
                     continue
                 held.append(link.url)
                 continue
+            taken += 1
+            if probing is None and self._claimed_by_another(url, event_id):
+                # Most of a page's links (its site's menu, its archive): the claim would
+                # answer "known" from this memory, at the cost of a task each.
+                known.add(url)
+                continue
             # Recorded as found: a refresh tag followed as an ordinary link is a link.
             kind = link.kind if same_page else LinkKind.A
             candidates[url] = _Candidate(url, event_id, depth, kind, probing, scope)
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
-        # The cap counts the pages a page brings: the claims that are its own, which the
-        # seen set decides (a redelivery's own claims again, on any replica), not what a
-        # replica remembers, so that a later handling claims no fewer than an earlier
-        # one did, and publishes every one of them. Never a claim past it.
         waiting = list(candidates.values())
-        cap = self.settings.max_links_per_page
         claims: list[bytes] = []
+        for start in range(0, len(waiting), SEEN_AT_ONCE):
+            chunk = waiting[start : start + SEEN_AT_ONCE]
+            claims += await asyncio.gather(*(self._claim(c.url, c.event_id) for c in chunk))
         new: list[_Candidate] = []
-        start = 0
-        while start < len(waiting) and len(new) < cap:
-            chunk = waiting[start : start + min(SEEN_AT_ONCE, cap - len(new))]
-            start += len(chunk)
-            answers = await asyncio.gather(*(self._claim(c.url, c.event_id) for c in chunk))
-            claims += answers
-            for candidate, claim in zip(chunk, answers, strict=True):
-                if claim == candidate.event_id.encode():
-                    new.append(candidate)
-                else:
-                    self._unprobe(candidate.probing)  # known already: it teaches nothing new
-        for candidate in waiting[start:]:
-            self._unprobe(candidate.probing)  # past the cap: not claimed
         # Links whose host's budget has no room for them this cycle, now or before.
         over_budget = over_budget or any(_refused_until(c) is not None for c in claims)
+        for candidate, claim in zip(waiting, claims, strict=True):
+            if claim == candidate.event_id.encode():
+                new.append(candidate)
+            else:
+                self._unprobe(candidate.probing)  # known already: it teaches nothing new
         # Only new URLs count against the host's budget; one refused by the budget is
         # marked so until the host's cycle ends, and offered again by the next page that
         # links to it after that.
@@ -486,22 +485,15 @@ class Discovery:
         keys = self.url_rules.undecided(host, url)
         return (host, keys) if keys else None
 
-    def _known_already(self, link: Link, cause: str) -> bool:
-        """Whether ``link`` is a page claimed this cycle by another cause than ``cause``
-        (the crawled page's event), by this replica's memory, and nothing but an
-        ordinary link to it: the checks and claim it would go through end in "known".
-        A spelling that rules may rewrite, a page's redirect and canonical, a budget's
-        refusal, and a claim of the page's own (a handling handed back after its claims,
-        redelivered or redriven) are judged in full."""
-        if link.kind is LinkKind.REDIRECT or link.kind is LinkKind.CANONICAL:
-            return False
-        if self.url_rules is not None and could_alias(link.url):
-            return False
-        claimed_by = self.sightings.claimed_by(_seen_key(link.url))
+    def _claimed_by_another(self, url: str, event_id: str) -> bool:
+        """Whether ``_claim`` would answer, from this replica's memory alone, that
+        another cause than ``event_id`` holds ``url``'s place: a claim that is neither
+        the page's own (a redelivery, a redrive) nor a budget's refusal."""
+        claimed_by = self.sightings.claimed_by(_seen_key(url))
         return (
             claimed_by is not None
+            and claimed_by != event_id.encode()
             and _refused_until(claimed_by) is None
-            and claimed_by != derived_event_id(f"{cause}:{link.url}", "discovered").encode()
         )
 
     def _known(self, url: str, event_id: str) -> bool:
