@@ -25,7 +25,7 @@ from trove_schema.topology import SEEN_BUCKET
 pytestmark = pytest.mark.usefixtures("clean")
 
 SITE = "https://site.example"
-POSTS = [f"{SITE}/posts/1", f"{SITE}/posts/2"]
+POSTS = [f"{SITE}/posts/1", f"{SITE}/posts/2", f"{SITE}/posts/3"]
 #: The page's links before its posts: a link to a page known already, to itself (it is
 #: re-crawled), the same link twice.
 SHAPES = {
@@ -81,7 +81,8 @@ async def test_a_page_handed_back_after_its_claims_publishes_them_all(
     page = crawled(f"{SITE}/posts/", *SHAPES[shape], *POSTS)
     await handle(first, bus, crawled(f"{SITE}/archive", f"{SITE}/about", page.url))
     await handled_with_the_broker_away(bus, first, page, monkeypatch)
-    assert await claimed_by(bus, page, POSTS) == POSTS
+    claimed = await claimed_by(bus, page, POSTS)
+    assert claimed == POSTS[:2]  # /about counts toward the cap, known or not
 
     later = await replica(bus, cap=3) if again == "on another replica" else first
     deliveries = 2 if again == "redelivered" else 1
@@ -89,4 +90,4 @@ async def test_a_page_handed_back_after_its_claims_publishes_them_all(
     await handle(later, bus, page)
 
     published = [event.url for event in await discoveries(bus)]
-    assert set(POSTS) <= set(published)
+    assert set(claimed) <= set(published)
