@@ -23,6 +23,15 @@ from trove_stack.postgres import EmbeddedPostgres, PostgresConfig, postgres_bin_
 from trove_stack.stack import Stack
 
 
+async def select_one(server: EmbeddedPostgres) -> object:
+    """What ``server`` answers to ``SELECT 1``, over a connection of its own."""
+    connection = await asyncpg.connect(server.url.replace("+asyncpg", ""))
+    try:
+        return await connection.fetchval("SELECT 1")
+    finally:
+        await connection.close()
+
+
 def test_a_dead_nats_server_is_said_with_its_last_log_lines(
     tmp_path: Path, stack: StackUrls
 ) -> None:
@@ -75,11 +84,7 @@ async def test_postgres_starts_in_a_folder_deeper_than_a_socket_path_may_be(
     assert len(str(data / ".s.PGSQL.54321")) > 108
     server = EmbeddedPostgres(PostgresConfig(data_dir=data, fast_and_unsafe=True)).start()
     try:
-        connection = await asyncpg.connect(server.url.replace("+asyncpg", ""))
-        try:
-            assert await connection.fetchval("SELECT 1") == 1
-        finally:
-            await connection.close()
+        assert await select_one(server) == 1
     finally:
         server.stop()
 
@@ -213,11 +218,7 @@ async def test_postgres_takes_another_port_when_the_one_picked_free_was_taken_fi
         server = EmbeddedPostgres(PostgresConfig(data_dir=data, fast_and_unsafe=True)).start()
         try:
             assert server.port != taken
-            connection = await asyncpg.connect(server.url.replace("+asyncpg", ""))
-            try:
-                assert await connection.fetchval("SELECT 1") == 1
-            finally:
-                await connection.close()
+            assert await select_one(server) == 1
         finally:
             server.stop()
         log = (data.parent / "postgres.log").read_text()
