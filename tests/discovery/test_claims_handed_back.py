@@ -76,7 +76,8 @@ async def test_a_page_handed_back_after_its_claims_publishes_them_all(
     bus: Bus, monkeypatch: pytest.MonkeyPatch, shape: str, again: str
 ) -> None:
     first = await replica(bus, cap=3)
-    # Another page claimed /about, on a replica of its own; /posts/ itself was crawled.
+    # Another page claimed /about, on a replica of its own; this one then learnt it, and
+    # claimed /posts/ (from /archive).
     await handle(await replica(bus, cap=3), bus, crawled(f"{SITE}/", f"{SITE}/about"))
     page = crawled(f"{SITE}/posts/", *SHAPES[shape], *POSTS)
     await handle(first, bus, crawled(f"{SITE}/archive", f"{SITE}/about", page.url))
