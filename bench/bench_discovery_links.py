@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -145,8 +146,8 @@ async def bench(args: argparse.Namespace) -> None:
     )
 
 
-def _timed(make: object, causes: list[str]) -> float:
-    assert callable(make)
+def _timed(make: Callable[[str], object], causes: list[str]) -> float:
+    """µs of CPU ``make`` takes a cause, over ``causes``."""
     start = time.process_time()
     for cause in causes:
         make(cause)
