@@ -708,6 +708,166 @@ async def test_ids_of_another_kind_or_past_the_cap_are_skipped_and_the_cursor_go
         assert after.cursor_after != event.cursor_after
 
 
+@pytest.mark.parametrize("mode", ["huge-id", "future-id"])
+async def test_an_id_past_any_the_instance_can_have_given_never_moves_the_cursor(
+    client: httpx.AsyncClient, mode: Misbehaviour
+) -> None:
+    # Each page's newest post numbered past 64 bits, or dated a day ahead (a snowflake
+    # on Mastodon): as the cursor, it would have hidden every later post for good.
+    instance = FediverseInstance.generate(posts=10, seed=7)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        added = [public_local_post(instance) for _ in range(6)]
+        instance.misbehave(mode)
+        polls = poller(client, max_pages=4, page_limit=4)
+        first = await polls.poll(
+            request(social, cursor=cursor, api=social.base_url).model_copy(
+                update={"software": "mastodon"}
+            )
+        )
+        instance.misbehave(None)
+        later = [public_local_post(instance) for _ in range(3)]
+        rest = await polls.poll(request(social, after=first))
+
+        assert first.outcome is rest.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.cursor_after is not None
+        assert id_key(first.cursor_after) < id_key(added[-1].sid)
+        assert first.error_message is not None
+        assert "malformed entries skipped" in first.error_message
+        read = uris(first) + uris(rest)
+        assert sorted(read) == sorted(instance.status_uri(s) for s in added + later)
+        assert rest.cursor_after == later[-1].sid
+
+
+@pytest.mark.parametrize("mode", ["since-links", "skipping-links"])
+async def test_the_next_page_reads_on_from_the_pages_newest_post_whatever_its_link_says(
+    client: httpx.AsyncClient, mode: Misbehaviour
+) -> None:
+    # A Link that reads on with since_id gives the newest posts, one with a min_id past
+    # the page skips a page: either way the posts between would be passed for good.
+    instance = FediverseInstance.generate(posts=5, seed=3)
+    instance.misbehave(mode)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        added = [public_local_post(instance) for _ in range(30)]
+        polls = poller(client, max_pages=3, page_limit=5)
+        events = [await polls.poll(request(social, cursor=cursor, api=social.base_url))]
+        while events[-1].more and len(events) < 5:
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+        assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+        assert not events[-1].more
+        read = [uri for event in events for uri in uris(event)]
+        assert read == [instance.status_uri(s) for s in added]
+        assert not any("since_id" in query for query in api_queries(social))
+
+
+async def test_a_lookback_answered_with_the_newest_posts_leaves_them_to_the_forward_read(
+    client: httpx.AsyncClient,
+) -> None:
+    # An instance that ignores since_id and max_id serves its newest posts behind the
+    # cursor: taken there, they would move the cursor past the posts between.
+    instance = FediverseInstance.generate(posts=5, seed=3)
+    instance.misbehave("ignores-lookback")
+    async with served(instance) as social:
+        cursor = instance.timeline(local=False)[0].sid
+        added = [public_local_post(instance) for _ in range(20)]
+        polls = poller(client, max_pages=2, page_limit=5, lookback=3600.0)
+        events = [
+            await polls.poll(request(social, cursor=cursor, api=social.base_url, timeline="public"))
+        ]
+        while events[-1].more and len(events) < 4:
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+        assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+        assert not events[-1].more
+        read = [uri for event in events for uri in uris(event)]
+        assert sorted(read) == sorted(instance.status_uri(s) for s in added)
+        assert len(read) == len(set(read))
+        assert events[0].cursor_after == added[9].sid  # two pages read on, no further
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome", "status"),
+    [("lookback-422", CrawlOutcome.SUCCESS, None), ("lookback-429", CrawlOutcome.BLOCKED_4XX, 429)],
+)
+async def test_a_lookback_refused_for_its_query_leaves_the_new_posts_to_be_read(
+    client: httpx.AsyncClient, mode: Misbehaviour, outcome: CrawlOutcome, status: int | None
+) -> None:
+    # The lookback is an extra: refused for its query (422), the new posts are read
+    # still; refused for the host's sake (429), the whole poll waits.
+    instance = FediverseInstance.generate(posts=5, seed=3)
+    instance.misbehave(mode)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=False)[0].sid
+        added = [public_local_post(instance) for _ in range(3)]
+        polls = poller(client, max_pages=2, page_limit=5, lookback=3600.0)
+        event = await polls.poll(
+            request(social, cursor=cursor, api=social.base_url, timeline="public")
+        )
+
+        assert event.outcome is outcome, event.error_message
+        assert event.status_code == status
+        assert event.error_message is not None
+        if outcome is CrawlOutcome.SUCCESS:
+            assert uris(event) == [instance.status_uri(s) for s in added]
+            assert event.cursor_after == added[-1].sid
+            assert "behind the cursor left unread" in event.error_message
+        else:
+            assert (event.posts, event.cursor_after) == ((), cursor)
+            assert event.retry_after is not None
+            assert len(api_queries(social)) == 1
+
+
+async def test_an_instance_that_numbers_its_posts_anew_is_read_again_from_its_newest(
+    client: httpx.AsyncClient,
+) -> None:
+    # Other software on the same domain (Mastodon's numbers, then text ids): a cursor of
+    # one kind finds nothing of the other, and every poll would have read nothing, for
+    # good. The poll starts again as a first poll, within the backfill.
+    instance = FediverseInstance.generate(posts=10, seed=3)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        instance.misbehave("renumbered")
+        added = [public_local_post(instance) for _ in range(5)]
+        polls = poller(client, max_pages=3, page_limit=5, backfill=3)
+        first = await polls.poll(request(social, cursor=cursor, api=social.base_url))
+        later = public_local_post(instance)
+        second = await polls.poll(request(social, after=first))
+
+        assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.error_message is not None
+        assert "another kind of id" in first.error_message
+        assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in added[-3:])
+        assert first.cursor_after is not None
+        assert not first.cursor_after.isdigit()
+        assert uris(second) == [instance.status_uri(later)]
+        assert second.cursor_after not in (None, first.cursor_after)
+
+
+async def test_one_page_of_odd_ids_after_the_cursor_does_not_start_it_again(
+    client: httpx.AsyncClient,
+) -> None:
+    # Only ids of another kind right after the cursor, while the instance's newest posts
+    # are numbered as before: one odd page, not other software. Starting again from
+    # the newest posts would skip those between.
+    instance = FediverseInstance.generate(posts=10, seed=3)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        added = [public_local_post(instance) for _ in range(9)]
+        instance.misbehave("text-ids-after-cursor")
+        polls = poller(client, max_pages=2, page_limit=4)
+        first = await polls.poll(request(social, cursor=cursor, api=social.base_url))
+
+        assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.cursor_after == cursor
+        assert first.error_message is not None
+        assert "another kind of id" not in first.error_message
+        instance.misbehave(None)
+        rest = await poller(client, max_pages=5, page_limit=5).poll(request(social, after=first))
+        assert sorted(uris(rest)) == sorted(instance.status_uri(s) for s in added)
+
+
 async def test_endless_pagination_ends_at_the_repeated_page(client: httpx.AsyncClient) -> None:
     instance = FediverseInstance.generate(posts=40, seed=7)
     instance.misbehave("endless")

@@ -46,11 +46,20 @@ ACTIVITY_JSON = "application/activity+json; charset=utf-8"
 Visibility = Literal["public", "unlisted", "private", "direct"]
 OptOut = Literal["indexable", "noindex", "discoverable"]
 #: ``wrong-types``: statuses with ids as numbers, null content, junk entries;
-#: ``html``: an HTML page with status 200; ``endless``: a next Link that serves
-#: the newest page again forever; ``bottomless``: next Links that always reach
-#: older (invented) posts; ``redirect``: a 302 off the instance; ``huge``: a
-#: page of ``HUGE_API_BYTES``; ``odd-ids``: the page's newest statuses given an id
-#: of letters and an id of 250 digits, the others as they are.
+#: ``html``: an HTML page with status 200; ``endless``: older pages that are the
+#: newest page again forever (``max_id`` ignored, and a next Link that leads to it);
+#: ``bottomless``: next Links that always reach older (invented) posts;
+#: ``redirect``: a 302 off the instance; ``huge``: a page of ``HUGE_API_BYTES``;
+#: ``odd-ids``: the page's newest statuses given an id of letters and an id of 250
+#: digits, the others as they are; ``renumbered``: every id spelt as letters (other
+#: software, whose ids are text, on the same domain), ``text-ids-after-cursor`` only
+#: on pages asked for with ``min_id``; ``huge-id``: each
+#: page's newest status numbered the largest 64-bit id, ``future-id`` a snowflake a day
+#: ahead; ``since-links``: prev Links that read on with ``since_id`` (Mastodon before
+#: 2.6: the newest posts, not the next ones), ``skipping-links`` with a ``min_id`` a
+#: page past the page; ``ignores-lookback``: a query with both ``since_id`` and
+#: ``max_id`` answered with the newest posts; ``lookback-422`` / ``lookback-429``: that
+#: query refused so.
 Misbehaviour = Literal[
     "wrong-types",
     "html",
@@ -61,6 +70,15 @@ Misbehaviour = Literal[
     "odd-ids",
     "new-posts-502",
     "links-unscoped",
+    "renumbered",
+    "text-ids-after-cursor",
+    "huge-id",
+    "future-id",
+    "since-links",
+    "skipping-links",
+    "ignores-lookback",
+    "lookback-422",
+    "lookback-429",
 ]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
@@ -696,15 +714,27 @@ class FediverseInstance:
         self, path: str, query: Mapping[str, str], posts: list[Status], limits: Headers
     ) -> Response:
         limit = _limit(query.get("limit"))
-        max_id = _id_param(query.get("max_id"))
-        since_id = _id_param(query.get("since_id"))
-        min_id = _id_param(query.get("min_id"))
         mode = self._misbehaviour
+        read_id = _text_id_param if mode == "renumbered" else _id_param
+        max_id = read_id(query.get("max_id"))
+        since_id = read_id(query.get("since_id"))
+        min_id = read_id(query.get("min_id"))
         if mode == "new-posts-502" and min_id is not None:
             # Overloaded: what is behind a cursor comes from cache, what is new does not.
             return _json_response({"error": "Bad gateway"}, status=502, extra=limits)
+        lookback = since_id is not None and max_id is not None
+        if mode == "lookback-422" and lookback:
+            return _json_response({"error": "Invalid pagination"}, status=422, extra=limits)
+        if mode == "lookback-429" and lookback:
+            return _json_response(
+                {"error": "Too many requests"}, status=429, extra=(*limits, ("Retry-After", "60"))
+            )
+        if mode == "ignores-lookback" and lookback:
+            max_id = since_id = None
         if mode == "bottomless" and posts:
             page = self._invented(max_id if max_id is not None else posts[-1].id + 1, limit)
+        elif mode == "endless" and min_id is None:
+            page = _paginate(posts, limit=limit, max_id=None, since_id=since_id, min_id=None)
         else:
             page = _paginate(posts, limit=limit, max_id=max_id, since_id=since_id, min_id=min_id)
         if mode == "huge":
@@ -716,6 +746,15 @@ class FediverseInstance:
         if mode == "wrong-types":
             return _json_response(
                 [self._wrong_types(s) for s in page] + ["status", None, 7], extra=limits
+            )
+        if mode in ("huge-id", "future-id") and page:
+            far = (1 << 63) - 1 if mode == "huge-id" else int(time.time() + 86_400) * 1000 << 16
+            served = [self._status_json(s) for s in page]
+            served[0] = served[0] | {"id": str(far)}
+            return _json_response(served, extra=limits)
+        if mode == "renumbered" or (mode == "text-ids-after-cursor" and min_id is not None):
+            return _json_response(
+                [self._status_json(s) | {"id": _text_id(s.id)} for s in page], extra=limits
             )
         if mode == "odd-ids" and len(page) > 2:
             odd = [self._status_json(s) for s in page]
@@ -732,7 +771,14 @@ class FediverseInstance:
                 next_max = (posts[-1].id if posts else page[0].id) + 1
             if len(page) == limit or mode in ("endless", "bottomless"):
                 links.append(f'<{self._page_url(path, kept, max_id=next_max)}>; rel="next"')
-            links.append(f'<{self._page_url(path, kept, min_id=page[0].id)}>; rel="prev"')
+            if mode == "since-links":
+                links.append(f'<{self._page_url(path, kept, since_id=page[0].id)}>; rel="prev"')
+            elif mode == "skipping-links":
+                later = [s.id for s in posts if s.id > page[0].id]
+                past = later[min(limit, len(later)) - 1] if later else page[0].id
+                links.append(f'<{self._page_url(path, kept, min_id=past)}>; rel="prev"')
+            else:
+                links.append(f'<{self._page_url(path, kept, min_id=page[0].id)}>; rel="prev"')
         extra = limits + ((("Link", ", ".join(links)),) if links else ())
         return _json_response([self._status_json(s) for s in page], extra=extra)
 
@@ -1171,6 +1217,22 @@ def _id_param(value: str | None) -> int | None:
     if value is None or not value.isdigit():
         return None
     return int(value)
+
+
+def _text_id(status_id: int) -> str:
+    """A status id as software whose ids are text spells it (sorting as the number)."""
+    return f"p{status_id:020d}"
+
+
+def _text_id_param(value: str | None) -> int | None:
+    """An id parameter read as such software reads it: compared as text, a number is
+    before every id it gives (so after it comes everything)."""
+    if value is None:
+        return None
+    if value.isdigit():
+        return 0
+    digits = value[1:]
+    return int(digits) if value.startswith("p") and digits.isdigit() else None
 
 
 def _paginate(

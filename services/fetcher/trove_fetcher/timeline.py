@@ -10,25 +10,33 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   or an instance without NodeInfo (or whose document fails), is tried anyway.
 * **From the cursor on.** ``local`` reads ``/api/v1/timelines/public?local=true``,
   ``public`` the same without it, ``tag:NAME`` ``/api/v1/timelines/tag/NAME``; with
-  ``min_id=<cursor>`` each page holds the posts right after the cursor, and the Link
-  header's ``prev`` leads to newer ones. At most ``max_pages`` pages a poll (then
-  ``more``); a page shorter than asked for means the poll caught up. The first poll
-  (no cursor) reads back from the newest post along ``next`` links, at most
-  ``backfill`` posts, and starts the cursor at the newest post.
+  ``min_id=<cursor>`` each page holds the posts right after the cursor, and the next
+  page is asked for right after the page's newest post (not along the Link header,
+  whose ``prev`` may read on from elsewhere and skip posts). At most ``max_pages``
+  pages a poll (then ``more``); a page shorter than asked for means the poll caught
+  up. The first poll (no cursor) reads back from the newest post, each page before
+  the last one's oldest, at most ``backfill`` posts, and starts the cursor at the
+  newest post.
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
   cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
-  a post be handled twice.
+  a post be handled twice. An id no instance can have given (a number past 64 bits;
+  a snowflake of Mastodon's dated past ``FUTURE_ID_SLACK`` ahead) is malformed: as
+  the cursor it would hide every later post. A page after the cursor of ids of the
+  other kind only, when most of the newest posts are of that kind too, is an instance
+  that runs other software now: the poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
   timeline first reads one page behind the cursor, the newest posts within
   ``lookback`` seconds (snowflake ids tell their time); the ids handled there
   (``recent``, at most ``MAX_RECENT_POSTS``, carried by the chain) are left alone, and a
-  late post never moves the cursor back; a page there refused for its posts (below) is
-  left unread. ``local`` holds only the instance's own posts, numbered as they are
-  made: read from the cursor.
+  late post never moves the cursor back, and posts after the cursor there are the
+  forward read's; a page there refused for its posts (below) or for its query (a 4xx
+  other than 401, 403 and 429, an error object, robots.txt) is left unread.
+  ``local`` holds only the instance's own posts, numbered as they are made: read from
+  the cursor.
 
 **Politeness.** Every request (NodeInfo, each page, each same-host redirect hop) is
 asked of ``robots_allows`` and made inside ``gate(url)``, which the fetcher implements
@@ -167,6 +175,15 @@ def id_key(post_id: str) -> tuple[int, int, str]:
 _SNOWFLAKE_FLOOR = 1_000_000_000_000 << 16
 #: Mastodon's ids are a 64-bit integer: at most this many digits.
 _SNOWFLAKE_DIGITS = 19
+#: The largest id a number may be: every server whose ids are numbers keeps them in a
+#: signed 64-bit column. A larger one taken as the cursor would hide every later post.
+_MAX_NUMERIC_ID = (1 << 63) - 1
+#: Software whose ids are Mastodon's snowflakes (``Mastodon::Snowflake``), dated.
+SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird", "kmyblue"})
+#: How far ahead of this clock a snowflake's time may be: the instance's clock against
+#: the pods' (a remote post is numbered by the time its own server claims). An id
+#: dated later, taken as the cursor, would hide every post made until its time came.
+FUTURE_ID_SLACK = 600.0
 #: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
 _RECENT_ID_BYTES = _SNOWFLAKE_DIGITS + 3
 
@@ -192,9 +209,9 @@ def lookback_floor(timeline: str, cursor: str | None, lookback: float) -> int | 
 def _post_id(value: Any) -> str | None:
     if isinstance(value, bool):
         return None
-    if isinstance(value, int) and value >= 0:
-        digits = str(value)  # JSON gives no int past Python's 4,300 digits
-        return digits if len(digits) <= _MAX_ID_LENGTH else None
+    if isinstance(value, int):
+        # JSON gives no int past Python's 4,300 digits
+        return str(value) if 0 <= value <= _MAX_NUMERIC_ID else None
     if (
         isinstance(value, str)
         and 0 < len(value) <= _MAX_ID_LENGTH
@@ -202,8 +219,19 @@ def _post_id(value: Any) -> str | None:
         and value.isprintable()
         and " " not in value
     ):
+        if value.isdigit() and (len(value) > _SNOWFLAKE_DIGITS or int(value) > _MAX_NUMERIC_ID):
+            return None
         return value
     return None
+
+
+def dated_after(post_id: str, moment: float) -> bool:
+    """Whether ``post_id``, a Mastodon snowflake, is dated after ``moment`` (epoch
+    seconds). Ids that are not snowflakes carry no date: never."""
+    if not (post_id.isascii() and post_id.isdigit()) or len(post_id) > _SNOWFLAKE_DIGITS:
+        return False
+    number = int(post_id)
+    return number >= _SNOWFLAKE_FLOOR and (number >> 16) > moment * 1000
 
 
 # --- reading a status ---------------------------------------------------------------
@@ -526,6 +554,17 @@ class _Stop(Exception):
         self.answer = answer
 
 
+def _of_the_host(stop: _Stop) -> bool:
+    """Whether ``stop`` tells of the host (its load, its defences, its reach) rather
+    than of the request that met it: what every request to the host would meet now."""
+    return (
+        stop.challenge
+        or stop.retry_after is not None
+        or stop.status in (401, 403, 429)
+        or stop.outcome in (CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX)
+    )
+
+
 class _MachineryFailed(Exception):
     """The gate or ``robots_allows`` failed for its own reasons: passed to the caller."""
 
@@ -573,6 +612,10 @@ class _Progress:
     full: bool = False
     more: bool = False
     note: str | None = None
+    #: The last page's ids were all of the other kind than the timeline's.
+    other_kind: bool = False
+    #: The cursor started again at the instance's newest posts (``rebase``).
+    rebased: bool = False
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -600,7 +643,21 @@ class _Progress:
             kind = max(set(kinds), key=kinds.count)
         same = [entry for entry in entries if id_key(entry.id or "")[0] == kind]
         self.malformed += len(entries) - len(same)
+        self.other_kind = not same
         return same
+
+    def rebase(self) -> None:
+        """Read on as a first poll does, from the newest posts: the instance numbers its
+        posts in the other kind now (it runs other software), and a cursor of one kind
+        finds nothing of the other, for good."""
+        self.cursor = None
+        self.floor = None
+        self.recent = frozenset()
+        self.newest = None
+        self.seen.clear()
+        self.page_top = self.page_bottom = None
+        self.pages = 0
+        self.rebased = True
 
     def is_new(self, post_id: str) -> bool:
         if post_id in self.seen or post_id in self.recent:
@@ -757,7 +814,10 @@ class TimelinePoller:
             backfill = self._backfill if request.backfill is None else request.backfill
             await self._read_back(api, request.timeline, host, progress, backfill)
         else:
-            await self._read_forward(api, request.timeline, request.cursor, host, progress)
+            backfill = self._backfill if request.backfill is None else request.backfill
+            await self._read_forward(
+                api, request.timeline, request.cursor, host, progress, backfill
+            )
 
     async def _discover(self, origin: str, progress: _Progress) -> Software | None:
         """The software NodeInfo names; None when the instance gives no usable NodeInfo.
@@ -788,16 +848,25 @@ class TimelinePoller:
         return software_of(document.data)
 
     async def _read_forward(
-        self, api: str, timeline: str, cursor: str, host: str, progress: _Progress
+        self,
+        api: str,
+        timeline: str,
+        cursor: str,
+        host: str,
+        progress: _Progress,
+        backfill: int,
     ) -> None:
         limit = self._page_limit
         if progress.floor is not None:
             try:
                 await self._look_back(api, timeline, cursor, host, progress)
             except _Stop as stop:
-                if not stop.for_its_posts:
+                if not stop.for_its_posts and _of_the_host(stop):
                     raise
-                # The same page every poll until the cursor moves on, which reading on does.
+                # The lookback is an extra: a page refused for its posts would be the same
+                # every poll until the cursor moves on, which reading on does, and a
+                # query the instance will not answer (a 422, an error object, a path
+                # robots.txt keeps out) must not keep the new posts from being read.
                 progress.note = f"the page behind the cursor left unread: {stop.message}"
             if progress.full or progress.rate_spent:
                 progress.more = True
@@ -823,7 +892,7 @@ class TimelinePoller:
                     after = progress.newest
                 if entries:
                     # Read, and none of them readable: the whole page is passed over.
-                    passed = self._passed_over(answer, entries, after, newest=True)
+                    passed = self._passed_over(answer, entries, after, progress, newest=True)
                     if passed is None:
                         raise
                     progress.malformed += len(entries)
@@ -838,7 +907,7 @@ class TimelinePoller:
                     limit = 1 if page + 2 == self._max_pages else limit // 2
                     progress.note = f"asked again with fewer posts a page, down to {limit}"
                 else:
-                    passed = self._passed_over(stop.answer or answer, entries, after)
+                    passed = self._passed_over(stop.answer or answer, entries, after, progress)
                     if passed is None:
                         raise
                     progress.malformed += 1
@@ -848,6 +917,18 @@ class TimelinePoller:
                     limit, after = self._page_limit, passed
                 url = timeline_url(api, timeline, limit=limit, min_id=after)
                 continue
+            if (
+                page == 0
+                and progress.other_kind
+                and await self._renumbered(api, timeline, cursor, progress)
+            ):
+                progress.rebase()
+                progress.note = (
+                    "the instance numbers its posts in another kind of id now: read again "
+                    "from its newest posts"
+                )
+                await self._read_back(api, timeline, host, progress, backfill)
+                return
             if progress.full:
                 progress.more = True
                 return
@@ -859,22 +940,53 @@ class TimelinePoller:
             if progress.rate_spent:
                 progress.more = True
                 return
-            following = link_relation(answer.headers, "prev", answer.url)
-            if following is None and progress.page_top is not None:
-                # No usable Link (some servers send none): the page after the page's newest.
-                following = timeline_url(api, timeline, limit=limit, min_id=progress.page_top)
-            if following is None:
+            if progress.page_top is None:
                 progress.more = True
                 return
+            # The page right after this page's newest post, asked as this one was. Not the
+            # Link's ``prev``: one that reads on from elsewhere (``since_id``, which gives
+            # the newest posts, or a ``min_id`` past the page) skips the posts between,
+            # for good once the cursor passes them.
+            following = timeline_url(api, timeline, limit=limit, min_id=progress.page_top)
             if following in requested:
                 progress.note = "the instance's pagination repeated a page"
                 return
             url = following
         progress.more = True
 
-    @staticmethod
+    async def _renumbered(self, api: str, timeline: str, cursor: str, progress: _Progress) -> bool:
+        """Whether the instance's newest posts mostly have ids of the other kind than
+        ``cursor``: a page after the cursor of nothing else may be one odd page, which
+        starting again from the newest posts would skip the posts behind it for."""
+        answer = await self._get_json(timeline_url(api, timeline, limit=self._page_limit), progress)
+        if not isinstance(answer.data, list):
+            return False
+        ids = [
+            post_id
+            for entry in answer.data
+            if isinstance(entry, dict)
+            and (post_id := _post_id(entry.get("id"))) is not None
+            and self._trusted(post_id, progress)
+        ]
+        other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
+        return other * 2 > len(ids)
+
+    def _trusted(self, post_id: str | None, progress: _Progress) -> bool:
+        """Whether ``post_id`` may move the cursor: not a snowflake dated past this clock
+        (and its slack) on software that numbers posts so. Such a post is left for its
+        time: counted malformed until then, read once its id is no longer ahead."""
+        if post_id is None or progress.software not in SNOWFLAKE_SOFTWARE:
+            return post_id is not None
+        return not dated_after(post_id, self._now() + FUTURE_ID_SLACK)
+
     def _passed_over(
-        answer: _Answer | None, entries: list[Any], after: str, *, newest: bool = False
+        self,
+        answer: _Answer | None,
+        entries: list[Any],
+        after: str,
+        progress: _Progress,
+        *,
+        newest: bool = False,
     ) -> str | None:
         """Where reading goes on past a page that cannot be read, after ``after``: its
         first post's id (its newest's, with ``newest``) when the entries give one, else
@@ -886,7 +998,10 @@ class TimelinePoller:
             later = [
                 post_id
                 for post_id in map(_post_id, ids)
-                if post_id is not None and id_key(post_id)[0] == key[0] and id_key(post_id) > key
+                if post_id is not None
+                and self._trusted(post_id, progress)
+                and id_key(post_id)[0] == key[0]
+                and id_key(post_id) > key
             ]
             if later:
                 return (max if newest else min)(later, key=id_key)
@@ -902,7 +1017,12 @@ class TimelinePoller:
             api, timeline, limit=self._page_limit, since_id=str(progress.floor), max_id=cursor
         )
         answer = await self._get_json(url, progress)
-        await self._take(answer, self._entries(answer), host, progress, oldest_first=True)
+        # Only what is behind the cursor: an instance that ignores the query answers
+        # with its newest posts, which are the forward read's, in order; taken here,
+        # they would move the cursor past the posts between.
+        await self._take(
+            answer, self._entries(answer), host, progress, oldest_first=True, ceiling=cursor
+        )
 
     async def _read_back(
         self, api: str, timeline: str, host: str, progress: _Progress, backfill: int
@@ -931,12 +1051,11 @@ class TimelinePoller:
             if new == 0:
                 progress.note = "the instance served a page of posts already read"
                 return
-            following = link_relation(answer.headers, "next", answer.url)
-            if following is None and progress.page_bottom is not None:
-                # No usable Link: the page before the page's oldest.
-                following = timeline_url(api, timeline, limit=limit, max_id=progress.page_bottom)
-            if following is None:
+            if progress.page_bottom is None:
                 return
+            # The page right before this page's oldest post (not the Link's ``next``,
+            # which may read on from elsewhere, as in ``_read_forward``).
+            following = timeline_url(api, timeline, limit=limit, max_id=progress.page_bottom)
             if following in requested:
                 progress.note = "the instance's pagination repeated a page"
                 return
@@ -975,9 +1094,14 @@ class TimelinePoller:
         *,
         oldest_first: bool,
         bound: int | None = None,
+        ceiling: str | None = None,
     ) -> int:
-        """Handle a page's entries; the number of new ones (kept, skipped, malformed)."""
-        read = await self._read(answer, entries, host)
+        """Handle a page's entries; the number of new ones (kept, skipped, malformed).
+        ``ceiling``: entries after this id are left alone, as if not on the page."""
+        read = [
+            entry if self._trusted(entry.id, progress) else Entry(None, "malformed")
+            for entry in await self._read(answer, entries, host)
+        ]
         usable = [entry for entry in read if entry.id is not None]
         malformed = sum(1 for entry in read if entry.verdict == "malformed")
         if read and malformed == len(read):
@@ -998,6 +1122,8 @@ class TimelinePoller:
         progress.pages += 1
         for entry in usable:
             assert entry.id is not None
+            if ceiling is not None and id_key(entry.id) > id_key(ceiling):
+                continue
             if not progress.is_new(entry.id):
                 continue
             if bound is not None and new >= bound:
@@ -1230,8 +1356,11 @@ class TimelinePoller:
         }
         cursor_after = request.cursor
         newest = None if failed else progress.newest
-        # A late post read behind the cursor never moves it back.
-        if newest is not None and (cursor_after is None or id_key(newest) > id_key(cursor_after)):
+        # A late post read behind the cursor never moves it back; a cursor started again
+        # (``_Progress.rebase``) is of another kind, which no order compares.
+        if newest is not None and (
+            cursor_after is None or progress.rebased or id_key(newest) > id_key(cursor_after)
+        ):
             cursor_after = newest
         try:
             return TimelinePolled(
