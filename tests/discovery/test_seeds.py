@@ -171,6 +171,9 @@ BAD_SEEDS = {
     "loopback in disguise": ("http://0x7f.1/", "host 127.0.0.1 is a private address"),
     "localhost": ("http://localhost:8080/", "host localhost is a private address"),
     "metadata": ("http://169.254.169.254/latest/", "host 169.254.169.254 is a private"),
+    # Refused by the fetcher although Python's flags call them global: not seeded either.
+    "Azure WireServer": ("http://168.63.129.16/", "host 168.63.129.16 is a private address"),
+    "6to4": ("http://[2002:808:808::]/", "host 2002:808:808:: is a private address"),
     "empty": ("", "empty seed message"),
     "only whitespace": (" \r\n\t", "empty seed message"),
     "only comments": ("# nothing\n# here\n", "no URLs in seed message"),
@@ -277,6 +280,17 @@ def test_allowed_networks_let_private_seeds_in() -> None:
     batch = parse("http://127.0.0.1:8000/\nhttp://10.0.0.1/", allowed_networks=("127.0.0.0/8",))
     assert [seed.url for seed in batch.accepted] == ["http://127.0.0.1:8000/"]
     assert [seed.raw for seed in batch.rejected] == ["http://10.0.0.1/"]
+
+
+def test_allowed_networks_let_in_only_what_the_fetcher_would_connect_to() -> None:
+    # The fetcher resolves localhost to 127.0.0.1 and ::1 and refuses it unless both are
+    # open; an IPv4 network does not open the IPv4-mapped form; nor any, a metadata address.
+    seeds = "http://localhost:8000/\nhttp://[::ffff:127.0.0.1]/\nhttp://169.254.169.254/"
+    batch = parse(seeds, allowed_networks=("127.0.0.0/8", "169.254.0.0/16"))
+    assert not batch.accepted
+    assert len(batch.rejected) == 3
+    both = parse("http://localhost:8000/", allowed_networks=("127.0.0.0/8", "::1/128"))
+    assert [seed.url for seed in both.accepted] == ["http://localhost:8000/"]
 
 
 def test_a_seed_on_an_excluded_host_is_refused_with_the_rule() -> None:

@@ -541,16 +541,25 @@ PRIVATE = [
     "2002:a00:1::",  # 6to4 of 10.0.0.1
     "0x7f.1",  # 127.0.0.1 as browsers read it
     "2130706433",
+    "127.1",
     "localhost",
     "LOCALHOST.",
     "app.localhost",
+    # What the fetcher refuses although Python's flags call it global, and an older
+    # copy of the rule here let through:
+    "168.63.129.16",  # Azure WireServer: public, and hands out a VM's keys
+    "2002:808:808::",  # 6to4 of a public address: deprecated, refused whatever it carries
+    "[::ffff:8.8.8.8]",  # IPv4-mapped: never connected to as IPv6, even to a public address
+    "3fff::1",  # documentation
+    "192.31.196.1",  # AS112
+    "192.52.193.1",  # AMT
+    "192.175.48.1",  # AS112
 ]
 PUBLIC = [
     "93.184.215.14",
     "8.8.8.8",
     "2606:4700:4700::1111",
-    "::ffff:8.8.8.8",
-    "64:ff9b::808:808",
+    "64:ff9b::808:808",  # NAT64 of a public address
     "example.org",
     "10.example.org",
     "localhost.example.org",
@@ -573,11 +582,23 @@ def test_public_hosts_and_names_are_not_private(host: str) -> None:
     [
         ("10.1.2.3", ["10.0.0.0/8"], False),
         ("10.1.2.3", ["10.9.0.0/16"], True),
-        ("::ffff:10.1.2.3", ["10.0.0.0/8"], False),
+        # An allowed network opens addresses of its own IP version only, as in the
+        # fetcher: the IPv4-mapped form is opened by an IPv6 network that holds it.
+        ("::ffff:10.1.2.3", ["10.0.0.0/8"], True),
+        ("::ffff:10.1.2.3", ["::ffff:0:0/96"], False),
+        ("[::ffff:127.0.0.1]", ["127.0.0.0/8"], True),
         ("127.0.0.1", ["127.0.0.0/8", "192.168.0.0/16"], False),
-        ("localhost", ["127.0.0.0/8"], False),
-        ("localhost", ["::1/128"], False),
+        ("2130706433", ["127.0.0.0/8"], False),
+        # The fetcher resolves localhost to 127.0.0.1 and ::1, and refuses a name when
+        # any of its addresses is refused: both must be open.
+        ("localhost", ["127.0.0.0/8"], True),
+        ("localhost", ["::1/128"], True),
+        ("localhost", ["127.0.0.0/8", "::1/128"], False),
+        ("app.localhost", ["127.0.0.1/32", "::1/128"], False),
         ("localhost", ["10.0.0.0/8"], True),
+        # A metadata address stays closed inside an allowed network.
+        ("169.254.169.254", ["169.254.0.0/16"], True),
+        ("169.254.1.1", ["169.254.0.0/16"], False),
         ("fd12::1", ["fd00::/8"], False),
         ("fd12::1", ["10.0.0.0/8"], True),
     ],

@@ -38,12 +38,13 @@ import ipaddress
 import re
 import unicodedata
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import idna
 from url_normalize import url_normalize
 
+from trove_schema.addresses import IPAddress, parse_address, parse_networks, refusal
 from trove_schema.errors import InvalidURL
 from trove_schema.events import MAX_URL_LENGTH
 
@@ -441,70 +442,49 @@ def registrable_domain(host: str) -> str:
     return ".".join(name.split(".")[-2:])
 
 
-#: Never crawled unless allowed: private, loopback, link-local, shared (CGNAT), test,
-#: benchmarking, multicast, reserved. Spelled out rather than left to ipaddress's flags,
-#: which have changed between Python releases.
-_BLOCKED_NETWORKS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
-    ipaddress.ip_network(cidr)
-    for cidr in (
-        "0.0.0.0/8",  # "this network", unspecified
-        "10.0.0.0/8",
-        "100.64.0.0/10",  # carrier-grade NAT
-        "127.0.0.0/8",
-        "169.254.0.0/16",  # link-local, cloud metadata 169.254.169.254
-        "172.16.0.0/12",
-        "192.0.0.0/24",
-        "192.0.2.0/24",
-        "192.88.99.0/24",
-        "192.168.0.0/16",
-        "198.18.0.0/15",
-        "198.51.100.0/24",
-        "203.0.113.0/24",
-        "224.0.0.0/4",  # multicast
-        "240.0.0.0/4",  # reserved, broadcast
-        "::/96",  # unspecified, loopback, deprecated IPv4-compatible
-        "64:ff9b:1::/48",  # local-use NAT64
-        "100::/64",  # discard
-        "2001::/23",  # IETF protocol assignments
-        "2001:db8::/32",  # documentation
-        "fc00::/7",  # unique-local, AWS metadata fd00:ec2::254
-        "fe80::/10",  # link-local
-        "fec0::/10",  # site-local (deprecated)
-        "ff00::/8",  # multicast
-    )
-)
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: What ``localhost`` and ``*.localhost`` resolve to in the fetcher (``trove_fetcher.dns``),
+#: which refuses a name when any of its addresses is refused.
 _LOCALHOST_ADDRESSES = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
-
-_IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
-_IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def is_private_host(host: str, allowed: Sequence[str] = ()) -> bool:
-    """True when ``host`` is an address Trove must not crawl, unless ``allowed`` covers it.
+    """True when the fetcher would refuse ``host`` under the ``allowed`` networks.
 
+    Discovery and the timeline reader drop such a URL rather than queue a page that
+    could never be fetched (each a failed attempt, retried and rechecked for weeks).
     ``host`` is a literal: an IP address (IPv6 with or without brackets, IPv4 also in
-    the forms browsers accept) or a name. Names are not resolved here, the fetcher checks
-    the addresses it connects to; only ``localhost`` and ``*.localhost`` count as
-    private, and as 127.0.0.1 / ::1 for ``allowed``. IPv4 embedded in IPv6 (mapped,
-    NAT64, 6to4) is judged as the IPv4 address. ``allowed`` holds CIDRs (ValueError if
-    one is not).
+    the forms browsers accept), judged by the fetcher's own rule
+    (``trove_schema.addresses.refusal``), or a name. Names are not resolved here, the
+    fetcher checks the addresses it connects to; only ``localhost`` and ``*.localhost``
+    are known without a lookup: the fetcher resolves them to both 127.0.0.1 and ::1, so
+    they are private unless ``allowed`` opens both. ``allowed`` holds CIDRs (ValueError
+    if one is not, when an address is asked about).
     """
     name = host.strip().lower().rstrip(".")
     if name.startswith("[") and name.endswith("]"):
         name = name[1:-1]
-    networks = _networks(tuple(allowed))
     if name == "localhost" or name.endswith(".localhost"):
-        return not any(_is_allowed(address, networks) for address in _LOCALHOST_ADDRESSES)
+        networks = parse_networks(tuple(allowed))
+        return any(refusal(address, networks) is not None for address in _LOCALHOST_ADDRESSES)
     if ":" not in name and not _ends_in_number(name):
         return False  # a name: no address is written so (and ip_address's refusal is dear)
-    address = _ip_address(name)
-    if address is None or not _is_blocked(address):
+    address = _written_address(name)
+    if address is None:
         return False
-    return not _is_allowed(address, networks)
+    return refusal(address, parse_networks(tuple(allowed))) is not None
 
 
-def _ip_address(name: str) -> _IPAddress | None:
+def _written_address(name: str) -> IPAddress | None:
+    """The address ``name`` writes, as the fetcher reads it (an IPv6 zone dropped), or
+    None for a name."""
+    try:
+        return parse_address(name)
+    except ValueError:
+        pass
+    return _parse_ipv4(name) if _ends_in_number(name) else None
+
+
+def _ip_address(name: str) -> IPAddress | None:
     try:
         return ipaddress.ip_address(name)
     except ValueError:
@@ -512,46 +492,6 @@ def _ip_address(name: str) -> _IPAddress | None:
     if _ends_in_number(name):
         return _parse_ipv4(name)
     return None
-
-
-def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
-
-
-def _is_blocked(address: _IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(address)
-        if embedded is not None:
-            return _is_blocked(embedded)
-    return (
-        any(address in network for network in _BLOCKED_NETWORKS)
-        or address.is_private
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-    )
-
-
-def _is_allowed(address: _IPAddress, networks: tuple[_IPNetwork, ...]) -> bool:
-    if any(address in network for network in networks):
-        return True
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(address)
-        return embedded is not None and any(embedded in network for network in networks)
-    return False
-
-
-@functools.lru_cache(maxsize=64)
-def _networks(cidrs: tuple[str, ...]) -> tuple[_IPNetwork, ...]:
-    return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
 
 
 def canonicalize_or_none(url: str, *, base: str | None = None) -> str | None:

@@ -1,156 +1,18 @@
-"""Which IP addresses the fetcher may connect to (the SSRF guard's policy).
+"""The fetcher's SSRF guard: which resolved addresses it may connect to.
 
-Only globally reachable unicast addresses are allowed, plus the networks an operator
-lists in ``TROVE_ALLOWED_NETWORKS`` (tests, the local sandbox). The special-purpose
-ranges are spelled out here from the IANA registries rather than taken from
-``ipaddress``'s ``is_global``/``is_private`` flags: those changed between Python
-releases and, on 3.11, still call ``64:ff9b::10.0.0.1``, ``::10.0.0.1`` and
-``2002:a00:1::`` global although each one reaches 10.0.0.1.
-
-Cloud metadata endpoints are refused even inside an allowed network: no crawl needs
-them and they hand out credentials.
+The rule itself is Trove's, not the fetcher's (``trove_schema.addresses``): discovery
+drops links to the addresses it refuses by the same one. What is the fetcher's own is
+how a refusal is raised: ``BlockedAddress``, which the transport turns into a failed
+connection and the fetcher records with its reason.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trove_fetcher.errors import BlockedAddress
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-_V4 = ipaddress.IPv4Network
-_V6 = ipaddress.IPv6Network
-
-#: Instance metadata services (AWS, GCP, Azure, OpenStack, ECS, EKS Pod Identity,
-#: Alibaba, Oracle), and Azure's WireServer: an ordinary public address, reachable from
-#: every Azure VM and AKS pod, that hands a VM its settings and keys.
-METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
-    ipaddress.ip_address(a)
-    for a in (
-        "169.254.169.254",
-        "169.254.170.2",
-        "169.254.170.23",
-        "169.254.169.123",
-        "168.63.129.16",
-        "100.100.100.200",
-        "192.0.0.192",
-        "fd00:ec2::254",
-        "fd00:ec2::23",
-    )
-)
-
-# Most specific first: the first match names the reason.
-_BLOCKED_V4: tuple[tuple[ipaddress.IPv4Network, str], ...] = (
-    (_V4("255.255.255.255/32"), "broadcast"),
-    (_V4("0.0.0.0/32"), "unspecified"),
-    (_V4("0.0.0.0/8"), "this network"),
-    (_V4("10.0.0.0/8"), "private"),
-    (_V4("100.64.0.0/10"), "shared address space (CGNAT)"),
-    (_V4("127.0.0.0/8"), "loopback"),
-    (_V4("169.254.0.0/16"), "link-local"),
-    (_V4("172.16.0.0/12"), "private"),
-    (_V4("192.0.0.0/24"), "IETF protocol assignments"),
-    (_V4("192.0.2.0/24"), "documentation"),
-    (_V4("192.31.196.0/24"), "AS112"),
-    (_V4("192.52.193.0/24"), "AMT"),
-    (_V4("192.88.99.0/24"), "6to4 relay anycast"),
-    (_V4("192.168.0.0/16"), "private"),
-    (_V4("192.175.48.0/24"), "AS112"),
-    (_V4("198.18.0.0/15"), "benchmarking"),
-    (_V4("198.51.100.0/24"), "documentation"),
-    (_V4("203.0.113.0/24"), "documentation"),
-    (_V4("224.0.0.0/4"), "multicast"),
-    (_V4("240.0.0.0/4"), "reserved"),
-)
-
-_IPV4_MAPPED = _V6("::ffff:0:0/96")
-_IPV4_TRANSLATED = _V6("::ffff:0:0:0/96")
-_IPV4_COMPATIBLE = _V6("::/96")
-_NAT64 = _V6("64:ff9b::/96")
-_SIX_TO_FOUR = _V6("2002::/16")
-_GLOBAL_UNICAST = _V6("2000::/3")
-_CARRIERS = (_IPV4_MAPPED, _IPV4_TRANSLATED, _IPV4_COMPATIBLE, _NAT64)
-
-_BLOCKED_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
-    (_V6("::/128"), "unspecified"),
-    (_V6("::1/128"), "loopback"),
-    (_IPV4_MAPPED, "IPv4-mapped"),
-    (_IPV4_TRANSLATED, "IPv4-translated"),
-    (_IPV4_COMPATIBLE, "IPv4-compatible"),
-    (_V6("64:ff9b:1::/48"), "local-use NAT64"),
-    (_V6("100::/64"), "discard-only"),
-    (_V6("2001::/32"), "Teredo"),
-    (_V6("2001::/23"), "IETF protocol assignments"),
-    (_V6("2001:db8::/32"), "documentation"),
-    (_V6("3fff::/20"), "documentation"),
-    (_V6("5f00::/16"), "SRv6 SIDs"),
-    (_V6("fc00::/7"), "unique-local"),
-    (_V6("fe80::/10"), "link-local"),
-    (_V6("fec0::/10"), "site-local"),
-    (_V6("ff00::/8"), "multicast"),
-)
-
-
-def parse_address(text: str) -> IPAddress:
-    """Parse an IP literal, dropping an IPv6 zone (``fe80::1%eth0``) and brackets."""
-    text = text.strip()
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    return ipaddress.ip_address(text.split("%", 1)[0])
-
-
-def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one reaches through (mapped, translated, compatible,
-    NAT64, 6to4), if it carries one."""
-    if address in _SIX_TO_FOUR:
-        return address.sixtofour
-    if any(address in network for network in _CARRIERS):
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
-
-
-def is_metadata(address: IPAddress) -> bool:
-    """A metadata address, or an IPv6 form that reaches one."""
-    if address in METADATA_ADDRESSES:
-        return True
-    if isinstance(address, ipaddress.IPv6Address):
-        carried = _carried_ipv4(address)
-        return carried is not None and carried in METADATA_ADDRESSES
-    return False
-
-
-def blocked_reason(address: IPAddress) -> str | None:
-    """Why ``address`` is not globally reachable unicast, or None when it is."""
-    if address in METADATA_ADDRESSES:
-        return "cloud metadata"
-    if isinstance(address, ipaddress.IPv4Address):
-        for network4, reason4 in _BLOCKED_V4:
-            if address in network4:
-                return reason4
-        return None
-    # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that too.
-    if address in _NAT64:
-        embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-        inner = blocked_reason(embedded)
-        return None if inner is None else f"NAT64 of {embedded}: {inner}"
-    if address in _SIX_TO_FOUR:
-        relay = address.sixtofour
-        assert relay is not None
-        inner = blocked_reason(relay)
-        # 6to4 is deprecated (RFC 7526): no site worth crawling is reachable only by it.
-        return f"6to4 of {relay}" + (f": {inner}" if inner else "")
-    for network6, reason6 in _BLOCKED_V6:
-        if address in network6:
-            if network6 in (_IPV4_MAPPED, _IPV4_COMPATIBLE):
-                return f"{reason6} {ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)}"
-            return reason6
-    if address not in _GLOBAL_UNICAST:
-        return "reserved"
-    return None
+from trove_schema.addresses import IPNetwork, parse_address, parse_networks, refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +21,14 @@ class AddressPolicy:
 
     ``allowed`` networks (``TROVE_ALLOWED_NETWORKS``) open private ranges for tests
     and the sandbox: ``127.0.0.0/24`` allows 127.0.0.5 but not 127.0.1.1. They never
-    open a cloud metadata address.
+    open a cloud metadata address (``trove_schema.addresses.refusal``).
     """
 
     allowed: tuple[IPNetwork, ...] = ()
 
     @classmethod
     def from_cidrs(cls, cidrs: Iterable[str]) -> AddressPolicy:
-        return cls(tuple(ipaddress.ip_network(c.strip(), strict=False) for c in cidrs))
+        return cls(parse_networks(tuple(cidrs)))
 
     def check(self, ip: str, *, host: str | None = None) -> None:
         """Raise BlockedAddress unless the fetcher may connect to ``ip``.
@@ -177,16 +39,9 @@ class AddressPolicy:
             address = parse_address(ip)
         except ValueError:
             raise BlockedAddress(host or ip, ip, "not an IP address") from None
-        reason = blocked_reason(address)
-        if reason is None:
-            return
-        # Not a metadata address however it is written (NAT64 of it, IPv4-mapped):
-        # an allowed network of those forms must not open one.
-        if not is_metadata(address) and any(
-            address.version == network.version and address in network for network in self.allowed
-        ):
-            return
-        raise BlockedAddress(host or ip, str(address), reason)
+        reason = refusal(address, self.allowed)
+        if reason is not None:
+            raise BlockedAddress(host or ip, str(address), reason)
 
     def allows(self, ip: str) -> bool:
         try:

@@ -50,7 +50,7 @@ from types import TracebackType
 import httpcore
 import httpx
 
-from trove_fetcher.addresses import AddressPolicy, parse_address
+from trove_fetcher.addresses import AddressPolicy
 from trove_fetcher.dns import DnsConfig, DnsResolver
 from trove_fetcher.egress import EgressConfig, EgressWatch
 from trove_fetcher.errors import (
@@ -63,6 +63,7 @@ from trove_fetcher.errors import (
 )
 from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
+from trove_schema.addresses import parse_address
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.settings import FetcherSettings
 

@@ -1,0 +1,191 @@
+"""Which IP addresses Trove must not crawl: the one rule, shared.
+
+The fetcher applies it to every address a name resolves to before it connects (its SSRF
+guard, ``trove_fetcher.addresses``); discovery and the timeline reader apply it to the
+hosts of URLs written as addresses (``trove_schema.urls.is_private_host``), so that no
+page is queued that the fetcher would refuse: each would be a failed attempt, retried
+and rechecked for weeks. Any difference between two copies of the rule is such a page,
+or a site lost; hence one copy, here in the schema package, which both depend on.
+
+Only globally reachable unicast addresses are allowed, plus the networks an operator
+lists in ``TROVE_ALLOWED_NETWORKS`` (tests, the local sandbox). The special-purpose
+ranges are spelled out here from the IANA registries rather than taken from
+``ipaddress``'s ``is_global``/``is_private`` flags: those changed between Python
+releases and, on 3.11, still call ``64:ff9b::10.0.0.1``, ``::10.0.0.1`` and
+``2002:a00:1::`` global although each one reaches 10.0.0.1.
+
+Cloud metadata endpoints are refused even inside an allowed network: no crawl needs
+them and they hand out credentials.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Iterable
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_V4 = ipaddress.IPv4Network
+_V6 = ipaddress.IPv6Network
+
+#: Instance metadata services (AWS, GCP, Azure, OpenStack, ECS, EKS Pod Identity,
+#: Alibaba, Oracle), and Azure's WireServer: an ordinary public address, reachable from
+#: every Azure VM and AKS pod, that hands a VM its settings and keys.
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",
+        "169.254.170.2",
+        "169.254.170.23",
+        "169.254.169.123",
+        "168.63.129.16",
+        "100.100.100.200",
+        "192.0.0.192",
+        "fd00:ec2::254",
+        "fd00:ec2::23",
+    )
+)
+
+# Most specific first: the first match names the reason.
+_BLOCKED_V4: tuple[tuple[ipaddress.IPv4Network, str], ...] = (
+    (_V4("255.255.255.255/32"), "broadcast"),
+    (_V4("0.0.0.0/32"), "unspecified"),
+    (_V4("0.0.0.0/8"), "this network"),
+    (_V4("10.0.0.0/8"), "private"),
+    (_V4("100.64.0.0/10"), "shared address space (CGNAT)"),
+    (_V4("127.0.0.0/8"), "loopback"),
+    (_V4("169.254.0.0/16"), "link-local"),
+    (_V4("172.16.0.0/12"), "private"),
+    (_V4("192.0.0.0/24"), "IETF protocol assignments"),
+    (_V4("192.0.2.0/24"), "documentation"),
+    (_V4("192.31.196.0/24"), "AS112"),
+    (_V4("192.52.193.0/24"), "AMT"),
+    (_V4("192.88.99.0/24"), "6to4 relay anycast"),
+    (_V4("192.168.0.0/16"), "private"),
+    (_V4("192.175.48.0/24"), "AS112"),
+    (_V4("198.18.0.0/15"), "benchmarking"),
+    (_V4("198.51.100.0/24"), "documentation"),
+    (_V4("203.0.113.0/24"), "documentation"),
+    (_V4("224.0.0.0/4"), "multicast"),
+    (_V4("240.0.0.0/4"), "reserved"),
+)
+
+_IPV4_MAPPED = _V6("::ffff:0:0/96")
+_IPV4_TRANSLATED = _V6("::ffff:0:0:0/96")
+_IPV4_COMPATIBLE = _V6("::/96")
+_NAT64 = _V6("64:ff9b::/96")
+_SIX_TO_FOUR = _V6("2002::/16")
+_GLOBAL_UNICAST = _V6("2000::/3")
+_CARRIERS = (_IPV4_MAPPED, _IPV4_TRANSLATED, _IPV4_COMPATIBLE, _NAT64)
+
+_BLOCKED_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
+    (_V6("::/128"), "unspecified"),
+    (_V6("::1/128"), "loopback"),
+    (_IPV4_MAPPED, "IPv4-mapped"),
+    (_IPV4_TRANSLATED, "IPv4-translated"),
+    (_IPV4_COMPATIBLE, "IPv4-compatible"),
+    (_V6("64:ff9b:1::/48"), "local-use NAT64"),
+    (_V6("100::/64"), "discard-only"),
+    (_V6("2001::/32"), "Teredo"),
+    (_V6("2001::/23"), "IETF protocol assignments"),
+    (_V6("2001:db8::/32"), "documentation"),
+    (_V6("3fff::/20"), "documentation"),
+    (_V6("5f00::/16"), "SRv6 SIDs"),
+    (_V6("fc00::/7"), "unique-local"),
+    (_V6("fe80::/10"), "link-local"),
+    (_V6("fec0::/10"), "site-local"),
+    (_V6("ff00::/8"), "multicast"),
+)
+
+
+def parse_address(text: str) -> IPAddress:
+    """Parse an IP literal, dropping an IPv6 zone (``fe80::1%eth0``) and brackets.
+
+    Raises ValueError for anything else (a name, a legacy IPv4 spelling such as
+    ``127.1``: those are read by whoever accepts them, the URL parser or the fetcher's
+    transport, before they are judged here).
+    """
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    return ipaddress.ip_address(text.split("%", 1)[0])
+
+
+@functools.lru_cache(maxsize=64)
+def parse_networks(cidrs: tuple[str, ...]) -> tuple[IPNetwork, ...]:
+    """The networks ``TROVE_ALLOWED_NETWORKS`` lists (ValueError if one is no CIDR).
+
+    Cached: discovery asks about every link's host, always with the same few CIDRs.
+    """
+    return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
+
+
+def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one reaches through (mapped, translated, compatible,
+    NAT64, 6to4), if it carries one."""
+    if address in _SIX_TO_FOUR:
+        return address.sixtofour
+    if any(address in network for network in _CARRIERS):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def is_metadata(address: IPAddress) -> bool:
+    """A metadata address, or an IPv6 form that reaches one."""
+    if address in METADATA_ADDRESSES:
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        carried = _carried_ipv4(address)
+        return carried is not None and carried in METADATA_ADDRESSES
+    return False
+
+
+def blocked_reason(address: IPAddress) -> str | None:
+    """Why ``address`` is not globally reachable unicast, or None when it is."""
+    if address in METADATA_ADDRESSES:
+        return "cloud metadata"
+    if isinstance(address, ipaddress.IPv4Address):
+        for network4, reason4 in _BLOCKED_V4:
+            if address in network4:
+                return reason4
+        return None
+    # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that too.
+    if address in _NAT64:
+        embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        inner = blocked_reason(embedded)
+        return None if inner is None else f"NAT64 of {embedded}: {inner}"
+    if address in _SIX_TO_FOUR:
+        relay = address.sixtofour
+        assert relay is not None
+        inner = blocked_reason(relay)
+        # 6to4 is deprecated (RFC 7526): no site worth crawling is reachable only by it.
+        return f"6to4 of {relay}" + (f": {inner}" if inner else "")
+    for network6, reason6 in _BLOCKED_V6:
+        if address in network6:
+            if network6 in (_IPV4_MAPPED, _IPV4_COMPATIBLE):
+                return f"{reason6} {ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)}"
+            return reason6
+    if address not in _GLOBAL_UNICAST:
+        return "reserved"
+    return None
+
+
+def refusal(address: IPAddress, allowed: Iterable[IPNetwork] = ()) -> str | None:
+    """Why Trove must not connect to ``address``, or None when it may.
+
+    ``allowed`` networks (``TROVE_ALLOWED_NETWORKS``) open special-purpose ranges for
+    tests and the sandbox: ``127.0.0.0/24`` opens 127.0.0.5 but not 127.0.1.1. A network
+    opens only addresses of its own IP version: ``127.0.0.0/8`` does not open
+    ``::ffff:127.0.0.1``, which an operator who wrote an IPv4 range did not name. None
+    ever opens a metadata address, however it is written (NAT64 of it, IPv4-mapped).
+    """
+    reason = blocked_reason(address)
+    if reason is None:
+        return None
+    if not is_metadata(address) and any(
+        address.version == network.version and address in network for network in allowed
+    ):
+        return None
+    return reason
