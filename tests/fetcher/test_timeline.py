@@ -28,6 +28,7 @@ from trove_fetcher.http import FetchLimits, HopGateFailed
 from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
     MAX_RETRY_AFTER,
+    RENUMBERING_CHECK_EVERY,
     TimelinePoller,
     id_key,
     link_relation,
@@ -708,12 +709,13 @@ async def test_ids_of_another_kind_or_past_the_cap_are_skipped_and_the_cursor_go
         assert after.cursor_after != event.cursor_after
 
 
-@pytest.mark.parametrize("mode", ["huge-id", "future-id"])
+@pytest.mark.parametrize(("mode", "software"), [("huge-id", None), ("future-id", "mastodon")])
 async def test_an_id_past_any_the_instance_can_have_given_never_moves_the_cursor(
-    client: httpx.AsyncClient, mode: Misbehaviour
+    client: httpx.AsyncClient, mode: Misbehaviour, software: str | None
 ) -> None:
-    # Each page's newest post numbered past 64 bits, or dated a day ahead (a snowflake
-    # on Mastodon): as the cursor, it would have hidden every later post for good.
+    # Each page's newest post numbered past 64 bits (whatever the software), or dated a
+    # day ahead (a snowflake of Mastodon's): as the cursor, it would have hidden every
+    # later post for good.
     instance = FediverseInstance.generate(posts=10, seed=7)
     async with served(instance) as social:
         cursor = instance.timeline(local=True)[0].sid
@@ -722,7 +724,7 @@ async def test_an_id_past_any_the_instance_can_have_given_never_moves_the_cursor
         polls = poller(client, max_pages=4, page_limit=4)
         first = await polls.poll(
             request(social, cursor=cursor, api=social.base_url).model_copy(
-                update={"software": "mastodon"}
+                update={"software": software}
             )
         )
         instance.misbehave(None)
@@ -822,27 +824,114 @@ async def test_a_lookback_refused_for_its_query_leaves_the_new_posts_to_be_read(
 async def test_an_instance_that_numbers_its_posts_anew_is_read_again_from_its_newest(
     client: httpx.AsyncClient,
 ) -> None:
-    # Other software on the same domain (Mastodon's numbers, then text ids): a cursor of
-    # one kind finds nothing of the other, and every poll would have read nothing, for
-    # good. The poll starts again as a first poll, within the backfill.
+    # Other software on the same domain: Mastodon's numbers, then ids of text that sort
+    # before them (GoToSocial's ULIDs). After the cursor there is nothing, every poll,
+    # for good: one poll in RENUMBERING_CHECK_EVERY asks for the newest posts and starts
+    # again as a first poll, within the backfill; the others cost what a quiet poll does.
     instance = FediverseInstance.generate(posts=10, seed=3)
     async with served(instance) as social:
         cursor = instance.timeline(local=True)[0].sid
         instance.misbehave("renumbered")
         added = [public_local_post(instance) for _ in range(5)]
         polls = poller(client, max_pages=3, page_limit=5, backfill=3)
-        first = await polls.poll(request(social, cursor=cursor, api=social.base_url))
+        start = request(social, cursor=cursor, api=social.base_url)
+        quiet = await polls.poll(start.model_copy(update={"poll": RENUMBERING_CHECK_EVERY + 1}))
+        first = await polls.poll(start.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
         later = public_local_post(instance)
         second = await polls.poll(request(social, after=first))
 
+        assert quiet.outcome is CrawlOutcome.SUCCESS, quiet.error_message
+        assert (quiet.posts, quiet.cursor_after, quiet.requests) == ((), cursor, 1)
         assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
         assert first.error_message is not None
         assert "another kind of id" in first.error_message
         assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in added[-3:])
         assert first.cursor_after is not None
         assert not first.cursor_after.isdigit()
+        assert (first.api, first.software) == (None, None)  # other software: asked again
         assert uris(second) == [instance.status_uri(later)]
         assert second.cursor_after not in (None, first.cursor_after)
+        assert second.api == social.base_url
+
+
+@pytest.mark.parametrize("cut_short", [False, True])
+async def test_a_cursor_of_text_on_an_instance_that_now_numbers_its_posts_starts_again(
+    client: httpx.AsyncClient, cut_short: bool
+) -> None:
+    # The other way (text ids, then Mastodon's numbers): the page after the cursor holds
+    # only numbers. Cut short after its first page (here robots.txt refuses older
+    # pages), the poll keeps what it read, as a first poll would.
+    instance = FediverseInstance.generate(posts=20, seed=3)
+
+    async def robots(url: str) -> bool:
+        return not (cut_short and "max_id" in url)
+
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=5, backfill=12, robots_allows=robots)
+        text_cursor = "01JD8QZ4V6ZK6Y3N7Q2W5XH8RT"
+        event = await polls.poll(request(social, cursor=text_cursor, api=social.base_url))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        newest = instance.timeline(local=True)
+        assert event.cursor_after == newest[0].sid
+        assert event.error_message is not None
+        assert "another kind of id" in event.error_message
+        read_back = newest[:5] if cut_short else newest[:12]
+        assert uris(event) == [instance.status_uri(s) for s in read_back if instance.may_share(s)]
+        if cut_short:
+            assert event.stopped_by is CrawlOutcome.BLOCKED_ROBOTS
+            assert event.more
+
+
+async def test_the_newest_posts_refused_to_the_renumbering_check_leave_the_poll_as_it_was(
+    client: httpx.AsyncClient,
+) -> None:
+    # The check is an extra, as the lookback is: refused for its query, the poll ends as
+    # it would have without it.
+    instance = FediverseInstance.generate(posts=10, seed=3)
+
+    async def robots(url: str) -> bool:
+        return "min_id" in url
+
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        for _ in range(4):
+            public_local_post(instance)
+        instance.misbehave("text-ids-after-cursor")
+        polls = poller(client, max_pages=2, page_limit=4, robots_allows=robots)
+        event = await polls.poll(request(social, cursor=cursor, api=social.base_url))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert (event.posts, event.cursor_after) == ((), cursor)
+        assert "another kind of id" not in (event.error_message or "")
+        assert event.requests == 1  # robots.txt refused the check before it was asked
+
+
+async def test_a_post_dated_ahead_alone_after_the_cursor_leaves_the_poll_caught_up(
+    client: httpx.AsyncClient,
+) -> None:
+    # Alone on its page, a post left for its time is not a page that cannot be read:
+    # the poll is caught up, and reads it once its id is no longer ahead.
+    instance = FediverseInstance.generate(posts=10, seed=7)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        ahead = public_local_post(instance)
+        instance.misbehave("future-id")
+        polls = poller(client, max_pages=3, page_limit=4)
+        start = request(social, cursor=cursor, api=social.base_url)
+        event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
+        instance.misbehave(None)
+        then = await polls.poll(request(social, after=event))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert (event.posts, event.cursor_after, event.more, event.skipped) == (
+            (),
+            cursor,
+            False,
+            1,
+        )
+        assert then.outcome is CrawlOutcome.SUCCESS, then.error_message
+        assert uris(then) == [instance.status_uri(ahead)]
 
 
 async def test_one_page_of_odd_ids_after_the_cursor_does_not_start_it_again(

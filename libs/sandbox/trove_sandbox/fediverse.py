@@ -51,10 +51,11 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: ``bottomless``: next Links that always reach older (invented) posts;
 #: ``redirect``: a 302 off the instance; ``huge``: a page of ``HUGE_API_BYTES``;
 #: ``odd-ids``: the page's newest statuses given an id of letters and an id of 250
-#: digits, the others as they are; ``renumbered``: every id spelt as letters (other
-#: software, whose ids are text, on the same domain), ``text-ids-after-cursor`` only
-#: on pages asked for with ``min_id``; ``huge-id``: each
-#: page's newest status numbered the largest 64-bit id, ``future-id`` a snowflake a day
+#: digits, the others as they are; ``renumbered``: every id spelt as text that sorts
+#: before any number (other software on the same domain: GoToSocial's ULIDs), and an
+#: id parameter of digits read as such text; ``text-ids-after-cursor``: ids as text only
+#: on pages asked for with ``min_id``; ``huge-id``: each page's newest status numbered
+#: one past the largest 64-bit id, ``future-id`` a snowflake a day
 #: ahead; ``since-links``: prev Links that read on with ``since_id`` (Mastodon before
 #: 2.6: the newest posts, not the next ones), ``skipping-links`` with a ``min_id`` a
 #: page past the page; ``ignores-lookback``: a query with both ``since_id`` and
@@ -748,7 +749,7 @@ class FediverseInstance:
                 [self._wrong_types(s) for s in page] + ["status", None, 7], extra=limits
             )
         if mode in ("huge-id", "future-id") and page:
-            far = (1 << 63) - 1 if mode == "huge-id" else int(time.time() + 86_400) * 1000 << 16
+            far = 1 << 63 if mode == "huge-id" else int(time.time() + 86_400) * 1000 << 16
             served = [self._status_json(s) for s in page]
             served[0] = served[0] | {"id": str(far)}
             return _json_response(served, extra=limits)
@@ -1219,20 +1220,24 @@ def _id_param(value: str | None) -> int | None:
     return int(value)
 
 
+#: The prefix of ids spelt as text: "0" before any digit but "0", as a ULID's "01".
+_TEXT_ID_PREFIX = "0t"
+
+
 def _text_id(status_id: int) -> str:
     """A status id as software whose ids are text spells it (sorting as the number)."""
-    return f"p{status_id:020d}"
+    return f"{_TEXT_ID_PREFIX}{status_id:020d}"
 
 
 def _text_id_param(value: str | None) -> int | None:
-    """An id parameter read as such software reads it: compared as text, a number is
-    before every id it gives (so after it comes everything)."""
+    """An id parameter read as such software reads it: compared as text, a number
+    (Mastodon's, from before) sorts after every id it gives."""
     if value is None:
         return None
     if value.isdigit():
-        return 0
-    digits = value[1:]
-    return int(digits) if value.startswith("p") and digits.isdigit() else None
+        return 1 << 80
+    digits = value.removeprefix(_TEXT_ID_PREFIX)
+    return int(digits) if value.startswith(_TEXT_ID_PREFIX) and digits.isdigit() else None
 
 
 def _paginate(

@@ -24,8 +24,9 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   a post be handled twice. An id no instance can have given (a number past 64 bits;
   a snowflake of Mastodon's dated past ``FUTURE_ID_SLACK`` ahead) is malformed: as
   the cursor it would hide every later post. A page after the cursor of ids of the
-  other kind only, when most of the newest posts are of that kind too, is an instance
-  that runs other software now: the poll starts again as a first poll.
+  other kind only (or an empty one, on one poll in ``RENUMBERING_CHECK_EVERY``), when
+  most of the newest posts are of that kind too, is an instance that runs other
+  software now: the poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -180,6 +181,12 @@ _SNOWFLAKE_DIGITS = 19
 _MAX_NUMERIC_ID = (1 << 63) - 1
 #: Software whose ids are Mastodon's snowflakes (``Mastodon::Snowflake``), dated.
 SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird", "kmyblue"})
+#: An empty page after the cursor is a quiet timeline far more often than other
+#: software on the instance, whose ids of the other kind may sort before the cursor's
+#: (GoToSocial's ULIDs before Mastodon's numbers, as text): one poll in this many asks
+#: for the newest posts then. A quiet follow pays a request more in as many polls; one
+#: whose instance moved starts again at most as many polls late, within its backfill.
+RENUMBERING_CHECK_EVERY = 24
 #: How far ahead of this clock a snowflake's time may be: the instance's clock against
 #: the pods' (a remote post is numbered by the time its own server claims). An id
 #: dated later, taken as the cursor, would hide every post made until its time came.
@@ -658,6 +665,8 @@ class _Progress:
         self.page_top = self.page_bottom = None
         self.pages = 0
         self.rebased = True
+        # Other software: the next poll asks NodeInfo again (its ids' rules go with it).
+        self.software = self.version = self.api = None
 
     def is_new(self, post_id: str) -> bool:
         if post_id in self.seen or post_id in self.recent:
@@ -816,7 +825,13 @@ class TimelinePoller:
         else:
             backfill = self._backfill if request.backfill is None else request.backfill
             await self._read_forward(
-                api, request.timeline, request.cursor, host, progress, backfill
+                api,
+                request.timeline,
+                request.cursor,
+                host,
+                progress,
+                backfill,
+                check_renumbering=request.poll % RENUMBERING_CHECK_EVERY == 0,
             )
 
     async def _discover(self, origin: str, progress: _Progress) -> Software | None:
@@ -855,7 +870,11 @@ class TimelinePoller:
         host: str,
         progress: _Progress,
         backfill: int,
+        *,
+        check_renumbering: bool,
     ) -> None:
+        """From ``cursor`` on, page after page. ``check_renumbering``: an empty page
+        after the cursor asks whether the instance numbers its posts anew (``_renumbered``)."""
         limit = self._page_limit
         if progress.floor is not None:
             try:
@@ -917,18 +936,16 @@ class TimelinePoller:
                     limit, after = self._page_limit, passed
                 url = timeline_url(api, timeline, limit=limit, min_id=after)
                 continue
-            if (
-                page == 0
-                and progress.other_kind
-                and await self._renumbered(api, timeline, cursor, progress)
-            ):
-                progress.rebase()
-                progress.note = (
-                    "the instance numbers its posts in another kind of id now: read again "
-                    "from its newest posts"
-                )
-                await self._read_back(api, timeline, host, progress, backfill)
-                return
+            if page == 0 and (progress.other_kind or (not entries and check_renumbering)):
+                newest = await self._renumbered(api, timeline, cursor, progress, backfill)
+                if newest is not None:
+                    progress.rebase()
+                    progress.note = (
+                        "the instance numbers its posts in another kind of id now: read "
+                        "again from its newest posts"
+                    )
+                    await self._read_back(api, timeline, host, progress, backfill, first=newest)
+                    return
             if progress.full:
                 progress.more = True
                 return
@@ -954,13 +971,24 @@ class TimelinePoller:
             url = following
         progress.more = True
 
-    async def _renumbered(self, api: str, timeline: str, cursor: str, progress: _Progress) -> bool:
-        """Whether the instance's newest posts mostly have ids of the other kind than
-        ``cursor``: a page after the cursor of nothing else may be one odd page, which
-        starting again from the newest posts would skip the posts behind it for."""
-        answer = await self._get_json(timeline_url(api, timeline, limit=self._page_limit), progress)
+    async def _renumbered(
+        self, api: str, timeline: str, cursor: str, progress: _Progress, backfill: int
+    ) -> _Answer | None:
+        """The instance's newest page, when most of its ids are of the other kind than
+        ``cursor`` (handed to ``_read_back``, which does not ask for it again when it is
+        its first page); None when they are not, or the page is refused for what was
+        asked. A page after the cursor of nothing else may be one odd page, which
+        starting again from the newest posts would skip the posts behind it for: a few
+        posts at least are asked for, to judge by."""
+        limit = max(self._back_limit(timeline, backfill), min(self._page_limit, 8))
+        try:
+            answer = await self._get_json(timeline_url(api, timeline, limit=limit), progress)
+        except _Stop as stop:
+            if _of_the_host(stop):
+                raise
+            return None  # the page after the cursor was read: the poll goes on from it
         if not isinstance(answer.data, list):
-            return False
+            return None
         ids = [
             post_id
             for entry in answer.data
@@ -969,7 +997,16 @@ class TimelinePoller:
             and self._trusted(post_id, progress)
         ]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
-        return other * 2 > len(ids)
+        return answer if other * 2 > len(ids) else None
+
+    def _back_limit(self, timeline: str, backfill: int) -> int:
+        """Posts a page a first poll asks for: the backfill's, at most a page; a whole
+        page where the next poll looks back behind the cursor it starts (the posts past
+        the backfill are read now, to be left alone then: a backfill of 0 would else
+        take in the lookback's posts from before the follow)."""
+        if self._looks_back(timeline):
+            return self._page_limit
+        return min(self._page_limit, max(1, backfill))
 
     def _trusted(self, post_id: str | None, progress: _Progress) -> bool:
         """Whether ``post_id`` may move the cursor: not a snowflake dated past this clock
@@ -1025,22 +1062,28 @@ class TimelinePoller:
         )
 
     async def _read_back(
-        self, api: str, timeline: str, host: str, progress: _Progress, backfill: int
+        self,
+        api: str,
+        timeline: str,
+        host: str,
+        progress: _Progress,
+        backfill: int,
+        *,
+        first: _Answer | None = None,
     ) -> None:
-        """The first poll: the newest posts, back along ``next`` links to the backfill
-        (the follow's, carried by the request; else this poller's bound)."""
+        """The first poll: the newest posts, back page by page to the backfill (the
+        follow's, carried by the request; else this poller's bound). ``first``: the
+        newest page, when it was asked for already."""
         remaining = backfill
-        limit = min(self._page_limit, max(1, remaining))
-        if self._looks_back(timeline):
-            # The next poll looks back behind the cursor this one starts: the posts past
-            # the backfill on a whole page are read now, to be left alone then (a
-            # backfill of 0 would else take in the lookback's posts from before the follow).
-            limit = self._page_limit
+        limit = self._back_limit(timeline, backfill)
         url = timeline_url(api, timeline, limit=limit)
         requested: set[str] = set()
         for _ in range(self._max_pages):
             requested.add(url)
-            answer = await self._get_json(url, progress)
+            if first is not None and first.url == url:
+                answer, first = first, None
+            else:
+                answer = await self._get_json(url, progress)
             entries = self._entries(answer)
             new = await self._take(
                 answer, entries, host, progress, oldest_first=False, bound=remaining
@@ -1098,11 +1141,7 @@ class TimelinePoller:
     ) -> int:
         """Handle a page's entries; the number of new ones (kept, skipped, malformed).
         ``ceiling``: entries after this id are left alone, as if not on the page."""
-        read = [
-            entry if self._trusted(entry.id, progress) else Entry(None, "malformed")
-            for entry in await self._read(answer, entries, host)
-        ]
-        usable = [entry for entry in read if entry.id is not None]
+        read = await self._read(answer, entries, host)
         malformed = sum(1 for entry in read if entry.verdict == "malformed")
         if read and malformed == len(read):
             # Nothing on the page can be read: its ids (if any) say nothing trustworthy.
@@ -1111,7 +1150,10 @@ class TimelinePoller:
                 f"none of the page's {len(read)} entries is a readable status",
                 for_its_posts=True,
             )
-        progress.malformed += sum(1 for entry in read if entry.id is None)
+        # A post whose id is ahead of what the instance can have given is left for its
+        # time (``_trusted``): counted, and not a reason to pass the page over.
+        usable = [entry for entry in read if self._trusted(entry.id, progress)]
+        progress.malformed += len(read) - len(usable)
         usable = progress.of_the_timelines_kind(usable)
         usable.sort(key=lambda entry: id_key(entry.id or ""), reverse=not oldest_first)
         if usable:
@@ -1322,7 +1364,9 @@ class TimelinePoller:
         # next poll's lookback finds them again), or an instance whose new posts fail
         # would be asked again at once, for ever, with nothing counted against it.
         advanced = progress.newest is not None and (
-            request.cursor is None or id_key(progress.newest) > id_key(request.cursor)
+            request.cursor is None
+            or progress.rebased  # a cursor of the other kind, which no order compares
+            or id_key(progress.newest) > id_key(request.cursor)
         )
         failed = stop is not None and not advanced
         outcome = stop.outcome if failed and stop is not None else CrawlOutcome.SUCCESS
