@@ -206,38 +206,60 @@ def _spellings(address: IPAddress) -> list[str]:
     return [str(address), str(number), hex(number), f"{number >> 24}.{number & 0xFFFFFF}"]
 
 
+#: Networks' own NAT64 prefixes (``TROVE_NAT64_PREFIXES``), one of each RFC 6052 length.
+NAT64_SETS: list[tuple[str, ...]] = [
+    (),
+    ("2a00:64::/32",),
+    ("2a00:64:100::/40",),
+    ("64:ff9b:1::/48",),
+    ("fd00:64:1:100::/56",),
+    ("2a00:64:1:2::/64",),
+    ("2a00:64:1:2:3:4::/96",),
+]
+
+
 def _assert_discovery_drops_what_the_fetcher_refuses(
-    address: IPAddress, allowed: tuple[str, ...]
+    address: IPAddress, allowed: tuple[str, ...], nat64: tuple[str, ...] = ()
 ) -> None:
-    policy = AddressPolicy.from_cidrs(allowed)
+    policy = AddressPolicy.from_cidrs(allowed, nat64)
     for spelling in _spellings(address):
         # The address the fetcher's transport reads from the host, as it would connect.
         literal = literal_address(spelling)
         assert literal is not None, spelling
         refused = not policy.allows(literal)
-        assert is_private_host(spelling, allowed) is refused, (spelling, allowed)
+        assert is_private_host(spelling, allowed, nat64) is refused, (spelling, allowed, nat64)
 
 
 @st.composite
-def _cases(draw: st.DrawFn) -> tuple[IPAddress, tuple[str, ...]]:
-    address = draw(st.one_of(st.sampled_from([parse_address(a) for a in NAMED]), st.ip_addresses()))
+def _cases(draw: st.DrawFn) -> tuple[IPAddress, tuple[str, ...], tuple[str, ...]]:
+    nat64 = draw(st.sampled_from(NAT64_SETS))
+    addresses = [st.sampled_from([parse_address(a) for a in NAMED]), st.ip_addresses()]
+    if nat64:
+        # Anywhere in the prefix: the IPv4 address it carries, whatever it is.
+        prefix = ipaddress.IPv6Network(nat64[0])
+        addresses.append(
+            st.integers(0, prefix.num_addresses - 1).map(
+                lambda n: ipaddress.IPv6Address(int(prefix.network_address) + n)
+            )
+        )
+    address = draw(st.one_of(*addresses))
     allowed = list(draw(st.sampled_from(ALLOWED_SETS)))
     if draw(st.booleans()):
         # A network that holds the address (or not, as its prefix falls), to open it.
-        prefix = draw(st.integers(0, address.max_prefixlen))
-        allowed.append(str(ipaddress.ip_network(f"{address}/{prefix}", strict=False)))
-    return address, tuple(allowed)
+        prefix_length = draw(st.integers(0, address.max_prefixlen))
+        allowed.append(str(ipaddress.ip_network(f"{address}/{prefix_length}", strict=False)))
+    return address, tuple(allowed), nat64
 
 
 @settings(max_examples=1000, deadline=None)
 @given(_cases())
-@example((parse_address("::ffff:127.0.0.1"), ("127.0.0.0/8",)))
-@example((parse_address("2002:808:808::"), ()))
+@example((parse_address("::ffff:127.0.0.1"), ("127.0.0.0/8",), ()))
+@example((parse_address("2002:808:808::"), (), ()))
+@example((parse_address("2a00:64:1:2:3:4:a00:1"), (), ("2a00:64:1:2:3:4::/96",)))
 def test_discovery_drops_exactly_the_addresses_the_fetcher_refuses(
-    case: tuple[IPAddress, tuple[str, ...]],
+    case: tuple[IPAddress, tuple[str, ...], tuple[str, ...]],
 ) -> None:
-    address, allowed = case
-    _assert_discovery_drops_what_the_fetcher_refuses(address, allowed)
+    _assert_discovery_drops_what_the_fetcher_refuses(*case)
 
 
 @pytest.mark.parametrize("allowed", ALLOWED_SETS, ids=lambda a: ",".join(a) or "none")

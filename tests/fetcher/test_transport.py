@@ -223,6 +223,25 @@ async def test_static_entry_is_answered_without_a_dns_query(
     assert dns.asked("dns.trove.test") == before
 
 
+@pytest.mark.parametrize("nat64", [(), ("2a00:64::/96",)])
+async def test_a_name_answered_in_the_networks_own_nat64_prefix_is_judged_by_its_ipv4(
+    recorder: RecordingBackend, nat64: tuple[str, ...]
+) -> None:
+    # On a network whose DNS64 answers with a prefix of its own, 2a00:64::a00:1 reaches
+    # 10.0.0.1 through the translator: told the prefix, the guard refuses it before any
+    # connection; not told, it takes it for a global IPv6 address (the test's backend
+    # notes the attempt and dials nothing but loopback).
+    settings = _settings(resolve=("nat64.trove.test=2a00:64::a00:1",), nat64_prefixes=nat64)
+    async with build_client(settings, network_backend=recorder) as client:
+        if nat64:
+            with pytest.raises(BlockedAddress, match=r"NAT64 of 10\.0\.0\.1: private"):
+                await client.get("http://nat64.trove.test/")
+        else:
+            with pytest.raises(httpx.ConnectError, match="not loopback, not dialled"):
+                await client.get("http://nat64.trove.test/")
+    assert recorder.connects == ([] if nat64 else [("2a00:64::a00:1", 80)])
+
+
 async def test_an_excluded_host_is_neither_looked_up_nor_connected(
     recorder: RecordingBackend, dns: DnsServer, server: LocalServer
 ) -> None:

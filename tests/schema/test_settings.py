@@ -56,6 +56,17 @@ def test_a_bad_network_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         FetcherSettings()
 
 
+@pytest.mark.parametrize("settings_class", [FetcherSettings, DiscoverySettings])
+def test_nat64_prefixes_are_read_and_an_ipv4_network_is_refused_as_one(
+    monkeypatch: pytest.MonkeyPatch, settings_class: type[FetcherSettings | DiscoverySettings]
+) -> None:
+    monkeypatch.setenv("TROVE_NAT64_PREFIXES", "2a00:64::/96, fd00:64:1::/48")
+    assert settings_class().nat64_prefixes == ("2a00:64::/96", "fd00:64:1::/48")
+    monkeypatch.setenv("TROVE_NAT64_PREFIXES", "10.0.0.0/8")
+    with pytest.raises(ValueError, match="is not a NAT64 prefix"):
+        settings_class()
+
+
 def test_a_host_record_ttl_shorter_than_what_a_record_holds_is_refused_with_its_name() -> None:
     with pytest.raises(ValueError, match=r"than TROVE_HOST_MOVE_RECHECK_SECONDS \(604800\)"):
         FetcherSettings(host_record_ttl_seconds=3 * 86_400)

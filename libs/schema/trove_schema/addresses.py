@@ -16,6 +16,13 @@ releases and, on 3.11, still call ``64:ff9b::10.0.0.1``, ``::10.0.0.1`` and
 
 Cloud metadata endpoints are refused even inside an allowed network: no crawl needs
 them and they hand out credentials.
+
+An IPv6 address that a translator turns into an IPv4 one reaches that IPv4 host, and
+is judged as it: the IPv4-mapped, -translated and -compatible forms, 6to4, the
+well-known NAT64 prefix ``64:ff9b::/96``, and the prefixes an operator's network
+translates with (``TROVE_NAT64_PREFIXES``, RFC 6052: a network-specific prefix may
+carry private IPv4 addresses, which the well-known one may not). The local-use range
+``64:ff9b:1::/48`` (RFC 8215) is refused unless one of those prefixes names it.
 """
 
 from __future__ import annotations
@@ -79,6 +86,17 @@ _NAT64 = _V6("64:ff9b::/96")
 _SIX_TO_FOUR = _V6("2002::/16")
 _GLOBAL_UNICAST = _V6("2000::/3")
 _CARRIERS = (_IPV4_MAPPED, _IPV4_TRANSLATED, _IPV4_COMPATIBLE, _NAT64)
+_LOCAL_NAT64 = _V6("64:ff9b:1::/48")
+#: Where a NAT64 prefix of each length carries its IPv4 address (RFC 6052 2.2): octets
+#: of the IPv6 address, around octet 8 (bits 64 to 71), which is left zero.
+_NAT64_OCTETS: dict[int, tuple[int, int, int, int]] = {
+    32: (4, 5, 6, 7),
+    40: (5, 6, 7, 9),
+    48: (6, 7, 9, 10),
+    56: (7, 9, 10, 11),
+    64: (9, 10, 11, 12),
+    96: (12, 13, 14, 15),
+}
 
 _BLOCKED_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
     (_V6("::/128"), "unspecified"),
@@ -86,7 +104,7 @@ _BLOCKED_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
     (_IPV4_MAPPED, "IPv4-mapped"),
     (_IPV4_TRANSLATED, "IPv4-translated"),
     (_IPV4_COMPATIBLE, "IPv4-compatible"),
-    (_V6("64:ff9b:1::/48"), "local-use NAT64"),
+    (_LOCAL_NAT64, "local-use NAT64"),
     (_V6("100::/64"), "discard-only"),
     (_V6("2001::/32"), "Teredo"),
     (_V6("2001::/23"), "IETF protocol assignments"),
@@ -122,6 +140,40 @@ def parse_networks(cidrs: tuple[str, ...]) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
 
 
+def nat64_prefix(cidr: str) -> ipaddress.IPv6Network:
+    """A NAT64 prefix of ``TROVE_NAT64_PREFIXES``: an IPv6 network of one of RFC 6052's
+    lengths (32, 40, 48, 56, 64 or 96). ValueError otherwise."""
+    network = ipaddress.ip_network(cidr.strip(), strict=False)
+    if not isinstance(network, ipaddress.IPv6Network) or network.prefixlen not in _NAT64_OCTETS:
+        raise ValueError(
+            f"{cidr.strip()!r} is not a NAT64 prefix: an IPv6 network of /32, /40, /48, "
+            "/56, /64 or /96 (RFC 6052)"
+        )
+    return network
+
+
+@functools.lru_cache(maxsize=16)
+def parse_nat64_prefixes(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv6Network, ...]:
+    """The prefixes ``TROVE_NAT64_PREFIXES`` lists (``nat64_prefix``), cached."""
+    return tuple(nat64_prefix(cidr) for cidr in cidrs)
+
+
+def _embedded(address: ipaddress.IPv6Address, length: int) -> ipaddress.IPv4Address:
+    packed = address.packed
+    return ipaddress.IPv4Address(bytes(packed[i] for i in _NAT64_OCTETS[length]))
+
+
+def _translated(
+    address: ipaddress.IPv6Address, nat64: Iterable[ipaddress.IPv6Network]
+) -> ipaddress.IPv4Address | None:
+    """The IPv4 address ``address`` reaches through one of the operator's NAT64
+    prefixes, if it is in one."""
+    for prefix in nat64:
+        if address in prefix:
+            return _embedded(address, prefix.prefixlen)
+    return None
+
+
 def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 one reaches through (mapped, translated, compatible,
     NAT64, 6to4), if it carries one."""
@@ -132,18 +184,23 @@ def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | Non
     return None
 
 
-def is_metadata(address: IPAddress) -> bool:
-    """A metadata address, or an IPv6 form that reaches one."""
+def is_metadata(address: IPAddress, nat64: Iterable[ipaddress.IPv6Network] = ()) -> bool:
+    """A metadata address, or an IPv6 form that reaches one: through the carriers above,
+    the operator's NAT64 prefixes, or the local-use NAT64 range at any place a prefix
+    within it could carry one."""
     if address in METADATA_ADDRESSES:
         return True
-    if isinstance(address, ipaddress.IPv6Address):
-        carried = _carried_ipv4(address)
-        return carried is not None and carried in METADATA_ADDRESSES
-    return False
+    if not isinstance(address, ipaddress.IPv6Address):
+        return False
+    carried = [_carried_ipv4(address), _translated(address, nat64)]
+    if address in _LOCAL_NAT64:
+        carried += [_embedded(address, length) for length in _NAT64_OCTETS if length >= 48]
+    return any(ipv4 in METADATA_ADDRESSES for ipv4 in carried if ipv4 is not None)
 
 
-def blocked_reason(address: IPAddress) -> str | None:
-    """Why ``address`` is not globally reachable unicast, or None when it is."""
+def blocked_reason(address: IPAddress, nat64: Iterable[ipaddress.IPv6Network] = ()) -> str | None:
+    """Why ``address`` is not globally reachable unicast, or None when it is.
+    ``nat64``: the operator's NAT64 prefixes (``parse_nat64_prefixes``)."""
     if address in METADATA_ADDRESSES:
         return "cloud metadata"
     if isinstance(address, ipaddress.IPv4Address):
@@ -152,6 +209,10 @@ def blocked_reason(address: IPAddress) -> str | None:
                 return reason4
         return None
     # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that too.
+    translated = _translated(address, nat64)
+    if translated is not None:
+        inner = blocked_reason(translated)
+        return None if inner is None else f"NAT64 of {translated}: {inner}"
     if address in _NAT64:
         embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         inner = blocked_reason(embedded)
@@ -172,7 +233,11 @@ def blocked_reason(address: IPAddress) -> str | None:
     return None
 
 
-def refusal(address: IPAddress, allowed: Iterable[IPNetwork] = ()) -> str | None:
+def refusal(
+    address: IPAddress,
+    allowed: Iterable[IPNetwork] = (),
+    nat64: Iterable[ipaddress.IPv6Network] = (),
+) -> str | None:
     """Why Trove must not connect to ``address``, or None when it may.
 
     ``allowed`` networks (``TROVE_ALLOWED_NETWORKS``) open special-purpose ranges for
@@ -180,11 +245,14 @@ def refusal(address: IPAddress, allowed: Iterable[IPNetwork] = ()) -> str | None
     opens only addresses of its own IP version: ``127.0.0.0/8`` does not open
     ``::ffff:127.0.0.1``, which an operator who wrote an IPv4 range did not name. None
     ever opens a metadata address, however it is written (NAT64 of it, IPv4-mapped).
+    ``nat64``: the operator's NAT64 prefixes, whose addresses are judged by the IPv4
+    address they carry.
     """
-    reason = blocked_reason(address)
+    nat64 = tuple(nat64)
+    reason = blocked_reason(address, nat64)
     if reason is None:
         return None
-    if not is_metadata(address) and any(
+    if not is_metadata(address, nat64) and any(
         address.version == network.version and address in network for network in allowed
     ):
         return None

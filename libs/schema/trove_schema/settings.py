@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trove_schema.addresses import nat64_prefix
 from trove_schema.errors import TroveError
 from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH
 from trove_schema.exclusions import read_rules, read_rules_file
@@ -237,11 +238,19 @@ class DiscoverySettings(CommonSettings):
     url_rules_ttl_seconds: Seconds | None = Field(default=None, ge=0.0)
     #: Networks seeds may point into although private (tests, the sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
+    #: The network's own NAT64 prefixes, as the fetchers' (``FetcherSettings``): a URL
+    #: written as an address in one is judged by the IPv4 address it carries.
+    nat64_prefixes: Annotated[tuple[str, ...], NoDecode] = ()
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
         return _split_cidrs(value)
+
+    @field_validator("nat64_prefixes", mode="before")
+    @classmethod
+    def _split_nat64(cls, value: Any) -> Any:
+        return _split_nat64_prefixes(value)
 
     @field_validator("platform_domains", mode="before")
     @classmethod
@@ -320,6 +329,10 @@ class FetcherSettings(CommonSettings):
     robots_max_bytes: int = Field(default=512 * 1024, ge=1024)
     #: CIDRs the fetcher may connect to although private (tests, the local sandbox).
     allowed_networks: Annotated[tuple[str, ...], NoDecode] = ()
+    #: The NAT64 prefixes the pods' network translates with, besides the well-known
+    #: 64:ff9b::/96 (RFC 6052; comma-separated): an address in one reaches the IPv4
+    #: address it carries, which may be private, and is judged as that address.
+    nat64_prefixes: Annotated[tuple[str, ...], NoDecode] = ()
     #: Extra host -> IP mappings (the sandbox's names); "host=ip,host=ip".
     resolve: Annotated[tuple[str, ...], NoDecode] = ()
     #: Nameservers ("ip", "ip:port", "[ipv6]:port", comma-separated); empty: resolv.conf.
@@ -352,6 +365,11 @@ class FetcherSettings(CommonSettings):
     @classmethod
     def _split_networks(cls, value: Any) -> Any:
         return _split_cidrs(value)
+
+    @field_validator("nat64_prefixes", mode="before")
+    @classmethod
+    def _split_nat64(cls, value: Any) -> Any:
+        return _split_nat64_prefixes(value)
 
     @model_validator(mode="after")
     def _records_outlive_what_they_hold(self) -> FetcherSettings:
@@ -477,4 +495,12 @@ def _split_cidrs(value: Any) -> Any:
         value = tuple(part.strip() for part in value.split(",") if part.strip())
     for cidr in value or ():
         ipaddress.ip_network(cidr, strict=False)
+    return value
+
+
+def _split_nat64_prefixes(value: Any) -> Any:
+    if isinstance(value, str):
+        value = tuple(part.strip() for part in value.split(",") if part.strip())
+    for cidr in value or ():
+        nat64_prefix(cidr)
     return value

@@ -44,7 +44,13 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 import idna
 from url_normalize import url_normalize
 
-from trove_schema.addresses import IPAddress, parse_address, parse_networks, refusal
+from trove_schema.addresses import (
+    IPAddress,
+    parse_address,
+    parse_nat64_prefixes,
+    parse_networks,
+    refusal,
+)
 from trove_schema.errors import InvalidURL
 from trove_schema.events import MAX_URL_LENGTH
 
@@ -447,7 +453,7 @@ def registrable_domain(host: str) -> str:
 _LOCALHOST_ADDRESSES = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
 
 
-def is_private_host(host: str, allowed: Sequence[str] = ()) -> bool:
+def is_private_host(host: str, allowed: Sequence[str] = (), nat64: Sequence[str] = ()) -> bool:
     """True when the fetcher would refuse ``host`` under the ``allowed`` networks.
 
     Discovery and the timeline reader drop such a URL rather than queue a page that
@@ -457,8 +463,9 @@ def is_private_host(host: str, allowed: Sequence[str] = ()) -> bool:
     (``trove_schema.addresses.refusal``), or a name. Names are not resolved here, the
     fetcher checks the addresses it connects to; only ``localhost`` and ``*.localhost``
     are known without a lookup: the fetcher resolves them to both 127.0.0.1 and ::1, so
-    they are private unless ``allowed`` opens both. ``allowed`` holds CIDRs (ValueError
-    if one is not, when an address is asked about).
+    they are private unless ``allowed`` opens both. ``allowed`` holds CIDRs and
+    ``nat64`` the network's NAT64 prefixes (``TROVE_NAT64_PREFIXES``; ValueError if one
+    is not, when an address is asked about).
     """
     name = host.strip().lower().rstrip(".")
     if name.startswith("[") and name.endswith("]"):
@@ -471,7 +478,8 @@ def is_private_host(host: str, allowed: Sequence[str] = ()) -> bool:
     address = _written_address(name)
     if address is None:
         return False
-    return refusal(address, parse_networks(tuple(allowed))) is not None
+    prefixes = parse_nat64_prefixes(tuple(nat64))
+    return refusal(address, parse_networks(tuple(allowed)), prefixes) is not None
 
 
 def _written_address(name: str) -> IPAddress | None:

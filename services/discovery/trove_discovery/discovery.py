@@ -309,7 +309,7 @@ class Discovery:
                 continue
             # As a seed or a shared link would be: the fetcher refuses the address anyway,
             # and each such page would be a failure retried and rechecked for weeks.
-            if is_private_host(host, self.settings.allowed_networks):
+            if is_private_host(host, self.settings.allowed_networks, self.settings.nat64_prefixes):
                 continue
             # Before the seen check: an alias spelling is never discovered as a page.
             url = await self._alias_target(link.url)

@@ -246,7 +246,7 @@ def instance_origin(raw: str, settings: DiscoverySettings) -> tuple[str, str]:
             f"an instance is an origin (scheme://host[:port]), not a page: drop {where!r}"
         )
     domain = domain_of(url)
-    if is_private_host(domain, settings.allowed_networks):
+    if is_private_host(domain, settings.allowed_networks, settings.nat64_prefixes):
         raise InvalidFollow(f"host {domain} is a private address (not in TROVE_ALLOWED_NETWORKS)")
     return origin_of(url), domain
 

@@ -148,7 +148,7 @@ def _build(
             rejected.append(RejectedSeed(original, exc.reason))
             continue
         host = domain_of(url)
-        if is_private_host(host, settings.allowed_networks):
+        if is_private_host(host, settings.allowed_networks, settings.nat64_prefixes):
             rejected.append(RejectedSeed(original, f"host {host} is a private address"))
             continue
         refusal = exclusions.refusal(host)

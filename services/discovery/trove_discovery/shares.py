@@ -136,7 +136,7 @@ def shared_pages(
             if url is None or url in pages:
                 continue
             domain = domain_of(url)
-            if is_private_host(domain, settings.allowed_networks):
+            if is_private_host(domain, settings.allowed_networks, settings.nat64_prefixes):
                 log.info("shared URL on a private address skipped", extra={"url": url})
                 continue
             if url_trap_reason(

@@ -8,11 +8,18 @@ connection and the fetcher records with its reason.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trove_fetcher.errors import BlockedAddress
-from trove_schema.addresses import IPNetwork, parse_address, parse_networks, refusal
+from trove_schema.addresses import (
+    IPNetwork,
+    parse_address,
+    parse_nat64_prefixes,
+    parse_networks,
+    refusal,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +32,12 @@ class AddressPolicy:
     """
 
     allowed: tuple[IPNetwork, ...] = ()
+    #: The network's own NAT64 prefixes (``TROVE_NAT64_PREFIXES``).
+    nat64: tuple[ipaddress.IPv6Network, ...] = ()
 
     @classmethod
-    def from_cidrs(cls, cidrs: Iterable[str]) -> AddressPolicy:
-        return cls(parse_networks(tuple(cidrs)))
+    def from_cidrs(cls, cidrs: Iterable[str], nat64: Iterable[str] = ()) -> AddressPolicy:
+        return cls(parse_networks(tuple(cidrs)), parse_nat64_prefixes(tuple(nat64)))
 
     def check(self, ip: str, *, host: str | None = None) -> None:
         """Raise BlockedAddress unless the fetcher may connect to ``ip``.
@@ -39,7 +48,7 @@ class AddressPolicy:
             address = parse_address(ip)
         except ValueError:
             raise BlockedAddress(host or ip, ip, "not an IP address") from None
-        reason = refusal(address, self.allowed)
+        reason = refusal(address, self.allowed, self.nat64)
         if reason is not None:
             raise BlockedAddress(host or ip, str(address), reason)
 

@@ -630,7 +630,7 @@ def build_network(
     and ``resolver`` are test seams; ``exclusions``, when not given, are read from
     ``settings``."""
     return GuardedNetworkBackend(
-        AddressPolicy.from_cidrs(settings.allowed_networks),
+        AddressPolicy.from_cidrs(settings.allowed_networks, settings.nat64_prefixes),
         static=StaticHosts.parse(settings.resolve),
         resolver=DnsResolver(DnsConfig.for_settings(settings)) if resolver is None else resolver,
         inner=network_backend,
