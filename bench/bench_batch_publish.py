@@ -1,17 +1,19 @@
-"""A page's new links as ten JetStream publishes against one atomic batch.
+"""A page's new links as ten JetStream publishes against one batch, atomic or fast.
 
 Discovery publishes the ``PageDiscovered`` of a page's new links together, each waiting
 for its own PubAck: ten links, ten round trips. nats-server 2.12 can store a batch of
 messages to one stream atomically with one PubAck at its commit (ADR-50,
-``allow_atomic``), which would send the client nine replies fewer a page. This starts a
-nats-server, declares a stream with atomic batches allowed, and publishes ``--pages``
-pages of ``--links`` events of a ``PageDiscovered``'s size each way, alternating by
-round, every message with its own ``Nats-Msg-Id`` as Trove's events carry:
+``allow_atomic``), and 2.14 a fast-ingest batch stored message by message with a flow
+ack at its start and one PubAck at its commit (``allow_batched``): each would send the
+client eight or nine replies fewer a page. This starts a nats-server, declares a stream
+with both allowed, and publishes ``--pages`` pages of ``--links`` events of a
+``PageDiscovered``'s size each way, alternating by round, every message with its own
+``Nats-Msg-Id`` as Trove's events carry:
 
 * the client's CPU (``time.process_time``) and nats-server's (``/proc/<pid>/stat``) a
   page, medians of ``--rounds``, and their ratios;
-* what the server answers a batch that repeats a message id already stored, which is
-  what a redelivered page publishes.
+* what the server answers a batch that repeats the message ids of one stored, which is
+  what a redelivered page publishes, and how many messages it stored.
 
 Nothing is asserted.
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -81,6 +84,41 @@ async def atomic(nc: Client, body: bytes, ids: list[str]) -> dict[str, object]:
     return answer
 
 
+class FastBatches:
+    """Fast-ingest batches (nats-server 2.14+, ``allow_batched``): each message stored as
+    it comes, the batch's coordinates in its reply subject, a flow ack at the start and
+    the PubAck at the commit, on one subscription."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox()
+        self.waiting: dict[str, asyncio.Future[dict[str, object]]] = {}
+
+    async def start(self) -> None:
+        await self.nc.subscribe(f"{self.prefix}.>", cb=self._answer)
+
+    async def _answer(self, msg: Msg) -> None:
+        answer = json.loads(msg.data)
+        if answer.get("type") == "ack":
+            return  # flow control: the batch may go on
+        batch = msg.subject[len(self.prefix) + 1 :].split(".", 1)[0]
+        future = self.waiting.pop(batch, None)
+        if future is not None and not future.done():
+            future.set_result(answer)
+
+    async def __call__(self, nc: Client, body: bytes, ids: list[str]) -> dict[str, object]:
+        batch = uuid.uuid4().hex
+        done = asyncio.get_running_loop().create_future()
+        self.waiting[batch] = done
+        for n, message_id in enumerate(ids, 1):
+            op = 0 if n == 1 else 2 if n == len(ids) else 1  # start, append, commit
+            reply = f"{self.prefix}.{batch}.{len(ids)}.fail.{n}.{op}.$FI"
+            await nc.publish(
+                f"bench.page.{n}", body, reply=reply, headers={"Nats-Msg-Id": message_id}
+            )
+        return await asyncio.wait_for(done, 10)
+
+
 async def timed(
     way: Callable[[Client, bytes, list[str]], Awaitable[object]],
     nc: Client,
@@ -104,13 +142,23 @@ async def bench(args: argparse.Namespace) -> None:
         assert broker.pid is not None
         nc = await nats.connect(broker.url)
         await nc.jetstream().add_stream(
-            StreamConfig(name=STREAM, subjects=["bench.>"], allow_atomic=True)
+            StreamConfig(name=STREAM, subjects=["bench.>"], allow_atomic=True, allow_batched=True)
         )
         body = payload()
+        fast = FastBatches(nc)
+        await fast.start()
         ids = [uuid.uuid4().hex for _ in range(args.links)]
         first = await atomic(nc, body, ids)
         again = await atomic(nc, body, ids)
-        ways = {"one by one": one_by_one, "atomic batch": atomic}
+        fresh = [uuid.uuid4().hex for _ in range(args.links)]
+        fast_first = await fast(nc, body, fresh)
+        fast_again = await fast(nc, body, fresh)
+        stored = (await nc.jetstream().stream_info(STREAM)).state.messages
+        ways: dict[str, Callable[[Client, bytes, list[str]], Awaitable[object]]] = {
+            "one by one": one_by_one,
+            "atomic batch": atomic,
+            "fast batch": fast,
+        }
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
         for number in range(args.rounds):
             order = list(ways.items())
@@ -129,13 +177,17 @@ async def bench(args: argparse.Namespace) -> None:
     }
     for name, (client, server) in medians.items():
         print(f"  {name:<13} client {client:7.0f} µs a page, nats-server {server:7.0f} µs a page")
-    (c1, s1), (c2, s2) = medians["one by one"], medians["atomic batch"]
-    print(
-        f"  atomic / one by one: client x{c2 / c1:.2f}, nats-server x{s2 / s1:.2f}, "
-        f"both x{(c2 + s2) / (c1 + s1):.2f}"
-    )
-    print(f"a batch committed: {first}")
-    print(f"the same batch again (a redelivered page): {again}")
+    c1, s1 = medians["one by one"]
+    for name in ("atomic batch", "fast batch"):
+        c2, s2 = medians[name]
+        print(
+            f"  {name} / one by one: client x{c2 / c1:.2f}, nats-server x{s2 / s1:.2f}, "
+            f"both x{(c2 + s2) / (c1 + s1):.2f}"
+        )
+    print(f"an atomic batch committed: {first}")
+    print(f"the same atomic batch again (a redelivered page): {again}")
+    print(f"a fast batch committed: {fast_first}")
+    print(f"the same fast batch again: {fast_again}; {stored} messages stored of 2 x 2 batches")
 
 
 def main() -> None:
