@@ -709,35 +709,36 @@ async def test_ids_of_another_kind_or_past_the_cap_are_skipped_and_the_cursor_go
         assert after.cursor_after != event.cursor_after
 
 
-@pytest.mark.parametrize(("mode", "software"), [("huge-id", None), ("future-id", "mastodon")])
+def a_day_ahead() -> int:
+    """A snowflake of Mastodon's dated a day ahead of this clock."""
+    return int(time.time() + 86_400) * 1000 << 16
+
+
+@pytest.mark.parametrize(("far", "software"), [("past-64-bits", None), ("ahead", "mastodon")])
 async def test_an_id_past_any_the_instance_can_have_given_never_moves_the_cursor(
-    client: httpx.AsyncClient, mode: Misbehaviour, software: str | None
+    client: httpx.AsyncClient, far: str, software: str | None
 ) -> None:
-    # Each page's newest post numbered past 64 bits (whatever the software), or dated a
-    # day ahead (a snowflake of Mastodon's): as the cursor, it would have hidden every
-    # later post for good.
+    # A post numbered past 64 bits (whatever the software), or dated a day ahead (a
+    # snowflake of Mastodon's; a remote server claimed that date): as the cursor, it
+    # would have hidden every later post for good.
     instance = FediverseInstance.generate(posts=10, seed=7)
     async with served(instance) as social:
         cursor = instance.timeline(local=True)[0].sid
         added = [public_local_post(instance) for _ in range(6)]
-        instance.misbehave(mode)
+        odd = instance.add_post_numbered(1 << 63 if far == "past-64-bits" else a_day_ahead())
         polls = poller(client, max_pages=4, page_limit=4)
-        first = await polls.poll(
-            request(social, cursor=cursor, api=social.base_url).model_copy(
-                update={"software": software}
-            )
-        )
-        instance.misbehave(None)
+        start = request(social, cursor=cursor, api=social.base_url)
+        first = await polls.poll(start.model_copy(update={"software": software}))
         later = [public_local_post(instance) for _ in range(3)]
         rest = await polls.poll(request(social, after=first))
 
         assert first.outcome is rest.outcome is CrawlOutcome.SUCCESS, first.error_message
-        assert first.cursor_after is not None
-        assert id_key(first.cursor_after) < id_key(added[-1].sid)
+        assert first.cursor_after == added[-1].sid
         assert first.error_message is not None
-        assert "malformed entries skipped" in first.error_message
+        assert "1 malformed entries skipped" in first.error_message
         read = uris(first) + uris(rest)
-        assert sorted(read) == sorted(instance.status_uri(s) for s in added + later)
+        assert read == [instance.status_uri(s) for s in added + later]
+        assert instance.status_uri(odd) not in read
         assert rest.cursor_after == later[-1].sid
 
 
@@ -849,6 +850,7 @@ async def test_an_instance_that_numbers_its_posts_anew_is_read_again_from_its_ne
         assert first.cursor_after is not None
         assert not first.cursor_after.isdigit()
         assert (first.api, first.software) == (None, None)  # other software: asked again
+        assert first.requests == 2  # after the cursor; the newest page, read back once
         assert uris(second) == [instance.status_uri(later)]
         assert second.cursor_after not in (None, first.cursor_after)
         assert second.api == social.base_url
@@ -911,16 +913,16 @@ async def test_a_post_dated_ahead_alone_after_the_cursor_leaves_the_poll_caught_
     client: httpx.AsyncClient,
 ) -> None:
     # Alone on its page, a post left for its time is not a page that cannot be read:
-    # the poll is caught up, and reads it once its id is no longer ahead.
+    # the poll is caught up. It is read once the instance's clock (its answers' Date)
+    # says its time has come: here the instance's clock runs a day ahead.
     instance = FediverseInstance.generate(posts=10, seed=7)
     async with served(instance) as social:
         cursor = instance.timeline(local=True)[0].sid
-        ahead = public_local_post(instance)
-        instance.misbehave("future-id")
+        ahead = instance.add_post_numbered(a_day_ahead())
         polls = poller(client, max_pages=3, page_limit=4)
         start = request(social, cursor=cursor, api=social.base_url)
         event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
-        instance.misbehave(None)
+        instance.clock_ahead = 86_400 + 600
         then = await polls.poll(request(social, after=event))
 
         assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
@@ -932,6 +934,31 @@ async def test_a_post_dated_ahead_alone_after_the_cursor_leaves_the_poll_caught_
         )
         assert then.outcome is CrawlOutcome.SUCCESS, then.error_message
         assert uris(then) == [instance.status_uri(ahead)]
+        assert then.cursor_after == ahead.sid
+
+
+@pytest.mark.parametrize("backfill", [0, 1, 3])
+async def test_a_first_poll_reads_back_past_posts_dated_ahead(
+    client: httpx.AsyncClient, backfill: int
+) -> None:
+    # The newest page of a follow's first poll holds nothing but a post dated ahead:
+    # reading back stops not there, or the poll would start no cursor and the next
+    # one read back as a first poll, past the follow's backfill.
+    instance = FediverseInstance.generate(posts=12, seed=7)
+    async with served(instance) as social:
+        ahead = instance.add_post_numbered(a_day_ahead())
+        polls = poller(client, max_pages=3, page_limit=4, backfill=backfill)
+        first = request(social, api=social.base_url).model_copy(
+            update={"software": "mastodon", "backfill": backfill}
+        )
+        event = await polls.poll(first)
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        newest = instance.timeline(local=True)
+        ordinary = [s for s in newest if s != ahead]
+        assert event.cursor_after == ordinary[0].sid
+        shared = [instance.status_uri(s) for s in ordinary[:backfill] if instance.may_share(s)]
+        assert uris(event) == shared
 
 
 async def test_one_page_of_odd_ids_after_the_cursor_does_not_start_it_again(

@@ -130,7 +130,10 @@ def test_the_local_use_nat64_range_never_opens_a_metadata_address(address: str) 
     assert refusal(parse_address(address), parse_networks(("::/0",))) == "local-use NAT64"
 
 
-@pytest.mark.parametrize("cidr", ["10.0.0.0/8", "2001:db8::/33", "2001:db8::/128", "nat64"])
+@pytest.mark.parametrize(
+    "cidr", ["10.0.0.0/8", "2001:db8::/33", "2001:db8::/128", "nat64", "64:ff9b::/32"]
+)
 def test_a_nat64_prefix_is_an_ipv6_network_of_an_rfc_6052_length(cidr: str) -> None:
     with pytest.raises(ValueError, match=r"NAT64 prefix|does not appear to be"):
         nat64_prefix(cidr)
+    assert nat64_prefix("64:ff9b::/96") == ipaddress.IPv6Network("64:ff9b::/96")

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from email.utils import formatdate
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -54,13 +55,11 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: digits, the others as they are; ``renumbered``: every id spelt as text that sorts
 #: before any number (other software on the same domain: GoToSocial's ULIDs), and an
 #: id parameter of digits read as such text; ``text-ids-after-cursor``: ids as text only
-#: on pages asked for with ``min_id``; ``huge-id``: each page's newest status numbered
-#: one past the largest 64-bit id, ``future-id`` a snowflake a day
-#: ahead; ``since-links``: prev Links that read on with ``since_id`` (Mastodon before
-#: 2.6: the newest posts, not the next ones), ``skipping-links`` with a ``min_id`` a
-#: page past the page; ``ignores-lookback``: a query with both ``since_id`` and
-#: ``max_id`` answered with the newest posts; ``lookback-422`` / ``lookback-429``: that
-#: query refused so.
+#: on pages asked for with ``min_id``; ``since-links``: prev Links that read on with
+#: ``since_id`` (Mastodon before 2.6: the newest posts, not the next ones),
+#: ``skipping-links`` with a ``min_id`` a page past the page; ``ignores-lookback``: a
+#: query with both ``since_id`` and ``max_id`` answered with the newest posts;
+#: ``lookback-422`` / ``lookback-429``: that query refused so.
 Misbehaviour = Literal[
     "wrong-types",
     "html",
@@ -73,8 +72,6 @@ Misbehaviour = Literal[
     "links-unscoped",
     "renumbered",
     "text-ids-after-cursor",
-    "huge-id",
-    "future-id",
     "since-links",
     "skipping-links",
     "ignores-lookback",
@@ -182,6 +179,7 @@ class FediverseInstance:
         "_misbehaviour",
         "_nodeinfo_failure",
         "_nodeinfo_retry_after",
+        "_numbered",
         "_port",
         "_rate_limit",
         "_rate_used",
@@ -194,6 +192,7 @@ class FediverseInstance:
         "_statuses",
         "_throttle",
         "_unreadable",
+        "clock_ahead",
         "host",
         "ip",
         "web",
@@ -227,6 +226,10 @@ class FediverseInstance:
         self._rate_window_start = time.monotonic()
         self._throttle: str | None = None
         self._misbehaviour: Misbehaviour | None = None
+        #: Ids given by ``add_post_numbered``, not by the time of their post.
+        self._numbered: set[int] = set()
+        #: How far the instance's clock runs ahead: its timelines' ``Date`` says so.
+        self.clock_ahead = 0.0
         self._nodeinfo_failure: int | None = None
         self._nodeinfo_retry_after: int | None = None
         self._unreadable: set[int] = set()
@@ -450,7 +453,8 @@ class FediverseInstance:
             if not author.local:
                 # Only public posts of remote people reach the instance unasked.
                 visibility = "public"
-        last = self._statuses[-1].created_at if self._statuses else _BASE_TIME
+        newest = self._newest_ordinary()
+        last = newest.created_at if newest is not None else _BASE_TIME
         created = last + timedelta(minutes=rng.randint(3, 90), seconds=rng.randint(0, 59))
         if links is None:
             chosen = self._pick_links(rng)
@@ -503,9 +507,22 @@ class FediverseInstance:
             spoiler_text=text.topics[0] if sensitive else "",
             media=rng.random() < 0.1,
         )
-        self._statuses.append(status)
+        # In id order, after any post numbered ahead of its time (``add_post_numbered``).
+        bisect.insort(self._statuses, status, key=lambda s: s.id)
         self._huge = None
         return status
+
+    def add_post_numbered(self, status_id: int, account: str = "ada") -> Status:
+        """A public post of ``account`` whose id is ``status_id`` whatever its time: one
+        past 64 bits, or a snowflake dated ahead of the instance's clock (a remote post
+        whose server claims a date to come), where that id puts it."""
+        status = self.add_post(account, visibility="public")
+        self._statuses.remove(status)
+        numbered = replace(status, id=status_id)
+        bisect.insort(self._statuses, numbered, key=lambda s: s.id)
+        self._numbered.add(status_id)
+        self._huge = None
+        return numbered
 
     def add_late_post(
         self, account: str, *, published_before: timedelta, tags: Sequence[str] | None = None
@@ -513,9 +530,10 @@ class FediverseInstance:
         """A post of another instance's ``account`` that arrives now, published
         ``published_before`` the newest post: Mastodon gives it the id of its publication
         time (``Mastodon::Snowflake.id_at``), so it lands behind posts already read."""
-        newest = self._statuses[-1]
+        newest = self._newest_ordinary()
+        assert newest is not None, "a late post comes after others"
         status = self.add_post(account, visibility="public", tags=tags)
-        self._statuses.pop()
+        self._statuses.remove(status)
         created = newest.created_at - published_before
         taken = {s.id for s in self._statuses}
         late_id = _snowflake(created, len(self._statuses))
@@ -748,11 +766,6 @@ class FediverseInstance:
             return _json_response(
                 [self._wrong_types(s) for s in page] + ["status", None, 7], extra=limits
             )
-        if mode in ("huge-id", "future-id") and page:
-            far = 1 << 63 if mode == "huge-id" else int(time.time() + 86_400) * 1000 << 16
-            served = [self._status_json(s) for s in page]
-            served[0] = served[0] | {"id": str(far)}
-            return _json_response(served, extra=limits)
         if mode == "renumbered" or (mode == "text-ids-after-cursor" and min_id is not None):
             return _json_response(
                 [self._status_json(s) | {"id": _text_id(s.id)} for s in page], extra=limits
@@ -780,8 +793,12 @@ class FediverseInstance:
                 links.append(f'<{self._page_url(path, kept, min_id=past)}>; rel="prev"')
             else:
                 links.append(f'<{self._page_url(path, kept, min_id=page[0].id)}>; rel="prev"')
-        extra = limits + ((("Link", ", ".join(links)),) if links else ())
+        extra = limits + ((("Link", ", ".join(links)),) if links else ()) + self._date()
         return _json_response([self._status_json(s) for s in page], extra=extra)
+
+    def _date(self) -> Headers:
+        """The instance's own ``Date`` when its clock runs ahead (else the server's)."""
+        return _now_header(self.clock_ahead) if self.clock_ahead else ()
 
     def _page_url(self, path: str, kept: Mapping[str, str], **cursor: int) -> str:
         params = dict(kept)
@@ -1159,9 +1176,14 @@ class FediverseInstance:
 
     def _next_id(self, created: datetime) -> int:
         candidate = _snowflake(created, len(self._statuses))
-        if self._statuses and candidate <= self._statuses[-1].id:
-            candidate = self._statuses[-1].id + 1
+        newest = self._newest_ordinary()
+        if newest is not None and candidate <= newest.id:
+            candidate = newest.id + 1
         return candidate
+
+    def _newest_ordinary(self) -> Status | None:
+        """The newest post numbered by its time (not by ``add_post_numbered``)."""
+        return next((s for s in reversed(self._statuses) if s.id not in self._numbered), None)
 
     def _pages(self) -> list[tuple[str, str, str]]:
         """(host, path, title) of every home page and article the web has."""
@@ -1222,6 +1244,10 @@ def _id_param(value: str | None) -> int | None:
 
 #: The prefix of ids spelt as text: "0" before any digit but "0", as a ULID's "01".
 _TEXT_ID_PREFIX = "0t"
+
+
+def _now_header(clock_ahead: float) -> Headers:
+    return (("Date", formatdate(time.time() + clock_ahead, usegmt=True)),)
 
 
 def _text_id(status_id: int) -> str:

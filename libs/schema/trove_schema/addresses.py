@@ -149,6 +149,10 @@ def nat64_prefix(cidr: str) -> ipaddress.IPv6Network:
             f"{cidr.strip()!r} is not a NAT64 prefix: an IPv6 network of /32, /40, /48, "
             "/56, /64 or /96 (RFC 6052)"
         )
+    if network != _NAT64 and network.overlaps(_NAT64):
+        # Read at another length, the well-known prefix's addresses would carry other
+        # IPv4 addresses than the ones every translator gives them.
+        raise ValueError(f"{cidr.strip()!r} overlaps the well-known NAT64 prefix 64:ff9b::/96")
     return network
 
 

@@ -22,11 +22,11 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
   cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
   a post be handled twice. An id no instance can have given (a number past 64 bits;
-  a snowflake of Mastodon's dated past ``FUTURE_ID_SLACK`` ahead) is malformed: as
-  the cursor it would hide every later post. A page after the cursor of ids of the
-  other kind only (or an empty one, on one poll in ``RENUMBERING_CHECK_EVERY``), when
-  most of the newest posts are of that kind too, is an instance that runs other
-  software now: the poll starts again as a first poll.
+  a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
+  ``Date``) is malformed: as the cursor it would hide every later post. A page after
+  the cursor of ids of the other kind only (or an empty one, on one poll in
+  ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that kind too, is
+  an instance that runs other software now: the poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -187,9 +187,9 @@ SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird",
 #: for the newest posts then. A quiet follow pays a request more in as many polls; one
 #: whose instance moved starts again at most as many polls late, within its backfill.
 RENUMBERING_CHECK_EVERY = 24
-#: How far ahead of this clock a snowflake's time may be: the instance's clock against
-#: the pods' (a remote post is numbered by the time its own server claims). An id
-#: dated later, taken as the cursor, would hide every post made until its time came.
+#: How far past the instance's clock (its answer's ``Date``) a snowflake's time may be
+#: (a remote post is numbered by the time its own server claims). An id dated later,
+#: taken as the cursor, would hide every post made until its time came.
 FUTURE_ID_SLACK = 600.0
 #: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
 _RECENT_ID_BYTES = _SNOWFLAKE_DIGITS + 3
@@ -623,6 +623,8 @@ class _Progress:
     other_kind: bool = False
     #: The cursor started again at the instance's newest posts (``rebase``).
     rebased: bool = False
+    #: The oldest id of the last page, when all its ids were dated ahead (``_trusted``).
+    ahead_bottom: str | None = None
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -973,13 +975,13 @@ class TimelinePoller:
 
     async def _renumbered(
         self, api: str, timeline: str, cursor: str, progress: _Progress, backfill: int
-    ) -> _Answer | None:
-        """The instance's newest page, when most of its ids are of the other kind than
-        ``cursor`` (handed to ``_read_back``, which does not ask for it again when it is
-        its first page); None when they are not, or the page is refused for what was
-        asked. A page after the cursor of nothing else may be one odd page, which
-        starting again from the newest posts would skip the posts behind it for: a few
-        posts at least are asked for, to judge by."""
+    ) -> tuple[_Answer, int] | None:
+        """The instance's newest page and the posts it was asked with, when most of its
+        ids are of the other kind than ``cursor`` (handed to ``_read_back`` as its first
+        page); None when they are not, or the page is refused for what was asked. A
+        page after the cursor of nothing else may be one odd page, which starting again
+        from the newest posts would skip the posts behind it for: a few posts at least
+        are asked for, to judge by."""
         limit = max(self._back_limit(timeline, backfill), min(self._page_limit, 8))
         try:
             answer = await self._get_json(timeline_url(api, timeline, limit=limit), progress)
@@ -994,10 +996,10 @@ class TimelinePoller:
             for entry in answer.data
             if isinstance(entry, dict)
             and (post_id := _post_id(entry.get("id"))) is not None
-            and self._trusted(post_id, progress)
+            and self._trusted(post_id, progress, answer)
         ]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
-        return answer if other * 2 > len(ids) else None
+        return (answer, limit) if other * 2 > len(ids) else None
 
     def _back_limit(self, timeline: str, backfill: int) -> int:
         """Posts a page a first poll asks for: the backfill's, at most a page; a whole
@@ -1008,13 +1010,25 @@ class TimelinePoller:
             return self._page_limit
         return min(self._page_limit, max(1, backfill))
 
-    def _trusted(self, post_id: str | None, progress: _Progress) -> bool:
-        """Whether ``post_id`` may move the cursor: not a snowflake dated past this clock
-        (and its slack) on software that numbers posts so. Such a post is left for its
-        time: counted malformed until then, read once its id is no longer ahead."""
+    def _trusted(self, post_id: str | None, progress: _Progress, answer: _Answer | None) -> bool:
+        """Whether ``post_id`` may move the cursor: not a snowflake dated past the
+        instance's clock (and its slack) on software that numbers posts so. Such a post
+        is left for its time: counted malformed until then, read once its id is no
+        longer ahead. The instance's clock is its answer's ``Date`` (its own posts are
+        numbered by it, however far it is from the pods'), else the pods'."""
         if post_id is None or progress.software not in SNOWFLAKE_SOFTWARE:
             return post_id is not None
-        return not dated_after(post_id, self._now() + FUTURE_ID_SLACK)
+        return not dated_after(post_id, self._instance_time(answer) + FUTURE_ID_SLACK)
+
+    def _instance_time(self, answer: _Answer | None) -> float:
+        """The time of ``answer`` on the instance's clock (its ``Date``), else now."""
+        date = answer.headers.get("date") if answer is not None else None
+        if date:
+            try:
+                return parsedate_to_datetime(date).timestamp()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                pass
+        return self._now()
 
     def _passed_over(
         self,
@@ -1036,7 +1050,7 @@ class TimelinePoller:
                 post_id
                 for post_id in map(_post_id, ids)
                 if post_id is not None
-                and self._trusted(post_id, progress)
+                and self._trusted(post_id, progress, answer)
                 and id_key(post_id)[0] == key[0]
                 and id_key(post_id) > key
             ]
@@ -1069,19 +1083,22 @@ class TimelinePoller:
         progress: _Progress,
         backfill: int,
         *,
-        first: _Answer | None = None,
+        first: tuple[_Answer, int] | None = None,
     ) -> None:
         """The first poll: the newest posts, back page by page to the backfill (the
         follow's, carried by the request; else this poller's bound). ``first``: the
-        newest page, when it was asked for already."""
+        newest page and the posts it was asked with, when it was asked for already
+        (the backfill still bounds what is taken of it)."""
         remaining = backfill
         limit = self._back_limit(timeline, backfill)
+        if first is not None:
+            limit = first[1]
         url = timeline_url(api, timeline, limit=limit)
         requested: set[str] = set()
         for _ in range(self._max_pages):
             requested.add(url)
-            if first is not None and first.url == url:
-                answer, first = first, None
+            if first is not None and first[0].url == url:
+                answer, first = first[0], None
             else:
                 answer = await self._get_json(url, progress)
             entries = self._entries(answer)
@@ -1089,16 +1106,22 @@ class TimelinePoller:
                 answer, entries, host, progress, oldest_first=False, bound=remaining
             )
             remaining -= new
-            if progress.full or remaining <= 0 or len(entries) < limit or progress.rate_spent:
+            # A page of posts dated ahead only: no backfill counts them, and the cursor
+            # starts at the newest post behind them.
+            ahead_only = new == 0 and progress.ahead_bottom is not None
+            if progress.full or len(entries) < limit or progress.rate_spent:
                 return
-            if new == 0:
-                progress.note = "the instance served a page of posts already read"
-                return
-            if progress.page_bottom is None:
+            if remaining <= 0 and not (ahead_only and progress.newest is None):
                 return
             # The page right before this page's oldest post (not the Link's ``next``,
             # which may read on from elsewhere, as in ``_read_forward``).
-            following = timeline_url(api, timeline, limit=limit, max_id=progress.page_bottom)
+            if new == 0 and not ahead_only:
+                progress.note = "the instance served a page of posts already read"
+                return
+            bottom = progress.ahead_bottom if ahead_only else progress.page_bottom
+            if bottom is None:
+                return
+            following = timeline_url(api, timeline, limit=limit, max_id=bottom)
             if following in requested:
                 progress.note = "the instance's pagination repeated a page"
                 return
@@ -1152,15 +1175,23 @@ class TimelinePoller:
             )
         # A post whose id is ahead of what the instance can have given is left for its
         # time (``_trusted``): counted, and not a reason to pass the page over.
-        usable = [entry for entry in read if self._trusted(entry.id, progress)]
+        usable, ahead = [], []
+        for entry in read:
+            if self._trusted(entry.id, progress, answer):
+                usable.append(entry)
+            elif entry.id is not None:
+                ahead.append(entry.id)
         progress.malformed += len(read) - len(usable)
+        # Reading back, a page of nothing else is read past, not taken as the end.
+        progress.ahead_bottom = min(ahead, key=id_key) if ahead and not usable else None
         usable = progress.of_the_timelines_kind(usable)
         usable.sort(key=lambda entry: id_key(entry.id or ""), reverse=not oldest_first)
         if usable:
             progress.page_top = (usable[-1] if oldest_first else usable[0]).id
             progress.page_bottom = (usable[0] if oldest_first else usable[-1]).id
         new = 0
-        first_page = progress.pages == 0 and progress.cursor is None
+        # The first page of posts a first poll reads (past any dated ahead only).
+        first_page = progress.cursor is None and progress.newest is None
         progress.pages += 1
         for entry in usable:
             assert entry.id is not None
