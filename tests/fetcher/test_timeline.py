@@ -909,12 +909,18 @@ async def test_the_newest_posts_refused_to_the_renumbering_check_leave_the_poll_
         assert event.requests == 1  # robots.txt refused the check before it was asked
 
 
+@pytest.mark.parametrize(
+    ("clock_ahead", "read"),
+    [(86_400 + 600, True), (30 * 86_400, True), (0, False), (-5 * 365 * 86_400, False)],
+)
 async def test_a_post_dated_ahead_alone_after_the_cursor_leaves_the_poll_caught_up(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, clock_ahead: float, read: bool
 ) -> None:
     # Alone on its page, a post left for its time is not a page that cannot be read:
     # the poll is caught up. It is read once the instance's clock (its answers' Date)
-    # says its time has come: here the instance's clock runs a day ahead.
+    # says its time has come: here once the instance's clock runs a day ahead. A Date
+    # believed a day ahead at most, and never behind the pods' clock: one a month
+    # ahead reads it as well, and one years behind leaves the rule as it was.
     instance = FediverseInstance.generate(posts=10, seed=7)
     async with served(instance) as social:
         cursor = instance.timeline(local=True)[0].sid
@@ -922,19 +928,38 @@ async def test_a_post_dated_ahead_alone_after_the_cursor_leaves_the_poll_caught_
         polls = poller(client, max_pages=3, page_limit=4)
         start = request(social, cursor=cursor, api=social.base_url)
         event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
-        instance.clock_ahead = 86_400 + 600
+        instance.clock_ahead = clock_ahead
+        added = public_local_post(instance)
         then = await polls.poll(request(social, after=event))
 
         assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
-        assert (event.posts, event.cursor_after, event.more, event.skipped) == (
-            (),
-            cursor,
-            False,
-            1,
-        )
+        assert (event.posts, event.cursor_after, event.more) == ((), cursor, False)
+        assert event.skipped == 1
         assert then.outcome is CrawlOutcome.SUCCESS, then.error_message
-        assert uris(then) == [instance.status_uri(ahead)]
-        assert then.cursor_after == ahead.sid
+        expected = [added, ahead] if read else [added]
+        assert uris(then) == [instance.status_uri(s) for s in expected]
+        assert then.cursor_after == expected[-1].sid
+
+
+async def test_a_date_far_ahead_is_believed_a_day_ahead_at_most(
+    client: httpx.AsyncClient,
+) -> None:
+    # An instance whose Date says a month from now: a post dated ten days ahead is
+    # still no cursor, or every post made in those ten days would be hidden.
+    instance = FediverseInstance.generate(posts=10, seed=7)
+    instance.clock_ahead = 30 * 86_400
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        far = instance.add_post_numbered(int(time.time() + 10 * 86_400) * 1000 << 16)
+        polls = poller(client, max_pages=3, page_limit=4)
+        start = request(social, cursor=cursor, api=social.base_url)
+        event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
+        added = public_local_post(instance)
+        then = await polls.poll(request(social, after=event))
+
+        assert event.cursor_after == cursor
+        assert instance.status_uri(far) not in uris(event) + uris(then)
+        assert uris(then) == [instance.status_uri(added)]
 
 
 @pytest.mark.parametrize("backfill", [0, 1, 3])
@@ -946,8 +971,9 @@ async def test_a_first_poll_reads_back_past_posts_dated_ahead(
     # one read back as a first poll, past the follow's backfill.
     instance = FediverseInstance.generate(posts=12, seed=7)
     async with served(instance) as social:
-        ahead = instance.add_post_numbered(a_day_ahead())
-        polls = poller(client, max_pages=3, page_limit=4, backfill=backfill)
+        # More than a page of them, whatever the page's size (the backfill's).
+        ahead = [instance.add_post_numbered(a_day_ahead() + n) for n in range(4)]
+        polls = poller(client, max_pages=4, page_limit=4, backfill=backfill)
         first = request(social, api=social.base_url).model_copy(
             update={"software": "mastodon", "backfill": backfill}
         )
@@ -955,7 +981,7 @@ async def test_a_first_poll_reads_back_past_posts_dated_ahead(
 
         assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
         newest = instance.timeline(local=True)
-        ordinary = [s for s in newest if s != ahead]
+        ordinary = [s for s in newest if s not in ahead]
         assert event.cursor_after == ordinary[0].sid
         shared = [instance.status_uri(s) for s in ordinary[:backfill] if instance.may_share(s)]
         assert uris(event) == shared

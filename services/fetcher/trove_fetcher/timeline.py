@@ -191,6 +191,8 @@ RENUMBERING_CHECK_EVERY = 24
 #: (a remote post is numbered by the time its own server claims). An id dated later,
 #: taken as the cursor, would hide every post made until its time came.
 FUTURE_ID_SLACK = 600.0
+#: The furthest ahead of the pods' clock an instance's ``Date`` is believed.
+MAX_CLOCK_AHEAD = 86_400.0
 #: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
 _RECENT_ID_BYTES = _SNOWFLAKE_DIGITS + 3
 
@@ -1021,14 +1023,21 @@ class TimelinePoller:
         return not dated_after(post_id, self._instance_time(answer) + FUTURE_ID_SLACK)
 
     def _instance_time(self, answer: _Answer | None) -> float:
-        """The time of ``answer`` on the instance's clock (its ``Date``), else now."""
+        """The time of ``answer`` on the instance's clock (its ``Date``), within
+        ``MAX_CLOCK_AHEAD`` past the pods' and never behind it: a clock far ahead (or a
+        hostile ``Date``) would let any id be the cursor, one behind would leave every
+        post aside."""
+        now = self._now()
         date = answer.headers.get("date") if answer is not None else None
-        if date:
-            try:
-                return parsedate_to_datetime(date).timestamp()
-            except (TypeError, ValueError, IndexError, OverflowError):
-                pass
-        return self._now()
+        if not date:
+            return now
+        try:
+            said = parsedate_to_datetime(date)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return now
+        if said.tzinfo is None:  # "-0000": UTC, said to carry no zone
+            said = said.replace(tzinfo=UTC)
+        return max(now, min(said.timestamp(), now + MAX_CLOCK_AHEAD))
 
     def _passed_over(
         self,
@@ -1121,6 +1130,8 @@ class TimelinePoller:
             bottom = progress.ahead_bottom if ahead_only else progress.page_bottom
             if bottom is None:
                 return
+            if ahead_only:
+                limit = self._page_limit  # past them in whole pages (the bound stays)
             following = timeline_url(api, timeline, limit=limit, max_id=bottom)
             if following in requested:
                 progress.note = "the instance's pagination repeated a page"
