@@ -23,7 +23,8 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
   a post be handled twice. An id no instance can have given (a number past 64 bits;
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
-  ``Date``) is malformed: as the cursor it would hide every later post. A page after
+  clock, its ``Date`` when within a day of the pods') is malformed: as the cursor it
+  would hide every later post. A page after
   the cursor of ids of the other kind only (or an empty one, on one poll in
   ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that kind too, is
   an instance that runs other software now: the poll starts again as a first poll.
@@ -187,12 +188,12 @@ SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird",
 #: for the newest posts then. A quiet follow pays a request more in as many polls; one
 #: whose instance moved starts again at most as many polls late, within its backfill.
 RENUMBERING_CHECK_EVERY = 24
-#: How far past the instance's clock (its answer's ``Date``) a snowflake's time may be
-#: (a remote post is numbered by the time its own server claims). An id dated later,
-#: taken as the cursor, would hide every post made until its time came.
+#: How far past the instance's clock (``TimelinePoller._instance_time``) a snowflake's
+#: time may be (a remote post is numbered by the time its own server claims). An id
+#: dated later, taken as the cursor, would hide every post made until its time came.
 FUTURE_ID_SLACK = 600.0
-#: The furthest ahead of the pods' clock an instance's ``Date`` is believed.
-MAX_CLOCK_AHEAD = 86_400.0
+#: How far from the pods' clock an instance's ``Date`` is believed, ahead or behind.
+MAX_CLOCK_SKEW = 86_400.0
 #: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
 _RECENT_ID_BYTES = _SNOWFLAKE_DIGITS + 3
 
@@ -1014,19 +1015,21 @@ class TimelinePoller:
 
     def _trusted(self, post_id: str | None, progress: _Progress, answer: _Answer | None) -> bool:
         """Whether ``post_id`` may move the cursor: not a snowflake dated past the
-        instance's clock (and its slack) on software that numbers posts so. Such a post
-        is left for its time: counted malformed until then, read once its id is no
-        longer ahead. The instance's clock is its answer's ``Date`` (its own posts are
-        numbered by it, however far it is from the pods'), else the pods'."""
+        instance's clock (``_instance_time``, and its slack) on software that numbers
+        posts so. Such a post is left for its time: counted malformed until then, read
+        once its id is no longer ahead."""
         if post_id is None or progress.software not in SNOWFLAKE_SOFTWARE:
             return post_id is not None
         return not dated_after(post_id, self._instance_time(answer) + FUTURE_ID_SLACK)
 
     def _instance_time(self, answer: _Answer | None) -> float:
-        """The time of ``answer`` on the instance's clock (its ``Date``), within
-        ``MAX_CLOCK_AHEAD`` past the pods' and never behind it: a clock far ahead (or a
-        hostile ``Date``) would let any id be the cursor, one behind would leave every
-        post aside."""
+        """The time of ``answer`` on the instance's clock: its ``Date`` when it is
+        within ``MAX_CLOCK_SKEW`` of the pods' clock, else the pods' clock. Believed
+        either way within it: an instance numbers its own posts by its own clock,
+        fast or slow, and a post dated ahead of that clock would hide the posts it
+        makes until then. Not past it: a ``Date`` years ahead (a hostile answer, a
+        clock that jumped) would let any id be the cursor, and one years behind would
+        leave every post aside for good."""
         now = self._now()
         date = answer.headers.get("date") if answer is not None else None
         if not date:
@@ -1037,7 +1040,8 @@ class TimelinePoller:
             return now
         if said.tzinfo is None:  # "-0000": UTC, said to carry no zone
             said = said.replace(tzinfo=UTC)
-        return max(now, min(said.timestamp(), now + MAX_CLOCK_AHEAD))
+        moment = said.timestamp()
+        return moment if abs(moment - now) <= MAX_CLOCK_SKEW else now
 
     def _passed_over(
         self,
