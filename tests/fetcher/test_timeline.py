@@ -122,8 +122,10 @@ def request(
     api: str | None = None,
     timeline: str = "local",
     after: TimelinePolled | None = None,
+    software: str | None = None,
 ) -> TimelinePollRequested:
-    """The first request of a chain, or (``after``) the one a poll's answer leads to."""
+    """The first request of a chain, or (``after``) the one a poll's answer leads to.
+    ``software``: what an earlier poll's NodeInfo named (it decides the rules for ids)."""
     if after is not None:
         return TimelinePollRequested(
             instance=after.instance,
@@ -144,6 +146,7 @@ def request(
         follow_id="follow-1",
         cursor=cursor,
         api=api,
+        software=software,
     )
 
 
@@ -727,8 +730,9 @@ async def test_an_id_past_any_the_instance_can_have_given_never_moves_the_cursor
         added = [public_local_post(instance) for _ in range(6)]
         odd = instance.add_post_numbered(1 << 63 if far == "past-64-bits" else a_day_ahead())
         polls = poller(client, max_pages=4, page_limit=4)
-        start = request(social, cursor=cursor, api=social.base_url)
-        first = await polls.poll(start.model_copy(update={"software": software}))
+        first = await polls.poll(
+            request(social, cursor=cursor, api=social.base_url, software=software)
+        )
         later = [public_local_post(instance) for _ in range(3)]
         rest = await polls.poll(request(social, after=first))
 
@@ -926,8 +930,8 @@ async def test_a_post_dated_ahead_alone_after_the_cursor_leaves_the_poll_caught_
         cursor = instance.timeline(local=True)[0].sid
         ahead = instance.add_post_numbered(a_day_ahead())
         polls = poller(client, max_pages=3, page_limit=4)
-        start = request(social, cursor=cursor, api=social.base_url)
-        event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
+        mastodon = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        event = await polls.poll(mastodon)
         instance.clock_ahead = clock_ahead
         added = public_local_post(instance)
         then = await polls.poll(request(social, after=event))
@@ -952,8 +956,8 @@ async def test_a_date_further_than_a_day_ahead_is_not_believed(
         cursor = instance.timeline(local=True)[0].sid
         far = instance.add_post_numbered(int(time.time() + 10 * 86_400) * 1000 << 16)
         polls = poller(client, max_pages=3, page_limit=4)
-        start = request(social, cursor=cursor, api=social.base_url)
-        event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
+        mastodon = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        event = await polls.poll(mastodon)
         added = public_local_post(instance)
         then = await polls.poll(request(social, after=event))
 
@@ -974,8 +978,8 @@ async def test_a_post_dated_ahead_of_an_instance_whose_clock_runs_slow_is_no_cur
         cursor = instance.timeline(local=True)[0].sid
         remote = instance.add_post_numbered(int(time.time() + 300) * 1000 << 16)
         polls = poller(client, max_pages=3, page_limit=4)
-        start = request(social, cursor=cursor, api=social.base_url)
-        event = await polls.poll(start.model_copy(update={"software": "mastodon"}))
+        mastodon = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        event = await polls.poll(mastodon)
         own = public_local_post(instance)
         then = await polls.poll(request(social, after=event))
 
@@ -996,8 +1000,8 @@ async def test_a_first_poll_reads_back_past_posts_dated_ahead(
         # More than a page of them, whatever the page's size (the backfill's).
         ahead = [instance.add_post_numbered(a_day_ahead() + n) for n in range(4)]
         polls = poller(client, max_pages=4, page_limit=4, backfill=backfill)
-        first = request(social, api=social.base_url).model_copy(
-            update={"software": "mastodon", "backfill": backfill}
+        first = request(social, api=social.base_url, software="mastodon").model_copy(
+            update={"backfill": backfill}
         )
         event = await polls.poll(first)
 
