@@ -913,6 +913,25 @@ async def test_the_newest_posts_refused_to_the_renumbering_check_leave_the_poll_
         assert event.requests == 1  # robots.txt refused the check before it was asked
 
 
+async def test_a_lookback_of_ids_of_another_kind_asks_a_quiet_timeline_nothing_more(
+    client: httpx.AsyncClient,
+) -> None:
+    # What the lookback behind the cursor held says nothing of the page after it: with
+    # nothing new there, the poll asks for the newest posts only on its own schedule.
+    instance = FediverseInstance.generate(posts=10, seed=3)
+    instance.misbehave("text-ids-behind-cursor")
+    async with served(instance) as social:
+        cursor = instance.timeline(local=False)[0].sid
+        polls = poller(client, max_pages=2, page_limit=4, lookback=30 * 86_400.0)
+        event = await polls.poll(
+            request(social, cursor=cursor, api=social.base_url, timeline="public")
+        )
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert (event.posts, event.cursor_after) == ((), cursor)
+        assert event.requests == 2  # the lookback, the page after the cursor
+
+
 @pytest.mark.parametrize(
     ("clock_ahead", "read"),
     [(86_400 - 60, True), (0, False), (30 * 86_400, False), (-5 * 365 * 86_400, False)],

@@ -55,7 +55,8 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: digits, the others as they are; ``renumbered``: every id spelt as text that sorts
 #: before any number (other software on the same domain: GoToSocial's ULIDs), and an
 #: id parameter of digits read as such text; ``text-ids-after-cursor``: ids as text only
-#: on pages asked for with ``min_id``; ``since-links``: prev Links that read on with
+#: on pages asked for with ``min_id``, ``text-ids-behind-cursor`` only on pages asked
+#: for with both ``since_id`` and ``max_id``; ``since-links``: prev Links that read on with
 #: ``since_id`` (Mastodon before 2.6: the newest posts, not the next ones),
 #: ``skipping-links`` with a ``min_id`` a page past the page; ``ignores-lookback``: a
 #: query with both ``since_id`` and ``max_id`` answered with the newest posts;
@@ -72,6 +73,7 @@ Misbehaviour = Literal[
     "links-unscoped",
     "renumbered",
     "text-ids-after-cursor",
+    "text-ids-behind-cursor",
     "since-links",
     "skipping-links",
     "ignores-lookback",
@@ -766,7 +768,11 @@ class FediverseInstance:
             return _json_response(
                 [self._wrong_types(s) for s in page] + ["status", None, 7], extra=limits
             )
-        if mode == "renumbered" or (mode == "text-ids-after-cursor" and min_id is not None):
+        if (
+            mode == "renumbered"
+            or (mode == "text-ids-after-cursor" and min_id is not None)
+            or (mode == "text-ids-behind-cursor" and since_id is not None and max_id is not None)
+        ):
             return _json_response(
                 [self._status_json(s) | {"id": _text_id(s.id)} for s in page], extra=limits
             )

@@ -24,10 +24,10 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   a post be handled twice. An id no instance can have given (a number past 64 bits;
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
   clock, its ``Date`` when within a day of the pods') is malformed: as the cursor it
-  would hide every later post. A page after
-  the cursor of ids of the other kind only (or an empty one, on one poll in
-  ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that kind too, is
-  an instance that runs other software now: the poll starts again as a first poll.
+  would hide every later post. A page after the cursor of ids of the other kind only
+  (or an empty one, on one poll in ``RENUMBERING_CHECK_EVERY``), when most of the
+  newest posts are of that kind too, is an instance that runs other software now: the
+  poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -645,6 +645,7 @@ class _Progress:
         counted malformed. No order holds between the two kinds, and an id of the other
         taken as the cursor would hide every later post for good. The kind is the
         cursor's, else the one most of the first page's ids have."""
+        self.other_kind = False
         if not entries:
             return entries
         known = self.cursor or self.newest
@@ -1126,11 +1127,11 @@ class TimelinePoller:
                 return
             if remaining <= 0 and not (ahead_only and progress.newest is None):
                 return
-            # The page right before this page's oldest post (not the Link's ``next``,
-            # which may read on from elsewhere, as in ``_read_forward``).
             if new == 0 and not ahead_only:
                 progress.note = "the instance served a page of posts already read"
                 return
+            # The page right before this page's oldest post (not the Link's ``next``,
+            # which may read on from elsewhere, as in ``_read_forward``).
             bottom = progress.ahead_bottom if ahead_only else progress.page_bottom
             if bottom is None:
                 return
