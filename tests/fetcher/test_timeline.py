@@ -1007,6 +1007,87 @@ async def test_a_post_dated_ahead_of_an_instance_whose_clock_runs_slow_is_no_cur
         assert uris(then) == [instance.status_uri(own)]
 
 
+@pytest.mark.parametrize("dated_ahead", [0, 2])
+@pytest.mark.parametrize("timeline", ["public", "tag:smallweb"])
+async def test_a_first_poll_sees_as_far_back_as_the_next_lookback_reads(
+    client: httpx.AsyncClient, dated_ahead: int, timeline: str
+) -> None:
+    # The next poll looks back a page below the cursor; the page read first holds the
+    # cursor's own post, and posts dated ahead take places on it: seen no further,
+    # the lookback would take posts from before the follow (a backfill of 0 here) as
+    # late ones.
+    instance = FediverseInstance.generate(posts=4, seed=7)
+    for _ in range(10):
+        instance.add_post("ada", visibility="public", tags=["smallweb"])
+    remote = next(a.acct for a in instance.accounts if not a.local)
+    for n in range(dated_ahead):
+        instance.add_post_numbered(a_day_ahead() + n, remote, tags=["smallweb"])
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=4, lookback=86_400.0)
+        start = request(social, api=social.base_url, software="mastodon", timeline=timeline)
+        first = await polls.poll(start.model_copy(update={"backfill": 0}))
+        second = await polls.poll(request(social, after=first))
+
+        assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert (uris(first), uris(second)) == ([], [])
+        assert second.cursor_after == first.cursor_after
+
+
+async def test_a_post_minutes_ahead_of_the_instances_date_waits_for_its_time(
+    client: httpx.AsyncClient,
+) -> None:
+    # Told the instance's clock, a post five minutes ahead of it is no cursor: the
+    # instance's own posts of those minutes would be numbered behind it, where one
+    # page of lookback reaches only some.
+    instance = FediverseInstance.generate(posts=10, seed=7)
+    async with served(instance) as social:
+        cursor = instance.timeline(local=False)[0].sid
+        remote = next(a.acct for a in instance.accounts if not a.local)
+        ahead = instance.add_post_numbered(int(time.time() + 300) * 1000 << 16, remote)
+        polls = poller(client, max_pages=3, page_limit=4)
+        mastodon = request(
+            social, cursor=cursor, api=social.base_url, software="mastodon", timeline="public"
+        )
+        events = [await polls.poll(mastodon)]
+        own = [
+            instance.add_post_numbered(int(time.time() + 10 + 10 * i) * 1000 << 16 | i)
+            for i in range(12)
+        ]
+        for clock_ahead in (200.0, 250.0, 400.0):  # the instance's clock moves on
+            instance.clock_ahead = clock_ahead
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+        assert events[0].cursor_after == cursor
+        read = [uri for event in events for uri in uris(event)]
+        assert sorted(read) == sorted(instance.status_uri(s) for s in [*own, ahead])
+
+
+async def test_a_poll_started_again_on_numbers_takes_no_post_dated_ahead_as_its_cursor(
+    client: httpx.AsyncClient,
+) -> None:
+    # From text ids to numbers: the next poll asks NodeInfo for the software, and the
+    # numbers meanwhile are taken for Mastodon's, dated.
+    instance = FediverseInstance.generate(posts=20, seed=3)
+    async with served(instance) as social:
+        remote = next(a.acct for a in instance.accounts if not a.local)
+        ahead = instance.add_post_numbered(a_day_ahead(), remote)
+        polls = poller(client, max_pages=3, page_limit=5, backfill=5)
+        text = request(
+            social,
+            cursor="01JD8QZ4V6ZK6Y3N7Q2W5XH8RT",
+            api=social.base_url,
+            software="gotosocial",
+            timeline="public",
+        )
+        first = await polls.poll(text)
+        added = [public_local_post(instance) for _ in range(3)]
+        second = await polls.poll(request(social, after=first))
+
+        assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert first.cursor_after not in (None, ahead.sid)
+        assert set(uris(second)) >= {instance.status_uri(s) for s in added}
+
+
 @pytest.mark.parametrize("backfill", [0, 1, 3])
 async def test_a_first_poll_reads_back_past_posts_dated_ahead(
     client: httpx.AsyncClient, backfill: int

@@ -514,11 +514,13 @@ class FediverseInstance:
         self._huge = None
         return status
 
-    def add_post_numbered(self, status_id: int, account: str = "ada") -> Status:
+    def add_post_numbered(
+        self, status_id: int, account: str = "ada", *, tags: Sequence[str] | None = None
+    ) -> Status:
         """A public post of ``account`` whose id is ``status_id`` whatever its time: one
-        past 64 bits, or a snowflake dated ahead of the instance's clock (a remote post
-        whose server claims a date to come), where that id puts it."""
-        status = self.add_post(account, visibility="public")
+        past 64 bits, or a snowflake dated ahead of the instance's clock (a server that
+        misbehaves, hosts whose clocks disagree), where that id puts it."""
+        status = self.add_post(account, visibility="public", tags=tags)
         self._statuses.remove(status)
         numbered = replace(status, id=status_id)
         bisect.insort(self._statuses, numbered, key=lambda s: s.id)

@@ -23,11 +23,11 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
   a post be handled twice. An id no instance can have given (a number past 64 bits;
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
-  clock, its ``Date`` when within a day of the pods') is malformed: as the cursor it
-  would hide every later post. A page after the cursor of ids of the other kind only
-  (or an empty one, on one poll in ``RENUMBERING_CHECK_EVERY``), when most of the
-  newest posts are of that kind too, is an instance that runs other software now: the
-  poll starts again as a first poll.
+  clock, its ``Date`` when within a day of the pods', else ``FUTURE_ID_SLACK_UNTOLD``
+  past the pods') is malformed: as the cursor it would hide every later post. A page
+  after the cursor of ids of the other kind only (or an empty one, on one poll in
+  ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that kind too, is
+  an instance that runs other software now: the poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -189,9 +189,13 @@ SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird",
 #: whose instance moved starts again at most as many polls late, within its backfill.
 RENUMBERING_CHECK_EVERY = 24
 #: How far past the instance's clock (``TimelinePoller._instance_time``) a snowflake's
-#: time may be (a remote post is numbered by the time its own server claims). An id
-#: dated later, taken as the cursor, would hide every post made until its time came.
-FUTURE_ID_SLACK = 600.0
+#: time may be. Mastodon numbers a post by the time it is stored (a remote post's
+#: claimed date only when that is past), on its database's clock, a second's random
+#: at most ahead: told the instance's clock (its ``Date``), a minute covers its hosts'
+#: clocks; not told, the pods' clock stands in and the instance's may be off by more.
+#: An id dated later, taken as the cursor, would hide the posts made until its time.
+FUTURE_ID_SLACK = 60.0
+FUTURE_ID_SLACK_UNTOLD = 600.0
 #: How far from the pods' clock an instance's ``Date`` is believed, ahead or behind.
 MAX_CLOCK_SKEW = 86_400.0
 #: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
@@ -1005,6 +1009,25 @@ class TimelinePoller:
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
         return (answer, limit) if other * 2 > len(ids) else None
 
+    def _lookback_covered(self, timeline: str, progress: _Progress) -> bool:
+        """Whether a first poll has seen (taken, or left alone as before the follow) as
+        far back as the next poll's lookback reads: a page below the cursor, or down to
+        its floor. Short of it, that lookback would take posts from before the follow
+        as late ones (the page read first holds the cursor's post, and posts dated
+        ahead take places on it)."""
+        if not self._looks_back(timeline) or progress.newest is None:
+            return True
+        floor = lookback_floor(timeline, progress.newest, self._lookback)
+        if floor is None:
+            return True
+        newest = int(progress.newest)
+        below = [
+            int(post_id)
+            for post_id in progress.seen
+            if post_id.isascii() and post_id.isdigit() and int(post_id) < newest
+        ]
+        return len(below) >= self._page_limit or (bool(below) and min(below) <= floor)
+
     def _back_limit(self, timeline: str, backfill: int) -> int:
         """Posts a page a first poll asks for: the backfill's, at most a page; a whole
         page where the next poll looks back behind the cursor it starts (the posts past
@@ -1019,13 +1042,24 @@ class TimelinePoller:
         instance's clock (``_instance_time``, and its slack) on software that numbers
         posts so. Such a post is left for its time: counted malformed until then, read
         once its id is no longer ahead."""
-        if post_id is None or progress.software not in SNOWFLAKE_SOFTWARE:
-            return post_id is not None
-        return not dated_after(post_id, self._instance_time(answer) + FUTURE_ID_SLACK)
+        if post_id is None:
+            return False
+        # Started again, the software is asked for by the next poll: numbers meanwhile
+        # are taken for what the software most likely to give them gives.
+        snowflakes = progress.software in SNOWFLAKE_SOFTWARE or (
+            progress.rebased and progress.software is None
+        )
+        if not snowflakes:
+            return True
+        moment, told = self._instance_time(answer)
+        return not dated_after(
+            post_id, moment + (FUTURE_ID_SLACK if told else FUTURE_ID_SLACK_UNTOLD)
+        )
 
-    def _instance_time(self, answer: _Answer | None) -> float:
-        """The time of ``answer`` on the instance's clock: its ``Date`` when it is
-        within ``MAX_CLOCK_SKEW`` of the pods' clock, else the pods' clock. Believed
+    def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
+        """The time of ``answer`` on the instance's clock, and whether the instance told
+        it: its ``Date`` when it is within ``MAX_CLOCK_SKEW`` of the pods' clock, else
+        the pods' clock. Believed
         either way within it: an instance numbers its own posts by its own clock,
         fast or slow, and a post dated ahead of that clock would hide the posts it
         makes until then. Not past it: a ``Date`` years ahead (a hostile answer, a
@@ -1034,15 +1068,15 @@ class TimelinePoller:
         now = self._now()
         date = answer.headers.get("date") if answer is not None else None
         if not date:
-            return now
+            return now, False
         try:
             said = parsedate_to_datetime(date)
         except (TypeError, ValueError, IndexError, OverflowError):
-            return now
+            return now, False
         if said.tzinfo is None:  # "-0000": UTC, said to carry no zone
             said = said.replace(tzinfo=UTC)
         moment = said.timestamp()
-        return moment if abs(moment - now) <= MAX_CLOCK_SKEW else now
+        return (moment, True) if abs(moment - now) <= MAX_CLOCK_SKEW else (now, False)
 
     def _passed_over(
         self,
@@ -1116,6 +1150,7 @@ class TimelinePoller:
             else:
                 answer = await self._get_json(url, progress)
             entries = self._entries(answer)
+            seen_before = len(progress.seen)
             new = await self._take(
                 answer, entries, host, progress, oldest_first=False, bound=remaining
             )
@@ -1125,9 +1160,13 @@ class TimelinePoller:
             ahead_only = new == 0 and progress.ahead_bottom is not None
             if progress.full or len(entries) < limit or progress.rate_spent:
                 return
-            if remaining <= 0 and not (ahead_only and progress.newest is None):
+            if (
+                remaining <= 0
+                and not (ahead_only and progress.newest is None)
+                and self._lookback_covered(timeline, progress)
+            ):
                 return
-            if new == 0 and not ahead_only:
+            if len(progress.seen) == seen_before and not ahead_only:
                 progress.note = "the instance served a page of posts already read"
                 return
             # The page right before this page's oldest post (not the Link's ``next``,
