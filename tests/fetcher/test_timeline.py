@@ -1088,6 +1088,65 @@ async def test_a_poll_started_again_on_numbers_takes_no_post_dated_ahead_as_its_
         assert set(uris(second)) >= {instance.status_uri(s) for s in added}
 
 
+def pixelfed_id(seconds_ago: float, sequence: int) -> int:
+    """An id as Pixelfed gives one: milliseconds since its epoch (2019-02-10), 22 bits up."""
+    epoch = datetime(2019, 2, 10, tzinfo=UTC).timestamp()
+    return int((time.time() - seconds_ago - epoch) * 1000) << 22 | sequence
+
+
+async def test_an_instance_that_moved_to_other_numbers_is_read_once_its_software_is_known(
+    client: httpx.AsyncClient,
+) -> None:
+    # From text ids to Pixelfed's numbers, which read as Mastodon's would be dated
+    # centuries ahead: the poll that starts again takes them for Mastodon's (its
+    # software unknown), and the next, which asked NodeInfo, reads them.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("pixelfed", "0.12.4"))
+    async with served(instance) as social:
+        posts = [instance.add_post_numbered(pixelfed_id(600 - 60 * n, n)) for n in range(6)]
+        polls = poller(client, max_pages=3, page_limit=4, backfill=4)
+        text = request(
+            social,
+            cursor="01JD8QZ4V6ZK6Y3N7Q2W5XH8RT",
+            api=social.base_url,
+            software="gotosocial",
+        )
+        events = [await polls.poll(text)]
+        while events[-1].cursor_after == text.cursor and len(events) < 3:
+            events.append(await polls.poll(request(social, after=events[-1])))
+        later = instance.add_post_numbered(pixelfed_id(0, 7))
+        events.append(await polls.poll(request(social, after=events[-1])))
+
+        assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+        assert len(events) == 3  # the poll that started again, the one that read, one more
+        assert events[1].software == "pixelfed"
+        assert events[1].cursor_after == posts[-1].sid
+        assert sorted(uris(events[1])) == sorted(instance.status_uri(s) for s in posts[-4:])
+        assert uris(events[2]) == [instance.status_uri(later)]
+
+
+async def test_a_page_refused_below_a_first_polls_posts_leaves_the_poll_as_it_was(
+    client: httpx.AsyncClient,
+) -> None:
+    # A first poll of a public timeline reads on below its backfill, to see what the
+    # next lookback will; refused there for its query, it has what it came for.
+    instance = FediverseInstance.generate(posts=12, seed=7)
+
+    async def robots(url: str) -> bool:
+        return "max_id" not in url
+
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=4, lookback=86_400.0, robots_allows=robots)
+        start = request(social, api=social.base_url, timeline="public")
+        event = await polls.poll(start.model_copy(update={"backfill": 1}))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert (event.more, event.stopped_by) == (False, None)
+        newest = instance.timeline(local=False)
+        assert event.cursor_after == newest[0].sid
+        assert event.error_message is not None
+        assert "left unseen" in event.error_message
+
+
 @pytest.mark.parametrize("backfill", [0, 1, 3])
 async def test_a_first_poll_reads_back_past_posts_dated_ahead(
     client: httpx.AsyncClient, backfill: int

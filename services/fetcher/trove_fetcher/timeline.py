@@ -632,6 +632,8 @@ class _Progress:
     rebased: bool = False
     #: The oldest id of the last page, when all its ids were dated ahead (``_trusted``).
     ahead_bottom: str | None = None
+    #: This poll asked NodeInfo for the software (``software`` is the instance's now).
+    software_asked: bool = False
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -675,8 +677,10 @@ class _Progress:
         self.page_top = self.page_bottom = None
         self.pages = 0
         self.rebased = True
-        # Other software: the next poll asks NodeInfo again (its ids' rules go with it).
-        self.software = self.version = self.api = None
+        if not self.software_asked:
+            # Other software than the chain knew: the next poll asks NodeInfo again
+            # (its ids' rules go with it).
+            self.software = self.version = self.api = None
 
     def is_new(self, post_id: str) -> bool:
         if post_id in self.seen or post_id in self.recent:
@@ -816,6 +820,7 @@ class TimelinePoller:
             api = None  # an API elsewhere would be requests outside the host's lease
         if api is None:
             software = await self._discover(origin, progress)
+            progress.software_asked = True
             if software is not None:
                 progress.software, progress.version = software.name, software.version
                 if not software.speaks_mastodon_api:
@@ -1145,15 +1150,25 @@ class TimelinePoller:
         requested: set[str] = set()
         for _ in range(self._max_pages):
             requested.add(url)
-            if first is not None and first[0].url == url:
-                answer, first = first[0], None
-            else:
-                answer = await self._get_json(url, progress)
-            entries = self._entries(answer)
-            seen_before = len(progress.seen)
-            new = await self._take(
-                answer, entries, host, progress, oldest_first=False, bound=remaining
-            )
+            # Past the backfill, with the cursor found: a page read only to see what the
+            # next poll's lookback will (``_lookback_covered``).
+            covering = remaining <= 0 and progress.newest is not None
+            try:
+                if first is not None and first[0].url == url:
+                    answer, first = first[0], None
+                else:
+                    answer = await self._get_json(url, progress)
+                entries = self._entries(answer)
+                seen_before = len(progress.seen)
+                new = await self._take(
+                    answer, entries, host, progress, oldest_first=False, bound=remaining
+                )
+            except _Stop as stop:
+                if not covering or _of_the_host(stop):
+                    raise
+                # An extra, as the lookback is: the poll has what it came for.
+                progress.note = f"the posts below the first ones left unseen: {stop.message}"
+                return
             remaining -= new
             # A page of posts dated ahead only: no backfill counts them, and the cursor
             # starts at the newest post behind them.
