@@ -213,11 +213,18 @@ def lookback_floor(timeline: str, cursor: str | None, lookback: float) -> int | 
     """
     if timeline == "local" or lookback <= 0 or cursor is None:
         return None
-    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > _SNOWFLAKE_DIGITS:
+    number = _snowflake(cursor)
+    if number is None:
         return None
-    if int(cursor) < _SNOWFLAKE_FLOOR:
+    return max(0, (number >> 16) - int(lookback * 1000)) << 16
+
+
+def _snowflake(post_id: str) -> int | None:
+    """``post_id`` as a Mastodon snowflake (a 64-bit number dated past 2001), or None."""
+    if not (post_id.isascii() and post_id.isdigit()) or len(post_id) > _SNOWFLAKE_DIGITS:
         return None
-    return max(0, (int(cursor) >> 16) - int(lookback * 1000)) << 16
+    number = int(post_id)
+    return number if number >= _SNOWFLAKE_FLOOR else None
 
 
 def _post_id(value: Any) -> str | None:
@@ -242,10 +249,8 @@ def _post_id(value: Any) -> str | None:
 def dated_after(post_id: str, moment: float) -> bool:
     """Whether ``post_id``, a Mastodon snowflake, is dated after ``moment`` (epoch
     seconds). Ids that are not snowflakes carry no date: never."""
-    if not (post_id.isascii() and post_id.isdigit()) or len(post_id) > _SNOWFLAKE_DIGITS:
-        return False
-    number = int(post_id)
-    return number >= _SNOWFLAKE_FLOOR and (number >> 16) > moment * 1000
+    number = _snowflake(post_id)
+    return number is not None and (number >> 16) > moment * 1000
 
 
 # --- reading a status ---------------------------------------------------------------
@@ -1035,9 +1040,9 @@ class TimelinePoller:
 
     def _back_limit(self, timeline: str, backfill: int) -> int:
         """Posts a page a first poll asks for: the backfill's, at most a page; a whole
-        page where the next poll looks back behind the cursor it starts (the posts past
-        the backfill are read now, to be left alone then: a backfill of 0 would else
-        take in the lookback's posts from before the follow)."""
+        page where the next poll looks back behind the cursor it starts, since the
+        first poll reads as far back as that lookback will (``_lookback_covered``): in
+        as few pages as it can."""
         if self._looks_back(timeline):
             return self._page_limit
         return min(self._page_limit, max(1, backfill))
@@ -1064,10 +1069,9 @@ class TimelinePoller:
     def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
         """The time of ``answer`` on the instance's clock, and whether the instance told
         it: its ``Date`` when it is within ``MAX_CLOCK_SKEW`` of the pods' clock, else
-        the pods' clock. Believed
-        either way within it: an instance numbers its own posts by its own clock,
-        fast or slow, and a post dated ahead of that clock would hide the posts it
-        makes until then. Not past it: a ``Date`` years ahead (a hostile answer, a
+        the pods' clock. Believed either way within it: an instance numbers its own
+        posts by its own clock, fast or slow, and a post dated ahead of that clock would
+        hide the posts it makes until then. Not past it: a ``Date`` years ahead (a hostile answer, a
         clock that jumped) would let any id be the cursor, and one years behind would
         leave every post aside for good."""
         now = self._now()
