@@ -102,14 +102,22 @@ def test_failed_polls_back_off_doubling_up_to_the_cap_unless_the_instance_says()
         (failed, 60.0),
         (ok, None),
         (failed, None),
+        (failed, 1.0),
+        (failed, 1.0),
+        (ok, None),
+        (failed, 1.0),
     ]
     assert delays(*run, poll_interval_seconds=100, poll_max_backoff_seconds=500) == [
         200.0,
         400.0,
         500.0,
-        60.0,
+        480.0,  # asked for 60 s after three failures in a row: doubled three times
         100.0,
         200.0,
+        2.0,
+        4.0,
+        100.0,
+        1.0,  # the first failure in a row: as asked
     ]
     # An instance asking for longer than the cap waits the cap; after a success it is
     # obeyed as well, as is the poll interval.
@@ -293,15 +301,15 @@ async def test_a_poll_discovers_the_shared_pages_and_schedules_the_next_once(
 async def test_failed_polls_are_retried_after_a_doubling_pause(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
-    env = {"TROVE_POLL_INTERVAL_SECONDS": "100", "TROVE_POLL_MAX_BACKOFF_SECONDS": "300"}
+    env = {"TROVE_POLL_INTERVAL_SECONDS": "100", "TROVE_POLL_MAX_BACKOFF_SECONDS": "1000"}
     async with services(stack, state_dir, env, only=("discovery",)):
         pending = await _follow(stack, bus, INSTANCE.encode())
         seen: list[tuple[int, int, str | None, str]] = []
         results: list[dict[str, Any]] = [
+            {"outcome": CrawlOutcome.BLOCKED_4XX, "status_code": 429, "retry_after": 42.0},
             {"outcome": CrawlOutcome.TIMEOUT},
             {"outcome": CrawlOutcome.BLOCKED_5XX, "status_code": 503},
             {"outcome": CrawlOutcome.FAILED},
-            {"outcome": CrawlOutcome.BLOCKED_4XX, "status_code": 429, "retry_after": 42.0},
             {"outcome": CrawlOutcome.SUCCESS, "cursor_after": "7"},
         ]
         for result in results:
@@ -312,7 +320,7 @@ async def test_failed_polls_are_retried_after_a_doubling_pause(
             pause = datetime.strptime(schedule, "@at %Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
             seen.append((pending.poll, pending.failures, pending.cursor, schedule))
             assert pause == event.completed_at + timedelta(
-                seconds=[200, 300, 300, 42, 100][len(seen) - 1]
+                seconds=[42, 400, 800, 1000, 100][len(seen) - 1]
             )
     assert [(poll, failures, cursor) for poll, failures, cursor, _ in seen] == [
         (2, 1, None),

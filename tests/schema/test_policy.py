@@ -404,6 +404,33 @@ def test_retry_after_is_honoured_exactly_and_capped(status: int) -> None:
 
 
 @pytest.mark.parametrize("status", [429, 503])
+def test_a_retry_after_waited_out_and_refused_again_doubles(status: int) -> None:
+    # A limiter answering every request "Retry-After: 1" is left alone longer each
+    # time, as one that gives no Retry-After is, not asked once a gap for ever.
+    outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
+    policy, now, pauses = HostPolicy(), T0, []
+    for _ in range(14):
+        observation = Observation.of(
+            attempt(page(1), "http", outcome, at=now, status_code=status, retry_after=1.0)
+        )
+        policy = observe(policy, observation, CONFIG)
+        pauses.append(policy.paused_until - now)
+        now = policy.paused_until + 1.0
+    assert pauses[:4] == [1.0, 2.0, 4.0, 8.0]
+    assert pauses[-1] == CONFIG.rate_max
+    assert "Retry-After" in (policy.pause_reason or "")
+    # Forgiven by an answer, the next refusal's Retry-After is honoured as asked again.
+    answered = Observation.of(
+        attempt(page(2), "http", CrawlOutcome.SUCCESS, at=now, status_code=200)
+    )
+    policy = observe(policy, answered, CONFIG)
+    again = Observation.of(
+        attempt(page(1), "http", outcome, at=now + 5, status_code=status, retry_after=1.0)
+    )
+    assert observe(policy, again, CONFIG).paused_until == now + 5 + 1.0
+
+
+@pytest.mark.parametrize("status", [429, 503])
 def test_a_retry_after_of_nothing_pauses_as_without_one(status: int) -> None:
     # "Retry-After: 0", or a date already past: the host still said no.
     outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX

@@ -15,7 +15,8 @@ agree. What a host's record learns:
   strategy, which Trove never does).
 * **When to leave it alone**: failures in a row (refused, timed out, 5xx) pause the
   whole host, doubling; a 429/503 backs off, doubling, unless it says for how long
-  (Retry-After, honoured exactly); answers to requests that were already in flight
+  (Retry-After, honoured exactly at the first refusal, doubled with each refusal in a
+  row after it); answers to requests that were already in flight
   when the host was last escalated do not escalate it again; a ban or a challenge
   pauses it for ``ban_pause``. A healthy answer forgives the levels.
 * **How gently to go**: the gap grows with the host's recent response time (a median).
@@ -484,9 +485,13 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
             escalated_at = max(escalated_at, obs.at)
         # A Retry-After of 0 (or a date already past) asks for no wait while refusing
         # the request: it says nothing, and the pauses double as without one, or a
-        # host answering so would get a request every gap for ever.
+        # host answering so would get a request every gap for ever. A Retry-After is
+        # honoured as asked at the first refusal; one waited out and refused again did
+        # not end the refusals, so it doubles with each in a row (a limiter answering
+        # every request with "Retry-After: 1" would otherwise be asked every gap too).
         if obs.retry_after is not None and obs.retry_after > 0:
-            pause(min(obs.retry_after, config.rate_max), f"{kind} (Retry-After)")
+            asked = obs.retry_after * 2.0 ** (max(rate, 1) - 1)
+            pause(min(asked, config.rate_max), f"{kind} (Retry-After)")
         elif not in_flight:
             nominal = config.rate_base * 2.0 ** (rate - 1)
             pause(min(config.rate_max, nominal * _jitter(_host(obs.url), "rate", rate)), kind)

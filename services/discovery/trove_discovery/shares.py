@@ -11,7 +11,8 @@ itself). Then the next ``TimelinePollRequested`` is scheduled on the timeline's 
 at once when the poll stopped at its page bound, one poll interval after a poll that
 read everything new, and after failures a pause doubling with each failure in a row up
 to ``TROVE_POLL_MAX_BACKOFF_SECONDS``, or what the instance asked for (Retry-After, its
-rate-limit reset; capped the same way).
+rate-limit reset; capped the same way, and doubled with each failure in a row before
+it).
 
 Every id derives from the ``TimelinePolled`` id and every time from its
 ``completed_at``, so a redelivery publishes the same events, which JetStream drops.
@@ -72,8 +73,10 @@ def poll_delay(event: TimelinePolled, failures: int, settings: DiscoverySettings
     if event.outcome is not CrawlOutcome.SUCCESS:
         # A Retry-After of 0, or of a date gone by, says nothing: answered to every poll,
         # obeyed, it would make the chain a loop at the host's gap. The back-off then.
+        # One asked for after failures in a row is doubled with each, as the host's
+        # pause is: waited out, it did not end them.
         if asked:
-            return asked
+            return min(cap, asked * 2.0 ** (min(max(failures, 1), MAX_DOUBLINGS) - 1))
         return min(cap, settings.poll_interval_seconds * 2.0 ** min(failures, MAX_DOUBLINGS))
     base = 0.0 if event.more else settings.poll_interval_seconds
     return max(base, asked or 0.0)
