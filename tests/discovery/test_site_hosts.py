@@ -106,7 +106,17 @@ async def test_a_sites_hosts_are_counted_afresh_each_cycle_though_its_record_liv
     assert await granted(discovery, "c.grows.example", "page-c") == 3
 
 
-async def test_platforms_and_addresses_are_never_counted(bus: Bus) -> None:
+async def test_the_addresses_of_one_ipv6_64_are_one_site(bus: Bus) -> None:
+    # Any server is given a /64 whole: its addresses are as free to link to as names.
+    discovery = await replica(bus)
+    farm = [f"[2001:db8:0:1::{k + 1:x}]" for k in range(10)]
+    assert [await granted(discovery, host, f"page-{host}") for host in farm] == [3] * HOSTS + [
+        0
+    ] * (10 - HOSTS)
+    assert await granted(discovery, "[2001:db8:0:2::1]", "page-next-64") == 3
+
+
+async def test_platforms_and_ipv4_addresses_are_never_counted(bus: Bus) -> None:
     discovery = await replica(bus, hosts=1, platforms="Blogs.Example.")
     builtin = sorted(PLATFORMS)[0]
     for k in range(5):

@@ -61,14 +61,23 @@ PLATFORMS = frozenset(
 )
 
 
+#: The IPv6 network one holder is given (RFC 6177: a /64 at least, to any VPS): its
+#: addresses are one site, as a domain's subdomains are.
+IPV6_SITE_PREFIX = 64
+
+
 def site_of(host: str, platforms: frozenset[str] = PLATFORMS) -> str | None:
-    """The site (registrable domain) whose host budget counts ``host``, or None when none
-    does: an address has no names under it, and a platform's subdomains are each a site."""
+    """The site whose host budget counts ``host``, or None when none does: a registrable
+    domain; an IPv6 address's /64, which one server is given whole and whose addresses
+    are as free to link to as subdomains; none for an IPv4 address (too scarce to make
+    a farm of) and for a platform's subdomains, each a site of its own."""
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         site = registrable_domain(host)
         return None if site in platforms else site
+    if address.version == 6:
+        return str(ipaddress.ip_network((address, IPV6_SITE_PREFIX), strict=False))
     return None
 
 
