@@ -116,6 +116,45 @@ async def test_a_refusal_is_read_from_the_bucket_not_memory(bus: Bus) -> None:
     assert await one(discovery, "event-next-cycle")
 
 
+async def test_a_host_over_its_budget_costs_no_seen_key_for_links_that_are_new_at_every_visit(
+    bus: Bus,
+) -> None:
+    # A tarpit, or session ids in paths: the page read again names fresh pages each
+    # time. Once its host is known full, they are refused before any is claimed.
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    first, second = await replica(bus, budget=3), await replica(bus, budget=3)
+    links, visits = 20, 8
+    for visit in range(visits):
+        fresh = [f"https://trap.example/s/{visit}-{n}" for n in range(links)]
+        other = f"https://roomy{visit}.example/p"
+        page = crawled("https://trap.example/", *fresh, other)
+        page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+        await handle(first if visit % 2 else second, bus, page)
+    keys = [k for k in await seen.keys() if k.startswith("u.")]
+    found = await discoveries(bus)
+    assert sum(d.domain == "trap.example" for d in found) == 3
+    # Another host's links are claimed and granted as before.
+    assert sum(d.domain.startswith("roomy") for d in found) == visits
+    # Each replica claimed one visit's links before it knew (the one that filled the
+    # budget, and its first refused one), and none after; beside them, the other hosts'
+    # pages and the page's own key (its re-crawl's).
+    assert len(keys) <= 2 * links + visits + 1, len(keys)
+
+
+async def test_a_full_hosts_batch_counted_before_is_granted_again_before_any_claim(
+    bus: Bus,
+) -> None:
+    discovery = await replica(bus, budget=2)
+    assert (await discovery._within_budget("busy.example", ["a", "b"], cause="page-1"))[0] == 2
+    assert (await discovery._within_budget("busy.example", ["c"], cause="page-2"))[0] == 0
+    hosts = {"busy.example", "other.example"}
+    # The cause that filled it, handled again, is not refused; another cause is; links a
+    # hold kept back, which no batch counted, are.
+    assert await discovery._full_hosts(hosts, "page-1", held=False) == set()
+    assert await discovery._full_hosts(hosts, "page-3", held=False) == {"busy.example"}
+    assert await discovery._full_hosts(hosts, "page-1", held=True) == {"busy.example"}
+
+
 async def test_a_host_that_keeps_bringing_pages_gets_its_budget_again_each_cycle(
     bus: Bus,
 ) -> None:

@@ -461,15 +461,20 @@ async def hub_refused_after_a_hold(
             )
 
     async def refused_and_done() -> bool:
+        # Refused: marked so, or (their host known full by then) never claimed at all.
         for url in held:
             try:
                 entry = await seen.get(_seen_key(url))
             except KeyNotFoundError:
-                return False
+                continue
             if not (entry.value or b"").startswith(REFUSED):
                 return False
         info = await bus.js.consumer_info(EVENTS_STREAM, DISCOVERY_LINKS)
-        return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
+        return (
+            (info.num_pending or 0) == 0
+            and (info.num_ack_pending or 0) == 0
+            and (info.delivered.stream_seq or 0) > 0
+        )
 
     async with consuming(bus, discovery):
         if not handed_over:

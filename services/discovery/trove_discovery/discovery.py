@@ -366,6 +366,16 @@ class Discovery:
             # Recorded as found: a refresh tag followed as an ordinary link is a link.
             kind = link.kind if same_page else LinkKind.A
             candidates[url] = _Candidate(url, event_id, depth, kind, probing, scope)
+        # A host over its budget this cycle refuses whatever new pages its links name:
+        # claimed first, each would cost two writes (the claim, then the refusal's mark)
+        # kept for the seen TTL, at every visit of a page whose links are new each time
+        # (a tarpit, session ids in paths), without bound. Its links are offered again
+        # when the page is next read whole.
+        full = await self._full_hosts({domain_of(url) for url in candidates}, event.id, only_held)
+        if full:
+            over_budget = True
+            for url in [url for url in candidates if domain_of(url) in full]:
+                self._unprobe(candidates.pop(url).probing)
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
         waiting = list(candidates.values())
@@ -628,6 +638,32 @@ class Discovery:
             BUDGET_REFUSALS.labels(refused_by).inc(len(event_ids) - within)
         return within, until
 
+    async def _full_hosts(self, hosts: set[str], cause: str, held: bool) -> set[str]:
+        """Those of ``hosts`` whose budget is full this cycle for the pages ``cause``
+        brings: a batch of the cause counted before (a redelivery) is granted again,
+        unless its links are ones a hold kept back (``held``), which it did not count.
+        Read from the bucket, only for hosts this replica last knew full: a refusal is
+        never taken from memory, and a host with room costs nothing more."""
+        budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
+        now = self.clock()
+        full: set[str] = set()
+        for host in hosts:
+            key = host_budget_key(host)
+            remembered = self.budgets.get(key)
+            if remembered is None or remembered[1].in_cycle(now, cycle).pages < budget:
+                continue
+            try:
+                entry = await self.seen.get(key)
+            except KeyNotFoundError:
+                self.budgets.forget(key)
+                continue
+            counted = HostCount.from_bytes(entry.value).in_cycle(now, cycle)
+            if counted.pages < budget:
+                self.budgets.forget(key)  # a new cycle, or room: counted as any batch is
+            elif held or not counted.counted(batch_mark(cause, host)):
+                full.add(host)
+        return full
+
     async def _count_within_budget(
         self, key: str, domain: str, event_ids: list[str], mark: str, *, held: bool
     ) -> tuple[int, str, float]:
@@ -661,6 +697,10 @@ class Discovery:
                 return done, "host_pages", ends
             within = min(len(pending), max(0, budget - counted.pages))
             if within == 0:
+                if revision is not None:
+                    # Known full: the host's next pages are refused before their links
+                    # are claimed (``_full_hosts``), also when another replica filled it.
+                    self.budgets.remember(key, (revision, counted))
                 return done, "host_pages", ends
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
