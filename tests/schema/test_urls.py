@@ -100,6 +100,9 @@ SAME_RESOURCE = {
             "http://example.org/?PHPSESSID=abc&page=2",
             "http://example.org/?page=2&jsessionid=1&sid=2&SessionId=3&session_id=4",
             "http://example.org/?ASPSESSIONIDQQGGQRST=KJH&page=2",
+            "http://example.org/?osCsid=8f3a01&page=2",
+            "http://example.org/?page=2&zenid=q1w2e3",
+            "http://example.org/?CFID=123&CFTOKEN=456&page=2",
         ],
     ),
     "backslashes before the query, as browsers read them": (

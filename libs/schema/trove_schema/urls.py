@@ -76,8 +76,23 @@ TRACKING_PARAMETERS = frozenset(
 )
 #: Any parameter whose lower-case name starts with one of these is tracking too.
 TRACKING_PREFIXES = ("utm_",)
-#: Query parameters that carry a session id (names compared lower-case).
-SESSION_PARAMETERS = frozenset({"phpsessid", "jsessionid", "sid", "sessionid", "session_id"})
+#: Query parameters that carry a session id (names compared lower-case): PHP's, Java's,
+#: generic names, and those shop software hands every cookieless visitor afresh
+#: (osCommerce's ``osCsid``, Zen Cart's ``zenid``, ColdFusion's ``CFID``/``CFTOKEN``),
+#: each making every link of every visit a new URL.
+SESSION_PARAMETERS = frozenset(
+    {
+        "phpsessid",
+        "jsessionid",
+        "sid",
+        "sessionid",
+        "session_id",
+        "oscsid",
+        "zenid",
+        "cfid",
+        "cftoken",
+    }
+)
 #: IIS classic ASP appends random letters: ASPSESSIONIDQQGGQRST.
 SESSION_PREFIXES = ("aspsessionid",)
 #: Path parameters (``/page;jsessionid=...``) that carry a session id.
