@@ -46,6 +46,7 @@ from trove_schema.bus import (
 )
 from trove_schema.errors import TopologyError
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
+from trove_schema.pulls import Pulls
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 from trove_stack.nats import EmbeddedNats, NatsConfig, nats_server_binary
 
@@ -365,6 +366,66 @@ async def test_a_batch_meeting_a_broker_error_is_handed_back_whole_and_not_count
     assert len(batches) >= 7
     assert singles == []  # never split up, so nothing was counted against a message
     assert await parked(bus, lane) == 0
+
+
+async def test_a_batch_consumer_holds_its_bytes_not_only_its_count(bus: Bus, lane: Lane) -> None:
+    # A backlog of large events (pages of a thousand links): batches of 500 held every
+    # one of them. Each batch keeps to its bytes (one event larger than that goes alone),
+    # and the consumer asks the server for no more than two batches' worth, beside one
+    # request's allowance for the largest message the server takes.
+    size = bus.nc.max_payload // 4
+    budget = 2 * size
+    count = 24
+    for i in range(count):
+        await bus.js.publish(lane.subject, bytes([i]) * (3 * size if i == 7 else size))
+    batches: list[int] = []
+    held: list[int] = []
+
+    async def batch_handler(msgs: Sequence[Msg]) -> None:
+        batches.append(sum(len(msg.data) for msg in msgs))
+        info = await bus.js.consumer_info(lane.stream, lane.durable)
+        held.append(info.num_ack_pending)
+
+    consumer = BatchConsumer(
+        bus=bus,
+        stream=lane.stream,
+        durable=lane.durable,
+        batch_handler=batch_handler,
+        handler=lambda msg: batch_handler([msg]),
+        batch_size=500,
+        batch_max_bytes=budget,
+        **FAST,
+    )
+    async with running(consumer):
+        await settled(bus, lane)
+    assert sum(batches) == (count + 2) * size
+    assert all(total <= budget for total in batches if total != 3 * size), batches
+    assert 3 * size in batches  # alone, whatever the budget
+    # Two batches of two, and a request's allowance: the largest message (4 of these).
+    assert max(held) <= 2 * 2 + 4 + 1, held
+
+
+async def test_a_pull_that_reached_its_bytes_was_served_and_the_next_is_asked_at_once(
+    bus: Bus, lane: Lane
+) -> None:
+    size = bus.nc.max_payload // 2
+    for i in range(3):
+        await bus.js.publish(lane.subject, bytes([i]) * size)
+    pulls = Pulls(bus.nc, lane.stream, lane.durable, expires=30.0, grace=30.0)
+
+    async def state() -> tuple[float | None, int]:
+        return pulls.next_deadline(), len(pulls)
+
+    await pulls.start()
+    try:
+        await pulls.ask(10, max_bytes=1)  # asks for the largest message's room at least
+        # Ended, with two: the third did not fit.
+        await eventually(state, until=lambda now: now == (None, 2), timeout=10, what="the end")
+        assert pulls.refused_for() == 0.0
+        await pulls.ask(10, max_bytes=1)  # not held back as after a refusal
+        await eventually(state, until=lambda now: now[1] == 3, timeout=10, what="the third")
+    finally:
+        await pulls.close()
 
 
 async def test_a_batch_with_a_poison_message_parks_it_alone_after_its_failures(

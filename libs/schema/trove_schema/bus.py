@@ -911,6 +911,11 @@ class BatchConsumer:
     batch_handler: BatchHandler
     handler: Handler
     batch_size: int = 256
+    #: The most bytes of messages a batch holds (one message at least, whatever its
+    #: size); the consumer holds ``concurrency`` times this at most, in hand and in
+    #: batches, and asks the server for no more. Counted in messages alone, a backlog
+    #: of pages of a thousand links each held ~250 MB in two batches of 500.
+    batch_max_bytes: int = 8 * 1024 * 1024
     concurrency: int = 2
     max_failures: int = 5
     failure_backoff: float = 2.0
@@ -957,9 +962,11 @@ class BatchConsumer:
             return
         pulls, wake, waker = await _open_pulls(self, stop)
         watcher = asyncio.create_task(single.watch_dead_letters(stop))
-        #: Batches being handled, and how many messages each holds.
+        #: Batches being handled, and the messages each holds.
         tasks: dict[asyncio.Task[None], list[Msg]] = {}
         in_hand: list[Msg] = []
+        #: Bytes of the messages in hand, and of those in batches being handled.
+        hand_bytes, busy_bytes = 0, 0
         since = 0.0  # when the oldest message in hand arrived
         loop = asyncio.get_running_loop()
         marks = _Marks()
@@ -968,8 +975,10 @@ class BatchConsumer:
         backoff = single.backoff
 
         def done(task: asyncio.Task[None]) -> None:
+            nonlocal busy_bytes
             for msg in tasks.pop(task, ()):
                 marks.discard(msg)
+                busy_bytes -= _size(msg)
             wake.set()
 
         try:
@@ -983,6 +992,7 @@ class BatchConsumer:
                     arrival = time.monotonic()
                     for msg in arrived:
                         marks.add(msg, arrival)
+                        hand_bytes += _size(msg)
                 now = loop.time()
                 waiting = backoff.left()
                 # A trickle waits up to ``linger`` for company: each batch is a transaction.
@@ -990,9 +1000,17 @@ class BatchConsumer:
                     in_hand
                     and not waiting
                     and len(tasks) < self.concurrency
-                    and (len(in_hand) >= self.batch_size or now - since >= self.linger)
+                    and (
+                        len(in_hand) >= self.batch_size
+                        or hand_bytes >= self.batch_max_bytes
+                        or now - since >= self.linger
+                    )
                 ):
-                    batch, in_hand = in_hand[: self.batch_size], in_hand[self.batch_size :]
+                    taken = _batch_bytes(in_hand, self.batch_size, self.batch_max_bytes)
+                    batch, in_hand = in_hand[: len(taken)], in_hand[len(taken) :]
+                    moved = sum(taken)
+                    hand_bytes -= moved
+                    busy_bytes += moved
                     since = now
                     task = asyncio.create_task(self._handle(single, batch, backoff))
                     tasks[task] = batch
@@ -1002,9 +1020,10 @@ class BatchConsumer:
                 await _still_served(self, pulls)
                 handled = sum(len(batch) for batch in tasks.values())
                 room = self.batch_size * self.concurrency - handled - len(in_hand)
-                if not waiting:
+                byte_room = self.batch_max_bytes * self.concurrency - busy_bytes - hand_bytes
+                if not waiting and byte_room > 0:
                     try:
-                        await pulls.ask(min(room, self.batch_size))
+                        await pulls.ask(min(room, self.batch_size), max_bytes=byte_room)
                     except Exception as exc:  # connection trouble: nats-py reconnects
                         log.warning("pull from %s failed: %s", self.durable, exc)
                 if pulls:
@@ -1158,6 +1177,25 @@ async def _wait(wake: asyncio.Event, seconds: float) -> None:
         await wake.wait()
     finally:
         timer.cancel()
+
+
+def _size(msg: Msg) -> int:
+    """A message's bytes as held: its payload (its subject and headers are small)."""
+    return len(msg.data)
+
+
+def _batch_bytes(in_hand: Sequence[Msg], count: int, max_bytes: int) -> list[int]:
+    """The sizes of the messages from the start of ``in_hand`` that make the next batch:
+    ``count`` at most and ``max_bytes`` at most, the first one whatever its size."""
+    sizes: list[int] = []
+    total = 0
+    for msg in in_hand[:count]:
+        size = _size(msg)
+        if sizes and total + size > max_bytes:
+            break
+        sizes.append(size)
+        total += size
+    return sizes
 
 
 async def _open_pulls(

@@ -45,6 +45,14 @@ NEXT_SUBJECT = "$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
 #: The status that ends a pull request at its expiry; a heartbeat (100) ends none.
 REQUEST_TIMEOUT = "408"
 HEARTBEAT = "100"
+#: The status and description that end a request at its ``max_bytes``: the next
+#: message would not fit. Served, not refused; a message larger than a request's
+#: ``max_bytes`` is never delivered to it (nats-server 2.15), so ``ask`` never asks for
+#: less than the largest message the server takes.
+MAX_BYTES_REACHED = ("409", "Message Size Exceeds MaxBytes")
+#: Room for a message's subject and headers beside its payload (``max_payload``) in
+#: what the server counts against a request's ``max_bytes``.
+MESSAGE_OVERHEAD = 64 * 1024
 #: The server's refusal of a request larger than the consumer allows: an operator's
 #: ``nats consumer edit --max-pull-batch``, which Trove's reconcile leaves in place.
 _MAX_BATCH = re.compile(r"MaxRequestBatch of (\d+)")
@@ -134,9 +142,10 @@ class Pulls:
         self._arrived.clear()
         return msgs
 
-    async def ask(self, room: int) -> None:
-        """Ask for ``room`` messages, unless a request is still open or the connection
-        is down."""
+    async def ask(self, room: int, max_bytes: int | None = None) -> None:
+        """Ask for ``room`` messages, and (``max_bytes``) no more bytes than that, unless
+        a request is still open or the connection is down. A request may bring a
+        message larger than ``max_bytes``: one the server takes always fits."""
         now = self._clock()
         self._forget_lost(now)
         if room <= 0 or self._request is not None or now < self._quiet_until:
@@ -145,7 +154,16 @@ class Pulls:
             return
         if self.max_batch is not None:
             room = min(room, self.max_batch)
-        request = b'{"batch":%d,"expires":%d}' % (room, int(self.expires * 1_000_000_000))
+        expires = int(self.expires * 1_000_000_000)
+        if max_bytes is None:
+            request = b'{"batch":%d,"expires":%d}' % (room, expires)
+        else:
+            largest = self.nc.max_payload + MESSAGE_OVERHEAD
+            request = b'{"batch":%d,"expires":%d,"max_bytes":%d}' % (
+                room,
+                expires,
+                max(max_bytes, largest),
+            )
         await self.nc.publish(self.subject, request, reply=self._inbox)
         self._request = _Request(room, now + self.expires)
 
@@ -172,6 +190,10 @@ class Pulls:
         # A stored message may have a ``Status`` header of its own, which nats-py files
         # under the key it gives a status line: it is a message all the same.
         status = None if msg.reply else (msg.headers or {}).get("Status")
+        if status is not None and (status, (msg.headers or {}).get("Description")) == (
+            MAX_BYTES_REACHED
+        ):
+            status = REQUEST_TIMEOUT  # ended as at its expiry: served, to ask again at once
         if status != HEARTBEAT and status not in (None, "", REQUEST_TIMEOUT):
             self._refused(status, (msg.headers or {}).get("Description", ""))
         elif status != HEARTBEAT:
@@ -186,10 +208,11 @@ class Pulls:
         elif status == HEARTBEAT:
             return
         else:
-            # 408: the request expired. Anything else ended it for a reason that may
-            # hold for the next request too (409: a leadership change, too many waiting,
-            # the consumer deleted; 503: nobody serves the consumer): the next one waits
-            # ``grace``, or a refusal would be asked again in a loop.
+            # 408: the request expired (or took its ``max_bytes``). Anything else ended
+            # it for a reason that may hold for the next request too (409: a leadership
+            # change, too many waiting, the consumer deleted; 503: nobody serves the
+            # consumer): the next one waits ``grace``, or a refusal would be asked again
+            # in a loop.
             self._request = None
             if status != REQUEST_TIMEOUT:
                 self._quiet_until = self._clock() + self.grace

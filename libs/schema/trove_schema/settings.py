@@ -410,6 +410,9 @@ class RecorderSettings(CommonSettings):
     #: first attempt after its last success; 0: its chain ends with its retries.
     recheck_failing_for_seconds: Seconds = Field(default=30 * 86_400.0, ge=0.0)
     batch_size: int = Field(default=500, ge=1, le=10_000)
+    #: The most bytes of events a batch holds (a larger event goes alone): what bounds
+    #: the recorder's memory while it catches up on pages with many links.
+    batch_max_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=1024**3)
     #: Longest the recorder waits to fill a batch once it has some events (latency for
     #: fewer, larger transactions); 0 handles whatever has arrived at once.
     batch_linger_seconds: float = Field(default=0.3, ge=0.0, le=5.0)

@@ -279,6 +279,7 @@ async def serve(
             batch_handler=recorder.handle_batch,
             handler=recorder.handle,
             batch_size=settings.batch_size,
+            batch_max_bytes=settings.batch_max_bytes,
             linger=settings.batch_linger_seconds,
         )
         retention = Retention.from_settings(settings)
