@@ -33,10 +33,12 @@ def pdf(
     title: str | None = None,
     links: Sequence[str] = (),
     to_unicode: Mapping[int, str] | None = None,
+    forms: Mapping[str, bytes] | None = None,
 ) -> bytes:
     """A PDF with one line of text per page (or a raw content stream, given as bytes), an
-    optional Info title, link annotations (URI actions) on the first page, and an
-    optional ToUnicode map of the font's codes to the text they stand for."""
+    optional Info title, link annotations (URI actions) on the first page, an optional
+    ToUnicode map of the font's codes to the text they stand for, and Form XObjects
+    (content streams by name) every page may draw (``/X0 Do``)."""
     font = 3
     font_entries = b"/Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding"
     objects: dict[int, bytes] = {
@@ -44,6 +46,19 @@ def pdf(
         font: b"<< " + font_entries + b" >>",
     }
     number = 4
+    xobjects = b""
+    for name, content in (forms or {}).items():
+        stream = zlib.compress(content)
+        objects[number] = (
+            b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] "
+            b"/Resources << /Font << /F1 %d 0 R >> >> /Filter /FlateDecode /Length %d >>\n"
+            % (font, len(stream))
+            + b"stream\n"
+            + stream
+            + b"\nendstream"
+        )
+        xobjects += b"/%s %d 0 R " % (name.encode(), number)
+        number += 1
     kids = []
     for index, text in enumerate(pages):
         if isinstance(text, str):
@@ -69,8 +84,8 @@ def pdf(
         number += 1
         objects[number] = (
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-            b"/Resources << /Font << /F1 %d 0 R >> >> /Contents %d 0 R"
-            % (font, content)
+            b"/Resources << /Font << /F1 %d 0 R >> /XObject << %s>> >> /Contents %d 0 R"
+            % (font, xobjects, content)
             + annotations
             + b" >>"
         )

@@ -112,6 +112,24 @@ def test_a_page_too_long_to_interpret_ends_the_reading_within_a_bounded_time() -
     assert (found.title, found.text_chars) == ("Dense", 0)
 
 
+def test_a_form_drawn_again_and_again_ends_the_reading_within_a_bounded_time() -> None:
+    # pypdf's limits hold per stream, and a form is interpreted afresh each time a page
+    # draws it: a file of 2 KB multiplied them into a minute of a parse thread.
+    form = b"q Q\n" * 24_000 + b"BT /F1 12 Tf (x) Tj ET\n"
+    body = pdf([b"/X0 Do\n" * 100] * MAX_PAGES, title="Drawn", forms={"X0": form})
+    assert len(body) < 4096
+    started = time.process_time()
+    found = extract(body, url=URL, content_type="application/pdf", detect_language=False)
+    assert time.process_time() - started < 2
+    assert found.title == "Drawn"
+
+
+def test_a_form_a_page_draws_gives_its_text() -> None:
+    form = f"BT /F1 12 Tf 72 700 Td ({ENGLISH}) Tj ET".encode()
+    found = extract(pdf([b"/X0 Do"], forms={"X0": form}), url=URL, content_type="application/pdf")
+    assert found.language == "en"
+
+
 def test_a_body_that_is_not_a_pdf_is_refused_by_the_reader() -> None:
     with pytest.raises(PdfError):
         read_pdf(b"<html>not a pdf</html>")

@@ -3,8 +3,9 @@
 pypdf (pure Python) under tight limits: a PDF is a program of sorts, and a hostile one
 can declare streams that inflate to gigabytes, page trees a million deep, or content
 streams that take minutes to interpret. Only the first ``MAX_PAGES`` pages are read,
-text stops at ``MAX_TEXT_CHARS``, every decoder is bounded well below pypdf's defaults,
-and no external program (``jbig2dec``) is ever run. A document pypdf cannot read is a
+text stops at ``MAX_TEXT_CHARS`` and after ``MAX_CPU_SECONDS`` of interpretation, every
+decoder is bounded well below pypdf's defaults, and no external program (``jbig2dec``)
+is ever run. A document pypdf cannot read is a
 ``PdfError``; the caller decides what that means.
 
 pypdf decodes a font's ToUnicode map with "surrogatepass": a map that sends a glyph to
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,12 @@ MAX_PAGES = 5
 #: Characters of text kept (language and keywords need far less).
 MAX_TEXT_CHARS = 20_000
 MAX_LINKS = 200
+#: CPU seconds a document's text may cost, its pages together: pypdf's limits hold per
+#: stream, and a form drawn a hundred times a page is interpreted afresh each time, so
+#: a file of 2 KB multiplied them into a minute.
+MAX_CPU_SECONDS = 1.0
+#: Operators interpreted between two looks at the clock.
+_CLOCK_EVERY = 1024
 _MAX_TITLE = 1000
 #: Decoded bytes any one stream may produce, and work per stream, in bytes.
 _MAX_STREAM_OUTPUT = 8 * 1024 * 1024
@@ -68,6 +76,34 @@ logging.getLogger("pypdf").setLevel(logging.ERROR)
 def looks_like_pdf(body: bytes) -> bool:
     """The PDF header within the first KB (readers tolerate leading junk up to there)."""
     return body.find(b"%PDF-", 0, 1024) >= 0
+
+
+class _OutOfTime(Exception):
+    """The document's CPU budget is spent."""
+
+
+class _Budget:
+    """A text visitor that ends the reading once ``MAX_CPU_SECONDS`` of this thread's CPU
+    are spent; pypdf calls it for every operator, those of forms included.
+
+    The clock is read every ``_CLOCK_EVERY`` operators, and before each form is drawn
+    (``Do``): a form is parsed whole before its first operator is visited. pypdf sets
+    aside what fails within a form and goes on with the stream that drew it, so once
+    spent, every ``Do`` after refuses, up to the page's own, which ends the reading."""
+
+    __slots__ = ("calls", "deadline")
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.thread_time() + seconds
+        self.calls = 0
+
+    def spent(self) -> bool:
+        return time.thread_time() > self.deadline
+
+    def __call__(self, operator: Any, operands: Any, cm: Any, tm: Any) -> None:
+        self.calls += 1
+        if (operator == b"Do" or self.calls % _CLOCK_EVERY == 0) and self.spent():
+            raise _OutOfTime
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +143,13 @@ def _read(body: bytes) -> PdfText:
     parts: list[str] = []
     size = 0
     links: list[str] = []
+    budget = _Budget(MAX_CPU_SECONDS)
     for number, page in enumerate(reader.pages):
-        if number >= MAX_PAGES or size >= MAX_TEXT_CHARS:
+        if number >= MAX_PAGES or size >= MAX_TEXT_CHARS or budget.spent():
             break
         try:
-            text = page.extract_text() or ""
-        except Exception:  # a page over the limits: keep what came before it
+            text = page.extract_text(visitor_operand_before=budget) or ""
+        except Exception:  # a page over the limits or the budget: keep what came before
             break
         parts.append(text[: MAX_TEXT_CHARS - size])
         size += len(parts[-1])
