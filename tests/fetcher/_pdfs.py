@@ -47,8 +47,8 @@ def pdf(
     }
     number = 4
     xobjects = b""
-    for name, content in (forms or {}).items():
-        stream = zlib.compress(content)
+    for name, drawn in (forms or {}).items():
+        stream = zlib.compress(drawn)
         objects[number] = (
             b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] "
             b"/Resources << /Font << /F1 %d 0 R >> >> /Filter /FlateDecode /Length %d >>\n"
