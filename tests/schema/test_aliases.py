@@ -739,6 +739,36 @@ def test_a_learned_name_is_put_to_the_test_again_and_unlearned_by_its_probe() ->
     assert rewrite(rules, SITE + "/c/big?sort=top") == SITE + "/c/big?sort=top"
 
 
+def test_a_learned_value_is_put_to_the_test_again_and_unlearned_by_its_probe() -> None:
+    # Two lists' page 2 name their page 1 as canonical (a common misconfiguration), each
+    # fetched once its page 1 had left the sample (a big host's queue): ?page=2 is
+    # learned, and every list's page 2 would be its page 1 for good, never fetched.
+    limits = AliasLimits()
+    record = fetched(EMPTY, "/tag/a", links=("/tag/a?page=2",))
+    record = fetched(record, "/tag/b", links=("/tag/b?page=2",))
+    for n in range(limits.max_samples):
+        record = fetched(record, f"/post/{n}")
+    record = fetched(record, "/tag/a?page=2", canonical="/tag/a")
+    record = fetched(record, "/tag/b?page=2", canonical="/tag/b")
+    assert record.rules().pairs == {"page=2"}
+    for n in range(limits.max_samples):
+        record = fetched(record, f"/post/x{n}")
+    # A sample's worth of fetches on, a list fetched lets its own page 2 through.
+    record = fetched(record, "/tag/c", links=("/tag/c?page=2", "/tag/c?page=3"))
+    rules = record.rules()
+    assert rules.probes == {SITE + "/tag/c?page=2"}
+    assert rewrite(rules, SITE + "/tag/c?page=2") == SITE + "/tag/c?page=2"
+    assert rewrite(rules, SITE + "/tag/d?page=2") == SITE + "/tag/d"
+    assert HostAliases.from_json(record.to_json()) == record
+    # Fetched behind the host's queue, with its canonical still naming page 1: its
+    # content is not page 1's, and ?page=2 is un-learned for good.
+    for n in range(limits.max_samples + 4):
+        record = fetched(record, f"/post/y{n}")
+    record = fetched(record, "/tag/c?page=2", canonical="/tag/c")
+    assert not record.rules()
+    assert rewrite(record.rules(), SITE + "/tag/d?page=2") == SITE + "/tag/d?page=2"
+
+
 def test_a_probe_is_compared_with_its_page_as_it_is_now() -> None:
     # The list gained an item between the probe's choice and its fetch: the probe shows
     # the list as it is now, which the sample holds, and the name stays learned.

@@ -47,14 +47,16 @@ whose every value shows one page is decided then, unlearned. Once content showed
 a name changes the page, the host's canonical says nothing of any of its values
 either: only a page equal to the one without the value confirms it.
 
-A learned name is put to the test again (``Probe``): after ``AliasLimits.max_samples``
-fetches of the host, one spelling that carries it, linked from the page fetched then,
-is let through ``rewrite`` as it is, and its fetch is evidence like any other, which
-may un-learn the name. One is out at a time, until it comes back however late (a new
-page is fetched behind its host's whole queue), or for ``max_samples`` times
-``max_samples`` fetches of the host at most (one never sent, known already, must not
-stop the tests for ever). The wait doubles with each probe the name comes through, up
-to ``max_samples`` times itself.
+A learned name, or a value learned alone, is put to the test again (``Probe``): after
+``AliasLimits.max_samples`` fetches of the host, one spelling that carries it, linked
+from the page fetched then, is let through ``rewrite`` as it is, and its fetch is
+evidence like any other, which may un-learn the rule (two lists' page 2 naming their
+page 1 as canonical, each fetched once its page 1 had left the sample, teach
+``?page=2``; a list's own page 2, compared with it, takes it back). One is out at a
+time, until it comes back however late (a new page is fetched behind its host's whole
+queue), or for ``max_samples`` times ``max_samples`` fetches of the host at most (one
+never sent, known already, must not stop the tests for ever). The wait doubles with
+each probe the rule comes through, up to ``max_samples`` times itself.
 
 Pure: the record is a value, ``observe`` returns the next one, ``rewrite`` applies its
 ``rules``. Discovery keeps one record per host in the ``trove_url_rules`` bucket.
@@ -299,7 +301,8 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """When a learned parameter name is put to the test again, and by which spelling.
+    """When a learned parameter name (or value) is put to the test again, and by which
+    spelling.
 
     Learned from two pages, a name is never fetched again: every spelling that carries
     it is rewritten before the seen check, so nothing could contradict it. One spelling
@@ -351,7 +354,11 @@ class HostAliases:
                 index.add(subject)
         if not (names or pairs or index):
             return NO_RULES
-        probes = {p.url for key, p in self.probes.items() if p.url and key[2:] in names}
+        probes = {
+            p.url
+            for key, p in self.probes.items()
+            if p.url and key[2:] in (names if key.startswith(NAME) else pairs)
+        }
         return Rules(frozenset(names), frozenset(pairs), frozenset(index), frozenset(probes))
 
     def to_json(self) -> bytes:
@@ -954,7 +961,7 @@ def _next_probes(
     found: dict[str, Probe] = {}
     rules: Rules | None = None
     for key, candidate in candidates.items():
-        if not key.startswith(NAME) or not _learned(candidate, NAME, limits):
+        if key.startswith(INDEX) or not _learned(candidate, key[:2], limits):
             continue
         probe = probes.get(key)
         if probe is None:  # learned by this fetch (or before the record kept probes)
@@ -970,7 +977,7 @@ def _next_probes(
             found[key] = Probe(_probe_wait(probe.passed, limits), probe.passed)
         else:
             rules = rules if rules is not None else HostAliases(candidates).rules(limits)
-            chosen = _choose_probe(key[len(NAME) :], rules, fetched.host, samples, links, limits)
+            chosen = _choose_probe(key, rules, fetched.host, samples, links, limits)
             # Out until it comes back, or for the longest wait: a new page, it is fetched
             # behind the host's whole queue (one given up sooner would come back compared
             # with nothing, while another is out), and one never fetched (known already)
@@ -994,17 +1001,20 @@ def _longest_wait(limits: AliasLimits) -> int:
 
 
 def _choose_probe(
-    name: str,
+    key: str,
     rules: Rules,
     host: str,
     samples: tuple[tuple[str, str], ...],
     links: tuple[str, ...],
     limits: AliasLimits,
 ) -> tuple[str, str] | None:
-    """A link to put ``name`` to the test, and the hash of its page without it if the
-    sample has it: one that the rules would rewrite by one value of ``name`` alone, so
-    that its fetch speaks of that; first one whose page without it is sampled (the page
-    itself, a list linking to its own ``?sort=``), which its fetch is compared with."""
+    """A link to put ``key`` (a learned name, or a learned value of one) to the test,
+    and the hash of its page without it if the sample has it: one that the rules would
+    rewrite by one value of the name alone (that value, for a value), so that its fetch
+    speaks of that; first one whose page without it is sampled (the page itself, a list
+    linking to its own ``?sort=`` or ``?page=2``), which its fetch is compared with."""
+    subject = key[2:]
+    name = subject.partition("=")[0]
     hashes = dict(samples)
     first: tuple[str, str] | None = None
     for link in links:
@@ -1017,6 +1027,8 @@ def _choose_probe(
             continue
         dropped = [p for p in spelling.params if _ignored(rules, p)]
         if len(dropped) != 1 or dropped[0].partition("=")[0] != name:
+            continue
+        if key.startswith(PAIR) and dropped[0] != subject:
             continue
         head = link.partition("?")[0]
         if rules.index and _strip_index(rules.index, head) != head:
@@ -1032,6 +1044,6 @@ def _choose_probe(
 def _probe_bare(fetched: _Spelling, key: str, probe: Probe) -> tuple[str, str]:
     """The spelling of a probe come back (``fetched``) without its name, and the hash its
     page had when the probe was chosen: a sample that the record's may no longer hold."""
-    name = key[len(NAME) :]
+    name = key[2:].partition("=")[0]
     kept = tuple(p for p in fetched.params if p.partition("=")[0] != name)
     return _Spelling(fetched.host, fetched.path, kept).local, probe.bare
