@@ -102,6 +102,9 @@ async def test_a_sites_hosts_are_counted_afresh_each_cycle_though_its_record_liv
     now[0] += settings.recrawl_max / 2
     assert await granted(discovery, "b.grows.example", "page-b") == 3
     assert await granted(discovery, "c.grows.example", "page-c") == 0
+    # Its links wait for the site's cycle to end, not for a whole cycle from the refusal.
+    refused = await discovery._within_budget("c.grows.example", ["page-c-0"])
+    assert refused == (0, 1_800_000_000.0 + settings.recrawl_max)
     now[0] += settings.recrawl_max / 2
     assert await granted(discovery, "c.grows.example", "page-c") == 3
 

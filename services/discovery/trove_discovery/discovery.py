@@ -669,7 +669,7 @@ class Discovery:
     ) -> tuple[int, str, float]:
         """How many of ``event_ids`` are within the budget, which budget refused the
         rest (``host_pages`` or ``site_hosts``), and when it has room again: the host's
-        cycle's end, or, for its site's, a cycle from now (at the latest)."""
+        cycle's end, or, for its site's, the site's cycle's end."""
         budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
         remembered = self.budgets.get(key)
         for _ in range(BUDGET_WRITE_ATTEMPTS):
@@ -704,8 +704,8 @@ class Discovery:
                 return done, "host_pages", ends
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
-            if counted.pages == 0 and not await self.sites.admits(domain):
-                return 0, "site_hosts", now + cycle
+            if counted.pages == 0 and (ends := await self.sites.refused_until(domain)):
+                return 0, "site_hosts", ends
             now_counted = counted.add(mark, within, now)
             value = now_counted.to_bytes()
             try:

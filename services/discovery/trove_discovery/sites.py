@@ -63,18 +63,19 @@ class SiteHosts:
         self.platforms = PLATFORMS | frozenset(platforms)
         self.turns = Turns()
 
-    async def admits(self, host: str) -> bool:
-        """Count ``host`` against its site's budget if it is not counted yet; whether it
-        is within the budget."""
+    async def refused_until(self, host: str) -> float | None:
+        """Count ``host`` against its site's budget if it is not counted yet; None when
+        it is within the budget, else when the site's cycle ends (its count starts
+        afresh then, and the host may be among the next cycle's)."""
         site = None if self.budget == 0 else site_of(host, self.platforms)
         if site is None:
-            return True
+            return None
         key = site_budget_key(site)
         # In turns within this replica: the new hosts of one site on a page are many.
         async with self.turns.of(key):
-            return await self._admits(key, site, host)
+            return await self._refused_until(key, site, host)
 
-    async def _admits(self, key: str, site: str, host: str) -> bool:
+    async def _refused_until(self, key: str, site: str, host: str) -> float | None:
         for _ in range(WRITE_ATTEMPTS):
             try:
                 entry = await self.seen.get(key)
@@ -85,9 +86,9 @@ class SiteHosts:
             counted = counted.in_cycle(self.clock(), self.cycle)
             hosts = counted.hosts
             if host in hosts:
-                return True
+                return None
             if len(hosts) >= self.budget:
-                return False
+                return counted.since + self.cycle
             hosts = (*hosts, host)
             value = SiteCount(hosts, counted.since).to_bytes()
             try:
@@ -102,5 +103,5 @@ class SiteHosts:
                     "site reached its host budget: its other hosts get no pages this cycle",
                     extra={"site": site, "hosts": self.budget},
                 )
-            return True
+            return None
         raise Retry(f"the host budget of {site} is written by too many replicas", delay=1.0)
