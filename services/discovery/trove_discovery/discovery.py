@@ -704,8 +704,8 @@ class Discovery:
                 return done, "host_pages", ends
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
-            if counted.pages == 0 and (ends := await self.sites.refused_until(domain)):
-                return 0, "site_hosts", ends
+            if counted.pages == 0 and (site_ends := await self.sites.refused_until(domain)):
+                return 0, "site_hosts", site_ends
             now_counted = counted.add(mark, within, now)
             value = now_counted.to_bytes()
             try:
