@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from tests.discovery.crawl_support import (
 )
 from tests.discovery.follow_support import recorded
 from trove_discovery import discovery as discovery_module
-from trove_discovery.discovery import Discovery
+from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_schema.budgets import (
     BATCH_MEMORY,
     BATCH_MEMORY_SECONDS,
@@ -139,6 +140,60 @@ async def test_a_host_over_its_budget_costs_no_seen_key_for_links_that_are_new_a
     # budget, and its first refused one), and none after; beside them, the other hosts'
     # pages and the page's own key (its re-crawl's).
     assert len(keys) <= 2 * links + visits + 1, len(keys)
+
+
+async def test_links_a_failed_delivery_claimed_are_refused_on_its_redelivery_to_a_full_host(
+    bus: Bus,
+) -> None:
+    # The first delivery claims the links, then fails before its batch is counted; the
+    # host fills meanwhile. Its redelivery finds them its own: refused and marked so, to
+    # come in the host's next cycle, not left claimed by a page that never published them.
+    now = [1_800_000_000.0]
+    settings = DiscoverySettings(
+        host_page_budget=2, recrawl_after_seconds=50, recrawl_max_seconds=100
+    )
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    discovery = Discovery(bus=bus, seen=seen, settings=settings, clock=lambda: now[0])
+    links = ["https://busy.example/a", "https://busy.example/b"]
+    page = crawled("https://hub.example/", *links)
+    page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+    counting = discovery._within_budget
+
+    async def broker_away(*args: Any, **kwargs: Any) -> tuple[int, float]:
+        raise Retry("broker away a moment", delay=1.0)
+
+    discovery._within_budget = broker_away  # type: ignore[method-assign]
+    with pytest.raises(Retry):
+        await handle(discovery, bus, page)
+    discovery._within_budget = counting  # type: ignore[method-assign]
+    assert (await counting("busy.example", ["x", "y"], cause="filler"))[0] == 2
+    assert (await counting("busy.example", ["z"], cause="third"))[0] == 0
+    await handle(discovery, bus, page)
+    for url in links:
+        assert ((await seen.get(_seen_key(url))).value or b"").startswith(REFUSED)
+    # The host's next cycle: another page's link brings it in.
+    now[0] += 150
+    other = crawled("https://hub2.example/", links[0])
+    other = other.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+    await handle(discovery, bus, other)
+    assert links[0] in {d.url for d in await discoveries(bus)}
+
+
+async def test_a_page_whose_links_to_a_full_host_are_all_known_keeps_its_validators(
+    bus: Bus,
+) -> None:
+    # Known to the bucket, not to this replica's memory: nothing of the page waits for
+    # the host's next cycle, so nothing asks for it to be read whole.
+    first, second = await replica(bus, budget=2), await replica(bus, budget=2)
+    links = ["https://busy.example/x", "https://busy.example/y"]
+    await handle(first, bus, crawled("https://busy.example/", *links))  # fills the budget
+    await handle(second, bus, crawled("https://busy.example/z", "https://busy.example/new"))
+    page = crawled("https://busy.example/about", *links, etag='"v1"')
+    await handle(second, bus, page)
+    msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(page.url))
+    request = decode_event(msg.data or b"")
+    assert isinstance(request, CrawlRequested)
+    assert request.etag == '"v1"'
 
 
 async def test_a_full_hosts_batch_counted_before_is_granted_again_before_any_claim(

@@ -369,13 +369,26 @@ class Discovery:
         # A host over its budget this cycle refuses whatever new pages its links name:
         # claimed first, each would cost two writes (the claim, then the refusal's mark)
         # kept for the seen TTL, at every visit of a page whose links are new each time
-        # (a tarpit, session ids in paths), without bound. Its links are offered again
-        # when the page is next read whole.
+        # (a tarpit, session ids in paths), without bound. Its links are read instead:
+        # one its page's earlier delivery claimed goes on as its own (counted or refused
+        # as any); a new one is offered again when the page is next read whole.
         full = await self._full_hosts({domain_of(url) for url in candidates}, event.id, only_held)
         if full:
-            over_budget = True
-            for url in [url for url in candidates if domain_of(url) in full]:
-                self._unprobe(candidates.pop(url).probing)
+            dropped = [c for url, c in candidates.items() if domain_of(url) in full]
+            for start in range(0, len(dropped), SEEN_AT_ONCE):
+                chunk = dropped[start : start + SEEN_AT_ONCE]
+                for candidate, holder in zip(
+                    chunk, await asyncio.gather(*(self._holder(c.url) for c in chunk)), strict=True
+                ):
+                    if holder == candidate.event_id.encode():
+                        continue  # claimed by this page's earlier delivery: its own now
+                    del candidates[candidate.url]
+                    self._unprobe(candidate.probing)
+                    # Known (another cause's): nothing waits. New, or a refusal: it waits
+                    # for the next cycle, and the page is read whole then.
+                    over_budget = (
+                        over_budget or holder is None or _refused_until(holder) is not None
+                    )
         # The seen set answers for many at once, not a round trip a link, which is what
         # a burst of home pages waited on.
         waiting = list(candidates.values())
@@ -585,6 +598,22 @@ class Discovery:
                     claimed_by = None
                     continue
             self.sightings.remember(key, claimed_by)
+        return claimed_by
+
+    async def _holder(self, url: str) -> bytes | None:
+        """Who holds ``url``'s place in the seen set, read and never written: None when
+        no one does, or a refusal that ended (a link may take its place)."""
+        key = _seen_key(url)
+        claimed_by = self.sightings.claimed_by(key)
+        if claimed_by is None:
+            try:
+                claimed_by = (await self.seen.get(key)).value or None
+            except KeyNotFoundError:
+                return None
+            if claimed_by is not None:
+                self.sightings.remember(key, claimed_by)
+        if claimed_by is None or self._refusal_ended(claimed_by):
+            return None
         return claimed_by
 
     def _refusal_ended(self, claimed_by: bytes) -> bool:
