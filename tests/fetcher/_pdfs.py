@@ -12,18 +12,28 @@ def _escape(value: str) -> str:
 
 
 def _cmap(to_unicode: Mapping[int, str]) -> bytes:
-    """A ToUnicode CMap of one-byte codes, each to the UTF-16BE of its text (a lone
-    surrogate written as it is, as a hostile file may)."""
-    chars = b"".join(
-        b"<%02X> <%s>\n" % (code, text.encode("utf-16-be", "surrogatepass").hex().upper().encode())
-        for code, text in to_unicode.items()
-    )
+    """A ToUnicode CMap of one-byte codes (two-byte ones when a code needs them), each to
+    the UTF-16BE of its text (a lone surrogate written as it is, as a hostile file may),
+    in blocks of 100 as CMaps are written."""
+    wide = max(to_unicode, default=0) > 0xFF
+    code_format, space = (b"<%04X>", b"<0000> <FFFF>") if wide else (b"<%02X>", b"<00> <FF>")
+    items = list(to_unicode.items())
+    blocks = b""
+    for start in range(0, len(items), 100):
+        block = items[start : start + 100]
+        blocks += b"%d beginbfchar\n" % len(block)
+        for code, text in block:
+            mapped = text.encode("utf-16-be", "surrogatepass").hex().upper().encode()
+            blocks += code_format % code + b" <%s>\n" % mapped
+        blocks += b"endbfchar\n"
     return (
         b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
         b"/CMapName /Test def /CMapType 2 def\n"
-        b"1 begincodespacerange <00> <FF> endcodespacerange\n"
-        b"%d beginbfchar\n" % len(to_unicode) + chars + b"endbfchar\n"
-        b"endcmap CMapName currentdict /CMap defineresource pop end end"
+        b"1 begincodespacerange "
+        + space
+        + b" endcodespacerange\n"
+        + blocks
+        + b"endcmap CMapName currentdict /CMap defineresource pop end end"
     )
 
 
@@ -34,11 +44,15 @@ def pdf(
     links: Sequence[str] = (),
     to_unicode: Mapping[int, str] | None = None,
     forms: Mapping[str, bytes] | None = None,
+    font_names: int = 1,
+    distinct_fonts: bool = False,
 ) -> bytes:
     """A PDF with one line of text per page (or a raw content stream, given as bytes), an
     optional Info title, link annotations (URI actions) on the first page, an optional
     ToUnicode map of the font's codes to the text they stand for, and Form XObjects
-    (content streams by name) every page may draw (``/X0 Do``)."""
+    (content streams by name) every page may draw (``/X0 Do``). The pages' resources
+    name the font ``font_names`` times (``/F1``, ``/F2``, ...): one font, or each name
+    a font of its own with its own ToUnicode map (``distinct_fonts``)."""
     font = 3
     font_entries = b"/Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding"
     objects: dict[int, bytes] = {
@@ -46,6 +60,15 @@ def pdf(
         font: b"<< " + font_entries + b" >>",
     }
     number = 4
+    fonts = [font]
+    if distinct_fonts:
+        for _ in range(font_names - 1):
+            objects[number] = b"<< " + font_entries + b" >>"
+            fonts.append(number)
+            number += 1
+    named = b" ".join(
+        b"/F%d %d 0 R" % (n + 1, fonts[n] if distinct_fonts else font) for n in range(font_names)
+    )
     xobjects = b""
     for name, drawn in (forms or {}).items():
         stream = zlib.compress(drawn)
@@ -84,8 +107,8 @@ def pdf(
         number += 1
         objects[number] = (
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-            b"/Resources << /Font << /F1 %d 0 R >> /XObject << %s>> >> /Contents %d 0 R"
-            % (font, xobjects, content)
+            b"/Resources << /Font << %s >> /XObject << %s>> >> /Contents %d 0 R"
+            % (named, xobjects, content)
             + annotations
             + b" >>"
         )
@@ -93,10 +116,15 @@ def pdf(
         number += 1
     objects[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % len(kids)
     if to_unicode is not None:
-        cmap = _cmap(to_unicode)
-        objects[number] = b"<< /Length %d >>\nstream\n" % len(cmap) + cmap + b"\nendstream"
-        objects[font] = b"<< " + font_entries + b" /ToUnicode %d 0 R >>" % number
-        number += 1
+        cmap = zlib.compress(_cmap(to_unicode))
+        for each in fonts:
+            objects[number] = (
+                b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(cmap)
+                + cmap
+                + b"\nendstream"
+            )
+            objects[each] = b"<< " + font_entries + b" /ToUnicode %d 0 R >>" % number
+            number += 1
     info = None
     if title is not None:
         info = number

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pypdf import PdfReader
 from pypdf._configuration import apply_configuration
 from pypdf.generic import DictionaryObject
+from pypdf.generic._font import Font
 
 from trove_fetcher.errors import PdfError
 from trove_schema.text import storable
@@ -82,6 +84,7 @@ class _OutOfTime(Exception):
     """The document's CPU budget is spent."""
 
 
+@dataclass(slots=True)
 class _Budget:
     """A text visitor that ends the reading once ``MAX_CPU_SECONDS`` of this thread's CPU
     are spent; pypdf calls it for every operator, those of forms included.
@@ -89,13 +92,21 @@ class _Budget:
     The clock is read every ``_CLOCK_EVERY`` operators, and before each form is drawn
     (``Do``): a form is parsed whole before its first operator is visited. pypdf sets
     aside what fails within a form and goes on with the stream that drew it, so once
-    spent, every ``Do`` after refuses, up to the page's own, which ends the reading."""
+    spent, every ``Do`` after refuses, up to the page's own, which ends the reading.
 
-    __slots__ = ("calls", "deadline")
+    A page's and a form's fonts are built before any operator, each ToUnicode map parsed
+    (a map of 10,000 codes: some 45 ms): ``fonts`` holds those of this document, each
+    built once however many names it has (one font named 19,000 times was 22 s), and
+    none is built once the budget is spent (``_budgeted_font``)."""
 
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.thread_time() + seconds
-        self.calls = 0
+    seconds: float
+    deadline: float = 0.0
+    calls: int = 0
+    #: id of a font's dictionary -> the dictionary (kept, so the id stays its) and its font.
+    fonts: dict[int, tuple[DictionaryObject, Font]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.thread_time() + self.seconds
 
     def spent(self) -> bool:
         return time.thread_time() > self.deadline
@@ -104,6 +115,31 @@ class _Budget:
         self.calls += 1
         if (operator == b"Do" or self.calls % _CLOCK_EVERY == 0) and self.spent():
             raise _OutOfTime
+
+
+#: The budget of the document this thread reads (None: no reading under way).
+_reading = threading.local()
+_build_font = Font.from_font_resource
+
+
+def _budgeted_font(cls: type[Font], resource: DictionaryObject) -> Font:
+    """pypdf's ``Font.from_font_resource``, once per font of a document read here and
+    within its budget; as it is anywhere else."""
+    budget: _Budget | None = getattr(_reading, "budget", None)
+    if budget is None:
+        return _build_font(resource)
+    built = budget.fonts.get(id(resource))
+    if built is not None and built[0] is resource:
+        return built[1]
+    if budget.spent():
+        raise _OutOfTime
+    font = _build_font(resource)
+    budget.fonts[id(resource)] = (resource, font)
+    return font
+
+
+# pypdf builds a font for each name in a resource dictionary, in a loop no visitor sees.
+Font.from_font_resource = classmethod(_budgeted_font)  # type: ignore[method-assign,assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,18 +180,43 @@ def _read(body: bytes) -> PdfText:
     size = 0
     links: list[str] = []
     budget = _Budget(MAX_CPU_SECONDS)
-    for number, page in enumerate(reader.pages):
-        if number >= MAX_PAGES or size >= MAX_TEXT_CHARS or budget.spent():
-            break
-        try:
-            text = page.extract_text(visitor_operand_before=budget) or ""
-        except Exception:  # a page over the limits or the budget: keep what came before
-            break
-        parts.append(text[: MAX_TEXT_CHARS - size])
-        size += len(parts[-1])
-        if len(links) < MAX_LINKS:
-            links.extend(_page_links(page, MAX_LINKS - len(links)))
+    _reading.budget = budget
+    try:
+        for number, page in enumerate(reader.pages):
+            if number >= MAX_PAGES or size >= MAX_TEXT_CHARS or budget.spent():
+                break
+            # Only a page that may draw forms, which multiply pypdf's limits, is visited
+            # operator by operator: with a visitor, pypdf parses a stream that has no text
+            # (a figure) where it would pass it over, and a figure over its parse limit
+            # fails the page.
+            visitor = budget if _draws_objects(page) else None
+            try:
+                text = page.extract_text(visitor_operand_before=visitor) or ""
+            except _OutOfTime:
+                break
+            except Exception:  # a page over the limits: its text only, not the next pages'
+                text = ""
+            parts.append(text[: MAX_TEXT_CHARS - size])
+            size += len(parts[-1])
+            if len(links) < MAX_LINKS:
+                links.extend(_page_links(page, MAX_LINKS - len(links)))
+    finally:
+        _reading.budget = None
     return PdfText(title=_clean_title(title), text=storable("\n".join(parts)), links=tuple(links))
+
+
+def _draws_objects(page: DictionaryObject) -> bool:
+    """Whether ``page``'s resources name any XObject (a form, or an image)."""
+    try:
+        resources = page.get("/Resources")
+        resources = resources.get_object() if resources is not None else None
+        if not isinstance(resources, DictionaryObject):
+            return False
+        xobjects = resources.get("/XObject")
+        xobjects = xobjects.get_object() if xobjects is not None else None
+    except Exception:  # unreadable: pypdf finds no form there either
+        return False
+    return isinstance(xobjects, DictionaryObject) and len(xobjects) > 0
 
 
 def _page_links(page: DictionaryObject, limit: int) -> list[str]:
