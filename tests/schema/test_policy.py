@@ -431,6 +431,32 @@ def test_a_retry_after_waited_out_and_refused_again_doubles(status: int) -> None
 
 
 @pytest.mark.parametrize("status", [429, 503])
+def test_a_refusal_long_after_the_last_pause_starts_a_new_run(status: int) -> None:
+    # A followed instance is polled only: its healthy polls fold no answer that would
+    # forgive its refusals. One asked a day after the last pause ended is the first of
+    # its run, its Retry-After honoured as asked, its pause without one the first.
+    outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
+    policy = HostPolicy(rate_level=5, paused_until=T0, escalated_at=T0 - 60)
+    later = T0 + 86_400
+
+    def refused(retry_after: float | None) -> HostPolicy:
+        observation = Observation.of(
+            attempt(page(1), "http", outcome, at=later, status_code=status, retry_after=retry_after)
+        )
+        return observe(policy, observation, CONFIG)
+
+    asked = refused(120.0)
+    assert (asked.paused_until - later, asked.rate_level) == (120.0, 1)
+    nominal = refused(None).paused_until - later
+    assert 0.9 * CONFIG.rate_base <= nominal <= 1.1 * CONFIG.rate_base
+    # Asked right at the pause's end, it is one more in a row.
+    soon = Observation.of(
+        attempt(page(1), "http", outcome, at=T0 + 5, status_code=status, retry_after=60.0)
+    )
+    assert observe(policy, soon, CONFIG).paused_until == T0 + 5 + 60.0 * 2**5
+
+
+@pytest.mark.parametrize("status", [429, 503])
 def test_a_retry_after_of_nothing_pauses_as_without_one(status: int) -> None:
     # "Retry-After: 0", or a date already past: the host still said no.
     outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
