@@ -16,9 +16,9 @@ agree. What a host's record learns:
 * **When to leave it alone**: failures in a row (refused, timed out, 5xx) pause the
   whole host, doubling; a 429/503 backs off, doubling, unless it says for how long
   (Retry-After, honoured exactly at the first refusal, doubled with each refusal in a
-  row after it: asked soon after the last pause ended); answers to requests that were already in flight
-  when the host was last escalated do not escalate it again; a ban or a challenge
-  pauses it for ``ban_pause``. A healthy answer forgives the levels.
+  row after it: asked soon after the last pause ended); answers to requests that were
+  already in flight when the host was last escalated do not escalate it again; a ban or
+  a challenge pauses it for ``ban_pause``. A healthy answer forgives the levels.
 * **How gently to go**: the gap grows with the host's recent response time (a median).
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
