@@ -68,7 +68,7 @@ from trove_schema.metrics import BUDGET_REFUSALS, DISCOVERED, SEEDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import page_schedule_subject
 from trove_schema.turns import Turns
-from trove_schema.urls import domain_of, is_private_host
+from trove_schema.urls import canonicalize_or_none, domain_of, is_private_host
 
 log = logging.getLogger("trove.discovery")
 
@@ -211,8 +211,10 @@ class Discovery:
         if again is None and self.url_rules is not None:
             await self.url_rules.learn(event)
         # A page fetched under a spelling since learned to be an alias is not re-crawled
-        # under it: its one spelling is followed instead, like its canonical link.
-        alias_of = await self._alias_target(event.url)
+        # under it: its one spelling is followed instead, like its canonical link. So is
+        # one under a spelling canonicalization has since learned to drop (a session id
+        # named in a later release): its chain would otherwise go on beside its twin's.
+        alias_of = await self._alias_target(canonicalize_or_none(event.url) or event.url)
         fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
         redirect = page_redirect(event, fetched=fetched)
         if event.nofollow and not self.settings.follow_nofollow:
