@@ -7,9 +7,11 @@ import asyncio
 
 import pytest
 
+from tests.discovery.crawl_support import crawled, discoveries, handle
 from trove_discovery.discovery import Discovery
 from trove_schema.budgets import PLATFORMS
 from trove_schema.bus import Bus
+from trove_schema.events import Scope, ScopeKind
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import SEEN_BUCKET
 
@@ -129,6 +131,25 @@ async def test_platforms_and_ipv4_addresses_are_never_counted(bus: Bus) -> None:
     # github.io is in the public suffix list: each user's is its own site already.
     for k in range(3):
         assert await granted(discovery, f"user{k}.github.io", f"page-g{k}") == 3
+
+
+async def test_a_full_sites_new_hosts_cost_no_seen_key_at_every_visit(bus: Bus) -> None:
+    # A trap on wildcard DNS: its page names new subdomains at every visit. Once this
+    # replica saw the site refuse a host, their links are refused before any is claimed.
+    discovery = await replica(bus, hosts=2)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    links, visits = 20, 6
+    for visit in range(visits):
+        fresh = [f"https://n{visit}-{k}.farm.example/" for k in range(links)]
+        page = crawled("https://www.farm.example/", *fresh, "https://ok.farm.example/p")
+        page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+        await handle(discovery, bus, page)
+    hosts = {d.domain for d in await discoveries(bus)}
+    assert len(hosts) == 2  # the site's budget: the first visit's first two
+    keys = [k for k in await seen.keys() if k.startswith("u.")]
+    # The first visit's links (claimed, then refused), the page's own key, and nothing
+    # more at the visits after.
+    assert len(keys) <= links + 2, len(keys)
 
 
 async def test_no_limit_when_the_budget_is_zero(bus: Bus) -> None:

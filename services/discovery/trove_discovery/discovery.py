@@ -672,16 +672,21 @@ class Discovery:
     async def _full_hosts(self, hosts: set[str], cause: str, held: bool) -> set[str]:
         """Those of ``hosts`` whose budget is full this cycle for the pages ``cause``
         brings: a batch of the cause counted before (a redelivery) is granted again,
-        unless its links are ones a hold kept back (``held``), which it did not count.
-        Read from the bucket, only for hosts this replica last knew full: a refusal is
-        never taken from memory, and a host with room costs nothing more."""
+        unless its links are ones a hold kept back (``held``), which it did not count;
+        and those their site's host budget refuses. Read from the bucket, only for hosts
+        (and sites) this replica last knew full: a refusal is never taken from memory,
+        and a host with room costs nothing more."""
         budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
         now = self.clock()
         full: set[str] = set()
+        uncounted: list[str] = []
         for host in hosts:
             key = host_budget_key(host)
             remembered = self.budgets.get(key)
-            if remembered is None or remembered[1].in_cycle(now, cycle).pages < budget:
+            if remembered is None:
+                uncounted.append(host)
+                continue
+            if remembered[1].in_cycle(now, cycle).pages < budget:
                 continue
             try:
                 entry = await self.seen.get(key)
@@ -693,7 +698,7 @@ class Discovery:
                 self.budgets.forget(key)  # a new cycle, or room: counted as any batch is
             elif held or not counted.counted(batch_mark(cause, host)):
                 full.add(host)
-        return full
+        return full | await self.sites.refused(uncounted)
 
     async def _count_within_budget(
         self, key: str, domain: str, event_ids: list[str], mark: str, *, held: bool

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from trove_discovery.sightings import Recent
 from trove_schema.budgets import PLATFORMS, SiteCount, site_budget_key, site_of
 from trove_schema.bus import Retry
 from trove_schema.turns import Turns
@@ -40,6 +41,10 @@ log = logging.getLogger("trove.discovery")
 #: Compare-and-sets of a site's record lost to other replicas before the page is handed
 #: back to ask again.
 WRITE_ATTEMPTS = 50
+#: Sites a replica remembers refusing a host this cycle, and for how long (seconds): it
+#: reads their record before a page's links to their hosts are claimed (``refuses``).
+REFUSED_MEMORY = 10_000
+REFUSED_TTL = 600.0
 
 
 class SiteHosts:
@@ -62,6 +67,32 @@ class SiteHosts:
         self.clock = clock
         self.platforms = PLATFORMS | frozenset(platforms)
         self.turns = Turns()
+        #: Sites that refused a host lately: site -> when their cycle ends.
+        self.full: Recent[float] = Recent(REFUSED_MEMORY, ttl=REFUSED_TTL)
+
+    async def refused(self, hosts: Iterable[str]) -> set[str]:
+        """Those of ``hosts`` their site's budget refuses this cycle, read and never
+        written: only for sites this replica saw refuse a host lately (a trap on wildcard
+        DNS names a new host in every link, each refused after its claim), one read of
+        each such site's record, from the bucket, never from memory."""
+        by_site: dict[str, list[str]] = {}
+        for host in hosts:
+            site = None if self.budget == 0 else site_of(host, self.platforms)
+            if site is not None and self.full.get(site) is not None:
+                by_site.setdefault(site, []).append(host)
+        refused: set[str] = set()
+        for site, named in by_site.items():
+            try:
+                entry = await self.seen.get(site_budget_key(site))
+            except KeyNotFoundError:
+                self.full.forget(site)
+                continue
+            counted = SiteCount.from_bytes(entry.value).in_cycle(self.clock(), self.cycle)
+            if len(counted.hosts) < self.budget:
+                self.full.forget(site)  # a new cycle, or room again
+                continue
+            refused.update(host for host in named if host not in counted.hosts)
+        return refused
 
     async def refused_until(self, host: str) -> float | None:
         """Count ``host`` against its site's budget if it is not counted yet; None when
@@ -88,6 +119,7 @@ class SiteHosts:
             if host in hosts:
                 return None
             if len(hosts) >= self.budget:
+                self.full.remember(site, counted.since + self.cycle)
                 return counted.since + self.cycle
             hosts = (*hosts, host)
             value = SiteCount(hosts, counted.since).to_bytes()
