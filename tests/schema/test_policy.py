@@ -456,6 +456,22 @@ def test_a_refusal_long_after_the_last_pause_starts_a_new_run(status: int) -> No
     assert observe(policy, soon, CONFIG).paused_until == T0 + 5 + 60.0 * 2**5
 
 
+def test_refusals_a_long_gap_apart_are_still_in_a_row() -> None:
+    # A Crawl-delay of two minutes, or a schedule running late: the next refusal comes
+    # long after a short pause ended, and is one more in a row all the same.
+    policy, now, pauses = HostPolicy(), T0, []
+    for _ in range(5):
+        observation = Observation.of(
+            attempt(
+                page(1), "http", CrawlOutcome.BLOCKED_4XX, at=now, status_code=429, retry_after=1.0
+            )
+        )
+        policy = observe(policy, observation, CONFIG)
+        pauses.append(policy.paused_until - now)
+        now += 120.0
+    assert pauses == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
 @pytest.mark.parametrize("status", [429, 503])
 def test_a_retry_after_of_nothing_pauses_as_without_one(status: int) -> None:
     # "Retry-After: 0", or a date already past: the host still said no.

@@ -16,7 +16,7 @@ agree. What a host's record learns:
 * **When to leave it alone**: failures in a row (refused, timed out, 5xx) pause the
   whole host, doubling; a 429/503 backs off, doubling, unless it says for how long
   (Retry-After, honoured exactly at the first refusal, doubled with each refusal in a
-  row after it: asked soon after the last pause ended); answers to requests that were
+  row after it: within ``_rate_run`` of the last escalation); answers to requests that were
   already in flight when the host was last escalated do not escalate it again; a ban or
   a challenge pauses it for ``ban_pause``. A healthy answer forgives the levels.
 * **How gently to go**: the gap grows with the host's recent response time (a median).
@@ -69,10 +69,7 @@ HOST_FAILURES = frozenset({"network_error", "timeout", "server_error"})
 MAX_ESTIMATES = 32
 #: Levels past this would only hit the caps: keeps 2**level small.
 MAX_LEVEL = 32
-#: A 429/503 is one more in a row when its request left within this long (or twice the
-#: gap, if longer) of the last pause's end: a paused host's pages, and a timeline's
-#: next poll, are asked right at its end, give or take the schedule's lateness.
-RATE_RUN_SLACK = 60.0
+
 #: Validator counts are halved past this, so a host that changes its ways is re-learned.
 MAX_VALIDATOR_COUNT = 1000
 #: A host's response time is the median of its last answers: one slow answer (the
@@ -442,6 +439,14 @@ def _read_estimates(raw: object) -> dict[str, tuple[float, float]]:
     return estimates
 
 
+def _rate_run(config: LearningConfig) -> float:
+    """How long after the last escalation a 429/503 is still one more in a row: twice the
+    longest rate pause or the longest gap, so that neither a host's gap (a Crawl-delay
+    of minutes) nor a late schedule can end a run, which would let a limiter answering
+    every request "Retry-After: 1" be asked once a gap for ever."""
+    return 2 * max(config.rate_max, config.max_gap)
+
+
 def observe(policy: HostPolicy, observation: Observation, config: LearningConfig) -> HostPolicy:
     """The host's policy once ``observation`` is known."""
     obs = observation
@@ -485,9 +490,8 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
     elif obs.status in (429, 503) and obs.error_type in ("rate_limited", "server_error"):
         kind = "rate_limited" if obs.status == 429 else "unavailable"
         if not in_flight:
-            slack = max(RATE_RUN_SLACK, 2 * config.min_gap)
-            if policy.paused_until and obs.started > policy.paused_until + slack:
-                # Asked long after the last pause ended (its pages done, or a followed
+            if policy.escalated_at and obs.started - policy.escalated_at > _rate_run(config):
+                # Asked long after the last escalation (its pages done, or a followed
                 # instance, whose healthy polls fold no answer to forgive it): a new run
                 # of refusals, not one more of the last, however long ago that was.
                 rate = 0
