@@ -152,6 +152,32 @@ async def test_a_full_sites_new_hosts_cost_no_seen_key_at_every_visit(bus: Bus) 
     assert len(keys) <= links + 2, len(keys)
 
 
+async def test_a_host_admitted_late_in_its_sites_last_cycle_keeps_getting_pages(bus: Bus) -> None:
+    # Its own cycle goes on into the site's next, which fills with other hosts: a replica
+    # that saw the site refuse one still lets the admitted host's new links through.
+    now = [1_800_000_000.0]
+    settings = DiscoverySettings(host_page_budget=50, site_host_budget=2)
+    cycle = settings.recrawl_max
+    seen = await bus.js.key_value(SEEN_BUCKET)
+
+    def replica_now() -> Discovery:
+        return Discovery(bus=bus, seen=seen, settings=settings, clock=lambda: now[0])
+
+    first = replica_now()
+    assert (await first._within_budget("a.grows.example", ["a-1"]))[0] == 1
+    now[0] += 0.9 * cycle
+    assert (await first._within_budget("b.grows.example", ["b-1"]))[0] == 1
+    now[0] += 0.15 * cycle  # the site's next cycle; b's own runs on
+    assert (await first._within_budget("c.grows.example", ["c-1"]))[0] == 1
+    assert (await first._within_budget("d.grows.example", ["d-1"]))[0] == 1
+    second = replica_now()
+    assert (await second._within_budget("e.grows.example", ["e-1"]))[0] == 0
+    page = crawled("https://www.other.example/", "https://b.grows.example/new")
+    page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+    await handle(second, bus, page)
+    assert "https://b.grows.example/new" in {d.url for d in await discoveries(bus)}
+
+
 async def test_no_limit_when_the_budget_is_zero(bus: Bus) -> None:
     discovery = await replica(bus, hosts=0)
     for k in range(30):

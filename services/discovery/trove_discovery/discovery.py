@@ -698,7 +698,20 @@ class Discovery:
                 self.budgets.forget(key)  # a new cycle, or room: counted as any batch is
             elif held or not counted.counted(batch_mark(cause, host)):
                 full.add(host)
-        return full | await self.sites.refused(uncounted)
+        # A host its site refuses this cycle, unless it has pages counted in its own
+        # cycle (admitted late in the site's last one: it is asked no more of its site).
+        by_site = await self.sites.refused(uncounted)
+        counting = await asyncio.gather(*(self._counted_this_cycle(h, now) for h in by_site))
+        return full | {host for host, counts in zip(by_site, counting, strict=True) if not counts}
+
+    async def _counted_this_cycle(self, host: str, now: float) -> bool:
+        """Whether ``host``'s own record counts pages in its cycle (read from the bucket)."""
+        try:
+            entry = await self.seen.get(host_budget_key(host))
+        except KeyNotFoundError:
+            return False
+        counted = HostCount.from_bytes(entry.value).in_cycle(now, self.settings.recrawl_max)
+        return counted.pages > 0
 
     async def _count_within_budget(
         self, key: str, domain: str, event_ids: list[str], mark: str, *, held: bool
