@@ -91,6 +91,9 @@ INDEX_NAMES = frozenset(
     }
 )
 
+#: Probes a learned value (``PAIR``) starts as if it had come through: its first test
+#: after 256 fetches of its host with the default sample, not 32.
+PAIR_HEAD_START = 3
 #: Candidate keys: a parameter name (every value), one ``name=value``, an index alias
 #: that keeps the directory's slash (``/a/index.html`` -> ``/a/``) or not (-> ``/a``).
 NAME, PAIR, INDEX = "q:", "v:", "i:"
@@ -965,7 +968,10 @@ def _next_probes(
             continue
         probe = probes.get(key)
         if probe is None:  # learned by this fetch (or before the record kept probes)
-            found[key] = Probe(_probe_wait(0, limits))
+            # A value folds one spelling, not a name's every value: its first test can
+            # wait as if it had come through a few (each is a request for a page known).
+            head_start = 0 if key.startswith(NAME) else PAIR_HEAD_START
+            found[key] = Probe(_probe_wait(head_start, limits), head_start)
         elif probe.url == url:  # come back: what its page showed is counted above
             passed = min(probe.passed + 1, limits.max_samples)
             found[key] = Probe(_probe_wait(passed, limits), passed)
