@@ -1131,18 +1131,23 @@ class Fetcher:
 def _poll_observation(polled: TimelinePolled) -> Observation | None:
     """What a poll's last answer says about the instance's host, when it says anything:
     a bot challenge, a rate limit (a 429, a 503, or the limit nearly spent: a pause until
-    its reset), a refusal (a 403), or a failure (refused, timed out, 5xx), whether the
-    poll failed there or had read posts before it (``stopped_by``: else a timeline whose
-    first page always has new posts would cost its host a failing request each poll,
-    at once after the last, with nothing counted). Nothing about fetch strategies, nor
-    a poll cut short by the host's own lease (its ``retry_after`` is ours, not the
-    instance's). Its ``started`` is the poll's; ``Fetcher.poll`` sets its last
-    request's."""
+    its reset), a refusal (a 403), a healthy answer (which forgives), or a failure
+    (refused, timed out, 5xx), whether the poll failed there or had read posts before it
+    (``stopped_by``: else a timeline whose first page always has new posts would cost
+    its host a failing request each poll, at once after the last, with nothing
+    counted). Nothing about fetch strategies, nor a rate limit from a poll cut short by
+    the host's own lease (its ``retry_after`` is ours, not the instance's). Its
+    ``started`` is the poll's; ``Fetcher.poll`` sets its last request's."""
     ended = polled.stopped_by or polled.outcome
+    answered = polled.status_code is not None and 200 <= polled.status_code < 300
     status: int | None
     if polled.challenged:
         # The host's defence, as to a page: left alone for a ban's pause.
         status, error = polled.status_code, "blocked_captcha"
+    elif polled.rate_limited and answered and ended is CrawlOutcome.SUCCESS:
+        # Answered, its limit nearly spent: left alone until the reset it named; nothing
+        # was refused, so no run of refusals grows.
+        status, error = polled.status_code, "rate_spent"
     elif polled.rate_limited or polled.status_code in (429, 503):
         status, error = (
             (503, "server_error") if polled.status_code == 503 else (429, "rate_limited")
@@ -1157,6 +1162,11 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         # The instance refusing Trove: its host left alone as after a page's 403 (pauses
         # doubling), not asked again at the poll's own interval.
         status, error = 403, "blocked_403"
+    elif answered and ended is CrawlOutcome.SUCCESS:
+        # Healthy: it forgives the host's refusals and failures, as a page's answer does.
+        # A followed instance whose pages are seldom fetched would otherwise keep every
+        # level it ever reached, and a 503 a night make its pauses a day long.
+        status, error = polled.status_code, None
     else:
         return None
     return Observation(
@@ -1168,7 +1178,8 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         is_banned=polled.challenged or status == 403,
         error_type=error,
         status=status,
-        retry_after=polled.retry_after,
+        # A healthy answer's is our own lease's wait, not the instance's asking.
+        retry_after=polled.retry_after if error is not None else None,
         duration_ms=None,
     )
 
