@@ -700,9 +700,12 @@ class Discovery:
                 full.add(host)
         # A host its site refuses this cycle, unless it has pages counted in its own
         # cycle (admitted late in the site's last one: it is asked no more of its site).
-        by_site = await self.sites.refused(uncounted)
-        counting = await asyncio.gather(*(self._counted_this_cycle(h, now) for h in by_site))
-        return full | {host for host, counts in zip(by_site, counting, strict=True) if not counts}
+        by_site = list(await self.sites.refused(uncounted))
+        for start in range(0, len(by_site), SEEN_AT_ONCE):
+            chunk = by_site[start : start + SEEN_AT_ONCE]
+            counting = await asyncio.gather(*(self._counted_this_cycle(h, now) for h in chunk))
+            full.update(host for host, counts in zip(chunk, counting, strict=True) if not counts)
+        return full
 
     async def _counted_this_cycle(self, host: str, now: float) -> bool:
         """Whether ``host``'s own record counts pages in its cycle (read from the bucket)."""
