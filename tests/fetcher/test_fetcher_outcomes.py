@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
@@ -540,55 +539,15 @@ POLL = TimelinePollRequested(
 )
 
 
-def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_no_rate_limit() -> None:
+def test_a_poll_cut_short_by_the_hosts_own_lease_teaches_the_host_nothing() -> None:
     """Its ``retry_after`` is how long until our lease is free: no rate limit to learn."""
     asked = POLL
     ours = polled(asked, status_code=200, more=True, retry_after=40.0)
-    answered = fetcher_module._poll_observation(ours)
-    assert answered is not None
-    assert (answered.error_type, answered.retry_after) == (None, None)
+    assert fetcher_module._poll_observation(ours) is None
     spent = polled(asked, status_code=200, more=True, retry_after=40.0, rate_limited=True)
     theirs = fetcher_module._poll_observation(spent)
     assert theirs is not None
     assert (theirs.error_type, theirs.retry_after) == ("rate_spent", 40.0)
-
-
-def test_a_followed_instances_healthy_polls_forgive_it_and_a_spent_limit_is_no_refusal() -> None:
-    # Polled, its pages seldom fetched: a 503 a night would otherwise grow its pauses to
-    # a day, and each reading of a nearly spent limit double the wait for its reset.
-    config = LearningConfig()
-    policy, now = HostPolicy(), 1_800_000_000.0
-    for _ in range(10):
-        failing = polled(
-            POLL,
-            outcome=CrawlOutcome.BLOCKED_5XX,
-            status_code=503,
-            retry_after=30.0,
-            completed_at=datetime.fromtimestamp(now, UTC),
-        )
-        observation = fetcher_module._poll_observation(failing)
-        assert observation is not None
-        policy = observe(policy, observation, config)
-        assert policy.paused_until == now + 30.0  # as asked, each night
-        healthy = polled(POLL, status_code=200, completed_at=datetime.fromtimestamp(now + 60, UTC))
-        observation = fetcher_module._poll_observation(healthy)
-        assert observation is not None
-        policy = observe(policy, observation, config)
-        assert (policy.rate_level, policy.risk_level) == (0, 0)
-        now += 5400
-    for _ in range(5):
-        spent = polled(
-            POLL,
-            status_code=200,
-            rate_limited=True,
-            retry_after=120.0,
-            completed_at=datetime.fromtimestamp(now, UTC),
-        )
-        observation = fetcher_module._poll_observation(spent)
-        assert observation is not None
-        policy = observe(policy, observation, config)
-        assert policy.paused_until == now + 120.0
-        now += 1200
 
 
 @pytest.mark.usefixtures("clean")

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -23,6 +24,7 @@ from tests.conftest import eventually
 from tests.fetcher._dns import dns_server
 from trove_discovery.follows import TimelineFollow
 from trove_discovery.shares import next_poll
+from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.errors import GateDeferred, ResolverAway
 from trove_fetcher.http import FetchLimits, HopGateFailed
 from trove_fetcher.nodeinfo import document_link
@@ -46,6 +48,7 @@ from trove_sandbox.fediverse import (
     serve_instance,
 )
 from trove_schema.events import CrawlOutcome, TimelinePolled, TimelinePollRequested
+from trove_schema.policy import HostPolicy, LearningConfig, observe
 from trove_schema.settings import DiscoverySettings, FetcherSettings
 from trove_schema.urls import canonicalize_or_none
 
@@ -549,6 +552,31 @@ async def test_rate_limit_nearly_spent_stops_the_poll_until_the_reset(
         assert event.rate_limited  # the instance's asking: the host learns it
         assert event.posts
         assert event.cursor_after != oldest
+
+
+async def test_a_limit_nearly_spent_pauses_the_host_until_its_reset_never_doubled(
+    client: httpx.AsyncClient,
+) -> None:
+    # A busy instance whose API limit every poll spends: no refusal, so no run of them
+    # grows; each reading waits for the reset it names.
+    instance = FediverseInstance.generate(posts=30, seed=7, rate_limit=4, rate_window=30.0)
+    async with served(instance) as social:
+        oldest = instance.timeline(local=True)[-1].sid
+        event = await poller(client, max_pages=5, page_limit=2).poll(
+            request(social, cursor=oldest, api=social.base_url)
+        )
+    observation = fetcher_module._poll_observation(event)
+    assert observation is not None
+    assert observation.retry_after is not None
+    assert observation.error_type == "rate_spent"
+    policy, config = HostPolicy(), LearningConfig()
+    for n in range(4):
+        later = replace(
+            observation, started=observation.started + 100 * n, at=observation.at + 100 * n
+        )
+        policy = observe(policy, later, config)
+        assert policy.paused_until == pytest.approx(later.at + observation.retry_after, abs=0.01)
+    assert policy.rate_level == 0
 
 
 @pytest.mark.parametrize(("retry_after", "low", "high"), [("7", 7.0, 7.0), ("", 200.0, 300.0)])

@@ -511,11 +511,10 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
             pause(min(config.rate_max, nominal * _jitter(_host(obs.url), "rate", rate)), kind)
     elif obs.error_type == "rate_spent":
         # Answered, the limit nearly spent (a followed instance's rate-limit headers):
-        # left alone until the reset it names, as asked; nothing was refused.
+        # left alone until the reset it names, as asked; nothing was refused, and what
+        # its API answers says nothing of how it takes its pages.
         if obs.retry_after is not None and obs.retry_after > 0:
             pause(min(obs.retry_after, config.rate_max), "rate_limited (reset)")
-        if not in_flight:
-            risk, rate = 0, 0
     elif obs.error_type in HOST_FAILURES:
         if not in_flight:
             risk = min(risk + 1, MAX_LEVEL)

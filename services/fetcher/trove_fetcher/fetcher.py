@@ -1131,22 +1131,28 @@ class Fetcher:
 def _poll_observation(polled: TimelinePolled) -> Observation | None:
     """What a poll's last answer says about the instance's host, when it says anything:
     a bot challenge, a rate limit (a 429, a 503, or the limit nearly spent: a pause until
-    its reset), a refusal (a 403), a healthy answer (which forgives), or a failure
-    (refused, timed out, 5xx), whether the poll failed there or had read posts before it
-    (``stopped_by``: else a timeline whose first page always has new posts would cost
-    its host a failing request each poll, at once after the last, with nothing
-    counted). Nothing about fetch strategies, nor a rate limit from a poll cut short by
-    the host's own lease (its ``retry_after`` is ours, not the instance's). Its
+    its reset), a refusal (a 403), or a failure (refused, timed out, 5xx), whether the
+    poll failed there or had read posts before it (``stopped_by``: else a timeline whose
+    first page always has new posts would cost its host a failing request each poll, at
+    once after the last, with nothing counted). Nothing about fetch strategies, nor a
+    poll cut short by the host's own lease (its ``retry_after`` is ours, not the
+    instance's), nor a healthy one: the API answering says nothing of how the host takes
+    its pages, which may be refused while it answers (a healthy poll forgiving them
+    would have a host that refuses pages asked again at every poll's interval). Its
     ``started`` is the poll's; ``Fetcher.poll`` sets its last request's."""
     ended = polled.stopped_by or polled.outcome
-    answered = polled.status_code is not None and 200 <= polled.status_code < 300
     status: int | None
     if polled.challenged:
         # The host's defence, as to a page: left alone for a ban's pause.
         status, error = polled.status_code, "blocked_captcha"
-    elif polled.rate_limited and answered and ended is CrawlOutcome.SUCCESS:
-        # Answered, its limit nearly spent: left alone until the reset it named; nothing
-        # was refused, so no run of refusals grows.
+    elif (
+        polled.rate_limited
+        and polled.status_code not in (429, 503)
+        and ended is CrawlOutcome.SUCCESS
+    ):
+        # Answered, its limit nearly spent (a poll that read on to that answer ends a
+        # success): left alone until the reset it named; nothing was refused, so no run
+        # of refusals grows, and nothing is forgiven either.
         status, error = polled.status_code, "rate_spent"
     elif polled.rate_limited or polled.status_code in (429, 503):
         status, error = (
@@ -1162,11 +1168,6 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         # The instance refusing Trove: its host left alone as after a page's 403 (pauses
         # doubling), not asked again at the poll's own interval.
         status, error = 403, "blocked_403"
-    elif answered and ended is CrawlOutcome.SUCCESS:
-        # Healthy: it forgives the host's refusals and failures, as a page's answer does.
-        # A followed instance whose pages are seldom fetched would otherwise keep every
-        # level it ever reached, and a 503 a night make its pauses a day long.
-        status, error = polled.status_code, None
     else:
         return None
     return Observation(
@@ -1178,8 +1179,7 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
         is_banned=polled.challenged or status == 403,
         error_type=error,
         status=status,
-        # A healthy answer's is our own lease's wait, not the instance's asking.
-        retry_after=polled.retry_after if error is not None else None,
+        retry_after=polled.retry_after,
         duration_ms=None,
     )
 
