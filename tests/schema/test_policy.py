@@ -403,19 +403,30 @@ def test_retry_after_is_honoured_exactly_and_capped(status: int) -> None:
     assert observe(HostPolicy(), huge, CONFIG).paused_until == T0 + CONFIG.rate_max
 
 
+def refusals(
+    status: int, retry_after: float, count: int, *, spacing: float | None = None
+) -> tuple[HostPolicy, float, list[float]]:
+    """A host's policy after ``count`` refusals in a row, each asked a second after the
+    last pause ended (or ``spacing`` seconds after the last), when the next would be
+    asked, and the pause each left."""
+    outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
+    policy, now, pauses = HostPolicy(), T0, []
+    for _ in range(count):
+        observation = Observation.of(
+            attempt(page(1), "http", outcome, at=now, status_code=status, retry_after=retry_after)
+        )
+        policy = observe(policy, observation, CONFIG)
+        pauses.append(policy.paused_until - now)
+        now = policy.paused_until + 1.0 if spacing is None else now + spacing
+    return policy, now, pauses
+
+
 @pytest.mark.parametrize("status", [429, 503])
 def test_a_retry_after_waited_out_and_refused_again_doubles(status: int) -> None:
     # A limiter answering every request "Retry-After: 1" is left alone longer each
     # time, as one that gives no Retry-After is, not asked once a gap for ever.
     outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
-    policy, now, pauses = HostPolicy(), T0, []
-    for _ in range(14):
-        observation = Observation.of(
-            attempt(page(1), "http", outcome, at=now, status_code=status, retry_after=1.0)
-        )
-        policy = observe(policy, observation, CONFIG)
-        pauses.append(policy.paused_until - now)
-        now = policy.paused_until + 1.0
+    policy, now, pauses = refusals(status, 1.0, 14)
     assert pauses[:4] == [1.0, 2.0, 4.0, 8.0]
     assert pauses[-1] == CONFIG.rate_max
     assert "Retry-After" in (policy.pause_reason or "")
@@ -459,31 +470,14 @@ def test_a_refusal_long_after_the_last_pause_starts_a_new_run(status: int) -> No
 def test_refusals_a_long_gap_apart_are_still_in_a_row() -> None:
     # A Crawl-delay of two minutes, or a schedule running late: the next refusal comes
     # long after a short pause ended, and is one more in a row all the same.
-    policy, now, pauses = HostPolicy(), T0, []
-    for _ in range(5):
-        observation = Observation.of(
-            attempt(
-                page(1), "http", CrawlOutcome.BLOCKED_4XX, at=now, status_code=429, retry_after=1.0
-            )
-        )
-        policy = observe(policy, observation, CONFIG)
-        pauses.append(policy.paused_until - now)
-        now += 120.0
+    _, _, pauses = refusals(429, 1.0, 5, spacing=120.0)
     assert pauses == [1.0, 2.0, 4.0, 8.0, 16.0]
 
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_a_retry_after_of_nothing_pauses_as_without_one(status: int) -> None:
     # "Retry-After: 0", or a date already past: the host still said no.
-    outcome = CrawlOutcome.BLOCKED_4XX if status == 429 else CrawlOutcome.BLOCKED_5XX
-    policy, now, pauses = HostPolicy(), T0, []
-    for _ in range(3):
-        observation = Observation.of(
-            attempt(page(1), "http", outcome, at=now, status_code=status, retry_after=0.0)
-        )
-        policy = observe(policy, observation, CONFIG)
-        pauses.append(policy.paused_until - now)
-        now = policy.paused_until + 1.0
+    _, _, pauses = refusals(status, 0.0, 3)
     for level, pause in enumerate(pauses, start=1):
         nominal = CONFIG.rate_base * 2 ** (level - 1)
         assert 0.9 * nominal <= pause <= 1.1 * nominal, pauses
