@@ -42,7 +42,7 @@ log = logging.getLogger("trove.discovery")
 #: back to ask again.
 WRITE_ATTEMPTS = 50
 #: Sites a replica remembers refusing a host this cycle, and for how long (seconds): it
-#: reads their record before a page's links to their hosts are claimed (``refuses``).
+#: reads their record before a page's links to their hosts are claimed (``refused``).
 REFUSED_MEMORY = 10_000
 REFUSED_TTL = 600.0
 

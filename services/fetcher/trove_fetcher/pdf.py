@@ -5,8 +5,8 @@ can declare streams that inflate to gigabytes, page trees a million deep, or con
 streams that take minutes to interpret. Only the first ``MAX_PAGES`` pages are read,
 text stops at ``MAX_TEXT_CHARS`` and after ``MAX_CPU_SECONDS`` of interpretation, every
 decoder is bounded well below pypdf's defaults, and no external program (``jbig2dec``)
-is ever run. A document pypdf cannot read is a
-``PdfError``; the caller decides what that means.
+is ever run. A document pypdf cannot read is a ``PdfError``; the caller decides what
+that means.
 
 pypdf decodes a font's ToUnicode map with "surrogatepass": a map that sends a glyph to
 <D800> puts a lone surrogate in the text, which neither the language detector nor UTF-8
