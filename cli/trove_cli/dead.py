@@ -35,9 +35,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from trove_cli.broker import connect
+from trove_cli.outside import outside
 from trove_schema.bus import REDRIVEN_FOR
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
 
@@ -333,7 +333,7 @@ def render_dead(parked: Parked, console: Console) -> None:
             when,
             letter.consumer,
             letter.subject,
-            Text(letter.reason, overflow="fold"),
+            outside(letter.reason, overflow="fold"),
         )
     console.print(table)
     console.print("re-drive: trove dead redrive SEQ ... | --all;  remove: trove dead drop SEQ ...")

@@ -29,6 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_cli.broker import connect
+from trove_cli.outside import outside
 from trove_cli.status import SLOT_FIELDS
 from trove_schema.budgets import (
     PLATFORMS,
@@ -250,8 +251,8 @@ def render_domain(
                 Text(str(attempt.http_status or "-")),
                 Text(result),
                 Text(str(attempt.duration_ms)),
-                Text(attempt.url),
-                Text(" ".join(attempt.tags)),
+                outside(attempt.url),
+                outside(" ".join(attempt.tags)),
             )
         console.print(table)
     render_policy(found, console, now, learning or LearningConfig())

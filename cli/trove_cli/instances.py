@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from trove_cli.broker import connect
+from trove_cli.outside import outside
 from trove_schema.errors import InvalidURL
 from trove_schema.settings import CommonSettings
 from trove_schema.topology import (
@@ -159,15 +160,15 @@ def render_instances(
     for found in timelines:
         # Text(), not markup: software names and errors come from the instance.
         table.add_row(
-            Text(found.instance),
-            Text(found.timeline),
-            Text(found.software_label),
+            outside(found.instance),
+            outside(found.timeline),
+            outside(found.software_label),
             Text(_when(found.last_poll_at)),
             str(found.polls),
             str(found.posts_seen),
             str(found.links_found),
             str(found.skipped),
-            Text(found.state(now)),
+            outside(found.state(now)),
         )
     console.print(table)
 
@@ -207,7 +208,7 @@ def render_reply(data: bytes, console: Console) -> int:
         timeline = command.get("timeline") or "every timeline"
         console.print(Text(f"{doing} {command.get('instance')} ({timeline})"))
     for command in rejected:
-        console.print(Text(f"refused {command.get('raw')!r}: {command.get('reason')}", "red"))
+        console.print(outside(f"refused {command.get('raw')!r}: {command.get('reason')}", "red"))
     return 1 if rejected or not accepted else 0
 
 

@@ -19,6 +19,7 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from trove_cli.outside import outside
 from trove_cli.status import EXACT_ROWS, sample_source
 
 #: ``build_report``'s start when it is given none: every attempt and share.
@@ -214,12 +215,12 @@ def render(report: Report, console: Console) -> None:
     if report.top_shared:
         shared = table("Most shared pages (fediverse)", "url", "title", "shares", "instances")
         for url, title, n, instances in report.top_shared:
-            shared.add_row(Text(url), Text((title or "")[:40]), str(n), str(instances))
+            shared.add_row(outside(url), outside(title or "", cut=40), str(n), str(instances))
         parts.append(shared)
     if report.rejected_seeds:
         rejected = table("Rejected seeds", "seed", "reason")
         for raw, why in report.rejected_seeds:
-            rejected.add_row(Text(raw[:60]), Text(why))
+            rejected.add_row(outside(raw, cut=60), outside(why))
         parts.append(rejected)
     if report.since is None:
         console.print(Text("All crawls", style="bold"))
@@ -235,7 +236,7 @@ def render(report: Report, console: Console) -> None:
         "in-links",
     )
     for url, title, n in report.top_linked:
-        linked.add_row(Text(url), Text((title or "")[:40]), f"{graph}{n}")
+        linked.add_row(outside(url), outside(title or "", cut=40), f"{graph}{n}")
     # The graph and the timelines' totals are the database's, earlier crawls' included.
     console.print(Text("All crawls in this database", style="bold"))
     console.print(Group(linked, ""))

@@ -38,6 +38,7 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from trove_cli.outside import outside
 from trove_schema.errors import TroveError
 from trove_schema.textsearch import TS_CONFIGS, ts_config
 
@@ -187,9 +188,9 @@ def render_hits(hits: list[Hit], console: Console, query: str) -> None:
     for hit in hits:
         # Text(), not markup: titles and URLs come from the web and may hold "[...]".
         table.add_row(
-            Text(hit.title or "(untitled)"),
-            Text(hit.url),
-            Text(hit.language or "?"),
+            outside(hit.title or "(untitled)"),
+            outside(hit.url),
+            outside(hit.language or "?"),
             f"{hit.inlinks}+" if hit.inlinks >= MAX_INLINKS_COUNTED else str(hit.inlinks),
             str(hit.shares),
         )
