@@ -74,10 +74,14 @@ def test_a_plain_url_follows_the_local_timeline_of_its_origin() -> None:
 
 
 def test_lines_may_name_a_timeline_and_json_sets_the_options() -> None:
-    lines = parse(f"# instances\r\n{INSTANCE} tag:python\n\nhttps://b.example public\n")
+    lines = parse(
+        f"# instances\r\n{INSTANCE} tag:python\n\nhttps://b.example public\n"
+        "https://c.example\tlocal\n"  # a tab, pasted from a sheet: the URL parser drops it
+    )
     assert [(c.instance, c.timeline) for c in lines.accepted] == [
         (INSTANCE, "tag:python"),
         ("https://b.example", "public"),
+        ("https://c.example", "local"),
     ]
     body = {
         "instances": [INSTANCE, "http://c.example:8080"],

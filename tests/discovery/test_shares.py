@@ -3,8 +3,9 @@ as provenance, and each poll schedules the next at the right time, once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -447,6 +448,42 @@ async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) ->
     _, pending = await _scheduled(bus)
     assert current.follow_id != timeline.first.follow_id
     assert (pending.follow_id, pending.poll, pending.cursor) == (current.follow_id, 1, None)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_result_redelivered_late_beside_the_next_one_leaves_the_chain_going(
+    bus: Bus,
+) -> None:
+    """Its first handling scheduled the next poll and died before its ack; it comes back
+    after the duplicate window, handled beside that poll's result: the poll it schedules
+    again replaces the one the later result scheduled, whose answer would be ignored as
+    older than the last one handled, and the chain would end for good."""
+    timeline = await _followed(bus, 7 * 10**9)
+    shares = await timeline.shares()
+    one = polled(timeline.first, cursor_after="5", more=True)  # its next poll at once
+    await shares.polled(one)
+
+    async def fired() -> list[TimelinePollRequested]:
+        return await recorded(bus, TimelinePollRequested)
+
+    found = await eventually(
+        fired, until=lambda found: any(r.poll == 2 for r in found), timeout=10, what="poll 2"
+    )
+    two = polled(next(r for r in found if r.poll == 2), cursor_after="7")
+    info = await bus.js.stream_info(EVENTS_STREAM)
+    await bus.js.update_stream(replace(info.config, duplicate_window=1.0))
+    await asyncio.sleep(1.5)  # the duplicate window passes: the same ids are stored again
+
+    async def two_handled_meanwhile(request: TimelinePollRequested) -> None:
+        racing.before = None
+        await shares.polled(two)  # schedules poll 3, at the poll interval
+
+    racing = SchedulingBus(bus.nc, bus.js)
+    racing.scheduled, racing.before = [], two_handled_meanwhile
+    await (await timeline.shares(racing)).polled(one, redelivered=True)
+    await eventually(
+        fired, until=lambda found: any(r.poll == 3 for r in found), timeout=10, what="poll 3"
+    )
 
 
 @pytest.mark.usefixtures("clean")

@@ -164,7 +164,9 @@ def parse_command(
             stripped = line.strip()
             if not stripped or stripped.startswith("#"):
                 continue
-            url, _, timeline = stripped.partition(" ")
+            # Any whitespace between them (a tab, pasted from a sheet): the URL parser
+            # drops tabs, and "https://social.example\tlocal" was another host.
+            url, timeline = (*stripped.split(None, 1), "")[:2]
             timeline = timeline.strip()
             lines.append((url, _Options(timeline=timeline) if timeline else default, stripped))
     if not lines:

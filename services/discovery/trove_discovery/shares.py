@@ -192,16 +192,35 @@ class Shares:
             )
         # A redelivery may have scheduled in its first handling, which then died.
         if follow is not None or redelivered:
-            await self._after_commands(event)
+            await self._after_commands(event, scheduled=follow is not None)
 
-    async def _after_commands(self, event: TimelinePolled) -> None:
+    async def _after_commands(self, event: TimelinePolled, *, scheduled: bool) -> None:
         """Commands applied since ``event``'s chain scheduled its next poll: an unfollow
         dropped nothing (drop it now); a follow after it had its first poll replaced by
-        this chain's, whose answer is ignored (resume the new chain). Ids derive from
-        ``event``: a redelivery repeats them."""
+        this chain's, whose answer is ignored (resume the new chain). And a later poll's
+        result handled meanwhile (a redelivery of this one, come back after the events'
+        duplicate window beside the next): the poll this handling ``scheduled`` may have
+        replaced the one that result scheduled, and its answer would be ignored as older,
+        the chain ended for good (resume it). Ids derive from ``event``: a redelivery
+        repeats them."""
         record, _ = await self.store.read(event.instance)
         current = record.timelines.get(event.timeline)
-        if current is None or (current.follow_id == event.follow_id and current.following):
+        if current is None:
+            return
+        if current.follow_id == event.follow_id and current.following:
+            if scheduled and current.poll > event.poll:
+                log.info(
+                    "a later poll's result handled meanwhile: the chain resumed",
+                    extra={"instance": event.instance, "timeline": event.timeline},
+                )
+                await resume_polls(
+                    self.bus,
+                    event.instance,
+                    event.domain,
+                    event.timeline,
+                    current,
+                    id=derived_event_id(event.id, "resume-later"),
+                )
             return
         if not current.following:
             msg_id = derived_event_id(event.id, "stop")
