@@ -556,3 +556,24 @@ async def test_a_poll_handled_again_after_other_pages_of_a_host_counts_its_share
     claims = [(await seen.get(_seen_key(url))).value or b"" for url in shared]
     assert not [claim for claim in claims if claim.startswith(REFUSED)]
     assert len(await recorded(bus, PageDiscovered)) == 10 + 9
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_polls_new_pages_of_a_full_host_cost_no_seen_key(bus: Bus) -> None:
+    """A busy timeline naming new pages of a host whose budget is spent: refused before
+    any is claimed, as a page's links are, not written twice each at every poll."""
+    timeline = await _followed(bus, 8 * 10**9)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    settings = make_settings(host_page_budget=2)
+    discovery = Discovery(bus=bus, seen=seen, settings=settings)
+    shares = Shares(bus=bus, store=timeline.store, discovery=discovery, settings=settings)
+    request = timeline.first
+    for n in range(4):
+        links = [f"https://busy.example/{n}-{k}" for k in range(10)]
+        result = polled(request, posts=(post(n, *links, url=False),), cursor_after=str(10 + n))
+        await shares.polled(result)
+        request = next_poll(result, await timeline.current(), settings)[0]
+    keys = [k for k in await seen.keys() if k.startswith("u.")]
+    # The first poll's ten (two granted, eight refused and marked), none after.
+    assert len(keys) == 10, len(keys)
+    assert len(await recorded(bus, PageDiscovered)) == 2

@@ -546,13 +546,22 @@ class Discovery:
         ``trove_discovery.shares``), whose URLs are new this cycle and whose hosts have
         room, as for a page's links: one budget batch a host, which ``cause`` handled
         again is granted again, not counted twice."""
-        by_host: dict[str, list[PageDiscovered]] = defaultdict(list)
+        wanted: list[PageDiscovered] = []
         for event in events:
             if self.exclusions and self.exclusions.covering(event.domain):
                 continue
             url = await self._alias_target(event.url)
             if url != event.url:  # an alias spelling is never discovered as a page
                 event = event.model_copy(update={"url": url})
+            wanted.append(event)
+        # As for a page's links: a host known full is read, not claimed (a busy timeline
+        # naming new pages of a full host wrote two seen keys each at every poll); one
+        # this cause's earlier handling claimed goes on, to be refused and marked.
+        full = await self._full_hosts({e.domain for e in wanted}, cause, held=False)
+        by_host: dict[str, list[PageDiscovered]] = defaultdict(list)
+        for event in wanted:
+            if event.domain in full and await self._holder(event.url) != event.id.encode():
+                continue
             if await self._first_sighting(event.url, event.id):
                 by_host[event.domain].append(event)
         for host, group in by_host.items():
