@@ -42,6 +42,7 @@ from trove_cli.instances import (
     timelines_never_polled,
 )
 from trove_cli.local import LocalTrove, running_stack
+from trove_cli.outside import outside
 from trove_cli.report import build_report, progress_counts, refusals_so_far, render
 from trove_cli.search import DEFAULT_LIMIT, search_command
 from trove_cli.status import status_command
@@ -450,7 +451,7 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
                 )
                 return 0
             answer = reply.data.decode(errors="replace")
-            console.print(Text(answer))
+            console.print(outside(answer))  # it repeats each refused seed as sent
             # Discovery's summary (``reply_lines``, or JSON for seeds sent as JSON): a
             # refusal fails the command, as `trove follow`'s does, so a script can tell.
             return 1 if _refused(answer) else 0

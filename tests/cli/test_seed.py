@@ -66,8 +66,9 @@ async def test_a_seed_that_is_not_utf8_is_refused_before_anything_is_sent(
         (("https://kept.example/", "not a url"), 1),
         (('{"url": "https://kept.example/"}',), 0),
         (('[{"url": "https://kept.example/"}, {"url": "ftp://nope.example/"}]',), 1),
+        (("https://kept.example/", "\x1b]52;c;cm0gLXJmIH4=\x1b\\\x1b[2J"), 1),
     ],
-    ids=["accepted", "one refused", "as JSON", "one refused, as JSON"],
+    ids=["accepted", "one refused", "as JSON", "one refused, as JSON", "terminal sequences"],
 )
 async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
     stack: StackUrls, bus: Bus, urls: tuple[str, ...], code: int
@@ -88,3 +89,5 @@ async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
         await responder.unsubscribe()
     assert exit_code == code, out
     assert "https://kept.example/" in out
+    # A refused seed is repeated as sent: shown, never acted on by the terminal.
+    assert "\x1b" not in out

@@ -460,7 +460,10 @@ async def test_a_result_redelivered_late_beside_the_next_one_leaves_the_chain_go
     older than the last one handled, and the chain would end for good."""
     timeline = await _followed(bus, 7 * 10**9)
     shares = await timeline.shares()
-    one = polled(timeline.first, cursor_after="5", more=True)  # its next poll at once
+    # Its next poll at once; the instance's API and software known by now.
+    one = polled(
+        timeline.first, cursor_after="5", more=True, api=f"{INSTANCE}/api/v1", software="mastodon"
+    )
     await shares.polled(one)
 
     async def fired() -> list[TimelinePollRequested]:
@@ -481,9 +484,12 @@ async def test_a_result_redelivered_late_beside_the_next_one_leaves_the_chain_go
     racing = SchedulingBus(bus.nc, bus.js)
     racing.scheduled, racing.before = [], two_handled_meanwhile
     await (await timeline.shares(racing)).polled(one, redelivered=True)
-    await eventually(
+    found = await eventually(
         fired, until=lambda found: any(r.poll == 3 for r in found), timeout=10, what="poll 3"
     )
+    # Resumed with what the chain knows of the instance: no NodeInfo asked again.
+    resumed = next(r for r in found if r.poll == 3)
+    assert (resumed.api, resumed.software) == (f"{INSTANCE}/api/v1", "mastodon")
 
 
 @pytest.mark.usefixtures("clean")

@@ -66,6 +66,7 @@ from trove_schema.events import (
     InstanceUnfollowed,
     Provenance,
     TimelineName,
+    TimelinePolled,
     TimelinePollRequested,
     derived_event_id,
     utcnow,
@@ -457,13 +458,21 @@ async def start_polls(bus: Bus, followed: InstanceFollowed, follow: TimelineFoll
 
 
 async def resume_polls(
-    bus: Bus, instance: str, domain: str, timeline: str, follow: TimelineFollow, *, id: str
+    bus: Bus,
+    instance: str,
+    domain: str,
+    timeline: str,
+    follow: TimelineFollow,
+    *,
+    id: str,
+    known: TimelinePolled | None = None,
 ) -> None:
     """The follow's next poll, now (its first, for a follow that has not polled yet).
 
     After a first poll: its chain may have lost its pending poll to another chain's
     schedule on the same subject. A poll of it already pending or under way is then
-    answered twice under one number, and the second answer ignored."""
+    answered twice under one number, and the second answer ignored. ``known``: a poll
+    result of this chain, whose API and software the poll need not ask NodeInfo for."""
     now = utcnow()
     # A successful empty read leaves no cursor and no failure: all that comes is new.
     read_empty = follow.poll > 0 and follow.cursor is None and follow.failures == 0
@@ -481,6 +490,14 @@ async def resume_polls(
         not_before=now,
         caused_by=follow.polled_id or follow.follow_id,
     )
+    if known is not None:
+        request = request.model_copy(
+            update={
+                "api": known.api,
+                "software": known.software,
+                "software_version": known.software_version,
+            }
+        )
     await bus.publish_at(request, now, schedule=timeline_schedule_subject(instance, timeline))
 
 

@@ -220,6 +220,7 @@ class Shares:
                     event.timeline,
                     current,
                     id=derived_event_id(event.id, "resume-later"),
+                    known=event,
                 )
             return
         if not current.following:
