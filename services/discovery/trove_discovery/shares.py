@@ -207,37 +207,27 @@ class Shares:
         current = record.timelines.get(event.timeline)
         if current is None:
             return
+        known: TimelinePolled | None = None
         if current.follow_id == event.follow_id and current.following:
-            if scheduled and current.poll > event.poll:
-                log.info(
-                    "a later poll's result handled meanwhile: the chain resumed",
-                    extra={"instance": event.instance, "timeline": event.timeline},
-                )
-                await resume_polls(
-                    self.bus,
-                    event.instance,
-                    event.domain,
-                    event.timeline,
-                    current,
-                    id=derived_event_id(event.id, "resume-later"),
-                    known=event,
-                )
-            return
-        if not current.following:
+            if not scheduled or current.poll <= event.poll:
+                return
+            # Its own chain: what the instance answered to it stands.
+            why, tag, known = "a later poll's result handled: the chain", "resume-later", event
+        elif not current.following:
             msg_id = derived_event_id(event.id, "stop")
             await stop_polls(self.bus, event.instance, event.timeline, msg_id=msg_id)
             return
-        log.info(
-            "timeline followed again while polled: the new chain resumed",
-            extra={"instance": event.instance, "timeline": event.timeline},
-        )
+        else:
+            why, tag = "timeline followed again while polled: the new chain", "resume"
+        log.info(f"{why} resumed", extra={"instance": event.instance, "timeline": event.timeline})
         await resume_polls(
             self.bus,
             event.instance,
             event.domain,
             event.timeline,
             current,
-            id=derived_event_id(event.id, "resume"),
+            id=derived_event_id(event.id, tag),
+            known=known,
         )
 
     async def _advance(self, event: TimelinePolled) -> TimelineFollow | None:
