@@ -75,6 +75,8 @@ class SiteHosts:
         written: only for sites this replica saw refuse a host lately (a trap on wildcard
         DNS names a new host in every link, each refused after its claim), one read of
         each such site's record, from the bucket, never from memory."""
+        if not len(self.full):
+            return set()  # no site refused lately: a page's hosts cost no lookup
         by_site: dict[str, list[str]] = {}
         for host in hosts:
             site = None if self.budget == 0 else site_of(host, self.platforms)
