@@ -25,10 +25,17 @@ from tests.discovery.follow_support import (
 )
 from tests.support import send, services
 from trove_discovery.discovery import REFUSED, Discovery, _seen_key
-from trove_discovery.follows import Follows, FollowStore, TimelineFollow, parse_command
+from trove_discovery.follows import (
+    Follows,
+    FollowStore,
+    TimelineFollow,
+    parse_command,
+    with_timeline,
+)
 from trove_discovery.shares import Shares, next_poll, poll_delay, shared_pages
 from trove_schema.bus import Bus, schedule_header
 from trove_schema.events import (
+    MAX_RECENT_POSTS,
     CrawlOutcome,
     InstanceUnfollowed,
     PageDiscovered,
@@ -407,8 +414,9 @@ class Refollowed:
         return await self.follows.follow(follow, seq=self.seq + 2, origin=FOLLOW_SUBJECT)
 
     async def current(self) -> TimelineFollow:
-        record, _ = await self.store.read(INSTANCE)
-        return record.timelines["local"]
+        follow = await self.store.timeline(INSTANCE, "local")
+        assert follow is not None
+        return follow
 
     async def shares(self, bus: Bus | None = None) -> Shares:
         seen = await self.bus.js.key_value(SEEN_BUCKET)
@@ -583,3 +591,59 @@ async def test_a_polls_new_pages_of_a_full_host_cost_no_seen_key(bus: Bus) -> No
     # The first poll's ten (two granted, eight refused and marked), none after.
     assert len(keys) == 10, len(keys)
     assert len(await recorded(bus, PageDiscovered)) == 2
+
+
+@pytest.mark.usefixtures("clean")
+async def test_each_timeline_keeps_its_progress_however_long_its_posts_ids_are(
+    bus: Bus,
+) -> None:
+    """Post ids are the instance's to choose (200 characters each, 200 kept a timeline):
+    kept with the instance's follows, a hundred tags' progress passed the largest
+    message nats-server takes, and no poll of the instance could be written. A poll
+    writes its own timeline's progress, and never the instance's follows."""
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    follows = Follows(bus=bus, store=store, settings=SETTINGS)
+    tags = [f"tag:t{n}" for n in range(110)]
+    for n, tag in enumerate(tags):
+        line = f"{INSTANCE} {tag}".encode()
+        (command,) = parse_command(line, verb="follow", settings=SETTINGS).accepted
+        assert await follows.follow(command, seq=9 * 10**9 + n, origin=FOLLOW_SUBJECT)
+    record, revision = await store.read(INSTANCE)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    shares = Shares(
+        bus=bus,
+        store=store,
+        discovery=Discovery(bus=bus, seen=seen, settings=SETTINGS),
+        settings=SETTINGS,
+    )
+    for tag in tags:
+        ids = tuple(f"{tag}-{n:04d}-".ljust(200, "x") for n in range(MAX_RECENT_POSTS))
+        first = request(timeline=tag, follow_id=record.timelines[tag].follow_id, poll=1)
+        await shares.polled(polled(first, cursor_after=ids[-1], recent_after=ids))
+    for tag in tags:
+        follow = await store.timeline(INSTANCE, tag)
+        assert follow is not None
+        assert (follow.poll, follow.cursor, len(follow.recent)) == (1, follow.recent[-1], 200)
+        assert follow.recent[0].startswith(f"{tag}-0000-")
+    assert (await store.read(INSTANCE))[1] == revision
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_timelines_progress_an_earlier_release_kept_with_its_follow_goes_on(
+    bus: Bus,
+) -> None:
+    timeline = await _followed(bus, 11 * 10**9)
+    record, revision = await timeline.store.read(INSTANCE)
+    kept = {"poll": 3, "polled_id": "polled-3", "cursor": "30", "recent": ("29", "30")}
+    earlier = record.timelines["local"].model_copy(update=kept)
+    await timeline.store.write(with_timeline(record, "local", earlier), revision)
+    shares = await timeline.shares()
+    assert (await timeline.current()).cursor == "30"
+    # The poll it had scheduled: its result is newer, and goes on from the cursor.
+    fourth = request(follow_id=earlier.follow_id, poll=4, cursor="30")
+    await shares.polled(polled(fourth, cursor_after="41", recent_after=("40", "41")))
+    assert ((await timeline.current()).poll, (await timeline.current()).cursor) == (4, "41")
+    # The third's result, redelivered, is older than the last handled.
+    third = request(follow_id=earlier.follow_id, poll=3, cursor="20")
+    await shares.polled(polled(third, cursor_after="30", recent_after=("29", "30")))
+    assert ((await timeline.current()).poll, (await timeline.current()).cursor) == (4, "41")

@@ -20,13 +20,20 @@ An instance is an origin (``https://host[:port]``): a path, a query or credentia
 refused, as are a private address outside ``TROVE_ALLOWED_NETWORKS`` and a bad
 timeline name. ``nats req`` gets an answer, text for text and JSON for JSON.
 
-What is followed lives in the KV bucket ``trove_follows``, one key per instance (so
-that "every timeline of it" is one read), written only by compare-and-set: for each
-timeline the current follow (the ``InstanceFollowed`` id, which every poll of its chain
-carries), its options, and the last poll handled with the cursor and the failures in a
-row it ended on. Following a timeline already followed changes nothing: its chain and
-cursor go on. An unfollowed timeline keeps its entry, marked, so that a poll of its
-chain still under way is recognised and ignored.
+What is followed lives in the KV bucket ``trove_follows``, written only by
+compare-and-set. One key per instance (so that "every timeline of it" is one read)
+holds each timeline's current follow (the ``InstanceFollowed`` id, which every poll of
+its chain carries) and its options: only commands write it. One key per timeline holds
+its progress: the last poll handled, with the cursor, the ids read behind it and the
+failures in a row it ended on; only its own polls write it. Kept in the instance's key,
+a poll of any timeline rewrote every timeline of the instance, and the polls of its
+timelines raced each other's writes; the instance's value grew with the ids its
+timelines read (post ids are the instance's to choose, 200 characters each) until it
+passed nats-server's largest message, and every write of the instance failed. Progress
+an earlier release kept in the instance's key is read from there until the timeline's
+next poll writes its own. Following a timeline already followed changes nothing: its
+chain and cursor go on. An unfollowed timeline keeps its entry, marked, so that a poll
+of its chain still under way is recognised and ignored; its progress is dropped.
 
 Each follow starts its timeline's chain of polls: a ``TimelinePollRequested`` scheduled
 on the timeline's own subject (``timeline_schedule_subject``), where JetStream keeps one
@@ -81,8 +88,8 @@ log = logging.getLogger("trove.discovery.follows")
 MAX_INSTANCES_PER_MESSAGE = 100
 DEFAULT_TIMELINE = "local"
 DEFAULT_BACKFILL = 40
-#: Compare-and-set attempts on an instance's entry before giving up (and retrying the
-#: message later): writers are the commands and the polls of one instance's timelines.
+#: Compare-and-set attempts on an entry before giving up (and retrying the message
+#: later): an instance's is written by commands, a timeline's progress by its polls.
 MAX_WRITES = 50
 
 _FOLLOW_KEYS = frozenset({"instance", "instances", "timeline", "max_depth", "priority", "backfill"})
@@ -367,19 +374,13 @@ def reply_json(batch: CommandBatch) -> bytes:
 # state ----------------------------------------------------------------------------
 
 
-class TimelineFollow(BaseModel):
-    """A followed (or formerly followed) timeline, as ``trove_follows`` keeps it."""
+class PollProgress(BaseModel):
+    """How far a follow's chain of polls has come: a timeline's own key."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     #: The ``InstanceFollowed`` id: the chain of polls it started carries it.
     follow_id: str
-    followed_at: datetime
-    max_depth: int = 0
-    priority: int = 0
-    backfill: int = DEFAULT_BACKFILL
-    #: The ``InstanceUnfollowed`` that stopped it; None while it is followed.
-    unfollowed_by: str | None = None
     #: The last poll handled: its number, its ``TimelinePolled`` id, the cursor and the
     #: failures in a row it ended on.
     poll: int = 0
@@ -397,9 +398,28 @@ class TimelineFollow(BaseModel):
         # poll request built from the record would be refused, and the timeline stop.
         return recent[-MAX_RECENT_POSTS:]
 
+
+class TimelineFollow(PollProgress):
+    """A followed (or formerly followed) timeline: its entry in the instance's key, and
+    as read, its progress from the timeline's key (``FollowStore.timeline``)."""
+
+    followed_at: datetime
+    max_depth: int = 0
+    priority: int = 0
+    backfill: int = DEFAULT_BACKFILL
+    #: The ``InstanceUnfollowed`` that stopped it; None while it is followed.
+    unfollowed_by: str | None = None
+
     @property
     def following(self) -> bool:
         return self.unfollowed_by is None
+
+    @property
+    def progress(self) -> PollProgress:
+        return PollProgress.model_validate(self.model_dump(include=_PROGRESS_FIELDS))
+
+
+_PROGRESS_FIELDS = set(PollProgress.model_fields)
 
 
 class InstanceFollows(BaseModel):
@@ -413,8 +433,15 @@ def follows_key(instance: str) -> str:
     return "i." + hashlib.sha256(instance.encode()).hexdigest()[:40]
 
 
+def progress_key(instance: str, timeline: str) -> str:
+    # Tags match whatever their case (an older release kept the case given).
+    name = f"{instance} {timeline.lower()}"
+    return "p." + hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
 class FollowStore:
-    """The ``trove_follows`` bucket: read an instance's entry, write it by compare-and-set."""
+    """The ``trove_follows`` bucket: an instance's entry and its timelines' progress,
+    each written by compare-and-set."""
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
@@ -436,6 +463,45 @@ class FollowStore:
             await self.kv.create(follows_key(record.instance), value)
         else:
             await self.kv.update(follows_key(record.instance), value, last=revision)
+
+    async def progress(
+        self, instance: str, timeline: str, follow: TimelineFollow
+    ) -> tuple[TimelineFollow, int | None]:
+        """``follow`` with its chain's progress, and the revision of the timeline's key
+        (None when absent). A key of another follow of the timeline (one before an
+        unfollow whose drop was lost) says nothing of this one."""
+        try:
+            entry = await self.kv.get(progress_key(instance, timeline))
+        except KeyNotFoundError:
+            return follow, None
+        if entry.value:
+            progress = PollProgress.model_validate_json(entry.value)
+            if progress.follow_id == follow.follow_id:
+                return follow.model_copy(update=progress.model_dump()), entry.revision
+        return follow, entry.revision
+
+    async def timeline(self, instance: str, timeline: str) -> TimelineFollow | None:
+        """The timeline's follow as it stands, with its progress; None if never followed."""
+        record, _ = await self.read(instance)
+        follow = record.timelines.get(timeline)
+        if follow is None:
+            return None
+        return (await self.progress(instance, timeline, follow))[0]
+
+    async def advance(
+        self, instance: str, timeline: str, follow: TimelineFollow, revision: int | None
+    ) -> None:
+        """Write ``follow``'s progress; raises ``KeyWrongLastSequenceError`` when someone
+        wrote since ``revision``."""
+        key = progress_key(instance, timeline)
+        value = follow.progress.model_dump_json().encode()
+        if revision is None:
+            await self.kv.create(key, value)
+        else:
+            await self.kv.update(key, value, last=revision)
+
+    async def drop_progress(self, instance: str, timeline: str) -> None:
+        await self.kv.delete(progress_key(instance, timeline))
 
 
 def with_timeline(record: InstanceFollows, name: str, follow: TimelineFollow) -> InstanceFollows:
@@ -577,11 +643,13 @@ class Follows:
         )
         for _ in range(MAX_WRITES):
             record, revision = await self.store.read(command.instance)
-            current = record.timelines.get(_spelled(record, timeline))
+            spelled = _spelled(record, timeline)
+            current = record.timelines.get(spelled)
             if current is not None and current.follow_id == event.id:
                 if not current.following:
                     return False  # this follow was redelivered after its unfollow
-                follow = current  # a redelivery: publish again, idempotently
+                # A redelivery: publish again, idempotently.
+                follow, _ = await self.store.progress(command.instance, spelled, current)
                 break
             if current is not None and current.following:
                 log.info(
@@ -657,6 +725,7 @@ class Follows:
             await stop_polls(
                 self.bus, command.instance, name, msg_id=derived_event_id(event.id, f"stop {name}")
             )
+            await self.store.drop_progress(command.instance, name)
         log.info("unfollowed", extra={"instance": command.instance, "timelines": stopped})
         return stopped
 

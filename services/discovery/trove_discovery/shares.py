@@ -40,7 +40,6 @@ from trove_discovery.follows import (
     TimelineFollow,
     resume_polls,
     stop_polls,
-    with_timeline,
 )
 from trove_discovery.traps import url_trap_reason
 from trove_schema.bus import Bus
@@ -203,8 +202,7 @@ class Shares:
         replaced the one that result scheduled, and its answer would be ignored as older,
         the chain ended for good (resume it). Ids derive from ``event``: a redelivery
         repeats them."""
-        record, _ = await self.store.read(event.instance)
-        current = record.timelines.get(event.timeline)
+        current = await self.store.timeline(event.instance, event.timeline)
         if current is None:
             return
         known: TimelinePolled | None = None
@@ -233,15 +231,18 @@ class Shares:
     async def _advance(self, event: TimelinePolled) -> TimelineFollow | None:
         """Record ``event`` as the follow's last poll; None when it no longer counts."""
         where = {"instance": event.instance, "timeline": event.timeline, "poll": event.poll}
+        record, _ = await self.store.read(event.instance)
+        entry = record.timelines.get(event.timeline)
+        if entry is None or entry.follow_id != event.follow_id:
+            log.info("poll of a follow that is no longer current ignored", extra=where)
+            return None
+        if not entry.following:
+            log.info("timeline unfollowed: its polls stop", extra=where)
+            return None
+        # An unfollow landing from here on is caught after the next poll is scheduled
+        # (``_after_commands``), as one landing after the write was.
         for _ in range(MAX_WRITES):
-            record, revision = await self.store.read(event.instance)
-            follow = record.timelines.get(event.timeline)
-            if follow is None or follow.follow_id != event.follow_id:
-                log.info("poll of a follow that is no longer current ignored", extra=where)
-                return None
-            if not follow.following:
-                log.info("timeline unfollowed: its polls stop", extra=where)
-                return None
+            follow, revision = await self.store.progress(event.instance, event.timeline, entry)
             if follow.polled_id == event.id:
                 return follow  # a redelivery: publish the same events again
             if event.poll <= follow.poll:
@@ -258,8 +259,8 @@ class Shares:
                 }
             )
             try:
-                await self.store.write(with_timeline(record, event.timeline, advanced), revision)
+                await self.store.advance(event.instance, event.timeline, advanced, revision)
             except KeyWrongLastSequenceError:
                 continue
             return advanced
-        raise RuntimeError(f"{event.instance}: its follow entry kept changing")
+        raise RuntimeError(f"{event.instance} {event.timeline}: its progress kept changing")
