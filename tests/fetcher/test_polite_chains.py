@@ -213,6 +213,39 @@ async def test_a_robots_txt_redirected_to_another_hosts_page_leaves_that_hosts_g
     assert_polite(server, B, delay)
 
 
+@pytest.mark.parametrize("other", ["missing", "sent home"])
+async def test_a_crawl_delay_holds_for_every_origin_of_the_host(
+    stack: StackUrls, bus: Bus, state_dir: Path, other: str
+) -> None:
+    """robots.txt is an origin's, the gap its host's: the ``http://`` origin of a host
+    whose ``https://`` file asks for 1.5 s answers 404, or sends every path to the home
+    page (nginx's ``return 301 https://$host;``), and says nothing of a Crawl-delay."""
+    delay = 1.5
+    with serving({f"{A}/robots.txt": text(f"User-agent: *\nCrawl-delay: {delay}\n")}, IP) as one:
+        for n in range(3):
+            one.routes[f"{A}/p/{n}"] = page(f"one {n}")
+        with serving({f"{A}/q/{n}": page(f"two {n}") for n in range(3)}, IP) as two:
+            if other == "sent home":
+                two.routes[f"{A}/robots.txt"] = to(one.url("/", A), status=301)
+                one.routes[f"{A}/"] = page("home")
+            firsts = [url(one, A, "/p/0")]
+            rest = [url(one, A, f"/p/{n}") for n in (1, 2)] + [
+                url(two, A, f"/q/{n}") for n in range(3)
+            ]
+            async with services(stack, state_dir, env(), only=("fetcher",)) as local:
+                completions = Completions(bus.js)
+                await publish_work(bus, firsts)  # the first origin's Crawl-delay first
+                await completions.wait_for(1)
+                await publish_work(bus, rest)
+                local.check_alive()
+                events = await completions.wait_for(6)
+            seen = sorted([*one.requests_for(A), *two.requests_for(A)], key=lambda s: s.at)
+            assert "/robots.txt" in [s.path for s in two.requests_for(A)]
+    assert all(event.outcome.value == "success" for event in events.values())
+    closest = min(b.at - a.at for a, b in itertools.pairwise(seen))
+    assert closest >= delay, f"two requests {closest:.3f}s apart (Crawl-delay {delay})"
+
+
 async def test_a_robots_redirect_through_other_spellings_of_the_address_waits_for_its_gap(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:

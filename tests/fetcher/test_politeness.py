@@ -11,8 +11,11 @@ import pytest
 from trove_fetcher.politeness import (
     BUSY_RECHECK,
     KV,
+    MAX_DELAY_ORIGINS,
     POLICY_KEY,
+    CrawlDelay,
     Deferred,
+    DomainSlot,
     Granted,
     Moved,
     Politeness,
@@ -187,7 +190,12 @@ async def test_crawl_delay_raises_the_gap_within_the_maximum(bus: Bus) -> None:
     # robots.txt's answer sets it with its release, counted from that answer's end.
     robots = await p.acquire("cd.example", 1000.0)
     assert isinstance(robots, Granted)
-    await p.finish("cd.example", robots, 1000.5, gap=p.clamp_gap(25.0))
+    await p.finish(
+        "cd.example",
+        robots,
+        1000.5,
+        delays=(CrawlDelay("https://cd.example", p.clamp_gap(25.0), 2000.0),),
+    )
     page = await p.acquire("cd.example", 1011.0)
     assert isinstance(page, Deferred)
     assert page.at == pytest.approx(1025.5)
@@ -195,6 +203,26 @@ async def test_crawl_delay_raises_the_gap_within_the_maximum(bus: Bus) -> None:
     other = await (await _politeness(bus)).acquire("cd.example", 1011.0, reserved=True)
     assert isinstance(other, Deferred)
     assert other.at == pytest.approx(1025.5)
+
+
+def test_a_hosts_gap_is_the_largest_crawl_delay_of_its_origins_files_not_expired() -> None:
+    slot = DomainSlot(gap=10.0)
+    slot.set_delay(CrawlDelay("https://h.example", 30.0, until=2000.0), 1000.0)
+    slot.set_delay(CrawlDelay("http://h.example", 10.0, until=2100.0), 1050.0)
+    assert slot.gap == 30.0
+    # The https file asks for less: the host follows it.
+    slot.set_delay(CrawlDelay("https://h.example", 20.0, until=3000.0), 1100.0)
+    assert slot.gap == 20.0
+    # Its file expired and not read again: the http file's is what holds.
+    slot.set_delay(CrawlDelay("http://h.example", 10.0, until=4000.0), 3500.0)
+    assert (slot.gap, list(slot.delays)) == (10.0, ["http://h.example"])
+    # Ports without end: the largest are kept, the record stays small.
+    for port in range(100):
+        slot.set_delay(CrawlDelay(f"https://h.example:{port}", 10.0 + port, 5000.0), 3600.0)
+    assert len(slot.delays) == MAX_DELAY_ORIGINS
+    assert slot.gap == 109.0
+    again = DomainSlot.decode(slot.encode(), 10.0)
+    assert (again.gap, again.delays) == (slot.gap, slot.delays)
 
 
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:

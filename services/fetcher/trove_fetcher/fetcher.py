@@ -69,7 +69,7 @@ from trove_fetcher.errors import (
 from trove_fetcher.extract import PARSE_THREAD_BYTES, Extraction, ParseThreads
 from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
 from trove_fetcher.memory import Memory
-from trove_fetcher.politeness import Deferred, Granted, Moved, Politeness
+from trove_fetcher.politeness import CrawlDelay, Deferred, Granted, Moved, Politeness
 from trove_fetcher.robots import DEFAULT_TTL, RETRY_TTL, RobotsPolicy, fetch_robots
 from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
 from trove_fetcher.timeline import TimelinePoller
@@ -484,12 +484,12 @@ class Fetcher:
         end: float | None = None,
         observation: Observation | None = None,
         *,
-        gap: float | None = None,
+        delays: tuple[CrawlDelay, ...] = (),
     ) -> None:
         """End the lease: the host is free one gap after ``end`` (on the shared clock,
         ``self.clock.at`` of the moment, placed when it was read; now if None);
-        ``observation`` is folded into the host's policy, and ``gap`` (a Crawl-delay)
-        set, in the same write."""
+        ``observation`` is folded into the host's policy, and ``delays`` (its origins'
+        Crawl-delays) set, in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
@@ -498,12 +498,14 @@ class Fetcher:
             observation = self._shared(observation)
         try:
             await self._patiently(
-                lambda: self.politeness.finish(hold.domain, grant, finished, observation, gap=gap)
+                lambda: self.politeness.finish(
+                    hold.domain, grant, finished, observation, delays=delays
+                )
             )
         except Exception as exc:
             # A Crawl-delay that was not written must not be forgotten: the work is
             # handed back and robots.txt read again, the hold keeping the host safe.
-            if not broker_trouble(exc) or gap is not None:
+            if not broker_trouble(exc) or delays:
                 raise
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe;
@@ -982,19 +984,27 @@ class Fetcher:
         # But only the last hop's own robots.txt is its file: one redirected to a home
         # page, or to any other path, says nothing of that host's Crawl-delay (its own
         # file may ask for more).
-        delay = policy.crawl_delay(self.robots_token) or 0.0
-        gap = None if policy.temporary else self.politeness.clamp_gap(delay)
+        # The Crawl-delay is kept per origin (``http://`` and ``https://`` of a host
+        # may serve two files) and the host's gap is the largest.
         released = hold.domain
         own_file = last_hop is None or _is_robots_txt(last_hop)
+        asked: CrawlDelay | None = None
+        answered: tuple[CrawlDelay, ...] = ()
+        if not policy.temporary:
+            gap = self.politeness.clamp_gap(policy.crawl_delay(self.robots_token) or 0.0)
+            until = policy.fetched_at + policy.ttl
+            asked = CrawlDelay(origin, gap, until)
+            if own_file and last_hop is not None and origin_of(last_hop) != origin:
+                answered = (CrawlDelay(origin_of(last_hop), gap, until),)
         # A 429, a 503, a timeout: the answering host (the last hop's) is left alone as
         # after a page's, not asked for robots.txt again when the fallback expires.
         observation = _robots_observation(policy, hold.domain, started, end)
-        hop_gap = gap if released == domain or own_file else None
+        on_hold = answered + ((asked,) if asked is not None and released == domain else ())
         finished = self.clock.at(end)
-        await self._release(hold, finished, observation, gap=hop_gap)
-        if released != domain and gap is not None:
-            crawl_gap = gap
-            await self._patiently(lambda: self.politeness.set_gap(domain, crawl_gap, finished))
+        await self._release(hold, finished, observation, delays=on_hold)
+        if released != domain and asked is not None:
+            crawl_delay = asked
+            await self._patiently(lambda: self.politeness.set_delay(domain, crawl_delay, finished))
         await self._patiently(lambda: self.robots_kv.put(_robots_key(origin), policy.to_bytes()))
         self._remember(origin, policy)
         return policy

@@ -21,6 +21,11 @@ lease is its own host's, taken once the previous response has ended).
 * ``gap``: the domain's delay (the configured minimum, raised by robots.txt
   Crawl-delay, capped by the configured maximum). The host's learned policy may
   lengthen it (a slow host gets a multiple of its response time: ``host_gap``).
+  robots.txt is an origin's (``http://h``, ``https://h``, ``https://h:8443``) and the
+  gap the host's: ``delays`` keeps each origin's Crawl-delay until its file expires,
+  and the gap is the largest of them. Set from the file read last, an ``http://``
+  origin answering 404, or sending every path to the ``https://`` home page, put the
+  host back to the minimum that the ``https://`` file had raised.
 * ``backoff_until``: the host is paused for every pod, and all of its URLs wait for the
   end of the pause at once: a Retry-After, or a pause the learned policy decided
   (failures in a row, a 429 without Retry-After, a ban or a challenge page).
@@ -57,6 +62,12 @@ FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
 #: The record's key for the learned policy: short, and unknown to older pods, which
 #: read only ``FIELDS`` (a record they write back starts the host from its priors again).
 POLICY_KEY = "p"
+#: The record's key for its origins' Crawl-delays (``DomainSlot.delays``); a record an
+#: older pod writes back keeps the gap it had, and the next robots.txt read sets them.
+DELAYS_KEY = "d"
+#: Origins whose Crawl-delay a host's record keeps: the largest (a host may have a
+#: port a link names for each, and the record is read at every lease).
+MAX_DELAY_ORIGINS = 8
 #: Domains whose last written record a pod remembers (see ``Politeness._written``): a
 #: record with its policy (a handful of estimates) is about 1 KB in memory, ~10 MB in all.
 WRITTEN_MEMORY = 10_000
@@ -79,6 +90,16 @@ class KV(Protocol):
     async def update(self, key: str, value: bytes, last: int | None = None) -> int: ...
 
 
+@dataclass(frozen=True, slots=True)
+class CrawlDelay:
+    """The gap an origin's robots.txt asked for (its Crawl-delay, clamped to the gap's
+    bounds), valid while its file is (``until``, on the pods' shared clock)."""
+
+    origin: str
+    gap: float
+    until: float
+
+
 @dataclass(slots=True)
 class DomainSlot:
     free_at: float = 0.0
@@ -87,10 +108,23 @@ class DomainSlot:
     gap: float = 0.0
     backoff_until: float = 0.0
     policy: HostPolicy = field(default_factory=HostPolicy)
+    #: Each origin's Crawl-delay: origin -> (gap, until).
+    delays: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def set_delay(self, delay: CrawlDelay, now: float) -> None:
+        """Keep ``delay`` for its origin, forget the expired, and make the host's gap
+        the largest its origins' files ask for."""
+        kept = {o: d for o, d in self.delays.items() if d[1] > now and o != delay.origin}
+        kept[delay.origin] = (delay.gap, delay.until)
+        largest = sorted(kept.items(), key=lambda item: item[1][0], reverse=True)
+        self.delays = dict(largest[:MAX_DELAY_ORIGINS])
+        self.gap = max(gap for gap, _ in self.delays.values())
 
     def encode(self) -> bytes:
         raw: dict[str, object] = {k: getattr(self, k) for k in FIELDS}
         raw[POLICY_KEY] = self.policy.to_json()
+        if self.delays:
+            raw[DELAYS_KEY] = {o: [gap, until] for o, (gap, until) in self.delays.items()}
         return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
@@ -111,6 +145,13 @@ class DomainSlot:
             slot.policy = HostPolicy.from_json(raw.get(POLICY_KEY) or {})
         except (ValueError, TypeError, KeyError, AttributeError):
             slot.policy = HostPolicy()
+        try:
+            slot.delays = {
+                str(o): (float(gap), float(until))
+                for o, (gap, until) in (raw.get(DELAYS_KEY) or {}).items()
+            }
+        except (ValueError, TypeError, AttributeError):
+            slot.delays = {}
         return slot
 
 
@@ -281,15 +322,15 @@ class Politeness:
         end: float,
         observation: Observation | None = None,
         *,
-        gap: float | None = None,
+        delays: tuple[CrawlDelay, ...] = (),
     ) -> HostPolicy:
         """The request ended at ``end``: the domain is free again one (learned) gap later.
 
         ``observation`` (what the attempt said about the host) is folded into the host's
         policy in the same write: its gap and any pause it decides take effect for every
-        pod with the release. ``gap`` is a new configured gap for the host (robots.txt's
-        Crawl-delay, through ``clamp_gap``), set in the same write too, and counted from
-        this ``end`` already. Returns the policy as written.
+        pod with the release. ``delays`` are Crawl-delays of the host's origins (their
+        robots.txt just read), set in the same write too, and counted from this ``end``
+        already. Returns the policy as written.
         """
         if observation is not None and observation.retry_after is not None:
             # What a site may ask of every pod is capped.
@@ -301,8 +342,8 @@ class Politeness:
             while True:
                 slot, revision = guess if guess is not None else await self._read(key)
                 before = slot.policy
-                if gap is not None:
-                    slot.gap = gap
+                for delay in delays:
+                    slot.set_delay(delay, end)
                 if observation is not None:
                     slot.policy = self._folded(before, observation)
                 slot.free_at = max(slot.free_at, end + self.gap_of(slot))
@@ -316,15 +357,15 @@ class Politeness:
                     return slot.policy
                 guess = None
 
-    async def set_gap(self, domain: str, gap: float, end: float) -> None:
-        """Set ``domain``'s configured gap (a Crawl-delay its robots.txt gave, read from
-        the host it redirected to, under that host's lease), counted from ``end``."""
+    async def set_delay(self, domain: str, delay: CrawlDelay, end: float) -> None:
+        """Set a Crawl-delay of ``domain``'s (its origin's robots.txt, read from the host
+        it redirected to, under that host's lease), counted from ``end``."""
         key = self.key(domain)
         async with self._turns.of(key):
             guess = self._guess(key)
             while True:
                 slot, revision = guess if guess is not None else await self._read(key)
-                slot.gap = gap
+                slot.set_delay(delay, end)
                 slot.free_at = max(slot.free_at, end + self.gap_of(slot))
                 slot.next = max(slot.next, slot.free_at)
                 if await self._write(key, slot, revision):
