@@ -23,7 +23,7 @@ from tests.conftest import StackUrls, eventually
 from tests.recorder.test_database_outage import DISK_FULL, TIMED_OUT
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
 from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, LockLost, replay, since_of
-from trove_recorder.retries import RetryPolicy
+from trove_recorder.retries import RetryPolicy, retry_request
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.bus import Bus
@@ -470,37 +470,22 @@ def test_replay_with_truncate_empties_every_projection_table() -> None:
     assert set(PROJECTION_TABLES) == set(Base.metadata.tables)
 
 
-async def test_a_replay_whose_lock_went_with_its_connection_stops(
-    stack: StackUrls, bus: Bus, scratch_database: str
+async def _replay_stopped_at(
+    stack: StackUrls, scratch_database: str, event: SeedRejected, policy: RetryPolicy
 ) -> None:
-    rejected = [
-        SeedRejected(
-            raw=f"ftp://{n}.example/",
-            reason="not http(s)",
-            provenance=Provenance(kind="seed", origin="test"),
-        )
-        for n in range(20)
-    ]
-    for event in rejected:
-        await bus.publish(event)
-    await upgrade_async(scratch_database)
+    """Run a replay of the record one event a batch, and end the session of its lock
+    (a server restart; Ctrl-C, a 10-minute NATS outage or a kill end it the same way)
+    while its batch of ``event`` waits: that batch and those before it applied, none
+    after."""
     target = create_async_engine(scratch_database)
     try:
         async with target.connect() as held:
-            # The third event's id taken first, uncommitted: the replay's third batch
-            # waits for it, with two batches applied.
+            # ``event``'s id taken first, uncommitted: its batch waits for it.
             await held.execute(
                 text("INSERT INTO projected_events (event_id, event_type) VALUES (:id, 'x')"),
-                {"id": rejected[2].id},
+                {"id": event.id},
             )
-            running = asyncio.create_task(
-                replay(
-                    stack.nats_url,
-                    scratch_database,
-                    RetryPolicy(max_attempts=3, delay_seconds=1.0),
-                    batch=1,
-                )
-            )
+            running = asyncio.create_task(replay(stack.nats_url, scratch_database, policy, batch=1))
 
             async def waiting() -> int:
                 (row,) = await query(
@@ -522,10 +507,75 @@ async def test_a_replay_whose_lock_went_with_its_connection_stops(
             )
             assert ended.ended
             await held.rollback()
-
         with pytest.raises(LockLost):
             await running
+    finally:
+        await target.dispose()
+
+
+async def test_a_replay_whose_lock_went_with_its_connection_stops(
+    stack: StackUrls, bus: Bus, scratch_database: str
+) -> None:
+    rejected = [
+        SeedRejected(
+            raw=f"ftp://{n}.example/",
+            reason="not http(s)",
+            provenance=Provenance(kind="seed", origin="test"),
+        )
+        for n in range(20)
+    ]
+    for event in rejected:
+        await bus.publish(event)
+    await upgrade_async(scratch_database)
+    policy = RetryPolicy(max_attempts=3, delay_seconds=1.0)
+    await _replay_stopped_at(stack, scratch_database, rejected[2], policy)
+    target = create_async_engine(scratch_database)
+    try:
         (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
         assert row.n == 3  # the batch under way when the lock went, and none after it
     finally:
         await target.dispose()
+
+
+async def test_a_replay_stopped_halfway_sends_no_retry_that_fired_long_ago_again(
+    stack: StackUrls, bus: Bus, scratch_database: str
+) -> None:
+    """A failure three days ago decided a retry, which fired an hour later and was
+    answered: both past where the replay stopped. Sent again, the old retry would
+    replace the page's next re-crawl, and its answer be dropped as a copy."""
+    policy = RetryPolicy(max_attempts=3, delay_seconds=3600.0)
+    then = datetime.now(UTC) - timedelta(days=3)
+    page = {"url": "https://blog.example/post", "domain": "blog.example"}
+    scope = Scope(value="blog.example")
+    failed = CrawlCompleted(
+        **page,
+        scope=scope,
+        request_id=str(uuid.uuid4()),
+        outcome=CrawlOutcome.BLOCKED_5XX,
+        status_code=503,
+        started_at=then - timedelta(seconds=1),
+        completed_at=then,
+    )
+    stop = SeedRejected(raw="ftp://x.example/", reason="x", provenance=Provenance(kind="seed"))
+    retry = retry_request(failed, 1, policy)
+    answered = CrawlCompleted(
+        **page,
+        scope=scope,
+        request_id=retry.id,
+        attempt=2,
+        outcome=CrawlOutcome.SUCCESS,
+        status_code=200,
+        started_at=then + timedelta(hours=1),
+        completed_at=then + timedelta(hours=1, seconds=1),
+    )
+    for event in (failed, stop, retry, answered):
+        await bus.publish(event)
+    await upgrade_async(scratch_database)
+    await _replay_stopped_at(stack, scratch_database, stop, policy)
+    target = create_async_engine(scratch_database)
+    try:
+        rows = await query(target, "SELECT event_id, published_at FROM outbox")
+    finally:
+        await target.dispose()
+    assert [str(row.event_id) for row in rows] == [retry.id]
+    assert all(row.published_at is not None for row in rows), "released to be sent again"

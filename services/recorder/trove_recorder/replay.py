@@ -143,6 +143,9 @@ _MARK_SENT = text(
 _RELEASE_HELD_RETRIES = text(
     "UPDATE outbox SET published_at = NULL WHERE published_at = 'infinity'"
 )
+_MARK_DUE_SENT = text(
+    "UPDATE outbox SET published_at = now() WHERE published_at = 'infinity' AND deliver_at <= now()"
+)
 #: Held by a running replay (a session lock, so a replay killed outright lets it go).
 REPLAY_LOCK = 0x74726F7665  # "trove"
 #: Held by a whole replay while it rebuilds the tables (a session lock as well); each live
@@ -164,11 +167,22 @@ _ABANDONED = text(
 )
 
 
-async def release_held_retries(conn: AsyncConnection | AsyncSession) -> None:
+async def release_held_retries(
+    conn: AsyncConnection | AsyncSession, *, read_to_the_end: bool
+) -> None:
     """End a hold: the retries in the record marked sent, those the page's chain went on
-    without dropped, the others released to the publisher."""
+    without dropped, the others released to the publisher.
+
+    A replay that stopped before the record's end (an outage, Ctrl-C, a kill) did not
+    read what came after: a retry it held that was due already fired then (its
+    ``CrawlRequested``, and the attempts after it, are in the part not read), and sent
+    again it would replace what the page has pending (its next re-crawl), under an id
+    the record knows, so that its answer is dropped as a copy. It is marked sent; the
+    replay run again decides it anew."""
     await conn.execute(_MARK_RECORDED_RETRIES)
     await _mark_overtaken(conn)
+    if not read_to_the_end:
+        await conn.execute(_MARK_DUE_SENT)
     await conn.execute(_RELEASE_HELD_RETRIES)
 
 
@@ -208,7 +222,7 @@ async def release_abandoned_holds(session: AsyncSession) -> None:
     """End the hold of a replay that could not (killed by a signal, its terminal
     closed): else its retries never went out, until the next replay."""
     if (await session.execute(_ABANDONED, {"lock": REPLAY_LOCK})).scalar():
-        await release_held_retries(session)
+        await release_held_retries(session, read_to_the_end=False)
 
 
 #: The ids of applied events leave with the record's retention; the pages stay.
@@ -387,6 +401,7 @@ async def replay(
     stats = ReplayStats()
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
+    read_to_the_end = False
     rebuild = since is None  # the live recorders wait for it (``REBUILD_LOCK``)
     sub: JetStreamContext.PushSubscription | None = None
     # While this connection lives, the live recorders leave the retries it holds alone.
@@ -408,7 +423,8 @@ async def replay(
                     "the database already has projections: use --truncate to rebuild them, "
                     "or --since to re-apply the events of a recent window"
                 )
-            await release_held_retries(conn)  # a replay that died held them
+            # A replay that died held them.
+            await release_held_retries(conn, read_to_the_end=False)
         holding = True
         subjects = {
             SEED_REJECTED,
@@ -513,6 +529,7 @@ async def replay(
         if stalled is not None:
             stalled.applied_until = applied_until
             raise stalled
+        read_to_the_end = True
     finally:
         if sub is not None:
             # Before the connection drains: messages pushed to a subscription nobody
@@ -526,7 +543,7 @@ async def replay(
         if holding:
             try:
                 async with engine.begin() as conn:
-                    await release_held_retries(conn)
+                    await release_held_retries(conn, read_to_the_end=read_to_the_end)
             except Exception as exc:  # the database away: a live recorder releases them
                 log.warning("replay: held retries not released: %s", exc)
         with contextlib.suppress(Exception):
