@@ -130,6 +130,9 @@ ROBOTS_LOCAL_TTL = 60.0
 #: so this only needs the origins a pod touches in a minute: ~100 pages/s at the
 #: default 10 s gap is ~1,000 hosts, each asked many times while its pages flow.
 ROBOTS_MEMORY = 4096
+#: Seconds past its slot after which a paused robots.txt chain's next hop is no longer
+#: waited for by the origin's other pages (``Fetcher._robots_under_way``).
+ROBOTS_HOP_OVERDUE = 120.0
 #: ... and at most this many bytes of robots.txt in all (a file may be 512 KiB).
 ROBOTS_MEMORY_BYTES = 64 << 20
 #: Events whose publish failed, kept for their redelivery (which then does not fetch
@@ -247,6 +250,9 @@ class Fetcher:
             max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
         )
         self._done: Memory[str, bool] = Memory(max_entries=DONE_MEMORY)
+        #: Origins whose robots.txt a chain paused at a redirect is reading, and the
+        #: slot of its next hop (``_robots_under_way``).
+        self._robots_paused: Memory[str, float] = Memory(max_entries=ROBOTS_MEMORY)
         self._polled: Memory[str, TimelinePolled] = Memory(
             max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
         )
@@ -346,6 +352,10 @@ class Fetcher:
             raise away  # before the lease: the host's slot is not spent on nothing
         if page_chain is None:
             robots = await self._cached_robots(target)
+            under_way = None if robots is not None else self._robots_under_way(target)
+            if under_way is not None:
+                await self._defer(job, payload, under_way, None)
+                return
         if robots is not None and not self._robots_allows(robots, target):
             await self._complete(job, robots_refusal(job.work, robots))
             return
@@ -923,6 +933,24 @@ class Fetcher:
         now = self.clock.now()
         until = min(now + ROBOTS_LOCAL_TTL, policy.expires_at)
         self._robots_local.put(origin, (until, policy), len(policy.body) + 256)
+        self._robots_paused.pop(origin)
+
+    def _robots_under_way(self, url: str) -> float | None:
+        """When a page of ``url``'s origin may look for its robots.txt again, if a chain
+        of this pod paused at a redirect is reading it (an ``http://`` origin sending it
+        to ``https://``): asked now, every page of the origin queued behind that hop
+        would request the file once more, and pause there too. One gap after the hop's
+        slot, and never sooner than a gap from now; not once the hop is long overdue
+        (its message lost with a pod)."""
+        origin = origin_of(url)
+        at = self._robots_paused.get(origin)
+        if at is None:
+            return None
+        now = self.clock.now()
+        if now > at + ROBOTS_HOP_OVERDUE:
+            self._robots_paused.pop(origin)
+            return None
+        return max(at, now) + self.politeness.config.min_delay
 
     async def _resume_robots(self, job: Job, payload: bytes, chain: Chain) -> RobotsPolicy | None:
         domain = domain_of(chain.next_url)
@@ -935,10 +963,12 @@ class Fetcher:
         self, job: Job, payload: bytes, hold: _Hold, resume: tuple[str, ...]
     ) -> RobotsPolicy | None:
         """robots.txt of the job's origin, under ``hold``; None when its chain paused."""
+        origin = origin_of(job.url)
         try:
-            return await self._read_robots(origin_of(job.url), job.domain, hold, resume)
+            return await self._read_robots(origin, job.domain, hold, resume)
         except RedirectPaused as paused:
             await self._defer(job, payload, paused.at, Chain(ChainKind.ROBOTS, paused.hops))
+            self._robots_paused.put(origin, paused.at)
             return None
 
     async def _read_robots(
