@@ -136,6 +136,7 @@ def reading(policy: RobotsPolicy) -> object:
     """Everything protego read of a policy's file: each group's rules, delay, request rate
     and visit time, the sitemaps and the preferred host."""
     parser = robots_module._parse(policy._key, policy.body).parser
+    assert parser is not None
     groups = {
         agent: (
             [(rule.field, rule.value._pattern) for rule in group._rules],

@@ -81,16 +81,21 @@ def robots_refusal(
     *,
     strategy: str = "http",
     strategy_reason: str | None = None,
+    url: str | None = None,
 ) -> CrawlCompleted:
     """The site's robots.txt forbids the URL; or it could not be read, so nothing is
-    allowed for now: that is a failed (retryable) attempt, not the site's refusal."""
+    allowed for now: that is a failed (retryable) attempt, not the site's refusal.
+
+    A ``url`` refused because judging it would cost too much (``RobotsPolicy.unjudged``)
+    is blocked by robots.txt too, and says so: a retry would meet the same file."""
     now = datetime.now(UTC)
+    unjudged = None if url is None else robots.unjudged(url)
     if robots.temporary:
         status = f" ({robots.status_code})" if robots.status_code else ""
         outcome = CrawlOutcome.FAILED
         reason = f"robots.txt unavailable{status}: {robots.error or 'disallow all for now'}"
     else:
-        outcome, reason = CrawlOutcome.BLOCKED_ROBOTS, "disallowed by robots.txt"
+        outcome, reason = CrawlOutcome.BLOCKED_ROBOTS, unjudged or "disallowed by robots.txt"
     return CrawlCompleted(
         **_base(work, strategy, strategy_reason, False),
         outcome=outcome,

@@ -357,7 +357,7 @@ class Fetcher:
                 await self._defer(job, payload, under_way, None)
                 return
         if robots is not None and not self._robots_allows(robots, target):
-            await self._complete(job, robots_refusal(job.work, robots))
+            await self._complete(job, robots_refusal(job.work, robots, url=target))
             return
         # A paused chain's next hop is a hop of the page already asked for: it goes on.
         hold = await self._lease(
@@ -390,7 +390,7 @@ class Fetcher:
                         return
             if not robots.allows(job.url, self.robots_token):
                 await self._release(hold)
-                await self._complete(job, robots_refusal(job.work, robots))
+                await self._complete(job, robots_refusal(job.work, robots, url=job.url))
                 return
         await self._fetch_page(job, payload, hold)
 

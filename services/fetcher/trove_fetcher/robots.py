@@ -34,6 +34,14 @@ and the lines of robots.txt its parser reads (``_rules_only``): a robots.txt req
 be answered with any page (a soft 404, a redirect to the home page), and no page's text
 is stored. Each process re-parses it on load, and keeps the parsed objects in a small LRU
 so a cached policy is parsed once, not once per URL.
+
+protego parses a file and matches a URL in Python, rule by rule and wildcard by wildcard,
+on the fetcher's event loop, so what a file costs grows with its rules, not its bytes: a
+wildcard is dearer than a plain rule, user agents sharing a group each get their own copy
+of its rules, and each query order is a match of its own. A file that would cost more than
+``MAX_ROBOTS_WORK`` to parse, or a URL to match (its query orders included), is not
+parsed or matched: what it covers is refused (``unjudged`` says why), never allowed
+unread.
 """
 
 from __future__ import annotations
@@ -54,7 +62,12 @@ from typing import Any
 import httpx
 import idna
 from protego import Protego
-from protego._protego import _ALL_DIRECTIVES, _USER_AGENT_DIRECTIVE, _extract_directive
+from protego._protego import (
+    _ALL_DIRECTIVES,
+    _SITE_WIDE_DIRECTIVES,
+    _USER_AGENT_DIRECTIVE,
+    _extract_directive,
+)
 
 from trove_fetcher.errors import BlockedAddress, FetcherError, NetworkAway, RedirectPaused
 from trove_fetcher.http import (
@@ -87,13 +100,20 @@ EXCLUDED_RULES = b"User-agent: *\nDisallow: /\n"
 #: Redirect hops followed (RFC 9309 §2.3.1.2: at least five).
 MAX_ROBOTS_REDIRECTS = 5
 #: Parsed robots.txt objects kept per process, and the most bytes they may come from: a
-#: parsed file weighs some 30 times its text, and a file of 500 KiB is allowed.
+#: parsed file weighs some 30 to 45 times its text, and a file of 500 KiB is allowed.
 PARSED_CACHE_SIZE = 512
 PARSED_CACHE_BYTES = 4 * 1024 * 1024
 #: The most parameters of one URL each checked first (``_query_orders``): each order is
-#: matched against the whole file (some 0.4 ms for a file of 500 KiB), and a link of
-#: 2,000 characters may have 500 of them.
+#: matched against the whole file, and a link of 2,000 characters may have 500 of them.
 MAX_QUERY_ORDERS = 32
+#: The most work, in lines of a file (``_WILDCARD_WORK`` for each ``*`` or ``$``), that
+#: parsing a file or judging one URL may take. A line is a rule protego makes and may try
+#: against a URL; a wildcard is a piece it finds in the URL in Python, and a ``$`` doubles
+#: its rule. The bound takes every file of 500 KiB of plain rules (RFC 9309 asks that much
+#: be read), one URL at a time; wildcards, user agents sharing a group's rules, and query
+#: orders (each a match of its own) count against it.
+MAX_ROBOTS_WORK = 65_536
+_WILDCARD_WORK = 4
 _FORMAT_VERSION = 1
 
 
@@ -105,11 +125,16 @@ class RobotsRule(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class _Rules:
-    parser: Protego
+    #: None for a file too costly to parse (``MAX_ROBOTS_WORK``).
+    parser: Protego | None
     #: Whether a rule of the file could read a query's order (``_QUERY_RULE``).
     reads_queries: bool
     #: The product tokens the file's groups are named after (``_product_token``).
     tokens: frozenset[str]
+    #: What matching one URL against the file may take (``_match_work``).
+    work: int
+    #: The bytes of robots.txt ``parser`` was made of: what it counts in ``_parsed``.
+    size: int
 
     def agent(self, token: str) -> str:
         """The name to ask ``parser`` about ``token`` with.
@@ -127,7 +152,7 @@ class _Rules:
 
 
 _parsed: OrderedDict[tuple[str, float, int, int], _Rules] = OrderedDict()
-#: The bytes of robots.txt the parsers in ``_parsed`` were made of (the key's third).
+#: The bytes of robots.txt the parsers in ``_parsed`` were made of (their ``size``).
 _parsed_bytes = 0
 
 
@@ -149,16 +174,32 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
     # Line ends as protego reads them (``str.splitlines``: a bare CR ends a line too, as
     # RFC 9309 allows), so the rewrites below see the lines protego parses.
     text = "\n".join(_text(body).splitlines())
-    named, tokens = _named_by_token(text)
-    rules = _Rules(Protego.parse(named), _QUERY_RULE.search(text) is not None, tokens)
+    work = _match_work(text)
+    # Counted in C first: a file of too many lines is not walked in Python at all. One
+    # too costly is kept too, holding no parser, so it is not weighed again for each URL.
+    rules = _Rules(None, False, frozenset(), work, 0)
+    if work <= MAX_ROBOTS_WORK:
+        named, tokens, parse_work = _named_by_token(text)
+        if parse_work <= MAX_ROBOTS_WORK:
+            reads_queries = _QUERY_RULE.search(text) is not None
+            rules = _Rules(Protego.parse(named), reads_queries, tokens, work, key[2])
     _parsed[key] = rules
-    _parsed_bytes += key[2]
+    _parsed_bytes += rules.size
     while len(_parsed) > 1 and (
         len(_parsed) > PARSED_CACHE_SIZE or _parsed_bytes > PARSED_CACHE_BYTES
     ):
-        gone, _ = _parsed.popitem(last=False)
-        _parsed_bytes -= gone[2]
+        _, gone = _parsed.popitem(last=False)
+        _parsed_bytes -= gone.size
     return rules
+
+
+def _match_work(text: str) -> int:
+    """What matching one URL against ``text`` (lines as protego reads them) may take:
+    its lines, and ``_WILDCARD_WORK`` for each ``*`` and ``$``. An estimate from above, as
+    not every line is a rule, and counted in C, so a hostile file costs little to weigh."""
+    lines = text.split("\n")
+    wildcards = text.count("*") + text.count("$")
+    return len(lines) - lines.count("") + _WILDCARD_WORK * wildcards
 
 
 def _product_token(value: str) -> str:
@@ -174,25 +215,42 @@ def _product_token(value: str) -> str:
     return "" if match is None else match[0].lower()
 
 
-def _named_by_token(text: str) -> tuple[str, frozenset[str]]:
+def _named_by_token(text: str) -> tuple[str, frozenset[str], int]:
     """``text`` (lines as protego reads them) with each user-agent line, in any spelling
-    protego reads, naming its product token alone, and the tokens so named.
+    protego reads, naming its product token alone; the tokens so named; and what parsing
+    it takes, as ``_match_work`` counts it, each line of a group once for each user agent
+    the group names: protego gives each its own copy of the group's rules.
 
     A line naming no crawler is kept as an empty user-agent line: it still ends the group
     before it, as the line did, and opens none.
     """
     lines = text.split("\n")
     tokens: set[str] = set()
+    work = 0
+    agents = 0  # named by the group the lines are in
+    naming = True  # whether a user-agent line adds to that group rather than opening one
     for index, line in enumerate(lines):
         rule = line.partition("#")[0].strip()
         directive = _extract_directive(rule) if rule else None
-        if directive is None or directive[0] not in _USER_AGENT_DIRECTIVE:
+        if directive is None:
             continue
-        token = _product_token(directive[1])
+        field, value = directive
+        cost = 1 + _WILDCARD_WORK * (value.count("*") + value.count("$"))
+        if field not in _USER_AGENT_DIRECTIVE:
+            if field not in _SITE_WIDE_DIRECTIVES:
+                naming = False
+                cost *= max(agents, 1)
+            work += cost
+            continue
+        if not naming:
+            agents, naming = 0, True
+        token = _product_token(value)
         lines[index] = f"User-agent: {token}"
+        work += 1
         if token:
             tokens.add(token)
-    return "\n".join(lines), frozenset(tokens)
+            agents += 1
+    return "\n".join(lines), frozenset(tokens), work
 
 
 def _text(body: bytes, errors: str = "replace") -> str:
@@ -293,32 +351,57 @@ class RobotsPolicy:
         A URL with two or more query parameters, under a file with a rule that could
         read their order, is refused if any order with one parameter moved first is
         disallowed too (``_query_orders``): its canonical order may not be the one the
-        site's rules were written for.
+        site's rules were written for. A URL that would cost more than
+        ``MAX_ROBOTS_WORK`` to judge so is refused unmatched (``unjudged``).
         """
         if self.rule is RobotsRule.ALLOW_ALL:
             return True
         if self.rule is RobotsRule.DISALLOW_ALL:
             return False
-        rules = _parse(self._key, self.body)
-        agent = rules.agent(token)
-        if not rules.parser.can_fetch(url, agent):
+        rules, checks = self._checks(url)
+        if rules.parser is None or rules.work * len(checks) > MAX_ROBOTS_WORK:
             return False
+        agent = rules.agent(token)
+        return all(rules.parser.can_fetch(check, agent) for check in checks)
+
+    def unjudged(self, url: str) -> str | None:
+        """Why ``allows`` refuses ``url`` without matching it, if it does: judging it would
+        cost more than ``MAX_ROBOTS_WORK``. Not the site's refusal, and the same until
+        the file changes."""
+        if self.rule is not RobotsRule.PARSED:
+            return None
+        rules, checks = self._checks(url)
+        if rules.parser is None:
+            return f"robots.txt too costly to judge: over {MAX_ROBOTS_WORK:,} rules to parse"
+        if rules.work * len(checks) > MAX_ROBOTS_WORK:
+            return (
+                f"robots.txt too costly to judge: {rules.work:,} rules to match"
+                f" against {len(checks)} orders of the query"
+            )
+        return None
+
+    def _checks(self, url: str) -> tuple[_Rules, list[str]]:
+        """The file's rules, and ``url`` with the orders of its query each to be matched."""
+        rules = _parse(self._key, self.body)
         if not rules.reads_queries or "&" not in url:
-            return True
-        return all(rules.parser.can_fetch(order, agent) for order in _query_orders(url))
+            return rules, [url]
+        return rules, [url, *_query_orders(url)]
 
     def crawl_delay(self, token: str = BOT_NAME) -> float | None:
         """The Crawl-delay of the group ``token`` falls in, in seconds, if any."""
         if self.rule is not RobotsRule.PARSED:
             return None
         rules = _parse(self._key, self.body)
+        if rules.parser is None:
+            return None  # nothing of the origin is fetched
         delay = rules.parser.crawl_delay(rules.agent(token))
         return None if delay is None else float(delay)
 
     def sitemaps(self) -> tuple[str, ...]:
         if self.rule is not RobotsRule.PARSED:
             return ()
-        return tuple(_parse(self._key, self.body).parser.sitemaps)
+        parser = _parse(self._key, self.body).parser
+        return () if parser is None else tuple(parser.sitemaps)
 
     @property
     def expires_at(self) -> float:
