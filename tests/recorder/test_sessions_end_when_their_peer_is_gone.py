@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 
@@ -12,7 +13,16 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls
-from trove_recorder.database import CONNECT_TIMEOUT, as_retry, make_engine
+from trove_recorder.database import (
+    CONNECT_TIMEOUT,
+    KEEPALIVE_COUNT,
+    KEEPALIVE_IDLE,
+    KEEPALIVE_INTERVAL,
+    USER_TIMEOUT,
+    as_retry,
+    client_socket,
+    make_engine,
+)
 
 # The projection's own insert (``projections``): a redelivered batch writes the same ids.
 _APPLIED = text(
@@ -75,6 +85,34 @@ async def test_the_server_probes_the_recorders_sessions_for_a_peer_that_is_gone(
         "tcp_keepalives_count": "3",
         "tcp_user_timeout": "60000",
         "idle_in_transaction_session_timeout": "1min",
+    }
+
+
+async def test_the_recorder_probes_its_own_sockets_for_a_server_that_is_gone(
+    stack: StackUrls,
+) -> None:
+    recorder = make_engine(stack.database_url)
+    try:
+        async with recorder.connect() as conn:
+            raw = await conn.get_raw_connection()
+            sock = client_socket(raw.driver_connection)
+            assert sock is not None
+            options = {
+                "SO_KEEPALIVE": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                "TCP_KEEPIDLE": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                "TCP_KEEPINTVL": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                "TCP_KEEPCNT": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                "TCP_USER_TIMEOUT": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+            }
+    finally:
+        await recorder.dispose()
+    # The server's values (``SERVER_TCP``), on the recorder's side of the connection.
+    assert options == {
+        "SO_KEEPALIVE": 1,
+        "TCP_KEEPIDLE": KEEPALIVE_IDLE,
+        "TCP_KEEPINTVL": KEEPALIVE_INTERVAL,
+        "TCP_KEEPCNT": KEEPALIVE_COUNT,
+        "TCP_USER_TIMEOUT": USER_TIMEOUT * 1000,
     }
 
 

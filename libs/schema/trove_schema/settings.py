@@ -416,6 +416,15 @@ class RecorderSettings(CommonSettings):
     #: Longest the recorder waits to fill a batch once it has some events (latency for
     #: fewer, larger transactions); 0 handles whatever has arrived at once.
     batch_linger_seconds: float = Field(default=0.3, ge=0.0, le=5.0)
+    #: Longest one of the recorder's transactions (a batch of events, an event of a
+    #: batch that failed, a batch of retention's rows) runs before its connection is
+    #: closed under it and its work handed back, for this recorder or another to do
+    #: again: a statement on a primary gone silent otherwise waits for ever. A batch of
+    #: 500 takes a fraction of a second; the default leaves room for a slow server and
+    #: for the row locks of a recorder lost mid-batch, which its server frees after a
+    #: minute (``idle_in_transaction_session_timeout``), and is past the minute in which
+    #: TCP fails a connection to a peer that is gone.
+    batch_timeout_seconds: Seconds = Field(default=120.0, ge=1.0)
     #: URLs whose page id the recorder remembers (~200 bytes each); 0 turns it off.
     page_id_cache: int = Field(default=200_000, ge=0)
     #: Audit rows (``fetcher_attempts`` and their tags) older than this are deleted; 0

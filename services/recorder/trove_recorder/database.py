@@ -23,18 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from asyncpg.exceptions import InterfaceError as AsyncpgInterfaceError
 from asyncpg.exceptions import InvalidCachedStatementError, OutdatedSchemaCacheError
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from trove_schema import sqlstates
 from trove_schema.bus import REFUSED_PATIENCE, Retry
 from trove_schema.errors import TroveError
+
+log = logging.getLogger("trove.recorder")
 
 #: Seconds before a batch is tried again while the database is away.
 UNAVAILABLE_DELAY = 2.0
@@ -51,16 +60,35 @@ IDLE_IN_TRANSACTION_TIMEOUT = 60.0
 #: Seconds to reach the server and log in: a primary lost with its node answers nothing,
 #: and asyncpg's own default is a minute.
 CONNECT_TIMEOUT = 10.0
-#: The server's side of each session probes a peer silent for 30 s every 10 s and ends
-#: the session after 3 probes unanswered, or once what it sent has gone unacknowledged
-#: for 60 s (its reply to a peer that is gone): so a session ends whatever it was doing
-#: when its recorder vanished.
+#: Either side of a session probes a peer silent for 30 s every 10 s and ends the
+#: session after 3 probes unanswered, or once what it sent has gone unacknowledged for
+#: 60 s: so a session ends whatever it was doing when its recorder vanished (the
+#: server's side), and a statement sent to a primary gone without a word (its node lost,
+#: a partition, a failover whose old address drops everything) fails within about a
+#: minute instead of waiting for TCP's own retries, 15 minutes to hours (the client's).
+KEEPALIVE_IDLE = 30
+KEEPALIVE_INTERVAL = 10
+KEEPALIVE_COUNT = 3
+USER_TIMEOUT = 60
 SERVER_TCP = {
-    "tcp_keepalives_idle": "30s",
-    "tcp_keepalives_interval": "10s",
-    "tcp_keepalives_count": "3",
-    "tcp_user_timeout": "60s",
+    "tcp_keepalives_idle": f"{KEEPALIVE_IDLE}s",
+    "tcp_keepalives_interval": f"{KEEPALIVE_INTERVAL}s",
+    "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+    "tcp_user_timeout": f"{USER_TIMEOUT}s",
 }
+#: The same on the recorder's socket; the options other than SO_KEEPALIVE are Linux's
+#: (and a few others'), and left to the system's defaults where they are missing.
+_CLIENT_TCP = (
+    (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+    (socket.IPPROTO_TCP, "TCP_KEEPIDLE", KEEPALIVE_IDLE),
+    (socket.IPPROTO_TCP, "TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+    (socket.IPPROTO_TCP, "TCP_KEEPCNT", KEEPALIVE_COUNT),
+    (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", USER_TIMEOUT * 1000),
+)
+#: Seconds one of the recorder's transactions (a batch of events, an event of a batch
+#: that failed, a batch of retention's rows) may run before its connection is closed
+#: under it and its work handed back (``TROVE_BATCH_TIMEOUT_SECONDS``).
+BATCH_TIMEOUT = 120.0
 
 
 def make_engine(
@@ -70,7 +98,9 @@ def make_engine(
 
     No client-side statement timeout: asyncpg's ``command_timeout`` would raise a
     ``TimeoutError``, a batch handed back whole time after time where a statement
-    cancelled by the server (``sqlstates.CANCELED``) is tried an event at a time."""
+    cancelled by the server (``sqlstates.CANCELED``) is tried an event at a time. A
+    transaction the server leaves unanswered ends at a deadline far past any batch's
+    time instead (``bounded_transaction``)."""
     settings = {
         **SERVER_TCP,
         "idle_in_transaction_session_timeout": f"{round(idle_in_transaction * 1000)}ms",
@@ -81,8 +111,29 @@ def make_engine(
         max_overflow=10,
         connect_args={"timeout": CONNECT_TIMEOUT, "server_settings": settings},
     )
+    event.listen(engine.sync_engine, "connect", _probe_the_server)
     event.listen(engine.sync_engine, "checkout", _refuse_closed)
     return engine
+
+
+def client_socket(driver_connection: Any) -> Any | None:
+    """The socket under an asyncpg connection, if it can be reached.
+
+    asyncpg offers no socket options of its own: its transport (private) is the way
+    to the socket it connected; None if a release of asyncpg moved it."""
+    transport = getattr(driver_connection, "_transport", None)
+    return None if transport is None else transport.get_extra_info("socket")
+
+
+def _probe_the_server(dbapi_connection: Any, record: Any) -> None:
+    """Each new connection's socket gets the client's half of the TCP limits (``_CLIENT_TCP``)."""
+    sock = client_socket(dbapi_connection.driver_connection)
+    if sock is None:
+        return
+    for level, name, value in _CLIENT_TCP:
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(level, option, value)
 
 
 def _refuse_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -223,6 +274,63 @@ async def drop_connection(session: AsyncSession, exc: BaseException) -> None:
     """
     connection = await session.connection()
     await connection.invalidate(exc)
+
+
+@contextlib.asynccontextmanager
+async def bounded_transaction(
+    sessions: async_sessionmaker[AsyncSession], seconds: float, what: str
+) -> AsyncIterator[AsyncSession]:
+    """A session in a transaction, committed at the end, whose connection is closed
+    under it if it lasts more than ``seconds``: then it raises ``Retry``.
+
+    A statement sent to a primary that went silent after it arrived waits for a reply
+    that never comes, and nothing else ends it: there is no client-side statement
+    timeout (``make_engine``), and the TCP limits are blind to a peer whose kernel
+    still answers for a server that does not (a proxy or a pooler left up, a process
+    stopped behind a live address). A batch of events waits so for ever, its messages
+    marked in progress, out of every other recorder's reach. Closed at the deadline,
+    the connection fails the statement at once and leaves the pool (its state is
+    unknown), and the work is handed back whole. Cancelling the task would not end it:
+    the session's close still waits for its rollback on the silent connection, run to
+    completion (SQLAlchemy shields it).
+
+    The checkout comes before the deadline starts: a login is bounded on its own
+    (``CONNECT_TIMEOUT``), and a pool exhausted fails in its own time.
+    """
+    loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
+    expired = False
+
+    def expire(driver: Any) -> None:
+        nonlocal expired
+        expired = True
+        log.warning(
+            "%s ran past %.0f s: its database connection is closed and the work handed back",
+            what,
+            seconds,
+        )
+        driver.terminate()
+
+    try:
+        async with sessions() as session:
+            connection = await session.connection()
+            driver = (await connection.get_raw_connection()).driver_connection
+            timer = loop.call_later(seconds, expire, driver)
+            try:
+                yield session
+                await session.commit()
+            except BaseException as exc:
+                if expired:
+                    await connection.invalidate(exc)  # never back into the pool
+                raise
+    except Exception as exc:
+        if not expired:
+            raise
+        reason = f"{what}: the database did not answer for {seconds:g} s ({exc})"
+        raise Retry(reason, delay=UNAVAILABLE_DELAY) from exc
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

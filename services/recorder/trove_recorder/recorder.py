@@ -21,8 +21,10 @@ from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from trove_recorder.database import (
+    BATCH_TIMEOUT,
     UNAVAILABLE_DELAY,
     LoginRefusals,
+    bounded_transaction,
     canceled,
     database_trouble_is_retried,
     drop_connection,
@@ -71,8 +73,12 @@ class Recorder:
         page_id_cache: int = 0,
         learning: LearningConfig | None = None,
         refused_patience: float = REFUSED_PATIENCE,
+        batch_timeout: float = BATCH_TIMEOUT,
     ) -> None:
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+        #: Longest a batch's transaction runs before it is handed back
+        #: (``database.bounded_transaction``).
+        self.batch_timeout = batch_timeout
         self.bus = bus
         self.policy = policy
         self.learning = learning
@@ -104,8 +110,9 @@ class Recorder:
     async def project(self, events: Sequence[Event], msgs: Sequence[Msg]) -> None:
         """Apply ``events``, decoded from ``msgs``, in one transaction."""
         try:
+            what = f"a batch of {len(events)} event{'' if len(events) == 1 else 's'}"
             with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
-                async with self.sessions.begin() as session:
+                async with bounded_transaction(self.sessions, self.batch_timeout, what) as session:
                     if await rebuilding(session):
                         raise self._replay_under_way()
                     try:
@@ -173,13 +180,15 @@ class Recorder:
                 pause = min(pause * 2, idle_max)
 
     async def _publish_batch(self, limit: int = 100) -> int:
-        async with self.sessions.begin() as session:
-            # Its rows stay locked while it waits on NATS, up to a publish's timeout
-            # (10 s) a row: a slow broker would outlast the session's idle limit (a
-            # minute, ``database.IDLE_IN_TRANSACTION_TIMEOUT``), and every pass would
-            # end killed, its rows sent again.
+        # Its rows stay locked while it waits on NATS, up to a publish's timeout (10 s) a
+        # row: a slow broker would outlast the session's idle limit (a minute,
+        # ``database.IDLE_IN_TRANSACTION_TIMEOUT``), and every pass would end killed, its
+        # rows sent again. The same bound ends a pass on a database gone silent, which
+        # would otherwise stop every retry from going out.
+        within = limit * 20
+        async with bounded_transaction(self.sessions, within, "a pass over the outbox") as session:
             await session.execute(
-                text(f"SET LOCAL idle_in_transaction_session_timeout = '{limit * 20}s'")
+                text(f"SET LOCAL idle_in_transaction_session_timeout = '{within}s'")
             )
             await release_abandoned_holds(session)
             rows = (
@@ -271,6 +280,7 @@ async def serve(
             page_id_cache=settings.page_id_cache,
             learning=LearningConfig.from_settings(settings),
             refused_patience=refused_patience,
+            batch_timeout=settings.batch_timeout_seconds,
         )
         consumer = BatchConsumer(
             bus=bus,

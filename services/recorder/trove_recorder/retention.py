@@ -69,6 +69,7 @@ from typing import Any, TypeVar
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
+from trove_recorder.database import BATCH_TIMEOUT, bounded_transaction
 from trove_schema.settings import RecorderSettings
 
 log = logging.getLogger("trove.recorder")
@@ -155,6 +156,8 @@ class Retention:
     batch: int = 5_000
     #: Time between passes.
     interval: float = 600.0
+    #: Longest a batch's transaction runs (``database.bounded_transaction``).
+    batch_timeout: float = BATCH_TIMEOUT
 
     @classmethod
     def from_settings(cls, settings: RecorderSettings) -> Retention:
@@ -169,6 +172,7 @@ class Retention:
             applied_window=timedelta(seconds=2 * max_age) if max_age else None,
             batch=settings.audit_prune_batch,
             interval=settings.audit_prune_interval_seconds,
+            batch_timeout=settings.batch_timeout_seconds,
         )
 
 
@@ -181,17 +185,19 @@ def _utcnow() -> datetime:
 
 async def _in_batches(
     sessions: async_sessionmaker[AsyncSession],
-    batch: int,
+    retention: Retention,
     step: Callable[[AsyncSession], Awaitable[int]],
     stop: asyncio.Event | None = None,
 ) -> list[int]:
-    """Run ``step`` (which goes through at most ``batch`` rows) a transaction at a time
-    until it goes through fewer, or ``stop`` is set (a first pass over months of rows
-    takes minutes: a stopping recorder does not wait for it); the rows each batch went
-    through."""
+    """Run ``step`` (which goes through at most ``retention.batch`` rows) a transaction at
+    a time until it goes through fewer, or ``stop`` is set (a first pass over months of
+    rows takes minutes: a stopping recorder does not wait for it); the rows each batch
+    went through. A batch the database leaves unanswered past ``retention.batch_timeout``
+    loses the pass's connection, and the lock with it: the pass ends there."""
+    batch, within = retention.batch, retention.batch_timeout
     done: list[int] = []
     while stop is None or not stop.is_set():
-        async with sessions.begin() as session:
+        async with bounded_transaction(sessions, within, "a batch of retention") as session:
             count = await step(session)
         if count:
             done.append(count)
@@ -207,7 +213,7 @@ async def _delete_oldest(
     sessions: async_sessionmaker[AsyncSession],
     statement: TextClause,
     cutoff: datetime,
-    batch: int,
+    retention: Retention,
     stop: asyncio.Event | None = None,
     with_them: Callable[[AsyncSession, list[Any]], Awaitable[object]] | None = None,
 ) -> list[int]:
@@ -215,7 +221,7 @@ async def _delete_oldest(
     ``cutoff`` from ``after`` on, and returns their ages and keys) until none is left,
     each batch from the newest age the last one deleted; ``with_them`` runs in a batch's
     transaction with the keys it deleted. The rows each batch deleted."""
-    params = {"cutoff": cutoff, "after": _OLDEST, "batch": batch}
+    params = {"cutoff": cutoff, "after": _OLDEST, "batch": retention.batch}
 
     async def step(session: AsyncSession) -> int:
         found = (await session.execute(statement, params)).all()
@@ -225,7 +231,7 @@ async def _delete_oldest(
                 await with_them(session, [key for _, key in found])
         return len(found)
 
-    return await _in_batches(sessions, batch, step, stop)
+    return await _in_batches(sessions, retention, step, stop)
 
 
 async def prune(
@@ -242,7 +248,7 @@ async def prune(
         await session.execute(_DELETE_TAGS, {"ids": ids})
 
     cutoff = now() - retention.window
-    return await _delete_oldest(sessions, _DELETE, cutoff, retention.batch, stop, tags)
+    return await _delete_oldest(sessions, _DELETE, cutoff, retention, stop, tags)
 
 
 @dataclass(slots=True)
@@ -292,7 +298,7 @@ async def prune_crawls(
         deleted += gone
         return int(read)
 
-    await _in_batches(sessions, retention.batch, step, stop)
+    await _in_batches(sessions, retention, step, stop)
     return deleted
 
 
@@ -304,7 +310,7 @@ async def prune_published(
 ) -> int:
     """Delete the outbox rows published longer than ``published_window`` ago; how many."""
     cutoff = now() - retention.published_window
-    return sum(await _delete_oldest(sessions, _DELETE_PUBLISHED, cutoff, retention.batch, stop))
+    return sum(await _delete_oldest(sessions, _DELETE_PUBLISHED, cutoff, retention, stop))
 
 
 async def prune_shares(
@@ -317,7 +323,7 @@ async def prune_shares(
     if retention.shares_window is None:
         return 0
     cutoff = now() - retention.shares_window
-    return sum(await _delete_oldest(sessions, _DELETE_SHARES, cutoff, retention.batch, stop))
+    return sum(await _delete_oldest(sessions, _DELETE_SHARES, cutoff, retention, stop))
 
 
 async def prune_polls(
@@ -333,7 +339,7 @@ async def prune_polls(
     async def step(session: AsyncSession) -> int:
         return len((await session.execute(_DELETE_POLLS, params)).all())
 
-    return sum(await _in_batches(sessions, retention.batch, step, stop))
+    return sum(await _in_batches(sessions, retention, step, stop))
 
 
 async def prune_applied(
@@ -346,7 +352,7 @@ async def prune_applied(
     if retention.applied_window is None:
         return 0
     cutoff = now() - retention.applied_window
-    return sum(await _delete_oldest(sessions, _DELETE_APPLIED, cutoff, retention.batch, stop))
+    return sum(await _delete_oldest(sessions, _DELETE_APPLIED, cutoff, retention, stop))
 
 
 @dataclass(slots=True)
