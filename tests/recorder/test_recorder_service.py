@@ -397,7 +397,7 @@ async def test_a_held_retry_its_pages_chain_went_on_without_is_not_sent(
                     "due": overtaken.not_before,
                 },
             )
-        await release_held_retries(conn, read_to_the_end=True)
+        await release_held_retries(conn)
     found = await query(engine, "SELECT event_id, published_at FROM outbox")
     state = {str(r.event_id): r.published_at is not None for r in found}
     assert state == {overtaken.id: True, standing.id: False} | dict.fromkeys(unread, False)

@@ -34,6 +34,7 @@ from trove_schema.events import (
     Link,
     PageDiscovered,
     Provenance,
+    RequestReason,
     Scope,
     SeedRejected,
     decode_event,
@@ -48,6 +49,7 @@ from trove_schema.topology import (
     FETCHER,
     RECORDER,
     SEEDS_SUBJECT,
+    page_schedule_subject,
 )
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -537,45 +539,79 @@ async def test_a_replay_whose_lock_went_with_its_connection_stops(
         await target.dispose()
 
 
-async def test_a_replay_stopped_halfway_sends_no_retry_that_fired_long_ago_again(
-    stack: StackUrls, bus: Bus, scratch_database: str
-) -> None:
-    """A failure three days ago decided a retry, which fired an hour later and was
-    answered: both past where the replay stopped. Sent again, the old retry would
-    replace the page's next re-crawl, and its answer be dropped as a copy."""
-    policy = RetryPolicy(max_attempts=3, delay_seconds=3600.0)
-    then = datetime.now(UTC) - timedelta(days=3)
-    page = {"url": "https://blog.example/post", "domain": "blog.example"}
-    scope = Scope(value="blog.example")
-    failed = CrawlCompleted(
-        **page,
-        scope=scope,
+def _failure(then: datetime) -> CrawlCompleted:
+    return CrawlCompleted(
+        url="https://blog.example/post",
+        domain="blog.example",
+        scope=Scope(value="blog.example"),
         request_id=str(uuid.uuid4()),
         outcome=CrawlOutcome.BLOCKED_5XX,
         status_code=503,
         started_at=then - timedelta(seconds=1),
         completed_at=then,
     )
-    stop = SeedRejected(raw="ftp://x.example/", reason="x", provenance=Provenance(kind="seed"))
-    retry = retry_request(failed, 1, policy)
-    answered = CrawlCompleted(
-        **page,
-        scope=scope,
-        request_id=retry.id,
-        attempt=2,
-        outcome=CrawlOutcome.SUCCESS,
-        status_code=200,
-        started_at=then + timedelta(hours=1),
-        completed_at=then + timedelta(hours=1, seconds=1),
-    )
-    for event in (failed, stop, retry, answered):
-        await bus.publish(event)
-    await upgrade_async(scratch_database)
-    await _replay_stopped_at(stack, scratch_database, stop, policy)
-    target = create_async_engine(scratch_database)
+
+
+async def _outbox(database: str) -> list[tuple[str, bool]]:
+    """Each row's event id, and whether it is marked sent."""
+    target = create_async_engine(database)
     try:
         rows = await query(target, "SELECT event_id, published_at FROM outbox")
     finally:
         await target.dispose()
-    assert [str(row.event_id) for row in rows] == [retry.id]
-    assert all(row.published_at is not None for row in rows), "released to be sent again"
+    return [(str(row.event_id), row.published_at is not None) for row in rows]
+
+
+async def test_a_replay_stopped_halfway_sends_no_retry_that_fired_long_ago_again(
+    stack: StackUrls, bus: Bus, scratch_database: str
+) -> None:
+    """A failure three days ago decided a retry, which fired an hour later and was
+    answered: both past where the replay stopped. Sent again, the old retry would
+    replace the page's next re-crawl, pending, and its answer be dropped as a copy."""
+    policy = RetryPolicy(max_attempts=3, delay_seconds=3600.0)
+    then = datetime.now(UTC) - timedelta(days=3)
+    failed = _failure(then)
+    stop = SeedRejected(raw="ftp://x.example/", reason="x", provenance=Provenance(kind="seed"))
+    retry = retry_request(failed, 1, policy)
+    answered = failed.model_copy(
+        update={
+            "id": str(uuid.uuid4()),
+            "request_id": retry.id,
+            "attempt": 2,
+            "outcome": CrawlOutcome.SUCCESS,
+            "status_code": 200,
+            "completed_at": then + timedelta(hours=1),
+        }
+    )
+    for event in (failed, stop, retry, answered):
+        await bus.publish(event)
+    recrawl = CrawlRequested(
+        url=failed.url,
+        domain=failed.domain,
+        scope=failed.scope,
+        reason=RequestReason.RECRAWL,
+        not_before=datetime.now(UTC) + timedelta(days=1),
+        caused_by=answered.id,
+    )
+    assert recrawl.not_before is not None
+    await bus.publish_at(recrawl, recrawl.not_before, schedule=page_schedule_subject(failed.url))
+    await upgrade_async(scratch_database)
+    await _replay_stopped_at(stack, scratch_database, stop, policy)
+    assert await _outbox(scratch_database) == [(retry.id, True)], "released to be sent again"
+
+
+async def test_a_replay_stopped_halfway_releases_a_retry_nothing_sent_yet(
+    stack: StackUrls, bus: Bus, scratch_database: str
+) -> None:
+    """A failure five minutes ago, projected by the replay alone (the live recorders
+    waiting on it, or behind): its retry, due already, never went out, and the page
+    has nothing pending. Marked sent, the page would never be asked again."""
+    policy = RetryPolicy(max_attempts=3, delay_seconds=60.0)
+    failed = _failure(datetime.now(UTC) - timedelta(minutes=5))
+    stop = SeedRejected(raw="ftp://x.example/", reason="x", provenance=Provenance(kind="seed"))
+    after = SeedRejected(raw="ftp://y.example/", reason="y", provenance=Provenance(kind="seed"))
+    for event in (failed, stop, after):
+        await bus.publish(event)
+    await upgrade_async(scratch_database)
+    await _replay_stopped_at(stack, scratch_database, stop, policy)
+    assert await _outbox(scratch_database) == [(retry_request(failed, 1, policy).id, False)]

@@ -33,7 +33,7 @@ from trove_recorder.database import (
 )
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch
-from trove_recorder.replay import rebuilding, release_abandoned_holds
+from trove_recorder.replay import page_pending, rebuilding, release_abandoned_holds
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema import sqlstates
@@ -190,7 +190,7 @@ class Recorder:
             await session.execute(
                 text(f"SET LOCAL idle_in_transaction_session_timeout = '{within}s'")
             )
-            await release_abandoned_holds(session)
+            await release_abandoned_holds(session, page_pending(self.bus))
             rows = (
                 (
                     await session.execute(

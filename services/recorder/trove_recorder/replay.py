@@ -57,7 +57,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -88,6 +88,7 @@ from trove_schema.topology import (
     PAGE_DISCOVERED,
     SEED_REJECTED,
     TIMELINE_POLLED,
+    page_schedule_subject,
 )
 
 log = logging.getLogger("trove.recorder.replay")
@@ -143,8 +144,8 @@ _MARK_SENT = text(
 _RELEASE_HELD_RETRIES = text(
     "UPDATE outbox SET published_at = NULL WHERE published_at = 'infinity'"
 )
-_MARK_DUE_SENT = text(
-    "UPDATE outbox SET published_at = now() WHERE published_at = 'infinity' AND deliver_at <= now()"
+_HELD_DUE = text(
+    "SELECT event_id, payload FROM outbox WHERE published_at = 'infinity' AND deliver_at <= now()"
 )
 #: Held by a running replay (a session lock, so a replay killed outright lets it go).
 REPLAY_LOCK = 0x74726F7665  # "trove"
@@ -167,23 +168,59 @@ _ABANDONED = text(
 )
 
 
+#: Whether a page has a request pending on its schedule subject.
+Pending = Callable[[str], Awaitable[bool]]
+
+
+def page_pending(bus: Bus) -> Pending:
+    """Whether a page has a request pending: the last message on its schedule subject
+    (one that fired is gone from it)."""
+
+    async def pending(url: str) -> bool:
+        try:
+            msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(url))
+        except NotFoundError:
+            return False
+        return bool(msg.data)
+
+    return pending
+
+
 async def release_held_retries(
-    conn: AsyncConnection | AsyncSession, *, read_to_the_end: bool
+    conn: AsyncConnection | AsyncSession, *, stopped: Pending | None = None
 ) -> None:
     """End a hold: the retries in the record marked sent, those the page's chain went on
     without dropped, the others released to the publisher.
 
-    A replay that stopped before the record's end (an outage, Ctrl-C, a kill) did not
-    read what came after: a retry it held that was due already fired then (its
-    ``CrawlRequested``, and the attempts after it, are in the part not read), and sent
-    again it would replace what the page has pending (its next re-crawl), under an id
-    the record knows, so that its answer is dropped as a copy. It is marked sent; the
-    replay run again decides it anew."""
+    ``stopped``: the hold of a replay that stopped before the record's end (an outage,
+    Ctrl-C, a kill), which did not read what came after. A retry it held that was due
+    already either fired then (a live recorder published it when its failure was new;
+    its ``CrawlRequested`` is in the part not read), and sent again would replace what
+    the page has pending (its next re-crawl) under an id the record knows, its answer
+    dropped as a copy; or it never went out (its failure projected by this replay
+    alone, the live recorders waiting on it or behind). The page's schedule tells
+    which: one with a request pending went on without it (marked sent), one with none
+    waits for it (released). Raises if the broker cannot say: the rows stay held, and a
+    live recorder's publisher ends the hold when it can (``release_abandoned_holds``)."""
     await conn.execute(_MARK_RECORDED_RETRIES)
     await _mark_overtaken(conn)
-    if not read_to_the_end:
-        await conn.execute(_MARK_DUE_SENT)
+    if stopped is not None:
+        await _mark_gone_on(conn, stopped)
     await conn.execute(_RELEASE_HELD_RETRIES)
+
+
+async def _mark_gone_on(conn: AsyncConnection | AsyncSession, pending: Pending) -> None:
+    """Mark sent the held rows due already whose page has a request pending."""
+    gone_on: list[uuid.UUID] = []
+    for event_id, payload in (await conn.execute(_HELD_DUE)).all():
+        try:
+            event = decode_event(payload)
+        except (TroveError, ValueError):
+            continue  # released as it is, for the publisher to judge
+        if isinstance(event, CrawlRequested) and await pending(event.url):
+            gone_on.append(event_id)
+    if gone_on:
+        await conn.execute(_MARK_SENT, {"ids": gone_on})
 
 
 async def _mark_overtaken(conn: AsyncConnection | AsyncSession) -> None:
@@ -218,11 +255,11 @@ async def rebuilding(session: AsyncSession) -> bool:
     return not (await connection.exec_driver_sql(_SHARE_REBUILD_LOCK)).scalar()
 
 
-async def release_abandoned_holds(session: AsyncSession) -> None:
+async def release_abandoned_holds(session: AsyncSession, pending: Pending) -> None:
     """End the hold of a replay that could not (killed by a signal, its terminal
     closed): else its retries never went out, until the next replay."""
     if (await session.execute(_ABANDONED, {"lock": REPLAY_LOCK})).scalar():
-        await release_held_retries(session, read_to_the_end=False)
+        await release_held_retries(session, stopped=pending)
 
 
 #: The ids of applied events leave with the record's retention; the pages stay.
@@ -424,7 +461,7 @@ async def replay(
                     "or --since to re-apply the events of a recent window"
                 )
             # A replay that died held them.
-            await release_held_retries(conn, read_to_the_end=False)
+            await release_held_retries(conn, stopped=page_pending(bus))
         holding = True
         subjects = {
             SEED_REJECTED,
@@ -543,7 +580,8 @@ async def replay(
         if holding:
             try:
                 async with engine.begin() as conn:
-                    await release_held_retries(conn, read_to_the_end=read_to_the_end)
+                    stopped = None if read_to_the_end else page_pending(bus)
+                    await release_held_retries(conn, stopped=stopped)
             except Exception as exc:  # the database away: a live recorder releases them
                 log.warning("replay: held retries not released: %s", exc)
         with contextlib.suppress(Exception):
