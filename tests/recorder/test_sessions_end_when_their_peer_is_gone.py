@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -114,6 +117,44 @@ async def test_the_recorder_probes_its_own_sockets_for_a_server_that_is_gone(
         "TCP_KEEPCNT": KEEPALIVE_COUNT,
         "TCP_USER_TIMEOUT": USER_TIMEOUT * 1000,
     }
+
+
+async def test_the_recorder_reaches_a_server_on_a_unix_socket(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """``?host=/run/postgresql``: a server on the recorder's own machine. Played here by a
+    Unix socket whose every connection goes on to the test server."""
+    tcp = make_url(stack.database_url)
+    assert tcp.host is not None
+    assert tcp.port is not None
+    host, port = tcp.host, tcp.port
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    server = await asyncio.start_unix_server(forward, path=str(tmp_path / f".s.PGSQL.{port}"))
+    url = tcp.set(host=None).update_query_dict({"host": str(tmp_path), "port": str(port)})
+    recorder = make_engine(url.render_as_string(hide_password=False))
+    try:
+        async with recorder.connect() as conn:
+            raw = await conn.get_raw_connection()
+            sock = client_socket(raw.driver_connection)
+            answer = (await conn.execute(text("SELECT 1"))).scalar()
+    finally:
+        await recorder.dispose()
+        server.close()
+    assert sock is not None
+    assert sock.family == socket.AF_UNIX
+    assert answer == 1
 
 
 async def test_a_server_that_answers_nothing_fails_a_connect_within_seconds() -> None:

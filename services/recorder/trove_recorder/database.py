@@ -126,9 +126,11 @@ def client_socket(driver_connection: Any) -> Any | None:
 
 
 def _probe_the_server(dbapi_connection: Any, record: Any) -> None:
-    """Each new connection's socket gets the client's half of the TCP limits (``_CLIENT_TCP``)."""
+    """Each new TCP connection's socket gets the client's half of the TCP limits
+    (``_CLIENT_TCP``). A Unix socket (a server on the same machine, ``?host=/run/...``)
+    has none to set: Linux refuses them there, and the connection with them."""
     sock = client_socket(dbapi_connection.driver_connection)
-    if sock is None:
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     for level, name, value in _CLIENT_TCP:
         option = getattr(socket, name, None)
