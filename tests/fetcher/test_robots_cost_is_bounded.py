@@ -150,3 +150,43 @@ def test_every_file_of_500_kib_of_plain_rules_is_still_judged(parses: list[int])
     assert not policy.allows(f"{SITE}/b")
     assert policy.unjudged(f"{SITE}/b") is None
     assert len(parses) == 1
+
+
+#: The crawlers large sites name, each given the same rules or one group in common.
+ENGINES = [
+    *("Googlebot", "Bingbot", "Slurp", "DuckDuckBot", "Baiduspider", "YandexBot"),
+    *("Applebot", "facebookexternalhit", "Twitterbot", "LinkedInBot"),
+]
+#: A shop's faceted search: 250 rules, 100 of them wildcards.
+SHOP_RULES = [f"Disallow: /*?*facet{n}=" for n in range(100)] + [
+    f"Disallow: /private/section{n}/" for n in range(150)
+]
+#: A URL of six ordinary parameters, which no rule above refuses.
+SHOP_URL = f"{SITE}/c/shoes?brand=acme&colour=red&page=2&size=42&sort=price&view=grid"
+
+
+def test_a_file_repeating_its_rules_for_each_search_engine_judges_urls_of_six_parameters(
+    matches: list[int],
+) -> None:
+    """A URL is matched against one group's rules (the one TroveBot falls in): the
+    copies for other crawlers cost it nothing."""
+    groups = [*ENGINES, "GPTBot", "CCBot", "*"]
+    body = "".join(f"User-agent: {agent}\n" + "\n".join(SHOP_RULES) + "\n\n" for agent in groups)
+    policy = policy_of(body.encode())
+    assert policy.allows(SHOP_URL)
+    assert policy.unjudged(SHOP_URL) is None
+    assert len(matches) <= MAX_ROBOTS_WORK
+
+
+def test_search_engines_sharing_one_large_group_still_have_it_parsed(
+    parses: list[int],
+) -> None:
+    """protego makes a rule's pattern once for all the crawlers its group names."""
+    rules = [f"Disallow: /*?*facet{n}=" for n in range(1_000)] + [
+        f"Disallow: /private/section{n}/" for n in range(1_500)
+    ]
+    body = "".join(f"User-agent: {agent}\n" for agent in [*ENGINES, "*"]) + "\n".join(rules)
+    policy = policy_of(body.encode())
+    assert policy.allows(f"{SITE}/about")
+    assert not policy.allows(f"{SITE}/private/section7/page")
+    assert len(parses) == 1

@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 
 from trove_fetcher.extract import Extraction, x_robots_directives
 from trove_fetcher.http import FetchResult
-from trove_fetcher.robots import RobotsPolicy
+from trove_fetcher.robots import BOT_NAME, RobotsPolicy
 from trove_schema.events import (
     MAX_LINKS_PER_PAGE,
     CrawlCompleted,
@@ -82,6 +82,7 @@ def robots_refusal(
     strategy: str = "http",
     strategy_reason: str | None = None,
     url: str | None = None,
+    token: str = BOT_NAME,
 ) -> CrawlCompleted:
     """The site's robots.txt forbids the URL; or it could not be read, so nothing is
     allowed for now: that is a failed (retryable) attempt, not the site's refusal.
@@ -89,7 +90,7 @@ def robots_refusal(
     A ``url`` refused because judging it would cost too much (``RobotsPolicy.unjudged``)
     is blocked by robots.txt too, and says so: a retry would meet the same file."""
     now = datetime.now(UTC)
-    unjudged = None if url is None else robots.unjudged(url)
+    unjudged = None if url is None else robots.unjudged(url, token)
     if robots.temporary:
         status = f" ({robots.status_code})" if robots.status_code else ""
         outcome = CrawlOutcome.FAILED

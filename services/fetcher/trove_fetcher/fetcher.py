@@ -357,7 +357,9 @@ class Fetcher:
                 await self._defer(job, payload, under_way, None)
                 return
         if robots is not None and not self._robots_allows(robots, target):
-            await self._complete(job, robots_refusal(job.work, robots, url=target))
+            await self._complete(
+                job, robots_refusal(job.work, robots, url=target, token=self.robots_token)
+            )
             return
         # A paused chain's next hop is a hop of the page already asked for: it goes on.
         hold = await self._lease(
@@ -390,7 +392,9 @@ class Fetcher:
                         return
             if not robots.allows(job.url, self.robots_token):
                 await self._release(hold)
-                await self._complete(job, robots_refusal(job.work, robots, url=job.url))
+                await self._complete(
+                    job, robots_refusal(job.work, robots, url=job.url, token=self.robots_token)
+                )
                 return
         await self._fetch_page(job, payload, hold)
 

@@ -38,7 +38,8 @@ so a cached policy is parsed once, not once per URL.
 protego parses a file and matches a URL in Python, rule by rule and wildcard by wildcard,
 on the fetcher's event loop, so what a file costs grows with its rules, not its bytes: a
 wildcard is dearer than a plain rule, user agents sharing a group each get their own copy
-of its rules, and each query order is a match of its own. A file that would cost more than
+of its rules, and each query order is a match of its own against the group TroveBot falls
+in. A file that would cost more than
 ``MAX_ROBOTS_WORK`` to parse, or a URL to match (its query orders included), is not
 parsed or matched: what it covers is refused (``unjudged`` says why), never allowed
 unread.
@@ -53,7 +54,7 @@ import re
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -110,8 +111,9 @@ MAX_QUERY_ORDERS = 32
 #: parsing a file or judging one URL may take. A line is a rule protego makes and may try
 #: against a URL; a wildcard is a piece it finds in the URL in Python, and a ``$`` doubles
 #: its rule. The bound takes every file of 500 KiB of plain rules (RFC 9309 asks that much
-#: be read), one URL at a time; wildcards, user agents sharing a group's rules, and query
-#: orders (each a match of its own) count against it.
+#: be read), one URL at a time. Parsing counts each further user agent a group names (a
+#: copy of its rules for each); a URL is matched against the rules of the group TroveBot
+#: falls in alone, once for each order of its query it is judged in.
 MAX_ROBOTS_WORK = 65_536
 _WILDCARD_WORK = 4
 _FORMAT_VERSION = 1
@@ -131,8 +133,9 @@ class _Rules:
     reads_queries: bool
     #: The product tokens the file's groups are named after (``_product_token``).
     tokens: frozenset[str]
-    #: What matching one URL against the file may take (``_match_work``).
-    work: int
+    #: What matching one URL may take, by the name ``agent`` gives: the rules of the
+    #: groups so named (protego matches a URL against one group's alone).
+    work: Mapping[str, int]
     #: The bytes of robots.txt ``parser`` was made of: what it counts in ``_parsed``.
     size: int
 
@@ -149,6 +152,10 @@ class _Rules:
         """
         own = _product_token(token)
         return own if own in self.tokens else "*"
+
+    def match_work(self, token: str) -> int:
+        """What matching one URL for ``token`` may take (``_named_by_token``)."""
+        return self.work.get(self.agent(token), 0)
 
 
 _parsed: OrderedDict[tuple[str, float, int, int], _Rules] = OrderedDict()
@@ -174,12 +181,11 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
     # Line ends as protego reads them (``str.splitlines``: a bare CR ends a line too, as
     # RFC 9309 allows), so the rewrites below see the lines protego parses.
     text = "\n".join(_text(body).splitlines())
-    work = _match_work(text)
     # Counted in C first: a file of too many lines is not walked in Python at all. One
     # too costly is kept too, holding no parser, so it is not weighed again for each URL.
-    rules = _Rules(None, False, frozenset(), work, 0)
-    if work <= MAX_ROBOTS_WORK:
-        named, tokens, parse_work = _named_by_token(text)
+    rules = _Rules(None, False, frozenset(), {}, 0)
+    if _parse_work(text) <= MAX_ROBOTS_WORK:
+        named, tokens, parse_work, work = _named_by_token(text)
         if parse_work <= MAX_ROBOTS_WORK:
             reads_queries = _QUERY_RULE.search(text) is not None
             rules = _Rules(Protego.parse(named), reads_queries, tokens, work, key[2])
@@ -193,13 +199,19 @@ def _parse(key: tuple[str, float, int, int], body: bytes) -> _Rules:
     return rules
 
 
-def _match_work(text: str) -> int:
-    """What matching one URL against ``text`` (lines as protego reads them) may take:
-    its lines, and ``_WILDCARD_WORK`` for each ``*`` and ``$``. An estimate from above, as
-    not every line is a rule, and counted in C, so a hostile file costs little to weigh."""
+def _parse_work(text: str) -> int:
+    """The least parsing ``text`` (lines as protego reads them) takes, as ``_rule_work``
+    counts it: its lines, and ``_WILDCARD_WORK`` for each ``*`` and ``$``. Counted in C,
+    so a hostile file costs little to weigh."""
     lines = text.split("\n")
     wildcards = text.count("*") + text.count("$")
     return len(lines) - lines.count("") + _WILDCARD_WORK * wildcards
+
+
+def _rule_work(value: str) -> int:
+    """What one line costs to parse, and one rule to try against a URL: a wildcard is a
+    piece protego finds in the URL in Python, and a ``$`` doubles its rule."""
+    return 1 + _WILDCARD_WORK * (value.count("*") + value.count("$"))
 
 
 def _product_token(value: str) -> str:
@@ -215,42 +227,54 @@ def _product_token(value: str) -> str:
     return "" if match is None else match[0].lower()
 
 
-def _named_by_token(text: str) -> tuple[str, frozenset[str], int]:
+def _named_by_token(text: str) -> tuple[str, frozenset[str], int, dict[str, int]]:
     """``text`` (lines as protego reads them) with each user-agent line, in any spelling
-    protego reads, naming its product token alone; the tokens so named; and what parsing
-    it takes, as ``_match_work`` counts it, each line of a group once for each user agent
-    the group names: protego gives each its own copy of the group's rules.
+    protego reads, naming its product token alone; the tokens so named; what parsing it
+    takes (``_rule_work`` a line, and one more for each further user agent its group
+    names: protego gives each a copy of the group's rules, their patterns made once); and
+    what matching a URL takes for each token, the rules of the groups it names.
 
     A line naming no crawler is kept as an empty user-agent line: it still ends the group
     before it, as the line did, and opens none.
     """
     lines = text.split("\n")
     tokens: set[str] = set()
-    work = 0
-    agents = 0  # named by the group the lines are in
+    parse = 0
+    match: dict[str, int] = {}
+    agents: list[str] = []  # named by the group the lines are in
+    rules = 0  # the work of that group's rules
     naming = True  # whether a user-agent line adds to that group rather than opening one
+
+    def group_ends() -> None:
+        # Counted a group at a time, not a rule at a time for each of its agents.
+        for agent in agents:
+            match[agent] = match.get(agent, 0) + rules
+
     for index, line in enumerate(lines):
         rule = line.partition("#")[0].strip()
         directive = _extract_directive(rule) if rule else None
         if directive is None:
             continue
         field, value = directive
-        cost = 1 + _WILDCARD_WORK * (value.count("*") + value.count("$"))
         if field not in _USER_AGENT_DIRECTIVE:
+            cost = _rule_work(value)
+            parse += cost
             if field not in _SITE_WIDE_DIRECTIVES:
                 naming = False
-                cost *= max(agents, 1)
-            work += cost
+                parse += max(len(agents) - 1, 0)
+                rules += cost
             continue
         if not naming:
-            agents, naming = 0, True
+            group_ends()
+            agents, rules, naming = [], 0, True
         token = _product_token(value)
         lines[index] = f"User-agent: {token}"
-        work += 1
+        parse += 1
         if token:
             tokens.add(token)
-            agents += 1
-    return "\n".join(lines), frozenset(tokens), work
+            agents.append(token)
+    group_ends()
+    return "\n".join(lines), frozenset(tokens), parse, match
 
 
 def _text(body: bytes, errors: str = "replace") -> str:
@@ -359,12 +383,12 @@ class RobotsPolicy:
         if self.rule is RobotsRule.DISALLOW_ALL:
             return False
         rules, checks = self._checks(url)
-        if rules.parser is None or rules.work * len(checks) > MAX_ROBOTS_WORK:
+        if rules.parser is None or rules.match_work(token) * len(checks) > MAX_ROBOTS_WORK:
             return False
         agent = rules.agent(token)
         return all(rules.parser.can_fetch(check, agent) for check in checks)
 
-    def unjudged(self, url: str) -> str | None:
+    def unjudged(self, url: str, token: str = BOT_NAME) -> str | None:
         """Why ``allows`` refuses ``url`` without matching it, if it does: judging it would
         cost more than ``MAX_ROBOTS_WORK``. Not the site's refusal, and the same until
         the file changes."""
@@ -373,9 +397,10 @@ class RobotsPolicy:
         rules, checks = self._checks(url)
         if rules.parser is None:
             return f"robots.txt too costly to judge: over {MAX_ROBOTS_WORK:,} rules to parse"
-        if rules.work * len(checks) > MAX_ROBOTS_WORK:
+        work = rules.match_work(token)
+        if work * len(checks) > MAX_ROBOTS_WORK:
             return (
-                f"robots.txt too costly to judge: {rules.work:,} rules to match"
+                f"robots.txt too costly to judge: {work:,} rules to match"
                 f" against {len(checks)} orders of the query"
             )
         return None
