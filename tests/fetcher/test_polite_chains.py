@@ -85,6 +85,18 @@ async def read_lag(port: int) -> tuple[float, float]:
     )
 
 
+async def leases(port: int) -> dict[str, float]:
+    """``trove_leases_total`` by decision."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return {
+        sample.labels["decision"]: sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "trove_leases_total"
+    }
+
+
 def url(server: LocalServer, host: str, path: str) -> str:
     return canonicalize(server.url(path, host))
 
@@ -245,6 +257,33 @@ async def test_a_crawl_delay_holds_for_every_origin_of_the_host(
     assert closest >= delay, f"two requests {closest:.3f}s apart (Crawl-delay {delay})"
     # Asked once: the pages queued behind a redirected file's next hop wait for it.
     assert [s.path for s in two.requests_for(A)].count("/robots.txt") == 1
+
+
+async def test_the_pages_queued_behind_a_redirected_robots_txt_take_its_next_hop(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """An ``http://`` origin sends its robots.txt to ``https://`` of the host: the hop
+    waits for the host's gap, behind the pages queued before it. The first of them to
+    come takes the hop: the file is asked for once at each origin, and no page is
+    deferred more than once or twice."""
+    pages = 12
+    with (
+        serving({f"{A}/robots.txt": text("User-agent: *\nDisallow: /no/\n")}, IP) as one,
+        serving({f"{A}/q/{n}": page(f"q{n}") for n in range(pages)}, IP) as two,
+    ):
+        two.routes[f"{A}/robots.txt"] = to(one.url("/robots.txt", A), status=301)
+        port = free_port()
+        metrics = env(TROVE_HTTP_PORT=str(port))
+        async with services(stack, state_dir, metrics, only=("fetcher",)) as local:
+            completions = Completions(bus.js)
+            await publish_work(bus, [url(two, A, f"/q/{n}") for n in range(pages)])
+            local.check_alive()
+            events = await completions.wait_for(pages)
+            counts = await leases(port)
+        asked = [*one.requests_for(A), *two.requests_for(A)]
+    assert all(event.outcome.value == "success" for event in events.values())
+    assert [s.path for s in asked].count("/robots.txt") == 2
+    assert counts.get("deferred", 0) <= 2 * pages, counts
 
 
 async def test_a_robots_redirect_through_other_spellings_of_the_address_waits_for_its_gap(

@@ -130,8 +130,8 @@ ROBOTS_LOCAL_TTL = 60.0
 #: so this only needs the origins a pod touches in a minute: ~100 pages/s at the
 #: default 10 s gap is ~1,000 hosts, each asked many times while its pages flow.
 ROBOTS_MEMORY = 4096
-#: Seconds past its slot after which a paused robots.txt chain's next hop is no longer
-#: waited for by the origin's other pages (``Fetcher._robots_under_way``).
+#: Seconds past its slot after which a paused robots.txt chain is no longer taken up by
+#: the origin's other pages (``Fetcher._paused_robots``): they ask from the start.
 ROBOTS_HOP_OVERDUE = 120.0
 #: ... and at most this many bytes of robots.txt in all (a file may be 512 KiB).
 ROBOTS_MEMORY_BYTES = 64 << 20
@@ -250,9 +250,11 @@ class Fetcher:
             max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
         )
         self._done: Memory[str, bool] = Memory(max_entries=DONE_MEMORY)
-        #: Origins whose robots.txt a chain paused at a redirect is reading, and the
-        #: slot of its next hop (``_robots_under_way``).
-        self._robots_paused: Memory[str, float] = Memory(max_entries=ROBOTS_MEMORY)
+        #: Origins whose robots.txt a chain paused at a redirect is reading: the slot
+        #: of its next hop, and its hops so far (``_paused_robots``).
+        self._robots_paused: Memory[str, tuple[float, tuple[str, ...]]] = Memory(
+            max_entries=ROBOTS_MEMORY
+        )
         self._polled: Memory[str, TimelinePolled] = Memory(
             max_entries=UNPUBLISHED_MEMORY, max_weight=UNPUBLISHED_MEMORY_BYTES
         )
@@ -352,10 +354,6 @@ class Fetcher:
             raise away  # before the lease: the host's slot is not spent on nothing
         if page_chain is None:
             robots = await self._cached_robots(target)
-            under_way = None if robots is not None else self._robots_under_way(target)
-            if under_way is not None:
-                await self._defer(job, payload, under_way, None)
-                return
         if robots is not None and not self._robots_allows(robots, target):
             await self._complete(
                 job, robots_refusal(job.work, robots, url=target, token=self.robots_token)
@@ -380,7 +378,8 @@ class Fetcher:
                 await self._release(hold)  # the work goes back: not the host's lease too
                 raise
             if robots is None:
-                robots = await self._fetch_robots(job, payload, hold, ())
+                resume = self._paused_robots(job.url, hold.domain)
+                robots = await self._fetch_robots(job, payload, hold, resume)
                 if robots is None:
                     return  # its redirect chain is paused
                 # robots.txt used this lease; the page waits for the next one.
@@ -939,22 +938,26 @@ class Fetcher:
         self._robots_local.put(origin, (until, policy), len(policy.body) + 256)
         self._robots_paused.pop(origin)
 
-    def _robots_under_way(self, url: str) -> float | None:
-        """When a page of ``url``'s origin may look for its robots.txt again, if a chain
-        of this pod paused at a redirect is reading it (an ``http://`` origin sending it
-        to ``https://``): asked now, every page of the origin queued behind that hop
-        would request the file once more, and pause there too. One gap after the hop's
-        slot, and never sooner than a gap from now; not once the hop is long overdue
-        (its message lost with a pod)."""
+    def _paused_robots(self, url: str, leased: str) -> tuple[str, ...]:
+        """The hops so far of a robots.txt chain of ``url``'s origin that this pod paused
+        at a redirect whose next hop is on ``leased`` (the host whose lease the caller
+        holds), to go on from; empty to ask from the start.
+
+        An ``http://`` origin sending its robots.txt to ``https://``: the hop waits for
+        the host's gap, behind the origin's pages queued before it, and each of them
+        asked for the file again and paused at the same hop. The first to come takes the
+        hop in its slot instead, and the file is known for the others (the chain, when
+        its slot comes, finds it known). Not a chain long overdue (its hop may have
+        failed, its file changed)."""
         origin = origin_of(url)
-        at = self._robots_paused.get(origin)
-        if at is None:
-            return None
-        now = self.clock.now()
-        if now > at + ROBOTS_HOP_OVERDUE:
+        paused = self._robots_paused.get(origin)
+        if paused is None:
+            return ()
+        at, hops = paused
+        if self.clock.now() > at + ROBOTS_HOP_OVERDUE:
             self._robots_paused.pop(origin)
-            return None
-        return max(at, now) + self.politeness.config.min_delay
+            return ()
+        return hops if domain_of(hops[-1]) == leased else ()
 
     async def _resume_robots(self, job: Job, payload: bytes, chain: Chain) -> RobotsPolicy | None:
         domain = domain_of(chain.next_url)
@@ -972,7 +975,7 @@ class Fetcher:
             return await self._read_robots(origin, job.domain, hold, resume)
         except RedirectPaused as paused:
             await self._defer(job, payload, paused.at, Chain(ChainKind.ROBOTS, paused.hops))
-            self._robots_paused.put(origin, paused.at)
+            self._robots_paused.put(origin, (paused.at, paused.hops))
             return None
 
     async def _read_robots(
