@@ -28,10 +28,10 @@ from trove_fetcher.errors import NotActivityStreams
 from trove_fetcher.extract import (
     _NOFOLLOW_RELS,
     Extraction,
-    _html_parser,
     _Links,
     _Page,
     collapse_whitespace,
+    parse_fragment,
     x_robots_directives,
 )
 from trove_fetcher.language import primary_tag
@@ -334,12 +334,7 @@ def _attachments(value: object) -> Iterator[tuple[str, LinkKind]]:
 
 def _html_text(fragment: str, base: str, links: _Links) -> str:
     """The text of an HTML fragment, its citations added to ``links``."""
-    try:
-        root = etree.fromstring(
-            f"<html><body>{fragment}</body></html>".encode("utf-8", "replace"), _html_parser()
-        )
-    except (etree.LxmlError, ValueError):
-        return ""
+    root = parse_fragment(fragment)
     if root is None:
         return ""
     for anchor in root.iter("a"):

@@ -95,12 +95,11 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit
 
 import httpx
 import pydantic
-from lxml import etree
 
 from trove_fetcher.activitystreams import opted_out
 from trove_fetcher.completion import event_budget
 from trove_fetcher.errors import BlockedAddress, ContentError, GateDeferred, NetworkAway
-from trove_fetcher.extract import ParseThreads, _html_parser
+from trove_fetcher.extract import ParseThreads, parse_fragment
 from trove_fetcher.http import (
     ACCEPT_ENCODING,
     REDIRECT_STATUSES,
@@ -262,12 +261,7 @@ def content_links(content: str) -> list[str]:
     Read with lxml (linear), as pages are: html.parser takes quadratic time on a post
     of unclosed tags ("<a <a <a ..."), minutes for one post."""
     fragment = content[:MAX_CONTENT_CHARS]
-    try:
-        root = etree.fromstring(
-            f"<html><body>{fragment}</body></html>".encode("utf-8", "replace"), _html_parser()
-        )
-    except (etree.LxmlError, ValueError):
-        return []
+    root = parse_fragment(fragment)
     if root is None:
         return []
     hrefs: list[str] = []
