@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trove_fetcher.activitystreams import extract_activity
-from trove_fetcher.extract import MAX_CONTROL_BYTES, MAX_TAG_ATTRIBUTES, Extraction, extract
+from trove_fetcher.extract import (
+    MAX_CONTROL_BYTES,
+    MAX_LINKS_SEEN,
+    MAX_TAG_ATTRIBUTES,
+    Extraction,
+    _Resolver,
+    extract,
+)
 from trove_fetcher.timeline import content_links
 from trove_schema.events import CrawlCompleted, LinkKind
 
@@ -264,6 +271,27 @@ def test_a_posts_crowded_tag_is_thinned_as_a_pages() -> None:
         content_type="application/activity+json",
     )
     assert [link.url for link in found.links] == ["https://example.org/first"]
+
+
+def test_a_page_of_more_links_than_are_looked_at_resolves_no_more_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the distinct links looked at, the rest are not resolved, and one href written
+    many times is resolved once: each is an urljoin, seconds for a page of 2 MiB."""
+    resolved: list[str | None] = []
+    resolve = _Resolver.__call__
+
+    def counted(self: _Resolver, href: str | None) -> str | None:
+        resolved.append(href)
+        return resolve(self, href)
+
+    monkeypatch.setattr(_Resolver, "__call__", counted)
+    same = "<a href=?q>q</a>" * 20_000
+    many = "".join(f"<a href=../{n}>{n}</a>" for n in range(MAX_LINKS_SEEN + 20_000))
+    result = run(f"<html><body>{same}{many}</body></html>".encode(), "text/html")
+    assert result.links_truncated
+    assert resolved.count("?q") == 1
+    assert len(resolved) <= MAX_LINKS_SEEN + 1
 
 
 # What looks like a tag in a comment or an element's text is none: read as one, its

@@ -201,7 +201,8 @@ _REFRESH_URL = re.compile(
 
 
 class FoundLink(NamedTuple):
-    """A link as the page wrote it: absolute, http(s), without fragment, not canonical yet.
+    """A link as the page wrote it: absolute, http(s), without fragment, not canonical
+    until ``Extraction.links_canonical``.
 
     A plain tuple: the fetcher canonicalizes every link before it becomes an event's
     ``Link``, so building (and validating) a model here would be paid twice.
@@ -229,6 +230,9 @@ class Extraction:
     links: tuple[FoundLink, ...] = ()
     #: The page had more distinct links than ``MAX_LINKS_PER_PAGE``.
     links_truncated: bool = False
+    #: ``links`` and ``canonical_url`` are canonical, one link a URL and kind
+    #: (``completion.with_canonical_links``).
+    links_canonical: bool = False
     canonical_url: str | None = None
     #: BCP-47 tag, or None when unsure.
     language: str | None = None
@@ -435,13 +439,26 @@ class _Links:
     def __init__(self) -> None:
         self._nofollow: dict[tuple[str, LinkKind], bool] = {}
         self._resolvers: dict[str, _Resolver] = {}
+        #: Each (base, href) resolved, while there are few: a page of one href written
+        #: 190,000 times ("?q") resolves it once.
+        self._resolved: dict[tuple[str, str | None], str | None] = {}
         self.overflow = False
 
     def add(self, base: str, href: str | None, kind: LinkKind, nofollow: bool = False) -> None:
-        resolver = self._resolvers.get(base)
-        if resolver is None:
-            resolver = self._resolvers[base] = _Resolver(base)
-        url = resolver(href)
+        if self.overflow:
+            # Past the distinct links looked at, the rest are not even resolved: a page
+            # of 2 MiB holds 190,000 links of "../N", each an urljoin.
+            return
+        written = (base, href)
+        if written in self._resolved:
+            url = self._resolved[written]
+        else:
+            resolver = self._resolvers.get(base)
+            if resolver is None:
+                resolver = self._resolvers[base] = _Resolver(base)
+            url = resolver(href)
+            if len(self._resolved) < MAX_LINKS_SEEN:
+                self._resolved[written] = url
         if url is None:
             return
         key = (url, kind)

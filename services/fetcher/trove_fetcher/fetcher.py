@@ -48,6 +48,7 @@ from trove_fetcher.completion import (
     moved_away,
     rejected,
     robots_refusal,
+    with_canonical_links,
 )
 from trove_fetcher.deferral import (
     Carried,
@@ -854,14 +855,16 @@ class Fetcher:
         )
 
     def _extract(self, strategy: Strategy, result: FetchResult) -> Extraction:
+        """The body's signals, its links canonical: run in a parse thread."""
         assert result.body is not None
-        return strategy.extract(
+        extraction = strategy.extract(
             result.body,
             url=result.final_url or "",
             content_type=result.content_type,
             x_robots_tag=result.x_robots_tag,
             robots_token=self.robots_token,
         )
+        return with_canonical_links(extraction)
 
     async def _complete(self, job: Job, event: CrawlCompleted) -> None:
         event = fit(event, self.budget)
