@@ -28,6 +28,7 @@ from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_discovery.follows import (
     Follows,
     FollowStore,
+    InstanceFollows,
     TimelineFollow,
     parse_command,
     with_timeline,
@@ -647,3 +648,27 @@ async def test_a_timelines_progress_an_earlier_release_kept_with_its_follow_goes
     third = request(follow_id=earlier.follow_id, poll=3, cursor="20")
     await shares.polled(polled(third, cursor_after="30", recent_after=("29", "30")))
     assert ((await timeline.current()).poll, (await timeline.current()).cursor) == (4, "41")
+
+
+@pytest.mark.usefixtures("clean")
+async def test_two_follows_of_a_tag_in_two_cases_keep_a_progress_each(bus: Bus) -> None:
+    """Kept so by a release that kept the case given: two chains, whose failures each
+    double their own back-off."""
+    store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
+    now = datetime.now(UTC)
+    spellings = {"tag:Foo": "follow-upper", "tag:foo": "follow-lower"}
+    follows = {
+        name: TimelineFollow(follow_id=id, followed_at=now) for name, id in spellings.items()
+    }
+    await store.write(InstanceFollows(instance=INSTANCE, timelines=follows), None)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    discovery = Discovery(bus=bus, seen=seen, settings=SETTINGS)
+    shares = Shares(bus=bus, store=store, discovery=discovery, settings=SETTINGS)
+    for poll in range(1, 4):
+        for name, follow_id in spellings.items():
+            failed = request(timeline=name, follow_id=follow_id, poll=poll, failures=poll - 1)
+            await shares.polled(polled(failed, outcome=CrawlOutcome.BLOCKED_5XX))
+    for name in spellings:
+        follow = await store.timeline(INSTANCE, name)
+        assert follow is not None
+        assert (follow.poll, follow.failures) == (3, 3)

@@ -434,8 +434,9 @@ def follows_key(instance: str) -> str:
 
 
 def progress_key(instance: str, timeline: str) -> str:
-    # Tags match whatever their case (an older release kept the case given).
-    name = f"{instance} {timeline.lower()}"
+    # As the instance's entry names it: a release before kept a tag in the case given,
+    # and two follows of one tag in two cases are two chains, each its own progress.
+    name = f"{instance} {timeline}"
     return "p." + hashlib.sha256(name.encode()).hexdigest()[:40]
 
 

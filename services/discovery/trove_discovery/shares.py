@@ -231,17 +231,18 @@ class Shares:
     async def _advance(self, event: TimelinePolled) -> TimelineFollow | None:
         """Record ``event`` as the follow's last poll; None when it no longer counts."""
         where = {"instance": event.instance, "timeline": event.timeline, "poll": event.poll}
-        record, _ = await self.store.read(event.instance)
-        entry = record.timelines.get(event.timeline)
-        if entry is None or entry.follow_id != event.follow_id:
-            log.info("poll of a follow that is no longer current ignored", extra=where)
-            return None
-        if not entry.following:
-            log.info("timeline unfollowed: its polls stop", extra=where)
-            return None
-        # An unfollow landing from here on is caught after the next poll is scheduled
-        # (``_after_commands``), as one landing after the write was.
         for _ in range(MAX_WRITES):
+            # Read again after a write lost: a follow again may have landed meanwhile. One
+            # landing after the read is caught once the next poll is scheduled
+            # (``_after_commands``), as one landing after the write is.
+            record, _ = await self.store.read(event.instance)
+            entry = record.timelines.get(event.timeline)
+            if entry is None or entry.follow_id != event.follow_id:
+                log.info("poll of a follow that is no longer current ignored", extra=where)
+                return None
+            if not entry.following:
+                log.info("timeline unfollowed: its polls stop", extra=where)
+                return None
             follow, revision = await self.store.progress(event.instance, event.timeline, entry)
             if follow.polled_id == event.id:
                 return follow  # a redelivery: publish the same events again
