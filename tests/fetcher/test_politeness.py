@@ -225,6 +225,15 @@ def test_a_hosts_gap_is_the_largest_crawl_delay_of_its_origins_files_not_expired
     assert (again.gap, again.delays) == (slot.gap, slot.delays)
 
 
+def test_a_gap_raised_in_a_record_an_older_pod_wrote_is_kept_a_day() -> None:
+    # Its origins not kept: the https file's 30 s, then the http origin's file read.
+    slot = DomainSlot.decode(DomainSlot(gap=30.0).encode(), 10.0)
+    slot.set_delay(CrawlDelay("http://h.example", 10.0, until=90_000.0), 1_000.0)
+    assert slot.gap == 30.0
+    slot.set_delay(CrawlDelay("http://h.example", 10.0, until=200_000.0), 88_000.0)
+    assert slot.gap == 10.0
+
+
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:
     p = await _politeness(bus)
     first = await p.acquire("ahead.example", 1000.0)

@@ -68,6 +68,10 @@ DELAYS_KEY = "d"
 #: Origins whose Crawl-delay a host's record keeps: the largest (a host may have a
 #: port a link names for each, and the record is read at every lease).
 MAX_DELAY_ORIGINS = 8
+#: Where a gap comes from that a record written without ``DELAYS_KEY`` raised, and how
+#: long it is kept then: a robots.txt is obeyed a day at most (RFC 9309 2.4).
+UNKNOWN_ORIGIN = "?"
+LEGACY_DELAY_SECONDS = 86_400.0
 #: Domains whose last written record a pod remembers (see ``Politeness._written``): a
 #: record with its policy (a handful of estimates) is about 1 KB in memory, ~10 MB in all.
 WRITTEN_MEMORY = 10_000
@@ -115,6 +119,10 @@ class DomainSlot:
         """Keep ``delay`` for its origin, forget the expired, and make the host's gap
         the largest its origins' files ask for."""
         kept = {o: d for o, d in self.delays.items() if d[1] > now and o != delay.origin}
+        if not self.delays and self.gap > delay.gap:
+            # Raised by a file a pod before origins were kept read, of an origin not
+            # known: kept for as long as that file may have been obeyed.
+            kept[UNKNOWN_ORIGIN] = (self.gap, now + LEGACY_DELAY_SECONDS)
         kept[delay.origin] = (delay.gap, delay.until)
         largest = sorted(kept.items(), key=lambda item: item[1][0], reverse=True)
         self.delays = dict(largest[:MAX_DELAY_ORIGINS])
