@@ -190,3 +190,17 @@ def test_search_engines_sharing_one_large_group_still_have_it_parsed(
     assert policy.allows(f"{SITE}/about")
     assert not policy.allows(f"{SITE}/private/section7/page")
     assert len(parses) == 1
+
+
+def test_a_group_naming_again_thousands_of_agents_named_before_is_not_parsed(
+    parses: list[int],
+) -> None:
+    """protego looks for each agent named before in the list of those its group names so
+    far: thousands of them named again are millions of comparisons, from 500 KiB."""
+    agents = ["".join(pair) for pair in itertools.product(string.ascii_lowercase, repeat=3)]
+    named = agents[:8_000]
+    body = "".join(f"User-agent: {agent}\nAllow: /\n" for agent in named)
+    body += "".join(f"User-agent: {agent}\n" for agent in named) + "Disallow: /x\n"
+    policy = policy_of(body.encode())
+    assert not policy.allows(f"{SITE}/elsewhere")
+    assert parses == []
