@@ -286,6 +286,32 @@ async def test_the_pages_queued_behind_a_redirected_robots_txt_take_its_next_hop
     assert counts.get("deferred", 0) <= 2 * pages, counts
 
 
+async def test_the_pages_queued_behind_a_robots_txt_sent_to_another_host_take_its_hop(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A's robots.txt is B's (``www.`` to the bare name), and B is busy: the hop waits
+    for B's gap. The first page of A to come takes it under B's lease: A is asked for
+    its file once."""
+    pages = 12
+    routes: dict[str, Route] = {f"{B}/robots.txt": text("User-agent: *\nDisallow: /no/\n")}
+    for n in range(pages):
+        routes[f"{B}/b/{n}"] = page(f"b{n}")
+        routes[f"{A}/q/{n}"] = page(f"q{n}")
+    with serving(routes, IP) as server:
+        server.routes[f"{A}/robots.txt"] = to(server.url("/robots.txt", B), status=301)
+        async with services(stack, state_dir, env(), only=("fetcher",)) as local:
+            completions = Completions(bus.js)
+            await publish_work(bus, [url(server, B, f"/b/{n}") for n in range(pages)])
+            await publish_work(bus, [url(server, A, f"/q/{n}") for n in range(pages)])
+            local.check_alive()
+            events = await completions.wait_for(2 * pages)
+        assert_polite(server, A, GAP)
+        assert_polite(server, B, GAP)
+        asked = [s.path for s in server.requests_for(A)]
+    assert all(event.outcome.value == "success" for event in events.values())
+    assert asked.count("/robots.txt") == 1, asked
+
+
 async def test_a_robots_redirect_through_other_spellings_of_the_address_waits_for_its_gap(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:

@@ -132,7 +132,7 @@ ROBOTS_LOCAL_TTL = 60.0
 #: default 10 s gap is ~1,000 hosts, each asked many times while its pages flow.
 ROBOTS_MEMORY = 4096
 #: Seconds past its slot after which a paused robots.txt chain is no longer taken up by
-#: the origin's other pages (``Fetcher._paused_robots``): they ask from the start.
+#: the origin's other pages (``Fetcher._take_up_robots``): they ask from the start.
 ROBOTS_HOP_OVERDUE = 120.0
 #: ... and at most this many bytes of robots.txt in all (a file may be 512 KiB).
 ROBOTS_MEMORY_BYTES = 64 << 20
@@ -252,7 +252,7 @@ class Fetcher:
         )
         self._done: Memory[str, bool] = Memory(max_entries=DONE_MEMORY)
         #: Origins whose robots.txt a chain paused at a redirect is reading: the slot
-        #: of its next hop, and its hops so far (``_paused_robots``).
+        #: of its next hop, and its hops so far (``_take_up_robots``).
         self._robots_paused: Memory[str, tuple[float, tuple[str, ...]]] = Memory(
             max_entries=ROBOTS_MEMORY
         )
@@ -333,6 +333,8 @@ class Fetcher:
                 return
             if early > 0:
                 await asyncio.sleep(early)
+        if job.chain is None and origin_of(job.url) in self._robots_paused:
+            job = await self._take_up_robots(job)
         if job.chain is not None and job.chain.kind is ChainKind.ROBOTS:
             policy = await self._cached_robots(job.url)
             if policy is None and await self._resume_robots(job, payload, job.chain) is None:
@@ -379,8 +381,15 @@ class Fetcher:
                 await self._release(hold)  # the work goes back: not the host's lease too
                 raise
             if robots is None:
-                resume = self._paused_robots(job.url, hold.domain)
-                robots = await self._fetch_robots(job, payload, hold, resume)
+                # A chain of the origin's robots.txt may have paused while this waited.
+                hops = self._paused_hops(job.url)
+                if hops and domain_of(hops[-1]) != hold.domain:
+                    # Its hop is another host's: that host's lease is asked for instead.
+                    await self._release(hold)
+                    chain = Chain(ChainKind.ROBOTS, hops)
+                    await self.process(replace(job, slot=None, chain=chain), payload)
+                    return
+                robots = await self._fetch_robots(job, payload, hold, hops)
                 if robots is None:
                     return  # its redirect chain is paused
                 # robots.txt used this lease; the page waits for the next one.
@@ -941,17 +950,30 @@ class Fetcher:
         self._robots_local.put(origin, (until, policy), len(policy.body) + 256)
         self._robots_paused.pop(origin)
 
-    def _paused_robots(self, url: str, leased: str) -> tuple[str, ...]:
-        """The hops so far of a robots.txt chain of ``url``'s origin that this pod paused
-        at a redirect whose next hop is on ``leased`` (the host whose lease the caller
-        holds), to go on from; empty to ask from the start.
+    async def _take_up_robots(self, job: Job) -> Job:
+        """``job``, carrying the robots.txt chain of its origin that this pod paused at a
+        redirect, if its origin's robots.txt is not known yet: it takes the chain's next
+        hop, under that hop's host's lease, then goes on as a page.
 
-        An ``http://`` origin sending its robots.txt to ``https://``: the hop waits for
-        the host's gap, behind the origin's pages queued before it, and each of them
-        asked for the file again and paused at the same hop. The first to come takes the
-        hop in its slot instead, and the file is known for the others (the chain, when
-        its slot comes, finds it known). Not a chain long overdue (its hop may have
-        failed, its file changed)."""
+        An ``http://`` origin sending its robots.txt to ``https://`` (or ``www.`` to the
+        bare name): the hop waits for its host's gap, behind the pages queued before it,
+        and each page of the origin that came first asked for the file again from the
+        start and paused at the same hop. The first to come takes the hop instead (in
+        its own slot when the hop is on its own host), and the file is known for the
+        others; the chain's own message, when its slot comes, finds it known. Not a
+        chain long overdue (its hop may have failed, its file changed)."""
+        hops = self._paused_hops(job.url)
+        if not hops or await self._cached_robots(job.url) is not None:
+            return job
+        # A slot is its own host's: on another host the hop asks for one of its own.
+        own_host = domain_of(hops[-1]) == job.domain
+        return replace(
+            job, slot=job.slot if own_host else None, chain=Chain(ChainKind.ROBOTS, hops)
+        )
+
+    def _paused_hops(self, url: str) -> tuple[str, ...]:
+        """The hops so far of a robots.txt chain of ``url``'s origin that this pod paused
+        at a redirect, unless long overdue (``_take_up_robots``); empty if none."""
         origin = origin_of(url)
         paused = self._robots_paused.get(origin)
         if paused is None:
@@ -960,13 +982,22 @@ class Fetcher:
         if self.clock.now() > at + ROBOTS_HOP_OVERDUE:
             self._robots_paused.pop(origin)
             return ()
-        return hops if domain_of(hops[-1]) == leased else ()
+        return hops
 
     async def _resume_robots(self, job: Job, payload: bytes, chain: Chain) -> RobotsPolicy | None:
         domain = domain_of(chain.next_url)
         hold = await self._lease(job, payload, domain, job.reserved, chain)
         if hold is None:
             return None
+        try:
+            # A page that took up the chain may have read the file while this waited.
+            known = await self._cached_robots(job.url)
+        except BaseException:
+            await self._release(hold)
+            raise
+        if known is not None:
+            await self._release(hold)
+            return known
         return await self._fetch_robots(job, payload, hold, chain.hops)
 
     async def _fetch_robots(
