@@ -204,3 +204,28 @@ def test_a_group_naming_again_thousands_of_agents_named_before_is_not_parsed(
     policy = policy_of(body.encode())
     assert not policy.allows(f"{SITE}/elsewhere")
     assert parses == []
+
+
+BOTS = ["".join(pair) + "bot" for pair in itertools.product(string.ascii_lowercase, repeat=2)]
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        # A block list given again with a Crawl-delay.
+        "".join(f"User-agent: {bot}\n" for bot in BOTS[:400])
+        + "Disallow: /\n\n"
+        + "".join(f"User-agent: {bot}\n" for bot in BOTS[:400])
+        + "Crawl-delay: 10\n\n",
+        # Full user-agent strings pasted from logs: each one's product token is "mozilla".
+        "".join(f"User-agent: Mozilla/5.0 (compatible; Scraper{n}/1.0)\n" for n in range(400))
+        + "".join(f"Disallow: /p{n}\n" for n in range(300))
+        + "\n",
+    ],
+    ids=["a block list twice", "pasted user-agent strings"],
+)
+def test_agents_named_again_in_ordinary_ways_leave_the_file_judged(groups: str) -> None:
+    policy = policy_of((groups + "User-agent: *\nDisallow: /admin/\n").encode())
+    assert policy.unjudged(f"{SITE}/page") is None
+    assert policy.allows(f"{SITE}/page")
+    assert not policy.allows(f"{SITE}/admin/x")

@@ -116,6 +116,10 @@ MAX_QUERY_ORDERS = 32
 #: falls in alone, once for each order of its query it is judged in.
 MAX_ROBOTS_WORK = 65_536
 _WILDCARD_WORK = 4
+#: Steps of protego's look for an agent named before among its group's (an identity
+#: comparison in C, ~10 ns) to a unit of work (a rule parsed, ~4 us). A group naming
+#: again 14,000 agents named before is 100 million of them: a second and a half.
+_SCAN_STEPS = 256
 _FORMAT_VERSION = 1
 
 
@@ -230,11 +234,11 @@ def _product_token(value: str) -> str:
 def _named_by_token(text: str) -> tuple[str, frozenset[str], int, dict[str, int]]:
     """``text`` (lines as protego reads them) with each user-agent line, in any spelling
     protego reads, naming its product token alone; the tokens so named; what parsing it
-    takes (``_rule_work`` a line, one more for each further user agent its group names,
-    as protego gives each a copy of the group's rules, their patterns made once, and for
-    an agent named before, the agents its group names so far, which protego looks
-    through); and what matching a URL takes for each token, the rules of the groups it
-    names.
+    takes (``_rule_work`` a line, one more for each further distinct user agent its
+    group names, as protego gives each a copy of the group's rules, their patterns made
+    once, and for an agent named before, a ``_SCAN_STEPS``th of the agents its group
+    names so far, which protego looks through); and what matching a URL takes for each
+    token, the rules of the groups it names.
 
     A line naming no crawler is kept as an empty user-agent line: it still ends the group
     before it, as the line did, and opens none.
@@ -242,8 +246,9 @@ def _named_by_token(text: str) -> tuple[str, frozenset[str], int, dict[str, int]
     lines = text.split("\n")
     tokens: set[str] = set()
     parse = 0
+    scan = 0  # steps of protego's look for agents named before (``_SCAN_STEPS``)
     match: dict[str, int] = {}
-    agents: list[str] = []  # named by the group the lines are in
+    agents: dict[str, None] = {}  # the distinct agents of the group the lines are in
     rules = 0  # the work of that group's rules
     naming = True  # whether a user-agent line adds to that group rather than opening one
 
@@ -268,19 +273,18 @@ def _named_by_token(text: str) -> tuple[str, frozenset[str], int, dict[str, int]
             continue
         if not naming:
             group_ends()
-            agents, rules, naming = [], 0, True
+            agents, rules, naming = {}, 0, True
         token = _product_token(value)
         lines[index] = f"User-agent: {token}"
         parse += 1
         if token in tokens:
-            # Named by a group before: protego looks for its rules in the group's list
-            # (a group naming again 14,000 agents named before: a second and a half).
-            parse += len(agents)
+            # Named before: protego looks for its rules among the group's so far.
+            scan += len(agents)
         if token:
             tokens.add(token)
-            agents.append(token)
+            agents[token] = None
     group_ends()
-    return "\n".join(lines), frozenset(tokens), parse, match
+    return "\n".join(lines), frozenset(tokens), parse + scan // _SCAN_STEPS, match
 
 
 def _text(body: bytes, errors: str = "replace") -> str:
