@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from sqlalchemy import String
 
 from trove_schema.events import (
     MAX_URL_LENGTH,
@@ -21,6 +22,7 @@ from trove_schema.events import (
     SeedRejected,
     decode_event,
 )
+from trove_schema.tables import Page
 from trove_schema.text import CUT_MARK, NUL_MARK, SURROGATE_MARK, is_storable, storable
 
 HOSTILE = "a\x00b\ud800c\udfffd"
@@ -129,6 +131,19 @@ def test_a_crawl_request_carries_storable_validators() -> None:
     )
     assert event.etag == f'"{NUL_MARK}"'
     assert event.last_modified == SURROGATE_MARK
+
+
+def test_a_content_hash_is_no_longer_than_the_column_that_keeps_it() -> None:
+    # A hand-made event's: ``pages.content_hash`` is 64 characters, and a longer one was
+    # refused there, the event parked.
+    (column,) = [c for c in Page.__table__.columns if c.name == "content_hash"]
+    assert isinstance(column.type, String)
+    raw = json.loads(_completed().to_wire())
+    raw["content_hash"] = "a" * 100
+    event = decode_event(json.dumps(raw).encode())
+    assert isinstance(event, CrawlCompleted)
+    assert event.content_hash is not None
+    assert len(event.content_hash) == column.type.length == 64
 
 
 def test_events_already_in_the_stream_are_cleaned_when_read() -> None:

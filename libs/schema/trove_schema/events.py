@@ -66,6 +66,9 @@ DomainText = Annotated[str, Storable(253)]
 MessageText = Annotated[str, Storable(2000)]
 #: A header value kept for later (ETag, Last-Modified, Content-Type).
 HeaderText = Annotated[str, Storable(1000)]
+#: A content hash (``SIGNALS_HASH_PREFIX`` and 62 hex digits, or a sha256's 64): what
+#: ``pages.content_hash`` holds, so that no event, however made, is refused there.
+HashText = Annotated[str, Storable(64)]
 
 #: Begins a ``CrawlCompleted.content_hash`` of what the page says (its signals); any
 #: other is the sha256 of the body's bytes (every hash of the releases before, and a
@@ -395,7 +398,7 @@ class ChangeHistory(Frozen):
     """
 
     #: ``CrawlCompleted.content_hash`` at the last successful visit.
-    content_hash: HeaderText | None = None
+    content_hash: HashText | None = None
     #: When that visit completed.
     visited_at: datetime | None = None
     #: (seconds since the visit before, changed since it), oldest first, newest last.
@@ -468,7 +471,7 @@ class CrawlCompleted(Event):
     #: links, media, canonical and noindex), or the sha256 of the body's bytes when it
     #: says too little; to tell unchanged pages apart, and spellings of one page. Only
     #: hashes of one kind are compared (``comparable_hashes``).
-    content_hash: HeaderText | None = None
+    content_hash: HashText | None = None
     title: Annotated[str, Storable(1000)] | None = None
     #: BCP-47 tag, or None when the detector was not sure.
     language: Annotated[str, Storable(35)] | None = None
