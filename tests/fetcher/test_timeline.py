@@ -32,6 +32,7 @@ from trove_fetcher.timeline import (
     MAX_RETRY_AFTER,
     RENUMBERING_CHECK_EVERY,
     TimelinePoller,
+    _Progress,
     id_key,
     link_relation,
     lookback_floor,
@@ -47,7 +48,7 @@ from trove_sandbox.fediverse import (
     Status,
     serve_instance,
 )
-from trove_schema.events import CrawlOutcome, TimelinePolled, TimelinePollRequested
+from trove_schema.events import CrawlOutcome, SharedPost, TimelinePolled, TimelinePollRequested
 from trove_schema.policy import HostPolicy, LearningConfig, observe
 from trove_schema.settings import DiscoverySettings, FetcherSettings
 from trove_schema.urls import canonicalize_or_none
@@ -1475,6 +1476,31 @@ async def test_the_event_fits_the_message_size_and_the_cursor_covers_what_it_car
         assert 0 < len(first.posts) < len(added)
         assert first.cursor_after == added[len(first.posts) - 1].sid
         assert uris(second)[0] == instance.status_uri(added[len(first.posts)])
+
+
+def test_the_rows_a_polls_shares_make_fit_its_budget() -> None:
+    """Each link of a post is a row of ``page_shares`` repeating the post's uri, URL and
+    account: posts of long ids (the instance's to choose) are counted so."""
+    budget = 1 << 20
+    progress = _Progress(cursor=None, budget=budget)
+    long = "https://social.example/" + "x" * 2_000
+    posts = [
+        SharedPost(
+            uri=f"{long}/{n}",
+            url=f"{long}/@{n}",
+            account="ada@social.example",
+            links=tuple(f"https://blog.example/{n}/{k}" for k in range(100)),
+        )
+        for n in range(60)
+    ]
+    for post in posts:
+        progress.add(post)
+    rows = sum(
+        len(post.links) * len(f"{post.uri}{post.url}{post.account}".encode())
+        for post in progress.posts
+    )
+    assert 0 < len(progress.posts) < len(posts)
+    assert rows <= budget
 
 
 async def test_a_post_too_big_for_an_event_of_its_own_keeps_the_links_that_fit(
