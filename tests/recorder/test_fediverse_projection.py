@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 
 from tests.conftest import StackUrls, eventually
 from tests.support import query, services
+from trove_recorder import projections
 from trove_recorder.projections import apply_batch
 from trove_recorder.replay import replay
 from trove_recorder.retention import Retention, prune_polls, prune_shares
@@ -758,3 +759,17 @@ async def test_shares_leave_after_their_window_when_one_is_set(engine: AsyncEngi
     )
     assert await prune_shares(sessions, a_day, now=lambda: later) == 1
     assert await shares(engine) == [("https://new.example/", f"{INSTANCE}/users/ada/statuses/2")]
+
+
+async def test_a_poll_of_more_shares_than_a_statement_writes_has_every_one_kept(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shares are written a thousand rows a statement (each repeats its post's uri, URL
+    and account): a poll of more is written in several, every share kept once."""
+    monkeypatch.setattr(projections, "SHARES_A_STATEMENT", 7)
+    await forget(engine)
+    followed = follow()
+    posts = [post(n, *(f"https://blog.example/{n}/{k}" for k in range(5))) for n in range(5)]
+    await project(engine, followed, polled(followed, 1, *posts, posts[0]))
+    expected = sorted((link, p.uri) for p in posts for link in p.links)
+    assert await shares(engine) == expected

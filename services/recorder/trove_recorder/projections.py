@@ -461,9 +461,24 @@ async def _page_shares(tx: Transaction, event: TimelinePolled) -> None:
     for post in event.posts:
         for url in post.links:
             shares.setdefault((url, post.uri), post)  # one row a statement may touch once
-    if not shares:
-        return
     keys = sorted(shares)
+    # A row a link, each repeating its post's uri, URL and account: a statement of them
+    # all, for a poll of long ids (an event written before polls counted them, or by
+    # hand), was hundreds of megabytes in the recorder and in a Postgres backend.
+    for start in range(0, len(keys), SHARES_A_STATEMENT):
+        await _insert_shares(tx, event, keys[start : start + SHARES_A_STATEMENT], shares)
+
+
+#: Rows of ``page_shares`` one statement writes: at most ~6.5 KB each.
+SHARES_A_STATEMENT = 1_000
+
+
+async def _insert_shares(
+    tx: Transaction,
+    event: TimelinePolled,
+    keys: list[tuple[str, str]],
+    shares: dict[tuple[str, str], SharedPost],
+) -> None:
     posts = [shares[key] for key in keys]
     await tx.execute(
         _sql(
