@@ -20,7 +20,13 @@ from protego._urlpattern import _URLPattern
 
 from trove_fetcher import robots as robots_module
 from trove_fetcher.completion import robots_refusal
-from trove_fetcher.robots import MAX_ROBOTS_WORK, RobotsPolicy, RobotsRule, _rules_only
+from trove_fetcher.robots import (
+    MAX_ROBOTS_WORK,
+    RobotsPolicy,
+    RobotsRule,
+    _named_by_token,
+    _rules_only,
+)
 from trove_schema.events import CrawlOutcome, PageDiscovered, Provenance, Scope
 
 SITE = "https://site.example"
@@ -229,3 +235,40 @@ def test_agents_named_again_in_ordinary_ways_leave_the_file_judged(groups: str) 
     assert policy.unjudged(f"{SITE}/page") is None
     assert policy.allows(f"{SITE}/page")
     assert not policy.allows(f"{SITE}/admin/x")
+
+
+def _named_over(agents: int, rule: str) -> bytes:
+    named = "".join(f"User-agent: {agent}\n" for agent in BOTS[:agents])
+    return (named + rule + "\n\nUser-agent: *\nDisallow: /admin/\n").encode()
+
+
+def test_a_long_rule_many_agents_share_is_not_made_again_for_each() -> None:
+    """protego makes an "index.html" Allow's pattern again for each agent of its group:
+    one of 100 KB over 600 agents was 60 MB of patterns from a file of 100 KB."""
+    body = _named_over(600, "Allow: /" + "a" * 100_000 + "/index.html")
+    policy = policy_of(body)
+    assert policy.allows(f"{SITE}/page")
+    parser = robots_module._parsed[policy._key].parser
+    assert parser is not None
+    held = sum(
+        len(rule.value._pattern) for agent in parser._user_agents.values() for rule in agent._rules
+    )
+    assert held <= 4 * len(body)
+
+
+@pytest.mark.parametrize("field", ["Request-rate", "Visit-time", "Crawl-delay"])
+def test_a_long_value_many_agents_share_is_read_as_its_beginning(field: str) -> None:
+    body = _named_over(600, f"{field}: 1/5 " + "x " * 50_000)
+    named, _, work, _ = _named_by_token(body.decode())
+    assert max(len(line) for line in named.split("\n")) < 100
+    assert work < MAX_ROBOTS_WORK
+    assert policy_of(body).allows(f"{SITE}/page")
+
+
+def test_a_rule_longer_than_any_url_is_left_out_and_its_group_still_ends() -> None:
+    body = (
+        "User-agent: trovebot\nDisallow: /" + "a" * 3_000 + "\n\nUser-agent: *\nDisallow: /\n"
+    ).encode()
+    policy = policy_of(body)
+    assert policy.allows(f"{SITE}/page", token="TroveBot")
+    assert not policy.allows(f"{SITE}/page", token="OtherBot")
