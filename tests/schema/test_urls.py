@@ -103,7 +103,13 @@ SAME_RESOURCE = {
             "http://example.org/?osCsid=8f3a01&page=2",
             "http://example.org/?page=2&zenid=q1w2e3",
             "http://example.org/?CFID=123&CFTOKEN=456&page=2",
+            "http://example.org/?XTCsid=k2j3h4&page=2",
+            "http://example.org/?page=2&s=0123456789abcdef0123456789ABCDEF",
         ],
+    ),
+    "a search, where a session id's name means one": (
+        "http://example.org/?page=2&s=cats",
+        ["http://example.org/?s=cats&page=2"],
     ),
     "backslashes before the query, as browsers read them": (
         "http://example.org/a/b?x=%5C",

@@ -18,9 +18,9 @@ default ports, empty path); Trove adds its own rules on top:
   ``127.0.0.1``) and written dotted-quad, so the private-address check cannot be
   dodged by spelling;
 * tracking parameters (``TRACKING_PARAMETERS``, any ``utm_*``) and session ids
-  (``SESSION_PARAMETERS``, ``aspsessionid*``; path parameters ``;jsessionid=``,
-  ``;phpsessid=``, ``;sid=``; ASP.NET's cookieless path segment ``/(S(...))``) are
-  removed, matching names case-insensitively;
+  (``SESSION_PARAMETERS``, ``aspsessionid*``, ``SESSION_VALUES``; path parameters
+  ``;jsessionid=``, ``;phpsessid=``, ``;sid=``; ASP.NET's cookieless path segment
+  ``/(S(...))``) are removed, matching names case-insensitively;
 * the remaining query parameters are sorted by name (stable: repeated names keep their
   order, so ``?a=2&a=1`` stays as it is); an empty query is dropped;
 * the result may be at most ``max_length`` characters.
@@ -91,8 +91,13 @@ SESSION_PARAMETERS = frozenset(
         "zenid",
         "cfid",
         "cftoken",
+        "xtcsid",
     }
 )
+#: Names that are a session id when their value looks like one: vBulletin's ``s`` of 32
+#: hex digits (WordPress names its search so). A site that keeps no cookie of a crawler
+#: puts a new one in every link of every page: each page a new URL at every visit.
+SESSION_VALUES = {"s": re.compile(r"[0-9a-fA-F]{32}\Z")}
 #: IIS classic ASP appends random letters: ASPSESSIONIDQQGGQRST.
 SESSION_PREFIXES = ("aspsessionid",)
 #: Path parameters (``/page;jsessionid=...``) that carry a session id.
@@ -372,9 +377,12 @@ def _clean_query(query: str) -> str:
     for parameter in query.split("&"):
         if not parameter:
             continue
-        name = parameter.partition("=")[0]
+        name, _, value = parameter.partition("=")
         lowered = name.lower()
         if lowered in _DROP_PARAMETERS or lowered.startswith(_DROP_PREFIXES):
+            continue
+        session = SESSION_VALUES.get(lowered)
+        if session is not None and session.match(value):
             continue
         kept.append((name, parameter))
     kept.sort(key=lambda pair: pair[0])  # sort is stable: equal names keep their order
