@@ -12,6 +12,7 @@ import idna
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from url_normalize import url_normalize
 
 from trove_schema import urls as normalize
 from trove_schema.errors import InvalidURL, TroveError
@@ -720,3 +721,20 @@ def test_an_unparsable_urls_reason_does_not_quote_its_credentials() -> None:
 )
 def test_a_url_without_its_userinfo(url: str, expected: str) -> None:
     assert without_userinfo(url) == expected
+
+
+def test_a_host_too_long_for_dns_is_refused_before_it_is_normalized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    normalized: list[str] = []
+
+    def counted(url: str) -> str | None:
+        normalized.append(url)
+        return url_normalize(url)
+
+    monkeypatch.setattr(normalize, "url_normalize", counted)
+    for host in (".".join(["a"] * 1_000) + ".example", "a" * 64 + ".example"):
+        with pytest.raises(InvalidURL, match="too long for DNS"):
+            canonicalize(f"http://{host}/page")
+    assert normalized == []
+    assert canonicalize("http://a.b.example./page") == "http://a.b.example/page"
