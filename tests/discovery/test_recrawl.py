@@ -154,31 +154,6 @@ async def test_a_page_under_a_spelling_canonicalization_now_drops_is_not_recrawl
     ]
 
 
-@pytest.mark.parametrize("moved", [True, False], ids=["for good", "for now"])
-async def test_a_page_moved_for_good_on_its_host_is_recrawled_where_it_lives_alone(
-    bus: Bus, moved: bool
-) -> None:
-    """A page of an http:// link answered at https:// (a 301): re-crawled under both
-    spellings, it cost a redirect and two reads each cycle, and was kept twice. A
-    temporary redirect (a /latest to the newest post) goes on under its own URL."""
-    discovery = Discovery(
-        bus=bus, seen=await bus.js.key_value(SEEN_BUCKET), settings=DiscoverySettings()
-    )
-    old, new = "http://site.example/post", "https://site.example/post"
-    await handle(discovery, bus, crawled(old, final_url=new, moved=moved))
-    if moved:
-        assert [d.url for d in await discoveries(bus)] == [new]
-        with pytest.raises(nats.js.errors.NotFoundError):
-            await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(old))
-    else:
-        assert await discoveries(bus) == []
-        pending = decode_event(
-            (await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(old))).data or b""
-        )
-        assert isinstance(pending, CrawlRequested)
-        assert pending.url == old
-
-
 async def test_links_do_not_discover_a_page_that_has_a_pending_recrawl(bus: Bus) -> None:
     first = await replica(bus)
     assert await first._first_sighting(PAGE, "discovered-by-a-link")

@@ -216,11 +216,6 @@ class Discovery:
         # named in a later release): its chain would otherwise go on beside its twin's.
         alias_of = await self._alias_target(canonicalize_or_none(event.url) or event.url)
         fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
-        if fetched and event.moved and alias_of == event.url:
-            # Moved for good on its host (http to https, /dir to /dir/): re-crawled under
-            # both spellings, it cost a redirect and two reads each cycle, and was stored
-            # twice. It is followed where it lives, like a learned spelling.
-            alias_of = canonicalize_or_none(event.final_url or "") or event.url
         redirect = page_redirect(event, fetched=fetched)
         if event.nofollow and not self.settings.follow_nofollow:
             followable = [] if redirect is None else [redirect]
