@@ -265,6 +265,12 @@ def test_a_long_value_many_agents_share_is_read_as_its_beginning(field: str) -> 
     assert policy_of(body).allows(f"{SITE}/page")
 
 
+def test_a_rule_of_escapes_as_long_as_a_url_when_decoded_is_kept() -> None:
+    # 700 "%61" are 2,100 characters, and match 700 "a"s.
+    body = ("User-agent: *\nDisallow: /" + "%61" * 700 + "\n").encode()
+    assert not policy_of(body).allows(f"{SITE}/{'a' * 700}/page")
+
+
 def test_a_rule_longer_than_any_url_is_left_out_and_its_group_still_ends() -> None:
     body = (
         "User-agent: trovebot\nDisallow: /" + "a" * 3_000 + "\n\nUser-agent: *\nDisallow: /\n"
