@@ -17,15 +17,13 @@ import pytest
 
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, serving
+from tests.fetcher.test_fetcher_outcomes import fetcher_on
 from trove_fetcher import completion as completion_module
-from trove_fetcher.fetcher import Fetcher, Job
-from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import Politeness, PolitenessConfig
+from trove_fetcher.fetcher import Job
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlOutcome, PageDiscovered, Provenance, Scope
 from trove_schema.settings import FetcherSettings
-from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
 from trove_schema.urls import canonicalize, canonicalize_or_none
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -61,17 +59,7 @@ async def test_a_pages_links_are_made_canonical_in_the_parse_threads_not_the_eve
 
     routes = {f"{HOST}/robots.txt": lambda ex: ex.send(200, b"User-agent: *\n"), f"{HOST}/": page}
     with serving(routes, IP) as server:
-        fetcher = Fetcher(
-            bus=bus,
-            client=client,
-            politeness=Politeness(
-                await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05)
-            ),
-            robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
-            limits=FetchLimits(total_timeout=5.0),
-            robots_token="TroveBot",
-            robots_max_bytes=64 * 1024,
-        )
+        fetcher = await fetcher_on(bus, client)
         url = canonicalize(server.url("/", HOST))
         work = PageDiscovered(
             url=url, domain=HOST, scope=Scope(value=HOST), provenance=Provenance(kind="seed")

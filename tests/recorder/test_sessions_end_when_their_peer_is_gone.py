@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 import uuid
@@ -16,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls
+from tests.relay import relay
 from trove_recorder.database import (
     CONNECT_TIMEOUT,
     KEEPALIVE_COUNT,
@@ -130,16 +130,7 @@ async def test_the_recorder_reaches_a_server_on_a_unix_socket(
     host, port = tcp.host, tcp.port
 
     async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+        await relay(reader, writer, host, port)
 
     server = await asyncio.start_unix_server(forward, path=str(tmp_path / f".s.PGSQL.{port}"))
     url = tcp.set(host=None).update_query_dict({"host": str(tmp_path), "port": str(port)})

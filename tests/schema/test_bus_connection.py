@@ -5,7 +5,6 @@ leaves behind."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ import trustme
 
 from tests.conftest import StackUrls, eventually
 from tests.ports import free_port
+from tests.relay import relay
 from trove_schema.bus import Bus
 from trove_schema.errors import BrokerClosed
 from trove_schema.metrics import BROKER_CONNECTED
@@ -72,18 +72,9 @@ async def test_a_server_away_between_two_refusals_does_not_restart_the_patience(
         if tries % 2 == 0:
             writer.close()
             return
-        upstream_reader, upstream_writer = await asyncio.open_connection(
-            server.hostname, server.port
-        )
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+        assert server.hostname is not None
+        assert server.port is not None
+        await relay(reader, writer, server.hostname, server.port)
 
     proxy = await asyncio.start_server(alternate, "127.0.0.1", 0)
     port = proxy.sockets[0].getsockname()[1]
