@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import nats
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -150,3 +152,10 @@ async def run_trove(*argv: str, env: Mapping[str, str], timeout: float = 60) -> 
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
     assert proc.returncode is not None
     return proc.returncode, out.decode()
+
+
+async def scraped(port: int) -> list[Sample]:
+    """Every sample a service's ``/metrics`` on ``port`` shows now."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return [sample for family in text_string_to_metric_families(page) for sample in family.samples]

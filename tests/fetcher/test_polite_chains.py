@@ -15,16 +15,14 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import httpx
 import pytest
 from nats.js.errors import KeyNotFoundError
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
 from tests.ports import free_port
-from tests.support import publish_work, services
+from tests.support import publish_work, scraped, services
 from trove_schema.bus import Bus
 from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, FETCHER
 from trove_schema.urls import canonicalize
@@ -58,12 +56,9 @@ def to(location: str, status: int = 302) -> Route:
 
 
 async def reservation_horizon(port: int) -> float:
-    async with httpx.AsyncClient(trust_env=False) as client:
-        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     (value,) = [
         sample.value
-        for family in text_string_to_metric_families(page)
-        for sample in family.samples
+        for sample in await scraped(port)
         if sample.name == "trove_reservation_horizon_seconds"
     ]
     return value
@@ -71,14 +66,7 @@ async def reservation_horizon(port: int) -> float:
 
 async def read_lag(port: int) -> tuple[float, float]:
     """``trove_fetch_read_lag_seconds``: how many answers, and their lags in all."""
-    async with httpx.AsyncClient(trust_env=False) as client:
-        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    samples = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(page)
-        for sample in family.samples
-        if family.name == "trove_fetch_read_lag_seconds"
-    }
+    samples = {sample.name: sample.value for sample in await scraped(port)}
     return (
         samples["trove_fetch_read_lag_seconds_count"],
         samples["trove_fetch_read_lag_seconds_sum"],
@@ -87,12 +75,9 @@ async def read_lag(port: int) -> tuple[float, float]:
 
 async def leases(port: int) -> dict[str, float]:
     """``trove_leases_total`` by decision."""
-    async with httpx.AsyncClient(trust_env=False) as client:
-        page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     return {
         sample.labels["decision"]: sample.value
-        for family in text_string_to_metric_families(page)
-        for sample in family.samples
+        for sample in await scraped(port)
         if sample.name == "trove_leases_total"
     }
 

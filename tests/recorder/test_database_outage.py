@@ -15,16 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
 from tests.ports import free_port
 from tests.recorder.test_recorder_service import completed
-from tests.support import services
+from tests.support import scraped, services
 from trove_schema.bus import Bus
 from trove_schema.migrate import upgrade
 from trove_schema.topology import DEAD_STREAM
@@ -75,12 +73,9 @@ class RecorderWatch:
 
     async def endings(self) -> dict[str, float]:
         """``trove_messages_total{consumer="recorder"}`` by ending."""
-        async with httpx.AsyncClient(trust_env=False) as client:
-            page = (await client.get(f"http://127.0.0.1:{self.port}/metrics")).text
         return {
             sample.labels["ending"]: sample.value
-            for family in text_string_to_metric_families(page)
-            for sample in family.samples
+            for sample in await scraped(self.port)
             if sample.name == "trove_messages_total" and sample.labels["consumer"] == "recorder"
         }
 
