@@ -39,10 +39,9 @@ protego parses a file and matches a URL in Python, rule by rule and wildcard by 
 on the fetcher's event loop, so what a file costs grows with its rules, not its bytes: a
 wildcard is dearer than a plain rule, user agents sharing a group each get their own copy
 of its rules, and each query order is a match of its own against the group TroveBot falls
-in. A file that would cost more than
-``MAX_ROBOTS_WORK`` to parse, or a URL to match (its query orders included), is not
-parsed or matched: what it covers is refused (``unjudged`` says why), never allowed
-unread.
+in. A file that would cost more than ``MAX_ROBOTS_WORK`` to parse, or a URL to match (its
+query orders included), is not parsed or matched: what it covers is refused (``unjudged``
+says why), never allowed unread.
 """
 
 from __future__ import annotations
@@ -256,11 +255,11 @@ def _product_token(value: str) -> str:
 def _named_by_token(text: str) -> tuple[str, frozenset[str], int, dict[str, int]]:
     """``text`` (lines as protego reads them) with each user-agent line, in any spelling
     protego reads, naming its product token alone; the tokens so named; what parsing it
-    takes (``_rule_work`` a line, one more for each further distinct user agent its
-    group names, as protego gives each a copy of the group's rules, their patterns made
-    once, and for an agent named before, a ``_SCAN_STEPS``th of the agents its group
-    names so far, which protego looks through); and what matching a URL takes for each
-    token, the rules of the groups it names.
+    takes (``_rule_work`` a line; for each further distinct user agent its group names,
+    a copy of the line counted by its length, as protego gives each agent a copy of the
+    group's rules; and for an agent named before, a ``_SCAN_STEPS``th of the agents its
+    group names so far, which protego looks through); and what matching a URL takes for
+    each token, the rules of the groups it names.
 
     A line naming no crawler is kept as an empty user-agent line: it still ends the group
     before it, as the line did, and opens none.
