@@ -1063,7 +1063,7 @@ class Fetcher:
         answered: tuple[CrawlDelay, ...] = ()
         if not policy.temporary:
             gap = self.politeness.clamp_gap(policy.crawl_delay(self.robots_token) or 0.0)
-            until = policy.fetched_at + policy.ttl
+            until = policy.expires_at
             asked = CrawlDelay(origin, gap, until)
             if own_file and last_hop is not None and origin_of(last_hop) != origin:
                 answered = (CrawlDelay(origin_of(last_hop), gap, until),)
