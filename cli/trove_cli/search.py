@@ -95,6 +95,12 @@ _SEARCH = text(
         JOIN q ON q.cfg = coalesce(tags.cfg, 'simple') AND p.keywords_tsv @@ q.query
         WHERE p.status = 'fetched'
           AND NOT p.noindex
+          -- Read through a redirect from a page fetched where it answers itself: the
+          -- same page under a second name, shown once.
+          AND NOT EXISTS (
+              SELECT 1 FROM pages t
+              WHERE t.url = p.final_url AND t.status = 'fetched' AND t.final_url IS NULL
+          )
           AND (CAST(:primary AS text) IS NULL
                OR lower(split_part(p.language, '-', 1)) = :primary)
           AND (CAST(:exact AS text) IS NULL OR lower(p.language) = :exact)

@@ -25,14 +25,15 @@ async def add_page(
     status: str = "fetched",
     noindex: bool = False,
     title: str | None = None,
+    final_url: str | None = None,
 ) -> int:
     """A page row as the recorder leaves it: tsvector built with the language's config."""
     page_id = await conn.scalar(
         text(
             "INSERT INTO pages (url, domain, status, title, language, keywords_tsv, noindex, "
-            "discovered_at, fetched_at) VALUES (:url, :domain, :status, "
+            "final_url, discovered_at, fetched_at) VALUES (:url, :domain, :status, "
             ":title, :language, to_tsvector(CAST(:config AS regconfig), :words), :noindex, "
-            "now(), now()) RETURNING id"
+            ":final_url, now(), now()) RETURNING id"
         ),
         {
             "url": url,
@@ -43,6 +44,7 @@ async def add_page(
             "config": config,
             "words": words,
             "noindex": noindex,
+            "final_url": final_url,
         },
     )
     assert isinstance(page_id, int)
@@ -250,6 +252,38 @@ async def test_noindex_and_pages_not_fetched_are_never_found(engine: AsyncEngine
 
     assert urls(await search(engine, "gardens")) == ["https://ok.example/"]
     assert urls(await search(engine, "gardens", "en")) == ["https://ok.example/"]
+
+
+async def test_a_page_read_through_a_redirect_is_found_once_where_it_answers(
+    engine: AsyncEngine,
+) -> None:
+    """An http:// link to a page now at https:// is kept under both names, the first
+    with the content its redirect led to: one page, found once. Not where the target is
+    not fetched, nor where each name redirects to the other (the site moved it back)."""
+    async with engine.begin() as conn:
+        await add_page(
+            conn, "http://blog.example/post", "tomato notes", final_url="https://blog.example/post"
+        )
+        await add_page(conn, "https://blog.example/post", "tomato notes")
+        await add_page(
+            conn, "http://blog.example/gone", "tomato notes", final_url="https://blog.example/gone"
+        )
+        await add_page(conn, "https://blog.example/gone", "tomato notes", status="failed")
+        await add_page(
+            conn, "https://blog.example/dir", "tomato notes", final_url="https://blog.example/dir/"
+        )
+        await add_page(
+            conn, "https://blog.example/dir/", "tomato notes", final_url="https://blog.example/dir"
+        )
+
+    hits = await search(engine, "tomato")
+
+    assert sorted(urls(hits)) == [
+        "http://blog.example/gone",
+        "https://blog.example/dir",
+        "https://blog.example/dir/",
+        "https://blog.example/post",
+    ]
 
 
 @pytest.mark.parametrize(

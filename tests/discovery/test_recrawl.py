@@ -154,6 +154,84 @@ async def test_a_page_under_a_spelling_canonicalization_now_drops_is_not_recrawl
     ]
 
 
+async def pending_request(bus: Bus, url: str) -> CrawlRequested | None:
+    """The request pending on ``url``'s schedule subject, if any."""
+    try:
+        msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(url))
+    except nats.js.errors.NotFoundError:
+        return None
+    pending = decode_event(msg.data or b"")
+    assert isinstance(pending, CrawlRequested)
+    return pending
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("http://site.example/post", "https://site.example/post"),
+        ("https://site.example/dir", "https://site.example/dir/"),
+        ("https://site.example/dir/", "https://site.example/dir"),
+        ("http://site.example/dir?p=2", "https://site.example/dir/?p=2"),
+    ],
+    ids=["to https", "a slash added", "a slash taken away", "both"],
+)
+async def test_a_page_moved_for_good_on_its_host_is_recrawled_where_it_lives(
+    bus: Bus, old: str, new: str
+) -> None:
+    """An http:// link to a blog now at https://, a /dir answering at /dir/ (a 301):
+    re-crawled under the URL it was asked by, the page cost a redirect and two reads a
+    cycle (its target is a page of its own too). Its chain goes on at the target, on the
+    target's subject, which holds one request whichever chain scheduled it last."""
+    discovery = await replica(bus)
+    await handle(discovery, bus, crawled(old, final_url=new, moved=True))
+    assert await pending_request(bus, old) is None
+    moved = await pending_request(bus, new)
+    assert moved is not None
+    assert moved.url == new
+    # Both names hold the page's place: a link to the old one brings no second read.
+    assert not await discovery._first_sighting(old, "a-link-to-the-old-name")
+    assert not await discovery._first_sighting(new, "a-link-to-the-new-name")
+
+
+@pytest.mark.parametrize(
+    ("final", "moved"),
+    [
+        ("https://site.example/post", False),  # for now (302, 307): asked here again
+        ("https://site.example/", True),  # a site-wide 301 to its home page
+        ("https://site.example/post.html", True),  # another path
+        ("https://other.site.example/post", True),  # another host (never followed)
+        ("https://site.example/posts", True),  # a letter added, not a slash
+        ("https://site.example/post?lang=en", True),  # another query
+    ],
+    ids=["for now", "home page", "another path", "another host", "a letter", "a query"],
+)
+async def test_a_page_redirected_elsewhere_is_recrawled_under_its_own_url(
+    bus: Bus, final: str, moved: bool
+) -> None:
+    """Only a move that keeps what the URL names moves the chain: a site-wide 301 to one
+    page would otherwise make every page's chain that page's one chain, and a
+    temporary redirect says to ask the page's own URL again."""
+    discovery = await replica(bus)
+    old = "http://site.example/post"
+    await handle(discovery, bus, crawled(old, final_url=final, moved=moved))
+    pending = await pending_request(bus, old)
+    assert pending is not None
+    assert pending.url == old
+
+
+async def test_a_page_moved_back_moves_its_chain_back(bus: Bus) -> None:
+    """A site that sends /dir to /dir/ and, a year on, /dir/ to /dir: the chain went on
+    at /dir/, and goes on at /dir again; it is moved each time, never ended."""
+    discovery = await replica(bus)
+    slash, bare = "https://site.example/dir/", "https://site.example/dir"
+    await handle(discovery, bus, crawled(bare, final_url=slash, moved=True))
+    assert (await pending_request(bus, slash)) is not None
+    await handle(discovery, bus, crawled(slash, final_url=bare, moved=True))
+    back = await pending_request(bus, bare)
+    assert back is not None
+    assert back.url == bare
+
+
 async def test_links_do_not_discover_a_page_that_has_a_pending_recrawl(bus: Bus) -> None:
     first = await replica(bus)
     assert await first._first_sighting(PAGE, "discovered-by-a-link")

@@ -102,3 +102,60 @@ async def test_every_page_is_fetched_once_per_recrawl_cycle_for_three_cycles(
     # At most one pending request per page, each on the page's own schedule subject.
     assert len(pending) <= len(pages)
     assert set(pending.values()) <= {1}
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_page_moved_for_good_is_recrawled_where_it_lives_each_cycle(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A home page links to /dir, which answers 301 to /dir/ (a site's slash policy, or
+    http:// to https://). Re-crawled under the URL it was asked by, the page cost a
+    redirect and two reads each cycle. Its chain goes on at /dir/: /dir is asked once,
+    /dir/ once a cycle, while the seen key of /dir holds its place."""
+    log = RequestLog()
+    # Longer than the test: a link to /dir is answered "known" throughout.
+    env = cycle_env(RECRAWL, TROVE_SEEN_TTL_SECONDS="300")
+    with LocalServer("127.0.0.1") as server:
+
+        def home(exchange: Exchange) -> None:
+            log.record(server.url(exchange.path))
+            body = b'<html><head><title>home</title></head><body><a href="/dir">d</a></body></html>'
+            exchange.send(200, body)
+
+        def moved(exchange: Exchange) -> None:
+            log.record(server.url(exchange.path))
+            exchange.send(301, headers={"Location": "/dir/"})
+
+        def directory(exchange: Exchange) -> None:
+            log.record(server.url(exchange.path))
+            exchange.send(200, b"<html><head><title>dir</title></head><body>x</body></html>")
+
+        server.routes.update({"/": home, "/dir": moved, "/dir/": directory})
+        async with services(stack, state_dir, env) as local:
+            nc = await nats.connect(stack.nats_url)
+            await nc.publish(SEEDS_SUBJECT, server.url().encode())
+            await nc.flush()
+            await nc.close()
+
+            async def fetches() -> dict[str, list[float]]:
+                local.check_alive()
+                return log.snapshot()
+
+            await eventually(
+                fetches,
+                until=lambda f: (
+                    len(f.get(server.url(), [])) >= FETCHES + 1
+                    and len(f.get(server.url("/dir/"), [])) >= FETCHES + 1
+                ),
+                timeout=60,
+                interval=0.5,
+                what=f"the home page and /dir/ fetched {FETCHES + 1} times",
+            )
+        seen = log.snapshot()
+
+    assert len(seen[server.url("/dir")]) == 1, seen
+    # The first cycle reads /dir/ twice (through the redirect, then as a page of its
+    # own, found by the redirect); from then on once a cycle, one chain.
+    later = seen[server.url("/dir/")][2:]
+    gaps = [b - a for a, b in itertools.pairwise(later)]
+    assert min(gaps) >= RECRAWL - 0.05, gaps

@@ -124,6 +124,35 @@ async def test_each_redirect_hop_waits_for_the_gap(
     assert paths.count("/robots.txt") == 1
 
 
+async def test_a_page_moved_for_good_says_so_across_its_paused_hops(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """Each hop waits for the host's gap (paused, deferred and resumed): the attempt says
+    the page moved only when every hop was a permanent redirect (301, 308)."""
+    gap = 1.5  # past the wait a hop may take in its task: each hop is deferred
+    routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\n")}
+    chains = {"for-good": (301, 308), "for-now": (302, 302), "mixed": (301, 307)}
+    for name, (first, second) in chains.items():
+        routes[f"{A}/{name}/0"] = to(f"/{name}/1", first)
+        routes[f"{A}/{name}/1"] = to(f"/{name}/2", second)
+        routes[f"{A}/{name}/2"] = page(name)
+    with serving(routes, IP) as server:
+        starts = {name: url(server, A, f"/{name}/0") for name in chains}
+        async with services(stack, state_dir, env(gap), only=("fetcher",)) as local:
+            await publish_work(bus, list(starts.values()))
+            completions = Completions(bus.js)
+            local.check_alive()
+            events = await completions.wait_for(len(chains), timeout=120)
+        assert_polite(server, A, gap)
+    for name, start in starts.items():
+        assert events[start].final_url == url(server, A, f"/{name}/2")
+    assert {name: events[start].moved for name, start in starts.items()} == {
+        "for-good": True,
+        "for-now": False,
+        "mixed": False,
+    }
+
+
 async def test_a_robots_redirect_to_another_host_waits_for_that_hosts_gap(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:

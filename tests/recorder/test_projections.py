@@ -109,6 +109,28 @@ async def test_a_page_keeps_its_first_sighting_and_shallowest_depth_in_any_order
         assert (row.discovered_at, row.depth) == (first, 1), url
 
 
+async def test_a_page_keeps_where_its_content_was_read(engine: AsyncEngine) -> None:
+    """Through a redirect on its host the page's content is the target's: the row says
+    where (canonical), for search to show the page once. A 304 or a failure keeps what
+    the content came from; the next success read at the page itself clears it."""
+    start = datetime.now(UTC) - timedelta(hours=1)
+
+    def at(minutes: int, **fields: Any) -> CrawlCompleted:
+        when = start + timedelta(minutes=minutes)
+        return completed(started_at=when, completed_at=when, **fields)
+
+    await project(engine, at(0, final_url="HTTPS://Blog.Example:443/post/", moved=True))
+    assert (await page(engine)).final_url == "https://blog.example/post/"
+    await project(
+        engine,
+        at(1, outcome=CrawlOutcome.NOT_MODIFIED, final_url="https://blog.example/post/"),
+        at(2, outcome=CrawlOutcome.FAILED, error_message="timed out"),
+    )
+    assert (await page(engine)).final_url == "https://blog.example/post/"
+    await project(engine, at(3, title="Hello"))
+    assert (await page(engine)).final_url is None
+
+
 async def test_a_batch_does_not_wait_on_the_foreign_key_lock_another_batch_holds(
     engine: AsyncEngine,
 ) -> None:

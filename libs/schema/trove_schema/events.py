@@ -452,6 +452,9 @@ class CrawlCompleted(Event):
     domain: DomainText
     #: Where the last redirect hop landed, when it differs from ``url``.
     final_url: Annotated[str, Storable(MAX_URL_LENGTH)] | None = None
+    #: Every hop to ``final_url`` was a permanent redirect (301, 308): the page lives
+    #: there now, and is re-crawled there rather than under ``url``.
+    moved: bool = False
     depth: int = Field(default=0, ge=0)
     priority: int = Field(default=0, ge=-100, le=100)
     scope: Scope

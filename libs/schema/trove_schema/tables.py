@@ -77,6 +77,10 @@ class Page(Base):
     last_modified: Mapped[str | None] = mapped_column(Text)
     content_hash: Mapped[str | None] = mapped_column(String(64))
     canonical_url: Mapped[str | None] = mapped_column(String(2048))
+    #: Where the content columns were read, when a redirect on the page's host led there
+    #: (canonical; NULL: at ``url`` itself). Search leaves out a row whose page is
+    #: fetched where it answers itself: the same page under a second name.
+    final_url: Mapped[str | None] = mapped_column(String(2048))
     noindex: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     #: Completion time of the newest attempt applied: its outcome and status. Older
     #: ones arriving late (a redelivery, a redrive) set only what they are the newest

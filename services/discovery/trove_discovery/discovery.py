@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -477,9 +478,10 @@ class Discovery:
         replaces = after_hold and due.timestamp() > self.clock()
         etag = event.etag if validators else None
         last_modified = event.last_modified if validators else None
+        url = await self._lives_at(event)
         request = CrawlRequested(
             id=derived_event_id(event.id, "recrawl-after-hold" if replaces else "recrawl"),
-            url=event.url,
+            url=url,
             domain=event.domain,
             depth=event.depth,
             priority=event.priority,
@@ -494,11 +496,49 @@ class Discovery:
             caused_by=event.id,
             history=history.model_copy(update={"read_whole_at": read_whole_at}),
         )
-        # On the page's schedule subject: it replaces whatever request was pending.
-        await self.bus.publish_at(request, due, schedule=page_schedule_subject(event.url))
+        # On the page's schedule subject: it replaces whatever request was pending (where
+        # the page moved to, the request of the chain it may have there already).
+        await self.bus.publish_at(request, due, schedule=page_schedule_subject(url))
         # The request now holds the page's place in the seen set, for another full
-        # seen_ttl: the event that discovered it was published long ago.
+        # seen_ttl: the event that discovered it was published long ago. A page that
+        # moved keeps its old spelling's place too: a link to it would otherwise bring it
+        # in again, a redirect and a second read this cycle.
         await self._mark(event.url, request.id.encode())
+        if url != event.url:
+            await self._mark(url, request.id.encode())
+
+    async def _lives_at(self, event: CrawlCompleted) -> str:
+        """Where the page of ``event`` is re-crawled: its own URL, or where it moved for
+        good on its host without changing what it names (``moved_spelling``).
+
+        Re-crawled under the URL it was asked by, such a page cost a redirect and two
+        reads each cycle (the redirect's target is a page of its own too) and was kept
+        twice. Its chain goes on at the target, on the target's schedule subject, which
+        holds one request: the target's own chain, if it has one, and this one become
+        one. A chain is moved, never ended, so no refusal (a budget, a scope, a learned
+        spelling that maps the target back) can lose the page, and a site that moves it
+        back moves its chain back. Only a move that keeps the path (the other scheme, a
+        trailing slash) counts: a site-wide 301 to one page would otherwise make every
+        page's chain that page's one chain."""
+        if not event.moved or event.outcome not in (
+            CrawlOutcome.SUCCESS,
+            CrawlOutcome.NOT_MODIFIED,
+        ):
+            return event.url
+        target = canonicalize_or_none(event.final_url or "")
+        if (
+            target is None
+            or not moved_spelling(event.url, target)
+            or not in_scope(target, event.scope)
+            or url_trap_reason(
+                target,
+                max_length=self.settings.max_url_length,
+                max_path_repetitions=self.settings.max_path_repetitions,
+            )
+            or await self._alias_target(target) != target
+        ):
+            return event.url
+        return target
 
     # shared state -----------------------------------------------------------------
 
@@ -805,6 +845,21 @@ def page_redirect(event: CrawlCompleted, *, fetched: bool) -> Link | None:
     if not redirects:
         return None
     return redirects[0] if fetched else redirects[-1]
+
+
+def moved_spelling(url: str, target: str) -> bool:
+    """Whether ``target`` names the page of ``url`` under another spelling of its own
+    host: the other scheme of ``http``/``https``, its path with a trailing slash added
+    or taken away, or both; the host, port, rest of the path and query the same."""
+    a, b = urlsplit(url), urlsplit(target)
+    if {a.scheme, b.scheme} - {"http", "https"} or a.netloc != b.netloc or a.query != b.query:
+        return False
+    if a.path != b.path and a.path.rstrip("/") + "/" != b.path.rstrip("/") + "/":
+        return False
+    # One slash at most: ``/a//`` is not ``/a``'s other spelling.
+    if abs(len(a.path) - len(b.path)) > 1:
+        return False
+    return (a.scheme, a.path) != (b.scheme, b.path)
 
 
 #: The seen set's value for a URL its host's budget refused, before the time (epoch

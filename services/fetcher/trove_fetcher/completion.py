@@ -289,6 +289,7 @@ def _completed(
         content_type=result.content_type,
         content_length=len(result.body) if result.body is not None else result.bytes_read,
         final_url=final_url,
+        moved=final_url is not None and result.permanent,
         links=links,
         links_truncated=truncated,
         etag=etag,

@@ -12,7 +12,8 @@ onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
   that the next hop waits for its host's gap like any request without holding a
   consumer slot: ``page`` (same-host hops of the page, which keeps its identity, the
   original URL) or ``robots`` (robots.txt hops, to any host). The hops are the URLs
-  followed so far, the last one still to request.
+  followed so far, the last one still to request; ``Trove-Permanent: 1`` when each was
+  a permanent redirect (its absence, as from an older pod, says nothing).
 
 **The horizon.** TROVE_WORK keeps a message for ``work_max_age`` from when it is
 stored, and a scheduled message is stored when it is published, not when it fires.
@@ -42,6 +43,7 @@ from enum import StrEnum
 SLOT_HEADER = "Trove-Slot"
 CHAIN_HEADER = "Trove-Chain"
 HOPS_HEADER = "Trove-Hops"
+PERMANENT_HEADER = "Trove-Permanent"
 AVOID_HEADER = "Trove-Avoid"
 _STRATEGY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 #: Furthest ahead, as a fraction of TROVE_WORK's max_age, a message is scheduled.
@@ -59,6 +61,8 @@ class Chain:
 
     kind: ChainKind
     hops: tuple[str, ...]
+    #: Every hop so far was a permanent redirect (301, 308).
+    permanent: bool = False
 
     @property
     def next_url(self) -> str:
@@ -85,7 +89,8 @@ class Carried:
             try:
                 urls = json.loads(hops)
                 if isinstance(urls, list) and urls and all(isinstance(u, str) for u in urls):
-                    chain = Chain(ChainKind(kind), tuple(urls))
+                    permanent = headers.get(PERMANENT_HEADER) == "1"
+                    chain = Chain(ChainKind(kind), tuple(urls), permanent)
             except ValueError:
                 chain = None
         avoid = headers.get(AVOID_HEADER)
@@ -98,6 +103,8 @@ class Carried:
         if self.chain is not None:
             out[CHAIN_HEADER] = self.chain.kind.value
             out[HOPS_HEADER] = json.dumps(list(self.chain.hops), separators=(",", ":"))
+            if self.chain.permanent:
+                out[PERMANENT_HEADER] = "1"
         if self.avoid is not None:
             out[AVOID_HEADER] = self.avoid
         return out

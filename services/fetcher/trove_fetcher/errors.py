@@ -70,13 +70,15 @@ class RedirectPaused(FetcherError):
     """The next redirect hop may not be requested yet (its host's gap); not a failure.
 
     ``hops`` is the chain followed so far, its last URL the one still to request, and
-    ``at`` the slot reserved for it on that URL's host.
+    ``at`` the slot reserved for it on that URL's host. ``permanent``: every hop so far
+    was a permanent redirect (301, 308), as the fetch that paused knew.
     """
 
     def __init__(self, hops: tuple[str, ...], at: float) -> None:
         super().__init__(f"redirect to {hops[-1]} waits until {at:.3f}")
         self.hops = hops
         self.at = at
+        self.permanent = False
 
 
 class GateDeferred(FetcherError):

@@ -706,11 +706,13 @@ class Fetcher:
                     robots_allows=lambda hop: self._redirect_allowed(hop, job.url),
                     before_hop=self._gate(hold),
                     resume=job.chain.hops if job.chain is not None else (),
+                    resumed_permanent=job.chain is not None and job.chain.permanent,
                     now=self.clock.now,
                 )
             except RedirectPaused as paused:
                 await self._release(hold)
-                await self._defer(job, payload, paused.at, Chain(ChainKind.PAGE, paused.hops))
+                chain = Chain(ChainKind.PAGE, paused.hops, paused.permanent)
+                await self._defer(job, payload, paused.at, chain)
                 return
             finally:
                 FETCHES_IN_FLIGHT.dec()

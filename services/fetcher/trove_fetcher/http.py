@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: A redirect that says the page lives at its target now.
+PERMANENT_REDIRECTS = frozenset({301, 308})
 #: Only what ``BodyReader`` decodes with a bounded output (no brotli, no zstd).
 ACCEPT_ENCODING = "gzip, deflate"
 ACCEPT = (
@@ -117,15 +119,19 @@ class HopGateFailed(Exception):
     raises a ``TimeoutError``, which would otherwise be taken for the site's.)"""
 
 
-async def pass_gate(gate: HopGate, hops: Sequence[str], deadline: asyncio.Timeout) -> None:
-    """Wait at ``gate`` for the next hop; the wait is not part of the fetch's timeout."""
+async def pass_gate(
+    gate: HopGate, hops: Sequence[str], deadline: asyncio.Timeout, permanent: bool = False
+) -> None:
+    """Wait at ``gate`` for the next hop; the wait is not part of the fetch's timeout.
+    A pause says whether every hop so far was ``permanent``, for the chain to carry."""
     loop = asyncio.get_running_loop()
     when = deadline.when()
     remaining = None if when is None else when - loop.time()
     deadline.reschedule(None)
     try:
         await gate(tuple(hops))
-    except RedirectPaused:
+    except RedirectPaused as paused:
+        paused.permanent = permanent
         raise
     except Exception as exc:
         raise HopGateFailed(f"hop gate: {exc}") from exc
@@ -180,6 +186,8 @@ class FetchResult:
     redirect_target: str | None = None
     #: The same-host hops followed, in order.
     redirects: tuple[str, ...] = ()
+    #: Every hop followed was a permanent redirect (301, 308); False without a hop.
+    permanent: bool = False
     #: ``time.monotonic()`` when the fetch started and ended.
     started: float
     completed: float
@@ -436,6 +444,8 @@ class _Trace:
     status_code: int | None = None
     headers: httpx.Headers | None = None
     redirects: list[str] = field(default_factory=list)
+    #: Every hop followed so far was a permanent redirect.
+    permanent: bool = True
     redirect_target: str | None = None
     reader: BodyReader | None = None
     #: Seconds spent at the hop gate.
@@ -528,6 +538,7 @@ async def fetch(
     robots_allows: Callable[[str], Awaitable[bool]] | None = None,
     before_hop: HopGate | None = None,
     resume: Sequence[str] = (),
+    resumed_permanent: bool = False,
     accept: str = ACCEPT,
     now: Callable[[], float] = time.time,
 ) -> FetchResult:
@@ -539,8 +550,9 @@ async def fetch(
     same-host redirect target before it is requested, then ``before_hop``, which
     may raise ``RedirectPaused`` (passed on to the caller, as is ``HopGateFailed``).
     ``resume`` continues a paused chain: the hops already followed, the last one
-    still to be requested. ``accept`` is the Accept header of every hop (a fetch
-    strategy's, ``trove_fetcher.strategies``). ``now`` is the clock a Retry-After date
+    still to be requested (``resumed_permanent``: all by permanent redirects).
+    ``accept`` is the Accept header of every hop (a fetch strategy's,
+    ``trove_fetcher.strategies``). ``now`` is the clock a Retry-After date
     is read on (the fetcher's is the pods' shared one, ``trove_fetcher.clock``).
     ``etag`` and ``last_modified`` go only to a request of ``validators_url``, the URL
     whose answer gave them (the page's own, ``url``, when None).
@@ -550,6 +562,7 @@ async def fetch(
     if resume:
         trace.redirects = list(resume)
         trace.final_url = resume[-1]
+        trace.permanent = resumed_permanent
     try:
         async with asyncio.timeout(limits.total_timeout) as deadline:
             ending = await _follow(
@@ -608,6 +621,7 @@ async def fetch(
         error_message=ending.error_message,
         redirect_target=trace.redirect_target,
         redirects=tuple(trace.redirects),
+        permanent=trace.permanent and bool(trace.redirects),
         started=started,
         completed=completed,
         bytes_read=0 if reader is None else reader.bytes_read,
@@ -691,6 +705,7 @@ async def _follow(
             if response.status_code not in REDIRECT_STATUSES:
                 return await _final(response, trace, *validators, limits, is_parseable)
             hop = _redirect_target(response, current)
+            moved = response.status_code in PERMANENT_REDIRECTS
         finally:
             # Closed before anything else is awaited: a redirect body is never read.
             await response.aclose()
@@ -721,12 +736,13 @@ async def _follow(
                 )
         visited.add(hop)
         trace.redirects.append(str(hop))
+        trace.permanent = trace.permanent and moved
         trace.final_url = str(hop)
         current = hop
         if before_hop is not None:
             gate_opened = time.monotonic()
             try:
-                await pass_gate(before_hop, trace.redirects, deadline)
+                await pass_gate(before_hop, trace.redirects, deadline, trace.permanent)
             finally:
                 trace.waited += time.monotonic() - gate_opened
 

@@ -50,7 +50,7 @@ from trove_schema.events import (
 from trove_schema.heuristics import Audit, audit
 from trove_schema.policy import LearningConfig
 from trove_schema.textsearch import ts_config
-from trove_schema.urls import domain_of
+from trove_schema.urls import canonicalize_or_none, domain_of
 
 FETCHED = (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
 
@@ -947,6 +947,7 @@ async def _page_state(
             "last_modified = CASE WHEN v.ok THEN v.modified ELSE p.last_modified END, "
             "content_hash = CASE WHEN v.ok THEN v.hash ELSE p.content_hash END, "
             "canonical_url = CASE WHEN v.ok THEN v.canonical ELSE p.canonical_url END, "
+            "final_url = CASE WHEN v.ok THEN v.final ELSE p.final_url END, "
             # A success older than the page's newest 304 already applied does not lift
             # a noindex that 304 may have said (which one did is not kept): the site's
             # wish is read again at the next visit, the page left out of search till then.
@@ -961,10 +962,11 @@ async def _page_state(
             "CAST(:content_ats AS timestamptz[]), CAST(:titles AS text[]), "
             "CAST(:languages AS text[]), CAST(:cfgs AS text[]), CAST(:words AS text[]), "
             "CAST(:etags AS text[]), CAST(:modified AS text[]), CAST(:hashes AS text[]), "
-            "CAST(:canonicals AS text[]), CAST(:noindex_ats AS timestamptz[]), "
+            "CAST(:canonicals AS text[]), CAST(:finals AS text[]), "
+            "CAST(:noindex_ats AS timestamptz[]), "
             "CAST(:noindexes AS boolean[]), CAST(:linked AS timestamptz[])) "
             "AS v(id, ended, outcome, code, status, fetched, failed_at, ok, content_at, title, "
-            "language, cfg, words, etag, modified, hash, canonical, noindex_at, noindex, "
+            "language, cfg, words, etag, modified, hash, canonical, final, noindex_at, noindex, "
             "linked) "
             "WHERE p.id = v.id"
         ),
@@ -986,11 +988,20 @@ async def _page_state(
             "modified": [e.last_modified if e else None for e in held],
             "hashes": [e.content_hash if e else None for e in held],
             "canonicals": [e.canonical_url if e else None for e in held],
+            "finals": [_read_at(e) if e else None for e in held],
             "noindex_ats": [indexing[p].completed_at if p in indexing else None for p in ordered],
             "noindexes": [indexing[p].noindex if p in indexing else False for p in ordered],
             "linked": [linking[p].completed_at if p in linking else None for p in ordered],
         },
     )
+
+
+def _read_at(event: CrawlCompleted) -> str | None:
+    """Where ``event``'s content was read, canonical, when not at its own URL."""
+    if not event.final_url:
+        return None
+    final = canonicalize_or_none(event.final_url)
+    return None if final == event.url else final
 
 
 async def _links(
