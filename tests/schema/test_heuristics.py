@@ -152,6 +152,28 @@ def test_the_error_type_says_what_went_wrong(
 
 
 @pytest.mark.parametrize(
+    ("fetcher", "status", "error_type"),
+    [
+        ("activitypub", 401, "wrong_tool"),
+        ("activitypub", 406, "wrong_tool"),
+        ("activitypub", 415, "wrong_tool"),
+        ("activitypub", 404, "not_found"),
+        ("activitypub", 400, "client_error"),
+        ("http", 401, "client_error"),
+        ("http", 406, "client_error"),
+    ],
+)
+def test_a_refusal_of_what_a_strategy_asks_for_is_the_wrong_tool_not_the_pages_status(
+    fetcher: str, status: int, error_type: str
+) -> None:
+    """Asked for ActivityStreams, a server may refuse the representation (406, 415) or
+    an unsigned request (401) and still serve the page: another way may read it. Asked
+    for the page, the same status is the page's."""
+    event = completed(CrawlOutcome.BLOCKED_4XX, status_code=status, fetcher=fetcher)
+    assert audit(event).error_type == error_type
+
+
+@pytest.mark.parametrize(
     ("content_type", "error_type"),
     [
         ("text/html; charset=utf-8", "wrong_tool"),

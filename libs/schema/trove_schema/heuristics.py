@@ -59,6 +59,8 @@ SHELL_MAX_TEXT_CHARS = 200
 #: The content families each strategy reads, where a success of another family is not
 #: usable for it (``http`` takes what its Accept header allows, feeds and PDFs included).
 _STRATEGY_FAMILIES = {"activitypub": frozenset({"json"})}
+#: Statuses that refuse the representation a strategy asks for, not the page.
+_REFUSED_REPRESENTATIONS = frozenset({401, 406, 415})
 #: Upper bounds of the ``text_chars`` tag's buckets, and the label of each.
 _TEXT_BUCKETS = ((0, "0"), (199, "1-199"), (999, "200-999"), (9_999, "1k-10k"))
 
@@ -251,6 +253,13 @@ def _error_type(event: CrawlCompleted, challenge: bool) -> str | None:
         return "blocked_403"
     if status in (404, 410):
         return "not_found"
+    if status in _REFUSED_REPRESENTATIONS and event.fetcher in _STRATEGY_FAMILIES:
+        # Asked for what a strategy reads (ActivityStreams), the server refused that, not
+        # the page: a 406 or 415 of strict content negotiation (Mastodon's own, Rails',
+        # Spring's), a 401 of an instance that serves its objects to signed requests
+        # only. Taken for the page's status, the page failed, was never asked as a page,
+        # and no estimate learned: a host's pages asked so for months.
+        return "wrong_tool"
     if status is not None and 400 <= status < 500:
         return "client_error"
     if status is not None and status >= 500:
