@@ -88,7 +88,9 @@ def opted_out(account: Mapping[str, Any]) -> bool:
 #: The bio's tags that ask crawlers and search engines to stay away. A bio's hashtag is
 #: marked up (``#<span>nobot</span>``): the tags are looked for in its text.
 _NO_BOTS = re.compile(r"(?<![\w#])#(?:nobot|noindex)(?!\w)", re.IGNORECASE)
-_TAG = re.compile(r"<[^>]{0,2000}>")
+#: Not ``[^>]``: in a run of ``<`` without a ``>`` each would scan the next 2,000
+#: characters, in one call that holds the GIL (a stranger's bio, a hundred a poll).
+_TAG = re.compile(r"<[^<>]{0,2000}>")
 
 
 def _asks_no_bots(bio: object) -> bool:
