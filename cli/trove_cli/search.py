@@ -95,11 +95,14 @@ _SEARCH = text(
         JOIN q ON q.cfg = coalesce(tags.cfg, 'simple') AND p.keywords_tsv @@ q.query
         WHERE p.status = 'fetched'
           AND NOT p.noindex
-          -- Read through a redirect from a page fetched where it answers itself: the
-          -- same page under a second name, shown once.
+          -- Read through a redirect (an old name whose chain moved there): the same page
+          -- under a second name while the page there is fetched where it answers
+          -- itself; stale once the page there was looked at since (gone, say).
           AND NOT EXISTS (
               SELECT 1 FROM pages t
-              WHERE t.url = p.final_url AND t.status = 'fetched' AND t.final_url IS NULL
+              WHERE t.url = p.final_url
+                AND (t.status = 'fetched' AND t.final_url IS NULL
+                     OR t.last_crawled_at > coalesce(p.fetched_at, p.last_crawled_at))
           )
           AND (CAST(:primary AS text) IS NULL
                OR lower(split_part(p.language, '-', 1)) = :primary)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rich.console import Console
@@ -26,14 +27,20 @@ async def add_page(
     noindex: bool = False,
     title: str | None = None,
     final_url: str | None = None,
+    ago: int = 120,
 ) -> int:
-    """A page row as the recorder leaves it: tsvector built with the language's config."""
+    """A page row as the recorder leaves it: tsvector built with the language's config;
+    read (fetched or last crawled, by its status) ``ago`` seconds ago, crawled never when
+    only discovered."""
+    read_at = datetime.now(UTC) - timedelta(seconds=ago)
     page_id = await conn.scalar(
         text(
             "INSERT INTO pages (url, domain, status, title, language, keywords_tsv, noindex, "
-            "final_url, discovered_at, fetched_at) VALUES (:url, :domain, :status, "
-            ":title, :language, to_tsvector(CAST(:config AS regconfig), :words), :noindex, "
-            ":final_url, now(), now()) RETURNING id"
+            "final_url, discovered_at, fetched_at, last_crawled_at) VALUES (:url, :domain, "
+            ":status, :title, :language, to_tsvector(CAST(:config AS regconfig), :words), "
+            ":noindex, :final_url, now(), "
+            ":fetched_at, :crawled_at) "
+            "RETURNING id"
         ),
         {
             "url": url,
@@ -45,6 +52,8 @@ async def add_page(
             "words": words,
             "noindex": noindex,
             "final_url": final_url,
+            "fetched_at": read_at if status == "fetched" else None,
+            "crawled_at": read_at if status != "discovered" else None,
         },
     )
     assert isinstance(page_id, int)
@@ -258,8 +267,10 @@ async def test_a_page_read_through_a_redirect_is_found_once_where_it_answers(
     engine: AsyncEngine,
 ) -> None:
     """An http:// link to a page now at https:// is kept under both names, the first
-    with the content its redirect led to: one page, found once. Not where the target is
-    not fetched, nor where each name redirects to the other (the site moved it back)."""
+    with what its redirect led to: one page, found once. The old name's row is shown
+    while the page it led to was never looked at (refused, say), and not once that page
+    was looked at since it was read (gone: its 404 is newer than the old row's text).
+    Two names that each led to the other (a site that moved the page back): the newer."""
     async with engine.begin() as conn:
         await add_page(
             conn, "http://blog.example/post", "tomato notes", final_url="https://blog.example/post"
@@ -268,19 +279,33 @@ async def test_a_page_read_through_a_redirect_is_found_once_where_it_answers(
         await add_page(
             conn, "http://blog.example/gone", "tomato notes", final_url="https://blog.example/gone"
         )
-        await add_page(conn, "https://blog.example/gone", "tomato notes", status="failed")
+        await add_page(conn, "https://blog.example/gone", "tomato notes", status="failed", ago=0)
         await add_page(
-            conn, "https://blog.example/dir", "tomato notes", final_url="https://blog.example/dir/"
+            conn,
+            "http://blog.example/refused",
+            "tomato notes",
+            final_url="https://blog.example/refused",
+        )
+        await add_page(conn, "https://blog.example/refused", "", status="discovered")
+        await add_page(
+            conn,
+            "https://blog.example/dir",
+            "tomato notes",
+            final_url="https://blog.example/dir/",
+            ago=60,
         )
         await add_page(
-            conn, "https://blog.example/dir/", "tomato notes", final_url="https://blog.example/dir"
+            conn,
+            "https://blog.example/dir/",
+            "tomato notes",
+            final_url="https://blog.example/dir",
+            ago=30,
         )
 
     hits = await search(engine, "tomato")
 
     assert sorted(urls(hits)) == [
-        "http://blog.example/gone",
-        "https://blog.example/dir",
+        "http://blog.example/refused",
         "https://blog.example/dir/",
         "https://blog.example/post",
     ]

@@ -193,6 +193,26 @@ async def test_a_page_moved_for_good_on_its_host_is_recrawled_where_it_lives(
     assert not await discovery._first_sighting(new, "a-link-to-the-new-name")
 
 
+async def test_a_page_moved_where_a_chain_goes_on_already_leaves_that_chain_alone(
+    bus: Bus,
+) -> None:
+    """The old name comes back by a link a seen TTL after its chain moved (or the
+    target was a page of its own first): the target's chain goes on as it was, with the
+    interval its change history learned, not put back to the first one."""
+    discovery = await replica(bus)
+    old, new = "http://site.example/post", "https://site.example/post"
+    own = crawled(new, history=ChangeHistory(interval=20 * 86400.0))
+    await handle(discovery, bus, own)
+    before = await pending_request(bus, new)
+    assert before is not None
+    await handle(discovery, bus, crawled(old, final_url=new, moved=True))
+    after = await pending_request(bus, new)
+    assert after is not None
+    assert (after.id, after.not_before) == (before.id, before.not_before)
+    assert await pending_request(bus, old) is None
+    assert not await discovery._first_sighting(old, "a-link-to-the-old-name")
+
+
 @pytest.mark.parametrize(
     ("final", "moved"),
     [

@@ -109,25 +109,28 @@ async def test_a_page_keeps_its_first_sighting_and_shallowest_depth_in_any_order
         assert (row.discovered_at, row.depth) == (first, 1), url
 
 
-async def test_a_page_keeps_where_its_content_was_read(engine: AsyncEngine) -> None:
-    """Through a redirect on its host the page's content is the target's: the row says
-    where (canonical), for search to show the page once. A 304 or a failure keeps what
-    the content came from; the next success read at the page itself clears it."""
+async def test_a_page_keeps_where_it_was_last_read(engine: AsyncEngine) -> None:
+    """Through a redirect on its host the page read is the target: the row says where
+    (canonical), for search to show the page once. A 304 through a redirect says so too
+    (a page whose chain moved may never be read whole under its old name again); a
+    failure keeps it; the next success read at the page itself clears it."""
     start = datetime.now(UTC) - timedelta(hours=1)
 
     def at(minutes: int, **fields: Any) -> CrawlCompleted:
         when = start + timedelta(minutes=minutes)
         return completed(started_at=when, completed_at=when, **fields)
 
-    await project(engine, at(0, final_url="HTTPS://Blog.Example:443/post/", moved=True))
-    assert (await page(engine)).final_url == "https://blog.example/post/"
+    await project(engine, at(0, title="Hello"))
+    assert (await page(engine)).final_url is None
     await project(
-        engine,
-        at(1, outcome=CrawlOutcome.NOT_MODIFIED, final_url="https://blog.example/post/"),
-        at(2, outcome=CrawlOutcome.FAILED, error_message="timed out"),
+        engine, at(1, outcome=CrawlOutcome.NOT_MODIFIED, final_url="HTTPS://Blog.Example:443/post/")
     )
     assert (await page(engine)).final_url == "https://blog.example/post/"
-    await project(engine, at(3, title="Hello"))
+    await project(engine, at(2, outcome=CrawlOutcome.FAILED, error_message="timed out"))
+    assert (await page(engine)).final_url == "https://blog.example/post/"
+    await project(engine, at(3, final_url="https://blog.example/post/2"))
+    assert (await page(engine)).final_url == "https://blog.example/post/2"
+    await project(engine, at(4, title="Hello"))
     assert (await page(engine)).final_url is None
 
 

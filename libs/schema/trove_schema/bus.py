@@ -64,7 +64,7 @@ from trove_schema.metrics import (
 )
 from trove_schema.nats_tls import client_tls
 from trove_schema.pulls import Pulls
-from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, EVENT_SCHEDULES_PREFIX
+from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, EVENT_SCHEDULES_PREFIX, EVENTS_STREAM
 
 log = logging.getLogger(__name__)
 
@@ -398,6 +398,15 @@ class Bus:
         where = schedule or f"{schedules_prefix}.{event.id}"
         await self.js.publish(where, event.to_wire(), headers=headers)
         EVENTS_PUBLISHED.labels(event.TYPE).inc()
+
+    async def schedule_waits(self, schedule: str) -> bool:
+        """Whether a schedule waits on the subject ``schedule`` of the events stream (one
+        that fired is gone from it). Raises if the broker cannot say."""
+        try:
+            msg = await self.js.get_last_msg(EVENTS_STREAM, schedule)
+        except NotFoundError:
+            return False
+        return bool(msg.data)
 
     async def park(self, consumer: str, msg: Msg, reason: str) -> None:
         """Move a message nobody can handle to the dead-letter stream, with the reason.

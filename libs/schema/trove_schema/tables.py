@@ -77,9 +77,9 @@ class Page(Base):
     last_modified: Mapped[str | None] = mapped_column(Text)
     content_hash: Mapped[str | None] = mapped_column(String(64))
     canonical_url: Mapped[str | None] = mapped_column(String(2048))
-    #: Where the content columns were read, when a redirect on the page's host led there
-    #: (canonical; NULL: at ``url`` itself). Search leaves out a row whose page is
-    #: fetched where it answers itself: the same page under a second name.
+    #: Where the page was last read (its newest success or 304), when a redirect on its
+    #: host led there (canonical; NULL: at ``url`` itself). Search leaves out such a row
+    #: once the page there is fetched where it answers itself, or was looked at since.
     final_url: Mapped[str | None] = mapped_column(String(2048))
     noindex: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     #: Completion time of the newest attempt applied: its outcome and status. Older

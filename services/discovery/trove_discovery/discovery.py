@@ -496,9 +496,14 @@ class Discovery:
             caused_by=event.id,
             history=history.model_copy(update={"read_whole_at": read_whole_at}),
         )
-        # On the page's schedule subject: it replaces whatever request was pending (where
-        # the page moved to, the request of the chain it may have there already).
-        await self.bus.publish_at(request, due, schedule=page_schedule_subject(url))
+        schedule = page_schedule_subject(url)
+        # Where the page moved to, a chain of its own may go on already (its target was
+        # a page of its own, or the old name came back by a link a seen TTL later): that
+        # one is left alone, with the change history it learned.
+        joins = url != event.url and await self.bus.schedule_waits(schedule)
+        if not joins:
+            # On the page's schedule subject: it replaces whatever request was pending.
+            await self.bus.publish_at(request, due, schedule=schedule)
         # The request now holds the page's place in the seen set, for another full
         # seen_ttl: the event that discovered it was published long ago. A page that
         # moved keeps its old spelling's place too: a link to it would otherwise bring it
@@ -514,12 +519,12 @@ class Discovery:
         Re-crawled under the URL it was asked by, such a page cost a redirect and two
         reads each cycle (the redirect's target is a page of its own too) and was kept
         twice. Its chain goes on at the target, on the target's schedule subject, which
-        holds one request: the target's own chain, if it has one, and this one become
-        one. A chain is moved, never ended, so no refusal (a budget, a scope, a learned
-        spelling that maps the target back) can lose the page, and a site that moves it
-        back moves its chain back. Only a move that keeps the path (the other scheme, a
-        trailing slash) counts: a site-wide 301 to one page would otherwise make every
-        page's chain that page's one chain."""
+        holds one request: where the target has a request pending already (a chain of
+        its own), this one ends in it. A chain is moved, never ended, so no refusal (a
+        budget, a scope, a learned spelling that maps the target back) can lose the page,
+        and a site that moves it back moves its chain back. Only a move that keeps the
+        path (the other scheme, a trailing slash) counts: a site-wide 301 to one page
+        would otherwise make every page's chain that page's one chain."""
         if not event.moved or event.outcome not in (
             CrawlOutcome.SUCCESS,
             CrawlOutcome.NOT_MODIFIED,

@@ -947,7 +947,7 @@ async def _page_state(
             "last_modified = CASE WHEN v.ok THEN v.modified ELSE p.last_modified END, "
             "content_hash = CASE WHEN v.ok THEN v.hash ELSE p.content_hash END, "
             "canonical_url = CASE WHEN v.ok THEN v.canonical ELSE p.canonical_url END, "
-            "final_url = CASE WHEN v.ok THEN v.final ELSE p.final_url END, "
+            "final_url = CASE WHEN v.fetched IS NULL THEN p.final_url ELSE v.final END, "
             # A success older than the page's newest 304 already applied does not lift
             # a noindex that 304 may have said (which one did is not kept): the site's
             # wish is read again at the next visit, the page left out of search till then.
@@ -988,7 +988,7 @@ async def _page_state(
             "modified": [e.last_modified if e else None for e in held],
             "hashes": [e.content_hash if e else None for e in held],
             "canonicals": [e.canonical_url if e else None for e in held],
-            "finals": [_read_at(e) if e else None for e in held],
+            "finals": [_read_at(fetched[p]) if p in fetched else None for p in ordered],
             "noindex_ats": [indexing[p].completed_at if p in indexing else None for p in ordered],
             "noindexes": [indexing[p].noindex if p in indexing else False for p in ordered],
             "linked": [linking[p].completed_at if p in linking else None for p in ordered],
@@ -997,7 +997,8 @@ async def _page_state(
 
 
 def _read_at(event: CrawlCompleted) -> str | None:
-    """Where ``event``'s content was read, canonical, when not at its own URL."""
+    """Where ``event`` read the page (its content, or a 304 that it is unchanged),
+    canonical, when not at its own URL."""
     if not event.final_url:
         return None
     final = canonicalize_or_none(event.final_url)

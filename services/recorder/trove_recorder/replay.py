@@ -177,11 +177,7 @@ def page_pending(bus: Bus) -> Pending:
     (one that fired is gone from it)."""
 
     async def pending(url: str) -> bool:
-        try:
-            msg = await bus.js.get_last_msg(EVENTS_STREAM, page_schedule_subject(url))
-        except NotFoundError:
-            return False
-        return bool(msg.data)
+        return await bus.schedule_waits(page_schedule_subject(url))
 
     return pending
 

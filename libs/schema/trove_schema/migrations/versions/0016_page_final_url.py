@@ -1,13 +1,13 @@
-"""pages: where a page's content was read, when a redirect on its host led there
+"""pages: where a page was last read, when a redirect on its host led there
 
 A page asked as ``http://blog.example/post`` that answers at ``https://blog.example/post``
-is kept under both names: the URL it was asked by, with the content its redirect led
-to, and the target, a page of its own. Search showed it twice. ``final_url`` says where
-the content columns were read; search leaves out a row whose ``final_url`` is a page
-fetched where it answers itself.
+is kept under both names: the URL it was asked by, with what its redirect led to, and
+the target, a page of its own. Search showed it twice. ``final_url`` says where the
+page's newest success or 304 read it; search leaves out a row whose ``final_url`` is a
+page fetched where it answers itself, or one looked at since the row was read.
 
-Nullable, no backfill: a row from before is shown as it was until its next success (or
-a replay) says where it was read.
+Nullable, no backfill: a row from before is shown as it was until its next success or
+304 (or a replay) says where it was read.
 
 Revision ID: 0016
 Revises: 0015
