@@ -755,8 +755,11 @@ def parser() -> argparse.ArgumentParser:
         help="re-apply the events from then on, into tables that have projections "
         "(2h, 30m, 1d, or 2026-11-28T04:00Z): after a failover that lost recent commits",
     )
-    sandbox = sub.add_parser("sandbox", help="serve the synthetic small web in the foreground")
-    sandbox.add_argument("rest", nargs=argparse.REMAINDER)
+    # Its options are the sandbox's own (``trove sandbox --help``): ``main`` hands them over
+    # before this parser sees them.
+    sub.add_parser(
+        "sandbox", help="serve the synthetic small web in the foreground", add_help=False
+    )
     return p
 
 
@@ -810,7 +813,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sandbox"]:
+        # argparse's REMAINDER takes no argument that begins with "-": `trove sandbox
+        # --fediverse 40` was refused as an unknown option of trove's own.
+        args = argparse.Namespace(command="sandbox", rest=argv[1:])
+    else:
+        args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     # The terminal closed (an SSH session dropped): the services run in sessions of
     # their own, which the hangup does not reach, so the stack is stopped as on Ctrl-C.

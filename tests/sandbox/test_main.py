@@ -14,12 +14,15 @@ import pytest
 from trove_sandbox.__main__ import build_parser, main
 
 
-async def start_cli(*args: str) -> tuple[asyncio.subprocess.Process, list[str]]:
-    """Start the CLI and read its banner up to the last environment line."""
+async def start_cli(
+    *args: str, command: tuple[str, ...] = ("trove_sandbox",)
+) -> tuple[asyncio.subprocess.Process, list[str]]:
+    """Start the CLI (``python -m`` ``command``) and read its banner up to the last
+    environment line."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "trove_sandbox",
+        *command,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -43,6 +46,18 @@ async def stop_cli(process: asyncio.subprocess.Process, sig: signal.Signals) -> 
     _, stderr = await asyncio.wait_for(process.communicate(), 20.0)
     assert process.returncode is not None
     return process.returncode, stderr.decode()
+
+
+async def test_trove_sandbox_takes_the_sandboxs_own_options() -> None:
+    """``trove sandbox --hosts 2`` (and ``--fediverse``, which PLATFORM names) was refused
+    as an unknown option of trove's own."""
+    process, lines = await start_cli(
+        "--hosts", "2", "--pages", "3", "--base-ip", "127.0.0.68", command=("trove_cli", "sandbox")
+    )
+    code, _ = await stop_cli(process, signal.SIGINT)
+    seeds = [line.strip() for line in lines if line.startswith("  http://")]
+    assert len(seeds) == 2
+    assert code == 0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
