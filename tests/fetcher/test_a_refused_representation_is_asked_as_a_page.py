@@ -22,7 +22,7 @@ from trove_schema.urls import canonicalize
 
 pytestmark = pytest.mark.usefixtures("clean")
 
-IP = "127.0.0.183"
+IP = "127.0.0.175"
 HOST = "notices.refusing.test"
 ARTICLE = b"<html><head><title>A notice</title></head><body>" + b"<p>words " * 50
 
