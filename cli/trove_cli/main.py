@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,7 +170,68 @@ async def watch_crawl(
     local: LocalTrove | None = None,
     follows: Sequence[str] = (),
 ) -> int:
-    nc = await nats.connect(nats_servers(nats_url), name="trove-cli", tls=client_tls())
+    """Send the seeds (and follows), show the crawl's progress until it is over, and
+    report it; its exit code. On a stack of this machine's own (``local``), a server
+    that exits ends it with a ``StackError`` that says which."""
+    crawl = _watch_crawl(
+        nats_url=nats_url,
+        database_url=database_url,
+        seeds=seeds,
+        until_idle=until_idle,
+        max_pages=max_pages,
+        timeout=timeout,
+        local=local,
+        follows=follows,
+    )
+    if local is None:
+        return await crawl
+    return await unless_a_server_exits(local, crawl)
+
+
+#: How often a crawl on a stack of this machine's own looks at its servers.
+SERVERS_LOOKED_AT_EVERY = 0.5
+
+
+async def unless_a_server_exits(local: LocalTrove, work: Awaitable[int]) -> int:
+    """``work``'s result, unless a server of ``local``'s stack exits first (the OOM
+    killer, a full disk): then a ``StackError`` naming it. The server's end shows first
+    as a connection that fails or hangs anywhere (a reconnecting client waits two
+    minutes), which would be the error said instead, or none."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=SERVERS_LOOKED_AT_EVERY)
+            if done and task.exception() is None:
+                return task.result()
+            local.stack.check_servers()
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _watch_crawl(
+    *,
+    nats_url: str,
+    database_url: str,
+    seeds: Sequence[str],
+    until_idle: bool,
+    max_pages: int | None,
+    timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
+    local: LocalTrove | None,
+    follows: Sequence[str],
+) -> int:
+    async def quiet(exc: Exception) -> None:
+        """nats-py prints each failed reconnect with its traceback, twice a second: the
+        crawl says once what ended it (a server of the stack that exited, say)."""
+
+    # Reconnects allowed: a cluster joined may restart a node under a long crawl.
+    nc = await nats.connect(
+        nats_servers(nats_url), name="trove-cli", tls=client_tls(), error_cb=quiet
+    )
     engine = create_async_engine(database_url)
     try:
         # The seeds stream must exist before a core publish, or the seeds go nowhere. The
@@ -225,7 +286,6 @@ async def watch_crawl(
                     unpolled = await timelines_never_polled(engine, follows)
                     note += f", {unpolled} instance(s) not polled yet" if unpolled else ""
                 if local is not None:
-                    local.stack.check_servers()
                     restarts = sum(s.restarts for s in local.process_states().values())
                     note += f", {restarts} service restart(s)" if restarts else ""
                 progress.update(task, completed=done, total=max(queued, 1), note=note)

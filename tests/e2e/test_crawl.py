@@ -22,6 +22,8 @@ from tests.support import run_trove, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
 from trove_schema.topology import SEEDS_SUBJECT
+from trove_stack.nats import server_in
+from trove_stack.postgres import postmaster_in
 
 
 def _without_port(url: str) -> tuple[str | None, str]:
@@ -170,6 +172,41 @@ async def test_trove_crawl_stopped_leaves_no_process_behind(tmp_path: Path, endi
         proc.send_signal(signal.SIGTERM if ending == "SIGTERM" else signal.SIGHUP)
     await asyncio.wait_for(proc.communicate(), timeout=60)
     await eventually(left, until=lambda pids: pids == [], timeout=60, what="everything stopped")
+
+
+@pytest.mark.parametrize("server", ["nats-server", "Postgres"])
+@pytest.mark.parametrize("after", ["seeds:", "crawled "], ids=["starting", "crawling"])
+async def test_a_server_of_the_stack_that_dies_mid_crawl_is_named_as_the_cause(
+    tmp_path: Path, server: str, after: str
+) -> None:
+    """The OOM killer, a full disk: the crawl ends saying which server exited, not with
+    the connection that failed with it (or after two minutes of a client reconnecting),
+    and without a screen of nats-py's tracebacks (one a reconnect, twice a second)."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
+    env["TROVE_STATE_DIR"] = str(state)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "crawl", "--sandbox", "--fresh",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    printed, line = b"", b""
+    while not line.startswith(after.encode()):
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+        assert line, f"trove crawl ended before it started crawling: {printed.decode()}"
+        printed += line
+    pid = (
+        server_in(state / "nats")
+        if server == "nats-server"
+        else postmaster_in((state / "postgres" / "data").resolve())
+    )
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    rest, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+    output = (printed + rest).decode()
+    assert proc.returncode not in (0, None), output
+    assert f"{server} exited (code -9" in output, output
+    assert "Traceback" not in output, output
 
 
 def on_the_stack(stack: StackUrls, tmp_path: Path) -> dict[str, str]:
