@@ -169,8 +169,10 @@ async def watch_crawl(
     timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
     local: LocalTrove | None = None,
     follows: Sequence[str] = (),
+    force: bool = False,
 ) -> int:
-    """Send the seeds (and follows), show the crawl's progress until it is over, and
+    """Send the seeds (``force``: to be crawled now, if known this cycle too) and the
+    follows, show the crawl's progress until it is over, and
     report it; its exit code. On a stack of this machine's own (``local``), a server
     that exits ends it with a ``StackError`` that says which."""
     crawl = _watch_crawl(
@@ -182,6 +184,7 @@ async def watch_crawl(
         timeout=timeout,
         local=local,
         follows=follows,
+        force=force,
     )
     if local is None:
         return await crawl
@@ -223,6 +226,7 @@ async def _watch_crawl(
     timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
     local: LocalTrove | None,
     follows: Sequence[str],
+    force: bool,
 ) -> int:
     async def quiet(exc: Exception) -> None:
         """nats-py prints each failed reconnect with its traceback, twice a second: the
@@ -248,8 +252,10 @@ async def _watch_crawl(
         began = min(datetime.now(UTC), datetime.fromtimestamp(await server_now(nc), UTC))
         refusals_before = await refusals_so_far(engine)
         if seeds:
-            # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends.
-            await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
+            # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends, or
+            # `nats pub trove.seeds '{"urls": [...], "force": true}'`.
+            payload = json.dumps({"urls": seeds, "force": True}) if force else "\n".join(seeds)
+            await nc.publish(SEEDS_SUBJECT, payload.encode())
             await nc.flush()
         for instance in follows:
             # What `nats pub trove.follow '{"instance": "URL"}'` sends: its local timeline.
@@ -312,6 +318,14 @@ async def _watch_crawl(
                 await asyncio.sleep(0.5)
         report = await build_report(engine, refusals_after=refusals_before, since=began)
         render(report, console)
+        if seeds and not queued and not force:
+            # A state folder kept from an earlier crawl knows the seeds: discovery takes a
+            # URL once a cycle, and its pages are re-crawled on their own schedule.
+            console.print(
+                "[yellow]no page was queued: the seeds not refused above are known from "
+                "an earlier crawl, and re-crawled on their schedule; `trove crawl --force "
+                "URL...` crawls them again now[/yellow]"
+            )
         return code
     finally:
         await engine.dispose()
@@ -462,6 +476,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
                 timeout=args.timeout,
                 local=local,
                 follows=follows,
+                force=args.force,
             )
         finally:
             await asyncio.to_thread(local.stop)
@@ -738,6 +753,11 @@ def parser() -> argparse.ArgumentParser:
     )
     crawl.add_argument("--fetchers", type=_count(1), default=1)
     crawl.add_argument("--fresh", action="store_true", help="start from an empty state folder")
+    crawl.add_argument(
+        "--force",
+        action="store_true",
+        help="crawl the seeds now, also those an earlier crawl of the state folder knows",
+    )
     crawl.add_argument("--join", action="store_true", help=JOIN_HELP)
     crawl.add_argument("--timeout", type=_seconds, default=3600.0)
 

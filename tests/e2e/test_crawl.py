@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
+from tests.fetcher._servers import LocalServer
 from tests.support import run_trove, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -240,6 +241,38 @@ async def test_a_crawl_whose_seeds_are_all_refused_ends_at_once(
     )
     assert code == 0, report
     assert "stopped after" not in report
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_crawl_of_seeds_an_earlier_crawl_knows_says_so_and_force_crawls_them(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """The same `make run SEEDS=...` twice on its kept state folder: discovery takes a
+    URL once a cycle, so the second crawl queued nothing, and said nothing of why."""
+    with LocalServer("127.0.0.176") as server:
+        server.routes["/"] = lambda ex: ex.send(200, b"<title>home</title><p>words</p>")
+        env = {
+            **on_the_stack(stack, tmp_path),
+            "TROVE_ALLOWED_NETWORKS": "127.0.0.176/32",
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+        }
+
+        async def crawl(*flags: str) -> str:
+            code, report = await run_trove(
+                "crawl", "--join", *flags, server.url(), env=env, timeout=120
+            )
+            assert code == 0, report
+            return report
+
+        first = await crawl()
+        again = await crawl()
+        assert len(server.requests_to("/")) == 1
+        forced = await crawl("--force")
+        assert len(server.requests_to("/")) == 2
+    assert "no page was queued" not in first
+    assert "no page was queued" in again
+    assert "--force" in again
+    assert "no page was queued" not in forced
 
 
 @pytest.mark.usefixtures("clean")
