@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ def test_a_fresh_stack_refuses_a_folder_whose_servers_run_and_empties_it_once_th
         first._let_go()
         for fresh in (True, False):
             with pytest.raises(StackError, match=r"(Postgres|nats-server) \(pid \d+\) still runs"):
-                Stack(state_dir=state, fresh=fresh, fast_and_unsafe=True).start()
+                Stack(
+                    state_dir=state, fresh=fresh, fast_and_unsafe=True, left_behind_wait=1.0
+                ).start()
         assert marker.exists()
         assert running_in(state) is not None
     finally:
@@ -42,6 +45,29 @@ def test_a_fresh_stack_refuses_a_folder_whose_servers_run_and_empties_it_once_th
         assert not marker.exists()  # a fresh folder
     finally:
         second.stop()
+
+
+def test_a_start_waits_for_the_servers_a_killed_trove_left_to_be_stopped(
+    tmp_path: Path,
+) -> None:
+    """A `make run` just after one killed outright (its lifeline's watcher stopping its
+    servers, within seconds): it waits for them, rather than send its operator to kill
+    servers that are stopping."""
+    state = tmp_path / "state"
+    first = Stack(state_dir=state, fast_and_unsafe=True).start()
+    first._let_go()  # its process gone: the lock is, its servers are not
+    stopping = threading.Timer(1.0, first.stop)  # as the watcher does, a moment later
+    stopping.start()
+    try:
+        second = Stack(state_dir=state, fresh=True, fast_and_unsafe=True).start()
+        try:
+            assert second.nats is not None
+            assert second.nats.exited() is None
+        finally:
+            second.stop()
+    finally:
+        stopping.join()
+        first.stop()
 
 
 def test_a_fresh_start_refuses_a_folder_that_holds_more_than_trove_state(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import fcntl
 import os
 import secrets
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +29,11 @@ STATE_ENTRIES = frozenset({"nats", "postgres", "logs", "stack.json", "services.j
 #: Held (``flock``) by the process whose stack runs on the folder, for as long as it
 #: does: the kernel lets go when that process ends, however it ends.
 LOCK_FILE = "stack.lock"
+#: How long a start waits for the servers of a ``trove`` that was killed outright to be
+#: stopped by its lifeline's watcher (``trove_stack.lifeline``: the services first, then
+#: the servers, each asked politely and killed after its grace), and how often it looks.
+LEFT_BEHIND_WAIT = 45.0
+LEFT_BEHIND_POLL = 0.5
 
 
 @dataclass(kw_only=True)
@@ -40,6 +46,8 @@ class Stack:
     fresh: bool = False
     fast_and_unsafe: bool = False
     postgres_bin: str | None = None
+    #: Seconds to wait for servers a killed ``trove`` left on the folder to be stopped.
+    left_behind_wait: float = LEFT_BEHIND_WAIT
     nats: EmbeddedNats | None = field(default=None, init=False)
     postgres: EmbeddedPostgres | None = field(default=None, init=False)
     _lock: int | None = field(default=None, init=False, repr=False)
@@ -58,7 +66,8 @@ class Stack:
                 shown = ", ".join(foreign[:5]) + (" …" if len(foreign) > 5 else "")
                 raise StackError(
                     f"{self.state_dir} holds more than Trove's state ({shown}): a fresh start "
-                    "empties only a folder of Trove's own; set TROVE_STATE_DIR to one"
+                    "empties only a folder of Trove's own; remove them, or set "
+                    "TROVE_STATE_DIR to another folder"
                 )
         # Only this user may look in: the folder holds the servers' passwords (stack.json,
         # the configurations) and the crawl. A folder that was there is left as it is.
@@ -68,10 +77,17 @@ class Stack:
             # Servers of a stack whose process was killed outright, still running (its
             # lifeline's watcher stopping them, or they outlived it).
             running = running_in(self.state_dir)
+            # Its lifeline's watcher stops them, each within its grace: a `make run` just
+            # after a killed one waits for that rather than send its operator to kill.
+            waited_until = time.monotonic() + self.left_behind_wait
+            while running is not None and time.monotonic() < waited_until:
+                time.sleep(LEFT_BEHIND_POLL)
+                running = running_in(self.state_dir)
             if running is not None:
                 raise StackError(
-                    f"{running} still runs on {self.state_dir}, its `trove up` gone: "
-                    "stop it, or give this stack another TROVE_STATE_DIR"
+                    f"{running} still runs on {self.state_dir}, the `trove` that started "
+                    f"it gone ({self.left_behind_wait:.0f} s waited for it to stop): stop "
+                    "it, or give this stack another TROVE_STATE_DIR"
                 )
             if self.fresh:
                 self._stop_servers()
@@ -130,7 +146,8 @@ class Stack:
             os.close(fd)
             raise StackError(
                 f"another Trove stack runs on {self.state_dir} (pid {holder}): stop it first "
-                "(Ctrl-C in its `trove up`), or give this one another TROVE_STATE_DIR"
+                "(Ctrl-C in its `trove up` or `trove crawl`), or give this one another "
+                "TROVE_STATE_DIR"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
