@@ -602,6 +602,46 @@ async def test_a_page_whose_retries_ran_out_is_asked_again_until_it_failed_too_l
     assert (await page(engine, down)).status == "failed"
 
 
+@pytest.mark.parametrize(
+    ("status", "fetched_before", "rechecked"),
+    [
+        (403, True, True),  # a firewall's, a challenge's
+        (200, True, True),  # a challenge sent with a 2xx
+        (401, True, True),
+        (404, True, True),  # a weekend's broken deploy
+        (410, True, False),  # gone for good, as the site says
+        (404, False, False),  # a link to nothing
+    ],
+)
+async def test_a_refused_page_fetched_before_is_rechecked_not_retried(
+    engine: AsyncEngine, status: int, fetched_before: bool, rechecked: bool
+) -> None:
+    """A re-crawl that meets a challenge, a 403 or a 404 ended the page's chain: a
+    challenge left on a week, a weekend's 404s, took the pages they met out of the crawl
+    until their seen keys expired (a seed nothing links to, for good)."""
+    week, month = 7 * 86_400.0, 30 * 86_400.0
+    policy = RetryPolicy(
+        max_attempts=3, delay_seconds=60.0, max_delay_seconds=week, recheck_for_seconds=month
+    )
+    now = datetime.now(UTC)
+    history = ChangeHistory(visited_at=now - timedelta(days=3), interval=86_400.0)
+    refused = completed(
+        CrawlOutcome.BLOCKED_4XX,
+        status_code=status,
+        history=history if fetched_before else None,
+    )
+    await project(engine, refused, policy=policy)
+    found = [
+        (decode_event(r.payload), r.deliver_at)
+        for r in await rows(engine, "SELECT payload, deliver_at FROM outbox")
+    ]
+    expected = [(refused.completed_at + timedelta(seconds=week), 1, RequestReason.RECRAWL)]
+    assert [(at, r.attempt, r.reason) for r, at in found if isinstance(r, CrawlRequested)] == (
+        expected if rechecked else []
+    )
+    assert (await page(engine)).status == "failed"
+
+
 async def test_retry_waits_for_retry_after_when_longer(engine: AsyncEngine) -> None:
     event = completed(CrawlOutcome.BLOCKED_4XX, status_code=429, retry_after=7200.0)
     await project(engine, event)

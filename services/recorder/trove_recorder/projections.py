@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from trove_recorder.host_policies import fold_host_policies
 from trove_recorder.page_ids import PageIds
-from trove_recorder.retries import RetryPolicy, recheck_request, retry_request
+from trove_recorder.retries import RetryPolicy, recheck_request, refused_for_now, retry_request
 from trove_recorder.sql import Statement, Transaction, copy_text
 from trove_schema.errors import InvalidURL
 from trove_schema.events import (
@@ -819,9 +819,10 @@ async def _retries(
     tx: Transaction, latest: dict[int, CrawlCompleted], policy: RetryPolicy, *, replaying: bool
 ) -> set[int]:
     """Outbox rows for the retryable attempts: a retry while attempts are left, else a
-    recheck while the page has not been failing too long (``retries``); the page ids
+    recheck while the page has not been failing too long (``retries``), and a recheck
+    alone for a refusal that may be for now (``refused_for_now``); the page ids
     retried."""
-    retryable = {pid: e for pid, e in latest.items() if e.retryable}
+    retryable = {pid: e for pid, e in latest.items() if e.retryable or refused_for_now(e)}
     scheduled: set[int] = set()
     if not retryable:
         return scheduled
@@ -836,7 +837,7 @@ async def _retries(
     rows: list[tuple[uuid.UUID, bytes, datetime]] = []
     for page_id, event in sorted(retryable.items()):
         attempts, since = counts.get(page_id, (0, None))
-        if attempts < policy.max_attempts:
+        if attempts < policy.max_attempts and event.retryable:
             request = retry_request(event, attempts, policy)
             scheduled.add(page_id)
         elif since is not None and event.completed_at - since < recheck_for:

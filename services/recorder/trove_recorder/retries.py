@@ -7,6 +7,12 @@ they run out the page is not dropped: while it has been failing for less than
 again as a new chain after ``max_delay_seconds``, or its re-crawl interval if longer.
 Ended there, a site down a weekend would be out of the crawl until its pages' seen
 keys expired (two re-crawl intervals), and a seed nothing links to for good.
+
+A page fetched before that is refused (a 4xx other than 429 and 410: a bot challenge, a
+403 of a firewall, a 401, a 404 of a broken deploy) is not tried again soon, which
+would only ask a refusing site again, but it is rechecked the same way: its chain ended
+there, and a challenge left on for a week, or a weekend's 404s, took the pages they met
+out of the crawl until their seen keys expired. A 410 says the page is gone for good.
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from trove_schema.events import CrawlCompleted, CrawlRequested, RequestReason, derived_event_id
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlOutcome,
+    CrawlRequested,
+    RequestReason,
+    derived_event_id,
+)
 from trove_schema.settings import RecorderSettings
 
 
@@ -34,6 +46,18 @@ class RetryPolicy:
             max_delay_seconds=settings.retry_max_delay_seconds,
             recheck_for_seconds=settings.recheck_failing_for_seconds,
         )
+
+
+def refused_for_now(event: CrawlCompleted) -> bool:
+    """Whether ``event`` is a refusal of a page fetched before that may not be for good
+    (a 4xx but 429, retried as any failure, and 410): rechecked, never retried soon."""
+    return (
+        event.outcome is CrawlOutcome.BLOCKED_4XX
+        and not event.retryable
+        and event.status_code != 410
+        and event.history is not None
+        and event.history.visited_at is not None
+    )
 
 
 def retry_request(event: CrawlCompleted, attempts: int, policy: RetryPolicy) -> CrawlRequested:
