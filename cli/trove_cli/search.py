@@ -96,13 +96,17 @@ _SEARCH = text(
         WHERE p.status = 'fetched'
           AND NOT p.noindex
           -- Read through a redirect (an old name whose chain moved there): the same page
-          -- under a second name while the page there is fetched where it answers
-          -- itself; stale once the page there was looked at since (gone, say).
+          -- under a second name while the page there has content of its own, read where
+          -- it answers itself or since this row was; stale once the page there failed
+          -- or was refused since (gone, say; not while its first attempts are retried).
           AND NOT EXISTS (
               SELECT 1 FROM pages t
               WHERE t.url = p.final_url
-                AND (t.status = 'fetched' AND t.final_url IS NULL
-                     OR t.last_crawled_at > coalesce(p.fetched_at, p.last_crawled_at))
+                AND (t.status = 'fetched' AND t.keywords_tsv IS NOT NULL
+                     AND (t.final_url IS NULL
+                          OR t.last_crawled_at > coalesce(p.fetched_at, p.last_crawled_at))
+                     OR t.status IN ('failed', 'rejected')
+                     AND t.last_crawled_at > coalesce(p.fetched_at, p.last_crawled_at))
           )
           AND (CAST(:primary AS text) IS NULL
                OR lower(split_part(p.language, '-', 1)) = :primary)

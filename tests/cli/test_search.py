@@ -28,16 +28,19 @@ async def add_page(
     title: str | None = None,
     final_url: str | None = None,
     ago: int = 120,
+    content: bool = True,
+    crawled: bool | None = None,
 ) -> int:
-    """A page row as the recorder leaves it: tsvector built with the language's config;
-    read (fetched or last crawled, by its status) ``ago`` seconds ago, crawled never when
-    only discovered."""
+    """A page row as the recorder leaves it: tsvector built with the language's config
+    (none without ``content``); fetched ``ago`` seconds ago if it is, last crawled then
+    if ``crawled`` (by default: unless only discovered)."""
     read_at = datetime.now(UTC) - timedelta(seconds=ago)
     page_id = await conn.scalar(
         text(
             "INSERT INTO pages (url, domain, status, title, language, keywords_tsv, noindex, "
             "final_url, discovered_at, fetched_at, last_crawled_at) VALUES (:url, :domain, "
-            ":status, :title, :language, to_tsvector(CAST(:config AS regconfig), :words), "
+            ":status, :title, :language, "
+            "CASE WHEN :content THEN to_tsvector(CAST(:config AS regconfig), :words) END, "
             ":noindex, :final_url, now(), "
             ":fetched_at, :crawled_at) "
             "RETURNING id"
@@ -52,8 +55,11 @@ async def add_page(
             "words": words,
             "noindex": noindex,
             "final_url": final_url,
+            "content": content,
             "fetched_at": read_at if status == "fetched" else None,
-            "crawled_at": read_at if status != "discovered" else None,
+            "crawled_at": read_at
+            if (status != "discovered" if crawled is None else crawled)
+            else None,
         },
     )
     assert isinstance(page_id, int)
@@ -287,6 +293,15 @@ async def test_a_page_read_through_a_redirect_is_found_once_where_it_answers(
             final_url="https://blog.example/refused",
         )
         await add_page(conn, "https://blog.example/refused", "", status="discovered")
+        # Its first attempt retried, or fetched without content of its own yet.
+        await add_page(
+            conn, "http://blog.example/retried", "tomato notes", final_url="https://blog.example/r"
+        )
+        await add_page(conn, "https://blog.example/r", "", status="discovered", ago=0, crawled=True)
+        await add_page(
+            conn, "http://blog.example/bare", "tomato notes", final_url="https://blog.example/b"
+        )
+        await add_page(conn, "https://blog.example/b", "", ago=0, content=False)
         await add_page(
             conn,
             "https://blog.example/dir",
@@ -305,7 +320,9 @@ async def test_a_page_read_through_a_redirect_is_found_once_where_it_answers(
     hits = await search(engine, "tomato")
 
     assert sorted(urls(hits)) == [
+        "http://blog.example/bare",
         "http://blog.example/refused",
+        "http://blog.example/retried",
         "https://blog.example/dir/",
         "https://blog.example/post",
     ]

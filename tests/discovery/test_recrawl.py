@@ -183,11 +183,14 @@ async def test_a_page_moved_for_good_on_its_host_is_recrawled_where_it_lives(
     cycle (its target is a page of its own too). Its chain goes on at the target, on the
     target's subject, which holds one request whichever chain scheduled it last."""
     discovery = await replica(bus)
-    await handle(discovery, bus, crawled(old, final_url=new, moved=True))
+    await handle(discovery, bus, crawled(old, final_url=new, moved=True, etag='"v1"'))
     assert await pending_request(bus, old) is None
     moved = await pending_request(bus, new)
     assert moved is not None
     assert moved.url == new
+    # Read whole where it lives: the content was the old name's row's, and a 304 there
+    # would leave the page's own row without any.
+    assert (moved.etag, moved.validators_url) == (None, None)
     # Both names hold the page's place: a link to the old one brings no second read.
     assert not await discovery._first_sighting(old, "a-link-to-the-old-name")
     assert not await discovery._first_sighting(new, "a-link-to-the-new-name")
@@ -211,6 +214,22 @@ async def test_a_page_moved_where_a_chain_goes_on_already_leaves_that_chain_alon
     assert (after.id, after.not_before) == (before.id, before.not_before)
     assert await pending_request(bus, old) is None
     assert not await discovery._first_sighting(old, "a-link-to-the-old-name")
+
+
+async def test_a_moved_pages_later_round_replaces_the_request_its_first_round_planned(
+    bus: Bus,
+) -> None:
+    """A later delivery of the moving attempt (links held back by their host's budget)
+    plans the page's request again, to read it whole: the request waiting where the page
+    moved is its own first round's, not another chain's to join."""
+    discovery = await replica(bus, recrawl_after_seconds=3600)
+    old, new = "http://site.example/post", "https://site.example/post"
+    event = crawled(old, final_url=new, moved=True)
+    await handle(discovery, bus, event)
+    await discovery._request_recrawl(event, validators=False, after_hold=True)
+    again = await pending_request(bus, new)
+    assert again is not None
+    assert again.id == derived_event_id(event.id, "recrawl-after-hold")
 
 
 @pytest.mark.parametrize(

@@ -399,14 +399,15 @@ class Bus:
         await self.js.publish(where, event.to_wire(), headers=headers)
         EVENTS_PUBLISHED.labels(event.TYPE).inc()
 
-    async def schedule_waits(self, schedule: str) -> bool:
-        """Whether a schedule waits on the subject ``schedule`` of the events stream (one
-        that fired is gone from it). Raises if the broker cannot say."""
+    async def scheduled_event(self, schedule: str) -> bytes | None:
+        """The event a schedule waiting on the subject ``schedule`` of the events stream
+        will publish, as sent; None when none waits (one that fired is gone from it).
+        Raises if the broker cannot say."""
         try:
             msg = await self.js.get_last_msg(EVENTS_STREAM, schedule)
         except NotFoundError:
-            return False
-        return bool(msg.data)
+            return None
+        return msg.data or None
 
     async def park(self, consumer: str, msg: Msg, reason: str) -> None:
         """Move a message nobody can handle to the dead-letter stream, with the reason.

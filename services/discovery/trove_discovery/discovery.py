@@ -49,6 +49,7 @@ from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Retry
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
+from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
     MAX_SAME_PAGE_HOPS,
     CrawlCompleted,
@@ -475,10 +476,14 @@ class Discovery:
             read_whole_at = history.read_whole_at
         if (due - read_whole_at).total_seconds() >= self.settings.seen_ttl:
             validators = False
+        url = await self._lives_at(event)
+        if url != event.url:
+            # Read whole where it lives: its content was the old name's row's, and a 304
+            # there would leave the page's own row without any.
+            validators = False
         replaces = after_hold and due.timestamp() > self.clock()
         etag = event.etag if validators else None
         last_modified = event.last_modified if validators else None
-        url = await self._lives_at(event)
         request = CrawlRequested(
             id=derived_event_id(event.id, "recrawl-after-hold" if replaces else "recrawl"),
             url=url,
@@ -500,7 +505,9 @@ class Discovery:
         # Where the page moved to, a chain of its own may go on already (its target was
         # a page of its own, or the old name came back by a link a seen TTL later): that
         # one is left alone, with the change history it learned.
-        joins = url != event.url and await self.bus.schedule_waits(schedule)
+        joins = url != event.url and _another_chains(
+            await self.bus.scheduled_event(schedule), event
+        )
         if not joins:
             # On the page's schedule subject: it replaces whatever request was pending.
             await self.bus.publish_at(request, due, schedule=schedule)
@@ -850,6 +857,20 @@ def page_redirect(event: CrawlCompleted, *, fetched: bool) -> Link | None:
     if not redirects:
         return None
     return redirects[0] if fetched else redirects[-1]
+
+
+def _another_chains(waiting: bytes | None, event: CrawlCompleted) -> bool:
+    """Whether ``waiting``, the request pending where ``event``'s page moved to, is
+    another chain's: not one this attempt planned on an earlier delivery (or its
+    ``explored`` twin, the same page asked first another way), which it replaces."""
+    if waiting is None:
+        return False
+    try:
+        pending = decode_event(waiting)
+    except MalformedEvent:
+        return True
+    ours = {event.id, derived_event_id(event.id, "explored")}
+    return not (isinstance(pending, CrawlRequested) and pending.caused_by in ours)
 
 
 def moved_spelling(url: str, target: str) -> bool:

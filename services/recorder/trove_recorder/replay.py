@@ -177,7 +177,7 @@ def page_pending(bus: Bus) -> Pending:
     (one that fired is gone from it)."""
 
     async def pending(url: str) -> bool:
-        return await bus.schedule_waits(page_schedule_subject(url))
+        return await bus.scheduled_event(page_schedule_subject(url)) is not None
 
     return pending
 
