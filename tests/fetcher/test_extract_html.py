@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
+import secrets
 from collections.abc import Callable
 from urllib.parse import urljoin, urlsplit
 
 import pytest
 
 from trove_fetcher.extract import (
+    MARKUP_HASH_PREFIX,
     Extraction,
     extract,
     is_parseable,
@@ -411,10 +412,42 @@ def test_content_hash_is_what_the_page_says_not_its_bytes() -> None:
     assert utf8.content_hash == result.content_hash
 
 
-def test_a_page_that_says_too_little_is_hashed_by_its_bytes() -> None:
-    # A gallery's or an app's pages: a title and a picture, told apart by their bytes.
-    thin = b"<title>Clip</title><video src='/v/1.mp4'></video><p>Watch.</p>"
-    assert run(thin).content_hash == hashlib.sha256(thin).hexdigest()
+def test_a_page_that_says_too_little_is_hashed_by_its_markup() -> None:
+    # A gallery's or an app's pages: a title and a picture, or the data in a script,
+    # told apart by their markup.
+    def thin(video: str, data: str = "{}") -> str:
+        return run(
+            f"<title>Clip</title><video src='/v/{video}.mp4'></video><p>Watch.</p>"
+            f"<script id='__DATA__' type='application/json'>{data}</script>".encode()
+        ).content_hash
+
+    assert thin("1").startswith(MARKUP_HASH_PREFIX)
+    assert len({thin("1"), thin("2"), thin("1", '{"id": 2}')}) == 3
+
+
+SIGN_IN = (
+    "<html><head><title>Sign in</title>"
+    "<meta name='csrf-token' content='{token}'>"
+    "<meta name='csrf-param' content='authenticity_token'>"
+    "<script nonce='{nonce}'>window.start()</script></head><body><!-- {nonce} -->"
+    "<form method='post'><input type='hidden' name='authenticity_token' value='{token}'>"
+    "<input type='hidden' name='__RequestVerificationToken' value='{token}'>"
+    "<input name='user'><input type='password' name='password'></form></body></html>"
+)
+
+
+def test_a_short_page_is_not_changed_by_what_its_server_makes_anew_for_each_answer() -> None:
+    """A sign-in page: its CSRF token and its scripts' nonce are new at each answer.
+    Hashed by its bytes, each visit was a change, and its re-crawls came down to the
+    hourly minimum for good."""
+
+    def visit() -> str:
+        body = SIGN_IN.format(token=secrets.token_urlsafe(32), nonce=secrets.token_hex(16))
+        return run(body.encode()).content_hash
+
+    assert visit() == visit()
+    other = SIGN_IN.replace("name='user'", "name='email'").format(token="t", nonce="n")
+    assert run(other.encode()).content_hash != visit()
 
 
 GARDEN = (

@@ -189,11 +189,13 @@ def test_a_304_and_the_same_hash_are_unchanged_and_a_new_hash_is_changed() -> No
     assert new.visited_at == later
 
 
-def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change() -> None:
-    # The release before hashed a page's bytes; this one hashes what it says.
+@pytest.mark.parametrize("kind", [SIGNALS_HASH_PREFIX, "m:"], ids=["signals", "markup"])
+def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change(kind: str) -> None:
+    # The release before hashed a page's bytes; this one hashes what it says, or the
+    # markup of a page that says too little.
     first = record_visit(None, visited_at=START, content_hash="ab12", not_modified=False)
     later = START + timedelta(hours=2)
-    signals = SIGNALS_HASH_PREFIX + "cd34"
+    signals = kind + "cd34"
     switched = record_visit(first, visited_at=later, content_hash=signals, not_modified=False)
     assert switched.visits == ()
     assert (switched.content_hash, switched.visited_at) == (signals, later)

@@ -66,21 +66,26 @@ DomainText = Annotated[str, Storable(253)]
 MessageText = Annotated[str, Storable(2000)]
 #: A header value kept for later (ETag, Last-Modified, Content-Type).
 HeaderText = Annotated[str, Storable(1000)]
-#: A content hash (``SIGNALS_HASH_PREFIX`` and 62 hex digits, or a sha256's 64): what
+#: A content hash (a kind's prefix and 62 hex digits, or a sha256's 64): what
 #: ``pages.content_hash`` holds, so that no event, however made, is refused there.
 HashText = Annotated[str, Storable(64)]
 
-#: Begins a ``CrawlCompleted.content_hash`` of what the page says (its signals); any
-#: other is the sha256 of the body's bytes (every hash of the releases before, and a
-#: page that says too little to be told apart by its signals).
+#: Begins a ``CrawlCompleted.content_hash`` of what the page says (its signals); ``m:``
+#: one of the markup of a page that says too little to be told apart by its signals;
+#: any other is the sha256 of the body's bytes (every hash of the releases before, and
+#: a body that is no page: a PDF, binary, unparsable).
 SIGNALS_HASH_PREFIX = "s:"
 
 
+def _hash_kind(digest: str) -> str:
+    return digest[:2] if digest[1:2] == ":" else ""
+
+
 def comparable_hashes(a: str, b: str) -> bool:
-    """Whether two content hashes (or their starts) can tell a change: both of signals
-    or both of bytes. One of each says nothing: the page's first visit after the release
-    that began hashing signals, or a page that grew or lost its text."""
-    return a.startswith(SIGNALS_HASH_PREFIX) == b.startswith(SIGNALS_HASH_PREFIX)
+    """Whether two content hashes (or their starts) can tell a change: both of one kind
+    (signals, markup, bytes). Two kinds say nothing: the page's first visit after the
+    release that began hashing so, or a page that grew or lost its text."""
+    return _hash_kind(a) == _hash_kind(b)
 
 
 #: The validation context ``decode_event`` reads with (``Bounded`` cuts, not refuses).

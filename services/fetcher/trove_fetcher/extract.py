@@ -219,12 +219,12 @@ class Extraction:
 
     #: What the page says, hashed (``signals_digest``: its title, visible text, links,
     #: embedded media, canonical URL and noindex; ``SIGNALS_HASH_PREFIX`` and 62 hex
-    #: digits), or the sha256 (64 hex digits) of the body's bytes when it says too
-    #: little to tell pages apart by (under ``SHELL_MAX_TEXT_CHARS`` of text, a PDF,
-    #: binary, unparsable). Markup, comments, scripts and the head's meta (a "generated
-    #: at", a nonce, a CSRF token) do not change it: a page is changed when what Trove
-    #: reads of it is, or every visit of a WordPress blog would be a change and its
-    #: re-crawls come down to the hourly minimum.
+    #: digits); its markup's (``markup_digest``) when it says too little to tell pages
+    #: apart by (under ``SHELL_MAX_TEXT_CHARS`` of text); or the sha256 (64 hex digits)
+    #: of the body's bytes (a PDF, binary, unparsable). Markup, comments, scripts and
+    #: the head's meta (a "generated at", a nonce, a CSRF token) do not change it: a
+    #: page is changed when what Trove reads of it is, or every visit of a WordPress
+    #: blog would be a change and its re-crawls come down to the hourly minimum.
     content_hash: str
     title: str | None = None
     links: tuple[FoundLink, ...] = ()
@@ -415,6 +415,43 @@ def signals_digest(
     listed = "\n".join(f"{link.kind}\t{int(link.nofollow)}\t{link.url}" for link in links)
     digest.update(listed.encode("utf-8", "surrogatepass"))
     return SIGNALS_HASH_PREFIX + digest.hexdigest()[: 64 - len(SIGNALS_HASH_PREFIX)]
+
+
+#: Begins the hash of a page's markup (``markup_digest``), a kind of its own.
+MARKUP_HASH_PREFIX = "m:"
+#: Names of the values a server makes anew for each answer: a form's CSRF token (Rails'
+#: authenticity_token, Django's csrfmiddlewaretoken, WordPress's _wpnonce, Drupal's
+#: form_build_id, ASP.NET's __RequestVerificationToken and view state), a CSP nonce.
+_PER_ANSWER = re.compile(
+    r"token|csrf|nonce|authenticity|verification|form_build_id|viewstate|eventvalidation",
+    re.IGNORECASE,
+)
+
+
+def markup_digest(markup: str) -> str | None:
+    """The hash of a page that says too little to be told apart by its signals: its
+    markup, scripts included (an app's pages differ by the data in them), without what a
+    server makes anew for each answer (comments, a "generated in 0.02 s"; CSP nonces;
+    CSRF tokens in a form's hidden fields and in the head's meta). Hashed as its bytes,
+    each visit of a login page or a gallery's was a change, and its re-crawls came down
+    to the hourly minimum for good. None when the markup cannot be read."""
+    root = parse_html(markup)  # comments are left out as the page's are
+    if root is None:
+        return None
+    for element in root.iter():
+        attributes = element.attrib
+        if "nonce" in attributes:
+            del attributes["nonce"]
+        tag = element.tag
+        if tag == "input":
+            if _PER_ANSWER.search(attributes.get("name") or ""):
+                attributes.pop("value", "")
+        elif tag == "meta":
+            named = (attributes.get("name") or "") + " " + (attributes.get("property") or "")
+            if _PER_ANSWER.search(named):
+                attributes.pop("content", "")
+    digest = hashlib.sha256(etree.tostring(root, encoding="utf-8", method="html"))
+    return MARKUP_HASH_PREFIX + digest.hexdigest()[: 64 - len(MARKUP_HASH_PREFIX)]
 
 
 def text_length(text: str) -> int:
@@ -678,9 +715,11 @@ class _Page:
         language: str | None = None,
         media: str = "",
         by_bytes: bool = False,
+        markup: str | None = None,
     ) -> Extraction:
         """The extraction; ``language``, when given, is the document's own statement.
-        ``by_bytes``: its hash is the body's (``Extraction.content_hash``)."""
+        ``by_bytes``: its hash is the body's (``Extraction.content_hash``); ``markup``:
+        the page's HTML, hashed when it says too little (``markup_digest``)."""
         if language is None and self.detect_language:
             language = detect(text or title or "", hint=lang_hint)
         terms: tuple[str, ...] = ()
@@ -691,7 +730,8 @@ class _Page:
         if by_bytes or chars < SHELL_MAX_TEXT_CHARS:
             # Too little said to tell pages apart by: a gallery's or an app's pages
             # would all hash the same, and URL aliases merge them.
-            content_hash = self.body_digest()
+            digest = None if by_bytes or markup is None else markup_digest(markup)
+            content_hash = self.body_digest() if digest is None else digest
         else:
             content_hash = signals_digest(title, text, found, canonical_url, self.noindex, media)
         return Extraction(
@@ -791,6 +831,7 @@ class _Page:
             text_chars=text_chars,
             shell=shell,
             media="\n".join(media),
+            markup=text,
         )
 
     @staticmethod
