@@ -43,7 +43,13 @@ from trove_cli.instances import (
 )
 from trove_cli.local import LocalTrove, running_stack
 from trove_cli.outside import outside
-from trove_cli.report import build_report, progress_counts, refusals_so_far, render
+from trove_cli.report import (
+    TOP_ROWS,
+    build_report,
+    progress_counts,
+    refusals_so_far,
+    render,
+)
 from trove_cli.search import DEFAULT_LIMIT, search_command
 from trove_cli.status import status_command
 from trove_cli.supervisor import RestartPolicy
@@ -70,6 +76,7 @@ from trove_schema.topology import (
     declare,
     ensure_topology,
 )
+from trove_stack.stack import left_behind_stopped
 
 console = Console(stderr=False)
 
@@ -318,7 +325,8 @@ async def _watch_crawl(
                 await asyncio.sleep(0.5)
         report = await build_report(engine, refusals_after=refusals_before, since=began)
         render(report, console)
-        if seeds and not queued and not force:
+        refused_all = len(report.rejected_seeds) >= min(len(set(seeds)), TOP_ROWS)
+        if seeds and not queued and not force and not refused_all:
             # A state folder kept from an earlier crawl knows the seeds: discovery takes a
             # URL once a cycle, and its pages are re-crawled on their own schedule.
             console.print(
@@ -459,6 +467,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             restart_policy=restart_policy(settings),
         )
         console.print(f"starting Trove (state in {state_dir}) ...")
+        await left_behind_stopped(state_dir, say=console.print)
         await asyncio.to_thread(local.start)
         try:
             nats_shown, db_shown = shown(local.stack.nats_url), shown(local.stack.database_url)

@@ -99,10 +99,14 @@ async def refusals_so_far(engine: AsyncEngine) -> int:
         return int(found.scalar_one())
 
 
+#: Rows of each of the report's lists (domains, languages, refused seeds...).
+TOP_ROWS = 10
+
+
 async def build_report(
     engine: AsyncEngine,
     *,
-    top: int = 10,
+    top: int = TOP_ROWS,
     refusals_after: int = 0,
     since: datetime | None = None,
     exact_rows: int = EXACT_ROWS,

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,41 @@ async def test_a_server_of_the_stack_that_dies_mid_crawl_is_named_as_the_cause(
     assert "Traceback" not in output, output
 
 
+async def test_a_crawl_waiting_for_the_servers_a_killed_one_left_stops_on_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    """`make run` just after one killed outright waits for its lifeline's watcher to
+    stop the servers it left, saying so; a Ctrl-C meanwhile ends it at once, not when
+    the wait runs out (a wait in a thread held the command for it)."""
+    state = (tmp_path / "state").resolve()
+    (state / "nats").mkdir(parents=True)
+    conf = state / "nats" / "nats-server.conf"
+    conf.write_text("")
+    # A process the folder's pid file names, with the folder's configuration on its
+    # command line: a server left behind, as far as the start can tell.
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(conf)])
+    (state / "nats" / "nats-server.pid").write_text(str(left.pid))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
+    env["TROVE_STATE_DIR"] = str(state)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "trove_cli", "crawl", "--sandbox",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        printed, line = b"", b""
+        while not line.startswith(b"waiting for nats-server"):
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+            assert line, f"trove crawl ended before it waited: {printed.decode()}"
+            printed += line
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.communicate(), timeout=15)
+        assert proc.returncode == 130
+    finally:
+        left.kill()
+        left.wait()
+
+
 def on_the_stack(stack: StackUrls, tmp_path: Path) -> dict[str, str]:
     """`trove crawl --join`'s environment: the session's servers, a state folder of its own."""
     return {
@@ -241,6 +277,7 @@ async def test_a_crawl_whose_seeds_are_all_refused_ends_at_once(
     )
     assert code == 0, report
     assert "stopped after" not in report
+    assert "no page was queued" not in report  # every seed refused: the report says why
 
 
 @pytest.mark.usefixtures("clean")

@@ -7,12 +7,14 @@ state folder, and stops them when the stack closes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -84,11 +86,7 @@ class Stack:
                 time.sleep(LEFT_BEHIND_POLL)
                 running = running_in(self.state_dir)
             if running is not None:
-                raise StackError(
-                    f"{running} still runs on {self.state_dir}, the `trove` that started "
-                    f"it gone ({self.left_behind_wait:.0f} s waited for it to stop): stop "
-                    "it, or give this stack another TROVE_STATE_DIR"
-                )
+                raise left_behind(running, self.state_dir, self.left_behind_wait)
             if self.fresh:
                 self._stop_servers()
                 for name in STATE_ENTRIES - {LOCK_FILE}:
@@ -204,6 +202,34 @@ def _kept_secret(path: Path) -> str:
         file.flush()
         os.fsync(file.fileno())
     return made
+
+
+def left_behind(running: str, state_dir: Path, waited: float) -> StackError:
+    """The refusal of a folder whose servers still run, ``waited`` seconds on."""
+    return StackError(
+        f"{running} still runs on {state_dir}, the `trove` that started it gone "
+        f"({waited:.0f} s waited for it to stop): stop it, or give this stack another "
+        "TROVE_STATE_DIR"
+    )
+
+
+async def left_behind_stopped(
+    state_dir: Path, say: Callable[[str], object], wait: float = LEFT_BEHIND_WAIT
+) -> None:
+    """Wait for the servers a ``trove`` killed outright left on ``state_dir`` to be
+    stopped by its lifeline's watcher, saying so, or raise ``left_behind``. On the event
+    loop, before the stack's start in a thread: Ctrl-C ends the wait there, where a
+    thread's would hold the command until it ran out."""
+    running = running_in(state_dir)
+    if running is None:
+        return
+    say(f"waiting for {running}, left by a `trove` that was killed, to stop ...")
+    waited_until = time.monotonic() + wait
+    while running is not None and time.monotonic() < waited_until:
+        await asyncio.sleep(LEFT_BEHIND_POLL)
+        running = running_in(state_dir)
+    if running is not None:
+        raise left_behind(running, state_dir, wait)
 
 
 def running_in(state_dir: Path) -> str | None:
