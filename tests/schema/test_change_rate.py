@@ -205,6 +205,36 @@ def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change(kind: str) -> 
     assert again.visits == ((2 * HOUR, False),)
 
 
+def test_validators_that_do_not_follow_the_content_are_found_out_and_let_go_when_they_do() -> None:
+    """A page read whole under the validator a 304 answered to, with other content: the
+    304s were no evidence (dropped) and the chain asks without validators, until a
+    change comes with a new validator, as an honest server's does."""
+    first = record_visit(
+        None, visited_at=START, content_hash="a", not_modified=False, validator='"v1"'
+    )
+    day = timedelta(days=1)
+    quiet = record_visit(first, visited_at=START + day, content_hash=None, not_modified=True)
+    assert quiet.visits == ((DAY, False),)
+    found_out = record_visit(
+        quiet, visited_at=START + 2 * day, content_hash="b", not_modified=False, validator='"v1"'
+    )
+    assert found_out.validators_lie
+    assert found_out.visits == ((DAY, True),)
+    same = record_visit(
+        found_out,
+        visited_at=START + 3 * day,
+        content_hash="b",
+        not_modified=False,
+        validator='"v1"',
+    )
+    assert same.validators_lie  # the same content under it says nothing either way
+    honest = record_visit(
+        same, visited_at=START + 4 * day, content_hash="c", not_modified=False, validator='"v2"'
+    )
+    assert not honest.validators_lie
+    assert honest.validator == '"v2"'
+
+
 def test_a_visit_without_a_hash_leaves_the_history_to_the_next_comparable_one() -> None:
     first = record_visit(None, visited_at=START, content_hash="a", not_modified=False)
     later = START + timedelta(hours=1)

@@ -80,6 +80,7 @@ def record_visit(
     visited_at: datetime,
     content_hash: str | None,
     not_modified: bool,
+    validator: str | None = None,
 ) -> ChangeHistory:
     """``history`` with this visit added (its ``interval`` left as it was).
 
@@ -87,16 +88,25 @@ def record_visit(
     hash on either side, or hashes of two kinds: ``comparable_hashes``), adds no
     observation: it only becomes the reference for the next visit when it has a hash
     to compare with.
+
+    ``validator``: the ETag (else Last-Modified) the answer gave with its body. One that
+    comes again with other content shows the page's validators do not follow it (a CMS
+    that sends its template's date): each 304 they earned said "unchanged" of a page
+    that changed, which held it at the longest interval, its changes seen only when it
+    was read whole, a seen TTL apart. The history's visits are then no evidence and are
+    dropped for this one, and its chain asks without validators (``validators_lie``)
+    until a change comes with a new validator.
     """
     history = history or ChangeHistory()
+    reference = {"content_hash": content_hash, "visited_at": visited_at, "validator": validator}
     if history.visited_at is None or history.content_hash is None:
         if not_modified or content_hash is None:
             return history
-        return history.model_copy(update={"content_hash": content_hash, "visited_at": visited_at})
+        return history.model_copy(update=reference)
     if content_hash is not None and not comparable_hashes(content_hash, history.content_hash):
         # Hashed the other way (the release before hashed bytes): no evidence, a new
         # reference.
-        return history.model_copy(update={"content_hash": content_hash, "visited_at": visited_at})
+        return history.model_copy(update=reference)
     if not not_modified and content_hash is None:
         # Nothing to compare: the next visit is compared with the older reference, over
         # the whole time since it, which is still a true observation.
@@ -105,12 +115,23 @@ def record_visit(
     if elapsed <= 0:
         return history  # a redelivery, or clocks out of order: no time, no evidence
     changed = not not_modified and content_hash != history.content_hash
-    visits = (*history.visits, (elapsed, changed))[-MAX_VISITS:]
+    if not_modified:
+        return history.model_copy(
+            update={
+                "visits": (*history.visits, (elapsed, False))[-MAX_VISITS:],
+                "visited_at": visited_at,
+            }
+        )
+    lied = changed and validator is not None and validator == history.validator
+    # A change that comes with a new validator is what an honest server shows: the flag
+    # goes (one a release's new way of reading pages set, their bytes the same, too).
+    honest = changed and None not in (validator, history.validator) and not lied
+    visits = (() if lied else history.visits) + ((elapsed, changed),)
     return history.model_copy(
         update={
-            "visits": visits,
-            "visited_at": visited_at,
-            "content_hash": history.content_hash if not_modified else content_hash,
+            **reference,
+            "visits": visits[-MAX_VISITS:],
+            "validators_lie": (history.validators_lie or lied) and not honest,
         }
     )
 
@@ -197,9 +218,14 @@ def plan_recrawl(
     content_hash: str | None,
     not_modified: bool,
     policy: RecrawlPolicy,
+    validator: str | None = None,
 ) -> ChangeHistory:
     """The history after this visit, with the interval until the next one."""
     updated = record_visit(
-        history, visited_at=visited_at, content_hash=content_hash, not_modified=not_modified
+        history,
+        visited_at=visited_at,
+        content_hash=content_hash,
+        not_modified=not_modified,
+        validator=validator,
     )
     return updated.model_copy(update={"interval": next_interval(updated, policy)})

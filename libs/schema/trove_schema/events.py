@@ -413,6 +413,11 @@ class ChangeHistory(Frozen):
     #: When the page was last answered with its body, which shows its links (a 304 shows
     #: none); None: not known (a chain an older release planned).
     read_whole_at: datetime | None = None
+    #: The ETag (else Last-Modified) that answer gave with ``content_hash``'s content.
+    validator: HeaderText | None = None
+    #: The page's validators were seen not to follow its content (an answer with the same
+    #: validator and other content): its chain asks without them (``record_visit``).
+    validators_lie: bool = False
 
 
 class CrawlRequested(Event):
