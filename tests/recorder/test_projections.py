@@ -24,7 +24,9 @@ from trove_schema.events import (
     RequestReason,
     Scope,
     SeedRejected,
+    attempt_id,
     decode_event,
+    explored_attempt_id,
 )
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -640,6 +642,24 @@ async def test_a_refused_page_fetched_before_is_rechecked_not_retried(
         expected if rechecked else []
     )
     assert (await page(engine)).status == "failed"
+
+
+async def test_an_attempt_asked_first_another_way_is_not_rechecked(engine: AsyncEngine) -> None:
+    """A 406 to ActivityPub, the page asked again as a page at once: the page's own
+    attempt follows, and a recheck of the first would replace the page's re-crawl."""
+    history = ChangeHistory(visited_at=datetime.now(UTC) - timedelta(days=3), interval=86_400.0)
+    own = completed(history=history, fetcher="http")
+    own = own.model_copy(update={"id": attempt_id(own.request_id)})
+    first = completed(
+        CrawlOutcome.BLOCKED_4XX,
+        status_code=406,
+        history=history,
+        fetcher="activitypub",
+        id=explored_attempt_id(own.id),
+    )
+    policy = RetryPolicy(max_delay_seconds=86_400.0, recheck_for_seconds=30 * 86_400.0)
+    await project(engine, first, own, policy=policy)
+    assert await rows(engine, "SELECT payload FROM outbox") == []
 
 
 async def test_retry_waits_for_retry_after_when_longer(engine: AsyncEngine) -> None:

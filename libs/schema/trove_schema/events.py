@@ -177,6 +177,23 @@ def derived_event_id(cause: str, purpose: str) -> str:
     return f"{hex_[:8]}-{hex_[8:12]}-{hex_[12:16]}-{hex_[16:20]}-{hex_[20:]}"
 
 
+def attempt_id(request_id: str) -> str:
+    """The id of the attempt a fetch request (a ``PageDiscovered``, a ``CrawlRequested``)
+    gets: one per request, so a redelivered job publishes its attempt again as a copy."""
+    return derived_event_id(request_id, "crawl")
+
+
+def explored_attempt_id(own: str) -> str:
+    """The id of an attempt asked first a way that got the wrong kind of answer, the
+    page's own attempt (``own``, its id) to follow it, asked another way."""
+    return derived_event_id(own, "explored")
+
+
+def is_explored(event: CrawlCompleted) -> bool:
+    """Whether ``event`` is such an attempt: not the page's say, its own attempt is."""
+    return event.id == explored_attempt_id(attempt_id(event.request_id))
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

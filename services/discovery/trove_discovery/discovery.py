@@ -64,6 +64,7 @@ from trove_schema.events import (
     SeedRejected,
     decode_event,
     derived_event_id,
+    explored_attempt_id,
 )
 from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.metrics import BUDGET_REFUSALS, DISCOVERED, SEEDS
@@ -874,7 +875,7 @@ def _another_chains(waiting: bytes | None, event: CrawlCompleted) -> bool:
         pending = decode_event(waiting)
     except MalformedEvent:
         return True
-    ours = {event.id, derived_event_id(event.id, "explored")}
+    ours = {event.id, explored_attempt_id(event.id)}
     return not (isinstance(pending, CrawlRequested) and pending.caused_by in ours)
 
 

@@ -30,7 +30,7 @@ from trove_schema.events import (
     Link,
     LinkKind,
     PageDiscovered,
-    derived_event_id,
+    attempt_id,
 )
 from trove_schema.heuristics import is_challenge
 from trove_schema.policy import moved_url
@@ -65,8 +65,7 @@ def _base(
         "scope": work.scope,
         "attempt": work.attempt if isinstance(work, CrawlRequested) else 1,
         "request_id": work.id,
-        # One attempt per work event: a redelivered job republishes the same id.
-        "id": derived_event_id(work.id, "crawl"),
+        "id": attempt_id(work.id),
         # Which strategy asked, and why: what the audit and the learned policy read.
         "fetcher": strategy,
         "strategy_reason": strategy_reason,

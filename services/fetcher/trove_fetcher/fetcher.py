@@ -91,6 +91,7 @@ from trove_schema.events import (
     TimelinePollRequested,
     decode_event,
     derived_event_id,
+    explored_attempt_id,
 )
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions, ListedExclusions
 from trove_schema.metrics import (
@@ -781,9 +782,7 @@ class Fetcher:
         learnt choice is wrong on a host whose pages differ, and an exploration is wrong
         often; neither leaves the page without its content this cycle.
         """
-        attempt = fit(
-            event.model_copy(update={"id": derived_event_id(event.id, "explored")}), self.budget
-        )
+        attempt = fit(event.model_copy(update={"id": explored_attempt_id(event.id)}), self.budget)
         await self._patiently(lambda: self.bus.publish(attempt))
         FETCHES.labels(attempt.outcome.value).inc()
         job = replace(job, slot=None, chain=None, avoid=event.fetcher)

@@ -26,6 +26,7 @@ from trove_schema.events import (
     CrawlRequested,
     RequestReason,
     derived_event_id,
+    is_explored,
 )
 from trove_schema.settings import RecorderSettings
 
@@ -50,9 +51,13 @@ class RetryPolicy:
 
 def refused_for_now(event: CrawlCompleted) -> bool:
     """Whether ``event`` is a refusal of a page fetched before that may not be for good
-    (a 4xx but 429, retried as any failure, and 410): rechecked, never retried soon."""
+    (a 4xx but 429, retried as any failure, and 410): rechecked, never retried soon. Not
+    an attempt asked first a way that got the wrong kind of answer (a 406 to
+    ActivityPub): the page's own attempt follows it, and its recheck would replace the
+    page's re-crawl."""
     return (
         event.outcome is CrawlOutcome.BLOCKED_4XX
+        and not is_explored(event)
         and not event.retryable
         and event.status_code != 410
         and event.history is not None
