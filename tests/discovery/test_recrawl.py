@@ -19,7 +19,7 @@ from tests.support import cycle_env, services
 from trove_discovery.app import check_recrawls_are_kept, warn_of_a_short_seen_ttl
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
-from trove_schema.change_rate import estimate_rate
+from trove_schema.change_rate import estimate_rate, validator_of
 from trove_schema.events import (
     ChangeHistory,
     CrawlCompleted,
@@ -473,7 +473,7 @@ async def test_a_first_fetch_is_recrawled_after_the_first_interval_with_its_hash
         visited_at=event.completed_at,
         interval=5 * 3600,
         read_whole_at=event.completed_at,
-        validator=event.etag,
+        validator=validator_of(event.url, event.etag, None),
     )
     assert pending.not_before == event.completed_at + timedelta(hours=5)
 
@@ -490,7 +490,8 @@ async def test_a_page_whose_validators_earned_304s_for_changes_is_asked_without_
         visited_at=utcnow() - timedelta(days=30),
         visits=((7 * 86400.0, False), (14 * 86400.0, False)),
         interval=30 * 86400.0,
-        validator='"v1"',
+        validator=validator_of(PAGE, '"v1"', None),
+        validated=True,
     )
     event = visited(content_hash="b", history=before).model_copy(update={"etag": '"v1"'})
     await discovery._request_recrawl(event)

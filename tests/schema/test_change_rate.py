@@ -24,6 +24,7 @@ from trove_schema.change_rate import (
     next_interval,
     plan_recrawl,
     record_visit,
+    validator_of,
 )
 from trove_schema.events import MAX_VISITS, SIGNALS_HASH_PREFIX, ChangeHistory
 
@@ -205,34 +206,46 @@ def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change(kind: str) -> 
     assert again.visits == ((2 * HOUR, False),)
 
 
-def test_validators_that_do_not_follow_the_content_are_found_out_and_let_go_when_they_do() -> None:
-    """A page read whole under the validator a 304 answered to, with other content: the
-    304s were no evidence (dropped) and the chain asks without validators, until a
-    change comes with a new validator, as an honest server's does."""
-    first = record_visit(
-        None, visited_at=START, content_hash="a", not_modified=False, validator='"v1"'
-    )
+def test_validators_that_earned_a_304_for_a_changed_page_are_found_out_until_shown_honest() -> None:
+    """A page read whole, after a 304, with other content under the validator the 304
+    answered to: the 304s were no evidence (dropped), and the chain asks without
+    validators while changes come under that validator; the same content again, or a
+    change under a new validator, lets them be."""
     day = timedelta(days=1)
-    quiet = record_visit(first, visited_at=START + day, content_hash=None, not_modified=True)
-    assert quiet.visits == ((DAY, False),)
-    found_out = record_visit(
-        quiet, visited_at=START + 2 * day, content_hash="b", not_modified=False, validator='"v1"'
-    )
+
+    def visit(
+        history: ChangeHistory | None, days: int, content: str | None, validator: str | None
+    ) -> ChangeHistory:
+        return record_visit(
+            history,
+            visited_at=START + days * day,
+            content_hash=content,
+            not_modified=content is None,
+            validator=validator,
+        )
+
+    quiet = visit(visit(None, 0, "a", "v1"), 1, None, None)  # a 304 to v1
+    found_out = visit(quiet, 2, "b", "v1")
     assert found_out.validators_lie
     assert found_out.visits == ((DAY, True),)
-    same = record_visit(
-        found_out,
-        visited_at=START + 3 * day,
-        content_hash="b",
-        not_modified=False,
-        validator='"v1"',
-    )
-    assert same.validators_lie  # the same content under it says nothing either way
-    honest = record_visit(
-        same, visited_at=START + 4 * day, content_hash="c", not_modified=False, validator='"v2"'
-    )
-    assert not honest.validators_lie
-    assert honest.validator == '"v2"'
+    again = visit(found_out, 3, "c", "v1")  # asked without validators: no 304 since
+    assert again.validators_lie
+    assert again.visits == ((DAY, True), (DAY, True))
+    assert not visit(again, 4, "c", "v1").validators_lie
+    assert not visit(again, 4, "d", "v2").validators_lie
+    # Never put to the test by a 304 (a release's new way of reading the same bytes),
+    # or an honest server's new validator with the change: no lie.
+    assert not visit(visit(None, 0, "a", "v1"), 1, "b", "v1").validators_lie
+    assert not visit(quiet, 2, "b", "v2").validators_lie
+
+
+def test_a_validator_is_where_the_body_was_read_and_its_strong_tag() -> None:
+    page, moved = "http://blog.example/a", "https://blog.example/a"
+    assert validator_of(page, '"v1"', None) == validator_of(page, '"v1"', "Mon")
+    assert validator_of(page, '"v1"', None) != validator_of(moved, '"v1"', None)
+    # A weak ETag promises only that the page means the same: Last-Modified, or nothing.
+    assert validator_of(page, 'W/"v1"', None) is None
+    assert validator_of(page, 'W/"v1"', "Mon") == validator_of(page, None, "Mon")
 
 
 def test_a_visit_without_a_hash_leaves_the_history_to_the_next_comparable_one() -> None:

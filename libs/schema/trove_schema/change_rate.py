@@ -31,6 +31,7 @@ run of changed visits that the rate before it makes too unlikely to be chance.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -89,16 +90,23 @@ def record_visit(
     observation: it only becomes the reference for the next visit when it has a hash
     to compare with.
 
-    ``validator``: the ETag (else Last-Modified) the answer gave with its body. One that
-    comes again with other content shows the page's validators do not follow it (a CMS
-    that sends its template's date): each 304 they earned said "unchanged" of a page
-    that changed, which held it at the longest interval, its changes seen only when it
-    was read whole, a seen TTL apart. The history's visits are then no evidence and are
-    dropped for this one, and its chain asks without validators (``validators_lie``)
-    until a change comes with a new validator.
+    ``validator``: where the answer's body was read and its strong validator
+    (``validator_of``). One that earned a 304 and then comes with other content shows
+    the page's validators do not follow it (a CMS that sends its template's date): each
+    304 said "unchanged" of a page that changed, which held it at the longest interval,
+    its changes seen only when it was read whole, a seen TTL apart. The history's visits
+    are then no evidence and are dropped for this one, and its chain asks without
+    validators (``validators_lie``) until a read shows the validators honest or says
+    nothing against them: a change under a new validator, or the same content again (a
+    page that changes so seldom loses little to a lie, and is found out again if so).
     """
     history = history or ChangeHistory()
-    reference = {"content_hash": content_hash, "visited_at": visited_at, "validator": validator}
+    reference = {
+        "content_hash": content_hash,
+        "visited_at": visited_at,
+        "validator": validator,
+        "validated": False,
+    }
     if history.visited_at is None or history.content_hash is None:
         if not_modified or content_hash is None:
             return history
@@ -120,20 +128,35 @@ def record_visit(
             update={
                 "visits": (*history.visits, (elapsed, False))[-MAX_VISITS:],
                 "visited_at": visited_at,
+                "validated": True,
             }
         )
-    lied = changed and validator is not None and validator == history.validator
-    # A change that comes with a new validator is what an honest server shows: the flag
-    # goes (one a release's new way of reading pages set, their bytes the same, too).
-    honest = changed and None not in (validator, history.validator) and not lied
-    visits = (() if lied else history.visits) + ((elapsed, changed),)
+    lie = history.validators_lie
+    if validator is not None and validator == history.validator:
+        # Other content under the validator: a lie once a 304 was earned by it (without,
+        # the validator was never put to the test: a release's new way of reading the
+        # same bytes, say); the same content says nothing against it.
+        lie = changed and (lie or history.validated)
+    elif changed and validator is not None and history.validator is not None:
+        lie = False  # a change under a new validator: what an honest server shows
+    found_out = lie and not history.validators_lie
+    visits = (() if found_out else history.visits) + ((elapsed, changed),)
     return history.model_copy(
-        update={
-            **reference,
-            "visits": visits[-MAX_VISITS:],
-            "validators_lie": (history.validators_lie or lied) and not honest,
-        }
+        update={**reference, "visits": visits[-MAX_VISITS:], "validators_lie": lie}
     )
+
+
+def validator_of(url: str, etag: str | None, last_modified: str | None) -> str | None:
+    """What ``record_visit`` compares: where a body was read (a page read at a new
+    address, moved or redirected, is read anew: its links resolve against another
+    base) and its strong validator, the ETag, else Last-Modified. A weak ETag (``W/``)
+    promises no byte of the page, only that it means the same; None without any."""
+    strong = etag if etag and not etag.startswith("W/") else None
+    tag = strong or last_modified
+    if not tag:
+        return None
+    where = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{where} {tag}"
 
 
 def estimate_rate(visits: Sequence[tuple[float, bool]]) -> float | None:

@@ -430,10 +430,13 @@ class ChangeHistory(Frozen):
     #: When the page was last answered with its body, which shows its links (a 304 shows
     #: none); None: not known (a chain an older release planned).
     read_whole_at: datetime | None = None
-    #: The ETag (else Last-Modified) that answer gave with ``content_hash``'s content.
+    #: Where ``content_hash``'s content was read and the strong validator it came with
+    #: (``change_rate.validator_of``).
     validator: HeaderText | None = None
-    #: The page's validators were seen not to follow its content (an answer with the same
-    #: validator and other content): its chain asks without them (``record_visit``).
+    #: A 304 answered since that content was read.
+    validated: bool = False
+    #: The page's validators were seen not to follow its content (a 304 to a validator
+    #: that then came with other content): its chain asks without them (``record_visit``).
     validators_lie: bool = False
 
 

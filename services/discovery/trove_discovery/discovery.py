@@ -48,7 +48,7 @@ from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Retry
-from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
+from trove_schema.change_rate import RecrawlPolicy, plan_recrawl, validator_of
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
     MAX_SAME_PAGE_HOPS,
@@ -464,7 +464,9 @@ class Discovery:
             not_modified=not_modified,
             policy=self.recrawl_policy,
             # A 304's validators are the request's, carried on: none of its answer's own.
-            validator=None if not_modified else (event.etag or event.last_modified),
+            validator=None
+            if not_modified
+            else validator_of(event.final_url or event.url, event.etag, event.last_modified),
         )
         if history.validators_lie:
             validators = False  # they earned 304s for a page that had changed
