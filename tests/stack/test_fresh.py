@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -11,7 +12,7 @@ import pytest
 
 from trove_schema.errors import StackError
 from trove_stack.nats import EmbeddedNats, NatsConfig
-from trove_stack.stack import Stack, running_in
+from trove_stack.stack import Stack, left_behind_stopped, running_in
 
 
 def test_a_fresh_stack_refuses_a_folder_whose_servers_run_and_empties_it_once_they_stop(
@@ -67,6 +68,24 @@ def test_a_start_waits_for_the_servers_a_killed_trove_left_to_be_stopped(
             second.stop()
     finally:
         stopping.join()
+        first.stop()
+
+
+async def test_a_start_beside_a_stack_that_runs_is_refused_at_once_not_made_to_wait(
+    tmp_path: Path,
+) -> None:
+    """`trove crawl` on the folder of a `trove up` that runs: its servers are that
+    stack's, not a killed one's to wait for (45 s, then "the trove that started it
+    gone", both untrue); the start refuses at once, naming the stack's process."""
+    state = tmp_path / "state"
+    first = Stack(state_dir=state, fast_and_unsafe=True).start()
+    try:
+        said: list[str] = []
+        await asyncio.wait_for(left_behind_stopped(state, say=said.append), timeout=5)
+        assert said == []
+        with pytest.raises(StackError, match="another Trove stack runs"):
+            Stack(state_dir=state, fast_and_unsafe=True).start()
+    finally:
         first.stop()
 
 

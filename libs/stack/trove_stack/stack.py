@@ -221,8 +221,8 @@ async def left_behind_stopped(
     loop, before the stack's start in a thread: Ctrl-C ends the wait there, where a
     thread's would hold the command until it ran out."""
     running = running_in(state_dir)
-    if running is None:
-        return
+    if running is None or _held(state_dir):
+        return  # a stack that runs there: the start says so, at once
     say(f"waiting for {running}, left by a `trove` that was killed, to stop ...")
     waited_until = time.monotonic() + wait
     while running is not None and time.monotonic() < waited_until:
@@ -230,6 +230,21 @@ async def left_behind_stopped(
         running = running_in(state_dir)
     if running is not None:
         raise left_behind(running, state_dir, wait)
+
+
+def _held(state_dir: Path) -> bool:
+    """Whether a live process holds ``state_dir``'s lock (``Stack._hold_folder``)."""
+    try:
+        fd = os.open(state_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and its lock, if it took one
+    return False
 
 
 def running_in(state_dir: Path) -> str | None:
