@@ -450,6 +450,25 @@ def test_a_short_page_is_not_changed_by_what_its_server_makes_anew_for_each_answ
     assert run(other.encode()).content_hash != visit()
 
 
+def test_a_short_pages_values_that_tell_pages_apart_stay_in_its_hash() -> None:
+    """A gallery's pages told apart by a pager's token, a form's by a visible field's
+    value: the same hash would let the URL-alias learner merge them."""
+
+    def pager(token: str) -> str:
+        body = (
+            f"<title>Photos</title><form><input type='hidden' name='page_token' value='{token}'>"
+            f"<input type='hidden' name='next_token' value='{token}x'></form>"
+        )
+        return run(body.encode()).content_hash
+
+    assert pager("p1") != pager("p2")
+    visible = "<title>Sign in</title><form><input name='csrf' value='{}'></form>"
+    assert (
+        run(visible.format("a").encode()).content_hash
+        != run(visible.format("b").encode()).content_hash
+    )
+
+
 GARDEN = (
     "<!DOCTYPE html><html><head><title>On gardens</title>{head}</head>"
     "<body><p>"

@@ -420,10 +420,13 @@ def signals_digest(
 #: Begins the hash of a page's markup (``markup_digest``), a kind of its own.
 MARKUP_HASH_PREFIX = "m:"
 #: Names of the values a server makes anew for each answer: a form's CSRF token (Rails'
-#: authenticity_token, Django's csrfmiddlewaretoken, WordPress's _wpnonce, Drupal's
-#: form_build_id, ASP.NET's __RequestVerificationToken and view state), a CSP nonce.
+#: authenticity_token, Django's csrfmiddlewaretoken, Laravel's _token, WordPress's
+#: _wpnonce, Drupal's form_build_id and form_token, ASP.NET's __RequestVerificationToken
+#: and view state), a CSP nonce. Named, not any "token": a gallery's page_token is what
+#: tells its pages apart.
 _PER_ANSWER = re.compile(
-    r"token|csrf|nonce|authenticity|verification|form_build_id|viewstate|eventvalidation",
+    r"csrf|nonce|authenticity_token|^_token$|requestverificationtoken|form_build_id"
+    r"|^form_token$|viewstate|eventvalidation",
     re.IGNORECASE,
 )
 
@@ -444,7 +447,8 @@ def markup_digest(markup: str) -> str | None:
             del attributes["nonce"]
         tag = element.tag
         if tag == "input":
-            if _PER_ANSWER.search(attributes.get("name") or ""):
+            hidden = (attributes.get("type") or "").lower() == "hidden"
+            if hidden and _PER_ANSWER.search(attributes.get("name") or ""):
                 attributes.pop("value", "")
         elif tag == "meta":
             named = (attributes.get("name") or "") + " " + (attributes.get("property") or "")
