@@ -473,7 +473,7 @@ async def test_a_first_fetch_is_recrawled_after_the_first_interval_with_its_hash
         visited_at=event.completed_at,
         interval=5 * 3600,
         read_whole_at=event.completed_at,
-        validator=validator_of(event.url, event.etag, None),
+        validator=validator_of(event.url, event.etag),
     )
     assert pending.not_before == event.completed_at + timedelta(hours=5)
 
@@ -490,7 +490,7 @@ async def test_a_page_whose_validators_earned_304s_for_changes_is_asked_without_
         visited_at=utcnow() - timedelta(days=30),
         visits=((7 * 86400.0, False), (14 * 86400.0, False)),
         interval=30 * 86400.0,
-        validator=validator_of(PAGE, '"v1"', None),
+        validator=validator_of(PAGE, '"v1"'),
         validated=True,
     )
     event = visited(content_hash="b", history=before).model_copy(update={"etag": '"v1"'})

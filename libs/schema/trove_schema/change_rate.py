@@ -90,15 +90,15 @@ def record_visit(
     observation: it only becomes the reference for the next visit when it has a hash
     to compare with.
 
-    ``validator``: where the answer's body was read and its strong validator
+    ``validator``: where the answer's body was read and its strong ETag
     (``validator_of``). One that earned a 304 and then comes with other content shows
-    the page's validators do not follow it (a CMS that sends its template's date): each
-    304 said "unchanged" of a page that changed, which held it at the longest interval,
-    its changes seen only when it was read whole, a seen TTL apart. The history's visits
-    are then no evidence and are dropped for this one, and its chain asks without
-    validators (``validators_lie``) until a read shows the validators honest or says
-    nothing against them: a change under a new validator, or the same content again (a
-    page that changes so seldom loses little to a lie, and is found out again if so).
+    the page's ETag does not follow it (one made from a database row's version, not the
+    page): each 304 said "unchanged" of a page that changed, which held it at the
+    longest interval, its changes seen only when it was read whole, a seen TTL apart.
+    The history's visits are then no evidence and are dropped for this one, and its
+    chain asks without validators (``validators_lie``) until a change comes under a new
+    ETag, or the page has none; the same content again lets go a lie seen once (a
+    release that hashes anew), not one seen again (``lie_confirmed``).
     """
     history = history or ChangeHistory()
     reference = {
@@ -131,32 +131,42 @@ def record_visit(
                 "validated": True,
             }
         )
-    lie = history.validators_lie
+    lie, confirmed = False, False
     if validator is not None and validator == history.validator:
-        # Other content under the validator: a lie once a 304 was earned by it (without,
-        # the validator was never put to the test: a release's new way of reading the
-        # same bytes, say); the same content says nothing against it.
-        lie = changed and (lie or history.validated)
-    elif changed and validator is not None and history.validator is not None:
-        lie = False  # a change under a new validator: what an honest server shows
+        if changed:
+            # Other content under the validator: a lie once a 304 was earned by it
+            # (without, the validator was never put to the test: a release's new way of
+            # reading the same bytes, say); under a lie found out, a lie again.
+            lie = history.validators_lie or history.validated
+            confirmed = history.validators_lie
+        else:
+            # The same content says nothing against it: a lie found out once (a release
+            # that hashes anew) is let go, one seen again is kept.
+            lie = confirmed = history.lie_confirmed
+    # Else a change under a new validator (what an honest server shows), or no strong
+    # validator on one side: nothing held against the page's validators.
     found_out = lie and not history.validators_lie
     visits = (() if found_out else history.visits) + ((elapsed, changed),)
     return history.model_copy(
-        update={**reference, "visits": visits[-MAX_VISITS:], "validators_lie": lie}
+        update={
+            **reference,
+            "visits": visits[-MAX_VISITS:],
+            "validators_lie": lie,
+            "lie_confirmed": confirmed,
+        }
     )
 
 
-def validator_of(url: str, etag: str | None, last_modified: str | None) -> str | None:
+def validator_of(url: str, etag: str | None) -> str | None:
     """What ``record_visit`` compares: where a body was read (a page read at a new
     address, moved or redirected, is read anew: its links resolve against another
-    base) and its strong validator, the ETag, else Last-Modified. A weak ETag (``W/``)
-    promises no byte of the page, only that it means the same; None without any."""
-    strong = etag if etag and not etag.startswith("W/") else None
-    tag = strong or last_modified
-    if not tag:
+    base) and its strong ETag; None without one. A weak ETag (``W/``) promises only that
+    the page means the same, and Last-Modified no more (a page with a random quote keeps
+    its date): held to them, such a page was re-crawled hourly."""
+    if not etag or etag.startswith("W/"):
         return None
     where = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{where} {tag}"
+    return f"{where} {etag}"
 
 
 def estimate_rate(visits: Sequence[tuple[float, bool]]) -> float | None:

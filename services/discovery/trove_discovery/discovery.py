@@ -466,7 +466,7 @@ class Discovery:
             # A 304's validators are the request's, carried on: none of its answer's own.
             validator=None
             if not_modified
-            else validator_of(event.final_url or event.url, event.etag, event.last_modified),
+            else validator_of(event.final_url or event.url, event.etag),
         )
         if history.validators_lie:
             validators = False  # they earned 304s for a page that had changed
