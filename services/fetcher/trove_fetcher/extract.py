@@ -422,11 +422,12 @@ MARKUP_HASH_PREFIX = "m:"
 #: Names of the values a server makes anew for each answer: a form's CSRF token (Rails'
 #: authenticity_token, Django's csrfmiddlewaretoken, Laravel's _token, WordPress's
 #: _wpnonce, Drupal's form_build_id and form_token, ASP.NET's __RequestVerificationToken
-#: and view state), a CSP nonce. Named, not any "token": a gallery's page_token is what
-#: tells its pages apart.
+#: and view state, Symfony's form[_token], CakePHP's _Token[fields], MediaWiki's
+#: wpLoginToken and wpEditToken), a CSP nonce. Named, not any "token": a gallery's
+#: page_token is what tells its pages apart.
 _PER_ANSWER = re.compile(
-    r"csrf|nonce|authenticity_token|^_token$|requestverificationtoken|form_build_id"
-    r"|^form_token$|viewstate|eventvalidation",
+    r"csrf|nonce|authenticity_token|(?:^|\[)_token(?:\]|\[|$)|requestverificationtoken"
+    r"|form_build_id|^form_token$|viewstate|eventvalidation|logintoken|edittoken",
     re.IGNORECASE,
 )
 
@@ -451,8 +452,8 @@ def markup_digest(markup: str) -> str | None:
             if hidden and _PER_ANSWER.search(attributes.get("name") or ""):
                 attributes.pop("value", "")
         elif tag == "meta":
-            named = (attributes.get("name") or "") + " " + (attributes.get("property") or "")
-            if _PER_ANSWER.search(named):
+            names = (attributes.get("name") or "", attributes.get("property") or "")
+            if any(_PER_ANSWER.search(name) for name in names):
                 attributes.pop("content", "")
     digest = hashlib.sha256(etree.tostring(root, encoding="utf-8", method="html"))
     return MARKUP_HASH_PREFIX + digest.hexdigest()[: 64 - len(MARKUP_HASH_PREFIX)]
