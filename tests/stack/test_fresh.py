@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import threading
@@ -87,6 +88,24 @@ async def test_a_start_beside_a_stack_that_runs_is_refused_at_once_not_made_to_w
             Stack(state_dir=state, fast_and_unsafe=True).start()
     finally:
         first.stop()
+
+
+def test_a_start_is_not_refused_for_another_starts_look_at_the_folders_lock(
+    tmp_path: Path,
+) -> None:
+    """A start that looks whether a live stack holds the folder takes the lock shared
+    for a moment: one starting then must not take that look for a stack."""
+    state = tmp_path / "state"
+    state.mkdir()
+    fd = os.open(state / "stack.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the look, let go 30 ms on
+    looking = threading.Timer(0.03, os.close, (fd,))
+    looking.start()
+    try:
+        stack = Stack(state_dir=state, fast_and_unsafe=True).start()
+        stack.stop()
+    finally:
+        looking.join()
 
 
 def test_a_fresh_start_refuses_a_folder_that_holds_more_than_trove_state(tmp_path: Path) -> None:

@@ -36,6 +36,9 @@ LOCK_FILE = "stack.lock"
 #: the servers, each asked politely and killed after its grace), and how often it looks.
 LEFT_BEHIND_WAIT = 45.0
 LEFT_BEHIND_POLL = 0.5
+#: Tries at the folder's lock before it is taken as another stack's, and their gap.
+LOCK_TRIES = 5
+LOCK_TRY_GAP = 0.02
 
 
 @dataclass(kw_only=True)
@@ -138,7 +141,15 @@ class Stack:
         folder would share (or, fresh, delete) each other's data."""
         fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A few tries: another start's look (``_held``) holds it for a moment.
+            for _ in range(LOCK_TRIES - 1):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(LOCK_TRY_GAP)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
