@@ -19,7 +19,7 @@ from tests.support import cycle_env, services
 from trove_discovery.app import check_recrawls_are_kept, warn_of_a_short_seen_ttl
 from trove_discovery.discovery import Discovery
 from trove_schema.bus import Bus
-from trove_schema.change_rate import estimate_rate, validator_of
+from trove_schema.change_rate import estimate_rate
 from trove_schema.events import (
     ChangeHistory,
     CrawlCompleted,
@@ -473,32 +473,8 @@ async def test_a_first_fetch_is_recrawled_after_the_first_interval_with_its_hash
         visited_at=event.completed_at,
         interval=5 * 3600,
         read_whole_at=event.completed_at,
-        validator=validator_of(event.url, event.etag),
     )
     assert pending.not_before == event.completed_at + timedelta(hours=5)
-
-
-async def test_a_page_whose_validators_earned_304s_for_changes_is_asked_without_them(
-    bus: Bus,
-) -> None:
-    """A CMS sending its template's date: read whole, the page shows other content under
-    the validator it answered 304 to. Asked with it, each visit says "unchanged" of a
-    page that changes, its changes seen a seen TTL apart."""
-    discovery = await replica(bus, recrawl_after_seconds=3600)
-    before = ChangeHistory(
-        content_hash="a",
-        visited_at=utcnow() - timedelta(days=30),
-        visits=((7 * 86400.0, False), (14 * 86400.0, False)),
-        interval=30 * 86400.0,
-        validator=validator_of(PAGE, '"v1"'),
-        validated=True,
-    )
-    event = visited(content_hash="b", history=before).model_copy(update={"etag": '"v1"'})
-    await discovery._request_recrawl(event)
-    pending = await scheduled_request(bus)
-    assert pending.history is not None
-    assert pending.history.validators_lie
-    assert (pending.etag, pending.last_modified) == (None, None)
 
 
 async def test_the_recrawl_request_carries_the_updated_history_and_its_interval(

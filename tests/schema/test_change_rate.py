@@ -24,7 +24,6 @@ from trove_schema.change_rate import (
     next_interval,
     plan_recrawl,
     record_visit,
-    validator_of,
 )
 from trove_schema.events import MAX_VISITS, SIGNALS_HASH_PREFIX, ChangeHistory
 
@@ -204,51 +203,6 @@ def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change(kind: str) -> 
         switched, visited_at=later + timedelta(hours=2), content_hash=signals, not_modified=False
     )
     assert again.visits == ((2 * HOUR, False),)
-
-
-def test_an_etag_that_earned_a_304_for_a_changed_page_is_found_out_until_shown_honest() -> None:
-    """A page read whole, after a 304, with other content under the ETag the 304
-    answered to: the 304s were no evidence (dropped), and the chain asks without
-    validators while changes come under that ETag; a change under a new ETag lets it
-    be, and so does the same content again after a lie seen once (a release that hashes
-    anew), not after one seen again."""
-    day = timedelta(days=1)
-
-    def visit(
-        history: ChangeHistory | None, days: int, content: str | None, validator: str | None
-    ) -> ChangeHistory:
-        return record_visit(
-            history,
-            visited_at=START + days * day,
-            content_hash=content,
-            not_modified=content is None,
-            validator=validator,
-        )
-
-    quiet = visit(visit(None, 0, "a", "v1"), 1, None, None)  # a 304 to v1
-    found_out = visit(quiet, 2, "b", "v1")
-    assert found_out.validators_lie
-    assert found_out.visits == ((DAY, True),)
-    assert not visit(found_out, 3, "b", "v1").validators_lie  # seen once: let go
-    again = visit(found_out, 3, "c", "v1")  # asked without validators: no 304 since
-    assert again.validators_lie
-    assert again.visits == ((DAY, True), (DAY, True))
-    assert visit(again, 4, "c", "v1").validators_lie  # seen again: kept
-    assert not visit(again, 4, "d", "v2").validators_lie
-    assert not visit(again, 4, "d", None).validators_lie  # no strong ETag to hold to
-    # Never put to the test by a 304 (a release's new way of reading the same bytes),
-    # or an honest server's new ETag with the change: no lie.
-    assert not visit(visit(None, 0, "a", "v1"), 1, "b", "v1").validators_lie
-    assert not visit(quiet, 2, "b", "v2").validators_lie
-
-
-def test_a_validator_is_where_the_body_was_read_and_its_strong_etag() -> None:
-    page, moved = "http://blog.example/a", "https://blog.example/a"
-    assert validator_of(page, '"v1"') != validator_of(moved, '"v1"')
-    assert validator_of(page, '"v1"') == validator_of(page, '"v1"')
-    # A weak ETag promises only that the page means the same.
-    assert validator_of(page, 'W/"v1"') is None
-    assert validator_of(page, None) is None
 
 
 def test_a_visit_without_a_hash_leaves_the_history_to_the_next_comparable_one() -> None:

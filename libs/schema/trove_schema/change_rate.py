@@ -31,7 +31,6 @@ run of changed visits that the rate before it makes too unlikely to be chance.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -81,7 +80,6 @@ def record_visit(
     visited_at: datetime,
     content_hash: str | None,
     not_modified: bool,
-    validator: str | None = None,
 ) -> ChangeHistory:
     """``history`` with this visit added (its ``interval`` left as it was).
 
@@ -89,32 +87,16 @@ def record_visit(
     hash on either side, or hashes of two kinds: ``comparable_hashes``), adds no
     observation: it only becomes the reference for the next visit when it has a hash
     to compare with.
-
-    ``validator``: where the answer's body was read and its strong ETag
-    (``validator_of``). One that earned a 304 and then comes with other content shows
-    the page's ETag does not follow it (one made from a database row's version, not the
-    page): each 304 said "unchanged" of a page that changed, which held it at the
-    longest interval, its changes seen only when it was read whole, a seen TTL apart.
-    The history's visits are then no evidence and are dropped for this one, and its
-    chain asks without validators (``validators_lie``) until a change comes under a new
-    ETag, or the page has none; the same content again lets go a lie seen once (a
-    release that hashes anew), not one seen again (``lie_confirmed``).
     """
     history = history or ChangeHistory()
-    reference = {
-        "content_hash": content_hash,
-        "visited_at": visited_at,
-        "validator": validator,
-        "validated": False,
-    }
     if history.visited_at is None or history.content_hash is None:
         if not_modified or content_hash is None:
             return history
-        return history.model_copy(update=reference)
+        return history.model_copy(update={"content_hash": content_hash, "visited_at": visited_at})
     if content_hash is not None and not comparable_hashes(content_hash, history.content_hash):
         # Hashed the other way (the release before hashed bytes): no evidence, a new
         # reference.
-        return history.model_copy(update=reference)
+        return history.model_copy(update={"content_hash": content_hash, "visited_at": visited_at})
     if not not_modified and content_hash is None:
         # Nothing to compare: the next visit is compared with the older reference, over
         # the whole time since it, which is still a true observation.
@@ -123,50 +105,14 @@ def record_visit(
     if elapsed <= 0:
         return history  # a redelivery, or clocks out of order: no time, no evidence
     changed = not not_modified and content_hash != history.content_hash
-    if not_modified:
-        return history.model_copy(
-            update={
-                "visits": (*history.visits, (elapsed, False))[-MAX_VISITS:],
-                "visited_at": visited_at,
-                "validated": True,
-            }
-        )
-    lie, confirmed = False, False
-    if validator is not None and validator == history.validator:
-        if changed:
-            # Other content under the validator: a lie once a 304 was earned by it
-            # (without, the validator was never put to the test: a release's new way of
-            # reading the same bytes, say); under a lie found out, a lie again.
-            lie = history.validators_lie or history.validated
-            confirmed = history.validators_lie
-        else:
-            # The same content says nothing against it: a lie found out once (a release
-            # that hashes anew) is let go, one seen again is kept.
-            lie = confirmed = history.lie_confirmed
-    # Else a change under a new validator (what an honest server shows), or no strong
-    # validator on one side: nothing held against the page's validators.
-    found_out = lie and not history.validators_lie
-    visits = (() if found_out else history.visits) + ((elapsed, changed),)
+    visits = (*history.visits, (elapsed, changed))[-MAX_VISITS:]
     return history.model_copy(
         update={
-            **reference,
-            "visits": visits[-MAX_VISITS:],
-            "validators_lie": lie,
-            "lie_confirmed": confirmed,
+            "visits": visits,
+            "visited_at": visited_at,
+            "content_hash": history.content_hash if not_modified else content_hash,
         }
     )
-
-
-def validator_of(url: str, etag: str | None) -> str | None:
-    """What ``record_visit`` compares: where a body was read (a page read at a new
-    address, moved or redirected, is read anew: its links resolve against another
-    base) and its strong ETag; None without one. A weak ETag (``W/``) promises only that
-    the page means the same, and Last-Modified no more (a page with a random quote keeps
-    its date): held to them, such a page was re-crawled hourly."""
-    if not etag or etag.startswith("W/"):
-        return None
-    where = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{where} {etag}"
 
 
 def estimate_rate(visits: Sequence[tuple[float, bool]]) -> float | None:
@@ -251,14 +197,9 @@ def plan_recrawl(
     content_hash: str | None,
     not_modified: bool,
     policy: RecrawlPolicy,
-    validator: str | None = None,
 ) -> ChangeHistory:
     """The history after this visit, with the interval until the next one."""
     updated = record_visit(
-        history,
-        visited_at=visited_at,
-        content_hash=content_hash,
-        not_modified=not_modified,
-        validator=validator,
+        history, visited_at=visited_at, content_hash=content_hash, not_modified=not_modified
     )
     return updated.model_copy(update={"interval": next_interval(updated, policy)})

@@ -430,16 +430,6 @@ class ChangeHistory(Frozen):
     #: When the page was last answered with its body, which shows its links (a 304 shows
     #: none); None: not known (a chain an older release planned).
     read_whole_at: datetime | None = None
-    #: Where ``content_hash``'s content was read and the strong ETag it came with
-    #: (``change_rate.validator_of``).
-    validator: HeaderText | None = None
-    #: A 304 answered since that content was read.
-    validated: bool = False
-    #: The page's ETag was seen not to follow its content (a 304 to an ETag that then
-    #: came with other content): its chain asks without validators (``record_visit``).
-    validators_lie: bool = False
-    #: ...and seen so again since.
-    lie_confirmed: bool = False
 
 
 class CrawlRequested(Event):

@@ -48,7 +48,7 @@ from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Retry
-from trove_schema.change_rate import RecrawlPolicy, plan_recrawl, validator_of
+from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
     MAX_SAME_PAGE_HOPS,
@@ -456,20 +456,13 @@ class Discovery:
         interval; never sent, this one is the page's only request)."""
         # The page's history comes with the event and goes on in the request: the same
         # event always plans the same interval, and no replica keeps state per page.
-        not_modified = event.outcome is CrawlOutcome.NOT_MODIFIED
         history = plan_recrawl(
             event.history,
             visited_at=event.completed_at,
             content_hash=event.content_hash,
-            not_modified=not_modified,
+            not_modified=event.outcome is CrawlOutcome.NOT_MODIFIED,
             policy=self.recrawl_policy,
-            # A 304's validators are the request's, carried on: none of its answer's own.
-            validator=None
-            if not_modified
-            else validator_of(event.final_url or event.url, event.etag),
         )
-        if history.validators_lie:
-            validators = False  # they earned 304s for a page that had changed
         delay = timedelta(seconds=history.interval or self.settings.recrawl_after_seconds)
         due = event.completed_at + delay
         # A 304 shows no links: a page whose seen key expired (its chain ended) would never
