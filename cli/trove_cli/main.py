@@ -166,38 +166,6 @@ async def pipeline_backlog(js: JetStreamContext) -> int:
     return total
 
 
-async def watch_crawl(
-    *,
-    nats_url: str,
-    database_url: str,
-    seeds: Sequence[str],
-    until_idle: bool,
-    max_pages: int | None,
-    timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
-    local: LocalTrove | None = None,
-    follows: Sequence[str] = (),
-    force: bool = False,
-) -> int:
-    """Send the seeds (``force``: to be crawled now, if known this cycle too) and the
-    follows, show the crawl's progress until it is over, and
-    report it; its exit code. On a stack of this machine's own (``local``), a server
-    that exits ends it with a ``StackError`` that says which."""
-    crawl = _watch_crawl(
-        nats_url=nats_url,
-        database_url=database_url,
-        seeds=seeds,
-        until_idle=until_idle,
-        max_pages=max_pages,
-        timeout=timeout,
-        local=local,
-        follows=follows,
-        force=force,
-    )
-    if local is None:
-        return await crawl
-    return await unless_a_server_exits(local, crawl)
-
-
 #: How often a crawl on a stack of this machine's own looks at its servers.
 SERVERS_LOOKED_AT_EVERY = 0.5
 
@@ -223,7 +191,7 @@ async def unless_a_server_exits(local: LocalTrove, work: Awaitable[int]) -> int:
                 await task
 
 
-async def _watch_crawl(
+async def watch_crawl(
     *,
     nats_url: str,
     database_url: str,
@@ -231,10 +199,14 @@ async def _watch_crawl(
     until_idle: bool,
     max_pages: int | None,
     timeout: float,  # noqa: ASYNC109 - the crawl's budget, not an I/O timeout
-    local: LocalTrove | None,
-    follows: Sequence[str],
-    force: bool,
+    local: LocalTrove | None = None,
+    follows: Sequence[str] = (),
+    force: bool = False,
 ) -> int:
+    """Send the seeds (``force``: to be crawled now, if known this cycle too) and the
+    follows, show the crawl's progress until it is over, and report it; its exit code.
+    ``cmd_crawl`` runs it beside a look at its stack's servers (``unless_a_server_exits``)."""
+
     async def quiet(exc: Exception) -> None:
         """nats-py prints each failed reconnect with its traceback, twice a second: the
         crawl says once what ended it (a server of the stack that exited, say)."""
@@ -475,7 +447,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             console.print(Text("seeds: " + ", ".join(seeds)))
             if follows:
                 console.print(Text("following: " + ", ".join(follows)))
-            return await watch_crawl(
+            crawl = watch_crawl(
                 nats_url=local.stack.nats_url,
                 database_url=local.stack.database_url,
                 seeds=seeds,
@@ -487,6 +459,7 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
                 follows=follows,
                 force=args.force,
             )
+            return await unless_a_server_exits(local, crawl)
         finally:
             await asyncio.to_thread(local.stop)
 

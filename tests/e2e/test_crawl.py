@@ -127,6 +127,27 @@ async def test_trove_crawl_fetches_and_records_every_sandbox_page(
     assert private == 0
 
 
+async def sandbox_crawl(state: Path, *flags: str) -> asyncio.subprocess.Process:
+    """`trove crawl --sandbox` as a user runs it (its own process), its state in ``state``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
+    env["TROVE_STATE_DIR"] = str(state)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "crawl", "--sandbox", *flags,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+
+
+async def printed_until(proc: asyncio.subprocess.Process, start: str) -> bytes:
+    """What ``proc`` printed up to the first line that begins with ``start``, included."""
+    assert proc.stdout is not None
+    printed, line = b"", b""
+    while not line.lstrip().startswith(start.encode()):
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+        assert line, f"trove crawl ended before {start!r}: {printed.decode()}"
+        printed += line
+    return printed
+
+
 @pytest.mark.parametrize("ending", ["SIGTERM", "SIGHUP", "Ctrl-C twice", "SIGKILL"])
 async def test_trove_crawl_stopped_leaves_no_process_behind(tmp_path: Path, ending: str) -> None:
     """The embedded stack and every service stop with the CLI: on SIGTERM, when its
@@ -134,17 +155,8 @@ async def test_trove_crawl_stopped_leaves_no_process_behind(tmp_path: Path, endi
     tells them), on a second Ctrl-C while it stops them, and when it is killed outright
     (SIGKILL, the OOM killer: its lifeline's watcher stops them)."""
     state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
-    env["TROVE_STATE_DIR"] = str(state)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trove_cli", "crawl", "--sandbox", "--fresh",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = b""
-    while b"seeds:" not in line:
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
-        assert line, "trove crawl ended before it started crawling"
+    proc = await sandbox_crawl(state, "--fresh")
+    await printed_until(proc, "seeds:")
 
     def ours() -> list[int]:
         found = []
@@ -185,18 +197,8 @@ async def test_a_server_of_the_stack_that_dies_mid_crawl_is_named_as_the_cause(
     the connection that failed with it (or after two minutes of a client reconnecting),
     and without a screen of nats-py's tracebacks (one a reconnect, twice a second)."""
     state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
-    env["TROVE_STATE_DIR"] = str(state)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trove_cli", "crawl", "--sandbox", "--fresh",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    printed, line = b"", b""
-    while not line.startswith(after.encode()):
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
-        assert line, f"trove crawl ended before it started crawling: {printed.decode()}"
-        printed += line
+    proc = await sandbox_crawl(state, "--fresh")
+    printed = await printed_until(proc, after)
     pid = (
         server_in(state / "nats")
         if server == "nats-server"
@@ -225,19 +227,9 @@ async def test_a_crawl_waiting_for_the_servers_a_killed_one_left_stops_on_ctrl_c
     # command line: a server left behind, as far as the start can tell.
     left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(conf)])
     (state / "nats" / "nats-server.pid").write_text(str(left.pid))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROVE_")}
-    env["TROVE_STATE_DIR"] = str(state)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "trove_cli", "crawl", "--sandbox",
-            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        printed, line = b"", b""
-        while not line.startswith(b"waiting for nats-server"):
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
-            assert line, f"trove crawl ended before it waited: {printed.decode()}"
-            printed += line
+        proc = await sandbox_crawl(state)
+        await printed_until(proc, "waiting for nats-server")
         proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(proc.communicate(), timeout=15)
         assert proc.returncode == 130

@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import nats
@@ -18,6 +19,7 @@ import pytest
 from tests.conftest import StackUrls, eventually
 from tests.fetcher._servers import Exchange, LocalServer
 from tests.support import cycle_env, services
+from trove_cli.local import LocalTrove
 from trove_schema.bus import Bus
 from trove_schema.topology import EVENT_SCHEDULES_PREFIX, EVENTS_STREAM, SEEDS_SUBJECT
 
@@ -45,6 +47,23 @@ class RequestLog:
             return {url: list(times) for url, times in self.times.items()}
 
 
+async def seeded(
+    stack: StackUrls, local: LocalTrove, log: RequestLog, *seeds: str
+) -> Callable[[], Awaitable[dict[str, list[float]]]]:
+    """Send ``seeds`` as `nats pub trove.seeds` does; what the sites were asked for, read
+    while the services live."""
+    nc = await nats.connect(stack.nats_url)
+    await nc.publish(SEEDS_SUBJECT, "\n".join(seeds).encode())
+    await nc.flush()
+    await nc.close()
+
+    async def fetches() -> dict[str, list[float]]:
+        local.check_alive()
+        return log.snapshot()
+
+    return fetches
+
+
 def interlinked_site(server: LocalServer, log: RequestLog) -> list[str]:
     """A home page and PAGES pages, every page linking to the home and all the others."""
     paths = ["/"] + [f"/page/{n}" for n in range(PAGES)]
@@ -68,15 +87,7 @@ async def test_every_page_is_fetched_once_per_recrawl_cycle_for_three_cycles(
     with LocalServer("127.0.0.1") as first, LocalServer("127.0.0.2") as second:
         pages = interlinked_site(first, log) + interlinked_site(second, log)
         async with services(stack, state_dir, env) as local:
-            nc = await nats.connect(stack.nats_url)
-            await nc.publish(SEEDS_SUBJECT, f"{first.url()}\n{second.url()}".encode())
-            await nc.flush()
-            await nc.close()
-
-            async def fetches() -> dict[str, list[float]]:
-                local.check_alive()
-                return log.snapshot()
-
+            fetches = await seeded(stack, local, log, first.url(), second.url())
             await eventually(
                 fetches,
                 until=lambda f: len(f) == len(pages) and min(map(len, f.values())) >= FETCHES,
@@ -132,15 +143,7 @@ async def test_a_page_moved_for_good_is_recrawled_where_it_lives_each_cycle(
 
         server.routes.update({"/": home, "/dir": moved, "/dir/": directory})
         async with services(stack, state_dir, env) as local:
-            nc = await nats.connect(stack.nats_url)
-            await nc.publish(SEEDS_SUBJECT, server.url().encode())
-            await nc.flush()
-            await nc.close()
-
-            async def fetches() -> dict[str, list[float]]:
-                local.check_alive()
-                return log.snapshot()
-
+            fetches = await seeded(stack, local, log, server.url())
             await eventually(
                 fetches,
                 until=lambda f: (
