@@ -202,6 +202,10 @@ def test_a_pleroma_or_akkoma_account_opts_out_under_its_source() -> None:
 
 def test_only_the_bios_own_no_bot_tags_opt_out() -> None:
     assert opted_out({"note": BIO_NOBOT})
+    # On a line or in a paragraph of its own, as people write it.
+    tag = BIO_NOBOT.removeprefix("<p>Gardener. ")
+    assert opted_out({"note": f"<p>Birdwatcher in Oslo<br />{tag}"})
+    assert opted_out({"note": f"<p>Birdwatcher in Oslo</p><p>{tag}"})
     assert opted_out({"note": "<p>#NoIndex please</p>"})
     assert not opted_out({"note": "<p>I study #nobotany and #noindexing</p>"})
     assert not opted_out({"note": "<p>mail me: ana#nobot@example.org</p>"})

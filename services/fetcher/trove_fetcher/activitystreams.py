@@ -91,10 +91,20 @@ _NO_BOTS = re.compile(r"(?<![\w#])#(?:nobot|noindex)(?!\w)", re.IGNORECASE)
 #: Not ``[^>]``: in a run of ``<`` without a ``>`` each would scan the next 2,000
 #: characters, in one call that holds the GIL (a stranger's bio, a hundred a poll).
 _TAG = re.compile(r"<[^<>]{0,2000}>")
+#: Tags that end a line or a paragraph: a space where they were, or a tag on a line of its
+#: own (Mastodon writes a line break ``<br />``, a blank line ``</p><p>``) would be
+#: joined to the word before it ("Oslo#nobot") and not be read.
+_BREAK = re.compile(
+    r"</?(?:br|p|div|li|ul|ol|h[1-6]|blockquote|pre|hr|table|tr|td|th)\b[^<>]{0,2000}>",
+    re.IGNORECASE,
+)
 
 
 def _asks_no_bots(bio: object) -> bool:
-    return isinstance(bio, str) and _NO_BOTS.search(_TAG.sub("", bio[:20_000])) is not None
+    if not isinstance(bio, str):
+        return False
+    text = _TAG.sub("", _BREAK.sub(" ", bio[:20_000]))
+    return _NO_BOTS.search(text) is not None
 
 
 #: Characters of the text's start used as a title when the object has neither a name
