@@ -205,6 +205,13 @@ def test_whitespace_and_newlines_in_hrefs_are_removed() -> None:
     assert urls(result) == ["https://example.org/a/b.html"]
 
 
+def test_control_characters_around_an_href_are_removed_as_a_browser_does() -> None:
+    """urljoin reads the scheme past a leading control, then hands the URL back with it:
+    a link that was no http(s) URL left the page."""
+    result = run('<a href="\x1fhttp://other.example/x\x1b">x</a><a href="\x01/a">y</a>')
+    assert urls(result) == ["http://other.example/x", "https://example.org/a"]
+
+
 def test_duplicate_links_are_collapsed() -> None:
     result = run(
         '<a href="/a">1</a><a href="/a#x">2</a><a href="https://example.org/a">3</a>'

@@ -186,6 +186,7 @@ _PLAIN_ABSOLUTE = re.compile(
     r"\Ahttps?://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?(?::([0-9]{1,5}))?(?=[/?#]|\Z)"
 )
 _URL_NOISE = str.maketrans("", "", "\t\n\r")
+_C0_OR_SPACE = "".join(map(chr, range(0x21)))
 _WHITESPACE = (" ", "\n", "\t", "\r")
 _SPLIT_DIRECTIVES = re.compile(r"[\s,]+")
 _UA_PREFIX = re.compile(r"\A\s*([A-Za-z0-9_.*-]+)\s*:(.*)\Z", re.DOTALL)
@@ -373,7 +374,9 @@ class _Resolver:
         # (translate() looks up every character: only when there is something to drop.)
         if "\t" in href or "\n" in href or "\r" in href:
             href = href.translate(_URL_NOISE)
-        href = href.strip(" \x0c")
+        # As the URL standard does, any C0 control or space around it: urljoin strips
+        # them to read the scheme, then hands back the URL as it came, a control first.
+        href = href.strip(_C0_OR_SPACE)
         if not href:
             return None
         if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:
