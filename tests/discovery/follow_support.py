@@ -46,13 +46,19 @@ class SchedulingBus(Bus):
         subject: str | None = None,
         schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
         schedule: str | None = None,
+        replacing: int | None = None,
     ) -> None:
         if isinstance(event, TimelinePollRequested):
             self.scheduled.append(event)
             if self.before is not None:
                 await self.before(event)
         await super().publish_at(
-            event, at, subject=subject, schedules_prefix=schedules_prefix, schedule=schedule
+            event,
+            at,
+            subject=subject,
+            schedules_prefix=schedules_prefix,
+            schedule=schedule,
+            replacing=replacing,
         )
 
 

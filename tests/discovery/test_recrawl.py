@@ -216,6 +216,31 @@ async def test_a_page_moved_where_a_chain_goes_on_already_leaves_that_chain_alon
     assert not await discovery._first_sighting(old, "a-link-to-the-old-name")
 
 
+async def test_a_page_moved_where_the_target_completes_meanwhile_leaves_its_request_alone(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's own request in flight while the move looks (nothing waits there),
+    its completion scheduling the next before the move publishes: the move's request
+    would replace it, and the target's learned interval go back to the first one."""
+    discovery, target = await replica(bus), await replica(bus)
+    old, new = "http://site.example/post", "https://site.example/post"
+    own = crawled(new, history=ChangeHistory(interval=20 * 86400.0))
+    looked = bus.waiting
+
+    async def completes_meanwhile(schedule: str) -> tuple[bytes | None, int]:
+        seen = await looked(schedule)
+        monkeypatch.setattr(bus, "waiting", looked)
+        await handle(target, bus, own)
+        return seen
+
+    monkeypatch.setattr(bus, "waiting", completes_meanwhile)
+    await handle(discovery, bus, crawled(old, final_url=new, moved=True))
+    after = await pending_request(bus, new)
+    assert after is not None
+    assert after.caused_by == own.id
+    assert await pending_request(bus, old) is None
+
+
 async def test_a_moved_pages_later_round_replaces_the_request_its_first_round_planned(
     bus: Bus,
 ) -> None:

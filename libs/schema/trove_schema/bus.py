@@ -95,6 +95,16 @@ class MessageTooLarge(TroveError, MaxPayloadError):
         )
 
 
+class Overtaken(TroveError):
+    """A publish that expected its subject to hold what it last read there found
+    another message written since: read again, and decide again."""
+
+
+#: JetStream's answer to a publish whose expected last sequence on its subject is not
+#: the subject's.
+WRONG_LAST_SEQUENCE = 10071
+
+
 #: Errors that say the broker is away or busy, not that the message is bad. A handler's
 #: own TimeoutError is among them (nats-py's is a subclass): it waited on something.
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
@@ -386,28 +396,42 @@ class Bus:
         subject: str | None = None,
         schedules_prefix: str = EVENT_SCHEDULES_PREFIX,
         schedule: str | None = None,
+        replacing: int | None = None,
     ) -> None:
         """Have JetStream publish ``event`` at ``at`` (at once if ``at`` is past).
 
         The schedule waits on ``schedule`` (default: a subject of its own under
         ``schedules_prefix``); a later schedule on the same subject replaces it.
+        ``replacing``: only if the subject's last message is still the one of that
+        sequence (``waiting``; 0 for none), else ``Overtaken``.
         """
         headers = event.headers()
         headers["Nats-Schedule"] = schedule_header(at)
         headers["Nats-Schedule-Target"] = subject or event.SUBJECT
+        if replacing is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(replacing)
         where = schedule or f"{schedules_prefix}.{event.id}"
-        await self.js.publish(where, event.to_wire(), headers=headers)
+        try:
+            await self.js.publish(where, event.to_wire(), headers=headers)
+        except APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise Overtaken(f"{where} changed since it was read") from exc
+            raise
         EVENTS_PUBLISHED.labels(event.TYPE).inc()
 
     async def scheduled_event(self, schedule: str) -> bytes | None:
         """The event a schedule waiting on the subject ``schedule`` of the events stream
         will publish, as sent; None when none waits (one that fired is gone from it).
         Raises if the broker cannot say."""
+        return (await self.waiting(schedule))[0]
+
+    async def waiting(self, schedule: str) -> tuple[bytes | None, int]:
+        """``scheduled_event``, and the sequence to replace it by (``publish_at``)."""
         try:
             msg = await self.js.get_last_msg(EVENTS_STREAM, schedule)
         except NotFoundError:
-            return None
-        return msg.data or None
+            return None, 0
+        return msg.data or None, msg.seq or 0
 
     async def park(self, consumer: str, msg: Msg, reason: str) -> None:
         """Move a message nobody can handle to the dead-letter stream, with the reason.

@@ -31,7 +31,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from nats.aio.msg import Msg
@@ -47,7 +47,7 @@ from trove_discovery.traps import url_trap_reason
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
-from trove_schema.bus import Bus, Retry
+from trove_schema.bus import Bus, Overtaken, Retry
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
@@ -102,6 +102,9 @@ BUDGET_WRITE_ATTEMPTS = 50
 
 #: Seen-set creates a handler has in flight at once (a page may give 500 links).
 SEEN_AT_ONCE = 64
+#: How often a moved page's request is tried where it moved to, each try overtaken by
+#: another request written there; then it joins them.
+MOVE_TRIES = 5
 
 
 class Discovery:
@@ -503,15 +506,11 @@ class Discovery:
             history=history.model_copy(update={"read_whole_at": read_whole_at}),
         )
         schedule = page_schedule_subject(url)
-        # Where the page moved to, a chain of its own may go on already (its target was
-        # a page of its own, or the old name came back by a link a seen TTL later): that
-        # one is left alone, with the change history it learned.
-        joins = url != event.url and _another_chains(
-            await self.bus.scheduled_event(schedule), event
-        )
-        if not joins:
+        if url == event.url:
             # On the page's schedule subject: it replaces whatever request was pending.
             await self.bus.publish_at(request, due, schedule=schedule)
+        else:
+            await self._move_chain(request, due, schedule, event)
         # The request now holds the page's place in the seen set, for another full
         # seen_ttl: the event that discovered it was published long ago. A page that
         # moved keeps its old spelling's place too: a link to it would otherwise bring it
@@ -519,6 +518,31 @@ class Discovery:
         await self._mark(event.url, request.id.encode())
         if url != event.url:
             await self._mark(url, request.id.encode())
+
+    async def _move_chain(
+        self, request: CrawlRequested, due: datetime, schedule: str, event: CrawlCompleted
+    ) -> None:
+        """Schedule ``request``, the moved page's next visit, where it moved to, unless a
+        chain of its own goes on there already (the target was a page of its own, or the
+        old name came back by a link a seen TTL later): that one is left alone, with the
+        change history it learned.
+
+        The target's own request may be in flight while this looks (nothing waits), its
+        completion scheduling the next while this publishes: the publish replaces only
+        what it read, and reads again when overtaken."""
+        for _ in range(MOVE_TRIES):
+            waiting, seq = await self.bus.waiting(schedule)
+            if _another_chains(waiting, event):
+                return
+            try:
+                await self.bus.publish_at(request, due, schedule=schedule, replacing=seq)
+                return
+            except Overtaken:
+                continue
+        # Written to each time it was read: requests of other chains go on there.
+        log.info(
+            "a moved page joins the requests written where it moved", extra={"url": request.url}
+        )
 
     async def _lives_at(self, event: CrawlCompleted) -> str:
         """Where the page of ``event`` is re-crawled: its own URL, or where it moved for
