@@ -670,6 +670,27 @@ def test_fetcher_reaches_the_web_only_on_public_addresses() -> None:
             assert sub.subnet_of(network)  # type: ignore[arg-type]
 
 
+def test_fetcher_reaches_no_private_ipv4_address_through_an_ipv6_that_embeds_it() -> None:
+    """On an IPv6 cluster with NAT64, 64:ff9b::a9fe:a9fe is the metadata service; 6to4
+    embeds an IPv4 address the same way."""
+    (rule,) = [r for r in fetcher_policy()["egress"] if any("ipBlock" in p for p in r["to"])]
+    blocks = {p["ipBlock"]["cidr"]: p["ipBlock"].get("except", []) for p in rule["to"]}
+    excepted = [ipaddress.ip_network(item) for item in blocks["::/0"]]
+
+    def refused(net: ipaddress.IPv6Network) -> bool:
+        return any(net.subnet_of(e) for e in excepted)  # type: ignore[arg-type]
+
+    assert refused(ipaddress.ip_network("64:ff9b:1::/48"))
+    for cidr in blocks["0.0.0.0/0"]:
+        v4 = ipaddress.ip_network(cidr)
+        start = int(v4.network_address)
+        for prefix, shift, length in ((0x64FF9B << 96, 0, 96), (0x2002 << 112, 80, 16)):
+            embedded = ipaddress.IPv6Network((prefix | start << shift, length + v4.prefixlen))
+            assert refused(embedded), (cidr, str(embedded))
+    # Public addresses behind NAT64 stay reachable: IPv4-only sites on such a cluster.
+    assert not refused(ipaddress.ip_network("64:ff9b::5db8:d822/128"))
+
+
 def test_fetcher_reaches_nats_and_dns_and_nothing_else_in_cluster() -> None:
     rules = [r for r in fetcher_policy()["egress"] if not any("ipBlock" in p for p in r["to"])]
     by_port = {tuple(sorted(p["port"] for p in r["ports"])): r for r in rules}
