@@ -680,7 +680,7 @@ def test_fetcher_reaches_no_private_ipv4_address_through_an_ipv6_that_embeds_it(
     def refused(net: ipaddress.IPv6Network) -> bool:
         return any(net.subnet_of(e) for e in excepted)  # type: ignore[arg-type]
 
-    assert refused(ipaddress.ip_network("64:ff9b:1::/48"))
+    assert refused(ipaddress.IPv6Network("64:ff9b:1::/48"))
     for cidr in blocks["0.0.0.0/0"]:
         v4 = ipaddress.ip_network(cidr)
         start = int(v4.network_address)
@@ -688,7 +688,7 @@ def test_fetcher_reaches_no_private_ipv4_address_through_an_ipv6_that_embeds_it(
             embedded = ipaddress.IPv6Network((prefix | start << shift, length + v4.prefixlen))
             assert refused(embedded), (cidr, str(embedded))
     # Public addresses behind NAT64 stay reachable: IPv4-only sites on such a cluster.
-    assert not refused(ipaddress.ip_network("64:ff9b::5db8:d822/128"))
+    assert not refused(ipaddress.IPv6Network("64:ff9b::5db8:d822/128"))
 
 
 def test_fetcher_reaches_nats_and_dns_and_nothing_else_in_cluster() -> None:
