@@ -11,7 +11,6 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 
 from trove_fetcher.extract import (
-    MARKUP_HASH_PREFIX,
     Extraction,
     extract,
     is_parseable,
@@ -19,6 +18,7 @@ from trove_fetcher.extract import (
     x_robots_directives,
 )
 from trove_schema.events import (
+    MARKUP_HASH_PREFIX,
     MAX_LINKS_PER_PAGE,
     MAX_URL_LENGTH,
     SIGNALS_HASH_PREFIX,

@@ -70,7 +70,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trove_schema.events import comparable_hashes
+from trove_schema.events import pages_told_apart
 
 #: File names a server may answer for a directory. A rule is learned per name and host.
 INDEX_NAMES = frozenset(
@@ -458,19 +458,23 @@ def observe(
         # A probe come back is compared with its page without the parameter, sampled or
         # not; sampled, as it is now (the hash kept with the probe may be older).
         back = record.probes.items()
-        as_now = {s for s, h in record.samples if comparable_hashes(h, digest)}
+        as_now = {s for s, h in record.samples if pages_told_apart(h, digest) is not None}
         bare = [
             found
             for k, p in back
-            if p.url == url and p.bare and (found := _probe_bare(fetched, k, p))[0] not in as_now
+            if p.url == url
+            and (found := _probe_bare(fetched, k, p, record.candidates))[1]
+            and found[0] not in as_now
         ]
         for spelling, sampled in (*record.samples, *bare):
             other = _Spelling.local_to(fetched.host, spelling)
-            # A sample hashed the other way (a release before, or the page then said
-            # too little) tells nothing: a difference would un-learn a rule for good.
-            if other.local != fetched.local and comparable_hashes(sampled, digest):
-                same = sampled == digest
-                alone = _hash_votes(fetched, other, same=same, votes=hashed)
+            # A sample hashed by its bytes (a release before) tells nothing: a
+            # difference would un-learn a rule for good. One hashed by its markup beside
+            # one by what it says is another page: two values of one parameter so
+            # hashed, under a canonical that drops it, are two pages.
+            apart = pages_told_apart(sampled, digest)
+            if other.local != fetched.local and apart is not None:
+                alone = _hash_votes(fetched, other, same=not apart, votes=hashed)
                 if alone is not None:
                     equal[alone[0]] = _proof(alone[1], digest, equal=True)
     votes = dict(said)
@@ -709,12 +713,7 @@ def _disproved(named: Candidate | None, value: str, proof: str) -> bool:
     spelling, digest, _ = _read_proof(proof)
     for other, kept in zip(named.values, named.proofs, strict=False):
         kept_spelling, kept_digest, _ = _read_proof(kept)
-        if (
-            other != value
-            and kept_spelling == spelling
-            and kept_digest != digest
-            and comparable_hashes(kept_digest, digest)
-        ):
+        if other != value and kept_spelling == spelling and pages_told_apart(kept_digest, digest):
             return True
     return False
 
@@ -1047,9 +1046,23 @@ def _choose_probe(
     return first
 
 
-def _probe_bare(fetched: _Spelling, key: str, probe: Probe) -> tuple[str, str]:
+def _probe_bare(
+    fetched: _Spelling, key: str, probe: Probe, candidates: Mapping[str, Candidate]
+) -> tuple[str, str]:
     """The spelling of a probe come back (``fetched``) without its name, and the hash its
-    page had when the probe was chosen: a sample that the record's may no longer hold."""
+    page had when the probe was chosen: a sample that the record's may no longer hold.
+    Chosen when that page had left the sample, it is compared with the page a value of
+    the name was shown to be, if one was on that spelling (a "not found" page its dead
+    values showed, which a real page's probe would otherwise pass for ever)."""
     name = key[2:].partition("=")[0]
     kept = tuple(p for p in fetched.params if p.partition("=")[0] != name)
-    return _Spelling(fetched.host, fetched.path, kept).local, probe.bare
+    without = _Spelling(fetched.host, fetched.path, kept)
+    if probe.bare:
+        return without.local, probe.bare
+    named = candidates.get(NAME + name)
+    spelling = _read_proof(_proof(without, "", equal=True))[0]
+    for kept_proof in named.proofs if named is not None else ():
+        kept_spelling, digest, equal = _read_proof(kept_proof)
+        if equal and kept_spelling == spelling:
+            return without.local, digest
+    return without.local, ""

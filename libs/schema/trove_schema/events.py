@@ -75,6 +75,11 @@ HashText = Annotated[str, Storable(64)]
 #: any other is the sha256 of the body's bytes (every hash of the releases before, and
 #: a body that is no page: a PDF, binary, unparsable).
 SIGNALS_HASH_PREFIX = "s:"
+#: Begins the hash of a page's markup (the fetcher's ``markup_digest``).
+MARKUP_HASH_PREFIX = "m:"
+#: The kinds of one release's hashes of a page's content: which one a page gets is
+#: decided by its content (how much text it has), so one content never has both.
+_CONTENT_KINDS = frozenset({SIGNALS_HASH_PREFIX, MARKUP_HASH_PREFIX})
 
 
 def _hash_kind(digest: str) -> str:
@@ -86,6 +91,18 @@ def comparable_hashes(a: str, b: str) -> bool:
     (signals, markup, bytes). Two kinds say nothing: the page's first visit after the
     release that began hashing so, or a page that grew or lost its text."""
     return _hash_kind(a) == _hash_kind(b)
+
+
+def pages_told_apart(a: str, b: str) -> bool | None:
+    """Whether two content hashes (or their starts) of two URLs' pages show two pages
+    (True), one (False), or cannot say (None: a hash of bytes, of a release before,
+    beside one of what a page says). A hash of what a page says and one of its markup
+    are two pages: a page of under 200 characters of text is no page of more."""
+    if comparable_hashes(a, b):
+        return a != b
+    if {_hash_kind(a), _hash_kind(b)} <= _CONTENT_KINDS:
+        return True
+    return None
 
 
 #: The validation context ``decode_event`` reads with (``Bounded`` cuts, not refuses).

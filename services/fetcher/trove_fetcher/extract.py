@@ -29,7 +29,13 @@ from trove_fetcher.errors import PdfError
 from trove_fetcher.keywords import keywords as make_keywords
 from trove_fetcher.language import detect_language as detect
 from trove_fetcher.pdf import looks_like_pdf, read_pdf
-from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, SIGNALS_HASH_PREFIX, LinkKind
+from trove_schema.events import (
+    MARKUP_HASH_PREFIX,
+    MAX_LINKS_PER_PAGE,
+    MAX_URL_LENGTH,
+    SIGNALS_HASH_PREFIX,
+    LinkKind,
+)
 from trove_schema.heuristics import SHELL_MAX_TEXT_CHARS
 from trove_schema.media import media_type
 
@@ -420,8 +426,6 @@ def signals_digest(
     return SIGNALS_HASH_PREFIX + digest.hexdigest()[: 64 - len(SIGNALS_HASH_PREFIX)]
 
 
-#: Begins the hash of a page's markup (``markup_digest``), a kind of its own.
-MARKUP_HASH_PREFIX = "m:"
 #: Names of the values a server makes anew for each answer: a form's CSRF token (Rails'
 #: authenticity_token, Django's csrfmiddlewaretoken, Laravel's _token, WordPress's
 #: _wpnonce, Drupal's form_build_id and form_token, ASP.NET's __RequestVerificationToken
