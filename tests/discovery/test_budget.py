@@ -6,6 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import nats.js.errors
 import pytest
 
 from tests.conftest import eventually
@@ -18,7 +19,8 @@ from tests.discovery.crawl_support import (
 )
 from tests.discovery.follow_support import recorded
 from trove_discovery import discovery as discovery_module
-from trove_discovery.discovery import REFUSED, Discovery, _seen_key
+from trove_discovery.discovery import BUDGET_MEMORY, REFUSED, Discovery, _seen_key
+from trove_discovery.sightings import Recent
 from trove_schema.budgets import (
     BATCH_MEMORY,
     BATCH_MEMORY_SECONDS,
@@ -140,6 +142,30 @@ async def test_a_host_over_its_budget_costs_no_seen_key_for_links_that_are_new_a
     # budget, and its first refused one), and none after; beside them, the other hosts'
     # pages and the page's own key (its re-crawl's).
     assert len(keys) <= 2 * links + visits + 1, len(keys)
+
+
+async def test_a_host_known_full_stays_known_while_its_pages_keep_coming(bus: Bus) -> None:
+    # The tarpit's re-crawls go on for months: each visit that finds it full again keeps
+    # it known full, or every few minutes one visit claims all its fresh links again
+    # (seen keys kept for a seen TTL).
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    discovery = await replica(bus, budget=3)
+    now = [0.0]
+    memory = discovery.budgets.ttl
+    discovery.budgets = Recent(BUDGET_MEMORY, ttl=memory, clock=lambda: now[0])
+    claimed: list[int] = []
+    for visit in range(8):
+        fresh = [f"https://trap.example/s/{visit}-{n}" for n in range(20)]
+        page = crawled("https://trap.example/", *fresh)
+        page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+        await handle(discovery, bus, page)
+        keys = await asyncio.gather(
+            *(seen.get(_seen_key(url)) for url in fresh), return_exceptions=True
+        )
+        claimed.append(sum(not isinstance(key, nats.js.errors.KeyNotFoundError) for key in keys))
+        now[0] += memory / 3  # a visit every few minutes, over many memories' length
+    # The first visit fills the budget and claims its links; none after.
+    assert claimed[1:] == [0] * 7, claimed
 
 
 async def test_links_a_failed_delivery_claimed_are_refused_on_its_redelivery_to_a_full_host(

@@ -782,7 +782,12 @@ class Discovery:
             counted = HostCount.from_bytes(entry.value).in_cycle(now, cycle)
             if counted.pages < budget:
                 self.budgets.forget(key)  # a new cycle, or room: counted as any batch is
-            elif held or not counted.counted(batch_mark(cause, host)):
+                continue
+            # Known full for longer: a tarpit's re-crawls, each read whole, would claim
+            # all their fresh links again whenever this memory of it ran out.
+            if entry.revision is not None:
+                self.budgets.remember(key, (entry.revision, counted))
+            if held or not counted.counted(batch_mark(cause, host)):
                 full.add(host)
         # A host its site refuses this cycle, unless it has pages counted in its own
         # cycle (admitted late in the site's last one: it is asked no more of its site).

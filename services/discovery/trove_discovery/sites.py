@@ -93,6 +93,7 @@ class SiteHosts:
             if len(counted.hosts) < self.budget:
                 self.full.forget(site)  # a new cycle, or room again
                 continue
+            self.full.remember(site, counted.since + self.cycle)  # known full for longer
             refused.update(host for host in named if host not in counted.hosts)
         return refused
 
