@@ -25,6 +25,8 @@ from trove_schema.events import (
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
+    Link,
+    LinkKind,
     RequestReason,
     Scope,
     ScopeKind,
@@ -194,6 +196,21 @@ async def test_a_page_moved_for_good_on_its_host_is_recrawled_where_it_lives(
     # Both names hold the page's place: a link to the old one brings no second read.
     assert not await discovery._first_sighting(old, "a-link-to-the-old-name")
     assert not await discovery._first_sighting(new, "a-link-to-the-new-name")
+
+
+async def test_a_moved_pages_link_to_where_it_lives_is_no_new_page(bus: Bus) -> None:
+    """A blog moved to https names its https self as canonical, as nearly every CMS does:
+    the move's fetch read the page there, and its chain goes on there; discovered as a
+    new page as well, it was fetched again at once and counted against its host."""
+    discovery = await replica(bus)
+    old, new = "http://site.example/post", "https://site.example/post"
+    event = crawled(old, final_url=new, moved=True, canonical_url=new)
+    links = (Link(url=new, kind=LinkKind.CANONICAL), Link(url="https://site.example/other"))
+    await handle(discovery, bus, event.model_copy(update={"links": links}))
+    assert [d.url for d in await discoveries(bus)] == ["https://site.example/other"]
+    moved = await pending_request(bus, new)
+    assert moved is not None
+    assert moved.caused_by == event.id
 
 
 async def test_a_page_moved_where_a_chain_goes_on_already_leaves_that_chain_alone(

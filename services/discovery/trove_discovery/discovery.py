@@ -29,7 +29,7 @@ import hashlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
@@ -242,7 +242,9 @@ class Discovery:
                 names,
                 redirect,
                 deliveries,
-                skip=event.url if recrawl else None,
+                # A page that moved is re-crawled where it lives: its canonical or
+                # redirect link there is no new page either.
+                skip={event.url, await self._lives_at(event)} if recrawl else frozenset(),
                 only_held=again is not None,
             )
         except Exception:
@@ -286,13 +288,14 @@ class Discovery:
         redirect: Link | None,
         deliveries: int,
         *,
-        skip: str | None,
+        skip: Collection[str],
         only_held: bool,
     ) -> tuple[list[PageDiscovered], list[str], bool]:
         """The pages ``event``'s links discover (claimed in the seen set, within their
         hosts' budgets), the links held while their hosts' URL rules are learned, and
         whether a link waits for its host's next budget cycle. ``skip``: the page itself,
-        which its own re-crawl asks for again (a link to it, its logo's, is no new page).
+        by its URL and where it lives (``_lives_at``), which its own re-crawl asks for
+        again (a link to it, its logo's or its canonical's, is no new page).
         ``only_held``: the links are those a hold kept back here, which no budget counted."""
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
         held: list[str] = []
@@ -321,7 +324,7 @@ class Discovery:
                 continue
             # Before the seen check: an alias spelling is never discovered as a page.
             url = await self._alias_target(link.url)
-            if url == skip:
+            if url in skip:
                 continue
             # The page's redirect and canonical target are the same page under another
             # name: same depth. Any other (a page may carry a hundred canonical and
