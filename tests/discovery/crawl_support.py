@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import nats.js.errors
 from nats.aio.msg import Msg
 
 from tests.conftest import eventually
-from trove_discovery.discovery import Discovery
+from trove_discovery.discovery import Discovery, _seen_key
 from trove_schema.budgets import HostCount, host_budget_key
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -99,6 +102,32 @@ async def handle(discovery: Discovery, bus: Bus, event: CrawlCompleted) -> None:
     await discovery.handle_crawl_completed(
         Msg(_client=bus.nc, subject=CrawlCompleted.SUBJECT, data=event.to_wire())
     )
+
+
+async def claimed_at_each_visit(
+    bus: Bus,
+    discovery: Discovery,
+    page: str,
+    fresh: Callable[[int], list[str]],
+    *,
+    visits: int,
+    next_visit: Callable[[], None],
+) -> list[int]:
+    """How many of its links new at each visit hold a seen key after ``discovery``
+    handled ``page``, read whole at each of ``visits`` (``next_visit`` between them)."""
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    claimed: list[int] = []
+    for visit in range(visits):
+        links = fresh(visit)
+        event = crawled(page, *links)
+        event = event.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
+        await handle(discovery, bus, event)
+        keys = await asyncio.gather(
+            *(seen.get(_seen_key(url)) for url in links), return_exceptions=True
+        )
+        claimed.append(sum(not isinstance(key, nats.js.errors.KeyNotFoundError) for key in keys))
+        next_visit()
+    return claimed
 
 
 async def discoveries(bus: Bus) -> list[PageDiscovered]:

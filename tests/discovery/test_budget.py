@@ -6,12 +6,12 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import nats.js.errors
 import pytest
 
 from tests.conftest import eventually
 from tests.discovery.crawl_support import (
     PAGE,
+    claimed_at_each_visit,
     crawled,
     discoveries,
     handle,
@@ -148,22 +148,22 @@ async def test_a_host_known_full_stays_known_while_its_pages_keep_coming(bus: Bu
     # The tarpit's re-crawls go on for months: each visit that finds it full again keeps
     # it known full, or every few minutes one visit claims all its fresh links again
     # (seen keys kept for a seen TTL).
-    seen = await bus.js.key_value(SEEN_BUCKET)
     discovery = await replica(bus, budget=3)
     now = [0.0]
     memory = discovery.budgets.ttl
     discovery.budgets = Recent(BUDGET_MEMORY, ttl=memory, clock=lambda: now[0])
-    claimed: list[int] = []
-    for visit in range(8):
-        fresh = [f"https://trap.example/s/{visit}-{n}" for n in range(20)]
-        page = crawled("https://trap.example/", *fresh)
-        page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
-        await handle(discovery, bus, page)
-        keys = await asyncio.gather(
-            *(seen.get(_seen_key(url)) for url in fresh), return_exceptions=True
-        )
-        claimed.append(sum(not isinstance(key, nats.js.errors.KeyNotFoundError) for key in keys))
-        now[0] += memory / 3  # a visit every few minutes, over many memories' length
+
+    def minutes_later() -> None:  # a visit every few minutes, over many memories' length
+        now[0] += memory / 3
+
+    claimed = await claimed_at_each_visit(
+        bus,
+        discovery,
+        "https://trap.example/",
+        lambda visit: [f"https://trap.example/s/{visit}-{n}" for n in range(20)],
+        visits=8,
+        next_visit=minutes_later,
+    )
     # The first visit fills the budget and claims its links; none after.
     assert claimed[1:] == [0] * 7, claimed
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-import nats.js.errors
 import pytest
 
-from tests.discovery.crawl_support import crawled, discoveries, handle
-from trove_discovery.discovery import Discovery, _seen_key
+from tests.discovery.crawl_support import claimed_at_each_visit, crawled, discoveries, handle
+from trove_discovery.discovery import Discovery
 from trove_discovery.sightings import Recent
 from trove_discovery.sites import REFUSED_MEMORY
 from trove_schema.budgets import PLATFORMS
@@ -160,21 +159,21 @@ async def test_a_full_site_stays_known_full_while_its_pages_keep_coming(bus: Bus
     # again keeps it known full, or every few minutes one visit claims its new hosts'
     # links again.
     discovery = await replica(bus, hosts=2)
-    seen = await bus.js.key_value(SEEN_BUCKET)
     now = [0.0]
     memory = discovery.sites.full.ttl
     discovery.sites.full = Recent(REFUSED_MEMORY, ttl=memory, clock=lambda: now[0])
-    claimed: list[int] = []
-    for visit in range(8):
-        fresh = [f"https://n{visit}-{k}.farm.example/" for k in range(20)]
-        page = crawled("https://www.farm.example/", *fresh)
-        page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
-        await handle(discovery, bus, page)
-        keys = await asyncio.gather(
-            *(seen.get(_seen_key(url)) for url in fresh), return_exceptions=True
-        )
-        claimed.append(sum(not isinstance(key, nats.js.errors.KeyNotFoundError) for key in keys))
-        now[0] += memory / 3  # a visit every few minutes, over many memories' length
+
+    def minutes_later() -> None:  # a visit every few minutes, over many memories' length
+        now[0] += memory / 3
+
+    claimed = await claimed_at_each_visit(
+        bus,
+        discovery,
+        "https://www.farm.example/",
+        lambda visit: [f"https://n{visit}-{k}.farm.example/" for k in range(20)],
+        visits=8,
+        next_visit=minutes_later,
+    )
     assert claimed[1:] == [0] * 7, claimed
 
 
