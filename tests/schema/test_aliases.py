@@ -7,6 +7,7 @@ import itertools
 import json
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -207,6 +208,35 @@ def test_a_rule_learned_on_short_pages_is_unlearned_by_a_long_one() -> None:
                 event_id=f"page-{n}",
             )
     assert not record.rules()
+
+
+@pytest.mark.parametrize("home_sampled", [False, True], ids=["home forgotten", "home sampled"])
+def test_a_rule_proven_on_a_page_that_changed_since_holds_through_its_probe(
+    home_sampled: bool,
+) -> None:
+    # ?ref= learned on the home page, which then shows the next post. Its probe comes
+    # back showing the home page as it is now: the same page, whether the sample holds
+    # the home page as it is now or no longer holds it at all.
+    record = hashed(EMPTY, "/", "s:", "posts 1-10", links=(SITE + "/?ref=nav",))
+    record = hashed(record, "/?ref=nav", "s:", "posts 1-10", event_id="nav")
+    record = hashed(record, "/?ref=footer", "s:", "posts 1-10", event_id="footer")
+    assert record.rules().names == {"ref"}
+    probe = None
+    for n in range(3000):
+        links = (SITE + "/?ref=logo", SITE + f"/post/{n + 1}")
+        if home_sampled and n % 8 == 0:
+            record = hashed(record, "/", "s:", "posts 2-11", links=links, event_id=f"home-{n}")
+        else:
+            record = hashed(
+                record, f"/post/{n}", "s:", f"post {n}", links=links, event_id=f"post-{n}"
+            )
+        if record.rules().probes:
+            probe = next(iter(record.rules().probes))
+            break
+    assert probe == SITE + "/?ref=logo"
+    assert ("/" in dict(record.samples)) is home_sampled
+    record = hashed(record, "/?ref=logo", "s:", "posts 2-11", event_id="probe")
+    assert record.rules().names == {"ref"}
 
 
 def test_different_content_contradicts_a_learned_parameter_for_good() -> None:

@@ -70,7 +70,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trove_schema.events import pages_told_apart
+from trove_schema.events import comparable_hashes, pages_told_apart
 
 #: File names a server may answer for a directory. A rule is learned per name and host.
 INDEX_NAMES = frozenset(
@@ -454,6 +454,11 @@ def observe(
     hashed: dict[str, bool] = {}  # by content
     equal: dict[str, str] = {}  # keys whose page is the page without them: their proof
     digest = content_hash[:HASH_CHARS] if content_hash else ""
+    # This spelling's page as it was when last sampled: other spellings sampled showing
+    # that are this page as it was, and, the page changed since (a home page's next
+    # post), say nothing of what tells them from it.
+    before = dict(record.samples).get(fetched.local) if digest else None
+    changed = before if before is not None and before != digest else None
     if digest:
         # A probe come back is compared with its page without the parameter, sampled or
         # not; sampled, as it is now (the hash kept with the probe may be older).
@@ -463,7 +468,7 @@ def observe(
             found
             for k, p in back
             if p.url == url
-            and (found := _probe_bare(fetched, k, p, record.candidates))[1]
+            and (found := _probe_bare(fetched, k, p, record.candidates, digest))[1]
             and found[0] not in as_now
         ]
         for spelling, sampled in (*record.samples, *bare):
@@ -473,7 +478,7 @@ def observe(
             # one by what it says is another page: two values of one parameter so
             # hashed, under a canonical that drops it, are two pages.
             apart = pages_told_apart(sampled, digest)
-            if other.local != fetched.local and apart is not None:
+            if other.local != fetched.local and apart is not None and sampled != changed:
                 alone = _hash_votes(fetched, other, same=not apart, votes=hashed)
                 if alone is not None:
                     equal[alone[0]] = _proof(alone[1], digest, equal=True)
@@ -493,10 +498,9 @@ def observe(
     # changed, a comment or a price, is the same page):
     counted: tuple[str, ...] = ()
     if digest:
-        before = dict(record.samples).get(fetched.local)
         counted = record.marks.get(digest, ())
-        if before is not None and before != digest:
-            counted += tuple(m for m in record.marks.get(before, ()) if m not in counted)
+        if changed is not None:
+            counted += tuple(m for m in record.marks.get(changed, ()) if m not in counted)
     silent: list[tuple[str, str]] = []  # keys of the page's silent fetch besides its own
     for key, confirm in votes.items():
         mark = _mark(key, limits)
@@ -544,7 +548,9 @@ def observe(
     samples = record.samples
     worth_sampling = fetched.variant or candidates or samples or _shows_variants(fetched, links)
     if digest and worth_sampling and len(fetched.local) <= limits.max_sample_chars:
-        kept = [s for s in samples if s[0] != fetched.local]
+        # The other spellings sampled showing this page as it was are dropped with it:
+        # compared with it as it is now, each would contradict what it is an alias of.
+        kept = [s for s in samples if s[0] != fetched.local and s[1] != changed]
         kept.append((fetched.local, digest))
         samples = tuple(kept[-limits.max_samples :])
     # Only a sampled page is compared again, or known when it comes back.
@@ -710,10 +716,17 @@ def _disproved(named: Candidate | None, value: str, proof: str) -> bool:
     canonical says."""
     if named is None:
         return False
-    spelling, digest, _ = _read_proof(proof)
+    spelling, digest, equal = _read_proof(proof)
     for other, kept in zip(named.values, named.proofs, strict=False):
-        kept_spelling, kept_digest, _ = _read_proof(kept)
-        if other != value and kept_spelling == spelling and pages_told_apart(kept_digest, digest):
+        kept_spelling, kept_digest, kept_equal = _read_proof(kept)
+        if (
+            other != value
+            and kept_spelling == spelling
+            # Both shown to be the page without the value, each when it was fetched:
+            # two pages there say that page changed between (a home page's next post).
+            and not (equal and kept_equal)
+            and pages_told_apart(kept_digest, digest)
+        ):
             return True
     return False
 
@@ -1047,13 +1060,21 @@ def _choose_probe(
 
 
 def _probe_bare(
-    fetched: _Spelling, key: str, probe: Probe, candidates: Mapping[str, Candidate]
+    fetched: _Spelling,
+    key: str,
+    probe: Probe,
+    candidates: Mapping[str, Candidate],
+    digest: str,
 ) -> tuple[str, str]:
     """The spelling of a probe come back (``fetched``) without its name, and the hash its
     page had when the probe was chosen: a sample that the record's may no longer hold.
+
     Chosen when that page had left the sample, it is compared with the page a value of
-    the name was shown to be, if one was on that spelling (a "not found" page its dead
-    values showed, which a real page's probe would otherwise pass for ever)."""
+    the name was shown to be on that spelling, if the probe's page (``digest``) is
+    hashed the other way (by its markup, by its text): a "not found" page of a few
+    words that dead values showed, against a real post, which would otherwise pass the
+    probe for ever. Of one kind, that page may only have changed since (a home page's
+    next post): a difference would un-learn a true rule for good."""
     name = key[2:].partition("=")[0]
     kept = tuple(p for p in fetched.params if p.partition("=")[0] != name)
     without = _Spelling(fetched.host, fetched.path, kept)
@@ -1062,7 +1083,7 @@ def _probe_bare(
     named = candidates.get(NAME + name)
     spelling = _read_proof(_proof(without, "", equal=True))[0]
     for kept_proof in named.proofs if named is not None else ():
-        kept_spelling, digest, equal = _read_proof(kept_proof)
-        if equal and kept_spelling == spelling:
-            return without.local, digest
+        kept_spelling, shown, equal = _read_proof(kept_proof)
+        if equal and kept_spelling == spelling and not comparable_hashes(shown, digest):
+            return without.local, shown
     return without.local, ""
