@@ -100,9 +100,10 @@ class Overtaken(TroveError):
     another message written since: read again, and decide again."""
 
 
-#: JetStream's answer to a publish whose expected last sequence on its subject is not
-#: the subject's.
-WRONG_LAST_SEQUENCE = 10071
+#: JetStream's answers to a publish whose expected last sequence on its subject is not
+#: the subject's: a server's own (10071), and a clustered stream's when another write to
+#: the subject is still being replicated (10164, before its sequence is known).
+WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
 
 #: Errors that say the broker is away or busy, not that the message is bad. A handler's
@@ -414,7 +415,7 @@ class Bus:
         try:
             await self.js.publish(where, event.to_wire(), headers=headers)
         except APIError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
+            if exc.err_code in WRONG_LAST_SEQUENCE:
                 raise Overtaken(f"{where} changed since it was read") from exc
             raise
         EVENTS_PUBLISHED.labels(event.TYPE).inc()

@@ -105,6 +105,8 @@ SEEN_AT_ONCE = 64
 #: How often a moved page's request is tried where it moved to, each try overtaken by
 #: another request written there; then it joins them.
 MOVE_TRIES = 5
+#: Seconds before a moved page's request looks again where it moved to, times the tries.
+OVERTAKEN_PAUSE = 0.02
 
 
 class Discovery:
@@ -533,7 +535,10 @@ class Discovery:
         The target's own request may be in flight while this looks (nothing waits), its
         completion scheduling the next while this publishes: the publish replaces only
         what it read, and reads again when overtaken."""
-        for _ in range(MOVE_TRIES):
+        for attempt in range(MOVE_TRIES):
+            if attempt:
+                # On a cluster, the write that overtook this one may not be readable yet.
+                await asyncio.sleep(OVERTAKEN_PAUSE * attempt)
             waiting, seq = await self.bus.waiting(schedule)
             if _another_chains(waiting, event):
                 return
