@@ -555,6 +555,34 @@ async def test_opted_out_accounts_leave_no_trace_in_any_table_or_event(
     assert crawled == []
 
 
+async def test_an_account_that_opts_out_later_has_its_earlier_shares_withdrawn(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    async with fediverse(stack, state_dir, posts=30) as setup:
+        instance = setup.instance
+        await follow_by_nats(stack, setup.origin)
+        await wait_for_everything_shared(engine, setup)
+        rows = await query(engine, "SELECT account, url, post_uri FROM page_shares")
+        local = [r.account for r in rows if r.account.endswith(f"@{instance.host}")]
+        account = max(set(local), key=local.count)  # the one who shared most
+        others = {(r.url, r.post_uri) for r in rows if r.account != account}
+        assert others
+
+        # They opt out and post again: the next poll skips the post and says so.
+        instance.opt_out(account.split("@")[0], "indexable")
+        instance.add_post(account.split("@")[0], visibility="public")
+
+        async def theirs() -> int:
+            setup.local.check_alive()
+            found = await query(
+                engine, "SELECT count(*) AS n FROM page_shares WHERE account = :a", a=account
+            )
+            return int(found[0].n)
+
+        await eventually(theirs, until=lambda n: n == 0, timeout=30, what="their shares gone")
+        assert set(await shares(engine)) == others
+
+
 async def test_post_pages_are_crawled_as_activitystreams_with_title_language_and_keywords(
     stack: StackUrls, engine: AsyncEngine, state_dir: Path
 ) -> None:

@@ -48,7 +48,13 @@ from trove_sandbox.fediverse import (
     Status,
     serve_instance,
 )
-from trove_schema.events import CrawlOutcome, SharedPost, TimelinePolled, TimelinePollRequested
+from trove_schema.events import (
+    CrawlOutcome,
+    SharedPost,
+    TimelinePolled,
+    TimelinePollRequested,
+    account_key,
+)
 from trove_schema.policy import HostPolicy, LearningConfig, observe
 from trove_schema.settings import DiscoverySettings, FetcherSettings
 from trove_schema.urls import canonicalize_or_none
@@ -504,6 +510,36 @@ async def test_opted_out_accounts_leave_no_trace_in_the_event(
             assert f"{acct}@" not in wire
         assert event.skipped >= len(secret)
         assert not {instance.status_uri(s) for s in secret} & set(uris(event))
+
+
+async def test_an_account_that_opts_out_later_is_named_by_its_key_for_its_shares_to_go(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=20, seed=9)
+    async with served(instance) as social:
+        shared = instance.add_post("ada", links=["https://blog.example/a"], visibility="public")
+        polls = poller(client, max_pages=2, page_limit=40)
+        first = await polls.poll(request(social))
+        ada = account_key(f"ada@{social.host}")
+        assert instance.status_uri(shared) in uris(first)
+        # The instance's accounts that opted out from the start are named as well.
+        others = {a.acct for a in instance.accounts if a.local and a.opted_out}
+        assert others
+        assert set(first.withdrawn) == {account_key(f"{a}@{social.host}") for a in others}
+
+        instance.opt_out("ada", "indexable")
+        later = instance.add_post("ada", links=["https://blog.example/b"], visibility="public")
+        instance.add_post("ada", visibility="public")  # the key is said once a poll
+        hidden = instance.add_post("bruno", visibility="unlisted")  # not an opt-out
+        second = await polls.poll(request(social, after=first))
+
+        assert second.outcome is CrawlOutcome.SUCCESS
+        assert second.withdrawn == (ada,)
+        assert instance.status_uri(later) not in uris(second)
+        assert instance.status_uri(hidden) not in uris(second)
+        wire = second.to_wire().decode()
+        assert "ada@" not in wire
+        assert "blog.example/b" not in wire
 
 
 async def test_shared_links_leave_out_mentions_hashtags_the_instance_and_private_addresses(

@@ -30,6 +30,7 @@ from trove_schema.events import (
     Provenance,
     SharedPost,
     TimelinePolled,
+    account_key,
 )
 from trove_schema.migrate import alembic_config, upgrade
 from trove_schema.settings import RecorderSettings
@@ -373,6 +374,32 @@ async def test_a_post_seen_twice_is_one_share_that_keeps_its_earliest_sighting(
 
         rows = await query(engine, "SELECT url, instance, first_seen_at FROM page_shares")
         assert [tuple(r) for r in rows] == [("https://a.example/", INSTANCE, early.completed_at)]
+
+
+async def test_an_account_that_opted_out_has_its_earlier_shares_withdrawn(
+    engine: AsyncEngine,
+) -> None:
+    local, public = follow("local"), follow("public")
+    ada, bruno = "ada@social.example", "bruno@social.example"
+    before = polled(
+        local, 1, post(1, "https://a.example/"), post(2, "https://b.example/", account=bruno)
+    )
+    # Ada opted out since: the next poll skips her posts and names her by her key.
+    withdrawing = polled(local, 2, withdrawn=(account_key(ada), account_key("x@y.example")))
+    # She opts in again, and shares after it: that share is hers to keep, also from a
+    # poll that ended before it and is applied after it (another timeline's).
+    again = polled(local, 3, post(3, "https://c.example/"))
+    late = polled(public, 2, withdrawn=(account_key(ada),))
+    kept = [
+        ("https://b.example/", f"{INSTANCE}/users/ada/statuses/2"),
+        ("https://c.example/", f"{INSTANCE}/users/ada/statuses/3"),
+    ]
+    await project(engine, local, public, before, withdrawing, again, late)
+    assert await shares(engine) == kept
+    # A replay of the record rebuilds the same.
+    await forget(engine)
+    await project_batch(engine, [local, public, before, withdrawing, again, late])
+    assert await shares(engine) == kept
 
 
 async def test_the_tables_do_not_depend_on_how_the_stream_is_cut_into_batches(

@@ -47,7 +47,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticKnownError, core_schema
 
 from trove_schema.errors import MalformedEvent
-from trove_schema.text import Storable, StorableItems, StorableTerms
+from trove_schema.text import Storable, StorableItems, StorableTerms, storable
 
 #: Longest URL Trove accepts anywhere (seeds, links, redirects).
 MAX_URL_LENGTH = 2048
@@ -305,6 +305,19 @@ TimelineName = Annotated[str, Field(pattern=r"^(local|public|tag:[A-Za-z0-9_]{1,
 PostId = Annotated[str, Storable(200)]
 #: Most ids a poll chain carries of the posts it read behind its cursor.
 MAX_RECENT_POSTS = 200
+#: An account's key (``account_key``).
+AccountKey = Annotated[str, Storable(64)]
+#: Most accounts a poll says opted out.
+MAX_WITHDRAWN = 1000
+
+
+def account_key(account: str) -> str:
+    """The key of a fediverse account (``user@instance``) in ``TimelinePolled.withdrawn``:
+    the md5 of the account as a share keeps it, which Postgres computes alike
+    (``md5(account)``). Not a secret (an account is guessed and hashed in no time): it
+    names the account to the record without writing it down."""
+    kept = storable(account, 320).encode("utf-8", "surrogatepass")
+    return hashlib.md5(kept, usedforsecurity=False).hexdigest()
 
 
 class Share(Frozen):
@@ -620,7 +633,8 @@ class TimelinePollRequested(Event):
 
 class SharedPost(Frozen):
     """One public post of a polled timeline and the links it shares (opted-out accounts
-    never appear: they are counted in ``TimelinePolled.skipped`` and nothing else)."""
+    never appear: they are counted in ``TimelinePolled.skipped`` and keyed in its
+    ``withdrawn``)."""
 
     uri: URLText
     url: URLText | None = None
@@ -666,6 +680,9 @@ class TimelinePolled(Event):
     posts: Annotated[tuple[SharedPost, ...], Bounded(1000)] = ()
     #: Posts left out: not public, or their account opted out of search or discovery.
     skipped: int = Field(default=0, ge=0)
+    #: The accounts (``account_key``) whose public posts this poll left out because they
+    #: opted out: the shares of their earlier posts, from before they did, are withdrawn.
+    withdrawn: Annotated[tuple[AccountKey, ...], Bounded(MAX_WITHDRAWN)] = ()
     #: Seconds before the next poll: what the instance asked (Retry-After, or its
     #: rate-limit reset), or how long until the host's lease is free again.
     retry_after: float | None = None

@@ -319,6 +319,8 @@ class PageShare(Base):
         Index(
             "uq_page_shares_url_post_uri", "url", func.md5(literal_column("post_uri")), unique=True
         ),
+        # An account's shares, found by its key when it opted out (0017).
+        Index("ix_page_shares_account_md5", func.md5(literal_column("account"))),
     )
 
 

@@ -53,7 +53,8 @@ poll before the next request, with ``retry_after`` until ``X-RateLimit-Reset``; 
 
 **What is kept.** Public posts only, and none of an account that opted out of search
 or discovery (``indexable: false``, ``noindex: true``, ``discoverable: false``): those
-are counted in ``skipped`` and nothing else about them leaves this module. A kept post
+are counted in ``skipped``, and of the account only its key (``account_key``) leaves
+this module, in ``withdrawn``, so that its earlier shares are withdrawn. A kept post
 gives a ``SharedPost`` whose links are the content's ``<a href>`` and the preview
 card's URL, canonical, without mentions, hashtags, the instance's own pages, non-HTTP
 links or private addresses (unless ``allowed_networks`` opens them).
@@ -114,10 +115,12 @@ from trove_fetcher.nodeinfo import WELL_KNOWN_PATH, Software, document_link, sof
 from trove_schema.events import (
     MAX_RECENT_POSTS,
     MAX_URL_LENGTH,
+    MAX_WITHDRAWN,
     CrawlOutcome,
     SharedPost,
     TimelinePolled,
     TimelinePollRequested,
+    account_key,
     derived_event_id,
 )
 from trove_schema.heuristics import is_challenge
@@ -135,6 +138,8 @@ RequestGate = Callable[[str], AbstractAsyncContextManager[float | None]]
 #: Most posts one ``TimelinePolled`` carries, and links one post (the event's bounds).
 MAX_POSTS = 1000
 MAX_LINKS_PER_POST = 100
+#: What an account's key adds to the event: 32 hex digits, quoted, and a comma.
+WITHDRAWN_KEY_SIZE = 35
 #: The rate limit is nearly spent at this share of it left (or one request).
 LOW_RATE_SHARE = 0.05
 #: Seconds to wait when the rate limit is spent and the instance does not say until
@@ -329,6 +334,8 @@ class Entry:
     id: str | None
     verdict: Literal["kept", "skipped", "malformed"]
     post: SharedPost | None = None
+    #: A public post skipped because its account opted out: the account's key.
+    withdrawn: str | None = None
 
 
 def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -> Entry:
@@ -363,13 +370,16 @@ def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry
         or any(c.isspace() for c in acct)
     ):
         return Entry(post_id, "malformed")
-    if entry.get("visibility") != "public" or entry.get("reblog") is not None or opted_out(account):
+    if entry.get("visibility") != "public" or entry.get("reblog") is not None:
         return Entry(post_id, "skipped")
+    absolute = acct if "@" in acct else f"{acct}@{host}"
+    if opted_out(account):
+        return Entry(post_id, "skipped", withdrawn=account_key(absolute))
     try:
         post = SharedPost(
             uri=uri,
             url=_http_url(entry.get("url")),
-            account=acct if "@" in acct else f"{acct}@{host}",
+            account=absolute,
             shared_at=_created_at(entry.get("created_at")),
             language=_language(entry.get("language")),
             links=shared_links(entry, host=host, allowed_networks=allowed_networks),
@@ -616,6 +626,8 @@ class _Progress:
     posts: list[SharedPost] = field(default_factory=list)
     size: int = 0
     skipped: int = 0
+    #: Keys of the accounts whose public posts were skipped because they opted out.
+    withdrawn: dict[str, None] = field(default_factory=dict)
     malformed: int = 0
     requests: int = 0
     pages: int = 0
@@ -690,6 +702,16 @@ class _Progress:
         if key > id_key(self.cursor):
             return True
         return self.floor is not None and key[0] == 0 and key[1] > self.floor
+
+    def withdraw(self, key: str) -> None:
+        """Say that the account of ``key`` opted out, if the event has room for it (a key
+        left out is said again at the account's next post a poll skips)."""
+        if key in self.withdrawn or len(self.withdrawn) >= MAX_WITHDRAWN:
+            return
+        if self.size + WITHDRAWN_KEY_SIZE > self.budget:
+            return
+        self.withdrawn[key] = None
+        self.size += WITHDRAWN_KEY_SIZE
 
     def add(self, post: SharedPost) -> bool:
         """Keep ``post`` if the event has room for it; False (and ``full``) when not.
@@ -1290,6 +1312,8 @@ class TimelinePoller:
                     break
             elif entry.verdict == "skipped":
                 progress.skipped += 1
+                if entry.withdrawn is not None:
+                    progress.withdraw(entry.withdrawn)
             else:
                 progress.malformed += 1
             progress.seen.add(entry.id)
@@ -1533,6 +1557,7 @@ class TimelinePoller:
                 more=progress.more and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
+                withdrawn=() if failed else tuple(progress.withdrawn),
                 # What cut a poll short after it read on still tells of the host: its
                 # posts are kept, and the host is judged by the answer as after a failure.
                 stopped_by=None if failed or stop is None else stop.outcome,

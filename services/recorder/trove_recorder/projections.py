@@ -349,6 +349,25 @@ async def _timeline_polled(tx: Transaction, event: TimelinePolled) -> None:
     if follow_id is not None:
         await _count_poll(tx, event, follow_id)
     await _page_shares(tx, event)
+    await _withdraw_shares(tx, event)
+
+
+async def _withdraw_shares(tx: Transaction, event: TimelinePolled) -> None:
+    """The shares of the accounts this poll found opted out, first seen before it ended:
+    a person who opts out later is not kept as having shared what they shared before.
+
+    Stream order holds within a batch only: a poll that showed such a share, applied
+    after this one (handed back, or on the other recorder at the same time), writes it
+    again, until a poll next skips a post of the account and withdraws it once more."""
+    if not event.withdrawn:
+        return
+    await tx.execute(
+        _sql(
+            "DELETE FROM page_shares WHERE md5(account) = ANY(CAST(:keys AS text[])) "
+            "AND first_seen_at <= :at"
+        ),
+        {"keys": sorted(set(event.withdrawn)), "at": event.completed_at},
+    )
 
 
 async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UUID) -> None:
