@@ -21,6 +21,7 @@ from trove_schema.urls import (
     SESSION_PARAMETERS,
     TRACKING_PARAMETERS,
     canonicalize,
+    canonicalize_or_none,
     domain_of,
     is_private_host,
     registrable_domain,
@@ -643,6 +644,42 @@ def test_the_fast_path_agrees_with_the_full_canonicalization() -> None:
         accepted += 1
         assert normalize._canonicalize(url, base=None, max_length=MAX_URL_LENGTH) == url, url
     assert accepted > 300  # the generator does reach the fast path
+
+
+def test_the_fast_paths_agree_on_queries_and_fragments() -> None:
+    """A plain query the fast path accepts is one the long way keeps as it is, and a
+    fragment after a canonical URL is only dropped: both ways give the same URL, or
+    refuse it alike."""
+    rng = random.Random(20261130)
+    hosts = ["example.org", "blog.example.co.uk", "EXAMPLE.org", "1.2.3.4", "x.example:8080"]
+    paths = ["", "/", "/a", "/a/", "/a/b.html", "/.x", "/a//b", "/a/./b", "/%41"]
+    names = [
+        "a", "b", "A", "B", "_", "page", "p", "s", "sid", "SID", "utm_source", "UTM_x",
+        "fbclid", "aspsessionidx", "q", "a.b", "~", "-", "", "%41", "a b", "é",
+    ]  # fmt: skip
+    values = [
+        "", "1", "x", "a+b", "a b", "%2F", "%7e", "a=b", "/path", "http://x.example/?y",
+        "0123456789abcdef0123456789abcdef", "(x)", "a,b", "a;b", "@", "'", "*", "é", "[x]",
+    ]  # fmt: skip
+    fragments = ["", "#", "#f", "#!x", "#a#b", "#a b", "# ", "#\t", "#?q", "#" + "x" * 9000]
+    fast = 0
+    for _ in range(40000):
+        query = "&".join(
+            rng.choice(names) + rng.choice(["", "=", "=" + rng.choice(values)])
+            for _ in range(rng.randint(0, 4))
+        )
+        url = f"https://{rng.choice(hosts)}{rng.choice(paths)}"
+        url += rng.choice(["", "?", "?" + query, "?" + query]) + rng.choice(fragments)
+        try:
+            expected: str | None = normalize._canonicalize(
+                url, base=None, max_length=MAX_URL_LENGTH
+            )
+        except InvalidURL:
+            expected = None
+        if normalize.already_canonical(url.partition("#")[0]):
+            fast += 1
+        assert canonicalize_or_none(url) == expected, url
+    assert fast > 3000  # the generator does reach the fast paths
 
 
 def test_the_fast_host_agrees_with_urlsplit() -> None:

@@ -132,10 +132,13 @@ _BEFORE_QUERY_RE = re.compile(r"[^?#]*")
 
 #: URLs that are canonical as they stand: plain http(s), a lower-case ASCII host whose last
 #: label starts with a letter (so not a numeric IPv4 spelling) and no label is punycode,
-#: an explicit non-default port at most, and a path of unreserved characters with no
-#: empty, "." or ".." segment, no query, no fragment. Most links on the small web look
+#: an explicit non-default port at most, a path of unreserved characters with no empty,
+#: "." or ".." segment, a plain query at most, no fragment. Most links on the small web look
 #: like this; canonicalizing them the long way cost ~50 us each, a third of a fetcher's
 #: CPU per page (measured by bench/bench_fetcher.py with py-spy).
+#: Possessive: a name never holds "=" or "&", a value never "&", so nothing is given
+#: back, and a long query that fails is read once.
+_PLAIN_PARAMETER = r"[A-Za-z0-9._~-]++(?:=[A-Za-z0-9._~+,:/@!$'()*;-]*+)?+"
 _CANONICAL_RE = re.compile(
     r"(?P<scheme>https?)://"
     r"(?P<host>(?:(?!xn--)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*"
@@ -143,6 +146,10 @@ _CANONICAL_RE = re.compile(
     r"(?::(?P<port>[1-9][0-9]{0,4}))?"
     r"(?P<path>(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*|/\.[A-Za-z0-9_~-][A-Za-z0-9._~-]*"
     r"|/\.\.[A-Za-z0-9._~-]+)*/?)"
+    # A query of parameters named in unreserved characters, whose values hold only what
+    # url-normalize leaves as it is (no "%", no "="): canonical when no parameter is one
+    # to drop and they are in order already (``_query_canonical``).
+    rf"(?:\?(?P<query>{_PLAIN_PARAMETER}(?:&{_PLAIN_PARAMETER})*+))?"
 )
 
 
@@ -152,6 +159,9 @@ def already_canonical(url: str, max_length: int = MAX_URL_LENGTH) -> bool:
         return False
     match = _CANONICAL_RE.fullmatch(url)
     if match is None or not match.group("path") or len(match.group("host")) > 253:
+        return False
+    query = match.group("query")
+    if query is not None and not _query_canonical(query):
         return False
     port = match.group("port")
     if port is None:
@@ -182,9 +192,36 @@ def canonicalize(url: str, *, base: str | None = None, max_length: int = MAX_URL
     Raises InvalidURL, whose ``reason`` says why, for anything Trove will not crawl.
     Idempotent: ``canonicalize(canonicalize(u)) == canonicalize(u)``.
     """
-    if base is None and already_canonical(url, max_length):
-        return url
+    if base is None:
+        if already_canonical(url, max_length):
+            return url
+        # A canonical URL with a fragment (``#comments``, a skip link's ``#content``:
+        # a tenth of a blog's links) is that URL: the long way drops the fragment
+        # before anything else reads the URL, and refuses only an input this long.
+        head, hashmark, _ = url.partition("#")
+        if (
+            hashmark
+            and len(url) <= _INPUT_SLACK * max_length
+            and already_canonical(head, max_length)
+        ):
+            return head
     return _canonicalize(url, base=base, max_length=max_length)
+
+
+def _query_canonical(query: str) -> bool:
+    """Whether ``_clean_query`` keeps ``query`` (a ``_CANONICAL_RE`` query) as it is: no
+    parameter to drop (nor one dropped for its value) and the names in order."""
+    last = ""
+    for parameter in query.split("&"):
+        name, _, value = parameter.partition("=")
+        lowered = name.lower()
+        if lowered in _DROP_PARAMETERS or lowered.startswith(_DROP_PREFIXES) or name < last:
+            return False
+        session = SESSION_VALUES.get(lowered)
+        if session is not None and session.match(value):
+            return False
+        last = name
+    return True
 
 
 def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
