@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
+from urllib.parse import urlsplit
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trove_discovery import traps
 from trove_discovery.traps import url_trap_reason
 
 
@@ -79,3 +82,24 @@ def test_a_path_is_a_trap_exactly_when_one_segment_repeats_past_the_limit(
     most = max(Counter(segments).values(), default=0)
     found = trap("https://example.org/" + "/".join(segments), repetitions=repetitions)
     assert (found is not None) == (most > repetitions)
+
+
+def test_the_plain_url_shortcut_reads_what_urlsplit_reads() -> None:
+    """Where the shortcut reads a URL's path and query, urlsplit reads the same ones."""
+    rng = random.Random(20261130)
+    pieces = [
+        "http://", "https://", "HTTP://", "a", "b.example", ":80", "@", "[", "]", "/", "//",
+        "?", "#", "&", "=", "\t", "\n", "\r", " ", "%2F", ";", "é", ".", "..", "\x00", "\\",
+    ]  # fmt: skip
+    plain = 0
+    for _ in range(50000):
+        url = rng.choice(["http://", "https://", ""]) + "".join(
+            rng.choices(pieces, k=rng.randint(0, 10))
+        )
+        match = traps._PLAIN_URL.match(url) if url.isascii() else None
+        if match is None:
+            continue
+        plain += 1
+        parts = urlsplit(url)
+        assert (match.group(1) or "", match.group(2) or "") == (parts.path, parts.query), url
+    assert plain > 5000  # the generator does reach the shortcut

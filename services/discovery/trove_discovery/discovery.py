@@ -61,6 +61,7 @@ from trove_schema.events import (
     Provenance,
     RequestReason,
     Scope,
+    ScopeKind,
     SeedRejected,
     decode_event,
     derived_event_id,
@@ -307,22 +308,36 @@ class Discovery:
         known: set[str] = set()
         outgoing: list[PageDiscovered] = []
         taken = 0
+        settings = self.settings
+        exclusions = self.exclusions
+        # Judged once a host for the page (most of its links name its own host or a
+        # few others): whether the host may be discovered at all (not excluded, no
+        # private address), and whether it is in the page's scope, for a scope that
+        # only asks for the host (``in_scope``). Rules listed while the page is handled
+        # apply from its next page, as they would had they come a moment later.
+        admitted: dict[str, bool] = {}
+        inside: dict[str, bool] = {}
+        scoped_by_host = event.scope.kind in (ScopeKind.HOST, ScopeKind.DOMAIN)
         for link in followable:
-            if taken >= self.settings.max_links_per_page:
+            if taken >= settings.max_links_per_page:
                 break
             if link.kind not in FOLLOWED_KINDS:
                 continue
-            if link.nofollow and not self.settings.follow_nofollow:
+            if link.nofollow and not settings.follow_nofollow:
                 continue
             try:
                 host = domain_of(link.url)
             except InvalidURL:
                 continue  # not from the fetcher, which canonicalizes every link
-            if self.exclusions and self.exclusions.covering(host):
-                continue
-            # As a seed or a shared link would be: the fetcher refuses the address anyway,
-            # and each such page would be a failure retried and rechecked for weeks.
-            if is_private_host(host, self.settings.allowed_networks, self.settings.nat64_prefixes):
+            admit = admitted.get(host)
+            if admit is None:
+                # As a seed or a shared link would be: the fetcher refuses the address
+                # anyway, and each such page would be a failure retried and rechecked
+                # for weeks.
+                admit = admitted[host] = not (
+                    exclusions and exclusions.covering(host)
+                ) and not is_private_host(host, settings.allowed_networks, settings.nat64_prefixes)
+            if not admit:
                 continue
             # Before the seen check: an alias spelling is never discovered as a page.
             url = await self._alias_target(link.url)
@@ -335,8 +350,17 @@ class Discovery:
             if same_page and event.scope.same_page_hops >= MAX_SAME_PAGE_HOPS:
                 same_page = False  # a chain of names without end takes a step of depth
             depth = event.depth if same_page else event.depth + 1
-            if not same_page and not follow_link(url, depth=event.depth, scope=event.scope):
-                continue
+            if not same_page:
+                if scoped_by_host and url == link.url:  # its host is ``host``: judged once
+                    follows = inside.get(host)
+                    if follows is None:
+                        follows = inside[host] = follow_link(
+                            url, depth=event.depth, scope=event.scope
+                        )
+                else:
+                    follows = follow_link(url, depth=event.depth, scope=event.scope)
+                if not follows:
+                    continue
             scope = event.scope
             if same_page and not in_scope(url, scope):
                 # A page named directly (depth 0) is crawled where it answers.
@@ -350,8 +374,8 @@ class Discovery:
                 scope = scope.model_copy(update={"same_page_hops": hops})
             if url_trap_reason(
                 url,
-                max_length=self.settings.max_url_length,
-                max_path_repetitions=self.settings.max_path_repetitions,
+                max_length=settings.max_url_length,
+                max_path_repetitions=settings.max_path_repetitions,
             ):
                 continue
             if url in candidates or url in known:

@@ -9,6 +9,7 @@ after month with URLs that each look fine.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from urllib.parse import urlsplit
 
@@ -16,6 +17,14 @@ from urllib.parse import urlsplit
 MAX_PATH_SEGMENTS = 30
 #: More query parameters than this is a trap (faceted search run wild).
 MAX_QUERY_PARAMETERS = 20
+
+#: The path and query of an ASCII http(s) URL as urlsplit reads them, without its cost
+#: (~2.5 us a link not in its cache, which every link of a page is): a lower-case
+#: scheme, an authority without brackets, no tab or newline (which urlsplit drops).
+#: Any other goes to urlsplit.
+_PLAIN_URL = re.compile(
+    r"https?://[^/?#\[\]\t\r\n]*+(/[^?#\t\r\n]*+)?+(?:\?([^#\t\r\n]*+))?+(?:#[^\t\r\n]*+)?+\Z"
+)
 
 
 def url_trap_reason(
@@ -34,10 +43,14 @@ def url_trap_reason(
     """
     if len(url) > max_length:
         return f"URL longer than {max_length} characters"
-    try:
-        _scheme, _netloc, path, query, _fragment = urlsplit(url)
-    except ValueError:
-        return "unparsable URL"
+    plain = _PLAIN_URL.match(url) if url.isascii() else None
+    if plain is not None:
+        path, query = plain.group(1) or "", plain.group(2) or ""
+    else:
+        try:
+            _scheme, _netloc, path, query, _fragment = urlsplit(url)
+        except ValueError:
+            return "unparsable URL"
     segments = [segment for segment in path.split("/") if segment]
     if len(segments) > max_path_segments:
         return f"{len(segments)} path segments (more than {max_path_segments})"
