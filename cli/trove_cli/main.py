@@ -13,10 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.errors
@@ -870,8 +871,41 @@ def _settings_problem(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM and SIGHUP stop the stack like Ctrl-C does
+class _Stops:
+    """SIGTERM and SIGHUP stop a command as Ctrl-C does.
+
+    An async command's task is cancelled, as asyncio does on Ctrl-C, so that each part
+    stops in turn (the crawl's clients close, then its stack stops); a second signal
+    raises at once. A ``KeyboardInterrupt`` raised wherever the signal landed could land
+    inside a client's own task (nats-py's reader, say), whose work the stopping then
+    waited for in vain: `trove crawl` stopped its stack and hung."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[int] | None = None
+        self.count = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.count += 1
+        task = self.task
+        if task is None or task.done() or self.count > 1:
+            raise KeyboardInterrupt
+        task.cancel()
+        task.get_loop().call_soon_threadsafe(lambda: None)  # the loop may be asleep
+
+    async def run(self, command: Coroutine[Any, Any, int]) -> int:
+        """``command`` as the task a signal cancels; 130 when one did, as on Ctrl-C."""
+        self.task = asyncio.current_task()
+        try:
+            return await command
+        except asyncio.CancelledError:
+            if self.count:
+                return 130
+            raise
+        finally:
+            self.task = None
+
+
+_stops = _Stops()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -882,10 +916,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = argparse.Namespace(command="sandbox", rest=argv[1:])
     else:
         args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, _stops)
     # The terminal closed (an SSH session dropped): the services run in sessions of
     # their own, which the hangup does not reach, so the stack is stopped as on Ctrl-C.
-    signal.signal(signal.SIGHUP, _interrupt)
+    signal.signal(signal.SIGHUP, _stops)
     try:
         check_environment()
         settings = CommonSettings()
@@ -904,7 +938,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "exclusions": cmd_exclusions,
         }
         if args.command in commands:
-            return asyncio.run(commands[args.command](args, settings))
+            return asyncio.run(_stops.run(commands[args.command](args, settings)))
         sync = {"up": cmd_up, "migrate": cmd_migrate, "sandbox": cmd_sandbox, "replay": cmd_replay}
         return sync[args.command](args, settings)
     except TroveError as exc:  # as text: a server's log lines ("[123] LOG: ...") are no markup
