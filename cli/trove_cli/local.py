@@ -68,6 +68,9 @@ class LocalTrove:
     own_lifeline: bool = field(default=False, init=False)
     #: Each process's TROVE_HTTP_PORT, when one is set (``http_ports``).
     ports: dict[str, int] = field(default_factory=dict, init=False)
+    #: One stop at a time: a stop in a thread (``trove crawl``'s) and the one ``atexit``
+    #: runs when signals cut the process short would otherwise stop the same children.
+    stopping: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def start(self) -> LocalTrove:
         self.ports = http_ports(
@@ -165,7 +168,7 @@ class LocalTrove:
         # Not to be cut short: a second Ctrl-C while the services finish their requests
         # would leave nats-server, Postgres and the rest running, with nothing to stop
         # them (they run in sessions of their own).
-        with _signals_held():
+        with _signals_held(), self.stopping:
             # First the watch, so that nothing stopped below is started again.
             if self.supervisor is not None:
                 self.supervisor.stop()

@@ -908,6 +908,16 @@ class _Stops:
 _stops = _Stops()
 
 
+def take_signals() -> None:
+    """SIGTERM, and SIGHUP (a closed terminal, an SSH session dropped: the services run
+    in sessions of their own, which the hangup does not reach), stop the command as
+    Ctrl-C does; one the process was started ignoring (``nohup``) stays ignored, as
+    Python leaves an ignored SIGINT."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stops)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["sandbox"]:
@@ -916,10 +926,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = argparse.Namespace(command="sandbox", rest=argv[1:])
     else:
         args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _stops)
-    # The terminal closed (an SSH session dropped): the services run in sessions of
-    # their own, which the hangup does not reach, so the stack is stopped as on Ctrl-C.
-    signal.signal(signal.SIGHUP, _stops)
+    take_signals()
     try:
         check_environment()
         settings = CommonSettings()

@@ -9,15 +9,19 @@ import asyncio
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from trove_cli.local import LocalTrove
 
 # A command whose client has a task of its own, busy nearly all the time (a signal lands
 # there), which its closing needs: as nats-py's close needs its reader and flusher.
 COMMAND = """
 import asyncio, signal, sys, time
-from trove_cli.main import _stops
+from trove_cli.main import _stops, take_signals
 
 async def command() -> int:
     stop, closed = asyncio.Event(), asyncio.Event()
@@ -41,22 +45,25 @@ async def command() -> int:
         print("closed", flush=True)
     return 0
 
-signal.signal(signal.SIGTERM, _stops)
-signal.signal(signal.SIGHUP, _stops)
+take_signals()
 sys.exit(asyncio.run(_stops.run(command())))
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-async def test_a_command_stopped_by_a_signal_lets_its_clients_close(signum: int) -> None:
+async def python(script: str) -> asyncio.subprocess.Process:
     roots = [str(Path(__file__).resolve().parents[2] / "cli"), os.environ.get("PYTHONPATH", "")]
-    proc = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        COMMAND,
+        script,
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, roots))},
     )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_a_command_stopped_by_a_signal_lets_its_clients_close(signum: int) -> None:
+    proc = await python(COMMAND)
     assert proc.stdout is not None
     try:
         assert await asyncio.wait_for(proc.stdout.readline(), timeout=30) == b"ready\n"
@@ -68,3 +75,55 @@ async def test_a_command_stopped_by_a_signal_lets_its_clients_close(signum: int)
             await proc.wait()
     assert printed == b"closed\n"
     assert proc.returncode == 130
+
+
+async def test_a_hangup_the_command_was_started_ignoring_stays_ignored() -> None:
+    # `nohup trove up &` over SSH, then the session ends: the stack goes on.
+    script = (
+        "import signal\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "from trove_cli.main import _stops, take_signals\n"
+        "take_signals()\n"
+        "print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN,"
+        " signal.getsignal(signal.SIGTERM) is _stops)\n"
+    )
+    proc = await python(script)
+    printed, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert printed == b"True True\n"
+
+
+class SlowToStop:
+    """A service process that takes a moment to stop, counting who stops it at once."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.stopping = 0
+        self.most = 0
+        self.stops = 0
+
+    def stop(self, timeout: float) -> None:
+        self.stopping += 1
+        self.most = max(self.most, self.stopping)
+        time.sleep(0.2)  # the pause a stopping service plays
+        self.stops += 1
+        self.stopping -= 1
+
+
+def test_two_stops_of_a_stack_at_once_stop_it_once(tmp_path: Path) -> None:
+    # Signals that cut the process short while `trove crawl` stops its stack in a thread:
+    # atexit's stop runs beside it.
+    local = LocalTrove(state_dir=tmp_path)
+    service = SlowToStop()
+    local.children.append(service)  # type: ignore[arg-type]
+    both = threading.Barrier(2)
+
+    def stop() -> None:
+        both.wait(timeout=10)
+        local.stop()
+
+    other = threading.Thread(target=stop)
+    other.start()
+    stop()
+    other.join(timeout=10)
+    assert (service.stops, service.most) == (1, 1)
