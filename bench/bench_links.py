@@ -15,42 +15,23 @@ a page. Both must give the same URLs and verdicts (said when they do not).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in ("services/discovery", "libs/schema"):
+for path in ("", "services/discovery", "libs/schema"):
     sys.path.insert(0, str(ROOT / path))
 
+from bench._baseline import module_at  # noqa: E402
 from trove_discovery import traps  # noqa: E402
 from trove_schema import urls  # noqa: E402
 
 HOST = "blog.example.org"
-
-
-def baseline(revision: str, module: str, name: str) -> ModuleType:
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{revision}:{module}"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / f"{name}.py"
-    path.write_bytes(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded  # dataclasses look their module up there
-    spec.loader.exec_module(loaded)
-    return loaded
 
 
 def page_links(page: int) -> list[str]:
@@ -83,8 +64,8 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=300, help="pages a run")
     parser.add_argument("--runs", type=int, default=7, help="runs of each, medians kept")
     args = parser.parse_args()
-    old_urls = baseline(args.baseline, "libs/schema/trove_schema/urls.py", "urls_baseline")
-    old_traps = baseline(args.baseline, "services/discovery/trove_discovery/traps.py", "traps_b")
+    old_urls = module_at(args.baseline, "libs/schema/trove_schema/urls.py", "urls_baseline")
+    old_traps = module_at(args.baseline, "services/discovery/trove_discovery/traps.py", "traps_b")
     pages = [page_links(n) for n in range(args.pages)]
     canonical = [[u for u in map(urls.canonicalize_or_none, links) if u] for links in pages]
 

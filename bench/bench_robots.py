@@ -11,44 +11,25 @@ host. This times it for hostile files and an ordinary one, with the working tree
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import random
 import string
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in ("services/fetcher", "libs/schema"):
+for path in ("", "services/fetcher", "libs/schema"):
     sys.path.insert(0, str(ROOT / path))
 
+from bench._baseline import module_at  # noqa: E402
 from trove_fetcher import robots as current  # noqa: E402
 
 MODULE = "services/fetcher/trove_fetcher/robots.py"
 SITE = "http://h.test"
 MANY_PARAMETERS = f"{SITE}/s/search?" + "&".join(f"p{n:02d}=v" for n in range(20))
 PLAIN_URL = f"{SITE}/page/zz"
-
-
-def baseline(revision: str) -> ModuleType:
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{revision}:{MODULE}"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "robots_baseline.py"
-    path.write_bytes(source)
-    spec = importlib.util.spec_from_file_location("robots_baseline", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def files() -> dict[str, bytes]:
@@ -109,7 +90,7 @@ def main() -> None:
     parser.add_argument("--baseline", default="HEAD", help="git revision to compare with")
     parser.add_argument("--runs", type=int, default=3, help="runs of each, medians kept")
     args = parser.parse_args()
-    old = baseline(args.baseline)
+    old = module_at(args.baseline, MODULE, "robots_baseline")
     print(f"baseline {args.baseline}; CPU ms, medians of {args.runs} runs alternating")
     print(f"{'file':22} {'parse+1st':>20} {'20-param URL':>22} {'plain URL':>18}  allowed")
     for name, body in files().items():
