@@ -68,11 +68,17 @@ class LocalTrove:
     own_lifeline: bool = field(default=False, init=False)
     #: Each process's TROVE_HTTP_PORT, when one is set (``http_ports``).
     ports: dict[str, int] = field(default_factory=dict, init=False)
-    #: One stop at a time: a stop in a thread (``trove crawl``'s) and the one ``atexit``
-    #: runs when signals cut the process short would otherwise stop the same children.
-    stopping: threading.Lock = field(default_factory=threading.Lock, init=False)
+    #: A start or a stop at a time: signals that cut the process short while the stack
+    #: starts or stops in a thread (``trove crawl``'s) have ``atexit`` stop it beside that
+    #: thread, which stopped nothing yet started (its servers then ran on, unwatched) or
+    #: the same children twice at once. Re-entrant: a start that fails stops.
+    turn: threading.RLock = field(default_factory=threading.RLock, init=False)
 
     def start(self) -> LocalTrove:
+        with self.turn:
+            return self._start()
+
+    def _start(self) -> LocalTrove:
         self.ports = http_ports(
             self.process_names(), {**os.environ, **self.service_env}.get("TROVE_HTTP_PORT", "")
         )
@@ -168,7 +174,7 @@ class LocalTrove:
         # Not to be cut short: a second Ctrl-C while the services finish their requests
         # would leave nats-server, Postgres and the rest running, with nothing to stop
         # them (they run in sessions of their own).
-        with _signals_held(), self.stopping:
+        with _signals_held(), self.turn:
             # First the watch, so that nothing stopped below is started again.
             if self.supervisor is not None:
                 self.supervisor.stop()

@@ -441,8 +441,10 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
         )
         console.print(f"starting Trove (state in {state_dir}) ...")
         await left_behind_stopped(state_dir, say=console.print)
-        await asyncio.to_thread(local.start)
         try:
+            # Stopped whatever ends the crawl, a signal while the stack starts too: the
+            # stop waits for the start's thread (``LocalTrove.turn``).
+            await asyncio.to_thread(local.start)
             nats_shown, db_shown = shown(local.stack.nats_url), shown(local.stack.database_url)
             console.print(Text(f"NATS {nats_shown}   Postgres {db_shown}"))
             console.print(Text("seeds: " + ", ".join(seeds)))

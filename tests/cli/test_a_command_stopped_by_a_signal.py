@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from trove_cli import local as local_module
 from trove_cli.local import LocalTrove
 
 # A command whose client has a task of its own, busy nearly all the time (a signal lands
@@ -127,3 +128,39 @@ def test_two_stops_of_a_stack_at_once_stop_it_once(tmp_path: Path) -> None:
     stop()
     other.join(timeout=10)
     assert (service.stops, service.most) == (1, 1)
+
+
+def test_a_stack_stopped_while_it_starts_is_stopped_once_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Signals while `trove crawl` starts its stack in a thread: the stop atexit runs
+    # stopped nothing, the stack not made yet, and its servers ran on, unwatched.
+    starting, started = threading.Event(), threading.Event()
+    stops: list[str] = []
+
+    class SlowToStart:
+        """A stack that takes a while to start (its servers coming up)."""
+
+        def __init__(self, **settings: object) -> None:
+            self.nats_url, self.database_url = "nats://127.0.0.1:1", "postgresql://127.0.0.1:1/x"
+
+        def start(self) -> SlowToStart:
+            starting.set()
+            assert started.wait(timeout=10)
+            return self
+
+        def stop(self) -> None:
+            stops.append("stack")
+
+    monkeypatch.setattr(local_module, "Stack", SlowToStart)
+    monkeypatch.setattr(local_module, "upgrade", lambda url: None)
+    local = LocalTrove(state_dir=tmp_path, services=())
+    starting_thread = threading.Thread(target=local.start)
+    starting_thread.start()
+    assert starting.wait(timeout=10)
+    stopping = threading.Thread(target=local.stop)
+    stopping.start()
+    started.set()
+    starting_thread.join(timeout=10)
+    stopping.join(timeout=10)
+    assert stops == ["stack"]
