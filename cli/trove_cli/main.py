@@ -896,7 +896,7 @@ class _Stops:
 
     async def run(self, command: Coroutine[Any, Any, int]) -> int:
         """``command`` as the task a signal cancels; 130 when one did, as on Ctrl-C."""
-        self.task = asyncio.current_task()
+        self.task, self.count = asyncio.current_task(), 0
         try:
             return await command
         except asyncio.CancelledError:
