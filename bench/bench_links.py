@@ -3,7 +3,8 @@
 discovery (``trove_discovery.traps.url_trap_reason``).
 
 A blog page's ~100 links as lxml resolves them: its menu, tags and posts, a tenth with
-a fragment (``#comments``) or a plain query (``?p=123``, ``?s=...&paged=2``), images,
+a fragment (``#comments``) or a plain query (``?p=123``, ``?s=...&paged=2``), two
+with tracking parameters (``?utm_source=rss``), images,
 links to other sites, a share link full of escapes. Timed with the working tree's
 modules and, side by side in the same process, the modules as they were at
 ``--baseline`` (a git revision), alternating; medians of ``--runs``, microseconds of CPU
@@ -44,6 +45,7 @@ def page_links(page: int) -> list[str]:
     links += [f"{site}/{2020 + n % 5}/{1 + n % 12:02d}/post-{n}/" for n in posts[:40]]
     links += [f"{site}/{2020 + n % 5}/{1 + n % 12:02d}/post-{n}/#comments" for n in posts[40:]]
     links += [f"{site}/#content", f"{site}/?p={posts[0]}", f"{site}/?s=rust&paged=2"]
+    links += [f"{site}/post-{n}/?utm_source=rss&utm_medium=feed" for n in posts[:2]]
     links += [f"{site}/page/{n}/" for n in range(2, 6)]
     links += [f"{site}/images/photo-{n}.jpg" for n in posts[:10]]
     links += [f"https://other{n % 50}.example.com/post/{n}" for n in posts[:10]]

@@ -155,20 +155,32 @@ _CANONICAL_RE = re.compile(
 
 def already_canonical(url: str, max_length: int = MAX_URL_LENGTH) -> bool:
     """True when ``canonicalize(url)`` would return ``url`` unchanged (a cheap, safe test)."""
+    return _plainly_canonical(url, max_length) == url
+
+
+def _plainly_canonical(url: str, max_length: int) -> str | None:
+    """``canonicalize(url)`` when ``url`` is canonical but for its plain query's
+    parameters to drop (``utm_source``, a session id) or to put in order, worked out
+    without the long way (~55 us); None for any other URL."""
     if len(url) > max_length:
-        return False
+        return None
     match = _CANONICAL_RE.fullmatch(url)
     if match is None or not match.group("path") or len(match.group("host")) > 253:
-        return False
-    query = match.group("query")
-    if query is not None and not _query_canonical(query):
-        return False
+        return None
     port = match.group("port")
-    if port is None:
-        return True
-    number = int(port)
-    default = 80 if match.group("scheme") == "http" else 443
-    return number != default and number <= 65535
+    if port is not None:
+        number = int(port)
+        default = 80 if match.group("scheme") == "http" else 443
+        if number == default or number > 65535:
+            return None
+    query = match.group("query")
+    if query is None or _query_canonical(query):
+        return url
+    # Its values hold nothing url-normalize changes: the long way's query is this one
+    # without the parameters it drops, in order of their names.
+    kept = _clean_query(query)
+    head = url[: match.start("query") - 1]
+    return f"{head}?{kept}" if kept else head
 
 
 def without_userinfo(url: str) -> str:
@@ -193,18 +205,14 @@ def canonicalize(url: str, *, base: str | None = None, max_length: int = MAX_URL
     Idempotent: ``canonicalize(canonicalize(u)) == canonicalize(u)``.
     """
     if base is None:
-        if already_canonical(url, max_length):
-            return url
-        # A canonical URL with a fragment (``#comments``, a skip link's ``#content``:
-        # a tenth of a blog's links) is that URL: the long way drops the fragment
-        # before anything else reads the URL, and refuses only an input this long.
+        # A fragment (``#comments``, a skip link's ``#content``: a tenth of a blog's
+        # links) is only dropped: the long way drops it before anything else reads the
+        # URL, and refuses only an input this long.
         head, hashmark, _ = url.partition("#")
-        if (
-            hashmark
-            and len(url) <= _INPUT_SLACK * max_length
-            and already_canonical(head, max_length)
-        ):
-            return head
+        if not hashmark or len(url) <= _INPUT_SLACK * max_length:
+            plain = _plainly_canonical(head, max_length)
+            if plain is not None:
+                return plain
     return _canonicalize(url, base=base, max_length=max_length)
 
 
