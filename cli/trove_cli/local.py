@@ -237,14 +237,21 @@ def running_stack(state_dir: Path) -> dict[str, str]:
     return {k: v for k, v in data.items() if isinstance(v, str)}
 
 
+def _held(signum: int, frame: object) -> None:
+    """A signal while the stack stops: the stop goes on."""
+
+
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP ignored meanwhile (in the main thread, where they land)."""
+    """Ctrl-C, SIGTERM and SIGHUP without effect meanwhile (in the main thread, where
+    they land). Handled by doing nothing, not ignored: an ignored signal stays ignored
+    across ``exec``, and a service a start in another thread spawned meanwhile (while
+    this stop waits for it) could not be stopped but by SIGKILL, 20 s later."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in held}
+    before = {signum: signal.signal(signum, _held) for signum in held}
     try:
         yield
     finally:

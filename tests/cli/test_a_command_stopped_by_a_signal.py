@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -164,3 +165,22 @@ def test_a_stack_stopped_while_it_starts_is_stopped_once_started(
     starting_thread.join(timeout=10)
     stopping.join(timeout=10)
     assert stops == ["stack"]
+
+
+def test_a_process_started_while_a_stop_holds_the_signals_hears_them() -> None:
+    # atexit's stop waits, signals held, for a start in another thread, which spawns the
+    # services meanwhile: each must still stop on the SIGTERM that stop sends it.
+    with local_module._signals_held():
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        )
+    try:
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        ignored = int(
+            next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+        )
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            assert not ignored & (1 << (signum - 1)), signal.Signals(signum).name
+    finally:
+        child.kill()
+        child.wait(timeout=10)
