@@ -567,6 +567,63 @@ async def test_a_not_modified_recrawl_counts_as_unchanged_and_waits_longer(bus: 
     assert pending.not_before == now + timedelta(hours=2)
 
 
+async def test_a_visit_the_operators_exclusions_refused_keeps_its_chain_and_waits_longer(
+    bus: Bus,
+) -> None:
+    # Ended there, the page's seen key would keep it out of the crawl for a seen TTL
+    # after `trove include`: its chain goes on, learning nothing from the refusal.
+    discovery = await replica(bus, recrawl_after_seconds=3600, recrawl_max_seconds=86_400)
+    now = utcnow()
+    before = ChangeHistory(
+        content_hash="a",
+        visited_at=now - timedelta(hours=1),
+        visits=((3600.0, True),),
+        interval=3600.0,
+    )
+    refused = visited(content_hash=None, history=before, outcome=CrawlOutcome.REJECTED)
+    refused = refused.model_copy(update={"completed_at": now, "excluded": True, "etag": None})
+    await handle(discovery, bus, refused)
+
+    pending = await scheduled_request(bus)
+    assert pending.history is not None
+    assert (pending.history.visits, pending.history.content_hash) == (before.visits, "a")
+    assert pending.history.interval == 7200.0  # a refusal that lasts is asked less often
+    assert pending.not_before == now + timedelta(hours=2)
+    assert (pending.etag, pending.url) == (None, PAGE)
+
+
+async def test_a_page_fetched_before_that_robots_txt_now_refuses_keeps_its_chain(
+    bus: Bus,
+) -> None:
+    discovery = await replica(bus, recrawl_after_seconds=3600, recrawl_max_seconds=86_400)
+    before = ChangeHistory(content_hash="a", visited_at=utcnow(), interval=43_200.0)
+    blocked = visited(content_hash=None, history=before, outcome=CrawlOutcome.BLOCKED_ROBOTS)
+    await handle(discovery, bus, blocked)
+
+    pending = await scheduled_request(bus)
+    assert pending.history is not None
+    assert pending.history.interval == 86_400.0  # grown, up to the longest interval
+
+
+@pytest.mark.parametrize(
+    ("outcome", "excluded", "history"),
+    [
+        # A link robots.txt refused before its page was ever fetched: forgotten in time.
+        (CrawlOutcome.BLOCKED_ROBOTS, False, None),
+        # Rejected for what the page is (not a fetchable URL, a type not parsed).
+        (CrawlOutcome.REJECTED, False, ChangeHistory(content_hash="a", visited_at=utcnow())),
+    ],
+)
+async def test_a_refusal_no_one_may_take_back_ends_the_chain(
+    bus: Bus, outcome: CrawlOutcome, excluded: bool, history: ChangeHistory | None
+) -> None:
+    discovery = await replica(bus)
+    event = visited(content_hash=None, history=history, outcome=outcome)
+    await handle(discovery, bus, event.model_copy(update={"excluded": excluded}))
+
+    assert await pending_request(bus, PAGE) is None
+
+
 async def test_a_page_answering_304_is_read_whole_once_a_seen_ttl_has_passed(
     bus: Bus,
 ) -> None:

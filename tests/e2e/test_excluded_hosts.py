@@ -276,3 +276,50 @@ async def test_a_seed_or_a_follow_right_after_exclude_or_include_is_judged_on_th
     assert [r["reason"] for r in refused_follow["rejected"]] == [reason]
     assert (len(accepted_seed["accepted"]), accepted_seed["rejected"]) == (1, [])
     assert (len(accepted_follow["accepted"]), accepted_follow["rejected"]) == (1, [])
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_included_host_comes_back_at_its_pages_next_visit_without_a_seed(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    """Excluded long enough for every page's visit to come due, then included: each page
+    is crawled again at its next visit, though its seen key (a production-like seen TTL,
+    far longer than the interval) says it is known to any link or plain seed."""
+    refresh = 0.5
+    env = cycle_env(
+        RECRAWL, TROVE_EXCLUSIONS_REFRESH_SECONDS=str(refresh), TROVE_SEEN_TTL_SECONDS="600"
+    )
+    cli = {**os.environ, "TROVE_NATS_URL": stack.nats_url}
+    with LocalServer("127.0.0.10") as gone, LocalServer("127.0.0.11") as kept:
+        gone_urls = site(gone, "curlew")
+        kept_urls = site(kept, "dunlin")
+        async with services(stack, state_dir, env) as local:
+            nc = await nats.connect(stack.nats_url)
+            try:
+                await nc.publish(SEEDS_SUBJECT, f"{kept.url()}\n{gone.url()}".encode())
+                await nc.flush()
+            finally:
+                await nc.close()
+            await searchable(engine, local, {"curlew": gone_urls, "dunlin": kept_urls})
+            code, printed = await run_trove("exclude", gone.ip, env=cli)
+            assert code == 0, printed
+            # Every page's visit came due and was refused: all of them out of the search.
+            await eventually(
+                found(engine, local, "curlew"),
+                until=lambda hits: not hits,
+                timeout=40,
+                what="the excluded site out of the search",
+            )
+            code, printed = await run_trove("include", gone.ip, env=cli)
+            assert code == 0, printed
+            lifted = time.monotonic()
+            await searchable(engine, local, {"curlew": gone_urls})
+        statuses = dict(
+            await query(engine, "SELECT url, status FROM pages WHERE domain = :d", d=gone.ip)
+        )
+
+    assert {s.path for s in gone.seen if s.at >= lifted} >= {
+        "/",
+        *(f"/curlew/{n}" for n in range(PAGES)),
+    }
+    assert statuses == dict.fromkeys(gone_urls, "fetched")

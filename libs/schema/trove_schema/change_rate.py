@@ -203,3 +203,13 @@ def plan_recrawl(
         history, visited_at=visited_at, content_hash=content_hash, not_modified=not_modified
     )
     return updated.model_copy(update={"interval": next_interval(updated, policy)})
+
+
+def plan_refused(history: ChangeHistory | None, policy: RecrawlPolicy) -> ChangeHistory:
+    """The history after a visit refused before the page was asked for (the operator's
+    exclusions, robots.txt): nothing learned about the page, its interval grown by
+    ``growth`` up to the maximum, so that a refusal that lasts costs fewer and fewer
+    visits while the page still comes back within an interval of its lifting."""
+    history = history or ChangeHistory()
+    grown = (history.interval or policy.first) * policy.growth
+    return history.model_copy(update={"interval": min(max(grown, policy.minimum), policy.maximum)})

@@ -555,6 +555,10 @@ class CrawlCompleted(Event):
     shell: bool = False
     #: The request carried validators (If-None-Match / If-Modified-Since).
     conditional: bool = False
+    #: ``rejected`` by the operator's exclusions, before any request: the page's chain
+    #: goes on, each visit refused alike while the rule holds, so that its pages come
+    #: back at their next visit once it is lifted.
+    excluded: bool = False
     #: The page's change history, copied from the request this attempt answered.
     history: ChangeHistory | None = None
 

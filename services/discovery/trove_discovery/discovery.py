@@ -8,7 +8,8 @@ Dedup is a NATS KV bucket shared by all replicas: the first replica to ``create`
 URL's key discovers it; the key holds the id of the discovering event, so the same
 cause delivered again still (re)publishes its event while any other cause is refused.
 
-Re-crawls: each fetched page gets one pending ``CrawlRequested``, scheduled on the
+Re-crawls: each fetched page (and each refused by a choice that may be taken back,
+``refused_unasked``) gets one pending ``CrawlRequested``, scheduled on the
 page's own subject (``page_schedule_subject``), so a newer schedule replaces an older
 one and a page never has two chains. Its interval follows the page's change history,
 which travels in the chain (``trove_schema.change_rate``). Scheduling it also rewrites
@@ -48,7 +49,7 @@ from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
 from trove_schema.bus import Bus, Overtaken, Retry
-from trove_schema.change_rate import RecrawlPolicy, plan_recrawl
+from trove_schema.change_rate import RecrawlPolicy, plan_recrawl, plan_refused
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
     MAX_SAME_PAGE_HOPS,
@@ -237,7 +238,8 @@ class Discovery:
             names.add(alias_of)
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
-        recrawl = again is None and fetched and alias_of == event.url
+        kept = fetched or refused_unasked(event)
+        recrawl = again is None and kept and alias_of == event.url
         try:
             outgoing, held, over_budget = await self._follow(
                 event,
@@ -488,13 +490,16 @@ class Discovery:
         interval; never sent, this one is the page's only request)."""
         # The page's history comes with the event and goes on in the request: the same
         # event always plans the same interval, and no replica keeps state per page.
-        history = plan_recrawl(
-            event.history,
-            visited_at=event.completed_at,
-            content_hash=event.content_hash,
-            not_modified=event.outcome is CrawlOutcome.NOT_MODIFIED,
-            policy=self.recrawl_policy,
-        )
+        if refused_unasked(event):
+            history = plan_refused(event.history, self.recrawl_policy)
+        else:
+            history = plan_recrawl(
+                event.history,
+                visited_at=event.completed_at,
+                content_hash=event.content_hash,
+                not_modified=event.outcome is CrawlOutcome.NOT_MODIFIED,
+                policy=self.recrawl_policy,
+            )
         delay = timedelta(seconds=history.interval or self.settings.recrawl_after_seconds)
         due = event.completed_at + delay
         # A 304 shows no links: a page whose seen key expired (its chain ended) would never
@@ -909,6 +914,23 @@ class _Candidate:
     kind: LinkKind
     probing: tuple[str, list[str]] | None
     scope: Scope
+
+
+def refused_unasked(event: CrawlCompleted) -> bool:
+    """Whether ``event`` is a visit refused before the page was asked for, by a choice
+    that may be taken back: the operator's exclusions, or robots.txt for a page fetched
+    before. Its chain goes on (``plan_refused``), each visit refused alike while the
+    choice holds: ended, the page's seen key would keep it known, to links and to seeds
+    not forced, for up to a seen TTL after it was taken back. A link robots.txt refused
+    before its page was ever fetched ends there, as any new page that could not be:
+    forgotten a seen TTL later, and found again by a link."""
+    if event.outcome is CrawlOutcome.REJECTED:
+        return event.excluded
+    return (
+        event.outcome is CrawlOutcome.BLOCKED_ROBOTS
+        and event.history is not None
+        and event.history.visited_at is not None
+    )
 
 
 def page_redirect(event: CrawlCompleted, *, fetched: bool) -> Link | None:

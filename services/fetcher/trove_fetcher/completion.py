@@ -132,8 +132,10 @@ def rejected(
     strategy: str = "http",
     strategy_reason: str | None = None,
     conditional: bool = False,
+    excluded: bool = False,
 ) -> CrawlCompleted:
-    """The attempt cannot be recorded as it went: ``rejected``, with the reason."""
+    """The attempt cannot be recorded as it went: ``rejected``, with the reason;
+    ``excluded``: by the operator's exclusions (``CrawlCompleted.excluded``)."""
     status = result.status_code if result is not None else None
     return CrawlCompleted(
         **_base(work, strategy, strategy_reason, conditional),
@@ -142,6 +144,7 @@ def rejected(
         error_message=reason[:_REASON_LENGTH],
         started_at=started,
         completed_at=datetime.now(UTC),
+        excluded=excluded,
     )
 
 

@@ -322,8 +322,10 @@ class Fetcher:
         refusal = await self._refusal(job.domain)
         if refusal is not None:
             # Queued or scheduled before the operator excluded the host: recorded without
-            # a request, robots.txt or a lease, so the page leaves the search.
-            await self._complete(job, rejected(job.work, refusal, datetime.now(UTC)))
+            # a request, robots.txt or a lease, so the page leaves the search (and its
+            # chain goes on, to bring it back once the rule is lifted).
+            refused = rejected(job.work, refusal, datetime.now(UTC), excluded=True)
+            await self._complete(job, refused)
             return
         if job.slot is not None:
             early = job.slot - self.clock.now()
