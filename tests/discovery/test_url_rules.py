@@ -19,6 +19,7 @@ from nats.js.errors import KeyNotFoundError
 
 from tests.conftest import StackUrls, eventually
 from tests.discovery.crawl_support import discoveries, handle, seed
+from tests.discovery.test_recrawl import pending_request
 from tests.support import services
 from trove_discovery.discovery import REFUSED, Discovery, _seen_key
 from trove_discovery.url_rules import Holds, UrlRules, record_key
@@ -52,12 +53,14 @@ SCOPE = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=5)
 _ids = itertools.count()
 
 
-async def replica(bus: Bus, *, ttl: float = 5.0, holds: Holds | None = None) -> Discovery:
+async def replica(
+    bus: Bus, *, ttl: float = 5.0, holds: Holds | None = None, **settings: int
+) -> Discovery:
     rules = UrlRules(await bus.js.key_value(URL_RULES_BUCKET), ttl=ttl)
     return Discovery(
         bus=bus,
         seen=await bus.js.key_value(SEEN_BUCKET),
-        settings=DiscoverySettings(),
+        settings=DiscoverySettings(**settings),  # type: ignore[arg-type]
         url_rules=rules,
         holds=holds,
     )
@@ -186,6 +189,54 @@ async def test_a_page_fetched_under_an_alias_is_not_recrawled_under_it(bus: Bus)
     assert page_schedule_subject(SITE + "/p/1?ref=home") in pending  # before: one more fetch
     # Its one spelling is followed instead, like a canonical link.
     assert set(await discovered(bus)) - before == {SITE + "/p/5"}
+
+
+async def test_a_page_under_an_alias_on_a_full_host_moves_its_chain_to_its_one_spelling(
+    bus: Bus,
+) -> None:
+    # Its one spelling is new to the seen set, and the host's budget has no room for a
+    # new page: handed only to the link path, the page had no request left anywhere.
+    discovery = await replica(bus, host_page_budget=1)
+    await learn_ref(discovery, bus)  # /p/2 discovered: the budget is spent
+    before = set(await discovered(bus))
+    alias = page("/p/5?ref=old")
+    await handle(discovery, bus, alias)
+
+    assert set(await discovered(bus)) == before
+    assert await pending_request(bus, alias.url) is None
+    moved = await pending_request(bus, SITE + "/p/5")
+    assert moved is not None
+    assert (moved.url, moved.caused_by, moved.etag) == (SITE + "/p/5", alias.id, None)
+    # Both names hold the page's place: no link brings it in a second time.
+    assert not await discovery._first_sighting(SITE + "/p/5", "a-link-to-it")
+
+
+async def test_a_page_under_an_alias_its_scope_leaves_out_keeps_its_chain_where_it_is(
+    bus: Bus,
+) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    # Seeded with a pattern that names the spellings with ?ref= only.
+    scope = Scope(kind=ScopeKind.PATTERN, value=r"^https://site[.]example/p/[0-9]+[?]ref=")
+    alias = page("/p/6?ref=old").model_copy(update={"scope": scope})
+    await handle(discovery, bus, alias)
+
+    assert SITE + "/p/6" not in await discovered(bus)
+    kept = await pending_request(bus, alias.url)
+    assert kept is not None
+    assert kept.caused_by == alias.id
+
+
+async def test_a_page_under_an_alias_leaves_its_one_spellings_own_chain_alone(bus: Bus) -> None:
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    own = page("/p/4")
+    await handle(discovery, bus, own)
+    await handle(discovery, bus, page("/p/4?ref=old"))
+
+    pending = await pending_request(bus, SITE + "/p/4")
+    assert pending is not None
+    assert pending.caused_by == own.id  # with the history that page's own chain learned
 
 
 async def test_a_seed_is_rewritten_before_the_seen_check(bus: Bus) -> None:

@@ -226,6 +226,7 @@ class Discovery:
         # named in a later release): its chain would otherwise go on beside its twin's.
         alias_of = await self._alias_target(canonicalize_or_none(event.url) or event.url)
         fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
+        folded = again is None and fetched and alias_of != event.url
         redirect = page_redirect(event, fetched=fetched)
         if event.nofollow and not self.settings.follow_nofollow:
             followable = [] if redirect is None else [redirect]
@@ -239,7 +240,8 @@ class Discovery:
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
         kept = fetched or refused_unasked(event)
-        recrawl = again is None and kept and alias_of == event.url
+        recrawl = again is None and kept and not folded
+        lives_at = await self._lives_at(event) if recrawl else event.url
         try:
             outgoing, held, over_budget = await self._follow(
                 event,
@@ -249,22 +251,26 @@ class Discovery:
                 deliveries,
                 # A page that moved is re-crawled where it lives: its canonical or
                 # redirect link there is no new page either.
-                skip={event.url, await self._lives_at(event)} if recrawl else frozenset(),
+                skip={event.url, lives_at} if recrawl else frozenset(),
                 only_held=again is not None,
             )
         except Exception:
-            if recrawl:
+            if recrawl or folded:
                 # The page's chain goes on whatever became of its links. Read whole when
                 # next due: its handling again plans the same request, under the same
                 # id, which the record then drops, so it cannot say its links waited.
                 with contextlib.suppress(Exception):
-                    await self._request_recrawl(event, validators=False)
+                    await self._request_recrawl(
+                        event,
+                        self._fold_home(event, alias_of) if folded else lives_at,
+                        validators=False,
+                    )
             raise
         later = deliveries > 1 and over_budget and fetched and alias_of == event.url
         if recrawl and not later:
             # A page whose links wait for their host's next cycle is read whole when it is
             # next due: answered 304, it would show them no more.
-            await self._request_recrawl(event, validators=not over_budget)
+            await self._request_recrawl(event, lives_at, validators=not over_budget)
         elif later:
             # Links refused on a later delivery (held links, on this replica or another):
             # the request planned the first time may ask with the validators. One that
@@ -272,7 +278,15 @@ class Discovery:
             # first's would be dropped as a copy). The first time may never have come
             # this far (a message handed back unhandled by a stopping pod, a pod gone
             # mid-handling, a schedule that failed): the request goes out regardless.
-            await self._request_recrawl(event, validators=False, after_hold=True)
+            await self._request_recrawl(event, lives_at, validators=False, after_hold=True)
+        elif folded and all(d.url != alias_of for d in outgoing):
+            # Its one spelling was not discovered by that link: known already (its own
+            # chain goes on there, which this leaves alone) or refused (its host's
+            # budget, a pattern scope, a place held by a cause whose chain ended). The
+            # chain moves there as a moved page's does: moved, never ended by a refusal.
+            home = self._fold_home(event, alias_of)
+            validators = home == event.url and not over_budget
+            await self._request_recrawl(event, home, validators=validators)
         if outgoing:
             # Sent together, in order, in one write; each still waits for its PubAck. A
             # failure hands the page back, and its redelivery publishes them all again
@@ -482,9 +496,15 @@ class Discovery:
         return outgoing, held, over_budget or bool(refused)
 
     async def _request_recrawl(
-        self, event: CrawlCompleted, *, validators: bool = True, after_hold: bool = False
+        self,
+        event: CrawlCompleted,
+        lives_at: str | None = None,
+        *,
+        validators: bool = True,
+        after_hold: bool = False,
     ) -> None:
-        """Schedule the page's next visit. ``after_hold``: in place of the one its first
+        """Schedule the page's next visit, where it lives (``_lives_at``, when not given
+        as ``lives_at``). ``after_hold``: in place of the one its first
         round scheduled, under an id of its own; once that is due, under its id instead
         (sent, it drops this one as a copy: a second would fetch the page twice in one
         interval; never sent, this one is the page's only request)."""
@@ -514,7 +534,7 @@ class Discovery:
             read_whole_at = history.read_whole_at
         if (due - read_whole_at).total_seconds() >= self.settings.seen_ttl:
             validators = False
-        url = await self._lives_at(event)
+        url = lives_at or await self._lives_at(event)
         if url != event.url:
             # Read whole where it lives: its content was the old name's row's, and a 304
             # there would leave the page's own row without any.
@@ -580,6 +600,13 @@ class Discovery:
         log.info(
             "a moved page joins the requests written where it moved", extra={"url": request.url}
         )
+
+    @staticmethod
+    def _fold_home(event: CrawlCompleted, spelling: str) -> str:
+        """Where the chain of a page fetched under an alias of ``spelling`` goes on: at
+        ``spelling``, or under the URL it was asked by when its scope (a pattern the
+        rewrite leaves) does not take ``spelling`` in."""
+        return spelling if in_scope(spelling, event.scope) else event.url
 
     async def _lives_at(self, event: CrawlCompleted) -> str:
         """Where the page of ``event`` is re-crawled: its own URL, or where it moved for
