@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import json
 from datetime import UTC, datetime
@@ -199,10 +200,11 @@ async def test_crawl_delay_raises_the_gap_within_the_maximum(bus: Bus) -> None:
     page = await p.acquire("cd.example", 1011.0)
     assert isinstance(page, Deferred)
     assert page.at == pytest.approx(1025.5)
-    # Every pod sees it: another one's lease waits for it too.
+    # Every pod sees it: another one's page, planned before it came, waits for it too,
+    # and takes its place behind the one that took the next slot.
     other = await (await _politeness(bus)).acquire("cd.example", 1011.0, reserved=True)
     assert isinstance(other, Deferred)
-    assert other.at == pytest.approx(1025.5)
+    assert other.at == pytest.approx(1025.5 + 25.0)
 
 
 def test_a_hosts_gap_is_the_largest_crawl_delay_of_its_origins_files_not_expired() -> None:
@@ -420,6 +422,70 @@ async def test_a_paused_hosts_queue_comes_back_spaced_and_is_looked_up_once_a_pa
         assert lookups <= 2 * queue, "the queue is looked up again and again"
 
 
+async def _replay_queue(
+    p: Politeness, host: str, queue: int, *, answer: float, raised_to: float | None = None
+) -> tuple[int, int]:
+    """A host's first request and ``queue`` pages reserved behind it, then each page
+    replayed when it comes due as the fetcher runs it (a wait of up to a second in its
+    task, a longer one a message scheduled again), each answered in ``answer`` seconds;
+    with ``raised_to``, the first answer's robots.txt raises the gap under the queue.
+    How many pages were granted, and how many times one was scheduled again."""
+    ahead = 1.0  # the fetcher's LOCAL_WAIT
+    first = await p.acquire(host, 1000.0, ahead=ahead)
+    assert isinstance(first, Granted)
+    slots = []
+    for n in range(queue):
+        decision = await p.acquire(host, 1000.01 + n * 0.001, ahead=ahead)
+        assert isinstance(decision, Deferred)
+        slots.append(decision.at)
+    delays = (CrawlDelay(f"http://{host}", raised_to, 1e12),) if raised_to else ()
+    end = 1000.0 + answer
+    await p.finish(host, first, end, attempt(host, end=end, duration=answer), delays=delays)
+    pending = [(at, n) for n, at in enumerate(slots)]
+    heapq.heapify(pending)
+    granted = scheduled = 0
+    while pending:
+        at, n = heapq.heappop(pending)
+        decision = await p.acquire(host, at, reserved=True, ahead=ahead)
+        if isinstance(decision, Granted):
+            granted += 1
+            end = decision.start + answer
+            await p.finish(host, decision, end, attempt(host, end=end, duration=answer))
+            continue
+        assert isinstance(decision, Deferred)
+        assert decision.at >= at
+        scheduled += decision.at - at > ahead
+        heapq.heappush(pending, (decision.at, n))
+    return granted, scheduled
+
+
+@pytest.mark.parametrize("queue", [50, 200])
+async def test_a_long_queue_of_a_host_slower_than_its_slots_costs_each_page_a_few_looks(
+    bus: Bus, queue: int
+) -> None:
+    """Every answer takes half a second: slots planned a gap apart from each start fell
+    behind by an answer each, until every page came due before the host was free; all
+    of them were told to come back then, one won, and the rest came back a gap later,
+    again and again (quadratic in the queue: 1,035 schedules for 200 pages)."""
+    p = await _politeness(bus)
+    granted, scheduled = await _replay_queue(p, f"q{queue}.example", queue, answer=0.5)
+    assert granted == queue
+    assert scheduled <= queue // 2
+
+
+@pytest.mark.parametrize("queue", [50, 100])
+async def test_a_gap_raised_under_a_queue_schedules_each_page_once_at_most(
+    bus: Bus, queue: int
+) -> None:
+    # robots.txt's Crawl-delay read again, 10 s to 30 s: 3,423 schedules for 100 pages.
+    p = await _politeness(bus)
+    granted, scheduled = await _replay_queue(
+        p, f"r{queue}.example", queue, answer=0.1, raised_to=30.0
+    )
+    assert granted == queue
+    assert scheduled <= queue
+
+
 async def test_failures_in_a_row_lengthen_the_pause(bus: Bus) -> None:
     p = await _politeness(bus)
     now, pauses = 1000.0, []
@@ -453,7 +519,8 @@ async def test_the_gap_after_a_slow_response_is_longer_and_never_below_the_minim
     assert grant.gap == pytest.approx(slow_gap)
     later = await p.acquire("slow.example", slow.free_at + 1.0)
     assert isinstance(later, Deferred)
-    assert later.at == pytest.approx(slow.free_at + slow_gap)
+    # A gap after the usual answer's end (2 s), as the host will be free.
+    assert later.at == pytest.approx(slow.free_at + slow_gap + 2.0)
 
 
 async def test_the_learned_policy_travels_with_the_lease_to_every_pod(bus: Bus) -> None:
@@ -541,8 +608,9 @@ async def test_a_pod_that_remembers_the_record_reserves_a_slot_in_one_round_trip
     assert kv.calls == ["update"]
     # A reserved message's wait writes nothing: it is decided on what the bucket says.
     kv.calls.clear()
-    again = await p.acquire("one.example", 1005.0, reserved=True)
+    again = await p.acquire("one.example", 1009.5, reserved=True, ahead=1.0)
     assert isinstance(again, Deferred)
+    assert again.at == pytest.approx(1010.0)
     assert kv.calls == ["get"]
 
 

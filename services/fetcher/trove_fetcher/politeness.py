@@ -276,6 +276,11 @@ class Politeness:
                             continue
                         return Moved(origin)
                 gap = self.gap_of(slot)
+                # Slots are planned a gap and the host's usual answer apart: a request's
+                # gap runs from its end, and slots a gap apart from each start fell
+                # behind by an answer each, until every page of a long queue came due
+                # before its host was free.
+                spacing = gap + _usual_answer(slot)
                 # A paused host (``backoff_until``) is refused to every message: its URLs
                 # come back when the pause ends, not one failed request each.
                 # A hold nobody released (its pod died, or lost the broker, or took longer
@@ -293,7 +298,7 @@ class Politeness:
                     hold = start + self.config.request_timeout + HOLD_SLACK
                     slot.busy_until = hold
                     slot.free_at = start + gap
-                    slot.next = max(slot.next, start + gap)
+                    slot.next = max(slot.next, start + spacing)
                     if await self._write(key, slot, revision):
                         return Granted(hold_until=hold, gap=gap, policy=slot.policy, start=start)
                     guess = None
@@ -313,12 +318,19 @@ class Politeness:
                     # worth a look; past that (a slow answer), look again a gap on.
                     if slot.busy_until > now and now >= free:
                         return Deferred(at=now + max(gap, BUSY_RECHECK))
-                    return Deferred(at=free)
-                # The in-flight hold is pessimistic; slots are planned one gap apart and
-                # checked again when they come due. Taking one writes ``next``, so the
+                    # Late by more than ``ahead`` (the host slower than its slots said,
+                    # its gap raised since they were planned): told to come back when the
+                    # host is free, every late page of the queue would meet there, one
+                    # win, and the rest come back a gap later, again and again (n² for
+                    # n pages). Such a page takes a new place behind the queue, as behind
+                    # a pause; one the host is free for within ``ahead`` waits for it.
+                    if free - now <= ahead or not queue:
+                        return Deferred(at=free)
+                # The in-flight hold is pessimistic; slots are planned apart (``spacing``)
+                # and checked again when they come due. Taking one writes ``next``, so the
                 # compare-and-set checks a guess: a current one saves the read.
                 at = max(slot.next, free, now)
-                slot.next = at + gap
+                slot.next = at + spacing
                 if await self._write(key, slot, revision):
                     return Deferred(at=at)
                 guess = None
@@ -441,3 +453,9 @@ class Politeness:
         """A copy of the record as this pod last wrote it, if it remembers one."""
         known = self._written.get(key)
         return None if known is None else (replace(known[0]), known[1])
+
+
+def _usual_answer(slot: DomainSlot) -> float:
+    """Seconds the host's answers usually take (the median its policy keeps), 0 unknown."""
+    response_ms = slot.policy.response_ms
+    return 0.0 if response_ms is None else max(0.0, response_ms) / 1000.0
