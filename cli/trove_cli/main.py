@@ -59,7 +59,7 @@ from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
 from trove_schema.server_time import server_now
-from trove_schema.settings import CommonSettings, check_environment
+from trove_schema.settings import CommonSettings, check_environment, settings_problem
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
     DISCOVERY_LINKS,
@@ -853,26 +853,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-#: Settings whose values are not printed: their URLs carry passwords.
-_SECRET_SETTINGS = frozenset({"TROVE_NATS_URL", "TROVE_DATABASE_URL"})
-
-
-def _settings_problem(exc: pydantic.ValidationError) -> str:
-    """A settings error as the variables the operator set: ``TROVE_REPLICAS='abc': ...``.
-    One about several settings together (a retention against the re-crawls) is its
-    message alone: its input is every setting, passwords included."""
-    parts = []
-    for error in exc.errors():
-        if not error["loc"]:
-            parts.append(error["msg"])
-            continue
-        name = "TROVE_" + "_".join(str(part) for part in error["loc"]).upper()
-        value = error.get("input")
-        shown_value = "" if name in _SECRET_SETTINGS or isinstance(value, dict) else f"={value!r}"
-        parts.append(f"{name}{shown_value}: {error['msg']}")
-    return "; ".join(parts)
-
-
 class _Stops:
     """SIGTERM and SIGHUP stop a command as Ctrl-C does.
 
@@ -971,7 +951,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(Text(f"error: NATS: {type(exc).__name__}: {reason}", "red"))
         return 1
     except pydantic.ValidationError as exc:  # a TROVE_* value that does not parse
-        console.print(Text(f"error: settings: {_settings_problem(exc)}", "red"))
+        console.print(Text(f"error: settings: {settings_problem(exc)}", "red"))
         return 2
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import ssl
+import subprocess
 import sys
 from pathlib import Path
 
@@ -288,3 +289,37 @@ async def test_a_part_that_fails_stops_the_others_before_its_error_ends_the_serv
         await asyncio.wait_for(together(stop, failing(), draining()), timeout=5)
     assert stop.is_set()
     assert finished == ["published"]
+
+
+@pytest.mark.parametrize("service", ["trove_discovery", "trove_fetcher", "trove_recorder"])
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("TROVE_RECRAWL_MAX_SECONDS", "100", "TROVE_RECRAWL_AFTER_SECONDS"),
+        ("TROVE_MIN_DOMAIN_DELAY_SECOND", "3", "did you mean TROVE_MIN_DOMAIN_DELAY_SECONDS?"),
+    ],
+    ids=["refused", "unknown"],
+)
+def test_a_service_given_a_setting_it_refuses_says_which_in_one_line_and_exits_2(
+    service: str, variable: str, value: str, said: str
+) -> None:
+    """As a traceback, a crash-looping pod's log hid the reason in its last line."""
+    env = {
+        key: item
+        for key, item in os.environ.items()
+        if not key.startswith("TROVE_") or key == "TROVE_TEST_STACK"
+    }
+    env[variable] = value
+    ended = subprocess.run(
+        [sys.executable, "-m", service],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = ended.stderr.strip().splitlines()
+    assert ended.returncode == 2, ended.stderr
+    assert len(lines) == 1, ended.stderr
+    assert service.removeprefix("trove_") in lines[0]
+    assert said in lines[0]

@@ -10,11 +10,12 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, TypeVar
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trove_schema.addresses import nat64_prefix
@@ -490,6 +491,44 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             close = difflib.get_close_matches(key.upper(), known, n=1)
             hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
         raise UnknownSetting("unknown Trove setting(s): " + ", ".join(hints))
+
+
+#: Settings whose values are not printed: their URLs carry passwords.
+SECRET_SETTINGS = frozenset({"TROVE_NATS_URL", "TROVE_DATABASE_URL"})
+
+_Settings = TypeVar("_Settings", bound=BaseSettings)
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """A settings error as the variables the operator set: ``TROVE_REPLICAS='abc': ...``.
+    One about several settings together (a retention against the re-crawls) is its
+    message alone: its input is every setting, passwords included."""
+    parts = []
+    for error in exc.errors():
+        if not error["loc"]:
+            parts.append(error["msg"])
+            continue
+        name = PREFIX + "_".join(str(part) for part in error["loc"]).upper()
+        value = error.get("input")
+        shown_value = "" if name in SECRET_SETTINGS or isinstance(value, dict) else f"={value!r}"
+        parts.append(f"{name}{shown_value}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def load_settings(cls: type[_Settings], service: str) -> _Settings:
+    """A service's settings from its environment, or exit 2 with what is wrong in one
+    line on stderr: a value refused, or a TROVE_* name nobody knows. Said as a
+    traceback, the reason was its last line, and a crash-looping pod's log showed little
+    else."""
+    try:
+        check_environment()
+        return cls()
+    except ValidationError as exc:
+        problem = settings_problem(exc)
+    except UnknownSetting as exc:
+        problem = str(exc)
+    print(f"{service}: error: settings: {problem}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _check_schedules_kept(events_max_age: float, delay: float, what: str) -> None:

@@ -7,11 +7,11 @@ from functools import partial
 
 from trove_discovery.app import serve
 from trove_schema.service import run
-from trove_schema.settings import DiscoverySettings
+from trove_schema.settings import DiscoverySettings, load_settings
 
 
 def main() -> int:
-    settings = DiscoverySettings()
+    settings = load_settings(DiscoverySettings, "discovery")
     return run("discovery", settings, partial(serve, settings))
 
 

@@ -7,11 +7,11 @@ from functools import partial
 
 from trove_fetcher.app import serve
 from trove_schema.service import run
-from trove_schema.settings import FetcherSettings
+from trove_schema.settings import FetcherSettings, load_settings
 
 
 def main() -> int:
-    settings = FetcherSettings()
+    settings = load_settings(FetcherSettings, "fetcher")
     return run("fetcher", settings, partial(serve, settings))
 
 

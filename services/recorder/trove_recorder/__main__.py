@@ -14,7 +14,7 @@ from trove_recorder.replay import run_replay, since_of
 from trove_recorder.retries import RetryPolicy
 from trove_schema.policy import LearningConfig
 from trove_schema.service import run
-from trove_schema.settings import RecorderSettings, check_environment
+from trove_schema.settings import RecorderSettings, check_environment, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         help="re-apply the events from then on (2h, 30m, 1d, or 2026-11-28T04:00Z)",
     )
     args = parser.parse_args(argv)
-    settings = RecorderSettings()
+    settings = load_settings(RecorderSettings, "recorder")
     if args.command == "replay":
         check_environment()
         if not settings.nats_url or not settings.database_url:
