@@ -487,6 +487,9 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
     if refused := _not_text(args.urls):
         console.print(Text(refused, "red"))
         return 2
+    if args.force and any(url.lstrip().startswith(("{", "[")) for url in args.urls):
+        console.print(Text('--force takes URLs: in JSON, say "force": true', "red"))
+        return 2
     nats_url, _ = _urls(settings)
     if not nats_url:
         console.print("[red]no running stack: set TROVE_NATS_URL or start `trove up`[/red]")
@@ -498,6 +501,10 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
         options = TopologyOptions.from_settings(CommonSettings())
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
         payload = "\n".join(args.urls).encode()
+        if args.force:
+            # Sent as discovery's JSON form, which says it: a seed of a page known already
+            # this cycle is otherwise dropped as seen (its place kept by its chain).
+            payload = json.dumps({"urls": args.urls, "force": True}).encode()
         if args.request:
             try:
                 reply = await nc.request(SEEDS_SUBJECT, payload, timeout=10)
@@ -751,6 +758,11 @@ def parser() -> argparse.ArgumentParser:
     )
     seed.add_argument("urls", nargs="+")
     seed.add_argument("--request", action="store_true", help="wait for discovery's verdict")
+    seed.add_argument(
+        "--force",
+        action="store_true",
+        help="crawl them now, also pages the crawl knows already (a URL each, not JSON)",
+    )
 
     follow = sub.add_parser(
         "follow", help="follow a fediverse instance's timeline (like `nats req trove.follow`)"

@@ -91,3 +91,31 @@ async def test_a_seed_request_fails_when_discovery_refuses_a_seed(
     assert "https://kept.example/" in out
     # A refused seed is repeated as sent: shown, never acted on by the terminal.
     assert "\x1b" not in out
+
+
+async def test_a_forced_seed_goes_as_json_that_says_force(stack: StackUrls, bus: Bus) -> None:
+    # A page the crawl knows this cycle is otherwise dropped as seen, its place kept.
+    sent: list[bytes] = []
+
+    async def answer(msg: Msg) -> None:
+        sent.append(msg.data)
+        batch = parse_seeds(msg.data, origin="request", settings=DiscoverySettings())
+        await msg.respond(reply(msg.data, batch))
+
+    responder = await bus.nc.subscribe(SEEDS_SUBJECT, cb=answer)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_NATS_URL": stack.nats_url,
+    }
+    urls = ("https://kept.example/", "https://kept.example/about")
+    try:
+        code, out = await run_trove("seed", "--force", "--request", *urls, env=env)
+        refused, said = await run_trove("seed", "--force", '{"url": "https://x.example/"}', env=env)
+    finally:
+        await responder.unsubscribe()
+    assert code == 0, out
+    (payload,) = sent
+    batch = parse_seeds(payload, origin="request", settings=DiscoverySettings())
+    assert [(seed.url, seed.force) for seed in batch.accepted] == [(u, True) for u in urls]
+    assert refused == 2
+    assert '"force": true' in said
