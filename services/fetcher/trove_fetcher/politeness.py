@@ -58,7 +58,9 @@ from trove_schema.policy import (
 from trove_schema.topology import domain_key
 from trove_schema.turns import Turns
 
-FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until")
+#: ``claimed``: the moment the host is free that a late page waits for (``acquire``);
+#: an older pod, which does not know it, reads the others and writes it back as 0.
+FIELDS = ("free_at", "busy_until", "next", "gap", "backoff_until", "claimed")
 #: The record's key for the learned policy: short, and unknown to older pods, which
 #: read only ``FIELDS`` (a record they write back starts the host from its priors again).
 POLICY_KEY = "p"
@@ -111,6 +113,7 @@ class DomainSlot:
     next: float = 0.0
     gap: float = 0.0
     backoff_until: float = 0.0
+    claimed: float = 0.0
     policy: HostPolicy = field(default_factory=HostPolicy)
     #: Each origin's Crawl-delay: origin -> (gap, until).
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -141,10 +144,10 @@ class DomainSlot:
             return cls(gap=default_gap)
         try:
             raw = json.loads(data)
-            free_at, busy_until, next_, gap, backoff_until = (
+            free_at, busy_until, next_, gap, backoff_until, claimed = (
                 float(raw.get(k, 0.0)) for k in FIELDS
             )
-            slot = cls(free_at, busy_until, next_, gap, backoff_until)
+            slot = cls(free_at, busy_until, next_, gap, backoff_until, claimed)
         except (ValueError, TypeError, AttributeError):
             return cls(gap=default_gap)
         # Read tolerantly: a record without a policy (written by an older pod) or with
@@ -318,14 +321,22 @@ class Politeness:
                     # worth a look; past that (a slow answer), look again a gap on.
                     if slot.busy_until > now and now >= free:
                         return Deferred(at=now + max(gap, BUSY_RECHECK))
-                    # Late by more than ``ahead`` (the host slower than its slots said,
-                    # its gap raised since they were planned): told to come back when the
-                    # host is free, every late page of the queue would meet there, one
-                    # win, and the rest come back a gap later, again and again (n² for
-                    # n pages). Such a page takes a new place behind the queue, as behind
-                    # a pause; one the host is free for within ``ahead`` waits for it.
                     if free - now <= ahead or not queue:
                         return Deferred(at=free)
+                    # Late by more than ``ahead`` (an answer slower than the host's usual,
+                    # its gap raised since the slots were planned). Told to come back when
+                    # the host is free, every late page of a queue met there, one won,
+                    # and the rest came back a gap later, again and again (n² for n
+                    # pages). The first to find that moment waits for it, and claims it
+                    # in the record; any other, or one later than a slot, takes a new
+                    # place behind the queue, as behind a pause (sent there, every late
+                    # page left its slot idle).
+                    if slot.claimed != free and free - now < spacing:
+                        slot.claimed = free
+                        if await self._write(key, slot, revision):
+                            return Deferred(at=free)
+                        guess = None
+                        continue
                 # The in-flight hold is pessimistic; slots are planned apart (``spacing``)
                 # and checked again when they come due. Taking one writes ``next``, so the
                 # compare-and-set checks a guess: a current one saves the read.
