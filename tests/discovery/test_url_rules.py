@@ -26,6 +26,7 @@ from trove_discovery.url_rules import Holds, UrlRules, record_key
 from trove_schema.aliases import AliasLimits
 from trove_schema.bus import Bus, Consumer
 from trove_schema.events import (
+    ChangeHistory,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -237,6 +238,29 @@ async def test_a_page_under_an_alias_leaves_its_one_spellings_own_chain_alone(bu
     pending = await pending_request(bus, SITE + "/p/4")
     assert pending is not None
     assert pending.caused_by == own.id  # with the history that page's own chain learned
+
+
+@pytest.mark.parametrize("own_chain", [True, False], ids=["its own chain", "none"])
+async def test_a_refused_visit_under_an_alias_moves_its_chain_to_its_one_spelling(
+    bus: Bus, own_chain: bool
+) -> None:
+    # robots.txt refuses the page now: kept under the alias, its chain ran beside the
+    # one spelling's own for as long as the refusal lasted (for good, for some sites).
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    own = page("/p/4")
+    if own_chain:
+        await handle(discovery, bus, own)
+    visited = ChangeHistory(content_hash="a", visited_at=utcnow(), interval=3600.0)
+    refused = page("/p/4?ref=old").model_copy(
+        update={"outcome": CrawlOutcome.BLOCKED_ROBOTS, "history": visited, "content_hash": None}
+    )
+    await handle(discovery, bus, refused)
+
+    assert await pending_request(bus, refused.url) is None
+    pending = await pending_request(bus, SITE + "/p/4")
+    assert pending is not None
+    assert pending.caused_by == (own.id if own_chain else refused.id)
 
 
 async def test_a_seed_is_rewritten_before_the_seen_check(bus: Bus) -> None:

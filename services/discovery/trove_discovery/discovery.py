@@ -226,7 +226,10 @@ class Discovery:
         # named in a later release): its chain would otherwise go on beside its twin's.
         alias_of = await self._alias_target(canonicalize_or_none(event.url) or event.url)
         fetched = event.outcome in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED)
-        folded = again is None and fetched and alias_of != event.url
+        kept = fetched or refused_unasked(event)
+        # A refused visit folds too (its chain moves, refused alike until it is lifted),
+        # or it would go on beside the one spelling's own chain for as long as it lasts.
+        folded = again is None and kept and alias_of != event.url
         redirect = page_redirect(event, fetched=fetched)
         if event.nofollow and not self.settings.follow_nofollow:
             followable = [] if redirect is None else [redirect]
@@ -239,7 +242,6 @@ class Discovery:
             names.add(alias_of)
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
-        kept = fetched or refused_unasked(event)
         recrawl = again is None and kept and not folded
         lives_at = await self._lives_at(event) if recrawl else event.url
         try:
