@@ -129,19 +129,19 @@ async def test_a_killed_service_is_restarted_and_trove_status_shows_it(
 async def test_a_service_that_keeps_dying_backs_off_longer_each_time(
     stack: StackUrls, state_dir: Path
 ) -> None:
-    # An unknown TROVE_* setting is refused at start: the service exits 1 every time.
+    # An unknown TROVE_* setting is refused at start: the service exits 2 every time.
     policy = RestartPolicy(first_delay=0.1, factor=2.0, max_delay=0.2, poll_interval=0.02)
     env = {"TROVE_NOT_A_SETTING": "1"}
     async with supervised(stack, state_dir, policy, env) as local:
         state = await restarted(local, 3)
     assert [r.delay for r in state.recent][:3] == [0.1, 0.2, 0.2]
-    assert {r.exit_code for r in state.recent} == {1}
+    assert {r.exit_code for r in state.recent} == {2}
     for r in state.recent:
         assert r.started_at - r.exited_at >= r.delay
     assert "unknown Trove setting" in (state_dir / "logs" / f"{PROCESS}.log").read_text()
     supervisor_log = (state_dir / "logs" / "supervisor.log").read_text()
     assert f"{PROCESS} restarted as pid" in supervisor_log
-    assert "ended with exit code 1" in supervisor_log
+    assert "ended with exit code 2" in supervisor_log
 
 
 async def test_a_service_that_ran_fine_for_a_while_starts_its_backoff_over(
