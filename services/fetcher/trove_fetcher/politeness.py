@@ -81,6 +81,10 @@ WRITTEN_MEMORY = 10_000
 #: a gap, but never sooner than this: with a gap near 0 it read the record in a loop
 #: (about 12 NATS messages a page from the fetchers in the throughput benchmark).
 BUSY_RECHECK = 0.05
+#: The share of a gap learned from slow answers that a host's queue is planned with, and
+#: the answers it is learned from before it counts at all (``Politeness._spacing``).
+PLANNED_SHARE = 0.8
+PLANNED_AFTER = 3
 #: Seconds a hold allows, on top of the request's timeout, between the lease's start and
 #: the request leaving: the pod's turn on the host, the round trips to the buckets (a
 #: few milliseconds, a good part of a second under load). A request whose lease came
@@ -279,11 +283,7 @@ class Politeness:
                             continue
                         return Moved(origin)
                 gap = self.gap_of(slot)
-                # Slots are planned a gap and the host's usual answer apart: a request's
-                # gap runs from its end, and slots a gap apart from each start fell
-                # behind by an answer each, until every page of a long queue came due
-                # before its host was free.
-                spacing = gap + _usual_answer(slot)
+                spacing = self._spacing(slot, gap)
                 # A paused host (``backoff_until``) is refused to every message: its URLs
                 # come back when the pause ends, not one failed request each.
                 # A hold nobody released (its pod died, or lost the broker, or took longer
@@ -345,6 +345,21 @@ class Politeness:
                 if await self._write(key, slot, revision):
                     return Deferred(at=at)
                 guess = None
+
+    def _spacing(self, slot: DomainSlot, gap: float) -> float:
+        """How far apart the host's queue is planned: a gap and its usual answer (a
+        request's gap runs from its end: slots a bare gap apart from each start fell
+        behind by an answer each). The part of the gap learned from slow answers counts
+        at ``PLANNED_SHARE``, and not before ``PLANNED_AFTER`` answers: a slot planned
+        early is caught up when it comes (the first late page waits for the host, the
+        others take new places), and a slot planned late leaves the host idle for good,
+        since a scheduled message cannot be brought forward. Planned from one slow home
+        page's answer, the pages it revealed came 33 s apart to a host free every 10."""
+        base = max(slot.gap, self.learning.min_gap)
+        learned = gap - base
+        if learned > 0 and len(slot.policy.recent_ms) >= PLANNED_AFTER:
+            base += PLANNED_SHARE * learned
+        return base + _usual_answer(slot)
 
     async def finish(
         self,
