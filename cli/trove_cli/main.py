@@ -234,8 +234,7 @@ async def watch_crawl(
         if seeds:
             # Exactly what `nats pub trove.seeds "$(printf '%s\n' URL...)"` sends, or
             # `nats pub trove.seeds '{"urls": [...], "force": true}'`.
-            payload = json.dumps({"urls": seeds, "force": True}) if force else "\n".join(seeds)
-            await nc.publish(SEEDS_SUBJECT, payload.encode())
+            await nc.publish(SEEDS_SUBJECT, seeds_payload(seeds, force=force))
             await nc.flush()
         for instance in follows:
             # What `nats pub trove.follow '{"instance": "URL"}'` sends: its local timeline.
@@ -500,11 +499,9 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
         # CLI owns nothing: it creates what is missing and changes nothing else.
         options = TopologyOptions.from_settings(CommonSettings())
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
-        payload = "\n".join(args.urls).encode()
-        if args.force:
-            # Sent as discovery's JSON form, which says it: a seed of a page known already
-            # this cycle is otherwise dropped as seen (its place kept by its chain).
-            payload = json.dumps({"urls": args.urls, "force": True}).encode()
+        # Forced, in discovery's JSON form, which says it: a seed of a page known already
+        # this cycle is otherwise dropped as seen (its place kept by its chain).
+        payload = seeds_payload(args.urls, force=args.force)
         if args.request:
             try:
                 reply = await nc.request(SEEDS_SUBJECT, payload, timeout=10)
@@ -529,6 +526,23 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
     finally:
         await nc.close()
     return 0
+
+
+def seeds_payload(seeds: Sequence[str], *, force: bool) -> bytes:
+    """What ``nats pub trove.seeds`` sends for ``seeds``: one a line, or with ``force``
+    discovery's JSON form, ``{"urls": [...], "force": true}``. An argument may hold
+    several lines (``"$(cat urls.txt)"``): each line is a seed in both forms, blank ones
+    and ``#`` comments left out as discovery leaves them out of a message's lines (in
+    JSON, the lines of one argument were one URL, their line breaks dropped)."""
+    if not force:
+        return "\n".join(seeds).encode()
+    urls = [
+        stripped
+        for seed in seeds
+        for line in seed.splitlines()
+        if (stripped := line.strip()) and not stripped.startswith("#")
+    ]
+    return json.dumps({"urls": urls, "force": True}, ensure_ascii=False).encode()
 
 
 def _refused(answer: str) -> bool:

@@ -107,7 +107,11 @@ async def test_a_forced_seed_goes_as_json_that_says_force(stack: StackUrls, bus:
         **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
         "TROVE_NATS_URL": stack.nats_url,
     }
-    urls = ("https://kept.example/", "https://kept.example/about")
+    # One argument may hold several lines, as `"$(cat urls.txt)"` gives them.
+    urls = (
+        "https://kept.example/",
+        "https://kept.example/about\n\n# notes\nhttps://kept.example/b",
+    )
     try:
         code, out = await run_trove("seed", "--force", "--request", *urls, env=env)
         refused, said = await run_trove("seed", "--force", '{"url": "https://x.example/"}', env=env)
@@ -116,6 +120,7 @@ async def test_a_forced_seed_goes_as_json_that_says_force(stack: StackUrls, bus:
     assert code == 0, out
     (payload,) = sent
     batch = parse_seeds(payload, origin="request", settings=DiscoverySettings())
-    assert [(seed.url, seed.force) for seed in batch.accepted] == [(u, True) for u in urls]
+    expected = ["https://kept.example/", "https://kept.example/about", "https://kept.example/b"]
+    assert [(seed.url, seed.force) for seed in batch.accepted] == [(u, True) for u in expected]
     assert refused == 2
     assert '"force": true' in said
