@@ -81,10 +81,6 @@ WRITTEN_MEMORY = 10_000
 #: a gap, but never sooner than this: with a gap near 0 it read the record in a loop
 #: (about 12 NATS messages a page from the fetchers in the throughput benchmark).
 BUSY_RECHECK = 0.05
-#: The share of a gap learned from slow answers that a host's queue is planned with, and
-#: the answers it is learned from before it counts at all (``Politeness._spacing``).
-PLANNED_SHARE = 0.8
-PLANNED_AFTER = 3
 #: Seconds a hold allows, on top of the request's timeout, between the lease's start and
 #: the request leaving: the pod's turn on the host, the round trips to the buckets (a
 #: few milliseconds, a good part of a second under load). A request whose lease came
@@ -283,7 +279,11 @@ class Politeness:
                             continue
                         return Moved(origin)
                 gap = self.gap_of(slot)
-                spacing = self._spacing(slot, gap)
+                # Slots are planned a gap and the host's usual answer apart: a request's
+                # gap runs from its end, and slots a gap apart from each start fell
+                # behind by an answer each, until every page of a long queue came due
+                # before its host was free.
+                spacing = gap + _usual_answer(slot)
                 # A paused host (``backoff_until``) is refused to every message: its URLs
                 # come back when the pause ends, not one failed request each.
                 # A hold nobody released (its pod died, or lost the broker, or took longer
@@ -330,36 +330,26 @@ class Politeness:
                     # pages). The first to find that moment waits for it, and claims it
                     # in the record; any other, or one later than a slot, takes a new
                     # place behind the queue, as behind a pause (sent there, every late
-                    # page left its slot idle).
-                    if slot.claimed != free and free - now < spacing:
-                        slot.claimed = free
+                    # page left its slot idle). While a request is in flight, the moment
+                    # is a usual answer past ``free`` (one gap after its start); a claim
+                    # holds until the host is free past it, whatever the answer moved.
+                    claim = free + (_usual_answer(slot) if slot.busy_until > now else 0.0)
+                    if not _claimed(slot, free, ahead) and free - now < spacing:
+                        slot.claimed = claim
                         if await self._write(key, slot, revision):
-                            return Deferred(at=free)
+                            return Deferred(at=claim)
                         guess = None
                         continue
                 # The in-flight hold is pessimistic; slots are planned apart (``spacing``)
                 # and checked again when they come due. Taking one writes ``next``, so the
-                # compare-and-set checks a guess: a current one saves the read.
-                at = max(slot.next, free, now)
+                # compare-and-set checks a guess: a current one saves the read. A page
+                # does not take the moment a late one claimed.
+                taken = spacing if _claimed(slot, free, ahead) else 0.0
+                at = max(slot.next, free + taken, now)
                 slot.next = at + spacing
                 if await self._write(key, slot, revision):
                     return Deferred(at=at)
                 guess = None
-
-    def _spacing(self, slot: DomainSlot, gap: float) -> float:
-        """How far apart the host's queue is planned: a gap and its usual answer (a
-        request's gap runs from its end: slots a bare gap apart from each start fell
-        behind by an answer each). The part of the gap learned from slow answers counts
-        at ``PLANNED_SHARE``, and not before ``PLANNED_AFTER`` answers: a slot planned
-        early is caught up when it comes (the first late page waits for the host, the
-        others take new places), and a slot planned late leaves the host idle for good,
-        since a scheduled message cannot be brought forward. Planned from one slow home
-        page's answer, the pages it revealed came 33 s apart to a host free every 10."""
-        base = max(slot.gap, self.learning.min_gap)
-        learned = gap - base
-        if learned > 0 and len(slot.policy.recent_ms) >= PLANNED_AFTER:
-            base += PLANNED_SHARE * learned
-        return base + _usual_answer(slot)
 
     async def finish(
         self,
@@ -479,6 +469,12 @@ class Politeness:
         """A copy of the record as this pod last wrote it, if it remembers one."""
         known = self._written.get(key)
         return None if known is None else (replace(known[0]), known[1])
+
+
+def _claimed(slot: DomainSlot, free: float, ahead: float) -> bool:
+    """Whether a late page has claimed the moment the host is next free, ``free``
+    (within ``ahead``: the answer in flight ends a little sooner or later than usual)."""
+    return slot.claimed >= free - ahead
 
 
 def _usual_answer(slot: DomainSlot) -> float:
