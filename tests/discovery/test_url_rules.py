@@ -263,6 +263,33 @@ async def test_a_refused_visit_under_an_alias_moves_its_chain_to_its_one_spellin
     assert pending.caused_by == (own.id if own_chain else refused.id)
 
 
+async def test_a_refused_visit_under_an_alias_redirected_to_its_spelling_moves_its_chain(
+    bus: Bus,
+) -> None:
+    # robots.txt refused the redirect's hop to the one spelling: discovered from that
+    # link, the spelling was a new page without the history, whose first visit, refused
+    # alike, ended the chain there.
+    discovery = await replica(bus)
+    await learn_ref(discovery, bus)
+    before = set(await discovered(bus))
+    visited = ChangeHistory(content_hash="a", visited_at=utcnow(), interval=3600.0)
+    refused = page("/p/4?ref=old").model_copy(
+        update={
+            "outcome": CrawlOutcome.BLOCKED_ROBOTS,
+            "history": visited,
+            "content_hash": None,
+            "links": (Link(url=SITE + "/p/4", kind=LinkKind.REDIRECT),),
+        }
+    )
+    await handle(discovery, bus, refused)
+
+    assert set(await discovered(bus)) == before
+    moved = await pending_request(bus, SITE + "/p/4")
+    assert moved is not None
+    assert moved.history is not None
+    assert moved.history.content_hash == "a"
+
+
 async def test_a_seed_is_rewritten_before_the_seen_check(bus: Bus) -> None:
     discovery = await replica(bus)
     await learn_ref(discovery, bus)

@@ -244,6 +244,16 @@ class Discovery:
             followable = [link for link in followable if hash(link.url) in again]
         recrawl = again is None and kept and not folded
         lives_at = await self._lives_at(event) if recrawl else event.url
+        skip: Collection[str] = frozenset()
+        if recrawl:
+            # A page that moved is re-crawled where it lives: its canonical or redirect
+            # link there is no new page either.
+            skip = {event.url, lives_at}
+        elif folded and not fetched:
+            # Nor is a refused visit's redirect to its one spelling (robots.txt refused
+            # the hop): discovered anew, without the page's history, its first visit
+            # refused alike would end the chain there. The chain moves, history and all.
+            skip = {event.url, self._fold_home(event, alias_of)}
         try:
             outgoing, held, over_budget = await self._follow(
                 event,
@@ -251,9 +261,7 @@ class Discovery:
                 names,
                 redirect,
                 deliveries,
-                # A page that moved is re-crawled where it lives: its canonical or
-                # redirect link there is no new page either.
-                skip={event.url, lives_at} if recrawl else frozenset(),
+                skip=skip,
                 only_held=again is not None,
             )
         except Exception:
