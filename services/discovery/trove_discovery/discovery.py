@@ -243,9 +243,11 @@ class Discovery:
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
         recrawl = again is None and kept and not folded
-        lives_at = await self._lives_at(event) if recrawl else event.url
+        # Where the page lives, asked once for its links and its request; a later round's
+        # request (``later``) asks it then.
+        lives_at = await self._lives_at(event) if recrawl else None
         skip: Collection[str] = frozenset()
-        if recrawl:
+        if lives_at is not None:
             # A page that moved is re-crawled where it lives: its canonical or redirect
             # link there is no new page either.
             skip = {event.url, lives_at}
