@@ -610,6 +610,28 @@ async def test_a_moment_claimed_while_a_request_is_in_flight_holds_once_it_ends(
     assert second.at >= t + 44.0
 
 
+async def test_a_late_page_sent_behind_a_moment_claimed_in_flight_comes_a_slot_after_it(
+    bus: Bus,
+) -> None:
+    # Placed a gap after the host's free moment while the claim was an answer past it,
+    # it came back before the host was free, and was scheduled once more.
+    p = await _politeness(bus)
+    host = "inflight2.example"
+    t = await _answering_in_two_seconds(p, host)
+    grant = await p.acquire(host, t, ahead=1.0)
+    assert isinstance(grant, Granted)
+    first = await p.acquire(host, t + 1.0, reserved=True, ahead=1.0)
+    second = await p.acquire(host, t + 1.5, reserved=True, ahead=1.0)
+    assert isinstance(first, Deferred)
+    assert isinstance(second, Deferred)
+    await p.finish(host, grant, t + 2.0, attempt(host, end=t + 2.0, duration=2.0))
+    claimed = await p.acquire(host, first.at, reserved=True, ahead=1.0)
+    assert isinstance(claimed, Granted)
+    end = first.at + 2.0
+    await p.finish(host, claimed, end, attempt(host, end=end, duration=2.0))
+    assert isinstance(await p.acquire(host, second.at, reserved=True, ahead=1.0), Granted)
+
+
 async def test_the_last_page_of_a_short_queue_waits_for_its_host_not_behind_itself(
     bus: Bus,
 ) -> None:

@@ -343,9 +343,9 @@ class Politeness:
                 # The in-flight hold is pessimistic; slots are planned apart (``spacing``)
                 # and checked again when they come due. Taking one writes ``next``, so the
                 # compare-and-set checks a guess: a current one saves the read. A page
-                # does not take the moment a late one claimed.
-                taken = spacing if _claimed(slot, free, ahead) else 0.0
-                at = max(slot.next, free + taken, now)
+                # comes a slot after the moment a late one claimed, not at it.
+                after = max(free, slot.claimed) + spacing if _claimed(slot, free, ahead) else free
+                at = max(slot.next, after, now)
                 slot.next = at + spacing
                 if await self._write(key, slot, revision):
                     return Deferred(at=at)
