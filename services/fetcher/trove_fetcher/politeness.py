@@ -282,8 +282,11 @@ class Politeness:
                 # Slots are planned a gap and the host's usual answer apart: a request's
                 # gap runs from its end, and slots a gap apart from each start fell
                 # behind by an answer each, until every page of a long queue came due
-                # before its host was free.
-                spacing = gap + _usual_answer(slot)
+                # before its host was free. With no gap (a test's, a benchmark's) nothing
+                # falls behind, and pages take the host as it comes free: planned an
+                # answer apart, the pages a page revealed (an alias's probes) waited
+                # behind every page found before them.
+                spacing = gap + _usual_answer(slot) if gap > 0 else 0.0
                 # A paused host (``backoff_until``) is refused to every message: its URLs
                 # come back when the pause ends, not one failed request each.
                 # A hold nobody released (its pod died, or lost the broker, or took longer
