@@ -562,16 +562,30 @@ async def test_a_fast_host_with_now_and_then_a_slow_answer_is_kept_busy(bus: Bus
     assert crawl.efficiency >= 0.95
 
 
-async def _answering_in_two_seconds(p: Politeness, host: str) -> float:
-    """Three answers of 2 s (a gap of 20 s, slots 22 s apart): when the host is next free."""
+async def _answered(p: Politeness, host: str, grant: Granted, end: float) -> None:
+    """The request under ``grant`` answered at ``end``, in 2 s."""
+    await p.finish(host, grant, end, attempt(host, end=end, duration=2.0))
+
+
+async def _late(p: Politeness, host: str, at: float) -> Deferred:
+    """A reserved page that comes at ``at`` and is told to come back."""
+    decision = await p.acquire(host, at, reserved=True, ahead=1.0)
+    assert isinstance(decision, Deferred)
+    return decision
+
+
+async def _in_flight(p: Politeness, host: str) -> tuple[float, Granted]:
+    """After three answers of 2 s (a gap of 20 s, slots 22 s apart), the host's next
+    request, granted at ``t`` and in flight."""
     now = 1000.0
     for _ in range(3):
         grant = await p.acquire(host, now, ahead=1.0)
         assert isinstance(grant, Granted)
-        end = grant.start + 2.0
-        await p.finish(host, grant, end, attempt(host, end=end, duration=2.0))
-        now = end + 20.0
-    return now
+        await _answered(p, host, grant, grant.start + 2.0)
+        now = grant.start + 2.0 + 20.0
+    grant = await p.acquire(host, now, ahead=1.0)
+    assert isinstance(grant, Granted)
+    return now, grant
 
 
 async def test_a_late_page_behind_the_queue_is_not_given_the_moment_another_claimed(
@@ -579,14 +593,10 @@ async def test_a_late_page_behind_the_queue_is_not_given_the_moment_another_clai
 ) -> None:
     p = await _politeness(bus)
     host = "claimed.example"
-    t = await _answering_in_two_seconds(p, host)
-    grant = await p.acquire(host, t, ahead=1.0)
-    assert isinstance(grant, Granted)
-    await p.finish(host, grant, t + 2.0, attempt(host, end=t + 2.0, duration=2.0))  # free t + 22
-    first = await p.acquire(host, t + 5.0, reserved=True, ahead=1.0)
-    second = await p.acquire(host, t + 6.0, reserved=True, ahead=1.0)
-    assert isinstance(first, Deferred)
-    assert isinstance(second, Deferred)
+    t, grant = await _in_flight(p, host)
+    await _answered(p, host, grant, t + 2.0)  # free t + 22
+    first = await _late(p, host, t + 5.0)
+    second = await _late(p, host, t + 6.0)
     assert first.at == pytest.approx(t + 22.0)  # it claims the moment
     assert second.at >= t + 44.0  # one slot behind it, not the same moment
 
@@ -598,15 +608,11 @@ async def test_a_moment_claimed_while_a_request_is_in_flight_holds_once_it_ends(
     # ended it was a gap after its end, and the next late page claimed that again.
     p = await _politeness(bus)
     host = "inflight.example"
-    t = await _answering_in_two_seconds(p, host)
-    grant = await p.acquire(host, t, ahead=1.0)
-    assert isinstance(grant, Granted)
-    first = await p.acquire(host, t + 1.0, reserved=True, ahead=1.0)
-    assert isinstance(first, Deferred)
+    t, grant = await _in_flight(p, host)
+    first = await _late(p, host, t + 1.0)
     assert first.at == pytest.approx(t + 22.0)  # a gap after the usual answer's end
-    await p.finish(host, grant, t + 2.0, attempt(host, end=t + 2.0, duration=2.0))
-    second = await p.acquire(host, t + 10.0, reserved=True, ahead=1.0)
-    assert isinstance(second, Deferred)
+    await _answered(p, host, grant, t + 2.0)
+    second = await _late(p, host, t + 10.0)
     assert second.at >= t + 44.0
 
 
@@ -617,18 +623,13 @@ async def test_a_late_page_sent_behind_a_moment_claimed_in_flight_comes_a_slot_a
     # it came back before the host was free, and was scheduled once more.
     p = await _politeness(bus)
     host = "inflight2.example"
-    t = await _answering_in_two_seconds(p, host)
-    grant = await p.acquire(host, t, ahead=1.0)
-    assert isinstance(grant, Granted)
-    first = await p.acquire(host, t + 1.0, reserved=True, ahead=1.0)
-    second = await p.acquire(host, t + 1.5, reserved=True, ahead=1.0)
-    assert isinstance(first, Deferred)
-    assert isinstance(second, Deferred)
-    await p.finish(host, grant, t + 2.0, attempt(host, end=t + 2.0, duration=2.0))
+    t, grant = await _in_flight(p, host)
+    first = await _late(p, host, t + 1.0)
+    second = await _late(p, host, t + 1.5)
+    await _answered(p, host, grant, t + 2.0)
     claimed = await p.acquire(host, first.at, reserved=True, ahead=1.0)
     assert isinstance(claimed, Granted)
-    end = first.at + 2.0
-    await p.finish(host, claimed, end, attempt(host, end=end, duration=2.0))
+    await _answered(p, host, claimed, first.at + 2.0)
     assert isinstance(await p.acquire(host, second.at, reserved=True, ahead=1.0), Granted)
 
 
