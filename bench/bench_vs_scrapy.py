@@ -698,7 +698,10 @@ async def _trove_crawl(
     profiler = None
     if ctx.args.profile:
         folder = ctx.args.profile / f"{run.regime}-{run.round + 1}"
-        profiler = await Profiler.attach(folder, pids, _timeout(ctx, server, regime) + 60)
+        nats = ctx.stack.nats
+        profiler = await Profiler.attach(
+            folder, pids, _timeout(ctx, server, regime) + 60, nats.profile_url if nats else ""
+        )
     await _observe(ctx)
     observer = CpuGroups({"observer": lambda: sorted(ctx.observers)})
     observer0 = observer.sample()
@@ -1475,7 +1478,9 @@ async def bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="trove-vs-scrapy-") as tmp:
         state = Path(tmp)
         started = time.perf_counter()
-        stack = Stack(state_dir=state / "stack", fast_and_unsafe=True)
+        stack = Stack(
+            state_dir=state / "stack", fast_and_unsafe=True, profile_nats=bool(args.profile)
+        )
         atexit.register(stack.stop)  # whatever happens, no orphaned server
         await asyncio.to_thread(stack.start)
         try:
@@ -1649,8 +1654,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="attach py-spy to Trove's services in each run, print where their CPU went, "
-        "keep the raw stacks in DIR",
+        help="attach py-spy to Trove's services and Go's profiler to nats-server in each "
+        "run, print where their CPU went, keep the raw stacks and profiles in DIR",
     )
     return parser
 

@@ -16,8 +16,11 @@ the events'. What no named library caused and ends in the loop (asyncio,
 selectors, the executor's threads) is the loop's; the rest is Trove's own code and the
 standard library it calls.
 
-nats-server and Postgres are not Python: ``report`` gives their CPU a page as whole
-lines.
+nats-server is sampled by Go's own profiler when the stack serves it
+(``Stack.profile_nats``): consecutive CPU profiles of ``NATS_WINDOW`` seconds, read
+with ``bench.pprof``. Go samples CPU time, so there its samples are the CPU itself; a
+sample falls in the part of the server of its innermost frame that names one
+(``NATS_PARTS``). Postgres is not sampled: ``report`` gives its CPU a page as a line.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import httpx
+
+from bench import pprof
 from bench._common import cpu_seconds
 
 #: Samples a second: off the beat of the 100 Hz timers the processes may run.
@@ -46,8 +52,47 @@ ATTACH_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0
 #: The services py-spy is attached to, in the order they are reported.
 SERVICES = ("discovery", "fetcher", "recorder")
-#: Processes py-spy cannot sample (not Python), reported by their CPU alone.
+#: Processes py-spy cannot sample (not Python), reported by their CPU alone unless
+#: sampled otherwise (nats-server by Go's profiler).
 UNSAMPLED = {"nats": "nats-server", "postgres": "Postgres"}
+#: Seconds of each of nats-server's CPU profiles: the last one runs past ``stop`` by
+#: this much at most.
+NATS_WINDOW = 2
+#: nats-server's function names start so; shown without it.
+_NATS_PACKAGE = "github.com/nats-io/nats-server/v2/server"
+#: The parts of nats-server a sample is counted in: the first whose pattern finds its
+#: innermost frame that any pattern finds. A stack none finds is Go's runtime (the
+#: scheduler, the collector) when no frame is the server's, else the rest of the server.
+NATS_PARTS = (
+    ("consumers' state written to disk", re.compile(r"writeAtomically|\(\*consumerFileStore\)")),
+    (
+        "the stream store: message blocks, indexes, compression",
+        re.compile(r"\(\*(?:msgBlock|fileStore)\)|/stree\.|/avl\.|klauspost/compress"),
+    ),
+    (
+        "delivery: headers, queueing, socket writes",
+        re.compile(
+            r"\(\*client\)\.(?:flushOutbound|writeLoop|queueOutbound|deliverMsg|msgHeader)|genHeader"
+        ),
+    ),
+    (
+        "reading clients: socket reads, parsing, routing",
+        re.compile(
+            r"\(\*client\)\.(?:readLoop|parse|processInbound|processMsgResults|processServiceImport)"
+            r"|\(\*Sublist\)|matchLevel|getHeaderKeyIndex"
+        ),
+    ),
+    (
+        "JetStream: streams, consumers, acks, schedules, KV reads",
+        re.compile(
+            r"\(\*(?:stream|consumer|jsAccount)\)|\(\*Server\)\.(?:js|processJS)|ipQueue"
+            r"|MsgSchedule|checkMsgId"
+        ),
+    ),
+)
+NATS_RUNTIME = "Go's runtime: scheduler, collector"
+NATS_REST = "the rest of the server"
+NATS_PART_NAMES = (*(name for name, _ in NATS_PARTS), NATS_RUNTIME, NATS_REST)
 TOP_INCLUSIVE = 12
 TOP_SELF = 8
 _BANNER = "py-spy> Sampling"
@@ -189,6 +234,77 @@ class Samples:
         return counts[key] / self.total if self.total else 0.0
 
 
+def _short(function: str) -> str:
+    return function.replace(_NATS_PACKAGE, "server")
+
+
+def nats_part(stack: Sequence[str]) -> str:
+    """The part of nats-server a Go stack (innermost first) is counted in (``NATS_PARTS``)."""
+    for function in stack:
+        for name, pattern in NATS_PARTS:
+            if pattern.search(function):
+                return name
+    return NATS_REST if any(_NATS_PACKAGE in f for f in stack) else NATS_RUNTIME
+
+
+@dataclass
+class GoSamples:
+    """nats-server's CPU profiles, summed: CPU nanoseconds by part and by function."""
+
+    total: int = 0
+    windows: int = 0
+    parts: Counter[str] = field(default_factory=Counter)
+    inclusive: Counter[str] = field(default_factory=Counter)
+    leaf: Counter[str] = field(default_factory=Counter)
+
+    def add(self, samples: Sequence[pprof.Sample]) -> None:
+        self.windows += 1
+        for sample in samples:
+            if not sample.stack:
+                continue
+            self.total += sample.cpu_ns
+            self.parts[nats_part(sample.stack)] += sample.cpu_ns
+            self.leaf[_short(sample.stack[0])] += sample.cpu_ns
+            # The server's own functions, less the goroutines' entry points every stack
+            # of its kind passes through.
+            for function in {_short(f) for f in sample.stack if _NATS_PACKAGE in f}:
+                if not function.endswith((".startGoRoutine.func1", ".createClientEx.func1")):
+                    self.inclusive[function] += sample.cpu_ns
+
+    def share(self, counts: Counter[str], key: str) -> float:
+        return counts[key] / self.total if self.total else 0.0
+
+
+class _GoProfiles:
+    """Consecutive CPU profiles of one Go server, until ``stop``; each kept as a file."""
+
+    def __init__(self, url: str, folder: Path) -> None:
+        self.url = url.rstrip("/") + f"/debug/pprof/profile?seconds={NATS_WINDOW}"
+        self.folder = folder
+        self.samples = GoSamples()
+        self.error = ""
+        self._stopping = asyncio.Event()
+        self._task = asyncio.create_task(self._record())
+
+    async def _record(self) -> None:
+        async with httpx.AsyncClient(timeout=NATS_WINDOW + 30) as client:
+            while not self._stopping.is_set():
+                try:
+                    answer = await client.get(self.url)
+                    answer.raise_for_status()
+                    window = self.folder / f"nats-server-{self.samples.windows}.pb.gz"
+                    await asyncio.to_thread(window.write_bytes, answer.content)
+                    self.samples.add(pprof.read(answer.content))
+                except (httpx.HTTPError, ValueError) as exc:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    return
+
+    async def stop(self) -> GoSamples:
+        self._stopping.set()
+        await self._task
+        return self.samples
+
+
 @dataclass
 class Profile:
     """What ``Profiler.stop`` returns: the samples of each group, and py-spy's own cost."""
@@ -197,6 +313,10 @@ class Profile:
     groups: dict[str, Samples]
     #: CPU seconds the py-spy processes used, on the same cores, counted in no group.
     own_cpu: float
+    #: nats-server's own profiles, when the stack served them.
+    nats: GoSamples | None = None
+    #: Why nats-server's profiles ended early, if they did.
+    nats_error: str = ""
 
 
 @dataclass
@@ -243,18 +363,26 @@ def py_spy() -> str:
 class Profiler:
     """py-spy recording every process of the named groups until ``stop``."""
 
-    def __init__(self, folder: Path, recordings: list[_Recording]) -> None:
+    def __init__(
+        self, folder: Path, recordings: list[_Recording], nats: _GoProfiles | None = None
+    ) -> None:
         self.folder = folder
         self._recordings = recordings
+        self._nats = nats
         # Were the run to fail between attach and stop, py-spy still ends with its
         # process; this ends it with the benchmark too.
         atexit.register(self._kill)
 
     @classmethod
     async def attach(
-        cls, folder: Path, groups: Mapping[str, Sequence[int]], longest: float
+        cls,
+        folder: Path,
+        groups: Mapping[str, Sequence[int]],
+        longest: float,
+        nats_profile_url: str = "",
     ) -> Profiler:
-        """Start py-spy on each pid and return once all of them are sampling.
+        """Start py-spy on each pid and return once all of them are sampling; with
+        ``nats_profile_url`` (``EmbeddedNats.profile_url``), nats-server's profiles too.
 
         ``longest`` bounds a recording (seconds), should nobody stop it.
         """
@@ -264,6 +392,8 @@ class Profiler:
         except BaseException:
             profiler._kill()
             raise
+        if nats_profile_url:
+            profiler._nats = _GoProfiles(nats_profile_url, folder)
         return profiler
 
     async def _sampling(self) -> None:
@@ -287,9 +417,11 @@ class Profiler:
             if r.process.poll() is None:
                 own_cpu += cpu_seconds(r.process.pid) or 0.0
                 r.process.send_signal(signal.SIGINT)
+        nats = await self._nats.stop() if self._nats else None
         groups = await asyncio.to_thread(self._collect)
         atexit.unregister(self._kill)
-        return Profile(self.folder, groups, own_cpu)
+        error = self._nats.error if self._nats else ""
+        return Profile(self.folder, groups, own_cpu, nats, error)
 
     def _collect(self) -> dict[str, Samples]:
         groups: dict[str, Samples] = {}
@@ -356,15 +488,43 @@ def report(profile: Profile, cpu: Mapping[str, float], pages: int) -> str:
         for frame, _ in s.leaf.most_common(TOP_SELF):
             share = s.share(s.leaf, frame)
             lines.append(f"        {ms(used * share)} ms {share:6.1%}  {frame}")
+    nats = profile.nats
     for group, name in UNSAMPLED.items():
-        if group in cpu:
+        if group == "nats" and group in cpu and nats is not None and nats.total:
+            lines.extend(_nats_lines(nats, cpu[group], ms))
+        elif group in cpu:
             lines.append(
                 f"    {name}: {ms(cpu[group]).strip()} ms a page ({cpu[group]:.2f} s CPU), "
                 "not sampled"
             )
+    if profile.nats_error:
+        lines.append(f"    nats-server's profiles ended early: {profile.nats_error}")
     total = sum(cpu.values())
     lines.append(f"    all processes: {ms(total).strip()} ms a page ({total:.2f} s CPU)")
     lines.append(
         f"    py-spy itself: {profile.own_cpu:.2f} s CPU on the same cores, counted in none"
     )
     return "\n".join(lines)
+
+
+def _nats_lines(nats: GoSamples, used: float, ms: Callable[[float], str]) -> list[str]:
+    sampled = nats.total / 1e9
+    lines = [
+        f"    nats-server: {ms(used).strip()} ms a page ({used:.2f} s CPU); Go's profiler "
+        f"sampled {sampled:.2f} s of it in {nats.windows} windows of {NATS_WINDOW} s "
+        "(the last runs past the crawl; shares of the samples times the CPU)",
+        "      by part:",
+    ]
+    for name in NATS_PART_NAMES:
+        share = nats.share(nats.parts, name)
+        if share:
+            lines.append(f"        {ms(used * share)} ms {share:6.1%}  {name}")
+    lines.append(f"      inclusive, top {TOP_INCLUSIVE} (goroutines' entry points left out):")
+    for function, _ in nats.inclusive.most_common(TOP_INCLUSIVE):
+        share = nats.share(nats.inclusive, function)
+        lines.append(f"        {ms(used * share)} ms {share:6.1%}  {function}")
+    lines.append(f"      self, top {TOP_SELF}:")
+    for function, _ in nats.leaf.most_common(TOP_SELF):
+        share = nats.share(nats.leaf, function)
+        lines.append(f"        {ms(used * share)} ms {share:6.1%}  {function}")
+    return lines

@@ -203,6 +203,24 @@ def test_nats_is_not_taken_for_ready_on_a_port_another_listener_holds(tmp_path: 
         server.stop()
 
 
+def test_nats_serves_go_profiles_only_when_asked(tmp_path: Path) -> None:
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "plain")).start()
+    try:
+        assert server.profile_url == ""
+    finally:
+        server.stop()
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "profiled", profile=True)).start()
+    try:
+        profiles = urlsplit(server.profile_url)
+        assert profiles.hostname == "127.0.0.1"
+        assert profiles.port not in (urlsplit(server.url).port, urlsplit(server.monitor_url).port)
+        answer = httpx.get(f"{server.profile_url}/debug/pprof/", timeout=5)
+        assert answer.status_code == 200
+        assert "goroutine" in answer.text
+    finally:
+        server.stop()
+
+
 async def test_postgres_takes_another_port_when_the_one_picked_free_was_taken_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,6 +45,9 @@ class NatsConfig:
     max_file_store: int | None = None
     #: The one user's password (user ``trove``); None: no authorization at all.
     password: str | None = None
+    #: Serve Go's profiles (``/debug/pprof``) on a port of its own, for a benchmark's
+    #: profile of the server. Never where others reach it: the port asks for no password.
+    profile: bool = False
 
 
 class EmbeddedNats:
@@ -55,6 +58,8 @@ class EmbeddedNats:
         self._child: Child | None = None
         self.url = ""
         self.monitor_url = ""
+        #: Where Go's profiles are served (``NatsConfig.profile``); "" when they are not.
+        self.profile_url = ""
 
     def start(self, timeout: float = 20.0) -> EmbeddedNats:
         cfg = self.config
@@ -70,6 +75,7 @@ class EmbeddedNats:
         sync = "sync_interval: always" if cfg.sync_always else ""
         limit = f"max_file_store: {cfg.max_file_store}" if cfg.max_file_store else ""
         pid_file = json.dumps(str(cfg.store_dir / PID_FILE))
+        profile = "prof_port: -1\n" if cfg.profile else ""  # a free port, in the ports file
         auth = ""
         if cfg.password is not None:
             auth = f"authorization {{ user: trove, password: {json.dumps(cfg.password)} }}\n"
@@ -81,6 +87,7 @@ class EmbeddedNats:
             f"pid_file: {pid_file}\n"
             f"ports_file_dir: {json.dumps(str(cfg.store_dir))}\n"
             f"max_payload: {cfg.max_payload}\n"
+            f"{profile}"
             f"{auth}"
             f"jetstream {{\n  store_dir: {store}\n  {sync}\n  {limit}\n}}\n",
         )
@@ -89,7 +96,7 @@ class EmbeddedNats:
             [str(nats_server_binary()), "-c", str(conf)],
             log_path=cfg.store_dir / "nats-server.log",
         )
-        found: list[tuple[int, int]] = []
+        found: list[tuple[int, int, str]] = []
 
         def ready() -> bool:
             ports = _ports_of(cfg.store_dir, child.pid)
@@ -102,7 +109,7 @@ class EmbeddedNats:
         except BaseException:
             self.stop()  # not left running behind a start that failed or was interrupted
             raise
-        port, monitor = found[0]
+        port, monitor, self.profile_url = found[0]
         credentials = "" if cfg.password is None else f"trove:{cfg.password}@"
         self.url = f"nats://{credentials}{cfg.host}:{port}"
         self.monitor_url = f"http://{cfg.host}:{monitor}"
@@ -142,17 +149,19 @@ def server_in(store_dir: Path) -> int | None:
     return None
 
 
-def _ports_of(store_dir: Path, pid: int) -> tuple[int, int] | None:
+def _ports_of(store_dir: Path, pid: int) -> tuple[int, int, str] | None:
     """The client and monitoring ports in the ports file of nats-server ``pid``, written
-    once both listen; None before (or while it is half written)."""
+    once both listen, and the profiles' URL if it serves them ("" if not); None before
+    (or while it is half written)."""
     for path in store_dir.glob(f"*_{pid}.ports"):
         try:
             found = json.loads(path.read_text())
             port = urlsplit(found["nats"][0]).port
             monitor = urlsplit(found["monitoring"][0]).port
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            profile = str((found.get("profile") or [""])[0])
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
             return None
-        return (port, monitor) if port and monitor else None
+        return (port, monitor, profile) if port and monitor else None
     return None
 
 

@@ -50,6 +50,8 @@ class Stack:
     database_url: str = ""
     fresh: bool = False
     fast_and_unsafe: bool = False
+    #: Its nats-server serves Go's profiles (``NatsConfig.profile``): benchmarks only.
+    profile_nats: bool = False
     postgres_bin: str | None = None
     #: Seconds to wait for servers a killed ``trove`` left on the folder to be stopped.
     left_behind_wait: float = LEFT_BEHIND_WAIT
@@ -107,7 +109,11 @@ class Stack:
             # may read them, in the state folder and in stack.json.
             if not self.nats_url:
                 self.nats = EmbeddedNats(
-                    NatsConfig(store_dir=self.state_dir / "nats", password=_secret())
+                    NatsConfig(
+                        store_dir=self.state_dir / "nats",
+                        password=_secret(),
+                        profile=self.profile_nats,
+                    )
                 ).start()
                 self.nats_url = self.nats.url
             if not self.database_url:
