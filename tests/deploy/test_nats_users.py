@@ -42,6 +42,9 @@ from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
     DAY,
+    DEAD_STREAM,
+    EVENTS_STREAM,
+    FETCH_DEFERRED,
     FOLLOW_SUBJECT,
     FOLLOWS_BUCKET,
     INSTANCE_FOLLOWED,
@@ -54,6 +57,7 @@ from trove_schema.topology import (
     TIMELINE_POLLED,
     TIMELINE_REQUESTED,
     UNFOLLOW_SUBJECT,
+    WORK_STREAM,
     TopologyOptions,
     declare,
     ensure_topology,
@@ -201,6 +205,29 @@ async def test_each_service_sets_up_the_topology_and_updates_only_what_it_owns(
             await js.delete_stream(SEEDS_STREAM)
     finally:
         await fetcher.close()
+
+
+async def test_only_the_fetcher_purges_and_only_the_work_it_handled(secured: Secured) -> None:
+    operator = await connect(secured, "operator")
+    await ensure_topology(operator.jetstream(), declare(), owner="cli")
+    await operator.close()
+    fetcher = await connect(secured, "fetcher")
+    try:
+        js = fetcher.jetstream(timeout=REFUSED_AFTER)
+        # Up to sequence 1, exclusive: nothing, but asked as ``purge_handled`` asks.
+        assert await js.purge_stream(WORK_STREAM, seq=1, subject=FETCH_DEFERRED)
+        for stream in (SEEDS_STREAM, EVENTS_STREAM, DEAD_STREAM, "KV_trove_domains"):
+            with pytest.raises(TimeoutError):
+                await js.purge_stream(stream, seq=1)
+    finally:
+        await fetcher.close()
+    for service in ("discovery", "recorder"):
+        nc = await connect(secured, service)
+        try:
+            with pytest.raises(TimeoutError):
+                await nc.jetstream(timeout=REFUSED_AFTER).purge_stream(WORK_STREAM, seq=1)
+        finally:
+            await nc.close()
 
 
 async def test_each_service_publishes_only_the_events_it_produces(secured: Secured) -> None:

@@ -100,8 +100,11 @@ class CommonSettings(BaseSettings):
     #: How the event record's finished blocks are stored on disk: S2-compressed, or not.
     #: Set by the recorder, which owns the stream (bench/bench_record_size.py measures both).
     events_compression: Literal["s2", "none"] = "s2"
-    #: How long deferred fetch work (TROVE_WORK) may wait; no slot is planned past it.
-    work_max_age_seconds: Seconds = Field(default=7 * 86_400.0, ge=1.0)
+    #: How long deferred fetch work (TROVE_WORK) is kept; 0, the default, keeps it until
+    #: a fetcher has handled it (the fetchers purge what they acked): work waits for a
+    #: fetcher however long none runs. With an age, work that came due while no fetcher
+    #: ran for longer than it is lost, and no slot is planned past half of it.
+    work_max_age_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: How long seeds sent to trove.seeds are kept (TROVE_SEEDS).
     seeds_max_age_seconds: Seconds = Field(default=30 * 86_400.0, ge=60.0)
     #: How long parked messages are kept (TROVE_DEAD); 0, the default, keeps them until
@@ -306,6 +309,9 @@ class FetcherSettings(CommonSettings):
     bot_info_url: str = "https://github.com/trove-crawler/trove/blob/main/docs/bot.md"
     robots_token: str = "TroveBot"  # noqa: S105 - the robots.txt user-agent token
     concurrency: int = Field(default=64, ge=1, le=4096)
+    #: Seconds between two purges of the deferred work the fetchers have handled
+    #: (``deferral.purge_handled``), which TROVE_WORK would otherwise keep.
+    work_purge_interval_seconds: Seconds = Field(default=60.0, gt=0.0)
     #: Work messages handed out to all fetcher pods before any is acked (consumer-wide).
     max_ack_pending: int = Field(default=2000, ge=1)
     #: How long a pod may hold a work message before JetStream gives it to another pod.

@@ -115,8 +115,9 @@ class TopologyOptions:
     #: Whether the event record's finished blocks are S2-compressed on disk (a record
     #: kept for ever is the largest thing Trove stores; JSON events shrink several-fold).
     events_compression: bool = True
-    #: How long deferred fetch work may wait in TROVE_WORK.
-    work_max_age: float = 7 * DAY
+    #: How long deferred fetch work is kept in TROVE_WORK; 0 (the default) until a
+    #: fetcher has handled it: the fetchers purge what they acked.
+    work_max_age: float = 0.0
     seeds_max_age: float = 30 * DAY
     #: Parked messages; 0 keeps them until an operator re-drives or drops them.
     dead_max_age: float = 0.0
@@ -174,7 +175,7 @@ class Topology:
 #: pod of the release before, in a rolling update's or a rollback's mixed minutes, would
 #: otherwise narrow a durable's subjects back, and the messages of the dropped subject
 #: would be passed over for good rather than parked where ``trove dead`` shows them.
-REVISION = 2
+REVISION = 3
 REVISION_KEY = "trove-topology"
 
 
@@ -242,6 +243,10 @@ def declare(options: TopologyOptions | None = None) -> Topology:
             subjects=[FETCH_DEFERRED, f"{WORK_SCHEDULES_PREFIX}.>"],
             storage=storage,
             num_replicas=opts.replicas,
+            # Kept until handled, not for an age (a fetcher away longer than it would lose
+            # the work that came due meanwhile): the fetchers purge the work they acked
+            # (``trove_fetcher.deferral.purge_handled``). nats-server does not change a
+            # stream's retention to a work queue's in place.
             retention=RetentionPolicy.LIMITS,
             max_age=opts.work_max_age,
             max_msg_size=opts.max_message_bytes,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from trove_fetcher.clock import ServerClock, outlasting, stream_info
-from trove_fetcher.deferral import horizon
+from trove_fetcher.deferral import horizon, purge_handled
 from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.language import default_identifier
@@ -95,15 +95,20 @@ WORK_AGE_REFRESH = 60.0
 
 
 async def _work_age(bus: Bus, configured: float) -> float:
-    """How long TROVE_WORK keeps a message: ``TROVE_WORK_MAX_AGE_SECONDS``, or less when
-    the stream says so. A pod of the release before, started while this one rolls out
-    (a scale-up mid-rollout), reconciles the stream to its own settings; a work message
-    scheduled by this pod's longer age would then age out before it fired."""
+    """How long TROVE_WORK keeps a message (0: until it is handled):
+    ``TROVE_WORK_MAX_AGE_SECONDS``, or less when the stream says so. An operator's
+    ``nats stream edit``, or a pod of a release that knew only ages (started while this
+    one rolls out, or a rollback), may give the stream one; a work message scheduled
+    past it would age out before it fired."""
     with contextlib.suppress(Exception):  # the broker away: the age as last read holds
         kept = (await bus.js.stream_info(WORK_STREAM)).config.max_age
         if kept is not None and kept > 0:
-            return min(configured, kept)
+            return min(configured, kept) if configured > 0 else kept
     return configured
+
+
+def _age_text(age: float) -> str:
+    return f"{age:.0f} s" if age > 0 else "until handled"
 
 
 async def _keep_horizon(
@@ -120,16 +125,48 @@ async def _keep_horizon(
         age = await _work_age(bus, configured)
         if age != shown:
             log.warning(
-                "%s keeps a message %.0f s, TROVE_WORK_MAX_AGE_SECONDS says %.0f s: work is "
+                "%s keeps a message %s, TROVE_WORK_MAX_AGE_SECONDS says %s: work is "
                 "scheduled within what the stream keeps",
                 WORK_STREAM,
-                age,
-                configured,
+                _age_text(age),
+                _age_text(configured),
             )
             shown = age
         apply(horizon(age))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
+
+
+async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float) -> None:
+    """Purge the deferred work the fetchers handled (``deferral.purge_handled``) every
+    ``interval`` until ``stop``. A purge that fails waits for the next, and the first of
+    a run of failures is a warning: a deployment's NATS user refused the purge (a
+    timeout, as nats-server answers what it refuses) would let the stream keep every
+    handled message for good."""
+    failing = False
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        if stop.is_set():
+            return
+        try:
+            floor = await purge_handled(bus.js)
+        except Exception as exc:
+            if not failing:
+                log.warning(
+                    "handled work not purged from %s (%s): the broker away, or this pod's "
+                    "NATS user not allowed $JS.API.STREAM.PURGE.%s; it stays until a purge "
+                    "succeeds",
+                    WORK_STREAM,
+                    exc or type(exc).__name__,
+                    WORK_STREAM,
+                )
+            failing = True
+        else:
+            if failing:
+                log.info("handled work purged from %s again", WORK_STREAM)
+            failing = False
+            log.debug("handled work purged", extra={"below": floor + 1})
 
 
 #: What a cached robots.txt record (``RobotsPolicy.to_bytes``) adds to the file: its JSON
@@ -258,6 +295,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 lambda ahead: setattr(fetcher, "horizon", ahead),
                 stop,
             ),
+            _keep_purging(bus, stop, settings.work_purge_interval_seconds),
             listed.keep(stop),
             bus.until_closed(stop),
             *(c.run(stop) for c in consumers),

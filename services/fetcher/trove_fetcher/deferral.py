@@ -15,14 +15,23 @@ onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
   followed so far, the last one still to request; ``Trove-Permanent: 1`` when each was
   a permanent redirect (its absence, as from an older pod, says nothing).
 
-**The horizon.** TROVE_WORK keeps a message for ``work_max_age`` from when it is
-stored, and a scheduled message is stored when it is published, not when it fires.
-A slot further out than that (a Crawl-delay of 120 s and thousands of queued pages
-on one host) would age out before it fires and the page would be lost. So a message
-is never scheduled further than ``HORIZON_FRACTION`` of ``work_max_age`` ahead: one
-whose slot lies beyond is scheduled at the horizon, keeps its slot in ``Trove-Slot``,
-and is scheduled again when it comes back early. The other half of the age is room
-for the scheduler's lateness and for a backlog in front of the consumer.
+**Kept until handled.** TROVE_WORK keeps its messages for no age by default: a
+fetcher stopped for a fortnight (scaled to zero, the whole stack stopped) finds every
+deferred fetch that came due meanwhile waiting, where a week's age deleted them unread
+and ended their pages' chains. What the fetchers have handled goes instead: every pod
+purges, every ``TROVE_WORK_PURGE_INTERVAL_SECONDS``, the fired work messages at or
+below the ``fetcher-deferred`` consumer's ack floor (``purge_handled``), every one of
+them acked, and nothing else (the schedules waiting to fire are on other subjects).
+
+**The horizon.** With an age (``TROVE_WORK_MAX_AGE_SECONDS``), TROVE_WORK keeps a
+message for ``work_max_age`` from when it is stored, and a scheduled message is stored
+when it is published, not when it fires. A slot further out than that (a Crawl-delay
+of 120 s and thousands of queued pages on one host) would age out before it fires and
+the page would be lost. So a message is never scheduled further than
+``HORIZON_FRACTION`` of ``work_max_age`` ahead: one whose slot lies beyond is scheduled
+at the horizon, keeps its slot in ``Trove-Slot``, and is scheduled again when it comes
+back early. The other half of the age is room for the scheduler's lateness and for a
+backlog in front of the consumer. Without an age, a slot is scheduled as it is.
 
 **The size.** nats-server counts a message's headers with its payload against its
 ``max_payload``, and closes the connection of a client that sends more. The hops are
@@ -39,6 +48,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from trove_schema.topology import FETCH_DEFERRED, FETCHER_DEFERRED, WORK_STREAM
 
 SLOT_HEADER = "Trove-Slot"
 CHAIN_HEADER = "Trove-Chain"
@@ -128,10 +142,31 @@ def _finite(value: str | None) -> float | None:
 
 
 def horizon(work_max_age: float) -> float:
-    """Seconds ahead a work message may be scheduled, for a stream keeping it ``work_max_age``."""
-    return work_max_age * HORIZON_FRACTION
+    """Seconds ahead a work message may be scheduled, for a stream keeping it
+    ``work_max_age`` (0: until it is handled, and so any distance ahead)."""
+    return work_max_age * HORIZON_FRACTION if work_max_age > 0 else math.inf
 
 
 def schedule_at(slot: float, now: float, horizon_seconds: float) -> float:
     """When to schedule a message whose slot is ``slot``: the slot, or the horizon if sooner."""
     return min(slot, now + horizon_seconds)
+
+
+async def purge_handled(js: JetStreamContext) -> int:
+    """Purge from TROVE_WORK the fired work messages the fetchers have acked: those at or
+    below the ``fetcher-deferred`` consumer's ack floor, on ``trove.work.fetch`` alone.
+    Returns the floor purged below (0: nothing to purge, or no such consumer yet).
+
+    The floor only rises, so a purge never reaches a message delivered and not yet
+    acked, nor one not yet delivered; nats-server moves the consumer past what it
+    purged and keeps its pending messages (a purge filtered on the consumer's own
+    subject)."""
+    try:
+        info = await js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)
+    except NotFoundError:
+        return 0
+    floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+    if not floor:
+        return 0
+    await js.purge_stream(WORK_STREAM, seq=floor + 1, subject=FETCH_DEFERRED)
+    return floor

@@ -206,7 +206,7 @@ class Fetcher:
         robots_token: str,
         robots_max_bytes: int,
         robots_ttl: float = DEFAULT_TTL,
-        work_max_age: float = 7 * 86_400.0,
+        work_max_age: float = 0.0,
         max_message_bytes: int = 1 << 20,
         ack_wait: float = 90.0,
         parse_workers: int = 2,

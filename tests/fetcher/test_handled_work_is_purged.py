@@ -1,0 +1,123 @@
+"""Deferred work is kept until a fetcher has handled it, however long none runs, and
+what the fetchers handled leaves TROVE_WORK (``deferral.purge_handled``).
+
+Against a real nats-server: the ``fetcher-deferred`` durable as the topology declares
+it, and for the whole path the fetcher as a real process and a real HTTP server whose
+request log is the witness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from nats.aio.msg import Msg
+
+from tests.conftest import StackUrls, eventually
+from tests.fetcher._completions import Completions
+from tests.fetcher._servers import Route, serving
+from tests.fetcher.test_polite_chains import IP, A, assert_polite, env, page, text, url
+from tests.support import publish_work, services
+from trove_fetcher.deferral import purge_handled
+from trove_schema.bus import Bus
+from trove_schema.topology import (
+    FETCH_DEFERRED,
+    FETCHER_DEFERRED,
+    WORK_SCHEDULES_PREFIX,
+    WORK_STREAM,
+)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+async def _count(bus: Bus, subject: str) -> int:
+    info = await bus.js.stream_info(WORK_STREAM, subjects_filter=subject)
+    return sum((info.state.subjects or {}).values())
+
+
+async def test_only_acked_work_is_purged_and_the_rest_is_still_delivered(bus: Bus) -> None:
+    for n in range(5):
+        await bus.js.publish(FETCH_DEFERRED, f"work {n}".encode())
+    waiting = f"{WORK_SCHEDULES_PREFIX}.later"
+    await bus.js.publish(
+        waiting,
+        b"work later",
+        headers={
+            "Nats-Schedule": "@at 2099-01-01T00:00:00Z",
+            "Nats-Schedule-Target": FETCH_DEFERRED,
+        },
+    )
+    sub = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
+    got: list[Msg] = await sub.fetch(4, timeout=5)
+    assert [m.data for m in got] == [f"work {n}".encode() for n in range(4)]
+    for msg in got[:3]:
+        await msg.ack_sync()
+
+    assert await purge_handled(bus.js) == got[2].metadata.sequence.stream
+
+    assert await _count(bus, FETCH_DEFERRED) == 2  # the one in hand, the one not delivered
+    assert await _count(bus, waiting) == 1  # a schedule waiting to fire is no handled work
+    # The one in hand is still the consumer's: handed back, it comes again; and the next.
+    await got[3].nak()
+    again: list[bytes] = []
+
+    async def delivered() -> list[bytes]:
+        with contextlib.suppress(TimeoutError):
+            again.extend(m.data for m in await sub.fetch(2 - len(again), timeout=0.5))
+        return again
+
+    await eventually(delivered, until=lambda d: len(d) == 2, timeout=10, what="both delivered")
+    assert sorted(again) == [b"work 3", b"work 4"]
+
+
+async def test_work_never_delivered_is_not_purged(bus: Bus) -> None:
+    await bus.js.publish(FETCH_DEFERRED, b"work")
+    await purge_handled(bus.js)
+    assert await _count(bus, FETCH_DEFERRED) == 1
+    sub = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
+    assert [m.data for m in await sub.fetch(1, timeout=5)] == [b"work"]
+
+
+async def test_work_due_while_no_fetcher_runs_waits_for_one_then_leaves_once_done(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A fetcher stops with four pages deferred; their slots come and go while none runs.
+    The next fetcher fetches all four, politely, and purges them once handled."""
+    gap = 2.0  # past the in-task wait: each page after the first is deferred
+    routes: dict[str, Route] = {f"{A}/robots.txt": text("User-agent: *\nAllow: /\n")}
+    for n in range(5):
+        routes[f"{A}/p/{n}"] = page(f"p{n}")
+    kept = (await bus.js.stream_info(WORK_STREAM)).config.max_age
+    assert not kept  # by default, no age: kept until handled
+
+    async def fired() -> int:
+        return await _count(bus, FETCH_DEFERRED)
+
+    async def purged() -> int:
+        return await _count(bus, FETCH_DEFERRED)
+
+    with serving(routes, IP) as server:
+        pages = [url(server, A, f"/p/{n}") for n in range(5)]
+        async with services(stack, state_dir, env(gap), only=("fetcher",)) as local:
+            await publish_work(bus, pages)
+            # Four deferred to their slots, one a gap after the other.
+            await eventually(
+                lambda: _count(bus, f"{WORK_SCHEDULES_PREFIX}.>"),
+                until=lambda n: n == 4,
+                timeout=20,
+                what="four pages deferred",
+            )
+            local.check_alive()
+        # No fetcher runs while every slot comes due.
+        await eventually(fired, until=lambda n: n == 4, timeout=20, what="every slot fired")
+        assert len(server.requests_for(A)) <= 2  # robots.txt and /p/0 at most
+
+        completions = Completions(bus.js)
+        purging = env(gap, TROVE_WORK_PURGE_INTERVAL_SECONDS="0.2")
+        async with services(stack, state_dir, purging, only=("fetcher",)) as local:
+            events = await completions.wait_for(5, timeout=40)
+            await eventually(purged, until=lambda n: n == 0, timeout=20, what="handled work purged")
+            local.check_alive()
+        assert_polite(server, A, gap)
+    assert {url for url, e in events.items() if e.outcome.value == "success"} == set(pages)
