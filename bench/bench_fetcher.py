@@ -94,6 +94,7 @@ from trove_schema.topology import (
     DEAD_STREAM,
     EVENTS_STREAM,
     FETCHER,
+    FETCHER_DEFERRED,
     RECORDER,
     WORK_STREAM,
 )
@@ -275,12 +276,19 @@ def _nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
 
+async def _deferred_delivered(bus: Bus) -> int:
+    """Deliveries of deferred work to the fetchers so far: TROVE_WORK's own count of
+    messages drops as the fetchers purge what they handled."""
+    info = await bus.js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)
+    return int(info.delivered.consumer_seq or 0) if info.delivered else 0
+
+
 async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
     fetchers = _pids(local, "fetcher")
     recorders = _pids(local, "recorder")
     base_completed = await subject_count(ctx.bus, EVENTS_STREAM, CRAWL_COMPLETED)
     base_committed = await _count_crawls(ctx.engine)
-    base_work = await stream_messages(ctx.bus, WORK_STREAM)
+    base_work = await _deferred_delivered(ctx.bus)
     witness = ctx.sandbox.witness
     requests0 = len(witness.requests())
     fetch_cpu0, rec_cpu0 = _cpu(fetchers), _cpu(recorders)
@@ -333,7 +341,7 @@ async def _measure(ctx: Context, local: LocalTrove, run: Run) -> None:
     run.recorder_cpu = sum(b - a for a, b in zip(rec_cpu0, rec_cpu1, strict=True))
     run.fetcher_peak_mib = [_nan_if_none(memory_mib(pid, "VmHWM")) for pid in fetchers]
     run.fetcher_rss_mib = [_nan_if_none(memory_mib(pid, "VmRSS")) for pid in fetchers]
-    run.deferred = await stream_messages(ctx.bus, WORK_STREAM) - base_work
+    run.deferred = await _deferred_delivered(ctx.bus) - base_work
     run.dead = await stream_messages(ctx.bus, DEAD_STREAM)
     for durable in (FETCHER, RECORDER):
         run.redelivered[durable] = await consumer_redelivered(ctx.bus, EVENTS_STREAM, durable)
@@ -491,7 +499,7 @@ def print_run(run: Run) -> None:
         for url, what in run.failures:
             print(f"      {url}: {what}")
     if run.deferred:
-        print(f"    {run.deferred} messages on TROVE_WORK (deferred to a host's next slot)")
+        print(f"    {run.deferred} deferred fetches (back from TROVE_WORK at a host's next slot)")
     if run.dead:
         print(f"    {run.dead} messages parked on TROVE_DEAD")
     redelivered = {k: v for k, v in run.redelivered.items() if v}

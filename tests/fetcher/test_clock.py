@@ -15,6 +15,7 @@ import pytest
 from nats.js.errors import ServiceUnavailableError
 
 from tests.conftest import eventually
+from trove_fetcher.app import consume_on_the_servers_clock
 from trove_fetcher.clock import KEPT, Ask, ServerClock, reading, stream_info
 from trove_schema.bus import Bus
 from trove_schema.server_time import server_time
@@ -158,3 +159,40 @@ async def test_the_pod_keeps_reading_and_a_failed_read_changes_nothing(bus: Bus)
     await asyncio.wait_for(keeping, 1)
 
     assert clock.offset == pytest.approx(offset, abs=0.05)
+
+
+async def test_a_stopping_pod_reads_the_servers_time_until_its_work_in_hand_is_done(
+    bus: Bus,
+) -> None:
+    """Work in hand finishes after the stop (robots.txt then its page, redirect hops),
+    each step under a lease taken on the server's time, which is read until it ends."""
+    ask = server(bus)
+    asked = 0
+
+    async def counted() -> bytes:
+        nonlocal asked
+        asked += 1
+        return await ask()
+
+    async def reads() -> int:
+        return asked
+
+    finish = asyncio.Event()
+
+    class Draining:
+        async def run(self, stop: asyncio.Event) -> None:
+            await stop.wait()
+            await finish.wait()  # the work in hand, done when the test says
+
+    clock = ServerClock(counted)
+    await clock.start()
+    stop = asyncio.Event()
+    running = asyncio.create_task(
+        consume_on_the_servers_clock(stop, clock, [Draining(), Draining()], interval=0.05)
+    )
+    stop.set()
+    at_stop = asked
+    await eventually(reads, until=lambda n: n >= at_stop + 3, timeout=5, interval=0.01)
+    assert not running.done()
+    finish.set()
+    await asyncio.wait_for(running, 5)

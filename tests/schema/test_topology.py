@@ -150,15 +150,28 @@ async def test_a_pod_of_an_older_release_leaves_a_newer_releases_durable_as_it_i
 
 
 @pytest.mark.usefixtures("clean")
-@pytest.mark.parametrize(
-    ("durable", "subject"), [(FETCHER, PAGE_DISCOVERED), (FETCHER_DEFERRED, FETCH_DEFERRED)]
-)
+async def test_a_deleted_deferred_work_durable_is_made_again_from_the_first_waiting_work(
+    bus: Bus,
+) -> None:
+    # TROVE_WORK keeps the work not yet handled and little more (the fetchers purge
+    # what they handled): from a later point the waiting work would be passed over.
+    stream, _ = declare().consumer(FETCHER_DEFERRED)
+    await bus.js.publish(FETCH_DEFERRED, b"waiting")
+    await bus.js.delete_consumer(stream, FETCHER_DEFERRED)
+
+    await ensure_topology(bus.js, declare(), owner="fetcher")
+
+    info = await bus.js.consumer_info(stream, FETCHER_DEFERRED)
+    assert info.num_pending == 1
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize(("durable", "subject"), [(FETCHER, PAGE_DISCOVERED)])
 async def test_a_deleted_fetcher_durable_is_not_made_again_from_its_streams_first_message(
     bus: Bus, durable: str, subject: str
 ) -> None:
     # Made again from the first message, the fetcher would fetch every page the record
-    # ever asked for, and every deferred fetch of the week, at once. Where it starts
-    # again is the operator's to say.
+    # ever asked for at once. Where it starts again is the operator's to say.
     stream, config = declare().consumer(durable)
     await bus.js.publish(subject, b"{}")  # the stream holds a message
     await bus.js.delete_consumer(stream, durable)

@@ -561,10 +561,11 @@ async def _keeps_schedules_from(
             continue
         dropped = msg.time + timedelta(seconds=want)
         if dropped <= now or dropped < due:
+            kept = f"at {have:g} s" if have else "without an age"
             raise RetentionRefused(
                 f"{name}: a retention of {want:g} s (TROVE_*_MAX_AGE_SECONDS) would drop "
                 f"a schedule it holds ({msg.subject}, published {msg.time:%Y-%m-%d %H:%M}, "
-                f"due {due:%Y-%m-%d %H:%M}); keep the retention at {have:g} s, or longer "
+                f"due {due:%Y-%m-%d %H:%M}); keep the retention {kept}, or longer "
                 "than the longest wait of a schedule"
             )
 
@@ -655,13 +656,16 @@ async def _create_consumer(js: JetStreamContext, stream: str, config: ConsumerCo
 
 #: Durables that must not start from the first message of a stream that holds some
 #: already: the fetcher would fetch every page the record ever asked for at once, its
-#: attempts under the ids of those already recorded (which the recorder drops), and the
-#: week of deferred fetches ``TROVE_WORK`` keeps; discovery would ask every page's
-#: re-crawl again. The recorder's projection takes the record again as a replay does,
-#: the follows' commands end where they ended, and the seeds' only crawl again the
-#: forced ones of the stream's month. Every durable is created at the first start, on
-#: empty streams: one is missing later only if it was deleted.
-NOT_READ_AGAIN = frozenset({FETCHER, FETCHER_DEFERRED, DISCOVERY_LINKS})
+#: attempts under the ids of those already recorded (which the recorder drops);
+#: discovery would ask every page's re-crawl again. The recorder's projection takes the
+#: record again as a replay does, the follows' commands end where they ended, the seeds'
+#: only crawl again the forced ones of the stream's month, and the deferred fetches'
+#: (``fetcher-deferred``) take the work not yet handled, which ``TROVE_WORK`` keeps,
+#: and at most two purge intervals of handled work, asked again (the fetchers purge what
+#: they handled: ``deferral.purge_handled``); made from a later point, it would pass the
+#: waiting work over, and the next purge would delete it. Every durable is created at
+#: the first start, on empty streams: one is missing later only if it was deleted.
+NOT_READ_AGAIN = frozenset({FETCHER, DISCOVERY_LINKS})
 
 
 async def _refuse_to_read_again(js: JetStreamContext, stream: str, durable: str) -> None:

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from trove_fetcher.clock import ServerClock, outlasting, stream_info
+from trove_fetcher.clock import PROBE_INTERVAL, ServerClock, outlasting, stream_info
 from trove_fetcher.deferral import horizon, purge_handled
 from trove_fetcher.fetcher import Fetcher
 from trove_fetcher.http import FetchLimits
@@ -137,9 +138,37 @@ async def _keep_horizon(
             await asyncio.wait_for(stop.wait(), interval)
 
 
+class Consuming(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def consume_on_the_servers_clock(
+    stop: asyncio.Event,
+    clock: ServerClock,
+    consumers: Sequence[Consuming],
+    interval: float = PROBE_INTERVAL,
+) -> None:
+    """Run the consumers, and read the server's time (``ServerClock.keep``) for as long
+    as any of them runs: after ``stop`` too, while the work in hand finishes (robots.txt
+    then its page, redirect hops: each takes a lease on the clock). A node drained moves
+    the streams' leaders; a pod that stopped reading at ``stop`` would keep the old
+    leader's time for the minutes its work takes, where the other pods read the new
+    one's."""
+    drained = asyncio.Event()
+
+    async def consuming() -> None:
+        try:
+            await together(stop, *(c.run(stop) for c in consumers))
+        finally:
+            drained.set()
+
+    await together(stop, clock.keep(drained, interval), consuming())
+
+
 async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float) -> None:
-    """Purge the deferred work the fetchers handled (``deferral.purge_handled``) every
-    ``interval`` until ``stop``. A purge that fails waits for the next, and the first of
+    """Purge the deferred work the fetchers handled (``deferral.purge_handled``) once it
+    is ``interval`` old, looked at every ``interval`` until ``stop``: of several pods,
+    the first to look purges. A purge that fails waits for the next, and the first of
     a run of failures is a warning: a deployment's NATS user refused the purge (a
     timeout, as nats-server answers what it refuses) would let the stream keep every
     handled message for good."""
@@ -150,7 +179,7 @@ async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float) -> None:
         if stop.is_set():
             return
         try:
-            floor = await purge_handled(bus.js)
+            floor = await purge_handled(bus.js, older_than=interval)
         except Exception as exc:
             if not failing:
                 log.warning(
@@ -166,7 +195,8 @@ async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float) -> None:
             if failing:
                 log.info("handled work purged from %s again", WORK_STREAM)
             failing = False
-            log.debug("handled work purged", extra={"below": floor + 1})
+            if floor:
+                log.debug("handled work purged", extra={"below": floor + 1})
 
 
 #: What a cached robots.txt record (``RobotsPolicy.to_bytes``) adds to the file: its JSON
@@ -288,7 +318,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
         ready.set()
         await together(
             stop,
-            clock.keep(stop),
+            consume_on_the_servers_clock(stop, clock, consumers),
             _keep_horizon(
                 bus,
                 settings.work_max_age_seconds,
@@ -298,7 +328,6 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             _keep_purging(bus, stop, settings.work_purge_interval_seconds),
             listed.keep(stop),
             bus.until_closed(stop),
-            *(c.run(stop) for c in consumers),
         )
         # Each part of ``together`` returns only at ``stop``.
         await settle_within_grace(fetcher, await stopped_at, settings.stop_grace_seconds)
