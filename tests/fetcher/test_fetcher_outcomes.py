@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import httpx
@@ -39,11 +40,14 @@ from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus, Retry, broker_trouble
 from trove_schema.events import (
     CrawlOutcome,
+    CrawlRequested,
     Event,
     PageDiscovered,
     Provenance,
+    RequestReason,
     Scope,
     TimelinePollRequested,
+    utcnow,
 )
 from trove_schema.policy import HostPolicy, LearningConfig, observe
 from trove_schema.settings import FetcherSettings
@@ -220,6 +224,34 @@ async def test_finished_work_delivered_again_is_not_fetched_again(
     events = await Completions(bus.js).wait_for(1, timeout=10)
     assert events[page.url].outcome.value == "success"
     assert len(server.requests_to("/page", HOST)) == 1
+
+
+async def test_a_visit_planned_again_under_the_id_of_one_fetched_is_fetched(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """A late copy of a page's attempt (its work fetched again after the fetchers were
+    away longer than the page's interval) plans the page's next visit again, under the
+    id of the visit that already followed it and due later: a request of its own, which
+    skipped as answered would leave the page without any."""
+    fetcher = await fetcher_on(bus, client)
+    page = work(server)
+    due = utcnow()
+    visit = CrawlRequested(
+        url=page.url,
+        domain=page.domain,
+        scope=page.scope,
+        reason=RequestReason.RECRAWL,
+        not_before=due,
+        caused_by="attempt-0",
+    )
+    again = visit.model_copy(update={"not_before": due + timedelta(hours=1)})
+    try:
+        await fetcher.process(Job(visit), visit.to_wire())
+        await fetcher.process(Job(visit), visit.to_wire())  # delivered again: answered
+        await fetcher.process(Job(again), again.to_wire())  # planned again: a new request
+    finally:
+        fetcher.close()
+    assert len(server.requests_to("/page", HOST)) == 2
 
 
 async def test_deferred_work_delivered_twice_is_scheduled_once(

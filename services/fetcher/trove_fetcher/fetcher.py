@@ -306,7 +306,7 @@ class Fetcher:
             _hand_back(exc)
 
     async def process(self, job: Job, payload: bytes) -> None:
-        if job.work.id in self._done:
+        if _answered_key(job.work) in self._done:
             return  # answered already: only the ack was lost
         built = self._unpublished.get(job.work.id)
         if built is not None:  # fetched already; only its publish failed
@@ -889,7 +889,7 @@ class Fetcher:
         """Publish a finished attempt, riding out a short broker outage in the task."""
         await self._patiently(lambda: self.bus.publish(event))
         self._unpublished.pop(job.work.id)
-        self._done.put(job.work.id, True)
+        self._done.put(_answered_key(job.work), True)
         FETCHES.labels(event.outcome.value).inc()
         log.info(
             "crawled",
@@ -1328,6 +1328,18 @@ def _robots_observation(
 
 def _robots_key(origin: str) -> str:
     return hashlib.sha1(origin.encode(), usedforsecurity=False).hexdigest()
+
+
+def _answered_key(work: PageDiscovered | CrawlRequested) -> str:
+    """What a pod remembers answered work by (``Fetcher._done``): its id and, for a
+    request for later, when it was due. A request delivered again (its ack lost), or its
+    deferred copy, is the same message: answered, it is not fetched again. But a page's
+    next visit planned again from a late copy of the attempt before it (that attempt's
+    work fetched once more after the fetchers were away longer than the page's interval)
+    has the id of the visit that followed it, due later: skipped as answered, the page
+    would have no request left, and its chain would end there."""
+    not_before = work.not_before if isinstance(work, CrawlRequested) else None
+    return work.id if not_before is None else f"{work.id}@{not_before.isoformat()}"
 
 
 def _cause(msg: Msg) -> str:
