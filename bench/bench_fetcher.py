@@ -499,7 +499,10 @@ def print_run(run: Run) -> None:
         for url, what in run.failures:
             print(f"      {url}: {what}")
     if run.deferred:
-        print(f"    {run.deferred} deferred fetches (back from TROVE_WORK at a host's next slot)")
+        print(
+            f"    {run.deferred} deliveries of deferred work (back from TROVE_WORK at a "
+            "host's next slot; redeliveries included)"
+        )
     if run.dead:
         print(f"    {run.dead} messages parked on TROVE_DEAD")
     redelivered = {k: v for k, v in run.redelivered.items() if v}

@@ -150,25 +150,17 @@ async def test_a_pod_of_an_older_release_leaves_a_newer_releases_durable_as_it_i
 
 
 @pytest.mark.usefixtures("clean")
-async def test_a_deleted_deferred_work_durable_is_made_again_from_the_first_waiting_work(
-    bus: Bus,
-) -> None:
-    # TROVE_WORK keeps the work not yet handled and little more (the fetchers purge
-    # what they handled): from a later point the waiting work would be passed over.
-    stream, _ = declare().consumer(FETCHER_DEFERRED)
-    await bus.js.publish(FETCH_DEFERRED, b"waiting")
-    await bus.js.delete_consumer(stream, FETCHER_DEFERRED)
-
-    await ensure_topology(bus.js, declare(), owner="fetcher")
-
-    info = await bus.js.consumer_info(stream, FETCHER_DEFERRED)
-    assert info.num_pending == 1
-
-
-@pytest.mark.usefixtures("clean")
-@pytest.mark.parametrize(("durable", "subject"), [(FETCHER, PAGE_DISCOVERED)])
+@pytest.mark.parametrize(
+    ("durable", "subject", "advice"),
+    [
+        (FETCHER, PAGE_DISCOVERED, "--deliver <time>"),
+        # TROVE_WORK holds the waiting work, which a later start would pass over for the
+        # next purge to delete, and the handled work not yet purged, fetched again.
+        (FETCHER_DEFERRED, FETCH_DEFERRED, "--deliver all"),
+    ],
+)
 async def test_a_deleted_fetcher_durable_is_not_made_again_from_its_streams_first_message(
-    bus: Bus, durable: str, subject: str
+    bus: Bus, durable: str, subject: str, advice: str
 ) -> None:
     # Made again from the first message, the fetcher would fetch every page the record
     # ever asked for at once. Where it starts again is the operator's to say.
@@ -176,8 +168,11 @@ async def test_a_deleted_fetcher_durable_is_not_made_again_from_its_streams_firs
     await bus.js.publish(subject, b"{}")  # the stream holds a message
     await bus.js.delete_consumer(stream, durable)
 
-    with pytest.raises(TopologyError, match=rf"consumer {durable} is missing on {stream}"):
+    with pytest.raises(
+        TopologyError, match=rf"consumer {durable} is missing on {stream}"
+    ) as refused:
         await ensure_topology(bus.js, declare(), owner="fetcher")
+    assert advice in str(refused.value)
     with pytest.raises(NotFoundError):
         await bus.js.consumer_info(stream, durable)
 

@@ -656,22 +656,30 @@ async def _create_consumer(js: JetStreamContext, stream: str, config: ConsumerCo
 
 #: Durables that must not start from the first message of a stream that holds some
 #: already: the fetcher would fetch every page the record ever asked for at once, its
-#: attempts under the ids of those already recorded (which the recorder drops);
+#: attempts under the ids of those already recorded (which the recorder drops), and
+#: the deferred fetches ``TROVE_WORK`` holds that were handled and not yet purged (a few
+#: minutes' worth while the purges run, every one while they are refused);
 #: discovery would ask every page's re-crawl again. The recorder's projection takes the
-#: record again as a replay does, the follows' commands end where they ended, the seeds'
-#: only crawl again the forced ones of the stream's month, and the deferred fetches'
-#: (``fetcher-deferred``) take the work not yet handled, which ``TROVE_WORK`` keeps,
-#: and at most two purge intervals of handled work, asked again (the fetchers purge what
-#: they handled: ``deferral.purge_handled``); made from a later point, it would pass the
-#: waiting work over, and the next purge would delete it. Every durable is created at
-#: the first start, on empty streams: one is missing later only if it was deleted.
-NOT_READ_AGAIN = frozenset({FETCHER, DISCOVERY_LINKS})
+#: record again as a replay does, the follows' commands end where they ended, and the
+#: seeds' only crawl again the forced ones of the stream's month. Every durable is
+#: created at the first start, on empty streams: one is missing later only if it was
+#: deleted.
+NOT_READ_AGAIN = frozenset({FETCHER, FETCHER_DEFERRED, DISCOVERY_LINKS})
 
 
 async def _refuse_to_read_again(js: JetStreamContext, stream: str, durable: str) -> None:
     """Raise ``TopologyError`` when ``stream`` holds messages: where ``durable`` should
     start again is the operator's to say (docs/deploy.md, "A durable deleted")."""
     held = (await js.stream_info(stream)).state.messages
+    if held and durable == FETCHER_DEFERRED:
+        raise TopologyError(
+            f"consumer {durable} is missing on {stream}, which holds {held} messages: the "
+            "deferred work not yet handled, which only it takes, and the handled work not "
+            "yet purged, which it would fetch again. Create it from the first "
+            f"(`nats consumer add {stream} {durable} --pull --deliver all --defaults`) to "
+            "lose no work, or from a later point to repeat less: the waiting work before "
+            "it is passed over, and the next purge deletes it. The next start sets the rest"
+        )
     if held:
         raise TopologyError(
             f"consumer {durable} is missing on {stream}, which holds {held} messages: "

@@ -165,10 +165,12 @@ async def consume_on_the_servers_clock(
     await together(stop, clock.keep(drained, interval), consuming())
 
 
-async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float) -> None:
+async def _keep_purging(
+    bus: Bus, stop: asyncio.Event, interval: float, now: Callable[[], float]
+) -> None:
     """Purge the deferred work the fetchers handled (``deferral.purge_handled``) once it
-    is ``interval`` old, looked at every ``interval`` until ``stop``: of several pods,
-    the first to look purges. A purge that fails waits for the next, and the first of
+    is ``interval`` old on the server's time (``now``), looked at every ``interval``
+    until ``stop``. A purge that fails waits for the next, and the first of
     a run of failures is a warning: a deployment's NATS user refused the purge (a
     timeout, as nats-server answers what it refuses) would let the stream keep every
     handled message for good."""
@@ -179,7 +181,7 @@ async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float) -> None:
         if stop.is_set():
             return
         try:
-            floor = await purge_handled(bus.js, older_than=interval)
+            floor = await purge_handled(bus.js, older_than=interval, now=now())
         except Exception as exc:
             if not failing:
                 log.warning(
@@ -325,7 +327,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 lambda ahead: setattr(fetcher, "horizon", ahead),
                 stop,
             ),
-            _keep_purging(bus, stop, settings.work_purge_interval_seconds),
+            _keep_purging(bus, stop, settings.work_purge_interval_seconds, clock.now),
             listed.keep(stop),
             bus.until_closed(stop),
         )

@@ -18,11 +18,11 @@ onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
 **Kept until handled.** TROVE_WORK keeps its messages for no age by default: a
 fetcher stopped for a fortnight (scaled to zero, the whole stack stopped) finds every
 deferred fetch that came due meanwhile waiting, where a week's age deleted them unread
-and ended their pages' chains. What the fetchers have handled goes instead: once an
-interval (``TROVE_WORK_PURGE_INTERVAL_SECONDS``), one pod purges the fired work messages
-at or below the ``fetcher-deferred`` consumer's ack floor (``purge_handled``), every
-one of them acked, and nothing else (the schedules waiting to fire are on other
-subjects).
+and ended their pages' chains. What the fetchers have handled goes instead: each pod
+looks every ``TROVE_WORK_PURGE_INTERVAL_SECONDS`` and, once the oldest handled message
+is that old, purges the fired work messages at or below the ``fetcher-deferred``
+consumer's ack floor (``purge_handled``), every one of them acked, and nothing else
+(the schedules waiting to fire are on other subjects).
 
 **The horizon.** With an age (``TROVE_WORK_MAX_AGE_SECONDS``), TROVE_WORK keeps a
 message for ``work_max_age`` from when it is stored, and a scheduled message is stored
@@ -48,7 +48,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 
 from nats.js import JetStreamContext
@@ -154,28 +153,33 @@ def schedule_at(slot: float, now: float, horizon_seconds: float) -> float:
     return min(slot, now + horizon_seconds)
 
 
-async def purge_handled(js: JetStreamContext, older_than: float) -> int:
+async def purge_handled(js: JetStreamContext, older_than: float, now: float) -> int:
     """Purge from TROVE_WORK the fired work messages the fetchers have acked: those at or
     below the ``fetcher-deferred`` consumer's ack floor, on ``trove.work.fetch`` alone,
-    once the oldest of them was stored ``older_than`` seconds ago. Returns the floor
-    purged below; 0 when nothing was purged (none handled, none that old, no consumer).
+    once the oldest of them was stored ``older_than`` seconds before ``now`` (the
+    server's time), and only while the consumer has pulls waiting. Returns the floor
+    purged below; 0 when nothing was purged.
 
     The floor only rises, so a purge never reaches a message delivered and not yet
     acked, nor one not yet delivered; nats-server moves the consumer past what it
     purged and keeps its pending messages (a purge filtered on the consumer's own
     subject). But it forgets the consumer's queue of redeliveries (nats-server 2.15,
-    ``consumer.purge``): a message handed back a moment before comes again at its ack
-    wait, not at once. So the pods purge seldom: the first to find the oldest handled
-    message ``older_than`` old purges, and the others then find none."""
+    ``consumer.purge``): a message queued there (handed back, or its ack wait run out)
+    would come again only at its next ack wait. A queued message goes at once to a
+    waiting pull, so with pulls waiting the queue is empty; pods whose hands are full
+    wait none, and then nothing is purged (a backlog's handled work goes once it is
+    taken up)."""
     try:
         info = await js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)
+        if not info.num_waiting:
+            return 0
         oldest = await js.get_msg(WORK_STREAM, seq=1, subject=FETCH_DEFERRED, next=True)
     except NotFoundError:
         return 0  # no consumer yet, or no work on the stream
     floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
     if oldest.seq is None or oldest.seq > floor or oldest.time is None:
         return 0
-    if (datetime.now(UTC) - oldest.time).total_seconds() < older_than:
+    if now - oldest.time.timestamp() < older_than:
         return 0
     await js.purge_stream(WORK_STREAM, seq=floor + 1, subject=FETCH_DEFERRED)
     return floor
