@@ -59,9 +59,11 @@ async def test_only_acked_work_is_purged_and_the_rest_is_still_delivered(bus: Bu
     for msg in got[:3]:
         await msg.ack_sync()
 
-    # No pull waits (the pods' hands are full): a redelivery may be queued, which a
+    # The oldest handled message an interval old (10 s, on the server's clock 15 s on),
+    # but no pull waits (the pods' hands are full): a redelivery may be queued, which a
     # purge would make nats-server forget. Nothing is purged.
-    assert await purge_handled(bus.js, older_than=0, now=time.time()) == 0
+    later = time.time() + 15
+    assert await purge_handled(bus.js, older_than=10, now=later) == 0
     # Another pod asks for work, and waits: nothing is queued.
     other = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
     asking = asyncio.create_task(other.fetch(1, timeout=15))
@@ -70,7 +72,7 @@ async def test_only_acked_work_is_purged_and_the_rest_is_still_delivered(bus: Bu
     assert await purge_handled(bus.js, older_than=3600, now=time.time()) == 0
     assert await _count(bus, FETCH_DEFERRED) == 5
     floor = got[2].metadata.sequence.stream
-    assert await purge_handled(bus.js, older_than=0, now=time.time()) == floor
+    assert await purge_handled(bus.js, older_than=10, now=later) == floor
 
     assert await _count(bus, FETCH_DEFERRED) == 2  # the two in hand
     assert await _count(bus, waiting) == 1  # a schedule waiting to fire is no handled work
@@ -79,6 +81,24 @@ async def test_only_acked_work_is_purged_and_the_rest_is_still_delivered(bus: Bu
     assert [m.data for m in await asking] == [b"work 3"]
     await got[4].nak()
     assert [m.data for m in await other.fetch(1, timeout=5)] == [b"work 4"]
+
+
+async def test_handled_work_is_purged_while_no_pull_waits_once_it_is_four_intervals_old(
+    bus: Bus,
+) -> None:
+    """Work coming due faster than the pods start it keeps their hands full: no pull
+    waits, and the stream would keep every handled message for as long as that lasts."""
+    for n in range(2):
+        await bus.js.publish(FETCH_DEFERRED, f"work {n}".encode())
+    pod = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
+    got: list[Msg] = await pod.fetch(2, timeout=5)
+    await got[0].ack_sync()
+    assert await _pulls_waiting(bus) == 0
+    stored = time.time()
+    assert await purge_handled(bus.js, older_than=10, now=stored + 35) == 0
+    floor = got[0].metadata.sequence.stream
+    assert await purge_handled(bus.js, older_than=10, now=stored + 45) == floor
+    assert await _count(bus, FETCH_DEFERRED) == 1  # the one in hand
 
 
 async def test_work_due_while_no_fetcher_runs_waits_for_one_then_leaves_once_done(

@@ -676,7 +676,8 @@ async def _refuse_to_read_again(js: JetStreamContext, stream: str, durable: str)
             f"consumer {durable} is missing on {stream}, which holds {held} messages: the "
             "deferred work not yet handled, which only it takes, and the handled work not "
             "yet purged, which it would fetch again. Create it from the first "
-            f"(`nats consumer add {stream} {durable} --pull --deliver all --defaults`) to "
+            f"(`nats consumer add {stream} {durable} --pull --deliver all "
+            f"--filter {FETCH_DEFERRED} --defaults`) to "
             "lose no work, or from a later point to repeat less: the waiting work before "
             "it is passed over, and the next purge deletes it. The next start sets the rest"
         )

@@ -153,12 +153,17 @@ def schedule_at(slot: float, now: float, horizon_seconds: float) -> float:
     return min(slot, now + horizon_seconds)
 
 
+#: How many times the purge's age the oldest handled message may reach, while no pull
+#: waits, before it is purged all the same.
+PURGE_ANYWAY = 4
+
+
 async def purge_handled(js: JetStreamContext, older_than: float, now: float) -> int:
     """Purge from TROVE_WORK the fired work messages the fetchers have acked: those at or
     below the ``fetcher-deferred`` consumer's ack floor, on ``trove.work.fetch`` alone,
     once the oldest of them was stored ``older_than`` seconds before ``now`` (the
-    server's time), and only while the consumer has pulls waiting. Returns the floor
-    purged below; 0 when nothing was purged.
+    server's time), while the consumer has pulls waiting, or at ``PURGE_ANYWAY`` times
+    that age. Returns the floor purged below; 0 when nothing was purged.
 
     The floor only rises, so a purge never reaches a message delivered and not yet
     acked, nor one not yet delivered; nats-server moves the consumer past what it
@@ -166,20 +171,21 @@ async def purge_handled(js: JetStreamContext, older_than: float, now: float) -> 
     subject). But it forgets the consumer's queue of redeliveries (nats-server 2.15,
     ``consumer.purge``): a message queued there (handed back, or its ack wait run out)
     would come again only at its next ack wait. A queued message goes at once to a
-    waiting pull, so with pulls waiting the queue is empty; pods whose hands are full
-    wait none, and then nothing is purged (a backlog's handled work goes once it is
-    taken up)."""
+    waiting pull, so with pulls waiting the queue is empty. Pods whose hands are full
+    wait none, for as long as work comes due faster than they start it (with fewer pods
+    than ``max_ack_pending`` fills); the stream would grow by every handled message
+    meanwhile, so past ``PURGE_ANYWAY`` times the age the purge goes ahead, and a
+    redelivery it makes the server forget comes an ack wait later."""
     try:
         info = await js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)
-        if not info.num_waiting:
-            return 0
         oldest = await js.get_msg(WORK_STREAM, seq=1, subject=FETCH_DEFERRED, next=True)
     except NotFoundError:
         return 0  # no consumer yet, or no work on the stream
     floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
     if oldest.seq is None or oldest.seq > floor or oldest.time is None:
         return 0
-    if now - oldest.time.timestamp() < older_than:
+    age = now - oldest.time.timestamp()
+    if age < older_than or (not info.num_waiting and age < PURGE_ANYWAY * older_than):
         return 0
     await js.purge_stream(WORK_STREAM, seq=floor + 1, subject=FETCH_DEFERRED)
     return floor
