@@ -35,6 +35,7 @@ from tests.deploy._support import REPO, nats_users
 from tests.ports import free_port
 from trove_cli.status import read_slots
 from trove_discovery.follows import Follows, FollowStore, parse_command
+from trove_fetcher.app import _may_purge, _work_max_age
 from trove_schema.bus import Bus
 from trove_schema.nats_tls import client_tls
 from trove_schema.settings import CommonSettings, DiscoverySettings
@@ -214,6 +215,7 @@ async def test_only_the_fetcher_purges_and_only_the_work_it_handled(secured: Sec
         js = fetcher.jetstream(timeout=REFUSED_AFTER)
         # Up to sequence 1, exclusive: nothing, but asked as ``purge_handled`` asks.
         assert await js.purge_stream(WORK_STREAM, seq=1, subject=FETCH_DEFERRED)
+        assert await _may_purge(Bus(fetcher, js))
         others = [c.name for c in declare().streams if c.name != WORK_STREAM]
         others += [f"KV_{b.bucket}" for b in declare().buckets]
         assert len(others) == 9
@@ -226,10 +228,16 @@ async def test_only_the_fetcher_purges_and_only_the_work_it_handled(secured: Sec
     for service in ("discovery", "recorder"):
         nc = await connect(secured, service)
         try:
+            refused = nc.jetstream(timeout=REFUSED_AFTER)
             with pytest.raises(TimeoutError):
-                await nc.jetstream(timeout=REFUSED_AFTER).purge_stream(WORK_STREAM, seq=1)
+                await refused.purge_stream(WORK_STREAM, seq=1)
+            # As a fetcher whose user the release before granted: a week's age then.
+            assert not await _may_purge(Bus(nc, refused))
         finally:
             await nc.close()
+    assert _work_max_age(0.0, may_purge=False) == 7 * DAY
+    assert _work_max_age(0.0, may_purge=True) == 0.0  # kept until handled
+    assert _work_max_age(3 * DAY, may_purge=False) == 3 * DAY  # the operator's own
 
 
 async def test_each_service_publishes_only_the_events_it_produces(secured: Secured) -> None:

@@ -9,7 +9,6 @@ request log is the witness.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -59,20 +58,19 @@ async def test_only_acked_work_is_purged_and_the_rest_is_still_delivered(bus: Bu
     for msg in got[:3]:
         await msg.ack_sync()
 
-    # The oldest handled message an interval old (10 s, on the server's clock 15 s on),
-    # but no pull waits (the pods' hands are full): a redelivery may be queued, which a
-    # purge would make nats-server forget. Nothing is purged.
-    later = time.time() + 15
-    assert await purge_handled(bus.js, older_than=10, now=later) == 0
+    # Three handled, but no pull waits (the pods' hands are full): a redelivery may be
+    # queued, which a purge would make nats-server forget. Not before four times three.
+    assert await purge_handled(bus.js, purge_after=3) == 0
     # Another pod asks for work, and waits: nothing is queued.
     other = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
     asking = asyncio.create_task(other.fetch(1, timeout=15))
     await eventually(lambda: _pulls_waiting(bus), until=bool, timeout=10, what="a pull waiting")
-    # Not while the oldest handled message is younger than the interval.
-    assert await purge_handled(bus.js, older_than=3600, now=time.time()) == 0
+    assert await purge_handled(bus.js, purge_after=4) == 0  # not yet as many as that
     assert await _count(bus, FETCH_DEFERRED) == 5
     floor = got[2].metadata.sequence.stream
-    assert await purge_handled(bus.js, older_than=10, now=later) == floor
+    assert await purge_handled(bus.js, purge_after=3) == floor + 1
+    # A second pod looking next finds none handled left to purge.
+    assert await purge_handled(bus.js, purge_after=1) == 0
 
     assert await _count(bus, FETCH_DEFERRED) == 2  # the two in hand
     assert await _count(bus, waiting) == 1  # a schedule waiting to fire is no handled work
@@ -83,21 +81,21 @@ async def test_only_acked_work_is_purged_and_the_rest_is_still_delivered(bus: Bu
     assert [m.data for m in await other.fetch(1, timeout=5)] == [b"work 4"]
 
 
-async def test_handled_work_is_purged_while_no_pull_waits_once_it_is_four_intervals_old(
+async def test_handled_work_is_purged_while_no_pull_waits_at_four_times_as_many(
     bus: Bus,
 ) -> None:
     """Work coming due faster than the pods start it keeps their hands full: no pull
     waits, and the stream would keep every handled message for as long as that lasts."""
-    for n in range(2):
+    for n in range(5):
         await bus.js.publish(FETCH_DEFERRED, f"work {n}".encode())
     pod = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
-    got: list[Msg] = await pod.fetch(2, timeout=5)
-    await got[0].ack_sync()
+    got: list[Msg] = await pod.fetch(5, timeout=5)
+    for msg in got[:4]:
+        await msg.ack_sync()
     assert await _pulls_waiting(bus) == 0
-    stored = time.time()
-    assert await purge_handled(bus.js, older_than=10, now=stored + 35) == 0
-    floor = got[0].metadata.sequence.stream
-    assert await purge_handled(bus.js, older_than=10, now=stored + 45) == floor
+    assert await purge_handled(bus.js, purge_after=2) == 0
+    floor = got[3].metadata.sequence.stream
+    assert await purge_handled(bus.js, purge_after=1) == floor + 1
     assert await _count(bus, FETCH_DEFERRED) == 1  # the one in hand
 
 
@@ -136,7 +134,9 @@ async def test_work_due_while_no_fetcher_runs_waits_for_one_then_leaves_once_don
         assert len(server.requests_for(A)) <= 2  # robots.txt and /p/0 at most
 
         completions = Completions(bus.js)
-        purging = env(gap, TROVE_WORK_PURGE_INTERVAL_SECONDS="0.2")
+        purging = env(
+            gap, TROVE_WORK_PURGE_INTERVAL_SECONDS="0.2", TROVE_WORK_PURGE_AFTER_MESSAGES="1"
+        )
         async with services(stack, state_dir, purging, only=("fetcher",)) as local:
             events = await completions.wait_for(5, timeout=40)
             await eventually(purged, until=lambda n: n == 0, timeout=20, what="handled work purged")

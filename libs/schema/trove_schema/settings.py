@@ -309,9 +309,12 @@ class FetcherSettings(CommonSettings):
     bot_info_url: str = "https://github.com/trove-crawler/trove/blob/main/docs/bot.md"
     robots_token: str = "TroveBot"  # noqa: S105 - the robots.txt user-agent token
     concurrency: int = Field(default=64, ge=1, le=4096)
-    #: How long deferred work the fetchers have handled stays in TROVE_WORK before one
-    #: of them purges it (``deferral.purge_handled``); each pod looks this often.
-    work_purge_interval_seconds: Seconds = Field(default=300.0, gt=0.0)
+    #: How often each pod looks whether TROVE_WORK holds enough handled work to purge it
+    #: (``deferral.purge_handled``).
+    work_purge_interval_seconds: Seconds = Field(default=60.0, gt=0.0)
+    #: How many handled work messages TROVE_WORK keeps before a pod purges them (four
+    #: times as many while every pod's hands are full).
+    work_purge_after_messages: int = Field(default=10_000, ge=1)
     #: Work messages handed out to all fetcher pods before any is acked (consumer-wide).
     max_ack_pending: int = Field(default=2000, ge=1)
     #: How long a pod may hold a work message before JetStream gives it to another pod.

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from nats.js.errors import NotFoundError
 
 from trove_fetcher.clock import PROBE_INTERVAL, ServerClock, outlasting, stream_info
 from trove_fetcher.deferral import horizon, purge_handled
@@ -26,6 +29,7 @@ from trove_schema.topology import (
     DOMAINS_BUCKET,
     EVENTS_STREAM,
     EXCLUSIONS_BUCKET,
+    FETCH_DEFERRED,
     FETCHER,
     FETCHER_DEFERRED,
     ROBOTS_BUCKET,
@@ -165,15 +169,13 @@ async def consume_on_the_servers_clock(
     await together(stop, clock.keep(drained, interval), consuming())
 
 
-async def _keep_purging(
-    bus: Bus, stop: asyncio.Event, interval: float, now: Callable[[], float]
-) -> None:
-    """Purge the deferred work the fetchers handled (``deferral.purge_handled``) once it
-    is ``interval`` old on the server's time (``now``), looked at every ``interval``
-    until ``stop``. A purge that fails waits for the next, and the first of
-    a run of failures is a warning: a deployment's NATS user refused the purge (a
-    timeout, as nats-server answers what it refuses) would let the stream keep every
-    handled message for good."""
+async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float, after: int) -> None:
+    """Purge the deferred work the fetchers handled (``deferral.purge_handled``) once
+    the stream holds ``after`` such messages, looked at every ``interval`` until
+    ``stop``. A look that fails waits for the next, and the first of a run of failures
+    is a warning: a deployment's NATS user that refuses the purge (a timeout, as
+    nats-server answers what it refuses; the start checks it, ``_may_purge``) would let
+    the stream keep every handled message."""
     failing = False
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
@@ -181,13 +183,13 @@ async def _keep_purging(
         if stop.is_set():
             return
         try:
-            floor = await purge_handled(bus.js, older_than=interval, now=now())
+            below = await purge_handled(bus.js, after)
         except Exception as exc:
             if not failing:
                 log.warning(
-                    "handled work not purged from %s (%s): the broker away, or this pod's "
-                    "NATS user not allowed $JS.API.STREAM.PURGE.%s; it stays until a purge "
-                    "succeeds",
+                    "handled work not purged from %s (%s): the broker away or slow, or this "
+                    "pod's NATS user not allowed $JS.API.STREAM.PURGE.%s; it stays until a "
+                    "purge succeeds",
                     WORK_STREAM,
                     exc or type(exc).__name__,
                     WORK_STREAM,
@@ -197,8 +199,42 @@ async def _keep_purging(
             if failing:
                 log.info("handled work purged from %s again", WORK_STREAM)
             failing = False
-            if floor:
-                log.debug("handled work purged", extra={"below": floor + 1})
+            if below:
+                log.debug("handled work purged", extra={"below": below})
+
+
+async def _may_purge(bus: Bus) -> bool:
+    """Whether this pod's NATS user may purge TROVE_WORK: a purge of nothing (below its
+    first sequence) is answered, or refused (nats-server says nothing to a request it
+    refuses: a timeout). The users of the releases before did not allow it; without it
+    the stream keeps a week's age, or it would keep every handled message for good."""
+    try:
+        await bus.js.purge_stream(WORK_STREAM, seq=1, subject=FETCH_DEFERRED)
+    except NotFoundError:
+        return True  # no stream yet: the topology makes it, and purges are asked later
+    except TimeoutError:
+        return False
+    return True
+
+
+def _work_max_age(configured: float, may_purge: bool) -> float:
+    """TROVE_WORK's age: the setting, or a week where the purge is refused and the
+    setting would keep work until handled."""
+    if configured > 0 or may_purge:
+        return configured
+    log.warning(
+        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s): it keeps its "
+        "messages %.0f days, and work that comes due while no fetcher runs for longer "
+        "is lost; allow the purge (docs/deploy.md, Upgrading)",
+        WORK_STREAM,
+        WORK_STREAM,
+        PURGE_REFUSED_AGE / 86_400,
+    )
+    return PURGE_REFUSED_AGE
+
+
+#: TROVE_WORK's age where the fetchers may not purge it: the releases' before.
+PURGE_REFUSED_AGE = 7 * 86_400.0
 
 
 #: What a cached robots.txt record (``RobotsPolicy.to_bytes``) adds to the file: its JSON
@@ -241,18 +277,16 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
     client = build_client(settings, network=network)
     stopped_at = asyncio.ensure_future(_stopped_at(stop))
     try:
+        work_age = _work_max_age(settings.work_max_age_seconds, await _may_purge(bus))
+        options = TopologyOptions.from_settings(
+            settings,
+            robots_ttl=settings.robots_ttl_seconds,
+            domains_ttl=settings.host_record_ttl_seconds,
+            fetcher_max_ack_pending=settings.max_ack_pending,
+            fetcher_ack_wait=settings.ack_wait_seconds,
+        )
         await ensure_topology(
-            bus.js,
-            declare(
-                TopologyOptions.from_settings(
-                    settings,
-                    robots_ttl=settings.robots_ttl_seconds,
-                    domains_ttl=settings.host_record_ttl_seconds,
-                    fetcher_max_ack_pending=settings.max_ack_pending,
-                    fetcher_ack_wait=settings.ack_wait_seconds,
-                )
-            ),
-            owner="fetcher",
+            bus.js, declare(dataclasses.replace(options, work_max_age=work_age)), owner="fetcher"
         )
         listed = ListedExclusions(
             exclusions,
@@ -283,7 +317,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             robots_token=settings.robots_token,
             robots_max_bytes=_robots_limit(bus, settings.robots_max_bytes),
             robots_ttl=settings.robots_ttl_seconds,
-            work_max_age=await _work_age(bus, settings.work_max_age_seconds),
+            work_max_age=await _work_age(bus, work_age),
             max_message_bytes=await _message_limit(bus, settings.max_message_bytes),
             ack_wait=settings.ack_wait_seconds,
             poll_lookback=settings.poll_lookback_seconds,
@@ -323,11 +357,16 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             consume_on_the_servers_clock(stop, clock, consumers),
             _keep_horizon(
                 bus,
-                settings.work_max_age_seconds,
+                work_age,
                 lambda ahead: setattr(fetcher, "horizon", ahead),
                 stop,
             ),
-            _keep_purging(bus, stop, settings.work_purge_interval_seconds, clock.now),
+            _keep_purging(
+                bus,
+                stop,
+                settings.work_purge_interval_seconds,
+                settings.work_purge_after_messages,
+            ),
             listed.keep(stop),
             bus.until_closed(stop),
         )

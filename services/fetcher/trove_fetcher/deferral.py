@@ -19,10 +19,10 @@ onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
 fetcher stopped for a fortnight (scaled to zero, the whole stack stopped) finds every
 deferred fetch that came due meanwhile waiting, where a week's age deleted them unread
 and ended their pages' chains. What the fetchers have handled goes instead: each pod
-looks every ``TROVE_WORK_PURGE_INTERVAL_SECONDS`` and, once the oldest handled message
-is that old, purges the fired work messages at or below the ``fetcher-deferred``
-consumer's ack floor (``purge_handled``), every one of them acked, and nothing else
-(the schedules waiting to fire are on other subjects).
+looks every ``TROVE_WORK_PURGE_INTERVAL_SECONDS`` and, once the stream holds
+``TROVE_WORK_PURGE_AFTER_MESSAGES`` handled ones, purges the fired work messages at or
+below the ``fetcher-deferred`` consumer's ack floor (``purge_handled``), every one of
+them acked, and nothing else (the schedules waiting to fire are on other subjects).
 
 **The horizon.** With an age (``TROVE_WORK_MAX_AGE_SECONDS``), TROVE_WORK keeps a
 message for ``work_max_age`` from when it is stored, and a scheduled message is stored
@@ -153,17 +153,18 @@ def schedule_at(slot: float, now: float, horizon_seconds: float) -> float:
     return min(slot, now + horizon_seconds)
 
 
-#: How many times the purge's age the oldest handled message may reach, while no pull
-#: waits, before it is purged all the same.
+#: How many times ``purge_after`` handled messages TROVE_WORK may hold, while no pull
+#: waits, before they are purged all the same.
 PURGE_ANYWAY = 4
 
 
-async def purge_handled(js: JetStreamContext, older_than: float, now: float) -> int:
-    """Purge from TROVE_WORK the fired work messages the fetchers have acked: those at or
-    below the ``fetcher-deferred`` consumer's ack floor, on ``trove.work.fetch`` alone,
-    once the oldest of them was stored ``older_than`` seconds before ``now`` (the
-    server's time), while the consumer has pulls waiting, or at ``PURGE_ANYWAY`` times
-    that age. Returns the floor purged below; 0 when nothing was purged.
+async def purge_handled(js: JetStreamContext, purge_after: int) -> int:
+    """Purge from TROVE_WORK the fired work messages the fetchers have acked, those at or
+    below the ``fetcher-deferred`` consumer's ack floor on ``trove.work.fetch`` alone,
+    once it holds ``purge_after`` handled ones (its messages on the subject less those
+    the consumer has still to deliver or to see acked) while the consumer has pulls
+    waiting, or ``PURGE_ANYWAY`` times as many. Returns the sequence purged below; 0
+    when nothing was purged.
 
     The floor only rises, so a purge never reaches a message delivered and not yet
     acked, nor one not yet delivered; nats-server moves the consumer past what it
@@ -173,19 +174,22 @@ async def purge_handled(js: JetStreamContext, older_than: float, now: float) -> 
     would come again only at its next ack wait. A queued message goes at once to a
     waiting pull, so with pulls waiting the queue is empty. Pods whose hands are full
     wait none, for as long as work comes due faster than they start it (with fewer pods
-    than ``max_ack_pending`` fills); the stream would grow by every handled message
-    meanwhile, so past ``PURGE_ANYWAY`` times the age the purge goes ahead, and a
-    redelivery it makes the server forget comes an ack wait later."""
+    than ``max_ack_pending`` fills): then the purge waits for more, and a redelivery it
+    makes the server forget comes an ack wait later. Counted on the stream, not by a
+    clock: once one pod has purged, the others find too few, so the purges of all the
+    pods come once every ``purge_after`` handled messages or so."""
     try:
         info = await js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)
-        oldest = await js.get_msg(WORK_STREAM, seq=1, subject=FETCH_DEFERRED, next=True)
     except NotFoundError:
-        return 0  # no consumer yet, or no work on the stream
+        return 0  # no consumer yet
     floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
-    if oldest.seq is None or oldest.seq > floor or oldest.time is None:
+    if not floor:
         return 0
-    age = now - oldest.time.timestamp()
-    if age < older_than or (not info.num_waiting and age < PURGE_ANYWAY * older_than):
+    held = await js.stream_info(WORK_STREAM, subjects_filter=FETCH_DEFERRED)
+    stored = (held.state.subjects or {}).get(FETCH_DEFERRED, 0)
+    handled = stored - (info.num_pending or 0) - (info.num_ack_pending or 0)
+    wanted = purge_after if info.num_waiting else PURGE_ANYWAY * purge_after
+    if handled < wanted:
         return 0
     await js.purge_stream(WORK_STREAM, seq=floor + 1, subject=FETCH_DEFERRED)
-    return floor
+    return floor + 1
