@@ -231,13 +231,29 @@ async def test_only_the_fetcher_purges_and_only_the_work_it_handled(secured: Sec
             refused = nc.jetstream(timeout=REFUSED_AFTER)
             with pytest.raises(TimeoutError):
                 await refused.purge_stream(WORK_STREAM, seq=1)
-            # As a fetcher whose user the release before granted: a week's age then.
+            # As a fetcher whose user the release before granted.
             assert not await _may_purge(Bus(nc, refused))
         finally:
             await nc.close()
-    assert _work_max_age(0.0, may_purge=False) == 7 * DAY
-    assert _work_max_age(0.0, may_purge=True) == 0.0  # kept until handled
-    assert _work_max_age(3 * DAY, may_purge=False) == 3 * DAY  # the operator's own
+
+
+async def test_a_fetcher_that_may_not_purge_keeps_the_age_the_work_stream_has(
+    secured: Secured,
+) -> None:
+    operator = await connect(secured, "operator")
+    try:
+        js = operator.jetstream()
+        await ensure_topology(js, declare(TopologyOptions(work_max_age=7 * DAY)), owner=None)
+        bus = Bus(operator, js)
+        # A stream the release before made, with its week: kept, not lifted.
+        assert await _work_max_age(bus, 0.0, may_purge=False) == 7 * DAY
+        assert await _work_max_age(bus, 0.0, may_purge=True) == 0.0  # kept until handled
+        assert await _work_max_age(bus, 3 * DAY, may_purge=False) == 3 * DAY  # the setting's
+        # One without an age is not given one: that would delete waiting work older.
+        await ensure_topology(js, declare(), owner=None)
+        assert await _work_max_age(bus, 0.0, may_purge=False) == 0.0
+    finally:
+        await operator.close()
 
 
 async def test_each_service_publishes_only_the_events_it_produces(secured: Secured) -> None:

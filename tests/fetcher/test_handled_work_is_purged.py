@@ -19,6 +19,7 @@ from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Route, serving
 from tests.fetcher.test_polite_chains import IP, A, assert_polite, env, page, text, url
 from tests.support import publish_work, services
+from trove_fetcher.app import _may_purge
 from trove_fetcher.deferral import purge_handled
 from trove_schema.bus import Bus
 from trove_schema.topology import (
@@ -97,6 +98,38 @@ async def test_handled_work_is_purged_while_no_pull_waits_at_four_times_as_many(
     floor = got[3].metadata.sequence.stream
     assert await purge_handled(bus.js, purge_after=1) == floor + 1
     assert await _count(bus, FETCH_DEFERRED) == 1  # the one in hand
+
+
+async def test_nothing_is_purged_while_the_oldest_work_is_still_in_hand(bus: Bus) -> None:
+    """Acked past one still in hand: counted handled, but none at or below the floor.
+    A purge would remove nothing and make the server forget the redeliveries queued."""
+    pod = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
+    # Work handled and gone before: the ack floor stands past it.
+    await bus.js.publish(FETCH_DEFERRED, b"done")
+    (done,) = await pod.fetch(1, timeout=5)
+    await done.ack_sync()
+    await bus.js.purge_stream(WORK_STREAM, subject=FETCH_DEFERRED)
+    for n in range(6):
+        await bus.js.publish(FETCH_DEFERRED, f"work {n}".encode())
+    got: list[Msg] = await pod.fetch(6, timeout=5)
+    for msg in got[1:]:
+        await msg.ack_sync()
+    # Five handled: enough, even with no pull waiting, at one a purge.
+    assert await purge_handled(bus.js, purge_after=1) == 0
+    assert await _count(bus, FETCH_DEFERRED) == 6
+
+
+async def test_the_starts_check_of_the_purge_leaves_the_consumers_redeliveries_alone(
+    bus: Bus,
+) -> None:
+    await bus.js.publish(FETCH_DEFERRED, b"work")
+    pod = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
+    (msg,) = await pod.fetch(1, timeout=5)
+    await msg.nak()  # handed back with no pull waiting: queued for redelivery
+    await bus.nc.flush()
+    assert (await bus.js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)).num_ack_pending == 1
+    assert await _may_purge(bus)
+    assert [m.data for m in await pod.fetch(1, timeout=5)] == [b"work"]
 
 
 async def test_work_due_while_no_fetcher_runs_waits_for_one_then_leaves_once_done(

@@ -29,10 +29,10 @@ from trove_schema.topology import (
     DOMAINS_BUCKET,
     EVENTS_STREAM,
     EXCLUSIONS_BUCKET,
-    FETCH_DEFERRED,
     FETCHER,
     FETCHER_DEFERRED,
     ROBOTS_BUCKET,
+    WORK_SCHEDULES_PREFIX,
     WORK_STREAM,
     TopologyOptions,
     declare,
@@ -203,13 +203,22 @@ async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float, after: i
                 log.debug("handled work purged", extra={"below": below})
 
 
+#: A subject of TROVE_WORK no message is on, and no consumer reads: the start's purge
+#: of it asks the permission ``purge_handled`` needs without touching ``fetcher-deferred``
+#: (a purge on its subject, even of nothing, makes the server forget its redeliveries).
+PURGE_PROBE = f"{WORK_SCHEDULES_PREFIX}.purge-probe"
+#: Seconds the start waits for the probe's answer: nats-server says nothing to a
+#: request it refuses.
+PURGE_PROBE_TIMEOUT = 2.0
+
+
 async def _may_purge(bus: Bus) -> bool:
-    """Whether this pod's NATS user may purge TROVE_WORK: a purge of nothing (below its
-    first sequence) is answered, or refused (nats-server says nothing to a request it
-    refuses: a timeout). The users of the releases before did not allow it; without it
-    the stream keeps a week's age, or it would keep every handled message for good."""
+    """Whether this pod's NATS user may purge TROVE_WORK (the users of the releases
+    before did not allow it). A broker slow to answer passes for a refusal: the stream
+    then keeps the age it has for this pod's run (``_work_max_age``)."""
+    js = bus.nc.jetstream(timeout=PURGE_PROBE_TIMEOUT)
     try:
-        await bus.js.purge_stream(WORK_STREAM, seq=1, subject=FETCH_DEFERRED)
+        await js.purge_stream(WORK_STREAM, subject=PURGE_PROBE)
     except NotFoundError:
         return True  # no stream yet: the topology makes it, and purges are asked later
     except TimeoutError:
@@ -217,24 +226,27 @@ async def _may_purge(bus: Bus) -> bool:
     return True
 
 
-def _work_max_age(configured: float, may_purge: bool) -> float:
-    """TROVE_WORK's age: the setting, or a week where the purge is refused and the
-    setting would keep work until handled."""
+async def _work_max_age(bus: Bus, configured: float, may_purge: bool) -> float:
+    """TROVE_WORK's age: the setting; where it would keep work until handled and this
+    pod may not purge, the age the stream has now (a week, on a stream the release
+    before made), so that it does not start keeping every handled message. Not an age
+    given where there was none: it would delete the waiting work older than it."""
     if configured > 0 or may_purge:
         return configured
+    try:
+        kept = float((await bus.js.stream_info(WORK_STREAM)).config.max_age or 0.0)
+    except NotFoundError:
+        kept = 0.0
     log.warning(
-        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s): it keeps its "
-        "messages %.0f days, and work that comes due while no fetcher runs for longer "
-        "is lost; allow the purge (docs/deploy.md, Upgrading)",
+        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s): the stream keeps "
+        "%s, and the work the fetchers handled %s; allow the purge (docs/deploy.md, "
+        "Upgrading)",
         WORK_STREAM,
         WORK_STREAM,
-        PURGE_REFUSED_AGE / 86_400,
+        f"its age of {kept:.0f} s" if kept else "no age",
+        "for that long" if kept else "for good",
     )
-    return PURGE_REFUSED_AGE
-
-
-#: TROVE_WORK's age where the fetchers may not purge it: the releases' before.
-PURGE_REFUSED_AGE = 7 * 86_400.0
+    return kept
 
 
 #: What a cached robots.txt record (``RobotsPolicy.to_bytes``) adds to the file: its JSON
@@ -277,7 +289,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
     client = build_client(settings, network=network)
     stopped_at = asyncio.ensure_future(_stopped_at(stop))
     try:
-        work_age = _work_max_age(settings.work_max_age_seconds, await _may_purge(bus))
+        may_purge = await _may_purge(bus)
+        work_age = await _work_max_age(bus, settings.work_max_age_seconds, may_purge)
         options = TopologyOptions.from_settings(
             settings,
             robots_ttl=settings.robots_ttl_seconds,

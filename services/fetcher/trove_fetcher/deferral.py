@@ -191,5 +191,14 @@ async def purge_handled(js: JetStreamContext, purge_after: int) -> int:
     wanted = purge_after if info.num_waiting else PURGE_ANYWAY * purge_after
     if handled < wanted:
         return 0
+    # Those acked past a message still in hand are counted, and stay until the floor
+    # passes them: a purge with none at or below the floor would remove nothing, and
+    # still make the server forget the redeliveries queued.
+    try:
+        oldest = await js.get_msg(WORK_STREAM, seq=1, subject=FETCH_DEFERRED, next=True)
+    except NotFoundError:
+        return 0
+    if oldest.seq is None or oldest.seq > floor:
+        return 0
     await js.purge_stream(WORK_STREAM, seq=floor + 1, subject=FETCH_DEFERRED)
     return floor + 1
