@@ -119,6 +119,26 @@ async def test_nothing_is_purged_while_the_oldest_work_is_still_in_hand(bus: Bus
     assert await _count(bus, FETCH_DEFERRED) == 6
 
 
+async def test_no_purge_of_a_few_below_the_floor_while_more_are_handled_past_it(
+    bus: Bus,
+) -> None:
+    """One handled below the floor, six past two still in hand: counted seven, but a
+    purge would remove the one and make the server forget the redeliveries queued."""
+    for n in range(9):
+        await bus.js.publish(FETCH_DEFERRED, f"work {n}".encode())
+    pod = await bus.js.pull_subscribe_bind(durable=FETCHER_DEFERRED, stream=WORK_STREAM)
+    got: list[Msg] = await pod.fetch(9, timeout=5)
+    for msg in got[:1] + got[3:]:
+        await msg.ack_sync()
+    assert await _pulls_waiting(bus) == 0
+    assert await purge_handled(bus.js, purge_after=1) == 0  # four sequences asked
+    assert await _count(bus, FETCH_DEFERRED) == 9
+    for msg in got[1:3]:
+        await msg.ack_sync()
+    assert await purge_handled(bus.js, purge_after=1) == got[-1].metadata.sequence.stream + 1
+    assert await _count(bus, FETCH_DEFERRED) == 0
+
+
 async def test_the_starts_check_of_the_purge_leaves_the_consumers_redeliveries_alone(
     bus: Bus,
 ) -> None:

@@ -658,7 +658,7 @@ async def _create_consumer(js: JetStreamContext, stream: str, config: ConsumerCo
 #: already: the fetcher would fetch every page the record ever asked for at once, its
 #: attempts under the ids of those already recorded (which the recorder drops), and
 #: the deferred fetches ``TROVE_WORK`` holds that were handled and not yet purged (up to
-#: ``TROVE_WORK_PURGE_AFTER_MESSAGES`` while the purges run, a week's when refused);
+#: ``TROVE_WORK_PURGE_AFTER_MESSAGES`` while the purges run, all of them when refused);
 #: discovery would ask every page's re-crawl again. The recorder's projection takes the
 #: record again as a replay does, the follows' commands end where they ended, and the
 #: seeds' only crawl again the forced ones of the stream's month. Every durable is

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -178,8 +179,10 @@ async def _keep_purging(bus: Bus, stop: asyncio.Event, interval: float, after: i
     the stream keep every handled message."""
     failing = False
     while not stop.is_set():
+        # Out of step with the other pods: two looking at once would both purge, the
+        # second nothing, and make the server forget the queued redeliveries twice.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+            await asyncio.wait_for(stop.wait(), interval * random.uniform(0.75, 1.25))
         if stop.is_set():
             return
         try:
@@ -238,11 +241,13 @@ async def _work_max_age(bus: Bus, configured: float, may_purge: bool) -> float:
     except NotFoundError:
         kept = 0.0
     log.warning(
-        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s): the stream keeps "
+        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s), or the broker did "
+        "not answer in %.0f s: the stream keeps "
         "%s, and the work the fetchers handled %s; allow the purge (docs/deploy.md, "
         "Upgrading)",
         WORK_STREAM,
         WORK_STREAM,
+        PURGE_PROBE_TIMEOUT,
         f"its age of {kept:.0f} s" if kept else "no age",
         "for that long" if kept else "for good",
     )

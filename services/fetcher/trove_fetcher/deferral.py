@@ -176,8 +176,8 @@ async def purge_handled(js: JetStreamContext, purge_after: int) -> int:
     wait none, for as long as work comes due faster than they start it (with fewer pods
     than ``max_ack_pending`` fills): then the purge waits for more, and a redelivery it
     makes the server forget comes an ack wait later. Counted on the stream, not by a
-    clock: once one pod has purged, the others find too few, so the purges of all the
-    pods come once every ``purge_after`` handled messages or so."""
+    clock: once one pod has purged, the others find too few below the floor, so the
+    purges of all the pods come once every ``purge_after`` handled messages or so."""
     try:
         info = await js.consumer_info(WORK_STREAM, FETCHER_DEFERRED)
     except NotFoundError:
@@ -192,13 +192,15 @@ async def purge_handled(js: JetStreamContext, purge_after: int) -> int:
     if handled < wanted:
         return 0
     # Those acked past a message still in hand are counted, and stay until the floor
-    # passes them: a purge with none at or below the floor would remove nothing, and
-    # still make the server forget the redeliveries queued.
+    # passes them: a purge of a few at or below the floor (or none) would still make the
+    # server forget the redeliveries queued. So the floor must stand as many sequences
+    # past the oldest as the count asked for (the schedules in between are counted too:
+    # at least half of a deferral's two messages are work).
     try:
         oldest = await js.get_msg(WORK_STREAM, seq=1, subject=FETCH_DEFERRED, next=True)
     except NotFoundError:
         return 0
-    if oldest.seq is None or oldest.seq > floor:
+    if oldest.seq is None or floor + 1 - oldest.seq < wanted:
         return 0
     await js.purge_stream(WORK_STREAM, seq=floor + 1, subject=FETCH_DEFERRED)
     return floor + 1
