@@ -20,7 +20,7 @@ from trove_fetcher.http import FetchLimits
 from trove_fetcher.language import default_identifier
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client, build_network
-from trove_schema.bus import Bus, Consumer
+from trove_schema.bus import Bus, Consumer, broker_trouble
 from trove_schema.events import MAX_URL_LENGTH
 from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.policy import LearningConfig
@@ -224,8 +224,10 @@ async def _may_purge(bus: Bus) -> bool:
         await js.purge_stream(WORK_STREAM, subject=PURGE_PROBE)
     except NotFoundError:
         return True  # no stream yet: the topology makes it, and purges are asked later
-    except TimeoutError:
-        return False
+    except Exception as exc:
+        if broker_trouble(exc):  # a refusal, or a broker that cannot say now
+            return False
+        raise
     return True
 
 

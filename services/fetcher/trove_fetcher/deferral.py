@@ -17,8 +17,8 @@ onto ``trove.work.fetch``. Its headers carry what it needs when it comes back:
 
 **Kept until handled.** TROVE_WORK keeps its messages for no age by default: a
 fetcher stopped for a fortnight (scaled to zero, the whole stack stopped) finds every
-deferred fetch that came due meanwhile waiting, where a week's age deleted them unread
-and ended their pages' chains. What the fetchers have handled goes instead: each pod
+deferred fetch that came due meanwhile waiting, where an age would delete them unread
+and end their pages' chains. What the fetchers have handled goes instead: each pod
 looks every ``TROVE_WORK_PURGE_INTERVAL_SECONDS`` and, once the stream holds
 ``TROVE_WORK_PURGE_AFTER_MESSAGES`` handled ones, purges the fired work messages at or
 below the ``fetcher-deferred`` consumer's ack floor (``purge_handled``), every one of
