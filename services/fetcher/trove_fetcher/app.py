@@ -243,8 +243,8 @@ async def _work_max_age(bus: Bus, configured: float, may_purge: bool) -> float:
     except NotFoundError:
         kept = 0.0
     log.warning(
-        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s), or the broker did "
-        "not answer in %.0f s: the stream keeps "
+        "this pod's NATS user may not purge %s ($JS.API.STREAM.PURGE.%s), or the broker "
+        "could not say (no answer in %.0f s, or unavailable): the stream keeps "
         "%s, and the work the fetchers handled %s; allow the purge (docs/deploy.md, "
         "Upgrading)",
         WORK_STREAM,
