@@ -59,7 +59,12 @@ from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
 from trove_schema.server_time import server_now
-from trove_schema.settings import CommonSettings, check_environment, settings_problem
+from trove_schema.settings import (
+    CommonSettings,
+    UnknownSetting,
+    check_environment,
+    settings_problem,
+)
 from trove_schema.topology import (
     DISCOVERY_FOLLOWS,
     DISCOVERY_LINKS,
@@ -956,6 +961,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_stops.run(commands[args.command](args, settings)))
         sync = {"up": cmd_up, "migrate": cmd_migrate, "sandbox": cmd_sandbox, "replay": cmd_replay}
         return sync[args.command](args, settings)
+    except UnknownSetting as exc:  # as a refused value, and as the services say it
+        console.print(Text(f"error: settings: {exc}", "red"))
+        return 2
     except TroveError as exc:  # as text: a server's log lines ("[123] LOG: ...") are no markup
         console.print(Text.assemble(("error:", "red"), f" {exc}"))
         return 1
