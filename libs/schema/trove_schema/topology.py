@@ -338,8 +338,10 @@ def declare(options: TopologyOptions | None = None) -> Topology:
     # direct=True: a key is read with a direct get (a plain request answered by the
     # stream, value in the body) instead of the JSON API (base64, headers parsed by
     # email.parser): ~30% less nats-server CPU a read, measured. On a replicated bucket a
-    # follower may answer, a little behind; every write here is a compare-and-set or a
-    # create, which a stale read can only make fail and retry, never make wrong.
+    # follower may answer, a little behind; every write that decides (a lease, a budget,
+    # a URL's first claim, a follow, a rule) is a compare-and-set or a create, which a
+    # stale read can only make fail and retry, never make wrong. A robots.txt record and
+    # a seen key's mark are plain puts, the last writer's as it should be.
     buckets = (
         KeyValueConfig(
             bucket=DOMAINS_BUCKET,
