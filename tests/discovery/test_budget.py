@@ -59,7 +59,7 @@ async def replica(bus: Bus, budget: int = BUDGET) -> Discovery:
 
 
 async def one(discovery: Discovery, event_id: str) -> bool:
-    return (await discovery._within_budget("busy.example", [event_id]))[0] == 1
+    return len((await discovery._within_budget("busy.example", [event_id]))[0]) == 1
 
 
 async def test_two_replicas_interleaved_grant_exactly_the_budget(bus: Bus) -> None:
@@ -86,11 +86,11 @@ async def test_a_page_handled_again_with_more_links_of_the_host_counts_the_new_o
     # Handled again on a replica whose alias probes held fewer links back: the links
     # counted the first time are granted again, the others counted now, none refused.
     first, second = await replica(bus), await replica(bus)
-    assert (await first._within_budget("busy.example", ["page-1/a", "page-1/b"]))[0] == 2
+    assert len((await first._within_budget("busy.example", ["page-1/a", "page-1/b"]))[0]) == 2
     again = ["page-1/a", "page-1/b", "page-1/c"]
-    assert (await second._within_budget("busy.example", again))[0] == 3
+    assert len((await second._within_budget("busy.example", again))[0]) == 3
     assert await counted(bus) == 3
-    assert (await first._within_budget("busy.example", again))[0] == 3
+    assert len((await first._within_budget("busy.example", again))[0]) == 3
     assert await counted(bus) == 3
 
 
@@ -101,9 +101,9 @@ async def test_a_page_handled_again_after_other_pages_of_its_host_counts_nothing
     # handed to the other replica): its links are granted, and not counted twice.
     first, second = await replica(bus), await replica(bus)
     a, b = ["page-a/1", "page-a/2"], ["page-b/1", "page-b/2"]
-    assert (await first._within_budget("busy.example", a))[0] == 2
-    assert (await first._within_budget("busy.example", b))[0] == 2
-    assert (await second._within_budget("busy.example", a))[0] == 2
+    assert len((await first._within_budget("busy.example", a))[0]) == 2
+    assert len((await first._within_budget("busy.example", b))[0]) == 2
+    assert len((await second._within_budget("busy.example", a))[0]) == 2
     assert await counted(bus) == 4
 
 
@@ -185,15 +185,15 @@ async def test_links_a_failed_delivery_claimed_are_refused_on_its_redelivery_to_
     page = page.model_copy(update={"scope": Scope(kind=ScopeKind.OPEN, max_depth=5)})
     counting = discovery._within_budget
 
-    async def broker_away(*args: Any, **kwargs: Any) -> tuple[int, float]:
+    async def broker_away(*args: Any, **kwargs: Any) -> tuple[frozenset[str], float]:
         raise Retry("broker away a moment", delay=1.0)
 
     discovery._within_budget = broker_away  # type: ignore[method-assign]
     with pytest.raises(Retry):
         await handle(discovery, bus, page)
     discovery._within_budget = counting  # type: ignore[method-assign]
-    assert (await counting("busy.example", ["x", "y"], cause="filler"))[0] == 2
-    assert (await counting("busy.example", ["z"], cause="third"))[0] == 0
+    assert len((await counting("busy.example", ["x", "y"], cause="filler"))[0]) == 2
+    assert len((await counting("busy.example", ["z"], cause="third"))[0]) == 0
     await handle(discovery, bus, page)
     for url in links:
         assert ((await seen.get(_seen_key(url))).value or b"").startswith(REFUSED)
@@ -226,14 +226,17 @@ async def test_a_full_hosts_batch_counted_before_is_granted_again_before_any_cla
     bus: Bus,
 ) -> None:
     discovery = await replica(bus, budget=2)
-    assert (await discovery._within_budget("busy.example", ["a", "b"], cause="page-1"))[0] == 2
-    assert (await discovery._within_budget("busy.example", ["c"], cause="page-2"))[0] == 0
-    hosts = {"busy.example", "other.example"}
+    granted, _ = await discovery._within_budget("busy.example", ["a", "b"], cause="page-1")
+    assert granted == {"a", "b"}
+    assert (await discovery._within_budget("busy.example", ["c"], cause="page-2"))[0] == set()
     # The cause that filled it, handled again, is not refused; another cause is; links a
-    # hold kept back, which no batch counted, are.
-    assert await discovery._full_hosts(hosts, "page-1", held=False) == set()
-    assert await discovery._full_hosts(hosts, "page-3", held=False) == {"busy.example"}
-    assert await discovery._full_hosts(hosts, "page-1", held=True) == {"busy.example"}
+    # hold kept back, which its batch did not count, are.
+    assert (
+        await discovery._full_hosts({"busy.example": ["b"], "other.example": ["o"]}, "page-1")
+        == set()
+    )
+    assert await discovery._full_hosts({"busy.example": ["a"]}, "page-3") == {"busy.example"}
+    assert await discovery._full_hosts({"busy.example": ["held"]}, "page-1") == {"busy.example"}
 
 
 async def test_a_host_that_keeps_bringing_pages_gets_its_budget_again_each_cycle(
@@ -272,17 +275,36 @@ def test_a_count_written_by_the_release_before_marks_is_read_with_its_pages_and_
     assert HostCount.from_bytes(old) == HostCount(pages=12, since=5.0)
 
 
-def test_a_batch_is_remembered_for_its_redeliveries_and_forgotten_after() -> None:
+def test_a_batch_is_remembered_by_its_pages_for_its_redeliveries_and_forgotten_after() -> None:
     first, other = batch_mark("page-1", "busy.example"), batch_mark("page-2", "busy.example")
-    counted = HostCount.from_bytes(HostCount().add(first, 3, 1000.0).to_bytes())
-    assert counted.counted(first) == 3
-    # Pages of the same cause counted later (more links the second time) add to it.
-    counted = counted.add(first, 2, 1010.0).add(other, 1, 1020.0)
-    assert (counted.pages, counted.counted(first), counted.counted(other)) == (6, 5, 1)
-    later = counted.add(batch_mark("page-3", "busy.example"), 1, 1010.0 + BATCH_MEMORY_SECONDS)
-    assert (later.pages, later.counted(first), later.counted(other)) == (7, 0, 1)
+    pages = ["a", "b", "c", "d", "e", "f"]
+    counted = HostCount.from_bytes(HostCount().add(first, ["a", "b", "c"], 1000.0).to_bytes())
+    # Which, whatever the order and whatever else the cause brings the next time.
+    assert counted.counted_of(first, ["z", "c", "a"]) == ["c", "a"]
+    # Pages of the same cause counted later (other links the second time) add to it.
+    counted = counted.add(first, ["d", "e"], 1010.0).add(other, ["f"], 1020.0)
+    assert counted.pages == 6
+    assert counted.counted_of(first, pages) == ["a", "b", "c", "d", "e"]
+    assert counted.counted_of(other, pages) == ["f"]
+    later = counted.add(batch_mark("page-3", "busy.example"), ["g"], 1010.0 + BATCH_MEMORY_SECONDS)
+    assert (later.pages, later.counted_of(first, pages), later.counted_of(other, pages)) == (
+        7,
+        [],
+        ["f"],
+    )
     # A cause's batch of another host is another batch.
-    assert counted.counted(batch_mark("page-1", "other.example")) == 0
+    assert counted.counted_of(batch_mark("page-1", "other.example"), pages) == []
+
+
+def test_a_batch_the_release_before_counted_by_number_grants_its_first_pages() -> None:
+    # Written during a rolling upgrade by a release that kept the number alone: its
+    # redelivery is granted the first pages, as that release would have granted them.
+    mark = batch_mark("page-1", "busy.example")
+    old = HostCount.from_bytes(
+        b'{"n": 3, "since": 5.0, "marks": [["%s", 2, 1000]]}' % mark.encode()
+    )
+    assert old.counted_of(mark, ["a", "b", "c"]) == ["a", "b"]
+    assert old.add(mark, ["c"], 1010.0).counted_of(mark, ["a", "b", "c", "d"]) == ["a", "b", "c"]
 
 
 def test_a_hosts_record_read_over_budget_forgets_its_old_batches_and_stays_small() -> None:
@@ -290,7 +312,7 @@ def test_a_hosts_record_read_over_budget_forgets_its_old_batches_and_stays_small
     # memory go when it is read, and however busy it was, the record stays small.
     busy = HostCount(since=1000.0)
     for n in range(3 * BATCH_MEMORY):
-        busy = busy.add(batch_mark(f"page-{n}", "busy.example"), 1, 1000.0 + n)
+        busy = busy.add(batch_mark(f"page-{n}", "busy.example"), [f"page-{n}/a"], 1000.0 + n)
     assert len(busy.to_bytes()) < 4_000
     later = busy.in_cycle(1000.0 + 3 * BATCH_MEMORY + BATCH_MEMORY_SECONDS, cycle=30 * 86400.0)
     assert later.marks == ()
@@ -364,12 +386,12 @@ async def test_a_pages_new_links_to_a_host_are_counted_at_once_and_only_once(bus
     # in order; the page handled again (a redelivery) is granted the same, no more.
     first, second = await replica(bus), await replica(bus)
     page = [f"page-a-{n}" for n in range(5)]
-    assert (await first._within_budget("busy.example", page))[0] == 5
-    assert (await second._within_budget("busy.example", page))[0] == 5
+    assert len((await first._within_budget("busy.example", page))[0]) == 5
+    assert len((await second._within_budget("busy.example", page))[0]) == 5
     other = [f"page-b-{n}" for n in range(5)]
-    assert (await first._within_budget("busy.example", other))[0] == BUDGET - 5
-    assert (await second._within_budget("busy.example", other))[0] == BUDGET - 5
-    assert (await first._within_budget("busy.example", ["page-c-0"]))[0] == 0
+    assert len((await first._within_budget("busy.example", other))[0]) == BUDGET - 5
+    assert len((await second._within_budget("busy.example", other))[0]) == BUDGET - 5
+    assert len((await first._within_budget("busy.example", ["page-c-0"]))[0]) == 0
 
 
 async def test_a_hosts_pages_handled_side_by_side_are_all_granted_at_once(bus: Bus) -> None:
@@ -382,7 +404,7 @@ async def test_a_hosts_pages_handled_side_by_side_are_all_granted_at_once(bus: B
 
     async def page(n: int) -> int:
         async with handlers:
-            return (await discovery._within_budget("busy.example", links_of(n)))[0]
+            return len((await discovery._within_budget("busy.example", links_of(n)))[0])
 
     granted = await asyncio.gather(*(page(n) for n in range(400)))
 
@@ -403,7 +425,7 @@ async def test_a_hosts_pages_on_two_replicas_are_each_granted_and_counted_once(
         while True:
             async with handlers[discovery]:
                 try:
-                    return (await discovery._within_budget("busy.example", links_of(n)))[0]
+                    return len((await discovery._within_budget("busy.example", links_of(n)))[0])
                 except Retry:
                     continue  # handed back: its redelivery asks again
 
@@ -418,13 +440,13 @@ async def test_a_page_that_loses_every_write_to_other_replicas_is_handed_back_no
 ) -> None:
     monkeypatch.setattr(discovery_module, "BUDGET_WRITE_ATTEMPTS", 1)
     first, second = await replica(bus, budget=100_000), await replica(bus, budget=100_000)
-    assert (await second._within_budget("busy.example", links_of(0)))[0] == 3
-    assert (await first._within_budget("busy.example", links_of(1)))[0] == 3
+    assert len((await second._within_budget("busy.example", links_of(0)))[0]) == 3
+    assert len((await first._within_budget("busy.example", links_of(1)))[0]) == 3
     # The second replica's remembered revision is stale now: its one write loses.
     with pytest.raises(Retry, match="written by too many replicas"):
-        (await second._within_budget("busy.example", links_of(2)))[0]
+        await second._within_budget("busy.example", links_of(2))
     # Asked again (the page's redelivery), it reads the counter first, and is granted.
-    assert (await second._within_budget("busy.example", links_of(2)))[0] == 3
+    assert len((await second._within_budget("busy.example", links_of(2)))[0]) == 3
     assert await counted(bus) == 9
 
 

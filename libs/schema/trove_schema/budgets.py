@@ -2,9 +2,10 @@
 
 A host's page budget (``TROVE_HOST_PAGE_BUDGET``): the pages discovered of the host
 this cycle, when the cycle began, and the batches counted lately: each one's mark (its
-cause and the host, ``batch_mark``), its pages counted and when (``{"n": 37, "since":
-1795000000.0, "marks": [["q3Zx9aBcD0eF", 3, 1795000123], ...]}``; a record written
-before marks were kept, with ``last`` and ``recent``, reads as one without them). A
+cause and the host, ``batch_mark``), its pages counted, when, and which (``{"n": 37,
+"since": 1795000000.0, "marks": [["q3Zx9aBcD0eF", 3, 1795000123, "<page keys>"],
+...]}``; a record written before marks were kept, with ``last`` and ``recent``, reads as
+one without them, and a mark written before they named their pages as their number). A
 site's host budget (``TROVE_SITE_HOST_BUDGET``, ``trove_discovery.sites``): the host
 names of the registrable domain that got pages this cycle (``{"hosts": [...], "since":
 …}``).
@@ -24,7 +25,9 @@ import base64
 import hashlib
 import ipaddress
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from trove_schema.urls import registrable_domain
 
@@ -111,19 +114,65 @@ BATCH_MEMORY_SECONDS = 600.0
 #: host counts its pages again (a little of its budget). A host's own pages come one per
 #: politeness gap (10 s by default), so only links from many other sites' pages reach
 #: that, and on such a host over its budget every batch reads the record for the rest
-#: of the cycle: about 3 KB (some 30 bytes a batch), read in ~0.05 ms.
+#: of the cycle: about 3 KB (some 30 bytes a batch, and under 6 a page it counted), read
+#: in ~0.05 ms, until its batches pass their memory.
 BATCH_MEMORY = 100
+#: Bytes of each counted page's key (``_page_key``) a batch keeps: a false match among a
+#: page's few hundred links (one in ~10⁷ a pair) grants one page without counting it.
+PAGE_KEY_BYTES = 4
+
+
+def _page_key(event_id: str) -> bytes:
+    return hashlib.sha256(event_id.encode()).digest()[:PAGE_KEY_BYTES]
+
+
+class Batch(NamedTuple):
+    """A batch a host's record remembers: its ``batch_mark``, the pages it counted, when
+    (seconds since the epoch), and which (their ``_page_key``s; None for a mark written
+    by a release that kept their number alone).
+
+    Which, not how many: the same cause handled again may bring other pages of the host
+    than the first time (a link held then while its host's aliases were learned, one
+    since folded onto its one spelling, the round before on another replica), so the
+    number alone could neither say which of them to grant again nor which to count."""
+
+    mark: str
+    pages: int
+    at: int
+    keys: frozenset[bytes] | None = None
+
+    def to_json(self) -> list[object]:
+        if self.keys is None:
+            return [self.mark, self.pages, self.at]
+        # A list of four, which the release before reads as no mark at all (it takes
+        # lists of three): rolled back to, it counts a redelivery's pages again.
+        packed = base64.b64encode(b"".join(sorted(self.keys))).decode()
+        return [self.mark, self.pages, self.at, packed]
+
+    @classmethod
+    def from_json(cls, mark: object) -> Batch | None:
+        if not isinstance(mark, list) or len(mark) not in (3, 4):
+            return None
+        keys = None
+        if len(mark) == 4:
+            try:
+                packed = base64.b64decode(str(mark[3]), validate=True)
+            except ValueError:
+                return None
+            size = PAGE_KEY_BYTES
+            keys = frozenset(packed[i : i + size] for i in range(0, len(packed) - size + 1, size))
+        return cls(str(mark[0]), int(mark[1]), int(mark[2]), keys)
 
 
 @dataclass(frozen=True, slots=True)
 class HostCount:
     """A host's pages counted this cycle, which began at ``since`` (seconds since the
     epoch; 0: not known), and the batches counted within ``BATCH_MEMORY_SECONDS``
-    (``marks``: each one's ``batch_mark``, its pages counted, and when)."""
+    (``marks``)."""
 
     pages: int = 0
     since: float = 0.0
-    marks: tuple[tuple[str, int, int], ...] = ()
+    marks: tuple[Batch, ...] = ()
 
     @classmethod
     def from_bytes(cls, value: bytes | None) -> HostCount:
@@ -133,25 +182,40 @@ class HostCount:
             pages=int(state.get("n", 0)),
             since=float(state.get("since", 0.0)),
             marks=tuple(
-                (str(mark[0]), int(mark[1]), int(mark[2]))
+                batch
                 for mark in (marks if isinstance(marks, list) else ())
-                if isinstance(mark, list) and len(mark) == 3
+                if (batch := Batch.from_json(mark)) is not None
             ),
         )
 
     def to_bytes(self) -> bytes:
-        state = {"n": self.pages, "since": self.since, "marks": [list(m) for m in self.marks]}
+        marks = [batch.to_json() for batch in self.marks]
+        state = {"n": self.pages, "since": self.since, "marks": marks}
         return json.dumps(state, separators=(",", ":")).encode()
 
-    def counted(self, mark: str) -> int:
-        """How many pages the batch ``mark`` counted already (0: none remembered)."""
-        return next((pages for name, pages, _ in self.marks if name == mark), 0)
+    def _batch(self, mark: str) -> Batch | None:
+        return next((batch for batch in self.marks if batch.mark == mark), None)
 
-    def add(self, mark: str, within: int, now: float) -> HostCount:
-        """This count with ``within`` more pages of the batch ``mark``, counted at ``now``."""
-        kept = [m for m in self.marks if m[0] != mark and now - m[2] < BATCH_MEMORY_SECONDS]
-        marks = (*kept, (mark, self.counted(mark) + within, int(now)))[-BATCH_MEMORY:]
-        return HostCount(self.pages + within, self.since, marks)
+    def counted_of(self, mark: str, event_ids: Sequence[str]) -> list[str]:
+        """Those of ``event_ids`` (new pages of the host, in order) the batch ``mark``
+        counted already. One remembered by their number alone counted the first ones."""
+        batch = self._batch(mark)
+        if batch is None:
+            return []
+        if batch.keys is None:
+            return list(event_ids[: batch.pages])
+        return [event_id for event_id in event_ids if _page_key(event_id) in batch.keys]
+
+    def add(self, mark: str, event_ids: Sequence[str], now: float) -> HostCount:
+        """This count with the pages ``event_ids`` of the batch ``mark``, counted at ``now``."""
+        before = self._batch(mark)
+        keys: frozenset[bytes] | None = frozenset(map(_page_key, event_ids))
+        if before is not None:
+            keys = None if before.keys is None or keys is None else before.keys | keys
+        pages = len(event_ids) + (before.pages if before else 0)
+        kept = [b for b in self.marks if b.mark != mark and now - b.at < BATCH_MEMORY_SECONDS]
+        marks = (*kept, Batch(mark, pages, int(now), keys))[-BATCH_MEMORY:]
+        return HostCount(self.pages + len(event_ids), self.since, marks)
 
     def in_cycle(self, now: float, cycle: float) -> HostCount:
         """The count as it stands at ``now``: nothing once ``cycle`` seconds have passed
@@ -160,7 +224,7 @@ class HostCount:
             return HostCount(since=now)
         # Marks past their memory are dropped here, not only when a batch is added: a host
         # over its budget is read at every batch and written at none.
-        marks = tuple(m for m in self.marks if now - m[2] < BATCH_MEMORY_SECONDS)
+        marks = tuple(b for b in self.marks if now - b.at < BATCH_MEMORY_SECONDS)
         return replace(self, since=self.since or now, marks=marks)
 
 

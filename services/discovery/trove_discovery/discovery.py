@@ -30,7 +30,7 @@ import hashlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
@@ -217,7 +217,7 @@ class Discovery:
             return
         deliveries = delivery_count(msg)
         # Handed back while its host's aliases were learned: only the links it held.
-        again = self.holds.take(event.id) if self.holds and deliveries > 1 else None
+        again = self.holds.take(event.id, deliveries) if self.holds and deliveries > 1 else None
         if again is None and self.url_rules is not None:
             await self.url_rules.learn(event)
         # A page fetched under a spelling since learned to be an alias is not re-crawled
@@ -264,7 +264,6 @@ class Discovery:
                 redirect,
                 deliveries,
                 skip=skip,
-                only_held=again is not None,
             )
         except Exception:
             if recrawl or folded:
@@ -320,14 +319,12 @@ class Discovery:
         deliveries: int,
         *,
         skip: Collection[str],
-        only_held: bool,
     ) -> tuple[list[PageDiscovered], list[str], bool]:
         """The pages ``event``'s links discover (claimed in the seen set, within their
         hosts' budgets), the links held while their hosts' URL rules are learned, and
         whether a link waits for its host's next budget cycle. ``skip``: the page itself,
         by its URL and where it lives (``_lives_at``), which its own re-crawl asks for
-        again (a link to it, its logo's or its canonical's, is no new page).
-        ``only_held``: the links are those a hold kept back here, which no budget counted."""
+        again (a link to it, its logo's or its canonical's, is no new page)."""
         may_hold = self.holds is not None and self.holds.may_hold(deliveries)
         held: list[str] = []
         over_budget = False
@@ -437,7 +434,10 @@ class Discovery:
         # (a tarpit, session ids in paths), without bound. Its links are read instead:
         # one its page's earlier delivery claimed goes on as its own (counted or refused
         # as any); a new one is offered again when the page is next read whole.
-        full = await self._full_hosts({domain_of(url) for url in candidates}, event.id, only_held)
+        by_host_ids: dict[str, list[str]] = defaultdict(list)
+        for url, candidate in candidates.items():
+            by_host_ids[domain_of(url)].append(candidate.event_id)
+        full = await self._full_hosts(by_host_ids, event.id)
         if full:
             dropped = [c for url, c in candidates.items() if domain_of(url) in full]
             for start in range(0, len(dropped), SEEN_AT_ONCE):
@@ -477,15 +477,16 @@ class Discovery:
             by_host[domain_of(candidate.url)].append(candidate)
         allowed = await asyncio.gather(
             *(
-                self._within_budget(h, [c.event_id for c in group], cause=event.id, held=only_held)
+                self._within_budget(h, [c.event_id for c in group], cause=event.id)
                 for h, group in by_host.items()
             )
         )
         refused: list[tuple[str, float]] = []
-        for (host, group), (within, until) in zip(by_host.items(), allowed, strict=True):
-            for candidate in group[within:]:
-                self._unprobe(candidate.probing)
-                refused.append((candidate.url, until))
+        for (host, group), (granted, until) in zip(by_host.items(), allowed, strict=True):
+            for candidate in group:
+                if candidate.event_id not in granted:
+                    self._unprobe(candidate.probing)
+                    refused.append((candidate.url, until))
             outgoing.extend(
                 PageDiscovered(
                     id=c.event_id,
@@ -498,9 +499,10 @@ class Discovery:
                         kind="redirect" if c.kind is LinkKind.REDIRECT else "link",
                         source_url=event.url,
                     ),
-                    siblings=within,
+                    siblings=len(granted),
                 )
-                for c in group[:within]
+                for c in group
+                if c.event_id in granted
             )
         for start in range(0, len(refused), SEEN_AT_ONCE):
             marks = refused[start : start + SEEN_AT_ONCE]
@@ -710,7 +712,10 @@ class Discovery:
         # As for a page's links: a host known full is read, not claimed (a busy timeline
         # naming new pages of a full host wrote two seen keys each at every poll); one
         # this cause's earlier handling claimed goes on, to be refused and marked.
-        full = await self._full_hosts({e.domain for e in wanted}, cause, held=False)
+        wanted_ids: dict[str, list[str]] = defaultdict(list)
+        for event in wanted:
+            wanted_ids[event.domain].append(event.id)
+        full = await self._full_hosts(wanted_ids, cause)
         by_host: dict[str, list[PageDiscovered]] = defaultdict(list)
         for event in wanted:
             if event.domain in full and await self._holder(event.url) != event.id.encode():
@@ -718,10 +723,10 @@ class Discovery:
             if await self._first_sighting(event.url, event.id):
                 by_host[event.domain].append(event)
         for host, group in by_host.items():
-            within, until = await self._within_budget(host, [e.id for e in group], cause=cause)
-            for refused in group[within:]:
+            granted, until = await self._within_budget(host, [e.id for e in group], cause=cause)
+            for refused in (e for e in group if e.id not in granted):
                 await self._refuse(refused.url, until)
-            for event in group[:within]:
+            for event in (e for e in group if e.id in granted):
                 await self.bus.publish(event)
                 DISCOVERED.labels(event.provenance.kind).inc()
 
@@ -801,22 +806,22 @@ class Discovery:
         self.sightings.remember(key, value)
 
     async def _within_budget(
-        self, domain: str, event_ids: list[str], *, cause: str | None = None, held: bool = False
-    ) -> tuple[int, float]:
+        self, domain: str, event_ids: list[str], *, cause: str | None = None
+    ) -> tuple[frozenset[str], float]:
         """Count pages discovered per host this cycle; of ``event_ids`` (new pages of the
-        host that ``cause`` brings, in order; None: a page alone, its own cause), how
-        many are within the budget (trap defence), and when the budget that refused the
-        rest has room again. A host with nothing counted yet this cycle is first counted
+        host that ``cause`` brings, in order; None: a page alone, its own cause), those
+        within the budget (trap defence), and when the budget that refused the rest has
+        room again. A host with nothing counted yet this cycle is first counted
         against its site's host budget (``trove_discovery.sites``), which may refuse all
         of them.
 
         One compare-and-set for all of them, against the revision this process last
         wrote, so a busy host costs one round trip a page's links, not a read and a
         write a link. Another writer (a second replica, the key's expiry) makes the
-        write fail, and then it reads. The record keeps how many each cause's batch
+        write fail, and then it reads. The record keeps which pages each cause's batch
         counted (``HostCount.marks``), so the same cause handled again (a redelivery, on
-        any replica, after other batches of the host) counts nothing twice. ``held``:
-        links a hold kept back here, which the cause's earlier round did not count.
+        any replica, after other batches of the host, with links a hold kept back the
+        first time or folded since) is granted those again and counts only the others.
         """
         mark = batch_mark(cause or event_ids[0], domain)
         key = host_budget_key(domain)
@@ -824,20 +829,20 @@ class Discovery:
         # wrote against one remembered revision, and one that lost, having to read before
         # writing again, could lose to the others every time (``trove_schema.turns``).
         async with self.budget_turns.of(key):
-            within, refused_by, until = await self._count_within_budget(
-                key, domain, event_ids, mark, held=held
+            granted, refused_by, until = await self._count_within_budget(
+                key, domain, event_ids, mark
             )
-        if within < len(event_ids):
-            BUDGET_REFUSALS.labels(refused_by).inc(len(event_ids) - within)
-        return within, until
+        if len(granted) < len(event_ids):
+            BUDGET_REFUSALS.labels(refused_by).inc(len(event_ids) - len(granted))
+        return granted, until
 
-    async def _full_hosts(self, hosts: set[str], cause: str, held: bool) -> set[str]:
-        """Those of ``hosts`` whose budget is full this cycle for the pages ``cause``
-        brings: a batch of the cause counted before (a redelivery) is granted again,
-        unless its links are ones a hold kept back (``held``), which it did not count;
-        and those their site's host budget refuses. Read from the bucket, only for hosts
-        (and sites) this replica last knew full: a refusal is never taken from memory,
-        and a host with room costs nothing more."""
+    async def _full_hosts(self, hosts: Mapping[str, Sequence[str]], cause: str) -> set[str]:
+        """Those of ``hosts`` (each with the ids of the new pages ``cause`` brings of it)
+        whose budget is full this cycle for those pages: a batch of the cause that counted
+        some of them before (a redelivery) is granted those again, but links a hold kept
+        back then were not counted; and those their site's host budget refuses. Read from
+        the bucket, only for hosts (and sites) this replica last knew full: a refusal is
+        never taken from memory, and a host with room costs nothing more."""
         budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
         now = self.clock()
         full: set[str] = set()
@@ -863,7 +868,7 @@ class Discovery:
             # all their fresh links again whenever this memory of it ran out.
             if entry.revision is not None:
                 self.budgets.remember(key, (entry.revision, counted))
-            if held or not counted.counted(batch_mark(cause, host)):
+            if not counted.counted_of(batch_mark(cause, host), hosts[host]):
                 full.add(host)
         # A host its site refuses this cycle, unless it has pages counted in its own
         # cycle (admitted late in the site's last one: it is asked no more of its site).
@@ -884,10 +889,10 @@ class Discovery:
         return counted.pages > 0
 
     async def _count_within_budget(
-        self, key: str, domain: str, event_ids: list[str], mark: str, *, held: bool
-    ) -> tuple[int, str, float]:
-        """How many of ``event_ids`` are within the budget, which budget refused the
-        rest (``host_pages`` or ``site_hosts``), and when it has room again: the host's
+        self, key: str, domain: str, event_ids: list[str], mark: str
+    ) -> tuple[frozenset[str], str, float]:
+        """Those of ``event_ids`` within the budget, which budget refused the rest
+        (``host_pages`` or ``site_hosts``), and when it has room again: the host's
         cycle's end, or, for its site's, the site's cycle's end."""
         budget, cycle = self.settings.host_page_budget, self.settings.recrawl_max
         remembered = self.budgets.get(key)
@@ -905,12 +910,12 @@ class Discovery:
                 except KeyNotFoundError:
                     counted, revision = HostCount(), None
                 counted = counted.in_cycle(now, cycle)
-            # Counted already: as many as the same batch counted before (its cause handled
-            # again). Handled again, a page may bring more of the host's links than the
-            # first time (another replica's alias probes held fewer back): those are
-            # counted now, and the batch's mark counts them too.
-            done = 0 if held else min(counted.counted(mark), len(event_ids))
-            pending = event_ids[done:]
+            # Counted already: those the same batch counted before (its cause handled
+            # again). Handled again, a page may bring other links of the host than the
+            # first time (a link held then, one folded onto its alias since): those are
+            # counted now, and the batch's mark names them too.
+            done = frozenset(counted.counted_of(mark, event_ids))
+            pending = [event_id for event_id in event_ids if event_id not in done]
             ends = counted.since + cycle
             if not pending:
                 return done, "host_pages", ends
@@ -924,8 +929,8 @@ class Discovery:
             # Nothing counted this cycle: a host new to it, which its site may not admit.
             # Not written then, so that the site's refusal is read again, never remembered.
             if counted.pages == 0 and (site_ends := await self.sites.refused_until(domain)):
-                return 0, "site_hosts", site_ends
-            now_counted = counted.add(mark, within, now)
+                return frozenset(), "site_hosts", site_ends
+            now_counted = counted.add(mark, pending[:within], now)
             value = now_counted.to_bytes()
             try:
                 if revision is None:
@@ -937,7 +942,7 @@ class Discovery:
                 remembered = None
                 continue
             self.budgets.remember(key, (written, now_counted))
-            return done + within, "host_pages", ends
+            return done.union(pending[:within]), "host_pages", ends
         # Other replicas wrote first every time. Not a refusal: refused links stay seen
         # and their pages would never be crawled. The page comes back and asks again.
         raise Retry(f"the page budget of {key} is written by too many replicas", delay=1.0)

@@ -257,15 +257,16 @@ class Holds:
         self.rounds = rounds
         self.capacity = capacity
         self._clock = clock
-        #: event id -> (hashes of the links it held, when it is due back at the latest):
-        #: a page holds up to TROVE_MAX_LINKS_PER_PAGE links, so not the URLs themselves.
-        self._held: dict[str, tuple[frozenset[int], float]] = {}
+        #: event id -> (hashes of the links it held, when it is due back at the latest,
+        #: the delivery that held them): a page holds up to TROVE_MAX_LINKS_PER_PAGE
+        #: links, so not the URLs themselves.
+        self._held: dict[str, tuple[frozenset[int], float, int]] = {}
 
     def may_hold(self, deliveries: int) -> bool:
         if self.first <= 0 or deliveries > self.rounds:
             return False
         now = self._clock()
-        for event_id in [e for e, (_, due) in self._held.items() if due < now]:
+        for event_id in [e for e, (_, due, _) in self._held.items() if due < now]:
             del self._held[event_id]
         return len(self._held) < self.capacity
 
@@ -273,10 +274,15 @@ class Holds:
         """Remember what ``event_id`` held; the delay to hand it back with."""
         delay = self.first * 2.0 ** (deliveries - 1)
         # Due back after the delay; kept a little longer for a busy consumer.
-        self._held[event_id] = (frozenset(map(hash, links)), self._clock() + 2 * delay + 30.0)
+        due = self._clock() + 2 * delay + 30.0
+        self._held[event_id] = (frozenset(map(hash, links)), due, deliveries)
         return delay
 
-    def take(self, event_id: str) -> frozenset[int] | None:
-        """Hashes of the links ``event_id`` held here last time; None if it held none here."""
+    def take(self, event_id: str, deliveries: int) -> frozenset[int] | None:
+        """Hashes of the links ``event_id`` held here at its delivery before this one
+        (``deliveries``); None if it held none here then. A hold from an earlier round
+        says nothing of the latest: handled in between on another replica (scaled out, a
+        pod replaced), the page's links were decided there, counted and published or
+        held again, and only a round that reads them all takes up what that one held."""
         found = self._held.pop(event_id, None)
-        return found[0] if found else None
+        return found[0] if found and found[2] == deliveries - 1 else None
