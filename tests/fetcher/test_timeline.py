@@ -906,8 +906,10 @@ async def test_an_instance_that_numbers_its_posts_anew_is_read_again_from_its_ne
         assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in added[-3:])
         assert first.cursor_after is not None
         assert not first.cursor_after.isdigit()
-        assert (first.api, first.software) == (None, None)  # other software: asked again
-        assert first.requests == 2  # after the cursor; the newest page, read back once
+        # The check's poll asks NodeInfo too (its index and document), which names the
+        # software the ids are read by.
+        assert (first.api, first.software) == (social.base_url, "mastodon")
+        assert first.requests == 4  # NodeInfo; after the cursor; the newest page, read back
         assert uris(second) == [instance.status_uri(later)]
         assert second.cursor_after not in (None, first.cursor_after)
         assert second.api == social.base_url
@@ -1175,6 +1177,72 @@ async def test_an_instance_that_moved_to_other_numbers_is_read_once_its_software
         assert events[1].cursor_after == posts[-1].sid
         assert sorted(uris(events[1])) == sorted(instance.status_uri(s) for s in posts[-4:])
         assert uris(events[2]) == [instance.status_uri(later)]
+
+
+def mastodon_id(seconds_ago: float) -> str:
+    return str(int((time.time() - seconds_ago) * 1000) << 16)
+
+
+@pytest.mark.parametrize(
+    ("software", "numbered"),
+    [
+        (("pixelfed", "0.12.4"), lambda n: pixelfed_id(300 - 30 * n, n)),
+        (("friendica", "2024.08"), lambda n: 5000 + n),
+    ],
+    ids=["larger numbers", "smaller numbers"],
+)
+async def test_an_instance_that_runs_other_software_of_numbered_ids_now_is_read_again(
+    client: httpx.AsyncClient, software: tuple[str, str], numbered: Callable[[int], int]
+) -> None:
+    # Followed on Mastodon, the instance runs other software after weeks away, whose ids
+    # are numbers too: Pixelfed's read as Mastodon's dated centuries ahead, others sort
+    # before the cursor. The chain's rules for ids are Mastodon's until NodeInfo is
+    # asked again, which one poll in RENUMBERING_CHECK_EVERY does.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=software)
+    async with served(instance) as social:
+        cursor = mastodon_id(21 * 86_400)
+        posts = [instance.add_post_numbered(numbered(n)) for n in range(6)]
+        polls = poller(client, max_pages=3, page_limit=4)
+        chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        chain = chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY - 2})
+        events: list[TimelinePolled] = []
+        while len(events) < 4 or events[-1].more:
+            events.append(await polls.poll(chain))
+            chain = request(social, after=events[-1])
+            assert len(events) < 10, "the chain never caught up"
+
+    assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+    assert events[-1].software == software[0]
+    read = {uri for event in events for uri in uris(event)}
+    assert read == {instance.status_uri(s) for s in posts}
+
+
+async def test_posts_of_unknown_software_on_a_clock_days_fast_are_no_cursor(
+    client: httpx.AsyncClient,
+) -> None:
+    # Its NodeInfo documents fail, so the software is not known; its clock runs two days
+    # fast (too far for its Date to be believed), then NTP puts it right. Taken as the
+    # cursor, the post dated ahead would hide every post made for those two days.
+    instance = FediverseInstance.generate(posts=0, seed=5)
+    instance.fail_nodeinfo(500)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=5, backfill=5)
+        instance.add_post_numbered(int((time.time() - 3600) * 1000) << 16 | 1)
+        instance.clock_ahead = 2 * 86_400.0
+        ahead = instance.add_post_numbered(int((time.time() + 2 * 86_400) * 1000) << 16 | 2)
+        events = [await polls.poll(request(social))]
+        instance.clock_ahead = 0.0
+        later = [
+            instance.add_post_numbered(int((time.time() + n) * 1000) << 16 | 3 + n)
+            for n in range(3)
+        ]
+        for _ in range(3):
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+    assert events[0].software is None
+    assert events[0].cursor_after != ahead.sid
+    read = {uri for event in events[1:] for uri in uris(event)}
+    assert read >= {instance.status_uri(s) for s in later}
 
 
 async def test_a_page_refused_below_a_first_polls_posts_leaves_the_poll_as_it_was(

@@ -4,10 +4,13 @@
 ``TimelinePoller.poll`` reads the timeline through the Mastodon client API, which
 Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
 
-* **NodeInfo first** while the request knows no API: ``/.well-known/nodeinfo``, then
-  the newest 2.x document it lists on the instance's own host, for the software's name
-  and version. Software known not to speak the API is ``rejected``; unknown software,
-  or an instance without NodeInfo (or whose document fails), is tried anyway.
+* **NodeInfo first** while the request knows no API, and again on one poll in
+  ``RENUMBERING_CHECK_EVERY``: ``/.well-known/nodeinfo``, then the newest 2.x document
+  it lists on the instance's own host, for the software's name and version. Software
+  known not to speak the API is ``rejected``; unknown software, or an instance without
+  NodeInfo (or whose document fails), is tried anyway. Other software than the chain
+  knew reads its ids by its own rules, and starts again from the newest posts when
+  nothing follows the cursor (its numbers may sort before it).
 * **From the cursor on.** ``local`` reads ``/api/v1/timelines/public?local=true``,
   ``public`` the same without it, ``tag:NAME`` ``/api/v1/timelines/tag/NAME``; with
   ``min_id=<cursor>`` each page holds the posts right after the cursor, and the next
@@ -24,7 +27,8 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   a post be handled twice. An id no instance can have given (a number past 64 bits;
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
   clock, its ``Date`` when within a day of the pods', else ``FUTURE_ID_SLACK_UNTOLD``
-  past the pods') is malformed: as the cursor it would hide every later post. A page
+  past the pods'; on software not known, one dated so by less than
+  ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post. A page
   after the cursor of ids of the other kind only (or an empty one, on one poll in
   ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that kind too, is
   an instance that runs other software now: the poll starts again as a first poll.
@@ -200,6 +204,11 @@ RENUMBERING_CHECK_EVERY = 24
 #: An id dated later, taken as the cursor, would hide the posts made until its time.
 FUTURE_ID_SLACK = 60.0
 FUTURE_ID_SLACK_UNTOLD = 600.0
+#: How far ahead of the instance's clock a number of software not known (its NodeInfo
+#: fails) must be dated, read as a snowflake, to be taken for another numbering rather
+#: than Mastodon's on a fast clock: Pixelfed's read as centuries ahead, a clock is not
+#: years off.
+OTHER_NUMBERS_AHEAD = 10 * 365 * 86_400.0
 #: How far from the pods' clock an instance's ``Date`` is believed, ahead or behind.
 MAX_CLOCK_SKEW = 86_400.0
 #: An id in ``recent_after`` on the wire, at most: its digits, quoted, a comma.
@@ -850,10 +859,16 @@ class TimelinePoller:
         api = request.api
         if api is not None and urlsplit(api).hostname != urlsplit(origin).hostname:
             api = None  # an API elsewhere would be requests outside the host's lease
-        if api is None:
-            software = await self._discover(origin, progress)
-            progress.software_asked = True
+        check = request.poll % RENUMBERING_CHECK_EVERY == 0
+        moved = False
+        if api is None or check:
+            # Asked again on the check's polls: an instance followed for months may run
+            # other software now, whose ids the rules of the old one would never read
+            # (Pixelfed's numbers look like Mastodon's dated centuries ahead; another's
+            # small numbers sort before a snowflake cursor).
+            software = await self._software(origin, progress, known_api=api is not None)
             if software is not None:
+                moved = request.software is not None and software.name != request.software
                 progress.software, progress.version = software.name, software.version
                 if not software.speaks_mastodon_api:
                     raise _Stop(
@@ -878,8 +893,26 @@ class TimelinePoller:
                 host,
                 progress,
                 backfill,
-                check_renumbering=request.poll % RENUMBERING_CHECK_EVERY == 0,
+                check_renumbering=check,
+                moved_software=moved,
             )
+
+    async def _software(
+        self, origin: str, progress: _Progress, *, known_api: bool
+    ) -> Software | None:
+        """The software NodeInfo names now (``_discover``). Asked again of an instance
+        whose API the chain knows, an index unavailable leaves the software as it was:
+        the API may answer, and is read. A wait it asked for, or a challenge, ends the
+        poll all the same."""
+        try:
+            software = await self._discover(origin, progress)
+        except _Stop as stop:
+            asked_to_wait = stop.status == 429 or stop.retry_after is not None
+            if not known_api or asked_to_wait or stop.challenge:
+                raise
+            return None
+        progress.software_asked = True
+        return software
 
     async def _discover(self, origin: str, progress: _Progress) -> Software | None:
         """The software NodeInfo names; None when the instance gives no usable NodeInfo.
@@ -919,9 +952,12 @@ class TimelinePoller:
         backfill: int,
         *,
         check_renumbering: bool,
+        moved_software: bool = False,
     ) -> None:
         """From ``cursor`` on, page after page. ``check_renumbering``: an empty page
-        after the cursor asks whether the instance numbers its posts anew (``_renumbered``)."""
+        after the cursor asks whether the instance numbers its posts anew (``_renumbered``);
+        ``moved_software``: NodeInfo names other software than the chain knew, so it
+        does, if nothing follows the cursor."""
         limit = self._page_limit
         if progress.floor is not None:
             try:
@@ -984,7 +1020,9 @@ class TimelinePoller:
                 url = timeline_url(api, timeline, limit=limit, min_id=after)
                 continue
             if page == 0 and (progress.other_kind or (not entries and check_renumbering)):
-                newest = await self._renumbered(api, timeline, cursor, progress, backfill)
+                newest = await self._renumbered(
+                    api, timeline, cursor, progress, backfill, moved=moved_software
+                )
                 if newest is not None:
                     progress.rebase()
                     progress.note = (
@@ -1019,11 +1057,20 @@ class TimelinePoller:
         progress.more = True
 
     async def _renumbered(
-        self, api: str, timeline: str, cursor: str, progress: _Progress, backfill: int
+        self,
+        api: str,
+        timeline: str,
+        cursor: str,
+        progress: _Progress,
+        backfill: int,
+        *,
+        moved: bool = False,
     ) -> tuple[_Answer, int] | None:
         """The instance's newest page and the posts it was asked with, when most of its
-        ids are of the other kind than ``cursor`` (handed to ``_read_back`` as its first
-        page); None when they are not, or the page is refused for what was asked. A
+        ids are of the other kind than ``cursor``, or it runs other software now
+        (``moved``), whose numbers of the same kind may sort before the cursor's (handed
+        to ``_read_back`` as its first page); None when neither, or the page is refused
+        for what was asked. A
         page after the cursor of nothing else may be one odd page, which starting again
         from the newest posts would skip the posts behind it for: a few posts at least
         are asked for, to judge by."""
@@ -1044,7 +1091,7 @@ class TimelinePoller:
             and self._trusted(post_id, progress, answer)
         ]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
-        return (answer, limit) if other * 2 > len(ids) else None
+        return (answer, limit) if moved or other * 2 > len(ids) else None
 
     def _lookback_covered(self, timeline: str, progress: _Progress) -> bool:
         """Whether a first poll has seen (taken, or left alone as before the follow) as
@@ -1086,12 +1133,17 @@ class TimelinePoller:
         snowflakes = progress.software in SNOWFLAKE_SOFTWARE or (
             progress.rebased and progress.software is None
         )
-        if not snowflakes:
+        if not snowflakes and progress.software is not None:
             return True
         moment, told = self._instance_time(answer)
-        return not dated_after(
-            post_id, moment + (FUTURE_ID_SLACK if told else FUTURE_ID_SLACK_UNTOLD)
-        )
+        ahead = dated_after(post_id, moment + (FUTURE_ID_SLACK if told else FUTURE_ID_SLACK_UNTOLD))
+        if snowflakes or not ahead:
+            return not ahead
+        # The software unknown (its NodeInfo fails): a number dated ahead as a snowflake,
+        # but by less than another software's numbers read as one are (Pixelfed's:
+        # centuries), is most likely Mastodon's on a clock running fast, and as the
+        # cursor would hide every post made until its time.
+        return dated_after(post_id, moment + OTHER_NUMBERS_AHEAD)
 
     def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
         """The time of ``answer`` on the instance's clock, and whether the instance told
