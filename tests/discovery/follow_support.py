@@ -142,7 +142,9 @@ def polled(
 ) -> TimelinePolled:
     """The fetcher's answer to ``request`` (the API it was given, unless found anew)."""
     end = completed_at or datetime.now(UTC)
-    found = {"api": request.api, "software": request.software} | fields
+    # One request at least: a poll deferred for its host's slot asks nothing (``requests``
+    # 0), and tells nothing of the instance.
+    found = {"api": request.api, "software": request.software, "requests": 1} | fields
     return TimelinePolled(
         request_id=request.id,
         instance=request.instance,

@@ -116,6 +116,7 @@ def polled(
         "cursor_before": str(poll - 1) if poll > 1 else None,
         "cursor_after": str(poll),
         "posts": posts,
+        "requests": 1,  # a poll deferred for its host's slot asks nothing: none here
     }
     base.update(fields)
     return TimelinePolled(**base)

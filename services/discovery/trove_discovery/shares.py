@@ -250,13 +250,17 @@ class Shares:
                 log.info("poll older than the last one handled ignored", extra=where)
                 return None
             failed = event.outcome is not CrawlOutcome.SUCCESS
+            # A poll that asked the instance nothing (its host's slot too far off: its
+            # pause after a 403 or an outage grows to a day) ends no run of failures, or
+            # the chain's own back-off would start again at each.
+            failures = follow.failures + 1 if failed else 0 if event.requests else follow.failures
             advanced = follow.model_copy(
                 update={
                     "poll": event.poll,
                     "polled_id": event.id,
                     "cursor": event.cursor_after if event.cursor_after else follow.cursor,
                     "recent": follow.recent if failed else event.recent_after,
-                    "failures": follow.failures + 1 if failed else 0,
+                    "failures": failures,
                 }
             )
             try:

@@ -203,6 +203,10 @@ async def _seed_rejections(tx: Transaction, rejected: list[SeedRejected]) -> Non
     )
 
 
+#: A poll's outcome in ``timeline_polls`` when it asked the instance nothing (its host's
+#: slot too far off, its rate limit spent): a success, but one that tells nothing of the
+#: instance, which neither ends a run of failures nor is shown as its last answer.
+DEFERRED = "deferred"
 #: The advisory locks (the two-key form, apart from the one-key locks of the migrations
 #: and of replay) under which one transaction at a time writes an instance's rows; the
 #: second key is a hash of the instance.
@@ -232,17 +236,22 @@ _UNFOLLOWED_AT = (  # constants only: nothing to inject
     f"AND u.unfollowed_at >= {_FOLLOWED_AT}))"
 )
 
-# The columns of the row's follow: its newest poll's, since when it has been failing
-# (the first failure after its newest success; a poll 0 stands for the failures before
-# migration 0012) and when it was unfollowed.
+# The columns of the row's follow: its newest poll's that asked the instance something
+# (a poll deferred for its host's slot tells nothing of it) and when the newest poll
+# said the next one comes, since when it has been failing (the first failure after its
+# newest success; a poll 0 stands for the failures before migration 0012) and when it
+# was unfollowed.
 _FOLLOW_STATE = (  # constants only: nothing to inject
     "UPDATE instances i SET (last_poll, last_poll_at, last_outcome, last_status_code, "  # noqa: S608
     "last_error, cursor, next_poll_after) = (SELECT coalesce(p.poll, 0), p.completed_at, "
-    "p.outcome, p.status_code, p.error, p.cursor, p.next_poll_after FROM (SELECT 1) AS one "
-    "LEFT JOIN (SELECT * FROM timeline_polls t WHERE t.follow_id = i.follow_id "
-    "ORDER BY t.poll DESC LIMIT 1) AS p ON true), "
+    "p.outcome, p.status_code, p.error, p.cursor, (SELECT n.next_poll_after FROM "
+    "timeline_polls n WHERE n.follow_id = i.follow_id ORDER BY n.poll DESC LIMIT 1) "
+    "FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM timeline_polls t "
+    f"WHERE t.follow_id = i.follow_id AND t.outcome <> '{DEFERRED}' ORDER BY t.poll DESC "
+    "LIMIT 1) AS p ON true), "
     "failing_since = (SELECT min(t.completed_at) FROM timeline_polls t "
-    "WHERE t.follow_id = i.follow_id AND t.outcome <> 'success' AND t.poll > "
+    f"WHERE t.follow_id = i.follow_id AND t.outcome NOT IN ('success', '{DEFERRED}') "
+    "AND t.poll > "
     "coalesce((SELECT max(s.poll) FROM timeline_polls s WHERE s.follow_id = i.follow_id "
     "AND s.outcome = 'success'), -1)), "
     f"unfollowed_at = {_UNFOLLOWED_AT}, updated_at = now() "
@@ -380,6 +389,7 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
     a follow not applied yet waits in ``timeline_polls`` until its follow takes the row.
     """
     ok = event.outcome is CrawlOutcome.SUCCESS
+    outcome = DEFERRED if ok and not event.requests else event.outcome.value
     posts = len(event.posts)
     links = sum(len(post.links) for post in event.posts)
     key = {"follow_id": follow_id, "poll": event.poll}
@@ -408,7 +418,7 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
             **key,
             "event_id": event_uuid(event.id),
             "at": event.completed_at,
-            "outcome": event.outcome.value,
+            "outcome": outcome,
             "code": event.status_code,
             # A success may carry a note too (what stopped it early: a rate limit).
             "error": event.error_message or (None if ok else event.outcome.value),
