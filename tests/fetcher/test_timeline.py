@@ -1217,6 +1217,55 @@ async def test_an_instance_that_runs_other_software_of_numbered_ids_now_is_read_
     assert read == {instance.status_uri(s) for s in posts}
 
 
+async def test_other_software_found_by_a_poll_cut_short_is_found_again_by_the_next(
+    client: httpx.AsyncClient,
+) -> None:
+    # The check's poll asks NodeInfo (two requests), then its host's slot is too far for
+    # the timeline: it read nothing by the new software's rules, so the chain keeps the
+    # software its cursor is of, and the next poll finds the move again and acts on it.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.08"))
+    async with served(instance) as social:
+        cursor = mastodon_id(21 * 86_400)
+        posts = [instance.add_post_numbered(5000 + n) for n in range(6)]
+        chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        chain = chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        cut_short = poller(client, GapGate(defer_after=2), max_pages=3, page_limit=4)
+        events = [await cut_short.poll(chain)]
+        polls = poller(client, max_pages=3, page_limit=4)
+        while len(events) < 3 or events[-1].more:
+            events.append(await polls.poll(request(social, after=events[-1])))
+            assert len(events) < 10, "the chain never caught up"
+
+    assert (events[0].requests, events[0].more) == (2, True)
+    assert (events[0].software, events[0].api) == ("mastodon", None)
+    assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+    read = {uri for event in events for uri in uris(event)}
+    assert read == {instance.status_uri(s) for s in posts}
+    assert events[-1].software == "friendica"
+
+
+async def test_an_api_that_answered_is_read_whatever_software_nodeinfo_names_later(
+    client: httpx.AsyncClient,
+) -> None:
+    # WordPress with a plugin that serves the Mastodon client API: its NodeInfo failed
+    # when the chain began, the API answered, and a later check names the software.
+    instance = FediverseInstance.generate(posts=5, seed=3, software=("wordpress", "6.6"))
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=5)
+        chain = request(social, api=social.base_url)
+        events = [await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY - 1}))]
+        added = []
+        for _ in range(3):
+            added.append(public_local_post(instance))
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+    assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+    assert events[1].software == "wordpress"
+    assert {e.api for e in events} == {social.base_url}
+    read = {uri for event in events[1:] for uri in uris(event)}
+    assert read == {instance.status_uri(s) for s in added}
+
+
 async def test_posts_of_unknown_software_on_a_clock_days_fast_are_no_cursor(
     client: httpx.AsyncClient,
 ) -> None:

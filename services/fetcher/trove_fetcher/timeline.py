@@ -7,10 +7,12 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
 * **NodeInfo first** while the request knows no API, and again on one poll in
   ``RENUMBERING_CHECK_EVERY``: ``/.well-known/nodeinfo``, then the newest 2.x document
   it lists on the instance's own host, for the software's name and version. Software
-  known not to speak the API is ``rejected``; unknown software, or an instance without
-  NodeInfo (or whose document fails), is tried anyway. Other software than the chain
-  knew reads its ids by its own rules, and starts again from the newest posts when
-  nothing follows the cursor (its numbers may sort before it).
+  known not to speak the API is ``rejected`` unless its API has answered (a cursor);
+  unknown software, or an instance without NodeInfo (or whose document fails), is tried
+  anyway. Other software than the chain knew reads its ids by its own rules, and starts
+  again from the newest posts when nothing follows the cursor (its numbers may sort
+  before it); a poll cut short before it read a page after the cursor leaves the chain
+  the software it knew, and no API, for the next poll to find the move again.
 * **From the cursor on.** ``local`` reads ``/api/v1/timelines/public?local=true``,
   ``public`` the same without it, ``tag:NAME`` ``/api/v1/timelines/tag/NAME``; with
   ``min_id=<cursor>`` each page holds the posts right after the cursor, and the next
@@ -654,6 +656,10 @@ class _Progress:
     ahead_bottom: str | None = None
     #: This poll asked NodeInfo for the software (``software`` is the instance's now).
     software_asked: bool = False
+    #: NodeInfo named other software than the chain knew, and the poll has not yet read
+    #: a page after the cursor by its rules (``_read_forward``): the chain keeps the
+    #: software it knew, for the next poll to find the move again.
+    moved: bool = False
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -860,17 +866,24 @@ class TimelinePoller:
         if api is not None and urlsplit(api).hostname != urlsplit(origin).hostname:
             api = None  # an API elsewhere would be requests outside the host's lease
         check = request.poll % RENUMBERING_CHECK_EVERY == 0
-        moved = False
+        # Its API answered before: the chain read it (a cursor), or found it.
+        answered = api is not None or request.cursor is not None
         if api is None or check:
             # Asked again on the check's polls: an instance followed for months may run
             # other software now, whose ids the rules of the old one would never read
             # (Pixelfed's numbers look like Mastodon's dated centuries ahead; another's
             # small numbers sort before a snowflake cursor).
-            software = await self._software(origin, progress, known_api=api is not None)
+            software = await self._software(origin, progress, known_api=answered)
             if software is not None:
-                moved = request.software is not None and software.name != request.software
+                progress.moved = (
+                    request.cursor is not None
+                    and request.software is not None
+                    and software.name != request.software
+                )
                 progress.software, progress.version = software.name, software.version
-                if not software.speaks_mastodon_api:
+                # Software said not to speak the API is not asked for it, unless it has
+                # answered (a plugin, a bridge, software that learned it): read on.
+                if not software.speaks_mastodon_api and not answered:
                     raise _Stop(
                         CrawlOutcome.REJECTED,
                         f"{software.name} does not speak the Mastodon client API",
@@ -893,8 +906,8 @@ class TimelinePoller:
                 host,
                 progress,
                 backfill,
-                check_renumbering=check,
-                moved_software=moved,
+                check_renumbering=check or progress.moved,
+                moved_software=progress.moved,
             )
 
     async def _software(
@@ -1023,6 +1036,7 @@ class TimelinePoller:
                 newest = await self._renumbered(
                     api, timeline, cursor, progress, backfill, moved=moved_software
                 )
+                progress.moved = False
                 if newest is not None:
                     progress.rebase()
                     progress.note = (
@@ -1031,6 +1045,9 @@ class TimelinePoller:
                     )
                     await self._read_back(api, timeline, host, progress, backfill, first=newest)
                     return
+            # A page read after the cursor: other software's posts follow it, or the
+            # check above found none to start again from.
+            progress.moved = False
             if progress.full:
                 progress.more = True
                 return
@@ -1599,9 +1616,11 @@ class TimelinePoller:
                 status_code=status if status is not None and 100 <= status <= 999 else None,
                 error_message=message,
                 completed_at=utcnow(),
-                api=progress.api,
-                software=progress.software,
-                software_version=progress.version,
+                # A move not dealt with yet is found again by the next poll, which asks
+                # NodeInfo (no API) and compares it with the software the cursor is of.
+                api=None if progress.moved else progress.api,
+                software=request.software if progress.moved else progress.software,
+                software_version=request.software_version if progress.moved else progress.version,
                 cursor_after=cursor_after,
                 recent_after=request.recent
                 if failed
