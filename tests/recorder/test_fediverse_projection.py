@@ -751,6 +751,39 @@ async def test_the_polls_a_timelines_row_no_longer_needs_leave_after_a_week(
     assert (after.polls, after.posts_seen) == (before.polls + 1, before.posts_seen)
 
 
+async def test_a_poll_that_asked_nothing_ends_no_run_of_failures_and_leaves_none_early(
+    engine: AsyncEngine,
+) -> None:
+    # Poll 1 a 403; polls 2 and 3 deferred for the host's slot (a success, no request).
+    followed = follow()
+    await project(
+        engine,
+        followed,
+        polled(followed, 1, outcome=CrawlOutcome.BLOCKED_4XX, status_code=403, cursor_after=None),
+        *(
+            polled(followed, n, requests=0, cursor_after=None, retry_after=3600.0 * n)
+            for n in (2, 3)
+        ),
+    )
+    row = await instance(engine)
+    assert row.failing_since == T0 + timedelta(minutes=1)
+    assert (row.last_poll, row.last_outcome, row.last_status_code) == (1, "blocked_4xx", 403)
+    assert row.next_poll_after == T0 + timedelta(minutes=3, hours=3)  # the newest poll's
+    # Kept as the successes the events say, which the release before reads as it did.
+    kept = await query(engine, "SELECT poll, outcome, asked FROM timeline_polls ORDER BY poll")
+    assert [(r.poll, r.outcome, r.asked) for r in kept] == [
+        (1, "blocked_4xx", True),
+        (2, "success", False),
+        (3, "success", False),
+    ]
+    # A week on, the failure the row is worked out from stays.
+    sessions = async_sessionmaker(engine)
+    retention = Retention(window=timedelta(days=90), batch=2)
+    assert await prune_polls(sessions, retention, now=lambda: T0 + timedelta(days=8)) == 0
+    await project(engine, polled(followed, 4, requests=0, cursor_after=None))
+    assert (await instance(engine)).failing_since == T0 + timedelta(minutes=1)
+
+
 async def test_an_unfollow_a_recorder_before_0012_applied_holds_when_a_late_poll_comes(
     engine: AsyncEngine,
 ) -> None:

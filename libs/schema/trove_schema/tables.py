@@ -268,6 +268,9 @@ class TimelinePoll(Base):
     skipped: Mapped[int] = mapped_column(Integer, nullable=False)
     cursor: Mapped[str | None] = mapped_column(Text)
     next_poll_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: False for a success that asked the instance nothing (deferred for its host's
+    #: slot), which tells nothing of it; None in a row from before 0018: asked.
+    asked: Mapped[bool | None] = mapped_column(Boolean)
 
     # A follow's newest success, found at once: a follow that fails for months (a dead
     # instance nobody unfollowed) would otherwise have its whole run read for it.

@@ -203,10 +203,6 @@ async def _seed_rejections(tx: Transaction, rejected: list[SeedRejected]) -> Non
     )
 
 
-#: A poll's outcome in ``timeline_polls`` when it asked the instance nothing (its host's
-#: slot too far off, its rate limit spent): a success, but one that tells nothing of the
-#: instance, which neither ends a run of failures nor is shown as its last answer.
-DEFERRED = "deferred"
 #: The advisory locks (the two-key form, apart from the one-key locks of the migrations
 #: and of replay) under which one transaction at a time writes an instance's rows; the
 #: second key is a hash of the instance.
@@ -247,13 +243,12 @@ _FOLLOW_STATE = (  # constants only: nothing to inject
     "p.outcome, p.status_code, p.error, p.cursor, (SELECT n.next_poll_after FROM "
     "timeline_polls n WHERE n.follow_id = i.follow_id ORDER BY n.poll DESC LIMIT 1) "
     "FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM timeline_polls t "
-    f"WHERE t.follow_id = i.follow_id AND t.outcome <> '{DEFERRED}' ORDER BY t.poll DESC "
+    "WHERE t.follow_id = i.follow_id AND t.asked IS NOT FALSE ORDER BY t.poll DESC "
     "LIMIT 1) AS p ON true), "
     "failing_since = (SELECT min(t.completed_at) FROM timeline_polls t "
-    f"WHERE t.follow_id = i.follow_id AND t.outcome NOT IN ('success', '{DEFERRED}') "
-    "AND t.poll > "
+    "WHERE t.follow_id = i.follow_id AND t.outcome <> 'success' AND t.poll > "
     "coalesce((SELECT max(s.poll) FROM timeline_polls s WHERE s.follow_id = i.follow_id "
-    "AND s.outcome = 'success'), -1)), "
+    "AND s.outcome = 'success' AND s.asked IS NOT FALSE), -1)), "
     f"unfollowed_at = {_UNFOLLOWED_AT}, updated_at = now() "
     "WHERE i.instance = :instance AND i.timeline = :timeline"
 )
@@ -389,7 +384,6 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
     a follow not applied yet waits in ``timeline_polls`` until its follow takes the row.
     """
     ok = event.outcome is CrawlOutcome.SUCCESS
-    outcome = DEFERRED if ok and not event.requests else event.outcome.value
     posts = len(event.posts)
     links = sum(len(post.links) for post in event.posts)
     key = {"follow_id": follow_id, "poll": event.poll}
@@ -403,11 +397,13 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
     chosen = await tx.value(
         _sql(
             "INSERT INTO timeline_polls AS t (follow_id, poll, event_id, completed_at, "
-            "outcome, status_code, error, posts, links, skipped, cursor, next_poll_after) "
-            "VALUES (:follow_id, :poll, :event_id, :at, :outcome, :code, :error, :posts, "
-            ":links, :skipped, :cursor, :next) ON CONFLICT (follow_id, poll) DO UPDATE SET "
+            "outcome, status_code, error, posts, links, skipped, cursor, next_poll_after, "
+            "asked) VALUES (:follow_id, :poll, :event_id, :at, :outcome, :code, :error, "
+            ":posts, :links, :skipped, :cursor, :next, :asked) "
+            "ON CONFLICT (follow_id, poll) DO UPDATE SET "
             "event_id = excluded.event_id, completed_at = excluded.completed_at, "
-            "outcome = excluded.outcome, status_code = excluded.status_code, "
+            "outcome = excluded.outcome, asked = excluded.asked, "
+            "status_code = excluded.status_code, "
             "error = excluded.error, posts = excluded.posts, links = excluded.links, "
             "skipped = excluded.skipped, cursor = excluded.cursor, "
             "next_poll_after = excluded.next_poll_after "
@@ -418,7 +414,8 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
             **key,
             "event_id": event_uuid(event.id),
             "at": event.completed_at,
-            "outcome": outcome,
+            "outcome": event.outcome.value,
+            "asked": not ok or event.requests > 0,
             "code": event.status_code,
             # A success may carry a note too (what stopped it early: a rate limit).
             "error": event.error_message or (None if ok else event.outcome.value),
