@@ -548,3 +548,32 @@ async def test_a_page_whose_links_fail_still_has_its_recrawl(bus: Bus) -> None:
     # Read whole: the links' handling again plans the same request, which the record
     # drops as a copy, so it could not say that they waited for their host's budget.
     assert pending.etag is None
+
+
+async def test_a_full_hosts_record_sheds_its_old_batches_pages_once_when_next_read(
+    bus: Bus,
+) -> None:
+    # A tarpit that filled its budget in one batch: nothing writes its record again this
+    # cycle, and every batch that names it reads it.
+    now = [1_800_000_000.0]
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    settings = DiscoverySettings(host_page_budget=1_000)
+    discovery = Discovery(bus=bus, seen=seen, settings=settings, clock=lambda: now[0])
+    pages = [f"tarpit-page/{n}" for n in range(1_000)]
+    granted, _ = await discovery._within_budget("tarpit.example", pages, cause="tarpit-home")
+    assert len(granted) == 1_000
+    key = host_budget_key("tarpit.example")
+    full = await seen.get(key)
+    assert len(full.value or b"") > 4_000
+
+    now[0] += BATCH_MEMORY_SECONDS
+    assert await discovery._full_hosts({"tarpit.example": ["new"]}, "other") == {"tarpit.example"}
+    compacted = await seen.get(key)
+    assert compacted.revision != full.revision
+    assert len(compacted.value or b"") < 200
+    assert HostCount.from_bytes(compacted.value).pages == 1_000
+    # Once: read again, it stays as it is.
+    assert await discovery._full_hosts({"tarpit.example": ["next"]}, "another") == {
+        "tarpit.example"
+    }
+    assert (await seen.get(key)).revision == compacted.revision

@@ -100,6 +100,11 @@ BUDGET_MEMORY = 10_000
 #: Compare-and-sets of a host's budget counter lost to other replicas before the page is
 #: handed back to ask again.
 BUDGET_WRITE_ATTEMPTS = 50
+#: Bytes past which a full host's record read with batches past their memory is written
+#: again without them (``_compact``): a hundred batches of a page each stay under it; a
+#: tarpit that filled its budget in minutes, 500 pages a batch, left some 54 KB, read by
+#: every batch that names the host for the rest of its cycle.
+COMPACT_AT = 4096
 
 
 #: Seen-set creates a handler has in flight at once (a page may give 500 links).
@@ -860,14 +865,18 @@ class Discovery:
             except KeyNotFoundError:
                 self.budgets.forget(key)
                 continue
-            counted = HostCount.from_bytes(entry.value).in_cycle(now, cycle)
+            stored = HostCount.from_bytes(entry.value)
+            counted = stored.in_cycle(now, cycle)
             if counted.pages < budget:
                 self.budgets.forget(key)  # a new cycle, or room: counted as any batch is
                 continue
+            revision = entry.revision
+            if len(counted.marks) < len(stored.marks) and len(entry.value or b"") > COMPACT_AT:
+                revision = await self._compact(key, counted, revision)
             # Known full for longer: a tarpit's re-crawls, each read whole, would claim
             # all their fresh links again whenever this memory of it ran out.
-            if entry.revision is not None:
-                self.budgets.remember(key, (entry.revision, counted))
+            if revision is not None:
+                self.budgets.remember(key, (revision, counted))
             if not counted.counted_of(batch_mark(cause, host), hosts[host]):
                 full.add(host)
         # A host its site refuses this cycle, unless it has pages counted in its own
@@ -878,6 +887,19 @@ class Discovery:
             counting = await asyncio.gather(*(self._counted_this_cycle(h, now) for h in chunk))
             full.update(host for host, counts in zip(chunk, counting, strict=True) if not counts)
         return full
+
+    async def _compact(self, key: str, counted: HostCount, revision: int | None) -> int | None:
+        """Write ``counted`` (a full host's record without the batches past their
+        memory) in place of the record read at ``revision``: nothing writes a full
+        host's record again for the rest of its cycle, and every batch that names it
+        reads it. The revision it stands at; another writer's first, theirs (which
+        dropped them as well) stands, and the one read is kept."""
+        if revision is None:
+            return None
+        try:
+            return await self.seen.update(key, counted.to_bytes(), last=revision)
+        except KeyWrongLastSequenceError:
+            return revision
 
     async def _counted_this_cycle(self, host: str, now: float) -> bool:
         """Whether ``host``'s own record counts pages in its cycle (read from the bucket)."""
