@@ -1217,6 +1217,22 @@ async def test_an_instance_that_runs_other_software_of_numbered_ids_now_is_read_
     assert read == {instance.status_uri(s) for s in posts}
 
 
+async def test_a_fork_of_mastodon_in_its_place_keeps_the_cursor(
+    client: httpx.AsyncClient,
+) -> None:
+    # The instance moved to a fork that numbers posts alike (glitch-soc): its quiet
+    # timeline is no reason to read its newest posts again.
+    instance = FediverseInstance.generate(posts=5, seed=3, software=("glitchsoc", "4.3.2"))
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[0].sid
+        chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        polls = poller(client, max_pages=3, page_limit=4)
+        event = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+
+    assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+    assert (event.posts, event.cursor_after, event.software) == ((), cursor, "glitchsoc")
+
+
 async def test_other_software_found_by_a_poll_cut_short_is_found_again_by_the_next(
     client: httpx.AsyncClient,
 ) -> None:

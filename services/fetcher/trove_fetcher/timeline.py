@@ -879,6 +879,8 @@ class TimelinePoller:
                     request.cursor is not None
                     and request.software is not None
                     and software.name != request.software
+                    # Mastodon and its forks number posts alike: the cursor holds.
+                    and not {software.name, request.software} <= SNOWFLAKE_SOFTWARE
                 )
                 progress.software, progress.version = software.name, software.version
                 # Software said not to speak the API is not asked for it, unless it has
