@@ -1233,12 +1233,13 @@ async def test_a_fork_of_mastodon_in_its_place_keeps_the_cursor(
     assert (event.posts, event.cursor_after, event.software) == ((), cursor, "glitchsoc")
 
 
-async def test_other_software_found_by_a_poll_cut_short_is_found_again_by_the_next(
+async def test_other_software_found_by_a_poll_cut_short_is_found_again_by_the_next_check(
     client: httpx.AsyncClient,
 ) -> None:
     # The check's poll asks NodeInfo (two requests), then its host's slot is too far for
     # the timeline: it read nothing by the new software's rules, so the chain keeps the
-    # software its cursor is of, and the next poll finds the move again and acts on it.
+    # software its cursor is of (and its API: NodeInfo is not asked at every poll), and
+    # the next check's poll finds the move again and acts on it.
     instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.08"))
     async with served(instance) as social:
         cursor = mastodon_id(21 * 86_400)
@@ -1248,16 +1249,39 @@ async def test_other_software_found_by_a_poll_cut_short_is_found_again_by_the_ne
         cut_short = poller(client, GapGate(defer_after=2), max_pages=3, page_limit=4)
         events = [await cut_short.poll(chain)]
         polls = poller(client, max_pages=3, page_limit=4)
-        while len(events) < 3 or events[-1].more:
+        while events[-1].poll <= 2 * RENUMBERING_CHECK_EVERY or events[-1].more:
             events.append(await polls.poll(request(social, after=events[-1])))
-            assert len(events) < 10, "the chain never caught up"
+            assert len(events) < 2 * RENUMBERING_CHECK_EVERY, "the chain never caught up"
+        nodeinfo = [p for p in social.witness.paths(social.host) if "nodeinfo" in p]
 
     assert (events[0].requests, events[0].more) == (2, True)
-    assert (events[0].software, events[0].api) == ("mastodon", None)
+    assert (events[0].software, events[0].api) == ("mastodon", social.base_url)
+    assert len(nodeinfo) == 4  # the two checks' polls, two requests each
     assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
     read = {uri for event in events for uri in uris(event)}
     assert read == {instance.status_uri(s) for s in posts}
     assert events[-1].software == "friendica"
+
+
+async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(
+    client: httpx.AsyncClient,
+) -> None:
+    # The move is found while the new software's timeline is empty: nothing to start
+    # again from, so the move waits, and the next check's poll starts from its posts.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.08"))
+    async with served(instance) as social:
+        cursor = mastodon_id(21 * 86_400)
+        chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
+        polls = poller(client, max_pages=3, page_limit=4)
+        events = [await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))]
+        posts = [instance.add_post_numbered(5000 + n) for n in range(3)]
+        while events[-1].poll <= 2 * RENUMBERING_CHECK_EVERY or events[-1].more:
+            events.append(await polls.poll(request(social, after=events[-1])))
+            assert len(events) < 2 * RENUMBERING_CHECK_EVERY, "the chain never caught up"
+
+    assert (events[0].posts, events[0].software) == ((), "mastodon")
+    read = {uri for event in events for uri in uris(event)}
+    assert read == {instance.status_uri(s) for s in posts}
 
 
 async def test_an_api_that_answered_is_read_whatever_software_nodeinfo_names_later(

@@ -657,8 +657,8 @@ class _Progress:
     #: This poll asked NodeInfo for the software (``software`` is the instance's now).
     software_asked: bool = False
     #: NodeInfo named other software than the chain knew, and the poll has not yet read
-    #: a page after the cursor by its rules (``_read_forward``): the chain keeps the
-    #: software it knew, for the next poll to find the move again.
+    #: its posts (after the cursor, or from the newest: ``_read_forward``): the chain
+    #: keeps the software it knew, for the next check's poll to find the move again.
     moved: bool = False
 
     def wait(self, seconds: float | None) -> None:
@@ -1038,7 +1038,6 @@ class TimelinePoller:
                 newest = await self._renumbered(
                     api, timeline, cursor, progress, backfill, moved=moved_software
                 )
-                progress.moved = False
                 if newest is not None:
                     progress.rebase()
                     progress.note = (
@@ -1046,10 +1045,12 @@ class TimelinePoller:
                         "again from its newest posts"
                     )
                     await self._read_back(api, timeline, host, progress, backfill, first=newest)
+                    # Started again from posts of the new software; with none yet, the
+                    # move stays to be acted on once there are.
+                    progress.moved = progress.moved and progress.newest is None
                     return
-            # A page read after the cursor: other software's posts follow it, or the
-            # check above found none to start again from.
-            progress.moved = False
+            if entries:
+                progress.moved = False  # the new software's posts follow the cursor
             if progress.full:
                 progress.more = True
                 return
@@ -1618,9 +1619,10 @@ class TimelinePoller:
                 status_code=status if status is not None and 100 <= status <= 999 else None,
                 error_message=message,
                 completed_at=utcnow(),
-                # A move not dealt with yet is found again by the next poll, which asks
-                # NodeInfo (no API) and compares it with the software the cursor is of.
-                api=None if progress.moved else progress.api,
+                # A move not acted on yet (the poll cut short, or nothing to start again
+                # from) is found again by the next check's poll: the chain keeps the
+                # software its cursor is of.
+                api=progress.api,
                 software=request.software if progress.moved else progress.software,
                 software_version=request.software_version if progress.moved else progress.version,
                 cursor_after=cursor_after,
