@@ -305,9 +305,16 @@ def test_a_batch_the_release_before_counted_by_number_grants_its_first_pages() -
     )
     assert old.counted_of(mark, ["a", "b", "c"]) == ["a", "b"]
     assert old.add(mark, ["c"], 1010.0).counted_of(mark, ["a", "b", "c", "d"]) == ["a", "b", "c"]
-    # A mark whose pages cannot be read is read as its number alone.
-    garbled = b'{"n": 3, "marks": [["%s", 2, 1000, "not base64!"]]}' % mark.encode()
-    assert HostCount.from_bytes(garbled).counted_of(mark, ["a", "b", "c"]) == ["a", "b"]
+    # A mark whose pages cannot be read is read as its number alone, and so it stays.
+    for pages in (b'"not base64!"', b'"AAAAAAA="', b"null"):
+        garbled = b'{"n": 3, "marks": [["%s", 2, 1000, %s]]}' % (mark.encode(), pages)
+        read = HostCount.from_bytes(garbled)
+        assert read.counted_of(mark, ["a", "b", "c"]) == ["a", "b"]
+        assert read.add(mark, ["c"], 1010.0).counted_of(mark, ["a", "b", "c", "d"]) == [
+            "a",
+            "b",
+            "c",
+        ]
 
 
 def test_a_hosts_record_read_over_budget_forgets_its_old_batches_and_stays_small() -> None:

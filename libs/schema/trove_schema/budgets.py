@@ -144,27 +144,31 @@ class Batch(NamedTuple):
     at: int
     packed: str | None = None
 
-    def keys(self) -> frozenset[bytes] | None:
-        """The pages' keys; None when the mark names none (or names them unreadably)."""
+    def _raw(self) -> bytes | None:
+        """The pages' keys one after the other; None when the mark names none, or names
+        them unreadably (then it is read as its number alone)."""
         if self.packed is None:
             return None
         try:
             raw = base64.b64decode(self.packed, validate=True)
         except ValueError:
             return None
+        return raw if len(raw) % PAGE_KEY_BYTES == 0 else None
+
+    def keys(self) -> frozenset[bytes] | None:
+        """The pages' keys; None when the mark does not name them (``_raw``)."""
+        raw = self._raw()
+        if raw is None:
+            return None
         size = PAGE_KEY_BYTES
-        return frozenset(raw[i : i + size] for i in range(0, len(raw) - size + 1, size))
+        return frozenset(raw[i : i + size] for i in range(0, len(raw), size))
 
     def with_pages(self, event_ids: Sequence[str], now: float) -> Batch:
         """This batch with ``event_ids`` counted too, at ``now``."""
-        packed = self.packed
-        if packed is not None:
-            try:
-                raw = base64.b64decode(packed, validate=True)
-            except ValueError:
-                raw = None
-            added = b"".join(map(_page_key, event_ids))
-            packed = None if raw is None else base64.b64encode(raw + added).decode()
+        raw = self._raw()
+        packed = None
+        if raw is not None:
+            packed = base64.b64encode(raw + b"".join(map(_page_key, event_ids))).decode()
         return Batch(self.mark, self.pages + len(event_ids), int(now), packed)
 
     def to_json(self) -> list[object]:
@@ -178,7 +182,7 @@ class Batch(NamedTuple):
     def from_json(cls, mark: object) -> Batch | None:
         if not isinstance(mark, list) or len(mark) not in (3, 4):
             return None
-        packed = str(mark[3]) if len(mark) == 4 else None
+        packed = mark[3] if len(mark) == 4 and isinstance(mark[3], str) else None
         return cls(str(mark[0]), int(mark[1]), int(mark[2]), packed)
 
 
