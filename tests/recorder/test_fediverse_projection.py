@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -770,11 +771,15 @@ async def test_a_poll_that_asked_nothing_ends_no_run_of_failures_and_leaves_none
     assert (row.last_poll, row.last_outcome, row.last_status_code) == (1, "blocked_4xx", 403)
     assert row.next_poll_after == T0 + timedelta(minutes=3, hours=3)  # the newest poll's
     # Kept as the successes the events say, which the release before reads as it did.
-    kept = await query(engine, "SELECT poll, outcome, asked FROM timeline_polls ORDER BY poll")
-    assert [(r.poll, r.outcome, r.asked) for r in kept] == [
-        (1, "blocked_4xx", True),
-        (2, "success", False),
-        (3, "success", False),
+    kept = await query(
+        engine,
+        "SELECT poll, outcome, unasked_event = event_id AS unasked FROM timeline_polls "
+        "ORDER BY poll",
+    )
+    assert [(r.poll, r.outcome, r.unasked) for r in kept] == [
+        (1, "blocked_4xx", None),
+        (2, "success", True),
+        (3, "success", True),
     ]
     # A week on, the failure the row is worked out from stays.
     sessions = async_sessionmaker(engine)
@@ -782,6 +787,29 @@ async def test_a_poll_that_asked_nothing_ends_no_run_of_failures_and_leaves_none
     assert await prune_polls(sessions, retention, now=lambda: T0 + timedelta(days=8)) == 0
     await project(engine, polled(followed, 4, requests=0, cursor_after=None))
     assert (await instance(engine)).failing_since == T0 + timedelta(minutes=1)
+
+
+async def test_a_copy_of_a_poll_the_release_before_writes_in_place_of_one_that_asked_nothing(
+    engine: AsyncEngine,
+) -> None:
+    # The same poll made twice (its request redelivered): this release applied the copy
+    # deferred for its host's slot; the release before, beside it in a rolling upgrade,
+    # writes the copy that ended first, which asked and was answered. Its statement sets
+    # the columns it knows, the event id among them, and nothing of 0018's.
+    followed = follow()
+    refused = polled(followed, 1, outcome=CrawlOutcome.BLOCKED_4XX, cursor_after=None)
+    await project(engine, followed, refused, polled(followed, 2, requests=0, cursor_after=None))
+    assert (await instance(engine)).failing_since == T0 + timedelta(minutes=1)
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "UPDATE timeline_polls SET event_id = :other, posts = 1 WHERE poll = 2",
+            ),
+            {"other": uuid.uuid4()},
+        )
+    await project(engine, polled(followed, 3, requests=0, cursor_after=None))
+    row = await instance(engine)
+    assert (row.failing_since, row.last_poll, row.last_outcome) == (None, 2, "success")
 
 
 async def test_an_unfollow_a_recorder_before_0012_applied_holds_when_a_late_poll_comes(

@@ -268,9 +268,10 @@ class TimelinePoll(Base):
     skipped: Mapped[int] = mapped_column(Integer, nullable=False)
     cursor: Mapped[str | None] = mapped_column(Text)
     next_poll_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: False for a success that asked the instance nothing (deferred for its host's
-    #: slot), which tells nothing of it; None in a row from before 0018: asked.
-    asked: Mapped[bool | None] = mapped_column(Boolean)
+    #: The ``event_id`` of a success that asked the instance nothing (deferred for its
+    #: host's slot), which tells nothing of it: so while it is the row's ``event_id``
+    #: (another copy of the poll written in its place, by any release, asked). 0018.
+    unasked_event: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
 
     # A follow's newest success, found at once: a follow that fails for months (a dead
     # instance nobody unfollowed) would otherwise have its whole run read for it.

@@ -243,12 +243,13 @@ _FOLLOW_STATE = (  # constants only: nothing to inject
     "p.outcome, p.status_code, p.error, p.cursor, (SELECT n.next_poll_after FROM "
     "timeline_polls n WHERE n.follow_id = i.follow_id ORDER BY n.poll DESC LIMIT 1) "
     "FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM timeline_polls t "
-    "WHERE t.follow_id = i.follow_id AND t.asked IS NOT FALSE ORDER BY t.poll DESC "
+    "WHERE t.follow_id = i.follow_id AND t.unasked_event IS DISTINCT FROM t.event_id "
+    "ORDER BY t.poll DESC "
     "LIMIT 1) AS p ON true), "
     "failing_since = (SELECT min(t.completed_at) FROM timeline_polls t "
     "WHERE t.follow_id = i.follow_id AND t.outcome <> 'success' AND t.poll > "
     "coalesce((SELECT max(s.poll) FROM timeline_polls s WHERE s.follow_id = i.follow_id "
-    "AND s.outcome = 'success' AND s.asked IS NOT FALSE), -1)), "
+    "AND s.outcome = 'success' AND s.unasked_event IS DISTINCT FROM s.event_id), -1)), "
     f"unfollowed_at = {_UNFOLLOWED_AT}, updated_at = now() "
     "WHERE i.instance = :instance AND i.timeline = :timeline"
 )
@@ -398,11 +399,11 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
         _sql(
             "INSERT INTO timeline_polls AS t (follow_id, poll, event_id, completed_at, "
             "outcome, status_code, error, posts, links, skipped, cursor, next_poll_after, "
-            "asked) VALUES (:follow_id, :poll, :event_id, :at, :outcome, :code, :error, "
-            ":posts, :links, :skipped, :cursor, :next, :asked) "
+            "unasked_event) VALUES (:follow_id, :poll, :event_id, :at, :outcome, :code, "
+            ":error, :posts, :links, :skipped, :cursor, :next, :unasked) "
             "ON CONFLICT (follow_id, poll) DO UPDATE SET "
             "event_id = excluded.event_id, completed_at = excluded.completed_at, "
-            "outcome = excluded.outcome, asked = excluded.asked, "
+            "outcome = excluded.outcome, unasked_event = excluded.unasked_event, "
             "status_code = excluded.status_code, "
             "error = excluded.error, posts = excluded.posts, links = excluded.links, "
             "skipped = excluded.skipped, cursor = excluded.cursor, "
@@ -415,7 +416,7 @@ async def _count_poll(tx: Transaction, event: TimelinePolled, follow_id: uuid.UU
             "event_id": event_uuid(event.id),
             "at": event.completed_at,
             "outcome": event.outcome.value,
-            "asked": not ok or event.requests > 0,
+            "unasked": event_uuid(event.id) if ok and not event.requests else None,
             "code": event.status_code,
             # A success may carry a note too (what stopped it early: a rate limit).
             "error": event.error_message or (None if ok else event.outcome.value),

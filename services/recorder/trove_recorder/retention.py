@@ -118,7 +118,8 @@ _DELETE_SHARES = text(
 _DELETE_POLLS = text(
     "WITH old AS (SELECT t.follow_id, t.poll FROM timeline_polls t "
     "WHERE t.completed_at < :cutoff AND (t.poll < (SELECT max(s.poll) FROM timeline_polls s "
-    "WHERE s.follow_id = t.follow_id AND s.outcome = 'success' AND s.asked IS NOT FALSE) "
+    "WHERE s.follow_id = t.follow_id AND s.outcome = 'success' "
+    "AND s.unasked_event IS DISTINCT FROM s.event_id) "
     "OR NOT EXISTS (SELECT 1 FROM instances i WHERE i.follow_id = t.follow_id)) "
     "LIMIT :batch) "
     "DELETE FROM timeline_polls d USING old "
