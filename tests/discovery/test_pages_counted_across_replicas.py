@@ -11,6 +11,7 @@ or lets through, counts the host's pages once: the count equals the pages discov
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -132,20 +133,30 @@ async def test_a_round_back_on_the_replica_that_held_after_another_counted_count
     assert await pages_counted(bus, "site.example") == len(BY_ID)
 
 
+async def handled_until_done(
+    bus: Bus, hub: CrawlCompleted, first: Discovery, later: Callable[[int], Discovery]
+) -> set[str]:
+    """Every round of ``hub`` until one is not handed back: the first on ``first``
+    (whose links' probes then teach ``?id=``), the ``n``-th on ``later(n)``; the pages
+    it discovered."""
+    handed_back, n = True, 0
+    while handed_back:
+        n += 1
+        handed_back = await deliver(first if n == 1 else later(n), bus, hub, n)
+        if n == 1:
+            await teach_ids(first, bus)
+        assert n < 10, "the page is handed back without end"
+    return await from_hub(bus, hub)
+
+
 async def test_a_page_whose_rounds_alternate_between_replicas_counts_each_page_once(
     bus: Bus,
 ) -> None:
     a, b = await replica(bus), await replica(bus)
     hub = page("/p/0", BY_ID + LISTS)
-    handed_back, n = True, 0
-    while handed_back:
-        n += 1
-        handed_back = await deliver(a if n % 2 else b, bus, hub, n)
-        if n == 1:
-            await teach_ids(a, bus)
-        assert n < 10, "the page is handed back without end"
 
-    found = await from_hub(bus, hub)
+    found = await handled_until_done(bus, hub, a, lambda n: a if n % 2 else b)
+
     # Every link, once its round let it through: none dropped by a round that read only
     # what its replica held long before.
     assert found == {SITE + link for link in BY_ID + LISTS}
@@ -157,14 +168,8 @@ async def test_a_page_handed_to_another_replica_for_its_later_rounds_counts_each
 ) -> None:
     a, b = await replica(bus), await replica(bus)
     hub = page("/p/0", BY_ID + LISTS)
-    handed_back, n = True, 0
-    while handed_back:
-        n += 1
-        handed_back = await deliver(a if n == 1 else b, bus, hub, n)
-        if n == 1:
-            await teach_ids(a, bus)
-        assert n < 10, "the page is handed back without end"
 
-    found = await from_hub(bus, hub)
+    found = await handled_until_done(bus, hub, a, lambda n: b)
+
     assert found == {SITE + link for link in BY_ID + LISTS}
     assert await pages_counted(bus, "site.example") == len(found)
