@@ -31,6 +31,7 @@ from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
     MAX_RETRY_AFTER,
     RENUMBERING_CHECK_EVERY,
+    SOFTWARE_CHECK_EVERY,
     TimelinePoller,
     _Progress,
     id_key,
@@ -906,10 +907,8 @@ async def test_an_instance_that_numbers_its_posts_anew_is_read_again_from_its_ne
         assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in added[-3:])
         assert first.cursor_after is not None
         assert not first.cursor_after.isdigit()
-        # The check's poll asks NodeInfo too (its index and document), which names the
-        # software the ids are read by.
-        assert (first.api, first.software) == (social.base_url, "mastodon")
-        assert first.requests == 4  # NodeInfo; after the cursor; the newest page, read back
+        assert (first.api, first.software) == (None, None)  # other software: asked again
+        assert first.requests == 2  # after the cursor; the newest page, read back once
         assert uris(second) == [instance.status_uri(later)]
         assert second.cursor_after not in (None, first.cursor_after)
         assert second.api == social.base_url
@@ -1195,16 +1194,16 @@ async def test_an_instance_that_runs_other_software_of_numbered_ids_now_is_read_
     client: httpx.AsyncClient, software: tuple[str, str], numbered: Callable[[int], int]
 ) -> None:
     # Followed on Mastodon, the instance runs other software after weeks away, whose ids
-    # are numbers too: Pixelfed's read as Mastodon's dated centuries ahead, others sort
-    # before the cursor. The chain's rules for ids are Mastodon's until NodeInfo is
-    # asked again, which one poll in RENUMBERING_CHECK_EVERY does.
+    # are numbers too: Pixelfed's read as Mastodon's dated centuries ahead (read once
+    # NodeInfo, asked again one poll in SOFTWARE_CHECK_EVERY, names the software), others
+    # sort before the cursor (a check's poll starts again from the newest).
     instance = FediverseInstance.generate(posts=0, seed=3, software=software)
     async with served(instance) as social:
         cursor = mastodon_id(21 * 86_400)
         posts = [instance.add_post_numbered(numbered(n)) for n in range(6)]
         polls = poller(client, max_pages=3, page_limit=4)
         chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
-        chain = chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY - 2})
+        chain = chain.model_copy(update={"poll": SOFTWARE_CHECK_EVERY - 2})
         events: list[TimelinePolled] = []
         while len(events) < 4 or events[-1].more:
             events.append(await polls.poll(chain))
@@ -1227,47 +1226,54 @@ async def test_a_fork_of_mastodon_in_its_place_keeps_the_cursor(
         cursor = instance.timeline(local=True)[0].sid
         chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
         polls = poller(client, max_pages=3, page_limit=4)
-        event = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+        # The poll that asks NodeInfo, and checks the numbering.
+        event = await polls.poll(chain.model_copy(update={"poll": SOFTWARE_CHECK_EVERY}))
 
     assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
     assert (event.posts, event.cursor_after, event.software) == ((), cursor, "glitchsoc")
 
 
-async def test_other_software_found_by_a_poll_cut_short_is_found_again_by_the_next_check(
-    client: httpx.AsyncClient,
+@pytest.mark.parametrize(
+    ("software", "numbered"),
+    [
+        (("pixelfed", "0.12.4"), lambda n: pixelfed_id(300 - 30 * n, n)),
+        (("friendica", "2024.08"), lambda n: 5000 + n),
+    ],
+    ids=["larger numbers", "smaller numbers"],
+)
+async def test_other_software_on_a_host_that_allows_a_poll_two_requests_is_read(
+    client: httpx.AsyncClient, software: tuple[str, str], numbered: Callable[[int], int]
 ) -> None:
-    # The check's poll asks NodeInfo (two requests), then its host's slot is too far for
-    # the timeline: it read nothing by the new software's rules, so the chain keeps the
-    # software its cursor is of (and its API: NodeInfo is not asked at every poll), and
-    # the next check's poll finds the move again and acts on it.
-    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.08"))
+    # A host whose gap leaves a poll two requests before its slot is too far (a gap of
+    # a minute, two minutes a poll): NodeInfo's poll has none left for the timeline, and
+    # the numbering is checked on the check's polls that do not ask it.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=software)
     async with served(instance) as social:
         cursor = mastodon_id(21 * 86_400)
-        posts = [instance.add_post_numbered(5000 + n) for n in range(6)]
+        posts = [instance.add_post_numbered(numbered(n)) for n in range(6)]
         chain = request(social, cursor=cursor, api=social.base_url, software="mastodon")
         chain = chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        cut_short = poller(client, GapGate(defer_after=2), max_pages=3, page_limit=4)
-        events = [await cut_short.poll(chain)]
-        polls = poller(client, max_pages=3, page_limit=4)
-        while events[-1].poll <= 2 * RENUMBERING_CHECK_EVERY or events[-1].more:
-            events.append(await polls.poll(request(social, after=events[-1])))
-            assert len(events) < 2 * RENUMBERING_CHECK_EVERY, "the chain never caught up"
+        events: list[TimelinePolled] = []
+        while chain.poll <= 2 * SOFTWARE_CHECK_EVERY:
+            # A page holds every post: a start again cut short reads back no further.
+            two = poller(client, GapGate(defer_after=2), max_pages=3, page_limit=8)
+            events.append(await two.poll(chain))
+            chain = request(social, after=events[-1])
         nodeinfo = [p for p in social.witness.paths(social.host) if "nodeinfo" in p]
 
-    assert (events[0].requests, events[0].more) == (2, True)
-    assert (events[0].software, events[0].api) == ("mastodon", social.base_url)
-    assert len(nodeinfo) == 4  # the two checks' polls, two requests each
     assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+    # Two requests each: the two software checks' polls, and the one after a start again
+    # from the newest posts (which asks for the software anew), never more.
+    assert len(nodeinfo) <= 6
     read = {uri for event in events for uri in uris(event)}
     assert read == {instance.status_uri(s) for s in posts}
-    assert events[-1].software == "friendica"
 
 
 async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(
     client: httpx.AsyncClient,
 ) -> None:
-    # The move is found while the new software's timeline is empty: nothing to start
-    # again from, so the move waits, and the next check's poll starts from its posts.
+    # A check while the new software's timeline is empty finds nothing to start again
+    # from; the next, its posts all before the cursor, starts from them.
     instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.08"))
     async with served(instance) as social:
         cursor = mastodon_id(21 * 86_400)
@@ -1279,7 +1285,7 @@ async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(
             events.append(await polls.poll(request(social, after=events[-1])))
             assert len(events) < 2 * RENUMBERING_CHECK_EVERY, "the chain never caught up"
 
-    assert (events[0].posts, events[0].software) == ((), "mastodon")
+    assert (events[0].posts, events[0].cursor_after) == ((), cursor)
     read = {uri for event in events for uri in uris(event)}
     assert read == {instance.status_uri(s) for s in posts}
 
@@ -1293,7 +1299,7 @@ async def test_an_api_that_answered_is_read_whatever_software_nodeinfo_names_lat
     async with served(instance) as social:
         polls = poller(client, max_pages=2, page_limit=5)
         chain = request(social, api=social.base_url)
-        events = [await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY - 1}))]
+        events = [await polls.poll(chain.model_copy(update={"poll": SOFTWARE_CHECK_EVERY - 1}))]
         added = []
         for _ in range(3):
             added.append(public_local_post(instance))

@@ -5,14 +5,11 @@
 Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
 
 * **NodeInfo first** while the request knows no API, and again on one poll in
-  ``RENUMBERING_CHECK_EVERY``: ``/.well-known/nodeinfo``, then the newest 2.x document
-  it lists on the instance's own host, for the software's name and version. Software
-  known not to speak the API is ``rejected`` unless its API has answered (a cursor);
-  unknown software, or an instance without NodeInfo (or whose document fails), is tried
-  anyway. Other software than the chain knew reads its ids by its own rules, and starts
-  again from the newest posts when nothing follows the cursor (its numbers may sort
-  before it); a poll cut short before it read a page after the cursor leaves the chain
-  the software it knew, and no API, for the next poll to find the move again.
+  ``SOFTWARE_CHECK_EVERY``: ``/.well-known/nodeinfo``, then the newest 2.x document it
+  lists on the instance's own host, for the software's name and version, by whose
+  rules ids are read. Software known not to speak the API is ``rejected`` unless its
+  API has answered (a cursor); unknown software, or an instance without NodeInfo (or
+  whose document fails), is tried anyway.
 * **From the cursor on.** ``local`` reads ``/api/v1/timelines/public?local=true``,
   ``public`` the same without it, ``tag:NAME`` ``/api/v1/timelines/tag/NAME``; with
   ``min_id=<cursor>`` each page holds the posts right after the cursor, and the next
@@ -30,10 +27,11 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
   clock, its ``Date`` when within a day of the pods', else ``FUTURE_ID_SLACK_UNTOLD``
   past the pods'; on software not known, one dated so by less than
-  ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post. A page
-  after the cursor of ids of the other kind only (or an empty one, on one poll in
-  ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that kind too, is
-  an instance that runs other software now: the poll starts again as a first poll.
+  ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post. A
+  page after the cursor of ids of the other kind only (or one that brings nothing new,
+  on one poll in ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that
+  kind, or every one is of the cursor's kind and before it, is an instance that runs
+  other software now: the poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -198,6 +196,8 @@ SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird",
 #: for the newest posts then. A quiet follow pays a request more in as many polls; one
 #: whose instance moved starts again at most as many polls late, within its backfill.
 RENUMBERING_CHECK_EVERY = 24
+#: One poll in this many asks NodeInfo for the software again (every other check's).
+SOFTWARE_CHECK_EVERY = 2 * RENUMBERING_CHECK_EVERY
 #: How far past the instance's clock (``TimelinePoller._instance_time``) a snowflake's
 #: time may be. Mastodon numbers a post by the time it is stored (a remote post's
 #: claimed date only when that is past), on its database's clock, a second's random
@@ -656,10 +656,6 @@ class _Progress:
     ahead_bottom: str | None = None
     #: This poll asked NodeInfo for the software (``software`` is the instance's now).
     software_asked: bool = False
-    #: NodeInfo named other software than the chain knew, and the poll has not yet read
-    #: its posts (after the cursor, or from the newest: ``_read_forward``): the chain
-    #: keeps the software it knew, for the next check's poll to find the move again.
-    moved: bool = False
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -868,20 +864,14 @@ class TimelinePoller:
         check = request.poll % RENUMBERING_CHECK_EVERY == 0
         # Its API answered before: the chain read it (a cursor), or found it.
         answered = api is not None or request.cursor is not None
-        if api is None or check:
-            # Asked again on the check's polls: an instance followed for months may run
-            # other software now, whose ids the rules of the old one would never read
-            # (Pixelfed's numbers look like Mastodon's dated centuries ahead; another's
-            # small numbers sort before a snowflake cursor).
+        if api is None or request.poll % SOFTWARE_CHECK_EVERY == 0:
+            # Asked again now and then: an instance followed for months may run other
+            # software now, whose ids the rules of the old one would not read (Pixelfed's
+            # numbers look like Mastodon's dated centuries ahead). Not on every check's
+            # poll: on a host that allows a poll two requests, NodeInfo's would leave
+            # none for the renumbering check, every time.
             software = await self._software(origin, progress, known_api=answered)
             if software is not None:
-                progress.moved = (
-                    request.cursor is not None
-                    and request.software is not None
-                    and software.name != request.software
-                    # Mastodon and its forks number posts alike: the cursor holds.
-                    and not {software.name, request.software} <= SNOWFLAKE_SOFTWARE
-                )
                 progress.software, progress.version = software.name, software.version
                 # Software said not to speak the API is not asked for it, unless it has
                 # answered (a plugin, a bridge, software that learned it): read on.
@@ -908,8 +898,7 @@ class TimelinePoller:
                 host,
                 progress,
                 backfill,
-                check_renumbering=check or progress.moved,
-                moved_software=progress.moved,
+                check_renumbering=check,
             )
 
     async def _software(
@@ -967,12 +956,10 @@ class TimelinePoller:
         backfill: int,
         *,
         check_renumbering: bool,
-        moved_software: bool = False,
     ) -> None:
-        """From ``cursor`` on, page after page. ``check_renumbering``: an empty page
-        after the cursor asks whether the instance numbers its posts anew (``_renumbered``);
-        ``moved_software``: NodeInfo names other software than the chain knew, so it
-        does, if nothing follows the cursor."""
+        """From ``cursor`` on, page after page. ``check_renumbering``: a page after the
+        cursor with nothing new asks whether the instance numbers its posts anew
+        (``_renumbered``)."""
         limit = self._page_limit
         if progress.floor is not None:
             try:
@@ -1034,23 +1021,12 @@ class TimelinePoller:
                     limit, after = self._page_limit, passed
                 url = timeline_url(api, timeline, limit=limit, min_id=after)
                 continue
-            if page == 0 and (progress.other_kind or (not entries and check_renumbering)):
-                newest = await self._renumbered(
-                    api, timeline, cursor, progress, backfill, moved=moved_software
-                )
+            if page == 0 and (progress.other_kind or (new == 0 and check_renumbering)):
+                newest = await self._renumbered(api, timeline, cursor, progress, backfill)
                 if newest is not None:
                     progress.rebase()
-                    progress.note = (
-                        "the instance numbers its posts in another kind of id now: read "
-                        "again from its newest posts"
-                    )
                     await self._read_back(api, timeline, host, progress, backfill, first=newest)
-                    # Started again from posts of the new software; with none yet, the
-                    # move stays to be acted on once there are.
-                    progress.moved = progress.moved and progress.newest is None
                     return
-            if entries:
-                progress.moved = False  # the new software's posts follow the cursor
             if progress.full:
                 progress.more = True
                 return
@@ -1077,20 +1053,15 @@ class TimelinePoller:
         progress.more = True
 
     async def _renumbered(
-        self,
-        api: str,
-        timeline: str,
-        cursor: str,
-        progress: _Progress,
-        backfill: int,
-        *,
-        moved: bool = False,
+        self, api: str, timeline: str, cursor: str, progress: _Progress, backfill: int
     ) -> tuple[_Answer, int] | None:
         """The instance's newest page and the posts it was asked with, when most of its
-        ids are of the other kind than ``cursor``, or it runs other software now
-        (``moved``), whose numbers of the same kind may sort before the cursor's (handed
-        to ``_read_back`` as its first page); None when neither, or the page is refused
-        for what was asked. A
+        ids are of the other kind than ``cursor``, or every one is of its kind and
+        before it (other software numbering from where it started: the cursor's own
+        post is on the newest page of a timeline that has none newer), handed to
+        ``_read_back`` as its first page; None when neither, or the page is refused for
+        what was asked. Told by the ids, not by the software NodeInfo names, so a check
+        cut short before it could act finds the same at the next. A
         page after the cursor of nothing else may be one odd page, which starting again
         from the newest posts would skip the posts behind it for: a few posts at least
         are asked for, to judge by."""
@@ -1111,7 +1082,16 @@ class TimelinePoller:
             and self._trusted(post_id, progress, answer)
         ]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
-        return (answer, limit) if moved or other * 2 > len(ids) else None
+        if other * 2 > len(ids):
+            kind = "in another kind of id"
+        elif ids and all(id_key(post_id) < id_key(cursor) for post_id in ids):
+            kind = "anew, every one before the cursor,"
+        else:
+            return None
+        progress.note = (
+            f"the instance numbers its posts {kind} now: read again from its newest posts"
+        )
+        return answer, limit
 
     def _lookback_covered(self, timeline: str, progress: _Progress) -> bool:
         """Whether a first poll has seen (taken, or left alone as before the follow) as
@@ -1619,12 +1599,9 @@ class TimelinePoller:
                 status_code=status if status is not None and 100 <= status <= 999 else None,
                 error_message=message,
                 completed_at=utcnow(),
-                # A move not acted on yet (the poll cut short, or nothing to start again
-                # from) is found again by the next check's poll: the chain keeps the
-                # software its cursor is of.
                 api=progress.api,
-                software=request.software if progress.moved else progress.software,
-                software_version=request.software_version if progress.moved else progress.version,
+                software=progress.software,
+                software_version=progress.version,
                 cursor_after=cursor_after,
                 recent_after=request.recent
                 if failed
