@@ -1269,6 +1269,43 @@ async def test_other_software_on_a_host_that_allows_a_poll_two_requests_is_read(
     assert read == {instance.status_uri(s) for s in posts}
 
 
+@pytest.mark.parametrize("timeline", ["local", "public", "tag:smallweb"])
+async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
+    client: httpx.AsyncClient, timeline: str
+) -> None:
+    # Its newest posts all come before the cursor now, a little: no other numbering.
+    instance = FediverseInstance.generate(posts=0, seed=11)
+    tags = ["smallweb"] if timeline.startswith("tag:") else None
+    for _ in range(12):
+        instance.add_post("ada", visibility="public", tags=tags)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=5, lookback=3600.0)
+        first = await polls.poll(request(social, timeline=timeline))
+        newest = instance.timeline(local=timeline == "local", tag=tags[0] if tags else None)[0]
+        assert first.cursor_after == newest.sid
+        instance.delete_post(newest)
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.api) == ((), newest.sid, social.base_url)
+
+
+async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_cursor(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("pixelfed", "0.12.4"))
+    async with served(instance) as social:
+        posts = [instance.add_post_numbered(pixelfed_id(300 - 30 * n, n)) for n in range(6)]
+        chain = request(social, cursor=posts[-1].sid, api=social.base_url, software="pixelfed")
+        instance.delete_post(posts[-1])
+        polls = poller(client, max_pages=3, page_limit=4)
+        event = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+
+    assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+    assert (event.posts, event.cursor_after, event.software) == ((), posts[-1].sid, "pixelfed")
+
+
 async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(
     client: httpx.AsyncClient,
 ) -> None:

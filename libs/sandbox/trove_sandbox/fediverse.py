@@ -514,6 +514,13 @@ class FediverseInstance:
         self._huge = None
         return status
 
+    def delete_post(self, status: Status) -> None:
+        """``status`` deleted (by its author, a moderator, its account suspended): gone
+        from every timeline, its id with it."""
+        self._statuses.remove(status)
+        self._numbered.discard(status.id)
+        self._huge = None
+
     def add_post_numbered(
         self, status_id: int, account: str = "ada", *, tags: Sequence[str] | None = None
     ) -> Status:

@@ -30,8 +30,8 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post. A
   page after the cursor of ids of the other kind only (or one that brings nothing new,
   on one poll in ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that
-  kind, or every one is of the cursor's kind and before it, is an instance that runs
-  other software now: the poll starts again as a first poll.
+  kind, or every one is a number far below the cursor's (``_numbered_below``), is an
+  instance that runs other software now: the poll starts again as a first poll.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -259,6 +259,17 @@ def _post_id(value: Any) -> str | None:
             return None
         return value
     return None
+
+
+def _numbered_below(ids: list[str], cursor: str) -> bool:
+    """Whether every one of ``ids`` is a number below ``cursor``'s by a change of scale
+    (65,536 times): another software's small numbers after Mastodon's snowflakes. Not
+    merely before it: the newest posts of a timeline whose newest post was deleted (by
+    its author, a moderator, an account suspended) are all a little before the cursor."""
+    if not (cursor.isascii() and cursor.isdigit()):
+        return False
+    bound = int(cursor) >> 16
+    return all(i.isascii() and i.isdigit() and int(i) < bound for i in ids)
 
 
 def dated_after(post_id: str, moment: float) -> bool:
@@ -1056,11 +1067,10 @@ class TimelinePoller:
         self, api: str, timeline: str, cursor: str, progress: _Progress, backfill: int
     ) -> tuple[_Answer, int] | None:
         """The instance's newest page and the posts it was asked with, when most of its
-        ids are of the other kind than ``cursor``, or every one is of its kind and
-        before it (other software numbering from where it started: the cursor's own
-        post is on the newest page of a timeline that has none newer), handed to
-        ``_read_back`` as its first page; None when neither, or the page is refused for
-        what was asked. Told by the ids, not by the software NodeInfo names, so a check
+        ids are of the other kind than ``cursor``, or every one is a number far below it
+        (``_numbered_below``: other software numbering from where it started), handed
+        to ``_read_back`` as its first page; None when neither, or the page is refused
+        for what was asked. Told by the ids, not by the software NodeInfo names, so a check
         cut short before it could act finds the same at the next. A
         page after the cursor of nothing else may be one odd page, which starting again
         from the newest posts would skip the posts behind it for: a few posts at least
@@ -1084,8 +1094,8 @@ class TimelinePoller:
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
         if other * 2 > len(ids):
             kind = "in another kind of id"
-        elif ids and all(id_key(post_id) < id_key(cursor) for post_id in ids):
-            kind = "anew, every one before the cursor,"
+        elif ids and _numbered_below(ids, cursor):
+            kind = "anew, every one numbered far below the cursor,"
         else:
             return None
         progress.note = (
