@@ -33,6 +33,7 @@ from trove_fetcher.timeline import (
     RENUMBERING_CHECK_EVERY,
     SOFTWARE_CHECK_EVERY,
     TimelinePoller,
+    _numbered_below,
     _Progress,
     id_key,
     link_relation,
@@ -1267,6 +1268,15 @@ async def test_other_software_on_a_host_that_allows_a_poll_two_requests_is_read(
     assert len(nodeinfo) <= 6
     read = {uri for event in events for uri in uris(event)}
     assert read == {instance.status_uri(s) for s in posts}
+
+
+def test_only_numbers_far_below_a_numbered_cursor_tell_a_timeline_numbered_anew() -> None:
+    cursor = mastodon_id(3600)
+    assert _numbered_below(["5002", "5001", "5000"], cursor)  # small numbers after it
+    assert not _numbered_below([str(int(cursor) - 2**16), str(int(cursor) - 2**20)], cursor)
+    assert not _numbered_below([], cursor)  # nothing posted: nothing to tell by
+    assert not _numbered_below(["5000", "01JD8QZ4V6ZK6Y3N7Q2W5XH8RT"], cursor)
+    assert not _numbered_below(["5000"], "01JD8QZ4V6ZK6Y3N7Q2W5XH8RT")  # text: another rule
 
 
 @pytest.mark.parametrize("timeline", ["local", "public", "tag:smallweb"])

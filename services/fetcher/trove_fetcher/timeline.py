@@ -266,7 +266,7 @@ def _numbered_below(ids: list[str], cursor: str) -> bool:
     (65,536 times): another software's small numbers after Mastodon's snowflakes. Not
     merely before it: the newest posts of a timeline whose newest post was deleted (by
     its author, a moderator, an account suspended) are all a little before the cursor."""
-    if not (cursor.isascii() and cursor.isdigit()):
+    if not ids or not (cursor.isascii() and cursor.isdigit()):
         return False
     bound = int(cursor) >> 16
     return all(i.isascii() and i.isdigit() and int(i) < bound for i in ids)
@@ -1094,7 +1094,7 @@ class TimelinePoller:
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
         if other * 2 > len(ids):
             kind = "in another kind of id"
-        elif ids and _numbered_below(ids, cursor):
+        elif _numbered_below(ids, cursor):
             kind = "anew, every one numbered far below the cursor,"
         else:
             return None
