@@ -29,6 +29,7 @@ from trove_cli.status import (
     size,
 )
 from trove_fetcher.politeness import DomainSlot
+from trove_schema import server_time as server_time_module
 from trove_schema.bus import Bus
 from trove_schema.policy import HostPolicy
 from trove_schema.server_time import server_now
@@ -78,11 +79,12 @@ async def test_the_fetchers_instants_are_read_on_the_servers_clock_not_this_mach
 async def test_the_status_command_prints_a_pause_on_the_servers_clock_not_this_machines(
     stack: StackUrls, bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The operator's machine an hour behind nats-server: only the command's own notion
-    # of "now" is set back, and the fetchers' two-minute pause must still print as two.
-    server = await server_now(bus.nc)
-    behind = SimpleNamespace(time=lambda: time.time() - 3600)
+    # The operator's machine an hour behind nats-server (one machine here: the real
+    # clock is the server's): the fetchers' two-minute pause must still print as two.
+    server = time.time()
+    behind = SimpleNamespace(time=lambda: time.time() - 3600, monotonic=time.monotonic)
     monkeypatch.setattr(status_module, "time", behind)
+    monkeypatch.setattr(server_time_module, "time", behind)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
     await kv.put("slow.example", slot(backoff_until=server + 120))
     out = io.StringIO()

@@ -16,6 +16,8 @@ from datetime import datetime
 from nats.aio.client import Client
 from nats.js.errors import APIError
 
+from trove_schema.topology import WORK_STREAM
+
 
 def server_time(answer: bytes) -> float:
     """The ``ts`` of a JetStream API answer, as epoch seconds (to the microsecond); an
@@ -31,10 +33,14 @@ def server_time(answer: bytes) -> float:
 
 
 async def server_now(nc: Client) -> float:
-    """nats-server's time now, give or take half a round trip; this machine's clock when
-    the server does not say (an older server, an answer without ``ts``)."""
+    """nats-server's time now, give or take half a round trip, as the work stream's info
+    stamps it (the fetchers read theirs there: ``trove_fetcher.clock``); this machine's
+    clock when the server does not say (a server before 2.10, no work stream yet, no
+    JetStream). The account's info (``$JS.API.INFO``) carries no ``ts``."""
+    sent = time.monotonic()
     try:
-        answer = await nc.request("$JS.API.INFO", b"", timeout=5.0)
-        return server_time(answer.data)
-    except (KeyError, ValueError):
+        answer = await nc.request(f"$JS.API.STREAM.INFO.{WORK_STREAM}", b"", timeout=5.0)
+        stamped = server_time(answer.data)
+    except (KeyError, ValueError, APIError):
         return time.time()
+    return stamped + (time.monotonic() - sent) / 2
