@@ -30,8 +30,8 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import NoReturn, overload
+from datetime import UTC, datetime, timedelta
+from typing import NoReturn, TypeVar, overload
 from urllib.parse import urlsplit
 
 import httpx
@@ -118,6 +118,9 @@ from trove_schema.topology import FETCH_DEFERRED, WORK_SCHEDULES_PREFIX
 from trove_schema.urls import canonicalize_or_none, domain_of, fetchable, origin_of
 
 log = logging.getLogger("trove.fetcher")
+
+#: An event whose times plan what comes after it (``Fetcher._on_shared_clock``).
+Stamped = TypeVar("Stamped", CrawlCompleted, TimelinePolled)
 
 #: Waits shorter than this are spent in the task rather than in a scheduled message
 #: (the JetStream scheduler fires with a granularity of a few hundred milliseconds).
@@ -784,7 +787,8 @@ class Fetcher:
         learnt choice is wrong on a host whose pages differ, and an exploration is wrong
         often; neither leaves the page without its content this cycle.
         """
-        attempt = fit(event.model_copy(update={"id": explored_attempt_id(event.id)}), self.budget)
+        explored = event.model_copy(update={"id": explored_attempt_id(event.id)})
+        attempt = fit(self._on_shared_clock(explored), self.budget)
         await self._patiently(lambda: self.bus.publish(attempt))
         FETCHES.labels(attempt.outcome.value).inc()
         job = replace(job, slot=None, chain=None, avoid=event.fetcher)
@@ -878,8 +882,22 @@ class Fetcher:
         )
         return with_canonical_links(extraction)
 
+    def _on_shared_clock(self, event: Stamped) -> Stamped:
+        """``event`` with its times on nats-server's clock, not this pod's.
+
+        The attempt's times plan what comes after it: its page's next visit, a retry, a
+        timeline's next poll are due a while after ``completed_at``, and nats-server fires
+        them by its own clock. Stamped by a pod whose clock ran an hour behind, every
+        chain that pod ended would come due an hour early: at an hour's interval, at
+        once, again and again. The event's times are read as this pod's wall clock, as
+        they were taken, and moved by its offset from the server's now."""
+        local = time.time()
+        shift = timedelta(seconds=self.clock.at(local) - local)
+        times = {"started_at": event.started_at + shift, "completed_at": event.completed_at + shift}
+        return event.model_copy(update=times)
+
     async def _complete(self, job: Job, event: CrawlCompleted) -> None:
-        event = fit(event, self.budget)
+        event = fit(self._on_shared_clock(event), self.budget)
         # Until its PubAck: a redelivery publishes it again rather than fetching again.
         weight = sum(len(link.url) + 48 for link in event.links) + 4096
         self._unpublished.put(job.work.id, event, weight)
@@ -1097,12 +1115,14 @@ class Fetcher:
             sent = _Sent()
             token, sent_token = _POLL_DEADLINE.set(deadline), _POLL_SENT.set(sent)
             try:
-                polled = await self.poller.poll(request)
+                read = await self.poller.poll(request)
             finally:
                 _POLL_SENT.reset(sent_token)
                 _POLL_DEADLINE.reset(token)
+            polled = self._on_shared_clock(read)
             self._polled.put(request.id, polled, 512 * len(polled.posts) + 4096)
-            observation = _poll_observation(polled)
+            # Timed on this pod's clock, as its observations are (``_shared``).
+            observation = _poll_observation(read)
             if observation is not None:
                 shared = self._shared(observation)
                 if sent.start is not None:

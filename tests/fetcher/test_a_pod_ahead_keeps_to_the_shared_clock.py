@@ -1,5 +1,7 @@
-"""A wait a site gives as a date (``Retry-After: <HTTP-date>``, ``X-RateLimit-Reset``)
-pauses its host as long as it asked on a pod whose own clock runs ahead.
+"""A pod whose own clock runs ahead keeps to the pods' shared time: a wait a site gives
+as a date (``Retry-After: <HTTP-date>``, ``X-RateLimit-Reset``) pauses its host as long as
+it asked, and the times of its attempts and polls, which plan a page's next visit and a
+timeline's next poll, are the shared time's.
 
 The ``Fetcher`` runs in the test's process against real NATS and a real HTTP server.
 The pods' shared time (nats-server's, ``trove_fetcher.clock``) is ``SKEW`` seconds
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
@@ -30,10 +32,12 @@ from trove_schema.events import (
     PageDiscovered,
     Provenance,
     Scope,
+    TimelinePolled,
     TimelinePollRequested,
+    decode_event,
 )
 from trove_schema.settings import FetcherSettings
-from trove_schema.topology import DOMAINS_BUCKET, ROBOTS_BUCKET
+from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, ROBOTS_BUCKET
 from trove_schema.urls import canonicalize, domain_of
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -191,3 +195,50 @@ async def test_a_polls_dated_wait_pauses_its_host_as_long_as_asked(
     assert "/.well-known/nodeinfo" in [seen.path for seen in server.requests_for(HOST)]
     paused = await paused_for(fetcher)
     assert as_asked(paused), paused
+
+
+def on_the_shared_time(started: datetime, completed: datetime) -> bool:
+    # Taken just now by the test's clock: on the pod's own they would be SKEW ahead.
+    now = datetime.fromtimestamp(CLOCK.now(), UTC)
+    return now - timedelta(seconds=10) <= started <= completed <= now
+
+
+async def test_a_pages_attempt_is_timed_on_the_shared_clock(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Its page's next visit is due a while after ``completed_at``, fired by nats-server's
+    # clock: a pod behind would plan every chain it ends early by as much.
+    server.routes[f"{HOST}/page"] = lambda ex: ex.send(200, b"<title>A page</title>")
+    fetcher = await fetcher_on(bus, client)
+    page = work(server, "/page")
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    event = (await Completions(bus.js).wait_for(1, timeout=10))[page.url]
+    assert event.outcome is CrawlOutcome.SUCCESS
+    assert on_the_shared_time(event.started_at, event.completed_at), event
+
+
+async def test_a_polls_times_are_on_the_shared_clock(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Whatever the poll's outcome (an instance that answers nothing here), its next poll
+    # is due a while after its ``completed_at``.
+    server.routes[f"{HOST}/.well-known/nodeinfo"] = lambda ex: ex.send(404, b"")
+    fetcher = await fetcher_on(bus, client)
+    request = TimelinePollRequested(
+        instance=f"http://{HOST}:{server.port}",
+        domain=HOST,
+        timeline="local",
+        follow_id="follow-1",
+    )
+    try:
+        await fetcher.poll(request)
+    finally:
+        fetcher.close()
+    last = await bus.js.get_last_msg(EVENTS_STREAM, TimelinePolled.SUBJECT)
+    assert last.data is not None
+    polled = decode_event(last.data)
+    assert isinstance(polled, TimelinePolled)
+    assert on_the_shared_time(polled.started_at, polled.completed_at), polled
