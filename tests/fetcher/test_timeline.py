@@ -33,6 +33,7 @@ from trove_fetcher.timeline import (
     RENUMBERING_CHECK_EVERY,
     SOFTWARE_CHECK_EVERY,
     TimelinePoller,
+    _made_after,
     _numbered_below,
     _Progress,
     id_key,
@@ -131,12 +132,14 @@ def request(
     social: RunningInstance,
     *,
     cursor: str | None = None,
+    cursor_at: datetime | None = None,
     api: str | None = None,
     timeline: str = "local",
     after: TimelinePolled | None = None,
     software: str | None = None,
 ) -> TimelinePollRequested:
     """The first request of a chain, or (``after``) the one a poll's answer leads to.
+    ``cursor_at``: when the cursor's post was made (None: a chain that does not know);
     ``software``: what an earlier poll's NodeInfo named (it decides the rules for ids)."""
     if after is not None:
         return TimelinePollRequested(
@@ -145,6 +148,7 @@ def request(
             timeline=after.timeline,
             follow_id=after.follow_id,
             cursor=after.cursor_after,
+            cursor_at=after.cursor_after_at,
             recent=after.recent_after,
             api=after.api,
             software=after.software,
@@ -157,6 +161,7 @@ def request(
         timeline=timeline,
         follow_id="follow-1",
         cursor=cursor,
+        cursor_at=cursor_at,
         api=api,
         software=software,
     )
@@ -1277,11 +1282,33 @@ def test_only_numbers_far_below_a_numbered_cursor_tell_a_timeline_numbered_anew(
     assert not _numbered_below(["5000"], "01JD8QZ4V6ZK6Y3N7Q2W5XH8RT")  # text: another rule
 
 
+def test_most_of_the_newest_posts_made_after_the_cursors_tell_a_timeline_numbered_anew() -> None:
+    cursor, made = "900", datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    later, earlier = made + timedelta(hours=2), made - timedelta(hours=2)
+    assert _made_after([("12", later), ("11", later), ("10", earlier)], cursor, made)
+    assert not _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, made)
+    # Within a minute: the hosts' clocks, not a later post.
+    within = made + timedelta(seconds=30)
+    assert not _made_after([("12", within), ("11", within)], cursor, made)
+    # The cursor's own post, or one after it, among them: the same numbering.
+    assert not _made_after([(cursor, made), ("12", later), ("11", later)], cursor, made)
+    assert not _made_after([("901", later), ("12", later), ("11", later)], cursor, made)
+    # Nothing to tell by: the cursor's time unknown, most posts without one, no posts.
+    assert _made_after([("12", later), ("11", later)], cursor, None) is None
+    assert _made_after([("12", later), ("11", None), ("10", None)], cursor, made) is None
+    assert _made_after([], cursor, made) is None
+    # A time read without its zone is UTC's.
+    assert _made_after([("12", later), ("11", later)], cursor, made.replace(tzinfo=None))
+
+
+@pytest.mark.parametrize("timed", [True, False], ids=["timed", "untimed"])
 @pytest.mark.parametrize("timeline", ["local", "public", "tag:smallweb"])
 async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
-    client: httpx.AsyncClient, timeline: str
+    client: httpx.AsyncClient, timeline: str, timed: bool
 ) -> None:
-    # Its newest posts all come before the cursor now, a little: no other numbering.
+    # Its newest posts all come before the cursor now, a little, and were made before
+    # it. A chain that does not know its cursor's time (from a release before) tells
+    # so by the ids alone: not a change of scale, no other numbering.
     instance = FediverseInstance.generate(posts=0, seed=11)
     tags = ["smallweb"] if timeline.startswith("tag:") else None
     for _ in range(12):
@@ -1293,10 +1320,13 @@ async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
         assert first.cursor_after == newest.sid
         instance.delete_post(newest)
         chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        if not timed:
+            chain = chain.model_copy(update={"cursor_at": None})
         check = await polls.poll(chain)
 
     assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
     assert (check.posts, check.cursor_after, check.api) == ((), newest.sid, social.base_url)
+    assert check.cursor_after_at == (newest.created_at if timed else None)
 
 
 async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_cursor(
@@ -1312,6 +1342,125 @@ async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_curso
 
     assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
     assert (event.posts, event.cursor_after, event.software) == ((), posts[-1].sid, "pixelfed")
+
+
+@pytest.mark.parametrize("timed", [True, False], ids=["timed", "untimed"])
+async def test_an_instance_from_before_mastodon_2_whose_newest_post_was_deleted_keeps_its_cursor(
+    client: httpx.AsyncClient, timed: bool
+) -> None:
+    # Mastodon before 2.0 numbered posts 1, 2, 3...: an old instance keeps those ids for
+    # its old posts, far below its snowflakes. Its only recent post deleted, its newest
+    # posts are all numbers far below the cursor, as other software's would be, but made
+    # years before the cursor's post: the cursor stays. A chain that does not know its
+    # cursor's time has the ids alone, which tell the two apart no better than before:
+    # it starts again.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    for n in range(6):
+        instance.add_post_numbered(100 + n, created_at=datetime(2017, 6, 1 + n, tzinfo=UTC))
+    async with served(instance) as social:
+        recent = public_local_post(instance)
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
+        assert (first.cursor_after, first.cursor_after_at) == (recent.sid, recent.created_at)
+        instance.delete_post(recent)
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        if not timed:
+            chain = chain.model_copy(update={"cursor_at": None})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    if timed:
+        assert (check.posts, check.cursor_after, check.cursor_after_at) == (
+            (),
+            recent.sid,
+            recent.created_at,
+        )
+    else:
+        assert "numbered far below the cursor" in (check.error_message or "")
+        assert check.cursor_after == "105"
+
+
+async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again(
+    client: httpx.AsyncClient,
+) -> None:
+    # Followed on Pixelfed, the instance runs Mastodon now: its snowflakes are smaller
+    # than Pixelfed's numbers, but not by a change of scale, as a newest post deleted
+    # would leave them. Made after the cursor's post, they are a new numbering: the
+    # check's poll starts again from the newest posts.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    async with served(instance) as social:
+        posts = [public_local_post(instance) for _ in range(6)]
+        cursor = str(pixelfed_id(21 * 86_400, 0))
+        assert int(posts[-1].sid) < int(cursor)
+        assert not _numbered_below([posts[0].sid], cursor)
+        made = posts[0].created_at - timedelta(days=21)
+        chain = request(
+            social, cursor=cursor, cursor_at=made, api=social.base_url, software="pixelfed"
+        )
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+        later = public_local_post(instance)
+        second = await polls.poll(request(social, after=first))
+
+    assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
+    assert "made after the cursor's post" in (first.error_message or "")
+    assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in posts)
+    assert (first.cursor_after, first.cursor_after_at) == (posts[-1].sid, posts[-1].created_at)
+    assert (uris(second), second.software) == ([instance.status_uri(later)], "mastodon")
+
+
+async def test_text_ids_onto_other_text_ids_sorting_before_the_cursor_are_read_again(
+    client: httpx.AsyncClient,
+) -> None:
+    # Followed on Pleroma (flake ids of letters and digits), the instance runs GoToSocial
+    # now, whose ids sort before Pleroma's ("01..." before letters): text after text, no
+    # other kind, and nothing after the cursor for good.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("gotosocial", "0.17.3"))
+    async with served(instance) as social:
+        posts = [public_local_post(instance) for _ in range(6)]
+        instance.misbehave("renumbered")  # ids spelt as text that sorts before letters
+        cursor = "AqxhJX4Nf8Z9hN2K7M"  # Pleroma's
+        made = posts[0].created_at - timedelta(days=2)
+        chain = request(
+            social, cursor=cursor, cursor_at=made, api=social.base_url, software="pleroma"
+        )
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+        later = public_local_post(instance)
+        second = await polls.poll(request(social, after=first))
+
+    assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
+    assert "made after the cursor's post" in (first.error_message or "")
+    assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in posts)
+    assert first.cursor_after is not None
+    assert id_key(first.cursor_after) < id_key(cursor)
+    assert first.cursor_after_at == posts[-1].created_at
+    assert (uris(second), second.software) == ([instance.status_uri(later)], "gotosocial")
+
+
+async def test_the_cursor_goes_with_the_time_its_post_was_made_kept_or_skipped(
+    client: httpx.AsyncClient,
+) -> None:
+    # The newest post handled is the cursor whether kept or skipped (its account opted
+    # out), and its time with it; a poll that reads nothing new keeps both; the newest
+    # an entry no client reads (no time to trust) leaves the time unknown.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    instance.opt_out("bruno")
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=4)
+        public_local_post(instance)
+        skipped = public_local_post(instance, "bruno")
+        first = await polls.poll(request(social))
+        quiet = await polls.poll(request(social, after=first))
+        public_local_post(instance)
+        unreadable = public_local_post(instance)
+        instance.make_unreadable(unreadable)
+        last = await polls.poll(request(social, after=quiet))
+
+    assert (first.skipped, len(first.posts)) == (1, 1)
+    assert (first.cursor_after, first.cursor_after_at) == (skipped.sid, skipped.created_at)
+    assert (quiet.cursor_after, quiet.cursor_after_at) == (skipped.sid, skipped.created_at)
+    assert (last.cursor_after, last.cursor_after_at) == (unreadable.sid, None)
 
 
 async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(

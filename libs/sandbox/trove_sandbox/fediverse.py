@@ -522,14 +522,20 @@ class FediverseInstance:
         self._huge = None
 
     def add_post_numbered(
-        self, status_id: int, account: str = "ada", *, tags: Sequence[str] | None = None
+        self,
+        status_id: int,
+        account: str = "ada",
+        *,
+        tags: Sequence[str] | None = None,
+        created_at: datetime | None = None,
     ) -> Status:
         """A public post of ``account`` whose id is ``status_id`` whatever its time: one
         past 64 bits, or a snowflake dated ahead of the instance's clock (a server that
-        misbehaves, hosts whose clocks disagree), where that id puts it."""
+        misbehaves, hosts whose clocks disagree), where that id puts it. ``created_at``:
+        when it says it was made (an old post's serial id; else as ``add_post`` says)."""
         status = self.add_post(account, visibility="public", tags=tags)
         self._statuses.remove(status)
-        numbered = replace(status, id=status_id)
+        numbered = replace(status, id=status_id, created_at=created_at or status.created_at)
         bisect.insort(self._statuses, numbered, key=lambda s: s.id)
         self._numbered.add(status_id)
         self._huge = None

@@ -24,16 +24,17 @@ What is followed lives in the KV bucket ``trove_follows``, written only by
 compare-and-set. One key per instance (so that "every timeline of it" is one read)
 holds each timeline's current follow (the ``InstanceFollowed`` id, which every poll of
 its chain carries) and its options: only commands write it. One key per timeline holds
-its progress: the last poll handled, with the cursor, the ids read behind it and the
-failures in a row it ended on; only its own polls write it. Kept in the instance's key,
-a poll of any timeline rewrote every timeline of the instance, and the polls of its
-timelines raced each other's writes; the instance's value grew with the ids its
-timelines read (post ids are the instance's to choose, 200 characters each) until it
-passed nats-server's largest message, and every write of the instance failed. Progress
-an earlier release kept in the instance's key is read from there until the timeline's
-next poll writes its own. Following a timeline already followed changes nothing: its
-chain and cursor go on. An unfollowed timeline keeps its entry, marked, so that a poll
-of its chain still under way is recognised and ignored; its progress is dropped.
+its progress: the last poll handled, with the cursor (and when its post was made), the
+ids read behind it and the failures in a row it ended on; only its own polls write it.
+Kept in the instance's key, a poll of any timeline rewrote every timeline of the
+instance, and the polls of its timelines raced each other's writes; the instance's
+value grew with the ids its timelines read (post ids are the instance's to choose, 200
+characters each) until it passed nats-server's largest message, and every write of the
+instance failed. Progress an earlier release kept in the instance's key is read from
+there until the timeline's next poll writes its own (a record without the cursor's
+time reads as not knowing it). Following a timeline already followed changes nothing:
+its chain and cursor go on. An unfollowed timeline keeps its entry, marked, so that a
+poll of its chain still under way is recognised and ignored; its progress is dropped.
 
 Each follow starts its timeline's chain of polls: a ``TimelinePollRequested`` scheduled
 on the timeline's own subject (``timeline_schedule_subject``), where JetStream keeps one
@@ -386,6 +387,9 @@ class PollProgress(BaseModel):
     poll: int = 0
     polled_id: str | None = None
     cursor: str | None = None
+    #: When the cursor's post was made (the poller tells a timeline numbered anew by
+    #: it); None when not known, as in a record written before it was kept.
+    cursor_at: datetime | None = None
     #: The ids the last poll handled in the lookback behind the cursor (the next reads
     #: it again for late posts, and leaves these alone).
     recent: tuple[str, ...] = ()
@@ -550,6 +554,7 @@ async def resume_polls(
         timeline=timeline,
         follow_id=follow.follow_id,
         cursor=follow.cursor,
+        cursor_at=follow.cursor_at,
         recent=follow.recent,
         backfill=None if read_empty else follow.backfill,
         poll=follow.poll + 1,

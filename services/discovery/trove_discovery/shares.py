@@ -99,6 +99,7 @@ def next_poll(
         timeline=event.timeline,
         follow_id=event.follow_id,
         cursor=follow.cursor,
+        cursor_at=follow.cursor_at,
         recent=follow.recent,
         backfill=backfill,
         api=event.api,
@@ -254,11 +255,18 @@ class Shares:
             # pause after a 403 or an outage grows to a day) ends no run of failures, or
             # the chain's own back-off would start again at each.
             failures = follow.failures + 1 if failed else 0 if event.requests else follow.failures
+            cursor = event.cursor_after if event.cursor_after else follow.cursor
+            # The time goes with its cursor. A poll that left the cursor where it was,
+            # answered by a release that does not tell the time, keeps the one known.
+            cursor_at = event.cursor_after_at
+            if cursor_at is None and cursor == follow.cursor:
+                cursor_at = follow.cursor_at
             advanced = follow.model_copy(
                 update={
                     "poll": event.poll,
                     "polled_id": event.id,
-                    "cursor": event.cursor_after if event.cursor_after else follow.cursor,
+                    "cursor": cursor,
+                    "cursor_at": cursor_at,
                     "recent": follow.recent if failed else event.recent_after,
                     "failures": failures,
                 }

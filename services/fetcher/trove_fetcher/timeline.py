@@ -27,11 +27,20 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
   clock, its ``Date`` when within a day of the pods', else ``FUTURE_ID_SLACK_UNTOLD``
   past the pods'; on software not known, one dated so by less than
-  ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post. A
-  page after the cursor of ids of the other kind only (or one that brings nothing new,
-  on one poll in ``RENUMBERING_CHECK_EVERY``), when most of the newest posts are of that
-  kind, or every one is a number far below the cursor's (``_numbered_below``), is an
-  instance that runs other software now: the poll starts again as a first poll.
+  ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post.
+  The cursor goes with the time its post was made (``cursor_after_at``: its
+  ``created_at``, None when it gives none readably; the request's ``cursor_at`` while
+  the cursor stays).
+* **Numbered anew.** A page after the cursor of ids of the other kind only (or one that
+  brings nothing new, on one poll in ``RENUMBERING_CHECK_EVERY``) asks for the newest
+  posts. When most are of that kind, or every one sorts at or before the cursor and
+  most were made after the cursor's post (``_made_after``, by more than
+  ``MADE_AFTER_SLACK``), the instance numbers its posts anew (other software, or
+  installed again): the poll starts again as a first poll. Made before it, they are a
+  timeline whose newest post was deleted: the cursor stays, however far below its id
+  theirs are (an instance from before Mastodon 2.0 keeps its old posts' serial ids).
+  When the times cannot tell (the cursor's not known, most posts without one), every
+  one a number far below the cursor's (``_numbered_below``) starts it again.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -206,6 +215,11 @@ SOFTWARE_CHECK_EVERY = 2 * RENUMBERING_CHECK_EVERY
 #: An id dated later, taken as the cursor, would hide the posts made until its time.
 FUTURE_ID_SLACK = 60.0
 FUTURE_ID_SLACK_UNTOLD = 600.0
+#: How much later than the cursor's post a post numbered before it must have been made
+#: to count as made after it (``_made_after``): a post's time and its id come from
+#: different clocks (Mastodon's from the application host's, its id from the
+#: database's), and an instance's hosts keep theirs within a minute of each other.
+MADE_AFTER_SLACK = 60.0
 #: How far ahead of the instance's clock a number of software not known (its NodeInfo
 #: fails) must be dated, read as a snowflake, to be taken for another numbering rather
 #: than Mastodon's on a fast clock: Pixelfed's read as centuries ahead, a clock is not
@@ -270,6 +284,34 @@ def _numbered_below(ids: list[str], cursor: str) -> bool:
         return False
     bound = int(cursor) >> 16
     return all(i.isascii() and i.isdigit() and int(i) < bound for i in ids)
+
+
+def _made_after(
+    posts: Sequence[tuple[str, datetime | None]], cursor: str, cursor_at: datetime | None
+) -> bool | None:
+    """Whether the newest ``posts`` (their ids, and when each was made) are an instance
+    that numbers its posts anew: every one sorts at or before ``cursor``, and most were
+    made after the cursor's post (``cursor_at``, and ``MADE_AFTER_SLACK``). Ids alone
+    cannot tell a change of numbering that stays below the cursor (Pixelfed's numbers
+    to Mastodon's, text to other text, small numbers anew) from a newest post deleted,
+    whose timeline's newest posts are all before the cursor too but were made before
+    it. None when the times cannot tell: the cursor's not known, or most posts without
+    a readable one."""
+    if cursor_at is None or not posts:
+        return None
+    if sum(1 for _, made in posts if made is not None) * 2 <= len(posts):
+        return None
+    key = id_key(cursor)
+    # The cursor's own post among them (or one after it): the instance numbers its
+    # posts as it did. Software that numbers posts by their arrival (Pleroma's flake
+    # ids) may have a late post as the cursor, made long before those that came first.
+    if any(post_id == cursor or id_key(post_id) > key for post_id, _ in posts):
+        return False
+    if cursor_at.tzinfo is None:
+        cursor_at = cursor_at.replace(tzinfo=UTC)  # an event's time that says no zone
+    after = cursor_at.timestamp() + MADE_AFTER_SLACK
+    made_after = sum(1 for _, made in posts if made is not None and made.timestamp() > after)
+    return made_after * 2 > len(posts)
 
 
 def dated_after(post_id: str, moment: float) -> bool:
@@ -358,6 +400,9 @@ class Entry:
     post: SharedPost | None = None
     #: A public post skipped because its account opted out: the account's key.
     withdrawn: str | None = None
+    #: When the post was made (kept or skipped), if it says so readably: the cursor's
+    #: time when it is the newest post handled. None for an entry that is no status.
+    created_at: datetime | None = None
 
 
 def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -> Entry:
@@ -392,23 +437,24 @@ def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry
         or any(c.isspace() for c in acct)
     ):
         return Entry(post_id, "malformed")
+    created = _created_at(entry.get("created_at"))
     if entry.get("visibility") != "public" or entry.get("reblog") is not None:
-        return Entry(post_id, "skipped")
+        return Entry(post_id, "skipped", created_at=created)
     absolute = acct if "@" in acct else f"{acct}@{host}"
     if opted_out(account):
-        return Entry(post_id, "skipped", withdrawn=account_key(absolute))
+        return Entry(post_id, "skipped", withdrawn=account_key(absolute), created_at=created)
     try:
         post = SharedPost(
             uri=uri,
             url=_http_url(entry.get("url")),
             account=absolute,
-            shared_at=_created_at(entry.get("created_at")),
+            shared_at=created,
             language=_language(entry.get("language")),
             links=shared_links(entry, host=host, allowed_networks=allowed_networks),
         )
     except pydantic.ValidationError:
         return Entry(post_id, "malformed")
-    return Entry(post_id, "kept", post)
+    return Entry(post_id, "kept", post, created_at=created)
 
 
 def shared_links(
@@ -634,6 +680,8 @@ class _Progress:
 
     cursor: str | None
     budget: int
+    #: When the cursor's post was made (``TimelinePollRequested.cursor_at``).
+    cursor_at: datetime | None = None
     #: Read again behind the cursor down to this id (``lookback_floor``), leaving alone
     #: the ``recent`` ids handled there before.
     floor: int | None = None
@@ -645,6 +693,8 @@ class _Progress:
     software: str | None = None
     version: str | None = None
     newest: str | None = None
+    #: When ``newest``'s post was made; None when it does not say (or is no status).
+    newest_at: datetime | None = None
     posts: list[SharedPost] = field(default_factory=list)
     size: int = 0
     skipped: int = 0
@@ -675,9 +725,10 @@ class _Progress:
                 seconds if self.retry_after is None else max(self.retry_after, seconds)
             )
 
-    def advance(self, post_id: str) -> None:
+    def advance(self, post_id: str, made_at: datetime | None = None) -> None:
+        """``post_id`` handled, made at ``made_at``: the newest, if it is."""
         if self.newest is None or id_key(post_id) > id_key(self.newest):
-            self.newest = post_id
+            self.newest, self.newest_at = post_id, made_at
 
     def of_the_timelines_kind(self, entries: list[Entry]) -> list[Entry]:
         """The entries whose ids are of the timeline's kind (digits, or text), the rest
@@ -700,12 +751,12 @@ class _Progress:
 
     def rebase(self) -> None:
         """Read on as a first poll does, from the newest posts: the instance numbers its
-        posts in the other kind now (it runs other software), and a cursor of one kind
-        finds nothing of the other, for good."""
-        self.cursor = None
+        posts anew (it runs other software, or was installed again), and a cursor of the
+        old numbering finds nothing of the new, for good."""
+        self.cursor = self.cursor_at = None
         self.floor = None
         self.recent = frozenset()
-        self.newest = None
+        self.newest = self.newest_at = None
         self.seen.clear()
         self.page_top = self.page_bottom = None
         self.pages = 0
@@ -843,6 +894,7 @@ class TimelinePoller:
             floor = max(floor, min(int(i) for i in recent))
         progress = _Progress(
             cursor=request.cursor,
+            cursor_at=request.cursor_at if request.cursor is not None else None,
             floor=floor,
             recent=frozenset(recent),
             budget=self._budget,
@@ -1067,14 +1119,15 @@ class TimelinePoller:
         self, api: str, timeline: str, cursor: str, progress: _Progress, backfill: int
     ) -> tuple[_Answer, int] | None:
         """The instance's newest page and the posts it was asked with, when most of its
-        ids are of the other kind than ``cursor``, or every one is a number far below it
-        (``_numbered_below``: other software numbering from where it started), handed
-        to ``_read_back`` as its first page; None when neither, or the page is refused
-        for what was asked. Told by the ids, not by the software NodeInfo names, so a check
-        cut short before it could act finds the same at the next. A
-        page after the cursor of nothing else may be one odd page, which starting again
-        from the newest posts would skip the posts behind it for: a few posts at least
-        are asked for, to judge by."""
+        ids are of the other kind than ``cursor``, or every one sorts at or before it and
+        most were made after the cursor's post (``_made_after``), or, when their times
+        cannot tell, every one is a number far below it (``_numbered_below``: other
+        software numbering from where it started), handed to ``_read_back`` as its first
+        page; None when none of these, or the page is refused for what was asked. Told
+        by the posts, not by the software NodeInfo names, so a check cut short before it
+        could act finds the same at the next. A page after the cursor of nothing else
+        may be one odd page, which starting again from the newest posts would skip the
+        posts behind it for: a few posts at least are asked for, to judge by."""
         limit = max(self._back_limit(timeline, backfill), min(self._page_limit, 8))
         try:
             answer = await self._get_json(timeline_url(api, timeline, limit=limit), progress)
@@ -1084,17 +1137,24 @@ class TimelinePoller:
             return None  # the page after the cursor was read: the poll goes on from it
         if not isinstance(answer.data, list):
             return None
-        ids = [
-            post_id
+        posts = [
+            (post_id, _created_at(entry.get("created_at")))
             for entry in answer.data
             if isinstance(entry, dict)
             and (post_id := _post_id(entry.get("id"))) is not None
             and self._trusted(post_id, progress, answer)
         ]
+        ids = [post_id for post_id, _ in posts]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
+        # Told by the times when they tell: a newest post deleted leaves posts made
+        # before it, however far below its id theirs are (an instance from before
+        # Mastodon 2.0 keeps its old posts' small serial ids).
+        made_after = _made_after(posts, cursor, progress.cursor_at)
         if other * 2 > len(ids):
             kind = "in another kind of id"
-        elif _numbered_below(ids, cursor):
+        elif made_after:
+            kind = "anew, made after the cursor's post but numbered before it,"
+        elif made_after is None and _numbered_below(ids, cursor):
             kind = "anew, every one numbered far below the cursor,"
         else:
             return None
@@ -1365,7 +1425,7 @@ class TimelinePoller:
             if bound is not None and new >= bound:
                 # Older than the backfill: left alone, but the cursor starts at the newest.
                 if first_page:
-                    progress.advance(entry.id)
+                    progress.advance(entry.id, entry.created_at)
                 progress.seen.add(entry.id)  # decided: not taken by the next lookback
                 continue
             if entry.verdict == "kept":
@@ -1379,7 +1439,7 @@ class TimelinePoller:
             else:
                 progress.malformed += 1
             progress.seen.add(entry.id)
-            progress.advance(entry.id)
+            progress.advance(entry.id, entry.created_at)
             new += 1
         return new
 
@@ -1561,7 +1621,7 @@ class TimelinePoller:
         # would be asked again at once, for ever, with nothing counted against it.
         advanced = progress.newest is not None and (
             request.cursor is None
-            or progress.rebased  # a cursor of the other kind, which no order compares
+            or progress.rebased  # a cursor of a new numbering, not compared with the old
             or id_key(progress.newest) > id_key(request.cursor)
         )
         failed = stop is not None and not advanced
@@ -1595,13 +1655,15 @@ class TimelinePoller:
             "rate_limited": progress.rate_spent or status in (429, 503),
         }
         cursor_after = request.cursor
+        cursor_after_at = request.cursor_at if cursor_after is not None else None
         newest = None if failed else progress.newest
         # A late post read behind the cursor never moves it back; a cursor started again
-        # (``_Progress.rebase``) is of another kind, which no order compares.
+        # (``_Progress.rebase``) is of a new numbering, not compared with the old. The
+        # time goes with the post the cursor is at.
         if newest is not None and (
             cursor_after is None or progress.rebased or id_key(newest) > id_key(cursor_after)
         ):
-            cursor_after = newest
+            cursor_after, cursor_after_at = newest, progress.newest_at
         try:
             return TimelinePolled(
                 **base,
@@ -1613,6 +1675,7 @@ class TimelinePoller:
                 software=progress.software,
                 software_version=progress.version,
                 cursor_after=cursor_after,
+                cursor_after_at=cursor_after_at,
                 recent_after=request.recent
                 if failed
                 else self._recent(request, progress, cursor_after),
@@ -1633,6 +1696,7 @@ class TimelinePoller:
                 error_message=f"could not record the poll: {exc}"[:_MAX_MESSAGE],
                 completed_at=utcnow(),
                 cursor_after=request.cursor,
+                cursor_after_at=request.cursor_at,
                 recent_after=request.recent,
             )
 
