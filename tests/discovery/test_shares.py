@@ -655,7 +655,7 @@ async def test_a_timelines_progress_an_earlier_release_kept_with_its_follow_goes
 async def test_the_cursors_time_goes_on_with_the_chain_from_a_record_written_without_it(
     bus: Bus,
 ) -> None:
-    """The poller tells a timeline numbered anew by when the cursor's post was made: the
+    """The poller tells a timeline numbered anew by when its cursor was read: the
     time each poll ends on is the next request's. A timeline's progress written before
     it was kept reads as not knowing it."""
     timeline = await _followed(bus, 12 * 10**9)
@@ -665,18 +665,18 @@ async def test_the_cursors_time_goes_on_with_the_chain_from_a_record_written_wit
     await timeline.store.kv.put(key, json.dumps(written | {"recent": ["29", "30"]}).encode())
     assert ((await timeline.current()).cursor, (await timeline.current()).cursor_at) == ("30", None)
     shares = await timeline.shares()
-    made = T0 - timedelta(minutes=7)
+    read = T0 - timedelta(minutes=7)
     fourth = request(follow_id=follow_id, poll=4, cursor="30")
-    await shares.polled(polled(fourth, cursor_after="41", cursor_after_at=made))
+    await shares.polled(polled(fourth, cursor_after="41", cursor_after_at=read))
     _, fifth = await _scheduled(bus)
-    assert (fifth.poll, fifth.cursor, fifth.cursor_at) == (5, "41", made)
-    assert (await timeline.current()).cursor_at == made
+    assert (fifth.poll, fifth.cursor, fifth.cursor_at) == (5, "41", read)
+    assert (await timeline.current()).cursor_at == read
     # The cursor where it was, told by a fetcher of a release that does not tell the
     # time: the time known stays with it.
     await shares.polled(polled(fifth, cursor_after="41"))
     _, sixth = await _scheduled(bus)
-    assert (sixth.poll, sixth.cursor, sixth.cursor_at) == (6, "41", made)
-    # A cursor moved to a post whose time is not known: none.
+    assert (sixth.poll, sixth.cursor, sixth.cursor_at) == (6, "41", read)
+    # A cursor moved by a release that does not tell when it read it: none.
     await shares.polled(polled(sixth, cursor_after="52"))
     _, seventh = await _scheduled(bus)
     assert (seventh.poll, seventh.cursor, seventh.cursor_at) == (7, "52", None)

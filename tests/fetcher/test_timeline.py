@@ -45,6 +45,7 @@ from trove_fetcher.timeline import (
 )
 from trove_fetcher.transport import build_client
 from trove_sandbox.fediverse import (
+    REMOTE_HOST,
     FediverseInstance,
     Misbehaviour,
     RunningInstance,
@@ -139,7 +140,7 @@ def request(
     software: str | None = None,
 ) -> TimelinePollRequested:
     """The first request of a chain, or (``after``) the one a poll's answer leads to.
-    ``cursor_at``: when the cursor's post was made (None: a chain that does not know);
+    ``cursor_at``: when the cursor was read (None: a chain that does not know);
     ``software``: what an earlier poll's NodeInfo named (it decides the rules for ids)."""
     if after is not None:
         return TimelinePollRequested(
@@ -187,6 +188,13 @@ def uris(event: TimelinePolled) -> list[str]:
 
 def public_local_post(instance: FediverseInstance, account: str = "ada") -> Status:
     return instance.add_post(account, visibility="public")
+
+
+def read_between(event: TimelinePolled, start: float, end: float) -> bool:
+    """``event``'s cursor was read between ``start`` and ``end`` (epoch seconds, on the
+    instance's clock; its ``Date`` says whole seconds)."""
+    assert event.cursor_after_at is not None
+    return int(start) <= event.cursor_after_at.timestamp() <= end
 
 
 async def test_first_poll_finds_the_api_through_nodeinfo_and_reads_back_the_backfill(
@@ -1282,23 +1290,29 @@ def test_only_numbers_far_below_a_numbered_cursor_tell_a_timeline_numbered_anew(
     assert not _numbered_below(["5000"], "01JD8QZ4V6ZK6Y3N7Q2W5XH8RT")  # text: another rule
 
 
-def test_most_of_the_newest_posts_made_after_the_cursors_tell_a_timeline_numbered_anew() -> None:
-    cursor, made = "900", datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-    later, earlier = made + timedelta(hours=2), made - timedelta(hours=2)
-    assert _made_after([("12", later), ("11", later), ("10", earlier)], cursor, made)
-    assert not _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, made)
+def test_newest_posts_made_after_the_cursor_was_read_tell_a_timeline_numbered_anew() -> None:
+    cursor, read = "900", datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    now = read + timedelta(days=1)
+    later, earlier = read + timedelta(hours=2), read - timedelta(hours=2)
+    assert _made_after([("12", later), ("11", later), ("10", earlier)], cursor, read, now)
+    assert not _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, read, now)
     # Within a minute: the hosts' clocks, not a later post.
-    within = made + timedelta(seconds=30)
-    assert not _made_after([("12", within), ("11", within)], cursor, made)
+    within = read + timedelta(seconds=30)
+    assert not _made_after([("12", within), ("11", within)], cursor, read, now)
     # The cursor's own post, or one after it, among them: the same numbering.
-    assert not _made_after([(cursor, made), ("12", later), ("11", later)], cursor, made)
-    assert not _made_after([("901", later), ("12", later), ("11", later)], cursor, made)
+    assert not _made_after([(cursor, later), ("12", later), ("11", later)], cursor, read, now)
+    assert not _made_after([("901", later), ("12", later), ("11", later)], cursor, read, now)
     # Nothing to tell by: the cursor's time unknown, most posts without one, no posts.
-    assert _made_after([("12", later), ("11", later)], cursor, None) is None
-    assert _made_after([("12", later), ("11", None), ("10", None)], cursor, made) is None
-    assert _made_after([], cursor, made) is None
+    assert _made_after([("12", later), ("11", later)], cursor, None, now) is None
+    assert _made_after([("12", later), ("11", None), ("10", None)], cursor, read, now) is None
+    assert _made_after([], cursor, read, now) is None
+    # Posts dated past the instance's clock (an author's clock, a hostile one) say nothing.
+    ahead = now + timedelta(hours=1)
+    assert _made_after([("12", ahead), ("11", ahead), ("10", later)], cursor, read, now) is None
+    # Nor does a cursor read later than the instance's clock now (a clock set back).
+    assert _made_after([("12", later), ("11", later)], cursor, ahead, now) is None
     # A time read without its zone is UTC's.
-    assert _made_after([("12", later), ("11", later)], cursor, made.replace(tzinfo=None))
+    assert _made_after([("12", later), ("11", later)], cursor, read.replace(tzinfo=None), now)
 
 
 @pytest.mark.parametrize("timed", [True, False], ids=["timed", "untimed"])
@@ -1307,8 +1321,8 @@ async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
     client: httpx.AsyncClient, timeline: str, timed: bool
 ) -> None:
     # Its newest posts all come before the cursor now, a little, and were made before
-    # it. A chain that does not know its cursor's time (from a release before) tells
-    # so by the ids alone: not a change of scale, no other numbering.
+    # it was read. A chain that does not know when (from a release before) tells so by
+    # the ids alone: not a change of scale, no other numbering.
     instance = FediverseInstance.generate(posts=0, seed=11)
     tags = ["smallweb"] if timeline.startswith("tag:") else None
     for _ in range(12):
@@ -1326,7 +1340,7 @@ async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
 
     assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
     assert (check.posts, check.cursor_after, check.api) == ((), newest.sid, social.base_url)
-    assert check.cursor_after_at == (newest.created_at if timed else None)
+    assert check.cursor_after_at == (first.cursor_after_at if timed else None)
 
 
 async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_cursor(
@@ -1351,17 +1365,19 @@ async def test_an_instance_from_before_mastodon_2_whose_newest_post_was_deleted_
     # Mastodon before 2.0 numbered posts 1, 2, 3...: an old instance keeps those ids for
     # its old posts, far below its snowflakes. Its only recent post deleted, its newest
     # posts are all numbers far below the cursor, as other software's would be, but made
-    # years before the cursor's post: the cursor stays. A chain that does not know its
-    # cursor's time has the ids alone, which tell the two apart no better than before:
-    # it starts again.
+    # years before the cursor was read: the cursor stays. A chain that does not know
+    # when it was read has the ids alone, which tell the two apart no better than
+    # before: it starts again.
     instance = FediverseInstance.generate(posts=0, seed=3)
     for n in range(6):
         instance.add_post_numbered(100 + n, created_at=datetime(2017, 6, 1 + n, tzinfo=UTC))
     async with served(instance) as social:
         recent = public_local_post(instance)
         polls = poller(client, max_pages=3, page_limit=4)
+        start = time.time()
         first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
-        assert (first.cursor_after, first.cursor_after_at) == (recent.sid, recent.created_at)
+        assert first.cursor_after == recent.sid
+        assert read_between(first, start, time.time())
         instance.delete_post(recent)
         chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
         if not timed:
@@ -1373,7 +1389,7 @@ async def test_an_instance_from_before_mastodon_2_whose_newest_post_was_deleted_
         assert (check.posts, check.cursor_after, check.cursor_after_at) == (
             (),
             recent.sid,
-            recent.created_at,
+            first.cursor_after_at,
         )
     else:
         assert "numbered far below the cursor" in (check.error_message or "")
@@ -1385,7 +1401,7 @@ async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again
 ) -> None:
     # Followed on Pixelfed, the instance runs Mastodon now: its snowflakes are smaller
     # than Pixelfed's numbers, but not by a change of scale, as a newest post deleted
-    # would leave them. Made after the cursor's post, they are a new numbering: the
+    # would leave them. Made after the cursor was read, they are a new numbering: the
     # check's poll starts again from the newest posts.
     instance = FediverseInstance.generate(posts=0, seed=3)
     async with served(instance) as social:
@@ -1393,19 +1409,22 @@ async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again
         cursor = str(pixelfed_id(21 * 86_400, 0))
         assert int(posts[-1].sid) < int(cursor)
         assert not _numbered_below([posts[0].sid], cursor)
-        made = posts[0].created_at - timedelta(days=21)
+        read = posts[0].created_at - timedelta(days=21)
         chain = request(
-            social, cursor=cursor, cursor_at=made, api=social.base_url, software="pixelfed"
+            social, cursor=cursor, cursor_at=read, api=social.base_url, software="pixelfed"
         )
         polls = poller(client, max_pages=3, page_limit=4)
+        start = time.time()
         first = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+        end = time.time()
         later = public_local_post(instance)
         second = await polls.poll(request(social, after=first))
 
     assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
-    assert "made after the cursor's post" in (first.error_message or "")
+    assert "made after the cursor was read" in (first.error_message or "")
     assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in posts)
-    assert (first.cursor_after, first.cursor_after_at) == (posts[-1].sid, posts[-1].created_at)
+    assert first.cursor_after == posts[-1].sid
+    assert read_between(first, start, end)
     assert (uris(second), second.software) == ([instance.status_uri(later)], "mastodon")
 
 
@@ -1420,47 +1439,147 @@ async def test_text_ids_onto_other_text_ids_sorting_before_the_cursor_are_read_a
         posts = [public_local_post(instance) for _ in range(6)]
         instance.misbehave("renumbered")  # ids spelt as text that sorts before letters
         cursor = "AqxhJX4Nf8Z9hN2K7M"  # Pleroma's
-        made = posts[0].created_at - timedelta(days=2)
+        read = posts[0].created_at - timedelta(days=2)
         chain = request(
-            social, cursor=cursor, cursor_at=made, api=social.base_url, software="pleroma"
+            social, cursor=cursor, cursor_at=read, api=social.base_url, software="pleroma"
         )
         polls = poller(client, max_pages=3, page_limit=4)
+        start = time.time()
         first = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+        end = time.time()
         later = public_local_post(instance)
         second = await polls.poll(request(social, after=first))
 
     assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
-    assert "made after the cursor's post" in (first.error_message or "")
+    assert "made after the cursor was read" in (first.error_message or "")
     assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in posts)
     assert first.cursor_after is not None
     assert id_key(first.cursor_after) < id_key(cursor)
-    assert first.cursor_after_at == posts[-1].created_at
+    assert read_between(first, start, end)
     assert (uris(second), second.software) == ([instance.status_uri(later)], "gotosocial")
 
 
-async def test_the_cursor_goes_with_the_time_its_post_was_made_kept_or_skipped(
+async def test_the_cursor_goes_with_when_it_was_read_on_the_instances_clock(
     client: httpx.AsyncClient,
 ) -> None:
-    # The newest post handled is the cursor whether kept or skipped (its account opted
-    # out), and its time with it; a poll that reads nothing new keeps both; the newest
-    # an entry no client reads (no time to trust) leaves the time unknown.
+    # The newest post handled is the cursor whether kept, skipped (its account opted
+    # out) or unreadable, and the time of the answer that held it goes with it, as the
+    # instance's clock says; a poll that reads nothing new keeps both.
     instance = FediverseInstance.generate(posts=0, seed=3)
     instance.opt_out("bruno")
+    hour = 3600.0
     async with served(instance) as social:
         polls = poller(client, max_pages=2, page_limit=4)
         public_local_post(instance)
         skipped = public_local_post(instance, "bruno")
+        start = time.time()
         first = await polls.poll(request(social))
+        end = time.time()
+        instance.clock_ahead = hour
         quiet = await polls.poll(request(social, after=first))
         public_local_post(instance)
         unreadable = public_local_post(instance)
         instance.make_unreadable(unreadable)
+        instance.clock_ahead = 2 * hour
+        start_last = time.time()
         last = await polls.poll(request(social, after=quiet))
+        end_last = time.time()
 
     assert (first.skipped, len(first.posts)) == (1, 1)
-    assert (first.cursor_after, first.cursor_after_at) == (skipped.sid, skipped.created_at)
-    assert (quiet.cursor_after, quiet.cursor_after_at) == (skipped.sid, skipped.created_at)
-    assert (last.cursor_after, last.cursor_after_at) == (unreadable.sid, None)
+    assert first.cursor_after == skipped.sid
+    assert read_between(first, start, end)
+    assert (quiet.cursor_after, quiet.cursor_after_at) == (skipped.sid, first.cursor_after_at)
+    assert last.cursor_after == unreadable.sid
+    assert read_between(last, start_last + 2 * hour, end_last + 2 * hour)
+
+
+async def test_posts_dated_past_the_instances_clock_tell_no_new_numbering(
+    client: httpx.AsyncClient,
+) -> None:
+    # Mastodon numbers a remote post dated ahead by its arrival and keeps the date. An
+    # author posts a few dated in the year 9999 to a quiet tag, then one more, the
+    # cursor, which is deleted: the newest posts all sort before the cursor and say they
+    # were made after it was read, which no clock can have seen.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    remote = f"ines@{REMOTE_HOST}"
+    for _ in range(4):
+        instance.add_post("ada", visibility="public", tags=["smallweb"])
+    for _ in range(8):
+        arrived = instance.add_post(remote, visibility="public", tags=["smallweb"])
+        instance.delete_post(arrived)
+        instance.add_post_numbered(
+            arrived.id, remote, tags=["smallweb"], created_at=datetime(9999, 1, 1, tzinfo=UTC)
+        )
+    cursor = instance.add_post_numbered(
+        max(s.id for s in instance.statuses) + 7, remote, tags=["smallweb"]
+    )
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(
+            request(social, api=social.base_url, software="mastodon", timeline="tag:smallweb")
+        )
+        assert first.cursor_after == cursor.sid
+        instance.delete_post(cursor)
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.error_message) == ((), cursor.sid, None)
+
+
+async def test_a_late_post_as_the_cursor_deleted_leaves_the_cursor_where_it_was(
+    client: httpx.AsyncClient,
+) -> None:
+    # Software that numbers posts by their arrival: the newest arrival, the cursor, was
+    # made half an hour before the posts that came ahead of it (a delivery's delay).
+    # Deleted, those posts are the newest, made after the cursor's post, but there when
+    # the cursor was read: the same numbering.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.12"))
+    made = datetime.now(UTC) - timedelta(hours=2)
+    for n in range(10):
+        instance.add_post_numbered(1000 + n, created_at=made + timedelta(minutes=n))
+    late = instance.add_post_numbered(
+        1010, f"ines@{REMOTE_HOST}", created_at=made - timedelta(minutes=30)
+    )
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(
+            request(social, api=social.base_url, software="friendica", timeline="public")
+        )
+        assert first.cursor_after == late.sid
+        instance.delete_post(late)
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.error_message) == ((), late.sid, None)
+
+
+async def test_a_cursor_read_on_a_clock_since_set_back_leaves_the_ids_to_decide(
+    client: httpx.AsyncClient,
+) -> None:
+    # Read while the instance's clock ran six hours ahead, the cursor's time lies ahead
+    # of the posts made after it once the clock is set right: the instance installed
+    # again (numbered from 1) is told by its numbers, far below the cursor's.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    for _ in range(5):
+        public_local_post(instance)
+    instance.clock_ahead = 6 * 3600.0
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
+        assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+        instance.clock_ahead = 0.0
+        for status in instance.statuses:
+            instance.delete_post(status)
+        now = datetime.now(UTC)
+        fresh = [instance.add_post_numbered(1 + n, created_at=now) for n in range(6)]
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert "numbered far below the cursor" in (check.error_message or "")
+    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in fresh)
 
 
 async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(

@@ -616,9 +616,9 @@ class TimelinePollRequested(Event):
     follow_id: str
     #: The newest post id handled (the API's ``min_id``); None before the first poll.
     cursor: PostId | None = None
-    #: When the cursor's post was made (its ``created_at``): the newest posts made after
+    #: When the cursor was read, on the instance's clock: the newest posts made after
     #: it yet numbered before it are an instance that numbers its posts anew. None when
-    #: not known (a post without a readable time, a chain from a release before).
+    #: not known (a chain from a release before).
     cursor_at: datetime | None = None
     #: Ids of the posts handled in the lookback behind the cursor (the poller reads it
     #: again, for posts that reached the instance after a newer one): not handled twice.
@@ -680,7 +680,7 @@ class TimelinePolled(Event):
     #: new was read or the poll failed: the cursor is never lost).
     cursor_before: Annotated[str, Storable(200)] | None = None
     cursor_after: Annotated[str, Storable(200)] | None = None
-    #: When ``cursor_after``'s post was made, for the next request (as
+    #: When ``cursor_after`` was read, on the instance's clock, for the next request (as
     #: ``TimelinePollRequested.cursor_at``); None when not known.
     cursor_after_at: datetime | None = None
     #: The ids handled in the lookback behind ``cursor_after``, for the next request (as

@@ -24,7 +24,7 @@ What is followed lives in the KV bucket ``trove_follows``, written only by
 compare-and-set. One key per instance (so that "every timeline of it" is one read)
 holds each timeline's current follow (the ``InstanceFollowed`` id, which every poll of
 its chain carries) and its options: only commands write it. One key per timeline holds
-its progress: the last poll handled, with the cursor (and when its post was made), the
+its progress: the last poll handled, with the cursor (and when it was read), the
 ids read behind it and the failures in a row it ended on; only its own polls write it.
 Kept in the instance's key, a poll of any timeline rewrote every timeline of the
 instance, and the polls of its timelines raced each other's writes; the instance's
@@ -387,8 +387,9 @@ class PollProgress(BaseModel):
     poll: int = 0
     polled_id: str | None = None
     cursor: str | None = None
-    #: When the cursor's post was made (the poller tells a timeline numbered anew by
-    #: it); None when not known, as in a record written before it was kept.
+    #: When the cursor was read, on the instance's clock (the poller tells a timeline
+    #: numbered anew by it); None when not known, as in a record written before it was
+    #: kept.
     cursor_at: datetime | None = None
     #: The ids the last poll handled in the lookback behind the cursor (the next reads
     #: it again for late posts, and leaves these alone).

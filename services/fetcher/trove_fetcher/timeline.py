@@ -28,19 +28,23 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   clock, its ``Date`` when within a day of the pods', else ``FUTURE_ID_SLACK_UNTOLD``
   past the pods'; on software not known, one dated so by less than
   ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post.
-  The cursor goes with the time its post was made (``cursor_after_at``: its
-  ``created_at``, None when it gives none readably; the request's ``cursor_at`` while
-  the cursor stays).
+  The cursor goes with when it was read, on the instance's clock (``cursor_after_at``:
+  the time of the answer that held it, ``_instance_time``; the request's ``cursor_at``
+  while the cursor stays).
 * **Numbered anew.** A page after the cursor of ids of the other kind only (or one that
   brings nothing new, on one poll in ``RENUMBERING_CHECK_EVERY``) asks for the newest
   posts. When most are of that kind, or every one sorts at or before the cursor and
-  most were made after the cursor's post (``_made_after``, by more than
+  most were made after it was read (``_made_after``, by more than
   ``MADE_AFTER_SLACK``), the instance numbers its posts anew (other software, or
-  installed again): the poll starts again as a first poll. Made before it, they are a
+  installed again): the poll starts again as a first poll. Made before, they are a
   timeline whose newest post was deleted: the cursor stays, however far below its id
   theirs are (an instance from before Mastodon 2.0 keeps its old posts' serial ids).
-  When the times cannot tell (the cursor's not known, most posts without one), every
-  one a number far below the cursor's (``_numbered_below``) starts it again.
+  When the times cannot tell (the cursor's not known, or later than the instance's
+  clock now; most posts without a time, or dated past that clock), every one a number
+  far below the cursor's (``_numbered_below``) starts it again. When the cursor was
+  read, not when its post was made: software that numbers posts by arrival (Pleroma's
+  flake ids) may hold a late post as the cursor, made before posts that came ahead of
+  it, and a remote author may date a post at any time.
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -215,10 +219,11 @@ SOFTWARE_CHECK_EVERY = 2 * RENUMBERING_CHECK_EVERY
 #: An id dated later, taken as the cursor, would hide the posts made until its time.
 FUTURE_ID_SLACK = 60.0
 FUTURE_ID_SLACK_UNTOLD = 600.0
-#: How much later than the cursor's post a post numbered before it must have been made
-#: to count as made after it (``_made_after``): a post's time and its id come from
-#: different clocks (Mastodon's from the application host's, its id from the
-#: database's), and an instance's hosts keep theirs within a minute of each other.
+#: How much later than the cursor was read a post numbered before it must have been
+#: made to count as made after it (``_made_after``), and how far past the instance's
+#: clock a time may lie and still be believed: the ``Date`` of an answer and a post's
+#: time come from different hosts of the instance (its proxy, its application), which
+#: keep their clocks within a minute of each other.
 MADE_AFTER_SLACK = 60.0
 #: How far ahead of the instance's clock a number of software not known (its NodeInfo
 #: fails) must be dated, read as a snowflake, to be taken for another numbering rather
@@ -287,31 +292,38 @@ def _numbered_below(ids: list[str], cursor: str) -> bool:
 
 
 def _made_after(
-    posts: Sequence[tuple[str, datetime | None]], cursor: str, cursor_at: datetime | None
+    posts: Sequence[tuple[str, datetime | None]],
+    cursor: str,
+    cursor_at: datetime | None,
+    now: datetime,
 ) -> bool | None:
-    """Whether the newest ``posts`` (their ids, and when each was made) are an instance
-    that numbers its posts anew: every one sorts at or before ``cursor``, and most were
-    made after the cursor's post (``cursor_at``, and ``MADE_AFTER_SLACK``). Ids alone
-    cannot tell a change of numbering that stays below the cursor (Pixelfed's numbers
-    to Mastodon's, text to other text, small numbers anew) from a newest post deleted,
-    whose timeline's newest posts are all before the cursor too but were made before
-    it. None when the times cannot tell: the cursor's not known, or most posts without
-    a readable one."""
+    """Whether the newest ``posts`` (their ids, and when each says it was made) are an
+    instance that numbers its posts anew: every one sorts at or before ``cursor``, and
+    most were made after the cursor was read (``cursor_at``, and ``MADE_AFTER_SLACK``).
+    Ids alone cannot tell a change of numbering that stays below the cursor (Pixelfed's
+    numbers to Mastodon's, text to other text, small numbers anew) from a newest post
+    deleted, whose timeline's newest posts are all before the cursor too but were there
+    when it was read. None when the times cannot tell: the cursor's not known, or later
+    than the instance's clock ``now`` (a clock set back since); most posts without a
+    time, or dated past ``now`` (a remote author's clock, or a hostile one)."""
     if cursor_at is None or not posts:
         return None
-    if sum(1 for _, made in posts if made is not None) * 2 <= len(posts):
+    if cursor_at.tzinfo is None:
+        cursor_at = cursor_at.replace(tzinfo=UTC)  # an event's time that says no zone
+    latest = now.timestamp() + MADE_AFTER_SLACK
+    if cursor_at.timestamp() > latest:
+        return None
+    told = [made.timestamp() for _, made in posts if made is not None]
+    told = [made for made in told if made <= latest]
+    if len(told) * 2 <= len(posts):
         return None
     key = id_key(cursor)
     # The cursor's own post among them (or one after it): the instance numbers its
-    # posts as it did. Software that numbers posts by their arrival (Pleroma's flake
-    # ids) may have a late post as the cursor, made long before those that came first.
+    # posts as it did.
     if any(post_id == cursor or id_key(post_id) > key for post_id, _ in posts):
         return False
-    if cursor_at.tzinfo is None:
-        cursor_at = cursor_at.replace(tzinfo=UTC)  # an event's time that says no zone
     after = cursor_at.timestamp() + MADE_AFTER_SLACK
-    made_after = sum(1 for _, made in posts if made is not None and made.timestamp() > after)
-    return made_after * 2 > len(posts)
+    return sum(1 for made in told if made > after) * 2 > len(posts)
 
 
 def dated_after(post_id: str, moment: float) -> bool:
@@ -400,9 +412,6 @@ class Entry:
     post: SharedPost | None = None
     #: A public post skipped because its account opted out: the account's key.
     withdrawn: str | None = None
-    #: When the post was made (kept or skipped), if it says so readably: the cursor's
-    #: time when it is the newest post handled. None for an entry that is no status.
-    created_at: datetime | None = None
 
 
 def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -> Entry:
@@ -437,24 +446,23 @@ def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry
         or any(c.isspace() for c in acct)
     ):
         return Entry(post_id, "malformed")
-    created = _created_at(entry.get("created_at"))
     if entry.get("visibility") != "public" or entry.get("reblog") is not None:
-        return Entry(post_id, "skipped", created_at=created)
+        return Entry(post_id, "skipped")
     absolute = acct if "@" in acct else f"{acct}@{host}"
     if opted_out(account):
-        return Entry(post_id, "skipped", withdrawn=account_key(absolute), created_at=created)
+        return Entry(post_id, "skipped", withdrawn=account_key(absolute))
     try:
         post = SharedPost(
             uri=uri,
             url=_http_url(entry.get("url")),
             account=absolute,
-            shared_at=created,
+            shared_at=_created_at(entry.get("created_at")),
             language=_language(entry.get("language")),
             links=shared_links(entry, host=host, allowed_networks=allowed_networks),
         )
     except pydantic.ValidationError:
         return Entry(post_id, "malformed")
-    return Entry(post_id, "kept", post, created_at=created)
+    return Entry(post_id, "kept", post)
 
 
 def shared_links(
@@ -680,7 +688,7 @@ class _Progress:
 
     cursor: str | None
     budget: int
-    #: When the cursor's post was made (``TimelinePollRequested.cursor_at``).
+    #: When the cursor was read, on the instance's clock (``TimelinePollRequested.cursor_at``).
     cursor_at: datetime | None = None
     #: Read again behind the cursor down to this id (``lookback_floor``), leaving alone
     #: the ``recent`` ids handled there before.
@@ -693,7 +701,7 @@ class _Progress:
     software: str | None = None
     version: str | None = None
     newest: str | None = None
-    #: When ``newest``'s post was made; None when it does not say (or is no status).
+    #: When ``newest`` was read, on the instance's clock.
     newest_at: datetime | None = None
     posts: list[SharedPost] = field(default_factory=list)
     size: int = 0
@@ -725,10 +733,10 @@ class _Progress:
                 seconds if self.retry_after is None else max(self.retry_after, seconds)
             )
 
-    def advance(self, post_id: str, made_at: datetime | None = None) -> None:
-        """``post_id`` handled, made at ``made_at``: the newest, if it is."""
+    def advance(self, post_id: str, read_at: datetime) -> None:
+        """``post_id`` handled, read at ``read_at``: the newest, if it is."""
         if self.newest is None or id_key(post_id) > id_key(self.newest):
-            self.newest, self.newest_at = post_id, made_at
+            self.newest, self.newest_at = post_id, read_at
 
     def of_the_timelines_kind(self, entries: list[Entry]) -> list[Entry]:
         """The entries whose ids are of the timeline's kind (digits, or text), the rest
@@ -1064,7 +1072,7 @@ class TimelinePoller:
                         raise
                     progress.malformed += len(entries)
                     progress.seen.add(passed)
-                    progress.advance(passed)
+                    progress.advance(passed, self._read_at(answer))
                     progress.note = f"a page that cannot be read passed over ({stop.message})"
                     limit, after = self._page_limit, passed
                 elif limit > 1:
@@ -1079,7 +1087,7 @@ class TimelinePoller:
                         raise
                     progress.malformed += 1
                     progress.seen.add(passed)
-                    progress.advance(passed)
+                    progress.advance(passed, self._read_at(stop.answer or answer))
                     progress.note = f"a post that cannot be read passed over ({stop.message})"
                     limit, after = self._page_limit, passed
                 url = timeline_url(api, timeline, limit=limit, min_id=after)
@@ -1120,7 +1128,7 @@ class TimelinePoller:
     ) -> tuple[_Answer, int] | None:
         """The instance's newest page and the posts it was asked with, when most of its
         ids are of the other kind than ``cursor``, or every one sorts at or before it and
-        most were made after the cursor's post (``_made_after``), or, when their times
+        most were made after the cursor was read (``_made_after``), or, when their times
         cannot tell, every one is a number far below it (``_numbered_below``: other
         software numbering from where it started), handed to ``_read_back`` as its first
         page; None when none of these, or the page is refused for what was asked. Told
@@ -1146,14 +1154,14 @@ class TimelinePoller:
         ]
         ids = [post_id for post_id, _ in posts]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
-        # Told by the times when they tell: a newest post deleted leaves posts made
-        # before it, however far below its id theirs are (an instance from before
-        # Mastodon 2.0 keeps its old posts' small serial ids).
-        made_after = _made_after(posts, cursor, progress.cursor_at)
+        # Told by the times when they tell: a newest post deleted leaves posts that were
+        # there when the cursor was read, however far below its id theirs are (an
+        # instance from before Mastodon 2.0 keeps its old posts' small serial ids).
+        made_after = _made_after(posts, cursor, progress.cursor_at, self._read_at(answer))
         if other * 2 > len(ids):
             kind = "in another kind of id"
         elif made_after:
-            kind = "anew, made after the cursor's post but numbered before it,"
+            kind = "anew, made after the cursor was read but numbered before it,"
         elif made_after is None and _numbered_below(ids, cursor):
             kind = "anew, every one numbered far below the cursor,"
         else:
@@ -1214,6 +1222,10 @@ class TimelinePoller:
         # centuries), is most likely Mastodon's on a clock running fast, and as the
         # cursor would hide every post made until its time.
         return dated_after(post_id, moment + OTHER_NUMBERS_AHEAD)
+
+    def _read_at(self, answer: _Answer | None) -> datetime:
+        """When ``answer`` came, on the instance's clock (``_instance_time``)."""
+        return datetime.fromtimestamp(self._instance_time(answer)[0], UTC)
 
     def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
         """The time of ``answer`` on the instance's clock, and whether the instance told
@@ -1413,6 +1425,7 @@ class TimelinePoller:
             progress.page_top = (usable[-1] if oldest_first else usable[0]).id
             progress.page_bottom = (usable[0] if oldest_first else usable[-1]).id
         new = 0
+        read_at = self._read_at(answer)
         # The first page of posts a first poll reads (past any dated ahead only).
         first_page = progress.cursor is None and progress.newest is None
         progress.pages += 1
@@ -1425,7 +1438,7 @@ class TimelinePoller:
             if bound is not None and new >= bound:
                 # Older than the backfill: left alone, but the cursor starts at the newest.
                 if first_page:
-                    progress.advance(entry.id, entry.created_at)
+                    progress.advance(entry.id, read_at)
                 progress.seen.add(entry.id)  # decided: not taken by the next lookback
                 continue
             if entry.verdict == "kept":
@@ -1439,7 +1452,7 @@ class TimelinePoller:
             else:
                 progress.malformed += 1
             progress.seen.add(entry.id)
-            progress.advance(entry.id, entry.created_at)
+            progress.advance(entry.id, read_at)
             new += 1
         return new
 
@@ -1659,7 +1672,7 @@ class TimelinePoller:
         newest = None if failed else progress.newest
         # A late post read behind the cursor never moves it back; a cursor started again
         # (``_Progress.rebase``) is of a new numbering, not compared with the old. The
-        # time goes with the post the cursor is at.
+        # time goes with the cursor: when the poll that moved it there read it.
         if newest is not None and (
             cursor_after is None or progress.rebased or id_key(newest) > id_key(cursor_after)
         ):
