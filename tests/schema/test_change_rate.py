@@ -205,19 +205,6 @@ def test_a_hash_of_the_other_kind_is_a_new_reference_not_a_change(kind: str) -> 
     assert again.visits == ((2 * HOUR, False),)
 
 
-def test_a_visit_timed_before_the_one_before_is_the_next_ones_reference() -> None:
-    # The visit before was timed a day ahead (a clock set back since): this one adds no
-    # observation, but the visits after it are compared with it, from its time.
-    day_ahead = START + timedelta(days=1)
-    ahead = record_visit(None, visited_at=day_ahead, content_hash="a", not_modified=False)
-    behind = record_visit(ahead, visited_at=START, content_hash="b", not_modified=False)
-    assert behind.visits == ()
-    assert (behind.content_hash, behind.visited_at) == ("b", START)
-    later = START + timedelta(hours=2)
-    again = record_visit(behind, visited_at=later, content_hash="b", not_modified=False)
-    assert again.visits == ((2 * HOUR, False),)
-
-
 def test_a_visit_without_a_hash_leaves_the_history_to_the_next_comparable_one() -> None:
     first = record_visit(None, visited_at=START, content_hash="a", not_modified=False)
     later = START + timedelta(hours=1)

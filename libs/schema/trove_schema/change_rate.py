@@ -102,19 +102,15 @@ def record_visit(
         # the whole time since it, which is still a true observation.
         return history
     elapsed = (visited_at - history.visited_at).total_seconds()
-    reference = history.content_hash if not_modified else content_hash
     if elapsed <= 0:
-        # Timed no later than the visit before (that one's clock ahead): no time, so no
-        # evidence; but the reference, or every visit until that time would be dropped
-        # alike, and compared with content older than the visit before it.
-        return history.model_copy(update={"visited_at": visited_at, "content_hash": reference})
+        return history  # a redelivery, or clocks out of order: no time, no evidence
     changed = not not_modified and content_hash != history.content_hash
     visits = (*history.visits, (elapsed, changed))[-MAX_VISITS:]
     return history.model_copy(
         update={
             "visits": visits,
             "visited_at": visited_at,
-            "content_hash": reference,
+            "content_hash": history.content_hash if not_modified else content_hash,
         }
     )
 
