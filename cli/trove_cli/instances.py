@@ -14,6 +14,7 @@ until a time the instance asked for, failing since when and why, unfollowed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from trove_cli.broker import connect
 from trove_cli.outside import outside
 from trove_schema.errors import InvalidURL
+from trove_schema.server_time import server_now
 from trove_schema.settings import CommonSettings
 from trove_schema.topology import (
     FOLLOW_SUBJECT,
@@ -173,14 +175,27 @@ def render_instances(
     console.print(table)
 
 
-async def instances_command(database_url: str, console: Console) -> int:
-    """``trove instances``: the followed timelines and their state."""
+async def instances_command(
+    database_url: str, console: Console, nats_url: str | None = None
+) -> int:
+    """``trove instances``: the followed timelines and their state. A poll's times are
+    nats-server's (the fetchers stamp them so): "now" is read there, when the broker
+    answers, so that a machine an hour off does not show a pause as over or as an hour
+    longer."""
+    now = None
+    if nats_url:
+        with contextlib.suppress(Exception):  # the table is worth showing without it
+            nc = await connect(nats_url)
+            try:
+                now = datetime.fromtimestamp(await server_now(nc), UTC)
+            finally:
+                await nc.close()
     engine = create_async_engine(database_url)
     try:
         timelines = await list_instances(engine)
     finally:
         await engine.dispose()
-    render_instances(timelines, console)
+    render_instances(timelines, console, now=now)
     return 0
 
 

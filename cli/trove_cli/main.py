@@ -230,10 +230,10 @@ async def watch_crawl(
         await ensure_topology(nc.jetstream(), declare(options), owner="cli")
         # The progress, the page limit, the idle check and the report count from here: a
         # state folder kept from earlier crawls holds theirs. The earlier of nats-server's
-        # clock and this machine's: the pods of a cluster joined stamp their attempts on
-        # clocks NTP keeps near the server's, and this machine's own services (`--join`
-        # runs some here) on its own; a laptop minutes ahead of the cluster would count
-        # none of the pods', one behind none of its own.
+        # clock and this machine's: the fetchers stamp their attempts on nats-server's
+        # time, and a discovery replica a page's discovery on its node's (this machine's,
+        # for the services `--join` runs here); a laptop minutes ahead of the cluster
+        # would count none of the attempts, one behind none of its own discoveries.
         began = min(datetime.now(UTC), datetime.fromtimestamp(await server_now(nc), UTC))
         refusals_before = await refusals_so_far(engine)
         if seeds:
@@ -611,11 +611,11 @@ async def cmd_follow(args: argparse.Namespace, settings: CommonSettings) -> int:
 
 
 async def cmd_instances(args: argparse.Namespace, settings: CommonSettings) -> int:
-    _, db_url = _urls(settings)
+    nats_url, db_url = _urls(settings)
     if not db_url:
         console.print("[red]no database: set TROVE_DATABASE_URL or start `trove up`[/red]")
         return 2
-    return await instances_command(db_url, console)
+    return await instances_command(db_url, console, nats_url)
 
 
 async def cmd_domain(args: argparse.Namespace, settings: CommonSettings) -> int:

@@ -7,7 +7,8 @@ import io
 import ipaddress
 import json
 import os
-from datetime import UTC, datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.conftest import StackUrls, eventually
 from tests.support import query, run_trove, sandbox_env, services
+from trove_cli import instances as instances_module
 from trove_cli.instances import (
     follow_command,
+    instances_command,
     list_instances,
     render_instances,
     timelines_never_polled,
@@ -230,6 +233,34 @@ async def test_trove_instances_command_prints_the_table(
     assert row.split()[:4] == ["https://failing.example", "│", "tag:smallweb", "│"]
     assert "akkoma 3.13" in row
     assert "failing since 2026-11-23 11:02:00: timeout" in row
+
+
+async def test_trove_instances_reads_a_pause_on_nats_servers_clock_not_this_machines(
+    stack: StackUrls, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A poll's times are nats-server's (the fetchers stamp them so; one machine here:
+    # the real clock is the server's). A machine an hour ahead must not show a timeline
+    # its instance paused for ten more minutes as no longer paused.
+    paused = follow("https://paused.example")
+    real = datetime.now(UTC)
+    limited = polled(
+        paused, 1, outcome=CrawlOutcome.BLOCKED_4XX, status_code=429, retry_after=600.0
+    ).model_copy(update={"started_at": real - timedelta(seconds=2), "completed_at": real})
+    await project(engine, [paused, limited])
+
+    class HourAhead(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> HourAhead:
+            return cls.fromtimestamp(time.time() + 3600, tz)
+
+    monkeypatch.setattr(instances_module, "datetime", HourAhead)
+    out = io.StringIO()
+
+    code = await instances_command(stack.database_url, Console(file=out, width=250), stack.nats_url)
+
+    assert code == 0
+    row = next(line for line in out.getvalue().splitlines() if "paused.example" in line)
+    assert "paused until" in row, row
 
 
 async def test_the_report_lists_the_most_shared_pages(engine: AsyncEngine) -> None:

@@ -35,8 +35,9 @@ def server_time(answer: bytes) -> float:
 async def server_now(nc: Client) -> float:
     """nats-server's time now, give or take half a round trip, as the work stream's info
     stamps it (the fetchers read theirs there: ``trove_fetcher.clock``); this machine's
-    clock when the server does not say (a server before 2.10, no work stream yet, no
-    JetStream). The account's info (``$JS.API.INFO``) carries no ``ts``."""
+    clock when the server does not say (a server before 2.10, no work stream yet). The
+    account's info (``$JS.API.INFO``) carries no ``ts``. No answer at all (JetStream off,
+    a timeout) raises, as the command's other requests would."""
     sent = time.monotonic()
     try:
         answer = await nc.request(f"$JS.API.STREAM.INFO.{WORK_STREAM}", b"", timeout=5.0)
