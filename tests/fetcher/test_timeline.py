@@ -1295,15 +1295,20 @@ def test_newest_posts_made_after_the_cursor_was_read_tell_a_timeline_numbered_an
     now = read + timedelta(days=1)
     later, earlier = read + timedelta(hours=2), read - timedelta(hours=2)
     assert _made_after([("12", later), ("11", later), ("10", earlier)], cursor, read, now)
-    assert not _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, read, now)
-    # Within a minute: the hosts' clocks, not a later post.
-    within = read + timedelta(seconds=30)
-    assert not _made_after([("12", within), ("11", within)], cursor, read, now)
+    # Made before it was read: the numbering it was read in (a newest post deleted).
+    assert (
+        _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, read, now) is False
+    )
+    # Within minutes of the read: the instance's hosts' clocks, neither after nor before.
+    within = [read + timedelta(minutes=5), read - timedelta(minutes=5)]
+    assert _made_after([("12", within[0]), ("11", within[1])], cursor, read, now) is None
     # The cursor's own post, or one after it, among them: the same numbering.
-    assert not _made_after([(cursor, later), ("12", later), ("11", later)], cursor, read, now)
-    assert not _made_after([("901", later), ("12", later), ("11", later)], cursor, read, now)
-    # Nothing to tell by: the cursor's time unknown, most posts without one, no posts.
+    assert _made_after([(cursor, later), ("12", later), ("11", later)], cursor, read, now) is False
+    assert _made_after([("901", later), ("12", later), ("11", later)], cursor, read, now) is False
+    # Nothing to tell by: the cursor's time or the instance's unknown, most posts without
+    # one, no posts.
     assert _made_after([("12", later), ("11", later)], cursor, None, now) is None
+    assert _made_after([("12", later), ("11", later)], cursor, read, None) is None
     assert _made_after([("12", later), ("11", None), ("10", None)], cursor, read, now) is None
     assert _made_after([], cursor, read, now) is None
     # Posts dated past the instance's clock (an author's clock, a hostile one) say nothing.
@@ -1311,6 +1316,13 @@ def test_newest_posts_made_after_the_cursor_was_read_tell_a_timeline_numbered_an
     assert _made_after([("12", ahead), ("11", ahead), ("10", later)], cursor, read, now) is None
     # Nor does a cursor read later than the instance's clock now (a clock set back).
     assert _made_after([("12", later), ("11", later)], cursor, ahead, now) is None
+    # A snowflake dated before its post's time: made no later than its id says.
+    snowflake = str(int(earlier.timestamp() * 1000) << 16)
+    big_cursor = str(int(now.timestamp() * 1000) << 16)
+    assert (
+        _made_after([(snowflake, later), (snowflake[:-1] + "0", later)], big_cursor, read, now)
+        is False
+    )
     # A time read without its zone is UTC's.
     assert _made_after([("12", later), ("11", later)], cursor, read.replace(tzinfo=None), now)
 
@@ -1574,6 +1586,117 @@ async def test_a_cursor_read_on_a_clock_since_set_back_leaves_the_ids_to_decide(
             instance.delete_post(status)
         now = datetime.now(UTC)
         fresh = [instance.add_post_numbered(1 + n, created_at=now) for n in range(6)]
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert "numbered far below the cursor" in (check.error_message or "")
+    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in fresh)
+
+
+async def test_posts_a_remote_clock_dated_ahead_tell_no_new_numbering(
+    client: httpx.AsyncClient,
+) -> None:
+    # A remote server whose clock runs ten minutes fast: Mastodon numbers its posts by
+    # their arrival and keeps their dates. The cursor among them deleted, an hour later
+    # the newest posts say they were made after the cursor was read; their ids say when
+    # they came.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    remote = f"ines@{REMOTE_HOST}"
+    for _ in range(2):
+        instance.add_post("ada", visibility="public", tags=["smallweb"])
+    fast = datetime.now(UTC) + timedelta(minutes=10)
+    for _ in range(8):
+        arrived = instance.add_post(remote, visibility="public", tags=["smallweb"])
+        instance.delete_post(arrived)
+        instance.add_post_numbered(arrived.id, remote, tags=["smallweb"], created_at=fast)
+    cursor = instance.add_post_numbered(
+        max(s.id for s in instance.statuses) + 7, remote, tags=["smallweb"], created_at=fast
+    )
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(
+            request(social, api=social.base_url, software="mastodon", timeline="tag:smallweb")
+        )
+        assert first.cursor_after == cursor.sid
+        instance.delete_post(cursor)
+        instance.clock_ahead = 3600.0
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.error_message) == ((), cursor.sid, None)
+
+
+async def test_a_date_minutes_off_the_applications_clock_tells_no_new_numbering(
+    client: httpx.AsyncClient,
+) -> None:
+    # The instance's proxy says a Date three minutes behind its application's clock,
+    # which dates the posts; its newest post deleted, the others were made a minute or
+    # two before it was read by the application's clock, after it by the proxy's.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.12"))
+    now = datetime.now(UTC)
+    for n in range(10):
+        instance.add_post_numbered(1000 + n, created_at=now - timedelta(seconds=110 - 3 * n))
+    newest = instance.add_post_numbered(1010, created_at=now)
+    instance.clock_ahead = -180.0
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(request(social, api=social.base_url, software="friendica"))
+        assert first.cursor_after == newest.sid
+        instance.delete_post(newest)
+        instance.clock_ahead = 3600.0 - 180.0  # an hour later
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.error_message) == ((), newest.sid, None)
+
+
+async def test_an_instance_days_fast_whose_newest_post_was_deleted_keeps_its_cursor(
+    client: httpx.AsyncClient,
+) -> None:
+    # Its Date two days ahead is not believed: the pods' clock is no measure of the
+    # times it gives its posts, and the cursor's time is not known. Told by the ids.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.12"))
+    its_now = datetime.now(UTC) + timedelta(days=2)
+    for n in range(10):
+        instance.add_post_numbered(1000 + n, created_at=its_now - timedelta(minutes=50 - 5 * n))
+    newest = instance.add_post_numbered(1010, created_at=its_now)
+    instance.clock_ahead = 2 * 86_400.0
+    async with served(instance) as social:
+        first = await poller(client, max_pages=3, page_limit=4).poll(
+            request(social, api=social.base_url, software="friendica")
+        )
+        assert (first.cursor_after, first.cursor_after_at) == (newest.sid, None)
+        instance.delete_post(newest)
+        later = 2 * 86_400.0 + 3600.0
+        instance.clock_ahead = later + 2 * 86_400.0
+        pods_later = poller(client, max_pages=3, page_limit=4, now=lambda: time.time() + later)
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await pods_later.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.error_message) == ((), newest.sid, None)
+
+
+async def test_an_instance_days_slow_installed_again_is_read_again(
+    client: httpx.AsyncClient,
+) -> None:
+    # Its Date three days behind is not believed; installed again, numbered from 1 by a
+    # clock as slow, it is told by its numbers, far below the cursor's.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    for _ in range(5):
+        public_local_post(instance)
+    instance.clock_ahead = -3 * 86_400.0
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
+        assert first.cursor_after_at is None
+        for status in instance.statuses:
+            instance.delete_post(status)
+        its_now = datetime.now(UTC) - timedelta(days=3)
+        fresh = [instance.add_post_numbered(1 + n, created_at=its_now) for n in range(6)]
         chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
         check = await polls.poll(chain)
 

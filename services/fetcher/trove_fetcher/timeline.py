@@ -29,22 +29,24 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   past the pods'; on software not known, one dated so by less than
   ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post.
   The cursor goes with when it was read, on the instance's clock (``cursor_after_at``:
-  the time of the answer that held it, ``_instance_time``; the request's ``cursor_at``
-  while the cursor stays).
+  the ``Date`` of the answer that held it, when believed, ``_instance_time``; else not
+  known; the request's ``cursor_at`` while the cursor stays).
 * **Numbered anew.** A page after the cursor of ids of the other kind only (or one that
   brings nothing new, on one poll in ``RENUMBERING_CHECK_EVERY``) asks for the newest
   posts. When most are of that kind, or every one sorts at or before the cursor and
   most were made after it was read (``_made_after``, by more than
   ``MADE_AFTER_SLACK``), the instance numbers its posts anew (other software, or
-  installed again): the poll starts again as a first poll. Made before, they are a
-  timeline whose newest post was deleted: the cursor stays, however far below its id
-  theirs are (an instance from before Mastodon 2.0 keeps its old posts' serial ids).
-  When the times cannot tell (the cursor's not known, or later than the instance's
-  clock now; most posts without a time, or dated past that clock), every one a number
-  far below the cursor's (``_numbered_below``) starts it again. When the cursor was
-  read, not when its post was made: software that numbers posts by arrival (Pleroma's
-  flake ids) may hold a late post as the cursor, made before posts that came ahead of
-  it, and a remote author may date a post at any time.
+  installed again): the poll starts again as a first poll. Made before it by as much,
+  they are a timeline whose newest post was deleted: the cursor stays, however far
+  below its id theirs are (an instance from before Mastodon 2.0 keeps its old posts'
+  serial ids). When the times cannot tell (the instance's ``Date`` not believed, the
+  cursor's time not known or later than the instance's clock now; most posts without
+  a time, dated past that clock, or made within the slack of the read), every one a
+  number far below the cursor's (``_numbered_below``) starts it again. When the cursor
+  was read, not when its post was made: software that numbers posts by arrival
+  (Pleroma's flake ids) may hold a late post as the cursor, made before posts that came
+  ahead of it, and a remote author may date a post at any time (a snowflake's own date
+  bounds its post's: Mastodon numbers a post dated ahead by its arrival).
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -219,12 +221,13 @@ SOFTWARE_CHECK_EVERY = 2 * RENUMBERING_CHECK_EVERY
 #: An id dated later, taken as the cursor, would hide the posts made until its time.
 FUTURE_ID_SLACK = 60.0
 FUTURE_ID_SLACK_UNTOLD = 600.0
-#: How much later than the cursor was read a post numbered before it must have been
-#: made to count as made after it (``_made_after``), and how far past the instance's
-#: clock a time may lie and still be believed: the ``Date`` of an answer and a post's
-#: time come from different hosts of the instance (its proxy, its application), which
-#: keep their clocks within a minute of each other.
-MADE_AFTER_SLACK = 60.0
+#: How much later (or earlier) than the cursor was read a post numbered before it must
+#: have been made to count as made after (before) it (``_made_after``), and how far past
+#: the instance's clock a time may lie and still be believed: the ``Date`` of an answer
+#: and a post's time come from different hosts of the instance (its proxy, its
+#: application), whose clocks may be minutes apart. A new numbering is told a little
+#: later for it: its posts made in the first minutes after the read count for neither.
+MADE_AFTER_SLACK = 600.0
 #: How far ahead of the instance's clock a number of software not known (its NodeInfo
 #: fails) must be dated, read as a snowflake, to be taken for another numbering rather
 #: than Mastodon's on a fast clock: Pixelfed's read as centuries ahead, a clock is not
@@ -295,35 +298,49 @@ def _made_after(
     posts: Sequence[tuple[str, datetime | None]],
     cursor: str,
     cursor_at: datetime | None,
-    now: datetime,
+    now: datetime | None,
 ) -> bool | None:
     """Whether the newest ``posts`` (their ids, and when each says it was made) are an
-    instance that numbers its posts anew: every one sorts at or before ``cursor``, and
-    most were made after the cursor was read (``cursor_at``, and ``MADE_AFTER_SLACK``).
-    Ids alone cannot tell a change of numbering that stays below the cursor (Pixelfed's
-    numbers to Mastodon's, text to other text, small numbers anew) from a newest post
-    deleted, whose timeline's newest posts are all before the cursor too but were there
-    when it was read. None when the times cannot tell: the cursor's not known, or later
-    than the instance's clock ``now`` (a clock set back since); most posts without a
-    time, or dated past ``now`` (a remote author's clock, or a hostile one)."""
-    if cursor_at is None or not posts:
+    instance that numbers its posts anew (True) or the numbering the cursor was read in
+    (False): every one sorts at or before ``cursor``, and most were made more than
+    ``MADE_AFTER_SLACK`` after the cursor was read (``cursor_at``), or most before it by
+    as much. Ids alone cannot tell a change of numbering that stays below the cursor
+    (Pixelfed's numbers to Mastodon's, text to other text, small numbers anew) from a
+    newest post deleted, whose timeline's newest posts are all before the cursor too
+    but were there when it was read. None when the times cannot tell: the instance did
+    not say its time (``now``) or the cursor's is not known, or later than ``now`` (a
+    clock set back since); most posts neither clearly after nor clearly before. A post
+    dated past ``now`` says nothing (a remote author's clock, or a hostile one), and one
+    whose id is a snowflake dated before its time was made no later than its id says
+    (Mastodon numbers a remote post dated ahead by its arrival)."""
+    if cursor_at is None or now is None or not posts:
         return None
     if cursor_at.tzinfo is None:
         cursor_at = cursor_at.replace(tzinfo=UTC)  # an event's time that says no zone
     latest = now.timestamp() + MADE_AFTER_SLACK
-    if cursor_at.timestamp() > latest:
-        return None
-    told = [made.timestamp() for _, made in posts if made is not None]
-    told = [made for made in told if made <= latest]
-    if len(told) * 2 <= len(posts):
+    read = cursor_at.timestamp()
+    if read > latest:
         return None
     key = id_key(cursor)
     # The cursor's own post among them (or one after it): the instance numbers its
     # posts as it did.
     if any(post_id == cursor or id_key(post_id) > key for post_id, _ in posts):
         return False
-    after = cursor_at.timestamp() + MADE_AFTER_SLACK
-    return sum(1 for made in told if made > after) * 2 > len(posts)
+    after = before = 0
+    for post_id, made in posts:
+        if made is None or made.timestamp() > latest:
+            continue
+        moment = made.timestamp()
+        number = _snowflake(post_id)
+        if number is not None and (number >> 16) / 1000 <= latest:
+            moment = min(moment, (number >> 16) / 1000)
+        after += moment > read + MADE_AFTER_SLACK
+        before += moment < read - MADE_AFTER_SLACK
+    if after * 2 > len(posts):
+        return True
+    if before * 2 > len(posts):
+        return False
+    return None
 
 
 def dated_after(post_id: str, moment: float) -> bool:
@@ -733,7 +750,7 @@ class _Progress:
                 seconds if self.retry_after is None else max(self.retry_after, seconds)
             )
 
-    def advance(self, post_id: str, read_at: datetime) -> None:
+    def advance(self, post_id: str, read_at: datetime | None) -> None:
         """``post_id`` handled, read at ``read_at``: the newest, if it is."""
         if self.newest is None or id_key(post_id) > id_key(self.newest):
             self.newest, self.newest_at = post_id, read_at
@@ -1223,9 +1240,12 @@ class TimelinePoller:
         # cursor would hide every post made until its time.
         return dated_after(post_id, moment + OTHER_NUMBERS_AHEAD)
 
-    def _read_at(self, answer: _Answer | None) -> datetime:
-        """When ``answer`` came, on the instance's clock (``_instance_time``)."""
-        return datetime.fromtimestamp(self._instance_time(answer)[0], UTC)
+    def _read_at(self, answer: _Answer | None) -> datetime | None:
+        """When ``answer`` came, on the instance's clock, when its ``Date`` says so
+        (``_instance_time``); None when it does not: the pods' clock is no measure of
+        the times the instance gives its posts."""
+        moment, told = self._instance_time(answer)
+        return datetime.fromtimestamp(moment, UTC) if told else None
 
     def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
         """The time of ``answer`` on the instance's clock, and whether the instance told
