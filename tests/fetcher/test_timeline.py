@@ -1295,34 +1295,30 @@ def test_newest_posts_made_after_the_cursor_was_read_tell_a_timeline_numbered_an
     now = read + timedelta(days=1)
     later, earlier = read + timedelta(hours=2), read - timedelta(hours=2)
     assert _made_after([("12", later), ("11", later), ("10", earlier)], cursor, read, now)
-    # Made before it was read: the numbering it was read in (a newest post deleted).
-    assert (
-        _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, read, now) is False
-    )
-    # Within minutes of the read: the instance's hosts' clocks, neither after nor before.
-    within = [read + timedelta(minutes=5), read - timedelta(minutes=5)]
-    assert _made_after([("12", within[0]), ("11", within[1])], cursor, read, now) is None
+    # Made before it was read: a newest post deleted, or the times say nothing.
+    assert not _made_after([("12", later), ("11", earlier), ("10", earlier)], cursor, read, now)
+    # Within minutes of the read: the instance's hosts' clocks, not a later post.
+    within = read + timedelta(minutes=5)
+    assert not _made_after([("12", within), ("11", within)], cursor, read, now)
     # The cursor's own post, or one after it, among them: the same numbering.
-    assert _made_after([(cursor, later), ("12", later), ("11", later)], cursor, read, now) is False
-    assert _made_after([("901", later), ("12", later), ("11", later)], cursor, read, now) is False
+    assert not _made_after([(cursor, later), ("12", later), ("11", later)], cursor, read, now)
+    assert not _made_after([("901", later), ("12", later), ("11", later)], cursor, read, now)
     # Nothing to tell by: the cursor's time or the instance's unknown, most posts without
     # one, no posts.
-    assert _made_after([("12", later), ("11", later)], cursor, None, now) is None
-    assert _made_after([("12", later), ("11", later)], cursor, read, None) is None
-    assert _made_after([("12", later), ("11", None), ("10", None)], cursor, read, now) is None
-    assert _made_after([], cursor, read, now) is None
+    assert not _made_after([("12", later), ("11", later)], cursor, None, now)
+    assert not _made_after([("12", later), ("11", later)], cursor, read, None)
+    assert not _made_after([("12", later), ("11", None), ("10", None)], cursor, read, now)
+    assert not _made_after([], cursor, read, now)
     # Posts dated past the instance's clock (an author's clock, a hostile one) say nothing.
     ahead = now + timedelta(hours=1)
-    assert _made_after([("12", ahead), ("11", ahead), ("10", later)], cursor, read, now) is None
+    assert not _made_after([("12", ahead), ("11", ahead), ("10", later)], cursor, read, now)
     # Nor does a cursor read later than the instance's clock now (a clock set back).
-    assert _made_after([("12", later), ("11", later)], cursor, ahead, now) is None
+    assert not _made_after([("12", later), ("11", later)], cursor, ahead, now)
     # A snowflake dated before its post's time: made no later than its id says.
-    snowflake = str(int(earlier.timestamp() * 1000) << 16)
-    big_cursor = str(int(now.timestamp() * 1000) << 16)
-    assert (
-        _made_after([(snowflake, later), (snowflake[:-1] + "0", later)], big_cursor, read, now)
-        is False
-    )
+    snowflake = int(earlier.timestamp() * 1000) << 16
+    big = str(int(now.timestamp() * 1000) << 16)
+    assert not _made_after([(str(snowflake + 1), later), (str(snowflake), later)], big, read, now)
+    assert _made_after([("12", later), ("11", later)], big, read, now)
     # A time read without its zone is UTC's.
     assert _made_after([("12", later), ("11", later)], cursor, read.replace(tzinfo=None), now)
 
@@ -1333,8 +1329,8 @@ async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
     client: httpx.AsyncClient, timeline: str, timed: bool
 ) -> None:
     # Its newest posts all come before the cursor now, a little, and were made before
-    # it was read. A chain that does not know when (from a release before) tells so by
-    # the ids alone: not a change of scale, no other numbering.
+    # it was read: not a change of scale, no other numbering. A chain that does not
+    # know when it was read (from a release before) learns it from the poll's answer.
     instance = FediverseInstance.generate(posts=0, seed=11)
     tags = ["smallweb"] if timeline.startswith("tag:") else None
     for _ in range(12):
@@ -1352,7 +1348,9 @@ async def test_a_timeline_whose_newest_post_was_deleted_is_not_read_again(
 
     assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
     assert (check.posts, check.cursor_after, check.api) == ((), newest.sid, social.base_url)
-    assert check.cursor_after_at == (first.cursor_after_at if timed else None)
+    assert check.cursor_after_at is not None
+    if timed:
+        assert check.cursor_after_at == first.cursor_after_at
 
 
 async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_cursor(
@@ -1368,44 +1366,6 @@ async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_curso
 
     assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
     assert (event.posts, event.cursor_after, event.software) == ((), posts[-1].sid, "pixelfed")
-
-
-@pytest.mark.parametrize("timed", [True, False], ids=["timed", "untimed"])
-async def test_an_instance_from_before_mastodon_2_whose_newest_post_was_deleted_keeps_its_cursor(
-    client: httpx.AsyncClient, timed: bool
-) -> None:
-    # Mastodon before 2.0 numbered posts 1, 2, 3...: an old instance keeps those ids for
-    # its old posts, far below its snowflakes. Its only recent post deleted, its newest
-    # posts are all numbers far below the cursor, as other software's would be, but made
-    # years before the cursor was read: the cursor stays. A chain that does not know
-    # when it was read has the ids alone, which tell the two apart no better than
-    # before: it starts again.
-    instance = FediverseInstance.generate(posts=0, seed=3)
-    for n in range(6):
-        instance.add_post_numbered(100 + n, created_at=datetime(2017, 6, 1 + n, tzinfo=UTC))
-    async with served(instance) as social:
-        recent = public_local_post(instance)
-        polls = poller(client, max_pages=3, page_limit=4)
-        start = time.time()
-        first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
-        assert first.cursor_after == recent.sid
-        assert read_between(first, start, time.time())
-        instance.delete_post(recent)
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        if not timed:
-            chain = chain.model_copy(update={"cursor_at": None})
-        check = await polls.poll(chain)
-
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    if timed:
-        assert (check.posts, check.cursor_after, check.cursor_after_at) == (
-            (),
-            recent.sid,
-            first.cursor_after_at,
-        )
-    else:
-        assert "numbered far below the cursor" in (check.error_message or "")
-        assert check.cursor_after == "105"
 
 
 async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again(
@@ -1438,6 +1398,66 @@ async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again
     assert first.cursor_after == posts[-1].sid
     assert read_between(first, start, end)
     assert (uris(second), second.software) == ([instance.status_uri(later)], "mastodon")
+
+
+async def test_a_chain_that_did_not_know_when_its_cursor_was_read_tells_a_move_by_its_time(
+    client: httpx.AsyncClient,
+) -> None:
+    # A chain from a release before, on an instance that runs Mastodon now after
+    # Pixelfed (its numbers below the cursor, not by a change of scale): a poll learns
+    # when the cursor was read from its answer, and a check once the new software's
+    # posts made since fill most of its newest page starts again from them.
+    instance = FediverseInstance.generate(posts=0, seed=3)
+    cursor = str(pixelfed_id(21 * 86_400, 0))
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=4)
+        chain = request(social, cursor=cursor, api=social.base_url, software="pixelfed")
+        quiet = await polls.poll(chain)
+        assert (quiet.cursor_after, quiet.posts) == (cursor, ())
+        assert quiet.cursor_after_at is not None
+        instance.clock_ahead = 3600.0
+        made = datetime.now(UTC) + timedelta(minutes=30)
+        snowflake = int(made.timestamp() * 1000) << 16
+        posts = [instance.add_post_numbered(snowflake + n, created_at=made) for n in range(6)]
+        assert int(posts[-1].sid) < int(cursor)
+        assert not _numbered_below([posts[0].sid], cursor)
+        after = request(social, after=quiet)
+        check = await polls.poll(after.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert "made after the cursor was read" in (check.error_message or "")
+    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in posts)
+
+
+async def test_posts_made_before_the_cursor_was_read_keep_no_move_from_its_ids(
+    client: httpx.AsyncClient,
+) -> None:
+    # Mastodon's cursor read an hour ago; the instance runs Friendica now, whose newest
+    # page holds five posts a month old (imported, fetched as a thread's context) and
+    # three new: the times tell nothing, the numbers far below the cursor's do.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.12"))
+    now = datetime.now(UTC)
+    old = [
+        instance.add_post_numbered(1 + n, created_at=now - timedelta(days=30 - n)) for n in range(5)
+    ]
+    new = [
+        instance.add_post_numbered(10 + n, created_at=now - timedelta(minutes=30 - n))
+        for n in range(3)
+    ]
+    async with served(instance) as social:
+        chain = request(
+            social,
+            cursor=mastodon_id(3600),
+            cursor_at=now - timedelta(hours=1),
+            api=social.base_url,
+            software="mastodon",
+        )
+        polls = poller(client, max_pages=3, page_limit=8)
+        check = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert "numbered far below the cursor" in (check.error_message or "")
+    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in old + new)
 
 
 async def test_text_ids_onto_other_text_ids_sorting_before_the_cursor_are_read_again(
@@ -1656,8 +1676,8 @@ async def test_a_date_minutes_off_the_applications_clock_tells_no_new_numbering(
 async def test_an_instance_days_fast_whose_newest_post_was_deleted_keeps_its_cursor(
     client: httpx.AsyncClient,
 ) -> None:
-    # Its Date two days ahead is not believed: the pods' clock is no measure of the
-    # times it gives its posts, and the cursor's time is not known. Told by the ids.
+    # Its Date two days ahead and its posts' times are on the same clock: its posts
+    # were made before its cursor was read, however far its clock is from the pods'.
     instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.12"))
     its_now = datetime.now(UTC) + timedelta(days=2)
     for n in range(10):
@@ -1668,7 +1688,7 @@ async def test_an_instance_days_fast_whose_newest_post_was_deleted_keeps_its_cur
         first = await poller(client, max_pages=3, page_limit=4).poll(
             request(social, api=social.base_url, software="friendica")
         )
-        assert (first.cursor_after, first.cursor_after_at) == (newest.sid, None)
+        assert first.cursor_after == newest.sid
         instance.delete_post(newest)
         later = 2 * 86_400.0 + 3600.0
         instance.clock_ahead = later + 2 * 86_400.0
@@ -1683,7 +1703,7 @@ async def test_an_instance_days_fast_whose_newest_post_was_deleted_keeps_its_cur
 async def test_an_instance_days_slow_installed_again_is_read_again(
     client: httpx.AsyncClient,
 ) -> None:
-    # Its Date three days behind is not believed; installed again, numbered from 1 by a
+    # Its Date three days behind; installed again minutes later, numbered from 1 by a
     # clock as slow, it is told by its numbers, far below the cursor's.
     instance = FediverseInstance.generate(posts=0, seed=3)
     for _ in range(5):
@@ -1692,7 +1712,6 @@ async def test_an_instance_days_slow_installed_again_is_read_again(
     async with served(instance) as social:
         polls = poller(client, max_pages=3, page_limit=4)
         first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
-        assert first.cursor_after_at is None
         for status in instance.statuses:
             instance.delete_post(status)
         its_now = datetime.now(UTC) - timedelta(days=3)

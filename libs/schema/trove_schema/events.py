@@ -618,8 +618,7 @@ class TimelinePollRequested(Event):
     cursor: PostId | None = None
     #: When the cursor was read, on the instance's clock: the newest posts made after
     #: it yet numbered before it are an instance that numbers its posts anew. None when
-    #: not known (an instance whose ``Date`` is not believed, a chain from a release
-    #: before).
+    #: not known (an answer without a ``Date``, a chain from a release before).
     cursor_at: datetime | None = None
     #: Ids of the posts handled in the lookback behind the cursor (the poller reads it
     #: again, for posts that reached the instance after a newer one): not handled twice.

@@ -29,24 +29,24 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   past the pods'; on software not known, one dated so by less than
   ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post.
   The cursor goes with when it was read, on the instance's clock (``cursor_after_at``:
-  the ``Date`` of the answer that held it, when believed, ``_instance_time``; else not
-  known; the request's ``cursor_at`` while the cursor stays).
+  the ``Date`` of the answer that held it, ``_read_at``; the request's ``cursor_at``
+  while the cursor stays; a chain that does not know it takes it from the answer to
+  the page after its cursor).
 * **Numbered anew.** A page after the cursor of ids of the other kind only (or one that
   brings nothing new, on one poll in ``RENUMBERING_CHECK_EVERY``) asks for the newest
   posts. When most are of that kind, or every one sorts at or before the cursor and
   most were made after it was read (``_made_after``, by more than
-  ``MADE_AFTER_SLACK``), the instance numbers its posts anew (other software, or
-  installed again): the poll starts again as a first poll. Made before it by as much,
-  they are a timeline whose newest post was deleted: the cursor stays, however far
-  below its id theirs are (an instance from before Mastodon 2.0 keeps its old posts'
-  serial ids). When the times cannot tell (the instance's ``Date`` not believed, the
-  cursor's time not known or later than the instance's clock now; most posts without
-  a time, dated past that clock, or made within the slack of the read), every one a
-  number far below the cursor's (``_numbered_below``) starts it again. When the cursor
-  was read, not when its post was made: software that numbers posts by arrival
+  ``MADE_AFTER_SLACK``), or every one is a number far below the cursor's
+  (``_numbered_below``: other software numbering from where it started), the instance
+  numbers its posts anew (other software, or installed again): the poll starts again
+  as a first poll. The times tell what ids alone cannot (Pixelfed's numbers to
+  Mastodon's, text to other text, small numbers anew, all a little below the cursor,
+  as a newest post deleted leaves them), and never keep the ids from telling. When the
+  cursor was read, not when its post was made: software that numbers posts by arrival
   (Pleroma's flake ids) may hold a late post as the cursor, made before posts that came
-  ahead of it, and a remote author may date a post at any time (a snowflake's own date
-  bounds its post's: Mastodon numbers a post dated ahead by its arrival).
+  ahead of it, and a remote author may date a post at any time (a post dated past the
+  instance's clock says nothing; a snowflake's own date bounds its post's: Mastodon
+  numbers a post dated ahead by its arrival).
 * **A lookback on timelines of other instances' posts** (``public``, tags). Mastodon
   numbers a post from elsewhere by the time it was published, not by its arrival: one
   that arrives after a newer post was read lands behind the cursor. A poll of such a
@@ -221,12 +221,12 @@ SOFTWARE_CHECK_EVERY = 2 * RENUMBERING_CHECK_EVERY
 #: An id dated later, taken as the cursor, would hide the posts made until its time.
 FUTURE_ID_SLACK = 60.0
 FUTURE_ID_SLACK_UNTOLD = 600.0
-#: How much later (or earlier) than the cursor was read a post numbered before it must
-#: have been made to count as made after (before) it (``_made_after``), and how far past
-#: the instance's clock a time may lie and still be believed: the ``Date`` of an answer
-#: and a post's time come from different hosts of the instance (its proxy, its
-#: application), whose clocks may be minutes apart. A new numbering is told a little
-#: later for it: its posts made in the first minutes after the read count for neither.
+#: How much later than the cursor was read a post numbered before it must have been
+#: made to count as made after it (``_made_after``), and how far past the instance's
+#: clock a time may lie and still be believed: the ``Date`` of an answer and a post's
+#: time come from different hosts of the instance (its proxy, its application), whose
+#: clocks may be minutes apart. A new numbering is told a little later for it: its
+#: posts made in the first minutes after the read do not count.
 MADE_AFTER_SLACK = 600.0
 #: How far ahead of the instance's clock a number of software not known (its NodeInfo
 #: fails) must be dated, read as a snowflake, to be taken for another numbering rather
@@ -299,34 +299,33 @@ def _made_after(
     cursor: str,
     cursor_at: datetime | None,
     now: datetime | None,
-) -> bool | None:
+) -> bool:
     """Whether the newest ``posts`` (their ids, and when each says it was made) are an
-    instance that numbers its posts anew (True) or the numbering the cursor was read in
-    (False): every one sorts at or before ``cursor``, and most were made more than
-    ``MADE_AFTER_SLACK`` after the cursor was read (``cursor_at``), or most before it by
-    as much. Ids alone cannot tell a change of numbering that stays below the cursor
-    (Pixelfed's numbers to Mastodon's, text to other text, small numbers anew) from a
-    newest post deleted, whose timeline's newest posts are all before the cursor too
-    but were there when it was read. None when the times cannot tell: the instance did
-    not say its time (``now``) or the cursor's is not known, or later than ``now`` (a
-    clock set back since); most posts neither clearly after nor clearly before. A post
-    dated past ``now`` says nothing (a remote author's clock, or a hostile one), and one
-    whose id is a snowflake dated before its time was made no later than its id says
-    (Mastodon numbers a remote post dated ahead by its arrival)."""
+    instance that numbers its posts anew: every one sorts at or before ``cursor``, and
+    most were made more than ``MADE_AFTER_SLACK`` after the cursor was read
+    (``cursor_at``). Ids alone cannot tell a change of numbering that stays below the
+    cursor (Pixelfed's numbers to Mastodon's, text to other text, small numbers anew)
+    from a newest post deleted, whose timeline's newest posts are all before the cursor
+    too but were there when it was read. False when the times cannot tell: the
+    instance's time (``now``) or the cursor's not known, or the cursor's later than
+    ``now`` (a clock set back since). A post dated past ``now`` says nothing (a remote
+    author's clock, or a hostile one), and one whose id is a snowflake dated before its
+    time was made no later than its id says (Mastodon numbers a remote post dated ahead
+    by its arrival). Only ever a reason to start again: the ids' own rules stand."""
     if cursor_at is None or now is None or not posts:
-        return None
+        return False
     if cursor_at.tzinfo is None:
         cursor_at = cursor_at.replace(tzinfo=UTC)  # an event's time that says no zone
     latest = now.timestamp() + MADE_AFTER_SLACK
-    read = cursor_at.timestamp()
-    if read > latest:
-        return None
+    after = cursor_at.timestamp() + MADE_AFTER_SLACK
+    if after > latest:
+        return False
     key = id_key(cursor)
     # The cursor's own post among them (or one after it): the instance numbers its
     # posts as it did.
     if any(post_id == cursor or id_key(post_id) > key for post_id, _ in posts):
         return False
-    after = before = 0
+    made_after = 0
     for post_id, made in posts:
         if made is None or made.timestamp() > latest:
             continue
@@ -334,13 +333,8 @@ def _made_after(
         number = _snowflake(post_id)
         if number is not None and (number >> 16) / 1000 <= latest:
             moment = min(moment, (number >> 16) / 1000)
-        after += moment > read + MADE_AFTER_SLACK
-        before += moment < read - MADE_AFTER_SLACK
-    if after * 2 > len(posts):
-        return True
-    if before * 2 > len(posts):
-        return False
-    return None
+        made_after += moment > after
+    return made_after * 2 > len(posts)
 
 
 def dated_after(post_id: str, moment: float) -> bool:
@@ -1072,6 +1066,11 @@ class TimelinePoller:
             entries: list[Any] = []
             try:
                 answer = await self._get_json(url, progress)
+                if page == 0 and progress.cursor_at is None:
+                    # The cursor was this chain's when the page after it came: a time to
+                    # tell a new numbering by, for a chain that did not know when it was
+                    # read (one from a release before, an answer without a Date).
+                    progress.cursor_at = self._read_at(answer)
                 entries = self._entries(answer)
                 new = await self._take(answer, entries, host, progress, oldest_first=True)
             except _Stop as stop:
@@ -1171,15 +1170,11 @@ class TimelinePoller:
         ]
         ids = [post_id for post_id, _ in posts]
         other = sum(1 for post_id in ids if id_key(post_id)[0] != id_key(cursor)[0])
-        # Told by the times when they tell: a newest post deleted leaves posts that were
-        # there when the cursor was read, however far below its id theirs are (an
-        # instance from before Mastodon 2.0 keeps its old posts' small serial ids).
-        made_after = _made_after(posts, cursor, progress.cursor_at, self._read_at(answer))
         if other * 2 > len(ids):
             kind = "in another kind of id"
-        elif made_after:
+        elif _made_after(posts, cursor, progress.cursor_at, self._read_at(answer)):
             kind = "anew, made after the cursor was read but numbered before it,"
-        elif made_after is None and _numbered_below(ids, cursor):
+        elif _numbered_below(ids, cursor):
             kind = "anew, every one numbered far below the cursor,"
         else:
             return None
@@ -1240,12 +1235,20 @@ class TimelinePoller:
         # cursor would hide every post made until its time.
         return dated_after(post_id, moment + OTHER_NUMBERS_AHEAD)
 
-    def _read_at(self, answer: _Answer | None) -> datetime | None:
-        """When ``answer`` came, on the instance's clock, when its ``Date`` says so
-        (``_instance_time``); None when it does not: the pods' clock is no measure of
-        the times the instance gives its posts."""
-        moment, told = self._instance_time(answer)
-        return datetime.fromtimestamp(moment, UTC) if told else None
+    @staticmethod
+    def _read_at(answer: _Answer | None) -> datetime | None:
+        """When ``answer`` came, as its ``Date`` says, however far from the pods' clock:
+        compared only with the times the instance gives its posts, on the same clock.
+        None without one: the pods' clock is no measure of those."""
+        date = answer.headers.get("date") if answer is not None else None
+        if not date:
+            return None
+        try:
+            said = parsedate_to_datetime(date)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        # "-0000": UTC, said to carry no zone.
+        return said.replace(tzinfo=UTC) if said.tzinfo is None else said
 
     def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
         """The time of ``answer`` on the instance's clock, and whether the instance told
@@ -1256,15 +1259,9 @@ class TimelinePoller:
         clock that jumped) would let any id be the cursor, and one years behind would
         leave every post aside for good."""
         now = self._now()
-        date = answer.headers.get("date") if answer is not None else None
-        if not date:
+        said = self._read_at(answer)
+        if said is None:
             return now, False
-        try:
-            said = parsedate_to_datetime(date)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return now, False
-        if said.tzinfo is None:  # "-0000": UTC, said to carry no zone
-            said = said.replace(tzinfo=UTC)
         moment = said.timestamp()
         return (moment, True) if abs(moment - now) <= MAX_CLOCK_SKEW else (now, False)
 
@@ -1688,7 +1685,7 @@ class TimelinePoller:
             "rate_limited": progress.rate_spent or status in (429, 503),
         }
         cursor_after = request.cursor
-        cursor_after_at = request.cursor_at if cursor_after is not None else None
+        cursor_after_at = progress.cursor_at if cursor_after is not None else None
         newest = None if failed else progress.newest
         # A late post read behind the cursor never moves it back; a cursor started again
         # (``_Progress.rebase``) is of a new numbering, not compared with the old. The
