@@ -1400,21 +1400,27 @@ async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again
     assert (uris(second), second.software) == ([instance.status_uri(later)], "mastodon")
 
 
+@pytest.mark.parametrize("known", [None, 400.0], ids=["not-known", "400-days-ahead"])
 async def test_a_chain_that_did_not_know_when_its_cursor_was_read_tells_a_move_by_its_time(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, known: float | None
 ) -> None:
-    # A chain from a release before, on an instance that runs Mastodon now after
-    # Pixelfed (its numbers below the cursor, not by a change of scale): a poll learns
-    # when the cursor was read from its answer, and a check once the new software's
-    # posts made since fill most of its newest page starts again from them.
+    # A chain from a release before (or one that took its time from a Date far ahead),
+    # on an instance that runs Mastodon now after Pixelfed (its numbers below the
+    # cursor, not by a change of scale): a poll learns when the cursor was its own from
+    # its answer, and a check once the new software's posts made since fill most of its
+    # newest page starts again from them.
     instance = FediverseInstance.generate(posts=0, seed=3)
     cursor = str(pixelfed_id(21 * 86_400, 0))
+    cursor_at = None if known is None else datetime.now(UTC) + timedelta(days=known)
     async with served(instance) as social:
         polls = poller(client, max_pages=3, page_limit=4)
-        chain = request(social, cursor=cursor, api=social.base_url, software="pixelfed")
+        chain = request(
+            social, cursor=cursor, cursor_at=cursor_at, api=social.base_url, software="pixelfed"
+        )
+        start = time.time()
         quiet = await polls.poll(chain)
         assert (quiet.cursor_after, quiet.posts) == (cursor, ())
-        assert quiet.cursor_after_at is not None
+        assert read_between(quiet, start, time.time())
         instance.clock_ahead = 3600.0
         made = datetime.now(UTC) + timedelta(minutes=30)
         snowflake = int(made.timestamp() * 1000) << 16
@@ -1671,6 +1677,32 @@ async def test_a_date_minutes_off_the_applications_clock_tells_no_new_numbering(
 
     assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
     assert (check.posts, check.cursor_after, check.error_message) == ((), newest.sid, None)
+
+
+async def test_a_date_days_behind_at_the_read_tells_nothing_once_set_right(
+    client: httpx.AsyncClient,
+) -> None:
+    # The answer that held the cursor came from a host whose clock ran three days
+    # behind (started without it); set right, the posts made before the read look made
+    # days after it. Not believed at the read, the Date leaves the ids to tell.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=("friendica", "2024.12"))
+    now = datetime.now(UTC)
+    posts = [
+        instance.add_post_numbered(100 + n, created_at=now - timedelta(minutes=60 - 5 * n))
+        for n in range(10)
+    ]
+    async with served(instance) as social:
+        instance.clock_ahead = -3 * 86_400.0
+        polls = poller(client, max_pages=3, page_limit=4)
+        first = await polls.poll(request(social, api=social.base_url, software="friendica"))
+        assert first.cursor_after == posts[-1].sid
+        instance.delete_post(posts[-1])
+        instance.clock_ahead = 0.0
+        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
+        check = await polls.poll(chain)
+
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert (check.posts, check.cursor_after, check.error_message) == ((), posts[-1].sid, None)
 
 
 async def test_an_instance_days_fast_whose_newest_post_was_deleted_keeps_its_cursor(

@@ -29,9 +29,10 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   past the pods'; on software not known, one dated so by less than
   ``OTHER_NUMBERS_AHEAD``) is malformed: as the cursor it would hide every later post.
   The cursor goes with when it was read, on the instance's clock (``cursor_after_at``:
-  the ``Date`` of the answer that held it, ``_read_at``; the request's ``cursor_at``
-  while the cursor stays; a chain that does not know it takes it from the answer to
-  the page after its cursor).
+  the ``Date`` of the answer that held it, when believed, ``_read_at``; the request's
+  ``cursor_at`` while the cursor stays; a chain that does not know it, or knows one
+  later than the instance's clock, takes it from the answer to the page after its
+  cursor).
 * **Numbered anew.** A page after the cursor of ids of the other kind only (or one that
   brings nothing new, on one poll in ``RENUMBERING_CHECK_EVERY``) asks for the newest
   posts. When most are of that kind, or every one sorts at or before the cursor and
@@ -314,10 +315,8 @@ def _made_after(
     by its arrival). Only ever a reason to start again: the ids' own rules stand."""
     if cursor_at is None or now is None or not posts:
         return False
-    if cursor_at.tzinfo is None:
-        cursor_at = cursor_at.replace(tzinfo=UTC)  # an event's time that says no zone
     latest = now.timestamp() + MADE_AFTER_SLACK
-    after = cursor_at.timestamp() + MADE_AFTER_SLACK
+    after = _in_utc(cursor_at).timestamp() + MADE_AFTER_SLACK
     if after > latest:
         return False
     key = id_key(cursor)
@@ -335,6 +334,11 @@ def _made_after(
             moment = min(moment, (number >> 16) / 1000)
         made_after += moment > after
     return made_after * 2 > len(posts)
+
+
+def _in_utc(moment: datetime) -> datetime:
+    """``moment``, a time without a zone read as UTC's (an event's, hand-published)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
 def dated_after(post_id: str, moment: float) -> bool:
@@ -744,6 +748,17 @@ class _Progress:
                 seconds if self.retry_after is None else max(self.retry_after, seconds)
             )
 
+    def knows_its_cursor_by(self, moment: datetime | None) -> None:
+        """The cursor was this chain's at ``moment`` (the page after it came then): a
+        time to tell a new numbering by, for a chain that did not know when it was read
+        (one from a release before, an answer without a believed ``Date``), or knew a
+        time later than that (a ``Date`` that ran ahead since set right), which would
+        tell nothing until the instance's clock passed it."""
+        if moment is None:
+            return
+        if self.cursor_at is None or _in_utc(self.cursor_at) > moment:
+            self.cursor_at = moment
+
     def advance(self, post_id: str, read_at: datetime | None) -> None:
         """``post_id`` handled, read at ``read_at``: the newest, if it is."""
         if self.newest is None or id_key(post_id) > id_key(self.newest):
@@ -1066,11 +1081,8 @@ class TimelinePoller:
             entries: list[Any] = []
             try:
                 answer = await self._get_json(url, progress)
-                if page == 0 and progress.cursor_at is None:
-                    # The cursor was this chain's when the page after it came: a time to
-                    # tell a new numbering by, for a chain that did not know when it was
-                    # read (one from a release before, an answer without a Date).
-                    progress.cursor_at = self._read_at(answer)
+                if page == 0:
+                    progress.knows_its_cursor_by(self._read_at(answer))
                 entries = self._entries(answer)
                 new = await self._take(answer, entries, host, progress, oldest_first=True)
             except _Stop as stop:
@@ -1235,11 +1247,17 @@ class TimelinePoller:
         # cursor would hide every post made until its time.
         return dated_after(post_id, moment + OTHER_NUMBERS_AHEAD)
 
+    def _read_at(self, answer: _Answer | None) -> datetime | None:
+        """When ``answer`` came, as its ``Date`` says, when believed (``_instance_time``):
+        compared with the times the instance gives its posts, on the same clock. None
+        otherwise: the pods' clock is no measure of those, and a ``Date`` days off (a
+        host started without its clock) is the one to doubt when it is set right."""
+        moment, told = self._instance_time(answer)
+        return datetime.fromtimestamp(moment, UTC) if told else None
+
     @staticmethod
-    def _read_at(answer: _Answer | None) -> datetime | None:
-        """When ``answer`` came, as its ``Date`` says, however far from the pods' clock:
-        compared only with the times the instance gives its posts, on the same clock.
-        None without one: the pods' clock is no measure of those."""
+    def _date(answer: _Answer | None) -> datetime | None:
+        """``answer``'s ``Date``; None without one that parses."""
         date = answer.headers.get("date") if answer is not None else None
         if not date:
             return None
@@ -1259,7 +1277,7 @@ class TimelinePoller:
         clock that jumped) would let any id be the cursor, and one years behind would
         leave every post aside for good."""
         now = self._now()
-        said = self._read_at(answer)
+        said = self._date(answer)
         if said is None:
             return now, False
         moment = said.timestamp()
