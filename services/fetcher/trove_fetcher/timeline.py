@@ -1156,9 +1156,9 @@ class TimelinePoller:
     ) -> tuple[_Answer, int] | None:
         """The instance's newest page and the posts it was asked with, when most of its
         ids are of the other kind than ``cursor``, or every one sorts at or before it and
-        most were made after the cursor was read (``_made_after``), or, when their times
-        cannot tell, every one is a number far below it (``_numbered_below``: other
-        software numbering from where it started), handed to ``_read_back`` as its first
+        most were made after the cursor was read (``_made_after``), or every one is a
+        number far below it (``_numbered_below``: other software numbering from where it
+        started), handed to ``_read_back`` as its first
         page; None when none of these, or the page is refused for what was asked. Told
         by the posts, not by the software NodeInfo names, so a check cut short before it
         could act finds the same at the next. A page after the cursor of nothing else
