@@ -103,6 +103,22 @@ async def fetcher_on(bus: Bus, client: httpx.AsyncClient) -> Fetcher:
     )
 
 
+async def polled_once(bus: Bus, client: httpx.AsyncClient, server: LocalServer) -> Fetcher:
+    """The fetcher, after it polled the local timeline of the instance ``server`` plays."""
+    fetcher = await fetcher_on(bus, client)
+    request = TimelinePollRequested(
+        instance=f"http://{HOST}:{server.port}",
+        domain=HOST,
+        timeline="local",
+        follow_id="follow-1",
+    )
+    try:
+        await fetcher.poll(request)
+    finally:
+        fetcher.close()
+    return fetcher
+
+
 def work(server: LocalServer, path: str) -> PageDiscovered:
     url = canonicalize(server.url(path, HOST))
     return PageDiscovered(
@@ -181,17 +197,7 @@ async def test_a_polls_dated_wait_pauses_its_host_as_long_as_asked(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer, answer: Route
 ) -> None:
     server.routes[f"{HOST}/.well-known/nodeinfo"] = answer
-    fetcher = await fetcher_on(bus, client)
-    request = TimelinePollRequested(
-        instance=f"http://{HOST}:{server.port}",
-        domain=HOST,
-        timeline="local",
-        follow_id="follow-1",
-    )
-    try:
-        await fetcher.poll(request)
-    finally:
-        fetcher.close()
+    fetcher = await polled_once(bus, client, server)
     assert "/.well-known/nodeinfo" in [seen.path for seen in server.requests_for(HOST)]
     paused = await paused_for(fetcher)
     assert as_asked(paused), paused
@@ -226,17 +232,7 @@ async def test_a_polls_times_are_on_the_shared_clock(
     # Whatever the poll's outcome (an instance that answers nothing here), its next poll
     # is due a while after its ``completed_at``.
     server.routes[f"{HOST}/.well-known/nodeinfo"] = lambda ex: ex.send(404, b"")
-    fetcher = await fetcher_on(bus, client)
-    request = TimelinePollRequested(
-        instance=f"http://{HOST}:{server.port}",
-        domain=HOST,
-        timeline="local",
-        follow_id="follow-1",
-    )
-    try:
-        await fetcher.poll(request)
-    finally:
-        fetcher.close()
+    await polled_once(bus, client, server)
     last = await bus.js.get_last_msg(EVENTS_STREAM, TimelinePolled.SUBJECT)
     assert last.data is not None
     polled = decode_event(last.data)

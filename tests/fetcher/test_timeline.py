@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -188,6 +188,41 @@ def uris(event: TimelinePolled) -> list[str]:
 
 def public_local_post(instance: FediverseInstance, account: str = "ada") -> Status:
     return instance.add_post(account, visibility="public")
+
+
+async def checked_once_deleted(
+    instance: FediverseInstance,
+    social: RunningInstance,
+    polls: TimelinePoller,
+    first: TimelinePollRequested,
+    cursor: Status,
+    *,
+    clock_ahead: float | None = None,
+) -> TimelinePolled:
+    """The renumbering check's poll (one in ``RENUMBERING_CHECK_EVERY``) after ``first``'s,
+    whose cursor is ``cursor``, deleted since; ``clock_ahead``: the instance's clock then."""
+    read = await polls.poll(first)
+    assert read.cursor_after == cursor.sid, read.error_message
+    instance.delete_post(cursor)
+    if clock_ahead is not None:
+        instance.clock_ahead = clock_ahead
+    chain = request(social, after=read)
+    return await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
+
+
+def kept_its_cursor(check: TimelinePolled, cursor: Status) -> bool:
+    """The check read nothing and started nothing again: the cursor where it was."""
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    return (check.posts, check.cursor_after, check.error_message) == ((), cursor.sid, None)
+
+
+def started_again(
+    instance: FediverseInstance, check: TimelinePolled, why: str, posts: Sequence[Status]
+) -> bool:
+    """The check started again from the newest posts, ``posts``, saying ``why``."""
+    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
+    assert why in (check.error_message or ""), check.error_message
+    return sorted(uris(check)) == sorted(instance.status_uri(s) for s in posts)
 
 
 def read_between(event: TimelinePolled, start: float, end: float) -> bool:
@@ -1368,23 +1403,35 @@ async def test_a_pixelfed_timeline_whose_newest_post_was_deleted_keeps_its_curso
     assert (event.posts, event.cursor_after, event.software) == ((), posts[-1].sid, "pixelfed")
 
 
+@pytest.mark.parametrize(
+    ("runs", "renumbered", "cursor", "before"),
+    [
+        # Pixelfed's numbers, then Mastodon's snowflakes: smaller, but not by a change of
+        # scale, as a newest post deleted would leave them.
+        (("mastodon", "4.3.0"), False, str(pixelfed_id(21 * 86_400, 0)), "pixelfed"),
+        # Pleroma's flake ids (letters and digits), then GoToSocial's, which sort before
+        # them ("01..." before letters): text after text, no other kind.
+        (("gotosocial", "0.17.3"), True, "AqxhJX4Nf8Z9hN2K7M", "pleroma"),
+    ],
+    ids=["pixelfed-to-mastodon", "pleroma-to-gotosocial"],
+)
 async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again(
     client: httpx.AsyncClient,
+    runs: tuple[str, str],
+    renumbered: bool,
+    cursor: str,
+    before: str,
 ) -> None:
-    # Followed on Pixelfed, the instance runs Mastodon now: its snowflakes are smaller
-    # than Pixelfed's numbers, but not by a change of scale, as a newest post deleted
-    # would leave them. Made after the cursor was read, they are a new numbering: the
-    # check's poll starts again from the newest posts.
-    instance = FediverseInstance.generate(posts=0, seed=3)
+    # Nothing after the cursor for good: made after the cursor was read, the newest
+    # posts are a new numbering, and the check's poll starts again from them.
+    instance = FediverseInstance.generate(posts=0, seed=3, software=runs)
     async with served(instance) as social:
         posts = [public_local_post(instance) for _ in range(6)]
-        cursor = str(pixelfed_id(21 * 86_400, 0))
-        assert int(posts[-1].sid) < int(cursor)
+        if renumbered:
+            instance.misbehave("renumbered")  # ids spelt as text that sorts before letters
         assert not _numbered_below([posts[0].sid], cursor)
-        read = posts[0].created_at - timedelta(days=21)
-        chain = request(
-            social, cursor=cursor, cursor_at=read, api=social.base_url, software="pixelfed"
-        )
+        read = posts[0].created_at - timedelta(days=2)
+        chain = request(social, cursor=cursor, cursor_at=read, api=social.base_url, software=before)
         polls = poller(client, max_pages=3, page_limit=4)
         start = time.time()
         first = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
@@ -1395,9 +1442,10 @@ async def test_an_instance_whose_new_numbers_stay_below_the_cursor_is_read_again
     assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
     assert "made after the cursor was read" in (first.error_message or "")
     assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in posts)
-    assert first.cursor_after == posts[-1].sid
+    assert first.cursor_after is not None
+    assert id_key(first.cursor_after) < id_key(cursor)
     assert read_between(first, start, end)
-    assert (uris(second), second.software) == ([instance.status_uri(later)], "mastodon")
+    assert (uris(second), second.software) == ([instance.status_uri(later)], runs[0])
 
 
 @pytest.mark.parametrize("known", [None, 400.0], ids=["not-known", "400-days-ahead"])
@@ -1430,9 +1478,7 @@ async def test_a_chain_that_did_not_know_when_its_cursor_was_read_tells_a_move_b
         after = request(social, after=quiet)
         check = await polls.poll(after.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert "made after the cursor was read" in (check.error_message or "")
-    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in posts)
+    assert started_again(instance, check, "made after the cursor was read", posts)
 
 
 async def test_posts_made_before_the_cursor_was_read_keep_no_move_from_its_ids(
@@ -1461,40 +1507,7 @@ async def test_posts_made_before_the_cursor_was_read_keep_no_move_from_its_ids(
         polls = poller(client, max_pages=3, page_limit=8)
         check = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert "numbered far below the cursor" in (check.error_message or "")
-    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in old + new)
-
-
-async def test_text_ids_onto_other_text_ids_sorting_before_the_cursor_are_read_again(
-    client: httpx.AsyncClient,
-) -> None:
-    # Followed on Pleroma (flake ids of letters and digits), the instance runs GoToSocial
-    # now, whose ids sort before Pleroma's ("01..." before letters): text after text, no
-    # other kind, and nothing after the cursor for good.
-    instance = FediverseInstance.generate(posts=0, seed=3, software=("gotosocial", "0.17.3"))
-    async with served(instance) as social:
-        posts = [public_local_post(instance) for _ in range(6)]
-        instance.misbehave("renumbered")  # ids spelt as text that sorts before letters
-        cursor = "AqxhJX4Nf8Z9hN2K7M"  # Pleroma's
-        read = posts[0].created_at - timedelta(days=2)
-        chain = request(
-            social, cursor=cursor, cursor_at=read, api=social.base_url, software="pleroma"
-        )
-        polls = poller(client, max_pages=3, page_limit=4)
-        start = time.time()
-        first = await polls.poll(chain.model_copy(update={"poll": RENUMBERING_CHECK_EVERY}))
-        end = time.time()
-        later = public_local_post(instance)
-        second = await polls.poll(request(social, after=first))
-
-    assert first.outcome is second.outcome is CrawlOutcome.SUCCESS, first.error_message
-    assert "made after the cursor was read" in (first.error_message or "")
-    assert sorted(uris(first)) == sorted(instance.status_uri(s) for s in posts)
-    assert first.cursor_after is not None
-    assert id_key(first.cursor_after) < id_key(cursor)
-    assert read_between(first, start, end)
-    assert (uris(second), second.software) == ([instance.status_uri(later)], "gotosocial")
+    assert started_again(instance, check, "numbered far below the cursor", old + new)
 
 
 async def test_the_cursor_goes_with_when_it_was_read_on_the_instances_clock(
@@ -1531,38 +1544,37 @@ async def test_the_cursor_goes_with_when_it_was_read_on_the_instances_clock(
     assert read_between(last, start_last + 2 * hour, end_last + 2 * hour)
 
 
-async def test_posts_dated_past_the_instances_clock_tell_no_new_numbering(
-    client: httpx.AsyncClient,
+@pytest.mark.parametrize(
+    "dated", [datetime(9999, 1, 1, tzinfo=UTC), None], ids=["year-9999", "ten-minutes-ahead"]
+)
+async def test_remote_posts_dated_ahead_tell_no_new_numbering(
+    client: httpx.AsyncClient, dated: datetime | None
 ) -> None:
-    # Mastodon numbers a remote post dated ahead by its arrival and keeps the date. An
-    # author posts a few dated in the year 9999 to a quiet tag, then one more, the
-    # cursor, which is deleted: the newest posts all sort before the cursor and say they
-    # were made after it was read, which no clock can have seen.
+    # Mastodon numbers a remote post dated ahead by its arrival and keeps the date: an
+    # author's clock ten minutes fast, or a hostile one's year 9999. The cursor among
+    # them deleted, an hour later the newest posts all sort before it and say they were
+    # made after it was read: the year 9999 no clock has seen, and the ids say when the
+    # others came.
     instance = FediverseInstance.generate(posts=0, seed=3)
     remote = f"ines@{REMOTE_HOST}"
-    for _ in range(4):
+    ahead = dated or datetime.now(UTC) + timedelta(minutes=10)
+    for _ in range(2):
         instance.add_post("ada", visibility="public", tags=["smallweb"])
     for _ in range(8):
         arrived = instance.add_post(remote, visibility="public", tags=["smallweb"])
         instance.delete_post(arrived)
-        instance.add_post_numbered(
-            arrived.id, remote, tags=["smallweb"], created_at=datetime(9999, 1, 1, tzinfo=UTC)
-        )
+        instance.add_post_numbered(arrived.id, remote, tags=["smallweb"], created_at=ahead)
     cursor = instance.add_post_numbered(
-        max(s.id for s in instance.statuses) + 7, remote, tags=["smallweb"]
+        max(s.id for s in instance.statuses) + 7, remote, tags=["smallweb"], created_at=ahead
     )
     async with served(instance) as social:
         polls = poller(client, max_pages=3, page_limit=4)
-        first = await polls.poll(
-            request(social, api=social.base_url, software="mastodon", timeline="tag:smallweb")
+        first = request(social, api=social.base_url, software="mastodon", timeline="tag:smallweb")
+        check = await checked_once_deleted(
+            instance, social, polls, first, cursor, clock_ahead=3600.0
         )
-        assert first.cursor_after == cursor.sid
-        instance.delete_post(cursor)
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        check = await polls.poll(chain)
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert (check.posts, check.cursor_after, check.error_message) == ((), cursor.sid, None)
+    assert kept_its_cursor(check, cursor)
 
 
 async def test_a_late_post_as_the_cursor_deleted_leaves_the_cursor_where_it_was(
@@ -1581,16 +1593,10 @@ async def test_a_late_post_as_the_cursor_deleted_leaves_the_cursor_where_it_was(
     )
     async with served(instance) as social:
         polls = poller(client, max_pages=3, page_limit=4)
-        first = await polls.poll(
-            request(social, api=social.base_url, software="friendica", timeline="public")
-        )
-        assert first.cursor_after == late.sid
-        instance.delete_post(late)
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        check = await polls.poll(chain)
+        first = request(social, api=social.base_url, software="friendica", timeline="public")
+        check = await checked_once_deleted(instance, social, polls, first, late)
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert (check.posts, check.cursor_after, check.error_message) == ((), late.sid, None)
+    assert kept_its_cursor(check, late)
 
 
 async def test_a_cursor_read_on_a_clock_since_set_back_leaves_the_ids_to_decide(
@@ -1615,43 +1621,7 @@ async def test_a_cursor_read_on_a_clock_since_set_back_leaves_the_ids_to_decide(
         chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
         check = await polls.poll(chain)
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert "numbered far below the cursor" in (check.error_message or "")
-    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in fresh)
-
-
-async def test_posts_a_remote_clock_dated_ahead_tell_no_new_numbering(
-    client: httpx.AsyncClient,
-) -> None:
-    # A remote server whose clock runs ten minutes fast: Mastodon numbers its posts by
-    # their arrival and keeps their dates. The cursor among them deleted, an hour later
-    # the newest posts say they were made after the cursor was read; their ids say when
-    # they came.
-    instance = FediverseInstance.generate(posts=0, seed=3)
-    remote = f"ines@{REMOTE_HOST}"
-    for _ in range(2):
-        instance.add_post("ada", visibility="public", tags=["smallweb"])
-    fast = datetime.now(UTC) + timedelta(minutes=10)
-    for _ in range(8):
-        arrived = instance.add_post(remote, visibility="public", tags=["smallweb"])
-        instance.delete_post(arrived)
-        instance.add_post_numbered(arrived.id, remote, tags=["smallweb"], created_at=fast)
-    cursor = instance.add_post_numbered(
-        max(s.id for s in instance.statuses) + 7, remote, tags=["smallweb"], created_at=fast
-    )
-    async with served(instance) as social:
-        polls = poller(client, max_pages=3, page_limit=4)
-        first = await polls.poll(
-            request(social, api=social.base_url, software="mastodon", timeline="tag:smallweb")
-        )
-        assert first.cursor_after == cursor.sid
-        instance.delete_post(cursor)
-        instance.clock_ahead = 3600.0
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        check = await polls.poll(chain)
-
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert (check.posts, check.cursor_after, check.error_message) == ((), cursor.sid, None)
+    assert started_again(instance, check, "numbered far below the cursor", fresh)
 
 
 async def test_a_date_minutes_off_the_applications_clock_tells_no_new_numbering(
@@ -1668,15 +1638,13 @@ async def test_a_date_minutes_off_the_applications_clock_tells_no_new_numbering(
     instance.clock_ahead = -180.0
     async with served(instance) as social:
         polls = poller(client, max_pages=3, page_limit=4)
-        first = await polls.poll(request(social, api=social.base_url, software="friendica"))
-        assert first.cursor_after == newest.sid
-        instance.delete_post(newest)
-        instance.clock_ahead = 3600.0 - 180.0  # an hour later
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        check = await polls.poll(chain)
+        first = request(social, api=social.base_url, software="friendica")
+        an_hour_later = 3600.0 - 180.0
+        check = await checked_once_deleted(
+            instance, social, polls, first, newest, clock_ahead=an_hour_later
+        )
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert (check.posts, check.cursor_after, check.error_message) == ((), newest.sid, None)
+    assert kept_its_cursor(check, newest)
 
 
 async def test_a_date_days_behind_at_the_read_tells_nothing_once_set_right(
@@ -1694,15 +1662,12 @@ async def test_a_date_days_behind_at_the_read_tells_nothing_once_set_right(
     async with served(instance) as social:
         instance.clock_ahead = -3 * 86_400.0
         polls = poller(client, max_pages=3, page_limit=4)
-        first = await polls.poll(request(social, api=social.base_url, software="friendica"))
-        assert first.cursor_after == posts[-1].sid
-        instance.delete_post(posts[-1])
-        instance.clock_ahead = 0.0
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        check = await polls.poll(chain)
+        first = request(social, api=social.base_url, software="friendica")
+        check = await checked_once_deleted(
+            instance, social, polls, first, posts[-1], clock_ahead=0.0
+        )
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert (check.posts, check.cursor_after, check.error_message) == ((), posts[-1].sid, None)
+    assert kept_its_cursor(check, posts[-1])
 
 
 async def test_an_instance_days_fast_whose_newest_post_was_deleted_keeps_its_cursor(
@@ -1751,9 +1716,7 @@ async def test_an_instance_days_slow_installed_again_is_read_again(
         chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
         check = await polls.poll(chain)
 
-    assert check.outcome is CrawlOutcome.SUCCESS, check.error_message
-    assert "numbered far below the cursor" in (check.error_message or "")
-    assert sorted(uris(check)) == sorted(instance.status_uri(s) for s in fresh)
+    assert started_again(instance, check, "numbered far below the cursor", fresh)
 
 
 async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(
