@@ -31,8 +31,8 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   The cursor goes with when it was read, on the instance's clock (``cursor_after_at``:
   the ``Date`` of the answer that held it, when believed, ``_read_at``; the request's
   ``cursor_at`` while the cursor stays; a chain that does not know it, or knows one
-  later than the instance's clock, takes it from the answer to the page after its
-  cursor).
+  more than a day later than the instance's clock, takes it from the answer to the
+  page after its cursor).
 * **Numbered anew.** A page after the cursor of ids of the other kind only (or one that
   brings nothing new, on one poll in ``RENUMBERING_CHECK_EVERY``) asks for the newest
   posts. When most are of that kind, or every one sorts at or before the cursor and
@@ -109,7 +109,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit
@@ -751,12 +751,17 @@ class _Progress:
     def knows_its_cursor_by(self, moment: datetime | None) -> None:
         """The cursor was this chain's at ``moment`` (the page after it came then): a
         time to tell a new numbering by, for a chain that did not know when it was read
-        (one from a release before, an answer without a believed ``Date``), or knew a
-        time later than that (a ``Date`` that ran ahead since set right), which would
-        tell nothing until the instance's clock passed it."""
+        (one from a release before, an answer without a believed ``Date``), or knew one
+        later than the instance's clock can have been (more than ``MAX_CLOCK_SKEW``
+        past ``moment``: a time no believed ``Date`` gives), which would tell nothing
+        for years. Not one merely later than ``moment``: an instance whose clock ran
+        hours fast at the read, set right since, dated its posts before the read on
+        that clock too, and put back the read would count them as made after it."""
         if moment is None:
             return
-        if self.cursor_at is None or _in_utc(self.cursor_at) > moment:
+        if self.cursor_at is None or _in_utc(self.cursor_at) > moment + timedelta(
+            seconds=MAX_CLOCK_SKEW
+        ):
             self.cursor_at = moment
 
     def advance(self, post_id: str, read_at: datetime | None) -> None:
