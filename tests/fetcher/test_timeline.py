@@ -1599,25 +1599,31 @@ async def test_a_late_post_as_the_cursor_deleted_leaves_the_cursor_where_it_was(
     assert kept_its_cursor(check, late)
 
 
-async def test_a_cursor_read_on_a_clock_since_set_back_leaves_the_ids_to_decide(
-    client: httpx.AsyncClient,
+@pytest.mark.parametrize(
+    ("at_the_read", "since"),
+    [(6 * 3600.0, 0.0), (-3 * 86_400.0, -3 * 86_400.0)],
+    ids=["six-hours-ahead-set-right", "days-slow"],
+)
+async def test_an_instance_installed_again_after_a_read_on_a_clock_off_is_told_by_its_ids(
+    client: httpx.AsyncClient, at_the_read: float, since: float
 ) -> None:
-    # Read while the instance's clock ran six hours ahead, the cursor's time lies ahead
-    # of the posts made after it once the clock is set right: the instance installed
-    # again (numbered from 1) is told by its numbers, far below the cursor's.
+    # The cursor read while the instance's clock ran six hours ahead (its time lies
+    # ahead of the posts made after it once the clock is set right), or three days
+    # behind (not believed): installed again (numbered from 1), the instance is told
+    # by its numbers, far below the cursor's.
     instance = FediverseInstance.generate(posts=0, seed=3)
     for _ in range(5):
         public_local_post(instance)
-    instance.clock_ahead = 6 * 3600.0
+    instance.clock_ahead = at_the_read
     async with served(instance) as social:
         polls = poller(client, max_pages=3, page_limit=4)
         first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
         assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
-        instance.clock_ahead = 0.0
+        instance.clock_ahead = since
         for status in instance.statuses:
             instance.delete_post(status)
-        now = datetime.now(UTC)
-        fresh = [instance.add_post_numbered(1 + n, created_at=now) for n in range(6)]
+        its_now = datetime.now(UTC) + timedelta(seconds=since)
+        fresh = [instance.add_post_numbered(1 + n, created_at=its_now) for n in range(6)]
         chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
         check = await polls.poll(chain)
 
@@ -1699,28 +1705,6 @@ async def test_an_instance_fast_at_the_read_and_set_right_since_keeps_its_cursor
         check = await pods_later.poll(chain)
 
     assert kept_its_cursor(check, posts[-1])
-
-
-async def test_an_instance_days_slow_installed_again_is_read_again(
-    client: httpx.AsyncClient,
-) -> None:
-    # Its Date three days behind; installed again minutes later, numbered from 1 by a
-    # clock as slow, it is told by its numbers, far below the cursor's.
-    instance = FediverseInstance.generate(posts=0, seed=3)
-    for _ in range(5):
-        public_local_post(instance)
-    instance.clock_ahead = -3 * 86_400.0
-    async with served(instance) as social:
-        polls = poller(client, max_pages=3, page_limit=4)
-        first = await polls.poll(request(social, api=social.base_url, software="mastodon"))
-        for status in instance.statuses:
-            instance.delete_post(status)
-        its_now = datetime.now(UTC) - timedelta(days=3)
-        fresh = [instance.add_post_numbered(1 + n, created_at=its_now) for n in range(6)]
-        chain = request(social, after=first).model_copy(update={"poll": RENUMBERING_CHECK_EVERY})
-        check = await polls.poll(chain)
-
-    assert started_again(instance, check, "numbered far below the cursor", fresh)
 
 
 async def test_other_software_with_nothing_posted_yet_is_read_once_it_posts(
