@@ -503,13 +503,14 @@ def secret_data(secret: Manifest) -> dict[str, str]:
 
 
 def test_database_secret_templates_use_the_asyncpg_driver() -> None:
-    secrets = load_documents(K8S / "postgres" / "database-secrets.example.yaml")
-    local = of_kind(rendered("local"), "Secret")
-    for secret in [*secrets, *local]:
-        if secret["metadata"]["name"] == "trove-database":
-            url = make_url(secret_data(secret)["url"])
-            assert url.drivername == "postgresql+asyncpg"
-            assert url.database == "trove"
+    template = tuple(load_documents(K8S / "postgres" / "database-secrets.example.yaml"))
+    for secret in (
+        find(template, "Secret", "trove-database"),
+        find(rendered("local"), "Secret", "trove-database"),
+    ):
+        url = make_url(secret_data(secret)["url"])
+        assert url.drivername == "postgresql+asyncpg"
+        assert url.database == "trove"
 
 
 def test_local_database_url_matches_the_cnpg_cluster_it_creates() -> None:

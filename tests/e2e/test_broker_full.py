@@ -133,7 +133,7 @@ async def test_a_full_store_makes_the_crawl_wait_and_it_completes_once_there_is_
     # is recorded without a request, as always.
     assert sum(outcome == "success" for outcome in result.values()) == expected
     assert set(result.values()) <= {"success", "blocked_robots"}, result
-    assert all((gap or GAP) >= GAP for gap in gaps.values()), gaps
+    assert all(gap is None or gap >= GAP for gap in gaps.values()), gaps
 
 
 async def _read(path: Path) -> str:

@@ -457,11 +457,12 @@ SIGN_IN = (
     ],
 )
 def test_each_frameworks_per_answer_token_is_left_out_of_a_short_pages_hash(field: str) -> None:
-    def answer() -> str:
-        body = f"<title>Log in</title><form>{field}<input name='user'></form>"
+    def answer(visible: str = "user") -> str:
+        body = f"<title>Log in</title><form>{field}<input name='{visible}'></form>"
         return run(body.format(token=secrets.token_hex(16)).encode()).content_hash
 
     assert answer() == answer()
+    assert answer("email") != answer()
 
 
 def test_a_short_page_is_not_changed_by_what_its_server_makes_anew_for_each_answer() -> None:

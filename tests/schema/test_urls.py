@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 import idna
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from url_normalize import url_normalize
 
@@ -303,12 +303,18 @@ _URLS = st.one_of(
 )
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(_URLS)
 def test_every_url_canonicalize_accepts_httpx_and_idna_accept_too(url: str) -> None:
     try:
         canonical = canonicalize(url)
     except InvalidURL:
+        # Refused URLs are discarded; refusing them all fails the run (Unsatisfiable).
+        assume(False)
         return
     parsed = httpx.URL(canonical)  # raises httpx.InvalidURL on anything it refuses
     host = parsed.host  # applies idna.decode to punycode
@@ -397,6 +403,7 @@ def test_canonicalize_is_idempotent_on_generated_urls() -> None:
 def test_canonicalize_raises_nothing_but_invalid_url_on_arbitrary_text() -> None:
     rng = random.Random(7)
     alphabet = [chr(c) for c in range(0x80)] + list("éü€\u3002\uff0e\u200b\ud800\U0001f600")
+    accepted = 0
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(30)))
         prefix = rng.choice(["", "http://", "https://", "http://[", "http://a.b:"])
@@ -405,6 +412,8 @@ def test_canonicalize_raises_nothing_but_invalid_url_on_arbitrary_text() -> None
         except InvalidURL:
             continue
         assert canonicalize(once) == once, prefix + text
+        accepted += 1
+    assert accepted > 100  # about one in twenty texts is a URL (149 with this seed)
 
 
 def test_domain_of_is_the_lower_case_host_without_port_or_trailing_dot() -> None:
