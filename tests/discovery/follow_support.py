@@ -8,9 +8,16 @@ from typing import Any, TypeVar
 
 import nats
 from nats.js.api import RawStreamMsg
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from tests.conftest import StackUrls, eventually
+from trove_discovery.follows import (
+    FollowStore,
+    InstanceFollows,
+    TimelineFollow,
+    follows_key,
+    progress_key,
+)
 from trove_schema.bus import Bus
 from trove_schema.events import (
     CrawlOutcome,
@@ -29,6 +36,29 @@ from trove_schema.topology import (
 )
 
 E = TypeVar("E", bound=Event)
+
+
+class BusyReplicas(FollowStore):
+    """The real store, with another replica writing the key again (the same value)
+    between every read and write of this one: each compare-and-set loses."""
+
+    async def _written_meanwhile(self, key: str, empty: bytes) -> None:
+        try:
+            value = (await self.kv.get(key)).value or empty
+        except KeyNotFoundError:
+            value = empty
+        await self.kv.put(key, value)
+
+    async def write(self, record: InstanceFollows, revision: int | None) -> None:
+        empty = InstanceFollows(instance=record.instance).model_dump_json().encode()
+        await self._written_meanwhile(follows_key(record.instance), empty)
+        await super().write(record, revision)
+
+    async def advance(
+        self, instance: str, timeline: str, follow: TimelineFollow, revision: int | None
+    ) -> None:
+        await self._written_meanwhile(progress_key(instance, timeline), b"")
+        await super().advance(instance, timeline, follow, revision)
 
 
 class SchedulingBus(Bus):

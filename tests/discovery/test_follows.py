@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import StackUrls, eventually
 from tests.discovery.follow_support import (
+    BusyReplicas,
     SchedulingBus,
     ask,
     commands_handled,
@@ -32,7 +33,7 @@ from trove_discovery.follows import (
     resume_polls,
     with_timeline,
 )
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
     MAX_RECENT_POSTS,
     InstanceFollowed,
@@ -306,6 +307,29 @@ async def test_a_follow_redelivered_after_its_chain_began_leaves_the_chain_alone
     await store.write(with_timeline(record, "local", under_way), revision)
     assert await follows.follow(command, seq=seq, origin=FOLLOW_SUBJECT)
     assert [r.poll for r in spy.scheduled] == [1, 1]
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_command_whose_writes_keep_losing_to_other_replicas_is_handed_back(
+    bus: Bus,
+) -> None:
+    """Replicas busy with the same instance are infrastructure, not a bad command: the
+    command waits and comes again, where a failure would park it after five."""
+    seq = 10**9 + 100
+    instance = "https://busy.example"
+    spy = SchedulingBus(bus.nc, bus.js)
+    spy.scheduled = []
+    kv = await bus.js.key_value(FOLLOWS_BUCKET)
+    busy = Follows(bus=spy, store=BusyReplicas(kv), settings=DiscoverySettings())
+    (follow,) = parse(instance).accepted
+    with pytest.raises(Retry, match="kept changing"):
+        await busy.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    calm = Follows(bus=spy, store=FollowStore(kv), settings=DiscoverySettings())
+    assert await calm.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    (unfollow,) = parse(instance, verb="unfollow").accepted
+    with pytest.raises(Retry, match="kept changing"):
+        await busy.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT)
+    assert await calm.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT) == ["local"]
 
 
 @pytest.mark.usefixtures("clean")

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import StackUrls, eventually
 from tests.discovery.crawl_support import crawled, handle, pages_counted
 from tests.discovery.follow_support import (
+    BusyReplicas,
     SchedulingBus,
     commands_handled,
     handled,
@@ -35,7 +36,7 @@ from trove_discovery.follows import (
     with_timeline,
 )
 from trove_discovery.shares import Shares, next_poll, poll_delay, shared_pages
-from trove_schema.bus import Bus, schedule_header
+from trove_schema.bus import Bus, Retry, schedule_header
 from trove_schema.events import (
     MAX_RECENT_POSTS,
     CrawlOutcome,
@@ -458,6 +459,25 @@ async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) ->
     _, pending = await _scheduled(bus)
     assert current.follow_id != timeline.first.follow_id
     assert (pending.follow_id, pending.poll, pending.cursor) == (current.follow_id, 1, None)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_poll_whose_progress_keeps_losing_to_other_replicas_is_handed_back(
+    bus: Bus,
+) -> None:
+    """Handed back to come again, not failed: five failures would park the result, and
+    the timeline's chain would wait for an operator."""
+    timeline = await _followed(bus, 8 * 10**9)
+    seen = await bus.js.key_value(SEEN_BUCKET)
+    discovery = Discovery(bus=bus, seen=seen, settings=SETTINGS)
+    busy = Shares(
+        bus=bus, store=BusyReplicas(timeline.store.kv), discovery=discovery, settings=SETTINGS
+    )
+    result = polled(timeline.first, cursor_after="5")
+    with pytest.raises(Retry, match="kept changing"):
+        await busy.polled(result)
+    await (await timeline.shares()).polled(result)
+    assert (await timeline.current()).cursor == "5"
 
 
 @pytest.mark.usefixtures("clean")

@@ -67,7 +67,7 @@ from trove_discovery.replies import (
     refused_item,
     reply_lines,
 )
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
     MAX_RECENT_POSTS,
     InstanceFollowed,
@@ -677,7 +677,7 @@ class Follows:
                 continue
             break
         else:
-            raise RuntimeError(f"{command.instance}: its follow entry kept changing")
+            raise Retry(f"{command.instance}: its follow entry kept changing", delay=1.0)
         await self.bus.publish(event)
         if follow.poll == 0:
             # A redelivery after polls were handled (the command's ack lost, then
@@ -726,7 +726,7 @@ class Follows:
                 continue
             break
         else:
-            raise RuntimeError(f"{command.instance}: its follow entry kept changing")
+            raise Retry(f"{command.instance}: its follow entry kept changing", delay=1.0)
         await self.bus.publish(event)
         for name in stopped:
             await stop_polls(

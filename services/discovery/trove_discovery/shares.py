@@ -42,7 +42,7 @@ from trove_discovery.follows import (
     stop_polls,
 )
 from trove_discovery.traps import url_trap_reason
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
     CrawlOutcome,
     PageDiscovered,
@@ -276,4 +276,4 @@ class Shares:
             except KeyWrongLastSequenceError:
                 continue
             return advanced
-        raise RuntimeError(f"{event.instance} {event.timeline}: its progress kept changing")
+        raise Retry(f"{event.instance} {event.timeline}: its progress kept changing", delay=1.0)
