@@ -97,6 +97,34 @@ def test_meta_http_equiv_content_type_is_used() -> None:
     assert text.endswith("€")
 
 
+def test_a_declaration_commented_out_is_not_the_pages() -> None:
+    """Templates keep the old Latin-1 declaration commented out above the real one."""
+    body = (
+        b'<head><!-- <meta http-equiv="Content-Type" content="text/html; charset=iso-8859-1">'
+        b' --><meta charset="utf-8"><title>caf\xc3\xa9</title>'
+    )
+    text, encoding = decode_body(body, "text/html")
+    assert encoding == "utf-8"
+    assert text.endswith("<title>café</title>")
+
+
+@pytest.mark.parametrize(
+    ("meta", "declared"),
+    [
+        (b'<meta name="description" content="our charset=big5 guide">', None),
+        (b'<meta http-equiv="refresh" content="5; charset=koi8-r">', None),
+        (b"<meta content='text/html; charset=windows-1251' http-equiv=content-type>", "cp1251"),
+        (b'<meta name="description" content="charset=big5"><meta charset=koi8-r>', "koi8-r"),
+        (b'<meta charset="koi8-r" charset="big5">', "koi8-r"),
+        (b'<meta/charset="koi8-r">', "koi8-r"),
+    ],
+)
+def test_a_content_declares_a_charset_only_on_a_content_type(
+    meta: bytes, declared: str | None
+) -> None:
+    assert meta_charset(b"<head>" + meta + b"</head>") == declared
+
+
 def test_meta_charset_after_2kb_is_ignored() -> None:
     body = b"<!-- " + b"x" * 2100 + b' --><meta charset="windows-1251"><p>caf\xc3\xa9'
     assert decode_body(body, None)[1] == "utf-8"

@@ -1,7 +1,7 @@
 """Turning a response body into text: which charset, and never an exception.
 
 The order is the HTTP header's ``charset``, a byte order mark, a ``<meta>`` declaration
-in the first 2 KB, the XML declaration, then a fallback (UTF-8 if the bytes are UTF-8,
+in the first 2 KB (outside comments), the XML declaration, then a fallback (UTF-8 if the bytes are UTF-8,
 else windows-1252). One deviation from a plain "header first": a BOM beats the header,
 as it does in browsers (the WHATWG encoding sniffing algorithm). A BOM is in the bytes
 themselves, while a header charset is often a server-wide default nobody checked.
@@ -30,9 +30,15 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
     (codecs.BOM_UTF16_LE, "utf-16-le"),
 )
 
-# Matches both <meta charset=x> and <meta http-equiv=Content-Type content="...; charset=x">.
-_META_CHARSET = re.compile(
-    rb"""<meta\s[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_:.+-]{1,40})""", re.IGNORECASE
+# The HTML standard's prescan, as far as a page's declaration needs it: comments are
+# skipped (templates keep an old Latin-1 declaration commented out above the real one),
+# and a ``content`` is read for its charset only on a ``http-equiv="content-type"``
+# (a description may say "charset=big5").
+_COMMENT = re.compile(rb"<!--.*?(?:-->|\Z)", re.DOTALL)
+_META_TAG = re.compile(rb"<meta[\s/]([^>]*)", re.IGNORECASE)
+_ATTRIBUTE = re.compile(rb"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"?|'([^']*)'?|([^\s>]*)))?""")
+_CHARSET_IN_CONTENT = re.compile(
+    rb"""charset\s*=\s*["']?\s*([A-Za-z0-9_:.+-]{1,40})""", re.IGNORECASE
 )
 _XML_DECL_ENCODING = re.compile(
     rb"""\A\s*<\?xml\s[^>]{0,200}?encoding\s*=\s*["']([A-Za-z0-9_.:+-]{1,40})["']""",
@@ -152,12 +158,32 @@ def bom_charset(body: bytes) -> tuple[str, int] | None:
     return None
 
 
-def meta_charset(body: bytes) -> str | None:
-    """The charset of the first ``<meta>`` declaration in the first 2 KB, if usable."""
-    match = _META_CHARSET.search(body, 0, META_SCAN_BYTES)
-    if match is None:
+def _declared(attributes: bytes) -> bytes | None:
+    """The charset label one ``<meta>`` tag declares: its ``charset``, or the charset in
+    the ``content`` of a ``http-equiv="content-type"``; the first of a name counts."""
+    found: dict[bytes, bytes] = {}
+    for match in _ATTRIBUTE.finditer(attributes):
+        value = next((v for v in match.group(2, 3, 4) if v is not None), b"")
+        found.setdefault(match.group(1).lower(), value)
+    if b"charset" in found:
+        return found[b"charset"].strip() or None
+    if found.get(b"http-equiv", b"").strip().lower() != b"content-type":
         return None
-    name = normalize_charset(match.group(1).decode("ascii", "replace"))
+    label = _CHARSET_IN_CONTENT.search(found.get(b"content", b""))
+    return label.group(1) if label is not None else None
+
+
+def meta_charset(body: bytes) -> str | None:
+    """The charset of the first ``<meta>`` declaration in the first 2 KB, outside
+    comments, if usable."""
+    head = _COMMENT.sub(b"", body[:META_SCAN_BYTES])
+    for tag in _META_TAG.finditer(head):
+        label = _declared(tag.group(1))
+        if label is not None:
+            break
+    else:
+        return None
+    name = normalize_charset(label.decode("ascii", "replace"))
     # A page whose meta we could read as ASCII is not UTF-16/32 (WHATWG says: use UTF-8).
     if name is not None and name.startswith(("utf-16", "utf-32")):
         return "utf-8"
