@@ -10,6 +10,7 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 
+from trove_fetcher.completion import with_canonical_links
 from trove_fetcher.extract import (
     Extraction,
     extract,
@@ -76,6 +77,17 @@ def test_missing_or_blank_title_is_none() -> None:
 def test_head_title_wins_over_an_svg_title() -> None:
     result = run("<head><title>Page</title></head><body><svg><title>Icon</title></svg>")
     assert result.title == "Page"
+
+
+@pytest.mark.parametrize(
+    ("page", "title"),
+    [
+        ("<body><svg><title>Menu icon</title></svg><p>text</p>", None),
+        ("<body><svg><g><title>Icon</title></g></svg><title>Real</title>", "Real"),
+    ],
+)
+def test_an_svg_icons_title_is_never_the_pages(page: str, title: str | None) -> None:
+    assert run(page).title == title
 
 
 def test_title_entities_are_decoded() -> None:
@@ -212,6 +224,28 @@ def test_control_characters_around_an_href_are_removed_as_a_browser_does() -> No
     assert urls(result) == ["http://other.example/x", "https://example.org/a"]
 
 
+def test_a_template_is_inert_its_links_not_followed() -> None:
+    """A client-side renderer's template: its "{{ user.id }}" URLs are no pages."""
+    result = run(
+        '<template><a href="/user/{{ user.id }}/profile"><img src="${avatar}"></a></template>'
+        '<a href="/about">about</a>'
+    )
+    assert urls(result) == ["https://example.org/about"]
+
+
+@pytest.mark.parametrize(
+    ("href", "url"),
+    [
+        ("\\images\\foo.html", "https://example.org/images/foo.html"),
+        ("sub\\a.html?q=a\\b#x\\y", "https://example.org/blog/sub/a.html?q=a\\b"),
+        ("\\\\other.example\\x", "https://other.example/x"),
+        ("https:\\\\other.example\\y", "https://other.example/y"),
+    ],
+)
+def test_a_backslash_in_a_links_path_is_a_slash_as_browsers_read_it(href: str, url: str) -> None:
+    assert urls(run(f'<a href="{href}">x</a>')) == [url]
+
+
 def test_duplicate_links_are_collapsed() -> None:
     result = run(
         '<a href="/a">1</a><a href="/a#x">2</a><a href="https://example.org/a">3</a>'
@@ -278,6 +312,20 @@ def test_a_link_followed_anywhere_on_the_page_is_followed() -> None:
     result = run('<a rel="nofollow" href="/x">1</a><a href="/x">2</a>')
     assert [(link.url, link.nofollow) for link in result.links] == [
         ("https://example.org/x", False)
+    ]
+
+
+def test_a_link_followed_in_any_spelling_is_followed_once_canonical() -> None:
+    """Spellings that are one URL once canonical: nofollow only if every copy was."""
+    result = run(
+        '<a rel="nofollow" href="/x?utm_source=feed">1</a><a href="/x">2</a>'
+        '<a rel="ugc" href="HTTPS://Example.org/y">3</a><a href="/y">4</a>'
+        '<a rel="nofollow" href="/z?utm_medium=a">5</a><a rel="sponsored" href="/z">6</a>'
+    )
+    assert [(link.url, link.nofollow) for link in with_canonical_links(result).links] == [
+        ("https://example.org/x", False),
+        ("https://example.org/y", False),
+        ("https://example.org/z", True),
     ]
 
 
@@ -605,7 +653,10 @@ def test_resolution_agrees_with_urljoin(base: str) -> None:
 
 
 def _resolved_by_urlsplit(href: str) -> str | None:
-    """What an absolute href resolves to without any shortcut."""
+    """What an absolute href resolves to without any shortcut (a backslash before its
+    query or fragment read as a slash, as the URL standard reads it)."""
+    cut = next((i for i, char in enumerate(href) if char in "?#"), len(href))
+    href = href[:cut].replace("\\", "/") + href[cut:]
     try:
         parts = urlsplit(href)
         if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -1,10 +1,11 @@
 """Turning a response body into text: which charset, and never an exception.
 
 The order is the HTTP header's ``charset``, a byte order mark, a ``<meta>`` declaration
-in the first 2 KB (outside comments), the XML declaration, then a fallback (UTF-8 if the bytes are UTF-8,
-else windows-1252). One deviation from a plain "header first": a BOM beats the header,
-as it does in browsers (the WHATWG encoding sniffing algorithm). A BOM is in the bytes
-themselves, while a header charset is often a server-wide default nobody checked.
+in the first 2 KB (outside comments), the XML declaration, then a fallback (UTF-8 if
+the bytes are UTF-8, else windows-1252). One deviation from a plain "header first": a
+BOM beats the header, as it does in browsers (the WHATWG encoding sniffing algorithm).
+A BOM is in the bytes themselves, while a header charset is often a server-wide default
+nobody checked.
 
 A declared charset that the bytes do not fit is still used, with U+FFFD for the bytes
 that do not decode: the usual cause is a body cut at the size limit in the middle of a

@@ -206,8 +206,9 @@ def completed(
 
 
 def with_canonical_links(extraction: Extraction) -> Extraction:
-    """``extraction`` with its links canonical, one a URL and kind (nofollow as its first
-    copy said), those that have no canonical form dropped; its canonical URL too.
+    """``extraction`` with its links canonical, one a URL and kind (nofollow only if
+    every copy was, as ``extract`` keeps them), those that have no canonical form
+    dropped; its canonical URL too.
 
     Pure Python, and slow on long queries and international names (a thousand links of
     2,000 characters: seconds): the fetcher runs it in the parse thread with the
@@ -218,7 +219,7 @@ def with_canonical_links(extraction: Extraction) -> Extraction:
     canonical: dict[tuple[str, LinkKind], bool] = {}
     for found in extraction.links:
         url = canonicalize_or_none(found.url)
-        if url is not None and (url, found.kind) not in canonical:
+        if url is not None and canonical.get((url, found.kind), True):
             canonical[(url, found.kind)] = found.nofollow
     links = tuple(FoundLink(url, kind, nofollow) for (url, kind), nofollow in canonical.items())
     canonical_url = canonicalize_or_none(extraction.canonical_url or "")

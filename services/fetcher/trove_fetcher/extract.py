@@ -385,6 +385,12 @@ class _Resolver:
         href = href.strip(_C0_OR_SPACE)
         if not href:
             return None
+        if "\\" in href:
+            # The URL standard reads a backslash as a slash in an http(s) URL, up to its
+            # query or fragment (Windows-made paths; two of them begin another host), as
+            # browsers do: urljoin does not.
+            end = min((i for i in (href.find("?"), href.find("#")) if i >= 0), default=len(href))
+            href = href[:end].replace("\\", "/") + href[end:]
         if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:
             absolute = (self.origin if href[0] == "/" else self.directory) + href
         elif (plain := _PLAIN_ABSOLUTE.match(href)) is not None and int(plain[1] or 0) < 65536:
@@ -778,9 +784,16 @@ class _Page:
 
         title_element = root.find("head/title")
         if title_element is None:
-            title_element = root.find(".//title")
+            # The document's title is an HTML one: an SVG icon's <title> names the icon.
+            title_element = next(
+                (t for t in root.iter("title") if next(t.iterancestors("svg"), None) is None),
+                None,
+            )
         title = collapse_whitespace(title_element.text if title_element is not None else None)
 
+        # A <template>'s content is inert (a client-side renderer's "/user/{{ id }}"):
+        # neither links nor text.
+        etree.strip_elements(root, "template", with_tail=False)
         links = _Links()
         canonical_url = None
         scripts = 0
