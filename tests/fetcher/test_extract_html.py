@@ -457,6 +457,24 @@ def test_is_parseable(content_type: str | None, parseable: bool) -> None:
 CAFE = "<title>café</title><p>" + "Un café au coin de la rue, le matin. " * 8 + "</p>"
 
 
+def test_words_run_on_through_inline_markup_and_end_at_blocks() -> None:
+    result = run(
+        "<p><span class=dropcap>G</span>ardening with <b>Java</b>Script in the"
+        " super<wbr>market</p><p>tomatoes</p><div>beans</div><ul><li>peas<li>corn</ul>"
+        "<table><tr><td>leeks<td>onions</table>kale<br>chard"
+    )
+    words = {"gardening", "javascript", "supermarket", "tomatoes", "beans", "peas", "corn"}
+    words |= {"leeks", "onions", "kale", "chard"}
+    assert words <= set(result.keywords), result.keywords
+    assert result.text_chars == len("".join(words)) + len("withinthe")
+
+
+def test_a_text_with_a_control_character_is_read_as_any_other() -> None:
+    """libxml2 keeps a control character in a text, which lxml would refuse to set."""
+    result = run("<div>shed\x1f</div><p>tools</p><b>gar</b>den")
+    assert {"shed", "tools", "garden"} <= set(result.keywords), result.keywords
+
+
 def test_content_hash_is_what_the_page_says_not_its_bytes() -> None:
     body = CAFE.encode("cp1252")
     result = run(body, content_type="text/html; charset=windows-1252")

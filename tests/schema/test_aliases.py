@@ -23,7 +23,7 @@ from trove_schema.aliases import (
     undecided,
     untaught,
 )
-from trove_schema.events import SIGNALS_HASH_PREFIX
+from trove_schema.events import SIGNALS_HASH_PREFIX, comparable_hashes, pages_told_apart
 
 SITE = "https://blog.example"
 
@@ -162,9 +162,21 @@ def test_a_hash_of_the_other_kind_neither_confirms_nor_contradicts() -> None:
     assert record.rules().names == {"sid"}
 
 
+def test_the_signals_of_the_releases_whose_text_ran_words_apart_tell_no_page_apart() -> None:
+    """``s:`` hashed a page's text with an inline element's words run apart: the same
+    page is another ``s:`` than its hash now, and a page of little text's ``m:`` may be
+    the same page as one of those."""
+    now, before, markup = SIGNALS_HASH_PREFIX + "ab", "s:cd", "m:ef"
+    assert not comparable_hashes(before, now)
+    assert pages_told_apart(before, now) is None
+    assert pages_told_apart(before, markup) is None
+    assert pages_told_apart(now, markup) is True
+    assert pages_told_apart(now, SIGNALS_HASH_PREFIX + "ab") is False
+
+
 def hashed(record: HostAliases, path: str, kind: str, content: str, **seen: object) -> HostAliases:
-    """``path`` fetched, its page hashed by what it says (``s:``) or, saying too little,
-    by its markup (``m:``)."""
+    """``path`` fetched, its page hashed by what it says (``SIGNALS_HASH_PREFIX``) or,
+    saying too little, by its markup (``m:``)."""
     seen.setdefault("canonical", None)
     return observe(
         record,
@@ -177,7 +189,9 @@ def hashed(record: HostAliases, path: str, kind: str, content: str, **seen: obje
 def test_two_values_hashed_by_text_and_by_markup_are_two_pages() -> None:
     # A template whose canonical drops the query: a long post and a photo with a caption.
     # Either hash kind decides nothing alone; one of each is two pages all the same.
-    record = hashed(EMPTY, "/post?id=5", "s:", "a long post", canonical=SITE + "/post")
+    record = hashed(
+        EMPTY, "/post?id=5", SIGNALS_HASH_PREFIX, "a long post", canonical=SITE + "/post"
+    )
     record = hashed(record, "/post?id=6", "m:", "a photo", canonical=SITE + "/post")
     assert not record.rules()
     assert rewrite(record.rules(), SITE + "/post?id=7") == SITE + "/post?id=7"
@@ -197,12 +211,14 @@ def test_a_rule_learned_on_short_pages_is_unlearned_by_a_long_one() -> None:
         probe = next(iter(record.rules().probes), None)
         if probe is not None:
             path = probe.removeprefix(SITE)
-            record = hashed(record, path, "s:", f"post {path}", event_id=f"probe-{n}")
+            record = hashed(
+                record, path, SIGNALS_HASH_PREFIX, f"post {path}", event_id=f"probe-{n}"
+            )
         else:
             record = hashed(
                 record,
                 f"/page/{n}",
-                "s:",
+                SIGNALS_HASH_PREFIX,
                 f"page {n}",
                 links=(SITE + f"/post?id={n}",),
                 event_id=f"page-{n}",
@@ -217,25 +233,32 @@ def test_a_rule_proven_on_a_page_that_changed_since_holds_through_its_probe(
     # ?ref= learned on the home page, which then shows the next post. Its probe comes
     # back showing the home page as it is now: the same page, whether the sample holds
     # the home page as it is now or no longer holds it at all.
-    record = hashed(EMPTY, "/", "s:", "posts 1-10", links=(SITE + "/?ref=nav",))
-    record = hashed(record, "/?ref=nav", "s:", "posts 1-10", event_id="nav")
-    record = hashed(record, "/?ref=footer", "s:", "posts 1-10", event_id="footer")
+    record = hashed(EMPTY, "/", SIGNALS_HASH_PREFIX, "posts 1-10", links=(SITE + "/?ref=nav",))
+    record = hashed(record, "/?ref=nav", SIGNALS_HASH_PREFIX, "posts 1-10", event_id="nav")
+    record = hashed(record, "/?ref=footer", SIGNALS_HASH_PREFIX, "posts 1-10", event_id="footer")
     assert record.rules().names == {"ref"}
     probe = None
     for n in range(3000):
         links = (SITE + "/?ref=logo", SITE + f"/post/{n + 1}")
         if home_sampled and n % 8 == 0:
-            record = hashed(record, "/", "s:", "posts 2-11", links=links, event_id=f"home-{n}")
+            record = hashed(
+                record, "/", SIGNALS_HASH_PREFIX, "posts 2-11", links=links, event_id=f"home-{n}"
+            )
         else:
             record = hashed(
-                record, f"/post/{n}", "s:", f"post {n}", links=links, event_id=f"post-{n}"
+                record,
+                f"/post/{n}",
+                SIGNALS_HASH_PREFIX,
+                f"post {n}",
+                links=links,
+                event_id=f"post-{n}",
             )
         if record.rules().probes:
             probe = next(iter(record.rules().probes))
             break
     assert probe == SITE + "/?ref=logo"
     assert ("/" in dict(record.samples)) is home_sampled
-    record = hashed(record, "/?ref=logo", "s:", "posts 2-11", event_id="probe")
+    record = hashed(record, "/?ref=logo", SIGNALS_HASH_PREFIX, "posts 2-11", event_id="probe")
     assert record.rules().names == {"ref"}
 
 

@@ -72,9 +72,11 @@ HashText = Annotated[str, Storable(64)]
 
 #: Begins a ``CrawlCompleted.content_hash`` of what the page says (its signals); ``m:``
 #: one of the markup of a page that says too little to be told apart by its signals;
-#: any other is the sha256 of the body's bytes (every hash of the releases before, and
-#: a body that is no page: a PDF, binary, unparsable).
-SIGNALS_HASH_PREFIX = "s:"
+#: any other is the sha256 of the body's bytes (the hashes of the releases before
+#: signals, and a body that is no page: a PDF, binary, unparsable). ``s:`` began the
+#: signals of the releases whose text ran an inline element's words apart: a kind of
+#: its own, which tells nothing beside this one.
+SIGNALS_HASH_PREFIX = "t:"
 #: Begins the hash of a page's markup (the fetcher's ``markup_digest``).
 MARKUP_HASH_PREFIX = "m:"
 #: The kinds of one release's hashes of a page's content: which one a page gets is

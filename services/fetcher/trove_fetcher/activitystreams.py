@@ -32,6 +32,7 @@ from trove_fetcher.extract import (
     _Page,
     collapse_whitespace,
     parse_fragment,
+    visible_text,
     x_robots_directives,
 )
 from trove_fetcher.language import primary_tag
@@ -138,7 +139,6 @@ _AS_PREFIXES = ("https://www.w3.org/ns/activitystreams#", "as:")
 _LANGUAGE_TAG = re.compile(r"\A[A-Za-z]{1,8}(?:-[A-Za-z0-9]{1,8})*\Z")
 # Mentions link to accounts, hashtags to the server's tag timeline: not citations.
 _NOT_CITATIONS = frozenset({"mention", "hashtag"})
-_BLOCKS = ("p", "br", "div", "li", "blockquote", "pre", "h1", "h2", "h3", "h4", "h5", "h6", "td")
 
 
 def is_parseable(content_type: str | None) -> bool:
@@ -356,11 +356,8 @@ def _html_text(fragment: str, base: str, links: _Links) -> str:
             continue
         links.add(base, anchor.get("href"), LinkKind.A, not rel.isdisjoint(_NOFOLLOW_RELS))
     etree.strip_elements(root, "script", "style", "template", with_tail=False)
-    # Blocks and line breaks end words ("<p>a</p><p>b</p>" is "a b"); inline elements do
-    # not (a mention's "@<span>bob</span>" is "@bob").
-    for block in root.iter(*_BLOCKS):
-        block.tail = " " + (block.tail or "")
-    return " ".join("".join(cast("Iterator[str]", root.itertext())).split())
+    # A mention's "@<span>bob</span>" is "@bob".
+    return " ".join(visible_text(root).split())
 
 
 def _start_of(text: str) -> str | None:
