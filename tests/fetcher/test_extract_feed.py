@@ -10,6 +10,7 @@ from trove_fetcher.extract import Extraction, extract, looks_like_feed
 from trove_schema.events import LinkKind
 
 FEED_URL = "https://example.org/blog/feed.xml"
+ATOM_NS = "http://www.w3.org/2005/Atom"
 
 RSS2 = """<?xml version="1.0" encoding="UTF-8"?>
 <rss version="2.0" xmlns:atom="http://www.w3.org/2005/Atom">
@@ -173,6 +174,43 @@ def test_malformed_feed_keeps_what_it_can() -> None:
 def test_feed_in_a_legacy_charset() -> None:
     body = b'<?xml version="1.0" encoding="ISO-8859-1"?><rss><channel><title>Caf\xe9</title>'
     body += b"</channel></rss>"
+    assert run(body).title == "Café"
+
+
+@pytest.mark.parametrize(
+    ("title", "read"),
+    [
+        ("Caf&eacute; au lait", "Café au lait"),
+        ("Tom&nbsp;Jerry", "Tom Jerry"),  # a title's whitespace collapsed
+        ("R&amp;D costs", "R&D costs"),
+        ("Tom &amp;amp; Jerry", "Tom & Jerry"),  # escaped twice, as feeds do
+        ("&lt;b&gt;Java&lt;/b&gt;Script &amp;lt;3", "JavaScript <3"),
+        ("&Eacute;t&eacute; &hellip; &unknown; &#233;", "Été … é"),
+    ],
+)
+def test_an_rss_titles_html_references_are_read(title: str, read: str) -> None:
+    assert run(f"<rss><channel><title>{title}</title></channel></rss>").title == read
+
+
+@pytest.mark.parametrize(
+    ("kind", "read"),
+    [
+        ("", "Use <b> for bold"),
+        (' type="text"', "Use <b> for bold"),
+        (' type="html"', "Use for bold"),
+    ],
+)
+def test_an_atom_text_is_text_unless_it_says_html(kind: str, read: str) -> None:
+    body = f'<feed xmlns="{ATOM_NS}"><title{kind}>Use &lt;b&gt; for bold</title></feed>'
+    assert run(body, "application/atom+xml").title == read
+
+
+def test_a_feeds_own_entity_cannot_stand_for_an_html_one(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-CONTENT")
+    body = f"""<?xml version="1.0"?>
+<!DOCTYPE rss [<!ENTITY eacute SYSTEM "{secret.as_uri()}">]>
+<rss version="2.0"><channel><title>Caf&eacute;</title></channel></rss>"""
     assert run(body).title == "Café"
 
 

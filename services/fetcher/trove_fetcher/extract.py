@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import html.entities
 import re
 import threading
 from collections.abc import Iterator
@@ -951,6 +952,8 @@ class _Page:
             # libxml2 in recovery keeps a reference to a surrogate as bytes lxml cannot
             # decode later (UnicodeDecodeError on .text): refer to U+FFFD instead.
             text = _SURROGATE_REFERENCE.sub("&#xFFFD;", text)
+        if "&" in text:
+            text = _NAMED_REFERENCE.sub(_numbered, text)
         try:
             root = etree.fromstring(
                 text.encode("utf-8", "replace"), _feed_parser(), base_url=self.url
@@ -1048,8 +1051,36 @@ def _has_mount_point(root: etree._Element) -> bool:
 
 
 def _feed_text(element: etree._Element | None) -> str:
-    """Text of a feed element; escaped HTML (RSS descriptions, Atom type=html) unmarked."""
+    """Text of a feed element; escaped HTML unmarked: Atom's when its type says html
+    (Atom's text is text: "Use &lt;b&gt;" says "<b>"), RSS's when it holds any (RSS
+    does not say which, and feeds escape their titles twice)."""
     value = _text(element)
-    if element is not None and (element.get("type") == "html" or "<" in value):
-        value = html.unescape(_MARKUP.sub(" ", value))
-    return value
+    if element is None or not value:
+        return value
+    if element.tag.startswith(_ATOM):
+        if element.get("type") not in ("html", "text/html"):
+            return value
+    elif "<" not in value and "&" not in value:
+        return value
+    # An inline element's words run on ("<b>Java</b>Script"), a block's stand apart.
+    return html.unescape(_MARKUP.sub(" ", _INLINE_MARKUP.sub("", value)))
+
+
+_ATOM = "{http://www.w3.org/2005/Atom}"
+_INLINE_MARKUP = re.compile(
+    r"</?(?:a|abbr|b|bdi|bdo|cite|code|data|del|dfn|em|font|i|ins|kbd|mark|q|s|samp|small"
+    r"|span|strike|strong|sub|sup|time|tt|u|var|wbr)(?:\s[^<>]*)?/?>",
+    re.IGNORECASE,
+)
+#: A named character reference: XML knows five, and a feed's HTML ones ("&eacute;",
+#: "&nbsp;") are undefined entities to it, which libxml2 leaves out of the text.
+_NAMED_REFERENCE = re.compile(r"&(?!(?:amp|lt|gt|quot|apos);)([A-Za-z][A-Za-z0-9]{1,31});")
+
+
+def _numbered(match: re.Match[str]) -> str:
+    """An HTML named reference as numbered ones (never expanded by the XML parser, so
+    a feed's DTD cannot redefine them); an unknown name left as it is."""
+    characters = html.entities.html5.get(match.group(1) + ";")
+    if characters is None:
+        return match.group(0)
+    return "".join(f"&#{ord(character)};" for character in characters)
