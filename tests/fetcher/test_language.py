@@ -126,6 +126,20 @@ def test_hint_in_a_language_the_detector_was_not_built_with_is_trusted() -> None
     assert detect_language(SWAHILI, hint="sw") == "sw"
 
 
+@pytest.mark.parametrize(("text", "hint"), [(GERMAN, "lb"), (PORTUGUESE, "gl-ES")])
+def test_a_hint_in_a_language_lingua_does_not_know_is_trusted(text: str, hint: str) -> None:
+    """A Luxembourgish or Galician page the detector is sure of can only be told as a
+    neighbour it knows, German or Portuguese (played here by those languages' texts)."""
+    assert detect_language(text) in ("de", "pt")
+    assert detect_language(text, hint=hint) == primary_tag(hint)
+
+
+def test_a_hint_that_names_no_language_is_no_hint() -> None:
+    for hint in ("und", "zxx", "mul", "mis", "qaa", "qtz-x-mine", "zz", "xq"):
+        assert detect_language(ENGLISH, hint=hint) == "en", hint
+        assert detect_language("Hi", hint=hint) in (None, "zz", "xq"), hint
+
+
 def test_malformed_hint_is_ignored() -> None:
     for hint in ("english", "e", "en-", "12", "en us", "x-klingon", "<script>"):
         assert detect_language("Hello my friend", hint=hint) is None, hint
@@ -145,6 +159,12 @@ def test_malformed_hint_is_ignored() -> None:
         ("iw", "he"),
         ("in", "id"),
         ("zz", "zz"),
+        ("und", None),
+        ("zxx", None),
+        ("mul", None),
+        ("qaa-x-local", None),
+        ("qtz", None),
+        ("qua", "qua"),
         ("", None),
         (None, None),
         ("english", None),

@@ -302,8 +302,7 @@ def _language_tag(value: str) -> str | None:
     for ``und`` and anything that is not a tag."""
     if len(value) > 35 or not _LANGUAGE_TAG.match(value):
         return None
-    primary = primary_tag(value)
-    return None if primary in (None, "und") else primary
+    return primary_tag(value)
 
 
 def _urls(value: object) -> Iterator[str]:

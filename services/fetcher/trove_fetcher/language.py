@@ -22,8 +22,10 @@ threshold is high: below ``MIN_CONFIDENCE`` = 0.9 for the best language the dete
 counts as unsure; so does a sample with fewer than ``MIN_LETTERS`` = 20 letters. When
 the detector is unsure, a well-formed ``<html lang>`` hint is used instead; when it is
 sure, it wins over the hint (templates ship ``lang="en"`` whatever the page is in),
-unless the hint names a language lingua knows but this detector was not built with,
-which the detector cannot recognize.
+unless the hint names a language this detector cannot recognize: one lingua knows but
+this detector was not built with, or one of ISO 639-1 lingua does not know
+(Luxembourgish would be told German, Galician Portuguese). A hint that names no language
+(``und``, ``zxx``, ``mul``, a local-use ``qaa``) is no hint.
 
 **A page its stop words tell needs no detector.** lingua costs 0.7 to 4 ms a page (its
 models are cold in the CPU cache when pages come one at a time), more than the rest of
@@ -127,16 +129,34 @@ _LISTED_IN = _listed_in()
 _LANG_TAG = re.compile(r"\A([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*\Z")
 # Deprecated ISO 639-1 codes still seen in lang attributes.
 _RENAMED = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"}
+#: ISO 639-2's codes that name no language: undetermined, no linguistic content,
+#: several, uncoded; and the range reserved for local use.
+_NO_LANGUAGE = frozenset({"und", "zxx", "mul", "mis"})
+_LOCAL_USE = re.compile(r"\Aq[a-t][a-z]\Z")
+#: ISO 639-1: a two-letter hint is a language's only if it is one of these.
+_ISO_639_1_CODES = (
+    "aa ab ae af ak am an ar as av ay az ba be bg bi bm bn bo br bs ca ce ch co cr cs cu "
+    "cv cy da de dv dz ee el en eo es et eu fa ff fi fj fo fr fy ga gd gl gn gu gv ha he "
+    "hi ho hr ht hu hy hz ia id ie ig ii ik io is it iu ja jv ka kg ki kj kk kl km kn ko "
+    "kr ks ku kv kw ky la lb lg li ln lo lt lu lv mg mh mi mk ml mn mr ms mt my na nb nd "
+    "ne ng nl nn no nr nv ny oc oj om or os pa pi pl ps pt qu rm rn ro ru rw sa sc sd se "
+    "sg si sk sl sm sn so sq sr ss st su sv sw ta te tg th ti tk tl tn to tr ts tt tw ty "
+    "ug uk ur uz ve vi vo wa wo xh yi yo za zh zu"
+)
+_ISO_639_1 = frozenset(_ISO_639_1_CODES.split())
 
 
 def primary_tag(lang: str | None) -> str | None:
-    """The lower-case primary subtag of a well-formed language tag ("en-GB" -> "en")."""
+    """The lower-case primary subtag of a well-formed language tag ("en-GB" -> "en");
+    None for one that names no language ("und", "zxx", "mul", "qaa")."""
     if not lang:
         return None
     match = _LANG_TAG.match(lang.strip())
     if match is None:
         return None
     primary = match.group(1).lower()
+    if primary in _NO_LANGUAGE or _LOCAL_USE.match(primary):
+        return None
     if len(primary) == 3:
         # BCP-47 wants the two-letter code where one exists ("eng" -> "en").
         try:
@@ -147,11 +167,13 @@ def primary_tag(lang: str | None) -> str | None:
     return _RENAMED.get(primary, primary)
 
 
-def _known_to_lingua(code: str) -> bool:
+def _names_a_language(code: str) -> bool:
+    """Whether ``code`` is a language lingua knows, or one of ISO 639-1 it does not
+    (Luxembourgish, Frisian, Galician...): a language this detector cannot recognize."""
     try:
         IsoCode639_1.from_str(code)
     except ValueError:
-        return False
+        return code in _ISO_639_1
     return True
 
 
@@ -301,7 +323,7 @@ class LanguageIdentifier:
             hinted is not None
             and hinted != detected
             and hinted not in self.languages
-            and _known_to_lingua(hinted)
+            and _names_a_language(hinted)
         ):
             return hinted
         return detected
