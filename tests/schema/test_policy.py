@@ -7,6 +7,7 @@ Each simulated attempt is a real ``CrawlCompleted`` read through ``Observation.o
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -712,6 +713,16 @@ def test_an_operator_priors_file_replaces_the_shipped_one(
         load_priors(bad)
     with pytest.raises(InvalidPriors):
         load_priors(tmp_path / "missing.toml")
+
+
+def test_a_learning_config_by_default_is_the_one_the_settings_give_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bare ``LearningConfig()`` (the CLI's and the tests') says what a service
+    configured by default does."""
+    for name in [n for n in os.environ if n.startswith("TROVE_")]:
+        monkeypatch.delenv(name)
+    assert LearningConfig() == LearningConfig.from_settings(CommonSettings())
 
 
 def test_the_fetcher_and_the_recorder_read_the_same_bounds(

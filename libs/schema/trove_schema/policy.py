@@ -49,12 +49,15 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from trove_schema.errors import InvalidPriors
 from trove_schema.events import CrawlCompleted, CrawlOutcome, LinkKind
 from trove_schema.heuristics import Audit, audit
+
+if TYPE_CHECKING:
+    from trove_schema.settings import CommonSettings
 from trove_schema.urls import canonicalize_or_none
 
 DEFAULT_PRIORS_FILE = Path(__file__).with_name("priors.toml")
@@ -230,26 +233,21 @@ class LearningConfig:
     priors: Priors = field(default_factory=_default_priors)
 
     @classmethod
-    def from_settings(cls, settings: object) -> LearningConfig:
-        """From a service's settings; the fetcher's gap and back-off bounds when it has them."""
-        defaults = cls()
-        priors_file = getattr(settings, "priors_file", None)
+    def from_settings(cls, settings: CommonSettings) -> LearningConfig:
+        """From a service's settings: the gap, back-off and learning bounds every service
+        reads alike (the recorder folds the same events for the operator)."""
         return cls(
-            min_gap=float(getattr(settings, "min_domain_delay_seconds", defaults.min_gap)),
-            max_gap=float(getattr(settings, "max_domain_delay_seconds", defaults.max_gap)),
-            response_factor=float(
-                getattr(settings, "gap_response_factor", defaults.response_factor)
-            ),
-            pause_base=float(getattr(settings, "host_pause_seconds", defaults.pause_base)),
-            pause_max=float(getattr(settings, "host_pause_max_seconds", defaults.pause_max)),
-            rate_base=float(getattr(settings, "rate_pause_seconds", defaults.rate_base)),
-            rate_max=float(getattr(settings, "max_backoff_seconds", defaults.rate_max)),
-            ban_pause=float(getattr(settings, "ban_pause_seconds", defaults.ban_pause)),
-            explore_every=int(getattr(settings, "explore_every", defaults.explore_every)),
-            move_recheck=float(
-                getattr(settings, "host_move_recheck_seconds", defaults.move_recheck)
-            ),
-            priors=load_priors(Path(priors_file) if priors_file else None),
+            min_gap=settings.min_domain_delay_seconds,
+            max_gap=settings.max_domain_delay_seconds,
+            response_factor=settings.gap_response_factor,
+            pause_base=settings.host_pause_seconds,
+            pause_max=settings.host_pause_max_seconds,
+            rate_base=settings.rate_pause_seconds,
+            rate_max=settings.max_backoff_seconds,
+            ban_pause=settings.ban_pause_seconds,
+            explore_every=settings.explore_every,
+            move_recheck=settings.host_move_recheck_seconds,
+            priors=load_priors(settings.priors_file),
         )
 
 
