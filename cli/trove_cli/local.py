@@ -52,7 +52,6 @@ class LocalTrove:
     services: tuple[str, ...] = SERVICES
     replicas: Mapping[str, int] = field(default_factory=dict)
     service_env: Mapping[str, str] = field(default_factory=dict)
-    logs_to_console: bool = False
     fast_and_unsafe: bool = False
     restart_policy: RestartPolicy = DEFAULT_RESTART_POLICY
     #: Told of every exit and restart of a service (they are logged in any case).

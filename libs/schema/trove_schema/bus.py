@@ -55,7 +55,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from trove_schema.errors import BrokerClosed, MalformedEvent, TopologyError, TroveError
-from trove_schema.events import Event
+from trove_schema.events import PRIORITY_HEADER, SIBLINGS_HEADER, Event
 from trove_schema.metrics import (
     BROKER_CONNECTED,
     DEAD_LETTERS,
@@ -795,12 +795,6 @@ class Consumer:
         MESSAGES_HANDLED.labels(self.durable, "parked").inc()
         await _quiet(msg.term())
         await self.count_dead_letters()
-
-
-PRIORITY_HEADER = "Trove-Priority"
-#: ``PageDiscovered.siblings``: among due work of equal priority, the page of the host
-#: with the longer queue starts first.
-SIBLINGS_HEADER = "Trove-Siblings"
 
 
 def _header_int(msg: Msg, name: str) -> int:

@@ -107,6 +107,14 @@ def pages_told_apart(a: str, b: str) -> bool | None:
     return None
 
 
+#: An event's priority in a header, read by consumers that order the work in hand
+#: (``bus.Consumer.prefetch``) without decoding the event.
+PRIORITY_HEADER = "Trove-Priority"
+#: ``PageDiscovered.siblings``: among due work of equal priority, the page of the host
+#: with the longer queue starts first.
+SIBLINGS_HEADER = "Trove-Siblings"
+
+
 #: The validation context ``decode_event`` reads with (``Bounded`` cuts, not refuses).
 _READING: dict[str, bool] = {"reading": True}
 
@@ -262,6 +270,8 @@ class RequestReason(StrEnum):
     DISCOVERED = "discovered"
     RETRY = "retry"
     RECRAWL = "recrawl"
+    #: Sent by no release (a forced seed is a ``PageDiscovered`` with ``force``); kept so
+    #: that an event that says it is still read.
     FORCED = "forced"
 
 
@@ -397,10 +407,10 @@ class Event(Frozen):
         if priority:
             # Read by consumers that order the work in hand (``bus.Consumer.prefetch``)
             # without decoding the event.
-            headers["Trove-Priority"] = str(priority)
+            headers[PRIORITY_HEADER] = str(priority)
         siblings = getattr(self, "siblings", 0)
         if siblings > 1:
-            headers["Trove-Siblings"] = str(siblings)
+            headers[SIBLINGS_HEADER] = str(siblings)
         return headers
 
 
@@ -432,7 +442,7 @@ class PageDiscovered(Event):
     force: bool = False
     #: New pages of the same host that the same page revealed, this one included: a
     #: big site's queue is long, and the fetcher starts such pages first among due work
-    #: of equal priority (``bus.SIBLINGS_HEADER``), so that the longest queue, which
+    #: of equal priority (``SIBLINGS_HEADER``), so that the longest queue, which
     #: sets when a crawl is done, is not the one left waiting.
     siblings: int = Field(default=0, ge=0)
 

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from trove_schema.events import CrawlOutcome, LinkKind
+from trove_schema.events import MAX_URL_LENGTH, CrawlOutcome, LinkKind
 
 PAGE_STATUSES = ("discovered", "fetched", "failed", "rejected")
 CRAWL_OUTCOMES = tuple(o.value for o in CrawlOutcome)
@@ -64,7 +64,7 @@ class Page(Base):
     __tablename__ = "pages"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    url: Mapped[str] = mapped_column(String(2048), nullable=False, unique=True)
+    url: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False, unique=True)
     domain: Mapped[str] = mapped_column(String(253), nullable=False, index=True)
     status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="discovered")
     depth: Mapped[int | None] = mapped_column(Integer)
@@ -76,11 +76,11 @@ class Page(Base):
     etag: Mapped[str | None] = mapped_column(Text)
     last_modified: Mapped[str | None] = mapped_column(Text)
     content_hash: Mapped[str | None] = mapped_column(String(64))
-    canonical_url: Mapped[str | None] = mapped_column(String(2048))
+    canonical_url: Mapped[str | None] = mapped_column(String(MAX_URL_LENGTH))
     #: Where the page was last read (its newest success or 304), when a redirect on its
     #: host led there (canonical; NULL: at ``url`` itself). Search leaves out such a row
     #: once the page there is fetched where it answers itself, or was looked at since.
-    final_url: Mapped[str | None] = mapped_column(String(2048))
+    final_url: Mapped[str | None] = mapped_column(String(MAX_URL_LENGTH))
     noindex: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     #: Completion time of the newest attempt applied: its outcome and status. Older
     #: ones arriving late (a redelivery, a redrive) set only what they are the newest
@@ -204,7 +204,7 @@ class Instance(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     #: The instance's origin (``https://social.example``).
-    instance: Mapped[str] = mapped_column(String(2048), nullable=False)
+    instance: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False)
     domain: Mapped[str] = mapped_column(String(253), nullable=False)
     #: ``local``, ``public`` or ``tag:NAME``.
     timeline: Mapped[str] = mapped_column(String(120), nullable=False)
@@ -286,7 +286,7 @@ class InstanceUnfollow(Base):
     __tablename__ = "instance_unfollows"
 
     event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
-    instance: Mapped[str] = mapped_column(String(2048), nullable=False, index=True)
+    instance: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False, index=True)
     #: None: every timeline of the instance.
     timeline: Mapped[str | None] = mapped_column(String(120))
     unfollowed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
@@ -302,12 +302,12 @@ class PageShare(Base):
     __tablename__ = "page_shares"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    url: Mapped[str] = mapped_column(String(2048), nullable=False)
+    url: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False)
     #: The post's ActivityPub id: one post, however many instances show it.
-    post_uri: Mapped[str] = mapped_column(String(2048), nullable=False)
-    post_url: Mapped[str | None] = mapped_column(String(2048))
+    post_uri: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False)
+    post_url: Mapped[str | None] = mapped_column(String(MAX_URL_LENGTH))
     #: The followed instance whose timeline showed the post.
-    instance: Mapped[str] = mapped_column(String(2048), nullable=False)
+    instance: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False)
     account: Mapped[str] = mapped_column(Text, nullable=False)
     shared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     language: Mapped[str | None] = mapped_column(String(35))
@@ -375,7 +375,7 @@ class FetcherAttempt(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     event_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
     page_id: Mapped[int | None] = mapped_column(BigInteger)
-    url: Mapped[str] = mapped_column(String(2048), nullable=False)
+    url: Mapped[str] = mapped_column(String(MAX_URL_LENGTH), nullable=False)
     host: Mapped[str] = mapped_column(String(253), nullable=False)
     #: The fetch strategy used (``http``).
     fetcher: Mapped[str] = mapped_column(Text, nullable=False)

@@ -220,8 +220,6 @@ class DnsResolver:
         self._slots = asyncio.Semaphore(config.max_concurrent)
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._pending: dict[str, asyncio.Task[_Entry]] = {}
-        #: Queries sent (one per record type), for the metrics and the tests.
-        self.queries = 0
         #: When the nameservers last answered (on ``clock``): a name or no such name.
         self._answered_at = -math.inf
         #: Since when, and why, they are taken to be away; None while they answer.
@@ -401,7 +399,6 @@ class DnsResolver:
             # Any other answer (NOERROR, REFUSED, NXDOMAIN) is a server that works.
             return f"{address}:{port} SERVFAIL" if rcode == dns.rcode.SERVFAIL else None
 
-        self.queries += len(self._servers)
         failures = await asyncio.gather(*(ask(*server) for server in self._servers))
         now = self._clock()
         if not self._servers or any(why is None for why in failures):
@@ -417,7 +414,6 @@ class DnsResolver:
 
     async def _ask(self, name: str, rdtype: dns.rdatatype.RdataType) -> _Part:
         timeout = self.config.timeout
-        self.queries += 1
         try:
             # Each family bounded on its own: one that hangs does not take the other's
             # answer with it.

@@ -48,6 +48,7 @@ from trove_fetcher.completion import (
     moved_away,
     rejected,
     robots_refusal,
+    unreadable,
     with_canonical_links,
 )
 from trove_fetcher.deferral import (
@@ -75,14 +76,14 @@ from trove_fetcher.robots import DEFAULT_TTL, RETRY_TTL, RobotsPolicy, fetch_rob
 from trove_fetcher.strategies import STRATEGIES, Strategy, applicable
 from trove_fetcher.timeline import TimelinePoller
 from trove_schema.bus import (
-    PRIORITY_HEADER,
-    SIBLINGS_HEADER,
     Bus,
     Retry,
     broker_trouble,
     schedule_header,
 )
 from trove_schema.events import (
+    PRIORITY_HEADER,
+    SIBLINGS_HEADER,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -659,9 +660,7 @@ class Fetcher:
         # The hand it comes back to orders it as it ordered the event: by priority, then
         # by its host's queue (the event's own headers, ``Event.headers``).
         ordering = job.work.headers()
-        headers.update(
-            {k: ordering[k] for k in (PRIORITY_HEADER, SIBLINGS_HEADER) if k in ordering}
-        )
+        headers.update({k: ordering[k] for k in ORDERING_HEADERS if k in ordering})
         size = message_bytes(payload, headers)
         if size > self.max_message_bytes:
             # nats-server counts the headers against its max_payload, and closes the
@@ -820,10 +819,9 @@ class Fetcher:
                 # learning is for; anything else is a bug worth its traceback.
                 if not isinstance(exc, NotActivityStreams):
                     log.exception("extraction failed", extra={"url": job.url})
-                why = f"extraction failed: {type(exc).__name__}: {exc}"
-                return rejected(
+                return unreadable(
                     job.work,
-                    why,
+                    exc,
                     started,
                     result,
                     strategy=name,

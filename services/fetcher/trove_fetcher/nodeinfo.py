@@ -18,34 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from trove_schema.events import MAX_URL_LENGTH
 from trove_schema.urls import without_userinfo
 
 WELL_KNOWN_PATH = "/.well-known/nodeinfo"
 _SCHEMA = re.compile(r"^https?://nodeinfo\.diaspora\.software/ns/schema/2\.(\d{1,3})/?$")
 _NAME_LENGTH = 100
 
-#: Software known to implement the Mastodon client API's public timelines.
-MASTODON_API_SOFTWARE = frozenset(
-    {
-        "mastodon",
-        "glitchsoc",
-        "hometown",
-        "fedibird",
-        "kmyblue",
-        "pleroma",
-        "akkoma",
-        "gotosocial",
-        "friendica",
-        "pixelfed",
-        "takahe",
-        "snac",
-        "iceshrimp",
-        "sharkey",
-        "firefish",
-    }
-)
-#: Software known not to: polling it would only cost the instance requests. Anything
-#: else unknown is tried (many small servers implement the API without being listed).
+#: Software known not to implement the Mastodon client API's public timelines: polling
+#: it would only cost the instance requests. Any other is tried (Mastodon and its forks,
+#: Pleroma, Akkoma, GoToSocial, Friendica, Pixelfed, and many small servers).
 NOT_MASTODON_API_SOFTWARE = frozenset(
     {
         "misskey",
@@ -110,7 +92,7 @@ def document_link(index: Any, origin: str) -> str | None:
         if not isinstance(link, dict):
             continue
         rel, href = link.get("rel"), link.get("href")
-        if not isinstance(rel, str) or not isinstance(href, str) or len(href) > 2048:
+        if not isinstance(rel, str) or not isinstance(href, str) or len(href) > MAX_URL_LENGTH:
             continue
         match = _SCHEMA.match(rel.strip())
         if match is None:

@@ -120,7 +120,6 @@ ACTIVITYPUB = Strategy(
 STRATEGIES: Mapping[str, Strategy] = MappingProxyType(
     {strategy.name: strategy for strategy in (HTTP, ACTIVITYPUB)}
 )
-DEFAULT = HTTP.name
 
 
 def applicable(url: str) -> list[str]:

@@ -145,7 +145,7 @@ from trove_schema.events import (
 )
 from trove_schema.heuristics import is_challenge
 from trove_schema.media import media_type
-from trove_schema.urls import canonicalize_or_none, is_private_host, without_userinfo
+from trove_schema.urls import canonicalize_or_none, is_private_host, origin_of, without_userinfo
 
 log = logging.getLogger("trove.fetcher.timeline")
 
@@ -633,11 +633,6 @@ def timeline_url(
         if value is not None:
             params.append((name, value))
     return f"{api.rstrip('/')}{path}?{urlencode(params)}"
-
-
-def origin_of(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 class _Stop(Exception):
