@@ -26,12 +26,11 @@ from tests.fetcher._servers import (
     stream_body,
 )
 from tests.ports import free_port
-from trove_fetcher.errors import RedirectPaused, RobotsUnavailable
+from trove_fetcher.errors import HopGateFailed, RedirectPaused, RobotsUnavailable
 from trove_fetcher.http import (
     BodyReader,
     FetchLimits,
     FetchResult,
-    HopGateFailed,
     fetch,
     parse_retry_after,
     same_site,

@@ -22,8 +22,7 @@ from tests.fetcher._servers import (
 )
 from tests.ports import free_port
 from trove_fetcher import robots as robots_module
-from trove_fetcher.errors import RedirectPaused
-from trove_fetcher.http import HopGateFailed
+from trove_fetcher.errors import HopGateFailed, RedirectPaused
 from trove_fetcher.robots import (
     DEFAULT_TTL,
     RETRY_TTL,

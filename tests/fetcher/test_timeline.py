@@ -25,8 +25,8 @@ from tests.fetcher._dns import dns_server
 from trove_discovery.follows import TimelineFollow
 from trove_discovery.shares import next_poll
 from trove_fetcher import fetcher as fetcher_module
-from trove_fetcher.errors import GateDeferred, ResolverAway
-from trove_fetcher.http import FetchLimits, HopGateFailed
+from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
+from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
     MAX_RETRY_AFTER,

@@ -20,7 +20,8 @@ from tests.conftest import StackUrls, eventually
 from tests.ports import free_port
 from tests.recorder.test_database_errors import wrapped
 from tests.recorder.test_recorder_service import completed
-from trove_recorder.database import UNAVAILABLE_DELAY, LoginRefused, as_retry, login_refused
+from trove_recorder.database import UNAVAILABLE_DELAY, as_retry, login_refused
+from trove_recorder.errors import LoginRefused
 from trove_recorder.recorder import serve
 from trove_schema.bus import Bus
 from trove_schema.migrate import upgrade

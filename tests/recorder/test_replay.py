@@ -22,7 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from tests.conftest import StackUrls, eventually
 from tests.recorder.test_database_outage import DISK_FULL, TIMED_OUT
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
-from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, LockLost, replay, since_of
+from trove_recorder.errors import LockLost
+from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, replay, since_of
 from trove_recorder.retries import RetryPolicy, retry_request
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb

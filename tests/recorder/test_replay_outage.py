@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from tests.conftest import eventually
 from tests.ports import free_port
 from tests.support import query
-from trove_recorder.replay import ReplayStalled, ReplayStats, replay
+from trove_recorder.errors import ReplayStalled
+from trove_recorder.replay import ReplayStats, replay
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import Provenance, SeedRejected

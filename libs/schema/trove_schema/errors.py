@@ -3,13 +3,18 @@
 TroveError
 ├── MalformedEvent       bytes on the wire that are not a valid Trove event
 ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
+├── BrokerClosed         the NATS client closed the connection for good: the service ends
 ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
 ├── RetentionRefused     a stream's shorter retention would drop schedules it holds
 ├── MigrationStopped     a migrator stopped while it waited for a lock; it held nothing
 ├── StackError           the embedded or external servers could not be started or reached
 ├── InvalidPriors        the seed priors file (TROVE_PRIORS_FILE) cannot be read
 ├── InvalidTLS           the NATS TLS files (TROVE_NATS_TLS_*) cannot be read or used
-└── InvalidExclusion     an excluded host (TROVE_EXCLUDED_HOSTS) that names no host
+├── InvalidExclusion     an excluded host (TROVE_EXCLUDED_HOSTS) that names no host
+├── UnknownSetting       a TROVE_* variable no settings object knows (``settings``)
+├── Retry                a handler hands its message back, to come again (``bus``)
+├── MessageTooLarge      a message over the server's max_payload, refused unsent (``bus``)
+└── Overtaken            a publish found its subject written since it was read (``bus``)
 """
 
 

@@ -4,6 +4,7 @@
     ├── BlockedAddress        a host not to connect to: private (SSRF), or excluded by the operator
     ├── RedirectPaused        a redirect hop must wait for its host's slot: continue later
     ├── GateDeferred          a timeline poll's next request must wait for its host's slot
+    ├── HopGateFailed         what a redirect hop asks first failed for its own reasons
     ├── TooManyRedirects      more same-host redirect hops than allowed, or a redirect loop
     ├── RobotsUnavailable     a redirect hop's robots.txt could not be read: nothing known yet
     ├── DnsError              a name could not be turned into addresses (``trove_fetcher.dns``)
@@ -91,6 +92,13 @@ class GateDeferred(FetcherError):
     def __init__(self, wait: float) -> None:
         super().__init__(f"the host's next slot is {wait:.3f} s away")
         self.wait = wait
+
+
+class HopGateFailed(FetcherError):
+    """What is asked before a redirect hop (the gate, or ``robots_allows``) failed for its
+    own reasons (the broker, say), not the site's: carried past ``fetch()``'s
+    classification so the caller sees it, as ``__cause__``. (A KV read that times out
+    raises a ``TimeoutError``, which would otherwise be taken for the site's.)"""
 
 
 class TooManyRedirects(FetcherError):

@@ -61,6 +61,7 @@ from trove_fetcher.deferral import (
 )
 from trove_fetcher.errors import (
     GateDeferred,
+    HopGateFailed,
     NetworkAway,
     NotActivityStreams,
     PodExhausted,
@@ -69,7 +70,7 @@ from trove_fetcher.errors import (
     RobotsUnavailable,
 )
 from trove_fetcher.extract import PARSE_THREAD_BYTES, Extraction, ParseThreads
-from trove_fetcher.http import FetchLimits, FetchResult, HopGate, HopGateFailed, fetch
+from trove_fetcher.http import FetchLimits, FetchResult, HopGate, fetch
 from trove_fetcher.memory import Memory
 from trove_fetcher.politeness import CrawlDelay, Deferred, Granted, Moved, Politeness
 from trove_fetcher.robots import DEFAULT_TTL, RETRY_TTL, RobotsPolicy, fetch_robots

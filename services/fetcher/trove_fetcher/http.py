@@ -57,6 +57,7 @@ from trove_fetcher.errors import (
     BlockedAddress,
     CrumbledBody,
     DecompressionBomb,
+    HopGateFailed,
     NetworkAway,
     RedirectPaused,
     RobotsUnavailable,
@@ -110,13 +111,6 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: Awaited before each redirect hop with the hops so far (the last one about to be
 #: requested); returns when it may go, or raises ``RedirectPaused``.
 HopGate = Callable[[tuple[str, ...]], Awaitable[None]]
-
-
-class HopGateFailed(Exception):
-    """What is asked before a redirect hop (the gate, or ``robots_allows``) failed for its
-    own reasons (the broker, say), not the site's: carried past ``fetch()``'s
-    classification so the caller sees it, as ``__cause__``. (A KV read that times out
-    raises a ``TimeoutError``, which would otherwise be taken for the site's.)"""
 
 
 async def pass_gate(

@@ -71,13 +71,18 @@ from protego._protego import (
     _extract_directive,
 )
 
-from trove_fetcher.errors import BlockedAddress, FetcherError, NetworkAway, RedirectPaused
+from trove_fetcher.errors import (
+    BlockedAddress,
+    FetcherError,
+    HopGateFailed,
+    NetworkAway,
+    RedirectPaused,
+)
 from trove_fetcher.http import (
     ACCEPT_ENCODING,
     REDIRECT_STATUSES,
     BodyReader,
     HopGate,
-    HopGateFailed,
     error_text,
     overlong_target,
     parse_retry_after,

@@ -39,9 +39,9 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from trove_recorder.errors import LoginRefused
 from trove_schema import sqlstates
 from trove_schema.bus import REFUSED_PATIENCE, Retry
-from trove_schema.errors import TroveError
 
 log = logging.getLogger("trove.recorder")
 
@@ -205,11 +205,6 @@ def login_refused(exc: BaseException) -> bool:
         isinstance(state := getattr(cause, "sqlstate", None), str) and sqlstates.refused(state)
         for cause in _chain(exc)
     )
-
-
-class LoginRefused(TroveError):
-    """Postgres refused every login of the recorder for the patience: the recorder ends,
-    and its restart reads the deployment's current ``TROVE_DATABASE_URL``."""
 
 
 class LoginRefusals:

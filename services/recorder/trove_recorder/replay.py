@@ -70,6 +70,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from trove_recorder.database import as_retry, canceled, make_engine
+from trove_recorder.errors import LockLost, NotEmpty, ReplayStalled
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
@@ -288,23 +289,6 @@ def since_of(value: str, now: datetime) -> datetime:
             "or a time with its zone (2026-11-28T04:00Z)"
         )
     return at.astimezone(UTC)
-
-
-class NotEmpty(TroveError):
-    """The target database already holds projections; replay refuses to mix them."""
-
-
-class LockLost(TroveError):
-    """The replay's lock went with its connection: the replay stopped."""
-
-
-class ReplayStalled(TroveError):
-    """No event came from NATS for the replay's patience: the broker stayed away.
-
-    ``applied_until``: when the stream stored the last event the replay applied (a
-    ``--since`` for the next run), None when it applied none."""
-
-    applied_until: datetime | None = None
 
 
 #: Seconds one read waits for a message before the replay looks at how long it waited.

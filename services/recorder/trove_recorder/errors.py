@@ -1,0 +1,46 @@
+"""Errors raised by trove_recorder.
+
+    TroveError                   (trove_schema.errors)
+    └── RecorderError            anything the recorder or a replay stops on, on purpose
+        ├── LoginRefused         Postgres refused every login for the patience: the
+        │                        recorder ends, and its restart reads the current URL
+        ├── NotEmpty             a whole replay's database already holds projections
+        ├── LockLost             a replay's lock went with its connection
+        └── ReplayStalled        no event came from NATS for a replay's patience
+
+A batch's trouble is not among them: the database's errors become a ``Retry`` (the
+events handed back) or, for an event of its own fault, a failure the consumer counts
+and parks (``trove_recorder.database``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from trove_schema.errors import TroveError
+
+
+class RecorderError(TroveError):
+    """Base of every error trove_recorder raises on purpose."""
+
+
+class LoginRefused(RecorderError):
+    """Postgres refused every login of the recorder for the patience: the recorder ends,
+    and its restart reads the deployment's current ``TROVE_DATABASE_URL``."""
+
+
+class NotEmpty(RecorderError):
+    """The target database already holds projections; replay refuses to mix them."""
+
+
+class LockLost(RecorderError):
+    """The replay's lock went with its connection: the replay stopped."""
+
+
+class ReplayStalled(RecorderError):
+    """No event came from NATS for the replay's patience: the broker stayed away.
+
+    ``applied_until``: when the stream stored the last event the replay applied (a
+    ``--since`` for the next run), None when it applied none."""
+
+    applied_until: datetime | None = None
