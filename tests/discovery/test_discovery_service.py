@@ -102,6 +102,28 @@ async def test_each_bad_seed_gets_a_rejection_with_its_reason(
         assert expected in reason, f"{raw[:40]!r}: {reason!r}"
 
 
+async def test_a_seed_says_who_sent_it_when_its_header_does(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    """``nats pub -H Trove-Origin:alice trove.seeds ...``: recorded with what it was."""
+    async with services(stack, state_dir, {}, only=("discovery", "recorder")):
+        nc = await nats.connect(stack.nats_url)
+        await nc.publish(SEEDS_SUBJECT, b"ftp://alice.example/", headers={"Trove-Origin": "alice"})
+        await nc.publish(SEEDS_SUBJECT, b"ftp://anyone.example/")
+        await nc.flush()
+        await nc.close()
+
+        async def origins() -> dict[str, str]:
+            rows = await query(engine, "SELECT raw, origin FROM seed_rejections")
+            return {r.raw: r.origin for r in rows}
+
+        found = await eventually(origins, until=lambda o: len(o) == 2, timeout=30, what="both")
+    assert found == {
+        "ftp://alice.example/": f"{SEEDS_SUBJECT} (alice)",
+        "ftp://anyone.example/": SEEDS_SUBJECT,
+    }
+
+
 async def test_a_seed_request_gets_a_reply_saying_what_was_accepted_and_why_not(
     stack: StackUrls, state_dir: Path
 ) -> None:

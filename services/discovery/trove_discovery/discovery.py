@@ -40,6 +40,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from trove_discovery.errors import InvalidURL
+from trove_discovery.replies import command_origin
 from trove_discovery.scope import follow_link, in_scope, redirected_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply
 from trove_discovery.sightings import Recent, Sightings
@@ -165,14 +166,17 @@ class Discovery:
     async def handle_seed(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         batch = parse_seeds(
-            msg.data, origin=_origin(msg), settings=self.settings, exclusions=await self._fresh()
+            msg.data,
+            origin=command_origin(msg),
+            settings=self.settings,
+            exclusions=await self._fresh(),
         )
         for n, rejected in enumerate(batch.rejected):
             rejection = SeedRejected(
                 id=derived_event_id(f"seed:{seq}:{n}", "rejected"),
                 raw=rejected.raw[:512],
                 reason=rejected.reason,
-                provenance=Provenance(kind="seed", origin=_origin(msg)),
+                provenance=Provenance(kind="seed", origin=command_origin(msg)),
             )
             log.warning("seed rejected", extra={"raw": rejection.raw, "reason": rejection.reason})
             SEEDS.labels("rejected").inc()
@@ -1063,9 +1067,3 @@ def delivery_count(msg: Msg) -> int:
         return int(msg.metadata.num_delivered)
     except Exception:  # not a JetStream message: handed over directly
         return 1
-
-
-def _origin(msg: Msg) -> str:
-    headers = msg.headers or {}
-    who = headers.get("Trove-Origin") or headers.get("Nats-Origin")
-    return msg.subject + (f" ({who})" if who else "")

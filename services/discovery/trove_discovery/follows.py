@@ -62,6 +62,7 @@ from trove_discovery.errors import InvalidFollow, InvalidURL
 from trove_discovery.replies import (
     MAX_RAW_LENGTH,
     Refused,
+    command_origin,
     listed,
     read_json,
     refused_item,
@@ -612,7 +613,7 @@ class Follows:
         batch = parse_command(
             msg.data, verb=verb, settings=self.settings, exclusions=await self._fresh()
         )
-        origin = _origin(msg)
+        origin = command_origin(msg)
         for rejected in batch.rejected:
             log.warning(f"{verb} refused", extra={"raw": rejected.raw, "reason": rejected.reason})
         for command in batch.accepted:
@@ -735,9 +736,3 @@ class Follows:
             await self.store.drop_progress(command.instance, name)
         log.info("unfollowed", extra={"instance": command.instance, "timelines": stopped})
         return stopped
-
-
-def _origin(msg: Msg) -> str:
-    headers = msg.headers or {}
-    who = headers.get("Trove-Origin") or headers.get("Nats-Origin")
-    return msg.subject + (f" ({who})" if who else "")

@@ -1,5 +1,5 @@
-"""What an operator sent that was refused, and the words of the answer to a `nats req`
-on an operator subject (seeds, follows)."""
+"""What an operator sent: who sent it, what was refused, and the words of the answer to
+a `nats req` on an operator subject (seeds, follows)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from nats.aio.msg import Msg
 
 #: Items named in a text reply; the rest are counted.
 REPLY_TEXT_LIMIT = 20
@@ -29,6 +31,15 @@ _AUTHORITY_END = re.compile(f"[{_AUTHORITY_ENDS}]")
 #: A URL's userinfo (``user:password@``, a token): from ``//`` (``\\``, or JSON's
 #: ``\/\/``) to the last ``@`` of the authority, where ``urlsplit`` finds the host.
 _USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
+
+
+def command_origin(msg: Msg) -> str:
+    """Where an operator's command came from, as its provenance and its refusals record
+    it: the subject, and who sent it when a header says (``Trove-Origin``, as in ``nats
+    pub -H Trove-Origin:alice trove.seeds URL``, or the ``Nats-Origin`` of a bridge)."""
+    headers = msg.headers or {}
+    who = headers.get("Trove-Origin") or headers.get("Nats-Origin")
+    return msg.subject + (f" ({who})" if who else "")
 
 
 @dataclass(frozen=True, slots=True)
