@@ -136,6 +136,28 @@ async def pending_poll(bus: Bus, instance: str, timeline: str) -> RawStreamMsg |
         return None
 
 
+async def poll_due_now(bus: Bus, instance: str, timeline: str) -> TimelinePollRequested:
+    """A poll asked for at once: pending on the timeline's schedule or, on a loaded
+    machine, fired already (nats-server's scheduler quicker than the look)."""
+
+    async def look() -> TimelinePollRequested | None:
+        pending = await pending_poll(bus, instance, timeline)
+        if pending is not None and pending.data:
+            event = decode_event(pending.data)
+            assert isinstance(event, TimelinePollRequested)
+            return event
+        fired = [
+            request
+            for request in await recorded(bus, TimelinePollRequested)
+            if (request.instance, request.timeline) == (instance, timeline)
+        ]
+        return fired[-1] if fired else None
+
+    found = await eventually(look, until=lambda r: r is not None, timeout=10, what="the poll")
+    assert found is not None
+    return found
+
+
 async def publish_polled(bus: Bus, event: TimelinePolled, *, msg_id: str | None = None) -> int:
     """Publish a poll result as the fetcher would; ``msg_id``: as a redelivery would come
     back under another id (``trove dead redrive``). The stream sequence it got."""

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.cli.test_instances import project
-from tests.discovery.follow_support import SchedulingBus, pending_poll, recorded
+from tests.discovery.follow_support import SchedulingBus, poll_due_now, recorded
 from tests.discovery.test_shares import SETTINGS
 from tests.fetcher._servers import Exchange, serving
 from tests.fetcher.test_poll_politeness import HOST, IP, client, fetcher_on, polled
@@ -29,7 +29,7 @@ from trove_discovery.follows import Follows, FollowStore, parse_command
 from trove_discovery.shares import Shares
 from trove_fetcher.politeness import Politeness, PolitenessConfig
 from trove_schema.bus import Bus
-from trove_schema.events import CrawlOutcome, InstanceFollowed, TimelinePollRequested, decode_event
+from trove_schema.events import CrawlOutcome, InstanceFollowed
 from trove_schema.policy import LearningConfig
 from trove_schema.topology import DOMAINS_BUCKET, FOLLOW_SUBJECT, FOLLOWS_BUCKET, SEEN_BUCKET
 
@@ -53,10 +53,7 @@ async def test_a_poll_deferred_while_its_host_is_paused_keeps_the_run_of_failure
         follows = Follows(bus=bus, store=store, settings=SETTINGS)
         (command,) = parse_command(origin.encode(), verb="follow", settings=SETTINGS).accepted
         assert await follows.follow(command, seq=9 * 10**9, origin=FOLLOW_SUBJECT)
-        pending = await pending_poll(bus, origin, "local")
-        assert pending is not None
-        first = decode_event(pending.data or b"")
-        assert isinstance(first, TimelinePollRequested)
+        first = await poll_due_now(bus, origin, "local")
         first = first.model_copy(update={"api": origin})  # as after NodeInfo
         # A pause of an hour after a 403: what a host refusing for days has reached.
         politeness = Politeness(

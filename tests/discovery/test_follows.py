@@ -17,6 +17,7 @@ from tests.discovery.follow_support import (
     ask,
     commands_handled,
     pending_poll,
+    poll_due_now,
     recorded,
 )
 from tests.support import send, services
@@ -38,7 +39,6 @@ from trove_schema.events import (
     MAX_RECENT_POSTS,
     InstanceFollowed,
     TimelinePollRequested,
-    decode_event,
 )
 from trove_schema.exclusions import Exclusions
 from trove_schema.settings import DiscoverySettings
@@ -350,9 +350,5 @@ async def test_a_follow_record_with_more_recent_ids_than_this_release_keeps_stil
     await resume_polls(
         bus, "https://social.example", "social.example", "local", follow, id="poll-8"
     )
-    pending = await pending_poll(bus, "https://social.example", "local")
-    assert pending is not None
-    assert pending.data
-    request = decode_event(pending.data)
-    assert isinstance(request, TimelinePollRequested)
+    request = await poll_due_now(bus, "https://social.example", "local")
     assert request.recent == tuple(recent[-MAX_RECENT_POSTS:])

@@ -20,6 +20,7 @@ from tests.discovery.follow_support import (
     commands_handled,
     handled,
     pending_poll,
+    poll_due_now,
     polled,
     publish_polled,
     recorded,
@@ -435,7 +436,7 @@ async def _followed(bus: Bus, seq: int) -> Refollowed:
     follows = Follows(bus=bus, store=store, settings=SETTINGS)
     (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=SETTINGS).accepted
     assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
-    _, first = await _scheduled(bus)
+    first = await poll_due_now(bus, INSTANCE, "local")
     return Refollowed(bus, store, follows, first, seq)
 
 
@@ -456,7 +457,7 @@ async def test_a_timeline_followed_again_while_polled_keeps_polling(bus: Bus) ->
     await shares.polled(polled(timeline.first, cursor_after="5"))
     assert landed == [True]
     current = await timeline.current()
-    _, pending = await _scheduled(bus)
+    pending = await poll_due_now(bus, INSTANCE, "local")
     assert current.follow_id != timeline.first.follow_id
     assert (pending.follow_id, pending.poll, pending.cursor) == (current.follow_id, 1, None)
 
@@ -536,22 +537,9 @@ async def test_a_poll_result_redelivered_after_a_follow_again_resumes_the_new_ch
     stale, at = next_poll(result, current, SETTINGS)
     await bus.publish_at(stale, at, schedule=timeline_schedule_subject(INSTANCE, "local"))
     await (await timeline.shares()).polled(result, redelivered=True)
-    pending = await _next_poll(bus)
+    pending = await poll_due_now(bus, INSTANCE, "local")
     assert stale.follow_id == timeline.first.follow_id
     assert pending.follow_id == current.follow_id != timeline.first.follow_id
-
-
-async def _next_poll(bus: Bus) -> TimelinePollRequested:
-    """The timeline's next poll: pending on its schedule or, resumed at once, fired
-    already (on a loaded machine the scheduler may be quicker than the look)."""
-    pending = await pending_poll(bus, INSTANCE, "local")
-    if pending is not None and pending.data:
-        event = decode_event(pending.data)
-        assert isinstance(event, TimelinePollRequested)
-        return event
-    fired = await recorded(bus, TimelinePollRequested)
-    assert fired
-    return fired[-1]
 
 
 @pytest.mark.usefixtures("clean")
@@ -562,9 +550,9 @@ async def test_an_old_chains_result_arriving_after_a_follow_again_leaves_the_new
     pending poll stands (not replaced by one at once, ignoring its interval)."""
     timeline = await _followed(bus, 4 * 10**9)
     assert await timeline.again()
-    _, new_first = await _scheduled(bus)
+    new_first = await poll_due_now(bus, INSTANCE, "local")
     await (await timeline.shares()).polled(polled(timeline.first, cursor_after="5"))
-    _, pending = await _scheduled(bus)
+    pending = await poll_due_now(bus, INSTANCE, "local")
     assert new_first.follow_id != timeline.first.follow_id
     assert pending == new_first
 
