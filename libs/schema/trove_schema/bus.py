@@ -442,7 +442,8 @@ class Bus:
         ``Nats-Msg-Id`` is kept as ``Trove-Dead-Msg-Id``. ``trove dead redrive`` sends it
         back to ``Trove-Dead-Subject``.
         """
-        meta = _metadata(msg)
+        meta = jetstream_metadata(msg)
+        stream, seq = ("", "") if meta is None else (meta.stream, str(meta.sequence.stream))
         own = msg.headers or {}
         headers = {k: v for k, v in own.items() if not k.startswith(("Nats-", "Trove-Dead-"))}
         headers |= {
@@ -450,13 +451,13 @@ class Bus:
             "Trove-Dead-Reason": " ".join(reason.split())[:1000],
             "Trove-Dead-Subject": msg.subject,
             "Trove-Dead-Consumer": consumer,
-            "Trove-Dead-Stream": str(meta.get("stream", "")),
-            "Trove-Dead-Stream-Seq": str(meta.get("stream_seq", "")),
+            "Trove-Dead-Stream": stream,
+            "Trove-Dead-Stream-Seq": seq,
         }
         if "Nats-Msg-Id" in own:
             headers["Trove-Dead-Msg-Id"] = own["Nats-Msg-Id"]
         # The same message parked twice (its term was lost, it failed again) is kept once.
-        headers["Nats-Msg-Id"] = f"{consumer}:{meta.get('stream', '')}:{meta.get('stream_seq', '')}"
+        headers["Nats-Msg-Id"] = f"{consumer}:{stream}:{seq}"
         await self.js.publish(f"{DEAD_PREFIX}.{consumer}", msg.data, headers=headers)
         log.error(
             "parked a message",
@@ -468,21 +469,18 @@ class Bus:
             await self.nc.drain()
 
 
-def _metadata(msg: Msg) -> dict[str, Any]:
+def jetstream_metadata(msg: Msg) -> Msg.Metadata | None:
+    """``msg``'s JetStream metadata; None for a message handed over directly (a test's,
+    a core NATS publish), which has none."""
     try:
-        md = msg.metadata
-    except Exception:  # not a JetStream message
-        return {}
-    return {
-        "stream": md.stream,
-        "stream_seq": md.sequence.stream,
-        "num_delivered": md.num_delivered,
-    }
+        return msg.metadata
+    except Exception:  # nats-py: NotJSMessageError, or a reply subject it cannot read
+        return None
 
 
 def _sequence(msg: Msg) -> int | None:
-    seq = _metadata(msg).get("stream_seq")
-    return int(seq) if seq is not None else None
+    meta = jetstream_metadata(msg)
+    return None if meta is None else int(meta.sequence.stream)
 
 
 class FailureCounts:

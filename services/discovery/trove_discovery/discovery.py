@@ -49,7 +49,7 @@ from trove_discovery.traps import url_trap_reason
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
-from trove_schema.bus import Bus, Overtaken, Retry
+from trove_schema.bus import Bus, Overtaken, Retry, jetstream_metadata
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl, plan_refused
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
@@ -1063,7 +1063,5 @@ def _seen_key(url: str) -> str:
 
 def delivery_count(msg: Msg) -> int:
     """How many times JetStream delivered ``msg`` (1 for a message from elsewhere)."""
-    try:
-        return int(msg.metadata.num_delivered)
-    except Exception:  # not a JetStream message: handed over directly
-        return 1
+    meta = jetstream_metadata(msg)
+    return 1 if meta is None else int(meta.num_delivered)

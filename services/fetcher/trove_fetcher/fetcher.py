@@ -80,6 +80,7 @@ from trove_schema.bus import (
     Bus,
     Retry,
     broker_trouble,
+    jetstream_metadata,
     schedule_header,
 )
 from trove_schema.events import (
@@ -1362,11 +1363,8 @@ def _answered_key(work: PageDiscovered | CrawlRequested) -> str:
 
 
 def _cause(msg: Msg) -> str:
-    try:
-        meta = msg.metadata
-    except Exception:  # not a JetStream message
-        return ""
-    return f"{meta.stream}:{meta.sequence.stream}"
+    meta = jetstream_metadata(msg)
+    return "" if meta is None else f"{meta.stream}:{meta.sequence.stream}"
 
 
 def _hand_back(exc: HopGateFailed) -> NoReturn:
