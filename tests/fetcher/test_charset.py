@@ -117,6 +117,13 @@ def test_a_declaration_commented_out_is_not_the_pages() -> None:
         (b'<meta name="description" content="charset=big5"><meta charset=koi8-r>', "koi8-r"),
         (b'<meta charset="koi8-r" charset="big5">', "koi8-r"),
         (b'<meta/charset="koi8-r">', "koi8-r"),
+        # Comments end as the prescan ends them, and a tag's quoted values are its own.
+        (b'<!--><meta charset="koi8-r">', "koi8-r"),
+        (b'<!---><meta charset="koi8-r">', "koi8-r"),
+        (b'<!-- a --!><meta charset="big5"> --><meta charset="koi8-r">', "koi8-r"),
+        (b'<a title="<!--"></a><meta charset="koi8-r">', "koi8-r"),
+        (b"<me<!---->ta charset=koi8-r>", None),
+        (b'<p title="<meta charset=big5>">x</p><meta charset="koi8-r">', "koi8-r"),
     ],
 )
 def test_a_content_declares_a_charset_only_on_a_content_type(

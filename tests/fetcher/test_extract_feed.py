@@ -205,6 +205,14 @@ def test_an_atom_text_is_text_unless_it_says_html(kind: str, read: str) -> None:
     assert run(body, "application/atom+xml").title == read
 
 
+def test_a_cdata_sections_text_is_left_as_it_is() -> None:
+    """An Atom text in CDATA says "&eacute;" as it is; RSS's CDATA is HTML, read so."""
+    atom = f'<feed xmlns="{ATOM_NS}"><title><![CDATA[Caf&eacute; &amp; co]]></title></feed>'
+    assert run(atom, "application/atom+xml").title == "Caf&eacute; &amp; co"
+    rss = "<rss><channel><title><![CDATA[Caf&eacute; &amp; co]]></title></channel></rss>"
+    assert run(rss).title == "Café & co"
+
+
 def test_a_feeds_own_entity_cannot_stand_for_an_html_one(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-CONTENT")

@@ -84,6 +84,7 @@ def test_head_title_wins_over_an_svg_title() -> None:
     [
         ("<body><svg><title>Menu icon</title></svg><p>text</p>", None),
         ("<body><svg><g><title>Icon</title></g></svg><title>Real</title>", "Real"),
+        ("<body><template><title>{{ t }}</title></template><title>Real</title>", "Real"),
     ],
 )
 def test_an_svg_icons_title_is_never_the_pages(page: str, title: str | None) -> None:
@@ -461,10 +462,10 @@ def test_words_run_on_through_inline_markup_and_end_at_blocks() -> None:
     result = run(
         "<p><span class=dropcap>G</span>ardening with <b>Java</b>Script in the"
         " super<wbr>market</p><p>tomatoes</p><div>beans</div><ul><li>peas<li>corn</ul>"
-        "<table><tr><td>leeks<td>onions</table>kale<br>chard"
+        "<table><tr><td>leeks<td>onions</table>kale<br>chard<center>garlic</center>chives"
     )
     words = {"gardening", "javascript", "supermarket", "tomatoes", "beans", "peas", "corn"}
-    words |= {"leeks", "onions", "kale", "chard"}
+    words |= {"leeks", "onions", "kale", "chard", "garlic", "chives"}
     assert words <= set(result.keywords), result.keywords
     assert result.text_chars == len("".join(words)) + len("withinthe")
 

@@ -134,6 +134,16 @@ def test_a_hint_in_a_language_lingua_does_not_know_is_trusted(text: str, hint: s
     assert detect_language(text, hint=hint) == primary_tag(hint)
 
 
+def test_a_norwegian_page_is_told_by_its_written_form_whatever_its_hint() -> None:
+    norwegian = (
+        "Forrige helg reparerte jeg endelig den gamle sykkelen som hadde stått i boden i "
+        "mange år. Kjeden var rusten og begge dekkene var flate, men etter en ettermiddag "
+        "med tålmodig arbeid sykler den bedre enn noen gang."
+    )
+    assert detect_language(norwegian) == "nb"
+    assert detect_language(norwegian, hint="no") == "nb"
+
+
 def test_a_hint_that_names_no_language_is_no_hint() -> None:
     for hint in ("und", "zxx", "mul", "mis", "qaa", "qtz-x-mine", "zz", "xq"):
         assert detect_language(ENGLISH, hint=hint) == "en", hint
@@ -158,6 +168,8 @@ def test_malformed_hint_is_ignored() -> None:
         ("haw", "haw"),
         ("iw", "he"),
         ("in", "id"),
+        ("no-NO", "nb"),
+        ("nn", "nn"),
         ("zz", "zz"),
         ("und", None),
         ("zxx", None),

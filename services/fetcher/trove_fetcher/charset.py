@@ -19,6 +19,7 @@ import encodings
 import encodings.aliases
 import pkgutil
 import re
+from collections.abc import Callable
 
 from trove_schema.media import charset_label, media_type
 
@@ -31,12 +32,19 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
     (codecs.BOM_UTF16_LE, "utf-16-le"),
 )
 
-# The HTML standard's prescan, as far as a page's declaration needs it: comments are
-# skipped (templates keep an old Latin-1 declaration commented out above the real one),
-# and a ``content`` is read for its charset only on a ``http-equiv="content-type"``
-# (a description may say "charset=big5").
-_COMMENT = re.compile(rb"<!--.*?(?:-->|\Z)", re.DOTALL)
-_META_TAG = re.compile(rb"<meta[\s/]([^>]*)", re.IGNORECASE)
+# The HTML standard's prescan, as far as a page's declaration needs it, token by token:
+# a comment is skipped (templates keep an old Latin-1 declaration commented out above
+# the real one; "<!-->" and "<!--->" end where they begin), a tag's quoted values are
+# its own (a "<!--" in a title attribute begins no comment), and a ``content`` is read
+# for its charset only on a ``http-equiv="content-type"`` (a description may say
+# "charset=big5"). Group 1: a meta tag's attributes.
+_PRESCAN = re.compile(
+    rb"<!--(?:-?>|.*?-->|.*\Z)"
+    rb"|<meta[\s/]((?:[^>\"']|\"[^\"]*\"?|'[^']*'?)*)"
+    rb"|</?[A-Za-z](?:[^>\"']|\"[^\"]*\"?|'[^']*'?)*"
+    rb"|<[!/?][^>]*",
+    re.IGNORECASE | re.DOTALL,
+)
 _ATTRIBUTE = re.compile(rb"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"?|'([^']*)'?|([^\s>]*)))?""")
 _CHARSET_IN_CONTENT = re.compile(
     rb"""charset\s*=\s*["']?\s*([A-Za-z0-9_:.+-]{1,40})""", re.IGNORECASE
@@ -177,10 +185,9 @@ def _declared(attributes: bytes) -> bytes | None:
 def meta_charset(body: bytes) -> str | None:
     """The charset of the first ``<meta>`` declaration in the first 2 KB, outside
     comments, if usable."""
-    head = _COMMENT.sub(b"", body[:META_SCAN_BYTES])
-    for tag in _META_TAG.finditer(head):
-        label = _declared(tag.group(1))
-        if label is not None:
+    for token in _PRESCAN.finditer(body, 0, META_SCAN_BYTES):
+        attributes = token.group(1)
+        if attributes is not None and (label := _declared(attributes)) is not None:
             break
     else:
         return None
@@ -234,16 +241,16 @@ def decode_body(body: bytes, content_type: str | None) -> tuple[str, str]:
         name, skip = bom
         return body[skip:].decode(name, "replace"), name
 
-    candidates: list[str | None] = [header_charset(content_type)]
-    if media_type(content_type) in _XML_TYPES:
-        candidates.append(xml_declared_charset(body))
-    else:
-        candidates += [meta_charset(body), xml_declared_charset(body)]
-
-    for candidate in candidates:
-        if candidate is None:
+    # Looked for in turn: a page whose header says needs no scan of its head.
+    declared: list[Callable[[], str | None]] = [lambda: header_charset(content_type)]
+    if media_type(content_type) not in _XML_TYPES:
+        declared.append(lambda: meta_charset(body))
+    declared.append(lambda: xml_declared_charset(body))
+    for candidate in declared:
+        label = candidate()
+        if label is None:
             continue
-        text = _decode(body, candidate)
+        text = _decode(body, label)
         if text is not None:
-            return text, candidate
+            return text, label
     return _fallback(body)

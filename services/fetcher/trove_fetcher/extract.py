@@ -62,6 +62,7 @@ _BLOCKS = (
     "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "hr", "li", "main", "menu", "ol",
     "option", "p", "pre", "section", "select", "summary", "table", "tbody", "td", "textarea",
     "tfoot", "th", "thead", "tr", "ul", "legend", "optgroup", "label", "title", "body",
+    "center", "search",
 )  # fmt: skip
 _LINK_TAGS = ("a", "area", "img", "script", "link", "frame", "iframe", "meta")
 # Embedded media: not links, but what a gallery's or a video's pages differ by, so part
@@ -695,6 +696,19 @@ _SURROGATE_REFERENCE = re.compile(
 )
 
 
+def _html_title(root: etree._Element) -> etree._Element | None:
+    """The first <title> not in an SVG image (an icon's names the icon), read in one pass
+    (its ancestors looked at for each would cost a page of 100,000 titles seconds)."""
+    in_svg = 0
+    for event, element in etree.iterwalk(root, events=("start", "end"), tag=("svg", "title")):
+        if element.tag == "svg":
+            in_svg += 1 if event == "start" else -1
+        elif event == "start" and not in_svg:
+            title: etree._Element = element
+            return title
+    return None
+
+
 def visible_text(root: etree._Element) -> str:
     """The text of ``root`` with its words as a reader sees them: a space where a block
     begins and ends, none around an inline element."""
@@ -814,18 +828,13 @@ class _Page:
                 base = resolve_url(self.url, href) or self.url
                 break
 
+        # A <template>'s content is inert (a client-side renderer's "/user/{{ id }}"):
+        # neither title, links nor text.
+        etree.strip_elements(root, "template", with_tail=False)
         title_element = root.find("head/title")
         if title_element is None:
-            # The document's title is an HTML one: an SVG icon's <title> names the icon.
-            title_element = next(
-                (t for t in root.iter("title") if next(t.iterancestors("svg"), None) is None),
-                None,
-            )
+            title_element = _html_title(root)
         title = collapse_whitespace(title_element.text if title_element is not None else None)
-
-        # A <template>'s content is inert (a client-side renderer's "/user/{{ id }}"):
-        # neither links nor text.
-        etree.strip_elements(root, "template", with_tail=False)
         links = _Links()
         canonical_url = None
         scripts = 0
@@ -953,7 +962,7 @@ class _Page:
             # decode later (UnicodeDecodeError on .text): refer to U+FFFD instead.
             text = _SURROGATE_REFERENCE.sub("&#xFFFD;", text)
         if "&" in text:
-            text = _NAMED_REFERENCE.sub(_numbered, text)
+            text = _NAMED_REFERENCE.sub(_numbered, text, count=MAX_NAMED_REFERENCES)
         try:
             root = etree.fromstring(
                 text.encode("utf-8", "replace"), _feed_parser(), base_url=self.url
@@ -1072,15 +1081,25 @@ _INLINE_MARKUP = re.compile(
     r"|span|strike|strong|sub|sup|time|tt|u|var|wbr)(?:\s[^<>]*)?/?>",
     re.IGNORECASE,
 )
-#: A named character reference: XML knows five, and a feed's HTML ones ("&eacute;",
-#: "&nbsp;") are undefined entities to it, which libxml2 leaves out of the text.
-_NAMED_REFERENCE = re.compile(r"&(?!(?:amp|lt|gt|quot|apos);)([A-Za-z][A-Za-z0-9]{1,31});")
+#: A named character reference outside CDATA (group 1): XML knows five, and a feed's
+#: HTML ones ("&eacute;", "&nbsp;") are undefined entities to it, which libxml2 leaves
+#: out of the text. A CDATA section is matched whole, and left as it is.
+_NAMED_REFERENCE = re.compile(
+    r"<!\[CDATA\[.*?(?:\]\]>|\Z)|&(?!(?:amp|lt|gt|quot|apos);)([A-Za-z][A-Za-z0-9]{1,31});",
+    re.DOTALL,
+)
+#: References a feed has rewritten: each costs a call, and a feed of 2 MiB of them would
+#: hold its parse thread half a second. Past it, they are left out of the text as before.
+MAX_NAMED_REFERENCES = 20_000
+#: Each HTML named reference as numbered ones: never expanded by the XML parser, so a
+#: feed's own DTD cannot redefine them.
+_NUMBERED = {
+    name[:-1]: "".join(f"&#{ord(character)};" for character in characters)
+    for name, characters in html.entities.html5.items()
+    if name.endswith(";")
+}
 
 
 def _numbered(match: re.Match[str]) -> str:
-    """An HTML named reference as numbered ones (never expanded by the XML parser, so
-    a feed's DTD cannot redefine them); an unknown name left as it is."""
-    characters = html.entities.html5.get(match.group(1) + ";")
-    if characters is None:
-        return match.group(0)
-    return "".join(f"&#{ord(character)};" for character in characters)
+    name = match.group(1)
+    return match.group(0) if name is None else _NUMBERED.get(name, match.group(0))

@@ -127,8 +127,9 @@ def _listed_in() -> dict[str, tuple[str, ...]]:
 _LISTED_IN = _listed_in()
 
 _LANG_TAG = re.compile(r"\A([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*\Z")
-# Deprecated ISO 639-1 codes still seen in lang attributes.
-_RENAMED = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"}
+# Deprecated ISO 639-1 codes still seen in lang attributes; and Norwegian, which lingua
+# tells by its written forms: Bokmål, what nine in ten write.
+_RENAMED = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro", "no": "nb"}
 #: ISO 639-2's codes that name no language: undetermined, no linguistic content,
 #: several, uncoded; and the range reserved for local use.
 _NO_LANGUAGE = frozenset({"und", "zxx", "mul", "mis"})
