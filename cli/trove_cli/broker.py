@@ -21,9 +21,6 @@ from trove_schema.nats_tls import client_tls
 #: Seconds for the connection (TLS and the server's INFO included) to be made.
 CONNECT_TIMEOUT = 5.0
 
-#: A URL's userinfo (``user:password@``, a token, ``:password@``): to the last ``@``
-#: before the path, where the URL's host begins.
-_USERINFO = re.compile(r"//[^/?#]*@")
 _DATABASE_USERINFO = re.compile(r"//.*@", re.S)
 #: A password given as a query parameter (libpq's ``password=``, ``sslpassword=``).
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
@@ -36,12 +33,24 @@ class BrokerUnreachable(TroveError):
 def shown(url: str) -> str:
     """``url`` as it may be printed: without its credentials.
 
-    A NATS URL's userinfo runs to the last ``@`` before its path. A database URL's runs
-    to its last ``@`` whatever comes before (SQLAlchemy reads a password with a ``/``, a
-    ``?`` or a ``#`` of a generated one raw): hidden so, a later ``@`` (in a query) hides
-    more than it must, never less."""
-    pattern = _DATABASE_USERINFO if url.startswith("postgres") else _USERINFO
-    return _QUERY_PASSWORD.sub(r"\1***", pattern.sub("//***@", url))
+    A database URL's userinfo runs to its last ``@`` whatever comes before (SQLAlchemy
+    reads a password with a ``/``, a ``?`` or a ``#`` of a generated one raw): hidden
+    so, a later ``@`` (in a query) hides more than it must, never less. A NATS URL is a
+    list of servers, each with its scheme or without (nats-py adds ``nats://``), and
+    each server's userinfo runs to its last ``@``, a ``/`` or a ``?`` of a password
+    included."""
+    if url.startswith("postgres"):
+        return _QUERY_PASSWORD.sub(r"\1***", _DATABASE_USERINFO.sub("//***@", url))
+    return ",".join(_server_shown(server) for server in url.split(","))
+
+
+def _server_shown(server: str) -> str:
+    at = server.rfind("@")
+    if at < 0:
+        return server
+    scheme = server.find("://")
+    start = scheme + 3 if 0 <= scheme < at else len(server) - len(server.lstrip())
+    return server[:start] + "***" + server[at:]
 
 
 async def connect(nats_url: str) -> Client:

@@ -73,6 +73,10 @@ async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
         ),
         ("postgresql+asyncpg://trove:s3@cr3t@db/trove", "postgresql+asyncpg://***@db/trove"),
         ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        # nats-py takes a server without its scheme, and reads a password's "/" raw.
+        ("fetcher:hunter2@nats:4222", "***@nats:4222"),
+        ("nats://box:hun/ter2@h:4222", "nats://***@h:4222"),
+        ("nats://a:b?c#d@h:4222, b:p/w@h2", "nats://***@h:4222, ***@h2"),
     ],
 )
 def test_a_server_url_is_printed_without_its_credentials(url: str, printed: str) -> None:
