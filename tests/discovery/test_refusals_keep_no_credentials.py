@@ -13,7 +13,7 @@ from tests.discovery.follow_support import ask, commands_handled, recorded
 from tests.support import services
 from trove_discovery.follows import parse_command
 from trove_discovery.replies import MAX_RAW_LENGTH, Refused
-from trove_discovery.seeds import parse_seeds
+from trove_discovery.seeds import parse_seeds, reply_json
 from trove_schema.bus import Bus
 from trove_schema.events import SeedRejected
 from trove_schema.settings import DiscoverySettings
@@ -43,6 +43,14 @@ SETTINGS = DiscoverySettings(
         ),
         ("mailto:admin@example.org", "mailto:admin@example.org"),
         ("https://social.example/@alice", "https://social.example/@alice"),
+        # A password's "/", "?" or "#" ends the authority early ("admin:Zm9v" is no
+        # host:port): masked to the last "@" of its word.
+        ("https://admin:Zm9v/YmFy@example.org/", "https://***@example.org/"),
+        ("https://a:p?w@h/ https://b:c#d@i", "https://***@h/ https://***@i"),
+        (
+            "http://[::1]/@x https://example.org:8080/a@b",
+            "http://[::1]/@x https://example.org:8080/a@b",
+        ),
     ],
 )
 def test_a_refusal_keeps_no_credentials(sent: str, kept: str) -> None:
@@ -66,6 +74,20 @@ def test_refused_seeds_and_follows_keep_no_credentials() -> None:
         "http://***@192.168.1.1/",
         "ftp://***@example.org/",
     ]
+    # An accepted seed's reply says what was sent, without its password.
+    accepted = parse_seeds(
+        b"https://admin:hunter2@example.org/\nhttps:" + b"\\" * 2 + b"admin:hunter2@example.org/x",
+        origin="trove.seeds",
+        settings=SETTINGS,
+    )
+    assert len(accepted.accepted) == 2
+    assert b"hunter2" not in reply_json(accepted)
+    # A password with a "/": the URL is refused for its "port", which is not quoted.
+    (cut,) = parse_seeds(
+        b"https://admin:Zm9v/YmFy@example.org/", origin="trove.seeds", settings=SETTINGS
+    ).rejected
+    assert "Zm9v" not in f"{cut.raw} {cut.reason}", cut
+    assert "port is not a number" in cut.reason
     follows = parse_command(
         b"https://admin:hunter2@social.example", verb="follow", settings=SETTINGS
     )

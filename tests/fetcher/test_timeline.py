@@ -2198,6 +2198,20 @@ def test_entries_of_the_wrong_shape_are_told_from_posts() -> None:
         read_entry(mentions, host="social.example").post
         == read_entry({**good, "content": "", "card": None}, host="social.example").post
     )
+    # A remote server's post names itself with a user:pass@: no URL Trove keeps does.
+    spelled = read_entry(
+        {
+            **good,
+            "uri": "https://alice:hunter2@remote.example/users/alice/statuses/1",
+            "url": "https://alice:hunter2@remote.example/@alice/1",
+        },
+        host="social.example",
+    ).post
+    assert spelled is not None
+    assert (spelled.uri, spelled.url) == (
+        "https://remote.example/users/alice/statuses/1",
+        "https://remote.example/@alice/1",
+    )
     # A date a datetime holds only in its own zone: no date, not a poll lost downstream.
     for edge in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
         dated = read_entry({**good, "created_at": edge}, host="social.example").post

@@ -253,7 +253,9 @@ def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
         raise InvalidURL("no scheme (expected http:// or https://)")
     if scheme not in ("http", "https"):
         raise InvalidURL(f"scheme {scheme!r} is not http or https")
-    host, port = _split_authority(netloc)
+    # An "@" further on: the "port" may be a password cut short by its "/", "?" or "#",
+    # and a refusal is logged and recorded for good.
+    host, port = _split_authority(netloc, quote_port="@" not in f"{path}{query}{_fragment}")
     if not host:
         raise InvalidURL("no host")
     _fits_dns_before_idna(host)
@@ -286,8 +288,9 @@ def _url_normalize(url: str) -> str:
     return normalized
 
 
-def _split_authority(netloc: str) -> tuple[str, str]:
-    """Host and port of ``[userinfo@]host[:port]``; the port without a default check."""
+def _split_authority(netloc: str, *, quote_port: bool = True) -> tuple[str, str]:
+    """Host and port of ``[userinfo@]host[:port]``; the port without a default check.
+    ``quote_port``: a port that is not a number is quoted in the refusal."""
     hostport = netloc.rpartition("@")[2]
     if hostport.startswith("["):
         end = hostport.find("]")
@@ -299,6 +302,10 @@ def _split_authority(netloc: str) -> tuple[str, str]:
         host, _, port = hostport.partition(":")
     if port:
         if not (port.isascii() and port.isdigit()):
+            if not quote_port:
+                raise InvalidURL(
+                    "the port is not a number (a password's / ? or # is written %2F %3F %23)"
+                )
             raise InvalidURL(f"port {port[:20]!r} is not a number")
         if len(port) > 5:
             # Before int(), which refuses more than 4,300 digits with a ValueError.

@@ -31,6 +31,13 @@ _AUTHORITY_END = re.compile(f"[{_AUTHORITY_ENDS}]")
 #: A URL's userinfo (``user:password@``, a token): from ``//`` (``\\``, or JSON's
 #: ``\/\/``) to the last ``@`` of the authority, where ``urlsplit`` finds the host.
 _USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
+#: An authority with no "@" that is no host[:port] ("admin:Zm9v", where a password's
+#: "/" ended it early), and the rest of its word to its last "@": the password's rest.
+_CUT_USERINFO = re.compile(
+    rf"((?:\\?/|\\){{2}})(?![^{_AUTHORITY_ENDS}@]*@)"
+    rf"(?!\[[^\]\s]*\](?::\d*)?[{_AUTHORITY_ENDS}]|[^{_AUTHORITY_ENDS}:\[\]\s]*(?::\d*)?(?:[{_AUTHORITY_ENDS}]|\s|$))"
+    r"[^\s\"'<>]*@"
+)
 
 
 def command_origin(msg: Msg) -> str:
@@ -66,7 +73,14 @@ def _kept(raw: str) -> str:
     end = _AUTHORITY_END.search(raw, MAX_RAW_LENGTH)
     if "@" in raw[MAX_RAW_LENGTH : end.start() if end else len(raw)]:
         kept += "@"
-    return _USERINFO.sub(r"\1***@", kept)[:MAX_RAW_LENGTH]
+    return masked(kept)[:MAX_RAW_LENGTH]
+
+
+def masked(text: str) -> str:
+    """``text`` with each URL's userinfo written ``***``, however the URL is spelled."""
+    if "@" not in text:
+        return text
+    return _CUT_USERINFO.sub(r"\1***@", _USERINFO.sub(r"\1***@", text))
 
 
 def reply_lines(head: str, accepted: Sequence[str], rejected: Sequence[tuple[str, str]]) -> str:

@@ -31,6 +31,7 @@ from trove_discovery.replies import (
     MAX_RAW_LENGTH,
     Refused,
     listed,
+    masked,
     read_json,
     refused_item,
     reply_lines,
@@ -301,7 +302,7 @@ def reply_json(batch: SeedBatch) -> bytes:
     accepted, more_accepted = listed(
         {
             "url": seed.url,
-            "original": seed.original,
+            "original": masked(seed.original),
             "scope": seed.scope.model_dump(mode="json"),
             "priority": seed.priority,
             "force": seed.force,

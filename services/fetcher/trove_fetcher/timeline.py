@@ -397,7 +397,8 @@ def _http_url(value: Any) -> str | None:
         return None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
-    return value
+    # A remote server's post may name itself with a user:pass@: no URL Trove keeps does.
+    return without_userinfo(value)
 
 
 def _created_at(value: Any) -> datetime | None:
