@@ -238,10 +238,7 @@ def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
     text = url.strip(_SURROUNDING).replace("\t", "").replace("\n", "").replace("\r", "")
     if not text and base is None:
         raise InvalidURL("empty URL")
-    if "\\" in text:
-        head = _BEFORE_QUERY_RE.match(text)
-        assert head is not None  # [^?#]* always matches
-        text = head.group().replace("\\", "/") + text[head.end() :]
+    text = backslashes_as_slashes(text)
     try:
         if base is not None:
             text = urljoin(base, text)
@@ -280,6 +277,17 @@ def _canonicalize(url: str, *, base: str | None, max_length: int) -> str:
     if len(result) > max_length:
         raise InvalidURL(f"URL longer than {max_length} characters")
     return result
+
+
+def backslashes_as_slashes(url: str) -> str:
+    """``url`` with each backslash before its query or fragment a slash, as the URL
+    standard and browsers read an http(s) URL (Windows-made paths; two of them begin
+    another host): urlsplit and urljoin do not."""
+    if "\\" not in url:
+        return url
+    head = _BEFORE_QUERY_RE.match(url)
+    assert head is not None  # [^?#]* always matches
+    return head.group().replace("\\", "/") + url[head.end() :]
 
 
 def _url_normalize(url: str) -> str:

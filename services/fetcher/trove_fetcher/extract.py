@@ -39,6 +39,7 @@ from trove_schema.events import (
 )
 from trove_schema.heuristics import SHELL_MAX_TEXT_CHARS
 from trove_schema.media import media_type
+from trove_schema.urls import backslashes_as_slashes
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 FEED_TYPES = frozenset({"application/rss+xml", "application/atom+xml"})
@@ -398,12 +399,7 @@ class _Resolver:
         href = href.strip(_C0_OR_SPACE)
         if not href:
             return None
-        if "\\" in href:
-            # The URL standard reads a backslash as a slash in an http(s) URL, up to its
-            # query or fragment (Windows-made paths; two of them begin another host), as
-            # browsers do: urljoin does not.
-            end = min((i for i in (href.find("?"), href.find("#")) if i >= 0), default=len(href))
-            href = href[:end].replace("\\", "/") + href[end:]
+        href = backslashes_as_slashes(href)
         if self.origin is not None and _PLAIN_PATH.match(href) and "/." not in href:
             absolute = (self.origin if href[0] == "/" else self.directory) + href
         elif (plain := _PLAIN_ABSOLUTE.match(href)) is not None and int(plain[1] or 0) < 65536:
