@@ -470,6 +470,17 @@ def test_words_run_on_through_inline_markup_and_end_at_blocks() -> None:
     assert result.text_chars == len("".join(words)) + len("withinthe")
 
 
+def test_what_a_page_does_not_show_is_not_its_text() -> None:
+    result = run(
+        "<p>garden</p><div hidden>spamword</div><div style='DISPLAY: None'>cloaked</div>"
+        "<select><option>Afghanistan</option></select><p style='display:block'>shown</p>"
+    )
+    assert set(result.keywords) == {"garden", "shown"}
+    # A page hidden whole until its fonts load says what it says.
+    hidden = run("<html style='display:none'><body hidden><p>tomatoes growing</p></body></html>")
+    assert set(hidden.keywords) == {"tomatoes", "growing"}
+
+
 def test_a_text_with_a_control_character_is_read_as_any_other() -> None:
     """libxml2 keeps a control character in a text, which lxml would refuse to set."""
     result = run("<div>shed\x1f</div><p>tools</p><b>gar</b>den")

@@ -61,7 +61,7 @@ _BLOCKS = (
     "address", "article", "aside", "blockquote", "br", "button", "caption", "dd", "details",
     "dialog", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "form", "h1",
     "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "hr", "li", "main", "menu", "ol",
-    "option", "p", "pre", "section", "select", "summary", "table", "tbody", "td", "textarea",
+    "option", "p", "pre", "section", "summary", "table", "tbody", "td", "textarea",
     "tfoot", "th", "thead", "tr", "ul", "legend", "optgroup", "label", "title", "body",
     "center", "search",
 )  # fmt: skip
@@ -718,10 +718,15 @@ def visible_text(root: etree._Element) -> str:
 
 #: No file or network for the transform (lxml-stubs do not know the constant).
 _NO_ACCESS = etree.XSLTAccessControl.DENY_ALL  # type: ignore[attr-defined]
-#: Each block's content between spaces; the rest as XSLT's built-in rules copy it.
+#: Each block's content between spaces; the rest as XSLT's built-in rules copy it. What
+#: a page does not show is not its text: an element ``hidden`` or styled
+#: ``display:none`` (text hidden for search engines alone is an old trick; not the body,
+#: which a page may hide until its fonts load), and a select's options (a country
+#: picker's 250 names).
 _VISIBLE_TEXT = f"""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">
 <xsl:output method="text" encoding="UTF-8"/>
 <xsl:template match="{"|".join(_BLOCKS)}"><xsl:text> </xsl:text><xsl:apply-templates/><xsl:text> </xsl:text></xsl:template>
+<xsl:template match="*[@hidden or contains(translate(@style, 'DISPLAYNOE ', 'displaynoe'), 'display:none')][not(self::body or self::html)] | select"><xsl:text> </xsl:text></xsl:template>
 </xsl:stylesheet>"""  # noqa: E501
 
 
