@@ -470,15 +470,18 @@ def test_words_run_on_through_inline_markup_and_end_at_blocks() -> None:
     assert result.text_chars == len("".join(words)) + len("withinthe")
 
 
-def test_what_a_page_does_not_show_is_not_its_text() -> None:
-    result = run(
-        "<p>garden</p><div hidden>spamword</div><div style='DISPLAY: None'>cloaked</div>"
-        "<select><option>Afghanistan</option></select><p style='display:block'>shown</p>"
+def test_a_selects_options_are_not_the_pages_text_and_what_it_hides_is() -> None:
+    """A country picker's names are no page's words; a wrapper a script reveals, an
+    inactive tab, a folded answer are (without them the page is an empty shell)."""
+    wrapped = (
+        "<div id='preloader'></div><div id='wrapper' style='display:none'>"
+        + "<p>tomatoes growing, garden beds</p>" * 10
+        + "<div hidden>folded answer</div></div><select><option>Afghanistan</option></select>"
+        "<script src='/jquery.js'></script>"
     )
-    assert set(result.keywords) == {"garden", "shown"}
-    # A page hidden whole until its fonts load says what it says.
-    hidden = run("<html style='display:none'><body hidden><p>tomatoes growing</p></body></html>")
-    assert set(hidden.keywords) == {"tomatoes", "growing"}
+    result = run(wrapped)
+    assert set(result.keywords) == {"tomatoes", "growing", "garden", "beds", "folded", "answer"}
+    assert result.shell is False
 
 
 def test_a_text_with_a_control_character_is_read_as_any_other() -> None:

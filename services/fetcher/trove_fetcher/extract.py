@@ -718,15 +718,15 @@ def visible_text(root: etree._Element) -> str:
 
 #: No file or network for the transform (lxml-stubs do not know the constant).
 _NO_ACCESS = etree.XSLTAccessControl.DENY_ALL  # type: ignore[attr-defined]
-#: Each block's content between spaces; the rest as XSLT's built-in rules copy it. What
-#: a page does not show is not its text: an element ``hidden`` or styled
-#: ``display:none`` (text hidden for search engines alone is an old trick; not the body,
-#: which a page may hide until its fonts load), and a select's options (a country
-#: picker's 250 names).
+#: Each block's content between spaces; the rest as XSLT's built-in rules copy it. A
+#: select's options are no text of the page (a country picker's 250 names). What a page
+#: hides (``hidden``, ``display:none``) stays: a wrapper a script reveals, an inactive
+#: tab, a folded answer are its content, and a page without them would be taken for an
+#: app's empty shell.
 _VISIBLE_TEXT = f"""<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">
 <xsl:output method="text" encoding="UTF-8"/>
 <xsl:template match="{"|".join(_BLOCKS)}"><xsl:text> </xsl:text><xsl:apply-templates/><xsl:text> </xsl:text></xsl:template>
-<xsl:template match="*[@hidden or contains(translate(@style, 'DISPLAYNOE ', 'displaynoe'), 'display:none')][not(self::body or self::html)] | select"><xsl:text> </xsl:text></xsl:template>
+<xsl:template match="select"><xsl:text> </xsl:text></xsl:template>
 </xsl:stylesheet>"""  # noqa: E501
 
 
