@@ -39,7 +39,7 @@ def shown(url: str) -> str:
     list of servers, each with its scheme or without (nats-py adds ``nats://``), and
     each server's userinfo runs to its last ``@``, a ``/`` or a ``?`` of a password
     included."""
-    if url.startswith("postgres"):
+    if url[:8].lower() == "postgres":
         return _QUERY_PASSWORD.sub(r"\1***", _DATABASE_USERINFO.sub("//***@", url))
     return ",".join(_server_shown(server) for server in url.split(","))
 

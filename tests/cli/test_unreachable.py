@@ -77,6 +77,7 @@ async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
         ("fetcher:hunter2@nats:4222", "***@nats:4222"),
         ("nats://box:hun/ter2@h:4222", "nats://***@h:4222"),
         ("nats://a:b?c#d@h:4222, b:p/w@h2", "nats://***@h:4222, ***@h2"),
+        ("POSTGRESQL://u:p@h/db?sslpassword=x", "POSTGRESQL://***@h/db?sslpassword=***"),
     ],
 )
 def test_a_server_url_is_printed_without_its_credentials(url: str, printed: str) -> None:

@@ -298,7 +298,8 @@ def _url_normalize(url: str) -> str:
 
 def _split_authority(netloc: str, *, quote_port: bool = True) -> tuple[str, str]:
     """Host and port of ``[userinfo@]host[:port]``; the port without a default check.
-    ``quote_port``: a port that is not a number is quoted in the refusal."""
+    ``quote_port``: a port that is no port is quoted in the refusal; when not, the
+    refusal says why without it (it may be a password cut short by its "/")."""
     hostport = netloc.rpartition("@")[2]
     if hostport.startswith("["):
         end = hostport.find("]")
@@ -309,18 +310,19 @@ def _split_authority(netloc: str, *, quote_port: bool = True) -> tuple[str, str]
     else:
         host, _, port = hostport.partition(":")
     if port:
-        if not (port.isascii() and port.isdigit()):
+        # Before int(), which refuses more than 4,300 digits with a ValueError.
+        number = int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else -1
+        if not 0 < number <= 65535:
             if not quote_port:
                 raise InvalidURL(
-                    "the port is not a number (a password's / ? or # is written %2F %3F %23)"
+                    "the port is not a number from 1 to 65535"
+                    " (a password's / ? or # is written %2F %3F %23)"
                 )
+            if number == 0 or number > 65535:
+                raise InvalidURL(f"port {number} is out of range")
+            if port.isascii() and port.isdigit():
+                raise InvalidURL(f"port {port[:20]!r}... is longer than 5 digits")
             raise InvalidURL(f"port {port[:20]!r} is not a number")
-        if len(port) > 5:
-            # Before int(), which refuses more than 4,300 digits with a ValueError.
-            raise InvalidURL(f"port {port[:20]!r}... is longer than 5 digits")
-        number = int(port)
-        if not 0 < number <= 65535:
-            raise InvalidURL(f"port {number} is out of range")
         port = str(number)
     return host, port
 

@@ -27,7 +27,8 @@ REPLY_LIST_BYTES = 256 * 1024
 #: What ends a URL's authority, and so its userinfo: a backslash too, which
 #: ``canonicalize`` reads as a slash.
 _AUTHORITY_ENDS = r"/\\?#\r\n"
-_AUTHORITY_END = re.compile(f"[{_AUTHORITY_ENDS}]")
+#: What ends a word of operator input, and the search for a cut password's "@".
+_WORD_END = re.compile(r"[\s\"'<>]")
 #: A URL's userinfo (``user:password@``, a token): from ``//`` (``\\``, or JSON's
 #: ``\/\/``) to the last ``@`` of the authority, where ``urlsplit`` finds the host.
 _USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
@@ -35,7 +36,7 @@ _USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
 #: "/" ended it early), and the rest of its word to its last "@": the password's rest.
 _CUT_USERINFO = re.compile(
     rf"((?:\\?/|\\){{2}})(?![^{_AUTHORITY_ENDS}@]*@)"
-    rf"(?!\[[^\]\s]*\](?::\d*)?[{_AUTHORITY_ENDS}]|[^{_AUTHORITY_ENDS}:\[\]\s]*(?::\d*)?(?:[{_AUTHORITY_ENDS}]|\s|$))"
+    rf"(?!\[[^\]\s]*\](?::\d{{0,5}})?[{_AUTHORITY_ENDS}]|[^{_AUTHORITY_ENDS}:\[\]\s]*(?::\d{{0,5}})?(?:[{_AUTHORITY_ENDS}]|\s|$))"
     r"[^\s\"'<>]*@"
 )
 
@@ -68,9 +69,9 @@ def _kept(raw: str) -> str:
     kept = raw[:MAX_RAW_LENGTH]
     if "@" not in raw:
         return kept
-    # The cut may go through an authority whose userinfo ends after it: the rest of
-    # that authority matters only for holding an "@".
-    end = _AUTHORITY_END.search(raw, MAX_RAW_LENGTH)
+    # The cut may go through a URL whose userinfo ends after it (past a password's "/",
+    # too): the rest of its word matters only for holding an "@".
+    end = _WORD_END.search(raw, MAX_RAW_LENGTH)
     if "@" in raw[MAX_RAW_LENGTH : end.start() if end else len(raw)]:
         kept += "@"
     return masked(kept)[:MAX_RAW_LENGTH]
