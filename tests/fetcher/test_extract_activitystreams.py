@@ -104,6 +104,33 @@ def test_a_create_activity_is_read_for_the_object_it_wraps() -> None:
     assert replace(read(wrapped), content_hash=inner.content_hash) == inner
 
 
+FOLLOWERS = "https://social.example/users/ana/followers"
+
+
+@pytest.mark.parametrize(
+    "addressed",
+    [
+        {"to": [FOLLOWERS], "cc": [f"{CONTEXT}#Public"]},  # unlisted
+        {"to": [FOLLOWERS]},  # followers only
+        {"to": ["https://social.example/users/bob"], "cc": []},  # a direct message
+        {"to": "https://social.example/users/bob"},
+    ],
+    ids=["unlisted", "followers", "direct", "one-string"],
+)
+def test_a_post_its_author_did_not_make_public_says_nothing(addressed: dict[str, Any]) -> None:
+    """Kept out of timelines and search by its author (or served by a server that
+    should not have): noindex, nofollow, no title from its text, no links."""
+    for document in (
+        note(**addressed),
+        {"@context": CONTEXT, "type": "Create", **addressed, "object": note(to=None, cc=None)},
+    ):
+        result = read(document)
+        assert (result.noindex, result.nofollow) == (True, True)
+        assert (result.title, result.keywords, result.links) == (None, (), ())
+    public = read(note(to="as:Public", cc=[FOLLOWERS]))
+    assert (public.noindex, public.title is not None) == (False, True)
+
+
 def test_the_title_is_the_name_then_the_summary_then_the_start_of_the_text() -> None:
     article = note(type="Article", name="Les jardins de Belleville", summary="<p>Un résumé</p>")
     assert read(article).title == "Les jardins de Belleville"

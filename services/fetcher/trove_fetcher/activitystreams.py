@@ -10,6 +10,13 @@ keywords, and links: the content's ``<a href>`` (not mentions of accounts, not
 hashtags: neither is something the post cites), the attachments, the object's ``url``
 (its page for people) and the post it replies to.
 
+A post is read only when it says it is public: addressed (``to``) to the public
+collection. One addressed otherwise says nothing and is noindex and nofollow: an
+unlisted post (the public only in ``cc``: its author kept it out of timelines and
+search), and one for followers or a person, which a server should not have served.
+An object that names no addressing at all (a profile, software that leaves it out) is
+read as before.
+
 A pure function like ``trove_fetcher.extract``, but a JSON that is not such an object,
 or one with fields of the wrong type, raises ``NotActivityStreams`` (a ``ValueError``):
 the strategy got something it cannot use, which the audit calls ``wrong_tool``.
@@ -173,6 +180,13 @@ def extract_activity(
         # A profile whose person opted out, as their timeline posts are skipped: its
         # name, bio and links stay out of the search.
         noindex = nofollow = True
+    if not _public(item, document):
+        # Not the author's to the world: nothing of it is kept, not even its start as
+        # a title (the timelines skip such posts too).
+        page = _Page(url, body, True, True, robots_token, detect_language)
+        return page.finish(
+            title=None, links=_Links(), canonical_url=None, text="", lang_hint=None, is_feed=False
+        )
     page = _Page(url, body, noindex, nofollow, robots_token, detect_language)
     base = _string(item, "id") or url
 
@@ -205,6 +219,25 @@ def extract_activity(
         is_feed=False,
         language=language,
     )
+
+
+#: The public collection, as servers write it in ``to`` and ``cc``.
+_PUBLIC = frozenset({"https://www.w3.org/ns/activitystreams#Public", "as:Public", "Public"})
+
+
+def _public(item: Mapping[str, object], document: Mapping[str, object]) -> bool:
+    """Whether the object (or the activity that carries it, when it names no audience
+    of its own) is addressed to the public in ``to``; True when neither names any."""
+    for addressed in (item, document):
+        to, cc = _audience(addressed.get("to")), _audience(addressed.get("cc"))
+        if to or cc:
+            return not _PUBLIC.isdisjoint(to)
+    return True
+
+
+def _audience(value: object) -> set[str]:
+    values = value if isinstance(value, list) else [value]
+    return {v for v in values[:MAX_ITEMS] if isinstance(v, str)}
 
 
 def _content_object(document: object) -> Mapping[str, object]:
