@@ -46,13 +46,15 @@ def pdf(
     forms: Mapping[str, bytes] | None = None,
     font_names: int = 1,
     distinct_fonts: bool = False,
+    title_apart: bool = False,
 ) -> bytes:
     """A PDF with one line of text per page (or a raw content stream, given as bytes), an
     optional Info title, link annotations (URI actions) on the first page, an optional
     ToUnicode map of the font's codes to the text they stand for, and Form XObjects
     (content streams by name) every page may draw (``/X0 Do``). The pages' resources
     name the font ``font_names`` times (``/F1``, ``/F2``, ...): one font, or each name
-    a font of its own with its own ToUnicode map (``distinct_fonts``)."""
+    a font of its own with its own ToUnicode map (``distinct_fonts``); the title an
+    object of its own the Info dictionary refers to (``title_apart``)."""
     font = 3
     font_entries = b"/Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding"
     objects: dict[int, bytes] = {
@@ -127,8 +129,13 @@ def pdf(
             number += 1
     info = None
     if title is not None:
+        written = f"({_escape(title)})".encode("latin-1")
+        if title_apart:
+            objects[number] = written
+            written = b"%d 0 R" % number
+            number += 1
         info = number
-        objects[info] = f"<< /Title ({_escape(title)}) >>".encode("latin-1")
+        objects[info] = b"<< /Title " + written + b" >>"
         number += 1
     out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
     offsets: dict[int, int] = {}

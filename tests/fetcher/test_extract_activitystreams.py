@@ -186,6 +186,8 @@ def test_a_question_and_a_profile_are_content_too() -> None:
     assert read(poll).title == "Tomatoes or beans?"
     found = read(PERSON | {"url": "https://social.example/@ana"})
     assert found.title == "Ana"
+    unnamed = PERSON | {"name": " ", "preferredUsername": "ana"}
+    assert read(unnamed).title == "ana"  # not the bio
     assert {link.url for link in found.links} == {
         "https://ana.example/",
         "https://social.example/@ana",

@@ -42,6 +42,41 @@ def test_a_pdf_without_a_title_is_named_by_its_first_line() -> None:
     assert found.language == "fr"
 
 
+@pytest.mark.parametrize(
+    "title",
+    [
+        "Microsoft Word - draft3.docx",
+        "C:\\Users\\bob\\Desktop\\paper.pdf",
+        "document.pdf",
+        "Untitled-1",
+        "Slide 1",
+    ],
+)
+def test_a_title_that_names_the_file_or_the_tool_is_no_title(title: str) -> None:
+    found = extract(pdf([ENGLISH], title=title), url=URL, content_type="application/pdf")
+    assert found.title == ENGLISH
+    assert not {"docx", "microsoft", "desktop", "untitled", "slide"} & set(found.keywords)
+
+
+def test_a_title_written_apart_from_the_info_dictionary_is_read() -> None:
+    body = pdf([ENGLISH], title="A Study of the Small Web", title_apart=True)
+    found = extract(body, url=URL, content_type="application/pdf")
+    assert found.title == "A Study of the Small Web"
+
+
+def test_words_broken_at_a_lines_end_and_ligatures_are_read_whole() -> None:
+    lines = [("Compost and gar-", "dening ~ndings"), ("Anglo-", "Saxon ~owers")]
+    streams = [
+        f"BT /F1 12 Tf 72 720 Td ({one}) Tj 0 -14 Td ({two}) Tj ET".encode() for one, two in lines
+    ]
+    found = extract(
+        pdf(streams, to_unicode={0x7E: "\ufb01"}), url=URL, content_type="application/pdf"
+    )
+    words = set(found.keywords)
+    assert {"compost", "gardening", "findings", "saxon"} <= words, words
+    assert not {"gar", "dening", "\ufb01ndings", "ndings"} & words, words
+
+
 def test_a_pdf_sent_without_a_content_type_is_still_read() -> None:
     found = extract(pdf([ENGLISH], title="Notes"), url=URL, content_type=None)
     assert found.title == "Notes"

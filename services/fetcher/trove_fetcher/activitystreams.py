@@ -191,6 +191,9 @@ def extract_activity(
     base = _string(item, "id") or url
 
     name = _text_field(item, "name", "nameMap")
+    if not collapse_whitespace(name) and not _types(item).isdisjoint(ACTOR_TYPES):
+        # A person with no display name is named by their handle, not by their bio.
+        name = _string(item, "preferredUsername")
     summary_html = _text_field(item, "summary", "summaryMap")
     content_html = _text_field(item, "content", "contentMap")
     links = _Links()

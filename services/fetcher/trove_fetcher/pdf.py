@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -174,7 +175,8 @@ def _read(body: bytes) -> PdfText:
     info = reader.metadata
     if info is not None:
         raw = info.get("/Title")
-        if isinstance(raw, str):
+        raw = raw.get_object() if raw is not None else None  # written apart: "7 0 R"
+        if isinstance(raw, str) and not _NO_TITLE.match(raw.strip()):
             title = raw
     parts: list[str] = []
     size = 0
@@ -202,7 +204,43 @@ def _read(body: bytes) -> PdfText:
                 links.extend(_page_links(page, MAX_LINKS - len(links)))
     finally:
         _reading.budget = None
-    return PdfText(title=_clean_title(title), text=storable("\n".join(parts)), links=tuple(links))
+    text = "\n".join(parts).translate(_LIGATURES)
+    if "-" in text:
+        text = _HYPHENATED.sub(_joined, text)
+    return PdfText(title=_clean_title(title), text=storable(text), links=tuple(links))
+
+
+#: A ``/Title`` that names the file or the tool, not the document: Word's "Microsoft
+#: Word - draft3.docx", a path, "document.pdf", "Untitled-1", "Slide 1". The first line
+#: of the text says more.
+_NO_TITLE = re.compile(
+    r"(?i)\A(?:untitled(?:[-\s]*\d+)?|slide\s*\d+|[a-z]:\\.*|/\S*/.*"
+    r"|(?:microsoft\s+\w+\s*-\s*)?\S.*\.(?:docx?|pptx?|xlsx?|pdf|odt|odp|rtf|txt|tex|indd|pages))\Z"
+)
+#: Typographic ligatures a font maps to one character (U+FB00-FB06): the letters they
+#: join, as a reader searches for them ("ﬁnding" is "finding").
+_LIGATURES = str.maketrans(
+    {
+        "\ufb00": "ff",
+        "\ufb01": "fi",
+        "\ufb02": "fl",
+        "\ufb03": "ffi",
+        "\ufb04": "ffl",
+        "\ufb05": "st",
+        "\ufb06": "st",
+    }
+)
+#: A word broken at a line's end by a hyphen ("gar-" then "dening").
+_HYPHENATED = re.compile(r"(\w)-[ \t]*\n[ \t]*(\w)")
+
+
+def _joined(match: re.Match[str]) -> str:
+    """A word broken by a hyphen at a line's end, whole again when the next line goes on
+    in lower case ("gar-dening"); "Anglo-\nSaxon" keeps its hyphen, on one line."""
+    before, after = match.group(1), match.group(2)
+    if before.isalpha() and after.islower():
+        return before + after
+    return f"{before}-{after}" if before.isalpha() and after.isalpha() else match.group(0)
 
 
 def _draws_objects(page: DictionaryObject) -> bool:
