@@ -47,6 +47,7 @@ def pdf(
     font_names: int = 1,
     distinct_fonts: bool = False,
     title_apart: bool = False,
+    lang: str | None = None,
 ) -> bytes:
     """A PDF with one line of text per page (or a raw content stream, given as bytes), an
     optional Info title, link annotations (URI actions) on the first page, an optional
@@ -54,11 +55,13 @@ def pdf(
     (content streams by name) every page may draw (``/X0 Do``). The pages' resources
     name the font ``font_names`` times (``/F1``, ``/F2``, ...): one font, or each name
     a font of its own with its own ToUnicode map (``distinct_fonts``); the title an
-    object of its own the Info dictionary refers to (``title_apart``)."""
+    object of its own the Info dictionary refers to (``title_apart``); the catalog's
+    ``/Lang``."""
     font = 3
     font_entries = b"/Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding"
+    declared = b"" if lang is None else b" /Lang (" + _escape(lang).encode("latin-1") + b")"
     objects: dict[int, bytes] = {
-        1: b"<< /Type /Catalog /Pages 2 0 R >>",
+        1: b"<< /Type /Catalog /Pages 2 0 R" + declared + b" >>",
         font: b"<< " + font_entries + b" >>",
     }
     number = 4

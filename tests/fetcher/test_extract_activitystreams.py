@@ -194,6 +194,16 @@ def test_a_question_and_a_profile_are_content_too() -> None:
     }
 
 
+def test_relative_links_resolve_against_the_objects_id_only_on_its_own_origin() -> None:
+    content = '<p><a href="/about">about</a></p>'
+    own = read(note(content=content, contentMap=None))
+    assert "https://social.example/about" in {link.url for link in own.links}
+    elsewhere = read(note(id="https://victim.example/notes/1", content=content, contentMap=None))
+    urls = {link.url for link in elsewhere.links}
+    assert "https://social.example/about" in urls
+    assert not any(u.startswith("https://victim.example") for u in urls), urls
+
+
 BIO_NOBOT = (
     '<p>Gardener. <a href="https://social.example/tags/nobot" class="mention hashtag" '
     'rel="tag">#<span>nobot</span></a></p>'

@@ -77,6 +77,25 @@ def test_words_broken_at_a_lines_end_and_ligatures_are_read_whole() -> None:
     assert not {"gar", "dening", "\ufb01ndings", "ndings"} & words, words
 
 
+def test_a_pdfs_declared_language_is_its_hint() -> None:
+    short = "Compost et jardin"  # too few words for the detector to be sure
+    assert extract(pdf([short]), url=URL, content_type="application/pdf").language is None
+    found = extract(pdf([short], lang="fr-FR"), url=URL, content_type="application/pdf")
+    assert found.language == "fr"
+
+
+def test_a_link_written_as_utf8_is_read_as_utf8() -> None:
+    # Tools write a URI's non-ASCII letters as UTF-8 bytes; read as PDFDocEncoding
+    # they were "cafÃ©".
+    body = pdf([ENGLISH], links=["https://ex.example/caf\xc3\xa9", "https://ex.example/\xe9t\xe9"])
+    found = extract(body, url=URL, content_type="application/pdf")
+    # Bytes that are no UTF-8 are read as before: Latin-1 ("\xe9" an é).
+    assert [link.url for link in found.links] == [
+        "https://ex.example/café",
+        "https://ex.example/été",
+    ]
+
+
 def test_a_pdf_sent_without_a_content_type_is_still_read() -> None:
     found = extract(pdf([ENGLISH], title="Notes"), url=URL, content_type=None)
     assert found.title == "Notes"

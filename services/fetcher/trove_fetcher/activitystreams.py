@@ -46,6 +46,7 @@ from trove_fetcher.language import primary_tag
 from trove_schema.events import LinkKind
 from trove_schema.media import media_type
 from trove_schema.text import storable
+from trove_schema.urls import origin_of
 
 #: Media types an ActivityStreams object comes as (``application/json`` from servers
 #: that answer the profile-less type).
@@ -188,7 +189,7 @@ def extract_activity(
             title=None, links=_Links(), canonical_url=None, text="", lang_hint=None, is_feed=False
         )
     page = _Page(url, body, noindex, nofollow, robots_token, detect_language)
-    base = _string(item, "id") or url
+    base = _own_id(item, url)
 
     name = _text_field(item, "name", "nameMap")
     if not collapse_whitespace(name) and not _types(item).isdisjoint(ACTOR_TYPES):
@@ -222,6 +223,19 @@ def extract_activity(
         is_feed=False,
         language=language,
     )
+
+
+def _own_id(item: Mapping[str, object], url: str) -> str:
+    """What the object's relative links are resolved against: its ``id`` when that is on
+    the origin it was fetched from, else that URL (an object can name any host its id)."""
+    declared = _string(item, "id")
+    if declared:
+        try:
+            if origin_of(declared).lower() == origin_of(url).lower():
+                return declared
+        except ValueError:
+            pass
+    return url
 
 
 #: The public collection, as servers write it in ``to`` and ``cc``.

@@ -948,7 +948,7 @@ class _Page:
             links=links,
             canonical_url=None,
             text=document.text,
-            lang_hint=None,
+            lang_hint=document.language,
             is_feed=False,
             by_bytes=True,  # a PDF carries no nonce; its title alone may be "Untitled"
         )

@@ -149,6 +149,9 @@ class PdfText:
     text: str
     #: URIs of link annotations, in page order.
     links: tuple[str, ...]
+    #: The catalog's ``/Lang``: a hint, as an HTML page's ``lang`` is (authoring tools
+    #: write their user's language whatever the document's).
+    language: str | None = None
 
 
 def read_pdf(body: bytes) -> PdfText:
@@ -207,7 +210,19 @@ def _read(body: bytes) -> PdfText:
     text = "\n".join(parts).translate(_LIGATURES)
     if "-" in text:
         text = _HYPHENATED.sub(_joined, text)
-    return PdfText(title=_clean_title(title), text=storable(text), links=tuple(links))
+    return PdfText(
+        title=_clean_title(title), text=storable(text), links=tuple(links), language=_lang(reader)
+    )
+
+
+def _lang(reader: PdfReader) -> str | None:
+    try:
+        catalog = reader.trailer["/Root"].get_object()
+        declared = catalog.get("/Lang") if isinstance(catalog, DictionaryObject) else None
+        declared = declared.get_object() if declared is not None else None
+    except Exception:  # a catalog pypdf cannot read: no hint
+        return None
+    return declared[:35] if isinstance(declared, str) else None
 
 
 #: A ``/Title`` that names the file or the tool, not the document: Word's "Microsoft
@@ -275,11 +290,22 @@ def _page_links(page: DictionaryObject, limit: int) -> list[str]:
             uri = action.get("/URI")
             uri = uri.get_object() if uri is not None else None
             if isinstance(uri, (str, bytes)):
-                value = uri if isinstance(uri, str) else uri.decode("latin-1")
-                found.append(value)
+                found.append(_uri_text(uri))
                 if len(found) >= limit:
                     break
     return found
+
+
+def _uri_text(uri: str | bytes) -> str:
+    """A link's URI: an ASCII string by the standard, but written as UTF-8 by tools,
+    which pypdf reads as PDFDocEncoding ("cafÃ©"): its bytes read as UTF-8 when they are."""
+    raw = getattr(uri, "original_bytes", None) if isinstance(uri, str) else uri
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return uri if isinstance(uri, str) else raw.decode("latin-1")
+    return str(uri)
 
 
 def _clean_title(title: str | None) -> str | None:
