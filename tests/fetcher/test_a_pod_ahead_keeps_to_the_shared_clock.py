@@ -126,6 +126,16 @@ def work(server: LocalServer, path: str) -> PageDiscovered:
     )
 
 
+async def processed(bus: Bus, client: httpx.AsyncClient, discovered: PageDiscovered) -> Fetcher:
+    """The fetcher, after it handled ``discovered``."""
+    fetcher = await fetcher_on(bus, client)
+    try:
+        await fetcher.process(Job(discovered), discovered.to_wire())
+    finally:
+        fetcher.close()
+    return fetcher
+
+
 async def paused_for(fetcher: Fetcher) -> float:
     """Seconds the host is left alone from now, on the shared time."""
     slot = await fetcher.politeness.state(HOST)
@@ -142,12 +152,8 @@ async def test_a_pages_dated_retry_after_pauses_its_host_as_long_as_asked(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:
     server.routes[f"{HOST}/limited"] = slow_down(429)
-    fetcher = await fetcher_on(bus, client)
     limited = work(server, "/limited")
-    try:
-        await fetcher.process(Job(limited), limited.to_wire())
-    finally:
-        fetcher.close()
+    fetcher = await processed(bus, client, limited)
     events = await Completions(bus.js).wait_for(1, timeout=10)
     event = events[limited.url]
     assert event.outcome is CrawlOutcome.BLOCKED_4XX
@@ -161,12 +167,7 @@ async def test_a_robots_txts_dated_retry_after_pauses_its_host_as_long_as_asked(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:
     server.routes[f"{HOST}/robots.txt"] = slow_down(503)
-    fetcher = await fetcher_on(bus, client)
-    page = work(server, "/page")
-    try:
-        await fetcher.process(Job(page), page.to_wire())
-    finally:
-        fetcher.close()
+    fetcher = await processed(bus, client, work(server, "/page"))
     assert [seen.path for seen in server.requests_for(HOST)] == ["/robots.txt"]
     paused = await paused_for(fetcher)
     assert as_asked(paused), paused
