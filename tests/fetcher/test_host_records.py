@@ -51,10 +51,13 @@ async def test_a_hosts_record_goes_after_its_last_request_and_comes_back_with_th
             "TROVE_MAX_DOMAIN_DELAY_SECONDS": str(GAP),
             "TROVE_GAP_RESPONSE_FACTOR": "0",
             "TROVE_HOST_RECORD_TTL_SECONDS": str(TTL),
-            # What a record holds must be shorter than its life (checked at start).
-            "TROVE_HOST_PAUSE_MAX_SECONDS": "1",
-            "TROVE_BAN_PAUSE_SECONDS": "1",
-            "TROVE_MAX_BACKOFF_SECONDS": "1",
+            # What a record holds must be shorter than its life, and a pause no
+            # shorter than the gap (both checked at start).
+            "TROVE_HOST_PAUSE_SECONDS": str(GAP),
+            "TROVE_HOST_PAUSE_MAX_SECONDS": str(GAP),
+            "TROVE_BAN_PAUSE_SECONDS": str(GAP),
+            "TROVE_RATE_PAUSE_SECONDS": str(GAP),
+            "TROVE_MAX_BACKOFF_SECONDS": str(GAP),
             "TROVE_HOST_MOVE_RECHECK_SECONDS": "1",
             "TROVE_ROBOTS_TTL_SECONDS": "4",
         }

@@ -4,6 +4,7 @@ import asyncio
 import heapq
 import itertools
 import json
+import logging
 import math
 import random
 import statistics
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 import nats
 import pytest
 
+from trove_fetcher.app import warn_of_a_short_gap
 from trove_fetcher.politeness import (
     BUSY_RECHECK,
     KV,
@@ -29,6 +31,7 @@ from trove_fetcher.politeness import (
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope, derived_event_id
 from trove_schema.policy import HostPolicy, LearningConfig, Observation
+from trove_schema.settings import FetcherSettings
 from trove_schema.topology import DOMAINS_BUCKET
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -815,3 +818,14 @@ async def test_a_moved_hosts_page_lease_answers_moved_and_writes_nothing(bus: Bu
     assert await p.state("www.moved.example") == before
     # Not for robots.txt or a redirect hop: those take the lease as before.
     assert isinstance(await p.acquire("www.moved.example", 1031.0), Granted)
+
+
+def test_a_gap_under_a_second_is_said_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    # Allowed (the tests and the benchmarks run so against their own servers), but an
+    # operator who typed milliseconds for seconds hears of it.
+    with caplog.at_level(logging.WARNING, logger="trove.fetcher"):
+        warn_of_a_short_gap(FetcherSettings())
+        warn_of_a_short_gap(FetcherSettings(min_domain_delay_seconds=1))
+        assert caplog.text == ""
+        warn_of_a_short_gap(FetcherSettings(min_domain_delay_seconds=0.01))
+    assert "TROVE_MIN_DOMAIN_DELAY_SECONDS is 0.01" in caplog.text

@@ -159,6 +159,7 @@ async def test_replay_leaves_pending_the_retries_the_record_does_not_hold_yet(
         0.1,
         TROVE_RETRY_DELAY_SECONDS="1",
         TROVE_MAX_ATTEMPTS="3",
+        TROVE_RATE_PAUSE_SECONDS="0.1",
         TROVE_MAX_BACKOFF_SECONDS="0.1",
     )
 

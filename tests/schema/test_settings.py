@@ -90,25 +90,132 @@ def test_a_host_record_ttl_shorter_than_what_a_record_holds_is_refused_with_its_
     assert FetcherSettings().host_record_ttl_seconds == 180 * 86_400
 
 
-@pytest.mark.parametrize(
-    "variable",
-    [
-        "TROVE_MAX_BACKOFF_SECONDS",
-        "TROVE_HOST_PAUSE_SECONDS",
-        "TROVE_HOST_PAUSE_MAX_SECONDS",
-        "TROVE_RATE_PAUSE_SECONDS",
-        "TROVE_BAN_PAUSE_SECONDS",
-    ],
+PAUSES = (
+    "TROVE_MAX_BACKOFF_SECONDS",
+    "TROVE_HOST_PAUSE_SECONDS",
+    "TROVE_HOST_PAUSE_MAX_SECONDS",
+    "TROVE_RATE_PAUSE_SECONDS",
+    "TROVE_BAN_PAUSE_SECONDS",
 )
+
+
+@pytest.mark.parametrize("variable", PAUSES)
 def test_no_pause_after_a_site_s_defences_can_be_set_to_nothing(
     monkeypatch: pytest.MonkeyPatch, variable: str
 ) -> None:
     # 0 would send the next request one gap after a 429, a ban or a challenge page.
+    for name in PAUSES:
+        monkeypatch.setenv(name, "0.5")
+    monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "0.5")
+    assert getattr(FetcherSettings(), variable.removeprefix("TROVE_").lower()) == 0.5
     monkeypatch.setenv(variable, "0")
     with pytest.raises(ValueError, match="greater than 0"):
         FetcherSettings()
-    monkeypatch.setenv(variable, "0.5")
-    assert getattr(FetcherSettings(), variable.removeprefix("TROVE_").lower()) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("longest", "first"),
+    [
+        ("TROVE_HOST_PAUSE_MAX_SECONDS", "TROVE_HOST_PAUSE_SECONDS"),
+        ("TROVE_MAX_BACKOFF_SECONDS", "TROVE_RATE_PAUSE_SECONDS"),
+    ],
+)
+def test_a_longest_pause_shorter_than_the_first_is_refused(
+    monkeypatch: pytest.MonkeyPatch, longest: str, first: str
+) -> None:
+    # The cap would cut every pause, the first included, to itself unsaid.
+    monkeypatch.setenv(first, "60")
+    monkeypatch.setenv(longest, "60")
+    assert FetcherSettings()
+    monkeypatch.setenv(longest, "59")
+    with pytest.raises(ValueError, match=rf"{longest} \(59\) must not be shorter than {first}"):
+        FetcherSettings()
+
+
+@pytest.mark.parametrize(
+    "longest",
+    ["TROVE_HOST_PAUSE_MAX_SECONDS", "TROVE_MAX_BACKOFF_SECONDS", "TROVE_BAN_PAUSE_SECONDS"],
+)
+def test_a_pause_within_the_gap_is_refused(monkeypatch: pytest.MonkeyPatch, longest: str) -> None:
+    # A 429 that asked for an hour was asked again one gap later: the pause was 1 ms.
+    for name in PAUSES:
+        monkeypatch.setenv(name, "0.5")
+    monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "0.5")
+    assert FetcherSettings()
+    monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "0.6")
+    monkeypatch.setenv("TROVE_MAX_DOMAIN_DELAY_SECONDS", "0.6")
+    for name in {
+        "TROVE_HOST_PAUSE_MAX_SECONDS",
+        "TROVE_MAX_BACKOFF_SECONDS",
+        "TROVE_BAN_PAUSE_SECONDS",
+    } - {longest}:
+        monkeypatch.setenv(name, "0.6")
+    with pytest.raises(ValueError, match=rf"{longest} \(0.5\) .* a pause within the gap"):
+        FetcherSettings()
+
+
+def test_a_longest_gap_shorter_than_the_shortest_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every robots.txt Crawl-delay would have been cut to the shortest gap.
+    monkeypatch.setenv("TROVE_MAX_DOMAIN_DELAY_SECONDS", "10")
+    assert FetcherSettings().max_domain_delay_seconds == 10
+    monkeypatch.setenv("TROVE_MAX_DOMAIN_DELAY_SECONDS", "5")
+    with pytest.raises(
+        ValueError, match=r"TROVE_MAX_DOMAIN_DELAY_SECONDS \(5\) must not be shorter than"
+    ):
+        FetcherSettings()
+
+
+INTERVALS = {
+    "TROVE_RESTART_DELAY_SECONDS": CommonSettings,
+    "TROVE_POLL_INTERVAL_SECONDS": DiscoverySettings,
+    "TROVE_EXCLUSIONS_REFRESH_SECONDS": FetcherSettings,
+    "TROVE_URL_RULES_CACHE_SECONDS": DiscoverySettings,
+    "TROVE_WORK_PURGE_INTERVAL_SECONDS": FetcherSettings,
+    "TROVE_DNS_RECHECK_SECONDS": FetcherSettings,
+    "TROVE_EGRESS_RECHECK_SECONDS": FetcherSettings,
+    "TROVE_AUDIT_PRUNE_INTERVAL_SECONDS": RecorderSettings,
+}
+
+
+@pytest.mark.parametrize("variable", sorted(INTERVALS))
+def test_a_loop_s_interval_under_a_tenth_of_a_second_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    # A loop every 0.1 ms spent a fifth to a third of a core on its round trips.
+    settings_class = INTERVALS[variable]
+    monkeypatch.setenv(variable, "0.1")
+    assert getattr(settings_class(), variable.removeprefix("TROVE_").lower()) == 0.1
+    monkeypatch.setenv(variable, "0.0001")
+    with pytest.raises(ValueError, match=r"greater than or equal to 0\.1"):
+        settings_class()
+
+
+@pytest.mark.parametrize(
+    ("variable", "settings_class", "longest_kept"),
+    [
+        # The record's age must outlast the schedules in it (a week's re-crawls).
+        ("TROVE_EVENTS_MAX_AGE_SECONDS", RecorderSettings, "1e9"),
+        ("TROVE_WORK_MAX_AGE_SECONDS", FetcherSettings, "1"),
+        ("TROVE_DEAD_MAX_AGE_SECONDS", RecorderSettings, "1"),
+    ],
+)
+def test_a_stream_age_is_for_ever_or_at_least_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    settings_class: type[CommonSettings],
+    longest_kept: str,
+) -> None:
+    # Under 100 ms JetStream refuses the stream, and the service tried again for ever.
+    field = variable.removeprefix("TROVE_").lower()
+    for good in ("0", longest_kept):
+        monkeypatch.setenv(variable, good)
+        assert getattr(settings_class(), field) == float(good)
+    for bad in ("0.05", "0.5"):
+        monkeypatch.setenv(variable, bad)
+        with pytest.raises(ValueError, match="at least 1 second"):
+            settings_class()
 
 
 def test_a_poll_backoff_shorter_than_the_poll_interval_is_refused() -> None:

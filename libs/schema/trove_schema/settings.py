@@ -43,6 +43,26 @@ def _at_most_a_century(seconds: float) -> float:
 #: tighter upper bound of its own stays a plain float.
 Seconds = Annotated[float, AfterValidator(_at_most_a_century)]
 
+#: The shortest period of a loop a setting times (a refresh, a recheck, a pass): the
+#: tests scale a day down to seconds, but a loop every tenth of a millisecond spent a
+#: fifth to a third of a core on its round trips.
+MIN_INTERVAL_SECONDS = 0.1
+Interval = Annotated[float, Field(ge=MIN_INTERVAL_SECONDS), AfterValidator(_at_most_a_century)]
+
+
+def _for_ever_or_a_second(seconds: float) -> float:
+    # JetStream refuses an age under 100 ms, which a service took for a broker not ready
+    # and tried again for ever; and an age that short keeps nothing a service could use.
+    if 0 < seconds < 1:
+        raise ValueError("must be 0 (kept for ever) or at least 1 second")
+    return seconds
+
+
+#: How long a stream keeps what it holds; 0 keeps it for ever.
+Age = Annotated[
+    float, Field(ge=0.0), AfterValidator(_for_ever_or_a_second), AfterValidator(_at_most_a_century)
+]
+
 
 class UnknownSetting(TroveError):
     """A TROVE_* environment variable that no Trove settings object knows."""
@@ -70,7 +90,7 @@ class CommonSettings(BaseSettings):
     #: `trove up` and `trove crawl` restart a service process that dies after this
     #: delay, doubled with each exit in a row up to the maximum; a process that ran for
     #: the reset time before it died starts over from the first delay.
-    restart_delay_seconds: Seconds = Field(default=1.0, gt=0.0)
+    restart_delay_seconds: Interval = 1.0
     restart_max_delay_seconds: Seconds = Field(default=60.0, gt=0.0)
     restart_reset_after_seconds: Seconds = Field(default=30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -80,7 +100,7 @@ class CommonSettings(BaseSettings):
     #: Port for /healthz, /readyz and /metrics; 0 disables the HTTP endpoint.
     http_port: int = Field(default=0, ge=0, le=65535)
     #: How long the event record (TROVE_EVENTS) keeps events; 0 keeps them for ever.
-    events_max_age_seconds: Seconds = Field(default=0.0, ge=0.0)
+    events_max_age_seconds: Age = 0.0
     # What waits in TROVE_EVENTS as a schedule: discovery's re-crawls and timeline polls
     # (the recorder's retries below). Every service reads them, so that the recorder,
     # which owns the stream's retention, refuses one that would drop them.
@@ -93,7 +113,7 @@ class CommonSettings(BaseSettings):
     recrawl_max_seconds: Seconds = Field(default=0.0, ge=0.0)
     #: A followed timeline is polled again this many seconds after a poll that read
     #: everything new (at once when the poll stopped at its page bound).
-    poll_interval_seconds: Seconds = Field(default=300.0, gt=0.0)
+    poll_interval_seconds: Interval = 300.0
     #: Longest pause after failed polls (the pause doubles with each failure in a row)
     #: or asked for by an instance (Retry-After, its rate-limit reset).
     poll_max_backoff_seconds: Seconds = Field(default=6 * 3600.0, gt=0.0)
@@ -104,12 +124,12 @@ class CommonSettings(BaseSettings):
     #: a fetcher has handled it (the fetchers purge what they acked): work waits for a
     #: fetcher however long none runs. With an age, work that came due while no fetcher
     #: ran for longer than it is lost, and no slot is planned past half of it.
-    work_max_age_seconds: Seconds = Field(default=0.0, ge=0.0)
+    work_max_age_seconds: Age = 0.0
     #: How long seeds sent to trove.seeds are kept (TROVE_SEEDS).
     seeds_max_age_seconds: Seconds = Field(default=30 * 86_400.0, ge=60.0)
     #: How long parked messages are kept (TROVE_DEAD); 0, the default, keeps them until
     #: an operator re-drives or drops them with `trove dead`.
-    dead_max_age_seconds: Seconds = Field(default=0.0, ge=0.0)
+    dead_max_age_seconds: Age = 0.0
     #: Largest message a stream accepts; events are built to fit below it.
     max_message_bytes: int = Field(default=1 << 20, ge=64 * 1024, le=8 << 20)
     # The learned per-host policy (trove_schema.policy): the fetcher acts on it, the
@@ -145,7 +165,7 @@ class CommonSettings(BaseSettings):
     excluded_hosts_file: Path | None = None
     #: How often discovery and the fetcher read the shared list of excluded hosts (the
     #: ``trove_exclusions`` bucket): a host listed there is left alone within this long.
-    exclusions_refresh_seconds: Seconds = Field(default=5.0, gt=0)
+    exclusions_refresh_seconds: Interval = 5.0
 
     @model_validator(mode="after")
     def _schedules_are_kept(self) -> Self:
@@ -169,6 +189,43 @@ class CommonSettings(BaseSettings):
             "timeline polls",
         )
         return self
+
+    @model_validator(mode="after")
+    def _pauses_back_off(self) -> Self:
+        gap = self.min_domain_delay_seconds
+        if self.max_domain_delay_seconds < gap:
+            # Every robots.txt Crawl-delay would be cut to the minimum, unsaid.
+            raise ValueError(
+                f"TROVE_MAX_DOMAIN_DELAY_SECONDS ({self.max_domain_delay_seconds:g}) must "
+                f"not be shorter than TROVE_MIN_DOMAIN_DELAY_SECONDS ({gap:g})"
+            )
+        for longest, first in (
+            ("TROVE_HOST_PAUSE_MAX_SECONDS", "TROVE_HOST_PAUSE_SECONDS"),
+            ("TROVE_MAX_BACKOFF_SECONDS", "TROVE_RATE_PAUSE_SECONDS"),
+        ):
+            if self._seconds(longest) < self._seconds(first):
+                raise ValueError(
+                    f"{longest} ({self._seconds(longest):g}) must not be shorter than "
+                    f"{first} ({self._seconds(first):g}), the first pause it bounds"
+                )
+        for longest in (
+            "TROVE_HOST_PAUSE_MAX_SECONDS",
+            "TROVE_MAX_BACKOFF_SECONDS",
+            "TROVE_BAN_PAUSE_SECONDS",
+        ):
+            # A host's next request waits for its gap anyway: a pause no longer than
+            # the gap would answer a 429, a ban or a host that keeps failing with none.
+            if self._seconds(longest) < gap:
+                raise ValueError(
+                    f"{longest} ({self._seconds(longest):g}) must not be shorter than "
+                    f"TROVE_MIN_DOMAIN_DELAY_SECONDS ({gap:g}): a pause within the gap "
+                    "is no pause"
+                )
+        return self
+
+    def _seconds(self, name: str) -> float:
+        value: float = getattr(self, name.removeprefix(PREFIX).lower())
+        return value
 
     @property
     def recrawl_max(self) -> float:
@@ -215,7 +272,7 @@ class DiscoverySettings(CommonSettings):
     seen_memory: int = Field(default=100_000, ge=0)
     #: How long a replica uses a host's learned URL aliases before reading them again
     #: (a rule learned by one replica reaches the others within this time).
-    url_rules_cache_seconds: float = Field(default=5.0, gt=0.0, le=300.0)
+    url_rules_cache_seconds: float = Field(default=5.0, ge=MIN_INTERVAL_SECONDS, le=300.0)
     #: Confirmations (rel=canonical, equal content) before a URL alias is learned.
     alias_confirmations: int = Field(default=2, ge=1, le=100)
     #: A page's links that may be aliases not learned yet wait this long (doubled each
@@ -311,7 +368,7 @@ class FetcherSettings(CommonSettings):
     concurrency: int = Field(default=64, ge=1, le=4096)
     #: How often each pod looks whether TROVE_WORK holds enough handled work to purge it
     #: (``deferral.purge_handled``).
-    work_purge_interval_seconds: Seconds = Field(default=60.0, gt=0.0)
+    work_purge_interval_seconds: Interval = 60.0
     #: How many handled work messages TROVE_WORK keeps before a pod purges them (four
     #: times as many while every pod's hands are full).
     work_purge_after_messages: int = Field(default=10_000, ge=1)
@@ -358,14 +415,14 @@ class FetcherSettings(CommonSettings):
     dns_max_negative_ttl_seconds: Seconds = Field(default=300.0, ge=0.0)
     #: Nameservers found to answer nothing are asked again after this long; until then
     #: the work that needs a name not cached waits (``trove_fetcher.dns``).
-    dns_recheck_seconds: Seconds = Field(default=5.0, gt=0.0)
+    dns_recheck_seconds: Interval = 5.0
     #: The pod's egress is taken to be away when this many addresses failed to connect in
     #: a row, none connecting in between nor for ``egress_quiet_seconds``; its work then
     #: waits, one job every ``egress_recheck_seconds`` going ahead to find out, for at
     #: most ``egress_patience_seconds`` (``trove_fetcher.egress``).
     egress_suspect_after: int = Field(default=8, ge=2)
     egress_quiet_seconds: Seconds = Field(default=0.0, ge=0.0)
-    egress_recheck_seconds: Seconds = Field(default=10.0, gt=0.0)
+    egress_recheck_seconds: Interval = 10.0
     egress_patience_seconds: Seconds = Field(default=3600.0, ge=0.0)
     #: How long a host's record in ``trove_domains`` (its politeness state and learned
     #: policy) is kept after the last request to it; 0 keeps every host's for ever.
@@ -452,7 +509,7 @@ class RecorderSettings(CommonSettings):
     audit_prune_batch: int = Field(default=5_000, ge=1, le=100_000)
     #: How often the recorder looks for expired rows (the audit, the crawl history, the
     #: outbox's published rows, the ids of applied events).
-    audit_prune_interval_seconds: Seconds = Field(default=600.0, gt=0.0)
+    audit_prune_interval_seconds: Interval = 600.0
     #: Longest an idle recorder goes without looking at the outbox. Its own retries wake
     #: it at once; the look is for rows no pod was woken for (one that died between its
     #: commit and its publish, a replay), and it is made 1 s after activity, then half

@@ -286,9 +286,29 @@ def _robots_limit(bus: Bus, configured: int) -> int:
     return limit
 
 
+#: A gap under this is said at start: sites ask for seconds (robots.txt's Crawl-delay),
+#: and a shorter one belongs to a test or a benchmark against one's own servers.
+SHORT_GAP_SECONDS = 1.0
+
+
+def warn_of_a_short_gap(settings: FetcherSettings) -> None:
+    """Say at start that a host may be asked more often than once a second.
+
+    Allowed, not refused: the tests scale days down to seconds and the benchmarks run
+    without a gap, against servers of their own.
+    """
+    if settings.min_domain_delay_seconds < SHORT_GAP_SECONDS:
+        log.warning(
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS is %g: a host that sets no Crawl-delay may be "
+            "asked that often, more than once a second (the default is 10 s)",
+            settings.min_domain_delay_seconds,
+        )
+
+
 async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.Event) -> None:
     if not settings.nats_url:
         raise SystemExit("the fetcher needs TROVE_NATS_URL")
+    warn_of_a_short_gap(settings)
     bus = await Bus.connect(settings.nats_url, name="trove-fetcher")
     # One object: the transport refuses the hosts, the fetcher records their work.
     exclusions = Exclusions.from_settings(settings)
