@@ -181,6 +181,16 @@ def _retry_at(exchange: Exchange) -> None:
     exchange.send(429, b"slow down", {"Retry-After": format_datetime(when, usegmt=True)})
 
 
+def _two_retry_afters(exchange: Exchange) -> None:
+    # Two headers, the longer first, then a date: each read on its own.
+    when = datetime.now(UTC) + timedelta(seconds=30)
+    exchange.send_response(429)
+    for value in ("100", "5", format_datetime(when, usegmt=True)):
+        exchange.send_header("Retry-After", value)
+    exchange.send_header("Content-Length", "0")
+    exchange.end_headers()
+
+
 ROUTES: dict[str, Any] = {
     "/page": _page,
     "/conditional": _conditional,
@@ -226,6 +236,7 @@ ROUTES: dict[str, Any] = {
     "/410": _status(410),
     "/429-seconds": _status(429, {"Retry-After": "120"}),
     "/429-date": _retry_at,
+    "/429-twice": _two_retry_afters,
     "/503": _status(503, {"Retry-After": "30"}),
     "/500": _status(500),
     "/unconditional-304": _status(304),
@@ -762,6 +773,15 @@ async def test_429_carries_retry_after_in_seconds(
     assert result.status_code == 429
     assert result.retry_after == 120.0
     assert result.retryable
+
+
+async def test_a_429_with_two_retry_afters_waits_for_the_longest(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Joined ("100, 5, Wed, ...") they were no number and no date: the default pause.
+    result = await get(client, url(server, "/429-twice"))
+    assert result.status_code == 429
+    assert result.retry_after == 100.0
 
 
 async def test_429_carries_retry_after_as_an_http_date(

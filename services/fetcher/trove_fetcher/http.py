@@ -259,6 +259,20 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     return min(max(0.0, seconds), LONGEST_RETRY_AFTER)
 
 
+def retry_after(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
+    """The longest wait the response's Retry-After headers ask for; None if none is valid.
+
+    Each header on its own: joined, as ``headers.get`` joins them ("100, 5"), two were
+    read as none, and an HTTP-date has a comma of its own.
+    """
+    waits = [
+        wait
+        for value in headers.get_list("retry-after")
+        if (wait := parse_retry_after(value, now=now)) is not None
+    ]
+    return max(waits, default=None)
+
+
 def overlong_target(url: httpx.URL) -> str | None:
     """Why a redirect to ``url`` is not followed when it is longer than any URL Trove
     takes: no event could record it, and the hops of a paused chain travel in a deferred
@@ -609,9 +623,7 @@ async def fetch(
         # "googlebot: nofollow" must not take a later header's "noindex" with it.
         x_robots_tag="\n".join(headers.get_list("x-robots-tag")) or None,
         conditional=trace.conditional,
-        retry_after=parse_retry_after(
-            headers.get("retry-after"), now=datetime.fromtimestamp(now(), UTC)
-        ),
+        retry_after=retry_after(headers, now=datetime.fromtimestamp(now(), UTC)),
         error_message=ending.error_message,
         redirect_target=trace.redirect_target,
         redirects=tuple(trace.redirects),

@@ -85,9 +85,9 @@ from trove_fetcher.http import (
     HopGate,
     error_text,
     overlong_target,
-    parse_retry_after,
     pass_gate,
     redirect_url,
+    retry_after,
     unusable_location,
 )
 from trove_schema.errors import InvalidURL
@@ -654,10 +654,7 @@ async def fetch_robots(
                             RobotsRule.DISALLOW_ALL,
                             f"HTTP {status}",
                             "rate_limited" if status == 429 else "server_error",
-                            parse_retry_after(
-                                response.headers.get("retry-after"),
-                                now=datetime.fromtimestamp(now(), UTC),
-                            ),
+                            retry_after(response.headers, now=datetime.fromtimestamp(now(), UTC)),
                         )
                     return fallback(RobotsRule.ALLOW_ALL, f"HTTP {status}")
                 finally:

@@ -127,8 +127,8 @@ from trove_fetcher.http import (
     BodyReader,
     FetchLimits,
     error_text,
-    parse_retry_after,
     redirect_url,
+    retry_after,
     same_site,
 )
 from trove_fetcher.nodeinfo import WELL_KNOWN_PATH, Software, document_link, software_of
@@ -562,7 +562,7 @@ def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> f
 def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
     """Seconds a 429 or 503 asks for: ``Retry-After``, else the rate limit's reset."""
     moment = now or utcnow()
-    wait = parse_retry_after(headers.get("retry-after"), now=moment)
+    wait = retry_after(headers, now=moment)
     if wait is None:
         wait = _seconds_until(headers.get("x-ratelimit-reset"), moment)
     return None if wait is None else min(max(0.0, wait), MAX_RETRY_AFTER)
