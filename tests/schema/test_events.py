@@ -20,6 +20,7 @@ from trove_schema.events import (
     PageDiscovered,
     Provenance,
     Scope,
+    Share,
     decode_event,
     derived_event_id,
 )
@@ -83,6 +84,26 @@ def test_naive_times_are_taken_as_utc() -> None:
         started_at=datetime(2026, 1, 1, 12, 0), completed_at=datetime(2026, 1, 1, 12, 0)
     )
     assert event.occurred_at.tzinfo is not None
+
+
+def test_a_time_of_trove_s_own_past_year_9000_is_refused_where_it_is_read() -> None:
+    # Its re-crawl (a week on) or retry overflowed datetime, and the handler failed until
+    # the message was parked: such a time comes only from a clock that is wrong.
+    far = datetime(9999, 12, 31, tzinfo=UTC)
+    near = datetime(8999, 12, 31, tzinfo=UTC)
+    assert _completed(started_at=near, completed_at=near).completed_at == near
+    with pytest.raises(MalformedEvent, match="year 9000 or later"):
+        decode_event(_completed(completed_at=near).to_wire().replace(b"8999-", b"9999-"))
+    with pytest.raises(ValidationError, match="year 9000 or later"):
+        _completed(started_at=far, completed_at=far)
+    # A time a remote server gave (a post's) is its say, not a clock of Trove's.
+    share = Share(
+        instance="https://social.example",
+        post_uri="https://social.example/users/a/statuses/1",
+        account="a@social.example",
+        shared_at=far,
+    )
+    assert Provenance(kind="share", share=share).share == share
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -225,6 +226,23 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+#: No time of Trove's own (a crawl's, a schedule's) is in this year or later: each
+#: service adds its delays to them (a century at most, ``settings.MAX_DURATION_SECONDS``),
+#: and past year 9999 a datetime overflows, which failed a handler until its message was
+#: parked. Such a time comes only from a clock that is wrong: refused where it is read.
+LATEST_YEAR = 9000
+
+
+def _within_reach(value: datetime) -> datetime:
+    if value.year >= LATEST_YEAR:
+        raise ValueError(f"a time in the year {LATEST_YEAR} or later: no clock is that far")
+    return value
+
+
+#: A time of Trove's own clocks (times a remote server gives stay plain datetimes).
+Instant = Annotated[datetime, AfterValidator(_within_reach)]
+
+
 class ScopeKind(StrEnum):
     HOST = "host"  # same host as the seed (default)
     DOMAIN = "domain"  # same registrable domain (public suffix list)
@@ -383,7 +401,7 @@ class Event(Frozen):
     SUBJECT: ClassVar[str]
 
     id: str = Field(default_factory=new_event_id)
-    occurred_at: datetime = Field(default_factory=utcnow)
+    occurred_at: Instant = Field(default_factory=utcnow)
 
     @field_validator("occurred_at")
     @classmethod
@@ -464,14 +482,14 @@ class ChangeHistory(Frozen):
     #: ``CrawlCompleted.content_hash`` at the last successful visit.
     content_hash: HashText | None = None
     #: When that visit completed.
-    visited_at: datetime | None = None
+    visited_at: Instant | None = None
     #: (seconds since the visit before, changed since it), oldest first, newest last.
     visits: Annotated[tuple[tuple[float, bool], ...], Bounded(MAX_VISITS, keep="last")] = ()
     #: The re-crawl interval chosen after the last visit, in seconds.
     interval: float | None = None
     #: When the page was last answered with its body, which shows its links (a 304 shows
     #: none); None: not known (a chain an older release planned).
-    read_whole_at: datetime | None = None
+    read_whole_at: Instant | None = None
 
 
 class CrawlRequested(Event):
@@ -491,7 +509,7 @@ class CrawlRequested(Event):
     reason: RequestReason
     #: Which attempt this will be (1 for the first fetch of a page).
     attempt: int = Field(default=1, ge=1)
-    not_before: datetime | None = None
+    not_before: Instant | None = None
     #: Validators for a conditional GET (from the previous successful fetch).
     etag: HeaderText | None = None
     last_modified: HeaderText | None = None
@@ -528,8 +546,8 @@ class CrawlCompleted(Event):
     outcome: CrawlOutcome
     status_code: int | None = None
     error_message: MessageText | None = None
-    started_at: datetime
-    completed_at: datetime
+    started_at: Instant
+    completed_at: Instant
     #: Seconds the site asked us to wait (Retry-After), when it did.
     retry_after: float | None = None
     content_type: HeaderText | None = None
@@ -647,7 +665,7 @@ class TimelinePollRequested(Event):
     poll: int = Field(default=1, ge=1)
     #: Polls in a row that failed (the pause grows with it).
     failures: int = Field(default=0, ge=0)
-    not_before: datetime | None = None
+    not_before: Instant | None = None
     caused_by: str | None = None
 
 
@@ -683,8 +701,8 @@ class TimelinePolled(Event):
     outcome: CrawlOutcome
     status_code: int | None = None
     error_message: MessageText | None = None
-    started_at: datetime
-    completed_at: datetime
+    started_at: Instant
+    completed_at: Instant
     api: URLText | None = None
     software: Annotated[str, Storable(100)] | None = None
     software_version: Annotated[str, Storable(100)] | None = None
