@@ -7,8 +7,10 @@ import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
+from nats.js.kv import KeyValue
 
 from tests.conftest import eventually
 from tests.ports import free_port
@@ -195,6 +197,51 @@ async def test_a_refusal_by_the_shared_list_is_judged_on_the_latest_list(bus: Bu
         )
         assert await listed.refusal("configured.example") is not None
         assert await listed.refusal("free.example") is None
+    finally:
+        await bus.js.delete_key_value(config.bucket)
+
+
+class _LateFirstAnswer:
+    """The bucket, whose first answer is read at once and handed over only when let:
+    what two reads in flight, or a replica behind the leader, can do."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self.read = asyncio.Event()
+        self.let = asyncio.Event()
+        self.calls = 0
+
+    async def get(self, key: str) -> KeyValue.Entry:
+        self.calls += 1
+        entry = await self.kv.get(key)
+        if self.calls == 1:
+            self.read.set()
+            await self.let.wait()
+        return entry
+
+
+@pytest.mark.integration
+async def test_an_answer_older_than_the_list_in_force_never_puts_it_back(bus: Bus) -> None:
+    config = replace(
+        next(b for b in declare().buckets if b.bucket == EXCLUSIONS_BUCKET),
+        bucket="trove_exclusions_late_test",
+    )
+    kv = await bus.js.create_key_value(config)
+    try:
+        await kv.put(LIST_KEY, b"old.example\n")
+        late = _LateFirstAnswer(kv)
+        exclusions = Exclusions()
+        listed = ListedExclusions(exclusions, cast(KeyValue, late), interval=3600.0)
+        first = asyncio.create_task(listed.refresh())
+        await asyncio.wait_for(late.read.wait(), 10)
+        await kv.put(LIST_KEY, b"old.example\nnew.example\n")
+        await listed.refresh()
+        assert exclusions.covering("new.example") == "new.example"
+        late.let.set()
+        await first
+        # The list read first, answered last, is older than the one in force.
+        assert exclusions.covering("new.example") == "new.example"
+        assert await listed.refusal("new.example") is not None
     finally:
         await bus.js.delete_key_value(config.bucket)
 

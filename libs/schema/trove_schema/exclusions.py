@@ -194,11 +194,16 @@ class ListedExclusions:
         raises (it is away, or slow to answer)."""
         try:
             entry = await self.kv.get(LIST_KEY)
-        except KeyNotFoundError:  # never written, deleted or purged: no listed rules
-            revision, text = 0, ""
+        except KeyNotFoundError as exc:
+            # Never written (revision 0), or deleted or purged: no listed rules since the
+            # marker, whose revision nats-py hands over with the error.
+            revision, text = (exc.entry.revision if exc.entry else 0) or 0, ""
         else:
             revision, text = entry.revision or 0, (entry.value or b"").decode("utf-8", "replace")
-        if revision == self.revision:
+        if self.revision is not None and revision <= self.revision:
+            # Never back to an older list: two reads in flight (the loop's, a refusal's)
+            # may answer out of turn, and a direct get may be answered by a replica
+            # behind the leader; a host excluded a moment ago was let through again.
             return
         rules, errors = read_rules_tolerantly(text.splitlines())
         for error in errors:
