@@ -161,19 +161,27 @@ class Recorder:
         a look each second was most of an idle recorder's CPU (and its database's).
         """
         pause = OUTBOX_POLL_MIN
+        failing = False
         while not stop.is_set():
+            # Cleared before the look, not after: a retry projected while it runs wakes
+            # the next one, instead of waiting out the idle pause.
+            self.outbox_wakeup.clear()
             try:
                 sent = await self._publish_batch()
             except Exception as exc:
-                log.warning("outbox: %s", exc)
+                if not failing:  # once while it lasts: a look a second otherwise
+                    log.warning("outbox: not published, looking again each second: %s", exc)
+                failing = True
                 self.refusals.met(exc)  # an idle recorder meets a refused login here alone
                 sent, pause = 0, OUTBOX_POLL_MIN  # rows may be waiting: look again soon
             else:
+                if failing:
+                    log.info("outbox: published again")
+                failing = False
                 self.refusals.met(None)
             if sent:
                 pause = OUTBOX_POLL_MIN
                 continue
-            self.outbox_wakeup.clear()
             if await _woken(self.outbox_wakeup, stop, pause):
                 pause = OUTBOX_POLL_MIN
             else:
