@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -26,7 +27,6 @@ from tests.fetcher._dns import dns_server
 from trove_discovery.follows import TimelineFollow
 from trove_discovery.shares import next_poll
 from trove_fetcher import fetcher as fetcher_module
-from trove_fetcher import timeline as timeline_module
 from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
@@ -295,13 +295,13 @@ async def test_an_api_answer_is_parsed_off_the_event_loop(
 ) -> None:
     # 2 MiB of "[{},{},...]" held the loop ~35 ms, every other fetch's lease waiting.
     parsed_in: list[str] = []
-    loads = timeline_module.json.loads
+    loads = json.loads
 
     def recorded(body: bytes) -> Any:
         parsed_in.append(threading.current_thread().name)
         return loads(body)
 
-    monkeypatch.setattr(timeline_module.json, "loads", recorded)
+    monkeypatch.setattr(json, "loads", recorded)  # the module the fetcher reads it from
     instance = FediverseInstance.generate(posts=3, seed=5)
     async with served(instance) as social:
         polled = await poller(client, max_pages=1, page_limit=5).poll(request(social))
