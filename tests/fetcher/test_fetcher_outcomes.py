@@ -351,6 +351,26 @@ async def test_a_redirect_hop_whose_lease_fails_is_handed_back_only_for_the_brok
     assert server.requests_to("/hop", HOST) == []
 
 
+async def test_the_brokers_timeout_on_a_pages_own_lease_reaches_the_consumer_as_its_trouble(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """nats-py's timeout is an OSError too: it was handed back as "a transient fetch
+    error" (a warning a fetch in flight, the site blamed), and the consumer's one pause
+    for the broker's trouble, which stops new work from starting, never began."""
+    gate = BrokenGate(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
+    gate.error = NatsTimeoutError()
+    fetcher = await fetcher_on(bus, client, politeness=gate)
+    page = work(server)
+    try:
+        gate.armed, gate.released = True, True
+        with pytest.raises(NatsTimeoutError) as raised:
+            await fetcher.handle(Msg(_client=bus.nc, subject="work", data=page.to_wire()))
+    finally:
+        fetcher.close()
+    assert broker_trouble(raised.value)
+    assert server.requests_to("/", HOST) == []
+
+
 async def test_a_redirect_hop_that_meets_the_pods_network_away_is_handed_back_uncounted(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:

@@ -307,6 +307,10 @@ class Fetcher:
         except NetworkAway as exc:
             raise _waits_for_network(exc) from exc
         except (httpx.HTTPError, OSError) as exc:  # defensive: fetch() classifies these itself
+            if broker_trouble(exc):
+                # nats-py's timeout is an OSError too: the consumer's pause for the
+                # broker, which starts no new work meanwhile, not a fetch's retry.
+                raise
             raise Retry(f"transient fetch error: {exc}") from exc
         except HopGateFailed as exc:
             _hand_back(exc)
