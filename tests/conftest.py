@@ -103,6 +103,15 @@ async def clean(bus: Bus, engine: AsyncEngine) -> None:
     await reset(bus.js, engine)
 
 
+def reading(read: Callable[[], T]) -> Callable[[], Awaitable[T]]:
+    """``read`` as a probe for ``eventually``: a value in memory, read at each look."""
+
+    async def probe() -> T:
+        return read()
+
+    return probe
+
+
 async def eventually(
     probe: Callable[[], Awaitable[T]],
     *,

@@ -10,18 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import cast
 
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.conftest import eventually
+from tests.conftest import eventually, reading
 from trove_recorder.recorder import Recorder
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
-
-T = TypeVar("T")
 
 
 class _Outbox(Recorder):
@@ -55,13 +52,6 @@ class _Outbox(Recorder):
         return len(read)
 
 
-def _now(read: Callable[[], T]) -> Callable[[], Awaitable[T]]:
-    async def probe() -> T:
-        return read()
-
-    return probe
-
-
 async def test_a_retry_committed_while_a_pass_runs_is_published_without_the_idle_pause() -> None:
     outbox = _Outbox()
     stop = asyncio.Event()
@@ -69,10 +59,10 @@ async def test_a_retry_committed_while_a_pass_runs_is_published_without_the_idle
     # committed during that pass goes out on the next one, woken, not 4 s later.
     task = asyncio.create_task(outbox.publish_outbox(stop, idle_max=60.0))
     try:
-        await eventually(_now(lambda: outbox.passes), until=lambda n: n >= 3, timeout=10)
+        await eventually(reading(lambda: outbox.passes), until=lambda n: n >= 3, timeout=10)
         committed = time.monotonic()
         sent_at = await eventually(
-            _now(lambda: outbox.sent_at), until=lambda at: at is not None, timeout=10
+            reading(lambda: outbox.sent_at), until=lambda at: at is not None, timeout=10
         )
         assert sent_at is not None
         assert sent_at - committed < 1.0
@@ -90,7 +80,7 @@ async def test_a_database_away_is_said_once_and_its_return_once(
     with caplog.at_level(logging.INFO, logger="trove.recorder"):
         task = asyncio.create_task(outbox.publish_outbox(stop, idle_max=60.0))
         try:
-            await eventually(_now(lambda: outbox.passes), until=lambda n: n >= 4, timeout=20)
+            await eventually(reading(lambda: outbox.passes), until=lambda n: n >= 4, timeout=20)
         finally:
             stop.set()
             await task

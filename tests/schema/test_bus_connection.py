@@ -128,11 +128,11 @@ async def test_a_first_connection_waits_for_a_server_that_starts_late(
     port = free_port("127.0.0.1")
     url = f"nats://trove:first@127.0.0.1:{port}"
     server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=port, password="first"))
-    with caplog.at_level(logging.WARNING, logger="trove_schema.bus"):
+    with caplog.at_level(logging.DEBUG, logger="trove_schema.bus"):
         connecting = asyncio.create_task(Bus.connect(url, name="t", refused_patience=1.0))
         try:
 
-            async def tries() -> int:
+            async def tries() -> int:  # said once, then told again at DEBUG only
                 return sum("nats:" in record.message for record in caplog.records)
 
             # Tries refused for longer than the patience: still waiting.
@@ -174,6 +174,59 @@ async def test_a_lost_connection_shows_in_the_broker_gauge_until_it_is_back(
             await bus.close()
     finally:
         server.stop()
+
+
+async def test_an_outage_is_said_once_and_again_after_the_connection_came_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The client tries again every second, and each refused connect was a warning:
+    # 3,600 lines an hour a process.
+    port = free_port("127.0.0.1")
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats", port=port, password="first"))
+    server.start()
+
+    def said(level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == level and r.getMessage().startswith("nats:")
+        ]
+
+    async def told_again() -> int:
+        return len(said(logging.DEBUG))
+
+    async def reconnections() -> int:
+        return said(logging.INFO).count("nats: reconnected")
+
+    async def an_outage(bus: Bus, outage: int) -> list[str]:
+        """What was said at WARNING from the server's stop to its answering again."""
+        before = len(said(logging.WARNING))
+        server.stop()
+        tries = 3 * outage  # each told again, at DEBUG
+        await eventually(told_again, until=lambda n: n >= tries, timeout=20)
+        server.start()
+        await eventually(reconnections, until=lambda n: n == outage, timeout=30)
+        await bus.js.account_info()
+        return said(logging.WARNING)[before:]
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="trove_schema.bus"):
+            bus = await Bus.connect(server.url, name="t")
+            try:
+                for outage in (1, 2):
+                    warned = await an_outage(bus, outage)
+                    # Each thing said once an outage (the EOF, the disconnection, the
+                    # refused connect), and again in the next; no "nats: nats:" either.
+                    assert "nats: disconnected" in warned
+                    assert len(warned) == len(set(warned)) <= 3, warned
+                    assert not any(line.startswith("nats: nats:") for line in warned)
+            finally:
+                await bus.close()
+    finally:
+        server.stop()
+    # Its own close is no outage.
+    assert said(logging.INFO).count("nats: disconnected") == 1
+    assert said(logging.WARNING).count("nats: disconnected") == 2
 
 
 async def test_a_user_the_server_turns_away_at_every_reconnect_ends_the_service(

@@ -157,7 +157,16 @@ async def nats_error(exc: Exception) -> None:
             exc,
         )
     else:
-        log.warning("nats: %s", exc)
+        log.warning("nats: %s", _unprefixed(exc))
+
+
+#: The most distinct errors a connection remembers having said (``Bus.connect``).
+MAX_SAID = 32
+
+
+def _unprefixed(exc: Exception) -> str:
+    """``exc`` in words, without the "nats: " nats-py starts most of its errors with."""
+    return str(exc).removeprefix("nats: ")
 
 
 def schedule_header(at: datetime) -> str:
@@ -283,7 +292,14 @@ class Bus:
     ) -> Bus:
         async def disconnected_cb() -> None:
             BROKER_CONNECTED.set(0)
-            log.warning("nats: disconnected")
+            if nc.is_closed:  # this service closing: every rollout's stop, not news
+                log.info("nats: disconnected")
+            else:
+                log.warning("nats: disconnected")
+
+        #: What the client said since the connection was last made: each once. It tries
+        #: again every second, and said the same refused connect 3,600 times an hour.
+        said: set[str] = set()
 
         closed = asyncio.Event()
         # Started by the first of the turns away in a row: closes for good at its end.
@@ -297,6 +313,7 @@ class Bus:
 
         async def reconnected_cb() -> None:
             accepted()
+            said.clear()
             BROKER_CONNECTED.set(1)
             log.info("nats: reconnected")
 
@@ -312,7 +329,14 @@ class Bus:
             # nats-py (2.16) tries no more after a certificate that does not verify, and
             # waits for ever on the socket the failed handshake closed.
             nonlocal refusal
-            await nats_error(exc)
+            what = f"{type(exc).__name__}: {exc}"
+            if what in said:
+                log.debug("nats: %s", _unprefixed(exc))
+            else:
+                if len(said) >= MAX_SAID:  # a server's changing words: bounded all the same
+                    said.clear()
+                said.add(what)
+                await nats_error(exc)
             # Only a connection made ends the patience: a try that meets the server away
             # (a reset, a refused connect) between two turns away says nothing of the
             # credentials, and cancelling on it kept a pod waiting for ever.
