@@ -879,3 +879,32 @@ async def test_a_redirect_hop_whose_robots_txt_expired_during_the_request_does_n
     assert events[page.url].outcome is CrawlOutcome.FAILED
     assert "robots.txt expired" in (events[page.url].error_message or "")
     assert server.requests_to("/next", HOST) == []
+
+
+async def test_writes_waiting_for_the_broker_are_said_once_until_one_goes_through(
+    bus: Bus, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each fetch in flight said each try: 700 warnings a pod in a minute's outage."""
+    fetcher = await fetcher_on(bus, client)
+    answers: dict[str, list[Exception | None]] = {
+        page: [NatsTimeoutError(), NatsTimeoutError(), None] for page in ("a", "b", "c")
+    }
+
+    def publishing(page: str) -> Any:
+        async def publish() -> None:  # the broker's answers to this page's publish
+            answer = answers[page].pop(0)
+            if answer is not None:
+                raise answer
+
+        return publish
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="trove.fetcher"):
+            await asyncio.gather(*(fetcher._patiently(publishing(page)) for page in answers))
+    finally:
+        fetcher.close()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "trove.fetcher"]
+    waits = [level for level, message in said if message.startswith("a publish waits")]
+    assert waits.count(logging.WARNING) == 1
+    assert waits.count(logging.DEBUG) == 5
+    assert [m for _, m in said].count("publishes go through again") == 1

@@ -278,6 +278,9 @@ class Fetcher:
             parser=self.parser,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
+        #: Whether this pod said its writes wait for the broker: once an outage, not
+        #: once a fetch in flight and a try (700 lines a pod in a minute's outage).
+        self._waiting_said = False
         #: What an attempt taught about its host that the broker, away longer than a
         #: publish's patience, did not take: written in the background when it answers,
         #: each with its host.
@@ -546,7 +549,11 @@ class Fetcher:
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe;
             # what the answer said (a 429's pause) must outlast it, so it is kept.
-            log.warning("lease not released (broker away): %s", exc)
+            self._say_waiting(
+                "a lease not released (broker away), its hold keeps the host safe: %s",
+                exc,
+                domain=hold.domain,
+            )
             if observation is not None:
                 shared = observation
                 self._write_later(
@@ -566,7 +573,10 @@ class Fetcher:
             while True:
                 try:
                     await write()
-                    log.info("what a request taught about its host written late")
+                    log.info(
+                        "what a request taught about its host written late",
+                        extra={"domain": domain},
+                    )
                     return
                 except Exception as exc:
                     if not broker_trouble(exc):
@@ -932,13 +942,24 @@ class Fetcher:
         while True:
             try:
                 await publish()
-                return
             except Exception as exc:
                 if not broker_trouble(exc) or loop.time() + pause > give_up:
                     raise
-                log.warning("a publish waits for the broker: %s", exc)
+                self._say_waiting("a publish waits for the broker: %s", exc)
+            else:
+                if self._waiting_said:
+                    self._waiting_said = False
+                    log.info("publishes go through again")
+                return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    def _say_waiting(self, message: str, exc: Exception, **extra: str) -> None:
+        """Say at WARNING the first write that waits for the broker, the others at DEBUG,
+        until a publish goes through again."""
+        level = logging.DEBUG if self._waiting_said else logging.WARNING
+        self._waiting_said = True
+        log.log(level, message, exc, extra=extra)
 
     # robots.txt -----------------------------------------------------------------
 
