@@ -908,3 +908,19 @@ async def test_writes_waiting_for_the_broker_are_said_once_until_one_goes_throug
     assert waits.count(logging.WARNING) == 1
     assert waits.count(logging.DEBUG) == 5
     assert [m for _, m in said].count("publishes go through again") == 1
+
+
+async def test_the_crawled_line_says_what_the_site_asked_and_why_it_failed(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A timeout, a TLS error, a 429's wait: the line said the outcome alone.
+    fetcher = await fetcher_on(bus, client)
+    page = work(server, "/limited")
+    try:
+        with caplog.at_level(logging.INFO, logger="trove.fetcher"):
+            await fetcher.process(Job(page, cause="TROVE_EVENTS:1"), page.to_wire())
+    finally:
+        fetcher.close()
+    (crawled,) = [r for r in caplog.records if r.getMessage() == "crawled"]
+    assert (getattr(crawled, "status", None), getattr(crawled, "retry_after", None)) == (429, 60.0)
+    assert getattr(crawled, "error", None) == "HTTP 429"

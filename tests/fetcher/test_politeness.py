@@ -352,6 +352,25 @@ async def test_retry_after_pauses_the_domain_for_every_pod(bus: Bus) -> None:
     assert decision.at == pytest.approx(1300.0)
 
 
+async def test_a_pause_is_said_once_with_its_host_reason_and_length(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Only `trove status` could say why a host was not crawled: the log said nothing.
+    p = await _politeness(bus)
+    with caplog.at_level(logging.INFO, logger="trove.fetcher"):
+        grant = await p.acquire("quiet.example", 999.0)
+        assert isinstance(grant, Granted)
+        await p.finish("quiet.example", grant, 1000.0, attempt("quiet.example", end=1000.0))
+        assert not [r for r in caplog.records if r.getMessage().startswith("host paused")]
+        await rate_limited(p, "limited.example", 120)
+    (said,) = [r for r in caplog.records if r.getMessage().startswith("host paused")]
+    assert said.getMessage() == "host paused for 120s: rate_limited (Retry-After)"
+    assert (getattr(said, "domain", None), getattr(said, "paused_seconds", None)) == (
+        "limited.example",
+        120.0,
+    )
+
+
 async def test_retry_after_is_capped(bus: Bus) -> None:
     p = await _politeness(bus, PolitenessConfig(min_delay=1.0, max_backoff=100.0))
     grant = await p.acquire("capped.example", 999.0)

@@ -250,7 +250,7 @@ async def test_broker_errors_raised_in_a_handler_are_retried_not_parked(
 
 
 async def test_a_poison_message_is_parked_after_its_own_failures_with_the_reason(
-    bus: Bus, lane: Lane
+    bus: Bus, lane: Lane, caplog: pytest.LogCaptureFixture
 ) -> None:
     retries = [raising(Retry("database away", delay=0.01))] * 4
     script = Script(retries, then=raising(ValueError("no such column")))
@@ -261,18 +261,19 @@ async def test_a_poison_message_is_parked_after_its_own_failures_with_the_reason
         "trove_messages_total", {"consumer": lane.durable, "ending": "parked"}
     )
 
-    async with running(
-        Consumer(
-            bus=bus,
-            stream=lane.stream,
-            durable=lane.durable,
-            handler=script,
-            max_failures=3,
-            **FAST,
-        )
-    ):
-        await settled(bus, lane)
-        assert REGISTRY.get_sample_value("trove_dead_letters", {"consumer": lane.durable}) == 1
+    with caplog.at_level(logging.ERROR, logger="trove_schema.bus"):
+        async with running(
+            Consumer(
+                bus=bus,
+                stream=lane.stream,
+                durable=lane.durable,
+                handler=script,
+                max_failures=3,
+                **FAST,
+            )
+        ):
+            await settled(bus, lane)
+            assert REGISTRY.get_sample_value("trove_dead_letters", {"consumer": lane.durable}) == 1
 
     assert script.calls == 4 + 3  # the retries were not failures
     assert parked_before is None
@@ -288,6 +289,15 @@ async def test_a_poison_message_is_parked_after_its_own_failures_with_the_reason
     assert dead.headers["Trove-Dead-Consumer"] == lane.durable
     assert dead.headers["Trove-Dead-Msg-Id"] == "m-1"
     assert dead.headers["Trove-Event-Type"] == "Test"
+    # The log line names the message as `trove dead` and `nats stream get` take it.
+    (said,) = [r for r in caplog.records if r.getMessage() == "parked a message"]
+    named = {k: getattr(said, k, None) for k in ("stream", "stream_seq", "event_id", "event_type")}
+    assert named == {
+        "stream": lane.stream,
+        "stream_seq": dead.headers["Trove-Dead-Stream-Seq"],
+        "event_id": "m-1",
+        "event_type": "Test",
+    }
 
 
 async def test_a_message_redelivered_after_its_holders_died_is_not_parked_on_a_failure(

@@ -485,12 +485,26 @@ class Bus:
         await self.js.publish(f"{DEAD_PREFIX}.{consumer}", msg.data, headers=headers)
         log.error(
             "parked a message",
-            extra={"consumer": consumer, "subject": msg.subject, "reason": reason},
+            extra={"consumer": consumer, "reason": reason} | message_fields(msg),
         )
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.nc.drain()
+
+
+def message_fields(msg: Msg) -> dict[str, str]:
+    """What names ``msg`` in a log line: its subject, stream and sequence (as `trove
+    dead` and `nats stream get` take them), its event's id and type."""
+    meta = jetstream_metadata(msg)
+    fields = {"subject": msg.subject}
+    if meta is not None:
+        fields |= {"stream": meta.stream, "stream_seq": str(meta.sequence.stream)}
+    headers = msg.headers or {}
+    for header, name in (("Nats-Msg-Id", "event_id"), ("Trove-Event-Type", "event_type")):
+        if header in headers:
+            fields[name] = headers[header]
+    return fields
 
 
 def jetstream_metadata(msg: Msg) -> Msg.Metadata | None:
@@ -793,7 +807,13 @@ class Consumer:
             await self._park(msg, f"failed {n} times: {type(exc).__name__}: {exc}")
             return
         delay = min(self.failure_backoff * (2 ** (n - 1)), self.max_failure_backoff)
-        log.exception("%s: handler failed (%d times), retry in %.1fs", self.durable, n, delay)
+        log.exception(
+            "%s: handler failed (%d times), retry in %.1fs",
+            self.durable,
+            n,
+            delay,
+            extra=message_fields(msg),
+        )
         MESSAGES_HANDLED.labels(self.durable, "failed").inc()
         await _quiet(msg.nak(delay=delay))
 

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,15 @@ ServiceMain = Callable[[asyncio.Event, asyncio.Event], Awaitable[None]]
 _RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
 
+def _extra(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a call gave with ``extra=`` (the URL, the domain, the event id...)."""
+    return {
+        key: value
+        for key, value in vars(record).items()
+        if key not in _RESERVED and not key.startswith("_")
+    }
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and any ``extra`` fields."""
 
@@ -43,12 +53,35 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _RESERVED and not key.startswith("_"):
-                entry[key] = value
+        entry.update(_extra(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+#: A value written bare in a text line: no space, quote, equals sign or control character.
+_BARE = re.compile(r"[^\s\\\"=\x00-\x1f\x7f]+")
+
+
+class TextFormatter(logging.Formatter):
+    """One line a record for a person's eyes: time, service, level, message, then each
+    ``extra`` field as ``key=value``. A value of a stranger's (a URL, an error a server
+    sent) is quoted as JSON when it is not a bare word, so a line is one line."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = json.dumps(record.getMessage(), ensure_ascii=False)[1:-1]
+        parts = [self.formatTime(record), self.service, record.levelname, message]
+        for key, value in _extra(record).items():
+            text = str(value)
+            parts.append(f"{key}={text if _BARE.fullmatch(text) else json.dumps(text)}")
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
 
 
 def setup_logging(settings: CommonSettings, service: str) -> None:
@@ -56,7 +89,7 @@ def setup_logging(settings: CommonSettings, service: str) -> None:
     if settings.log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(message)s"))
+        handler.setFormatter(TextFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)

@@ -923,16 +923,20 @@ class Fetcher:
         self._unpublished.pop(job.work.id)
         self._done.put(_answered_key(job.work), True)
         FETCHES.labels(event.outcome.value).inc()
-        log.info(
-            "crawled",
-            extra={
-                "url": job.url,
-                "domain": job.domain,
-                "outcome": event.outcome.value,
-                "status": event.status_code,
-                "event_id": event.id,
-            },
-        )
+        said: dict[str, object] = {
+            "url": job.url,
+            "domain": job.domain,
+            "outcome": event.outcome.value,
+            "status": event.status_code,
+            "event_id": event.id,
+        }
+        # Why it failed (a DNS error, a timeout, a TLS error), what the site asked: bounded
+        # in the event already, and the answer to "why is this page not crawled".
+        if event.error_message is not None:
+            said["error"] = event.error_message
+        if event.retry_after is not None:
+            said["retry_after"] = event.retry_after
+        log.info("crawled", extra=said)
 
     async def _patiently(self, publish: Callable[[], Awaitable[object]]) -> None:
         """Publish, trying again in the task while the broker is briefly away."""

@@ -40,6 +40,7 @@ lease is its own host's, taken once the previous response has ended).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -57,6 +58,8 @@ from trove_schema.policy import (
 )
 from trove_schema.topology import domain_key
 from trove_schema.turns import Turns
+
+log = logging.getLogger("trove.fetcher")
 
 #: ``claimed``: the moment the host is free that a late page waits for (``acquire``);
 #: an older pod, which does not know it, reads the others and writes it back as 0.
@@ -390,9 +393,7 @@ class Politeness:
                 if slot.busy_until == grant.hold_until:
                     slot.busy_until = 0.0
                 if await self._write(key, slot, revision):
-                    paused = slot.policy.paused_until
-                    if paused > max(before.paused_until, end):
-                        HOST_PAUSES.labels(slot.policy.pause_reason or "unknown").inc()
+                    _said_if_paused(domain, before, slot.policy, end)
                     return slot.policy
                 guess = None
 
@@ -425,8 +426,7 @@ class Politeness:
                 slot.policy = self._folded(before, observation)
                 slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
                 if await self._write(key, slot, revision):
-                    if slot.policy.paused_until > max(before.paused_until, observation.at):
-                        HOST_PAUSES.labels(slot.policy.pause_reason or "unknown").inc()
+                    _said_if_paused(domain, before, slot.policy, observation.at)
                     return slot.policy
 
     def _folded(self, policy: HostPolicy, observation: Observation) -> HostPolicy:
@@ -484,3 +484,19 @@ def _usual_answer(slot: DomainSlot) -> float:
     """Seconds the host's answers usually take (the median its policy keeps), 0 unknown."""
     response_ms = slot.policy.response_ms
     return 0.0 if response_ms is None else max(0.0, response_ms) / 1000.0
+
+
+def _said_if_paused(domain: str, before: HostPolicy, after: HostPolicy, now: float) -> None:
+    """Count and log a pause this write decided (or made longer): the one line that
+    says why a host is left alone, when the operator asks why it is not crawled."""
+    if after.paused_until <= max(before.paused_until, now):
+        return
+    reason = after.pause_reason or "unknown"
+    HOST_PAUSES.labels(reason).inc()
+    seconds = round(after.paused_until - now, 1)
+    log.info(
+        "host paused for %gs: %s",
+        seconds,
+        reason,
+        extra={"domain": domain, "pause_reason": reason, "paused_seconds": seconds},
+    )
