@@ -100,6 +100,14 @@ class Page(Base):
     linked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+    #: The transaction that last changed what an index reads of the page (its status,
+    #: title, language, terms, hash, canonical, final URL, noindex): set on insert by
+    #: its default, on update by the ``pages_changed`` trigger (migration 0019), the
+    #: one path for every writer. NULL: not changed since before that migration. How
+    #: an index reads it: PLATFORM.md, "Reading the tables".
+    changed_xact: Mapped[int | None] = mapped_column(
+        BigInteger, server_default=text("(pg_current_xact_id())::text::bigint"), index=True
+    )
 
     __table_args__ = (
         CheckConstraint(_in("status", PAGE_STATUSES), name="status"),
