@@ -5,7 +5,7 @@ removal request: by rolling the services out with it in ``TROVE_EXCLUDED_HOSTS``
 with ``trove exclude`` while they run (the shared list). The witness is that site's own
 request log: from the rollout, or from the list's reading, on it gets no request at all
 (robots.txt included), though its pages' re-crawls were already scheduled and the other
-site still links to it; its pages leave the search at their next visit; a seed for it
+site still links to it; its pages leave the search within seconds; a seed for it
 is refused with the reason; a third site whose robots.txt redirects to it is not
 crawled, its rules unread; and the other site is crawled as before.
 """
@@ -29,6 +29,7 @@ from tests.fetcher._servers import Exchange, LocalServer
 from tests.support import cycle_env, query, run_trove, services
 from trove_cli.local import LocalTrove
 from trove_cli.search import search
+from trove_schema.changes import changed_pages, window_end
 from trove_schema.topology import FOLLOW_SUBJECT, SEEDS_SUBJECT
 
 RECRAWL = 3.0
@@ -106,6 +107,19 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
                 until=lambda hits: not hits,
                 timeout=40,
                 what="the excluded site out of the search",
+            )
+            # Out of the search at once (the recorder marks the pages); each page's
+            # next visit, already scheduled, is refused without a request.
+            await eventually(
+                lambda: query(
+                    engine,
+                    "SELECT count(DISTINCT page_id) FROM page_crawls"
+                    " WHERE domain = :d AND outcome = 'rejected'",
+                    d=gone.ip,
+                ),
+                until=lambda counted: counted[0][0] == len(gone_urls),
+                timeout=40,
+                what="each page's next visit refused",
             )
             nc = await nats.connect(stack.nats_url)
             try:
@@ -239,6 +253,46 @@ async def test_a_host_put_on_the_shared_list_mid_crawl_is_left_alone_within_seco
     assert refused["reason"] == f"host {gone.ip} is excluded by the operator ({gone.ip})"
     assert [a["url"] for a in accepted["accepted"]] == [gone.url()]
     assert any(s.at >= lifted for s in gone.seen)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_an_excluded_hosts_pages_leave_the_tables_index_before_their_next_visit(
+    stack: StackUrls, engine: AsyncEngine, state_dir: Path
+) -> None:
+    """A removal request reaches an index kept from the tables within the refresh, not
+    at the pages' next visits (here an hour away): the recorder marks them rejected, a
+    change the index reads (``trove_schema.changes``)."""
+    refresh = 0.5
+    env = cycle_env(3600.0, TROVE_EXCLUSIONS_REFRESH_SECONDS=str(refresh))
+    cli = {**os.environ, "TROVE_NATS_URL": stack.nats_url}
+    with LocalServer("127.0.0.9") as gone, LocalServer("127.0.0.10") as kept:
+        gone_urls = site(gone, "avocet")
+        kept_urls = site(kept, "dunlin")
+        async with services(stack, state_dir, env) as local:
+            nc = await nats.connect(stack.nats_url)
+            try:
+                await nc.publish(SEEDS_SUBJECT, f"{kept.url()}\n{gone.url()}".encode())
+                await nc.flush()
+            finally:
+                await nc.close()
+            await searchable(engine, local, {"avocet": gone_urls, "dunlin": kept_urls})
+            async with engine.connect() as conn:
+                since = await window_end(conn)
+            code, printed = await run_trove("exclude", gone.ip, env=cli)
+            assert code == 0, printed
+            await eventually(
+                found(engine, local, "avocet"),
+                until=lambda hits: not hits,
+                timeout=10 * refresh + 10,
+                what="the excluded site's pages out of the tables' index",
+            )
+            assert await found(engine, local, "dunlin")() == kept_urls
+            async with engine.connect() as conn:
+                changed = await changed_pages(conn, since, await window_end(conn))
+            requests = len(gone.seen)
+    # An index reading the window since the exclusion drops exactly those pages.
+    assert {page.url: page.indexable for page in changed} == dict.fromkeys(gone_urls, False)
+    assert requests == len(gone_urls) + 1  # each page once and robots.txt: no visit since
 
 
 @pytest.mark.usefixtures("clean")

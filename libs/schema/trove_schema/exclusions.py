@@ -142,7 +142,7 @@ class Exclusions:
             return None
         if host in self.rules:
             return host
-        if _is_address(host):
+        if is_address(host):
             return None  # an address is covered by itself only
         dot = host.find(".")
         while dot != -1:
@@ -165,7 +165,8 @@ class Exclusions:
 NO_EXCLUSIONS = Exclusions()
 
 
-def _is_address(host: str) -> bool:
+def is_address(host: str) -> bool:
+    """Whether ``host`` is an IP address: a rule of one covers that address alone."""
     try:
         ipaddress.ip_address(host)
     except ValueError:

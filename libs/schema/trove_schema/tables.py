@@ -115,6 +115,21 @@ class Page(Base):
     )
 
 
+class ExcludedHost(Base):
+    """A rule of the operator's excluded hosts in force (the shared list, `trove
+    exclude`, and the settings' own) whose pages the recorder marked ``rejected`` when
+    it came in (``trove_recorder.exclusions``): what it marked once is not marked again,
+    and a rule lifted leaves the table. A projection of the configuration, not of
+    events: a replay that truncates the tables empties it, and the pages are marked
+    again after it."""
+
+    __tablename__ = "excluded_hosts"
+
+    #: A host, covering every name below it, or an address (``trove_schema.exclusions``).
+    rule: Mapped[str] = mapped_column(String(253), primary_key=True)
+    marked_at: Mapped[datetime] = _now()
+
+
 class PageCrawl(Base):
     """One row per fetch attempt, append-only: never updated after completion.
 

@@ -31,6 +31,7 @@ from trove_recorder.database import (
     make_engine,
     takes_no_writes,
 )
+from trove_recorder.exclusions import keep_excluded_marked
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch
 from trove_recorder.replay import page_pending, rebuilding, release_abandoned_holds
@@ -40,6 +41,7 @@ from trove_schema import sqlstates
 from trove_schema.bus import REFUSED_PATIENCE, BatchConsumer, Bus, Retry
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
+from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
@@ -48,6 +50,7 @@ from trove_schema.settings import RecorderSettings
 from trove_schema.tables import Outbox
 from trove_schema.topology import (
     EVENTS_STREAM,
+    EXCLUSIONS_BUCKET,
     RECORDER,
     TopologyOptions,
     declare,
@@ -301,12 +304,18 @@ async def serve(
             linger=settings.batch_linger_seconds,
         )
         retention = Retention.from_settings(settings)
+        listed = ListedExclusions(
+            Exclusions.from_settings(settings),
+            await bus.js.key_value(EXCLUSIONS_BUCKET),
+            settings.exclusions_refresh_seconds,
+        )
         ready.set()
         await together(
             stop,
             consumer.run(stop),
             recorder.publish_outbox(stop, settings.outbox_poll_max_seconds),
             run_retention(engine, retention, stop),
+            keep_excluded_marked(engine, listed, stop),
             bus.until_closed(stop),
             recorder.refusals.until_given_up(stop),
         )

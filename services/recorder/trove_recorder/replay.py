@@ -108,6 +108,9 @@ PROJECTION_TABLES = (
     "host_policies",
     "projected_events",
     "outbox",
+    # Not an event's projection: emptied so that the rules' pages, written again by
+    # the replay, are marked again after it (``trove_recorder.exclusions``).
+    "excluded_hosts",
 )
 
 # Pending or held, and in the record: the row needs no publishing.

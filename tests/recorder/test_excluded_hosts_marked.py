@@ -1,0 +1,77 @@
+"""The operator's excluded hosts in the tables (``trove_recorder.exclusions``): each
+rule's pages marked rejected once, the names below it with it, nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.recorder.test_projections import completed, project, rows
+from trove_recorder.exclusions import held, mark_excluded
+from trove_recorder.replay import PROJECTION_TABLES
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+PAGES = {
+    "https://blog.example/": "blog.example",
+    "https://www.blog.example/post": "www.blog.example",
+    "https://notblog.example/": "notblog.example",  # ends with the rule, not below it
+    "http://10.0.0.1/": "10.0.0.1",
+    "http://110.0.0.1/": "110.0.0.1",
+}
+
+
+async def crawled_pages(engine: AsyncEngine) -> None:
+    for number, (url, domain) in enumerate(PAGES.items(), start=1):
+        await project(
+            engine,
+            completed(url=url, domain=domain, request_id=f"00000000-0000-0000-0000-{number:012}"),
+        )
+
+
+async def statuses(engine: AsyncEngine) -> dict[str, Any]:
+    return dict(await rows(engine, "SELECT url, status FROM pages"))
+
+
+async def test_a_rule_marks_its_host_and_every_name_below_it_and_nothing_else(
+    engine: AsyncEngine,
+) -> None:
+    await crawled_pages(engine)
+    # "log.example" ends as "blog.example" does, a label short: it covers nothing here.
+    marked = await mark_excluded(engine, frozenset({"blog.example", "log.example"}))
+    assert marked == {"blog.example": 2, "log.example": 0}
+    assert await statuses(engine) == {
+        "https://blog.example/": "rejected",
+        "https://www.blog.example/post": "rejected",
+        "https://notblog.example/": "fetched",
+        "http://10.0.0.1/": "fetched",
+        "http://110.0.0.1/": "fetched",
+    }
+    # An address covers itself alone, not the addresses that end as it does.
+    again = frozenset({"blog.example", "log.example", "10.0.0.1"})
+    assert await mark_excluded(engine, again) == {"10.0.0.1": 1}
+    assert (await statuses(engine))["http://110.0.0.1/"] == "fetched"
+
+
+async def test_a_rule_is_marked_once_lifted_with_the_list_and_again_after_a_replay(
+    engine: AsyncEngine,
+) -> None:
+    await crawled_pages(engine)
+    rules = frozenset({"blog.example"})
+    assert await mark_excluded(engine, rules) == {"blog.example": 2}
+    # Another replica, or the next look: nothing new to mark.
+    assert await mark_excluded(engine, rules) == {}
+    assert await held(engine) == rules
+    # Lifted: out of the table; its pages come back with their next visits.
+    assert await mark_excluded(engine, frozenset()) == {}
+    assert await held(engine) == frozenset()
+    # A whole replay empties the tables, this one with them, and writes the pages
+    # again as the events say: marked again at the next look.
+    assert await mark_excluded(engine, rules) == {"blog.example": 0}
+    async with engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {', '.join(PROJECTION_TABLES)} RESTART IDENTITY"))
+    await crawled_pages(engine)
+    assert await mark_excluded(engine, rules) == {"blog.example": 2}
