@@ -105,6 +105,45 @@ async def test_an_index_build_cut_short_is_built_again_and_a_built_one_kept(
         assert (await index(db, "ix_page_crawls_completed_at") or (False, ""))[0] is True
 
 
+async def test_the_change_feeds_migration_cut_short_in_its_index_build_runs_again(
+    scratch_database: str,
+) -> None:
+    # 0019 commits its column and trigger before the index is built outside the
+    # transaction: killed in the build, the revision is unrecorded and they are there.
+    await asyncio.to_thread(upgrade, scratch_database, "0019")
+    async with database(scratch_database) as db:
+        async with db.connect() as conn:
+            autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await autocommit.execute(text("DROP INDEX ix_pages_changed_xact"))
+            await autocommit.execute(
+                text("INSERT INTO pages (url, domain) VALUES ('https://c.test/', 'c.test')")
+            )
+            inserted = await autocommit.execute(text("SELECT changed_xact FROM pages"))
+            before = inserted.scalar_one()
+        await cut_short(db, "ix_pages_changed_xact", "pages", "url")
+        await asyncio.to_thread(command.stamp, alembic_config(scratch_database), "0018")
+
+        await asyncio.to_thread(upgrade, scratch_database, "0019")
+
+        assert await index(db, "ix_pages_changed_xact") == (
+            True,
+            "CREATE INDEX ix_pages_changed_xact ON public.pages USING btree (changed_xact)",
+        )
+        async with db.begin() as conn:
+            await conn.execute(text("UPDATE pages SET status = 'fetched'"))
+            changed = await conn.execute(
+                text("SELECT changed_xact, pg_current_xact_id()::text::bigint FROM pages")
+            )
+            after, writer = changed.one()
+        assert before is not None
+        assert after == writer > before
+        async with db.connect() as conn:
+            triggers = await conn.execute(
+                text("SELECT count(*) FROM pg_trigger WHERE tgname = 'pages_changed'")
+            )
+            assert triggers.scalar_one() == 1
+
+
 async def alters_queued(conn: AsyncConnection) -> int:
     """Sessions of this database whose ``ALTER TABLE pages`` waits for a lock (a
     migration queued behind a long reader)."""

@@ -17,7 +17,9 @@ once (PLATFORM.md, "Reading the tables"). A re-crawl that changes none of those 
 leaves it alone: the row's update stays a heap-only one, as before.
 
 Nullable, no backfill: a row from before was changed before any reader's first read,
-which reads every row. The index is built concurrently, as 0015's.
+which reads every row. The index is built concurrently, as 0015's, after the column and
+the trigger are committed: a build cut short leaves them in place with the revision
+unrecorded, so each step is one that can be run again.
 
 Revision ID: 0019
 Revises: 0018
@@ -26,7 +28,6 @@ Create Date: 2026-12-01 03:00:00
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 from trove_schema.migrate import create_index_online
@@ -57,7 +58,7 @@ def upgrade() -> None:
     # The ADD needs the table to itself for a moment: queued behind a long reader, it
     # would hold up every writer meanwhile. It gives way instead, and is tried again.
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-    op.add_column("pages", sa.Column("changed_xact", sa.BigInteger(), nullable=True))
+    op.execute("ALTER TABLE pages ADD COLUMN IF NOT EXISTS changed_xact bigint")
     # Set apart from the ADD: a volatile default there would rewrite every row.
     op.execute(f"ALTER TABLE pages ALTER COLUMN changed_xact SET DEFAULT {CURRENT_XACT}")
     op.execute(
@@ -68,7 +69,7 @@ def upgrade() -> None:
     old = ", ".join(f"OLD.{column}" for column in WATCHED)
     new = ", ".join(f"NEW.{column}" for column in WATCHED)
     op.execute(
-        "CREATE TRIGGER pages_changed BEFORE UPDATE ON pages FOR EACH ROW "
+        "CREATE OR REPLACE TRIGGER pages_changed BEFORE UPDATE ON pages FOR EACH ROW "
         f"WHEN (({old}) IS DISTINCT FROM ({new})) EXECUTE FUNCTION trove_page_changed()"
     )
     create_index_online(INDEX, "pages", "changed_xact")
