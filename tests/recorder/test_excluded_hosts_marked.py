@@ -75,3 +75,32 @@ async def test_a_rule_is_marked_once_lifted_with_the_list_and_again_after_a_repl
         await conn.execute(text(f"TRUNCATE {', '.join(PROJECTION_TABLES)} RESTART IDENTITY"))
     await crawled_pages(engine)
     assert await mark_excluded(engine, rules) == {"blog.example": 2}
+
+
+async def test_a_visit_written_after_the_mark_is_marked_at_the_next_look(
+    engine: AsyncEngine,
+) -> None:
+    await crawled_pages(engine)
+    rules = frozenset({"blog.example"})
+    assert await mark_excluded(engine, rules) == {"blog.example": 2}
+    # A visit that ended before the rule reached the fetchers, projected after the mark.
+    late = "00000000-0000-0000-0000-000000000101"
+    await project(engine, completed(url="https://blog.example/", request_id=late))
+    # And a batch still open while the next look runs: its write is not seen then.
+    async with engine.connect() as batch:
+        await batch.execute(
+            text("UPDATE pages SET status = 'fetched' WHERE domain = 'www.blog.example'")
+        )
+        assert await mark_excluded(engine, rules) == {"blog.example": 1}
+        await batch.commit()
+    assert (await statuses(engine))["https://www.blog.example/post"] == "fetched"
+
+    assert await mark_excluded(engine, rules) == {"blog.example": 1}
+    assert await mark_excluded(engine, rules) == {}
+    assert await statuses(engine) == {
+        "https://blog.example/": "rejected",
+        "https://www.blog.example/post": "rejected",
+        "https://notblog.example/": "fetched",
+        "http://10.0.0.1/": "fetched",
+        "http://110.0.0.1/": "fetched",
+    }

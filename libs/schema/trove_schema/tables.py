@@ -118,8 +118,8 @@ class Page(Base):
 class ExcludedHost(Base):
     """A rule of the operator's excluded hosts in force (the shared list, `trove
     exclude`, and the settings' own) whose pages the recorder marked ``rejected`` when
-    it came in (``trove_recorder.exclusions``): what it marked once is not marked again,
-    and a rule lifted leaves the table. A projection of the configuration, not of
+    it came in (``trove_recorder.exclusions``): what it marked whole is not marked whole
+    again, and a rule lifted leaves the table. A projection of the configuration, not of
     events: a replay that truncates the tables empties it, and the pages are marked
     again after it."""
 
@@ -128,6 +128,10 @@ class ExcludedHost(Base):
     #: A host, covering every name below it, or an address (``trove_schema.exclusions``).
     rule: Mapped[str] = mapped_column(String(253), primary_key=True)
     marked_at: Mapped[datetime] = _now()
+    #: Every page written before this transaction (``pages.changed_xact``) has been
+    #: looked at: a look marks the rule's pages changed from here on, those a visit from
+    #: before the rule wrote ``fetched`` again. None until its first, whole mark.
+    checked_xact: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class PageCrawl(Base):

@@ -4,7 +4,8 @@
 kept ``fetched`` in ``pages`` until their next visit (up to the longest re-crawl
 interval): an index kept from the tables went on serving a site whose owner asked to be
 removed. The recorder marks them ``rejected`` when a rule comes into force (a change
-an index reads, migration 0019), once a rule: this table holds the rules it marked.
+an index reads, migration 0019), once a rule: this table holds the rules it marked,
+and how far in 0019's ``changed_xact`` it looked for their pages written again since.
 
 Revision ID: 0020
 Revises: 0019
@@ -29,6 +30,7 @@ def upgrade() -> None:
         sa.Column(
             "marked_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
+        sa.Column("checked_xact", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("rule", name=op.f("pk_excluded_hosts")),
     )
 
