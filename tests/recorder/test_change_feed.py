@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from tests.recorder.test_projections import POLICY, completed, project
 from trove_recorder.projections import apply_batch
 from trove_schema.changes import ChangedPage, changed_pages, window_end
+from trove_schema.errors import WindowLost
 from trove_schema.events import CrawlCompleted, CrawlOutcome
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -119,3 +120,17 @@ async def test_a_recrawl_that_changes_nothing_an_index_reads_is_not_a_change(
     )
     (now_noindex,) = await index.read()
     assert (now_noindex.noindex, now_noindex.indexable) == (True, False)
+
+
+async def test_a_window_past_the_databases_transactions_is_refused_not_read_empty(
+    engine: AsyncEngine,
+) -> None:
+    # An index moved to a restored backup, or to a standby promoted before it had every
+    # commit: its ids are counted again below the bound the index kept.
+    index = Index(engine)
+    await project(engine, crawled(EARLY))
+    assert urls(await index.read()) == {EARLY}
+    assert index.since is not None
+    index.since += 1_000_000
+    with pytest.raises(WindowLost, match="read every page again"):
+        await index.read()

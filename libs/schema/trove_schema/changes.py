@@ -10,19 +10,24 @@ newest state. The first pass (no bound yet) reads every row. Rows are read in pa
 ids within the window, each page its own short statement.
 
 A window is a pair of transaction ids: kept by the index with what it read, they mean
-nothing to another database (a restored backup, a new cluster), where it starts again
-with a first pass. A replay with ``--truncate`` writes every row again, so every page
-is in the next window: the index reads the crawl whole, keyed by URL (ids are numbered
-anew).
+nothing to another database (a restored backup, a new cluster, a standby promoted
+before it had every commit of the primary it replaced), where it starts again with a
+first pass; ``changed_pages`` refuses a window that starts past the database's own
+transactions (``WindowLost``), which is how such a move usually shows. Only the columns
+that move the window are read: a visit that changes none of them (its time, its
+validators) brings no page into it. A replay with ``--truncate`` writes every row
+again, so every page is in the next window: the index reads the crawl whole, keyed by
+URL (ids are numbered anew).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trove_schema.errors import WindowLost
 
 #: The end of the window a pass reads: every transaction below it has ended.
 _BOUND = text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
@@ -31,7 +36,7 @@ _BOUND = text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
 _CHANGED = text(
     """
     SELECT p.id, p.url, p.status, p.title, p.language, p.noindex, p.content_hash,
-           p.canonical_url, p.final_url, p.content_at, p.last_crawled_at,
+           p.canonical_url, p.final_url,
            array_to_string(tsvector_to_array(p.keywords_tsv), ' ') AS terms
     FROM pages p
     WHERE p.id > :after
@@ -56,8 +61,6 @@ class ChangedPage:
     final_url: str | None
     #: The page's terms (its ``keywords_tsv``'s lexemes), space-separated.
     terms: str
-    content_at: Any
-    last_crawled_at: Any
 
     @property
     def indexable(self) -> bool:
@@ -78,7 +81,17 @@ async def changed_pages(
     conn: AsyncConnection, since: int | None, until: int, *, after: int = 0, limit: int = 1000
 ) -> list[ChangedPage]:
     """Up to ``limit`` pages changed in [``since``, ``until``), by id past ``after``
-    (the last id of the page before). ``since`` None: every page, the first pass."""
+    (the last id of the page before). ``since`` None: every page, the first pass.
+
+    Raises ``WindowLost`` when ``since`` lies past ``until``: transaction ids counted
+    again below the ones the index read (a restored backup, a standby promoted before
+    it had every commit), where what changed since cannot be told from what did not."""
+    if since is not None and since > until:
+        raise WindowLost(
+            f"the window read last ended at transaction {since}, past this database's "
+            f"{until}: not the database it was read from (a restored backup, a promoted "
+            "standby); read every page again, a first pass"
+        )
     rows = await conn.execute(
         _CHANGED, {"since": since, "until": until, "after": after, "limit": limit}
     )

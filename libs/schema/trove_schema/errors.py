@@ -3,6 +3,7 @@
 TroveError
 ├── MalformedEvent       bytes on the wire that are not a valid Trove event
 ├── InvalidURL           a URL Trove will not crawl; ``reason`` says why
+├── WindowLost           an index's change window starts past its database's transactions
 ├── BrokerClosed         the NATS client closed the connection for good: the service ends
 ├── TopologyError        a stream, consumer or bucket could not be created or reconciled
 ├── RetentionRefused     a stream's shorter retention would drop schedules it holds
@@ -24,6 +25,12 @@ class TroveError(Exception):
 
 class MalformedEvent(TroveError):
     """The bytes are not a valid Trove event (poison message): park it, never retry it."""
+
+
+class WindowLost(TroveError):
+    """An index's window of changes (``changes``) starts past the transactions of the
+    database it reads: another database than the one it read before. It reads every
+    page again."""
 
 
 class BrokerClosed(TroveError):
