@@ -16,7 +16,8 @@ import nats.errors
 import pytest
 import trustme
 
-from tests.conftest import StackUrls, eventually
+import trove_schema.bus
+from tests.conftest import StackUrls, eventually, reading
 from tests.ports import free_port
 from tests.relay import relay
 from trove_schema.bus import Bus
@@ -285,3 +286,57 @@ async def test_a_request_that_cannot_be_sent_leaves_nothing_behind(stack: StackU
             await bus.nc.request("trove.nowhere", b"x", timeout=1)
 
     assert len(bus.nc._resp_map) == filed
+
+
+async def test_an_error_that_goes_on_while_connected_is_said_again_now_and_then(
+    stack: StackUrls, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow consumer drops messages while the connection stays up: said once, then told
+    # at DEBUG, and said again after a while with how often it came meanwhile.
+    bus = await Bus.connect(stack.nats_url, name="t")
+    held = asyncio.Event()
+
+    async def stuck(_msg: object) -> None:
+        await held.wait()
+
+    def said(level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == level and "slow consumer" in r.getMessage()
+        ]
+
+    async def drop(count: int) -> None:
+        for _ in range(count):
+            await bus.nc.publish("slow.test", b"x")
+        await bus.nc.flush()
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="trove_schema.bus"):
+            await bus.nc.subscribe("slow.test", cb=stuck, pending_msgs_limit=1)
+            await drop(10)
+            await eventually(
+                reading(lambda: len(said(logging.DEBUG))),
+                until=lambda n: n >= 5,
+                timeout=20,
+                what="drops told at DEBUG",
+            )
+            assert len(said(logging.WARNING)) == 1
+
+            monkeypatch.setattr(trove_schema.bus, "SAY_AGAIN_SECONDS", 0.0)
+            await drop(3)
+            await eventually(
+                reading(lambda: said(logging.WARNING)),
+                until=lambda lines: len(lines) >= 2,
+                timeout=20,
+                what="said again",
+            )
+            # Told at DEBUG between the two: each one counted.
+            levels = [r.levelno for r in caplog.records if "slow consumer" in r.getMessage()]
+            first, second, *_ = (n for n, level in enumerate(levels) if level == logging.WARNING)
+            told = second - first - 1
+            assert told >= 5
+            assert said(logging.WARNING)[1].endswith(f"({told} times more since it was last said)")
+    finally:
+        held.set()
+        await bus.close()

@@ -143,25 +143,32 @@ def nats_servers(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
-async def nats_error(exc: Exception) -> None:
-    """What the server said went wrong on the connection, in the service's log.
+async def nats_error(exc: Exception, untold: int = 0) -> None:
+    """What the server said went wrong on the connection, in the service's log;
+    ``untold``, how often it came again since it was last said (at DEBUG only).
 
     A refused publish or subscription is the deployment's mistake, not the broker's
     trouble: the request behind it only times out, and its consumer retries it until
     the user's permissions are mended, so the log names the cause at ERROR.
     """
+    since = f" ({untold} times more since it was last said)" if untold else ""
     if "permissions violation" in str(exc).lower():
         log.error(
             "nats refused this service's user: %s; its permissions are in "
-            "deploy/nats/users.conf (Compose) and k8s/nats/values.yaml (Kubernetes)",
+            "deploy/nats/users.conf (Compose) and k8s/nats/values.yaml (Kubernetes)%s",
             exc,
+            since,
         )
     else:
-        log.warning("nats: %s", _unprefixed(exc))
+        log.warning("nats: %s%s", _unprefixed(exc), since)
 
 
 #: The most distinct errors a connection remembers having said (``Bus.connect``).
 MAX_SAID = 32
+#: How long a thing the client said is told again at DEBUG only. An outage's refused
+#: connects end with it; a permissions violation or a slow consumer goes on while the
+#: connection stays up, and is said again this often, with how often it came since.
+SAY_AGAIN_SECONDS = 600.0
 
 
 def _unprefixed(exc: Exception) -> str:
@@ -297,9 +304,10 @@ class Bus:
             else:
                 log.warning("nats: disconnected")
 
-        #: What the client said since the connection was last made: each once. It tries
-        #: again every second, and said the same refused connect 3,600 times an hour.
-        said: set[str] = set()
+        #: What the client said since the connection was last made, each with when and
+        #: how often it came again since: each once a while (``SAY_AGAIN_SECONDS``). It
+        #: tries again every second, and said the same refused connect 3,600 times an hour.
+        said: dict[str, tuple[float, int]] = {}
 
         closed = asyncio.Event()
         # Started by the first of the turns away in a row: closes for good at its end.
@@ -330,13 +338,16 @@ class Bus:
             # waits for ever on the socket the failed handshake closed.
             nonlocal refusal
             what = f"{type(exc).__name__}: {exc}"
-            if what in said:
+            now = time.monotonic()
+            when, untold = said.get(what, (-math.inf, 0))
+            if now - when < SAY_AGAIN_SECONDS:
+                said[what] = (when, untold + 1)
                 log.debug("nats: %s", _unprefixed(exc))
             else:
-                if len(said) >= MAX_SAID:  # a server's changing words: bounded all the same
+                if what not in said and len(said) >= MAX_SAID:  # a server's changing words
                     said.clear()
-                said.add(what)
-                await nats_error(exc)
+                said[what] = (now, 0)
+                await nats_error(exc, untold)
             # Only a connection made ends the patience: a try that meets the server away
             # (a reset, a refused connect) between two turns away says nothing of the
             # credentials, and cancelling on it kept a pod waiting for ever.
