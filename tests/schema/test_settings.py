@@ -167,6 +167,25 @@ def test_a_longest_gap_shorter_than_the_shortest_is_refused(
         FetcherSettings()
 
 
+def test_a_bound_left_at_its_default_follows_a_longer_gap_or_first_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An operator who asks for an hour between requests asks nothing else: the longest
+    # Crawl-delay taken and the backoff's ceiling follow, the longer ones stay.
+    monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "7200")
+    hourly = FetcherSettings()
+    assert (hourly.max_domain_delay_seconds, hourly.max_backoff_seconds) == (7200, 7200)
+    assert (hourly.host_pause_max_seconds, hourly.ban_pause_seconds) == (86_400, 86_400)
+    monkeypatch.setenv("TROVE_HOST_PAUSE_SECONDS", "100000")
+    assert FetcherSettings().host_pause_max_seconds == 100_000
+    # Set, a bound shorter than what it bounds is the operator's mistake, said.
+    monkeypatch.setenv("TROVE_MAX_BACKOFF_SECONDS", "3600")
+    with pytest.raises(
+        ValueError, match=r"TROVE_MAX_BACKOFF_SECONDS \(3600\) must not be shorter than"
+    ):
+        FetcherSettings()
+
+
 INTERVALS = {
     "TROVE_RESTART_DELAY_SECONDS": CommonSettings,
     "TROVE_POLL_INTERVAL_SECONDS": DiscoverySettings,

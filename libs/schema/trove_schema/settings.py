@@ -192,35 +192,52 @@ class CommonSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _pauses_back_off(self) -> Self:
-        gap = self.min_domain_delay_seconds
-        if self.max_domain_delay_seconds < gap:
+        # Each bound and what it may not be shorter than. A bound left at its default
+        # follows it up (a gap of an hour asks longer pauses than the defaults, not an
+        # operator's second setting); one set shorter is refused.
+        bounds = (
             # Every robots.txt Crawl-delay would be cut to the minimum, unsaid.
-            raise ValueError(
-                f"TROVE_MAX_DOMAIN_DELAY_SECONDS ({self.max_domain_delay_seconds:g}) must "
-                f"not be shorter than TROVE_MIN_DOMAIN_DELAY_SECONDS ({gap:g})"
-            )
-        for longest, first in (
-            ("TROVE_HOST_PAUSE_MAX_SECONDS", "TROVE_HOST_PAUSE_SECONDS"),
-            ("TROVE_MAX_BACKOFF_SECONDS", "TROVE_RATE_PAUSE_SECONDS"),
-        ):
-            if self._seconds(longest) < self._seconds(first):
-                raise ValueError(
-                    f"{longest} ({self._seconds(longest):g}) must not be shorter than "
-                    f"{first} ({self._seconds(first):g}), the first pause it bounds"
-                )
-        for longest in (
-            "TROVE_HOST_PAUSE_MAX_SECONDS",
-            "TROVE_MAX_BACKOFF_SECONDS",
-            "TROVE_BAN_PAUSE_SECONDS",
-        ):
+            ("TROVE_MAX_DOMAIN_DELAY_SECONDS", "TROVE_MIN_DOMAIN_DELAY_SECONDS", ""),
+            (
+                "TROVE_HOST_PAUSE_MAX_SECONDS",
+                "TROVE_HOST_PAUSE_SECONDS",
+                ", the first pause it bounds",
+            ),
+            (
+                "TROVE_MAX_BACKOFF_SECONDS",
+                "TROVE_RATE_PAUSE_SECONDS",
+                ", the first pause it bounds",
+            ),
             # A host's next request waits for its gap anyway: a pause no longer than
             # the gap would answer a 429, a ban or a host that keeps failing with none.
-            if self._seconds(longest) < gap:
-                raise ValueError(
-                    f"{longest} ({self._seconds(longest):g}) must not be shorter than "
-                    f"TROVE_MIN_DOMAIN_DELAY_SECONDS ({gap:g}): a pause within the gap "
-                    "is no pause"
-                )
+            (
+                "TROVE_HOST_PAUSE_MAX_SECONDS",
+                "TROVE_MIN_DOMAIN_DELAY_SECONDS",
+                ": a pause within the gap is no pause",
+            ),
+            (
+                "TROVE_MAX_BACKOFF_SECONDS",
+                "TROVE_MIN_DOMAIN_DELAY_SECONDS",
+                ": a pause within the gap is no pause",
+            ),
+            (
+                "TROVE_BAN_PAUSE_SECONDS",
+                "TROVE_MIN_DOMAIN_DELAY_SECONDS",
+                ": a pause within the gap is no pause",
+            ),
+        )
+        for longest, shortest, why in bounds:
+            floor = self._seconds(shortest)
+            if self._seconds(longest) >= floor:
+                continue
+            field = longest.removeprefix(PREFIX).lower()
+            if field not in self.model_fields_set:
+                object.__setattr__(self, field, floor)  # frozen: set once, while built
+                continue
+            raise ValueError(
+                f"{longest} ({self._seconds(longest):g}) must not be shorter than "
+                f"{shortest} ({floor:g}){why}"
+            )
         return self
 
     def _seconds(self, name: str) -> float:
