@@ -30,7 +30,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DiscardPolicy, StorageType, S
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 
-from tests.conftest import eventually
+from tests.conftest import eventually, reading
 from tests.ports import free_port
 from trove_schema.bus import (
     REDRIVEN_FOR,
@@ -434,6 +434,34 @@ async def test_a_pull_that_reached_its_bytes_was_served_and_the_next_is_asked_at
         assert pulls.refused_for() == 0.0
         await pulls.ask(10, max_bytes=1)  # not held back as after a refusal
         await eventually(state, until=lambda now: now[1] == 3, timeout=10, what="the third")
+    finally:
+        await pulls.close()
+
+
+async def test_a_pull_with_bytes_asked_that_its_count_ended_is_followed_at_once(
+    bus: Bus, lane: Lane
+) -> None:
+    # Given bytes, nats-server ends a request its count filled with a status of its own
+    # (409 "Batch Completed"), after the last message: the end of a served request,
+    # which held every next one back for the grace (a recorder at a seventh of its pace).
+    for i in range(20):
+        await bus.js.publish(lane.subject, bytes([i]) * 100)
+    woken = 0
+
+    def wake() -> None:
+        nonlocal woken
+        woken += 1
+
+    pulls = Pulls(bus.nc, lane.stream, lane.durable, expires=30.0, grace=30.0, wake=wake)
+    await pulls.start()
+    try:
+        await pulls.ask(10, max_bytes=1 << 20)
+        # Its ten messages, and the status after them, each woke the consumer.
+        await eventually(reading(lambda: woken), until=lambda n: n == 11, timeout=10)
+        assert len(pulls.take()) == 10
+        assert pulls.refused_for() == 0.0
+        await pulls.ask(10, max_bytes=1 << 20)
+        await eventually(reading(lambda: len(pulls)), until=lambda n: n == 10, timeout=10)
     finally:
         await pulls.close()
 

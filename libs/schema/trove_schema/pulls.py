@@ -50,6 +50,10 @@ HEARTBEAT = "100"
 #: ``max_bytes`` is never delivered to it (nats-server 2.15), so ``ask`` never asks for
 #: less than the largest message the server takes.
 MAX_BYTES_REACHED = ("409", "Message Size Exceeds MaxBytes")
+#: The status that follows the last message of a request given ``max_bytes`` that its
+#: count filled. That request was over at its last message, counted here, and the
+#: next may be open already: the status is news of neither.
+BATCH_COMPLETED = ("409", "Batch Completed")
 #: Room for a message's subject and headers beside its payload (``max_payload``) in
 #: what the server counts against a request's ``max_bytes``.
 MESSAGE_OVERHEAD = 64 * 1024
@@ -190,10 +194,14 @@ class Pulls:
         # A stored message may have a ``Status`` header of its own, which nats-py files
         # under the key it gives a status line: it is a message all the same.
         status = None if msg.reply else (msg.headers or {}).get("Status")
-        if status is not None and (status, (msg.headers or {}).get("Description")) == (
-            MAX_BYTES_REACHED
-        ):
-            status = REQUEST_TIMEOUT  # ended as at its expiry: served, to ask again at once
+        if status is not None:
+            said = (status, (msg.headers or {}).get("Description"))
+            if said == BATCH_COMPLETED:
+                self.refused_since = None
+                self._wake()
+                return
+            if said == MAX_BYTES_REACHED:
+                status = REQUEST_TIMEOUT  # ended as at its expiry: served, to ask again
         if status != HEARTBEAT and status not in (None, "", REQUEST_TIMEOUT):
             self._refused(status, (msg.headers or {}).get("Description", ""))
         elif status != HEARTBEAT:
