@@ -40,14 +40,16 @@ _NEW = text(
     "INSERT INTO excluded_hosts (rule) SELECT unnest(CAST(:rules AS text[])) ON CONFLICT DO NOTHING"
 )
 _CHECKED = text("SELECT rule, checked_xact FROM excluded_hosts ORDER BY rule")
-# The host itself through its index; the names below it by their ending, which reads
-# the table (a rule is rare: an operator's removal request) on the rule's first mark,
-# and the rows changed since the last look after it.
-_MARK = text(
+# The host and the names below it, by their ending: a rule's first mark reads the
+# table (a rule is rare: an operator's removal request); each look after it reads the
+# rows changed since the last, through ``changed_xact``'s index. Two statements, so
+# that neither's plan is made for the other's.
+_COVERED = (
     "UPDATE pages SET status = 'rejected' WHERE status <> 'rejected' "
-    "AND (domain = :rule OR :below AND right(domain, :length) = :ending) "
-    "AND (CAST(:since AS bigint) IS NULL OR changed_xact >= :since)"
+    "AND (domain = :rule OR :below AND right(domain, :length) = :ending)"
 )
+_MARK = text(_COVERED)
+_MARK_SINCE = text(_COVERED + " AND changed_xact >= :since")
 _BOUND = text(
     "UPDATE excluded_hosts SET checked_xact = GREATEST(checked_xact, :bound) "
     "WHERE rule = ANY(CAST(:rules AS text[]))"
@@ -72,7 +74,7 @@ async def mark_excluded(engine: AsyncEngine, rules: frozenset[str]) -> dict[str,
         marked = {}
         for rule, since in (await session.execute(_CHECKED)).all():
             done = await session.execute(
-                _MARK,
+                _MARK if since is None else _MARK_SINCE,
                 {
                     "rule": rule,
                     "below": not is_address(rule),
