@@ -14,7 +14,9 @@ one whose insert of it wins), and a replay that empties the tables (``excluded_h
 with them) has its pages marked again at the next look. A visit that ended before the
 rule reached the fetchers, projected after the mark, writes its page ``fetched`` again:
 each look marks the rule's pages changed since the last (``changed_xact`` past the
-bound the look before read, ``trove_schema.changes``'s window, through its index). The
+bound the look before read, ``trove_schema.changes``'s window, through its index).
+Pages are found by their hosts, matched to the rules here: a look costs the pages it
+reads, not their number times the rules'. The
 list is configuration, not an event (PLATFORM.md, "Excluded hosts"): marking the pages
 is the tables' view of it.
 """
@@ -24,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Collection
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from trove_recorder.replay import rebuilding
 from trove_schema.changes import window_end
-from trove_schema.exclusions import ListedExclusions, is_address
+from trove_schema.exclusions import Exclusions, ListedExclusions
 
 log = logging.getLogger("trove.recorder")
 
@@ -40,20 +43,47 @@ _NEW = text(
     "INSERT INTO excluded_hosts (rule) SELECT unnest(CAST(:rules AS text[])) ON CONFLICT DO NOTHING"
 )
 _CHECKED = text("SELECT rule, checked_xact FROM excluded_hosts ORDER BY rule")
-# The host and the names below it, by their ending: a rule's first mark reads the
-# table (a rule is rare: an operator's removal request); each look after it reads the
-# rows changed since the last, through ``changed_xact``'s index. Two statements, so
-# that neither's plan is made for the other's.
-_COVERED = (
-    "UPDATE pages SET status = 'rejected' WHERE status <> 'rejected' "
-    "AND (domain = :rule OR :below AND right(domain, :length) = :ending)"
-)
-_MARK = text(_COVERED)
-_MARK_SINCE = text(_COVERED + " AND changed_xact >= :since")
 _BOUND = text(
     "UPDATE excluded_hosts SET checked_xact = GREATEST(checked_xact, :bound) "
     "WHERE rule = ANY(CAST(:rules AS text[]))"
 )
+# What a look marks is found by the pages' hosts, not their rules: the hosts of the
+# pages not yet rejected (every page's for new rules, a rule being rare: an operator's
+# removal request, or a list of them at once, one scan for all; for the rules marked
+# before, the pages changed since the last look, through ``changed_xact``'s index),
+# matched to the rules here, and their pages marked through the host's index. A look
+# costs the pages it reads, whatever the number of rules.
+_HOSTS = text("SELECT DISTINCT domain FROM pages WHERE status <> 'rejected'")
+_HOSTS_SINCE = text(
+    "SELECT DISTINCT domain FROM pages WHERE changed_xact >= :since AND status <> 'rejected'"
+)
+_MARKED = (
+    "WITH marked AS (UPDATE pages SET status = 'rejected' "
+    "WHERE domain = ANY(CAST(:hosts AS text[])) AND status <> 'rejected'{since} "
+    "RETURNING domain) SELECT domain, count(*) FROM marked GROUP BY domain"
+)
+_MARK = text(_MARKED.format(since=""))
+_MARK_SINCE = text(_MARKED.format(since=" AND changed_xact >= :since"))
+
+
+async def _mark(session: AsyncSession, rules: Collection[str], since: int | None) -> dict[str, int]:
+    """Mark the pages ``rules`` cover (changed from ``since`` on, if given); how many
+    each rule marked."""
+    marked = dict.fromkeys(rules, 0)
+    if not rules:
+        return marked
+    covering = Exclusions(rules).covering
+    if since is None:
+        hosts = await session.execute(_HOSTS)
+    else:
+        hosts = await session.execute(_HOSTS_SINCE, {"since": since})
+    covered = [host for (host,) in hosts if covering(host) is not None]
+    if not covered:
+        return marked
+    params = {"hosts": covered, "since": since}
+    for host, pages in await session.execute(_MARK if since is None else _MARK_SINCE, params):
+        marked[covering(host) or host] += pages
+    return marked
 
 
 async def mark_excluded(engine: AsyncEngine, rules: frozenset[str]) -> dict[str, int] | None:
@@ -71,21 +101,15 @@ async def mark_excluded(engine: AsyncEngine, rules: frozenset[str]) -> dict[str,
         ordered = sorted(rules)
         await session.execute(_LIFTED, {"rules": ordered})
         await session.execute(_NEW, {"rules": ordered})
-        marked = {}
-        for rule, since in (await session.execute(_CHECKED)).all():
-            done = await session.execute(
-                _MARK if since is None else _MARK_SINCE,
-                {
-                    "rule": rule,
-                    "below": not is_address(rule),
-                    "length": len(rule) + 1,
-                    "ending": "." + rule,
-                    "since": since,
-                },
-            )
-            pages = int(getattr(done, "rowcount", 0) or 0)
-            if since is None or pages:
-                marked[rule] = pages
+        checked: dict[str, int | None] = {
+            rule: since for rule, since in await session.execute(_CHECKED)
+        }
+        new = [rule for rule, since in checked.items() if since is None]
+        looked = {rule: since for rule, since in checked.items() if since is not None}
+        marked = await _mark(session, new, None)
+        if looked:
+            again = await _mark(session, list(looked), min(looked.values()))
+            marked |= {rule: pages for rule, pages in again.items() if pages}
         await session.execute(_BOUND, {"bound": bound, "rules": ordered})
         return marked
 
