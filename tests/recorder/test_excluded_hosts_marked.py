@@ -23,6 +23,15 @@ PAGES = {
     "http://110.0.0.1/": "110.0.0.1",
 }
 
+#: ``PAGES`` once "blog.example" is excluded: the host and the names below it.
+BLOG_EXCLUDED = {
+    "https://blog.example/": "rejected",
+    "https://www.blog.example/post": "rejected",
+    "https://notblog.example/": "fetched",
+    "http://10.0.0.1/": "fetched",
+    "http://110.0.0.1/": "fetched",
+}
+
 
 async def crawled_pages(engine: AsyncEngine) -> None:
     for number, (url, domain) in enumerate(PAGES.items(), start=1):
@@ -43,13 +52,7 @@ async def test_a_rule_marks_its_host_and_every_name_below_it_and_nothing_else(
     # "log.example" ends as "blog.example" does, a label short: it covers nothing here.
     marked = await mark_excluded(engine, frozenset({"blog.example", "log.example"}))
     assert marked == {"blog.example": 2, "log.example": 0}
-    assert await statuses(engine) == {
-        "https://blog.example/": "rejected",
-        "https://www.blog.example/post": "rejected",
-        "https://notblog.example/": "fetched",
-        "http://10.0.0.1/": "fetched",
-        "http://110.0.0.1/": "fetched",
-    }
+    assert await statuses(engine) == BLOG_EXCLUDED
     # An address covers itself alone, not the addresses that end as it does.
     again = frozenset({"blog.example", "log.example", "10.0.0.1"})
     assert await mark_excluded(engine, again) == {"10.0.0.1": 1}
@@ -97,10 +100,4 @@ async def test_a_visit_written_after_the_mark_is_marked_at_the_next_look(
 
     assert await mark_excluded(engine, rules) == {"blog.example": 1}
     assert await mark_excluded(engine, rules) == {}
-    assert await statuses(engine) == {
-        "https://blog.example/": "rejected",
-        "https://www.blog.example/post": "rejected",
-        "https://notblog.example/": "fetched",
-        "http://10.0.0.1/": "fetched",
-        "http://110.0.0.1/": "fetched",
-    }
+    assert await statuses(engine) == BLOG_EXCLUDED
