@@ -112,6 +112,16 @@ def reading(read: Callable[[], T]) -> Callable[[], Awaitable[T]]:
     return probe
 
 
+async def bucket_keys(bus: Bus, bucket: str) -> list[str]:
+    """The keys ``bucket`` holds, read from its stream's subjects (a key deleted or
+    purged keeps its subject, with the marker). nats-py's ``KeyValue.keys()`` reads a
+    watcher that, on a busy machine, can end before its first key: NoKeysError on a
+    bucket that has them."""
+    prefix = f"$KV.{bucket}."
+    info = await bus.js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
+    return sorted(subject.removeprefix(prefix) for subject in info.state.subjects or {})
+
+
 async def eventually(
     probe: Callable[[], Awaitable[T]],
     *,

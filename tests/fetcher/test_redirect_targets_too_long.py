@@ -15,6 +15,7 @@ import httpx
 import pytest
 from nats.aio.msg import Msg
 
+from tests.conftest import bucket_keys
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, Route, serving
 from trove_fetcher.deferral import Carried, Chain, ChainKind
@@ -163,7 +164,7 @@ async def test_a_robots_txt_redirected_to_a_url_longer_than_trove_takes_is_a_mis
         fetcher.close()
     assert await paused_chains(bus) == []
     kv = await bus.js.key_value(ROBOTS_BUCKET)
-    (key,) = await kv.keys()
+    (key,) = await bucket_keys(bus, ROBOTS_BUCKET)
     entry = await kv.get(key)
     assert entry.value is not None
     policy = RobotsPolicy.from_bytes(entry.value)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import bucket_keys
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
 from trove_fetcher import robots as robots_module
@@ -374,7 +375,7 @@ def work(server: LocalServer, host: str, path: str) -> PageDiscovered:
 
 async def stored_policy(bus: Bus) -> tuple[bytes, RobotsPolicy]:
     kv = await bus.js.key_value(ROBOTS_BUCKET)
-    (key,) = await kv.keys()
+    (key,) = await bucket_keys(bus, ROBOTS_BUCKET)
     entry = await kv.get(key)
     assert entry.value is not None
     return entry.value, RobotsPolicy.from_bytes(entry.value)

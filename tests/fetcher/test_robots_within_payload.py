@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from tests.conftest import bucket_keys
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import LocalServer, serving
 from trove_fetcher.app import ROBOTS_RECORD_OVERHEAD, _robots_limit
@@ -104,7 +105,7 @@ async def test_a_robots_txt_larger_than_a_message_is_obeyed_and_cached(
     assert len(site.requests_to("/robots.txt", HOST)) == 1
     # Every pod reads it from the bucket, cut at its last whole line within the limit.
     kv = await bus.js.key_value(ROBOTS_BUCKET)
-    (key,) = await kv.keys()
+    (key,) = await bucket_keys(bus, ROBOTS_BUCKET)
     entry = await kv.get(key)
     assert entry.value is not None
     stored = RobotsPolicy.from_bytes(entry.value)
