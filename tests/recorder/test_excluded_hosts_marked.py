@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.recorder.test_projections import completed, project, rows
+from trove_recorder import exclusions
 from trove_recorder.exclusions import held, mark_excluded
 from trove_recorder.replay import PROJECTION_TABLES
 
@@ -46,8 +47,10 @@ async def statuses(engine: AsyncEngine) -> dict[str, Any]:
 
 
 async def test_a_rule_marks_its_host_and_every_name_below_it_and_nothing_else(
-    engine: AsyncEngine,
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The hosts read two at a time, as a broad crawl's millions are read in parts.
+    monkeypatch.setattr(exclusions, "HOSTS_READ_AT_ONCE", 2)
     await crawled_pages(engine)
     # "log.example" ends as "blog.example" does, a label short: it covers nothing here.
     marked = await mark_excluded(engine, frozenset({"blog.example", "log.example"}))

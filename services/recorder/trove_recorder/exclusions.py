@@ -54,6 +54,8 @@ _BOUND = text(
 # matched to the rules here, and their pages marked through the host's index. A look
 # costs the pages it reads, whatever the number of rules.
 _HOSTS = text("SELECT DISTINCT domain FROM pages WHERE status <> 'rejected'")
+#: Hosts a look holds at once while it matches them to the rules.
+HOSTS_READ_AT_ONCE = 10_000
 _HOSTS_SINCE = text(
     "SELECT DISTINCT domain FROM pages WHERE changed_xact >= :since AND status <> 'rejected'"
 )
@@ -74,10 +76,16 @@ async def _mark(session: AsyncSession, rules: Collection[str], since: int | None
         return marked
     covering = Exclusions(rules).covering
     if since is None:
-        hosts = await session.execute(_HOSTS)
+        hosts = await session.stream(_HOSTS)
     else:
-        hosts = await session.execute(_HOSTS_SINCE, {"since": since})
-    covered = [host for (host,) in hosts if covering(host) is not None]
+        hosts = await session.stream(_HOSTS_SINCE, {"since": since})
+    # Read in parts (a server-side cursor): a broad crawl's hosts are millions.
+    covered = [
+        host
+        async for part in hosts.partitions(HOSTS_READ_AT_ONCE)
+        for (host,) in part
+        if covering(host) is not None
+    ]
     if not covered:
         return marked
     params = {"hosts": covered, "since": since}
