@@ -9,6 +9,7 @@ Which servers:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import time
@@ -114,12 +115,22 @@ def reading(read: Callable[[], T]) -> Callable[[], Awaitable[T]]:
 
 async def bucket_keys(bus: Bus, bucket: str) -> list[str]:
     """The keys ``bucket`` holds, read from its stream's subjects (a key deleted or
-    purged keeps its subject, with the marker). nats-py's ``KeyValue.keys()`` reads a
-    watcher that, on a busy machine, can end before its first key: NoKeysError on a
-    bucket that has them."""
+    purged keeps its subject, with the marker), page by page as the server sends them
+    (100,000 a reply). nats-py's ``KeyValue.keys()`` reads a watcher that, on a busy
+    machine, can end before its first key: NoKeysError on a bucket that has them; and
+    its ``stream_info`` reads the first page alone."""
     prefix = f"$KV.{bucket}."
-    info = await bus.js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
-    return sorted(subject.removeprefix(prefix) for subject in info.state.subjects or {})
+    keys: list[str] = []
+    while True:
+        asked = {"subjects_filter": f"{prefix}>", "offset": len(keys)}
+        reply = await bus.nc.request(
+            f"$JS.API.STREAM.INFO.KV_{bucket}", json.dumps(asked).encode(), timeout=10
+        )
+        info = json.loads(reply.data)
+        subjects = (info.get("state") or {}).get("subjects") or {}
+        keys += (subject.removeprefix(prefix) for subject in subjects)
+        if not subjects or len(keys) >= info.get("total", 0):
+            return sorted(keys)
 
 
 async def eventually(
