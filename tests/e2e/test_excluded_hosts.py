@@ -59,6 +59,16 @@ def found(engine: AsyncEngine, local: LocalTrove, word: str) -> Callable[[], Awa
     return probe
 
 
+async def seeded(stack: StackUrls, *urls: str) -> None:
+    """``urls`` published as seeds, one a line, as `nats pub trove.seeds` does."""
+    nc = await nats.connect(stack.nats_url)
+    try:
+        await nc.publish(SEEDS_SUBJECT, "\n".join(urls).encode())
+        await nc.flush()
+    finally:
+        await nc.close()
+
+
 async def searchable(engine: AsyncEngine, local: LocalTrove, pages: dict[str, set[str]]) -> None:
     """Wait until a search for each word finds exactly its pages."""
     for word, urls in pages.items():
@@ -92,11 +102,7 @@ async def test_an_excluded_host_gets_no_request_and_leaves_the_search(
         kept_urls.add(kept.url("/links"))
 
         async with services(stack, state_dir, env) as local:
-            nc = await nats.connect(stack.nats_url)
-            seeds = f"{kept.url()}\n{kept.url('/links')}\n{gone.url()}"
-            await nc.publish(SEEDS_SUBJECT, seeds.encode())
-            await nc.flush()
-            await nc.close()
+            await seeded(stack, kept.url(), kept.url("/links"), gone.url())
             await searchable(engine, local, {"kingfisher": gone_urls, "heron": kept_urls})
 
         rollout = time.monotonic()
@@ -269,12 +275,7 @@ async def test_an_excluded_hosts_pages_leave_the_tables_index_before_their_next_
         gone_urls = site(gone, "avocet")
         kept_urls = site(kept, "dunlin")
         async with services(stack, state_dir, env) as local:
-            nc = await nats.connect(stack.nats_url)
-            try:
-                await nc.publish(SEEDS_SUBJECT, f"{kept.url()}\n{gone.url()}".encode())
-                await nc.flush()
-            finally:
-                await nc.close()
+            await seeded(stack, kept.url(), gone.url())
             await searchable(engine, local, {"avocet": gone_urls, "dunlin": kept_urls})
             async with engine.connect() as conn:
                 since = await window_end(conn)
@@ -348,12 +349,7 @@ async def test_an_included_host_comes_back_at_its_pages_next_visit_without_a_see
         gone_urls = site(gone, "curlew")
         kept_urls = site(kept, "dunlin")
         async with services(stack, state_dir, env) as local:
-            nc = await nats.connect(stack.nats_url)
-            try:
-                await nc.publish(SEEDS_SUBJECT, f"{kept.url()}\n{gone.url()}".encode())
-                await nc.flush()
-            finally:
-                await nc.close()
+            await seeded(stack, kept.url(), gone.url())
             await searchable(engine, local, {"curlew": gone_urls, "dunlin": kept_urls})
             code, printed = await run_trove("exclude", gone.ip, env=cli)
             assert code == 0, printed
