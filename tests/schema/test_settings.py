@@ -170,7 +170,7 @@ def test_a_longest_gap_shorter_than_the_shortest_is_refused(
 def test_a_bound_left_at_its_default_follows_a_longer_gap_or_first_pause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # An operator who asks for an hour between requests asks nothing else: the longest
+    # An operator who asks for two hours between requests asks nothing else: the longest
     # Crawl-delay taken and the backoff's ceiling follow, the longer ones stay.
     monkeypatch.setenv("TROVE_MIN_DOMAIN_DELAY_SECONDS", "7200")
     hourly = FetcherSettings()

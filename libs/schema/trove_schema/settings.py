@@ -163,8 +163,9 @@ class CommonSettings(BaseSettings):
     #: fetcher at start.
     excluded_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     excluded_hosts_file: Path | None = None
-    #: How often discovery and the fetcher read the shared list of excluded hosts (the
-    #: ``trove_exclusions`` bucket): a host listed there is left alone within this long.
+    #: How often discovery, the fetcher and the recorder read the shared list of excluded
+    #: hosts (the ``trove_exclusions`` bucket): a host listed there is left alone, and its
+    #: pages marked rejected in the tables, within this long.
     exclusions_refresh_seconds: Interval = 5.0
 
     @model_validator(mode="after")
