@@ -306,6 +306,41 @@ async def test_outbox_rows_this_release_cannot_read_are_passed_over_and_the_rest
     assert len(rows) == 101
 
 
+@pytest.mark.usefixtures("clean")
+async def test_an_outbox_row_the_broker_refuses_is_passed_over_and_the_rest_published(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    # A retry meant for a subject the events stream does not take (a release that
+    # routes it elsewhere, rolled back from): nats-server refuses its schedule (400,
+    # "target is invalid"), and that refusal stopped the pass at it, every retry
+    # created after it held for ever.
+    refused, retry = pending_retry(), pending_retry().model_copy(update={"id": str(uuid.uuid4())})
+    insert = text(
+        "INSERT INTO outbox (event_id, subject, payload, deliver_at, created_at) "
+        "VALUES (:id, :subject, :payload, :due, now() - make_interval(secs => :age))"
+    )
+    async with engine.begin() as conn:
+        for event, subject, age in (
+            (refused, "trove.elsewhere.requested", 10),
+            (retry, CrawlRequested.SUBJECT, 0),
+        ):
+            await conn.execute(
+                insert,
+                {
+                    "id": event.id,
+                    "subject": subject,
+                    "payload": event.to_wire(),
+                    "due": event.not_before,
+                    "age": age,
+                },
+            )
+    recorder = Recorder(engine, bus, RetryPolicy())
+    assert await recorder._publish_batch() == 1
+    rows = await query(engine, "SELECT event_id, published_at FROM outbox")
+    published = {row.event_id: row.published_at is not None for row in rows}
+    assert published == {uuid.UUID(str(retry.id)): True, uuid.UUID(str(refused.id)): False}
+
+
 async def test_retries_a_killed_replay_held_are_released_by_the_live_recorder(
     bus: Bus, engine: AsyncEngine
 ) -> None:

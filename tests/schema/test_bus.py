@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypedDict, cast
@@ -27,7 +28,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DiscardPolicy, StorageType, StreamConfig
-from nats.js.errors import APIError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 
 from tests.conftest import eventually, reading
@@ -47,7 +48,7 @@ from trove_schema.bus import (
 from trove_schema.errors import TopologyError
 from trove_schema.events import PageDiscovered, Provenance, Scope, decode_event
 from trove_schema.pulls import Pulls
-from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM
+from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, EVENTS_STREAM
 from trove_stack.nats import EmbeddedNats, NatsConfig, nats_server_binary
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -1378,3 +1379,27 @@ async def _connected(url: str) -> NatsClient | None:
         return await nats.connect(url, allow_reconnect=False, connect_timeout=1)
     except Exception:
         return None
+
+
+async def test_a_schedule_due_before_the_year_1000_is_taken_and_fires_at_once(bus: Bus) -> None:
+    # Its time written with a year of three digits, nats-server refused it (10189,
+    # "pattern is invalid"), and the outbox's pass stopped there at every look. Any time
+    # past is "at once" to the broker.
+    event = PageDiscovered(
+        url="https://a.example/",
+        domain="a.example",
+        scope=Scope(value="a.example"),
+        provenance=Provenance(kind="seed"),
+    )
+    target = "trove.events.tests.scheduled"
+    await bus.publish_at(event, datetime(999, 6, 1, tzinfo=UTC), subject=target)
+
+    async def fired() -> bytes | None:
+        try:
+            return (await bus.js.get_last_msg(EVENTS_STREAM, target)).data
+        except NotFoundError:
+            return None
+
+    data = await eventually(fired, until=lambda d: d is not None, timeout=10)
+    assert data is not None
+    assert decode_event(data).id == event.id

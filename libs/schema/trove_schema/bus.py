@@ -176,8 +176,16 @@ def _unprefixed(exc: Exception) -> str:
     return str(exc).removeprefix("nats: ")
 
 
+#: Where a schedule's time is raised to before it is written: any time past is "at
+#: once" to nats-server, and glibc's ``%Y`` writes a year before 1000 in fewer than four
+#: digits, which nats-server refuses (10189, "pattern is invalid").
+SCHEDULE_FLOOR = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 def schedule_header(at: datetime) -> str:
-    return "@at " + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """The ``Nats-Schedule`` header of a message to be published at ``at``."""
+    at = max(at.astimezone(UTC), SCHEDULE_FLOOR)
+    return "@at " + at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 #: Set by ``trove dead redrive``: the consumer that parked the message, the one it is

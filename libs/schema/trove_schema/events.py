@@ -231,11 +231,17 @@ def utcnow() -> datetime:
 #: and past year 9999 a datetime overflows, which failed a handler until its message was
 #: parked. Such a time comes only from a clock that is wrong: refused where it is read.
 LATEST_YEAR = 9000
+#: Nor before this one, which Trove's clocks never showed: a retry due then was written
+#: into its schedule as a year of three digits, which nats-server refused, and the
+#: outbox's pass stopped at that row each time, every retry behind it held.
+EARLIEST_YEAR = 2000
 
 
 def _within_reach(value: datetime) -> datetime:
     if value.year >= LATEST_YEAR:
         raise ValueError(f"a time in the year {LATEST_YEAR} or later: no clock is that far")
+    if value.year < EARLIEST_YEAR:
+        raise ValueError(f"a time before the year {EARLIEST_YEAR}: no clock of Trove's is")
     return value
 
 

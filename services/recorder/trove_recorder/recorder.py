@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
+from nats.js.errors import BadRequestError
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
@@ -226,17 +227,25 @@ class Recorder:
                     log.warning("outbox: row %s left unpublished: %s", row.event_id, exc)
                     unread.append(row.event_id)
                     continue
+                try:
+                    if row.deliver_at is not None:
+                        page = event.url if isinstance(event, CrawlRequested) else None
+                        await self.bus.publish_at(
+                            event,
+                            row.deliver_at,
+                            subject=row.subject,
+                            schedule=page and page_schedule_subject(page),
+                        )
+                    else:
+                        await self.bus.publish(event, subject=row.subject)
+                except BadRequestError as exc:
+                    # The broker refuses this message, not every one (a subject its
+                    # stream does not take): as a row it cannot read, left for a release
+                    # that writes it so it is taken, and the rows behind it go out.
+                    log.warning("outbox: row %s refused by the broker: %s", row.event_id, exc)
+                    unread.append(row.event_id)
+                    continue
                 sent.append(row.event_id)
-                if row.deliver_at is not None:
-                    page = event.url if isinstance(event, CrawlRequested) else None
-                    await self.bus.publish_at(
-                        event,
-                        row.deliver_at,
-                        subject=row.subject,
-                        schedule=page and page_schedule_subject(page),
-                    )
-                else:
-                    await self.bus.publish(event, subject=row.subject)
             if sent:
                 await session.execute(
                     update(Outbox)
