@@ -245,7 +245,12 @@ async def test_a_page_not_fetched_redirects_where_it_answered(bus: Bus) -> None:
 
 async def test_a_nofollow_page_leads_to_its_own_redirect_only(bus: Bus) -> None:
     scope = Scope(kind=ScopeKind.HOST, value="site.example", max_depth=3)
-    links = refreshes("https://site.example/moved", "https://site.example/other")
+    # Each marked nofollow, as the fetcher marks every link of a nofollow page, its
+    # refresh too: the "moved" stub (noindex, nofollow and a refresh) led nowhere.
+    links = [
+        Link(url=link.url, kind=link.kind, nofollow=True)
+        for link in refreshes("https://site.example/moved", "https://site.example/other")
+    ]
     found = await discovered_after(bus, links, scope, nofollow=True)
     assert set(found) == {"https://site.example/moved"}
 

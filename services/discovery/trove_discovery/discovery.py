@@ -357,7 +357,9 @@ class Discovery:
                 break
             if link.kind not in FOLLOWED_KINDS:
                 continue
-            if link.nofollow and not settings.follow_nofollow:
+            if link.nofollow and not settings.follow_nofollow and link != redirect:
+                # The page's own redirect is its move, not a link it vouches for: a
+                # nofollow page marks it nofollow with the rest (``handle_crawl_completed``).
                 continue
             try:
                 host = domain_of(link.url)
