@@ -38,6 +38,7 @@ from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
     MAX_RECENT_POSTS,
     InstanceFollowed,
+    SeedRejected,
     TimelinePollRequested,
 )
 from trove_schema.exclusions import Exclusions
@@ -271,6 +272,7 @@ async def test_a_follow_request_is_answered_and_refusals_follow_nothing(
         )
         await commands_handled(bus, "the requests handled")
         followed = await recorded(bus, InstanceFollowed)
+        refused = await recorded(bus, SeedRejected)
     assert text.splitlines()[0] == f"following 1: {INSTANCE} public"
     assert "https://10.1.2.3 — host 10.1.2.3 is a private address" in text
     assert "an instance is an origin" in text
@@ -281,6 +283,12 @@ async def test_a_follow_request_is_answered_and_refusals_follow_nothing(
     # retried until discovery answered) is followed, the refused ones are not.
     assert {(e.instance, e.timeline) for e in followed} == {(INSTANCE, "public")}
     assert len(followed) == 1
+    # Each refusal is recorded too, as a refused seed is: a plain publish has no answer.
+    assert {(e.raw, e.reason.split(":")[0]) for e in refused} == {
+        ("https://10.1.2.3", "follow refused"),
+        (f"{INSTANCE}/about", "follow refused"),
+        (json.dumps({"instance": INSTANCE, "timeline": "bad"}), "follow refused"),
+    }
 
 
 @pytest.mark.usefixtures("clean")

@@ -74,6 +74,7 @@ from trove_schema.events import (
     InstanceFollowed,
     InstanceUnfollowed,
     Provenance,
+    SeedRejected,
     TimelineName,
     TimelinePolled,
     TimelinePollRequested,
@@ -614,8 +615,18 @@ class Follows:
             msg.data, verb=verb, settings=self.settings, exclusions=await self._fresh()
         )
         origin = command_origin(msg)
-        for rejected in batch.rejected:
+        for n, rejected in enumerate(batch.rejected):
             log.warning(f"{verb} refused", extra={"raw": rejected.raw, "reason": rejected.reason})
+            # Recorded as a refused seed is (``seed_rejections``): a ``nats pub`` gets no
+            # answer, and the log is not kept for months.
+            await self.bus.publish(
+                SeedRejected(
+                    id=derived_event_id(f"{verb}:{seq}:{n}", "rejected"),
+                    raw=rejected.raw[:512],
+                    reason=f"{verb} refused: {rejected.reason}",
+                    provenance=Provenance(kind="seed", origin=origin),
+                )
+            )
         for command in batch.accepted:
             if verb == "follow":
                 await self.follow(command, seq=seq, origin=origin)
