@@ -737,6 +737,7 @@ async def test_the_polls_a_timelines_row_no_longer_needs_leave_after_a_week(
     for n in (4, 5):
         await project(engine, polled(followed, n, outcome=CrawlOutcome.TIMEOUT, cursor_after="3"))
     before = await instance(engine)
+    await projected_as_they_came(engine)
     sessions = async_sessionmaker(engine)
     retention = Retention(window=timedelta(days=90), batch=2)
 
@@ -750,6 +751,40 @@ async def test_the_polls_a_timelines_row_no_longer_needs_leave_after_a_week(
     after = await instance(engine)
     assert after.failing_since == before.failing_since == T0 + timedelta(minutes=4)
     assert (after.polls, after.posts_seen) == (before.polls + 1, before.posts_seen)
+
+
+async def projected_as_they_came(engine: AsyncEngine) -> None:
+    """The polls projected when they were made, as a recorder keeping up does: the
+    test's week passes for the projection too."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE projected_events e SET projected_at = t.completed_at "
+                "FROM timeline_polls t WHERE t.event_id = e.event_id"
+            )
+        )
+
+
+async def test_old_polls_projected_just_now_stay_for_a_copy_that_comes_later(
+    engine: AsyncEngine,
+) -> None:
+    # A replay (or a recorder a week behind) projects polls made weeks ago; a pass then
+    # deleted the first, and a copy of it further on in the record (its request
+    # answered twice) was counted again: the counters were the pass's timing, not the
+    # record's.
+    followed = follow()
+    await project(
+        engine,
+        followed,
+        *(polled(followed, n, post(n, f"https://{n}.example/")) for n in (1, 2)),
+    )
+    before = await instance(engine)
+    sessions = async_sessionmaker(engine)
+    retention = Retention(window=timedelta(days=90), batch=2)
+    assert await prune_polls(sessions, retention, now=lambda: T0 + timedelta(days=30)) == 0
+    await project(engine, polled(followed, 1, post(1, "https://1.example/")))
+    after = await instance(engine)
+    assert (after.polls, after.posts_seen) == (before.polls, before.posts_seen) == (2, 2)
 
 
 async def test_a_poll_that_asked_nothing_ends_no_run_of_failures_and_leaves_none_early(
@@ -782,6 +817,7 @@ async def test_a_poll_that_asked_nothing_ends_no_run_of_failures_and_leaves_none
         (3, "success", True),
     ]
     # A week on, the failure the row is worked out from stays.
+    await projected_as_they_came(engine)
     sessions = async_sessionmaker(engine)
     retention = Retention(window=timedelta(days=90), batch=2)
     assert await prune_polls(sessions, retention, now=lambda: T0 + timedelta(days=8)) == 0

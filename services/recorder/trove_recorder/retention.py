@@ -114,10 +114,14 @@ _DELETE_SHARES = text(
 )
 # A follow's newest success is a lookup in its index (``follow_id, outcome, poll``): a
 # follow that never succeeds keeps every poll, and each of them read all of them, every
-# pass.
+# pass. A poll is old by its time and by when it was projected: a replay, or a recorder
+# catching up on a week's backlog, projects old polls now, and one deleted then would
+# count a copy of it (its request answered twice) that came later in the record again.
 _DELETE_POLLS = text(
     "WITH old AS (SELECT t.follow_id, t.poll FROM timeline_polls t "
-    "WHERE t.completed_at < :cutoff AND (t.poll < (SELECT max(s.poll) FROM timeline_polls s "
+    "WHERE t.completed_at < :cutoff AND NOT EXISTS (SELECT 1 FROM projected_events e "
+    "WHERE e.event_id = t.event_id AND e.projected_at >= :cutoff) "
+    "AND (t.poll < (SELECT max(s.poll) FROM timeline_polls s "
     "WHERE s.follow_id = t.follow_id AND s.outcome = 'success' "
     "AND s.unasked_event IS DISTINCT FROM s.event_id) "
     "OR NOT EXISTS (SELECT 1 FROM instances i WHERE i.follow_id = t.follow_id)) "
