@@ -113,7 +113,10 @@ async def test_a_refused_seed_or_follow_is_recorded_and_logged_without_its_passw
         seed_reply = await ask(stack, SEEDS_SUBJECT, b"http://admin:hunter2@192.168.1.1/")
         follow_reply = await ask(stack, FOLLOW_SUBJECT, b"https://admin:hunter2@social.example")
         rejections = await eventually(
-            lambda: recorded(bus, SeedRejected), until=bool, timeout=30, what="SeedRejected"
+            lambda: recorded(bus, SeedRejected),
+            until=lambda found: len({event.raw for event in found}) == 2,
+            timeout=30,
+            what="both refusals recorded",
         )
         await commands_handled(bus)
         text = await eventually(
@@ -122,8 +125,10 @@ async def test_a_refused_seed_or_follow_is_recorded_and_logged_without_its_passw
             timeout=30,
             what="the refusals logged",
         )
-    assert {event.raw for event in rejections} == {"http://***@192.168.1.1/"}
-    assert "host 192.168.1.1 is a private address" in rejections[0].reason
+    reasons = {event.raw: event.reason for event in rejections}
+    assert set(reasons) == {"http://***@192.168.1.1/", "https://***@social.example"}
+    assert "host 192.168.1.1 is a private address" in reasons["http://***@192.168.1.1/"]
+    assert reasons["https://***@social.example"].startswith("follow refused: ")
     assert "http://***@192.168.1.1/" in seed_reply
     assert "https://***@social.example" in follow_reply
     refusals = [
