@@ -106,16 +106,16 @@ def test_a_time_of_trove_s_own_past_year_9000_is_refused_where_it_is_read() -> N
     assert Provenance(kind="share", share=share).share == share
 
 
-def test_a_time_of_trove_s_own_before_the_year_2000_is_refused_where_it_is_read() -> None:
+def test_a_time_of_trove_s_own_before_1970_is_refused_where_it_is_read() -> None:
     # A retry due then went into its schedule as a year of three digits, which the
-    # broker refused, and the outbox stopped at it: no clock of Trove's showed one.
-    near = datetime(2000, 1, 1, tzinfo=UTC)
+    # broker refused, and the outbox stopped at it: no clock reads such a time.
+    near = datetime(1970, 1, 1, tzinfo=UTC)
     assert _completed(started_at=near, completed_at=near).completed_at == near
     wire = _completed(started_at=near, completed_at=near).to_wire()
-    with pytest.raises(MalformedEvent, match="before the year 2000"):
-        decode_event(wire.replace(b"2000-", b"0500-"))
-    with pytest.raises(ValidationError, match="before the year 2000"):
-        _completed(completed_at=datetime(1999, 12, 31, 23, 59, tzinfo=UTC))
+    with pytest.raises(MalformedEvent, match="before the year 1970"):
+        decode_event(wire.replace(b"1970-", b"0500-"))
+    with pytest.raises(ValidationError, match="before the year 1970"):
+        _completed(completed_at=datetime(1969, 12, 31, 23, 59, tzinfo=UTC))
 
 
 @pytest.mark.parametrize(

@@ -231,17 +231,18 @@ def utcnow() -> datetime:
 #: and past year 9999 a datetime overflows, which failed a handler until its message was
 #: parked. Such a time comes only from a clock that is wrong: refused where it is read.
 LATEST_YEAR = 9000
-#: Nor before this one, which Trove's clocks never showed: a retry due then was written
-#: into its schedule as a year of three digits, which nats-server refused, and the
-#: outbox's pass stopped at that row each time, every retry behind it held.
-EARLIEST_YEAR = 2000
+#: Nor before this one, the Unix epoch's, which no clock reads: a retry due before the
+#: year 1000 was written into its schedule as a year of three digits, which nats-server
+#: refused, and the outbox's pass stopped at that row each time, every retry behind it
+#: held.
+EARLIEST_YEAR = 1970
 
 
 def _within_reach(value: datetime) -> datetime:
     if value.year >= LATEST_YEAR:
         raise ValueError(f"a time in the year {LATEST_YEAR} or later: no clock is that far")
     if value.year < EARLIEST_YEAR:
-        raise ValueError(f"a time before the year {EARLIEST_YEAR}: no clock of Trove's is")
+        raise ValueError(f"a time before the year {EARLIEST_YEAR}: no clock reads one")
     return value
 
 
@@ -831,6 +832,27 @@ def decode_event(data: bytes | str) -> Event:
 
 #: How pydantic names a field it does not know: in a model, and in a dataclass (``Link``).
 _UNKNOWN_FIELD_ERRORS = frozenset({"extra_forbidden", "unexpected_keyword_argument"})
+
+
+#: An event's times that say when something happened, never when it is due.
+_HAPPENED = ("occurred_at", "started_at", "completed_at")
+
+
+def as_stored(event: Event, stored_at: datetime) -> Event:
+    """``event`` with no time of what happened later than ``stored_at``, when the record
+    took it (its message's stream timestamp), which nothing that happened can follow.
+
+    An attempt stamped a year ahead (a producer's clock, a hand-made event) was newer
+    than every real one, and froze its page's row for that year: each later attempt read
+    as older. Taken at the record's time, it is ordered as the record has it, and a
+    replay, which reads the same timestamps, orders it the same way. Within a clock's
+    doubt of the server's (a fetcher's times are on nats-server's) it moves by that."""
+    late = {
+        name: stored_at
+        for name in _HAPPENED
+        if (value := getattr(event, name, None)) is not None and value > stored_at
+    }
+    return event.model_copy(update=late) if late else event
 
 
 def _unknown_fields(exc: ValidationError) -> list[tuple[int | str, ...]]:
