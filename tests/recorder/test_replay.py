@@ -617,3 +617,50 @@ async def test_a_replay_stopped_halfway_releases_a_retry_nothing_sent_yet(
     await upgrade_async(scratch_database)
     await _replay_stopped_at(stack, scratch_database, stop, policy)
     assert await _outbox(scratch_database) == [(retry_request(failed, 1, policy).id, False)]
+
+
+async def test_an_attempt_stamped_ahead_is_ordered_at_its_record_time_live_and_replayed(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
+) -> None:
+    # Stamped a year ahead (a producer's clock, a hand-made event), an attempt was newer
+    # than every real one: each later attempt read as older, and the page's row stayed
+    # as it said for the year. Its times are taken as the record took it.
+    now = datetime.now(UTC)
+
+    def attempt(title: str, at: datetime) -> CrawlCompleted:
+        return CrawlCompleted(
+            url="https://blog.example/post",
+            domain="blog.example",
+            scope=Scope(value="blog.example"),
+            request_id=str(uuid.uuid4()),
+            outcome=CrawlOutcome.SUCCESS,
+            status_code=200,
+            started_at=at - timedelta(seconds=1),
+            completed_at=at,
+            occurred_at=at,
+            title=title,
+        )
+
+    ahead = now + timedelta(days=365)
+    async with services(stack, state_dir, {}, only=("recorder",)):
+        await bus.publish(attempt("Skewed", ahead))
+        await bus.publish(attempt("Real", datetime.now(UTC)))
+        await eventually(
+            lambda: query(engine, "SELECT count(*) AS n FROM projected_events"),
+            until=lambda rows: rows[0].n == 2,
+            timeout=30,
+            what="both attempts applied",
+        )
+    (page,) = await query(engine, "SELECT title, last_crawled_at FROM pages")
+    assert page.title == "Real"
+    assert page.last_crawled_at < now + timedelta(minutes=5)
+    live = await checksums(engine)
+
+    target = await empty_database(stack)
+    stats = await replay(stack.nats_url, target, RetryPolicy())
+    assert (stats.events, stats.applied) == (2, 2)
+    replayed_engine = create_async_engine(target)
+    try:
+        assert await checksums(replayed_engine) == live
+    finally:
+        await replayed_engine.dispose()

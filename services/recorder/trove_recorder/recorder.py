@@ -41,7 +41,13 @@ from trove_recorder.retries import RetryPolicy
 from trove_schema import sqlstates
 from trove_schema.bus import REFUSED_PATIENCE, BatchConsumer, Bus, Retry
 from trove_schema.errors import MalformedEvent
-from trove_schema.events import CrawlCompleted, CrawlRequested, Event, decode_event
+from trove_schema.events import (
+    CrawlCompleted,
+    CrawlRequested,
+    Event,
+    as_stored,
+    decode_event,
+)
 from trove_schema.exclusions import Exclusions, ListedExclusions
 from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
 from trove_schema.migrate import upgrade_async
@@ -94,7 +100,7 @@ class Recorder:
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
-        await self.project([decode_event(m.data) for m in msgs], msgs)
+        await self.project([_read(m) for m in msgs], msgs)
 
     async def handle(self, msg: Msg) -> None:
         """One message of a batch that failed: a batch of one, so a bad event fails alone.
@@ -102,7 +108,7 @@ class Recorder:
         A statement cancelled even for one event is the server's trouble, not the
         event's (``sqlstates.CANCELED``): it waits as for an outage, never parked."""
         try:
-            await self.project([decode_event(msg.data)], [msg])
+            await self.project([_read(msg)], [msg])
         except Retry:
             raise
         except Exception as exc:
@@ -260,6 +266,11 @@ class Recorder:
                     .values(created_at=datetime.now(UTC))
                 )
             return len(sent)
+
+
+def _read(msg: Msg) -> Event:
+    """The event ``msg`` carries, its times no later than the record took it."""
+    return as_stored(decode_event(msg.data), msg.metadata.timestamp)
 
 
 async def _woken(wakeup: asyncio.Event, stop: asyncio.Event, pause: float) -> bool:
