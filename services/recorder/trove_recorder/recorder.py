@@ -245,9 +245,9 @@ class Recorder:
                     else:
                         await self.bus.publish(event, subject=row.subject)
                 except BadRequestError as exc:
-                    # The broker refuses this message, not every one (a subject its
-                    # stream does not take): as a row it cannot read, left for a release
-                    # that writes it so it is taken, and the rows behind it go out.
+                    # The broker refuses this message (a 400: a subject its stream does
+                    # not take), which is no trouble of the broker's: passed over as a
+                    # row this release cannot read is, so the rows behind it go out.
                     log.warning("outbox: row %s refused by the broker: %s", row.event_id, exc)
                     unread.append(row.event_id)
                     continue
