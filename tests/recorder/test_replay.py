@@ -257,18 +257,8 @@ async def test_an_event_the_projection_cannot_apply_is_skipped_as_the_recorder_p
     now = datetime.now(UTC)
 
     def attempt(path: str, **fields: Any) -> CrawlCompleted:
-        base: dict[str, Any] = {
-            "url": f"https://blog.example/{path}",
-            "domain": "blog.example",
-            "scope": Scope(value="blog.example"),
-            "request_id": str(uuid.uuid4()),
-            "outcome": CrawlOutcome.SUCCESS,
-            "status_code": 200,
-            "started_at": now - timedelta(seconds=1),
-            "completed_at": now,
-            "title": path,
-        }
-        return CrawlCompleted(**{**base, **fields})
+        success = {"outcome": CrawlOutcome.SUCCESS, "status_code": 200, "title": path}
+        return _attempt(now, url=f"https://blog.example/{path}", **{**success, **fields})
 
     events = [
         # What the projection takes as a stranger's producer wrote it: a link to no
@@ -541,17 +531,23 @@ async def test_a_replay_whose_lock_went_with_its_connection_stops(
         await target.dispose()
 
 
+def _attempt(then: datetime, **fields: Any) -> CrawlCompleted:
+    """An attempt at the one page that ended at ``then``: a 503 unless ``fields`` say."""
+    base: dict[str, Any] = {
+        "url": "https://blog.example/post",
+        "domain": "blog.example",
+        "scope": Scope(value="blog.example"),
+        "request_id": str(uuid.uuid4()),
+        "outcome": CrawlOutcome.BLOCKED_5XX,
+        "status_code": 503,
+        "started_at": then - timedelta(seconds=1),
+        "completed_at": then,
+    }
+    return CrawlCompleted(**{**base, **fields})
+
+
 def _failure(then: datetime) -> CrawlCompleted:
-    return CrawlCompleted(
-        url="https://blog.example/post",
-        domain="blog.example",
-        scope=Scope(value="blog.example"),
-        request_id=str(uuid.uuid4()),
-        outcome=CrawlOutcome.BLOCKED_5XX,
-        status_code=503,
-        started_at=then - timedelta(seconds=1),
-        completed_at=then,
-    )
+    return _attempt(then)
 
 
 async def _outbox(database: str) -> list[tuple[str, bool]]:
@@ -628,18 +624,8 @@ async def test_an_attempt_stamped_ahead_is_ordered_at_its_record_time_live_and_r
     now = datetime.now(UTC)
 
     def attempt(title: str, at: datetime) -> CrawlCompleted:
-        return CrawlCompleted(
-            url="https://blog.example/post",
-            domain="blog.example",
-            scope=Scope(value="blog.example"),
-            request_id=str(uuid.uuid4()),
-            outcome=CrawlOutcome.SUCCESS,
-            status_code=200,
-            started_at=at - timedelta(seconds=1),
-            completed_at=at,
-            occurred_at=at,
-            title=title,
-        )
+        success = {"outcome": CrawlOutcome.SUCCESS, "status_code": 200, "title": title}
+        return _attempt(at, occurred_at=at, **success)
 
     ahead = now + timedelta(days=365)
     async with services(stack, state_dir, {}, only=("recorder",)):
