@@ -440,7 +440,8 @@ class Event(Frozen):
 
 
 class SeedRejected(Event):
-    """A seed could not be accepted; ``reason`` says why, in words for the operator."""
+    """A seed, or a follow or unfollow command, could not be accepted; ``reason`` says
+    why, in words for the operator (a command's starts "follow refused: ")."""
 
     TYPE = "SeedRejected"
     SUBJECT = "trove.events.seed.rejected"
