@@ -441,7 +441,8 @@ class Event(Frozen):
 
 class SeedRejected(Event):
     """A seed, or a follow or unfollow command, could not be accepted; ``reason`` says
-    why, in words for the operator (a command's starts "follow refused: ")."""
+    why, in words for the operator (a command's starts "follow refused: " or "unfollow
+    refused: ")."""
 
     TYPE = "SeedRejected"
     SUBJECT = "trove.events.seed.rejected"
