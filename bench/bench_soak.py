@@ -12,7 +12,8 @@ a few minutes hold many crawl cycles of every host, each with new robots fetches
 answers that expired, new connections, new events and rows.
 
 Every ``--sample`` seconds it reads the resident memory (``VmRSS``) of every service
-process, nats-server and Postgres (the postmaster and its backends, summed), and at
+process, nats-server and Postgres (the postmaster and its backends, summed, and their
+proportional set size, in which a shared buffer counts once), and at
 the end prints, per process: RSS when the services were ready, after the first crawl
 cycle (the baseline: caches and pools are warm by then), at the end, the change from
 the baseline and the peak (``VmHWM``); then the attempts kept by outcome, the DNS
@@ -52,6 +53,7 @@ from bench._common import (
     memory_mib,
     pids_with_cmdline,
     postmaster_pid,
+    pss_mib,
     pull_waiting,
     subject_count,
 )
@@ -85,10 +87,14 @@ SERVICES = ("recorder", "discovery", "fetcher")
 # --- memory -------------------------------------------------------------------------
 
 
+#: The group whose summed RSS counts shared memory once per process that touched it.
+POSTGRES = "postgres (all)"
+
+
 @dataclass
 class Sample:
     at: float
-    #: process name -> VmRSS MiB
+    #: process name -> VmRSS MiB (and Postgres's PSS beside its summed RSS)
     rss: dict[str, float]
     pages: int
 
@@ -104,15 +110,22 @@ def _processes(local: LocalTrove, state: Path) -> dict[str, Callable[[], list[in
         master = postmaster_pid(state / "stack" / "postgres" / "data")
         return [] if master is None else [master, *children_of(master)]
 
-    groups["postgres (all)"] = postgres
+    groups[POSTGRES] = postgres
     return groups
 
 
 def _rss(groups: Mapping[str, Callable[[], list[int]]], key: str = "VmRSS") -> dict[str, float]:
     out: dict[str, float] = {}
     for name, pids in groups.items():
-        values = [memory_mib(pid, key) for pid in pids()]
+        members = pids()
+        values = [memory_mib(pid, key) for pid in members]
         out[name] = sum(v for v in values if v is not None)
+        if name == POSTGRES and key == "VmRSS":
+            # Every backend's RSS includes the shared buffers it has read or written, so
+            # the sum grows as backends touch more of them; PSS splits each shared page
+            # among its processes and sums to the memory Postgres holds.
+            shares = [pss_mib(pid) for pid in members]
+            out["postgres (PSS)"] = sum(v for v in shares if v is not None)
     return out
 
 
@@ -309,7 +322,8 @@ def _report(
         mid, last = half.rss.get(name, 0.0), final.rss[name]
         print(
             f"{name:<16} {start:8.1f} {first:9.1f} {mid:8.1f} {last:8.1f}"
-            f" {last - first:+7.1f} {last - mid:+7.1f} {peaks.get(name, 0.0):8.1f}"
+            f" {last - first:+7.1f} {last - mid:+7.1f}"
+            + (f" {peaks[name]:8.1f}" if name in peaks else f" {'-':>8}")
         )
     minutes = final.at / 60
     pages = final.pages
