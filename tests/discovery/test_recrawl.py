@@ -519,6 +519,28 @@ async def test_a_first_fetch_is_recrawled_after_the_first_interval_with_its_hash
     assert pending.not_before == event.completed_at + timedelta(hours=5)
 
 
+async def test_an_attempt_stamped_ahead_is_recrawled_an_interval_after_its_record_time(
+    bus: Bus,
+) -> None:
+    discovery = await replica(bus, recrawl_after_seconds=5 * 3600)
+    ahead = utcnow() + timedelta(days=365)
+    event = visited(content_hash="a", history=None)
+    await bus.publish(event.model_copy(update={"started_at": ahead, "completed_at": ahead}))
+    sub = await bus.js.pull_subscribe(CrawlCompleted.SUBJECT, stream=EVENTS_STREAM)
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+    finally:
+        await sub.unsubscribe()
+    await discovery.handle_crawl_completed(msg)
+
+    stored = msg.metadata.timestamp
+    assert stored < ahead - timedelta(days=364)
+    pending = await scheduled_request(bus)
+    assert pending.not_before == stored + timedelta(hours=5)
+    assert pending.history is not None
+    assert pending.history.visited_at == stored
+
+
 async def test_the_recrawl_request_carries_the_updated_history_and_its_interval(
     bus: Bus,
 ) -> None:

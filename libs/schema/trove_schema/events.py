@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -840,7 +840,10 @@ _UNKNOWN_FIELD_ERRORS = frozenset({"extra_forbidden", "unexpected_keyword_argume
 _HAPPENED = ("occurred_at", "started_at", "completed_at")
 
 
-def as_stored(event: Event, stored_at: datetime) -> Event:
+_Read = TypeVar("_Read", bound=Event)
+
+
+def as_stored(event: _Read, stored_at: datetime) -> _Read:
     """``event`` with no time of what happened later than ``stored_at``, when the record
     took it (its message's stream timestamp), which nothing that happened can follow.
 

@@ -65,6 +65,7 @@ from trove_schema.events import (
     Scope,
     ScopeKind,
     SeedRejected,
+    as_stored,
     decode_event,
     derived_event_id,
     explored_attempt_id,
@@ -224,6 +225,11 @@ class Discovery:
         event = decode_event(msg.data)
         if not isinstance(event, CrawlCompleted):
             return
+        meta = jetstream_metadata(msg)
+        if meta is not None:
+            # Its times no later than the record's, as the recorder reads them: an attempt
+            # stamped a year ahead would otherwise be visited again a year late.
+            event = as_stored(event, meta.timestamp)
         deliveries = delivery_count(msg)
         # Handed back while its host's aliases were learned: only the links it held.
         again = self.holds.take(event.id, deliveries) if self.holds and deliveries > 1 else None
