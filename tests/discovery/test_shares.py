@@ -344,6 +344,26 @@ async def test_failed_polls_are_retried_after_a_doubling_pause(
 
 
 @pytest.mark.usefixtures("clean")
+async def test_a_poll_stamped_ahead_is_followed_an_interval_after_its_record_time(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    env = {"TROVE_POLL_INTERVAL_SECONDS": "600"}
+    ahead = datetime.now(UTC) + timedelta(days=365)
+    async with services(stack, state_dir, env, only=("discovery",)):
+        first = await _follow(stack, bus, INSTANCE.encode())
+        seq = await publish_polled(bus, polled(first, completed_at=ahead, cursor_after="7"))
+        await _handled(bus, seq)
+        schedule, second = await _scheduled(bus)
+    stored = (await bus.js.get_msg(EVENTS_STREAM, seq)).time
+    assert stored is not None
+    assert stored < ahead - timedelta(days=364)
+    due = datetime.strptime(schedule, "@at %Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    # One timestamp, read twice: nats-py rounds its nanoseconds differently each way.
+    assert abs(due - (stored + timedelta(seconds=600))) < timedelta(milliseconds=2)
+    assert second.cursor == "7"
+
+
+@pytest.mark.usefixtures("clean")
 async def test_an_unfollow_stops_the_chain(stack: StackUrls, bus: Bus, state_dir: Path) -> None:
     env = {"TROVE_POLL_INTERVAL_SECONDS": "600"}
     async with services(stack, state_dir, env, only=("discovery",)):

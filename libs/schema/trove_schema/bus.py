@@ -55,7 +55,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from trove_schema.errors import BrokerClosed, MalformedEvent, TopologyError, TroveError
-from trove_schema.events import PRIORITY_HEADER, SIBLINGS_HEADER, Event
+from trove_schema.events import PRIORITY_HEADER, SIBLINGS_HEADER, Event, as_stored, decode_event
 from trove_schema.metrics import (
     BROKER_CONNECTED,
     DEAD_LETTERS,
@@ -533,6 +533,18 @@ def jetstream_metadata(msg: Msg) -> Msg.Metadata | None:
         return msg.metadata
     except Exception:  # nats-py: NotJSMessageError, or a reply subject it cannot read
         return None
+
+
+def read_event(msg: Msg) -> Event:
+    """The event ``msg`` carries (MalformedEvent when it holds none), its times no later
+    than the record took it (``events.as_stored``): how the recorder and discovery read
+    what happened, since an attempt or a poll stamped a year ahead would otherwise order
+    its page's row and plan its next visit by that year. (The fetcher reads requests,
+    whose times it does not use.) A message handed over directly has no record's time
+    and is read as it is."""
+    event = decode_event(msg.data)
+    meta = jetstream_metadata(msg)
+    return event if meta is None else as_stored(event, meta.timestamp)
 
 
 def _sequence(msg: Msg) -> int | None:

@@ -49,7 +49,7 @@ from trove_discovery.traps import url_trap_reason
 from trove_discovery.url_rules import Holds, UrlRules
 from trove_schema.aliases import could_alias, rewrite
 from trove_schema.budgets import HostCount, batch_mark, host_budget_key
-from trove_schema.bus import Bus, Overtaken, Retry, jetstream_metadata
+from trove_schema.bus import Bus, Overtaken, Retry, jetstream_metadata, read_event
 from trove_schema.change_rate import RecrawlPolicy, plan_recrawl, plan_refused
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
@@ -65,7 +65,6 @@ from trove_schema.events import (
     Scope,
     ScopeKind,
     SeedRejected,
-    as_stored,
     decode_event,
     derived_event_id,
     explored_attempt_id,
@@ -222,14 +221,9 @@ class Discovery:
     # links ----------------------------------------------------------------------
 
     async def handle_crawl_completed(self, msg: Msg) -> None:
-        event = decode_event(msg.data)
+        event = read_event(msg)
         if not isinstance(event, CrawlCompleted):
             return
-        meta = jetstream_metadata(msg)
-        if meta is not None:
-            # Its times no later than the record's, as the recorder reads them: an attempt
-            # stamped a year ahead would otherwise be visited again a year late.
-            event = as_stored(event, meta.timestamp)
         deliveries = delivery_count(msg)
         # Handed back while its host's aliases were learned: only the links it held.
         again = self.holds.take(event.id, deliveries) if self.holds and deliveries > 1 else None

@@ -42,7 +42,7 @@ from trove_discovery.follows import (
     stop_polls,
 )
 from trove_discovery.traps import url_trap_reason
-from trove_schema.bus import Bus, Retry
+from trove_schema.bus import Bus, Retry, read_event
 from trove_schema.events import (
     CrawlOutcome,
     PageDiscovered,
@@ -52,7 +52,6 @@ from trove_schema.events import (
     Share,
     TimelinePolled,
     TimelinePollRequested,
-    decode_event,
     derived_event_id,
 )
 from trove_schema.settings import DiscoverySettings
@@ -177,7 +176,7 @@ class Shares:
         self.settings = settings
 
     async def handle_timeline_polled(self, msg: Msg) -> None:
-        event = decode_event(msg.data)
+        event = read_event(msg)
         if isinstance(event, TimelinePolled):
             await self.polled(event, redelivered=delivery_count(msg) > 1)
 

@@ -39,13 +39,12 @@ from trove_recorder.replay import page_pending, rebuilding, release_abandoned_ho
 from trove_recorder.retention import Retention, run_retention
 from trove_recorder.retries import RetryPolicy
 from trove_schema import sqlstates
-from trove_schema.bus import REFUSED_PATIENCE, BatchConsumer, Bus, Retry
+from trove_schema.bus import REFUSED_PATIENCE, BatchConsumer, Bus, Retry, read_event
 from trove_schema.errors import MalformedEvent
 from trove_schema.events import (
     CrawlCompleted,
     CrawlRequested,
     Event,
-    as_stored,
     decode_event,
 )
 from trove_schema.exclusions import Exclusions, ListedExclusions
@@ -100,7 +99,7 @@ class Recorder:
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
-        await self.project([_read(m) for m in msgs], msgs)
+        await self.project([read_event(m) for m in msgs], msgs)
 
     async def handle(self, msg: Msg) -> None:
         """One message of a batch that failed: a batch of one, so a bad event fails alone.
@@ -108,7 +107,7 @@ class Recorder:
         A statement cancelled even for one event is the server's trouble, not the
         event's (``sqlstates.CANCELED``): it waits as for an outage, never parked."""
         try:
-            await self.project([_read(msg)], [msg])
+            await self.project([read_event(msg)], [msg])
         except Retry:
             raise
         except Exception as exc:
@@ -266,11 +265,6 @@ class Recorder:
                     .values(created_at=datetime.now(UTC))
                 )
             return len(sent)
-
-
-def _read(msg: Msg) -> Event:
-    """The event ``msg`` carries, its times no later than the record took it."""
-    return as_stored(decode_event(msg.data), msg.metadata.timestamp)
 
 
 async def _woken(wakeup: asyncio.Event, stop: asyncio.Event, pause: float) -> bool:

@@ -74,9 +74,9 @@ from trove_recorder.errors import LockLost, NotEmpty, ReplayStalled
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
-from trove_schema.bus import Bus
+from trove_schema.bus import Bus, read_event
 from trove_schema.errors import MalformedEvent, TroveError
-from trove_schema.events import CrawlRequested, Event, as_stored, decode_event
+from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
 from trove_schema.topology import (
@@ -509,7 +509,7 @@ async def replay(
                 if msg.subject in subjects:
                     stats.events += 1
                     try:
-                        events.append(as_stored(decode_event(msg.data), read_until))
+                        events.append(read_event(msg))
                     except MalformedEvent:
                         stats.malformed += 1
                 if seq >= last:
