@@ -15,7 +15,8 @@ rate-limit reset; capped the same way, and doubled with each failure in a row be
 it).
 
 Every id derives from the ``TimelinePolled`` id and every time from its
-``completed_at``, so a redelivery publishes the same events, which JetStream drops.
+``completed_at`` (no later than the record took the event: ``bus.read_event``), so a
+redelivery publishes the same events, which JetStream drops.
 An unfollowed timeline's chain stops at its next poll result; the unfollow also drops
 the pending poll (``follows.stop_polls``), and a poll already under way when it came is
 ignored when it ends. A poll result handled while an unfollow lands is caught by
