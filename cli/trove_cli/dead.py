@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 from rich.console import Console
 from rich.table import Table
 
@@ -244,7 +244,11 @@ async def redrive(
             except Exception as exc:
                 yield Outcome(seq, False, f"could not publish to {subject}: {exc}")
                 continue
-            await js.delete_msg(DEAD_STREAM, seq)
+            if not await _removed(js, seq):
+                # Another command took it between our read and our removal. Had it
+                # re-driven it too, the copy's id made ours a duplicate the stream dropped.
+                yield Outcome(seq, True, f"{subject} (removed meanwhile by another command)")
+                continue
             log.warning(
                 "re-drove parked message %d to %s (consumer %s, parked for: %s)",
                 seq,
@@ -253,6 +257,24 @@ async def redrive(
                 headers.get("Trove-Dead-Reason", "?"),
             )
             yield Outcome(seq, True, subject)
+
+
+#: nats-server's answer to removing a message that is not there (a 500, not a 404).
+_NO_MESSAGE = 10057
+
+
+async def _removed(js: JetStreamContext, seq: int) -> bool:
+    """Remove parked message ``seq``; False when it was gone already: another ``trove
+    dead`` run at the same time took it after this one read it."""
+    try:
+        await js.delete_msg(DEAD_STREAM, seq)
+    except NotFoundError:
+        return False
+    except APIError as exc:
+        if exc.err_code == _NO_MESSAGE:
+            return False
+        raise
+    return True
 
 
 async def _publish(
@@ -298,9 +320,11 @@ async def drop(
         async for seq in sequences:
             try:
                 parked = await js.get_msg(DEAD_STREAM, seq)
-                await js.delete_msg(DEAD_STREAM, seq)
             except NotFoundError:
                 yield Outcome(seq, False, "no parked message with this sequence")
+                continue
+            if not await _removed(js, seq):
+                yield Outcome(seq, False, "removed meanwhile by another command")
                 continue
             headers = parked.headers or {}
             log.warning(

@@ -831,7 +831,13 @@ def parser() -> argparse.ArgumentParser:
         ("drop", "remove for good (logged)"),
     ):
         act = dead_sub.add_parser(action, help=what)
-        act.add_argument("seqs", nargs="*", type=int, metavar="SEQ", help="as `trove dead` lists")
+        act.add_argument(
+            "seqs",
+            nargs="*",
+            type=_count(1, 2**64 - 1),  # a stream's sequences: nats-server refuses others
+            metavar="SEQ",
+            help="as `trove dead` lists",
+        )
         act.add_argument("--all", action="store_true", help="every parked message")
         act.add_argument(
             "--consumer",
@@ -859,8 +865,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    """An argument type: a whole number of at least ``minimum``."""
+def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argument type: a whole number of at least ``minimum`` (and at most ``maximum``)."""
 
     def parse(text: str) -> int:
         try:
@@ -869,6 +875,8 @@ def _count(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"at least {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"at most {maximum}, not {value}")
         return value
 
     return parse

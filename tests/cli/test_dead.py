@@ -259,6 +259,77 @@ async def test_drop_removes_parked_messages_and_logs_each_one(
     assert "ValueError: one" in lines[0]
 
 
+class TakenMeanwhile:
+    """The real JetStream context, where another ``trove dead`` removes message ``seq``
+    right after this one has read it."""
+
+    def __init__(self, js: Any, seq: int) -> None:
+        self._js, self._seq = js, seq
+
+    async def get_msg(self, stream: str, seq: int) -> Any:
+        parked = await self._js.get_msg(stream, seq)
+        if seq == self._seq:
+            await self._js.delete_msg(stream, seq)
+        return parked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+
+async def test_a_drop_goes_on_past_a_message_another_command_removed_meanwhile(
+    bus: Bus, three_parked: list[PageDiscovered]
+) -> None:
+    first, second, third = await list_dead(bus.js)
+
+    js = TakenMeanwhile(bus.js, second.seq)
+    outcomes = await acted(drop(js, [first.seq, second.seq, third.seq]))  # type: ignore[arg-type]
+
+    assert [(o.seq, o.done, o.note) for o in outcomes][1] == (
+        second.seq,
+        False,
+        "removed meanwhile by another command",
+    )
+    assert [o.done for o in outcomes] == [True, False, True]
+    assert await list_dead(bus.js) == []
+
+
+async def test_a_redrive_goes_on_past_a_message_another_command_removed_meanwhile(
+    bus: Bus, three_parked: list[PageDiscovered], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second, third = await list_dead(bus.js)
+    publish = dead._publish
+
+    async def published_then_taken(nc: Any, js: Any, subject: str, *args: Any) -> None:
+        await publish(nc, js, subject, *args)
+        if args[1]["Nats-Msg-Id"].endswith(f":{second.seq}"):
+            await bus.js.delete_msg(DEAD_STREAM, second.seq)  # another command's removal
+
+    monkeypatch.setattr(dead, "_publish", published_then_taken)
+    outcomes = await acted(redrive(bus.nc, [first.seq, second.seq, third.seq]))
+
+    assert [o.done for o in outcomes] == [True, True, True]
+    assert outcomes[1].note == f"{PageDiscovered.SUBJECT} (removed meanwhile by another command)"
+    assert await list_dead(bus.js) == []
+
+
+async def test_a_sequence_no_stream_can_hold_is_refused_before_anything_is_done(
+    stack: StackUrls, bus: Bus, three_parked: list[PageDiscovered], tmp_path: Path
+) -> None:
+    first, _, third = await list_dead(bus.js)
+    env = {
+        **os.environ,
+        "TROVE_NATS_URL": stack.nats_url,
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+    }
+    for bad, why in (("0", "at least 1"), ("-5", "at least 1"), (str(2**64), "at most")):
+        code, printed = await run_trove(
+            "dead", "drop", str(first.seq), bad, str(third.seq), env=env
+        )
+        assert code == 2, printed
+        assert why in printed
+    assert len(await list_dead(bus.js)) == 3
+
+
 async def test_the_dead_letter_gauge_follows_parking_and_dropping(bus: Bus) -> None:
     async def poison(msg: Msg) -> None:
         raise ValueError("poison")
