@@ -713,7 +713,28 @@ def cmd_replay(args: argparse.Namespace, settings: CommonSettings) -> int:
         argv.append("--truncate")
     if args.since:
         argv += ["--since", args.since]
-    return subprocess.run(argv, env=env, check=False).returncode
+    return _run_to_its_end(argv, env)
+
+
+def _run_to_its_end(argv: list[str], env: dict[str, str]) -> int:
+    """Run ``argv`` and return its exit code; a stop (Ctrl-C, SIGTERM, SIGHUP) reaches it
+    once, as a SIGINT, and is waited out: a replay's stop releases the retries it holds
+    and its lock. ``subprocess.run`` killed it a quarter of a second after a Ctrl-C, in
+    the middle of that, and a SIGTERM to this process alone never reached it. In a
+    session of its own, a terminal's Ctrl-C does not reach it a second time; a second
+    stop kills it."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.kill()
+            proc.wait()
+            return 130
+    return 128 - code if code < 0 else code
 
 
 def cmd_sandbox(args: argparse.Namespace, settings: CommonSettings) -> int:

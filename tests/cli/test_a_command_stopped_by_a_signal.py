@@ -63,6 +63,66 @@ async def python(script: str) -> asyncio.subprocess.Process:
     )
 
 
+# The recorder's replay, as `trove replay` runs it (``python -m trove_recorder replay``):
+# a real process that takes its stop as a SIGINT and then cleans up, as the replay
+# releases the retries it holds and its lock, for longer than a moment.
+REPLAY = """
+import signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+print("ready", flush=True)
+got = signal.sigwait({signal.SIGINT, signal.SIGTERM})
+cleanup = time.monotonic() + 1.0
+while time.monotonic() < cleanup:
+    pass
+again = signal.sigpending()
+print(f"stopped by {signal.Signals(got).name}, again: {sorted(s.name for s in again)}", flush=True)
+sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "group"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)],
+    ids=["Ctrl-C", "SIGTERM", "SIGHUP"],
+)
+async def test_a_replay_stopped_by_a_signal_is_let_finish_its_cleanup(
+    tmp_path: Path, signum: int, group: bool
+) -> None:
+    recorder = tmp_path / "trove_recorder"
+    recorder.mkdir()
+    (recorder / "__init__.py").write_text("")
+    (recorder / "__main__.py").write_text(REPLAY)
+    roots = [str(tmp_path), str(Path(__file__).resolve().parents[2] / "cli")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")]),
+        "TROVE_NATS_URL": "nats://127.0.0.1:1",
+        "TROVE_DATABASE_URL": "postgresql+asyncpg://trove@127.0.0.1:1/trove",
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+    }
+    # In a session of its own, as a terminal runs a command: Ctrl-C is sent to the group.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trove_cli", "replay", "--since", "1h",
+        stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        while (line := await asyncio.wait_for(proc.stdout.readline(), timeout=30)) != b"ready\n":
+            assert line, "the replay never started"
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        printed, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    # Stopped once, by the one signal it takes, and let finish.
+    assert "stopped by SIGINT, again: []" in printed.decode().splitlines()
+    assert proc.returncode == 130
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 async def test_a_command_stopped_by_a_signal_lets_its_clients_close(signum: int) -> None:
     proc = await python(COMMAND)
