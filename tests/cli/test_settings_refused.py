@@ -12,8 +12,29 @@ from trove_cli.main import main
     [
         ("TROVE_MIN_DOMAIN_DELAY_SECOND", "1", "did you mean TROVE_MIN_DOMAIN_DELAY_SECONDS"),
         ("TROVE_REPLICAS", "abc", "TROVE_REPLICAS"),
+        (
+            "TROVE_DATABASE_URL",
+            "postgresql+asyncpg://trove:s3cr3t@127.0.0.1:99999/trove",
+            "TROVE_DATABASE_URL: Value error, port 99999 is not one from 1 to 65535",
+        ),
+        (
+            "TROVE_DATABASE_URL",
+            "postgresql+asyncpg://trove:s3cr3t@127.0.0.1:abc/trove",
+            "TROVE_DATABASE_URL: Value error, not a database URL",
+        ),
+        (
+            "TROVE_DATABASE_URL",
+            "postgresql+asyncpg://trove:s3cr3t@127.0.0.1/trove?sslmode=require",
+            "not libpq's sslmode",
+        ),
     ],
-    ids=["an unknown name", "a refused value"],
+    ids=[
+        "an unknown name",
+        "a refused value",
+        "a database port past 65535",
+        "a database port that is no number",
+        "libpq's sslmode",
+    ],
 )
 def test_a_setting_it_cannot_use_ends_the_command_with_exit_2_before_any_server_is_asked(
     monkeypatch: pytest.MonkeyPatch,
@@ -32,3 +53,5 @@ def test_a_setting_it_cannot_use_ends_the_command_with_exit_2_before_any_server_
     assert code == 2, out
     assert "error: settings:" in out
     assert said in out
+    assert "s3cr3t" not in out
+    assert "Traceback" not in out

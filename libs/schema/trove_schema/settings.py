@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from trove_schema.addresses import nat64_prefix
 from trove_schema.errors import TroveError
@@ -85,6 +87,29 @@ class CommonSettings(BaseSettings):
     nats_tls_key: Path | None = None
     #: SQLAlchemy URL, e.g. postgresql+asyncpg://trove:trove@db/trove. Empty: embedded.
     database_url: str = ""
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_is_usable(cls, value: str) -> str:
+        """Refused in one line at start where the first connect gave a traceback: a port
+        past 65535 (an OverflowError), one that is no number, libpq's ``sslmode``, which
+        asyncpg does not take (a TypeError). The message never quotes the URL: it may
+        hold the password."""
+        if not value:
+            return value
+        try:
+            url = make_url(value)
+            port = url.port
+        except (ArgumentError, ValueError):
+            raise ValueError(
+                "not a database URL: postgresql+asyncpg://user:password@host:5432/database"
+            ) from None
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is not one from 1 to 65535")
+        if "sslmode" in url.query:
+            raise ValueError("asyncpg takes ssl=require (or verify-full), not libpq's sslmode")
+        return value
+
     #: Where the embedded stack keeps its data.
     state_dir: Path = Path(".trove")
     #: `trove up` and `trove crawl` restart a service process that dies after this
