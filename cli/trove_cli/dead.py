@@ -402,6 +402,10 @@ async def dead_command(
     if action is not None and bool(seqs) == every:
         console.print("[red]give the sequence numbers to act on, or --all[/red]")
         return 2
+    if seqs and consumer:
+        # Said, not ignored: `drop --consumer fetcher 2810` dropped the recorder's 2810.
+        console.print("[red]--consumer goes with --all; sequence numbers name their own[/red]")
+        return 2
     _audit_log()
     nc = await connect(nats_url)
     try:

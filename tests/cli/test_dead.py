@@ -386,6 +386,22 @@ async def test_dead_command_refuses_an_action_without_sequences_or_all(stack: St
     assert "--all" in out.getvalue()
 
 
+@pytest.mark.parametrize("action", ["redrive", "drop"])
+async def test_dead_command_refuses_a_consumer_beside_sequence_numbers(
+    stack: StackUrls, bus: Bus, three_parked: list[PageDiscovered], action: str
+) -> None:
+    recorders = [d.seq for d in await list_dead(bus.js) if d.consumer == RECORDER]
+    out = io.StringIO()
+
+    code = await dead_command(
+        stack.nats_url, Console(file=out), action=action, seqs=recorders, consumer=FETCHER
+    )
+
+    assert code == 2
+    assert "--consumer goes with --all" in out.getvalue()
+    assert len(await list_dead(bus.js)) == 3
+
+
 async def test_trove_dead_lists_and_redrives_from_the_command_line(
     stack: StackUrls, bus: Bus, three_parked: list[PageDiscovered], tmp_path: Path
 ) -> None:
