@@ -26,9 +26,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trove_cli.broker import connect
+from trove_cli.database import engine as database_engine
 from trove_cli.outside import outside
 from trove_cli.status import SLOT_FIELDS
 from trove_schema.budgets import (
@@ -315,7 +316,7 @@ async def domain_command(
     nats_url: str, database_url: str, host: str, last: int, console: Console
 ) -> int:
     """``trove domain HOST``: print the host's audit and its politeness record."""
-    engine = create_async_engine(database_url)
+    engine = database_engine(database_url)
     nc = None
     now = None  # the fetchers' instants are on nats-server's clock: read "now" there
     try:

@@ -26,9 +26,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from trove_cli.broker import connect
+from trove_cli.database import engine as database_engine
 from trove_cli.outside import outside
 from trove_schema.errors import InvalidURL
 from trove_schema.server_time import server_now
@@ -190,7 +191,7 @@ async def instances_command(
                 now = datetime.fromtimestamp(await server_now(nc), UTC)
             finally:
                 await nc.close()
-    engine = create_async_engine(database_url)
+    engine = database_engine(database_url)
     try:
         timelines = await list_instances(engine)
     finally:

@@ -29,9 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from trove_cli.broker import connect, shown
+from trove_cli.database import engine as database_engine
 from trove_cli.dead import DEFAULT_LAST as DEFAULT_LAST_DEAD
 from trove_cli.dead import dead_command
 from trove_cli.domain import DEFAULT_LAST, domain_command
@@ -221,7 +221,7 @@ async def watch_crawl(
     nc = await nats.connect(
         nats_servers(nats_url), name="trove-cli", tls=client_tls(), error_cb=quiet
     )
-    engine = create_async_engine(database_url)
+    engine = database_engine(database_url)
     try:
         # The seeds stream must exist before a core publish, or the seeds go nowhere. The
         # CLI owns nothing: it creates what is missing (with TROVE_REPLICAS and the
@@ -1005,7 +1005,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(Text(f"error: {exc}: the database URL is postgresql+asyncpg://…", "red"))
         return 1
     except OSError as exc:  # a server refused or unreachable, a file missing
-        console.print(Text(f"error: {type(exc).__name__}: {exc}", "red"))
+        # A connect's timeout says nothing of itself.
+        reason = str(exc) or "no answer in time"
+        console.print(Text(f"error: {type(exc).__name__}: {reason}", "red"))
         return 1
     except nats.errors.Error as exc:
         # nats-server answers but cannot serve the command: JetStream not enabled, no

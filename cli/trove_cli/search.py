@@ -36,8 +36,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from trove_cli.database import engine as database_engine
 from trove_cli.outside import outside
 from trove_schema.errors import TroveError
 from trove_schema.textsearch import TS_CONFIGS, ts_config
@@ -214,7 +215,7 @@ async def search_command(
     database_url: str, query: str, lang: str | None, limit: int, console: Console
 ) -> int:
     """``trove search``: run the search against ``database_url`` and print the hits."""
-    engine = create_async_engine(database_url)
+    engine = database_engine(database_url)
     try:
         hits = await search(engine, query, lang, limit)
     finally:

@@ -32,9 +32,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trove_cli.broker import connect
+from trove_cli.database import engine as database_engine
 from trove_cli.supervisor import Supervised, describe_exit, read_supervised
 from trove_schema.server_time import server_now
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
@@ -529,7 +530,7 @@ async def status_command(
     nats_url: str, database_url: str, console: Console, *, state_dir: Path | None = None
 ) -> int:
     """``trove status`` against these servers (and ``trove up``'s processes in ``state_dir``)."""
-    engine = create_async_engine(database_url)
+    engine = database_engine(database_url)
     nc = await connect(nats_url)
     try:
         status = await collect_status(

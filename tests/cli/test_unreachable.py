@@ -5,8 +5,10 @@ command against a wrong address sit two minutes printing tracebacks."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,39 @@ async def test_a_server_that_cannot_be_reached_is_one_line_and_exit_1(
     code, out = await run_trove(*argv, env=env, timeout=20)
     assert code == 1, out
     assert says in " ".join(out.split()), out
+    assert "Traceback" not in out
+    assert "secret" not in out
+
+
+async def test_a_database_that_takes_the_connection_and_never_answers_is_given_up_on(
+    tmp_path: Path,
+) -> None:
+    # A port a proxy or a firewall holds open: the connection is taken, nothing is said.
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_DATABASE_URL": f"postgresql+asyncpg://trove:secret@127.0.0.1:{port}/trove",
+        "TROVE_STATE_DIR": str(tmp_path / "state"),
+    }
+    try:
+        began = time.monotonic()
+        # Within the run's own deadline, under asyncpg's own 60 s.
+        code, out = await run_trove("search", "bread", env=env, timeout=40)
+        took = time.monotonic() - began
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+    assert code == 1, out
+    assert "error: TimeoutError: no answer in time" in " ".join(out.split()), out
+    assert took < 40
+    assert held, "the command never connected"
     assert "Traceback" not in out
     assert "secret" not in out
 
