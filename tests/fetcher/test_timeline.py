@@ -31,6 +31,7 @@ from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
+    DEFAULT_RATE_WINDOW,
     MAX_RETRY_AFTER,
     RENUMBERING_CHECK_EVERY,
     SOFTWARE_CHECK_EVERY,
@@ -2294,6 +2295,19 @@ def test_an_instances_links_are_followed_without_credentials() -> None:
     here = f"{home}/api/v1/timelines/public?limit=40"
     older = '<https://token@social.example/api/v1/timelines/public?limit=40&max_id=9>; rel="next"'
     assert link_relation(httpx.Headers({"link": older}), "next", here) == f"{here}&max_id=9"
+
+
+@pytest.mark.parametrize(
+    "reset", ["0", "2026-11-30T12:00:00.000Z", "Mon, 30 Nov 2026 12:00:00 GMT"]
+)
+def test_a_spent_rate_limit_whose_reset_reads_as_past_waits_the_window(reset: str) -> None:
+    """A reset at or before now (a "0", a slow clock's date) is no reset to wait for: the
+    limit is spent, and a wait of 0 sent the poll back at once, every time."""
+    headers = httpx.Headers(
+        {"x-ratelimit-limit": "300", "x-ratelimit-remaining": "0", "x-ratelimit-reset": reset}
+    )
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    assert rate_limit_wait(headers, now=now) == DEFAULT_RATE_WINDOW
 
 
 @pytest.mark.parametrize(

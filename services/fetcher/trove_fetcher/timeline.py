@@ -556,7 +556,10 @@ def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> f
     if remaining > floor:
         return None
     reset = _seconds_until(headers.get("x-ratelimit-reset"), now or utcnow())
-    return DEFAULT_RATE_WINDOW if reset is None else reset
+    # A reset that reads as now or past (a "0", an instance whose clock runs slow) says
+    # no more than none: the limit is spent, and a wait of 0 brought the poll back at
+    # once, its one request spent again, for as long as the instance said so.
+    return DEFAULT_RATE_WINDOW if reset is None or reset <= 0 else reset
 
 
 def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
