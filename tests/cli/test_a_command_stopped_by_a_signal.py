@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,22 @@ async def python(script: str) -> asyncio.subprocess.Process:
     )
 
 
+async def printed_once_stopped(proc: asyncio.subprocess.Process, stop: Callable[[], None]) -> bytes:
+    """What ``proc`` printed after its "ready" line, once ``stop()`` ended it; killed if it
+    did not end."""
+    assert proc.stdout is not None
+    try:
+        while (line := await asyncio.wait_for(proc.stdout.readline(), timeout=30)) != b"ready\n":
+            assert line, "it never got ready"
+        stop()
+        printed, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return printed
+
+
 # The recorder's replay, as `trove replay` runs it (``python -m trove_recorder replay``):
 # a real process that takes its stop as a SIGINT and then cleans up, as the replay
 # releases the retries it holds and its lock, for longer than a moment.
@@ -105,19 +122,9 @@ async def test_a_replay_stopped_by_a_signal_is_let_finish_its_cleanup(
         sys.executable, "-m", "trove_cli", "replay", "--since", "1h",
         stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True,
     )  # fmt: skip
-    assert proc.stdout is not None
-    try:
-        while (line := await asyncio.wait_for(proc.stdout.readline(), timeout=30)) != b"ready\n":
-            assert line, "the replay never started"
-        if group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-        printed, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    printed = await printed_once_stopped(
+        proc, (lambda: os.killpg(proc.pid, signum)) if group else (lambda: proc.send_signal(signum))
+    )
     # Stopped once, by the one signal it takes, and let finish.
     assert "stopped by SIGINT, again: []" in printed.decode().splitlines()
     assert proc.returncode == 130
@@ -126,15 +133,7 @@ async def test_a_replay_stopped_by_a_signal_is_let_finish_its_cleanup(
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 async def test_a_command_stopped_by_a_signal_lets_its_clients_close(signum: int) -> None:
     proc = await python(COMMAND)
-    assert proc.stdout is not None
-    try:
-        assert await asyncio.wait_for(proc.stdout.readline(), timeout=30) == b"ready\n"
-        proc.send_signal(signum)
-        printed, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    printed = await printed_once_stopped(proc, lambda: proc.send_signal(signum))
     assert printed == b"closed\n"
     assert proc.returncode == 130
 
