@@ -2,8 +2,8 @@
 
 asyncpg waits 60 s by default for a server that takes the connection and never
 answers (a wrong port that a proxy or a firewall holds open), and then raised a
-``TimeoutError`` with no message. A command gives up after ``CONNECT_TIMEOUT`` and
-says which server did not answer (``trove_cli.main``).
+``TimeoutError`` with no message. A command gives up after ``CONNECT_TIMEOUT``, and
+says it had no answer in time (``trove_cli.main``).
 """
 
 from __future__ import annotations
