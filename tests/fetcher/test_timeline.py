@@ -771,6 +771,32 @@ async def test_a_post_too_large_for_a_page_is_passed_over_after_pages_of_fewer_p
         assert (social.witness.min_gap(social.host) or 0.0) >= GAP
 
 
+async def test_a_post_no_json_reader_takes_is_passed_over_after_pages_of_fewer_posts(
+    client: httpx.AsyncClient,
+) -> None:
+    # One post in Latin-1 makes every page that holds it no JSON: asked the same way, the
+    # same page was refused every poll, and the timeline read nothing new for good.
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    async with served(instance) as social:
+        start = instance.timeline(local=True)[0].sid
+        broken = public_local_post(instance)
+        instance.make_undecodable(broken)
+        added = [public_local_post(instance) for _ in range(3)]
+        polls = poller(client, max_pages=5, page_limit=8)
+        first = await polls.poll(request(social, cursor=start, api=social.base_url))
+        rest = await polls.poll(request(social, after=first))
+
+        assert first.outcome is rest.outcome is CrawlOutcome.SUCCESS, first.error_message
+        assert [q["limit"][0] for q in api_queries(social)[:4]] == ["8", "4", "2", "1"]
+        assert first.skipped == 1
+        assert first.error_message is not None
+        assert "not JSON" in first.error_message
+        assert instance.status_uri(broken) not in uris(first) + uris(rest)
+        assert uris(first) + uris(rest) == [instance.status_uri(s) for s in added]
+        assert rest.cursor_after == added[-1].sid
+        assert (social.witness.min_gap(social.host) or 0.0) >= GAP
+
+
 async def test_pages_of_fewer_posts_are_asked_within_the_rate_a_refused_page_left(
     client: httpx.AsyncClient,
 ) -> None:

@@ -171,8 +171,8 @@ class FediverseInstance:
     """A seeded, reproducible Mastodon-like instance that is also its own ground truth.
 
     Mutable only through the test hooks (``add_post``, ``opt_out``, ``opt_in``,
-    ``throttle``, ``misbehave``, ``make_unreadable``, ``fail_nodeinfo``, ``set_robots``)
-    and the port the server binds.
+    ``throttle``, ``misbehave``, ``make_unreadable``, ``make_undecodable``,
+    ``fail_nodeinfo``, ``set_robots``) and the port the server binds.
     """
 
     __slots__ = (
@@ -193,6 +193,7 @@ class FediverseInstance:
         "_software",
         "_statuses",
         "_throttle",
+        "_undecodable",
         "_unreadable",
         "clock_ahead",
         "host",
@@ -235,6 +236,8 @@ class FediverseInstance:
         self._nodeinfo_failure: int | None = None
         self._nodeinfo_retry_after: int | None = None
         self._unreadable: set[int] = set()
+        #: Posts a timeline page carries in Latin-1 (``make_undecodable``).
+        self._undecodable: set[int] = set()
         self._redirect_to = f"http://{REMOTE_HOST}/api/v1/timelines/public"
         self._robots: str | None = None
         self._huge: bytes | None = None
@@ -592,6 +595,11 @@ class FediverseInstance:
         if redirect_to is not None:
             self._redirect_to = redirect_to
 
+    def make_undecodable(self, status: Status) -> None:
+        """Serve ``status`` in every timeline page that holds it with its text in Latin-1,
+        not UTF-8: a broken instance's one post, which makes the whole page no JSON."""
+        self._undecodable.add(status.id)
+
     def make_unreadable(self, status: Status) -> None:
         """Serve ``status`` through the API with ``"uri": null``: an entry no client reads."""
         self._unreadable.add(status.id)
@@ -815,6 +823,15 @@ class FediverseInstance:
             else:
                 links.append(f'<{self._page_url(path, kept, min_id=page[0].id)}>; rel="prev"')
         extra = limits + ((("Link", ", ".join(links)),) if links else ()) + self._date()
+        if any(s.id in self._undecodable for s in page):
+            items = [json.dumps(self._status_json(s)).encode() for s in page]
+            items = [
+                item.replace(b'"content": "', b'"content": "caf\xe9 ', 1)
+                if s.id in self._undecodable
+                else item
+                for s, item in zip(page, items, strict=True)
+            ]
+            return Response(200, (("Content-Type", JSON), *extra), b"[" + b",".join(items) + b"]")
         return _json_response([self._status_json(s) for s in page], extra=extra)
 
     def _date(self) -> Headers:

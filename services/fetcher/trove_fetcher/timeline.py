@@ -1657,8 +1657,16 @@ class TimelinePoller:
             loop = asyncio.get_running_loop()
             answer.data = await loop.run_in_executor(self._parser.pool(0), json.loads, body)
         except (ValueError, RecursionError) as exc:
+            # A list that does not parse is most likely one post's bytes (a broken
+            # instance's Latin-1, a number of thousands of digits): asked again with fewer
+            # posts, as a page too large is, and passed over, or every poll failed on it.
+            # An HTML page stays one request.
             raise _Stop(
-                CrawlOutcome.REJECTED, f"the API answer is not JSON: {exc}"[:300], status=status
+                CrawlOutcome.REJECTED,
+                f"the API answer is not JSON: {exc}"[:300],
+                status=status,
+                for_its_posts=body.lstrip()[:1] == b"[",
+                answer=answer,
             ) from None
         return answer, None
 
