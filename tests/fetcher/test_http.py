@@ -33,6 +33,7 @@ from trove_fetcher.http import (
     FetchResult,
     fetch,
     parse_retry_after,
+    retry_after,
     same_site,
 )
 from trove_fetcher.transport import PoolConfig, build_client
@@ -191,6 +192,18 @@ def _two_retry_afters(exchange: Exchange) -> None:
     exchange.end_headers()
 
 
+def _retry_on_a_slow_clock(exchange: Exchange) -> None:
+    # A site whose clock is an hour slow asks for two minutes, as a date on its clock.
+    its_now = datetime.now(UTC) - timedelta(hours=1)
+    exchange.send_response_only(429)
+    exchange.send_header("Date", format_datetime(its_now, usegmt=True))
+    exchange.send_header(
+        "Retry-After", format_datetime(its_now + timedelta(seconds=120), usegmt=True)
+    )
+    exchange.send_header("Content-Length", "0")
+    exchange.end_headers()
+
+
 ROUTES: dict[str, Any] = {
     "/page": _page,
     "/conditional": _conditional,
@@ -237,6 +250,7 @@ ROUTES: dict[str, Any] = {
     "/429-seconds": _status(429, {"Retry-After": "120"}),
     "/429-date": _retry_at,
     "/429-twice": _two_retry_afters,
+    "/429-slow-clock": _retry_on_a_slow_clock,
     "/503": _status(503, {"Retry-After": "30"}),
     "/500": _status(500),
     "/unconditional-304": _status(304),
@@ -793,6 +807,15 @@ async def test_429_carries_retry_after_as_an_http_date(
     assert 80.0 <= result.retry_after <= 90.0
 
 
+async def test_a_429_dated_on_a_slow_clock_waits_what_the_site_asked(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    # Read on our clock, the date was an hour past: a wait of 0, the site asked again.
+    result = await get(client, url(server, "/429-slow-clock"))
+    assert result.status_code == 429
+    assert result.retry_after == 120.0
+
+
 async def test_503_is_blocked_5xx_with_retry_after(
     client: httpx.AsyncClient, server: LocalServer
 ) -> None:
@@ -829,6 +852,27 @@ def test_retry_after_parses_seconds_dates_and_refuses_garbage() -> None:
     year = 365 * 86_400.0
     assert parse_retry_after("1" * 400) == year
     assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now=now) == year
+
+
+def test_a_dated_retry_after_is_read_on_the_sites_own_clock() -> None:
+    """Date and Retry-After are both the site's clock: a site an hour slow asking for two
+    minutes is left two minutes, not asked again at once (its date read as past)."""
+    ours = datetime(2025, 1, 1, 13, 0, 0, tzinfo=UTC)
+    asked = "Wed, 01 Jan 2025 12:02:00 GMT"
+    assert retry_after(httpx.Headers({"retry-after": asked}), now=ours) == 0.0
+    slow = httpx.Headers([("date", "Wed, 01 Jan 2025 12:00:00 GMT"), ("retry-after", asked)])
+    assert retry_after(slow, now=ours) == 120.0
+    # A Date that does not parse is no clock: the first that does is the site's.
+    for date in ("yesterday", "Mon, 01 Jan 99999999999 00:00:00 GMT"):
+        garbled = httpx.Headers([("date", date), ("retry-after", asked)])
+        assert retry_after(garbled, now=ours) == 0.0, date
+    twice = httpx.Headers(
+        [("date", "soon"), ("date", "Wed, 01 Jan 2025 12:01:00 GMT"), ("retry-after", asked)]
+    )
+    assert retry_after(twice, now=ours) == 60.0
+    # Seconds are seconds whatever the clocks say.
+    seconds = httpx.Headers([("date", "Wed, 01 Jan 2025 12:00:00 GMT"), ("retry-after", "30")])
+    assert retry_after(seconds, now=ours) == 30.0
 
 
 @pytest.mark.parametrize(

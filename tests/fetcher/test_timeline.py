@@ -643,10 +643,14 @@ async def test_shared_links_leave_out_mentions_hashtags_the_instance_and_private
         assert any(s.own_links for s in instance.timeline() if instance.status_uri(s) in posts)
 
 
+@pytest.mark.parametrize("clock_ahead", [0.0, -3600.0, 3600.0])
 async def test_rate_limit_nearly_spent_stops_the_poll_until_the_reset(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, clock_ahead: float
 ) -> None:
+    # The reset is a time on the instance's clock, and so is its Date: read on ours, an
+    # instance an hour slow was left the default window, one an hour fast an hour more.
     instance = FediverseInstance.generate(posts=30, seed=7, rate_limit=4, rate_window=30.0)
+    instance.clock_ahead = clock_ahead
     async with served(instance) as social:
         oldest = instance.timeline(local=True)[-1].sid
         event = await poller(client, max_pages=5, page_limit=2).poll(
@@ -658,7 +662,7 @@ async def test_rate_limit_nearly_spent_stops_the_poll_until_the_reset(
         assert event.requests == len(api_queries(social)) == 3
         assert event.more
         assert event.retry_after is not None
-        assert 20.0 < event.retry_after <= 30.0
+        assert 20.0 < event.retry_after <= 31.0  # a second more: a Date counts whole seconds
         assert event.rate_limited  # the instance's asking: the host learns it
         assert event.posts
         assert event.cursor_after != oldest

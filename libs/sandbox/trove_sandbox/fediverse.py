@@ -728,18 +728,20 @@ class FediverseInstance:
         return _json_response({"error": "Record not found"}, status=404, extra=limits)
 
     def _rate_headers(self) -> Headers:
-        """Count one API request and say what is left of the window, as Mastodon does."""
+        """Count one API request and say what is left of the window, as Mastodon does:
+        the reset a time on the instance's own clock, which its ``Date`` tells."""
         now = time.monotonic()
         if now - self._rate_window_start >= self._rate_window:
             self._rate_window_start = now
             self._rate_used = 0
         self._rate_used += 1
         reset_in = self._rate_window_start + self._rate_window - now
-        reset = datetime.now(UTC) + timedelta(seconds=reset_in)
+        reset = datetime.now(UTC) + timedelta(seconds=reset_in + self.clock_ahead)
         return (
             ("X-RateLimit-Limit", str(self._rate_limit)),
             ("X-RateLimit-Remaining", str(self._rate_limit - self._rate_used)),
             ("X-RateLimit-Reset", reset.isoformat(timespec="milliseconds").replace("+00:00", "Z")),
+            *self._date(),
         )
 
     def _visible(self, *, local: bool, remote: bool) -> list[Status]:
@@ -822,7 +824,7 @@ class FediverseInstance:
                 links.append(f'<{self._page_url(path, kept, min_id=past)}>; rel="prev"')
             else:
                 links.append(f'<{self._page_url(path, kept, min_id=page[0].id)}>; rel="prev"')
-        extra = limits + ((("Link", ", ".join(links)),) if links else ()) + self._date()
+        extra = limits + ((("Link", ", ".join(links)),) if links else ())
         if any(s.id in self._undecodable for s in page):
             items = [json.dumps(self._status_json(s)).encode() for s in page]
             items = [

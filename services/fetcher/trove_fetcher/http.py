@@ -259,16 +259,44 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     return min(max(0.0, seconds), LONGEST_RETRY_AFTER)
 
 
+def response_date(headers: httpx.Headers) -> datetime | None:
+    """When the response says it was sent (its first ``Date`` that parses), else None."""
+    for value in headers.get_list("date"):
+        try:
+            said = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):  # a year past datetime's
+            continue
+        # "-0000": UTC, said to carry no zone.
+        return said.replace(tzinfo=UTC) if said.tzinfo is None else said
+    return None
+
+
+def site_now(headers: httpx.Headers, now: datetime | None = None) -> datetime:
+    """Now on the site's clock, as the response's ``Date`` tells it; ``now`` (ours, by
+    default the system's) when it has no ``Date`` that parses, or one within the second
+    a ``Date`` counts in: ours is finer then, and a wait read on it is not a second long."""
+    ours = now or datetime.now(UTC)
+    said = response_date(headers)
+    return ours if said is None or abs((said - ours).total_seconds()) <= 1.0 else said
+
+
 def retry_after(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
     """The longest wait the response's Retry-After headers ask for; None if none is valid.
 
     Each header on its own: joined, as ``headers.get`` joins them ("100, 5"), two were
     read as none, and an HTTP-date has a comma of its own.
+
+    An HTTP-date is read against the response's own ``Date`` when it has one, ``now``
+    (our clock) only without: the site wrote both on its clock, and their difference is
+    the wait it meant. On ours, a site whose clock runs an hour slow asking for two
+    minutes was asked again at once. A ``Date`` that lies makes the wait no longer than
+    a Retry-After in seconds could, and every wait is capped downstream.
     """
+    moment = site_now(headers, now)
     waits = [
         wait
         for value in headers.get_list("retry-after")
-        if (wait := parse_retry_after(value, now=now)) is not None
+        if (wait := parse_retry_after(value, now=moment)) is not None
     ]
     return max(waits, default=None)
 

@@ -128,8 +128,10 @@ from trove_fetcher.http import (
     FetchLimits,
     error_text,
     redirect_url,
+    response_date,
     retry_after,
     same_site,
+    site_now,
 )
 from trove_fetcher.nodeinfo import WELL_KNOWN_PATH, Software, document_link, software_of
 from trove_schema.events import (
@@ -555,7 +557,8 @@ def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> f
     floor = max(1, int(limit * LOW_RATE_SHARE)) if limit and limit > 0 else 1
     if remaining > floor:
         return None
-    reset = _seconds_until(headers.get("x-ratelimit-reset"), now or utcnow())
+    # On the instance's clock when it says the time: the reset is a time on that clock.
+    reset = _seconds_until(headers.get("x-ratelimit-reset"), site_now(headers, now or utcnow()))
     # A reset that reads as now or past (a "0", an instance whose clock runs slow) says
     # no more than none: the limit is spent, and a wait of 0 brought the poll back at
     # once, its one request spent again, for as long as the instance said so.
@@ -567,7 +570,7 @@ def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> fl
     moment = now or utcnow()
     wait = retry_after(headers, now=moment)
     if wait is None:
-        wait = _seconds_until(headers.get("x-ratelimit-reset"), moment)
+        wait = _seconds_until(headers.get("x-ratelimit-reset"), site_now(headers, moment))
     return None if wait is None else min(max(0.0, wait), MAX_RETRY_AFTER)
 
 
@@ -1262,15 +1265,7 @@ class TimelinePoller:
     @staticmethod
     def _date(answer: _Answer | None) -> datetime | None:
         """``answer``'s ``Date``; None without one that parses."""
-        date = answer.headers.get("date") if answer is not None else None
-        if not date:
-            return None
-        try:
-            said = parsedate_to_datetime(date)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        # "-0000": UTC, said to carry no zone.
-        return said.replace(tzinfo=UTC) if said.tzinfo is None else said
+        return None if answer is None else response_date(answer.headers)
 
     def _instance_time(self, answer: _Answer | None) -> tuple[float, bool]:
         """The time of ``answer`` on the instance's clock, and whether the instance told
