@@ -352,11 +352,13 @@ def render_dead(parked: Parked, console: Console) -> None:
         table.add_column(column, justify="right" if column == "seq" else "left")
     for letter in letters:
         when = letter.parked_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        # Headers are text, never markup, and a subject is shown whole: a redrive is
+        # checked against it.
         table.add_row(
             str(letter.seq),
             when,
-            letter.consumer,
-            letter.subject,
+            outside(letter.consumer),
+            outside(letter.subject, overflow="fold"),
             outside(letter.reason, overflow="fold"),
         )
     console.print(table)
@@ -373,7 +375,7 @@ async def render_outcomes(outcomes: AsyncGenerator[Outcome], verb: str, console:
                 done += 1
             else:
                 failed += 1
-                console.print(f"[red]{o.seq}: {o.note}[/red]")
+                console.print(outside(f"{o.seq}: {o.note}", style="red"))
     console.print(f"{verb} {done} parked message(s).")
     return 0 if failed == 0 else 1
 

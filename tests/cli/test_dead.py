@@ -7,7 +7,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,34 @@ async def test_parked_messages_are_listed_with_consumer_subject_reason_and_time(
     assert all(abs((before - d.parked_at).total_seconds()) < 30 for d in letters)
     assert letters[0].size == len(three_parked[0].to_wire())
     assert [d.consumer for d in await list_dead(bus.js, consumer=FETCHER)] == [FETCHER]
+
+
+async def test_a_listing_prints_headers_as_text_and_a_long_subject_whole() -> None:
+    # A header is no markup and no terminal sequence; a subject was cut at 80 columns.
+    subject = "trove.events.[bold]x[/bold]." + "Z" * 100 + "\x1b]52;c;eA==\x07"
+    letter = DeadLetter(
+        seq=7,
+        parked_at=datetime.now(UTC),
+        consumer="[red]recorder",
+        subject=subject,
+        reason="failed",
+        size=1,
+    )
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system="standard")
+    dead.render_dead(dead.Parked([letter], {"recorder": 1}), console)
+    printed = out.getvalue()
+    assert "[red]recorder" in printed
+    assert "[bold]x[/bold]" in printed
+    assert printed.count("Z") == 100
+    assert "\x1b]52" not in printed
+
+    async def failed() -> AsyncGenerator[Outcome]:
+        yield Outcome(seq=7, done=False, note="[bold]not found[/bold]")
+
+    out.truncate(0)
+    assert await dead.render_outcomes(failed(), "redrove", console) == 1
+    assert "7: [bold]not found[/bold]" in out.getvalue()
 
 
 async def test_a_listing_shows_the_newest_and_counts_the_rest_by_consumer(
