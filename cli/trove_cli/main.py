@@ -82,6 +82,7 @@ from trove_schema.topology import (
     declare,
     ensure_topology,
 )
+from trove_schema.urls import masked
 from trove_stack.stack import left_behind_stopped
 
 console = Console(stderr=False)
@@ -451,9 +452,10 @@ async def cmd_crawl(args: argparse.Namespace, settings: CommonSettings) -> int:
             await asyncio.to_thread(local.start)
             nats_shown, db_shown = shown(local.stack.nats_url), shown(local.stack.database_url)
             console.print(Text(f"NATS {nats_shown}   Postgres {db_shown}"))
-            console.print(Text("seeds: " + ", ".join(seeds)))
+            # The operator's own URLs, shown as everything else Trove prints them.
+            console.print(Text("seeds: " + masked(", ".join(seeds))))
             if follows:
-                console.print(Text("following: " + ", ".join(follows)))
+                console.print(Text("following: " + masked(", ".join(follows))))
             crawl = watch_crawl(
                 nats_url=local.stack.nats_url,
                 database_url=local.stack.database_url,

@@ -305,6 +305,28 @@ async def test_a_crawl_of_seeds_an_earlier_crawl_knows_says_so_and_force_crawls_
 
 
 @pytest.mark.usefixtures("clean")
+async def test_a_crawl_prints_its_seeds_without_their_credentials(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """A seed pasted with its userinfo was echoed whole on the ``seeds:`` line, into a
+    terminal's scrollback and a CI log; no request carries it either."""
+    with LocalServer("127.0.0.177") as server:
+        server.routes["/"] = lambda ex: ex.send(200, b"<title>home</title><p>words</p>")
+        env = {
+            **on_the_stack(stack, tmp_path),
+            "TROVE_ALLOWED_NETWORKS": "127.0.0.177/32",
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+        }
+        seed = server.url().replace("http://", "http://ada:s3cret@")
+        code, report = await run_trove("crawl", "--join", seed, env=env, timeout=120)
+        (request,) = server.requests_to("/")
+    assert code == 0, report
+    assert "seeds: http://***@127.0.0.177" in report
+    assert "s3cret" not in report
+    assert "authorization" not in request.headers
+
+
+@pytest.mark.usefixtures("clean")
 async def test_a_crawl_until_idle_stopped_by_its_timeout_exits_1(
     stack: StackUrls, tmp_path: Path
 ) -> None:

@@ -183,6 +183,28 @@ def _plainly_canonical(url: str, max_length: int) -> str | None:
     return f"{head}?{kept}" if kept else head
 
 
+#: What ends a URL's authority, and so its userinfo: a backslash too, which
+#: ``canonicalize`` reads as a slash.
+_AUTHORITY_ENDS = r"/\\?#\r\n"
+#: A URL's userinfo (``user:password@``, a token): from ``//`` (``\\``, or JSON's
+#: ``\/\/``) to the last ``@`` of the authority, where ``urlsplit`` finds the host.
+_USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
+#: An authority with no "@" that is no host[:port] ("admin:Zm9v", where a password's
+#: "/" ended it early), and the rest of its word to its last "@": the password's rest.
+_CUT_USERINFO = re.compile(
+    rf"((?:\\?/|\\){{2}})(?![^{_AUTHORITY_ENDS}@]*@)"
+    rf"(?!\[[^\]\s]*\](?::\d{{0,5}})?[{_AUTHORITY_ENDS}]|[^{_AUTHORITY_ENDS}:\[\]\s]*(?::\d{{0,5}})?(?:[{_AUTHORITY_ENDS}]|\s|$))"
+    r"[^\s\"'<>]*@"
+)
+
+
+def masked(text: str) -> str:
+    """``text`` with each URL's userinfo written ``***``, however the URL is spelled."""
+    if "@" not in text:
+        return text
+    return _CUT_USERINFO.sub(r"\1***@", _USERINFO.sub(r"\1***@", text))
+
+
 def without_userinfo(url: str) -> str:
     """``url`` without a ``user:pass@`` (or a token's ``name@``): an HTTP client sends it
     on as an Authorization header, and no URL Trove follows or keeps carries one."""

@@ -11,6 +11,8 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from trove_schema.urls import masked
+
 #: Items named in a text reply; the rest are counted.
 REPLY_TEXT_LIMIT = 20
 #: Longest input a refusal keeps.
@@ -24,21 +26,8 @@ REPLY_JSON_LIMIT = 1000
 #: by default) cannot be sent, and the requester hears nothing.
 REPLY_LIST_BYTES = 256 * 1024
 
-#: What ends a URL's authority, and so its userinfo: a backslash too, which
-#: ``canonicalize`` reads as a slash.
-_AUTHORITY_ENDS = r"/\\?#\r\n"
 #: What ends a word of operator input, and the search for a cut password's "@".
 _WORD_END = re.compile(r"[\s\"'<>]")
-#: A URL's userinfo (``user:password@``, a token): from ``//`` (``\\``, or JSON's
-#: ``\/\/``) to the last ``@`` of the authority, where ``urlsplit`` finds the host.
-_USERINFO = re.compile(rf"((?:\\?/|\\){{2}})[^{_AUTHORITY_ENDS}]*@")
-#: An authority with no "@" that is no host[:port] ("admin:Zm9v", where a password's
-#: "/" ended it early), and the rest of its word to its last "@": the password's rest.
-_CUT_USERINFO = re.compile(
-    rf"((?:\\?/|\\){{2}})(?![^{_AUTHORITY_ENDS}@]*@)"
-    rf"(?!\[[^\]\s]*\](?::\d{{0,5}})?[{_AUTHORITY_ENDS}]|[^{_AUTHORITY_ENDS}:\[\]\s]*(?::\d{{0,5}})?(?:[{_AUTHORITY_ENDS}]|\s|$))"
-    r"[^\s\"'<>]*@"
-)
 
 
 def command_origin(msg: Msg) -> str:
@@ -75,13 +64,6 @@ def _kept(raw: str) -> str:
     if "@" in raw[MAX_RAW_LENGTH : end.start() if end else len(raw)]:
         kept += "@"
     return masked(kept)[:MAX_RAW_LENGTH]
-
-
-def masked(text: str) -> str:
-    """``text`` with each URL's userinfo written ``***``, however the URL is spelled."""
-    if "@" not in text:
-        return text
-    return _CUT_USERINFO.sub(r"\1***@", _USERINFO.sub(r"\1***@", text))
 
 
 def reply_lines(head: str, accepted: Sequence[str], rejected: Sequence[tuple[str, str]]) -> str:

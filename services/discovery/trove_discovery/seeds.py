@@ -31,7 +31,6 @@ from trove_discovery.replies import (
     MAX_RAW_LENGTH,
     Refused,
     listed,
-    masked,
     read_json,
     refused_item,
     reply_lines,
@@ -44,6 +43,7 @@ from trove_schema.urls import (
     canonicalize,
     domain_of,
     is_private_host,
+    masked,
     registrable_domain,
 )
 
