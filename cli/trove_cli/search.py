@@ -18,13 +18,19 @@ phrase"``, ``or``, ``-word``; any other punctuation is ignored, never an error.
 
 Ranking: ``ts_rank_cd`` (cover density) times ``1 + ln(1 + in-links)`` times
 ``1 + ln(1 + shares)``. In-links are the distinct other pages with a followed ``<a>``
-link to the page (``nofollow`` links and links from a page to itself are not votes);
-shares are the distinct public fediverse posts that shared the page's URL
-(``page_shares``). Each signal is log-scaled, so the first votes count most and a page
+link to the page (``nofollow`` links and links from a page to itself are not votes),
+each itself ``fetched`` now and no old name of a page read under another (whose links
+are that page's); shares are the distinct public fediverse posts that shared the page's
+URL (``page_shares``). Each signal is log-scaled, so the first votes count most and a page
 shared by hundreds cannot bury a better text match, and each multiplies the rank on its
 own: a share raises a page by the same ratio whether it is linked or not. In-links are
 counted up to ``MAX_INLINKS_COUNTED`` (shown as "10000+"). Only pages with status
 ``fetched`` and without ``noindex`` are searched.
+
+A match whose ``canonical_url`` names another match, one that names no other page, is
+that page's copy (its AMP or print version, a second path): it is left out, and its
+in-links and shares count for the page it names, as an index that collapses on
+``canonical_url`` keeps them (PLATFORM.md, "Reading the tables").
 """
 
 from __future__ import annotations
@@ -56,8 +62,8 @@ class Hit:
     url: str
     title: str | None
     language: str | None
-    #: Distinct other pages with a followed <a> link to this one (at most
-    #: ``MAX_INLINKS_COUNTED``).
+    #: Distinct other held pages with a followed <a> link to this one or to a copy
+    #: folded into it (at most ``MAX_INLINKS_COUNTED``).
     inlinks: int
     #: Text rank scaled by the in-links and shares; only the order means something.
     score: float
@@ -77,10 +83,28 @@ MIN_POOL = 1000
 #: ranks as if it had that many: 1 + ln(1 + n) is 10.2 at 10,000, 14.8 at a million.
 MAX_INLINKS_COUNTED = 10_000
 
+#: A row read through a redirect (an old name whose chain moved there) that is the same
+#: page as the one there: while the page there has content of its own, read where it
+#: answers itself or since this row was; stale once the page there failed or was
+#: refused since (gone, say; not while its first attempts are retried). Neither found
+#: nor a vote: its links are the page's there, which votes under its own name.
+_SUPERSEDED = """EXISTS (
+    SELECT 1 FROM pages t
+    WHERE t.url = {row}.final_url
+      AND (t.status = 'fetched' AND t.keywords_tsv IS NOT NULL
+           AND (t.final_url IS NULL
+                OR t.last_crawled_at > coalesce({row}.fetched_at, {row}.last_crawled_at))
+           OR t.status IN ('failed', 'rejected')
+           AND t.last_crawled_at > coalesce({row}.fetched_at, {row}.last_crawled_at))
+)"""
+_MATCH_SUPERSEDED = _SUPERSEDED.format(row="p")
+_SOURCE_SUPERSEDED = _SUPERSEDED.format(row="src")
+
 # One row per configuration to try; each page is tested against the parse of the query
-# in its own configuration (a page matches at most one row, so no duplicates).
+# in its own configuration (a page matches at most one row, so no duplicates). The
+# constants formatted in are the module's own SQL; every value is a bound parameter.
 _SEARCH = text(
-    """
+    f"""
     WITH tags AS (
         SELECT * FROM unnest(CAST(:tags AS text[]), CAST(:tag_configs AS text[])) AS t(tag, cfg)
     ),
@@ -89,55 +113,73 @@ _SEARCH = text(
         FROM unnest(CAST(:configs AS text[])) AS c(cfg)
     ),
     matched AS (
-        SELECT p.id, p.url, p.title, p.language,
+        SELECT p.id, p.url, p.title, p.language, p.canonical_url,
                ts_rank_cd(p.keywords_tsv, q.query) AS text_rank
         FROM pages p
         LEFT JOIN tags ON tags.tag = lower(split_part(p.language, '-', 1))
         JOIN q ON q.cfg = coalesce(tags.cfg, 'simple') AND p.keywords_tsv @@ q.query
         WHERE p.status = 'fetched'
           AND NOT p.noindex
-          -- Read through a redirect (an old name whose chain moved there): the same page
-          -- under a second name while the page there has content of its own, read where
-          -- it answers itself or since this row was; stale once the page there failed
-          -- or was refused since (gone, say; not while its first attempts are retried).
-          AND NOT EXISTS (
-              SELECT 1 FROM pages t
-              WHERE t.url = p.final_url
-                AND (t.status = 'fetched' AND t.keywords_tsv IS NOT NULL
-                     AND (t.final_url IS NULL
-                          OR t.last_crawled_at > coalesce(p.fetched_at, p.last_crawled_at))
-                     OR t.status IN ('failed', 'rejected')
-                     AND t.last_crawled_at > coalesce(p.fetched_at, p.last_crawled_at))
-          )
+          AND NOT {_MATCH_SUPERSEDED}
           AND (CAST(:primary AS text) IS NULL
                OR lower(split_part(p.language, '-', 1)) = :primary)
           AND (CAST(:exact AS text) IS NULL OR lower(p.language) = :exact)
         ORDER BY text_rank DESC, p.id
         LIMIT :pool
+    ),
+    -- A match whose canonical names another match that names no other page is a copy of
+    -- it (an AMP or print version, a second path): the page it names is shown, with the
+    -- copies' in-links and shares. A page can only fold itself into another this way,
+    -- and two that each name the other are both shown.
+    shown AS (
+        SELECT m.*,
+               ARRAY[m.id] || ARRAY(
+                   SELECT d.id FROM matched d
+                   WHERE d.canonical_url = m.url AND d.id <> m.id
+                     AND coalesce(m.canonical_url, m.url) = m.url
+               ) AS ids,
+               ARRAY[m.url] || ARRAY(
+                   SELECT d.url FROM matched d
+                   WHERE d.canonical_url = m.url AND d.id <> m.id
+                     AND coalesce(m.canonical_url, m.url) = m.url
+               ) AS urls
+        FROM matched m
+        WHERE NOT EXISTS (
+            SELECT 1 FROM matched c
+            WHERE c.url = m.canonical_url AND c.id <> m.id
+              AND coalesce(c.canonical_url, c.url) = c.url
+        )
     )
     SELECT m.url, m.title, m.language, l.inlinks,
            m.text_rank * (1 + ln(1 + l.inlinks)) * (1 + ln(1 + s.shares)) AS score,
            s.shares
-    FROM matched m
+    FROM shown m
     CROSS JOIN LATERAL (
+        -- A vote is a page that is itself held: one whose visit now fails (gone, refused,
+        -- excluded) keeps its last links in the graph, and an old name's are its
+        -- target's.
         SELECT count(*) AS inlinks FROM (
             SELECT 1
             FROM page_outlinks o
-            WHERE o.to_page_ids @> ARRAY[m.id] AND o.from_page_id <> m.id
+            JOIN pages src ON src.id = o.from_page_id
+            WHERE o.to_page_ids && m.ids AND NOT o.from_page_id = ANY(m.ids)
+              AND src.status = 'fetched'
+              AND NOT {_SOURCE_SUPERSEDED}
               AND EXISTS (
                   SELECT 1
                   FROM unnest(o.to_page_ids, o.kinds, o.nofollow) AS e(id, kind, nofollow)
-                  WHERE e.id = m.id AND e.kind = 'a' AND NOT e.nofollow
+                  WHERE e.id = ANY(m.ids) AND e.kind = 'a' AND NOT e.nofollow
               )
             LIMIT :max_inlinks
         ) counted
     ) l
     CROSS JOIN LATERAL (
-        SELECT count(DISTINCT sh.post_uri) AS shares FROM page_shares sh WHERE sh.url = m.url
+        SELECT count(DISTINCT sh.post_uri) AS shares
+        FROM page_shares sh WHERE sh.url = ANY(m.urls)
     ) s
     ORDER BY score DESC, l.inlinks DESC, s.shares DESC, m.url
     LIMIT :limit
-    """
+    """  # noqa: S608
 )
 
 

@@ -30,6 +30,7 @@ async def add_page(
     ago: int = 120,
     content: bool = True,
     crawled: bool | None = None,
+    canonical: str | None = None,
 ) -> int:
     """A page row as the recorder leaves it: tsvector built with the language's config
     (none without ``content``); fetched ``ago`` seconds ago if it is, last crawled then
@@ -38,10 +39,10 @@ async def add_page(
     page_id = await conn.scalar(
         text(
             "INSERT INTO pages (url, domain, status, title, language, keywords_tsv, noindex, "
-            "final_url, discovered_at, fetched_at, last_crawled_at) VALUES (:url, :domain, "
-            ":status, :title, :language, "
+            "final_url, canonical_url, discovered_at, fetched_at, last_crawled_at) "
+            "VALUES (:url, :domain, :status, :title, :language, "
             "CASE WHEN :content THEN to_tsvector(CAST(:config AS regconfig), :words) END, "
-            ":noindex, :final_url, now(), "
+            ":noindex, :final_url, :canonical, now(), "
             ":fetched_at, :crawled_at) "
             "RETURNING id"
         ),
@@ -55,6 +56,7 @@ async def add_page(
             "words": words,
             "noindex": noindex,
             "final_url": final_url,
+            "canonical": canonical,
             "content": content,
             "fetched_at": read_at if status == "fetched" else None,
             "crawled_at": read_at
@@ -208,6 +210,88 @@ async def test_only_followed_anchor_links_from_other_pages_count_as_inlinks(
     (hit,) = await search(engine, "gardens")
 
     assert hit.inlinks == 1
+
+
+async def test_a_vote_is_a_page_held_now_under_its_own_name(engine: AsyncEngine) -> None:
+    """A page gone since, refused or excluded keeps its last links in the graph, and an
+    old name read through a redirect holds the links of the page it led to: neither is
+    a vote. A noindex page is not found but still cites (noindex is not nofollow)."""
+    async with engine.begin() as conn:
+        target = await add_page(conn, "https://target.example/", "gardens")
+        held = await add_page(conn, "https://held.example/", "filler")
+        quiet = await add_page(conn, "https://quiet.example/", "filler", noindex=True)
+        gone = await add_page(conn, "https://gone.example/", "filler", status="failed")
+        excluded = await add_page(conn, "https://excluded.example/", "filler", status="rejected")
+        moved = await add_page(conn, "https://moved.example/", "filler", ago=60)
+        old = await add_page(
+            conn, "http://moved.example/", "filler", final_url="https://moved.example/", ago=120
+        )
+        for source in (held, quiet, gone, excluded, moved, old):
+            await link(conn, source, target)
+
+    (hit,) = await search(engine, "gardens")
+
+    assert hit.inlinks == 3  # held, quiet, and the moved page once
+
+
+async def test_a_copy_naming_a_matched_page_as_canonical_is_folded_into_it(
+    engine: AsyncEngine,
+) -> None:
+    """An AMP copy and a print copy whose canonical is the post: the post is found once,
+    with the in-links and shares of its copies, each linking page counted once."""
+    post = "https://blog.example/post"
+    async with engine.begin() as conn:
+        main = await add_page(conn, post, "tomato notes")
+        amp = await add_page(conn, "https://blog.example/amp/post", "tomato notes", canonical=post)
+        printed = await add_page(
+            conn, "https://blog.example/post/print", "tomato notes", canonical=post
+        )
+        a, b, c = await linkers(conn, 3, "src")
+        await link(conn, a, main)
+        await link(conn, a, amp)  # one page linking two spellings: one vote
+        await link(conn, b, amp)
+        await link(conn, c, printed)
+        await link(conn, amp, main)  # a copy citing the page it copies: no vote
+        await share(conn, "https://blog.example/amp/post", 1, 2)
+        await share(conn, post, 2, 3)
+        # Itself its own canonical: the row names no other page.
+        await add_page(
+            conn, "https://other.example/", "tomato notes", canonical="https://other.example/"
+        )
+
+    hits = await search(engine, "tomato")
+
+    assert [(h.url, h.inlinks, h.shares) for h in hits] == [
+        (post, 3, 3),
+        ("https://other.example/", 0, 0),
+    ]
+
+
+async def test_a_canonical_folds_a_page_only_into_a_match_that_names_no_other(
+    engine: AsyncEngine,
+) -> None:
+    """A page is left out only for a page that is found and agrees it is the one: not
+    for a canonical that was never fetched, or that does not match, and not when two
+    pages each name the other. A page naming another site's page hides only itself."""
+    async with engine.begin() as conn:
+        await add_page(conn, "https://a.example/1", "tomato", canonical="https://a.example/unread")
+        await add_page(conn, "https://a.example/unread", "", status="discovered")
+        await add_page(conn, "https://b.example/1", "tomato", canonical="https://b.example/other")
+        await add_page(conn, "https://b.example/other", "cucumber")
+        await add_page(conn, "https://c.example/x", "tomato", canonical="https://c.example/y")
+        await add_page(conn, "https://c.example/y", "tomato", canonical="https://c.example/x")
+        await add_page(conn, "https://spam.example/", "tomato", canonical="https://d.example/")
+        await add_page(conn, "https://d.example/", "tomato")
+
+    hits = await search(engine, "tomato")
+
+    assert sorted(urls(hits)) == [
+        "https://a.example/1",
+        "https://b.example/1",
+        "https://c.example/x",
+        "https://c.example/y",
+        "https://d.example/",
+    ]
 
 
 async def test_lang_filters_pages_and_parses_the_query_in_that_language(
