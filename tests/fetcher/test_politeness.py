@@ -242,6 +242,40 @@ def test_a_gap_raised_in_a_record_an_older_pod_wrote_is_kept_a_day() -> None:
     assert slot.gap == 10.0
 
 
+@pytest.mark.parametrize(
+    ("unreadable", "waits_until"),
+    [
+        ({"claimed": None}, 4600.0),
+        ({"next": {"at": 1}}, 4600.0),
+        ({"gap": "ten"}, 4600.0),
+        ({"free_at": float("nan")}, 4600.0),
+        ({"busy_until": "later"}, 4600.0),
+        # The pause itself lost: the request in flight still holds the host.
+        ({"backoff_until": float("inf")}, 1030.0),
+    ],
+    ids=lambda case: "-".join(case) if isinstance(case, dict) else str(case),
+)
+async def test_a_record_with_a_field_this_pod_cannot_read_keeps_its_host_waiting(
+    bus: Bus, unreadable: dict[str, object], waits_until: float
+) -> None:
+    """A release that writes a field otherwise (or a hand-made record): a host paused
+    an hour with a request in flight is not granted a lease, and what the record could
+    tell survives the write-back. Read as blank, it was granted at once and the pause
+    erased."""
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    paused = json.loads(DomainSlot(busy_until=1030.0, backoff_until=4600.0, gap=10.0).encode())
+    await kv.put(p.key("paused.example"), json.dumps({**paused, **unreadable}).encode())
+
+    decision = await p.acquire("paused.example", 1000.0)
+
+    assert isinstance(decision, Deferred)
+    assert decision.at >= waits_until - 1e-6
+    later = await p.acquire("paused.example", min(2000.0, waits_until - 1), reserved=True)
+    assert isinstance(later, Deferred)
+    assert later.at >= waits_until - 1e-6
+
+
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:
     p = await _politeness(bus)
     first = await p.acquire("ahead.example", 1000.0)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -147,12 +148,22 @@ class DomainSlot:
             return cls(gap=default_gap)
         try:
             raw = json.loads(data)
-            free_at, busy_until, next_, gap, backoff_until, claimed = (
-                float(raw.get(k, 0.0)) for k in FIELDS
-            )
-            slot = cls(free_at, busy_until, next_, gap, backoff_until, claimed)
-        except (ValueError, TypeError, AttributeError):
+        except ValueError:
+            raw = None
+        if not isinstance(raw, dict):
             return cls(gap=default_gap)
+        # Field by field, and failing safe: a field this pod cannot read (a release that
+        # wrote it otherwise, a hand-made record) costs that field, never the record. A
+        # record read as blank granted a host paused for an hour with a request in flight
+        # a lease at once, and the write-back erased the pause. An unreadable time is
+        # taken as the latest the record can tell, so the host waits at least as long as
+        # it knew to; an unreadable gap is the default.
+        read = {k: _finite(raw.get(k, 0.0)) for k in FIELDS}
+        latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
+        free_at, busy_until, next_, gap, backoff_until, claimed = (
+            (default_gap if k == "gap" else latest) if v is None else v for k, v in read.items()
+        )
+        slot = cls(free_at, busy_until, next_, gap, backoff_until, claimed)
         # Read tolerantly: a record without a policy (written by an older pod) or with
         # one this pod cannot read keeps its lease, and the host starts from its priors.
         try:
@@ -167,6 +178,17 @@ class DomainSlot:
         except (ValueError, TypeError, AttributeError):
             slot.delays = {}
         return slot
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite number (a JSON number or its text), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True, slots=True)
