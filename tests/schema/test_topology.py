@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -212,6 +213,9 @@ async def test_a_deleted_recorder_durable_is_made_again_from_the_first_event(bus
 
 #: Each revision of the topology and the digest of its shape: only ever added to.
 SHAPES = {1: "2e652d13d8821661", 2: "3a08185ffceac9f2", 3: "8a21ef4d1e72fa93"}
+#: The same for the buckets, since they are stamped: only ever added to, and a revision
+#: raised for a change of either shape.
+BUCKET_SHAPES = {3: "c22c3e5ce61d6385"}
 
 
 def test_the_declared_topology_is_the_one_its_revision_names() -> None:
@@ -234,6 +238,11 @@ def test_the_declared_topology_is_the_one_its_revision_names() -> None:
     assert max(SHAPES) == REVISION
     assert SHAPES[REVISION] == digest[:16]
     assert len(set(SHAPES.values())) == len(SHAPES)  # each revision a shape of its own
+    # Buckets are stamped and guarded too (since revision 3): theirs is a shape of its own.
+    buckets = [dataclasses.asdict(config) for config in top.buckets]
+    digest = hashlib.sha256(json.dumps(buckets, sort_keys=True, default=str).encode()).hexdigest()
+    assert max(BUCKET_SHAPES) == REVISION
+    assert BUCKET_SHAPES[REVISION] == digest[:16]
 
 
 @pytest.mark.usefixtures("clean")
@@ -752,6 +761,35 @@ async def test_a_domains_bucket_kept_for_ever_takes_the_fetchers_ttl_and_keeps_i
 
     assert (await bus.js.stream_info(stream)).config.max_age == 30 * DAY
     assert (await domains.get("old.example")).value == b"{}"
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_pod_of_an_older_release_leaves_a_newer_releases_bucket_as_it_is(
+    bus: Bus,
+) -> None:
+    # The newer release keeps hosts longer; a pod of this release restarts beside it (a
+    # rolling update, a rollback) and would shorten the age back, which drops at once
+    # every record older than it: a host's pause, its learned policy.
+    stream = f"KV_{DOMAINS_BUCKET}"
+    made = (await bus.js.stream_info(stream)).config
+    assert (made.metadata or {}).get(REVISION_KEY) == str(REVISION)  # stamped when made
+    longer = made.max_age * 6 if made.max_age else 180 * DAY
+    try:
+        await bus.js.update_stream(
+            replace(made, max_age=longer, metadata={REVISION_KEY: str(REVISION + 1)})
+        )
+
+        await ensure_topology(bus.js, declare(), owner="fetcher")
+
+        assert (await bus.js.stream_info(stream)).config.max_age == longer
+        # One this release or an older one wrote is reconciled, and stamped with this one.
+        await bus.js.update_stream(replace(made, max_age=longer, metadata={}))
+        await ensure_topology(bus.js, declare(), owner="fetcher")
+        after = (await bus.js.stream_info(stream)).config
+        assert after.max_age == made.max_age
+        assert (after.metadata or {}).get(REVISION_KEY) == str(REVISION)
+    finally:
+        await bus.js.update_stream(replace(made, metadata={REVISION_KEY: str(REVISION)}))
 
 
 @pytest.mark.usefixtures("clean")

@@ -167,14 +167,15 @@ class Topology:
         raise KeyError(name)
 
 
-#: The shape of the streams and durables this release declares. A release that changes
-#: what ``declare`` gives (a durable's subjects, a stream's, a setting's default) raises
-#: it (``tests/schema/test_topology.py`` holds a digest of the shape that fails until
-#: it does). Each stream and durable carries the revision that last wrote it, in its
-#: metadata, and an owner reconciles only what a release no newer than its own wrote: a
-#: pod of the release before, in a rolling update's or a rollback's mixed minutes, would
-#: otherwise narrow a durable's subjects back, and the messages of the dropped subject
-#: would be passed over for good rather than parked where ``trove dead`` shows them.
+#: The shape of the streams, durables and buckets this release declares. A release
+#: that changes what ``declare`` gives (a durable's subjects, a stream's, a bucket's
+#: age, a setting's default) raises it (``tests/schema/test_topology.py`` holds digests
+#: of the shape that fail until it does). Each stream, durable and bucket carries the
+#: revision that last wrote it, in its metadata, and an owner reconciles only what a
+#: release no newer than its own wrote: a pod of the release before, in a rolling
+#: update's or a rollback's mixed minutes, would otherwise narrow a durable's subjects
+#: back, and the messages of the dropped subject would be passed over for good rather
+#: than parked where ``trove dead`` shows them.
 REVISION = 3
 REVISION_KEY = "trove-topology"
 
@@ -589,6 +590,12 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconc
         await js.key_value(config.bucket)
     except BucketNotFoundError:
         await js.create_key_value(config)
+        # nats-py makes a bucket without metadata: stamped after, as streams are made.
+        made = (await js.stream_info(f"KV_{config.bucket}")).config
+        if not (made.metadata or {}).get(REVISION_KEY):
+            await js.update_stream(
+                replace(made, metadata={**(made.metadata or {}), REVISION_KEY: str(REVISION)})
+            )
         log.info("created bucket %s", config.bucket)
         return
     if not reconcile:
@@ -601,7 +608,11 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconc
         (info.config.max_age or 0.0) != wanted_age
         or info.config.num_replicas != config.replicas
         or bool(info.config.allow_direct) != wanted_direct
-    ):
+    ) and _not_newer(info.config, f"bucket {config.bucket}"):
+        # Stamped as streams and durables are: a pod of an older release started beside
+        # a newer one's (a rolling update, a rollback, a restart) leaves its bucket as it
+        # is. Reconciled back, a shorter age dropped at once every key older than it (a
+        # host's pause and learned policy, a page's place in the crawl cycle).
         await js.update_stream(
             replace(
                 info.config,
@@ -610,6 +621,7 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconc
                 allow_direct=wanted_direct,
                 # As nats-py creates a bucket: the server refuses a window past the age.
                 duplicate_window=min(wanted_age, 120.0) if wanted_age else 120.0,
+                metadata={**(info.config.metadata or {}), REVISION_KEY: str(REVISION)},
             )
         )
         log.info("reconciled bucket %s", config.bucket)
