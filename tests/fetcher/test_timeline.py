@@ -45,6 +45,7 @@ from trove_fetcher.timeline import (
     rate_limit_wait,
     read_entry,
     retry_after_of,
+    shared_links,
 )
 from trove_fetcher.transport import build_client
 from trove_sandbox.fediverse import (
@@ -641,6 +642,27 @@ async def test_shared_links_leave_out_mentions_hashtags_the_instance_and_private
         assert not own
         assert any(s.mentions for s in instance.timeline() if instance.status_uri(s) in posts)
         assert any(s.own_links for s in instance.timeline() if instance.status_uri(s) in posts)
+
+
+async def test_a_shared_link_in_the_operators_nat64_prefix_is_judged_by_its_ipv4_address(
+    client: httpx.AsyncClient,
+) -> None:
+    # As discovery and the transport judge it: a public IPv4 address behind the
+    # operator's NAT64 prefix is a page; a private one is not. Without the prefix both
+    # are addresses outside the global unicast range.
+    public, private = "http://[64:ff9b:1::5db8:d822]/post", "http://[64:ff9b:1::a01:203]/"
+    entry = {"content": f'<p><a href="{public}">a</a> <a href="{private}">b</a></p>'}
+    assert shared_links(entry, host="social.example") == ()
+
+    instance = FediverseInstance.generate(posts=5, seed=7)
+    async with served(instance) as social:
+        shared = instance.add_post("bruno", links=[public, private], visibility="public")
+        plain = await poller(client).poll(request(social))
+        behind = await poller(client, nat64_prefixes=("64:ff9b:1::/96",)).poll(request(social))
+
+    uri = instance.status_uri(shared)
+    assert {post.uri: post.links for post in plain.posts}[uri] == ()
+    assert {post.uri: post.links for post in behind.posts}[uri] == (public,)
 
 
 @pytest.mark.parametrize("clock_ahead", [0.0, -3600.0, 3600.0])

@@ -362,6 +362,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
             ack_wait=settings.ack_wait_seconds,
             poll_lookback=settings.poll_lookback_seconds,
             allowed_networks=settings.allowed_networks,
+            nat64_prefixes=settings.nat64_prefixes,
             exclusions=exclusions,
             listed=listed,
             network_away=network.network_away,

@@ -432,7 +432,13 @@ class Entry:
     withdrawn: str | None = None
 
 
-def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -> Entry:
+def read_entry(
+    entry: Any,
+    *,
+    host: str,
+    allowed_networks: Sequence[str] = (),
+    nat64_prefixes: Sequence[str] = (),
+) -> Entry:
     """What to make of one timeline entry (``host``: the instance's host name).
 
     ``malformed`` when it is not a status Trove can read (no id, no account object, no
@@ -440,7 +446,7 @@ def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -
     with its ``SharedPost``. Never raises.
     """
     try:
-        return _read_entry(entry, host, allowed_networks)
+        return _read_entry(entry, host, allowed_networks, nat64_prefixes)
     except Exception:
         # A case nobody foresaw: this entry is lost, not the page or the cursor.
         log.exception("unreadable timeline entry on %s", host)
@@ -448,7 +454,9 @@ def read_entry(entry: Any, *, host: str, allowed_networks: Sequence[str] = ()) -
         return Entry(post_id, "malformed")
 
 
-def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry:
+def _read_entry(
+    entry: Any, host: str, allowed_networks: Sequence[str], nat64_prefixes: Sequence[str]
+) -> Entry:
     if not isinstance(entry, dict):
         return Entry(None, "malformed")
     post_id = _post_id(entry.get("id"))
@@ -476,7 +484,12 @@ def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry
             account=absolute,
             shared_at=_created_at(entry.get("created_at")),
             language=_language(entry.get("language")),
-            links=shared_links(entry, host=host, allowed_networks=allowed_networks),
+            links=shared_links(
+                entry,
+                host=host,
+                allowed_networks=allowed_networks,
+                nat64_prefixes=nat64_prefixes,
+            ),
         )
     except pydantic.ValidationError:
         return Entry(post_id, "malformed")
@@ -484,12 +497,18 @@ def _read_entry(entry: Any, host: str, allowed_networks: Sequence[str]) -> Entry
 
 
 def shared_links(
-    entry: dict[str, Any], *, host: str, allowed_networks: Sequence[str] = ()
+    entry: dict[str, Any],
+    *,
+    host: str,
+    allowed_networks: Sequence[str] = (),
+    nat64_prefixes: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """The canonical URLs a status shares: its content's links, then its card's URL.
 
     Never mentions, hashtags, the instance's own pages (``host``), non-HTTP links, or
-    literal private addresses unless ``allowed_networks`` covers them.
+    literal private addresses unless ``allowed_networks`` covers them (an address in
+    one of ``nat64_prefixes`` judged by the IPv4 address in it, as discovery and the
+    transport judge it).
     """
     content = entry.get("content")
     hrefs = content_links(content) if isinstance(content, str) else []
@@ -506,7 +525,11 @@ def shared_links(
         if url is None:
             continue
         target = (urlsplit(url).hostname or "").rstrip(".")
-        if not target or target == home or is_private_host(target, allowed_networks):
+        if (
+            not target
+            or target == home
+            or is_private_host(target, allowed_networks, nat64_prefixes)
+        ):
             continue
         found[url] = None
         if len(found) >= MAX_LINKS_PER_POST:
@@ -881,7 +904,9 @@ class TimelinePoller:
 
     ``backfill`` bounds the posts the first poll reads back when the request does not
     say (default: ``max_pages`` times ``page_limit``); ``allowed_networks``
-    (``TROVE_ALLOWED_NETWORKS``) opens private addresses in shared links; the event fits
+    (``TROVE_ALLOWED_NETWORKS``) opens private addresses in shared links, and an
+    address in one of ``nat64_prefixes`` (``TROVE_NAT64_PREFIXES``) is judged by the
+    IPv4 address in it; the event fits
     a stream message of ``max_message_bytes`` (``TROVE_MAX_MESSAGE_BYTES``). ``now`` is
     the clock a wait given as a date (``Retry-After``, ``X-RateLimit-Reset``) is read on:
     the fetcher's is the pods' shared one (``trove_fetcher.clock``), so the wait is as
@@ -901,6 +926,7 @@ class TimelinePoller:
         robots_allows: Callable[[str], Awaitable[bool]],
         backfill: int | None = None,
         allowed_networks: Sequence[str] = (),
+        nat64_prefixes: Sequence[str] = (),
         max_message_bytes: int = 1 << 20,
         lookback: float = 600.0,
         now: Callable[[], float] = time.time,
@@ -916,6 +942,7 @@ class TimelinePoller:
         self._robots_allows = robots_allows
         self._backfill = max_pages * page_limit if backfill is None else max(0, backfill)
         self._networks = tuple(allowed_networks)
+        self._nat64 = tuple(nat64_prefixes)
         # The posts' room, less the envelope and the lookback's ids.
         self._budget = max(
             1024, event_budget(max_message_bytes) - _ENVELOPE - MAX_RECENT_POSTS * _RECENT_ID_BYTES
@@ -1414,7 +1441,10 @@ class TimelinePoller:
 
         def read() -> list[Entry]:
             return [
-                read_entry(entry, host=host, allowed_networks=self._networks) for entry in entries
+                read_entry(
+                    entry, host=host, allowed_networks=self._networks, nat64_prefixes=self._nat64
+                )
+                for entry in entries
             ]
 
         loop = asyncio.get_running_loop()
