@@ -590,29 +590,24 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconc
         await js.key_value(config.bucket)
     except BucketNotFoundError:
         await js.create_key_value(config)
-        # nats-py makes a bucket without metadata: stamped after, as streams are made.
-        made = (await js.stream_info(f"KV_{config.bucket}")).config
-        if not (made.metadata or {}).get(REVISION_KEY):
-            await js.update_stream(
-                replace(made, metadata={**(made.metadata or {}), REVISION_KEY: str(REVISION)})
-            )
         log.info("created bucket %s", config.bucket)
-        return
     if not reconcile:
         return
     stream = f"KV_{config.bucket}"
     info = await js.stream_info(stream)
     wanted_age = config.ttl or 0.0
     wanted_direct = bool(config.direct)
+    # Stamped as streams and durables are, by its owner (nats-py makes a bucket without
+    # metadata, and only the owner may update it): a pod of an older release started
+    # beside a newer one's (a rolling update, a rollback, a restart) leaves its bucket
+    # as it is. Reconciled back, a shorter age dropped at once every key older than it
+    # (a host's pause and learned policy, a page's place in the crawl cycle).
     if (
         (info.config.max_age or 0.0) != wanted_age
         or info.config.num_replicas != config.replicas
         or bool(info.config.allow_direct) != wanted_direct
+        or REVISION_KEY not in (info.config.metadata or {})
     ) and _not_newer(info.config, f"bucket {config.bucket}"):
-        # Stamped as streams and durables are: a pod of an older release started beside
-        # a newer one's (a rolling update, a rollback, a restart) leaves its bucket as it
-        # is. Reconciled back, a shorter age dropped at once every key older than it (a
-        # host's pause and learned policy, a page's place in the crawl cycle).
         await js.update_stream(
             replace(
                 info.config,
