@@ -34,6 +34,7 @@ from tests.deploy._support import (
 )
 from trove_cli.main import parser as cli_parser
 from trove_fetcher.app import prefetch
+from trove_schema.addresses import METADATA_ADDRESSES
 from trove_schema.settings import (
     CommonSettings,
     DiscoverySettings,
@@ -690,6 +691,27 @@ def test_fetcher_reaches_no_private_ipv4_address_through_an_ipv6_that_embeds_it(
             assert refused(embedded), (cidr, str(embedded))
     # Public addresses behind NAT64 stay reachable: IPv4-only sites on such a cluster.
     assert not refused(ipaddress.IPv6Network("64:ff9b::5db8:d822/128"))
+
+
+def test_fetcher_reaches_no_metadata_service_and_no_ipv6_form_the_fetcher_refuses() -> None:
+    """The policy is the second layer under the fetcher's own rule: every metadata
+    address that rule names (Azure's WireServer is a public one), in every form that
+    carries an IPv4 address, and the special IPv6 ranges a cluster may still route."""
+    (rule,) = [r for r in fetcher_policy()["egress"] if any("ipBlock" in p for p in r["to"])]
+    blocks = {p["ipBlock"]["cidr"]: p["ipBlock"].get("except", []) for p in rule["to"]}
+    excepted = [ipaddress.ip_network(item) for cidr in blocks for item in blocks[cidr]]
+
+    def refused(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+        return any(net.version == e.version and net.subnet_of(e) for e in excepted)  # type: ignore[arg-type]
+
+    for address in METADATA_ADDRESSES:
+        assert refused(ipaddress.ip_network(address)), address
+        if address.version == 4:
+            value = int(address)
+            assert refused(ipaddress.IPv6Network((0x64FF9B << 96 | value, 128))), address
+            assert refused(ipaddress.IPv6Network((0x2002 << 112 | value << 80, 48))), address
+    for special in ("::/96", "2001::/32", "fec0::/10"):
+        assert refused(ipaddress.IPv6Network(special)), special
 
 
 def test_fetcher_reaches_nats_and_dns_and_nothing_else_in_cluster() -> None:
