@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually
-from tests.fetcher._servers import LocalServer
+from tests.fetcher._servers import Exchange, LocalServer
 from tests.support import run_trove, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -324,6 +325,50 @@ async def test_a_crawl_prints_its_seeds_without_their_credentials(
     assert "seeds: http://***@127.0.0.177" in report
     assert "s3cret" not in report
     assert "authorization" not in request.headers
+
+
+def _send_page(exchange: Exchange, body: bytes) -> None:
+    exchange.send(200, body)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_sitemap_seeded_brings_the_pages_it_lists_and_no_link_reaches(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """An operator seeds a site's sitemap index: its sitemaps are read, and the pages
+    they list are crawled, though no page links to them; a URL of another host in it is
+    scoped out as any link would be."""
+    with LocalServer("127.0.0.178") as server, LocalServer("127.0.0.179") as other:
+        other.routes["/elsewhere"] = lambda ex: ex.send(200, b"<title>elsewhere</title>")
+        xml = "application/xml"
+        ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
+        index = f"<sitemapindex {ns}><sitemap><loc>{server.url('/posts.xml')}</loc></sitemap>"
+        posts = (
+            "".join(f"<url><loc>{server.url(f'/post/{n}')}</loc></url>" for n in range(3))
+            + f"<url><loc>{other.url('/elsewhere')}</loc></url>"
+        )
+        server.routes["/sitemap.xml"] = lambda ex: ex.send(
+            200, (index + "</sitemapindex>").encode(), content_type=xml
+        )
+        server.routes["/posts.xml"] = lambda ex: ex.send(
+            200, f"<urlset {ns}>{posts}</urlset>".encode(), content_type=xml
+        )
+        for n in range(3):
+            page = f"<title>post {n}</title><p>words of post {n}</p>".encode()
+            server.routes[f"/post/{n}"] = functools.partial(_send_page, body=page)
+        env = {
+            **on_the_stack(stack, tmp_path),
+            "TROVE_ALLOWED_NETWORKS": "127.0.0.178/31",
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+        }
+        code, report = await run_trove(
+            "crawl", "--join", server.url("/sitemap.xml"), env=env, timeout=180
+        )
+        asked = {path: len(server.requests_to(path)) for path in server.routes}
+        elsewhere = other.requests_to("/elsewhere")
+    assert code == 0, report
+    assert elsewhere == []
+    assert asked == {"/sitemap.xml": 1, "/posts.xml": 1, "/post/0": 1, "/post/1": 1, "/post/2": 1}
 
 
 @pytest.mark.usefixtures("clean")

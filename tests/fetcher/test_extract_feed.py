@@ -1,4 +1,5 @@
-"""Feed extraction: RSS 2.0, RSS 1.0 (RDF) and Atom, sniffing, and no entity expansion."""
+"""Feed extraction: RSS 2.0, RSS 1.0 (RDF), Atom and sitemaps, sniffing, and no entity
+expansion."""
 
 from __future__ import annotations
 
@@ -128,7 +129,11 @@ def test_feed_is_sniffed_whatever_the_content_type(content_type: str | None) -> 
         (b'<?xml version="1.0"?><?xml-stylesheet href="s.xsl"?><rdf:RDF x="y">', True),
         (b"<rss version='2.0'><channel>", True),
         (b'<?xml version="1.0"?><html><p>&lt;rss</p>', False),
-        (b'<?xml version="1.0"?><urlset xmlns="...">', False),
+        # Sitemaps: lists of links, read as feeds are.
+        (b'<?xml version="1.0"?><urlset xmlns="...">', True),
+        (b"<sitemapindex xmlns='...'>", True),
+        (b"<sm:urlset xmlns:sm='...'>", True),
+        (b"<urlsets>", False),
         (b"<html><body><rss>", False),
         (b"<feedback>", False),
         (b"", False),
@@ -136,6 +141,56 @@ def test_feed_is_sniffed_whatever_the_content_type(content_type: str | None) -> 
 )
 def test_feed_sniffing_looks_at_the_root_element(body: bytes, is_feed: bool) -> None:
     assert looks_like_feed(body) is is_feed
+
+
+SITEMAP = """<?xml version="1.0" encoding="UTF-8"?>
+<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"
+        xmlns:xhtml="http://www.w3.org/1999/xhtml">
+  <url><loc>https://example.org/blog/first.html</loc><lastmod>2026-01-02</lastmod></url>
+  <url>
+    <loc>
+      https://example.org/blog/second.html?utm_source=sitemap&amp;id=2
+    </loc>
+    <priority>0.8</priority>
+    <xhtml:link rel="alternate" hreflang="de" href="https://example.org/de/second.html"/>
+  </url>
+  <url><lastmod>2026-01-03</lastmod></url>
+  <url><loc>javascript:alert(1)</loc></url>
+  <url><loc>/blog/relative.html</loc></url>
+</urlset>"""
+
+SITEMAP_INDEX = """<?xml version="1.0" encoding="UTF-8"?>
+<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+  <sitemap><loc>https://example.org/sitemap-posts.xml</loc></sitemap>
+  <sitemap><loc>https://example.org/sitemap-pages.xml</loc><lastmod>2026-01-01</lastmod></sitemap>
+</sitemapindex>"""
+
+
+@pytest.mark.parametrize("content_type", ["application/xml", "text/xml", None])
+def test_a_sitemaps_urls_are_its_links_as_a_feeds_items(content_type: str | None) -> None:
+    # Nothing else of it is a page's signal: no title, no words, its hints unread.
+    result = extract(
+        SITEMAP.encode(), url="https://example.org/sitemap.xml", content_type=content_type
+    )
+
+    assert result.is_feed is True
+    assert links(result) == [
+        ("https://example.org/blog/first.html", LinkKind.FEED_ITEM),
+        ("https://example.org/blog/second.html?utm_source=sitemap&id=2", LinkKind.FEED_ITEM),
+        ("https://example.org/blog/relative.html", LinkKind.FEED_ITEM),
+    ]
+    assert (result.title, result.keywords) == (None, ())
+
+
+def test_a_sitemap_indexs_sitemaps_are_followed_as_feeds() -> None:
+    result = extract(
+        SITEMAP_INDEX.encode(), url="https://example.org/sitemap.xml", content_type="text/xml"
+    )
+
+    assert links(result) == [
+        ("https://example.org/sitemap-posts.xml", LinkKind.FEED),
+        ("https://example.org/sitemap-pages.xml", LinkKind.FEED),
+    ]
 
 
 def test_feed_content_type_with_an_html_body_is_read_as_html() -> None:

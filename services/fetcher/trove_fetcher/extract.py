@@ -174,7 +174,7 @@ _RDF_NS = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
 # possessive): forty comments before an HTML page took the backtracking days.
 _FEED_ROOT = re.compile(
     rb"""\A(?:\xef\xbb\xbf)?(?>\s|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^\[>]*(?:\[.*?\])?\s*>)*+"""
-    rb"""<(?:rss|feed|(?:[A-Za-z_][\w.-]*:)?RDF)[\s>/]""",
+    rb"""<(?:rss|feed|(?:[A-Za-z_][\w.-]*:)?(?:RDF|urlset|sitemapindex))[\s>/]""",
     re.DOTALL,
 )
 _BINARY_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f]")
@@ -279,7 +279,8 @@ def is_parseable(content_type: str | None) -> bool:
 
 
 def looks_like_feed(body: bytes) -> bool:
-    """The body is XML whose root element is ``rss``, ``feed`` or ``rdf:RDF``."""
+    """The body is XML whose root element is ``rss``, ``feed`` or ``rdf:RDF``, or a
+    sitemap's ``urlset`` or ``sitemapindex`` (lists of links, read as feeds are)."""
     return _FEED_ROOT.match(body, 0, 4096) is not None
 
 
@@ -987,6 +988,8 @@ class _Page:
         elif name == "feed":
             channel = root
             items = _children(root, "entry")
+        elif name in ("urlset", "sitemapindex"):
+            return self._sitemap(root, name)
         else:
             return None
 
@@ -1012,6 +1015,24 @@ class _Page:
             text=" ".join(words),
             lang_hint=lang_hint,
             is_feed=True,
+        )
+
+    def _sitemap(self, root: etree._Element, name: str) -> Extraction:
+        """A sitemap's pages, as a feed's items, or a sitemap index's sitemaps, as feeds
+        (sitemaps.org 0.9: each ``<loc>`` of a ``<url>`` or a ``<sitemap>``). Nothing
+        else of it is read: no title or text, and its ``lastmod`` and ``priority`` are the
+        site's hints, which a visit's own answers replace. A sitemap's own URLs may name
+        other hosts than the protocol allows; discovery scopes them as any page's links."""
+        links = _Links()
+        entry, kind = (
+            ("url", LinkKind.FEED_ITEM) if name == "urlset" else ("sitemap", LinkKind.FEED)
+        )
+        for item in _children(root, entry):
+            loc = _child(item, "loc")
+            if loc is not None:
+                links.add(item.base or self.url, _text(loc).strip(), kind)
+        return self.finish(
+            title=None, links=links, canonical_url=None, text="", lang_hint=None, is_feed=True
         )
 
     def _feed_item_links(self, item: etree._Element, links: _Links, kind: LinkKind) -> None:
