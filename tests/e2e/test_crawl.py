@@ -372,6 +372,51 @@ async def test_a_sitemap_seeded_brings_the_pages_it_lists_and_no_link_reaches(
 
 
 @pytest.mark.usefixtures("clean")
+async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
+    stack: StackUrls, tmp_path: Path
+) -> None:
+    """A site whose home page links nowhere (and says nofollow) lists its pages in a
+    sitemap named by its robots.txt: the home page's visit brings the sitemap, and the
+    sitemap its pages. The page's nofollow still holds for its own links."""
+    with LocalServer("127.0.0.180") as server:
+        ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
+        pages = "".join(f"<url><loc>{server.url(f'/hidden/{n}')}</loc></url>" for n in range(2))
+        server.routes["/robots.txt"] = lambda ex: ex.send(
+            200,
+            b"User-agent: *\nDisallow: /private/\nSitemap: /sitemap.xml\n",
+            content_type="text/plain",
+        )
+        server.routes["/"] = lambda ex: ex.send(
+            200,
+            b'<title>home</title><meta name="robots" content="nofollow">'
+            b'<p>words</p><a href="/linked">linked</a>',
+        )
+        server.routes["/linked"] = functools.partial(_send_page, body=b"<title>linked</title>")
+        server.routes["/sitemap.xml"] = lambda ex: ex.send(
+            200, f"<urlset {ns}>{pages}</urlset>".encode(), content_type="application/xml"
+        )
+        for n in range(2):
+            page = f"<title>hidden {n}</title><p>words of page {n}</p>".encode()
+            server.routes[f"/hidden/{n}"] = functools.partial(_send_page, body=page)
+        env = {
+            **on_the_stack(stack, tmp_path),
+            "TROVE_ALLOWED_NETWORKS": "127.0.0.180/32",
+            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+        }
+        code, report = await run_trove("crawl", "--join", server.url("/"), env=env, timeout=180)
+        asked = {path: len(server.requests_to(path)) for path in server.routes}
+    assert code == 0, report
+    assert asked == {
+        "/robots.txt": 1,
+        "/": 1,
+        "/linked": 0,
+        "/sitemap.xml": 1,
+        "/hidden/0": 1,
+        "/hidden/1": 1,
+    }
+
+
+@pytest.mark.usefixtures("clean")
 async def test_a_crawl_until_idle_stopped_by_its_timeout_exits_1(
     stack: StackUrls, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ from trove_fetcher.completion import completed, event_budget, fit
 from trove_fetcher.extract import Extraction, FoundLink
 from trove_fetcher.http import FetchResult
 from trove_schema.events import (
+    MAX_SITEMAPS,
     CrawlCompleted,
     CrawlOutcome,
     CrawlRequested,
@@ -81,6 +82,19 @@ def test_an_event_too_big_without_links_keeps_only_its_outcome() -> None:
     assert len(cut.to_wire()) <= 64 * 1024
     assert cut.outcome is CrawlOutcome.SUCCESS
     assert cut.final_url is None
+
+
+def test_a_home_pages_sitemaps_count_in_its_size_and_go_when_nothing_else_fits() -> None:
+    # The largest a robots.txt can make them: every sitemap URL of 2,048 characters.
+    event = completed(WORK, result(), Extraction(content_hash="0" * 64), datetime.now(UTC))
+    sitemaps = tuple(f"http://hostile.trove.test/{n}/" + "s" * 2000 for n in range(MAX_SITEMAPS))
+    listed = event.model_copy(update={"sitemaps": sitemaps})
+    size = len(listed.to_wire())
+    assert fit(listed, size) is listed  # they fit: kept
+    cut = fit(listed, size - 1000)
+    assert len(cut.to_wire()) <= size - 1000
+    assert cut.sitemaps == ()
+    assert cut.outcome is CrawlOutcome.SUCCESS
 
 
 def test_an_event_that_cannot_be_built_is_a_rejected_attempt_with_the_reason() -> None:

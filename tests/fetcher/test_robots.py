@@ -31,6 +31,7 @@ from trove_fetcher.robots import (
     fetch_robots,
 )
 from trove_fetcher.transport import build_client
+from trove_schema.events import MAX_SITEMAPS
 from trove_schema.exclusions import Exclusions, read_rules
 from trove_schema.settings import FetcherSettings
 from trove_schema.urls import canonicalize
@@ -594,3 +595,27 @@ def test_any_order_a_rule_disallows_refuses_even_where_an_allow_matched_the_cano
     policy = parsed(body, origin="https://find.example")
     assert not policy.allows("https://find.example/search?page=2&q=cats")
     assert policy.allows("https://find.example/search?page=2&sort=new")
+
+
+def test_a_files_sitemap_lines_are_canonical_urls_each_once_and_bounded() -> None:
+    lines = [
+        "Sitemap: https://Blog.Example:443/sitemap.xml",
+        "Sitemap: /sitemap-posts.xml",  # relative: read against the file's own URL
+        "sitemap: https://blog.example/sitemap.xml",  # the first again, spelt otherwise
+        "Sitemap: javascript:alert(1)",
+        "Sitemap: ftp://blog.example/sitemap.xml",
+        *(f"Sitemap: https://blog.example/more-{n}.xml" for n in range(MAX_SITEMAPS + 5)),
+    ]
+    policy = parsed(
+        "\n".join(["User-agent: *", "Disallow:", *lines]).encode(), "https://blog.example"
+    )
+
+    found = policy.sitemap_urls("https://blog.example")
+
+    assert found[:3] == (
+        "https://blog.example/sitemap.xml",
+        "https://blog.example/sitemap-posts.xml",
+        "https://blog.example/more-0.xml",
+    )
+    assert len(found) == MAX_SITEMAPS
+    assert parsed(b"User-agent: *\nDisallow: /\n").sitemap_urls("https://big.example") == ()

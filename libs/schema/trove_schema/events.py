@@ -54,6 +54,10 @@ from trove_schema.text import Storable, StorableItems, StorableTerms, storable
 MAX_URL_LENGTH = 2048
 #: Most links one CrawlCompleted carries; a page with more is cut (and says so).
 MAX_LINKS_PER_PAGE = 1000
+#: Sitemaps an attempt carries from its origin's robots.txt (``CrawlCompleted.sitemaps``):
+#: the first of a file's ``Sitemap`` lines. A site lists one or a few; a file of
+#: thousands would otherwise fill the event, and each is a page of its own to fetch.
+MAX_SITEMAPS = 10
 #: Most keywords one CrawlCompleted carries.
 MAX_KEYWORDS = 200
 
@@ -573,6 +577,10 @@ class CrawlCompleted(Event):
     keywords: Annotated[tuple[str, ...], StorableTerms(100), Bounded(MAX_KEYWORDS)] = ()
     links: Annotated[tuple[Link, ...], Bounded(MAX_LINKS_PER_PAGE), StorableItems("url")] = ()
     links_truncated: bool = False
+    #: The ``Sitemap`` lines of the origin's robots.txt (canonical), on an attempt at
+    #: the origin's home page: the site's own list of its pages, which discovery
+    #: follows as feeds. Not the page's links: the link graph does not hold them.
+    sitemaps: Annotated[tuple[URLText, ...], Bounded(MAX_SITEMAPS)] = ()
     canonical_url: URLText | None = None
     noindex: bool = False
     nofollow: bool = False

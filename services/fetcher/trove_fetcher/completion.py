@@ -322,7 +322,8 @@ def _size_bound(event: CrawlCompleted) -> int:
     hundredth of the budget: measuring each exactly would serialize every event twice)."""
     links = sum(len(link.url) for link in event.links) * _CHAR_BYTES + 64 * len(event.links)
     keywords = sum(len(k) + 3 for k in event.keywords) * _CHAR_BYTES
-    return links + keywords + len(event.scope.value) * _CHAR_BYTES + _OTHER_FIELDS_BOUND
+    sitemaps = sum(len(url) + 3 for url in event.sitemaps) * _CHAR_BYTES
+    return links + keywords + sitemaps + len(event.scope.value) * _CHAR_BYTES + _OTHER_FIELDS_BOUND
 
 
 def fit(event: CrawlCompleted, budget: int) -> CrawlCompleted:
@@ -356,6 +357,7 @@ def fit(event: CrawlCompleted, budget: int) -> CrawlCompleted:
         update={
             "title": None,
             "keywords": (),
+            "sitemaps": (),
             "canonical_url": None,
             "final_url": None,
             "content_type": None,

@@ -750,7 +750,9 @@ class Fetcher:
                 FETCH_READ_LAG.observe(now - arrived)
             FETCH_SECONDS.observe(result.elapsed)
             FETCH_BYTES.inc(result.bytes_read)
-            event = await self._event(job, result, strategy, choice, started)
+            event = self._with_sitemaps(
+                job, await self._event(job, result, strategy, choice, started)
+            )
             # The host's lease is released with what this attempt taught: its gap runs
             # from the end of the response, and a pause it decides holds every pod.
             observation = Observation.of(event)
@@ -771,6 +773,25 @@ class Fetcher:
                 await publishing
         finally:
             await self._release(hold, end)
+
+    def _with_sitemaps(self, job: Job, event: CrawlCompleted) -> CrawlCompleted:
+        """An attempt at an origin's home page that read it (or found it unchanged)
+        carries the ``Sitemap`` lines of the origin's robots.txt, the site's own list of
+        its pages, for discovery to follow: once a visit of the home page, so a sitemap
+        listed later is found at the next. The policy this pod judged the page by is
+        read from its memory, never the bucket: a broker away costs the lines, not the
+        attempt."""
+        if event.outcome not in (CrawlOutcome.SUCCESS, CrawlOutcome.NOT_MODIFIED):
+            return event
+        parts = urlsplit(job.url)
+        if parts.path not in ("", "/") or parts.query:
+            return event
+        origin = origin_of(job.url)
+        known = self._robots_local.get(origin)
+        if known is None:
+            return event
+        sitemaps = known[1].sitemap_urls(origin)
+        return event.model_copy(update={"sitemaps": sitemaps}) if sitemaps else event
 
     def _choose(
         self, url: str, policy: HostPolicy, avoid: str | None = None

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import idna
@@ -91,9 +92,9 @@ from trove_fetcher.http import (
     unusable_location,
 )
 from trove_schema.errors import InvalidURL
-from trove_schema.events import MAX_URL_LENGTH
+from trove_schema.events import MAX_SITEMAPS, MAX_URL_LENGTH
 from trove_schema.heuristics import is_challenge
-from trove_schema.urls import domain_of
+from trove_schema.urls import canonicalize_or_none, domain_of
 
 log = logging.getLogger(__name__)
 
@@ -468,6 +469,19 @@ class RobotsPolicy:
             return ()
         parser = _parse(self._key, self.body).parser
         return () if parser is None else tuple(parser.sitemaps)
+
+    def sitemap_urls(self, origin: str) -> tuple[str, ...]:
+        """The file's ``Sitemap`` lines as canonical URLs (read against the file's own
+        URL, as a relative one is), each once, the first ``MAX_SITEMAPS``; a line that
+        is no fetchable URL is passed over."""
+        found: dict[str, None] = {}
+        for line in self.sitemaps():
+            url = canonicalize_or_none(urljoin(f"{origin}/robots.txt", line.strip()))
+            if url is not None and len(url) <= MAX_URL_LENGTH:
+                found[url] = None
+                if len(found) >= MAX_SITEMAPS:
+                    break
+        return tuple(found)
 
     @property
     def expires_at(self) -> float:
