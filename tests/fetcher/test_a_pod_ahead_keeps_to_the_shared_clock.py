@@ -6,7 +6,8 @@ timeline's next poll, are the shared time's.
 The ``Fetcher`` runs in the test's process against real NATS and a real HTTP server.
 The pods' shared time (nats-server's, ``trove_fetcher.clock``) is ``SKEW`` seconds
 behind this pod's own clock, and the site's clock agrees with the shared one: the site
-dates its wait on the shared time, as a site in time with the world would. The host's
+dates its wait on the shared time, as a site in time with the world would, and its
+response's ``Date`` too, or sends none (then the wait is read on the shared time). The host's
 record in the lease bucket, kept on the shared time, is the evidence.
 """
 
@@ -68,11 +69,36 @@ def http_date(seconds_ahead: float) -> str:
     return format_datetime(datetime.fromtimestamp(CLOCK.now() + seconds_ahead, UTC), usegmt=True)
 
 
-def slow_down(status: int) -> Route:
+def on_site_time(route: Route, dated: bool) -> Route:
+    """``route``, its response's ``Date`` on the site's clock (the shared time), as a site
+    in time with the world sends it, or without a ``Date``: a dated wait is read against
+    the response's own ``Date`` when it has one, else against the shared time."""
+
+    def answer(ex: Exchange) -> None:
+        if dated:
+            ex.date_time_string = lambda timestamp=None: http_date(0)  # type: ignore[method-assign]
+        else:
+            send_header = ex.send_header
+
+            def without_date(keyword: str, value: str) -> None:
+                if keyword.lower() != "date":
+                    send_header(keyword, value)
+
+            ex.send_header = without_date  # type: ignore[method-assign]
+        route(ex)
+
+    return answer
+
+
+def slow_down(status: int, dated: bool) -> Route:
     def answer(ex: Exchange) -> None:
         ex.send(status, b"slow down", {"Retry-After": http_date(ASKED)})
 
-    return answer
+    return on_site_time(answer, dated)
+
+
+#: The site's responses dated on its clock, or not dated at all.
+DATED = pytest.mark.parametrize("dated", [True, False], ids=["dated", "undated"])
 
 
 @pytest.fixture
@@ -148,10 +174,11 @@ def as_asked(seconds: float) -> bool:
     return ASKED - 5 < seconds <= ASKED
 
 
+@DATED
 async def test_a_pages_dated_retry_after_pauses_its_host_as_long_as_asked(
-    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, dated: bool
 ) -> None:
-    server.routes[f"{HOST}/limited"] = slow_down(429)
+    server.routes[f"{HOST}/limited"] = slow_down(429, dated)
     limited = work(server, "/limited")
     fetcher = await processed(bus, client, limited)
     events = await Completions(bus.js).wait_for(1, timeout=10)
@@ -163,10 +190,11 @@ async def test_a_pages_dated_retry_after_pauses_its_host_as_long_as_asked(
     assert as_asked(paused), paused
 
 
+@DATED
 async def test_a_robots_txts_dated_retry_after_pauses_its_host_as_long_as_asked(
-    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, dated: bool
 ) -> None:
-    server.routes[f"{HOST}/robots.txt"] = slow_down(503)
+    server.routes[f"{HOST}/robots.txt"] = slow_down(503, dated)
     fetcher = await processed(bus, client, work(server, "/page"))
     assert [seen.path for seen in server.requests_for(HOST)] == ["/robots.txt"]
     paused = await paused_for(fetcher)
@@ -194,10 +222,11 @@ async def test_a_robots_txts_dated_retry_after_pauses_its_host_as_long_as_asked(
     ],
     ids=["retry-after", "rate-limit-reset"],
 )
+@DATED
 async def test_a_polls_dated_wait_pauses_its_host_as_long_as_asked(
-    bus: Bus, client: httpx.AsyncClient, server: LocalServer, answer: Route
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, answer: Route, dated: bool
 ) -> None:
-    server.routes[f"{HOST}/.well-known/nodeinfo"] = answer
+    server.routes[f"{HOST}/.well-known/nodeinfo"] = on_site_time(answer, dated)
     fetcher = await polled_once(bus, client, server)
     assert "/.well-known/nodeinfo" in [seen.path for seen in server.requests_for(HOST)]
     paused = await paused_for(fetcher)
