@@ -158,11 +158,17 @@ class DomainSlot:
         # a lease at once, and the write-back erased the pause. An unreadable time is
         # taken as the latest the record can tell, so the host waits at least as long as
         # it knew to; an unreadable gap is the default.
-        read = {k: _finite(raw.get(k, 0.0)) for k in FIELDS}
-        latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
-        free_at, busy_until, next_, gap, backoff_until, claimed = (
-            (default_gap if k == "gap" else latest) if v is None else v for k, v in read.items()
-        )
+        try:
+            values = [float(raw.get(k, 0.0)) for k in FIELDS]
+        except (ValueError, TypeError):
+            values = []
+        if not values or not all(map(math.isfinite, values)):
+            read = {k: _finite(raw.get(k, 0.0)) for k in FIELDS}
+            latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
+            values = [
+                (default_gap if k == "gap" else latest) if v is None else v for k, v in read.items()
+            ]
+        free_at, busy_until, next_, gap, backoff_until, claimed = values
         slot = cls(free_at, busy_until, next_, gap, backoff_until, claimed)
         # Read tolerantly: a record without a policy (written by an older pod) or with
         # one this pod cannot read keeps its lease, and the host starts from its priors.
@@ -182,8 +188,6 @@ class DomainSlot:
 
 def _finite(value: object) -> float | None:
     """``value`` as a finite number (a JSON number or its text), else None."""
-    if isinstance(value, bool):
-        return None
     try:
         number = float(value)  # type: ignore[arg-type]
     except (ValueError, TypeError):
