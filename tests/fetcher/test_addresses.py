@@ -203,7 +203,15 @@ def _spellings(address: IPAddress) -> list[str]:
     if isinstance(address, ipaddress.IPv6Address):
         return [str(address), f"[{address}]", address.exploded]
     number = int(address)
-    return [str(address), str(number), hex(number), f"{number >> 24}.{number & 0xFFFFFF}"]
+    # With a trailing dot too, as a redirect's Location may write it.
+    return [
+        str(address),
+        str(number),
+        hex(number),
+        f"{number >> 24}.{number & 0xFFFFFF}",
+        f"{address}.",
+        f"{number}.",
+    ]
 
 
 #: Networks' own NAT64 prefixes (``TROVE_NAT64_PREFIXES``), one of each RFC 6052 length.

@@ -89,11 +89,16 @@ def legacy_ipv4(host: str) -> str | None:
 
 def literal_address(host: str) -> str | None:
     """The address ``host`` writes, spelt as a rule or a canonical URL spells it (IPv6
-    compressed, IPv4 dotted-quad, ``legacy_ipv4``'s forms read), or None for a name."""
+    compressed, IPv4 dotted-quad, ``legacy_ipv4``'s forms read), or None for a name.
+
+    An IPv4 address with a trailing dot (``127.0.0.1.``, as a redirect may write it) is
+    that address, as URLs read it: not a name to send to DNS."""
     try:
         return str(parse_address(host))
     except ValueError:
-        return legacy_ipv4(host)
+        pass
+    bare = host.removesuffix(".") if host.endswith(".") and not host.endswith("..") else host
+    return legacy_ipv4(bare)
 
 
 def _normalize_host(host: str) -> str:
