@@ -372,12 +372,14 @@ async def test_a_sitemap_seeded_brings_the_pages_it_lists_and_no_link_reaches(
 
 
 @pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize("home", ["nofollow", "busy"])
 async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
-    stack: StackUrls, tmp_path: Path
+    stack: StackUrls, tmp_path: Path, home: str
 ) -> None:
-    """A site whose home page links nowhere (and says nofollow) lists its pages in a
-    sitemap named by its robots.txt: the home page's visit brings the sitemap, and the
-    sitemap its pages. The page's nofollow still holds for its own links."""
+    """A site whose home page links nowhere else lists its pages in a sitemap named by
+    its robots.txt: the home page's visit brings the sitemap, and the sitemap its pages.
+    A home page that says nofollow keeps its own links unfollowed; one with more links
+    than a page's are followed (here one) has the sitemap followed first."""
     with LocalServer("127.0.0.180") as server:
         ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
         pages = "".join(f"<url><loc>{server.url(f'/hidden/{n}')}</loc></url>" for n in range(2))
@@ -386,12 +388,13 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
             b"User-agent: *\nDisallow: /private/\nSitemap: /sitemap.xml\n",
             content_type="text/plain",
         )
-        server.routes["/"] = lambda ex: ex.send(
-            200,
-            b'<title>home</title><meta name="robots" content="nofollow">'
-            b'<p>words</p><a href="/linked">linked</a>',
+        links = b'<a href="/linked">linked</a><a href="/linked/too">linked too</a>'
+        robots = b'<meta name="robots" content="nofollow">' if home == "nofollow" else b""
+        server.routes["/"] = functools.partial(
+            _send_page, body=b"<title>home</title>" + robots + b"<p>words</p>" + links
         )
-        server.routes["/linked"] = functools.partial(_send_page, body=b"<title>linked</title>")
+        for path in ("/linked", "/linked/too"):
+            server.routes[path] = functools.partial(_send_page, body=b"<title>linked</title>")
         server.routes["/sitemap.xml"] = lambda ex: ex.send(
             200, f"<urlset {ns}>{pages}</urlset>".encode(), content_type="application/xml"
         )
@@ -403,6 +406,8 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
             "TROVE_ALLOWED_NETWORKS": "127.0.0.180/32",
             "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
         }
+        if home == "busy":
+            env["TROVE_MAX_LINKS_PER_PAGE"] = "1"
         code, report = await run_trove("crawl", "--join", server.url("/"), env=env, timeout=180)
         asked = {path: len(server.requests_to(path)) for path in server.routes}
     assert code == 0, report
@@ -410,9 +415,11 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
         "/robots.txt": 1,
         "/": 1,
         "/linked": 0,
+        "/linked/too": 0,
         "/sitemap.xml": 1,
+        # A sitemap is a page: one link of it followed when a page's are one.
         "/hidden/0": 1,
-        "/hidden/1": 1,
+        "/hidden/1": 1 if home == "nofollow" else 0,
     }
 
 

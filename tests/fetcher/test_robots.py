@@ -26,6 +26,7 @@ from trove_fetcher.errors import HopGateFailed, RedirectPaused
 from trove_fetcher.robots import (
     DEFAULT_TTL,
     RETRY_TTL,
+    SITEMAP_LINES_READ,
     RobotsPolicy,
     RobotsRule,
     fetch_robots,
@@ -619,3 +620,12 @@ def test_a_files_sitemap_lines_are_canonical_urls_each_once_and_bounded() -> Non
     )
     assert len(found) == MAX_SITEMAPS
     assert parsed(b"User-agent: *\nDisallow: /\n").sitemap_urls("https://big.example") == ()
+
+
+def test_only_a_files_first_sitemap_lines_are_read_for_its_sitemaps() -> None:
+    # Read on the event loop at every visit of a home page: tens of thousands of lines
+    # that read as no URL took seconds each time.
+    junk = ["Sitemap: ftp://blog.example/a.xml"] * (SITEMAP_LINES_READ + 1000)
+    body = "\n".join(["User-agent: *", "Disallow:", *junk, "Sitemap: /late.xml"]).encode()
+
+    assert parsed(body, "https://blog.example").sitemap_urls("https://blog.example") == ()

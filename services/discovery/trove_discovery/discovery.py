@@ -246,8 +246,9 @@ class Discovery:
             followable = list(event.links)
         if fetched and event.sitemaps:
             # The site's own list of its pages, from its robots.txt (a home page's attempt
-            # carries it): followed as feeds, whatever the page's own nofollow says.
-            followable += [Link(url=url, kind=LinkKind.FEED) for url in event.sitemaps]
+            # carries it): followed as feeds, whatever the page's own nofollow says, and
+            # first, so a home page of many links (``max_links_per_page``) keeps them.
+            followable[:0] = [Link(url=url, kind=LinkKind.FEED) for url in event.sitemaps]
         # The page's other names: its one canonical, and its one spelling once learned.
         names = {event.canonical_url}
         if fetched and alias_of != event.url:
