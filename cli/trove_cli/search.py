@@ -29,8 +29,10 @@ counted up to ``MAX_INLINKS_COUNTED`` (shown as "10000+"). Only pages with statu
 
 A match whose ``canonical_url`` names another match, one that names no other page, is
 that page's copy (its AMP or print version, a second path): it is left out, and its
-in-links and shares count for the page it names, as an index that collapses on
-``canonical_url`` keeps them (PLATFORM.md, "Reading the tables").
+in-links and shares count for the page it names (PLATFORM.md, "Reading the tables":
+an index collapses on ``canonical_url``). Only the copies that match the query too are
+folded so: a copy that does not is not among the matches read. No copy of a page is a
+vote for it, found or not.
 """
 
 from __future__ import annotations
@@ -130,25 +132,24 @@ _SEARCH = text(
     -- A match whose canonical names another match that names no other page is a copy of
     -- it (an AMP or print version, a second path): the page it names is shown, with the
     -- copies' in-links and shares. A page can only fold itself into another this way,
-    -- and two that each name the other are both shown.
+    -- and two that each name the other are both shown. Joined on the URLs (hashed), not
+    -- looked up a match at a time: that was the pool's size squared.
+    folds AS (
+        SELECT d.id AS copy_id, d.url AS copy_url, c.id AS into_id
+        FROM matched d
+        JOIN matched c ON c.url = d.canonical_url AND c.id <> d.id
+        WHERE coalesce(c.canonical_url, c.url) = c.url
+    ),
     shown AS (
         SELECT m.*,
-               ARRAY[m.id] || ARRAY(
-                   SELECT d.id FROM matched d
-                   WHERE d.canonical_url = m.url AND d.id <> m.id
-                     AND coalesce(m.canonical_url, m.url) = m.url
-               ) AS ids,
-               ARRAY[m.url] || ARRAY(
-                   SELECT d.url FROM matched d
-                   WHERE d.canonical_url = m.url AND d.id <> m.id
-                     AND coalesce(m.canonical_url, m.url) = m.url
-               ) AS urls
+               ARRAY[m.id] || coalesce(f.ids, '{{}}') AS ids,
+               ARRAY[m.url] || coalesce(f.urls, '{{}}') AS urls
         FROM matched m
-        WHERE NOT EXISTS (
-            SELECT 1 FROM matched c
-            WHERE c.url = m.canonical_url AND c.id <> m.id
-              AND coalesce(c.canonical_url, c.url) = c.url
-        )
+        LEFT JOIN (
+            SELECT into_id, array_agg(copy_id) AS ids, array_agg(copy_url) AS urls
+            FROM folds GROUP BY into_id
+        ) f ON f.into_id = m.id
+        WHERE m.id NOT IN (SELECT copy_id FROM folds)
     )
     SELECT m.url, m.title, m.language, l.inlinks,
            m.text_rank * (1 + ln(1 + l.inlinks)) * (1 + ln(1 + s.shares)) AS score,
@@ -164,6 +165,8 @@ _SEARCH = text(
             JOIN pages src ON src.id = o.from_page_id
             WHERE o.to_page_ids && m.ids AND NOT o.from_page_id = ANY(m.ids)
               AND src.status = 'fetched'
+              -- A copy of the page (its canonical names it) is the page, not a vote.
+              AND src.canonical_url IS DISTINCT FROM m.url
               AND NOT {_SOURCE_SUPERSEDED}
               AND EXISTS (
                   SELECT 1

@@ -252,6 +252,11 @@ async def test_a_copy_naming_a_matched_page_as_canonical_is_folded_into_it(
         await link(conn, b, amp)
         await link(conn, c, printed)
         await link(conn, amp, main)  # a copy citing the page it copies: no vote
+        # Nor one the query does not find (a noindex print copy, other words).
+        hidden = await add_page(
+            conn, "https://blog.example/post/p2", "other words", canonical=post, noindex=True
+        )
+        await link(conn, hidden, main)
         await share(conn, "https://blog.example/amp/post", 1, 2)
         await share(conn, post, 2, 3)
         # Itself its own canonical: the row names no other page.
