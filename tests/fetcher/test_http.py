@@ -875,6 +875,28 @@ def test_a_dated_retry_after_is_read_on_the_sites_own_clock() -> None:
     assert retry_after(seconds, now=ours) == 30.0
 
 
+def test_a_cached_answers_dated_retry_after_counts_the_time_it_was_kept() -> None:
+    """A cache hands on the site's answer as the site dated it, an hour ago, and says so
+    (``Age``): the site's now is an hour after its ``Date``, and its two minutes are two
+    minutes from now, not an hour and two minutes."""
+    ours = datetime(2025, 1, 1, 13, 0, 0, tzinfo=UTC)
+    cached = [
+        ("date", "Wed, 01 Jan 2025 12:00:00 GMT"),
+        ("retry-after", "Wed, 01 Jan 2025 13:02:00 GMT"),
+    ]
+    assert retry_after(httpx.Headers([*cached, ("age", "3600")]), now=ours) == 120.0
+    assert retry_after(httpx.Headers(cached), now=ours) == 3720.0
+    # An Age that is no whole number is none; a Date at the end of time takes none.
+    assert retry_after(httpx.Headers([*cached, ("age", "an hour")]), now=ours) == 3720.0
+    end = [("date", "Fri, 31 Dec 9999 23:00:00 GMT"), ("age", "99999999999999")]
+    assert (
+        retry_after(
+            httpx.Headers([*end, ("retry-after", "Fri, 31 Dec 9999 23:30:00 GMT")]), now=ours
+        )
+        == 1800.0
+    )
+
+
 @pytest.mark.parametrize(
     ("source", "target", "followed"),
     [

@@ -38,6 +38,7 @@ chain by raising ``RedirectPaused``; the caller continues it later with ``resume
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -45,7 +46,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -240,6 +241,8 @@ class FetchResult:
 #: far below it downstream; a number too big for a float (400 digits) would be
 #: infinite, which an event's JSON cannot carry.
 LONGEST_RETRY_AFTER = 365 * 86_400.0
+#: The largest ``Age`` read: 2^31 seconds, where RFC 9111 (1.2.2) has a cache stop.
+MAX_AGE = 2**31
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
@@ -272,12 +275,28 @@ def response_date(headers: httpx.Headers) -> datetime | None:
 
 
 def site_now(headers: httpx.Headers, now: datetime | None = None) -> datetime:
-    """Now on the site's clock, as the response's ``Date`` tells it; ``now`` (ours, by
-    default the system's) when it has no ``Date`` that parses, or one within the second
-    a ``Date`` counts in: ours is finer then, and a wait read on it is not a second long."""
+    """Now on the site's clock, as the response's ``Date`` tells it, plus its ``Age`` (a
+    cache's answer is dated when the site made it, and has waited that long since);
+    ``now`` (ours, by default the system's) when it has no ``Date`` that parses, or one
+    within the second a ``Date`` counts in: ours is finer then, and a wait read on it
+    is not a second long."""
     ours = now or datetime.now(UTC)
     said = response_date(headers)
-    return ours if said is None or abs((said - ours).total_seconds()) <= 1.0 else said
+    if said is None:
+        return ours
+    with contextlib.suppress(OverflowError):  # a Date in the year 9999
+        said += timedelta(seconds=_age(headers))
+    return ours if abs((said - ours).total_seconds()) <= 1.0 else said
+
+
+def _age(headers: httpx.Headers) -> int:
+    """The response's ``Age`` in seconds (RFC 9111 5.1: its first value that is a whole
+    number, capped as caches cap it), 0 without one."""
+    for value in headers.get_list("age"):
+        text = value.strip()
+        if text.isascii() and text.isdigit():
+            return min(int(text[:12]), MAX_AGE)
+    return 0
 
 
 def retry_after(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
