@@ -276,6 +276,18 @@ async def test_a_record_with_a_field_this_pod_cannot_read_keeps_its_host_waiting
     assert later.at >= waits_until - 1e-6
 
 
+def test_a_record_whose_pause_or_gap_cannot_be_read_keeps_what_its_policy_and_delays_say() -> None:
+    # The host's policy keeps the pause it learned, and its origins' Crawl-delays keep
+    # the gap: read as the default, a host that asked for 30 s was asked every 10.
+    policy = HostPolicy(paused_until=4600.0, pause_reason="rate_limited")
+    raw = json.loads(DomainSlot(free_at=990.0, policy=policy).encode())
+    raw.update(backoff_until="4600s", gap="30s", d={"https://slow.example": [30.0, 1e9]})
+
+    slot = DomainSlot.decode(json.dumps(raw).encode(), 10.0)
+
+    assert (slot.backoff_until, slot.gap) == (4600.0, 30.0)
+
+
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:
     p = await _politeness(bus)
     first = await p.acquire("ahead.example", 1000.0)

@@ -156,12 +156,14 @@ class DomainSlot:
         # wrote it otherwise, a hand-made record) costs that field, never the record. A
         # record read as blank granted a host paused for an hour with a request in flight
         # a lease at once, and the write-back erased the pause. An unreadable time is
-        # taken as the latest the record can tell, so the host waits at least as long as
-        # it knew to; an unreadable gap is the default.
+        # taken as the latest the record can tell (its policy's pause included), so the
+        # host waits at least as long as it knew to; an unreadable gap is the largest its
+        # origins' Crawl-delays ask for, or the default.
         try:
             values = [float(raw.get(k, 0.0)) for k in FIELDS]
         except (ValueError, TypeError):
             values = []
+        read: dict[str, float | None] = {}
         if not values or not all(map(math.isfinite, values)):
             read = {k: _finite(raw.get(k, 0.0)) for k in FIELDS}
             latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
@@ -183,6 +185,10 @@ class DomainSlot:
             }
         except (ValueError, TypeError, AttributeError):
             slot.delays = {}
+        if None in read.values():
+            slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
+            if read["gap"] is None and slot.delays:
+                slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
         return slot
 
 
