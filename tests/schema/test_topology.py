@@ -23,7 +23,8 @@ from nats.js.api import (
     StoreCompression,
     StreamConfig,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from tests.conftest import StackUrls, eventually
 from trove_schema import topology
@@ -790,6 +791,40 @@ async def test_a_pod_of_an_older_release_leaves_a_newer_releases_bucket_as_it_is
         assert (after.metadata or {}).get(REVISION_KEY) == str(REVISION)
     finally:
         await bus.js.update_stream(replace(made, metadata={REVISION_KEY: str(REVISION)}))
+
+
+class _LookedBeforeItWasMade(JetStreamContext):
+    """A real JetStream context whose caller looked for ``bucket`` a moment before
+    another pod made it (and its owner stamped it): its first look finds none."""
+
+    def __init__(self, bus: Bus, bucket: str) -> None:
+        super().__init__(bus.nc, timeout=10.0)
+        self._bucket: str | None = bucket
+
+    async def key_value(self, bucket: str) -> KeyValue:
+        if bucket == self._bucket:
+            self._bucket = None
+            raise BucketNotFoundError
+        return await super().key_value(bucket)
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_bucket_made_and_stamped_by_another_pod_meanwhile_is_taken_as_made(
+    bus: Bus,
+) -> None:
+    # The server refuses the bare create (its config differs by the stamp): a pod, or
+    # the CLI, that lost that race goes on with the bucket as it is.
+    top = declare()
+    (bucket,) = [b for b in top.buckets if b.bucket == DOMAINS_BUCKET]
+    with pytest.raises(APIError) as refused:
+        await bus.js.create_key_value(bucket)
+    assert refused.value.err_code == 10058
+
+    for owner in ("cli", "fetcher"):
+        await ensure_topology(_LookedBeforeItWasMade(bus, DOMAINS_BUCKET), top, owner=owner)
+
+    stamped = (await bus.js.stream_info(f"KV_{DOMAINS_BUCKET}")).config.metadata or {}
+    assert stamped.get(REVISION_KEY) == str(REVISION)
 
 
 @pytest.mark.usefixtures("clean")

@@ -589,8 +589,14 @@ async def _ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, reconc
     try:
         await js.key_value(config.bucket)
     except BucketNotFoundError:
-        await js.create_key_value(config)
-        log.info("created bucket %s", config.bucket)
+        try:
+            await js.create_key_value(config)
+            log.info("created bucket %s", config.bucket)
+        except APIError as exc:
+            # Created by another pod meanwhile: stamped by its owner since, its config is
+            # no longer the bare one nats-py asks to create, which the server refuses.
+            if exc.err_code != 10058:
+                raise
     if not reconcile:
         return
     stream = f"KV_{config.bucket}"
