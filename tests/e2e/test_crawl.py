@@ -305,6 +305,19 @@ async def test_a_crawl_of_seeds_an_earlier_crawl_knows_says_so_and_force_crawls_
     assert "no page was queued" not in forced
 
 
+def _send_page(exchange: Exchange, body: bytes) -> None:
+    exchange.send(200, body)
+
+
+def _local_env(stack: StackUrls, tmp_path: Path, networks: str) -> dict[str, str]:
+    """A crawl of the test's own servers (``networks``), a fifth of a second apart."""
+    return {
+        **on_the_stack(stack, tmp_path),
+        "TROVE_ALLOWED_NETWORKS": networks,
+        "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
+    }
+
+
 @pytest.mark.usefixtures("clean")
 async def test_a_crawl_prints_its_seeds_without_their_credentials(
     stack: StackUrls, tmp_path: Path
@@ -313,11 +326,7 @@ async def test_a_crawl_prints_its_seeds_without_their_credentials(
     terminal's scrollback and a CI log; no request carries it either."""
     with LocalServer("127.0.0.177") as server:
         server.routes["/"] = lambda ex: ex.send(200, b"<title>home</title><p>words</p>")
-        env = {
-            **on_the_stack(stack, tmp_path),
-            "TROVE_ALLOWED_NETWORKS": "127.0.0.177/32",
-            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
-        }
+        env = _local_env(stack, tmp_path, "127.0.0.177/32")
         seed = server.url().replace("http://", "http://ada:s3cret@")
         code, report = await run_trove("crawl", "--join", seed, env=env, timeout=120)
         (request,) = server.requests_to("/")
@@ -325,10 +334,6 @@ async def test_a_crawl_prints_its_seeds_without_their_credentials(
     assert "seeds: http://***@127.0.0.177" in report
     assert "s3cret" not in report
     assert "authorization" not in request.headers
-
-
-def _send_page(exchange: Exchange, body: bytes) -> None:
-    exchange.send(200, body)
 
 
 @pytest.mark.usefixtures("clean")
@@ -356,11 +361,7 @@ async def test_a_sitemap_seeded_brings_the_pages_it_lists_and_no_link_reaches(
         for n in range(3):
             page = f"<title>post {n}</title><p>words of post {n}</p>".encode()
             server.routes[f"/post/{n}"] = functools.partial(_send_page, body=page)
-        env = {
-            **on_the_stack(stack, tmp_path),
-            "TROVE_ALLOWED_NETWORKS": "127.0.0.178/31",
-            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
-        }
+        env = _local_env(stack, tmp_path, "127.0.0.178/31")
         code, report = await run_trove(
             "crawl", "--join", server.url("/sitemap.xml"), env=env, timeout=180
         )
@@ -401,11 +402,7 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
         for n in range(2):
             page = f"<title>hidden {n}</title><p>words of page {n}</p>".encode()
             server.routes[f"/hidden/{n}"] = functools.partial(_send_page, body=page)
-        env = {
-            **on_the_stack(stack, tmp_path),
-            "TROVE_ALLOWED_NETWORKS": "127.0.0.180/32",
-            "TROVE_MIN_DOMAIN_DELAY_SECONDS": "0.2",
-        }
+        env = _local_env(stack, tmp_path, "127.0.0.180/32")
         if home == "busy":
             env["TROVE_MAX_LINKS_PER_PAGE"] = "1"
         code, report = await run_trove("crawl", "--join", server.url("/"), env=env, timeout=180)
