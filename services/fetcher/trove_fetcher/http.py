@@ -305,11 +305,12 @@ def retry_after(headers: httpx.Headers, *, now: datetime | None = None) -> float
     Each header on its own: joined, as ``headers.get`` joins them ("100, 5"), two were
     read as none, and an HTTP-date has a comma of its own.
 
-    An HTTP-date is read against the response's own ``Date`` when it has one, ``now``
-    (our clock) only without: the site wrote both on its clock, and their difference is
-    the wait it meant. On ours, a site whose clock runs an hour slow asking for two
-    minutes was asked again at once. A ``Date`` that lies makes the wait no longer than
-    a Retry-After in seconds could, and every wait is capped downstream.
+    An HTTP-date is read against the site's own now (``site_now``: the response's
+    ``Date`` and ``Age``; ``now``, our clock, without a ``Date``): the site wrote both on
+    its clock, and their difference is the wait it meant. On ours, a site whose clock
+    runs an hour slow asking for two minutes was asked again at once. A ``Date`` that
+    lies makes the wait no longer than a Retry-After in seconds could, and every wait is
+    capped downstream.
     """
     moment = site_now(headers, now)
     waits = [
