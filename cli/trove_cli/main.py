@@ -51,7 +51,7 @@ from trove_cli.report import (
     refusals_so_far,
     render,
 )
-from trove_cli.search import DEFAULT_LIMIT, search_command
+from trove_cli.search import DEFAULT_LIMIT, MAX_LIMIT, search_command
 from trove_cli.status import status_command
 from trove_cli.supervisor import RestartPolicy
 from trove_schema.bus import nats_servers
@@ -835,7 +835,7 @@ def parser() -> argparse.ArgumentParser:
     search = sub.add_parser("search", help="full-text search over the fetched pages")
     search.add_argument("query", nargs="+", help='web search syntax: words, "a phrase", -word, or')
     search.add_argument("--lang", default=None, help="only pages in this language (en, pt-BR)")
-    search.add_argument("--limit", type=_count(1), default=DEFAULT_LIMIT)
+    search.add_argument("--limit", type=_count(1, MAX_LIMIT), default=DEFAULT_LIMIT)
     domain = sub.add_parser("domain", help="a host's audit: every request, its result and tags")
     domain.add_argument("host")
     domain.add_argument("--last", type=_count(1), default=DEFAULT_LAST, help="attempts listed")

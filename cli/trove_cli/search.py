@@ -52,11 +52,15 @@ from trove_schema.errors import TroveError
 from trove_schema.textsearch import TS_CONFIGS, ts_config
 
 DEFAULT_LIMIT = 20
+#: Most hits one search shows: each asks for fifty matches ranked by their links and
+#: shares (``POOL_PER_HIT``), and a pool of 20,000 took seconds on 200,000 pages. An
+#: index built from the tables (PLATFORM.md, "Reading the tables") serves more.
+MAX_LIMIT = 1000
 LANG_OK = re.compile(r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$")
 
 
 class SearchError(TroveError):
-    """The search cannot be run as asked (a malformed language tag, a limit below 1)."""
+    """The search cannot be run as asked (a malformed language tag, a limit out of range)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +194,8 @@ async def search(
     engine: AsyncEngine, query: str, lang: str | None = None, limit: int = DEFAULT_LIMIT
 ) -> list[Hit]:
     """Fetched, indexable pages matching ``query`` (web search syntax), best first."""
-    if limit < 1:
-        raise SearchError(f"--limit must be at least 1, not {limit}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise SearchError(f"--limit must be from 1 to {MAX_LIMIT}, not {limit}")
     primary = exact = None
     if lang:
         if not LANG_OK.match(lang):

@@ -469,7 +469,9 @@ async def test_limit_keeps_the_best_hits(engine: AsyncEngine) -> None:
     assert len(await search(engine, "gardens", limit=50)) == 5
 
 
-@pytest.mark.parametrize(("lang", "limit"), [("en;drop", 10), ("e", 10), ("en", 0)])
+@pytest.mark.parametrize(
+    ("lang", "limit"), [("en;drop", 10), ("e", 10), ("en", 0), ("en", search_module.MAX_LIMIT + 1)]
+)
 async def test_malformed_language_or_limit_is_refused(
     engine: AsyncEngine, lang: str, limit: int
 ) -> None:
