@@ -380,7 +380,9 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
     """A site whose home page links nowhere else lists its pages in a sitemap named by
     its robots.txt: the home page's visit brings the sitemap, and the sitemap its pages.
     A home page that says nofollow keeps its own links unfollowed; one with more links
-    than a page's are followed (here one) has the sitemap followed first."""
+    than a page's are followed (here three) has its canonical (the same page under
+    another name, written after its links) followed first, then the sitemap, then its
+    first link."""
     with LocalServer("127.0.0.180") as server:
         ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
         pages = "".join(f"<url><loc>{server.url(f'/hidden/{n}')}</loc></url>" for n in range(2))
@@ -391,8 +393,12 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
         )
         links = b'<a href="/linked">linked</a><a href="/linked/too">linked too</a>'
         robots = b'<meta name="robots" content="nofollow">' if home == "nofollow" else b""
+        named = b'<link rel="canonical" href="/index.html">'
         server.routes["/"] = functools.partial(
-            _send_page, body=b"<title>home</title>" + robots + b"<p>words</p>" + links
+            _send_page, body=b"<title>home</title>" + robots + b"<p>words</p>" + links + named
+        )
+        server.routes["/index.html"] = functools.partial(
+            _send_page, body=b"<title>home</title>" + named + b"<p>words</p>"
         )
         for path in ("/linked", "/linked/too"):
             server.routes[path] = functools.partial(_send_page, body=b"<title>linked</title>")
@@ -404,19 +410,20 @@ async def test_a_sitemap_its_robots_txt_lists_is_read_from_the_home_pages_visit(
             server.routes[f"/hidden/{n}"] = functools.partial(_send_page, body=page)
         env = _local_env(stack, tmp_path, "127.0.0.180/32")
         if home == "busy":
-            env["TROVE_MAX_LINKS_PER_PAGE"] = "1"
+            env["TROVE_MAX_LINKS_PER_PAGE"] = "3"
         code, report = await run_trove("crawl", "--join", server.url("/"), env=env, timeout=180)
         asked = {path: len(server.requests_to(path)) for path in server.routes}
     assert code == 0, report
     assert asked == {
         "/robots.txt": 1,
         "/": 1,
-        "/linked": 0,
+        # A nofollow page's canonical is not followed (its redirect would be).
+        "/index.html": 0 if home == "nofollow" else 1,
+        "/linked": 0 if home == "nofollow" else 1,
         "/linked/too": 0,
         "/sitemap.xml": 1,
-        # A sitemap is a page: one link of it followed when a page's are one.
         "/hidden/0": 1,
-        "/hidden/1": 1 if home == "nofollow" else 0,
+        "/hidden/1": 1,
     }
 
 

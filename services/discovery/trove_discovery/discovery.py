@@ -244,16 +244,23 @@ class Discovery:
             followable = [] if redirect is None else [redirect]
         else:
             followable = list(event.links)
-        if fetched and event.sitemaps:
-            # The site's own list of its pages, from its robots.txt (a home page's attempt
-            # carries it): followed as feeds, whatever the page's own nofollow says, and
-            # first, so a home page of many links (``max_links_per_page``) keeps them.
-            followable[:0] = [Link(url=url, kind=LinkKind.FEED) for url in event.sitemaps]
         # The page's other names: its one canonical, and its one spelling once learned.
         names = {event.canonical_url}
         if fetched and alias_of != event.url:
             followable.insert(0, Link(url=alias_of, kind=LinkKind.CANONICAL))
             names.add(alias_of)
+        if fetched and event.sitemaps:
+            # The site's own list of its pages, from its robots.txt (a home page's attempt
+            # carries it): followed as feeds, whatever the page's own nofollow says. After
+            # the page's other names (the same page, at its depth) and before its links,
+            # so a home page of many links (``max_links_per_page``) keeps them all.
+            own = [
+                link
+                for link in followable
+                if link == redirect or (link.kind is LinkKind.CANONICAL and link.url in names)
+            ]
+            sitemaps = [Link(url=url, kind=LinkKind.FEED) for url in event.sitemaps]
+            followable = own + sitemaps + [link for link in followable if link not in own]
         if again is not None:
             followable = [link for link in followable if hash(link.url) in again]
         recrawl = again is None and kept and not folded
