@@ -288,6 +288,23 @@ def test_a_record_whose_pause_or_gap_cannot_be_read_keeps_what_its_policy_and_de
     assert (slot.backoff_until, slot.gap) == (4600.0, 30.0)
 
 
+async def test_a_record_whose_free_time_cannot_be_read_is_free_a_gap_after_its_last_answer(
+    bus: Bus,
+) -> None:
+    # A 25 s answer ended at 1025 on a host of a 60 s gap: its policy still says so when
+    # the record's own free time does not read, and the next lease waits for 1085.
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    policy = HostPolicy(last_attempt_at=1025.0, attempts=1)
+    raw = json.loads(DomainSlot(busy_until=1000.0, gap=60.0, policy=policy).encode())
+    await kv.put(p.key("slow.example"), json.dumps({**raw, "free_at": "later"}).encode())
+
+    decision = await p.acquire("slow.example", 1030.0)
+
+    assert isinstance(decision, Deferred)
+    assert decision.at >= 1085.0 - 1e-6
+
+
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:
     p = await _politeness(bus)
     first = await p.acquire("ahead.example", 1000.0)

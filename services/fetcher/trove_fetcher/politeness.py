@@ -121,6 +121,8 @@ class DomainSlot:
     policy: HostPolicy = field(default_factory=HostPolicy)
     #: Each origin's Crawl-delay: origin -> (gap, until).
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: Read from a record with a time or gap this pod could not read (never written).
+    damaged: bool = False
 
     def set_delay(self, delay: CrawlDelay, now: float) -> None:
         """Keep ``delay`` for its origin, forget the expired, and make the host's gap
@@ -186,6 +188,7 @@ class DomainSlot:
         except (ValueError, TypeError, AttributeError):
             slot.delays = {}
         if None in read.values():
+            slot.damaged = True
             slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
@@ -482,7 +485,12 @@ class Politeness:
             return DomainSlot(gap=self.config.min_delay), None
         value = getattr(entry, "value", None)
         revision = getattr(entry, "revision", None)
-        return DomainSlot.decode(value, self.config.min_delay), revision
+        slot = DomainSlot.decode(value, self.config.min_delay)
+        if slot.damaged:
+            # What the record's policy still says of the host's last answer: the host is
+            # free a gap after it, whichever of the record's times could not be read.
+            slot.free_at = max(slot.free_at, slot.policy.last_attempt_at + self.gap_of(slot))
+        return slot, revision
 
     async def _write(self, key: str, slot: DomainSlot, revision: int | None) -> bool:
         """Compare-and-set: False when another pod changed the record first."""
