@@ -886,6 +886,11 @@ def test_a_cached_answers_dated_retry_after_counts_the_time_it_was_kept() -> Non
     ]
     assert retry_after(httpx.Headers([*cached, ("age", "3600")]), now=ours) == 120.0
     assert retry_after(httpx.Headers(cached), now=ours) == 3720.0
+    # An Age accounts for a Date behind ours, never more: a cache that dates its answer
+    # anew and says it kept it an hour asks for the hour it says.
+    fresh = [("date", "Wed, 01 Jan 2025 13:00:00 GMT"), ("age", "3599")]
+    later = ("retry-after", "Wed, 01 Jan 2025 14:00:00 GMT")
+    assert retry_after(httpx.Headers([*fresh, later]), now=ours) == 3600.0
     # An Age that is no whole number is none; a Date at the end of time takes none.
     assert retry_after(httpx.Headers([*cached, ("age", "an hour")]), now=ours) == 3720.0
     end = [("date", "Fri, 31 Dec 9999 23:00:00 GMT"), ("age", "99999999999999")]

@@ -38,7 +38,6 @@ chain by raising ``RedirectPaused``; the caller continues it later with ``resume
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -276,7 +275,8 @@ def response_date(headers: httpx.Headers) -> datetime | None:
 
 def site_now(headers: httpx.Headers, now: datetime | None = None) -> datetime:
     """Now on the site's clock, as the response's ``Date`` tells it, plus its ``Age`` (a
-    cache's answer is dated when the site made it, and has waited that long since);
+    cache's answer is dated when the site made it, and has waited that long since) as
+    far as the ``Date`` is behind ours;
     ``now`` (ours, by default the system's) when it has no ``Date`` that parses, or one
     within the second a ``Date`` counts in: ours is finer then, and a wait read on it
     is not a second long."""
@@ -284,8 +284,11 @@ def site_now(headers: httpx.Headers, now: datetime | None = None) -> datetime:
     said = response_date(headers)
     if said is None:
         return ours
-    with contextlib.suppress(OverflowError):  # a Date in the year 9999
-        said += timedelta(seconds=_age(headers))
+    # An Age accounts for a Date behind ours, never more: a cache that dated the answer
+    # anew and says it kept it an hour would otherwise shorten every wait by that hour.
+    behind = (ours - said).total_seconds()
+    if behind > 1.0:
+        said += timedelta(seconds=min(_age(headers), behind))
     return ours if abs((said - ours).total_seconds()) <= 1.0 else said
 
 
