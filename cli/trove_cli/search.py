@@ -53,9 +53,9 @@ from trove_schema.textsearch import TS_CONFIGS, ts_config
 
 DEFAULT_LIMIT = 20
 #: Most hits one search shows: each asks for fifty matches ranked by their links and
-#: shares (``POOL_PER_HIT``), and a pool of 20,000 took seconds on 200,000 pages. An
+#: shares (``POOL_PER_HIT``), and a pool of 20,000 took 13 s on 200,000 pages. An
 #: index built from the tables (PLATFORM.md, "Reading the tables") serves more.
-MAX_LIMIT = 1000
+MAX_LIMIT = 200
 LANG_OK = re.compile(r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$")
 
 
@@ -169,8 +169,11 @@ _SEARCH = text(
             JOIN pages src ON src.id = o.from_page_id
             WHERE o.to_page_ids && m.ids AND NOT o.from_page_id = ANY(m.ids)
               AND src.status = 'fetched'
-              -- A copy of the page (its canonical names it) is the page, not a vote.
+              -- A copy of the page (its canonical names it), the page a shown copy
+              -- names, and that page's other copies are the page, not votes.
               AND src.canonical_url IS DISTINCT FROM m.url
+              AND src.url IS DISTINCT FROM m.canonical_url
+              AND (m.canonical_url IS NULL OR src.canonical_url IS DISTINCT FROM m.canonical_url)
               AND NOT {_SOURCE_SUPERSEDED}
               AND EXISTS (
                   SELECT 1

@@ -272,6 +272,25 @@ async def test_a_copy_naming_a_matched_page_as_canonical_is_folded_into_it(
     ]
 
 
+async def test_a_copy_found_in_place_of_its_page_gets_no_vote_from_the_page_or_its_copies(
+    engine: AsyncEngine,
+) -> None:
+    """The page does not match (its AMP copy says more): the copy is shown, and neither
+    the page it copies nor another copy of that page votes for it."""
+    post = "https://blog.example/post"
+    async with engine.begin() as conn:
+        main = await add_page(conn, post, "other words")
+        amp = await add_page(conn, "https://blog.example/amp/post", "tomato notes", canonical=post)
+        printed = await add_page(conn, "https://blog.example/post/print", "words", canonical=post)
+        (outside,) = await linkers(conn, 1, "src")
+        for source in (main, printed, outside):
+            await link(conn, source, amp)
+
+    (hit,) = await search(engine, "tomato")
+
+    assert (hit.url, hit.inlinks) == ("https://blog.example/amp/post", 1)
+
+
 async def test_a_canonical_folds_a_page_only_into_a_match_that_names_no_other(
     engine: AsyncEngine,
 ) -> None:
