@@ -53,6 +53,7 @@ from enum import StrEnum
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from trove_fetcher.politeness import finite
 from trove_schema.topology import FETCH_DEFERRED, FETCHER_DEFERRED, WORK_STREAM
 
 SLOT_HEADER = "Trove-Slot"
@@ -97,7 +98,7 @@ class Carried:
         """Read it back; anything unreadable is as if absent (the work starts afresh)."""
         if not headers:
             return cls()
-        slot = _finite(headers.get(SLOT_HEADER))
+        slot = finite(headers.get(SLOT_HEADER))
         chain: Chain | None = None
         kind, hops = headers.get(CHAIN_HEADER), headers.get(HOPS_HEADER)
         if kind and hops:
@@ -132,14 +133,6 @@ def message_bytes(payload: bytes, headers: Mapping[str, str]) -> int:
         len(name.encode()) + len(value.encode()) + len(b": \r\n") for name, value in headers.items()
     )
     return len(payload) + block
-
-
-def _finite(value: str | None) -> float | None:
-    try:
-        number = float(value or "nan")
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def horizon(work_max_age: float) -> float:

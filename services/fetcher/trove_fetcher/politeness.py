@@ -167,7 +167,7 @@ class DomainSlot:
             values = []
         read: dict[str, float | None] = {}
         if not values or not all(map(math.isfinite, values)):
-            read = {k: _finite(raw.get(k, 0.0)) for k in FIELDS}
+            read = {k: finite(raw.get(k, 0.0)) for k in FIELDS}
             latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
             values = [
                 (default_gap if k == "gap" else latest) if v is None else v for k, v in read.items()
@@ -195,8 +195,9 @@ class DomainSlot:
         return slot
 
 
-def _finite(value: object) -> float | None:
-    """``value`` as a finite number (a JSON number or its text), else None."""
+def finite(value: object) -> float | None:
+    """``value`` as a finite number (a JSON number or its text, as a record or a header
+    carries it), else None."""
     try:
         number = float(value)  # type: ignore[arg-type]
     except (ValueError, TypeError):
