@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gzip
 import os
 import signal
 import subprocess
@@ -337,27 +338,29 @@ async def test_a_crawl_prints_its_seeds_without_their_credentials(
 
 
 @pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize("posts_path", ["/posts.xml", "/posts.xml.gz"])
 async def test_a_sitemap_seeded_brings_the_pages_it_lists_and_no_link_reaches(
-    stack: StackUrls, tmp_path: Path
+    stack: StackUrls, tmp_path: Path, posts_path: str
 ) -> None:
-    """An operator seeds a site's sitemap index: its sitemaps are read, and the pages
-    they list are crawled, though no page links to them; a URL of another host in it is
-    scoped out as any link would be."""
+    """An operator seeds a site's sitemap index: its sitemaps are read, gzipped or not,
+    and the pages they list are crawled, though no page links to them; a URL of another
+    host in it is scoped out as any link would be."""
     with LocalServer("127.0.0.178") as server, LocalServer("127.0.0.179") as other:
         other.routes["/elsewhere"] = lambda ex: ex.send(200, b"<title>elsewhere</title>")
         xml = "application/xml"
         ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
-        index = f"<sitemapindex {ns}><sitemap><loc>{server.url('/posts.xml')}</loc></sitemap>"
+        index = f"<sitemapindex {ns}><sitemap><loc>{server.url(posts_path)}</loc></sitemap>"
         posts = (
             "".join(f"<url><loc>{server.url(f'/post/{n}')}</loc></url>" for n in range(3))
             + f"<url><loc>{other.url('/elsewhere')}</loc></url>"
-        )
+        ).encode()
+        packed = posts_path.endswith(".gz")
         server.routes["/sitemap.xml"] = lambda ex: ex.send(
             200, (index + "</sitemapindex>").encode(), content_type=xml
         )
-        server.routes["/posts.xml"] = lambda ex: ex.send(
-            200, f"<urlset {ns}>{posts}</urlset>".encode(), content_type=xml
-        )
+        sitemap = f"<urlset {ns}>".encode() + posts + b"</urlset>"
+        body, kind = (gzip.compress(sitemap), "application/gzip") if packed else (sitemap, xml)
+        server.routes[posts_path] = lambda ex: ex.send(200, body, content_type=kind)
         for n in range(3):
             page = f"<title>post {n}</title><p>words of post {n}</p>".encode()
             server.routes[f"/post/{n}"] = functools.partial(_send_page, body=page)
@@ -369,7 +372,7 @@ async def test_a_sitemap_seeded_brings_the_pages_it_lists_and_no_link_reaches(
         elsewhere = other.requests_to("/elsewhere")
     assert code == 0, report
     assert elsewhere == []
-    assert asked == {"/sitemap.xml": 1, "/posts.xml": 1, "/post/0": 1, "/post/1": 1, "/post/2": 1}
+    assert asked == {"/sitemap.xml": 1, posts_path: 1, "/post/0": 1, "/post/1": 1, "/post/2": 1}
 
 
 @pytest.mark.usefixtures("clean")

@@ -3,6 +3,7 @@ expansion."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,18 @@ def test_billion_laughs_is_not_expanded() -> None:
     result = run(body)
     assert result.title == "Laugh"
     assert result.keywords == ("laugh",)
+
+
+def test_a_gzipped_sitemap_left_packed_reads_as_nothing() -> None:
+    """The fetch unpacks a gzipped sitemap; bytes that were not (a double gzip) are binary
+    and give no link, rather than markup read out of compressed noise."""
+    sitemap = (
+        b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+        b"<url><loc>https://blog.example/post</loc></url></urlset>"
+    )
+    url = "https://blog.example/sitemap.xml.gz"
+    unpacked = extract(sitemap, url=url, content_type="application/x-gzip")
+    packed = extract(gzip.compress(sitemap), url=url, content_type="application/x-gzip")
+    assert [link.url for link in unpacked.links] == ["https://blog.example/post"]
+    assert packed.links == ()
+    assert packed.title is None

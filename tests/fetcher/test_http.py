@@ -7,7 +7,7 @@ import gzip
 import random
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -27,6 +27,7 @@ from tests.fetcher._servers import (
 )
 from tests.ports import free_port
 from trove_fetcher.errors import HopGateFailed, RedirectPaused, RobotsUnavailable
+from trove_fetcher.extract import extract
 from trove_fetcher.http import (
     BodyReader,
     FetchLimits,
@@ -36,6 +37,7 @@ from trove_fetcher.http import (
     retry_after,
     same_site,
 )
+from trove_fetcher.strategies import HTTP
 from trove_fetcher.transport import PoolConfig, build_client
 from trove_schema.events import CrawlOutcome
 from trove_schema.settings import FetcherSettings
@@ -64,6 +66,11 @@ GZIP_TEXT_4MIB = gzip.compress(TEXT_4MIB, compresslevel=6)
 BOMB = gzip.compress(b"\0" * (32 * MIB), compresslevel=9)
 STREAMED_BOMB_BYTES = 1024 * MIB
 SMALL_BOMB = gzip.compress(b"\0" * (100 * 1024), compresslevel=9)
+SITEMAP = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+    b"<url><loc>http://a.trove.test/post/1</loc></url></urlset>"
+)
 EXACT_CAP = 64 * 1024
 #: How long ``/slow`` takes to answer.
 SLOW_ANSWER = 0.5
@@ -91,6 +98,18 @@ def _conditional(exchange: Exchange) -> None:
 def _encoded(body: bytes, encoding: str, content_type: str = "text/html") -> Any:
     def route(exchange: Exchange) -> None:
         exchange.send(200, body, {"Content-Encoding": encoding}, content_type=content_type)
+
+    return route
+
+
+def _gzip_file(body: bytes, content_type: str, encoding: str | None = None) -> Any:
+    """A ``.gz`` file as a static server sends it: gzip bytes of its own media type, and
+    with ``encoding``, the same one layer also named as a content coding (Apache's
+    ``AddType application/x-gzip .gz`` beside ``AddEncoding x-gzip .gz``)."""
+
+    def route(exchange: Exchange) -> None:
+        headers = {"Content-Encoding": encoding} if encoding else None
+        exchange.send(200, gzip.compress(body), headers, content_type=content_type)
 
     return route
 
@@ -226,6 +245,12 @@ ROUTES: dict[str, Any] = {
     "/coding-charset": _encoded(PAGE, "utf-8"),
     "/stall": stall,
     "/pdf": lambda ex: stream_body(ex, "application/pdf", 64 * MIB),
+    "/release.tar.gz": lambda ex: stream_body(ex, "application/gzip", 64 * MIB),
+    "/sitemap.xml.gz": _gzip_file(SITEMAP, "application/gzip"),
+    "/sitemap-x.xml.GZ": _gzip_file(SITEMAP, "application/x-gzip"),
+    "/sitemap-octets.xml.gz": _gzip_file(SITEMAP, "application/octet-stream"),
+    "/sitemap-named-twice.xml.gz": _gzip_file(SITEMAP, "application/x-gzip", "x-gzip"),
+    "/sitemap-bomb.xml.gz": _gzip_file(b"<urlset>" + b" " * (8 * MIB), "application/gzip"),
     "/no-type": lambda ex: ex.send(200, PAGE, content_type=""),
     "/loop-a": _redirect("/loop-b"),
     "/loop-b": _redirect("/loop-a"),
@@ -298,6 +323,7 @@ async def get(
     limits: FetchLimits = LIMITS,
     etag: str | None = None,
     last_modified: str | None = None,
+    is_parseable: Callable[[str | None], bool] = is_html,
     **kwargs: Any,
 ) -> FetchResult:
     return await fetch(
@@ -306,7 +332,7 @@ async def get(
         etag=etag,
         last_modified=last_modified,
         limits=limits,
-        is_parseable=is_html,
+        is_parseable=is_parseable,
         **kwargs,
     )
 
@@ -531,6 +557,47 @@ async def test_non_html_is_rejected_without_reading_the_body(
     # The server saw the connection close long before its 64 MiB were sent.
     assert await asyncio.to_thread(server.wait_for, "closed:/pdf", 10.0)
     assert not await asyncio.to_thread(server.wait_for, "complete:/pdf", 0.0)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/sitemap.xml.gz",
+        "/sitemap-x.xml.GZ",
+        "/sitemap-octets.xml.gz",
+        "/sitemap-named-twice.xml.gz",
+    ],
+)
+async def test_a_gzipped_sitemap_is_read_as_the_xml_it_holds(
+    client: httpx.AsyncClient, server: LocalServer, path: str
+) -> None:
+    result = await get(client, url(server, path), is_parseable=HTTP.is_parseable)
+    assert result.outcome is CrawlOutcome.SUCCESS, result.error_message
+    assert result.body == SITEMAP
+    links = extract(result.body, url=result.final_url, content_type=result.content_type).links
+    assert [link.url for link in links] == ["http://a.trove.test/post/1"]
+
+
+async def test_a_gzip_file_not_named_as_xml_is_never_downloaded(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(client, url(server, "/release.tar.gz"), is_parseable=HTTP.is_parseable)
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.error_message == "content type application/gzip is not parsed"
+    assert result.bytes_read == 0
+    assert await asyncio.to_thread(server.wait_for, "closed:/release.tar.gz", 10.0)
+
+
+async def test_a_gzipped_sitemap_that_inflates_past_the_cap_is_a_bomb(
+    client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    result = await get(
+        client, url(server, "/sitemap-bomb.xml.gz"), is_parseable=HTTP.is_parseable
+    )
+    assert result.outcome is CrawlOutcome.REJECTED
+    assert result.body is None
+    assert result.error_message is not None
+    assert "inflates past" in result.error_message
 
 
 async def test_missing_content_type_is_left_to_the_parseable_check(

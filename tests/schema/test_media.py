@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trove_schema.media import charset_label, media_type
+from trove_schema.media import charset_label, is_gzipped_xml, media_type
 
 
 @pytest.mark.parametrize(
@@ -58,3 +58,25 @@ def test_the_charset_is_the_one_of_the_value_the_type_is_taken_from(
     header: str, charset: str | None
 ) -> None:
     assert charset_label(header) == charset
+
+
+@pytest.mark.parametrize(
+    ("kind", "url", "expected"),
+    [
+        ("application/gzip", "https://blog.example/sitemap.xml.gz", True),
+        ("application/x-gzip", "https://blog.example/SITEMAP.XML.GZ", True),
+        ("application/octet-stream", "https://blog.example/s/posts.xml.gz?v=2", True),
+        # Named otherwise, a gzip file is a download: never read.
+        ("application/gzip", "https://blog.example/release-1.0.tar.gz", False),
+        ("application/gzip", "https://blog.example/sitemap.gz", False),
+        ("application/gzip", "https://blog.example/feed?name=sitemap.xml.gz", False),
+        # Sent as XML, the fetch already decodes it by its Content-Encoding, if any.
+        ("application/xml", "https://blog.example/sitemap.xml.gz", False),
+        (None, "https://blog.example/sitemap.xml.gz", False),
+        ("application/gzip", "http://[::1/sitemap.xml.gz", False),
+    ],
+)
+def test_a_gzip_file_is_xml_to_read_only_when_its_path_says_so(
+    kind: str | None, url: str, expected: bool
+) -> None:
+    assert is_gzipped_xml(kind, url) is expected

@@ -10,9 +10,29 @@ such a server would go unread, or be decoded with the charset of a value that lo
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 #: A value's ``charset`` parameter (quoted or not).
 _CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
+
+
+#: Media types a gzip file is served as: its own, the old one, and the type servers give
+#: a file whose extension they do not know (nginx's ``default_type``).
+GZIP_TYPES = frozenset({"application/gzip", "application/x-gzip", "application/octet-stream"})
+
+
+def is_gzipped_xml(kind: str | None, url: str) -> bool:
+    """Whether an answer of media type ``kind`` from ``url`` is a gzip file of XML: one of
+    ``GZIP_TYPES`` from a path ending ``.xml.gz``. Sitemaps are often served so (the
+    protocol allows it, and a site's list of 50,000 URLs compresses tenfold); any other
+    ``.gz`` (a release's ``.tar.gz``, a dump) is a download, never read."""
+    if kind not in GZIP_TYPES:
+        return False
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        return False
+    return path.lower().endswith(".xml.gz")
 
 
 def media_type(content_type: str | None) -> str | None:

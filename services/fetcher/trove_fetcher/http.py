@@ -67,7 +67,7 @@ from trove_fetcher.errors import (
 )
 from trove_fetcher.transport import ANSWER_TIME, AnswerTime
 from trove_schema.events import MAX_URL_LENGTH, CrawlOutcome
-from trove_schema.media import media_type
+from trove_schema.media import is_gzipped_xml, media_type
 from trove_schema.settings import FetcherSettings
 
 log = logging.getLogger(__name__)
@@ -450,12 +450,18 @@ class BodyReader:
 
     max_bytes: int
     max_ratio: float = math.inf
+    #: The body is a gzip file (``media.is_gzipped_xml``): unpacked as a gzip coding is,
+    #: unless the server also named that coding (Apache's ``AddEncoding x-gzip .gz``
+    #: sends the one layer as both).
+    packed: bool = False
     #: Raw body bytes received so far (what the network carried).
     bytes_read: int = field(default=0, init=False)
     truncated: bool = field(default=False, init=False)
 
     async def read(self, response: httpx.Response) -> bytes:
         decoder = _decoder(response.headers.get("content-encoding"))
+        if self.packed and isinstance(decoder, _Identity):
+            decoder = _Zlib("gzip")
         body = bytearray()
         pieces = 0
         async for chunk in response.aiter_raw():
@@ -850,10 +856,14 @@ async def _final(
         return _Ending(CrawlOutcome.FAILED, "HTTP 304 to an unconditional request")
     if 200 <= status < 300:
         kind = media_type(response.headers.get("content-type"))
-        if not is_parseable(kind):
+        # A gzipped sitemap is read as the XML it holds, under the same caps.
+        packed = is_gzipped_xml(kind, trace.final_url)
+        if not is_parseable("application/xml" if packed else kind):
             return _Ending(CrawlOutcome.REJECTED, f"content type {kind or '(none)'} is not parsed")
         trace.reader = BodyReader(
-            max_bytes=limits.max_body_bytes, max_ratio=limits.max_decompression_ratio
+            max_bytes=limits.max_body_bytes,
+            max_ratio=limits.max_decompression_ratio,
+            packed=packed,
         )
         body = await trace.reader.read(response)
         return _Ending(CrawlOutcome.SUCCESS, body=body)
