@@ -591,9 +591,7 @@ async def test_a_gzip_file_not_named_as_xml_is_never_downloaded(
 async def test_a_gzipped_sitemap_that_inflates_past_the_cap_is_a_bomb(
     client: httpx.AsyncClient, server: LocalServer
 ) -> None:
-    result = await get(
-        client, url(server, "/sitemap-bomb.xml.gz"), is_parseable=HTTP.is_parseable
-    )
+    result = await get(client, url(server, "/sitemap-bomb.xml.gz"), is_parseable=HTTP.is_parseable)
     assert result.outcome is CrawlOutcome.REJECTED
     assert result.body is None
     assert result.error_message is not None
