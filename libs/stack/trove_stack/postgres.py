@@ -8,6 +8,7 @@ folder is handed to it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import os
 import pwd
@@ -16,6 +17,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,29 +308,38 @@ def _remove_stale_pid(data: Path) -> None:
         (data / "postmaster.pid").unlink(missing_ok=True)
 
 
-def _system_user() -> str:
+#: Held while the Postgres user is looked up and made. ``useradd`` run by two processes
+#: at once (test workers, pods of one host starting together) can each succeed and
+#: write the user with a different uid, the later file replacing the earlier: a
+#: process that had read the first uid would hand its data folder to no one.
+USER_LOCK = Path(tempfile.gettempdir()) / "trove-postgres-user.lock"
+
+
+def _system_user(name: str = SYSTEM_USER) -> str:
+    # O_NOFOLLOW: root opening a fixed name in a folder everyone may write.
     try:
-        pwd.getpwnam(SYSTEM_USER)
-    except KeyError:
-        made = subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                SYSTEM_USER,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if made.returncode != 0 and "already exists" not in made.stderr:
-            raise StackError(
-                f"running as root, and could not create the {SYSTEM_USER} user for Postgres: "
-                f"{made.stderr.strip()}"
-            ) from None
-    return SYSTEM_USER
+        fd = os.open(USER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise StackError(f"could not open {USER_LOCK} to make the {name} user: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            made = subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if made.returncode != 0 and "already exists" not in made.stderr:
+                raise StackError(
+                    f"running as root, and could not create the {name} user for Postgres: "
+                    f"{made.stderr.strip()}"
+                ) from None
+    finally:
+        os.close(fd)  # closing releases the lock
+    return name
 
 
 def _open_path_for(*paths: Path) -> None:
