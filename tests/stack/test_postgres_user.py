@@ -43,8 +43,7 @@ def test_starts_at_once_agree_on_the_postgres_users_uid(new_user_name: str) -> N
     barrier = context.Barrier(STARTS)
     views: Queue[int | str] = context.Queue()
     starts = [
-        context.Process(target=_start, args=(new_user_name, barrier, views))
-        for _ in range(STARTS)
+        context.Process(target=_start, args=(new_user_name, barrier, views)) for _ in range(STARTS)
     ]
     for start in starts:
         start.start()
