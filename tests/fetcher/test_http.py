@@ -102,14 +102,18 @@ def _encoded(body: bytes, encoding: str, content_type: str = "text/html") -> Any
     return route
 
 
-def _gzip_file(body: bytes, content_type: str, encoding: str | None = None) -> Any:
-    """A ``.gz`` file as a static server sends it: gzip bytes of its own media type, and
-    with ``encoding``, the same one layer also named as a content coding (Apache's
-    ``AddType application/x-gzip .gz`` beside ``AddEncoding x-gzip .gz``)."""
+def _gzip_file(
+    body: bytes, content_type: str, encoding: str | None = None, *, packed: bytes | None = None
+) -> Any:
+    """A ``.gz`` file as a static server sends it: gzip bytes (``packed``, or ``body``
+    compressed) of the media type it was given, and with ``encoding``, the same one layer
+    also named as a content coding (Apache's ``AddType application/x-gzip .gz`` beside
+    ``AddEncoding x-gzip .gz``)."""
 
     def route(exchange: Exchange) -> None:
         headers = {"Content-Encoding": encoding} if encoding else None
-        exchange.send(200, gzip.compress(body), headers, content_type=content_type)
+        file = gzip.compress(body) if packed is None else packed
+        exchange.send(200, file, headers, content_type=content_type)
 
     return route
 
@@ -250,6 +254,18 @@ ROUTES: dict[str, Any] = {
     "/sitemap-x.xml.GZ": _gzip_file(SITEMAP, "application/x-gzip"),
     "/sitemap-octets.xml.gz": _gzip_file(SITEMAP, "application/octet-stream"),
     "/sitemap-named-twice.xml.gz": _gzip_file(SITEMAP, "application/x-gzip", "x-gzip"),
+    # Typed by the name inside (Python's mimetypes), or by S3's default.
+    "/sitemap-typed.xml.gz": _gzip_file(SITEMAP, "text/xml"),
+    "/sitemap-s3.xml.gz": _gzip_file(SITEMAP, "binary/octet-stream"),
+    # Two members, as ``cat a.gz b.gz`` makes: gunzip reads both.
+    "/sitemap-members.xml.gz": _gzip_file(
+        SITEMAP,
+        "application/gzip",
+        packed=gzip.compress(SITEMAP[:90]) + gzip.compress(SITEMAP[90:]),
+    ),
+    # Not packed after all: unpacked on the way, or a plain file given the name.
+    "/sitemap-unpacked.xml.gz": _gzip_file(SITEMAP, "application/xml", packed=SITEMAP),
+    "/sitemap-plain.xml.gz": _gzip_file(SITEMAP, "application/octet-stream", packed=SITEMAP),
     "/sitemap-bomb.xml.gz": _gzip_file(b"<urlset>" + b" " * (8 * MIB), "application/gzip"),
     "/no-type": lambda ex: ex.send(200, PAGE, content_type=""),
     "/loop-a": _redirect("/loop-b"),
@@ -566,6 +582,11 @@ async def test_non_html_is_rejected_without_reading_the_body(
         "/sitemap-x.xml.GZ",
         "/sitemap-octets.xml.gz",
         "/sitemap-named-twice.xml.gz",
+        "/sitemap-typed.xml.gz",
+        "/sitemap-s3.xml.gz",
+        "/sitemap-members.xml.gz",
+        "/sitemap-unpacked.xml.gz",
+        "/sitemap-plain.xml.gz",
     ],
 )
 async def test_a_gzipped_sitemap_is_read_as_the_xml_it_holds(
@@ -998,6 +1019,64 @@ async def test_body_reader_never_decodes_past_the_cap_even_for_one_huge_chunk() 
     assert len(body) == MIB
     assert reader.truncated
     assert reader.bytes_read == len(BOMB)
+
+
+class _Pieces(httpx.AsyncByteStream):
+    """A body as the network hands it over: ``size`` bytes a piece."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self.size = data, size
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for at in range(0, len(self.data), self.size):
+            yield self.data[at : at + self.size]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 11, 4096])
+@pytest.mark.parametrize(
+    ("file", "held"),
+    [
+        (gzip.compress(SITEMAP), SITEMAP),
+        (gzip.compress(SITEMAP[:7]) + gzip.compress(SITEMAP[7:]), SITEMAP),
+        # Zero padding after the last member (a tape's block, a fixed-size upload).
+        (gzip.compress(SITEMAP) + b"\0" * 512, SITEMAP),
+        (b"\x1f", b"\x1f"),
+        (SITEMAP, SITEMAP),
+    ],
+    ids=["one-member", "two-members", "padded", "one-byte", "not-packed"],
+)
+async def test_a_gzip_file_is_unpacked_whole_wherever_the_network_cuts_it(
+    file: bytes, held: bytes, size: int
+) -> None:
+    response = httpx.Response(200, stream=_Pieces(file, size))
+    reader = BodyReader(max_bytes=MIB, packed=True)
+    assert await reader.read(response) == held
+    assert not reader.truncated
+
+
+def _saying_nothing(size: int) -> list[tuple[str | None, bool, bytes]]:
+    """Compressed bodies of ``size`` bytes or more that inflate to nothing: a gzip coding
+    of empty flushed blocks, and a gzip file of empty members."""
+    coding = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    opened = coding.flush(zlib.Z_FULL_FLUSH)  # gzip's header, then an empty stored block
+    block = opened[-5:]  # 00 00 00 ff ff: a stored block of no bytes, not the last
+    empty_blocks = opened + block * (size // len(block) + 1)
+    member = gzip.compress(b"", mtime=0)
+    empty_members = member * (size // len(member) + 1)
+    return [("gzip", False, empty_blocks), (None, True, empty_members)]
+
+
+@pytest.mark.parametrize(("coding", "packed", "body"), _saying_nothing(size=MIB))
+async def test_a_compressed_body_is_read_no_further_than_the_cap_of_bytes_carried(
+    coding: str | None, packed: bool, body: bytes
+) -> None:
+    cap = 64 * 1024
+    headers = {"Content-Encoding": coding} if coding else {}
+    response = httpx.Response(200, headers=headers, stream=_Pieces(body, 4096))
+    reader = BodyReader(max_bytes=cap, max_ratio=100, packed=packed)
+    assert await reader.read(response) == b""
+    assert reader.truncated
+    assert reader.bytes_read <= cap + 4096
 
 
 async def test_wait_for_a_free_connection_in_the_pod_is_not_the_hosts_answer_time(

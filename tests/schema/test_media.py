@@ -70,8 +70,12 @@ def test_the_charset_is_the_one_of_the_value_the_type_is_taken_from(
         ("application/gzip", "https://blog.example/release-1.0.tar.gz", False),
         ("application/gzip", "https://blog.example/sitemap.gz", False),
         ("application/gzip", "https://blog.example/feed?name=sitemap.xml.gz", False),
-        # Sent as XML, the fetch already decodes it by its Content-Encoding, if any.
-        ("application/xml", "https://blog.example/sitemap.xml.gz", False),
+        ("binary/octet-stream", "https://bucket.example/sitemap.xml.gz", True),
+        # Typed by the name inside: packed or not, the body's first bytes tell.
+        ("application/xml", "https://blog.example/sitemap.xml.gz", True),
+        ("text/xml", "https://blog.example/sitemap.xml.gz", True),
+        ("text/html", "https://blog.example/sitemap.xml.gz", False),
+        ("application/xml", "https://blog.example/sitemap.xml", False),
         (None, "https://blog.example/sitemap.xml.gz", False),
         ("application/gzip", "http://[::1/sitemap.xml.gz", False),
     ],

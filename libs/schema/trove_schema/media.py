@@ -16,17 +16,23 @@ from urllib.parse import urlsplit
 _CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
 
 
-#: Media types a gzip file is served as: its own, the old one, and the type servers give
-#: a file whose extension they do not know (nginx's ``default_type``).
-GZIP_TYPES = frozenset({"application/gzip", "application/x-gzip", "application/octet-stream"})
+#: Media types a gzip file is served as: its own, the old one, and the types servers give
+#: a file whose extension they do not know (nginx's ``default_type``, S3's default).
+GZIP_TYPES = frozenset(
+    {"application/gzip", "application/x-gzip", "application/octet-stream", "binary/octet-stream"}
+)
+#: Types a ``.xml.gz`` is also served as: by the name inside (Python's ``mimetypes`` gives
+#: ``text/xml`` and the coding apart, and uploaders that keep only the first send it so).
+_XML_TYPES = frozenset({"application/xml", "text/xml"})
 
 
 def is_gzipped_xml(kind: str | None, url: str) -> bool:
-    """Whether an answer of media type ``kind`` from ``url`` is a gzip file of XML: one of
-    ``GZIP_TYPES`` from a path ending ``.xml.gz``. Sitemaps are often served so (the
-    protocol allows it, and a site's list of 50,000 URLs compresses tenfold); any other
-    ``.gz`` (a release's ``.tar.gz``, a dump) is a download, never read."""
-    if kind not in GZIP_TYPES:
+    """Whether an answer of media type ``kind`` from ``url`` is named as a gzip file of XML:
+    a path ending ``.xml.gz`` served as one of ``GZIP_TYPES`` or as XML. Sitemaps are
+    often served so (the protocol allows it, and a site's list of 50,000 URLs compresses
+    tenfold); the body's first bytes tell whether it is still packed. Any other ``.gz``
+    (a release's ``.tar.gz``, a dump) is a download, never read."""
+    if kind not in GZIP_TYPES and kind not in _XML_TYPES:
         return False
     try:
         path = urlsplit(url).path

@@ -38,7 +38,7 @@ from trove_schema.events import (
     LinkKind,
 )
 from trove_schema.heuristics import SHELL_MAX_TEXT_CHARS
-from trove_schema.media import is_gzipped_xml, media_type
+from trove_schema.media import GZIP_TYPES, is_gzipped_xml, media_type
 from trove_schema.urls import backslashes_as_slashes
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -315,9 +315,10 @@ def extract(
     noindex, nofollow = x_robots_directives(x_robots_tag, robots_token)
     page = _Page(url, body, noindex, nofollow, robots_token, detect_language)
     kind = media_type(content_type)
-    if is_gzipped_xml(kind, url):
+    if kind in GZIP_TYPES and is_gzipped_xml(kind, url):
         # Unpacked by the fetch (``http.BodyReader.packed``): the XML it held, whose
-        # charset its own declaration gives. Still packed, it reads as binary.
+        # charset its own declaration gives. Still packed, it reads as binary. One
+        # served as XML is read by the type it was given.
         kind = content_type = "application/xml"
     if kind in PDF_TYPES or (kind is None and looks_like_pdf(body)):
         return page.pdf(body)

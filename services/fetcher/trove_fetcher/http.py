@@ -352,6 +352,7 @@ def unusable_location(exc: httpx.RemoteProtocolError) -> bool:
 
 
 class _Identity:
+    encoding = "identity"
     #: The body's framing (Content-Length, the last chunk) tells where it ends.
     done = False
 
@@ -362,16 +363,32 @@ class _Identity:
         self.consumed += len(data)
         return data[:limit]
 
+    def flush(self) -> bytes:
+        return b""
+
+
+#: How every gzip member starts (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
+
 
 class _Zlib:
-    """gzip or deflate, never producing more than asked for per call."""
+    """gzip or deflate, never producing more than asked for per call.
 
-    def __init__(self, encoding: str) -> None:
+    With ``members``, a gzip file rather than a coding: every member is read, as gunzip
+    reads ``cat a.gz b.gz``, and the stream ends only at bytes that start no member.
+    """
+
+    def __init__(self, encoding: str, *, members: bool = False) -> None:
         self.encoding = encoding
-        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-        self._inflate = zlib.decompressobj(wbits)
+        self.members = members
+        self._inflate = self._stream()
         self._fed = 0
         self._started = False
+        self._ended = False
+
+    def _stream(self) -> Any:
+        wbits = 16 + zlib.MAX_WBITS if self.encoding == "gzip" else zlib.MAX_WBITS
+        return zlib.decompressobj(wbits)
 
     @property
     def consumed(self) -> int:
@@ -380,24 +397,79 @@ class _Zlib:
     @property
     def done(self) -> bool:
         """The compressed stream has ended: whatever follows it is never part of the page."""
-        return self._inflate.eof
+        return self._ended or (self._inflate.eof and not self.members)
 
     def decode(self, data: bytes, limit: int) -> bytes:
-        if self._inflate.eof:
-            return b""  # trailing bytes after the stream: ignored, as browsers do
+        self._fed += len(data)
+        out = b""
+        while not self.done and len(out) < limit:
+            if self._inflate.eof:
+                # Members only: what follows the last one is the next, or the file's end.
+                data = self._inflate.unused_data + data
+                if not data:
+                    break
+                if not data.startswith(GZIP_MAGIC[: len(data)]):
+                    self._ended = True  # trailing bytes (zero padding): ignored, as gunzip does
+                    break
+                self._inflate = self._stream()
+            out += self._inflate_piece(data, limit - len(out))
+            data = b""
+            if not self._inflate.eof:
+                break
+        return out
+
+    def flush(self) -> bytes:
+        # A stream cut short gives what it held so far, already handed over.
+        return b""
+
+    def _inflate_piece(self, data: bytes, limit: int) -> bytes:
         first = not self._started
         self._started = True
         try:
-            out = self._inflate.decompress(data, limit)
+            out: bytes = self._inflate.decompress(data, limit)
         except zlib.error as exc:
             if self.encoding == "deflate" and first:
                 # "deflate" is sent both zlib-wrapped (RFC 9110) and raw by old servers.
                 self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
                 self.encoding = "raw deflate"
-                return self.decode(data, limit)
+                return self._inflate_piece(data, limit)
             raise UndecodableBody(f"corrupt {self.encoding} body: {exc}") from exc
-        self._fed += len(data)
         return out
+
+
+class _GzipFile:
+    """A body that may be a gzip file (``BodyReader.packed``): unpacked, every member,
+    when it starts as gzip does; read as it came otherwise (a server that unpacked it
+    on the way, a plain file given the name)."""
+
+    def __init__(self) -> None:
+        self._head = b""
+        self._body: _Identity | _Zlib | None = None
+
+    @property
+    def encoding(self) -> str:
+        return "gzip" if isinstance(self._body, _Zlib) else "identity"
+
+    @property
+    def consumed(self) -> int:
+        return len(self._head) if self._body is None else self._body.consumed
+
+    @property
+    def done(self) -> bool:
+        return self._body is not None and self._body.done
+
+    def decode(self, data: bytes, limit: int) -> bytes:
+        if self._body is None:
+            self._head += data
+            if len(self._head) < len(GZIP_MAGIC) and GZIP_MAGIC.startswith(self._head):
+                return b""  # too short to tell yet
+            packed = self._head.startswith(GZIP_MAGIC)
+            self._body = _Zlib("gzip", members=True) if packed else _Identity()
+            data, self._head = self._head, b""
+        return self._body.decode(data, limit)
+
+    def flush(self) -> bytes:
+        return self._head  # a body too short to tell is as it came
 
 
 #: Content codings that change the bytes (RFC 9110's registry): one of these Trove did
@@ -445,23 +517,24 @@ class BodyReader:
     the cap while inflating at more than ``max_ratio`` to one is a decompression bomb
     (``DecompressionBomb``); one that reaches it at an ordinary ratio is cut and marked
     ``truncated``. A bomb that stays under the cap is just a small page. Reading stops
-    where the compressed stream ends, as browsers ignore what follows it.
+    where the compressed stream ends, as browsers ignore what follows it, and once
+    more than ``max_bytes`` came over the network (``truncated``).
     """
 
     max_bytes: int
     max_ratio: float = math.inf
-    #: The body is a gzip file (``media.is_gzipped_xml``): unpacked as a gzip coding is,
-    #: unless the server also named that coding (Apache's ``AddEncoding x-gzip .gz``
-    #: sends the one layer as both).
+    #: The body may be a gzip file (``media.is_gzipped_xml``): unpacked when it starts as
+    #: one does, unless the server also named that coding (Apache's ``AddEncoding x-gzip
+    #: .gz`` sends the one layer as both).
     packed: bool = False
     #: Raw body bytes received so far (what the network carried).
     bytes_read: int = field(default=0, init=False)
     truncated: bool = field(default=False, init=False)
 
     async def read(self, response: httpx.Response) -> bytes:
-        decoder = _decoder(response.headers.get("content-encoding"))
+        decoder: _Identity | _Zlib | _GzipFile = _decoder(response.headers.get("content-encoding"))
         if self.packed and isinstance(decoder, _Identity):
-            decoder = _Zlib("gzip")
+            decoder = _GzipFile()
         body = bytearray()
         pieces = 0
         async for chunk in response.aiter_raw():
@@ -487,7 +560,15 @@ class BodyReader:
                 # A server that keeps the body open after the stream (or trickles junk
                 # after it) would hold the page until the total timeout threw it away.
                 break
-        if self.truncated and isinstance(decoder, _Zlib):
+            if self.bytes_read > self.max_bytes:
+                # More carried than the cap, and less inflated from it: a compressed
+                # stream that says next to nothing (empty blocks, empty gzip members)
+                # would be read, and spend the loop's time, until the total timeout.
+                self.truncated = True
+                break
+        if not self.truncated:
+            body += decoder.flush()[: self.max_bytes - len(body)]
+        if self.truncated:
             ratio = len(body) / max(decoder.consumed, 1)
             if ratio > self.max_ratio:
                 raise DecompressionBomb(
