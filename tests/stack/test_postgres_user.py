@@ -3,6 +3,7 @@ Postgres runs as: each reads the uid the user keeps."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import pwd
@@ -35,7 +36,11 @@ def new_user_name() -> Iterator[str]:
     name = f"trove-t{os.getpid()}"
     yield name
     if os.geteuid() == 0:
-        subprocess.run(["userdel", name], capture_output=True, check=False)
+        # Under the stacks' lock: a userdel beside another worker's useradd of the
+        # Postgres user could undo it, as two useradds undid each other.
+        with postgres.USER_LOCK.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subprocess.run(["userdel", name], capture_output=True, check=False)
 
 
 def test_starts_at_once_agree_on_the_postgres_users_uid(new_user_name: str) -> None:
