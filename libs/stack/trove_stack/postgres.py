@@ -17,7 +17,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,14 +308,17 @@ def _remove_stale_pid(data: Path) -> None:
 
 
 #: Held while the Postgres user is looked up and made. ``useradd`` run by two processes
-#: at once (test workers, pods of one host starting together) can each succeed and
-#: write the user with a different uid, the later file replacing the earlier: a
-#: process that had read the first uid would hand its data folder to no one.
-USER_LOCK = Path(tempfile.gettempdir()) / "trove-postgres-user.lock"
+#: at once (the workers of a test run, two stacks started together on one machine) can
+#: each succeed and write the user with a different uid, the later file replacing the
+#: earlier: a process that had read the first uid would hand its data folder to no one.
+#: Beside the password file, which only root may write, so no other user can hold it.
+USER_LOCK = Path("/etc/.trove-postgres-user.lock")
 
 
 def _system_user(name: str = SYSTEM_USER) -> str:
-    # O_NOFOLLOW: root opening a fixed name in a folder everyone may write.
+    with contextlib.suppress(KeyError):
+        pwd.getpwnam(name)
+        return name  # made before: nothing to write (an image's /etc may be read-only)
     try:
         fd = os.open(USER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:

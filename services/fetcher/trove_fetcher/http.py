@@ -401,8 +401,10 @@ class _Zlib:
 
     def decode(self, data: bytes, limit: int) -> bytes:
         self._fed += len(data)
-        out = b""
-        while not self.done and len(out) < limit:
+        # Joined once: a piece of the network can hold thousands of small members.
+        out: list[bytes] = []
+        given = 0
+        while not self.done and given < limit:
             if self._inflate.eof:
                 # Members only: what follows the last one is the next, or the file's end.
                 data = self._inflate.unused_data + data
@@ -412,11 +414,13 @@ class _Zlib:
                     self._ended = True  # trailing bytes (zero padding): ignored, as gunzip does
                     break
                 self._inflate = self._stream()
-            out += self._inflate_piece(data, limit - len(out))
+            piece = self._inflate_piece(data, limit - given)
+            out.append(piece)
+            given += len(piece)
             data = b""
             if not self._inflate.eof:
                 break
-        return out
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def flush(self) -> bytes:
         # A stream cut short gives what it held so far, already handed over.
@@ -478,7 +482,7 @@ class _GzipFile:
 _CODINGS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress"})
 
 
-def _decoder(content_encoding: str | None) -> _Identity | _Zlib:
+def _decoder(content_encoding: str | None, *, packed: bool = False) -> _Identity | _Zlib:
     codings = [
         c.strip().lower()
         for c in (content_encoding or "").split(",")
@@ -487,7 +491,8 @@ def _decoder(content_encoding: str | None) -> _Identity | _Zlib:
     if not codings:
         return _Identity()
     if len(codings) == 1 and codings[0] in ("gzip", "x-gzip"):
-        return _Zlib("gzip")
+        # A gzip file whose one layer is also named as the coding: a file's members.
+        return _Zlib("gzip", members=packed)
     if len(codings) == 1 and codings[0] == "deflate":
         return _Zlib("deflate")
     raise UnsupportedContent(f"unsupported content encoding {content_encoding!r}")
@@ -508,6 +513,12 @@ MOST_PIECES = 65_536
 SMALL_PIECE = 64
 
 
+#: A body stops once more than the cap and a 64th of it came over the network. Deflate
+#: grows what does not compress by 5 bytes every 16 KB or more (a stored block's
+#: header), so a page under the cap never carries that much.
+CARRIED_MARGIN = 64
+
+
 @dataclass(slots=True)
 class BodyReader:
     """Reads a streamed response's body, content-decoded, keeping at most ``max_bytes``.
@@ -518,7 +529,7 @@ class BodyReader:
     (``DecompressionBomb``); one that reaches it at an ordinary ratio is cut and marked
     ``truncated``. A bomb that stays under the cap is just a small page. Reading stops
     where the compressed stream ends, as browsers ignore what follows it, and once
-    more than ``max_bytes`` came over the network (``truncated``).
+    far more than ``max_bytes`` came over the network (``CARRIED_MARGIN``, ``truncated``).
     """
 
     max_bytes: int
@@ -532,7 +543,8 @@ class BodyReader:
     truncated: bool = field(default=False, init=False)
 
     async def read(self, response: httpx.Response) -> bytes:
-        decoder: _Identity | _Zlib | _GzipFile = _decoder(response.headers.get("content-encoding"))
+        coding = response.headers.get("content-encoding")
+        decoder: _Identity | _Zlib | _GzipFile = _decoder(coding, packed=self.packed)
         if self.packed and isinstance(decoder, _Identity):
             decoder = _GzipFile()
         body = bytearray()
@@ -560,10 +572,10 @@ class BodyReader:
                 # A server that keeps the body open after the stream (or trickles junk
                 # after it) would hold the page until the total timeout threw it away.
                 break
-            if self.bytes_read > self.max_bytes:
-                # More carried than the cap, and less inflated from it: a compressed
-                # stream that says next to nothing (empty blocks, empty gzip members)
-                # would be read, and spend the loop's time, until the total timeout.
+            if self.bytes_read > self.max_bytes + self.max_bytes // CARRIED_MARGIN:
+                # Far more carried than inflated: a compressed stream that says next to
+                # nothing (empty blocks, empty gzip members) would be read, and spend
+                # the loop's time, until the total timeout.
                 self.truncated = True
                 break
         if not self.truncated:
