@@ -67,7 +67,7 @@ from trove_fetcher.errors import (
 )
 from trove_fetcher.transport import ANSWER_TIME, AnswerTime
 from trove_schema.events import MAX_URL_LENGTH, CrawlOutcome
-from trove_schema.media import is_gzipped_xml, media_type
+from trove_schema.media import GZIP_TYPES, is_gzipped_xml, media_type
 from trove_schema.settings import FetcherSettings
 
 log = logging.getLogger(__name__)
@@ -513,10 +513,11 @@ MOST_PIECES = 65_536
 SMALL_PIECE = 64
 
 
-#: A body stops once more than the cap and a 64th of it came over the network. Deflate
-#: grows what does not compress by 5 bytes every 16 KB or more (a stored block's
-#: header), so a page under the cap never carries that much.
-CARRIED_MARGIN = 64
+#: A body stops once more than this many times the cap came over the network. A stream
+#: carries more than it holds only by its framing: 5 bytes a stored block, and as many
+#: a flush, which a server streaming a page may do every few dozen bytes (+9% at every
+#: 64 bytes of text that does not compress).
+MOST_CARRIED = 2
 
 
 @dataclass(slots=True)
@@ -529,7 +530,7 @@ class BodyReader:
     (``DecompressionBomb``); one that reaches it at an ordinary ratio is cut and marked
     ``truncated``. A bomb that stays under the cap is just a small page. Reading stops
     where the compressed stream ends, as browsers ignore what follows it, and once
-    far more than ``max_bytes`` came over the network (``CARRIED_MARGIN``, ``truncated``).
+    far more than ``max_bytes`` came over the network (``MOST_CARRIED``, ``truncated``).
     """
 
     max_bytes: int
@@ -544,7 +545,10 @@ class BodyReader:
 
     async def read(self, response: httpx.Response) -> bytes:
         coding = response.headers.get("content-encoding")
-        decoder: _Identity | _Zlib | _GzipFile = _decoder(coding, packed=self.packed)
+        # Served as a gzip file and named as the coding too, the one layer is the file's,
+        # every member read; served as XML, the coding is a coding, ended by its stream.
+        as_file = self.packed and media_type(response.headers.get("content-type")) in GZIP_TYPES
+        decoder: _Identity | _Zlib | _GzipFile = _decoder(coding, packed=as_file)
         if self.packed and isinstance(decoder, _Identity):
             decoder = _GzipFile()
         body = bytearray()
@@ -572,7 +576,7 @@ class BodyReader:
                 # A server that keeps the body open after the stream (or trickles junk
                 # after it) would hold the page until the total timeout threw it away.
                 break
-            if self.bytes_read > self.max_bytes + self.max_bytes // CARRIED_MARGIN:
+            if self.bytes_read > self.max_bytes * MOST_CARRIED:
                 # Far more carried than inflated: a compressed stream that says next to
                 # nothing (empty blocks, empty gzip members) would be read, and spend
                 # the loop's time, until the total timeout.
