@@ -31,6 +31,7 @@ from trove_fetcher.errors import HopGateFailed, RedirectPaused, RobotsUnavailabl
 from trove_fetcher.extract import extract
 from trove_fetcher.http import (
     MOST_CARRIED,
+    MOST_MEMBERS,
     BodyReader,
     FetchLimits,
     FetchResult,
@@ -1099,6 +1100,20 @@ def _compressed(data: bytes, coding: str, flush_every: int | None = None) -> byt
         for at in range(0, len(data), step)
     )
     return out + packer.flush()
+
+
+@pytest.mark.parametrize("extra", [0, 1, 500])
+async def test_a_gzip_file_of_more_members_than_read_is_cut_after_the_last_read(
+    extra: int,
+) -> None:
+    # A file appended to an entry at a time: each entry its own member.
+    entries = [b"<url><loc>https://blog.example/%d</loc></url>" % n for n in range(MOST_MEMBERS)]
+    member = gzip.compress(b"<url><loc>https://blog.example/more</loc></url>", mtime=0)
+    file = b"".join(gzip.compress(entry, mtime=0) for entry in entries) + member * extra
+    response = httpx.Response(200, stream=_Pieces(file, 64 * 1024))
+    reader = BodyReader(max_bytes=8 * MIB, max_ratio=100, packed=True)
+    assert await reader.read(response) == b"".join(entries)
+    assert reader.truncated is (extra > 0)
 
 
 async def test_a_gzip_coded_xml_file_ends_with_its_stream() -> None:
