@@ -27,7 +27,12 @@ from tests.fetcher._servers import (
     stream_body,
 )
 from tests.ports import free_port
-from trove_fetcher.errors import HopGateFailed, RedirectPaused, RobotsUnavailable
+from trove_fetcher.errors import (
+    DecompressionBomb,
+    HopGateFailed,
+    RedirectPaused,
+    RobotsUnavailable,
+)
 from trove_fetcher.extract import extract
 from trove_fetcher.http import (
     MOST_CARRIED,
@@ -1114,6 +1119,20 @@ async def test_a_gzip_file_of_more_members_than_read_is_cut_after_the_last_read(
     reader = BodyReader(max_bytes=8 * MIB, max_ratio=100, packed=True)
     assert await reader.read(response) == b"".join(entries)
     assert reader.truncated is (extra > 0)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["coding", "file"])
+async def test_a_bomb_is_a_bomb_whatever_follows_it_in_the_same_read(packed: bool) -> None:
+    # The bomb's stream ends just past the cap; what follows (junk after a coding, empty
+    # members in a file) came in the same read and inflates nothing.
+    cap = 256 * 1024
+    after = gzip.compress(b"", mtime=0) * 3000
+    body = gzip.compress(b"\0" * (cap + 1), compresslevel=9) + after
+    headers = {"Content-Encoding": "gzip"} if not packed else {}
+    response = httpx.Response(200, headers=headers, stream=_Pieces(body, len(body)))
+    reader = BodyReader(max_bytes=cap, max_ratio=100, packed=packed)
+    with pytest.raises(DecompressionBomb):
+        await reader.read(response)
 
 
 async def test_a_gzip_coded_xml_file_ends_with_its_stream() -> None:

@@ -400,7 +400,11 @@ class _Zlib:
 
     @property
     def consumed(self) -> int:
-        return self._fed - len(self._inflate.unconsumed_tail)
+        """Compressed bytes the output came from: not those left in the read after the
+        stream (or a member) ended, which would lower a bomb's ratio below its limit."""
+        stream = self._inflate
+        left = len(stream.unconsumed_tail) + (len(stream.unused_data) if stream.eof else 0)
+        return self._fed - left
 
     @property
     def done(self) -> bool:
