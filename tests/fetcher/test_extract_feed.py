@@ -319,3 +319,23 @@ def test_a_gzipped_sitemap_left_packed_reads_as_nothing() -> None:
     assert [link.url for link in unpacked.links] == ["https://blog.example/post"]
     assert packed.links == ()
     assert packed.title is None
+
+
+@pytest.mark.parametrize(
+    ("url", "read"),
+    [
+        ("https://blog.example/catalog.xml.gz", True),
+        # Any other gzip file is a download: the fetch never unpacks it.
+        ("https://blog.example/catalog.gz", False),
+    ],
+)
+def test_an_unpacked_gzip_file_of_xml_is_read_as_xml(url: str, read: bool) -> None:
+    """Not only sitemaps: what a ``.xml.gz`` held is read by the XML's own rules, not as
+    the gzip type it was served as."""
+    document = (
+        b'<?xml version="1.0"?><catalog>'
+        b"<entry>Gardening notes about tomatoes and roses</entry></catalog>"
+    )
+    result = extract(document, url=url, content_type="application/gzip")
+    assert (result.keywords == ("gardening", "notes", "roses", "tomatoes")) is read
+    assert (result.text_chars is not None) is read

@@ -1055,10 +1055,12 @@ class _Pieces(httpx.AsyncByteStream):
         (gzip.compress(SITEMAP[:7]) + gzip.compress(SITEMAP[7:]), SITEMAP),
         # Zero padding after the last member (a tape's block, a fixed-size upload).
         (gzip.compress(SITEMAP) + b"\0" * 512, SITEMAP),
+        # Trailing bytes whose first is the first of a member's: ignored however cut.
+        (gzip.compress(SITEMAP) + b"\x1f\x00 trailing", SITEMAP),
         (b"\x1f", b"\x1f"),
         (SITEMAP, SITEMAP),
     ],
-    ids=["one-member", "two-members", "padded", "one-byte", "not-packed"],
+    ids=["one-member", "two-members", "padded", "trailing-1f", "one-byte", "not-packed"],
 )
 async def test_a_gzip_file_is_unpacked_whole_wherever_the_network_cuts_it(
     file: bytes, held: bytes, size: int

@@ -36,8 +36,8 @@ def new_user_name() -> Iterator[str]:
     name = f"trove-t{os.getpid()}"
     yield name
     if os.geteuid() == 0:
-        # Under the stacks' lock: a userdel beside another worker's useradd of the
-        # Postgres user could undo it, as two useradds undid each other.
+        # Under the stacks' lock: userdel rewrites /etc/passwd as useradd does, and one
+        # beside another worker's useradd of the Postgres user could undo it.
         with postgres.USER_LOCK.open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             subprocess.run(["userdel", name], capture_output=True, check=False)

@@ -391,6 +391,10 @@ class _Zlib:
         self._started = False
         self._ended = False
         self._members = 1
+        #: Bytes after an ended member, moved out of it (``_moved``): kept while too few
+        #: to tell the start of a member (``1f 8b``) from trailing bytes.
+        self._held = b""
+        self._moved = False
         #: Ended at ``MOST_MEMBERS``, with more to read.
         self.cut = False
 
@@ -403,8 +407,8 @@ class _Zlib:
         """Compressed bytes the output came from: not those left in the read after the
         stream (or a member) ended, which would lower a bomb's ratio below its limit."""
         stream = self._inflate
-        left = len(stream.unconsumed_tail) + (len(stream.unused_data) if stream.eof else 0)
-        return self._fed - left
+        after = len(stream.unused_data) if stream.eof and not self._moved else len(self._held)
+        return self._fed - len(stream.unconsumed_tail) - after
 
     @property
     def done(self) -> bool:
@@ -419,10 +423,13 @@ class _Zlib:
         while not self.done and given < limit:
             if self._inflate.eof:
                 # Members only: what follows the last one is the next, or the file's end.
-                data = self._inflate.unused_data + data
-                if not data:
+                if not self._moved:
+                    self._held, self._moved = self._inflate.unused_data, True
+                data, self._held = self._held + data, b""
+                if len(data) < len(GZIP_MAGIC) and GZIP_MAGIC.startswith(data):
+                    self._held = data  # too few to tell yet: wait for the next read
                     break
-                if not data.startswith(GZIP_MAGIC[: len(data)]):
+                if not data.startswith(GZIP_MAGIC):
                     self._ended = True  # trailing bytes (zero padding): ignored, as gunzip does
                     break
                 if self._members == MOST_MEMBERS:
@@ -430,6 +437,7 @@ class _Zlib:
                     break
                 self._members += 1
                 self._inflate = self._stream()
+                self._moved = False
             piece = self._inflate_piece(data, limit - given)
             out.append(piece)
             given += len(piece)
