@@ -305,6 +305,46 @@ async def test_a_record_whose_free_time_cannot_be_read_is_free_a_gap_after_its_l
     assert decision.at >= 1085.0 - 1e-6
 
 
+_NO_TIME = ("free_at", "busy_until", "next", "backoff_until", "claimed")
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"not a record",
+        b"[1030, 4600]",
+        b'"busy"',
+        json.dumps({k: "later" for k in _NO_TIME} | {"gap": 10.0}).encode(),
+        json.dumps({"free_at": "later", "busy_until": "later", POLICY_KEY: "?"}).encode(),
+    ],
+    ids=["text", "a-list", "a-string", "every-time", "times-and-policy"],
+)
+async def test_a_record_that_tells_no_time_holds_its_host_as_if_a_lease_was_just_taken(
+    bus: Bus, record: bytes
+) -> None:
+    """A record no pod of this release can read a time from (a release that writes it
+    otherwise, a hand-made value) may stand for a request in flight: the host waits as
+    if it had been granted the moment it was read, by this pod and every other, and is
+    granted again after that hold and a gap. Read as free, it was granted at once."""
+    p, other = await _politeness(bus), await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put(p.key("odd.example"), record)
+
+    first = await p.acquire("odd.example", 1000.0)
+    assert isinstance(first, Deferred)
+    now, granted = first.at, None
+    for _ in range(100):  # a reserved page follows its deferrals to its lease
+        decision = await other.acquire("odd.example", now, reserved=True)
+        if isinstance(decision, Granted):
+            granted = decision
+            break
+        assert isinstance(decision, Deferred)
+        assert decision.at > now
+        now = decision.at
+    assert granted is not None, "never granted: the record was not repaired"
+    assert granted.start >= 1000.0 + CONFIG.request_timeout + CONFIG.min_delay
+
+
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:
     p = await _politeness(bus)
     first = await p.acquire("ahead.example", 1000.0)

@@ -123,6 +123,8 @@ class DomainSlot:
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: Read from a record with a time or gap this pod could not read (never written).
     damaged: bool = False
+    #: Read from a record that tells no time at all (never written): see ``acquire``.
+    timeless: bool = False
 
     def set_delay(self, delay: CrawlDelay, now: float) -> None:
         """Keep ``delay`` for its origin, forget the expired, and make the host's gap
@@ -153,7 +155,7 @@ class DomainSlot:
         except ValueError:
             raw = None
         if not isinstance(raw, dict):
-            return cls(gap=default_gap)
+            return cls(gap=default_gap, damaged=True, timeless=True)
         # Field by field, and failing safe: a field this pod cannot read (a release that
         # wrote it otherwise, a hand-made record) costs that field, never the record. A
         # record read as blank granted a host paused for an hour with a request in flight
@@ -192,6 +194,8 @@ class DomainSlot:
             slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
+            times = (slot.free_at, slot.busy_until, slot.next, slot.backoff_until, slot.claimed)
+            slot.timeless = max(*times, slot.policy.last_attempt_at) <= 0.0
         return slot
 
 
@@ -310,6 +314,16 @@ class Politeness:
             guess = self._guess(key)
             while True:
                 slot, revision = guess if guess is not None else await self._read(key)
+                if slot.timeless:
+                    # A record that tells no time (not one this release can read) may
+                    # stand for a request in flight: read as free, the host was granted
+                    # at once. It is held as if its lease had been granted now, and so
+                    # written, so that every pod waits for that hold and a gap after it.
+                    slot.timeless = False
+                    slot.busy_until = now + self.config.request_timeout + HOLD_SLACK
+                    slot.free_at = now + self.gap_of(slot)
+                    guess = self._guess(key) if await self._write(key, slot, revision) else None
+                    continue
                 if follow_moves:
                     origin = moved(slot.policy, now, self.learning)
                     if origin is not None:
