@@ -17,6 +17,7 @@ import pytest
 from trove_fetcher.app import warn_of_a_short_gap
 from trove_fetcher.politeness import (
     BUSY_RECHECK,
+    HOLD_SLACK,
     KV,
     MAX_DELAY_ORIGINS,
     POLICY_KEY,
@@ -306,6 +307,20 @@ async def test_a_record_whose_free_time_cannot_be_read_is_free_a_gap_after_its_l
 
 
 _NO_TIME = ("free_at", "busy_until", "next", "backoff_until", "claimed")
+#: What a lease granted at 1000 holds its host for: its hold, then a gap.
+_HELD_FROM_1000 = 1000.0 + CONFIG.request_timeout + HOLD_SLACK + CONFIG.min_delay
+
+
+async def _first_lease(p: Politeness, domain: str, now: float) -> Granted:
+    """The lease a reserved page gets, following its deferrals from ``now``."""
+    for _ in range(100):
+        decision = await p.acquire(domain, now, reserved=True)
+        if isinstance(decision, Granted):
+            return decision
+        assert isinstance(decision, Deferred)
+        assert decision.at > now
+        now = decision.at
+    raise AssertionError("never granted: the record was not repaired")
 
 
 @pytest.mark.parametrize(
@@ -316,13 +331,18 @@ _NO_TIME = ("free_at", "busy_until", "next", "backoff_until", "claimed")
         b'"busy"',
         json.dumps({k: "later" for k in _NO_TIME} | {"gap": 10.0}).encode(),
         json.dumps({"free_at": "later", "busy_until": "later", POLICY_KEY: "?"}).encode(),
+        # Its policy's last answer was at 990: a lease granted at 1000 may be in flight.
+        json.dumps(
+            {k: "later" for k in _NO_TIME}
+            | {"gap": 10.0, POLICY_KEY: HostPolicy(last_attempt_at=990.0, attempts=3).to_json()}
+        ).encode(),
     ],
-    ids=["text", "a-list", "a-string", "every-time", "times-and-policy"],
+    ids=["text", "a-list", "a-string", "every-time", "times-and-policy", "a-last-answer"],
 )
-async def test_a_record_that_tells_no_time_holds_its_host_as_if_a_lease_was_just_taken(
+async def test_a_record_that_cannot_tell_a_request_in_flight_holds_its_host_as_a_new_lease(
     bus: Bus, record: bytes
 ) -> None:
-    """A record no pod of this release can read a time from (a release that writes it
+    """A record whose hold no pod of this release can read (a release that writes it
     otherwise, a hand-made value) may stand for a request in flight: the host waits as
     if it had been granted the moment it was read, by this pod and every other, and is
     granted again after that hold and a gap. Read as free, it was granted at once."""
@@ -331,18 +351,47 @@ async def test_a_record_that_tells_no_time_holds_its_host_as_if_a_lease_was_just
     await kv.put(p.key("odd.example"), record)
 
     first = await p.acquire("odd.example", 1000.0)
+
     assert isinstance(first, Deferred)
-    now, granted = first.at, None
-    for _ in range(100):  # a reserved page follows its deferrals to its lease
-        decision = await other.acquire("odd.example", now, reserved=True)
-        if isinstance(decision, Granted):
-            granted = decision
-            break
-        assert isinstance(decision, Deferred)
-        assert decision.at > now
-        now = decision.at
-    assert granted is not None, "never granted: the record was not repaired"
-    assert granted.start >= 1000.0 + CONFIG.request_timeout + CONFIG.min_delay
+    assert (await _first_lease(other, "odd.example", first.at)).start >= _HELD_FROM_1000 - 1e-6
+
+
+@pytest.mark.parametrize("writer", ["finish", "set_delay", "observe"])
+async def test_a_record_that_cannot_tell_a_request_in_flight_is_held_whoever_writes_it_first(
+    bus: Bus, writer: str
+) -> None:
+    """A release, a Crawl-delay or a poll's answer that finds such a record writes the
+    same hold: written back as it was read (free), the next pod was granted at once."""
+    p, other = await _politeness(bus), await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put(p.key("odd.example"), b"not a record")
+
+    if writer == "finish":
+        await p.finish("odd.example", Granted(hold_until=995.0, gap=10.0), 1000.0)
+    elif writer == "set_delay":
+        await p.set_delay("odd.example", CrawlDelay("https://odd.example", 10.0, 9e9), 1000.0)
+    else:
+        await p.observe("odd.example", attempt("odd.example", end=1000.0))
+
+    assert (await _first_lease(other, "odd.example", 1000.0)).start >= _HELD_FROM_1000 - 1e-6
+    # The pod that wrote it reads it as the bucket holds it.
+    assert (await _first_lease(p, "odd.example", 1000.0)).start >= _HELD_FROM_1000 - 1e-6
+
+
+async def test_a_record_whose_times_read_but_not_its_gap_is_granted_as_its_times_say(
+    bus: Bus,
+) -> None:
+    # A host never asked (every time 0) whose gap a release wrote otherwise: its hold
+    # reads (none), so nothing stands for a request in flight.
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot().encode()) | {"gap": "10s"}
+    await kv.put(p.key("new.example"), json.dumps(raw).encode())
+
+    decision = await p.acquire("new.example", 1000.0)
+
+    assert isinstance(decision, Granted)
+    assert decision.start == 1000.0
 
 
 async def test_a_lease_that_can_start_soon_is_taken_ahead_for_its_start(bus: Bus) -> None:

@@ -123,8 +123,10 @@ class DomainSlot:
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: Read from a record with a time or gap this pod could not read (never written).
     damaged: bool = False
-    #: Read from a record that tells no time at all (never written): see ``acquire``.
-    timeless: bool = False
+    #: Read from a record that cannot tell whether a request is in flight (its hold
+    #: unreadable, or no record this pod can read at all), and not yet written back
+    #: with a hold of its own (``Politeness._read``; never encoded).
+    hold_unknown: bool = False
 
     def set_delay(self, delay: CrawlDelay, now: float) -> None:
         """Keep ``delay`` for its origin, forget the expired, and make the host's gap
@@ -155,7 +157,7 @@ class DomainSlot:
         except ValueError:
             raw = None
         if not isinstance(raw, dict):
-            return cls(gap=default_gap, damaged=True, timeless=True)
+            return cls(gap=default_gap, damaged=True, hold_unknown=True)
         # Field by field, and failing safe: a field this pod cannot read (a release that
         # wrote it otherwise, a hand-made record) costs that field, never the record. A
         # record read as blank granted a host paused for an hour with a request in flight
@@ -194,8 +196,7 @@ class DomainSlot:
             slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
-            times = (slot.free_at, slot.busy_until, slot.next, slot.backoff_until, slot.claimed)
-            slot.timeless = max(*times, slot.policy.last_attempt_at) <= 0.0
+            slot.hold_unknown = read["busy_until"] is None
         return slot
 
 
@@ -313,15 +314,11 @@ class Politeness:
         async with self._turns.of(key):
             guess = self._guess(key)
             while True:
-                slot, revision = guess if guess is not None else await self._read(key)
-                if slot.timeless:
-                    # A record that tells no time (not one this release can read) may
-                    # stand for a request in flight: read as free, the host was granted
-                    # at once. It is held as if its lease had been granted now, and so
-                    # written, so that every pod waits for that hold and a gap after it.
-                    slot.timeless = False
-                    slot.busy_until = now + self.config.request_timeout + HOLD_SLACK
-                    slot.free_at = now + self.gap_of(slot)
+                slot, revision = guess if guess is not None else await self._read(key, now)
+                if slot.hold_unknown:
+                    # Written back at once with the hold ``_read`` gave it, before any
+                    # decision: a wait that writes nothing would find it unknown again
+                    # each time, and hold the host further each time.
                     guess = self._guess(key) if await self._write(key, slot, revision) else None
                     continue
                 if follow_moves:
@@ -432,7 +429,7 @@ class Politeness:
         async with self._turns.of(key):
             guess = self._guess(key)
             while True:
-                slot, revision = guess if guess is not None else await self._read(key)
+                slot, revision = guess if guess is not None else await self._read(key, end)
                 before = slot.policy
                 for delay in delays:
                     slot.set_delay(delay, end)
@@ -454,7 +451,7 @@ class Politeness:
         async with self._turns.of(key):
             guess = self._guess(key)
             while True:
-                slot, revision = guess if guess is not None else await self._read(key)
+                slot, revision = guess if guess is not None else await self._read(key, end)
                 slot.set_delay(delay, end)
                 slot.free_at = max(slot.free_at, end + self.gap_of(slot))
                 slot.next = max(slot.next, slot.free_at)
@@ -471,7 +468,7 @@ class Politeness:
         key = self.key(domain)
         async with self._turns.of(key):
             while True:
-                slot, revision = await self._read(key)
+                slot, revision = await self._read(key, observation.at)
                 before = slot.policy
                 slot.policy = self._folded(before, observation)
                 slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
@@ -490,10 +487,12 @@ class Politeness:
         return observe(policy, observation, self.learning)
 
     async def state(self, domain: str) -> DomainSlot:
-        slot, _ = await self._read(self.key(domain))
+        """The host's record as the bucket holds it (a look: no hold is given)."""
+        slot, _ = await self._read(self.key(domain), None)
         return slot
 
-    async def _read(self, key: str) -> tuple[DomainSlot, int | None]:
+    async def _read(self, key: str, now: float | None) -> tuple[DomainSlot, int | None]:
+        """The record and its revision, read to be written back at ``now``."""
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
@@ -505,6 +504,14 @@ class Politeness:
             # What the record's policy still says of the host's last answer: the host is
             # free a gap after it, whichever of the record's times could not be read.
             slot.free_at = max(slot.free_at, slot.policy.last_attempt_at + self.gap_of(slot))
+        if slot.hold_unknown and now is not None:
+            # A record that cannot tell whether a request is in flight (a release that
+            # writes it otherwise, a hand-made value) may stand for one granted just
+            # now: read as free, the host was granted at once. It is held as a lease
+            # granted at ``now`` would hold it, and every pod waits out that hold and a
+            # gap after it once it is written back.
+            slot.busy_until = max(slot.busy_until, now + self.config.request_timeout + HOLD_SLACK)
+            slot.free_at = max(slot.free_at, now + self.gap_of(slot))
         return slot, revision
 
     async def _write(self, key: str, slot: DomainSlot, revision: int | None) -> bool:
@@ -520,7 +527,7 @@ class Politeness:
         if len(self._written) >= WRITTEN_MEMORY and key not in self._written:
             del self._written[next(iter(self._written))]
         # The policy is immutable, so a shallow copy is a copy.
-        self._written[key] = (replace(slot), written)
+        self._written[key] = (replace(slot, hold_unknown=False), written)
         return True
 
     def _guess(self, key: str) -> tuple[DomainSlot, int] | None:
