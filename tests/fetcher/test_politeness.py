@@ -10,6 +10,7 @@ import random
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import nats
 import pytest
@@ -63,10 +64,25 @@ class CountingKV:
         return await self.kv.update(key, value, last=last)
 
 
+class SharedClock:
+    """The pods' shared time as a test sets it; by default never later than the
+    instants the test hands each call."""
+
+    def __init__(self, at: float = 0.0) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
 async def _politeness(
-    bus: Bus, config: PolitenessConfig = CONFIG, learning: LearningConfig = LEARNING
+    bus: Bus,
+    config: PolitenessConfig = CONFIG,
+    learning: LearningConfig = LEARNING,
+    clock: SharedClock | None = None,
 ) -> Politeness:
-    return Politeness(await bus.js.key_value(DOMAINS_BUCKET), config, learning)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    return Politeness(kv, config, learning, clock=clock or SharedClock())
 
 
 def attempt(
@@ -311,10 +327,15 @@ _NO_TIME = ("free_at", "busy_until", "next", "backoff_until", "claimed")
 _HELD_FROM_1000 = 1000.0 + CONFIG.request_timeout + HOLD_SLACK + CONFIG.min_delay
 
 
-async def _first_lease(p: Politeness, domain: str, now: float) -> Granted:
-    """The lease a reserved page gets, following its deferrals from ``now``."""
+async def _first_lease(
+    p: Politeness, domain: str, now: float, clock: SharedClock | None = None, **how: Any
+) -> Granted:
+    """The lease a reserved page gets (``how``: a poll's, ahead of its slot), following
+    its deferrals from ``now``, the shared clock with it."""
     for _ in range(100):
-        decision = await p.acquire(domain, now, reserved=True)
+        if clock is not None:
+            clock.at = now
+        decision = await p.acquire(domain, now, **(how | {"reserved": True}))
         if isinstance(decision, Granted):
             return decision
         assert isinstance(decision, Deferred)
@@ -339,43 +360,64 @@ async def _first_lease(p: Politeness, domain: str, now: float) -> Granted:
     ],
     ids=["text", "a-list", "a-string", "every-time", "times-and-policy", "a-last-answer"],
 )
+@pytest.mark.parametrize(
+    "first",
+    [{}, {"reserved": True}, {"reserved": True, "queue": False, "ahead": 0.9}],
+    ids=["a-page", "a-reserved-page", "a-poll"],
+)
 async def test_a_record_that_cannot_tell_a_request_in_flight_holds_its_host_as_a_new_lease(
-    bus: Bus, record: bytes
+    bus: Bus, record: bytes, first: dict[str, Any]
 ) -> None:
     """A record whose hold no pod of this release can read (a release that writes it
     otherwise, a hand-made value) may stand for a request in flight: the host waits as
     if it had been granted the moment it was read, by this pod and every other, and is
-    granted again after that hold and a gap. Read as free, it was granted at once."""
-    p, other = await _politeness(bus), await _politeness(bus)
+    granted again after that hold and a gap, not later. Read as free, it was granted at
+    once; held without being written back, a poll found it unknown at each look and
+    was never granted."""
+    clock = SharedClock(1000.0)
+    p, other = await _politeness(bus, clock=clock), await _politeness(bus, clock=clock)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
     await kv.put(p.key("odd.example"), record)
 
-    first = await p.acquire("odd.example", 1000.0)
+    decision = await p.acquire("odd.example", 1000.0, **first)
 
-    assert isinstance(first, Deferred)
-    assert (await _first_lease(other, "odd.example", first.at)).start >= _HELD_FROM_1000 - 1e-6
+    assert isinstance(decision, Deferred)
+    lease = await _first_lease(other, "odd.example", decision.at, clock, **first)
+    assert _HELD_FROM_1000 - 1e-6 <= lease.start <= _HELD_FROM_1000 + CONFIG.min_delay
 
 
-@pytest.mark.parametrize("writer", ["finish", "set_delay", "observe"])
+@pytest.mark.parametrize("writer", ["finish", "finish-its-own-hold", "set_delay", "observe"])
 async def test_a_record_that_cannot_tell_a_request_in_flight_is_held_whoever_writes_it_first(
     bus: Bus, writer: str
 ) -> None:
     """A release, a Crawl-delay or a poll's answer that finds such a record writes the
-    same hold: written back as it was read (free), the next pod was granted at once."""
-    p, other = await _politeness(bus), await _politeness(bus)
+    same hold, from when it read the record, however long after its request ended it
+    writes (an extraction, a retry while the broker was away). Written back free, or
+    held from the request's end, the next pod was granted before the hold was out."""
+    clock = SharedClock(1000.0)  # the record is read at 1000, the answer came at 955
+    p, other = await _politeness(bus, clock=clock), await _politeness(bus, clock=clock)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
     await kv.put(p.key("odd.example"), b"not a record")
 
     if writer == "finish":
-        await p.finish("odd.example", Granted(hold_until=995.0, gap=10.0), 1000.0)
+        ours = Granted(
+            hold_until=950.0 + CONFIG.request_timeout + HOLD_SLACK, gap=10.0, start=950.0
+        )
+        await p.finish("odd.example", ours, 955.0)
+    elif writer == "finish-its-own-hold":
+        # A lease of 1000 whose hold is the one the record is given: still not ours.
+        hold = 1000.0 + CONFIG.request_timeout + HOLD_SLACK
+        await p.finish("odd.example", Granted(hold_until=hold, gap=10.0, start=1000.0), 1000.0)
     elif writer == "set_delay":
-        await p.set_delay("odd.example", CrawlDelay("https://odd.example", 10.0, 9e9), 1000.0)
+        await p.set_delay("odd.example", CrawlDelay("https://odd.example", 10.0, 9e9), 955.0)
     else:
-        await p.observe("odd.example", attempt("odd.example", end=1000.0))
+        await p.observe("odd.example", attempt("odd.example", end=955.0))
 
-    assert (await _first_lease(other, "odd.example", 1000.0)).start >= _HELD_FROM_1000 - 1e-6
-    # The pod that wrote it reads it as the bucket holds it.
-    assert (await _first_lease(p, "odd.example", 1000.0)).start >= _HELD_FROM_1000 - 1e-6
+    # The pod that wrote it keeps to the hold it wrote, as every other does.
+    clock.at = 1035.0
+    assert isinstance(await p.acquire("odd.example", 1035.0, reserved=True), Deferred)
+    lease = await _first_lease(other, "odd.example", 1000.0, clock)
+    assert lease.start >= _HELD_FROM_1000 - 1e-6
 
 
 async def test_a_record_whose_times_read_but_not_its_gap_is_granted_as_its_times_say(

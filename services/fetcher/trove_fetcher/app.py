@@ -351,6 +351,7 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 await bus.js.key_value(DOMAINS_BUCKET),
                 polite,
                 LearningConfig.from_settings(settings),
+                clock=clock.now,
             ),
             robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
             limits=FetchLimits.from_settings(settings),

@@ -42,6 +42,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -251,10 +253,19 @@ class Politeness:
     """Leases and slots for domains, over a KV bucket (one instance per pod)."""
 
     def __init__(
-        self, kv: KV, config: PolitenessConfig, learning: LearningConfig | None = None
+        self,
+        kv: KV,
+        config: PolitenessConfig,
+        learning: LearningConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.kv = kv
         self.config = config
+        #: The pods' shared time, read when a record's hold cannot be (``_read``): a
+        #: release or an answer written late (after its extraction, or retried while
+        #: the broker was away) would give a hold already past from its own instant.
+        self.clock = clock
         # The gap's bounds are the politeness settings', whatever the learning says.
         self.learning = replace(
             learning if learning is not None else LearningConfig(),
@@ -437,7 +448,7 @@ class Politeness:
                     slot.policy = self._folded(before, observation)
                 slot.free_at = max(slot.free_at, end + self.gap_of(slot))
                 slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
-                if slot.busy_until == grant.hold_until:
+                if slot.busy_until == grant.hold_until and not slot.hold_unknown:
                     slot.busy_until = 0.0
                 if await self._write(key, slot, revision):
                     _said_if_paused(domain, before, slot.policy, end)
@@ -508,10 +519,13 @@ class Politeness:
             # A record that cannot tell whether a request is in flight (a release that
             # writes it otherwise, a hand-made value) may stand for one granted just
             # now: read as free, the host was granted at once. It is held as a lease
-            # granted at ``now`` would hold it, and every pod waits out that hold and a
-            # gap after it once it is written back.
-            slot.busy_until = max(slot.busy_until, now + self.config.request_timeout + HOLD_SLACK)
-            slot.free_at = max(slot.free_at, now + self.gap_of(slot))
+            # granted as it is read would hold it, and every pod waits out that hold and
+            # a gap after it once it is written back.
+            read_at = max(now, self.clock())
+            slot.busy_until = max(
+                slot.busy_until, read_at + self.config.request_timeout + HOLD_SLACK
+            )
+            slot.free_at = max(slot.free_at, read_at + self.gap_of(slot))
         return slot, revision
 
     async def _write(self, key: str, slot: DomainSlot, revision: int | None) -> bool:
