@@ -383,10 +383,31 @@ async def test_a_record_that_cannot_tell_a_request_in_flight_holds_its_host_as_a
 
     assert isinstance(decision, Deferred)
     lease = await _first_lease(other, "odd.example", decision.at, clock, **first)
-    assert _HELD_FROM_1000 - 1e-6 <= lease.start <= _HELD_FROM_1000 + CONFIG.min_delay
+    assert lease.start == pytest.approx(_HELD_FROM_1000)
 
 
-@pytest.mark.parametrize("writer", ["finish", "finish-its-own-hold", "set_delay", "observe"])
+async def test_a_record_whose_hold_cannot_be_read_is_held_one_lease_not_its_queue(
+    bus: Bus,
+) -> None:
+    """A host with a day of pages queued (``next``) whose hold does not read: held as a
+    lease granted when it is read, and the pages whose slots come after that hold are
+    granted at them. Taken as the latest time the record held, the hold ran to the
+    queue's end, and the host stood idle for a day."""
+    clock = SharedClock(1000.0)
+    p = await _politeness(bus, clock=clock)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot(free_at=990.0, next=87_400.0, gap=10.0).encode())
+    await kv.put(p.key("queued.example"), json.dumps(raw | {"busy_until": "?"}).encode())
+
+    assert isinstance(await p.acquire("queued.example", 1000.0, reserved=True), Deferred)
+    lease = await _first_lease(p, "queued.example", 1045.0, clock)  # a slot after the hold
+
+    assert _HELD_FROM_1000 - 1e-6 <= lease.start <= 1045.0 + CONFIG.min_delay
+
+
+@pytest.mark.parametrize(
+    "writer", ["finish", "finish-its-own-hold", "finish-ahead-of-the-clock", "set_delay", "observe"]
+)
 async def test_a_record_that_cannot_tell_a_request_in_flight_is_held_whoever_writes_it_first(
     bus: Bus, writer: str
 ) -> None:
@@ -408,6 +429,12 @@ async def test_a_record_that_cannot_tell_a_request_in_flight_is_held_whoever_wri
         # A lease of 1000 whose hold is the one the record is given: still not ours.
         hold = 1000.0 + CONFIG.request_timeout + HOLD_SLACK
         await p.finish("odd.example", Granted(hold_until=hold, gap=10.0, start=1000.0), 1000.0)
+    elif writer == "finish-ahead-of-the-clock":
+        # The release's instant is later than the clock's earliest reading: the hold
+        # runs from the later of the two.
+        clock.at = 955.0
+        hold = 1000.0 + CONFIG.request_timeout + HOLD_SLACK
+        await p.finish("odd.example", Granted(hold_until=hold, gap=10.0, start=990.0), 1000.0)
     elif writer == "set_delay":
         await p.set_delay("odd.example", CrawlDelay("https://odd.example", 10.0, 9e9), 955.0)
     else:

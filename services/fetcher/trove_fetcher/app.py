@@ -351,7 +351,8 @@ async def serve(settings: FetcherSettings, stop: asyncio.Event, ready: asyncio.E
                 await bus.js.key_value(DOMAINS_BUCKET),
                 polite,
                 LearningConfig.from_settings(settings),
-                clock=clock.now,
+                # The latest the shared time can be: a hold given from it is not short.
+                clock=lambda: clock.at(time.time()),
             ),
             robots_kv=await bus.js.key_value(ROBOTS_BUCKET),
             limits=FetchLimits.from_settings(settings),

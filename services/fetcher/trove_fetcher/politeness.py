@@ -166,7 +166,9 @@ class DomainSlot:
         # a lease at once, and the write-back erased the pause. An unreadable time is
         # taken as the latest the record can tell (its policy's pause included), so the
         # host waits at least as long as it knew to; an unreadable gap is the largest its
-        # origins' Crawl-delays ask for, or the default.
+        # origins' Crawl-delays ask for, or the default. An unreadable hold is given when
+        # the record is read to be written (``Politeness._read``): as the latest time it
+        # held the host until its queue's end (``next``), a day for a long queue.
         try:
             values = [float(raw.get(k, 0.0)) for k in FIELDS]
         except (ValueError, TypeError):
@@ -175,9 +177,8 @@ class DomainSlot:
         if not values or not all(map(math.isfinite, values)):
             read = {k: finite(raw.get(k, 0.0)) for k in FIELDS}
             latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
-            values = [
-                (default_gap if k == "gap" else latest) if v is None else v for k, v in read.items()
-            ]
+            fill = {"gap": default_gap, "busy_until": 0.0}
+            values = [fill.get(k, latest) if v is None else v for k, v in read.items()]
         free_at, busy_until, next_, gap, backoff_until, claimed = values
         slot = cls(free_at, busy_until, next_, gap, backoff_until, claimed)
         # Read tolerantly: a record without a policy (written by an older pod) or with
