@@ -386,8 +386,13 @@ async def test_a_record_that_cannot_tell_a_request_in_flight_holds_its_host_as_a
     assert lease.start == pytest.approx(_HELD_FROM_1000)
 
 
+@pytest.mark.parametrize(
+    "unreadable",
+    [{"busy_until": "?"}, {"busy_until": "?", "free_at": "?"}, {"free_at": "?"}],
+    ids=["its-hold", "its-hold-and-free-time", "its-free-time"],
+)
 async def test_a_record_whose_hold_cannot_be_read_is_held_one_lease_not_its_queue(
-    bus: Bus,
+    bus: Bus, unreadable: dict[str, str]
 ) -> None:
     """A host with a day of pages queued (``next``) whose hold does not read: held as a
     lease granted when it is read, and the pages whose slots come after that hold are
@@ -397,12 +402,28 @@ async def test_a_record_whose_hold_cannot_be_read_is_held_one_lease_not_its_queu
     p = await _politeness(bus, clock=clock)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
     raw = json.loads(DomainSlot(free_at=990.0, next=87_400.0, gap=10.0).encode())
-    await kv.put(p.key("queued.example"), json.dumps(raw | {"busy_until": "?"}).encode())
+    await kv.put(p.key("queued.example"), json.dumps(raw | unreadable).encode())
 
     assert isinstance(await p.acquire("queued.example", 1000.0, reserved=True), Deferred)
     lease = await _first_lease(p, "queued.example", 1045.0, clock)  # a slot after the hold
 
     assert _HELD_FROM_1000 - 1e-6 <= lease.start <= 1045.0 + CONFIG.min_delay
+
+
+async def test_a_record_whose_hold_cannot_be_read_covers_a_lease_taken_ahead(bus: Bus) -> None:
+    """Another release's lease granted at 999.5 for a start at 1000.4 (taken ahead), on
+    a host of a 60 s gap: its record tells the free time it wrote (1060.4) but not its
+    hold. Read at 999.6, the hold given runs from the lease's start, not the read: from
+    the read, the host was granted 0.8 s inside the gap after that lease's hold."""
+    clock = SharedClock(999.6)
+    p = await _politeness(bus, clock=clock)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot(free_at=1060.4, next=1060.4, gap=60.0).encode())
+    await kv.put(p.key("ahead.example"), json.dumps(raw | {"busy_until": "?"}).encode())
+
+    lease = await _first_lease(p, "ahead.example", 999.6, clock)
+
+    assert lease.start >= 1000.4 + CONFIG.request_timeout + HOLD_SLACK + 60.0 - 1e-6
 
 
 @pytest.mark.parametrize(

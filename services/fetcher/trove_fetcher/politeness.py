@@ -94,6 +94,10 @@ BUSY_RECHECK = 0.05
 HOLD_SLACK = 1.0
 
 
+#: A record's times that a host rests until (``DomainSlot.decode``).
+_RESTS = frozenset({"free_at", "busy_until", "backoff_until"})
+
+
 class KV(Protocol):
     """The part of nats-py's KeyValue this module needs (the injected seam)."""
 
@@ -125,9 +129,10 @@ class DomainSlot:
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: Read from a record with a time or gap this pod could not read (never written).
     damaged: bool = False
-    #: Read from a record that cannot tell whether a request is in flight (its hold
-    #: unreadable, or no record this pod can read at all), and not yet written back
-    #: with a hold of its own (``Politeness._read``; never encoded).
+    #: Read from a record that cannot tell whether a request is in flight or has just
+    #: ended (its hold or its free time unreadable, or no record this pod can read at
+    #: all), and not yet written back with a hold of its own (``Politeness._read``;
+    #: never encoded).
     hold_unknown: bool = False
 
     def set_delay(self, delay: CrawlDelay, now: float) -> None:
@@ -166,9 +171,10 @@ class DomainSlot:
         # a lease at once, and the write-back erased the pause. An unreadable time is
         # taken as the latest the record can tell (its policy's pause included), so the
         # host waits at least as long as it knew to; an unreadable gap is the largest its
-        # origins' Crawl-delays ask for, or the default. An unreadable hold is given when
-        # the record is read to be written (``Politeness._read``): as the latest time it
-        # held the host until its queue's end (``next``), a day for a long queue.
+        # origins' Crawl-delays ask for, or the default. The queue's times (``next``,
+        # ``claimed``) are not times the host rests until, and are not taken: a host
+        # with a day of pages queued stood idle for the day. An unreadable hold is given
+        # when the record is read to be written (``Politeness._read``).
         try:
             values = [float(raw.get(k, 0.0)) for k in FIELDS]
         except (ValueError, TypeError):
@@ -176,7 +182,7 @@ class DomainSlot:
         read: dict[str, float | None] = {}
         if not values or not all(map(math.isfinite, values)):
             read = {k: finite(raw.get(k, 0.0)) for k in FIELDS}
-            latest = max((v for k, v in read.items() if k != "gap" and v is not None), default=0.0)
+            latest = max((v for k, v in read.items() if k in _RESTS and v is not None), default=0.0)
             fill = {"gap": default_gap, "busy_until": 0.0}
             values = [fill.get(k, latest) if v is None else v for k, v in read.items()]
         free_at, busy_until, next_, gap, backoff_until, claimed = values
@@ -199,7 +205,7 @@ class DomainSlot:
             slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
-            slot.hold_unknown = read["busy_until"] is None
+            slot.hold_unknown = read["busy_until"] is None or read["free_at"] is None
         return slot
 
 
@@ -517,16 +523,17 @@ class Politeness:
             # free a gap after it, whichever of the record's times could not be read.
             slot.free_at = max(slot.free_at, slot.policy.last_attempt_at + self.gap_of(slot))
         if slot.hold_unknown and now is not None:
-            # A record that cannot tell whether a request is in flight (a release that
-            # writes it otherwise, a hand-made value) may stand for one granted just
-            # now: read as free, the host was granted at once. It is held as a lease
-            # granted as it is read would hold it, and every pod waits out that hold and
-            # a gap after it once it is written back.
-            read_at = max(now, self.clock())
-            slot.busy_until = max(
-                slot.busy_until, read_at + self.config.request_timeout + HOLD_SLACK
-            )
-            slot.free_at = max(slot.free_at, read_at + self.gap_of(slot))
+            # A record that cannot tell whether a request is in flight or has just ended
+            # (a release that writes it otherwise, a hand-made value) may stand for one
+            # granted just now: read as free, the host was granted at once. It is held
+            # as a lease granted as it is read would hold it, and every pod waits out
+            # that hold and a gap after it once it is written back. A lease taken ahead
+            # (``acquire``'s ``ahead``) starts after it was granted, a gap before the
+            # free time it wrote: the hold runs from there when that is later.
+            gap = self.gap_of(slot)
+            start = max(now, self.clock(), slot.free_at - gap)
+            slot.busy_until = max(slot.busy_until, start + self.config.request_timeout + HOLD_SLACK)
+            slot.free_at = max(slot.free_at, start + gap)
         return slot, revision
 
     async def _write(self, key: str, slot: DomainSlot, revision: int | None) -> bool:
