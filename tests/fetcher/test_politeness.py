@@ -410,6 +410,35 @@ async def test_a_record_whose_hold_cannot_be_read_is_held_one_lease_not_its_queu
     assert _HELD_FROM_1000 - 1e-6 <= lease.start <= 1045.0 + CONFIG.min_delay
 
 
+async def test_a_pause_whose_record_and_policy_cannot_be_read_runs_to_its_queue(
+    bus: Bus,
+) -> None:
+    """A host paused an hour by a 429 (to 4601), three pages placed behind the pause;
+    then its pause and its policy's written otherwise. The pages behind the pause are
+    what the record still tells of it: no page goes before them. With the queue's end
+    not read, the host was granted at once, an hour inside its pause."""
+    p = await _politeness(bus)
+    lease = await p.acquire("paused.example", 1000.0)
+    assert isinstance(lease, Granted)
+    limited = attempt(
+        "paused.example", end=1001.0, outcome=CrawlOutcome.BLOCKED_4XX, status=429, retry_after=3600
+    )
+    await p.finish("paused.example", lease, 1001.0, limited)
+    for now in (1100.0, 1101.0, 1102.0):
+        assert isinstance(await p.acquire("paused.example", now), Deferred)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads((await kv.get(p.key("paused.example"))).value or b"")
+    assert raw["backoff_until"] >= 4601.0
+    raw["backoff_until"] = "2026-12-02T14:40:01Z"
+    raw[POLICY_KEY]["paused_until"] = "2026-12-02T14:40:01Z"
+    await kv.put(p.key("paused.example"), json.dumps(raw).encode())
+
+    other = await _politeness(bus)
+    poll = await _first_lease(other, "paused.example", 1200.0, queue=False)
+
+    assert poll.start >= 4601.0
+
+
 async def test_a_record_whose_hold_cannot_be_read_covers_a_lease_taken_ahead(bus: Bus) -> None:
     """Another release's lease granted at 999.5 for a start at 1000.4 (taken ahead), on
     a host of a 60 s gap: its record tells the free time it wrote (1060.4) but not its
