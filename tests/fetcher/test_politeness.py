@@ -439,6 +439,31 @@ async def test_a_pause_whose_record_and_policy_cannot_be_read_runs_to_its_queue(
     assert poll.start >= 4601.0
 
 
+async def test_a_pause_that_does_not_read_beside_a_policy_that_does_keeps_its_queue(
+    bus: Bus,
+) -> None:
+    """A host never paused, a hundred pages queued, its record's pause written otherwise
+    and its policy's read (no pause): the pages keep their slots. Run to the queue's
+    end, the host stood idle for the queue's length, and its pages were placed again
+    behind it."""
+    p = await _politeness(bus)
+    lease = await p.acquire("queued.example", 1000.0)
+    assert isinstance(lease, Granted)
+    await p.finish("queued.example", lease, 1000.5, attempt("queued.example", end=1000.5))
+    slots = [await p.acquire("queued.example", 1001.0) for _ in range(100)]
+    assert all(isinstance(slot, Deferred) for slot in slots)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads((await kv.get(p.key("queued.example"))).value or b"")
+    assert raw["next"] > 1900.0
+    await kv.put(p.key("queued.example"), json.dumps(raw | {"backoff_until": None}).encode())
+
+    first = slots[0]
+    assert isinstance(first, Deferred)
+    page = await _first_lease(await _politeness(bus), "queued.example", first.at)
+
+    assert page.start <= first.at + CONFIG.min_delay
+
+
 async def test_a_record_whose_hold_cannot_be_read_covers_a_lease_taken_ahead(bus: Bus) -> None:
     """Another release's lease granted at 999.5 for a start at 1000.4 (taken ahead), on
     a host of a 60 s gap: its record tells the free time it wrote (1060.4) but not its

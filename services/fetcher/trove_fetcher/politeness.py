@@ -173,10 +173,10 @@ class DomainSlot:
         # host waits at least as long as it knew to; an unreadable gap is the largest its
         # origins' Crawl-delays ask for, or the default. The queue's times (``next``,
         # ``claimed``) are not times the host rests until, and are not taken: a host
-        # with a day of pages queued stood idle for the day. But an unreadable pause
-        # (its policy's too) runs to the queue's end, where the pages that came during
-        # it were placed: a pause is never cut short. An unreadable hold is given when
-        # the record is read to be written (``Politeness._read``).
+        # with a day of pages queued stood idle for the day. But a pause that neither
+        # the record nor its policy tells runs to the queue's end, where the pages that
+        # came during it were placed: a pause is never cut short. An unreadable hold is
+        # given when the record is read to be written (``Politeness._read``).
         try:
             values = [float(raw.get(k, 0.0)) for k in FIELDS]
         except (ValueError, TypeError):
@@ -185,7 +185,13 @@ class DomainSlot:
         if not values or not all(map(math.isfinite, values)):
             read = {k: finite(raw.get(k, 0.0)) for k in FIELDS}
             latest = max((v for k, v in read.items() if k in _RESTS and v is not None), default=0.0)
-            queue_end = read["next"] or 0.0
+            # The policy tells the pause when it reads as an object whose pause (left
+            # out at 0) reads; it is folded in below.
+            told = raw.get(POLICY_KEY)
+            told_pause = (
+                isinstance(told, dict) and finite(told.get("paused_until", 0.0)) is not None
+            )
+            queue_end = 0.0 if told_pause else read["next"] or 0.0
             fill = {"gap": default_gap, "busy_until": 0.0, "backoff_until": max(latest, queue_end)}
             values = [fill.get(k, latest) if v is None else v for k, v in read.items()]
         free_at, busy_until, next_, gap, backoff_until, claimed = values
