@@ -410,8 +410,11 @@ async def test_a_record_whose_hold_cannot_be_read_is_held_one_lease_not_its_queu
     assert _HELD_FROM_1000 - 1e-6 <= lease.start <= 1045.0 + CONFIG.min_delay
 
 
+@pytest.mark.parametrize(
+    "written", ["2026-12-02T14:40:01Z", "4601.0", True], ids=["a-date", "text", "true"]
+)
 async def test_a_pause_whose_record_and_policy_cannot_be_read_runs_to_its_queue(
-    bus: Bus,
+    bus: Bus, written: object
 ) -> None:
     """A host paused an hour by a 429 (to 4601), three pages placed behind the pause;
     then its pause and its policy's written otherwise. The pages behind the pause are
@@ -430,7 +433,7 @@ async def test_a_pause_whose_record_and_policy_cannot_be_read_runs_to_its_queue(
     raw = json.loads((await kv.get(p.key("paused.example"))).value or b"")
     assert raw["backoff_until"] >= 4601.0
     raw["backoff_until"] = "2026-12-02T14:40:01Z"
-    raw[POLICY_KEY]["paused_until"] = "2026-12-02T14:40:01Z"
+    raw[POLICY_KEY]["paused_until"] = written  # a number's text or true: not a number
     await kv.put(p.key("paused.example"), json.dumps(raw).encode())
 
     other = await _politeness(bus)

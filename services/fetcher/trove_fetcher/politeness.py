@@ -185,14 +185,7 @@ class DomainSlot:
         if not values or not all(map(math.isfinite, values)):
             read = {k: finite(raw.get(k, 0.0)) for k in FIELDS}
             latest = max((v for k, v in read.items() if k in _RESTS and v is not None), default=0.0)
-            # The policy tells the pause when it reads as an object whose pause (left
-            # out at 0) reads; it is folded in below.
-            told = raw.get(POLICY_KEY)
-            told_pause = (
-                isinstance(told, dict) and finite(told.get("paused_until", 0.0)) is not None
-            )
-            queue_end = 0.0 if told_pause else read["next"] or 0.0
-            fill = {"gap": default_gap, "busy_until": 0.0, "backoff_until": max(latest, queue_end)}
+            fill = {"gap": default_gap, "busy_until": 0.0}
             values = [fill.get(k, latest) if v is None else v for k, v in read.items()]
         free_at, busy_until, next_, gap, backoff_until, claimed = values
         slot = cls(free_at, busy_until, next_, gap, backoff_until, claimed)
@@ -212,10 +205,21 @@ class DomainSlot:
         if None in read.values():
             slot.damaged = True
             slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
+            if read["backoff_until"] is None and not _tells_its_pause(raw, slot.policy):
+                slot.backoff_until = max(slot.backoff_until, read["next"] or 0.0)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
             slot.hold_unknown = read["busy_until"] is None or read["free_at"] is None
         return slot
+
+
+def _tells_its_pause(raw: dict[str, object], policy: HostPolicy) -> bool:
+    """Whether the record's policy, as read (``policy``), tells the host's pause: its
+    pause was read, or it is an object that leaves the pause out (none, at 0)."""
+    written = raw.get(POLICY_KEY)
+    if not isinstance(written, dict):
+        return False
+    return policy.paused_until > 0 if "paused_until" in written else True
 
 
 def finite(value: object) -> float | None:
