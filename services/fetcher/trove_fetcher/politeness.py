@@ -173,10 +173,10 @@ class DomainSlot:
         # host waits at least as long as it knew to; an unreadable gap is the largest its
         # origins' Crawl-delays ask for, or the default. The queue's times (``next``,
         # ``claimed``) are not times the host rests until, and are not taken: a host
-        # with a day of pages queued stood idle for the day. But a pause that neither
-        # the record nor its policy tells runs to the queue's end, where the pages that
-        # came during it were placed: a pause is never cut short. An unreadable hold is
-        # given when the record is read to be written (``Politeness._read``).
+        # with a day of pages queued stood idle for the day. But a pause that does not
+        # read runs to the queue's end (below): a pause is never cut short. An
+        # unreadable hold is given when the record is read to be written
+        # (``Politeness._read``).
         try:
             values = [float(raw.get(k, 0.0)) for k in FIELDS]
         except (ValueError, TypeError):
@@ -205,21 +205,18 @@ class DomainSlot:
         if None in read.values():
             slot.damaged = True
             slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
-            if read["backoff_until"] is None and not _tells_its_pause(raw, slot.policy):
-                slot.backoff_until = max(slot.backoff_until, read["next"] or 0.0)
+            if read["backoff_until"] is None:
+                # A pause that does not read runs to the policy's, however written, and
+                # to the queue's end, where the pages that came during it were placed.
+                # Not the policy's alone: an older pod writes none, and a host paused
+                # before keeps its pause in the record only.
+                written = raw.get(POLICY_KEY)
+                told = finite(written.get("paused_until")) if isinstance(written, dict) else None
+                slot.backoff_until = max(slot.backoff_until, told or 0.0, read["next"] or 0.0)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
             slot.hold_unknown = read["busy_until"] is None or read["free_at"] is None
         return slot
-
-
-def _tells_its_pause(raw: dict[str, object], policy: HostPolicy) -> bool:
-    """Whether the record's policy, as read (``policy``), tells the host's pause: its
-    pause was read, or it is an object that leaves the pause out (none, at 0)."""
-    written = raw.get(POLICY_KEY)
-    if not isinstance(written, dict):
-        return False
-    return policy.paused_until > 0 if "paused_until" in written else True
 
 
 def finite(value: object) -> float | None:
