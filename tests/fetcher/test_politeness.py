@@ -464,6 +464,32 @@ async def test_a_pause_that_does_not_read_runs_to_its_policys_written_as_text(
     assert poll.start >= 4601.0
 
 
+_HUGE = "1" + "0" * 400  # a JSON integer past a float's range
+
+
+@pytest.mark.parametrize(
+    ("record", "hold_unknown"),
+    [
+        (f'{{"busy_until": {_HUGE}, "gap": 10}}', True),
+        (f'{{"backoff_until": 4601, "p": {{"paused_until": {_HUGE}, "attempts": 3}}}}', False),
+        (f'{{"backoff_until": 4601, "d": {{"https://h.example": [{_HUGE}, 5]}}}}', False),
+    ],
+    ids=["a-time", "the-policy-pause", "a-crawl-delay"],
+)
+def test_an_integer_past_a_floats_range_costs_its_field_not_the_record(
+    record: str, hold_unknown: bool
+) -> None:
+    """Python reads any JSON integer, and turning one past a float's range into a float
+    raises OverflowError, which the field-by-field reading did not catch: every lease
+    of the host failed, and its pages were parked."""
+    slot = DomainSlot.decode(record.encode(), 10.0)
+
+    assert slot.hold_unknown is hold_unknown
+    if not hold_unknown:
+        assert slot.backoff_until == 4601.0
+    assert slot.policy.attempts == (3 if "attempts" in record else 0)
+
+
 async def test_a_record_whose_hold_cannot_be_read_covers_a_lease_taken_ahead(bus: Bus) -> None:
     """Another release's lease granted at 999.5 for a start at 1000.4 (taken ahead), on
     a host of a 60 s gap: its record tells the free time it wrote (1060.4) but not its

@@ -408,7 +408,12 @@ def _coerce(value: object, default: Any, *, text: int = 0) -> Any:
         return None
     if text:
         return value[:text] if isinstance(value, str) else None
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    if not isinstance(value, int | float):
+        return None
+    try:
+        if not math.isfinite(value):
+            return None
+    except OverflowError:  # an integer past a float's range
         return None
     if isinstance(default, int):
         return max(0, min(int(value), 2**31 - 1))

@@ -179,7 +179,7 @@ class DomainSlot:
         # (``Politeness._read``).
         try:
             values = [float(raw.get(k, 0.0)) for k in FIELDS]
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # an integer past a float's range
             values = []
         read: dict[str, float | None] = {}
         if not values or not all(map(math.isfinite, values)):
@@ -193,14 +193,14 @@ class DomainSlot:
         # one this pod cannot read keeps its lease, and the host starts from its priors.
         try:
             slot.policy = HostPolicy.from_json(raw.get(POLICY_KEY) or {})
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
             slot.policy = HostPolicy()
         try:
             slot.delays = {
                 str(o): (float(gap), float(until))
                 for o, (gap, until) in (raw.get(DELAYS_KEY) or {}).items()
             }
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, OverflowError):
             slot.delays = {}
         if None in read.values():
             slot.damaged = True
@@ -224,7 +224,7 @@ def finite(value: object) -> float | None:
     carries it), else None."""
     try:
         number = float(value)  # type: ignore[arg-type]
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         return None
     return number if math.isfinite(number) else None
 
