@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from trove_cli.broker import connect
 from trove_cli.database import engine as database_engine
 from trove_cli.outside import outside
-from trove_cli.status import SLOT_FIELDS
+from trove_cli.status import slot_times
 from trove_schema.budgets import (
     PLATFORMS,
     HostCount,
@@ -188,11 +187,8 @@ async def read_slot(js: JetStreamContext, host: str) -> tuple[dict[str, float] |
     value = await _read_kv(js, DOMAINS_BUCKET, domain_key(host))
     if value is None:
         return None, "no politeness record for this host"
-    try:
-        raw = json.loads(value)
-        return {k: float(raw.get(k) or 0.0) for k in SLOT_FIELDS}, None
-    except (ValueError, TypeError, AttributeError):
-        return None, "the politeness record is unreadable"
+    slot = slot_times(value)
+    return (slot, None) if slot is not None else (None, "the politeness record is unreadable")
 
 
 async def _read_budgets(js: JetStreamContext, found: DomainAudit) -> None:

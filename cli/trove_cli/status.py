@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import time
 import uuid
@@ -248,14 +249,18 @@ async def consumer_lag(js: JetStreamContext) -> list[ConsumerLag]:
     return lags
 
 
-def _slot(value: bytes | None) -> dict[str, float] | None:
+def slot_times(value: bytes | None) -> dict[str, float] | None:
+    """A host record's times (``SLOT_FIELDS``), or None when it is not one this reads:
+    not an object, or a time that is not a finite number (an integer past a float's
+    range, an infinity), which a report could not show."""
     try:
         raw = json.loads(value or b"")
         if not isinstance(raw, dict):
             return None
-        return {k: float(raw.get(k) or 0.0) for k in SLOT_FIELDS}
-    except (ValueError, TypeError):
+        times = {k: float(raw.get(k) or 0.0) for k in SLOT_FIELDS}
+    except (ValueError, TypeError, OverflowError):
         return None
+    return times if all(map(math.isfinite, times.values())) else None
 
 
 def _pause_reason(value: bytes) -> str | None:
@@ -336,7 +341,7 @@ async def _domains(js: JetStreamContext, status: Status) -> None:
     now = status.now if status.server_now is None else status.server_now
 
     def count(domain: str, value: bytes) -> None:
-        slot = _slot(value)
+        slot = slot_times(value)
         if slot is None:
             status.unreadable_slots += 1
             return

@@ -261,6 +261,18 @@ async def test_a_host_without_attempts_or_record_says_so(engine: AsyncEngine, bu
     assert "no politeness record for this host" in out.getvalue()
 
 
+async def test_a_host_record_of_an_integer_past_a_floats_range_is_said_unreadable(
+    engine: AsyncEngine, bus: Bus
+) -> None:
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put(domain_key("odd.example"), b'{"free_at": 1' + b"0" * 400 + b"}")
+
+    found = await collect_domain(engine, "odd.example", js=bus.js)
+
+    assert found.politeness is None
+    assert found.politeness_note == "the politeness record is unreadable"
+
+
 async def test_the_domain_says_whether_its_site_budget_counts_it(
     engine: AsyncEngine, bus: Bus
 ) -> None:

@@ -128,6 +128,30 @@ async def test_backing_off_domain_is_listed_with_its_seconds_left(
     assert status.unreadable_slots == 1
 
 
+@pytest.mark.parametrize(
+    "record",
+    [b'{"backoff_until": 1' + b"0" * 400 + b"}", b'{"backoff_until": 1e400}', b'{"next": "inf"}'],
+    ids=["an-integer-past-a-float", "an-infinity", "infinity-as-text"],
+)
+async def test_a_host_record_of_times_no_report_can_show_is_counted_unreadable(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine, record: bytes
+) -> None:
+    """A hand-made record: one of these stopped the whole report (an OverflowError
+    reading it, or drawing its pause's seconds left)."""
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put("odd.example", record)
+    out = io.StringIO()
+
+    code = await status_module.status_command(
+        stack.nats_url, stack.database_url, Console(file=out, width=200, color_system=None)
+    )
+
+    assert code == 0
+    assert "odd.example" not in out.getvalue()
+    status = await collect_status(bus.js, engine, now=time.time())
+    assert status.unreadable_slots == 1
+
+
 async def test_a_bucket_of_more_host_records_than_it_reads_is_counted_in_part_and_says_so(
     bus: Bus, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
