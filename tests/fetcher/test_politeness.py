@@ -490,6 +490,39 @@ def test_an_integer_past_a_floats_range_costs_its_field_not_the_record(
     assert slot.policy.attempts == (3 if "attempts" in record else 0)
 
 
+async def test_a_crawl_delay_that_is_not_a_number_is_none(bus: Bus) -> None:
+    """A host of a 60 s gap whose record keeps, beside its origin's 60 s, a delay of NaN
+    for another: once a robots.txt set a delay, the host's gap was NaN, and the next
+    lease came 30 s after the answer, not 60."""
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot(gap=60.0).encode())
+    raw["d"] = {"https://h.example": [float("nan"), 1e12], "http://h.example": [60.0, 1e12]}
+    await kv.put(p.key("h.example"), json.dumps(raw).encode())
+    lease = await p.acquire("h.example", 1000.0)
+    assert isinstance(lease, Granted)
+    delay = CrawlDelay("http://h.example:8080", 10.0, 1e12)
+
+    await p.finish("h.example", lease, 1030.0, delays=(delay,))
+
+    assert (await _first_lease(p, "h.example", 1031.0)).start >= 1090.0
+
+
+async def test_a_pause_its_policy_writes_as_text_holds_beside_a_record_pause_that_reads(
+    bus: Bus,
+) -> None:
+    # A record damaged elsewhere (its claim), its own pause read as none.
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot(free_at=1000.0).encode())
+    raw |= {"claimed": "?", POLICY_KEY: {"paused_until": "3000"}}
+    await kv.put(p.key("paused.example"), json.dumps(raw).encode())
+
+    poll = await _first_lease(p, "paused.example", 1000.0, queue=False)
+
+    assert poll.start >= 3000.0
+
+
 async def test_a_record_whose_hold_cannot_be_read_covers_a_lease_taken_ahead(bus: Bus) -> None:
     """Another release's lease granted at 999.5 for a start at 1000.4 (taken ahead), on
     a host of a 60 s gap: its record tells the free time it wrote (1060.4) but not its

@@ -500,6 +500,23 @@ def test_bytes_that_are_not_a_policy_are_refused(data: bytes) -> None:
         RobotsPolicy.from_bytes(data)
 
 
+@pytest.mark.parametrize(
+    "fetched_at",
+    ["NaN", "Infinity", "1" + "0" * 400],
+    ids=["nan", "infinity", "an-integer-past-a-float"],
+)
+def test_a_stored_policy_whose_times_never_come_is_refused(fetched_at: str) -> None:
+    # A NaN or an infinity never expired (the policy was kept for good); an integer past
+    # a float's range raised OverflowError, which the cache did not take for a miss.
+    stored = (
+        b'{"v":1,"origin":"http://odd.test","rule":"allow_all","fetched_at":'
+        + fetched_at.encode()
+        + b',"ttl":600.0,"status":404,"truncated":false,"error":null}\n'
+    )
+    with pytest.raises(ValueError, match="robots policy"):
+        RobotsPolicy.from_bytes(stored)
+
+
 def test_a_restored_policy_is_parsed_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     original = protego.Protego.parse

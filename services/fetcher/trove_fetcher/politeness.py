@@ -196,23 +196,32 @@ class DomainSlot:
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
             slot.policy = HostPolicy()
         try:
-            slot.delays = {
-                str(o): (float(gap), float(until))
+            # A delay that is not a finite number is none: a NaN gap compares false with
+            # every other, and made the host's gap NaN, which no time is a gap after.
+            read_delays = {
+                str(o): (finite(gap), finite(until))
                 for o, (gap, until) in (raw.get(DELAYS_KEY) or {}).items()
             }
-        except (ValueError, TypeError, AttributeError, OverflowError):
+            slot.delays = {
+                o: (gap, until)
+                for o, (gap, until) in read_delays.items()
+                if gap is not None and until is not None
+            }
+        except (ValueError, TypeError, AttributeError):
             slot.delays = {}
         if None in read.values():
             slot.damaged = True
-            slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
+            # The policy's pause, however written (a number's text, which the policy's
+            # reader does not take).
+            written = raw.get(POLICY_KEY)
+            told = finite(written.get("paused_until")) if isinstance(written, dict) else None
+            slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until, told or 0.0)
             if read["backoff_until"] is None:
-                # A pause that does not read runs to the policy's, however written, and
-                # to the queue's end, where the pages that came during it were placed.
-                # Not the policy's alone: an older pod writes none, and a host paused
-                # before keeps its pause in the record only.
-                written = raw.get(POLICY_KEY)
-                told = finite(written.get("paused_until")) if isinstance(written, dict) else None
-                slot.backoff_until = max(slot.backoff_until, told or 0.0, read["next"] or 0.0)
+                # A pause that does not read runs to the queue's end, where the pages
+                # that came during it were placed. Not to the policy's alone: an older
+                # pod writes none, and a host paused before keeps its pause in the
+                # record only.
+                slot.backoff_until = max(slot.backoff_until, read["next"] or 0.0)
             if read["gap"] is None and slot.delays:
                 slot.gap = max(slot.gap, *(gap for gap, _ in slot.delays.values()))
             slot.hold_unknown = read["busy_until"] is None or read["free_at"] is None

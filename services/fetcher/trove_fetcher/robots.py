@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import time
 import zlib
@@ -528,6 +529,10 @@ class RobotsPolicy:
             # Absent from the records of older pods.
             failure = header.get("failure")
             retry_after = header.get("retry_after")
+            times = (header["fetched_at"], header["ttl"], retry_after or 0.0)
+            if not all(math.isfinite(float(t)) for t in times):
+                # A time that never comes (NaN, an infinity) would keep it for good.
+                raise ValueError("not a robots policy: a time that is not a finite number")
             return cls(
                 origin=str(header["origin"]),
                 rule=RobotsRule(header["rule"]),
@@ -540,7 +545,7 @@ class RobotsPolicy:
                 failure=None if failure is None else str(failure),
                 retry_after=None if retry_after is None else float(retry_after),
             )
-        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        except (KeyError, TypeError, AttributeError, OverflowError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a robots policy: {exc}") from exc
 
 
