@@ -508,6 +508,39 @@ async def test_a_crawl_delay_that_is_not_a_number_is_none(bus: Bus) -> None:
     assert (await _first_lease(p, "h.example", 1031.0)).start >= 1090.0
 
 
+@pytest.mark.parametrize(
+    ("until", "gap"),
+    [
+        ("Infinity", 60.0),
+        ("1" + "0" * 400, 60.0),
+        ('"later"', 60.0),
+        ("Infinity", '"?"'),
+    ],
+    ids=["infinity", "an-integer-past-a-float", "text", "infinity-and-the-gap-unread"],
+)
+async def test_a_crawl_delay_whose_expiry_cannot_be_read_is_kept(
+    bus: Bus, until: str, gap: object
+) -> None:
+    """A host of a 60 s gap (an origin's Crawl-delay) whose record keeps that delay with
+    an expiry no pod of this release reads: when another origin's robots.txt set a
+    delay of 10 s, the host's gap was made from that one alone, and the next lease came
+    30 s after the answer, not 60."""
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot(free_at=990.0, gap=60.0).encode())
+    raw["gap"] = gap
+    record = json.dumps(raw)[:-1] + (
+        f', "d": {{"https://h.example": [60, {until}], "http://h.example": [10, 1e12]}}}}'
+    )
+    await kv.put(p.key("h.example"), record.encode())
+    lease = await _first_lease(p, "h.example", 1000.0)
+    delay = CrawlDelay("http://h.example", 10.0, 1e12)
+
+    await p.finish("h.example", lease, lease.start + 30.0, delays=(delay,))
+
+    assert (await _first_lease(p, "h.example", lease.start + 31.0)).start >= lease.start + 90.0
+
+
 async def test_a_pause_its_policy_writes_as_text_holds_beside_a_record_pause_that_reads(
     bus: Bus,
 ) -> None:

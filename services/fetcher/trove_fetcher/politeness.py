@@ -197,15 +197,20 @@ class DomainSlot:
             slot.policy = HostPolicy()
         try:
             # A delay that is not a finite number is none: a NaN gap compares false with
-            # every other, and made the host's gap NaN, which no time is a gap after.
+            # every other, and made the host's gap NaN, which no time is a gap after. A
+            # delay whose expiry does not read is kept a day from the record's latest
+            # time (a robots.txt is obeyed a day at most): dropped, the next Crawl-delay
+            # another origin set made the host's gap from the rest.
+            times = (slot.free_at, slot.busy_until, slot.next, slot.backoff_until, slot.claimed)
+            horizon = max(*times, slot.policy.last_attempt_at) + LEGACY_DELAY_SECONDS
             read_delays = {
                 str(o): (finite(gap), finite(until))
                 for o, (gap, until) in (raw.get(DELAYS_KEY) or {}).items()
             }
             slot.delays = {
-                o: (gap, until)
+                o: (gap, horizon if until is None else until)
                 for o, (gap, until) in read_delays.items()
-                if gap is not None and until is not None
+                if gap is not None
             }
         except (ValueError, TypeError, AttributeError):
             slot.delays = {}
