@@ -509,36 +509,63 @@ async def test_a_crawl_delay_that_is_not_a_number_is_none(bus: Bus) -> None:
 
 
 @pytest.mark.parametrize(
-    ("until", "gap"),
+    ("delay", "gap", "times"),
     [
-        ("Infinity", 60.0),
-        ("1" + "0" * 400, 60.0),
-        ('"later"', 60.0),
-        ("Infinity", '"?"'),
+        ("[60, Infinity]", 60.0, True),
+        ("[60, 1" + "0" * 400 + "]", 60.0, True),
+        ('[60, "later"]', 60.0, True),
+        ("[60, Infinity]", '"?"', True),
+        ('[60, "later"]', 60.0, False),  # the day counted from the read, not from 0
+        ('["sixty", 1e12]', 60.0, True),  # the record's gap stands for it
+        ("[1" + "0" * 400 + ", 1e12]", 60.0, True),
     ],
-    ids=["infinity", "an-integer-past-a-float", "text", "infinity-and-the-gap-unread"],
+    ids=[
+        "infinity",
+        "an-integer-past-a-float",
+        "text",
+        "infinity-and-the-gap-unread",
+        "text-and-the-times-unread",
+        "a-gap-as-text",
+        "a-gap-past-a-float",
+    ],
 )
-async def test_a_crawl_delay_whose_expiry_cannot_be_read_is_kept(
-    bus: Bus, until: str, gap: object
+async def test_a_crawl_delay_that_cannot_be_read_keeps_its_hosts_gap(
+    bus: Bus, delay: str, gap: object, times: bool
 ) -> None:
-    """A host of a 60 s gap (an origin's Crawl-delay) whose record keeps that delay with
-    an expiry no pod of this release reads: when another origin's robots.txt set a
-    delay of 10 s, the host's gap was made from that one alone, and the next lease came
-    30 s after the answer, not 60."""
+    """A host of a 60 s gap (an origin's Crawl-delay) whose record keeps that delay in a
+    form no pod of this release reads: when another origin's robots.txt set a delay of
+    10 s, the host's gap was made from that one alone, and the next lease came 30 s
+    after the answer, not 60. ``times``: whether the record's times read (else a day
+    counted from them was counted from 0, long past)."""
+    now = 1_000_000.0
     p = await _politeness(bus)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
-    raw = json.loads(DomainSlot(free_at=990.0, gap=60.0).encode())
-    raw["gap"] = gap
+    raw = json.loads(DomainSlot().encode()) | {"gap": gap, "free_at": now - 10.0}
+    raw |= {} if times else {"free_at": "?", "busy_until": "?"}
     record = json.dumps(raw)[:-1] + (
-        f', "d": {{"https://h.example": [60, {until}], "http://h.example": [10, 1e12]}}}}'
+        f', "d": {{"https://h.example": {delay}, "http://h.example": [10, 1e12]}}}}'
     )
     await kv.put(p.key("h.example"), record.encode())
-    lease = await _first_lease(p, "h.example", 1000.0)
-    delay = CrawlDelay("http://h.example", 10.0, 1e12)
+    lease = await _first_lease(p, "h.example", now)
+    shorter = CrawlDelay("http://h.example", 10.0, 1e12)
 
-    await p.finish("h.example", lease, lease.start + 30.0, delays=(delay,))
+    await p.finish("h.example", lease, lease.start + 30.0, delays=(shorter,))
 
     assert (await _first_lease(p, "h.example", lease.start + 31.0)).start >= lease.start + 90.0
+
+
+async def test_a_hosts_gap_is_never_past_the_longest_the_settings_allow(bus: Bus) -> None:
+    # A hand-made record's gap of 1e9 s held its host for decades.
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    await kv.put(p.key("h.example"), DomainSlot(gap=1e9).encode())
+    lease = await p.acquire("h.example", 1000.0)
+    assert isinstance(lease, Granted)
+
+    await p.finish("h.example", lease, 1001.0)
+
+    later = await _first_lease(p, "h.example", 1002.0)
+    assert later.start == pytest.approx(1001.0 + CONFIG.max_delay)
 
 
 async def test_a_pause_its_policy_writes_as_text_holds_beside_a_record_pause_that_reads(

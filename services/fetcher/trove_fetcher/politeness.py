@@ -134,6 +134,9 @@ class DomainSlot:
     #: all), and not yet written back with a hold of its own (``Politeness._read``;
     #: never encoded).
     hold_unknown: bool = False
+    #: Origins whose Crawl-delay's expiry did not read: kept a day from when the record
+    #: is read to be written (``Politeness._read``; never encoded).
+    delays_unread: frozenset[str] = frozenset()
 
     def set_delay(self, delay: CrawlDelay, now: float) -> None:
         """Keep ``delay`` for its origin, forget the expired, and make the host's gap
@@ -196,24 +199,25 @@ class DomainSlot:
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
             slot.policy = HostPolicy()
         try:
-            # A delay that is not a finite number is none: a NaN gap compares false with
-            # every other, and made the host's gap NaN, which no time is a gap after. A
-            # delay whose expiry does not read is kept a day from the record's latest
-            # time (a robots.txt is obeyed a day at most): dropped, the next Crawl-delay
-            # another origin set made the host's gap from the rest.
-            times = (slot.free_at, slot.busy_until, slot.next, slot.backoff_until, slot.claimed)
-            horizon = max(*times, slot.policy.last_attempt_at) + LEGACY_DELAY_SECONDS
-            read_delays = {
-                str(o): (finite(gap), finite(until))
-                for o, (gap, until) in (raw.get(DELAYS_KEY) or {}).items()
-            }
-            slot.delays = {
-                o: (gap, horizon if until is None else until)
-                for o, (gap, until) in read_delays.items()
-                if gap is not None
-            }
+            # Each Crawl-delay as far as it reads. A NaN gap compares false with every
+            # other, and made the host's gap NaN, which no time is a gap after; dropped,
+            # a delay that did not read let the next Crawl-delay another origin set make
+            # the host's gap from the rest. A delay whose gap does not read is the
+            # record's gap, for an origin not known; one whose expiry does not read is
+            # kept a day (a robots.txt is obeyed a day at most) from the read.
+            delays: dict[str, tuple[float, float]] = {}
+            unread: set[str] = set()
+            for origin, (gap, until) in (raw.get(DELAYS_KEY) or {}).items():
+                read_gap, read_until = finite(gap), finite(until)
+                key = str(origin) if read_gap is not None else UNKNOWN_ORIGIN
+                if read_gap is None:
+                    read_gap = max(slot.gap, delays.get(key, (0.0, 0.0))[0])
+                if read_until is None:
+                    unread.add(key)
+                delays[key] = (read_gap, 0.0 if read_until is None else read_until)
+            slot.delays, slot.delays_unread = delays, frozenset(unread)
         except (ValueError, TypeError, AttributeError):
-            slot.delays = {}
+            slot.delays, slot.delays_unread = {}, frozenset()
         if None in read.values():
             slot.damaged = True
             # The policy's pause, however written (a number's text, which the policy's
@@ -324,8 +328,10 @@ class Politeness:
         )
 
     def gap_of(self, slot: DomainSlot) -> float:
-        """The host's gap now: its configured gap (or Crawl-delay), as its policy sets it."""
-        return host_gap(slot.policy, slot.gap, self.learning)
+        """The host's gap now: its configured gap (or Crawl-delay), as its policy sets it,
+        never past the politeness settings' longest (a record's gap is read as written:
+        a hand-made one of 1e9 held its host for decades)."""
+        return min(host_gap(slot.policy, slot.gap, self.learning), self.learning.max_gap)
 
     async def acquire(
         self,
@@ -546,6 +552,11 @@ class Politeness:
             # What the record's policy still says of the host's last answer: the host is
             # free a gap after it, whichever of the record's times could not be read.
             slot.free_at = max(slot.free_at, slot.policy.last_attempt_at + self.gap_of(slot))
+        if slot.delays_unread and now is not None:
+            until = max(now, self.clock()) + LEGACY_DELAY_SECONDS
+            for origin in slot.delays_unread:
+                slot.delays[origin] = (slot.delays[origin][0], until)
+            slot.delays_unread = frozenset()
         if slot.hold_unknown and now is not None:
             # A record that cannot tell whether a request is in flight or has just ended
             # (a release that writes it otherwise, a hand-made value) may stand for one
@@ -573,7 +584,7 @@ class Politeness:
         if len(self._written) >= WRITTEN_MEMORY and key not in self._written:
             del self._written[next(iter(self._written))]
         # The policy is immutable, so a shallow copy is a copy.
-        self._written[key] = (replace(slot, hold_unknown=False), written)
+        self._written[key] = (replace(slot, hold_unknown=False, delays_unread=frozenset()), written)
         return True
 
     def _guess(self, key: str) -> tuple[DomainSlot, int] | None:
