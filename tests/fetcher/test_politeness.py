@@ -554,6 +554,28 @@ async def test_a_crawl_delay_that_cannot_be_read_keeps_its_hosts_gap(
     assert (await _first_lease(p, "h.example", lease.start + 31.0)).start >= lease.start + 90.0
 
 
+async def test_delays_read_as_one_origins_keep_the_longer_and_the_later(bus: Bus) -> None:
+    """An origin not known's live 60 s delay, then a delay whose gap does not read and
+    which has expired: read as the same origin's, the second replaced the first, and
+    the host's gap was made from another origin's 10 s at the next Crawl-delay set."""
+    now = 1_000_000.0
+    p = await _politeness(bus)
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    raw = json.loads(DomainSlot(free_at=now - 10.0, gap=60.0).encode())
+    raw["d"] = {
+        "?": [60.0, now + 50_000.0],
+        "https://h.example": ["sixty", 5.0],
+        "http://h.example": [10.0, 1e12],
+    }
+    await kv.put(p.key("h.example"), json.dumps(raw).encode())
+    lease = await _first_lease(p, "h.example", now)
+    shorter = CrawlDelay("http://h.example", 10.0, 1e12)
+
+    await p.finish("h.example", lease, lease.start + 30.0, delays=(shorter,))
+
+    assert (await _first_lease(p, "h.example", lease.start + 31.0)).start >= lease.start + 90.0
+
+
 async def test_a_hosts_gap_is_never_past_the_longest_the_settings_allow(bus: Bus) -> None:
     # A hand-made record's gap of 1e9 s held its host for decades.
     p = await _politeness(bus)

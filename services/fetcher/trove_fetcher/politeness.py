@@ -211,10 +211,14 @@ class DomainSlot:
                 read_gap, read_until = finite(gap), finite(until)
                 key = str(origin) if read_gap is not None else UNKNOWN_ORIGIN
                 if read_gap is None:
-                    read_gap = max(slot.gap, delays.get(key, (0.0, 0.0))[0])
+                    read_gap = slot.gap
                 if read_until is None:
                     unread.add(key)
-                delays[key] = (read_gap, 0.0 if read_until is None else read_until)
+                # Two delays read as one origin's (the origin not known) keep the
+                # longer gap and the later expiry: the later one does not replace the
+                # first, which may be the live one.
+                prior_gap, prior_until = delays.get(key, (0.0, 0.0))
+                delays[key] = (max(read_gap, prior_gap), max(read_until or 0.0, prior_until))
             slot.delays, slot.delays_unread = delays, frozenset(unread)
         except (ValueError, TypeError, AttributeError):
             slot.delays, slot.delays_unread = {}, frozenset()
@@ -555,7 +559,8 @@ class Politeness:
         if slot.delays_unread and now is not None:
             until = max(now, self.clock()) + LEGACY_DELAY_SECONDS
             for origin in slot.delays_unread:
-                slot.delays[origin] = (slot.delays[origin][0], until)
+                gap, known = slot.delays[origin]
+                slot.delays[origin] = (gap, max(known, until))
             slot.delays_unread = frozenset()
         if slot.hold_unknown and now is not None:
             # A record that cannot tell whether a request is in flight or has just ended
