@@ -554,26 +554,42 @@ async def test_a_crawl_delay_that_cannot_be_read_keeps_its_hosts_gap(
     assert (await _first_lease(p, "h.example", lease.start + 31.0)).start >= lease.start + 90.0
 
 
-async def test_delays_read_as_one_origins_keep_the_longer_and_the_later(bus: Bus) -> None:
-    """An origin not known's live 60 s delay, then a delay whose gap does not read and
-    which has expired: read as the same origin's, the second replaced the first, and
-    the host's gap was made from another origin's 10 s at the next Crawl-delay set."""
-    now = 1_000_000.0
+_NOW = 1_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("delays", "kept_until"),
+    [
+        # An origin not known's live delay, then an expired one whose gap does not read.
+        ({"?": [60.0, _NOW + 50_000.0], "https://h.example": ["sixty", 5.0]}, None),
+        # A live one whose gap does not read (the record's 60), then a shorter known.
+        ({"https://h.example": ["x", 1e12], "?": [20.0, _NOW + 50_000.0]}, None),
+        # A live one known to 1e12, then one whose gap and expiry do not read.
+        ({"?": [60.0, 1e12], "https://h.example": ["x", "x"]}, 1e12),
+    ],
+    ids=["an-expired-one-second", "a-shorter-one-second", "an-unread-expiry-second"],
+)
+async def test_delays_read_as_one_origins_keep_the_longer_and_the_later(
+    bus: Bus, delays: dict[str, list[object]], kept_until: float | None
+) -> None:
+    """Crawl-delays read as one origin's (the origin not known's, and one whose gap does
+    not read, which stands as the record's gap): the second replaced the first, and the
+    host's gap was made from another origin's 10 s at the next Crawl-delay set, or a
+    live delay's expiry was cut to a day."""
     p = await _politeness(bus)
     kv = await bus.js.key_value(DOMAINS_BUCKET)
-    raw = json.loads(DomainSlot(free_at=now - 10.0, gap=60.0).encode())
-    raw["d"] = {
-        "?": [60.0, now + 50_000.0],
-        "https://h.example": ["sixty", 5.0],
-        "http://h.example": [10.0, 1e12],
-    }
+    raw = json.loads(DomainSlot(free_at=_NOW - 10.0, gap=60.0).encode())
+    raw["d"] = delays | {"http://h.example": [10.0, 1e12]}
     await kv.put(p.key("h.example"), json.dumps(raw).encode())
-    lease = await _first_lease(p, "h.example", now)
+    lease = await _first_lease(p, "h.example", _NOW)
     shorter = CrawlDelay("http://h.example", 10.0, 1e12)
 
     await p.finish("h.example", lease, lease.start + 30.0, delays=(shorter,))
 
     assert (await _first_lease(p, "h.example", lease.start + 31.0)).start >= lease.start + 90.0
+    if kept_until is not None:
+        stored = json.loads((await kv.get(p.key("h.example"))).value or b"")
+        assert stored["d"]["?"] == [60.0, kept_until]
 
 
 async def test_a_hosts_gap_is_never_past_the_longest_the_settings_allow(bus: Bus) -> None:
