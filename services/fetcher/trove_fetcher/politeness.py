@@ -556,13 +556,16 @@ class Politeness:
             # What the record's policy still says of the host's last answer: the host is
             # free a gap after it, whichever of the record's times could not be read.
             slot.free_at = max(slot.free_at, slot.policy.last_attempt_at + self.gap_of(slot))
-        if slot.delays_unread and now is not None:
-            until = max(now, self.clock()) + LEGACY_DELAY_SECONDS
+        if now is None or not (slot.delays_unread or slot.hold_unknown):
+            return slot, revision
+        read_at = max(now, self.clock())
+        if slot.delays_unread:
+            until = read_at + LEGACY_DELAY_SECONDS
             for origin in slot.delays_unread:
                 gap, known = slot.delays[origin]
                 slot.delays[origin] = (gap, max(known, until))
             slot.delays_unread = frozenset()
-        if slot.hold_unknown and now is not None:
+        if slot.hold_unknown:
             # A record that cannot tell whether a request is in flight or has just ended
             # (a release that writes it otherwise, a hand-made value) may stand for one
             # granted just now: read as free, the host was granted at once. It is held
@@ -571,7 +574,7 @@ class Politeness:
             # (``acquire``'s ``ahead``) starts after it was granted, a gap before the
             # free time it wrote: the hold runs from there when that is later.
             gap = self.gap_of(slot)
-            start = max(now, self.clock(), slot.free_at - gap)
+            start = max(read_at, slot.free_at - gap)
             slot.busy_until = max(slot.busy_until, start + self.config.request_timeout + HOLD_SLACK)
             slot.free_at = max(slot.free_at, start + gap)
         return slot, revision
