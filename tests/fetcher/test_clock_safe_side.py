@@ -178,3 +178,35 @@ async def test_a_servers_clock_set_is_a_new_time_not_a_drift_that_doubts_every_r
     # the one before may lie ahead.
     assert max(wrong_side) == 0.0
     assert clock.at(script.wall()) - clock.now() == pytest.approx(abs(step), abs=0.05)
+
+
+class Descheduled(Script):
+    """A script whose pod is descheduled for ``lag`` after each read of either clock:
+    another thread holding the interpreter, or a node too busy to run it."""
+
+    def __init__(self, lag: float) -> None:
+        super().__init__()
+        self.lag = 0.0
+        self.later = lag
+
+    def wall(self) -> float:
+        read = super().wall()
+        self.advance(self.lag)
+        return read
+
+    def monotonic(self) -> float:
+        read = super().monotonic()
+        self.advance(self.lag)
+        return read
+
+
+async def test_a_pod_descheduled_between_its_clock_reads_never_places_a_moment_early() -> None:
+    script = Descheduled(lag=0.02)
+    clock = script.clock()
+    await clock.start()
+    script.lag = script.later  # from here, each read of a clock costs 20 ms
+    for _ in range(5):
+        arrived = script.server()  # an answer arrives, and the pod reads its wall clock
+        local = script.wall()
+        assert clock.at(local) >= arrived
+        script.advance(1.0)

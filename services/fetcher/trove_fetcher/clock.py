@@ -251,9 +251,16 @@ class ServerClock:
     def at(self, local: float) -> float:
         """The latest the server's time can have been at ``local`` (a ``time.time()``,
         of a moment just past: it is placed on the pod's clock by the wall clock's
-        reading now)."""
+        reading now).
+
+        The wall clock is read before the pod's: a pod descheduled between the two reads
+        (another thread holding the interpreter, a busy node) places ``local`` later by
+        that time, never earlier. Read the other way round, a 20 ms wait between them
+        made an answer's end 20 ms early, and the host's next request as much inside its
+        gap."""
+        wall = self._wall()
         at = self._monotonic()
-        return local - self._wall() + max(e.latest(at) for e in self._held(at))
+        return local - wall + max(e.latest(at) for e in self._held(at))
 
     def _held(self, at: float) -> list[Estimate]:
         """The estimate in use, and those of the servers before while an instant written
