@@ -315,10 +315,16 @@ _CLOSED: tuple[bytes, ...] = ()
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _TCP_INFO_LEN = 60
 _LAST_DATA_SENT, _LAST_DATA_RECV = 44, 52
-#: The kernel keeps those times in jiffies (1000/HZ ms; HZ is 100 to 1000): a time it
-#: gives may be up to one jiffy longer than the real one. Taken off every "how long
-#: ago", so that a moment worked out from it is never earlier than the real one.
-_JIFFY = 0.010
+#: How much longer than the real one a "how long ago" of those may be, taken off every
+#: one so that a moment worked out from it is never earlier than the real one. The
+#: kernel keeps the times in jiffies (1000/HZ ms; HZ is 100 to 1000), and a segment is
+#: stamped with the jiffies of its arrival, which run behind when the CPU that counts
+#: them is not run (a busy node, a VM whose vCPU is descheduled): the kernel takes the
+#: count over on another CPU after five ticks stalled. Six ticks at the coarsest HZ:
+#: with one jiffy taken off, an answer's end could be placed tens of ms early, and its
+#: host's next request as much inside the gap. The cost: an answer read within this of
+#: its arrival counts from the read, up to 60 ms of rest the host did not ask for.
+_STAMP_SLACK = 0.060
 
 #: The response extension holding the response's ``AnswerTime``.
 ANSWER_TIME = "trove.answer_time"
@@ -359,7 +365,7 @@ class AnswerTime:
             return
         self.seconds = max(0, sent_ago - received_ago) / 1000.0
         if whole:
-            self.received_at = time.time() - max(0.0, received_ago / 1000.0 - _JIFFY)
+            self.received_at = time.time() - max(0.0, received_ago / 1000.0 - _STAMP_SLACK)
 
 
 class _ResponseStream(httpx.AsyncByteStream):
