@@ -29,6 +29,8 @@ SLEW = 5e-4
 UNMEASURED = 0.002
 #: How often the tests look at the estimate, in true seconds.
 STEP = 0.1
+#: As often, where a step of the server's clock is smaller than ``STEP``'s.
+FINE = 0.01
 
 
 class Script:
@@ -210,3 +212,42 @@ async def test_a_pod_descheduled_between_its_clock_reads_never_places_a_moment_e
         local = script.wall()
         assert clock.at(local) >= arrived
         script.advance(1.0)
+
+
+@pytest.mark.parametrize("step", [0.05, 0.5, 1.2])
+async def test_a_step_of_the_servers_clock_taken_for_a_slew_finds_no_host_free_early(
+    step: float,
+) -> None:
+    # nats-server's clock is set forward by less than a pod takes for a new time (NTP
+    # stepping an offset past 128 ms, a VM's clock set after a pause), just after pod
+    # ``b`` released a host on the time before. Pod ``a`` reads the new time at once.
+    gap = 2.0
+    script = Script()
+    a, b = script.clock(), script.clock()
+    await a.start()
+    await b.start()
+    for _ in range(3):  # the pods read the time every few seconds
+        script.advance(PROBE_INTERVAL)
+        await a.read()
+        await b.read()
+    script.advance(PROBE_INTERVAL - 0.1)
+    free_at, ends = b.at(script.wall()) + gap, script.true + gap
+    script.servers["n1"] += step
+    await a.read()
+    stepped = script.true
+
+    early: list[tuple[str, float]] = []
+    while script.true < stepped + outlasting(PolitenessConfig()) + 2 * PROBE_INTERVAL:
+        for _ in range(round(PROBE_INTERVAL / FINE)):
+            script.advance(FINE)
+            for pod, clock in (("a", a), ("b", b)):
+                if clock.now() >= free_at and script.true < ends:
+                    early.append((pod, round(ends - script.true, 3)))
+        await a.read()
+        await b.read()
+
+    assert not early, f"the host found free before its gap ended: {early[:3]}"
+    # Once every instant written on the time before has passed, the new time alone.
+    for clock in (a, b):
+        assert script.server() - 0.01 <= clock.now() <= script.server()
+        assert script.server() <= clock.at(script.wall()) <= script.server() + 0.01

@@ -283,6 +283,13 @@ class ServerClock:
             before = self._estimate
             self._before.append((before, measured.taken + self._outlast))
             self._readings.clear()
+        elif self._readings and self._came_forward(measured):
+            # The server's time came forward past what the estimate allowed (a step
+            # too small to be taken for a new time, a slew not yet measured): the
+            # instants written on the estimate would come early by as much. It is
+            # kept beside the new one while they may lie ahead, as for a new time; the
+            # readings stay, to measure a slew.
+            self._before.append((self._estimate, measured.taken + self._outlast))
         self._before = [(e, until) for e, until in self._before if until > measured.taken]
         self._readings.append(measured)
         rate = drift(self._readings)
@@ -305,6 +312,12 @@ class ServerClock:
             )
         CLOCK_OFFSET.set(self.offset)
         return measured
+
+    def _came_forward(self, fresh: Reading) -> bool:
+        """Whether ``fresh`` puts the server's time later, beyond its error, than the
+        latest the estimate in use allowed when it was taken."""
+        estimate = self._estimate
+        return fresh.offset - fresh.error > estimate.best.offset + estimate.doubt(fresh.taken)
 
     async def start(self) -> None:
         """The first reads, before any lease: the start fails if the server cannot say."""
