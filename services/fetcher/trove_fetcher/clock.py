@@ -88,11 +88,6 @@ DRIFT = 1e-4
 #: tell from a slew (under 1.25 s between reads 5 s apart) is counted as one, doubting
 #: the estimate by at most as much until its readings go.
 MAX_SLEW = 0.25
-#: The largest step of the server's clock a pod takes for a slew (two reads apart): a
-#: step past it is a new time, and the pod keeps to the earlier of the two while an
-#: instant written on the one before may lie ahead (``ServerClock.read``). Below it, a
-#: pod keeps the rest it wrote on its own clock as well (``politeness.LocalRests``).
-STEP_TAKEN_FOR_SLEW = MAX_SLEW * PROBE_INTERVAL
 #: How finely a reading is stamped: ``server_time`` keeps microseconds.
 STAMP = 1e-6
 #: ``CLOCK_BOOTTIME``, where there is one (Linux): see ``elapsed``.

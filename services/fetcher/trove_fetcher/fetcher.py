@@ -39,7 +39,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from trove_fetcher.clock import STEP_TAKEN_FOR_SLEW, Clock, WallClock, elapsed
+from trove_fetcher.clock import Clock, WallClock
 from trove_fetcher.completion import (
     Work,
     completed,
@@ -477,11 +477,7 @@ class Fetcher:
                 return decision
             if isinstance(decision, Granted):
                 LEASES.labels("granted").inc()
-                # And the rest this pod wrote, on its own clock (``LocalRests``): up to
-                # the step of the shared time a pod takes for a slew. A larger step is
-                # a new time, which the clock keeps to the safe side of.
-                rest = self.politeness.rest_left(domain, elapsed())
-                early = max(decision.start - self.clock.now(), min(rest, STEP_TAKEN_FOR_SLEW))
+                early = decision.start - self.clock.now()
                 if early > 0:
                     LEASES.labels("waited").inc()
                     await asyncio.sleep(early)
@@ -538,16 +534,13 @@ class Fetcher:
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
-        now = self.clock.at(time.time())
-        finished = now if end is None else end
-        # The end on the pod's own clock: as long before now as the shared time says.
-        ended = elapsed() - max(0.0, now - finished)
+        finished = self.clock.at(time.time()) if end is None else end
         if observation is not None:
             observation = self._shared(observation)
         try:
             await self._patiently(
                 lambda: self.politeness.finish(
-                    hold.domain, grant, finished, observation, delays=delays, ended=ended
+                    hold.domain, grant, finished, observation, delays=delays
                 )
             )
         except Exception as exc:

@@ -83,9 +83,6 @@ LEGACY_DELAY_SECONDS = 86_400.0
 #: Domains whose last written record a pod remembers (see ``Politeness._written``): a
 #: record with its policy (a handful of estimates) is about 1 KB in memory, ~10 MB in all.
 WRITTEN_MEMORY = 10_000
-#: Hosts whose rest a pod keeps on its own clock as well (``LocalRests``): the latest
-#: it released, a float each.
-LOCAL_RESTS_MEMORY = 10_000
 #: While another request to the domain is in flight, a reserved job looks again after
 #: a gap, but never sooner than this: with a gap near 0 it read the record in a loop
 #: (about 12 NATS messages a page from the fetchers in the throughput benchmark).
@@ -99,41 +96,6 @@ HOLD_SLACK = 1.0
 
 #: A record's times that a host rests until (``DomainSlot.decode``).
 _RESTS = frozenset({"free_at", "busy_until", "backoff_until"})
-
-
-class LocalRests:
-    """When this pod may next ask each host it released, on its own elapsed clock: the
-    gap kept a second time, beside the shared record.
-
-    A host's record holds instants on nats-server's time, and that time can move
-    forward under the pods (the server's clock set right by a step too small to tell
-    from a slew, a VM paused and its clock set after it): every instant written before
-    comes early by as much, and the host's next request with it. The pod that ended the
-    host's last request knows how long ago that was on a clock no step moves, and does
-    not send the next one sooner, whatever the shared time says. A request by another
-    pod is kept by the shared record alone."""
-
-    __slots__ = ("_until",)
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-
-    def rest(self, key: str, until: float) -> None:
-        """Nothing to ``key`` before ``until`` (on the pod's elapsed clock)."""
-        self._until.pop(key, None)
-        if len(self._until) >= LOCAL_RESTS_MEMORY:
-            del self._until[next(iter(self._until))]
-        self._until[key] = until
-
-    def left(self, key: str, now: float) -> float:
-        """Seconds before ``key`` may be asked again, from ``now`` (the elapsed clock)."""
-        until = self._until.get(key)
-        if until is None:
-            return 0.0
-        if until <= now:
-            del self._until[key]
-            return 0.0
-        return until - now
 
 
 class KV(Protocol):
@@ -355,7 +317,6 @@ class Politeness:
         #: two; when it is stale the compare-and-set fails and the record is read.
         #: Decisions that write nothing are never taken from it.
         self._written: dict[str, tuple[DomainSlot, int]] = {}
-        self.local_rests = LocalRests()
         #: Each domain's lock and how many of this pod's operations hold or await it.
         #: One read-modify-write of a domain's record at a time in this pod: a page's
         #: links often name one host several times, and their messages arrive together.
@@ -503,11 +464,8 @@ class Politeness:
         observation: Observation | None = None,
         *,
         delays: tuple[CrawlDelay, ...] = (),
-        ended: float | None = None,
     ) -> HostPolicy:
         """The request ended at ``end``: the domain is free again one (learned) gap later.
-        ``ended`` is that end on the pod's elapsed clock, from which the pod keeps the
-        rest it wrote a second time (``LocalRests``).
 
         ``observation`` (what the attempt said about the host) is folded into the host's
         policy in the same write: its gap and any pause it decides take effect for every
@@ -535,16 +493,8 @@ class Politeness:
                     slot.busy_until = 0.0
                 if await self._write(key, slot, revision):
                     _said_if_paused(domain, before, slot.policy, end)
-                    if ended is not None:
-                        rest = min(slot.free_at - end, self.learning.max_gap)
-                        self.local_rests.rest(key, ended + rest)
                     return slot.policy
                 guess = None
-
-    def rest_left(self, domain: str, now: float) -> float:
-        """Seconds before this pod asks ``domain`` again by its own clock (``now``, the
-        pod's elapsed time): the rest it wrote when it last released the host."""
-        return self.local_rests.left(self.key(domain), now)
 
     async def set_delay(self, domain: str, delay: CrawlDelay, end: float) -> None:
         """Set a Crawl-delay of ``domain``'s (its origin's robots.txt, read from the host
