@@ -36,6 +36,9 @@ instants the pods wrote on the time before stay in the hosts' records: were the 
 leader's clock ahead, each host would be found free early by that much. So for as long
 as such an instant can lie ahead (``outlasting``), ``now`` keeps to the earlier of the
 two servers' times and ``at`` to the later, and to the new leader's alone after that.
+So too when one server's time comes forward further than the estimate allowed (its
+clock set by a step too small to be taken for a new time, a VM paused and its clock
+set after it): the instants written on the estimate would come early by the step.
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ DRIFT = 1e-4
 #: as drift, a step of 20 s would have doubted the estimate by as much for the forty
 #: seconds its readings are kept: requests left no time at all. A step too small to
 #: tell from a slew (under 1.25 s between reads 5 s apart) is counted as one, doubting
-#: the estimate by at most as much until its readings go.
+#: the estimate by at most as much until its readings go; a step forward keeps the
+#: estimate before it too (``ServerClock._came_forward``).
 MAX_SLEW = 0.25
 #: How finely a reading is stamped: ``server_time`` keeps microseconds.
 STAMP = 1e-6
