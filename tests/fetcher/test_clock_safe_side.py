@@ -251,3 +251,42 @@ async def test_a_step_of_the_servers_clock_taken_for_a_slew_finds_no_host_free_e
     for clock in (a, b):
         assert script.server() - 0.01 <= clock.now() <= script.server()
         assert script.server() <= clock.at(script.wall()) <= script.server() + 0.01
+
+
+async def test_a_fast_slew_of_the_servers_clock_leaves_its_instants_safe_and_requests_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # chrony slews nats-server's clock 1.2 s forward at 20,000 ppm: a minute. The pod's
+    # "now" and "at" stay on the safe side, never much further apart than the offset
+    # slewed: a request's hold is not eaten by the doubt.
+    slew, corrected = 0.02, 1.2
+    script = Script()
+    clock = script.clock()
+    await clock.start()
+    for _ in range(3):
+        script.advance(PROBE_INTERVAL)
+        await clock.read()
+    started = script.true
+    spread: list[float] = []
+    worst: list[float] = []  # the farthest on the wrong side, between each read and the next
+    with caplog.at_level(logging.INFO, logger="trove.fetcher.clock"):
+        while script.true < started + corrected / slew + outlasting(PolitenessConfig()) + 20:
+            past = 0.0
+            for _ in range(round(PROBE_INTERVAL / STEP)):
+                script.advance(STEP)
+                slewing = script.true - started < corrected / slew
+                script.servers["n1"] += slew * STEP if slewing else 0.0
+                spread.append(clock.at(script.wall()) - clock.now())
+                past = max(past, past_its_doubt(script, clock))
+            worst.append(past)
+            await clock.read()
+
+    # Until the readings measure the slew, the estimate may run past its doubt by what
+    # the slew adds between two reads; from the third on, never.
+    assert max(worst[:3]) <= slew * PROBE_INTERVAL
+    assert max(worst[3:]) == 0.0, [round(w * 1000, 3) for w in worst]
+    # Apart by the offset slewed, and what the slew adds between two reads, at most.
+    assert max(spread) <= corrected + slew * PROBE_INTERVAL + 0.05, max(spread)
+    assert "came +" in caplog.text
+    # Once the slew is over and what was written before has passed: one time again.
+    assert spread[-1] <= 0.01
