@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import httpx
@@ -24,7 +25,7 @@ from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import KV, Politeness, PolitenessConfig
+from trove_fetcher.politeness import KV, DomainSlot, Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
 from trove_schema.bus import Bus
 from trove_schema.events import (
@@ -36,7 +37,7 @@ from trove_schema.events import (
     TimelinePollRequested,
     decode_event,
 )
-from trove_schema.policy import LearningConfig, Observation
+from trove_schema.policy import HostPolicy, LearningConfig, Observation
 from trove_schema.settings import FetcherSettings
 from trove_schema.topology import DOMAINS_BUCKET, EVENTS_STREAM, ROBOTS_BUCKET
 from trove_schema.urls import canonicalize, domain_of
@@ -392,3 +393,53 @@ async def test_a_lease_that_came_a_moment_late_does_not_shorten_its_request(
     assert events[slow_page.url].outcome is CrawlOutcome.SUCCESS, events[
         slow_page.url
     ].error_message
+
+
+class FoldsWatched(Politeness):
+    """The bucket's politeness, noting the host's record each time a poll's answer is
+    about to be folded into it: what another poll of the instance found meanwhile."""
+
+    def __init__(self, kv: KV, config: PolitenessConfig) -> None:
+        super().__init__(kv, config)
+        self.before_folds: list[DomainSlot] = []
+
+    async def observe(self, domain: str, observation: Observation) -> HostPolicy:
+        self.before_folds.append(await self.state(domain))
+        return await super().observe(domain, observation)
+
+
+async def test_a_rate_limit_an_answer_spent_holds_the_host_from_its_requests_release(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """The instance's answer says its limit is spent until a reset 30 s away. The poll
+    lets go of the request's lease before it ends (its posts parsed, its event built: on
+    a busy pod, seconds), and another poll of the instance takes the host a gap after
+    the lease: the reset is in the host's record from the lease's release on."""
+    reset_in = 30.0
+
+    def spent(ex: Exchange) -> None:
+        reset = datetime.now(UTC) + timedelta(seconds=reset_in)
+        ex.send(
+            200,
+            statuses(101, 5),
+            {
+                "X-RateLimit-Limit": "300",
+                "X-RateLimit-Remaining": "0",
+                "X-RateLimit-Reset": reset.isoformat(timespec="milliseconds"),
+            },
+            content_type="application/json",
+        )
+
+    server.routes[f"{HOST}{TIMELINE}100"] = spent
+    polite = FoldsWatched(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
+    fetcher = await fetcher_on(bus, client, polite)
+    try:
+        asked = time.time()
+        await fetcher.poll(poll_of(server, "100"))
+    finally:
+        fetcher.close()
+    (event,) = await polled(bus.js, 1)
+    assert event.rate_limited
+    assert event.retry_after is not None
+    (found,) = polite.before_folds
+    assert found.backoff_until >= asked + reset_in - 1.0

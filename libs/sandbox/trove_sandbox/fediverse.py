@@ -198,6 +198,7 @@ class FediverseInstance:
         "clock_ahead",
         "host",
         "ip",
+        "resets",
         "web",
     )
 
@@ -233,6 +234,9 @@ class FediverseInstance:
         self._numbered: set[int] = set()
         #: How far the instance's clock runs ahead: its timelines' ``Date`` says so.
         self.clock_ahead = 0.0
+        #: The reset each API answer named (``X-RateLimit-Reset``), on this machine's
+        #: clock, with when (``time.time()``) it was named: the wait a poll was told.
+        self.resets: list[tuple[float, float]] = []
         self._nodeinfo_failure: int | None = None
         self._nodeinfo_retry_after: int | None = None
         self._unreadable: set[int] = set()
@@ -736,6 +740,8 @@ class FediverseInstance:
             self._rate_used = 0
         self._rate_used += 1
         reset_in = self._rate_window_start + self._rate_window - now
+        named = time.time()
+        self.resets.append((named, named + reset_in))
         reset = datetime.now(UTC) + timedelta(seconds=reset_in + self.clock_ahead)
         return (
             ("X-RateLimit-Limit", str(self._rate_limit)),

@@ -278,6 +278,7 @@ class Fetcher:
             lookback=poll_lookback,
             now=self.clock.now,
             parser=self.parser,
+            told=self._poll_told,
         )
         self.publish_patience = ack_wait * PUBLISH_PATIENCE_SHARE
         #: Whether this pod said its writes wait for the broker: once an outage, not
@@ -526,11 +527,12 @@ class Fetcher:
         observation: Observation | None = None,
         *,
         delays: tuple[CrawlDelay, ...] = (),
+        rest_until: float = 0.0,
     ) -> None:
         """End the lease: the host is free one gap after ``end`` (on the shared clock,
-        ``self.clock.at`` of the moment, placed when it was read; now if None);
-        ``observation`` is folded into the host's policy, and ``delays`` (its origins'
-        Crawl-delays) set, in the same write."""
+        ``self.clock.at`` of the moment, placed when it was read; now if None), and not
+        before ``rest_until``; ``observation`` is folded into the host's policy, and
+        ``delays`` (its origins' Crawl-delays) set, in the same write."""
         if hold.grant is None:
             return
         grant, hold.grant = hold.grant, None
@@ -540,7 +542,7 @@ class Fetcher:
         try:
             await self._patiently(
                 lambda: self.politeness.finish(
-                    hold.domain, grant, finished, observation, delays=delays
+                    hold.domain, grant, finished, observation, delays=delays, rest_until=rest_until
                 )
             )
         except Exception as exc:
@@ -1243,7 +1245,16 @@ class Fetcher:
                 raise GateDeferred(MIN_REQUEST_SECONDS * 10)
             yield left
         finally:
-            await self._release(hold)
+            await self._release(hold, rest_until=sent.told_until if sent is not None else 0.0)
+
+    def _poll_told(self, seconds: float) -> None:
+        """An answer of the poll this task runs asked its host be left alone ``seconds``
+        (a rate limit spent, a 429): kept in the host's record as the request's lease is
+        let go (``_poll_gate``). The poll's end folds the same answer into the host's
+        policy, but another poll of the instance may take the host before that."""
+        sent = _POLL_SENT.get()
+        if sent is not None:
+            sent.told_until = max(sent.told_until, self.clock.at(time.time()) + seconds)
 
     async def _poll_allowed(self, url: str) -> bool:
         """robots.txt of an API URL: the shared one, else fetched under the host's lease."""
@@ -1349,9 +1360,11 @@ _POLL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 
 @dataclass(slots=True)
 class _Sent:
-    """When the latest request of a poll left: its lease's start, on the fetcher's clock."""
+    """When the latest request of a poll left: its lease's start, on the fetcher's clock;
+    and until when an answer of the poll asked the host be left alone (0: none asked)."""
 
     start: float | None = None
+    told_until: float = 0.0
 
 
 #: The poll this task runs: its latest request, whose answer is the one the poll's

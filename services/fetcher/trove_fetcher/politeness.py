@@ -464,8 +464,10 @@ class Politeness:
         observation: Observation | None = None,
         *,
         delays: tuple[CrawlDelay, ...] = (),
+        rest_until: float = 0.0,
     ) -> HostPolicy:
-        """The request ended at ``end``: the domain is free again one (learned) gap later.
+        """The request ended at ``end``: the domain is free again one (learned) gap later,
+        and not before ``rest_until`` (a wait its answer asked, up to ``max_backoff``).
 
         ``observation`` (what the attempt said about the host) is folded into the host's
         policy in the same write: its gap and any pause it decides take effect for every
@@ -488,7 +490,8 @@ class Politeness:
                 if observation is not None:
                     slot.policy = self._folded(before, observation)
                 slot.free_at = max(slot.free_at, end + self.gap_of(slot))
-                slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until)
+                asked = min(rest_until, end + self.config.max_backoff)
+                slot.backoff_until = max(slot.backoff_until, slot.policy.paused_until, asked)
                 if slot.busy_until == grant.hold_until and not slot.hold_unknown:
                     slot.busy_until = 0.0
                 if await self._write(key, slot, revision):

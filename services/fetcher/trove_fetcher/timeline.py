@@ -931,6 +931,7 @@ class TimelinePoller:
         lookback: float = 600.0,
         now: Callable[[], float] = time.time,
         parser: ParseThreads | None = None,
+        told: Callable[[float], None] | None = None,
     ) -> None:
         if max_pages < 1 or not 1 <= page_limit <= 40:
             raise ValueError("max_pages must be >= 1 and page_limit within 1..40")
@@ -950,6 +951,10 @@ class TimelinePoller:
         self._lookback = lookback
         self._now = now
         self._parser = parser if parser is not None else ParseThreads(1)
+        #: Told, inside the gate, of a wait an answer asks of every request to its host
+        #: (seconds): the fetcher keeps it in the host's record with the request's
+        #: lease, not only with the poll's end, which may come seconds later.
+        self._told = told
 
     async def poll(self, request: TimelinePollRequested) -> TimelinePolled:
         """Read the timeline from the request's cursor on. Never raises for what the
@@ -1546,18 +1551,24 @@ class TimelinePoller:
                 async with self._gate(current) as within:
                     progress.requests += 1
                     outcome = await self._exchange(current, within)
+                    # A page refused for its size still says how much of the rate is
+                    # left: the pages of fewer posts asked next stay within it.
+                    answered = outcome.answer if isinstance(outcome, _Stop) else outcome[0]
+                    rate = None if answered is None else self._rate_wait(answered.headers, progress)
+                    asked = outcome.retry_after if isinstance(outcome, _Stop) else None
+                    told = max((w for w in (rate, asked) if w is not None), default=None)
+                    if told is not None and self._told is not None:
+                        # Before the lease is let go: another poll of the instance may
+                        # take the host a gap later, before this one has ended.
+                        self._told(told)
             except GateDeferred:
                 raise
             except Exception as exc:
                 raise _MachineryFailed(exc) from exc
+            progress.wait(rate)
             if isinstance(outcome, _Stop):
-                if outcome.answer is not None:
-                    # A page refused for its size still says how much of the rate is
-                    # left: the pages of fewer posts asked next stay within it.
-                    progress.wait(self._rate_wait(outcome.answer.headers, progress))
                 raise outcome
             answer, location = outcome
-            progress.wait(self._rate_wait(answer.headers, progress))
             if location is None:
                 return answer
             hop = location
