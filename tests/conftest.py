@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tests.clock_watch import ClockWatch
 from trove_schema.bus import Bus
 from trove_schema.migrate import upgrade
 from trove_stack import lifeline
@@ -30,6 +31,18 @@ from trove_stack.reset import reset
 from trove_stack.stack import Stack
 
 T = TypeVar("T")
+
+#: The machine's clocks, watched from the run's controller (``clock_watch``).
+_CLOCKS = ClockWatch()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, or a run alone
+        _CLOCKS.start()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(_CLOCKS.summary())
 
 
 @dataclass(frozen=True)
