@@ -24,16 +24,17 @@ _BOOT = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 def _look() -> tuple[float, float] | None:
-    """The wall clock and the boot clock less the monotonic one, now; None if the look
-    was not tight."""
+    """The wall clock less the boot clock (what the fetcher reads nats-server's time
+    against), and the boot clock less the monotonic one (a suspend), now; None if the
+    look was not tight."""
     before = time.monotonic()
-    wall = time.time()
     boot = time.clock_gettime(_BOOT)
+    wall = time.time()
+    boot_after = time.clock_gettime(_BOOT)
     after = time.monotonic()
     if after - before > TIGHT:
         return None
-    middle = (before + after) / 2
-    return wall - middle, boot - middle
+    return wall - (boot + boot_after) / 2, (boot + boot_after) / 2 - (before + after) / 2
 
 
 class ClockWatch:
@@ -79,7 +80,7 @@ class ClockWatch:
             return f"{len(found)}, the largest {largest * 1000:+.1f} ms"
 
         return (
-            f"clocks during the run: wall clock set against the monotonic one: "
+            f"clocks during the run: wall clock set against the boot clock: "
             f"{steps(self.wall_steps)} ({moved * 1000:+.1f} ms in all); boot clock "
-            f"parted from it (a suspend): {steps(self.boot_steps)}"
+            f"parted from the monotonic one (a suspend): {steps(self.boot_steps)}"
         )

@@ -234,9 +234,10 @@ class FediverseInstance:
         self._numbered: set[int] = set()
         #: How far the instance's clock runs ahead: its timelines' ``Date`` says so.
         self.clock_ahead = 0.0
-        #: The reset each API answer named (``X-RateLimit-Reset``), on this machine's
-        #: clock, with when (``time.time()``) it was named: the wait a poll was told.
-        self.resets: list[tuple[float, float]] = []
+        #: Each API answer's rate limit: when (``time.time()``) it was answered, the
+        #: reset it named (``X-RateLimit-Reset``, on this machine's clock) and the
+        #: requests it said were left.
+        self.resets: list[tuple[float, float, int]] = []
         self._nodeinfo_failure: int | None = None
         self._nodeinfo_retry_after: int | None = None
         self._unreadable: set[int] = set()
@@ -741,7 +742,7 @@ class FediverseInstance:
         self._rate_used += 1
         reset_in = self._rate_window_start + self._rate_window - now
         named = time.time()
-        self.resets.append((named, named + reset_in))
+        self.resets.append((named, named + reset_in, self._rate_limit - self._rate_used))
         reset = datetime.now(UTC) + timedelta(seconds=reset_in + self.clock_ahead)
         return (
             ("X-RateLimit-Limit", str(self._rate_limit)),

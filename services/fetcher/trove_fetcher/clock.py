@@ -290,9 +290,16 @@ class ServerClock:
             # readings stay, to measure a slew.
             came = self._estimate
             self._retire(measured.taken)
-        self._before = [(e, until) for e, until in self._before if until > measured.taken]
         self._readings.append(measured)
         rate = drift(self._readings)
+        # A kept estimate is read on the pod's clock, which may be the one being slewed:
+        # its doubt grows at least as fast as the two clocks have been seen to part
+        # since it was kept, or a host it holds would be found free early by the slew.
+        self._before = [
+            (Estimate(e.best, max(e.drift, rate)), until)
+            for e, until in self._before
+            if until > measured.taken
+        ]
         self._estimate = Estimate(
             min(self._readings, key=lambda r: r.doubt(measured.taken, rate)), rate
         )
@@ -315,7 +322,7 @@ class ServerClock:
                 "nats-server's time came %+.3f s forward of what the pod kept (a step, or a "
                 "slew not yet measured); for %.0f s, while instants written before may lie "
                 "ahead, the pod keeps to the safe side of both",
-                self._estimate.best.offset - came.best.offset,
+                measured.offset - came.best.offset,
                 self._outlast,
             )
         CLOCK_OFFSET.set(self.offset)
@@ -323,14 +330,12 @@ class ServerClock:
 
     def _retire(self, at: float) -> None:
         """Keep the estimate in use beside the next while an instant written on its time
-        may lie ahead. Its doubt is kept as it stands at ``at``, and grows from there at
-        the least drift (``DRIFT``), not at the rate it measured: what it stands for now
-        is the pod's own elapsed time since, which the instants written on it wait out.
-        Grown at a slew's rate, its doubt would reach 27 s over 162 s at chrony's fastest
-        slew: "now" that far behind "at", and requests left no time."""
+        may lie ahead: its doubt as it stands at ``at``, growing from there at the drift
+        it measured, or faster if the readings after it show the clocks parting faster
+        (``read``)."""
         estimate = self._estimate
         kept = Reading(estimate.best.offset, estimate.doubt(at), at, estimate.best.source)
-        self._before.append((Estimate(kept), at + self._outlast))
+        self._before.append((Estimate(kept, estimate.drift), at + self._outlast))
 
     def _came_forward(self, fresh: Reading) -> bool:
         """Whether ``fresh`` puts the server's time later, beyond its error, than the

@@ -1245,7 +1245,10 @@ class Fetcher:
                 raise GateDeferred(MIN_REQUEST_SECONDS * 10)
             yield left
         finally:
-            await self._release(hold, rest_until=sent.told_until if sent is not None else 0.0)
+            rest_until = 0.0
+            if sent is not None:  # what this request's answer asked, for this host alone
+                rest_until, sent.told_until = sent.told_until, 0.0
+            await self._release(hold, rest_until=rest_until)
 
     def _poll_told(self, seconds: float) -> None:
         """An answer of the poll this task runs asked its host be left alone ``seconds``

@@ -1540,13 +1540,15 @@ class TimelinePoller:
         current = url
         visited = {url}
         for _ in range(self._limits.max_redirects + 1):
+            # The limit first: a robots.txt not yet read would be asked of a host the
+            # instance asked to be left alone.
+            if progress.rate_spent:
+                raise GateDeferred(progress.retry_after or 0.0)
             if not await self._allowed(current):
                 raise _Stop(
                     CrawlOutcome.BLOCKED_ROBOTS,
                     f"robots.txt disallows {urlsplit(current).path}",
                 )
-            if progress.rate_spent:
-                raise GateDeferred(progress.retry_after or 0.0)
             try:
                 async with self._gate(current) as within:
                     progress.requests += 1
