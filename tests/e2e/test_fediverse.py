@@ -356,7 +356,8 @@ async def test_requests_to_the_instance_keep_the_gap_and_its_rate_limit(
     stack: StackUrls, bus: Bus, engine: AsyncEngine, state_dir: Path
 ) -> None:
     # Three API requests a window of 4 s: a poll a second would spend them in three.
-    async with fediverse(stack, state_dir, posts=12, rate_limit=3, rate_window=4.0) as setup:
+    limit = 3
+    async with fediverse(stack, state_dir, posts=12, rate_limit=limit, rate_window=4.0) as setup:
         await follow_by_nats(stack, setup.origin)
         await wait_for_everything_shared(engine, setup)
 
@@ -394,7 +395,7 @@ async def test_requests_to_the_instance_keep_the_gap_and_its_rate_limit(
     # it was (nearly) spent and the reset that answer named, as the instance logged both.
     assert [r.path for r in api if r.status == 429] == []
     assert len([e for e in events if e.retry_after is not None and e.requests]) >= 2
-    floor = max(1, int(3 * LOW_RATE_SHARE))
+    floor = max(1, int(limit * LOW_RATE_SHARE))  # "nearly spent", as the poller reads it
     spent = [(named, reset) for named, reset, left in setup.instance.resets if left <= floor]
     assert spent, "no answer said the limit was spent"
     for named, reset in spent:
