@@ -452,6 +452,9 @@ SETTINGS = make_settings(poll_interval_seconds=600.0)
 
 
 async def _followed(bus: Bus, seq: int) -> Refollowed:
+    """The local timeline followed by the command of stream sequence ``seq``: one of
+    its own for each test, as the events derive their ids from it and a reset keeps the
+    stream's duplicate window (``trove_stack.reset``)."""
     store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
     follows = Follows(bus=bus, store=store, settings=SETTINGS)
     (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=SETTINGS).accepted
@@ -606,7 +609,7 @@ async def test_a_poll_handled_again_after_other_pages_of_a_host_counts_its_share
 async def test_a_polls_new_pages_of_a_full_host_cost_no_seen_key(bus: Bus) -> None:
     """A busy timeline naming new pages of a host whose budget is spent: refused before
     any is claimed, as a page's links are, not written twice each at every poll."""
-    timeline = await _followed(bus, 8 * 10**9)
+    timeline = await _followed(bus, 13 * 10**9)
     seen = await bus.js.key_value(SEEN_BUCKET)
     settings = make_settings(host_page_budget=2)
     discovery = Discovery(bus=bus, seen=seen, settings=settings)

@@ -20,6 +20,11 @@ async def reset(js: JetStreamContext, engine: AsyncEngine) -> None:
     Purge rather than delete streams: recreating a just-deleted stream can race the
     server's removal of its store. Consumers are deleted so they start from the
     beginning. Run it while no service is connected.
+
+    A purge keeps a stream's duplicate window: a message id published before the reset
+    is dropped as a duplicate after it, for the window (ten minutes on the events
+    stream). Tests that publish fixed ids (an event derived from a command's sequence)
+    give each test its own.
     """
     top = declare()
     # Makes what is missing. A reset cut short after its deletes (a message published
