@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import time
 import zlib
@@ -92,6 +91,7 @@ from trove_fetcher.http import (
     retry_after,
     unusable_location,
 )
+from trove_fetcher.politeness import finite
 from trove_schema.errors import InvalidURL
 from trove_schema.events import MAX_SITEMAPS, MAX_URL_LENGTH
 from trove_schema.heuristics import is_challenge
@@ -530,7 +530,7 @@ class RobotsPolicy:
             failure = header.get("failure")
             retry_after = header.get("retry_after")
             times = (header["fetched_at"], header["ttl"], retry_after or 0.0)
-            if not all(math.isfinite(float(t)) for t in times):
+            if any(finite(t) is None for t in times):
                 # A time that never comes (NaN, an infinity) would keep it for good.
                 raise ValueError("not a robots policy: a time that is not a finite number")
             return cls(
