@@ -703,6 +703,34 @@ async def test_rate_limit_nearly_spent_stops_the_poll_until_the_reset(
     assert policy.rate_level == 0
 
 
+async def test_a_hop_after_an_answer_that_spent_the_limit_asks_no_robots_txt(
+    client: httpx.AsyncClient,
+) -> None:
+    # The API answers with a redirect on the instance and its limit spent (one request a
+    # window): the poll ends there, without looking up the hop's robots.txt, which a
+    # pod that has not read it would ask of the host the instance asked to be left alone.
+    instance = FediverseInstance.generate(posts=20, seed=7, rate_limit=1, rate_window=60.0)
+    asked: list[str] = []
+
+    async def robots_allows(url: str) -> bool:
+        asked.append(url)
+        return True
+
+    async with served(instance) as social:
+        instance.misbehave("redirect", redirect_to=f"{social.base_url}/api/v1/timelines/public")
+        cursor = instance.timeline(local=True)[-1].sid
+        event = await poller(client, robots_allows=robots_allows).poll(
+            request(social, cursor=cursor, api=social.base_url)
+        )
+
+    assert event.requests == 1
+    assert event.rate_limited
+    assert event.retry_after is not None
+    # The timeline's own page (local posts), not the hop (the public timeline, no query).
+    assert len(asked) == 1
+    assert "local=true" in urlsplit(asked[0]).query
+
+
 @pytest.mark.parametrize(("retry_after", "low", "high"), [("7", 7.0, 7.0), ("", 200.0, 300.0)])
 async def test_429_is_blocked_4xx_with_its_retry_after_and_the_cursor_kept(
     client: httpx.AsyncClient, retry_after: str, low: float, high: float
