@@ -659,6 +659,30 @@ def test_a_poll_the_instance_refused_leaves_its_host_alone_as_a_pages_403_would(
     assert fetcher_module._poll_observation(missing) is None
 
 
+def test_an_error_answer_that_spent_the_rate_limit_is_judged_by_its_status_and_its_reset() -> None:
+    # Not a refusal: no run of refusals grows. The host waits for the reset the answer's
+    # headers named, and a 5xx counts as the server failing.
+    config = LearningConfig()
+    broken = polled(
+        POLL, outcome=CrawlOutcome.BLOCKED_5XX, status_code=502, retry_after=55.0, rate_limited=True
+    )
+    failing = fetcher_module._poll_observation(broken)
+    assert failing is not None
+    assert (failing.status, failing.error_type) == (502, "server_error")
+    policy = observe(HostPolicy(), failing, config)
+    assert (policy.rate_level, policy.risk_level) == (0, 1)
+    assert policy.paused_until >= failing.at + 55.0
+    missing = polled(
+        POLL, outcome=CrawlOutcome.BLOCKED_4XX, status_code=404, retry_after=55.0, rate_limited=True
+    )
+    spent = fetcher_module._poll_observation(missing)
+    assert spent is not None
+    assert (spent.status, spent.error_type) == (404, "rate_spent")
+    policy = observe(HostPolicy(), spent, config)
+    assert (policy.rate_level, policy.risk_level) == (0, 0)
+    assert policy.paused_until == pytest.approx(spent.at + 55.0)
+
+
 async def test_a_hop_to_https_of_the_same_host_obeys_the_pages_robots_until_its_own_are_known(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
 ) -> None:

@@ -750,6 +750,31 @@ async def test_429_is_blocked_4xx_with_its_retry_after_and_the_cursor_kept(
         assert event.requests == 1
 
 
+async def test_an_error_answer_that_spent_the_limit_holds_the_poll_until_the_reset(
+    client: httpx.AsyncClient,
+) -> None:
+    # A 502 from the API still counts against its limit and says so in its
+    # headers: unread, the next poll of the instance came a gap later, inside the window.
+    instance = FediverseInstance.generate(posts=20, seed=7, rate_limit=1, rate_window=60.0)
+    instance.misbehave("new-posts-502")
+    waits: list[float] = []
+    async with served(instance) as social:
+        cursor = instance.timeline(local=True)[-1].sid
+        event = await poller(client, told=waits.append).poll(
+            request(social, cursor=cursor, api=social.base_url)
+        )
+
+    assert event.outcome is CrawlOutcome.BLOCKED_5XX
+    assert event.status_code == 502
+    assert event.requests == 1
+    assert event.rate_limited
+    assert event.retry_after is not None
+    assert 50.0 < event.retry_after <= 61.0
+    # Told inside the request's gate: its release holds the host until the reset.
+    assert len(waits) == 1
+    assert 50.0 < waits[0] <= 61.0
+
+
 @pytest.mark.parametrize(
     ("mode", "outcome", "reason", "asked"),
     [

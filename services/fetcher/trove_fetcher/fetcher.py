@@ -1315,16 +1315,7 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
     if polled.challenged:
         # The host's defence, as to a page: left alone for a ban's pause.
         status, error = polled.status_code, "blocked_captcha"
-    elif (
-        polled.rate_limited
-        and polled.status_code not in (429, 503)
-        and ended is CrawlOutcome.SUCCESS
-    ):
-        # Answered, its limit nearly spent (a poll that read on to that answer ends a
-        # success): left alone until the reset it named; nothing was refused, so no run
-        # of refusals grows, and nothing is forgiven either.
-        status, error = polled.status_code, "rate_spent"
-    elif polled.rate_limited or polled.status_code in (429, 503):
+    elif polled.status_code in (429, 503):
         status, error = (
             (503, "server_error") if polled.status_code == 503 else (429, "rate_limited")
         )
@@ -1333,11 +1324,18 @@ def _poll_observation(polled: TimelinePolled) -> Observation | None:
     elif ended is CrawlOutcome.FAILED:
         status, error = polled.status_code, "network_error"
     elif ended is CrawlOutcome.BLOCKED_5XX:
+        # Its pause is at least the reset its headers named, if they said the limit was
+        # spent (``retry_after``).
         status, error = polled.status_code, "server_error"
     elif polled.status_code == 403:
         # The instance refusing Trove: its host left alone as after a page's 403 (pauses
         # doubling), not asked again at the poll's own interval.
         status, error = 403, "blocked_403"
+    elif polled.rate_limited:
+        # Answered, its limit nearly spent (the answer read on, refused for its posts,
+        # or a 404): left alone until the reset it named; nothing was refused, so no
+        # run of refusals grows, and nothing is forgiven either.
+        status, error = polled.status_code, "rate_spent"
     else:
         return None
     return Observation(

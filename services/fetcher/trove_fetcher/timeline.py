@@ -689,7 +689,8 @@ class _Stop(Exception):
         #: The page was refused for the posts it holds (too large, none readable): a
         #: page of fewer of them may be read.
         self.for_its_posts = for_its_posts
-        #: The answer refused, when its headers came (its Link leads past it).
+        #: The answer refused, when its headers came: its rate limit is read, and its
+        #: Link leads past it.
         self.answer = answer
 
 
@@ -1661,16 +1662,27 @@ class TimelinePoller:
                     status=status,
                     retry_after=retry_after_of(response.headers, now=self._moment()),
                 )
+            # An error still counts against the API's rate limit: its headers are read (a
+            # 429 names its own wait, and a challenge is not the API's answer).
             if 400 <= status < 500:
-                raise _Stop(CrawlOutcome.BLOCKED_4XX, f"HTTP {status}", status=status)
+                raise _Stop(
+                    CrawlOutcome.BLOCKED_4XX, f"HTTP {status}", status=status, answer=answer
+                )
             if 500 <= status < 600:
-                raise _Stop(CrawlOutcome.BLOCKED_5XX, f"HTTP {status}", status=status)
+                raise _Stop(
+                    CrawlOutcome.BLOCKED_5XX, f"HTTP {status}", status=status, answer=answer
+                )
             if not 200 <= status < 300:
-                raise _Stop(CrawlOutcome.REJECTED, f"unexpected HTTP {status}", status=status)
+                raise _Stop(
+                    CrawlOutcome.REJECTED, f"unexpected HTTP {status}", status=status, answer=answer
+                )
             kind = media_type(response.headers.get("content-type"))
             if kind is not None and kind != "application/json" and not kind.endswith("+json"):
                 raise _Stop(
-                    CrawlOutcome.REJECTED, f"the API answered {kind[:100]}, not JSON", status=status
+                    CrawlOutcome.REJECTED,
+                    f"the API answered {kind[:100]}, not JSON",
+                    status=status,
+                    answer=answer,
                 )
             reader = BodyReader(
                 max_bytes=self._limits.max_body_bytes,
