@@ -155,6 +155,8 @@ def request(
             cursor=after.cursor_after,
             cursor_at=after.cursor_after_at,
             recent=after.recent_after,
+            back_from=after.back_from,
+            back_left=after.back_left,
             api=after.api,
             software=after.software,
             software_version=after.software_version,
@@ -268,6 +270,40 @@ async def test_first_poll_finds_the_api_through_nodeinfo_and_reads_back_the_back
             assert post.language == status.language
             assert post.shared_at == status.created_at
         assert (social.witness.min_gap(social.host) or 0.0) >= GAP
+
+
+@pytest.mark.parametrize("timeline", ["local", "public"])
+async def test_a_backfill_larger_than_a_polls_pages_is_read_by_the_polls_after_it(
+    client: httpx.AsyncClient, timeline: str
+) -> None:
+    # Two pages of four a poll, a backfill of 19: the first poll reads 8 of them, and
+    # the rest was never read. The polls after read the new posts first, then on back.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        before = instance.timeline(local=timeline == "local")[:19]
+        polls = poller(client, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url, timeline=timeline)
+        first = await polls.poll(asked.model_copy(update={"backfill": 19}))
+        added = [public_local_post(instance) for _ in range(3)]
+        events = [first]
+        while events[-1].more and len(events) < 10:
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+    assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
+    assert first.cursor_after == before[0].sid
+    assert (first.back_from, first.back_left) == (before[7].sid, 11)
+    assert first.more
+    read = [uri for event in events for uri in uris(event)]
+    assert len(read) == len(set(read))
+    wanted = [s for s in [*before, *added] if instance.may_share(s)]
+    assert set(read) == {instance.status_uri(s) for s in wanted}
+    # The new posts before the rest of the backfill.
+    assert set(uris(events[1])) >= {instance.status_uri(s) for s in added if instance.may_share(s)}
+    last = events[-1]
+    assert (last.back_from, last.back_left, last.more) == (None, 0, False)
+    assert last.cursor_after == added[-1].sid
+    assert sum(e.skipped for e in events) == len(before) + len(added) - len(wanted)
+    assert len(events) == 4  # 8 posts, then 3 new and 4, then 4, then 3
 
 
 async def test_a_timeline_empty_when_followed_without_backfill_gives_its_first_post(

@@ -627,7 +627,8 @@ class InstanceFollowed(Event):
     #: How far the crawl goes from a shared page, on the shared page's own host.
     max_depth: int = Field(default=0, ge=0, le=100)
     priority: int = Field(default=0, ge=-100, le=100)
-    #: Posts read back in time on the first poll.
+    #: Posts read back in time from the follow: by the first poll, and on by the polls
+    #: after it where its pages did not reach.
     backfill: int = Field(default=40, ge=0, le=1000)
     provenance: Provenance
 
@@ -674,6 +675,11 @@ class TimelinePollRequested(Event):
     #: Posts to read back while there is no cursor yet (the follow's ``backfill``);
     #: None: the fetcher's own bound.
     backfill: int | None = Field(default=None, ge=0, le=1000)
+    #: A backfill the first poll's pages did not finish: the oldest post read back so
+    #: far, and how many posts are still to be read back below it (after the new ones,
+    #: in the pages a poll has left). None and 0 once it is done.
+    back_from: PostId | None = None
+    back_left: int = Field(default=0, ge=0, le=1000)
     #: The API's base URL found through NodeInfo; None until then.
     api: URLText | None = None
     software: Annotated[str, Storable(100)] | None = None
@@ -733,7 +739,12 @@ class TimelinePolled(Event):
     #: The ids handled in the lookback behind ``cursor_after``, for the next request (as
     #: ``TimelinePollRequested.recent``).
     recent_after: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
-    #: There is more to read past ``cursor_after`` (the poll stopped at its page bound).
+    #: The backfill still to be read back, for the next request (as
+    #: ``TimelinePollRequested.back_from`` and ``back_left``).
+    back_from: PostId | None = None
+    back_left: int = Field(default=0, ge=0, le=1000)
+    #: There is more to read past ``cursor_after`` (the poll stopped at its page bound),
+    #: or a backfill still to read.
     more: bool = False
     posts: Annotated[tuple[SharedPost, ...], Bounded(1000)] = ()
     #: Posts left out: not public, or their account opted out of search or discovery.

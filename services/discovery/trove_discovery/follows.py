@@ -11,8 +11,8 @@ Commands go to ``trove.follow`` and ``trove.unfollow`` (stream TROVE_SEEDS, cons
 * a JSON object: ``{"instance": "..."}`` or ``{"instances": [...]}`` with ``timeline``
   (``local``, ``public`` or ``tag:NAME``; default ``local``), ``max_depth`` (0..100,
   default 0: the shared pages alone; the crawl stays on each shared page's host),
-  ``priority`` (-100..100, default 0) and ``backfill`` (0..1000 posts read back on the
-  first poll, default 40). An unfollow takes ``instance``/``instances`` and
+  ``priority`` (-100..100, default 0) and ``backfill`` (0..1000 posts read back from the
+  follow, default 40). An unfollow takes ``instance``/``instances`` and
   ``timeline`` only; without a timeline it stops every followed timeline of the
   instance. Unknown keys are refused, so that a typo is not silently a default.
 
@@ -396,6 +396,10 @@ class PollProgress(BaseModel):
     #: The ids the last poll handled in the lookback behind the cursor (the next reads
     #: it again for late posts, and leaves these alone).
     recent: tuple[str, ...] = ()
+    #: The backfill still to be read back below ``back_from`` (its first poll's pages
+    #: did not finish it); None and 0 once done.
+    back_from: str | None = None
+    back_left: int = 0
     failures: int = 0
 
     @field_validator("recent")
@@ -560,6 +564,8 @@ async def resume_polls(
         cursor_at=follow.cursor_at,
         recent=follow.recent,
         backfill=None if read_empty else follow.backfill,
+        back_from=follow.back_from,
+        back_left=follow.back_left,
         poll=follow.poll + 1,
         failures=follow.failures,
         not_before=now,

@@ -102,6 +102,8 @@ def next_poll(
         cursor_at=follow.cursor_at,
         recent=follow.recent,
         backfill=backfill,
+        back_from=follow.back_from,
+        back_left=follow.back_left,
         api=event.api,
         software=event.software,
         software_version=event.software_version,
@@ -268,6 +270,8 @@ class Shares:
                     "cursor": cursor,
                     "cursor_at": cursor_at,
                     "recent": follow.recent if failed else event.recent_after,
+                    "back_from": follow.back_from if failed else event.back_from,
+                    "back_left": follow.back_left if failed else event.back_left,
                     "failures": failures,
                 }
             )

@@ -18,7 +18,9 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   pages a poll (then ``more``); a page shorter than asked for means the poll caught
   up. The first poll (no cursor) reads back from the newest post, each page before
   the last one's oldest, at most ``backfill`` posts, and starts the cursor at the
-  newest post.
+  newest post. What its pages did not reach of the backfill (``back_from``,
+  ``back_left``) the polls after it read on back, after the new posts, in the pages
+  they have left (one at least).
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
@@ -694,6 +696,13 @@ class _Stop(Exception):
         self.answer = answer
 
 
+def _backfill_left(request: TimelinePollRequested) -> tuple[str | None, int]:
+    """The backfill ``request`` leaves to be read back: below which post, how many."""
+    if request.cursor is None or request.back_from is None or request.back_left <= 0:
+        return None, 0
+    return request.back_from, request.back_left
+
+
 def _of_the_host(stop: _Stop) -> bool:
     """Whether ``stop`` tells of the host (its load, its defences, its reach) rather
     than of the request that met it: what every request to the host would meet now."""
@@ -766,6 +775,10 @@ class _Progress:
     ahead_bottom: str | None = None
     #: This poll asked NodeInfo for the software (``software`` is the instance's now).
     software_asked: bool = False
+    #: The backfill still to read back: the oldest post read back so far, and how many
+    #: posts below it (``TimelinePollRequested.back_from``); None and 0 once done.
+    back_from: str | None = None
+    back_left: int = 0
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -826,6 +839,7 @@ class _Progress:
         self.page_top = self.page_bottom = None
         self.pages = 0
         self.rebased = True
+        self.back_from, self.back_left = None, 0
         if not self.software_asked:
             # Other software than the chain knew: the next poll asks NodeInfo again
             # (its ids' rules go with it).
@@ -839,7 +853,13 @@ class _Progress:
         key = id_key(post_id)
         if key > id_key(self.cursor):
             return True
+        if self.back_from is not None and key < id_key(self.back_from):
+            return True  # the backfill not read yet
         return self.floor is not None and key[0] == 0 and key[1] > self.floor
+
+    def backfilled(self) -> None:
+        """The backfill is read: nothing more to read back."""
+        self.back_from, self.back_left = None, 0
 
     def withdraw(self, key: str) -> None:
         """Say that the account of ``key`` opted out, if the event has room for it (a key
@@ -975,6 +995,7 @@ class TimelinePoller:
             software=request.software,
             version=request.software_version,
         )
+        progress.back_from, progress.back_left = _backfill_left(request)
         stop: _Stop | None = None
         try:
             await self._poll(request, progress)
@@ -1037,6 +1058,21 @@ class TimelinePoller:
                 backfill,
                 check_renumbering=check,
             )
+            # What the first poll left of the backfill, once the new posts are read, in
+            # the pages left: one at least, as the lookback is one more, or a timeline
+            # whose lookback and new posts take a poll's pages would never read it.
+            pages = max(1, self._max_pages - progress.pages)
+            caught_up = not (progress.more or progress.rebased or progress.rate_spent)
+            if progress.back_from is not None and caught_up:
+                await self._read_back(
+                    api,
+                    request.timeline,
+                    host,
+                    progress,
+                    progress.back_left,
+                    below=progress.back_from,
+                    pages=pages,
+                )
 
     async def _software(
         self, origin: str, progress: _Progress, *, known_api: bool
@@ -1369,18 +1405,24 @@ class TimelinePoller:
         backfill: int,
         *,
         first: tuple[_Answer, int] | None = None,
+        below: str | None = None,
+        pages: int | None = None,
     ) -> None:
         """The first poll: the newest posts, back page by page to the backfill (the
         follow's, carried by the request; else this poller's bound). ``first``: the
         newest page and the posts it was asked with, when it was asked for already
-        (the backfill still bounds what is taken of it)."""
+        (the backfill still bounds what is taken of it). What its pages did not read
+        of the backfill is left in ``progress.back_from`` and ``back_left``, for the
+        polls after it: ``below``, that post, from which a later poll reads on back,
+        in the ``pages`` it has left after the new posts. There it is an extra, as the
+        lookback is: refused for its query, the rest of the backfill is left unread."""
         remaining = backfill
         limit = self._back_limit(timeline, backfill)
         if first is not None:
             limit = first[1]
-        url = timeline_url(api, timeline, limit=limit)
+        url = timeline_url(api, timeline, limit=limit, max_id=below)
         requested: set[str] = set()
-        for _ in range(self._max_pages):
+        for _ in range(self._max_pages if pages is None else pages):
             requested.add(url)
             # Past the backfill, with the cursor found: a page read only to see what the
             # next poll's lookback will (``_lookback_covered``).
@@ -1391,41 +1433,60 @@ class TimelinePoller:
                 else:
                     answer = await self._get_json(url, progress)
                 entries = self._entries(answer)
-                seen_before = len(progress.seen)
+                before = set(progress.seen)
                 new = await self._take(
                     answer, entries, host, progress, oldest_first=False, bound=remaining
                 )
             except _Stop as stop:
+                if below is not None and not _of_the_host(stop):
+                    progress.note = f"the rest of the backfill left unread: {stop.message}"
+                    progress.backfilled()
+                    return
                 if not covering or _of_the_host(stop):
                     raise
                 # An extra, as the lookback is: the poll has what it came for.
                 progress.note = f"the posts below the first ones left unseen: {stop.message}"
                 return
             remaining -= new
+            handled = progress.seen - before
+            if remaining <= 0:
+                progress.backfilled()
+            elif handled:
+                # Read on from the oldest post handled, not the page's: a poll whose
+                # event is full leaves the rest of the page unread.
+                progress.back_from, progress.back_left = min(handled, key=id_key), remaining
             # A page of posts dated ahead only: no backfill counts them, and the cursor
             # starts at the newest post behind them.
             ahead_only = new == 0 and progress.ahead_bottom is not None
-            if progress.full or len(entries) < limit or progress.rate_spent:
+            exhausted = len(entries) < limit
+            if exhausted and not progress.full:
+                progress.backfilled()  # the timeline's oldest post is read
+            if progress.full or exhausted or progress.rate_spent:
                 return
-            if (
-                remaining <= 0
-                and not (ahead_only and progress.newest is None)
-                and self._lookback_covered(timeline, progress)
+            if remaining <= 0 and (
+                below is not None
+                or (
+                    not (ahead_only and progress.newest is None)
+                    and self._lookback_covered(timeline, progress)
+                )
             ):
                 return
-            if len(progress.seen) == seen_before and not ahead_only:
+            if not handled and not ahead_only:
                 progress.note = "the instance served a page of posts already read"
+                progress.backfilled()
                 return
             # The page right before this page's oldest post (not the Link's ``next``,
             # which may read on from elsewhere, as in ``_read_forward``).
             bottom = progress.ahead_bottom if ahead_only else progress.page_bottom
             if bottom is None:
+                progress.backfilled()
                 return
             if ahead_only:
                 limit = self._page_limit  # past them in whole pages (the bound stays)
             following = timeline_url(api, timeline, limit=limit, max_id=bottom)
             if following in requested:
                 progress.note = "the instance's pagination repeated a page"
+                progress.backfilled()
                 return
             url = following
 
@@ -1770,6 +1831,10 @@ class TimelinePoller:
         }
         cursor_after = request.cursor
         cursor_after_at = progress.cursor_at if cursor_after is not None else None
+        # A failed poll's posts are not kept: the backfill left is the request's.
+        back_from, back_left = (
+            _backfill_left(request) if failed else (progress.back_from, progress.back_left)
+        )
         newest = None if failed else progress.newest
         # A late post read behind the cursor never moves it back; a cursor started again
         # (``_Progress.rebase``) is of a new numbering, not compared with the old. The
@@ -1793,7 +1858,9 @@ class TimelinePoller:
                 recent_after=request.recent
                 if failed
                 else self._recent(request, progress, cursor_after),
-                more=progress.more and not failed,
+                back_from=back_from,
+                back_left=back_left,
+                more=(progress.more or back_from is not None) and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
                 withdrawn=() if failed else tuple(progress.withdrawn),
@@ -1812,6 +1879,8 @@ class TimelinePoller:
                 cursor_after=request.cursor,
                 cursor_after_at=request.cursor_at,
                 recent_after=request.recent,
+                back_from=_backfill_left(request)[0],
+                back_left=_backfill_left(request)[1],
             )
 
     def _looks_back(self, timeline: str) -> bool:
