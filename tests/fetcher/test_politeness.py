@@ -839,6 +839,27 @@ async def test_retry_after_is_capped(bus: Bus) -> None:
     assert (await p.state("capped.example")).backoff_until == pytest.approx(1100.0)
 
 
+async def test_a_wait_a_release_is_told_holds_the_host_for_every_pod_up_to_the_cap(
+    bus: Bus,
+) -> None:
+    # A poll's answer that spent the rate limit names its reset before the poll has
+    # read the answer through: the release of the request's lease writes it, capped as
+    # a Retry-After is.
+    p1 = await _politeness(bus, PolitenessConfig(min_delay=1.0, max_backoff=100.0))
+    p2 = await _politeness(bus, PolitenessConfig(min_delay=1.0, max_backoff=100.0))
+    grant = await p1.acquire("told.example", 999.0)
+    assert isinstance(grant, Granted)
+    await p1.finish("told.example", grant, 1000.0, rest_until=1060.0)
+    assert (await p2.state("told.example")).backoff_until == pytest.approx(1060.0)
+    decision = await p2.acquire("told.example", 1001.5, reserved=True)
+    assert isinstance(decision, Deferred)
+    assert decision.at >= 1060.0
+    grant = await p1.acquire("far.example", 999.0)
+    assert isinstance(grant, Granted)
+    await p1.finish("far.example", grant, 1000.0, rest_until=1_000_000.0)
+    assert (await p2.state("far.example")).backoff_until == pytest.approx(1100.0)
+
+
 async def test_a_pause_defers_every_url_of_the_host_to_its_end(bus: Bus) -> None:
     # A host that refuses connections is paused for all its URLs at once: fresh work
     # and reserved work queue behind the pause, on every pod.
