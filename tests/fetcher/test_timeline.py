@@ -306,6 +306,70 @@ async def test_a_backfill_larger_than_a_polls_pages_is_read_by_the_polls_after_i
     assert len(events) == 4  # 8 posts, then 3 new and 4, then 4, then 3
 
 
+async def test_a_post_of_the_backfill_the_lookback_reaches_is_left_to_the_back_read(
+    client: httpx.AsyncClient,
+) -> None:
+    # The first poll reads one page; the next one's lookback reaches below it, and its
+    # new posts take its pages: the post it took there, no longer in ``recent`` once the
+    # cursor moved, was taken again when the back read came to it.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        before = instance.timeline(local=False)
+        lookback = (before[0].created_at - before[4].created_at).total_seconds() + 60
+        asked = request(social, api=social.base_url, timeline="public")
+        first = await poller(
+            client, GapGate(defer_after=1), max_pages=2, page_limit=4, lookback=lookback
+        ).poll(asked.model_copy(update={"backfill": 19}))
+        instance.add_posts(12)  # a busy timeline: the next poll does not catch up
+        polls = poller(client, max_pages=2, page_limit=4, lookback=lookback)
+        events = [first]
+        while events[-1].more and len(events) < 12:
+            events.append(await polls.poll(request(social, after=events[-1])))
+        now = instance.timeline(local=False)
+
+    assert first.back_from == before[3].sid
+    assert not events[-1].more
+    assert (events[-1].back_from, events[-1].back_left) == (None, 0)
+    read = [uri for event in events for uri in uris(event)]
+    assert len(read) == len(set(read))
+    assert instance.status_uri(before[4]) in read
+    # The 19 of the backfill and every post since, each once.
+    wanted = now[: now.index(before[18]) + 1]
+    assert set(read) == {instance.status_uri(s) for s in wanted if instance.may_share(s)}
+    assert sum(e.skipped for e in events) + len(read) == len(wanted)
+
+
+async def test_an_old_page_the_instance_cannot_serve_leaves_the_rest_of_the_backfill_unread(
+    client: httpx.AsyncClient,
+) -> None:
+    # Asked every poll, a page the instance fails on would judge the host failing at
+    # every poll for good: the backfill is an extra, and it ends there.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
+        first = await polls.poll(asked)
+        instance.misbehave("old-posts-502")
+        added = public_local_post(instance)
+        second = await polls.poll(request(social, after=first))
+        third = await polls.poll(request(social, after=second))
+
+    assert first.back_left == 11
+    assert second.outcome is CrawlOutcome.SUCCESS
+    assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_5XX, 502)
+    assert uris(second) == [instance.status_uri(added)] if instance.may_share(added) else []
+    assert (second.back_from, second.back_left, second.more) == (None, 0, False)
+    assert second.error_message is not None
+    assert "the rest of the backfill left unread" in second.error_message
+    observation = fetcher_module._poll_observation(second)
+    assert observation is not None
+    assert observation.error_type == "server_error"
+    # The next poll reads on from the cursor alone.
+    assert third.outcome is CrawlOutcome.SUCCESS
+    assert [q.get("max_id") for q in api_queries(social)[-1:]] == [None]
+    assert third.requests == 1
+
+
 async def test_a_timeline_empty_when_followed_without_backfill_gives_its_first_post(
     client: httpx.AsyncClient,
 ) -> None:

@@ -18,14 +18,17 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   pages a poll (then ``more``); a page shorter than asked for means the poll caught
   up. The first poll (no cursor) reads back from the newest post, each page before
   the last one's oldest, at most ``backfill`` posts, and starts the cursor at the
-  newest post. What its pages did not reach of the backfill (``back_from``,
-  ``back_left``) the polls after it read on back, after the new posts, in the pages
-  they have left (one at least).
+  newest post. What its pages did not reach of the backfill (``back_from``, the
+  oldest post it handled, and ``back_left``) the polls after it read on back, after
+  the new posts, in the requests they have left (one at least); only they take posts
+  below ``back_from``. A page of it refused leaves the rest unread, with a note (a
+  refusal of the host's still ends the poll, a success, and the host is judged by it).
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
-  cursor, or seen before in the poll, are ignored: a misbehaving instance cannot make
-  a post be handled twice. An id no instance can have given (a number past 64 bits;
+  cursor (but the lookback's and the backfill's, each in its own range), or seen
+  before in the poll, are ignored: a misbehaving instance cannot make a post be
+  handled twice. An id no instance can have given (a number past 64 bits;
   a snowflake of Mastodon's dated more than ``FUTURE_ID_SLACK`` past the instance's
   clock, its ``Date`` when within a day of the pods', else ``FUTURE_ID_SLACK_UNTOLD``
   past the pods'; on software not known, one dated so by less than
@@ -779,6 +782,11 @@ class _Progress:
     #: posts below it (``TimelinePollRequested.back_from``); None and 0 once done.
     back_from: str | None = None
     back_left: int = 0
+    #: Reading the backfill on back (``_read_on_back``): only posts below ``back_from``
+    #: are new.
+    reading_back: bool = False
+    #: A refusal cut the backfill's reading short: the rest is left unread.
+    back_cut: bool = False
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -851,10 +859,14 @@ class _Progress:
         if self.cursor is None:
             return True
         key = id_key(post_id)
+        if self.back_from is not None and key < id_key(self.back_from):
+            # The backfill's, and the back read's alone: one the lookback took would be
+            # met again there, past what ``recent`` keeps of it.
+            return self.reading_back
+        if self.reading_back:
+            return False  # an answer to "older than" that is not
         if key > id_key(self.cursor):
             return True
-        if self.back_from is not None and key < id_key(self.back_from):
-            return True  # the backfill not read yet
         return self.floor is not None and key[0] == 0 and key[1] > self.floor
 
     def backfilled(self) -> None:
@@ -1049,6 +1061,7 @@ class TimelinePoller:
             await self._read_back(api, request.timeline, host, progress, backfill)
         else:
             backfill = self._backfill if request.backfill is None else request.backfill
+            asked = progress.requests
             await self._read_forward(
                 api,
                 request.timeline,
@@ -1059,20 +1072,12 @@ class TimelinePoller:
                 check_renumbering=check,
             )
             # What the first poll left of the backfill, once the new posts are read, in
-            # the pages left: one at least, as the lookback is one more, or a timeline
-            # whose lookback and new posts take a poll's pages would never read it.
-            pages = max(1, self._max_pages - progress.pages)
+            # the requests left: one at least, or a timeline whose lookback and new
+            # posts take a poll's pages would never read it.
+            pages = max(1, self._max_pages - (progress.requests - asked))
             caught_up = not (progress.more or progress.rebased or progress.rate_spent)
             if progress.back_from is not None and caught_up:
-                await self._read_back(
-                    api,
-                    request.timeline,
-                    host,
-                    progress,
-                    progress.back_left,
-                    below=progress.back_from,
-                    pages=pages,
-                )
+                await self._read_on_back(api, request.timeline, host, progress, pages)
 
     async def _software(
         self, origin: str, progress: _Progress, *, known_api: bool
@@ -1413,9 +1418,8 @@ class TimelinePoller:
         newest page and the posts it was asked with, when it was asked for already
         (the backfill still bounds what is taken of it). What its pages did not read
         of the backfill is left in ``progress.back_from`` and ``back_left``, for the
-        polls after it: ``below``, that post, from which a later poll reads on back,
-        in the ``pages`` it has left after the new posts. There it is an extra, as the
-        lookback is: refused for its query, the rest of the backfill is left unread."""
+        polls after it (``_read_on_back``): ``below``, that post, from which a later
+        poll reads on back, in the ``pages`` it has left after the new posts."""
         remaining = backfill
         limit = self._back_limit(timeline, backfill)
         if first is not None:
@@ -1438,10 +1442,6 @@ class TimelinePoller:
                     answer, entries, host, progress, oldest_first=False, bound=remaining
                 )
             except _Stop as stop:
-                if below is not None and not _of_the_host(stop):
-                    progress.note = f"the rest of the backfill left unread: {stop.message}"
-                    progress.backfilled()
-                    return
                 if not covering or _of_the_host(stop):
                     raise
                 # An extra, as the lookback is: the poll has what it came for.
@@ -1489,6 +1489,34 @@ class TimelinePoller:
                 progress.backfilled()
                 return
             url = following
+
+    async def _read_on_back(
+        self, api: str, timeline: str, host: str, progress: _Progress, pages: int
+    ) -> None:
+        """The rest of a backfill a poll before left (``progress.back_from``), in
+        ``pages``. An extra, as the lookback is: a page refused (for its query, its
+        posts, or the host's sake) leaves the rest unread, with a note, or an old page
+        the instance cannot serve would be asked every poll for good; a refusal of the
+        host's still ends the poll, which keeps what it read, and judges the host."""
+        progress.reading_back = True
+        try:
+            await self._read_back(
+                api,
+                timeline,
+                host,
+                progress,
+                progress.back_left,
+                below=progress.back_from,
+                pages=pages,
+            )
+        except _Stop as stop:
+            progress.note = f"the rest of the backfill left unread: {stop.message}"
+            progress.backfilled()
+            progress.back_cut = True
+            if _of_the_host(stop):
+                raise
+        finally:
+            progress.reading_back = False
 
     @staticmethod
     def _entries(answer: _Answer) -> list[Any]:
@@ -1799,14 +1827,17 @@ class TimelinePoller:
             or progress.rebased  # a cursor of a new numbering, not compared with the old
             or id_key(progress.newest) > id_key(request.cursor)
         )
-        failed = stop is not None and not advanced
+        # A refusal of the backfill's old pages (``back_cut``) comes after the new posts
+        # were read: the poll did what it is for.
+        failed = stop is not None and not (advanced or progress.back_cut)
         outcome = stop.outcome if failed and stop is not None else CrawlOutcome.SUCCESS
         status = stop.status if stop is not None else None
         notes: list[str] = []
         if stop is not None:
             progress.wait(stop.retry_after)
             if not failed:
-                progress.more = True
+                # Cut short reading on: more to read. Reading the backfill: nothing more.
+                progress.more = progress.more or not progress.back_cut
                 notes.append(f"stopped after {progress.pages} page(s): {stop.message}")
             else:
                 notes.append(stop.message)
