@@ -764,3 +764,35 @@ async def test_a_follow_whose_gap_is_longer_than_a_short_wait_reads_its_timeline
     assert want  # the posts share links, and every one of them was read
     gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(seen)]
     assert min(gaps) >= gap, f"two requests {min(gaps):.3f} s apart"
+
+
+async def test_a_backfill_past_the_first_polls_pages_is_read_to_its_end_each_post_once(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    # A poll reads five pages of forty at most: a backfill of 250 took the first poll's
+    # 200 and left the rest unread for good.
+    backfill = 250
+    async with fediverse(stack, state_dir, posts=400) as setup:
+        instance = setup.instance
+        local = instance.timeline(local=True)
+        assert len(local) > backfill
+        want = {instance.status_uri(s) for s in local[:backfill] if instance.may_share(s)}
+        await follow_by_nats(stack, f'{{"instance": "{setup.origin}", "backfill": {backfill}}}')
+
+        async def read() -> list[TimelinePolled]:
+            setup.local.check_alive()
+            return await polls(bus)
+
+        def done(events: list[TimelinePolled]) -> bool:
+            return any(e.cursor_before is not None and e.back_from is None for e in events)
+
+        events = await eventually(read, until=done, timeout=60, what="the backfill read")
+    events.sort(key=lambda e: e.poll)
+    first = events[0]
+    assert (first.cursor_before, first.more) == (None, True)
+    assert first.back_from is not None
+    assert first.back_left == backfill - len(first.posts) - first.skipped > 0
+    posts = [post.uri for event in events for post in event.posts]
+    assert len(posts) == len(set(posts))
+    assert set(posts) == want
+    assert sum(event.skipped for event in events) == backfill - len(want)
