@@ -39,6 +39,7 @@ from trove_discovery.follows import (
 from trove_discovery.shares import Shares, next_poll, poll_delay, shared_pages
 from trove_schema.bus import Bus, Retry, schedule_header
 from trove_schema.events import (
+    MAX_BACKFILL,
     MAX_RECENT_POSTS,
     CrawlOutcome,
     InstanceUnfollowed,
@@ -170,6 +171,18 @@ def test_a_poll_that_stopped_at_its_page_bound_is_followed_at_once() -> None:
         nxt.model_dump(exclude={"occurred_at"}),
         at,
     )
+
+
+def test_a_progress_record_past_a_backfills_bound_still_gives_the_next_poll() -> None:
+    # Written by hand, or by a release with a higher bound and rolled back: a request
+    # built from it as it is would be refused, and the timeline stop for good.
+    written = {"follow_id": "follow-1", "followed_at": T0.isoformat(), "poll": 3}
+    follow = TimelineFollow.model_validate(
+        written | {"cursor": "120", "back_from": "90", "back_left": 5000}
+    )
+    event = polled(request(poll=3, cursor="120"), completed_at=T0, cursor_after="120")
+    nxt, _ = next_poll(event, follow, make_settings())
+    assert (nxt.poll, nxt.back_from, nxt.back_left) == (4, "90", MAX_BACKFILL)
 
 
 def test_shared_pages_carry_the_post_and_stay_on_their_own_host() -> None:

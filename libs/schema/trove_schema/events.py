@@ -346,6 +346,8 @@ TimelineName = Annotated[str, Field(pattern=r"^(local|public|tag:[A-Za-z0-9_]{1,
 PostId = Annotated[str, Storable(200)]
 #: Most ids a poll chain carries of the posts it read behind its cursor.
 MAX_RECENT_POSTS = 200
+#: Most posts a follow reads back from before it.
+MAX_BACKFILL = 1000
 #: An account's key (``account_key``).
 AccountKey = Annotated[str, Storable(64)]
 #: Most accounts a poll says opted out.
@@ -629,7 +631,7 @@ class InstanceFollowed(Event):
     priority: int = Field(default=0, ge=-100, le=100)
     #: Posts read back in time from the follow: by the first poll, and on by the polls
     #: after it where its pages did not reach.
-    backfill: int = Field(default=40, ge=0, le=1000)
+    backfill: int = Field(default=40, ge=0, le=MAX_BACKFILL)
     provenance: Provenance
 
 
@@ -674,12 +676,12 @@ class TimelinePollRequested(Event):
     recent: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
     #: Posts to read back while there is no cursor yet (the follow's ``backfill``);
     #: None: the fetcher's own bound.
-    backfill: int | None = Field(default=None, ge=0, le=1000)
+    backfill: int | None = Field(default=None, ge=0, le=MAX_BACKFILL)
     #: A backfill the first poll's pages did not finish: the oldest post read back so
     #: far, and how many posts are still to be read back below it (after the new ones,
     #: in the pages a poll has left). None and 0 once it is done.
     back_from: PostId | None = None
-    back_left: int = Field(default=0, ge=0, le=1000)
+    back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
     #: The API's base URL found through NodeInfo; None until then.
     api: URLText | None = None
     software: Annotated[str, Storable(100)] | None = None
@@ -742,7 +744,7 @@ class TimelinePolled(Event):
     #: The backfill still to be read back, for the next request (as
     #: ``TimelinePollRequested.back_from`` and ``back_left``).
     back_from: PostId | None = None
-    back_left: int = Field(default=0, ge=0, le=1000)
+    back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
     #: There is more to read past ``cursor_after`` (the poll stopped at its page bound),
     #: or a backfill still to read.
     more: bool = False

@@ -70,6 +70,7 @@ from trove_discovery.replies import (
 )
 from trove_schema.bus import Bus, Retry
 from trove_schema.events import (
+    MAX_BACKFILL,
     MAX_RECENT_POSTS,
     InstanceFollowed,
     InstanceUnfollowed,
@@ -318,7 +319,7 @@ def _from_json(
         timeline=timeline,
         max_depth=_integer(document, "max_depth", default=0, low=0, high=100),
         priority=_integer(document, "priority", default=0, low=-100, high=100),
-        backfill=_integer(document, "backfill", default=DEFAULT_BACKFILL, low=0, high=1000),
+        backfill=_integer(document, "backfill", default=DEFAULT_BACKFILL, low=0, high=MAX_BACKFILL),
     )
     return [(candidate, options, None) for candidate in candidates]
 
@@ -408,6 +409,11 @@ class PollProgress(BaseModel):
         # A release with a higher limit may have written more, and been rolled back: the
         # poll request built from the record would be refused, and the timeline stop.
         return recent[-MAX_RECENT_POSTS:]
+
+    @field_validator("back_left")
+    @classmethod
+    def _within_a_backfill(cls, left: int) -> int:
+        return min(max(left, 0), MAX_BACKFILL)  # as ``recent``: what a request takes
 
 
 class TimelineFollow(PollProgress):
