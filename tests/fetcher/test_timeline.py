@@ -293,6 +293,8 @@ async def test_a_backfill_larger_than_a_polls_pages_is_read_by_the_polls_after_i
     assert first.cursor_after == before[0].sid
     assert (first.back_from, first.back_left) == (before[7].sid, 11)
     assert first.more
+    assert first.error_message == "11 posts of the backfill left to read back"
+    assert events[-1].error_message is None
     read = [uri for event in events for uri in uris(event)]
     assert len(read) == len(set(read))
     wanted = [s for s in [*before, *added] if instance.may_share(s)]

@@ -1845,6 +1845,9 @@ class TimelinePoller:
             notes.append(progress.note)
         if progress.malformed and not failed:
             notes.append(f"{progress.malformed} malformed entries skipped")
+        if progress.back_from is not None and not failed:
+            # What ``trove instances`` shows of it: the chain's own progress is in KV.
+            notes.append(f"{progress.back_left} posts of the backfill left to read back")
         message = "; ".join(notes)[:_MAX_MESSAGE] or None
         base: dict[str, Any] = {
             "id": derived_event_id(request.id, "polled"),
