@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import eventually
 from tests.fetcher._dns import dns_server
 from trove_discovery.follows import TimelineFollow
-from trove_discovery.shares import next_poll
+from trove_discovery.shares import next_poll, poll_delay
 from trove_fetcher import fetcher as fetcher_module
 from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
 from trove_fetcher.http import FetchLimits
@@ -370,6 +370,120 @@ async def test_an_old_page_the_instance_cannot_serve_leaves_the_rest_of_the_back
     assert third.outcome is CrawlOutcome.SUCCESS
     assert [q.get("max_id") for q in api_queries(social)[-1:]] == [None]
     assert third.requests == 1
+
+
+async def test_a_wait_asked_on_an_old_page_keeps_the_rest_of_the_backfill_for_after_it(
+    client: httpx.AsyncClient,
+) -> None:
+    # A 429 on a page of the backfill says "not now", not "never": the chain waits it
+    # out, then reads the rest, each post once. Without new posts, the 429 is the poll's.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        before = instance.timeline(local=True)[:19]
+        polls = poller(client, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
+        first = await polls.poll(asked)
+        instance.misbehave("old-posts-429")
+        added = public_local_post(instance)
+        told = await polls.poll(request(social, after=first))
+        quiet = await polls.poll(request(social, after=told))
+        instance.misbehave(None)
+        events = [first, told, quiet]
+        while len(events) < 10 and (events[-1] is quiet or events[-1].more):
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+    assert (first.back_from, first.back_left) == (before[7].sid, 11)
+    assert told.outcome is CrawlOutcome.SUCCESS, told.error_message
+    assert (told.stopped_by, told.status_code, told.retry_after) == (
+        CrawlOutcome.BLOCKED_4XX,
+        429,
+        60.0,
+    )
+    assert (told.back_from, told.back_left, told.more) == (before[7].sid, 11, True)
+    settings = DiscoverySettings(allowed_networks=())
+    assert poll_delay(told, 0, settings) == 60.0
+    assert (quiet.outcome, quiet.status_code, quiet.posts) == (CrawlOutcome.BLOCKED_4XX, 429, ())
+    assert (quiet.back_from, quiet.back_left) == (before[7].sid, 11)
+    last = events[-1]
+    assert last.outcome is CrawlOutcome.SUCCESS, last.error_message
+    assert (last.back_from, last.back_left, last.more) == (None, 0, False)
+    read = [uri for event in events for uri in uris(event)]
+    assert len(read) == len(set(read))
+    wanted = [s for s in [*before, added] if instance.may_share(s)]
+    assert set(read) == {instance.status_uri(s) for s in wanted}
+
+
+async def test_an_answer_for_older_posts_dated_ahead_ends_the_backfill(
+    client: httpx.AsyncClient,
+) -> None:
+    # Asked for the posts older than one it trusted, the instance answers with posts
+    # dated a day ahead: no page past them holds the backfill. Followed, they left it
+    # where it was, and every poll came back at once to ask for it again.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
+        first = await polls.poll(asked)
+        for n in range(4):
+            instance.add_post_numbered(a_day_ahead() + n)
+        instance.misbehave("endless")  # a query of max_id alone: the newest page
+        second = await polls.poll(request(social, after=first))
+
+    assert first.back_left == 11
+    assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
+    assert (second.back_from, second.back_left, second.more) == (None, 0, False)
+    # Each note the poll told, the forward read's too.
+    assert (second.error_message or "").split("; ")[:2] == [
+        "the instance served a page of posts already read",
+        "the backfill's older posts answered with posts dated ahead",
+    ]
+
+
+class GateThatAddsPosts(GapGate):
+    """A gate that publishes ``count`` public local posts before the ``nth`` timeline
+    request."""
+
+    def __init__(self, instance: FediverseInstance, *, nth: int, count: int) -> None:
+        super().__init__()
+        self.instance, self.nth, self.count = instance, nth, count
+        self.pages = 0
+        self.added: list[Status] = []
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, url: str) -> AsyncIterator[None]:
+        if "/api/v1/timelines/" in url:
+            self.pages += 1
+            if self.pages == self.nth:
+                self.added = [public_local_post(self.instance) for _ in range(self.count)]
+        async with super().__call__(url):
+            yield
+
+
+async def test_a_first_poll_answered_with_newer_posts_for_older_ones_reads_on_below_the_oldest(
+    client: httpx.AsyncClient,
+) -> None:
+    # Asked for the posts before its first page, the instance answers with posts made
+    # since: the backfill reads on below the oldest post read, not theirs, which would
+    # take the first page's posts again.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    instance.misbehave("endless")  # a query of max_id alone: the newest page
+    async with served(instance) as social:
+        top = instance.timeline(local=True)[:4]
+        gate = GateThatAddsPosts(instance, nth=2, count=4)
+        polls = poller(client, gate, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url)
+        first = await polls.poll(asked.model_copy(update={"backfill": 19}))
+        instance.misbehave(None)
+        events = [first]
+        while events[-1].more and len(events) < 10:
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+    assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
+    assert set(uris(first)) >= {instance.status_uri(s) for s in gate.added}
+    assert first.back_from == top[-1].sid
+    read = [uri for event in events for uri in uris(event)]
+    assert len(read) == len(set(read))
+    assert not events[-1].more
 
 
 async def test_a_timeline_empty_when_followed_without_backfill_gives_its_first_post(

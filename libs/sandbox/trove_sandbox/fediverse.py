@@ -60,8 +60,8 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: ``since_id`` (Mastodon before 2.6: the newest posts, not the next ones),
 #: ``skipping-links`` with a ``min_id`` a page past the page; ``ignores-lookback``: a
 #: query with both ``since_id`` and ``max_id`` answered with the newest posts;
-#: ``lookback-422`` / ``lookback-429``: that query refused so; ``old-posts-502``: a query
-#: with ``max_id`` alone (reading back) answered 502.
+#: ``lookback-422`` / ``lookback-429``: that query refused so; ``old-posts-502`` /
+#: ``old-posts-429``: a query with ``max_id`` alone (reading back) refused so.
 Misbehaviour = Literal[
     "wrong-types",
     "html",
@@ -81,6 +81,7 @@ Misbehaviour = Literal[
     "lookback-422",
     "lookback-429",
     "old-posts-502",
+    "old-posts-429",
 ]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
@@ -781,6 +782,10 @@ class FediverseInstance:
         if mode == "old-posts-502" and max_id is not None and since_id is None:
             # Overloaded the other way: the old pages are what the cache does not hold.
             return _json_response({"error": "Bad gateway"}, status=502, extra=limits)
+        if mode == "old-posts-429" and max_id is not None and since_id is None:
+            return _json_response(
+                {"error": "Too many requests"}, status=429, extra=(*limits, ("Retry-After", "60"))
+            )
         if mode == "lookback-422" and lookback:
             return _json_response({"error": "Invalid pagination"}, status=422, extra=limits)
         if mode == "lookback-429" and lookback:

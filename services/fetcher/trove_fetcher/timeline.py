@@ -21,8 +21,11 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   newest post. What its pages did not reach of the backfill (``back_from``, the
   oldest post it handled, and ``back_left``) the polls after it read on back, after
   the new posts, in the requests they have left (one at least); only they take posts
-  below ``back_from``. A page of it refused leaves the rest unread, with a note (a
-  refusal of the host's still ends the poll, a success, and the host is judged by it).
+  below ``back_from``, which only ever moves down. A wait the instance asks for there
+  (a 429, a ``Retry-After``) ends the poll and keeps the rest for after it; a page of it
+  refused otherwise (a 4xx, a 5xx, a timeout, a challenge, posts dated ahead) leaves
+  the rest unread, with a note (a refusal of the host's still ends the poll, a
+  success, and the host is judged by it).
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
@@ -89,7 +92,9 @@ links or private addresses (unless ``allowed_networks`` opens them).
 posts and the cursor unchanged. One that fails after reading pages is a ``success``
 that keeps what it read, with ``more`` and the reason in ``error_message`` (and the
 status, ``retry_after`` and outcome, ``stopped_by``, of what stopped it): the next poll
-continues from there, and the host is judged by that answer as after a failure. So
+continues from there, and the host is judged by that answer as after a failure. (A
+refusal of the backfill's old pages, but a wait, leaves no ``more`` for them: it ends
+the backfill.) So
 a consumer takes the posts and ``cursor_after`` of every ``TimelinePolled``, and never
 loses or repeats one. Hostile answers: HTML or other non-JSON, a redirect off the
 instance (not followed), a body over ``max_body_bytes`` are ``rejected``; a bot
@@ -706,6 +711,12 @@ def _backfill_left(request: TimelinePollRequested) -> tuple[str | None, int]:
     return request.back_from, request.back_left
 
 
+def _asked_to_wait(stop: _Stop) -> bool:
+    """Whether ``stop`` is the instance asking for time (a 429, a ``Retry-After``): not
+    now, rather than not this."""
+    return stop.status == 429 or stop.retry_after is not None
+
+
 def _of_the_host(stop: _Stop) -> bool:
     """Whether ``stop`` tells of the host (its load, its defences, its reach) rather
     than of the request that met it: what every request to the host would meet now."""
@@ -769,7 +780,9 @@ class _Progress:
     rate_spent: bool = False
     full: bool = False
     more: bool = False
-    note: str | None = None
+    #: What the poll's message tells besides how it ended, in the order first told: a
+    #: note of a ``kind`` told again takes the place of the one before.
+    notes: dict[str, str] = field(default_factory=dict)
     #: The last page's ids were all of the other kind than the timeline's.
     other_kind: bool = False
     #: The cursor started again at the instance's newest posts (``rebase``).
@@ -787,6 +800,9 @@ class _Progress:
     reading_back: bool = False
     #: A refusal cut the backfill's reading short: the rest is left unread.
     back_cut: bool = False
+
+    def tell(self, note: str, *, kind: str | None = None) -> None:
+        self.notes[kind or note] = note
 
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
@@ -893,7 +909,7 @@ class _Progress:
         if not self.posts and size > self.budget and post.links:
             post = _trimmed(post, self.budget)
             size = _size(post)
-            self.note = self.note or "a post's links cut to fit the event"
+            self.tell("a post's links cut to fit the event")
         if len(self.posts) >= MAX_POSTS or self.size + size > self.budget:
             self.full = True
             return False
@@ -1089,8 +1105,7 @@ class TimelinePoller:
         try:
             software = await self._discover(origin, progress)
         except _Stop as stop:
-            asked_to_wait = stop.status == 429 or stop.retry_after is not None
-            if not known_api or asked_to_wait or stop.challenge:
+            if not known_api or _asked_to_wait(stop) or stop.challenge:
                 raise
             return None
         progress.software_asked = True
@@ -1118,8 +1133,7 @@ class TimelinePoller:
                 CrawlOutcome.BLOCKED_5XX,
             )
             # A wait the instance asked for (a 429, a 503 with Retry-After) is kept.
-            asked_to_wait = stop.status == 429 or stop.retry_after is not None
-            if unavailable or asked_to_wait or stop.challenge:
+            if unavailable or _asked_to_wait(stop) or stop.challenge:
                 raise
             return None
         return software_of(document.data)
@@ -1149,7 +1163,7 @@ class TimelinePoller:
                 # every poll until the cursor moves on, which reading on does, and a
                 # query the instance will not answer (a 422, an error object, a path
                 # robots.txt keeps out) must not keep the new posts from being read.
-                progress.note = f"the page behind the cursor left unread: {stop.message}"
+                progress.tell(f"the page behind the cursor left unread: {stop.message}")
             if progress.full or progress.rate_spent:
                 progress.more = True
                 return
@@ -1182,14 +1196,16 @@ class TimelinePoller:
                     progress.malformed += len(entries)
                     progress.seen.add(passed)
                     progress.advance(passed, self._read_at(answer))
-                    progress.note = f"a page that cannot be read passed over ({stop.message})"
+                    progress.tell(f"a page that cannot be read passed over ({stop.message})")
                     limit, after = self._page_limit, passed
                 elif limit > 1:
                     if page + 1 == self._max_pages:
                         raise
                     # The poll's last page asks for one: however few its pages, it gets past.
                     limit = 1 if page + 2 == self._max_pages else limit // 2
-                    progress.note = f"asked again with fewer posts a page, down to {limit}"
+                    progress.tell(
+                        f"asked again with fewer posts a page, down to {limit}", kind="fewer"
+                    )
                 else:
                     passed = self._passed_over(stop.answer or answer, entries, after, progress)
                     if passed is None:
@@ -1197,7 +1213,7 @@ class TimelinePoller:
                     progress.malformed += 1
                     progress.seen.add(passed)
                     progress.advance(passed, self._read_at(stop.answer or answer))
-                    progress.note = f"a post that cannot be read passed over ({stop.message})"
+                    progress.tell(f"a post that cannot be read passed over ({stop.message})")
                     limit, after = self._page_limit, passed
                 url = timeline_url(api, timeline, limit=limit, min_id=after)
                 continue
@@ -1213,7 +1229,7 @@ class TimelinePoller:
             if len(entries) < limit:
                 return  # caught up
             if new == 0:
-                progress.note = "the instance served a page of posts already read"
+                progress.tell("the instance served a page of posts already read")
                 return
             if progress.rate_spent:
                 progress.more = True
@@ -1227,7 +1243,7 @@ class TimelinePoller:
             # for good once the cursor passes them.
             following = timeline_url(api, timeline, limit=limit, min_id=progress.page_top)
             if following in requested:
-                progress.note = "the instance's pagination repeated a page"
+                progress.tell("the instance's pagination repeated a page")
                 return
             url = following
         progress.more = True
@@ -1271,7 +1287,7 @@ class TimelinePoller:
             kind = "anew, every one numbered far below the cursor,"
         else:
             return None
-        progress.note = (
+        progress.tell(
             f"the instance numbers its posts {kind} now: read again from its newest posts"
         )
         return answer, limit
@@ -1445,7 +1461,7 @@ class TimelinePoller:
                 if not covering or _of_the_host(stop):
                     raise
                 # An extra, as the lookback is: the poll has what it came for.
-                progress.note = f"the posts below the first ones left unseen: {stop.message}"
+                progress.tell(f"the posts below the first ones left unseen: {stop.message}")
                 return
             remaining -= new
             handled = progress.seen - before
@@ -1453,8 +1469,13 @@ class TimelinePoller:
                 progress.backfilled()
             elif handled:
                 # Read on from the oldest post handled, not the page's: a poll whose
-                # event is full leaves the rest of the page unread.
-                progress.back_from, progress.back_left = min(handled, key=id_key), remaining
+                # event is full leaves the rest of the page unread. Never from a newer
+                # one (an answer to "older than" that is not): the posts between were
+                # handled, and would be again.
+                oldest = min(handled, key=id_key)
+                if progress.back_from is None or id_key(oldest) < id_key(progress.back_from):
+                    progress.back_from = oldest
+                progress.back_left = remaining
             # A page of posts dated ahead only: no backfill counts them, and the cursor
             # starts at the newest post behind them.
             ahead_only = new == 0 and progress.ahead_bottom is not None
@@ -1472,7 +1493,13 @@ class TimelinePoller:
             ):
                 return
             if not handled and not ahead_only:
-                progress.note = "the instance served a page of posts already read"
+                progress.tell("the instance served a page of posts already read")
+                progress.backfilled()
+                return
+            if ahead_only and below is not None:
+                # Posts older than one trusted cannot be dated ahead: the instance does
+                # not answer what was asked, and no page past these would either.
+                progress.tell("the backfill's older posts answered with posts dated ahead")
                 progress.backfilled()
                 return
             # The page right before this page's oldest post (not the Link's ``next``,
@@ -1485,7 +1512,7 @@ class TimelinePoller:
                 limit = self._page_limit  # past them in whole pages (the bound stays)
             following = timeline_url(api, timeline, limit=limit, max_id=bottom)
             if following in requested:
-                progress.note = "the instance's pagination repeated a page"
+                progress.tell("the instance's pagination repeated a page")
                 progress.backfilled()
                 return
             url = following
@@ -1494,10 +1521,12 @@ class TimelinePoller:
         self, api: str, timeline: str, host: str, progress: _Progress, pages: int
     ) -> None:
         """The rest of a backfill a poll before left (``progress.back_from``), in
-        ``pages``. An extra, as the lookback is: a page refused (for its query, its
-        posts, or the host's sake) leaves the rest unread, with a note, or an old page
-        the instance cannot serve would be asked every poll for good; a refusal of the
-        host's still ends the poll, which keeps what it read, and judges the host."""
+        ``pages``. A wait the instance asks for (``_asked_to_wait``) ends the poll and
+        keeps the rest for the polls after it. Else an extra, as the lookback is: a page
+        refused (for its query, its posts, or the host's sake: a 5xx, a timeout, a
+        challenge) leaves the rest unread, with a note, or an old page the instance
+        cannot serve would be asked every poll for good; a refusal of the host's still
+        ends the poll, which keeps what it read, and judges the host."""
         progress.reading_back = True
         try:
             await self._read_back(
@@ -1510,7 +1539,9 @@ class TimelinePoller:
                 pages=pages,
             )
         except _Stop as stop:
-            progress.note = f"the rest of the backfill left unread: {stop.message}"
+            if _asked_to_wait(stop):
+                raise  # from the oldest post read so far (``_read_back``), after the wait
+            progress.tell(f"the rest of the backfill left unread: {stop.message}")
             progress.backfilled()
             progress.back_cut = True
             if _of_the_host(stop):
@@ -1841,8 +1872,7 @@ class TimelinePoller:
                 notes.append(f"stopped after {progress.pages} page(s): {stop.message}")
             else:
                 notes.append(stop.message)
-        if progress.note:
-            notes.append(progress.note)
+        notes.extend(progress.notes.values())
         if progress.malformed and not failed:
             notes.append(f"{progress.malformed} malformed entries skipped")
         if progress.back_from is not None and not failed:
