@@ -31,6 +31,7 @@ from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
+    BACK_WAITS,
     DEFAULT_RATE_WINDOW,
     MAX_RETRY_AFTER,
     RENUMBERING_CHECK_EVERY,
@@ -157,6 +158,7 @@ def request(
             recent=after.recent_after,
             back_from=after.back_from,
             back_left=after.back_left,
+            back_waits=after.back_waits,
             api=after.api,
             software=after.software,
             software_version=after.software_version,
@@ -413,6 +415,94 @@ async def test_a_wait_asked_on_an_old_page_keeps_the_rest_of_the_backfill_for_af
     assert set(read) == {instance.status_uri(s) for s in wanted}
 
 
+async def test_a_wait_asked_after_an_old_page_was_read_keeps_that_page(
+    client: httpx.AsyncClient,
+) -> None:
+    # A poll with no new posts reads one page of the backfill, and the next is refused
+    # with a 429: the page read is the poll's progress, kept, and the rest read after.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    refuse = lambda: instance.misbehave("old-posts-429")  # noqa: E731
+    # The first poll's three pages; the second's new posts, an old page, a refused one.
+    gate = GateThatActs(nth=3 + 3, act=refuse)
+    async with served(instance) as social:
+        before = instance.timeline(local=True)[:19]
+        polls = poller(client, gate, max_pages=3, page_limit=4)
+        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
+        first = await polls.poll(asked)
+        second = await polls.poll(request(social, after=first))
+        instance.misbehave(None)
+        events = [first, second]
+        while events[-1].more and len(events) < 10:
+            events.append(await polls.poll(request(social, after=events[-1])))
+
+    assert (first.back_from, first.back_left) == (before[11].sid, 19 - 12)
+    assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
+    assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_4XX, 429)
+    page = [s for s in before[12:16] if instance.may_share(s)]
+    assert uris(second) == [instance.status_uri(s) for s in page]
+    assert (second.back_from, second.back_left, second.back_waits, second.more) == (
+        before[15].sid,
+        19 - 16,
+        0,
+        True,
+    )
+    read = [uri for event in events for uri in uris(event)]
+    assert len(read) == len(set(read))
+    assert set(read) == {instance.status_uri(s) for s in before if instance.may_share(s)}
+
+
+async def test_old_pages_always_asked_to_wait_end_the_backfill_at_the_last_wait_allowed(
+    client: httpx.AsyncClient,
+) -> None:
+    # Each wait is waited out; an instance that asks it of its old pages at every poll
+    # would have each poll spend a request on them, and the host a pause, for good.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
+        first = await polls.poll(asked)
+        instance.misbehave("old-posts-429")
+        events = [first]
+        while len(events) <= BACK_WAITS + 1:
+            events.append(await polls.poll(request(social, after=events[-1])))
+        queries = api_queries(social)
+
+    waited, ended, after = events[1:BACK_WAITS], events[BACK_WAITS], events[BACK_WAITS + 1]
+    assert [(e.outcome, e.status_code) for e in waited] == [(CrawlOutcome.BLOCKED_4XX, 429)] * (
+        BACK_WAITS - 1
+    )
+    assert [(e.back_from, e.back_left) for e in waited] == [(first.back_from, 11)] * (
+        BACK_WAITS - 1
+    )
+    assert [e.back_waits for e in waited] == list(range(1, BACK_WAITS))
+    assert ended.outcome is CrawlOutcome.SUCCESS, ended.error_message
+    assert (ended.back_from, ended.back_left, ended.back_waits, ended.more) == (None, 0, 0, False)
+    assert f"{BACK_WAITS} waits asked in a row" in (ended.error_message or "")
+    # The next poll reads from the cursor alone: one old page asked for each wait.
+    assert (after.outcome, after.requests) == (CrawlOutcome.SUCCESS, 1)
+    old_pages = [q for q in queries if "max_id" in q and "since_id" not in q]
+    assert len(old_pages) == 1 + BACK_WAITS
+
+
+async def test_a_bot_challenge_on_an_old_page_ends_the_backfill_whatever_its_status(
+    client: httpx.AsyncClient,
+) -> None:
+    # A challenge sent as a 429 names no wait to outlast: the host's defence, not its load.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with served(instance) as social:
+        polls = poller(client, max_pages=2, page_limit=4)
+        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
+        first = await polls.poll(asked)
+        instance.misbehave("old-posts-challenge")
+        second = await polls.poll(request(social, after=first))
+
+    assert first.back_left == 11
+    assert (second.outcome, second.stopped_by) == (CrawlOutcome.SUCCESS, CrawlOutcome.BLOCKED_4XX)
+    assert (second.status_code, second.challenged) == (429, True)
+    assert (second.back_from, second.back_left, second.more) == (None, 0, False)
+    assert "the rest of the backfill left unread" in (second.error_message or "")
+
+
 async def test_an_answer_for_older_posts_dated_ahead_ends_the_backfill(
     client: httpx.AsyncClient,
 ) -> None:
@@ -439,22 +529,20 @@ async def test_an_answer_for_older_posts_dated_ahead_ends_the_backfill(
     ]
 
 
-class GateThatAddsPosts(GapGate):
-    """A gate that publishes ``count`` public local posts before the ``nth`` timeline
-    request."""
+class GateThatActs(GapGate):
+    """A gate that calls ``act`` before the ``nth`` timeline request it lets through."""
 
-    def __init__(self, instance: FediverseInstance, *, nth: int, count: int) -> None:
+    def __init__(self, *, nth: int, act: Callable[[], object]) -> None:
         super().__init__()
-        self.instance, self.nth, self.count = instance, nth, count
+        self.nth, self.act = nth, act
         self.pages = 0
-        self.added: list[Status] = []
 
     @contextlib.asynccontextmanager
     async def __call__(self, url: str) -> AsyncIterator[None]:
         if "/api/v1/timelines/" in url:
             self.pages += 1
             if self.pages == self.nth:
-                self.added = [public_local_post(self.instance) for _ in range(self.count)]
+                self.act()
         async with super().__call__(url):
             yield
 
@@ -469,8 +557,9 @@ async def test_a_first_poll_answered_with_newer_posts_for_older_ones_reads_on_be
     instance.misbehave("endless")  # a query of max_id alone: the newest page
     async with served(instance) as social:
         top = instance.timeline(local=True)[:4]
-        gate = GateThatAddsPosts(instance, nth=2, count=4)
-        polls = poller(client, gate, max_pages=2, page_limit=4)
+        added: list[Status] = []
+        publish = lambda: added.extend(public_local_post(instance) for _ in range(4))  # noqa: E731
+        polls = poller(client, GateThatActs(nth=2, act=publish), max_pages=2, page_limit=4)
         asked = request(social, api=social.base_url)
         first = await polls.poll(asked.model_copy(update={"backfill": 19}))
         instance.misbehave(None)
@@ -479,11 +568,15 @@ async def test_a_first_poll_answered_with_newer_posts_for_older_ones_reads_on_be
             events.append(await polls.poll(request(social, after=events[-1])))
 
     assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
-    assert set(uris(first)) >= {instance.status_uri(s) for s in gate.added}
+    assert set(uris(first)) >= {instance.status_uri(s) for s in added}
     assert first.back_from == top[-1].sid
     read = [uri for event in events for uri in uris(event)]
     assert len(read) == len(set(read))
     assert not events[-1].more
+    # The newer posts took 4 of the 19; the other 15 are the newest before them.
+    timeline = instance.timeline(local=True)
+    wanted = [*added, *timeline[len(added) : len(added) + 15]]
+    assert set(read) == {instance.status_uri(s) for s in wanted if instance.may_share(s)}
 
 
 async def test_a_timeline_empty_when_followed_without_backfill_gives_its_first_post(

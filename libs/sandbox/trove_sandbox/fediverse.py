@@ -61,7 +61,8 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: ``skipping-links`` with a ``min_id`` a page past the page; ``ignores-lookback``: a
 #: query with both ``since_id`` and ``max_id`` answered with the newest posts;
 #: ``lookback-422`` / ``lookback-429``: that query refused so; ``old-posts-502`` /
-#: ``old-posts-429``: a query with ``max_id`` alone (reading back) refused so.
+#: ``old-posts-429``: a query with ``max_id`` alone (reading back) refused so, and
+#: ``old-posts-challenge`` with a CDN's bot challenge sent as a 429.
 Misbehaviour = Literal[
     "wrong-types",
     "html",
@@ -82,6 +83,7 @@ Misbehaviour = Literal[
     "lookback-429",
     "old-posts-502",
     "old-posts-429",
+    "old-posts-challenge",
 ]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
@@ -782,6 +784,12 @@ class FediverseInstance:
         if mode == "old-posts-502" and max_id is not None and since_id is None:
             # Overloaded the other way: the old pages are what the cache does not hold.
             return _json_response({"error": "Bad gateway"}, status=502, extra=limits)
+        if mode == "old-posts-challenge" and max_id is not None and since_id is None:
+            return Response(
+                429,
+                (("Content-Type", "text/html"), ("cf-mitigated", "challenge"), *limits),
+                b"<html><title>Just a moment...</title></html>",
+            )
         if mode == "old-posts-429" and max_id is not None and since_id is None:
             return _json_response(
                 {"error": "Too many requests"}, status=429, extra=(*limits, ("Retry-After", "60"))

@@ -682,6 +682,9 @@ class TimelinePollRequested(Event):
     #: in the pages a poll has left). None and 0 once it is done.
     back_from: PostId | None = None
     back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
+    #: Waits the instance asked for (a 429, a ``Retry-After``) in a row where the
+    #: backfill is read, none of it read since: the poller gives it up at a few.
+    back_waits: int = Field(default=0, ge=0)
     #: The API's base URL found through NodeInfo; None until then.
     api: URLText | None = None
     software: Annotated[str, Storable(100)] | None = None
@@ -742,9 +745,11 @@ class TimelinePolled(Event):
     #: ``TimelinePollRequested.recent``).
     recent_after: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
     #: The backfill still to be read back, for the next request (as
-    #: ``TimelinePollRequested.back_from`` and ``back_left``).
+    #: ``TimelinePollRequested.back_from``, ``back_left`` and ``back_waits``; the
+    #: waits are this poll's count, whatever its outcome).
     back_from: PostId | None = None
     back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
+    back_waits: int = Field(default=0, ge=0)
     #: There is more to read past ``cursor_after`` (the poll stopped at its page bound),
     #: or a backfill still to read.
     more: bool = False

@@ -22,10 +22,12 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   oldest post it handled, and ``back_left``) the polls after it read on back, after
   the new posts, in the requests they have left (one at least); only they take posts
   below ``back_from``, which only ever moves down. A wait the instance asks for there
-  (a 429, a ``Retry-After``) ends the poll and keeps the rest for after it; a page of it
-  refused otherwise (a 4xx, a 5xx, a timeout, a challenge, posts dated ahead) leaves
-  the rest unread, with a note (a refusal of the host's still ends the poll, a
-  success, and the host is judged by it).
+  (a 429, a ``Retry-After``) ends the poll and keeps the rest for after it (a poll that
+  read neither new posts nor old ones is then a failure), up to ``BACK_WAITS`` in a row
+  with none of it read between (``back_waits``); a page of it refused otherwise (a
+  4xx, a 5xx, a timeout, a challenge, posts dated ahead) leaves the rest unread, with
+  a note (a refusal of the host's still ends the poll, a success, and the host is
+  judged by it).
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
@@ -179,6 +181,10 @@ LOW_RATE_SHARE = 0.05
 DEFAULT_RATE_WINDOW = 300.0
 #: Longest wait taken from an instance's headers: a year-long Retry-After is a typo.
 MAX_RETRY_AFTER = 86_400.0
+#: Waits in a row asked where the backfill is read, none of it read between, that end
+#: it: an instance that always asks its old pages to wait would else have every poll
+#: spend a request on them, and its host a pause, for good.
+BACK_WAITS = 3
 ACCEPT_JSON = "application/json"
 #: Characters of a post's HTML content searched for links: Mastodon counts a link as 23
 #: of a post's 500 characters, so twenty links of 2,000 characters fit in one post.
@@ -713,8 +719,8 @@ def _backfill_left(request: TimelinePollRequested) -> tuple[str | None, int]:
 
 def _asked_to_wait(stop: _Stop) -> bool:
     """Whether ``stop`` is the instance asking for time (a 429, a ``Retry-After``): not
-    now, rather than not this."""
-    return stop.status == 429 or stop.retry_after is not None
+    now, rather than not this. A bot challenge is no wait, whatever its status."""
+    return (stop.status == 429 or stop.retry_after is not None) and not stop.challenge
 
 
 def _of_the_host(stop: _Stop) -> bool:
@@ -795,6 +801,8 @@ class _Progress:
     #: posts below it (``TimelinePollRequested.back_from``); None and 0 once done.
     back_from: str | None = None
     back_left: int = 0
+    #: Waits asked for in a row where the backfill is read, none of it read since.
+    back_waits: int = 0
     #: Reading the backfill on back (``_read_on_back``): only posts below ``back_from``
     #: are new.
     reading_back: bool = False
@@ -863,7 +871,7 @@ class _Progress:
         self.page_top = self.page_bottom = None
         self.pages = 0
         self.rebased = True
-        self.back_from, self.back_left = None, 0
+        self.backfilled()
         if not self.software_asked:
             # Other software than the chain knew: the next poll asks NodeInfo again
             # (its ids' rules go with it).
@@ -887,7 +895,7 @@ class _Progress:
 
     def backfilled(self) -> None:
         """The backfill is read: nothing more to read back."""
-        self.back_from, self.back_left = None, 0
+        self.back_from, self.back_left, self.back_waits = None, 0, 0
 
     def withdraw(self, key: str) -> None:
         """Say that the account of ``key`` opted out, if the event has room for it (a key
@@ -1024,6 +1032,8 @@ class TimelinePoller:
             version=request.software_version,
         )
         progress.back_from, progress.back_left = _backfill_left(request)
+        if progress.back_from is not None:
+            progress.back_waits = request.back_waits
         stop: _Stop | None = None
         try:
             await self._poll(request, progress)
@@ -1471,7 +1481,8 @@ class TimelinePoller:
                 # Read on from the oldest post handled, not the page's: a poll whose
                 # event is full leaves the rest of the page unread. Never from a newer
                 # one (an answer to "older than" that is not): the posts between were
-                # handled, and would be again.
+                # handled, and would be again. (Such a page that fills the event leaves
+                # its older posts below the cursor and above this: never read.)
                 oldest = min(handled, key=id_key)
                 if progress.back_from is None or id_key(oldest) < id_key(progress.back_from):
                     progress.back_from = oldest
@@ -1528,6 +1539,7 @@ class TimelinePoller:
         cannot serve would be asked every poll for good; a refusal of the host's still
         ends the poll, which keeps what it read, and judges the host."""
         progress.reading_back = True
+        below = progress.back_from
         try:
             await self._read_back(
                 api,
@@ -1535,12 +1547,17 @@ class TimelinePoller:
                 host,
                 progress,
                 progress.back_left,
-                below=progress.back_from,
+                below=below,
                 pages=pages,
             )
+            progress.back_waits = 0
         except _Stop as stop:
             if _asked_to_wait(stop):
-                raise  # from the oldest post read so far (``_read_back``), after the wait
+                # Read on after the wait from the oldest post read so far (``_read_back``).
+                progress.back_waits = 0 if progress.back_from != below else progress.back_waits + 1
+                if progress.back_waits < BACK_WAITS:
+                    raise
+                stop.message = f"{BACK_WAITS} waits asked in a row: {stop.message}"
             progress.tell(f"the rest of the backfill left unread: {stop.message}")
             progress.backfilled()
             progress.back_cut = True
@@ -1858,9 +1875,16 @@ class TimelinePoller:
             or progress.rebased  # a cursor of a new numbering, not compared with the old
             or id_key(progress.newest) > id_key(request.cursor)
         )
+        # Read on back: the backfill's posts are progress too, kept through a wait.
+        asked_from = _backfill_left(request)[0]
+        read_back = (
+            asked_from is not None
+            and progress.back_from is not None
+            and id_key(progress.back_from) < id_key(asked_from)
+        )
         # A refusal of the backfill's old pages (``back_cut``) comes after the new posts
         # were read: the poll did what it is for.
-        failed = stop is not None and not (advanced or progress.back_cut)
+        failed = stop is not None and not (advanced or read_back or progress.back_cut)
         outcome = stop.outcome if failed and stop is not None else CrawlOutcome.SUCCESS
         status = stop.status if stop is not None else None
         notes: list[str] = []
@@ -1872,12 +1896,13 @@ class TimelinePoller:
                 notes.append(f"stopped after {progress.pages} page(s): {stop.message}")
             else:
                 notes.append(stop.message)
+        if progress.back_from is not None and not failed:
+            # What ``trove instances`` shows of it (the chain's own progress is in KV):
+            # before the notes, which the message's bound may cut.
+            notes.append(f"{progress.back_left} posts of the backfill left to read back")
         notes.extend(progress.notes.values())
         if progress.malformed and not failed:
             notes.append(f"{progress.malformed} malformed entries skipped")
-        if progress.back_from is not None and not failed:
-            # What ``trove instances`` shows of it: the chain's own progress is in KV.
-            notes.append(f"{progress.back_left} posts of the backfill left to read back")
         message = "; ".join(notes)[:_MAX_MESSAGE] or None
         base: dict[str, Any] = {
             "id": derived_event_id(request.id, "polled"),
@@ -1924,6 +1949,7 @@ class TimelinePoller:
                 else self._recent(request, progress, cursor_after),
                 back_from=back_from,
                 back_left=back_left,
+                back_waits=progress.back_waits,
                 more=(progress.more or back_from is not None) and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
@@ -1945,6 +1971,7 @@ class TimelinePoller:
                 recent_after=request.recent,
                 back_from=_backfill_left(request)[0],
                 back_left=_backfill_left(request)[1],
+                back_waits=request.back_waits,
             )
 
     def _looks_back(self, timeline: str) -> bool:
