@@ -143,10 +143,12 @@ def request(
     timeline: str = "local",
     after: TimelinePolled | None = None,
     software: str | None = None,
+    backfill: int | None = None,
 ) -> TimelinePollRequested:
     """The first request of a chain, or (``after``) the one a poll's answer leads to.
     ``cursor_at``: when the cursor was read (None: a chain that does not know);
-    ``software``: what an earlier poll's NodeInfo named (it decides the rules for ids)."""
+    ``software``: what an earlier poll's NodeInfo named (it decides the rules for ids);
+    ``backfill``: the follow's."""
     if after is not None:
         return TimelinePollRequested(
             instance=after.instance,
@@ -173,7 +175,38 @@ def request(
         cursor_at=cursor_at,
         api=api,
         software=software,
+        backfill=backfill,
     )
+
+
+async def polled_on(
+    polls: TimelinePoller, social: RunningInstance, events: list[TimelinePolled], *, most: int
+) -> list[TimelinePolled]:
+    """``events`` and the chain's polls after them while one says ``more``, ``most`` in all."""
+    while events[-1].more and len(events) < most:
+        events.append(await polls.poll(request(social, after=events[-1])))
+    return events
+
+
+#: The follow's backfill in the backfill's tests: more than a first poll's pages hold.
+BACKFILL = 19
+
+
+@contextlib.asynccontextmanager
+async def first_poll_of_a_backfill(
+    client: httpx.AsyncClient,
+    instance: FediverseInstance,
+    gate: GapGate | None = None,
+    *,
+    max_pages: int = 2,
+    timeline: str = "local",
+) -> AsyncIterator[tuple[RunningInstance, TimelinePoller, TimelinePolled]]:
+    """``instance`` served, a poller of ``max_pages`` pages of four posts, and the first
+    poll of a follow whose backfill (``BACKFILL``) those pages do not hold."""
+    async with served(instance) as social:
+        polls = poller(client, gate, max_pages=max_pages, page_limit=4)
+        asked = request(social, api=social.base_url, timeline=timeline, backfill=BACKFILL)
+        yield social, polls, await polls.poll(asked)
 
 
 def api_queries(social: RunningInstance) -> list[dict[str, list[str]]]:
@@ -281,19 +314,18 @@ async def test_a_backfill_larger_than_a_polls_pages_is_read_by_the_polls_after_i
     # Two pages of four a poll, a backfill of 19: the first poll reads 8 of them, and
     # the rest was never read. The polls after read the new posts first, then on back.
     instance = FediverseInstance.generate(posts=40, seed=11)
-    async with served(instance) as social:
-        before = instance.timeline(local=timeline == "local")[:19]
-        polls = poller(client, max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url, timeline=timeline)
-        first = await polls.poll(asked.model_copy(update={"backfill": 19}))
+    before = instance.timeline(local=timeline == "local")[:BACKFILL]
+    async with first_poll_of_a_backfill(client, instance, timeline=timeline) as (
+        social,
+        polls,
+        first,
+    ):
         added = [public_local_post(instance) for _ in range(3)]
-        events = [first]
-        while events[-1].more and len(events) < 10:
-            events.append(await polls.poll(request(social, after=events[-1])))
+        events = await polled_on(polls, social, [first], most=10)
 
     assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
     assert first.cursor_after == before[0].sid
-    assert (first.back_from, first.back_left) == (before[7].sid, 11)
+    assert (first.back_from, first.back_left) == (before[7].sid, BACKFILL - 8)
     assert first.more
     assert first.error_message == "11 posts of the backfill left to read back"
     assert events[-1].error_message is None
@@ -320,15 +352,13 @@ async def test_a_post_of_the_backfill_the_lookback_reaches_is_left_to_the_back_r
     async with served(instance) as social:
         before = instance.timeline(local=False)
         lookback = (before[0].created_at - before[4].created_at).total_seconds() + 60
-        asked = request(social, api=social.base_url, timeline="public")
+        asked = request(social, api=social.base_url, timeline="public", backfill=BACKFILL)
         first = await poller(
             client, GapGate(defer_after=1), max_pages=2, page_limit=4, lookback=lookback
-        ).poll(asked.model_copy(update={"backfill": 19}))
+        ).poll(asked)
         instance.add_posts(12)  # a busy timeline: the next poll does not catch up
         polls = poller(client, max_pages=2, page_limit=4, lookback=lookback)
-        events = [first]
-        while events[-1].more and len(events) < 12:
-            events.append(await polls.poll(request(social, after=events[-1])))
+        events = await polled_on(polls, social, [first], most=12)
         now = instance.timeline(local=False)
 
     assert first.back_from == before[3].sid
@@ -349,16 +379,13 @@ async def test_an_old_page_the_instance_cannot_serve_leaves_the_rest_of_the_back
     # Asked every poll, a page the instance fails on would judge the host failing at
     # every poll for good: the backfill is an extra, and it ends there.
     instance = FediverseInstance.generate(posts=40, seed=11)
-    async with served(instance) as social:
-        polls = poller(client, max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
-        first = await polls.poll(asked)
+    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
         instance.misbehave("old-posts-502")
         added = public_local_post(instance)
         second = await polls.poll(request(social, after=first))
         third = await polls.poll(request(social, after=second))
 
-    assert first.back_left == 11
+    assert first.back_left == BACKFILL - 8
     assert second.outcome is CrawlOutcome.SUCCESS
     assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_5XX, 502)
     assert uris(second) == [instance.status_uri(added)] if instance.may_share(added) else []
@@ -380,11 +407,8 @@ async def test_a_wait_asked_on_an_old_page_keeps_the_rest_of_the_backfill_for_af
     # A 429 on a page of the backfill says "not now", not "never": the chain waits it
     # out, then reads the rest, each post once. Without new posts, the 429 is the poll's.
     instance = FediverseInstance.generate(posts=40, seed=11)
-    async with served(instance) as social:
-        before = instance.timeline(local=True)[:19]
-        polls = poller(client, max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
-        first = await polls.poll(asked)
+    before = instance.timeline(local=True)[:BACKFILL]
+    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
         instance.misbehave("old-posts-429")
         added = public_local_post(instance)
         told = await polls.poll(request(social, after=first))
@@ -394,18 +418,18 @@ async def test_a_wait_asked_on_an_old_page_keeps_the_rest_of_the_backfill_for_af
         while len(events) < 10 and (events[-1] is quiet or events[-1].more):
             events.append(await polls.poll(request(social, after=events[-1])))
 
-    assert (first.back_from, first.back_left) == (before[7].sid, 11)
+    assert (first.back_from, first.back_left) == (before[7].sid, BACKFILL - 8)
     assert told.outcome is CrawlOutcome.SUCCESS, told.error_message
     assert (told.stopped_by, told.status_code, told.retry_after) == (
         CrawlOutcome.BLOCKED_4XX,
         429,
         60.0,
     )
-    assert (told.back_from, told.back_left, told.more) == (before[7].sid, 11, True)
+    assert (told.back_from, told.back_left, told.more) == (before[7].sid, BACKFILL - 8, True)
     settings = DiscoverySettings(allowed_networks=())
     assert poll_delay(told, 0, settings) == 60.0
     assert (quiet.outcome, quiet.status_code, quiet.posts) == (CrawlOutcome.BLOCKED_4XX, 429, ())
-    assert (quiet.back_from, quiet.back_left) == (before[7].sid, 11)
+    assert (quiet.back_from, quiet.back_left) == (before[7].sid, BACKFILL - 8)
     last = events[-1]
     assert last.outcome is CrawlOutcome.SUCCESS, last.error_message
     assert (last.back_from, last.back_left, last.more) == (None, 0, False)
@@ -424,25 +448,24 @@ async def test_a_wait_asked_after_an_old_page_was_read_keeps_that_page(
     refuse = lambda: instance.misbehave("old-posts-429")  # noqa: E731
     # The first poll's three pages; the second's new posts, an old page, a refused one.
     gate = GateThatActs(nth=3 + 3, act=refuse)
-    async with served(instance) as social:
-        before = instance.timeline(local=True)[:19]
-        polls = poller(client, gate, max_pages=3, page_limit=4)
-        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
-        first = await polls.poll(asked)
+    before = instance.timeline(local=True)[:BACKFILL]
+    async with first_poll_of_a_backfill(client, instance, gate, max_pages=3) as (
+        social,
+        polls,
+        first,
+    ):
         second = await polls.poll(request(social, after=first))
         instance.misbehave(None)
-        events = [first, second]
-        while events[-1].more and len(events) < 10:
-            events.append(await polls.poll(request(social, after=events[-1])))
+        events = await polled_on(polls, social, [first, second], most=10)
 
-    assert (first.back_from, first.back_left) == (before[11].sid, 19 - 12)
+    assert (first.back_from, first.back_left) == (before[11].sid, BACKFILL - 12)
     assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
     assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_4XX, 429)
     page = [s for s in before[12:16] if instance.may_share(s)]
     assert uris(second) == [instance.status_uri(s) for s in page]
     assert (second.back_from, second.back_left, second.back_waits, second.more) == (
         before[15].sid,
-        19 - 16,
+        BACKFILL - 16,
         0,
         True,
     )
@@ -457,10 +480,7 @@ async def test_old_pages_always_asked_to_wait_end_the_backfill_at_the_last_wait_
     # Each wait is waited out; an instance that asks it of its old pages at every poll
     # would have each poll spend a request on them, and the host a pause, for good.
     instance = FediverseInstance.generate(posts=40, seed=11)
-    async with served(instance) as social:
-        polls = poller(client, max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
-        first = await polls.poll(asked)
+    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
         instance.misbehave("old-posts-429")
         events = [first]
         while len(events) <= BACK_WAITS + 1:
@@ -471,7 +491,7 @@ async def test_old_pages_always_asked_to_wait_end_the_backfill_at_the_last_wait_
     assert [(e.outcome, e.status_code) for e in waited] == [(CrawlOutcome.BLOCKED_4XX, 429)] * (
         BACK_WAITS - 1
     )
-    assert [(e.back_from, e.back_left) for e in waited] == [(first.back_from, 11)] * (
+    assert [(e.back_from, e.back_left) for e in waited] == [(first.back_from, BACKFILL - 8)] * (
         BACK_WAITS - 1
     )
     assert [e.back_waits for e in waited] == list(range(1, BACK_WAITS))
@@ -489,14 +509,11 @@ async def test_a_bot_challenge_on_an_old_page_ends_the_backfill_whatever_its_sta
 ) -> None:
     # A challenge sent as a 429 names no wait to outlast: the host's defence, not its load.
     instance = FediverseInstance.generate(posts=40, seed=11)
-    async with served(instance) as social:
-        polls = poller(client, max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
-        first = await polls.poll(asked)
+    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
         instance.misbehave("old-posts-challenge")
         second = await polls.poll(request(social, after=first))
 
-    assert first.back_left == 11
+    assert first.back_left == BACKFILL - 8
     assert (second.outcome, second.stopped_by) == (CrawlOutcome.SUCCESS, CrawlOutcome.BLOCKED_4XX)
     assert (second.status_code, second.challenged) == (429, True)
     assert (second.back_from, second.back_left, second.more) == (None, 0, False)
@@ -510,16 +527,13 @@ async def test_an_answer_for_older_posts_dated_ahead_ends_the_backfill(
     # dated a day ahead: no page past them holds the backfill. Followed, they left it
     # where it was, and every poll came back at once to ask for it again.
     instance = FediverseInstance.generate(posts=40, seed=11)
-    async with served(instance) as social:
-        polls = poller(client, max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url).model_copy(update={"backfill": 19})
-        first = await polls.poll(asked)
+    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
         for n in range(4):
             instance.add_post_numbered(a_day_ahead() + n)
         instance.misbehave("endless")  # a query of max_id alone: the newest page
         second = await polls.poll(request(social, after=first))
 
-    assert first.back_left == 11
+    assert first.back_left == BACKFILL - 8
     assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
     assert (second.back_from, second.back_left, second.more) == (None, 0, False)
     # Each note the poll told, the forward read's too.
@@ -555,17 +569,13 @@ async def test_a_first_poll_answered_with_newer_posts_for_older_ones_reads_on_be
     # take the first page's posts again.
     instance = FediverseInstance.generate(posts=40, seed=11)
     instance.misbehave("endless")  # a query of max_id alone: the newest page
-    async with served(instance) as social:
-        top = instance.timeline(local=True)[:4]
-        added: list[Status] = []
-        publish = lambda: added.extend(public_local_post(instance) for _ in range(4))  # noqa: E731
-        polls = poller(client, GateThatActs(nth=2, act=publish), max_pages=2, page_limit=4)
-        asked = request(social, api=social.base_url)
-        first = await polls.poll(asked.model_copy(update={"backfill": 19}))
+    top = instance.timeline(local=True)[:4]
+    added: list[Status] = []
+    publish = lambda: added.extend(public_local_post(instance) for _ in range(4))  # noqa: E731
+    gate = GateThatActs(nth=2, act=publish)
+    async with first_poll_of_a_backfill(client, instance, gate) as (social, polls, first):
         instance.misbehave(None)
-        events = [first]
-        while events[-1].more and len(events) < 10:
-            events.append(await polls.poll(request(social, after=events[-1])))
+        events = await polled_on(polls, social, [first], most=10)
 
     assert first.outcome is CrawlOutcome.SUCCESS, first.error_message
     assert set(uris(first)) >= {instance.status_uri(s) for s in added}
@@ -573,9 +583,9 @@ async def test_a_first_poll_answered_with_newer_posts_for_older_ones_reads_on_be
     read = [uri for event in events for uri in uris(event)]
     assert len(read) == len(set(read))
     assert not events[-1].more
-    # The newer posts took 4 of the 19; the other 15 are the newest before them.
+    # The newer posts took 4 of the backfill; the rest are the newest before them.
     timeline = instance.timeline(local=True)
-    wanted = [*added, *timeline[len(added) : len(added) + 15]]
+    wanted = [*added, *timeline[len(added) : BACKFILL]]
     assert set(read) == {instance.status_uri(s) for s in wanted if instance.may_share(s)}
 
 
@@ -1298,9 +1308,8 @@ async def test_the_next_page_reads_on_from_the_pages_newest_post_whatever_its_li
         cursor = instance.timeline(local=True)[0].sid
         added = [public_local_post(instance) for _ in range(30)]
         polls = poller(client, max_pages=3, page_limit=5)
-        events = [await polls.poll(request(social, cursor=cursor, api=social.base_url))]
-        while events[-1].more and len(events) < 5:
-            events.append(await polls.poll(request(social, after=events[-1])))
+        first = await polls.poll(request(social, cursor=cursor, api=social.base_url))
+        events = await polled_on(polls, social, [first], most=5)
 
         assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
         assert not events[-1].more
@@ -1320,11 +1329,8 @@ async def test_a_lookback_answered_with_the_newest_posts_leaves_them_to_the_forw
         cursor = instance.timeline(local=False)[0].sid
         added = [public_local_post(instance) for _ in range(20)]
         polls = poller(client, max_pages=2, page_limit=5, lookback=3600.0)
-        events = [
-            await polls.poll(request(social, cursor=cursor, api=social.base_url, timeline="public"))
-        ]
-        while events[-1].more and len(events) < 4:
-            events.append(await polls.poll(request(social, after=events[-1])))
+        asked = request(social, cursor=cursor, api=social.base_url, timeline="public")
+        events = await polled_on(polls, social, [await polls.poll(asked)], most=4)
 
         assert all(e.outcome is CrawlOutcome.SUCCESS for e in events), events[-1].error_message
         assert not events[-1].more
