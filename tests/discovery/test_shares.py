@@ -762,13 +762,13 @@ async def test_a_backfill_a_poll_left_goes_on_with_the_chain_until_it_is_read(bu
     assert (second.poll, second.cursor, second.back_from, second.back_left) == (2, "100", "81", 12)
     assert (await timeline.current()).back_from == "81"
     # A wait asked where the backfill is read: the poll failed, and counts it all the same.
-    await shares.polled(polled(second, outcome=CrawlOutcome.BLOCKED_4XX, back_waits=1))
+    await shares.polled(polled(second, outcome=CrawlOutcome.BLOCKED_4XX, back_failures=1))
     _, third = await _scheduled(bus)
-    assert (third.poll, third.back_from, third.back_left, third.back_waits) == (3, "81", 12, 1)
+    assert (third.poll, third.back_from, third.back_left, third.back_failures) == (3, "81", 12, 1)
     await shares.polled(polled(third, cursor_after="104", back_from="70", back_left=1))
     _, fourth = await _scheduled(bus)
     assert (fourth.poll, fourth.cursor, fourth.back_from, fourth.back_left) == (4, "104", "70", 1)
-    assert fourth.back_waits == 0
+    assert fourth.back_failures == 0
     await shares.polled(polled(fourth, cursor_after="104"))
     _, fifth = await _scheduled(bus)
     assert (fifth.poll, fifth.back_from, fifth.back_left) == (5, None, 0)

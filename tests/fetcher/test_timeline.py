@@ -31,7 +31,7 @@ from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
 from trove_fetcher.timeline import (
-    BACK_WAITS,
+    BACK_FAILURES,
     DEFAULT_RATE_WINDOW,
     MAX_RETRY_AFTER,
     RENUMBERING_CHECK_EVERY,
@@ -160,7 +160,7 @@ def request(
             recent=after.recent_after,
             back_from=after.back_from,
             back_left=after.back_left,
-            back_waits=after.back_waits,
+            back_failures=after.back_failures,
             api=after.api,
             software=after.software,
             software_version=after.software_version,
@@ -373,32 +373,66 @@ async def test_a_post_of_the_backfill_the_lookback_reaches_is_left_to_the_back_r
     assert sum(e.skipped for e in events) + len(read) == len(wanted)
 
 
-async def test_an_old_page_the_instance_cannot_serve_leaves_the_rest_of_the_backfill_unread(
+@pytest.mark.parametrize(
+    ("mode", "outcome", "status", "judged"),
+    [
+        ("old-posts-429", CrawlOutcome.BLOCKED_4XX, 429, "rate_limited"),
+        ("old-posts-502", CrawlOutcome.BLOCKED_5XX, 502, "server_error"),
+    ],
+)
+@pytest.mark.parametrize("new_posts", [False, True])
+async def test_old_pages_refused_in_a_row_end_the_backfill_at_the_last_refusal_allowed(
     client: httpx.AsyncClient,
+    mode: Misbehaviour,
+    outcome: CrawlOutcome,
+    status: int,
+    judged: str,
+    new_posts: bool,
 ) -> None:
-    # Asked every poll, a page the instance fails on would judge the host failing at
-    # every poll for good: the backfill is an extra, and it ends there.
+    # A wait, or a failure to answer, may be gone by the next poll; an instance that
+    # refuses its old pages so at every poll would have each spend a request on them,
+    # and the host a pause, for good. Each poll keeps the new posts it read.
     instance = FediverseInstance.generate(posts=40, seed=11)
+    added: list[Status] = []
     async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
-        instance.misbehave("old-posts-502")
-        added = public_local_post(instance)
-        second = await polls.poll(request(social, after=first))
-        third = await polls.poll(request(social, after=second))
+        instance.misbehave(mode)
+        events = [first]
+        while len(events) <= BACK_FAILURES + 1:
+            if new_posts:
+                added.append(public_local_post(instance))
+            events.append(await polls.poll(request(social, after=events[-1])))
+        queries = api_queries(social)
 
-    assert first.back_left == BACKFILL - 8
-    assert second.outcome is CrawlOutcome.SUCCESS
-    assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_5XX, 502)
-    assert uris(second) == [instance.status_uri(added)] if instance.may_share(added) else []
-    assert (second.back_from, second.back_left, second.more) == (None, 0, False)
-    assert second.error_message is not None
-    assert "the rest of the backfill left unread" in second.error_message
-    observation = fetcher_module._poll_observation(second)
+    last = BACK_FAILURES
+    refused, ended, after = events[1:last], events[last], events[last + 1]
+    polled = CrawlOutcome.SUCCESS if new_posts else outcome
+    assert [(e.outcome, e.status_code) for e in refused] == [(polled, status)] * (last - 1)
+    assert [(e.back_from, e.back_left, e.more) for e in refused] == [
+        (first.back_from, BACKFILL - 8, new_posts)
+    ] * (last - 1)
+    assert [e.back_failures for e in refused] == list(range(1, last))
+    assert (ended.outcome, ended.stopped_by, ended.status_code) == (
+        CrawlOutcome.SUCCESS,
+        outcome,
+        status,
+    )
+    assert (ended.back_from, ended.back_left, ended.back_failures, ended.more) == (
+        None,
+        0,
+        0,
+        False,
+    )
+    assert f"{last} refused in a row" in (ended.error_message or "")
+    observation = fetcher_module._poll_observation(ended)
     assert observation is not None
-    assert observation.error_type == "server_error"
-    # The next poll reads on from the cursor alone.
-    assert third.outcome is CrawlOutcome.SUCCESS
-    assert [q.get("max_id") for q in api_queries(social)[-1:]] == [None]
-    assert third.requests == 1
+    assert observation.error_type == judged
+    # The next poll reads on from the cursor alone: one old page asked for each refusal.
+    assert (after.outcome, after.requests) == (CrawlOutcome.SUCCESS, 1)
+    old_pages = [q for q in queries if "max_id" in q and "since_id" not in q]
+    assert len(old_pages) == 1 + last
+    read = [uri for event in events for uri in uris(event)]
+    assert len(read) == len(set(read))
+    assert set(read) >= {instance.status_uri(s) for s in added if instance.may_share(s)}
 
 
 async def test_a_wait_asked_on_an_old_page_keeps_the_rest_of_the_backfill_for_after_it(
@@ -463,7 +497,7 @@ async def test_a_wait_asked_after_an_old_page_was_read_keeps_that_page(
     assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_4XX, 429)
     page = [s for s in before[12:16] if instance.may_share(s)]
     assert uris(second) == [instance.status_uri(s) for s in page]
-    assert (second.back_from, second.back_left, second.back_waits, second.more) == (
+    assert (second.back_from, second.back_left, second.back_failures, second.more) == (
         before[15].sid,
         BACKFILL - 16,
         0,
@@ -472,36 +506,6 @@ async def test_a_wait_asked_after_an_old_page_was_read_keeps_that_page(
     read = [uri for event in events for uri in uris(event)]
     assert len(read) == len(set(read))
     assert set(read) == {instance.status_uri(s) for s in before if instance.may_share(s)}
-
-
-async def test_old_pages_always_asked_to_wait_end_the_backfill_at_the_last_wait_allowed(
-    client: httpx.AsyncClient,
-) -> None:
-    # Each wait is waited out; an instance that asks it of its old pages at every poll
-    # would have each poll spend a request on them, and the host a pause, for good.
-    instance = FediverseInstance.generate(posts=40, seed=11)
-    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
-        instance.misbehave("old-posts-429")
-        events = [first]
-        while len(events) <= BACK_WAITS + 1:
-            events.append(await polls.poll(request(social, after=events[-1])))
-        queries = api_queries(social)
-
-    waited, ended, after = events[1:BACK_WAITS], events[BACK_WAITS], events[BACK_WAITS + 1]
-    assert [(e.outcome, e.status_code) for e in waited] == [(CrawlOutcome.BLOCKED_4XX, 429)] * (
-        BACK_WAITS - 1
-    )
-    assert [(e.back_from, e.back_left) for e in waited] == [(first.back_from, BACKFILL - 8)] * (
-        BACK_WAITS - 1
-    )
-    assert [e.back_waits for e in waited] == list(range(1, BACK_WAITS))
-    assert ended.outcome is CrawlOutcome.SUCCESS, ended.error_message
-    assert (ended.back_from, ended.back_left, ended.back_waits, ended.more) == (None, 0, 0, False)
-    assert f"{BACK_WAITS} waits asked in a row" in (ended.error_message or "")
-    # The next poll reads from the cursor alone: one old page asked for each wait.
-    assert (after.outcome, after.requests) == (CrawlOutcome.SUCCESS, 1)
-    old_pages = [q for q in queries if "max_id" in q and "since_id" not in q]
-    assert len(old_pages) == 1 + BACK_WAITS
 
 
 async def test_a_bot_challenge_on_an_old_page_ends_the_backfill_whatever_its_status(

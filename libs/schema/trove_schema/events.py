@@ -682,9 +682,10 @@ class TimelinePollRequested(Event):
     #: in the pages a poll has left). None and 0 once it is done.
     back_from: PostId | None = None
     back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
-    #: Waits the instance asked for (a 429, a ``Retry-After``) in a row where the
-    #: backfill is read, none of it read since: the poller gives it up at a few.
-    back_waits: int = Field(default=0, ge=0)
+    #: Pages of the backfill in a row the instance asked to wait for (a 429, a
+    #: ``Retry-After``) or failed to answer (a 5xx, a timeout), none of it read since:
+    #: the poller gives it up at a few.
+    back_failures: int = Field(default=0, ge=0)
     #: The API's base URL found through NodeInfo; None until then.
     api: URLText | None = None
     software: Annotated[str, Storable(100)] | None = None
@@ -745,11 +746,11 @@ class TimelinePolled(Event):
     #: ``TimelinePollRequested.recent``).
     recent_after: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
     #: The backfill still to be read back, for the next request (as
-    #: ``TimelinePollRequested.back_from``, ``back_left`` and ``back_waits``; the
-    #: waits are this poll's count, whatever its outcome).
+    #: ``TimelinePollRequested.back_from``, ``back_left`` and ``back_failures``; the
+    #: failures are this poll's count, whatever its outcome).
     back_from: PostId | None = None
     back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
-    back_waits: int = Field(default=0, ge=0)
+    back_failures: int = Field(default=0, ge=0)
     #: There is more to read past ``cursor_after`` (the poll stopped at its page bound),
     #: or a backfill still to read.
     more: bool = False

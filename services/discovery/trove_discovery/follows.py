@@ -401,8 +401,8 @@ class PollProgress(BaseModel):
     #: did not finish it); None and 0 once done.
     back_from: str | None = None
     back_left: int = 0
-    #: Waits asked for in a row where the backfill is read (``TimelinePolled.back_waits``).
-    back_waits: int = 0
+    #: The backfill's pages refused in a row (``TimelinePolled.back_failures``).
+    back_failures: int = 0
     failures: int = 0
 
     @field_validator("recent")
@@ -417,7 +417,7 @@ class PollProgress(BaseModel):
     def _within_a_backfill(cls, left: int) -> int:
         return min(max(left, 0), MAX_BACKFILL)  # as ``recent``: what a request takes
 
-    @field_validator("back_waits")
+    @field_validator("back_failures")
     @classmethod
     def _counted(cls, waits: int) -> int:
         return max(waits, 0)
@@ -579,7 +579,7 @@ async def resume_polls(
         backfill=None if read_empty else follow.backfill,
         back_from=follow.back_from,
         back_left=follow.back_left,
-        back_waits=follow.back_waits,
+        back_failures=follow.back_failures,
         poll=follow.poll + 1,
         failures=follow.failures,
         not_before=now,

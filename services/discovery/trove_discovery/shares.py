@@ -104,7 +104,7 @@ def next_poll(
         backfill=backfill,
         back_from=follow.back_from,
         back_left=follow.back_left,
-        back_waits=follow.back_waits,
+        back_failures=follow.back_failures,
         api=event.api,
         software=event.software,
         software_version=event.software_version,
@@ -273,8 +273,8 @@ class Shares:
                     "recent": follow.recent if failed else event.recent_after,
                     "back_from": follow.back_from if failed else event.back_from,
                     "back_left": follow.back_left if failed else event.back_left,
-                    # Counted by the poll, a failed one too: a wait is one.
-                    "back_waits": event.back_waits,
+                    # Counted by the poll, a failed one too: it may be what it counted.
+                    "back_failures": event.back_failures,
                     "failures": failures,
                 }
             )

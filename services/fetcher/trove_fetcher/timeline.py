@@ -22,12 +22,13 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   oldest post it handled, and ``back_left``) the polls after it read on back, after
   the new posts, in the requests they have left (one at least); only they take posts
   below ``back_from``, which only ever moves down. A wait the instance asks for there
-  (a 429, a ``Retry-After``) ends the poll and keeps the rest for after it (a poll that
-  read neither new posts nor old ones is then a failure), up to ``BACK_WAITS`` in a row
-  with none of it read between (``back_waits``); a page of it refused otherwise (a
-  4xx, a 5xx, a timeout, a challenge, posts dated ahead) leaves the rest unread, with
-  a note (a refusal of the host's still ends the poll, a success, and the host is
-  judged by it).
+  (a 429, a ``Retry-After``), or a failure to answer (a 5xx, a timeout, no connection),
+  ends the poll and keeps the rest for after it (a poll that read neither new posts
+  nor old ones is then a failure), up to ``BACK_FAILURES`` in a row with none of it
+  read between (``back_failures``); a page of it refused otherwise (another 4xx, a
+  challenge, an answer not JSON, posts unreadable or dated ahead) leaves the rest
+  unread, with a note (a refusal of the host's still ends the poll, a success, and
+  the host is judged by it).
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
@@ -95,8 +96,8 @@ posts and the cursor unchanged. One that fails after reading pages is a ``succes
 that keeps what it read, with ``more`` and the reason in ``error_message`` (and the
 status, ``retry_after`` and outcome, ``stopped_by``, of what stopped it): the next poll
 continues from there, and the host is judged by that answer as after a failure. (A
-refusal of the backfill's old pages, but a wait, leaves no ``more`` for them: it ends
-the backfill.) So
+refusal of the backfill's old pages that will not pass, or the ``BACK_FAILURES``-th
+in a row of those that may, leaves no ``more`` for them: it ends the backfill.) So
 a consumer takes the posts and ``cursor_after`` of every ``TimelinePolled``, and never
 loses or repeats one. Hostile answers: HTML or other non-JSON, a redirect off the
 instance (not followed), a body over ``max_body_bytes`` are ``rejected``; a bot
@@ -181,10 +182,11 @@ LOW_RATE_SHARE = 0.05
 DEFAULT_RATE_WINDOW = 300.0
 #: Longest wait taken from an instance's headers: a year-long Retry-After is a typo.
 MAX_RETRY_AFTER = 86_400.0
-#: Waits in a row asked where the backfill is read, none of it read between, that end
-#: it: an instance that always asks its old pages to wait would else have every poll
-#: spend a request on them, and its host a pause, for good.
-BACK_WAITS = 3
+#: Pages of the backfill in a row the instance asked to wait for or failed to answer
+#: (``_passing``), none of it read between, that end it: an instance that always does
+#: so for its old pages would else have every poll spend a request on them, and its
+#: host a pause, for good.
+BACK_FAILURES = 3
 ACCEPT_JSON = "application/json"
 #: Characters of a post's HTML content searched for links: Mastodon counts a link as 23
 #: of a post's 500 characters, so twenty links of 2,000 characters fit in one post.
@@ -723,6 +725,13 @@ def _asked_to_wait(stop: _Stop) -> bool:
     return (stop.status == 429 or stop.retry_after is not None) and not stop.challenge
 
 
+def _passing(stop: _Stop) -> bool:
+    """Whether ``stop`` may be gone at the next poll: a wait the instance asked for, or
+    its failure to answer (a 5xx, a timeout, no connection), not a bot challenge."""
+    failed = stop.outcome in (CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX)
+    return _asked_to_wait(stop) or (failed and not stop.challenge)
+
+
 def _of_the_host(stop: _Stop) -> bool:
     """Whether ``stop`` tells of the host (its load, its defences, its reach) rather
     than of the request that met it: what every request to the host would meet now."""
@@ -801,8 +810,8 @@ class _Progress:
     #: posts below it (``TimelinePollRequested.back_from``); None and 0 once done.
     back_from: str | None = None
     back_left: int = 0
-    #: Waits asked for in a row where the backfill is read, none of it read since.
-    back_waits: int = 0
+    #: The backfill's pages refused in a row (``_passing``), none of it read since.
+    back_failures: int = 0
     #: Reading the backfill on back (``_read_on_back``): only posts below ``back_from``
     #: are new.
     reading_back: bool = False
@@ -895,7 +904,7 @@ class _Progress:
 
     def backfilled(self) -> None:
         """The backfill is read: nothing more to read back."""
-        self.back_from, self.back_left, self.back_waits = None, 0, 0
+        self.back_from, self.back_left, self.back_failures = None, 0, 0
 
     def withdraw(self, key: str) -> None:
         """Say that the account of ``key`` opted out, if the event has room for it (a key
@@ -1033,7 +1042,7 @@ class TimelinePoller:
         )
         progress.back_from, progress.back_left = _backfill_left(request)
         if progress.back_from is not None:
-            progress.back_waits = request.back_waits
+            progress.back_failures = request.back_failures
         stop: _Stop | None = None
         try:
             await self._poll(request, progress)
@@ -1532,12 +1541,13 @@ class TimelinePoller:
         self, api: str, timeline: str, host: str, progress: _Progress, pages: int
     ) -> None:
         """The rest of a backfill a poll before left (``progress.back_from``), in
-        ``pages``. A wait the instance asks for (``_asked_to_wait``) ends the poll and
-        keeps the rest for the polls after it. Else an extra, as the lookback is: a page
-        refused (for its query, its posts, or the host's sake: a 5xx, a timeout, a
-        challenge) leaves the rest unread, with a note, or an old page the instance
-        cannot serve would be asked every poll for good; a refusal of the host's still
-        ends the poll, which keeps what it read, and judges the host."""
+        ``pages``. A page the instance asks to wait for or fails to answer (``_passing``)
+        ends the poll and keeps the rest for the polls after it, up to ``BACK_FAILURES``
+        in a row with none of it read between. Else an extra, as the lookback is: a page
+        refused (for its query, its posts, or the host's defences) leaves the rest
+        unread, with a note, or an old page the instance will not serve would be asked
+        every poll for good; a refusal of the host's still ends the poll, which keeps
+        what it read, and judges the host."""
         progress.reading_back = True
         below = progress.back_from
         try:
@@ -1550,14 +1560,15 @@ class TimelinePoller:
                 below=below,
                 pages=pages,
             )
-            progress.back_waits = 0
+            progress.back_failures = 0
         except _Stop as stop:
-            if _asked_to_wait(stop):
-                # Read on after the wait from the oldest post read so far (``_read_back``).
-                progress.back_waits = 0 if progress.back_from != below else progress.back_waits + 1
-                if progress.back_waits < BACK_WAITS:
+            if _passing(stop):
+                # Read on after it from the oldest post read so far (``_read_back``).
+                read = progress.back_from != below
+                progress.back_failures = 0 if read else progress.back_failures + 1
+                if progress.back_failures < BACK_FAILURES:
                     raise
-                stop.message = f"{BACK_WAITS} waits asked in a row: {stop.message}"
+                stop.message = f"{BACK_FAILURES} refused in a row: {stop.message}"
             progress.tell(f"the rest of the backfill left unread: {stop.message}")
             progress.backfilled()
             progress.back_cut = True
@@ -1891,7 +1902,7 @@ class TimelinePoller:
         if stop is not None:
             progress.wait(stop.retry_after)
             if not failed:
-                # Cut short reading on: more to read. Reading the backfill: nothing more.
+                # Cut short reading on: more to read, but of a backfill the refusal ended.
                 progress.more = progress.more or not progress.back_cut
                 notes.append(f"stopped after {progress.pages} page(s): {stop.message}")
             else:
@@ -1949,7 +1960,7 @@ class TimelinePoller:
                 else self._recent(request, progress, cursor_after),
                 back_from=back_from,
                 back_left=back_left,
-                back_waits=progress.back_waits,
+                back_failures=progress.back_failures,
                 more=(progress.more or back_from is not None) and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
@@ -1971,7 +1982,7 @@ class TimelinePoller:
                 recent_after=request.recent,
                 back_from=_backfill_left(request)[0],
                 back_left=_backfill_left(request)[1],
-                back_waits=request.back_waits,
+                back_failures=request.back_failures,
             )
 
     def _looks_back(self, timeline: str) -> bool:
