@@ -27,6 +27,7 @@ from tests.fetcher._dns import dns_server
 from trove_discovery.follows import TimelineFollow
 from trove_discovery.shares import next_poll, poll_delay
 from trove_fetcher import fetcher as fetcher_module
+from trove_fetcher import timeline as timeline_module
 from trove_fetcher.errors import GateDeferred, HopGateFailed, ResolverAway
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.nodeinfo import document_link
@@ -378,6 +379,7 @@ async def test_a_post_of_the_backfill_the_lookback_reaches_is_left_to_the_back_r
     [
         ("old-posts-429", CrawlOutcome.BLOCKED_4XX, 429, "rate_limited"),
         ("old-posts-502", CrawlOutcome.BLOCKED_5XX, 502, "server_error"),
+        ("old-posts-cut", CrawlOutcome.FAILED, None, "network_error"),
     ],
 )
 @pytest.mark.parametrize("new_posts", [False, True])
@@ -385,13 +387,14 @@ async def test_old_pages_refused_in_a_row_end_the_backfill_at_the_last_refusal_a
     client: httpx.AsyncClient,
     mode: Misbehaviour,
     outcome: CrawlOutcome,
-    status: int,
+    status: int | None,
     judged: str,
     new_posts: bool,
 ) -> None:
-    # A wait, or a failure to answer, may be gone by the next poll; an instance that
-    # refuses its old pages so at every poll would have each spend a request on them,
-    # and the host a pause, for good. Each poll keeps the new posts it read.
+    # A wait, or a failure to answer (a 5xx, a connection cut), may be gone by the next
+    # poll; an instance that refuses its old pages so at every poll would have each
+    # spend a request on them, and the host a pause, for good. Each poll keeps the new
+    # posts it read, and says how many refusals it counts.
     instance = FediverseInstance.generate(posts=40, seed=11)
     added: list[Status] = []
     async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
@@ -422,7 +425,8 @@ async def test_old_pages_refused_in_a_row_end_the_backfill_at_the_last_refusal_a
         0,
         False,
     )
-    assert f"{last} refused in a row" in (ended.error_message or "")
+    assert all(f"{e.back_failures} of {last} in a row" in (e.error_message or "") for e in refused)
+    assert f"{last} of its pages refused in a row" in (ended.error_message or "")
     observation = fetcher_module._poll_observation(ended)
     assert observation is not None
     assert observation.error_type == judged
@@ -433,6 +437,49 @@ async def test_old_pages_refused_in_a_row_end_the_backfill_at_the_last_refusal_a
     read = [uri for event in events for uri in uris(event)]
     assert len(read) == len(set(read))
     assert set(read) >= {instance.status_uri(s) for s in added if instance.may_share(s)}
+
+
+async def test_old_pages_read_before_a_deferral_end_the_count_of_refusals(
+    client: httpx.AsyncClient,
+) -> None:
+    # Read on back, then deferred for the host's slot: the pages read end the run of
+    # refusals, or the next one alone would end the backfill as the last allowed.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with first_poll_of_a_backfill(client, instance) as (social, _, first):
+        counted = request(social, after=first).model_copy(
+            update={"back_failures": BACK_FAILURES - 1}
+        )
+        # The new posts' page, an old page, then the host's slot too far off.
+        gate = GapGate(defer_after=2)
+        deferred = await poller(client, gate, max_pages=3, page_limit=4).poll(counted)
+
+    assert gate.deferred_for is not None
+    assert deferred.outcome is CrawlOutcome.SUCCESS, deferred.error_message
+    assert deferred.back_from is not None
+    assert first.back_from is not None
+    assert id_key(deferred.back_from) < id_key(first.back_from)
+    assert (deferred.back_left, deferred.back_failures, deferred.more) == (BACKFILL - 12, 0, True)
+
+
+async def test_an_error_of_its_own_reading_the_backfill_ends_it_not_the_polls(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fault of the poller's own on an old page would fail every poll of the follow,
+    # each blaming the host: the backfill ends there instead, with a note.
+    instance = FediverseInstance.generate(posts=40, seed=11)
+    async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a reader that cannot read")
+
+        monkeypatch.setattr(timeline_module, "read_entry", broken)
+        second = await polls.poll(request(social, after=first))
+
+    assert first.back_left == BACKFILL - 8
+    assert (second.outcome, second.stopped_by) == (CrawlOutcome.SUCCESS, None)
+    assert (second.back_from, second.back_left, second.more) == (None, 0, False)
+    assert "the rest of the backfill left unread: unexpected error" in (second.error_message or "")
+    assert fetcher_module._poll_observation(second) is None
 
 
 async def test_a_wait_asked_on_an_old_page_keeps_the_rest_of_the_backfill_for_after_it(
@@ -508,18 +555,30 @@ async def test_a_wait_asked_after_an_old_page_was_read_keeps_that_page(
     assert set(read) == {instance.status_uri(s) for s in before if instance.may_share(s)}
 
 
-async def test_a_bot_challenge_on_an_old_page_ends_the_backfill_whatever_its_status(
+@pytest.mark.parametrize(
+    ("mode", "outcome", "status", "challenged"),
+    [
+        ("old-posts-challenge", CrawlOutcome.BLOCKED_4XX, 429, True),
+        ("old-posts-loop", CrawlOutcome.FAILED, None, False),
+    ],
+)
+async def test_an_old_page_refused_for_what_will_not_pass_ends_the_backfill_at_once(
     client: httpx.AsyncClient,
+    mode: Misbehaviour,
+    outcome: CrawlOutcome,
+    status: int | None,
+    challenged: bool,
 ) -> None:
-    # A challenge sent as a 429 names no wait to outlast: the host's defence, not its load.
+    # A challenge, even one sent as a 429, names no wait to outlast: the host's defence,
+    # not its load. A redirect loop is the same at every poll.
     instance = FediverseInstance.generate(posts=40, seed=11)
     async with first_poll_of_a_backfill(client, instance) as (social, polls, first):
-        instance.misbehave("old-posts-challenge")
+        instance.misbehave(mode)
         second = await polls.poll(request(social, after=first))
 
     assert first.back_left == BACKFILL - 8
-    assert (second.outcome, second.stopped_by) == (CrawlOutcome.SUCCESS, CrawlOutcome.BLOCKED_4XX)
-    assert (second.status_code, second.challenged) == (429, True)
+    assert (second.outcome, second.stopped_by) == (CrawlOutcome.SUCCESS, outcome)
+    assert (second.status_code, second.challenged) == (status, challenged)
     assert (second.back_from, second.back_left, second.more) == (None, 0, False)
     assert "the rest of the backfill left unread" in (second.error_message or "")
 

@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from email.utils import formatdate
@@ -61,8 +61,10 @@ OptOut = Literal["indexable", "noindex", "discoverable"]
 #: ``skipping-links`` with a ``min_id`` a page past the page; ``ignores-lookback``: a
 #: query with both ``since_id`` and ``max_id`` answered with the newest posts;
 #: ``lookback-422`` / ``lookback-429``: that query refused so; ``old-posts-502`` /
-#: ``old-posts-429``: a query with ``max_id`` alone (reading back) refused so, and
-#: ``old-posts-challenge`` with a CDN's bot challenge sent as a 429.
+#: ``old-posts-429``: a query with ``max_id`` alone (reading back) refused so,
+#: ``old-posts-challenge`` with a CDN's bot challenge sent as a 429, ``old-posts-cut``
+#: with a connection reset a few bytes into its answer, ``old-posts-loop`` with a
+#: redirect to itself.
 Misbehaviour = Literal[
     "wrong-types",
     "html",
@@ -84,6 +86,8 @@ Misbehaviour = Literal[
     "old-posts-502",
     "old-posts-429",
     "old-posts-challenge",
+    "old-posts-cut",
+    "old-posts-loop",
 ]
 
 _LOCAL_NAMES = ("ada", "bruno", "chiara", "dmitri", "elif", "femi", "greta", "hiro")
@@ -784,6 +788,11 @@ class FediverseInstance:
         if mode == "old-posts-502" and max_id is not None and since_id is None:
             # Overloaded the other way: the old pages are what the cache does not hold.
             return _json_response({"error": "Bad gateway"}, status=502, extra=limits)
+        if mode == "old-posts-loop" and max_id is not None and since_id is None:
+            moved = redirect(self._page_url(path, query, max_id=max_id))
+            return replace(moved, headers=moved.headers + limits)
+        if mode == "old-posts-cut" and max_id is not None and since_id is None:
+            return Response(200, (("Content-Type", JSON), *limits), stream=_cut_short, length=4096)
         if mode == "old-posts-challenge" and max_id is not None and since_id is None:
             return Response(
                 429,
@@ -1309,6 +1318,12 @@ def _id_param(value: str | None) -> int | None:
 
 #: The prefix of ids spelt as text: "0" before any digit but "0", as a ULID's "01".
 _TEXT_ID_PREFIX = "0t"
+
+
+async def _cut_short() -> AsyncGenerator[bytes, None]:
+    """A body whose connection is reset a few bytes in (the server aborts it)."""
+    yield b'[{"id": "'
+    raise ConnectionResetError("the answer's connection reset")
 
 
 def _now_header(clock_ahead: float) -> Headers:

@@ -683,8 +683,8 @@ class TimelinePollRequested(Event):
     back_from: PostId | None = None
     back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
     #: Pages of the backfill in a row the instance asked to wait for (a 429, a
-    #: ``Retry-After``) or failed to answer (a 5xx, a timeout), none of it read since:
-    #: the poller gives it up at a few.
+    #: ``Retry-After``) or failed to answer (a 5xx, a timeout, a connection refused or
+    #: lost), none of it read since: the poller gives it up at a few.
     back_failures: int = Field(default=0, ge=0)
     #: The API's base URL found through NodeInfo; None until then.
     api: URLText | None = None
@@ -747,7 +747,7 @@ class TimelinePolled(Event):
     recent_after: Annotated[tuple[PostId, ...], Bounded(MAX_RECENT_POSTS, keep="last")] = ()
     #: The backfill still to be read back, for the next request (as
     #: ``TimelinePollRequested.back_from``, ``back_left`` and ``back_failures``; the
-    #: failures are this poll's count, whatever its outcome).
+    #: count is the one this poll leaves, whatever its outcome).
     back_from: PostId | None = None
     back_left: int = Field(default=0, ge=0, le=MAX_BACKFILL)
     back_failures: int = Field(default=0, ge=0)

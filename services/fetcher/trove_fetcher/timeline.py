@@ -24,11 +24,11 @@ Mastodon, Pleroma/Akkoma, GoToSocial and others implement:
   below ``back_from``, which only ever moves down. A wait the instance asks for there
   (a 429, a ``Retry-After``), or a failure to answer (a 5xx, a timeout, no connection),
   ends the poll and keeps the rest for after it (a poll that read neither new posts
-  nor old ones is then a failure), up to ``BACK_FAILURES`` in a row with none of it
-  read between (``back_failures``); a page of it refused otherwise (another 4xx, a
-  challenge, an answer not JSON, posts unreadable or dated ahead) leaves the rest
-  unread, with a note (a refusal of the host's still ends the poll, a success, and
-  the host is judged by it).
+  nor old ones is then a failure), until the ``BACK_FAILURES``-th in a row with none
+  of it read between (``back_failures``); a page of it refused otherwise (another 4xx,
+  a challenge, an answer not JSON, posts unreadable or dated ahead, a redirect loop)
+  leaves the rest unread, with a note (a refusal of the host's still ends the poll, a
+  success, and the host is judged by it).
 * **The cursor** (``cursor_after``) is the newest post id handled (kept or skipped),
   ids compared as numbers when they are digits (Mastodon's snowflakes), else as
   strings (GoToSocial's ULIDs, Pleroma's flake ids sort so). Posts not newer than the
@@ -695,6 +695,7 @@ class _Stop(Exception):
         retry_after: float | None = None,
         challenge: bool = False,
         for_its_posts: bool = False,
+        unreachable: bool = False,
         answer: _Answer | None = None,
     ) -> None:
         super().__init__(message)
@@ -707,6 +708,8 @@ class _Stop(Exception):
         #: The page was refused for the posts it holds (too large, none readable): a
         #: page of fewer of them may be read.
         self.for_its_posts = for_its_posts
+        #: No connection was made, or one was lost: the instance's reach, not its answer.
+        self.unreachable = unreachable
         #: The answer refused, when its headers came: its rate limit is read, and its
         #: Link leads past it.
         self.answer = answer
@@ -727,8 +730,9 @@ def _asked_to_wait(stop: _Stop) -> bool:
 
 def _passing(stop: _Stop) -> bool:
     """Whether ``stop`` may be gone at the next poll: a wait the instance asked for, or
-    its failure to answer (a 5xx, a timeout, no connection), not a bot challenge."""
-    failed = stop.outcome in (CrawlOutcome.FAILED, CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX)
+    its failure to answer (a 5xx, a timeout, a connection refused or lost). Not a bot
+    challenge, nor what no answer mends (a redirect loop, a blocked address)."""
+    failed = stop.outcome in (CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX) or stop.unreachable
     return _asked_to_wait(stop) or (failed and not stop.challenge)
 
 
@@ -1542,12 +1546,13 @@ class TimelinePoller:
     ) -> None:
         """The rest of a backfill a poll before left (``progress.back_from``), in
         ``pages``. A page the instance asks to wait for or fails to answer (``_passing``)
-        ends the poll and keeps the rest for the polls after it, up to ``BACK_FAILURES``
-        in a row with none of it read between. Else an extra, as the lookback is: a page
-        refused (for its query, its posts, or the host's defences) leaves the rest
-        unread, with a note, or an old page the instance will not serve would be asked
-        every poll for good; a refusal of the host's still ends the poll, which keeps
-        what it read, and judges the host."""
+        ends the poll and keeps the rest for the polls after it, until the
+        ``BACK_FAILURES``-th in a row with none of it read between. Else an extra, as the
+        lookback is: a page refused (for its query, its posts, or the host's defences)
+        leaves the rest unread, with a note, or an old page the instance will not serve
+        would be asked every poll for good; a refusal of the host's still ends the poll,
+        which keeps what it read, and judges the host. So does an error of this code's
+        own there: the backfill ends, not every poll of the follow."""
         progress.reading_back = True
         below = progress.back_from
         try:
@@ -1560,22 +1565,35 @@ class TimelinePoller:
                 below=below,
                 pages=pages,
             )
-            progress.back_failures = 0
+        except (GateDeferred, _MachineryFailed):
+            raise
         except _Stop as stop:
+            why = stop.message
             if _passing(stop):
                 # Read on after it from the oldest post read so far (``_read_back``).
                 read = progress.back_from != below
                 progress.back_failures = 0 if read else progress.back_failures + 1
                 if progress.back_failures < BACK_FAILURES:
+                    progress.tell(
+                        f"the backfill's page refused, {progress.back_failures} of "
+                        f"{BACK_FAILURES} in a row"
+                    )
                     raise
-                stop.message = f"{BACK_FAILURES} refused in a row: {stop.message}"
-            progress.tell(f"the rest of the backfill left unread: {stop.message}")
-            progress.backfilled()
-            progress.back_cut = True
+                why = f"{BACK_FAILURES} of its pages refused in a row ({stop.message})"
+            self._end_backfill(progress, why)
             if _of_the_host(stop):
                 raise
+        except Exception as exc:
+            log.exception("reading the backfill of %s failed unexpectedly", host)
+            self._end_backfill(progress, f"unexpected error: {error_text(exc)}")
         finally:
             progress.reading_back = False
+
+    @staticmethod
+    def _end_backfill(progress: _Progress, why: str) -> None:
+        progress.tell(f"the rest of the backfill left unread: {why}")
+        progress.backfilled()
+        progress.back_cut = True
 
     @staticmethod
     def _entries(answer: _Answer) -> list[Any]:
@@ -1771,6 +1789,8 @@ class TimelinePoller:
             return _Stop(CrawlOutcome.FAILED, f"blocked address: {exc}")
         except ContentError as exc:
             return _Stop(CrawlOutcome.REJECTED, str(exc))
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            return _Stop(CrawlOutcome.FAILED, error_text(exc), unreachable=True)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             return _Stop(CrawlOutcome.FAILED, error_text(exc))
         except Exception as exc:
@@ -1931,10 +1951,17 @@ class TimelinePoller:
         }
         cursor_after = request.cursor
         cursor_after_at = progress.cursor_at if cursor_after is not None else None
-        # A failed poll's posts are not kept: the backfill left is the request's.
-        back_from, back_left = (
-            _backfill_left(request) if failed else (progress.back_from, progress.back_left)
-        )
+        # A failed poll's posts are not kept: the backfill left is the request's, and
+        # the count of its pages refused this poll's (but of a poll that started again,
+        # whose own backfill is not kept either). Any of it read ends a count.
+        if failed:
+            back_from, back_left = _backfill_left(request)
+            back_failures = request.back_failures if progress.rebased else progress.back_failures
+        else:
+            back_from, back_left = progress.back_from, progress.back_left
+            back_failures = 0 if read_back else progress.back_failures
+        if back_from is None:
+            back_failures = 0
         newest = None if failed else progress.newest
         # A late post read behind the cursor never moves it back; a cursor started again
         # (``_Progress.rebase``) is of a new numbering, not compared with the old. The
@@ -1960,7 +1987,7 @@ class TimelinePoller:
                 else self._recent(request, progress, cursor_after),
                 back_from=back_from,
                 back_left=back_left,
-                back_failures=progress.back_failures,
+                back_failures=back_failures,
                 more=(progress.more or back_from is not None) and not failed,
                 posts=() if failed else tuple(progress.posts),
                 skipped=0 if failed else progress.skipped + progress.malformed,
