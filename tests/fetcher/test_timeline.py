@@ -601,7 +601,7 @@ async def test_an_answer_for_older_posts_dated_ahead_ends_the_backfill(
     assert (second.back_from, second.back_left, second.more) == (None, 0, False)
     # Each note the poll told, the forward read's too.
     assert (second.error_message or "").split("; ")[:2] == [
-        "the instance served a page of posts already read",
+        "a page of posts dated ahead, left for their time",
         "the backfill's older posts answered with posts dated ahead",
     ]
 

@@ -1252,7 +1252,11 @@ class TimelinePoller:
             if len(entries) < limit:
                 return  # caught up
             if new == 0:
-                progress.tell("the instance served a page of posts already read")
+                if progress.ahead_bottom is not None:
+                    # The oldest after the cursor: every post past them is further ahead.
+                    progress.tell("a page of posts dated ahead, left for their time")
+                else:
+                    progress.tell("the instance served a page of posts already read")
                 return
             if progress.rate_spent:
                 progress.more = True
