@@ -542,6 +542,7 @@ async def test_a_wait_asked_after_an_old_page_was_read_keeps_that_page(
     assert (first.back_from, first.back_left) == (before[11].sid, BACKFILL - 12)
     assert second.outcome is CrawlOutcome.SUCCESS, second.error_message
     assert (second.stopped_by, second.status_code) == (CrawlOutcome.BLOCKED_4XX, 429)
+    assert "in a row" not in (second.error_message or "")  # nothing refused in a row
     page = [s for s in before[12:16] if instance.may_share(s)]
     assert uris(second) == [instance.status_uri(s) for s in page]
     assert (second.back_from, second.back_left, second.back_failures, second.more) == (

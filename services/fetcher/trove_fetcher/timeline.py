@@ -1578,10 +1578,11 @@ class TimelinePoller:
                 read = progress.back_from != below
                 progress.back_failures = 0 if read else progress.back_failures + 1
                 if progress.back_failures < BACK_FAILURES:
-                    progress.tell(
-                        f"the backfill's page refused, {progress.back_failures} of "
-                        f"{BACK_FAILURES} in a row"
-                    )
+                    if progress.back_failures:
+                        progress.tell(
+                            f"the backfill's page refused, {progress.back_failures} of "
+                            f"{BACK_FAILURES} in a row"
+                        )
                     raise
                 why = f"{BACK_FAILURES} of its pages refused in a row ({stop.message})"
             self._end_backfill(progress, why)
