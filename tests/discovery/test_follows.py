@@ -360,3 +360,25 @@ async def test_a_follow_record_with_more_recent_ids_than_this_release_keeps_stil
     )
     request = await poll_due_now(bus, "https://social.example", "local")
     assert request.recent == tuple(recent[-MAX_RECENT_POSTS:])
+
+
+@pytest.mark.usefixtures("clean")
+async def test_a_resumed_chain_carries_the_backfill_left_and_its_pages_refused(bus: Bus) -> None:
+    # A chain resumed from its progress record reads on back where it was, with the
+    # refusals it counted: not from the newest posts, nor with a count started again.
+    written = {
+        "follow_id": "follow-1",
+        "followed_at": "2026-01-01T00:00:00Z",
+        "poll": 7,
+        "cursor": "900",
+        "back_from": "700",
+        "back_left": 12,
+        "back_failures": 2,
+    }
+    follow = TimelineFollow.model_validate_json(json.dumps(written))
+    # Its own instance and request id: the events stream drops an id seen before.
+    await resume_polls(
+        bus, "https://backfill.example", "backfill.example", "local", follow, id="backfill-8"
+    )
+    request = await poll_due_now(bus, "https://backfill.example", "local")
+    assert (request.back_from, request.back_left, request.back_failures) == ("700", 12, 2)

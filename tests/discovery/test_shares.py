@@ -178,11 +178,12 @@ def test_a_progress_record_past_a_backfills_bound_still_gives_the_next_poll() ->
     # built from it as it is would be refused, and the timeline stop for good.
     written = {"follow_id": "follow-1", "followed_at": T0.isoformat(), "poll": 3}
     follow = TimelineFollow.model_validate(
-        written | {"cursor": "120", "back_from": "90", "back_left": 5000}
+        written | {"cursor": "120", "back_from": "90", "back_left": 5000, "back_failures": -1}
     )
     event = polled(request(poll=3, cursor="120"), completed_at=T0, cursor_after="120")
     nxt, _ = next_poll(event, follow, make_settings())
     assert (nxt.poll, nxt.back_from, nxt.back_left) == (4, "90", MAX_BACKFILL)
+    assert nxt.back_failures == 0
 
 
 def test_shared_pages_carry_the_post_and_stay_on_their_own_host() -> None:

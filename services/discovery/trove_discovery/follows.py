@@ -419,8 +419,8 @@ class PollProgress(BaseModel):
 
     @field_validator("back_failures")
     @classmethod
-    def _counted(cls, waits: int) -> int:
-        return max(waits, 0)
+    def _counted(cls, failures: int) -> int:
+        return max(failures, 0)  # as ``back_left``: what a request takes
 
 
 class TimelineFollow(PollProgress):
