@@ -67,6 +67,8 @@ async def acted(outcomes: AsyncIterator[Outcome]) -> list[Outcome]:
 
 
 async def pending(bus: Bus, stream: str, durable: str) -> int:
+    # Read with ``eventually`` after a publish: the server counts a new message a moment
+    # after it acknowledges it.
     return (await bus.js.consumer_info(stream, durable)).num_pending or 0
 
 
@@ -210,7 +212,12 @@ async def test_redrive_republishes_to_the_original_subject_within_the_duplicate_
         (first.seq, True, PageDiscovered.SUBJECT)
     ]
     # Seconds after the original: its Nats-Msg-Id would have been dropped as a duplicate.
-    assert await pending(bus, EVENTS_STREAM, RECORDER) == recorder_before + 1
+    await eventually(
+        lambda: pending(bus, EVENTS_STREAM, RECORDER),
+        until=lambda n: n == recorder_before + 1,
+        timeout=5,
+        what="the redriven event counted",
+    )
     latest = await bus.js.get_last_msg(EVENTS_STREAM, PageDiscovered.SUBJECT)
     assert decode_event(latest.data or b"") == three_parked[0]
     assert latest.headers is not None
@@ -230,7 +237,12 @@ async def test_redrive_all_of_one_consumer_leaves_the_others_parked(
 
     assert [o.done for o in outcomes] == [True, True]
     assert [d.consumer for d in await list_dead(bus.js)] == [FETCHER]
-    assert await pending(bus, EVENTS_STREAM, RECORDER) == 2
+    await eventually(
+        lambda: pending(bus, EVENTS_STREAM, RECORDER),
+        until=lambda n: n == 2,
+        timeout=5,
+        what="both redriven events counted",
+    )
 
 
 async def test_a_parked_seed_is_redriven_into_the_seeds_stream_that_sends_no_acks(
@@ -249,7 +261,12 @@ async def test_a_parked_seed_is_redriven_into_the_seeds_stream_that_sends_no_ack
     (outcome,) = await acted(redrive(bus.nc, [letter.seq]))
 
     assert outcome.done, outcome
-    assert await pending(bus, SEEDS_STREAM, DISCOVERY_SEEDS) == 1
+    await eventually(
+        lambda: pending(bus, SEEDS_STREAM, DISCOVERY_SEEDS),
+        until=lambda n: n == 1,
+        timeout=5,
+        what="the redriven seed counted",
+    )
     assert await list_dead(bus.js) == []
 
 
