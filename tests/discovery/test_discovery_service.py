@@ -203,8 +203,14 @@ async def test_spellings_of_one_url_collapse_to_one_page(
         b"https://example.org/a/%63?a=1&b=2&PHPSESSID=deadbeef",
     ]
     async with services(stack, state_dir, {}, only=("discovery", "recorder")):
+        before = (await bus.js.stream_info("TROVE_SEEDS")).state.last_seq
         await publish_raw(stack, *spellings)
-        await eventually(lambda: _seeds_idle(bus), until=bool, timeout=30, what="seeds handled")
+        await eventually(
+            lambda: _seeds_handled(bus, through=before + len(spellings)),
+            until=bool,
+            timeout=30,
+            what="all four seeds handled",
+        )
 
         async def pages() -> list[str]:
             return [r.url for r in await query(engine, "SELECT url FROM pages")]
@@ -214,10 +220,14 @@ async def test_spellings_of_one_url_collapse_to_one_page(
     assert [e.url for e in await discovered(bus)] == ["https://example.org/a/c?a=1&b=2"]
 
 
-async def _seeds_idle(bus: Bus) -> bool:
+async def _seeds_handled(bus: Bus, *, through: int) -> bool:
+    """Every seed up to sequence ``through`` stored and acked: the stream's last sequence
+    against the consumer's ack floor (its pending counts can read 0 before a new message
+    is counted)."""
+    stream = await bus.js.stream_info("TROVE_SEEDS")
     info = await bus.js.consumer_info("TROVE_SEEDS", "discovery-seeds")
-    delivered = info.delivered.stream_seq or 0
-    return info.num_pending == 0 and info.num_ack_pending == 0 and delivered > 0
+    acked = info.ack_floor.stream_seq if info.ack_floor else 0
+    return stream.state.last_seq >= through and acked == stream.state.last_seq
 
 
 async def test_a_calendar_trap_stops_at_the_host_budget(
