@@ -11,7 +11,7 @@ import nats
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import StackUrls, eventually
+from tests.conftest import StackUrls, eventually, unacked
 from tests.support import outcomes, query, sandbox_env, services
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -26,7 +26,13 @@ from trove_schema.events import (
     decode_event,
     utcnow,
 )
-from trove_schema.topology import EVENTS_STREAM, PAGE_DISCOVERED, SEEDS_SUBJECT
+from trove_schema.topology import (
+    DISCOVERY_SEEDS,
+    EVENTS_STREAM,
+    PAGE_DISCOVERED,
+    SEEDS_STREAM,
+    SEEDS_SUBJECT,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -203,11 +209,17 @@ async def test_spellings_of_one_url_collapse_to_one_page(
         b"https://example.org/a/%63?a=1&b=2&PHPSESSID=deadbeef",
     ]
     async with services(stack, state_dir, {}, only=("discovery", "recorder")):
-        before = (await bus.js.stream_info("TROVE_SEEDS")).state.last_seq
+        before = (await bus.js.stream_info(SEEDS_STREAM)).state.last_seq
         await publish_raw(stack, *spellings)
         await eventually(
-            lambda: _seeds_handled(bus, through=before + len(spellings)),
-            until=bool,
+            lambda: bus.js.stream_info(SEEDS_STREAM),
+            until=lambda i: i.state.last_seq >= before + len(spellings),
+            timeout=30,
+            what="all four seeds stored",
+        )
+        await eventually(
+            lambda: unacked(bus, SEEDS_STREAM, DISCOVERY_SEEDS),
+            until=lambda n: n == 0,
             timeout=30,
             what="all four seeds handled",
         )
@@ -218,16 +230,6 @@ async def test_spellings_of_one_url_collapse_to_one_page(
         rows = await eventually(pages, until=lambda r: len(r) >= 1, timeout=30, what="a page")
     assert rows == ["https://example.org/a/c?a=1&b=2"]
     assert [e.url for e in await discovered(bus)] == ["https://example.org/a/c?a=1&b=2"]
-
-
-async def _seeds_handled(bus: Bus, *, through: int) -> bool:
-    """Every seed up to sequence ``through`` stored and acked: the stream's last sequence
-    against the consumer's ack floor (its pending counts can read 0 before a new message
-    is counted)."""
-    stream = await bus.js.stream_info("TROVE_SEEDS")
-    info = await bus.js.consumer_info("TROVE_SEEDS", "discovery-seeds")
-    acked = info.ack_floor.stream_seq if info.ack_floor else 0
-    return stream.state.last_seq >= through and acked == stream.state.last_seq
 
 
 async def test_a_calendar_trap_stops_at_the_host_budget(

@@ -31,7 +31,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DiscardPolicy, StorageType, S
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 
-from tests.conftest import eventually, reading
+from tests.conftest import eventually, reading, unacked
 from tests.ports import free_port
 from trove_schema.bus import (
     REDRIVEN_FOR,
@@ -174,12 +174,8 @@ async def parked(bus: Bus, lane: Lane) -> int:
 
 
 async def outstanding(bus: Bus, lane: Lane) -> int:
-    """Messages the consumer has not acked or termed yet: the lane's last sequence past
-    the consumer's ack floor. (Its ``num_pending`` and ``num_ack_pending`` can both read
-    0 for a moment right after a publish, before any delivery: 1 time in 300 here.)"""
-    stream = await bus.js.stream_info(lane.stream)
-    info = await bus.js.consumer_info(lane.stream, lane.durable)
-    return stream.state.last_seq - (info.ack_floor.stream_seq if info.ack_floor else 0)
+    """Messages the lane's consumer has not acked or termed yet."""
+    return await unacked(bus, lane.stream, lane.durable)
 
 
 async def settled(bus: Bus, lane: Lane) -> None:
