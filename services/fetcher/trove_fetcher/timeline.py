@@ -825,6 +825,15 @@ class _Progress:
     def tell(self, note: str, *, kind: str | None = None) -> None:
         self.notes[kind or note] = note
 
+    def read_back_below(self, mark: str | None) -> bool:
+        """Whether any of the backfill was read back below ``mark`` (where the back
+        read stood before): ``back_from`` only moves down, and only as it reads."""
+        return (
+            mark is not None
+            and self.back_from is not None
+            and id_key(self.back_from) < id_key(mark)
+        )
+
     def wait(self, seconds: float | None) -> None:
         if seconds is not None:
             seconds = min(max(0.0, seconds), MAX_RETRY_AFTER)
@@ -1575,7 +1584,7 @@ class TimelinePoller:
             why = stop.message
             if _passing(stop):
                 # Read on after it from the oldest post read so far (``_read_back``).
-                read = progress.back_from != below
+                read = progress.read_back_below(below)
                 progress.back_failures = 0 if read else progress.back_failures + 1
                 if progress.back_failures < BACK_FAILURES:
                     if progress.back_failures:
@@ -1912,12 +1921,7 @@ class TimelinePoller:
             or id_key(progress.newest) > id_key(request.cursor)
         )
         # Read on back: the backfill's posts are progress too, kept through a wait.
-        asked_from = _backfill_left(request)[0]
-        read_back = (
-            asked_from is not None
-            and progress.back_from is not None
-            and id_key(progress.back_from) < id_key(asked_from)
-        )
+        read_back = progress.read_back_below(_backfill_left(request)[0])
         # A refusal of the backfill's old pages (``back_cut``) comes after the new posts
         # were read: the poll did what it is for.
         failed = stop is not None and not (advanced or read_back or progress.back_cut)
