@@ -33,6 +33,9 @@ from trove_stack.processes import Child, write_private
 from trove_stack.stack import Stack
 
 SERVICES = ("recorder", "discovery", "fetcher")
+#: The services that keep a database. The others are not given its URL, as in k8s/ and
+#: compose.yaml: checking it at start loads SQLAlchemy (11 MiB a process).
+DATABASE_SERVICES = frozenset({"recorder"})
 STACK_FILE = "stack.json"
 MAX_PORT = 65535
 #: Seconds a stopping service has before it is killed (its ``TROVE_STOP_GRACE_SECONDS``).
@@ -134,6 +137,8 @@ class LocalTrove:
         """Start process ``<service>-<n>`` (again: its log is appended to)."""
         service = process.rpartition("-")[0]
         env = {**os.environ, **self.service_env, **self.env}
+        if service not in DATABASE_SERVICES:
+            env.pop("TROVE_DATABASE_URL", None)
         if process in self.ports:
             env["TROVE_HTTP_PORT"] = str(self.ports[process])
         env.setdefault("TROVE_LOG_FORMAT", "json")

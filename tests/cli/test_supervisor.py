@@ -291,6 +291,26 @@ async def test_each_service_process_serves_health_and_metrics_on_a_port_of_its_o
     assert {name: state.restarts for name, state in states.items()} == dict.fromkeys(local.ports, 0)
 
 
+async def test_only_the_recorder_is_given_the_database_and_loads_sqlalchemy(
+    stack: StackUrls, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fetcher and discovery keep no database; SQLAlchemy, which checks its URL when
+    # the settings are read, is 11 MiB a process. Set in the shell too, the URL is still
+    # the recorder's alone.
+    first = free_ports(3)
+    monkeypatch.setenv("TROVE_HTTP_PORT", str(first))
+    monkeypatch.setenv("TROVE_DATABASE_URL", stack.database_url)
+    policy = RestartPolicy(first_delay=0.2, poll_interval=0.05)
+    async with supervised(stack, state_dir, policy, only=SERVICES) as local:
+        for port in range(first, first + 3):
+            await ready(port)
+        mapped = {
+            child.name: Path(f"/proc/{child.pid}/maps").read_text() for child in local.children
+        }
+    loaded = {name: "/sqlalchemy/" in maps for name, maps in mapped.items()}
+    assert loaded == {"recorder-0": True, "discovery-0": False, "fetcher-0": False}
+
+
 def test_a_port_range_past_the_last_port_is_refused_before_anything_starts() -> None:
     with pytest.raises(StackError, match="TROVE_HTTP_PORT=65534: the 3 service processes"):
         http_ports(["recorder-0", "discovery-0", "fetcher-0"], "65534")
