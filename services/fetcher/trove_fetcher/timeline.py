@@ -827,7 +827,8 @@ class _Progress:
 
     def read_back_below(self, mark: str | None) -> bool:
         """Whether any of the backfill was read back below ``mark`` (where the back
-        read stood before): ``back_from`` only moves down, and only as it reads."""
+        read stood before): ``back_from`` only moves down, and only as it reads. Once
+        the backfill is done or ended (``back_from`` None), no read is left to count."""
         return (
             mark is not None
             and self.back_from is not None
