@@ -307,6 +307,7 @@ async def test_only_the_recorder_is_given_the_database_and_loads_sqlalchemy(
         mapped = {
             child.name: Path(f"/proc/{child.pid}/maps").read_text() for child in local.children
         }
+    # SQLAlchemy's compiled modules, mapped once it is imported.
     loaded = {name: "/sqlalchemy/" in maps for name, maps in mapped.items()}
     assert loaded == {"recorder-0": True, "discovery-0": False, "fetcher-0": False}
 
