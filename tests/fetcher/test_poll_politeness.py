@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from tests.conftest import eventually
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
+from tests.fetcher.test_fetcher_outcomes import PauseWritesAway
 from trove_fetcher.fetcher import Fetcher, Job
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import KV, DomainSlot, Politeness, PolitenessConfig
@@ -74,6 +75,26 @@ def api(body: bytes, status: int = 200) -> Route:
     return lambda ex: ex.send(status, body, content_type="application/json")
 
 
+def spent(reset_in: float) -> Route:
+    """A timeline page whose answer says the instance's rate limit is spent until a
+    reset ``reset_in`` seconds away."""
+
+    def answer(ex: Exchange) -> None:
+        reset = datetime.now(UTC) + timedelta(seconds=reset_in)
+        ex.send(
+            200,
+            statuses(101, 5),
+            {
+                "X-RateLimit-Limit": "300",
+                "X-RateLimit-Remaining": "0",
+                "X-RateLimit-Reset": reset.isoformat(timespec="milliseconds"),
+            },
+            content_type="application/json",
+        )
+
+    return answer
+
+
 @pytest.fixture
 def server() -> Iterator[LocalServer]:
     routes: dict[str, Route] = {
@@ -92,7 +113,12 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def fetcher_on(
-    bus: Bus, client: httpx.AsyncClient, politeness: Politeness, *, total_timeout: float = 5.0
+    bus: Bus,
+    client: httpx.AsyncClient,
+    politeness: Politeness,
+    *,
+    total_timeout: float = 5.0,
+    ack_wait: float = 90.0,
 ) -> Fetcher:
     return Fetcher(
         bus=bus,
@@ -102,6 +128,7 @@ async def fetcher_on(
         limits=FetchLimits(total_timeout=total_timeout),
         robots_token="TroveBot",
         robots_max_bytes=64 * 1024,
+        ack_wait=ack_wait,
     )
 
 
@@ -416,21 +443,7 @@ async def test_a_rate_limit_an_answer_spent_holds_the_host_from_its_requests_rel
     a busy pod, seconds), and another poll of the instance takes the host a gap after
     the lease: the reset is in the host's record from the lease's release on."""
     reset_in = 30.0
-
-    def spent(ex: Exchange) -> None:
-        reset = datetime.now(UTC) + timedelta(seconds=reset_in)
-        ex.send(
-            200,
-            statuses(101, 5),
-            {
-                "X-RateLimit-Limit": "300",
-                "X-RateLimit-Remaining": "0",
-                "X-RateLimit-Reset": reset.isoformat(timespec="milliseconds"),
-            },
-            content_type="application/json",
-        )
-
-    server.routes[f"{HOST}{TIMELINE}100"] = spent
+    server.routes[f"{HOST}{TIMELINE}100"] = spent(reset_in)
     polite = FoldsWatched(await bus.js.key_value(DOMAINS_BUCKET), PolitenessConfig(min_delay=0.05))
     fetcher = await fetcher_on(bus, client, polite)
     try:
@@ -443,3 +456,57 @@ async def test_a_rate_limit_an_answer_spent_holds_the_host_from_its_requests_rel
     assert event.retry_after is not None
     (found,) = polite.before_folds
     assert found.backoff_until >= asked + reset_in - 1.0
+
+
+class FoldsHeld(Politeness):
+    """The real politeness; a poll's closing fold (``observe``) waits until ``folds`` is
+    set, so that what the host's record holds before it can be read."""
+
+    def __init__(self, kv: KV, config: PolitenessConfig) -> None:
+        super().__init__(kv, config)
+        self.reached = asyncio.Event()
+        self.folds = asyncio.Event()
+
+    async def observe(self, domain: str, observation: Observation) -> HostPolicy:
+        self.reached.set()
+        await self.folds.wait()
+        return await super().observe(domain, observation)
+
+
+async def test_a_rate_limit_spent_while_the_broker_is_away_holds_the_host_once_it_is_back(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """The broker is away as the poll lets go of the request's lease, longer than the
+    request's patience: the wait the answer asked is written when the broker is back,
+    without waiting for the poll's closing fold (which another poll of the instance
+    could come before)."""
+    reset_in = 30.0
+    server.routes[f"{HOST}{TIMELINE}100"] = spent(reset_in)
+    kv = PauseWritesAway(await bus.js.key_value(DOMAINS_BUCKET))
+    polite = FoldsHeld(kv, PolitenessConfig(min_delay=0.05))
+    fetcher = await fetcher_on(bus, client, polite, ack_wait=1.0)
+    kv.away.set()
+    asked = time.time()
+    polling = asyncio.create_task(fetcher.poll(poll_of(server, "100")))
+    try:
+        # The poll at its closing fold: its request's release was given up.
+        await asyncio.wait_for(polite.reached.wait(), timeout=10)
+        assert kv.refused >= 1
+        assert (await polite.state(HOST)).backoff_until == 0.0
+        kv.away.clear()
+        slot = await eventually(
+            lambda: polite.state(HOST),
+            until=lambda slot: slot.backoff_until > 0,
+            timeout=10,
+            what="the wait written",
+        )
+        assert not polling.done()  # the fold is still held: the release wrote it
+        polite.folds.set()
+        await asyncio.wait_for(polling, timeout=10)
+    finally:
+        polite.folds.set()
+        polling.cancel()
+        fetcher.close()
+    assert slot.backoff_until >= asked + reset_in - 1.0
+    (event,) = await polled(bus.js, 1)
+    assert event.rate_limited

@@ -552,17 +552,20 @@ class Fetcher:
                 raise
             # The request is done: losing its result would cost the site another. The
             # hold stays in the record until ``busy_until``, which keeps the host safe;
-            # what the answer said (a 429's pause) must outlast it, so it is kept.
+            # what the answer said (a 429's pause, a poll's spent rate limit) must
+            # outlast it, so it is kept.
             self._say_waiting(
                 "a lease not released (broker away), its hold keeps the host safe: %s",
                 exc,
                 domain=hold.domain,
             )
-            if observation is not None:
-                shared = observation
+            if observation is not None or rest_until > 0:
+                shared, asked = observation, rest_until
                 self._write_later(
                     hold.domain,
-                    lambda: self.politeness.finish(hold.domain, grant, finished, shared),
+                    lambda: self.politeness.finish(
+                        hold.domain, grant, finished, shared, rest_until=asked
+                    ),
                 )
 
     def _write_later(self, domain: str, write: Callable[[], Awaitable[object]]) -> None:
