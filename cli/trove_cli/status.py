@@ -263,10 +263,24 @@ def slot_times(value: bytes | None) -> dict[str, float] | None:
     return times if all(map(math.isfinite, times.values())) else None
 
 
-def _pause_reason(value: bytes) -> str | None:
-    """The host's policy's ``pause_reason``, when its record has one (read tolerantly)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        reason = json.loads(value).get(POLICY_KEY, {}).get("pause_reason")
+#: Why a host is left alone past its policy's pause: a wait a timeline poll's answer
+#: asked for (a spent rate limit, a 429), written with its request's release; the
+#: poll's closing fold makes it the policy's pause, with its reason, a moment later.
+ASKED_BY_ITS_ANSWER = "rate_limited (its answer's wait)"
+
+
+def _pause_reason(value: bytes, backoff_until: float) -> str | None:
+    """Why the host backs off until ``backoff_until``: its policy's ``pause_reason``
+    when the policy's pause covers it, else the wait its answer asked; None for a record
+    without a policy (an older pod's). Read tolerantly."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError, OverflowError):
+        policy = json.loads(value).get(POLICY_KEY)
+        if not isinstance(policy, dict):
+            return None
+        paused_until = float(policy.get("paused_until") or 0.0)
+        if math.isfinite(paused_until) and paused_until + 1.0 < backoff_until:
+            return ASKED_BY_ITS_ANSWER
+        reason = policy.get("pause_reason")
         return reason[:64] if isinstance(reason, str) else None
     return None
 
@@ -347,7 +361,8 @@ async def _domains(js: JetStreamContext, status: Status) -> None:
             return
         if slot["backoff_until"] > now:
             left = slot["backoff_until"] - now
-            status.backing_off.append(Cooldown(domain, left, _pause_reason(value)))
+            reason = _pause_reason(value, slot["backoff_until"])
+            status.backing_off.append(Cooldown(domain, left, reason))
         if slot["next"] > now:
             status.queued_domains += 1
             left = slot["next"] - now

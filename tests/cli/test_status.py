@@ -21,6 +21,7 @@ from tests.conftest import StackUrls, eventually
 from tests.support import run_trove
 from trove_cli import status as status_module
 from trove_cli.status import (
+    ASKED_BY_ITS_ANSWER,
     ConsumerLag,
     Cooldown,
     Status,
@@ -28,7 +29,7 @@ from trove_cli.status import (
     render_status,
     size,
 )
-from trove_fetcher.politeness import DomainSlot
+from trove_fetcher.politeness import DomainSlot, Granted, Politeness, PolitenessConfig
 from trove_schema import server_time as server_time_module
 from trove_schema.bus import Bus
 from trove_schema.policy import HostPolicy
@@ -419,6 +420,28 @@ async def test_a_paused_domain_is_listed_with_why_its_policy_paused_it(
     ]
     assert "Domains paused" in out.getvalue()
     assert re.search(r"walled\.example\W+1h 00m\W+challenge", out.getvalue())
+
+
+async def test_a_wait_a_polls_answer_asked_is_listed_as_such_not_as_an_old_pause(
+    bus: Bus, engine: AsyncEngine
+) -> None:
+    """A poll's request released with the wait its answer asked (a spent rate limit):
+    the host backs off before the poll folds the answer into its policy, whose last
+    pause, long over, was a ban's."""
+    now = time.time()
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    over = HostPolicy(paused_until=now - 600, pause_reason="banned", attempts=4)
+    await kv.put("social.example", DomainSlot(policy=over).encode())
+    polite = Politeness(kv, PolitenessConfig(min_delay=1.0))
+    grant = await polite.acquire("social.example", now)
+    assert isinstance(grant, Granted)
+    await polite.finish("social.example", grant, now, rest_until=now + 1800)
+
+    status = await collect_status(bus.js, engine, now=now)
+
+    assert [(c.domain, c.reason) for c in status.backing_off] == [
+        ("social.example", ASKED_BY_ITS_ANSWER)
+    ]
 
 
 @pytest.mark.parametrize(
