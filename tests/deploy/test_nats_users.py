@@ -385,9 +385,9 @@ async def test_discovery_follows_and_unfollows_under_its_own_user(secured: Secur
         await nc.subscribe(FOLLOW_SUBJECT, queue="discovery-replies", cb=follows.reply_to_request)
         instance = b"https://social.example"
         (command,) = parse_command(instance, verb="follow", settings=settings).accepted
-        assert await follows.follow(command, seq=1, origin="test")
+        assert await follows.follow(command, place="1", origin="test")
         (command,) = parse_command(instance, verb="unfollow", settings=settings).accepted
-        assert await follows.unfollow(command, seq=2, origin="test") == ["local"]
+        assert await follows.unfollow(command, place="2", origin="test") == ["local"]
         box = await connect(secured, "box")
         try:
             reply = await box.request(FOLLOW_SUBJECT, instance + b" public", timeout=5)

@@ -52,7 +52,7 @@ async def test_a_poll_deferred_while_its_host_is_paused_keeps_the_run_of_failure
         store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
         follows = Follows(bus=bus, store=store, settings=SETTINGS)
         (command,) = parse_command(origin.encode(), verb="follow", settings=SETTINGS).accepted
-        assert await follows.follow(command, seq=9 * 10**9, origin=FOLLOW_SUBJECT)
+        assert await follows.follow(command, place=str(9 * 10**9), origin=FOLLOW_SUBJECT)
         first = await poll_due_now(bus, origin, "local")
         first = first.model_copy(update={"api": origin})  # as after NodeInfo
         # A pause of an hour after a 403: what a host refusing for days has reached.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -9,6 +10,7 @@ from urllib.parse import urlsplit
 
 import nats
 import pytest
+from nats.js.errors import NotFoundError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import StackUrls, eventually, unacked
@@ -32,6 +34,7 @@ from trove_schema.topology import (
     PAGE_DISCOVERED,
     SEEDS_STREAM,
     SEEDS_SUBJECT,
+    SEEN_BUCKET,
 )
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -192,6 +195,49 @@ async def test_two_discovery_processes_publish_each_canonical_url_once(
         await eventually(lambda: _consumer_idle(bus), until=bool, timeout=30, what="discovery idle")
         seen = await urls()
     assert set(seen.values()) == {1}
+
+
+async def test_a_seed_sent_again_after_the_seeds_stream_is_made_anew_is_discovered_again(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    """A restore into an empty server (``TROVE_SEEDS`` and the seen set not kept, as
+    docs/deploy.md says they need not be), then the same seed list sent again: its
+    first seed has the place the old one had, sequence 1, and is a discovery of its
+    own, not the old one's copy for the broker to drop and the recorder to skip."""
+    url = "https://again.example/"
+    with contextlib.suppress(NotFoundError):
+        await bus.js.delete_stream(SEEDS_STREAM)
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        await _seeds_stream_made(bus)
+        await publish_raw(stack, url.encode())
+        first = await eventually(
+            lambda: discovered(bus), until=lambda found: len(found) == 1, timeout=30, what="seed"
+        )
+    await bus.js.delete_stream(SEEDS_STREAM)
+    await bus.js.delete_key_value(SEEN_BUCKET)
+    async with services(stack, state_dir, {}, only=("discovery",)):
+        await _seeds_stream_made(bus)
+        await publish_raw(stack, url.encode())
+        both = await eventually(
+            lambda: discovered(bus), until=lambda found: len(found) == 2, timeout=30, what="again"
+        )
+    assert [event.url for event in both] == [url, url]
+    assert both[0].id == first[0].id
+    assert both[1].id != both[0].id
+
+
+async def _seeds_stream_made(bus: Bus) -> None:
+    """Wait until discovery, starting, has made ``TROVE_SEEDS``: a seed sent before it
+    is there is stored nowhere."""
+
+    async def made() -> bool:
+        try:
+            await bus.js.consumer_info(SEEDS_STREAM, DISCOVERY_SEEDS)
+        except NotFoundError:
+            return False
+        return True
+
+    await eventually(made, until=bool, timeout=30, what="TROVE_SEEDS made")
 
 
 async def _consumer_idle(bus: Bus) -> bool:

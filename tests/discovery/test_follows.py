@@ -305,15 +305,15 @@ async def test_a_follow_redelivered_after_its_chain_began_leaves_the_chain_alone
     store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
     follows = Follows(bus=spy, store=store, settings=DiscoverySettings())
     (command,) = parse(INSTANCE).accepted
-    assert await follows.follow(command, seq=seq, origin=FOLLOW_SUBJECT)
+    assert await follows.follow(command, place=str(seq), origin=FOLLOW_SUBJECT)
     # Redelivered before any poll was handled: the first poll again (the record drops
     # the copy within its window, and it replaces the same first poll after it).
-    assert await follows.follow(command, seq=seq, origin=FOLLOW_SUBJECT)
+    assert await follows.follow(command, place=str(seq), origin=FOLLOW_SUBJECT)
     assert [r.poll for r in spy.scheduled] == [1, 1]
     record, revision = await store.read(INSTANCE)
     under_way = record.timelines["local"].model_copy(update={"poll": 3})
     await store.write(with_timeline(record, "local", under_way), revision)
-    assert await follows.follow(command, seq=seq, origin=FOLLOW_SUBJECT)
+    assert await follows.follow(command, place=str(seq), origin=FOLLOW_SUBJECT)
     assert [r.poll for r in spy.scheduled] == [1, 1]
 
 
@@ -331,13 +331,13 @@ async def test_a_command_whose_writes_keep_losing_to_other_replicas_is_handed_ba
     busy = Follows(bus=spy, store=BusyReplicas(kv), settings=DiscoverySettings())
     (follow,) = parse(instance).accepted
     with pytest.raises(Retry, match="kept changing"):
-        await busy.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+        await busy.follow(follow, place=str(seq), origin=FOLLOW_SUBJECT)
     calm = Follows(bus=spy, store=FollowStore(kv), settings=DiscoverySettings())
-    assert await calm.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    assert await calm.follow(follow, place=str(seq), origin=FOLLOW_SUBJECT)
     (unfollow,) = parse(instance, verb="unfollow").accepted
     with pytest.raises(Retry, match="kept changing"):
-        await busy.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT)
-    assert await calm.unfollow(unfollow, seq=seq + 1, origin=UNFOLLOW_SUBJECT) == ["local"]
+        await busy.unfollow(unfollow, place=str(seq + 1), origin=UNFOLLOW_SUBJECT)
+    assert await calm.unfollow(unfollow, place=str(seq + 1), origin=UNFOLLOW_SUBJECT) == ["local"]
 
 
 @pytest.mark.usefixtures("clean")

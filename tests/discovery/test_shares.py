@@ -448,8 +448,8 @@ class Refollowed:
     async def again(self) -> bool:
         (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=SETTINGS).accepted
         (unfollow,) = parse_command(INSTANCE.encode(), verb="unfollow", settings=SETTINGS).accepted
-        await self.follows.unfollow(unfollow, seq=self.seq + 1, origin=UNFOLLOW_SUBJECT)
-        return await self.follows.follow(follow, seq=self.seq + 2, origin=FOLLOW_SUBJECT)
+        await self.follows.unfollow(unfollow, place=str(self.seq + 1), origin=UNFOLLOW_SUBJECT)
+        return await self.follows.follow(follow, place=str(self.seq + 2), origin=FOLLOW_SUBJECT)
 
     async def current(self) -> TimelineFollow:
         follow = await self.store.timeline(INSTANCE, "local")
@@ -472,7 +472,7 @@ async def _followed(bus: Bus, seq: int) -> Refollowed:
     store = FollowStore(await bus.js.key_value(FOLLOWS_BUCKET))
     follows = Follows(bus=bus, store=store, settings=SETTINGS)
     (follow,) = parse_command(INSTANCE.encode(), verb="follow", settings=SETTINGS).accepted
-    assert await follows.follow(follow, seq=seq, origin=FOLLOW_SUBJECT)
+    assert await follows.follow(follow, place=str(seq), origin=FOLLOW_SUBJECT)
     first = await poll_due_now(bus, INSTANCE, "local")
     return Refollowed(bus, store, follows, first, seq)
 
@@ -654,7 +654,7 @@ async def test_each_timeline_keeps_its_progress_however_long_its_posts_ids_are(
     for n, tag in enumerate(tags):
         line = f"{INSTANCE} {tag}".encode()
         (command,) = parse_command(line, verb="follow", settings=SETTINGS).accepted
-        assert await follows.follow(command, seq=9 * 10**9 + n, origin=FOLLOW_SUBJECT)
+        assert await follows.follow(command, place=str(9 * 10**9 + n), origin=FOLLOW_SUBJECT)
     record, revision = await store.read(INSTANCE)
     seen = await bus.js.key_value(SEEN_BUCKET)
     shares = Shares(

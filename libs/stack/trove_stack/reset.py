@@ -23,7 +23,7 @@ async def reset(js: JetStreamContext, engine: AsyncEngine) -> None:
 
     A purge keeps a stream's duplicate window: a message id published before the reset
     is dropped as a duplicate after it, for the window (ten minutes on the events
-    stream). Tests that publish fixed ids (an event derived from a command's sequence)
+    stream). Tests that publish fixed ids (an event derived from a command's place)
     give each test its own.
     """
     top = declare()

@@ -40,7 +40,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from trove_discovery.errors import InvalidURL
-from trove_discovery.replies import command_origin
+from trove_discovery.replies import command_origin, command_place
 from trove_discovery.scope import follow_link, in_scope, redirected_scope
 from trove_discovery.seeds import SeedBatch, parse_seeds, reply
 from trove_discovery.sightings import Recent, Sightings
@@ -164,7 +164,7 @@ class Discovery:
     # seeds ----------------------------------------------------------------------
 
     async def handle_seed(self, msg: Msg) -> None:
-        seq = msg.metadata.sequence.stream
+        place = command_place(msg)
         batch = parse_seeds(
             msg.data,
             origin=command_origin(msg),
@@ -173,7 +173,7 @@ class Discovery:
         )
         for n, rejected in enumerate(batch.rejected):
             rejection = SeedRejected(
-                id=derived_event_id(f"seed:{seq}:{n}", "rejected"),
+                id=derived_event_id(f"seed:{place}:{n}", "rejected"),
                 raw=rejected.raw[:512],
                 reason=rejected.reason,
                 provenance=Provenance(kind="seed", origin=command_origin(msg)),
@@ -184,7 +184,7 @@ class Discovery:
         for seed in batch.accepted:
             url = await self._alias_target(seed.url)
             event = PageDiscovered(
-                id=derived_event_id(f"seed:{seq}:{url}", "discovered"),
+                id=derived_event_id(f"seed:{place}:{url}", "discovered"),
                 url=url,
                 domain=domain_of(url),
                 depth=0,

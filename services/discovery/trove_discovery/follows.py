@@ -63,6 +63,7 @@ from trove_discovery.replies import (
     MAX_RAW_LENGTH,
     Refused,
     command_origin,
+    command_place,
     listed,
     read_json,
     refused_item,
@@ -629,7 +630,7 @@ class Follows:
         return await self.listed.fresh() if self.listed else self.exclusions
 
     async def handle_command(self, msg: Msg) -> None:
-        seq = msg.metadata.sequence.stream
+        place = command_place(msg)
         verb = verb_of(msg.subject)
         batch = parse_command(
             msg.data, verb=verb, settings=self.settings, exclusions=await self._fresh()
@@ -641,7 +642,7 @@ class Follows:
             # answer, and the log is not kept for months.
             await self.bus.publish(
                 SeedRejected(
-                    id=derived_event_id(f"{verb}:{seq}:{n}", "rejected"),
+                    id=derived_event_id(f"{verb}:{place}:{n}", "rejected"),
                     raw=rejected.raw[:512],
                     reason=f"{verb} refused: {rejected.reason}",
                     provenance=Provenance(kind="seed", origin=origin),
@@ -649,9 +650,9 @@ class Follows:
             )
         for command in batch.accepted:
             if verb == "follow":
-                await self.follow(command, seq=seq, origin=origin)
+                await self.follow(command, place=place, origin=origin)
             else:
-                await self.unfollow(command, seq=seq, origin=origin)
+                await self.unfollow(command, place=place, origin=origin)
 
     async def reply_to_request(self, msg: Msg) -> None:
         """A ``nats req trove.follow ...`` gets what was accepted and rejected, and why."""
@@ -666,12 +667,12 @@ class Follows:
         as_json = msg.data.lstrip()[:1] in (b"{", b"[")
         await msg.respond(reply_json(batch) if as_json else reply_text(batch).encode())
 
-    async def follow(self, command: InstanceCommand, *, seq: int, origin: str) -> bool:
+    async def follow(self, command: InstanceCommand, *, place: str, origin: str) -> bool:
         """Follow the timeline unless it is followed already; True when this command did."""
         assert command.timeline is not None
         timeline = command.timeline
         event = InstanceFollowed(
-            id=derived_event_id(f"follow:{seq}:{command.instance} {timeline}", "followed"),
+            id=derived_event_id(f"follow:{place}:{command.instance} {timeline}", "followed"),
             instance=command.instance,
             domain=command.domain,
             timeline=timeline,
@@ -720,11 +721,11 @@ class Follows:
         log.info("following", extra={"instance": command.instance, "timeline": timeline})
         return True
 
-    async def unfollow(self, command: InstanceCommand, *, seq: int, origin: str) -> list[str]:
+    async def unfollow(self, command: InstanceCommand, *, place: str, origin: str) -> list[str]:
         """Stop the timeline (every timeline when None); the timelines this command stopped."""
         event = InstanceUnfollowed(
             id=derived_event_id(
-                f"unfollow:{seq}:{command.instance} {command.timeline or '*'}", "unfollowed"
+                f"unfollow:{place}:{command.instance} {command.timeline or '*'}", "unfollowed"
             ),
             instance=command.instance,
             domain=command.domain,

@@ -30,6 +30,18 @@ REPLY_LIST_BYTES = 256 * 1024
 _WORD_END = re.compile(r"[\s\"'<>]")
 
 
+def command_place(msg: Msg) -> str:
+    """Where an operator's command sits in the record, for the ids of the events it
+    causes: its stream sequence, and the moment nats-server stored it. A sequence alone
+    starts again at 1 when ``TROVE_SEEDS`` is made anew (restored into an empty server,
+    deleted by hand): a seed sent again took the id of the old one at its place, the
+    broker dropped its ``PageDiscovered`` as a duplicate, and the recorder dropped the
+    events of its crawl as the old crawl's, redelivered. A redelivery has both the same."""
+    metadata = msg.metadata
+    stored = round(metadata.timestamp.timestamp() * 1_000_000)
+    return f"{metadata.sequence.stream}@{stored}"
+
+
 def command_origin(msg: Msg) -> str:
     """Where an operator's command came from, as its provenance and its refusals record
     it: the subject, and who sent it when a header says (``Trove-Origin``, as in ``nats
