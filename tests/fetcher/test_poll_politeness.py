@@ -24,7 +24,7 @@ from tests.conftest import eventually
 from tests.fetcher._completions import Completions
 from tests.fetcher._servers import Exchange, LocalServer, Route, serving
 from tests.fetcher.test_fetcher_outcomes import PauseWritesAway
-from trove_fetcher.fetcher import Fetcher, Job
+from trove_fetcher.fetcher import LOCAL_WAIT, Fetcher, Job
 from trove_fetcher.http import FetchLimits
 from trove_fetcher.politeness import KV, DomainSlot, Politeness, PolitenessConfig
 from trove_fetcher.transport import build_client
@@ -510,3 +510,34 @@ async def test_a_rate_limit_spent_while_the_broker_is_away_holds_the_host_once_i
     assert slot.backoff_until >= asked + reset_in - 1.0
     (event,) = await polled(bus.js, 1)
     assert event.rate_limited
+
+
+async def test_a_poll_whose_robots_txt_redirects_on_its_host_reads_the_timeline(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """robots.txt sent elsewhere on the same host (as an instance followed as http://
+    sends it to https://): the hop waits a gap in the poll, which then reads the
+    timeline, each request a gap after the last. A hop that ended the poll came back
+    to the first robots.txt every time, and the timeline was never read. The gap is
+    longer than a page's hop waits in its task (``LOCAL_WAIT``), as the default's is."""
+    gap = 2 * LOCAL_WAIT
+    server.routes[f"{HOST}/robots.txt"] = lambda ex: ex.redirect("/robots-real.txt", 301)
+    server.routes[f"{HOST}/robots-real.txt"] = lambda ex: ex.send(200, b"User-agent: *\nAllow: /\n")
+    server.routes[f"{HOST}{TIMELINE}100"] = api(statuses(101, 5))
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    fetcher = await fetcher_on(bus, client, Politeness(kv, PolitenessConfig(min_delay=gap)))
+    try:
+        await fetcher.poll(poll_of(server, "100"))
+    finally:
+        fetcher.close()
+    (event,) = await polled(bus.js, 1)
+    assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+    assert len(event.posts) == 5
+    assert [seen.path for seen in server.requests_for(HOST)] == [
+        "/robots.txt",
+        "/robots-real.txt",
+        f"{TIMELINE}100",
+    ]
+    shortest = server.min_gap(HOST)
+    assert shortest is not None
+    assert shortest >= gap

@@ -649,14 +649,17 @@ class Fetcher:
         left = hold.grant.hold_until - self.clock.at(time.time())
         return max(0.0, min(total, left))
 
-    def _gate(self, hold: _Hold) -> HopGate:
+    def _gate(
+        self, hold: _Hold, lease: Callable[[str], Awaitable[Granted | Deferred]] | None = None
+    ) -> HopGate:
         """Before a redirect hop: end the lease of the previous request (the gap counts
-        from the end of its response) and take the lease of the hop's host."""
+        from the end of its response) and take the lease of the hop's host (``lease``,
+        a page's by default)."""
 
         async def before_hop(hops: tuple[str, ...]) -> None:
             await self._release(hold)
             domain = domain_of(hops[-1])
-            decision = await self._acquire(domain, False)
+            decision = await (lease(domain) if lease else self._acquire(domain, False))
             if isinstance(decision, Deferred):
                 raise RedirectPaused(hops, decision.at)
             hold.domain, hold.grant = domain, decision
@@ -1091,12 +1094,18 @@ class Fetcher:
             return None
 
     async def _read_robots(
-        self, origin: str, domain: str, hold: _Hold, resume: tuple[str, ...]
+        self,
+        origin: str,
+        domain: str,
+        hold: _Hold,
+        resume: tuple[str, ...],
+        lease: Callable[[str], Awaitable[Granted | Deferred]] | None = None,
     ) -> RobotsPolicy:
-        """Fetch ``origin``'s robots.txt under ``hold`` (released here), set the host's
-        Crawl-delay and share the policy with every pod. Raises ``RedirectPaused``."""
+        """Fetch ``origin``'s robots.txt under ``hold`` (released here), its redirect
+        hops under ``lease`` (``_gate``), set the host's Crawl-delay and share the policy
+        with every pod. Raises ``RedirectPaused``."""
         started = time.time()
-        gate = self._gate(hold)
+        gate = self._gate(hold, lease)
         last_hop = resume[-1] if resume else None
 
         async def before_hop(hops: tuple[str, ...]) -> None:
@@ -1263,7 +1272,12 @@ class Fetcher:
             sent.told_until = max(sent.told_until, self.clock.at(time.time()) + seconds)
 
     async def _poll_allowed(self, url: str) -> bool:
-        """robots.txt of an API URL: the shared one, else fetched under the host's lease."""
+        """robots.txt of an API URL: the shared one, else fetched under the host's lease,
+        and its redirect hops under a poll's. A page's hop waits a second at most, and
+        a paused page keeps its hops to come back to; a poll keeps none. Ended at each
+        hop (an instance followed as http:// whose robots.txt sends it to https://, the
+        same host a gap later), it came back to the first request each time, and never
+        read the timeline."""
         policy = await self._cached_robots(url)
         if policy is None:
             domain = domain_of(url)
@@ -1272,7 +1286,7 @@ class Fetcher:
                 raise GateDeferred(decision.at - self.clock.now())
             try:
                 policy = await self._read_robots(
-                    origin_of(url), domain, _Hold(domain, decision), ()
+                    origin_of(url), domain, _Hold(domain, decision), (), self._poll_lease
                 )
             except RedirectPaused as paused:
                 raise GateDeferred(paused.at - self.clock.now()) from paused
