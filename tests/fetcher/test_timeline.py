@@ -938,6 +938,41 @@ async def test_paging_stops_at_max_pages_and_the_next_poll_reads_the_rest(
         assert (social.witness.min_gap(social.host) or 0.0) >= GAP
 
 
+async def test_an_instance_that_gives_fewer_posts_a_page_than_asked_is_read_to_its_newest(
+    client: httpx.AsyncClient,
+) -> None:
+    # 20 a page whatever is asked: 50 new posts are three pages, not one and the end.
+    instance = FediverseInstance.generate(posts=10, seed=5)
+    instance.page_cap = 20
+    async with served(instance) as social:
+        polls = poller(client, max_pages=4, page_limit=40)
+        start = instance.timeline(local=True)[0].sid
+        added = [public_local_post(instance) for _ in range(50)]
+        event = await polls.poll(request(social, cursor=start, api=social.base_url))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        assert uris(event) == [instance.status_uri(s) for s in added]
+        assert event.cursor_after == added[-1].sid
+        assert not event.more
+        assert [q["limit"][0] for q in api_queries(social)] == ["40", "40", "40"]
+
+
+async def test_a_backfill_on_an_instance_of_short_pages_reads_back_past_its_first_page(
+    client: httpx.AsyncClient,
+) -> None:
+    instance = FediverseInstance.generate(posts=60, seed=7)
+    instance.page_cap = 20
+    async with served(instance) as social:
+        polls = poller(client, max_pages=3, page_limit=40)
+        event = await polls.poll(request(social, api=social.base_url, backfill=50))
+
+        assert event.outcome is CrawlOutcome.SUCCESS, event.error_message
+        read_back = instance.timeline(local=True)[:50]
+        kept = [s for s in read_back if instance.may_share(s)]
+        assert uris(event) == [instance.status_uri(s) for s in kept]
+        assert (event.back_from, event.back_left, event.more) == (None, 0, False)
+
+
 async def test_opted_out_accounts_leave_no_trace_in_the_event(
     client: httpx.AsyncClient,
 ) -> None:

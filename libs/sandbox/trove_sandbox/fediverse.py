@@ -207,6 +207,7 @@ class FediverseInstance:
         "clock_ahead",
         "host",
         "ip",
+        "page_cap",
         "resets",
         "web",
     )
@@ -243,6 +244,9 @@ class FediverseInstance:
         self._numbered: set[int] = set()
         #: How far the instance's clock runs ahead: its timelines' ``Date`` says so.
         self.clock_ahead = 0.0
+        #: The most posts a timeline page holds, whatever is asked for (Mastodon's 40;
+        #: a server may give fewer).
+        self.page_cap = MAX_LIMIT
         #: Each API answer's rate limit: when (``time.time()``) it was answered, the
         #: reset it named (``X-RateLimit-Reset``, on this machine's clock) and the
         #: requests it said were left.
@@ -775,7 +779,7 @@ class FediverseInstance:
     def _timeline_response(
         self, path: str, query: Mapping[str, str], posts: list[Status], limits: Headers
     ) -> Response:
-        limit = _limit(query.get("limit"))
+        limit = min(_limit(query.get("limit")), self.page_cap)
         mode = self._misbehaviour
         read_id = _text_id_param if mode == "renumbered" else _id_param
         max_id = read_id(query.get("max_id"))

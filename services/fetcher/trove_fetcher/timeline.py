@@ -119,7 +119,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -234,6 +234,13 @@ SNOWFLAKE_SOFTWARE = frozenset({"mastodon", "glitchsoc", "hometown", "fedibird",
 RENUMBERING_CHECK_EVERY = 24
 #: One poll in this many asks NodeInfo for the software again (every other check's).
 SOFTWARE_CHECK_EVERY = 2 * RENUMBERING_CHECK_EVERY
+#: The fewest posts a server gives in a page when more follow, whatever it is asked
+#: for: Mastodon, Pleroma, Akkoma, GoToSocial and Misskey's forks give 20 by default,
+#: and some cap a page there. A page of fewer posts than asked is the timeline's end
+#: only when it holds fewer than this too: one of 20 asked for 40 may be the server's
+#: whole page, and taken for the end, a busy timeline fell behind by its excess each
+#: poll, and a backfill ended at its first page.
+FULL_PAGE_FLOOR = 20
 #: How far past the instance's clock (``TimelinePoller._instance_time``) a snowflake's
 #: time may be. Mastodon numbers a post by the time it is stored (a remote post's
 #: claimed date only when that is past), on its database's clock, a second's random
@@ -734,6 +741,13 @@ def _passing(stop: _Stop) -> bool:
     challenge, nor what no answer mends (a redirect loop, a blocked address)."""
     failed = stop.outcome in (CrawlOutcome.TIMEOUT, CrawlOutcome.BLOCKED_5XX) or stop.unreachable
     return _asked_to_wait(stop) or (failed and not stop.challenge)
+
+
+def _last_page(entries: Sized, limit: int) -> bool:
+    """Whether a page of ``entries``, asked for ``limit`` posts, is the last there is:
+    fewer than asked, and fewer than a server's own page may hold (``FULL_PAGE_FLOOR``).
+    """
+    return len(entries) < min(limit, FULL_PAGE_FLOOR)
 
 
 def _of_the_host(stop: _Stop) -> bool:
@@ -1259,7 +1273,7 @@ class TimelinePoller:
             if progress.full:
                 progress.more = True
                 return
-            if len(entries) < limit:
+            if _last_page(entries, limit):
                 return  # caught up
             if new == 0:
                 if progress.ahead_bottom is not None:
@@ -1517,7 +1531,7 @@ class TimelinePoller:
             # A page of posts dated ahead only: no backfill counts them, and the cursor
             # starts at the newest post behind them.
             ahead_only = new == 0 and progress.ahead_bottom is not None
-            exhausted = len(entries) < limit
+            exhausted = _last_page(entries, limit)
             if exhausted and not progress.full:
                 progress.backfilled()  # the timeline's oldest post is read
             if progress.full or exhausted or progress.rate_spent:
