@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
@@ -483,6 +484,40 @@ async def test_a_pause_a_site_asks_for_is_as_long_on_the_shared_clock_as_it_aske
         fetcher.close()
     slot = await polite.state(domain_of(limited.url))
     assert slot.backoff_until - clock.now() > 55.0, slot.backoff_until - clock.now()
+
+
+async def test_a_challenge_sent_with_a_2xx_pauses_its_host_without_waiting_for_a_parse(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS WAF's 202 challenge, its body read: its extraction would be dropped, and it
+    is not parsed, so the host's pause is written as the answer arrives. Behind a queue
+    of parses longer than the request's hold, another pod was given the host before
+    the challenge was known. The parse is held here until the test ends."""
+    parsing, held = threading.Event(), threading.Event()
+
+    def slow(*args: object, **kwargs: object) -> Extraction:
+        parsing.set()
+        held.wait(30)
+        raise RuntimeError("the parse was held")
+
+    slowed = {name: replace(s, extractor=slow) for name, s in STRATEGIES.items()}
+    monkeypatch.setattr(fetcher_module, "STRATEGIES", slowed)
+    server.routes[f"{HOST}/walled"] = lambda ex: ex.send(
+        202, b"<html><title>Human?</title></html>", {"x-amzn-waf-action": "challenge"}
+    )
+    fetcher = await fetcher_on(bus, client)
+    walled = work(server, "/walled")
+    try:
+        await asyncio.wait_for(fetcher.process(Job(walled), walled.to_wire()), timeout=10)
+        slot = await fetcher.politeness.state(HOST)
+    finally:
+        held.set()
+        fetcher.close()
+    assert not parsing.is_set()
+    assert slot.policy.pause_reason == "blocked_captcha"
+    assert slot.backoff_until - fetcher.clock.now() > 3600
+    (event,) = (await Completions(bus.js).wait_for(1, timeout=10)).values()
+    assert (event.outcome, event.status_code) == (CrawlOutcome.BLOCKED_4XX, 202)
 
 
 class PauseWritesAway:

@@ -97,6 +97,7 @@ from trove_schema.events import (
     explored_attempt_id,
 )
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions, ListedExclusions
+from trove_schema.heuristics import is_challenge
 from trove_schema.metrics import (
     FETCH_BYTES,
     FETCH_READ_LAG,
@@ -855,7 +856,13 @@ class Fetcher:
         elsewhere now, or a validator no header can carry, sends none."""
         name, reason, sent = strategy.name, choice.reason, result.conditional
         extraction: Extraction | None = None
-        if result.body is not None:
+        # A challenge sent with a 2xx is not the page, and its extraction is dropped
+        # (``completed``): not parsed at all, the host's pause is written as the answer
+        # arrives, not after the parse threads' queue, which may outlast the request's
+        # hold, and another pod be given the host before the challenge is known.
+        if result.body is not None and not is_challenge(
+            result.status_code, result.response_headers
+        ):
             try:
                 loop = asyncio.get_running_loop()
                 extraction = await loop.run_in_executor(
