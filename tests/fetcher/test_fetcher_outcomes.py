@@ -22,6 +22,7 @@ import httpx
 import pytest
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import KeyNotFoundError
 
 from tests.conftest import eventually
 from tests.discovery.follow_support import polled
@@ -518,6 +519,29 @@ async def test_a_challenge_sent_with_a_2xx_pauses_its_host_without_waiting_for_a
     assert slot.backoff_until - fetcher.clock.now() > 3600
     (event,) = (await Completions(bus.js).wait_for(1, timeout=10)).values()
     assert (event.outcome, event.status_code) == (CrawlOutcome.BLOCKED_4XX, 202)
+
+
+async def test_a_page_is_leased_by_its_urls_host_whatever_its_event_calls_it(
+    bus: Bus, client: httpx.AsyncClient, server: LocalServer
+) -> None:
+    """An event whose ``domain`` a chain carried from an older rule (not what
+    ``domain_of`` makes of its URL now): robots.txt and then the page, both under the
+    record of the URL's host, a gap apart; the event's spelling has no record."""
+    gap = 0.5
+    page = work(server).model_copy(update={"domain": "stale.spelling.test"})
+    fetcher = await fetcher_on(bus, client, gap=gap)
+    try:
+        await fetcher.process(Job(page), page.to_wire())
+    finally:
+        fetcher.close()
+    assert [seen.path for seen in server.requests_for(HOST)] == ["/robots.txt", "/page"]
+    shortest = server.min_gap(HOST)
+    assert shortest is not None
+    assert shortest >= gap
+    kv = await bus.js.key_value(DOMAINS_BUCKET)
+    with pytest.raises(KeyNotFoundError):
+        await kv.get(fetcher.politeness.key("stale.spelling.test"))
+    await kv.get(fetcher.politeness.key(HOST))
 
 
 class PauseWritesAway:

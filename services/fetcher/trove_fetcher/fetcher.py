@@ -188,7 +188,11 @@ class Job:
 
     @property
     def domain(self) -> str:
-        return self.work.domain
+        """The page's politeness key, from its URL by today's rule: not the event's
+        ``domain``, which a chain of months carries forward as its first event spelled
+        it (before ``domain_of`` dropped a trailing dot, say), and which would lease the
+        page's host under another record than its first request's."""
+        return domain_of(self.work.url)
 
 
 @dataclass(slots=True)
