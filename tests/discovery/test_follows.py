@@ -79,12 +79,15 @@ def test_lines_may_name_a_timeline_and_json_sets_the_options() -> None:
     lines = parse(
         f"# instances\r\n{INSTANCE} tag:python\n\nhttps://b.example public\n"
         "https://c.example\tlocal\n"  # a tab, pasted from a sheet: the URL parser drops it
+        "https://d.example\u2028public\n"  # whitespace, not a line's end (str.splitlines')
     )
     assert [(c.instance, c.timeline) for c in lines.accepted] == [
         (INSTANCE, "tag:python"),
         ("https://b.example", "public"),
         ("https://c.example", "local"),
+        ("https://d.example", "public"),
     ]
+    assert lines.rejected == ()
     body = {
         "instances": [INSTANCE, "http://c.example:8080"],
         "timeline": "public",

@@ -84,6 +84,17 @@ def test_lines_with_crlf_blank_lines_and_comments_parse() -> None:
     ]
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u0085", "\v", "\f", "\x1c"])
+def test_only_lf_or_crlf_ends_a_line_and_no_url_is_cut_at_another_separator(
+    separator: str,
+) -> None:
+    # Python's str.splitlines splits at these too: the URL sent is judged whole.
+    batch = parse(f"https://one.example/a{separator}b\nhttps://two.example/")
+    assert "https://one.example/a" not in [seed.url for seed in batch.accepted]
+    assert [seed.url for seed in batch.accepted][-1] == "https://two.example/"
+    assert "b" not in [seed.raw for seed in batch.rejected]
+
+
 def test_a_leading_byte_order_mark_is_ignored() -> None:
     batch = parse("\ufeffhttps://example.org/".encode())
     assert [seed.url for seed in batch.accepted] == ["https://example.org/"]

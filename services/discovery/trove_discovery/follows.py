@@ -173,7 +173,7 @@ def parse_command(
             return _rejected(verb, text, exc.reason)
     else:
         lines = []
-        for line in text.splitlines():
+        for line in text.split("\n"):  # not splitlines: U+2028, \v, \f end no line
             stripped = line.strip()
             if not stripped or stripped.startswith("#"):
                 continue

@@ -112,7 +112,7 @@ def parse_seeds(
     else:
         candidates = [
             stripped
-            for line in text.splitlines()
+            for line in text.split("\n")  # not splitlines: U+2028, \v, \f end no line
             if (stripped := line.strip()) and not stripped.startswith("#")
         ]
         try:
