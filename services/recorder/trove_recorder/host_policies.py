@@ -1,12 +1,20 @@
 """The ``host_policies`` projection: each host's learned policy, for the operator.
 
 Each ``CrawlCompleted`` is folded into its host's policy with the fetcher's own fold
-(``trove_schema.policy.observe``), in stream order, so the table says what the fetchers
-act on. A batch costs three statements whatever its size: the rows of new hosts are
-created, the batch's hosts are locked (in host order, so concurrent batches never
-deadlock) and read, and the folded rows are written back. Idempotent twice over: an
-event is folded only when ``projected_events`` took its id (the caller's check), and
-never when it is the host's ``last_event_id``.
+(``trove_schema.policy.observe``), in stream order within a batch, so the table says
+what the fetchers act on. A batch costs three statements whatever its size: the rows of
+new hosts are created, the batch's hosts are locked (in host order, so concurrent
+batches never deadlock) and read, and the folded rows are written back. Idempotent
+twice over: an event is folded only when ``projected_events`` took its id (the caller's
+check), and never when it is the host's ``last_event_id``.
+
+Unlike the other projections, it depends on order: the fold escalates and forgives
+by what came before. Batches handled at once (two a recorder, and each replica's) fold
+a host's attempts in the order they commit, which is stream order except where one
+host's attempts sit in two of them, as when a backlog is caught up. A replay folds in
+stream order, and may then differ from the live table by those attempts' order (a
+risk level, a pause's end). Keeping each host's recent attempts, to fold them again
+in their order when one arrives late, would cost every row a window of them.
 """
 
 from __future__ import annotations
