@@ -550,6 +550,30 @@ def test_policy_expires_after_its_ttl() -> None:
     assert policy.expires_in(2000.0) == 0.0
 
 
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [
+        ("30s", 30.0),
+        ("30 seconds", 30.0),
+        ("30 Secs", 30.0),
+        ("2,5", 2.5),
+        ("12.5 s", 12.5),
+        ("30", 30.0),
+        ("2 minutes", 120.0),
+        ("1,5min", 90.0),
+        ("soon", None),
+        ("30 hours", None),
+        ("-5", None),
+    ],
+)
+def test_a_crawl_delay_written_with_its_unit_or_a_decimal_comma_is_its_number(
+    written: str, seconds: float | None
+) -> None:
+    # The site's wait, not the default gap: "30s" read as no Crawl-delay asked a third.
+    policy = parsed(f"User-agent: *\nCrawl-delay: {written}\n".encode(), "https://a.example")
+    assert policy.crawl_delay() == seconds
+
+
 def parsed(body: bytes, origin: str = "https://big.example") -> RobotsPolicy:
     return RobotsPolicy(origin=origin, rule=RobotsRule.PARSED, fetched_at=0.0, body=body)
 

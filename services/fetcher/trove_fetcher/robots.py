@@ -66,6 +66,7 @@ from protego import Protego
 from protego._protego import (
     _ALL_DIRECTIVES,
     _ALLOW_DIRECTIVE,
+    _CRAWL_DELAY_DIRECTIVE,
     _DISALLOW_DIRECTIVE,
     _SITE_WIDE_DIRECTIVES,
     _USER_AGENT_DIRECTIVE,
@@ -133,6 +134,10 @@ _SCAN_STEPS = 256
 _COPY_BYTES = 256
 #: The most of a Crawl-delay, Request-rate or Visit-time value read.
 _MAX_VALUE_CHARS = 64
+#: A Crawl-delay with its unit, or a decimal comma: its number, and its minutes.
+_SPELLED_DELAY = re.compile(
+    r"(\d+(?:[.,]\d+)?)\s*(?:s|secs?|seconds?|(m|mins?|minutes?))?", re.IGNORECASE | re.ASCII
+)
 _FORMAT_VERSION = 1
 
 
@@ -230,7 +235,14 @@ def _shortened(field: str, value: str) -> str | None:
     of more characters (wildcards aside) than any URL Trove asks for never matches one,
     and is kept empty (it still ends the group before it, and protego skips it); a
     Crawl-delay, Request-rate or Visit-time is cut. A rule of 400 KB named by 6,000
-    agents made protego hold 4.6 GB."""
+    agents made protego hold 4.6 GB. A Crawl-delay written with its unit or a decimal
+    comma ("30s", "2 minutes", "2,5") is its seconds: protego reads only a number, and
+    the site's wait was the default gap."""
+    if field in _CRAWL_DELAY_DIRECTIVE:
+        spelled = _SPELLED_DELAY.fullmatch(value[:_MAX_VALUE_CHARS])
+        if spelled is not None:
+            number = float(spelled.group(1).replace(",", "."))
+            return repr(number * 60 if spelled.group(2) else number)
     if field in _ALLOW_DIRECTIVE or field in _DISALLOW_DIRECTIVE:
         # A "%61" may match one "a": protego decodes the escapes of plain characters.
         literal = len(value) - value.count("*") - value.count("$") - 2 * value.count("%")
