@@ -3,16 +3,21 @@ rule's pages marked rejected once, the names below it with it, nothing else."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
 
 import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.kv import KeyValue
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.conftest import eventually, reading
 from tests.recorder.test_projections import completed, project, rows
 from trove_recorder import exclusions
-from trove_recorder.exclusions import held, mark_excluded
+from trove_recorder.exclusions import held, keep_excluded_marked, mark_excluded
 from trove_recorder.replay import PROJECTION_TABLES
+from trove_schema.exclusions import Exclusions, ListedExclusions
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -103,4 +108,37 @@ async def test_a_visit_written_after_the_mark_is_marked_at_the_next_look(
 
     assert await mark_excluded(engine, rules) == {"blog.example": 1}
     assert await mark_excluded(engine, rules) == {}
+    assert await statuses(engine) == BLOG_EXCLUDED
+
+
+class ListAway:
+    """The shared list's bucket while the broker is away: every read times out."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def get(self, key: str) -> object:
+        self.reads += 1
+        raise NatsTimeoutError
+
+
+async def test_a_recorder_that_cannot_read_the_list_leaves_its_rules_marks_as_they_are(
+    engine: AsyncEngine,
+) -> None:
+    """Started with the broker away: the configured rules alone (none here) would lift
+    the marks of every listed rule, and the list, read later, mark them all again, each
+    a scan of every host. The looks wait for the list instead."""
+    await crawled_pages(engine)
+    rules = frozenset({"blog.example"})
+    assert await mark_excluded(engine, rules) == {"blog.example": 2}  # before the restart
+    bucket = ListAway()
+    listed = ListedExclusions(Exclusions(), cast(KeyValue, bucket), interval=0.05)
+    stop = asyncio.Event()
+    looking = asyncio.create_task(keep_excluded_marked(engine, listed, stop))
+    try:
+        await eventually(reading(lambda: bucket.reads), until=lambda reads: reads >= 3, timeout=10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(looking, timeout=10)
+    assert await held(engine) == rules
     assert await statuses(engine) == BLOG_EXCLUDED

@@ -140,7 +140,10 @@ async def keep_excluded_marked(
             await listed.refresh()
         rules = listed.exclusions.rules
         try:
-            if rules or await held(engine):
+            # Not before the shared list is read once: the configured rules alone would
+            # lift every listed rule's mark, and the next read mark them all again, each
+            # a scan of every host the tables know.
+            if listed.revision is not None and (rules or await held(engine)):
                 marked = await mark_excluded(engine, rules)
                 for rule, pages in (marked or {}).items():
                     log.info(
