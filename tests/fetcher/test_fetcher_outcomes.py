@@ -526,7 +526,8 @@ async def test_a_page_is_leased_by_its_urls_host_whatever_its_event_calls_it(
 ) -> None:
     """An event whose ``domain`` a chain carried from an older rule (not what
     ``domain_of`` makes of its URL now): robots.txt and then the page, both under the
-    record of the URL's host, a gap apart; the event's spelling has no record."""
+    record of the URL's host, a gap apart; the event's spelling has no record, and
+    the attempt's event carries the host's name by today's rule."""
     gap = 0.5
     page = work(server).model_copy(update={"domain": "stale.spelling.test"})
     fetcher = await fetcher_on(bus, client, gap=gap)
@@ -542,6 +543,9 @@ async def test_a_page_is_leased_by_its_urls_host_whatever_its_event_calls_it(
     with pytest.raises(KeyNotFoundError):
         await kv.get(fetcher.politeness.key("stale.spelling.test"))
     await kv.get(fetcher.politeness.key(HOST))
+    # The attempt's event names the host by today's rule: the chain goes on under it.
+    (event,) = (await Completions(bus.js).wait_for(1, timeout=10)).values()
+    assert event.domain == HOST
 
 
 class PauseWritesAway:

@@ -34,7 +34,7 @@ from trove_schema.events import (
 )
 from trove_schema.heuristics import is_challenge
 from trove_schema.policy import moved_url
-from trove_schema.urls import canonicalize_or_none
+from trove_schema.urls import canonicalize_or_none, domain_of
 
 log = logging.getLogger("trove.fetcher")
 
@@ -59,7 +59,11 @@ def _base(
 ) -> dict[str, object]:
     return {
         "url": work.url,
-        "domain": work.domain,
+        # Today's rule, not the work's field: a re-crawl chain carries its domain on
+        # from this event, and one its first event spelled otherwise (before a rule of
+        # ``domain_of`` changed) is put right here, for the policy, the URL rules and
+        # the budgets to file what the host taught under its one name.
+        "domain": domain_of(work.url),
         "depth": work.depth,
         "priority": work.priority,
         "scope": work.scope,
