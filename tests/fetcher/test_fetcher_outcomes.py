@@ -35,7 +35,15 @@ from trove_fetcher.errors import EgressAway, RobotsUnavailable
 from trove_fetcher.extract import Extraction
 from trove_fetcher.fetcher import LOCAL_WAIT, Fetcher, Job
 from trove_fetcher.http import FetchLimits
-from trove_fetcher.politeness import KV, Deferred, Granted, Moved, Politeness, PolitenessConfig
+from trove_fetcher.politeness import (
+    KV,
+    Deferred,
+    DomainSlot,
+    Granted,
+    Moved,
+    Politeness,
+    PolitenessConfig,
+)
 from trove_fetcher.robots import DEFAULT_TTL, RobotsPolicy, RobotsRule
 from trove_fetcher.strategies import STRATEGIES
 from trove_fetcher.transport import build_client
@@ -569,6 +577,19 @@ class PauseWritesAway:
             raise NatsTimeoutError
         return await self.kv.update(key, value, last=last)
 
+    async def back(self, polite: Politeness, host: str, *, timeout: float) -> DomainSlot:
+        """The broker back, having refused a write that pauses ``host`` and left its
+        record unpaused: the record once a late write has paused it."""
+        assert self.refused >= 1
+        assert (await polite.state(host)).backoff_until == 0.0
+        self.away.clear()
+        return await eventually(
+            lambda: polite.state(host),
+            until=lambda slot: slot.backoff_until > 0,
+            timeout=timeout,
+            what="the pause written",
+        )
+
 
 async def test_a_pause_the_broker_did_not_take_is_written_when_it_answers_again(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer
@@ -584,15 +605,7 @@ async def test_a_pause_the_broker_did_not_take_is_written_when_it_answers_again(
         await fetcher.process(Job(page), page.to_wire())  # robots.txt read, and a page
         kv.away.set()
         await fetcher.process(Job(limited), limited.to_wire())
-        assert kv.refused >= 1
-        assert (await polite.state(HOST)).backoff_until == 0.0
-        kv.away.clear()
-        slot = await eventually(
-            lambda: polite.state(HOST),
-            until=lambda slot: slot.backoff_until > 0,
-            timeout=30,
-            what="the pause written",
-        )
+        slot = await kv.back(polite, HOST, timeout=30)
     finally:
         fetcher.close()
     assert slot.backoff_until - fetcher.clock.now() > 50.0
