@@ -7,6 +7,7 @@ Each simulated attempt is a real ``CrawlCompleted`` read through ``Observation.o
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from trove_schema.errors import InvalidPriors
 from trove_schema.events import ChangeHistory, CrawlCompleted, CrawlOutcome, Scope
 from trove_schema.heuristics import audit
 from trove_schema.policy import (
+    MAX_LEVEL,
     HostPolicy,
     LearningConfig,
     Observation,
@@ -670,6 +672,41 @@ def test_reading_a_policy_tolerates_unknown_missing_and_bad_fields() -> None:
     assert odd == HostPolicy(estimates={"page:activitypub": (2.0, 1.0)})
     many = {f"class{k}:http": [1, 0] for k in range(100)}
     assert len(HostPolicy.from_json({"estimates": many}).estimates) == 32
+
+
+def test_a_record_of_numbers_past_any_fold_is_read_within_bounds_and_folds_on() -> None:
+    """A hand-made or damaged record: a 429's pause from a level of 5000 was 2.0**4999
+    (an OverflowError that lost the pause and stopped the recorder's batch), a time of
+    1e300 overflowed the recorder's timestamps, and two answer times near a float's
+    largest had an infinite median, which JSON for Postgres cannot hold."""
+    odd = HostPolicy.from_json(
+        {
+            "rate_level": 5000,
+            "risk_level": 10**9,
+            "escalated_at": T0 - 10,
+            "paused_until": 1e300,
+            "recent_ms": [1.7e308, 1.7e308],
+            "estimates": {"page:http": [1e200, 1e200]},
+        }
+    )
+    assert (odd.rate_level, odd.risk_level) == (MAX_LEVEL, MAX_LEVEL)
+    assert datetime.fromtimestamp(odd.paused_until, UTC).year < 9000
+    # A 429 asking 30 s, from a request in flight before the last escalation.
+    later = observe(odd, rate_limited(T0, started=T0 - 20, retry_after=30.0), CONFIG)
+    assert later.rate_level == MAX_LEVEL
+    assert math.isfinite(later.paused_until)
+    assert later.response_ms is not None
+    assert math.isfinite(later.response_ms)
+    json.dumps(later.to_json(), allow_nan=False)
+    assert choose(later, "https://a.example/", BOTH, CONFIG).strategy in BOTH
+
+
+def test_a_url_class_name_too_long_to_be_read_back_is_refused(tmp_path: Path) -> None:
+    # Its estimates' keys were cut when a record was read, and nothing was learned.
+    long = tmp_path / "long.toml"
+    long.write_text(f'[[class]]\nname = "{"c" * 70}"\npriors = {{ http = 0.5 }}\n')
+    with pytest.raises(InvalidPriors, match="characters"):
+        load_priors(long)
 
 
 def test_the_shipped_priors_classify_urls() -> None:

@@ -72,6 +72,18 @@ HOST_FAILURES = frozenset({"network_error", "timeout", "server_error"})
 MAX_ESTIMATES = 32
 #: Levels past this would only hit the caps: keeps 2**level small.
 MAX_LEVEL = 32
+#: The counts a record's levels are read within: a level written past ``MAX_LEVEL`` (a
+#: hand-made or damaged record) made the next 429's pause 2.0**5000, an OverflowError
+#: that lost the pause and stopped the recorder's batch.
+_LEVELS = frozenset({"risk_level", "rate_level", "move_votes"})
+#: The largest number a record's times, durations and counts are read as: a time in
+#: the year 5138, past any a fold writes. A finite 1e300 overflowed the recorder's
+#: timestamps, and two answer times near a float's largest had an infinite median.
+_LARGEST = 1e11
+#: Characters of an estimate's key (``class:strategy``) a record is read with; a URL
+#: class's name is at most ``MAX_CLASS_NAME``, so no key a fold writes is cut.
+ESTIMATE_KEY_LENGTH = 80
+MAX_CLASS_NAME = 40
 
 #: Validator counts are halved past this, so a host that changes its ways is re-learned.
 MAX_VALIDATOR_COUNT = 1000
@@ -168,6 +180,11 @@ def _parse_priors(raw: dict[str, Any]) -> Priors:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise ValueError("each [[class]] needs a name")
         name: str = entry["name"]
+        if not 0 < len(name) <= MAX_CLASS_NAME or ":" in name:
+            # A longer one's estimates were cut when read back, and never learned.
+            raise ValueError(
+                f"class {name[:60]!r}: a name of 1 to {MAX_CLASS_NAME} characters, no ':'"
+            )
         priors = entry.get("priors", {})
         if not isinstance(priors, dict):
             raise TypeError(f"class {name}: priors must be a table")
@@ -369,6 +386,8 @@ class HostPolicy:
         values: dict[str, Any] = {}
         for name, default in _SCALARS.items():
             value = _coerce(raw.get(name), default, text=_TEXT_FIELDS.get(name, 0))
+            if name in _LEVELS and value is not None:
+                value = min(value, MAX_LEVEL)
             if value is not None or default is None:
                 values[name] = value
         return cls(
@@ -417,7 +436,7 @@ def _coerce(value: object, default: Any, *, text: int = 0) -> Any:
         return None
     if isinstance(default, int):
         return max(0, min(int(value), 2**31 - 1))
-    return max(0.0, float(value))
+    return max(0.0, min(float(value), _LARGEST))
 
 
 def _read_recent(raw: object) -> tuple[float, ...]:
@@ -438,7 +457,7 @@ def _read_estimates(raw: object) -> dict[str, tuple[float, float]]:
             continue
         counts = [_coerce(v, 0.0) for v in pair[:2]]
         if len(counts) == 2 and counts[0] is not None and counts[1] is not None:
-            estimates[key[:80]] = (counts[0], counts[1])
+            estimates[key[:ESTIMATE_KEY_LENGTH]] = (counts[0], counts[1])
     return estimates
 
 
