@@ -4,7 +4,10 @@ The fetcher folds each attempt into the host's record (KV) right after it and ac
 the result; the recorder folds the same ``CrawlCompleted`` events into
 ``host_policies`` for the operator. Both build the ``Observation`` from the event
 (``Observation.of``, through ``heuristics.audit``) and run the same ``observe``, so they
-agree. What a host's record learns:
+agree on pages' attempts. The fetcher also folds what no ``CrawlCompleted`` tells: a
+robots.txt's answer (a 429, a challenge, a timeout) and a timeline poll's last one; the
+record in ``trove_domains`` has them, ``host_policies`` does not. What a host's record
+learns:
 
 * **Which strategy works**, per URL class (``priors.toml``): discounted counts of
   usable content (success) and of the wrong kind of answer (``wrong_tool``,
