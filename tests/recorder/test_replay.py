@@ -20,9 +20,10 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
+from tests.recorder.test_recorder_service import completed, count
 from tests.recorder.test_database_outage import DISK_FULL, TIMED_OUT
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
-from trove_recorder.errors import LockLost
+from trove_recorder.errors import LockLost, RecordIncomplete
 from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, replay, since_of
 from trove_recorder.retries import RetryPolicy, retry_request
 from trove_sandbox.server import serve_sandbox
@@ -39,6 +40,7 @@ from trove_schema.events import (
     Scope,
     SeedRejected,
     decode_event,
+    utcnow,
 )
 from trove_schema.migrate import upgrade_async
 from trove_schema.settings import RecorderSettings
@@ -650,3 +652,26 @@ async def test_an_attempt_stamped_ahead_is_ordered_at_its_record_time_live_and_r
         assert await checksums(replayed_engine) == live
     finally:
         await replayed_engine.dispose()
+
+
+async def test_a_whole_replay_of_a_record_its_retention_cut_is_refused_and_keeps_the_tables(
+    stack: StackUrls, bus: Bus, engine: AsyncEngine
+) -> None:
+    """The record's oldest events gone (as ``TROVE_EVENTS_MAX_AGE_SECONDS`` removes them):
+    ``--truncate`` would empty the tables and rebuild only what is left, and say it
+    replayed. It is refused, and the tables stay as they were."""
+    old = utcnow() - timedelta(hours=2)
+    for n in range(3):
+        await bus.publish(completed(n).model_copy(update={"started_at": old, "completed_at": old}))
+    for n in range(3, 6):
+        await bus.publish(completed(n))
+    policy = RetryPolicy(max_attempts=3, delay_seconds=3600.0)
+    await replay(stack.nats_url, stack.database_url, policy, batch=2)
+    before = await count(engine, "page_crawls")
+    info = await bus.js.stream_info(EVENTS_STREAM)
+    await bus.js.purge_stream(EVENTS_STREAM, seq=info.state.first_seq + 3)
+
+    with pytest.raises(RecordIncomplete, match="retention"):
+        await replay(stack.nats_url, stack.database_url, policy, truncate=True, batch=2)
+
+    assert await count(engine, "page_crawls") == before == 6

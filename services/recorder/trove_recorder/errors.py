@@ -33,6 +33,11 @@ class NotEmpty(RecorderError):
     """The target database already holds projections; replay refuses to mix them."""
 
 
+class RecordIncomplete(RecorderError):
+    """The tables hold what the event record no longer does (its retention removed the
+    oldest events): a whole replay would empty them and rebuild only what is left."""
+
+
 class LockLost(RecorderError):
     """The replay's lock went with its connection: the replay stopped."""
 

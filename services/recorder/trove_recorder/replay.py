@@ -70,7 +70,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from trove_recorder.database import as_retry, canceled, make_engine
-from trove_recorder.errors import LockLost, NotEmpty, ReplayStalled
+from trove_recorder.errors import LockLost, NotEmpty, RecordIncomplete, ReplayStalled
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
@@ -266,6 +266,14 @@ async def release_abandoned_holds(session: AsyncSession, pending: Pending) -> No
 _HAS_PROJECTIONS = text(
     "SELECT EXISTS (SELECT 1 FROM pages) OR EXISTS (SELECT 1 FROM projected_events)"
 )
+#: The oldest time the tables know of: a page's first sighting, or its oldest visit kept.
+_OLDEST_PROJECTED = text(
+    "SELECT least((SELECT min(discovered_at) FROM pages), "
+    "(SELECT min(completed_at) FROM page_crawls))"
+)
+#: How much older than the record's first event the tables' oldest time may be and still
+#: be its own: the services' clocks against nats-server's, which stamps the record.
+RECORD_CLOCK_SLACK = timedelta(seconds=60)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -299,6 +307,47 @@ READ_WAIT = 10.0
 #: Seconds the replay waits for a broker that sends nothing (a restart, a leader moved,
 #: an outage) before it gives up.
 REPLAY_PATIENCE = 600.0
+
+
+async def _record_holds_the_tables(conn: AsyncConnection, js: JetStreamContext) -> None:
+    """Raise ``RecordIncomplete`` when the tables know of a time before the record's first
+    event (``TROVE_EVENTS_MAX_AGE_SECONDS`` removed what came before): emptied, they
+    would be rebuilt from what is left, and the rest lost without a word."""
+    oldest = (await conn.execute(_OLDEST_PROJECTED)).scalar()
+    if oldest is None:
+        return
+    first = await _first_event_time(js)
+    if first is not None and oldest >= first - RECORD_CLOCK_SLACK:
+        return
+    since = f"starts at {first.isoformat()}" if first is not None else "holds no event"
+    raise RecordIncomplete(
+        f"the tables go back to {oldest.isoformat()} and the event record {since}: its "
+        "retention removed what came before, and a whole replay would rebuild only what "
+        "is left. Restore the tables from a snapshot taken after the record's start and "
+        "run `trove replay --since` the snapshot's time"
+    )
+
+
+async def _first_event_time(js: JetStreamContext) -> datetime | None:
+    """When the stream stored the first event it still holds (None when it holds none)."""
+    first = await js.pull_subscribe(
+        f"{EVENTS_PREFIX}.>",
+        stream=EVENTS_STREAM,
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            mem_storage=True,
+            num_replicas=1,
+        ),
+    )
+    try:
+        msgs = await first.fetch(1, timeout=READ_WAIT)
+    except TimeoutError:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await first.unsubscribe()
+    return msgs[0].metadata.timestamp
 
 
 async def _first_event_since(js: JetStreamContext, since: datetime) -> int:
@@ -435,6 +484,7 @@ async def replay(
             await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REBUILD_LOCK})
         async with engine.begin() as conn:
             if truncate:
+                await _record_holds_the_tables(conn, bus.js)
                 await conn.execute(
                     text(f"TRUNCATE {', '.join(PROJECTION_TABLES)} RESTART IDENTITY CASCADE")
                 )
@@ -592,7 +642,7 @@ def run_replay(
                 nats_url, database_url, policy, truncate=truncate, learning=learning, since=since
             )
         )
-    except NotEmpty as exc:
+    except (NotEmpty, RecordIncomplete) as exc:
         print(f"error: {exc}")
         return 2
     except ReplayStalled as exc:
