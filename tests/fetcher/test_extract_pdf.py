@@ -167,6 +167,17 @@ def test_a_page_too_long_to_interpret_ends_the_reading_within_a_bounded_time() -
     assert (found.title, found.text_chars) == ("Dense", 0)
 
 
+def test_a_title_made_to_backtrack_the_no_title_check_is_judged_within_a_bounded_time() -> None:
+    # "/" after "/" and a line break: a path's pattern tried every split of them, the
+    # GIL held (26 s for 100 KB). Judged as far as a title is kept, it reads as a path:
+    # no title, and the first line of the text names the document.
+    body = pdf([ENGLISH], title="/" * 100_000 + "\nx")
+    started = time.process_time()
+    found = extract(body, url=URL, content_type="application/pdf", detect_language=False)
+    assert time.process_time() - started < 2
+    assert found.title == ENGLISH
+
+
 def test_a_form_drawn_again_and_again_ends_the_reading_within_a_bounded_time() -> None:
     # pypdf's limits hold per stream, and a form is interpreted afresh each time a page
     # draws it: a file of 2 KB multiplied them into a minute of a parse thread.

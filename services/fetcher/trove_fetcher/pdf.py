@@ -179,7 +179,9 @@ def _read(body: bytes) -> PdfText:
     if info is not None:
         raw = info.get("/Title")
         raw = raw.get_object() if raw is not None else None  # written apart: "7 0 R"
-        if isinstance(raw, str) and not _NO_TITLE.match(raw.strip()):
+        # Judged as far as it is kept: over a whole /Title, "/" repeated and a line
+        # break made the match backtrack for hours, the GIL held (20 KB: 1.3 s).
+        if isinstance(raw, str) and not _NO_TITLE.match(raw.strip()[:_MAX_TITLE]):
             title = raw
     parts: list[str] = []
     size = 0
