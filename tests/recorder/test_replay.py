@@ -20,8 +20,8 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import StackUrls, eventually
-from tests.recorder.test_recorder_service import completed, count
 from tests.recorder.test_database_outage import DISK_FULL, TIMED_OUT
+from tests.recorder.test_recorder_service import completed, count
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
 from trove_recorder.errors import LockLost, RecordIncomplete
 from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, replay, since_of
