@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gzip
 import random
 import time
@@ -35,7 +36,6 @@ from trove_fetcher.errors import (
 )
 from trove_fetcher.extract import extract
 from trove_fetcher.http import (
-    MOST_CARRIED,
     MOST_MEMBERS,
     BodyReader,
     FetchLimits,
@@ -46,7 +46,7 @@ from trove_fetcher.http import (
     same_site,
 )
 from trove_fetcher.strategies import HTTP
-from trove_fetcher.transport import PoolConfig, build_client
+from trove_fetcher.transport import MOST_CARRIED, PoolConfig, build_client
 from trove_schema.events import CrawlOutcome
 from trove_schema.settings import FetcherSettings
 
@@ -148,6 +148,27 @@ def _pieces(exchange: Exchange) -> None:
     for _ in range(5000):
         exchange.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
     exchange.wfile.write(b"0\r\n\r\n")
+
+
+def _early_hints_for_ever(exchange: Exchange) -> None:
+    """A 103 after another and never the answer, as long as the client reads."""
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n" * 1000
+    with contextlib.suppress(OSError):
+        while not exchange.server.owner.stopping.is_set():
+            exchange.wfile.write(hints)
+
+
+def _padded_chunks(exchange: Exchange) -> None:
+    """Chunks of 16 bytes, each behind 90 KiB of chunk extension (h11 drops it unread),
+    as long as the client reads."""
+    exchange.send_response(200)
+    exchange.send_header("Content-Type", "text/html")
+    exchange.send_header("Transfer-Encoding", "chunked")
+    exchange.end_headers()
+    chunk = b"10;" + b"x" * 90 * 1024 + b"\r\n" + b"y" * 16 + b"\r\n"
+    with contextlib.suppress(OSError):
+        while not exchange.server.owner.stopping.is_set():
+            exchange.wfile.write(chunk)
 
 
 def _slow(exchange: Exchange) -> None:
@@ -253,6 +274,8 @@ ROUTES: dict[str, Any] = {
     "/coding-none": _encoded(PAGE, "none"),
     "/crumbs": _crumbs,
     "/pieces": _pieces,
+    "/early-hints-for-ever": _early_hints_for_ever,
+    "/padded-chunks": _padded_chunks,
     "/port-twice": _redirect("http://b.trove.test:80:80/page", 301),
     "/coding-charset": _encoded(PAGE, "utf-8"),
     "/stall": stall,
@@ -538,6 +561,19 @@ async def test_a_body_sent_a_byte_a_chunk_is_given_up_before_it_holds_the_loop(
     assert streamed.outcome is CrawlOutcome.SUCCESS, streamed.error_message
     assert streamed.body is not None
     assert len(streamed.body) == 5000 * 43
+
+
+@pytest.mark.parametrize("path", ["/early-hints-for-ever", "/padded-chunks"])
+async def test_an_answer_that_carries_more_than_its_bound_on_the_wire_is_given_up(
+    client: httpx.AsyncClient, server: LocalServer, path: str
+) -> None:
+    """Bytes the body reader never counts: a 103 after another before any final answer
+    (httpcore reads them as long as they come), a chunk's extensions (h11 drops them).
+    One kept a core busy for the request's whole timeout, the other carried gigabytes."""
+    result = await get(client, url(server, path))
+    assert result.outcome is CrawlOutcome.FAILED
+    assert result.error_message is not None
+    assert "in answer to one request" in result.error_message
 
 
 @pytest.mark.parametrize("path", ["/coding-none", "/coding-charset"])

@@ -65,7 +65,7 @@ from trove_fetcher.errors import (
     UndecodableBody,
     UnsupportedContent,
 )
-from trove_fetcher.transport import ANSWER_TIME, AnswerTime
+from trove_fetcher.transport import ANSWER_TIME, MOST_CARRIED, AnswerTime
 from trove_schema.events import MAX_URL_LENGTH, CrawlOutcome
 from trove_schema.media import GZIP_TYPES, is_gzipped_xml, media_type
 from trove_schema.settings import FetcherSettings
@@ -539,13 +539,6 @@ CRUMBS_AFTER = 4096
 CRUMB_BYTES = 8
 MOST_PIECES = 65_536
 SMALL_PIECE = 64
-
-
-#: A body stops once more than this many times the cap came over the network. A stream
-#: carries more than it holds only by its framing: 5 bytes a stored block, and as many
-#: a flush, which a server streaming a page may do every few dozen bytes (+9% at every
-#: 64 bytes of text that does not compress).
-MOST_CARRIED = 2
 
 
 @dataclass(slots=True)

@@ -46,6 +46,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 import httpcore
 import httpx
@@ -144,6 +145,59 @@ class StaticHosts:
         return None
 
 
+#: A body stops once more than this many times the cap came over the network (the
+#: body reader's count, ``http``). A stream carries more than it holds only by its
+#: framing: 5 bytes a stored block, and as many a flush, which a server streaming a
+#: page may do every few dozen bytes (+9% at every 64 bytes of text that does not
+#: compress).
+MOST_CARRIED = 2
+#: What one answer may carry on the wire besides ``MOST_CARRIED`` times the body cap
+#: (``_MeteredStream``): its headers (h11 reads 100 KB at most) and a few informational
+#: answers.
+ANSWER_OVERHEAD_BYTES = 1024 * 1024
+
+
+class _MeteredStream(httpcore.AsyncNetworkStream):
+    """A connection that carries at most ``most`` bytes in answer to one request (the
+    count starts again as the next request is written). The body reader counts only
+    the body: httpcore reads informational answers (a 103, then another, for as long as
+    they come) before the final one, and h11 drops a chunk's extensions unread, so a
+    host could keep a core busy for the whole request timeout, or send gigabytes."""
+
+    __slots__ = ("_carried", "_inner", "_most")
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream, most: int) -> None:
+        self._inner = inner
+        self._most = most
+        self._carried = 0
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        data = await self._inner.read(max_bytes, timeout)
+        self._carried += len(data)
+        if self._carried > self._most:
+            raise httpcore.ReadError(f"more than {self._most} bytes in answer to one request")
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        self._carried = 0
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> httpcore.AsyncNetworkStream:
+        tls = await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return _MeteredStream(tls, self._most)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
 class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
     """Resolves, checks every address, then connects the inner backend to the IP.
 
@@ -160,9 +214,12 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         inner: httpcore.AsyncNetworkBackend | None = None,
         exclusions: Exclusions = NO_EXCLUSIONS,
         egress: EgressWatch | None = None,
+        most_carried: int | None = None,
     ) -> None:
         self.policy = policy
         self.exclusions = exclusions
+        #: The most one answer carries on the wire (``_MeteredStream``); None: no bound.
+        self.most_carried = most_carried
         #: Every TCP connection's outcome, to tell the pod's egress away from the hosts'.
         self.egress = EgressWatch() if egress is None else egress
         self._static = static or StaticHosts()
@@ -257,7 +314,8 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
                 error = exc
             else:
                 self.egress.connected(address)
-                return stream
+                most = self.most_carried
+                return stream if most is None else _MeteredStream(stream, most)
         assert error is not None
         away = self.egress.failed(address, error)
         if away is not None:
@@ -647,6 +705,7 @@ def build_network(
         inner=network_backend,
         exclusions=Exclusions.from_settings(settings) if exclusions is None else exclusions,
         egress=EgressWatch(EgressConfig.for_settings(settings)),
+        most_carried=MOST_CARRIED * settings.max_body_bytes + ANSWER_OVERHEAD_BYTES,
     )
 
 
