@@ -275,9 +275,7 @@ def render_budgets(found: DomainAudit, console: Console) -> None:
         return
     since = found.pages_counted.since
     began = (
-        f", since {datetime.fromtimestamp(since, UTC):%Y-%m-%d %H:%M} UTC"
-        if since and found.pages_counted.pages
-        else ""
+        f", since {_when(since, '%Y-%m-%d %H:%M')}" if since and found.pages_counted.pages else ""
     )
     console.print(
         Text(
@@ -423,5 +421,10 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
     console.print(table)
 
 
-def _when(at: float) -> str:
-    return f"{datetime.fromtimestamp(at, UTC):%Y-%m-%d %H:%M:%S} UTC"
+def _when(at: float, spec: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """``at`` as a UTC time; one past any calendar (a damaged record's) as its number,
+    where it raised and the operator got a traceback instead of the host."""
+    try:
+        return f"{datetime.fromtimestamp(at, UTC):{spec}} UTC"
+    except (OverflowError, OSError, ValueError):
+        return f"{at:g} (not a time)"

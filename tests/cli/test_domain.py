@@ -18,10 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from tests.conftest import StackUrls
 from tests.recorder.test_lookups import indexes, plan_of
 from tests.support import run_trove
-from trove_cli.domain import _COUNTS, collect_domain, host_named, render_domain
+from trove_cli.domain import _COUNTS, DomainAudit, collect_domain, host_named, render_domain
 from trove_discovery.discovery import Discovery
 from trove_recorder.projections import apply_batch
 from trove_recorder.retries import RetryPolicy
+from trove_schema.budgets import HostCount
 from trove_schema.bus import Bus
 from trove_schema.errors import InvalidURL
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
@@ -324,6 +325,14 @@ async def test_the_domain_shows_a_budget_whose_cycle_is_over_as_counting_from_no
     assert found.pages_counted is not None
     assert found.pages_counted.pages == 0
     assert found.site_hosts == []
+
+
+def test_a_budget_count_dated_past_any_calendar_is_shown_as_its_number() -> None:
+    # A damaged host count in trove_seen: the audit is shown, not a traceback.
+    found = DomainAudit(host="odd.example", pages_counted=HostCount(pages=3, since=1e18))
+    out = io.StringIO()
+    render_domain(found, Console(file=out, width=200))
+    assert "since 1e+18 (not a time)" in out.getvalue()
 
 
 async def test_trove_domain_command_prints_the_audit(
