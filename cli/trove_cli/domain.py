@@ -41,6 +41,7 @@ from trove_schema.budgets import (
 )
 from trove_schema.errors import InvalidPriors, InvalidURL
 from trove_schema.policy import (
+    PACE_EASE,
     STRATEGIES,
     HostPolicy,
     LearningConfig,
@@ -373,7 +374,8 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
             else "its next request finds out whether it still redirects"
         )
         console.print(Text(f"  moved to {policy.moved_to} (its redirects keep the path): {asked}"))
-    base = (found.politeness or {}).get("gap") or config.min_gap
+    # Read as the fetchers read it: a record's gap within the longest configured.
+    base = min((found.politeness or {}).get("gap") or config.min_gap, config.max_gap)
     gap = host_gap(policy, base, config)
     if policy.response_ms is None:
         console.print(Text(f"  gap {gap:g} s (no response timed yet)"))
@@ -383,6 +385,21 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
                 f"  gap {gap:g} s: at least {config.response_factor:g} x the median answer "
                 f"time of {len(policy.recent_ms) or 1} answer(s), {policy.response_ms:.0f} ms,"
                 f" never below {base:g} s"
+            )
+        )
+    if policy.refused_after:
+        console.print(
+            Text(
+                f"  refusing with 429s: {policy.refused_after:g} s after its last answer "
+                "at least (the wait it asked included); the pauses decide until it answers"
+            )
+        )
+    elif policy.pace:
+        pace = min(policy.pace, config.rate_max)
+        console.print(
+            Text(
+                f"  pace {pace:g} s between requests' starts: learned from its 429s, a floor "
+                f"of the gap that eases by {1 - PACE_EASE:.1%} with each answer"
             )
         )
     sent = "sent" if send_validators(policy) else "not sent (the host ignores them)"

@@ -195,6 +195,8 @@ async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) 
     assert "rate level 1" in printed  # the 429
     assert "banned Trove at 2026-11-23 12:04:00 UTC" in printed
     assert "gap 10 s: at least 10 x the median answer time of 4 answer(s), 40 ms" in printed
+    # A minute after its last answer, told to wait another; no answer has ended the run.
+    assert "refusing with 429s: 120 s after its last answer at least" in printed
     assert "validators sent: 0 answered 304" in printed
     estimates = next(line for line in printed.splitlines() if "│ page" in line and "http" in line)
     assert "chosen" in estimates

@@ -323,7 +323,7 @@ async def test_a_host_that_challenges_its_robots_txt_is_asked_nothing_else_for_i
     assert min(slots.values()) >= asked[0].wall + ban - OVERHEAD
 
 
-async def test_a_rate_limited_host_is_left_alone_for_doubling_pauses_or_as_long_as_it_asks(
+async def test_a_rate_limited_host_is_left_alone_for_doubling_pauses_until_an_answer_forgives(
     stack: StackUrls, bus: Bus, state_dir: Path
 ) -> None:
     web = LearningWeb(pages=10, limiting=False)
@@ -340,21 +340,71 @@ async def test_a_rate_limited_host_is_left_alone_for_doubling_pauses_or_as_long_
             web.limiting = False  # an answer forgives the refusals
             await publish_work(bus, urls[5:6])
             await seen(local, running.witness, {"ratelimit": 6}, timeout=20)
-            web.limiting, web.retry_after = True, 1.0
-            await publish_work(bus, urls[6:9])
-            await seen(local, running.witness, {"ratelimit": 9}, timeout=20)
+            forgiven = await eventually(
+                lambda: policy_of(bus, "ratelimit"),
+                until=lambda p: p.attempts == 6,
+                timeout=20,
+                what="the answer folded",
+            )
         limited = pages(running.witness, "ratelimit")[1:]
-    assert [r.status for r in limited] == [429] * 4 + [200] + [429] * 3
+    assert [r.status for r in limited] == [429] * 4 + [200]
     # Without Retry-After: each pause twice the one before (a tenth either way: jitter).
     doubling = intervals(limited[:4])
     for level, waited in enumerate(doubling):
         nominal = base * 2**level
         assert 0.9 * nominal <= waited <= 1.1 * nominal + LATE, (level, doubling)
-    # With Retry-After: 1 s, honoured as asked at the first refusal (not shortened),
-    # then doubled: the wait it asked for did not end the refusals.
-    first, second = intervals(limited[5:])
+    assert (forgiven.rate_level, forgiven.refused_after) == (0, 0.0)
+    # The run taught a pace: at least the longest spacing refused (since the first
+    # page's answer), which the next requests keep to.
+    refused_after = limited[3].monotonic - pages(running.witness, "ratelimit")[0].monotonic
+    assert forgiven.pace >= refused_after
+
+
+async def test_a_retry_after_is_waited_as_asked_at_the_first_refusal_then_doubled(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    web = LearningWeb(pages=10, limiting=False)
+    async with serve_learning_web(web) as running:
+        urls = web.urls("ratelimit")
+        settings = env(web, 0.05)
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            await publish_work(bus, urls[:1])  # robots.txt and a page, while it answers
+            await seen(local, running.witness, {"ratelimit": 1}, timeout=20)
+            web.limiting, web.retry_after = True, 1.0
+            await publish_work(bus, urls[1:4])
+            await seen(local, running.witness, {"ratelimit": 4}, timeout=20)
+        limited = pages(running.witness, "ratelimit")[1:]
+    assert [r.status for r in limited] == [429] * 3
+    # Retry-After: 1 s, honoured as asked at the first refusal (not shortened), then
+    # doubled: the wait it asked for did not end the refusals.
+    first, second = intervals(limited)
     assert 1.0 <= first <= 1.0 + 0.25 + LATE, (first, second)
     assert 2.0 <= second <= 2.0 + 0.25 + LATE, (first, second)
+
+
+async def test_a_strict_rate_limiter_is_asked_at_the_pace_it_let_through_not_refused_each_page(
+    stack: StackUrls, bus: Bus, state_dir: Path
+) -> None:
+    # One request every half second, robots.txt included; asked at a gap of 0.05 s, with
+    # rate pauses of 0.2, 0.4 s. Before a pace was learned, the page after each answer
+    # was refused, and often the one after its pause too: two refusals an answer.
+    web = LearningWeb(pages=20, pace_window=0.5)
+    async with serve_learning_web(web) as running:
+        settings = env(web, 0.05, TROVE_RATE_PAUSE_SECONDS="0.2")
+        async with services(stack, state_dir, settings, only=("fetcher",)) as local:
+            await publish_work(bus, web.urls("paced"))
+            await seen(local, running.witness, {"paced": web.pages}, timeout=60)
+        asked = running.witness.requests(LearningWeb.host("paced"))
+    statuses = [r.status for r in asked]
+    refused = statuses.count(429)
+    # The server's own log: robots.txt and the first answers teach the pace (a run of
+    # refusals each), and every request from the third answer on is let through.
+    third = [n for n, status in enumerate(statuses) if status == 200][2]
+    assert refused <= 6, statuses
+    assert 429 not in statuses[third:], statuses
+    assert len(statuses) - third >= web.pages - 6, statuses
+    let_through = [r for r in asked if r.status == 200]
+    assert min(intervals(let_through)) >= web.pace_window
 
 
 async def test_a_down_host_costs_one_attempt_per_pause_not_one_per_url(

@@ -91,6 +91,17 @@ async def test_ratelimit_host_sends_429_until_released(served: RunningLearningWe
     assert (await get(served, "ratelimit", "/a/1")).status_code == 200
 
 
+async def test_paced_host_lets_one_request_through_a_window_robots_txt_counted(
+    served: RunningLearningWeb,
+) -> None:
+    served.web.pace_window = 3_600.0
+    assert (await get(served, "paced", "/robots.txt")).status_code == 200
+    refused = await get(served, "paced", "/a/1")
+    assert (refused.status_code, "retry-after" in refused.headers) == (429, False)
+    served.web.pace_window = 0.0
+    assert (await get(served, "paced", "/a/1")).status_code == 200
+
+
 async def test_down_host_resets_the_connection_until_it_is_back(
     served: RunningLearningWeb,
 ) -> None:

@@ -500,6 +500,116 @@ def test_answers_already_in_flight_escalate_once() -> None:
     assert policy.rate_level == 2
 
 
+class Limiter:
+    """A host that lets one request through every ``window`` seconds, counted from the
+    last it let through, and answers any sooner 429 (with the exact wait left as its
+    Retry-After when ``tells``), asked by a crawler that keeps to ``host_gap`` from each
+    answer's end and to each pause."""
+
+    def __init__(self, window: float, *, tells: bool = False, gap: float = 10.0) -> None:
+        self.window, self.tells, self.gap = window, tells, gap
+        self.policy, self.now = HostPolicy(), T0
+        self.let_through_at = -math.inf
+        self.answered = self.refused = 0
+
+    def run(self, seconds: float) -> Limiter:
+        end = self.now + seconds
+        while True:
+            start = max(self.now, self.policy.paused_until)
+            if start >= end:
+                break
+            waited = start - self.let_through_at
+            if waited >= self.window:
+                self.let_through_at = start
+                self.answered += 1
+                event = content(page(self.answered), "http", start + 0.1)
+            else:
+                self.refused += 1
+                wait = self.window - waited if self.tells else None
+                event = attempt(page(1), "http", CrawlOutcome.BLOCKED_4XX, at=start + 0.1,
+                                duration=0.1, status_code=429, retry_after=wait)  # fmt: skip
+            self.policy = observe(self.policy, Observation.of(event), CONFIG)
+            self.now = start + 0.1 + host_gap(self.policy, self.gap, CONFIG)
+        return self
+
+
+@pytest.mark.parametrize("tells", [False, True], ids=["no-retry-after", "exact-retry-after"])
+@pytest.mark.parametrize("window", [300.0, 900.0])
+def test_a_strict_rate_limiter_is_asked_at_its_pace_and_refuses_few_requests_over_a_week(
+    window: float, tells: bool
+) -> None:
+    # Without a pace, each answer forgave the refusals and the next request came a gap
+    # later: three refusals in four without Retry-After, one in two with an exact one.
+    host = Limiter(window, tells=tells).run(7 * 86_400)
+    assert host.refused <= 0.03 * host.answered, (host.answered, host.refused)
+    most = 7 * 86_400 / window
+    assert host.answered >= 0.75 * most, (host.answered, most)
+    assert window <= host.policy.pace <= 2 * window
+
+
+def test_a_stray_429_slows_a_host_a_little_and_for_a_few_hours() -> None:
+    host = Limiter(0.0)
+    host.run(3_600)
+    host.window = math.inf  # one refusal, then it lets every request through again
+    host.run(5)
+    host.let_through_at, host.window = -math.inf, 0.0
+    host.run(200)
+    assert host.refused == 1
+    # Refused 10 s after an answer, let through after a minute's pause: the limit is
+    # somewhere between, and the pace twice the refused spacing, a quarter more.
+    assert 10.0 < host.policy.pace <= 2.5 * host.gap
+    host.run(12 * 3_600)
+    assert host.policy.pace == 0.0
+    assert host_gap(host.policy, host.gap, CONFIG) == host.gap
+
+
+def test_a_limiter_that_loosens_tenfold_is_asked_near_its_new_pace_within_two_days() -> None:
+    host = Limiter(600.0).run(86_400)
+    learned = host.policy.pace
+    assert learned >= 600.0
+    host.window = 60.0
+    host.run(86_400)
+    assert host.policy.pace < 0.5 * learned, host.policy.pace
+    refused = host.refused
+    host.run(86_400)
+    # Let through a rate pause (a minute) after a refusal at its window, a quarter more.
+    assert host.policy.pace <= 2.5 * host.window, host.policy.pace
+    assert host.refused - refused <= 10
+
+
+def test_a_pace_is_past_the_longest_gap_but_within_the_longest_backoff() -> None:
+    config = LearningConfig(max_gap=120.0, rate_max=3_600.0)
+    assert host_gap(HostPolicy(pace=900.0), 10.0, config) == 900.0
+    assert host_gap(HostPolicy(pace=90_000.0), 10.0, config) == 3_600.0
+    # Within a run of refusals the pauses decide: a refusal spent none of the window.
+    assert host_gap(HostPolicy(pace=900.0, refused_after=30.0), 10.0, config) == 10.0
+
+
+def test_503s_a_quota_spent_for_hours_and_a_run_ended_a_day_later_teach_no_pace() -> None:
+    answer = content(page(1), "http", T0)
+    overloaded = observe(HostPolicy(), Observation.of(answer), CONFIG)
+    for k in range(1, 4):
+        unavailable = attempt(page(1), "http", CrawlOutcome.BLOCKED_5XX, at=T0 + 60.0 * k,
+                              status_code=503)  # fmt: skip
+        overloaded = observe(overloaded, Observation.of(unavailable), CONFIG)
+    overloaded = observe(overloaded, Observation.of(content(page(2), "http", T0 + 600)), CONFIG)
+    assert overloaded.pace == 0.0
+    # A daily quota: refused from two hours after the last answer until the next day.
+    quota = observe(HostPolicy(), Observation.of(answer), CONFIG)
+    for hours in (2, 4, 8):
+        quota = observe(quota, rate_limited(T0 + 3_600.0 * hours), CONFIG)
+    quota = observe(quota, Observation.of(content(page(2), "http", T0 + 86_400)), CONFIG)
+    assert quota.pace == 0.0
+    assert quota.rate_level == 0
+    # Refused a minute after an answer and told to wait another, then left alone a day:
+    # the window is somewhere past two minutes, and nothing says where.
+    once = observe(HostPolicy(), Observation.of(answer), CONFIG)
+    once = observe(once, rate_limited(T0 + 60, retry_after=60.0), CONFIG)
+    assert once.refused_after == pytest.approx(120.0, abs=0.1)
+    once = observe(once, Observation.of(content(page(2), "http", T0 + 86_400)), CONFIG)
+    assert (once.pace, once.refused_after) == (0.0, 0.0)
+
+
 def down(at: float) -> Observation:
     return Observation.of(
         attempt(

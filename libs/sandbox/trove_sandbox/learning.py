@@ -28,6 +28,9 @@ changing      /c/<rate>/N whose text changes as a Poisson process (mean period
               Last-Modified, so an unchanged page answers a conditional GET with 304
 scripts       an empty JavaScript shell as HTML, whatever is asked for: no strategy
               gets its content
+paced         a strict rate limiter: one request (robots.txt included) every
+              ``pace_window`` seconds, counted from the last it let through; 429 to any
+              sooner, without Retry-After; plain pages otherwise
 ============  ======================================================================
 
 Hosts listen on 127.0.0.40 onwards, one IP each, and are named ``<kind>.learn.test``.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import math
 import os
 import random
 import time
@@ -68,6 +72,7 @@ KINDS: Final = (
     "changing",
     "mixed",
     "scripts",
+    "paced",
 )
 FIRST_IP = 40
 DOMAIN = "learn.test"
@@ -116,12 +121,15 @@ class LearningWeb:
     clock: Callable[[], float] = time.time
     #: When the clock started (change times count from here).
     epoch: float = 0.0
+    #: The ``paced`` host's window (seconds of the monotonic clock).
+    pace_window: float = 1.0
 
     def __post_init__(self) -> None:
         if self.epoch == 0.0:
             self.epoch = self.clock()
         self._rng = random.Random(self.seed)
         self._changes: dict[str, list[float]] = {}
+        self._let_through_at = -math.inf
 
     # -------------------------------------------------------------- names and URLs
 
@@ -194,6 +202,11 @@ class LearningWeb:
         if kind == "ratelimit" and self.limiting:
             extra = () if self.retry_after is None else (("Retry-After", f"{self.retry_after:g}"),)
             return Response(429, (("Content-Type", "text/plain"), *extra), b"slow down\n")
+        if kind == "paced":
+            now = time.monotonic()
+            if now - self._let_through_at < self.pace_window:
+                return Response(429, (("Content-Type", "text/plain"),), b"slow down\n")
+            self._let_through_at = now
         if kind == "flaky" and self._rng.random() < self.flaky_share:
             return _reset() if self._rng.random() < 0.5 else Response(200, delay=self.flaky_stall)
         if path == "/robots.txt":

@@ -23,6 +23,15 @@ learns:
   already in flight when the host was last escalated do not escalate it again; a ban or
   a challenge pauses it for ``ban_pause``. A healthy answer forgives the levels.
 * **How gently to go**: the gap grows with the host's recent response time (a median).
+  A host that refuses with 429s at the gap (a rate limiter admitting one request every
+  few minutes) sets a **pace**: when a run of refusals ends, the spacing that was let
+  through (from the start of the last answered request to this one's), or twice the
+  longest spacing refused when that is less, with a margin. It is a floor of the gap
+  (past ``max_gap``, up to ``rate_max``) that eases by ``PACE_EASE`` with each answer
+  after, so a limiter that loosens is found again; one that does not refuses once in a
+  few dozen requests instead of most of them. Only 429s teach it: a 503 is a host
+  overloaded or down, and refusals at spacings past ``rate_max`` are a quota, which the
+  pauses wait out.
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
 * **Whether it moved**: a host that answers ``MOVE_CONFIRMATIONS`` requests in a row,
@@ -103,6 +112,15 @@ COUNT_DIGITS = 4
 #: moved to a subdomain (``/docs/``, ``/api/``) while the home page stays would make
 #: every other page "moved" to addresses that do not exist, and end its re-crawls.
 MOVE_CONFIRMATIONS = 2
+#: A pace is set this much above the spacing a run of refusals let through: a limiter
+#: that says exactly when to come back (Retry-After) lets through a request at the very
+#: end of its window, and a pace at that spacing is refused again at its first ease.
+PACE_MARGIN = 1.25
+#: Each answer after a pace was set eases it by this: the margin is spent in about 45
+#: answers, so a limiter that keeps its window refuses about once in fifty requests,
+#: where without a pace it refused the request after each answer; one that loosens
+#: tenfold from a ten-minute window is asked near its new pace within two days.
+PACE_EASE = 0.995
 #: Redirects that say a page moved for good; a 302 or 307 is for now.
 PERMANENT_REDIRECTS = frozenset({301, 308})
 TIME_DIGITS = 3
@@ -357,6 +375,14 @@ class HostPolicy:
     move_section: str | None = None
     #: 1 when the home page (the root section) was among them.
     move_root: int = 0
+    #: The spacing (s) the host's rate limit was learned to ask between two requests'
+    #: starts (0: none): a floor of its gap.
+    pace: float = 0.0
+    #: When the last request the host answered started (its 429s measured from it).
+    answered_at: float = 0.0
+    #: The longest spacing since then at which it refused with a 429, its Retry-After
+    #: added (0: none, and no run of refusals under way).
+    refused_after: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         """Compact: fields at their default are left out. Lossless: ``observe`` rounds its
@@ -418,6 +444,9 @@ _SCALARS: dict[str, Any] = {
     "move_votes": 0,
     "move_section": None,
     "move_root": 0,
+    "pace": 0.0,
+    "answered_at": 0.0,
+    "refused_after": 0.0,
 }
 #: Text fields and their longest value (an origin holds a host name of up to 253).
 _TEXT_FIELDS = {"pause_reason": 64, "moved_to": 300, "move_origin": 300, "move_section": 300}
@@ -552,6 +581,8 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
     elif _answered(obs) and not in_flight:
         risk, rate = 0, 0  # forgiven: the host answers again
 
+    pace, answered_at, refused_after = _paced(policy, obs, in_flight, config)
+
     response_ms, recent = policy.response_ms, policy.recent_ms
     # Only answers tell how long the host takes to answer: a timeout's duration is the
     # client's limit, and a failure is left to the pauses above.
@@ -615,7 +646,44 @@ def observe(policy: HostPolicy, observation: Observation, config: LearningConfig
         move_votes=move_votes,
         move_section=move_section,
         move_root=move_root,
+        pace=round(pace, TIME_DIGITS),
+        answered_at=round(answered_at, TIME_DIGITS),
+        refused_after=round(refused_after, TIME_DIGITS),
     )
+
+
+def _paced(
+    policy: HostPolicy, obs: Observation, in_flight: bool, config: LearningConfig
+) -> tuple[float, float, float]:
+    """(pace, answered_at, refused_after) once ``obs`` is known."""
+    pace, answered_at, refused_after = policy.pace, policy.answered_at, policy.refused_after
+    if obs.status == 429 and obs.error_type == "rate_limited":
+        # Refused this long after the last answer, and told (Retry-After) to wait this
+        # much longer: the limiter's window is at least as long.
+        spacing = obs.started - answered_at
+        if obs.retry_after is not None and obs.retry_after > 0:
+            spacing += min(obs.retry_after, config.rate_max)
+        if answered_at and 0 < spacing <= config.rate_max:
+            refused_after = max(refused_after, spacing)
+    elif _answered(obs) and not obs.is_banned and obs.error_type != "blocked_403":
+        if not in_flight:
+            let_through = obs.started - answered_at
+            if refused_after and answered_at and let_through <= config.rate_max:
+                # A run of refusals ends: the spacing let through bounds the limiter's
+                # window from above, the longest refused from below. The pauses that
+                # doubled within the run overshoot it by up to their last; twice the
+                # longest refused does not, and is still past it. A run that ends
+                # later than the longest back-off (the host left alone a day) says
+                # nothing of a window.
+                pace = PACE_MARGIN * min(let_through, 2 * refused_after)
+                pace = min(pace, config.rate_max)
+            elif pace:
+                pace *= PACE_EASE
+            if pace < config.min_gap:
+                pace = 0.0
+            refused_after = 0.0
+        answered_at = max(answered_at, obs.started)
+    return pace, answered_at, refused_after
 
 
 def moved(policy: HostPolicy, now: float, config: LearningConfig) -> str | None:
@@ -787,16 +855,24 @@ def _explore_turn(policy: HostPolicy, url: str, config: LearningConfig) -> bool:
 
 
 def host_gap(policy: HostPolicy, base_gap: float, config: LearningConfig) -> float:
-    """Seconds between two requests to the host: longer when it answers slowly.
+    """Seconds between two requests to the host: longer when it answers slowly, and
+    not shorter than the pace its rate limit asks.
 
     ``base_gap`` already holds the host's Crawl-delay; the result is never below it
-    nor below ``min_gap``, and the learned part never above ``max_gap``.
+    nor below ``min_gap``, and the part learned from answer times never above
+    ``max_gap``. A pace may be longer (up to ``rate_max``): the host refused requests
+    closer than it, and a gap capped below it would be refused again each time.
     """
     gap = base_gap
     if policy.response_ms is not None:
         learned = config.response_factor * policy.response_ms / 1000.0
         gap = max(gap, min(learned, config.max_gap))
-    return max(gap, config.min_gap)
+    if policy.refused_after:
+        # Within a run of refusals the pauses decide; a refused request spent none of
+        # the limiter's window, so the next one is due when the pause ends, not a pace
+        # after the refusal (which took the pace for twice the window).
+        return max(gap, config.min_gap)
+    return max(gap, config.min_gap, min(policy.pace, config.rate_max))
 
 
 #: Once in this many conditional-free requests, a host that ignored validators is

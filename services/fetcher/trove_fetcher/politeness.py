@@ -332,10 +332,11 @@ class Politeness:
         )
 
     def gap_of(self, slot: DomainSlot) -> float:
-        """The host's gap now: its configured gap (or Crawl-delay), as its policy sets it,
-        never past the politeness settings' longest (a record's gap is read as written:
-        a hand-made one of 1e9 held its host for decades)."""
-        return min(host_gap(slot.policy, slot.gap, self.learning), self.learning.max_gap)
+        """The host's gap now: its configured gap (or Crawl-delay), as its policy sets it.
+        The gap a record holds is read within the politeness settings' longest (read as
+        written, a hand-made one of 1e9 held its host for decades); only a pace its 429s
+        taught goes past that, up to the longest back-off (``host_gap``)."""
+        return host_gap(slot.policy, min(slot.gap, self.learning.max_gap), self.learning)
 
     async def acquire(
         self,
@@ -618,7 +619,15 @@ def _usual_answer(slot: DomainSlot) -> float:
 
 def _said_if_paused(domain: str, before: HostPolicy, after: HostPolicy, now: float) -> None:
     """Count and log a pause this write decided (or made longer): the one line that
-    says why a host is left alone, when the operator asks why it is not crawled."""
+    says why a host is left alone, when the operator asks why it is not crawled. A
+    pace its 429s set is logged too: it slows the host for hours."""
+    if before.refused_after and not after.refused_after and after.pace:
+        log.info(
+            "host paced at %gs between requests: its 429s let one through %gs after an answer",
+            after.pace,
+            round(after.answered_at - before.answered_at, 1),
+            extra={"domain": domain, "pace_seconds": after.pace},
+        )
     if after.paused_until <= max(before.paused_until, now):
         return
     reason = after.pause_reason or "unknown"
