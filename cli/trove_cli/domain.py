@@ -377,7 +377,10 @@ def render_policy(found: DomainAudit, console: Console, now: float, config: Lear
     # Read as the fetchers read it: a record's gap within the longest configured.
     base = min((found.politeness or {}).get("gap") or config.min_gap, config.max_gap)
     gap = host_gap(policy, base, config)
-    if policy.response_ms is None:
+    paced = not policy.refused_after and gap == min(policy.pace, config.rate_max) > base
+    if paced:
+        console.print(Text(f"  gap {gap:g} s: the pace its 429s taught (below)"))
+    elif policy.response_ms is None:
         console.print(Text(f"  gap {gap:g} s (no response timed yet)"))
     else:
         console.print(

@@ -26,7 +26,7 @@ from trove_schema.budgets import HostCount
 from trove_schema.bus import Bus
 from trove_schema.errors import InvalidURL
 from trove_schema.events import CrawlCompleted, CrawlOutcome, Scope
-from trove_schema.policy import LearningConfig
+from trove_schema.policy import HostPolicy, LearningConfig
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import DOMAINS_BUCKET, SEEN_BUCKET, domain_key
 
@@ -216,6 +216,23 @@ async def test_the_domain_shows_the_learned_policy_and_why(engine: AsyncEngine) 
     assert "not paused (last pause: blocked_captcha)" in printed
     assert "risk level 0" in printed
     assert "gap 25 s" in printed  # 10 x 2.5 s: the last five answers
+
+
+def test_the_domain_shows_a_pace_its_429s_taught_as_what_decides_its_gap() -> None:
+    config = LearningConfig()
+    paced = DomainAudit(
+        host=HOST, policy=HostPolicy(pace=400.0, response_ms=40.0, recent_ms=(40.0,))
+    )
+    out = io.StringIO()
+    render_domain(paced, Console(file=out, width=200), now=START.timestamp())
+    printed = out.getvalue()
+    assert "gap 400 s: the pace its 429s taught" in printed
+    assert "pace 400 s between requests' starts: learned from its 429s" in printed
+    # One past the longest back-off (a hand-made record) is read within it.
+    far = DomainAudit(host=HOST, policy=HostPolicy(pace=1e9))
+    out = io.StringIO()
+    render_domain(far, Console(file=out, width=200), now=START.timestamp())
+    assert f"gap {config.rate_max:g} s: the pace" in out.getvalue()
 
 
 async def test_the_domain_shows_where_a_host_moved_and_until_when(engine: AsyncEngine) -> None:

@@ -585,6 +585,60 @@ def test_a_pace_is_past_the_longest_gap_but_within_the_longest_backoff() -> None
     assert host_gap(HostPolicy(pace=900.0, refused_after=30.0), 10.0, config) == 10.0
 
 
+def test_one_run_of_refusals_paces_a_host_at_most_at_the_longest_gap() -> None:
+    # Told to come back in ten minutes (a quota's reset, a maintenance), once: that
+    # is no window yet, and an hour's pace would hold the host for days.
+    answer = content(page(1), "http", T0)
+    once = observe(HostPolicy(), Observation.of(answer), CONFIG)
+    once = observe(once, rate_limited(T0 + 10, retry_after=600.0), CONFIG)
+    once = observe(once, Observation.of(content(page(2), "http", T0 + 611)), CONFIG)
+    assert once.pace == CONFIG.max_gap
+    # Refused again at that pace: a window it is, and the pace goes past the gap.
+    again = observe(once, rate_limited(T0 + 611 + CONFIG.max_gap, retry_after=600.0), CONFIG)
+    again = observe(again, Observation.of(content(page(3), "http", T0 + 1_400)), CONFIG)
+    assert CONFIG.max_gap < again.pace <= CONFIG.rate_max
+
+
+def test_a_host_refused_after_being_left_alone_an_hour_is_not_refusing_a_spacing() -> None:
+    answer = content(page(1), "http", T0)
+    idle = observe(HostPolicy(), Observation.of(answer), CONFIG)
+    idle = observe(idle, rate_limited(T0 + 3_000), CONFIG)
+    assert idle.refused_after == 0.0
+    idle = observe(idle, Observation.of(content(page(2), "http", T0 + 3_070)), CONFIG)
+    assert idle.pace == 0.0
+
+
+def polled(at: float, status: int, error: str, retry_after: float | None) -> Observation:
+    """A timeline poll's last answer, as the fetcher folds it."""
+    return Observation(
+        started=at - 0.1, at=at, url="https://social.example", strategy="mastodon_api",
+        success=False, is_banned=False, error_type=error, status=status,
+        retry_after=retry_after, duration_ms=None,
+    )  # fmt: skip
+
+
+def test_a_timeline_polls_limits_teach_the_pages_no_pace() -> None:
+    # An instance's API limits are not its pages', and its healthy polls fold nothing:
+    # a poll's 429 neither starts a run the pages' pace learns from, nor does a poll's
+    # nearly spent limit (answered with a 200) end one.
+    answer = content("https://social.example/@a/1", "http", T0)
+    host = observe(HostPolicy(), Observation.of(answer), CONFIG)
+    host = observe(host, polled(T0 + 30, 429, "rate_limited", 300.0), CONFIG)
+    assert host.refused_after == 0.0
+    host = observe(host, polled(T0 + 400, 200, "rate_spent", 60.0), CONFIG)
+    later = content("https://social.example/@a/2", "http", T0 + 500)
+    host = observe(host, Observation.of(later), CONFIG)
+    assert (host.pace, host.refused_after) == (0.0, 0.0)
+
+
+def test_an_answer_time_ahead_of_every_answer_is_forgotten_not_kept_for_ever() -> None:
+    damaged = HostPolicy(answered_at=1e11)
+    healed = observe(damaged, Observation.of(content(page(1), "http", T0)), CONFIG)
+    assert healed.answered_at == pytest.approx(T0 - 0.05)
+    healed = observe(healed, rate_limited(T0 + 10), CONFIG)
+    assert healed.refused_after > 0
+
+
 def test_503s_a_quota_spent_for_hours_and_a_run_ended_a_day_later_teach_no_pace() -> None:
     answer = content(page(1), "http", T0)
     overloaded = observe(HostPolicy(), Observation.of(answer), CONFIG)

@@ -23,15 +23,17 @@ learns:
   already in flight when the host was last escalated do not escalate it again; a ban or
   a challenge pauses it for ``ban_pause``. A healthy answer forgives the levels.
 * **How gently to go**: the gap grows with the host's recent response time (a median).
-  A host that refuses with 429s at the gap (a rate limiter admitting one request every
-  few minutes) sets a **pace**: when a run of refusals ends, the spacing that was let
-  through (from the start of the last answered request to this one's), or twice the
-  longest spacing refused when that is less, with a margin. It is a floor of the gap
-  (past ``max_gap``, up to ``rate_max``) that eases by ``PACE_EASE`` with each answer
-  after, so a limiter that loosens is found again; one that does not refuses once in a
-  few dozen requests instead of most of them. Only 429s teach it: a 503 is a host
-  overloaded or down, and refusals at spacings past ``rate_max`` are a quota, which the
-  pauses wait out.
+  A host that refuses pages with 429s at the gap (a rate limiter admitting one request
+  every few minutes) sets a **pace**: when a run of refusals ends, the spacing that was
+  let through (from the start of the last answered request to this one's), or twice
+  the longest spacing refused when that is less, with a margin. It is a floor of the
+  gap that eases by ``PACE_EASE`` with each answer after, so a limiter that loosens is
+  found again; one that does not refuses once in a few dozen requests instead of most
+  of them. One run sets it up to ``max_gap``; a run refused at a pace takes it up to
+  ``rate_max``. Only 429s to requests asked at about the gap teach it: a 503 is a host
+  overloaded or down, a refusal after the host was left alone is no spacing refused,
+  refusals at spacings past ``rate_max`` are a quota, which the pauses wait out, and a
+  timeline poll's answers are its API's.
 * **Whether validators help**: conditional requests answered 304 versus 200 with the
   same body.
 * **Whether it moved**: a host that answers ``MOVE_CONFIRMATIONS`` requests in a row,
@@ -657,13 +659,27 @@ def _paced(
 ) -> tuple[float, float, float]:
     """(pace, answered_at, refused_after) once ``obs`` is known."""
     pace, answered_at, refused_after = policy.pace, policy.answered_at, policy.refused_after
+    if obs.strategy not in STRATEGIES:
+        # A timeline poll's answer: an API's limits are not its pages', and its healthy
+        # answers are not folded, so none would end a run, nor measure a spacing.
+        return pace, answered_at, refused_after
+    if answered_at > obs.at:
+        answered_at = 0.0  # ahead of any answer (a damaged record): known from the next
     if obs.status == 429 and obs.error_type == "rate_limited":
-        # Refused this long after the last answer, and told (Retry-After) to wait this
-        # much longer: the limiter's window is at least as long.
         spacing = obs.started - answered_at
+        stale = obs.started - policy.escalated_at > _rate_run(config)
+        if not policy.rate_level or stale:
+            # A run starts. It teaches only when it was asked at about the host's gap: a
+            # host refused after being left alone an hour is not refusing a spacing.
+            usual = max(2 * host_gap(policy, config.min_gap, config), config.max_gap)
+            refused_after = 0.0
+            teaches = answered_at > 0 and 0 < spacing <= usual
+        else:
+            teaches = refused_after > 0  # a run that teaches, refused again
         if obs.retry_after is not None and obs.retry_after > 0:
+            # Told to wait this much longer: the limiter's window is at least as long.
             spacing += min(obs.retry_after, config.rate_max)
-        if answered_at and 0 < spacing <= config.rate_max:
+        if teaches and 0 < spacing <= config.rate_max:
             refused_after = max(refused_after, spacing)
     elif _answered(obs) and not obs.is_banned and obs.error_type != "blocked_403":
         if not in_flight:
@@ -674,9 +690,11 @@ def _paced(
                 # doubled within the run overshoot it by up to their last; twice the
                 # longest refused does not, and is still past it. A run that ends
                 # later than the longest back-off (the host left alone a day) says
-                # nothing of a window.
-                pace = PACE_MARGIN * min(let_through, 2 * refused_after)
-                pace = min(pace, config.rate_max)
+                # nothing of a window. Past the longest gap only when the host was
+                # paced already and refused at its pace: one run alone (a quota's
+                # reset, a maintenance's Retry-After) would hold it for days.
+                ceiling = config.rate_max if pace else min(config.max_gap, config.rate_max)
+                pace = min(PACE_MARGIN * min(let_through, 2 * refused_after), ceiling)
             elif pace:
                 pace *= PACE_EASE
             if pace < config.min_gap:

@@ -113,7 +113,9 @@ def outlasting(config: PolitenessConfig) -> float:
     it was written on: a request's hold (its timeout and ``HOLD_SLACK``), and the
     longest gap after it (``busy_until`` plus a gap, for a hold nobody released); a
     lease taken up to a second after "now" (the fetcher's ``LOCAL_WAIT``), and the
-    other pods' writes on the time before until their next reads."""
+    other pods' writes on the time before until their next reads. A pace a host's 429s
+    taught may be longer than the longest gap; its quarter's margin is far more than
+    the clocks' difference this covers."""
     reach = config.request_timeout + HOLD_SLACK + max(config.max_delay, config.min_delay)
     return reach + 1.0 + 2 * PROBE_INTERVAL
 

@@ -621,7 +621,7 @@ def _said_if_paused(domain: str, before: HostPolicy, after: HostPolicy, now: flo
     """Count and log a pause this write decided (or made longer): the one line that
     says why a host is left alone, when the operator asks why it is not crawled. A
     pace its 429s set is logged too: it slows the host for hours."""
-    if before.refused_after and not after.refused_after and after.pace:
+    if before.refused_after and not after.refused_after and after.pace > before.pace:
         log.info(
             "host paced at %gs between requests: its 429s let one through %gs after an answer",
             after.pace,
