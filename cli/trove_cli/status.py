@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from trove_cli.broker import connect
 from trove_cli.database import engine as database_engine
 from trove_cli.supervisor import Supervised, describe_exit, read_supervised
 from trove_schema.server_time import server_now
+from trove_schema.tables import REBUILD_LOCK
 from trove_schema.topology import DEAD_PREFIX, DEAD_STREAM, DOMAINS_BUCKET, declare
 
 #: The fields of the fetcher's DomainSlot (services/fetcher/trove_fetcher/politeness.py),
@@ -120,6 +122,9 @@ class Status:
     store_bytes: int | None = None
     store_limit: int | None = None
     store_by_stream: dict[str, int] = field(default_factory=dict)
+    #: A whole replay's rebuild (``rebuild_marks``): when it started, when the stream
+    #: stored the last event it applied, and whether a replay holds it now; None: none.
+    rebuild: tuple[float, float | None, bool] | None = None
 
 
 #: A table of more rows than this (as Postgres last counted them) is counted from a
@@ -225,6 +230,23 @@ async def _tables(engine: AsyncEngine, status: Status, exact_rows: int) -> None:
         status.outbox_backlog = int(backlog)
         status.outbox_held = int(held)
         status.outbox_oldest_seconds = None if oldest is None else max(float(oldest), 0.0)
+        if (await conn.execute(text("SELECT to_regclass('rebuild_marks')"))).scalar() is None:
+            return  # a database the services have not brought to this release yet
+        started, until, running = (await conn.execute(_REBUILD, {"lock": REBUILD_LOCK})).one()
+        if started is not None:
+            status.rebuild = (
+                started.timestamp(),
+                None if until is None else until.timestamp(),
+                bool(running),
+            )
+
+
+#: A whole replay's mark, and whether its lock is held (by a replay running now).
+_REBUILD = text(
+    "SELECT min(started_at), max(applied_until), EXISTS (SELECT 1 FROM pg_locks "
+    "WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock' AND objsubid = 1 "
+    "AND (CAST(classid AS bigint) << 32 | CAST(objid AS bigint)) = :lock) FROM rebuild_marks"
+)
 
 
 async def consumer_lag(js: JetStreamContext) -> list[ConsumerLag]:
@@ -534,6 +556,26 @@ def render_status(status: Status, console: Console, *, max_domains: int = 20) ->
     if status.outbox_held:
         outbox += f", {status.outbox_held} held by a replay (released when it ends)"
     parts.append(Text(outbox))
+    if status.rebuild is not None:
+        started, until, running = status.rebuild
+        begun = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
+        if running:
+            parts.append(
+                Text(f"A whole replay is rebuilding the tables (since {begun}).", "yellow")
+            )
+        else:
+            finish = (
+                f"--since {datetime.fromtimestamp(until, UTC).isoformat()}"
+                if until is not None
+                else "--truncate"
+            )
+            parts.append(
+                Text(
+                    f"A whole replay begun {begun} stopped before its end: the recorders wait, "
+                    f"the tables half rebuilt. `trove replay {finish}` finishes it.",
+                    "red",
+                )
+            )
     if status.store_bytes is not None:
         store = f"JetStream store: {size(status.store_bytes)}"
         if status.store_limit:

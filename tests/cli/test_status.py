@@ -34,6 +34,7 @@ from trove_schema import server_time as server_time_module
 from trove_schema.bus import Bus
 from trove_schema.policy import HostPolicy
 from trove_schema.server_time import server_now
+from trove_schema.tables import REBUILD_LOCK
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     DEAD_PREFIX,
@@ -328,6 +329,43 @@ async def test_tables_give_pages_by_status_attempts_by_outcome_and_the_outbox_ba
     assert status.outbox_backlog == 2
     assert status.outbox_oldest_seconds == pytest.approx(90.0, abs=0.01)
     assert status.outbox_held == 1  # a replay's, until it ends
+
+
+async def test_a_whole_replay_is_shown_running_or_stopped_with_what_finishes_it(
+    engine: AsyncEngine, bus: Bus
+) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO rebuild_marks (started_at, applied_until) "
+                "VALUES ('2026-12-01T10:00Z', '2026-12-01T11:30Z')"
+            )
+        )
+    async with engine.connect() as replaying:
+        await replaying.execute(text("SELECT pg_advisory_lock(:k)"), {"k": REBUILD_LOCK})
+        running = await collect_status(bus.js, engine)
+        await replaying.execute(text("SELECT pg_advisory_unlock_all()"))
+    stopped = await collect_status(bus.js, engine)
+
+    assert running.rebuild is not None
+    assert running.rebuild[2]
+    assert stopped.rebuild is not None
+    assert not stopped.rebuild[2]
+    shown = {}
+    for name, status in (("running", running), ("stopped", stopped)):
+        out = io.StringIO()
+        render_status(status, Console(file=out, width=300))
+        shown[name] = out.getvalue()
+    assert (
+        "A whole replay is rebuilding the tables (since 2026-12-01T10:00:00+00:00)"
+        in shown["running"]
+    )
+    assert "stopped before its end" in shown["stopped"]
+    assert "`trove replay --since 2026-12-01T11:30:00+00:00` finishes it" in shown["stopped"]
+    assert (await collect_status(bus.js, engine)).rebuild is not None
+    async with engine.begin() as conn:
+        await conn.execute(text("DELETE FROM rebuild_marks"))
+    assert (await collect_status(bus.js, engine)).rebuild is None
 
 
 async def test_tables_of_months_are_counted_from_a_sample(

@@ -9,18 +9,23 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from tests.conftest import eventually
 from tests.ports import free_port
 from tests.support import query
-from trove_recorder.errors import ReplayStalled
-from trove_recorder.replay import ReplayStats, replay
+from trove_recorder.errors import RebuildUnfinished, ReplayStalled
+from trove_recorder.replay import ReplayStats, rebuilding, replay
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import Provenance, SeedRejected
@@ -170,36 +175,80 @@ async def test_a_replay_since_a_time_resumes_across_a_server_restart(
         await target.dispose()
 
 
+async def stalled_whole_replay(
+    broker: Broker, database_url: str, target: AsyncEngine
+) -> tuple[list[SeedRejected], ReplayStalled]:
+    """A whole replay of ``RECORD`` events whose broker goes away for good midway: the
+    events, and what it ended with."""
+    events = await publish_rejections(broker.bus, RECORD, "all")
+    await upgrade_async(database_url)
+    async with target.connect() as held:
+        await hold(held, events[1])
+        running = asyncio.create_task(
+            replay(broker.server.url, database_url, POLICY, batch=100, patience=4, read_wait=1.0)
+        )
+        await until_it_waits(running, database_url)
+        broker.server.stop()
+        await held.rollback()
+    with pytest.raises(ReplayStalled, match=f"no event from NATS for 4 s.* of {RECORD}") as e:
+        await asyncio.wait_for(running, timeout=90)
+    return events, e.value
+
+
 async def test_a_replay_whose_broker_stays_away_ends_with_the_reason(
     broker: Broker, scratch_database: str
 ) -> None:
-    events = await publish_rejections(broker.bus, RECORD, "all")
-    await upgrade_async(scratch_database)
     target = create_async_engine(scratch_database)
     try:
-        async with target.connect() as held:
-            await hold(held, events[1])
-            running = asyncio.create_task(
-                replay(
-                    broker.server.url,
-                    scratch_database,
-                    POLICY,
-                    batch=100,
-                    patience=4,
-                    read_wait=1.0,
-                )
-            )
-            await until_it_waits(running, scratch_database)
-            broker.server.stop()
-            await held.rollback()
-        with pytest.raises(ReplayStalled, match=f"no event from NATS for 4 s.* of {RECORD}") as e:
-            await asyncio.wait_for(running, timeout=90)
+        _, stalled = await stalled_whole_replay(broker, scratch_database, target)
         # Everything it read before the broker went is applied, the batch it was reading
         # too (the record is these events alone: sequence n is the n-th), and the error
         # says from when to run it again.
-        read = int(re.search(r"at sequence (\d+)", str(e.value)).group(1))  # type: ignore[union-attr]
+        read = int(re.search(r"at sequence (\d+)", str(stalled)).group(1))  # type: ignore[union-attr]
         (row,) = await query(target, "SELECT count(*) AS n FROM seed_rejections")
         assert 0 < row.n == read < RECORD
-        assert e.value.applied_until is not None
+        assert stalled.applied_until is not None
+    finally:
+        await target.dispose()
+
+
+async def rebuilding_now(target: AsyncEngine) -> str | None:
+    """What a live recorder's batch would be told, in a transaction of its own."""
+    async with async_sessionmaker(target).begin() as session:
+        return await rebuilding(session)
+
+
+async def test_a_whole_replay_stopped_partway_holds_the_live_recorders_until_one_finishes_it(
+    broker: Broker, scratch_database: str
+) -> None:
+    target = create_async_engine(scratch_database)
+    try:
+        events, stalled = await stalled_whole_replay(broker, scratch_database, target)
+        until = stalled.applied_until
+        assert until is not None
+        # Its lock went with it, and the tables are half rebuilt: the live recorders
+        # are told to wait, and how the rebuild is finished.
+        (mark,) = await query(target, "SELECT applied_until FROM rebuild_marks")
+        assert mark.applied_until == until
+        why = await rebuilding_now(target)
+        assert why is not None
+        assert f"trove replay --since {until.isoformat()}" in why
+        broker.server.start()
+        # A replay since a later time would leave a hole: refused, the mark kept.
+        with pytest.raises(RebuildUnfinished, match=re.escape(f"--since {until.isoformat()}")):
+            await replay(
+                broker.server.url, scratch_database, POLICY, since=until + timedelta(seconds=1)
+            )
+        assert await rebuilding_now(target) == why
+        # One since then finishes it: every event applied, and the recorders go on.
+        stats = await asyncio.wait_for(
+            replay(broker.server.url, scratch_database, POLICY, batch=500, since=until),
+            timeout=120,
+        )
+        assert stats.failed == 0
+        (row,) = await query(target, "SELECT count(DISTINCT raw) AS n FROM seed_rejections")
+        assert row.n == len(events)
+        assert await query(target, "SELECT * FROM rebuild_marks") == []
+        assert await rebuilding_now(target) is None
     finally:
         await target.dispose()

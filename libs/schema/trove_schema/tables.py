@@ -134,6 +134,26 @@ class ExcludedHost(Base):
     checked_xact: Mapped[int | None] = mapped_column(BigInteger)
 
 
+#: The advisory lock a whole replay holds while it rebuilds the tables (a session lock);
+#: each live recorder batch takes it shared, for its transaction, or waits.
+REBUILD_LOCK = 0x72656275696C64  # "rebuild"
+
+
+class RebuildMark(Base):
+    """A whole replay that has not read the record to its end (``trove_recorder.replay``):
+    written with its truncation, removed at its end. While a row is here the live
+    recorders apply nothing, the tables half rebuilt: a replay ``--since`` its
+    ``applied_until`` (or ``--truncate``) finishes the rebuild."""
+
+    __tablename__ = "rebuild_marks"
+
+    started_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), primary_key=True, server_default=func.now()
+    )
+    #: When the stream stored the last event the rebuild applied (None: none yet).
+    applied_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class PageCrawl(Base):
     """One row per fetch attempt, append-only: never updated after completion.
 

@@ -5,6 +5,9 @@
         ├── LoginRefused         Postgres refused every login for the patience: the
         │                        recorder ends, and its restart reads the current URL
         ├── NotEmpty             a whole replay's database already holds projections
+        ├── RecordIncomplete     the tables go back further than the event record
+        ├── RebuildUnfinished    a whole replay stopped partway, and a replay --since
+        │                        a later time would leave a hole
         ├── LockLost             a replay's lock went with its connection
         └── ReplayStalled        no event came from NATS for a replay's patience
 
@@ -36,6 +39,11 @@ class NotEmpty(RecorderError):
 class RecordIncomplete(RecorderError):
     """The tables hold what the event record no longer does (its retention removed the
     oldest events): a whole replay would empty them and rebuild only what is left."""
+
+
+class RebuildUnfinished(RecorderError):
+    """A whole replay stopped before the end of the record (its mark is in
+    ``rebuild_marks``), and this replay ``--since`` a later time would leave a hole."""
 
 
 class LockLost(RecorderError):

@@ -94,8 +94,8 @@ class Recorder:
         self.known = PageIds(page_id_cache)
         self.outbox_wakeup = asyncio.Event()
         self.refusals = LoginRefusals(refused_patience)
-        #: Batches are handed back while a whole replay rebuilds the tables (said once).
-        self.waiting_for_replay = False
+        #: Why the batches are handed back for a replay (said once each), None when not.
+        self.waiting_for_replay: str | None = None
 
     async def handle_batch(self, msgs: Sequence[Msg]) -> None:
         """Apply a batch of events in one transaction (stream order within the batch)."""
@@ -122,8 +122,9 @@ class Recorder:
             what = f"a batch of {len(events)} event{'' if len(events) == 1 else 's'}"
             with database_trouble_is_retried(), PROJECTION_BATCH_SECONDS.time():
                 async with bounded_transaction(self.sessions, self.batch_timeout, what) as session:
-                    if await rebuilding(session):
-                        raise self._replay_under_way()
+                    why = await rebuilding(session)
+                    if why is not None:
+                        raise self._replay_under_way(why)
                     try:
                         applied = await apply_batch(
                             session, events, self.policy, self.known, learning=self.learning
@@ -138,8 +139,8 @@ class Recorder:
                 self.known.forget()  # see PageIds: the next batch may meet another server
             raise
         self.refusals.met(None)
-        if self.waiting_for_replay:
-            self.waiting_for_replay = False
+        if self.waiting_for_replay is not None:
+            self.waiting_for_replay = None
             log.info("the replay has ended: projecting again")
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
         if applied.count:
@@ -154,13 +155,14 @@ class Recorder:
             if any(isinstance(e, CrawlCompleted) and e.retryable for e in events):
                 self.outbox_wakeup.set()
 
-    def _replay_under_way(self) -> Retry:
-        """The batch's ``Retry`` while a whole replay rebuilds the tables: applied now, it
-        would count a page's attempts from the few its chain has so far."""
-        if not self.waiting_for_replay:
-            self.waiting_for_replay = True
-            log.warning("a replay is rebuilding the tables: the events wait in the stream")
-        return Retry("a replay is rebuilding the tables", delay=UNAVAILABLE_DELAY, expected=True)
+    def _replay_under_way(self, why: str) -> Retry:
+        """The batch's ``Retry`` while a whole replay rebuilds the tables, or left them
+        half rebuilt: applied now, it would count a page's attempts from the few its
+        chain has so far."""
+        if self.waiting_for_replay != why:
+            self.waiting_for_replay = why
+            log.warning("%s: the events wait in the stream", why)
+        return Retry(why, delay=UNAVAILABLE_DELAY, expected=True)
 
     async def publish_outbox(self, stop: asyncio.Event, idle_max: float) -> None:
         """Publish pending outbox rows (retries) as scheduled messages, then mark them sent.

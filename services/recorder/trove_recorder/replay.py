@@ -37,11 +37,19 @@ A whole replay (``--truncate``, or into an empty database) also holds ``REBUILD_
 Each live batch takes it shared for its transaction, or is handed back (``Retry``) to
 wait in the stream: the live recorders would otherwise apply new events to tables half
 rebuilt, counting a page's attempts from the few its chain has so far, and retrying it
-again. So the replay, once at the last event present when it started, goes on to those
+again. The lock goes with the replay's connection, so a whole replay that stops
+partway (the broker away past its patience, its lock lost, Ctrl-C, a kill) also leaves
+a mark in ``rebuild_marks``, written with the truncation and removed only when a
+replay has read the record to its end: the live recorders wait while it is there.
+A replay ``--since`` the time the mark says it applied up to (or before) finishes the
+rebuild, holding the lock and removing the mark as a whole replay does; one since a
+later time is refused (``RebuildUnfinished``), as it would leave a hole.
+
+A rebuilding replay, once at the last event present when it started, goes on to those
 stored meanwhile, until what came during a pass is under a batch: a retry whose
 ``CrawlRequested`` fired while it ran is then marked sent, not released as one never
-sent. A replay ``--since`` leaves the live recorders running: it fills in what the
-tables lack, and they hold the rest already.
+sent. Any other replay ``--since`` leaves the live recorders running: it fills in what
+the tables lack, and they hold the rest already.
 
 The replay reads from a stream sequence (``since``'s first event's, looked up once), so
 that nats-py can make its ordered consumer again after a server restart or a leader move
@@ -70,7 +78,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from trove_recorder.database import as_retry, canceled, make_engine
-from trove_recorder.errors import LockLost, NotEmpty, RecordIncomplete, ReplayStalled
+from trove_recorder.errors import (
+    LockLost,
+    NotEmpty,
+    RebuildUnfinished,
+    RecordIncomplete,
+    ReplayStalled,
+)
 from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
@@ -79,6 +93,7 @@ from trove_schema.errors import MalformedEvent, TroveError
 from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
+from trove_schema.tables import REBUILD_LOCK
 from trove_schema.topology import (
     CRAWL_COMPLETED,
     CRAWL_REQUESTED,
@@ -111,6 +126,8 @@ PROJECTION_TABLES = (
     # Not an event's projection: emptied so that the rules' pages, written again by
     # the replay, are marked again after it (``trove_recorder.exclusions``).
     "excluded_hosts",
+    # Not one either: a whole replay's own mark, written again after the truncation.
+    "rebuild_marks",
 )
 
 # Pending or held, and in the record: the row needs no publishing.
@@ -153,10 +170,16 @@ _HELD_DUE = text(
 )
 #: Held by a running replay (a session lock, so a replay killed outright lets it go).
 REPLAY_LOCK = 0x74726F7665  # "trove"
-#: Held by a whole replay while it rebuilds the tables (a session lock as well); each live
-#: batch takes it shared, for its transaction, or waits.
-REBUILD_LOCK = 0x72656275696C64  # "rebuild"
-_SHARE_REBUILD_LOCK = f"SELECT pg_try_advisory_xact_lock_shared({REBUILD_LOCK})"
+# The lock shared, and the mark of a whole replay that stopped before its end: in one
+# statement, the one that begins a live batch's transaction.
+_SHARE_REBUILD_LOCK = (
+    f"SELECT pg_try_advisory_xact_lock_shared({REBUILD_LOCK}), "  # noqa: S608
+    "EXISTS (SELECT 1 FROM rebuild_marks), (SELECT max(applied_until) FROM rebuild_marks)"
+)
+_MARK_REBUILD = text("INSERT INTO rebuild_marks (started_at) VALUES (clock_timestamp())")
+_REBUILD_MARK = text("SELECT max(started_at), max(applied_until) FROM rebuild_marks")
+_REBUILT_UNTIL = text("UPDATE rebuild_marks SET applied_until = :until")
+_REBUILT = text("DELETE FROM rebuild_marks")
 # Whether this session still holds the replay's lock (a one-key lock: its high and low
 # halves, ``objsubid`` 1).
 _HOLDS_REPLAY_LOCK = text(
@@ -244,15 +267,26 @@ async def _mark_overtaken(conn: AsyncConnection | AsyncSession) -> None:
             await conn.execute(_MARK_SENT, {"ids": overtaken})
 
 
-async def rebuilding(session: AsyncSession) -> bool:
-    """Whether a whole replay is rebuilding the tables. If not, the session's transaction
-    holds ``REBUILD_LOCK`` shared until it ends: no replay truncates the tables under
-    it, and one that is about to waits for it.
+async def rebuilding(session: AsyncSession) -> str | None:
+    """Why the tables are not to be written now: a whole replay is rebuilding them, or
+    one stopped before its end and left them half rebuilt; None when they may be. Then
+    the session's transaction holds ``REBUILD_LOCK`` shared until it ends: no replay
+    truncates the tables under it, and one that is about to waits for it.
 
     Sent first, it begins the transaction in place of the statement the projection
     would begin it with (``sql.Transaction.of``): a batch pays for no round trip more."""
     connection = await session.connection()
-    return not (await connection.exec_driver_sql(_SHARE_REBUILD_LOCK)).scalar()
+    row = (await connection.exec_driver_sql(_SHARE_REBUILD_LOCK)).one()
+    shared, marked, until = tuple(row)
+    if not shared:
+        return "a replay is rebuilding the tables"
+    if marked:
+        since = f"--since {until.isoformat()}" if until is not None else "--truncate"
+        return (
+            "a whole replay stopped before the end of the record and left the tables half "
+            f"rebuilt: `trove replay {since}` finishes the rebuild"
+        )
+    return None
 
 
 async def release_abandoned_holds(session: AsyncSession, pending: Pending) -> None:
@@ -326,6 +360,23 @@ async def _record_holds_the_tables(conn: AsyncConnection, js: JetStreamContext) 
         "is left. Restore the tables from a snapshot taken after the record's start and "
         "run `trove replay --since` the snapshot's time"
     )
+
+
+async def _finishes_a_rebuild(conn: AsyncConnection, since: datetime) -> bool:
+    """Whether a replay ``--since`` finishes a whole replay that stopped before the end
+    (its mark is there); raises ``RebuildUnfinished`` when it would leave a hole."""
+    started, until = (await conn.execute(_REBUILD_MARK)).one()
+    if started is None:
+        return False
+    if until is None or since > until:
+        after = f"--since {until.isoformat()}" if until is not None else "--truncate"
+        raise RebuildUnfinished(
+            f"a whole replay started at {started.isoformat()} stopped before the end of the "
+            f"record, having applied what was stored up to {until or 'its start'}: the "
+            f"tables are half rebuilt, and the live recorders wait. Run `trove replay "
+            f"{after}` to finish it"
+        )
+    return True
 
 
 async def _first_event_time(js: JetStreamContext) -> datetime | None:
@@ -471,7 +522,7 @@ async def replay(
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
     read_to_the_end = False
-    rebuild = since is None  # the live recorders wait for it (``REBUILD_LOCK``)
+    rebuild = since is None  # the live recorders wait for it (``REBUILD_LOCK``, the mark)
     sub: JetStreamContext.PushSubscription | None = None
     # While this connection lives, the live recorders leave the retries it holds alone.
     # In autocommit: not a transaction left open for the whole replay, which a server's
@@ -479,6 +530,9 @@ async def replay(
     lock = await (await engine.connect()).execution_options(isolation_level="AUTOCOMMIT")
     try:
         await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REPLAY_LOCK})
+        if since is not None:
+            # A whole replay that stopped before the end: this one finishes it, as one.
+            rebuild = await _finishes_a_rebuild(lock, since)
         if rebuild:
             # Once the live batches under way have committed: none starts after it.
             await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REBUILD_LOCK})
@@ -493,6 +547,8 @@ async def replay(
                     "the database already has projections: use --truncate to rebuild them, "
                     "or --since to re-apply the events of a recent window"
                 )
+            if since is None:
+                await conn.execute(_MARK_REBUILD)
             # A replay that died held them.
             await release_held_retries(conn, stopped=page_pending(bus))
         holding = True
@@ -507,7 +563,11 @@ async def replay(
         }
         last, newest = await _last_event(bus.js, subjects)
         if last == 0 or (since is not None and newest is not None and newest < since):
-            return stats  # nothing to apply: no consumer would deliver anything
+            # Nothing to apply (no consumer would deliver anything): read to its end.
+            if rebuild:
+                async with engine.begin() as conn:
+                    await conn.execute(_REBUILT)
+            return stats
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         # From 1: the server starts at the stream's first message when retention took 1.
         first = 1 if since is None else await _first_event_since(bus.js, since)
@@ -520,12 +580,15 @@ async def replay(
         )
         known = PageIds(page_id_cache)
 
-        async def apply(events: list[Event]) -> int:
-            """``events`` in a transaction of their own; how many were new."""
+        async def apply(events: list[Event], until: datetime | None = None) -> int:
+            """``events`` in a transaction of their own; how many were new. ``until``:
+            when the stream stored the last of them, which a rebuild's mark keeps."""
             async with sessions.begin() as session:
                 applied = await apply_batch(
                     session, events, policy, known, learning=learning, replaying=True
                 )
+                if rebuild and until is not None:
+                    await session.execute(_REBUILT_UNTIL, {"until": until})
                 await session.execute(_HOLD_DECIDED_RETRIES)
                 # The rows of the retries this batch brings: a retry's CrawlRequested
                 # comes later in the stream than the attempt that decided it.
@@ -569,7 +632,7 @@ async def replay(
             # while the lock is held, and a connection left idle for hours may be ended.
             await _check_lock(lock)
             try:
-                stats.applied += await apply(events)
+                stats.applied += await apply(events, read_until)
             except Exception as exc:
                 if as_retry(exc) is not None:
                     raise  # the database's trouble, not the events': the replay stops
@@ -588,6 +651,9 @@ async def replay(
                             raise
                         stats.failed += 1
                         log.error("replay: %s %s skipped: %s", event.TYPE, event.id, one)
+                if rebuild and read_until is not None:
+                    async with sessions.begin() as session:  # the batch's end, marked
+                        await session.execute(_REBUILT_UNTIL, {"until": read_until})
             applied_until = read_until
             log.info("replayed up to %d of %d", seq, last)
             if done and stalled is None and catching_up:
@@ -599,6 +665,9 @@ async def replay(
         if stalled is not None:
             stalled.applied_until = applied_until
             raise stalled
+        if rebuild:
+            async with engine.begin() as conn:
+                await conn.execute(_REBUILT)
         read_to_the_end = True
     finally:
         if sub is not None:
@@ -642,7 +711,7 @@ def run_replay(
                 nats_url, database_url, policy, truncate=truncate, learning=learning, since=since
             )
         )
-    except (NotEmpty, RecordIncomplete) as exc:
+    except (NotEmpty, RecordIncomplete, RebuildUnfinished) as exc:
         print(f"error: {exc}")
         return 2
     except ReplayStalled as exc:
