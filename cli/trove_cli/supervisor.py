@@ -11,6 +11,10 @@ The supervisor writes what it knows of each process (pid, restarts, the last exi
 when, the recent restarts with their delays) to ``services.json`` in the state folder,
 beside ``stack.json``: ``trove status`` reads it from there. Every exit and restart is
 also a line in ``logs/supervisor.log`` and, when given, a call of ``notify``.
+
+It also keeps each process's log within ``LOG_LIMIT``: past it, the log is kept as
+``<process>.log.1`` and started again (``Child.trim_log``), so a local stack left
+running for months holds two logs' worth a process, not all it ever said.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from trove_stack.processes import Child
 SERVICES_FILE = "services.json"
 #: Restarts kept per process in ``services.json`` (the log has them all).
 HISTORY = 10
+#: Bytes of a process's log past which it is kept aside and started again.
+LOG_LIMIT = 64 * 1024 * 1024
+#: Seconds between looks at the logs' sizes.
+LOG_CHECK_INTERVAL = 10.0
 #: Doublings of the delay, at most: the cap is reached long before, and past 1,024 exits
 #: in a row (a service that cannot start, for a day) the power would overflow the float.
 MAX_DOUBLINGS = 32
@@ -128,11 +136,16 @@ class Supervisor:
         state_dir: Path,
         policy: RestartPolicy = DEFAULT_RESTART_POLICY,
         notify: Callable[[str], None] | None = None,
+        log_limit: int = LOG_LIMIT,
+        log_check_interval: float = LOG_CHECK_INTERVAL,
     ) -> None:
         self._children = children
         self._spawn = spawn
         self._policy = policy
         self._notify = notify
+        self._log_limit = log_limit
+        self._log_check_interval = log_check_interval
+        self._logs_checked = time.monotonic()
         self._path = state_dir / SERVICES_FILE
         self._log_path = state_dir / "logs" / "supervisor.log"
         self._states: dict[str, ProcessState] = {}
@@ -196,6 +209,14 @@ class Supervisor:
                 changed = True
         if changed:
             self._write()
+        if time.monotonic() - self._logs_checked >= self._log_check_interval:
+            self._logs_checked = time.monotonic()
+            for child in children:
+                if child.trim_log(self._log_limit):
+                    self._say(
+                        f"{child.name}'s log passed {self._log_limit:,} bytes: "
+                        f"kept as {child.log_path.name}.1, and started again"
+                    )
 
     def _exited(self, child: Child, state: ProcessState) -> None:
         ran = time.monotonic() - self._began.get(child.name, time.monotonic())

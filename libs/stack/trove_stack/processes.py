@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -15,6 +16,9 @@ from typing import Any
 
 from trove_schema.errors import StackError
 from trove_stack import lifeline
+
+#: The end of a log its last lines are read from: a log of months is not read whole.
+TAIL_BYTES = 64 * 1024
 
 
 def pid_in(path: Path) -> int | None:
@@ -146,11 +150,32 @@ class Child:
         return f"code {self.proc.returncode}: {self.tail(5)}"
 
     def tail(self, lines: int = 20) -> str:
+        """The log's last ``lines`` lines (of its last ``TAIL_BYTES``)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                log.seek(max(end - TAIL_BYTES, 0))
+                kept = log.read(TAIL_BYTES).splitlines()
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        if end > TAIL_BYTES:
+            kept = kept[1:]  # a line cut by the seek
+        return "\n".join(line.decode(errors="replace") for line in kept[-lines:])
+
+    def trim_log(self, limit: int) -> bool:
+        """Once the log is past ``limit`` bytes, keep it as ``<log>.1`` (in place of the
+        one kept before) and start it again, empty: whether it did. The process writes
+        on: its log is open for appending, so its next line goes to the start, not past
+        a hole. Copied, then truncated (logrotate's ``copytruncate``): a line written
+        between the two is lost, which a process's own stdout cannot be asked to avoid."""
+        try:
+            if self.log_path.stat().st_size <= limit:
+                return False
+            shutil.copyfile(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
+            os.truncate(self.log_path, 0)
+        except OSError:
+            return False
+        return True
 
     def stop(self, timeout: float = 15.0) -> None:
         if not self.alive():
