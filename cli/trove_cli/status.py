@@ -245,6 +245,7 @@ async def _tables(engine: AsyncEngine, status: Status, exact_rows: int) -> None:
 _REBUILD = text(
     "SELECT min(started_at), max(applied_until), EXISTS (SELECT 1 FROM pg_locks "
     "WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock' AND objsubid = 1 "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "AND (CAST(classid AS bigint) << 32 | CAST(objid AS bigint)) = :lock) FROM rebuild_marks"
 )
 

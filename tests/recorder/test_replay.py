@@ -24,7 +24,13 @@ from tests.recorder.test_database_outage import DISK_FULL, TIMED_OUT
 from tests.recorder.test_recorder_service import completed, count
 from tests.support import outcomes, publish_work, query, run_trove, sandbox_env, services
 from trove_recorder.errors import LockLost, RecordIncomplete
-from trove_recorder.replay import PROJECTION_TABLES, REPLAY_LOCK, replay, since_of
+from trove_recorder.replay import (
+    NOT_PROJECTIONS,
+    PROJECTION_TABLES,
+    REPLAY_LOCK,
+    replay,
+    since_of,
+)
 from trove_recorder.retries import RetryPolicy, retry_request
 from trove_sandbox.server import serve_sandbox
 from trove_sandbox.web import SandboxWeb
@@ -462,17 +468,23 @@ def test_a_since_that_is_neither_is_refused_with_both_forms(value: str) -> None:
 
 
 def test_replay_with_truncate_empties_every_projection_table() -> None:
-    # A table left out would keep rows pointing at page ids the replay hands out anew.
-    assert set(PROJECTION_TABLES) == set(Base.metadata.tables)
+    # A table left out would keep rows pointing at page ids the replay hands out anew;
+    # the one left out on purpose is the replay's own mark, which points at nothing.
+    assert set(PROJECTION_TABLES) | set(NOT_PROJECTIONS) == set(Base.metadata.tables)
+    assert not set(PROJECTION_TABLES) & set(NOT_PROJECTIONS)
 
 
 async def _replay_stopped_at(
-    stack: StackUrls, scratch_database: str, event: SeedRejected, policy: RetryPolicy
+    stack: StackUrls,
+    scratch_database: str,
+    event: SeedRejected,
+    policy: RetryPolicy,
+    since: datetime | None = None,
 ) -> None:
-    """Run a replay of the record one event a batch, and end the session of its lock
-    (a server restart; Ctrl-C, a 10-minute NATS outage or a kill end it the same way)
-    while its batch of ``event`` waits: that batch and those before it applied, none
-    after."""
+    """Run a replay of the record (``since`` a time: whole when None) one event a batch,
+    and end the session of its lock (a server restart; Ctrl-C, a 10-minute NATS outage
+    or a kill end it the same way) while its batch of ``event`` waits: that batch and
+    those before it applied, none after."""
     target = create_async_engine(scratch_database)
     try:
         async with target.connect() as held:
@@ -481,7 +493,9 @@ async def _replay_stopped_at(
                 text("INSERT INTO projected_events (event_id, event_type) VALUES (:id, 'x')"),
                 {"id": event.id},
             )
-            running = asyncio.create_task(replay(stack.nats_url, scratch_database, policy, batch=1))
+            running = asyncio.create_task(
+                replay(stack.nats_url, scratch_database, policy, batch=1, since=since)
+            )
 
             async def waiting() -> int:
                 (row,) = await query(
@@ -552,23 +566,54 @@ def _failure(then: datetime) -> CrawlCompleted:
     return _attempt(then)
 
 
-async def _outbox(database: str) -> list[tuple[str, bool]]:
-    """Each row's event id, and whether it is marked sent."""
+async def _outbox(database: str) -> list[tuple[str, str]]:
+    """Each row's event id, and whether it is held (by a replay), sent, or due."""
     target = create_async_engine(database)
     try:
-        rows = await query(target, "SELECT event_id, published_at FROM outbox")
+        rows = await query(
+            target,
+            "SELECT event_id, CASE WHEN published_at = 'infinity' THEN 'held' "
+            "WHEN published_at IS NOT NULL THEN 'sent' ELSE 'due' END AS state FROM outbox",
+        )
     finally:
         await target.dispose()
-    return [(str(row.event_id), row.published_at is not None) for row in rows]
+    return [(str(row.event_id), row.state) for row in rows]
 
 
+async def _stopped_and_finished(
+    stack: StackUrls,
+    scratch_database: str,
+    stop: SeedRejected,
+    policy: RetryPolicy,
+    whole: bool,
+    since: datetime,
+) -> list[tuple[str, str]]:
+    """The outbox after a replay (whole, or ``since``) stopped at ``stop``, and after
+    the replay that finishes a whole one: a stopped rebuild keeps its retries held for
+    it, which settles them as it reads on; any other stopped replay settles them at
+    once, from whether each page has a request pending."""
+    await _replay_stopped_at(stack, scratch_database, stop, policy, None if whole else since)
+    if not whole:
+        return await _outbox(scratch_database)
+    assert {state for _, state in await _outbox(scratch_database)} == {"held"}
+    target = create_async_engine(scratch_database)
+    try:
+        (mark,) = await query(target, "SELECT applied_until FROM rebuild_marks")
+    finally:
+        await target.dispose()
+    await replay(stack.nats_url, scratch_database, policy, since=mark.applied_until)
+    return await _outbox(scratch_database)
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "since"])
 async def test_a_replay_stopped_halfway_sends_no_retry_that_fired_long_ago_again(
-    stack: StackUrls, bus: Bus, scratch_database: str
+    stack: StackUrls, bus: Bus, scratch_database: str, whole: bool
 ) -> None:
     """A failure three days ago decided a retry, which fired an hour later and was
     answered: both past where the replay stopped. Sent again, the old retry would
     replace the page's next re-crawl, pending, and its answer be dropped as a copy."""
     policy = RetryPolicy(max_attempts=3, delay_seconds=3600.0)
+    since = datetime.now(UTC) - timedelta(minutes=1)
     then = datetime.now(UTC) - timedelta(days=3)
     failed = _failure(then)
     stop = SeedRejected(raw="ftp://x.example/", reason="x", provenance=Provenance(kind="seed"))
@@ -596,25 +641,27 @@ async def test_a_replay_stopped_halfway_sends_no_retry_that_fired_long_ago_again
     assert recrawl.not_before is not None
     await bus.publish_at(recrawl, recrawl.not_before, schedule=page_schedule_subject(failed.url))
     await upgrade_async(scratch_database)
-    await _replay_stopped_at(stack, scratch_database, stop, policy)
-    assert await _outbox(scratch_database) == [(retry.id, True)], "released to be sent again"
+    settled = await _stopped_and_finished(stack, scratch_database, stop, policy, whole, since)
+    assert settled == [(retry.id, "sent")], "released to be sent again"
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "since"])
 async def test_a_replay_stopped_halfway_releases_a_retry_nothing_sent_yet(
-    stack: StackUrls, bus: Bus, scratch_database: str
+    stack: StackUrls, bus: Bus, scratch_database: str, whole: bool
 ) -> None:
     """A failure five minutes ago, projected by the replay alone (the live recorders
     waiting on it, or behind): its retry, due already, never went out, and the page
     has nothing pending. Marked sent, the page would never be asked again."""
     policy = RetryPolicy(max_attempts=3, delay_seconds=60.0)
+    since = datetime.now(UTC) - timedelta(minutes=1)
     failed = _failure(datetime.now(UTC) - timedelta(minutes=5))
     stop = SeedRejected(raw="ftp://x.example/", reason="x", provenance=Provenance(kind="seed"))
     after = SeedRejected(raw="ftp://y.example/", reason="y", provenance=Provenance(kind="seed"))
     for event in (failed, stop, after):
         await bus.publish(event)
     await upgrade_async(scratch_database)
-    await _replay_stopped_at(stack, scratch_database, stop, policy)
-    assert await _outbox(scratch_database) == [(retry_request(failed, 1, policy).id, False)]
+    settled = await _stopped_and_finished(stack, scratch_database, stop, policy, whole, since)
+    assert settled == [(retry_request(failed, 1, policy).id, "due")]
 
 
 async def test_an_attempt_stamped_ahead_is_ordered_at_its_record_time_live_and_replayed(

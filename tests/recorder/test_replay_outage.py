@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,13 +25,13 @@ from sqlalchemy.ext.asyncio import (
 from tests.conftest import eventually
 from tests.ports import free_port
 from tests.support import query
-from trove_recorder.errors import RebuildUnfinished, ReplayStalled
-from trove_recorder.replay import ReplayStats, rebuilding, replay
+from trove_recorder.errors import RebuildUnfinished, RecordIncomplete, ReplayStalled
+from trove_recorder.replay import ReplayStats, rebuilding, release_abandoned_holds, replay
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus
 from trove_schema.events import Provenance, SeedRejected
 from trove_schema.migrate import upgrade_async
-from trove_schema.topology import ensure_topology
+from trove_schema.topology import EVENTS_STREAM, ensure_topology
 from trove_stack.nats import EmbeddedNats, NatsConfig
 
 POLICY = RetryPolicy(max_attempts=3, delay_seconds=1.0)
@@ -250,5 +251,62 @@ async def test_a_whole_replay_stopped_partway_holds_the_live_recorders_until_one
         assert row.n == len(events)
         assert await query(target, "SELECT * FROM rebuild_marks") == []
         assert await rebuilding_now(target) is None
+    finally:
+        await target.dispose()
+
+
+async def test_a_stopped_rebuild_whose_record_lost_what_it_had_not_applied_is_not_finished(
+    broker: Broker, scratch_database: str
+) -> None:
+    target = create_async_engine(scratch_database)
+    try:
+        _, stalled = await stalled_whole_replay(broker, scratch_database, target)
+        assert stalled.applied_until is not None
+        (mark,) = await query(target, "SELECT applied_seq FROM rebuild_marks")
+        broker.server.start()
+        # What retention does while the rebuild waits: the oldest events go, some of
+        # those it had not applied with them.
+        await broker.bus.js.purge_stream(EVENTS_STREAM, seq=mark.applied_seq + 10)
+        with pytest.raises(RecordIncomplete, match="retention removed events it had not"):
+            await replay(broker.server.url, scratch_database, POLICY, since=stalled.applied_until)
+        assert await rebuilding_now(target) is not None
+    finally:
+        await target.dispose()
+
+
+async def test_a_stopped_rebuilds_held_retries_stay_held_until_it_is_finished(
+    scratch_database: str,
+) -> None:
+    await upgrade_async(scratch_database)
+    target = create_async_engine(scratch_database)
+    try:
+        async with target.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox (event_id, subject, payload, published_at) VALUES "
+                    "(:id, 'trove.events.crawl.requested', '\\x7b7d', 'infinity')"
+                ),
+                {"id": uuid.uuid4()},
+            )
+            await conn.execute(text("INSERT INTO rebuild_marks (started_at) VALUES (now())"))
+
+        async def nothing_pending(url: str) -> bool:
+            return False
+
+        async def release() -> tuple[bool, bool]:
+            async with async_sessionmaker(target).begin() as session:
+                await release_abandoned_holds(session, nothing_pending)
+            (row,) = await query(
+                target,
+                "SELECT coalesce(published_at = 'infinity', false) AS held, "
+                "published_at IS NULL AS due FROM outbox",
+            )
+            return row.held, row.due
+
+        # The live publisher leaves them to the replay that finishes the rebuild.
+        assert await release() == (True, False)
+        async with target.begin() as conn:
+            await conn.execute(text("DELETE FROM rebuild_marks"))
+        assert await release() == (False, True)
     finally:
         await target.dispose()

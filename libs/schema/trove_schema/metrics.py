@@ -96,6 +96,12 @@ PROJECTION_BATCH_SECONDS = Histogram(
     "Time to apply one batch in one transaction",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
 )
+WAITING_FOR_REPLAY = Gauge(
+    "trove_recorder_waiting_for_replay",
+    "1 while this recorder's batches wait for a whole replay: one rebuilding the tables, "
+    "or one that stopped before its end (alert when it lasts: `trove status` names the "
+    "replay that finishes it)",
+)
 PROJECTION_LAG_SECONDS = Gauge(
     "trove_projection_lag_seconds",
     "Seconds since the stream stored the newest message applied, when it was applied",

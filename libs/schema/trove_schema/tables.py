@@ -150,8 +150,10 @@ class RebuildMark(Base):
     started_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), primary_key=True, server_default=func.now()
     )
-    #: When the stream stored the last event the rebuild applied (None: none yet).
+    #: When the stream stored the last event the rebuild went past (applied, or skipped
+    #: as a live recorder parks it), and its sequence; None: none yet.
     applied_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    applied_seq: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class PageCrawl(Base):

@@ -5,8 +5,8 @@ commit. A batch and a single message (the fallback for a failed batch) take the 
 path. Postgres being away or busy is a ``Retry`` (the messages are handed back and
 redelivered later, nothing is acked and nothing counts against them; see
 ``database``), so the recorder catches up when the database returns. So is a whole
-replay rebuilding the tables (``replay.REBUILD_LOCK``): the events wait for it in the
-stream.
+replay rebuilding the tables (``trove_schema.tables.REBUILD_LOCK``), or one that stopped
+before its end (``rebuild_marks``): the events wait for it in the stream.
 """
 
 from __future__ import annotations
@@ -48,7 +48,12 @@ from trove_schema.events import (
     decode_event,
 )
 from trove_schema.exclusions import Exclusions, ListedExclusions
-from trove_schema.metrics import PROJECTED, PROJECTION_BATCH_SECONDS, PROJECTION_LAG_SECONDS
+from trove_schema.metrics import (
+    PROJECTED,
+    PROJECTION_BATCH_SECONDS,
+    PROJECTION_LAG_SECONDS,
+    WAITING_FOR_REPLAY,
+)
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
 from trove_schema.service import together
@@ -141,6 +146,7 @@ class Recorder:
         self.refusals.met(None)
         if self.waiting_for_replay is not None:
             self.waiting_for_replay = None
+            WAITING_FOR_REPLAY.set(0)
             log.info("the replay has ended: projecting again")
         self.known.learn(applied.generation, applied.page_ids)  # committed: safe to remember
         if applied.count:
@@ -161,6 +167,7 @@ class Recorder:
         chain has so far."""
         if self.waiting_for_replay != why:
             self.waiting_for_replay = why
+            WAITING_FOR_REPLAY.set(1)
             log.warning("%s: the events wait in the stream", why)
         return Retry(why, delay=UNAVAILABLE_DELAY, expected=True)
 

@@ -126,9 +126,11 @@ PROJECTION_TABLES = (
     # Not an event's projection: emptied so that the rules' pages, written again by
     # the replay, are marked again after it (``trove_recorder.exclusions``).
     "excluded_hosts",
-    # Not one either: a whole replay's own mark, written again after the truncation.
-    "rebuild_marks",
 )
+#: Not truncated: a whole replay's own mark (``rebuild_marks``), which every live batch
+#: reads. Truncated, its lock would hold each of them for the truncation's transaction
+#: where they are handed back at once; its rows are deleted and written again instead.
+NOT_PROJECTIONS = ("rebuild_marks",)
 
 # Pending or held, and in the record: the row needs no publishing.
 _RECORDED = (
@@ -176,10 +178,12 @@ _SHARE_REBUILD_LOCK = (
     f"SELECT pg_try_advisory_xact_lock_shared({REBUILD_LOCK}), "  # noqa: S608
     "EXISTS (SELECT 1 FROM rebuild_marks), (SELECT max(applied_until) FROM rebuild_marks)"
 )
-_MARK_REBUILD = text("INSERT INTO rebuild_marks (started_at) VALUES (clock_timestamp())")
-_REBUILD_MARK = text("SELECT max(started_at), max(applied_until) FROM rebuild_marks")
-_REBUILT_UNTIL = text("UPDATE rebuild_marks SET applied_until = :until")
+_REBUILD_MARK = text(
+    "SELECT max(started_at), max(applied_until), max(applied_seq) FROM rebuild_marks"
+)
+_REBUILT_UNTIL = text("UPDATE rebuild_marks SET applied_until = :until, applied_seq = :seq")
 _REBUILT = text("DELETE FROM rebuild_marks")
+_MARK_REBUILD = text("INSERT INTO rebuild_marks (started_at) VALUES (clock_timestamp())")
 # Whether this session still holds the replay's lock (a one-key lock: its high and low
 # halves, ``objsubid`` 1).
 _HOLDS_REPLAY_LOCK = text(
@@ -191,7 +195,8 @@ _HOLDS_REPLAY_LOCK = text(
 # The lock, tried only when such rows exist, is the caller's transaction's.
 _ABANDONED = text(
     "SELECT pg_try_advisory_xact_lock(:lock) "
-    "WHERE EXISTS (SELECT 1 FROM outbox WHERE published_at = 'infinity')"
+    "WHERE EXISTS (SELECT 1 FROM outbox WHERE published_at = 'infinity') "
+    "AND NOT EXISTS (SELECT 1 FROM rebuild_marks)"
 )
 
 
@@ -291,7 +296,8 @@ async def rebuilding(session: AsyncSession) -> str | None:
 
 async def release_abandoned_holds(session: AsyncSession, pending: Pending) -> None:
     """End the hold of a replay that could not (killed by a signal, its terminal
-    closed): else its retries never went out, until the next replay."""
+    closed): else its retries never went out, until the next replay. Not a rebuild's
+    that stopped before its end: the replay that finishes it settles them."""
     if (await session.execute(_ABANDONED, {"lock": REPLAY_LOCK})).scalar():
         await release_held_retries(session, stopped=pending)
 
@@ -362,13 +368,14 @@ async def _record_holds_the_tables(conn: AsyncConnection, js: JetStreamContext) 
     )
 
 
-async def _finishes_a_rebuild(conn: AsyncConnection, since: datetime) -> bool:
-    """Whether a replay ``--since`` finishes a whole replay that stopped before the end
-    (its mark is there); raises ``RebuildUnfinished`` when it would leave a hole."""
-    started, until = (await conn.execute(_REBUILD_MARK)).one()
+async def _finishes_a_rebuild(conn: AsyncConnection, since: datetime) -> int | None:
+    """The stream sequence of the last event a whole replay that stopped before the end
+    went past, when a replay ``--since`` finishes it (its mark is there); None when
+    there is none to finish. Raises ``RebuildUnfinished`` when it would leave a hole."""
+    started, until, seq = (await conn.execute(_REBUILD_MARK)).one()
     if started is None:
-        return False
-    if until is None or since > until:
+        return None
+    if until is None or seq is None or since > until:
         after = f"--since {until.isoformat()}" if until is not None else "--truncate"
         raise RebuildUnfinished(
             f"a whole replay started at {started.isoformat()} stopped before the end of the "
@@ -376,7 +383,22 @@ async def _finishes_a_rebuild(conn: AsyncConnection, since: datetime) -> bool:
             f"tables are half rebuilt, and the live recorders wait. Run `trove replay "
             f"{after}` to finish it"
         )
-    return True
+    return int(seq)
+
+
+async def _record_holds_the_rest(js: JetStreamContext, seq: int) -> None:
+    """Raise ``RecordIncomplete`` when the record no longer holds what came after
+    sequence ``seq`` (its retention removed it while the rebuild waited to be
+    finished): finished from what is left, the tables would have a hole."""
+    info = await js.stream_info(EVENTS_STREAM)
+    if info.state.first_seq <= seq + 1:
+        return
+    raise RecordIncomplete(
+        f"the stopped rebuild went past the event at sequence {seq}, and the record now "
+        f"starts at {info.state.first_seq}: its retention removed events it had not "
+        "applied. Restore the tables from a snapshot taken after the record's start and "
+        "run `trove replay --since` the snapshot's time"
+    )
 
 
 async def _first_event_time(js: JetStreamContext) -> datetime | None:
@@ -530,9 +552,10 @@ async def replay(
     lock = await (await engine.connect()).execution_options(isolation_level="AUTOCOMMIT")
     try:
         await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REPLAY_LOCK})
-        if since is not None:
+        resume = None if since is None else await _finishes_a_rebuild(lock, since)
+        if resume is not None:
             # A whole replay that stopped before the end: this one finishes it, as one.
-            rebuild = await _finishes_a_rebuild(lock, since)
+            rebuild = True
         if rebuild:
             # Once the live batches under way have committed: none starts after it.
             await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REBUILD_LOCK})
@@ -548,9 +571,12 @@ async def replay(
                     "or --since to re-apply the events of a recent window"
                 )
             if since is None:
+                await conn.execute(_REBUILT)
                 await conn.execute(_MARK_REBUILD)
-            # A replay that died held them.
-            await release_held_retries(conn, stopped=page_pending(bus))
+            if resume is None:
+                # A replay that died held them. A rebuild that stopped keeps them held
+                # for the replay that finishes it, which reads on to their CrawlRequested.
+                await release_held_retries(conn, stopped=page_pending(bus))
         holding = True
         subjects = {
             SEED_REJECTED,
@@ -562,7 +588,12 @@ async def replay(
             TIMELINE_POLLED,
         }
         last, newest = await _last_event(bus.js, subjects)
-        if last == 0 or (since is not None and newest is not None and newest < since):
+        if resume is not None:
+            await _record_holds_the_rest(bus.js, resume)
+            nothing = last <= resume
+        else:
+            nothing = last == 0 or (since is not None and newest is not None and newest < since)
+        if nothing:
             # Nothing to apply (no consumer would deliver anything): read to its end.
             if rebuild:
                 async with engine.begin() as conn:
@@ -571,6 +602,10 @@ async def replay(
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         # From 1: the server starts at the stream's first message when retention took 1.
         first = 1 if since is None else await _first_event_since(bus.js, since)
+        if resume is not None:
+            # By the sequence too: ``since`` is the stored time of the last event the
+            # rebuild went past, to the microsecond, and the stream keeps nanoseconds.
+            first = min(first, resume + 1)
         sub = await bus.js.subscribe(
             f"{EVENTS_PREFIX}.>",
             stream=EVENTS_STREAM,
@@ -580,15 +615,18 @@ async def replay(
         )
         known = PageIds(page_id_cache)
 
-        async def apply(events: list[Event], until: datetime | None = None) -> int:
-            """``events`` in a transaction of their own; how many were new. ``until``:
-            when the stream stored the last of them, which a rebuild's mark keeps."""
+        async def apply(
+            events: list[Event], until: datetime | None = None, last_seq: int = 0
+        ) -> int:
+            """``events`` in a transaction of their own; how many were new. ``until`` and
+            ``last_seq``: when the stream stored the last of them, and its sequence,
+            which a rebuild's mark keeps."""
             async with sessions.begin() as session:
                 applied = await apply_batch(
                     session, events, policy, known, learning=learning, replaying=True
                 )
                 if rebuild and until is not None:
-                    await session.execute(_REBUILT_UNTIL, {"until": until})
+                    await session.execute(_REBUILT_UNTIL, {"until": until, "seq": last_seq})
                 await session.execute(_HOLD_DECIDED_RETRIES)
                 # The rows of the retries this batch brings: a retry's CrawlRequested
                 # comes later in the stream than the attempt that decided it.
@@ -632,7 +670,7 @@ async def replay(
             # while the lock is held, and a connection left idle for hours may be ended.
             await _check_lock(lock)
             try:
-                stats.applied += await apply(events, read_until)
+                stats.applied += await apply(events, read_until, seq)
             except Exception as exc:
                 if as_retry(exc) is not None:
                     raise  # the database's trouble, not the events': the replay stops
@@ -653,7 +691,7 @@ async def replay(
                         log.error("replay: %s %s skipped: %s", event.TYPE, event.id, one)
                 if rebuild and read_until is not None:
                     async with sessions.begin() as session:  # the batch's end, marked
-                        await session.execute(_REBUILT_UNTIL, {"until": read_until})
+                        await session.execute(_REBUILT_UNTIL, {"until": read_until, "seq": seq})
             applied_until = read_until
             log.info("replayed up to %d of %d", seq, last)
             if done and stalled is None and catching_up:
@@ -679,7 +717,11 @@ async def replay(
         # out, which is worse than one sent again. One whose CrawlRequested came while
         # the replay ran (after the last event it read) is published already, if the
         # live recorder recorded it: marked so first.
-        if holding:
+        if holding and rebuild and not read_to_the_end:
+            # A rebuild stopped partway: what it holds stays held, as the live
+            # recorders wait, for the replay that finishes it to settle.
+            log.warning("replay: the rebuild stopped before the end: the recorders wait")
+        elif holding:
             try:
                 async with engine.begin() as conn:
                     stopped = None if read_to_the_end else page_pending(bus)

@@ -30,6 +30,7 @@ def upgrade() -> None:
             "started_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
         sa.Column("applied_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("applied_seq", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("started_at", name=op.f("pk_rebuild_marks")),
     )
 
