@@ -64,6 +64,32 @@ def _docker_stack() -> Iterator[StackUrls]:
         yield StackUrls(nats_url, pg.get_connection_url(), "docker")
 
 
+#: Seconds the tasks left on the session's loop are given to end once cancelled.
+LEFTOVER_PATIENCE = 20.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def leftover_tasks_end() -> AsyncIterator[None]:
+    """Cancel what the tests left running on the session's loop, twice if need be,
+    before the loop is closed. Closing it cancels them once and waits without a bound,
+    and nats-py's ``close`` swallows one cancellation while it waits for its
+    reconnection, then waits on its socket: a client a test left closing met a server
+    gone, and the worker hung until the suite's timeout. One that ends neither time is
+    named, with where it waits."""
+    yield
+    current = asyncio.current_task()
+    pending = {task for task in asyncio.all_tasks() if task is not current}
+    for _ in range(2):
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=LEFTOVER_PATIENCE)
+    for task in pending:
+        print(f"a task left on the session's loop does not end: {task!r}")
+        task.print_stack()
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackUrls]:
     nats_url = os.environ.get("TROVE_NATS_URL", "")
