@@ -212,7 +212,8 @@ class Supervisor:
         if time.monotonic() - self._logs_checked >= self._log_check_interval:
             self._logs_checked = time.monotonic()
             for child in children:
-                if child.trim_log(self._log_limit):
+                # Not one that ended: its last lines are what its exit is told with.
+                if child.alive() and child.trim_log(self._log_limit):
                     self._say(
                         f"{child.name}'s log passed {self._log_limit:,} bytes: "
                         f"kept as {child.log_path.name}.1, and started again"

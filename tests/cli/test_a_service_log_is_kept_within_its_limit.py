@@ -77,3 +77,47 @@ def test_the_last_lines_are_read_from_the_end_of_a_long_log(tmp_path: Path) -> N
     # The line the seek cut is left out, not shown as a fragment.
     assert len(child.tail(100_000).splitlines()) < TAIL_BYTES // len("line 199999\n") + 1
     assert all(line.startswith("line ") for line in child.tail(100_000).splitlines())
+
+
+#: Writes 10 KB of numbered lines, then waits to be stopped, or ends with code 3.
+WRITES_THEN = "import sys, time\nsys.stdout.write(''.join(f'line {n}\\n' for n in range(1000)))\n"
+
+
+async def test_the_log_of_a_process_that_ended_is_kept_whole_for_its_exit(
+    tmp_path: Path,
+) -> None:
+    logs = tmp_path / "logs"
+    running = Child(
+        "running-0",
+        [sys.executable, "-c", WRITES_THEN + "sys.stdout.flush(); time.sleep(60)"],
+        log_path=logs / "running-0.log",
+    )
+    ended = Child(
+        "ended-0",
+        [sys.executable, "-c", WRITES_THEN + "sys.exit(3)"],
+        log_path=logs / "ended-0.log",
+    )
+    children = [running, ended]
+    supervisor = Supervisor(
+        children,
+        lambda name: next(c for c in children if c.name == name),
+        state_dir=tmp_path,
+        policy=RestartPolicy(first_delay=600.0),
+        log_limit=4096,
+        log_check_interval=0.0,
+    )
+    try:
+        ended.proc.wait(10)
+
+        async def written() -> int:
+            return running.log_path.stat().st_size if running.log_path.exists() else 0
+
+        await eventually(written, until=lambda size: size > 4096, timeout=10, what="10 KB")
+        supervisor.check()  # one look, as the supervisor's thread takes them
+    finally:
+        running.stop(timeout=5)
+    # The running one's log is kept aside and begun again; the one that ended keeps its
+    # last lines for the message that says how it ended.
+    assert running.log_path.with_name("running-0.log.1").exists()
+    assert not ended.log_path.with_name("ended-0.log.1").exists()
+    assert ended.tail(1) == "line 999"
