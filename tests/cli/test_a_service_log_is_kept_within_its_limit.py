@@ -10,7 +10,8 @@ from tests.conftest import eventually
 from trove_cli.supervisor import RestartPolicy, Supervisor
 from trove_stack.processes import TAIL_BYTES, Child
 
-#: Writes numbered lines, a thousand a second, until it is stopped.
+#: Writes numbered lines, a thousand a second (a service's chatter, not a wait: flat out
+#: it would write hundreds of MB between two looks), until it is stopped.
 CHATTY = (
     "import itertools, sys, time\n"
     "for n in itertools.count():\n"
@@ -80,7 +81,7 @@ def test_the_last_lines_are_read_from_the_end_of_a_long_log(tmp_path: Path) -> N
 
 
 #: Writes 10 KB of numbered lines, then waits to be stopped, or ends with code 3.
-WRITES_THEN = "import sys, time\nsys.stdout.write(''.join(f'line {n}\\n' for n in range(1000)))\n"
+WRITES_THEN = "import signal, sys\nsys.stdout.write(''.join(f'line {n}\\n' for n in range(1000)))\n"
 
 
 async def test_the_log_of_a_process_that_ended_is_kept_whole_for_its_exit(
@@ -89,7 +90,7 @@ async def test_the_log_of_a_process_that_ended_is_kept_whole_for_its_exit(
     logs = tmp_path / "logs"
     running = Child(
         "running-0",
-        [sys.executable, "-c", WRITES_THEN + "sys.stdout.flush(); time.sleep(60)"],
+        [sys.executable, "-c", WRITES_THEN + "sys.stdout.flush(); signal.pause()"],
         log_path=logs / "running-0.log",
     )
     ended = Child(
