@@ -106,9 +106,11 @@ async def test_a_pages_retry_reads_its_attempts_since_its_last_success_not_its_h
 
     (page,) = await rows(engine, "SELECT id FROM pages WHERE url = :url", url=url)
     async with engine.connect() as conn:
-        counted = (await conn.execute(text(CHAIN_ATTEMPTS), {"ids": [page.id]})).all()
-    assert [tuple(row) for row in counted] == [(page.id, 2, first)]
-    plan = await plan_of(engine, CHAIN_ATTEMPTS, ids=[page.id])
+        counted = (
+            await conn.execute(text(CHAIN_ATTEMPTS), {"ids": [page.id] * 2, "ats": [NOW, first]})
+        ).all()
+    assert sorted(tuple(row) for row in counted) == [(1, 2, first), (2, 1, first)]
+    plan = await plan_of(engine, CHAIN_ATTEMPTS, ids=[page.id], ats=[NOW])
     assert indexes(plan, "page_crawls") == {"ix_page_crawls_page_id_completed_at"}
     # The two failures, the success before them, and a look or two more: not its 2,000 twice.
     assert rows_read(plan, "page_crawls") <= 10

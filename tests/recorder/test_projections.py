@@ -331,14 +331,15 @@ async def test_not_modified_keeps_what_the_page_had(engine: AsyncEngine) -> None
     assert (row.status, row.title, row.language, row.etag) == ("fetched", "Kept", "en", '"v1"')
 
 
-#: A page's attempts, in the order they completed: (outcome, title, etag).
+#: A page's attempts, in the order they completed: (outcome, title, etag), and the
+#: attempt's number in its chain when it is not the first.
 STATUS_CODES = {
     CrawlOutcome.NOT_MODIFIED: 304,
     CrawlOutcome.BLOCKED_4XX: 404,
     CrawlOutcome.BLOCKED_5XX: 503,
 }
 
-HISTORIES = {
+HISTORIES: dict[str, list[tuple[Any, ...]]] = {
     "a success then a 304": [
         (CrawlOutcome.SUCCESS, "First", '"v1"'),
         (CrawlOutcome.NOT_MODIFIED, None, None),
@@ -362,7 +363,23 @@ HISTORIES = {
         (CrawlOutcome.SUCCESS, "Second", '"v2"'),
         (CrawlOutcome.NOT_MODIFIED, None, None),
     ],
+    "retries that run out, then a new chain retried": [
+        (CrawlOutcome.SUCCESS, "First", '"v1"'),
+        (CrawlOutcome.BLOCKED_5XX, None, None),
+        (CrawlOutcome.BLOCKED_5XX, None, None, 2),
+        (CrawlOutcome.BLOCKED_5XX, None, None, 3),
+        (CrawlOutcome.BLOCKED_5XX, None, None),
+    ],
+    "a 404, then a refusal": [
+        (CrawlOutcome.SUCCESS, "First", '"v1"'),
+        (CrawlOutcome.BLOCKED_4XX, None, None),
+        (CrawlOutcome.BLOCKED_ROBOTS, None, None),
+    ],
 }
+
+#: Histories whose status, applied newest first, follows the success: the attempt that
+#: settled the page arrives after a newer one that kept the status it found.
+SETTLED_LATE = {"a 404, then a failure retried", "retries that run out, then a new chain retried"}
 
 
 #: When the attempts of a history begin: one instant for every page of a test.
@@ -381,10 +398,11 @@ def attempts_of(history: str, url: str) -> list[CrawlCompleted]:
             language="en" if title else None,
             links=(Link(url=f"{URL}/from-{n}"),) if title else (),
             status_code=STATUS_CODES.get(outcome, 200),
+            attempt=attempt[0] if attempt else 1,
             started_at=START + timedelta(minutes=n, milliseconds=-100),
             completed_at=START + timedelta(minutes=n),
         )
-        for n, (outcome, title, etag) in enumerate(HISTORIES[history])
+        for n, (outcome, title, etag, *attempt) in enumerate(HISTORIES[history])
     ]
 
 
@@ -426,9 +444,10 @@ async def test_a_pages_content_does_not_depend_on_the_order_its_attempts_arrive_
     (forward,) = await rows(engine, row, u=in_order)
     (backward,) = await rows(engine, row, u=reversed_url)
     assert forward.title is not None
-    if history == "a 404, then a failure retried":
-        # The 404, arriving after the newer 503 that kept the page's status, is not
-        # known to be the newest settled attempt: the status follows the success.
+    if history in SETTLED_LATE:
+        # The 404, or the 503 whose retries ran out, arriving after the newer 503 that
+        # kept the page's status, is not known to be the newest settled attempt: the
+        # status follows the success.
         assert (forward.status, backward.status) == ("failed", "fetched")
         assert backward[:-2] == forward[:-2]
     else:

@@ -24,12 +24,14 @@ from trove_recorder.retention import (
     prune_applied,
     prune_crawls,
     prune_published,
+    retention_pass,
     run_retention,
 )
 from trove_recorder.retries import RetryPolicy, retry_request
 from trove_schema.bus import Bus
 from trove_schema.events import CrawlCompleted, CrawlOutcome, CrawlRequested, Scope, decode_event
 from trove_schema.settings import MAX_DURATION_SECONDS, RecorderSettings
+from trove_schema.tables import REBUILD_LOCK
 from trove_schema.topology import EVENTS_STREAM, page_schedule_subject
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -474,3 +476,33 @@ async def test_a_retention_step_that_fails_leaves_the_others_to_run(
             stop.set()
             await asyncio.wait_for(loop, timeout=5)
     assert "retention of the audit" in caplog.text
+
+
+@pytest.mark.parametrize("rebuild", ["running", "stopped partway"])
+async def test_a_pass_leaves_the_tables_to_a_whole_replays_rebuild(
+    engine: AsyncEngine, rebuild: str
+) -> None:
+    # A replay reads the crawl history it has rebuilt to settle the retries it held:
+    # a pass deleting under it would release retries whose page was fetched since.
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    old = [attempt(n, now - timedelta(days=91, minutes=n)) for n in range(5)]
+    async with async_sessionmaker(engine).begin() as session:
+        await apply_batch(session, old, POLICY)
+    retention = Retention(window=timedelta(days=90), batch=2)
+    async with engine.connect() as replay:
+        if rebuild == "running":
+            await replay.execute(text("SELECT pg_advisory_lock(:l)"), {"l": REBUILD_LOCK})
+        else:
+            await replay.execute(text("INSERT INTO rebuild_marks (started_at) VALUES (now())"))
+        await replay.commit()
+        assert await retention_pass(engine, retention, now=lambda: now) is None
+        assert (await audited(engine))[0] == 5
+        if rebuild == "running":
+            await replay.execute(text("SELECT pg_advisory_unlock(:l)"), {"l": REBUILD_LOCK})
+        else:
+            await replay.execute(text("DELETE FROM rebuild_marks"))
+        await replay.commit()
+    pruned = await retention_pass(engine, retention, now=lambda: now)
+    assert pruned is not None
+    assert pruned.audit == [2, 2, 1]
+    assert (await audited(engine))[0] == 0

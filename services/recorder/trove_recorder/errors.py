@@ -9,6 +9,8 @@
         ├── RebuildUnfinished    a whole replay stopped partway, and a replay --since
         │                        a later time would leave a hole
         ├── LockLost             a replay's lock went with its connection
+        ├── RebuildUnderWay      a retention pass met a whole replay's rebuild, running
+        │                        or stopped partway: it waits for the next pass
         └── ReplayStalled        no event came from NATS for a replay's patience
 
 A batch's trouble is not among them: the database's errors become a ``Retry`` (the
@@ -57,3 +59,10 @@ class ReplayStalled(RecorderError):
     ``--since`` for the next run), None when it applied none."""
 
     applied_until: datetime | None = None
+
+
+class RebuildUnderWay(RecorderError):
+    """A whole replay is rebuilding the tables, or stopped before its end: retention
+    leaves them alone until it is finished, as the live batches do. It would delete
+    rows the replay reads again (a held retry's causing attempt, which tells whether it
+    was overtaken)."""

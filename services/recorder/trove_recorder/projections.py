@@ -704,13 +704,17 @@ async def _completed(
     verdicts = await _audits(tx, completed, page_ids)
     # A page's attempts in one batch leave its row as they would one batch each, in
     # the order they completed: the newest attempt says how the page stands (or, when
-    # it is retried, the newest that was not retryable), the newest success or 304
+    # it is retried, the newest that was not: one not retryable, or one whose retries
+    # had run out), the newest success or 304
     # when it was last fetched, the newest success what it holds (its title, language,
     # keywords, validators) and the newest that says so what it links to. So the
     # tables do not depend on how the stream is cut into batches (a replay's 500, a
     # backlog after an outage, a trickle's one).
     latest: dict[int, CrawlCompleted] = {}
     settled: dict[int, CrawlCompleted] = {}
+    # A retryable attempt whose retries had run out settled the page too (``failed``):
+    # which did is known once their chains are counted (``_retries``).
+    failing: dict[int, list[CrawlCompleted]] = {}
     fetched: dict[int, CrawlCompleted] = {}
     content: dict[int, CrawlCompleted] = {}
     indexing: dict[int, CrawlCompleted] = {}
@@ -726,6 +730,8 @@ async def _completed(
             _keep_newest(latest, page_id, event)
             if not event.retryable:
                 _keep_newest(settled, page_id, event)
+            else:
+                failing.setdefault(page_id, []).append(event)
         if event.outcome in FETCHED and (before.fetched is None or at >= before.fetched):
             _keep_newest(fetched, page_id, event)
         success = event.outcome is CrawlOutcome.SUCCESS
@@ -739,7 +745,9 @@ async def _completed(
             _keep_newest(indexing, page_id, event)
         if (success or event.links) and (before.linked is None or at >= before.linked):
             _keep_newest(linking, page_id, event)
-    retried = await _retries(tx, latest, policy, replaying=replaying)
+    retried, ran_out = await _retries(tx, latest, failing, policy, replaying=replaying)
+    for page_id, event in ran_out.items():
+        _keep_newest(settled, page_id, event)
     await _page_state(tx, latest, settled, fetched, content, indexing, linking, retried)
     await _links(tx, linking, page_ids)
     return verdicts
@@ -817,53 +825,73 @@ def _elapsed_ms(event: CrawlCompleted) -> int:
     return min(max(0, elapsed), 2**31 - 1)
 
 
-# A page's attempts are counted in its chain: since its last success or 304, and since
-# the chain's first attempt (``attempt`` 1: a discovery, a re-crawl): a page whose
-# retries ran out in an outage is retried again when a link brings it back. And since
-# when it has been failing: its first attempt after its last success. Each bound is the
-# first entry found walking the page's attempts by completion (its index), newest first
-# or oldest after the success: the rows read are those since the page's last success,
-# which are what is counted, never its history before it (kept for ever by default, a
-# re-crawl a day for years). A page without a retryable attempt since is (0, NULL).
+# A page's attempts are counted in its chain, up to an attempt's completion: since its
+# last success or 304, and since the chain's first attempt (``attempt`` 1: a discovery, a
+# re-crawl): a page whose retries ran out in an outage is retried again when a link
+# brings it back. And since when it has been failing: its first attempt after its last
+# success. Each bound is the first entry found walking the page's attempts by completion
+# (its index), newest first from the attempt or oldest after the success: the rows read
+# are those since the page's last success, which are what is counted, never its history
+# before it (kept for ever by default, a re-crawl a day for years). A page without a
+# retryable attempt since is (0, NULL).
 CHAIN_ATTEMPTS = (
-    "SELECT v.id, (SELECT count(*) FROM page_crawls c WHERE c.page_id = v.id "
-    "AND c.completed_at > coalesce(ok.at, '-infinity') "
+    "SELECT v.n, (SELECT count(*) FROM page_crawls c WHERE c.page_id = v.id "
+    "AND c.completed_at <= v.at AND c.completed_at > coalesce(ok.at, '-infinity') "
     "AND c.completed_at >= coalesce(began.at, '-infinity')), "
     "(SELECT min(c.completed_at) FROM page_crawls c WHERE c.page_id = v.id "
-    "AND c.completed_at > coalesce(ok.at, '-infinity')) "
-    "FROM unnest(CAST(:ids AS bigint[])) AS v(id) "
+    "AND c.completed_at <= v.at AND c.completed_at > coalesce(ok.at, '-infinity')) "
+    "FROM unnest(CAST(:ids AS bigint[]), CAST(:ats AS timestamptz[])) WITH ORDINALITY "
+    "AS v(id, at, n) "
     "LEFT JOIN LATERAL (SELECT c.completed_at AS at FROM page_crawls c "
-    "WHERE c.page_id = v.id AND c.outcome IN ('success', 'not_modified') "
+    "WHERE c.page_id = v.id AND c.completed_at <= v.at "
+    "AND c.outcome IN ('success', 'not_modified') "
     "ORDER BY c.completed_at DESC LIMIT 1) ok ON true "
     # The chain's start counts only after the success: one before it bounds nothing.
     "LEFT JOIN LATERAL (SELECT c.completed_at AS at FROM page_crawls c "
-    "WHERE c.page_id = v.id AND c.attempt <= 1 AND c.completed_at > coalesce(ok.at, '-infinity') "
+    "WHERE c.page_id = v.id AND c.attempt <= 1 AND c.completed_at <= v.at "
+    "AND c.completed_at > coalesce(ok.at, '-infinity') "
     "ORDER BY c.completed_at DESC LIMIT 1) began ON true"
 )
 
 
 async def _retries(
-    tx: Transaction, latest: dict[int, CrawlCompleted], policy: RetryPolicy, *, replaying: bool
-) -> set[int]:
+    tx: Transaction,
+    latest: dict[int, CrawlCompleted],
+    failing: dict[int, list[CrawlCompleted]],
+    policy: RetryPolicy,
+    *,
+    replaying: bool,
+) -> tuple[set[int], dict[int, CrawlCompleted]]:
     """Outbox rows for the retryable attempts: a retry while attempts are left, else a
     recheck while the page has not been failing too long (``retries``), and a recheck
-    alone for a refusal that may be for now (``refused_for_now``); the page ids
-    retried."""
+    alone for a refusal that may be for now (``refused_for_now``). Returns the page ids
+    retried, and for each of them the newest attempt before in ``failing`` (retryable,
+    in this batch) whose retries had run out: it left the page failed, as it would have
+    in a batch of its own."""
     retryable = {pid: e for pid, e in latest.items() if e.retryable or refused_for_now(e)}
     scheduled: set[int] = set()
     if not retryable:
-        return scheduled
-    counts = {
-        page_id: (count, since)
-        for page_id, count, since in await tx.fetch(
-            _sql(CHAIN_ATTEMPTS), {"ids": sorted(retryable)}
+        return scheduled, {}
+    asked = sorted(retryable.items())
+    asked += [
+        (page_id, event)
+        for page_id, newest in asked
+        if newest.retryable
+        for event in failing.get(page_id, ())
+        if event is not newest
+    ]
+    counts: dict[int, tuple[int, datetime | None]] = {
+        n - 1: (count, since)
+        for n, count, since in await tx.fetch(
+            _sql(CHAIN_ATTEMPTS),
+            {"ids": [pid for pid, _ in asked], "ats": [e.completed_at for _, e in asked]},
         )
     }
     recheck_for = timedelta(seconds=policy.recheck_for_seconds)
     now = datetime.now(UTC)
     rows: list[tuple[uuid.UUID, bytes, datetime]] = []
-    for page_id, event in sorted(retryable.items()):
-        attempts, since = counts.get(page_id, (0, None))
+    for n, (page_id, event) in enumerate(asked[: len(retryable)]):
+        attempts, since = counts.get(n, (0, None))
         if attempts < policy.max_attempts and event.retryable:
             request = retry_request(event, attempts, policy)
             scheduled.add(page_id)
@@ -880,6 +908,10 @@ async def _retries(
             continue
         assert request.not_before is not None
         rows.append((uuid.UUID(request.id), request.to_wire(), request.not_before))
+    ran_out: dict[int, CrawlCompleted] = {}
+    for n, (page_id, event) in enumerate(asked[len(retryable) :], start=len(retryable)):
+        if page_id in scheduled and counts.get(n, (0, None))[0] >= policy.max_attempts:
+            _keep_newest(ran_out, page_id, event)
     if rows:
         await tx.execute(
             _sql(
@@ -895,7 +927,7 @@ async def _retries(
                 "dues": [r[2] for r in rows],
             },
         )
-    return scheduled
+    return scheduled, ran_out
 
 
 async def _page_state(
@@ -960,9 +992,11 @@ async def _page_state(
             "  OR p.status = 'failed' AND p.failed_at < v.fetched) THEN 'fetched' "
             "  ELSE p.status END, "
             "fetched_at = coalesce(v.fetched, p.fetched_at), "
-            # Cleared with the failure it dates: not by a success older than it, whose
-            # batch's newest attempt (a 503, retried) kept the page failed.
+            # Cleared with the failure it dates: by a status that is not a failure, not
+            # by a success older than it, whose batch's newest attempt (a 503, retried)
+            # kept the page failed.
             "failed_at = CASE WHEN v.failed_at IS NOT NULL THEN v.failed_at "
+            "  WHEN v.status IS NOT NULL THEN NULL "
             "  WHEN v.fetched IS NOT NULL AND (p.failed_at IS NULL "
             "  OR p.failed_at < v.fetched) THEN NULL "
             "  ELSE p.failed_at END, "

@@ -70,6 +70,8 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from trove_recorder.database import BATCH_TIMEOUT, bounded_transaction
+from trove_recorder.errors import RebuildUnderWay
+from trove_recorder.replay import rebuilding
 from trove_schema.settings import RecorderSettings
 
 log = logging.getLogger("trove.recorder")
@@ -198,11 +200,16 @@ async def _in_batches(
     a time until it goes through fewer, or ``stop`` is set (a first pass over months of
     rows takes minutes: a stopping recorder does not wait for it); the rows each batch
     went through. A batch the database leaves unanswered past ``retention.batch_timeout``
-    loses the pass's connection, and the lock with it: the pass ends there."""
+    loses the pass's connection, and the lock with it: the pass ends there. A batch holds
+    the rebuild lock shared, as a live batch does; a rebuild running or stopped partway
+    raises ``RebuildUnderWay``."""
     batch, within = retention.batch, retention.batch_timeout
     done: list[int] = []
     while stop is None or not stop.is_set():
         async with bounded_transaction(sessions, within, "a batch of retention") as session:
+            reason = await rebuilding(session)
+            if reason is not None:
+                raise RebuildUnderWay(reason)
             count = await step(session)
         if count:
             done.append(count)
@@ -380,7 +387,8 @@ async def retention_pass(
     cursor: HistoryCursor | None = None,
     stop: asyncio.Event | None = None,
 ) -> Pruned | None:
-    """Prune every table once, unless another recorder's pass runs: then nothing (None).
+    """Prune every table once, unless another recorder's pass runs, or a whole replay's
+    rebuild (running, or stopped partway) is met: then nothing more (None).
 
     The pass holds ``RETENTION_LOCK`` on a connection of its own, and runs its batches
     in that connection's transactions: a connection lost takes the lock with it, and
@@ -393,7 +401,13 @@ async def retention_pass(
                 return None
         unlocked = False
         try:
-            pruned = await _prune_tables(conn, retention, now, cursor or HistoryCursor(), stop)
+            try:
+                pruned: Pruned | None = await _prune_tables(
+                    conn, retention, now, cursor or HistoryCursor(), stop
+                )
+            except RebuildUnderWay as rebuild:
+                log.info("retention waits for its next pass: %s", rebuild)
+                pruned = None
             if not conn.invalidated:
                 async with conn.begin():
                     await conn.execute(_UNLOCK, {"lock": RETENTION_LOCK})
@@ -470,9 +484,12 @@ def _report(pruned: Pruned) -> None:
 
 
 async def _logged(what: str, step: Awaitable[_T]) -> _T | None:
-    """Run one step of a pass; what it raised is logged, and it deleted nothing."""
+    """Run one step of a pass; what it raised is logged, and it deleted nothing. A
+    rebuild met ends the whole pass (``retention_pass``)."""
     try:
         return await step
+    except RebuildUnderWay:
+        raise
     except Exception as exc:
         # The database away: the next pass catches up, nothing is lost by waiting.
         log.warning("retention of %s: %s", what, exc)
