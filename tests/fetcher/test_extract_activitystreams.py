@@ -114,8 +114,12 @@ FOLLOWERS = "https://social.example/users/ana/followers"
         {"to": [FOLLOWERS]},  # followers only
         {"to": ["https://social.example/users/bob"], "cc": []},  # a direct message
         {"to": "https://social.example/users/bob"},
+        # ActivityStreams lets an addressee be an object or a link, not only its id.
+        {"to": [{"type": "Link", "href": FOLLOWERS}], "cc": []},
+        {"to": [{"type": "Collection", "id": FOLLOWERS}]},
+        {"to": [{"type": "Collection"}]},
     ],
-    ids=["unlisted", "followers", "direct", "one-string"],
+    ids=["unlisted", "followers", "direct", "one-string", "a-link", "an-object", "unnamed"],
 )
 def test_a_post_its_author_did_not_make_public_says_nothing(addressed: dict[str, Any]) -> None:
     """Kept out of timelines and search by its author (or served by a server that
@@ -129,6 +133,8 @@ def test_a_post_its_author_did_not_make_public_says_nothing(addressed: dict[str,
         assert (result.title, result.keywords, result.links) == (None, (), ())
     public = read(note(to="as:Public", cc=[FOLLOWERS]))
     assert (public.noindex, public.title is not None) == (False, True)
+    linked = read(note(to=[{"type": "Link", "href": "as:Public"}], cc=[{"id": FOLLOWERS}]))
+    assert (linked.noindex, linked.title is not None) == (False, True)
 
 
 def test_the_title_is_the_name_then_the_summary_then_the_start_of_the_text() -> None:

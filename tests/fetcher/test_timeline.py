@@ -2829,6 +2829,37 @@ def test_a_spent_rate_limit_whose_reset_reads_as_past_waits_the_window(reset: st
     assert rate_limit_wait(headers, now=now) == DEFAULT_RATE_WINDOW
 
 
+def test_a_rate_limit_sent_twice_is_read() -> None:
+    """An app's headers and its proxy's: joined with a comma they read as no limit, and
+    every page of a poll was asked of an instance that said none was left."""
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    reset = "2026-12-01T12:05:00.000Z"
+    headers = httpx.Headers(
+        [
+            ("x-ratelimit-limit", "300"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", reset),
+            ("x-ratelimit-limit", "300"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", reset),
+        ]
+    )
+    assert rate_limit_wait(headers, now=now) == 300.0
+    assert retry_after_of(headers, now=now) == 300.0
+    plenty = httpx.Headers([("x-ratelimit-remaining", "250"), ("x-ratelimit-remaining", "0")])
+    assert rate_limit_wait(plenty, now=now) == DEFAULT_RATE_WINDOW  # the fewer left counts
+
+
+def test_a_retry_after_of_zero_leaves_the_rate_limits_reset_to_wait_for() -> None:
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    headers = httpx.Headers(
+        {"retry-after": "0", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "300"}
+    )
+    assert retry_after_of(headers, now=now) == 300.0
+    assert retry_after_of(httpx.Headers({"retry-after": "0"}), now=now) == 0.0
+    assert retry_after_of(httpx.Headers({"retry-after": "60"}), now=now) == 60.0
+
+
 @pytest.mark.parametrize(
     "reset",
     [

@@ -252,9 +252,25 @@ def _public(item: Mapping[str, object], document: Mapping[str, object]) -> bool:
     return True
 
 
+#: An addressee named neither by a string nor by an object's id: someone, not the public.
+_UNNAMED = ""
+
+
 def _audience(value: object) -> set[str]:
+    """Who ``to`` or ``cc`` names: ids, as strings or as the ``id`` (or a Link's
+    ``href``) of an object, as ActivityStreams allows either; anything else there is
+    an addressee not known to be the public."""
     values = value if isinstance(value, list) else [value]
-    return {v for v in values[:MAX_ITEMS] if isinstance(v, str)}
+    named: set[str] = set()
+    for entry in values[:MAX_ITEMS]:
+        if isinstance(entry, dict):
+            ids = [entry.get("id"), entry.get("href")]
+            entry = next((i for i in ids if isinstance(i, str)), _UNNAMED)
+        if isinstance(entry, str):
+            named.add(entry)
+        elif entry is not None:
+            named.add(_UNNAMED)
+    return named
 
 
 def _content_object(document: object) -> Mapping[str, object]:

@@ -589,24 +589,40 @@ def _seconds_until(value: str | None, now: datetime) -> float | None:
     return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
-def _header_int(headers: httpx.Headers, name: str) -> int | None:
-    value = headers.get(name, "").strip()
-    if not value or len(value) > 18 or not re.fullmatch(r"-?\d+", value):
-        return None
-    return int(value)
+def _header_int(headers: httpx.Headers, name: str, pick: Callable[[list[int]], int]) -> int | None:
+    """The header's number; of several (an app's and its proxy's, which ``headers.get``
+    would join with a comma and read as none), the one ``pick`` takes."""
+    numbers = [
+        int(value)
+        for value in (raw.strip() for raw in headers.get_list(name))
+        if value and len(value) <= 18 and re.fullmatch(r"-?\d+", value)
+    ]
+    return pick(numbers) if numbers else None
+
+
+def _reset_wait(headers: httpx.Headers, now: datetime) -> float | None:
+    """Seconds until the rate limit's reset, on the instance's clock when it says the
+    time (the reset is a time on that clock); the latest of several."""
+    moment = site_now(headers, now)
+    waits = [
+        wait
+        for value in headers.get_list("x-ratelimit-reset")
+        if (wait := _seconds_until(value, moment)) is not None
+    ]
+    return max(waits, default=None)
 
 
 def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
-    """Seconds to leave the API alone when its rate limit is (nearly) spent, else None."""
-    remaining = _header_int(headers, "x-ratelimit-remaining")
+    """Seconds to leave the API alone when its rate limit is (nearly) spent, else None.
+    Sent twice, the fewest requests left and the largest limit count."""
+    remaining = _header_int(headers, "x-ratelimit-remaining", min)
     if remaining is None:
         return None
-    limit = _header_int(headers, "x-ratelimit-limit")
+    limit = _header_int(headers, "x-ratelimit-limit", max)
     floor = max(1, int(limit * LOW_RATE_SHARE)) if limit and limit > 0 else 1
     if remaining > floor:
         return None
-    # On the instance's clock when it says the time: the reset is a time on that clock.
-    reset = _seconds_until(headers.get("x-ratelimit-reset"), site_now(headers, now or utcnow()))
+    reset = _reset_wait(headers, now or utcnow())
     # A reset that reads as now or past (a "0", an instance whose clock runs slow) says
     # no more than none: the limit is spent, and a wait of 0 brought the poll back at
     # once, its one request spent again, for as long as the instance said so.
@@ -614,11 +630,13 @@ def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> f
 
 
 def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
-    """Seconds a 429 or 503 asks for: ``Retry-After``, else the rate limit's reset."""
+    """Seconds a 429 or 503 asks for: ``Retry-After``, else the rate limit's reset. A
+    ``Retry-After: 0`` asks for nothing (a proxy's default), and does not hide a reset."""
     moment = now or utcnow()
     wait = retry_after(headers, now=moment)
-    if wait is None:
-        wait = _seconds_until(headers.get("x-ratelimit-reset"), site_now(headers, moment))
+    if wait is None or wait <= 0:
+        reset = _reset_wait(headers, moment)
+        wait = reset if reset is not None else wait
     return None if wait is None else min(max(0.0, wait), MAX_RETRY_AFTER)
 
 
