@@ -19,6 +19,7 @@ import httpx
 import nats.errors
 import pytest
 
+from tests.conftest import eventually
 from tests.fetcher._servers import (
     Exchange,
     LocalServer,
@@ -1269,6 +1270,47 @@ async def test_a_body_the_pod_read_late_ended_when_its_last_byte_arrived(
     assert read - asked >= stall
     # Never before the last byte came (the server sent it SLOW_ANSWER after the request).
     assert asked + SLOW_ANSWER <= ended < asked + SLOW_ANSWER + 0.2
+
+
+@pytest.mark.parametrize("framing", ["until the close", "with a length"])
+async def test_a_body_that_ends_with_the_close_ended_when_the_host_closed(framing: str) -> None:
+    # An HTTP/1.0 answer without a length ends when the host closes the connection: a
+    # host holding it seconds after its last byte is answering until then. The close
+    # carries no data, so the kernel's stamp of the last data would end it early.
+    hold = 1.0
+    closed: list[float] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = b"<html><title>Held</title><p>A page.</p></html>"
+        length = f"Content-Length: {len(body)}\r\n" if framing == "with a length" else ""
+        head = f"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\n{length}\r\n"
+        writer.write(head.encode() + body)
+        await writer.drain()
+        await asyncio.sleep(hold)  # the host's own behaviour: it holds the socket
+        closed.append(time.time())
+        writer.close()
+
+    async def closed_yet() -> bool:
+        return bool(closed)
+
+    host = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = host.sockets[0].getsockname()[1]
+    try:
+        async with build_client(_settings()) as client:
+            asked = time.time()
+            result = await get(client, f"http://a.trove.test:{port}/held")
+            await eventually(closed_yet, until=bool, timeout=10, interval=0.05)
+    finally:
+        host.close()
+        await host.wait_closed()
+    assert result.outcome is CrawlOutcome.SUCCESS
+    assert result.received_at is not None
+    if framing == "until the close":
+        assert result.received_at >= closed[0]
+    else:
+        # A length ends the body at its last byte: the host's hold after it is idle.
+        assert result.received_at < asked + hold / 2
 
 
 @pytest.mark.parametrize("path", ["/big", "/no-type"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -564,6 +565,10 @@ def test_policy_expires_after_its_ttl() -> None:
         ("soon", None),
         ("30 hours", None),
         ("-5", None),
+        # Past a float's range: the longest wait there is, which the gap's bound cuts.
+        ("1e400", sys.float_info.max),
+        ("Infinity", sys.float_info.max),
+        ("nan", None),
     ],
 )
 def test_a_crawl_delay_written_with_its_unit_or_a_decimal_comma_is_its_number(

@@ -659,15 +659,17 @@ class Fetcher:
     ) -> HopGate:
         """Before a redirect hop: end the lease of the previous request (the gap counts
         from the end of its response) and take the lease of the hop's host (``lease``,
-        a page's by default)."""
+        a page's by default); the hop may take what is left under it, as a first
+        request may (``_request_time``)."""
 
-        async def before_hop(hops: tuple[str, ...]) -> None:
+        async def before_hop(hops: tuple[str, ...]) -> float:
             await self._release(hold)
             domain = domain_of(hops[-1])
             decision = await (lease(domain) if lease else self._acquire(domain, False))
             if isinstance(decision, Deferred):
                 raise RedirectPaused(hops, decision.at)
             hold.domain, hold.grant = domain, decision
+            return self._request_time(hold)
 
         return before_hop
 

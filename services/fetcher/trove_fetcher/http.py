@@ -109,29 +109,33 @@ _AUDIT_VALUE_LENGTH = 256
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: Awaited before each redirect hop with the hops so far (the last one about to be
-#: requested); returns when it may go, or raises ``RedirectPaused``.
-HopGate = Callable[[tuple[str, ...]], Awaitable[None]]
+#: requested); returns when it may go, with the longest the hop may take (the time left
+#: under its own host's hold; None: no bound of its own), or raises ``RedirectPaused``.
+HopGate = Callable[[tuple[str, ...]], Awaitable[float | None]]
 
 
 async def pass_gate(
     gate: HopGate, hops: Sequence[str], deadline: asyncio.Timeout, permanent: bool = False
 ) -> None:
-    """Wait at ``gate`` for the next hop; the wait is not part of the fetch's timeout.
-    A pause says whether every hop so far was ``permanent``, for the chain to carry."""
+    """Wait at ``gate`` for the next hop; the wait is not part of the fetch's timeout,
+    and what the gate allows the hop bounds it too. A pause says whether every hop so
+    far was ``permanent``, for the chain to carry."""
     loop = asyncio.get_running_loop()
     when = deadline.when()
     remaining = None if when is None else when - loop.time()
     deadline.reschedule(None)
+    allowed: float | None = None
     try:
-        await gate(tuple(hops))
+        allowed = await gate(tuple(hops))
     except RedirectPaused as paused:
         paused.permanent = permanent
         raise
     except Exception as exc:
         raise HopGateFailed(f"hop gate: {exc}") from exc
     finally:
-        if remaining is not None:
-            deadline.reschedule(loop.time() + max(0.0, remaining))
+        bounds = [bound for bound in (remaining, allowed) if bound is not None]
+        if bounds:
+            deadline.reschedule(loop.time() + max(0.0, min(bounds)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

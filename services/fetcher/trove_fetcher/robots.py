@@ -47,9 +47,12 @@ says why), never allowed unread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import math
 import re
+import sys
 import time
 import zlib
 from collections import OrderedDict
@@ -243,6 +246,11 @@ def _shortened(field: str, value: str) -> str | None:
         if spelled is not None:
             number = float(spelled.group(1).replace(",", "."))
             return repr(number * 60 if spelled.group(2) else number)
+        with contextlib.suppress(ValueError):
+            if float(value[:_MAX_VALUE_CHARS]) == math.inf:
+                # "1e400", "inf": past a float's range, which protego drops as malformed,
+                # and the longest wait asked for became the default gap.
+                return repr(sys.float_info.max)
     if field in _ALLOW_DIRECTIVE or field in _DISALLOW_DIRECTIVE:
         # A "%61" may match one "a": protego decodes the escapes of plain characters.
         literal = len(value) - value.count("*") - value.count("$") - 2 * value.count("%")

@@ -401,12 +401,17 @@ class AnswerTime:
 
     ``received_at`` is when (``time.time()``) the last byte arrived, for a body read to
     its end: the moment a host's gap counts from (``FetchResult.ended_at``). A
-    response closed before its end has none: its host may still be sending."""
+    response closed before its end has none: its host may still be sending. A body that
+    ends with the connection's close (``until_close``: no length, not chunked) ends at
+    the host's FIN, which carries no data and so no stamp: a host that held the socket
+    for seconds after its last byte is done only then, and the pod's read of the end,
+    just after it, is the moment."""
 
-    __slots__ = ("_socket", "received_at", "seconds")
+    __slots__ = ("_socket", "_until_close", "received_at", "seconds")
 
-    def __init__(self, sock: object) -> None:
+    def __init__(self, sock: object, *, until_close: bool = False) -> None:
         self._socket: object | None = sock
+        self._until_close = until_close
         self.seconds: float | None = None
         self.received_at: float | None = None
 
@@ -423,7 +428,18 @@ class AnswerTime:
             return
         self.seconds = max(0, sent_ago - received_ago) / 1000.0
         if whole:
-            self.received_at = time.time() - max(0.0, received_ago / 1000.0 - _STAMP_SLACK)
+            now = time.time()
+            early = 0.0 if self._until_close else max(0.0, received_ago / 1000.0 - _STAMP_SLACK)
+            self.received_at = now - early
+
+
+def ends_with_the_close(method: str, status: int, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a response's body is delimited by the connection's close (HTTP/1.1's
+    last resort: a body with neither ``Content-Length`` nor ``Transfer-Encoding``)."""
+    if method == "HEAD" or status < 200 or status in (204, 304):
+        return False
+    names = {name.lower() for name, _ in headers}
+    return b"content-length" not in names and b"transfer-encoding" not in names
 
 
 class _ResponseStream(httpx.AsyncByteStream):
@@ -660,7 +676,10 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         # Not the "network_stream": the response would hold the socket (see
         # ``_ResponseStream``); its answer time holds it only until the response ends.
         network = extensions.pop("network_stream", None)
-        answer = AnswerTime(None if network is None else network.get_extra_info("socket"))
+        answer = AnswerTime(
+            None if network is None else network.get_extra_info("socket"),
+            until_close=ends_with_the_close(request.method, response.status, response.headers),
+        )
         extensions[ANSWER_TIME] = answer
         return httpx.Response(
             status_code=response.status,
