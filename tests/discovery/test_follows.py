@@ -149,6 +149,19 @@ def test_an_excluded_instance_cannot_be_followed_but_can_be_unfollowed() -> None
     assert [c.instance for c in left.accepted] == [INSTANCE]
 
 
+def test_an_instance_followed_inside_the_allowed_networks_can_be_unfollowed_outside() -> None:
+    # The networks narrowed since the follow: its polls would go on, at their longest
+    # pause, with no command left to end them.
+    before = DiscoverySettings(max_url_length=2048, allowed_networks=("10.0.0.0/8",))
+    followed = parse_command(b"http://10.1.1.1", verb="follow", settings=before)
+    assert [c.instance for c in followed.accepted] == ["http://10.1.1.1"]
+    now = DiscoverySettings(max_url_length=2048, allowed_networks=())
+    refused = parse_command(b"http://10.1.1.1", verb="follow", settings=now)
+    assert "private address" in only_reason(refused)
+    left = parse_command(b"http://10.1.1.1", verb="unfollow", settings=now)
+    assert [c.instance for c in left.accepted] == ["http://10.1.1.1"]
+
+
 def test_a_tag_is_one_timeline_whatever_its_case() -> None:
     (command,) = parse(f"{INSTANCE} tag:SmallWeb").accepted
     assert command.timeline == "tag:smallweb"

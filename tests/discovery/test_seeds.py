@@ -95,6 +95,31 @@ def test_only_lf_or_crlf_ends_a_line_and_no_url_is_cut_at_another_separator(
     assert "b" not in [seed.raw for seed in batch.rejected]
 
 
+def test_urls_apart_on_a_line_or_after_a_lone_cr_are_each_judged() -> None:
+    # A tab pasted from a sheet was dropped by the URL parser: "a.example\tb.example"
+    # was a host of its own, and the URL after a space or a lone CR was lost in a path.
+    batch = parse(
+        "https://a.example/\tmy notes\r"
+        "https://b.example/ https://c.example/\r\n"
+        "https://d.example\te.example  # the rest is a comment https://f.example/"
+    )
+    assert [seed.url for seed in batch.accepted] == [
+        "https://a.example/",
+        "https://b.example/",
+        "https://c.example/",
+        "https://d.example/",
+    ]
+    assert [seed.raw for seed in batch.rejected] == ["my", "notes", "e.example"]
+
+
+def test_a_line_that_is_not_utf8_is_rejected_and_the_others_kept() -> None:
+    batch = parse(b"https://a.example/\r\ncaf\xe9 cr\xe8me\nhttps://b.example/\n")
+    assert [seed.url for seed in batch.accepted] == ["https://a.example/", "https://b.example/"]
+    (garbled,) = batch.rejected
+    assert garbled.reason.startswith("not UTF-8 text")
+    assert garbled.raw == "caf\ufffd cr\ufffdme"
+
+
 def test_a_leading_byte_order_mark_is_ignored() -> None:
     batch = parse("\ufeffhttps://example.org/".encode())
     assert [seed.url for seed in batch.accepted] == ["https://example.org/"]

@@ -84,7 +84,7 @@ SAME_RESOURCE = {
             "http://example.org/shop/item.jsp;jsessionid=0A1B2C?id=1",
             "http://example.org/shop/item.jsp;JSESSIONID=0A1B2C?id=1",
             "http://example.org/shop/item.jsp;phpsessid=ff?id=1",
-            "http://example.org/shop;sid=9/item.jsp?id=1",
+            "http://example.org/shop;sid=9f2c4e7a1b3d5f60a8c2e4b6d1f3a5c7/item.jsp?id=1",
         ],
     ),
     "ASP.NET's cookieless session segment": (
@@ -100,7 +100,9 @@ SAME_RESOURCE = {
         "http://example.org/?page=2",
         [
             "http://example.org/?PHPSESSID=abc&page=2",
-            "http://example.org/?page=2&jsessionid=1&sid=2&SessionId=3&session_id=4",
+            "http://example.org/?page=2&jsessionid=1&SessionId=3&session_id=4",
+            "http://example.org/?page=2&sid=9f2c4e7a1b3d5f60a8c2e4b6d1f3a5c7",
+            "http://example.org/?SID=a1b2c3d4e5f6g7h8i9j0k1l2m3&page=2",
             "http://example.org/?ASPSESSIONIDQQGGQRST=KJH&page=2",
             "http://example.org/?osCsid=8f3a01&page=2",
             "http://example.org/?page=2&zenid=q1w2e3",
@@ -108,6 +110,14 @@ SAME_RESOURCE = {
             "http://example.org/?XTCsid=k2j3h4&page=2",
             "http://example.org/?page=2&s=0123456789abcdef0123456789ABCDEF",
         ],
+    ),
+    "stories, where a session id's name means one": (
+        "http://example.org/modules.php?file=article&name=News&sid=1",
+        ["http://example.org/modules.php?name=News&file=article&sid=1"],
+    ),
+    "a story's path parameter": (
+        "http://example.org/story;sid=42",
+        ["http://example.org/story;sid=42#comments"],
     ),
     "a search, where a session id's name means one": (
         "http://example.org/?page=2&s=cats",
@@ -170,6 +180,15 @@ DIFFERENT_RESOURCES = {
         "http://example.org/?utm=1",
         "http://example.org/?ref=1",
         "http://example.org/?sidebar=1",
+    ],
+    "stories a sid names, in the query and the path": [
+        "http://example.org/modules.php?name=News&file=article&sid=1",
+        "http://example.org/modules.php?name=News&file=article&sid=2",
+        "http://example.org/article.pl?sid=04/01/01/1234",
+        "http://example.org/article.pl?sid=05/02/02/0000",
+        "http://example.org/article.pl?sid=the-longest-story-of-the-year",
+        "http://example.org/story;sid=42",
+        "http://example.org/story;sid=43",
     ],
 }
 

@@ -19,8 +19,8 @@ default ports, empty path); Trove adds its own rules on top:
   dodged by spelling;
 * tracking parameters (``TRACKING_PARAMETERS``, any ``utm_*``) and session ids
   (``SESSION_PARAMETERS``, ``aspsessionid*``, ``SESSION_VALUES``; path parameters
-  ``;jsessionid=``, ``;phpsessid=``, ``;sid=``; ASP.NET's cookieless path segment
-  ``/(S(...))``) are removed, matching names case-insensitively;
+  ``;jsessionid=``, ``;phpsessid=``, a ``;sid=`` that looks like one; ASP.NET's
+  cookieless path segment ``/(S(...))``) are removed, matching names case-insensitively;
 * the remaining query parameters are sorted by name (stable: repeated names keep their
   order, so ``?a=2&a=1`` stays as it is); an empty query is dropped;
 * the result may be at most ``max_length`` characters.
@@ -84,7 +84,6 @@ SESSION_PARAMETERS = frozenset(
     {
         "phpsessid",
         "jsessionid",
-        "sid",
         "sessionid",
         "session_id",
         "oscsid",
@@ -94,14 +93,23 @@ SESSION_PARAMETERS = frozenset(
         "xtcsid",
     }
 )
+#: A session id's value: 20 or more letters and digits, a digit among them (phpBB's 32
+#: hex digits, PHP's 26 or 32 characters), not a slug's words and hyphens.
+_SESSION_VALUE = r"(?=[A-Za-z]*[0-9])[0-9A-Za-z]{20,128}"
 #: Names that are a session id when their value looks like one: vBulletin's ``s`` of 32
-#: hex digits (WordPress names its search so). A site that keeps no cookie of a crawler
-#: puts a new one in every link of every page: each page a new URL at every visit.
-SESSION_VALUES = {"s": re.compile(r"[0-9a-fA-F]{32}\Z")}
+#: hex digits (WordPress names its search so), and ``sid`` (PHP-Nuke and Slash name
+#: their stories so: ``?sid=1``, ``?sid=04/01/01/1234``). A site that keeps no cookie of
+#: a crawler puts a new one in every link of every page: each page a new URL at every
+#: visit. What a host's other parameters say, its URL rules learn (``aliases``).
+SESSION_VALUES = {
+    "s": re.compile(r"[0-9a-fA-F]{32}\Z"),
+    "sid": re.compile(_SESSION_VALUE + r"\Z"),
+}
 #: IIS classic ASP appends random letters: ASPSESSIONIDQQGGQRST.
 SESSION_PREFIXES = ("aspsessionid",)
-#: Path parameters (``/page;jsessionid=...``) that carry a session id.
-SESSION_PATH_PARAMETERS = ("jsessionid", "phpsessid", "sid")
+#: Path parameters (``/page;jsessionid=...``) that carry a session id, whatever their
+#: value; ``;sid=`` one whose value looks like one.
+SESSION_PATH_PARAMETERS = ("jsessionid", "phpsessid")
 
 #: ASP.NET's cookieless session (and anonymous id, forms ticket) path segment:
 #: ``/(S(lit3py55t21z5v55vlm25s55))/default.aspx``, new at every visit, so a site's
@@ -110,7 +118,9 @@ _COOKIELESS_RE = re.compile(r"/\((?:[A-Z]\([A-Za-z0-9_-]{0,1000}\))+\)(?=/|\Z)")
 _DROP_PARAMETERS = TRACKING_PARAMETERS | SESSION_PARAMETERS
 _DROP_PREFIXES = TRACKING_PREFIXES + SESSION_PREFIXES
 _SESSION_PATH_RE = re.compile(
-    r";(?:" + "|".join(SESSION_PATH_PARAMETERS) + r")=[^;/]*", re.IGNORECASE
+    r";(?:(?:" + "|".join(SESSION_PATH_PARAMETERS) + r")=[^;/]*"
+    r"|sid=" + _SESSION_VALUE + r"(?=[;/]|\Z))",
+    re.IGNORECASE,
 )
 #: Browsers strip C0 controls and spaces around a URL.
 _SURROUNDING = "".join(chr(c) for c in range(0x21))

@@ -204,7 +204,9 @@ def _build(
         original = candidate.strip()
         raw = line or original
         try:
-            instance, domain = instance_origin(original, settings)
+            # An unfollow ends a follow made before the address was refused (the
+            # allowed networks narrowed since), as before an exclusion (below).
+            instance, domain = instance_origin(original, settings, private=verb != "follow")
             timeline = None if options.timeline is None else timeline_name(options.timeline)
         except InvalidFollow as exc:
             rejected.append(RejectedCommand(raw, exc.reason))
@@ -240,8 +242,11 @@ def _build(
     return CommandBatch(verb=verb, accepted=tuple(accepted), rejected=tuple(rejected))
 
 
-def instance_origin(raw: str, settings: DiscoverySettings) -> tuple[str, str]:
-    """The origin (``https://host[:port]``, no slash) and domain of an instance URL."""
+def instance_origin(
+    raw: str, settings: DiscoverySettings, *, private: bool = False
+) -> tuple[str, str]:
+    """The origin (``https://host[:port]``, no slash) and domain of an instance URL; one
+    on a private address only when ``private`` (else ``InvalidFollow``)."""
     try:
         url = canonicalize(raw, max_length=settings.max_url_length)
     except InvalidURL as exc:
@@ -261,7 +266,7 @@ def instance_origin(raw: str, settings: DiscoverySettings) -> tuple[str, str]:
             f"an instance is an origin (scheme://host[:port]), not a page: drop {where!r}"
         )
     domain = domain_of(url)
-    if is_private_host(domain, settings.allowed_networks, settings.nat64_prefixes):
+    if not private and is_private_host(domain, settings.allowed_networks, settings.nat64_prefixes):
         raise InvalidFollow(f"host {domain} is a private address (not in TROVE_ALLOWED_NETWORKS)")
     return origin_of(url), domain
 

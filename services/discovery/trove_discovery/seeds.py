@@ -3,8 +3,11 @@
 Accepted forms (the payload is UTF-8; a leading BOM is ignored):
 
 * a plain URL, as ``nats pub trove.seeds https://example.org/`` sends it;
-* several URLs, one a line (LF or CRLF); blank lines and lines starting with ``#``
-  are skipped (a ``#`` after a URL is part of the URL, as in any URL);
+* several URLs, one a line (LF, CRLF or CR) or apart on a line (spaces, tabs: no URL
+  holds one, and the URL parser drops tabs, so "https://a.example\tb.example" was
+  another host); blank lines and lines starting with ``#`` are skipped, and a word
+  starting with ``#`` ends its line (a ``#`` inside a URL is part of it, as in any
+  URL). A line that is not UTF-8 is rejected alone;
 * a JSON array of URL strings;
 * a JSON object: ``{"url": "..."}`` or ``{"urls": [...]}`` with the options
   ``priority`` (integer -100..100, default 0), ``scope`` ("host", "domain", "pattern"
@@ -23,7 +26,9 @@ a million events); a URL repeated in one message is accepted once.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trove_discovery.errors import InvalidSeed, InvalidURL
@@ -93,15 +98,20 @@ def parse_seeds(
     exclusions: Exclusions = NO_EXCLUSIONS,
 ) -> SeedBatch:
     """Parse one seed message into accepted requests and rejections (never raises)."""
+    garbled: list[RejectedSeed] = []
     try:
         text = data.decode("utf-8").removeprefix("\ufeff").strip()
     except UnicodeDecodeError as exc:
-        raw = data[:MAX_RAW_LENGTH].decode("utf-8", "replace")
-        return _rejected(raw, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        if data.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):
+            raw = data[:MAX_RAW_LENGTH].decode("utf-8", "replace")
+            return _rejected(raw, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        text, garbled = _utf8_lines(data)
     if not text:
-        return _rejected("", "empty seed message")
+        return (
+            SeedBatch(rejected=tuple(garbled)) if garbled else _rejected("", "empty seed message")
+        )
     candidates: list[object]
-    if text[0] in "{[":
+    if text[0] in "{[" and not garbled:
         document, refusal = read_json(text)
         if refusal is not None:
             return _rejected(text, refusal)
@@ -110,18 +120,55 @@ def parse_seeds(
         except InvalidSeed as exc:
             return _rejected(text, exc.reason)
     else:
-        candidates = [
-            stripped
-            for line in text.split("\n")  # not splitlines: U+2028, \v, \f end no line
-            if (stripped := line.strip()) and not stripped.startswith("#")
-        ]
+        candidates = list(_words(text))
         try:
             options = _default_options(settings)
         except InvalidSeed as exc:
             return _rejected(text, exc.reason)
     if not candidates:
-        return _rejected(text, "no URLs in seed message")
-    return _build(candidates, options, origin=origin, settings=settings, exclusions=exclusions)
+        return (
+            SeedBatch(rejected=tuple(garbled))
+            if garbled
+            else _rejected(text, "no URLs in seed message")
+        )
+    batch = _build(candidates, options, origin=origin, settings=settings, exclusions=exclusions)
+    return replace(batch, rejected=(*garbled, *batch.rejected)) if garbled else batch
+
+
+#: What ends a line of URLs, and what parts two on a line: a space or a tab. Not
+#: U+2028, \v or \f, which ``str.splitlines`` and ``str.split`` take for separators: a
+#: URL holding one is judged whole (canonicalization escapes or refuses it).
+_LINE_ENDS = re.compile(r"\r\n?|\n")
+_BLANKS = re.compile(r"[ \t]+")
+
+
+def _words(text: str) -> Iterator[str]:
+    """The URLs of a text message: its lines' words, up to a comment."""
+    for line in _LINE_ENDS.split(text):
+        for word in _BLANKS.split(line.strip()):
+            if word.startswith("#"):
+                break
+            if word:
+                yield word
+
+
+def _utf8_lines(data: bytes) -> tuple[str, list[RejectedSeed]]:
+    """A text message that is not UTF-8 throughout: its UTF-8 lines, and each other
+    line rejected (a pasted list with one Latin-1 line loses that line, not the list)."""
+    kept: list[str] = []
+    garbled: list[RejectedSeed] = []
+    for line in re.split(rb"\r\n?|\n", data.removeprefix(b"\xef\xbb\xbf")):
+        try:
+            kept.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raw = line[:MAX_RAW_LENGTH].decode("utf-8", "replace").strip()
+            reason = f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
+            garbled.append(RejectedSeed(raw, reason))
+    if len(garbled) > MAX_SEEDS_PER_MESSAGE:
+        rest = len(garbled) - MAX_SEEDS_PER_MESSAGE
+        reason = f"more than {MAX_SEEDS_PER_MESSAGE} lines not UTF-8: {rest} more not listed"
+        garbled[MAX_SEEDS_PER_MESSAGE:] = [RejectedSeed(garbled[MAX_SEEDS_PER_MESSAGE].raw, reason)]
+    return "\n".join(kept).strip(), garbled
 
 
 def _build(
