@@ -60,6 +60,7 @@ from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
 from trove_schema.server_time import server_now
 from trove_schema.settings import (
+    ALL_SETTINGS,
     CommonSettings,
     UnknownSetting,
     check_environment,
@@ -974,6 +975,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_environment()
         settings = CommonSettings()
+        if args.command in ("up", "crawl"):
+            # The services' own settings too, before they start: a value one of them
+            # refuses made it exit 2 at each restart, and a crawl waited on it until its
+            # timeout, "no page was queued".
+            for service_settings in ALL_SETTINGS:
+                service_settings()
         commands = {
             "crawl": cmd_crawl,
             "seed": cmd_seed,

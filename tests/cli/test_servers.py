@@ -227,3 +227,32 @@ async def test_a_sandbox_crawl_keeps_its_state_apart_from_a_real_crawls(tmp_path
     assert kept.read_text() == "months of crawling"
     assert sorted(p.name for p in (tmp_path / ".trove").iterdir()) == ["nats"]
     assert (tmp_path / ".trove-sandbox" / "postgres").is_dir()
+
+
+@pytest.mark.parametrize("away", ["nats-server", "Postgres"])
+async def test_a_replay_whose_server_is_away_says_so_in_a_line(
+    tmp_path: Path, stack: StackUrls, away: str
+) -> None:
+    # A replay by cron in an outage: the broker's connect waited for ever, and the
+    # database's refusal came as a traceback of 159 lines.
+    closed = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TROVE_")},
+        "TROVE_STATE_DIR": str(tmp_path),
+        "TROVE_NATS_URL": f"nats://127.0.0.1:{closed}" if away == "nats-server" else stack.nats_url,
+        "TROVE_DATABASE_URL": (
+            f"postgresql+asyncpg://trove@127.0.0.1:{closed}/trove"
+            if away == "Postgres"
+            else stack.database_url
+        ),
+    }
+
+    code, out = await run_trove("replay", "--since", "1h", env=env, timeout=60)
+
+    assert code == 1, out
+    assert "Traceback" not in out
+    said = " ".join(out.split())
+    if away == "nats-server":
+        assert "no connection to NATS in 10 s. Nothing was applied" in said
+    else:
+        assert "a server is away: ConnectionRefusedError" in said

@@ -55,3 +55,32 @@ def test_a_setting_it_cannot_use_ends_the_command_with_exit_2_before_any_server_
     assert said in out
     assert "s3cr3t" not in out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "value"),
+    [
+        (["crawl", "--sandbox", "--timeout", "60"], "TROVE_MAX_DEPTH", "abc"),
+        (["up"], "TROVE_RESOLVE", "a.example"),
+        (["crawl", "https://a.example/", "--timeout", "60"], "TROVE_MAX_ATTEMPTS", "0"),
+    ],
+    ids=["discovery's", "the fetcher's", "the recorder's"],
+)
+def test_a_service_setting_it_cannot_use_ends_up_and_crawl_before_any_service_starts(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: object,
+    command: list[str],
+    variable: str,
+    value: str,
+) -> None:
+    # Checked by the service alone, it exited 2 at each restart, and a crawl waited on it
+    # until its timeout, then said that its seeds were known from an earlier crawl.
+    monkeypatch.setenv("TROVE_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(variable, value)
+
+    code = main(command)
+
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 2, out
+    assert f"error: settings: {variable}=" in out

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import eventually
 from tests.fetcher._dns import DnsServer, dns_server
-from trove_fetcher.dns import MAX_ADDRESSES, DnsConfig, DnsResolver, parse_nameserver
+from trove_fetcher.dns import MAX_ADDRESSES, DnsConfig, DnsResolver
 from trove_fetcher.errors import (
     DnsError,
     DnsFailure,
@@ -29,6 +29,7 @@ from trove_fetcher.errors import (
     PodExhausted,
     ResolverAway,
 )
+from trove_schema.addresses import parse_nameserver
 
 
 class Clock:

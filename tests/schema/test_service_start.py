@@ -35,7 +35,7 @@ from trove_schema.service import (
     together,
 )
 from trove_schema.settings import CommonSettings
-from trove_schema.topology import declare, ensure_topology
+from trove_schema.topology import TopologyOptions, declare, ensure_topology
 from trove_stack.nats import EmbeddedNats, NatsConfig, nats_server_binary
 from trove_stack.processes import Child
 
@@ -110,6 +110,31 @@ async def test_a_topology_jetstream_refuses_ends_the_start_with_the_servers_word
     finally:
         server.stop()
     assert "overlap" in str(refused.value)
+
+
+async def test_replicas_a_single_server_cannot_place_end_the_start_with_its_words(
+    tmp_path: Path,
+) -> None:
+    # TROVE_REPLICAS=3 against a nats-server that is no cluster: JetStream answers 500
+    # (10074), which was waited on as the broker away, not ready for ever.
+    server = EmbeddedNats(NatsConfig(store_dir=tmp_path / "nats")).start()
+    try:
+        stop, ready = asyncio.Event(), asyncio.Event()
+
+        async def main(stop: asyncio.Event, ready: asyncio.Event) -> None:
+            bus = await Bus.connect(server.url, name="trove-discovery")
+            try:
+                await ensure_topology(bus.js, declare(TopologyOptions(replicas=3)))
+            finally:
+                await bus.close()
+            ready.set()
+
+        starting = _start_patiently(main, stop, ready, logging.getLogger("test"))
+        with pytest.raises(TopologyError, match=r"err_code=10074") as refused:
+            await asyncio.wait_for(starting, timeout=20)
+    finally:
+        server.stop()
+    assert "non-clustered" in str(refused.value)
     assert not infrastructure_away(refused.value)
     assert not ready.is_set()
 

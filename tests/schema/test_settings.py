@@ -56,6 +56,28 @@ def test_a_bad_network_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         FetcherSettings()
 
 
+@pytest.mark.parametrize(
+    ("name", "good", "bad", "reason"),
+    [
+        ("TROVE_RESOLVE", "a.test=127.0.0.1, *.b.test=[::1]", "a.test", "is not host=ip"),
+        ("TROVE_RESOLVE", "a.test=127.0.0.1", "a.test=localhost", "is no IP address"),
+        ("TROVE_DNS_NAMESERVERS", "10.0.0.53, [fd00::53]:5353", "notanip", "is not ip, ip:port"),
+        ("TROVE_DNS_NAMESERVERS", "10.0.0.53:53", "10.0.0.53:x", "is not ip, ip:port"),
+        ("TROVE_DNS_NAMESERVERS", "10.0.0.53:53", "10.0.0.53:70000", "port out of range"),
+    ],
+)
+def test_resolve_entries_and_nameservers_are_read_at_the_start(
+    monkeypatch: pytest.MonkeyPatch, name: str, good: str, bad: str, reason: str
+) -> None:
+    # Read only by the fetcher's transport and resolver, after its connect to NATS, a
+    # typo crashed the pod and its restarts: a crash loop, not a line at the start.
+    monkeypatch.setenv(name, good)
+    FetcherSettings()
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=reason):
+        FetcherSettings()
+
+
 @pytest.mark.parametrize("settings_class", [FetcherSettings, DiscoverySettings])
 def test_nat64_prefixes_are_read_and_an_ipv4_network_is_refused_as_one(
     monkeypatch: pytest.MonkeyPatch, settings_class: type[FetcherSettings | DiscoverySettings]

@@ -131,6 +131,41 @@ def parse_address(text: str) -> IPAddress:
     return ipaddress.ip_address(text.split("%", 1)[0])
 
 
+def parse_nameserver(text: str) -> tuple[str, int]:
+    """A ``TROVE_DNS_NAMESERVERS`` entry: ``ip``, ``ip:port`` or ``[ipv6]:port`` -> (ip,
+    port); raises ValueError."""
+    text = text.strip()
+    host, port = text, 53
+    try:
+        if text.startswith("["):
+            host, _, rest = text[1:].partition("]")
+            if rest:
+                if not rest.startswith(":"):
+                    raise ValueError("no port after the brackets")
+                port = int(rest[1:])
+        elif text.count(":") == 1:
+            host, _, port_text = text.partition(":")
+            port = int(port_text)
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"nameserver {text!r} is not ip, ip:port or [ipv6]:port") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"nameserver {text!r}: port out of range")
+    return host, port
+
+
+def resolve_entry(entry: str) -> tuple[str, str]:
+    """A ``TROVE_RESOLVE`` entry: ``host=ip`` -> (host, the address as written
+    canonically); raises ValueError."""
+    name, sep, ip = entry.partition("=")
+    if not sep or not name.strip() or not ip.strip():
+        raise ValueError(f"resolve entry {entry!r} is not host=ip")
+    try:
+        return name.strip(), str(parse_address(ip))
+    except ValueError:
+        raise ValueError(f"resolve entry {entry!r}: {ip.strip()!r} is no IP address") from None
+
+
 @functools.lru_cache(maxsize=64)
 def parse_networks(cidrs: tuple[str, ...]) -> tuple[IPNetwork, ...]:
     """The networks ``TROVE_ALLOWED_NETWORKS`` lists (ValueError if one is no CIDR).

@@ -122,6 +122,10 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 #: JetStream API answers that mean "not now": request timeout, server error, JetStream
 #: temporarily unavailable (503, e.g. no meta leader), gateway timeout.
 UNAVAILABLE_CODES = frozenset({408, 500, 503, 504})
+#: A 500 that is no passing trouble: the deployment's own (``TROVE_REPLICAS`` above 1
+#: against a nats-server that is no cluster, 10074). Waited on as the broker away, a
+#: service stood not ready for ever, and only its log said why.
+REFUSED_AS_500 = frozenset({10074})
 
 
 #: JetStream's answer when an account's own storage limit (`max_file`, `max_mem`) is
@@ -134,7 +138,8 @@ def broker_trouble(exc: BaseException) -> bool:
     if isinstance(exc, BROKER_ERRORS):
         return True
     return isinstance(exc, APIError) and (
-        exc.code in UNAVAILABLE_CODES or exc.err_code == ACCOUNT_RESOURCES_EXCEEDED
+        (exc.code in UNAVAILABLE_CODES and exc.err_code not in REFUSED_AS_500)
+        or exc.err_code == ACCOUNT_RESOURCES_EXCEEDED
     )
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Self, TypeVar
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from trove_schema.addresses import nat64_prefix
+from trove_schema.addresses import nat64_prefix, parse_nameserver, resolve_entry
 from trove_schema.errors import TroveError
 from trove_schema.events import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH
 from trove_schema.exclusions import read_rules, read_rules_file
@@ -510,6 +510,22 @@ class FetcherSettings(CommonSettings):
     def _split_resolve(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    # Read here, at the start, as the fetcher reads them: else a typo passed the
+    # settings and crashed the fetcher after it connected, a crash loop.
+    @field_validator("resolve")
+    @classmethod
+    def _resolve_entries_are_host_ip(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            resolve_entry(entry)
+        return value
+
+    @field_validator("dns_nameservers")
+    @classmethod
+    def _nameservers_are_addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            parse_nameserver(entry)
         return value
 
 

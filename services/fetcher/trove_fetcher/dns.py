@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import logging
 import math
@@ -76,6 +75,7 @@ from trove_fetcher.errors import (
     PodExhausted,
     ResolverAway,
 )
+from trove_schema.addresses import parse_nameserver
 from trove_schema.metrics import NAMESERVERS_AWAY
 from trove_schema.settings import FetcherSettings
 
@@ -134,25 +134,6 @@ class DnsConfig:
             max_negative_ttl=settings.dns_max_negative_ttl_seconds,
             recheck=settings.dns_recheck_seconds,
         )
-
-
-def parse_nameserver(text: str) -> tuple[str, int]:
-    """``ip``, ``ip:port`` or ``[ipv6]:port`` -> (ip, port); raises ValueError."""
-    text = text.strip()
-    host, port = text, 53
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        if rest:
-            if not rest.startswith(":"):
-                raise ValueError(f"nameserver {text!r} is not ip, ip:port or [ipv6]:port")
-            port = int(rest[1:])
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-        port = int(port_text)
-    ipaddress.ip_address(host)
-    if not 0 < port < 65536:
-        raise ValueError(f"nameserver {text!r}: port out of range")
-    return host, port
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ from trove_fetcher.errors import (
 )
 from trove_fetcher.streams import AsyncioBackend
 from trove_fetcher.useragent import user_agent
-from trove_schema.addresses import parse_address
+from trove_schema.addresses import parse_address, resolve_entry
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
 from trove_schema.settings import FetcherSettings
 
@@ -123,10 +123,7 @@ class StaticHosts:
         exact: dict[str, str] = {}
         wildcards: list[tuple[str, str]] = []
         for entry in entries:
-            name, sep, ip = entry.partition("=")
-            if not sep or not name.strip() or not ip.strip():
-                raise ValueError(f"resolve entry {entry!r} is not host=ip")
-            address = str(parse_address(ip))
+            name, address = resolve_entry(entry)
             name = _normalize_host(name)
             if name.startswith("*."):
                 wildcards.append((name[1:], address))

@@ -93,6 +93,7 @@ from trove_schema.errors import MalformedEvent, TroveError
 from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
+from trove_schema.service import infrastructure_away
 from trove_schema.tables import REBUILD_LOCK
 from trove_schema.topology import (
     CRAWL_COMPLETED,
@@ -347,6 +348,8 @@ READ_WAIT = 10.0
 #: Seconds the replay waits for a broker that sends nothing (a restart, a leader moved,
 #: an outage) before it gives up.
 REPLAY_PATIENCE = 600.0
+#: Seconds the replay waits for its first connection to NATS.
+CONNECT_PATIENCE = 10.0
 
 
 async def _record_holds_the_tables(conn: AsyncConnection, js: JetStreamContext) -> None:
@@ -537,9 +540,23 @@ async def replay(
 ) -> ReplayStats:
     if since is not None and truncate:
         raise ValueError("a replay since a time re-applies a window: it cannot truncate")
-    await upgrade_async(database_url)
+    # The broker first, within a bound: a service's connect waits for it for ever, and a
+    # replay run by hand, or by cron in an outage, hung there (after migrating the
+    # database it was to fill).
+    try:
+        bus = await asyncio.wait_for(
+            Bus.connect(nats_url, name="trove-replay"), min(patience, CONNECT_PATIENCE)
+        )
+    except TimeoutError:
+        raise ReplayStalled(
+            f"no connection to NATS in {min(patience, CONNECT_PATIENCE):.0f} s"
+        ) from None
+    try:
+        await upgrade_async(database_url)
+    except BaseException:
+        await bus.close()
+        raise
     engine = make_engine(database_url)
-    bus = await Bus.connect(nats_url, name="trove-replay")
     stats = ReplayStats()
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
@@ -739,6 +756,15 @@ async def replay(
     return stats
 
 
+def _innermost(exc: BaseException) -> str:
+    """The first line of what is at the bottom of ``exc``'s causes: the refused connect,
+    not SQLAlchemy's wrapping of it with its statement and link."""
+    while (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 def run_replay(
     nats_url: str,
     database_url: str,
@@ -757,15 +783,13 @@ def run_replay(
         print(f"error: {exc}")
         return 2
     except ReplayStalled as exc:
-        since_then = (
-            f"--since {exc.applied_until.isoformat()}"
-            if exc.applied_until is not None
-            else "as it was run"
-        )
+        if exc.applied_until is None:
+            print(f"error: replay stopped: {exc}. Nothing was applied: run it again as it was")
+            return 1
         print(
             f"error: replay stopped: {exc}. Everything stored before "
-            f"{exc.applied_until.isoformat() if exc.applied_until else 'its start'} is "
-            f"applied: run it again {since_then} (what was applied is skipped)"
+            f"{exc.applied_until.isoformat()} is applied: run it again --since "
+            f"{exc.applied_until.isoformat()} (what was applied is skipped)"
         )
         return 1
     except LockLost as exc:
@@ -774,6 +798,12 @@ def run_replay(
             "it held. Run it again with --since a time before it stopped: what it applied "
             "is skipped"
         )
+        return 1
+    except Exception as exc:
+        if not infrastructure_away(exc):
+            raise
+        # The database away (refused, no answer, starting up): a line, not a traceback.
+        print(f"error: replay stopped: a server is away: {_innermost(exc)}")
         return 1
     rate = stats.events / stats.seconds if stats.seconds else 0.0
     print(
