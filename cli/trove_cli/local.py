@@ -28,6 +28,7 @@ from trove_cli.supervisor import (
 )
 from trove_schema.errors import StackError
 from trove_schema.migrate import upgrade
+from trove_schema.settings import ALL_SETTINGS
 from trove_stack import lifeline
 from trove_stack.processes import Child, write_private
 from trove_stack.stack import Stack
@@ -81,6 +82,7 @@ class LocalTrove:
             return self._start()
 
     def _start(self) -> LocalTrove:
+        self.check_settings()
         self.ports = http_ports(
             self.process_names(), {**os.environ, **self.service_env}.get("TROVE_HTTP_PORT", "")
         )
@@ -116,6 +118,20 @@ class LocalTrove:
             self.stop()
             raise
         return self
+
+    def check_settings(self) -> None:
+        """Every service's settings as its processes will read them (the operator's, and
+        what this stack sets over them: the sandbox's), before a server starts; raises
+        the ``ValidationError``. Read by the service alone, a value it refuses made it
+        exit 2 at each restart, and a crawl waited on it until its timeout."""
+        saved = dict(os.environ)
+        try:
+            os.environ.update(self.service_env)
+            for settings in ALL_SETTINGS:
+                settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def process_names(self) -> list[str]:
         """The service processes, in the order they start: ``recorder-0``, ``discovery-0``,

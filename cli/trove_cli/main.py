@@ -58,9 +58,9 @@ from trove_schema.bus import nats_servers
 from trove_schema.errors import TroveError
 from trove_schema.migrate import upgrade
 from trove_schema.nats_tls import client_tls
+from trove_schema.seed_text import seed_words
 from trove_schema.server_time import server_now
 from trove_schema.settings import (
-    ALL_SETTINGS,
     CommonSettings,
     UnknownSetting,
     check_environment,
@@ -539,17 +539,12 @@ async def cmd_seed(args: argparse.Namespace, settings: CommonSettings) -> int:
 def seeds_payload(seeds: Sequence[str], *, force: bool) -> bytes:
     """What ``nats pub trove.seeds`` sends for ``seeds``: one a line, or with ``force``
     discovery's JSON form, ``{"urls": [...], "force": true}``. An argument may hold
-    several lines (``"$(cat urls.txt)"``): each line is a seed in both forms, blank ones
-    and ``#`` comments left out as discovery leaves them out of a message's lines (in
-    JSON, the lines of one argument were one URL, their line breaks dropped)."""
+    several lines (``"$(cat urls.txt)"``): its URLs are the seeds in both forms, read as
+    discovery reads a message's text (``seed_words``: in JSON, the lines of one argument
+    were one URL, their line breaks dropped)."""
     if not force:
         return "\n".join(seeds).encode()
-    urls = [
-        stripped
-        for seed in seeds
-        for line in seed.splitlines()
-        if (stripped := line.strip()) and not stripped.startswith("#")
-    ]
+    urls = [url for seed in seeds for url in seed_words(seed)]
     return json.dumps({"urls": urls, "force": True}, ensure_ascii=False).encode()
 
 
@@ -975,12 +970,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_environment()
         settings = CommonSettings()
-        if args.command in ("up", "crawl"):
-            # The services' own settings too, before they start: a value one of them
-            # refuses made it exit 2 at each restart, and a crawl waited on it until its
-            # timeout, "no page was queued".
-            for service_settings in ALL_SETTINGS:
-                service_settings()
         commands = {
             "crawl": cmd_crawl,
             "seed": cmd_seed,

@@ -110,7 +110,7 @@ async def test_a_forced_seed_goes_as_json_that_says_force(stack: StackUrls, bus:
     # One argument may hold several lines, as `"$(cat urls.txt)"` gives them.
     urls = (
         "https://kept.example/",
-        "https://kept.example/about\n\n# notes\nhttps://kept.example/b",
+        "https://kept.example/about\n\n# notes\rhttps://kept.example/b https://kept.example/c # d",
     )
     try:
         code, out = await run_trove("seed", "--force", "--request", *urls, env=env)
@@ -120,7 +120,12 @@ async def test_a_forced_seed_goes_as_json_that_says_force(stack: StackUrls, bus:
     assert code == 0, out
     (payload,) = sent
     batch = parse_seeds(payload, origin="request", settings=DiscoverySettings())
-    expected = ["https://kept.example/", "https://kept.example/about", "https://kept.example/b"]
+    expected = [
+        "https://kept.example/",
+        "https://kept.example/about",
+        "https://kept.example/b",
+        "https://kept.example/c",
+    ]
     assert [(seed.url, seed.force) for seed in batch.accepted] == [(u, True) for u in expected]
     assert refused == 2
     assert '"force": true' in said

@@ -79,13 +79,15 @@ def test_lines_may_name_a_timeline_and_json_sets_the_options() -> None:
     lines = parse(
         f"# instances\r\n{INSTANCE} tag:python\n\nhttps://b.example public\n"
         "https://c.example\tlocal\n"  # a tab, pasted from a sheet: the URL parser drops it
-        "https://d.example\u2028public\n"  # whitespace, not a line's end (str.splitlines')
+        "https://d.example\u2028public\r"  # whitespace, not a line's end (str.splitlines')
+        "https://e.example local\n"  # after a lone CR, as in a seed message
     )
     assert [(c.instance, c.timeline) for c in lines.accepted] == [
         (INSTANCE, "tag:python"),
         ("https://b.example", "public"),
         ("https://c.example", "local"),
         ("https://d.example", "public"),
+        ("https://e.example", "local"),
     ]
     assert lines.rejected == ()
     body = {

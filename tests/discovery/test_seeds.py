@@ -85,7 +85,7 @@ def test_lines_with_crlf_blank_lines_and_comments_parse() -> None:
 
 
 @pytest.mark.parametrize("separator", ["\u2028", "\u0085", "\v", "\f", "\x1c"])
-def test_only_lf_or_crlf_ends_a_line_and_no_url_is_cut_at_another_separator(
+def test_no_url_is_cut_at_a_separator_that_is_no_line_end_nor_a_blank(
     separator: str,
 ) -> None:
     # Python's str.splitlines splits at these too: the URL sent is judged whole.

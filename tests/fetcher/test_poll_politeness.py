@@ -365,7 +365,7 @@ def endless(content_type: str, ends: list[float]) -> Route:
     return route
 
 
-@pytest.mark.parametrize("kind", ["page", "poll", "redirect hop"])
+@pytest.mark.parametrize("kind", ["page", "poll", "redirect hop", "robots.txt hop"])
 async def test_a_request_whose_lease_came_late_ends_within_the_leases_hold(
     bus: Bus, client: httpx.AsyncClient, server: LocalServer, kind: str
 ) -> None:
@@ -384,13 +384,24 @@ async def test_a_request_whose_lease_came_late_ends_within_the_leases_hold(
         ex.redirect("/endless")
 
     server.routes[f"{HOST}/moved"] = moved
+
+    def robots_moved(ex: Exchange) -> None:
+        kv.delay = 2.0  # as above, for a robots.txt that redirects
+        ex.redirect("/robots-here.txt")
+
+    if kind == "robots.txt hop":
+        server.routes[f"{HOST}/robots.txt"] = robots_moved
+        server.routes[f"{HOST}/robots-here.txt"] = endless("text/plain", ends)
     polite = Politeness(kv, PolitenessConfig(min_delay=0.05, request_timeout=3.0))
     fetcher = await fetcher_on(bus, client, polite, total_timeout=3.0)
     page, endless_page = work(server, "/page"), work(server, "/endless")
     try:
-        await fetcher.process(Job(page), page.to_wire())  # robots.txt read, and a page
-        kv.delay, kv.written = (0.0 if kind == "redirect hop" else 2.0), []
-        if kind == "page":
+        if kind != "robots.txt hop":
+            await fetcher.process(Job(page), page.to_wire())  # robots.txt read, and a page
+        kv.delay, kv.written = (0.0 if kind.endswith("hop") else 2.0), []
+        if kind == "robots.txt hop":
+            await fetcher.process(Job(page), page.to_wire())
+        elif kind == "page":
             await fetcher.process(Job(endless_page), endless_page.to_wire())
         elif kind == "poll":
             await fetcher.poll(poll_of(server, "100"))

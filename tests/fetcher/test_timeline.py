@@ -2848,6 +2848,28 @@ def test_a_rate_limit_sent_twice_is_read() -> None:
     assert retry_after_of(headers, now=now) == 300.0
     plenty = httpx.Headers([("x-ratelimit-remaining", "250"), ("x-ratelimit-remaining", "0")])
     assert rate_limit_wait(plenty, now=now) == DEFAULT_RATE_WINDOW  # the fewer left counts
+    folded = httpx.Headers({"x-ratelimit-remaining": "0, 0", "x-ratelimit-limit": "300, 300"})
+    assert rate_limit_wait(folded, now=now) == DEFAULT_RATE_WINDOW
+
+
+def test_two_healthy_rate_limits_are_no_spent_one_and_a_spent_pair_waits_its_own_reset() -> None:
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+    def layered(app_left: str, proxy_left: str) -> httpx.Headers:
+        return httpx.Headers(
+            [
+                ("x-ratelimit-limit", "300"),
+                ("x-ratelimit-remaining", app_left),
+                ("x-ratelimit-reset", "2026-12-01T12:05:00.000Z"),
+                ("x-ratelimit-limit", "10000"),
+                ("x-ratelimit-remaining", proxy_left),
+                ("x-ratelimit-reset", "2026-12-01T13:00:00.000Z"),
+            ]
+        )
+
+    assert rate_limit_wait(layered("100", "5000"), now=now) is None
+    assert rate_limit_wait(layered("0", "5000"), now=now) == 300.0
+    assert rate_limit_wait(layered("100", "20"), now=now) == 3600.0
 
 
 def test_a_retry_after_of_zero_leaves_the_rate_limits_reset_to_wait_for() -> None:

@@ -19,6 +19,7 @@ from tests.support import services
 from trove_recorder.projections import apply_batch
 from trove_recorder.retention import (
     HistoryCursor,
+    Pruned,
     Retention,
     prune,
     prune_applied,
@@ -495,7 +496,7 @@ async def test_a_pass_leaves_the_tables_to_a_whole_replays_rebuild(
         else:
             await replay.execute(text("INSERT INTO rebuild_marks (started_at) VALUES (now())"))
         await replay.commit()
-        assert await retention_pass(engine, retention, now=lambda: now) is None
+        assert await retention_pass(engine, retention, now=lambda: now) == Pruned()
         assert (await audited(engine))[0] == 5
         if rebuild == "running":
             await replay.execute(text("SELECT pg_advisory_unlock(:l)"), {"l": REBUILD_LOCK})

@@ -110,6 +110,8 @@ async def test_a_topology_jetstream_refuses_ends_the_start_with_the_servers_word
     finally:
         server.stop()
     assert "overlap" in str(refused.value)
+    assert not infrastructure_away(refused.value)
+    assert not ready.is_set()
 
 
 async def test_replicas_a_single_server_cannot_place_end_the_start_with_its_words(

@@ -187,6 +187,7 @@ DIFFERENT_RESOURCES = {
         "http://example.org/article.pl?sid=04/01/01/1234",
         "http://example.org/article.pl?sid=05/02/02/0000",
         "http://example.org/article.pl?sid=the-longest-story-of-the-year",
+        "http://example.org/article.pl?sid=20260101123456789012",
         "http://example.org/story;sid=42",
         "http://example.org/story;sid=43",
     ],

@@ -113,8 +113,8 @@ _timeline_polled = broker.publisher(
     pull_sub=PullSub(),
     durable=DISCOVERY_SEEDS,
     title=f"discovery: {DISCOVERY_SEEDS}",
-    description="Seeds as an operator types them: a URL, URLs one a line, or JSON "
-    '({"url"|"urls", "priority", "scope", "pattern", "force", "max_depth"}). '
+    description="Seeds as an operator types them: a URL, URLs (one a line or apart on a "
+    'line), or JSON ({"url"|"urls", "priority", "scope", "pattern", "force", "max_depth"}). '
     "A `nats req` gets a reply saying what was accepted and rejected, and why.",
 )
 async def seeds(body: str) -> None:

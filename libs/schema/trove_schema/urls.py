@@ -93,9 +93,9 @@ SESSION_PARAMETERS = frozenset(
         "xtcsid",
     }
 )
-#: A session id's value: 20 or more letters and digits, a digit among them (phpBB's 32
-#: hex digits, PHP's 26 or 32 characters), not a slug's words and hyphens.
-_SESSION_VALUE = r"(?=[A-Za-z]*[0-9])[0-9A-Za-z]{20,128}"
+#: A session id's value: 20 or more letters and digits, both among them (phpBB's 32
+#: hex digits, PHP's 26 or 32 characters), not a slug's words and hyphens nor a number.
+_SESSION_VALUE = r"(?=[A-Za-z]*[0-9])(?=[0-9]*[A-Za-z])[0-9A-Za-z]{20,128}"
 #: Names that are a session id when their value looks like one: vBulletin's ``s`` of 32
 #: hex digits (WordPress names its search so), and ``sid`` (PHP-Nuke and Slash name
 #: their stories so: ``?sid=1``, ``?sid=04/01/01/1234``). A site that keeps no cookie of

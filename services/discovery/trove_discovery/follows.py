@@ -84,6 +84,7 @@ from trove_schema.events import (
     utcnow,
 )
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions, ListedExclusions
+from trove_schema.seed_text import LINE_ENDS
 from trove_schema.settings import DiscoverySettings
 from trove_schema.topology import UNFOLLOW_SUBJECT, timeline_schedule_subject
 from trove_schema.urls import canonicalize, domain_of, is_private_host, origin_of
@@ -173,7 +174,7 @@ def parse_command(
             return _rejected(verb, text, exc.reason)
     else:
         lines = []
-        for line in text.split("\n"):  # not splitlines: U+2028, \v, \f end no line
+        for line in LINE_ENDS.split(text):  # as a seed message's lines
             stripped = line.strip()
             if not stripped or stripped.startswith("#"):
                 continue

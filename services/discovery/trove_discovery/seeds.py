@@ -26,8 +26,6 @@ a million events); a URL repeated in one message is accepted once.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +41,7 @@ from trove_discovery.replies import (
 from trove_discovery.scope import pattern_error
 from trove_schema.events import Provenance, Scope, ScopeKind
 from trove_schema.exclusions import NO_EXCLUSIONS, Exclusions
+from trove_schema.seed_text import BYTE_LINE_ENDS, seed_words
 from trove_schema.settings import DiscoverySettings
 from trove_schema.urls import (
     canonicalize,
@@ -120,7 +119,7 @@ def parse_seeds(
         except InvalidSeed as exc:
             return _rejected(text, exc.reason)
     else:
-        candidates = list(_words(text))
+        candidates = list(seed_words(text))
         try:
             options = _default_options(settings)
         except InvalidSeed as exc:
@@ -135,29 +134,12 @@ def parse_seeds(
     return replace(batch, rejected=(*garbled, *batch.rejected)) if garbled else batch
 
 
-#: What ends a line of URLs, and what parts two on a line: a space or a tab. Not
-#: U+2028, \v or \f, which ``str.splitlines`` and ``str.split`` take for separators: a
-#: URL holding one is judged whole (canonicalization escapes or refuses it).
-_LINE_ENDS = re.compile(r"\r\n?|\n")
-_BLANKS = re.compile(r"[ \t]+")
-
-
-def _words(text: str) -> Iterator[str]:
-    """The URLs of a text message: its lines' words, up to a comment."""
-    for line in _LINE_ENDS.split(text):
-        for word in _BLANKS.split(line.strip()):
-            if word.startswith("#"):
-                break
-            if word:
-                yield word
-
-
 def _utf8_lines(data: bytes) -> tuple[str, list[RejectedSeed]]:
     """A text message that is not UTF-8 throughout: its UTF-8 lines, and each other
     line rejected (a pasted list with one Latin-1 line loses that line, not the list)."""
     kept: list[str] = []
     garbled: list[RejectedSeed] = []
-    for line in re.split(rb"\r\n?|\n", data.removeprefix(b"\xef\xbb\xbf")):
+    for line in BYTE_LINE_ENDS.split(data.removeprefix(b"\xef\xbb\xbf")):
         try:
             kept.append(line.decode("utf-8"))
         except UnicodeDecodeError as exc:

@@ -1121,10 +1121,10 @@ class Fetcher:
         gate = self._gate(hold, lease)
         last_hop = resume[-1] if resume else None
 
-        async def before_hop(hops: tuple[str, ...]) -> None:
+        async def before_hop(hops: tuple[str, ...]) -> float | None:
             nonlocal last_hop
             last_hop = hops[-1]
-            await gate(hops)
+            return await gate(hops)
 
         try:
             policy = await fetch_robots(

@@ -589,44 +589,62 @@ def _seconds_until(value: str | None, now: datetime) -> float | None:
     return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
-def _header_int(headers: httpx.Headers, name: str, pick: Callable[[list[int]], int]) -> int | None:
-    """The header's number; of several (an app's and its proxy's, which ``headers.get``
-    would join with a comma and read as none), the one ``pick`` takes."""
-    numbers = [
-        int(value)
-        for value in (raw.strip() for raw in headers.get_list(name))
-        if value and len(value) <= 18 and re.fullmatch(r"-?\d+", value)
+def _header_ints(headers: httpx.Headers, name: str) -> list[int | None]:
+    """The header's numbers, one a value: sent twice (an app's and its proxy's), or
+    folded into one line by a proxy, ``headers.get`` would join them with a comma and
+    read them as none. A value that is no number is None, keeping the others' places."""
+    return [
+        int(value) if value and len(value) <= 18 and re.fullmatch(r"-?\d+", value) else None
+        for value in (raw.strip() for raw in headers.get_list(name, split_commas=True))
     ]
-    return pick(numbers) if numbers else None
+
+
+def _reset_waits(headers: httpx.Headers, now: datetime) -> list[float | None]:
+    """Seconds until each rate limit's reset, on the instance's clock when it says the
+    time (the reset is a time on that clock). Not split at commas: an HTTP date has one."""
+    moment = site_now(headers, now)
+    return [_seconds_until(value, moment) for value in headers.get_list("x-ratelimit-reset")]
 
 
 def _reset_wait(headers: httpx.Headers, now: datetime) -> float | None:
-    """Seconds until the rate limit's reset, on the instance's clock when it says the
-    time (the reset is a time on that clock); the latest of several."""
-    moment = site_now(headers, now)
-    waits = [
-        wait
-        for value in headers.get_list("x-ratelimit-reset")
-        if (wait := _seconds_until(value, moment)) is not None
-    ]
-    return max(waits, default=None)
+    """The latest reset the answer names."""
+    return max((wait for wait in _reset_waits(headers, now) if wait is not None), default=None)
 
 
 def rate_limit_wait(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
     """Seconds to leave the API alone when its rate limit is (nearly) spent, else None.
-    Sent twice, the fewest requests left and the largest limit count."""
-    remaining = _header_int(headers, "x-ratelimit-remaining", min)
-    if remaining is None:
+
+    Limits sent twice (an app's and its proxy's) are read as pairs when their counts
+    match: either pair nearly spent is the limit spent, until that pair's reset. Two
+    healthy limits are no spent one (the fewest left against the largest limit read an
+    app's 100 of 300 beside a proxy's 5,000 of 10,000 as spent, for the proxy's hour)."""
+    remaining = _header_ints(headers, "x-ratelimit-remaining")
+    if not any(left is not None for left in remaining):
         return None
-    limit = _header_int(headers, "x-ratelimit-limit", max)
-    floor = max(1, int(limit * LOW_RATE_SHARE)) if limit and limit > 0 else 1
-    if remaining > floor:
+    limits = _header_ints(headers, "x-ratelimit-limit")
+    known = [limit for limit in limits if limit is not None and limit > 0]
+    paired = len(limits) == len(remaining)
+    spent = [
+        n
+        for n, left in enumerate(remaining)
+        if left is not None
+        and left <= _floor(limits[n] if paired else (min(known) if known else None))
+    ]
+    if not spent:
         return None
-    reset = _reset_wait(headers, now or utcnow())
+    waits = _reset_waits(headers, now or utcnow())
+    if len(waits) == len(remaining):
+        waits = [waits[n] for n in spent]
+    reset = max((wait for wait in waits if wait is not None), default=None)
     # A reset that reads as now or past (a "0", an instance whose clock runs slow) says
     # no more than none: the limit is spent, and a wait of 0 brought the poll back at
     # once, its one request spent again, for as long as the instance said so.
     return DEFAULT_RATE_WINDOW if reset is None or reset <= 0 else reset
+
+
+def _floor(limit: int | None) -> int:
+    """The requests left at which a limit of ``limit`` counts as spent."""
+    return max(1, int(limit * LOW_RATE_SHARE)) if limit and limit > 0 else 1
 
 
 def retry_after_of(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:

@@ -89,7 +89,7 @@ from trove_recorder.page_ids import PageIds
 from trove_recorder.projections import apply_batch, event_uuid
 from trove_recorder.retries import RetryPolicy
 from trove_schema.bus import Bus, read_event
-from trove_schema.errors import MalformedEvent, TroveError
+from trove_schema.errors import BrokerClosed, MalformedEvent, TroveError
 from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
@@ -543,30 +543,34 @@ async def replay(
     # The broker first, within a bound: a service's connect waits for it for ever, and a
     # replay run by hand, or by cron in an outage, hung there (after migrating the
     # database it was to fill).
+    connecting = min(patience, CONNECT_PATIENCE)
     try:
         bus = await asyncio.wait_for(
-            Bus.connect(nats_url, name="trove-replay"), min(patience, CONNECT_PATIENCE)
+            # A server that turns the replay away is said as such within the bound.
+            Bus.connect(nats_url, name="trove-replay", refused_patience=connecting / 2),
+            connecting,
         )
     except TimeoutError:
-        raise ReplayStalled(
-            f"no connection to NATS in {min(patience, CONNECT_PATIENCE):.0f} s"
-        ) from None
+        raise ReplayStalled(f"no connection to NATS in {connecting:.0f} s") from None
+    engine = None
     try:
         await upgrade_async(database_url)
+        engine = make_engine(database_url)
+        # While this connection lives, the live recorders leave the retries it holds
+        # alone. In autocommit: not a transaction left open for the whole replay, which
+        # a server's idle-in-transaction timeout would end, and the lock with it.
+        lock = await (await engine.connect()).execution_options(isolation_level="AUTOCOMMIT")
     except BaseException:
         await bus.close()
+        if engine is not None:
+            await engine.dispose()
         raise
-    engine = make_engine(database_url)
     stats = ReplayStats()
     started = time.monotonic()
     holding = False  # past the checks: this replay may hold retries
     read_to_the_end = False
     rebuild = since is None  # the live recorders wait for it (``REBUILD_LOCK``, the mark)
     sub: JetStreamContext.PushSubscription | None = None
-    # While this connection lives, the live recorders leave the retries it holds alone.
-    # In autocommit: not a transaction left open for the whole replay, which a server's
-    # idle-in-transaction timeout would end, and the lock with it.
-    lock = await (await engine.connect()).execution_options(isolation_level="AUTOCOMMIT")
     try:
         await lock.execute(text("SELECT pg_advisory_lock(:lock)"), {"lock": REPLAY_LOCK})
         resume = None if since is None else await _finishes_a_rebuild(lock, since)
@@ -759,8 +763,10 @@ async def replay(
 def _innermost(exc: BaseException) -> str:
     """The first line of what is at the bottom of ``exc``'s causes: the refused connect,
     not SQLAlchemy's wrapping of it with its statement and link."""
-    while (exc.__cause__ or exc.__context__) is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    seen = [exc]
+    while (below := exc.__cause__ or exc.__context__) is not None and below not in seen:
+        exc = below
+        seen.append(exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -798,6 +804,9 @@ def run_replay(
             "it held. Run it again with --since a time before it stopped: what it applied "
             "is skipped"
         )
+        return 1
+    except BrokerClosed as exc:  # turned away: the URL's user, the CA
+        print(f"error: replay stopped: {exc}")
         return 1
     except Exception as exc:
         if not infrastructure_away(exc):

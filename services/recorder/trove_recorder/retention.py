@@ -387,8 +387,8 @@ async def retention_pass(
     cursor: HistoryCursor | None = None,
     stop: asyncio.Event | None = None,
 ) -> Pruned | None:
-    """Prune every table once, unless another recorder's pass runs, or a whole replay's
-    rebuild (running, or stopped partway) is met: then nothing more (None).
+    """Prune every table once, unless another recorder's pass runs: then nothing (None).
+    A whole replay's rebuild met (running, or stopped partway) ends the pass there.
 
     The pass holds ``RETENTION_LOCK`` on a connection of its own, and runs its batches
     in that connection's transactions: a connection lost takes the lock with it, and
@@ -401,13 +401,7 @@ async def retention_pass(
                 return None
         unlocked = False
         try:
-            try:
-                pruned: Pruned | None = await _prune_tables(
-                    conn, retention, now, cursor or HistoryCursor(), stop
-                )
-            except RebuildUnderWay as rebuild:
-                log.info("retention waits for its next pass: %s", rebuild)
-                pruned = None
+            pruned = await _prune_tables(conn, retention, now, cursor or HistoryCursor(), stop)
             if not conn.invalidated:
                 async with conn.begin():
                     await conn.execute(_UNLOCK, {"lock": RETENTION_LOCK})
@@ -437,14 +431,19 @@ async def _prune_tables(
             return None
         return await _logged(what, prune_one(sessions, retention, now, stop=stop))
 
-    return Pruned(
-        audit=await step("the audit", prune) or [],
-        crawls=await step("the crawl history", partial(prune_crawls, cursor=cursor)) or 0,
-        published=await step("the outbox", prune_published) or 0,
-        shares=await step("the shares", prune_shares) or 0,
-        polls=await step("the polls", prune_polls) or 0,
-        applied=await step("the applied ids", prune_applied) or 0,
-    )
+    pruned = Pruned()
+    try:
+        pruned.audit = await step("the audit", prune) or []
+        pruned.crawls = await step("the crawl history", partial(prune_crawls, cursor=cursor)) or 0
+        pruned.published = await step("the outbox", prune_published) or 0
+        pruned.shares = await step("the shares", prune_shares) or 0
+        pruned.polls = await step("the polls", prune_polls) or 0
+        pruned.applied = await step("the applied ids", prune_applied) or 0
+    except RebuildUnderWay as rebuild:
+        log.info("retention waits for its next pass: %s", rebuild)
+        # The crawl history is being written anew: the next pass reads it from the start.
+        cursor.rescanned_at = None
+    return pruned
 
 
 async def run_retention(
@@ -485,7 +484,7 @@ def _report(pruned: Pruned) -> None:
 
 async def _logged(what: str, step: Awaitable[_T]) -> _T | None:
     """Run one step of a pass; what it raised is logged, and it deleted nothing. A
-    rebuild met ends the whole pass (``retention_pass``)."""
+    rebuild met ends the whole pass (``_prune_tables``)."""
     try:
         return await step
     except RebuildUnderWay:
