@@ -124,14 +124,19 @@ class LocalTrove:
         what this stack sets over them: the sandbox's), before a server starts; raises
         the ``ValidationError``. Read by the service alone, a value it refuses made it
         exit 2 at each restart, and a crawl waited on it until its timeout."""
-        saved = dict(os.environ)
+        # Only the keys set over, put back one by one: the environment is never empty
+        # for another thread of this process (the sandbox's servers) to read.
+        saved = {key: os.environ.get(key) for key in self.service_env}
         try:
             os.environ.update(self.service_env)
             for settings in ALL_SETTINGS:
                 settings()
         finally:
-            os.environ.clear()
-            os.environ.update(saved)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def process_names(self) -> list[str]:
         """The service processes, in the order they start: ``recorder-0``, ``discovery-0``,
