@@ -419,3 +419,10 @@ def test_a_port_too_long_to_read_refuses_its_seed_and_keeps_the_others() -> None
     (refused,) = batch.rejected
     assert refused.raw.startswith("http://example.com:000")
     assert "is longer than 5 digits" in refused.reason
+
+
+def test_lines_that_are_not_utf8_are_a_bounded_number_of_rejections() -> None:
+    batch = parse(b"caf\xe9\n" * (MAX_SEEDS_PER_MESSAGE + 5) + b"https://a.example/\n")
+    assert [seed.url for seed in batch.accepted] == ["https://a.example/"]
+    assert len(batch.rejected) == MAX_SEEDS_PER_MESSAGE + 1
+    assert batch.rejected[-1].reason.endswith("5 more not listed")

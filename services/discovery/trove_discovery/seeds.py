@@ -139,17 +139,21 @@ def _utf8_lines(data: bytes) -> tuple[str, list[RejectedSeed]]:
     line rejected (a pasted list with one Latin-1 line loses that line, not the list)."""
     kept: list[str] = []
     garbled: list[RejectedSeed] = []
+    # Those past the limit counted, not kept: tens of MB of bad lines are one refusal.
+    unlisted = 0
     for line in BYTE_LINE_ENDS.split(data.removeprefix(b"\xef\xbb\xbf")):
         try:
             kept.append(line.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raw = line[:MAX_RAW_LENGTH].decode("utf-8", "replace").strip()
-            reason = f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
-            garbled.append(RejectedSeed(raw, reason))
-    if len(garbled) > MAX_SEEDS_PER_MESSAGE:
-        rest = len(garbled) - MAX_SEEDS_PER_MESSAGE
-        reason = f"more than {MAX_SEEDS_PER_MESSAGE} lines not UTF-8: {rest} more not listed"
-        garbled[MAX_SEEDS_PER_MESSAGE:] = [RejectedSeed(garbled[MAX_SEEDS_PER_MESSAGE].raw, reason)]
+            if len(garbled) < MAX_SEEDS_PER_MESSAGE:
+                raw = line[:MAX_RAW_LENGTH].decode("utf-8", "replace").strip()
+                reason = f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line)"
+                garbled.append(RejectedSeed(raw, reason))
+            else:
+                unlisted += 1
+    if unlisted:
+        reason = f"more than {MAX_SEEDS_PER_MESSAGE} lines not UTF-8: {unlisted} more not listed"
+        garbled.append(RejectedSeed("", reason))
     return "\n".join(kept).strip(), garbled
 
 
