@@ -430,7 +430,7 @@ class AnswerTime:
             self.received_at = now - early
 
 
-def ends_with_the_close(method: str, status: int, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+def _ends_with_the_close(method: str, status: int, headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether a response's body is delimited by the connection's close (HTTP/1.1's
     last resort: a body with neither ``Content-Length`` nor ``Transfer-Encoding``)."""
     if method == "HEAD" or status < 200 or status in (204, 304):
@@ -675,7 +675,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         network = extensions.pop("network_stream", None)
         answer = AnswerTime(
             None if network is None else network.get_extra_info("socket"),
-            until_close=ends_with_the_close(request.method, response.status, response.headers),
+            until_close=_ends_with_the_close(request.method, response.status, response.headers),
         )
         extensions[ANSWER_TIME] = answer
         return httpx.Response(
