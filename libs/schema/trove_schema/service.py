@@ -191,6 +191,16 @@ def _misconfigured(exc: BaseException) -> bool:
 _JETSTREAM_SETTLING = frozenset({10005, 10023, 10058})
 
 
+def causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during, outermost first, each once."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
 def infrastructure_away(exc: BaseException) -> bool:
     """Whether ``exc`` says a server is not there (yet), rather than that Trove is wrong.
 
@@ -205,11 +215,7 @@ def infrastructure_away(exc: BaseException) -> bool:
 
     from trove_schema.bus import broker_trouble
 
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not seen for seen in chain):
-        chain.append(current)
-        current = current.__cause__ or current.__context__
+    chain = causes(exc)
     # A mistake anywhere in the chain is the deployment's, even behind an error that
     # alone would be waited for (a first connection given up as turned away).
     if any(_misconfigured(error) for error in chain):

@@ -93,7 +93,7 @@ from trove_schema.errors import BrokerClosed, MalformedEvent, TroveError
 from trove_schema.events import CrawlRequested, Event, decode_event
 from trove_schema.migrate import upgrade_async
 from trove_schema.policy import LearningConfig
-from trove_schema.service import infrastructure_away
+from trove_schema.service import causes, infrastructure_away
 from trove_schema.tables import REBUILD_LOCK
 from trove_schema.topology import (
     CRAWL_COMPLETED,
@@ -763,12 +763,9 @@ async def replay(
 def _innermost(exc: BaseException) -> str:
     """The first line of what is at the bottom of ``exc``'s causes: the refused connect,
     not SQLAlchemy's wrapping of it with its statement and link."""
-    seen = [exc]
-    while (below := exc.__cause__ or exc.__context__) is not None and below not in seen:
-        exc = below
-        seen.append(exc)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    innermost = causes(exc)[-1]
+    text = str(innermost).strip().splitlines()
+    return f"{type(innermost).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def run_replay(
